@@ -1,0 +1,13 @@
+// Python bindings of the CPU backend (torch.utils.cpp_extension JIT module).
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "paged-KV kernels, CPU (C++/OpenMP) backend";
+  m.def("paged_attention_v1", &paged_cpu::paged_attention_v1, "decode attention over a paged KV cache");
+  m.def("paged_attention_v2", &paged_cpu::paged_attention_v2, "decode attention, 512-token partitions + reduction");
+  m.def("reshape_and_cache", &paged_cpu::reshape_and_cache, "scatter keys/values into cache slots");
+  m.def("copy_blocks", &paged_cpu::copy_blocks, "copy blocks src->dst in every layer");
+  m.def("swap_blocks", &paged_cpu::swap_blocks, "copy whole blocks between two pools");
+}

@@ -1,0 +1,131 @@
+"""Pick a kernel backend and wrap it behind one checked interface.
+
+Order of preference: ``cuda`` (a CUDA device and the CUDA extension builds),
+then ``cpu`` (the C++/OpenMP extension builds), then ``torch`` (the pure-torch
+reference, always available). ``PAGED_KERNELS=cuda|cpu|torch`` asks for one
+backend; if that one cannot be built the loader falls back down the same
+order and says why, so importing never fails because of a compiler.
+``load_ops(name)`` is the strict form: it raises if that backend is unusable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from cuda_ext import build, checks, reference
+
+logger = logging.getLogger("cuda_ext")
+
+BACKENDS = ("cuda", "cpu", "torch")
+ENV_VAR = "PAGED_KERNELS"
+
+
+class BackendUnavailable(RuntimeError):
+    """A requested kernel backend cannot be built or cannot run here."""
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """The five paged-KV ops of one backend, each validating its arguments first.
+
+    ``backend`` names the backend; ``reason`` says why it was chosen (or why a
+    preferred one was not). Every op writes into the tensors it is given.
+    """
+
+    backend: str
+    reason: str
+    impl: ModuleType
+
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        checks.check_backend_device(self.backend, key_cache)
+        # Keys and values are often views of a fused QKV projection; the kernels read them densely.
+        self.impl.reshape_and_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
+
+    def paged_attention_v1(self, out, query, key_cache, value_cache, num_kv_heads, scale,
+                           block_tables, seq_lens, block_size, max_seq_len) -> None:
+        self._attention(self.impl.paged_attention_v1, out, query, key_cache, value_cache, num_kv_heads, scale,
+                        block_tables, seq_lens, block_size, max_seq_len)
+
+    def paged_attention_v2(self, out, query, key_cache, value_cache, num_kv_heads, scale,
+                           block_tables, seq_lens, block_size, max_seq_len) -> None:
+        self._attention(self.impl.paged_attention_v2, out, query, key_cache, value_cache, num_kv_heads, scale,
+                        block_tables, seq_lens, block_size, max_seq_len)
+
+    def _attention(self, kernel, out, query, key_cache, value_cache, num_kv_heads, scale,
+                   block_tables, seq_lens, block_size, max_seq_len) -> None:
+        checks.check_paged_attention(out, query, key_cache, value_cache, num_kv_heads,
+                                     block_tables, seq_lens, block_size, max_seq_len)
+        checks.check_compiled_shapes(self.backend, block_size, query.shape[-1])
+        checks.check_backend_device(self.backend, query)
+        kernel(out, query.contiguous(), key_cache, value_cache, int(num_kv_heads), float(scale),
+               block_tables.contiguous(), seq_lens.contiguous(), int(block_size), int(max_seq_len))
+
+    def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
+        key_caches, value_caches = list(key_caches), list(value_caches)
+        checks.check_copy_blocks(key_caches, value_caches, block_mapping)
+        checks.check_backend_device(self.backend, key_caches[0])
+        self.impl.copy_blocks(key_caches, value_caches, block_mapping.contiguous())
+
+    def swap_blocks(self, src, dst, block_mapping) -> None:
+        checks.check_swap_blocks(src, dst, block_mapping)
+        self.impl.swap_blocks(src, dst, block_mapping.contiguous())
+
+    def describe(self) -> str:
+        return f"paged kernels: backend={self.backend} ({self.reason})"
+
+
+def _short(error: BaseException) -> str:
+    """First line of an error (compiler logs are long), for one-line reasons."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def load_ops(backend: str) -> KernelOps:
+    """Ops of exactly this backend; raises BackendUnavailable if it cannot be used here."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return KernelOps("torch", "pure-torch reference", reference)
+    if backend == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailable("cuda backend needs a CUDA device: torch.cuda.is_available() is False")
+        try:
+            module = build.build_cuda_extension()
+        except Exception as error:  # compiler missing, nvcc error, ABI mismatch...
+            raise BackendUnavailable(f"cuda extension failed to build/load: {_short(error)}") from error
+        return KernelOps("cuda", f"CUDA kernels on {torch.cuda.get_device_name()}", module)
+    try:
+        module = build.build_cpu_extension()
+    except Exception as error:
+        raise BackendUnavailable(f"cpu extension failed to build/load: {_short(error)}") from error
+    return KernelOps("cpu", f"C++/OpenMP kernels, {torch.get_num_threads()} threads", module)
+
+
+def pick_ops() -> KernelOps:
+    """The best backend that works here (honouring PAGED_KERNELS), never raising for build failures."""
+    requested = os.environ.get(ENV_VAR, "").strip().lower()
+    if requested and requested not in BACKENDS:
+        raise ValueError(f"{ENV_VAR}={requested!r} is not a kernel backend; choose one of {', '.join(BACKENDS)}")
+    candidates = BACKENDS[BACKENDS.index(requested):] if requested else BACKENDS
+    skipped: list[str] = []
+    for name in candidates:
+        try:
+            chosen = load_ops(name)
+        except BackendUnavailable as error:
+            skipped.append(f"{name} unavailable: {error}")
+            if requested == name:
+                logger.warning("%s=%s requested but unavailable (%s); falling back", ENV_VAR, name, error)
+            continue
+        why = [chosen.reason + (f", requested by {ENV_VAR}" if requested == name else "")]
+        if requested and requested != name:
+            why.insert(0, f"{ENV_VAR}={requested} could not be used")
+        chosen = KernelOps(chosen.backend, "; ".join(why + skipped), chosen.impl)
+        logger.info(chosen.describe())
+        return chosen
+    raise AssertionError("the torch backend is always available")  # pragma: no cover

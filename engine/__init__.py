@@ -1,0 +1,19 @@
+"""A paged LLM inference engine in the style of vLLM (PagedAttention, SOSP 2023).
+
+The core (sequences, block manager, scheduler, metrics) is pure Python and is
+imported unchanged by the planner's simulator; ``LLM`` and ``LLMEngine`` load
+torch only when first used.
+"""
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from engine.llm import LLM
+        return LLM
+    if name == "LLMEngine":
+        from engine.llm_engine import LLMEngine
+        return LLMEngine
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

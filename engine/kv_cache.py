@@ -1,0 +1,136 @@
+"""The paged KV cache: per-layer key/value block pools on the device plus a CPU swap pool.
+
+Layout (the kernel ABI, ``x = 16 // element_size``):
+    key   [num_blocks, num_kv_heads, head_size // x, block_size, x]
+    value [num_blocks, num_kv_heads, head_size, block_size]
+A block id means the same block in every layer, so the block manager's single
+integer per block addresses all layers at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import cuda_ext
+
+
+def bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block id costs: a key and a value block in every layer."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_size * block_size * element_size
+
+
+def num_blocks_for_budget(
+    budget_bytes: int, num_layers: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype
+) -> int:
+    """How many whole blocks fit in ``budget_bytes`` (0 if not even one)."""
+    return max(0, int(budget_bytes) // bytes_per_block(num_layers, num_kv_heads, head_size, block_size, dtype))
+
+
+def _allocate(num_blocks, num_kv_heads, head_size, block_size, dtype, device, pin_memory=False):
+    x = 16 // torch.empty((), dtype=dtype).element_size()
+    if head_size % x:
+        raise ValueError(f"head_size {head_size} must be a multiple of x = {x} for {dtype}")
+    key = torch.zeros(num_blocks, num_kv_heads, head_size // x, block_size, x, dtype=dtype, device=device,
+                      pin_memory=pin_memory)
+    value = torch.zeros(num_blocks, num_kv_heads, head_size, block_size, dtype=dtype, device=device,
+                        pin_memory=pin_memory)
+    return key, value
+
+
+def _mapping(pairs, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(list(pairs), dtype=torch.int64, device=device).view(-1, 2)
+
+
+class KVCache:
+    """Device and CPU block pools for every layer, and the block moves the scheduler asks for."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_size: int,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.num_layers, self.num_kv_heads, self.head_size = num_layers, num_kv_heads, head_size
+        self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        # Zero-filled rather than empty: a kernel bug that reads an unwritten
+        # slot then yields zeros, not NaNs from stale memory, and tests see it.
+        self.gpu = [_allocate(num_gpu_blocks, num_kv_heads, head_size, block_size, dtype, self.device)
+                    for _ in range(num_layers)]
+        # Pinned host memory lets swaps run as asynchronous DMA; pinning needs CUDA.
+        pin = torch.cuda.is_available() and self.device.type == "cuda"
+        self.cpu = [_allocate(num_cpu_blocks, num_kv_heads, head_size, block_size, dtype, "cpu", pin)
+                    for _ in range(num_layers)]
+
+    @property
+    def key_caches(self) -> list[torch.Tensor]:
+        return [k for k, _ in self.gpu]
+
+    @property
+    def value_caches(self) -> list[torch.Tensor]:
+        return [v for _, v in self.gpu]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: device block src -> dst for each (src, dst), in every layer at once."""
+        if not pairs:
+            return
+        cuda_ext.ops.copy_blocks(self.key_caches, self.value_caches, _mapping(pairs, self.device))
+
+    def swap_out(self, mapping: dict[int, int]) -> None:
+        """Device block -> CPU block for each {gpu_block: cpu_block}."""
+        self._swap(self.gpu, self.cpu, mapping)
+
+    def swap_in(self, mapping: dict[int, int]) -> None:
+        """CPU block -> device block for each {cpu_block: gpu_block}."""
+        self._swap(self.cpu, self.gpu, mapping)
+
+    @staticmethod
+    def _swap(src_pools, dst_pools, mapping: dict[int, int]) -> None:
+        if not mapping:
+            return
+        # swap_blocks reads its mapping on the host, so it stays a CPU tensor.
+        block_mapping = _mapping(mapping.items())
+        ops = cuda_ext.ops
+        for (src_key, src_value), (dst_key, dst_value) in zip(src_pools, dst_pools):
+            ops.swap_blocks(src_key, dst_key, block_mapping)
+            ops.swap_blocks(src_value, dst_value, block_mapping)
+
+
+def profile_num_gpu_blocks(runner, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+    """How many KV blocks fit on the GPU next to the model and its peak activations.
+
+    Runs the largest step the scheduler may issue (``max_num_batched_tokens``
+    prompt tokens, without a KV cache) and measures torch's peak allocation.
+    The budget is the device's total memory times ``gpu_memory_utilization``
+    minus (a) the peak the profile run reached (weights + activations), and
+    (b) memory held outside torch's allocator (CUDA context, other processes),
+    read from ``mem_get_info`` before the cache exists. Must run before the
+    cache is allocated.
+    """
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    runner.profile_run(max_num_batched_tokens)
+    torch.cuda.synchronize(device)
+    peak_torch = torch.cuda.max_memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    # Everything in use that torch's caching allocator does not hold.
+    outside_torch = max(0, (total - free) - torch.cuda.memory_reserved(device))
+    torch.cuda.empty_cache()
+    budget = total * gpu_memory_utilization - peak_torch - outside_torch
+    config = runner.cache_shape
+    blocks = num_blocks_for_budget(budget, *config, runner.block_size, runner.dtype)
+    if blocks <= 0:
+        raise RuntimeError(
+            f"no memory left for the KV cache: total {total / 2**30:.2f} GiB x {gpu_memory_utilization} "
+            f"< peak {peak_torch / 2**30:.2f} GiB + non-torch {outside_torch / 2**30:.2f} GiB; "
+            "raise gpu_memory_utilization or lower max_num_batched_tokens"
+        )
+    return blocks

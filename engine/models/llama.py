@@ -1,0 +1,158 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged KV cache.
+
+RMSNorm, rotary positions, SwiGLU MLP and grouped-query attention. Q, K and V
+are one fused projection and gate/up another, so each layer runs two matmuls
+where the checkpoint has five; the loader slices HF's separate matrices into
+them. Qwen2 differs only in having biases on q/k/v.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata, PagedAttention
+from engine.models.rotary import RotaryEmbedding, rope_parameters
+from engine.models.weights import WeightLoader
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in fp32 and cast back before the weight, as HF does, so
+        # half-precision results round the same way.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def head_size_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_size = head_size_of(config)
+        self.q_size = self.num_heads * self.head_size
+        self.kv_size = self.num_kv_heads * self.head_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.head_size, self.num_kv_heads, self.head_size**-0.5)
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary(
+            positions, q.view(-1, self.num_heads, self.head_size), k.view(-1, self.num_kv_heads, self.head_size)
+        )
+        out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, kv_cache, meta)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"Llama MLP activation {config.hidden_act!r} (only silu)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, rotary)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM with paged attention."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        qwen2 = config.model_type == "qwen2"
+        qkv_bias = qwen2 or getattr(config, "attention_bias", False)
+        o_bias = not qwen2 and getattr(config, "attention_bias", False)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # One cos/sin table for all layers: at 128k positions it is ~128 MiB.
+        rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, qkv_bias, o_bias, rotary) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids, positions, kv_caches: KVCaches, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            hidden = layer(positions, hidden, kv_caches[i] if kv_caches else None, meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def tie_lm_head(self) -> None:
+        self.lm_head.weight = self.embed_tokens.weight
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], loader: WeightLoader) -> None:
+        """Copy HF-named tensors into this model (names listed explicitly, one branch each)."""
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # recomputed from the config
+            parts = name.split(".")
+            if parts[0] == "layers":
+                prefix = f"layers.{parts[1]}."
+                rest = ".".join(parts[2:])
+                attn = self.layers[int(parts[1])].self_attn
+                kind = parts[-1]  # weight or bias
+                if rest.startswith("self_attn.q_proj."):
+                    loader.load_rows(prefix + f"self_attn.qkv_proj.{kind}", tensor, 0, attn.q_size, "q")
+                elif rest.startswith("self_attn.k_proj."):
+                    loader.load_rows(prefix + f"self_attn.qkv_proj.{kind}", tensor, attn.q_size, attn.kv_size, "k")
+                elif rest.startswith("self_attn.v_proj."):
+                    loader.load_rows(
+                        prefix + f"self_attn.qkv_proj.{kind}", tensor, attn.q_size + attn.kv_size, attn.kv_size, "v"
+                    )
+                elif rest.startswith("mlp.gate_proj."):
+                    size = self.config.intermediate_size
+                    loader.load_rows(prefix + f"mlp.gate_up_proj.{kind}", tensor, 0, size, "gate")
+                elif rest.startswith("mlp.up_proj."):
+                    size = self.config.intermediate_size
+                    loader.load_rows(prefix + f"mlp.gate_up_proj.{kind}", tensor, size, size, "up")
+                elif rest in (
+                    f"self_attn.o_proj.{kind}", f"mlp.down_proj.{kind}",
+                    "input_layernorm.weight", "post_attention_layernorm.weight",
+                ):
+                    loader.load(prefix + rest, tensor)
+                else:
+                    loader.unexpected(name)
+            elif name in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
+                loader.load(name, tensor)
+            else:
+                loader.unexpected(name)

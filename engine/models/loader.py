@@ -1,0 +1,105 @@
+"""``load_model``: a local HF folder (config.json + safetensors) -> paged model.
+
+A random-weight test model and a real checkpoint take the same path: the
+config is read with transformers' AutoConfig, the model is built on the meta
+device (no time spent on random init), materialized on the target device and
+filled from the safetensors files, every parameter accounted for.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from transformers import AutoConfig
+
+from engine.models.gpt2 import GPT2LMHeadModel
+from engine.models.llama import LlamaForCausalLM
+from engine.models.opt import OPTForCausalLM
+from engine.models.weights import WeightLoader, iter_safetensors
+
+logger = logging.getLogger("engine")
+
+# HF config.model_type -> our implementation.
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "opt": OPTForCausalLM,
+    "gpt2": GPT2LMHeadModel,
+}
+
+DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> torch.dtype:
+    """"auto" means the checkpoint's own dtype (fp32 if it names none).
+
+    Exception: an fp16 checkpoint runs in fp32 on the CPU, because CPU fp16
+    matmuls are slow (no native fp16 arithmetic on most CPUs) and accumulate
+    less accurately. bf16 stays bf16: CPUs with AVX512-BF16/AMX run it well.
+    An explicit dtype is always honoured.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {', '.join(DTYPE_NAMES)}")
+        return DTYPE_NAMES[dtype]
+    # transformers 5 calls it `dtype`; 4.x `torch_dtype`.
+    config_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(config_dtype, str):
+        config_dtype = DTYPE_NAMES[config_dtype]
+    if device.type == "cpu" and config_dtype == torch.float16:
+        return torch.float32
+    return config_dtype
+
+
+def load_model(path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto"):
+    """Build the paged model for the checkpoint in ``path`` and load its weights.
+
+    Returns ``(model, config)``; the model is in eval mode on ``device`` in the
+    resolved dtype (see ``resolve_dtype``). Raises for an unsupported
+    architecture, an unknown checkpoint tensor, or a parameter left unfilled.
+    """
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in MODEL_CLASSES:
+        raise NotImplementedError(
+            f"model_type {config.model_type!r} is not supported ({', '.join(MODEL_CLASSES)} are)"
+        )
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, config, device)
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        logger.warning("sliding_window=%d is not applied: attention spans the whole context", window)
+
+    with torch.device("meta"):
+        model = MODEL_CLASSES[config.model_type](config)
+    model = model.to(dtype=dtype).to_empty(device=device).eval()
+
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        model.tie_lm_head()
+    loader = WeightLoader(model)
+    # A tied model's lm_head *is* the embedding; a checkpoint copy of it is redundant.
+    model.load_weights(((n, t) for n, t in iter_safetensors(path) if not (tied and n == "lm_head.weight")), loader)
+    missing = loader.missing()
+    if missing == ["lm_head.weight"]:
+        # Checkpoints without an output matrix reuse the input embedding.
+        model.tie_lm_head()
+        missing = []
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:10])}"
+                         + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else ""))
+    return model, config

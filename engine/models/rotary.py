@@ -1,0 +1,96 @@
+"""Rotary position embedding (RoPE) as Llama-family checkpoints expect it.
+
+The "rotate half" (GPT-NeoX) convention is used: the first and second halves
+of each head vector form the (real, imaginary) pairs. HF's Llama, Mistral and
+Qwen2 checkpoints are stored for this convention, so no weight permutation is
+needed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_parameters(config) -> dict:
+    """The config's RoPE settings as one dict with at least rope_type and rope_theta.
+
+    transformers 5 folds rope_theta and rope_scaling into ``rope_parameters``;
+    4.x configs keep them as separate attributes. Both are read here so a
+    checkpoint works with either library version.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        params = dict(params)
+    else:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    return params
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Llama 3.1 frequency rescaling for long context.
+
+    Long wavelengths (low frequencies) are slowed down by ``factor``, short ones
+    are left alone, and the band between is blended linearly in
+    ``original_max_position_embeddings / wavelength`` so nothing jumps.
+    """
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_len = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    blend = (old_len / wavelen - low) / (high - low)
+    blended = (1 - blend) * scaled / factor + blend * scaled
+    in_between = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(in_between, blended, scaled)
+
+
+class RotaryEmbedding:
+    """Applies RoPE to packed query/key tensors given each token's absolute position.
+
+    The cos/sin table for every position up to max_position is computed once
+    in fp32 on the CPU (like HF, so rounding matches) and moved to the device
+    on first use. It is a plain attribute, not a buffer: models are built on
+    the meta device and materialized with ``to_empty``, which would wipe a
+    buffer.
+    """
+
+    def __init__(self, head_size: int, max_position: int, params: dict):
+        rope_type = params["rope_type"]
+        inv_freq = 1.0 / (
+            params["rope_theta"] ** (torch.arange(0, head_size, 2, dtype=torch.int64, device="cpu").float() / head_size)
+        )
+        if rope_type == "llama3":
+            inv_freq = llama3_inv_freq(inv_freq, params)
+        elif rope_type == "linear":
+            inv_freq = inv_freq / params["factor"]
+        elif rope_type != "default":
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (default, linear, llama3 are)")
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise NotImplementedError("partial rotary embeddings are not supported")
+        # Long-context checkpoints may run past max_position_embeddings of the
+        # original model; the table covers the config's limit.
+        positions = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
+        freqs = torch.outer(positions, inv_freq)
+        angles = torch.cat([freqs, freqs], dim=-1)  # [max_position, head_size]
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cos.device != device:
+            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self.cos, self.sin
+
+    def __call__(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+        """query [T, num_heads, d], key [T, num_kv_heads, d] -> rotated copies."""
+        cos, sin = self._table(positions.device)
+        cos = cos[positions].unsqueeze(1).to(query.dtype)
+        sin = sin[positions].unsqueeze(1).to(query.dtype)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin

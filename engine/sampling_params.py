@@ -1,0 +1,69 @@
+"""Sampling parameters of a request, with the names users of vLLM know."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to decode one request.
+
+    ``temperature == 0`` means greedy. ``n`` outputs are returned; ``best_of``
+    (>= n) sequences are generated and the ``n`` with the highest cumulative
+    log-probability kept. With ``use_beam_search`` the request runs a beam
+    search of width ``best_of`` (default ``n``) scored as transformers does
+    (sum of log-probabilities / generated_length ** length_penalty).
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.best_of is None:
+            self.best_of = self.n
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {self.top_k}")
+        if self.use_beam_search and self.temperature not in (0.0, 1.0):
+            raise ValueError("beam search is deterministic; leave temperature at its default")
+        self.stop_token_ids = list(self.stop_token_ids)
+        self._stop_set = frozenset(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 and not self.use_beam_search
+
+    @property
+    def beam_width(self) -> int:
+        return self.best_of if self.use_beam_search else 1
+
+    def samples_per_sequence(self, first_step: bool) -> int:
+        """How many candidate tokens the executor must return for one sequence.
+
+        Beam search needs the top ``2 * width`` continuations of every beam
+        (as transformers keeps); the first step of a ``best_of > 1`` request
+        draws ``best_of`` samples from the prompt, which the scheduler turns
+        into forked sequences; everything else needs one token.
+        """
+        if self.use_beam_search:
+            return 2 * self.best_of
+        return self.best_of if first_step else 1

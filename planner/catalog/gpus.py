@@ -1,0 +1,129 @@
+"""Hardware catalog: datasheet numbers for the devices the planner knows.
+
+The numbers live in planner/data/gpus.json, one entry per device with the
+datasheet it came from, so a reader can check them without reading code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from planner.errors import PlannerError
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One accelerator (or the host CPU). Bandwidths are one direction, FLOP/s are dense peaks."""
+
+    name: str
+    family: str                     # "a100", "h100", ...: what gpu_variant_for_memory matches on
+    kind: str                       # "gpu" or "cpu"
+    memory_bytes: int
+    memory_bandwidth: float         # B/s, device memory
+    fp16_flops: float               # FLOP/s, tensor cores, no sparsity
+    bf16_flops: float
+    fp32_flops: float
+    interconnect: str               # "nvlink3", "pcie4", "none"
+    interconnect_bandwidth: float   # B/s per GPU toward its peers (0: cannot do tensor parallelism)
+    interconnect_latency: float     # s per collective call (NCCL small-message latency)
+    host_link_bandwidth: float      # B/s effective GPU<->CPU (pinned PCIe copies), used for swapping
+    source: str
+    aliases: tuple[str, ...] = ()
+
+    def peak_flops(self, dtype_bytes: int = 2) -> float:
+        """Peak FLOP/s for matmuls in a dtype of this many bytes (2: fp16/bf16, 4: fp32)."""
+        if dtype_bytes == 2:
+            return self.fp16_flops
+        if dtype_bytes == 4:
+            return self.fp32_flops
+        raise PlannerError(f"unsupported dtype size {dtype_bytes} bytes; known: 2 (fp16/bf16), 4 (fp32)")
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _spec_from_entry(entry: dict) -> GpuSpec:
+    return GpuSpec(
+        name=entry["name"],
+        family=entry["family"],
+        kind=entry["kind"],
+        memory_bytes=int(round(entry["memory_gib"] * GIB)),
+        memory_bandwidth=float(entry["memory_bandwidth"]),
+        fp16_flops=float(entry["fp16_flops"]),
+        bf16_flops=float(entry["bf16_flops"]),
+        fp32_flops=float(entry["fp32_flops"]),
+        interconnect=entry["interconnect"],
+        interconnect_bandwidth=float(entry["interconnect_bandwidth"]),
+        interconnect_latency=float(entry["interconnect_latency"]),
+        host_link_bandwidth=float(entry["host_link_bandwidth"]),
+        source=entry["source"],
+        aliases=tuple(entry.get("aliases", ())),
+    )
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[tuple[GpuSpec, ...], dict[str, GpuSpec]]:
+    text = resources.files("planner").joinpath("data/gpus.json").read_text(encoding="utf-8")
+    specs = tuple(_spec_from_entry(e) for e in json.loads(text)["gpus"])
+    index: dict[str, GpuSpec] = {}
+    for spec in specs:
+        for key in (spec.name, *spec.aliases):
+            index[_normalize(key)] = spec
+    return specs, index
+
+
+def list_gpus() -> list[GpuSpec]:
+    """All catalog entries, in file order."""
+    return list(_catalog()[0])
+
+
+def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
+    """Look a device up by name or alias ("a100" is the paper's a100-40g, "h100" is h100-sxm)."""
+    if isinstance(name, GpuSpec):
+        return name
+    specs, index = _catalog()
+    spec = index.get(_normalize(str(name)))
+    if spec is None:
+        known = ", ".join(s.name for s in specs)
+        raise PlannerError(f"unknown GPU {name!r}; known: {known}")
+    return spec
+
+
+def _family_of(device: str, families: list[str]) -> str | None:
+    """Find a catalog family in a free-form device name such as 'NVIDIA A100-SXM4-80GB'.
+
+    Matched as a whole token so that 'l4' does not match 'NVIDIA L40S'.
+    """
+    text = device.strip().lower()
+    if text in families:
+        return text
+    # longest first so a longer family name wins over a shorter one it contains
+    for family in sorted(families, key=len, reverse=True):
+        if re.search(rf"(?<![a-z0-9]){re.escape(family)}(?![a-z0-9])", text):
+            return family
+    return None
+
+
+def gpu_variant_for_memory(family: str, memory_bytes: int) -> GpuSpec:
+    """The catalog variant of a device family whose memory is closest to what was detected.
+
+    `family` may be a catalog family ("a100") or a device name as the driver
+    reports it ("NVIDIA A100-SXM4-40GB"); `memory_bytes` is the detected total
+    (drivers report a little less than the nominal size, hence closest, not equal).
+    """
+    specs, _ = _catalog()
+    families = sorted({s.family for s in specs})
+    found = _family_of(family, families)
+    if found is None:
+        raise PlannerError(f"unknown GPU family {family!r}; known: {', '.join(families)}")
+    if memory_bytes <= 0:
+        raise PlannerError(f"device memory must be positive, got {memory_bytes} bytes")
+    variants = [s for s in specs if s.family == found]
+    return min(variants, key=lambda s: abs(s.memory_bytes - memory_bytes))

@@ -1,0 +1,182 @@
+"""Roofline cost model: step time from datasheet peaks, for hardware nobody has profiled.
+
+Each part of a step is limited either by arithmetic or by memory traffic, so
+it takes max(flops / achievable FLOP/s, bytes / achievable bandwidth); the
+parts run one after another, so the step is their sum:
+
+  linear      all transformer-layer matmuls: weights read once per step,
+              2 FLOPs per weight per token                      (this GPU's 1/tp shard)
+  lm_head     vocab projection of the last token of each sequence only
+  prefill     causal attention over prefill (query, key) pairs, 4*head_size FLOPs
+              per pair per head, vs. writing the new tokens' K/V into the cache
+  decode      attention of one query per sequence: reads the KV of its whole
+              context, memory-bound in practice
+  allreduce   tensor parallelism: 2 all-reduces per layer (after attention and
+              after the MLP) + 1 for the vocab-parallel embedding, ring algorithm,
+              plus gathering the logits; each collective also pays a fixed latency
+  swap        KV blocks over the host link (each GPU moves its share in parallel)
+  copy        copy-on-write block copies, read + write through device memory
+  cpu         scheduler, input preparation and sampling on the host: a + b * batch
+
+Activation traffic (tokens x hidden per layer) is left out: it is small next to
+the weights at decode and next to the FLOPs at prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from planner.cost.shape import StepShape
+from planner.errors import PlannerError
+from planner.memory import kv_heads_per_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineEfficiency:
+    """Fractions of datasheet peaks that real kernels reach.
+
+    compute 0.6: cuBLAS reaches 70-80 % of tensor-core peak on large fp16 GEMMs,
+      less on the skinny and oddly sized ones of a serving batch and in attention
+      kernels; 0.6 is the usual planning figure.
+    memory 0.8: streaming kernels (weight-bound GEMV-like decode, paged attention
+      reads) reach 80-90 % of HBM bandwidth; block tables and partial blocks cost
+      a little more.
+    interconnect 0.7: NCCL ring all-reduce bus bandwidth is ~70-80 % of NVLink's
+      and lower for the small messages of decode steps (the latency term covers
+      the rest).
+    """
+
+    compute: float = 0.6
+    memory: float = 0.8
+    interconnect: float = 0.7
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "memory", "interconnect"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise PlannerError(f"efficiency.{name} must be in (0, 1], got {value}")
+
+
+# Host-side time per step. vLLM 0.1/0.2 (the paper's engine) schedules, builds
+# input tensors and block tables, and samples in Python: a few milliseconds per
+# step, growing with the number of sequences. These are planning guesses, not
+# measurements; a calibrated cost model fits them from a profile instead.
+CPU_OVERHEAD_BASE_S = 2e-3
+CPU_OVERHEAD_PER_SEQ_S = 20e-6
+
+
+class RooflineCostModel:
+    """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
+
+    def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
+                 block_size: int = 16, efficiency: RooflineEfficiency = RooflineEfficiency(),
+                 cpu_overhead_base: float = CPU_OVERHEAD_BASE_S,
+                 cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S) -> None:
+        model, gpu = resolve_model(model), resolve_gpu(gpu)
+        if tp > 1 and gpu.interconnect_bandwidth <= 0:
+            raise PlannerError(f"{gpu.name} has no interconnect; tensor parallel size must be 1, got {tp}")
+        if block_size < 1:
+            raise PlannerError(f"block_size must be >= 1, got {block_size}")
+        if cpu_overhead_base < 0 or cpu_overhead_per_seq < 0:
+            raise PlannerError("CPU overhead constants must be >= 0")
+        self.model, self.gpu, self.tp, self.dtype_bytes = model, gpu, tp, dtype_bytes
+        self.block_size, self.efficiency = block_size, efficiency
+        self.name = f"roofline({gpu.name})" if tp == 1 else f"roofline({tp}x{gpu.name})"
+
+        # Everything below is per GPU; the GPUs of a TP group work in lockstep.
+        flops = gpu.peak_flops(dtype_bytes) * efficiency.compute        # achievable FLOP/s
+        bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
+        layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
+        heads = model.num_heads // tp
+        kv_bytes_per_token = 2 * layers * kv_heads_per_gpu(model, tp) * model.head_size * dtype_bytes
+        linear_params = layers * model.matmul_params_per_layer / tp
+        head_params = vocab * hidden / tp
+
+        self._linear_weights = linear_params * dtype_bytes / bw           # s, once per step
+        self._linear_per_token = 2 * linear_params / flops                # s per token
+        self._head_weights = head_params * dtype_bytes / bw
+        self._head_per_seq = 2 * head_params / flops
+        attn_flops_per_pair = 4 * model.head_size * heads * layers        # QK^T and PV, all layers
+        self._prefill_per_pair = attn_flops_per_pair / flops
+        self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
+        self._decode_per_key = max(kv_bytes_per_token / bw, attn_flops_per_pair / flops)
+
+        if tp > 1:
+            ic = gpu.interconnect_bandwidth * efficiency.interconnect
+            ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
+            collectives = 2 * layers + 1
+            self._allreduce_fixed = (collectives + 1) * gpu.interconnect_latency   # +1: logits gather
+            self._allreduce_per_token = collectives * ring * hidden * dtype_bytes / ic
+            self._gather_per_seq = (tp - 1) / tp * vocab * dtype_bytes / ic
+        else:
+            self._allreduce_fixed = self._allreduce_per_token = self._gather_per_seq = 0.0
+
+        block_bytes = kv_bytes_per_token * block_size
+        self._swap_per_block = block_bytes / gpu.host_link_bandwidth      # already an effective rate
+        self._copy_per_block = 2 * block_bytes / bw                        # read + write
+        self._cpu_base = cpu_overhead_base
+        self._cpu_per_seq = cpu_overhead_per_seq
+
+    def step_time(self, s: StepShape) -> float:
+        """Seconds for one step. Hot path: plain float arithmetic on precomputed constants."""
+        tokens = s.prefill_tokens + s.decode_seqs
+        seqs = s.prefill_seqs + s.decode_seqs
+        if tokens:
+            t = tokens * self._linear_per_token
+            if t < self._linear_weights:
+                t = self._linear_weights
+            head = seqs * self._head_per_seq
+            t += head if head > self._head_weights else self._head_weights
+            if s.prefill_tokens:
+                pairs = s.prefill_attn_pairs * self._prefill_per_pair
+                write = s.prefill_tokens * self._prefill_kv_write
+                t += pairs if pairs > write else write
+            t += s.decode_context * self._decode_per_key
+            if self.tp > 1:
+                t += self._allreduce_fixed + tokens * self._allreduce_per_token + seqs * self._gather_per_seq
+        elif s.swap_blocks or s.copy_blocks:
+            t = 0.0
+        else:
+            return 0.0
+        return (t + s.swap_blocks * self._swap_per_block + s.copy_blocks * self._copy_per_block
+                + self._cpu_base + seqs * self._cpu_per_seq)
+
+    def breakdown(self, s: StepShape) -> dict[str, float]:
+        """step_time split by component (seconds), each with its bound; for reports and tests.
+
+        Written out plainly rather than shared with step_time so the hot path stays
+        inline; tests hold the two equal.
+        """
+        parts = {k: 0.0 for k in ("linear", "lm_head", "prefill_attention", "decode_attention",
+                                  "allreduce", "swap", "copy", "cpu")}
+        bound: dict[str, str] = {}
+        if s.is_empty:
+            return {**parts, "bound": bound}
+        tokens, seqs = s.total_tokens, s.batch_size
+        if tokens:
+            rooflines = [("linear", tokens * self._linear_per_token, self._linear_weights),
+                         ("lm_head", seqs * self._head_per_seq, self._head_weights)]
+            if s.prefill_tokens:
+                rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair,
+                                  s.prefill_tokens * self._prefill_kv_write))
+            for name, compute, memory in rooflines:
+                parts[name] = max(compute, memory)
+                bound[name] = "compute" if compute > memory else "memory"
+            parts["decode_attention"] = s.decode_context * self._decode_per_key
+            if self.tp > 1:
+                parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
+                                      + seqs * self._gather_per_seq)
+        parts["swap"] = s.swap_blocks * self._swap_per_block
+        parts["copy"] = s.copy_blocks * self._copy_per_block
+        parts["cpu"] = self._cpu_base + seqs * self._cpu_per_seq
+        return {**parts, "bound": bound}
+
+    def describe(self) -> dict:
+        """What this model assumed, for a result file's 'cost model' section."""
+        return {
+            "name": self.name, "source": "roofline", "model": self.model.name, "gpu": self.gpu.name,
+            "tp": self.tp, "dtype_bytes": self.dtype_bytes, "block_size": self.block_size,
+            "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,
+            "cpu_overhead_per_seq_s": self._cpu_per_seq, "gpu_source": self.gpu.source,
+        }

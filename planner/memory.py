@@ -1,0 +1,160 @@
+"""How GPU memory splits into weights, activations and KV cache (the number of KV blocks).
+
+This is the arithmetic vLLM does at start-up, done ahead of time: of each
+GPU's memory, `gpu_memory_utilization` may be used; weights (this GPU's tensor-
+parallel shard) and the peak activation of one forward pass are taken out, and
+what is left is cut into KV blocks. Every GPU holds its share of the heads of
+the same block ids, so the number of blocks is a per-GPU figure and the token
+slots are blocks x block_size.
+
+The check is the PagedAttention paper's Table 1 (its "GB" are GiB: 15.7K slots
+x 800 KiB = 12 GiB): OPT-13B on 1xA100-40GB leaves ~12 GiB, OPT-66B on
+4xA100-40GB ~21 GiB, OPT-175B on 8xA100-80GB ~264 GiB. With the defaults here
+(utilization 0.9, the activation estimate below) the plan comes out 3-6 % under
+those figures (tests/test_memory.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from planner.errors import PlannerError
+
+# vLLM 0.1-era scheduler limits, used as defaults so the activation estimate
+# matches the profile run vLLM would do.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_SWAP_SPACE_BYTES = 4 * GIB     # vLLM's default CPU swap space per GPU
+
+# The sampler keeps fp32 logits, probabilities and log-probabilities of the
+# sampled rows alive at once.
+_SAMPLER_COPIES = 3
+_FP32 = 4
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""
+    if tp < 1:
+        raise PlannerError(f"tensor parallel size must be >= 1, got {tp}")
+    if model.num_heads % tp:
+        raise PlannerError(f"tensor parallel size {tp} does not divide {model.name}'s {model.num_heads} attention heads")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise PlannerError(f"tensor parallel size {tp} and {model.name}'s {model.num_kv_heads} KV heads do not divide")
+    return max(1, model.num_kv_heads // tp)
+
+
+def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
+                             max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                             max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
+    """Peak activation memory per GPU of the largest step the scheduler may run.
+
+    vLLM measures this by profiling a forward pass of max_num_batched_tokens
+    tokens; we estimate the same peak from what is alive inside one layer, per
+    token: the residual stream and the normed input (2*hidden, replicated), the
+    QKV projection and the attention output (this GPU's heads), and the MLP's
+    up-projection output plus its activated copy (gate and up for a gated MLP).
+    Add the sampler's fp32 [sequences, vocab] tensors. Layers run one after
+    another, so one layer's worth is the peak; allocator slack is covered by
+    the utilization margin.
+    """
+    h, i = model.hidden_size, model.intermediate_size
+    kv_size = kv_heads_per_gpu(model, tp) * model.head_size
+    q_size = model.q_size // tp
+    mlp = (2 * i // tp) if model.is_gpt_like else (3 * i // tp)
+    per_token = 2 * h + (q_size + 2 * kv_size) + q_size + mlp
+    tokens = max_num_batched_tokens
+    sampled_rows = min(max_num_seqs, tokens)
+    return tokens * per_token * dtype_bytes + _SAMPLER_COPIES * sampled_rows * model.vocab_size * _FP32
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Per-GPU memory budget and the KV cache it leaves. Bytes unless named otherwise."""
+
+    model: str
+    gpu: str
+    tp: int
+    gpu_memory_utilization: float
+    block_size: int
+    dtype_bytes: int
+    gpu_memory_bytes: int           # one GPU's memory
+    usable_bytes_per_gpu: int       # utilization x memory
+    weight_bytes_per_gpu: int
+    activation_bytes_per_gpu: int
+    kv_bytes_per_token: int         # the whole model's K and V for one token (all layers, all heads)
+    block_bytes_per_gpu: int        # one block's K and V on one GPU (its share of the heads)
+    num_gpu_blocks: int
+    num_cpu_blocks: int             # swap space, in blocks
+
+    @property
+    def kv_bytes_per_gpu(self) -> int:
+        return self.num_gpu_blocks * self.block_bytes_per_gpu
+
+    @property
+    def kv_bytes_total(self) -> int:
+        """KV cache across all tensor-parallel GPUs (the paper's Table 1 figure)."""
+        return self.kv_bytes_per_gpu * self.tp
+
+    @property
+    def kv_token_slots(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    def summary(self) -> dict[str, float | int | str]:
+        """Flat, JSON-ready view for reports and `planner capacity`; sizes also in GiB."""
+        return {
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "block_size": self.block_size,
+            "dtype_bytes": self.dtype_bytes,
+            "gpu_memory_gib": self.gpu_memory_bytes / GIB,
+            "usable_gib_per_gpu": self.usable_bytes_per_gpu / GIB,
+            "weights_gib_per_gpu": self.weight_bytes_per_gpu / GIB,
+            "activations_gib_per_gpu": self.activation_bytes_per_gpu / GIB,
+            "kv_gib_per_gpu": self.kv_bytes_per_gpu / GIB,
+            "kv_gib_total": self.kv_bytes_total / GIB,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "num_cpu_blocks": self.num_cpu_blocks,
+            "kv_token_slots": self.kv_token_slots,
+        }
+
+
+def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
+                gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
+                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES) -> MemoryPlan:
+    """Split each of `tp` GPUs' memory into weights, activations and KV blocks."""
+    model, gpu = resolve_model(model), resolve_gpu(gpu)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise PlannerError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise PlannerError(f"block_size must be >= 1, got {block_size}")
+    if dtype_bytes not in (1, 2, 4):
+        raise PlannerError(f"dtype_bytes must be 1, 2 or 4, got {dtype_bytes}")
+    if max_num_batched_tokens < 1 or max_num_seqs < 1:
+        raise PlannerError(f"max_num_batched_tokens and max_num_seqs must be >= 1, "
+                           f"got {max_num_batched_tokens} and {max_num_seqs}")
+    if swap_space_bytes < 0:
+        raise PlannerError(f"swap_space_bytes must be >= 0, got {swap_space_bytes}")
+
+    heads = kv_heads_per_gpu(model, tp)          # validates tp against the head counts first
+    usable = int(gpu.memory_bytes * gpu_memory_utilization)
+    weights = model.weight_bytes_per_gpu(tp, dtype_bytes)
+    activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs)
+    block_bytes = 2 * model.num_layers * heads * model.head_size * dtype_bytes * block_size
+    num_blocks = (usable - weights - activations) // block_bytes
+    if num_blocks < 1:
+        need = (weights + activations + block_bytes) / GIB
+        raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "
+                           f"{gpu_memory_utilization}: needs {need:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable")
+    return MemoryPlan(
+        model=model.name, gpu=gpu.name, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+        block_size=block_size, dtype_bytes=dtype_bytes, gpu_memory_bytes=gpu.memory_bytes,
+        usable_bytes_per_gpu=usable, weight_bytes_per_gpu=weights, activation_bytes_per_gpu=activations,
+        kv_bytes_per_token=model.kv_bytes_per_token(dtype_bytes), block_bytes_per_gpu=block_bytes,
+        num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
+    )

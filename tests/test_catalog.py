@@ -1,0 +1,173 @@
+"""Hardware and model catalogs: names resolve, numbers are the published ones, HF configs round-trip."""
+
+import dataclasses
+import json
+
+import pytest
+
+from planner.catalog import GIB, ModelSpec, gpu_variant_for_memory, list_gpus, list_models, resolve_gpu, resolve_model
+from planner.errors import PlannerError
+
+REQUIRED_GPUS = ["a100-40g", "a100-80g", "h100-sxm", "h200", "l4", "a10g", "cpu"]
+REQUIRED_MODELS = ["opt-125m", "opt-1.3b", "opt-6.7b", "opt-13b", "opt-30b", "opt-66b", "opt-175b",
+                   "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b", "gpt2"]
+
+
+# ---- GPUs -------------------------------------------------------------------
+
+def test_required_gpus_present_with_sources():
+    names = {g.name for g in list_gpus()}
+    assert set(REQUIRED_GPUS) <= names
+    for g in list_gpus():
+        assert g.source, g.name
+        assert g.memory_bytes > 0 and g.memory_bandwidth > 0 and g.host_link_bandwidth > 0
+        if g.kind == "gpu":
+            assert g.fp16_flops > g.fp32_flops, g.name       # tensor cores beat plain FP32
+            assert g.interconnect_bandwidth > 0
+
+
+def test_datasheet_numbers():
+    a100 = resolve_gpu("a100-40g")
+    assert a100.memory_bytes == 40 * GIB
+    assert a100.memory_bandwidth == pytest.approx(1.555e12)
+    assert a100.fp16_flops == pytest.approx(312e12)
+    assert resolve_gpu("h100-sxm").fp16_flops == pytest.approx(989.4e12)   # dense, not the sparse 1979
+    assert resolve_gpu("a100-80g").memory_bandwidth > a100.memory_bandwidth
+    assert a100.peak_flops(4) == a100.fp32_flops
+    with pytest.raises(PlannerError):
+        a100.peak_flops(3)
+
+
+@pytest.mark.parametrize("alias, name", [("a100", "a100-40g"), ("h100", "h100-sxm"), ("A100-40G", "a100-40g"),
+                                         ("a100_80gb", "a100-80g")])
+def test_gpu_aliases(alias, name):
+    assert resolve_gpu(alias).name == name
+
+
+def test_unknown_gpu_lists_known_names():
+    with pytest.raises(PlannerError, match=r"unknown GPU 'a1000'; known: a100-40g, .*h200"):
+        resolve_gpu("a1000")
+
+
+@pytest.mark.parametrize("device, reported, expected", [
+    ("a100", 42_505_273_344, "a100-40g"),                       # what torch reports for a 40 GB A100
+    ("NVIDIA A100-SXM4-80GB", 85_198_045_184, "a100-80g"),
+    ("NVIDIA A100-SXM4-40GB", 42_505_273_344, "a100-40g"),
+    ("NVIDIA H100 80GB HBM3", 85_520_809_984, "h100-sxm"),
+    ("NVIDIA H200", 150_754_820_096, "h200"),
+    ("NVIDIA L4", 23_580_639_232, "l4"),
+])
+def test_gpu_variant_for_memory(device, reported, expected):
+    assert gpu_variant_for_memory(device, reported).name == expected
+
+
+def test_gpu_variant_rejects_unknown_family_and_near_names():
+    with pytest.raises(PlannerError, match="unknown GPU family"):
+        gpu_variant_for_memory("NVIDIA L40S", 48 * GIB)              # must not match "l4"
+    with pytest.raises(PlannerError):
+        gpu_variant_for_memory("a100", 0)
+
+
+# ---- models -----------------------------------------------------------------
+
+def test_required_models_present():
+    assert set(REQUIRED_MODELS) <= {m.name for m in list_models()}
+
+
+@pytest.mark.parametrize("model", list_models(), ids=lambda m: m.name)
+def test_param_count_matches_published(model):
+    # computed from the shapes; OPT's published sizes are rounded ("13B"), the others are exact
+    assert model.num_params == pytest.approx(model.published_params, rel=0.03)
+    if model.model_type != "opt":
+        assert model.num_params == model.published_params
+
+
+def test_kv_bytes_per_token():
+    assert resolve_model("opt-13b").kv_bytes_per_token(2) == 800 * 1024     # the paper's 800 KB
+    assert resolve_model("llama-2-70b").kv_bytes_per_token(2) == 2 * 80 * 8 * 128 * 2   # GQA: 8 KV heads
+    assert resolve_model("opt-13b").kv_bytes_per_token(4) == 2 * 800 * 1024
+
+
+def test_weight_bytes_and_flops():
+    m = resolve_model("opt-13b")
+    assert m.weight_bytes(2) == 2 * m.num_params
+    # ~2 FLOPs per parameter per token, attention adds with context
+    assert m.flops_per_token() == pytest.approx(2 * m.num_params, rel=0.02)
+    assert m.flops_per_token(1000) - m.flops_per_token() == 4 * 40 * 5120 * 1000
+    # TP shards everything but norms, position table and row-parallel biases, which each GPU holds whole
+    assert m.weight_bytes_per_gpu(4) * 4 - m.weight_bytes() == 3 * m.replicated_params * 2
+    assert 0 < m.replicated_params < 0.002 * m.num_params
+    assert m.weight_bytes_per_gpu(1) == m.weight_bytes()
+
+
+@pytest.mark.parametrize("name, expected", [("facebook/opt-13b", "opt-13b"), ("Llama-2-7b-hf", "llama-2-7b"),
+                                            ("OPT-125M", "opt-125m"), ("gpt2-small", "gpt2")])
+def test_model_lookup_by_alias_and_hf_id(name, expected):
+    assert resolve_model(name).name == expected
+
+
+def test_unknown_model():
+    with pytest.raises(PlannerError, match=r"unknown model 'opt-14b'; known: opt-125m"):
+        resolve_model("opt-14b")
+
+
+def test_invalid_shapes_rejected():
+    m = resolve_model("llama-2-70b")
+    with pytest.raises(PlannerError):
+        dataclasses.replace(m, num_kv_heads=7)
+    with pytest.raises(PlannerError):
+        dataclasses.replace(m, model_type="bloom")
+
+
+# ---- Hugging Face configs ---------------------------------------------------
+
+@pytest.mark.parametrize("model", list_models(), ids=lambda m: m.name)
+def test_hf_config_builds_the_counted_model(model):
+    """A one-layer model built (on the meta device, no memory) from the config has exactly the
+    parameters the spec counts for one layer, and the config reads back to the same spec."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = model.to_hf_config(num_hidden_layers=1)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in hf.parameters()) == dataclasses.replace(model, num_layers=1).num_params
+    back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
+    keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,
+                aliases=model.aliases)
+    assert dataclasses.replace(back, **keep) == model
+
+
+def test_hf_config_types_and_overrides():
+    transformers = pytest.importorskip("transformers")
+    assert isinstance(resolve_model("opt-13b").to_hf_config(), transformers.OPTConfig)
+    assert isinstance(resolve_model("gpt2").to_hf_config(), transformers.GPT2Config)
+    assert isinstance(resolve_model("mistral-7b").to_hf_config(), transformers.MistralConfig)
+    cfg = resolve_model("llama-3-8b").to_hf_config(num_hidden_layers=2)
+    assert isinstance(cfg, transformers.LlamaConfig)
+    assert (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim) == (2, 8, 128)
+    assert cfg.rope_parameters["rope_theta"] == 500000.0
+    assert resolve_model("gpt2").to_hf_config(num_hidden_layers=1).n_layer == 1
+    with pytest.raises(PlannerError, match="unknown config field"):
+        resolve_model("opt-125m").to_hf_config(num_layerz=1)
+
+
+def test_local_model_folder(tmp_path):
+    config = resolve_model("mistral-7b").to_hf_config().to_dict()
+    (tmp_path / "my-mistral").mkdir()
+    (tmp_path / "my-mistral" / "config.json").write_text(json.dumps(config))
+    spec = resolve_model(str(tmp_path / "my-mistral"))
+    assert spec.name == "my-mistral"
+    assert spec.num_params == resolve_model("mistral-7b").num_params
+    assert spec.sliding_window == 4096
+    with pytest.raises(PlannerError, match="no config.json"):
+        ModelSpec.from_model_dir(tmp_path)
+
+
+def test_unsupported_configs():
+    opt350 = {"model_type": "opt", "hidden_size": 1024, "word_embed_proj_dim": 512, "num_attention_heads": 16,
+              "num_hidden_layers": 24, "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048,
+              "do_layer_norm_before": False}
+    with pytest.raises(PlannerError, match="not supported"):
+        ModelSpec.from_hf_config(opt350, name="opt-350m")
+    with pytest.raises(PlannerError, match="unsupported model_type 'bloom'"):
+        ModelSpec.from_hf_config({"model_type": "bloom"})

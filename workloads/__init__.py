@@ -1,0 +1,26 @@
+"""Workloads: the traces the engine and the planner share.
+
+    from workloads import make_trace, Trace
+    trace = make_trace("sharegpt", num_requests=1000, rate=2.0, seed=0)
+    trace.save("sharegpt.jsonl"); Trace.load("sharegpt.jsonl").stats()
+"""
+
+from .arrivals import PROCESSES, arrival_times
+from .errors import TraceError
+from .importers import import_csv_trace, import_sharegpt
+from .make import WORKLOADS, make_trace, workload_params
+from .schema import TraceRequest
+from .trace import Trace
+
+__all__ = [
+    "PROCESSES",
+    "WORKLOADS",
+    "Trace",
+    "TraceError",
+    "TraceRequest",
+    "arrival_times",
+    "import_csv_trace",
+    "import_sharegpt",
+    "make_trace",
+    "workload_params",
+]

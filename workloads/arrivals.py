@@ -1,0 +1,90 @@
+"""Arrival processes: when requests reach the server.
+
+The first request arrives at t = 0 and each later one a gap after the one
+before, as vLLM's benchmark client does (send, then sleep).  Gaps are:
+
+- ``poisson``: exponential with mean 1/rate (the PagedAttention paper's set-up);
+- ``gamma``: gamma with mean 1/rate and coefficient of variation ``cv``
+  (shape 1/cv^2): cv > 1 is burstier than Poisson, cv < 1 more regular, and
+  cv = 1 is Poisson again;
+- ``constant``: exactly 1/rate.
+
+``rate = inf`` puts every request at t = 0 (an offline batch).  A trace is
+bounded by a request count, a duration, or both (whichever ends it first).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import TraceError
+
+PROCESSES = ("poisson", "gamma", "constant")
+
+# Times are stored to the microsecond: plenty for a serving trace, and it keeps
+# trace files short and identical across platforms.
+TIME_DECIMALS = 6
+
+
+def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int | None, duration: float | None) -> None:
+    if arrival not in PROCESSES:
+        raise TraceError(f"arrival: unknown process {arrival!r}; expected one of {', '.join(PROCESSES)} or 'trace'")
+    if math.isnan(rate) or rate <= 0:
+        raise TraceError(f"rate: must be > 0 requests/s (inf for all at once), got {rate}")
+    if arrival == "gamma" and not (cv > 0 and math.isfinite(cv)):
+        raise TraceError(f"cv: must be a finite number > 0, got {cv}")
+    if num_requests is None and duration is None:
+        raise TraceError("num_requests/duration: give a request count, a duration, or both")
+    if num_requests is not None and num_requests < 0:
+        raise TraceError(f"num_requests: must be >= 0, got {num_requests}")
+    if duration is not None and not (duration >= 0 and math.isfinite(duration)):
+        raise TraceError(f"duration: must be a finite number >= 0 s, got {duration}")
+    if math.isinf(rate) and num_requests is None:
+        raise TraceError("num_requests: rate=inf puts every request at t=0, so a duration cannot bound the trace")
+
+
+def _gaps(rng: np.random.Generator, arrival: str, rate: float, cv: float, size: int) -> np.ndarray:
+    if arrival == "poisson":
+        return rng.exponential(1.0 / rate, size)
+    if arrival == "gamma":
+        shape = 1.0 / (cv * cv)
+        return rng.gamma(shape, 1.0 / (rate * shape), size)
+    return np.full(size, 1.0 / rate)
+
+
+def arrival_times(
+    rng: np.random.Generator,
+    *,
+    arrival: str = "poisson",
+    rate: float = math.inf,
+    cv: float = 1.0,
+    num_requests: int | None = None,
+    duration: float | None = None,
+) -> np.ndarray:
+    """Sorted arrival times (s) starting at 0, bounded by num_requests and/or duration.
+
+    With a duration, only arrivals strictly before it are kept.
+    """
+    check_arrival_args(arrival, rate, cv, num_requests, duration)
+    if math.isinf(rate):
+        return np.zeros(num_requests, dtype=float)
+    limit = num_requests if num_requests is not None else math.inf
+    # draw in chunks: the whole count when it is known, else a bit more than
+    # the expected count in the duration, so one chunk almost always suffices
+    chunk = int(min(limit, (duration or 0.0) * rate * 1.2 + 16))
+    parts = [np.zeros(1)]  # t_0 = 0
+    count, last = 1, 0.0
+    while count < limit and (duration is None or last < duration):
+        stamps = last + np.cumsum(_gaps(rng, arrival, rate, cv, max(chunk, 1)))
+        parts.append(stamps)
+        count += len(stamps)
+        last = float(stamps[-1])
+    # round before bounding, so a stamp that prints as the duration is not kept
+    times = np.round(np.concatenate(parts), TIME_DECIMALS)
+    if duration is not None:
+        times = times[times < duration]
+    if num_requests is not None:
+        times = times[:num_requests]
+    return times

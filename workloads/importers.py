@@ -1,0 +1,242 @@
+"""Traces from real data the user has locally: a ShareGPT JSON dump, a production CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import re
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from .arrivals import TIME_DECIMALS, arrival_times
+from .errors import TraceError, where
+from .lengths import VLLM_FILTER, LengthFilter
+from .schema import TraceRequest
+from .tokens import stream
+from .trace import Trace
+
+# --- ShareGPT ------------------------------------------------------------------------
+
+
+def _load_tokenizer(tokenizer_path: str | Path):
+    # local_files_only: a tokenizer is a folder the user has, never a download
+    from transformers import AutoTokenizer
+
+    folder = Path(tokenizer_path)
+    if not folder.is_dir():
+        raise TraceError(f"{folder}: tokenizer folder not found")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TraceError(f"{folder}: cannot load a tokenizer: {first}") from None
+
+
+def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
+    """(first human turn, first answer) of every conversation with at least two turns."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{where(path, err.lineno)}: invalid JSON: {err.msg} (column {err.colno})") from None
+    if not isinstance(data, list):
+        raise TraceError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
+    pairs = []
+    for i, entry in enumerate(data):
+        conv = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(conv, list):
+            raise TraceError(f"{path}: entry {i}: conversations: missing or not a list")
+        if len(conv) < 2:
+            continue  # vLLM drops conversations without an answer
+        texts = []
+        for turn in conv[:2]:
+            value = turn.get("value") if isinstance(turn, dict) else None
+            if not isinstance(value, str):
+                raise TraceError(f"{path}: entry {i}: conversations.value: missing or not a string")
+            texts.append(value)
+        pairs.append((texts[0], texts[1]))
+    return pairs
+
+
+def import_sharegpt(
+    path: str | Path,
+    tokenizer_path: str | Path,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    fixed_output_len: int | None = None,
+    keep_token_ids: bool = True,
+    arrival: str = "poisson",
+    rate: float = math.inf,
+    cv: float = 1.0,
+    lfilter: LengthFilter = VLLM_FILTER,
+) -> Trace:
+    """Sample requests from a local ShareGPT JSON file by vLLM's benchmark rules.
+
+    As vLLM's ``sample_sharegpt_requests``: keep conversations with at least two
+    turns, take the first turn as the prompt and the second as the reference
+    answer, shuffle with Python's ``random`` seeded by ``seed`` (the same
+    permutation as vLLM's ``random.seed(seed); random.shuffle``), tokenize with
+    the given tokenizer folder, and walk the shuffled list keeping pairs that
+    pass the filter (prompt and output >= 4 tokens, prompt <= 1024, total <=
+    2048) until ``num_requests`` are kept.  The output length is the answer's
+    token count unless ``fixed_output_len`` is given (then only the prompt
+    side of the minimum applies, as in vLLM).  Arrivals are generated with the
+    given process (default: all at t = 0).  If the file has fewer usable
+    pairs, the trace is shorter; ``params["available"]`` says so.
+    """
+    path = Path(path)
+    if num_requests < 1:
+        raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    if fixed_output_len is not None and fixed_output_len < 1:
+        raise TraceError(f"fixed_output_len: must be >= 1, got {fixed_output_len}")
+    pairs = _sharegpt_pairs(path)
+    tokenizer = _load_tokenizer(tokenizer_path)
+    random.Random(seed).shuffle(pairs)
+
+    kept: list[tuple[list[int], int]] = []
+    for prompt, answer in pairs:
+        if len(kept) == num_requests:
+            break
+        prompt_ids = list(tokenizer(prompt).input_ids)
+        output_len = fixed_output_len or len(tokenizer(answer).input_ids)
+        p, o = len(prompt_ids), output_len
+        too_short = p < lfilter.min_len or (fixed_output_len is None and o < lfilter.min_len)
+        if too_short or p > lfilter.max_prompt_len or p + o > lfilter.max_total_len:
+            continue
+        kept.append((prompt_ids, output_len))
+
+    times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(kept))
+    requests = [
+        TraceRequest(
+            request_id=f"sharegpt-{i}",
+            arrival_time=float(t),
+            prompt_len=len(ids),
+            output_len=out,
+            prompt_token_ids=ids if keep_token_ids else None,
+        )
+        for i, ((ids, out), t) in enumerate(zip(kept, times))
+    ]
+    params = {
+        "source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
+        "available": len(kept), "seed": seed, "fixed_output_len": fixed_output_len,
+        "arrival": arrival, "rate": rate, "cv": cv,
+    }
+    return Trace(requests, name="sharegpt-import", params=params)
+
+
+# --- production CSV (e.g. the Azure LLM inference traces) --------------------------------
+
+# "2023-11-16 18:15:46.6805900": Azure writes 7 fractional digits, more than
+# datetime parses, so the fraction is split off and added exactly.
+_DATETIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def parse_timestamp(cell: str) -> Decimal:
+    """Seconds from a number or a date-time (naive times are read as UTC).
+
+    Decimal, not float: epoch seconds (~1.7e9) leave a float only ~0.2 us of
+    resolution, and differences of nearby stamps should be exact.
+    """
+    cell = cell.strip()
+    try:
+        value = Decimal(cell)
+    except InvalidOperation:
+        value = None
+    if value is not None:
+        if not value.is_finite():
+            raise ValueError(f"not a finite time: {cell!r}")
+        return value
+    m = _DATETIME.match(cell)
+    if not m:
+        raise ValueError(f"not seconds or a date-time: {cell!r}")
+    base, fraction, zone = m.groups()
+    try:
+        stamp = datetime.fromisoformat(base + ("+00:00" if zone in (None, "Z") else zone))
+    except ValueError:
+        raise ValueError(f"not a valid date-time: {cell!r}") from None
+    whole = int(stamp.astimezone(timezone.utc).timestamp())  # exact: no fraction left in stamp
+    return Decimal(whole) + (Decimal(fraction) if fraction else Decimal(0))
+
+
+def _length(cell: str) -> int:
+    value = float(cell)
+    if not value.is_integer():
+        raise ValueError(f"not a whole number of tokens: {cell!r}")
+    return int(value)
+
+
+def import_csv_trace(
+    path: str | Path,
+    timestamp_col: str = "TIMESTAMP",
+    prompt_col: str = "ContextTokens",
+    output_col: str = "GeneratedTokens",
+    *,
+    num_requests: int | None = None,
+    duration: float | None = None,
+    drop_zero: bool = False,
+    name: str | None = None,
+) -> Trace:
+    """A trace from a CSV with timestamp, prompt-token and output-token columns.
+
+    Defaults fit the Azure LLM inference traces (TIMESTAMP, ContextTokens,
+    GeneratedTokens).  Timestamps are seconds or date-times and must not
+    decrease; arrival times are relative to the first row.  A negative length
+    is an error; a zero length is an error too unless ``drop_zero`` (some
+    production rows record requests that produced nothing), in which case the
+    row is skipped and counted in ``params["dropped_rows"]``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    rows: list[tuple[Decimal, int, int]] = []
+    dropped = 0
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        reader.fieldnames = header
+        for col in (timestamp_col, prompt_col, output_col):
+            if col not in header:
+                raise TraceError(f"{where(path, 1, col)}: missing column (header has {', '.join(header) or 'nothing'})")
+        prev: Decimal | None = None
+        for row in reader:
+            line = reader.line_num
+            if num_requests is not None and len(rows) >= num_requests:
+                break
+            values = {}
+            for col, parse in ((timestamp_col, parse_timestamp), (prompt_col, _length), (output_col, _length)):
+                cell = (row.get(col) or "").strip()
+                if not cell:
+                    raise TraceError(f"{where(path, line, col)}: empty cell")
+                try:
+                    values[col] = parse(cell)
+                except ValueError as err:
+                    raise TraceError(f"{where(path, line, col)}: {err}") from None
+            t, p, o = values[timestamp_col], values[prompt_col], values[output_col]
+            if prev is not None and t < prev:
+                raise TraceError(f"{where(path, line, timestamp_col)}: {row[timestamp_col].strip()} is before the previous row's timestamp (timestamps must not decrease)")
+            prev = t
+            for col, n in ((prompt_col, p), (output_col, o)):
+                if n < 0 or (n == 0 and not drop_zero):
+                    raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}")
+            if p == 0 or o == 0:
+                dropped += 1
+                continue
+            rows.append((t, p, o))
+    start = rows[0][0] if rows else Decimal(0)
+    stem = name or path.stem
+    requests = [
+        TraceRequest(request_id=f"{stem}-{i}", arrival_time=round(float(t - start), TIME_DECIMALS), prompt_len=p, output_len=o)
+        for i, (t, p, o) in enumerate(rows)
+    ]
+    params = {
+        "source": str(path), "timestamp_col": timestamp_col, "prompt_col": prompt_col,
+        "output_col": output_col, "dropped_rows": dropped,
+    }
+    trace = Trace(requests, name=stem, params=params)
+    return trace.head(duration=duration) if duration is not None else trace

@@ -1,0 +1,113 @@
+"""``make_trace``: a workload name (or a trace file) plus arrivals -> a Trace."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+
+from . import generators as g
+from .arrivals import arrival_times, check_arrival_args
+from .chatbot import make_chatbot
+from .errors import TraceError
+from .schema import TraceRequest
+from .tokens import stream
+from .trace import Trace
+
+# name -> (generator, one-line description).  The generators' keyword
+# arguments are the workload's parameters (and their defaults).
+_GENERATORS = {
+    "sharegpt": (g.gen_sharegpt, "ShareGPT-like conversations' first turns: long-tailed, mean prompt 161.31 / output 337.99"),
+    "alpaca": (g.gen_alpaca, "Alpaca-like short instructions: mean prompt 19.31 / output 58.45"),
+    "chatbot": (make_chatbot, "multi-turn conversations: prompt = history (last 1024 tokens), output <= 1024"),
+    "prefix": (g.gen_prefix, "few-shot translation prompts sharing an 80-token (shots=1) or 341-token (shots=5) prefix"),
+    "parallel": (g.gen_parallel, "Alpaca-like requests asking for n parallel samples (n=4)"),
+    "beam": (g.gen_beam, "Alpaca-like requests decoded by beam search (beam_width=4)"),
+    "fixed": (g.gen_fixed, "every request the same lengths (prompt_len=128, output_len=128)"),
+    "uniform": (g.gen_uniform, "lengths uniform on [prompt_min, prompt_max] and [output_min, output_max]"),
+}
+
+WORKLOADS: dict[str, str] = {name: desc for name, (_, desc) in _GENERATORS.items()}
+
+_ARRIVAL_ARGS = {"num_requests", "duration", "rate", "arrival", "cv", "seed"}
+TRACE_SUFFIXES = (".jsonl", ".json", ".csv")
+
+
+def workload_params(name: str) -> dict:
+    """The parameters a built-in workload takes, with their defaults."""
+    fn, _ = _GENERATORS[name]
+    return {
+        p.name: p.default
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is not inspect.Parameter.empty and p.name not in _ARRIVAL_ARGS
+    }
+
+
+def is_trace_file(name: str) -> bool:
+    return Path(name).suffix.lower() in TRACE_SUFFIXES
+
+
+def make_trace(
+    name: str,
+    *,
+    num_requests: int | None = None,
+    duration: float | None = None,
+    rate: float = math.inf,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    seed: int = 0,
+    **params,
+) -> Trace:
+    """Build workload ``name`` (see WORKLOADS) or load the trace file ``name``.
+
+    The same arguments give the same trace, byte for byte once saved: lengths
+    and arrivals come from separate streams seeded by (seed, purpose), so
+    changing the arrival process does not change the lengths.
+
+    A trace file (.jsonl/.csv) keeps its own timestamps (``arrival="trace"``)
+    unless a finite rate is given, which re-times it with the chosen process;
+    num_requests/duration then cut it.  Generated workloads have no timestamps
+    of their own, so ``arrival="trace"`` is an error for them.
+    """
+    if is_trace_file(name):
+        return _from_file(name, num_requests, duration, rate, arrival, cv, seed, params)
+    if name not in _GENERATORS:
+        raise TraceError(f"workload: unknown name {name!r}; built-in: {', '.join(WORKLOADS)} (or a .jsonl/.csv file)")
+    allowed = workload_params(name)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise TraceError(
+            f"{unknown[0]}: not a parameter of workload {name!r} (it takes: {', '.join(allowed) or 'none'})"
+        )
+    if arrival == "trace":
+        raise TraceError(f"arrival: workload {name!r} is generated and has no timestamps; use poisson, gamma or constant")
+    if num_requests is None and duration is None:
+        raise TraceError("num_requests/duration: give a request count, a duration, or both")
+    check_arrival_args(arrival, rate, cv, num_requests, duration)
+    used = allowed | params
+    fn, _ = _GENERATORS[name]
+    if name == "chatbot":
+        requests = fn(num_requests=num_requests, duration=duration, rate=rate, arrival=arrival, cv=cv, seed=seed, **used)
+    else:
+        times = arrival_times(
+            stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=num_requests, duration=duration
+        )
+        fields = fn(stream(seed, "lengths", name), len(times), **used)
+        requests = [
+            TraceRequest(request_id=f"{name}-{i}", arrival_time=float(t), **f)
+            for i, (t, f) in enumerate(zip(times, fields))
+        ]
+    record = {
+        "workload": name, "num_requests": num_requests, "duration": duration,
+        "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **used,
+    }
+    return Trace(requests, name=name, params=record)
+
+
+def _from_file(path, num_requests, duration, rate, arrival, cv, seed, params) -> Trace:
+    if params:
+        raise TraceError(f"{sorted(params)[0]}: a trace file takes no workload parameters")
+    trace = Trace.load(path)
+    if arrival != "trace" and math.isfinite(rate):
+        trace = trace.head(num_requests=num_requests).retimed(arrival=arrival, rate=rate, cv=cv, seed=seed)
+    return trace.head(num_requests=num_requests, duration=duration)

@@ -1,0 +1,58 @@
+"""One request of a trace: the schema shared by the engine and the planner."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+
+class TraceRequest(BaseModel):
+    """A request as a workload describes it (lengths in tokens, times in seconds).
+
+    ``prefix_len`` counts the prompt's leading tokens that are shared: with the
+    other requests of the same ``prefix_id`` (few-shot prompts), or, for a
+    chatbot turn, with the previous turn's prompt and answer (0 when the
+    history had to be truncated, because then the window slides and nothing
+    lines up any more).
+    """
+
+    # frozen: traces are shared between the engine and the simulator, so a
+    # request must not change under one of them.  extra=forbid catches typos
+    # in hand-written trace files.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: str = Field(min_length=1)
+    arrival_time: float = Field(ge=0.0, allow_inf_nan=False)
+    prompt_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    prompt_token_ids: list[int] | None = None
+    n: int = Field(default=1, ge=1)
+    beam_width: int = Field(default=1, ge=1)  # > 1: beam search of that width
+    prefix_id: str | None = None
+    prefix_len: int = Field(default=0, ge=0)
+    conversation_id: str | None = None
+    turn: int = Field(default=0, ge=0)
+
+    # Field validators (not a model validator) so that an error names the
+    # field; prompt_len is declared before both, so info.data holds it.
+    @field_validator("prompt_token_ids")
+    @classmethod
+    def _ids_match_length(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if ids is None:
+            return ids
+        prompt_len = info.data.get("prompt_len")
+        if prompt_len is not None and len(ids) != prompt_len:
+            raise ValueError(f"has {len(ids)} ids but prompt_len is {prompt_len}")
+        if any(t < 0 for t in ids):
+            raise ValueError("holds a negative token id")
+        return ids
+
+    @field_validator("prefix_len")
+    @classmethod
+    def _prefix_within_prompt(cls, prefix_len: int, info: ValidationInfo) -> int:
+        prompt_len = info.data.get("prompt_len")
+        if prompt_len is not None and prefix_len > prompt_len:
+            raise ValueError(f"{prefix_len} exceeds prompt_len {prompt_len}")
+        return prefix_len
+
+
+FIELDS = list(TraceRequest.model_fields)

@@ -1,0 +1,229 @@
+"""A trace: requests sorted by arrival, with the name and parameters that made it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from . import trace_files
+from .arrivals import arrival_times
+from .errors import TraceError
+from .schema import TraceRequest
+from .tokens import random_ids, stream
+
+
+class Trace:
+    """Requests sorted by arrival time (stable, so ties keep their given order)."""
+
+    def __init__(self, requests: list[TraceRequest], name: str = "trace", params: dict | None = None):
+        self.requests: list[TraceRequest] = sorted(requests, key=lambda r: r.arrival_time)
+        self.name = name
+        self.params = dict(params or {})
+        ids = [r.request_id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise TraceError(f"request_id: duplicate id {dup!r} in trace {name!r}")
+        self._turns: dict[tuple[str, int], TraceRequest] | None = None
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    def __getitem__(self, i: int) -> TraceRequest:
+        return self.requests[i]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Trace) and self.requests == other.requests
+
+    def __repr__(self) -> str:
+        return f"Trace({self.name!r}, {len(self)} requests)"
+
+    # --- files -----------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        """Read a .jsonl (or .json lines) or .csv trace written by ``save`` or by hand."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".jsonl", ".json", ".csv"):
+            raise TraceError(f"{path}: unknown trace format {suffix!r} (expected .jsonl or .csv)")
+        if not path.is_file():
+            raise TraceError(f"{path}: no such file")
+        if suffix == ".csv":
+            return cls(trace_files.parse_csv(path), name=path.stem)
+        requests, name, params = trace_files.parse_jsonl(path)
+        return cls(requests, name=name or path.stem, params=params)
+
+    def save(self, path: str | Path) -> Path:
+        """Write as JSONL or CSV by extension (CSV keeps the requests, not the metadata)."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            text = trace_files.dump_jsonl(self.requests, self.name, self.params)
+        elif suffix == ".csv":
+            text = trace_files.dump_csv(self.requests)
+        else:
+            raise TraceError(f"{path}: unknown trace format {suffix!r} (expected .jsonl or .csv)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        return path
+
+    # --- statistics --------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Count, duration, arrival rate and mean/median/p99/max of the lengths.
+
+        ``arrival_rate`` is (count - 1) / duration: a trace starts with an
+        arrival, so count - 1 gaps span the duration (inf when all arrive at once).
+        """
+        out: dict = {"name": self.name, "count": len(self)}
+        if not self.requests:
+            return out | {"duration": 0.0, "arrival_rate": math.inf}
+        times = np.array([r.arrival_time for r in self.requests])
+        duration = float(times[-1] - times[0])
+        out["duration"] = duration
+        out["arrival_rate"] = (len(self) - 1) / duration if duration > 0 else math.inf
+        for key in ("prompt_len", "output_len"):
+            values = np.array([getattr(r, key) for r in self.requests], dtype=float)
+            out[f"{key}_mean"] = float(values.mean())
+            out[f"{key}_median"] = float(np.median(values))
+            out[f"{key}_p99"] = float(np.percentile(values, 99))
+            out[f"{key}_max"] = int(values.max())
+        out["total_prompt_tokens"] = int(sum(r.prompt_len for r in self.requests))
+        out["total_output_tokens"] = int(sum(r.output_len for r in self.requests))
+        out["num_prefixes"] = len({r.prefix_id for r in self.requests if r.prefix_id is not None})
+        out["num_conversations"] = len({r.conversation_id for r in self.requests if r.conversation_id is not None})
+        return out
+
+    # --- derived traces -------------------------------------------------------------
+
+    def head(self, num_requests: int | None = None, duration: float | None = None) -> "Trace":
+        """The first num_requests requests and/or those arriving before first + duration."""
+        reqs = self.requests
+        if duration is not None and reqs:
+            start = reqs[0].arrival_time
+            reqs = [r for r in reqs if r.arrival_time - start < duration]
+        if num_requests is not None:
+            reqs = reqs[:num_requests]
+        return Trace(reqs, self.name, self.params)
+
+    def retimed(self, *, arrival: str = "poisson", rate: float = math.inf, cv: float = 1.0, seed: int = 0) -> "Trace":
+        """The same requests, in the same order, with new arrival times.
+
+        Chatbot turns keep their order but lose the answer + think-time spacing.
+        """
+        times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(self))
+        reqs = [r.model_copy(update={"arrival_time": float(t)}) for r, t in zip(self.requests, times)]
+        params = self.params | {"arrival": arrival, "rate": rate, "cv": cv, "arrival_seed": seed}
+        return Trace(reqs, self.name, params)
+
+    def scaled(
+        self,
+        *,
+        length_scale: float = 1.0,
+        max_prompt_len: int | None = None,
+        max_output_len: int | None = None,
+    ) -> "Trace":
+        """Shrink lengths for a small-model or CPU validation run.
+
+        Each length becomes max(1, round(len * length_scale)), then is capped.
+        Structure survives: a prefix stays a prefix (and at most the prompt), and
+        a chatbot turn that extended its predecessor still does (its prompt is
+        rebuilt as the scaled previous prompt + answer + the scaled new message;
+        if that passes max_prompt_len it is truncated and shares nothing, as a
+        truncated turn in the original does).  Stored token ids are cut to the
+        new prompt length (a prompt cannot grow past the ids it has).
+        """
+        if not (length_scale > 0 and math.isfinite(length_scale)):
+            raise TraceError(f"length_scale: must be a finite number > 0, got {length_scale}")
+        for label, cap in (("max_prompt_len", max_prompt_len), ("max_output_len", max_output_len)):
+            if cap is not None and cap < 1:
+                raise TraceError(f"{label}: must be >= 1, got {cap}")
+        max_p = max_prompt_len or math.inf
+        max_o = max_output_len or math.inf
+
+        def scale(n: int) -> int:
+            return max(1, round(n * length_scale))
+
+        new_len: dict[str, tuple[int, int]] = {}  # request_id -> scaled (prompt, output)
+        out = []
+        for req in self.requests:
+            output = int(min(max_o, scale(req.output_len)))
+            prev = self._previous_turn(req)
+            if prev is not None and req.prefix_len > 0 and prev.request_id in new_len:
+                history = sum(new_len[prev.request_id])
+                prompt = history + scale(req.prompt_len - req.prefix_len)
+                prefix = history
+                if prompt > max_p:
+                    prompt, prefix = int(max_p), 0
+            else:
+                prompt = int(min(max_p, scale(req.prompt_len)))
+                prefix = min(prompt, scale(req.prefix_len)) if req.prefix_len else 0
+            ids = req.prompt_token_ids
+            if ids is not None:
+                prompt = min(prompt, len(ids))
+                prefix = min(prefix, prompt)
+                ids = ids[:prompt]
+            new_len[req.request_id] = (prompt, output)
+            out.append(
+                req.model_copy(
+                    update={"prompt_len": prompt, "output_len": output, "prefix_len": prefix, "prompt_token_ids": ids}
+                )
+            )
+        scaling = {"length_scale": length_scale, "max_prompt_len": max_prompt_len, "max_output_len": max_output_len}
+        return Trace(out, self.name, self.params | {"scaled": scaling})
+
+    # --- token ids ------------------------------------------------------------------
+
+    def _previous_turn(self, req: TraceRequest) -> TraceRequest | None:
+        if req.conversation_id is None or req.turn == 0:
+            return None
+        if self._turns is None:
+            self._turns = {(r.conversation_id, r.turn): r for r in self.requests if r.conversation_id is not None}
+        return self._turns.get((req.conversation_id, req.turn - 1))
+
+    def output_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0) -> list[int]:
+        """The answer a trace-driven run emits for ``request`` (output_len ids)."""
+        return random_ids(vocab_size, request.output_len, seed, "answer", request.request_id).tolist()
+
+    def prompt_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0) -> list[int]:
+        """Deterministic prompt ids (prompt_len of them) for ``request``.
+
+        - Ids stored in the trace (imported real prompts) are returned as they are.
+        - A chatbot turn whose previous turn is in this trace continues it: if
+          ``prefix_len`` equals the previous prompt + answer, the prompt is those
+          ids followed by fresh ids for the new message (so prefix caching can
+          reuse the whole history); otherwise the history was truncated and the
+          prompt is the last prompt_len ids of previous prompt + answer + a new
+          message just long enough to make the window slide (the trace does not
+          keep the message's length; any length gives a window that starts at a
+          different token, which is all a cache can see).
+        - Otherwise the first ``prefix_len`` ids come from the ``prefix_id``
+          stream (the same in every request of that prefix) and the rest from
+          the request's own stream.
+        """
+        return self._prompt_ids(request, vocab_size, seed).tolist()
+
+    def _prompt_ids(self, req: TraceRequest, vocab_size: int, seed: int) -> np.ndarray:
+        if req.prompt_token_ids is not None:
+            return np.asarray(req.prompt_token_ids, dtype=np.int64)
+        own = random_ids(vocab_size, req.prompt_len, seed, "prompt", req.request_id)
+        prev = self._previous_turn(req)
+        if prev is not None:
+            history = np.concatenate(
+                [self._prompt_ids(prev, vocab_size, seed), self.output_token_ids(prev, vocab_size, seed)]
+            )
+            if req.prefix_len == len(history) and req.prompt_len > len(history):
+                return np.concatenate([history, own[: req.prompt_len - len(history)]])
+            message = own[: max(1, req.prompt_len - len(history) + 1)]
+            return np.concatenate([history, message])[-req.prompt_len :]
+        if req.prefix_len and req.prefix_id is not None:
+            shared = random_ids(vocab_size, req.prefix_len, seed, "prefix", req.prefix_id)
+            return np.concatenate([shared, own[: req.prompt_len - req.prefix_len]])
+        return own
