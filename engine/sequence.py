@@ -166,13 +166,14 @@ class SequenceGroup:
             return sum(len(h.token_ids) - self.prompt_len for h in self.beams[:self.params.n])
         return sum(s.num_output_tokens for s in self.seqs)
 
-    def outputs(self) -> list[tuple[list[int], float, FinishReason | None]]:
-        """The ``n`` results: (output token ids, cumulative logprob, finish reason), best first."""
+    def outputs(self) -> list[tuple[list[int], float, FinishReason | None, list[float] | None]]:
+        """The ``n`` results, best first: (output token ids, cumulative logprob,
+        finish reason, per-token logprobs or None for beam hypotheses)."""
         prompt_len = self.prompt_len
         if self.params.use_beam_search:
-            return [(h.token_ids[prompt_len:], h.cumulative_logprob, self.finish_reason)
+            return [(h.token_ids[prompt_len:], h.cumulative_logprob, self.finish_reason, None)
                     for h in self.beams[:self.params.n]]
         seqs = self.seqs
         if self.params.best_of > self.params.n:
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[:self.params.n]
-        return [(s.output_token_ids, s.cumulative_logprob, s.finish_reason) for s in seqs]
+        return [(s.output_token_ids, s.cumulative_logprob, s.finish_reason, s.output_logprobs) for s in seqs]

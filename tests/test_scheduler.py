@@ -140,7 +140,7 @@ def test_preemption_storms_finish_every_request_exactly_once(seed, mode, allocat
         if g.request_id in truncated:
             # Outgrew the whole cache: ended early, with what it had generated.
             assert g.finish_reason is FinishReason.LENGTH
-            assert sum(len(t) for t, _, _ in g.outputs()) < g.params.max_tokens * g.params.best_of
+            assert sum(len(t) for t, *_ in g.outputs()) < g.params.max_tokens * g.params.best_of
         elif not g.params.use_beam_search:
             assert all(s.num_output_tokens == g.params.max_tokens for s in g.seqs)
         else:

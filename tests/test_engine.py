@@ -1,0 +1,140 @@
+"""The engine end to end against Hugging Face transformers (fp32, CPU, greedy).
+
+Same model folder, same prompts: the engine must produce the same tokens as
+``generate(do_sample=False)``, also when a tiny KV cache forces preemption
+(recompute and swap), with prefix caching and shared prefixes, and for beam
+search.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine import LLM, LLMEngine, SamplingParams
+from tiny_models import hf_model, save_tiny_model
+
+PROMPT_LENS = (5, 17, 11, 1, 24, 9)
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=["llama", "opt", "gpt2"])
+def model_dir(request, tmp_path_factory):
+    return save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return hf_model(model_dir)
+
+
+def make_prompts(lens=PROMPT_LENS, seed=0, prefix=()):
+    rng = random.Random(seed)
+    return [list(prefix) + [rng.randrange(3, 200) for _ in range(n)] for n in lens]
+
+
+def hf_greedy(model, prompt, max_tokens=MAX_TOKENS):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
+                             pad_token_id=0, eos_token_id=2)
+    return out[0, len(prompt):].tolist()
+
+
+def engine_greedy(llm, prompts, max_tokens=MAX_TOKENS):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_greedy_matches_transformers(model_dir, reference, block_size):
+    prompts = make_prompts()
+    llm = LLM(model_dir, block_size=block_size, num_gpu_blocks=64)
+    assert engine_greedy(llm, prompts) == [hf_greedy(reference, p) for p in prompts]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_greedy_matches_transformers_under_preemption(model_dir, reference, mode):
+    prompts = make_prompts(lens=(20, 14, 18, 9, 22, 16), seed=1)
+    max_tokens = 20
+    # 9 blocks of 8 slots cannot hold the six sequences' ~200 tokens at once.
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=9, preemption_mode=mode, swap_space=0.01)
+    got = engine_greedy(llm, prompts, max_tokens)
+    preemptions = llm.engine.scheduler.preemptions
+    assert preemptions[mode] > 0
+    assert got == [hf_greedy(reference, p, max_tokens) for p in prompts]
+    assert llm.engine.allocator.num_free_blocks() == 9
+
+
+def test_prefix_caching_with_shared_prefixes_matches_transformers(model_dir, reference):
+    shared = make_prompts(lens=(19,), seed=7)[0]           # two full blocks of 8 and a bit
+    prompts = make_prompts(lens=(4, 9, 1, 6), seed=3, prefix=shared)
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64, enable_prefix_caching=True)
+    first = engine_greedy(llm, prompts[:1])
+    computed = []
+    llm.engine.step_observer = lambda out: computed.extend(
+        s.num_tokens - s.num_computed_tokens for s in out.seqs if out.is_prefill)
+    rest = engine_greedy(llm, prompts[1:])
+    assert first + rest == [hf_greedy(reference, p) for p in prompts]
+    # The later prompts reuse the cached prefix blocks: only the rest is computed.
+    assert computed == [len(p) - 16 for p in prompts[1:]]
+
+
+def test_beam_search_matches_transformers(model_dir, reference):
+    prompts = make_prompts(lens=(6, 13), seed=5)
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64)
+    for length_penalty in (1.0, 0.5):
+        params = SamplingParams(n=1, best_of=3, use_beam_search=True, max_tokens=8,
+                                length_penalty=length_penalty)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        for prompt, out in zip(prompts, outs):
+            with torch.no_grad():
+                ref = reference.generate(torch.tensor([prompt]), do_sample=False, num_beams=3,
+                                         max_new_tokens=8, length_penalty=length_penalty,
+                                         early_stopping=False, pad_token_id=0, eos_token_id=2)
+            assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+    assert llm.engine.allocator.num_free_blocks() == 64
+
+
+def test_parallel_samples_are_seeded_and_share_prompt_blocks(model_dir):
+    engine = LLMEngine(model_dir, block_size=8, num_gpu_blocks=64)
+    prompt = make_prompts(lens=(20,), seed=9)[0]           # 3 blocks, the last partly filled
+    params = SamplingParams(n=3, temperature=1.0, top_k=50, seed=42, max_tokens=6)
+    engine.add_request("a", {"prompt_token_ids": prompt}, params)
+    engine.step()                                          # prefill, then fork into 3 samples
+    group = engine.scheduler.running[0]
+    assert len(group.seqs) == 3
+    assert engine.allocator.num_used_blocks() == 3         # the prompt's blocks are shared
+    engine.step()                                          # each sample copies the shared last block
+    assert engine.allocator.num_used_blocks() == 3 + 2
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    again = LLM(model_dir, block_size=8, num_gpu_blocks=64).generate(
+        [{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    assert [o.token_ids for o in outs[0].outputs] == [o.token_ids for o in again.outputs]
+    assert len({tuple(o.token_ids) for o in again.outputs}) > 1   # samples differ from each other
+
+
+def test_too_long_prompt_is_rejected_alone(model_dir, reference):
+    prompts = make_prompts(lens=(7, 300, 5), seed=11)     # 300 > max_position_embeddings 256
+    llm = LLM(model_dir, block_size=16, num_gpu_blocks=64)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert outs[1].outputs[0].finish_reason == "rejected" and "exceeds" in outs[1].error
+    assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == [
+        hf_greedy(reference, prompts[0]), hf_greedy(reference, prompts[2])]
+    assert outs[0].metrics.ttft >= 0 and outs[0].metrics.e2e >= outs[0].metrics.ttft
+
+
+def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="block_size 12"):
+        LLM(model_dir, block_size=12)
+    with pytest.raises(ValueError, match="no config.json"):
+        LLM(str(tmp_path))
+    llm = LLM(model_dir, num_gpu_blocks=8)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        llm.generate("hello", use_tqdm=False)
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
