@@ -24,6 +24,7 @@ from engine.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
 GiB = 1 << 30
+CPU_SWAP_CAP = 512 << 20
 
 Prompt = str | dict | list[int]
 
@@ -78,8 +79,8 @@ class LLMEngine:
 
     @staticmethod
     def _cpu_blocks_for(model: str, swap_space: float, block_size: int, dtype: str, device: str) -> int:
-        """Swap space in blocks. Without a separate device (CPU runs) the swap
-        pool is capped, since it would only mirror host memory the cache already uses."""
+        """Swap space in blocks. Without a separate device (CPU runs) both pools
+        live in host memory, so the swap pool is capped at CPU_SWAP_CAP bytes."""
         from transformers import AutoConfig
 
         from engine.models import resolve_device, resolve_dtype
@@ -91,10 +92,10 @@ class LLMEngine:
         head_size = getattr(config, "head_dim", None) or hidden // heads
         layers = getattr(config, "num_hidden_layers", None) or config.n_layer
         per_block = bytes_per_block(layers, kv_heads, head_size, block_size, torch_dtype)
-        blocks = int(swap_space * GiB) // per_block
+        budget = int(swap_space * GiB)
         if resolve_device(device).type != "cuda":
-            blocks = min(blocks, 4096)
-        return blocks
+            budget = min(budget, CPU_SWAP_CAP)
+        return budget // per_block
 
     # -- requests -------------------------------------------------------------
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
@@ -142,14 +143,16 @@ class LLMEngine:
                 runner.swap_in(out.blocks_to_swap_in)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
+            # Memory as it stands while the step runs (its new tokens included).
+            breakdown = self.allocator.memory_breakdown()
+            blocks_used = self.allocator.num_used_blocks()
             table = self.allocator.block_table
             logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens,
                                                    table(s)) for s in out.seqs])
             samples = self.sampler.sample(out, logits)
             end = self.clock()
             finished += self.scheduler.update(out, samples, end)
-            self.steps.append(StepRecord.from_output(out, start, end, self.allocator.memory_breakdown(),
-                                                     self.allocator.num_used_blocks()))
+            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
         return [self._finish(g) for g in finished]
 
     def _finish(self, group: SequenceGroup) -> RequestOutput:

@@ -75,6 +75,10 @@ class SchedulerOutput:
         return not self.seqs
 
 
+def _fcfs(group: SequenceGroup) -> tuple[float, int]:
+    return group.fcfs_key
+
+
 def _num_live(group: SequenceGroup) -> int:
     return sum(1 for s in group.seqs if s.status is not SequenceStatus.FINISHED)
 
@@ -122,9 +126,16 @@ class Scheduler:
         admitted: list[SequenceGroup] = []
         seqs: list[Sequence] = []
         num_tokens = 0
+        if not self.waiting:
+            return None
         num_seqs = sum(_num_live(g) for g in self.running)
         while self.waiting:
             group = self.waiting[0]
+            if group.max_num_seqs() > cfg.max_num_seqs:
+                self.waiting.popleft()
+                self._reject(group, f"asks for {group.max_num_seqs()} parallel sequences but the engine runs "
+                                    f"at most {cfg.max_num_seqs}", now, rejected)
+                continue
             if group.prompt_len > cfg.max_model_len:
                 self.waiting.popleft()
                 self._reject(group, f"prompt of {group.prompt_len} tokens exceeds the model's "
@@ -159,12 +170,13 @@ class Scheduler:
             admitted.append(group)
         if not admitted:
             return None
-        self.running.extend(admitted)
+        for group in admitted:   # keep running in FCFS order (recomputed groups are older)
+            bisect.insort(self.running, group, key=_fcfs)
         return SchedulerOutput(True, admitted, seqs, num_tokens, rejected=rejected)
 
     def _schedule_decode(self, now: float, rejected: list) -> SchedulerOutput:
         allocator = self.allocator
-        queue = deque(sorted(self.running, key=lambda g: g.fcfs_key))
+        queue = deque(self.running)      # already in FCFS order
         scheduled: list[SequenceGroup] = []
         seqs: list[Sequence] = []
         copies: list[tuple[int, int]] = []
@@ -209,7 +221,8 @@ class Scheduler:
                 # Nothing runs, yet the oldest swapped request cannot come back:
                 # it outgrew the cache while swapped out. End it where it is.
                 self._truncate(self.swapped.pop(0), now, truncated)
-        self.running = scheduled
+        # Swapped-in groups may be older than the ones that kept running.
+        self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled
         return SchedulerOutput(False, scheduled, seqs, len(seqs), swap_out, swap_in, copies,
                                preempted, rejected, truncated)
 
@@ -244,7 +257,7 @@ class Scheduler:
             for seq in group.seqs:
                 if seq.status is SequenceStatus.RUNNING:
                     seq.status = SequenceStatus.SWAPPED
-            bisect.insort(self.swapped, group, key=lambda g: g.fcfs_key)
+            bisect.insort(self.swapped, group, key=_fcfs)
             self.preemptions["swap"] += 1
             return
         # Recompute: drop the KV cache; the group is prefilled again (prompt and

@@ -11,13 +11,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner import cli_workload
+from planner import cli_profile, cli_simulate, cli_validate, cli_workload
 from planner.catalog import list_gpus, list_models
 from planner.errors import PlannerError
 
 app = typer.Typer(help="Capacity planner for LLM serving on a paged (PagedAttention) engine.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(cli_workload.app, name="workload")
+app.command("simulate")(cli_simulate.simulate)
+app.command("capacity")(cli_simulate.capacity)
+app.command("profile")(cli_profile.profile)
+app.command("validate")(cli_validate.validate_cmd)
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True)
 app.add_typer(list_app, name="list")

@@ -1,4 +1,5 @@
 import random
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,6 +10,15 @@ from engine.metrics import RequestRecord, StepRecord, compute_metrics
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FinishReason, SequenceGroup
+
+
+class Replay(NamedTuple):
+    sched: Scheduler
+    alloc: object
+    steps: list
+    log: list
+    rejected: list
+    truncated: list
 
 
 def replay(requests, *, block_size=2, num_gpu_blocks=4, num_cpu_blocks=8, mode="recompute",
@@ -34,8 +44,7 @@ def replay(requests, *, block_size=2, num_gpu_blocks=4, num_cpu_blocks=8, mode="
         steps.append(StepRecord.from_output(out, now, now + step_time, alloc.memory_breakdown(),
                                             alloc.num_used_blocks()))
         now += step_time
-    replay.truncated = truncated
-    return sched, alloc, steps, log, rejected
+    return Replay(sched, alloc, steps, log, rejected, truncated)
 
 
 def req(rid, arrival, prompt_len, max_tokens, **params):
@@ -46,7 +55,7 @@ def req(rid, arrival, prompt_len, max_tokens, **params):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_small_trace_matches_hand_computed_timeline(mode):
     a, b, c = req("A", 0.0, 3, 3), req("B", 0.0, 2, 4), req("C", 0.5, 2, 1)
-    sched, alloc, steps, log, rejected = replay([a, b, c], mode=mode)
+    sched, alloc, steps, log, rejected, truncated = replay([a, b, c], mode=mode)
 
     # FCFS admission: A and B in the first prefill, C in the second.
     assert [g.request_id for g in log[0].groups] == ["A", "B"] and log[0].is_prefill
@@ -82,7 +91,7 @@ def test_requests_that_can_never_fit_are_rejected_not_lost():
     too_long = req("long", 0.0, 20, 2)          # longer than max_model_len 16
     too_big = req("big", 0.0, 12, 2)            # fits the model but not the 4-block cache
     ok = req("ok", 0.0, 2, 2)
-    sched, alloc, steps, log, rejected = replay([too_long, too_big, ok], block_size=2, num_gpu_blocks=4)
+    sched, alloc, steps, log, rejected, truncated = replay([too_long, too_big, ok], block_size=2, num_gpu_blocks=4)
     assert too_long.finish_reason is FinishReason.REJECTED and "exceeds" in too_long.reject_reason
     assert too_big.finish_reason is FinishReason.REJECTED and "KV cache" in too_big.reject_reason
     assert ok.finish_reason is FinishReason.LENGTH
@@ -93,7 +102,7 @@ def test_requests_that_can_never_fit_are_rejected_not_lost():
 
 def test_max_num_seqs_budget_serializes_admission_in_arrival_order():
     groups = [req(str(i), i * 0.1, 2, 2) for i in range(4)]
-    sched, alloc, steps, log, rejected = replay(groups, num_gpu_blocks=16, max_num_seqs=1)
+    sched, alloc, steps, log, rejected, truncated = replay(groups, num_gpu_blocks=16, max_num_seqs=1)
     prefills = [out.groups[0].request_id for out in log if out.is_prefill]
     assert prefills == ["0", "1", "2", "3"]
     assert max(len(out.groups) for out in log) == 1
@@ -125,7 +134,7 @@ def test_preemption_storms_finish_every_request_exactly_once(seed, mode, allocat
         kind = rng.random()
         params = {"n": 2} if kind < 0.2 else {"use_beam_search": True, "best_of": 2} if kind < 0.35 else {}
         groups.append(req(str(i), rng.random() * 3, rng.randint(1, 12), rng.randint(1, 10), **params))
-    sched, alloc, steps, log, rejected = replay(groups, block_size=2, num_gpu_blocks=num_gpu_blocks,
+    sched, alloc, steps, log, rejected, truncated = replay(groups, block_size=2, num_gpu_blocks=num_gpu_blocks,
                                       num_cpu_blocks=rng.choice([0, 4, 32]), mode=mode,
                                       allocator=allocator, seed=seed, max_model_len=24)
     done = [g for g in groups if g.finish_reason not in (None, FinishReason.REJECTED)]
@@ -134,7 +143,7 @@ def test_preemption_storms_finish_every_request_exactly_once(seed, mode, allocat
     assert {g.request_id for g in rejected} == {g.request_id for g in groups
                                                 if g.finish_reason is FinishReason.REJECTED}
     assert len(done) + len(rejected) == len(groups)
-    truncated = {g.request_id for g in replay.truncated}
+    truncated = {g.request_id for g in truncated}
     for g in done:
         assert g.times.finish is not None and g.times.first_token <= g.times.finish
         if g.request_id in truncated:
@@ -148,3 +157,11 @@ def test_preemption_storms_finish_every_request_exactly_once(seed, mode, allocat
     assert alloc.num_free_blocks() == num_gpu_blocks
     assert alloc.memory_breakdown().token_states == 0
     assert not sched.has_unfinished()
+
+
+def test_request_wider_than_max_num_seqs_is_rejected():
+    wide = req("wide", 0.0, 4, 3, n=4)
+    ok = req("ok", 0.0, 4, 3)
+    sched, alloc, steps, log, rejected, truncated = replay([wide, ok], num_gpu_blocks=16, max_num_seqs=2)
+    assert [g.request_id for g in rejected] == ["wide"] and "parallel sequences" in wide.reject_reason
+    assert ok.finish_reason is FinishReason.LENGTH

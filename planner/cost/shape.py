@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the cost package prices shapes; it needs the engine only for this type
+    from engine.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,32 @@ class StepShape:
 def prefill_attn_pairs(new_tokens: int, cached_tokens: int = 0) -> int:
     """(query, key) pairs for one sequence computing `new_tokens` after `cached_tokens` (causal mask)."""
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+
+
+def step_shape(out: "SchedulerOutput") -> StepShape:
+    """The shape of a scheduled step. Call it before ``scheduler.update``, which marks
+    the step's tokens computed and so erases what this reads.
+
+    Steps are classified as a whole, the way the engine runs them: every sequence
+    of a prefill step goes through the prompt path (even one left with a single
+    uncomputed token by a prefix-cache hit), every sequence of a decode step
+    computes one token against its whole context.
+    """
+    swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+    copies = len(out.blocks_to_copy)
+    if out.is_prefill:
+        tokens = pairs = 0
+        for seq in out.seqs:
+            cached = seq.num_computed_tokens            # prefix-cache hit, or 0
+            new = len(seq.token_ids) - cached
+            tokens += new
+            pairs += new * cached + new * (new + 1) // 2   # prefill_attn_pairs, inlined: hot path
+        return StepShape(prefill_seqs=len(out.seqs), prefill_tokens=tokens, prefill_attn_pairs=pairs,
+                         swap_blocks=swap, copy_blocks=copies)
+    context = 0
+    for seq in out.seqs:
+        context += len(seq.token_ids)
+    return StepShape(decode_seqs=len(out.seqs), decode_context=context, swap_blocks=swap, copy_blocks=copies)
 
 
 @runtime_checkable

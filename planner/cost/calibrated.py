@@ -1,0 +1,146 @@
+"""Calibrated cost model: step time from curves fitted to a `planner profile` of a real device.
+
+A step is priced the way the engine runs it (engine/llm_engine.py):
+
+  forward   prefill: v(tokens) + c_pairs * attn_pairs + c_seqs * seqs
+            decode:  v(seqs) + c_ctx * context
+            (ModelRunner.execute: input preparation, the model, the LM head)
+  host      schedule + SequenceInput building + update: v(batch), prefill or decode flavour
+  sampling  engine.sampler.Sampler over the step's logits: v(batch), greedy or random flavour
+  swap      v(blocks) when blocks move between device and CPU, else 0
+  copy      v(blocks) for copy-on-write copies, else 0
+
+Each v is a monotone piecewise-linear curve over the profiled grid (see
+planner/profiling/fit.py). step_time is the simulator's inner loop, so curves are
+precomputed into per-segment (intercept, slope) lists and evaluated with one
+bisect over the interior knots: plain float arithmetic, no numpy.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from pathlib import Path
+
+from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
+from planner.cost.shape import StepShape
+from planner.errors import PlannerError
+from planner.profile_schema import CurveFit, Profile, load_profile
+
+SAMPLING_MODES = ("greedy", "random")
+
+
+def profile_path(gpu_name: str, model_name: str) -> Path:
+    """Where the profile of `model_name` on `gpu_name` lives: $PLANNER_PROFILE_DIR or ./profiles."""
+    root = os.environ.get("PLANNER_PROFILE_DIR") or "profiles"
+    return Path(root) / gpu_name / f"{model_name}.json"
+
+
+class _Curve:
+    """A fitted v(x): piecewise-linear through the knots, the end segments extended, never negative."""
+
+    __slots__ = ("interior", "intercepts", "slopes")
+
+    def __init__(self, fit: CurveFit) -> None:
+        k, v = fit.knots, fit.values
+        if len(k) == 1:                          # a single grid value: a constant
+            self.interior, self.intercepts, self.slopes = [], [v[0]], [0.0]
+            return
+        self.slopes = [(v[i + 1] - v[i]) / (k[i + 1] - k[i]) for i in range(len(k) - 1)]
+        self.intercepts = [v[i] - self.slopes[i] * k[i] for i in range(len(k) - 1)]
+        self.interior = list(k[1:-1])            # bisect over these gives the segment index directly
+
+    def at(self, x: float) -> float:
+        i = bisect_right(self.interior, x)
+        value = self.intercepts[i] + self.slopes[i] * x
+        return value if value > 0.0 else 0.0
+
+
+class CalibratedCostModel:
+    """Step time for the profiled model on the profiled device; `sampling` picks the sampler path priced."""
+
+    def __init__(self, profile: Profile, *, source: str = "profile", sampling: str = "greedy") -> None:
+        if sampling not in SAMPLING_MODES:
+            raise PlannerError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
+        self.profile, self.sampling = profile, sampling
+        self.name = f"calibrated({source})"
+        fit = profile.fit
+        prefill, decode = fit["prefill"].curve, fit["decode"].curve
+        self._prefill = _Curve(prefill)
+        self._prefill_per_pair = prefill.extras.get("attn_pairs", 0.0)
+        self._prefill_per_seq = prefill.extras.get("seqs", 0.0)
+        self._decode = _Curve(decode)
+        self._decode_per_key = decode.extras.get("context", 0.0)
+        self._host_prefill = _Curve(fit["sched_prefill"].curve)
+        self._host_decode = _Curve(fit["sched_decode"].curve)
+        self._sample = _Curve(fit[f"sample_{sampling}"].curve)
+        self._swap = _Curve(fit["swap"].curve)
+        self._copy = _Curve(fit["copy"].curve)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, model: ModelSpec | None = None, gpu: GpuSpec | str | None = None,
+                  tp: int = 1, sampling: str = "greedy") -> "CalibratedCostModel":
+        """Load a profile and check it describes the requested model, GPU and tensor parallelism."""
+        profile = load_profile(path)
+        where = f"profile {path}"
+        if profile.tp != tp:
+            raise PlannerError(f"{where} was measured at tensor parallel size {profile.tp}, not {tp}")
+        if gpu is not None:
+            gpu = resolve_gpu(gpu)
+            if profile.device.gpu != gpu.name:
+                raise PlannerError(f"{where} is for GPU {profile.device.gpu!r}, not {gpu.name!r}")
+        if model is not None:
+            # The architecture decides timing; a folder and a catalog entry of the same shape both match.
+            differs = profile.model.mismatch(model)
+            if differs:
+                raise PlannerError(f"{where} is for model {profile.model.name!r}, not {model.name!r} ({differs})")
+        return cls(profile, source=str(path), sampling=sampling)
+
+    def step_time(self, s: StepShape) -> float:
+        """Seconds for one step. Hot path: a few bisects and float operations."""
+        seqs = s.prefill_seqs + s.decode_seqs
+        t = 0.0
+        if s.prefill_tokens:
+            t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
+                 + s.prefill_seqs * self._prefill_per_seq + self._host_prefill.at(seqs))
+        elif s.decode_seqs:
+            t = self._host_decode.at(seqs)
+        if s.decode_seqs:
+            t += self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
+        if seqs:
+            t += self._sample.at(seqs)
+        if s.swap_blocks:
+            t += self._swap.at(s.swap_blocks)
+        if s.copy_blocks:
+            t += self._copy.at(s.copy_blocks)
+        return t
+
+    def breakdown(self, s: StepShape) -> dict[str, float]:
+        """step_time by part (seconds), for reports and tests; the parts sum to step_time."""
+        seqs = s.batch_size
+        parts = {"forward": 0.0, "host": 0.0, "sampling": 0.0, "swap": 0.0, "copy": 0.0}
+        if s.prefill_tokens:
+            parts["forward"] += (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
+                                 + s.prefill_seqs * self._prefill_per_seq)
+            parts["host"] = self._host_prefill.at(seqs)
+        elif s.decode_seqs:
+            parts["host"] = self._host_decode.at(seqs)
+        if s.decode_seqs:
+            parts["forward"] += self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
+        if seqs:
+            parts["sampling"] = self._sample.at(seqs)
+        if s.swap_blocks:
+            parts["swap"] = self._swap.at(s.swap_blocks)
+        if s.copy_blocks:
+            parts["copy"] = self._copy.at(s.copy_blocks)
+        return parts
+
+    def describe(self) -> dict:
+        """What this model rests on, for a result file's 'cost model' section."""
+        p = self.profile
+        return {
+            "name": self.name, "source": "calibrated", "model": p.model.name, "gpu": p.device.gpu,
+            "device_name": p.device.device_name, "tp": p.tp, "block_size": p.block_size, "dtype": p.dtype,
+            "sampling": self.sampling, "created": p.created, "per_layer_scaling": p.per_layer_scaling,
+            "fit": {name: {"method": f.chosen, "cv_mean_rel": f.cv[f.chosen].mean_rel} for name, f in p.fit.items()},
+        }

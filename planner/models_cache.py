@@ -1,0 +1,39 @@
+"""Model folders for live runs: a user's local checkpoint, or a catalog architecture with random weights.
+
+No hub: a catalog name becomes a checkpoint folder built from the true
+architecture with random weights (timing does not depend on weight values),
+saved once with ``save_pretrained`` under a cache directory and then loaded
+through the same path as a user's checkpoint.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from planner.catalog import ModelSpec, resolve_model
+from planner.errors import PlannerError
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PLANNER_MODEL_CACHE", Path.home() / ".cache" / "paged_planner" / "models"))
+
+
+def model_folder(model: str, *, max_params: float = 2e9) -> tuple[str, ModelSpec]:
+    """(folder, spec) for a local folder with config.json, or a catalog name."""
+    path = Path(model)
+    if (path / "config.json").exists():
+        return str(path), ModelSpec.from_model_dir(path)
+    spec = resolve_model(model)
+    if spec.num_params > max_params:
+        raise PlannerError(f"{spec.name} has {spec.num_params / 1e9:.1f}B parameters: too large to run live "
+                           f"here; validate with a smaller model (e.g. opt-125m)")
+    folder = cache_dir() / spec.name
+    if not (folder / "config.json").exists():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        tmp = folder.with_name(folder.name + ".partial")
+        AutoModelForCausalLM.from_config(spec.to_hf_config()).save_pretrained(tmp, safe_serialization=True)
+        tmp.rename(folder)   # atomic: a half-written folder is never mistaken for a model
+    return str(folder), spec

@@ -1,0 +1,150 @@
+"""`planner profile` end to end: pick the device, build the model, time every grid point, fit, write.
+
+The plan (every grid point of every component) is built first so the progress
+bar knows its total; each point is then one timing. Model-dependent points
+(forward, swap, copy) run on the full model, or on a 1-layer and a 2-layer model
+combined as fixed + layers * per-layer when the full model does not fit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model_runner import ModelRunner
+from planner.errors import PlannerError
+from planner.profile_schema import PROFILE_SCHEMA_VERSION, Measurement, ModelArch, Profile
+from planner.profiling import pieces
+from planner.profiling.build import build_checkpoint, model_spec, needs_per_layer
+from planner.profiling.device import Target, device_info, resolve_target
+from planner.profiling.fit import fit_all
+from planner.profiling.grid import decode_points, make_grid, prefill_points
+
+SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the engine's kernels are built for
+
+
+@dataclass
+class ProfileOptions:
+    gpu: str
+    model: str = "opt-125m"
+    tp: int = 1
+    block_size: int = 16
+    quick: bool = False
+    force: bool = False
+    per_layer: bool | None = None          # None: only when the full model does not fit
+    repeats: int | None = None
+    grid_overrides: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Point:
+    component: str
+    features: dict[str, float]
+    measure: Callable[[ModelRunner | None], list[float]]   # gets the runner to time (None: model-independent)
+    per_model: bool                                        # depends on the model's layers
+
+
+def _check(opts: ProfileOptions) -> None:
+    if opts.tp != 1:
+        raise PlannerError(f"--tp {opts.tp}: the engine runs on one device, so only --tp 1 can be profiled")
+    if opts.block_size not in SUPPORTED_BLOCK_SIZES:
+        raise PlannerError(f"--block-size {opts.block_size}: the kernels support "
+                           f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))}")
+
+
+def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[list[_Point], list[str]]:
+    sync, w, r = target.sync, grid.warmup, grid.repeats
+    rng = random.Random(0)
+    points: list[_Point] = []
+    for tokens, seqs in prefill_points(grid, runner.max_model_len):
+        length = tokens // seqs
+        features = {"tokens": tokens, "attn_pairs": seqs * length * (length + 1) // 2, "seqs": seqs}
+        points.append(_Point("prefill", features, lambda run, t=tokens, s=seqs: pieces.time_forward(
+            run, pieces.prefill_inputs(run, t, s, rng), sync, w, r), True))
+    decode, notes = decode_points(grid, block_size)
+    for batch, context in decode:
+        points.append(_Point("decode", {"seqs": batch, "context": batch * context},
+                             lambda run, b=batch, c=context: pieces.time_forward(
+                                 run, pieces.decode_inputs(run, b, c, rng), sync, w, r), True))
+    for batch in grid.host_batch:
+        points.append(_Point("sched_prefill", {"seqs": batch},
+                             lambda _, b=batch: pieces.time_host_prefill(b, block_size, w, r), False))
+        points.append(_Point("sched_decode", {"seqs": batch},
+                             lambda _, b=batch: pieces.time_host_decode(b, block_size, w, r), False))
+        for greedy in (True, False):
+            points.append(_Point("sample_greedy" if greedy else "sample_random", {"seqs": batch},
+                                 lambda _, b=batch, g=greedy: pieces.time_sampling(
+                                     b, runner.vocab_size, target.device, g, sync, w, r), False))
+    for blocks in grid.block_counts:
+        points.append(_Point("swap", {"blocks": blocks},
+                             lambda run, n=blocks: pieces.time_swap(run, n, sync, w, r), True))
+        if 2 * blocks <= runner.num_gpu_blocks:
+            points.append(_Point("copy", {"blocks": blocks},
+                                 lambda run, n=blocks: pieces.time_copy(run, n, sync, w, r), True))
+    return points, notes
+
+
+def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int) -> ModelRunner:
+    # num_gpu_blocks=None: the engine's own KV sizing (1 GiB on CPU, profiled free memory on CUDA).
+    return ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
+                       dtype=target.dtype, device=target.device)
+
+
+def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | None = None) -> Profile:
+    """Measure and fit; `progress(description, total)` is called once per grid point."""
+    _check(opts)
+    target = resolve_target(opts.gpu, force=opts.force)
+    info = device_info(target)
+    spec = model_spec(opts.model)
+    scaled = opts.per_layer if opts.per_layer is not None else \
+        needs_per_layer(spec, target.device, target.dtype, info.memory_bytes)
+    grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",
+                     max_model_len=spec.max_position_embeddings, kv_cache_blocks=0,
+                     repeats=opts.repeats, **opts.grid_overrides)
+    measurements: list[Measurement] = []
+    with tempfile.TemporaryDirectory(prefix="planner-profile-") as tmp:
+        layer_counts = [1, 2] if scaled else [None]
+        runners = [_runner(build_checkpoint(opts.model, spec, f"{tmp}/{n or 'full'}", n), target,
+                           opts.block_size, max(grid.block_counts)) for n in layer_counts]
+        # Decode points are limited to what the engine's KV cache for the FULL model would hold:
+        # a scaled run sizes it from the 2-layer runner's bytes, spread over all layers.
+        grid.kv_cache_blocks = (runners[-1].num_gpu_blocks * 2 // spec.num_layers if scaled
+                                else runners[0].num_gpu_blocks)
+        points, notes = _plan(grid, runners[0], target, opts.block_size)
+        grid.notes.extend(notes)
+        if scaled:
+            grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
+                              f"t = t1 + {spec.num_layers - 1} * (t2 - t1)")
+        for point in points:
+            if progress is not None:
+                progress(f"{point.component} {point.features}", len(points))
+            measurements.append(_measure(point, runners, spec.num_layers, scaled))
+        del runners
+    if target.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return Profile(
+        schema_version=PROFILE_SCHEMA_VERSION,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=info, model=ModelArch.of(spec), tp=opts.tp, block_size=opts.block_size,
+        dtype=str(target.dtype).removeprefix("torch."), per_layer_scaling=scaled, grid=grid,
+        measurements=measurements, fit=fit_all(measurements),
+    )
+
+
+def _measure(point: _Point, runners: list[ModelRunner], num_layers: int, scaled: bool) -> Measurement:
+    if not point.per_model or not scaled:
+        samples = point.measure(runners[0] if point.per_model else None)
+        median, spread = pieces.summarize(samples)
+        return Measurement(component=point.component, features=point.features, median_s=median,
+                           spread=spread, samples_s=samples)
+    one, two = (point.measure(r) for r in runners)
+    (t1, spread), (t2, _) = pieces.summarize(one), pieces.summarize(two)
+    # Noise can make the 2-layer model look faster; a layer never costs less than nothing.
+    total = t1 + (num_layers - 1) * max(t2 - t1, 0.0)
+    return Measurement(component=point.component, features=point.features, median_s=total, spread=spread,
+                       samples_s=one, layer_medians_s={"1": t1, "2": t2})

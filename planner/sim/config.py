@@ -1,0 +1,78 @@
+"""What one simulation runs: model, hardware, engine limits and the KV-cache size they leave."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.kv_allocator import ALLOCATORS
+from engine.scheduler import PREEMPTION_MODES
+from planner.catalog import GpuSpec, ModelSpec
+from planner.errors import PlannerError
+from planner.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory
+
+# The CUDA and CPU kernels take 8, 16 and 32; the simulator also accepts the
+# other powers of two the paper's block-size ablation sweeps (Fig. 18: 1..256).
+SIM_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class SimConfig:
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int = 1
+    block_size: int = 16
+    allocator: str = "paged"
+    preemption_mode: str = "recompute"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None     # default: max(max_model_len, 2048), as the scheduler's
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = False
+    num_gpu_blocks: int | None = None   # override the memory plan (validation uses the live engine's cache size)
+    num_cpu_blocks: int | None = None
+    max_model_len: int | None = None    # default: the model's max_position_embeddings
+    seed: int = 0
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_size not in SIM_BLOCK_SIZES:
+            raise PlannerError(f"block size {self.block_size} is not supported; choose one of "
+                               f"{', '.join(map(str, SIM_BLOCK_SIZES))}")
+        if self.allocator not in ALLOCATORS:
+            raise PlannerError(f"unknown KV allocator {self.allocator!r}; choose one of {', '.join(ALLOCATORS)}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise PlannerError(f"unknown preemption mode {self.preemption_mode!r}; "
+                               f"choose one of {', '.join(PREEMPTION_MODES)}")
+        if self.max_num_seqs < 1:
+            raise PlannerError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len is None:
+            self.max_model_len = self.model.max_position_embeddings
+        if self.max_model_len < 1:
+            raise PlannerError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                               f"max_model_len ({self.max_model_len}), or long prompts could never run")
+        for name in ("num_gpu_blocks", "num_cpu_blocks"):
+            value = getattr(self, name)
+            if value is not None and value < (1 if name == "num_gpu_blocks" else 0):
+                raise PlannerError(f"{name} must be {'>= 1' if name == 'num_gpu_blocks' else '>= 0'}, got {value}")
+
+    def cache_size(self) -> tuple[int, int, dict | None]:
+        """(GPU blocks, CPU blocks, memory-plan summary): from the plan unless both are overridden."""
+        if self.num_gpu_blocks is not None and self.num_cpu_blocks is not None:
+            return self.num_gpu_blocks, self.num_cpu_blocks, None
+        plan = plan_memory(self.model, self.gpu, tp=self.tp, gpu_memory_utilization=self.gpu_memory_utilization,
+                           block_size=self.block_size, dtype_bytes=self.dtype_bytes,
+                           max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
+        gpu_blocks = plan.num_gpu_blocks if self.num_gpu_blocks is None else self.num_gpu_blocks
+        cpu_blocks = plan.num_cpu_blocks if self.num_cpu_blocks is None else self.num_cpu_blocks
+        return gpu_blocks, cpu_blocks, plan.summary()
+
+    def params(self) -> dict:
+        """The run's parameters, JSON-ready, for result files."""
+        return {"model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, "block_size": self.block_size,
+                "allocator": self.allocator, "preemption_mode": self.preemption_mode,
+                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "enable_prefix_caching": self.enable_prefix_caching, "max_model_len": self.max_model_len,
+                "seed": self.seed, "dtype_bytes": self.dtype_bytes}

@@ -1,0 +1,194 @@
+"""The paged engine on a simulated clock: the real scheduler and KV allocator, SimPy for time.
+
+Two processes tell the story. Requests arrive at their trace times and join
+the engine's queue. The engine runs steps back to back: schedule at the
+current time, ask the cost model how long the step takes, let that time pass,
+hand the scheduler the step's tokens, and record what happened; with nothing
+runnable it sleeps until the next arrival. Every scheduling, preemption,
+swapping, copy-on-write and prefix-cache decision is the engine core's own
+(imported, not copied); only the step's duration is predicted.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import simpy
+
+from engine.kv_allocator import make_allocator
+from engine.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import SequenceGroup
+from planner.cost.shape import CostModel, StepShape, step_shape
+from planner.errors import PlannerError
+from planner.sim.config import SimConfig
+from planner.sim.executor import SyntheticExecutor
+from workloads import Trace
+
+Progress = Callable[[float, int, int], None]   # (simulated time, requests done, requests in the trace)
+PROGRESS_EVERY = 2000                          # steps between progress reports
+
+
+@dataclass
+class SimResult:
+    metrics: dict                  # compute_metrics output + sharing savings, cost model, parameters
+    requests: list[RequestRecord]  # one per trace request, in trace order
+    steps: list[StepRecord]        # one per engine step
+    shapes: list[StepShape]        # the same steps as the cost model saw them
+    memory_plan: dict | None       # planner.memory summary (None when the cache size was given)
+    wall_time: float = 0.0         # seconds the simulation took to run
+    params: dict = field(default_factory=dict)
+
+
+class SimulatedEngine:
+    """The engine process and the state the arrival process hands it requests through."""
+
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
+                 executor: SyntheticExecutor, total: int, progress: Progress | None) -> None:
+        self.env = env
+        self.scheduler = scheduler
+        self.allocator = scheduler.allocator
+        self.cost_model = cost_model
+        self.executor = executor
+        self.total = total
+        self.progress = progress
+        self.next_arrival = math.inf       # when the arrival process next releases a request
+        self.arrivals_done = False
+        self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
+        self.groups: list[SequenceGroup] = []   # every request submitted, in arrival order
+        self.done = 0
+        self.truncated = 0
+        self.steps: list[StepRecord] = []
+        self.shapes: list[StepShape] = []
+        self.prefill_held_tokens = 0       # tokens of the sequences in prefill steps
+        self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
+        self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
+        self.physical_token_time = 0.0     # same, counting each shared KV slot once
+
+    def submit(self, group: SequenceGroup) -> None:
+        self.groups.append(group)
+        self.scheduler.add(group)
+        if self.idle is not None:
+            self.idle.succeed()
+            self.idle = None
+
+    def run(self):
+        env, scheduler, allocator = self.env, self.scheduler, self.allocator
+        step_time = self.cost_model.step_time
+        while True:
+            out = scheduler.schedule(env.now)
+            self.done += len(out.rejected) + len(out.truncated)
+            self.truncated += len(out.truncated)
+            if out.is_empty:
+                if out.rejected or out.truncated:
+                    continue                   # the scheduler ended requests itself; look again
+                if self.arrivals_done:
+                    if scheduler.has_unfinished():
+                        raise PlannerError(f"the scheduler stalled with {scheduler.num_unfinished()} "
+                                           f"requests it can neither run nor reject")
+                    return
+                self.idle = env.event()
+                yield self.idle                # sleep until the next request arrives
+                continue
+
+            shape = step_shape(out)            # before update, which marks the tokens computed
+            start = env.now
+            # Memory as it stands while the step runs (its new tokens included).
+            breakdown = allocator.memory_breakdown()
+            blocks_used = allocator.num_used_blocks()
+            if out.is_prefill:
+                physical = 0
+                # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
+                held = sum(len(s.token_ids) for s in out.seqs)
+                self.prefill_held_tokens += held
+                self.prefill_cached_tokens += held - shape.prefill_tokens
+            else:
+                physical = allocator.token_slots_used()
+
+            yield env.timeout(step_time(shape))
+
+            end = env.now
+            finished = scheduler.update(out, self.executor.samples(out), end)
+            self.done += len(finished)
+            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            self.shapes.append(shape)
+            if not out.is_prefill:
+                # Sharing is measured on decode steps, where every sequence with KV
+                # on the GPU is in the batch holding exactly its tokens: their sum
+                # against the slots they really occupy.
+                self.logical_token_time += shape.decode_context * (end - start)
+                self.physical_token_time += physical * (end - start)
+            if self.progress is not None and len(self.steps) % PROGRESS_EVERY == 0:
+                self.progress(end, self.done, self.total)
+            if self.next_arrival <= end:
+                # A request is due at this very instant; SimPy runs same-time events
+                # in creation order, so yield once to let it join before scheduling.
+                yield env.timeout(0)
+
+
+def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
+    """Release each trace request at its arrival time."""
+    for req in trace.requests:
+        delay = req.arrival_time - env.now
+        if delay > 0:
+            engine.next_arrival = env.now + delay     # exactly the env.now SimPy will wake us at
+            yield env.timeout(delay)
+            engine.next_arrival = math.inf
+        engine.submit(engine.executor.make_group(req))
+    engine.arrivals_done = True
+
+
+def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
+             progress: Progress | None = None) -> SimResult:
+    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`."""
+    widest = max((max(r.n, r.beam_width) for r in trace.requests), default=1)
+    if widest > config.max_num_seqs:
+        # The scheduler would wait forever for room to admit such a request.
+        raise PlannerError(f"a request asks for {widest} sequences but max_num_seqs is {config.max_num_seqs}")
+    wall_start = time.perf_counter()
+    gpu_blocks, cpu_blocks, plan = config.cache_size()
+    allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
+                               num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
+                               enable_prefix_caching=config.enable_prefix_caching)
+    scheduler = Scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                                          max_num_batched_tokens=config.max_num_batched_tokens,
+                                          preemption_mode=config.preemption_mode), allocator)
+    executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
+                                 real_token_ids=config.enable_prefix_caching)
+    env = simpy.Environment()
+    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress)
+    env.process(arrivals(env, trace, engine))
+    env.process(engine.run())
+    env.run()
+    if progress is not None:
+        progress(env.now, engine.done, len(trace))
+    groups = engine.groups
+    if len(groups) != len(trace) or any(g.finish_reason is None for g in groups):
+        raise PlannerError("the simulation ended with requests neither completed nor rejected")
+
+    records = [RequestRecord.from_group(g) for g in groups]
+    metrics = compute_metrics(records, engine.steps, scheduler.preemptions)
+    metrics["num_truncated"] = engine.truncated   # ended early: outgrew the whole KV cache
+    metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
+                                if engine.logical_token_time > 0 else 0.0)
+    metrics["prefix_cache_hit_tokens"] = engine.prefill_cached_tokens
+    metrics["prefix_cache_hit_rate"] = (engine.prefill_cached_tokens / engine.prefill_held_tokens
+                                        if engine.prefill_held_tokens else 0.0)
+    # Leak check: with every request done, only free (or free-but-cached) blocks may remain.
+    metrics["kv_blocks_used_at_end"] = allocator.num_used_blocks()
+    metrics["num_gpu_blocks"] = gpu_blocks
+    metrics["num_cpu_blocks"] = cpu_blocks
+    metrics["kv_token_slots"] = gpu_blocks * config.block_size
+    metrics["simulated_time"] = env.now
+    metrics["cost_model"] = cost_model.name
+    params = {**config.params(), "cost_model": cost_model.name, "trace": trace.name,
+              "trace_params": _json_ready(trace.params), "num_requests": len(trace)}
+    metrics["params"] = params
+    return SimResult(metrics, records, engine.steps, engine.shapes, plan,
+                     wall_time=time.perf_counter() - wall_start, params=params)
+
+
+def _json_ready(params: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in params.items()}

@@ -1,0 +1,66 @@
+"""The simulated executor: it turns trace requests into engine requests and "samples" their tokens.
+
+No model runs, so the tokens are synthetic. What matters is that each request
+produces exactly its trace output length (max_tokens = output_len, EOS
+ignored), and that token ids are real enough for the block manager: prompts
+that share a prefix share its ids (so prefix-cache hits are real), and a
+chatbot turn's answer is the one the trace says, so the next turn's prompt,
+which contains it, hits the cache too.
+"""
+from __future__ import annotations
+
+import random
+
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Samples, SchedulerOutput
+from engine.sequence import SequenceGroup, SequenceStatus
+from workloads import Trace, TraceRequest
+
+_RUNNING = SequenceStatus.RUNNING
+
+
+class SyntheticExecutor:
+    def __init__(self, trace: Trace, *, vocab_size: int, seed: int, real_token_ids: bool) -> None:
+        self.trace = trace
+        self.vocab_size = vocab_size
+        self.seed = seed
+        # Real ids cost a numpy draw per request; without prefix caching nothing
+        # looks at them, so plain requests then get a constant prompt.
+        self.real_token_ids = real_token_ids
+        self.rng = random.Random(seed)
+        self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
+
+    def make_group(self, req: TraceRequest) -> SequenceGroup:
+        params = SamplingParams(n=req.n, best_of=max(req.n, req.beam_width), use_beam_search=req.beam_width > 1,
+                                max_tokens=req.output_len, ignore_eos=True)
+        shared = req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
+        if self.real_token_ids or shared:
+            prompt = self.trace.prompt_token_ids(req, self.vocab_size, self.seed)
+        else:
+            prompt = [0] * req.prompt_len
+        if self.real_token_ids and req.conversation_id is not None and params.best_of == 1:
+            self.answers[req.request_id] = self.trace.output_token_ids(req, self.vocab_size, self.seed)
+        return SequenceGroup(req.request_id, prompt, params, req.arrival_time, output_len_hint=req.output_len)
+
+    def samples(self, out: SchedulerOutput) -> Samples:
+        """Candidates for every sequence the step computed, as many as the scheduler expects."""
+        rand = self.rng.random
+        vocab = self.vocab_size
+        answers = self.answers
+        samples: Samples = {}
+        for group in out.groups:
+            params = group.params
+            answer = answers.get(group.request_id) if answers else None
+            if answer is None and params.best_of == 1 and not params.use_beam_search:
+                # The common case, kept short: one sequence, one token.
+                samples[group.seqs[0].seq_id] = [(int(rand() * vocab), -rand())]
+                continue
+            k = params.samples_per_sequence(group.first_step_pending)
+            for seq in group.seqs:
+                if seq.status is not _RUNNING:
+                    continue
+                if answer is not None:
+                    samples[seq.seq_id] = [(answer[len(seq.token_ids) - seq.prompt_len], -1.0)]
+                else:   # beams rank candidates by log-probability: make them distinct and negative
+                    samples[seq.seq_id] = [(int(rand() * vocab), -rand()) for _ in range(k)]
+        return samples

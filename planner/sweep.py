@@ -1,0 +1,214 @@
+"""Many simulations: a recipe per run, sweeps in parallel processes, and the capacity search.
+
+A `RunSpec` is everything a run needs as plain, picklable values, so a worker
+process can rebuild the trace, configuration and cost model on its own.
+`find_capacity` bisects the request rate for the highest one that still meets
+the SLOs, the way the paper reads a system's capacity off its
+normalized-latency curve (the rate before latency shoots up).
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.select import select_cost_model
+from planner.cost.shape import CostModel
+from planner.errors import PlannerError
+from planner.report_sim import result_document
+from planner.sim import SimConfig, SimResult, simulate
+from workloads import Trace, TraceError, make_trace
+from workloads.make import is_trace_file
+
+DEFAULT_RATE = 1.0          # requests/s for a built-in workload when none is given
+DEFAULT_REQUESTS = 1000     # requests for a built-in workload when neither a count nor a duration is given
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: str = "opt-13b"
+    gpu: str = "a100-40g"
+    tp: int = 1
+    workload: str = "chatbot"           # a built-in workload, or a .jsonl/.csv trace file
+    rate: float | None = None           # None: DEFAULT_RATE, or a trace file's own timestamps
+    requests: int | None = None
+    duration: float | None = None
+    seed: int = 0
+    block_size: int = 16
+    allocator: str = "paged"
+    preemption: str = "recompute"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    prefix_caching: bool = False
+    profile: str | None = None
+
+    def trace(self) -> Trace:
+        if self.rate is not None and not self.rate > 0:
+            raise PlannerError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.requests is not None and self.requests < 1:
+            raise PlannerError(f"requests must be >= 1, got {self.requests}")
+        if is_trace_file(self.workload):
+            rate = math.inf if self.rate is None else self.rate
+            return make_trace(self.workload, num_requests=self.requests, duration=self.duration, rate=rate,
+                              seed=self.seed)
+        requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
+        rate = DEFAULT_RATE if self.rate is None else self.rate
+        trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate, seed=self.seed)
+        if not len(trace):
+            raise PlannerError(f"the {self.workload} trace is empty (duration {self.duration} s at {rate} req/s)")
+        return trace
+
+    def config(self) -> SimConfig:
+        return SimConfig(resolve_model(self.model), resolve_gpu(self.gpu), tp=self.tp, block_size=self.block_size,
+                         allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
+                         max_num_batched_tokens=self.max_num_batched_tokens,
+                         gpu_memory_utilization=self.gpu_memory_utilization,
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+
+    def cost_model(self, config: SimConfig) -> CostModel:
+        return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
+                                 block_size=config.block_size, profile=self.profile)
+
+    def check(self) -> None:
+        """Fail fast, with the one-line error, before any process is started."""
+        config = self.config()
+        config.cache_size()          # the model must fit at this TP and utilization
+        self.cost_model(config)
+
+    def run(self, progress: Callable | None = None, trace: Trace | None = None) -> SimResult:
+        """Simulate this spec (on `trace` when the caller already built it)."""
+        config = self.config()
+        if trace is None:
+            try:
+                trace = self.trace()
+            except TraceError as exc:
+                raise PlannerError(str(exc)) from None
+        return simulate(trace, config, self.cost_model(config), progress=progress)
+
+
+def run_document(spec: RunSpec) -> dict:
+    """Run one spec and return its result document (what a worker process sends back)."""
+    return result_document(spec.run())
+
+
+def run_sweep(specs: list[RunSpec], workers: int | None = None,
+              on_done: Callable[[RunSpec, dict], None] | None = None) -> list[dict]:
+    """Result documents of all specs, in the given order, simulated in parallel processes."""
+    for spec in specs:
+        spec.check()
+    workers = max(1, min(workers or os.cpu_count() or 1, len(specs)))
+    if workers == 1:
+        docs = []
+        for spec in specs:
+            docs.append(run_document(spec))
+            if on_done is not None:
+                on_done(spec, docs[-1])
+        return docs
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_document, spec) for spec in specs]
+        docs = []
+        for spec, future in zip(specs, futures):
+            docs.append(future.result())
+            if on_done is not None:
+                on_done(spec, docs[-1])
+        return docs
+
+
+# -- capacity ----------------------------------------------------------------------
+
+SLO_METRICS = ("normalized_latency", "ttft_mean", "ttft_median", "ttft_p99", "tpot_mean", "tpot_median",
+               "tpot_p99", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99")
+
+
+def parse_slos(texts: list[str]) -> dict[str, float]:
+    """'0.2' (normalized latency, s/token) or 'METRIC=SECONDS', e.g. 'ttft_p99=2'."""
+    slos: dict[str, float] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep:
+            name, value = "normalized_latency", text
+        name = name.strip()
+        if name not in SLO_METRICS:
+            raise PlannerError(f"--slo {text!r}: unknown metric {name!r}; choose one of {', '.join(SLO_METRICS)}")
+        try:
+            limit = float(value)
+        except ValueError:
+            raise PlannerError(f"--slo {text!r}: {value!r} is not a number of seconds") from None
+        if not limit > 0:
+            raise PlannerError(f"--slo {text!r}: the limit must be > 0")
+        slos[name] = limit
+    if not slos:
+        raise PlannerError("give at least one --slo, e.g. --slo 0.2 or --slo ttft_p99=2")
+    return slos
+
+
+def meets(doc: dict, slos: dict[str, float]) -> bool:
+    """Every SLO holds, and nothing was left undone: a run that rejected requests fails."""
+    if doc.get("num_rejected"):
+        return False
+    return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())
+
+
+@dataclass
+class CapacityResult:
+    rate: float | None            # the highest rate found to meet the SLOs (None: not even the lowest)
+    doc: dict | None              # its result document
+    probes: list[tuple[float, bool, dict]]   # (rate, met, result document) in the order simulated
+    bounded: bool                 # False: the SLOs still held at max_rate
+
+
+def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, min_rate: float = 0.01,
+                  max_rate: float = 256.0, rel_tol: float = 0.02,
+                  on_probe: Callable[[float, bool, dict], None] | None = None) -> CapacityResult:
+    """Bracket the capacity by doubling or halving the rate from `start`, then bisect
+    until the bracket is within `rel_tol`. Every probe replays the same seeded trace
+    (same lengths, same arrival pattern) at its rate, so only the rate changes."""
+    if not 0 < min_rate <= start <= max_rate:
+        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
+    if not 0 < rel_tol < 1:
+        raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
+    spec.check()
+    probes: list[tuple[float, bool, dict]] = []
+
+    def probe(rate: float) -> bool:
+        doc = run_document(replace(spec, rate=rate))
+        ok = meets(doc, slos)
+        probes.append((rate, ok, doc))
+        if on_probe is not None:
+            on_probe(rate, ok, doc)
+        return ok
+
+    good = bad = None
+    rate = start
+    if probe(rate):
+        good = rate
+        while bad is None:
+            if rate >= max_rate:
+                return CapacityResult(good, probes[-1][2], probes, bounded=False)
+            rate = min(rate * 2, max_rate)
+            if probe(rate):
+                good = rate
+            else:
+                bad = rate
+    else:
+        bad = rate
+        while good is None:
+            if rate <= min_rate:
+                return CapacityResult(None, None, probes, bounded=True)
+            rate = max(rate / 2, min_rate)
+            if probe(rate):
+                good = rate
+            else:
+                bad = rate
+    while (bad - good) / bad > rel_tol:
+        mid = (good + bad) / 2
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    best = next(doc for r, ok, doc in probes if r == good and ok)
+    return CapacityResult(good, best, probes, bounded=True)

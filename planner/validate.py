@@ -1,0 +1,189 @@
+"""planner validate: the live engine and the simulator on the same trace, side by side.
+
+The live run replays the trace online: each request is released when the
+wall clock reaches its arrival time, and the engine steps as fast as it can.
+The simulator then runs the same trace with the engine's exact cache size and
+limits, stepping with the calibrated cost model. Because both use the same
+scheduler and block manager, every difference comes from predicted step times.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.sampling_params import SamplingParams
+from planner.catalog import ModelSpec, resolve_gpu
+from planner.cost.shape import CostModel, StepShape, step_shape
+from planner.errors import PlannerError
+from planner.models_cache import model_folder
+from planner.simulator import SimConfig, simulate
+from workloads import Trace, make_trace
+
+# Metrics compared, in report order.
+COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
+            "tpot_mean", "tpot_median", "tpot_p99", "e2e_mean", "e2e_median", "e2e_p99",
+            "mean_batch_size", "kv_utilization", "preemptions", "step_time_median")
+
+
+@dataclass
+class ValidateConfig:
+    gpu: str = "cpu"
+    model: str = "opt-125m"
+    workload: str = "sharegpt"
+    rate: float = 4.0
+    requests: int = 64
+    seed: int = 0
+    length_scale: float = 0.25           # CPU runs: shrink lengths so a run takes minutes
+    max_prompt_len: int = 512
+    max_output_len: int = 256
+    block_size: int = 16
+    num_gpu_blocks: int | None = None    # small values force memory pressure (preemption)
+    preemption_mode: str = "recompute"
+    max_num_seqs: int = 32
+    kv_cache_memory_bytes: int = 1 << 30
+    profile: str | None = None
+
+    def trace(self) -> Trace:
+        if self.rate <= 0:
+            raise PlannerError(f"rate must be positive, got {self.rate}")
+        if self.requests < 1:
+            raise PlannerError(f"requests must be at least 1, got {self.requests}")
+        trace = make_trace(self.workload, num_requests=self.requests, rate=self.rate, seed=self.seed)
+        return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
+                            max_output_len=self.max_output_len)
+
+
+@dataclass
+class LiveRun:
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    shapes: list[StepShape]
+    metrics: dict
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    kernels: str
+
+
+@dataclass
+class Validation:
+    config: ValidateConfig
+    spec: ModelSpec
+    live: LiveRun
+    simulated: dict
+    sim_steps: list[StepRecord]
+    sim_requests: list[RequestRecord]
+    cost_model: str
+    step_errors: list[float] = field(default_factory=list)   # per live step: predicted / measured - 1
+
+    def comparison(self) -> dict[str, dict[str, float | None]]:
+        rows = {}
+        for name in COMPARED:
+            measured, simulated = _metric(self.live.metrics, name), _metric(self.simulated, name)
+            error = None
+            if measured is not None and simulated is not None and measured != 0:
+                error = simulated / measured - 1
+            rows[name] = {"measured": measured, "simulated": simulated, "relative_error": error}
+        return rows
+
+    def step_error_summary(self) -> dict[str, float]:
+        errs = sorted(abs(e) for e in self.step_errors)
+        if not errs:
+            return {}
+        return {"median_abs": errs[len(errs) // 2], "p90_abs": errs[int(0.9 * (len(errs) - 1))],
+                "mean": sum(self.step_errors) / len(self.step_errors), "num_steps": len(errs)}
+
+
+def _metric(metrics: dict, name: str) -> float | None:
+    value = metrics.get(name)
+    if name == "preemptions" and isinstance(value, dict):
+        return float(value.get("total", 0))
+    return None if value is None else float(value)
+
+
+def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -> LiveRun:
+    """Replay ``trace`` online against the wall clock on the real engine."""
+    from cuda_ext import ops
+    from engine.llm_engine import LLMEngine
+
+    shapes: list[StepShape] = []
+    t0 = [time.perf_counter()]
+    engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+                       preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
+                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
+                       clock=lambda: time.perf_counter() - t0[0],
+                       step_observer=lambda out: shapes.append(step_shape(out)))
+    vocab = engine.runner.vocab_size
+    groups = []
+    _warm_up(engine, vocab)
+    pending = deque(trace.requests)
+    done = 0
+    t0[0] = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = engine.clock()
+        while pending and pending[0].arrival_time <= now:
+            req = pending.popleft()
+            params = SamplingParams(temperature=0, max_tokens=req.output_len, ignore_eos=True,
+                                    n=req.n, best_of=max(req.n, req.beam_width),
+                                    use_beam_search=req.beam_width > 1)
+            engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, cfg.seed)},
+                               params, arrival_time=req.arrival_time, output_len_hint=req.output_len)
+            groups.append(engine.groups[req.request_id])
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
+            continue
+        finished = engine.step()
+        done += len(finished)
+        if progress is not None and finished:
+            progress(done, len(trace))
+    requests = [RequestRecord.from_group(g) for g in groups]
+    steps = engine.steps
+    return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions),
+                   engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
+                   engine.scheduler.config.max_num_batched_tokens, ops.backend)
+
+
+def _warm_up(engine, vocab: int) -> None:
+    """One throw-away request so one-time costs (kernel build, allocator warm-up) stay out of the timings."""
+    engine.add_request("__warmup__", {"prompt_token_ids": list(range(4, 4 + min(32, vocab - 4)))},
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.steps.clear()
+
+
+def load_cost_model(cfg: ValidateConfig, spec: ModelSpec) -> CostModel:
+    from planner.cost.calibrated import CalibratedCostModel, profile_path
+
+    gpu = resolve_gpu(cfg.gpu)
+    path = Path(cfg.profile) if cfg.profile else profile_path(gpu.name, spec.name)
+    if not path.exists():
+        raise PlannerError(f"no profile at {path}: run `planner profile --gpu {gpu.name} --model {cfg.model}` "
+                           f"first, or pass --profile FILE")
+    return CalibratedCostModel.from_file(path, model=spec, gpu=gpu)
+
+
+def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None) -> Validation:
+    """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile."""
+    trace = cfg.trace()
+    folder, spec = model_folder(cfg.model)
+    gpu = resolve_gpu(cfg.gpu)
+    if gpu.kind == "gpu":
+        import torch
+        if not torch.cuda.is_available():
+            raise PlannerError(f"no CUDA device found: cannot validate on {gpu.name} here (use --gpu cpu)")
+    if cost_model is None:
+        cost_model = load_cost_model(cfg, spec)
+    live = run_live(trace, folder, cfg, progress=progress)
+    sim_cfg = SimConfig(model=spec, gpu=gpu, block_size=cfg.block_size, preemption_mode=cfg.preemption_mode,
+                        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=live.max_num_batched_tokens,
+                        num_gpu_blocks=live.num_gpu_blocks, num_cpu_blocks=live.num_cpu_blocks,
+                        max_model_len=live.max_model_len, seed=cfg.seed)
+    sim = simulate(trace, sim_cfg, cost_model)
+    step_errors = [cost_model.step_time(shape) / step.duration - 1
+                   for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
+    return Validation(cfg, spec, live, sim.metrics, sim.steps, sim.requests, cost_model.name, step_errors)

@@ -1,0 +1,130 @@
+"""`planner simulate` and `planner capacity` through the typer app."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.sweep import RunSpec, find_capacity, meets, parse_slos
+from planner.errors import PlannerError
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_defaults_run_the_papers_setting(tmp_path):
+    # Nothing but the workload and block size: opt-13b on one a100-40g, 1000 chatbot requests at 1 req/s.
+    result = invoke("simulate", "--workload", "chatbot", "--block-size", 16, "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)            # exactly one JSON document on stdout
+    for name in ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
+                 "e2e_mean", "normalized_latency", "mean_batch_size", "kv_utilization", "memory_breakdown",
+                 "preemptions", "num_completed", "num_rejected", "sharing_saved", "cost_model"):
+        assert name in doc
+    assert doc["num_completed"] + doc["num_rejected"] == doc["num_submitted"] == 1000
+    assert doc["params"]["model"] == "opt-13b" and doc["params"]["gpu"] == "a100-40g"
+    assert doc["params"]["trace_params"]["rate"] == 1.0
+    assert doc["cost_model"] == "roofline(a100-40g)"
+    assert doc["memory_plan"]["num_gpu_blocks"] == doc["num_gpu_blocks"]
+    for name in ("result.json", "requests.csv", "steps.csv", "latency_cdf.png", "timeline.png",
+                 "memory_breakdown.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert json.loads((tmp_path / "result.json").read_text())["num_steps"] == doc["num_steps"]
+    with (tmp_path / "steps.csv").open() as f:
+        assert sum(1 for _ in f) == doc["num_steps"] + 1
+    with (tmp_path / "requests.csv").open() as f:
+        assert sum(1 for _ in f) == 1001
+
+
+def test_table_output_names_the_cost_model_and_memory_plan(tmp_path):
+    result = invoke("simulate", "--workload", "alpaca", "--requests", 50, "--rate", 5, "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "memory plan" in result.stdout and "KV token slots" in result.stdout
+    assert "roofline(a100-40g)" in result.stdout and "normalized latency" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt-17"], "unknown model"),
+    (["--gpu", "z100"], "unknown GPU"),
+    (["--workload", "nope"], "unknown name"),
+    (["--block-size", "12"], "block size 12"),
+    (["--rate", "-1"], "rate"),
+    (["--model", "opt-66b"], "does not fit"),
+    (["--allocator", "buddy"], "allocator"),
+    (["--preemption", "drop"], "preemption"),
+    (["--tp", "3"], "tensor parallel"),
+    (["--trace", "missing.jsonl"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    result = invoke("simulate", "--requests", 5, "--out", tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+
+
+def test_sweep_writes_a_comparison(tmp_path):
+    result = invoke("simulate", "--workload", "sharegpt", "--requests", 40, "--rate", "2,8",
+                    "--allocator", "paged,orca-max", "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["params"]["allocator"], r["params"]["trace_params"]["rate"]) for r in runs] == [
+        ("paged", 2.0), ("paged", 8.0), ("orca-max", 2.0), ("orca-max", 8.0)]
+    with (tmp_path / "comparison.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["allocator"] for r in rows} == {"paged", "orca-max"}
+    for name in ("normalized_latency_vs_rate.png", "memory_breakdown.png", "sweep.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    # Same trace per rate: paged batches at least as many requests as orca-max.
+    by = {(r["params"]["allocator"], r["params"]["trace_params"]["rate"]): r for r in runs}
+    assert by[("paged", 8.0)]["mean_batch_size"] >= by[("orca-max", 8.0)]["mean_batch_size"]
+
+
+def test_block_size_sweep_runs_each_size(tmp_path):
+    result = invoke("simulate", "--workload", "alpaca", "--requests", 30, "--rate", 4, "--block-size", "1,256",
+                    "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    assert [r["params"]["block_size"] for r in json.loads(result.stdout)["runs"]] == [1, 256]
+
+
+def test_slo_parsing():
+    assert parse_slos(["0.2"]) == {"normalized_latency": 0.2}
+    assert parse_slos(["ttft_p99=2", "tpot_p99=0.1"]) == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+    for bad in (["latency=1"], ["ttft_p99=x"], ["-1"], []):
+        with pytest.raises(PlannerError):
+            parse_slos(bad)
+    assert not meets({"normalized_latency": 0.1, "num_rejected": 1}, {"normalized_latency": 0.2})
+    assert meets({"normalized_latency": 0.1, "num_rejected": 0}, {"normalized_latency": 0.2})
+
+
+def test_capacity_brackets_the_slo():
+    spec = RunSpec(workload="sharegpt", requests=150, seed=0)
+    slos = {"normalized_latency": 0.1}
+    found = find_capacity(spec, slos, start=1.0, rel_tol=0.05)
+    assert found.bounded and found.rate is not None
+    ok = [r for r, met, _ in found.probes if met]
+    missed = [r for r, met, _ in found.probes if not met]
+    assert max(ok) == found.rate and found.doc["normalized_latency"] <= 0.1
+    # The bracket closed within the tolerance just above the capacity.
+    assert min(r for r in missed if r > found.rate) <= found.rate * 1.06
+    # Orca-max reaches the same SLO only at a lower rate (the paper's Fig. 12 story).
+    orca = find_capacity(RunSpec(workload="sharegpt", requests=150, seed=0, allocator="orca-max"), slos,
+                         start=1.0, rel_tol=0.05)
+    assert orca.rate is None or orca.rate < found.rate
+
+
+def test_capacity_command(tmp_path):
+    result = invoke("capacity", "--slo", "ttft_p99=5", "--workload", "alpaca", "--requests", 100,
+                    "--tolerance", 0.1, "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["capacity_rate"] > 0 and doc["at_capacity"]["ttft_p99"] <= 5
+    assert (tmp_path / "capacity.json").is_file()
+    bad = invoke("capacity", "--slo", "speed=3", "--out", tmp_path)
+    assert bad.exit_code == 2 and "unknown metric" in bad.stderr
