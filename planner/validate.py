@@ -120,6 +120,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
     vocab = engine.runner.vocab_size
     groups = []
     _warm_up(engine, vocab)
+    shapes.clear()
     pending = deque(trace.requests)
     done = 0
     t0[0] = time.perf_counter()

@@ -49,13 +49,15 @@ def tiny_profile(tiny_model, tmp_path_factory):
 def test_profile_measures_every_component_and_records_its_setting(tiny_profile, tiny_model):
     profile, _, calls = tiny_profile
     assert {m.component for m in profile.measurements} == set(COMPONENTS) == set(profile.fit)
-    assert len(calls) == len(profile.measurements) and set(calls) == {len(profile.measurements)}
+    # The grid is timed in rounds (1 warm-up + 3 repeats), each point once per round.
+    rounds = 1 + 3
+    assert len(calls) == rounds * len(profile.measurements) and set(calls) == {len(calls)}
     assert profile.device.gpu == "cpu" and profile.device.kind == "cpu" and profile.dtype == "float32"
     assert profile.device.torch_version == torch.__version__
     assert profile.model.num_layers == 2 and profile.model.name == tiny_model.name
     assert not profile.per_layer_scaling
-    # 6 (tokens, seqs) combinations minus 16 tokens as 4 prompts of 4 (shorter than 8): 5 prefill points
-    assert sum(m.component == "prefill" for m in profile.measurements) == 5
+    # Every (tokens, seqs) combination where the tokens split evenly into prompts: 6 prefill points
+    assert sum(m.component == "prefill" for m in profile.measurements) == 6
     for m in profile.measurements:
         assert len(m.samples_s) == 3 and m.median_s == statistics.median(m.samples_s) > 0
 

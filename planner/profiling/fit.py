@@ -1,8 +1,8 @@
-"""Fitting a profile's timings: per component, a monotone curve chosen by cross-validated error.
+"""Fitting a profile's timings: per component, a curve chosen by cross-validated error.
 
 Every component is modelled as
 
-    t = v(main) + sum_i c_i * extra_i,      v monotone piecewise-linear, c_i >= 0
+    t = v(main) + sum_i c_i * extra_i,      v piecewise-linear, c_i >= 0
 
 (prefill: v(tokens) + c1 * attn_pairs + c2 * seqs; decode: v(seqs) + c * context;
 the host-side and block-move components: v(batch) or v(blocks) alone). Two
@@ -14,10 +14,12 @@ candidates differ only in v's knots:
              follows e.g. a CPU's matmul efficiency changing with batch size,
              extended past the grid by its end segments.
 
-Both are linear in their parameters (v is written as an intercept plus
-non-negative ramps, one per segment), so one non-negative least-squares solve
-fits either, and non-negativity makes the curve monotone: more tokens, context
-or sequences never predict a faster step. Rows are divided by the measured time
+Both are linear in their parameters (v is written as an intercept plus one
+ramp per segment), so one non-negative least-squares solve fits either. The
+end segments, which extrapolate, and the extra terms are non-negative, so
+beyond the grid more tokens, context or sequences never predict a faster step;
+interior segments may slope down, because measured CPU times do (a matmul of 3
+rows can take longer than one of 4). Rows are divided by the measured time
 so the fit minimises relative error, the error the simulator cares about.
 k-fold cross-validation (knots re-derived from each training fold, so a
 held-out grid value tests interpolation or extrapolation honestly) picks the
@@ -83,10 +85,18 @@ def _design(x: np.ndarray, extras: np.ndarray, knots: np.ndarray) -> np.ndarray:
 
 def _solve(x, extras, y, knots) -> np.ndarray:
     a = _design(x, extras, knots)
+    # Interior segments may slope down: a CPU's matmul can be slower at 3 rows
+    # than at 4. A free coefficient is the difference of two non-negative ones.
+    # The end segments (which extrapolate) and the extras stay non-negative.
+    free = np.zeros(a.shape[1], dtype=bool)
+    free[2:len(knots) - 1] = True
+    a = np.concatenate([a, -a[:, free]], axis=1)
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0               # columns of very different size (pairs vs seqs): solve in unit scale
-    coef = nnls(a / scale / y[:, None], np.ones_like(y))
-    return coef / scale
+    coef = nnls(a / scale / y[:, None], np.ones_like(y)) / scale
+    n = len(free)
+    coef[:n][free] -= coef[n:]
+    return coef[:n]
 
 
 def _arrays(points: list[Measurement], component: str):

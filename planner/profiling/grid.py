@@ -1,31 +1,36 @@
 """The grid of shapes a profile measures.
 
-default (GPU): prefill 16..2048 tokens as 1, 4 or 16 prompts; decode batch 1..256
+default (GPU): prefill 1..2048 tokens as 1, 4 or 16 prompts; decode batch 1..256
   x context 16..2048; host side and sampling at batch 1..256; block moves 1..256.
+  Small token counts are dense because CPU matmul times are not monotone
+  there (3 rows can cost more than 4). Decode batches sample both sides of
+  the first multiples of 4: the runner pads CPU decode batches to a multiple
+  of 4, so the time steps up right after each one.
 default on CPU: the same axes capped at prefill 1024 tokens, decode batch 64 and
   context 1024 (a CPU forward of 256 x 2048 keys takes seconds, and the engine's
   default 1 GiB CPU KV cache could not hold it anyway).
 --quick: a handful of points per axis and 3 repetitions: a few minutes for
   opt-125m on a 2-core CPU; good enough to fit, not to study.
 Decode points whose sequences do not fit in the runner's KV cache are skipped
-(the notes say which); prompts are never shorter than 8 tokens.
+(the notes say which).
 """
 
 from __future__ import annotations
 
 from planner.profile_schema import Grid
 
-MIN_PROMPT = 8
+MIN_PROMPT = 1
 
 _DEFAULT = dict(
-    prefill_tokens=[16, 32, 64, 128, 256, 512, 1024, 2048], prefill_seqs=[1, 4, 16],
-    decode_batch=[1, 2, 4, 8, 16, 32, 64, 128, 256], decode_context=[16, 64, 256, 512, 1024, 2048],
+    prefill_tokens=[1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], prefill_seqs=[1, 4, 16],
+    decode_batch=[1, 2, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 32, 48, 64, 128, 256],
+    decode_context=[16, 64, 256, 512, 1024, 2048],
     host_batch=[1, 2, 4, 8, 16, 32, 64, 128, 256], block_counts=[1, 4, 16, 64, 256], warmup=2, repeats=7,
 )
 _QUICK = dict(
-    prefill_tokens=[16, 64, 256, 512], prefill_seqs=[1, 4],
-    decode_batch=[1, 4, 16, 64], decode_context=[32, 256, 1024],
-    host_batch=[1, 4, 16, 64, 256], block_counts=[1, 8, 64], warmup=1, repeats=3,
+    prefill_tokens=[1, 2, 3, 4, 8, 16, 64, 256, 512], prefill_seqs=[1, 4],
+    decode_batch=[1, 2, 4, 5, 8, 9, 12, 13, 16, 17, 24, 32, 64], decode_context=[32, 256, 1024],
+    host_batch=[1, 4, 16, 64, 256], block_counts=[1, 8, 64], warmup=1, repeats=5,
 )
 _CPU_CAPS = dict(prefill_tokens=1024, decode_batch=64, decode_context=1024)
 

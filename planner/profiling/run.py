@@ -58,7 +58,8 @@ def _check(opts: ProfileOptions) -> None:
 
 
 def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[list[_Point], list[str]]:
-    sync, w, r = target.sync, grid.warmup, grid.repeats
+    # Each call times one repetition; run_profile repeats the whole grid in rounds.
+    sync, w, r = target.sync, 0, 1
     rng = random.Random(0)
     points: list[_Point] = []
     for tokens, seqs in prefill_points(grid, runner.max_model_len):
@@ -120,10 +121,27 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
         if scaled:
             grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
                               f"t = t1 + {spec.num_layers - 1} * (t2 - t1)")
-        for point in points:
-            if progress is not None:
-                progress(f"{point.component} {point.features}", len(points))
-            measurements.append(_measure(point, runners, spec.num_layers, scaled))
+        # Rounds over the whole grid in a fresh random order each time, rather
+        # than all repetitions of one point back to back: a slow spell of the
+        # machine (other tenants, frequency changes) then spreads over every
+        # point instead of biasing a few, and the medians stay comparable.
+        rounds = grid.warmup + grid.repeats
+        samples: list[list[list[float]]] = [[[] for _ in runners] for _ in points]
+        order = list(range(len(points)))
+        shuffle = random.Random(0).shuffle
+        for round_ in range(rounds):
+            shuffle(order)
+            for i in order:
+                point = points[i]
+                if progress is not None:
+                    progress(f"round {round_ + 1}/{rounds}: {point.component} {point.features}",
+                             len(points) * rounds)
+                for k, runner in enumerate(runners if point.per_model else [None]):
+                    sample = point.measure(runner)
+                    if round_ >= grid.warmup:
+                        samples[i][k].extend(sample)
+        measurements = [_measurement(point, per_runner, spec.num_layers, scaled)
+                        for point, per_runner in zip(points, samples)]
         del runners
     if target.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -136,15 +154,13 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
     )
 
 
-def _measure(point: _Point, runners: list[ModelRunner], num_layers: int, scaled: bool) -> Measurement:
+def _measurement(point: _Point, samples: list[list[float]], num_layers: int, scaled: bool) -> Measurement:
     if not point.per_model or not scaled:
-        samples = point.measure(runners[0] if point.per_model else None)
-        median, spread = pieces.summarize(samples)
+        median, spread = pieces.summarize(samples[0])
         return Measurement(component=point.component, features=point.features, median_s=median,
-                           spread=spread, samples_s=samples)
-    one, two = (point.measure(r) for r in runners)
-    (t1, spread), (t2, _) = pieces.summarize(one), pieces.summarize(two)
+                           spread=spread, samples_s=samples[0])
+    (t1, spread), (t2, _) = pieces.summarize(samples[0]), pieces.summarize(samples[1])
     # Noise can make the 2-layer model look faster; a layer never costs less than nothing.
     total = t1 + (num_layers - 1) * max(t2 - t1, 0.0)
     return Measurement(component=point.component, features=point.features, median_s=total, spread=spread,
-                       samples_s=one, layer_medians_s={"1": t1, "2": t2})
+                       samples_s=samples[0], layer_medians_s={"1": t1, "2": t2})
