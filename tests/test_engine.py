@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from tiny_models import hf_model, save_tiny_model
+from tiny_models import hf_model, save_tiny_model, save_word_tokenizer
 
 PROMPT_LENS = (5, 17, 11, 1, 24, 9)
 MAX_TOKENS = 12
@@ -138,3 +138,17 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
         llm.generate("hello", use_tqdm=False)
     with pytest.raises(ValueError, match="token ids"):
         llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
+
+
+def test_string_prompts_use_the_model_folders_tokenizer(tmp_path):
+    folder = save_tiny_model("llama", tmp_path / "with-tokenizer")
+    save_word_tokenizer(folder)
+    llm = LLM(folder, block_size=8, num_gpu_blocks=32)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=True)
+    by_text, by_ids = llm.generate(["w5 w17 w42", {"prompt_token_ids": [5, 17, 42]}], params, use_tqdm=False)
+    assert by_text.prompt == "w5 w17 w42" and by_text.prompt_token_ids == [5, 17, 42]
+    out = by_text.outputs[0]
+    assert out.token_ids == by_ids.outputs[0].token_ids
+    assert out.text == " ".join(f"w{t}" for t in out.token_ids)
+    assert len(out.logprobs) == 5 and all(lp <= 0 for lp in out.logprobs)
+    assert out.cumulative_logprob == pytest.approx(sum(out.logprobs))

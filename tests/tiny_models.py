@@ -37,3 +37,13 @@ def save_tiny_model(kind: str, folder) -> str:
 def hf_model(folder):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def save_word_tokenizer(folder, vocab_size: int = 200) -> None:
+    """A word-level tokenizer ("w0" .. "w{n-1}", one id per word) in the model folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(folder)
