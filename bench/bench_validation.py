@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +35,17 @@ def main() -> None:
     parser.add_argument("--profile", default=None)
     parser.add_argument("--examples", type=Path, default=None, help="also write the reports here")
     parser.add_argument("--only", default=None, help="run only the runs whose name starts with this")
+    parser.add_argument("--reprofile", action="store_true",
+                        help="profile this CPU (--quick) first and validate against that profile: "
+                             "separates the simulator's error from drift of the machine since the "
+                             "committed profile was measured")
     args = parser.parse_args()
+    if args.reprofile:
+        from planner.profile_schema import save_profile
+        from planner.profiling.run import ProfileOptions, run_profile
+        args.profile = str(save_profile(run_profile(ProfileOptions(gpu="cpu", model=args.model, quick=True)),
+                                        Path(tempfile.mkdtemp()) / "cpu" / f"{args.model}.json"))
+        print(f"fresh profile: {args.profile}", file=sys.stderr)
     header = f"{'run':<38}{'req/s err':>10}{'E2E mean err':>14}{'step median err':>17}" \
              f"{'median |step err|':>19}{'preemptions meas/sim':>22}"
     rows = []
@@ -51,7 +62,8 @@ def main() -> None:
         if args.examples:
             slug = name.split(",")[0] + ("-pressure" if "preemption" in name else "")
             print(f"report: {write_report(v, args.examples / slug)}", file=sys.stderr)
-    print(f"simulated vs measured, {args.model} on this CPU (targets: req/s 5%, E2E 10%, step median 10%)")
+    print(f"simulated vs measured, {args.model} on this CPU, profile {args.profile or 'committed'} "
+          f"(targets: req/s 5%, E2E 10%, step median 10%)")
     print(header)
     print("\n".join(rows))
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
-from engine.kv_cache import bytes_per_block
 from engine.metrics import RequestRecord, StepRecord
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, RequestOutput
@@ -24,7 +23,7 @@ from engine.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
 GiB = 1 << 30
-CPU_SWAP_CAP = 512 << 20
+CPU_SWAP_CAP = 512 << 20   # swap pool cap when the 'device' is the host itself
 
 Prompt = str | dict | list[int]
 
@@ -59,10 +58,12 @@ class LLMEngine:
                              f"checkpoint folder")
         self.clock = clock
         self.step_observer = step_observer
+        swap_bytes = int(swap_space * GiB)
+        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+            # Without a separate device both pools live in host memory.
+            swap_bytes = min(swap_bytes, CPU_SWAP_CAP)
         self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                  num_cpu_blocks=self._cpu_blocks_for(model, swap_space, block_size, dtype,
-                                                                      device),
-                                  dtype=dtype, device=device, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                                  swap_space_bytes=swap_bytes, dtype=dtype, device=device, kv_cache_memory_bytes=kv_cache_memory_bytes,
                                   seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                   max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
@@ -76,26 +77,6 @@ class LLMEngine:
         self.groups: dict[str, SequenceGroup] = {}
         self.prompts: dict[str, str | None] = {}
         self.steps: list[StepRecord] = []
-
-    @staticmethod
-    def _cpu_blocks_for(model: str, swap_space: float, block_size: int, dtype: str, device: str) -> int:
-        """Swap space in blocks. Without a separate device (CPU runs) both pools
-        live in host memory, so the swap pool is capped at CPU_SWAP_CAP bytes."""
-        from transformers import AutoConfig
-
-        from engine.models import resolve_device, resolve_dtype
-        config = AutoConfig.from_pretrained(model, local_files_only=True)
-        torch_dtype = resolve_dtype(dtype, config, resolve_device(device))
-        heads = getattr(config, "num_attention_heads", None) or config.n_head
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        hidden = getattr(config, "hidden_size", None) or config.n_embd
-        head_size = getattr(config, "head_dim", None) or hidden // heads
-        layers = getattr(config, "num_hidden_layers", None) or config.n_layer
-        per_block = bytes_per_block(layers, kv_heads, head_size, block_size, torch_dtype)
-        budget = int(swap_space * GiB)
-        if resolve_device(device).type != "cuda":
-            budget = min(budget, CPU_SWAP_CAP)
-        return budget // per_block
 
     # -- requests -------------------------------------------------------------
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:

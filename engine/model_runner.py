@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.host_memory import keep_host_buffers
-from engine.kv_cache import KVCache, num_blocks_for_budget, profile_num_gpu_blocks
+from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, profile_num_gpu_blocks
 from engine.models import load_model, resolve_device
 
 # KV budget when running on the CPU and the caller gave neither a block count
@@ -62,7 +62,8 @@ class ModelRunner:
         *,
         block_size: int,
         num_gpu_blocks: int | None,
-        num_cpu_blocks: int,
+        num_cpu_blocks: int = 0,
+        swap_space_bytes: int | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "auto",
         kv_cache_memory_bytes: int | None = None,
@@ -76,6 +77,7 @@ class ModelRunner:
         worth of blocks; else, on CUDA, what fits in ``gpu_memory_utilization``
         of the device after a profiling pass of ``max_num_batched_tokens``
         tokens (default: max_model_len); else (CPU) DEFAULT_CPU_KV_CACHE_BYTES.
+        Swap pool: ``num_cpu_blocks``, or as many blocks as ``swap_space_bytes`` holds.
         """
         # Seeds torch's global RNG; sampling uses its own per-request generators.
         torch.manual_seed(seed)
@@ -103,6 +105,8 @@ class ModelRunner:
                 num_gpu_blocks = num_blocks_for_budget(budget, *self.cache_shape, block_size, self.dtype)
         if num_gpu_blocks <= 0:
             raise ValueError("the KV cache would hold no blocks; give a larger budget")
+        if swap_space_bytes is not None:
+            num_cpu_blocks = swap_space_bytes // bytes_per_block(*self.cache_shape, block_size, self.dtype)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
 
