@@ -29,11 +29,9 @@ def model_folder(model: str, *, max_params: float = 2e9) -> tuple[str, ModelSpec
                            f"here; validate with a smaller model (e.g. opt-125m)")
     folder = cache_dir() / spec.name
     if not (folder / "config.json").exists():
-        import torch
-        from transformers import AutoModelForCausalLM
+        from planner.profiling.build import build_checkpoint
 
-        torch.manual_seed(0)
         tmp = folder.with_name(folder.name + ".partial")
-        AutoModelForCausalLM.from_config(spec.to_hf_config()).save_pretrained(tmp, safe_serialization=True)
+        build_checkpoint(model, spec, tmp)
         tmp.rename(folder)   # atomic: a half-written folder is never mistaken for a model
     return str(folder), spec

@@ -105,10 +105,12 @@ def test_rejections_are_accounted_for():
     assert times(result, "ok") == (2, [2, 3], 3)
 
 
-def test_a_request_wider_than_max_num_seqs_is_an_error_not_a_hang():
-    trace = tiny_trace(("p", 0.0, 2, 2, {"n": 4}))
-    with pytest.raises(PlannerError, match="max_num_seqs"):
-        simulate(trace, tiny_config(max_num_seqs=2), ConstantCost())
+def test_a_request_wider_than_max_num_seqs_is_rejected_not_a_hang():
+    # As in the live engine: the wide request is rejected on its own, the other runs.
+    trace = tiny_trace(("p", 0.0, 2, 2, {"n": 4}), ("ok", 0.0, 2, 2))
+    result = simulate(trace, tiny_config(max_num_seqs=2), ConstantCost())
+    assert result.metrics["num_rejected"] == 1 and result.metrics["num_completed"] == 1
+    assert next(r for r in result.requests if r.request_id == "p").rejected
 
 
 @pytest.mark.parametrize("allocator", ["paged", "orca-max", "orca-pow2", "orca-oracle"])
@@ -271,3 +273,4 @@ def test_select_without_the_calibrated_module(monkeypatch, tmp_path):
     assert select_cost_model(OPT_13B, A100, tp=1).name.startswith("roofline")
     with pytest.raises(PlannerError, match="unavailable"):
         select_cost_model(OPT_13B, A100, profile=tmp_path / "p.json")
+

@@ -143,10 +143,6 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
              progress: Progress | None = None) -> SimResult:
     """Run `trace` through the engine core on a SimPy clock priced by `cost_model`."""
-    widest = max((max(r.n, r.beam_width) for r in trace.requests), default=1)
-    if widest > config.max_num_seqs:
-        # The scheduler would wait forever for room to admit such a request.
-        raise PlannerError(f"a request asks for {widest} sequences but max_num_seqs is {config.max_num_seqs}")
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
