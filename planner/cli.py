@@ -27,12 +27,6 @@ list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
 
 
-def fail(message: str) -> typer.Exit:
-    """One line on stderr; the caller raises the returned Exit (code 2)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 @list_app.command("gpus")
 def list_gpus_cmd() -> None:
     """Hardware catalog."""

@@ -7,17 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from planner.cli_common import fail
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from planner.errors import PlannerError
-
-
-def _fail(message: str) -> typer.Exit:
-    # one line on stderr and exit code 2, as for a usage error; no traceback
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def _fit_table(profile) -> Table:
@@ -74,7 +69,7 @@ def profile(
                 bar.update(task, description=description)
             result = run_profile(opts, advance)
     except (PlannerError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
     console = Console()
     console.print(_fit_table(result))

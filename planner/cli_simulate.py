@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from planner.cli_common import fail
 from planner.errors import PlannerError
 from planner.report_sim import comparison_row, json_safe, result_document, write_run, write_sweep
 from planner.sim import SimResult
@@ -54,11 +55,6 @@ def _stdout() -> Console:
     # Piped output has no terminal width to fit; do not squeeze the tables into 80 columns.
     console = Console()
     return console if console.is_terminal else Console(width=160)
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def _split(text: str, kind, name: str) -> list:
@@ -190,7 +186,7 @@ def simulate(
             result = spec.run(progress=progress, trace=requests_trace)
         paths = write_run(result, out_dir)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise fail(str(exc) or type(exc).__name__)
     if as_json:
         sys.stdout.write(json.dumps(result_document(result)) + "\n")
         err.print(f"run folder: {out_dir}", highlight=False)
@@ -272,7 +268,7 @@ def capacity(
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "capacity.json").write_text(json.dumps(doc, indent=2) + "\n")
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise fail(str(exc) or type(exc).__name__)
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
         return

@@ -11,7 +11,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.validate import ValidateConfig, validate
+from planner.cli_common import fail
+from planner.errors import PlannerError
+from planner.validate import ValidateConfig, check_device, validate
+from workloads import TraceError
 from planner.validate_report import TARGETS, as_json, write_report
 
 # --quick: the README's main job ends with this (a couple of minutes on 2 cores).
@@ -34,6 +37,8 @@ def validate_cmd(
     profile: Optional[Path] = typer.Option(None, help="profile JSON (default: profiles/<gpu>/<model>.json)"),
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
     quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
+    reprofile: bool = typer.Option(False, help="profile this device (--quick) first and validate against "
+                                               "that profile: CPU speed drifts, so calibrate right before"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
 ) -> None:
     """Live engine vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
@@ -43,18 +48,24 @@ def validate_cmd(
                     profile=str(profile) if profile else None)
     if quick:
         settings.update(QUICK)
-    cfg = ValidateConfig(**settings)
+    folder = out or Path("reports") / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model).name}-{workload}"
     err = Console(stderr=True)
-    err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
-              f"({cfg.model}); live run first, then the simulation")
+    try:
+        check_device(gpu)
+        if reprofile:
+            settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err))
+        cfg = ValidateConfig(**settings)
+        err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
+                  f"({cfg.model}); live run first, then the simulation")
 
-    def progress(done: int, total: int) -> None:
-        if done == total or done % 8 == 0:
-            err.print(f"  live: {done}/{total} requests finished")
+        def progress(done: int, total: int) -> None:
+            if done == total or done % 8 == 0:
+                err.print(f"  live: {done}/{total} requests finished")
 
-    result = validate(cfg, progress=progress)
-    folder = out or Path("reports") / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{result.spec.name}-{cfg.workload}"
-    report = write_report(result, folder)
+        result = validate(cfg, progress=progress)
+        report = write_report(result, folder)
+    except (PlannerError, TraceError, ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
     if as_json_flag:
         doc = as_json(result)
         doc["report"] = str(report)
@@ -75,3 +86,11 @@ def validate_cmd(
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
     console.print(f"report: {report}")
+
+
+def _profile_now(gpu: str, model: str, path: Path, err: Console) -> Path:
+    from planner.profile_schema import save_profile
+    from planner.profiling.run import ProfileOptions, run_profile
+
+    err.print(f"validate: profiling {model} on {gpu} first (--quick)")
+    return save_profile(run_profile(ProfileOptions(gpu=gpu, model=model, quick=True)), path)

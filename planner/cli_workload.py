@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from planner.cli_common import fail
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -19,12 +20,6 @@ from workloads.make import is_trace_file
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
 
 DEFAULT_REQUESTS = 1000
-
-
-def _fail(message: str) -> typer.Exit:
-    # one line on stderr and exit code 2, as for a usage error; no traceback
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def _parse_params(name: str, pairs: list[str]) -> dict:
@@ -131,7 +126,7 @@ def show(
         if hist is not None:
             save_histogram(trace, hist)
     except (TraceError, ValueError, OSError) as err:
-        raise _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     stats = trace.stats()
     if as_json:
         sys.stdout.write(json.dumps(_json_safe(stats), indent=2) + "\n")

@@ -168,15 +168,21 @@ def load_cost_model(cfg: ValidateConfig, spec: ModelSpec) -> CostModel:
     return CalibratedCostModel.from_file(path, model=spec, gpu=gpu)
 
 
-def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None) -> Validation:
-    """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile."""
-    trace = cfg.trace()
-    folder, spec = model_folder(cfg.model)
-    gpu = resolve_gpu(cfg.gpu)
+def check_device(gpu_name: str):
+    """The catalog entry for ``gpu_name``, if such a device is here to run the live engine on."""
+    gpu = resolve_gpu(gpu_name)
     if gpu.kind == "gpu":
         import torch
         if not torch.cuda.is_available():
             raise PlannerError(f"no CUDA device found: cannot validate on {gpu.name} here (use --gpu cpu)")
+    return gpu
+
+
+def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None) -> Validation:
+    """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile."""
+    trace = cfg.trace()
+    gpu = check_device(cfg.gpu)
+    folder, spec = model_folder(cfg.model)
     if cost_model is None:
         cost_model = load_cost_model(cfg, spec)
     live = run_live(trace, folder, cfg, progress=progress)

@@ -53,3 +53,28 @@ def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
     cfg = ValidateConfig(model=llama_dir, requests=2, profile=str(tmp_path / "none.json"))
     with pytest.raises(PlannerError, match="no profile at"):
         validate(cfg)
+
+
+def test_cli_calibrates_then_validates_and_prints_one_json_document(llama_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    result = CliRunner().invoke(app, ["validate", "--model", llama_dir, "--workload", "alpaca", "--requests", "6",
+                                      "--rate", "50", "--length-scale", "0.5", "--reprofile",
+                                      "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["cost_model"].startswith("calibrated(") and (tmp_path / "run" / "profile.json").exists()
+    assert doc["num_completed"] == {"measured": 6, "simulated": 6}
+    assert (tmp_path / "run" / "report.md").exists()
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    result = CliRunner().invoke(app, ["validate", "--model", llama_dir, "--gpu", "a100", "--requests", "2",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "no CUDA device" in result.stderr
