@@ -66,7 +66,7 @@ class ContiguousAllocator:
         return per_seq, useful
 
     def _first_fit(self, size: int) -> int | None:
-        for i, (start, extent) in enumerate(self.free_extents):
+        for i, (_, extent) in enumerate(self.free_extents):
             if extent >= size:
                 return i
         return None

@@ -186,7 +186,7 @@ def simulate(
             result = spec.run(progress=progress, trace=requests_trace)
         paths = write_run(result, out_dir)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc) or type(exc).__name__)
+        raise fail(str(exc) or type(exc).__name__) from None
     if as_json:
         sys.stdout.write(json.dumps(result_document(result)) + "\n")
         err.print(f"run folder: {out_dir}", highlight=False)
@@ -268,7 +268,7 @@ def capacity(
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "capacity.json").write_text(json.dumps(doc, indent=2) + "\n")
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc) or type(exc).__name__)
+        raise fail(str(exc) or type(exc).__name__) from None
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
         return

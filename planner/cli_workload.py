@@ -126,7 +126,7 @@ def show(
         if hist is not None:
             save_histogram(trace, hist)
     except (TraceError, ValueError, OSError) as err:
-        raise fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise fail(str(err) or type(err).__name__) from None
     stats = trace.stats()
     if as_json:
         sys.stdout.write(json.dumps(_json_safe(stats), indent=2) + "\n")

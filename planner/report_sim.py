@@ -148,7 +148,7 @@ def _plot_timeline(plt, steps: list[StepRecord], kv_slots: int | None, path: Pat
 def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path) -> Path:
     """Stacked bars: the time-averaged share of KV slots per use, one bar per run (allocator)."""
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.5 * len(runs)))
-    for row, (label, breakdown) in enumerate(runs):
+    for row, (_, breakdown) in enumerate(runs):
         left = 0.0
         for part, color in zip(BREAKDOWN_PARTS, _BREAKDOWN_COLORS):
             width = (breakdown or {}).get(part, 0.0)

@@ -27,7 +27,7 @@ def save_tiny_model(kind: str, folder) -> str:
     with torch.no_grad():
         # Larger random weights than the default init give peaked, varied
         # next-token distributions, so greedy paths do not sit on near-ties.
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
