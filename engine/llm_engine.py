@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.metrics import RequestRecord, StepRecord
 from engine.model_runner import ModelRunner, SequenceInput
@@ -23,7 +21,6 @@ from engine.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
 GiB = 1 << 30
-CPU_SWAP_CAP = 512 << 20   # swap pool cap when the 'device' is the host itself
 
 Prompt = str | dict | list[int]
 
@@ -58,13 +55,9 @@ class LLMEngine:
                              f"checkpoint folder")
         self.clock = clock
         self.step_observer = step_observer
-        swap_bytes = int(swap_space * GiB)
-        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-            # Without a separate device both pools live in host memory.
-            swap_bytes = min(swap_bytes, CPU_SWAP_CAP)
         self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                  swap_space_bytes=swap_bytes, dtype=dtype, device=device, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                  seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                                  swap_space_bytes=int(swap_space * GiB), dtype=dtype, device=device,
+                                  kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                   max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,

@@ -24,6 +24,8 @@ from engine.models import load_model, resolve_device
 # KV budget when running on the CPU and the caller gave neither a block count
 # nor a byte budget: large enough for tests and demos, small enough for a laptop.
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# Swap pool cap when the "device" is the host itself (its swap pool mirrors host memory).
+CPU_SWAP_CAP = 512 << 20
 
 
 @dataclass
@@ -106,6 +108,9 @@ class ModelRunner:
         if num_gpu_blocks <= 0:
             raise ValueError("the KV cache would hold no blocks; give a larger budget")
         if swap_space_bytes is not None:
+            if self.device.type != "cuda":
+                # Without a separate device both pools live in host memory.
+                swap_space_bytes = min(swap_space_bytes, CPU_SWAP_CAP)
             num_cpu_blocks = swap_space_bytes // bytes_per_block(*self.cache_shape, block_size, self.dtype)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)

@@ -105,17 +105,30 @@ def _metric(metrics: dict, name: str) -> float | None:
     return None if value is None else float(value)
 
 
+class TraceClock:
+    """Seconds since ``start()``: the trace's own time axis, read by the live engine."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+
+    def start(self) -> None:
+        self.origin = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.origin
+
+
 def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -> LiveRun:
     """Replay ``trace`` online against the wall clock on the real engine."""
     from cuda_ext import ops
     from engine.llm_engine import LLMEngine
 
     shapes: list[StepShape] = []
-    t0 = [time.perf_counter()]
+    clock = TraceClock()
     engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                        preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
                        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
-                       clock=lambda: time.perf_counter() - t0[0],
+                       clock=clock,
                        step_observer=lambda out: shapes.append(step_shape(out)))
     vocab = engine.runner.vocab_size
     groups = []
@@ -123,7 +136,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
     shapes.clear()
     pending = deque(trace.requests)
     done = 0
-    t0[0] = time.perf_counter()
+    clock.start()   # trace time 0: the first arrival is due now
     while pending or engine.has_unfinished_requests():
         now = engine.clock()
         while pending and pending[0].arrival_time <= now:
