@@ -4,7 +4,7 @@ The core (sequences, block manager, scheduler, metrics) is pure Python and is
 imported unchanged by the planner's simulator; ``LLM`` and ``LLMEngine`` load
 torch only when first used.
 """
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 

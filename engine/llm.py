@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 
 class LLM:

@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.block_manager import BlockManager
-from engine.metrics import RequestRecord, StepRecord
+from engine.core.block_manager import BlockManager
+from engine.core.metrics import RequestRecord, StepRecord
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.sequence import FinishReason, SequenceGroup
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
 GiB = 1 << 30

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.metrics import RequestRecord
+from engine.core.metrics import RequestRecord
 
 
 @dataclass

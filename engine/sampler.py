@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from engine import sampling
-from engine.scheduler import Samples, SchedulerOutput
-from engine.sequence import SequenceGroup
+from engine.core.scheduler import Samples, SchedulerOutput
+from engine.core.sequence import SequenceGroup
 
 
 class Sampler:

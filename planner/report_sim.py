@@ -12,7 +12,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from engine.metrics import RequestRecord, StepRecord
+from engine.core.metrics import RequestRecord, StepRecord
 from planner.cost.shape import StepShape
 from planner.sim import SimResult
 

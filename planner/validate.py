@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.sampling_params import SamplingParams
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.sampling_params import SamplingParams
 from planner.catalog import ModelSpec, resolve_gpu
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError

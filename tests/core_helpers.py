@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from engine.scheduler import Samples, SchedulerOutput
+from engine.core.scheduler import Samples, SchedulerOutput
 
 
 def fake_samples(out: SchedulerOutput, rng: random.Random, vocab: int = 50) -> Samples:

@@ -1,9 +1,9 @@
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.kv_allocator import AllocStatus
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
+from engine.core.block_manager import BlockManager
+from engine.core.kv_allocator import AllocStatus
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 
 
 def group_of(tokens, **params):

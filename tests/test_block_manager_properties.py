@@ -9,9 +9,9 @@ from collections import Counter
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import SequenceGroup, SequenceStatus, next_seq_id
+from engine.core.block_manager import BlockManager
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import SequenceGroup, SequenceStatus, next_seq_id
 
 BS = 4
 NUM_GPU = 12

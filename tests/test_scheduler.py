@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from core_helpers import fake_samples
-from engine.kv_allocator import make_allocator
-from engine.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import FinishReason, SequenceGroup
+from engine.core.kv_allocator import make_allocator
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.sequence import FinishReason, SequenceGroup
 
 
 class Replay(NamedTuple):

@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from engine.kv_allocator import make_allocator
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import SequenceGroup
+from engine.core.kv_allocator import make_allocator
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.sequence import SequenceGroup
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import RooflineCostModel, StepShape
 from planner.cost.select import select_cost_model

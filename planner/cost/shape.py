@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # the cost package prices shapes; it needs the engine only for this type
-    from engine.scheduler import SchedulerOutput
+    from engine.core.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

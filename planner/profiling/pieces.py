@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.metrics import StepRecord
+from engine.core.block_manager import BlockManager
+from engine.core.metrics import StepRecord
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import SequenceGroup
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.sequence import SequenceGroup
 
 HOST_PROMPT_LEN = 32     # prompt length of the requests the host-side timing schedules
 HOST_MAX_MODEL_LEN = 4096

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kv_allocator import ALLOCATORS
-from engine.scheduler import PREEMPTION_MODES
+from engine.core.kv_allocator import ALLOCATORS
+from engine.core.scheduler import PREEMPTION_MODES
 from planner.catalog import GpuSpec, ModelSpec
 from planner.errors import PlannerError
 from planner.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory

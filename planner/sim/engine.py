@@ -17,10 +17,10 @@ from typing import Callable
 
 import simpy
 
-from engine.kv_allocator import make_allocator
-from engine.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import SequenceGroup
+from engine.core.kv_allocator import make_allocator
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
 from planner.sim.config import SimConfig

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Samples, SchedulerOutput
-from engine.sequence import SequenceGroup, SequenceStatus
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Samples, SchedulerOutput
+from engine.core.sequence import SequenceGroup, SequenceStatus
 from workloads import Trace, TraceRequest
 
 _RUNNING = SequenceStatus.RUNNING

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.sequence import Sequence, SequenceGroup
+from engine.core.sequence import Sequence, SequenceGroup
 
 
 class AllocStatus(enum.Enum):
@@ -78,8 +78,8 @@ def make_allocator(name: str, *, block_size: int, num_gpu_blocks: int, num_cpu_b
                    max_model_len: int, enable_prefix_caching: bool = False,
                    watermark: float = 0.01) -> KVAllocator:
     """Build the allocation policy called ``name`` over the same amount of KV memory."""
-    from engine.block_manager import BlockManager
-    from engine.contiguous_allocator import ContiguousAllocator
+    from engine.core.block_manager import BlockManager
+    from engine.core.contiguous_allocator import ContiguousAllocator
 
     if name == "paged":
         return BlockManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark=watermark,

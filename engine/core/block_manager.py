@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.kv_allocator import AllocStatus, MemoryBreakdown
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 def _blocks_for(num_tokens: int, block_size: int) -> int:

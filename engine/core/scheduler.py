@@ -16,8 +16,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.kv_allocator import AllocStatus, KVAllocator
-from engine.sequence import (BeamHypothesis, FinishReason, Sequence, SequenceGroup,
+from engine.core.kv_allocator import AllocStatus, KVAllocator
+from engine.core.sequence import (BeamHypothesis, FinishReason, Sequence, SequenceGroup,
                              SequenceStatus, next_seq_id)
 
 PREEMPTION_MODES = ("recompute", "swap")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from engine.kv_allocator import AllocStatus, MemoryBreakdown
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 @dataclass(slots=True)

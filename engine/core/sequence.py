@@ -9,7 +9,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

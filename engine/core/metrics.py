@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.kv_allocator import MemoryBreakdown
-from engine.scheduler import SchedulerOutput
-from engine.sequence import FinishReason, SequenceGroup
+from engine.core.kv_allocator import MemoryBreakdown
+from engine.core.scheduler import SchedulerOutput
+from engine.core.sequence import FinishReason, SequenceGroup
 
 
 @dataclass(slots=True)
