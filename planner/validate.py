@@ -141,11 +141,8 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
         now = engine.clock()
         while pending and pending[0].arrival_time <= now:
             req = pending.popleft()
-            params = SamplingParams(temperature=0, max_tokens=req.output_len, ignore_eos=True,
-                                    n=req.n, best_of=max(req.n, req.beam_width),
-                                    use_beam_search=req.beam_width > 1)
             engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, cfg.seed)},
-                               params, arrival_time=req.arrival_time, output_len_hint=req.output_len)
+                               req.sampling_params(), arrival_time=req.arrival_time, output_len_hint=req.output_len)
             groups.append(engine.groups[req.request_id])
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
@@ -156,7 +153,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
             progress(done, len(trace))
     requests = [RequestRecord.from_group(g) for g in groups]
     steps = engine.steps
-    return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions),
+    return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions).to_dict(),
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
                    engine.scheduler.config.max_num_batched_tokens, ops.backend)
 
