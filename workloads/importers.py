@@ -165,7 +165,10 @@ def parse_timestamp(cell: str) -> Decimal:
 
 
 def _length(cell: str) -> int:
-    value = float(cell)
+    try:
+        value = float(cell)
+    except ValueError:
+        raise ValueError(f"not a number of tokens: {cell!r}") from None
     if not value.is_integer():
         raise ValueError(f"not a whole number of tokens: {cell!r}")
     return int(value)

@@ -21,7 +21,8 @@ PRODUCTION_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def is_production_csv(header: list[str]) -> bool:
-    return all(col in header for col in PRODUCTION_COLUMNS)
+    """A production header: some of its columns and none of ours (the importer then names what is missing)."""
+    return any(c in header for c in PRODUCTION_COLUMNS) and not any(c in header for c in trace_files.REQUIRED)
 
 
 class Trace:
