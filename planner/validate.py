@@ -24,8 +24,9 @@ from workloads import Trace, make_trace
 
 # Metrics compared, in report order.
 COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
-            "tpot_mean", "tpot_median", "tpot_p99", "e2e_mean", "e2e_median", "e2e_p99",
-            "mean_batch_size", "kv_utilization", "preemptions", "step_time_median")
+            "tpot_mean", "tpot_median", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99",
+            "normalized_latency", "mean_batch_size", "mean_prefill_batch_size", "kv_utilization", "preemptions",
+            "step_time_median")
 
 
 @dataclass
