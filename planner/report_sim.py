@@ -32,7 +32,7 @@ def json_safe(value):
 
 
 def result_document(result: SimResult) -> dict:
-    """The run as one JSON document: the DESIGN.md metrics at the top level, then how it was run."""
+    """The run as one JSON document: the metrics (docs/architecture.md) at the top level, then how it was run."""
     doc = dict(result.metrics)
     doc["memory_plan"] = result.memory_plan
     doc["wall_time"] = result.wall_time
