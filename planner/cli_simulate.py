@@ -48,8 +48,6 @@ PREFIX = typer.Option(False, "--prefix-caching", help="enable automatic prefix c
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
-PARAM = typer.Option([], "--param", "-p", help="workload parameter KEY=VALUE, as in `planner workload show` "
-                                               "(repeatable)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
 
 
@@ -164,7 +162,7 @@ def simulate(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    param: list[str] = PARAM, as_json: bool = AS_JSON,
+    as_json: bool = AS_JSON,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -176,7 +174,7 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None, params=tuple(param))
+                       profile=str(profile) if profile else None)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -243,7 +241,7 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, param: list[str] = PARAM, as_json: bool = AS_JSON,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON,
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
     err = Console(stderr=True)
@@ -254,7 +252,7 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None, params=tuple(param))
+                       profile=str(profile) if profile else None)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)

@@ -22,6 +22,9 @@ app = typer.Typer(help="Workloads: built-in request traces and trace files.", no
 
 DEFAULT_REQUESTS = 1000
 
+# The -p KEY=VALUE parser, kept under this name for the commands that import it from here.
+_parse_params = parse_workload_params
+
 
 def _json_safe(stats: dict) -> dict:
     # JSON has no infinity: an all-at-once trace reports arrival_rate null

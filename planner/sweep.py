@@ -21,7 +21,7 @@ from planner.cost.shape import CostModel
 from planner.errors import PlannerError
 from planner.report_sim import result_document
 from planner.sim import SimConfig, SimResult, simulate
-from workloads import Trace, TraceError, make_trace, parse_workload_params
+from workloads import Trace, TraceError, make_trace
 from workloads.make import is_trace_file
 
 DEFAULT_RATE = 1.0          # requests/s for a built-in workload when none is given
@@ -46,7 +46,6 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
-    params: tuple[str, ...] = ()        # workload parameters as KEY=VALUE (the CLI's -p)
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -54,14 +53,12 @@ class RunSpec:
         if self.requests is not None and self.requests < 1:
             raise PlannerError(f"requests must be >= 1, got {self.requests}")
         if is_trace_file(self.workload):
-            parse_workload_params(self.workload, self.params)   # says a trace file takes none
             rate = math.inf if self.rate is None else self.rate
             return make_trace(self.workload, num_requests=self.requests, duration=self.duration, rate=rate,
                               seed=self.seed)
         requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
         rate = DEFAULT_RATE if self.rate is None else self.rate
-        trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate, seed=self.seed,
-                           **parse_workload_params(self.workload, self.params))
+        trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate, seed=self.seed)
         if not len(trace):
             raise PlannerError(f"the {self.workload} trace is empty (duration {self.duration} s at {rate} req/s)")
         return trace

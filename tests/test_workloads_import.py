@@ -1,5 +1,5 @@
 """Trace files as a user hands them over: production CSVs by header, `planner workload import`,
-hand-written CSVs without request_id, -p on simulate, and corrupt files named by line and field."""
+hand-written CSVs without request_id, -p parameters, and corrupt files named by line and field."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from test_workloads_importers import AZURE, sharegpt_file, text, tokenizer_dir  # noqa: F401 (fixture)
-from workloads import Trace, TraceError
+from workloads import Trace, TraceError, parse_workload_params
 
 runner = CliRunner()
 
@@ -112,10 +112,13 @@ def test_corrupt_csv_is_named_with_line_and_field(tmp_path, body, pattern):
         Trace.load(path)
 
 
-def test_workload_params_on_simulate(tmp_path):
-    result = invoke("simulate", "--workload", "parallel", "-p", "n=2", "-n", 20, "--model", "opt-125m",
-                    "--out", tmp_path / "run", "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["params"]["trace_params"]["n"] == 2
-    bad = invoke("simulate", "--workload", "parallel", "-p", "width=2", "-n", 20, "--out", tmp_path / "bad")
-    assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of n" in bad.output
+def test_workload_params_parse_typed_with_clear_errors():
+    assert parse_workload_params("parallel", ["n=2"]) == {"n": 2}
+    assert parse_workload_params("uniform", ["prompt_max=64", " output_min = 2"]) == {"prompt_max": 64, "output_min": 2}
+    assert parse_workload_params("sharegpt", []) == {}
+    with pytest.raises(TraceError, match="expected KEY=VALUE with KEY one of n"):
+        parse_workload_params("parallel", ["width=2"])
+    with pytest.raises(TraceError, match="--param n: expected int, got 'two'"):
+        parse_workload_params("parallel", ["n=two"])
+    with pytest.raises(TraceError, match="a trace file takes no workload parameters"):
+        parse_workload_params("mine.jsonl", ["n=2"])
