@@ -256,8 +256,11 @@ def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
         m.e2e_mean, m.e2e_median, m.e2e_p99 = _stats([r.e2e for r in done])
         m.normalized_latency = _mean([r.normalized_latency for r in done])
     if steps:
-        prefill = [s.batch_size for s in steps if s.is_prefill]
-        decode = [s.batch_size for s in steps if not s.is_prefill]
+        # A decode step decodes at least one token (a chunked-prefill step that
+        # mixes prompt chunks with decodes counts as one); a prefill step only
+        # computes prompts; a step that only moves blocks (a swap) is neither.
+        decode = [s.batch_size for s in steps if s.decode_tokens > 0]
+        prefill = [s.batch_size for s in steps if s.prefill_tokens > 0 and s.decode_tokens == 0]
         m.num_steps, m.num_prefill_steps, m.num_decode_steps = len(steps), len(prefill), len(decode)
         m.mean_batch_size = _mean(decode)
         m.mean_prefill_batch_size = _mean(prefill)
