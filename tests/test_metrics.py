@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.core.metrics import Metrics, RequestRecord, compute_metrics
+from engine.core.metrics import Metrics, RequestRecord, StepRecord, compute_metrics
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import StepShape
 from planner.simulator import SimConfig, simulate
@@ -126,3 +126,20 @@ def test_metrics_json_keeps_the_result_file_names():
         assert name in doc, name
         assert summary[name] == doc[name]
     assert doc["preemptions"] == {"recompute": 0, "swap": 0, "total": 0}
+
+
+def _step(start, prefill_tokens, decode_tokens, batch):
+    return StepRecord(start, start + 1.0, decode_tokens == 0 and prefill_tokens > 0, batch, batch, prefill_tokens,
+                      decode_tokens, 0, 0, 0, 0, 0, 8, 0, 0)
+
+
+def test_steps_are_classified_by_the_tokens_they_compute():
+    steps = [_step(0, 10, 0, 1),      # prefill of one request
+             _step(1, 0, 3, 3),       # decode
+             _step(2, 0, 0, 0),       # only swaps blocks: neither kind
+             _step(3, 4, 2, 3)]       # mixed (chunked prefill): a decode step of 3 requests
+    m = compute_metrics([], steps)
+    assert (m.num_prefill_steps, m.num_decode_steps, m.num_steps) == (1, 2, 4)
+    assert m.mean_batch_size == pytest.approx(3.0)
+    assert m.mean_prefill_batch_size == pytest.approx(1.0)
+    assert m.mean_step_batch_size == pytest.approx(7 / 4)
