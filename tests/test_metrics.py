@@ -143,3 +143,12 @@ def test_steps_are_classified_by_the_tokens_they_compute():
     assert m.mean_batch_size == pytest.approx(3.0)
     assert m.mean_prefill_batch_size == pytest.approx(1.0)
     assert m.mean_step_batch_size == pytest.approx(7 / 4)
+
+
+def test_large_latency_lists_give_the_same_percentiles():
+    import random
+
+    from engine.core.metrics import _median_p99, percentile
+    rng = random.Random(1)
+    values = [rng.expovariate(1.0) for _ in range(100_001)]   # past the partition threshold
+    assert _median_p99(values) == (percentile(values, 50), percentile(values, 99))
