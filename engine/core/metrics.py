@@ -270,10 +270,16 @@ def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
         m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
         m.ttft_mean, m.ttft_median, m.ttft_p99 = _stats([r.ttft for r in done])
         m.tpot_mean, m.tpot_median, m.tpot_p99 = _stats([t for r in done if (t := r.tpot) is not None])
-        m.itl_mean, m.itl_median, m.itl_p99 = _stats([gap for r in done for gap in r.itl])
+        pooled: list[float] = []          # every gap of every request
+        worst: list[float] = []           # each request's own p99 gap
+        for r in done:
+            gaps = r.itl
+            if gaps:
+                pooled += gaps
+                worst.append(percentile(gaps, 99))
+        m.itl_mean, m.itl_median, m.itl_p99 = _stats(pooled)
         m.itl_p50 = m.itl_median
-        m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(
-            [p for r in done if (p := r.itl_p99) is not None])
+        m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)
         m.e2e_mean, m.e2e_median, m.e2e_p99 = _stats([r.e2e for r in done])
         m.normalized_latency = _mean([r.normalized_latency for r in done])
     if steps:
