@@ -154,7 +154,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
             progress(done, len(trace))
     requests = [RequestRecord.from_group(g) for g in groups]
     steps = engine.steps
-    return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions).to_dict(),
+    return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions),
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
                    engine.scheduler.config.max_num_batched_tokens, ops.backend)
 

@@ -1,9 +1,9 @@
 """The metric set of docs/architecture.md, computed the same way for live and simulated runs.
 
 Both modes produce the same two record types, one per request and one per
-engine step, and ``compute_metrics`` (the only place a metric is defined)
-turns them into a typed ``Metrics``; ``Metrics.to_dict()`` is the JSON form,
-with the names result files have always used.
+engine step, and ``summarize`` (the only place a metric is defined) turns
+them into a typed ``Metrics``. ``compute_metrics`` returns its JSON form
+(``Metrics.to_dict()``), a dict with the names result files have always used.
 
 Per-request latencies count tokens of ONE sequence: a request sampling n
 sequences in parallel emits n tokens per step, but its user waits for each
@@ -147,6 +147,16 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+_percentile = percentile   # the name earlier callers import
+
+
+def _summary(name: str, values: list[float]) -> dict[str, float | None]:
+    """``{name_mean, name_median, name_p99}`` of values (None when empty), for callers that
+    add a metric of their own under the same naming."""
+    mean, median, p99 = _stats(values)
+    return {f"{name}_mean": mean, f"{name}_median": median, f"{name}_p99": p99}
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -254,8 +264,15 @@ def failed_requests(doc: dict) -> int:
 
 
 def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
-                    preemptions: dict[str, int] | None = None) -> Metrics:
-    """Every metric of docs/architecture.md from per-request and per-step records."""
+                    preemptions: dict[str, int] | None = None) -> dict:
+    """The metrics as the result-file dictionary: ``summarize(...).to_dict()``."""
+    return summarize(requests, steps, preemptions).to_dict()
+
+
+def summarize(requests: list[RequestRecord], steps: list[StepRecord],
+              preemptions: dict[str, int] | None = None) -> Metrics:
+    """Every metric of docs/architecture.md from per-request and per-step records (the one
+    place they are computed, for live runs, the simulator and recorded runs alike)."""
     done = [r for r in requests if r.completed]
     m = Metrics(num_submitted=len(requests), num_completed=len(done),
                 num_rejected=sum(r.rejected for r in requests),

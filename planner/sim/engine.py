@@ -165,7 +165,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
         raise PlannerError("the simulation ended with requests neither completed nor rejected")
 
     records = [RequestRecord.from_group(g) for g in groups]
-    metrics = compute_metrics(records, engine.steps, scheduler.preemptions).to_dict()
+    metrics = compute_metrics(records, engine.steps, scheduler.preemptions)
     metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
                                 if engine.logical_token_time > 0 else 0.0)
     metrics["prefix_cache_hit_tokens"] = engine.prefill_cached_tokens
