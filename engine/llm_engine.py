@@ -124,9 +124,11 @@ class LLMEngine:
             logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens,
                                                    table(s)) for s in out.seqs])
             samples = self.sampler.sample(out, logits)
-            end = self.clock()
-            finished += self.scheduler.update(out, samples, end)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            sampled = self.clock()   # the tokens exist from here on
+            finished += self.scheduler.update(out, samples, sampled)
+            # The step ends after update: its duration is what the profiler times and the simulator
+            # prices (docs/architecture.md, "What a step's duration contains").
+            self.steps.append(StepRecord.from_output(out, start, self.clock(), breakdown, blocks_used))
         return [self._finish(g) for g in finished]
 
     def _finish(self, group: SequenceGroup) -> RequestOutput:

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from planner.cli_common import fail
 from planner.errors import PlannerError
+from planner.profile_check import check_cost_model
 from planner.report_sim import comparison_row, json_safe, result_document, write_run, write_sweep
 from planner.sim import SimResult
 from planner.sweep import RunSpec, find_capacity, parse_slos, run_sweep
@@ -183,17 +184,21 @@ def simulate(
             return
         spec = specs[0]
         spec.check()
+        check = check_cost_model(spec.cost_model(spec.config()), spec.model)
         requests_trace = spec.trace()
         with _progress_bar(err, len(requests_trace)) as progress:
             result = spec.run(progress=progress, trace=requests_trace)
+        result.metrics["profile_check"] = check.as_dict()
         paths = write_run(result, out_dir)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc) or type(exc).__name__) from None
     if as_json:
         sys.stdout.write(json.dumps(result_document(result)) + "\n")
+        err.print(check.headline(), style="yellow" if check.status == "stale" else None, highlight=False)
         err.print(f"run folder: {out_dir}", highlight=False)
         return
     console = _stdout()
+    console.print(check.headline(), style="bold yellow" if check.status == "stale" else None, highlight=False)
     console.print(_plan_table(result.memory_plan, result.metrics))
     console.print(_summary_table(result))
     console.print(f"run folder: {out_dir} ({', '.join(p.name for p in paths.values())})", highlight=False)

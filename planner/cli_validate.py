@@ -13,7 +13,7 @@ from rich.table import Table
 
 from planner.cli_common import fail
 from planner.errors import PlannerError
-from planner.validate import ValidateConfig, check_device, validate
+from planner.validate import ValidateConfig, check_device, trusted_profile, validate
 from workloads import TraceError
 from planner.validate_report import TARGETS, as_json, write_report
 
@@ -37,8 +37,10 @@ def validate_cmd(
     profile: Optional[Path] = typer.Option(None, help="profile JSON (default: profiles/<gpu>/<model>.json)"),
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
     quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
-    reprofile: bool = typer.Option(False, help="profile this device (--quick) first and validate against "
-                                               "that profile: CPU speed drifts, so calibrate right before"),
+    reprofile: Optional[bool] = typer.Option(None, "--reprofile/--no-reprofile",
+                                             help="--reprofile: profile this device (--quick) first and validate "
+                                                  "against that profile; default: only when the profile check "
+                                                  "finds the profile stale; --no-reprofile: refuse a stale one"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
 ) -> None:
     """Live engine vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
@@ -52,8 +54,13 @@ def validate_cmd(
     err = Console(stderr=True)
     try:
         check_device(gpu)
+        check = None
         if reprofile:
             settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err))
+        else:
+            check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
+            if check.status == "stale":
+                settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err))
         cfg = ValidateConfig(**settings)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
@@ -63,6 +70,8 @@ def validate_cmd(
                 err.print(f"  live: {done}/{total} requests finished")
 
         result = validate(cfg, progress=progress)
+        result.profile_check = check.as_dict() if check is not None else {
+            "status": "ok", "reason": "profiled just now", "ratio": None, "fingerprint_only": False, "canary": []}
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None

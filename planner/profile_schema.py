@@ -61,6 +61,26 @@ class DeviceInfo(_Strict):
     forced: bool = False             # --force: the device does not match `gpu`
 
 
+class Fingerprint(_Strict):
+    """What the timings depend on, so a profile can be matched to a run and checked against this machine.
+
+    Written by `planner profile` (planner/profile_check.py builds it); profiles
+    written before fingerprints have none and are reported as "unchecked".
+    """
+    device_kind: Literal["cpu", "gpu"]
+    device_name: str                 # the GPU's name, or the CPU model on a CPU run
+    cpu_model: str
+    cpu_cores: int                   # physical cores
+    cpu_threads: int                 # logical CPUs
+    torch_threads: int               # torch intra-op threads the timings ran with
+    torch_version: str
+    kernel_backend: str
+    dtype: str
+    block_size: int
+    tp: int
+    engine_version: str              # package version + hash of the engine's sources
+
+
 class ModelArch(_Strict):
     name: str
     model_type: str
@@ -130,6 +150,9 @@ class ComponentFit(_Strict):
     chosen: Literal["linear", "piecewise"]
     candidates: dict[str, CurveFit]
     cv: dict[str, CvError]
+    # Relative spread (RMS of sample / prediction - 1 over every raw repetition) of the chosen
+    # curve: fit error and run-to-run noise together; `--timing-noise` samples it. None: older file.
+    residual_sd: float | None = None
 
     @property
     def curve(self) -> CurveFit:
@@ -148,6 +171,7 @@ class Profile(_Strict):
     grid: Grid
     measurements: list[Measurement]
     fit: dict[str, ComponentFit]
+    fingerprint: Fingerprint | None = None   # None: written before fingerprints ("unchecked")
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:

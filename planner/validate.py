@@ -18,7 +18,10 @@ from engine.core.sampling_params import SamplingParams
 from planner.catalog import ModelSpec, resolve_gpu
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
+from planner.attribution import run_attribution
 from planner.models_cache import model_folder
+from planner.profile_check import (check_settings, engine_dtype, find_profile, pin_live_device,
+                                    require_device)
 from planner.simulator import SimConfig, simulate
 from workloads import Trace, make_trace
 
@@ -46,6 +49,9 @@ class ValidateConfig:
     max_num_seqs: int = 32
     kv_cache_memory_bytes: int = 1 << 30
     profile: str | None = None
+    # The live engine's device and dtype: pinned to the profile's by validate() (planner/profile_check.py).
+    device: str = "auto"
+    dtype: str = "auto"
 
     def trace(self) -> Trace:
         if self.rate <= 0:
@@ -80,6 +86,8 @@ class Validation:
     sim_requests: list[RequestRecord]
     cost_model: str
     step_errors: list[float] = field(default_factory=list)   # per live step: predicted / measured - 1
+    attribution: dict | None = None      # the error split by source (planner/attribution.py)
+    profile_check: dict | None = None    # ProfileCheck.as_dict() of the profile used, when it was checked
 
     def comparison(self) -> dict[str, dict[str, float | None]]:
         rows = {}
@@ -129,7 +137,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
     engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                        preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
                        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
-                       clock=clock,
+                       device=cfg.device, dtype=cfg.dtype, clock=clock,
                        step_observer=lambda out: shapes.append(step_shape(out)))
     vocab = engine.runner.vocab_size
     groups = []
@@ -173,19 +181,37 @@ def load_cost_model(cfg: ValidateConfig, spec: ModelSpec) -> CostModel:
 
     gpu = resolve_gpu(cfg.gpu)
     path = Path(cfg.profile) if cfg.profile else profile_path(gpu.name, spec.name)
+    if not cfg.profile:
+        found, near_miss = find_profile(path.parent, spec, block_size=cfg.block_size, dtype=engine_dtype(gpu), tp=1)
+        if near_miss:
+            raise PlannerError(near_miss.replace("not used", "does not match this run"))
+        path = found or path
     if not path.exists():
         raise PlannerError(f"no profile at {path}: run `planner profile --gpu {gpu.name} --model {cfg.model}` "
                            f"first, or pass --profile FILE")
-    return CalibratedCostModel.from_file(path, model=spec, gpu=gpu)
+    model = CalibratedCostModel.from_file(path, model=spec, gpu=gpu)
+    check_settings(model.profile, path, block_size=cfg.block_size, dtype=engine_dtype(gpu), tp=1)
+    return model
+
+
+def trusted_profile(cfg: ValidateConfig, *, refuse_stale: bool, say=print):
+    """Check the profile validate would use (fingerprint, canary); a stale one is refused when asked."""
+    from planner.profile_check import check_profile
+
+    folder, spec = model_folder(cfg.model)
+    model = load_cost_model(cfg, spec)
+    check = check_profile(model.profile, model.source, model_folder=folder)
+    say(check.headline())
+    if check.status == "stale" and refuse_stale:
+        raise PlannerError(f"profile {model.source} is stale ({check.reason}); run `planner profile "
+                           f"--gpu {cfg.gpu}` again, or drop --no-reprofile to re-profile now")
+    return check
 
 
 def check_device(gpu_name: str):
     """The catalog entry for ``gpu_name``, if such a device is here to run the live engine on."""
     gpu = resolve_gpu(gpu_name)
-    if gpu.kind == "gpu":
-        import torch
-        if not torch.cuda.is_available():
-            raise PlannerError(f"no CUDA device found: cannot validate on {gpu.name} here (use --gpu cpu)")
+    require_device(gpu)
     return gpu
 
 
@@ -196,6 +222,9 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     folder, spec = model_folder(cfg.model)
     if cost_model is None:
         cost_model = load_cost_model(cfg, spec)
+    profile = getattr(cost_model, "profile", None)
+    if profile is not None and (cfg.device, cfg.dtype) == ("auto", "auto"):
+        cfg.device, cfg.dtype = pin_live_device(gpu, profile)
     live = run_live(trace, folder, cfg, progress=progress)
     sim_cfg = SimConfig(model=spec, gpu=gpu, block_size=cfg.block_size, preemption_mode=cfg.preemption_mode,
                         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=live.max_num_batched_tokens,
@@ -204,4 +233,6 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     sim = simulate(trace, sim_cfg, cost_model)
     step_errors = [cost_model.step_time(shape) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
-    return Validation(cfg, spec, live, sim.metrics, sim.steps, sim.requests, cost_model.name, step_errors)
+    attribution = run_attribution(trace, sim_cfg, cost_model, live.steps, live.requests, live.metrics, sim.metrics)
+    return Validation(cfg, spec, live, sim.metrics, sim.steps, sim.requests, cost_model.name, step_errors,
+                      attribution)

@@ -62,7 +62,7 @@ class CalibratedCostModel:
     def __init__(self, profile: Profile, *, source: str = "profile", sampling: str = "greedy") -> None:
         if sampling not in SAMPLING_MODES:
             raise PlannerError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
-        self.profile, self.sampling = profile, sampling
+        self.profile, self.sampling, self.source = profile, sampling, source
         self.name = f"calibrated({source})"
         fit = profile.fit
         prefill, decode = fit["prefill"].curve, fit["decode"].curve

@@ -13,6 +13,7 @@ from planner.catalog import GpuSpec, ModelSpec
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
+from planner.profile_check import check_settings, engine_dtype, find_profile
 
 
 def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
@@ -26,13 +27,19 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         path = Path(profile)
         if not path.is_file():
             raise PlannerError(f"profile {path}: no such file")
-        return CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
+        chosen = CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
+        check_settings(chosen.profile, path, block_size=block_size, dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
+        return chosen
     try:
         from planner.cost.calibrated import CalibratedCostModel, profile_path
     except ImportError:
         # No calibrated model installed: nobody can have profiled this pair.
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
-    default = Path(profile_path(gpu.name, model.name))
-    if default.is_file():
-        return CalibratedCostModel.from_file(default, model=model, gpu=gpu, tp=tp)
-    return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+    # Any profile filed under this GPU whose model, block size, dtype and TP all match.
+    found, near_miss = find_profile(Path(profile_path(gpu.name, model.name)).parent, model, block_size=block_size,
+                                    dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
+    if found is not None:
+        return CalibratedCostModel.from_file(found, model=model, gpu=gpu, tp=tp)
+    roofline = RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+    roofline.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
+    return roofline

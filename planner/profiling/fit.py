@@ -145,7 +145,22 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
     scores = {m: (cv[m].mean_rel if cv[m].folds else 0.0) for m in METHODS}
     # Ties (e.g. too few points to tell) go to the straight line: it extrapolates more safely.
     chosen = "piecewise" if scores["piecewise"] < scores["linear"] else "linear"
-    return ComponentFit(chosen=chosen, candidates=candidates, cv=cv)
+    return ComponentFit(chosen=chosen, candidates=candidates, cv=cv,
+                        residual_sd=residual_sd(points, component, candidates[chosen]))
+
+
+def residual_sd(points: list[Measurement], component: str, curve: CurveFit) -> float:
+    """RMS of (repetition / prediction - 1) over every raw repetition of every point: what a step's
+    time scatters by around the curve (fit error and run-to-run noise together)."""
+    x, extras, y, _, _ = _arrays(points, component)
+    pred = np.maximum(_design(x, extras, np.array(curve.knots)) @ np.concatenate(
+        [np.diff(curve.values, prepend=0.0), list(curve.extras.values())]), 1e-12)
+    residuals = []
+    for p, predicted, median in zip(points, pred, y):
+        # Samples of a per-layer-scaled point are of the 1-layer model: rescale them to its median.
+        scale = median / float(np.median(p.samples_s)) if p.samples_s and np.median(p.samples_s) > 0 else 1.0
+        residuals += [s * scale / predicted - 1 for s in (p.samples_s or [median])]
+    return float(np.sqrt(np.mean(np.square(residuals))))
 
 
 def fit_all(measurements: list[Measurement]) -> dict[str, ComponentFit]:

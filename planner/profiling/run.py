@@ -18,6 +18,7 @@ import torch
 
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
+from planner.profile_check import make_fingerprint
 from planner.profile_schema import PROFILE_SCHEMA_VERSION, Measurement, ModelArch, Profile
 from planner.profiling import pieces
 from planner.profiling.build import build_checkpoint, model_spec, needs_per_layer
@@ -145,12 +146,14 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
         del runners
     if target.device.type == "cuda":
         torch.cuda.empty_cache()
+    dtype = str(target.dtype).removeprefix("torch.")
     return Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=info, model=ModelArch.of(spec), tp=opts.tp, block_size=opts.block_size,
-        dtype=str(target.dtype).removeprefix("torch."), per_layer_scaling=scaled, grid=grid,
+        dtype=dtype, per_layer_scaling=scaled, grid=grid,
         measurements=measurements, fit=fit_all(measurements),
+        fingerprint=make_fingerprint(info, dtype=dtype, block_size=opts.block_size, tp=opts.tp),
     )
 
 

@@ -1,0 +1,182 @@
+"""Trusting a profile: its fingerprint, matching on the engine settings, the canary, validate's pinning."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from planner import profile_check
+from planner.catalog import ModelSpec, resolve_gpu
+from planner.cli import app
+from planner.cost.select import select_cost_model
+from planner.errors import PlannerError
+from planner.profile_check import (check_cost_model, check_profile, config_differences, cpu_topology, engine_version,
+                                   find_profile, pin_live_device, require_device, run_canary)
+from planner.profile_schema import load_profile, save_profile
+from planner.profiling.run import ProfileOptions, run_profile
+from tiny_models import save_tiny_model
+
+SMALL_GRID = dict(prefill_tokens=[16, 64], prefill_seqs=[1], decode_batch=[1, 4], decode_context=[16, 64],
+                  host_batch=[1, 8], block_counts=[1, 4], warmup=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = save_tiny_model("opt", tmp_path_factory.mktemp("tiny-opt"))
+    profile = run_profile(ProfileOptions(gpu="cpu", model=str(folder), quick=True, repeats=2,
+                                         grid_overrides=SMALL_GRID))
+    return folder, profile
+
+
+def _saved(profile, folder, name="p.json", **changes):
+    doc = json.loads(profile.model_dump_json())
+    for dotted, value in changes.items():
+        node = doc
+        *path, last = dotted.split(".")
+        for key in path:
+            node = node[key]
+        node[last] = value
+    path = folder / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_profile_records_the_fingerprint_of_this_machine(tiny):
+    _, profile = tiny
+    fp = profile.fingerprint
+    cpu_model, cores, threads = cpu_topology()
+    assert (fp.device_kind, fp.cpu_model, fp.cpu_cores, fp.cpu_threads) == ("cpu", cpu_model, cores, threads)
+    assert fp.torch_threads == torch.get_num_threads() and fp.torch_version == torch.__version__
+    assert (fp.dtype, fp.block_size, fp.tp) == ("float32", 16, 1)
+    assert fp.engine_version == engine_version() and "+" in fp.engine_version
+    assert all(f.residual_sd is not None and f.residual_sd >= 0 for f in profile.fit.values())
+
+
+def test_a_profile_without_fingerprint_loads_and_is_unchecked(tiny, tmp_path):
+    _, profile = tiny
+    doc = json.loads(profile.model_dump_json())
+    del doc["fingerprint"]
+    for fit in doc["fit"].values():
+        del fit["residual_sd"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    check = check_profile(load_profile(path), path)
+    assert check.status == "unchecked" and "no fingerprint" in check.reason and check.ratio is None
+
+
+def test_another_cpu_makes_the_profile_stale_without_timing_anything(tiny, tmp_path, monkeypatch):
+    _, profile = tiny
+    path = _saved(profile, tmp_path, **{"fingerprint.cpu_model": "Some Other CPU", "fingerprint.cpu_threads": 999})
+    monkeypatch.setattr(profile_check, "run_canary", lambda *a, **k: pytest.fail("canary ran"))
+    check = check_profile(load_profile(path), path, model_folder="unused")
+    assert check.status == "stale" and "another machine" in check.reason and "Some Other CPU" in check.reason
+
+
+def test_a_gpu_profile_without_the_gpu_is_checked_by_fingerprint_only(tiny, tmp_path, monkeypatch):
+    _, profile = tiny
+    path = _saved(profile, tmp_path, **{"fingerprint.device_kind": "gpu", "fingerprint.device_name": "NVIDIA H200",
+                                        "device.gpu": "h200"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check = check_profile(load_profile(path), path, model_folder="unused")
+    assert check.status == "unchecked" and check.fingerprint_only and "checked by fingerprint only" in check.reason
+
+
+@pytest.mark.parametrize("ratio,status", [(1.0, "ok"), (1.06, "ok"), (0.92, "stale"), (1.5, "stale")])
+def test_canary_ratio_decides(tiny, monkeypatch, ratio, status):
+    folder, profile = tiny
+    monkeypatch.setattr(profile_check, "run_canary", lambda *a, **k: ([{"measured_s": ratio}], ratio))
+    check = check_profile(profile, "p.json", model_folder=str(folder))
+    assert check.status == status and check.ratio == ratio
+
+
+def test_canary_times_profile_points_again_within_budget(tiny, tmp_path):
+    folder, profile = tiny
+    # A profile claiming everything took 3x longer than it does: the canary sees a ratio well below 1.
+    slow = load_profile(_saved(profile, tmp_path))
+    for m in slow.measurements:
+        m.median_s *= 3
+    points, ratio = run_canary(slow, str(folder), budget_s=10)
+    assert points and {p["component"] for p in points} <= {"prefill", "decode"}
+    assert ratio is not None and ratio < 0.8
+    # The classification on top of it: stale.
+    check = check_profile(slow, "slow.json", model_folder=str(folder))
+    assert check.status == "stale" and check.canary and "off the profile" in check.reason
+
+
+def test_profiles_match_on_block_size_dtype_and_tp(tiny, tmp_path):
+    folder, profile = tiny
+    spec = ModelSpec.from_model_dir(Path(folder))
+    save_profile(profile, tmp_path / "cpu" / "tiny.json")
+    path, miss = find_profile(tmp_path / "cpu", spec, block_size=16, dtype="float32", tp=1)
+    assert path == tmp_path / "cpu" / "tiny.json" and miss is None
+    path, miss = find_profile(tmp_path / "cpu", spec, block_size=32, dtype="float32", tp=1)
+    assert path is None and "block size 16 (run: 32)" in miss and "dtype" not in miss
+    assert config_differences(profile, block_size=16, dtype="float16", tp=2) == ["dtype float32 (run: float16)",
+                                                                                 "TP 1 (run: 2)"]
+    # A second profile with the other block size is found beside the first.
+    save_profile(profile.model_copy(update={"block_size": 32}), tmp_path / "cpu" / "tiny-bs32.json")
+    assert find_profile(tmp_path / "cpu", spec, block_size=32, dtype="float32", tp=1)[0].name == "tiny-bs32.json"
+
+
+def test_select_falls_back_with_a_message_or_refuses_an_explicit_near_miss(tiny, tmp_path, monkeypatch):
+    folder, profile = tiny
+    spec = ModelSpec.from_model_dir(Path(folder))
+    save_profile(profile, tmp_path / "cpu" / f"{spec.name}.json")
+    monkeypatch.setenv("PLANNER_PROFILE_DIR", str(tmp_path))
+    cpu = resolve_gpu("cpu")
+    assert select_cost_model(spec, cpu, block_size=16).name.startswith("calibrated")
+    roofline = select_cost_model(spec, cpu, block_size=32)
+    assert not roofline.name.startswith("calibrated") and "block size 16 (run: 32)" in roofline.profile_note
+    assert check_cost_model(roofline, str(folder)).reason == roofline.profile_note
+    with pytest.raises(PlannerError, match="does not match this run: block size 16 \\(run: 8\\)"):
+        select_cost_model(spec, cpu, block_size=8, profile=tmp_path / "cpu" / f"{spec.name}.json")
+
+
+def test_simulate_reports_a_stale_profile_in_header_and_result(tiny, tmp_path):
+    folder, profile = tiny
+    path = _saved(profile, tmp_path, **{"fingerprint.cpu_model": "Another CPU"})
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "cpu", "--model", str(folder), "--workload", "alpaca",
+                                      "-n", "5", "--profile", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "profile check: stale" in result.output
+    check = json.loads((out / "result.json").read_text())["profile_check"]
+    assert check["status"] == "stale" and check["ratio"] is None and "Another CPU" in check["reason"]
+
+
+def _fake_cuda(monkeypatch, name, gib):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: SimpleNamespace(total_memory=int(gib * 2**30)))
+
+
+def test_validate_runs_only_on_the_named_catalog_gpu(monkeypatch, tiny):
+    _, profile = tiny
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PlannerError, match="no CUDA device found"):
+        require_device(resolve_gpu("h200"))
+    _fake_cuda(monkeypatch, "NVIDIA A100-SXM4-80GB", 79.2)
+    with pytest.raises(PlannerError, match="is 'NVIDIA A100-SXM4-80GB' \\(a100-80g\\), not h200.*--gpu a100-80g"):
+        require_device(resolve_gpu("h200"))
+    require_device(resolve_gpu("a100-80g"))
+    assert pin_live_device(resolve_gpu("cpu"), profile) == ("cpu", "float32")
+    gpu_profile = profile.model_copy(update={"device": profile.device.model_copy(
+        update={"kind": "gpu", "gpu": "a100-80g"}), "dtype": "float16"})
+    assert pin_live_device(resolve_gpu("a100-80g"), gpu_profile) == ("cuda", "float16")
+    forced = gpu_profile.model_copy(update={"device": gpu_profile.device.model_copy(update={"forced": True})})
+    with pytest.raises(PlannerError, match="forced"):
+        pin_live_device(resolve_gpu("a100-80g"), forced)
+
+
+def test_validate_no_reprofile_refuses_a_stale_profile(tiny, tmp_path):
+    from planner.validate import ValidateConfig, trusted_profile
+    folder, profile = tiny
+    path = _saved(profile, tmp_path, **{"fingerprint.cpu_cores": 12345})
+    cfg = ValidateConfig(model=str(folder), profile=str(path))
+    with pytest.raises(PlannerError, match="is stale .*drop --no-reprofile"):
+        trusted_profile(cfg, refuse_stale=True, say=lambda *_: None)
+    assert trusted_profile(cfg, refuse_stale=False, say=lambda *_: None).status == "stale"
