@@ -32,6 +32,8 @@ def as_json(v: Validation) -> dict:
                         "simulated": v.simulated.get("preemptions")},
         **{key: {"measured": v.live.metrics.get(key), "simulated": v.simulated.get(key)}
            for key in ("num_completed", "num_rejected", "num_truncated")},
+        "error_attribution": v.attribution,
+        "profile_check": v.profile_check,
     }
 
 
@@ -60,8 +62,43 @@ def as_markdown(v: Validation, plots: list[str]) -> str:
         lines += ["", f"Per-step prediction (cost model applied to each measured step's shape): median |error| "
                       f"{s['median_abs']:.1%}, p90 |error| {s['p90_abs']:.1%}, mean error {s['mean']:+.1%} "
                       f"over {s['num_steps']} steps."]
+    lines += _attribution_lines(v.attribution) + _profile_check_lines(v.profile_check)
     lines += ["", *[f"![{p}]({p})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def _share(part: dict) -> str:
+    share = "–" if part["share"] is None else f"{part['share']:.0%}"
+    return f"{part['error']:+.1%} ({share})"
+
+
+def _attribution_lines(a: dict | None) -> list[str]:
+    """Where the error comes from (planner/attribution.py): each part as error and share of the total."""
+    if not a:
+        return []
+    lines = ["", "## Where the error comes from", "",
+             "The simulator re-run replaying the live step durations (replay), and those plus the host time "
+             "between steps (replay + gaps): the total error = step-time model + scheduling divergence + "
+             "between-step time. Each cell: error relative to measured (share of the total error).", "",
+             "| metric | total error | (a) step-time model | (b) scheduling divergence | (c) between-step time, rest |",
+             "|---|---:|---:|---:|---:|"]
+    for name, row in a.items():
+        if name in ("between_step_time", "steps") or row is None:
+            continue
+        lines.append(f"| {name} | {row['total_error']:+.1%} | {_share(row['step_time_model'])} | "
+                     f"{_share(row['scheduling'])} | {_share(row['between_steps'])} |")
+    gaps = a.get("between_step_time")
+    if gaps:
+        lines += ["", f"Host time between busy steps: {gaps['total_s']:.3g} s in all, {gaps['mean_s'] * 1e3:.3g} ms "
+                      f"per step, {gaps['share_of_busy_time']:.1%} of the busy time (the simulator has none)."]
+    return lines
+
+
+def _profile_check_lines(check: dict | None) -> list[str]:
+    if not check:
+        return []
+    ratio = f", canary measured/profile {check['ratio']:.3f}" if check.get("ratio") is not None else ""
+    return ["", f"Profile check: **{check['status']}**{ratio}: {check['reason']}"]
 
 
 def _series(steps, attr):

@@ -78,3 +78,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "no CUDA device" in result.stderr
+
+
+def test_error_attribution_splits_the_total_exactly(llama_dir, tmp_path):
+    cfg = ValidateConfig(model=llama_dir, workload="alpaca", rate=40.0, requests=8, length_scale=1.0,
+                         max_prompt_len=30, max_output_len=12, block_size=8, max_num_seqs=8)
+    v = validate(cfg, cost_model=ConstantCost())
+    a = v.attribution
+    assert a["steps"]["live"] == len(v.live.steps)
+    for name in ("e2e_mean", "request_throughput"):
+        row = a[name]
+        parts = [row[p]["error"] for p in ("step_time_model", "scheduling", "between_steps")]
+        assert sum(parts) == pytest.approx(row["total_error"], abs=1e-9)
+        assert row["total_error"] == pytest.approx(v.comparison()[name]["relative_error"], abs=1e-9)
+        if row["total_error"]:
+            assert sum(row[p]["share"] for p in ("step_time_model", "scheduling", "between_steps")) == pytest.approx(1)
+    assert a["between_step_time"]["total_s"] >= 0
+    write_report(v, tmp_path / "r")
+    doc = json.loads((tmp_path / "r" / "comparison.json").read_text())
+    assert doc["error_attribution"]["e2e_mean"]["step_time_model"]["error"] == a["e2e_mean"]["step_time_model"]["error"]
+    assert "## Where the error comes from" in (tmp_path / "r" / "report.md").read_text()
