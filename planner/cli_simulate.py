@@ -24,6 +24,7 @@ from rich.table import Table
 
 from planner.cli_common import fail
 from planner.errors import PlannerError
+from planner.intervals import intervals, run_seeds
 from planner.profile_check import check_cost_model
 from planner.report_sim import comparison_row, json_safe, result_document, write_run, write_sweep
 from planner.sim import SimResult
@@ -50,6 +51,10 @@ PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated 
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
+SEEDS = typer.Option(1, "--seeds", help="simulate K seeds (seed, seed+1, ...) in parallel and report each "
+                                        "metric's mean and 90% interval")
+TIMING_NOISE = typer.Option(False, "--timing-noise", help="scatter each step's time by the profile's residual "
+                                                         "spread (seeded: reproducible)")
 
 
 def _stdout() -> Console:
@@ -139,6 +144,15 @@ def _summary_table(result: SimResult) -> Table:
     return table
 
 
+def _interval_table(found: dict, seeds: int, first_seed: int) -> Table:
+    table = Table(title=f"over {seeds} seeds ({first_seed}..{first_seed + seeds - 1}): mean and 90% interval")
+    for col in ("metric", "mean", "low (5%)", "high (95%)"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, iv in found.items():
+        table.add_row(name, *[_fmt(iv[k], "", 4) for k in ("mean", "low", "high")])
+    return table
+
+
 @contextmanager
 def _progress_bar(err: Console, total: int):
     """A callback for simulate() that drives a transient progress bar on stderr."""
@@ -163,7 +177,7 @@ def simulate(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    as_json: bool = AS_JSON,
+    as_json: bool = AS_JSON, seeds: int = SEEDS, timing_noise: bool = TIMING_NOISE,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -175,7 +189,7 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, timing_noise=timing_noise)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -187,8 +201,11 @@ def simulate(
         check = check_cost_model(spec.cost_model(spec.config()), spec.model)
         requests_trace = spec.trace()
         with _progress_bar(err, len(requests_trace)) as progress:
-            result = spec.run(progress=progress, trace=requests_trace)
+            result, seed_docs = run_seeds(spec, seeds, lambda: spec.run(progress=progress, trace=requests_trace))
         result.metrics["profile_check"] = check.as_dict()
+        if seeds > 1:
+            seed_docs[0] = result_document(result)
+            result.metrics["intervals"] = intervals(seed_docs)
         paths = write_run(result, out_dir)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc) or type(exc).__name__) from None
@@ -201,6 +218,8 @@ def simulate(
     console.print(check.headline(), style="bold yellow" if check.status == "stale" else None, highlight=False)
     console.print(_plan_table(result.memory_plan, result.metrics))
     console.print(_summary_table(result))
+    if "intervals" in result.metrics:
+        console.print(_interval_table(result.metrics["intervals"], seeds, spec.seed))
     console.print(f"run folder: {out_dir} ({', '.join(p.name for p in paths.values())})", highlight=False)
 
 
@@ -246,7 +265,9 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, as_json: bool = AS_JSON,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON, seeds: int = SEEDS, timing_noise: bool = TIMING_NOISE,
+    confidence: float = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction "
+                                               "of the seeds"),
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
     err = Console(stderr=True)
@@ -257,18 +278,22 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, timing_noise=timing_noise)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)
+            if seeds > 1:
+                shown += f"; met by {doc['slo_probability']:.0%} of {seeds} seeds"
             err.print(f"  {rate:8.3f} req/s: {'meets' if ok else 'misses'} ({shown})", highlight=False)
 
         err.print(f"searching the capacity of {spec.model} / {spec.tp} x {spec.gpu} on {spec.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         found = find_capacity(spec, slos, start=start_rate, max_rate=max_rate, rel_tol=tolerance,
-                              min_rate=min(0.01, start_rate), on_probe=probed)
+                              min_rate=min(0.01, start_rate), on_probe=probed, seeds=seeds, confidence=confidence)
         doc = json_safe({"capacity_rate": found.rate, "bounded": found.bounded, "slos": slos,
-                         "probes": [{"rate": r, "meets": ok, **{k: d.get(k) for k in slos},
+                         "seeds": seeds, "confidence": confidence,
+                         "probes": [{"rate": r, "meets": ok, "slo_probability": d.get("slo_probability"),
+                                     **{k: d.get(k) for k in slos},
                                      "num_rejected": d.get("num_rejected"),
                                      "num_truncated": d.get("num_truncated")} for r, ok, d in found.probes],
                          "at_capacity": found.doc})
@@ -286,5 +311,6 @@ def capacity(
     else:
         bound = "" if found.bounded else " (still met at the highest rate tried; raise --max-rate)"
         shown = ", ".join(f"{k} {_fmt(found.doc.get(k), _unit(k), 4)}" for k in slos)
-        console.print(f"capacity: {found.rate:.3f} req/s{bound}; {shown}", highlight=False)
+        sure = f" (SLOs met by >= {confidence:.0%} of {seeds} seeds)" if seeds > 1 else ""
+        console.print(f"capacity: {found.rate:.3f} req/s{sure}{bound}; {shown}", highlight=False)
     console.print(f"written to {out_dir / 'capacity.json'}", highlight=False)

@@ -46,6 +46,7 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    timing_noise: bool = False          # step times scatter like the profile's measurements (seeded)
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -71,8 +72,12 @@ class RunSpec:
                          enable_prefix_caching=self.prefix_caching, seed=self.seed)
 
     def cost_model(self, config: SimConfig) -> CostModel:
-        return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+        model = select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
+                                  block_size=config.block_size, profile=self.profile)
+        if self.timing_noise:
+            from planner.intervals import with_timing_noise
+            model = with_timing_noise(model, self.seed)
+        return model
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""
@@ -164,20 +169,27 @@ class CapacityResult:
 
 def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, min_rate: float = 0.01,
                   max_rate: float = 256.0, rel_tol: float = 0.02,
-                  on_probe: Callable[[float, bool, dict], None] | None = None) -> CapacityResult:
+                  on_probe: Callable[[float, bool, dict], None] | None = None, seeds: int = 1,
+                  confidence: float = 0.9) -> CapacityResult:
     """Bracket the capacity by doubling or halving the rate from `start`, then bisect
     until the bracket is within `rel_tol`. Every probe replays the same seeded trace
-    (same lengths, same arrival pattern) at its rate, so only the rate changes."""
+    (same lengths, same arrival pattern) at its rate, so only the rate changes.
+    With `seeds` > 1 each probe runs that many seeds, and a rate meets the SLOs
+    when at least a fraction `confidence` of them do (planner/intervals.py)."""
     if not 0 < min_rate <= start <= max_rate:
         raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
     if not 0 < rel_tol < 1:
         raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
+    if not 0 < confidence <= 1:
+        raise PlannerError(f"confidence must be in (0, 1], got {confidence}")
     spec.check()
     probes: list[tuple[float, bool, dict]] = []
 
     def probe(rate: float) -> bool:
-        doc = run_document(replace(spec, rate=rate))
-        ok = meets(doc, slos)
+        from planner.intervals import slo_probability
+        probability, docs = slo_probability(spec, rate, slos, seeds)
+        doc = {**docs[0], "slo_probability": probability, "seeds": seeds}
+        ok = probability >= confidence
         probes.append((rate, ok, doc))
         if on_probe is not None:
             on_probe(rate, ok, doc)

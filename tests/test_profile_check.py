@@ -180,3 +180,19 @@ def test_validate_no_reprofile_refuses_a_stale_profile(tiny, tmp_path):
     with pytest.raises(PlannerError, match="is stale .*drop --no-reprofile"):
         trusted_profile(cfg, refuse_stale=True, say=lambda *_: None)
     assert trusted_profile(cfg, refuse_stale=False, say=lambda *_: None).status == "stale"
+
+
+def test_timing_noise_samples_the_profile_residuals_reproducibly(tiny, tmp_path):
+    folder, profile = tiny
+    path = save_profile(profile, tmp_path / "p.json")
+
+    def e2e(*flags):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        result = CliRunner().invoke(app, ["simulate", "--gpu", "cpu", "--model", str(folder), "--workload", "alpaca",
+                                          "-n", "8", "--rate", "50", "--profile", str(path), "--out", str(out),
+                                          *flags])
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "result.json").read_text())
+    plain, noisy, again = e2e(), e2e("--timing-noise"), e2e("--timing-noise")
+    assert noisy["e2e_mean"] == again["e2e_mean"] != plain["e2e_mean"]
+    assert noisy["cost_model"].endswith("+noise")

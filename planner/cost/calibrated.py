@@ -76,6 +76,10 @@ class CalibratedCostModel:
         self._sample = _Curve(fit[f"sample_{sampling}"].curve)
         self._swap = _Curve(fit["swap"].curve)
         self._copy = _Curve(fit["copy"].curve)
+        # Relative scatter of each component around its curve (`--timing-noise` samples it); a profile
+        # written before it was kept falls back to the cross-validated error.
+        self.noise_sd = {name: f.residual_sd if f.residual_sd is not None else (f.cv[f.chosen].mean_rel or 0.0)
+                         for name, f in fit.items()}
 
     @classmethod
     def from_file(cls, path: str | Path, *, model: ModelSpec | None = None, gpu: GpuSpec | str | None = None,
