@@ -56,11 +56,11 @@ def validate_cmd(
         check_device(gpu)
         check = None
         if reprofile:
-            settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err))
+            settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err, block_size))
         else:
             check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
             if check.status == "stale":
-                settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err))
+                settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err, block_size))
         cfg = ValidateConfig(**settings)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
@@ -97,9 +97,9 @@ def validate_cmd(
     console.print(f"report: {report}")
 
 
-def _profile_now(gpu: str, model: str, path: Path, err: Console) -> Path:
+def _profile_now(gpu: str, model: str, path: Path, err: Console, block_size: int = 16) -> Path:
     from planner.profile_schema import save_profile
     from planner.profiling.run import ProfileOptions, run_profile
 
     err.print(f"validate: profiling {model} on {gpu} first (--quick)")
-    return save_profile(run_profile(ProfileOptions(gpu=gpu, model=model, quick=True)), path)
+    return save_profile(run_profile(ProfileOptions(gpu=gpu, model=model, quick=True, block_size=block_size)), path)

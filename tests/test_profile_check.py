@@ -196,3 +196,13 @@ def test_timing_noise_samples_the_profile_residuals_reproducibly(tiny, tmp_path)
     plain, noisy, again = e2e(), e2e("--timing-noise"), e2e("--timing-noise")
     assert noisy["e2e_mean"] == again["e2e_mean"] != plain["e2e_mean"]
     assert noisy["cost_model"].endswith("+noise")
+
+
+def test_validate_cli_no_reprofile_refuses_a_stale_profile_in_one_line(tiny, tmp_path):
+    folder, profile = tiny
+    path = _saved(profile, tmp_path, **{"fingerprint.cpu_model": "Elsewhere CPU"})
+    result = CliRunner().invoke(app, ["validate", "--model", str(folder), "--profile", str(path), "--no-reprofile",
+                                      "--out", str(tmp_path / "v")])
+    assert result.exit_code != 0
+    assert "is stale (profiled on another machine: CPU 'Elsewhere CPU'" in result.output
+    assert "Traceback" not in result.output
