@@ -62,6 +62,8 @@ class NoisyCost:
                    "prefill": sd["prefill"], "decode": sd["decode"]}
 
     def __getattr__(self, name):          # profile, source, describe ... come from the base model
+        if name == "base":                # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.base, name)
 
     def step_time(self, shape: StepShape) -> float:

@@ -28,7 +28,8 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         if not path.is_file():
             raise PlannerError(f"profile {path}: no such file")
         chosen = CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
-        check_settings(chosen.profile, path, block_size=block_size, dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
+        if getattr(chosen, "profile", None) is not None:
+            check_settings(chosen.profile, path, block_size=block_size, dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
         return chosen
     try:
         from planner.cost.calibrated import CalibratedCostModel, profile_path
@@ -36,8 +37,11 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         # No calibrated model installed: nobody can have profiled this pair.
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
     # Any profile filed under this GPU whose model, block size, dtype and TP all match.
-    found, near_miss = find_profile(Path(profile_path(gpu.name, model.name)).parent, model, block_size=block_size,
+    default = Path(profile_path(gpu.name, model.name))
+    found, near_miss = find_profile(default.parent, model, block_size=block_size,
                                     dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
+    if found is None and near_miss is None and default.is_file():
+        found = default          # unreadable to find_profile: loading it names the damage
     if found is not None:
         return CalibratedCostModel.from_file(found, model=model, gpu=gpu, tp=tp)
     roofline = RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
