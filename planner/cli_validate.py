@@ -13,6 +13,7 @@ from rich.table import Table
 
 from planner.cli_common import fail
 from planner.errors import PlannerError
+from planner.profile_check import ProfileCheck
 from planner.validate import ValidateConfig, check_device, trusted_profile, validate
 from workloads import TraceError
 from planner.validate_report import TARGETS, as_json, write_report
@@ -61,6 +62,7 @@ def validate_cmd(
             check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
             if check.status == "stale":
                 settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err, block_size))
+                check = ProfileCheck("ok", f"re-profiled just now; the profile it replaces was stale: {check.reason}")
         cfg = ValidateConfig(**settings)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
@@ -70,8 +72,7 @@ def validate_cmd(
                 err.print(f"  live: {done}/{total} requests finished")
 
         result = validate(cfg, progress=progress)
-        result.profile_check = check.as_dict() if check is not None else {
-            "status": "ok", "reason": "profiled just now", "ratio": None, "fingerprint_only": False, "canary": []}
+        result.profile_check = (check or ProfileCheck("ok", "profiled just now (--reprofile)")).as_dict()
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None

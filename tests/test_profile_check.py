@@ -206,3 +206,21 @@ def test_validate_cli_no_reprofile_refuses_a_stale_profile_in_one_line(tiny, tmp
     assert result.exit_code != 0
     assert "is stale (profiled on another machine: CPU 'Elsewhere CPU'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monkeypatch):
+    from planner import cli_validate
+    folder, profile = tiny
+    stale = _saved(profile, tmp_path, "stale.json", **{"fingerprint.cpu_model": "Elsewhere CPU"})
+    fresh = save_profile(profile, tmp_path / "fresh.json")
+    calls = []
+    monkeypatch.setattr(cli_validate, "_profile_now", lambda *a: calls.append(a) or fresh)
+    out = tmp_path / "v"
+    result = CliRunner().invoke(app, ["validate", "--model", str(folder), "--profile", str(stale), "--workload",
+                                      "alpaca", "--requests", "4", "--rate", "50", "--length-scale", "0.1",
+                                      "--max-output-len", "4", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1 and calls[0][-1] == 16           # re-profiled once, at the run's block size
+    doc = json.loads((out / "comparison.json").read_text())
+    assert doc["profile_check"]["status"] == "ok" and doc["error_attribution"]["e2e_mean"] is not None
+    assert str(fresh) in doc["cost_model"]
