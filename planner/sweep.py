@@ -45,6 +45,8 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    cost_model_choice: str = "auto"     # auto, calibrated, measured or roofline (planner.cost.select)
+    max_model_len: int | None = None    # None: the model's own
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -67,11 +69,12 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed,
+                         max_model_len=self.max_model_len)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+                                 block_size=config.block_size, profile=self.profile, choice=self.cost_model_choice)
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""

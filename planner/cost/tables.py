@@ -84,8 +84,8 @@ class Curve:
             return ys[0], outside
         i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
         x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-        if x == x0:
-            return y0, outside
+        if x == x0 or x == x1:
+            return (y0 if x == x0 else y1), outside
         t = (_log(x) - _log(x0)) / (_log(x1) - _log(x0))
         return math.exp(_log(y0) + t * (_log(y1) - _log(y0))), outside
 
@@ -126,6 +126,33 @@ def build_tree(rows, axes: tuple[str, ...], where: dict | None = None) -> dict:
             node = node.setdefault(row[axis], {})
         node[row[axes[-1]]] = row["latency"]
     return tree
+
+
+def monotone(tree: dict, depth: int) -> dict:
+    """The same tree with each latency lowered to the least latency measured at any larger size.
+
+    A smaller problem can always run as a larger one (padded), so time cannot
+    fall as work grows; a table point above a larger one is a noisy sample or a
+    worse kernel choice, and the envelope keeps the better. Applied along the
+    innermost axis and, for two-level trees, along the outer one too.
+    """
+    if depth > 1:
+        tree = {k: monotone(v, depth - 1) for k, v in tree.items()}
+        if depth == 2:
+            larger: dict = {}
+            for key in sorted(tree, reverse=True):
+                row = tree[key]
+                for x, y in row.items():
+                    if x in larger and larger[x] < y:
+                        row[x] = larger[x]
+                for x, y in row.items():
+                    larger[x] = min(y, larger.get(x, y))
+        return tree
+    out, least = {}, math.inf
+    for x in sorted(tree, reverse=True):
+        least = min(least, tree[x])
+        out[x] = least
+    return out
 
 
 def leave_one_out(tree: dict, depth: int) -> list[float]:
