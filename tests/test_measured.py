@@ -221,3 +221,14 @@ def test_tensor_parallel_reserves_nccl_buffers():
     assert one.non_torch_bytes_per_gpu > plan_memory("llama-3.1-8b", "h100-sxm").non_torch_bytes_per_gpu
     assert plan_memory("llama-3.1-8b", "h100-sxm", count_non_torch=False).num_gpu_blocks > \
         plan_memory("llama-3.1-8b", "h100-sxm").num_gpu_blocks
+
+
+def test_step_shape_reads_per_sequence_token_counts_when_the_scheduler_gives_them():
+    from types import SimpleNamespace
+
+    from planner.cost.shape import step_shape
+    seqs = [SimpleNamespace(num_computed_tokens=c, token_ids=[0] * n) for c, n in ((0, 400), (99, 100))]
+    out = SimpleNamespace(blocks_to_swap_in={}, blocks_to_swap_out={}, blocks_to_copy=[], is_prefill=False,
+                          seqs=seqs, num_scheduled_tokens=[256, 1])
+    shape = step_shape(out)
+    assert (shape.prefill_seqs, shape.prefill_tokens, shape.decode_seqs, shape.decode_context) == (1, 256, 1, 100)
