@@ -150,6 +150,7 @@ def test_extrapolation_is_flagged():
     assert "context_attention" not in m.describe()["extrapolated"]
     m.step_time(prefill(40000, seqs=1))                             # past the 16K-token grid
     assert "context_attention" in m.describe()["extrapolated"]
+    assert "; extrapolated context_attention" in m.name             # the result file's cost_model says so
 
 
 def test_describe_names_the_data_source():

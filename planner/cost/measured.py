@@ -138,8 +138,15 @@ class MeasuredCostModel:
         versions = "/".join(sorted(set(v for k, v in self._versions.items() if k != "nccl_allreduce")))
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
         where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
-        self.name = (f"measured({where}: {system} vllm {versions}, "
-                     f"aiconfigurator-core {tables.source()['package_version']}{scaled})")
+        self._name = (f"measured({where}: {system} vllm {versions}, "
+                      f"aiconfigurator-core {tables.source()['package_version']}{scaled})")
+
+    @property
+    def name(self) -> str:
+        """What priced the steps; names any table the run had to extrapolate beyond its grid."""
+        if not self.extrapolated:
+            return self._name
+        return f"{self._name[:-1]}; extrapolated {', '.join(sorted(self.extrapolated))})"
 
     # ---- set-up -------------------------------------------------------------
 
