@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from planner.cli_common import fail
-from planner.cost.select import parse_cost_model
 from planner.errors import PlannerError
 from planner.report_sim import comparison_row, json_safe, result_document, write_run, write_sweep
 from planner.sim import SimResult
@@ -48,8 +47,8 @@ UTILIZATION = typer.Option(0.9, help="fraction of GPU memory the engine may use"
 PREFIX = typer.Option(False, "--prefix-caching", help="enable automatic prefix caching")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
-COST_MODEL = typer.Option("auto", "--cost-model", help="auto (calibrated profile, else measured vLLM tables, "
-                                                       "else roofline), or force calibrated, measured or roofline")
+COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
+                                                     "profile, else measured vLLM tables, else roofline)")
 MAX_MODEL_LEN = typer.Option(None, "--max-model-len", help="longest sequence served (default: the model's own)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
@@ -166,7 +165,7 @@ def simulate(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    as_json: bool = AS_JSON, cost_model: str = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
+    as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -178,7 +177,7 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None, cost_model_choice=parse_cost_model(cost_model),
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
                        max_model_len=max_model_len)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
@@ -246,7 +245,7 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, as_json: bool = AS_JSON, cost_model: str = COST_MODEL,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL,
     max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
@@ -258,7 +257,7 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None, cost_model_choice=parse_cost_model(cost_model),
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
                        max_model_len=max_model_len)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:

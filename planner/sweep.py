@@ -45,7 +45,7 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
-    cost_model_choice: str = "auto"     # auto, calibrated, measured or roofline (planner.cost.select)
+    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
     max_model_len: int | None = None    # None: the model's own
 
     def trace(self) -> Trace:
@@ -74,7 +74,7 @@ class RunSpec:
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile, choice=self.cost_model_choice)
+                                 block_size=config.block_size, profile=self.profile, cost_model=self.cost_model_option)
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""

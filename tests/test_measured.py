@@ -10,7 +10,6 @@ from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.measured import MeasuredCostModel, covered_gpus
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.select import parse_cost_model, select_cost_model
-from planner.cost.shape import mixed_shape
 from planner.catalog import resolve_gpu, resolve_model
 from planner.errors import PlannerError
 from planner.memory import plan_memory
@@ -114,17 +113,15 @@ def test_pcie_gpus_use_nccl_beyond_two():
 
 
 def test_mixed_step_has_both_attention_parts_and_shares_the_gemms():
-    class Seq:
-        def __init__(self, computed):
-            self.num_computed_tokens = computed
-    mixed = mixed_shape([Seq(0), Seq(300), Seq(500), Seq(700)], [256, 1, 1, 1])
-    assert (mixed.prefill_seqs, mixed.prefill_tokens, mixed.decode_seqs, mixed.decode_context) == (1, 256, 3, 1503)
-    chunk = mixed_shape([Seq(1024)], [512])                         # a later chunk attends to its cached part
-    assert chunk.prefill_attn_pairs == prefill_attn_pairs(512, 1024)
+    # a chunked-prefill step: one 256-token prompt chunk and three decodes (contexts 301, 501, 701)
+    mixed = StepShape(prefill_seqs=1, prefill_tokens=256, prefill_attn_pairs=prefill_attn_pairs(256),
+                      decode_seqs=3, decode_context=1503)
     parts = LLAMA_H100.breakdown(mixed)
     assert parts["prefill_attention"] > 0 and parts["decode_attention"] > 0
     alone = LLAMA_H100.step_time(prefill(256)) + LLAMA_H100.step_time(decode(3, 501))
     assert LLAMA_H100.step_time(decode(3, 501)) < LLAMA_H100.step_time(mixed) < alone
+    # a later chunk attends to the part of its prompt already cached
+    chunk = StepShape(prefill_seqs=1, prefill_tokens=512, prefill_attn_pairs=prefill_attn_pairs(512, 1024))
     assert LLAMA_H100.step_time(chunk) > LLAMA_H100.step_time(prefill(512))
 
 
@@ -192,11 +189,11 @@ def test_selection_order(tmp_path, monkeypatch):
     assert isinstance(select_cost_model(llama, h100), MeasuredCostModel)
     assert isinstance(select_cost_model(llama, resolve_gpu("rtx-4090")), RooflineCostModel)
     assert isinstance(select_cost_model(resolve_model("opt-2.7b"), h100), RooflineCostModel)   # head_dim 80
-    assert isinstance(select_cost_model(llama, h100, choice="roofline"), RooflineCostModel)
+    assert isinstance(select_cost_model(llama, h100, cost_model="roofline"), RooflineCostModel)
     with pytest.raises(PlannerError, match="no profile of llama-3.1-8b on h100-sxm"):
-        select_cost_model(llama, h100, choice="calibrated")
+        select_cost_model(llama, h100, cost_model="calibrated")
     with pytest.raises(PlannerError, match="no measured vLLM data for GPU rtx-4090"):
-        select_cost_model(llama, resolve_gpu("rtx-4090"), choice="measured")
+        select_cost_model(llama, resolve_gpu("rtx-4090"), cost_model="measured")
     # a profile of this pair wins over the tables
     profile = json.load(open("profiles/cpu/opt-125m.json"))
     opt, cpu = resolve_model("opt-125m"), resolve_gpu("cpu")
@@ -222,14 +219,3 @@ def test_tensor_parallel_reserves_nccl_buffers():
     assert one.non_torch_bytes_per_gpu > plan_memory("llama-3.1-8b", "h100-sxm").non_torch_bytes_per_gpu
     assert plan_memory("llama-3.1-8b", "h100-sxm", count_non_torch=False).num_gpu_blocks > \
         plan_memory("llama-3.1-8b", "h100-sxm").num_gpu_blocks
-
-
-def test_step_shape_reads_per_sequence_token_counts_when_the_scheduler_gives_them():
-    from types import SimpleNamespace
-
-    from planner.cost.shape import step_shape
-    seqs = [SimpleNamespace(num_computed_tokens=c, token_ids=[0] * n) for c, n in ((0, 400), (99, 100))]
-    out = SimpleNamespace(blocks_to_swap_in={}, blocks_to_swap_out={}, blocks_to_copy=[], is_prefill=False,
-                          seqs=seqs, num_scheduled_tokens=[256, 1])
-    shape = step_shape(out)
-    assert (shape.prefill_seqs, shape.prefill_tokens, shape.decode_seqs, shape.decode_context) == (1, 256, 1, 100)

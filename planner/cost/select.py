@@ -22,7 +22,7 @@ COST_MODELS = ("auto", "calibrated", "measured", "roofline")
 
 
 def parse_cost_model(text: str | None) -> str:
-    """The --cost-model option: one of COST_MODELS (None means auto)."""
+    """The --cost-model option: one of COST_MODELS (None means auto). Anything else is a one-line error."""
     choice = (text or "auto").strip().lower()
     if choice not in COST_MODELS:
         raise PlannerError(f"--cost-model {text!r}: choose one of {', '.join(COST_MODELS)}")
@@ -50,9 +50,10 @@ def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | N
 
 def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
                       block_size: int = 16, profile: str | Path | None = None,
-                      choice: str = "auto") -> CostModel:
-    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used."""
-    choice = parse_cost_model(choice)
+                      cost_model: str | None = None) -> CostModel:
+    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
+    ``cost_model`` is the --cost-model option (None: auto)."""
+    choice = parse_cost_model(cost_model)
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
     if choice in ("auto", "calibrated"):

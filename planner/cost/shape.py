@@ -52,9 +52,6 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
     """
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
     copies = len(out.blocks_to_copy)
-    counts = getattr(out, "num_scheduled_tokens", None)
-    if counts is not None:                       # the chunked policy says what each sequence computes
-        return mixed_shape(out.seqs, counts, swap, copies)
     if out.is_prefill:
         tokens = pairs = 0
         for seq in out.seqs:
@@ -68,27 +65,6 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
     for seq in out.seqs:
         context += len(seq.token_ids)
     return StepShape(decode_seqs=len(out.seqs), decode_context=context, swap_blocks=swap, copy_blocks=copies)
-
-
-def mixed_shape(seqs, counts, swap_blocks: int = 0, copy_blocks: int = 0) -> StepShape:
-    """The shape of a step whose sequences compute `counts` tokens each (chunked prefill: mixed steps).
-
-    A sequence computing one token on top of a cached context is a decode (one
-    query against its context); any other is a prefill chunk attending to its
-    cached tokens and causally to itself.
-    """
-    p_seqs = p_tokens = pairs = d_seqs = d_context = 0
-    for seq, new in zip(seqs, counts):
-        cached = seq.num_computed_tokens
-        if new == 1 and cached:
-            d_seqs += 1
-            d_context += cached + 1
-        else:
-            p_seqs += 1
-            p_tokens += new
-            pairs += new * cached + new * (new + 1) // 2
-    return StepShape(prefill_seqs=p_seqs, prefill_tokens=p_tokens, prefill_attn_pairs=pairs,
-                     decode_seqs=d_seqs, decode_context=d_context, swap_blocks=swap_blocks, copy_blocks=copy_blocks)
 
 
 @runtime_checkable
