@@ -200,6 +200,8 @@ def test_selection_order(tmp_path, monkeypatch):
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "opt-125m.json").write_text(json.dumps(profile))
     assert isinstance(select_cost_model(opt, cpu), CalibratedCostModel)
+    with pytest.raises(PlannerError, match="--profile belongs to the calibrated cost model"):
+        select_cost_model(opt, cpu, profile=tmp_path / "cpu" / "opt-125m.json", cost_model="measured")
     assert parse_cost_model(None) == "auto" and parse_cost_model("Measured") == "measured"
     with pytest.raises(PlannerError, match="choose one of auto, calibrated, measured, roofline"):
         parse_cost_model("magic")

@@ -135,7 +135,10 @@ class MeasuredCostModel:
         self._ctx_cache: dict[tuple[int, int], float] = {}
         self._gen_cache: dict[tuple[int, int], float] = {}
 
-        versions = "/".join(sorted(set(v for k, v in self._versions.items() if k != "nccl_allreduce")))
+        used = ["gemm", "context_attention", "generation_attention"]
+        if getattr(self, "allreduce_backend", None) == "vllm custom all-reduce":
+            used.append("custom_allreduce")
+        versions = "/".join(sorted({self._versions[k] for k in used}))
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
         where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
         self._name = (f"measured({where}: {system} vllm {versions}, "

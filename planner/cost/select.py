@@ -54,6 +54,8 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto)."""
     choice = parse_cost_model(cost_model)
+    if profile is not None and choice in ("measured", "roofline"):
+        raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
     if choice in ("auto", "calibrated"):
