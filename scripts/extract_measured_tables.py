@@ -8,7 +8,9 @@ kernel vLLM picks by default on that GPU), writes them as gzip CSV under
 planner/data/measured/<system>/, and records where each came from (package
 version, file, sha256, the vLLM version) in planner/data/measured/SOURCE.json.
 
-Run (needs pandas + pyarrow, only here):
+Run (needs pandas, pyarrow and pyyaml, only here; the planner reads the CSVs
+with the standard library):
+    pip install pandas pyarrow pyyaml
     pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
     unzip -q /tmp/aic/aiconfigurator_core-0.12.0-*.whl -d /tmp/aic/x
     python scripts/extract_measured_tables.py /tmp/aic/x
