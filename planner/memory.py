@@ -182,7 +182,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "
                            f"{gpu_memory_utilization} with {max_num_batched_tokens} batched tokens: needs "
                            f"{need:.1f} GiB per GPU (weights {weights / GIB:.1f}, activations "
-                           f"{activations / GIB:.1f}), {usable / GIB:.1f} GiB usable")
+                           f"{activations / GIB:.1f}), {usable / GIB:.1f} GiB usable"
+                           + ("; fewer batched tokens (--max-model-len, --chunked-prefill) shrink the activations"
+                              if activations > usable // 8 else ""))
     return MemoryPlan(
         model=model.name, gpu=gpu.name, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
         block_size=block_size, dtype_bytes=dtype_bytes, gpu_memory_bytes=gpu.memory_bytes,

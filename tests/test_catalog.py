@@ -182,3 +182,14 @@ def test_unsupported_configs():
         ModelSpec.from_hf_config(opt350, name="opt-350m")
     with pytest.raises(PlannerError, match="unsupported model_type 'bloom'"):
         ModelSpec.from_hf_config({"model_type": "bloom"})
+
+
+def test_catalog_is_one_generic_lookup_for_gpus_and_models():
+    from planner.catalog import Catalog
+    from planner.catalog.gpus import gpu_catalog
+    from planner.catalog.models import model_catalog
+    assert isinstance(gpu_catalog(), Catalog) and isinstance(model_catalog(), Catalog)
+    assert model_catalog().get("Qwen/Qwen3-8B").name == "qwen3-8b"
+    assert gpu_catalog().find("H100_SXM") is resolve_gpu("h100-sxm")
+    with pytest.raises(PlannerError, match=r"unknown GPU 'v100'; known: a100-40g, a100-80g"):
+        gpu_catalog().get("v100")
