@@ -46,6 +46,8 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
+    max_model_len: int | None = None    # None: the model's own
     timing_noise: bool = False          # step times scatter like the profile's measurements (seeded)
 
     def trace(self) -> Trace:
@@ -69,11 +71,13 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed,
+                         max_model_len=self.max_model_len)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         model = select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                  block_size=config.block_size, profile=self.profile)
+                                  block_size=config.block_size, profile=self.profile,
+                                  cost_model=self.cost_model_option)
         if self.timing_noise:
             from planner.intervals import with_timing_noise
             model = with_timing_noise(model, self.seed)

@@ -1,9 +1,15 @@
-"""Which cost model prices a simulation: a measured profile when there is one, else the roofline.
+"""Which cost model prices a simulation.
 
-Order: an explicit profile file; the default profile for this (GPU, model) pair
-if someone has run `planner profile` for it; the roofline model from datasheet
-peaks otherwise. The calibrated model lives in its own module, imported here
-lazily so that the roofline path works (and stays cheap to import) without it.
+Order (`auto`): our own calibrated profile of this (GPU, model) pair (an
+explicit --profile file, else a profile under profiles/<gpu>/ whose model,
+block size, dtype and TP all match the run: `planner profile` writes
+profiles/<gpu>/<model>.json; a near miss is passed over and named in the
+chosen model's `profile_note`), then the `measured` model where NVIDIA's vLLM op tables
+cover the GPU and the model's attention shape, then the roofline model from
+datasheet peaks. `--cost-model calibrated|measured|roofline` forces one; a
+forced model that cannot be built is a one-line error, never a silent
+fallback. The calibrated and measured models are imported lazily so that the
+roofline path stays cheap to import.
 """
 from __future__ import annotations
 
@@ -15,35 +21,75 @@ from planner.cost.shape import CostModel
 from planner.errors import PlannerError
 from planner.profile_check import check_settings, engine_dtype, find_profile
 
+COST_MODELS = ("auto", "calibrated", "measured", "roofline")
 
-def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
-                      block_size: int = 16, profile: str | Path | None = None) -> CostModel:
-    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used."""
-    if profile is not None:
-        try:
-            from planner.cost.calibrated import CalibratedCostModel
-        except ImportError as exc:
+
+def parse_cost_model(text: str | None) -> str:
+    """The --cost-model option: one of COST_MODELS (None means auto). Anything else is a one-line error."""
+    choice = (text or "auto").strip().lower()
+    if choice not in COST_MODELS:
+        raise PlannerError(f"--cost-model {text!r}: choose one of {', '.join(COST_MODELS)}")
+    return choice
+
+
+def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | None, block_size: int,
+                dtype: str) -> tuple[CostModel | None, str | None]:
+    """(the calibrated model from `profile`, or from a profile under profiles/<gpu>/ matching model,
+    block size, dtype and TP; None when there is none, with the near miss that was passed over, if any)."""
+    try:
+        from planner.cost.calibrated import CalibratedCostModel, profile_path
+    except ImportError as exc:
+        if profile is not None:
             raise PlannerError(f"--profile {profile}: the calibrated cost model is unavailable ({exc})") from None
+        return None, None
+    near_miss = None
+    if profile is not None:
         path = Path(profile)
         if not path.is_file():
             raise PlannerError(f"profile {path}: no such file")
-        chosen = CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
-        if getattr(chosen, "profile", None) is not None:
-            check_settings(chosen.profile, path, block_size=block_size, dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
-        return chosen
-    try:
-        from planner.cost.calibrated import CalibratedCostModel, profile_path
-    except ImportError:
-        # No calibrated model installed: nobody can have profiled this pair.
+    else:
+        default = Path(profile_path(gpu.name, model.name))
+        path, near_miss = find_profile(default.parent, model, block_size=block_size, dtype=dtype, tp=tp)
+        if path is None and near_miss is None and default.is_file():
+            path = default          # unreadable to find_profile: loading it names the damage
+        if path is None:
+            return None, near_miss
+    chosen = CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
+    if getattr(chosen, "profile", None) is not None:
+        check_settings(chosen.profile, path, block_size=block_size, dtype=dtype, tp=tp)
+    return chosen, None
+
+
+def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
+                      block_size: int = 16, profile: str | Path | None = None,
+                      cost_model: str | None = None) -> CostModel:
+    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
+    ``cost_model`` is the --cost-model option (None: auto)."""
+    choice = parse_cost_model(cost_model)
+    if profile is not None and choice in ("measured", "roofline"):
+        raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
+    if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
-    # Any profile filed under this GPU whose model, block size, dtype and TP all match.
-    default = Path(profile_path(gpu.name, model.name))
-    found, near_miss = find_profile(default.parent, model, block_size=block_size,
-                                    dtype=engine_dtype(gpu, dtype_bytes), tp=tp)
-    if found is None and near_miss is None and default.is_file():
-        found = default          # unreadable to find_profile: loading it names the damage
-    if found is not None:
-        return CalibratedCostModel.from_file(found, model=model, gpu=gpu, tp=tp)
-    roofline = RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
-    roofline.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
-    return roofline
+    if choice in ("auto", "calibrated"):
+        calibrated, near_miss = _calibrated(model, gpu, tp, profile, block_size, engine_dtype(gpu, dtype_bytes))
+        if calibrated is not None:
+            return calibrated
+        if choice == "calibrated":
+            raise PlannerError(near_miss or f"no profile of {model.name} on {gpu.name}: run `planner profile` "
+                                            f"on that GPU or pass --profile FILE")
+        fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice)
+        fallback.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
+        return fallback
+    return _fallback(model, gpu, tp, dtype_bytes, block_size, choice)
+
+
+def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_size: int, choice: str) -> CostModel:
+    from planner.cost.measured import MeasuredCostModel
+    if choice == "measured":
+        return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+    if gpu.measured_system is not None and dtype_bytes == 2:
+        try:
+            return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+        except PlannerError:
+            pass     # the tables do not cover this model's shape: the roofline does
+    return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
