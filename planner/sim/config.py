@@ -31,6 +31,9 @@ class SimConfig:
     max_model_len: int | None = None    # default: the model's max_position_embeddings
     seed: int = 0
     dtype_bytes: int = 2
+    # Decode fast-forward (planner/sim/fast_forward.py); False steps one at a time
+    # (--step-by-step). Same results either way, so it is not among params().
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size not in SIM_BLOCK_SIZES:

@@ -1,0 +1,282 @@
+"""Decode fast-forward: many decode steps at once while nothing can change the scheduler's mind.
+
+Between arrivals and completions the paper's scheduler does the same thing
+step after step: decode one token for every running sequence, preempt
+nothing, admit nothing, swap nothing in. `plan_window` proves, from the state
+at a step boundary, for how many steps that stays true (the question "how many
+decode steps can this running set take without a preemption or an admission
+change?"); `apply_window` then advances the engine core through all of them in
+one go. It leaves the core exactly as step-by-step simulation would (same block
+ids in the same tables, same prefix-cache registrations, same tokens) and
+returns the step records those steps would have produced.
+
+Why a window is safe (derived from engine/core/scheduler.py and block_manager.py):
+- Decode: every running group must pass the append check. The finer rule
+  (free >= the group's sequences that need a new block) and vLLM v0.2.0's rule
+  (free >= the group's running sequences) both hold while the free blocks left
+  after each step's appends are at least the widest group's width, so the
+  window ends before that could fail. Block-boundary crossings inside the
+  window are allocated by the window, in the order the scheduler allocates them.
+- Admission (nothing swapped): the oldest waiting request must stay where it
+  is. It does if the sequence budget blocks it now (the running set does not
+  change inside a window) or memory does (free blocks only shrink inside a
+  window, so a check of the form "free - needed >= watermark" that fails now
+  fails throughout). A request the scheduler would admit or reject gets no window.
+- Swap-in (something swapped): likewise, the oldest swapped group must be
+  blocked now, by the sequence budget or by memory.
+- Finishing: a simulated request stops by length only (EOS ignored, no stop
+  tokens), so the first step at which any group finishes is known; the window
+  ends before it and that step runs normally.
+- Arrivals: a step belongs to the window only if no request arrives before it starts.
+- Copy-on-write: no window while a running sequence's next token would go into
+  a shared block (just after a fork, or a swap-in of a forked group).
+
+What the proof does not cover (beam search, other scheduling policies, the
+contiguous allocators, stop tokens) gets no window and runs one step at a
+time, so correctness never depends on this module. Tests hold fast-forwarded
+runs equal to step-by-step runs, record for record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.core.block_manager import BlockManager
+from engine.core.kv_allocator import AllocStatus
+from engine.core.metrics import StepRecord
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from planner.cost.shape import StepShape
+
+_RUNNING = SequenceStatus.RUNNING
+MAX_WINDOW = 4096   # steps per window at most: bounds the per-window lists
+
+SampledTokens = dict[int, tuple[list[int], list[float]]]   # seq id -> (token ids, logprobs), one per step
+
+
+@dataclass(slots=True)
+class Window:
+    """Consecutive plain decode steps, proven to run exactly so, ready to apply."""
+
+    groups: list[SequenceGroup]   # the running groups, in the scheduler's (FCFS) order
+    seqs: list[Sequence]          # their running sequences, in the order a step lists them
+    first_crossing: list[int]     # per sequence: the step (1-based) at which it takes its next block
+    crossings: list[int]          # per step (index 1..steps): sequences that take a new block in it
+    shapes: list[StepShape]       # per step, as the cost model priced it
+    start: float                  # the first step's start time
+    ends: list[float]             # per step, its end time (the next one's start)
+
+    @property
+    def steps(self) -> int:
+        return len(self.shapes)
+
+
+def covers(scheduler: Scheduler) -> bool:
+    """The paper's policy over the paged block manager: what the window's proof is about."""
+    return type(scheduler) is Scheduler and type(scheduler.allocator) is BlockManager
+
+
+def _admission_blocked(scheduler: Scheduler, num_seqs: int) -> bool:
+    """schedule() leaves the waiting queue alone now, and so at every step of a window."""
+    if not scheduler.waiting:
+        return True
+    cfg = scheduler.config
+    group = scheduler.waiting[0]
+    if group.max_num_seqs() > cfg.max_num_seqs or group.prompt_len > cfg.max_model_len:
+        return False   # the next step rejects it: let that step run normally
+    status = scheduler.allocator.can_allocate(group)
+    if status is AllocStatus.NEVER:
+        return False
+    return status is AllocStatus.LATER or num_seqs + group.max_num_seqs() > cfg.max_num_seqs
+
+
+def _swap_in_blocked(scheduler: Scheduler, num_seqs: int) -> bool:
+    group = scheduler.swapped[0]
+    if num_seqs + len(group.seqs) > scheduler.config.max_num_seqs:
+        return True
+    return not scheduler.allocator.can_swap_in(group)
+
+
+def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], now: float,
+                next_arrival: float, max_steps: int = MAX_WINDOW) -> Window | None:
+    """The decode steps starting at `now` that provably each run as one plain decode
+    of the whole running set; None when not even the first one does."""
+    running = scheduler.running
+    if not running or now >= next_arrival or not covers(scheduler):
+        return None
+    # Cheap refusals first: the next step admits, rejects or swaps something in.
+    num_seqs = 0
+    for group in running:
+        for seq in group.seqs:
+            if seq.status is _RUNNING:
+                num_seqs += 1
+    if scheduler.swapped:
+        if not _swap_in_blocked(scheduler, num_seqs):
+            return None
+    elif not _admission_blocked(scheduler, num_seqs):
+        return None
+
+    allocator: BlockManager = scheduler.allocator
+    bs = allocator.block_size
+    max_model_len = scheduler.config.max_model_len
+    ref_counts, tables = allocator.ref_counts, allocator.tables
+    seqs: list[Sequence] = []
+    first_crossing: list[int] = []
+    widest = 0
+    limit = max_steps + 1                  # the first step that may not be in the window
+    context = 0
+    for group in running:
+        params = group.params
+        if (params.use_beam_search or params.stop_token_ids or group.times.first_token is None
+                or not (params.ignore_eos or group.eos_token_id is None)):
+            return None
+        width = 0
+        max_tokens = params.max_tokens
+        for seq in group.seqs:
+            if seq.status is not _RUNNING:
+                continue
+            n = len(seq.token_ids)        # the last one is sampled but not yet in the cache
+            # The step whose sampled token reaches max_tokens or the model's length.
+            finish = max_tokens - n + seq.prompt_len
+            if max_model_len - n < finish:
+                finish = max_model_len - n
+            if finish < limit:
+                if finish <= 1:
+                    return None
+                limit = finish
+            table = tables[seq.seq_id]
+            capacity = len(table) * bs
+            if capacity >= n and ref_counts[table[-1]] > 1:
+                return None                # its next token would be copied-on-write
+            first_crossing.append(capacity - n + 2)
+            context += n
+            seqs.append(seq)
+            width += 1
+        if width > widest:
+            widest = width
+
+    # Time: price each step, and start none at or after the next arrival
+    # (SimPy adds the durations one at a time, exactly as here).
+    shapes: list[StepShape] = []
+    ends: list[float] = []
+    end = now
+    last = limit - 1
+    while end < next_arrival:
+        shape = StepShape(0, 0, 0, num_seqs, context)
+        end = end + step_time(shape)
+        shapes.append(shape)
+        ends.append(end)
+        if len(shapes) == last:
+            break
+        context += num_seqs
+    steps = len(shapes)
+
+    # Memory: the free blocks left after each step's appends stay >= the widest group.
+    crossings = [0] * (steps + 1)
+    for step in first_crossing:
+        if step <= steps:
+            for j in range(step, steps + 1, bs):
+                crossings[j] += 1
+    spare = allocator.num_free_blocks() - widest
+    if sum(crossings) > spare:
+        taken = 0
+        for j in range(1, steps + 1):
+            taken += crossings[j]
+            if taken > spare:
+                steps = j - 1
+                break
+        if steps == 0:
+            return None
+        del shapes[steps:], ends[steps:], crossings[steps + 1:]
+    return Window(list(running), seqs, first_crossing, crossings, shapes, now, ends)
+
+
+def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) -> list[StepRecord]:
+    """Advance the core through the window's steps; returns their step records.
+
+    `tokens` holds each sequence's sampled tokens, one per step. Blocks are
+    taken, and full blocks registered in the prefix cache, in step-by-step
+    order: at each step the appends in running order, then the marks. Between
+    those events only the fill of each sequence's last block changes; it is
+    written once, at the end.
+    """
+    allocator: BlockManager = scheduler.allocator
+    bs = allocator.block_size
+    steps = window.steps
+    seqs = window.seqs
+    used = allocator.num_used_blocks()
+    token_states = allocator.token_slots_used()
+    base = [len(s.token_ids) for s in seqs]      # tokens at the window's start
+    tables, fill = allocator.tables, allocator.fill
+
+    def grow(i: int, count: int) -> Sequence:
+        """Give sequence i the first `count` of its window tokens."""
+        seq = seqs[i]
+        have = len(seq.token_ids) - base[i]
+        if have < count:
+            seq.token_ids.extend(tokens[seq.seq_id][0][have:count])
+        return seq
+
+    # Per step, the sequences crossing into a new block, and (with prefix
+    # caching) those whose computed tokens just filled a block.
+    crossing_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    for i, first in enumerate(window.first_crossing):
+        for j in range(first, steps + 1, bs):
+            crossing_at[j].append(i)
+    marking_at: list[list[int]] | None = None
+    if allocator.enable_prefix_caching:
+        marking_at = [[] for _ in range(steps + 1)]
+        for i, n in enumerate(base):
+            # At step j the update marks n + j - 1 tokens computed.
+            for j in range((1 - n) % bs or bs, steps + 1, bs):
+                marking_at[j].append(i)
+    append = allocator.append_slots
+    for j in range(1, steps + 1):
+        for i in crossing_at[j]:
+            seq = grow(i, j - 1)
+            fill[tables[seq.seq_id][-1]] = bs      # the old last block, filled to the brim
+            if append(seq) is not None:
+                raise AssertionError("fast-forward: a window step copied a shared block")
+        if marking_at is not None:
+            for i in marking_at[j]:
+                seq = grow(i, j - 1)
+                seq.num_computed_tokens = base[i] + j - 1
+                allocator.mark_computed(seq)
+
+    for i, seq in enumerate(seqs):
+        ids, logprobs = tokens[seq.seq_id]
+        token_ids = seq.token_ids
+        have = len(token_ids) - base[i]
+        token_ids.extend(ids[have:steps])
+        computed = base[i] + steps - 1
+        seq.num_computed_tokens = computed
+        table = tables[seq.seq_id]
+        fill[table[-1]] = computed - (len(table) - 1) * bs   # the last block as of the last step
+        logprobs = logprobs[:steps]
+        seq.output_logprobs.extend(logprobs)
+        if any(logprobs):
+            cumulative = seq.cumulative_logprob
+            for logprob in logprobs:           # one at a time, as Sequence.append adds them
+                cumulative += logprob
+            seq.cumulative_logprob = cumulative
+    num_seqs = len(seqs)
+    allocator.num_token_states = token_states + steps * num_seqs
+
+    ends = window.ends
+    for group in window.groups:
+        group.times.token_times.extend(ends)
+
+    # Each step's memory as the step-by-step simulator snapshots it (appends done).
+    records = []
+    num_groups = len(window.groups)
+    total_slots = allocator.num_gpu_blocks * bs
+    crossings = window.crossings
+    start = window.start
+    for j in range(1, steps + 1):
+        used += crossings[j]
+        token_states += num_seqs
+        end = ends[j - 1]
+        records.append(StepRecord(start, end, False, num_groups, num_seqs, 0, num_seqs, used, token_states, 0,
+                                  used * bs - token_states, 0, total_slots - used * bs, 0, 0))
+        start = end
+    return records
