@@ -143,7 +143,9 @@ class SimulatedEngine:
         """Take a fast-forward window's decode steps: the core's state, the records, then the clock."""
         env = self.env
         before = len(self.steps)
-        records = apply_window(window, self.scheduler, self.executor.window_samples(window.groups, window.steps))
+        records, finished = apply_window(window, self.scheduler,
+                                         self.executor.window_samples(window.groups, window.steps))
+        self.done += len(finished)
         logical, physical = self.logical_token_time, self.physical_token_time
         for record, shape in zip(records, window.shapes):
             duration = record.end - record.start

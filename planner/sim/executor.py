@@ -70,39 +70,37 @@ class SyntheticExecutor:
                     samples[seq.seq_id] = [(int(rand() * vocab), -rand()) for _ in range(k)]
         return samples
 
-    def window_samples(self, groups: list[SequenceGroup], steps: int) -> dict[int, tuple[list[int], list[float]]]:
+    def window_samples(self, groups: list[SequenceGroup], steps: int) -> list[tuple[list[int], list[float]]]:
         """What `samples` returns over `steps` consecutive decode steps of these groups
-        (none forking, none finishing), per sequence: (token ids, logprobs), one per step.
+        (none forking, none finishing before the last), per running sequence in
+        group order: (token ids, logprobs), one per step.
 
         The random draws come in the same order as step by step (steps, then
         groups, then sequences), so the generator ends in the same state.
         """
-        out: dict[int, tuple[list[int], list[float]]] = {}
-        drawing: list[SequenceGroup] = []
+        out: list[tuple[list[int], list[float]]] = []
+        drawing: list[tuple[list[int], list[float]]] = []
         constant = ([0] * steps, [0.0] * steps)   # shared: the window only reads it
+        answers = self.answers
         for group in groups:
             params = group.params
-            answer = self.answers.get(group.request_id) if self.answers else None
-            if answer is not None:
-                for seq in group.seqs:
-                    if seq.status is _RUNNING:
+            answer = answers.get(group.request_id) if answers else None
+            if answer is None and params.best_of == 1 and not params.use_beam_search and not self.real_token_ids:
+                out.append(constant)
+                continue
+            for seq in group.seqs:
+                if seq.status is _RUNNING:
+                    if answer is not None:
                         done = len(seq.token_ids) - seq.prompt_len
-                        out[seq.seq_id] = (answer[done:done + steps], [-1.0] * steps)
-            elif params.best_of == 1 and not params.use_beam_search and not self.real_token_ids:
-                out[group.seqs[0].seq_id] = constant
-            else:
-                drawing.append(group)
-                for seq in group.seqs:
-                    if seq.status is _RUNNING:
-                        out[seq.seq_id] = ([], [])
+                        out.append((answer[done:done + steps], [-1.0] * steps))
+                    else:
+                        out.append(([], []))
+                        drawing.append(out[-1])
         if drawing:
             rand = self.rng.random
             vocab = self.vocab_size
             for _ in range(steps):
-                for group in drawing:
-                    for seq in group.seqs:
-                        if seq.status is _RUNNING:
-                            ids, logprobs = out[seq.seq_id]
-                            ids.append(int(rand() * vocab))
-                            logprobs.append(-rand())
+                for ids, logprobs in drawing:
+                    ids.append(int(rand() * vocab))
+                    logprobs.append(-rand())
         return out

@@ -26,7 +26,8 @@ Why a window is safe (derived from engine/core/scheduler.py and block_manager.py
   blocked now, by the sequence budget or by memory.
 - Finishing: a simulated request stops by length only (EOS ignored, no stop
   tokens), so the first step at which any group finishes is known; the window
-  ends before it and that step runs normally.
+  ends with it, and the scheduler's own update finishes those groups (the
+  freed blocks and the smaller running set are the next window's business).
 - Arrivals: a step belongs to the window only if no request arrives before it starts.
 - Copy-on-write: no window while a running sequence's next token would go into
   a shared block (just after a fork, or a swap-in of a forked group).
@@ -44,14 +45,14 @@ from typing import Callable
 from engine.core.block_manager import BlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import StepRecord
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
 
 _RUNNING = SequenceStatus.RUNNING
 MAX_WINDOW = 4096   # steps per window at most: bounds the per-window lists
 
-SampledTokens = dict[int, tuple[list[int], list[float]]]   # seq id -> (token ids, logprobs), one per step
+SampledTokens = list[tuple[list[int], list[float]]]   # per window sequence: (token ids, logprobs), one per step
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class Window:
     shapes: list[StepShape]       # per step, as the cost model priced it
     start: float                  # the first step's start time
     ends: list[float]             # per step, its end time (the next one's start)
+    finishing: list[SequenceGroup]  # groups with a sequence that finishes at the last step
 
     @property
     def steps(self) -> int:
@@ -76,8 +78,13 @@ def covers(scheduler: Scheduler) -> bool:
     return type(scheduler) is Scheduler and type(scheduler.allocator) is BlockManager
 
 
-def _admission_blocked(scheduler: Scheduler, num_seqs: int) -> bool:
-    """schedule() leaves the waiting queue alone now, and so at every step of a window."""
+def _num_running(running: list[SequenceGroup]) -> int:
+    return sum([1 for group in running for seq in group.seqs if seq.status is _RUNNING])
+
+
+def _admission_blocked(scheduler: Scheduler) -> bool:
+    """schedule() leaves the waiting queue alone now and, since the running set is
+    fixed and free blocks only shrink inside a window, at every step of it."""
     if not scheduler.waiting:
         return True
     cfg = scheduler.config
@@ -87,14 +94,16 @@ def _admission_blocked(scheduler: Scheduler, num_seqs: int) -> bool:
     status = scheduler.allocator.can_allocate(group)
     if status is AllocStatus.NEVER:
         return False
-    return status is AllocStatus.LATER or num_seqs + group.max_num_seqs() > cfg.max_num_seqs
+    return (status is AllocStatus.LATER
+            or _num_running(scheduler.running) + group.max_num_seqs() > cfg.max_num_seqs)
 
 
-def _swap_in_blocked(scheduler: Scheduler, num_seqs: int) -> bool:
+def _swap_in_blocked(scheduler: Scheduler) -> bool:
+    """Likewise for the oldest swapped group (no admission is tried while one is swapped)."""
     group = scheduler.swapped[0]
-    if num_seqs + len(group.seqs) > scheduler.config.max_num_seqs:
+    if not scheduler.allocator.can_swap_in(group):
         return True
-    return not scheduler.allocator.can_swap_in(group)
+    return _num_running(scheduler.running) + len(group.seqs) > scheduler.config.max_num_seqs
 
 
 def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], now: float,
@@ -105,15 +114,7 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     if not running or now >= next_arrival or not covers(scheduler):
         return None
     # Cheap refusals first: the next step admits, rejects or swaps something in.
-    num_seqs = 0
-    for group in running:
-        for seq in group.seqs:
-            if seq.status is _RUNNING:
-                num_seqs += 1
-    if scheduler.swapped:
-        if not _swap_in_blocked(scheduler, num_seqs):
-            return None
-    elif not _admission_blocked(scheduler, num_seqs):
+    if not (_swap_in_blocked(scheduler) if scheduler.swapped else _admission_blocked(scheduler)):
         return None
 
     allocator: BlockManager = scheduler.allocator
@@ -122,8 +123,9 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     ref_counts, tables = allocator.ref_counts, allocator.tables
     seqs: list[Sequence] = []
     first_crossing: list[int] = []
+    finish_at: list[int] = []              # per group: the step whose sampled token finishes it
     widest = 0
-    limit = max_steps + 1                  # the first step that may not be in the window
+    last = max_steps                       # the last step the window may take
     context = 0
     for group in running:
         params = group.params
@@ -132,6 +134,7 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
             return None
         width = 0
         max_tokens = params.max_tokens
+        group_finish = max_steps + 1
         for seq in group.seqs:
             if seq.status is not _RUNNING:
                 continue
@@ -140,10 +143,8 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
             finish = max_tokens - n + seq.prompt_len
             if max_model_len - n < finish:
                 finish = max_model_len - n
-            if finish < limit:
-                if finish <= 1:
-                    return None
-                limit = finish
+            if finish < group_finish:
+                group_finish = finish
             table = tables[seq.seq_id]
             capacity = len(table) * bs
             if capacity >= n and ref_counts[table[-1]] > 1:
@@ -152,6 +153,9 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
             context += n
             seqs.append(seq)
             width += 1
+        finish_at.append(group_finish)
+        if group_finish < last:
+            last = group_finish
         if width > widest:
             widest = width
 
@@ -160,7 +164,7 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     shapes: list[StepShape] = []
     ends: list[float] = []
     end = now
-    last = limit - 1
+    num_seqs = len(seqs)
     while end < next_arrival:
         shape = StepShape(0, 0, 0, num_seqs, context)
         end = end + step_time(shape)
@@ -188,17 +192,20 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
         if steps == 0:
             return None
         del shapes[steps:], ends[steps:], crossings[steps + 1:]
-    return Window(list(running), seqs, first_crossing, crossings, shapes, now, ends)
+    finishing = [g for g, f in zip(running, finish_at) if f == steps]
+    return Window(list(running), seqs, first_crossing, crossings, shapes, now, ends, finishing)
 
 
-def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) -> list[StepRecord]:
-    """Advance the core through the window's steps; returns their step records.
+def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) -> tuple[list[StepRecord], list]:
+    """Advance the core through the window's steps; returns their step records and
+    the groups that finished (at the last step).
 
     `tokens` holds each sequence's sampled tokens, one per step. Blocks are
     taken, and full blocks registered in the prefix cache, in step-by-step
     order: at each step the appends in running order, then the marks. Between
     those events only the fill of each sequence's last block changes; it is
-    written once, at the end.
+    written once, at the end. Groups that finish at the last step get that
+    step's tokens from the scheduler's own update, as step by step.
     """
     allocator: BlockManager = scheduler.allocator
     bs = allocator.block_size
@@ -214,7 +221,7 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
         seq = seqs[i]
         have = len(seq.token_ids) - base[i]
         if have < count:
-            seq.token_ids.extend(tokens[seq.seq_id][0][have:count])
+            seq.token_ids.extend(tokens[i][0][have:count])
         return seq
 
     # Per step, the sequences crossing into a new block, and (with prefix
@@ -243,16 +250,20 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
                 seq.num_computed_tokens = base[i] + j - 1
                 allocator.mark_computed(seq)
 
+    finishing = window.finishing
+    finishing_seqs = {s.seq_id for g in finishing for s in g.seqs} if finishing else ()
     for i, seq in enumerate(seqs):
-        ids, logprobs = tokens[seq.seq_id]
+        ids, logprobs = tokens[i]
+        # A finishing group's last token comes from the scheduler's update below.
+        take = steps - 1 if seq.seq_id in finishing_seqs else steps
         token_ids = seq.token_ids
         have = len(token_ids) - base[i]
-        token_ids.extend(ids[have:steps])
+        token_ids.extend(ids[have:take])
         computed = base[i] + steps - 1
         seq.num_computed_tokens = computed
         table = tables[seq.seq_id]
         fill[table[-1]] = computed - (len(table) - 1) * bs   # the last block as of the last step
-        logprobs = logprobs[:steps]
+        logprobs = logprobs[:take]
         seq.output_logprobs.extend(logprobs)
         if any(logprobs):
             cumulative = seq.cumulative_logprob
@@ -263,8 +274,20 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
     allocator.num_token_states = token_states + steps * num_seqs
 
     ends = window.ends
+    last_end = ends[-1]
     for group in window.groups:
         group.times.token_times.extend(ends)
+    finished = []
+    if finishing:
+        last_seqs = [s for g in finishing for s in g.seqs if s.status is _RUNNING]
+        for group in finishing:
+            group.times.token_times.pop()      # the update appends the last step's time
+        samples = {}
+        for i, seq in enumerate(seqs):
+            if seq.seq_id in finishing_seqs:
+                ids, logprobs = tokens[i]
+                samples[seq.seq_id] = [(ids[steps - 1], logprobs[steps - 1])]
+        finished = scheduler.update(SchedulerOutput(False, finishing, last_seqs, len(last_seqs)), samples, last_end)
 
     # Each step's memory as the step-by-step simulator snapshots it (appends done).
     records = []
@@ -279,4 +302,4 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
         records.append(StepRecord(start, end, False, num_groups, num_seqs, 0, num_seqs, used, token_states, 0,
                                   used * bs - token_states, 0, total_slots - used * bs, 0, 0))
         start = end
-    return records
+    return records, finished
