@@ -12,6 +12,7 @@ steps that provably change nothing but the token counts are taken in one go
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -206,7 +207,15 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
                              fast_forward=config.fast_forward)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
-    env.run()
+    # The run allocates millions of small, acyclic objects (token lists, records);
+    # the cyclic collector would rescan them all again and again for nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
     if progress is not None:
         progress(env.now, engine.done, len(trace))
     groups = engine.groups
