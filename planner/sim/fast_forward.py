@@ -159,6 +159,8 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
         if width > widest:
             widest = width
 
+    if last < 1:
+        return None                        # the stop rule is not the one this module assumes
     # Time: price each step, and start none at or after the next arrival
     # (SimPy adds the durations one at a time, exactly as here).
     shapes: list[StepShape] = []
@@ -288,6 +290,8 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
                 ids, logprobs = tokens[i]
                 samples[seq.seq_id] = [(ids[steps - 1], logprobs[steps - 1])]
         finished = scheduler.update(SchedulerOutput(False, finishing, last_seqs, len(last_seqs)), samples, last_end)
+        if not finished:
+            raise AssertionError("fast-forward: no request finished where the window predicted one would")
 
     # Each step's memory as the step-by-step simulator snapshots it (appends done).
     records = []
