@@ -22,6 +22,7 @@ app.command("simulate")(cli_simulate.simulate)
 app.command("capacity")(cli_simulate.capacity)
 app.command("profile")(cli_profile.profile)
 app.command("validate")(cli_validate.validate_cmd)
+app.command("search")(__import__("planner.cli_search", fromlist=["search"]).search)
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
