@@ -78,6 +78,11 @@ def covers(scheduler: Scheduler) -> bool:
     return type(scheduler) is Scheduler and type(scheduler.allocator) is BlockManager
 
 
+def _gpu_pool(allocator: BlockManager):
+    """Where the block manager keeps the GPU blocks' reference counts, fills and token count."""
+    return getattr(allocator, "gpu", allocator)
+
+
 def _num_running(running: list[SequenceGroup]) -> int:
     return sum([1 for group in running for seq in group.seqs if seq.status is _RUNNING])
 
@@ -120,7 +125,7 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     allocator: BlockManager = scheduler.allocator
     bs = allocator.block_size
     max_model_len = scheduler.config.max_model_len
-    ref_counts, tables = allocator.ref_counts, allocator.tables
+    ref_counts, tables = _gpu_pool(allocator).ref_counts, allocator.tables
     seqs: list[Sequence] = []
     first_crossing: list[int] = []
     finish_at: list[int] = []              # per group: the step whose sampled token finishes it
@@ -129,8 +134,8 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     context = 0
     for group in running:
         params = group.params
-        if (params.use_beam_search or params.stop_token_ids or group.times.first_token is None
-                or not (params.ignore_eos or group.eos_token_id is None)):
+        if (params.use_beam_search or params.stop_token_ids or not params.ignore_eos
+                or group.times.first_token is None):
             return None
         width = 0
         max_tokens = params.max_tokens
@@ -216,7 +221,8 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
     used = allocator.num_used_blocks()
     token_states = allocator.token_slots_used()
     base = [len(s.token_ids) for s in seqs]      # tokens at the window's start
-    tables, fill = allocator.tables, allocator.fill
+    pool = _gpu_pool(allocator)
+    tables, fill = allocator.tables, pool.fill
 
     def grow(i: int, count: int) -> Sequence:
         """Give sequence i the first `count` of its window tokens."""
@@ -273,7 +279,7 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
                 cumulative += logprob
             seq.cumulative_logprob = cumulative
     num_seqs = len(seqs)
-    allocator.num_token_states = token_states + steps * num_seqs
+    pool.num_token_states = token_states + steps * num_seqs
 
     ends = window.ends
     last_end = ends[-1]
