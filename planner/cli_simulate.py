@@ -47,6 +47,8 @@ UTILIZATION = typer.Option(0.9, help="fraction of GPU memory the engine may use"
 PREFIX = typer.Option(False, "--prefix-caching", help="enable automatic prefix caching")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
+STEP_BY_STEP = typer.Option(False, "--step-by-step", help="simulate one step at a time, without decode "
+                                                           "fast-forward (same results, slower)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
 
@@ -159,7 +161,8 @@ def simulate(
     allocator: str = typer.Option("paged", help="paged, orca-max, orca-pow2, orca-oracle, or a comma list"),
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
-    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
+    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
+    out: Optional[Path] = OUT,
     as_json: bool = AS_JSON,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
@@ -172,6 +175,7 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
+                       step_by_step=step_by_step,
                        profile=str(profile) if profile else None)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
@@ -235,7 +239,7 @@ def capacity(
     allocator: str = typer.Option("paged", help="paged, orca-max, orca-pow2 or orca-oracle"),
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
-    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE,
+    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
@@ -250,6 +254,7 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
+                       step_by_step=step_by_step,
                        profile=str(profile) if profile else None)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:

@@ -45,6 +45,7 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    step_by_step: bool = False          # no decode fast-forward (same results, slower)
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -67,7 +68,8 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed,
+                         fast_forward=not self.step_by_step)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,

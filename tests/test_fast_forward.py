@@ -10,6 +10,7 @@ manager that quietly disables it (or makes it diverge) fails here.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -95,3 +96,21 @@ def test_step_by_step_turns_it_off():
                                      (0.0, 5e-324), (7.0, 7.0)])
 def test_delay_lands_exactly_on_the_end_time(now, end):
     assert now + _delay_to(now, end) == end
+
+
+def test_cli_step_by_step_gives_the_same_document(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    docs = []
+    for extra in ([], ["--step-by-step"]):
+        result = CliRunner().invoke(app, ["simulate", "--workload", "sharegpt", "--requests", "30", "--rate", "4",
+                                          "--out", str(tmp_path / str(len(docs))), "--json", *extra])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        docs.append({k: v for k, v in doc.items() if "wall" not in k})
+    assert docs[0] == docs[1]
+    assert docs[0]["num_completed"] == 30
+    from planner.sweep import RunSpec
+    assert RunSpec(step_by_step=True).config().fast_forward is False and RunSpec().config().fast_forward
