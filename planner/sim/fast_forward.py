@@ -83,6 +83,19 @@ def _gpu_pool(allocator: BlockManager):
     return getattr(allocator, "gpu", allocator)
 
 
+def _block_taker(allocator: BlockManager) -> Callable[[], int]:
+    """The block manager's own way of taking a fresh block holding one token."""
+    pool = getattr(allocator, "gpu", None)
+    if pool is not None and hasattr(pool, "take"):
+        return lambda: pool.take(1)
+
+    def take() -> int:
+        block = allocator._take_block()
+        allocator._set_fill(block, 1)
+        return block
+    return take
+
+
 def _num_running(running: list[SequenceGroup]) -> int:
     return sum([1 for group in running for seq in group.seqs if seq.status is _RUNNING])
 
@@ -245,13 +258,14 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
             # At step j the update marks n + j - 1 tokens computed.
             for j in range((1 - n) % bs or bs, steps + 1, bs):
                 marking_at[j].append(i)
-    append = allocator.append_slots
+    take = _block_taker(allocator)
     for j in range(1, steps + 1):
         for i in crossing_at[j]:
-            seq = grow(i, j - 1)
-            fill[tables[seq.seq_id][-1]] = bs      # the old last block, filled to the brim
-            if append(seq) is not None:
-                raise AssertionError("fast-forward: a window step copied a shared block")
+            # What append_slots does when a token outgrows the last block: the old
+            # block is full, a fresh one (free list first, then the LRU cached one) holds 1.
+            table = tables[seqs[i].seq_id]
+            fill[table[-1]] = bs
+            table.append(take())
         if marking_at is not None:
             for i in marking_at[j]:
                 seq = grow(i, j - 1)
