@@ -40,7 +40,13 @@ def main() -> None:
         if args.configs < len(grid.configs()) else grid
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    result = run_search(grid, make_executor("local", workers=args.workers))
+
+    def done(row: dict, n: int, total: int) -> None:
+        print(f"  [{n}/{total}] {time.perf_counter() - t0:7.1f} s  {row['gpu']} x{row['tp']} block "
+              f"{row['block_size']} seqs {row['max_num_seqs']}: {row['capacity']} req/s, {row['probes']} probes "
+              f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+
+    result = run_search(grid, make_executor("local", workers=args.workers), on_done=done)
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
     probes = sum(r["probes"] for r in result.configs)
