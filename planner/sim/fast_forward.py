@@ -323,7 +323,10 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
         used += crossings[j]
         token_states += num_seqs
         end = ends[j - 1]
-        records.append(StepRecord(start, end, False, num_groups, num_seqs, 0, num_seqs, used, token_states, 0,
-                                  used * bs - token_states, 0, total_slots - used * bs, 0, 0))
+        records.append(StepRecord(start=start, end=end, is_prefill=False, batch_size=num_groups, num_seqs=num_seqs,
+                                  prefill_tokens=0, decode_tokens=num_seqs, kv_blocks_used=used,
+                                  token_states=token_states, reserved=0,
+                                  internal_fragmentation=used * bs - token_states, external_fragmentation=0,
+                                  free=total_slots - used * bs, preempted=0, swapped_blocks=0))
         start = end
     return records, finished
