@@ -78,7 +78,12 @@ class RayExecutor:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             i = index[ready[0]]
-            results[i] = ray.get(ready[0])
+            try:
+                results[i] = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as exc:
+                # The task's own error (a PlannerError is one line for the user), not Ray's wrapper.
+                cause = getattr(exc, "cause", None)
+                raise (cause if isinstance(cause, Exception) else PlannerError(str(exc).splitlines()[0])) from None
             if on_done is not None:
                 on_done(i, results[i])
         return results
