@@ -46,6 +46,8 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
+    max_model_len: int | None = None    # None: the model's own
     step_by_step: bool = False          # no decode fast-forward (same results, slower)
 
     def trace(self) -> Trace:
@@ -70,11 +72,11 @@ class RunSpec:
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
                          enable_prefix_caching=self.prefix_caching, seed=self.seed,
-                         fast_forward=not self.step_by_step)
+                         max_model_len=self.max_model_len, fast_forward=not self.step_by_step)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+                                 block_size=config.block_size, profile=self.profile, cost_model=self.cost_model_option)
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""
