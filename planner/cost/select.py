@@ -26,7 +26,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         path = Path(profile)
         if not path.is_file():
             raise PlannerError(f"profile {path}: no such file")
-        return CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
+        return _at_block_size(CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp), block_size)
     try:
         from planner.cost.calibrated import CalibratedCostModel, profile_path
     except ImportError:
@@ -34,5 +34,15 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
     default = Path(profile_path(gpu.name, model.name))
     if default.is_file():
-        return CalibratedCostModel.from_file(default, model=model, gpu=gpu, tp=tp)
+        return _at_block_size(CalibratedCostModel.from_file(default, model=model, gpu=gpu, tp=tp), block_size)
     return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+
+
+def _at_block_size(cost_model, block_size: int):
+    """A calibrated model priced at `block_size` rather than the block size it was profiled at."""
+    from planner.block_size_factors import decode_attention_factor
+
+    profiled = cost_model.profile.block_size
+    backend = "cpu" if cost_model.profile.device.gpu == "cpu" else "cuda"
+    cost_model.scale_decode_attention(decode_attention_factor(block_size, reference=profiled, backend=backend))
+    return cost_model

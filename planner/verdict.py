@@ -1,0 +1,334 @@
+"""What a run means, in plain words: the steady state, whether the system keeps up, what bound it.
+
+Definitions (stated in every report):
+
+- Warm-up: from the first arrival until WARMUP_FRACTION of the requests have
+  arrived; the engine starts empty, so latencies are flattering and the cache
+  is not yet full.
+- Drain: after the last arrival; nothing new comes in, the batch shrinks to
+  the stragglers (the issue's "batch size 1 for the last 270 s").
+- Steady window: between the two. Steady-state figures count the requests that
+  arrived in it (latencies), the tokens and completions that happened in it
+  (throughput) and the steps that ran in it (batch size, KV cache).
+- Waiting queue: requests that have arrived and not yet been scheduled once.
+- The queue keeps growing when the least-squares slope of the waiting-queue
+  length over the steady window is at least GROWTH_SHARE of the arrival rate
+  and adds up to at least MIN_GROWTH requests over the window: a stable system
+  has a queue that fluctuates around a level, an overloaded one a queue that
+  grows at (arrival rate - service rate).
+- KV cache full: fewer than FULL_FREE_SHARE of the KV slots are free; the share
+  of time is weighted by step duration over the steady window.
+- Bound: "arrival rate" when the queue does not grow (the engine waits for
+  work); otherwise "memory" when the cache was full for at least half of the
+  window or requests were preempted, else "compute" (steps are long, or the
+  batch is capped at max_num_seqs).
+"""
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+
+WARMUP_FRACTION = 0.10
+GROWTH_SHARE = 0.10
+MIN_GROWTH = 5.0
+FULL_FREE_SHARE = 0.05
+QUEUE_SAMPLES = 200
+MEMORY_FULL_SHARE = 0.5
+STEADY_KEYS = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
+               "tpot_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size", "kv_utilization")
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+    def __contains__(self, t: float) -> bool:
+        return self.start <= t <= self.end
+
+
+def steady_window(records: list[RequestRecord]) -> Window | None:
+    """[arrival of the request at WARMUP_FRACTION, last arrival]; None when that has no length."""
+    arrivals = sorted(r.arrival for r in records)
+    if len(arrivals) < 10:
+        return None
+    start = arrivals[min(len(arrivals) - 1, math.ceil(WARMUP_FRACTION * len(arrivals)))]
+    end = arrivals[-1]
+    return Window(start, end) if end > start else None
+
+
+def queue_series(records: list[RequestRecord], times: list[float]) -> tuple[list[int], list[int]]:
+    """(waiting, in system) at each time: waiting = arrived, not yet scheduled once; in system = not finished."""
+    arrived = sorted(r.arrival for r in records)
+    started = sorted(r.first_scheduled if r.first_scheduled is not None else (r.finish or math.inf)
+                     for r in records)
+    finished = sorted(r.finish if r.finish is not None else math.inf for r in records)
+    waiting, in_system = [], []
+    for t in times:
+        a = bisect_right(arrived, t)
+        waiting.append(a - bisect_right(started, t))
+        in_system.append(a - bisect_right(finished, t))
+    return waiting, in_system
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+
+
+def queue_trend(records: list[RequestRecord], window: Window) -> dict:
+    """Waiting-queue length over the steady window, its slope and whether it keeps growing."""
+    times = [window.start + window.length * i / (QUEUE_SAMPLES - 1) for i in range(QUEUE_SAMPLES)]
+    waiting, in_system = queue_series(records, times)
+    slope = _slope(times, waiting)
+    arrivals = sum(1 for r in records if r.arrival in window)
+    rate = arrivals / window.length
+    growth = slope * window.length
+    return {"slope": slope, "growth": growth, "mean_waiting": sum(waiting) / len(waiting),
+            "max_waiting": max(waiting), "mean_in_system": sum(in_system) / len(in_system),
+            "growing": growth >= MIN_GROWTH and slope >= GROWTH_SHARE * rate,
+            "arrival_rate": rate}
+
+
+def _full(step: StepRecord) -> bool:
+    total = (step.token_states + step.reserved + step.internal_fragmentation + step.external_fragmentation
+             + step.free)
+    return total > 0 and step.free < FULL_FREE_SHARE * total
+
+
+def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window: Window,
+                   preemptions_in_window: int) -> dict:
+    """The DESIGN.md metrics restricted to the steady window (see the module docstring)."""
+    arrived = [r for r in records if r.arrival in window]
+    in_steps = [s for s in steps if s.start in window]
+    m = compute_metrics(arrived, in_steps)
+    done_in = sum(1 for r in records if not r.rejected and r.finish is not None and r.finish in window)
+    tokens_in = sum(1 for r in records if not r.rejected for t in r.token_times if t in window)
+    m["request_throughput"] = done_in / window.length
+    m["output_token_throughput"] = tokens_in / window.length
+    busy = sum(s.duration for s in in_steps)
+    full = sum(s.duration for s in in_steps if _full(s))
+    out = {k: m.get(k) for k in STEADY_KEYS}
+    out["kv_full_share"] = full / window.length
+    out["busy_share"] = busy / window.length
+    out["preemptions"] = preemptions_in_window
+    out["num_requests"] = len(arrived)
+    return out
+
+
+def _preemptions_in(steps: list[StepRecord], window: Window | None) -> int:
+    return sum(s.preempted for s in steps if window is None or s.start in window)
+
+
+def summarize_reasons(records: list[RequestRecord]) -> list[dict]:
+    """Rejected requests grouped by reason (numbers generalized), with a count and one example."""
+    groups: dict[str, dict] = {}
+    for r in records:
+        if not r.rejected:
+            continue
+        reason = r.reject_reason or "no reason given"
+        key = re.sub(r"\d+", "N", reason)
+        entry = groups.setdefault(key, {"reason": reason, "count": 0, "example_request": r.request_id})
+        entry["count"] += 1
+    return sorted(groups.values(), key=lambda e: -e["count"])
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g} req/s"
+
+
+def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord],
+                command: Callable[..., str] | None = None, slos: dict[str, float] | None = None) -> dict:
+    """The steady-state block and the verdict of one run, from its records and result document.
+
+    `command(**changes)` renders the CLI line of this run with some options changed,
+    for the "next command to try"; `slos` adds whether each limit holds.
+    """
+    params = doc.get("params", {})
+    requested = params.get("trace_params", {}).get("rate")
+    requested = requested if isinstance(requested, (int, float)) and math.isfinite(requested) else None
+    arrivals = sorted(r.arrival for r in records)
+    offered = ((len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+               if len(arrivals) > 1 and arrivals[-1] > arrivals[0] else None)
+    served = doc.get("request_throughput")
+    window = steady_window(records)
+    steady = trend = None
+    if window is not None:
+        steady = steady_metrics(records, steps, window, _preemptions_in(steps, window))
+        steady["window"] = {"start": window.start, "end": window.end,
+                            "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
+                            "drain": "after the last arrival"}
+        trend = queue_trend(records, window)
+    preemptions = doc.get("preemptions", {}).get("total", 0)
+    kv_full = steady["kv_full_share"] if steady else None
+    max_seqs = params.get("max_num_seqs")
+
+    if trend is None:
+        bound = "unknown"
+        why = "too few requests or no arrival spread (e.g. all at once) to define a steady window"
+    elif not trend["growing"]:
+        bound = "arrival rate"
+        why = "the waiting queue does not grow: the engine keeps up and waits for requests"
+    elif (kv_full or 0) >= MEMORY_FULL_SHARE or (steady and steady["preemptions"] > 0):
+        bound = "memory"
+        why = (f"the KV cache was full {kv_full:.0%} of the steady window"
+               + (f" and {steady['preemptions']} requests were preempted" if steady["preemptions"] else "")
+               + ": the batch cannot grow")
+    elif max_seqs and steady and (steady.get("mean_batch_size") or 0) >= 0.9 * max_seqs:
+        bound = "compute"
+        why = f"the batch is capped at max_num_seqs={max_seqs} while the queue grows"
+    else:
+        bound = "compute"
+        why = "steps take too long for the arrival rate while memory is not full"
+    overloaded = bool(trend and trend["growing"])
+
+    slo_status = None
+    if slos:
+        slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
+                          "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
+
+    next_commands = _next_commands(bound, params, requested, served, command)
+    lines = []
+    rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
+    rate_line += f"; the trace offers {_fmt_rate(offered)}; served {_fmt_rate(served)} over the whole run"
+    if steady:
+        rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
+    lines.append(rate_line + ".")
+    if trend is not None:
+        if overloaded:
+            lines.append(f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
+                         f"the steady window, {trend['slope']:.3g} req/s).")
+        else:
+            lines.append(f"Keeps up: the waiting queue stays level (mean {trend['mean_waiting']:.1f}, "
+                         f"max {trend['max_waiting']}).")
+    if kv_full is not None:
+        tight = (not overloaded and (kv_full >= 0.2 or preemptions > 0))
+        lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
+                     + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
+    lines.append(f"Bound by {bound}: {why}.")
+    if slo_status:
+        missed = [k for k, s in slo_status.items() if not s["met"]]
+        lines.append("SLOs met." if not missed else f"SLOs missed: {', '.join(missed)}.")
+    rejected, truncated = doc.get("num_rejected", 0), doc.get("num_truncated", 0)
+    if rejected or truncated:
+        lines.append(f"{rejected} requests rejected, {truncated} truncated (see 'rejected' below).")
+    if next_commands:
+        lines.append(f"Next: {next_commands[0]['command']}  ({next_commands[0]['why']})")
+    return {
+        "steady_state": steady,
+        "verdict": {
+            "requested_rate": requested, "offered_rate": offered, "served_rate": served,
+            "served_rate_steady": steady["request_throughput"] if steady else None,
+            "overloaded": overloaded, "queue": trend, "kv_full_share": kv_full,
+            "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
+            "rejected": summarize_reasons(records), "num_rejected": rejected, "num_truncated": truncated,
+            "next_commands": next_commands, "lines": lines,
+        },
+    }
+
+
+def _round_rate(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
+                   command: Callable[..., str] | None) -> list[dict]:
+    if command is None:
+        return []
+    base = requested or served or 1.0
+    if bound == "arrival rate":
+        rates = ",".join(_round_rate(base * f) for f in (1, 1.5, 2, 3))
+        return [{"command": command(rate=rates), "why": "find where the queue starts to grow"},
+                {"command": command(capacity=True), "why": "the highest rate within an SLO"}]
+    if bound in ("memory", "compute"):
+        lower = ",".join(_round_rate(base * f) for f in (0.5, 0.75, 0.9))
+        cmds = [{"command": command(rate=lower), "why": "rates this setup can sustain"}]
+        tp = params.get("tp", 1)
+        if bound == "memory":
+            cmds.append({"command": command(tp=tp * 2), "why": "twice the GPUs, more than twice the KV cache"})
+        else:
+            cmds.append({"command": command(tp=tp * 2), "why": "split the compute over more GPUs"})
+        return cmds
+    return [{"command": command(rate=_round_rate(base)), "why": "give a rate so arrivals spread out"}]
+
+
+# -- sweeps and capacity ------------------------------------------------------------------
+
+def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
+    """The best run of a sweep and one line per run.
+
+    Best: among the runs that keep up (queue not growing, nothing rejected), the highest
+    served rate when the rate is swept, else the lowest steady normalized latency.
+    """
+    def ok(run: dict) -> bool:
+        v = run.get("verdict", {})
+        return not v.get("overloaded") and not run.get("num_rejected")
+
+    def latency(run: dict) -> float:
+        s = run.get("steady_state") or {}
+        value = s.get("normalized_latency") or run.get("normalized_latency")
+        return value if value is not None else math.inf
+
+    candidates = [i for i, r in enumerate(runs) if ok(r)]
+    best = None
+    if candidates:
+        if "rate" in swept:
+            best = max(candidates, key=lambda i: ((runs[i].get("request_throughput") or 0), -latency(runs[i])))
+        else:
+            best = min(candidates, key=lambda i: latency(runs[i]))
+    lines = []
+    for run in runs:
+        v = run.get("verdict", {})
+        lines.append(f"{run_label(run, swept)}: {'overloaded' if v.get('overloaded') else 'keeps up'}, "
+                     f"bound by {v.get('bound', '?')}, served {_fmt_rate(run.get('request_throughput'))}")
+    summary = (f"Best: {run_label(runs[best], swept)}" if best is not None
+               else "No run keeps up: every configuration is overloaded or rejects requests; lower the rate.")
+    rule = ("highest served rate among runs that keep up" if "rate" in swept
+            else "lowest steady normalized latency among runs that keep up")
+    identical = _identical(runs)
+    notes = []
+    if identical and "block_size" in swept:
+        notes.append("The block sizes gave identical results: nothing filled the KV cache, so block size only "
+                     "changes attention-kernel speed (see the cost model notes).")
+    return {"best_index": best, "best_rule": rule, "lines": [summary] + lines + notes, "swept": swept}
+
+
+def _identical(runs: list[dict]) -> bool:
+    keys = ("normalized_latency", "request_throughput", "mean_batch_size")
+    return len(runs) > 1 and all(all(r.get(k) == runs[0].get(k) for k in keys) for r in runs)
+
+
+def run_label(run: dict, swept: list[str]) -> str:
+    p = run.get("params", {})
+    parts = []
+    for key in swept or ["allocator", "block_size", "rate"]:
+        if key == "rate":
+            parts.append(f"rate {p.get('trace_params', {}).get('rate')}")
+        elif key == "block_size":
+            parts.append(f"block {p.get('block_size')}")
+        else:
+            parts.append(str(p.get(key)))
+    return ", ".join(parts)
+
+
+def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None) -> str | None:
+    """The SLO that fails first above the capacity: at the lowest failing rate, the one furthest over its limit."""
+    above = sorted((r, d) for r, ok, d in probes if not ok and (capacity is None or r > capacity))
+    if not above:
+        return None
+    _, doc = above[0]
+    if doc.get("num_rejected"):
+        return "num_rejected"
+    ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}
+    return max(ratios, key=ratios.get)
