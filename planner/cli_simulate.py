@@ -283,7 +283,7 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
     table.add_column("verdict")
     for i, doc in enumerate(docs):
         row = comparison_row(doc)
-        state = "overloaded" if doc.get("verdict", {}).get("overloaded") else "keeps up"
+        state = doc.get("verdict", {}).get("state", "?")
         table.add_row(*[_fmt(row.get(c), "", 3) for c in columns],
                       state + (" *best*" if i == verdict.get("best_index") else ""))
     console = _stdout()
@@ -291,8 +291,9 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
     console.print("[bold]verdict[/bold]")
     for line in verdict["lines"]:
         console.print(f"  {line}", highlight=False, markup=False)
-    console.print(f"  cost model: {docs[0].get('cost_model')}; it does not capture: "
-                  + "; ".join(docs[0].get("not_modelled", [])), highlight=False, markup=False)
+    notes = list(dict.fromkeys(n for doc in docs for n in doc.get("not_modelled", [])))
+    console.print(f"  cost model: {docs[0].get('cost_model')}; it does not capture: " + "; ".join(notes),
+                  highlight=False, markup=False)
     console.print(f"report: {paths['report']}", highlight=False)
     console.print(f"sweep folder: {out_dir} ({', '.join(p.name for p in paths.values())})", highlight=False)
 

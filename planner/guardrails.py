@@ -151,8 +151,10 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
         notes.append("roofline: peaks x fixed efficiencies; no kernel launch gaps, no CUDA graphs, "
                      "CPU overhead is a planning guess (2 ms + 20 us/sequence)")
         if factor_source:
-            notes.append(f"block size {block_size}: decode attention x{decode_attention_factor(block_size):.3f}, "
-                         f"a factor measured on our own paged-attention kernel ({factor_source}), not on a GPU")
+            factors = ", ".join(f"{b}: x{decode_attention_factor(b):.3g}" for b in VLLM_BLOCK_SIZES)
+            notes.append(f"block size: decode attention scaled by factors measured on our own CPU paged-attention "
+                         f"kernel ({factors}; {factor_source}); how block size changes GPU kernel speed is not "
+                         f"measured")
         else:
             notes.append(f"block size {block_size}: no effect on attention-kernel speed in this model; only its "
                          f"effect on memory (fragmentation, blocks) is simulated")

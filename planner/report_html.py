@@ -153,7 +153,7 @@ def rejected_section(verdict: dict) -> str:
 def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     """The HTML of one simulated run (its result document and its PNG plots)."""
     v = doc.get("verdict", {})
-    body = [verdict_box(v.get("lines", []), bad=v.get("overloaded", False))]
+    body = [verdict_box(v.get("lines", []), bad=v.get("state") in ("overloaded", "saturated"))]
     if doc.get("warnings"):
         body += ["<h2>Warnings</h2>", bullet_list(doc["warnings"], "warn")]
     body += ["<h2>Memory plan</h2>", memory_plan_table(doc.get("memory_plan"), doc),
@@ -179,7 +179,7 @@ def sweep_report(runs: list[dict], verdict: dict, plots: dict[str, Path], title:
     classes = ["best" if i == verdict.get("best_index") else "" for i in range(len(rows))]
     body += ["<h2>Runs</h2>", table(list(columns.values()) + ["verdict"],
                                     [[fmt(r.get(c)) for c in columns] + [
-                                        "overloaded" if run.get("verdict", {}).get("overloaded") else "keeps up"]
+                                        run.get("verdict", {}).get("state", "?")]
                                      for r, run in zip(rows, runs)], classes)]
     warnings = sorted({w for run in runs for w in run.get("warnings", [])})
     if warnings:

@@ -5,8 +5,9 @@ Definitions (stated in every report):
 - Warm-up: from the first arrival until WARMUP_FRACTION of the requests have
   arrived; the engine starts empty, so latencies are flattering and the cache
   is not yet full.
-- Drain: after the last arrival; nothing new comes in, the batch shrinks to
-  the stragglers (the issue's "batch size 1 for the last 270 s").
+- Drain: after DRAIN_FRACTION of the requests have arrived: the trace's
+  thinning tail (a chatbot's last turns trickle in), then nothing new; the
+  batch shrinks to the stragglers ("batch size 1 for the last 270 s").
 - Steady window: between the two. Steady-state figures count the requests that
   arrived in it (latencies), the tokens and completions that happened in it
   (throughput) and the steps that ran in it (batch size, KV cache).
@@ -18,10 +19,14 @@ Definitions (stated in every report):
   grows at (arrival rate - service rate).
 - KV cache full: fewer than FULL_FREE_SHARE of the KV slots are free; the share
   of time is weighted by step duration over the steady window.
-- Bound: "arrival rate" when the queue does not grow (the engine waits for
-  work); otherwise "memory" when the cache was full for at least half of the
-  window or requests were preempted, else "compute" (steps are long, or the
-  batch is capped at max_num_seqs).
+- State: "overloaded" when the queue keeps growing; "saturated" when it does
+  not, but requests queue up anyway (mean waiting queue >= SATURATED_QUEUE) or
+  the cache is full at least MEMORY_FULL_SHARE of the time: the engine is at
+  its limit and latency pays for it; else "keeps up".
+- Bound: "arrival rate" when the engine keeps up (it waits for work);
+  otherwise "memory" when the cache was full for at least TIGHT_FULL_SHARE of
+  the window or requests were preempted, else "compute" (steps are long, or
+  the batch is capped at max_num_seqs).
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ from typing import Callable
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
 
 WARMUP_FRACTION = 0.10
+DRAIN_FRACTION = 0.90
+SATURATED_QUEUE = 1.0
+TIGHT_FULL_SHARE = 0.2
 GROWTH_SHARE = 0.10
 MIN_GROWTH = 5.0
 FULL_FREE_SHARE = 0.05
@@ -57,12 +65,12 @@ class Window:
 
 
 def steady_window(records: list[RequestRecord]) -> Window | None:
-    """[arrival of the request at WARMUP_FRACTION, last arrival]; None when that has no length."""
+    """[arrival at WARMUP_FRACTION of the requests, arrival at DRAIN_FRACTION]; None when that has no length."""
     arrivals = sorted(r.arrival for r in records)
     if len(arrivals) < 10:
         return None
-    start = arrivals[min(len(arrivals) - 1, math.ceil(WARMUP_FRACTION * len(arrivals)))]
-    end = arrivals[-1]
+    start = arrivals[math.ceil(WARMUP_FRACTION * len(arrivals))]
+    end = arrivals[min(len(arrivals) - 1, math.floor(DRAIN_FRACTION * len(arrivals)))]
     return Window(start, end) if end > start else None
 
 
@@ -168,30 +176,34 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         steady = steady_metrics(records, steps, window, _preemptions_in(steps, window))
         steady["window"] = {"start": window.start, "end": window.end,
                             "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
-                            "drain": "after the last arrival"}
+                            "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
         trend = queue_trend(records, window)
     preemptions = doc.get("preemptions", {}).get("total", 0)
     kv_full = steady["kv_full_share"] if steady else None
     max_seqs = params.get("max_num_seqs")
 
+    growing = bool(trend and trend["growing"])
+    saturated = bool(trend and not growing and (trend["mean_waiting"] >= SATURATED_QUEUE
+                                                 or (kv_full or 0) >= MEMORY_FULL_SHARE))
     if trend is None:
         bound = "unknown"
         why = "too few requests or no arrival spread (e.g. all at once) to define a steady window"
-    elif not trend["growing"]:
+    elif not growing and not saturated:
         bound = "arrival rate"
-        why = "the waiting queue does not grow: the engine keeps up and waits for requests"
-    elif (kv_full or 0) >= MEMORY_FULL_SHARE or (steady and steady["preemptions"] > 0):
+        why = "the engine keeps up and waits for requests"
+    elif (kv_full or 0) >= TIGHT_FULL_SHARE or (steady and steady["preemptions"] > 0):
         bound = "memory"
         why = (f"the KV cache was full {kv_full:.0%} of the steady window"
-               + (f" and {steady['preemptions']} requests were preempted" if steady["preemptions"] else "")
+               + (f" with {steady['preemptions']} preemptions" if steady["preemptions"] else "")
                + ": the batch cannot grow")
     elif max_seqs and steady and (steady.get("mean_batch_size") or 0) >= 0.9 * max_seqs:
         bound = "compute"
-        why = f"the batch is capped at max_num_seqs={max_seqs} while the queue grows"
+        why = f"the batch is capped at max_num_seqs={max_seqs}"
     else:
         bound = "compute"
         why = "steps take too long for the arrival rate while memory is not full"
-    overloaded = bool(trend and trend["growing"])
+    overloaded = growing
+    state = "overloaded" if growing else "saturated" if saturated else "keeps up" if trend else "unknown"
 
     slo_status = None
     if slos:
@@ -201,19 +213,26 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     next_commands = _next_commands(bound, params, requested, served, command)
     lines = []
     rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
-    rate_line += f"; the trace offers {_fmt_rate(offered)}; served {_fmt_rate(served)} over the whole run"
+    rate_line += f"; the trace offers {_fmt_rate(offered)}"
+    if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
+        rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
+    rate_line += f"; served {_fmt_rate(served)} over the whole run"
     if steady:
         rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
     lines.append(rate_line + ".")
     if trend is not None:
         if overloaded:
             lines.append(f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
-                         f"the steady window, {trend['slope']:.3g} req/s).")
+                         f"the steady window, {trend['slope']:.3g} req/s); latencies grow with the run's length.")
+        elif saturated:
+            lines.append(f"SATURATED: the waiting queue does not keep growing but requests queue up (mean "
+                         f"{trend['mean_waiting']:.1f}, max {trend['max_waiting']} waiting; TTFT p99 "
+                         f"{doc.get('ttft_p99') or 0:.3g} s): the engine runs at its limit.")
         else:
-            lines.append(f"Keeps up: the waiting queue stays level (mean {trend['mean_waiting']:.1f}, "
+            lines.append(f"Keeps up: the waiting queue stays short (mean {trend['mean_waiting']:.1f}, "
                          f"max {trend['max_waiting']}).")
     if kv_full is not None:
-        tight = (not overloaded and (kv_full >= 0.2 or preemptions > 0))
+        tight = state == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
         lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
                      + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
     lines.append(f"Bound by {bound}: {why}.")
@@ -230,7 +249,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         "verdict": {
             "requested_rate": requested, "offered_rate": offered, "served_rate": served,
             "served_rate_steady": steady["request_throughput"] if steady else None,
-            "overloaded": overloaded, "queue": trend, "kv_full_share": kv_full,
+            "state": state, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
             "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
             "rejected": summarize_reasons(records), "num_rejected": rejected, "num_truncated": truncated,
             "next_commands": next_commands, "lines": lines,
@@ -268,39 +287,49 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
 def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
     """The best run of a sweep and one line per run.
 
-    Best: among the runs that keep up (queue not growing, nothing rejected), the highest
-    served rate when the rate is swept, else the lowest steady normalized latency.
+    Best: among the runs that keep up (queue short, nothing rejected; saturated runs only when
+    none keeps up), the highest served rate when the rate is swept, else the lowest steady
+    normalized latency.
     """
-    def ok(run: dict) -> bool:
+    def ok(run: dict, allow_saturated: bool) -> bool:
         v = run.get("verdict", {})
-        return not v.get("overloaded") and not run.get("num_rejected")
+        return (not v.get("overloaded") and (allow_saturated or not v.get("saturated"))
+                and not run.get("num_rejected"))
 
     def latency(run: dict) -> float:
         s = run.get("steady_state") or {}
         value = s.get("normalized_latency") or run.get("normalized_latency")
         return value if value is not None else math.inf
 
-    candidates = [i for i, r in enumerate(runs) if ok(r)]
+    candidates = ([i for i, r in enumerate(runs) if ok(r, False)]
+                  or [i for i, r in enumerate(runs) if ok(r, True)])
     best = None
     if candidates:
         if "rate" in swept:
             best = max(candidates, key=lambda i: ((runs[i].get("request_throughput") or 0), -latency(runs[i])))
         else:
             best = min(candidates, key=lambda i: latency(runs[i]))
+    rule_short = "highest served rate that keeps up" if "rate" in swept else "lowest latency that keeps up"
     lines = []
     for run in runs:
         v = run.get("verdict", {})
-        lines.append(f"{run_label(run, swept)}: {'overloaded' if v.get('overloaded') else 'keeps up'}, "
+        lines.append(f"{run_label(run, swept)}: {v.get('state', '?')}, "
                      f"bound by {v.get('bound', '?')}, served {_fmt_rate(run.get('request_throughput'))}")
-    summary = (f"Best: {run_label(runs[best], swept)}" if best is not None
+    summary = (f"Best: {run_label(runs[best], swept)} ({rule_short}: {_fmt_rate(runs[best].get('request_throughput'))}"
+               f" served, {(latency(runs[best])):.4g} s/token steady normalized latency)" if best is not None
                else "No run keeps up: every configuration is overloaded or rejects requests; lower the rate.")
     rule = ("highest served rate among runs that keep up" if "rate" in swept
             else "lowest steady normalized latency among runs that keep up")
-    identical = _identical(runs)
     notes = []
-    if identical and "block_size" in swept:
-        notes.append("The block sizes gave identical results: nothing filled the KV cache, so block size only "
-                     "changes attention-kernel speed (see the cost model notes).")
+    if "block_size" in swept:
+        full = max((r.get("verdict", {}).get("kv_full_share") or 0) for r in runs)
+        notes.append("Block size acts twice: on memory (a sequence wastes at most one partly filled block; "
+                     "this matters only while the KV cache is full, here at most "
+                     f"{full:.0%} of the time) and on decode-attention kernel speed (measured factors, see the "
+                     "cost model notes).")
+        if _identical(runs):
+            notes.append("The block sizes gave identical results: the cache never filled and the cost model has "
+                         "no kernel factor for these sizes.")
     return {"best_index": best, "best_rule": rule, "lines": [summary] + lines + notes, "swept": swept}
 
 

@@ -42,7 +42,10 @@ def _at_block_size(cost_model, block_size: int):
     """A calibrated model priced at `block_size` rather than the block size it was profiled at."""
     from planner.block_size_factors import decode_attention_factor
 
-    profiled = cost_model.profile.block_size
-    backend = "cpu" if cost_model.profile.device.gpu == "cpu" else "cuda"
+    profile = getattr(cost_model, "profile", None)
+    if profile is None or not hasattr(cost_model, "scale_decode_attention"):
+        return cost_model
+    profiled = profile.block_size
+    backend = "cpu" if profile.device.gpu == "cpu" else "cuda"
     cost_model.scale_decode_attention(decode_attention_factor(block_size, reference=profiled, backend=backend))
     return cost_model
