@@ -361,3 +361,24 @@ def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], 
         return "num_rejected"
     ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}
     return max(ratios, key=ratios.get)
+
+
+def validation_verdict(validation, targets: dict[str, float]) -> dict:
+    """Is the simulator within its targets against the live engine, and how loaded was the live run."""
+    rows = validation.comparison()
+    within, missed = [], []
+    for name, target in targets.items():
+        err = rows.get(name, {}).get("relative_error")
+        if err is not None:
+            (within if abs(err) <= target else missed).append(f"{name} {err:+.1%} (target ±{target:.0%})")
+    live = dict(validation.live.metrics)
+    live["params"] = {"trace_params": {"rate": validation.config.rate},
+                      "max_num_seqs": validation.config.max_num_seqs, "tp": 1}
+    load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
+    lines = [("Simulator within its targets: " + ", ".join(within)) if not missed else
+             ("Simulator off target: " + ", ".join(missed) + (f"; within: {', '.join(within)}" if within else ""))]
+    lines += [f"Live run: {line}" for line in load["lines"][:4]]
+    lines.append("Next: " + ("planner validate --reprofile (recalibrate on this machine, then compare again)"
+                             if missed else "planner simulate --gpu <a catalog GPU> with the same workload: the "
+                                            "model is trustworthy here"))
+    return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}
