@@ -329,7 +329,8 @@ def capacity(
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)
-            err.print(f"  {rate:8.3f} req/s: {'meets' if ok else 'misses'} ({shown})", highlight=False)
+            grows = "; the queue keeps growing" if (doc.get("verdict") or {}).get("overloaded") else ""
+            err.print(f"  {rate:8.3f} req/s: {'meets' if ok else 'misses'} ({shown}{grows})", highlight=False)
 
         err.print(f"searching the capacity of {spec.model} / {spec.tp} x {spec.gpu} on {spec.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)

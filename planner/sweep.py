@@ -191,8 +191,9 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
 
 
 def meets(doc: dict, slos: dict[str, float]) -> bool:
-    """Every SLO holds, and nothing was left undone: a run that rejected requests fails."""
-    if doc.get("num_rejected"):
+    """Every SLO holds, nothing was left undone (a run that rejected requests fails), and the
+    engine keeps up: a queue that keeps growing means the SLOs hold only because the trace ends."""
+    if doc.get("num_rejected") or (doc.get("verdict") or {}).get("overloaded"):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())
 
@@ -286,6 +287,9 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: CapacityResu
         miss = next(d for r, ok, d in found.probes if r == first_miss)
         if binding == "num_rejected":
             lines.append(f"Binding limit: requests are rejected at {first_miss:.3g} req/s.")
+        elif binding == "queue_growth":
+            lines.append(f"Binding limit: throughput. At {first_miss:.3g} req/s every SLO still held, but the "
+                         f"waiting queue kept growing: the SLOs would fail on a longer run.")
         else:
             lines.append(f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss:.3g} req/s it reached "
                          f"{miss.get(binding, float('nan')):.3g}).")

@@ -352,7 +352,8 @@ def run_label(run: dict, swept: list[str]) -> str:
 
 
 def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None) -> str | None:
-    """The SLO that fails first above the capacity: at the lowest failing rate, the one furthest over its limit."""
+    """What fails first above the capacity: at the lowest failing rate, the SLO furthest over its limit,
+    'num_rejected' when requests were rejected, 'queue_growth' when every SLO held but the queue kept growing."""
     above = sorted((r, d) for r, ok, d in probes if not ok and (capacity is None or r > capacity))
     if not above:
         return None
@@ -360,7 +361,10 @@ def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], 
     if doc.get("num_rejected"):
         return "num_rejected"
     ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}
-    return max(ratios, key=ratios.get)
+    worst = max(ratios, key=ratios.get)
+    if ratios[worst] <= 1 and (doc.get("verdict") or {}).get("overloaded"):
+        return "queue_growth"
+    return worst
 
 
 def validation_verdict(validation, targets: dict[str, float]) -> dict:
