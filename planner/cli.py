@@ -16,15 +16,18 @@ from planner import cli_profile, cli_simulate, cli_validate, cli_workload
 from planner.catalog import list_gpus, list_models
 from planner.errors import PlannerError
 
+# Plain click help (rich_markup_mode=None): flags show as `--x / --no-x` with no type column
+# (rich's help printed `--prefix-caching <bool>`, which read as if it took a value).
 app = typer.Typer(help="Capacity planner for LLM serving on a paged (PagedAttention) engine.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  add_completion=False)
 app.add_typer(cli_workload.app, name="workload")
 app.command("simulate")(cli_simulate.simulate)
 app.command("capacity")(cli_simulate.capacity)
 app.command("profile")(cli_profile.profile)
 app.command("validate")(cli_validate.validate_cmd)
 
-list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True)
+list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(list_app, name="list")
 
 

@@ -37,7 +37,7 @@ GPU = typer.Option("a100-40g", help="GPU from the catalog (planner list gpus)")
 TP = typer.Option(1, "--tp", help="tensor parallel size")
 DEFAULT_WORKLOAD = "sharegpt"   # the same for simulate and capacity (the paper's main workload)
 WORKLOAD = typer.Option(DEFAULT_WORKLOAD, help="built-in workload (planner list workloads)")
-PARAM = typer.Option(None, "--param", "-p", help="workload parameter KEY=VALUE (planner workload show NAME "
+PARAM = typer.Option(None, "--param", "-p", metavar="KEY=VALUE", help="workload parameter KEY=VALUE (planner workload show NAME "
                                                  "lists them); repeatable")
 TRACE = typer.Option(None, "--trace", help="a .jsonl/.csv trace file instead of --workload")
 REQUESTS = typer.Option(None, "--requests", "-n", help="request count (default 1000 without --duration)")
@@ -49,7 +49,7 @@ MAX_BATCHED = typer.Option(None, help="most tokens per step (default max(max_mod
 UTILIZATION = typer.Option(0.9, help="fraction of GPU memory the engine may use")
 PREFIX = typer.Option(False, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching",
                       help="automatic prefix caching (--prefix-caching is an alias)")
-SIM_SLO = typer.Option(None, "--slo", help="optional SLO to judge and draw: s/token, or METRIC=SECONDS; repeatable")
+SIM_SLO = typer.Option(None, "--slo", metavar="LIMIT", help="optional SLO to judge and draw: s/token, or METRIC=SECONDS; repeatable")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
@@ -299,7 +299,7 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
 
 
 def capacity(
-    slo: list[str] = typer.Option(..., "--slo", help="normalized latency limit in s/token (e.g. 0.2), or "
+    slo: list[str] = typer.Option(..., "--slo", metavar="LIMIT", help="normalized latency limit in s/token (e.g. 0.2), or "
                                                      "METRIC=SECONDS (e.g. ttft_p99=2, tpot_p99=0.1); repeatable"),
     model: str = MODEL, gpu: str = GPU, tp: int = TP, workload: str = WORKLOAD,
     trace: Optional[Path] = TRACE, param: Optional[list[str]] = PARAM, requests: Optional[int] = REQUESTS,
