@@ -85,13 +85,7 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
 @list_app.command("workloads")
 def list_workloads_cmd(as_json: bool = AS_JSON) -> None:
     """Built-in workloads."""
-    if as_json:
-        from workloads import WORKLOADS, workload_params
-
-        _emit([{"name": name, "description": desc, "params": workload_params(name)}
-               for name, desc in WORKLOADS.items()])
-        return
-    cli_workload.list_workloads()
+    cli_workload.list_workloads(as_json)
 
 
 def _boolean_flag_error(argv: list[str]) -> str | None:
