@@ -70,6 +70,10 @@ def validate_cmd(
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     verdict = validation_verdict(result, TARGETS)
+    comparison = report.parent / "comparison.json"      # the validation's result file gets the verdict too
+    if comparison.is_file():
+        comparison.write_text(json.dumps({**json.loads(comparison.read_text()), "verdict": json_safe(verdict)},
+                                         indent=2) + "\n")
     html = validation_report(json_safe(as_json(result)), verdict, report.parent,
                              f"Validation: {result.spec.name} on {result.config.gpu}, {result.config.workload} at "
                              f"{result.config.rate:g} req/s")
