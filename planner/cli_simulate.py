@@ -168,7 +168,7 @@ def print_verdict(console: Console, verdict: dict, warnings: list[str] = (), not
     for line in verdict.get("lines", []):
         console.print(f"  {line}", highlight=False, markup=False)
     for entry in verdict.get("rejected") or []:
-        console.print(f"  rejected {entry['count']}: {entry['reason']}", highlight=False, markup=False)
+        console.print(f"  {entry['count']} requests: {entry['reason']}", highlight=False, markup=False)
     for w in warnings:
         console.print(f"  warning: {w}", highlight=False, markup=False)
     if notes:

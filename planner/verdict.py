@@ -139,13 +139,23 @@ def _preemptions_in(steps: list[StepRecord], window: Window | None) -> int:
     return sum(s.preempted for s in steps if window is None or s.start in window)
 
 
-def summarize_reasons(records: list[RequestRecord]) -> list[dict]:
-    """Rejected requests grouped by reason (numbers generalized), with a count and one example."""
+def _truncation_reason(r: RequestRecord, max_model_len: int | None) -> str:
+    held = r.prompt_len + (getattr(r, "seq_output_len", 0) or r.output_len)
+    if max_model_len and held >= max_model_len:
+        return f"truncated: output clipped at the context limit (max_model_len {max_model_len})"
+    return "truncated: the sequence outgrew the whole KV cache"
+
+
+def summarize_reasons(records: list[RequestRecord], max_model_len: int | None = None) -> list[dict]:
+    """Rejected and truncated requests grouped by reason (numbers generalized), with a count and one example."""
     groups: dict[str, dict] = {}
     for r in records:
-        if not r.rejected:
+        if r.rejected:
+            reason = r.reject_reason or "rejected, no reason given"
+        elif getattr(r, "truncated", False):
+            reason = _truncation_reason(r, max_model_len)
+        else:
             continue
-        reason = r.reject_reason or "no reason given"
         key = re.sub(r"\d+", "N", reason)
         entry = groups.setdefault(key, {"reason": reason, "count": 0, "example_request": r.request_id})
         entry["count"] += 1
@@ -251,7 +261,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
             "served_rate_steady": steady["request_throughput"] if steady else None,
             "state": state, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
             "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
-            "rejected": summarize_reasons(records), "num_rejected": rejected, "num_truncated": truncated,
+            "rejected": summarize_reasons(records, params.get("max_model_len")), "num_rejected": rejected, "num_truncated": truncated,
             "next_commands": next_commands, "lines": lines,
         },
     }
