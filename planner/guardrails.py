@@ -88,10 +88,19 @@ def fit_hint(spec: ModelSpec, device: GpuSpec, tp: int, **plan_args) -> str:
     bigger = [t for t in valid_tp_sizes(spec, MAX_TP_PER_NODE) if t > tp and fits(device, t)]
     if bigger:
         hints.append(f"--tp {bigger[0]} fits on {device.name}")
-    for g in sorted(list_gpus(), key=lambda g: g.memory_bytes):
-        if g.family != "cpu" and g.name != device.name and fits(g, tp):
-            hints.append(f"--gpu {g.name} fits at --tp {tp}")
-            break
+    others = sorted((g for g in list_gpus() if g.family != "cpu" and g.name != device.name),
+                    key=lambda g: g.memory_bytes)
+    same_tp = next((g for g in others if fits(g, tp)), None)
+    if same_tp is not None:
+        hints.append(f"--gpu {same_tp.name} fits at --tp {tp}")
+    else:
+        # Fewest GPUs first, then the smallest GPU: the cheapest other setup that holds it.
+        options = [(t, g.memory_bytes, g.name) for g in others
+                   for t in valid_tp_sizes(spec, MAX_TP_PER_NODE) if t > tp and fits(g, t)]
+        if options:
+            t, _, name = min(options)
+            if not bigger or t < bigger[0]:
+                hints.append(f"--gpu {name} --tp {t} fits")
     return ("; " + " or ".join(hints)) if hints else "; no catalog GPU holds it with up to 8-way TP"
 
 

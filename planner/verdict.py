@@ -135,6 +135,13 @@ def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window
     return out
 
 
+def _capped_share(steps: list[StepRecord], window: Window | None, max_seqs: int) -> float:
+    """Share of decode-step time in the window with the batch at max_num_seqs."""
+    decode = [s for s in steps if not s.is_prefill and (window is None or s.start in window)]
+    total = sum(s.duration for s in decode)
+    return sum(s.duration for s in decode if s.num_seqs >= max_seqs) / total if total > 0 else 0.0
+
+
 def _preemptions_in(steps: list[StepRecord], window: Window | None) -> int:
     return sum(s.preempted for s in steps if window is None or s.start in window)
 
@@ -206,7 +213,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         why = (f"the KV cache was full {kv_full:.0%} of the steady window"
                + (f" with {steady['preemptions']} preemptions" if steady["preemptions"] else "")
                + ": the batch cannot grow")
-    elif max_seqs and steady and (steady.get("mean_batch_size") or 0) >= 0.9 * max_seqs:
+    elif max_seqs and _capped_share(steps, window, max_seqs) >= 0.5:
         bound = "compute"
         why = f"the batch is capped at max_num_seqs={max_seqs}"
     else:
@@ -221,6 +228,9 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
 
     next_commands = _next_commands(bound, params, requested, served, command)
+    if command is not None and "max_num_seqs" in why:
+        next_commands.insert(0, {"command": command(max_num_seqs=2 * max_seqs),
+                                 "why": "let the batch grow past max_num_seqs"})
     lines = []
     rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
     rate_line += f"; the trace offers {_fmt_rate(offered)}"
@@ -251,7 +261,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         lines.append("SLOs met." if not missed else f"SLOs missed: {', '.join(missed)}.")
     rejected, truncated = doc.get("num_rejected", 0), doc.get("num_truncated", 0)
     if rejected or truncated:
-        lines.append(f"{rejected} requests rejected, {truncated} truncated (see 'rejected' below).")
+        lines.append(f"{rejected} requests rejected, {truncated} truncated (reasons below).")
     if next_commands:
         lines.append(f"Next: {next_commands[0]['command']}  ({next_commands[0]['why']})")
     return {

@@ -141,9 +141,8 @@ def test_boolean_flags_have_canonical_names_and_aliases(tmp_path):
     problem = _boolean_flag_error(["simulate", "--prefix-caching", "true"])
     assert "--enable-prefix-caching" in problem and "--no-enable-prefix-caching" in problem
     assert _boolean_flag_error(["simulate", "--enable-prefix-caching", "--requests", "5"]) is None
-    for flag, expect in (("--enable-prefix-caching", True), ("--prefix-caching", True),
-                         ("--no-enable-prefix-caching", False)):
-        result = invoke("simulate", "--workload", "prefix", "--requests", 12, "--rate", 4, flag,
+    for flag, expect in (("--prefix-caching", True), ("--no-enable-prefix-caching", False)):
+        result = invoke("simulate", "--workload", "prefix", "--requests", 6, "--rate", 4, flag,
                         "--preemption-mode", "swap", "--out", tmp_path / flag, "--json")
         assert result.exit_code == 0, result.output
         params = json.loads(result.stdout)["params"]
@@ -177,3 +176,10 @@ def test_memory_plan_labels_per_gpu_and_totals_under_tp(tmp_path):
     assert "per GPU" in result.stdout and "all 4 GPUs" in result.stdout
     plan = json.loads((tmp_path / "result.json").read_text())["memory_plan"]
     assert f"{plan['kv_gib_total']:.2f} GiB" in result.stdout and f"{plan['kv_gib_per_gpu']:.2f} GiB" in result.stdout
+
+
+def test_batch_capped_at_max_num_seqs_is_compute_bound_and_says_so():
+    doc = run_document(RunSpec(workload="alpaca", rate=30.0, requests=300, max_num_seqs=8, seed=0))
+    v = doc["verdict"]
+    assert v["overloaded"] and v["bound"] == "compute" and "max_num_seqs=8" in v["bound_reason"]
+    assert "--max-num-seqs 16" in v["next_commands"][0]["command"]
