@@ -232,7 +232,8 @@ def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path, 
 
 COMPARISON_COLUMNS = ("allocator", "block_size", "rate", "num_completed", "num_rejected", "request_throughput",
                       "output_token_throughput", "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean",
-                      "mean_batch_size", "kv_utilization", "sharing_saved", "preemptions_total", "wall_time")
+                      "mean_batch_size", "kv_utilization", "sharing_saved", "preemptions_total", "wall_time",
+                      "state", "steady_normalized_latency")
 
 
 def comparison_row(run: dict) -> dict:
@@ -240,7 +241,9 @@ def comparison_row(run: dict) -> dict:
     params = run.get("params", {})
     row = {"allocator": params.get("allocator"), "block_size": params.get("block_size"),
            "rate": params.get("trace_params", {}).get("rate"),
-           "preemptions_total": run.get("preemptions", {}).get("total")}
+           "preemptions_total": run.get("preemptions", {}).get("total"),
+           "state": (run.get("verdict") or {}).get("state"),
+           "steady_normalized_latency": (run.get("steady_state") or {}).get("normalized_latency")}
     for col in COMPARISON_COLUMNS:
         row.setdefault(col, run.get(col))
     return row
@@ -301,7 +304,8 @@ def write_sweep(runs: list[dict], out_dir: Path, slos: dict[str, float] | None =
                                                       title=f"KV-cache use: {title}")
     paths.update(plots)
     columns = {"allocator": "allocator", "block_size": "block", "rate": "rate", "request_throughput": "req/s",
-               "normalized_latency": "s/token", "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
+               "normalized_latency": "s/token", "steady_normalized_latency": "steady s/token",
+               "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
                "mean_batch_size": "batch", "kv_utilization": "KV util", "preemptions_total": "preempt",
                "num_rejected": "rejected"}
     paths["report"] = out_dir / "report.html"

@@ -251,6 +251,11 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         else:
             lines.append(f"Keeps up: the waiting queue stays short (mean {trend['mean_waiting']:.1f}, "
                          f"max {trend['max_waiting']}).")
+    e2e = doc.get("e2e_mean")
+    short = bool(window is not None and e2e and window.length < 5 * e2e)
+    if short:
+        lines.append(f"Caution: the steady window ({window.length:.3g} s) is shorter than 5 mean request latencies "
+                     f"({e2e:.3g} s each): too short to judge; give more --requests or a --duration.")
     if kv_full is not None:
         tight = state == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
         lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
@@ -269,7 +274,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         "verdict": {
             "requested_rate": requested, "offered_rate": offered, "served_rate": served,
             "served_rate_steady": steady["request_throughput"] if steady else None,
-            "state": state, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
+            "state": state, "window_too_short": short, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
             "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
             "rejected": summarize_reasons(records, params.get("max_model_len")), "num_rejected": rejected, "num_truncated": truncated,
             "next_commands": next_commands, "lines": lines,
