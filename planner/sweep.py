@@ -313,6 +313,7 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: CapacityResu
                                                        "ttft_p99", "tpot_mean", "tpot_p99", "normalized_latency")},
         "verdict": verdict,
         "probes": [{"rate": r, "meets": ok, **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
-                    "request_throughput": d.get("request_throughput")} for r, ok, d in found.probes],
+                    "request_throughput": d.get("request_throughput"),
+                    "state": (d.get("verdict") or {}).get("state")} for r, ok, d in found.probes],
         "at_capacity": found.doc,
     })
