@@ -192,9 +192,12 @@ def _workload_params(workload: str, pairs: list[str] | None) -> tuple:
     """-p KEY=VALUE pairs, typed like the workload's defaults."""
     if not pairs:
         return ()
-    from planner.cli_workload import _parse_params
+    try:
+        from workloads import parse_workload_params      # h2's shared helper (workload show uses it too)
+    except ImportError:
+        from planner.cli_workload import _parse_params as parse_workload_params
 
-    return tuple(sorted(_parse_params(workload, pairs).items()))
+    return tuple(sorted(parse_workload_params(workload, pairs).items()))
 
 
 def _warn(err: Console, warnings: list[str]) -> None:

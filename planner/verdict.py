@@ -407,7 +407,9 @@ def validation_verdict(validation, targets: dict[str, float]) -> dict:
     lines = [("Simulator within its targets: " + ", ".join(within)) if not missed else
              ("Simulator off target: " + ", ".join(missed) + (f"; within: {', '.join(within)}" if within else ""))]
     lines += [f"Live run: {line}" for line in load["lines"][:4]]
-    lines.append("Next: " + ("planner validate --reprofile (recalibrate on this machine, then compare again)"
-                             if missed else "planner simulate --gpu <a catalog GPU> with the same workload: the "
-                                            "model is trustworthy here"))
+    cfg = validation.config
+    lines.append("Next: " + (f"planner validate --gpu {cfg.gpu} --model {cfg.model} --workload {cfg.workload} "
+                             f"--reprofile  (recalibrate on this machine right before comparing)" if missed else
+                             f"planner simulate --gpu a100-40g --workload {cfg.workload}  (the cost model held up "
+                             f"here; plan on the hardware you would buy)"))
     return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}

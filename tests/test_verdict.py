@@ -132,9 +132,11 @@ def test_list_commands_accept_json_and_fit_80_columns():
         assert result.exit_code == 0, result.output
         rows = json.loads(result.stdout)
         assert rows and all("name" in r for r in rows)
-    result = runner.invoke(app, ["list", "gpus"], env={"COLUMNS": "80"})
-    assert result.exit_code == 0 and "a100-40g" in result.stdout
-    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    for what in ("gpus", "models", "workloads"):
+        result = runner.invoke(app, ["list", what], env={"COLUMNS": "80"})
+        assert result.exit_code == 0 and len(result.stdout.splitlines()) > 5
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80, what
+    assert json.loads(invoke("workload", "list", "--json").stdout)[0]["name"] == "sharegpt"
 
 
 def test_boolean_flags_have_canonical_names_and_aliases(tmp_path):
