@@ -144,8 +144,10 @@ def _summary_table(doc: dict, wall_time: float) -> Table:
         ("normalized latency", *both("normalized_latency", " s/token", 4)),
         ("TTFT mean", *both("ttft_mean", " s")), ("TTFT p99", *both("ttft_p99", " s")),
         ("TPOT mean", *both("tpot_mean", " s", 4)), ("TPOT p99", *both("tpot_p99", " s", 4)),
+        ("ITL mean", *both("itl_mean", " s", 4)), ("ITL p99", *both("itl_p99", " s", 4)),
         ("E2E mean", *both("e2e_mean", " s")),
-        ("mean batch size", *both("mean_batch_size", "", 2)),
+        ("mean batch size (decode steps)", *both("mean_batch_size", "", 2)),
+        ("mean batch size (prefill steps)", *both("mean_prefill_batch_size", "", 2)),
         ("KV utilization", *both("kv_utilization", "", 3)),
         ("KV cache full (share of time)", "", _fmt(st.get("kv_full_share"), "", 3)),
         ("preemptions (recompute / swap)", f"{m['preemptions']['recompute']} / {m['preemptions']['swap']}",
@@ -280,7 +282,7 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
     columns = {"allocator": "allocator", "block_size": "block", "rate": "rate", "request_throughput": "req/s",
                "normalized_latency": "s/token", "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
                "mean_batch_size": "batch", "kv_utilization": "KV util", "preemptions_total": "preempt",
-               "num_rejected": "rejected"}
+               "num_rejected": "rejected", "num_truncated": "truncated"}
     for col, title in columns.items():
         table.add_column(title, justify="left" if col == "allocator" else "right")
     table.add_column("verdict")

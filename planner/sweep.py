@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from engine.core.metrics import failed_requests
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
@@ -191,9 +192,9 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
 
 
 def meets(doc: dict, slos: dict[str, float]) -> bool:
-    """Every SLO holds, nothing was left undone (a run that rejected requests fails), and the
-    engine keeps up: a queue that keeps growing means the SLOs hold only because the trace ends."""
-    if doc.get("num_rejected") or (doc.get("verdict") or {}).get("overloaded"):
+    """Every SLO holds, nothing was left undone (a run that rejected or truncated requests fails),
+    and the engine keeps up: a queue that keeps growing means the SLOs hold only because the trace ends."""
+    if failed_requests(doc) or (doc.get("verdict") or {}).get("overloaded"):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())
 
@@ -313,6 +314,7 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: CapacityResu
                                                        "ttft_p99", "tpot_mean", "tpot_p99", "normalized_latency")},
         "verdict": verdict,
         "probes": [{"rate": r, "meets": ok, **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
+                    "num_truncated": d.get("num_truncated"),
                     "request_throughput": d.get("request_throughput"),
                     "state": (d.get("verdict") or {}).get("state")} for r, ok, d in found.probes],
         "at_capacity": found.doc,

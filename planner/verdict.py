@@ -48,7 +48,8 @@ FULL_FREE_SHARE = 0.05
 QUEUE_SAMPLES = 200
 MEMORY_FULL_SHARE = 0.5
 STEADY_KEYS = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
-               "tpot_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size", "kv_utilization")
+               "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size",
+               "mean_prefill_batch_size", "kv_utilization")
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,10 @@ def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window
     arrived = [r for r in records if r.arrival in window]
     in_steps = [s for s in steps if s.start in window]
     m = compute_metrics(arrived, in_steps)
-    done_in = sum(1 for r in records if not r.rejected and r.finish is not None and r.finish in window)
-    tokens_in = sum(1 for r in records if not r.rejected for t in r.token_times if t in window)
+    done_in = sum(1 for r in records if r.completed and r.finish in window)
+    # token_times has one entry per step that produced tokens (n of them for n parallel sequences)
+    tokens_in = sum(r.output_len / len(r.token_times) * sum(1 for t in r.token_times if t in window)
+                    for r in records if not r.rejected and r.token_times)
     m["request_throughput"] = done_in / window.length
     m["output_token_throughput"] = tokens_in / window.length
     busy = sum(s.duration for s in in_steps)
