@@ -27,7 +27,7 @@ from planner.errors import PlannerError
 from planner.report_sim import comparison_row, json_safe, write_capacity, write_run, write_sweep
 from planner.sweep import (RunSpec, analysed_document, capacity_document, capacity_title, find_capacity,
                            parse_slos, run_sweep)
-from workloads import TraceError
+from workloads import TraceError, parse_workload_params
 
 REPORTS_DIR = Path("reports")
 
@@ -194,11 +194,6 @@ def _workload_params(workload: str, pairs: list[str] | None) -> tuple:
     """-p KEY=VALUE pairs, typed like the workload's defaults."""
     if not pairs:
         return ()
-    try:
-        from workloads import parse_workload_params      # h2's shared helper (workload show uses it too)
-    except ImportError:
-        from planner.cli_workload import _parse_params as parse_workload_params
-
     return tuple(sorted(parse_workload_params(workload, pairs).items()))
 
 
