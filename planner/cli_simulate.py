@@ -52,6 +52,9 @@ PREFIX = typer.Option(False, "--enable-prefix-caching/--no-enable-prefix-caching
 SIM_SLO = typer.Option(None, "--slo", metavar="LIMIT", help="optional SLO to judge and draw: s/token, or METRIC=SECONDS; repeatable")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
+COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
+                                                     "profile, else measured vLLM tables, else roofline)")
+MAX_MODEL_LEN = typer.Option(None, "--max-model-len", help="longest sequence served (default: the model's own)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
 
@@ -99,6 +102,9 @@ def _plan_table(plan: dict | None, metrics: dict) -> Table:
         gib(plan["usable_gib_per_gpu"] * tp))
     row("weights", gib(plan["weights_gib_per_gpu"]), gib(plan["weights_gib_per_gpu"] * tp))
     row("activations", gib(plan["activations_gib_per_gpu"]), gib(plan["activations_gib_per_gpu"] * tp))
+    if "non_torch_gib_per_gpu" in plan:
+        row("non-torch (CUDA, cuBLAS, NCCL)", gib(plan["non_torch_gib_per_gpu"]),
+            gib(plan["non_torch_gib_per_gpu"] * tp))
     row("KV cache", gib(plan["kv_gib_per_gpu"]), gib(plan["kv_gib_total"]))
     row("KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}", "same blocks")
     row("KV token slots", f"{plan['kv_token_slots']:,}" + (f" (1/{tp} of heads)" if tp > 1 else ""),
@@ -213,6 +219,7 @@ def simulate(
     preemption_mode: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     enable_prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE,
+    cost_model: Optional[str] = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
     slo: Optional[list[str]] = SIM_SLO, out: Optional[Path] = OUT, as_json: bool = AS_JSON,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
@@ -228,7 +235,7 @@ def simulate(
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
                        profile=str(profile) if profile else None, workload_params=_workload_params(source, param),
-                       slos=tuple(slos.items()))
+                       slos=tuple(slos.items()), cost_model_option=cost_model, max_model_len=max_model_len)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -312,7 +319,8 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, as_json: bool = AS_JSON,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL,
+    max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
     err = Console(stderr=True)
@@ -324,7 +332,7 @@ def capacity(
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
                        profile=str(profile) if profile else None, workload_params=_workload_params(source, param),
-                       slos=tuple(slos.items()))
+                       slos=tuple(slos.items()), cost_model_option=cost_model, max_model_len=max_model_len)
         _warn(err, spec.check())
 
         def probed(rate: float, ok: bool, doc: dict) -> None:

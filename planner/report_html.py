@@ -109,6 +109,8 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
             ["weights", f"{plan['weights_gib_per_gpu']:.2f} GiB", f"{plan['weights_gib_per_gpu'] * tp:.2f} GiB"],
             ["activations (peak)", f"{plan['activations_gib_per_gpu']:.2f} GiB",
              f"{plan['activations_gib_per_gpu'] * tp:.2f} GiB"],
+            *([["non-torch (CUDA, cuBLAS, NCCL)", f"{plan['non_torch_gib_per_gpu']:.2f} GiB",
+                f"{plan['non_torch_gib_per_gpu'] * tp:.2f} GiB"]] if "non_torch_gib_per_gpu" in plan else []),
             ["KV cache", f"{plan['kv_gib_per_gpu']:.2f} GiB", f"{plan['kv_gib_total']:.2f} GiB"],
             ["KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}",
              "same block ids on every GPU"],

@@ -50,6 +50,8 @@ class RunSpec:
     profile: str | None = None
     workload_params: tuple[tuple[str, object], ...] = ()   # -p KEY=VALUE, already typed
     slos: tuple[tuple[str, float], ...] = ()               # drawn on plots and judged in the verdict
+    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
+    max_model_len: int | None = None    # None: the model's own
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -75,11 +77,12 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption_mode,
                          max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.enable_prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
+                         max_model_len=self.max_model_len)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+                                 block_size=config.block_size, profile=self.profile, cost_model=self.cost_model_option)
 
     def check(self) -> list[str]:
         """Fail fast, with the one-line error, before any process is started; return the warnings."""
@@ -94,10 +97,11 @@ class RunSpec:
         spec = replace(self, **changes)
         default = RunSpec()
         words = ["planner", "capacity" if capacity else "simulate"]
-        names = {"workload": "--trace" if is_trace_file(spec.workload) else "--workload", "requests": "--requests"}
+        names = {"workload": "--trace" if is_trace_file(spec.workload) else "--workload", "requests": "--requests",
+                 "cost_model_option": "--cost-model"}
         for f in ("model", "gpu", "tp", "workload", "rate", "requests", "duration", "seed", "block_size",
                   "allocator", "preemption_mode", "max_num_seqs", "max_num_batched_tokens",
-                  "gpu_memory_utilization", "profile"):
+                  "gpu_memory_utilization", "max_model_len", "profile", "cost_model_option"):
             value = getattr(spec, f)
             if capacity and f == "rate":
                 continue
