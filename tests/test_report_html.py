@@ -113,7 +113,8 @@ def test_capacity_report_names_the_binding_limit_and_plots(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["capacity_rate"] > 0 and doc["binding_slo"] in ("tpot_p99", "ttft_p99", "num_rejected")
-    assert doc["cost_model"].startswith("roofline")
+    assert doc["cost_model"] == doc["at_capacity"]["cost_model"] and doc["cost_model"] in " ".join(
+        doc["verdict"]["lines"])
     at = doc["at_capacity_summary"]
     assert at["output_token_throughput"] > 0 and at["ttft_p99"] <= 5 and at["tpot_p99"] <= 0.05
     lines = " ".join(doc["verdict"]["lines"])

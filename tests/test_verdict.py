@@ -102,8 +102,8 @@ def test_rejected_requests_are_summarized_with_reasons(tmp_path):
 
 
 def test_guardrails_refuse_what_vllm_refuses():
-    spec = RunSpec(gpu_memory_utilization=0.62)
-    with pytest.raises(PlannerError, match=r"holds 576 tokens .* max_model_len is 2048: vLLM refuses to start"):
+    spec = RunSpec(gpu_memory_utilization=0.64)
+    with pytest.raises(PlannerError, match=r"holds 880 tokens .* max_model_len is 2048: vLLM refuses to start"):
         spec.check()
     assert any("vLLM's CUDA kernels take" in w for w in RunSpec(block_size=64).check())
     assert guardrails.valid_tp_sizes(resolve_model("llama-2-70b"), 8) == [1, 2, 4, 8]
