@@ -353,8 +353,8 @@ def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
         full = max((r.get("verdict", {}).get("kv_full_share") or 0) for r in runs)
         notes.append("Block size acts twice: on memory (a sequence wastes at most one partly filled block; "
                      "this matters only while the KV cache is full, here at most "
-                     f"{full:.0%} of the time) and on decode-attention kernel speed (measured factors, see the "
-                     "cost model notes).")
+                     f"{full:.0%} of the time) and, in the roofline and calibrated cost models, on decode-attention "
+                     "kernel speed (factors measured on our kernel; see the cost model notes).")
         if _identical(runs):
             notes.append("The block sizes gave identical results: the cache never filled and the cost model has "
                          "no kernel factor for these sizes.")
