@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.core.kv_allocator import make_allocator  # noqa: E402
+from engine.core.allocators import make_allocator  # noqa: E402
 from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.core.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from engine.core.sequence import SequenceGroup  # noqa: E402

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.kv_allocator import ALLOCATORS
-from engine.core.scheduler import PREEMPTION_MODES
+from engine.core.allocators import ALLOCATORS
+from engine.core.config import PREEMPTION_MODES, SIM_BLOCK_SIZES
 from planner.catalog import GpuSpec, ModelSpec
 from planner.errors import PlannerError
 from planner.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory
 
-# The CUDA and CPU kernels take 8, 16 and 32; the simulator also accepts the
-# other powers of two the paper's block-size ablation sweeps (Fig. 18: 1..256).
-SIM_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+__all__ = ["SIM_BLOCK_SIZES", "SimConfig"]   # SIM_BLOCK_SIZES: engine.core.config's, re-exported
 
 
 @dataclass
