@@ -142,9 +142,13 @@ class BlockManager:
         return len(table) * self.block_size < num_tokens or ref_counts[table[-1]] > 1
 
     def can_append_slots(self, group: SequenceGroup) -> bool:
-        free = self.gpu.num_free()
+        gpu = self.gpu
+        free = len(gpu.free_list) + len(gpu.evictor)    # gpu.num_free(), inlined: hot path
         if self.slot_reservation == "vllm":
             # vLLM v0.2.0: "if there is at least one free block for each sequence".
+            seqs = group.seqs
+            if len(seqs) == 1:    # a running group's only sequence is running
+                return free >= 1
             return group.num_seqs(_RUNNING) <= free
         tables, refs = self.tables, self.gpu.ref_counts
         needed = sum(1 for s in group.seqs if s.status is _RUNNING

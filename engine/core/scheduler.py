@@ -308,11 +308,14 @@ class Scheduler:
             if params.use_beam_search:
                 update_beams(group, samples, self.allocator, max_model_len)
             elif len(group.seqs) == 1 and params.best_of == 1:
-                # The common case, kept lean: one sequence, one token.
+                # The common case, kept lean: one sequence, one token (Sequence.append
+                # and stopping.stop_reason, inlined).
                 seq = group.seqs[0]
                 token, logprob = samples[seq.seq_id][0]
-                seq.append(token, logprob)
                 tokens = seq.token_ids
+                tokens.append(token)
+                seq.cumulative_logprob += logprob
+                seq.output_logprobs.append(logprob)
                 if ((token in group.eos_token_ids and not params.ignore_eos) or token in params._stop_set):
                     seq.finish(_STOP, self.allocator)
                     group.finish_reason = _STOP
