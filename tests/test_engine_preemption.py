@@ -68,10 +68,10 @@ def test_issue_reproduction_wide_request_never_costs_the_other_its_kv(llama_dir,
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_parallel_and_greedy_requests_under_memory_pressure_match_transformers(llama_dir, reference, mode):
-    singles = prompts_of((20, 14, 9, 17), seed=1)
+    singles = prompts_of((20, 14, 9), seed=1)
     wides = prompts_of((12, 26), seed=2)
     sampled = prompts_of((10,), seed=3)
-    max_tokens = 16
+    max_tokens = 12
     # 10 blocks of 8: the 26-token prompt's 4 greedy sequences outgrow the cache
     # (3 shared blocks + 3 own blocks each by the end), the others compete.
     llm = LLM(llama_dir, block_size=8, num_gpu_blocks=10, preemption_mode=mode, swap_space=0.01)

@@ -19,7 +19,7 @@ import simpy
 
 from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
@@ -147,10 +147,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
                                num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
                                enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = Scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                                          max_num_batched_tokens=config.max_num_batched_tokens,
-                                          preemption_mode=config.preemption_mode, block_size=config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching), allocator)
+    scheduler = Scheduler(config.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
