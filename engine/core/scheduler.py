@@ -247,10 +247,7 @@ class Scheduler:
                 for seq in group.seqs:
                     if seq.status is _SWAPPED:
                         seq.status = _RUNNING
-                        cow = append(seq)
-                        if cow is not None:
-                            copies.append(cow)
-                        seqs.append(seq)
+                self._append_slots(group, seqs, copies)
                 scheduled.append(group)
                 num_seqs += num_new
             if not scheduled and self.swapped and not allocator.can_swap_in(self.swapped[0]):
@@ -262,6 +259,17 @@ class Scheduler:
         self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled[:]
         return SchedulerOutput(False, scheduled, seqs, len(seqs), swap_out, swap_in, copies,
                                preempted, rejected, truncated)
+
+    def _append_slots(self, group: SequenceGroup, seqs: list, copies: list) -> None:
+        """Slots for the group's running sequences' new tokens; collects them and
+        any copy-on-write pairs. (The decode loop inlines this: hot path.)"""
+        append = self.allocator.append_slots
+        for seq in group.seqs:
+            if seq.status is _RUNNING:
+                cow = append(seq)
+                if cow is not None:
+                    copies.append(cow)
+                seqs.append(seq)
 
     def _truncate(self, group: SequenceGroup, now: float, truncated: list) -> None:
         beams_from_live(group)
