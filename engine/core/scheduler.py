@@ -343,7 +343,8 @@ class Scheduler:
             self.running = [g for g in self.running if g.finish_reason is None]
         return finished
 
-    def _update_samples(self, group: SequenceGroup, samples: Samples, max_model_len: int) -> None:
+    def _update_samples(self, group: SequenceGroup, samples: Samples, max_model_len: int | None = None) -> None:
+        max_model_len = max_model_len or self.config.max_model_len
         live = [s for s in group.seqs if s.status is _RUNNING]
         if group.first_step_pending and len(live) == 1 and group.params.best_of > 1:
             # Parallel sampling: the prompt was computed once; fork it into
@@ -364,9 +365,9 @@ class Scheduler:
             group.finish_reason = group.seqs[0].finish_reason
 
     def _append(self, group: SequenceGroup, seq: Sequence, token: int, logprob: float,
-                max_model_len: int) -> None:
+                max_model_len: int | None = None) -> None:
         seq.append(token, logprob)
         reason = stop_reason(group, token, len(seq.token_ids), len(seq.token_ids) - seq.prompt_len,
-                             max_model_len)
+                             max_model_len or self.config.max_model_len)
         if reason is not None:
             seq.finish(reason, self.allocator)
