@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from core_helpers import fake_samples
 from engine.core.allocators import make_allocator
@@ -81,6 +81,9 @@ def check_places(sched: Scheduler, submitted: list[SequenceGroup], alloc) -> Non
 @given(seed=st.integers(0, 100_000), mode=st.sampled_from(["recompute", "swap"]),
        reservation=st.sampled_from(["vllm", "exact"]), prefix=st.booleans(),
        num_gpu_blocks=st.integers(3, 30), num_cpu_blocks=st.sampled_from([0, 3, 40]))
+# Found by this test: a wide request swapped in, then recomputed (swap space
+# exhausted), was queued ahead of an older request already waiting.
+@example(seed=1706, mode="recompute", reservation="vllm", prefix=False, num_gpu_blocks=12, num_cpu_blocks=3)
 def test_invariants_hold_after_every_step(seed, mode, reservation, prefix, num_gpu_blocks, num_cpu_blocks):
     rng = random.Random(seed)
     pending = make_requests(rng, rng.randint(1, 12))

@@ -289,13 +289,19 @@ class Scheduler:
             self.preemptions["swap"] += 1
             return
         # Recompute: drop the KV cache; the group is prefilled again (prompt and
-        # the tokens generated so far) before any newer request.
+        # the tokens generated so far) before any newer request. Usually that is
+        # the front of the queue (as vLLM's insert(0)); a group swapped in and
+        # then recomputed (swap space exhausted) may be newer than one waiting.
         for seq in group.seqs:
             if seq.status is _RUNNING:
                 allocator.free(seq)
                 seq.num_computed_tokens = 0
                 seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(group)
+        waiting = self.waiting
+        if not waiting or _fcfs(group) < waiting[0].fcfs_key:
+            waiting.appendleft(group)
+        else:
+            waiting.insert(bisect.bisect_left(waiting, _fcfs(group), key=_fcfs), group)
         self.preemptions["recompute"] += 1
 
     # -- applying a step's results -------------------------------------------------
