@@ -38,6 +38,13 @@ class SimConfig:
             raise PlannerError(f"unknown KV allocator {self.allocator!r}; choose one of {', '.join(ALLOCATORS)}")
         if self.max_model_len is None:
             self.max_model_len = self.model.max_position_embeddings
+        if self.max_model_len > self.model.max_position_embeddings:
+            raise PlannerError(f"max_model_len {self.max_model_len} exceeds {self.model.name}'s "
+                               f"max_position_embeddings {self.model.max_position_embeddings}")
+        if self.max_num_batched_tokens is not None and 1 <= self.max_num_batched_tokens < self.max_model_len:
+            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                               f"({self.max_model_len}): a prompt that long could never run under the paper's "
+                               f"policy; use --chunked-prefill or --max-model-len {self.max_num_batched_tokens}")
         try:   # the engine's own validation and defaults for the scheduling knobs
             self.max_num_batched_tokens = self.scheduler_config().max_num_batched_tokens
         except ValueError as e:
