@@ -20,9 +20,10 @@ from typing import Callable
 
 import simpy
 
-from engine.core.kv_allocator import make_allocator
+from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.scheduler import Scheduler
+from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
@@ -91,10 +92,11 @@ class SimulatedEngine:
                 if window is not None:
                     yield from self.run_window(window)
                     continue
-            out = scheduler.schedule(env.now)
-            self.done += len(out.rejected) + len(out.truncated)
+            step = begin_step(scheduler, env.now)
+            out = step.out
             self.truncated += len(out.truncated)
-            if out.is_empty:
+            if not step.has_work:              # (a step that only swaps still takes time)
+                self.done += len(out.rejected) + len(out.truncated)
                 if out.rejected or out.truncated:
                     continue                   # the scheduler ended requests itself; look again
                 if self.arrivals_done:
@@ -108,9 +110,6 @@ class SimulatedEngine:
 
             shape = step_shape(out)            # before update, which marks the tokens computed
             start = env.now
-            # Memory as it stands while the step runs (its new tokens included).
-            breakdown = allocator.memory_breakdown()
-            blocks_used = allocator.num_used_blocks()
             if out.is_prefill:
                 physical = 0
                 # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
@@ -123,11 +122,11 @@ class SimulatedEngine:
             yield env.timeout(step_time(shape))
 
             end = env.now
-            finished = scheduler.update(out, self.executor.samples(out), end)
+            finished, record = end_step(scheduler, step, self.executor.samples(out), end)
             self.done += len(finished)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            self.steps.append(record)
             self.shapes.append(shape)
-            if not out.is_prefill:
+            if not out.is_prefill and out.seqs:
                 # Sharing is measured on decode steps, where every sequence with KV
                 # on the GPU is in the batch holding exactly its tokens: their sum
                 # against the slots they really occupy.
@@ -197,9 +196,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
                                num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
                                enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = Scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                                          max_num_batched_tokens=config.max_num_batched_tokens,
-                                          preemption_mode=config.preemption_mode), allocator)
+    scheduler = Scheduler(config.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
