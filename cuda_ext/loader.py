@@ -1,11 +1,12 @@
 """Pick a kernel backend and wrap it behind one checked interface.
 
-Order of preference: ``cuda`` (a CUDA device and the CUDA extension builds),
-then ``cpu`` (the C++/OpenMP extension builds), then ``torch`` (the pure-torch
-reference, always available). ``PAGED_KERNELS=cuda|cpu|torch`` asks for one
-backend; if that one cannot be built the loader falls back down the same
-order and says why, so importing never fails because of a compiler.
-``load_ops(name)`` is the strict form: it raises if that backend is unusable.
+The backend is chosen per device type of the tensors an op gets: CUDA
+tensors run the CUDA kernels, CPU tensors the C++/OpenMP kernels, so a CPU
+runner works on a GPU host. ``PAGED_KERNELS=torch`` asks for the pure-torch
+reference everywhere. A CUDA build failure is an error (never a silent
+fallback on a GPU); a CPU build failure falls back to the torch reference and
+says why. ``load_ops(name)`` is the strict form: it raises if that backend is
+unusable.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def load_ops(backend: str) -> KernelOps:
         try:
             module = build.build_cuda_extension()
         except Exception as error:  # compiler missing, nvcc error, ABI mismatch...
-            raise BackendUnavailable(f"cuda extension failed to build/load: {_short(error)}") from error
+            raise BackendUnavailable(
+                f"cuda extension failed to build/load: {_short(error)} (full compiler log: python -c "
+                f"'from cuda_ext import build; build.build_cuda_extension(verbose=True)')") from error
         return KernelOps("cuda", f"CUDA kernels on {torch.cuda.get_device_name()}", module)
     try:
         module = build.build_cpu_extension()
@@ -107,24 +110,55 @@ def load_ops(backend: str) -> KernelOps:
     return KernelOps("cpu", f"C++/OpenMP kernels, {torch.get_num_threads()} threads", module)
 
 
-def pick_ops() -> KernelOps:
-    """The best backend that works here (honouring PAGED_KERNELS), never raising for build failures."""
+# Which backends may serve tensors on each kind of device, best first.
+DEVICE_BACKENDS = {"cuda": ("cuda", "torch"), "cpu": ("cpu", "torch")}
+
+
+def _requested() -> str:
     requested = os.environ.get(ENV_VAR, "").strip().lower()
     if requested and requested not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={requested!r} is not a kernel backend; choose one of {', '.join(BACKENDS)}")
-    candidates = BACKENDS[BACKENDS.index(requested):] if requested else BACKENDS
+    return requested
+
+
+def pick_ops(device_type: str | None = None) -> KernelOps:
+    """The backend for tensors on ``device_type`` (default: CUDA if present, else CPU).
+
+    CUDA tensors get the CUDA kernels or, if PAGED_KERNELS=torch, the torch
+    reference; a CUDA build that fails raises BackendUnavailable, loudly: on a
+    GPU a silent fallback would run (and profile) the wrong kernels. CPU
+    tensors get the C++ kernels, or the torch reference when they do not build
+    (the reason is kept in ``describe()``). PAGED_KERNELS=cuda has no meaning
+    for CPU tensors and is noted, not obeyed; PAGED_KERNELS=cpu for CUDA
+    tensors is an error.
+    """
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type not in DEVICE_BACKENDS:
+        raise BackendUnavailable(f"no paged kernels for {device_type} tensors (cuda and cpu are supported)")
+    requested = _requested()
+    candidates = DEVICE_BACKENDS[device_type]
+    if device_type == "cuda":
+        if requested == "cpu":
+            raise BackendUnavailable(f"{ENV_VAR}=cpu cannot run CUDA tensors; use {ENV_VAR}=cuda or torch")
+        chosen = load_ops("torch" if requested == "torch" else "cuda")
+        why = chosen.reason + (f", requested by {ENV_VAR}" if requested == chosen.backend else "")
+        return KernelOps(chosen.backend, why, chosen.impl)
     skipped: list[str] = []
+    if requested == "torch":
+        candidates = ("torch",)
     for name in candidates:
         try:
             chosen = load_ops(name)
         except BackendUnavailable as error:
             skipped.append(f"{name} unavailable: {error}")
-            if requested == name:
-                logger.warning("%s=%s requested but unavailable (%s); falling back", ENV_VAR, name, error)
+            logger.warning("paged kernels: %s unavailable (%s); using the torch reference", name, error)
             continue
         why = [chosen.reason + (f", requested by {ENV_VAR}" if requested == name else "")]
         if requested and requested != name:
-            why.insert(0, f"{ENV_VAR}={requested} could not be used")
+            why.insert(0, f"{ENV_VAR}={requested} could not be used for CPU tensors")
+        if device_type == "cpu" and not requested and not torch.cuda.is_available():
+            why.append("cuda unavailable: torch.cuda.is_available() is False")
         chosen = KernelOps(chosen.backend, "; ".join(why + skipped), chosen.impl)
         logger.info(chosen.describe())
         return chosen

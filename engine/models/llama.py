@@ -39,8 +39,19 @@ def head_size_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def sliding_window_of(config, layer: int) -> int | None:
+    """The layer's attention window (Mistral: every layer; Qwen2: the layers its config marks), or None."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer] == "sliding_attention" else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding, layer: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -50,7 +61,8 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.head_size, self.num_kv_heads, self.head_size**-0.5)
+        self.attn = PagedAttention(self.num_heads, self.head_size, self.num_kv_heads, self.head_size**-0.5,
+                                   sliding_window_of(config, layer))
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -77,9 +89,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding, layer: int):
         super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, rotary)
+        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, rotary, layer)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -102,7 +114,7 @@ class LlamaForCausalLM(nn.Module):
         # One cos/sin table for all layers: at 128k positions it is ~128 MiB.
         rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qkv_bias, o_bias, rotary) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, qkv_bias, o_bias, rotary, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
