@@ -53,14 +53,14 @@ class DeviceOps:
     def describe(self) -> str:
         return ops_for().describe()
 
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        ops_for(key_cache.device).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, **options) -> None:
+        ops_for(key_cache.device).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, **options)
 
-    def paged_attention_v1(self, out, query, *args) -> None:
-        ops_for(query.device).paged_attention_v1(out, query, *args)
+    def paged_attention_v1(self, out, query, *args, **options) -> None:
+        ops_for(query.device).paged_attention_v1(out, query, *args, **options)
 
-    def paged_attention_v2(self, out, query, *args) -> None:
-        ops_for(query.device).paged_attention_v2(out, query, *args)
+    def paged_attention_v2(self, out, query, *args, **options) -> None:
+        ops_for(query.device).paged_attention_v2(out, query, *args, **options)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         key_caches = list(key_caches)

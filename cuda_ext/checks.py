@@ -65,6 +65,7 @@ def check_paged_attention(
     seq_lens: torch.Tensor,
     block_size: int,
     max_seq_len: int,
+    check_values: bool = True,
 ) -> None:
     check_kv_cache(key_cache, value_cache)
     num_blocks, cache_kv_heads, _, cache_block_size, _ = key_cache.shape
@@ -98,7 +99,7 @@ def check_paged_attention(
         _fail("block_tables and seq_lens must be on the query's device")
     if not (max_seq_len >= 0):
         _fail(f"max_seq_len must be >= 0, got {max_seq_len}")
-    if seq_lens.device.type == "cpu" and num_seqs > 0:
+    if check_values and seq_lens.device.type == "cpu" and num_seqs > 0:
         # numpy views (no copy): these run on every decode step of every layer,
         # and numpy's small-array reductions cost a fraction of torch's.
         lens = seq_lens.numpy()
@@ -146,6 +147,7 @@ def check_reshape_and_cache(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    check_values: bool = True,
 ) -> None:
     check_kv_cache(key_cache, value_cache)
     num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
@@ -165,7 +167,7 @@ def check_reshape_and_cache(
         _fail(f"slot_mapping has {slot_mapping.shape[0]} entries for {key.shape[0]} tokens")
     if slot_mapping.device != key.device:
         _fail("slot_mapping must be on the key's device")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
+    if check_values and slot_mapping.device.type == "cpu" and slot_mapping.numel():
         if not (int(slot_mapping.min()) >= -1):
             _fail("slot_mapping entries must be >= -1 (-1 means skip)")
         if not (int(slot_mapping.max()) < num_blocks * block_size):

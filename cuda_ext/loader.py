@@ -34,6 +34,10 @@ class BackendUnavailable(RuntimeError):
 class KernelOps:
     """The five paged-KV ops of one backend, each validating its arguments first.
 
+    ``check_values=False`` skips the checks that read index tensors' values
+    (block ids, slots, lengths on the CPU), for a caller that checked them
+    once per step itself; shapes, dtypes and devices are always checked.
+
     ``backend`` names the backend; ``reason`` says why it was chosen (or why a
     preferred one was not). Every op writes into the tensors it is given.
     """
@@ -42,26 +46,26 @@ class KernelOps:
     reason: str
     impl: ModuleType
 
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, *, check_values=True) -> None:
+        checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, check_values)
         checks.check_backend_device(self.backend, key_cache)
         # Keys and values are often views of a fused QKV projection; the kernels read them densely.
         self.impl.reshape_and_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
 
     def paged_attention_v1(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, *, check_values=True) -> None:
         self._attention(self.impl.paged_attention_v1, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len)
+                        block_tables, seq_lens, block_size, max_seq_len, check_values)
 
     def paged_attention_v2(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, *, check_values=True) -> None:
         self._attention(self.impl.paged_attention_v2, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len)
+                        block_tables, seq_lens, block_size, max_seq_len, check_values)
 
     def _attention(self, kernel, out, query, key_cache, value_cache, num_kv_heads, scale,
-                   block_tables, seq_lens, block_size, max_seq_len) -> None:
+                   block_tables, seq_lens, block_size, max_seq_len, check_values) -> None:
         checks.check_paged_attention(out, query, key_cache, value_cache, num_kv_heads,
-                                     block_tables, seq_lens, block_size, max_seq_len)
+                                     block_tables, seq_lens, block_size, max_seq_len, check_values)
         checks.check_compiled_shapes(self.backend, block_size, query.shape[-1])
         checks.check_backend_device(self.backend, query)
         kernel(out, query.contiguous(), key_cache, value_cache, int(num_kv_heads), float(scale),

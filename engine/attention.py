@@ -53,6 +53,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # int32 [num_decodes, max_blocks]
     decode_seq_lens: torch.Tensor | None  # int32 [num_decodes]: context length including the new token
     decode_max_seq_len: int = 0
+    # True when the runner has checked the block ids and slots of this step
+    # once, so the kernels skip their per-layer value checks.
+    checked: bool = False
 
     @property
     def num_prefills(self) -> int:
@@ -154,7 +157,8 @@ class PagedAttention(nn.Module):
         value = value.view(num_tokens, self.num_kv_heads, self.head_size)
         ops = cuda_ext.ops_for(query.device)
         if kv_cache is not None:
-            ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
+            ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                                  check_values=not meta.checked)
         out = torch.empty_like(query)
         num_prefill = meta.num_prefill_tokens
         if meta.num_prefills:
@@ -174,6 +178,7 @@ class PagedAttention(nn.Module):
                 meta.decode_seq_lens,
                 kv_cache[0].shape[3],
                 meta.decode_max_seq_len,
+                check_values=not meta.checked,
             )
             if self.sliding_window is not None and meta.decode_max_seq_len > self.sliding_window:
                 self._windowed_decode(query[num_prefill:], kv_cache, meta, out[num_prefill:])
