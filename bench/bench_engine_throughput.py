@@ -34,7 +34,7 @@ def tiny_llama_config():
     """Issue 13's model: a Llama with hidden size 256 and 4 layers, where the engine's host path dominates."""
     from transformers import LlamaConfig
     return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
-                       num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+                       num_key_value_heads=4, vocab_size=1024, max_position_embeddings=2048)
 
 
 def build_model(folder: str, name: str) -> str:
