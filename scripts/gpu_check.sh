@@ -84,7 +84,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export PAGED_KERNELS_BUILD_DIR=${PAGED_KERNELS_BUILD_DIR:-$SCRATCH/kernels}
 
-planner() { "$PY" -c 'import sys; from planner.cli import main; sys.argv[0] = "planner"; main()' "$@"; }
+PLANNER=("$PY" -c 'import sys; from planner.cli import main; sys.argv[0] = "planner"; main()')
 
 # step NAME TIMEOUT_S COMMAND...: run, log to NAME.log, record status and seconds.
 step() {
@@ -134,16 +134,16 @@ step parity 300 "$PY" bench/gpu_parity.py --device "$DEVICE" --out "$OUT/parity.
 mkdir -p "$OUT/profiles"
 for model in $MODELS; do
     name=$(basename "$model")
-    step "profile-$name" 420 planner profile --gpu "$GPU" --model "$model" "${PROFILE_GRID[@]}" \
+    step "profile-$name" 420 "${PLANNER[@]}" profile --gpu "$GPU" --model "$model" "${PROFILE_GRID[@]}" \
         --out "$OUT/profiles/$GPU-$name.json"
 done
 first=${MODELS%% *}
 name=$(basename "$first")
-step "validate-$name" 420 planner validate --gpu "$GPU" --model "$first" --workload sharegpt "${VALIDATE[@]}" \
+step "validate-$name" 420 "${PLANNER[@]}" validate --gpu "$GPU" --model "$first" --workload sharegpt "${VALIDATE[@]}" \
     --profile "$OUT/profiles/$GPU-$name.json" --out "$OUT/validate-$name" --json
 # The measured-op cost model (NVIDIA's vLLM op tables) against the same engine's measured steps.
-if planner validate --help 2>/dev/null | grep -q -- "--cost-model"; then
-    step "measured-cost-model-$name" 420 planner validate --gpu "$GPU" --model "$first" --workload sharegpt \
+if "${PLANNER[@]}" validate --help 2>/dev/null | grep -q -- "--cost-model"; then
+    step "measured-cost-model-$name" 420 "${PLANNER[@]}" validate --gpu "$GPU" --model "$first" --workload sharegpt \
         "${VALIDATE[@]}" --cost-model measured --out "$OUT/validate-measured-$name" --json
 else
     echo "the measured-op cost model is not in this build: planner validate has no --cost-model option, so it" \
