@@ -103,11 +103,15 @@ step() {
 if [ "$DRY" = 1 ]; then
     "$PY" - "$SCRATCH" <<'EOF'
 import sys
-from transformers import LlamaConfig, OPTConfig
-OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256,
-          max_position_embeddings=256, word_embed_proj_dim=64).save_pretrained(f"{sys.argv[1]}/opt-tiny")
-LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, max_position_embeddings=256).save_pretrained(f"{sys.argv[1]}/llama-tiny")
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, OPTConfig
+torch.manual_seed(0)
+for name, config in (("opt-tiny", OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                            vocab_size=256, max_position_embeddings=256, word_embed_proj_dim=64)),
+                     ("llama-tiny", LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                                max_position_embeddings=256))):
+    AutoModelForCausalLM.from_config(config).save_pretrained(f"{sys.argv[1]}/{name}", safe_serialization=True)
 EOF
     MODELS="$SCRATCH/opt-tiny $SCRATCH/llama-tiny"
     PROFILE_GRID=(--quick --repeats 1)
