@@ -47,6 +47,11 @@ UTILIZATION = typer.Option(0.9, help="fraction of GPU memory the engine may use"
 PREFIX = typer.Option(False, "--prefix-caching", help="enable automatic prefix caching")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
+STEP_BY_STEP = typer.Option(False, "--step-by-step", help="simulate one step at a time, without decode "
+                                                           "fast-forward (same results, slower)")
+COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
+                                                     "profile, else measured vLLM tables, else roofline)")
+MAX_MODEL_LEN = typer.Option(None, "--max-model-len", help="longest sequence served (default: the model's own)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
 
@@ -86,6 +91,8 @@ def _plan_table(plan: dict | None, metrics: dict) -> Table:
         table.add_row("usable", f"{plan['usable_gib_per_gpu']:.2f} GiB ({plan['gpu_memory_utilization']:.0%})")
         table.add_row("weights", f"{plan['weights_gib_per_gpu']:.2f} GiB")
         table.add_row("activations", f"{plan['activations_gib_per_gpu']:.2f} GiB")
+        if "non_torch_gib_per_gpu" in plan:
+            table.add_row("non-torch (CUDA, cuBLAS, NCCL)", f"{plan['non_torch_gib_per_gpu']:.2f} GiB")
         table.add_row("KV cache", f"{plan['kv_gib_per_gpu']:.2f} GiB ({plan['kv_gib_total']:.2f} GiB total)")
         table.add_row("KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}")
         table.add_row("KV token slots", f"{plan['kv_token_slots']:,}")
@@ -121,8 +128,10 @@ def _summary_table(result: SimResult) -> Table:
         ("normalized latency", _fmt(m.get("normalized_latency"), " s/token", 4)),
         ("TTFT mean / p99", f"{_fmt(m.get('ttft_mean'), ' s')} / {_fmt(m.get('ttft_p99'), ' s')}"),
         ("TPOT mean / p99", f"{_fmt(m.get('tpot_mean'), ' s', 4)} / {_fmt(m.get('tpot_p99'), ' s', 4)}"),
+        ("ITL mean / p99", f"{_fmt(m.get('itl_mean'), ' s', 4)} / {_fmt(m.get('itl_p99'), ' s', 4)}"),
         ("E2E mean / p99", f"{_fmt(m.get('e2e_mean'), ' s')} / {_fmt(m.get('e2e_p99'), ' s')}"),
-        ("mean batch size", _fmt(m.get("mean_batch_size"), "", 2)),
+        ("mean batch size (decode / prefill steps)",
+         f"{_fmt(m.get('mean_batch_size'), '', 2)} / {_fmt(m.get('mean_prefill_batch_size'), '', 2)}"),
         ("KV utilization", _fmt(m.get("kv_utilization"), "", 3)),
         ("memory saved by sharing", f"{m['sharing_saved']:.1%}"),
         ("prefix-cache hit rate", f"{m['prefix_cache_hit_rate']:.1%}"),
@@ -159,8 +168,9 @@ def simulate(
     allocator: str = typer.Option("paged", help="paged, orca-max, orca-pow2, orca-oracle, or a comma list"),
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
-    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    as_json: bool = AS_JSON,
+    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
+    out: Optional[Path] = OUT,
+    as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -172,7 +182,9 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       step_by_step=step_by_step,
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
+                       max_model_len=max_model_len)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -215,7 +227,7 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console) -> 
     columns = {"allocator": "allocator", "block_size": "block", "rate": "rate", "request_throughput": "req/s",
                "normalized_latency": "s/token", "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
                "mean_batch_size": "batch", "kv_utilization": "KV util", "preemptions_total": "preempt",
-               "num_rejected": "rejected"}
+               "num_rejected": "rejected", "num_truncated": "truncated"}
     for col, title in columns.items():
         table.add_column(title, justify="left" if col == "allocator" else "right")
     for doc in docs:
@@ -235,11 +247,12 @@ def capacity(
     allocator: str = typer.Option("paged", help="paged, orca-max, orca-pow2 or orca-oracle"),
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
-    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE,
+    prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, as_json: bool = AS_JSON,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL,
+    max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
     err = Console(stderr=True)
@@ -250,7 +263,9 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       step_by_step=step_by_step,
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
+                       max_model_len=max_model_len)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)
@@ -262,7 +277,8 @@ def capacity(
                               min_rate=min(0.01, start_rate), on_probe=probed)
         doc = json_safe({"capacity_rate": found.rate, "bounded": found.bounded, "slos": slos,
                          "probes": [{"rate": r, "meets": ok, **{k: d.get(k) for k in slos},
-                                     "num_rejected": d.get("num_rejected")} for r, ok, d in found.probes],
+                                     "num_rejected": d.get("num_rejected"),
+                                     "num_truncated": d.get("num_truncated")} for r, ok, d in found.probes],
                          "at_capacity": found.doc})
         out_dir = out or _default_out("capacity", spec.workload)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from engine.core.metrics import failed_requests
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
@@ -45,6 +46,9 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
+    max_model_len: int | None = None    # None: the model's own
+    step_by_step: bool = False          # no decode fast-forward (same results, slower)
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -67,11 +71,12 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed,
+                         max_model_len=self.max_model_len, fast_forward=not self.step_by_step)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+                                 block_size=config.block_size, profile=self.profile, cost_model=self.cost_model_option)
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""
@@ -147,8 +152,8 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
 
 
 def meets(doc: dict, slos: dict[str, float]) -> bool:
-    """Every SLO holds, and nothing was left undone: a run that rejected requests fails."""
-    if doc.get("num_rejected"):
+    """Every SLO holds, and nothing was left undone: a run that rejected or truncated requests fails."""
+    if failed_requests(doc):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())
 
