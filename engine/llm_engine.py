@@ -58,7 +58,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                   swap_space_bytes=int(swap_space * GiB), dtype=dtype, device=device,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                                  max_num_batched_tokens=max_num_batched_tokens)
+                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                                  max_num_seqs=max_num_seqs)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
                                       enable_prefix_caching=enable_prefix_caching)
