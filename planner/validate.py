@@ -134,13 +134,15 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
 
     shapes: list[StepShape] = []
     clock = TraceClock()
-    # The device and dtype `planner profile` times (planner.profiling.device): fp16 on a GPU.
+    # The device and dtype `planner profile` times (planner.profiling.device): fp16 on a GPU; when a
+    # profile prices the run, validate() has pinned both to the profile's (cfg.device, cfg.dtype).
     on_gpu = resolve_gpu(cfg.gpu).kind == "gpu"
+    device = cfg.device if cfg.device != "auto" else ("cuda" if on_gpu else "cpu")
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("float16" if on_gpu else "auto")
     engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
-                       device="cuda" if on_gpu else "cpu", dtype="float16" if on_gpu else "auto",
+                       device=device, dtype=dtype,
                        preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
-                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
-                       device=cfg.device, dtype=cfg.dtype, clock=clock,
+                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed, clock=clock,
                        step_observer=lambda out: shapes.append(step_shape(out)))
     vocab = engine.runner.vocab_size
     groups = []
