@@ -23,6 +23,7 @@ app.command("capacity")(cli_simulate.capacity)
 app.command("profile")(cli_profile.profile)
 app.command("validate")(cli_validate.validate_cmd)
 app.command("serve")(cli_serve.serve)
+app.command("bench")(cli_serve.bench)
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
