@@ -218,3 +218,16 @@ def test_shutdown_drains_requests_in_flight(folder):
         t.join(60)
     assert not srv.thread.is_alive()
     assert results == [("[DONE]", 24)] * 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "opt-125m", "--tp", "2"], "--tp 2 is not supported"),
+    (["--model", "no-such-model"], "no-such-model"),
+])
+def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    result = CliRunner().invoke(app, ["serve", *args])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1
