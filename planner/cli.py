@@ -33,11 +33,13 @@ app.add_typer(list_app, name="list")
 def list_gpus_cmd() -> None:
     """Hardware catalog."""
     table = Table(title="GPUs")
-    for col in ("name", "memory GiB", "bandwidth TB/s", "fp16 TFLOP/s", "interconnect GB/s", "source"):
+    for col in ("name", "memory GiB (torch)", "bandwidth TB/s", "fp16 TFLOP/s", "interconnect GB/s",
+                "measured vLLM data", "source"):
         table.add_column(col)
     for g in list_gpus():
-        table.add_row(g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.memory_bandwidth / 1e12:.2f}",
-                      f"{g.fp16_flops / 1e12:.0f}", f"{g.interconnect_bandwidth / 1e9:.0f}", g.source)
+        table.add_row(g.name, f"{g.memory_bytes / 2**30:.2f}", f"{g.memory_bandwidth / 1e12:.2f}",
+                      f"{g.fp16_flops / 1e12:.0f}", f"{g.interconnect_bandwidth / 1e9:.0f}",
+                      g.measured_system or "- (roofline)", g.source)
     Console().print(table)
 
 

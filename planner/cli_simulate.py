@@ -47,6 +47,9 @@ UTILIZATION = typer.Option(0.9, help="fraction of GPU memory the engine may use"
 PREFIX = typer.Option(False, "--prefix-caching", help="enable automatic prefix caching")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: "
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
+COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
+                                                     "profile, else measured vLLM tables, else roofline)")
+MAX_MODEL_LEN = typer.Option(None, "--max-model-len", help="longest sequence served (default: the model's own)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
 
@@ -86,6 +89,8 @@ def _plan_table(plan: dict | None, metrics: dict) -> Table:
         table.add_row("usable", f"{plan['usable_gib_per_gpu']:.2f} GiB ({plan['gpu_memory_utilization']:.0%})")
         table.add_row("weights", f"{plan['weights_gib_per_gpu']:.2f} GiB")
         table.add_row("activations", f"{plan['activations_gib_per_gpu']:.2f} GiB")
+        if "non_torch_gib_per_gpu" in plan:
+            table.add_row("non-torch (CUDA, cuBLAS, NCCL)", f"{plan['non_torch_gib_per_gpu']:.2f} GiB")
         table.add_row("KV cache", f"{plan['kv_gib_per_gpu']:.2f} GiB ({plan['kv_gib_total']:.2f} GiB total)")
         table.add_row("KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}")
         table.add_row("KV token slots", f"{plan['kv_token_slots']:,}")
@@ -162,7 +167,7 @@ def simulate(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    as_json: bool = AS_JSON,
+    as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -174,7 +179,8 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
+                       max_model_len=max_model_len)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -241,7 +247,8 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    out: Optional[Path] = OUT, as_json: bool = AS_JSON,
+    out: Optional[Path] = OUT, as_json: bool = AS_JSON, cost_model: Optional[str] = COST_MODEL,
+    max_model_len: Optional[int] = MAX_MODEL_LEN,
 ) -> None:
     """Highest request rate whose latency stays within the SLOs, found by bisection."""
     err = Console(stderr=True)
@@ -252,7 +259,8 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, cost_model_option=cost_model,
+                       max_model_len=max_model_len)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)
