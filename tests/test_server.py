@@ -200,24 +200,31 @@ def test_shutdown_drains_requests_in_flight(folder):
     engine = LLMEngine(folder, block_size=8, num_gpu_blocks=64)
     srv = BackgroundServer(engine, MODEL, folder)
     results: list = []
+    streaming = threading.Semaphore(0)
 
     def stream_one(i):
-        body = {"model": MODEL, "prompt": f"drain {i}", "max_tokens": 24, "stream": True, "ignore_eos": True,
+        body = {"model": MODEL, "prompt": f"drain {i}", "max_tokens": 100, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
         with httpx.Client(timeout=60) as http, http.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
-            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    if not events:
+                        streaming.release()   # this request is in flight
+                    events.append(line[6:])
         usage = json.loads(events[-2])["usage"]
         results.append((events[-1], usage["completion_tokens"]))
 
     threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    assert wait_until(lambda: len(engine.groups) == 4)   # all four are in flight
+    assert all(streaming.acquire(timeout=60) for _ in threads)
+    in_flight = engine.has_unfinished_requests()
     srv.stop(timeout=60)
     for t in threads:
         t.join(60)
-    assert not srv.thread.is_alive()
-    assert results == [("[DONE]", 24)] * 4
+    assert in_flight and not srv.thread.is_alive()
+    assert results == [("[DONE]", 100)] * 4   # every request in flight at shutdown finished in full
 
 
 @pytest.mark.parametrize("args, message", [
