@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.core.config import SUPPORTED_BLOCK_SIZES
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The compiled attention kernels are instantiated for these sizes only.
-COMPILED_BLOCK_SIZES = (8, 16, 32)
+COMPILED_BLOCK_SIZES = SUPPORTED_BLOCK_SIZES
 CUDA_HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine import sampling
 from engine.core.block_manager import BlockManager
+from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.metrics import RequestRecord, StepRecord
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner, SequenceInput
@@ -21,8 +22,9 @@ from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
+from engine.core.step import begin_step, end_step
 
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
+__all__ = ["LLMEngine", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
 
 Prompt = str | dict | list[int]
@@ -49,9 +51,7 @@ class LLMEngine:
                  seed: int = 0, kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
-        if block_size not in SUPPORTED_BLOCK_SIZES:
-            raise ValueError(f"block_size {block_size} is not supported by the kernels; "
-                             f"choose one of {SUPPORTED_BLOCK_SIZES}")
+        check_block_size(block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if swap_space < 0:
@@ -70,7 +70,9 @@ class LLMEngine:
                                       enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                                                    max_num_batched_tokens=max_num_batched_tokens,
-                                                   preemption_mode=preemption_mode), self.allocator)
+                                                   preemption_mode=preemption_mode, block_size=block_size,
+                                                   enable_prefix_caching=enable_prefix_caching),
+                                   self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:
@@ -117,7 +119,7 @@ class LLMEngine:
                           f"'length'", stacklevel=2)
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
-                              eos_token_id=self.runner.eos_token_id, output_len_hint=output_len_hint)
+                              eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
         self.groups[request_id] = group
         self.prompts[request_id] = text
         self.scheduler.add(group)
@@ -149,35 +151,34 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it."""
-        start = self.clock()
-        out = self.scheduler.schedule(start)
-        finished = list(out.finished_now)
+        step = begin_step(self.scheduler, self.clock(), SequenceInput)
+        out, samples, top = step.out, {}, {}
         self.last_step_groups = out.groups
-        if not out.is_empty:
+        if step.has_work:
             if self.step_observer is not None:
                 self.step_observer(out)
             runner = self.runner
-            # Order matters: a block swapped out may be reused in this very step.
+            # Swaps and copies apply even when no sequence runs, or a swapped-out
+            # request's KV is lost. Order matters: a block swapped out may be
+            # reused in this very step.
             if out.blocks_to_swap_out:
                 runner.swap_out(out.blocks_to_swap_out)
             if out.blocks_to_swap_in:
                 runner.swap_in(out.blocks_to_swap_in)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
-            # Memory as it stands while the step runs (its new tokens included).
-            breakdown = self.allocator.memory_breakdown()
-            blocks_used = self.allocator.num_used_blocks()
-            table = self.allocator.block_table
-            logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens,
-                                                   table(s)) for s in out.seqs])
-            samples = self.sampler.sample(out, logits)
-            top = self._position_logprobs(out, logits, samples)
-            end = self.clock()
-            finished += self.scheduler.update(out, samples, end)
-            if top:
-                self._record_logprobs(out, top)
+            if step.inputs:
+                logits = runner.execute(step.inputs)
+                samples = self.sampler.sample(out, logits)
+                top = self._position_logprobs(out, logits, samples)
+        end = self.clock()
+        finished, record = end_step(self.scheduler, step, samples, end)
+        if top:
+            self._record_logprobs(out, top)
+        if out.groups:
             finished += self._update_texts(out.groups, end)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+        if step.has_work:
+            self.steps.append(record)
         return [self._finish(g) for g in finished]
 
     # -- logprobs and text, per sequence ---------------------------------------------

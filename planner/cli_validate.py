@@ -15,7 +15,10 @@ from planner.cli_common import fail
 from planner.errors import PlannerError
 from planner.validate import ValidateConfig, check_device, validate
 from workloads import TraceError
+from planner.report_html import validation_report
+from planner.report_sim import json_safe
 from planner.validate_report import TARGETS, as_json, write_report
+from planner.verdict import validation_verdict
 
 # --quick: the README's main job ends with this (a couple of minutes on 2 cores).
 QUICK = dict(requests=24, rate=3.0, length_scale=0.15, max_output_len=96)
@@ -33,7 +36,8 @@ def validate_cmd(
     block_size: Optional[int] = typer.Option(None, help="KV block size (default 16; --endpoint: read from the "
                                                         "server's /metrics where exposed)"),
     num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks; small values force preemption"),
-    preemption: Optional[str] = typer.Option(None, help="recompute | swap (default recompute)"),
+    preemption: Optional[str] = typer.Option(None, "--preemption-mode", "--preemption",
+                                             help="recompute | swap (default recompute)"),
     max_num_seqs: Optional[int] = typer.Option(None, help="default 32 in-process, 256 (vLLM's) for a deployment"),
     endpoint: Optional[str] = typer.Option(None, help="validate a running OpenAI-compatible server (ours or vLLM) "
                                                       "instead of the in-process engine"),
@@ -101,9 +105,18 @@ def validate_cmd(
 
 
 def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None = None) -> None:
+    verdict = validation_verdict(result, TARGETS)
+    comparison = report.parent / "comparison.json"      # the validation's result file gets the verdict too
+    if comparison.is_file():
+        comparison.write_text(json.dumps({**json.loads(comparison.read_text()), "verdict": json_safe(verdict)},
+                                         indent=2) + "\n")
+    html = validation_report(json_safe(as_json(result)), verdict, report.parent,
+                             f"Validation: {result.spec.name} on {result.config.gpu}, {result.config.workload} at "
+                             f"{result.config.rate:g} req/s")
     if as_json_flag:
         doc = as_json(result)
         doc["report"] = str(report)
+        doc["verdict"] = json_safe(verdict)
         doc.update(extra or {})
         sys.stdout.write(json.dumps(doc) + "\n")
         return
@@ -121,7 +134,10 @@ def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None =
     s = result.step_error_summary()
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
-    console.print(f"report: {report}")
+    console.print("[bold]verdict[/bold]")
+    for line in verdict["lines"]:
+        console.print(f"  {line}", highlight=False, markup=False)
+    console.print(f"report: {report} and {html}")
 
 
 def _profile_now(gpu: str, model: str, path: Path, err: Console) -> Path:

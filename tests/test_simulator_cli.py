@@ -67,7 +67,14 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "gpt-17"], "unknown model"),
     (["--gpu", "z100"], "unknown GPU"),
-    (["--workload", "nope"], "unknown name"),
+    (["--workload", "nope"], "unknown workload"),
+    (["--workload", "sharegtp"], "did you mean sharegpt"),
+    (["--gpu", "a100-41g"], "did you mean a100-40g"),
+    (["--model", "opt-13"], "did you mean opt-13b"),
+    (["--gpu-memory-utilization", "0.64"], "vLLM refuses to start"),
+    (["--model", "opt-66b"], "--tp 4 fits"),
+    (["--tp", "3"], "valid: 1, 2, 4, 5, 8, 10, 20, 40"),
+    (["--max-num-seqs", "4096"], "max_num_seqs"),
     (["--block-size", "12"], "block size 12"),
     (["--rate", "-1"], "rate"),
     (["--model", "opt-66b"], "does not fit"),
@@ -99,7 +106,8 @@ def test_sweep_writes_a_comparison(tmp_path):
     with (tmp_path / "comparison.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and {r["allocator"] for r in rows} == {"paged", "orca-max"}
-    for name in ("normalized_latency_vs_rate.png", "memory_breakdown.png", "sweep.json"):
+    for name in ("metrics_vs_rate.png", "metrics_vs_allocator.png", "memory_breakdown.png", "sweep.json",
+                 "report.html"):
         assert (tmp_path / name).stat().st_size > 0
     # Same trace per rate: paged batches at least as many requests as orca-max.
     by = {(r["params"]["allocator"], r["params"]["trace_params"]["rate"]): r for r in runs}

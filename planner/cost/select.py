@@ -61,7 +61,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     if choice in ("auto", "calibrated"):
         calibrated = _calibrated(model, gpu, tp, profile)
         if calibrated is not None:
-            return calibrated
+            return _at_block_size(calibrated, block_size)
         if choice == "calibrated":
             raise PlannerError(f"no profile of {model.name} on {gpu.name}: run `planner profile` on that GPU "
                                f"or pass --profile FILE")
@@ -74,3 +74,16 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         except PlannerError:
             pass     # the tables do not cover this model's shape: the roofline does
     return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+
+
+def _at_block_size(cost_model, block_size: int):
+    """A calibrated model priced at `block_size` rather than the block size it was profiled at."""
+    from planner.block_size_factors import decode_attention_factor
+
+    profile = getattr(cost_model, "profile", None)
+    if profile is None or not hasattr(cost_model, "scale_decode_attention"):
+        return cost_model
+    profiled = profile.block_size
+    backend = "cpu" if profile.device.gpu == "cpu" else "cuda"
+    cost_model.scale_decode_attention(decode_attention_factor(block_size, reference=profiled, backend=backend))
+    return cost_model

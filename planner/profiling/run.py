@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.core.config import SUPPORTED_BLOCK_SIZES   # what the engine's kernels are built for
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
 from planner.profile_schema import PROFILE_SCHEMA_VERSION, Measurement, ModelArch, Profile
@@ -25,7 +26,6 @@ from planner.profiling.device import Target, device_info, resolve_target
 from planner.profiling.fit import fit_all
 from planner.profiling.grid import decode_points, make_grid, prefill_points
 
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the engine's kernels are built for
 
 
 @dataclass

@@ -6,10 +6,13 @@ current time, ask the cost model how long the step takes, let that time pass,
 hand the scheduler the step's tokens, and record what happened; with nothing
 runnable it sleeps until the next arrival. Every scheduling, preemption,
 swapping, copy-on-write and prefix-cache decision is the engine core's own
-(imported, not copied); only the step's duration is predicted.
+(imported, not copied); only the step's duration is predicted. Runs of decode
+steps that provably change nothing but the token counts are taken in one go
+(planner/sim/fast_forward.py), with the same results as one step at a time.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,14 +20,16 @@ from typing import Callable
 
 import simpy
 
-from engine.core.kv_allocator import make_allocator
+from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.scheduler import Scheduler
+from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
 from planner.sim.config import SimConfig
 from planner.sim.executor import SyntheticExecutor
+from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
 
 Progress = Callable[[float, int, int], None]   # (simulated time, requests done, requests in the trace)
@@ -39,6 +44,7 @@ class SimResult:
     shapes: list[StepShape]        # the same steps as the cost model saw them
     memory_plan: dict | None       # planner.memory summary (None when the cache size was given)
     wall_time: float = 0.0         # seconds the simulation took to run
+    fast_forwarded_steps: int = 0  # of the steps, how many fast-forward took in bulk
     params: dict = field(default_factory=dict)
 
 
@@ -46,7 +52,8 @@ class SimulatedEngine:
     """The engine process and the state the arrival process hands it requests through."""
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
-                 executor: SyntheticExecutor, total: int, progress: Progress | None) -> None:
+                 executor: SyntheticExecutor, total: int, progress: Progress | None,
+                 fast_forward: bool = True) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -54,6 +61,8 @@ class SimulatedEngine:
         self.executor = executor
         self.total = total
         self.progress = progress
+        self.fast_forward = fast_forward
+        self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows
         self.next_arrival = math.inf       # when the arrival process next releases a request
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
@@ -78,10 +87,16 @@ class SimulatedEngine:
         env, scheduler, allocator = self.env, self.scheduler, self.allocator
         step_time = self.cost_model.step_time
         while True:
-            out = scheduler.schedule(env.now)
-            self.done += len(out.rejected) + len(out.truncated)
+            if self.fast_forward:
+                window = plan_window(scheduler, step_time, env.now, self.next_arrival)
+                if window is not None:
+                    yield from self.run_window(window)
+                    continue
+            step = begin_step(scheduler, env.now)
+            out = step.out
             self.truncated += len(out.truncated)
-            if out.is_empty:
+            if not step.has_work:              # (a step that only swaps still takes time)
+                self.done += len(out.rejected) + len(out.truncated)
                 if out.rejected or out.truncated:
                     continue                   # the scheduler ended requests itself; look again
                 if self.arrivals_done:
@@ -95,9 +110,6 @@ class SimulatedEngine:
 
             shape = step_shape(out)            # before update, which marks the tokens computed
             start = env.now
-            # Memory as it stands while the step runs (its new tokens included).
-            breakdown = allocator.memory_breakdown()
-            blocks_used = allocator.num_used_blocks()
             if out.is_prefill:
                 physical = 0
                 # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
@@ -110,11 +122,11 @@ class SimulatedEngine:
             yield env.timeout(step_time(shape))
 
             end = env.now
-            finished = scheduler.update(out, self.executor.samples(out), end)
+            finished, record = end_step(scheduler, step, self.executor.samples(out), end)
             self.done += len(finished)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            self.steps.append(record)
             self.shapes.append(shape)
-            if not out.is_prefill:
+            if not out.is_prefill and out.seqs:
                 # Sharing is measured on decode steps, where every sequence with KV
                 # on the GPU is in the batch holding exactly its tokens: their sum
                 # against the slots they really occupy.
@@ -126,6 +138,39 @@ class SimulatedEngine:
                 # A request is due at this very instant; SimPy runs same-time events
                 # in creation order, so yield once to let it join before scheduling.
                 yield env.timeout(0)
+
+    def run_window(self, window: Window):
+        """Take a fast-forward window's decode steps: the core's state, the records, then the clock."""
+        env = self.env
+        before = len(self.steps)
+        records, finished = apply_window(window, self.scheduler,
+                                         self.executor.window_samples(window.groups, window.steps))
+        self.done += len(finished)
+        logical, physical = self.logical_token_time, self.physical_token_time
+        for record, shape in zip(records, window.shapes):
+            duration = record.end - record.start
+            logical += shape.decode_context * duration
+            physical += record.token_states * duration
+        self.logical_token_time, self.physical_token_time = logical, physical
+        self.steps.extend(records)
+        self.shapes.extend(window.shapes)
+        self.fast_forwarded_steps += len(records)
+        end = window.ends[-1]
+        yield env.timeout(_delay_to(env.now, end))
+        if self.progress is not None and before // PROGRESS_EVERY != len(self.steps) // PROGRESS_EVERY:
+            self.progress(end, self.done, self.total)
+        if self.next_arrival <= end:
+            yield env.timeout(0)
+
+
+def _delay_to(now: float, end: float) -> float:
+    """The delay SimPy needs to land on `end` exactly (it computes now + delay)."""
+    delay = end - now
+    while now + delay < end:
+        delay = math.nextafter(delay, math.inf)
+    while now + delay > end:
+        delay = math.nextafter(delay, -math.inf)
+    return delay
 
 
 def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
@@ -142,22 +187,32 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
              progress: Progress | None = None) -> SimResult:
-    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`."""
+    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`.
+
+    `config.fast_forward` (the default) takes provably uneventful decode steps
+    in bulk; False steps one at a time. Both give the same results."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
                                num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
                                enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = Scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                                          max_num_batched_tokens=config.max_num_batched_tokens,
-                                          preemption_mode=config.preemption_mode), allocator)
+    scheduler = Scheduler(config.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
-    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress)
+    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
+                             fast_forward=config.fast_forward)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
-    env.run()
+    # The run allocates millions of small, acyclic objects (token lists, records);
+    # the cyclic collector would rescan them all again and again for nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
     if progress is not None:
         progress(env.now, engine.done, len(trace))
     groups = engine.groups
@@ -182,7 +237,8 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
               "trace_params": _json_ready(trace.params), "num_requests": len(trace)}
     metrics["params"] = params
     return SimResult(metrics, records, engine.steps, engine.shapes, plan,
-                     wall_time=time.perf_counter() - wall_start, params=params)
+                     wall_time=time.perf_counter() - wall_start, params=params,
+                     fast_forwarded_steps=engine.fast_forwarded_steps)
 
 
 def _json_ready(params: dict) -> dict:
