@@ -7,18 +7,21 @@ same per-request and per-step records come out as in the simulator.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import sampling
 from engine.core.block_manager import BlockManager
 from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.metrics import RequestRecord, StepRecord
+from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner, SequenceInput
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.core.sequence import FinishReason, SequenceGroup
+from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.core.step import begin_step, end_step
 
 __all__ = ["LLMEngine", "SUPPORTED_BLOCK_SIZES"]
@@ -27,13 +30,16 @@ GiB = 1 << 30
 Prompt = str | dict | list[int]
 
 
-def _load_tokenizer(model: str):
-    """The model folder's tokenizer, if it has one (never downloads)."""
-    folder = Path(model)
-    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+def has_tokenizer(folder: str | Path) -> bool:
+    return any((Path(folder) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def load_tokenizer(folder: str | Path):
+    """The folder's tokenizer, if it has one (never downloads)."""
+    if not has_tokenizer(folder):
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 class LLMEngine:
@@ -42,7 +48,7 @@ class LLMEngine:
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
-                 seed: int = 0, kv_cache_memory_bytes: int | None = None,
+                 seed: int = 0, kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
         check_block_size(block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
@@ -69,10 +75,19 @@ class LLMEngine:
                                                    enable_prefix_caching=enable_prefix_caching),
                                    self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
-        self.tokenizer = _load_tokenizer(model)
+        self.tokenizer = load_tokenizer(tokenizer or model)
+        if tokenizer and self.tokenizer is None:
+            raise ValueError(f"{tokenizer}: no tokenizer files (tokenizer.json, tokenizer_config.json) there")
         self.groups: dict[str, SequenceGroup] = {}
         self.prompts: dict[str, str | None] = {}
         self.steps: list[StepRecord] = []
+        # A server sets this: every sequence's text is kept current each step so
+        # it can be streamed. Requests with stop strings are detokenized each
+        # step regardless, since that is where stop strings are found.
+        self.stream_text = False
+        self.last_step_groups: list[SequenceGroup] = []    # the requests the last step advanced
+        self._texts: dict[int, IncrementalDetokenizer] = {}            # by seq id
+        self._logprobs: dict[int, list[PositionLogprobs]] = {}         # by seq id
 
     # -- requests -------------------------------------------------------------
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
@@ -91,9 +106,19 @@ class LLMEngine:
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
-        if any(not 0 <= t < self.runner.vocab_size for t in token_ids):
-            raise ValueError(f"request {request_id}: token ids must be in [0, {self.runner.vocab_size})")
-        group = SequenceGroup(request_id, token_ids, params or SamplingParams(),
+        vocab = self.runner.vocab_size
+        bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is out of range: the model's vocabulary has {vocab} tokens "
+                             f"(ids 0..{vocab - 1})")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        params = params or SamplingParams()
+        if len(token_ids) <= self.max_model_len < len(token_ids) + params.max_tokens:
+            warnings.warn(f"prompt + max_tokens exceeds the model's context (max_model_len "
+                          f"{self.max_model_len}): such outputs stop at the limit with finish_reason "
+                          f"'length'", stacklevel=2)
+        group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
         self.groups[request_id] = group
@@ -103,11 +128,33 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a request wherever it is (waiting, running, swapped) and free its blocks.
+
+        Call it between steps. Returns False when the request is unknown or
+        already finished.
+        """
+        group = self.groups.get(request_id)
+        if group is None:
+            return False
+        sched = self.scheduler
+        for queue in (sched.running, sched.swapped, sched.waiting):
+            if group in queue:
+                queue.remove(group)
+        for seq in group.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.allocator.free(seq)
+                seq.status = SequenceStatus.FINISHED
+        group.times.finish = self.clock()
+        self._forget(group)
+        return True
+
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it."""
         step = begin_step(self.scheduler, self.clock(), SequenceInput)
-        out, samples = step.out, {}
+        out, samples, top = step.out, {}, {}
+        self.last_step_groups = out.groups
         if step.has_work:
             if self.step_observer is not None:
                 self.step_observer(out)
@@ -122,33 +169,159 @@ class LLMEngine:
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
             if step.inputs:
-                samples = self.sampler.sample(out, runner.execute(step.inputs))
-        # Tokens are stamped when sampling returns; the step ends after update, so its duration is what
-        # the profiler times and the simulator prices (docs/architecture.md, "What a step's duration contains").
-        finished, record = end_step(self.scheduler, step, samples, self.clock())
+                logits = runner.execute(step.inputs)
+                samples = self.sampler.sample(out, logits)
+                top = self._position_logprobs(out, logits, samples)
+        end = self.clock()   # tokens are stamped when sampling returns
+        finished, record = end_step(self.scheduler, step, samples, end)
+        # The step ends after update, so its duration is what the profiler times and the simulator prices
+        # (docs/architecture.md, "What a step's duration contains"); logprobs and text come after it.
+        record.end = self.clock()
+        if top:
+            self._record_logprobs(out, top)
+        if out.groups:
+            finished += self._update_texts(out.groups, end)
         if step.has_work:
-            record.end = self.clock()
             self.steps.append(record)
         return [self._finish(g) for g in finished]
 
-    def _finish(self, group: SequenceGroup) -> RequestOutput:
+    # -- logprobs and text, per sequence ---------------------------------------------
+    def _position_logprobs(self, out: SchedulerOutput, logits, samples) -> dict[int, list[PositionLogprobs]]:
+        """Per scheduled sequence that asked for logprobs: one dict per sampled candidate."""
+        seq_group = {s.seq_id: g for g in out.groups for s in g.seqs}
+        rows = [(i, seq, seq_group[seq.seq_id].params) for i, seq in enumerate(out.seqs)
+                if seq_group[seq.seq_id].params.logprobs is not None
+                and not seq_group[seq.seq_id].params.use_beam_search]
+        if not rows:
+            return {}
+        logprobs = sampling.logprobs(logits[[i for i, _, _ in rows]])
+        k = max(p.logprobs for _, _, p in rows)
+        top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+        result = {}
+        for r, (_, seq, params) in enumerate(rows):
+            row = logprobs[r]
+            alternatives = {}
+            if params.logprobs:
+                for rank, (tok, lp) in enumerate(zip(top_ids[r, :params.logprobs].tolist(),
+                                                     top_values[r, :params.logprobs].tolist()), 1):
+                    alternatives[tok] = Logprob(lp, rank, self._token_text(tok))
+            per_candidate = []
+            for tok, _ in samples[seq.seq_id]:
+                entry = dict(alternatives)
+                if tok not in entry:
+                    lp = row[tok]
+                    entry[tok] = Logprob(float(lp), int((row > lp).sum()) + 1, self._token_text(tok))
+                per_candidate.append(entry)
+            result[seq.seq_id] = per_candidate
+        return result
+
+    def _record_logprobs(self, out: SchedulerOutput, top: dict[int, list[PositionLogprobs]]) -> None:
+        scheduled = {s.seq_id for s in out.seqs}
+        for group in out.groups:
+            mine = [s for s in group.seqs if s.seq_id in top]
+            if not mine:
+                continue
+            forked = [s for s in group.seqs if s.seq_id not in scheduled]
+            if forked:   # the first step of best_of > 1: the parent took candidate 0, child j candidate j + 1
+                parent = mine[0]
+                self._logprobs.setdefault(parent.seq_id, []).append(top[parent.seq_id][0])
+                for j, child in enumerate(forked, 1):
+                    self._logprobs[child.seq_id] = [top[parent.seq_id][j]]
+            else:
+                for seq in mine:
+                    self._logprobs.setdefault(seq.seq_id, []).append(top[seq.seq_id][0])
+
+    def _token_text(self, token: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _update_texts(self, groups: list[SequenceGroup], now: float) -> list[SequenceGroup]:
+        """Detokenize the new tokens and apply stop strings; returns groups a stop string finished."""
+        if self.tokenizer is None:
+            return []
+        finished = []
+        for group in groups:
+            params = group.params
+            if params.use_beam_search or not (params.stop or self.stream_text):
+                continue
+            for seq in group.seqs:
+                text = self.text_state(seq)
+                added = text.update(self._decode, seq.token_ids)
+                if text.check_stop(params.stop, added, params.include_stop_str_in_output):
+                    if seq.status is not SequenceStatus.FINISHED:
+                        self.allocator.free(seq)
+                        seq.status = SequenceStatus.FINISHED
+                    seq.finish_reason = FinishReason.STOP
+            if group.finish_reason is None and all(s.status is SequenceStatus.FINISHED for s in group.seqs):
+                group.finish_reason = group.seqs[0].finish_reason
+                group.times.finish = now
+                self.scheduler.running.remove(group)
+                finished.append(group)
+        return finished
+
+    def text_state(self, seq: Sequence) -> IncrementalDetokenizer:
+        """The sequence's incremental text (created on first use)."""
+        state = self._texts.get(seq.seq_id)
+        if state is None:
+            state = self._texts[seq.seq_id] = IncrementalDetokenizer(seq.prompt_len)
+        return state
+
+    def seq_logprobs(self, seq: Sequence) -> list[PositionLogprobs] | None:
+        """The per-position logprobs recorded so far (None when the request did not ask)."""
+        return self._logprobs.get(seq.seq_id)
+
+    def _forget(self, group: SequenceGroup) -> None:
         self.sampler.forget(group)
         del self.groups[group.request_id]
-        return self.output_of(group, self.prompts.pop(group.request_id))
+        self.prompts.pop(group.request_id, None)
+        for seq in group.seqs:
+            self._texts.pop(seq.seq_id, None)
+            self._logprobs.pop(seq.seq_id, None)
+
+    def _finish(self, group: SequenceGroup) -> RequestOutput:
+        output = self.output_of(group, self.prompts.get(group.request_id))
+        self._forget(group)
+        return output
 
     def output_of(self, group: SequenceGroup, prompt: str | None = None) -> RequestOutput:
         rejected = group.finish_reason is FinishReason.REJECTED
+        params = group.params
         outputs = []
-        if not rejected:
-            for i, (tokens, cumulative, reason, logprobs) in enumerate(group.outputs()):
-                outputs.append(CompletionOutput(i, tokens, self._detokenize(tokens), cumulative,
-                                                logprobs if group.params.logprobs else None,
-                                                reason.value if reason else None))
-        else:
+        if rejected:
             outputs.append(CompletionOutput(0, [], "" if self.tokenizer else None, 0.0, None,
                                             FinishReason.REJECTED.value))
+        elif params.use_beam_search:
+            for i, (tokens, cumulative, reason, _) in enumerate(group.outputs()):
+                outputs.append(CompletionOutput(i, tokens, self._detokenize(tokens), cumulative, None,
+                                                reason.value if reason else None))
+        else:
+            seqs = group.seqs
+            if params.best_of > params.n:
+                seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[:params.n]
+            for i, seq in enumerate(seqs):
+                outputs.append(self._completion(i, seq, group))
         return RequestOutput(group.request_id, prompt, group.prompt_token_ids, outputs, group.is_finished,
                              RequestRecord.from_group(group), group.reject_reason)
+
+    def _completion(self, index: int, seq: Sequence, group: SequenceGroup) -> CompletionOutput:
+        tokens = seq.output_token_ids
+        state = self._texts.get(seq.seq_id)
+        if state is not None:
+            state.update(self._decode, seq.token_ids, final=True)   # a held-back partial character
+            text = state.text
+        else:
+            text = self._detokenize(tokens)
+        reason = seq.finish_reason
+        stop_reason = None
+        if state is not None and state.stopped:
+            stop_reason = state.stop_reason
+        elif reason is FinishReason.STOP and tokens and tokens[-1] in group.params._stop_set:
+            stop_reason = tokens[-1]
+        logprobs = self._logprobs.get(seq.seq_id, []) if group.params.logprobs is not None else None
+        return CompletionOutput(index, tokens, text, seq.cumulative_logprob, logprobs,
+                                reason.value if reason else None, stop_reason)
 
     def _detokenize(self, tokens: list[int]) -> str | None:
         if self.tokenizer is None:

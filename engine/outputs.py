@@ -6,14 +6,29 @@ from dataclasses import dataclass
 from engine.core.metrics import RequestRecord
 
 
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """One candidate at one position, as vLLM reports it."""
+
+    logprob: float
+    rank: int | None = None              # 1 = the most likely token at this position
+    decoded_token: str | None = None     # the token's text (None without a tokenizer)
+
+
+# Per generated position: token id -> Logprob, holding the sampled token and the
+# ``SamplingParams.logprobs`` most likely ones.
+PositionLogprobs = dict[int, Logprob]
+
+
 @dataclass
 class CompletionOutput:
     index: int
     token_ids: list[int]
     text: str | None
     cumulative_logprob: float
-    logprobs: list[float] | None        # log-probability of each chosen token, when asked for
+    logprobs: list[PositionLogprobs] | None   # one dict per generated token, when asked for
     finish_reason: str | None           # "stop", "length", "rejected"
+    stop_reason: int | str | None = None   # the stop token id or stop string that ended it
 
 
 @dataclass

@@ -43,7 +43,7 @@ class Sampler:
             rows.append((seq.seq_id, group, group.params.samples_per_sequence(group.first_step_pending)))
 
         # Fast path: plain greedy decoding without logprobs.
-        if all(k == 1 and g.params.greedy and not g.params.logprobs for _, g, k in rows):
+        if all(k == 1 and g.params.greedy and g.params.logprobs is None for _, g, k in rows):
             tokens = sampling.greedy(logits).tolist()
             return {seq_id: [(tok, 0.0)] for (seq_id, _, _), tok in zip(rows, tokens)}
 

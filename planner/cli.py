@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner import cli_profile, cli_simulate, cli_validate, cli_workload
+from planner import cli_profile, cli_serve, cli_simulate, cli_validate, cli_workload
 from planner.catalog import list_gpus, list_models
 from planner.errors import PlannerError
 
@@ -26,6 +26,8 @@ app.command("simulate")(cli_simulate.simulate)
 app.command("capacity")(cli_simulate.capacity)
 app.command("profile")(cli_profile.profile)
 app.command("validate")(cli_validate.validate_cmd)
+app.command("serve")(cli_serve.serve)
+app.command("bench")(cli_serve.bench)
 app.command("search")(__import__("planner.cli_search", fromlist=["search"]).search)
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)

@@ -34,10 +34,26 @@ def validate_cmd(
     seed: int = typer.Option(0),
     length_scale: float = typer.Option(0.25, help="scale the workload's lengths (CPU runs must stay short)"),
     max_output_len: int = typer.Option(256, help="cap on output lengths after scaling"),
-    block_size: int = typer.Option(16),
+    block_size: Optional[int] = typer.Option(None, help="KV block size (default 16; --endpoint: read from the "
+                                                        "server's /metrics where exposed)"),
     num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks; small values force preemption"),
-    preemption: str = typer.Option("recompute", "--preemption-mode", "--preemption", help="recompute | swap"),
-    max_num_seqs: int = typer.Option(32),
+    preemption: Optional[str] = typer.Option(None, "--preemption-mode", "--preemption",
+                                             help="recompute | swap (default recompute)"),
+    max_num_seqs: Optional[int] = typer.Option(None, help="default 32 in-process, 256 (vLLM's) for a deployment"),
+    endpoint: Optional[str] = typer.Option(None, help="validate a running OpenAI-compatible server (ours or vLLM) "
+                                                      "instead of the in-process engine"),
+    measured: Optional[Path] = typer.Option(None, help="validate a recorded run: per-request JSONL, a bench "
+                                                       "requests.csv, or vLLM bench --save-detailed JSON"),
+    served_model_name: Optional[str] = typer.Option(None, help="--endpoint: the model name to send "
+                                                               "(default: the first of /v1/models)"),
+    num_cpu_blocks: Optional[int] = typer.Option(None, help="deployment's CPU swap blocks (--endpoint/--measured)"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, help="deployment's token budget per step"),
+    max_model_len: Optional[int] = typer.Option(None, help="deployment's context limit"),
+    enable_prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                                         help="deployment's prefix caching"),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="deployment's memory fraction (sizes the "
+                                                                      "KV cache when --num-gpu-blocks is not known)"),
+    tp: int = typer.Option(1, "--tp", help="deployment's tensor parallel size (--endpoint/--measured)"),
     profile: Optional[Path] = typer.Option(None, help="profile JSON (default: profiles/<gpu>/<model>.json)"),
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
     quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
@@ -47,7 +63,23 @@ def validate_cmd(
                                                   "finds the profile stale; --no-reprofile: refuse a stale one"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
 ) -> None:
-    """Live engine vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
+    """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
+    if endpoint is not None or measured is not None:
+        deployment = dict(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=max_model_len, preemption_mode=preemption,
+                          enable_prefix_caching=enable_prefix_caching,
+                          gpu_memory_utilization=gpu_memory_utilization)
+        trace_settings = dict(gpu=gpu, model=model, workload=workload, rate=rate, requests=requests, seed=seed,
+                              length_scale=length_scale, max_output_len=max_output_len,
+                              profile=str(profile) if profile else None)
+        if quick:
+            trace_settings.update(QUICK)
+        return _validate_deployment(endpoint, measured, deployment, trace_settings, tp, served_model_name, out,
+                                    as_json_flag)
+    block_size = 16 if block_size is None else block_size
+    preemption = preemption or "recompute"
+    max_num_seqs = 32 if max_num_seqs is None else max_num_seqs
     settings = dict(gpu=gpu, model=model, workload=workload, rate=rate, requests=requests, seed=seed,
                     length_scale=length_scale, max_output_len=max_output_len, block_size=block_size,
                     num_gpu_blocks=num_gpu_blocks, preemption_mode=preemption, max_num_seqs=max_num_seqs,
@@ -79,6 +111,10 @@ def validate_cmd(
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
+    _print_result(result, report, as_json_flag)
+
+
+def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None = None) -> None:
     verdict = validation_verdict(result, TARGETS)
     comparison = report.parent / "comparison.json"      # the validation's result file gets the verdict too
     if comparison.is_file():
@@ -91,6 +127,7 @@ def validate_cmd(
         doc = as_json(result)
         doc["report"] = str(report)
         doc["verdict"] = json_safe(verdict)
+        doc.update(extra or {})
         sys.stdout.write(json.dumps(doc) + "\n")
         return
     table = Table(title=f"simulated vs measured ({result.cost_model})")
@@ -119,3 +156,45 @@ def _profile_now(gpu: str, model: str, path: Path, err: Console, block_size: int
 
     err.print(f"validate: profiling {model} on {gpu} first (--quick)")
     return save_profile(run_profile(ProfileOptions(gpu=gpu, model=model, quick=True, block_size=block_size)), path)
+
+
+def _validate_deployment(endpoint, measured, deployment: dict, trace_settings: dict, tp: int, served_model_name,
+                         out: Optional[Path], as_json_flag: bool) -> None:
+    """--endpoint / --measured: the simulator against a deployment the planner does not run itself."""
+    from planner.catalog import ModelSpec, resolve_model
+    from planner.validate_external import Deployment, validate_endpoint, validate_measured
+
+    if endpoint is not None and measured is not None:
+        raise fail("give one of --endpoint and --measured, not both")
+    err = Console(stderr=True)
+    name = Path(measured).stem if measured else "endpoint"
+    folder = out or Path("reports") / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    if measured is not None:
+        trace_settings["workload"] = Path(measured).name
+    dep = Deployment()
+    dep.fill({k: v for k, v in deployment.items() if v is not None}, "flag")
+    try:
+        model = trace_settings["model"]
+        spec = ModelSpec.from_model_dir(Path(model)) if (Path(model) / "config.json").exists() else resolve_model(model)
+        vcfg = ValidateConfig(**trace_settings, block_size=dep.block_size or 16,
+                              preemption_mode=dep.preemption_mode or "recompute",
+                              max_num_seqs=dep.max_num_seqs or 256, num_gpu_blocks=dep.num_gpu_blocks)
+        if endpoint is not None:
+            trace = vcfg.trace()
+            err.print(f"validate: {len(trace)} {vcfg.workload} requests at {vcfg.rate} req/s against {endpoint}, "
+                      f"then the simulation ({spec.name} on {vcfg.gpu})")
+            result, dep = validate_endpoint(endpoint, trace, vcfg, spec, dep, tp=tp, served_model=served_model_name)
+        else:
+            result = validate_measured(measured, vcfg, spec, dep, tp=tp)
+        # The report shows the settings the simulator used.
+        result.config.block_size = dep.block_size or 16
+        result.config.max_num_seqs = dep.max_num_seqs or 256
+        result.config.preemption_mode = dep.preemption_mode or "recompute"
+        report = write_report(result, folder)
+    except (PlannerError, TraceError, ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    sources = {k: f"{getattr(dep, k)} ({src})" for k, src in dep.sources.items()}
+    if not as_json_flag and sources:
+        err.print("deployment settings: " + ", ".join(f"{k}={v}" for k, v in sources.items()), highlight=False)
+    _print_result(result, report, as_json_flag, {"deployment": sources,
+                                                 "source": endpoint if endpoint else str(measured)})

@@ -33,5 +33,15 @@ def model_folder(model: str, *, max_params: float = 2e9) -> tuple[str, ModelSpec
 
         tmp = folder.with_name(folder.name + ".partial")
         build_checkpoint(model, spec, tmp)
+        _add_tokenizer(tmp)
         tmp.rename(folder)   # atomic: a half-written folder is never mistaken for a model
+    elif not (folder / "tokenizer.json").exists():   # a folder cached before tokenizers were added
+        _add_tokenizer(folder)
     return str(folder), spec
+
+
+def _add_tokenizer(folder: Path) -> None:
+    """A random-weight catalog model gets a deterministic byte-level tokenizer, so text prompts work."""
+    from planner.serve.tokenizer import build_byte_tokenizer
+
+    build_byte_tokenizer(folder)

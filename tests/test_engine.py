@@ -136,8 +136,15 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
     llm = LLM(model_dir, num_gpu_blocks=8)
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello", use_tqdm=False)
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(ValueError, match=r"token id 100000 is out of range: the model's vocabulary has 200 tokens"):
         llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt 1: token id -3"):
+        llm.generate([[5, 6], [7, -3]], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()   # nothing of a refused batch is left queued
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported.*must be 1"):
+        LLM(model_dir, tensor_parallel_size=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tensor_paralel_size'"):
+        LLM(model_dir, tensor_paralel_size=1)
 
 
 def test_string_prompts_use_the_model_folders_tokenizer(tmp_path):
@@ -150,5 +157,9 @@ def test_string_prompts_use_the_model_folders_tokenizer(tmp_path):
     out = by_text.outputs[0]
     assert out.token_ids == by_ids.outputs[0].token_ids
     assert out.text == " ".join(f"w{t}" for t in out.token_ids)
-    assert len(out.logprobs) == 5 and all(lp <= 0 for lp in out.logprobs)
-    assert out.cumulative_logprob == pytest.approx(sum(out.logprobs))
+    # vLLM's shape: per position {token id: Logprob(logprob, rank, decoded_token)}, the sampled token included.
+    assert len(out.logprobs) == 5
+    chosen = [pos[t] for pos, t in zip(out.logprobs, out.token_ids)]
+    assert all(lp.logprob <= 0 and lp.rank == 1 for lp in chosen)   # greedy picks the top token
+    assert [lp.decoded_token for lp in chosen] == [f"w{t}" for t in out.token_ids]
+    assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in chosen))

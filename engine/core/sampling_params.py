@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20   # vLLM's default max_logprobs
+
 
 @dataclass
 class SamplingParams:
@@ -26,7 +28,15 @@ class SamplingParams:
     max_tokens: int = 16
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
-    logprobs: bool = False
+    # Text that ends a sequence, checked as the output is detokenized (in
+    # LLMEngine, as vLLM does); the stop string is cut from the text unless
+    # include_stop_str_in_output.
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
+    # None: no logprobs. k >= 0: per generated position the sampled token's
+    # log-probability and the k most likely alternatives (vLLM's meaning);
+    # True is taken as 0 (the sampled token only), False as None.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.best_of is None:
@@ -46,6 +56,17 @@ class SamplingParams:
         if self.use_beam_search and self.temperature not in (0.0, 1.0):
             raise ValueError("beam search is deterministic; leave temperature at its default")
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if self.stop and self.use_beam_search:
+            raise ValueError("stop strings are not supported with beam search")
+        if isinstance(self.logprobs, bool):
+            self.logprobs = 0 if self.logprobs else None
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         self._stop_set = frozenset(self.stop_token_ids)
 
     @property

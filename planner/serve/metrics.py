@@ -1,0 +1,138 @@
+"""/metrics: Prometheus text exposition with vLLM's metric names.
+
+Gauges are read from the engine when scraped; counters and histograms are
+updated as requests finish. Histograms use vLLM's bucket edges, so dashboards
+built for vLLM read these unchanged.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.core.metrics import RequestRecord
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def render(self, labels: str) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cumulative = 0
+        for edge, n in zip(self.buckets, self.counts):
+            cumulative += n
+            lines.append(f'{self.name}_bucket{{{labels},le="{edge}"}} {cumulative}')
+        lines.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        lines.append(f"{self.name}_sum{{{labels}}} {self.total}")
+        lines.append(f"{self.name}_count{{{labels}}} {self.count}")
+        return lines
+
+
+class ServerStats:
+    """Counters and latency histograms of finished requests."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success: dict[str, int] = {}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             TPOT_BUCKETS)
+        # vLLM's older name for the same per-token gaps; kept for dashboards that still use it.
+        self.tpot_legacy = Histogram("vllm:time_per_output_token_seconds",
+                                     "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             LATENCY_BUCKETS)
+
+    def observe(self, record: RequestRecord, output) -> None:
+        if record.rejected or record.first_token is None:
+            return
+        self.prompt_tokens += record.prompt_len
+        self.generation_tokens += record.output_len
+        for o in output.outputs:
+            reason = o.finish_reason or "stop"
+            self.success[reason] = self.success.get(reason, 0) + 1
+        self.ttft.observe(record.ttft)
+        for a, b in zip(record.token_times, record.token_times[1:]):
+            self.itl.observe(b - a)
+            self.tpot_legacy.observe(b - a)
+        if (tpot := record.tpot) is not None:
+            self.tpot.observe(tpot)
+        self.e2e.observe(record.e2e)
+
+
+def _gauge(name: str, help_: str, labels: str, value: float, kind: str = "gauge") -> list[str]:
+    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
+
+
+def _label_text(labels: dict[str, object]) -> str:
+    def esc(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
+
+
+def render(engine, stats: ServerStats, model_name: str) -> str:
+    """The whole /metrics page."""
+    sched = engine.scheduler
+    alloc = engine.allocator
+    cfg = sched.config
+    m = _label_text({"model_name": model_name})
+    total_blocks = alloc.num_gpu_blocks
+    usage = alloc.num_used_blocks() / total_blocks if total_blocks else 0.0
+    lines: list[str] = []
+    lines += _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m,
+                    len(sched.running))
+    lines += _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m,
+                    len(sched.waiting))
+    lines += _gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", m, len(sched.swapped))
+    lines += _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m, usage)
+    lines += _gauge("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", m,
+                    sum(sched.preemptions.values()), "counter")
+    lines += _gauge("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m,
+                    stats.prompt_tokens, "counter")
+    lines += _gauge("vllm:generation_tokens_total", "Number of generation tokens processed.", m,
+                    stats.generation_tokens, "counter")
+    lines += ["# HELP vllm:request_success_total Count of successfully processed requests.",
+              "# TYPE vllm:request_success_total counter"]
+    for reason in sorted(set(stats.success) | {"stop", "length"}):
+        lines.append(f'vllm:request_success_total{{{m},finished_reason="{reason}"}} {stats.success.get(reason, 0)}')
+    for hist in (stats.ttft, stats.itl, stats.tpot_legacy, stats.tpot, stats.e2e):
+        lines += hist.render(m)
+    # Deployment settings, read back by `planner validate --endpoint`. vLLM exports
+    # its cache config the same way (labels on a gauge of value 1).
+    cache = _label_text({"block_size": alloc.block_size, "num_gpu_blocks": total_blocks,
+                         "num_cpu_blocks": alloc.num_cpu_blocks,
+                         "enable_prefix_caching": getattr(alloc, "enable_prefix_caching", False)})
+    lines += _gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", cache, 1)
+    sched_labels = _label_text({"max_num_seqs": cfg.max_num_seqs,
+                                "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                "max_model_len": cfg.max_model_len, "preemption_mode": cfg.preemption_mode,
+                                "enable_chunked_prefill": getattr(cfg, "enable_chunked_prefill", False)})
+    lines += _gauge("planner:scheduler_config_info", "Scheduler settings of this paged-planner server.",
+                    sched_labels, 1)
+    return "\n".join(lines) + "\n"

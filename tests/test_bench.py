@@ -1,0 +1,70 @@
+"""`planner bench` against a real server on 127.0.0.1: every request accounted for, vLLM's timing conventions."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.llm_engine import LLMEngine
+from planner.cli import app
+from planner.serve.load_client import BenchRequest, bench_metrics
+from planner.serve.server import BackgroundServer
+from serve_helpers import save_byte_model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = save_byte_model(tmp_path_factory.mktemp("byte-llama"))
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        yield srv
+
+
+def test_bench_replays_a_workload_and_writes_the_planner_schema(server, tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "alpaca", "--requests", "8",
+                                      "--rate", "40", "--length-scale", "0.1", "--max-prompt-len", "40",
+                                      "--max-output-len", "6", "--slo", "ttft_p99=30", "--out", str(tmp_path),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["num_completed"], doc["num_failed"], doc["model"] or "tiny") == (8, 0, "tiny")
+    for key in ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
+                "itl_mean", "e2e_p99", "request_goodput"):
+        assert doc[key] is not None and doc[key] >= 0, key
+    assert doc["num_good"] == 8
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert len(rows) == 8
+    # ignore_eos: every output has exactly the trace's length.
+    assert all(r["output_len"] == r["expected_output_len"] for r in rows)
+    assert all(float(r["e2e"]) >= float(r["ttft"]) > 0 for r in rows)
+    assert json.loads((tmp_path / "result.json").read_text())["num_completed"] == 8
+
+
+def test_failed_requests_are_reported_not_dropped(server, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "ok", "arrival_time": 0, "prompt_len": 8, "output_len": 3}\n'
+                     '{"request_id": "too-long", "arrival_time": 0.01, "prompt_len": 500, "output_len": 3}\n')
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(trace),
+                                      "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["num_submitted"], doc["num_completed"], doc["num_failed"]) == (2, 1, 1)
+    assert doc["failures"][0]["request_id"] == "too-long" and "maximum context length" in doc["failures"][0]["error"]
+
+
+def test_unreachable_endpoint_is_one_line_and_exit_2(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--endpoint", "http://127.0.0.1:9", "--workload", "alpaca",
+                                      "--requests", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr.startswith("error: cannot list the models")
+
+
+def test_tpot_follows_vllm_from_usage_tokens_not_chunks():
+    # Two chunks, but the server generated 5 tokens (it streamed several per chunk).
+    r = BenchRequest("a", 0.0, 4, 5, start=0.0, ttft=0.1, itl=[0.4], latency=0.5, output_len=5, success=True)
+    failed = BenchRequest("b", 0.0, 4, 5, start=0.0, error="HTTP 400: no")
+    m = bench_metrics([r, failed], {"e2e_p99": 1.0})
+    assert m["tpot_mean"] == pytest.approx((0.5 - 0.1) / 4)
+    assert m["itl_mean"] == pytest.approx(0.4)
+    assert (m["num_completed"], m["num_failed"], m["num_good"]) == (1, 1, 1)

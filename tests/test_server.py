@@ -1,0 +1,240 @@
+"""`planner serve`: a real server on 127.0.0.1 driven by the official openai client.
+
+Every wait is bounded in time; only loopback addresses are used.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine.llm_engine import LLMEngine
+from planner.serve.server import BackgroundServer
+from serve_helpers import save_byte_model
+from tiny_models import save_tiny_model
+
+NUM_BLOCKS = 256
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_byte_model(tmp_path_factory.mktemp("byte-llama"))
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=NUM_BLOCKS, max_num_seqs=64)
+    with BackgroundServer(engine, MODEL, folder) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def idle(server) -> bool:
+    engine = server.engine
+    return not engine.has_unfinished_requests() and engine.allocator.num_free_blocks() == NUM_BLOCKS
+
+
+def test_completions_match_the_offline_engine(client, folder):
+    from engine import LLM, SamplingParams
+    got = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    ref = LLM(folder, block_size=8, num_gpu_blocks=32).generate(
+        "Hello there", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
+    assert got.choices[0].text == ref.outputs[0].text
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 6 and got.usage.prompt_tokens == len(ref.prompt_token_ids)
+
+    # Token-id prompts and streaming give the same text.
+    ids = ref.prompt_token_ids
+    stream = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == ref.outputs[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_chat_with_and_without_streaming_and_n_samples(client):
+    messages = [{"role": "user", "content": "Say hi"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert whole.choices[0].message.role == "assistant" and whole.usage.completion_tokens == 5
+    parts = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+    streamed = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert streamed == whole.choices[0].message.content
+
+    many = client.completions.create(model=MODEL, prompt="abc", n=3, max_tokens=4, temperature=1.0, seed=7,
+                                     extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+    assert many.usage.completion_tokens == 12
+    texts: dict[int, str] = {}
+    for c in client.completions.create(model=MODEL, prompt="abc", n=3, max_tokens=4, temperature=1.0, seed=7,
+                                       stream=True, extra_body={"ignore_eos": True}):
+        for choice in c.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {c.index: c.text for c in many.choices}   # same seed, same samples
+
+
+def test_logprobs_and_stop_strings(client):
+    out = client.completions.create(model=MODEL, prompt="xyz", max_tokens=8, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == 8 and all(v <= 0 for v in lp.token_logprobs)
+    assert all(1 <= len(top) <= 3 for top in lp.top_logprobs)
+    text = out.choices[0].text
+    stop = text[3:5]
+    cut = client.completions.create(model=MODEL, prompt="xyz", max_tokens=8, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == text[:text.index(stop)]
+
+
+def test_64_concurrent_streams_none_lost(server):
+    async def one(client, i):
+        n = 0
+        finish = None
+        stream = await client.completions.create(model=MODEL, prompt=f"request {i}", max_tokens=4,
+                                                 temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                                 stream_options={"include_usage": True})
+        async for chunk in stream:
+            if chunk.choices:
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                n = chunk.usage.completion_tokens
+        return n, finish
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+        return await asyncio.wait_for(asyncio.gather(*(one(client, i) for i in range(64))), timeout=120)
+
+    results = asyncio.run(main())
+    assert results == [(4, "length")] * 64
+    assert wait_until(lambda: idle(server))
+
+
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, client):
+    url = f"{server.url}/v1/completions"
+    bad_json = httpx.post(url, content=b'{"model": "tiny", "prompt": ', headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "JSON" in bad_json.json()["error"]["message"]
+
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    assert "no-such-model" in unknown.value.body["message"]
+
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.completions.create(model=MODEL, prompt=[5] * 200, max_tokens=2)
+    assert "maximum context length is 128" in too_long.value.body["message"]
+
+    with pytest.raises(openai.BadRequestError) as bad_token:
+        client.completions.create(model=MODEL, prompt=[5, 999], max_tokens=2)
+    assert "999" in bad_token.value.body["message"] and "320" in bad_token.value.body["message"]
+
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, stream=True, presence_penalty=1.0)
+
+    ok = client.completions.create(model=MODEL, prompt="still here", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_client_disconnect_aborts_the_request_and_frees_its_blocks(server):
+    assert wait_until(lambda: idle(server))
+    body = {"model": MODEL, "prompt": "a long story", "max_tokens": 100, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            got = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
+            assert got and server.engine.has_unfinished_requests()
+    # The connection is closed mid-stream: the request must go and its blocks come back.
+    assert wait_until(lambda: idle(server)), (server.engine.allocator.num_free_blocks(), NUM_BLOCKS)
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:time_per_output_token_seconds_count", "vllm:inter_token_latency_seconds_sum",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert name in text
+    count = next(line for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds_count"))
+    assert float(count.split()[-1]) > 0
+    assert 'block_size="8"' in text and f'num_gpu_blocks="{NUM_BLOCKS}"' in text
+
+
+def test_chat_without_a_template_is_a_clear_400(tmp_path):
+    from tiny_models import save_word_tokenizer
+    folder = save_tiny_model("llama", tmp_path / "no-template")
+    save_word_tokenizer(folder)
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=16)
+    with BackgroundServer(engine, "plain", folder) as srv:
+        r = httpx.post(f"{srv.url}/v1/chat/completions",
+                       json={"model": "plain", "messages": [{"role": "user", "content": "w1"}]})
+        assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+        ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "plain", "prompt": "w1 w2", "max_tokens": 2})
+        assert ok.status_code == 200
+
+
+def test_shutdown_drains_requests_in_flight(folder):
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=64)
+    srv = BackgroundServer(engine, MODEL, folder)
+    results: list = []
+    streaming = threading.Semaphore(0)
+
+    def stream_one(i):
+        body = {"model": MODEL, "prompt": f"drain {i}", "max_tokens": 100, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.Client(timeout=60) as http, http.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    if not events:
+                        streaming.release()   # this request is in flight
+                    events.append(line[6:])
+        usage = json.loads(events[-2])["usage"]
+        results.append((events[-1], usage["completion_tokens"]))
+
+    threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    assert all(streaming.acquire(timeout=60) for _ in threads)
+    in_flight = engine.has_unfinished_requests()
+    srv.stop(timeout=60)
+    for t in threads:
+        t.join(60)
+    assert in_flight and not srv.thread.is_alive()
+    assert results == [("[DONE]", 100)] * 4   # every request in flight at shutdown finished in full
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "opt-125m", "--tp", "2"], "--tp 2 is not supported"),
+    (["--model", "no-such-model"], "no-such-model"),
+])
+def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    result = CliRunner().invoke(app, ["serve", *args])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1

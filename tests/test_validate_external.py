@@ -1,0 +1,95 @@
+"""`planner validate --endpoint` (a running server) and `--measured` (a recorded run)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.llm_engine import LLMEngine
+from planner.cli import app
+from planner.serve.server import BackgroundServer
+from planner.validate_external import measured_records, read_measured
+from serve_helpers import save_byte_model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_byte_model(tmp_path_factory.mktemp("byte-llama"))
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["validate", *map(str, args)])
+
+
+def test_endpoint_settings_come_from_the_server_and_both_sides_complete(folder, tmp_path):
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=96, max_num_seqs=12)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        result = invoke("--endpoint", srv.url, "--model", folder, "--gpu", "cpu", "--workload", "alpaca",
+                        "--requests", "6", "--rate", "30", "--length-scale", "0.1", "--max-output-len", "6",
+                        "--out", tmp_path / "run", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["num_completed"] == {"measured": 6, "simulated": 6}
+    assert doc["deployment"]["block_size"] == "8 (/metrics)"
+    assert doc["deployment"]["num_gpu_blocks"] == "96 (/metrics)"
+    assert doc["deployment"]["max_num_seqs"] == "12 (/metrics)"
+    assert doc["deployment"]["max_model_len"] == "128 (/metrics)"
+    assert doc["comparison"]["ttft_mean"]["measured"] > 0 and doc["comparison"]["e2e_mean"]["simulated"] > 0
+    assert (tmp_path / "run" / "report.md").exists()
+
+
+RECORDED = [{"request_id": "a", "arrival_time": 100.0, "prompt_len": 12, "output_len": 5,
+             "first_token_time": 100.2, "finish_time": 100.6},
+            {"request_id": "b", "queued_time": 100.5, "prompt_len": 30, "output_len": 1,
+             "first_token_time": 100.9, "finish_time": 100.9}]
+
+
+def test_measured_jsonl_gives_the_measured_metrics(folder, tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDED))
+    rows = read_measured(path)
+    assert [(r.arrival, r.first_token) for r in rows] == [(0.0, pytest.approx(0.2)), (0.5, pytest.approx(0.9))]
+    records = measured_records(rows)
+    assert records[0].tpot == pytest.approx(0.1)           # (0.6 - 0.2) / (5 - 1)
+    result = invoke("--measured", path, "--model", folder, "--gpu", "cpu", "--block-size", "8",
+                    "--num-gpu-blocks", "64", "--max-num-seqs", "8", "--out", tmp_path / "rep", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["comparison"]["ttft_mean"]["measured"] == pytest.approx(0.3)
+    assert doc["num_completed"] == {"measured": 2, "simulated": 2}
+    assert doc["deployment"]["num_gpu_blocks"] == "64 (flag)"
+
+
+def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
+    csv_path = tmp_path / "requests.csv"
+    csv_path.write_text("request_id,arrival,start,prompt_len,expected_output_len,output_len,first_token,finish,"
+                        "ttft,tpot,e2e,itl_mean,success,finish_reason,error\n"
+                        "r0,0.0,0.01,8,4,4,0.11,0.41,0.1,0.1,0.4,0.1,True,length,\n"
+                        "r1,0.5,0.51,9,4,0,,,,,,,False,,HTTP 400: too long\n")
+    rows = read_measured(csv_path)
+    assert [r.failed for r in rows] == [False, True] and rows[0].first_token == pytest.approx(0.1)
+
+    vllm = {"input_lens": [10, 20], "output_lens": [3, 0], "ttfts": [0.2, 0.0], "itls": [[0.1, 0.1], []],
+            "start_times": [5.0, 5.5], "errors": ["", "Bad Request"]}
+    json_path = tmp_path / "vllm.json"
+    json_path.write_text(json.dumps(vllm))
+    rows = read_measured(json_path)
+    assert (rows[0].first_token, rows[0].finish) == (pytest.approx(0.2), pytest.approx(0.4))
+    assert rows[1].failed and rows[1].error == "Bad Request"
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.jsonl", json.dumps(RECORDED[0]) + "\n" + '{"arrival_time": 1, "prompt_len": 3, "output_len": 2}\n',
+     "bad.jsonl:2: field 'first_token_time' is missing"),
+    ("nan.jsonl", '{"arrival_time": "soon", "prompt_len": 3}\n', "nan.jsonl:1: field 'arrival_time' is not a number"),
+    ("broken.jsonl", '{"arrival_time": 1,\n', "broken.jsonl:1: invalid JSON"),
+    ("old.json", json.dumps({"input_lens": [1], "output_lens": [1], "ttfts": [0.1], "itls": [[]]}),
+     "old.json: field 'start_times' is missing"),
+])
+def test_unreadable_recordings_name_file_line_and_field(folder, tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    result = invoke("--measured", path, "--model", folder, "--gpu", "cpu", "--out", tmp_path / "rep")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1
