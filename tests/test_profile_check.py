@@ -95,13 +95,14 @@ def test_canary_ratio_decides(tiny, monkeypatch, ratio, status):
 
 def test_canary_times_profile_points_again_within_budget(tiny, tmp_path):
     folder, profile = tiny
-    # A profile claiming everything took 3x longer than it does: the canary sees a ratio well below 1.
+    # A profile claiming everything took 10x longer than it does: the canary sees a ratio well below 1
+    # (loose: a shared CPU's load can slow the re-timing several-fold).
     slow = load_profile(_saved(profile, tmp_path))
     for m in slow.measurements:
-        m.median_s *= 3
+        m.median_s *= 10
     points, ratio = run_canary(slow, str(folder), budget_s=10)
     assert points and {p["component"] for p in points} <= {"prefill", "decode"}
-    assert ratio is not None and ratio < 0.8
+    assert ratio is not None and ratio < 0.5
     # The classification on top of it: stale.
     check = check_profile(slow, "slow.json", model_folder=str(folder))
     assert check.status == "stale" and check.canary and "off the profile" in check.reason
