@@ -16,7 +16,8 @@ from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.scheduler import SchedulerConfig, SchedulerOutput
+from engine.core.chunked_scheduler import make_scheduler, split_tokens
 from engine.core.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
@@ -39,7 +40,8 @@ class LLMEngine:
                  gpu_memory_utilization: float = 0.9, swap_space: float = 4,
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
+                 max_model_len: int | None = None, enable_chunked_prefill: bool = False,
+                 dtype: str = "auto", device: str = "auto",
                  seed: int = 0, kv_cache_memory_bytes: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
@@ -62,9 +64,11 @@ class LLMEngine:
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
                                       enable_prefix_caching=enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                                                   max_num_batched_tokens=max_num_batched_tokens,
-                                                   preemption_mode=preemption_mode), self.allocator)
+        self.scheduler = make_scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                                                        max_num_batched_tokens=max_num_batched_tokens,
+                                                        preemption_mode=preemption_mode,
+                                                        enable_chunked_prefill=enable_chunked_prefill),
+                                        self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = _load_tokenizer(model)
         self.groups: dict[str, SequenceGroup] = {}
@@ -121,12 +125,21 @@ class LLMEngine:
             breakdown = self.allocator.memory_breakdown()
             blocks_used = self.allocator.num_used_blocks()
             table = self.allocator.block_table
-            logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens,
-                                                   table(s)) for s in out.seqs])
-            samples = self.sampler.sample(out, logits)
+            counts = out.scheduled_tokens()
+            logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n],
+                                                   s.num_computed_tokens, table(s))
+                                     for s, n in zip(out.seqs, counts)])
+            sampling = out.sampling_part()   # a partial prompt chunk samples nothing
+            if sampling is not out:
+                rows = {s.seq_id: i for i, s in enumerate(out.seqs)}
+                logits = logits[[rows[s.seq_id] for s in sampling.seqs]]
+            samples = self.sampler.sample(sampling, logits)
             end = self.clock()
             finished += self.scheduler.update(out, samples, end)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            record = StepRecord.from_output(out, start, end, breakdown, blocks_used)
+            if out.num_scheduled_tokens is not None:    # a mixed step: count its two parts
+                record.prefill_tokens, record.decode_tokens = split_tokens(out)
+            self.steps.append(record)
         return [self._finish(g) for g in finished]
 
     def _finish(self, group: SequenceGroup) -> RequestOutput:

@@ -34,8 +34,15 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     preemption_mode: str = "recompute"
+    # The policy: False is the paper's (this module); True is vLLM v1's chunked
+    # prefill (engine/core/chunked_scheduler.py, built by its make_scheduler).
+    enable_chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
+        if self.enable_chunked_prefill:
+            from engine.core.chunked_scheduler import check_config
+            check_config(self)
+            return
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(self.max_model_len, 2048)
         if self.max_model_len < 1:
@@ -64,6 +71,29 @@ class SchedulerOutput:
     preempted: list[SequenceGroup] = field(default_factory=list)
     rejected: list[SequenceGroup] = field(default_factory=list)
     truncated: list[SequenceGroup] = field(default_factory=list)  # finished early: outgrew the whole cache
+    # Tokens each sequence of ``seqs`` computes this step. None (the paper's
+    # policy): all its uncomputed tokens. The chunked policy may compute a
+    # prompt in several steps; a step samples only for sequences it completes.
+    num_scheduled_tokens: list[int] | None = None
+
+    def scheduled_tokens(self) -> list[int]:
+        """Per sequence of ``seqs``, the tokens it computes this step."""
+        if self.num_scheduled_tokens is not None:
+            return self.num_scheduled_tokens
+        return [s.num_tokens - s.num_computed_tokens for s in self.seqs]
+
+    def sampling_part(self) -> "SchedulerOutput":
+        """The step restricted to the groups that sample a token in it (all, unless
+        some sequence computes only a partial prompt chunk)."""
+        counts = self.num_scheduled_tokens
+        if counts is None:
+            return self
+        seqs = [s for s, n in zip(self.seqs, counts) if s.num_computed_tokens + n == s.num_tokens]
+        if len(seqs) == len(self.seqs):
+            return self
+        ids = {s.seq_id for s in seqs}
+        groups = [g for g in self.groups if any(s.seq_id in ids for s in g.seqs)]
+        return SchedulerOutput(self.is_prefill, groups, seqs, len(seqs))
 
     @property
     def finished_now(self) -> list[SequenceGroup]:
