@@ -17,7 +17,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerConfig, SchedulerOutput
-from engine.core.chunked_scheduler import make_scheduler, split_tokens
+from engine.core.chunked_scheduler import VllmBlockPool, make_scheduler, split_tokens
 from engine.core.sequence import FinishReason, SequenceGroup
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
@@ -62,8 +62,12 @@ class LLMEngine:
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                   max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
-                                      enable_prefix_caching=enable_prefix_caching)
+        if enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
+            self.allocator = VllmBlockPool(block_size, self.runner.num_gpu_blocks,
+                                           enable_prefix_caching=enable_prefix_caching)
+        else:
+            self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
+                                          enable_prefix_caching=enable_prefix_caching)
         self.scheduler = make_scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                                                         max_num_batched_tokens=max_num_batched_tokens,
                                                         preemption_mode=preemption_mode,

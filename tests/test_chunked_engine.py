@@ -27,16 +27,18 @@ def reference(model_dir):
 
 
 def chunked_llm(model_dir, **kwargs) -> LLM:
-    llm = LLM(model_dir, enable_chunked_prefill=True, max_num_batched_tokens=BUDGET, **kwargs)
+    llm = LLM(model_dir, enable_chunked_prefill=True, max_num_batched_tokens=BUDGET, max_num_seqs=8, **kwargs)
     steps = []
-    llm.engine.step_observer = lambda out: steps.append(list(zip(out.seqs, out.scheduled_tokens())))
+    # Per step, (tokens already computed, tokens of the sequence, tokens scheduled) per sequence.
+    llm.engine.step_observer = lambda out: steps.append(
+        [(s.num_computed_tokens, s.num_tokens, n) for s, n in zip(out.seqs, out.scheduled_tokens())])
     llm.steps_seen = steps
     return llm
 
 
 def _chunk_and_mix_happened(steps) -> tuple[bool, bool]:
-    chunked = any(n < s.num_tokens - s.num_computed_tokens for step in steps for s, n in step)
-    mixed = any(any(n == 1 for _, n in step) and any(n > 1 for _, n in step) for step in steps)
+    chunked = any(n < total - computed for step in steps for computed, total, n in step)
+    mixed = any(any(n == 1 for *_, n in step) and any(n > 1 for *_, n in step) for step in steps)
     return chunked, mixed
 
 
@@ -44,7 +46,7 @@ def test_chunked_prefill_matches_transformers(model_dir, reference):
     prompts = make_prompts(lens=(100, 37, 90, 5), seed=4)
     llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=128)
     assert engine_greedy(llm, prompts, MAX_TOKENS) == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
-    assert all(sum(n for _, n in step) <= BUDGET for step in llm.steps_seen)
+    assert all(sum(n for *_, n in step) <= BUDGET for step in llm.steps_seen)
     assert _chunk_and_mix_happened(llm.steps_seen) == (True, True)
 
 
@@ -69,7 +71,7 @@ def test_chunked_prefill_with_prefix_caching_matches_transformers(model_dir, ref
     assert first + rest == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
     # The shared 64 tokens (8 full blocks) come from the cache: the later prompts'
     # first chunks start after them.
-    starts = [s.num_computed_tokens for step in llm.steps_seen for s, n in step if n > 1]
+    starts = [computed for step in llm.steps_seen for computed, _, n in step if n > 1]
     assert 64 in starts
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine.core.block_manager import BlockManager
-from engine.core.chunked_scheduler import ChunkedScheduler, make_scheduler, split_tokens
+from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockPool, make_scheduler, split_tokens
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import FinishReason, SequenceGroup
@@ -25,7 +25,7 @@ def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None):
 
 
 def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, **kw):
-    bm = BlockManager(block_size, num_blocks, enable_prefix_caching=caching)
+    bm = VllmBlockPool(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                           enable_chunked_prefill=True)
     return ChunkedScheduler(cfg, bm, **kw), bm

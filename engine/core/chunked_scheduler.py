@@ -34,6 +34,8 @@ and has no beam search in its scheduler, so such requests are rejected here.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from engine.core.block_manager import BlockManager, _blocks_for
 from engine.core.scheduler import Samples, Scheduler, SchedulerConfig, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
@@ -56,6 +58,42 @@ def check_config(config: SchedulerConfig) -> None:
     if config.preemption_mode != "recompute":
         raise ValueError("chunked prefill preempts by recompute only (as vLLM v1 does), "
                          f"not {config.preemption_mode!r}")
+
+
+class VllmBlockPool(BlockManager):
+    """The paper's block manager with vLLM v1's free-block order.
+
+    vLLM keeps every free block, cached or not, in one queue: a block freed
+    goes to the back, a new block comes from the front, and a cached block
+    taken that way loses its cache entry. So a freed prompt stays hittable
+    until the queue comes round to it, even while never-used blocks remain (the
+    paper's manager uses those first). The order decides which prefixes
+    survive, so matching vLLM's prefix-cache hits needs it.
+    """
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False) -> None:
+        super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
+        # The evictor becomes the one queue of free blocks; free_list stays empty.
+        self.evictor = OrderedDict.fromkeys(range(num_gpu_blocks))
+        self.free_list = []
+
+    def _take_block(self) -> int:
+        block, _ = self.evictor.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:
+            del self.cached[h]
+            self.block_hash[block] = None
+        self.fill[block] = 0
+        self.ref_counts[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.num_token_states -= self.fill[block]
+            if self.block_hash[block] is None:
+                self.fill[block] = 0
+            self.evictor[block] = None
 
 
 def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:

@@ -16,8 +16,13 @@ from planner.errors import PlannerError
 
 
 def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
-                      block_size: int = 16, profile: str | Path | None = None) -> CostModel:
-    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used."""
+                      block_size: int = 16, profile: str | Path | None = None,
+                      cost_model: str | None = None) -> CostModel:
+    """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
+    ``cost_model`` ``linear:A,B`` overrides them all (planner/cost/linear.py)."""
+    if cost_model is not None:
+        from planner.cost.linear import parse_linear
+        return parse_linear(cost_model)
     if profile is not None:
         try:
             from planner.cost.calibrated import CalibratedCostModel

@@ -26,6 +26,7 @@ class SimConfig:
     max_num_batched_tokens: int | None = None     # default: max(max_model_len, 2048), as the scheduler's
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False   # vLLM v1's policy instead of the paper's
     num_gpu_blocks: int | None = None   # override the memory plan (validation uses the live engine's cache size)
     num_cpu_blocks: int | None = None
     max_model_len: int | None = None    # default: the model's max_position_embeddings
@@ -47,15 +48,29 @@ class SimConfig:
             self.max_model_len = self.model.max_position_embeddings
         if self.max_model_len < 1:
             raise PlannerError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.max_num_batched_tokens is None:
+        if self.enable_chunked_prefill:
+            self._check_chunked()
+        elif self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        if self.max_num_batched_tokens < self.max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                                f"max_model_len ({self.max_model_len}), or long prompts could never run")
         for name in ("num_gpu_blocks", "num_cpu_blocks"):
             value = getattr(self, name)
             if value is not None and value < (1 if name == "num_gpu_blocks" else 0):
                 raise PlannerError(f"{name} must be {'>= 1' if name == 'num_gpu_blocks' else '>= 0'}, got {value}")
+
+    def _check_chunked(self) -> None:
+        from engine.core.chunked_scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS as CHUNKED_DEFAULT
+        if self.allocator != "paged":
+            raise PlannerError(f"chunked prefill needs the paged allocator, not {self.allocator}")
+        if self.preemption_mode != "recompute":
+            raise PlannerError("chunked prefill preempts by recompute only (as vLLM v1), not swap")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = CHUNKED_DEFAULT
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                               f"max_num_seqs ({self.max_num_seqs}) with chunked prefill")
 
     def cache_size(self) -> tuple[int, int, dict | None]:
         """(GPU blocks, CPU blocks, memory-plan summary): from the plan unless both are overridden."""
@@ -74,5 +89,6 @@ class SimConfig:
                 "allocator": self.allocator, "preemption_mode": self.preemption_mode,
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "gpu_memory_utilization": self.gpu_memory_utilization,
-                "enable_prefix_caching": self.enable_prefix_caching, "max_model_len": self.max_model_len,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enable_chunked_prefill": self.enable_chunked_prefill, "max_model_len": self.max_model_len,
                 "seed": self.seed, "dtype_bytes": self.dtype_bytes}

@@ -19,6 +19,7 @@ import simpy
 
 from engine.core.kv_allocator import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.chunked_scheduler import VllmBlockPool, make_scheduler, split_tokens
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
@@ -40,6 +41,7 @@ class SimResult:
     memory_plan: dict | None       # planner.memory summary (None when the cache size was given)
     wall_time: float = 0.0         # seconds the simulation took to run
     params: dict = field(default_factory=dict)
+    num_running: list[int] = field(default_factory=list)   # per step: requests in the running list
 
 
 class SimulatedEngine:
@@ -62,6 +64,8 @@ class SimulatedEngine:
         self.truncated = 0
         self.steps: list[StepRecord] = []
         self.shapes: list[StepShape] = []
+        self.num_running: list[int] = []
+        self.chunked = scheduler.config.enable_chunked_prefill
         self.prefill_held_tokens = 0       # tokens of the sequences in prefill steps
         self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
@@ -82,8 +86,8 @@ class SimulatedEngine:
             self.done += len(out.rejected) + len(out.truncated)
             self.truncated += len(out.truncated)
             if out.is_empty:
-                if out.rejected or out.truncated:
-                    continue                   # the scheduler ended requests itself; look again
+                if out.rejected or out.truncated or out.preempted:
+                    continue                   # the scheduler ended or preempted requests itself; look again
                 if self.arrivals_done:
                     if scheduler.has_unfinished():
                         raise PlannerError(f"the scheduler stalled with {scheduler.num_unfinished()} "
@@ -98,7 +102,10 @@ class SimulatedEngine:
             # Memory as it stands while the step runs (its new tokens included).
             breakdown = allocator.memory_breakdown()
             blocks_used = allocator.num_used_blocks()
-            if out.is_prefill:
+            num_running = len(scheduler.running)
+            if self.chunked:
+                physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
+            elif out.is_prefill:
                 physical = 0
                 # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
                 held = sum(len(s.token_ids) for s in out.seqs)
@@ -110,11 +117,15 @@ class SimulatedEngine:
             yield env.timeout(step_time(shape))
 
             end = env.now
-            finished = scheduler.update(out, self.executor.samples(out), end)
+            finished = scheduler.update(out, self.executor.samples(out.sampling_part()), end)
             self.done += len(finished)
-            self.steps.append(StepRecord.from_output(out, start, end, breakdown, blocks_used))
+            record = StepRecord.from_output(out, start, end, breakdown, blocks_used)
+            if self.chunked:                   # a mixed step: count its two parts
+                record.prefill_tokens, record.decode_tokens = split_tokens(out)
+            self.steps.append(record)
             self.shapes.append(shape)
-            if not out.is_prefill:
+            self.num_running.append(num_running)
+            if not out.is_prefill and shape.prefill_tokens == 0:
                 # Sharing is measured on decode steps, where every sequence with KV
                 # on the GPU is in the batch holding exactly its tokens: their sum
                 # against the slots they really occupy.
@@ -145,12 +156,16 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     """Run `trace` through the engine core on a SimPy clock priced by `cost_model`."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
-    allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
-                               num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
-                               enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = Scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                                          max_num_batched_tokens=config.max_num_batched_tokens,
-                                          preemption_mode=config.preemption_mode), allocator)
+    if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+        allocator = VllmBlockPool(config.block_size, gpu_blocks, enable_prefix_caching=config.enable_prefix_caching)
+    else:
+        allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
+                                   num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
+                                   enable_prefix_caching=config.enable_prefix_caching)
+    scheduler = make_scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                                               max_num_batched_tokens=config.max_num_batched_tokens,
+                                               preemption_mode=config.preemption_mode,
+                                               enable_chunked_prefill=config.enable_chunked_prefill), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
@@ -183,7 +198,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
               "trace_params": _json_ready(trace.params), "num_requests": len(trace)}
     metrics["params"] = params
     return SimResult(metrics, records, engine.steps, engine.shapes, plan,
-                     wall_time=time.perf_counter() - wall_start, params=params)
+                     wall_time=time.perf_counter() - wall_start, params=params, num_running=engine.num_running)
 
 
 def _json_ready(params: dict) -> dict:
