@@ -49,6 +49,11 @@ PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated 
                                                 "profiles/<gpu>/<model>.json if present, else roofline)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
+CHUNKED = typer.Option(False, "--chunked-prefill", help="schedule as vLLM v1 does: a token budget per step, "
+                                                       "decodes first, prompts in chunks (default: the paper's policy)")
+NUM_GPU_BLOCKS = typer.Option(None, "--num-gpu-blocks", help="KV-cache size in blocks (instead of the memory plan)")
+COST_MODEL = typer.Option(None, "--cost-model", help="linear:A,B: every step takes A + B x scheduled tokens "
+                                                     "seconds (what-ifs and checks against other simulators)")
 
 
 def _stdout() -> Console:
@@ -160,7 +165,8 @@ def simulate(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, out: Optional[Path] = OUT,
-    as_json: bool = AS_JSON,
+    as_json: bool = AS_JSON, chunked_prefill: bool = CHUNKED, num_gpu_blocks: Optional[int] = NUM_GPU_BLOCKS,
+    cost_model: Optional[str] = COST_MODEL,
 ) -> None:
     """Simulate a workload on the paged engine (or sweep rates, block sizes, allocators)."""
     err = Console(stderr=True)
@@ -172,7 +178,8 @@ def simulate(
                        requests=requests, duration=duration, seed=seed, preemption=preemption,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, chunked_prefill=chunked_prefill,
+                       num_gpu_blocks=num_gpu_blocks, cost_model_option=cost_model)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
         out_dir = out or _default_out("sweep" if len(specs) > 1 else "sim", base.workload)
@@ -236,6 +243,8 @@ def capacity(
     preemption: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE,
+    chunked_prefill: bool = CHUNKED, num_gpu_blocks: Optional[int] = NUM_GPU_BLOCKS,
+    cost_model: Optional[str] = COST_MODEL,
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
@@ -250,7 +259,8 @@ def capacity(
                        allocator=allocator, preemption=preemption, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, prefix_caching=prefix_caching,
-                       profile=str(profile) if profile else None)
+                       profile=str(profile) if profile else None, chunked_prefill=chunked_prefill,
+                       num_gpu_blocks=num_gpu_blocks, cost_model_option=cost_model)
 
         def probed(rate: float, ok: bool, doc: dict) -> None:
             shown = ", ".join(f"{k} {_fmt(doc.get(k), _unit(k), 4)}" for k in slos)

@@ -48,7 +48,7 @@ def write_run(result: SimResult, out_dir: Path) -> dict[str, Path]:
              "steps": out_dir / "steps.csv"}
     paths["result"].write_text(json.dumps(result_document(result), indent=2) + "\n")
     _write_requests(result.requests, paths["requests"])
-    _write_steps(result.steps, result.shapes, paths["steps"])
+    _write_steps(result.steps, result.shapes, paths["steps"], result.num_running)
     plt = _pyplot()
     paths["latency_cdf"] = _plot_latency_cdfs(plt, result.requests, out_dir / "latency_cdf.png")
     paths["timeline"] = _plot_timeline(plt, result.steps, result.metrics.get("kv_token_slots"),
@@ -73,15 +73,17 @@ def _write_requests(records: list[RequestRecord], path: Path) -> None:
                              r.num_preemptions, r.rejected, r.reject_reason])
 
 
-def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path) -> None:
+def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path,
+                 num_running: list[int] | None = None) -> None:
     step_cols = [f.name for f in fields(StepRecord)]
     shape_cols = ["prefill_attn_pairs", "decode_context", "copy_blocks"]
+    running = num_running if num_running and len(num_running) == len(steps) else [None] * len(steps)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(step_cols + ["duration"] + shape_cols)
-        for step, shape in zip(steps, shapes):
+        writer.writerow(step_cols + ["duration"] + shape_cols + ["num_running"])
+        for step, shape, n in zip(steps, shapes, running):
             writer.writerow([getattr(step, c) for c in step_cols] + [step.end - step.start]
-                            + [getattr(shape, c) for c in shape_cols])
+                            + [getattr(shape, c) for c in shape_cols] + [n])
 
 
 def _pyplot():

@@ -45,6 +45,9 @@ class RunSpec:
     gpu_memory_utilization: float = 0.9
     prefix_caching: bool = False
     profile: str | None = None
+    chunked_prefill: bool = False       # vLLM v1's policy (engine/core/chunked_scheduler.py)
+    num_gpu_blocks: int | None = None   # the KV cache size directly, instead of the memory plan
+    cost_model_option: str | None = None   # "linear:A,B": every step takes A + B x scheduled tokens
 
     def trace(self) -> Trace:
         if self.rate is not None and not self.rate > 0:
@@ -67,11 +70,12 @@ class RunSpec:
                          allocator=self.allocator, preemption_mode=self.preemption, max_num_seqs=self.max_num_seqs,
                          max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
-                         enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                         enable_prefix_caching=self.prefix_caching, seed=self.seed,
+                         enable_chunked_prefill=self.chunked_prefill, num_gpu_blocks=self.num_gpu_blocks)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         return select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,
-                                 block_size=config.block_size, profile=self.profile)
+                                 block_size=config.block_size, profile=self.profile, cost_model=self.cost_model_option)
 
     def check(self) -> None:
         """Fail fast, with the one-line error, before any process is started."""

@@ -116,6 +116,10 @@ class ChunkedScheduler(Scheduler):
         self.reserve_full_isl = reserve_full_isl
         self.null_block = allocator.reserve_null_block()
         self.usable_blocks = allocator.num_gpu_blocks - 1
+        # Prefix-cache statistics as vLLM keeps them: tokens of admitted
+        # sequences, and of those, tokens found in the cache.
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
 
     def schedule(self, now: float) -> SchedulerOutput:
         cfg = self.config
@@ -177,6 +181,8 @@ class ChunkedScheduler(Scheduler):
                 if allocator.blocks_to_admit(hit, computed + num_new) > free:
                     break
                 self.waiting.popleft()
+                self.prefix_queried_tokens += seq.num_tokens
+                self.prefix_hit_tokens += computed
                 allocator.admit(seq, hit, computed + num_new)
                 self._cache(seq, computed + num_new)
                 seq.status = SequenceStatus.RUNNING

@@ -76,6 +76,8 @@ class SimConfig:
         """(GPU blocks, CPU blocks, memory-plan summary): from the plan unless both are overridden."""
         if self.num_gpu_blocks is not None and self.num_cpu_blocks is not None:
             return self.num_gpu_blocks, self.num_cpu_blocks, None
+        if self.num_gpu_blocks is not None and self.enable_chunked_prefill:
+            return self.num_gpu_blocks, 0, None         # recompute only: no swap space to plan
         plan = plan_memory(self.model, self.gpu, tp=self.tp, gpu_memory_utilization=self.gpu_memory_utilization,
                            block_size=self.block_size, dtype_bytes=self.dtype_bytes,
                            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)

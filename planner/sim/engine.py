@@ -184,6 +184,9 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     metrics["num_truncated"] = engine.truncated   # ended early: outgrew the whole KV cache
     metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
                                 if engine.logical_token_time > 0 else 0.0)
+    if config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+        engine.prefill_cached_tokens = scheduler.prefix_hit_tokens
+        engine.prefill_held_tokens = scheduler.prefix_queried_tokens
     metrics["prefix_cache_hit_tokens"] = engine.prefill_cached_tokens
     metrics["prefix_cache_hit_rate"] = (engine.prefill_cached_tokens / engine.prefill_held_tokens
                                         if engine.prefill_held_tokens else 0.0)
