@@ -75,6 +75,7 @@ def test_chunked_prefill_with_prefix_caching_matches_transformers(model_dir, ref
     assert 64 in starts
 
 
+@pytest.mark.slow
 def test_chunked_prefill_with_prefix_caching_under_preemption(model_dir, reference):
     prompts = make_prompts(lens=(60, 45, 52, 30), seed=5)
     max_tokens = 24
