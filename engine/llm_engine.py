@@ -58,7 +58,9 @@ class LLMEngine:
         self.clock = clock
         self.step_observer = step_observer
         self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                  swap_space_bytes=int(swap_space * GiB), dtype=dtype, device=device,
+                                  # Chunked prefill preempts by recompute only: no swap pool.
+                                  swap_space_bytes=0 if enable_chunked_prefill else int(swap_space * GiB),
+                                  dtype=dtype, device=device,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                   max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)

@@ -12,7 +12,7 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cli import app
 from planner.cost.linear import LinearCostModel, parse_linear
 from planner.cost.roofline import RooflineCostModel
-from planner.cost.shape import StepShape, step_shape
+from planner.cost.shape import StepShape
 from planner.errors import PlannerError
 from planner.sim import SimConfig, simulate
 from workloads import Trace
