@@ -109,3 +109,37 @@ def test_cli_rejects_a_bad_cost_model_cleanly():
     res = CliRunner().invoke(app, ["simulate", "-n", "5", "--cost-model", "linear:oops"])
     assert res.exit_code != 0
     assert "linear:A,B" in res.output and "Traceback" not in res.output
+
+
+def test_calibrated_model_prices_a_mixed_step_as_one_pass():
+    from planner.cost.calibrated import CalibratedCostModel
+    model = CalibratedCostModel.from_file(Path(__file__).parent.parent / "profiles" / "cpu" / "opt-125m.json")
+    prefill = StepShape(prefill_seqs=1, prefill_tokens=96, prefill_attn_pairs=96 * 100 + 96 * 97 // 2)
+    decode = StepShape(decode_seqs=8, decode_context=8 * 150)
+    mixed = StepShape(prefill_seqs=1, prefill_tokens=96, prefill_attn_pairs=prefill.prefill_attn_pairs,
+                      decode_seqs=8, decode_context=8 * 150)
+    assert max(model.step_time(prefill), model.step_time(decode)) < model.step_time(mixed) \
+        < model.step_time(prefill) + model.step_time(decode)
+    assert sum(model.breakdown(mixed).values()) == pytest.approx(model.step_time(mixed))
+
+
+def test_chunked_prefill_smooths_inter_token_latency():
+    """A long prompt arriving among decoding requests stalls every decode for one
+    whole prefill step under the paper's policy; a 256-token budget cuts it into
+    chunks that ride along with the decodes, so the worst gap shrinks."""
+    requests = [TraceRequest(request_id=f"d{i}", arrival_time=0.0, prompt_len=16, output_len=200)
+                for i in range(8)]
+    requests += [TraceRequest(request_id="long", arrival_time=0.5, prompt_len=2000, output_len=4)]
+    trace = Trace(requests)
+    model, gpu = resolve_model("opt-125m"), resolve_gpu("a100-40g")
+    worst = {}
+    for chunked in (False, True):
+        cfg = SimConfig(model, gpu, enable_chunked_prefill=chunked, num_gpu_blocks=2000, num_cpu_blocks=0,
+                        max_num_batched_tokens=256 if chunked else None, max_num_seqs=32)
+        result = simulate(trace, cfg, LinearCostModel(0.005, 0.00005))
+        assert result.metrics["num_completed"] == len(requests)
+        worst[chunked] = max(b - a for r in result.requests for a, b in zip(r.token_times, r.token_times[1:]))
+    # Paper: a decode waits out the whole prompt's step, then its own decode step (8 tokens).
+    assert worst[False] == pytest.approx((0.005 + 0.00005 * 2000) + (0.005 + 0.00005 * 8))
+    # Chunked: one mixed step of a full budget (8 decodes + a 248-token chunk).
+    assert worst[True] == pytest.approx(0.005 + 0.00005 * 256)
