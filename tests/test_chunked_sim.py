@@ -139,7 +139,7 @@ def test_chunked_prefill_smooths_inter_token_latency():
         result = simulate(trace, cfg, LinearCostModel(0.005, 0.00005))
         assert result.metrics["num_completed"] == len(requests)
         worst[chunked] = max(b - a for r in result.requests for a, b in zip(r.token_times, r.token_times[1:]))
-    # Paper: a decode waits out the whole prompt's step, then its own decode step (8 tokens).
-    assert worst[False] == pytest.approx((0.005 + 0.00005 * 2000) + (0.005 + 0.00005 * 8))
+    # Paper: a decode waits out the whole prompt's step, then a decode step of 9 (8 + the new one).
+    assert worst[False] == pytest.approx((0.005 + 0.00005 * 2000) + (0.005 + 0.00005 * 9))
     # Chunked: one mixed step of a full budget (8 decodes + a 248-token chunk).
     assert worst[True] == pytest.approx(0.005 + 0.00005 * 256)
