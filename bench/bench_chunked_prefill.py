@@ -4,12 +4,14 @@ ShareGPT-like traffic (the built-in sharegpt workload, lengths scaled down for
 the CPU) near saturation: the request rate is a fraction (--load, default 0.9)
 of the throughput the simulator predicts with every request queued at once.
 For each policy the same trace is replayed online against the real engine
-(opt-125m, random weights) and simulated with the calibrated CPU profile
-(profiles/cpu/opt-125m.json); the table prints TTFT mean, TPOT p99 and ITL p99
-of both, side by side, from one run (timings on a shared machine are noisy:
-compare within the table, not across runs).
+(opt-125m, random weights) and simulated with a calibrated CPU profile
+(--profile, default profiles/cpu/opt-125m.json; on a busy machine profile it
+right before with `planner profile --gpu cpu --model opt-125m --quick --out P`,
+or the live engine runs far past the saturation the profile predicts). The
+table prints TTFT mean, TPOT p99 and ITL p99 of both, side by side, from one
+run (timings on a shared machine are noisy: compare within the table).
 
-    python bench/bench_chunked_prefill.py [--requests 48] [--budget 128] [--load 0.9]
+    python bench/bench_chunked_prefill.py [--requests 48] [--budget 128] [--load 0.9] [--profile P]
 """
 from __future__ import annotations
 
@@ -46,16 +48,20 @@ def main() -> None:
     ap.add_argument("--length-scale", type=float, default=0.2)
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, help="profile JSON of this CPU (default profiles/cpu/opt-125m.json)")
+    ap.add_argument("--rate", type=float, default=None, help="request rate (default: --load x saturation)")
     args = ap.parse_args()
 
     base = ValidateConfig(gpu="cpu", model="opt-125m", workload="sharegpt", requests=args.requests, seed=args.seed,
-                          length_scale=args.length_scale, max_output_len=128, max_num_seqs=args.max_num_seqs)
+                          length_scale=args.length_scale, max_output_len=128, max_num_seqs=args.max_num_seqs,
+                          profile=args.profile)
     paper = replace(base, rate=1.0)
     chunked = replace(base, rate=1.0, enable_chunked_prefill=True, max_num_batched_tokens=args.budget)
     # One rate for both, from the paper policy's saturation (the reference the paper measured against).
-    rate = args.load * saturation_rate(paper, chunked=False)
+    rate = args.rate or args.load * saturation_rate(paper, chunked=False)
     print(f"sharegpt x{args.length_scale} lengths, {args.requests} requests at {rate:.2f} req/s "
-          f"({args.load:.0%} of the simulated saturation throughput); chunked budget {args.budget} tokens")
+          f"({rate / saturation_rate(paper, chunked=False):.0%} of the simulated saturation throughput); "
+          f"chunked budget {args.budget} tokens")
     rows = []
     for name, cfg in (("paper", replace(paper, rate=rate)), ("chunked", replace(chunked, rate=rate))):
         result = validate(cfg)
