@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from engine import LLM, SamplingParams  # noqa: E402
+from engine import LLM  # noqa: E402
 from planner.catalog import resolve_model  # noqa: E402
 from workloads import make_trace  # noqa: E402
 
@@ -51,10 +51,11 @@ def run_hf(folder, prompts, outputs, batch):
     return time.perf_counter() - start
 
 
-def run_engine(folder, prompts, outputs, batch, block_size):
+def run_engine(folder, prompts, trace, batch, block_size):
     """(seconds, KV-cache utilization): token-state slots / allocated slots, time-averaged over steps."""
     llm = LLM(folder, block_size=block_size, max_num_seqs=batch, kv_cache_memory_bytes=1 << 30)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    params = [r.sampling_params() for r in trace]
+    outputs = [r.output_len for r in trace]
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -81,7 +82,7 @@ def full_length_utilization(requests: int, batch: int, block_size: int) -> tuple
     with tempfile.TemporaryDirectory() as folder:
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
-        _, utilization = run_engine(folder, prompts, outputs, batch, block_size)
+        _, utilization = run_engine(folder, prompts, trace, batch, block_size)
     return utilization, (sum(map(len, prompts)) + sum(outputs)) / len(prompts)
 
 
@@ -101,7 +102,7 @@ def main() -> None:
     tokens = sum(outputs)
     with tempfile.TemporaryDirectory() as folder:
         build_model(folder, args.model)
-        engine_time, utilization = run_engine(folder, prompts, outputs, args.batch, args.block_size)
+        engine_time, utilization = run_engine(folder, prompts, trace, args.batch, args.block_size)
         hf_time = run_hf(folder, prompts, outputs, args.batch)
     print(f"model {args.model} (random weights, fp32, CPU); {len(prompts)} ShareGPT-like requests (x{args.scale} lengths): mean prompt "
           f"{sum(map(len, prompts)) / len(prompts):.0f}, mean output {tokens / len(prompts):.0f} tokens; "

@@ -126,8 +126,10 @@ def _summary_table(result: SimResult) -> Table:
         ("normalized latency", _fmt(m.get("normalized_latency"), " s/token", 4)),
         ("TTFT mean / p99", f"{_fmt(m.get('ttft_mean'), ' s')} / {_fmt(m.get('ttft_p99'), ' s')}"),
         ("TPOT mean / p99", f"{_fmt(m.get('tpot_mean'), ' s', 4)} / {_fmt(m.get('tpot_p99'), ' s', 4)}"),
+        ("ITL mean / p99", f"{_fmt(m.get('itl_mean'), ' s', 4)} / {_fmt(m.get('itl_p99'), ' s', 4)}"),
         ("E2E mean / p99", f"{_fmt(m.get('e2e_mean'), ' s')} / {_fmt(m.get('e2e_p99'), ' s')}"),
-        ("mean batch size", _fmt(m.get("mean_batch_size"), "", 2)),
+        ("mean batch size (decode / prefill steps)",
+         f"{_fmt(m.get('mean_batch_size'), '', 2)} / {_fmt(m.get('mean_prefill_batch_size'), '', 2)}"),
         ("KV utilization", _fmt(m.get("kv_utilization"), "", 3)),
         ("memory saved by sharing", f"{m['sharing_saved']:.1%}"),
         ("prefix-cache hit rate", f"{m['prefix_cache_hit_rate']:.1%}"),
@@ -222,7 +224,7 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console) -> 
     columns = {"allocator": "allocator", "block_size": "block", "rate": "rate", "request_throughput": "req/s",
                "normalized_latency": "s/token", "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
                "mean_batch_size": "batch", "kv_utilization": "KV util", "preemptions_total": "preempt",
-               "num_rejected": "rejected"}
+               "num_rejected": "rejected", "num_truncated": "truncated"}
     for col, title in columns.items():
         table.add_column(title, justify="left" if col == "allocator" else "right")
     for doc in docs:
@@ -272,7 +274,8 @@ def capacity(
                               min_rate=min(0.01, start_rate), on_probe=probed)
         doc = json_safe({"capacity_rate": found.rate, "bounded": found.bounded, "slos": slos,
                          "probes": [{"rate": r, "meets": ok, **{k: d.get(k) for k in slos},
-                                     "num_rejected": d.get("num_rejected")} for r, ok, d in found.probes],
+                                     "num_rejected": d.get("num_rejected"),
+                                     "num_truncated": d.get("num_truncated")} for r, ok, d in found.probes],
                          "at_capacity": found.doc})
         out_dir = out or _default_out("capacity", spec.workload)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`planner workload ...`: list the built-in workloads, show a trace's statistics."""
+"""`planner workload ...`: list the built-in workloads, show a trace's statistics, import real traces."""
 
 from __future__ import annotations
 
@@ -14,34 +14,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workloads import WORKLOADS, Trace, TraceError, make_trace, workload_params
+from workloads import (WORKLOADS, Trace, TraceError, import_csv_trace, import_sharegpt, make_trace,
+                       parse_workload_params, workload_params)
 from workloads.make import is_trace_file
 
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
 
 DEFAULT_REQUESTS = 1000
 
-
-def _parse_params(name: str, pairs: list[str]) -> dict:
-    """KEY=VALUE strings -> typed workload parameters (typed like their defaults)."""
-    if not pairs:
-        return {}
-    if is_trace_file(name):
-        raise TraceError("--param: a trace file takes no workload parameters")
-    if name not in WORKLOADS:
-        raise TraceError(f"workload: unknown name {name!r}; built-in: {', '.join(WORKLOADS)}")
-    defaults = workload_params(name)
-    out = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or key not in defaults:
-            raise TraceError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {', '.join(defaults) or 'none'}")
-        kind = type(defaults[key]) if defaults[key] is not None else int
-        try:
-            out[key] = kind(text)
-        except ValueError:
-            raise TraceError(f"--param {key}: expected {kind.__name__}, got {text!r}") from None
-    return out
+# The -p KEY=VALUE parser, kept under this name for the commands that import it from here.
+_parse_params = parse_workload_params
 
 
 def _json_safe(stats: dict) -> dict:
@@ -116,7 +98,7 @@ def show(
     if requests is None and duration is None and not is_trace_file(name):
         requests = DEFAULT_REQUESTS
     try:
-        params = _parse_params(name, param)
+        params = parse_workload_params(name, param)
         trace = make_trace(
             name, num_requests=requests, duration=duration, rate=rate,
             arrival=arrival, cv=cv, seed=seed, **params,
@@ -136,6 +118,69 @@ def show(
     for label, path in (("trace", save), ("histogram", hist)):
         if path is not None:
             console.print(f"{label} written to {path}")
+
+
+IMPORT_FORMATS = ("azure", "sharegpt", "csv")
+
+
+def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
+                 duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
+                 cv: float = 1.0, drop_zero: bool = False) -> Trace:
+    """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
+    if fmt not in IMPORT_FORMATS:
+        raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    if fmt == "azure":
+        return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
+    if fmt == "sharegpt":
+        if tokenizer is None:
+            raise TraceError("--tokenizer: ShareGPT holds text; give a local tokenizer folder to count its tokens")
+        trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, arrival=arrival, rate=rate, cv=cv)
+        return trace.head(duration=duration) if duration is not None else trace
+    if path.suffix.lower() != ".csv":
+        raise TraceError(f"{path}: --format csv reads a .csv file (columns as in the README)")
+    return Trace.load(path).head(num_requests=requests, duration=duration)
+
+
+@app.command("import")
+def import_command(
+    path: Path = typer.Argument(..., help="the file to import"),
+    fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
+                                                       "sharegpt (JSON dump, needs --tokenizer) or csv (our columns)"),
+    output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
+    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt: a local tokenizer folder"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n",
+                                           help=f"keep the first N requests (sharegpt: sample N, default {DEFAULT_REQUESTS})"),
+    duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
+    seed: int = typer.Option(0, help="sharegpt: sampling and arrival seed"),
+    rate: float = typer.Option(math.inf, help="sharegpt: requests/s of the generated arrivals (inf: all at t=0)"),
+    arrival: str = typer.Option("poisson", help="sharegpt: poisson, gamma or constant"),
+    cv: float = typer.Option(1.0, help="sharegpt: coefficient of variation of gamma gaps"),
+    drop_zero: bool = typer.Option(False, "--drop-zero", help="azure: skip rows with a zero length"),
+    as_json: bool = typer.Option(False, "--json", help="print the trace's statistics as JSON"),
+) -> None:
+    """Convert a real trace into this project's trace format (then use it with --trace)."""
+    if requests is not None and requests < 1:
+        raise fail(f"--requests: must be >= 1, got {requests}")
+    try:
+        trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
+                             rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero)
+        if not len(trace):
+            raise TraceError(f"{path}: no requests to import")
+        trace.save(output)
+    except (TraceError, ValueError, OSError) as err:
+        raise fail(str(err) or type(err).__name__) from None
+    stats = trace.stats()
+    if as_json:
+        sys.stdout.write(json.dumps(_json_safe(stats | {"output": str(output)}), indent=2) + "\n")
+        return
+    console = Console()
+    console.print(_table(stats))
+    dropped = trace.params.get("dropped_rows")
+    if dropped:
+        console.print(f"skipped {dropped} rows with a zero length")
+    console.print(f"trace written to {output} (use it with: planner simulate --trace {output})", highlight=False)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def json_safe(value):
 
 
 def result_document(result: SimResult) -> dict:
-    """The run as one JSON document: the DESIGN.md metrics at the top level, then how it was run."""
+    """The run as one JSON document: the metrics (docs/architecture.md) at the top level, then how it was run."""
     doc = dict(result.metrics)
     doc["memory_plan"] = result.memory_plan
     doc["wall_time"] = result.wall_time
@@ -60,17 +60,19 @@ def write_run(result: SimResult, out_dir: Path) -> dict[str, Path]:
 
 
 def _write_requests(records: list[RequestRecord], path: Path) -> None:
-    columns = ["request_id", "arrival", "prompt_len", "output_len", "first_scheduled", "first_token", "finish",
-               "ttft", "tpot", "e2e", "normalized_latency", "num_preemptions", "rejected", "reject_reason"]
+    columns = ["request_id", "arrival", "prompt_len", "output_len", "num_seqs", "seq_output_len", "first_scheduled",
+               "first_token", "finish", "ttft", "tpot", "itl_mean", "itl_p50", "itl_p99", "e2e", "normalized_latency",
+               "num_preemptions", "rejected", "reject_reason", "truncated"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for r in records:
-            done = not r.rejected and r.finish is not None
-            writer.writerow([r.request_id, r.arrival, r.prompt_len, r.output_len, r.first_scheduled,
-                             r.first_token, r.finish, r.ttft if done else None, r.tpot if done else None,
-                             r.e2e if done else None, r.e2e / max(r.output_len, 1) if done else None,
-                             r.num_preemptions, r.rejected, r.reject_reason])
+            ran = not r.rejected and r.finish is not None and r.first_token is not None
+            writer.writerow([r.request_id, r.arrival, r.prompt_len, r.output_len, r.num_seqs, r.seq_output_len,
+                             r.first_scheduled, r.first_token, r.finish, r.ttft if ran else None,
+                             r.tpot if ran else None, r.itl_mean, r.itl_p50, r.itl_p99, r.e2e if ran else None,
+                             r.normalized_latency if ran else None, r.num_preemptions, r.rejected,
+                             r.reject_reason, r.truncated])
 
 
 def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path,
@@ -109,12 +111,12 @@ def _cdf(ax, values: list[float], label: str) -> None:
 
 
 def _plot_latency_cdfs(plt, records: list[RequestRecord], path: Path) -> Path:
-    done = [r for r in records if not r.rejected and r.finish is not None]
+    done = [r for r in records if r.completed]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     _cdf(axes[0][0], [r.ttft for r in done], "TTFT (s)")
     _cdf(axes[0][1], [t for r in done if (t := r.tpot) is not None], "TPOT (s)")
     _cdf(axes[1][0], [r.e2e for r in done], "end-to-end latency (s)")
-    _cdf(axes[1][1], [r.e2e / max(r.output_len, 1) for r in done], "normalized latency (s/token)")
+    _cdf(axes[1][1], [r.normalized_latency for r in done], "normalized latency (s/token)")
     fig.suptitle(f"latency CDFs ({len(done)} completed requests)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -168,7 +170,8 @@ def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path) 
 
 # -- sweeps -----------------------------------------------------------------------
 
-COMPARISON_COLUMNS = ("allocator", "block_size", "rate", "num_completed", "num_rejected", "request_throughput",
+COMPARISON_COLUMNS = ("allocator", "block_size", "rate", "num_completed", "num_rejected", "num_truncated",
+                      "request_throughput",
                       "output_token_throughput", "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean",
                       "mean_batch_size", "kv_utilization", "sharing_saved", "preemptions_total", "wall_time")
 

@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from engine.core.metrics import failed_requests
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
@@ -151,8 +152,8 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
 
 
 def meets(doc: dict, slos: dict[str, float]) -> bool:
-    """Every SLO holds, and nothing was left undone: a run that rejected requests fails."""
-    if doc.get("num_rejected"):
+    """Every SLO holds, and nothing was left undone: a run that rejected or truncated requests fails."""
+    if failed_requests(doc):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())
 

@@ -24,8 +24,9 @@ from workloads import Trace, make_trace
 
 # Metrics compared, in report order.
 COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
-            "tpot_mean", "tpot_median", "tpot_p99", "e2e_mean", "e2e_median", "e2e_p99",
-            "mean_batch_size", "kv_utilization", "preemptions", "step_time_median")
+            "tpot_mean", "tpot_median", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99",
+            "normalized_latency", "mean_batch_size", "mean_prefill_batch_size", "kv_utilization", "preemptions",
+            "step_time_median")
 
 
 @dataclass
@@ -144,11 +145,8 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
         now = engine.clock()
         while pending and pending[0].arrival_time <= now:
             req = pending.popleft()
-            params = SamplingParams(temperature=0, max_tokens=req.output_len, ignore_eos=True,
-                                    n=req.n, best_of=max(req.n, req.beam_width),
-                                    use_beam_search=req.beam_width > 1)
             engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, cfg.seed)},
-                               params, arrival_time=req.arrival_time, output_len_hint=req.output_len)
+                               req.sampling_params(), arrival_time=req.arrival_time, output_len_hint=req.output_len)
             groups.append(engine.groups[req.request_id])
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))

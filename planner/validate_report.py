@@ -30,8 +30,8 @@ def as_json(v: Validation) -> dict:
         "per_step_error": v.step_error_summary(),
         "preemptions": {"measured": v.live.metrics.get("preemptions"),
                         "simulated": v.simulated.get("preemptions")},
-        "num_completed": {"measured": v.live.metrics.get("num_completed"),
-                          "simulated": v.simulated.get("num_completed")},
+        **{key: {"measured": v.live.metrics.get(key), "simulated": v.simulated.get(key)}
+           for key in ("num_completed", "num_rejected", "num_truncated")},
     }
 
 

@@ -1,6 +1,5 @@
-"""Roofline cost model: bounds land where the hardware says, time grows with work, the hot path is cheap."""
-
-import time
+"""Roofline cost model: bounds land where the hardware says, time grows with work.
+(Its speed per call is measured by bench/bench_cost_model_step_time.py, not asserted here.)"""
 
 import pytest
 from hypothesis import given, settings
@@ -163,18 +162,3 @@ def test_more_work_never_takes_less_time(shape, model, extra, ctx):
 
 def _fields(shape):
     return {name: getattr(shape, name) for name in StepShape.__slots__}
-
-
-def test_step_time_is_fast():
-    shapes_ = [StepShape(decode_seqs=b, decode_context=b * 300) for b in range(1, 65)]
-    shapes_ += [prefill(n) for n in range(16, 2048, 64)]
-    model = RooflineCostModel("opt-66b", "a100", tp=4)
-    calls = 0
-    start = time.perf_counter()
-    for _ in range(500):
-        for s in shapes_:
-            model.step_time(s)
-        calls += len(shapes_)
-    per_call = (time.perf_counter() - start) / calls
-    print(f"roofline step_time: {per_call * 1e6:.2f} us/call")
-    assert per_call < 20e-6      # ~0.3-1 us on a laptop core; generous for slow CI machines

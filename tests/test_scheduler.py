@@ -83,7 +83,7 @@ def test_small_trace_matches_hand_computed_timeline(mode):
     assert m["e2e_mean"] == pytest.approx((4 + 6 + 1.5) / 3)
     assert m["e2e_median"] == pytest.approx(4)
     assert m["normalized_latency"] == pytest.approx((4 / 3 + 6 / 4 + 1.5) / 3)
-    assert m["mean_batch_size"] == pytest.approx(8 / 6)
+    assert m["mean_step_batch_size"] == pytest.approx(8 / 6)   # all steps; decode-only: tests/test_metrics.py
     assert m["preemptions"][mode] == 1 and m["preemptions"]["total"] == 1
 
 

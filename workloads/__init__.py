@@ -8,7 +8,7 @@
 from .arrivals import PROCESSES, arrival_times
 from .errors import TraceError
 from .importers import import_csv_trace, import_sharegpt
-from .make import WORKLOADS, make_trace, workload_params
+from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
 from .schema import TraceRequest
 from .trace import Trace
 
@@ -22,5 +22,6 @@ __all__ = [
     "import_csv_trace",
     "import_sharegpt",
     "make_trace",
+    "parse_workload_params",
     "workload_params",
 ]

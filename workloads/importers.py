@@ -165,7 +165,10 @@ def parse_timestamp(cell: str) -> Decimal:
 
 
 def _length(cell: str) -> int:
-    value = float(cell)
+    try:
+        value = float(cell)
+    except ValueError:
+        raise ValueError(f"not a number of tokens: {cell!r}") from None
     if not value.is_integer():
         raise ValueError(f"not a whole number of tokens: {cell!r}")
     return int(value)
@@ -223,7 +226,8 @@ def import_csv_trace(
             prev = t
             for col, n in ((prompt_col, p), (output_col, o)):
                 if n < 0 or (n == 0 and not drop_zero):
-                    raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}")
+                    hint = "" if n < 0 else " (planner workload import --format azure --drop-zero skips such rows)"
+                    raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}{hint}")
             if p == 0 or o == 0:
                 dropped += 1
                 continue

@@ -43,6 +43,33 @@ def workload_params(name: str) -> dict:
     }
 
 
+def parse_workload_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` strings (the CLI's ``-p/--param``) -> typed parameters of workload ``name``.
+
+    Each value is converted to the type of the parameter's default.  Used by
+    ``planner workload show``, ``simulate`` and ``capacity`` alike.
+    """
+    if not pairs:
+        return {}
+    if is_trace_file(name):
+        raise TraceError("--param: a trace file takes no workload parameters")
+    if name not in _GENERATORS:
+        raise TraceError(f"workload: unknown name {name!r}; built-in: {', '.join(WORKLOADS)}")
+    defaults = workload_params(name)
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in defaults:
+            raise TraceError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {', '.join(defaults) or 'none'}")
+        kind = type(defaults[key]) if defaults[key] is not None else int
+        try:
+            out[key] = kind(text.strip())
+        except ValueError:
+            raise TraceError(f"--param {key}: expected {kind.__name__}, got {text!r}") from None
+    return out
+
+
 def is_trace_file(name: str) -> bool:
     return Path(name).suffix.lower() in TRACE_SUFFIXES
 

@@ -46,6 +46,21 @@ class TraceRequest(BaseModel):
             raise ValueError("holds a negative token id")
         return ids
 
+    def sampling_params(self, **overrides):
+        """The engine's SamplingParams for this request: the one mapping from a trace to the
+        engine, used by the live engine, the simulator, validation and the benchmarks.
+
+        A trace fixes the output length, so EOS is ignored and max_tokens is
+        output_len; ``n`` parallel samples, or a beam search of ``beam_width``.
+        Greedy by default (temperature 0), so a live replay is deterministic;
+        ``overrides`` replace any field (e.g. ``seed``).
+        """
+        from engine.core.sampling_params import SamplingParams  # pure Python, no torch
+
+        fields = {"n": self.n, "best_of": max(self.n, self.beam_width), "use_beam_search": self.beam_width > 1,
+                  "max_tokens": self.output_len, "ignore_eos": True, "temperature": 0.0}
+        return SamplingParams(**(fields | overrides))
+
     @field_validator("prefix_len")
     @classmethod
     def _prefix_within_prompt(cls, prefix_len: int, info: ValidationInfo) -> int:

@@ -15,6 +15,16 @@ from .schema import TraceRequest
 from .tokens import random_ids, stream
 
 
+# The columns of a production trace (Azure's LLM inference traces) that
+# ``Trace.load`` recognizes in a CSV header.
+PRODUCTION_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def is_production_csv(header: list[str]) -> bool:
+    """A production header: some of its columns and none of ours (the importer then names what is missing)."""
+    return any(c in header for c in PRODUCTION_COLUMNS) and not any(c in header for c in trace_files.REQUIRED)
+
+
 class Trace:
     """Requests sorted by arrival time (stable, so ties keep their given order)."""
 
@@ -47,7 +57,11 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        """Read a .jsonl (or .json lines) or .csv trace written by ``save`` or by hand."""
+        """Read a .jsonl (or .json lines) or .csv trace written by ``save`` or by hand.
+
+        A .csv whose header has TIMESTAMP, ContextTokens and GeneratedTokens is
+        a production trace (Azure's format) and is imported as such.
+        """
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in (".jsonl", ".json", ".csv"):
@@ -55,6 +69,10 @@ class Trace:
         if not path.is_file():
             raise TraceError(f"{path}: no such file")
         if suffix == ".csv":
+            if is_production_csv(trace_files.read_csv_header(path)):
+                from .importers import import_csv_trace   # imports this module: import late
+
+                return import_csv_trace(path)
             return cls(trace_files.parse_csv(path), name=path.stem)
         requests, name, params = trace_files.parse_jsonl(path)
         return cls(requests, name=name or path.stem, params=params)

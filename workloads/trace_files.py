@@ -5,6 +5,10 @@ with the metadata, then one request per line (fields left at their default
 are omitted).  CSV: a header of TraceRequest field names (any subset that
 includes the required ones, in any order), one request per row; token ids,
 if any, are space-separated in one cell; an empty cell means the default.
+In both, ``request_id`` may be left out: a request without one is named
+``<file stem>-<position>`` (position from 0).  A CSV whose header has the
+production columns (TIMESTAMP, ContextTokens, GeneratedTokens, as in Azure's
+LLM inference traces) is read by ``importers.import_csv_trace`` instead.
 
 Output is canonical (fixed key order, compact separators, times rounded to
 the microsecond by the generators), so the same trace gives the same bytes.
@@ -25,7 +29,12 @@ from pydantic import ValidationError
 from .errors import TraceError, where
 from .schema import FIELDS, TraceRequest
 
-REQUIRED = ("request_id", "arrival_time", "prompt_len", "output_len")
+REQUIRED = ("arrival_time", "prompt_len", "output_len")   # request_id is optional
+
+
+def default_request_id(path: Path | str, index: int) -> str:
+    """The id of a request a file gives none: the file's stem and the request's position (from 0)."""
+    return f"{Path(path).stem}-{index}"
 
 
 def _plain(value: Any) -> Any:
@@ -102,6 +111,8 @@ def parse_jsonl(path: Path) -> tuple[list[TraceRequest], str | None, dict]:
                     raise TraceError(f"{where(path, line_no, 'trace')}: metadata must be an object")
                 name, params = str(meta.get("name", "")), dict(meta.get("params") or {})
                 continue
+            if "request_id" not in obj:
+                obj = {"request_id": default_request_id(path, len(numbered))} | obj
             numbered.append((line_no, build_request(obj, path, line_no)))
     check_order(numbered, path)
     return [req for _, req in numbered], name, params
@@ -128,23 +139,31 @@ def dump_csv(requests: list[TraceRequest]) -> str:
     return buf.getvalue()
 
 
+def read_csv_header(path: Path) -> list[str]:
+    """The header cells of a CSV file, stripped (empty for an empty file)."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [h.strip() for h in next(csv.reader(fh), [])]
+
+
 def parse_csv(path: Path) -> list[TraceRequest]:
     numbered: list[tuple[int, TraceRequest]] = []
     with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
         for col in REQUIRED:
             if col not in header:
                 raise TraceError(f"{where(path, 1, col)}: missing column (header has {', '.join(header) or 'nothing'})")
         unknown = [c for c in header if c not in FIELDS]
         if unknown:
             raise TraceError(f"{where(path, 1, unknown[0])}: unknown column")
-        for row in reader:
+        for cells in reader:
             line_no = reader.line_num
+            if not any(c.strip() for c in cells):
+                continue  # a blank line
+            if len(cells) != len(header):
+                raise TraceError(f"{where(path, line_no)}: row has {len(cells)} cells, header has {len(header)}")
             fields: dict[str, Any] = {}
-            for col, cell in row.items():
-                if col is None or cell is None:
-                    raise TraceError(f"{where(path, line_no)}: row has {len(row) - 1} cells, header has {len(header)}")
+            for col, cell in zip(header, cells):
                 cell = cell.strip()
                 if cell == "":
                     continue  # the default (or a missing required field, which pydantic names)
@@ -155,6 +174,7 @@ def parse_csv(path: Path) -> list[TraceRequest]:
                         raise TraceError(f"{where(path, line_no, col)}: not space-separated integers") from None
                 else:
                     fields[col] = cell
+            fields.setdefault("request_id", default_request_id(path, len(numbered)))
             numbered.append((line_no, build_request(fields, path, line_no)))
     check_order(numbered, path)
     return [req for _, req in numbered]

@@ -1,11 +1,20 @@
-"""The DESIGN.md metric set, computed the same way for live and simulated runs.
+"""The metric set of docs/architecture.md, computed the same way for live and simulated runs.
 
 Both modes produce the same two record types, one per request and one per
-engine step, and ``compute_metrics`` turns them into the metric dictionary.
+engine step, and ``summarize`` (the only place a metric is defined) turns
+them into a typed ``Metrics``. ``compute_metrics`` returns its JSON form
+(``Metrics.to_dict()``), a dict with the names result files have always used.
+
+Per-request latencies count tokens of ONE sequence: a request sampling n
+sequences in parallel emits n tokens per step, but its user waits for each
+sequence's tokens one step at a time, so TPOT, ITL and normalized latency
+divide by the length of a sequence (the longest returned one, the one the
+request's end-to-end latency waits for), never by the n sequences' sum.
+Throughput counts every generated token.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from engine.core.kv_allocator import MemoryBreakdown
 from engine.core.scheduler import SchedulerOutput
@@ -17,22 +26,36 @@ class RequestRecord:
     request_id: str
     arrival: float
     prompt_len: int
-    output_len: int                     # generated tokens over the returned sequences
+    output_len: int                     # generated tokens over the returned sequences (throughput)
     first_scheduled: float | None = None
     first_token: float | None = None
     finish: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)   # one per step that produced tokens
     num_preemptions: int = 0
     rejected: bool = False
     reject_reason: str | None = None
+    seq_output_len: int = 0             # tokens of one sequence: the longest returned one
+    num_seqs: int = 1                   # sequences returned (n)
+    # Ended before max_tokens without a stop: its output was clipped at the
+    # context limit, or the request outgrew the whole KV cache.
+    truncated: bool = False
 
     @classmethod
     def from_group(cls, group: SequenceGroup) -> "RequestRecord":
         t = group.times
         rejected = group.finish_reason is FinishReason.REJECTED
+        lengths = [] if rejected else [len(tokens) for tokens, *_ in group.outputs()]
+        longest = max(lengths, default=0)
+        truncated = group.finish_reason is FinishReason.LENGTH and longest < group.params.max_tokens
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
-                   t.finish, list(t.token_times), group.num_preemptions, rejected, group.reject_reason)
+                   t.finish, list(t.token_times), group.num_preemptions, rejected, group.reject_reason,
+                   longest, max(len(lengths), 1), truncated)
+
+    @property
+    def completed(self) -> bool:
+        """Served in full: neither rejected nor truncated, and finished."""
+        return not self.rejected and not self.truncated and self.finish is not None
 
     @property
     def ttft(self) -> float:
@@ -44,8 +67,35 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        steps = len(self.token_times)
-        return (self.finish - self.first_token) / (steps - 1) if steps > 1 else None
+        """(finish - first token) / (tokens of one sequence - 1): the mean gap of this request."""
+        tokens = self.seq_output_len or len(self.token_times)
+        return (self.finish - self.first_token) / (tokens - 1) if tokens > 1 else None
+
+    @property
+    def normalized_latency(self) -> float:
+        """E2E / tokens of one sequence (s/token), the PagedAttention paper's per-request figure."""
+        return self.e2e / max(self.seq_output_len or self.output_len, 1)
+
+    @property
+    def itl(self) -> list[float]:
+        """Gaps between consecutive token times of this request (one sequence's tokens)."""
+        times = self.token_times
+        return [b - a for a, b in zip(times, times[1:])]
+
+    @property
+    def itl_mean(self) -> float | None:
+        gaps = self.itl
+        return sum(gaps) / len(gaps) if gaps else None
+
+    @property
+    def itl_p50(self) -> float | None:
+        gaps = self.itl
+        return percentile(gaps, 50) if gaps else None
+
+    @property
+    def itl_p99(self) -> float | None:
+        gaps = self.itl
+        return percentile(gaps, 99) if gaps else None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -86,7 +136,7 @@ class StepRecord:
                    len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default), without importing numpy."""
     if not values:
         return float("nan")
@@ -97,50 +147,186 @@ def _percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _summary(name: str, values: list[float]) -> dict[str, float]:
+_percentile = percentile   # the name earlier callers import
+
+
+def _summary(name: str, values: list[float]) -> dict[str, float | None]:
+    """``{name_mean, name_median, name_p99}`` of values (None when empty), for callers that
+    add a metric of their own under the same naming."""
+    mean, median, p99 = _stats(values)
+    return {f"{name}_mean": mean, f"{name}_median": median, f"{name}_p99": p99}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _median_p99(values: list[float]) -> tuple[float, float]:
+    """percentile(values, 50) and (values, 99), selecting the few order statistics
+    they need instead of sorting twice: an hour's ITLs are millions of values."""
     n = len(values)
-    return {f"{name}_mean": sum(values) / n if n else float("nan"),
-            f"{name}_median": _percentile(values, 50),
-            f"{name}_p99": _percentile(values, 99)}
+    if n < 100_000:
+        xs = sorted(values)
+        return percentile(xs, 50), percentile(xs, 99)
+    import numpy as np   # only for large lists: the core imports fast without it
+    positions = [(n - 1) * q / 100.0 for q in (50, 99)]
+    ranks = sorted({min(int(p) + d, n - 1) for p in positions for d in (0, 1)})
+    picked = np.partition(np.array(values, dtype=np.float64), ranks)
+    order = {r: float(picked[r]) for r in ranks}   # exactly the sorted list's values at these ranks
+    out = []
+    for pos in positions:
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        out.append(order[lo] + (order[hi] - order[lo]) * (pos - lo))
+    return out[0], out[1]
+
+
+def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(mean, median, p99), or Nones when there is nothing to summarize."""
+    if not values:
+        return None, None, None
+    median, p99 = _median_p99(values)
+    return _mean(values), median, p99
+
+
+MEMORY_PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
+
+
+@dataclass
+class Metrics:
+    """A run's metrics. Field names are the result-file keys; None means "not defined for
+    this run" (no completed request, no decode step, ...), written as JSON null.
+
+    Latencies are over completed requests only: rejected and truncated requests
+    are counted apart, and ``num_completed + num_rejected + num_truncated ==
+    num_submitted``.
+    """
+
+    num_submitted: int = 0
+    num_completed: int = 0
+    num_rejected: int = 0
+    num_truncated: int = 0
+    duration: float | None = None                  # last completed finish - first arrival
+    request_throughput: float | None = None        # completed requests / duration
+    output_token_throughput: float | None = None   # generated tokens (all sequences) / duration
+    total_token_throughput: float | None = None    # (generated + prompt tokens) / duration
+    ttft_mean: float | None = None
+    ttft_median: float | None = None
+    ttft_p99: float | None = None
+    tpot_mean: float | None = None                 # over requests of (finish - first token) / (L - 1)
+    tpot_median: float | None = None
+    tpot_p99: float | None = None
+    itl_mean: float | None = None                  # pooled: every gap of every completed request
+    itl_median: float | None = None
+    itl_p50: float | None = None                   # = itl_median, under the name vLLM's benchmarks use
+    itl_p99: float | None = None
+    request_itl_p99_mean: float | None = None      # over requests of each request's own p99 gap
+    request_itl_p99_median: float | None = None
+    request_itl_p99_p99: float | None = None
+    e2e_mean: float | None = None
+    e2e_median: float | None = None
+    e2e_p99: float | None = None
+    normalized_latency: float | None = None        # mean over requests of E2E / L (s/token)
+    num_steps: int = 0
+    num_prefill_steps: int = 0
+    num_decode_steps: int = 0
+    mean_batch_size: float | None = None           # requests per decode step, over decode steps
+    mean_prefill_batch_size: float | None = None   # requests per prefill step, over prefill steps
+    mean_step_batch_size: float | None = None      # requests per step, over all steps
+    kv_utilization: float | None = None            # time-averaged token-state share of KV slots
+    memory_breakdown: dict[str, float] | None = None
+    step_time_mean: float | None = None
+    step_time_median: float | None = None
+    preemptions: dict[str, int] = field(default_factory=lambda: {"recompute": 0, "swap": 0, "total": 0})
+
+    def __getitem__(self, name: str):
+        """``metrics["ttft_p99"]`` reads the field of that result-file name (as the dict did)."""
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    @property
+    def num_failed(self) -> int:
+        """Requests not served in full: what an SLO or capacity check must count as misses."""
+        return self.num_rejected + self.num_truncated
+
+    def to_dict(self) -> dict:
+        """The JSON form: every field under its own name (None where undefined)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["memory_breakdown"] = dict(self.memory_breakdown) if self.memory_breakdown is not None else None
+        out["preemptions"] = dict(self.preemptions)
+        return out
+
+
+def failed_requests(doc: dict) -> int:
+    """Rejected + truncated requests of a result document (a ``Metrics.to_dict()``)."""
+    return int(doc.get("num_rejected") or 0) + int(doc.get("num_truncated") or 0)
 
 
 def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
                     preemptions: dict[str, int] | None = None) -> dict:
-    """Every DESIGN.md metric from per-request and per-step records."""
-    done = [r for r in requests if not r.rejected and r.finish is not None]
-    rejected = [r for r in requests if r.rejected]
-    metrics: dict = {"num_submitted": len(requests), "num_completed": len(done),
-                     "num_rejected": len(rejected)}
+    """The metrics as the result-file dictionary: ``summarize(...).to_dict()``."""
+    return summarize(requests, steps, preemptions).to_dict()
+
+
+def summarize(requests: list[RequestRecord], steps: list[StepRecord],
+              preemptions: dict[str, int] | None = None) -> Metrics:
+    """Every metric of docs/architecture.md from per-request and per-step records (the one
+    place they are computed, for live runs, the simulator and recorded runs alike)."""
+    done = [r for r in requests if r.completed]
+    m = Metrics(num_submitted=len(requests), num_completed=len(done),
+                num_rejected=sum(r.rejected for r in requests),
+                num_truncated=sum(r.truncated and not r.rejected for r in requests))
     if done:
         span = max(r.finish for r in done) - min(r.arrival for r in requests)
         out_tokens = sum(r.output_len for r in done)
         prompt_tokens = sum(r.prompt_len for r in done)
-        metrics["duration"] = span
-        metrics["request_throughput"] = len(done) / span if span > 0 else float("inf")
-        metrics["output_token_throughput"] = out_tokens / span if span > 0 else float("inf")
-        metrics["total_token_throughput"] = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
-        metrics.update(_summary("ttft", [r.ttft for r in done]))
-        metrics.update(_summary("tpot", [t for r in done if (t := r.tpot) is not None]))
-        itl = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
-        metrics.update(_summary("itl", itl))
-        metrics.update(_summary("e2e", [r.e2e for r in done]))
-        metrics["normalized_latency"] = sum(r.e2e / max(r.output_len, 1) for r in done) / len(done)
+        m.duration = span
+        m.request_throughput = len(done) / span if span > 0 else float("inf")
+        m.output_token_throughput = out_tokens / span if span > 0 else float("inf")
+        m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
+        m.ttft_mean, m.ttft_median, m.ttft_p99 = _stats([r.ttft for r in done])
+        m.tpot_mean, m.tpot_median, m.tpot_p99 = _stats([t for r in done if (t := r.tpot) is not None])
+        pooled: list[float] = []          # every gap of every request
+        worst: list[float] = []           # each request's own p99 gap
+        for r in done:
+            gaps = r.itl
+            if gaps:
+                pooled += gaps
+                worst.append(percentile(gaps, 99))
+        m.itl_mean, m.itl_median, m.itl_p99 = _stats(pooled)
+        m.itl_p50 = m.itl_median
+        m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)
+        m.e2e_mean, m.e2e_median, m.e2e_p99 = _stats([r.e2e for r in done])
+        m.normalized_latency = _mean([r.normalized_latency for r in done])
     if steps:
+        # A decode step decodes at least one token (a chunked-prefill step that
+        # mixes prompt chunks with decodes counts as one); a prefill step only
+        # computes prompts; a step that only moves blocks (a swap) is neither.
+        decode = [s.batch_size for s in steps if s.decode_tokens > 0]
+        prefill = [s.batch_size for s in steps if s.prefill_tokens > 0 and s.decode_tokens == 0]
+        m.num_steps, m.num_prefill_steps, m.num_decode_steps = len(steps), len(prefill), len(decode)
+        m.mean_batch_size = _mean(decode)
+        m.mean_prefill_batch_size = _mean(prefill)
+        m.mean_step_batch_size = _mean([s.batch_size for s in steps])
+        m.memory_breakdown = _memory_breakdown(steps)
+        m.kv_utilization = m.memory_breakdown["token_states"]
         busy = sum(s.duration for s in steps)
-        metrics["num_steps"] = len(steps)
-        metrics["mean_batch_size"] = sum(s.batch_size for s in steps) / len(steps)
-        total_slots = (steps[0].token_states + steps[0].reserved + steps[0].internal_fragmentation
-                       + steps[0].external_fragmentation + steps[0].free)
-        parts = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
-        if busy > 0 and total_slots > 0:
-            breakdown = {p: sum(getattr(s, p) * s.duration for s in steps) / (busy * total_slots)
-                         for p in parts}
-        else:
-            breakdown = {p: sum(getattr(s, p) for s in steps) / (len(steps) * total_slots) for p in parts}
-        metrics["kv_utilization"] = breakdown["token_states"]
-        metrics["memory_breakdown"] = breakdown
-        metrics["step_time_mean"] = busy / len(steps)
-        metrics["step_time_median"] = _percentile([s.duration for s in steps], 50)
-    metrics["preemptions"] = dict(preemptions or {"recompute": 0, "swap": 0})
-    metrics["preemptions"]["total"] = sum(v for k, v in metrics["preemptions"].items() if k != "total")
-    return metrics
+        m.step_time_mean = busy / len(steps)
+        m.step_time_median = percentile([s.duration for s in steps], 50)
+    counts = dict(preemptions or {"recompute": 0, "swap": 0})
+    counts["total"] = sum(v for k, v in counts.items() if k != "total")
+    m.preemptions = counts
+    return m
+
+
+def _memory_breakdown(steps: list[StepRecord]) -> dict[str, float]:
+    """Share of KV slots per use, weighted by step duration (plain mean if no time passed)."""
+    first = steps[0]
+    total_slots = sum(getattr(first, p) for p in MEMORY_PARTS)
+    if total_slots <= 0:
+        return {p: 0.0 for p in MEMORY_PARTS}
+    busy = sum(s.duration for s in steps)
+    if busy > 0:
+        return {p: sum(getattr(s, p) * s.duration for s in steps) / (busy * total_slots) for p in MEMORY_PARTS}
+    return {p: sum(getattr(s, p) for s in steps) / (len(steps) * total_slots) for p in MEMORY_PARTS}

@@ -181,7 +181,6 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
 
     records = [RequestRecord.from_group(g) for g in groups]
     metrics = compute_metrics(records, engine.steps, scheduler.preemptions)
-    metrics["num_truncated"] = engine.truncated   # ended early: outgrew the whole KV cache
     metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
                                 if engine.logical_token_time > 0 else 0.0)
     if config.enable_chunked_prefill:       # counted at admission, as vLLM counts them

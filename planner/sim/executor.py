@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 
-from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Samples, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from workloads import Trace, TraceRequest
@@ -31,8 +30,7 @@ class SyntheticExecutor:
         self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
 
     def make_group(self, req: TraceRequest) -> SequenceGroup:
-        params = SamplingParams(n=req.n, best_of=max(req.n, req.beam_width), use_beam_search=req.beam_width > 1,
-                                max_tokens=req.output_len, ignore_eos=True)
+        params = req.sampling_params()
         shared = req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
         if self.real_token_ids or shared:
             prompt = self.trace.prompt_token_ids(req, self.vocab_size, self.seed)

@@ -1,0 +1,155 @@
+"""Metric definitions (docs/architecture.md) on hand-computed timelines, through the simulator's clock."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.core.metrics import Metrics, RequestRecord, StepRecord, compute_metrics, summarize
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost import StepShape
+from planner.simulator import SimConfig, simulate
+from planner.sweep import meets
+from workloads import Trace, TraceRequest
+
+
+class OneSecondSteps:
+    """Every step that computes something takes one second."""
+
+    name = "constant"
+
+    def step_time(self, shape: StepShape) -> float:
+        return 0.0 if shape.is_empty else 1.0
+
+
+def run(*rows, **config):
+    """rows: (id, arrival, prompt_len, output_len[, extra TraceRequest fields])."""
+    reqs = [TraceRequest(request_id=r[0], arrival_time=r[1], prompt_len=r[2], output_len=r[3],
+                         **(r[4] if len(r) > 4 else {})) for r in rows]
+    base = dict(model=resolve_model("opt-125m"), gpu=resolve_gpu("a100-40g"), block_size=2, num_gpu_blocks=64,
+                num_cpu_blocks=8, max_model_len=64)
+    return simulate(Trace(reqs, name="tiny"), SimConfig(**(base | config)), OneSecondSteps())
+
+
+def record(result, rid) -> RequestRecord:
+    return next(r for r in result.requests if r.request_id == rid)
+
+
+def test_parallel_sampling_is_normalized_per_sequence_not_per_token_sum():
+    # Prefill [0, 1] gives each sequence its first token, three decode steps the rest:
+    # each of the 4 sequences has 4 tokens, the request ends at t=4.
+    par = run(("par", 0.0, 2, 4, {"n": 4}))
+    one = run(("one", 0.0, 2, 4))
+    r = record(par, "par")
+    assert (r.output_len, r.seq_output_len, r.num_seqs, r.e2e) == (16, 4, 4, 4.0)
+    for key, expected in (("normalized_latency", 4 / 4), ("tpot_mean", 3 / 3), ("itl_mean", 1.0)):
+        assert par.metrics[key] == pytest.approx(expected), key
+        assert one.metrics[key] == pytest.approx(expected), key      # n does not change a user's wait
+    # Throughput still counts every generated token.
+    assert par.metrics["output_token_throughput"] == pytest.approx(16 / 4)
+    assert one.metrics["output_token_throughput"] == pytest.approx(4 / 4)
+
+
+def test_itl_per_request_and_pooled_and_tpot_agree():
+    # The scheduler test's timeline: 4 blocks of 2; B is preempted at t=3 (token times A [1,3,4], B [1,3,5,6]).
+    res = run(("A", 0.0, 3, 3), ("B", 0.0, 2, 4), ("C", 0.5, 2, 1), num_gpu_blocks=4, max_model_len=16)
+    a, b, c = (record(res, x) for x in "ABC")
+    assert (a.itl, b.itl, c.itl) == ([2, 1], [2, 2, 1], [])
+    assert b.itl_mean == pytest.approx(b.tpot) == pytest.approx(5 / 3)  # TPOT is a request's mean gap
+    assert a.itl_p50 == pytest.approx(1.5) and a.itl_p99 == pytest.approx(1.99)
+    assert c.itl_p99 is None and c.tpot is None
+    m = res.metrics
+    assert m["itl_mean"] == pytest.approx(8 / 5)                      # pooled over all five gaps
+    assert m["itl_median"] == m["itl_p50"] == pytest.approx(2)
+    assert m["itl_p99"] == pytest.approx(2)
+    assert m["request_itl_p99_mean"] == pytest.approx((1.99 + 2) / 2)
+    assert m["tpot_mean"] == pytest.approx((1.5 + 5 / 3) / 2)        # mean over requests of their mean gap
+
+
+@pytest.mark.parametrize("mode, decode, prefill", [("recompute", 4 / 3, 4 / 3), ("swap", 5 / 4, 3 / 2)])
+def test_batch_size_counts_decode_steps_as_the_paper_does(mode, decode, prefill):
+    # Steps: prefill AB, prefill C, decode AB, decode A, B (re-prefill or swapped-in decode), decode B.
+    res = run(("A", 0.0, 3, 3), ("B", 0.0, 2, 4), ("C", 0.5, 2, 1), num_gpu_blocks=4, max_model_len=16,
+              preemption_mode=mode)
+    m = res.metrics
+    assert m["mean_batch_size"] == pytest.approx(decode)
+    assert m["mean_prefill_batch_size"] == pytest.approx(prefill)
+    assert m["mean_step_batch_size"] == pytest.approx(8 / 6)
+    assert m["num_prefill_steps"] + m["num_decode_steps"] == m["num_steps"] == 6
+
+
+def test_a_prefill_admitting_one_request_does_not_halve_the_batch():
+    # A alone, then B joins: prefill A, prefill B, then two requests in every decode step.
+    m = run(("A", 0.0, 2, 5), ("B", 0.5, 2, 5)).metrics
+    assert m["mean_batch_size"] == pytest.approx(2.0)
+    assert m["mean_prefill_batch_size"] == pytest.approx(1.0)
+    assert m["mean_step_batch_size"] < 2.0
+
+
+def test_truncated_requests_are_counted_apart_and_fail_slos():
+    # "clip": prompt 10 + 10 wanted tokens > max_model_len 16, so its output stops at 6 tokens.
+    # "ok" completes. Neither is rejected.
+    res = run(("clip", 0.0, 10, 10), ("ok", 0.0, 2, 3), max_model_len=16)
+    m = res.metrics
+    assert record(res, "clip").truncated and record(res, "clip").seq_output_len == 6
+    assert (m["num_completed"], m["num_rejected"], m["num_truncated"], m["num_submitted"]) == (1, 0, 1, 2)
+    assert m["e2e_mean"] == pytest.approx(record(res, "ok").e2e)   # latencies: completed requests only
+    assert not meets(m, {"normalized_latency": 1e9})                # a truncated request fails any SLO
+
+
+def test_a_request_that_outgrows_the_whole_cache_is_truncated():
+    # 4 blocks of 2 = 8 slots; the prompt fits but 6 + 8 tokens never can.
+    res = run(("big", 0.0, 6, 8), num_gpu_blocks=4, max_model_len=64)
+    m = res.metrics
+    assert (m["num_completed"], m["num_rejected"], m["num_truncated"]) == (0, 0, 1)
+    assert m["normalized_latency"] is None
+
+
+def test_rejected_truncated_completed_add_up():
+    res = run(("long", 0.0, 20, 2), ("clip", 0.0, 10, 10), ("ok", 0.0, 2, 2), max_model_len=16)
+    m = res.metrics
+    assert (m["num_completed"], m["num_rejected"], m["num_truncated"]) == (1, 1, 1)
+    assert m["num_completed"] + m["num_rejected"] + m["num_truncated"] == m["num_submitted"] == 3
+
+
+def test_metrics_json_keeps_the_result_file_names():
+    summary = summarize([], [])
+    assert isinstance(summary, Metrics)
+    doc = summary.to_dict()
+    assert compute_metrics([], []) == doc
+    json.dumps(doc)
+    for name in ("num_submitted", "num_completed", "num_rejected", "num_truncated", "request_throughput",
+                 "output_token_throughput", "total_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
+                 "tpot_mean", "tpot_median", "tpot_p99", "itl_mean", "itl_median", "itl_p50", "itl_p99",
+                 "e2e_mean", "e2e_median", "e2e_p99", "normalized_latency", "num_steps", "mean_batch_size",
+                 "mean_prefill_batch_size", "mean_step_batch_size", "kv_utilization", "memory_breakdown",
+                 "step_time_mean", "step_time_median", "preemptions", "duration"):
+        assert name in doc, name
+        assert summary[name] == doc[name]
+    assert doc["preemptions"] == {"recompute": 0, "swap": 0, "total": 0}
+
+
+def _step(start, prefill_tokens, decode_tokens, batch):
+    return StepRecord(start, start + 1.0, decode_tokens == 0 and prefill_tokens > 0, batch, batch, prefill_tokens,
+                      decode_tokens, 0, 0, 0, 0, 0, 8, 0, 0)
+
+
+def test_steps_are_classified_by_the_tokens_they_compute():
+    steps = [_step(0, 10, 0, 1),      # prefill of one request
+             _step(1, 0, 3, 3),       # decode
+             _step(2, 0, 0, 0),       # only swaps blocks: neither kind
+             _step(3, 4, 2, 3)]       # mixed (chunked prefill): a decode step of 3 requests
+    m = summarize([], steps)
+    assert (m.num_prefill_steps, m.num_decode_steps, m.num_steps) == (1, 2, 4)
+    assert m.mean_batch_size == pytest.approx(3.0)
+    assert m.mean_prefill_batch_size == pytest.approx(1.0)
+    assert m.mean_step_batch_size == pytest.approx(7 / 4)
+
+
+def test_large_latency_lists_give_the_same_percentiles():
+    import random
+
+    from engine.core.metrics import _median_p99, percentile
+    rng = random.Random(1)
+    values = [rng.expovariate(1.0) for _ in range(100_001)]   # past the partition threshold
+    assert _median_p99(values) == (percentile(values, 50), percentile(values, 99))
