@@ -51,14 +51,14 @@ def test_chunked_prefill_matches_transformers(model_dir, reference):
 
 
 def test_chunked_prefill_matches_transformers_under_preemption(model_dir, reference):
-    prompts = make_prompts(lens=(60, 45, 52, 30), seed=5)
-    max_tokens = 24
-    # 26 blocks of 8 (25 usable past the null block) cannot hold the four ~80-token sequences.
-    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=26)
+    prompts = make_prompts(lens=(44, 36, 40), seed=5)
+    max_tokens = 16
+    # 13 blocks of 8 (12 usable past the null block) cannot hold the three ~56-token sequences.
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13)
     got = engine_greedy(llm, prompts, max_tokens)
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert got == [hf_greedy(reference, p, max_tokens) for p in prompts]
-    assert llm.engine.allocator.num_free_blocks() == 25
+    assert llm.engine.allocator.num_free_blocks() == 12
 
 
 def test_chunked_prefill_with_prefix_caching_matches_transformers(model_dir, reference):
@@ -77,9 +77,9 @@ def test_chunked_prefill_with_prefix_caching_matches_transformers(model_dir, ref
 
 @pytest.mark.slow
 def test_chunked_prefill_with_prefix_caching_under_preemption(model_dir, reference):
-    prompts = make_prompts(lens=(60, 45, 52, 30), seed=5)
-    max_tokens = 24
-    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=26, enable_prefix_caching=True)
+    prompts = make_prompts(lens=(44, 36, 40), seed=5)
+    max_tokens = 16
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13, enable_prefix_caching=True)
     got = engine_greedy(llm, prompts, max_tokens)
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert got == [hf_greedy(reference, p, max_tokens) for p in prompts]
