@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +48,7 @@ def profile(
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed repetitions per grid point"),
     out: Optional[Path] = typer.Option(None, "--out", help="output file (default: profiles/<gpu>/<model>.json, "
                                                            "under $PLANNER_PROFILE_DIR if set)"),
+    as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),
 ) -> None:
     """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost model."""
     from planner.cost.calibrated import profile_path
@@ -58,7 +61,7 @@ def profile(
         opts = ProfileOptions(gpu=gpu, model=model, tp=tp, block_size=block_size, quick=quick, force=force,
                               per_layer=per_layer, repeats=repeats)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=True) as bar:
+                      transient=True, console=Console(stderr=True)) as bar:
             task = bar.add_task("building the model", total=None)
 
             def advance(description: str, total: int) -> None:
@@ -71,6 +74,13 @@ def profile(
     except (PlannerError, ValueError) as exc:
         raise fail(str(exc)) from None
     path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
+    if as_json:
+        fits = {name: {"method": fit.chosen, "cv_mean_rel": fit.cv[fit.chosen].mean_rel}
+                for name, fit in result.fit.items()}
+        sys.stdout.write(json.dumps({"profile": str(path), "gpu": result.device.gpu, "model": result.model.name,
+                                     "device_name": result.device.device_name, "block_size": result.block_size,
+                                     "fit": fits}) + "\n")
+        return
     console = Console()
     console.print(_fit_table(result))
     load, cores = result.device.load_average, os.cpu_count() or 1

@@ -15,7 +15,10 @@ from planner.cli_common import fail
 from planner.errors import PlannerError
 from planner.validate import ValidateConfig, check_device, validate
 from workloads import TraceError
+from planner.report_html import validation_report
+from planner.report_sim import json_safe
 from planner.validate_report import TARGETS, as_json, write_report
+from planner.verdict import validation_verdict
 
 # --quick: the README's main job ends with this (a couple of minutes on 2 cores).
 QUICK = dict(requests=24, rate=3.0, length_scale=0.15, max_output_len=96)
@@ -32,7 +35,7 @@ def validate_cmd(
     max_output_len: int = typer.Option(256, help="cap on output lengths after scaling"),
     block_size: int = typer.Option(16),
     num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks; small values force preemption"),
-    preemption: str = typer.Option("recompute", help="recompute | swap"),
+    preemption: str = typer.Option("recompute", "--preemption-mode", "--preemption", help="recompute | swap"),
     max_num_seqs: int = typer.Option(32),
     profile: Optional[Path] = typer.Option(None, help="profile JSON (default: profiles/<gpu>/<model>.json)"),
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
@@ -70,9 +73,18 @@ def validate_cmd(
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
+    verdict = validation_verdict(result, TARGETS)
+    comparison = report.parent / "comparison.json"      # the validation's result file gets the verdict too
+    if comparison.is_file():
+        comparison.write_text(json.dumps({**json.loads(comparison.read_text()), "verdict": json_safe(verdict)},
+                                         indent=2) + "\n")
+    html = validation_report(json_safe(as_json(result)), verdict, report.parent,
+                             f"Validation: {result.spec.name} on {result.config.gpu}, {result.config.workload} at "
+                             f"{result.config.rate:g} req/s")
     if as_json_flag:
         doc = as_json(result)
         doc["report"] = str(report)
+        doc["verdict"] = json_safe(verdict)
         sys.stdout.write(json.dumps(doc) + "\n")
         return
     table = Table(title=f"simulated vs measured ({result.cost_model})")
@@ -89,7 +101,10 @@ def validate_cmd(
     s = result.step_error_summary()
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
-    console.print(f"report: {report}")
+    console.print("[bold]verdict[/bold]")
+    for line in verdict["lines"]:
+        console.print(f"  {line}", highlight=False, markup=False)
+    console.print(f"report: {report} and {html}")
 
 
 def _profile_now(gpu: str, model: str, path: Path, err: Console) -> Path:

@@ -68,8 +68,12 @@ def save_histogram(trace: Trace, path: Path) -> Path:
 
 
 @app.command("list")
-def list_workloads() -> None:
+def list_workloads(as_json: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
     """The built-in workloads and their parameters."""
+    if as_json:
+        rows = [{"name": name, "description": desc, "params": workload_params(name)} for name, desc in WORKLOADS.items()]
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
     table = Table(title="built-in workloads (use with --workload NAME)")
     table.add_column("name")
     table.add_column("description")

@@ -1,17 +1,21 @@
 """How GPU memory splits into weights, activations and KV cache (the number of KV blocks).
 
-This is the arithmetic vLLM does at start-up, done ahead of time: of each
-GPU's memory, `gpu_memory_utilization` may be used; weights (this GPU's tensor-
-parallel shard) and the peak activation of one forward pass are taken out, and
-what is left is cut into KV blocks. Every GPU holds its share of the heads of
-the same block ids, so the number of blocks is a per-GPU figure and the token
-slots are blocks x block_size.
+This is the arithmetic vLLM does at start-up, done ahead of time. Of the
+memory torch reports for each GPU, `gpu_memory_utilization` may be used; out
+of that come the weights (this GPU's tensor-parallel shard, plus the rotary
+cos/sin cache vLLM keeps beside them), the peak activation of one forward pass
+of `max_num_batched_tokens` tokens with the sampler's warm-up over
+`max_num_seqs` rows, and non-torch memory (CUDA context growth, cuBLAS
+workspaces, kernel modules; NCCL buffers under TP). What is left is cut into
+KV blocks. Every GPU holds its share of the heads of the same block ids, so the
+number of blocks is a per-GPU figure and the token slots are blocks x block_size.
 
-The check is the PagedAttention paper's Table 1 (its "GB" are GiB: 15.7K slots
-x 800 KiB = 12 GiB): OPT-13B on 1xA100-40GB leaves ~12 GiB, OPT-66B on
-4xA100-40GB ~21 GiB, OPT-175B on 8xA100-80GB ~264 GiB. With the defaults here
-(utilization 0.9, the activation estimate below) the plan comes out 3-6 % under
-those figures (tests/test_memory.py).
+Checks (tests/test_memory.py): vLLM 0.19 on one RTX 4090 (torch reports
+25,250,627,584 bytes), Llama-3.1-8B bf16, utilization 0.9, 2048 batched tokens
+allocated 41,408 KV tokens; the plan lands within 3 %. The PagedAttention
+paper's Table 1 (its "GB" are GiB: 15.7K slots x 800 KiB = 12 GiB): OPT-13B on
+1xA100-40GB ~12 GiB, OPT-66B on 4xA100-40GB ~21 GiB, OPT-175B on 8xA100-80GB
+~264 GiB; the plan is within 10 %.
 """
 
 from __future__ import annotations
@@ -27,10 +31,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_SWAP_SPACE_BYTES = 4 * GIB     # vLLM's default CPU swap space per GPU
 
-# The sampler keeps fp32 logits, probabilities and log-probabilities of the
-# sampled rows alive at once.
-_SAMPLER_COPIES = 3
-_FP32 = 4
+# vLLM warms the sampler up over max_num_seqs rows: fp32 logits, probabilities
+# and the sorted probabilities of top-p/top-k (4 bytes each) plus the sort's
+# int64 indices are alive at once.
+_SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 8
+
+# Memory outside torch's allocator that grows while vLLM starts: what its
+# profiler reports as non_torch_memory on one GPU, 0.16-0.20 GiB in its logs
+# (vllm-project/vllm#12126 on an H100, #14447 on a 24 GiB GPU).
+NON_TORCH_BYTES = int(0.2 * GIB)
+# NCCL's buffers per GPU under tensor parallelism: the figures NVIDIA's
+# aiconfigurator-core spec sheets use (systems/*.yaml, misc.nccl_mem).
+NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
@@ -65,7 +77,18 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     per_token = 2 * h + (q_size + 2 * kv_size) + q_size + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
-    return tokens * per_token * dtype_bytes + _SAMPLER_COPIES * sampled_rows * model.vocab_size * _FP32
+    return tokens * per_token * dtype_bytes + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+
+
+def non_torch_bytes(tp: int = 1) -> int:
+    """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus NCCL's buffers under TP."""
+    nccl = NCCL_BYTES.get(tp, NCCL_BYTES[8]) if tp > 1 else 0
+    return NON_TORCH_BYTES + nccl
+
+
+def rotary_cache_bytes(model: ModelSpec, dtype_bytes: int = 2) -> int:
+    """vLLM's precomputed rotary cos/sin table, [max_position, head_size], held beside the weights."""
+    return 0 if model.is_gpt_like else model.max_position_embeddings * model.head_size * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +101,11 @@ class MemoryPlan:
     gpu_memory_utilization: float
     block_size: int
     dtype_bytes: int
-    gpu_memory_bytes: int           # one GPU's memory
+    gpu_memory_bytes: int           # one GPU's memory, as torch reports it
     usable_bytes_per_gpu: int       # utilization x memory
-    weight_bytes_per_gpu: int
+    weight_bytes_per_gpu: int       # the weights' shard plus the rotary cache
     activation_bytes_per_gpu: int
+    non_torch_bytes_per_gpu: int    # CUDA context growth, cuBLAS workspaces, NCCL buffers
     kv_bytes_per_token: int         # the whole model's K and V for one token (all layers, all heads)
     block_bytes_per_gpu: int        # one block's K and V on one GPU (its share of the heads)
     num_gpu_blocks: int
@@ -113,6 +137,7 @@ class MemoryPlan:
             "usable_gib_per_gpu": self.usable_bytes_per_gpu / GIB,
             "weights_gib_per_gpu": self.weight_bytes_per_gpu / GIB,
             "activations_gib_per_gpu": self.activation_bytes_per_gpu / GIB,
+            "non_torch_gib_per_gpu": self.non_torch_bytes_per_gpu / GIB,
             "kv_gib_per_gpu": self.kv_bytes_per_gpu / GIB,
             "kv_gib_total": self.kv_bytes_total / GIB,
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -126,8 +151,12 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES) -> MemoryPlan:
-    """Split each of `tp` GPUs' memory into weights, activations and KV blocks."""
+                swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True) -> MemoryPlan:
+    """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
+
+    `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
+    profiler saw only torch's own allocations.
+    """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise PlannerError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -143,18 +172,24 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
 
     heads = kv_heads_per_gpu(model, tp)          # validates tp against the head counts first
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_gpu(tp, dtype_bytes)
+    weights = model.weight_bytes_per_gpu(tp, dtype_bytes) + rotary_cache_bytes(model, dtype_bytes)
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs)
+    non_torch = non_torch_bytes(tp) if gpu.kind == "gpu" and count_non_torch else 0
     block_bytes = 2 * model.num_layers * heads * model.head_size * dtype_bytes * block_size
-    num_blocks = (usable - weights - activations) // block_bytes
+    num_blocks = (usable - weights - activations - non_torch) // block_bytes
     if num_blocks < 1:
-        need = (weights + activations + block_bytes) / GIB
+        need = (weights + activations + non_torch + block_bytes) / GIB
         raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "
-                           f"{gpu_memory_utilization}: needs {need:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable")
+                           f"{gpu_memory_utilization} with {max_num_batched_tokens} batched tokens: needs "
+                           f"{need:.1f} GiB per GPU (weights {weights / GIB:.1f}, activations "
+                           f"{activations / GIB:.1f}), {usable / GIB:.1f} GiB usable"
+                           + ("; fewer batched tokens (--max-model-len, --chunked-prefill) shrink the activations"
+                              if activations > usable // 8 else ""))
     return MemoryPlan(
         model=model.name, gpu=gpu.name, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
         block_size=block_size, dtype_bytes=dtype_bytes, gpu_memory_bytes=gpu.memory_bytes,
         usable_bytes_per_gpu=usable, weight_bytes_per_gpu=weights, activation_bytes_per_gpu=activations,
+        non_torch_bytes_per_gpu=non_torch,
         kv_bytes_per_token=model.kv_bytes_per_token(dtype_bytes), block_bytes_per_gpu=block_bytes,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
     )

@@ -28,7 +28,7 @@ def test_required_gpus_present_with_sources():
 
 def test_datasheet_numbers():
     a100 = resolve_gpu("a100-40g")
-    assert a100.memory_bytes == 40 * GIB
+    assert a100.memory_bytes == 40536 * 2**20          # what torch reports, not the nominal 40 GiB
     assert a100.memory_bandwidth == pytest.approx(1.555e12)
     assert a100.fp16_flops == pytest.approx(312e12)
     assert resolve_gpu("h100-sxm").fp16_flops == pytest.approx(989.4e12)   # dense, not the sparse 1979
@@ -36,6 +36,16 @@ def test_datasheet_numbers():
     assert a100.peak_flops(4) == a100.fp32_flops
     with pytest.raises(PlannerError):
         a100.peak_flops(3)
+
+
+def test_memory_is_what_torch_reports_not_the_marketing_size():
+    # L4 and A10G are sold as 24 GB; CUDA sees about 22 GiB (issue 13, defect 6)
+    for name in ("l4", "a10g"):
+        assert 21.5 * GIB < resolve_gpu(name).memory_bytes < 22.5 * GIB
+    assert resolve_gpu("rtx-4090").memory_bytes == 25_250_627_584
+    for g in list_gpus():
+        if g.kind == "gpu":
+            assert g.memory_bytes < 1.0 * round(g.memory_bytes / GIB + 2) * GIB and g.memory_source, g.name
 
 
 @pytest.mark.parametrize("alias, name", [("a100", "a100-40g"), ("h100", "h100-sxm"), ("A100-40G", "a100-40g"),
@@ -62,8 +72,9 @@ def test_gpu_variant_for_memory(device, reported, expected):
 
 
 def test_gpu_variant_rejects_unknown_family_and_near_names():
+    assert gpu_variant_for_memory("NVIDIA L40S", 48 * GIB).name == "l40s"   # must not match "l4"
     with pytest.raises(PlannerError, match="unknown GPU family"):
-        gpu_variant_for_memory("NVIDIA L40S", 48 * GIB)              # must not match "l4"
+        gpu_variant_for_memory("Tesla V100-SXM2-32GB", 32 * GIB)
     with pytest.raises(PlannerError):
         gpu_variant_for_memory("a100", 0)
 
@@ -76,9 +87,9 @@ def test_required_models_present():
 
 @pytest.mark.parametrize("model", list_models(), ids=lambda m: m.name)
 def test_param_count_matches_published(model):
-    # computed from the shapes; OPT's published sizes are rounded ("13B"), the others are exact
+    # computed from the shapes; some published sizes are rounded ("13B", "8.2B"), the others are exact
     assert model.num_params == pytest.approx(model.published_params, rel=0.03)
-    if model.model_type != "opt":
+    if model.published_params % 10**6:
         assert model.num_params == model.published_params
 
 
@@ -171,3 +182,14 @@ def test_unsupported_configs():
         ModelSpec.from_hf_config(opt350, name="opt-350m")
     with pytest.raises(PlannerError, match="unsupported model_type 'bloom'"):
         ModelSpec.from_hf_config({"model_type": "bloom"})
+
+
+def test_catalog_is_one_generic_lookup_for_gpus_and_models():
+    from planner.catalog import Catalog
+    from planner.catalog.gpus import gpu_catalog
+    from planner.catalog.models import model_catalog
+    assert isinstance(gpu_catalog(), Catalog) and isinstance(model_catalog(), Catalog)
+    assert model_catalog().get("Qwen/Qwen3-8B").name == "qwen3-8b"
+    assert gpu_catalog().find("H100_SXM") is resolve_gpu("h100-sxm")
+    with pytest.raises(PlannerError, match=r"unknown GPU 'v100'; known: a100-40g, a100-80g"):
+        gpu_catalog().get("v100")

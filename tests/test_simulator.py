@@ -243,8 +243,9 @@ def fake_calibrated(monkeypatch, tmp_path):
     return loaded, tmp_path
 
 
-def test_select_falls_back_to_roofline_without_a_profile(fake_calibrated):
-    assert select_cost_model(OPT_13B, A100).name == "roofline(a100-40g)"
+def test_select_falls_back_to_measured_then_roofline_without_a_profile(fake_calibrated):
+    assert select_cost_model(OPT_13B, A100).name.startswith("measured(a100-40g: a100_sxm")
+    assert select_cost_model(OPT_13B, resolve_gpu("l4")).name == "roofline(l4)"     # no measured tables
 
 
 def test_select_uses_the_default_profile_when_present(fake_calibrated):
@@ -270,7 +271,8 @@ def test_select_loads_an_explicit_profile_and_reports_damage(fake_calibrated, tm
 
 def test_select_without_the_calibrated_module(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "planner.cost.calibrated", None)   # import raises ImportError
-    assert select_cost_model(OPT_13B, A100, tp=1).name.startswith("roofline")
+    assert select_cost_model(OPT_13B, A100, tp=1).name.startswith("measured")
+    assert select_cost_model(OPT_13B, resolve_gpu("l4"), tp=1).name.startswith("roofline")
     with pytest.raises(PlannerError, match="unavailable"):
         select_cost_model(OPT_13B, A100, profile=tmp_path / "p.json")
 

@@ -66,7 +66,9 @@ def test_cli_calibrates_then_validates_and_prints_one_json_document(llama_dir, t
     doc = json.loads(result.stdout)
     assert doc["cost_model"].startswith("calibrated(") and (tmp_path / "run" / "profile.json").exists()
     assert doc["num_completed"] == {"measured": 6, "simulated": 6}
-    assert (tmp_path / "run" / "report.md").exists()
+    assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "report.html").exists()
+    assert doc["verdict"]["lines"] and "within_targets" in doc["verdict"]
+    assert json.loads((tmp_path / "run" / "comparison.json").read_text())["verdict"] == doc["verdict"]
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from planner.catalog.base import Catalog
 from planner.errors import PlannerError
 
 GIB = 2**30
@@ -24,7 +25,7 @@ class GpuSpec:
     name: str
     family: str                     # "a100", "h100", ...: what gpu_variant_for_memory matches on
     kind: str                       # "gpu" or "cpu"
-    memory_bytes: int
+    memory_bytes: int               # what torch reports as the device's total (usable), not the marketing size
     memory_bandwidth: float         # B/s, device memory
     fp16_flops: float               # FLOP/s, tensor cores, no sparsity
     bf16_flops: float
@@ -35,6 +36,8 @@ class GpuSpec:
     host_link_bandwidth: float      # B/s effective GPU<->CPU (pinned PCIe copies), used for swapping
     source: str
     aliases: tuple[str, ...] = ()
+    measured_system: str | None = None   # aiconfigurator-core system with measured vLLM tables, if any
+    memory_source: str = ""
 
     def peak_flops(self, dtype_bytes: int = 2) -> float:
         """Peak FLOP/s for matmuls in a dtype of this many bytes (2: fp16/bf16, 4: fp32)."""
@@ -45,16 +48,12 @@ class GpuSpec:
         raise PlannerError(f"unsupported dtype size {dtype_bytes} bytes; known: 2 (fp16/bf16), 4 (fp32)")
 
 
-def _normalize(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(" ", "-")
-
-
 def _spec_from_entry(entry: dict) -> GpuSpec:
     return GpuSpec(
         name=entry["name"],
         family=entry["family"],
         kind=entry["kind"],
-        memory_bytes=int(round(entry["memory_gib"] * GIB)),
+        memory_bytes=int(entry["memory_bytes"]) if "memory_bytes" in entry else int(round(entry["memory_gib"] * GIB)),
         memory_bandwidth=float(entry["memory_bandwidth"]),
         fp16_flops=float(entry["fp16_flops"]),
         bf16_flops=float(entry["bf16_flops"]),
@@ -65,35 +64,29 @@ def _spec_from_entry(entry: dict) -> GpuSpec:
         host_link_bandwidth=float(entry["host_link_bandwidth"]),
         source=entry["source"],
         aliases=tuple(entry.get("aliases", ())),
+        measured_system=entry.get("measured_system"),
+        memory_source=entry.get("memory_source", ""),
     )
 
 
 @lru_cache(maxsize=1)
-def _catalog() -> tuple[tuple[GpuSpec, ...], dict[str, GpuSpec]]:
+def gpu_catalog() -> Catalog[GpuSpec]:
+    """The GPU catalog (planner/data/gpus.json), indexed by name and aliases."""
     text = resources.files("planner").joinpath("data/gpus.json").read_text(encoding="utf-8")
-    specs = tuple(_spec_from_entry(e) for e in json.loads(text)["gpus"])
-    index: dict[str, GpuSpec] = {}
-    for spec in specs:
-        for key in (spec.name, *spec.aliases):
-            index[_normalize(key)] = spec
-    return specs, index
+    specs = [_spec_from_entry(e) for e in json.loads(text)["gpus"]]
+    return Catalog("GPU", specs, keys=lambda s: (s.name, *s.aliases))
 
 
 def list_gpus() -> list[GpuSpec]:
     """All catalog entries, in file order."""
-    return list(_catalog()[0])
+    return list(gpu_catalog())
 
 
 def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
     """Look a device up by name or alias ("a100" is the paper's a100-40g, "h100" is h100-sxm)."""
     if isinstance(name, GpuSpec):
         return name
-    specs, index = _catalog()
-    spec = index.get(_normalize(str(name)))
-    if spec is None:
-        known = ", ".join(s.name for s in specs)
-        raise PlannerError(f"unknown GPU {name!r}; known: {known}")
-    return spec
+    return gpu_catalog().get(name)
 
 
 def _family_of(device: str, families: list[str]) -> str | None:
@@ -118,7 +111,7 @@ def gpu_variant_for_memory(family: str, memory_bytes: int) -> GpuSpec:
     reports it ("NVIDIA A100-SXM4-40GB"); `memory_bytes` is the detected total
     (drivers report a little less than the nominal size, hence closest, not equal).
     """
-    specs, _ = _catalog()
+    specs = list_gpus()
     families = sorted({s.family for s in specs})
     found = _family_of(family, families)
     if found is None:

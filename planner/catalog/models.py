@@ -15,6 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from planner.catalog.base import Catalog
 from planner.errors import PlannerError
 
 # model_type -> how its layers are built. OPT and GPT-2 are the same decoder
@@ -22,7 +23,7 @@ from planner.errors import PlannerError
 # keeps 2 extra position rows, an offset inherited from fairseq). LLaMA and
 # Mistral use bias-free linears, RMSNorm (weight only), RoPE and a gated MLP.
 _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-table offset
-_LLAMA_LIKE = ("llama", "mistral")
+_LLAMA_LIKE = ("llama", "mistral", "qwen3")
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE)
 
 
@@ -31,7 +32,7 @@ class ModelSpec:
     """A decoder-only transformer's shape. Sizes are counts, not bytes, unless named *_bytes."""
 
     name: str
-    model_type: str                 # "opt", "llama", "mistral", "gpt2"
+    model_type: str                 # "opt", "llama", "mistral", "qwen3", "gpt2"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -92,7 +93,8 @@ class ModelSpec:
         if self.is_gpt_like:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
-        return 2 * h                                          # two RMSNorms, weight only
+        qk_norms = 2 * self.head_size if self.model_type == "qwen3" else 0   # Qwen3 norms q and k per head
+        return 2 * h + qk_norms                               # two RMSNorms, weight only
 
     @property
     def position_params(self) -> int:
@@ -195,6 +197,9 @@ class ModelSpec:
             if self.model_type == "mistral":
                 config = transformers.MistralConfig(sliding_window=self.sliding_window, **common)
                 config.architectures = ["MistralForCausalLM"]
+            elif self.model_type == "qwen3":
+                config = transformers.Qwen3Config(**common)
+                config.architectures = ["Qwen3ForCausalLM"]
             else:
                 config = transformers.LlamaConfig(**common)
                 config.architectures = ["LlamaForCausalLM"]
@@ -236,6 +241,8 @@ class ModelSpec:
             hidden, heads = get("hidden_size"), get("num_attention_heads")
             rope = get("rope_parameters") or {}
             theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+            # Qwen3 configs carry a sliding_window that is off unless use_sliding_window is set
+            window = get("sliding_window") if get("use_sliding_window", True) else None
             return cls(name=name, model_type=model_type, num_layers=get("num_hidden_layers"), hidden_size=hidden,
                        num_heads=heads, num_kv_heads=get("num_key_value_heads") or heads,
                        head_size=get("head_dim") or hidden // heads,
@@ -243,7 +250,7 @@ class ModelSpec:
                        max_position_embeddings=get("max_position_embeddings"),
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
                        rope_theta=float(theta or get("rope_theta") or 10000.0),
-                       norm_eps=get("rms_norm_eps", 1e-6), sliding_window=get("sliding_window"))
+                       norm_eps=get("rms_norm_eps", 1e-6), sliding_window=window)
         raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(KNOWN_TYPES)}")
 
     @classmethod
@@ -258,12 +265,9 @@ class ModelSpec:
         return cls.from_hf_config(config, name=name)
 
 
-def _normalize(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
-
-
 @lru_cache(maxsize=1)
-def _catalog() -> tuple[tuple[ModelSpec, ...], dict[str, ModelSpec]]:
+def model_catalog() -> Catalog[ModelSpec]:
+    """The model catalog (planner/data/models.json), indexed by name, aliases and Hugging Face id."""
     text = resources.files("planner").joinpath("data/models.json").read_text(encoding="utf-8")
     specs = []
     for entry in json.loads(text)["models"]:
@@ -272,31 +276,29 @@ def _catalog() -> tuple[tuple[ModelSpec, ...], dict[str, ModelSpec]]:
         if entry.get("published_params") is not None:
             entry["published_params"] = int(entry["published_params"])
         specs.append(ModelSpec(**entry))
-    index: dict[str, ModelSpec] = {}
-    for spec in specs:
-        keys = [spec.name, *spec.aliases]
+
+    def keys(spec: ModelSpec) -> list[str]:
+        found = [spec.name, *spec.aliases]
         if spec.hf_id:
-            keys += [spec.hf_id, spec.hf_id.split("/")[-1]]
-        for key in keys:
-            index.setdefault(_normalize(key), spec)
-    return tuple(specs), index
+            found += [spec.hf_id, spec.hf_id.split("/")[-1]]
+        return found
+
+    return Catalog("model", specs, keys=keys)
 
 
 def list_models() -> list[ModelSpec]:
     """All catalog entries, in file order."""
-    return list(_catalog()[0])
+    return list(model_catalog())
 
 
 def resolve_model(name: str | ModelSpec) -> ModelSpec:
     """A catalog model by name, alias or Hugging Face id, or a local folder holding a config.json."""
     if isinstance(name, ModelSpec):
         return name
-    specs, index = _catalog()
-    spec = index.get(_normalize(str(name)))
+    catalog = model_catalog()
+    spec = catalog.find(str(name))
     if spec is not None:
         return spec
     if os.path.isdir(str(name)):
         return ModelSpec.from_model_dir(name)
-    known = ", ".join(s.name for s in specs)
-    raise PlannerError(f"unknown model {name!r}; known: {known} (or a folder with a config.json)")
-
+    return catalog.get(str(name), hint=" (or a folder with a config.json)")

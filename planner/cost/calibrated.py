@@ -98,6 +98,11 @@ class CalibratedCostModel:
                 raise PlannerError(f"{where} is for model {profile.model.name!r}, not {model.name!r} ({differs})")
         return cls(profile, source=str(path), sampling=sampling)
 
+    def scale_decode_attention(self, factor: float) -> None:
+        """Scale the decode-attention term (per context key), e.g. for another KV block size."""
+        self._decode_per_key *= factor
+        self.block_size_factor = getattr(self, "block_size_factor", 1.0) * factor
+
     def step_time(self, s: StepShape) -> float:
         """Seconds for one step. Hot path: a few bisects and float operations."""
         seqs = s.prefill_seqs + s.decode_seqs

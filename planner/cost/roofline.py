@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.block_size_factors import decode_attention_factor
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
@@ -66,6 +67,10 @@ CPU_OVERHEAD_BASE_S = 2e-3
 CPU_OVERHEAD_PER_SEQ_S = 20e-6
 
 
+def _kernel_backend(gpu: GpuSpec) -> str:
+    return "cpu" if gpu.family == "cpu" else "cuda"
+
+
 class RooflineCostModel:
     """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
 
@@ -101,6 +106,9 @@ class RooflineCostModel:
         self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
         self._decode_per_key = max(kv_bytes_per_token / bw, attn_flops_per_pair / flops)
+        # Block size changes paged-attention kernel speed (measured: planner/block_size_factors.py).
+        self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
+        self._decode_per_key *= self.block_size_factor
 
         if tp > 1:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
@@ -177,6 +185,6 @@ class RooflineCostModel:
         return {
             "name": self.name, "source": "roofline", "model": self.model.name, "gpu": self.gpu.name,
             "tp": self.tp, "dtype_bytes": self.dtype_bytes, "block_size": self.block_size,
-            "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,
+            "block_size_factor": self.block_size_factor, "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,
             "cpu_overhead_per_seq_s": self._cpu_per_seq, "gpu_source": self.gpu.source,
         }

@@ -32,6 +32,9 @@ class SimConfig:
     max_model_len: int | None = None    # default: the model's max_position_embeddings
     seed: int = 0
     dtype_bytes: int = 2
+    # Decode fast-forward (planner/sim/fast_forward.py); False steps one at a time
+    # (--step-by-step). Same results either way, so it is not among params().
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size not in SIM_BLOCK_SIZES:
@@ -48,13 +51,17 @@ class SimConfig:
             self.max_model_len = self.model.max_position_embeddings
         if self.max_model_len < 1:
             raise PlannerError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_model_len > self.model.max_position_embeddings:
+            raise PlannerError(f"max_model_len {self.max_model_len} exceeds {self.model.name}'s "
+                               f"max_position_embeddings {self.model.max_position_embeddings}")
         if self.enable_chunked_prefill:
             self._check_chunked()
         elif self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                               f"max_model_len ({self.max_model_len}), or long prompts could never run")
+            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                               f"({self.max_model_len}): a prompt that long could never run under the paper's "
+                               f"policy; use --chunked-prefill or --max-model-len {self.max_num_batched_tokens}")
         for name in ("num_gpu_blocks", "num_cpu_blocks"):
             value = getattr(self, name)
             if value is not None and value < (1 if name == "num_gpu_blocks" else 0):

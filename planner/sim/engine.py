@@ -6,10 +6,13 @@ current time, ask the cost model how long the step takes, let that time pass,
 hand the scheduler the step's tokens, and record what happened; with nothing
 runnable it sleeps until the next arrival. Every scheduling, preemption,
 swapping, copy-on-write and prefix-cache decision is the engine core's own
-(imported, not copied); only the step's duration is predicted.
+(imported, not copied); only the step's duration is predicted. Runs of decode
+steps that provably change nothing but the token counts are taken in one go
+(planner/sim/fast_forward.py), with the same results as one step at a time.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
 from planner.sim.config import SimConfig
 from planner.sim.executor import SyntheticExecutor
+from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
 
 Progress = Callable[[float, int, int], None]   # (simulated time, requests done, requests in the trace)
@@ -40,6 +44,7 @@ class SimResult:
     shapes: list[StepShape]        # the same steps as the cost model saw them
     memory_plan: dict | None       # planner.memory summary (None when the cache size was given)
     wall_time: float = 0.0         # seconds the simulation took to run
+    fast_forwarded_steps: int = 0  # of the steps, how many fast-forward took in bulk
     params: dict = field(default_factory=dict)
     num_running: list[int] = field(default_factory=list)   # per step: requests in the running list
 
@@ -48,7 +53,8 @@ class SimulatedEngine:
     """The engine process and the state the arrival process hands it requests through."""
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
-                 executor: SyntheticExecutor, total: int, progress: Progress | None) -> None:
+                 executor: SyntheticExecutor, total: int, progress: Progress | None,
+                 fast_forward: bool = True) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -56,6 +62,8 @@ class SimulatedEngine:
         self.executor = executor
         self.total = total
         self.progress = progress
+        self.fast_forward = fast_forward
+        self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows
         self.next_arrival = math.inf       # when the arrival process next releases a request
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
@@ -82,6 +90,11 @@ class SimulatedEngine:
         env, scheduler, allocator = self.env, self.scheduler, self.allocator
         step_time = self.cost_model.step_time
         while True:
+            if self.fast_forward and not self.chunked:   # windows assume the paper's policy
+                window = plan_window(scheduler, step_time, env.now, self.next_arrival)
+                if window is not None:
+                    yield from self.run_window(window)
+                    continue
             out = scheduler.schedule(env.now)
             self.done += len(out.rejected) + len(out.truncated)
             self.truncated += len(out.truncated)
@@ -138,6 +151,40 @@ class SimulatedEngine:
                 # in creation order, so yield once to let it join before scheduling.
                 yield env.timeout(0)
 
+    def run_window(self, window: Window):
+        """Take a fast-forward window's decode steps: the core's state, the records, then the clock."""
+        env = self.env
+        before = len(self.steps)
+        records, finished = apply_window(window, self.scheduler,
+                                         self.executor.window_samples(window.groups, window.steps))
+        self.done += len(finished)
+        logical, physical = self.logical_token_time, self.physical_token_time
+        for record, shape in zip(records, window.shapes):
+            duration = record.end - record.start
+            logical += shape.decode_context * duration
+            physical += record.token_states * duration
+        self.logical_token_time, self.physical_token_time = logical, physical
+        self.steps.extend(records)
+        self.shapes.extend(window.shapes)
+        self.num_running.extend(r.batch_size for r in records)   # a window's decodes run everyone
+        self.fast_forwarded_steps += len(records)
+        end = window.ends[-1]
+        yield env.timeout(_delay_to(env.now, end))
+        if self.progress is not None and before // PROGRESS_EVERY != len(self.steps) // PROGRESS_EVERY:
+            self.progress(end, self.done, self.total)
+        if self.next_arrival <= end:
+            yield env.timeout(0)
+
+
+def _delay_to(now: float, end: float) -> float:
+    """The delay SimPy needs to land on `end` exactly (it computes now + delay)."""
+    delay = end - now
+    while now + delay < end:
+        delay = math.nextafter(delay, math.inf)
+    while now + delay > end:
+        delay = math.nextafter(delay, -math.inf)
+    return delay
+
 
 def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
     """Release each trace request at its arrival time."""
@@ -153,7 +200,10 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
              progress: Progress | None = None) -> SimResult:
-    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`."""
+    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`.
+
+    `config.fast_forward` (the default) takes provably uneventful decode steps
+    in bulk; False steps one at a time. Both give the same results."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
@@ -169,10 +219,19 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
-    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress)
+    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
+                             fast_forward=config.fast_forward)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
-    env.run()
+    # The run allocates millions of small, acyclic objects (token lists, records);
+    # the cyclic collector would rescan them all again and again for nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
     if progress is not None:
         progress(env.now, engine.done, len(trace))
     groups = engine.groups
@@ -200,7 +259,8 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
               "trace_params": _json_ready(trace.params), "num_requests": len(trace)}
     metrics["params"] = params
     return SimResult(metrics, records, engine.steps, engine.shapes, plan,
-                     wall_time=time.perf_counter() - wall_start, params=params, num_running=engine.num_running)
+                     wall_time=time.perf_counter() - wall_start, params=params,
+                     fast_forwarded_steps=engine.fast_forwarded_steps, num_running=engine.num_running)
 
 
 def _json_ready(params: dict) -> dict:

@@ -5,7 +5,10 @@ produces exactly its trace output length (max_tokens = output_len, EOS
 ignored), and that token ids are real enough for the block manager: prompts
 that share a prefix share its ids (so prefix-cache hits are real), and a
 chatbot turn's answer is the one the trace says, so the next turn's prompt,
-which contains it, hits the cache too.
+which contains it, hits the cache too. Without prefix caching nothing reads
+the ids or log-probabilities of a plain request (one sequence, no beams), so
+those get a constant token and draw nothing: decode fast-forward then needs
+no per-token work for them.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from engine.core.sequence import SequenceGroup, SequenceStatus
 from workloads import Trace, TraceRequest
 
 _RUNNING = SequenceStatus.RUNNING
+_CONSTANT = [(0, 0.0)]   # what a plain request samples when nobody reads its tokens
 
 
 class SyntheticExecutor:
@@ -51,7 +55,8 @@ class SyntheticExecutor:
             answer = answers.get(group.request_id) if answers else None
             if answer is None and params.best_of == 1 and not params.use_beam_search:
                 # The common case, kept short: one sequence, one token.
-                samples[group.seqs[0].seq_id] = [(int(rand() * vocab), -rand())]
+                samples[group.seqs[0].seq_id] = ([(int(rand() * vocab), -rand())] if self.real_token_ids
+                                                 else _CONSTANT)
                 continue
             k = params.samples_per_sequence(group.first_step_pending)
             for seq in group.seqs:
@@ -62,3 +67,38 @@ class SyntheticExecutor:
                 else:   # beams rank candidates by log-probability: make them distinct and negative
                     samples[seq.seq_id] = [(int(rand() * vocab), -rand()) for _ in range(k)]
         return samples
+
+    def window_samples(self, groups: list[SequenceGroup], steps: int) -> list[tuple[list[int], list[float]]]:
+        """What `samples` returns over `steps` consecutive decode steps of these groups
+        (none forking, none finishing before the last), per running sequence in
+        group order: (token ids, logprobs), one per step.
+
+        The random draws come in the same order as step by step (steps, then
+        groups, then sequences), so the generator ends in the same state.
+        """
+        out: list[tuple[list[int], list[float]]] = []
+        drawing: list[tuple[list[int], list[float]]] = []
+        constant = ([0] * steps, [0.0] * steps)   # shared: the window only reads it
+        answers = self.answers
+        for group in groups:
+            params = group.params
+            answer = answers.get(group.request_id) if answers else None
+            if answer is None and params.best_of == 1 and not params.use_beam_search and not self.real_token_ids:
+                out.append(constant)
+                continue
+            for seq in group.seqs:
+                if seq.status is _RUNNING:
+                    if answer is not None:
+                        done = len(seq.token_ids) - seq.prompt_len
+                        out.append((answer[done:done + steps], [-1.0] * steps))
+                    else:
+                        out.append(([], []))
+                        drawing.append(out[-1])
+        if drawing:
+            rand = self.rng.random
+            vocab = self.vocab_size
+            for _ in range(steps):
+                for ids, logprobs in drawing:
+                    ids.append(int(rand() * vocab))
+                    logprobs.append(-rand())
+        return out

@@ -1,0 +1,171 @@
+"""NVIDIA's measured vLLM op tables, and log-space interpolation over their grids.
+
+The tables (planner/data/measured/<system>/*.csv.gz) are rows of
+aiconfigurator-core's parquet files, extracted by
+scripts/extract_measured_tables.py with their provenance in
+planner/data/measured/SOURCE.json. Latencies grow roughly as powers of their
+arguments (linear in tokens once compute-bound, flat while launch-bound), so we
+interpolate log(latency) linearly in log(argument): exact on grid points,
+exact for any power law between them. Outside the grid the nearest segment is
+extended and the lookup says so (`extrapolated`), so a result can name what it
+guessed.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from planner.errors import PlannerError
+
+TABLES = ("gemm", "context_attention", "generation_attention", "allreduce")
+
+
+@lru_cache(maxsize=1)
+def source() -> dict:
+    """Provenance of every extracted table (package, version, file, sha256, vLLM version)."""
+    text = resources.files("planner").joinpath("data/measured/SOURCE.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def systems() -> tuple[str, ...]:
+    return tuple(source()["systems"])
+
+
+@lru_cache(maxsize=None)
+def load_rows(system: str, table: str) -> tuple[dict, ...]:
+    """One extracted table as rows of numbers (ints for grid axes, float latency in seconds)."""
+    if system not in source()["systems"]:
+        raise PlannerError(f"no measured vLLM data for system {system!r}; covered: {', '.join(systems())}")
+    path = resources.files("planner").joinpath(f"data/measured/{system}/{table}.csv.gz")
+    try:
+        text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    except (OSError, EOFError) as exc:
+        raise PlannerError(f"measured table {system}/{table}.csv.gz is unreadable ({exc})") from None
+    rows = []
+    for row in csv.DictReader(io.StringIO(text)):
+        out = {k: (v if k == "backend" else int(v)) for k, v in row.items() if k != "latency_ms"}
+        out["latency"] = float(row["latency_ms"]) * 1e-3
+        rows.append(out)
+    return tuple(rows)
+
+
+def _log(x: float) -> float:
+    return math.log(x if x > 0 else 1e-30)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """latency(x) through measured points, interpolated linearly in log-log space."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.xs or len(self.xs) != len(self.ys):
+            raise PlannerError("a measured curve needs at least one point")
+
+    @classmethod
+    def of(cls, points: dict[float, float]) -> "Curve":
+        xs = tuple(sorted(points))
+        return cls(xs, tuple(points[x] for x in xs))
+
+    def at(self, x: float) -> tuple[float, bool]:
+        """(latency, extrapolated): exact on a grid point; outside the grid, the edge segment extended."""
+        xs, ys = self.xs, self.ys
+        outside = x < xs[0] or x > xs[-1]
+        if len(xs) == 1:
+            return ys[0], outside
+        i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        if x == x0 or x == x1:
+            return (y0 if x == x0 else y1), outside
+        t = (_log(x) - _log(x0)) / (_log(x1) - _log(x0))
+        return math.exp(_log(y0) + t * (_log(y1) - _log(y0))), outside
+
+
+def interpolate(tree: dict, query: tuple[float, ...]) -> tuple[float, bool]:
+    """Nested dict tree[a0][a1]...[an] = latency, queried at one value per axis.
+
+    Axis by axis: along the first axis take the two grid values that bracket
+    the query (or the two at the edge), interpolate each sub-table at the rest
+    of the query, then interpolate between them in log-log space. Sub-tables may
+    have different grids (a missing corner is skipped, not invented).
+    """
+    x, rest = query[0], query[1:]
+    keys = sorted(tree)
+    if not rest:
+        return Curve(tuple(keys), tuple(tree[k] for k in keys)).at(x)
+    if len(keys) == 1:
+        y, ext = interpolate(tree[keys[0]], rest)
+        return y, ext or x != keys[0]
+    i = min(max(bisect_right(keys, x) - 1, 0), len(keys) - 2)
+    lo, hi = keys[i], keys[i + 1]
+    y0, e0 = interpolate(tree[lo], rest)
+    if x == lo:
+        return y0, e0
+    y1, e1 = interpolate(tree[hi], rest)
+    y, e = Curve((lo, hi), (y0, y1)).at(x)
+    return y, e or e0 or e1
+
+
+def build_tree(rows, axes: tuple[str, ...], where: dict | None = None) -> dict:
+    """Rows matching `where`, nested along `axes` (the last axis maps to latency)."""
+    tree: dict = {}
+    for row in rows:
+        if where and any(row[k] != v for k, v in where.items()):
+            continue
+        node = tree
+        for axis in axes[:-1]:
+            node = node.setdefault(row[axis], {})
+        node[row[axes[-1]]] = row["latency"]
+    return tree
+
+
+def monotone(tree: dict, depth: int) -> dict:
+    """The same tree with each latency lowered to the least latency measured at any larger size.
+
+    A smaller problem can always run as a larger one (padded), so time cannot
+    fall as work grows; a table point above a larger one is a noisy sample or a
+    worse kernel choice, and the envelope keeps the better. Applied along the
+    innermost axis and, for two-level trees, along the outer one too.
+    """
+    if depth > 1:
+        tree = {k: monotone(v, depth - 1) for k, v in tree.items()}
+        if depth == 2:
+            larger: dict = {}
+            for key in sorted(tree, reverse=True):
+                row = tree[key]
+                for x, y in row.items():
+                    if x in larger and larger[x] < y:
+                        row[x] = larger[x]
+                for x, y in row.items():
+                    larger[x] = min(y, larger.get(x, y))
+        return tree
+    out, least = {}, math.inf
+    for x in sorted(tree, reverse=True):
+        least = min(least, tree[x])
+        out[x] = least
+    return out
+
+
+def leave_one_out(tree: dict, depth: int) -> list[float]:
+    """Relative errors of predicting each interior point of the last axis from its neighbours."""
+    if depth > 1:
+        errors: list[float] = []
+        for sub in tree.values():
+            errors += leave_one_out(sub, depth - 1)
+        return errors
+    xs = sorted(tree)
+    errors = []
+    for j in range(1, len(xs) - 1):
+        curve = Curve((xs[j - 1], xs[j + 1]), (tree[xs[j - 1]], tree[xs[j + 1]]))
+        guess, _ = curve.at(xs[j])
+        errors.append(abs(guess / tree[xs[j]] - 1))
+    return errors

@@ -1,0 +1,58 @@
+"""GPU prices: $/GPU-hour from planner/data/prices.json (each with its source and date), overridable."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from planner.errors import PlannerError
+
+
+@dataclass(frozen=True)
+class Price:
+    gpu: str
+    usd_per_gpu_hour: float
+    source: str        # where the number comes from ("--price" for a user's override)
+    date: str          # when it was read there ("" for an override)
+
+
+def load_prices() -> dict[str, Price]:
+    """The catalog's prices, by GPU name."""
+    entries = json.loads(resources.files("planner").joinpath("data/prices.json").read_text(encoding="utf-8"))
+    return {e["gpu"]: Price(e["gpu"], float(e["usd_per_gpu_hour"]), e["source"], e["date"])
+            for e in entries["prices"]}
+
+
+def parse_price_overrides(texts: list[str]) -> dict[str, float]:
+    """'h100-sxm=2.49' (or several, comma-separated) -> {gpu: $/GPU-hour}."""
+    prices: dict[str, float] = {}
+    for text in texts:
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            gpu, sep, value = item.partition("=")
+            try:
+                price = float(value.strip().lstrip("$"))
+            except ValueError:
+                price = float("nan")
+            if not sep or not gpu.strip() or not price >= 0:
+                raise PlannerError(f"--price {item!r}: expected GPU=DOLLARS_PER_GPU_HOUR, e.g. h100-sxm=2.49")
+            prices[gpu.strip()] = price
+    return prices
+
+
+def price_table(gpus: list[str], overrides: dict[str, float]) -> dict[str, Price]:
+    """The price of each GPU of the search: an override, else the catalog's; a clear error if neither."""
+    catalog = load_prices()
+    table = {}
+    for gpu in gpus:
+        if gpu in overrides:
+            table[gpu] = Price(gpu, overrides[gpu], "--price", "")
+        elif gpu in catalog:
+            table[gpu] = catalog[gpu]
+        else:
+            known = ", ".join(sorted(catalog))
+            raise PlannerError(f"no price for GPU {gpu!r} in planner/data/prices.json (it has {known}); "
+                               f"give one with --price {gpu}=DOLLARS_PER_GPU_HOUR")
+    unused = sorted(set(overrides) - set(gpus))
+    if unused:
+        raise PlannerError(f"--price for {', '.join(unused)}, which is not among --gpus {','.join(gpus)}")
+    return table

@@ -1,0 +1,418 @@
+"""What a run means, in plain words: the steady state, whether the system keeps up, what bound it.
+
+Definitions (stated in every report):
+
+- Warm-up: from the first arrival until WARMUP_FRACTION of the requests have
+  arrived; the engine starts empty, so latencies are flattering and the cache
+  is not yet full.
+- Drain: after DRAIN_FRACTION of the requests have arrived: the trace's
+  thinning tail (a chatbot's last turns trickle in), then nothing new; the
+  batch shrinks to the stragglers ("batch size 1 for the last 270 s").
+- Steady window: between the two. Steady-state figures count the requests that
+  arrived in it (latencies), the tokens and completions that happened in it
+  (throughput) and the steps that ran in it (batch size, KV cache).
+- Waiting queue: requests that have arrived and not yet been scheduled once.
+- The queue keeps growing when the least-squares slope of the waiting-queue
+  length over the steady window is at least GROWTH_SHARE of the arrival rate
+  and adds up to at least MIN_GROWTH requests over the window: a stable system
+  has a queue that fluctuates around a level, an overloaded one a queue that
+  grows at (arrival rate - service rate).
+- KV cache full: fewer than FULL_FREE_SHARE of the KV slots are free; the share
+  of time is weighted by step duration over the steady window.
+- State: "overloaded" when the queue keeps growing; "saturated" when it does
+  not, but requests queue up anyway (mean waiting queue >= SATURATED_QUEUE) or
+  the cache is full at least MEMORY_FULL_SHARE of the time: the engine is at
+  its limit and latency pays for it; else "keeps up".
+- Bound: "arrival rate" when the engine keeps up (it waits for work);
+  otherwise "memory" when the cache was full for at least TIGHT_FULL_SHARE of
+  the window or requests were preempted, else "compute" (steps are long, or
+  the batch is capped at max_num_seqs).
+"""
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+
+WARMUP_FRACTION = 0.10
+DRAIN_FRACTION = 0.90
+SATURATED_QUEUE = 1.0
+TIGHT_FULL_SHARE = 0.2
+GROWTH_SHARE = 0.10
+MIN_GROWTH = 5.0
+FULL_FREE_SHARE = 0.05
+QUEUE_SAMPLES = 200
+MEMORY_FULL_SHARE = 0.5
+STEADY_KEYS = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
+               "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size",
+               "mean_prefill_batch_size", "kv_utilization")
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+    def __contains__(self, t: float) -> bool:
+        return self.start <= t <= self.end
+
+
+def steady_window(records: list[RequestRecord]) -> Window | None:
+    """[arrival at WARMUP_FRACTION of the requests, arrival at DRAIN_FRACTION]; None when that has no length."""
+    arrivals = sorted(r.arrival for r in records)
+    if len(arrivals) < 10:
+        return None
+    start = arrivals[math.ceil(WARMUP_FRACTION * len(arrivals))]
+    end = arrivals[min(len(arrivals) - 1, math.floor(DRAIN_FRACTION * len(arrivals)))]
+    return Window(start, end) if end > start else None
+
+
+def queue_series(records: list[RequestRecord], times: list[float]) -> tuple[list[int], list[int]]:
+    """(waiting, in system) at each time: waiting = arrived, not yet scheduled once; in system = not finished."""
+    arrived = sorted(r.arrival for r in records)
+    started = sorted(r.first_scheduled if r.first_scheduled is not None else (r.finish or math.inf)
+                     for r in records)
+    finished = sorted(r.finish if r.finish is not None else math.inf for r in records)
+    waiting, in_system = [], []
+    for t in times:
+        a = bisect_right(arrived, t)
+        waiting.append(a - bisect_right(started, t))
+        in_system.append(a - bisect_right(finished, t))
+    return waiting, in_system
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+
+
+def queue_trend(records: list[RequestRecord], window: Window) -> dict:
+    """Waiting-queue length over the steady window, its slope and whether it keeps growing."""
+    times = [window.start + window.length * i / (QUEUE_SAMPLES - 1) for i in range(QUEUE_SAMPLES)]
+    waiting, in_system = queue_series(records, times)
+    slope = _slope(times, waiting)
+    arrivals = sum(1 for r in records if r.arrival in window)
+    rate = arrivals / window.length
+    growth = slope * window.length
+    return {"slope": slope, "growth": growth, "mean_waiting": sum(waiting) / len(waiting),
+            "max_waiting": max(waiting), "mean_in_system": sum(in_system) / len(in_system),
+            "growing": growth >= MIN_GROWTH and slope >= GROWTH_SHARE * rate,
+            "arrival_rate": rate}
+
+
+def _full(step: StepRecord) -> bool:
+    total = (step.token_states + step.reserved + step.internal_fragmentation + step.external_fragmentation
+             + step.free)
+    return total > 0 and step.free < FULL_FREE_SHARE * total
+
+
+def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window: Window,
+                   preemptions_in_window: int) -> dict:
+    """The DESIGN.md metrics restricted to the steady window (see the module docstring)."""
+    arrived = [r for r in records if r.arrival in window]
+    in_steps = [s for s in steps if s.start in window]
+    m = compute_metrics(arrived, in_steps)
+    done_in = sum(1 for r in records if r.completed and r.finish in window)
+    # token_times has one entry per step that produced tokens (n of them for n parallel sequences)
+    tokens_in = sum(r.output_len / len(r.token_times) * sum(1 for t in r.token_times if t in window)
+                    for r in records if not r.rejected and r.token_times)
+    m["request_throughput"] = done_in / window.length
+    m["output_token_throughput"] = tokens_in / window.length
+    busy = sum(s.duration for s in in_steps)
+    full = sum(s.duration for s in in_steps if _full(s))
+    out = {k: m.get(k) for k in STEADY_KEYS}
+    out["kv_full_share"] = full / window.length
+    out["busy_share"] = busy / window.length
+    out["preemptions"] = preemptions_in_window
+    out["num_requests"] = len(arrived)
+    return out
+
+
+def _capped_share(steps: list[StepRecord], window: Window | None, max_seqs: int) -> float:
+    """Share of decode-step time in the window with the batch at max_num_seqs."""
+    decode = [s for s in steps if not s.is_prefill and (window is None or s.start in window)]
+    total = sum(s.duration for s in decode)
+    return sum(s.duration for s in decode if s.num_seqs >= max_seqs) / total if total > 0 else 0.0
+
+
+def _preemptions_in(steps: list[StepRecord], window: Window | None) -> int:
+    return sum(s.preempted for s in steps if window is None or s.start in window)
+
+
+def _truncation_reason(r: RequestRecord, max_model_len: int | None) -> str:
+    held = r.prompt_len + (getattr(r, "seq_output_len", 0) or r.output_len)
+    if max_model_len and held >= max_model_len:
+        return f"truncated: output clipped at the context limit (max_model_len {max_model_len})"
+    return "truncated: the sequence outgrew the whole KV cache"
+
+
+def summarize_reasons(records: list[RequestRecord], max_model_len: int | None = None) -> list[dict]:
+    """Rejected and truncated requests grouped by reason (numbers generalized), with a count and one example."""
+    groups: dict[str, dict] = {}
+    for r in records:
+        if r.rejected:
+            reason = r.reject_reason or "rejected, no reason given"
+        elif getattr(r, "truncated", False):
+            reason = _truncation_reason(r, max_model_len)
+        else:
+            continue
+        key = re.sub(r"\d+", "N", reason)
+        entry = groups.setdefault(key, {"reason": reason, "count": 0, "example_request": r.request_id})
+        entry["count"] += 1
+    return sorted(groups.values(), key=lambda e: -e["count"])
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g} req/s"
+
+
+def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord],
+                command: Callable[..., str] | None = None, slos: dict[str, float] | None = None) -> dict:
+    """The steady-state block and the verdict of one run, from its records and result document.
+
+    `command(**changes)` renders the CLI line of this run with some options changed,
+    for the "next command to try"; `slos` adds whether each limit holds.
+    """
+    params = doc.get("params", {})
+    requested = params.get("trace_params", {}).get("rate")
+    requested = requested if isinstance(requested, (int, float)) and math.isfinite(requested) else None
+    arrivals = sorted(r.arrival for r in records)
+    offered = ((len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+               if len(arrivals) > 1 and arrivals[-1] > arrivals[0] else None)
+    served = doc.get("request_throughput")
+    window = steady_window(records)
+    steady = trend = None
+    if window is not None:
+        steady = steady_metrics(records, steps, window, _preemptions_in(steps, window))
+        steady["window"] = {"start": window.start, "end": window.end,
+                            "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
+                            "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
+        trend = queue_trend(records, window)
+    preemptions = doc.get("preemptions", {}).get("total", 0)
+    kv_full = steady["kv_full_share"] if steady else None
+    max_seqs = params.get("max_num_seqs")
+
+    growing = bool(trend and trend["growing"])
+    saturated = bool(trend and not growing and (trend["mean_waiting"] >= SATURATED_QUEUE
+                                                 or (kv_full or 0) >= MEMORY_FULL_SHARE))
+    if trend is None:
+        bound = "unknown"
+        why = "too few requests or no arrival spread (e.g. all at once) to define a steady window"
+    elif not growing and not saturated:
+        bound = "arrival rate"
+        why = "the engine keeps up and waits for requests"
+    elif (kv_full or 0) >= TIGHT_FULL_SHARE or (steady and steady["preemptions"] > 0):
+        bound = "memory"
+        why = (f"the KV cache was full {kv_full:.0%} of the steady window"
+               + (f" with {steady['preemptions']} preemptions" if steady["preemptions"] else "")
+               + ": the batch cannot grow")
+    elif max_seqs and _capped_share(steps, window, max_seqs) >= 0.5:
+        bound = "compute"
+        why = f"the batch is capped at max_num_seqs={max_seqs}"
+    else:
+        bound = "compute"
+        why = "steps take too long for the arrival rate while memory is not full"
+    overloaded = growing
+    state = "overloaded" if growing else "saturated" if saturated else "keeps up" if trend else "unknown"
+
+    slo_status = None
+    if slos:
+        slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
+                          "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
+
+    next_commands = _next_commands(bound, params, requested, served, command)
+    if command is not None and "max_num_seqs" in why:
+        next_commands.insert(0, {"command": command(max_num_seqs=2 * max_seqs),
+                                 "why": "let the batch grow past max_num_seqs"})
+    lines = []
+    rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
+    rate_line += f"; the trace offers {_fmt_rate(offered)}"
+    if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
+        rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
+    rate_line += f"; served {_fmt_rate(served)} over the whole run"
+    if steady:
+        rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
+    lines.append(rate_line + ".")
+    if trend is not None:
+        if overloaded:
+            lines.append(f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
+                         f"the steady window, {trend['slope']:.3g} req/s); latencies grow with the run's length.")
+        elif saturated:
+            lines.append(f"SATURATED: the waiting queue does not keep growing but requests queue up (mean "
+                         f"{trend['mean_waiting']:.1f}, max {trend['max_waiting']} waiting; TTFT p99 "
+                         f"{doc.get('ttft_p99') or 0:.3g} s): the engine runs at its limit.")
+        else:
+            lines.append(f"Keeps up: the waiting queue stays short (mean {trend['mean_waiting']:.1f}, "
+                         f"max {trend['max_waiting']}).")
+    e2e = doc.get("e2e_mean")
+    short = bool(window is not None and e2e and window.length < 5 * e2e)
+    if short:
+        lines.append(f"Caution: the steady window ({window.length:.3g} s) is shorter than 5 mean request latencies "
+                     f"({e2e:.3g} s each): too short to judge; give more --requests or a --duration.")
+    if kv_full is not None:
+        tight = state == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
+        lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
+                     + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
+    lines.append(f"Bound by {bound}: {why}.")
+    if slo_status:
+        missed = [k for k, s in slo_status.items() if not s["met"]]
+        lines.append("SLOs met." if not missed else f"SLOs missed: {', '.join(missed)}.")
+    rejected, truncated = doc.get("num_rejected", 0), doc.get("num_truncated", 0)
+    if rejected or truncated:
+        lines.append(f"{rejected} requests rejected, {truncated} truncated (reasons below).")
+    if next_commands:
+        lines.append(f"Next: {next_commands[0]['command']}  ({next_commands[0]['why']})")
+    return {
+        "steady_state": steady,
+        "verdict": {
+            "requested_rate": requested, "offered_rate": offered, "served_rate": served,
+            "served_rate_steady": steady["request_throughput"] if steady else None,
+            "state": state, "window_too_short": short, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
+            "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
+            "rejected": summarize_reasons(records, params.get("max_model_len")), "num_rejected": rejected, "num_truncated": truncated,
+            "next_commands": next_commands, "lines": lines,
+        },
+    }
+
+
+def _round_rate(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
+                   command: Callable[..., str] | None) -> list[dict]:
+    if command is None:
+        return []
+    base = requested or served or 1.0
+    if bound == "arrival rate":
+        rates = ",".join(_round_rate(base * f) for f in (1, 1.5, 2, 3))
+        return [{"command": command(rate=rates), "why": "find where the queue starts to grow"},
+                {"command": command(capacity=True), "why": "the highest rate within an SLO"}]
+    if bound in ("memory", "compute"):
+        lower = ",".join(_round_rate(base * f) for f in (0.5, 0.75, 0.9))
+        cmds = [{"command": command(rate=lower), "why": "rates this setup can sustain"}]
+        tp = params.get("tp", 1)
+        if bound == "memory":
+            cmds.append({"command": command(tp=tp * 2), "why": "twice the GPUs, more than twice the KV cache"})
+        else:
+            cmds.append({"command": command(tp=tp * 2), "why": "split the compute over more GPUs"})
+        return cmds
+    return [{"command": command(rate=_round_rate(base)), "why": "give a rate so arrivals spread out"}]
+
+
+# -- sweeps and capacity ------------------------------------------------------------------
+
+def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
+    """The best run of a sweep and one line per run.
+
+    Best: among the runs that keep up (queue short, nothing rejected; saturated runs only when
+    none keeps up), the highest served rate when the rate is swept, else the lowest steady
+    normalized latency.
+    """
+    def ok(run: dict, allow_saturated: bool) -> bool:
+        v = run.get("verdict", {})
+        return (not v.get("overloaded") and (allow_saturated or not v.get("saturated"))
+                and not run.get("num_rejected"))
+
+    def latency(run: dict) -> float:
+        s = run.get("steady_state") or {}
+        value = s.get("normalized_latency") or run.get("normalized_latency")
+        return value if value is not None else math.inf
+
+    candidates = ([i for i, r in enumerate(runs) if ok(r, False)]
+                  or [i for i, r in enumerate(runs) if ok(r, True)])
+    best = None
+    if candidates:
+        if "rate" in swept:
+            best = max(candidates, key=lambda i: ((runs[i].get("request_throughput") or 0), -latency(runs[i])))
+        else:
+            best = min(candidates, key=lambda i: latency(runs[i]))
+    rule_short = "highest served rate that keeps up" if "rate" in swept else "lowest latency that keeps up"
+    lines = []
+    for run in runs:
+        v = run.get("verdict", {})
+        lines.append(f"{run_label(run, swept)}: {v.get('state', '?')}, "
+                     f"bound by {v.get('bound', '?')}, served {_fmt_rate(run.get('request_throughput'))}")
+    summary = (f"Best: {run_label(runs[best], swept)} ({rule_short}: {_fmt_rate(runs[best].get('request_throughput'))}"
+               f" served, {(latency(runs[best])):.4g} s/token steady normalized latency)" if best is not None
+               else "No run keeps up: every configuration is overloaded or rejects requests; lower the rate.")
+    rule = ("highest served rate among runs that keep up" if "rate" in swept
+            else "lowest steady normalized latency among runs that keep up")
+    notes = []
+    if "block_size" in swept:
+        full = max((r.get("verdict", {}).get("kv_full_share") or 0) for r in runs)
+        notes.append("Block size acts twice: on memory (a sequence wastes at most one partly filled block; "
+                     "this matters only while the KV cache is full, here at most "
+                     f"{full:.0%} of the time) and, in the roofline and calibrated cost models, on decode-attention "
+                     "kernel speed (factors measured on our kernel; see the cost model notes).")
+        if _identical(runs):
+            notes.append("The block sizes gave identical results: the cache never filled and the cost model has "
+                         "no kernel factor for these sizes.")
+    return {"best_index": best, "best_rule": rule, "lines": [summary] + lines + notes, "swept": swept}
+
+
+def _identical(runs: list[dict]) -> bool:
+    keys = ("normalized_latency", "request_throughput", "mean_batch_size")
+    return len(runs) > 1 and all(all(r.get(k) == runs[0].get(k) for k in keys) for r in runs)
+
+
+def run_label(run: dict, swept: list[str]) -> str:
+    p = run.get("params", {})
+    parts = []
+    for key in swept or ["allocator", "block_size", "rate"]:
+        if key == "rate":
+            parts.append(f"rate {p.get('trace_params', {}).get('rate')}")
+        elif key == "block_size":
+            parts.append(f"block {p.get('block_size')}")
+        else:
+            parts.append(str(p.get(key)))
+    return ", ".join(parts)
+
+
+def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None) -> str | None:
+    """What fails first above the capacity: at the lowest failing rate, the SLO furthest over its limit,
+    'num_rejected' when requests were rejected, 'queue_growth' when every SLO held but the queue kept growing."""
+    above = sorted((r, d) for r, ok, d in probes if not ok and (capacity is None or r > capacity))
+    if not above:
+        return None
+    _, doc = above[0]
+    if doc.get("num_rejected"):
+        return "num_rejected"
+    ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}
+    worst = max(ratios, key=ratios.get)
+    if ratios[worst] <= 1 and (doc.get("verdict") or {}).get("overloaded"):
+        return "queue_growth"
+    return worst
+
+
+def validation_verdict(validation, targets: dict[str, float]) -> dict:
+    """Is the simulator within its targets against the live engine, and how loaded was the live run."""
+    rows = validation.comparison()
+    within, missed = [], []
+    for name, target in targets.items():
+        err = rows.get(name, {}).get("relative_error")
+        if err is not None:
+            (within if abs(err) <= target else missed).append(f"{name} {err:+.1%} (target ±{target:.0%})")
+    live = dict(validation.live.metrics)
+    live["params"] = {"trace_params": {"rate": validation.config.rate},
+                      "max_num_seqs": validation.config.max_num_seqs, "tp": 1}
+    load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
+    lines = [("Simulator within its targets: " + ", ".join(within)) if not missed else
+             ("Simulator off target: " + ", ".join(missed) + (f"; within: {', '.join(within)}" if within else ""))]
+    lines += [f"Live run: {line}" for line in load["lines"][:4]]
+    cfg = validation.config
+    lines.append("Next: " + (f"planner validate --gpu {cfg.gpu} --model {cfg.model} --workload {cfg.workload} "
+                             f"--reprofile  (recalibrate on this machine right before comparing)" if missed else
+                             f"planner simulate --gpu a100-40g --workload {cfg.workload}  (the cost model held up "
+                             f"here; plan on the hardware you would buy)"))
+    return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}

@@ -1,0 +1,223 @@
+"""Measured cost model: NVIDIA's vLLM op tables, interpolated; selection order; the vLLM-style memory plan."""
+
+import json
+import socket
+
+import pytest
+
+from planner.cost import StepShape, prefill_attn_pairs, tables
+from planner.cost.calibrated import CalibratedCostModel
+from planner.cost.measured import MeasuredCostModel, covered_gpus
+from planner.cost.roofline import RooflineCostModel
+from planner.cost.select import parse_cost_model, select_cost_model
+from planner.catalog import resolve_gpu, resolve_model
+from planner.errors import PlannerError
+from planner.memory import plan_memory
+
+LLAMA_H100 = MeasuredCostModel("llama-3.1-8b", "h100-sxm")
+
+
+def decode(batch, context):
+    return StepShape(decode_seqs=batch, decode_context=batch * context)
+
+
+def prefill(tokens, seqs=1):
+    per = tokens // seqs
+    return StepShape(prefill_seqs=seqs, prefill_tokens=per * seqs, prefill_attn_pairs=seqs * prefill_attn_pairs(per))
+
+
+# ---- interpolation --------------------------------------------------------------
+
+def test_curve_is_exact_on_points_and_on_power_laws_between_them():
+    curve = tables.Curve.of({1: 2.0, 4: 32.0, 16: 512.0})        # y = 2 x^2
+    assert curve.at(4) == (32.0, False)
+    y, ext = curve.at(2)
+    assert y == pytest.approx(8.0) and not ext
+    y, ext = curve.at(64)                                          # beyond the grid: extended, and flagged
+    assert y == pytest.approx(2 * 64**2) and ext
+    assert curve.at(0.5)[1]
+
+
+def test_nested_interpolation_skips_missing_corners():
+    tree = {1: {1: 1.0, 10: 10.0}, 10: {1: 10.0}}                # (10, 10) was never measured
+    assert tables.interpolate(tree, (1, 10)) == (10.0, False)
+    value, _ = tables.interpolate(tree, (10, 1))
+    assert value == 10.0
+
+
+# ---- grid points are exact --------------------------------------------------------
+
+def test_gemm_exact_on_grid_points():
+    rows = tables.load_rows("h100_sxm", "gemm")
+    envelope = tables.monotone(tables.build_tree(rows, ("n", "k", "m")), 3)
+    kept = 0
+    for row in rows[::97]:
+        if row["n"] <= 65536:
+            expected = envelope[row["n"]][row["k"]][row["m"]]
+            assert LLAMA_H100.gemm(row["m"], row["n"], row["k"]) == pytest.approx(expected, rel=1e-9)
+            assert expected <= row["latency"]                   # the envelope only ever lowers a point
+            kept += expected == row["latency"]
+    assert kept > len(rows[::97]) // 3                        # and most points are the table's own
+
+
+def test_envelope_makes_time_grow_with_work():
+    tree = {1: 5.0, 2: 3.0, 4: 4.0, 8: 8.0}                   # m=1 measured slower than m=2
+    assert tables.monotone(tree, 1) == {1: 3.0, 2: 3.0, 4: 4.0, 8: 8.0}
+    two = tables.monotone({1: {1: 2.0, 8: 9.0}, 4: {1: 1.5, 8: 10.0}}, 2)
+    assert two == {1: {1: 1.5, 8: 9.0}, 4: {1: 1.5, 8: 10.0}}
+
+
+def test_attention_and_allreduce_exact_on_grid_points():
+    def exact(table, length, method, shift):
+        rows = [r for r in tables.load_rows("h100_sxm", table)
+                if (r["num_heads"], r["num_kv_heads"], r["head_dim"]) == (32, 8, 128)]
+        envelope = tables.monotone(tables.build_tree(rows, ("batch_size", length)), 2)
+        for r in rows[::37]:
+            assert method(r["batch_size"], r[length] + shift) == pytest.approx(
+                envelope[r["batch_size"]][r[length]], rel=1e-9)
+    exact("context_attention", "isl", LLAMA_H100.context_attention, 0)
+    exact("generation_attention", "step", LLAMA_H100.generation_attention, 1)   # step counts cached tokens
+    tp2 = MeasuredCostModel("llama-3.1-8b", "h100-sxm", tp=2)
+    row = next(r for r in tables.load_rows("h100_sxm", "allreduce")
+               if (r["backend"], r["num_gpus"], r["message_size"]) == ("custom_graph", 2, 4096 * 64))
+    assert tp2.allreduce(64) == pytest.approx(row["latency"], rel=1e-9)
+
+
+# ---- shape of the predictions -----------------------------------------------------
+
+@pytest.mark.parametrize("gpu", ["a100-80g", "h100-sxm", "l40s", "b200"])
+def test_monotone_in_tokens_and_batch_and_context(gpu):
+    m = MeasuredCostModel("llama-3.1-8b", gpu)
+    prefills = [m.step_time(prefill(n)) for n in (16, 64, 256, 1024, 2048, 4096)]
+    assert prefills == sorted(prefills)
+    batches = [m.step_time(decode(b, 1024)) for b in (1, 8, 32, 64, 128, 256)]
+    assert batches == sorted(batches)
+    contexts = [m.step_time(decode(32, c)) for c in (128, 512, 2048, 8192, 32768)]
+    assert contexts == sorted(contexts) and contexts[-1] > 1.5 * contexts[0]
+
+
+def test_tensor_parallel_adds_two_allreduces_per_layer():
+    shape = decode(32, 1024)
+    one, two = LLAMA_H100.breakdown(shape), MeasuredCostModel("llama-3.1-8b", "h100-sxm", tp=2).breakdown(shape)
+    assert one["allreduce"] == 0.0
+    tp2 = MeasuredCostModel("llama-3.1-8b", "h100-sxm", tp=2)
+    assert two["allreduce"] == pytest.approx((2 * 32 + 1) * tp2.allreduce(32))
+    assert two["gemm"] < one["gemm"]                                # the shards are narrower
+    assert sum(v for v in two.values()) == pytest.approx(tp2.step_time(shape))
+
+
+def test_pcie_gpus_use_nccl_beyond_two():
+    assert MeasuredCostModel("llama-3.1-8b", "l40s", tp=2).describe()["allreduce"] == "vllm custom all-reduce"
+    assert MeasuredCostModel("llama-3.1-8b", "l40s", tp=4).describe()["allreduce"] == "nccl"
+    assert MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=8).describe()["allreduce"] == "vllm custom all-reduce"
+
+
+def test_mixed_step_has_both_attention_parts_and_shares_the_gemms():
+    # a chunked-prefill step: one 256-token prompt chunk and three decodes (contexts 301, 501, 701)
+    mixed = StepShape(prefill_seqs=1, prefill_tokens=256, prefill_attn_pairs=prefill_attn_pairs(256),
+                      decode_seqs=3, decode_context=1503)
+    parts = LLAMA_H100.breakdown(mixed)
+    assert parts["prefill_attention"] > 0 and parts["decode_attention"] > 0
+    alone = LLAMA_H100.step_time(prefill(256)) + LLAMA_H100.step_time(decode(3, 501))
+    assert LLAMA_H100.step_time(decode(3, 501)) < LLAMA_H100.step_time(mixed) < alone
+    # a later chunk attends to the part of its prompt already cached
+    chunk = StepShape(prefill_seqs=1, prefill_tokens=512, prefill_attn_pairs=prefill_attn_pairs(512, 1024))
+    assert LLAMA_H100.step_time(chunk) > LLAMA_H100.step_time(prefill(512))
+
+
+def test_slower_memory_stretches_only_the_memory_bound_part():
+    fast, slow = MeasuredCostModel("llama-3.1-8b", "a100-80g"), MeasuredCostModel("llama-3.1-8b", "a100-40g")
+    assert "memory-bound parts x1.31" in slow.name and slow.describe()["memory_bandwidth_scale"] > 1.3
+    weight_bound = slow.step_time(decode(1, 512)) / fast.step_time(decode(1, 512))
+    compute_bound = slow.step_time(prefill(4096)) / fast.step_time(prefill(4096))
+    assert 1.15 < weight_bound < 2.039 / 1.555 + 0.01
+    assert compute_bound < weight_bound
+
+
+def test_heads_fold_into_the_batch_where_the_table_lacks_the_pair():
+    opt = MeasuredCostModel("opt-13b", "a100-40g")                  # 40 KV heads; generation tables stop at 8
+    assert opt.describe()["attention_batch_fold"]["generation"] == 5
+    assert opt.generation_attention(4, 1024) == pytest.approx(
+        opt.generation_attention(1, 1024) * 4, rel=0.5)              # same work, one kernel
+
+
+def test_extrapolation_is_flagged():
+    m = MeasuredCostModel("llama-3.1-8b", "h100-sxm")
+    m.step_time(prefill(2048))
+    assert "context_attention" not in m.describe()["extrapolated"]
+    m.step_time(prefill(40000, seqs=1))                             # past the 16K-token grid
+    assert "context_attention" in m.describe()["extrapolated"]
+    assert "; extrapolated context_attention" in m.name             # the result file's cost_model says so
+
+
+def test_describe_names_the_data_source():
+    d = LLAMA_H100.describe()
+    assert d["data"]["system"] == "h100_sxm" and d["data"]["framework"] == "vllm"
+    assert d["data"]["versions"]["gemm"] == "0.24.0" and d["data"]["package_version"] == "0.12.0"
+    assert LLAMA_H100.name == "measured(h100-sxm: h100_sxm vllm 0.24.0, aiconfigurator-core 0.12.0)"
+    assert "a100_sxm vllm 0.14.0" in MeasuredCostModel("opt-13b", "a100").name
+
+
+def test_works_offline_from_the_package(monkeypatch):
+    tables.load_rows.cache_clear()
+    monkeypatch.setattr(socket.socket, "connect", lambda *a: (_ for _ in ()).throw(OSError("offline")))
+    m = MeasuredCostModel("qwen3-8b", "h200")
+    assert m.step_time(decode(8, 512)) > 0
+    src = tables.source()
+    assert src["license"] == "Apache-2.0"
+    for system in src["systems"].values():
+        for table in system["tables"].values():
+            assert len(table["sha256"]) == 64 and table["version"]
+
+
+# ---- coverage errors and selection ------------------------------------------------
+
+def test_uncovered_gpu_and_op_are_one_line_errors_naming_what_is_covered():
+    with pytest.raises(PlannerError, match=r"no measured vLLM data for GPU rtx-4090; covered: a100-40g, a100-80g"):
+        MeasuredCostModel("llama-3.1-8b", "rtx-4090")
+    with pytest.raises(PlannerError, match=r"covers head_dim 128, not opt-2.7b's 80") as err:
+        MeasuredCostModel("opt-2.7b", "a100-80g")
+    assert "\n" not in str(err.value)
+    with pytest.raises(PlannerError, match="bf16"):
+        MeasuredCostModel("llama-3.1-8b", "h100", dtype_bytes=4)
+    assert set(covered_gpus()) == {"a100-40g", "a100-80g", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200"}
+
+
+def test_selection_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANNER_PROFILE_DIR", str(tmp_path))
+    llama, h100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    assert isinstance(select_cost_model(llama, h100), MeasuredCostModel)
+    assert isinstance(select_cost_model(llama, resolve_gpu("rtx-4090")), RooflineCostModel)
+    assert isinstance(select_cost_model(resolve_model("opt-2.7b"), h100), RooflineCostModel)   # head_dim 80
+    assert isinstance(select_cost_model(llama, h100, cost_model="roofline"), RooflineCostModel)
+    with pytest.raises(PlannerError, match="no profile of llama-3.1-8b on h100-sxm"):
+        select_cost_model(llama, h100, cost_model="calibrated")
+    with pytest.raises(PlannerError, match="no measured vLLM data for GPU rtx-4090"):
+        select_cost_model(llama, resolve_gpu("rtx-4090"), cost_model="measured")
+    # a profile of this pair wins over the tables
+    profile = json.load(open("profiles/cpu/opt-125m.json"))
+    opt, cpu = resolve_model("opt-125m"), resolve_gpu("cpu")
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "opt-125m.json").write_text(json.dumps(profile))
+    assert isinstance(select_cost_model(opt, cpu), CalibratedCostModel)
+    with pytest.raises(PlannerError, match="--profile belongs to the calibrated cost model"):
+        select_cost_model(opt, cpu, profile=tmp_path / "cpu" / "opt-125m.json", cost_model="measured")
+    assert parse_cost_model(None) == "auto" and parse_cost_model("Measured") == "measured"
+    with pytest.raises(PlannerError, match="choose one of auto, calibrated, measured, roofline"):
+        parse_cost_model("magic")
+
+
+# ---- memory plan, the vLLM way -------------------------------------------------------
+
+def test_rtx4090_llama31_8b_kv_tokens_match_vllm():
+    # vLLM 0.19, one RTX 4090, Llama-3.1-8B bf16, utilization 0.9, 2048 batched tokens: 41,408 KV tokens
+    plan = plan_memory("llama-3.1-8b", "rtx-4090", gpu_memory_utilization=0.9, max_num_batched_tokens=2048)
+    assert plan.kv_token_slots == pytest.approx(41_408, rel=0.03)
+    assert plan.weight_bytes_per_gpu / 2**30 == pytest.approx(14.9889, abs=0.001)   # vLLM's "Model loading took"
+
+
+def test_tensor_parallel_reserves_nccl_buffers():
+    one = plan_memory("llama-3.1-70b", "h100-sxm", tp=4)
+    assert one.non_torch_bytes_per_gpu > plan_memory("llama-3.1-8b", "h100-sxm").non_torch_bytes_per_gpu
+    assert plan_memory("llama-3.1-8b", "h100-sxm", count_non_torch=False).num_gpu_blocks > \
+        plan_memory("llama-3.1-8b", "h100-sxm").num_gpu_blocks

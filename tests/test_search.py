@@ -1,0 +1,132 @@
+"""`planner search`: prices, ranking, the Pareto front, executors that agree, and the CLI."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.errors import PlannerError
+from planner.search import SearchGrid, load_prices, make_executor, parse_price_overrides, run_search
+from planner.search.executors import LocalExecutor
+from planner.search.prices import price_table
+from planner.search.search import ConfigTask, choose_best, evaluate, pareto_front
+from planner.sweep import find_capacity
+
+SLOS = {"ttft_p99": 2.0, "tpot_p99": 0.1}
+
+
+def small_grid(**changes) -> SearchGrid:
+    base = dict(model="opt-125m", workload="alpaca", slos=SLOS, gpus=("a100-80g", "h100-sxm"), tps=(1,),
+                block_sizes=(16,), max_num_seqs=(2, 32), target_rate=4.0, duration=None, requests=60,
+                tolerance=0.1, max_rate=64.0)
+    return SearchGrid(**{**base, **changes})
+
+
+def test_every_catalog_price_has_a_source_and_a_date():
+    prices = load_prices()
+    assert {"a100-40g", "a100-80g", "h100-sxm"} <= set(prices)
+    for p in prices.values():
+        assert p.usd_per_gpu_hour > 0 and p.source.startswith("AWS") and len(p.date) >= 7
+
+
+def test_price_overrides():
+    assert parse_price_overrides(["h100-sxm=2.49", "a100-80g=$1.79,l4=0.5"]) == {
+        "h100-sxm": 2.49, "a100-80g": 1.79, "l4": 0.5}
+    for bad in ("h100-sxm", "h100-sxm=cheap", "=2", "h100-sxm=-1"):
+        with pytest.raises(PlannerError, match="--price"):
+            parse_price_overrides([bad])
+    table = price_table(["h100-sxm", "a100-80g"], {"h100-sxm": 2.49})
+    assert table["h100-sxm"].usd_per_gpu_hour == 2.49 and table["h100-sxm"].source == "--price"
+    assert table["a100-80g"].date
+    with pytest.raises(PlannerError, match="no price for GPU 'cpu'"):
+        price_table(["cpu"], {})
+    with pytest.raises(PlannerError, match="not among --gpus"):
+        price_table(["h100-sxm"], {"l4": 1.0})
+
+
+def _row(gpu, capacity, cost):
+    return {"gpu": gpu, "capacity": capacity, "cost_per_hour": cost,
+            "capacity_per_dollar": None if capacity is None else capacity / cost}
+
+
+def test_best_and_pareto_front():
+    rows = [_row("a", 3.0, 4.0), _row("b", 5.0, 4.0), _row("c", 4.0, 6.0), _row("d", 9.0, 8.0),
+            _row("e", None, 1.0), _row("f", 12.0, 16.0)]
+    assert [r["gpu"] for r in pareto_front(rows)] == ["b", "d", "f"]
+    assert choose_best(rows, 4.5)["gpu"] == "b"          # cheapest reaching the rate
+    assert choose_best(rows, 8.5)["gpu"] == "d"
+    assert choose_best(rows, 20.0) is None
+    assert choose_best(rows, None)["gpu"] == "b"         # max: most capacity per dollar (1.25 req/s per $/h)
+
+
+def test_search_with_the_local_executor():
+    grid = small_grid()
+    serial = run_search(grid, LocalExecutor(1), prices={"h100-sxm": 2.0})
+    pooled = run_search(grid, make_executor("local", workers=2), prices={"h100-sxm": 2.0})
+    assert serial.configs == pooled.configs                      # the process pool changes nothing
+    rows = {(r["gpu"], r["max_num_seqs"]): r for r in serial.configs}
+    assert len(rows) == 4
+    # Each row is the capacity search `planner capacity` runs for that configuration.
+    task = ConfigTask(grid, "a100-80g", 1, 16, 32)
+    direct = find_capacity(task.spec(), SLOS, start=4.0, min_rate=0.01, max_rate=64.0, rel_tol=0.1)
+    assert rows[("a100-80g", 32)]["capacity"] == direct.rate == evaluate(task)["capacity"]
+    assert rows[("h100-sxm", 32)]["cost_per_hour"] == 2.0
+    assert rows[("a100-80g", 2)]["capacity"] < rows[("a100-80g", 32)]["capacity"]   # 2 sequences per step: less
+    best = serial.best
+    assert best["capacity"] >= 4.0
+    assert best["cost_per_hour"] == min(r["cost_per_hour"] for r in serial.configs if r["capacity"] >= 4.0)
+    doc = json.loads(json.dumps(serial.document()))
+    assert set(doc["best"]) == {"gpu", "tp", "block_size", "max_num_seqs", "capacity", "cost_per_hour"}
+    assert len(doc["configs"]) == 4 and doc["prices"]["a100-80g"]["source"].startswith("AWS")
+    table = list(csv.DictReader(io.StringIO(serial.csv_text())))
+    assert len(table) == 4 and {"capacity", "cost_per_hour", "pareto"} <= set(table[0])
+
+
+def test_a_configuration_that_cannot_run_is_listed_with_the_reason():
+    row = evaluate(ConfigTask(small_grid(model="opt-66b"), "a100-80g", 1, 16, 32))
+    assert row["capacity"] is None and row["note"]
+
+
+def test_cli_json_and_files(tmp_path):
+    result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--workload", "alpaca", "--requests", "40",
+                                      "--slo", "ttft_p99=2,tpot_p99=0.1", "--gpus", "a100-80g,h100-sxm",
+                                      "--tp", "1", "--max-num-seqs", "32", "--rate", "max", "--tolerance", "0.2",
+                                      "--workers", "1", "--price", "h100-sxm=2.5", "--out", str(tmp_path),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["target_rate"] == "max" and doc["best"]["gpu"] in ("a100-80g", "h100-sxm")
+    assert {c["gpu"] for c in doc["configs"]} == {"a100-80g", "h100-sxm"}
+    assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "configs.csv").is_file()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rate", "fast"], "--rate"), (["--tp", "one"], "--tp"), (["--gpus", "a100-80g", "--price", "l4=1"], "--gpus"),
+    (["--executor", "spark"], "unknown executor"), (["--slo", "ttft_p42=1"], "unknown metric"),
+    (["--ray-address", "auto"], "--executor ray"),
+])
+def test_cli_bad_input_is_one_line(args, message, tmp_path):
+    base = ["search", "--model", "opt-125m", "--requests", "10", "--out", str(tmp_path)]
+    if "--slo" not in args:
+        base += ["--slo", "ttft_p99=2"]
+    result = CliRunner().invoke(app, base + args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_local_results():
+    pytest.importorskip("ray")
+    grid = small_grid()
+    local = run_search(grid, make_executor("local", workers=2))
+    ray_executor = make_executor("ray", workers=2)
+    try:
+        on_ray = run_search(grid, ray_executor)
+    finally:
+        ray_executor.close()
+    assert on_ray.executor == "ray"
+    assert on_ray.configs == local.configs and on_ray.best == local.best

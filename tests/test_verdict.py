@@ -1,0 +1,187 @@
+"""The verdict and steady state (planner/verdict.py), guardrails and hints, CLI consistency."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.core.metrics import RequestRecord
+from planner import guardrails
+from planner.block_size_factors import decode_attention_factor, factor_source
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cli import _boolean_flag_error, app
+from planner.cost.roofline import RooflineCostModel
+from planner.cost.shape import StepShape
+from planner.errors import PlannerError
+from planner.sweep import RunSpec, run_document
+from planner.verdict import Window, queue_trend, steady_window
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _records(arrival_rate: float, service_rate: float, n: int = 400) -> list[RequestRecord]:
+    """A single-server FIFO queue with fixed arrival and service intervals."""
+    records, free_at = [], 0.0
+    for i in range(n):
+        arrival = i / arrival_rate
+        start = max(arrival, free_at)
+        free_at = start + 1 / service_rate
+        records.append(RequestRecord(str(i), arrival, 10, 10, first_scheduled=start, first_token=start,
+                                     finish=free_at, token_times=[start, free_at]))
+    return records
+
+
+def test_queue_growth_is_a_real_test():
+    growing = _records(arrival_rate=2.0, service_rate=1.0)
+    stable = _records(arrival_rate=1.0, service_rate=2.0)
+    for records, expect in ((growing, True), (stable, False)):
+        window = steady_window(records)
+        trend = queue_trend(records, window)
+        assert trend["growing"] is expect
+    # Overload at 2x: the queue grows at (arrival - service) = 1 request/s.
+    trend = queue_trend(growing, steady_window(growing))
+    assert trend["slope"] == pytest.approx(1.0, rel=0.05)
+
+
+def test_steady_window_excludes_warmup_and_drain():
+    records = _records(arrival_rate=1.0, service_rate=2.0, n=100)
+    window = steady_window(records)
+    assert window == Window(records[10].arrival, records[90].arrival)     # 10% and 90% of the arrivals
+    assert steady_window(records[:5]) is None                      # too few requests
+    same_time = [RequestRecord(str(i), 0.0, 1, 1) for i in range(50)]
+    assert steady_window(same_time) is None                        # all at once: no window
+
+
+def test_overloaded_run_is_called_overloaded_and_memory_bound():
+    doc = run_document(RunSpec(workload="sharegpt", rate=12.0, requests=300, seed=0))
+    v = doc["verdict"]
+    assert v["overloaded"] and v["bound"] == "memory"
+    assert v["requested_rate"] == 12.0 and v["served_rate"] < 0.7 * v["offered_rate"]
+    assert v["kv_full_share"] > 0.5
+    assert any("OVERLOADED" in line for line in v["lines"])
+    assert "--rate" in v["next_commands"][0]["command"]
+    # Steady-state figures sit beside the whole-run ones, with the window stated.
+    steady = doc["steady_state"]
+    assert steady["window"]["start"] > 0 and "90% of the requests had arrived" in steady["window"]["drain"]
+    assert steady["mean_batch_size"] > doc["mean_batch_size"]       # the drain's small batches are left out
+
+
+def test_light_load_keeps_up_and_is_arrival_bound():
+    doc = run_document(RunSpec(workload="sharegpt", rate=0.5, requests=80, seed=0))
+    v = doc["verdict"]
+    assert not v["overloaded"] and v["bound"] == "arrival rate"
+    assert v["served_rate_steady"] == pytest.approx(v["offered_rate"], rel=0.35)
+    assert "planner simulate" in v["next_commands"][0]["command"]
+    assert doc["not_modelled"] and doc["command"].startswith("planner simulate")
+
+
+def test_chatbot_offered_rate_differs_from_requested():
+    doc = run_document(RunSpec(workload="chatbot", rate=1.0, requests=120, seed=0))
+    v = doc["verdict"]
+    assert v["requested_rate"] == 1.0 and v["offered_rate"] != pytest.approx(1.0, rel=0.05)
+    assert f"offers {v['offered_rate']:.3g} req/s" in v["lines"][0]
+
+
+def test_rejected_requests_are_summarized_with_reasons(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    lines = [{"request_id": f"r{i}", "arrival_time": i * 0.5, "prompt_len": 3000 if i % 4 == 0 else 100,
+              "output_len": 20} for i in range(20)]
+    trace.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    result = invoke("simulate", "--trace", trace, "--out", tmp_path / "run", "--json")
+    assert result.exit_code == 0, result.output
+    v = json.loads(result.stdout)["verdict"]
+    assert v["num_rejected"] == 5
+    assert v["rejected"][0]["count"] == 5 and "exceeds the model's limit of 2048" in v["rejected"][0]["reason"]
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "exceeds the model" in html
+
+
+def test_guardrails_refuse_what_vllm_refuses():
+    spec = RunSpec(gpu_memory_utilization=0.64)
+    with pytest.raises(PlannerError, match=r"holds 880 tokens .* max_model_len is 2048: vLLM refuses to start"):
+        spec.check()
+    assert any("vLLM's CUDA kernels take" in w for w in RunSpec(block_size=64).check())
+    assert guardrails.valid_tp_sizes(resolve_model("llama-2-70b"), 8) == [1, 2, 4, 8]
+    assert "did you mean h100-sxm" in str(pytest.raises(PlannerError, guardrails.gpu, "h100-smx").value)
+    assert "did you mean chatbot" in str(pytest.raises(PlannerError, guardrails.workload, "chatbto").value)
+
+
+def test_block_size_factor_changes_roofline_decode_attention():
+    assert factor_source("cpu")                          # the data says where it came from
+    assert decode_attention_factor(16) == 1.0
+    model, gpu = resolve_model("opt-13b"), resolve_gpu("a100-40g")
+    shape = StepShape(decode_seqs=64, decode_context=64 * 1500)
+    times = {b: RooflineCostModel(model, gpu, block_size=b).breakdown(shape)["decode_attention"]
+             for b in (8, 16, 32)}
+    for b in (8, 32):
+        assert times[b] == pytest.approx(times[16] * decode_attention_factor(b))
+    assert times[8] != times[32]
+    # Interpolated in log2 between measured sizes, flat outside them.
+    assert decode_attention_factor(256) == decode_attention_factor(32)
+    assert decode_attention_factor(16, reference=32) == pytest.approx(1 / decode_attention_factor(32))
+
+
+def test_list_commands_accept_json_and_fit_80_columns():
+    for what in ("gpus", "models", "workloads"):
+        result = invoke("list", what, "--json")
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert rows and all("name" in r for r in rows)
+    for what in ("gpus", "models", "workloads"):
+        result = runner.invoke(app, ["list", what], env={"COLUMNS": "80"})
+        assert result.exit_code == 0 and len(result.stdout.splitlines()) > 5
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80, what
+    assert json.loads(invoke("workload", "list", "--json").stdout)[0]["name"] == "sharegpt"
+
+
+def test_boolean_flags_have_canonical_names_and_aliases(tmp_path):
+    problem = _boolean_flag_error(["simulate", "--prefix-caching", "true"])
+    assert "--enable-prefix-caching" in problem and "--no-enable-prefix-caching" in problem
+    assert _boolean_flag_error(["simulate", "--enable-prefix-caching", "--requests", "5"]) is None
+    for flag, expect in (("--prefix-caching", True), ("--no-enable-prefix-caching", False)):
+        result = invoke("simulate", "--workload", "prefix", "--requests", 6, "--rate", 4, flag,
+                        "--preemption-mode", "swap", "--out", tmp_path / flag, "--json")
+        assert result.exit_code == 0, result.output
+        params = json.loads(result.stdout)["params"]
+        assert params["enable_prefix_caching"] is expect and params["preemption_mode"] == "swap"
+
+
+def test_param_flag_reaches_the_workload(tmp_path):
+    docs = {}
+    for n in (1, 3):
+        result = invoke("simulate", "--workload", "parallel", "-p", f"n={n}", "--requests", 10, "--rate", 2,
+                        "--out", tmp_path / str(n), "--json")
+        assert result.exit_code == 0, result.output
+        docs[n] = json.loads(result.stdout)
+    assert docs[3]["output_token_throughput"] > 2 * docs[1]["output_token_throughput"]
+    assert "-p n=3" in docs[3]["command"]
+    bad = invoke("simulate", "--workload", "parallel", "-p", "width=3", "--out", tmp_path / "bad")
+    assert bad.exit_code == 2 and "width" in bad.stderr
+
+
+def test_simulate_and_capacity_share_the_default_workload():
+    from planner.cli_simulate import capacity, simulate
+
+    defaults = [f.__defaults__ for f in (simulate, capacity)]
+    assert all(any(getattr(d, "default", None) == "sharegpt" for d in ds) for ds in defaults)
+
+
+def test_memory_plan_labels_per_gpu_and_totals_under_tp(tmp_path):
+    result = invoke("simulate", "--model", "opt-66b", "--tp", 4, "--requests", 20, "--rate", 2,
+                    "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "per GPU" in result.stdout and "all 4 GPUs" in result.stdout
+    plan = json.loads((tmp_path / "result.json").read_text())["memory_plan"]
+    assert f"{plan['kv_gib_total']:.2f} GiB" in result.stdout and f"{plan['kv_gib_per_gpu']:.2f} GiB" in result.stdout
+
+
+def test_batch_capped_at_max_num_seqs_is_compute_bound_and_says_so():
+    doc = run_document(RunSpec(workload="alpaca", rate=30.0, requests=300, max_num_seqs=8, seed=0))
+    v = doc["verdict"]
+    assert v["overloaded"] and v["bound"] == "compute" and "max_num_seqs=8" in v["bound_reason"]
+    assert "--max-num-seqs 16" in v["next_commands"][0]["command"]
