@@ -10,22 +10,30 @@ sequence. Each layer
 2. runs prefill attention per sequence with torch's scaled_dot_product_attention
    (on the new K/V directly when nothing was cached, otherwise on the sequence's
    whole context gathered from the cache, with a causal mask shifted by the
-   number of cached tokens);
+   number of cached tokens: a "lower-right" causal mask);
 3. runs decode attention with the paged-attention kernel.
+
+The kernels are those of the tensors' device (``cuda_ext.ops_for``), looked up
+per call so a CPU runner and a CUDA runner can share one process.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 import cuda_ext
 
 # paged_attention_v2 splits each context into partitions of this many tokens.
 V2_PARTITION_SIZE = 512
+# v1 keeps a whole context's logits in one thread block's shared memory; past
+# this length vLLM always partitions (v1's occupancy drops, and near 56K
+# tokens the shared memory runs out).
+V1_MAX_SEQ_LEN = 8192
 
 
 @dataclass
@@ -45,21 +53,13 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # int32 [num_decodes, max_blocks]
     decode_seq_lens: torch.Tensor | None  # int32 [num_decodes]: context length including the new token
     decode_max_seq_len: int = 0
-    # Causal masks of prefills that continue a cached prefix, built by the
-    # first layer and reused by the others.
-    _masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    # True when the runner has checked the block ids and slots of this step
+    # once, so the kernels skip their per-layer value checks.
+    checked: bool = False
 
     @property
     def num_prefills(self) -> int:
         return len(self.prefill_context_lens)
-
-    def prefix_mask(self, i: int, device: torch.device) -> torch.Tensor:
-        """Bool [new, context + new] for prefill i: query j (at position context + j) sees keys 0..context + j."""
-        if i not in self._masks:
-            context = self.prefill_context_lens[i]
-            new = self.prefill_cu_seqlens[i + 1] - self.prefill_cu_seqlens[i]
-            self._masks[i] = torch.ones(new, context + new, dtype=torch.bool, device=device).tril(context)
-        return self._masks[i]
 
 
 def gather_context(
@@ -76,26 +76,67 @@ def gather_context(
 
 
 def use_v2(device: torch.device, max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
-    """Whether decode should use the partitioned kernel.
+    """Whether decode should use the partitioned kernel: vLLM's rule on a GPU.
 
-    v2 only pays off on a GPU when there are too few (sequence, head) pairs to
-    fill it and contexts are long enough to split (the same rule vLLM uses).
-    On the CPU the kernels already parallelize over sequences and heads, and
-    the extra reduction is pure overhead, so v1 is always chosen there.
+    v1 when ``max_seq_len <= 8192`` and either one partition covers every
+    context or there are more than 512 (sequence, head) pairs to fill the GPU
+    with; v2 otherwise. On the CPU the kernels already parallelize over
+    sequences and heads and keep logits in heap memory, so the extra reduction
+    is pure overhead and v1 is always chosen there.
     """
-    if device.type != "cuda" or max_seq_len <= V2_PARTITION_SIZE:
+    if device.type != "cuda":
         return False
-    return num_seqs * num_heads <= 512
+    max_partitions = (max_seq_len + V2_PARTITION_SIZE - 1) // V2_PARTITION_SIZE
+    v1 = max_seq_len <= V1_MAX_SEQ_LEN and (max_partitions == 1 or num_seqs * num_heads > 512)
+    return not v1
+
+
+def window_mask(new: int, total: int, window: int | None, device) -> torch.Tensor:
+    """Bool [new, total]: query j (at position total - new + j) sees key i when i <= its position
+    and, with a sliding window, i > its position - window (the window counts the token itself)."""
+    rows = torch.arange(total - new, total, device=device)[:, None]
+    cols = torch.arange(total, device=device)[None, :]
+    mask = cols <= rows
+    if window is not None:
+        mask &= cols > rows - window
+    return mask
+
+
+def prefix_prefill_attention(query, key, value, scale: float, window: int | None = None) -> torch.Tensor:
+    """Attention of ``new`` query tokens over ``context + new`` keys, causal from the lower right.
+
+    query [H, new, d]; key/value [H_kv, context + new, d] -> [H, new, d].
+    On CUDA the lower-right causal bias keeps SDPA on its flash or
+    memory-efficient kernel; an explicit mask (or GQA with a mask) would send
+    it to the MATH kernel, whose memory is quadratic in the context. Those
+    kernels want equal head counts, so grouped K/V heads are expanded first
+    (memory linear in the context). On the CPU, and for a sliding window, a
+    boolean mask is used.
+    """
+    num_heads, new = query.shape[0], query.shape[1]
+    total = key.shape[1]
+    if num_heads != key.shape[0]:
+        group = num_heads // key.shape[0]
+        key, value = key.repeat_interleave(group, dim=0), value.repeat_interleave(group, dim=0)
+    if query.device.type == "cuda" and (window is None or window >= total):
+        mask = causal_lower_right(new, total)
+    else:
+        mask = window_mask(new, total, window, query.device)
+    return F.scaled_dot_product_attention(query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
+                                          attn_mask=mask, scale=scale)[0]
 
 
 class PagedAttention(nn.Module):
     """Multi-head / grouped-query attention of one layer over the paged cache (no weights)."""
 
-    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
+                 sliding_window: int | None = None):
         super().__init__()
         assert num_heads % num_kv_heads == 0, "query heads must be a multiple of kv heads"
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.scale = scale
+        # Mistral-style local attention: a token sees itself and the window - 1 tokens before it.
+        self.sliding_window = sliding_window
 
     def forward(
         self,
@@ -114,17 +155,16 @@ class PagedAttention(nn.Module):
         query = query.view(num_tokens, self.num_heads, self.head_size)
         key = key.view(num_tokens, self.num_kv_heads, self.head_size)
         value = value.view(num_tokens, self.num_kv_heads, self.head_size)
+        ops = cuda_ext.ops_for(query.device)
         if kv_cache is not None:
-            # Looked up per call (not bound at import) so the kernel backend can
-            # be chosen or switched after this module is imported.
-            cuda_ext.ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
+            ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                                  check_values=not meta.checked)
         out = torch.empty_like(query)
         num_prefill = meta.num_prefill_tokens
         if meta.num_prefills:
             self._prefill(query, key, value, kv_cache, meta, out)
         if num_prefill < num_tokens:
             assert kv_cache is not None, "decode needs the KV cache"
-            ops = cuda_ext.ops
             v2 = use_v2(query.device, meta.decode_max_seq_len, num_tokens - num_prefill, self.num_heads)
             decode = ops.paged_attention_v2 if v2 else ops.paged_attention_v1
             decode(
@@ -138,26 +178,49 @@ class PagedAttention(nn.Module):
                 meta.decode_seq_lens,
                 kv_cache[0].shape[3],
                 meta.decode_max_seq_len,
+                check_values=not meta.checked,
             )
+            if self.sliding_window is not None and meta.decode_max_seq_len > self.sliding_window:
+                self._windowed_decode(query[num_prefill:], kv_cache, meta, out[num_prefill:])
         return out.view(num_tokens, self.num_heads * self.head_size)
 
     def _prefill(self, query, key, value, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         cu = meta.prefill_cu_seqlens
+        gqa = self.num_kv_heads != self.num_heads
         for i, context_len in enumerate(meta.prefill_context_lens):
             start, end = cu[i], cu[i + 1]
             q = query[start:end].transpose(0, 1)  # [H, n, d]
+            total = context_len + end - start
+            window = self.sliding_window if self.sliding_window is not None and total > self.sliding_window else None
             if context_len == 0:
                 # The whole sequence is new: its K/V are right here, no gather.
                 k, v = key[start:end].transpose(0, 1), value[start:end].transpose(0, 1)
-                mask, causal = None, True
             else:
                 assert kv_cache is not None, "a cached prefix needs the KV cache"
-                total = context_len + end - start
                 k, v = gather_context(kv_cache[0], kv_cache[1], meta.prefill_block_tables[i], total)
-                mask, causal = meta.prefix_mask(i, q.device), False
+            if context_len == 0 and window is None:
+                result = F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, scale=self.scale,
+                    enable_gqa=gqa)[0]
+            else:
+                result = prefix_prefill_attention(q, k, v, self.scale, window)
+            out[start:end] = result.transpose(0, 1)
+
+    def _windowed_decode(self, query, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        """Redo the decode rows whose context is longer than the sliding window, over its last tokens only.
+
+        The paged kernels attend to a whole context; a window that starts
+        inside a block cannot be expressed by trimming the block table, so
+        these rows gather their window and run SDPA (one small call per row).
+        """
+        window = self.sliding_window
+        for row, seq_len in enumerate(meta.decode_seq_lens.tolist()):
+            if seq_len <= window:
+                continue
+            k, v = gather_context(kv_cache[0], kv_cache[1], meta.decode_block_tables[row], seq_len)
+            k, v = k[:, seq_len - window:], v[:, seq_len - window:]
+            q = query[row].unsqueeze(1)   # [H, 1, d]
             result = F.scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                attn_mask=mask, is_causal=causal, scale=self.scale,
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            )
-            out[start:end] = result[0].transpose(0, 1)
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=self.scale,
+                enable_gqa=self.num_kv_heads != self.num_heads)[0]
+            out[row] = result[:, 0]

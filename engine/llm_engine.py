@@ -11,16 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.core.block_manager import BlockManager
+from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.metrics import RequestRecord, StepRecord
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerConfig, SchedulerOutput
-from engine.core.chunked_scheduler import VllmBlockPool, make_scheduler, split_tokens
+from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, SequenceGroup
+from engine.core.step import begin_step, end_step
 
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the CUDA and CPU kernels are built for
+__all__ = ["LLMEngine", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
 
 Prompt = str | dict | list[int]
@@ -45,9 +47,7 @@ class LLMEngine:
                  seed: int = 0, kv_cache_memory_bytes: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
-        if block_size not in SUPPORTED_BLOCK_SIZES:
-            raise ValueError(f"block_size {block_size} is not supported by the kernels; "
-                             f"choose one of {SUPPORTED_BLOCK_SIZES}")
+        check_block_size(block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if swap_space < 0:
@@ -62,17 +62,19 @@ class LLMEngine:
                                   swap_space_bytes=0 if enable_chunked_prefill else int(swap_space * GiB),
                                   dtype=dtype, device=device,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                                  max_num_batched_tokens=max_num_batched_tokens)
+                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                                  max_num_seqs=max_num_seqs)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         if enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
-            self.allocator = VllmBlockPool(block_size, self.runner.num_gpu_blocks,
-                                           enable_prefix_caching=enable_prefix_caching)
+            self.allocator = VllmBlockManager(block_size, self.runner.num_gpu_blocks,
+                                              enable_prefix_caching=enable_prefix_caching)
         else:
             self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
                                           enable_prefix_caching=enable_prefix_caching)
         self.scheduler = make_scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                                                         max_num_batched_tokens=max_num_batched_tokens,
-                                                        preemption_mode=preemption_mode,
+                                                        preemption_mode=preemption_mode, block_size=block_size,
+                                                        enable_prefix_caching=enable_prefix_caching,
                                                         enable_chunked_prefill=enable_chunked_prefill),
                                         self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
@@ -102,7 +104,7 @@ class LLMEngine:
             raise ValueError(f"request {request_id}: token ids must be in [0, {self.runner.vocab_size})")
         group = SequenceGroup(request_id, token_ids, params or SamplingParams(),
                               self.clock() if arrival_time is None else arrival_time,
-                              eos_token_id=self.runner.eos_token_id, output_len_hint=output_len_hint)
+                              eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
         self.groups[request_id] = group
         self.prompts[request_id] = text
         self.scheduler.add(group)
@@ -113,38 +115,31 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it."""
-        start = self.clock()
-        out = self.scheduler.schedule(start)
-        finished = list(out.finished_now)
-        if not out.is_empty:
+        step = begin_step(self.scheduler, self.clock(), SequenceInput)
+        out, samples = step.out, {}
+        if step.has_work:
             if self.step_observer is not None:
                 self.step_observer(out)
             runner = self.runner
-            # Order matters: a block swapped out may be reused in this very step.
+            # Swaps and copies apply even when no sequence runs, or a swapped-out
+            # request's KV is lost. Order matters: a block swapped out may be
+            # reused in this very step.
             if out.blocks_to_swap_out:
                 runner.swap_out(out.blocks_to_swap_out)
             if out.blocks_to_swap_in:
                 runner.swap_in(out.blocks_to_swap_in)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
-            # Memory as it stands while the step runs (its new tokens included).
-            breakdown = self.allocator.memory_breakdown()
-            blocks_used = self.allocator.num_used_blocks()
-            table = self.allocator.block_table
-            counts = out.scheduled_tokens()
-            logits = runner.execute([SequenceInput(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n],
-                                                   s.num_computed_tokens, table(s))
-                                     for s, n in zip(out.seqs, counts)])
-            sampling = out.sampling_part()   # a partial prompt chunk samples nothing
-            if sampling is not out:
-                rows = {s.seq_id: i for i, s in enumerate(out.seqs)}
-                logits = logits[[rows[s.seq_id] for s in sampling.seqs]]
-            samples = self.sampler.sample(sampling, logits)
-            end = self.clock()
-            finished += self.scheduler.update(out, samples, end)
-            record = StepRecord.from_output(out, start, end, breakdown, blocks_used)
-            if out.num_scheduled_tokens is not None:    # a mixed step: count its two parts
-                record.prefill_tokens, record.decode_tokens = split_tokens(out)
+            if step.inputs:
+                logits = runner.execute(step.inputs)
+                sampling = out.sampling_part()   # a partial prompt chunk samples nothing
+                if sampling is not out:
+                    rows = {s.seq_id: i for i, s in enumerate(out.seqs)}
+                    logits = logits[[rows[s.seq_id] for s in sampling.seqs]]
+                if sampling.seqs:
+                    samples = self.sampler.sample(sampling, logits)
+        finished, record = end_step(self.scheduler, step, samples, self.clock())
+        if step.has_work:
             self.steps.append(record)
         return [self._finish(g) for g in finished]
 

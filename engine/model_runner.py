@@ -16,7 +16,11 @@ from pathlib import Path
 
 import torch
 
+import cuda_ext
+from cuda_ext.checks import CUDA_HEAD_SIZES
+from engine import sampling
 from engine.attention import AttentionMetadata, PagedAttention
+from engine.cuda_graphs import MAX_SEQ_LEN_TO_CAPTURE, DecodeGraphs
 from engine.host_memory import keep_host_buffers
 from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, profile_num_gpu_blocks
 from engine.models import load_model, resolve_device
@@ -26,6 +30,8 @@ from engine.models import load_model, resolve_device
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 # Swap pool cap when the "device" is the host itself (its swap pool mirrors host memory).
 CPU_SWAP_CAP = 512 << 20
+# The scheduler's default step budget (SchedulerConfig): max(max_model_len, this).
+MIN_DEFAULT_BATCHED_TOKENS = 2048
 
 
 @dataclass
@@ -72,14 +78,22 @@ class ModelRunner:
         seed: int = 0,
         gpu_memory_utilization: float = 0.9,
         max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = False,
     ):
         """Load the model and allocate the KV cache.
 
         Cache size: ``num_gpu_blocks`` if given; else ``kv_cache_memory_bytes``
         worth of blocks; else, on CUDA, what fits in ``gpu_memory_utilization``
-        of the device after a profiling pass of ``max_num_batched_tokens``
-        tokens (default: max_model_len); else (CPU) DEFAULT_CPU_KV_CACHE_BYTES.
-        Swap pool: ``num_cpu_blocks``, or as many blocks as ``swap_space_bytes`` holds.
+        of the device after a profiling pass of the largest step the engine
+        may run: ``max_num_batched_tokens`` prompt tokens (default, as the
+        scheduler's: max(max_model_len, 2048)) over ``max_num_seqs`` sequences,
+        and the sampler on ``max_num_seqs`` rows; else (CPU)
+        DEFAULT_CPU_KV_CACHE_BYTES. ``max_model_len`` caps the model's own
+        limit. Swap pool: ``num_cpu_blocks``, or as many blocks as
+        ``swap_space_bytes`` holds. On CUDA, decode steps replay CUDA graphs
+        (``engine.cuda_graphs``) unless ``enforce_eager``.
         """
         # Seeds torch's global RNG; sampling uses its own per-request generators.
         torch.manual_seed(seed)
@@ -90,17 +104,27 @@ class ModelRunner:
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = block_size
         self.vocab_size = self.config.vocab_size
-        self.max_model_len = self.config.max_position_embeddings
+        model_limit = self.config.max_position_embeddings
+        self.max_model_len = min(max_model_len or model_limit, model_limit)
+        self.max_num_seqs = max_num_seqs
         self.eos_token_ids = _eos_token_ids(self.config, model_path)
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         # (num_layers, num_kv_heads, head_size): what one KV block spans.
         self.cache_shape = (len(layers), layers[0].num_kv_heads, layers[0].head_size)
+        # Load (or build) this device's kernels now: a GPU whose CUDA kernels do
+        # not build fails here, loudly, not at the first step.
+        self.ops = cuda_ext.ops_for(self.device)
+        if self.ops.backend == "cuda" and self.cache_shape[2] not in CUDA_HEAD_SIZES:
+            raise ValueError(f"head size {self.cache_shape[2]} is not supported by the CUDA kernels "
+                             f"({', '.join(map(str, CUDA_HEAD_SIZES))}); run on the CPU (device='cpu') "
+                             "or use the torch reference (PAGED_KERNELS=torch)")
 
         if num_gpu_blocks is None:
             if kv_cache_memory_bytes is None and self.device.type == "cuda":
                 num_gpu_blocks = profile_num_gpu_blocks(
-                    self, gpu_memory_utilization, max_num_batched_tokens or self.max_model_len
+                    self, gpu_memory_utilization,
+                    max_num_batched_tokens or max(self.max_model_len, MIN_DEFAULT_BATCHED_TOKENS),
                 )
             else:
                 budget = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else DEFAULT_CPU_KV_CACHE_BYTES
@@ -114,6 +138,13 @@ class ModelRunner:
             num_cpu_blocks = swap_space_bytes // bytes_per_block(*self.cache_shape, block_size, self.dtype)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
+        windows = [layer.sliding_window for layer in layers if layer.sliding_window is not None]
+        # A window shorter than a context makes decode gather on the host: not capturable.
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not enforce_eager and min(windows, default=self.max_model_len) >= \
+                min(self.max_model_len, MAX_SEQ_LEN_TO_CAPTURE):
+            self.graphs = DecodeGraphs(self.model, self.kv_cache.gpu, device=self.device, block_size=block_size,
+                                       max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
 
     # -- block moves (scheduler decisions, applied before the step runs) --
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -187,34 +218,76 @@ class ModelRunner:
         """fp32 logits [len(seqs), vocab] at each sequence's last new token, in the order given."""
         if not seqs:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        num_seqs = len(seqs)
-        pad = self._decode_padding(seqs)
-        if pad:
-            # A decode (start_pos 1) over block 0, so it packs after the real rows.
-            seqs = seqs + [SequenceInput([0], 1, [0])] * pad
+        if all(len(s.token_ids) == 1 and s.start_pos > 0 for s in seqs):
+            return self._execute_decode(seqs)
         with torch.inference_mode():
             input_ids, positions, meta, last_rows = self.prepare(seqs)
-            if pad:
-                meta.slot_mapping[-pad:] = -1      # padding rows store nothing
             hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
-            return self.model.compute_logits(hidden[last_rows]).float()[:num_seqs]
+            return self.model.compute_logits(hidden[last_rows]).float()
 
-    def _decode_padding(self, seqs: list[SequenceInput]) -> int:
-        """Dummy rows that round a CPU decode batch up to a multiple of 4.
+    def _execute_decode(self, seqs: list[SequenceInput]) -> torch.Tensor:
+        """A decode-only step (the common one), with as little host work as possible.
 
-        CPU BLAS kernels work on row tiles: a matmul of 3, 7 or 11 rows is
-        slower than one of 4, 8 or 12 (measured on opt-125m: batch 3 took 86 ms
-        and batch 4 60 ms). Padding makes decode steps faster and their cost
-        smooth in the batch size, which the calibrated cost model relies on.
+        Every row computes one token, so the rows need no reordering and the
+        logits are the hidden states' rows as they are. The block ids and
+        slots are checked here once for the step, so the kernels skip their
+        per-layer value checks (``AttentionMetadata.checked``). On CUDA the
+        step replays a captured graph when one fits.
         """
-        if self.device.type != "cpu" or len(seqs) == 1 or any(s.is_prefill for s in seqs):
-            return 0
-        return -len(seqs) % 4
+        bs, num_seqs = self.block_size, len(seqs)
+        tables = [s.block_table for s in seqs]
+        starts = [s.start_pos for s in seqs]
+        width = max(map(len, tables))
+        for table, start in zip(tables, starts):
+            if len(table) * bs <= start:
+                raise ValueError(f"block_table of {len(table)} blocks cannot hold {start + 1} tokens")
+        if max(map(max, tables)) >= self.num_gpu_blocks or min(map(min, tables)) < 0:
+            raise ValueError(f"a block table holds a block id outside [0, {self.num_gpu_blocks})")
+        ids = [s.token_ids[0] for s in seqs]
+        slots = [table[start // bs] * bs + start % bs for table, start in zip(tables, starts)]
+        rows = [table + [0] * (width - len(table)) for table in tables]
+        max_seq_len = max(starts) + 1
+        graphs = self.graphs
+        with torch.inference_mode():
+            if graphs is not None and graphs.can_run(num_seqs, max_seq_len, width):
+                hidden = graphs.run(*self._decode_tensors(ids, starts, slots, rows))
+                return self.model.compute_logits(hidden).float()
+            # CPU BLAS kernels work on row tiles: a matmul of 3, 7 or 11 rows is
+            # slower than one of 4, 8 or 12 (measured on opt-125m: batch 3 took
+            # 86 ms and batch 4 60 ms). Dummy rows that round a CPU batch up to a
+            # multiple of 4 make steps faster and their cost smooth in the batch
+            # size, which the calibrated cost model relies on.
+            pad = -num_seqs % 4 if self.device.type == "cpu" and num_seqs > 1 else 0
+            if pad:
+                ids, starts, slots, rows = ids + [0] * pad, starts + [0] * pad, slots + [-1] * pad, \
+                    rows + [[0] * width] * pad
+            input_ids, positions, slot_mapping, block_tables, seq_lens = self._decode_tensors(ids, starts, slots, rows)
+            meta = AttentionMetadata(
+                slot_mapping=slot_mapping, num_prefill_tokens=0, prefill_cu_seqlens=[0], prefill_context_lens=[],
+                prefill_block_tables=None, decode_block_tables=block_tables, decode_seq_lens=seq_lens,
+                decode_max_seq_len=max_seq_len, checked=True)
+            hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
+            return self.model.compute_logits(hidden[:num_seqs] if pad else hidden).float()
 
-    def profile_run(self, num_tokens: int) -> None:
-        """The heaviest step the scheduler may issue, without a KV cache: used to measure peak memory."""
-        seq_len = min(self.max_model_len, num_tokens)
-        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+    def _decode_tensors(self, ids, starts, slots, rows):
+        """Device tensors of a decode step: input ids, positions, slots, block tables, context lengths."""
+        positions = torch.tensor(starts, dtype=torch.int64)
+        return (self._to_device(torch.tensor(ids, dtype=torch.int64)), self._to_device(positions),
+                self._to_device(torch.tensor(slots, dtype=torch.int64)),
+                self._to_device(torch.tensor(rows, dtype=torch.int32)),
+                self._to_device((positions + 1).to(torch.int32)))
+
+    def profile_run(self, num_tokens: int, num_seqs: int | None = None) -> None:
+        """The heaviest step the scheduler may issue, without a KV cache: used to measure peak memory.
+
+        ``num_tokens`` prompt tokens spread over ``num_seqs`` sequences
+        (default: the runner's max_num_seqs; more if a sequence would exceed
+        max_model_len), then the sampler's heaviest path (top-k and top-p
+        over the whole vocabulary, plus logprobs) on one row per sequence.
+        """
+        num_seqs = max(1, min(num_seqs or self.max_num_seqs, num_tokens))
+        num_seqs = max(num_seqs, -(-num_tokens // self.max_model_len))
+        lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
         cu = [0, *accumulate(lens)]
         meta = AttentionMetadata(
             slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
@@ -229,4 +302,8 @@ class ModelRunner:
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
             hidden = self.model(input_ids, positions, None, meta)
-            self.model.compute_logits(hidden[torch.tensor(cu[1:], device=self.device) - 1]).float()
+            logits = self.model.compute_logits(hidden[torch.tensor(cu[1:], device=self.device) - 1]).float()
+            del hidden
+            generator = sampling.make_generator(0, self.device)
+            sampling.logprobs(logits)
+            sampling.sample(logits, 1.0, self.vocab_size - 1, 0.99, generator)

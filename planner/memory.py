@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.errors import PlannerError
 
-# vLLM 0.1-era scheduler limits, used as defaults so the activation estimate
-# matches the profile run vLLM would do.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# vLLM 0.1-era scheduler limits (the token budget's from the engine core), used
+# as defaults so the activation estimate matches the profile run vLLM would do.
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_SWAP_SPACE_BYTES = 4 * GIB     # vLLM's default CPU swap space per GPU
 

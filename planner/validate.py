@@ -123,12 +123,15 @@ class TraceClock:
 
 def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -> LiveRun:
     """Replay ``trace`` online against the wall clock on the real engine."""
-    from cuda_ext import ops
+    from cuda_ext import ops_for
     from engine.llm_engine import LLMEngine
 
     shapes: list[StepShape] = []
     clock = TraceClock()
+    # The device and dtype `planner profile` times (planner.profiling.device): fp16 on a GPU.
+    on_gpu = resolve_gpu(cfg.gpu).kind == "gpu"
     engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+                       device="cuda" if on_gpu else "cpu", dtype="float16" if on_gpu else "auto",
                        preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
                        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
                        enable_chunked_prefill=cfg.enable_chunked_prefill,
@@ -159,7 +162,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
     steps = engine.steps
     return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions),
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
-                   engine.scheduler.config.max_num_batched_tokens, ops.backend)
+                   engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend)
 
 
 def _warm_up(engine, vocab: int) -> None:

@@ -1,5 +1,19 @@
 import os
 import sys
 
+import pytest
+
 # Tests import the packages from this checkout even before `pip install -e .`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_gpu_test(request, monkeypatch):
+    """Tests not marked `gpu` run their engines on the CPU, also on a GPU host.
+
+    Their tiny models have head size 16, which the CUDA kernels do not serve;
+    "auto" devices follow PAGED_DEVICE (engine.models.loader.resolve_device),
+    and CLI subprocesses inherit it.
+    """
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("PAGED_DEVICE", "cpu")

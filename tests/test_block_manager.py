@@ -48,14 +48,14 @@ def test_fork_shares_blocks_and_copy_on_write_on_shared_last_block():
     bm.fork(parent, child)
     table = list(bm.block_table(parent))
     assert bm.block_table(child) == table
-    assert all(bm.ref_counts[b] == 2 for b in table)
+    assert all(bm.gpu.ref_counts[b] == 2 for b in table)
     assert bm.num_used_blocks() == 2             # shared, not duplicated
     child.append(9, 0.0)
     src_dst = bm.append_slots(child)
     assert src_dst is not None and src_dst[0] == table[-1]
     assert bm.block_table(child)[-1] == src_dst[1] != table[-1]
     assert bm.block_table(child)[0] == table[0]  # full blocks stay shared
-    assert bm.ref_counts[table[-1]] == 1
+    assert bm.gpu.ref_counts[table[-1]] == 1
     parent.append(8, 0.0)
     assert bm.append_slots(parent) is None       # now the only holder: write in place
     bm.free(parent)
@@ -126,7 +126,7 @@ def test_prefix_cache_survives_free_and_is_evicted_lru():
     # A prompt that needs all 4 blocks evicts the cached ones.
     c = running(bm, [7] * 16)
     assert c.num_computed_tokens == 0
-    assert len(bm.cached) == 0 and bm.num_free_blocks() == 0
+    assert len(bm.gpu.cached) == 0 and bm.num_free_blocks() == 0
 
 
 def test_free_unknown_sequence_is_harmless():

@@ -32,7 +32,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         table = self.bm.block_table(seq)
         for pos in range(start, seq.num_tokens):
             block = table[pos // BS]
-            assert self.bm.ref_counts[block] == 1, "wrote into a shared block"
+            assert self.bm.gpu.ref_counts[block] == 1, "wrote into a shared block"
             self.gpu_mem[block][pos % BS] = seq.token_ids[pos]
         seq.num_computed_tokens = seq.num_tokens
         self.bm.mark_computed(seq)
@@ -128,18 +128,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def no_leaks(self):
         bm = self.bm
         assert bm.num_free_blocks() + bm.num_used_blocks() == NUM_GPU
-        in_use = {b for b in range(NUM_GPU) if bm.ref_counts[b] > 0}
+        in_use = {b for b in range(NUM_GPU) if bm.gpu.ref_counts[b] > 0}
         assert len(in_use) == bm.num_used_blocks()
-        assert set(bm.free_list).isdisjoint(in_use) and set(bm.evictor).isdisjoint(in_use)
+        assert set(bm.gpu.free_list).isdisjoint(in_use) and set(bm.gpu.evictor).isdisjoint(in_use)
 
     @invariant()
     def ref_counts_match_tables(self):
         holders = Counter(b for table in self.bm.tables.values() for b in table)
         for b in range(NUM_GPU):
-            assert self.bm.ref_counts[b] == holders.get(b, 0)
+            assert self.bm.gpu.ref_counts[b] == holders.get(b, 0)
         cpu_holders = Counter(b for table in self.bm.cpu_tables.values() for b in table)
         for b in range(NUM_CPU):
-            assert self.bm.cpu_ref_counts[b] == cpu_holders.get(b, 0)
+            assert self.bm.cpu.ref_counts[b] == cpu_holders.get(b, 0)
 
     @invariant()
     def each_sequence_holds_ceil_blocks(self):

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine.core.block_manager import BlockManager
-from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockPool, make_scheduler, split_tokens
+from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager, make_scheduler, split_tokens
+from engine.core.metrics import StepRecord
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import FinishReason, SequenceGroup
@@ -25,7 +26,7 @@ def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None):
 
 
 def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, **kw):
-    bm = VllmBlockPool(block_size, num_blocks, enable_prefix_caching=caching)
+    bm = VllmBlockManager(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                           enable_chunked_prefill=True)
     return ChunkedScheduler(cfg, bm, **kw), bm
@@ -146,7 +147,7 @@ def test_a_preempted_request_recomputes_with_hits_on_its_own_blocks(caching):
 
 
 def test_mixed_step_splits_into_prefill_and_decode_tokens():
-    sched, _ = make(64, budget=8)
+    sched, bm = make(64, budget=8)
     sched.add(request("a", 3, 3))
     out = sched.schedule(0.0)
     sched.update(out, {out.seqs[0].seq_id: [(7, 0.0)]}, 1.0)
@@ -155,6 +156,10 @@ def test_mixed_step_splits_into_prefill_and_decode_tokens():
     assert split_tokens(out) == (7, 1)
     assert not out.is_prefill
     assert [g.request_id for g in out.sampling_part().groups] == ["a"]
+    # The step's record counts both parts itself, even once update has moved the counts.
+    sched.update(out, {out.seqs[0].seq_id: [(7, 0.0)]}, 2.0)
+    record = StepRecord.from_output(out, 1.0, 2.0, bm.memory_breakdown(), bm.num_used_blocks())
+    assert (record.prefill_tokens, record.decode_tokens) == (7, 1)
 
 
 def test_paper_policy_stays_the_default():

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cuda_ext import build
+from engine.core.config import SUPPORTED_BLOCK_SIZES
 
 ARCHS = ("80", "90")
 CUDA_DIR = build.CSRC / "cuda"
@@ -117,7 +118,7 @@ def test_attention_compiles_with_every_head_and_block_size(tmp_path):
     compiled = entry_points(report)
     for arch in ARCHS:
         for head_size in (64, 80, 96, 112, 128, 256):
-            for block_size in (8, 16, 32):
+            for block_size in SUPPORTED_BLOCK_SIZES:
                 for dtype in ATTENTION_DTYPES.values():
                     fragment = f"paged_attention_kernel{dtype}Li{head_size}ELi{block_size}E"
                     assert sum(fragment in name for name in compiled[arch]) == 2, f"{fragment} (v1 and v2) for sm_{arch}"

@@ -15,6 +15,7 @@ import torch
 
 import cuda_ext
 from cuda_ext import BackendUnavailable, load_ops, reference
+from engine.core.config import SUPPORTED_BLOCK_SIZES
 
 DTYPE_TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
@@ -119,7 +120,7 @@ def test_reference_reshape_and_cache_layout_and_skip():
 # ---------------------------------------------------------------- CPU kernels vs reference
 
 
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("block_size", SUPPORTED_BLOCK_SIZES)
 @pytest.mark.parametrize("head_size", [64, 80, 96, 128])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_cpu_attention_matches_reference_fp32(cpu_ops, block_size, head_size, group):
@@ -309,7 +310,7 @@ def _to_cuda(*tensors):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("block_size", SUPPORTED_BLOCK_SIZES)
 @pytest.mark.parametrize("head_size,group", [(64, 1), (80, 2), (96, 4), (112, 1), (128, 4), (256, 2)])
 def test_cuda_attention_matches_reference(cuda_ops, dtype, block_size, head_size, group):
     seq_lens = [1, block_size + 3, 511, 513, 1500]

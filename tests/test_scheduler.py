@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from core_helpers import fake_samples
-from engine.core.kv_allocator import make_allocator
+from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig
@@ -22,10 +22,12 @@ class Replay(NamedTuple):
 
 
 def replay(requests, *, block_size=2, num_gpu_blocks=4, num_cpu_blocks=8, mode="recompute",
-           max_model_len=16, allocator="paged", step_time=1.0, seed=0, **cfg):
-    """Drive the scheduler with a fake executor whose every step takes ``step_time``."""
+           max_model_len=16, allocator="paged", step_time=1.0, seed=0, reservation="vllm", **cfg):
+    """Drive the scheduler with a fake executor whose every step takes ``step_time``
+    (a step that only swaps or copies blocks counts as a step too)."""
     alloc = make_allocator(allocator, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                           num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len, watermark=0.0)
+                           num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len, watermark=0.0,
+                           slot_reservation=reservation)
     sched = Scheduler(SchedulerConfig(max_model_len=max_model_len, preemption_mode=mode, **cfg), alloc)
     pending = sorted(requests, key=lambda g: g.arrival_time)
     rng = random.Random(seed)
@@ -36,7 +38,7 @@ def replay(requests, *, block_size=2, num_gpu_blocks=4, num_cpu_blocks=8, mode="
         out = sched.schedule(now)
         rejected.extend(out.rejected)
         truncated.extend(out.truncated)
-        if out.is_empty:
+        if out.is_empty and not out.has_memory_ops:
             now = pending[0].arrival_time if pending else now
             continue
         log.append(out)

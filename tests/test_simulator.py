@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from engine.core.kv_allocator import make_allocator
+from engine.core.allocators import make_allocator
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import SequenceGroup

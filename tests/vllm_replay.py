@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockPool
+from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerConfig
 from engine.core.sequence import SequenceGroup
@@ -23,7 +23,7 @@ def sampled_token(request_id: str, num_tokens: int) -> int:
 
 def replay(case: dict) -> list[dict]:
     cfg = case["config"]
-    bm = VllmBlockPool(cfg["block_size"], cfg["num_blocks"], enable_prefix_caching=cfg["caching"])
+    bm = VllmBlockManager(cfg["block_size"], cfg["num_blocks"], enable_prefix_caching=cfg["caching"])
     sched = ChunkedScheduler(SchedulerConfig(max_model_len=cfg["max_model_len"], max_num_seqs=cfg["max_num_seqs"],
                                              max_num_batched_tokens=cfg["budget"], enable_chunked_prefill=True),
                              bm, reserve_full_isl=cfg.get("reserve_full_isl", True))

@@ -1,18 +1,35 @@
 """The paged KV-cache block manager (PagedAttention, SOSP 2023, section 4.2-4.4).
 
 Integers only: physical block ids, per-sequence block tables, reference
-counts. The runner turns the returned copy pairs and swap maps into tensor
-operations. Prefix caching identifies a full block by a chained hash of
-(parent block's hash, the block's token ids), so equal prefixes map to equal
-hashes; free blocks that still hold a cached prefix wait in an LRU order and
-are reused (evicted) only when no plain free block is left.
+counts (two ``BlockPool`` objects, GPU cache and CPU swap space). The runner
+turns the returned copy pairs and swap maps into tensor operations. Prefix
+caching identifies a full block by a chained hash of (parent block's hash, the
+block's token ids), so equal prefixes map to equal hashes.
+
+Admission checks follow vLLM v0.2.0's ``BlockSpaceManager`` (the version the
+paper evaluated), so the simulator preempts exactly where it would:
+
+- ``can_allocate``: the prompt's blocks fit and leave ``watermark`` of the cache free;
+- ``can_append_slots``: at least one free block per running sequence of the
+  group, whether or not that sequence needs a new block this step;
+- ``can_swap_in``: the group's blocks plus one block per swapped sequence
+  fit, leaving the watermark free.
+
+``slot_reservation="exact"`` replaces the last two by finer checks that count
+only the sequences that really need a block this step (full last block, or a
+shared one that copy-on-write must copy). It admits more and preempts later;
+it is kept to measure how much vLLM's conservative heuristic costs.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from engine.core.block_pool import BlockPool
 from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+SLOT_RESERVATIONS = ("vllm", "exact")
+
+_RUNNING = SequenceStatus.RUNNING
+_SWAPPED = SequenceStatus.SWAPPED
 
 
 def _blocks_for(num_tokens: int, block_size: int) -> int:
@@ -23,75 +40,44 @@ class BlockManager:
     supports_swap = True
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, *,
-                 watermark: float = 0.01, enable_prefix_caching: bool = False) -> None:
+                 watermark: float = 0.01, enable_prefix_caching: bool = False,
+                 slot_reservation: str = "vllm") -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if num_gpu_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_gpu_blocks}")
+        if slot_reservation not in SLOT_RESERVATIONS:
+            raise ValueError(f"slot_reservation must be one of {', '.join(SLOT_RESERVATIONS)}, "
+                             f"got {slot_reservation!r}")
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
-        # A few blocks kept free when admitting prompts, so running sequences
-        # can still grow without an immediate preemption.
+        # A few blocks kept free when admitting prompts and swapping in, so
+        # running sequences can still grow without an immediate preemption.
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.enable_prefix_caching = enable_prefix_caching
-
-        self.ref_counts = [0] * num_gpu_blocks
-        self.fill = [0] * num_gpu_blocks          # slots holding a token, per block
-        self.free_list = list(range(num_gpu_blocks - 1, -1, -1))  # pop() gives block 0 first
-        self.tables: dict[int, list[int]] = {}
-        self.num_token_states = 0                 # sum of fill over blocks in use
-
-        self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        self.cached: dict[int, int] = {}          # hash -> block
-        self.evictor: OrderedDict[int, None] = OrderedDict()  # free cached blocks, LRU first
-        self.seq_hashes: dict[int, list[int]] = {}  # hashes of a sequence's full computed blocks
-
-        self.cpu_ref_counts = [0] * num_cpu_blocks
-        self.cpu_fill = [0] * num_cpu_blocks
-        self.cpu_free_list = list(range(num_cpu_blocks - 1, -1, -1))
-        self.cpu_tables: dict[int, list[int]] = {}
+        self.slot_reservation = slot_reservation
+        self.gpu = BlockPool(num_gpu_blocks)
+        self.cpu = BlockPool(num_cpu_blocks)
+        self.tables: dict[int, list[int]] = {}       # seq id -> GPU blocks
+        self.cpu_tables: dict[int, list[int]] = {}   # seq id -> CPU blocks (swapped out)
+        self.seq_hashes: dict[int, list[int]] = {}   # hashes of a sequence's full computed blocks
 
     # -- pool ----------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        return len(self.free_list) + len(self.evictor)
+        return self.gpu.num_free()
 
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - self.num_free_blocks()
+        return self.gpu.num_used()
 
     def num_free_cpu_blocks(self) -> int:
-        return len(self.cpu_free_list)
+        return self.cpu.num_free()
 
     def token_slots_used(self) -> int:
-        return self.num_token_states
+        return self.gpu.num_token_states
 
     def block_table(self, seq: Sequence) -> list[int]:
         return self.tables[seq.seq_id]
-
-    def _take_block(self) -> int:
-        if self.free_list:
-            block = self.free_list.pop()
-        else:  # reuse the least recently used cached block
-            block, _ = self.evictor.popitem(last=False)
-            del self.cached[self.block_hash[block]]
-            self.block_hash[block] = None
-            self.fill[block] = 0
-        self.ref_counts[block] = 1
-        return block
-
-    def _set_fill(self, block: int, filled: int) -> None:
-        self.num_token_states += filled - self.fill[block]
-        self.fill[block] = filled
-
-    def _release(self, block: int) -> None:
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
-            self.num_token_states -= self.fill[block]
-            if self.block_hash[block] is not None:
-                self.evictor[block] = None   # keep its contents for a later prefix hit
-            else:
-                self.fill[block] = 0
-                self.free_list.append(block)
 
     # -- prompts -------------------------------------------------------------
     def _blocks_needed(self, group: SequenceGroup) -> int:
@@ -101,7 +87,7 @@ class BlockManager:
         needed = self._blocks_needed(group)
         if needed > self.num_gpu_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        if self.num_free_blocks() - needed >= self.watermark_blocks:
+        if self.gpu.num_free() - needed >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
@@ -113,31 +99,27 @@ class BlockManager:
     def _allocate_seq(self, seq: Sequence) -> None:
         bs = self.block_size
         n = seq.num_tokens
+        gpu = self.gpu
         table: list[int] = []
-        hashes: list[int] = []
         if self.enable_prefix_caching:
             # A hit never covers the whole prompt: the last token is always
             # computed, so there are logits to sample from.
+            hashes: list[int] = []
             parent = None
             tokens = seq.token_ids
             for i in range((n - 1) // bs):
                 h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
-                block = self.cached.get(h)
+                block = gpu.cached.get(h)
                 if block is None:
                     break
-                if self.ref_counts[block] == 0:
-                    del self.evictor[block]
-                    self.num_token_states += self.fill[block]
-                self.ref_counts[block] += 1
+                gpu.share(block)
                 table.append(block)
                 hashes.append(h)
                 parent = h
             self.seq_hashes[seq.seq_id] = hashes
         seq.num_computed_tokens = len(table) * bs
         for i in range(len(table), _blocks_for(n, bs)):
-            block = self._take_block()
-            self._set_fill(block, min(bs, n - i * bs))
-            table.append(block)
+            table.append(gpu.take(min(bs, n - i * bs)))
         self.tables[seq.seq_id] = table
 
     def mark_computed(self, seq: Sequence, num_tokens: int | None = None) -> None:
@@ -153,19 +135,12 @@ class BlockManager:
         for i in range(len(hashes), upto // bs):
             h = hash((hashes[-1] if hashes else None, tuple(tokens[i * bs:(i + 1) * bs])))
             hashes.append(h)
-            block = table[i]
-            if self.block_hash[block] is None and h not in self.cached:
-                self.block_hash[block] = h
-                self.cached[h] = block
+            self.gpu.register(table[i], h)
 
     # -- chunked prefill (engine/core/chunked_scheduler.py) ----------------------
     # vLLM v1 holds only the blocks of the tokens computed so far: a prompt's
     # blocks arrive chunk by chunk, so admission and growth count blocks for a
     # token total rather than for the whole sequence.
-
-    def reserve_null_block(self) -> int:
-        """Take one block out of use for good (vLLM v1's null block): N blocks then hold N-1."""
-        return self._take_block()            # held by no sequence, so never released
 
     def cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
         """(block, hash) of the longest cached prefix of the sequence, without taking
@@ -174,11 +149,12 @@ class BlockManager:
             return []
         bs = self.block_size
         tokens = seq.token_ids
+        cached = self.gpu.cached
         hit: list[tuple[int, int]] = []
         parent = None
         for i in range((seq.num_tokens - 1) // bs):
             h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
-            block = self.cached.get(h)
+            block = cached.get(h)
             if block is None:
                 break
             hit.append((block, h))
@@ -189,16 +165,14 @@ class BlockManager:
         """Free blocks that admitting a sequence with prefix ``hit`` and ``num_tokens``
         slots would use: new blocks, plus hit blocks that are free but cached."""
         new = max(_blocks_for(num_tokens, self.block_size) - len(hit), 0)
-        return new + sum(1 for block, _ in hit if self.ref_counts[block] == 0)
+        refs = self.gpu.ref_counts
+        return new + sum(1 for block, _ in hit if refs[block] == 0)
 
     def admit(self, seq: Sequence, hit: list[tuple[int, int]], num_tokens: int) -> None:
         """Give a waiting sequence its cached prefix and blocks for its first ``num_tokens`` tokens."""
         table: list[int] = []
         for block, _ in hit:
-            if self.ref_counts[block] == 0:
-                del self.evictor[block]
-                self.num_token_states += self.fill[block]
-            self.ref_counts[block] += 1
+            self.gpu.share(block)
             table.append(block)
         if self.enable_prefix_caching:
             self.seq_hashes[seq.seq_id] = [h for _, h in hit]
@@ -212,26 +186,44 @@ class BlockManager:
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Extend the sequence's blocks to hold ``num_tokens`` tokens (the caller checked they are free)."""
         bs = self.block_size
+        gpu = self.gpu
         table = self.tables[seq.seq_id]
-        if table and self.fill[table[-1]] < bs:
-            self._set_fill(table[-1], min(bs, num_tokens - (len(table) - 1) * bs))
+        if table and gpu.fill[table[-1]] < bs:
+            gpu.set_fill(table[-1], min(bs, num_tokens - (len(table) - 1) * bs))
         for i in range(len(table), _blocks_for(num_tokens, bs)):
-            block = self._take_block()
-            self._set_fill(block, min(bs, num_tokens - i * bs))
-            table.append(block)
+            table.append(gpu.take(min(bs, num_tokens - i * bs)))
 
     # -- decoding ------------------------------------------------------------
-    def _needs_block(self, seq: Sequence) -> bool:
-        table = self.tables[seq.seq_id]
-        return (len(table) * self.block_size < seq.num_tokens
-                or self.ref_counts[table[-1]] > 1)
+    def _needs_block(self, table: list[int], num_tokens: int, ref_counts: list[int]) -> bool:
+        """The sequence's next token needs a fresh block: its last block is full,
+        or shared (copy-on-write)."""
+        return len(table) * self.block_size < num_tokens or ref_counts[table[-1]] > 1
 
     def can_append_slots(self, group: SequenceGroup) -> bool:
-        needed = 0
-        for seq in group.seqs:
-            if seq.status is SequenceStatus.RUNNING and self._needs_block(seq):
-                needed += 1
-        return needed <= self.num_free_blocks()
+        gpu = self.gpu
+        free = len(gpu.free_list) + len(gpu.evictor)    # gpu.num_free(), inlined: hot path
+        if self.slot_reservation == "vllm":
+            # vLLM v0.2.0: "if there is at least one free block for each sequence".
+            seqs = group.seqs
+            if len(seqs) == 1:    # a running group's only sequence is running
+                return free >= 1
+            return group.num_seqs(_RUNNING) <= free
+        tables, refs = self.tables, self.gpu.ref_counts
+        needed = sum(1 for s in group.seqs if s.status is _RUNNING
+                     and self._needs_block(tables[s.seq_id], s.num_tokens, refs))
+        return needed <= free
+
+    def can_append_slots_alone(self, group: SequenceGroup) -> bool:
+        """Whether the group could grow if every other request left the GPU:
+        if not, preempting others for it is useless (the cache is too small)."""
+        held = {b for s in group.seqs if s.status is _RUNNING for b in self.tables[s.seq_id]}
+        free = self.num_gpu_blocks - len(held)
+        if self.slot_reservation == "vllm":
+            return group.num_seqs(_RUNNING) <= free
+        refs = self.gpu.ref_counts
+        needed = sum(1 for s in group.seqs if s.status is _RUNNING
+                     and self._needs_block(self.tables[s.seq_id], s.num_tokens, refs))
+        return needed <= free
 
     def append_slots(self, seq: Sequence) -> tuple[int, int] | None:
         """Make room for the sequence's uncomputed tokens (one, when decoding).
@@ -240,28 +232,28 @@ class BlockManager:
         copied before writing (copy-on-write), else None.
         """
         bs = self.block_size
+        gpu = self.gpu
         table = self.tables[seq.seq_id]
-        n = seq.num_tokens
-        if len(table) * bs < n:
-            block = self._take_block()
-            self._set_fill(block, n - len(table) * bs)
-            table.append(block)
+        n = len(seq.token_ids)
+        held = len(table) * bs
+        if held < n:
+            table.append(gpu.take(n - held))
             return None
         last = table[-1]
-        filled = n - (len(table) - 1) * bs
-        if self.ref_counts[last] == 1:
-            self._set_fill(last, filled)
+        filled = n - held + bs
+        if gpu.ref_counts[last] == 1:
+            gpu.set_fill(last, filled)
             return None
-        copy = self._take_block()
-        self.ref_counts[last] -= 1
-        self._set_fill(copy, filled)
+        copy = gpu.take(filled)
+        gpu.ref_counts[last] -= 1
         table[-1] = copy
         return last, copy
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         table = self.tables[parent.seq_id]
+        refs = self.gpu.ref_counts
         for block in table:
-            self.ref_counts[block] += 1
+            refs[block] += 1
         self.tables[child.seq_id] = list(table)
         if self.enable_prefix_caching:
             self.seq_hashes[child.seq_id] = list(self.seq_hashes.get(parent.seq_id, ()))
@@ -271,82 +263,70 @@ class BlockManager:
         if table is not None:
             # Tail blocks first, so the LRU order evicts the ends of prefixes
             # before their shared beginnings.
+            release = self.gpu.release
             for block in reversed(table):
-                self._release(block)
+                release(block)
         cpu_table = self.cpu_tables.pop(seq.seq_id, None)
         if cpu_table is not None:
             for block in cpu_table:
-                self._release_cpu(block)
-        self.seq_hashes.pop(seq.seq_id, None)
+                self.cpu.release(block)
+        if self.seq_hashes:
+            self.seq_hashes.pop(seq.seq_id, None)
 
     # -- swapping ------------------------------------------------------------
-    def _unique_blocks(self, tables: dict[int, list[int]], group: SequenceGroup,
+    @staticmethod
+    def _unique_blocks(tables: dict[int, list[int]], group: SequenceGroup,
                        status: SequenceStatus) -> set[int]:
         return {b for s in group.seqs if s.status is status for b in tables[s.seq_id]}
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
-        return len(self._unique_blocks(self.tables, group, SequenceStatus.RUNNING)) <= len(self.cpu_free_list)
+        return len(self._unique_blocks(self.tables, group, _RUNNING)) <= self.cpu.num_free()
 
     def swap_out(self, group: SequenceGroup) -> dict[int, int]:
         """Move the group's running sequences to CPU blocks; returns {gpu_block: cpu_block}."""
-        mapping: dict[int, int] = {}
-        for seq in group.seqs:
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            cpu_table = []
-            for block in self.tables.pop(seq.seq_id):
-                cpu = mapping.get(block)
-                if cpu is None:
-                    cpu = self.cpu_free_list.pop()
-                    mapping[block] = cpu
-                    self.cpu_fill[cpu] = self.fill[block]
-                self.cpu_ref_counts[cpu] += 1
-                cpu_table.append(cpu)
-                self._release(block)
-            self.cpu_tables[seq.seq_id] = cpu_table
-        return mapping
+        return self._move(group, _RUNNING, self.tables, self.cpu_tables, self.gpu, self.cpu)
 
     def can_swap_in(self, group: SequenceGroup) -> bool:
-        blocks = self._unique_blocks(self.cpu_tables, group, SequenceStatus.SWAPPED)
-        # Room for the blocks plus a new block for each sequence whose next
-        # token will not fit in its last block (full, or shared: copy-on-write).
-        cpu_refs = self.cpu_ref_counts
-        growing = sum(1 for s in group.seqs if s.status is SequenceStatus.SWAPPED and (
-            len(self.cpu_tables[s.seq_id]) * self.block_size < s.num_tokens
-            or cpu_refs[self.cpu_tables[s.seq_id][-1]] > 1))
-        return self.num_free_blocks() - len(blocks) - growing >= self.watermark_blocks
+        blocks = len(self._unique_blocks(self.cpu_tables, group, _SWAPPED))
+        if self.slot_reservation == "vllm":
+            # vLLM v0.2.0: conservatively, every sequence allocates a block right after.
+            growing = group.num_seqs(_SWAPPED)
+        else:
+            tables, refs = self.cpu_tables, self.cpu.ref_counts
+            growing = sum(1 for s in group.seqs if s.status is _SWAPPED
+                          and self._needs_block(tables[s.seq_id], s.num_tokens, refs))
+        return self.gpu.num_free() - blocks - growing >= self.watermark_blocks
 
     def swap_in(self, group: SequenceGroup) -> dict[int, int]:
         """Bring the group's swapped sequences back; returns {cpu_block: gpu_block}."""
+        return self._move(group, _SWAPPED, self.cpu_tables, self.tables, self.cpu, self.gpu)
+
+    @staticmethod
+    def _move(group: SequenceGroup, status: SequenceStatus, src_tables: dict[int, list[int]],
+              dst_tables: dict[int, list[int]], src: BlockPool, dst: BlockPool) -> dict[int, int]:
+        """Copy the tables of the group's ``status`` sequences from one pool to the
+        other, keeping blocks shared between them shared; returns {src: dst}."""
         mapping: dict[int, int] = {}
         for seq in group.seqs:
-            if seq.status is not SequenceStatus.SWAPPED:
+            if seq.status is not status:
                 continue
             table = []
-            for cpu in self.cpu_tables.pop(seq.seq_id):
-                block = mapping.get(cpu)
-                if block is None:
-                    block = self._take_block()
-                    mapping[cpu] = block
-                    self._set_fill(block, self.cpu_fill[cpu])
+            for block in src_tables.pop(seq.seq_id):
+                moved = mapping.get(block)
+                if moved is None:
+                    moved = mapping[block] = dst.take(src.fill[block])
                 else:
-                    self.ref_counts[block] += 1
-                table.append(block)
-                self._release_cpu(cpu)
-            self.tables[seq.seq_id] = table
+                    dst.ref_counts[moved] += 1
+                table.append(moved)
+                src.release(block)
+            dst_tables[seq.seq_id] = table
         return mapping
-
-    def _release_cpu(self, block: int) -> None:
-        self.cpu_ref_counts[block] -= 1
-        if self.cpu_ref_counts[block] == 0:
-            self.cpu_fill[block] = 0
-            self.cpu_free_list.append(block)
 
     # -- accounting ----------------------------------------------------------
     def memory_breakdown(self) -> MemoryBreakdown:
-        used = self.num_used_blocks()
+        used = self.gpu.num_used()
         bs = self.block_size
+        tokens = self.gpu.num_token_states
         # Paged waste is the unfilled tail of blocks in use: at most one block per sequence.
-        return MemoryBreakdown(token_states=self.num_token_states, reserved=0,
-                               internal_fragmentation=used * bs - self.num_token_states,
-                               external_fragmentation=0, free=self.num_free_blocks() * bs)
+        return MemoryBreakdown(token_states=tokens, reserved=0, internal_fragmentation=used * bs - tokens,
+                               external_fragmentation=0, free=self.gpu.num_free() * bs)

@@ -37,63 +37,65 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from engine.core.block_manager import BlockManager, _blocks_for
-from engine.core.scheduler import Samples, Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.block_pool import BlockPool
+from engine.core.config import SchedulerConfig
+from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 
-# vLLM's SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the budget when none is given.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+NULL_BLOCK = 0   # vLLM v1's null block: never handed out, so N blocks hold N-1
 
 
-def check_config(config: SchedulerConfig) -> None:
-    """Fill the default budget and check the knobs the chunked policy reads."""
-    if config.max_num_batched_tokens is None:
-        config.max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    if config.max_model_len < 1:
-        raise ValueError(f"max_model_len must be positive, got {config.max_model_len}")
-    if config.max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be positive, got {config.max_num_seqs}")
-    if config.max_num_batched_tokens < config.max_num_seqs:
-        raise ValueError(f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least "
-                         f"max_num_seqs ({config.max_num_seqs}), so every running request can decode")
-    if config.preemption_mode != "recompute":
-        raise ValueError("chunked prefill preempts by recompute only (as vLLM v1 does), "
-                         f"not {config.preemption_mode!r}")
-
-
-class VllmBlockPool(BlockManager):
-    """The paper's block manager with vLLM v1's free-block order.
+class VllmBlockPool(BlockPool):
+    """h1's block pool with vLLM v1's free-block order.
 
     vLLM keeps every free block, cached or not, in one queue: a block freed
-    goes to the back, a new block comes from the front, and a cached block
-    taken that way loses its cache entry. So a freed prompt stays hittable
-    until the queue comes round to it, even while never-used blocks remain (the
-    paper's manager uses those first). The order decides which prefixes
-    survive, so matching vLLM's prefix-cache hits needs it.
+    goes to the back, a new block comes from the front (the oldest freed
+    first), and a cached block taken that way loses its cache entry. So a
+    freed prompt stays hittable until the queue comes round to it, even while
+    never-used blocks remain (the paper's pool hands those out first). The
+    order decides which prefixes survive, so matching vLLM's prefix-cache hits
+    needs it. Here ``evictor`` is that one queue and ``free_list`` stays empty.
     """
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False) -> None:
-        super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
-        # The evictor becomes the one queue of free blocks; free_list stays empty.
-        self.evictor = OrderedDict.fromkeys(range(num_gpu_blocks))
-        self.free_list = []
+    __slots__ = ()
 
-    def _take_block(self) -> int:
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.free_list = []
+        self.evictor = OrderedDict.fromkeys(range(num_blocks))
+        if num_blocks:
+            self.take()              # the null block: held by no sequence, so never released
+
+    def take(self, filled: int = 0) -> int:
         block, _ = self.evictor.popitem(last=False)
         h = self.block_hash[block]
         if h is not None:
             del self.cached[h]
             self.block_hash[block] = None
-        self.fill[block] = 0
         self.ref_counts[block] = 1
+        self.num_token_states += filled
+        self.fill[block] = filled
         return block
 
-    def _release(self, block: int) -> None:
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
+    def release(self, block: int) -> None:
+        refs = self.ref_counts[block] - 1
+        self.ref_counts[block] = refs
+        if refs == 0:
             self.num_token_states -= self.fill[block]
             if self.block_hash[block] is None:
                 self.fill[block] = 0
             self.evictor[block] = None
+
+
+class VllmBlockManager(BlockManager):
+    """The paged block manager over a ``VllmBlockPool``: GPU blocks only (the
+    chunked policy preempts by recompute), no watermark (vLLM v1 has none)."""
+
+    supports_swap = False
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False) -> None:
+        super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
+        self.gpu = VllmBlockPool(num_gpu_blocks)
 
 
 def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
@@ -106,15 +108,16 @@ def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
 class ChunkedScheduler(Scheduler):
     """The chunked-prefill policy over the paper's block manager (queues and updates are shared)."""
 
-    def __init__(self, config: SchedulerConfig, allocator: BlockManager, *,
+    def __init__(self, config: SchedulerConfig, allocator: VllmBlockManager, *,
                  reserve_full_isl: bool = True) -> None:
         if not config.enable_chunked_prefill:
             raise ValueError("ChunkedScheduler needs a SchedulerConfig with enable_chunked_prefill=True")
-        if not isinstance(allocator, BlockManager):
-            raise ValueError("chunked prefill needs the paged block manager, not a contiguous allocator")
+        if not isinstance(allocator, VllmBlockManager):
+            raise ValueError("chunked prefill needs the paged VllmBlockManager (vLLM v1's block order "
+                             "and null block), not " + type(allocator).__name__)
         super().__init__(config, allocator)
         self.reserve_full_isl = reserve_full_isl
-        self.null_block = allocator.reserve_null_block()
+        self.null_block = NULL_BLOCK
         self.usable_blocks = allocator.num_gpu_blocks - 1
         # Prefix-cache statistics as vLLM keeps them: tokens of admitted
         # sequences, and of those, tokens found in the cache.
@@ -198,8 +201,10 @@ class ChunkedScheduler(Scheduler):
         # A step is a "prefill" one only when it decodes nothing (kept for the
         # paper-era consumers that classify steps as a whole).
         is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
-        return SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
-                               rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
+        out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
+                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
+        out.token_split = split_tokens(out)      # before update moves the computed counts
+        return out
 
     def _never_fits(self, group: SequenceGroup) -> str | None:
         """Why the request can never run, or None."""
@@ -214,6 +219,17 @@ class ChunkedScheduler(Scheduler):
             return (f"needs more KV cache than the whole cache holds ({self.usable_blocks} usable blocks "
                     f"of {self.allocator.block_size})")
         return None
+
+    def _preempt(self, group: SequenceGroup, swap_out: dict[int, int]) -> None:
+        # vLLM v1 puts a preempted request at the head of the waiting queue,
+        # whatever its arrival (the paper's policy keeps FCFS order instead).
+        group.num_preemptions += 1
+        seq = group.seqs[0]
+        self.allocator.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+        self.preemptions["recompute"] += 1
 
     def _cache(self, seq, num_tokens: int) -> None:
         # vLLM caches full blocks when they are scheduled, capped at the sequence's tokens.

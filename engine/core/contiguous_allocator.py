@@ -32,6 +32,7 @@ class _Chunk:
 
 class ContiguousAllocator:
     supports_swap = False
+    enable_prefix_caching = False   # chunks are never shared
 
     def __init__(self, policy: str, block_size: int, num_gpu_blocks: int, *, max_model_len: int) -> None:
         if policy not in ("max", "pow2", "oracle"):
@@ -98,6 +99,9 @@ class ContiguousAllocator:
 
     def can_append_slots(self, group: SequenceGroup) -> bool:
         return True   # the reservation already covers every future token
+
+    def can_append_slots_alone(self, group: SequenceGroup) -> bool:
+        return True
 
     def append_slots(self, seq: Sequence) -> tuple[int, int] | None:
         return None

@@ -3,7 +3,8 @@
 ``paged`` is the block manager of the PagedAttention paper; ``orca-max``,
 ``orca-pow2`` and ``orca-oracle`` are the paper's contiguous baselines. The
 scheduler talks to all of them through this interface, so the simulator can
-compare them under exactly the same scheduling decisions.
+compare them under exactly the same scheduling decisions. ``make_allocator``
+(in ``engine.core.allocators``) builds one by name.
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ class KVAllocator(Protocol):
     block_size: int
     num_gpu_blocks: int
     supports_swap: bool
+    enable_prefix_caching: bool   # whether update() must call mark_computed
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus: ...
     def allocate(self, group: SequenceGroup) -> None: ...
     def can_append_slots(self, group: SequenceGroup) -> bool: ...
+    def can_append_slots_alone(self, group: SequenceGroup) -> bool: ...
     def append_slots(self, seq: Sequence) -> tuple[int, int] | None: ...
     def fork(self, parent: Sequence, child: Sequence) -> None: ...
     def free(self, seq: Sequence) -> None: ...
@@ -69,22 +72,3 @@ class KVAllocator(Protocol):
     def num_used_blocks(self) -> int: ...
     def token_slots_used(self) -> int: ...
     def memory_breakdown(self) -> MemoryBreakdown: ...
-
-
-ALLOCATORS = ("paged", "orca-max", "orca-pow2", "orca-oracle")
-
-
-def make_allocator(name: str, *, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                   max_model_len: int, enable_prefix_caching: bool = False,
-                   watermark: float = 0.01) -> KVAllocator:
-    """Build the allocation policy called ``name`` over the same amount of KV memory."""
-    from engine.core.block_manager import BlockManager
-    from engine.core.contiguous_allocator import ContiguousAllocator
-
-    if name == "paged":
-        return BlockManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark=watermark,
-                            enable_prefix_caching=enable_prefix_caching)
-    if name in ("orca-max", "orca-pow2", "orca-oracle"):
-        return ContiguousAllocator(name.split("-", 1)[1], block_size, num_gpu_blocks,
-                                   max_model_len=max_model_len)
-    raise ValueError(f"unknown KV allocator {name!r}; choose one of {', '.join(ALLOCATORS)}")

@@ -1,12 +1,30 @@
 """FCFS iteration-level scheduler (PagedAttention paper, section 4.5).
 
 Each call to ``schedule(now)`` builds one engine step. Like the vLLM the paper
-evaluated, a step either prefills newly admitted prompts or decodes one token
-for every running sequence. Waiting requests are admitted in arrival order
-while memory and the batch budgets allow, and only when nothing is swapped
-out. When a running sequence cannot get a slot, the most recently arrived
-running request is preempted whole (all its sequences): by recompute (free
-its blocks and queue it first) or by swap (move its blocks to CPU memory).
+evaluated (v0.2.0), a step either prefills newly admitted prompts or decodes
+one token for every running sequence. Waiting requests are admitted in arrival
+order while memory and the batch budgets allow, and only when nothing is
+swapped out. When a running request cannot get its slots, the most recently
+arrived running request is preempted whole (all its sequences).
+
+How a request is preempted (``SchedulerConfig.preemption_mode``):
+
+- ``swap``: its blocks move to CPU swap space; it comes back (swapped in)
+  before any waiting request is admitted.
+- ``recompute``: a single-sequence request drops its KV cache and is queued
+  first, to be prefilled again (prompt and tokens generated so far). A request
+  with several sequences (parallel sampling, beam search) is swapped instead,
+  as vLLM v0 does: recomputing would lose the blocks its sequences share.
+
+When the swap space is exhausted (``can_swap_out`` fails) the request is
+recomputed instead, whatever its width: vLLM v0.2.0 aborts the whole engine
+there; here the request stays correct but loses its sharing, as each of its
+sequences is prefilled again on its own. If the unshared sequences no longer
+fit in the whole cache, the request ends early (truncated, finish reason
+``length``) with the tokens it has.
+
+A request too large for the whole cache ends early the same way, where it
+stands, without preempting others for it.
 
 The scheduler never reads a clock; ``now`` comes from the caller.
 """
@@ -16,50 +34,35 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.core.beam_search import beams_from_live, update_beams
+from engine.core.config import PREEMPTION_MODES, SchedulerConfig
 from engine.core.kv_allocator import AllocStatus, KVAllocator
-from engine.core.sequence import (BeamHypothesis, FinishReason, Sequence, SequenceGroup,
-                             SequenceStatus, next_seq_id)
+from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus, next_seq_id
+from engine.core.stopping import stop_reason
 
-PREEMPTION_MODES = ("recompute", "swap")
+__all__ = ["PREEMPTION_MODES", "Samples", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 Samples = dict[int, list[tuple[int, float]]]
 """Per sequence id, the sampled candidates ``(token_id, logprob)``: one for a
 plain decode, ``best_of`` on a request's first step, ``2 * beam_width`` for
 beam search (as ``SamplingParams.samples_per_sequence`` says)."""
 
-
-@dataclass
-class SchedulerConfig:
-    max_model_len: int
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    preemption_mode: str = "recompute"
-    # The policy: False is the paper's (this module); True is vLLM v1's chunked
-    # prefill (engine/core/chunked_scheduler.py, built by its make_scheduler).
-    enable_chunked_prefill: bool = False
-
-    def __post_init__(self) -> None:
-        if self.enable_chunked_prefill:
-            from engine.core.chunked_scheduler import check_config
-            check_config(self)
-            return
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, 2048)
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                             f"max_model_len ({self.max_model_len}), or long prompts could never run")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+_RUNNING = SequenceStatus.RUNNING
+_SWAPPED = SequenceStatus.SWAPPED
+_FINISHED = SequenceStatus.FINISHED
+_STOP = FinishReason.STOP
+_LENGTH = FinishReason.LENGTH
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
     """One engine step. The executor applies, in this order: swap out, swap in,
-    block copies, then computes ``seqs`` (the uncomputed tokens of each)."""
+    block copies, then computes ``seqs`` (the uncomputed tokens of each).
+
+    A step may carry swaps or copies and no sequences (``is_empty`` but
+    ``has_memory_ops``): the executor must still apply them, or the KV of a
+    swapped-out request is lost.
+    """
 
     is_prefill: bool
     groups: list[SequenceGroup]
@@ -75,6 +78,10 @@ class SchedulerOutput:
     # policy): all its uncomputed tokens. The chunked policy may compute a
     # prompt in several steps; a step samples only for sequences it completes.
     num_scheduled_tokens: list[int] | None = None
+    # (prefill tokens, decode tokens) of a mixed step, counted when it was
+    # scheduled (a decode is one token after a cached context); None: the
+    # step is all prefill or all decode, as ``is_prefill`` says.
+    token_split: tuple[int, int] | None = None
 
     def scheduled_tokens(self) -> list[int]:
         """Per sequence of ``seqs``, the tokens it computes this step."""
@@ -102,7 +109,13 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
+        """No sequence computes anything this step."""
         return not self.seqs
+
+    @property
+    def has_memory_ops(self) -> bool:
+        """Blocks to swap or copy, which the executor must apply even in an empty step."""
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in or self.blocks_to_copy)
 
 
 def _fcfs(group: SequenceGroup) -> tuple[float, int]:
@@ -110,7 +123,7 @@ def _fcfs(group: SequenceGroup) -> tuple[float, int]:
 
 
 def _num_live(group: SequenceGroup) -> int:
-    return sum(1 for s in group.seqs if s.status is not SequenceStatus.FINISHED)
+    return sum(1 for s in group.seqs if s.status is not _FINISHED)
 
 
 class Scheduler:
@@ -118,10 +131,10 @@ class Scheduler:
         self.config = config
         self.allocator = allocator
         self.waiting: deque[SequenceGroup] = deque()
-        self.running: list[SequenceGroup] = []
+        self.running: list[SequenceGroup] = []       # kept in FCFS order
         self.swapped: list[SequenceGroup] = []       # kept in FCFS order
         self.preemptions = {"recompute": 0, "swap": 0}
-        self._mark_computed = getattr(allocator, "enable_prefix_caching", False)
+        self._mark_computed = allocator.enable_prefix_caching
 
     # -- queue -------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
@@ -144,20 +157,17 @@ class Scheduler:
 
     def _reject(self, group: SequenceGroup, reason: str, now: float, rejected: list) -> None:
         group.reject_reason = reason
-        group.finish_reason = FinishReason.REJECTED
-        group.times.finish = now
-        for seq in group.seqs:
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = FinishReason.REJECTED
+        group.finish(FinishReason.REJECTED, now)
         rejected.append(group)
 
     def _schedule_prefill(self, now: float, rejected: list) -> SchedulerOutput | None:
+        if not self.waiting:
+            return None
         cfg = self.config
         admitted: list[SequenceGroup] = []
         seqs: list[Sequence] = []
+        truncated: list[SequenceGroup] = []
         num_tokens = 0
-        if not self.waiting:
-            return None
         num_seqs = sum(_num_live(g) for g in self.running)
         while self.waiting:
             group = self.waiting[0]
@@ -174,6 +184,11 @@ class Scheduler:
             status = self.allocator.can_allocate(group)
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
+                if not group.first_step_pending:
+                    # A wide request recomputed without its sharing (swap space
+                    # exhausted) that no longer fits: it keeps what it generated.
+                    self._truncate(group, now, truncated)
+                    continue
                 self._reject(group, f"needs more KV cache than the whole cache holds "
                                     f"({self.allocator.num_gpu_blocks} blocks of {self.allocator.block_size})",
                              now, rejected)
@@ -191,7 +206,7 @@ class Scheduler:
             self.waiting.popleft()
             self.allocator.allocate(group)
             for seq in live:
-                seq.status = SequenceStatus.RUNNING
+                seq.status = _RUNNING
                 num_tokens += seq.num_tokens - seq.num_computed_tokens
                 seqs.append(seq)
             if group.times.first_scheduled is None:
@@ -199,13 +214,17 @@ class Scheduler:
             num_seqs += group.max_num_seqs()
             admitted.append(group)
         if not admitted:
+            if truncated:
+                return SchedulerOutput(False, [], [], 0, rejected=rejected, truncated=truncated)
             return None
         for group in admitted:   # keep running in FCFS order (recomputed groups are older)
             bisect.insort(self.running, group, key=_fcfs)
-        return SchedulerOutput(True, admitted, seqs, num_tokens, rejected=rejected)
+        return SchedulerOutput(True, admitted, seqs, num_tokens, rejected=rejected, truncated=truncated)
 
     def _schedule_decode(self, now: float, rejected: list) -> SchedulerOutput:
         allocator = self.allocator
+        can_append = allocator.can_append_slots
+        append = allocator.append_slots
         queue = deque(self.running)      # already in FCFS order
         scheduled: list[SequenceGroup] = []
         seqs: list[Sequence] = []
@@ -215,105 +234,137 @@ class Scheduler:
         truncated: list[SequenceGroup] = []
         while queue:
             group = queue.popleft()
-            while not allocator.can_append_slots(group):
-                if not queue and not scheduled:
-                    # It holds every used block and still cannot grow: the
-                    # whole cache is too small for it. End it where it is.
+            if not can_append(group):
+                if not allocator.can_append_slots_alone(group):
+                    # Even with every other request gone it could not grow: the
+                    # whole cache is too small for it. End it where it stands
+                    # rather than evict others for nothing.
                     self._truncate(group, now, truncated)
-                    break
-                victim = queue.pop() if queue else group   # the most recently arrived
-                self._preempt(victim, swap_out)
-                preempted.append(victim)
+                    continue
+                while True:
+                    victim = queue.pop() if queue else group   # the most recently arrived
+                    self._preempt(victim, swap_out)
+                    preempted.append(victim)
+                    if victim is group or can_append(group):
+                        break
                 if victim is group:
-                    break
-            else:
-                self._append_slots(group, seqs, copies)
-                scheduled.append(group)
+                    continue
+            for seq in group.seqs:
+                if seq.status is _RUNNING:
+                    cow = append(seq)
+                    if cow is not None:
+                        copies.append(cow)
+                    seqs.append(seq)
+            scheduled.append(group)
 
         swap_in: dict[int, int] = {}
-        if not preempted:  # bringing requests back while others are being evicted would thrash
-            num_seqs = sum(_num_live(g) for g in scheduled)
+        # As vLLM v0.2.0: no swapping in while this step swaps out (it would thrash).
+        if self.swapped and not swap_out:
+            max_num_seqs = self.config.max_num_seqs
+            num_seqs = len(seqs)
             while self.swapped:
                 group = self.swapped[0]
-                if num_seqs + len(group.seqs) > self.config.max_num_seqs:
-                    break
                 if not allocator.can_swap_in(group):
+                    break
+                num_new = group.num_seqs(_SWAPPED)
+                if num_seqs + num_new > max_num_seqs:
                     break
                 self.swapped.pop(0)
                 swap_in.update(allocator.swap_in(group))
                 for seq in group.seqs:
-                    if seq.status is SequenceStatus.SWAPPED:
-                        seq.status = SequenceStatus.RUNNING
+                    if seq.status is _SWAPPED:
+                        seq.status = _RUNNING
                 self._append_slots(group, seqs, copies)
                 scheduled.append(group)
-                num_seqs += len(group.seqs)
+                num_seqs += num_new
             if not scheduled and self.swapped and not allocator.can_swap_in(self.swapped[0]):
                 # Nothing runs, yet the oldest swapped request cannot come back:
-                # it outgrew the cache while swapped out. End it where it is.
+                # it outgrew the cache while swapped out. End it where it stands.
                 self._truncate(self.swapped.pop(0), now, truncated)
-        # Swapped-in groups may be older than the ones that kept running.
-        self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled
+        # Swapped-in groups may be older than the ones that kept running. (A copy:
+        # the step's own list must not change when later steps admit requests.)
+        self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled[:]
         return SchedulerOutput(False, scheduled, seqs, len(seqs), swap_out, swap_in, copies,
                                preempted, rejected, truncated)
 
-    def _truncate(self, group: SequenceGroup, now: float, truncated: list) -> None:
-        for seq in group.seqs:
-            if seq.status is not SequenceStatus.FINISHED:
-                self.allocator.free(seq)
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = FinishReason.LENGTH
-        if group.params.use_beam_search and not group.beams:
-            group.beams = [BeamHypothesis(s.cumulative_logprob, list(s.token_ids), s.cumulative_logprob)
-                           for s in group.seqs]
-        group.finish_reason = FinishReason.LENGTH
-        group.times.finish = now
-        truncated.append(group)
-
     def _append_slots(self, group: SequenceGroup, seqs: list, copies: list) -> None:
+        """Slots for the group's running sequences' new tokens; collects them and
+        any copy-on-write pairs. (The decode loop inlines this: hot path.)"""
         append = self.allocator.append_slots
         for seq in group.seqs:
-            if seq.status is SequenceStatus.RUNNING:
+            if seq.status is _RUNNING:
                 cow = append(seq)
                 if cow is not None:
                     copies.append(cow)
                 seqs.append(seq)
 
+    def _truncate(self, group: SequenceGroup, now: float, truncated: list) -> None:
+        beams_from_live(group)
+        group.finish(_LENGTH, now, self.allocator)
+        truncated.append(group)
+
     def _preempt(self, group: SequenceGroup, swap_out: dict[int, int]) -> None:
         group.num_preemptions += 1
         allocator = self.allocator
-        if (self.config.preemption_mode == "swap" and allocator.supports_swap
-                and allocator.can_swap_out(group)):
+        swap = self.config.preemption_mode == "swap" or group.num_seqs(_RUNNING) > 1
+        if swap and allocator.supports_swap and allocator.can_swap_out(group):
             swap_out.update(allocator.swap_out(group))
             for seq in group.seqs:
-                if seq.status is SequenceStatus.RUNNING:
-                    seq.status = SequenceStatus.SWAPPED
+                if seq.status is _RUNNING:
+                    seq.status = _SWAPPED
             bisect.insort(self.swapped, group, key=_fcfs)
             self.preemptions["swap"] += 1
             return
         # Recompute: drop the KV cache; the group is prefilled again (prompt and
-        # the tokens generated so far) before any newer request.
+        # the tokens generated so far) before any newer request. Usually that is
+        # the front of the queue (as vLLM's insert(0)); a group swapped in and
+        # then recomputed (swap space exhausted) may be newer than one waiting.
         for seq in group.seqs:
-            if seq.status is SequenceStatus.RUNNING:
+            if seq.status is _RUNNING:
                 allocator.free(seq)
                 seq.num_computed_tokens = 0
                 seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(group)
+        waiting = self.waiting
+        if not waiting or _fcfs(group) < waiting[0].fcfs_key:
+            waiting.appendleft(group)
+        else:
+            waiting.insert(bisect.bisect_left(waiting, _fcfs(group), key=_fcfs), group)
         self.preemptions["recompute"] += 1
 
     # -- applying a step's results -------------------------------------------------
     def update(self, out: SchedulerOutput, samples: Samples, now: float) -> list[SequenceGroup]:
         """Apply the sampled tokens of a step; returns the groups that finished."""
-        mark = self.allocator.mark_computed if self._mark_computed else None
-        for seq in out.seqs:
-            seq.num_computed_tokens = seq.num_tokens
-            if mark is not None:
+        if self._mark_computed:
+            mark = self.allocator.mark_computed
+            for seq in out.seqs:
+                seq.num_computed_tokens = seq.num_tokens
                 mark(seq)
+        else:
+            for seq in out.seqs:
+                seq.num_computed_tokens = len(seq.token_ids)
         finished = []
+        max_model_len = self.config.max_model_len
         for group in out.groups:
-            if group.params.use_beam_search:
-                self._update_beams(group, samples, now)
+            params = group.params
+            if params.use_beam_search:
+                update_beams(group, samples, self.allocator, max_model_len)
+            elif len(group.seqs) == 1 and params.best_of == 1:
+                # The common case, kept lean: one sequence, one token (Sequence.append
+                # and stopping.stop_reason, inlined).
+                seq = group.seqs[0]
+                token, logprob = samples[seq.seq_id][0]
+                tokens = seq.token_ids
+                tokens.append(token)
+                seq.cumulative_logprob += logprob
+                seq.output_logprobs.append(logprob)
+                if ((token in group.eos_token_ids and not params.ignore_eos) or token in params._stop_set):
+                    seq.finish(_STOP, self.allocator)
+                    group.finish_reason = _STOP
+                elif len(tokens) - seq.prompt_len >= params.max_tokens or len(tokens) >= max_model_len:
+                    seq.finish(_LENGTH, self.allocator)
+                    group.finish_reason = _LENGTH
             else:
-                self._update_samples(group, samples)
+                self._update_samples(group, samples, max_model_len)
             times = group.times
             if times.first_token is None:
                 times.first_token = now
@@ -325,17 +376,9 @@ class Scheduler:
             self.running = [g for g in self.running if g.finish_reason is None]
         return finished
 
-    def _stop_reason(self, group: SequenceGroup, seq_len: int, num_output: int,
-                     token: int) -> FinishReason | None:
-        params = group.params
-        if (token == group.eos_token_id and not params.ignore_eos) or token in params._stop_set:
-            return FinishReason.STOP
-        if num_output >= params.max_tokens or seq_len >= self.config.max_model_len:
-            return FinishReason.LENGTH
-        return None
-
-    def _update_samples(self, group: SequenceGroup, samples: Samples) -> None:
-        live = [s for s in group.seqs if s.status is SequenceStatus.RUNNING]
+    def _update_samples(self, group: SequenceGroup, samples: Samples, max_model_len: int | None = None) -> None:
+        max_model_len = max_model_len or self.config.max_model_len
+        live = [s for s in group.seqs if s.status is _RUNNING]
         if group.first_step_pending and len(live) == 1 and group.params.best_of > 1:
             # Parallel sampling: the prompt was computed once; fork it into
             # best_of sequences that share its blocks.
@@ -345,82 +388,19 @@ class Scheduler:
                 child = parent.copy_as(next_seq_id())
                 self.allocator.fork(parent, child)
                 group.seqs.append(child)
-                self._append(group, child, token, logprob)
-            self._append(group, parent, *picks[0])
+                self._append(group, child, token, logprob, max_model_len)
+            self._append(group, parent, *picks[0], max_model_len)
         else:
             for seq in live:
                 token, logprob = samples[seq.seq_id][0]
-                self._append(group, seq, token, logprob)
-        if all(s.status is SequenceStatus.FINISHED for s in group.seqs):
+                self._append(group, seq, token, logprob, max_model_len)
+        if all(s.status is _FINISHED for s in group.seqs):
             group.finish_reason = group.seqs[0].finish_reason
 
-    def _append(self, group: SequenceGroup, seq: Sequence, token: int, logprob: float) -> None:
+    def _append(self, group: SequenceGroup, seq: Sequence, token: int, logprob: float,
+                max_model_len: int | None = None) -> None:
         seq.append(token, logprob)
-        reason = self._stop_reason(group, len(seq.token_ids), len(seq.token_ids) - seq.prompt_len, token)
+        reason = stop_reason(group, token, len(seq.token_ids), len(seq.token_ids) - seq.prompt_len,
+                             max_model_len or self.config.max_model_len)
         if reason is not None:
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = reason
-            self.allocator.free(seq)
-
-    def _update_beams(self, group: SequenceGroup, samples: Samples, now: float) -> None:
-        """One beam-search step, scored exactly as transformers' beam search.
-
-        The top ``2k`` continuations over all beams are ranked by cumulative
-        log-probability; those among the first ``k`` that end (stop token or
-        length) become finished hypotheses scored sum_logprobs /
-        generated_len ** length_penalty; the best ``k`` that do not end are the
-        next beams (forking a beam chosen twice, freeing a beam not chosen).
-        """
-        params = group.params
-        width = params.best_of
-        live = [s for s in group.seqs if s.status is SequenceStatus.RUNNING]
-        candidates = [(seq.cumulative_logprob + logprob, rank, seq, token, logprob)
-                      for rank, seq in enumerate(live) for token, logprob in samples[seq.seq_id]]
-        candidates.sort(key=lambda c: (-c[0], c[1]))
-        candidates = candidates[:2 * width]
-        gen_len = live[0].num_output_tokens + 1
-        penalty = gen_len ** params.length_penalty
-        chosen: list[tuple[Sequence, int, float]] = []
-        for rank, (score, _, seq, token, logprob) in enumerate(candidates):
-            if self._stop_reason(group, seq.num_tokens + 1, gen_len, token) is not None:
-                if rank < width and group.beam_improvable:
-                    group.beams.append(BeamHypothesis(score / penalty, seq.token_ids + [token], score))
-            elif len(chosen) < width:
-                chosen.append((seq, token, logprob))
-        group.beams.sort(key=lambda h: -h.score)
-        del group.beams[width:]
-
-        # Fork beams chosen more than once, drop beams not chosen.
-        picks: dict[int, list[tuple[int, float]]] = {}
-        for seq, token, logprob in chosen:
-            picks.setdefault(seq.seq_id, []).append((token, logprob))
-        next_beams: list[Sequence] = []
-        for seq in live:
-            mine = picks.get(seq.seq_id)
-            if not mine:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = FinishReason.PRUNED
-                self.allocator.free(seq)
-                continue
-            for token, logprob in mine[1:]:
-                child = seq.copy_as(next_seq_id())
-                self.allocator.fork(seq, child)
-                child.append(token, logprob)
-                next_beams.append(child)
-            seq.append(*mine[0])
-            next_beams.append(seq)
-        # Keep the beams in rank order (best first), as transformers does.
-        group.seqs = sorted(next_beams, key=lambda s: -s.cumulative_logprob)
-        # Stop once no running beam can beat the worst kept hypothesis
-        # (transformers' default early_stopping=False heuristic).
-        if chosen and group.beam_improvable and len(group.beams) >= width:
-            if group.seqs[0].cumulative_logprob / penalty <= group.beams[-1].score:
-                group.beam_improvable = False
-        if not chosen or not group.beam_improvable:
-            for seq in group.seqs:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = FinishReason.PRUNED
-                self.allocator.free(seq)
-            last = group.beams[0].token_ids[-1] if group.beams else None
-            stopped = last is not None and (last == group.eos_token_id or last in params._stop_set)
-            group.finish_reason = FinishReason.STOP if stopped else FinishReason.LENGTH
+            seq.finish(reason, self.allocator)

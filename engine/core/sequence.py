@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SamplingParams
@@ -60,6 +61,13 @@ class Sequence:
         self.cumulative_logprob += logprob
         self.output_logprobs.append(logprob)
 
+    def finish(self, reason: FinishReason, allocator=None) -> None:
+        """End this sequence with ``reason``; frees its KV blocks in ``allocator`` if given."""
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        if allocator is not None:
+            allocator.free(self)
+
     def copy_as(self, seq_id: int) -> "Sequence":
         """A child with the same tokens and state (used by fork)."""
         return Sequence(seq_id, list(self.token_ids), self.prompt_len, self.status,
@@ -101,14 +109,14 @@ class SequenceGroup:
     """
 
     __slots__ = ("request_id", "params", "seqs", "times", "output_len_hint",
-                 "eos_token_id", "finish_reason", "reject_reason", "beams",
+                 "eos_token_ids", "finish_reason", "reject_reason", "beams",
                  "beam_improvable", "num_preemptions", "_order", "_prompt")
 
     _counter = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float, *, eos_token_id: int | None = None,
-                 output_len_hint: int | None = None) -> None:
+                 arrival_time: float, *, eos_token_ids: Iterable[int] | int | None = None,
+                 eos_token_id: int | None = None, output_len_hint: int | None = None) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
         self.request_id = request_id
@@ -119,7 +127,10 @@ class SequenceGroup:
         # The true output length when it is known ahead (simulation); only the
         # contiguous ORCA baselines use it, to size their reservations.
         self.output_len_hint = output_len_hint
-        self.eos_token_id = eos_token_id
+        # Every id that ends a sequence (configs may list several); eos_token_id
+        # is the single-id spelling.
+        ids = eos_token_ids if eos_token_ids is not None else eos_token_id
+        self.eos_token_ids = frozenset([ids] if isinstance(ids, int) else ids or ())
         self.finish_reason: FinishReason | None = None
         self.reject_reason: str | None = None
         self.beams: list[BeamHypothesis] = []   # finished beam hypotheses, best first
@@ -146,6 +157,18 @@ class SequenceGroup:
 
     def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]
+
+    def num_seqs(self, status: SequenceStatus) -> int:
+        return sum(1 for s in self.seqs if s.status is status)
+
+    def finish(self, reason: FinishReason, now: float, allocator=None) -> None:
+        """End the request at ``now``: every sequence still live ends with ``reason``
+        (freeing its blocks in ``allocator`` if given)."""
+        for seq in self.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                seq.finish(reason, allocator)
+        self.finish_reason = reason
+        self.times.finish = now
 
     @property
     def is_finished(self) -> bool:

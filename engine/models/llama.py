@@ -30,8 +30,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in fp32 and cast back before the weight, as HF does, so
         # half-precision results round the same way.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)   # one fused op: h * rsqrt(mean(h^2) + eps)
         return self.weight * h.to(x.dtype)
 
 
@@ -39,8 +38,19 @@ def head_size_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def sliding_window_of(config, layer: int) -> int | None:
+    """The layer's attention window (Mistral: every layer; Qwen2: the layers its config marks), or None."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer] == "sliding_attention" else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -49,13 +59,13 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_size
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
-        self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.head_size, self.num_kv_heads, self.head_size**-0.5)
+        self.attn = PagedAttention(self.num_heads, self.head_size, self.num_kv_heads, self.head_size**-0.5,
+                                   sliding_window_of(config, layer))
 
-    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, cos_sin, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary(
-            positions, q.view(-1, self.num_heads, self.head_size), k.view(-1, self.num_kv_heads, self.head_size)
+        q, k = RotaryEmbedding.apply(
+            cos_sin, q.view(-1, self.num_heads, self.head_size), k.view(-1, self.num_kv_heads, self.head_size)
         )
         out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, kv_cache, meta)
         return self.o_proj(out)
@@ -77,15 +87,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
         super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, rotary)
+        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, layer)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+    def forward(self, cos_sin, hidden, kv_cache, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), kv_cache, meta)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -100,17 +110,18 @@ class LlamaForCausalLM(nn.Module):
         o_bias = not qwen2 and getattr(config, "attention_bias", False)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # One cos/sin table for all layers: at 128k positions it is ~128 MiB.
-        rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config))
+        self.rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qkv_bias, o_bias, rotary) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, qkv_bias, o_bias, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids, positions, kv_caches: KVCaches, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(positions, hidden.dtype)
         for i, layer in enumerate(self.layers):
-            hidden = layer(positions, hidden, kv_caches[i] if kv_caches else None, meta)
+            hidden = layer(cos_sin, hidden, kv_caches[i] if kv_caches else None, meta)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

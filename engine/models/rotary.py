@@ -83,12 +83,24 @@ class RotaryEmbedding:
             self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         return self.cos, self.sin
 
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, d] of each token's position, in ``dtype``.
+
+        Computed once per step and shared by every layer: the positions are
+        the same in all of them.
+        """
+        cos, sin = self._table(positions.device)
+        return cos[positions].unsqueeze(1).to(dtype), sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def apply(cos_sin: tuple[torch.Tensor, torch.Tensor], query: torch.Tensor, key: torch.Tensor):
+        """query [T, num_heads, d], key [T, num_kv_heads, d] -> rotated copies."""
+        cos, sin = cos_sin
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
     def __call__(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """query [T, num_heads, d], key [T, num_kv_heads, d] -> rotated copies."""
-        cos, sin = self._table(positions.device)
-        cos = cos[positions].unsqueeze(1).to(query.dtype)
-        sin = sin[positions].unsqueeze(1).to(query.dtype)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        return self.apply(self.cos_sin(positions, query.dtype), query, key)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,6 @@ def device_info(target: Target) -> DeviceInfo:
     return DeviceInfo(gpu=target.gpu.name, kind="gpu" if target.device.type == "cuda" else "cpu",
                       device_name=name, memory_bytes=int(memory), torch_version=torch.__version__,
                       cuda_version=torch.version.cuda, driver_version=driver,
-                      kernel_backend=cuda_ext.ops.backend, threads=torch.get_num_threads(),
+                      kernel_backend=cuda_ext.ops_for(target.device).backend, threads=torch.get_num_threads(),
                       load_average=load, forced=target.forced,
                       omp_env={k: v for k, v in os.environ.items() if k in OMP_VARIABLES})

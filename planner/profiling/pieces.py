@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from engine.core.block_manager import BlockManager
-from engine.core.metrics import StepRecord
+from engine.core.step import begin_step, end_step
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
@@ -119,13 +119,9 @@ def _scheduler(batch: int, block_size: int, extra_tokens: int) -> tuple[Schedule
 
 
 def _engine_host_step(scheduler: Scheduler, allocator: BlockManager) -> None:
-    """LLMEngine.step without the runner and the sampler (timed separately)."""
-    out = scheduler.schedule(0.0)
-    table = allocator.block_table
-    [SequenceInput(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens, table(s)) for s in out.seqs]
-    samples = {s.seq_id: [(7, 0.0)] for s in out.seqs}
-    scheduler.update(out, samples, 0.0)
-    StepRecord.from_output(out, 0.0, 0.0, allocator.memory_breakdown(), allocator.num_used_blocks())
+    """LLMEngine.step without the runner and the sampler (timed separately): the same core step helper."""
+    step = begin_step(scheduler, 0.0, SequenceInput)
+    end_step(scheduler, step, {s.seq_id: [(7, 0.0)] for s in step.out.seqs}, 0.0)
 
 
 def time_host_prefill(batch: int, block_size: int, warmup: int, repeats: int) -> list[float]:

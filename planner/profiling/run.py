@@ -3,7 +3,9 @@
 The plan (every grid point of every component) is built first so the progress
 bar knows its total; each point is then one timing. Model-dependent points
 (forward, swap, copy) run on the full model, or on a 1-layer and a 2-layer model
-combined as fixed + layers * per-layer when the full model does not fit.
+combined as fixed + layers * per-layer when the full model does not fit. Only
+one runner exists at a time: each sizes its KV cache from the memory left
+free, so a second one built beside the first would find none.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.core.config import SUPPORTED_BLOCK_SIZES   # what the engine's kernels are built for
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
 from planner.profile_schema import PROFILE_SCHEMA_VERSION, Measurement, ModelArch, Profile
@@ -25,7 +28,6 @@ from planner.profiling.device import Target, device_info, resolve_target
 from planner.profiling.fit import fit_all
 from planner.profiling.grid import decode_points, make_grid, prefill_points
 
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)   # what the engine's kernels are built for
 
 
 @dataclass
@@ -61,6 +63,8 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
     # Each call times one repetition; run_profile repeats the whole grid in rounds.
     sync, w, r = target.sync, 0, 1
     rng = random.Random(0)
+    # Plain values only: a closure over `runner` would keep it (and its KV cache) alive.
+    vocab_size, num_gpu_blocks = runner.vocab_size, runner.num_gpu_blocks
     points: list[_Point] = []
     for tokens, seqs in prefill_points(grid, runner.max_model_len):
         length = tokens // seqs
@@ -80,26 +84,61 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
         for greedy in (True, False):
             points.append(_Point("sample_greedy" if greedy else "sample_random", {"seqs": batch},
                                  lambda _, b=batch, g=greedy: pieces.time_sampling(
-                                     b, runner.vocab_size, target.device, g, sync, w, r), False))
+                                     b, vocab_size, target.device, g, sync, w, r), False))
     for blocks in grid.block_counts:
         points.append(_Point("swap", {"blocks": blocks},
                              lambda run, n=blocks: pieces.time_swap(run, n, sync, w, r), True))
-        if 2 * blocks <= runner.num_gpu_blocks:
+        if 2 * blocks <= num_gpu_blocks:
             points.append(_Point("copy", {"blocks": blocks},
                                  lambda run, n=blocks: pieces.time_copy(run, n, sync, w, r), True))
     return points, notes
 
 
-def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int) -> ModelRunner:
-    # num_gpu_blocks=None: the engine's own KV sizing (1 GiB on CPU, profiled free memory on CUDA).
-    return ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
-                       dtype=target.dtype, device=target.device)
+def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, grid) -> ModelRunner:
+    """The engine's runner, sized as the engine sizes it for the largest step this grid runs.
+
+    num_gpu_blocks=None: the engine's own KV sizing (1 GiB on CPU, profiled
+    free memory on CUDA, with the grid's largest prefill as the step budget).
+    """
+    largest_step = max(max(grid.prefill_tokens), max(grid.decode_batch))
+    max_num_seqs = max(max(grid.decode_batch), max(grid.prefill_seqs))
+    try:
+        return ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
+                           dtype=target.dtype, device=target.device, max_num_batched_tokens=largest_step,
+                           max_num_seqs=max_num_seqs)
+    except RuntimeError as exc:         # out of memory, no room for a KV cache, kernels unusable
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PlannerError(f"cannot load the model on {target.device}: {first}") from None
+
+
+def _free(target: Target) -> None:
+    import gc
+
+    gc.collect()
+    if target.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def require_cuda_kernels(target: Target) -> None:
+    """A GPU profile must time the CUDA kernels: refuse the torch reference or a failed build."""
+    if target.device.type != "cuda":
+        return
+    import cuda_ext
+
+    try:
+        backend = cuda_ext.ops_for(target.device).backend
+    except RuntimeError as exc:
+        raise PlannerError(f"cannot profile {target.gpu.name}: {str(exc).splitlines()[0]}") from None
+    if backend != "cuda":
+        raise PlannerError(f"cannot profile {target.gpu.name} with the {backend} kernels: a GPU profile "
+                           "times the CUDA kernels (unset PAGED_KERNELS)")
 
 
 def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | None = None) -> Profile:
     """Measure and fit; `progress(description, total)` is called once per grid point."""
     _check(opts)
     target = resolve_target(opts.gpu, force=opts.force)
+    require_cuda_kernels(target)
     info = device_info(target)
     spec = model_spec(opts.model)
     scaled = opts.per_layer if opts.per_layer is not None else \
@@ -107,42 +146,36 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
     grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",
                      max_model_len=spec.max_position_embeddings, kv_cache_blocks=0,
                      repeats=opts.repeats, **opts.grid_overrides)
-    measurements: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="planner-profile-") as tmp:
-        layer_counts = [1, 2] if scaled else [None]
-        runners = [_runner(build_checkpoint(opts.model, spec, f"{tmp}/{n or 'full'}", n), target,
-                           opts.block_size, max(grid.block_counts)) for n in layer_counts]
+        # The larger model first: it sizes the KV cache the decode grid must fit.
+        layer_counts = [2, 1] if scaled else [None]
+        folders = [build_checkpoint(opts.model, spec, f"{tmp}/{n or 'full'}", n) for n in layer_counts]
+        runner = _runner(folders[0], target, opts.block_size, max(grid.block_counts), grid)
         # Decode points are limited to what the engine's KV cache for the FULL model would hold:
         # a scaled run sizes it from the 2-layer runner's bytes, spread over all layers.
-        grid.kv_cache_blocks = (runners[-1].num_gpu_blocks * 2 // spec.num_layers if scaled
-                                else runners[0].num_gpu_blocks)
-        points, notes = _plan(grid, runners[0], target, opts.block_size)
+        grid.kv_cache_blocks = (runner.num_gpu_blocks * 2 // spec.num_layers if scaled
+                                else runner.num_gpu_blocks)
+        points, notes = _plan(grid, runner, target, opts.block_size)
         grid.notes.extend(notes)
         if scaled:
             grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
                               f"t = t1 + {spec.num_layers - 1} * (t2 - t1)")
-        # Rounds over the whole grid in a fresh random order each time, rather
-        # than all repetitions of one point back to back: a slow spell of the
-        # machine (other tenants, frequency changes) then spreads over every
-        # point instead of biasing a few, and the medians stay comparable.
+        samples: list[list[list[float]]] = [[[] for _ in layer_counts] for _ in points]
+        per_model = [i for i, p in enumerate(points) if p.per_model]
         rounds = grid.warmup + grid.repeats
-        samples: list[list[list[float]]] = [[[] for _ in runners] for _ in points]
-        order = list(range(len(points)))
-        shuffle = random.Random(0).shuffle
-        for round_ in range(rounds):
-            shuffle(order)
-            for i in order:
-                point = points[i]
-                if progress is not None:
-                    progress(f"round {round_ + 1}/{rounds}: {point.component} {point.features}",
-                             len(points) * rounds)
-                for k, runner in enumerate(runners if point.per_model else [None]):
-                    sample = point.measure(runner)
-                    if round_ >= grid.warmup:
-                        samples[i][k].extend(sample)
+        total = rounds * (len(points) + (len(layer_counts) - 1) * len(per_model))
+        for k, folder in enumerate(folders):
+            if k > 0:
+                del runner
+                _free(target)
+                runner = _runner(folder, target, opts.block_size, max(grid.block_counts), grid)
+            # The model-independent points are timed once, beside the first runner.
+            _measure(points, range(len(points)) if k == 0 else per_model, runner, k, rounds, grid.warmup,
+                     samples, progress, total)
+        del runner
+        _free(target)
         measurements = [_measurement(point, per_runner, spec.num_layers, scaled)
                         for point, per_runner in zip(points, samples)]
-        del runners
     if target.device.type == "cuda":
         torch.cuda.empty_cache()
     return Profile(
@@ -154,13 +187,35 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
     )
 
 
+def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: int, warmup: int,
+             samples: list[list[list[float]]], progress, total: int) -> None:
+    """Time the points `which` with runner k, in rounds over them in a fresh random order each time.
+
+    Rather than all repetitions of one point back to back: a slow spell of the
+    machine (other tenants, frequency changes) then spreads over every point
+    instead of biasing a few, and the medians stay comparable.
+    """
+    order = list(which)
+    shuffle = random.Random(k).shuffle
+    for round_ in range(rounds):
+        shuffle(order)
+        for i in order:
+            point = points[i]
+            if progress is not None:
+                progress(f"round {round_ + 1}/{rounds}: {point.component} {point.features}", total)
+            sample = point.measure(runner if point.per_model else None)
+            if round_ >= warmup:
+                samples[i][k if point.per_model else 0].extend(sample)
+
+
 def _measurement(point: _Point, samples: list[list[float]], num_layers: int, scaled: bool) -> Measurement:
     if not point.per_model or not scaled:
         median, spread = pieces.summarize(samples[0])
         return Measurement(component=point.component, features=point.features, median_s=median,
                            spread=spread, samples_s=samples[0])
-    (t1, spread), (t2, _) = pieces.summarize(samples[0]), pieces.summarize(samples[1])
+    # samples[0] are the 2-layer model's, samples[1] the 1-layer model's (timed in that order).
+    (t2, _), (t1, spread) = pieces.summarize(samples[0]), pieces.summarize(samples[1])
     # Noise can make the 2-layer model look faster; a layer never costs less than nothing.
     total = t1 + (num_layers - 1) * max(t2 - t1, 0.0)
     return Measurement(component=point.component, features=point.features, median_s=total, spread=spread,
-                       samples_s=samples[0], layer_medians_s={"1": t1, "2": t2})
+                       samples_s=samples[1], layer_medians_s={"1": t1, "2": t2})

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.kv_allocator import ALLOCATORS
-from engine.core.scheduler import PREEMPTION_MODES
+from engine.core.allocators import ALLOCATORS
+from engine.core.config import SIM_BLOCK_SIZES, SchedulerConfig
 from planner.catalog import GpuSpec, ModelSpec
 from planner.errors import PlannerError
-from planner.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory
+from planner.memory import plan_memory
 
-# The CUDA and CPU kernels take 8, 16 and 32; the simulator also accepts the
-# other powers of two the paper's block-size ablation sweeps (Fig. 18: 1..256).
-SIM_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+__all__ = ["SIM_BLOCK_SIZES", "SimConfig"]   # SIM_BLOCK_SIZES: engine.core.config's, re-exported
 
 
 @dataclass
@@ -42,42 +40,33 @@ class SimConfig:
                                f"{', '.join(map(str, SIM_BLOCK_SIZES))}")
         if self.allocator not in ALLOCATORS:
             raise PlannerError(f"unknown KV allocator {self.allocator!r}; choose one of {', '.join(ALLOCATORS)}")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise PlannerError(f"unknown preemption mode {self.preemption_mode!r}; "
-                               f"choose one of {', '.join(PREEMPTION_MODES)}")
-        if self.max_num_seqs < 1:
-            raise PlannerError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len is None:
             self.max_model_len = self.model.max_position_embeddings
-        if self.max_model_len < 1:
-            raise PlannerError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_model_len > self.model.max_position_embeddings:
             raise PlannerError(f"max_model_len {self.max_model_len} exceeds {self.model.name}'s "
                                f"max_position_embeddings {self.model.max_position_embeddings}")
-        if self.enable_chunked_prefill:
-            self._check_chunked()
-        elif self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if self.enable_chunked_prefill and self.allocator != "paged":
+            raise PlannerError(f"chunked prefill needs the paged allocator, not {self.allocator}")
+        if (not self.enable_chunked_prefill and self.max_num_batched_tokens is not None
+                and 1 <= self.max_num_batched_tokens < self.max_model_len):
             raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
                                f"({self.max_model_len}): a prompt that long could never run under the paper's "
                                f"policy; use --chunked-prefill or --max-model-len {self.max_num_batched_tokens}")
+        try:   # the engine's own validation and defaults for the scheduling knobs
+            self.max_num_batched_tokens = self.scheduler_config().max_num_batched_tokens
+        except ValueError as e:
+            raise PlannerError(str(e)) from None
         for name in ("num_gpu_blocks", "num_cpu_blocks"):
             value = getattr(self, name)
             if value is not None and value < (1 if name == "num_gpu_blocks" else 0):
                 raise PlannerError(f"{name} must be {'>= 1' if name == 'num_gpu_blocks' else '>= 0'}, got {value}")
 
-    def _check_chunked(self) -> None:
-        from engine.core.chunked_scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS as CHUNKED_DEFAULT
-        if self.allocator != "paged":
-            raise PlannerError(f"chunked prefill needs the paged allocator, not {self.allocator}")
-        if self.preemption_mode != "recompute":
-            raise PlannerError("chunked prefill preempts by recompute only (as vLLM v1), not swap")
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = CHUNKED_DEFAULT
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                               f"max_num_seqs ({self.max_num_seqs}) with chunked prefill")
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               preemption_mode=self.preemption_mode, block_size=self.block_size,
+                               enable_prefix_caching=self.enable_prefix_caching,
+                               enable_chunked_prefill=self.enable_chunked_prefill)
 
     def cache_size(self) -> tuple[int, int, dict | None]:
         """(GPU blocks, CPU blocks, memory-plan summary): from the plan unless both are overridden."""

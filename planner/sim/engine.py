@@ -20,10 +20,11 @@ from typing import Callable
 
 import simpy
 
-from engine.core.kv_allocator import make_allocator
+from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
-from engine.core.chunked_scheduler import VllmBlockPool, make_scheduler, split_tokens
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
+from engine.core.scheduler import Scheduler
+from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, step_shape
 from planner.errors import PlannerError
@@ -95,10 +96,11 @@ class SimulatedEngine:
                 if window is not None:
                     yield from self.run_window(window)
                     continue
-            out = scheduler.schedule(env.now)
-            self.done += len(out.rejected) + len(out.truncated)
+            step = begin_step(scheduler, env.now)
+            out = step.out
             self.truncated += len(out.truncated)
-            if out.is_empty:
+            if not step.has_work:              # (a step that only swaps still takes time)
+                self.done += len(out.rejected) + len(out.truncated)
                 if out.rejected or out.truncated or out.preempted:
                     continue                   # the scheduler ended or preempted requests itself; look again
                 if self.arrivals_done:
@@ -112,9 +114,6 @@ class SimulatedEngine:
 
             shape = step_shape(out)            # before update, which marks the tokens computed
             start = env.now
-            # Memory as it stands while the step runs (its new tokens included).
-            breakdown = allocator.memory_breakdown()
-            blocks_used = allocator.num_used_blocks()
             num_running = len(scheduler.running)
             if self.chunked:
                 physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
@@ -130,15 +129,13 @@ class SimulatedEngine:
             yield env.timeout(step_time(shape))
 
             end = env.now
-            finished = scheduler.update(out, self.executor.samples(out.sampling_part()), end)
+            # A partial prompt chunk samples nothing: only the sampling part gets tokens.
+            finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
             self.done += len(finished)
-            record = StepRecord.from_output(out, start, end, breakdown, blocks_used)
-            if self.chunked:                   # a mixed step: count its two parts
-                record.prefill_tokens, record.decode_tokens = split_tokens(out)
             self.steps.append(record)
             self.shapes.append(shape)
             self.num_running.append(num_running)
-            if not out.is_prefill and shape.prefill_tokens == 0:
+            if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
                 # Sharing is measured on decode steps, where every sequence with KV
                 # on the GPU is in the batch holding exactly its tokens: their sum
                 # against the slots they really occupy.
@@ -207,15 +204,12 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
-        allocator = VllmBlockPool(config.block_size, gpu_blocks, enable_prefix_caching=config.enable_prefix_caching)
+        allocator = VllmBlockManager(config.block_size, gpu_blocks, enable_prefix_caching=config.enable_prefix_caching)
     else:
         allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
                                    num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
                                    enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = make_scheduler(SchedulerConfig(max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                                               max_num_batched_tokens=config.max_num_batched_tokens,
-                                               preemption_mode=config.preemption_mode,
-                                               enable_chunked_prefill=config.enable_chunked_prefill), allocator)
+    scheduler = make_scheduler(config.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()

@@ -203,14 +203,19 @@ std::string cuda_error(const char* what, cudaError_t error) {
   return error == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(error);
 }
 
-// Opts a kernel into more than the default 48 KiB of dynamic shared memory.
+// Sets the kernel's dynamic shared-memory limit to exactly what this launch
+// needs, every time (as vLLM does). The default limit of 48 KiB covers static
+// and dynamic memory together, so raising it only above 48 KiB of dynamic
+// memory would fail launches whose static part pushes the sum past 48 KiB.
 template <typename Kernel>
 std::string reserve_shared_memory(Kernel kernel, size_t bytes, const char* op) {
-  if (bytes <= 48 * 1024) return {};
   int device = 0, limit = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (bytes + 8 * 1024 > static_cast<size_t>(limit))  // static shared memory takes up to ~5 KiB more
+  cudaFuncAttributes attributes{};
+  std::string error = cuda_error(op, cudaFuncGetAttributes(&attributes, kernel));
+  if (!error.empty()) return error;
+  if (bytes + attributes.sharedSizeBytes > static_cast<size_t>(limit))
     return std::string(op) + ": max_seq_len too long for one thread block's shared memory; use paged_attention_v2";
   return cuda_error(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }

@@ -1,0 +1,76 @@
+"""One pool of physical KV blocks: reference counts, fill counts, free blocks.
+
+The block manager keeps two, one for the GPU cache and one for the CPU swap
+space. A block whose prompt prefix is registered in the prefix cache is not
+forgotten when its last user frees it: it waits in an LRU order (the
+"evictor") and is handed out again only when no plain free block is left, so a
+later request with the same prefix can still reuse it. Only the GPU pool ever
+registers hashes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockPool:
+    __slots__ = ("num_blocks", "ref_counts", "fill", "free_list", "num_token_states",
+                 "block_hash", "cached", "evictor")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.fill = [0] * num_blocks                  # slots holding a token, per block
+        self.free_list = list(range(num_blocks - 1, -1, -1))   # pop() gives block 0 first
+        self.num_token_states = 0                     # sum of fill over blocks in use
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}              # prefix hash -> block
+        self.evictor: OrderedDict[int, None] = OrderedDict()   # free cached blocks, LRU first
+
+    def num_free(self) -> int:
+        return len(self.free_list) + len(self.evictor)
+
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_list) - len(self.evictor)
+
+    def take(self, filled: int = 0) -> int:
+        """A block with one reference holding ``filled`` tokens; plain free blocks
+        first, then the least recently used cached one (dropping its hash)."""
+        if self.free_list:
+            block = self.free_list.pop()
+        else:
+            block, _ = self.evictor.popitem(last=False)
+            del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+            self.fill[block] = 0
+        self.ref_counts[block] = 1
+        self.num_token_states += filled
+        self.fill[block] = filled
+        return block
+
+    def share(self, block: int) -> None:
+        """One more reference; revives a block waiting in the evictor."""
+        if self.ref_counts[block] == 0:
+            del self.evictor[block]
+            self.num_token_states += self.fill[block]
+        self.ref_counts[block] += 1
+
+    def set_fill(self, block: int, filled: int) -> None:
+        self.num_token_states += filled - self.fill[block]
+        self.fill[block] = filled
+
+    def release(self, block: int) -> None:
+        refs = self.ref_counts[block] - 1
+        self.ref_counts[block] = refs
+        if refs == 0:
+            self.num_token_states -= self.fill[block]
+            if self.block_hash[block] is not None:
+                self.evictor[block] = None   # keep its contents for a later prefix hit
+            else:
+                self.fill[block] = 0
+                self.free_list.append(block)
+
+    def register(self, block: int, prefix_hash: int) -> None:
+        """Record that ``block`` holds the full block whose chained prefix hash is given."""
+        if self.block_hash[block] is None and prefix_hash not in self.cached:
+            self.block_hash[block] = prefix_hash
+            self.cached[prefix_hash] = block

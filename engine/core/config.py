@@ -1,0 +1,89 @@
+"""The scheduling knobs, their defaults and their validation, in one place.
+
+Every front end (``LLM``/``LLMEngine`` kwargs, ``SimConfig``, the CLI) uses
+these names and lets ``SchedulerConfig`` check them, so a bad value gets the
+same one-line error everywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What the CUDA and CPU attention kernels are instantiated for: the live
+# engine, the profiler and the kernel checks accept these block sizes only.
+SUPPORTED_BLOCK_SIZES = (8, 16, 32)
+# The simulator also takes the other powers of two the paper's block-size
+# ablation sweeps (Fig. 18: 1..256); no kernel runs them.
+SIM_BLOCK_SIZES = (1, 2, 4, *SUPPORTED_BLOCK_SIZES, 64, 128, 256)
+
+PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # vLLM v0's default floor for the token budget
+
+
+@dataclass
+class SchedulerConfig:
+    """Engine limits the scheduler enforces (vLLM's names and defaults).
+
+    max_model_len: longest sequence (prompt + output) the model may hold.
+    max_num_seqs: most sequences in one step.
+    max_num_batched_tokens: most tokens in one prefill step; default
+        ``max(max_model_len, 2048)``, as vLLM v0.
+    preemption_mode: how a single-sequence request is preempted when memory
+        runs out; requests with several sequences (parallel sampling, beam
+        search) are always swapped where the allocator can, as vLLM v0 does.
+    block_size: KV block size in tokens (validated against ``SIM_BLOCK_SIZES``;
+        the live engine further requires ``SUPPORTED_BLOCK_SIZES``).
+    enable_prefix_caching: reuse the KV blocks of equal prompt prefixes.
+    enable_chunked_prefill: the policy. False is the paper's
+        (``engine/core/scheduler.py``); True is vLLM v1's chunked prefill
+        (``engine/core/chunked_scheduler.py``, built by its ``make_scheduler``),
+        whose token budget defaults to 2048 and may be below ``max_model_len``.
+    """
+
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    preemption_mode: str = "recompute"
+    block_size: int = 16
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        if self.enable_chunked_prefill:
+            self._check_chunked()
+            return
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                             f"max_model_len ({self.max_model_len}), or long prompts could never run")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption_mode!r}")
+        check_block_size(self.block_size, SIM_BLOCK_SIZES)
+
+    def _check_chunked(self) -> None:
+        """The chunked policy's checks: its budget only has to let every running request decode."""
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS   # vLLM v1's default too
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                             f"max_num_seqs ({self.max_num_seqs}), so every running request can decode")
+        if self.preemption_mode != "recompute":
+            raise ValueError("chunked prefill preempts by recompute only (as vLLM v1 does), "
+                             f"not {self.preemption_mode!r}")
+        check_block_size(self.block_size, SIM_BLOCK_SIZES)
+
+
+def check_block_size(block_size: int, supported: tuple[int, ...] = SUPPORTED_BLOCK_SIZES) -> None:
+    """Raise a one-line ValueError unless ``block_size`` is one of ``supported``."""
+    if block_size not in supported:
+        raise ValueError(f"block_size {block_size} is not supported; choose one of "
+                         f"{', '.join(map(str, supported))}")
