@@ -18,8 +18,7 @@ _COMPAT: dict[str, tuple[tuple | None, str]] = {
     "pipeline_parallel_size": ((1,), _SINGLE_DEVICE),
     "data_parallel_size": ((1,), _SINGLE_DEVICE),
     "trust_remote_code": (None, "only built-in architectures load; no code from the folder ever runs"),
-    "enforce_eager": (None, "the engine always runs eagerly"),
-    "max_seq_len_to_capture": (None, "no CUDA graphs are captured"),
+    "max_seq_len_to_capture": (None, "decode CUDA graphs cover every context up to max_model_len"),
     "disable_custom_all_reduce": (None, "single device"),
     "disable_log_stats": (None, "no periodic stats are logged"),
     "max_logprobs": (None, "logprobs are capped at 20"),
@@ -54,7 +53,7 @@ class LLM:
                  dtype: str = "auto", device: str = "auto", seed: int | None = 0,
                  **kwargs) -> None:
         engine_kwargs = {k: kwargs.pop(k) for k in ("kv_cache_memory_bytes", "clock", "step_observer",
-                                                    "enable_chunked_prefill") if k in kwargs}
+                                                    "enable_chunked_prefill", "enforce_eager") if k in kwargs}
         _check_compat(kwargs)
         self.engine = LLMEngine(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                 gpu_memory_utilization=gpu_memory_utilization, swap_space=swap_space,

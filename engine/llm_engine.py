@@ -20,7 +20,8 @@ from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.scheduler import SchedulerConfig, SchedulerOutput
+from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.core.step import begin_step, end_step
 
@@ -47,8 +48,10 @@ class LLMEngine:
                  gpu_memory_utilization: float = 0.9, swap_space: float = 4,
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
+                 max_model_len: int | None = None, enable_chunked_prefill: bool = False,
+                 dtype: str = "auto", device: str = "auto",
                  seed: int = 0, kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
+                 enforce_eager: bool = False,
                  clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
         check_block_size(block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
@@ -62,18 +65,25 @@ class LLMEngine:
         self.clock = clock
         self.step_observer = step_observer
         self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                  swap_space_bytes=int(swap_space * GiB), dtype=dtype, device=device,
+                                  # Chunked prefill preempts by recompute only: no swap pool.
+                                  swap_space_bytes=0 if enable_chunked_prefill else int(swap_space * GiB),
+                                  dtype=dtype, device=device, enforce_eager=enforce_eager,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                   max_num_seqs=max_num_seqs)
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
-                                      enable_prefix_caching=enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                                                   max_num_batched_tokens=max_num_batched_tokens,
-                                                   preemption_mode=preemption_mode, block_size=block_size,
-                                                   enable_prefix_caching=enable_prefix_caching),
-                                   self.allocator)
+        if enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
+            self.allocator = VllmBlockManager(block_size, self.runner.num_gpu_blocks,
+                                              enable_prefix_caching=enable_prefix_caching)
+        else:
+            self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
+                                          enable_prefix_caching=enable_prefix_caching)
+        self.scheduler = make_scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                                                        max_num_batched_tokens=max_num_batched_tokens,
+                                                        preemption_mode=preemption_mode, block_size=block_size,
+                                                        enable_prefix_caching=enable_prefix_caching,
+                                                        enable_chunked_prefill=enable_chunked_prefill),
+                                        self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:
@@ -170,8 +180,13 @@ class LLMEngine:
                 runner.copy_blocks(out.blocks_to_copy)
             if step.inputs:
                 logits = runner.execute(step.inputs)
-                samples = self.sampler.sample(out, logits)
-                top = self._position_logprobs(out, logits, samples)
+                sampling = out.sampling_part()   # a partial prompt chunk samples nothing
+                if sampling is not out:
+                    rows = {s.seq_id: i for i, s in enumerate(out.seqs)}
+                    logits = logits[[rows[s.seq_id] for s in sampling.seqs]]
+                if sampling.seqs:
+                    samples = self.sampler.sample(sampling, logits)
+                    top = self._position_logprobs(sampling, logits, samples)
         end = self.clock()   # tokens are stamped when sampling returns
         finished, record = end_step(self.scheduler, step, samples, end)
         # The step ends after update, so its duration is what the profiler times and the simulator prices

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli_common import fail
+from planner.cli_simulate import _split
 from planner.errors import PlannerError
 from planner.search import EXECUTORS, SearchGrid, make_executor, parse_price_overrides, run_search
 from planner.search.search import plot_pareto
@@ -27,15 +28,8 @@ REPORTS_DIR = Path("reports")
 
 
 def _values(text: str, kind, flag: str) -> tuple:
-    values = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            values.append(kind(part))
-        except ValueError:
-            raise PlannerError(f"{flag}: {part!r} is not a valid {kind.__name__}") from None
-    if not values:
-        raise PlannerError(f"{flag}: no value given")
-    return tuple(dict.fromkeys(values))   # in the given order, each once
+    """A comma list, each value once, in the given order."""
+    return tuple(dict.fromkeys(_split(text, kind, flag.removeprefix("--"))))
 
 
 def _rate(text: str) -> float | None:

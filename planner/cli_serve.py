@@ -42,16 +42,14 @@ def serve(
     if tp != 1:
         raise fail(f"--tp {tp} is not supported: this engine runs a model on one device (use --tp 1; "
                    f"`planner simulate --tp {tp}` models tensor parallelism)")
-    extra = {"enable_chunked_prefill": True} if chunked_prefill else {}
     try:
         folder, _ = model_folder(model)
         engine = LLMEngine(folder, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                            gpu_memory_utilization=gpu_memory_utilization, swap_space=swap_space,
                            preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
                            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                           max_model_len=max_model_len, dtype=dtype, device=device, seed=seed, **extra)
-    except TypeError as exc:   # an engine without this option (e.g. chunked prefill not built in)
-        raise fail(f"unsupported engine option: {exc}") from None
+                           max_model_len=max_model_len, dtype=dtype, device=device, seed=seed,
+                           enable_chunked_prefill=chunked_prefill)
     except (PlannerError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     name = served_model_name or model

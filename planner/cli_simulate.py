@@ -57,7 +57,11 @@ PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated 
 STEP_BY_STEP = typer.Option(False, "--step-by-step", help="simulate one step at a time, without decode "
                                                            "fast-forward (same results, slower)")
 COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
-                                                     "profile, else measured vLLM tables, else roofline)")
+                                                     "profile, else measured vLLM tables, else roofline); or "
+                                                     "linear:A,B, every step A + B x scheduled tokens seconds")
+CHUNKED = typer.Option(False, "--chunked-prefill", help="schedule as vLLM v1 does: a token budget per step, "
+                                                       "decodes first, prompts in chunks (default: the paper's policy)")
+NUM_GPU_BLOCKS = typer.Option(None, "--num-gpu-blocks", help="KV-cache size in blocks (instead of the memory plan)")
 MAX_MODEL_LEN = typer.Option(None, "--max-model-len", help="longest sequence served (default: the model's own)")
 OUT = typer.Option(None, "--out", help="output folder (default reports/<command>-<time>-<workload>)")
 SEEDS = typer.Option(1, "--seeds", help="simulate K seeds (seed, seed+1, ...) in parallel and report each "
@@ -236,6 +240,7 @@ def simulate(
     preemption_mode: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     enable_prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
+    chunked_prefill: bool = CHUNKED, num_gpu_blocks: Optional[int] = NUM_GPU_BLOCKS,
     cost_model: Optional[str] = COST_MODEL, max_model_len: Optional[int] = MAX_MODEL_LEN,
     slo: Optional[list[str]] = SIM_SLO, out: Optional[Path] = OUT, as_json: bool = AS_JSON,
     seeds: int = SEEDS, timing_noise: bool = TIMING_NOISE,
@@ -255,6 +260,7 @@ def simulate(
                        step_by_step=step_by_step,
                        profile=str(profile) if profile else None, workload_params=_workload_params(source, param),
                        slos=tuple(slos.items()), cost_model_option=cost_model, max_model_len=max_model_len,
+                       chunked_prefill=chunked_prefill, num_gpu_blocks=num_gpu_blocks,
                        timing_noise=timing_noise)
         specs = [replace(base, rate=r, block_size=b, allocator=a)
                  for a, b, r in itertools.product(allocators, sizes, rates)]
@@ -344,6 +350,7 @@ def capacity(
     preemption_mode: str = PREEMPTION, max_num_seqs: int = MAX_NUM_SEQS,
     max_num_batched_tokens: Optional[int] = MAX_BATCHED, gpu_memory_utilization: float = UTILIZATION,
     enable_prefix_caching: bool = PREFIX, profile: Optional[Path] = PROFILE, step_by_step: bool = STEP_BY_STEP,
+    chunked_prefill: bool = CHUNKED, num_gpu_blocks: Optional[int] = NUM_GPU_BLOCKS,
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
@@ -364,6 +371,7 @@ def capacity(
                        step_by_step=step_by_step,
                        profile=str(profile) if profile else None, workload_params=_workload_params(source, param),
                        slos=tuple(slos.items()), cost_model_option=cost_model, max_model_len=max_model_len,
+                       chunked_prefill=chunked_prefill, num_gpu_blocks=num_gpu_blocks,
                        timing_noise=timing_noise)
         _warn(err, spec.check())
 

@@ -64,7 +64,7 @@ def write_run(result: SimResult, out_dir: Path, doc: dict | None = None,
              "steps": out_dir / "steps.csv"}
     paths["result"].write_text(json.dumps(json_safe(doc), indent=2) + "\n")
     _write_requests(result.requests, paths["requests"])
-    _write_steps(result.steps, result.shapes, paths["steps"])
+    _write_steps(result.steps, result.shapes, paths["steps"], result.num_running)
     plt = _pyplot()
     title = run_title(result.params)
     paths["latency_cdf"] = _plot_latency_cdfs(plt, result.requests, out_dir / "latency_cdf.png", title, slos or {})
@@ -95,15 +95,17 @@ def _write_requests(records: list[RequestRecord], path: Path) -> None:
                              r.reject_reason, r.truncated])
 
 
-def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path) -> None:
+def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path,
+                 num_running: list[int] | None = None) -> None:
     step_cols = [f.name for f in fields(StepRecord)]
     shape_cols = ["prefill_attn_pairs", "decode_context", "copy_blocks"]
+    running = num_running if num_running and len(num_running) == len(steps) else [None] * len(steps)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(step_cols + ["duration"] + shape_cols)
-        for step, shape in zip(steps, shapes):
+        writer.writerow(step_cols + ["duration"] + shape_cols + ["num_running"])
+        for step, shape, n in zip(steps, shapes, running):
             writer.writerow([getattr(step, c) for c in step_cols] + [step.end - step.start]
-                            + [getattr(shape, c) for c in shape_cols])
+                            + [getattr(shape, c) for c in shape_cols] + [n])
 
 
 def _pyplot():

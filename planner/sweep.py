@@ -50,9 +50,12 @@ class RunSpec:
     profile: str | None = None
     workload_params: tuple[tuple[str, object], ...] = ()   # -p KEY=VALUE, already typed
     slos: tuple[tuple[str, float], ...] = ()               # drawn on plots and judged in the verdict
-    cost_model_option: str | None = None   # --cost-model: None (auto), calibrated, measured or roofline
+    # --cost-model: None (auto), calibrated, measured, roofline, or linear:A,B (A + B x scheduled tokens)
+    cost_model_option: str | None = None
     max_model_len: int | None = None    # None: the model's own
     step_by_step: bool = False          # no decode fast-forward (same results, slower)
+    chunked_prefill: bool = False       # vLLM v1's policy (engine/core/chunked_scheduler.py)
+    num_gpu_blocks: int | None = None   # the KV cache size directly, instead of the memory plan
     timing_noise: bool = False          # step times scatter like the profile's measurements (seeded)
 
     def trace(self) -> Trace:
@@ -80,7 +83,8 @@ class RunSpec:
                          max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                          gpu_memory_utilization=self.gpu_memory_utilization,
                          enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
-                         max_model_len=self.max_model_len, fast_forward=not self.step_by_step)
+                         max_model_len=self.max_model_len, fast_forward=not self.step_by_step,
+                         enable_chunked_prefill=self.chunked_prefill, num_gpu_blocks=self.num_gpu_blocks)
 
     def cost_model(self, config: SimConfig) -> CostModel:
         model = select_cost_model(config.model, config.gpu, tp=config.tp, dtype_bytes=config.dtype_bytes,

@@ -49,6 +49,8 @@ class ValidateConfig:
     max_num_seqs: int = 32
     kv_cache_memory_bytes: int = 1 << 30
     profile: str | None = None
+    enable_chunked_prefill: bool = False         # both sides schedule with vLLM v1's policy
+    max_num_batched_tokens: int | None = None
     # The live engine's device and dtype: pinned to the profile's by validate() (planner/profile_check.py).
     device: str = "auto"
     dtype: str = "auto"
@@ -142,7 +144,9 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
     engine = LLMEngine(folder, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                        device=device, dtype=dtype,
                        preemption_mode=cfg.preemption_mode, max_num_seqs=cfg.max_num_seqs,
-                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed, clock=clock,
+                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, seed=cfg.seed,
+                       enable_chunked_prefill=cfg.enable_chunked_prefill,
+                       max_num_batched_tokens=cfg.max_num_batched_tokens, clock=clock,
                        step_observer=lambda out: shapes.append(step_shape(out)))
     vocab = engine.runner.vocab_size
     groups = []
@@ -234,7 +238,8 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     sim_cfg = SimConfig(model=spec, gpu=gpu, block_size=cfg.block_size, preemption_mode=cfg.preemption_mode,
                         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=live.max_num_batched_tokens,
                         num_gpu_blocks=live.num_gpu_blocks, num_cpu_blocks=live.num_cpu_blocks,
-                        max_model_len=live.max_model_len, seed=cfg.seed)
+                        max_model_len=live.max_model_len, seed=cfg.seed,
+                        enable_chunked_prefill=cfg.enable_chunked_prefill)
     sim = simulate(trace, sim_cfg, cost_model)
     step_errors = [cost_model.step_time(shape) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]

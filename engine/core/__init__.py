@@ -7,6 +7,8 @@
   ``contiguous_allocator`` (the paper's Orca baselines), ``allocators``
   (``make_allocator`` by name);
 - ``scheduler`` (FCFS, vLLM v0.2.0's rules), ``beam_search``, ``stopping``;
+- ``chunked_scheduler``: vLLM v1's chunked-prefill policy (``ChunkedScheduler``,
+  ``VllmBlockManager`` over the FIFO ``VllmBlockPool``, ``make_scheduler``);
 - ``step``: the one step helper the engine, simulator and profiler run;
 - ``metrics``: per-request and per-step records and the metric set.
 

@@ -122,18 +122,76 @@ class BlockManager:
             table.append(gpu.take(min(bs, n - i * bs)))
         self.tables[seq.seq_id] = table
 
-    def mark_computed(self, seq: Sequence) -> None:
-        """Register the sequence's newly computed full blocks in the prefix cache."""
+    def mark_computed(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Register the sequence's newly computed full blocks in the prefix cache
+        (those within its first ``num_tokens`` tokens, default: its computed ones)."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         hashes = self.seq_hashes.setdefault(seq.seq_id, [])
         table = self.tables[seq.seq_id]
         tokens = seq.token_ids
-        for i in range(len(hashes), seq.num_computed_tokens // bs):
+        upto = seq.num_computed_tokens if num_tokens is None else num_tokens
+        for i in range(len(hashes), upto // bs):
             h = hash((hashes[-1] if hashes else None, tuple(tokens[i * bs:(i + 1) * bs])))
             hashes.append(h)
             self.gpu.register(table[i], h)
+
+    # -- chunked prefill (engine/core/chunked_scheduler.py) ----------------------
+    # vLLM v1 holds only the blocks of the tokens computed so far: a prompt's
+    # blocks arrive chunk by chunk, so admission and growth count blocks for a
+    # token total rather than for the whole sequence.
+
+    def cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(block, hash) of the longest cached prefix of the sequence, without taking
+        it; never the whole sequence (its last token is always computed)."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        tokens = seq.token_ids
+        cached = self.gpu.cached
+        hit: list[tuple[int, int]] = []
+        parent = None
+        for i in range((seq.num_tokens - 1) // bs):
+            h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            block = cached.get(h)
+            if block is None:
+                break
+            hit.append((block, h))
+            parent = h
+        return hit
+
+    def blocks_to_admit(self, hit: list[tuple[int, int]], num_tokens: int) -> int:
+        """Free blocks that admitting a sequence with prefix ``hit`` and ``num_tokens``
+        slots would use: new blocks, plus hit blocks that are free but cached."""
+        new = max(_blocks_for(num_tokens, self.block_size) - len(hit), 0)
+        refs = self.gpu.ref_counts
+        return new + sum(1 for block, _ in hit if refs[block] == 0)
+
+    def admit(self, seq: Sequence, hit: list[tuple[int, int]], num_tokens: int) -> None:
+        """Give a waiting sequence its cached prefix and blocks for its first ``num_tokens`` tokens."""
+        table: list[int] = []
+        for block, _ in hit:
+            self.gpu.share(block)
+            table.append(block)
+        if self.enable_prefix_caching:
+            self.seq_hashes[seq.seq_id] = [h for _, h in hit]
+        seq.num_computed_tokens = len(hit) * self.block_size
+        self.tables[seq.seq_id] = table
+        self.grow(seq, num_tokens)
+
+    def blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
+        return max(_blocks_for(num_tokens, self.block_size) - len(self.tables[seq.seq_id]), 0)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend the sequence's blocks to hold ``num_tokens`` tokens (the caller checked they are free)."""
+        bs = self.block_size
+        gpu = self.gpu
+        table = self.tables[seq.seq_id]
+        if table and gpu.fill[table[-1]] < bs:
+            gpu.set_fill(table[-1], min(bs, num_tokens - (len(table) - 1) * bs))
+        for i in range(len(table), _blocks_for(num_tokens, bs)):
+            table.append(gpu.take(min(bs, num_tokens - i * bs)))
 
     # -- decoding ------------------------------------------------------------
     def _needs_block(self, table: list[int], num_tokens: int, ref_counts: list[int]) -> bool:

@@ -33,6 +33,10 @@ class SchedulerConfig:
     block_size: KV block size in tokens (validated against ``SIM_BLOCK_SIZES``;
         the live engine further requires ``SUPPORTED_BLOCK_SIZES``).
     enable_prefix_caching: reuse the KV blocks of equal prompt prefixes.
+    enable_chunked_prefill: the policy. False is the paper's
+        (``engine/core/scheduler.py``); True is vLLM v1's chunked prefill
+        (``engine/core/chunked_scheduler.py``, built by its ``make_scheduler``),
+        whose token budget defaults to 2048 and may be below ``max_model_len``.
     """
 
     max_model_len: int
@@ -41,8 +45,12 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     block_size: int = 16
     enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
+        if self.enable_chunked_prefill:
+            self._check_chunked()
+            return
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.max_num_batched_tokens is None:
@@ -55,6 +63,22 @@ class SchedulerConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption mode must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {self.preemption_mode!r}")
+        check_block_size(self.block_size, SIM_BLOCK_SIZES)
+
+    def _check_chunked(self) -> None:
+        """The chunked policy's checks: its budget only has to let every running request decode."""
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS   # vLLM v1's default too
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                             f"max_num_seqs ({self.max_num_seqs}), so every running request can decode")
+        if self.preemption_mode != "recompute":
+            raise ValueError("chunked prefill preempts by recompute only (as vLLM v1 does), "
+                             f"not {self.preemption_mode!r}")
         check_block_size(self.block_size, SIM_BLOCK_SIZES)
 
 

@@ -128,9 +128,13 @@ class StepRecord:
     @classmethod
     def from_output(cls, out: SchedulerOutput, start: float, end: float,
                     breakdown: MemoryBreakdown, blocks_used: int) -> "StepRecord":
-        tokens = out.num_batched_tokens
-        return cls(start, end, out.is_prefill, len(out.groups), len(out.seqs),
-                   tokens if out.is_prefill else 0, 0 if out.is_prefill else tokens, blocks_used,
+        if out.token_split is not None:      # a chunked-prefill step may mix both
+            prefill, decode = out.token_split
+        elif out.is_prefill:
+            prefill, decode = out.num_batched_tokens, 0
+        else:
+            prefill, decode = 0, out.num_batched_tokens
+        return cls(start, end, out.is_prefill, len(out.groups), len(out.seqs), prefill, decode, blocks_used,
                    breakdown.token_states, breakdown.reserved, breakdown.internal_fragmentation,
                    breakdown.external_fragmentation, breakdown.free, len(out.preempted),
                    len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))

@@ -74,6 +74,33 @@ class SchedulerOutput:
     preempted: list[SequenceGroup] = field(default_factory=list)
     rejected: list[SequenceGroup] = field(default_factory=list)
     truncated: list[SequenceGroup] = field(default_factory=list)  # finished early: outgrew the whole cache
+    # Tokens each sequence of ``seqs`` computes this step. None (the paper's
+    # policy): all its uncomputed tokens. The chunked policy may compute a
+    # prompt in several steps; a step samples only for sequences it completes.
+    num_scheduled_tokens: list[int] | None = None
+    # (prefill tokens, decode tokens) of a mixed step, counted when it was
+    # scheduled (a decode is one token after a cached context); None: the
+    # step is all prefill or all decode, as ``is_prefill`` says.
+    token_split: tuple[int, int] | None = None
+
+    def scheduled_tokens(self) -> list[int]:
+        """Per sequence of ``seqs``, the tokens it computes this step."""
+        if self.num_scheduled_tokens is not None:
+            return self.num_scheduled_tokens
+        return [s.num_tokens - s.num_computed_tokens for s in self.seqs]
+
+    def sampling_part(self) -> "SchedulerOutput":
+        """The step restricted to the groups that sample a token in it (all, unless
+        some sequence computes only a partial prompt chunk)."""
+        counts = self.num_scheduled_tokens
+        if counts is None:
+            return self
+        seqs = [s for s, n in zip(self.seqs, counts) if s.num_computed_tokens + n == s.num_tokens]
+        if len(seqs) == len(self.seqs):
+            return self
+        ids = {s.seq_id for s in seqs}
+        groups = [g for g in self.groups if any(s.seq_id in ids for s in g.seqs)]
+        return SchedulerOutput(self.is_prefill, groups, seqs, len(seqs))
 
     @property
     def finished_now(self) -> list[SequenceGroup]:

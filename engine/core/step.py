@@ -3,7 +3,9 @@
 A step is: schedule at ``now``; snapshot memory as it stands while the step
 runs (its new tokens included); build each sequence's input (its uncomputed
 tokens, how many it already has cached, its block table); then, once the
-executor has sampled, apply the tokens and record the step. ``LLMEngine.step``,
+executor has sampled, apply the tokens and record the step. Under chunked
+prefill a sequence's input is only its scheduled chunk
+(``out.num_scheduled_tokens``), and only ``out.sampling_part()`` samples. ``LLMEngine.step``,
 the simulator's engine process and the profiler's host timing all go through
 ``begin_step`` and ``end_step``, so the profiler times exactly what the engine
 runs and the simulator records exactly what the engine records.
@@ -48,8 +50,13 @@ def begin_step(scheduler: Scheduler, now: float, make_input: MakeInput | None = 
     inputs = None
     if make_input is not None and out.seqs:
         table = allocator.block_table
-        inputs = [make_input(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens, table(s))
-                  for s in out.seqs]
+        if out.num_scheduled_tokens is None:     # the paper's policy: every uncomputed token
+            inputs = [make_input(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens, table(s))
+                      for s in out.seqs]
+        else:                                    # chunked prefill: this step's chunk of each
+            inputs = [make_input(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n],
+                                 s.num_computed_tokens, table(s))
+                      for s, n in zip(out.seqs, out.num_scheduled_tokens)]
     return Step(out, now, allocator.memory_breakdown(), allocator.num_used_blocks(), inputs)
 
 

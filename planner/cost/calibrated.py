@@ -4,6 +4,8 @@ A step is priced the way the engine runs it (engine/llm_engine.py):
 
   forward   prefill: v(tokens) + c_pairs * attn_pairs + c_seqs * seqs
             decode:  v(seqs) + c_ctx * context
+            mixed (chunked prefill): prefill's v at prefill tokens + decode seqs
+            (one pass over them all) + its attention terms + c_ctx * decode context
             (ModelRunner.execute: input preparation, the model, the LM head)
   host      schedule + SequenceInput building + update: v(batch), prefill or decode flavour
   sampling  engine.sampler.Sampler over the step's logits: v(batch), greedy or random flavour
@@ -109,13 +111,18 @@ class CalibratedCostModel:
         """Seconds for one step. Hot path: a few bisects and float operations."""
         seqs = s.prefill_seqs + s.decode_seqs
         t = 0.0
-        if s.prefill_tokens:
+        if s.prefill_tokens and s.decode_seqs:
+            # A mixed (chunked-prefill) step is one forward pass over all its tokens:
+            # the prefill curve at the total, plus decode attention over the contexts.
+            t = (self._prefill.at(s.prefill_tokens + s.decode_seqs) + s.prefill_attn_pairs * self._prefill_per_pair
+                 + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key
+                 + self._host_prefill.at(seqs))
+        elif s.prefill_tokens:
             t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
                  + s.prefill_seqs * self._prefill_per_seq + self._host_prefill.at(seqs))
         elif s.decode_seqs:
-            t = self._host_decode.at(seqs)
-        if s.decode_seqs:
-            t += self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
+            t = (self._host_decode.at(seqs) + self._decode.at(s.decode_seqs)
+                 + s.decode_context * self._decode_per_key)
         if seqs:
             t += self._sample.at(seqs)
         if s.swap_blocks:
@@ -128,14 +135,18 @@ class CalibratedCostModel:
         """step_time by part (seconds), for reports and tests; the parts sum to step_time."""
         seqs = s.batch_size
         parts = {"forward": 0.0, "host": 0.0, "sampling": 0.0, "swap": 0.0, "copy": 0.0}
-        if s.prefill_tokens:
-            parts["forward"] += (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
-                                 + s.prefill_seqs * self._prefill_per_seq)
+        if s.prefill_tokens and s.decode_seqs:
+            parts["forward"] = (self._prefill.at(s.prefill_tokens + s.decode_seqs)
+                                + s.prefill_attn_pairs * self._prefill_per_pair
+                                + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key)
+            parts["host"] = self._host_prefill.at(seqs)
+        elif s.prefill_tokens:
+            parts["forward"] = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
+                                + s.prefill_seqs * self._prefill_per_seq)
             parts["host"] = self._host_prefill.at(seqs)
         elif s.decode_seqs:
             parts["host"] = self._host_decode.at(seqs)
-        if s.decode_seqs:
-            parts["forward"] += self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
+            parts["forward"] = self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
         if seqs:
             parts["sampling"] = self._sample.at(seqs)
         if s.swap_blocks:

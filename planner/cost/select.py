@@ -28,7 +28,7 @@ def parse_cost_model(text: str | None) -> str:
     """The --cost-model option: one of COST_MODELS (None means auto). Anything else is a one-line error."""
     choice = (text or "auto").strip().lower()
     if choice not in COST_MODELS:
-        raise PlannerError(f"--cost-model {text!r}: choose one of {', '.join(COST_MODELS)}")
+        raise PlannerError(f"--cost-model {text!r}: choose one of {', '.join(COST_MODELS)}, or linear:A,B")
     return choice
 
 
@@ -65,6 +65,11 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       cost_model: str | None = None) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto)."""
+    if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
+        from planner.cost.linear import parse_linear   # what-if: A + B x scheduled tokens per step
+        if profile is not None:
+            raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
+        return parse_linear(cost_model.strip().lower())
     choice = parse_cost_model(cost_model)
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")

@@ -52,6 +52,8 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
     """
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
     copies = len(out.blocks_to_copy)
+    if out.num_scheduled_tokens is not None:
+        return _mixed_step_shape(out, swap, copies)
     if out.is_prefill:
         tokens = pairs = 0
         for seq in out.seqs:
@@ -65,6 +67,24 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
     for seq in out.seqs:
         context += len(seq.token_ids)
     return StepShape(decode_seqs=len(out.seqs), decode_context=context, swap_blocks=swap, copy_blocks=copies)
+
+
+def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int) -> StepShape:
+    """A chunked-prefill step, per sequence as the runner packs it: one new token
+    after a cached context is a decode; anything else (a prompt chunk, with the
+    tokens already cached as its context) goes through prefill attention."""
+    prefill_seqs = tokens = pairs = decode_seqs = context = 0
+    for seq, new in zip(out.seqs, out.num_scheduled_tokens):
+        cached = seq.num_computed_tokens
+        if new == 1 and cached > 0:
+            decode_seqs += 1
+            context += cached + 1
+        else:
+            prefill_seqs += 1
+            tokens += new
+            pairs += new * cached + new * (new + 1) // 2
+    return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
+                     decode_seqs=decode_seqs, decode_context=context, swap_blocks=swap, copy_blocks=copies)
 
 
 @runtime_checkable

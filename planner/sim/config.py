@@ -24,6 +24,7 @@ class SimConfig:
     max_num_batched_tokens: int | None = None     # default: max(max_model_len, 2048), as the scheduler's
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False   # vLLM v1's policy instead of the paper's
     num_gpu_blocks: int | None = None   # override the memory plan (validation uses the live engine's cache size)
     num_cpu_blocks: int | None = None
     max_model_len: int | None = None    # default: the model's max_position_embeddings
@@ -44,7 +45,10 @@ class SimConfig:
         if self.max_model_len > self.model.max_position_embeddings:
             raise PlannerError(f"max_model_len {self.max_model_len} exceeds {self.model.name}'s "
                                f"max_position_embeddings {self.model.max_position_embeddings}")
-        if self.max_num_batched_tokens is not None and 1 <= self.max_num_batched_tokens < self.max_model_len:
+        if self.enable_chunked_prefill and self.allocator != "paged":
+            raise PlannerError(f"chunked prefill needs the paged allocator, not {self.allocator}")
+        if (not self.enable_chunked_prefill and self.max_num_batched_tokens is not None
+                and 1 <= self.max_num_batched_tokens < self.max_model_len):
             raise PlannerError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
                                f"({self.max_model_len}): a prompt that long could never run under the paper's "
                                f"policy; use --chunked-prefill or --max-model-len {self.max_num_batched_tokens}")
@@ -61,12 +65,15 @@ class SimConfig:
         return SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, block_size=self.block_size,
-                               enable_prefix_caching=self.enable_prefix_caching)
+                               enable_prefix_caching=self.enable_prefix_caching,
+                               enable_chunked_prefill=self.enable_chunked_prefill)
 
     def cache_size(self) -> tuple[int, int, dict | None]:
         """(GPU blocks, CPU blocks, memory-plan summary): from the plan unless both are overridden."""
         if self.num_gpu_blocks is not None and self.num_cpu_blocks is not None:
             return self.num_gpu_blocks, self.num_cpu_blocks, None
+        if self.num_gpu_blocks is not None and self.enable_chunked_prefill:
+            return self.num_gpu_blocks, 0, None         # recompute only: no swap space to plan
         plan = plan_memory(self.model, self.gpu, tp=self.tp, gpu_memory_utilization=self.gpu_memory_utilization,
                            block_size=self.block_size, dtype_bytes=self.dtype_bytes,
                            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
@@ -80,5 +87,6 @@ class SimConfig:
                 "allocator": self.allocator, "preemption_mode": self.preemption_mode,
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "gpu_memory_utilization": self.gpu_memory_utilization,
-                "enable_prefix_caching": self.enable_prefix_caching, "max_model_len": self.max_model_len,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enable_chunked_prefill": self.enable_chunked_prefill, "max_model_len": self.max_model_len,
                 "seed": self.seed, "dtype_bytes": self.dtype_bytes}

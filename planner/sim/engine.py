@@ -22,6 +22,7 @@ import simpy
 
 from engine.core.allocators import make_allocator
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
@@ -46,6 +47,7 @@ class SimResult:
     wall_time: float = 0.0         # seconds the simulation took to run
     fast_forwarded_steps: int = 0  # of the steps, how many fast-forward took in bulk
     params: dict = field(default_factory=dict)
+    num_running: list[int] = field(default_factory=list)   # per step: requests in the running list
 
 
 class SimulatedEngine:
@@ -71,6 +73,8 @@ class SimulatedEngine:
         self.truncated = 0
         self.steps: list[StepRecord] = []
         self.shapes: list[StepShape] = []
+        self.num_running: list[int] = []
+        self.chunked = scheduler.config.enable_chunked_prefill
         self.prefill_held_tokens = 0       # tokens of the sequences in prefill steps
         self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
@@ -87,7 +91,7 @@ class SimulatedEngine:
         env, scheduler, allocator = self.env, self.scheduler, self.allocator
         step_time = self.cost_model.step_time
         while True:
-            if self.fast_forward:
+            if self.fast_forward and not self.chunked:   # windows assume the paper's policy
                 window = plan_window(scheduler, step_time, env.now, self.next_arrival)
                 if window is not None:
                     yield from self.run_window(window)
@@ -97,8 +101,8 @@ class SimulatedEngine:
             self.truncated += len(out.truncated)
             if not step.has_work:              # (a step that only swaps still takes time)
                 self.done += len(out.rejected) + len(out.truncated)
-                if out.rejected or out.truncated:
-                    continue                   # the scheduler ended requests itself; look again
+                if out.rejected or out.truncated or out.preempted:
+                    continue                   # the scheduler ended or preempted requests itself; look again
                 if self.arrivals_done:
                     if scheduler.has_unfinished():
                         raise PlannerError(f"the scheduler stalled with {scheduler.num_unfinished()} "
@@ -110,7 +114,10 @@ class SimulatedEngine:
 
             shape = step_shape(out)            # before update, which marks the tokens computed
             start = env.now
-            if out.is_prefill:
+            num_running = len(scheduler.running)
+            if self.chunked:
+                physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
+            elif out.is_prefill:
                 physical = 0
                 # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
                 held = sum(len(s.token_ids) for s in out.seqs)
@@ -122,11 +129,13 @@ class SimulatedEngine:
             yield env.timeout(step_time(shape))
 
             end = env.now
-            finished, record = end_step(scheduler, step, self.executor.samples(out), end)
+            # A partial prompt chunk samples nothing: only the sampling part gets tokens.
+            finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
             self.done += len(finished)
             self.steps.append(record)
             self.shapes.append(shape)
-            if not out.is_prefill and out.seqs:
+            self.num_running.append(num_running)
+            if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
                 # Sharing is measured on decode steps, where every sequence with KV
                 # on the GPU is in the batch holding exactly its tokens: their sum
                 # against the slots they really occupy.
@@ -154,6 +163,7 @@ class SimulatedEngine:
         self.logical_token_time, self.physical_token_time = logical, physical
         self.steps.extend(records)
         self.shapes.extend(window.shapes)
+        self.num_running.extend(r.batch_size for r in records)   # a window's decodes run everyone
         self.fast_forwarded_steps += len(records)
         end = window.ends[-1]
         yield env.timeout(_delay_to(env.now, end))
@@ -193,10 +203,13 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     in bulk; False steps one at a time. Both give the same results."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
-    allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
-                               num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
-                               enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = Scheduler(config.scheduler_config(), allocator)
+    if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+        allocator = VllmBlockManager(config.block_size, gpu_blocks, enable_prefix_caching=config.enable_prefix_caching)
+    else:
+        allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
+                                   num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
+                                   enable_prefix_caching=config.enable_prefix_caching)
+    scheduler = make_scheduler(config.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
@@ -223,6 +236,9 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     metrics = compute_metrics(records, engine.steps, scheduler.preemptions)
     metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
                                 if engine.logical_token_time > 0 else 0.0)
+    if config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+        engine.prefill_cached_tokens = scheduler.prefix_hit_tokens
+        engine.prefill_held_tokens = scheduler.prefix_queried_tokens
     metrics["prefix_cache_hit_tokens"] = engine.prefill_cached_tokens
     metrics["prefix_cache_hit_rate"] = (engine.prefill_cached_tokens / engine.prefill_held_tokens
                                         if engine.prefill_held_tokens else 0.0)
@@ -238,7 +254,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     metrics["params"] = params
     return SimResult(metrics, records, engine.steps, engine.shapes, plan,
                      wall_time=time.perf_counter() - wall_start, params=params,
-                     fast_forwarded_steps=engine.fast_forwarded_steps)
+                     fast_forwarded_steps=engine.fast_forwarded_steps, num_running=engine.num_running)
 
 
 def _json_ready(params: dict) -> dict:

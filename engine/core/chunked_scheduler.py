@@ -1,0 +1,264 @@
+"""vLLM v1's scheduling policy: a per-step token budget, chunked prefill, mixed steps.
+
+The behaviour follows ``vllm/v1/core/sched/scheduler.py`` and
+``vllm/v1/core/kv_cache_manager.py`` of vLLM 0.19.0 (the synchronous
+``Scheduler``; async scheduling and speculative decoding are not modelled).
+There is no prefill or decode phase: each request has tokens and computed
+tokens, and every step hands out at most ``max_num_batched_tokens`` of them:
+
+1. Running requests first, in running-list order: each gets its uncomputed
+   tokens (one when decoding, the rest of its prompt when prefilling), capped
+   by what is left of the budget. It holds KV blocks only for the tokens
+   computed so far plus this step's; when a block cannot be had, the last
+   request of the running list is preempted by recompute (freed, put back at
+   the head of the waiting queue), until the request fits or was the victim
+   itself, which ends the pass over the running list.
+2. Then, only if nothing was preempted, waiting requests in order while the
+   budget lasts and fewer than ``max_num_seqs`` run: a request takes its
+   prefix-cache hits and the budget's worth of its (remaining) prompt. With
+   ``reserve_full_isl`` (vLLM's ``scheduler_reserve_full_isl``, on by default)
+   it is admitted only if its whole sequence fits in the free blocks, not just
+   its first chunk; the first request that does not fit ends admission.
+
+Block 0 is vLLM's null block, never used, so N blocks hold N-1. Full blocks
+enter the prefix cache as soon as they are scheduled (a request admitted later
+in the same step can already hit them: the runner writes every new key and
+value before any attention reads the cache). A preempted request comes back
+through the waiting queue and recomputes its prompt and outputs, hitting its
+own blocks in the prefix cache when caching is on. A step samples only for
+requests whose computed tokens reach their length; a partial prompt chunk
+samples nothing.
+
+One sequence per request: vLLM v1 turns ``n > 1`` into independent requests,
+and has no beam search in its scheduler, so such requests are rejected here.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from engine.core.block_manager import BlockManager, _blocks_for
+from engine.core.block_pool import BlockPool
+from engine.core.config import SchedulerConfig
+from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
+from engine.core.sequence import SequenceGroup, SequenceStatus
+
+NULL_BLOCK = 0   # vLLM v1's null block: never handed out, so N blocks hold N-1
+
+
+class VllmBlockPool(BlockPool):
+    """h1's block pool with vLLM v1's free-block order.
+
+    vLLM keeps every free block, cached or not, in one queue: a block freed
+    goes to the back, a new block comes from the front (the oldest freed
+    first), and a cached block taken that way loses its cache entry. So a
+    freed prompt stays hittable until the queue comes round to it, even while
+    never-used blocks remain (the paper's pool hands those out first). The
+    order decides which prefixes survive, so matching vLLM's prefix-cache hits
+    needs it. Here ``evictor`` is that one queue and ``free_list`` stays empty.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.free_list = []
+        self.evictor = OrderedDict.fromkeys(range(num_blocks))
+        if num_blocks:
+            self.take()              # the null block: held by no sequence, so never released
+
+    def take(self, filled: int = 0) -> int:
+        block, _ = self.evictor.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:
+            del self.cached[h]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        self.num_token_states += filled
+        self.fill[block] = filled
+        return block
+
+    def release(self, block: int) -> None:
+        refs = self.ref_counts[block] - 1
+        self.ref_counts[block] = refs
+        if refs == 0:
+            self.num_token_states -= self.fill[block]
+            if self.block_hash[block] is None:
+                self.fill[block] = 0
+            self.evictor[block] = None
+
+
+class VllmBlockManager(BlockManager):
+    """The paged block manager over a ``VllmBlockPool``: GPU blocks only (the
+    chunked policy preempts by recompute), no watermark (vLLM v1 has none)."""
+
+    supports_swap = False
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False) -> None:
+        super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
+        self.gpu = VllmBlockPool(num_gpu_blocks)
+
+
+def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
+    """The scheduler of the policy the config names (the paper's by default)."""
+    if config.enable_chunked_prefill:
+        return ChunkedScheduler(config, allocator)
+    return Scheduler(config, allocator)
+
+
+class ChunkedScheduler(Scheduler):
+    """The chunked-prefill policy over the paper's block manager (queues and updates are shared)."""
+
+    def __init__(self, config: SchedulerConfig, allocator: VllmBlockManager, *,
+                 reserve_full_isl: bool = True) -> None:
+        if not config.enable_chunked_prefill:
+            raise ValueError("ChunkedScheduler needs a SchedulerConfig with enable_chunked_prefill=True")
+        if not isinstance(allocator, VllmBlockManager):
+            raise ValueError("chunked prefill needs the paged VllmBlockManager (vLLM v1's block order "
+                             "and null block), not " + type(allocator).__name__)
+        super().__init__(config, allocator)
+        self.reserve_full_isl = reserve_full_isl
+        self.null_block = NULL_BLOCK
+        self.usable_blocks = allocator.num_gpu_blocks - 1
+        # Prefix-cache statistics as vLLM keeps them: tokens of admitted
+        # sequences, and of those, tokens found in the cache.
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        cfg = self.config
+        allocator = self.allocator
+        budget = cfg.max_num_batched_tokens
+        groups: list[SequenceGroup] = []
+        seqs = []
+        counts: list[int] = []
+        preempted: list[SequenceGroup] = []
+        rejected: list[SequenceGroup] = []
+        truncated: list[SequenceGroup] = []
+
+        # 1. Running requests, in running order.
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            group = running[i]
+            seq = group.seqs[0]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            total = seq.num_computed_tokens + num_new
+            while allocator.blocks_to_grow(seq, total) > allocator.num_free_blocks():
+                victim = running.pop()       # the last request of the running list
+                self._preempt(victim, {})
+                preempted.append(victim)
+                if victim is group:
+                    break
+            if group in preempted:
+                break                        # it could not fit even alone: stop here, as vLLM does
+            allocator.grow(seq, total)
+            self._cache(seq, total)
+            groups.append(group)
+            seqs.append(seq)
+            counts.append(num_new)
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, only when this step preempted nothing.
+        if not preempted:
+            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                group = self.waiting[0]
+                problem = self._never_fits(group)
+                if problem is not None:
+                    self.waiting.popleft()
+                    if group.times.first_token is None:
+                        self._reject(group, problem, now, rejected)
+                    else:   # preempted after it outgrew the whole cache: end it where it is
+                        self._truncate(group, now, truncated)
+                    continue
+                seq = group.seqs[0]
+                hit = allocator.cached_prefix(seq)
+                computed = len(hit) * allocator.block_size
+                num_new = min(seq.num_tokens - computed, budget)
+                free = allocator.num_free_blocks()
+                if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
+                    break
+                if allocator.blocks_to_admit(hit, computed + num_new) > free:
+                    break
+                self.waiting.popleft()
+                self.prefix_queried_tokens += seq.num_tokens
+                self.prefix_hit_tokens += computed
+                allocator.admit(seq, hit, computed + num_new)
+                self._cache(seq, computed + num_new)
+                seq.status = SequenceStatus.RUNNING
+                if group.times.first_scheduled is None:
+                    group.times.first_scheduled = now
+                running.append(group)
+                groups.append(group)
+                seqs.append(seq)
+                counts.append(num_new)
+                budget -= num_new
+
+        num_tokens = cfg.max_num_batched_tokens - budget
+        # A step is a "prefill" one only when it decodes nothing (kept for the
+        # paper-era consumers that classify steps as a whole).
+        is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
+        out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
+                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
+        out.token_split = split_tokens(out)      # before update moves the computed counts
+        return out
+
+    def _never_fits(self, group: SequenceGroup) -> str | None:
+        """Why the request can never run, or None."""
+        cfg = self.config
+        if group.params.best_of > 1 or group.params.use_beam_search:
+            return ("parallel sampling (best_of > 1) and beam search are not supported with chunked "
+                    "prefill; send n separate requests instead")
+        if group.prompt_len > cfg.max_model_len:
+            return f"prompt of {group.prompt_len} tokens exceeds the model's limit of {cfg.max_model_len}"
+        seq = group.seqs[0]
+        if _blocks_for(seq.num_tokens, self.allocator.block_size) > self.usable_blocks:
+            return (f"needs more KV cache than the whole cache holds ({self.usable_blocks} usable blocks "
+                    f"of {self.allocator.block_size})")
+        return None
+
+    def _preempt(self, group: SequenceGroup, swap_out: dict[int, int]) -> None:
+        # vLLM v1 puts a preempted request at the head of the waiting queue,
+        # whatever its arrival (the paper's policy keeps FCFS order instead).
+        group.num_preemptions += 1
+        seq = group.seqs[0]
+        self.allocator.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+        self.preemptions["recompute"] += 1
+
+    def _cache(self, seq, num_tokens: int) -> None:
+        # vLLM caches full blocks when they are scheduled, capped at the sequence's tokens.
+        if self._mark_computed:
+            self.allocator.mark_computed(seq, min(num_tokens, seq.num_tokens))
+
+    def update(self, out: SchedulerOutput, samples: Samples, now: float) -> list[SequenceGroup]:
+        """Advance partial chunks; the groups that complete sample through the shared update."""
+        counts = out.num_scheduled_tokens
+        if counts is None:
+            return super().update(out, samples, now)
+        sampling = out.sampling_part()      # before any count moves
+        for seq, n in zip(out.seqs, counts):
+            if seq.num_computed_tokens + n < seq.num_tokens:
+                seq.num_computed_tokens += n
+        return super().update(sampling, samples, now)
+
+
+def _is_decode(seq, num_new: int) -> bool:
+    """One new token after a cached context: what the runner sends through paged attention."""
+    return num_new == 1 and seq.num_computed_tokens > 0
+
+
+def split_tokens(out: SchedulerOutput) -> tuple[int, int]:
+    """(prefill tokens, decode tokens) of a step: decodes compute one token after a cached context."""
+    prefill = decode = 0
+    for seq, n in zip(out.seqs, out.scheduled_tokens()):
+        if _is_decode(seq, n):
+            decode += 1
+        else:
+            prefill += n
+    return prefill, decode
