@@ -47,7 +47,8 @@ def validate_cmd(
     served_model_name: Optional[str] = typer.Option(None, help="--endpoint: the model name to send "
                                                                "(default: the first of /v1/models)"),
     num_cpu_blocks: Optional[int] = typer.Option(None, help="deployment's CPU swap blocks (--endpoint/--measured)"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, help="deployment's token budget per step"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, help="tokens per step (default: the policy's; "
+                                                                    "--endpoint/--measured: the deployment's)"),
     max_model_len: Optional[int] = typer.Option(None, help="deployment's context limit"),
     enable_prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
                                                          help="deployment's prefix caching"),
@@ -64,7 +65,6 @@ def validate_cmd(
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
     chunked_prefill: bool = typer.Option(False, "--chunked-prefill", help="engine and simulator both schedule "
                                                                          "as vLLM v1 (chunked prefill)"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, help="tokens per step (default: the policy's)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:
