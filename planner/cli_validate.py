@@ -63,15 +63,15 @@ def validate_cmd(
                                                   "against that profile; default: only when the profile check "
                                                   "finds the profile stale; --no-reprofile: refuse a stale one"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
-    chunked_prefill: bool = typer.Option(False, "--chunked-prefill", help="engine and simulator both schedule "
-                                                                         "as vLLM v1 (chunked prefill)"),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill", help="engine and simulator both "
+                                                   "schedule as vLLM v1 (chunked prefill; a vLLM v1 deployment does)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:
         deployment = dict(block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, preemption_mode=preemption,
-                          enable_prefix_caching=enable_prefix_caching,
+                          enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=chunked_prefill or None,
                           gpu_memory_utilization=gpu_memory_utilization)
         trace_settings = dict(gpu=gpu, model=model, workload=workload, rate=rate, requests=requests, seed=seed,
                               length_scale=length_scale, max_output_len=max_output_len,
@@ -86,7 +86,7 @@ def validate_cmd(
     settings = dict(gpu=gpu, model=model, workload=workload, rate=rate, requests=requests, seed=seed,
                     length_scale=length_scale, max_output_len=max_output_len, block_size=block_size,
                     num_gpu_blocks=num_gpu_blocks, preemption_mode=preemption, max_num_seqs=max_num_seqs,
-                    profile=str(profile) if profile else None, enable_chunked_prefill=chunked_prefill,
+                    profile=str(profile) if profile else None, enable_chunked_prefill=bool(chunked_prefill),
                     max_num_batched_tokens=max_num_batched_tokens)
     if quick:
         settings.update(QUICK)

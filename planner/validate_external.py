@@ -42,6 +42,7 @@ class Deployment:
     max_model_len: int | None = None
     preemption_mode: str | None = None
     enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
     gpu_memory_utilization: float | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -54,7 +55,7 @@ class Deployment:
             try:
                 if f.name == "preemption_mode":
                     value = str(raw)
-                elif f.name == "enable_prefix_caching":
+                elif f.name in ("enable_prefix_caching", "enable_chunked_prefill"):
                     value = raw if isinstance(raw, bool) else str(raw).lower() == "true"
                 elif f.name == "gpu_memory_utilization":
                     value = float(raw)
@@ -104,7 +105,8 @@ def _simulate(trace: Trace, spec: ModelSpec, gpu_name: str, dep: Deployment, see
                     preemption_mode=dep.preemption_mode or "recompute", max_num_seqs=dep.max_num_seqs or 256,
                     max_num_batched_tokens=dep.max_num_batched_tokens,
                     gpu_memory_utilization=dep.gpu_memory_utilization or 0.9,
-                    enable_prefix_caching=bool(dep.enable_prefix_caching), num_gpu_blocks=dep.num_gpu_blocks,
+                    enable_prefix_caching=bool(dep.enable_prefix_caching),
+                    enable_chunked_prefill=bool(dep.enable_chunked_prefill), num_gpu_blocks=dep.num_gpu_blocks,
                     num_cpu_blocks=dep.num_cpu_blocks, max_model_len=dep.max_model_len, seed=seed)
     cost = select_cost_model(spec, gpu, tp=tp, block_size=block_size, profile=profile)
     return simulate(trace, cfg, cost), cfg, cost
