@@ -16,12 +16,12 @@ from pathlib import Path
 DEFINITIONS = {
     "request_throughput": "completed requests / (last finish - first arrival); steady: completions in the window / its length",
     "output_token_throughput": "generated tokens / the same span; steady: tokens generated in the window / its length",
-    "normalized_latency": "mean over requests of end-to-end latency / output tokens (s/token)",
+    "normalized_latency": "mean over requests of end-to-end latency / output tokens of one sequence (s/token)",
     "ttft_mean": "time to first token: first token - arrival, mean", "ttft_p99": "time to first token, 99th percentile",
-    "tpot_mean": "time per output token: (finish - first token) / (output tokens - 1), mean",
+    "tpot_mean": "time per output token: (finish - first token) / (output tokens of one sequence - 1), mean",
     "tpot_p99": "time per output token, 99th percentile",
     "e2e_mean": "end-to-end latency: finish - arrival, mean", "e2e_p99": "end-to-end latency, 99th percentile",
-    "mean_batch_size": "mean number of requests in a step",
+    "mean_batch_size": "mean number of requests in a decode step, over decode steps (the paper's batched requests)",
     "kv_utilization": "KV slots holding a token / all KV slots, time-averaged",
     "kv_full_share": "share of the time with fewer than 5% of KV slots free",
 }
