@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch.nn.functional as F
+from engine.models.errors import UnsupportedModelError
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -19,5 +20,5 @@ ACTIVATIONS = {
 
 def activation(name: str):
     if name not in ACTIVATIONS:
-        raise NotImplementedError(f"activation {name!r} is not supported ({', '.join(ACTIVATIONS)} are)")
+        raise UnsupportedModelError(f"activation {name!r} is not supported ({', '.join(ACTIVATIONS)} are)")
     return ACTIVATIONS[name]

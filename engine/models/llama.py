@@ -17,6 +17,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.models.rotary import RotaryEmbedding, rope_parameters
 from engine.models.weights import WeightLoader
+from engine.models.errors import UnsupportedModelError
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]] | None
 
@@ -79,7 +80,7 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
         if getattr(config, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"Llama MLP activation {config.hidden_act!r} (only silu)")
+            raise UnsupportedModelError(f"Llama MLP activation {config.hidden_act!r} is not supported (only silu is)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)

@@ -18,6 +18,7 @@ from engine.models.gpt2 import GPT2LMHeadModel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.opt import OPTForCausalLM
 from engine.models.weights import WeightLoader, iter_safetensors
+from engine.models.errors import UnsupportedModelError
 
 # HF config.model_type -> our implementation.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -82,14 +83,14 @@ def load_model(path: str, dtype: str | torch.dtype = "auto", device: str | torch
     """
     config = AutoConfig.from_pretrained(path)
     if config.model_type not in MODEL_CLASSES:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"model_type {config.model_type!r} is not supported ({', '.join(MODEL_CLASSES)} are)"
         )
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, config, device)
     window = getattr(config, "sliding_window", None)
     if window and config.model_type not in SLIDING_WINDOW_MODELS:
-        raise NotImplementedError(f"model_type {config.model_type!r} with sliding_window={window} is not "
+        raise UnsupportedModelError(f"model_type {config.model_type!r} with sliding_window={window} is not "
                                   f"supported (sliding windows work for {', '.join(SLIDING_WINDOW_MODELS)})")
 
     with torch.device("meta"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+from engine.models.errors import UnsupportedModelError
 
 
 def rope_parameters(config) -> dict:
@@ -68,9 +69,9 @@ class RotaryEmbedding:
         elif rope_type == "linear":
             inv_freq = inv_freq / params["factor"]
         elif rope_type != "default":
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (default, linear, llama3 are)")
+            raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported (default, linear, llama3 are)")
         if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise NotImplementedError("partial rotary embeddings are not supported")
+            raise UnsupportedModelError("partial rotary embeddings are not supported")
         # Long-context checkpoints may run past max_position_embeddings of the
         # original model; the table covers the config's limit.
         positions = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
