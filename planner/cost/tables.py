@@ -128,31 +128,68 @@ def build_tree(rows, axes: tuple[str, ...], where: dict | None = None) -> dict:
     return tree
 
 
-def monotone(tree: dict, depth: int) -> dict:
-    """The same tree with each latency lowered to the least latency measured at any larger size.
+def isotonic(points: dict) -> dict:
+    """The nondecreasing fit to latency(x) closest to the points in log space
+    (least squares on log latency, by pool-adjacent-violators).
 
-    A smaller problem can always run as a larger one (padded), so time cannot
-    fall as work grows; a table point above a larger one is a noisy sample or a
-    worse kernel choice, and the envelope keeps the better. Applied along the
-    innermost axis and, for two-level trees, along the outer one too.
+    Points that already agree with every other stay as measured; a run of
+    points that violates the order is replaced by its geometric mean, the
+    smallest correction in the sense of squared log error.
     """
-    if depth > 1:
-        tree = {k: monotone(v, depth - 1) for k, v in tree.items()}
-        if depth == 2:
-            larger: dict = {}
-            for key in sorted(tree, reverse=True):
-                row = tree[key]
-                for x, y in row.items():
-                    if x in larger and larger[x] < y:
-                        row[x] = larger[x]
-                for x, y in row.items():
-                    larger[x] = min(y, larger.get(x, y))
-        return tree
-    out, least = {}, math.inf
-    for x in sorted(tree, reverse=True):
-        least = min(least, tree[x])
-        out[x] = least
-    return out
+    xs = sorted(points)
+    blocks: list[list[float]] = []          # [sum of log latencies, count], values nondecreasing
+    for x in xs:
+        blocks.append([math.log(points[x]), 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted: list[float] = []
+    for total, count in blocks:
+        value = points[xs[len(fitted)]] if count == 1 else math.exp(total / count)
+        fitted += [value] * count
+    return dict(zip(xs, fitted))
+
+
+def _is_monotone(points: dict) -> bool:
+    xs = sorted(points)
+    return all(points[a] <= points[b] for a, b in zip(xs, xs[1:]))
+
+
+def monotone(tree: dict, depth: int) -> dict:
+    """The same tree made nondecreasing along its innermost axis and, for two-level
+    trees, along the outer one too, by isotonic regression in log space.
+
+    Time cannot fall as work grows (a smaller problem could always run as a
+    larger, padded one), yet about a third of the raw points sit above a larger
+    neighbour: timing jitter where a kernel is launch-bound (flat runs of equal
+    latencies), and shapes for which the library picked a slower kernel than
+    for the next larger one (a GEMM at m=193 or 2049 slower than at m=224 or
+    2304). Interpolating through those would make time fall with work. The fit
+    keeps every point that is consistent with its row and column exactly as
+    measured and moves each violating run to its geometric mean, the least
+    change in log space (the maximum-likelihood monotone table under
+    multiplicative noise). Rows first, then columns: isotonic regression is
+    order-preserving, so fitting the columns of a row-monotone table keeps its
+    rows monotone; a ragged grid may need another round.
+    """
+    if depth == 1:
+        return isotonic(tree)
+    if depth > 2:
+        return {k: monotone(v, depth - 1) for k, v in tree.items()}
+    rows = {k: dict(v) for k, v in tree.items()}
+    for _ in range(100):
+        rows = {k: isotonic(v) for k, v in rows.items()}
+        columns: dict = {}
+        for key, row in rows.items():
+            for x, y in row.items():
+                columns.setdefault(x, {})[key] = y
+        for x, column in columns.items():
+            for key, y in isotonic(column).items():
+                rows[key][x] = y
+        if all(_is_monotone(row) for row in rows.values()):
+            return rows
+    raise PlannerError("a measured table could not be made monotone")
 
 
 def leave_one_out(tree: dict, depth: int) -> list[float]:
