@@ -1,4 +1,4 @@
-"""NVIDIA's measured vLLM op tables, and log-space interpolation over their grids.
+"""NVIDIA's measured vLLM op tables, made monotone, and log-space interpolation over their grids.
 
 The tables (planner/data/measured/<system>/*.csv.gz) are rows of
 aiconfigurator-core's parquet files, extracted by
@@ -9,6 +9,32 @@ interpolate log(latency) linearly in log(argument): exact on grid points,
 exact for any power law between them. Outside the grid the nearest segment is
 extended and the lookup says so (`extrapolated`), so a result can name what it
 guessed.
+
+Monotone first. Time must not fall as work grows, yet many raw points sit
+above a larger neighbour (on h100_sxm half the GEMM points, a quarter of
+generation attention, 4% of context attention). Two causes show in the data:
+timing jitter in launch-bound runs (GEMM n=51200, k=512: 20.4-23.9 us over
+m=1..17, in no order), and shapes for which the library picked a slower
+kernel than for the next larger one (same GEMM: 58 us at m=193, 33 us at
+m=224; n=1024, k=12288: 52 us at m=768, 31 us at m=769). `monotone` fits each
+table by isotonic regression of log latency (least squares, pool adjacent
+violators) along each monotone axis: a point consistent with its line stays
+exactly as measured (across both axes of a table, 99.6-99.9% of such points
+on h100_sxm and l40s), a violating run moves to its geometric mean, the least
+change in squared log error (the maximum-likelihood monotone table under
+multiplicative noise). So "exact on grid points" holds for consistent points
+and, for the rest, on the fitted table. It replaced a running-minimum
+envelope (each point lowered to the least latency at any larger size), which
+moved fewer points but further and always down, biasing the model fast:
+|fit / raw - 1| on h100_sxm GEMMs, p90 6.2% and max 35% against 8.6% and 43%
+(generation attention 1.0%/17% against 1.6%/22%; every table and system in
+bench/bench_measured_model.py); decode steps of llama-3.1-8b at batch
+1-128 are 0.6-5.9% slower than with the envelope. The fit's weakness is an
+extreme lone outlier, which lifts the larger points it pools with (l40s,
+n=512, k=32: 46 us at m=512 among 2.3-2.8 us neighbours; the fit puts it at
+3.0 us and lifts m=513..1025 by 15-30%). A least-absolute-deviation fit
+(block medians) would leave those alone, but its solution is not unique and
+the axis-by-axis fit does not settle on every table.
 """
 from __future__ import annotations
 
@@ -158,18 +184,8 @@ def _is_monotone(points: dict) -> bool:
 
 def monotone(tree: dict, depth: int) -> dict:
     """The same tree made nondecreasing along its innermost axis and, for two-level
-    trees, along the outer one too, by isotonic regression in log space.
-
-    Time cannot fall as work grows (a smaller problem could always run as a
-    larger, padded one), yet about a third of the raw points sit above a larger
-    neighbour: timing jitter where a kernel is launch-bound (flat runs of equal
-    latencies), and shapes for which the library picked a slower kernel than
-    for the next larger one (a GEMM at m=193 or 2049 slower than at m=224 or
-    2304). Interpolating through those would make time fall with work. The fit
-    keeps every point that is consistent with its row and column exactly as
-    measured and moves each violating run to its geometric mean, the least
-    change in log space (the maximum-likelihood monotone table under
-    multiplicative noise). Rows first, then columns: isotonic regression is
+    trees, along the outer one too, by isotonic regression in log space (see
+    the module docstring). Rows first, then columns: isotonic regression is
     order-preserving, so fitting the columns of a row-monotone table keeps its
     rows monotone; a ragged grid may need another round.
     """
