@@ -27,26 +27,32 @@ each op's compute but stretches the part its bytes need at the measured
 system's effective bandwidth by the bandwidth ratio, and its name says so.
 
 Decode attention. The table times b sequences that all hold c tokens,
-T(b, c); a real batch mixes contexts. Each sequence is charged its share of a
-uniform batch at its own context, and the step pays
+T(b, c); a real batch mixes contexts. Each sequence is charged the share it
+would have of a uniform batch at its own context, T(b, c_i) / b, and the step
+pays the sum:
 
-    (1/b) * sum_i T(b, c_i)
+    decode attention = (1/b) * sum_i T(b, c_i)
 
-This is T(b, c) when every context is c, and it is exact whenever the kernel's
-time is the sum of per-sequence work (launch cost plus KV bytes read: affine
-in each c_i), which is how vLLM's decode kernels split the KV of long
-sequences across the GPU. Pricing at the mean context instead would miss
-whatever in T is not linear (a kernel switching to split-KV at some length, a
-launch-bound floor for short sequences). Along context T is interpolated
-linearly between the table's points, which are the powers of two: decode
-attention is a fixed cost plus bytes over bandwidth, affine in context, and
-linear interpolation reproduces that exactly (its leave-one-out error on
-these tables is below the log-log one: median 0.5-2.1% against 1.0-2.6%).
-Because T(b, .) is then affine within each power-of-two bucket, the sum over
-sequences needs only each bucket's count and sum of contexts, which
-StepShape.decode_histogram carries: pricing a step costs one term per
-occupied bucket, not one per sequence. Along batch size T is interpolated in
-log-log space as everywhere else.
+For uniform contexts this is T(b, c), and wherever T is affine in c (a fixed
+cost plus KV bytes over bandwidth) it equals the price at the mean context;
+it departs from that exactly where T is not linear: the launch-bound floor of
+short contexts (on h100, T hardly moves below ~256 tokens, so a short
+sequence costs the floor however short it is) and the bends where the kernel
+leaves it. The form assumes the sequences' work adds up, rather than the
+batch waiting on its longest sequence: FlashAttention's decode path (vLLM's
+kernel in these tables) splits a long sequence's KV over many thread blocks,
+which is what makes that hold.
+
+Along context T is interpolated linearly between the table's points, which
+sit at powers of two: decode attention is a fixed cost plus bytes over
+bandwidth, affine in context, which linear interpolation reproduces exactly;
+its leave-one-out error on these tables is below the log-log one (median
+0.5-2.0% against 0.9-2.4%, p90 lower on five of six systems; see
+bench/bench_measured_model.py). Then T(b, .) is affine within each
+power-of-two bucket, so the sum over sequences needs only each bucket's count
+and sum of contexts, which StepShape.decode_histogram carries: a step costs
+one term per occupied bucket, not one per sequence. Along batch size T is
+interpolated in log-log space, as everywhere else.
 
 Lookups are cached by their integer arguments, so step_time is a few dict
 reads once the simulation has seen a shape.
@@ -242,7 +248,8 @@ class MeasuredCostModel:
 
     def generation_attention(self, batch: int, context: int) -> float:
         """One layer's decode attention for `batch` sequences of `context` tokens each."""
-        a, slope, ext = self._gen_curve(batch)[context_bucket(context)]
+        curve = self._gen_curves.get(batch) or self._gen_curve(batch)
+        a, slope, ext = curve[context_bucket(context)]
         self._flag("generation_attention", ext)
         return a + slope * context
 
