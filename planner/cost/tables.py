@@ -19,7 +19,7 @@ kernel than for the next larger one (same GEMM: 58 us at m=193, 33 us at
 m=224; n=1024, k=12288: 52 us at m=768, 31 us at m=769). `monotone` fits each
 table by isotonic regression of log latency (least squares, pool adjacent
 violators) along each monotone axis: a point consistent with its line stays
-exactly as measured (across both axes of a table, 99.6-99.9% of such points
+exactly as measured (across both axes of a table, 98.9-99.9% of such points
 on h100_sxm and l40s), a violating run moves to its geometric mean, the least
 change in squared log error (the maximum-likelihood monotone table under
 multiplicative noise). So "exact on grid points" holds for consistent points
