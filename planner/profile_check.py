@@ -305,10 +305,18 @@ def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_
 
 
 def time_canary(selected: list, runner, *, budget_s: float, measure=None) -> list[dict]:
-    """Time the profile measurements `selected` again on `runner` (the canary's own, or a live engine's),
-    stopping once `budget_s` is spent; one dict per point timed."""
+    """Time the profile measurements `selected` again on `runner` (the canary's own, or a live engine's);
+    one dict per point, its measured time the median of its repetitions.
+
+    As the profiler does: one untimed call per point, then rounds of one call per
+    point in a fresh random order (back-to-back repetitions of one shape run
+    warmer, and faster, than the profile's). Rounds stop once `budget_s` is spent,
+    after the first. `measure(runner, measurement) -> seconds` times one call;
+    tests pass a fake.
+    """
     started = time.perf_counter()
     import random
+    import statistics
 
     import torch
 
@@ -320,23 +328,30 @@ def time_canary(selected: list, runner, *, budget_s: float, measure=None) -> lis
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)
 
-    def profiler_timing(m) -> float:
-        f = m.features
-        if m.component == "prefill":
-            seqs = pieces.prefill_inputs(runner, int(f["tokens"]), int(f["seqs"]), rng)
-        else:
-            batch = int(f["seqs"])
-            seqs = pieces.decode_inputs(runner, batch, int(f["context"]) // batch, rng)
-        return pieces.summarize(pieces.time_forward(runner, seqs, sync, 1, CANARY_REPEATS))[0]
+    inputs = {}
 
-    measure = measure or (lambda _runner, m: profiler_timing(m))
-    points = []
+    def one_call(_runner, m) -> float:
+        key = id(m)
+        if key not in inputs:
+            f = m.features
+            inputs[key] = (pieces.prefill_inputs(runner, int(f["tokens"]), int(f["seqs"]), rng)
+                           if m.component == "prefill" else
+                           pieces.decode_inputs(runner, int(f["seqs"]), int(f["context"]) // int(f["seqs"]), rng))
+        return pieces.time_forward(runner, inputs[key], sync, 0, 1)[0]
+
+    measure = measure or one_call
     for m in selected:
-        if points and time.perf_counter() - started > budget_s:
+        measure(runner, m)                          # warm-up, untimed
+    samples: dict[int, list[float]] = {i: [] for i in range(len(selected))}
+    order = list(samples)
+    for round_ in range(CANARY_REPEATS):
+        if round_ and time.perf_counter() - started > budget_s:
             break
-        points.append({"component": m.component, "features": m.features, "profile_s": m.median_s,
-                       "measured_s": measure(runner, m)})
-    return points
+        rng.shuffle(order)
+        for i in order:
+            samples[i].append(measure(runner, selected[i]))
+    return [{"component": m.component, "features": m.features, "profile_s": m.median_s,
+             "measured_s": statistics.median(samples[i])} for i, m in enumerate(selected)]
 
 
 def canary_ratio(points: list[dict]) -> float | None:

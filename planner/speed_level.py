@@ -14,14 +14,17 @@ reports `factor` = the mean of the two measured/profiled ratios as the device's
 speed level during the run. The canaries are independent of the live run's own
 timings: they say how fast the device was, not how long the run's steps took.
 
-With `--speed-correction` the simulation prices steps with the profile scaled
-by that factor (`ScaledCostModel`), and the report keeps the errors without
-it. It is off by default because the canary is not precise enough to correct
-a fresh profile: its few back-to-back repetitions of a handful of shapes ran
-up to 8% faster than the same shapes timed in the profile's shuffled rounds
-while the live run's steps matched the profile (measured on the 2-core CPU
-VM, opt-125m, chunked prefill: canaries 0.91/0.93, live steps +2% against
-the profile). It is for a profile of a device whose speed has clearly moved.
+The simulation then prices steps with the profile scaled by that factor
+(`ScaledCostModel`; `--no-speed-correction` keeps the profile as it is), and
+the report keeps the errors without it, so nothing is hidden. The canary times
+its points as the profiler does, one call per point per round in shuffled
+order: back-to-back repetitions of one shape ran up to 8% faster than the
+profile's rounds and misled an earlier version. Measured on the 2-core CPU VM
+(opt-125m, three validations minutes after one quick profile): throughput
+error +4.1% -> +1.9% and mean E2E -6.7% -> -3.4% (sharegpt), +9.2% -> +2.0%
+and -14.5% -> -4.5% (sharegpt, chunked prefill), +6.2% -> +5.8% and -17.5% ->
+-16.7% (validate --quick, whose live run met a slow spell between canaries of
+0.955 and 1.053).
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ class SpeedLevel:
         if self.factor is None:
             return "device speed level: not measured (no canary point)"
         how = ("the simulation uses the profile scaled by it" if self.applied
-               else "not applied (--speed-correction applies it)")
+               else "not applied (--no-speed-correction)")
         canaries = ", ".join(f"{when} {r:.3f}" for when, r in (("before", self.before), ("after", self.after))
                              if r is not None)
         return (f"device speed during the live run: x{self.factor:.3f} the profile's step times "
