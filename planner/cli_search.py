@@ -110,6 +110,11 @@ def search(
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
 
+    for gpu, cost in result.prices.items():
+        if not cost.verified:
+            err.print(f"note: the price of {gpu} (${cost.usd_per_gpu_hour:g}/GPU-hour) is unverified: no public "
+                      f"source was found for it; give your own with --price {gpu}=DOLLARS_PER_GPU_HOUR",
+                      highlight=False)
     folder = out or REPORTS_DIR / f"search-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
     folder.mkdir(parents=True, exist_ok=True)
     document = result.document()
