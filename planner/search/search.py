@@ -10,9 +10,10 @@ cannot split) stay in the table with the reason.
 
 Neighbouring configurations have similar capacities, so the grid is searched
 in waves of families (`family_waves`; a family is one GPU, TP and
-max_num_seqs with every block size). First the middle max_num_seqs of each GPU
-and TP, from scratch; then its neighbours along max_num_seqs, one step at a
-time, each starting from the bracket its neighbour found (capacity.py's hint).
+max_num_seqs with every block size). First the smallest TP's middle
+max_num_seqs of each GPU, from scratch; then the larger TPs, then the other
+max_num_seqs, one step at a time, each starting from the bracket its neighbour
+found, extrapolated along the way (capacity.py's hint, `family_hint`).
 Within a family the middle block size goes first and the others start from its
 bracket, replaying its runs wherever the KV cache provably never constrained
 them (probe.py's SharedRuns). Probes stop as soon as their verdict is certain.
@@ -187,51 +188,69 @@ def evaluate_family(task: FamilyTask) -> list[dict]:
     return rows
 
 
-def family_waves(grid: SearchGrid) -> list[list[FamilyTask]]:
-    """The families (GPU, TP, max_num_seqs) in waves: first the middle max_num_seqs of each GPU
-    and TP, from scratch; then, one step at a time, its neighbours, each starting from the
-    bracket its neighbour one step closer to the middle found (with the first block size).
-    The first block size of a family is the middle one. The plain search: one wave, no hints."""
+Family = tuple[str, int, int]            # (gpu, tp, max_num_seqs)
+
+
+def _block_order(grid: SearchGrid) -> tuple[int, ...]:
+    """The middle block size first (the one the others start from), then the rest in grid order."""
     blocks = sorted(grid.block_sizes)
     middle = blocks[len(blocks) // 2]
-    order = (middle, *[b for b in grid.block_sizes if b != middle])
-    seqs = sorted(grid.max_num_seqs)
-    centre = len(seqs) // 2
-    depth = {m: abs(i - centre) for i, m in enumerate(seqs)}
-    if grid.plain:
-        return [[FamilyTask(grid, g, tp, m, order) for g, tp in itertools.product(grid.gpus, grid.tps)
-                 for m in grid.max_num_seqs]]
-    return [[FamilyTask(grid, g, tp, m, order) for g, tp in itertools.product(grid.gpus, grid.tps)
-             for m in grid.max_num_seqs if depth[m] == d] for d in range(max(depth.values()) + 1)]
+    return (middle, *[b for b in grid.block_sizes if b != middle])
 
 
-def hint_parent(grid: SearchGrid, max_num_seqs: int) -> int | None:
-    """The max_num_seqs whose family hints this one: one step closer to the middle (None: the middle)."""
-    seqs = sorted(grid.max_num_seqs)
+def hint_parent(grid: SearchGrid, family: Family) -> Family | None:
+    """The family whose bracket this one starts from: one step closer to the middle max_num_seqs;
+    at the middle one, the next smaller TP; None for the smallest TP's middle (searched from scratch)."""
+    gpu, tp, max_num_seqs = family
+    seqs, tps = sorted(grid.max_num_seqs), sorted(grid.tps)
     centre, i = len(seqs) // 2, seqs.index(max_num_seqs)
-    return None if i == centre else seqs[i + (1 if i < centre else -1)]
+    if i != centre:
+        return gpu, tp, seqs[i + (1 if i < centre else -1)]
+    j = tps.index(tp)
+    return None if j == 0 else (gpu, tps[j - 1], max_num_seqs)
+
+
+def family_waves(grid: SearchGrid) -> list[list[FamilyTask]]:
+    """The families in waves, each after the one holding its `hint_parent`: the smallest TP's
+    middle max_num_seqs of each GPU first, from scratch; then the larger TPs, one at a time;
+    then, from each, the other max_num_seqs, one step at a time. The plain search: one wave."""
+    order = _block_order(grid)
+    families = [(g, tp, m) for g, tp in itertools.product(grid.gpus, grid.tps) for m in grid.max_num_seqs]
+    if grid.plain:
+        return [[FamilyTask(grid, *f, order) for f in families]]
+
+    def depth(family: Family) -> int:
+        parent = hint_parent(grid, family)
+        return 0 if parent is None else 1 + depth(parent)
+
+    depths = {f: depth(f) for f in families}
+    return [[FamilyTask(grid, *f, order) for f in families if depths[f] == d]
+            for d in range(max(depths.values()) + 1)]
 
 
 def family_hint(grid: SearchGrid, family: FamilyTask, found: dict[Config, dict]) -> Hint | None:
-    """Where a family's search starts: its parent's bracket (`hint_parent`), moved by the factor
-    the capacity changed from the grandparent to the parent when there is one (capacity grows
-    with max_num_seqs at a slowly changing rate until memory or compute caps it)."""
-    parent = hint_parent(grid, family.max_num_seqs)
-    if parent is None or grid.plain:
+    """Where a family's search starts: its parent's bracket, moved by how capacity changed over
+    the previous step in the same direction (capacity changes with TP and max_num_seqs at a slowly
+    changing rate until memory or compute caps it); a first step in TP guesses it scales with TP."""
+    key = (family.gpu, family.tp, family.max_num_seqs)
+    parent = None if grid.plain else hint_parent(grid, key)
+    if parent is None:
         return None
 
-    def row(max_num_seqs: int) -> dict:
-        return found[family.gpu, family.tp, family.block_sizes[0], max_num_seqs]
+    def row(f: Family) -> dict:
+        return found[f[0], f[1], family.block_sizes[0], f[2]]
 
     near = row(parent)
     if not near["probes"]:
         return None                      # it could not run: nothing to go by
-    scale = 1.0
-    grandparent = hint_parent(grid, parent)
-    if grandparent is not None and near["capacity"] and row(grandparent)["capacity"] and near["bounded"]:
-        scale = near["capacity"] / row(grandparent)["capacity"]
     if near["capacity"] is None:
         return Hint(None, near["first_miss"])
+    grandparent = hint_parent(grid, parent)
+    along_tp = parent[1] != key[1]
+    same_direction = grandparent is not None and (grandparent[1] != parent[1]) == along_tp
+    scale = key[1] / parent[1] if along_tp else 1.0
+    if same_direction and near["bounded"] and row(grandparent)["capacity"]:
+        scale = near["capacity"] / row(grandparent)["capacity"]
     bad = near["first_miss"]
     return Hint(near["capacity"] * scale, None if bad is None else bad * scale)
 
