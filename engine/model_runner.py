@@ -223,7 +223,7 @@ class ModelRunner:
         with torch.inference_mode():
             input_ids, positions, meta, last_rows = self.prepare(seqs)
             hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
-            return self.model.compute_logits(hidden[last_rows]).float()
+            return self._logits(hidden[last_rows], len(seqs))
 
     def _execute_decode(self, seqs: list[SequenceInput]) -> torch.Tensor:
         """A decode-only step (the common one), with as little host work as possible.
@@ -252,12 +252,7 @@ class ModelRunner:
             if graphs is not None and graphs.can_run(num_seqs, max_seq_len, width):
                 hidden = graphs.run(*self._decode_tensors(ids, starts, slots, rows))
                 return self.model.compute_logits(hidden).float()
-            # CPU BLAS kernels work on row tiles: a matmul of 3, 7 or 11 rows is
-            # slower than one of 4, 8 or 12 (measured on opt-125m: batch 3 took
-            # 86 ms and batch 4 60 ms). Dummy rows that round a CPU batch up to a
-            # multiple of 4 make steps faster and their cost smooth in the batch
-            # size, which the calibrated cost model relies on.
-            pad = -num_seqs % 4 if self.device.type == "cpu" and num_seqs > 1 else 0
+            pad = self._row_pad(num_seqs)
             if pad:
                 ids, starts, slots, rows = ids + [0] * pad, starts + [0] * pad, slots + [-1] * pad, \
                     rows + [[0] * width] * pad
@@ -267,7 +262,27 @@ class ModelRunner:
                 prefill_block_tables=None, decode_block_tables=block_tables, decode_seq_lens=seq_lens,
                 decode_max_seq_len=max_seq_len, checked=True)
             hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
-            return self.model.compute_logits(hidden[:num_seqs] if pad else hidden).float()
+            return self._logits(hidden, num_seqs)
+
+    def _row_pad(self, rows: int) -> int:
+        """Dummy rows that round a CPU batch up to a multiple of 4.
+
+        CPU BLAS kernels work on row tiles: a matmul of 3, 7 or 11 rows is slower
+        than one of 4, 8 or 12 (measured on opt-125m: decode batch 7 took 102 ms,
+        batch 8 83 ms). Padding makes steps faster and their cost smooth in the
+        batch size, which the calibrated cost model relies on. One row is a
+        matrix-vector product, fast as it is.
+        """
+        return -rows % 4 if self.device.type == "cpu" and rows > 1 else 0
+
+    def _logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
+        """fp32 logits of the first n rows of `hidden`, the LM head (the largest matmul of a small
+        model) run over the rows padded as _row_pad says."""
+        pad = self._row_pad(n) - (hidden.shape[0] - n)
+        if pad > 0:
+            hidden = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[1])])
+        logits = self.model.compute_logits(hidden)
+        return (logits[:n] if logits.shape[0] != n else logits).float()
 
     def _decode_tensors(self, ids, starts, slots, rows):
         """Device tensors of a decode step: input ids, positions, slots, block tables, context lengths."""

@@ -65,6 +65,10 @@ def validate_cmd(
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill", help="engine and simulator both "
                                                    "schedule as vLLM v1 (chunked prefill; a vLLM v1 deployment does)"),
+    speed_correction: bool = typer.Option(False, "--speed-correction/--no-speed-correction",
+                                          help="scale the profile by the device's speed during the live run, "
+                                               "timed by canaries right before and after it (always reported; "
+                                               "off by default: see planner/speed_level.py)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:
@@ -87,7 +91,7 @@ def validate_cmd(
                     length_scale=length_scale, max_output_len=max_output_len, block_size=block_size,
                     num_gpu_blocks=num_gpu_blocks, preemption_mode=preemption, max_num_seqs=max_num_seqs,
                     profile=str(profile) if profile else None, enable_chunked_prefill=bool(chunked_prefill),
-                    max_num_batched_tokens=max_num_batched_tokens)
+                    max_num_batched_tokens=max_num_batched_tokens, speed_correction=speed_correction)
     if quick:
         settings.update(QUICK)
     folder = out or Path("reports") / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model).name}-{workload}"
@@ -148,6 +152,12 @@ def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None =
     s = result.step_error_summary()
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
+    if result.speed_level is not None:
+        console.print(result.speed_level.headline(), highlight=False, markup=False)
+        raw = result.uncorrected_errors()
+        if raw:
+            console.print("  errors with the profile as it is: " + ", ".join(
+                f"{k} {'–' if e is None else f'{e:+.1%}'}" for k, e in raw.items()), highlight=False, markup=False)
     console.print("[bold]verdict[/bold]")
     for line in verdict["lines"]:
         console.print(f"  {line}", highlight=False, markup=False)

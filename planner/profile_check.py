@@ -12,8 +12,10 @@ used silently:
                reported in one line saying what differs (`find_profile`).
   canary       when the profiled device is this machine, a few of the profile's
                own forward-pass grid points are timed again with the profiler's
-               timing code (at most ~10 s); measured / profiled off by more than
-               7% means the profile is stale (`check_profile`).
+               timing code (at most ~10 s); the median over points of measured /
+               profiled off by more than 7% means the profile is stale
+               (`check_profile`). `validate` times the same points right before
+               and after its live run (planner/speed_level.py).
 
 Without the device here (a GPU profile on a laptop) only the fingerprint can
 be looked at, and the check says so: status "unchecked".
@@ -276,7 +278,7 @@ def canary_points(profile: Profile, budget_s: float) -> list:
 
 def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_BUDGET_S,
                measure=None) -> tuple[list[dict], float | None]:
-    """Time canary points again; returns (points, sum measured / sum profiled).
+    """Time canary points again on a runner built for them; returns (points, measured / profiled).
 
     `measure(runner, measurement) -> seconds` defaults to the profiler's own
     timing (planner.profiling.pieces); tests pass a fake.
@@ -285,27 +287,38 @@ def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_
     selected = canary_points(profile, budget_s)
     if not selected:
         return [], None
-    import random
-
     import torch
 
     from engine.model_runner import ModelRunner
-    from planner.profiling import pieces
 
     device = torch.device("cpu") if profile.device.kind == "cpu" else torch.device("cuda", 0)
-    dtype = getattr(torch, profile.dtype)
     bs = profile.block_size
     blocks = max([int(m.features["seqs"]) * -(-int(m.features["context"] // m.features["seqs"]) // bs)
                   for m in selected if m.component == "decode"] +
                  [-(-int(m.features["tokens"]) // bs) * int(m.features["seqs"]) for m in selected
                   if m.component == "prefill"] + [1])
     runner = ModelRunner(model_folder, block_size=bs, num_gpu_blocks=blocks + 1, num_cpu_blocks=0,
-                         dtype=dtype, device=device)
+                         dtype=getattr(torch, profile.dtype), device=device)
+    remaining = budget_s - (time.perf_counter() - started)
+    points = time_canary(selected, runner, budget_s=remaining, measure=measure)
+    return points, canary_ratio(points)
+
+
+def time_canary(selected: list, runner, *, budget_s: float, measure=None) -> list[dict]:
+    """Time the profile measurements `selected` again on `runner` (the canary's own, or a live engine's),
+    stopping once `budget_s` is spent; one dict per point timed."""
+    started = time.perf_counter()
+    import random
+
+    import torch
+
+    from planner.profiling import pieces
+
     rng = random.Random(0)
 
     def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
 
     def profiler_timing(m) -> float:
         f = m.features
@@ -323,10 +336,22 @@ def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_
             break
         points.append({"component": m.component, "features": m.features, "profile_s": m.median_s,
                        "measured_s": measure(runner, m)})
-    profiled = sum(p["profile_s"] for p in points)
-    measured = sum(p["measured_s"] for p in points)
-    ratio = measured / profiled if profiled > 0 and math.isfinite(measured) else None
-    return points, ratio
+    return points
+
+
+def canary_ratio(points: list[dict]) -> float | None:
+    """The median over points of measured / profiled time.
+
+    The median rather than a ratio of sums: one point the profile caught in a
+    slow spell (a shared CPU can stall a step tenfold while another process
+    runs) must not decide the verdict on its own.
+    """
+    ratios = sorted(p["measured_s"] / p["profile_s"] for p in points
+                    if p["profile_s"] > 0 and math.isfinite(p["measured_s"]))
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
 # -- validate: the live engine runs where the profile was measured --------------

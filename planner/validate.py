@@ -23,6 +23,7 @@ from planner.models_cache import model_folder
 from planner.profile_check import (check_settings, engine_dtype, find_profile, pin_live_device,
                                     require_device)
 from planner.simulator import SimConfig, simulate
+from planner.speed_level import ScaledCostModel, SpeedLevel, canary_probe
 from workloads import Trace, make_trace
 
 # Metrics compared, in report order.
@@ -50,6 +51,7 @@ class ValidateConfig:
     kv_cache_memory_bytes: int = 1 << 30
     profile: str | None = None
     enable_chunked_prefill: bool = False         # both sides schedule with vLLM v1's policy
+    speed_correction: bool = False       # scale the profile by the device's speed level (planner/speed_level.py)
     max_num_batched_tokens: int | None = None
     # The live engine's device and dtype: pinned to the profile's by validate() (planner/profile_check.py).
     device: str = "auto"
@@ -76,6 +78,7 @@ class LiveRun:
     max_model_len: int
     max_num_batched_tokens: int
     kernels: str
+    speed: tuple[float | None, float | None] = (None, None)   # canary ratios before and after the run
 
 
 @dataclass
@@ -90,16 +93,23 @@ class Validation:
     step_errors: list[float] = field(default_factory=list)   # per live step: predicted / measured - 1
     attribution: dict | None = None      # the error split by source (planner/attribution.py)
     profile_check: dict | None = None    # ProfileCheck.as_dict() of the profile used, when it was checked
+    speed_level: SpeedLevel | None = None
+    uncorrected: dict | None = None      # the simulated metrics without the speed-level correction
 
     def comparison(self) -> dict[str, dict[str, float | None]]:
         rows = {}
         for name in COMPARED:
             measured, simulated = _metric(self.live.metrics, name), _metric(self.simulated, name)
-            error = None
-            if measured is not None and simulated is not None and measured != 0:
-                error = simulated / measured - 1
-            rows[name] = {"measured": measured, "simulated": simulated, "relative_error": error}
+            rows[name] = {"measured": measured, "simulated": simulated,
+                          "relative_error": _relative(measured, simulated)}
         return rows
+
+    def uncorrected_errors(self) -> dict[str, float | None]:
+        """Relative errors of the headline metrics had the simulation used the profile as it is."""
+        if self.uncorrected is None:
+            return {}
+        return {name: _relative(_metric(self.live.metrics, name), _metric(self.uncorrected, name))
+                for name in ("request_throughput", "e2e_mean", "step_time_median")}
 
     def step_error_summary(self) -> dict[str, float]:
         errs = sorted(abs(e) for e in self.step_errors)
@@ -107,6 +117,10 @@ class Validation:
             return {}
         return {"median_abs": errs[len(errs) // 2], "p90_abs": errs[int(0.9 * (len(errs) - 1))],
                 "mean": sum(self.step_errors) / len(self.step_errors), "num_steps": len(errs)}
+
+
+def _relative(measured: float | None, simulated: float | None) -> float | None:
+    return None if measured is None or simulated is None or measured == 0 else simulated / measured - 1
 
 
 def _metric(metrics: dict, name: str) -> float | None:
@@ -129,8 +143,12 @@ class TraceClock:
         return time.perf_counter() - self.origin
 
 
-def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -> LiveRun:
-    """Replay ``trace`` online against the wall clock on the real engine."""
+def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, speed_probe=None) -> LiveRun:
+    """Replay ``trace`` online against the wall clock on the real engine.
+
+    ``speed_probe(runner) -> ratio``, if given, times the device on the engine's own runner right
+    before the run (its KV cache still empty) and right after it (planner/speed_level.py).
+    """
     from cuda_ext import ops_for
     from engine.llm_engine import LLMEngine
 
@@ -150,6 +168,7 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
                        step_observer=lambda out: shapes.append(step_shape(out)))
     vocab = engine.runner.vocab_size
     groups = []
+    before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, vocab)
     shapes.clear()
     pending = deque(trace.requests)
@@ -169,11 +188,13 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None) -
         done += len(finished)
         if progress is not None and finished:
             progress(done, len(trace))
+    after = speed_probe(engine.runner) if speed_probe else None
     requests = [RequestRecord.from_group(g) for g in groups]
     steps = engine.steps
     return LiveRun(requests, steps, shapes, compute_metrics(requests, steps, engine.scheduler.preemptions),
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
-                   engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend)
+                   engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend,
+                   (before, after))
 
 
 def _warm_up(engine, vocab: int) -> None:
@@ -234,7 +255,12 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     profile = getattr(cost_model, "profile", None)
     if profile is not None and (cfg.device, cfg.dtype) == ("auto", "auto"):
         cfg.device, cfg.dtype = pin_live_device(gpu, profile)
-    live = run_live(trace, folder, cfg, progress=progress)
+    probe = canary_probe(profile) if profile is not None else None
+    live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe)
+    level = SpeedLevel(*live.speed, applied=cfg.speed_correction) if probe else None
+    raw_model = cost_model
+    if level is not None and level.applied and level.factor is not None:
+        cost_model = ScaledCostModel(cost_model, level.factor)
     sim_cfg = SimConfig(model=spec, gpu=gpu, block_size=cfg.block_size, preemption_mode=cfg.preemption_mode,
                         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=live.max_num_batched_tokens,
                         num_gpu_blocks=live.num_gpu_blocks, num_cpu_blocks=live.num_cpu_blocks,
@@ -244,5 +270,6 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     step_errors = [cost_model.step_time(shape) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
     attribution = run_attribution(trace, sim_cfg, cost_model, live.steps, live.requests, live.metrics, sim.metrics)
+    uncorrected = simulate(trace, sim_cfg, raw_model).metrics if cost_model is not raw_model else None
     return Validation(cfg, spec, live, sim.metrics, sim.steps, sim.requests, cost_model.name, step_errors,
-                      attribution)
+                      attribution, speed_level=level, uncorrected=uncorrected)

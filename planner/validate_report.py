@@ -34,6 +34,8 @@ def as_json(v: Validation) -> dict:
            for key in ("num_completed", "num_rejected", "num_truncated")},
         "error_attribution": v.attribution,
         "profile_check": v.profile_check,
+        "speed_level": None if v.speed_level is None else
+        {**v.speed_level.as_dict(), "errors_without_correction": v.uncorrected_errors()},
     }
 
 
@@ -62,7 +64,7 @@ def as_markdown(v: Validation, plots: list[str]) -> str:
         lines += ["", f"Per-step prediction (cost model applied to each measured step's shape): median |error| "
                       f"{s['median_abs']:.1%}, p90 |error| {s['p90_abs']:.1%}, mean error {s['mean']:+.1%} "
                       f"over {s['num_steps']} steps."]
-    lines += _attribution_lines(v.attribution) + _profile_check_lines(v.profile_check)
+    lines += _speed_level_lines(v) + _attribution_lines(v.attribution) + _profile_check_lines(v.profile_check)
     lines += ["", *[f"![{p}]({p})" for p in plots], ""]
     return "\n".join(lines)
 
@@ -91,6 +93,18 @@ def _attribution_lines(a: dict | None) -> list[str]:
     if gaps:
         lines += ["", f"Host time between busy steps: {gaps['total_s']:.3g} s in all, {gaps['mean_s'] * 1e3:.3g} ms "
                       f"per step, {gaps['share_of_busy_time']:.1%} of the busy time (the simulator has none)."]
+    return lines
+
+
+def _speed_level_lines(v: Validation) -> list[str]:
+    """The device's speed level during the run (planner/speed_level.py), and the errors without it."""
+    if v.speed_level is None:
+        return []
+    lines = ["", f"Speed level: {v.speed_level.headline()}."]
+    raw = v.uncorrected_errors()
+    if raw:
+        lines.append("Errors with the profile as it is: " + ", ".join(
+            f"{name} {'–' if err is None else f'{err:+.1%}'}" for name, err in raw.items()) + ".")
     return lines
 
 

@@ -114,3 +114,26 @@ def test_cli_step_by_step_gives_the_same_document(tmp_path):
     assert docs[0]["num_completed"] == 30
     from planner.sweep import RunSpec
     assert RunSpec(step_by_step=True).config().fast_forward is False and RunSpec().config().fast_forward
+
+
+def test_windows_give_each_decode_its_own_context_as_step_by_step_does():
+    # The measured model prices every decode sequence at its own context (from the
+    # shape's histogram of contexts), so a window must carry the histogram step
+    # by step, sequences crossing into the next power-of-two bucket included.
+    from planner.cost.measured import MeasuredCostModel
+    from planner.cost.shape import context_histogram
+
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    cost = MeasuredCostModel(model, gpu)
+    trace = make_trace("sharegpt", num_requests=30, rate=4.0, seed=2)
+    base = SimConfig(model, gpu, num_gpu_blocks=400, num_cpu_blocks=400, max_model_len=4096)
+    fast, slow = simulate(trace, base, cost), simulate(trace, dataclasses.replace(base, fast_forward=False), cost)
+    assert_identical(fast, slow)
+    assert fast.fast_forwarded_steps > len(fast.steps) // 2
+    decodes = [s for s in fast.shapes if s.decode_seqs]
+    for s in decodes:
+        hist = s.decode_histogram
+        assert sum(hist[1::3]) == s.decode_seqs and sum(hist[2::3]) == s.decode_context
+        assert all(2 ** (k - 1) < total / n <= 2 ** k for k, n, total in zip(hist[::3], hist[1::3], hist[2::3]))
+    assert sum(len(s.decode_histogram) > 3 for s in decodes) > len(decodes) // 4   # contexts really do differ
+    assert context_histogram([40, 3, 33, 64, 65]) == (2, 1, 3, 6, 3, 137, 7, 1, 65)

@@ -49,9 +49,10 @@ def tiny_profile(tiny_model, tmp_path_factory):
 def test_profile_measures_every_component_and_records_its_setting(tiny_profile, tiny_model):
     profile, _, calls = tiny_profile
     assert {m.component for m in profile.measurements} == set(COMPONENTS) == set(profile.fit)
-    # The grid is timed in rounds (1 warm-up + 3 repeats), each point once per round.
+    # The grid is timed in rounds (1 warm-up + 3 repeats), each point once per round, and points
+    # whose repetitions scattered (a busy machine) once more per extra round.
     rounds = 1 + 3
-    assert len(calls) == rounds * len(profile.measurements) and set(calls) == {len(calls)}
+    assert len(calls) >= rounds * len(profile.measurements) and set(calls) == {rounds * len(profile.measurements)}
     assert profile.device.gpu == "cpu" and profile.device.kind == "cpu" and profile.dtype == "float32"
     assert profile.device.torch_version == torch.__version__
     assert profile.model.num_layers == 2 and profile.model.name == tiny_model.name
@@ -59,7 +60,7 @@ def test_profile_measures_every_component_and_records_its_setting(tiny_profile, 
     # Every (tokens, seqs) combination where the tokens split evenly into prompts: 6 prefill points
     assert sum(m.component == "prefill" for m in profile.measurements) == 6
     for m in profile.measurements:
-        assert len(m.samples_s) == 3 and m.median_s == statistics.median(m.samples_s) > 0
+        assert len(m.samples_s) >= 3 and m.median_s == statistics.median(m.samples_s) > 0
 
 
 def test_round_trip_and_calibrated_model_reproduces_the_grid(tiny_profile, tiny_model):
@@ -160,3 +161,17 @@ def test_detected_gpu_variant_and_kind_mismatch(monkeypatch):
     assert forced.forced and forced.gpu.name == "a100-40g"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_target("a100", force=True).device.type == "cpu"
+
+
+def test_points_caught_in_a_slow_spell_are_timed_again():
+    # A shared CPU stalls a step several-fold while another process runs: a point whose repetitions
+    # scatter gets extra rounds, so its median rests on steady repetitions; steady points get none.
+    from planner.profiling.run import _measure, _Point
+
+    spikes = iter([0.5, 0.6, 0.7])               # the first three timed repetitions of "noisy" are stalled
+    noisy = _Point("sched_decode", {"seqs": 1}, lambda _: [next(spikes, 0.1)], False)
+    steady = _Point("sched_decode", {"seqs": 2}, lambda _: [0.2], False)
+    samples = [[[]], [[]]]
+    _measure([noisy, steady], range(2), None, 0, rounds=5, warmup=0, samples=samples, progress=None, total=10)
+    assert len(samples[1][0]) == 5                          # steady: its five rounds only
+    assert len(samples[0][0]) > 5 and sorted(samples[0][0])[len(samples[0][0]) // 2] == 0.1

@@ -205,7 +205,8 @@ def test_step_shape_is_read_before_update():
     assert step_shape(out) == StepShape(prefill_seqs=1, prefill_tokens=3, prefill_attn_pairs=3 * 8 + 6)
     sched.update(out, {s.seq_id: [(1, 0.0)] for s in out.seqs}, 2.0)
     out = sched.schedule(2.0)   # decode: a holds 11 tokens, b 12
-    assert step_shape(out) == StepShape(decode_seqs=2, decode_context=23)
+    assert step_shape(out) == StepShape(decode_seqs=2, decode_context=23,
+                                        decode_histogram=(4, 2, 23))   # both in (8, 16]
 
 
 def test_config_rejects_bad_input():

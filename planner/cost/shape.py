@@ -20,6 +20,12 @@ class StepShape:
     decode_context: int = 0        # keys read by decode attention: sum of their context lengths (incl. the new token)
     swap_blocks: int = 0           # KV blocks moved between GPU and CPU this step (in + out)
     copy_blocks: int = 0           # copy-on-write block copies this step
+    # The decode contexts one by one, as a histogram over power-of-two buckets:
+    # flat triples (bucket, sequences, sum of their contexts), buckets ascending,
+    # bucket k holding contexts in (2**(k-1), 2**k] (see context_histogram).
+    # Empty: the producer did not say, and a model that needs it assumes every
+    # sequence is at the mean context. Models linear in context use the sum.
+    decode_histogram: tuple[int, ...] = ()
 
     @property
     def total_tokens(self) -> int:
@@ -39,6 +45,33 @@ class StepShape:
 def prefill_attn_pairs(new_tokens: int, cached_tokens: int = 0) -> int:
     """(query, key) pairs for one sequence computing `new_tokens` after `cached_tokens` (causal mask)."""
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+
+
+def context_bucket(context: int) -> int:
+    """The histogram bucket of a decode context: k such that 2**(k-1) < context <= 2**k.
+
+    Powers of two because they are the context grid of the measured
+    generation-attention tables, which a model can then price exactly per
+    bucket from its count and sum (time is linear in context between grid points).
+    """
+    return (context - 1).bit_length()
+
+
+def context_histogram(contexts) -> tuple[int, ...]:
+    """StepShape.decode_histogram of these decode contexts."""
+    bins: dict[int, list[int]] = {}
+    for c in contexts:
+        k = (c - 1).bit_length()                   # context_bucket, inlined: hot path
+        entry = bins.get(k)
+        if entry is None:
+            bins[k] = [1, c]
+        else:
+            entry[0] += 1
+            entry[1] += c
+    flat: list[int] = []
+    for k in sorted(bins):
+        flat += (k, *bins[k])
+    return tuple(flat)
 
 
 def step_shape(out: "SchedulerOutput") -> StepShape:
@@ -63,28 +96,28 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
             pairs += new * cached + new * (new + 1) // 2   # prefill_attn_pairs, inlined: hot path
         return StepShape(prefill_seqs=len(out.seqs), prefill_tokens=tokens, prefill_attn_pairs=pairs,
                          swap_blocks=swap, copy_blocks=copies)
-    context = 0
-    for seq in out.seqs:
-        context += len(seq.token_ids)
-    return StepShape(decode_seqs=len(out.seqs), decode_context=context, swap_blocks=swap, copy_blocks=copies)
+    contexts = [len(seq.token_ids) for seq in out.seqs]
+    return StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
+                     decode_histogram=context_histogram(contexts), swap_blocks=swap, copy_blocks=copies)
 
 
 def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int) -> StepShape:
     """A chunked-prefill step, per sequence as the runner packs it: one new token
     after a cached context is a decode; anything else (a prompt chunk, with the
     tokens already cached as its context) goes through prefill attention."""
-    prefill_seqs = tokens = pairs = decode_seqs = context = 0
+    prefill_seqs = tokens = pairs = 0
+    contexts = []
     for seq, new in zip(out.seqs, out.num_scheduled_tokens):
         cached = seq.num_computed_tokens
         if new == 1 and cached > 0:
-            decode_seqs += 1
-            context += cached + 1
+            contexts.append(cached + 1)
         else:
             prefill_seqs += 1
             tokens += new
             pairs += new * cached + new * (new + 1) // 2
     return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
-                     decode_seqs=decode_seqs, decode_context=context, swap_blocks=swap, copy_blocks=copies)
+                     decode_seqs=len(contexts), decode_context=sum(contexts),
+                     decode_histogram=context_histogram(contexts), swap_blocks=swap, copy_blocks=copies)
 
 
 @runtime_checkable

@@ -30,6 +30,8 @@ from planner.profiling.fit import fit_all
 from planner.profiling.grid import decode_points, make_grid, prefill_points
 
 
+UNSTEADY_SPREAD = 0.3    # (p90 - p10) / median of a point's repetitions above this: time it again
+
 
 @dataclass
 class ProfileOptions:
@@ -200,6 +202,10 @@ def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: i
     """
     order = list(which)
     shuffle = random.Random(k).shuffle
+
+    def series(i: int) -> list[float]:
+        return samples[i][k if points[i].per_model else 0]
+
     for round_ in range(rounds):
         shuffle(order)
         for i in order:
@@ -208,7 +214,19 @@ def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: i
                 progress(f"round {round_ + 1}/{rounds}: {point.component} {point.features}", total)
             sample = point.measure(runner if point.per_model else None)
             if round_ >= warmup:
-                samples[i][k if point.per_model else 0].extend(sample)
+                series(i).extend(sample)
+    # Points whose repetitions scatter widely met a slow spell (another process on a shared CPU can
+    # stall a multi-threaded matmul several-fold): time them again, up to as many extra rounds as
+    # there were repetitions, so that their median rests on steady repetitions.
+    for extra in range(rounds - warmup):
+        unsteady = [i for i in order if pieces.summarize(series(i))[1] > UNSTEADY_SPREAD]
+        if not unsteady:
+            break
+        shuffle(unsteady)
+        for i in unsteady:
+            if progress is not None:
+                progress(f"extra round {extra + 1}: {points[i].component} {points[i].features}", total)
+            series(i).extend(points[i].measure(runner if points[i].per_model else None))
 
 
 def _measurement(point: _Point, samples: list[list[float]], num_layers: int, scaled: bool) -> Measurement:

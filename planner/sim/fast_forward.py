@@ -124,6 +124,27 @@ def _swap_in_blocked(scheduler: Scheduler) -> bool:
     return _num_running(scheduler.running) + len(group.seqs) > scheduler.config.max_num_seqs
 
 
+def _context_bins(seqs: list[Sequence], last: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The first step's decode-context histogram (planner.cost.shape.context_histogram,
+    as {bucket: [sequences, sum of contexts]}) and, per later step up to `last`,
+    the buckets that a sequence leaves for the next one: a context c at step 1
+    is c + j - 1 at step j, and leaves bucket k when it reaches 2**k + 1."""
+    bins: dict[int, list[int]] = {}
+    moves: dict[int, list[int]] = {}
+    for seq in seqs:
+        n = len(seq.token_ids)
+        k = (n - 1).bit_length()
+        entry = bins.setdefault(k, [0, 0])
+        entry[0] += 1
+        entry[1] += n
+        step = (1 << k) - n + 2
+        while step <= last:
+            moves.setdefault(step, []).append(k)
+            k += 1
+            step = (1 << k) - n + 2
+    return bins, moves
+
+
 def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], now: float,
                 next_arrival: float, max_steps: int = MAX_WINDOW) -> Window | None:
     """The decode steps starting at `now` that provably each run as one plain decode
@@ -185,14 +206,31 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     ends: list[float] = []
     end = now
     num_seqs = len(seqs)
+    bins, moves = _context_bins(seqs, last)
     while end < next_arrival:
-        shape = StepShape(0, 0, 0, num_seqs, context)
+        histogram: list[int] = []
+        for k in sorted(bins):
+            histogram += (k, *bins[k])
+        shape = StepShape(0, 0, 0, num_seqs, context, decode_histogram=tuple(histogram))
         end = end + step_time(shape)
         shapes.append(shape)
         ends.append(end)
         if len(shapes) == last:
             break
         context += num_seqs
+        # the next step: every context one longer, some into the next bucket
+        for entry in bins.values():
+            entry[1] += entry[0]
+        for k in moves.get(len(shapes) + 1, ()):
+            moved = (1 << k) + 1
+            entry = bins[k]
+            entry[0] -= 1
+            entry[1] -= moved
+            if not entry[0]:
+                del bins[k]
+            entry = bins.setdefault(k + 1, [0, 0])
+            entry[0] += 1
+            entry[1] += moved
     steps = len(shapes)
 
     # Memory: the free blocks left after each step's appends stay >= the widest group.
