@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.cost.shape import CostModel, StepShape
+from planner.cost.shape import CostModel, StepShape, reads_context_histogram
 
 CANARY_BUDGET_S = 4.0      # each bracketing canary (before, after): a few forward passes
 
@@ -65,6 +65,7 @@ class ScaledCostModel:
         self.name = f"{inner.name} x{factor:.3f} (speed level)"
         self.profile = getattr(inner, "profile", None)
         self.source = getattr(inner, "source", None)
+        self.prices_each_context = reads_context_histogram(inner)
 
     def step_time(self, shape: StepShape) -> float:
         return self.inner.step_time(shape) * self.factor

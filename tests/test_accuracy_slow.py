@@ -1,6 +1,6 @@
 """Accuracy as a test: a fresh quick profile, then short live validations, must meet the targets.
 
-Slow (a quick profile of opt-125m and three live runs: several minutes on 2
+Slow (a quick profile of opt-125m and four live runs: about five minutes on 2
 cores) and meaningful only on a quiet machine, so it is marked slow and left out
 of CI's default run: `pytest -m slow tests/test_accuracy_slow.py`.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.cli_validate import QUICK
 from planner.profile_check import check_profile
 from planner.profile_schema import load_profile, save_profile
 from planner.profiling.run import ProfileOptions, run_profile
@@ -25,12 +26,17 @@ def fresh_profile(tmp_path_factory):
     return path
 
 
+# What `scripts/main.sh` runs (validate --quick), and validate's default settings for both workloads and
+# both scheduling policies.
+CASES = {"main.sh": dict(workload="sharegpt", **QUICK), "sharegpt": dict(workload="sharegpt"),
+         "alpaca": dict(workload="alpaca"), "sharegpt, chunked prefill": dict(workload="sharegpt",
+                                                                             enable_chunked_prefill=True)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workload,chunked", [("sharegpt", False), ("alpaca", False), ("sharegpt", True)])
-def test_validation_after_a_fresh_profile_meets_the_targets(fresh_profile, workload, chunked):
-    cfg = ValidateConfig(gpu="cpu", model="opt-125m", workload=workload, requests=24, rate=3.0, length_scale=0.15,
-                         max_output_len=96, profile=str(fresh_profile), enable_chunked_prefill=chunked)
-    v = validate(cfg)
+@pytest.mark.parametrize("case", list(CASES))
+def test_validation_after_a_fresh_profile_meets_the_targets(fresh_profile, case):
+    v = validate(ValidateConfig(gpu="cpu", model="opt-125m", profile=str(fresh_profile), **CASES[case]))
     rows = v.comparison()
     errors = {name: rows[name]["relative_error"] for name in TARGETS}
     where = ", ".join(f"{name} {err:+.1%}" for name, err in errors.items()) + f"; attribution {v.attribution}"

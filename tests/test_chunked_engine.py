@@ -9,21 +9,11 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from test_engine import engine_greedy, hf_greedy, make_prompts
-from tiny_models import hf_model, save_tiny_model
+# The same tiny llama/opt/gpt2 models and transformers references as the engine's own tests.
+from test_engine import engine_greedy, hf_greedy, make_prompts, model_dir, reference  # noqa: F401
 
 BUDGET = 32
 MAX_TOKENS = 8
-
-
-@pytest.fixture(scope="module", params=["llama", "opt", "gpt2"])
-def model_dir(request, tmp_path_factory):
-    return save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    return hf_model(model_dir)
 
 
 def chunked_llm(model_dir, **kwargs) -> LLM:

@@ -100,7 +100,7 @@ def _assert_attribution_adds_up(v, doc):
 
 
 def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
-    # A profile taken while the device ran 3x slower than now: the canaries bracketing the live run
+    # A profile taken while the device ran 10x slower than now: the canaries bracketing the live run
     # see it, the simulation prices steps with the profile scaled by that level, and the report
     # keeps the errors without the correction.
     from planner.profile_schema import save_profile
@@ -111,14 +111,14 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
                 host_batch=[1, 8], block_counts=[1, 4], warmup=1)
     profile = run_profile(ProfileOptions(gpu="cpu", model=llama_dir, quick=True, repeats=2, grid_overrides=grid))
     for m in profile.measurements:
-        m.median_s *= 3
+        m.median_s *= 10
     path = save_profile(profile, tmp_path / "slow.json")
     cfg = dict(model=llama_dir, workload="alpaca", rate=math.inf, requests=6, length_scale=0.5, max_prompt_len=40,
                max_output_len=16, profile=str(path))
     v = validate(ValidateConfig(**cfg, speed_correction=True))
     level = v.speed_level
     assert level.applied and level.before is not None and level.after is not None
-    assert level.factor < 0.8                    # loose: a shared CPU's load moves the canaries
+    assert level.factor < 0.5                    # loose: a shared CPU's load moves the canaries
     # All requests arrive at once, so scheduling does not depend on step times: every step scales.
     assert v.simulated["step_time_median"] == pytest.approx(v.uncorrected["step_time_median"] * level.factor)
     doc = as_json(v)["speed_level"]

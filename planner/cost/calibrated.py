@@ -61,6 +61,8 @@ class _Curve:
 class CalibratedCostModel:
     """Step time for the profiled model on the profiled device; `sampling` picks the sampler path priced."""
 
+    prices_each_context = False   # decode attention from the contexts' sum: StepShape.decode_histogram is not read
+
     def __init__(self, profile: Profile, *, source: str = "profile", sampling: str = "greedy") -> None:
         if sampling not in SAMPLING_MODES:
             raise PlannerError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")

@@ -14,6 +14,8 @@ PREFIX = "linear:"
 
 
 class LinearCostModel:
+    prices_each_context = False   # a step's time depends on its token count alone
+
     def __init__(self, base: float, per_token: float) -> None:
         if base < 0 or per_token < 0 or base + per_token <= 0:
             raise PlannerError(f"linear cost model: A and B must be >= 0 and not both 0, got {base}, {per_token}")

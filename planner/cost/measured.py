@@ -114,6 +114,8 @@ def _host_profile(gpu_name: str):
 class MeasuredCostModel:
     """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies."""
 
+    prices_each_context = True   # decode attention from each sequence's own context (StepShape.decode_histogram)
+
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
                  block_size: int = 16) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)

@@ -74,6 +74,8 @@ def _kernel_backend(gpu: GpuSpec) -> str:
 class RooflineCostModel:
     """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
 
+    prices_each_context = False   # decode attention from the contexts' sum: StepShape.decode_histogram is not read
+
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
                  block_size: int = 16, efficiency: RooflineEfficiency = RooflineEfficiency(),
                  cpu_overhead_base: float = CPU_OVERHEAD_BASE_S,

@@ -74,9 +74,10 @@ def context_histogram(contexts) -> tuple[int, ...]:
     return tuple(flat)
 
 
-def step_shape(out: "SchedulerOutput") -> StepShape:
+def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
     """The shape of a scheduled step. Call it before ``scheduler.update``, which marks
-    the step's tokens computed and so erases what this reads.
+    the step's tokens computed and so erases what this reads. ``histogram=False``
+    leaves decode_histogram empty, for a cost model that does not read it.
 
     Steps are classified as a whole, the way the engine runs them: every sequence
     of a prefill step goes through the prompt path (even one left with a single
@@ -86,7 +87,7 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
     copies = len(out.blocks_to_copy)
     if out.num_scheduled_tokens is not None:
-        return _mixed_step_shape(out, swap, copies)
+        return _mixed_step_shape(out, swap, copies, histogram)
     if out.is_prefill:
         tokens = pairs = 0
         for seq in out.seqs:
@@ -98,10 +99,11 @@ def step_shape(out: "SchedulerOutput") -> StepShape:
                          swap_blocks=swap, copy_blocks=copies)
     contexts = [len(seq.token_ids) for seq in out.seqs]
     return StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
-                     decode_histogram=context_histogram(contexts), swap_blocks=swap, copy_blocks=copies)
+                     decode_histogram=context_histogram(contexts) if histogram else (),
+                     swap_blocks=swap, copy_blocks=copies)
 
 
-def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int) -> StepShape:
+def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int, histogram: bool) -> StepShape:
     """A chunked-prefill step, per sequence as the runner packs it: one new token
     after a cached context is a decode; anything else (a prompt chunk, with the
     tokens already cached as its context) goes through prefill attention."""
@@ -117,7 +119,14 @@ def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int) -> StepSha
             pairs += new * cached + new * (new + 1) // 2
     return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
                      decode_seqs=len(contexts), decode_context=sum(contexts),
-                     decode_histogram=context_histogram(contexts), swap_blocks=swap, copy_blocks=copies)
+                     decode_histogram=context_histogram(contexts) if histogram else (),
+                     swap_blocks=swap, copy_blocks=copies)
+
+
+def reads_context_histogram(cost_model) -> bool:
+    """Does `cost_model` price decode attention per context (read StepShape.decode_histogram)?
+    A model says so with `prices_each_context`; one that does not say is assumed to."""
+    return getattr(cost_model, "prices_each_context", True)
 
 
 @runtime_checkable

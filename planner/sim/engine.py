@@ -26,7 +26,7 @@ from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
-from planner.cost.shape import CostModel, StepShape, step_shape
+from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
 from planner.errors import PlannerError
 from planner.sim.config import SimConfig
 from planner.sim.executor import SyntheticExecutor
@@ -96,9 +96,10 @@ class SimulatedEngine:
     def run(self):
         env, scheduler, allocator = self.env, self.scheduler, self.allocator
         step_time = self.cost_model.step_time
+        histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
             if self.fast_forward and not self.chunked:   # windows assume the paper's policy
-                window = plan_window(scheduler, step_time, env.now, self.next_arrival)
+                window = plan_window(scheduler, step_time, env.now, self.next_arrival, histogram=histogram)
                 if window is not None:
                     yield from self.run_window(window)
                     continue
@@ -120,7 +121,7 @@ class SimulatedEngine:
                 yield self.idle                # sleep until the next request arrives
                 continue
 
-            shape = step_shape(out)            # before update, which marks the tokens computed
+            shape = step_shape(out, histogram)  # before update, which marks the tokens computed
             start = env.now
             num_running = len(scheduler.running)
             if self.chunked:

@@ -146,9 +146,10 @@ def _context_bins(seqs: list[Sequence], last: int) -> tuple[dict[int, list[int]]
 
 
 def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], now: float,
-                next_arrival: float, max_steps: int = MAX_WINDOW) -> Window | None:
+                next_arrival: float, max_steps: int = MAX_WINDOW, histogram: bool = True) -> Window | None:
     """The decode steps starting at `now` that provably each run as one plain decode
-    of the whole running set; None when not even the first one does."""
+    of the whole running set; None when not even the first one does. ``histogram``:
+    give each step's shape its decode-context histogram (step_shape's flag)."""
     running = scheduler.running
     if not running or now >= next_arrival or not covers(scheduler):
         return None
@@ -206,12 +207,15 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     ends: list[float] = []
     end = now
     num_seqs = len(seqs)
-    bins, moves = _context_bins(seqs, last)
+    bins, moves = _context_bins(seqs, last) if histogram else ({}, {})   # empty: the updates below are no-ops
     while end < next_arrival:
-        histogram: list[int] = []
-        for k in sorted(bins):
-            histogram += (k, *bins[k])
-        shape = StepShape(0, 0, 0, num_seqs, context, decode_histogram=tuple(histogram))
+        if histogram:
+            flat: list[int] = []
+            for k in sorted(bins):
+                flat += (k, *bins[k])
+            shape = StepShape(0, 0, 0, num_seqs, context, decode_histogram=tuple(flat))
+        else:
+            shape = StepShape(0, 0, 0, num_seqs, context)
         end = end + step_time(shape)
         shapes.append(shape)
         ends.append(end)
