@@ -67,6 +67,9 @@ def search(
                                                        "planner/data/prices.json; repeatable"),
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
+    plain: bool = typer.Option(False, "--plain", help="search every configuration from scratch with full "
+                                                      "simulations (no hints, early stops or shared runs): "
+                                                      "slower, the reference the default search is tested against"),
     executor: str = typer.Option("local", "--executor", help=f"where simulations run: {' or '.join(EXECUTORS)}"),
     workers: Optional[int] = typer.Option(None, "--workers", help="processes (local) or CPUs of a new local "
                                                                    "Ray (default: all cores)"),
@@ -87,7 +90,7 @@ def search(
                           max_num_seqs=_values(max_num_seqs, int, "--max-num-seqs"), target_rate=_rate(rate),
                           duration=None if requests is not None else duration, requests=requests, seed=seed,
                           preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
-                          tolerance=tolerance, max_rate=max_rate)
+                          tolerance=tolerance, max_rate=max_rate, plain=plain)
         overrides = parse_price_overrides(price)
         runner = make_executor(executor, workers=workers, ray_address=ray_address)
         err.print(f"searching {len(grid.configs())} configurations of {model} on {source} "
@@ -107,6 +110,11 @@ def search(
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
 
+    for gpu, cost in result.prices.items():
+        if not cost.verified:
+            err.print(f"note: the price of {gpu} (${cost.usd_per_gpu_hour:g}/GPU-hour) is unverified: no public "
+                      f"source was found for it; give your own with --price {gpu}=DOLLARS_PER_GPU_HOUR",
+                      highlight=False)
     folder = out or REPORTS_DIR / f"search-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
     folder.mkdir(parents=True, exist_ok=True)
     document = result.document()

@@ -13,14 +13,23 @@ class Price:
     gpu: str
     usd_per_gpu_hour: float
     source: str        # where the number comes from ("--price" for a user's override)
-    date: str          # when it was read there ("" for an override)
+    date: str          # the source's date ("" for an override)
+    verified: bool = True   # False: no source was found for the catalog's figure
+
+
+def _catalog() -> dict:
+    return json.loads(resources.files("planner").joinpath("data/prices.json").read_text(encoding="utf-8"))
 
 
 def load_prices() -> dict[str, Price]:
     """The catalog's prices, by GPU name."""
-    entries = json.loads(resources.files("planner").joinpath("data/prices.json").read_text(encoding="utf-8"))
-    return {e["gpu"]: Price(e["gpu"], float(e["usd_per_gpu_hour"]), e["source"], e["date"])
-            for e in entries["prices"]}
+    return {e["gpu"]: Price(e["gpu"], float(e["usd_per_gpu_hour"]), e["source"], e["date"], bool(e["verified"]))
+            for e in _catalog()["prices"]}
+
+
+def unpriced() -> dict[str, str]:
+    """GPUs of the hardware catalog with no list price, and why."""
+    return {e["gpu"]: e["why"] for e in _catalog().get("unpriced", [])}
 
 
 def parse_price_overrides(texts: list[str]) -> dict[str, float]:
@@ -49,9 +58,8 @@ def price_table(gpus: list[str], overrides: dict[str, float]) -> dict[str, Price
         elif gpu in catalog:
             table[gpu] = catalog[gpu]
         else:
-            known = ", ".join(sorted(catalog))
-            raise PlannerError(f"no price for GPU {gpu!r} in planner/data/prices.json (it has {known}); "
-                               f"give one with --price {gpu}=DOLLARS_PER_GPU_HOUR")
+            why = unpriced().get(gpu) or f"planner/data/prices.json has {', '.join(sorted(catalog))}"
+            raise PlannerError(f"no price for GPU {gpu!r} ({why}); give one with --price {gpu}=DOLLARS_PER_GPU_HOUR")
     unused = sorted(set(overrides) - set(gpus))
     if unused:
         raise PlannerError(f"--price for {', '.join(unused)}, which is not among --gpus {','.join(gpus)}")

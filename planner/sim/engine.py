@@ -34,6 +34,11 @@ from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
 
 Progress = Callable[[float, int, int], None]   # (simulated time, requests done, requests in the trace)
+# Called after every step (and fast-forward window) with the engine (its
+# `groups`, `steps`, `num_running` so far), the simulated time and the requests
+# that ended in it (finished, rejected or truncated). It may raise to end the
+# run there: the capacity search stops a probe once its SLO verdict is certain.
+Watch = Callable[["SimulatedEngine", float, list[SequenceGroup]], None]
 PROGRESS_EVERY = 2000                          # steps between progress reports
 
 
@@ -55,7 +60,7 @@ class SimulatedEngine:
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
                  executor: SyntheticExecutor, total: int, progress: Progress | None,
-                 fast_forward: bool = True) -> None:
+                 fast_forward: bool = True, watch: Watch | None = None) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -64,6 +69,7 @@ class SimulatedEngine:
         self.total = total
         self.progress = progress
         self.fast_forward = fast_forward
+        self.watch = watch
         self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows
         self.next_arrival = math.inf       # when the arrival process next releases a request
         self.arrivals_done = False
@@ -102,6 +108,8 @@ class SimulatedEngine:
             self.truncated += len(out.truncated)
             if not step.has_work:              # (a step that only swaps still takes time)
                 self.done += len(out.rejected) + len(out.truncated)
+                if self.watch is not None and out.finished_now:
+                    self.watch(self, env.now, out.finished_now)
                 if out.rejected or out.truncated or out.preempted:
                     continue                   # the scheduler ended or preempted requests itself; look again
                 if self.arrivals_done:
@@ -144,6 +152,8 @@ class SimulatedEngine:
                 self.physical_token_time += physical * (end - start)
             if self.progress is not None and len(self.steps) % PROGRESS_EVERY == 0:
                 self.progress(end, self.done, self.total)
+            if self.watch is not None:
+                self.watch(self, end, finished)
             if self.next_arrival <= end:
                 # A request is due at this very instant; SimPy runs same-time events
                 # in creation order, so yield once to let it join before scheduling.
@@ -170,6 +180,8 @@ class SimulatedEngine:
         yield env.timeout(_delay_to(env.now, end))
         if self.progress is not None and before // PROGRESS_EVERY != len(self.steps) // PROGRESS_EVERY:
             self.progress(end, self.done, self.total)
+        if self.watch is not None:
+            self.watch(self, end, finished)
         if self.next_arrival <= end:
             yield env.timeout(0)
 
@@ -197,11 +209,12 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
-             progress: Progress | None = None) -> SimResult:
+             progress: Progress | None = None, watch: Watch | None = None) -> SimResult:
     """Run `trace` through the engine core on a SimPy clock priced by `cost_model`.
 
     `config.fast_forward` (the default) takes provably uneventful decode steps
-    in bulk; False steps one at a time. Both give the same results."""
+    in bulk; False steps one at a time. Both give the same results. `watch`
+    sees every step and may end the run by raising (see `Watch`)."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
@@ -215,7 +228,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
     engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
-                             fast_forward=config.fast_forward)
+                             fast_forward=config.fast_forward, watch=watch)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
     # The run allocates millions of small, acyclic objects (token lists, records);

@@ -1,0 +1,110 @@
+"""The capacity search of one configuration: bracket the highest rate that meets the SLOs, then bisect.
+
+Without a hint it is `planner capacity`'s search (planner/sweep.py's
+`find_capacity`): from `start`, double (or halve) the rate until the verdict
+flips, then bisect until the bracket [good, bad) is within `rel_tol` of bad.
+
+With a hint, the bracket a similar configuration ended with (same GPU and TP,
+a neighbouring block size or batch limit), the search starts there: probe the
+hint's good rate, then its bad one. When the capacity has not moved, two
+probes close the bracket instead of the six to ten a search from scratch
+takes. When it has, the step away from the hint doubles (in log-rate) each
+time, then bisection closes the bracket as before. The hint only decides
+where to probe, never the answer: every bracket end is a probe of this
+configuration, so the result is as sound as the search from scratch, and
+where the verdict is monotone in the rate both lie within `rel_tol` of the
+same capacity.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Callable, Iterator
+
+from planner.errors import PlannerError
+from planner.search.probe import Probe
+
+
+@dataclass(frozen=True)
+class Hint:
+    good: float | None          # the hinting configuration's capacity (None: it met the SLOs at no rate)
+    bad: float | None           # its lowest failing rate above that (None: it met them at its highest rate)
+
+
+@dataclass
+class Capacity:
+    rate: float | None          # the highest rate found to meet the SLOs (None: not even the lowest)
+    bad: float | None           # the lowest rate above it found to miss them (None: none did)
+    probes: list[Probe]
+    bounded: bool               # False: the SLOs still held at max_rate
+
+    @property
+    def doc(self) -> dict | None:
+        """The document of the probe at the capacity rate."""
+        return next((p.doc for p in self.probes if p.ok and p.rate == self.rate), None)
+
+    def hint(self) -> Hint:
+        return Hint(self.rate, self.bad)
+
+
+def search_capacity(probe: Callable[[float], Probe], *, start: float, min_rate: float, max_rate: float,
+                    rel_tol: float, hint: Hint | None = None) -> Capacity:
+    if not 0 < min_rate <= start <= max_rate:
+        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
+    if not 0 < rel_tol < 1:
+        raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
+    probes: list[Probe] = []
+
+    def ok(rate: float) -> bool:
+        probes.append(probe(rate))
+        return probes[-1].ok
+
+    first, steps = _plan(start, min_rate, max_rate, rel_tol, hint)
+    good = bad = None
+    rate = first
+    if ok(rate):
+        good = rate
+        while bad is None:
+            if rate >= max_rate:
+                return Capacity(good, None, probes, bounded=False)
+            rate = min(rate * next(steps), max_rate)
+            if ok(rate):
+                good = rate
+            else:
+                bad = rate
+    else:
+        bad = rate
+        while good is None:
+            if rate <= min_rate:
+                return Capacity(None, bad, probes, bounded=True)
+            rate = max(rate / next(steps), min_rate)
+            if ok(rate):
+                good = rate
+            else:
+                bad = rate
+    while (bad - good) / bad > rel_tol:
+        mid = (good + bad) / 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return Capacity(good, bad, probes, bounded=True)
+
+
+def _plan(start: float, min_rate: float, max_rate: float, rel_tol: float,
+          hint: Hint | None) -> tuple[float, Iterator[float]]:
+    """The first rate to probe and the factors of the successive steps away from it."""
+    if hint is None:
+        return start, repeat(2.0)
+    if hint.good is None:                  # the neighbour met the SLOs at no rate: start at the bottom
+        return min_rate, repeat(2.0)
+    first = min(max(hint.good, min_rate), max_rate)
+    ratio = hint.bad / hint.good if hint.bad is not None and hint.bad > hint.good else 1 + rel_tol
+    return first, _doubling(ratio)
+
+
+def _doubling(ratio: float) -> Iterator[float]:
+    """ratio, ratio^2, ratio^4, ...: the first step lands on the hint's bad rate, later ones gallop."""
+    while True:
+        yield ratio
+        ratio = min(ratio * ratio, 2.0 ** 16)
