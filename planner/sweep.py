@@ -12,6 +12,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Callable
 
 from engine.core.metrics import failed_requests
@@ -19,6 +20,7 @@ from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
 from planner import guardrails
+from planner.bracket import bracket, check_rates
 from planner.block_size_factors import factor_source
 from planner.report_sim import json_safe, result_document
 from planner.verdict import analyse_run, binding_slo
@@ -233,10 +235,7 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
     (same lengths, same arrival pattern) at its rate, so only the rate changes.
     With `seeds` > 1 each probe runs that many seeds, and a rate meets the SLOs
     when at least a fraction `confidence` of them do (planner/intervals.py)."""
-    if not 0 < min_rate <= start <= max_rate:
-        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
-    if not 0 < rel_tol < 1:
-        raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
+    check_rates(start, min_rate, max_rate, rel_tol)
     if not 0 < confidence <= 1:
         raise PlannerError(f"confidence must be in (0, 1], got {confidence}")
     spec.check()
@@ -252,34 +251,10 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
             on_probe(rate, ok, doc)
         return ok
 
-    good = bad = None
-    rate = start
-    if probe(rate):
-        good = rate
-        while bad is None:
-            if rate >= max_rate:
-                return CapacityResult(good, probes[-1][2], probes, bounded=False)
-            rate = min(rate * 2, max_rate)
-            if probe(rate):
-                good = rate
-            else:
-                bad = rate
-    else:
-        bad = rate
-        while good is None:
-            if rate <= min_rate:
-                return CapacityResult(None, None, probes, bounded=True)
-            rate = max(rate / 2, min_rate)
-            if probe(rate):
-                good = rate
-            else:
-                bad = rate
-    while (bad - good) / bad > rel_tol:
-        mid = (good + bad) / 2
-        if probe(mid):
-            good = mid
-        else:
-            bad = mid
+    good, _, bounded = bracket(probe, first=start, steps=repeat(2.0), min_rate=min_rate, max_rate=max_rate,
+                               rel_tol=rel_tol)
+    if good is None or not bounded:
+        return CapacityResult(good, probes[-1][2] if good is not None else None, probes, bounded=bounded)
     best = next(doc for r, ok, doc in probes if r == good and ok)
     return CapacityResult(good, best, probes, bounded=True)
 

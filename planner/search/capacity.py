@@ -1,8 +1,8 @@
 """The capacity search of one configuration: bracket the highest rate that meets the SLOs, then bisect.
 
-Without a hint it is `planner capacity`'s search (planner/sweep.py's
-`find_capacity`): from `start`, double (or halve) the rate until the verdict
-flips, then bisect until the bracket [good, bad) is within `rel_tol` of bad.
+Without a hint it is `planner capacity`'s search (planner/bracket.py): from
+`start`, double (or halve) the rate until the verdict flips, then bisect until
+the bracket [good, bad) is within `rel_tol` of bad.
 
 With a hint, the bracket a similar configuration ended with (same GPU and TP,
 a neighbouring block size or batch limit), the search starts there: probe the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Callable, Iterator
 
-from planner.errors import PlannerError
+from planner.bracket import bracket, check_rates
 from planner.search.probe import Probe
 
 
@@ -49,10 +49,7 @@ class Capacity:
 
 def search_capacity(probe: Callable[[float], Probe], *, start: float, min_rate: float, max_rate: float,
                     rel_tol: float, hint: Hint | None = None) -> Capacity:
-    if not 0 < min_rate <= start <= max_rate:
-        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
-    if not 0 < rel_tol < 1:
-        raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
+    check_rates(start, min_rate, max_rate, rel_tol)
     probes: list[Probe] = []
 
     def ok(rate: float) -> bool:
@@ -60,35 +57,9 @@ def search_capacity(probe: Callable[[float], Probe], *, start: float, min_rate: 
         return probes[-1].ok
 
     first, steps = _plan(start, min_rate, max_rate, rel_tol, hint)
-    good = bad = None
-    rate = first
-    if ok(rate):
-        good = rate
-        while bad is None:
-            if rate >= max_rate:
-                return Capacity(good, None, probes, bounded=False)
-            rate = min(rate * next(steps), max_rate)
-            if ok(rate):
-                good = rate
-            else:
-                bad = rate
-    else:
-        bad = rate
-        while good is None:
-            if rate <= min_rate:
-                return Capacity(None, bad, probes, bounded=True)
-            rate = max(rate / next(steps), min_rate)
-            if ok(rate):
-                good = rate
-            else:
-                bad = rate
-    while (bad - good) / bad > rel_tol:
-        mid = (good + bad) / 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return Capacity(good, bad, probes, bounded=True)
+    good, bad, bounded = bracket(ok, first=first, steps=steps, min_rate=min_rate, max_rate=max_rate,
+                                 rel_tol=rel_tol)
+    return Capacity(good, bad, probes, bounded=bounded)
 
 
 def _plan(start: float, min_rate: float, max_rate: float, rel_tol: float,
