@@ -65,10 +65,11 @@ def validate_cmd(
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill", help="engine and simulator both "
                                                    "schedule as vLLM v1 (chunked prefill; a vLLM v1 deployment does)"),
-    speed_correction: bool = typer.Option(True, "--speed-correction/--no-speed-correction",
+    speed_correction: bool = typer.Option(False, "--speed-correction/--no-speed-correction",
                                           help="scale the profile by the device's speed during the live run, "
-                                               "timed by canaries right before and after it (the report gives "
-                                               "the errors without it too)"),
+                                               "timed by canaries right before and after it (always measured "
+                                               "and reported; see planner/speed_level.py for why it is off "
+                                               "by default)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:

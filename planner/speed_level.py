@@ -14,17 +14,17 @@ reports `factor` = the mean of the two measured/profiled ratios as the device's
 speed level during the run. The canaries are independent of the live run's own
 timings: they say how fast the device was, not how long the run's steps took.
 
-The simulation then prices steps with the profile scaled by that factor
-(`ScaledCostModel`; `--no-speed-correction` keeps the profile as it is), and
-the report keeps the errors without it, so nothing is hidden. The canary times
-its points as the profiler does, one call per point per round in shuffled
-order: back-to-back repetitions of one shape ran up to 8% faster than the
-profile's rounds and misled an earlier version. Measured on the 2-core CPU VM
-(opt-125m, three validations minutes after one quick profile): throughput
-error +4.1% -> +1.9% and mean E2E -6.7% -> -3.4% (sharegpt), +9.2% -> +2.0%
-and -14.5% -> -4.5% (sharegpt, chunked prefill), +6.2% -> +5.8% and -17.5% ->
--16.7% (validate --quick, whose live run met a slow spell between canaries of
-0.955 and 1.053).
+With `--speed-correction` the simulation prices steps with the profile scaled
+by that factor (`ScaledCostModel`), and the report keeps the errors without
+it. The canary times its points as the profiler does, one call per point per
+round in shuffled order (back-to-back repetitions of one shape ran up to 8%
+faster than the profile's rounds). The correction is off by default because a
+few seconds of canary can catch a passing spell that the run does not see.
+Measured on the 2-core CPU VM (opt-125m; throughput and mean E2E errors,
+without -> with the correction): validate sharegpt +4.1% -> +1.9% and -6.7% ->
+-3.4%; sharegpt with chunked prefill +9.2% -> +2.0% and -14.5% -> -4.5%; but
+scripts/main.sh with canaries of 1.251 before and 1.020 after its live run
+-0.1% -> -6.5% and -11.5% -> +1.1%, the median step time +1.7% -> +15.8%.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class SpeedLevel:
         if self.factor is None:
             return "device speed level: not measured (no canary point)"
         how = ("the simulation uses the profile scaled by it" if self.applied
-               else "not applied (--no-speed-correction)")
+               else "not applied (--speed-correction applies it)")
         canaries = ", ".join(f"{when} {r:.3f}" for when, r in (("before", self.before), ("after", self.after))
                              if r is not None)
         return (f"device speed during the live run: x{self.factor:.3f} the profile's step times "

@@ -51,7 +51,7 @@ class ValidateConfig:
     kv_cache_memory_bytes: int = 1 << 30
     profile: str | None = None
     enable_chunked_prefill: bool = False         # both sides schedule with vLLM v1's policy
-    speed_correction: bool = True        # scale the profile by the device's speed level (planner/speed_level.py)
+    speed_correction: bool = False       # scale the profile by the device's speed level (planner/speed_level.py)
     max_num_batched_tokens: int | None = None
     # The live engine's device and dtype: pinned to the profile's by validate() (planner/profile_check.py).
     device: str = "auto"

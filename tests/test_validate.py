@@ -115,7 +115,7 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     path = save_profile(profile, tmp_path / "slow.json")
     cfg = dict(model=llama_dir, workload="alpaca", rate=math.inf, requests=6, length_scale=0.5, max_prompt_len=40,
                max_output_len=16, profile=str(path))
-    v = validate(ValidateConfig(**cfg))
+    v = validate(ValidateConfig(**cfg, speed_correction=True))
     level = v.speed_level
     assert level.applied and level.before is not None and level.after is not None
     assert level.factor < 0.5                    # loose: a shared CPU's load moves the canaries
