@@ -99,14 +99,13 @@ def validate_cmd(
     err = Console(stderr=True)
     try:
         check_device(gpu)
-        check = None
+        check, around = None, None
         if reprofile:
-            settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err, block_size))
+            around = _profile_around(gpu, model, folder / "profile.json", err, block_size)
         else:
             check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
             if check.status == "stale":
-                settings["profile"] = str(_profile_now(gpu, model, folder / "profile.json", err, block_size))
-                check = ProfileCheck("ok", f"re-profiled just now; the profile it replaces was stale: {check.reason}")
+                around = _profile_around(gpu, model, folder / "profile.json", err, block_size)
         cfg = ValidateConfig(**settings)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
@@ -115,8 +114,11 @@ def validate_cmd(
             if done == total or done % 8 == 0:
                 err.print(f"  live: {done}/{total} requests finished")
 
-        result = validate(cfg, progress=progress)
-        result.profile_check = (check or ProfileCheck("ok", "profiled just now (--reprofile)")).as_dict()
+        result = validate(cfg, progress=progress, around=around)
+        if around is not None:
+            replaced = f"; the profile it replaces was stale: {check.reason}" if check is not None else ""
+            check = ProfileCheck("ok", around.describe() + replaced)
+        result.profile_check = check.as_dict()
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
@@ -165,12 +167,11 @@ def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None =
     console.print(f"report: {report} and {html}")
 
 
-def _profile_now(gpu: str, model: str, path: Path, err: Console, block_size: int = 16) -> Path:
-    from planner.profile_schema import save_profile
-    from planner.profiling.run import ProfileOptions, run_profile
+def _profile_around(gpu: str, model: str, path: Path, err: Console, block_size: int = 16):
+    """A quick profile of this device, half right before and half right after the live run."""
+    from planner.profiling.around import ProfileAround
 
-    err.print(f"validate: profiling {model} on {gpu} first (--quick)")
-    return save_profile(run_profile(ProfileOptions(gpu=gpu, model=model, quick=True, block_size=block_size)), path)
+    return ProfileAround.quick(gpu, model, block_size, path, say=err.print)
 
 
 def _validate_deployment(endpoint, measured, deployment: dict, trace_settings: dict, tp: int, served_model_name,

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
@@ -25,6 +26,9 @@ from planner.profile_check import (check_settings, engine_dtype, find_profile, p
 from planner.simulator import SimConfig, simulate
 from planner.speed_level import ScaledCostModel, SpeedLevel, canary_probe
 from workloads import Trace, make_trace
+
+if TYPE_CHECKING:                       # imports torch: only a re-profiling validation needs it
+    from planner.profiling.around import ProfileAround
 
 # Metrics compared, in report order.
 COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
@@ -245,11 +249,15 @@ def check_device(gpu_name: str):
     return gpu
 
 
-def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None) -> Validation:
-    """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile."""
+def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None,
+             around: ProfileAround | None = None) -> Validation:
+    """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile; with
+    ``around``, of a profile taken in two halves right before and right after the live run."""
     trace = cfg.trace()
     gpu = check_device(cfg.gpu)
     folder, spec = model_folder(cfg.model)
+    if around is not None:
+        cfg.profile = str(around.before_run())
     if cost_model is None:
         cost_model = load_cost_model(cfg, spec)
     profile = getattr(cost_model, "profile", None)
@@ -257,6 +265,9 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
         cfg.device, cfg.dtype = pin_live_device(gpu, profile)
     probe = canary_probe(profile) if profile is not None else None
     live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe)
+    if around is not None:
+        cfg.profile = str(around.after_run())
+        cost_model = load_cost_model(cfg, spec)
     level = SpeedLevel(*live.speed, applied=cfg.speed_correction) if probe else None
     raw_model = cost_model
     if level is not None and level.applied and level.factor is not None:

@@ -216,13 +216,30 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
     stale = _saved(profile, tmp_path, "stale.json", **{"fingerprint.cpu_model": "Elsewhere CPU"})
     fresh = save_profile(profile, tmp_path / "fresh.json")
     calls = []
-    monkeypatch.setattr(cli_validate, "_profile_now", lambda *a: calls.append(a) or fresh)
+
+    class Around:          # stands in for the quick profile taken in halves around the live run
+        def __init__(self, *args):
+            calls.append(args)
+
+        def before_run(self):
+            calls.append("before")
+            return fresh
+
+        def after_run(self):
+            calls.append("after")
+            return fresh
+
+        def describe(self):
+            return "profiled just now"
+
+    monkeypatch.setattr(cli_validate, "_profile_around", Around)
     out = tmp_path / "v"
     result = CliRunner().invoke(app, ["validate", "--model", str(folder), "--profile", str(stale), "--workload",
                                       "alpaca", "--requests", "4", "--rate", "50", "--length-scale", "0.1",
                                       "--max-output-len", "4", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert len(calls) == 1 and calls[0][-1] == 16           # re-profiled once, at the run's block size
+    # re-profiled once, at the run's block size, half before and half after the live run
+    assert calls[0][-1] == 16 and calls[1:] == ["before", "after"]
     doc = json.loads((out / "comparison.json").read_text())
     assert doc["profile_check"]["status"] == "ok" and doc["error_attribution"]["e2e_mean"] is not None
     assert str(fresh) in doc["cost_model"]
