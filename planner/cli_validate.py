@@ -59,7 +59,8 @@ def validate_cmd(
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
     quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
     reprofile: Optional[bool] = typer.Option(None, "--reprofile/--no-reprofile",
-                                             help="--reprofile: profile this device (--quick) first and validate "
+                                             help="--reprofile: profile this device (--quick; half of its rounds "
+                                                  "right before the live run, half right after) and validate "
                                                   "against that profile; default: only when the profile check "
                                                   "finds the profile stale; --no-reprofile: refuse a stale one"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
@@ -69,7 +70,7 @@ def validate_cmd(
                                           help="scale the profile by the device's speed during the live run, "
                                                "timed by canaries right before and after it (always measured "
                                                "and reported; see planner/speed_level.py for why it is off "
-                                               "by default)"),
+                                               "by default; a profile re-profiled around the run needs none)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:

@@ -25,6 +25,11 @@ without -> with the correction): validate sharegpt +4.1% -> +1.9% and -6.7% ->
 -3.4%; sharegpt with chunked prefill +9.2% -> +2.0% and -14.5% -> -4.5%; but
 scripts/main.sh with canaries of 1.251 before and 1.020 after its live run
 -0.1% -> -6.5% and -11.5% -> +1.1%, the median step time +1.7% -> +15.8%.
+
+When `validate` re-profiles (`--reprofile`, or a stale profile), it times the
+profile itself in two halves around the live run (planner/profiling/around.py):
+minutes of the whole grid on both sides rather than seconds of canary, and the
+drift between the halves is reported in place of a speed level.
 """
 from __future__ import annotations
 

@@ -263,7 +263,8 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     profile = getattr(cost_model, "profile", None)
     if profile is not None and (cfg.device, cfg.dtype) == ("auto", "auto"):
         cfg.device, cfg.dtype = pin_live_device(gpu, profile)
-    probe = canary_probe(profile) if profile is not None else None
+    # A profile taken around the run measures the device's drift across it itself (around.drift).
+    probe = canary_probe(profile) if profile is not None and around is None else None
     live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe)
     if around is not None:
         cfg.profile = str(around.after_run())

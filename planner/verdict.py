@@ -412,7 +412,7 @@ def validation_verdict(validation, targets: dict[str, float]) -> dict:
     lines += [f"Live run: {line}" for line in load["lines"][:4]]
     cfg = validation.config
     lines.append("Next: " + (f"planner validate --gpu {cfg.gpu} --model {cfg.model} --workload {cfg.workload} "
-                             f"--reprofile  (recalibrate on this machine right before comparing)" if missed else
+                             f"--reprofile  (recalibrate on this machine around the live run)" if missed else
                              f"planner simulate --gpu a100-40g --workload {cfg.workload}  (the cost model held up "
                              f"here; plan on the hardware you would buy)"))
     return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}
