@@ -193,3 +193,20 @@ def test_same_architecture_under_another_name_is_accepted(profile_file):
     import dataclasses
     renamed = dataclasses.replace(resolve_model("opt-125m"), name="my-opt-folder")
     CalibratedCostModel.from_file(profile_file, model=renamed)
+
+
+@pytest.mark.parametrize("chunk,decodes", [(16, 4), (16, 64), (128, 16), (512, 64)])
+def test_a_mixed_step_costs_more_than_either_of_its_halves(chunk, decodes):
+    """A chunked-prefill step runs its chunk and its decodes in one pass: cheaper than two steps, but
+    never cheaper than the decode step of its decodes alone (each decode row still has its LM-head row
+    and paged attention), nor than the chunk alone."""
+    model = CalibratedCostModel(make_profile())
+    pairs = prefill_attn_pairs(chunk, 64)
+    prefill = StepShape(prefill_seqs=1, prefill_tokens=chunk, prefill_attn_pairs=pairs)
+    decode = StepShape(decode_seqs=decodes, decode_context=decodes * 256)
+    mixed = StepShape(prefill_seqs=1, prefill_tokens=chunk, prefill_attn_pairs=pairs, decode_seqs=decodes,
+                      decode_context=decodes * 256)
+    forward = {name: model.breakdown(shape)["forward"] for name, shape in
+               (("prefill", prefill), ("decode", decode), ("mixed", mixed))}
+    assert max(forward["prefill"], forward["decode"]) <= forward["mixed"] < forward["prefill"] + forward["decode"]
+    assert model.step_time(mixed) == pytest.approx(sum(model.breakdown(mixed).values()))

@@ -6,6 +6,9 @@ A step is priced the way the engine runs it (engine/llm_engine.py):
             decode:  v(seqs) + c_ctx * context
             mixed (chunked prefill): prefill's v at prefill tokens + decode seqs
             (one pass over them all) + its attention terms + c_ctx * decode context
+            + the decode rows' premium: what a decode step of those seqs costs
+            beyond a one-sequence prefill of as many tokens (their LM-head rows
+            and per-sequence attention set-up, which a token pass lacks)
             (ModelRunner.execute: input preparation, the model, the LM head)
   host      schedule + SequenceInput building + update: v(batch), prefill or decode flavour
   sampling  engine.sampler.Sampler over the step's logits: v(batch), greedy or random flavour
@@ -114,11 +117,7 @@ class CalibratedCostModel:
         seqs = s.prefill_seqs + s.decode_seqs
         t = 0.0
         if s.prefill_tokens and s.decode_seqs:
-            # A mixed (chunked-prefill) step is one forward pass over all its tokens:
-            # the prefill curve at the total, plus decode attention over the contexts.
-            t = (self._prefill.at(s.prefill_tokens + s.decode_seqs) + s.prefill_attn_pairs * self._prefill_per_pair
-                 + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key
-                 + self._host_prefill.at(seqs))
+            t = self._mixed_forward(s) + self._host_prefill.at(seqs)
         elif s.prefill_tokens:
             t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
                  + s.prefill_seqs * self._prefill_per_seq + self._host_prefill.at(seqs))
@@ -133,14 +132,28 @@ class CalibratedCostModel:
             t += self._copy.at(s.copy_blocks)
         return t
 
+    def _mixed_forward(self, s: StepShape) -> float:
+        """The forward pass of a mixed (chunked-prefill) step: one pass over all its tokens.
+
+        The prefill curve at the total prices the pass as if every token were a
+        prompt token, with one LM-head row per prompt. Each decode row also gets
+        an LM-head row and paged attention over its context; the first is the
+        premium a decode batch of d costs over a one-sequence prefill of d
+        tokens (without it a mixed step would price below the decode step of
+        its decodes alone), the second the decode curve's per-key term.
+        """
+        d = s.decode_seqs
+        premium = self._decode.at(d) - self._prefill.at(d) - self._prefill_per_seq
+        return (self._prefill.at(s.prefill_tokens + d) + s.prefill_attn_pairs * self._prefill_per_pair
+                + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key
+                + max(premium, 0.0))
+
     def breakdown(self, s: StepShape) -> dict[str, float]:
         """step_time by part (seconds), for reports and tests; the parts sum to step_time."""
         seqs = s.batch_size
         parts = {"forward": 0.0, "host": 0.0, "sampling": 0.0, "swap": 0.0, "copy": 0.0}
         if s.prefill_tokens and s.decode_seqs:
-            parts["forward"] = (self._prefill.at(s.prefill_tokens + s.decode_seqs)
-                                + s.prefill_attn_pairs * self._prefill_per_pair
-                                + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key)
+            parts["forward"] = self._mixed_forward(s)
             parts["host"] = self._host_prefill.at(seqs)
         elif s.prefill_tokens:
             parts["forward"] = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
