@@ -36,23 +36,24 @@ def main() -> None:
     parser.add_argument("--examples", type=Path, default=None, help="also write the reports here")
     parser.add_argument("--only", default=None, help="run only the runs whose name starts with this")
     parser.add_argument("--reprofile", action="store_true",
-                        help="profile this CPU (--quick) first and validate against that profile: "
-                             "separates the simulator's error from drift of the machine since the "
-                             "committed profile was measured")
+                        help="profile this CPU (--quick) around each live run, as `planner validate "
+                             "--reprofile` does, and validate against that profile: separates the "
+                             "simulator's error from drift of the machine since the committed profile "
+                             "was measured")
     args = parser.parse_args()
-    if args.reprofile:
-        from planner.profile_schema import save_profile
-        from planner.profiling.run import ProfileOptions, run_profile
-        args.profile = str(save_profile(run_profile(ProfileOptions(gpu="cpu", model=args.model, quick=True)),
-                                        Path(tempfile.mkdtemp()) / "cpu" / f"{args.model}.json"))
-        print(f"fresh profile: {args.profile}", file=sys.stderr)
+    profiles = Path(tempfile.mkdtemp())
     header = f"{'run':<38}{'req/s err':>10}{'E2E mean err':>14}{'step median err':>17}" \
              f"{'median |step err|':>19}{'preemptions meas/sim':>22}"
     rows = []
     for name, settings in RUNS.items():
         if args.only and not name.startswith(args.only):
             continue
-        v = validate(ValidateConfig(model=args.model, profile=args.profile, **settings))
+        around = None
+        if args.reprofile:
+            from planner.profiling.around import ProfileAround
+            around = ProfileAround.quick("cpu", args.model, 16, profiles / f"{len(rows)}.json",
+                                         say=lambda line: print(line, file=sys.stderr))
+        v = validate(ValidateConfig(model=args.model, profile=args.profile, **settings), around=around)
         c = v.comparison()
         steps = v.step_error_summary()
         rows.append(f"{name:<38}{c['request_throughput']['relative_error']:>+10.1%}"
@@ -62,7 +63,8 @@ def main() -> None:
         if args.examples:
             slug = name.split(",")[0] + ("-pressure" if "preemption" in name else "")
             print(f"report: {write_report(v, args.examples / slug)}", file=sys.stderr)
-    print(f"simulated vs measured, {args.model} on this CPU, profile {args.profile or 'committed'} "
+    which = "profiled around each run" if args.reprofile else args.profile or "committed"
+    print(f"simulated vs measured, {args.model} on this CPU, profile {which} "
           f"(targets: req/s 5%, E2E 10%, step median 10%)")
     print(header)
     print("\n".join(rows))

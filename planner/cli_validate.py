@@ -119,6 +119,7 @@ def validate_cmd(
         if around is not None:
             replaced = f"; the profile it replaces was stale: {check.reason}" if check is not None else ""
             check = ProfileCheck("ok", around.describe() + replaced)
+            err.print(check.headline(), highlight=False, markup=False)
         result.profile_check = check.as_dict()
         report = write_report(result, folder)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
