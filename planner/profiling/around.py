@@ -12,6 +12,7 @@ far the device moved across the run.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def _key(m: Measurement) -> tuple:
     return m.component, tuple(sorted(m.features.items()))
 
 
-def pool_profiles(before: Profile, after: Profile) -> tuple[Profile, float | None]:
+def pool_profiles(before: Profile, after: Profile) -> tuple[Profile, float]:
     """One profile from two timings of the same grid (their samples pooled), and the drift after / before."""
     same = ("fingerprint", "model", "tp", "block_size", "dtype", "per_layer_scaling")
     differing = [name for name in same if getattr(before, name) != getattr(after, name)]
@@ -53,7 +54,7 @@ def pool_profiles(before: Profile, after: Profile) -> tuple[Profile, float | Non
                                       "samples pooled (planner/profiling/around.py)"]})
     profile = before.model_copy(update={"grid": grid, "measurements": pooled, "fit": fit_all(pooled),
                                         "created": after.created})
-    return profile, statistics.median(ratios) if ratios else None
+    return profile, statistics.median(ratios)
 
 
 def _pool(a: Measurement, b: Measurement) -> Measurement:
@@ -73,7 +74,7 @@ class ProfileAround:
 
     options: ProfileOptions
     path: Path
-    say: object = print
+    say: Callable[[str], object] = print
     before: Profile | None = None
     drift: float | None = None
 
