@@ -59,8 +59,9 @@ def validate_cmd(
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
     quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
     reprofile: Optional[bool] = typer.Option(None, "--reprofile/--no-reprofile",
-                                             help="--reprofile: profile this device (--quick; half of its rounds "
-                                                  "right before the live run, half right after) and validate "
+                                             help="--reprofile: profile this device (--quick; on a CPU its points "
+                                                  "timed between the live run's steps, on a GPU half right "
+                                                  "before the run and half right after) and validate "
                                                   "against that profile; default: only when the profile check "
                                                   "finds the profile stale; --no-reprofile: refuse a stale one"),
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
@@ -101,13 +102,13 @@ def validate_cmd(
     try:
         check_device(gpu)
         check, around = None, None
-        if reprofile:
-            around = _profile_around(gpu, model, folder / "profile.json", err, block_size)
-        else:
-            check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
-            if check.status == "stale":
-                around = _profile_around(gpu, model, folder / "profile.json", err, block_size)
         cfg = ValidateConfig(**settings)
+        if not reprofile:
+            check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
+        if reprofile or check.status == "stale":
+            from planner.profiling.along import profile_for_live_run   # imports torch: only here
+            around = profile_for_live_run(gpu, model, block_size, folder / "profile.json",
+                                          span_s=cfg.trace().stats()["duration"], say=err.print)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
 
@@ -167,13 +168,6 @@ def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None =
     for line in verdict["lines"]:
         console.print(f"  {line}", highlight=False, markup=False)
     console.print(f"report: {report} and {html}")
-
-
-def _profile_around(gpu: str, model: str, path: Path, err: Console, block_size: int = 16):
-    """A quick profile of this device, half right before and half right after the live run."""
-    from planner.profiling.around import ProfileAround
-
-    return ProfileAround.quick(gpu, model, block_size, path, say=err.print)
 
 
 def _validate_deployment(endpoint, measured, deployment: dict, trace_settings: dict, tp: int, served_model_name,

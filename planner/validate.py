@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from planner.speed_level import ScaledCostModel, SpeedLevel, canary_probe
 from workloads import Trace, make_trace
 
 if TYPE_CHECKING:                       # imports torch: only a re-profiling validation needs it
+    from planner.profiling.along import ProfileAlong
     from planner.profiling.around import ProfileAround
 
 # Metrics compared, in report order.
@@ -135,7 +137,8 @@ def _metric(metrics: dict, name: str) -> float | None:
 
 
 class TraceClock:
-    """Seconds since ``start()``: the trace's own time axis, read by the live engine."""
+    """Seconds since ``start()``, less the time spent ``paused()``: the trace's own time axis, read by
+    the live engine."""
 
     def __init__(self) -> None:
         self.origin = time.perf_counter()
@@ -146,9 +149,22 @@ class TraceClock:
     def __call__(self) -> float:
         return time.perf_counter() - self.origin
 
+    @contextmanager
+    def paused(self):
+        """Work done inside (profiling between steps) takes no trace time: arrivals and stamps skip it."""
+        stopped = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.origin += time.perf_counter() - stopped
 
-def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, speed_probe=None) -> LiveRun:
+
+def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, speed_probe=None,
+             between_steps=None) -> LiveRun:
     """Replay ``trace`` online against the wall clock on the real engine.
+
+    ``between_steps(busy_s)``, if given, is called after each step with the step's wall time, with the
+    trace clock paused (a profile timed along the run: planner/profiling/along.py).
 
     ``speed_probe(runner) -> ratio``, if given, times the device on the engine's own runner right
     before the run (its KV cache still empty) and right after it (planner/speed_level.py).
@@ -188,7 +204,12 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, s
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
             continue
+        began = time.perf_counter()
         finished = engine.step()
+        if between_steps is not None:
+            busy_s = time.perf_counter() - began
+            with clock.paused():
+                between_steps(busy_s)
         done += len(finished)
         if progress is not None and finished:
             progress(done, len(trace))
@@ -250,9 +271,9 @@ def check_device(gpu_name: str):
 
 
 def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None,
-             around: ProfileAround | None = None) -> Validation:
+             around: ProfileAround | ProfileAlong | None = None) -> Validation:
     """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile; with
-    ``around``, of a profile taken in two halves right before and right after the live run."""
+    ``around``, of a profile taken along the live run (before, between its steps, after) or around it."""
     trace = cfg.trace()
     gpu = check_device(cfg.gpu)
     folder, spec = model_folder(cfg.model)
@@ -263,9 +284,10 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
     profile = getattr(cost_model, "profile", None)
     if profile is not None and (cfg.device, cfg.dtype) == ("auto", "auto"):
         cfg.device, cfg.dtype = pin_live_device(gpu, profile)
-    # A profile taken around the run measures the device's drift across it itself (around.drift).
+    # A profile taken along or around the run measures the device's drift across it itself (around.drift).
     probe = canary_probe(profile) if profile is not None and around is None else None
-    live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe)
+    live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe,
+                    between_steps=around.between_steps if around is not None else None)
     if around is not None:
         cfg.profile = str(around.after_run())
         cost_model = load_cost_model(cfg, spec)

@@ -211,19 +211,24 @@ def test_validate_cli_no_reprofile_refuses_a_stale_profile_in_one_line(tiny, tmp
 
 
 def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monkeypatch):
-    from planner import cli_validate
+    from planner.profiling import along
     folder, profile = tiny
     stale = _saved(profile, tmp_path, "stale.json", **{"fingerprint.cpu_model": "Elsewhere CPU"})
     fresh = save_profile(profile, tmp_path / "fresh.json")
     calls = []
 
-    class Around:          # stands in for the quick profile taken in halves around the live run
-        def __init__(self, *args):
-            calls.append(args)
+    class Along:          # stands in for the quick profile timed along the live run
+        def __init__(self, gpu, model, block_size, path, span_s, say):
+            calls.append((block_size, span_s))
 
         def before_run(self):
             calls.append("before")
             return fresh
+
+        def between_steps(self, busy_s):
+            assert busy_s > 0
+            if calls[-1] != "between":
+                calls.append("between")
 
         def after_run(self):
             calls.append("after")
@@ -232,14 +237,15 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
         def describe(self):
             return "profiled just now"
 
-    monkeypatch.setattr(cli_validate, "_profile_around", Around)
+    monkeypatch.setattr(along, "profile_for_live_run", Along)
     out = tmp_path / "v"
     result = CliRunner().invoke(app, ["validate", "--model", str(folder), "--profile", str(stale), "--workload",
                                       "alpaca", "--requests", "4", "--rate", "50", "--length-scale", "0.1",
                                       "--max-output-len", "4", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    # re-profiled once, at the run's block size, half before and half after the live run
-    assert calls[0][-1] == 16 and calls[1:] == ["before", "after"]
+    # re-profiled once, at the run's block size, before, between the steps of and after the live run
+    (block_size, span_s), *order = calls
+    assert block_size == 16 and 0 < span_s < 1 and order == ["before", "between", "after"]
     doc = json.loads((out / "comparison.json").read_text())
     assert doc["profile_check"]["status"] == "ok" and doc["error_attribution"]["e2e_mean"] is not None
     assert str(fresh) in doc["cost_model"]

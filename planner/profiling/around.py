@@ -92,6 +92,9 @@ class ProfileAround:
         self.before = self._half("before")
         return save_profile(self.before, self.path)
 
+    def between_steps(self, busy_s: float) -> None:
+        """Nothing is timed during the run (ProfileAlong times points here)."""
+
     def after_run(self) -> Path:
         if self.before is None:
             raise RuntimeError("after_run() before before_run()")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import random
 import tempfile
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from engine.core.config import SUPPORTED_BLOCK_SIZES   # what the engine's kerne
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
 from planner.profile_check import make_fingerprint
-from planner.profile_schema import PROFILE_SCHEMA_VERSION, Measurement, ModelArch, Profile
+from planner.catalog import ModelSpec
+from planner.profile_schema import PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch, Profile
 from planner.profiling import pieces
 from planner.profiling.build import build_checkpoint, model_spec, needs_per_layer
 from planner.profiling.device import Target, device_info, resolve_target
@@ -139,30 +141,14 @@ def require_cuda_kernels(target: Target) -> None:
 
 def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | None = None) -> Profile:
     """Measure and fit; `progress(description, total)` is called once per grid point."""
-    _check(opts)
-    target = resolve_target(opts.gpu, force=opts.force)
-    require_cuda_kernels(target)
-    info = device_info(target)
-    spec = model_spec(opts.model)
-    scaled = opts.per_layer if opts.per_layer is not None else \
-        needs_per_layer(spec, target.device, target.dtype, info.memory_bytes)
-    grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",
-                     max_model_len=spec.max_position_embeddings, kv_cache_blocks=0,
-                     repeats=opts.repeats, **opts.grid_overrides)
+    setup = _Setup.of(opts)
+    target, spec, grid, scaled = setup.target, setup.spec, setup.grid, setup.scaled
     with tempfile.TemporaryDirectory(prefix="planner-profile-") as tmp:
         # The larger model first: it sizes the KV cache the decode grid must fit.
         layer_counts = [2, 1] if scaled else [None]
         folders = [build_checkpoint(opts.model, spec, f"{tmp}/{n or 'full'}", n) for n in layer_counts]
         runner = _runner(folders[0], target, opts.block_size, max(grid.block_counts), grid)
-        # Decode points are limited to what the engine's KV cache for the FULL model would hold:
-        # a scaled run sizes it from the 2-layer runner's bytes, spread over all layers.
-        grid.kv_cache_blocks = (runner.num_gpu_blocks * 2 // spec.num_layers if scaled
-                                else runner.num_gpu_blocks)
-        points, notes = _plan(grid, runner, target, opts.block_size)
-        grid.notes.extend(notes)
-        if scaled:
-            grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
-                              f"t = t1 + {spec.num_layers - 1} * (t2 - t1)")
+        points = setup.plan(runner)
         samples: list[list[list[float]]] = [[[] for _ in layer_counts] for _ in points]
         per_model = [i for i, p in enumerate(points) if p.per_model]
         rounds = grid.warmup + grid.repeats
@@ -179,54 +165,161 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
         _free(target)
         measurements = [_measurement(point, per_runner, spec.num_layers, scaled)
                         for point, per_runner in zip(points, samples)]
-    if target.device.type == "cuda":
-        torch.cuda.empty_cache()
-    dtype = str(target.dtype).removeprefix("torch.")
-    return Profile(
-        schema_version=PROFILE_SCHEMA_VERSION,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=info, model=ModelArch.of(spec), tp=opts.tp, block_size=opts.block_size,
-        dtype=dtype, per_layer_scaling=scaled, grid=grid,
-        measurements=measurements, fit=fit_all(measurements),
-        fingerprint=make_fingerprint(info, dtype=dtype, block_size=opts.block_size, tp=opts.tp),
-    )
+    return setup.profile(measurements)
+
+
+@dataclass
+class _Setup:
+    """What a profiling run settles before it times anything: device, model, grid."""
+    opts: ProfileOptions
+    target: Target
+    info: DeviceInfo
+    spec: ModelSpec
+    scaled: bool
+    grid: Grid
+
+    @classmethod
+    def of(cls, opts: ProfileOptions) -> "_Setup":
+        _check(opts)
+        target = resolve_target(opts.gpu, force=opts.force)
+        require_cuda_kernels(target)
+        info = device_info(target)
+        spec = model_spec(opts.model)
+        scaled = opts.per_layer if opts.per_layer is not None else \
+            needs_per_layer(spec, target.device, target.dtype, info.memory_bytes)
+        grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",
+                         max_model_len=spec.max_position_embeddings, kv_cache_blocks=0,
+                         repeats=opts.repeats, **opts.grid_overrides)
+        return cls(opts, target, info, spec, scaled, grid)
+
+    def plan(self, runner: ModelRunner) -> list[_Point]:
+        """The grid's points for the first runner built; it sizes the decode grid."""
+        grid, spec = self.grid, self.spec
+        # Decode points are limited to what the engine's KV cache for the FULL model would hold:
+        # a scaled run sizes it from the 2-layer runner's bytes, spread over all layers.
+        grid.kv_cache_blocks = (runner.num_gpu_blocks * 2 // spec.num_layers if self.scaled
+                                else runner.num_gpu_blocks)
+        points, notes = _plan(grid, runner, self.target, self.opts.block_size)
+        grid.notes.extend(notes)
+        if self.scaled:
+            grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
+                              f"t = t1 + {spec.num_layers - 1} * (t2 - t1)")
+        return points
+
+    def profile(self, measurements: list[Measurement], grid: Grid | None = None) -> Profile:
+        if self.target.device.type == "cuda":
+            torch.cuda.empty_cache()
+        dtype = str(self.target.dtype).removeprefix("torch.")
+        return Profile(
+            schema_version=PROFILE_SCHEMA_VERSION,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            device=self.info, model=ModelArch.of(self.spec), tp=self.opts.tp, block_size=self.opts.block_size,
+            dtype=dtype, per_layer_scaling=self.scaled, grid=grid or self.grid,
+            measurements=measurements, fit=fit_all(measurements),
+            fingerprint=make_fingerprint(self.info, dtype=dtype, block_size=self.opts.block_size, tp=self.opts.tp),
+        )
+
+
+class ProfileSession:
+    """A profile timed on one kept runner a point at a time, at the caller's pace, and fitted on demand.
+
+    `planner validate` interleaves its points with the steps of a live run
+    (planner/profiling/along.py), so that the profile samples the same minutes
+    of a drifting device as the run. Only a full-model profile can be timed this
+    way: a per-layer scaled one times two models in turn.
+    """
+
+    def __init__(self, opts: ProfileOptions):
+        self.setup = _Setup.of(opts)
+        if self.setup.scaled:
+            raise PlannerError(f"{opts.model} does not fit on {opts.gpu} whole: its profile times a 1- and a "
+                               "2-layer model in turn, which cannot be interleaved with a live run")
+        self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")
+        grid = self.setup.grid
+        folder = build_checkpoint(opts.model, self.setup.spec, f"{self._tmp.name}/full", None)
+        self.runner = _runner(folder, self.setup.target, opts.block_size, max(grid.block_counts), grid)
+        self.points = self.setup.plan(self.runner)
+        self.samples: list[list[list[float]]] = [[[]] for _ in self.points]
+        self.timer = RoundTimer(self.points, range(len(self.points)), self.runner, 0, grid.warmup, self.samples)
+
+    def profile(self) -> Profile:
+        """The profile of every point timed so far (the grid's repeats say how many rounds are in it)."""
+        timed = [(p, s) for p, s in zip(self.points, self.samples) if s[0]]
+        rounds = max(1, self.timer.rounds_done - self.timer.warmup)
+        return self.setup.profile([_measurement(p, s, self.setup.spec.num_layers, False) for p, s in timed],
+                                  self.setup.grid.model_copy(update={"repeats": rounds}))
+
+    def close(self) -> None:
+        del self.runner, self.timer
+        _free(self.setup.target)
+        self._tmp.cleanup()
 
 
 def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: int, warmup: int,
              samples: list[list[list[float]]], progress, total: int) -> None:
-    """Time the points `which` with runner k, in rounds over them in a fresh random order each time.
+    """Time the points `which` with runner k: `rounds` rounds, then again any that scatter widely."""
+    timer = RoundTimer(points, which, runner, k, warmup, samples, progress, total)
+    timer.time_rounds(rounds)
+    timer.retime_unsteady(rounds - warmup)
+
+
+class RoundTimer:
+    """Times points with runner k in rounds over them, in a fresh random order each round.
 
     Rather than all repetitions of one point back to back: a slow spell of the
     machine (other tenants, frequency changes) then spreads over every point
-    instead of biasing a few, and the medians stay comparable.
+    instead of biasing a few, and the medians stay comparable. A round may be
+    timed a point at a time (`time_next`), between a live run's steps.
     """
-    order = list(which)
-    shuffle = random.Random(k).shuffle
 
-    def series(i: int) -> list[float]:
-        return samples[i][k if points[i].per_model else 0]
+    def __init__(self, points: list[_Point], which, runner: ModelRunner | None, k: int, warmup: int,
+                 samples: list[list[list[float]]], progress=None, total: int = 0):
+        self.points, self.order, self.runner, self.k, self.warmup = points, list(which), runner, k, warmup
+        self.samples, self.progress, self.total = samples, progress, total
+        self.shuffle = random.Random(k).shuffle
+        self.queue: deque[int] = deque()    # the current round's points still to time
+        self.rounds_started = 0
 
-    for round_ in range(rounds):
-        shuffle(order)
-        for i in order:
-            point = points[i]
-            if progress is not None:
-                progress(f"round {round_ + 1}/{rounds}: {point.component} {point.features}", total)
-            sample = point.measure(runner if point.per_model else None)
-            if round_ >= warmup:
-                series(i).extend(sample)
-    # Points whose repetitions scatter widely met a slow spell (another process on a shared CPU can
-    # stall a multi-threaded matmul several-fold): time them again, up to as many extra rounds as
-    # there were repetitions, so that their median rests on steady repetitions.
-    for extra in range(rounds - warmup):
-        unsteady = [i for i in order if pieces.summarize(series(i))[1] > UNSTEADY_SPREAD]
-        if not unsteady:
-            break
-        shuffle(unsteady)
-        for i in unsteady:
-            if progress is not None:
-                progress(f"extra round {extra + 1}: {points[i].component} {points[i].features}", total)
-            series(i).extend(points[i].measure(runner if points[i].per_model else None))
+    @property
+    def rounds_done(self) -> int:
+        return self.rounds_started - (1 if self.queue else 0)
+
+    def series(self, i: int) -> list[float]:
+        return self.samples[i][self.k if self.points[i].per_model else 0]
+
+    def _time(self, i: int, label: str) -> list[float]:
+        point = self.points[i]
+        if self.progress is not None:
+            self.progress(f"{label}: {point.component} {point.features}", self.total)
+        return point.measure(self.runner if point.per_model else None)
+
+    def time_next(self) -> None:
+        """Time the next point of the current round, starting a new round when it is done."""
+        if not self.queue:
+            self.shuffle(self.order)
+            self.queue.extend(self.order)
+            self.rounds_started += 1
+        i = self.queue.popleft()
+        sample = self._time(i, f"round {self.rounds_started}")
+        if self.rounds_started > self.warmup:
+            self.series(i).extend(sample)
+
+    def time_rounds(self, rounds: int) -> None:
+        """Finish the current round, then time whole rounds until `rounds` are done."""
+        while self.queue or self.rounds_started < rounds:
+            self.time_next()
+
+    def retime_unsteady(self, max_rounds: int) -> None:
+        # Points whose repetitions scatter widely met a slow spell (another process on a shared CPU can
+        # stall a multi-threaded matmul several-fold): time them again, up to `max_rounds` extra rounds,
+        # so that their median rests on steady repetitions.
+        for extra in range(max_rounds):
+            unsteady = [i for i in self.order if pieces.summarize(self.series(i))[1] > UNSTEADY_SPREAD]
+            if not unsteady:
+                break
+            self.shuffle(unsteady)
+            for i in unsteady:
+                self.series(i).extend(self._time(i, f"extra round {extra + 1}"))
 
 
 def _measurement(point: _Point, samples: list[list[float]], num_layers: int, scaled: bool) -> Measurement:

@@ -1,0 +1,90 @@
+"""A quick profile timed along a live run: points between the run's steps, the trace clock paused."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from planner.errors import PlannerError
+from planner.profile_schema import load_profile
+from planner.profiling.along import ProfileAlong, drift_across, profile_for_live_run
+from planner.profiling.around import ProfileAround
+from planner.profiling.run import ProfileOptions, ProfileSession
+from planner.validate import TraceClock, ValidateConfig, run_live
+from tests.test_calibrated import make_profile
+from tests.test_profile import TINY_GRID, tiny_model  # noqa: F401  (the fixture)
+from tiny_models import save_tiny_model
+from workloads import make_trace
+
+
+def _along(model, tmp_path, span_s=1.0, repeats=3) -> ProfileAlong:
+    options = ProfileOptions(gpu="cpu", model=str(model), quick=True, repeats=repeats, grid_overrides=TINY_GRID)
+    return ProfileAlong(options, tmp_path / "p.json", span_s, say=lambda *_: None)
+
+
+def test_points_are_timed_before_between_and_after_the_run_until_the_grid_is_repeated(tiny_model, tmp_path):
+    along = _along(tiny_model, tmp_path)
+    with pytest.raises(RuntimeError):
+        along.between_steps(0.01)
+    first = load_profile(along.before_run())
+    # Before the run: the warm-up round and one measured round of every point, already a usable profile.
+    assert first.grid.repeats == 1 and all(len(m.samples_s) == 1 for m in first.measurements)
+    assert 0 < along.duty <= 4
+    for _ in range(20):                       # the live run's steps
+        along.between_steps(0.01)
+        # Profiling keeps pace with the run: never more than one point behind duty x its busy time.
+        assert along.profiling_s >= along.duty * along.busy_s or along.session.timer.rounds_done == 1 + 3 * 3
+    profile = load_profile(along.after_run())
+    assert profile.grid.repeats >= 3 and min(len(m.samples_s) for m in profile.measurements) >= 3
+    assert {m.component for m in profile.measurements} == {m.component for m in first.measurements}
+    assert along.rounds_during >= 0 and "between its steps" in profile.grid.notes[-1]
+    assert along.drift is not None and f"x{along.drift:.3f}" in along.describe()
+
+
+def test_a_run_far_longer_than_its_arrivals_stops_sampling_at_three_times_the_rounds(tiny_model, tmp_path):
+    along = _along(tiny_model, tmp_path, span_s=1e-3, repeats=2)
+    along.before_run()
+    for _ in range(100):
+        along.between_steps(1.0)              # each step "took" a second: the duty is never met
+    timer = along.session.timer
+    assert timer.rounds_started == timer.rounds_done == timer.warmup + 3 * 2
+    along.after_run()
+
+
+def test_drift_compares_the_later_half_of_each_points_repetitions_with_the_earlier():
+    profile = make_profile()
+    ms = [m.model_copy(update={"samples_s": [1.0, 1.0, 1.1, 1.1]}) for m in profile.measurements]
+    assert drift_across(profile.model_copy(update={"measurements": ms})) == pytest.approx(1.1)
+
+
+def test_a_model_profiled_per_layer_cannot_be_timed_along_a_run(tiny_model):
+    with pytest.raises(PlannerError, match="cannot be interleaved"):
+        ProfileSession(ProfileOptions(gpu="cpu", model=str(tiny_model), quick=True, per_layer=True,
+                                      grid_overrides=TINY_GRID))
+
+
+def test_a_cpu_is_profiled_along_the_run_a_gpu_around_it(tmp_path):
+    assert isinstance(profile_for_live_run("cpu", "opt-125m", 16, tmp_path / "p.json", 8.0), ProfileAlong)
+    assert isinstance(profile_for_live_run("h200", "opt-125m", 16, tmp_path / "p.json", 8.0), ProfileAround)
+
+
+def test_paused_time_is_not_trace_time():
+    clock = TraceClock()
+    clock.start()
+    with clock.paused():
+        time.sleep(0.2)
+    assert clock() < 0.1
+
+
+def test_work_between_steps_takes_no_trace_time(tmp_path):
+    # 0.05 s of "profiling" after every step: were the clock running, every request's latency and the
+    # run's duration would include it.
+    cfg = ValidateConfig(workload="alpaca", requests=4, rate=50, length_scale=0.1,
+                         max_output_len=8)
+    trace = make_trace("alpaca", num_requests=4, rate=50, seed=0).scaled(length_scale=0.1, max_output_len=8)
+    calls = []
+    folder = str(save_tiny_model("opt", tmp_path))
+    live = run_live(trace, folder, cfg,
+                    between_steps=lambda busy_s: calls.append(busy_s) or time.sleep(0.05))
+    assert len(calls) == len(live.steps) >= 4 and all(b > 0 for b in calls)
+    assert max(r.finish for r in live.requests) < 0.05 * len(calls) / 2
