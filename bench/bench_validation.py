@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--examples", type=Path, default=None, help="also write the reports here")
     parser.add_argument("--only", default=None, help="run only the runs whose name starts with this")
     parser.add_argument("--reprofile", action="store_true",
-                        help="profile this CPU (--quick) around each live run, as `planner validate "
+                        help="profile this CPU (--quick) along each live run, as `planner validate "
                              "--reprofile` does, and validate against that profile: separates the "
                              "simulator's error from drift of the machine since the committed profile "
                              "was measured")
@@ -48,12 +48,13 @@ def main() -> None:
     for name, settings in RUNS.items():
         if args.only and not name.startswith(args.only):
             continue
-        around = None
+        cfg = ValidateConfig(model=args.model, profile=args.profile, **settings)
+        fresh = None
         if args.reprofile:
-            from planner.profiling.around import ProfileAround
-            around = ProfileAround.quick("cpu", args.model, 16, profiles / f"{len(rows)}.json",
-                                         say=lambda line: print(line, file=sys.stderr))
-        v = validate(ValidateConfig(model=args.model, profile=args.profile, **settings), around=around)
+            from planner.profiling.along import ProfileAlong
+            fresh = ProfileAlong.quick("cpu", args.model, 16, profiles / f"{len(rows)}.json",
+                                        cfg.trace().stats()["duration"], say=lambda line: print(line, file=sys.stderr))
+        v = validate(cfg, fresh=fresh)
         c = v.comparison()
         steps = v.step_error_summary()
         rows.append(f"{name:<38}{c['request_throughput']['relative_error']:>+10.1%}"
@@ -63,7 +64,7 @@ def main() -> None:
         if args.examples:
             slug = name.split(",")[0] + ("-pressure" if "preemption" in name else "")
             print(f"report: {write_report(v, args.examples / slug)}", file=sys.stderr)
-    which = "profiled around each run" if args.reprofile else args.profile or "committed"
+    which = "profiled along each run" if args.reprofile else args.profile or "committed"
     print(f"simulated vs measured, {args.model} on this CPU, profile {which} "
           f"(targets: req/s 5%, E2E 10%, step median 10%)")
     print(header)

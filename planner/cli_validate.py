@@ -68,10 +68,11 @@ def validate_cmd(
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill", help="engine and simulator both "
                                                    "schedule as vLLM v1 (chunked prefill; a vLLM v1 deployment does)"),
     speed_correction: bool = typer.Option(False, "--speed-correction/--no-speed-correction",
-                                          help="scale the profile by the device's speed during the live run, "
-                                               "timed by canaries right before and after it (always measured "
-                                               "and reported; see planner/speed_level.py for why it is off "
-                                               "by default; a profile re-profiled around the run needs none)"),
+                                          help="scale the profile by the device's speed during the live run: "
+                                               "the profile's points timed between the run's steps when it "
+                                               "is profiled along the run, else canaries right before and "
+                                               "after it (always measured and reported; see "
+                                               "planner/speed_level.py for why it is off by default)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:
@@ -101,13 +102,13 @@ def validate_cmd(
     err = Console(stderr=True)
     try:
         check_device(gpu)
-        check, around = None, None
+        check, fresh = None, None
         cfg = ValidateConfig(**settings)
         if not reprofile:
             check = trusted_profile(ValidateConfig(**settings), refuse_stale=reprofile is False, say=err.print)
         if reprofile or check.status == "stale":
             from planner.profiling.along import profile_for_live_run   # imports torch: only here
-            around = profile_for_live_run(gpu, model, block_size, folder / "profile.json",
+            fresh = profile_for_live_run(gpu, model, block_size, folder / "profile.json",
                                           span_s=cfg.trace().stats()["duration"], say=err.print)
         err.print(f"validate: {cfg.requests} {cfg.workload} requests at {cfg.rate} req/s on {cfg.gpu} "
                   f"({cfg.model}); live run first, then the simulation")
@@ -116,10 +117,10 @@ def validate_cmd(
             if done == total or done % 8 == 0:
                 err.print(f"  live: {done}/{total} requests finished")
 
-        result = validate(cfg, progress=progress, around=around)
-        if around is not None:
+        result = validate(cfg, progress=progress, fresh=fresh)
+        if fresh is not None:
             replaced = f"; the profile it replaces was stale: {check.reason}" if check is not None else ""
-            check = ProfileCheck("ok", around.describe() + replaced)
+            check = ProfileCheck("ok", fresh.describe() + replaced)
             err.print(check.headline(), highlight=False, markup=False)
         result.profile_check = check.as_dict()
         report = write_report(result, folder)
@@ -158,8 +159,9 @@ def _print_result(result, report: Path, as_json_flag: bool, extra: dict | None =
     s = result.step_error_summary()
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
-    if result.speed_level is not None:
-        console.print(result.speed_level.headline(), highlight=False, markup=False)
+    speed = result.speed_level or result.speed_timeline
+    if speed is not None:
+        console.print(speed.headline(), highlight=False, markup=False)
         raw = result.uncorrected_errors()
         if raw:
             console.print("  errors with the profile as it is: " + ", ".join(

@@ -25,7 +25,7 @@ from planner.models_cache import model_folder
 from planner.profile_check import (check_settings, engine_dtype, find_profile, pin_live_device,
                                     require_device)
 from planner.simulator import SimConfig, simulate
-from planner.speed_level import ScaledCostModel, SpeedLevel, canary_probe
+from planner.speed_level import ScaledCostModel, SpeedLevel, SpeedTimeline, canary_probe
 from workloads import Trace, make_trace
 
 if TYPE_CHECKING:                       # imports torch: only a re-profiling validation needs it
@@ -100,7 +100,8 @@ class Validation:
     attribution: dict | None = None      # the error split by source (planner/attribution.py)
     profile_check: dict | None = None    # ProfileCheck.as_dict() of the profile used, when it was checked
     speed_level: SpeedLevel | None = None
-    uncorrected: dict | None = None      # the simulated metrics without the speed-level correction
+    speed_timeline: SpeedTimeline | None = None   # the device's speed through the run, which the simulation followed
+    uncorrected: dict | None = None      # the simulated metrics without the speed level or timeline
 
     def comparison(self) -> dict[str, dict[str, float | None]]:
         rows = {}
@@ -111,7 +112,7 @@ class Validation:
         return rows
 
     def uncorrected_errors(self) -> dict[str, float | None]:
-        """Relative errors of the headline metrics had the simulation used the profile as it is."""
+        """Relative errors of the headline metrics had the simulation used the profile as it is, at one speed."""
         if self.uncorrected is None:
             return {}
         return {name: _relative(_metric(self.live.metrics, name), _metric(self.uncorrected, name))
@@ -163,8 +164,8 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, s
              between_steps=None) -> LiveRun:
     """Replay ``trace`` online against the wall clock on the real engine.
 
-    ``between_steps(busy_s)``, if given, is called after each step with the step's wall time, with the
-    trace clock paused (a profile timed along the run: planner/profiling/along.py).
+    ``between_steps(busy_s, now)``, if given, is called after each step with the step's wall time and the
+    trace time, with the trace clock paused (a profile timed along the run: planner/profiling/along.py).
 
     ``speed_probe(runner) -> ratio``, if given, times the device on the engine's own runner right
     before the run (its KV cache still empty) and right after it (planner/speed_level.py).
@@ -207,9 +208,9 @@ def run_live(trace: Trace, folder: str, cfg: ValidateConfig, *, progress=None, s
         began = time.perf_counter()
         finished = engine.step()
         if between_steps is not None:
-            busy_s = time.perf_counter() - began
+            busy_s, now = time.perf_counter() - began, clock()
             with clock.paused():
-                between_steps(busy_s)
+                between_steps(busy_s, now)
         done += len(finished)
         if progress is not None and finished:
             progress(done, len(trace))
@@ -271,26 +272,31 @@ def check_device(gpu_name: str):
 
 
 def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None = None,
-             around: ProfileAround | ProfileAlong | None = None) -> Validation:
+             fresh: ProfileAround | ProfileAlong | None = None) -> Validation:
     """Run both and compare. ``cost_model`` defaults to the calibrated model of the profile; with
-    ``around``, of a profile taken along the live run (before, between its steps, after) or around it."""
+    ``fresh``, of a profile of this device taken now: along the live run (before it, between its steps,
+    after it) on a CPU, around it on a GPU (planner/profiling/along.py)."""
     trace = cfg.trace()
     gpu = check_device(cfg.gpu)
     folder, spec = model_folder(cfg.model)
-    if around is not None:
-        cfg.profile = str(around.before_run())
+    if fresh is not None:
+        cfg.profile = str(fresh.before_run())
     if cost_model is None:
         cost_model = load_cost_model(cfg, spec)
     profile = getattr(cost_model, "profile", None)
     if profile is not None and (cfg.device, cfg.dtype) == ("auto", "auto"):
         cfg.device, cfg.dtype = pin_live_device(gpu, profile)
-    # A profile taken along or around the run measures the device's drift across it itself (around.drift).
-    probe = canary_probe(profile) if profile is not None and around is None else None
+    # A profile taken along or around the run measures the device's drift across it itself (fresh.drift).
+    probe = canary_probe(profile) if profile is not None and fresh is None else None
     live = run_live(trace, folder, cfg, progress=progress, speed_probe=probe,
-                    between_steps=around.between_steps if around is not None else None)
-    if around is not None:
-        cfg.profile = str(around.after_run())
+                    between_steps=fresh.between_steps if fresh is not None else None)
+    timeline = None
+    if fresh is not None:
+        cfg.profile = str(fresh.after_run())
         cost_model = load_cost_model(cfg, spec)
+        timeline = fresh.timeline
+        if timeline is not None:
+            timeline.applied = cfg.speed_correction
     level = SpeedLevel(*live.speed, applied=cfg.speed_correction) if probe else None
     raw_model = cost_model
     if level is not None and level.applied and level.factor is not None:
@@ -300,10 +306,12 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
                         num_gpu_blocks=live.num_gpu_blocks, num_cpu_blocks=live.num_cpu_blocks,
                         max_model_len=live.max_model_len, seed=cfg.seed,
                         enable_chunked_prefill=cfg.enable_chunked_prefill)
-    sim = simulate(trace, sim_cfg, cost_model)
-    step_errors = [cost_model.step_time(shape) / step.duration - 1
+    speed = timeline if timeline is not None and timeline.applied else None
+    sim = simulate(trace, sim_cfg, cost_model, device_speed=speed)
+    step_errors = [cost_model.step_time(shape) * (speed(step.start) if speed else 1.0) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
     attribution = run_attribution(trace, sim_cfg, cost_model, live.steps, live.requests, live.metrics, sim.metrics)
-    uncorrected = simulate(trace, sim_cfg, raw_model).metrics if cost_model is not raw_model else None
+    corrected = cost_model is not raw_model or speed is not None
+    uncorrected = simulate(trace, sim_cfg, raw_model).metrics if corrected else None
     return Validation(cfg, spec, live, sim.metrics, sim.steps, sim.requests, cost_model.name, step_errors,
-                      attribution, speed_level=level, uncorrected=uncorrected)
+                      attribution, speed_level=level, speed_timeline=timeline, uncorrected=uncorrected)

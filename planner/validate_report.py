@@ -36,6 +36,8 @@ def as_json(v: Validation) -> dict:
         "profile_check": v.profile_check,
         "speed_level": None if v.speed_level is None else
         {**v.speed_level.as_dict(), "errors_without_correction": v.uncorrected_errors()},
+        "speed_timeline": None if v.speed_timeline is None else
+        {**v.speed_timeline.as_dict(), "errors_without_correction": v.uncorrected_errors()},
     }
 
 
@@ -97,10 +99,11 @@ def _attribution_lines(a: dict | None) -> list[str]:
 
 
 def _speed_level_lines(v: Validation) -> list[str]:
-    """The device's speed level during the run (planner/speed_level.py), and the errors without it."""
-    if v.speed_level is None:
+    """The device's speed during the run, level or timeline (planner/speed_level.py), and the errors without it."""
+    if v.speed_level is None and v.speed_timeline is None:
         return []
-    lines = ["", f"Speed level: {v.speed_level.headline()}."]
+    speed = v.speed_level or v.speed_timeline
+    lines = ["", f"Speed: {speed.headline()}."]
     raw = v.uncorrected_errors()
     if raw:
         lines.append("Errors with the profile as it is: " + ", ".join(

@@ -7,7 +7,7 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.profile_schema import load_profile
-from planner.profiling.along import ProfileAlong, drift_across, profile_for_live_run
+from planner.profiling.along import ProfileAlong, drift_across, profile_for_live_run, speed_timeline
 from planner.profiling.around import ProfileAround
 from planner.profiling.run import ProfileOptions, ProfileSession
 from planner.validate import TraceClock, ValidateConfig, run_live
@@ -25,27 +25,63 @@ def _along(model, tmp_path, span_s=1.0, repeats=3) -> ProfileAlong:
 def test_points_are_timed_before_between_and_after_the_run_until_the_grid_is_repeated(tiny_model, tmp_path):
     along = _along(tiny_model, tmp_path)
     with pytest.raises(RuntimeError):
-        along.between_steps(0.01)
+        along.between_steps(0.01, 0.0)
     first = load_profile(along.before_run())
     # Before the run: the warm-up round and one measured round of every point, already a usable profile.
     assert first.grid.repeats == 1 and all(len(m.samples_s) == 1 for m in first.measurements)
     assert 0 < along.duty <= 4
-    for _ in range(20):                       # the live run's steps
-        along.between_steps(0.01)
-        # Profiling keeps pace with the run: never more than one point behind duty x its busy time.
-        assert along.profiling_s >= along.duty * along.busy_s or along.session.timer.rounds_done == 1 + 3 * 3
+    for k in range(3):                       # 0.9 s of live steps: not yet a slice's worth
+        along.between_steps(0.3, 0.5 * k)
+    assert along.profiling_s == 0 and not along.slices
+    for k in range(3, 20):
+        along.between_steps(0.3, 0.5 * k)
+        if along.sliced_at_s == along.busy_s:     # a slice now: profiling caught up with the run
+            assert along.profiling_s >= along.duty * along.busy_s or along.session.timer.rounds_done == 1 + 3 * 3
+    times = [now for now, _ in along.slices]
+    assert times[0] == 1.5 and all(b - a >= 1.5 for a, b in zip(times, times[1:]))
     profile = load_profile(along.after_run())
     assert profile.grid.repeats >= 3 and min(len(m.samples_s) for m in profile.measurements) >= 3
     assert {m.component for m in profile.measurements} == {m.component for m in first.measurements}
-    assert along.rounds_during >= 0 and "between its steps" in profile.grid.notes[-1]
+    assert "between its steps" in profile.grid.notes[-1]
     assert along.drift is not None and f"x{along.drift:.3f}" in along.describe()
+    assert f"of its {profile.grid.repeats} rounds" in along.describe()
+
+
+def test_the_speed_timeline_reads_each_slices_forward_passes_against_their_medians():
+    medians = [0.1, 0.2, 0.0]                  # point 2: a host-side point, left out
+    slow = [(0, 0.11), (1, 0.22)] * 4 + [(2, 5.0)] * 9
+    fast = [(0, 0.09), (1, 0.18)] * 4
+    timeline = speed_timeline([(1.0, slow), (3.0, fast), (4.0, fast[:3])], medians)
+    assert timeline.times == [1.0, 3.0] and timeline.factors == pytest.approx([1.1, 0.9])
+    assert timeline(0.0) == pytest.approx(1.1) and timeline(2.0) == pytest.approx(1.0)
+    assert timeline(9.0) == pytest.approx(0.9)
+    assert speed_timeline([(1.0, fast[:3])], medians) is None
+
+
+def test_the_simulation_follows_the_device_speed():
+    from planner.catalog import resolve_gpu, resolve_model
+    from planner.cost.linear import LinearCostModel
+    from planner.sim import SimConfig, simulate
+
+    trace = make_trace("sharegpt", num_requests=8, rate=2.0, seed=0).scaled(length_scale=0.1, max_output_len=16)
+    config = SimConfig(resolve_model("opt-125m"), resolve_gpu("a100-40g"))
+    cost = LinearCostModel(0.01, 0.0001)
+    plain = simulate(trace, config, cost)
+    steady = simulate(trace, config, cost, device_speed=lambda t: 1.0)
+    assert [s.end for s in steady.steps] == pytest.approx([s.end for s in plain.steps])
+    # Twice as slow from t = 1 s: every step that starts then takes twice its price.
+    slowed = simulate(trace, config, cost, device_speed=lambda t: 2.0 if t >= 1.0 else 1.0)
+    for step, shape in zip(slowed.steps, slowed.shapes):
+        factor = 2.0 if step.start >= 1.0 else 1.0
+        assert step.end - step.start == pytest.approx(cost.step_time(shape) * factor)
+    assert slowed.metrics["e2e_mean"] > plain.metrics["e2e_mean"]
 
 
 def test_a_run_far_longer_than_its_arrivals_stops_sampling_at_three_times_the_rounds(tiny_model, tmp_path):
     along = _along(tiny_model, tmp_path, span_s=1e-3, repeats=2)
     along.before_run()
     for _ in range(100):
-        along.between_steps(1.0)              # each step "took" a second: the duty is never met
+        along.between_steps(1.0, 0.0)             # each step "took" a second: the duty is never met
     timer = along.session.timer
     assert timer.rounds_started == timer.rounds_done == timer.warmup + 3 * 2
     along.after_run()
@@ -85,6 +121,6 @@ def test_work_between_steps_takes_no_trace_time(tmp_path):
     calls = []
     folder = str(save_tiny_model("opt", tmp_path))
     live = run_live(trace, folder, cfg,
-                    between_steps=lambda busy_s: calls.append(busy_s) or time.sleep(0.05))
+                    between_steps=lambda busy_s, now: calls.append(busy_s) or time.sleep(0.05))
     assert len(calls) == len(live.steps) >= 4 and all(b > 0 for b in calls)
     assert max(r.finish for r in live.requests) < 0.05 * len(calls) / 2

@@ -218,6 +218,8 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
     calls = []
 
     class Along:          # stands in for the quick profile timed along the live run
+        timeline = None
+
         def __init__(self, gpu, model, block_size, path, span_s, say):
             calls.append((block_size, span_s))
 
@@ -225,7 +227,7 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
             calls.append("before")
             return fresh
 
-        def between_steps(self, busy_s):
+        def between_steps(self, busy_s, now):
             assert busy_s > 0
             if calls[-1] != "between":
                 calls.append("between")

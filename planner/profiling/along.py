@@ -13,12 +13,16 @@ times them):
 - before the run: the warm-up round and one measured round. validate needs a
   profile to pin the live engine's device and dtype, and the round anchors
   every point before the run.
-- during it: after each step, points until the profiling time reaches `duty`
-  times the run's busy time so far. `duty` spreads the grid's remaining rounds
+- during it: once per second of live steps, points until the profiling time
+  reaches `duty` times the run's busy time so far. `duty` spreads the grid's remaining rounds
   over the time the trace's arrivals span, so a run that lasts longer than its
   arrivals (a queue) gets more rounds, still spread over all of it.
 - after it: the round in progress is finished, and rounds are added until the
   grid's repeats are met; points that scattered are timed again.
+
+Each slice timed during the run also says how fast the device was at that
+moment of the trace: `timeline` (planner.speed_level.SpeedTimeline), which the
+simulation follows.
 
 The profile runner is a second runner beside the live engine's, with its own
 KV cache: on a CPU both fit in memory, on a GPU the live engine's cache takes
@@ -34,9 +38,18 @@ from pathlib import Path
 from planner.catalog import resolve_gpu
 from planner.profile_schema import Profile, save_profile
 from planner.profiling.run import ProfileOptions, ProfileSession
+from planner.speed_level import SpeedTimeline
 
+# A live step right after profiling runs 1-3% slower than one right after another step (measured on
+# the 2-core VM: caches and allocator state are the profile runner's), so points are timed in slices
+# once per second of live steps, not after every step: one step in ~15 pays that, not all of them.
+SLICE_EVERY_S = 1.0
 MAX_DUTY = 4.0          # at most 4 s of profiling per second of live steps: keeps the run in one piece
 MAX_ROUNDS_FACTOR = 3   # a run far longer than its arrivals stops sampling after 3x the grid's rounds
+MIN_SLICE_POINTS = 8    # a slice with fewer forward passes says too little about the device's speed
+# The speed timeline reads the forward passes only: they are most of a step's time, and the host-side
+# points (scheduling, sampling: microseconds of Python) scatter far more than the device moves.
+FORWARD = ("prefill", "decode")
 
 
 class ProfileAlong:
@@ -46,9 +59,14 @@ class ProfileAlong:
         self.options, self.path, self.span_s, self.say = options, path, span_s, say
         self.session: ProfileSession | None = None
         self.duty = 0.0
-        self.busy_s = self.profiling_s = 0.0
+        self.slice_every_s, self.min_slice_points = SLICE_EVERY_S, MIN_SLICE_POINTS
+        self.busy_s = self.profiling_s = self.sliced_at_s = 0.0
         self.rounds_during = 0
+        self.rounds = 0             # measured rounds in the final profile
         self.drift: float | None = None
+        # Per slice timed during the run: its trace time and the (point index, seconds) it measured.
+        self.slices: list[tuple[float, list[tuple[int, float]]]] = []
+        self.timeline: SpeedTimeline | None = None
 
     @classmethod
     def quick(cls, gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print) -> "ProfileAlong":
@@ -69,15 +87,23 @@ class ProfileAlong:
         self.duty = min(MAX_DUTY, remaining * round_s / max(self.span_s, round_s))
         return save_profile(self.session.profile(), self.path)
 
-    def between_steps(self, busy_s: float) -> None:
-        """Time points until profiling has taken `duty` times the live run's busy time."""
+    def between_steps(self, busy_s: float, now: float) -> None:
+        """Once per `slice_every_s` of live steps, time points until profiling has taken `duty` times them.
+        ``now``: the trace time, which the trace clock keeps while the points are timed."""
         session = self._started()
         self.busy_s += busy_s
+        if self.busy_s - self.sliced_at_s < self.slice_every_s:
+            return
+        self.sliced_at_s = self.busy_s
         most = session.timer.warmup + MAX_ROUNDS_FACTOR * session.setup.grid.repeats
+        measured: list[tuple[int, float]] = []
         while self.profiling_s < self.duty * self.busy_s and session.timer.rounds_done < most:
             start = time.perf_counter()
-            session.timer.time_next()
+            i, sample = session.timer.time_next()
             self.profiling_s += time.perf_counter() - start
+            measured += [(i, s) for s in sample]
+        if measured:
+            self.slices.append((now, measured))
         self.rounds_during = session.timer.rounds_done - session.timer.warmup - 1
 
     def after_run(self) -> Path:
@@ -86,7 +112,12 @@ class ProfileAlong:
         session.timer.time_rounds(session.timer.warmup + repeats)    # finishes the round in progress first
         session.timer.retime_unsteady(repeats)
         profile = session.profile()
+        forward = [p.component in FORWARD for p in session.points]
+        self.timeline = speed_timeline(self.slices, [statistics.median(s[0]) if s[0] and f else 0.0
+                                                     for s, f in zip(session.samples, forward)],
+                                       self.min_slice_points)
         session.close()
+        self.rounds = profile.grid.repeats
         self.drift = drift_across(profile)
         return save_profile(_noted(profile, self.rounds_during), self.path)
 
@@ -98,8 +129,21 @@ class ProfileAlong:
     def describe(self) -> str:
         drift = "" if self.drift is None else \
             f"; the device ran x{self.drift:.3f} its first half's times in the second"
-        return (f"profiled just now, {self.rounds_during} of its rounds between the live run's steps "
-                f"(one before, the rest after){drift}")
+        return (f"profiled just now, {self.rounds_during} of its {self.rounds} rounds timed between the live "
+                f"run's steps, one before the run, the rest after it{drift}")
+
+
+def speed_timeline(slices: list[tuple[float, list[tuple[int, float]]]], medians: list[float],
+                   min_points: int = MIN_SLICE_POINTS) -> SpeedTimeline | None:
+    """Per slice, the median over its points of seconds measured / the point's median over the profile
+    (points whose median is 0 are left out)."""
+    times, factors = [], []
+    for now, measured in slices:
+        ratios = [s / medians[i] for i, s in measured if medians[i] > 0]
+        if len(ratios) >= min_points:
+            times.append(now)
+            factors.append(statistics.median(ratios))
+    return SpeedTimeline(times, factors) if times else None
 
 
 def drift_across(profile: Profile) -> float:

@@ -92,7 +92,9 @@ class ProfileAround:
         self.before = self._half("before")
         return save_profile(self.before, self.path)
 
-    def between_steps(self, busy_s: float) -> None:
+    timeline = None      # no points are timed during the run, so no speed timeline (ProfileAlong's)
+
+    def between_steps(self, busy_s: float, now: float) -> None:
         """Nothing is timed during the run (ProfileAlong times points here)."""
 
     def after_run(self) -> Path:

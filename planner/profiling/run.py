@@ -293,16 +293,19 @@ class RoundTimer:
             self.progress(f"{label}: {point.component} {point.features}", self.total)
         return point.measure(self.runner if point.per_model else None)
 
-    def time_next(self) -> None:
-        """Time the next point of the current round, starting a new round when it is done."""
+    def time_next(self) -> tuple[int, list[float]]:
+        """Time the next point of the current round, starting a new round when it is done; returns the
+        point's index and the repetitions kept (none in a warm-up round)."""
         if not self.queue:
             self.shuffle(self.order)
             self.queue.extend(self.order)
             self.rounds_started += 1
         i = self.queue.popleft()
         sample = self._time(i, f"round {self.rounds_started}")
-        if self.rounds_started > self.warmup:
-            self.series(i).extend(sample)
+        if self.rounds_started <= self.warmup:
+            return i, []
+        self.series(i).extend(sample)
+        return i, sample
 
     def time_rounds(self, rounds: int) -> None:
         """Finish the current round, then time whole rounds until `rounds` are done."""

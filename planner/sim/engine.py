@@ -60,7 +60,8 @@ class SimulatedEngine:
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
                  executor: SyntheticExecutor, total: int, progress: Progress | None,
-                 fast_forward: bool = True, watch: Watch | None = None) -> None:
+                 fast_forward: bool = True, watch: Watch | None = None,
+                 device_speed: Callable[[float], float] | None = None) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -70,6 +71,7 @@ class SimulatedEngine:
         self.progress = progress
         self.fast_forward = fast_forward
         self.watch = watch
+        self.device_speed = device_speed
         self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows
         self.next_arrival = math.inf       # when the arrival process next releases a request
         self.arrivals_done = False
@@ -135,7 +137,10 @@ class SimulatedEngine:
             else:
                 physical = allocator.token_slots_used()
 
-            yield env.timeout(step_time(shape))
+            duration = step_time(shape)
+            if self.device_speed is not None:
+                duration *= self.device_speed(start)
+            yield env.timeout(duration)
 
             end = env.now
             # A partial prompt chunk samples nothing: only the sampling part gets tokens.
@@ -209,12 +214,17 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
-             progress: Progress | None = None, watch: Watch | None = None) -> SimResult:
+             progress: Progress | None = None, watch: Watch | None = None,
+             device_speed: Callable[[float], float] | None = None) -> SimResult:
     """Run `trace` through the engine core on a SimPy clock priced by `cost_model`.
 
     `config.fast_forward` (the default) takes provably uneventful decode steps
     in bulk; False steps one at a time. Both give the same results. `watch`
-    sees every step and may end the run by raising (see `Watch`)."""
+    sees every step and may end the run by raising (see `Watch`).
+    `device_speed(t)` scales the price of a step that starts at t: the speed a
+    validated live run's device had then (planner.speed_level.SpeedTimeline);
+    it steps one at a time, since a window prices its steps before their start
+    times are known."""
     wall_start = time.perf_counter()
     gpu_blocks, cpu_blocks, plan = config.cache_size()
     if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
@@ -228,7 +238,8 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
                                  real_token_ids=config.enable_prefix_caching)
     env = simpy.Environment()
     engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
-                             fast_forward=config.fast_forward, watch=watch)
+                             fast_forward=config.fast_forward and device_speed is None, watch=watch,
+                             device_speed=device_speed)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
     # The run allocates millions of small, acyclic objects (token lists, records);
