@@ -100,7 +100,7 @@ class Validation:
     attribution: dict | None = None      # the error split by source (planner/attribution.py)
     profile_check: dict | None = None    # ProfileCheck.as_dict() of the profile used, when it was checked
     speed_level: SpeedLevel | None = None
-    speed_timeline: SpeedTimeline | None = None   # the device's speed through the run, which the simulation followed
+    speed_timeline: SpeedTimeline | None = None   # the device's speed through the run (profiled along it)
     uncorrected: dict | None = None      # the simulated metrics without the speed level or timeline
 
     def comparison(self) -> dict[str, dict[str, float | None]]:

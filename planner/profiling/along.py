@@ -14,15 +14,16 @@ times them):
   profile to pin the live engine's device and dtype, and the round anchors
   every point before the run.
 - during it: once per second of live steps, points until the profiling time
-  reaches `duty` times the run's busy time so far. `duty` spreads the grid's remaining rounds
-  over the time the trace's arrivals span, so a run that lasts longer than its
-  arrivals (a queue) gets more rounds, still spread over all of it.
+  reaches `duty` times the run's busy time so far. `duty` spreads the grid's
+  remaining rounds over the time the trace's arrivals span, so a run that lasts
+  longer than its arrivals (a queue) gets more rounds, still spread over all
+  of it.
 - after it: the round in progress is finished, and rounds are added until the
   grid's repeats are met; points that scattered are timed again.
 
 Each slice timed during the run also says how fast the device was at that
-moment of the trace: `timeline` (planner.speed_level.SpeedTimeline), which the
-simulation follows.
+moment of the trace: `timeline` (planner.speed_level.SpeedTimeline), which
+validate reports, and which the simulation follows with --speed-correction.
 
 The profile runner is a second runner beside the live engine's, with its own
 KV cache: on a CPU both fit in memory, on a GPU the live engine's cache takes
@@ -40,9 +41,9 @@ from planner.profile_schema import Profile, save_profile
 from planner.profiling.run import ProfileOptions, ProfileSession
 from planner.speed_level import SpeedTimeline
 
-# A live step right after profiling runs 1-3% slower than one right after another step (measured on
-# the 2-core VM: caches and allocator state are the profile runner's), so points are timed in slices
-# once per second of live steps, not after every step: one step in ~15 pays that, not all of them.
+# A live step right after profiling ran 1-3% slower than its neighbours (measured on the 2-core VM:
+# caches and allocator state are the profile runner's then), so points are timed in slices once per
+# second of live steps, not after every step: one step in ~15 pays that, not all of them.
 SLICE_EVERY_S = 1.0
 MAX_DUTY = 4.0          # at most 4 s of profiling per second of live steps: keeps the run in one piece
 MAX_ROUNDS_FACTOR = 3   # a run far longer than its arrivals stops sampling after 3x the grid's rounds
@@ -53,7 +54,7 @@ FORWARD = ("prefill", "decode")
 
 
 class ProfileAlong:
-    """`before_run()`, `between_steps(busy_s)` after each live step, `after_run()`: one pooled profile."""
+    """`before_run()`, `between_steps(busy_s, now)` after each live step, `after_run()`: one profile."""
 
     def __init__(self, options: ProfileOptions, path: Path, span_s: float, say: Callable[[str], object] = print):
         self.options, self.path, self.span_s, self.say = options, path, span_s, say
