@@ -11,6 +11,7 @@ names the file and what is wrong.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -126,6 +127,19 @@ class Measurement(_Strict):
     spread: float                    # (p90 - p10) / median of the repetitions
     samples_s: list[float]           # raw repetitions of the (first) measured model
     layer_medians_s: dict[str, float] | None = None   # per-layer scaling: {"1": t1, "2": t2}
+
+    @property
+    def mean_s(self) -> float:
+        """Full-model mean seconds: median_s times the repetitions' mean / median.
+
+        The cost model is fitted to this, not to the median: E2E and throughput add step times
+        up, and a sum follows the mean. On a CPU a step's time is skewed to the right (a slow
+        spell stretches a few repetitions), so the median priced steps 1-2% fast.
+        """
+        if not self.samples_s:
+            return self.median_s
+        middle = statistics.median(self.samples_s)
+        return self.median_s * statistics.fmean(self.samples_s) / middle if middle > 0 else self.median_s
 
 
 class CurveFit(_Strict):

@@ -102,6 +102,19 @@ def test_cross_validation_reports_held_out_error_not_training_error():
     assert cv.folds == 5 and cv.mean_rel > 0.1
 
 
+
+def test_the_fit_prices_a_points_mean_time_not_its_median():
+    # Right-skewed repetitions (one slow spell in five): steps add up, so a run of them costs the mean.
+    skewed = [1e-3, 1e-3, 1e-3, 1e-3, 2e-3]
+    points = [Measurement(component="sched_decode", features={"seqs": b}, median_s=1e-3, spread=1.0,
+                          samples_s=skewed) for b in (1, 4, 16)]
+    fit = fit_component(points, "sched_decode")
+    assert fit.candidates[fit.chosen].values[0] == pytest.approx(1.2e-3)
+    # A per-layer-scaled point keeps the 1-layer model's samples: their skew scales the full-model median.
+    scaled = Measurement(component="decode", features={"seqs": 1, "context": 32}, median_s=12e-3, spread=1.0,
+                         samples_s=skewed, layer_medians_s={"1": 1e-3, "2": 2e-3})
+    assert scaled.mean_s == pytest.approx(14.4e-3)
+
 def test_fit_refuses_empty_component():
     with pytest.raises(ValueError, match="no measurements"):
         fit_component([], "prefill")

@@ -5,7 +5,8 @@ Every component is modelled as
     t = v(main) + sum_i c_i * extra_i,      v piecewise-linear, c_i >= 0
 
 (prefill: v(tokens) + c1 * attn_pairs + c2 * seqs; decode: v(seqs) + c * context;
-the host-side and block-move components: v(batch) or v(blocks) alone). Two
+the host-side and block-move components: v(batch) or v(blocks) alone), fitted
+to each point's mean time (Measurement.mean_s: steps add up). Two
 candidates differ only in v's knots:
 
   linear     two knots (the smallest and largest grid value): a straight line,
@@ -103,7 +104,7 @@ def _arrays(points: list[Measurement], component: str):
     main, extra_names = COMPONENT_FEATURES[component]
     x = np.array([p.features[main] for p in points], dtype=float)
     extras = np.array([[p.features[e] for e in extra_names] for p in points], dtype=float).reshape(len(points), -1)
-    y = np.array([p.median_s for p in points], dtype=float)
+    y = np.array([p.mean_s for p in points], dtype=float)
     return x, extras, y, main, extra_names
 
 
@@ -156,10 +157,10 @@ def residual_sd(points: list[Measurement], component: str, curve: CurveFit) -> f
     pred = np.maximum(_design(x, extras, np.array(curve.knots)) @ np.concatenate(
         [np.diff(curve.values, prepend=0.0), list(curve.extras.values())]), 1e-12)
     residuals = []
-    for p, predicted, median in zip(points, pred, y):
+    for p, predicted in zip(points, pred):
         # Samples of a per-layer-scaled point are of the 1-layer model: rescale them to its median.
-        scale = median / float(np.median(p.samples_s)) if p.samples_s and np.median(p.samples_s) > 0 else 1.0
-        residuals += [s * scale / predicted - 1 for s in (p.samples_s or [median])]
+        scale = p.median_s / float(np.median(p.samples_s)) if p.samples_s and np.median(p.samples_s) > 0 else 1.0
+        residuals += [s * scale / predicted - 1 for s in (p.samples_s or [p.median_s])]
     return float(np.sqrt(np.mean(np.square(residuals))))
 
 
