@@ -103,6 +103,20 @@ def test_cross_validation_reports_held_out_error_not_training_error():
 
 
 
+def test_forward_passes_keep_the_curve_through_every_grid_point():
+    # A 2-core CPU's prefill: 2 and 3 prompt tokens cost more than 4 (the BLAS path for so few rows).
+    times_ms = {1: 38, 2: 55, 3: 65, 4: 50, 8: 55, 16: 59, 64: 110, 256: 311, 512: 589}
+    points = [_m("prefill", ms / 1e3, tokens=t, attn_pairs=t * (t + 1) // 2, seqs=1) for t, ms in times_ms.items()]
+    fit = fit_component(points, "prefill")
+    assert fit.cv["linear"].mean_rel < fit.cv["piecewise"].mean_rel     # cross-validation alone takes the line
+    assert fit.chosen == "piecewise"
+    model = CalibratedCostModel(make_profile([m for m in synthetic_measurements() if m.component != "prefill"]
+                                             + points))
+    for t in (2, 3, 4):
+        shape = StepShape(prefill_tokens=t, prefill_seqs=1, prefill_attn_pairs=t * (t + 1) // 2)
+        assert model.breakdown(shape)["forward"] == pytest.approx(times_ms[t] / 1e3, rel=0.01)
+
+
 def test_the_fit_prices_a_points_mean_time_not_its_median():
     # Right-skewed repetitions (one slow spell in five): steps add up, so a run of them costs the mean.
     skewed = [1e-3, 1e-3, 1e-3, 1e-3, 2e-3]

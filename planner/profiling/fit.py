@@ -24,7 +24,8 @@ rows can take longer than one of 4). Rows are divided by the measured time
 so the fit minimises relative error, the error the simulator cares about.
 k-fold cross-validation (knots re-derived from each training fold, so a
 held-out grid value tests interpolation or extrapolation honestly) picks the
-candidate with the lower mean relative error.
+candidate with the lower mean relative error, except for the forward passes,
+which are always piecewise (FORWARD_COMPONENTS says why).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from planner.profile_schema import COMPONENT_FEATURES, ComponentFit, CurveFit, C
 
 METHODS = ("linear", "piecewise")
 MAX_FOLDS = 5
+# The forward passes keep the curve through every grid point whatever cross-validation says. Their
+# grids are dense where the device's times bend (a CPU matmul of 2 or 3 rows costs more than one of
+# 4), and live steps land on grid shapes (prompts of 1-4 tokens, decode batches either side of a
+# multiple of 4). Holding a grid value out asks a curve to bridge a gap twice as wide as it ever
+# will: on the 2-core VM the prefill choice flipped between quick profiles of the same machine (5
+# of 12 took the line), and the line priced 2- and 3-token prompts 15-25% fast.
+FORWARD_COMPONENTS = ("prefill", "decode")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -146,6 +154,8 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
     scores = {m: (cv[m].mean_rel if cv[m].folds else 0.0) for m in METHODS}
     # Ties (e.g. too few points to tell) go to the straight line: it extrapolates more safely.
     chosen = "piecewise" if scores["piecewise"] < scores["linear"] else "linear"
+    if component in FORWARD_COMPONENTS:
+        chosen = "piecewise"
     return ComponentFit(chosen=chosen, candidates=candidates, cv=cv,
                         residual_sd=residual_sd(points, component, candidates[chosen]))
 
