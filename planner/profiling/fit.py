@@ -36,7 +36,7 @@ from planner.profile_schema import COMPONENT_FEATURES, ComponentFit, CurveFit, C
 
 METHODS = ("linear", "piecewise")
 MAX_FOLDS = 5
-# The forward passes keep the curve through every grid point whatever cross-validation says. Their
+# The forward passes keep a knot at every grid value whatever cross-validation says. Their
 # grids are dense where the device's times bend (a CPU matmul of 2 or 3 rows costs more than one of
 # 4), and live steps land on grid shapes (prompts of 1-4 tokens, decode batches either side of a
 # multiple of 4). Holding a grid value out asks a curve to bridge a gap twice as wide as it ever
