@@ -67,12 +67,12 @@ def validate_cmd(
     as_json_flag: bool = typer.Option(False, "--json", help="print the comparison as one JSON document"),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill", help="engine and simulator both "
                                                    "schedule as vLLM v1 (chunked prefill; a vLLM v1 deployment does)"),
-    speed_correction: bool = typer.Option(False, "--speed-correction/--no-speed-correction",
-                                          help="scale the profile by the device's speed during the live run: "
-                                               "the profile's points timed between the run's steps when it "
-                                               "is profiled along the run, else canaries right before and "
-                                               "after it (always measured and reported; see "
-                                               "planner/speed_level.py for why it is off by default)"),
+    speed_correction: Optional[bool] = typer.Option(
+        None, "--speed-correction/--no-speed-correction",
+        help="follow the device's speed during the live run (always measured and reported): by default the "
+             "simulation follows the speed read by a profile timed along the run (on a CPU with --reprofile or "
+             "a stale profile), not the canaries timed right before and after the run otherwise; "
+             "--speed-correction follows either, --no-speed-correction neither (planner/speed_level.py)"),
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a Markdown/JSON/PNG report."""
     if endpoint is not None or measured is not None:

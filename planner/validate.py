@@ -57,7 +57,9 @@ class ValidateConfig:
     kv_cache_memory_bytes: int = 1 << 30
     profile: str | None = None
     enable_chunked_prefill: bool = False         # both sides schedule with vLLM v1's policy
-    speed_correction: bool = False       # scale the profile by the device's speed level (planner/speed_level.py)
+    # Follow the device's speed during the live run (planner/speed_level.py). None: the timeline of a profile
+    # timed along the run, yes; a canary speed level, no (True applies either, False neither).
+    speed_correction: bool | None = None
     max_num_batched_tokens: int | None = None
     # The live engine's device and dtype: pinned to the profile's by validate() (planner/profile_check.py).
     device: str = "auto"
@@ -296,8 +298,8 @@ def validate(cfg: ValidateConfig, *, progress=None, cost_model: CostModel | None
         cost_model = load_cost_model(cfg, spec)
         timeline = fresh.timeline
         if timeline is not None:
-            timeline.applied = cfg.speed_correction
-    level = SpeedLevel(*live.speed, applied=cfg.speed_correction) if probe else None
+            timeline.applied = cfg.speed_correction is not False
+    level = SpeedLevel(*live.speed, applied=cfg.speed_correction is True) if probe else None
     raw_model = cost_model
     if level is not None and level.applied and level.factor is not None:
         cost_model = ScaledCostModel(cost_model, level.factor)

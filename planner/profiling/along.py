@@ -23,7 +23,7 @@ times them):
 
 Each slice timed during the run also says how fast the device was at that
 moment of the trace: `timeline` (planner.speed_level.SpeedTimeline), which
-validate reports, and which the simulation follows with --speed-correction.
+validate reports and the simulation follows (unless --no-speed-correction).
 
 The profile runner is a second runner beside the live engine's, with its own
 KV cache: on a CPU both fit in memory, on a GPU the live engine's cache takes
