@@ -40,7 +40,7 @@ def profile(
     model: str = typer.Option("opt-125m", "--model", help="catalog model name, or a folder with a config.json"),
     tp: int = typer.Option(1, "--tp", help="tensor parallel size (the engine runs on one device: 1)"),
     block_size: int = typer.Option(16, "--block-size", help="KV-cache block size in tokens"),
-    quick: bool = typer.Option(False, "--quick", help="small grid, 3 repetitions: minutes instead of tens of minutes"),
+    quick: bool = typer.Option(False, "--quick", help="small grid, 5 repetitions: minutes instead of tens of minutes"),
     force: bool = typer.Option(False, "--force", help="profile even if the device is not the GPU named"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--full-model",
                                              help="time 1- and 2-layer models and scale by the layer count "

@@ -92,7 +92,7 @@ class SpeedTimeline:
     time per shape, the mean over the whole run, while a shared CPU moves by
     5-10% within it; the steps of one shape run at one moment (the large
     batches at the peak of the load), so they see that moment's speed, not the
-    median. Measured on the 2-core VM: in one main.sh validation the profile's
+    mean. Measured on the 2-core VM: in one main.sh validation the profile's
     points ran 5-10% slower in two of their nine rounds, the ones timed while
     the run's batches of 8-15 ran, and the simulation underpriced those steps
     by 11-14% and mean E2E by 15%.
@@ -105,14 +105,15 @@ class SpeedTimeline:
     say how fast the device was, not how long the run's steps took.
 
     The simulation follows it unless `--no-speed-correction`, and the report
-    keeps the errors without it. Eleven validations on the 2-core VM (opt-125m:
-    seven of main.sh's quick setting, two of sharegpt and two of alpaca at their
-    defaults), each simulated without and with it (mean |error|, without ->
-    with): throughput 1.40% -> 0.61%, mean E2E 3.56% -> 2.55%, median step
-    4.9% -> 4.2%; the worst E2E error 9.7% -> 6.0%, the worst median step
-    10.1% -> 8.8%. (Five runs before the profile was fitted to means, not
-    medians, had shown no gain in E2E, 3.8% -> 3.9%: the median fit's own bias
-    of 1-2% hid it.)
+    keeps the errors without it. Seventeen validations on the 2-core VM
+    (opt-125m: ten of main.sh's quick setting; at their defaults two of
+    sharegpt, four of alpaca, one of sharegpt with chunked prefill), each
+    simulated without and with it (mean |error|, without -> with): throughput
+    1.66% -> 0.78%, mean E2E 3.88% -> 2.74%, median step 4.2% -> 3.3%; the
+    worst 3.3% -> 1.8%, 10.5% -> 6.0% and 10.1% -> 8.8%; two runs off the
+    targets without it, none with it. (Five runs before the profile was fitted
+    to means, not medians, had shown no gain in E2E, 3.8% -> 3.9%: the median
+    fit's own bias of 1-2% hid it.)
     """
 
     times: list[float]          # trace time of each slice (seconds since the first arrival)

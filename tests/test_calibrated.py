@@ -102,8 +102,7 @@ def test_cross_validation_reports_held_out_error_not_training_error():
     assert cv.folds == 5 and cv.mean_rel > 0.1
 
 
-
-def test_forward_passes_keep_the_curve_through_every_grid_point():
+def test_forward_passes_keep_a_knot_at_every_grid_value():
     # A 2-core CPU's prefill: 2 and 3 prompt tokens cost more than 4 (the BLAS path for so few rows).
     times_ms = {1: 38, 2: 55, 3: 65, 4: 50, 8: 55, 16: 59, 64: 110, 256: 311, 512: 589}
     points = [_m("prefill", ms / 1e3, tokens=t, attn_pairs=t * (t + 1) // 2, seqs=1) for t, ms in times_ms.items()]
@@ -128,6 +127,7 @@ def test_the_fit_prices_a_points_mean_time_not_its_median():
     scaled = Measurement(component="decode", features={"seqs": 1, "context": 32}, median_s=12e-3, spread=1.0,
                          samples_s=skewed, layer_medians_s={"1": 1e-3, "2": 2e-3})
     assert scaled.mean_s == pytest.approx(14.4e-3)
+
 
 def test_fit_refuses_empty_component():
     with pytest.raises(ValueError, match="no measurements"):
