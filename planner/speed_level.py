@@ -105,12 +105,12 @@ class SpeedTimeline:
     say how fast the device was, not how long the run's steps took.
 
     The simulation follows it unless `--no-speed-correction`, and the report
-    keeps the errors without it. Seventeen validations on the 2-core VM
+    keeps the errors without it. Nineteen validations on the 2-core VM
     (opt-125m: ten of main.sh's quick setting; at their defaults two of
-    sharegpt, four of alpaca, one of sharegpt with chunked prefill), each
+    sharegpt, four of alpaca, three of sharegpt with chunked prefill), each
     simulated without and with it (mean |error|, without -> with): throughput
-    1.66% -> 0.78%, mean E2E 3.88% -> 2.74%, median step 4.2% -> 3.3%; the
-    worst 3.3% -> 1.8%, 10.5% -> 6.0% and 10.1% -> 8.8%; two runs off the
+    1.97% -> 0.91%, mean E2E 4.34% -> 2.76%, median step 4.3% -> 3.2%; the
+    worst 5.6% -> 3.5%, 11.4% -> 6.0% and 10.1% -> 8.8%; four runs off the
     targets without it, none with it. (Five runs before the profile was fitted
     to means, not medians, had shown no gain in E2E, 3.8% -> 3.9%: the median
     fit's own bias of 1-2% hid it.)
