@@ -153,9 +153,8 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
     cv = {m: cross_validate(points, component, m) for m in METHODS}
     scores = {m: (cv[m].mean_rel if cv[m].folds else 0.0) for m in METHODS}
     # Ties (e.g. too few points to tell) go to the straight line: it extrapolates more safely.
-    chosen = "piecewise" if scores["piecewise"] < scores["linear"] else "linear"
-    if component in FORWARD_COMPONENTS:
-        chosen = "piecewise"
+    chosen = ("piecewise" if component in FORWARD_COMPONENTS or scores["piecewise"] < scores["linear"]
+              else "linear")
     return ComponentFit(chosen=chosen, candidates=candidates, cv=cv,
                         residual_sd=residual_sd(points, component, candidates[chosen]))
 
@@ -163,7 +162,7 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
 def residual_sd(points: list[Measurement], component: str, curve: CurveFit) -> float:
     """RMS of (repetition / prediction - 1) over every raw repetition of every point: what a step's
     time scatters by around the curve (fit error and run-to-run noise together)."""
-    x, extras, y, _, _ = _arrays(points, component)
+    x, extras, _, _, _ = _arrays(points, component)
     pred = np.maximum(_design(x, extras, np.array(curve.knots)) @ np.concatenate(
         [np.diff(curve.values, prepend=0.0), list(curve.extras.values())]), 1e-12)
     residuals = []
