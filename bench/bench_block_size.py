@@ -5,7 +5,7 @@ keys and values (same batch, context, heads; the blocks shuffled in the pool as
 after an engine has run a while), round-robin so that load from other
 processes slows every block size alike, and prints each time relative to block
 16. With --write it stores the factors in planner/data/block_size_factors.json, which
-planner/block_size_factors.py applies to the cost models' decode-attention term.
+planner/cost/block_size.py applies to the cost models' decode-attention term.
 
     PYTHONPATH=. .venv/bin/python bench/bench_block_size.py [--repeats 15] [--backend cpu] [--write]
 """

@@ -20,9 +20,9 @@ import math
 from dataclasses import replace
 
 from planner.catalog import resolve_gpu
-from planner.models_cache import model_folder
+from planner.profile.checkpoints import model_folder
 from planner.sim import SimConfig, simulate
-from planner.validate import ValidateConfig, load_cost_model, validate
+from planner.validation.live import ValidateConfig, load_cost_model, validate
 from workloads import Trace
 
 METRICS = (("ttft_mean", "TTFT mean"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99"),

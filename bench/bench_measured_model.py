@@ -33,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.core.metrics import percentile  # noqa: E402
 from planner.cost import StepShape, prefill_attn_pairs, tables  # noqa: E402
 from planner.cost.shape import context_histogram  # noqa: E402
 from planner.cost.measured import MeasuredCostModel, covered_gpus  # noqa: E402
@@ -44,11 +45,6 @@ AXES = {
     "generation_attention": ("num_heads", "num_kv_heads", "head_dim", "batch_size", "step"),
     "allreduce": ("backend", "num_gpus", "message_size"),
 }
-
-
-def quantile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def leave_one_out_table() -> None:
@@ -63,11 +59,11 @@ def leave_one_out_table() -> None:
             errors = tables.leave_one_out(fitted, depth)
             if errors:
                 print(f"{system:22s} {table:22s} {len(errors):7d} {statistics.median(errors):8.1%} "
-                      f"{quantile(errors, 0.9):8.1%}")
+                      f"{percentile(errors, 90):8.1%}")
             if table == "generation_attention":
                 errors = _leave_one_out_linear(fitted, depth)
                 print(f"{system:22s} {'  linear in context':22s} {len(errors):7d} {statistics.median(errors):8.1%} "
-                      f"{quantile(errors, 0.9):8.1%}")
+                      f"{percentile(errors, 90):8.1%}")
     print()
 
 
@@ -158,7 +154,7 @@ def distortion_table() -> None:
                 fitted = dict(_leaves(_envelope(tree, depth, levels, fit), depth))
                 changes = [abs(fitted[key] / y - 1) for key, y in raw]
                 moved = sum(c > 0 for c in changes) / len(changes)
-                cells.append(f"{moved:16.1%} {statistics.median(changes):7.2%} {quantile(changes, 0.9):7.2%} "
+                cells.append(f"{moved:16.1%} {statistics.median(changes):7.2%} {percentile(changes, 90):7.2%} "
                              f"{max(changes):7.1%}")
             print(f"{system:22s} {table:22s} {len(raw):7d} {cells[0]} {cells[1]}")
     print()

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from planner.search import SearchGrid, make_executor, run_search  # noqa: E402
+from planner.sizing import SearchGrid, make_executor, run_search  # noqa: E402
 
 TARGET_S = 300.0
 

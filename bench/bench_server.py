@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import httpx  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from planner.models_cache import model_folder  # noqa: E402
-from planner.serve.load_client import BenchConfig, run_bench  # noqa: E402
-from planner.serve.server import free_port  # noqa: E402
+from planner.profile.checkpoints import model_folder  # noqa: E402
+from planner.bench.client import BenchConfig, run_bench  # noqa: E402
+from engine.entrypoints.openai.server import free_port  # noqa: E402
 from workloads import Trace, TraceRequest  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def main() -> None:
     engine_args = ["--block-size", "16", "--max-num-seqs", str(args.requests), "--seed", "0"]
     llm = LLM(folder, block_size=16, max_num_seqs=args.requests)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", "from planner.cli import main; main()", "serve",
+    server = subprocess.Popen([sys.executable, "-c", "from planner.cli.app import main; main()", "serve",
                                "--model", folder, "--port", str(port), *engine_args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"

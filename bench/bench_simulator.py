@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from planner.catalog import resolve_gpu, resolve_model  # noqa: E402
 from planner.cost import RooflineCostModel  # noqa: E402
-from planner.simulator import SimConfig, simulate  # noqa: E402
+from planner.sim import SimConfig, simulate  # noqa: E402
 from workloads import make_trace  # noqa: E402
 
 TARGET_WALL_S = 60.0

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from planner.validate import ValidateConfig, validate  # noqa: E402
-from planner.validate_report import write_report  # noqa: E402
+from planner.validation.live import ValidateConfig, validate  # noqa: E402
+from planner.report.validation import write_report  # noqa: E402
 
 RUNS = {
     "sharegpt": dict(workload="sharegpt", rate=4.0, requests=64, length_scale=0.25, max_output_len=160),
@@ -51,7 +51,7 @@ def main() -> None:
         cfg = ValidateConfig(model=args.model, profile=args.profile, **settings)
         fresh = None
         if args.reprofile:
-            from planner.profiling.along import ProfileAlong
+            from planner.profile.along import ProfileAlong
             fresh = ProfileAlong.quick("cpu", args.model, 16, profiles / f"{len(rows)}.json",
                                         cfg.trace().stats()["duration"], say=lambda line: print(line, file=sys.stderr))
         v = validate(cfg, fresh=fresh)

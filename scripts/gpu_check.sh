@@ -84,7 +84,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export PAGED_KERNELS_BUILD_DIR=${PAGED_KERNELS_BUILD_DIR:-$SCRATCH/kernels}
 
-PLANNER=("$PY" -c 'import sys; from planner.cli import main; sys.argv[0] = "planner"; main()')
+PLANNER=("$PY" -c 'import sys; from planner.cli.app import main; sys.argv[0] = "planner"; main()')
 
 # step NAME TIMEOUT_S COMMAND...: run, log to NAME.log, record status and seconds.
 step() {

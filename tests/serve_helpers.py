@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from planner.serve.tokenizer import build_byte_tokenizer
+from planner.profile.byte_tokenizer import build_byte_tokenizer
 
 
 def save_byte_model(folder, max_position_embeddings: int = 128) -> str:

@@ -26,7 +26,7 @@ CASES = {"main.sh": ["--quick"], "sharegpt": [], "alpaca": ["--workload", "alpac
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_validation_after_a_fresh_profile_meets_the_targets(tmp_path, case):
-    command = [sys.executable, "-c", "from planner.cli import app; app()", "validate", "--gpu", "cpu",
+    command = [sys.executable, "-c", "from planner.cli.app import app; app()", "validate", "--gpu", "cpu",
                "--reprofile", "--json", "--out", str(tmp_path / "v"), *CASES[case]]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.metrics import RequestRecord
-from planner.attribution import ReplayCost, attribute, between_step_gaps
+from planner.cost.wrappers import ReplayCost
+from planner.validation.attribution import attribute, between_step_gaps
 from planner.cost.shape import StepShape
 
 

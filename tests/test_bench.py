@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.llm_engine import LLMEngine
-from planner.cli import app
-from planner.serve.load_client import BenchRequest, bench_metrics
-from planner.serve.server import BackgroundServer
+from planner.cli.app import app
+from planner.bench.client import BenchRequest, bench_metrics
+from engine.entrypoints.openai.server import BackgroundServer
 from serve_helpers import save_byte_model
 
 

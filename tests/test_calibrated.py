@@ -17,9 +17,9 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.calibrated import CalibratedCostModel, profile_path
 from planner.cost.shape import CostModel, StepShape, prefill_attn_pairs
 from planner.errors import PlannerError
-from planner.profile_schema import (COMPONENTS, PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch,
+from planner.profile.schema import (COMPONENTS, PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch,
                                     Profile, load_profile, save_profile)
-from planner.profiling.fit import cross_validate, fit_all, fit_component, nnls
+from planner.profile.fit import cross_validate, fit_all, fit_component, nnls
 
 
 def _m(component, y, **features):

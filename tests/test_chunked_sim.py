@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cli import app
+from planner.cli.app import app
 from planner.cost.linear import LinearCostModel, parse_linear
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape

@@ -15,6 +15,6 @@ CORE_MODULES = sorted(f"engine.core.{m.name}" for m in pkgutil.iter_modules([str
 
 def test_core_and_simulator_do_not_import_torch():
     assert "engine.core.scheduler" in CORE_MODULES
-    imports = ", ".join(["engine", *CORE_MODULES, "planner.simulator", "planner.cli"])
+    imports = ", ".join(["engine", *CORE_MODULES, "planner.sim", "planner.cli.app"])
     code = f"import sys; import {imports}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

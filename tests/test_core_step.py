@@ -12,7 +12,7 @@ from engine.core.sequence import SequenceGroup
 from engine.core.step import begin_step, end_step
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import StepShape
-from planner.simulator import SimConfig, simulate
+from planner.sim import SimConfig, simulate
 from workloads import Trace, TraceRequest
 
 

@@ -17,7 +17,7 @@ import pytest
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import RooflineCostModel
 from planner.sim.engine import _delay_to
-from planner.simulator import SimConfig, simulate
+from planner.sim import SimConfig, simulate
 from workloads import WORKLOADS, Trace, TraceRequest, make_trace
 
 OPT_13B, A100 = resolve_model("opt-13b"), resolve_gpu("a100-40g")
@@ -101,7 +101,7 @@ def test_delay_lands_exactly_on_the_end_time(now, end):
 def test_cli_step_by_step_gives_the_same_document(tmp_path):
     from typer.testing import CliRunner
 
-    from planner.cli import app
+    from planner.cli.app import app
 
     docs = []
     for extra in ([], ["--step-by-step"]):
@@ -112,7 +112,7 @@ def test_cli_step_by_step_gives_the_same_document(tmp_path):
         docs.append({k: v for k, v in doc.items() if "wall" not in k})
     assert docs[0] == docs[1]
     assert docs[0]["num_completed"] == 30
-    from planner.sweep import RunSpec
+    from planner.runs.spec import RunSpec
     assert RunSpec(step_by_step=True).config().fast_forward is False and RunSpec().config().fast_forward
 
 

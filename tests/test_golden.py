@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from golden_cases import CASES, LIVE_VALIDATION, numbers, same_number
-from planner.cli import app
+from planner.cli.app import app
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 
@@ -34,7 +34,7 @@ def test_command_prints_the_numbers_it_printed_before(name, tmp_path, monkeypatc
 def test_live_validation_simulates_what_it_simulated_before(monkeypatch):
     from planner.catalog import resolve_gpu, resolve_model
     from planner.cost.calibrated import CalibratedCostModel
-    from planner.validate import ValidateConfig, validate
+    from planner.validation.live import ValidateConfig, validate
 
     monkeypatch.chdir(Path(__file__).parent.parent)
     cost = CalibratedCostModel.from_file(LIVE_VALIDATION["profile"], model=resolve_model("opt-125m"),

@@ -132,8 +132,8 @@ def test_runner_refuses_a_head_size_the_cuda_kernels_lack(llama, monkeypatch):
 
 def test_profiler_refuses_other_kernels_for_a_gpu_profile(monkeypatch):
     from planner.catalog import resolve_gpu
-    from planner.profiling.device import Target
-    from planner.profiling.run import require_cuda_kernels
+    from planner.profile.device import Target
+    from planner.profile.run import require_cuda_kernels
 
     target = Target(resolve_gpu("h200"), CUDA, torch.float16, False)
     monkeypatch.setattr(cuda_ext, "ops_for", lambda device=None: load_ops("torch"))
@@ -178,7 +178,7 @@ def test_engine_gives_the_runner_its_limits(llama):
 def test_per_layer_profile_holds_one_runner_at_a_time(monkeypatch, tmp_path):
     from transformers import OPTConfig
 
-    import planner.profiling.run as run
+    import planner.profile.run as run
 
     OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256,
               max_position_embeddings=256, word_embed_proj_dim=64).save_pretrained(tmp_path)

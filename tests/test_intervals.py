@@ -6,9 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
+from planner.cli.app import app
 from planner.cost.shape import StepShape
-from planner.intervals import NoisyCost, interval, intervals
+from planner.cost.wrappers import NoisyCost
+from planner.runs.seeds import interval, intervals
 
 
 def test_interval_is_mean_and_interpolated_percentiles():

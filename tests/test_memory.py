@@ -4,7 +4,7 @@ import pytest
 
 from planner.catalog import GIB, resolve_model
 from planner.errors import PlannerError
-from planner.memory import activation_reserve_bytes, kv_heads_per_gpu, plan_memory
+from planner.runs.memory import activation_reserve_bytes, kv_heads_per_gpu, plan_memory
 
 
 @pytest.mark.parametrize("model, gpu, tp, kv_gib, slots", [

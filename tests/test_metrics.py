@@ -8,8 +8,8 @@ import pytest
 from engine.core.metrics import Metrics, RequestRecord, StepRecord, compute_metrics, summarize
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import StepShape
-from planner.simulator import SimConfig, simulate
-from planner.sweep import meets
+from planner.sim import SimConfig, simulate
+from planner.runs.slos import meets
 from workloads import Trace, TraceRequest
 
 

@@ -17,13 +17,13 @@ from transformers import OPTConfig
 from typer.testing import CliRunner
 
 from planner.catalog import ModelSpec, resolve_model
-from planner.cli import app
+from planner.cli.app import app
 from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.shape import StepShape, prefill_attn_pairs
 from planner.errors import PlannerError
-from planner.profile_schema import COMPONENTS, load_profile, save_profile
-from planner.profiling.device import resolve_target
-from planner.profiling.run import ProfileOptions, run_profile
+from planner.profile.schema import COMPONENTS, load_profile, save_profile
+from planner.profile.device import resolve_target
+from planner.profile.run import ProfileOptions, run_profile
 
 TINY_GRID = dict(prefill_tokens=[16, 64, 128], prefill_seqs=[1, 4], decode_batch=[1, 4, 16],
                  decode_context=[16, 128], host_batch=[1, 8, 32], block_counts=[1, 4, 16], warmup=1)
@@ -166,7 +166,7 @@ def test_detected_gpu_variant_and_kind_mismatch(monkeypatch):
 def test_points_caught_in_a_slow_spell_are_timed_again():
     # A shared CPU stalls a step several-fold while another process runs: a point whose repetitions
     # scatter gets extra rounds, so its median rests on steady repetitions; steady points get none.
-    from planner.profiling.run import _measure, _Point
+    from planner.profile.run import _measure, _Point
 
     spikes = iter([0.5, 0.6, 0.7])               # the first three timed repetitions of "noisy" are stalled
     noisy = _Point("sched_decode", {"seqs": 1}, lambda _: [next(spikes, 0.1)], False)

@@ -6,11 +6,11 @@ import time
 import pytest
 
 from planner.errors import PlannerError
-from planner.profile_schema import load_profile
-from planner.profiling.along import ProfileAlong, drift_across, profile_for_live_run, speed_timeline
-from planner.profiling.around import ProfileAround
-from planner.profiling.run import ProfileOptions, ProfileSession
-from planner.validate import TraceClock, ValidateConfig, run_live
+from planner.profile.schema import load_profile
+from planner.profile.along import ProfileAlong, drift_across, profile_for_live_run, speed_timeline
+from planner.profile.around import ProfileAround
+from planner.profile.run import ProfileOptions, ProfileSession
+from planner.validation.live import TraceClock, ValidateConfig, run_live
 from tests.test_calibrated import make_profile
 from tests.test_profile import TINY_GRID, tiny_model  # noqa: F401  (the fixture)
 from tiny_models import save_tiny_model

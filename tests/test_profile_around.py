@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import PlannerError
-from planner.profiling.around import ProfileAround, pool_profiles
-from planner.profiling.run import ProfileOptions
+from planner.profile.around import ProfileAround, pool_profiles
+from planner.profile.run import ProfileOptions
 from tests.test_calibrated import make_profile, synthetic_measurements
 
 
@@ -38,7 +38,7 @@ def test_points_only_one_half_timed_are_dropped_and_settings_must_agree():
 
 
 def test_profile_around_times_a_half_before_and_after_and_saves_the_pool(tmp_path, monkeypatch):
-    from planner.profiling import around
+    from planner.profile import around
 
     halves = iter([_scaled(make_profile(), 1.0), _scaled(make_profile(), 0.9)])
     seen = []

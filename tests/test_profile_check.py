@@ -9,15 +9,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from planner import profile_check
+from planner.profile import check as profile_check
 from planner.catalog import ModelSpec, resolve_gpu
-from planner.cli import app
+from planner.cli.app import app
 from planner.cost.select import select_cost_model
 from planner.errors import PlannerError
-from planner.profile_check import (check_cost_model, check_profile, config_differences, cpu_topology, engine_version,
+from planner.profile.check import (check_cost_model, check_profile, config_differences, cpu_topology, engine_version,
                                    find_profile, pin_live_device, require_device, run_canary)
-from planner.profile_schema import load_profile, save_profile
-from planner.profiling.run import ProfileOptions, run_profile
+from planner.profile.schema import load_profile, save_profile
+from planner.profile.run import ProfileOptions, run_profile
 from tiny_models import save_tiny_model
 
 SMALL_GRID = dict(prefill_tokens=[16, 64], prefill_seqs=[1], decode_batch=[1, 4], decode_context=[16, 64],
@@ -174,7 +174,7 @@ def test_validate_runs_only_on_the_named_catalog_gpu(monkeypatch, tiny):
 
 
 def test_validate_no_reprofile_refuses_a_stale_profile(tiny, tmp_path):
-    from planner.validate import ValidateConfig, trusted_profile
+    from planner.validation.live import ValidateConfig, trusted_profile
     folder, profile = tiny
     path = _saved(profile, tmp_path, **{"fingerprint.cpu_cores": 12345})
     cfg = ValidateConfig(model=str(folder), profile=str(path))
@@ -211,7 +211,7 @@ def test_validate_cli_no_reprofile_refuses_a_stale_profile_in_one_line(tiny, tmp
 
 
 def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monkeypatch):
-    from planner.profiling import along
+    from planner.profile import along
     folder, profile = tiny
     stale = _saved(profile, tmp_path, "stale.json", **{"fingerprint.cpu_model": "Elsewhere CPU"})
     fresh = save_profile(profile, tmp_path / "fresh.json")

@@ -9,13 +9,13 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
+from planner.cli.app import app
 from planner.errors import PlannerError
-from planner.search import SearchGrid, load_prices, make_executor, parse_price_overrides, run_search
-from planner.search.executors import LocalExecutor
-from planner.search.prices import price_table
-from planner.search.search import ConfigTask, choose_best, evaluate, pareto_front
-from planner.sweep import find_capacity
+from planner.sizing import SearchGrid, load_prices, make_executor, parse_price_overrides, run_search
+from planner.sizing.pools import LocalExecutor
+from planner.sizing.prices import price_table
+from planner.sizing.search import ConfigTask, choose_best, evaluate, pareto_front
+from planner.sizing.capacity import find_capacity
 
 SLOS = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
@@ -40,7 +40,7 @@ def test_every_catalog_price_has_a_source_and_a_date():
 
 def test_every_catalog_gpu_is_priced_or_says_why_not():
     from planner.catalog.gpus import list_gpus
-    from planner.search.prices import unpriced
+    from planner.sizing.prices import unpriced
     missing = {g.name for g in list_gpus()} - {"cpu"} - set(load_prices())
     assert missing == set(unpriced())
     with pytest.raises(PlannerError, match="b200.*Capacity Blocks.*--price b200="):

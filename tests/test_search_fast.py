@@ -8,12 +8,13 @@ from hypothesis import strategies as st
 
 from engine.core.block_manager import BlockManager
 from engine.core.metrics import percentile
-from planner.search import SearchGrid, run_search
-from planner.search.capacity import Hint, search_capacity
-from planner.search.executors import LocalExecutor
-from planner.search.probe import WATERMARK, Probe, Prober, SharedRuns, Trajectory, violations_to_fail
-from planner.search.search import ConfigTask
-from planner.sweep import meets, run_document
+from planner.sizing import SearchGrid, run_search
+from planner.sizing.capacity import Hint, search_capacity
+from planner.sizing.pools import LocalExecutor
+from planner.sizing.probe import WATERMARK, Probe, Prober, SharedRuns, Trajectory, violations_to_fail
+from planner.sizing.search import ConfigTask
+from planner.runs.slos import meets
+from planner.runs.sweep import run_document
 
 SLOS = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 

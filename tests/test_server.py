@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine.llm_engine import LLMEngine
-from planner.serve.server import BackgroundServer
+from engine.entrypoints.openai.server import BackgroundServer
 from serve_helpers import save_byte_model
 from tiny_models import save_tiny_model
 
@@ -234,7 +234,7 @@ def test_shutdown_drains_requests_in_flight(folder):
 def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
     from typer.testing import CliRunner
 
-    from planner.cli import app
+    from planner.cli.app import app
     result = CliRunner().invoke(app, ["serve", *args])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1

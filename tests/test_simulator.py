@@ -15,7 +15,7 @@ from planner.cost import RooflineCostModel, StepShape
 from planner.cost.select import select_cost_model
 from planner.cost.shape import step_shape
 from planner.errors import PlannerError
-from planner.simulator import SimConfig, simulate
+from planner.sim import SimConfig, simulate
 from workloads import Trace, TraceRequest, make_trace
 
 OPT_13B, A100 = resolve_model("opt-13b"), resolve_gpu("a100-40g")

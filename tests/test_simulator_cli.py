@@ -7,8 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.sweep import RunSpec, find_capacity, meets, parse_slos
+from planner.cli.app import app
+from planner.runs.slos import meets, parse_slos
+from planner.runs.spec import RunSpec
+from planner.sizing.capacity import find_capacity
 from planner.errors import PlannerError
 
 runner = CliRunner()

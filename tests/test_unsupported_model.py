@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import LLM
-from planner.cli import app
+from planner.cli.app import app
 from tiny_models import save_tiny_model
 
 

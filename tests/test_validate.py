@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from planner.validate import ValidateConfig, validate
-from planner.validate_report import write_report
+from planner.validation.live import ValidateConfig, validate
+from planner.report.validation import write_report
 from tiny_models import save_tiny_model
 
 
@@ -60,7 +60,7 @@ def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
 def test_cli_calibrates_then_validates_and_prints_one_json_document(llama_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from planner.cli import app
+    from planner.cli.app import app
     result = CliRunner().invoke(app, ["validate", "--model", llama_dir, "--workload", "alpaca", "--requests", "6",
                                       "--rate", "50", "--length-scale", "0.5", "--reprofile",
                                       "--out", str(tmp_path / "run"), "--json"])
@@ -76,7 +76,7 @@ def test_cli_calibrates_then_validates_and_prints_one_json_document(llama_dir, t
 def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from planner.cli import app
+    from planner.cli.app import app
     result = CliRunner().invoke(app, ["validate", "--model", llama_dir, "--gpu", "a100", "--requests", "2",
                                       "--out", str(tmp_path)])
     assert result.exit_code == 2
@@ -86,7 +86,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
 
 
 def _assert_attribution_adds_up(v, doc):
-    """The error split (planner/attribution.py): its three parts add up to the comparison's error."""
+    """The error split (planner/validation/attribution.py): its three parts add up to the comparison's error."""
     a = v.attribution
     assert a["steps"]["live"] == len(v.live.steps) and a["between_step_time"]["total_s"] >= 0
     for name in ("e2e_mean", "request_throughput"):
@@ -103,9 +103,9 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     # A profile taken while the device ran 10x slower than now: the canaries bracketing the live run
     # see it, the simulation prices steps with the profile scaled by that level, and the report
     # keeps the errors without the correction.
-    from planner.profile_schema import save_profile
-    from planner.profiling.run import ProfileOptions, run_profile
-    from planner.validate_report import as_json
+    from planner.profile.schema import save_profile
+    from planner.profile.run import ProfileOptions, run_profile
+    from planner.report.validation import as_json
 
     grid = dict(prefill_tokens=[8, 32, 64], prefill_seqs=[1], decode_batch=[1, 4, 8], decode_context=[16, 64],
                 host_batch=[1, 8], block_counts=[1, 4], warmup=1)
@@ -130,9 +130,9 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
 
 
 def test_a_profile_timed_along_the_run_reports_the_device_speed_and_follows_it_by_default(llama_dir, tmp_path):
-    from planner.profiling.along import ProfileAlong
-    from planner.profiling.run import ProfileOptions
-    from planner.validate_report import as_json
+    from planner.profile.along import ProfileAlong
+    from planner.profile.run import ProfileOptions
+    from planner.report.validation import as_json
 
     grid = dict(prefill_tokens=[8, 32, 64], prefill_seqs=[1], decode_batch=[1, 4, 8], decode_context=[16, 64],
                 host_batch=[1, 8], block_counts=[1, 4], warmup=1)

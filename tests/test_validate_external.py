@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.llm_engine import LLMEngine
-from planner.cli import app
-from planner.serve.server import BackgroundServer
-from planner.validate_external import measured_records, read_measured
+from planner.cli.app import app
+from engine.entrypoints.openai.server import BackgroundServer
+from planner.validation.external import measured_records, read_measured
 from serve_helpers import save_byte_model
 
 

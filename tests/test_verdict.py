@@ -1,4 +1,4 @@
-"""The verdict and steady state (planner/verdict.py), guardrails and hints, CLI consistency."""
+"""The verdict and steady state (planner/analysis/verdict.py), guardrails and hints, CLI consistency."""
 from __future__ import annotations
 
 import json
@@ -7,15 +7,16 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.core.metrics import RequestRecord
-from planner import guardrails
-from planner.block_size_factors import decode_attention_factor, factor_source
+from planner.runs import checks as guardrails
+from planner.cost.block_size import decode_attention_factor, factor_source
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cli import _boolean_flag_error, app
+from planner.cli.app import _boolean_flag_error, app
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.sweep import RunSpec, run_document
-from planner.verdict import Window, queue_trend, steady_window
+from planner.runs.spec import RunSpec
+from planner.runs.sweep import run_document
+from planner.analysis.verdict import Window, queue_trend, steady_window
 
 runner = CliRunner()
 
@@ -165,7 +166,7 @@ def test_param_flag_reaches_the_workload(tmp_path):
 
 
 def test_simulate_and_capacity_share_the_default_workload():
-    from planner.cli_simulate import capacity, simulate
+    from planner.cli.simulate import capacity, simulate
 
     defaults = [f.__defaults__ for f in (simulate, capacity)]
     assert all(any(getattr(d, "default", None) == "sharegpt" for d in ds) for ds in defaults)

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli_workload import app
+from planner.cli.workload import app
 from workloads import Trace, WORKLOADS
 
 runner = CliRunner()

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
+from planner.cli.app import app
 from test_workloads_importers import AZURE, sharegpt_file, text, tokenizer_dir  # noqa: F401 (fixture)
 from workloads import Trace, TraceError, parse_workload_params
 

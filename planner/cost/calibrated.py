@@ -16,7 +16,7 @@ A step is priced the way the engine runs it (engine/llm_engine.py):
   copy      v(blocks) for copy-on-write copies, else 0
 
 Each v is a monotone piecewise-linear curve over the profiled grid (see
-planner/profiling/fit.py). step_time is the simulator's inner loop, so curves are
+planner/profile/fit.py). step_time is the simulator's inner loop, so curves are
 precomputed into per-segment (intercept, slope) lists and evaluated with one
 bisect over the interior knots: plain float arithmetic, no numpy.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.profile_schema import CurveFit, Profile, load_profile
+from planner.profile.schema import CurveFit, Profile, load_profile
 
 SAMPLING_MODES = ("greedy", "random")
 

@@ -66,7 +66,7 @@ from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_
 from planner.cost import tables
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
-from planner.memory import kv_heads_per_gpu
+from planner.runs.memory import kv_heads_per_gpu
 
 # vLLM captures CUDA graphs for batches up to 512 tokens by default; larger
 # steps run eagerly, and so does their all-reduce.
@@ -100,7 +100,7 @@ def _host_profile(gpu_name: str):
     if not root.is_dir():
         return None
     from planner.cost.calibrated import _Curve
-    from planner.profile_schema import load_profile
+    from planner.profile.schema import load_profile
     for path in sorted(root.glob("*.json")):
         try:
             fit = load_profile(path).fit

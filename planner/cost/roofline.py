@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.block_size_factors import decode_attention_factor
+from planner.cost.block_size import decode_attention_factor
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.memory import kv_heads_per_gpu
+from planner.runs.memory import kv_heads_per_gpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class RooflineCostModel:
         self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
         self._decode_per_key = max(kv_bytes_per_token / bw, attn_flops_per_pair / flops)
-        # Block size changes paged-attention kernel speed (measured: planner/block_size_factors.py).
+        # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
         self._decode_per_key *= self.block_size_factor
 

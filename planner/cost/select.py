@@ -19,7 +19,7 @@ from planner.catalog import GpuSpec, ModelSpec
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
-from planner.profile_check import check_settings, engine_dtype, find_profile
+from planner.profile.check import check_settings, engine_dtype, find_profile
 
 COST_MODELS = ("auto", "calibrated", "measured", "roofline")
 
@@ -102,7 +102,7 @@ def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_s
 
 def _at_block_size(cost_model, block_size: int):
     """A calibrated model priced at `block_size` rather than the block size it was profiled at."""
-    from planner.block_size_factors import decode_attention_factor
+    from planner.cost.block_size import decode_attention_factor
 
     profile = getattr(cost_model, "profile", None)
     if profile is None or not hasattr(cost_model, "scale_decode_attention"):

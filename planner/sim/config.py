@@ -7,7 +7,7 @@ from engine.core.allocators import ALLOCATORS
 from engine.core.config import SIM_BLOCK_SIZES, SchedulerConfig
 from planner.catalog import GpuSpec, ModelSpec
 from planner.errors import PlannerError
-from planner.memory import plan_memory
+from planner.runs.memory import plan_memory
 
 __all__ = ["SIM_BLOCK_SIZES", "SimConfig"]   # SIM_BLOCK_SIZES: engine.core.config's, re-exported
 

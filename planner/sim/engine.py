@@ -29,7 +29,7 @@ from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
 from planner.errors import PlannerError
 from planner.sim.config import SimConfig
-from planner.sim.executor import SyntheticExecutor
+from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
 
@@ -48,7 +48,7 @@ class SimResult:
     requests: list[RequestRecord]  # one per trace request, in trace order
     steps: list[StepRecord]        # one per engine step
     shapes: list[StepShape]        # the same steps as the cost model saw them
-    memory_plan: dict | None       # planner.memory summary (None when the cache size was given)
+    memory_plan: dict | None       # planner.runs.memory summary (None when the cache size was given)
     wall_time: float = 0.0         # seconds the simulation took to run
     fast_forwarded_steps: int = 0  # of the steps, how many fast-forward took in bulk
     params: dict = field(default_factory=dict)
@@ -222,7 +222,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     in bulk; False steps one at a time. Both give the same results. `watch`
     sees every step and may end the run by raising (see `Watch`).
     `device_speed(t)` scales the price of a step that starts at t: the speed a
-    validated live run's device had then (planner.speed_level.SpeedTimeline);
+    validated live run's device had then (planner.profile.speed.SpeedTimeline);
     it steps one at a time, since a window prices its steps before their start
     times are known."""
     wall_start = time.perf_counter()

@@ -1,0 +1,220 @@
+"""`planner bench`: replay a trace against any OpenAI-compatible server, measuring as vLLM's serving benchmark does.
+
+Each request leaves at its trace arrival time (time 0 = the start of the
+run), streams with ``max_tokens`` = its output length (and ``ignore_eos``),
+and is timed on the client:
+- TTFT: from sending to the first chunk that carries a choice;
+- ITL: every gap between consecutive chunks;
+- E2E: from sending to the last chunk;
+- TPOT: (E2E - TTFT) / (output tokens - 1), output tokens from the server's usage.
+A request that fails (HTTP error, broken stream, no token) is kept as failed
+with its error, never dropped: completed + failed = submitted.
+"""
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from engine.core.metrics import RequestRecord, compute_metrics, latency_summary
+from workloads import Trace, TraceRequest
+
+DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
+
+
+@dataclass
+class BenchRequest:
+    request_id: str
+    arrival: float                # when the trace says it arrives (s since the start)
+    prompt_len: int
+    expected_output_len: int
+    start: float | None = None    # when it was sent
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    latency: float | None = None  # E2E
+    output_len: int = 0           # tokens the server generated (usage), else chunks counted
+    success: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.success or self.output_len < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_len - 1)
+
+    def record(self) -> RequestRecord:
+        """As the planner's per-request record (times in seconds since the start of the run)."""
+        start = self.start if self.start is not None else self.arrival
+        if not self.success:
+            return RequestRecord(self.request_id, start, self.prompt_len, 0, finish=start, rejected=True,
+                                 reject_reason=self.error or "failed")
+        first = start + self.ttft
+        times = [first]
+        for gap in self.itl:
+            times.append(times[-1] + gap)
+        return RequestRecord(self.request_id, start, self.prompt_len, self.output_len, first_token=first,
+                             finish=start + self.latency, token_times=times)
+
+
+@dataclass
+class BenchConfig:
+    endpoint: str                 # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
+    model: str | None = None      # default: the first model /v1/models lists
+    ignore_eos: bool = True
+    vocab_size: int = DEFAULT_VOCAB
+    seed: int = 0
+    timeout: float = 600.0        # per request
+    temperature: float = 0.0
+
+
+def api_base(endpoint: str) -> str:
+    base = endpoint.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint {endpoint!r}: give a URL such as http://127.0.0.1:8000")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def served_model(endpoint: str, timeout: float = 30.0) -> dict:
+    """The first entry of /v1/models."""
+    url = api_base(endpoint) + "/models"
+    try:
+        r = httpx.get(url, timeout=timeout)
+        r.raise_for_status()
+        data = r.json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise ValueError(f"cannot list the models at {url}: {exc}") from None
+    if not data:
+        raise ValueError(f"{url} lists no model")
+    return data[0]
+
+
+async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
+                out: BenchRequest) -> None:
+    body = {"model": model, "prompt": trace.prompt_token_ids(req, cfg.vocab_size, cfg.seed),
+            "max_tokens": req.output_len, "temperature": cfg.temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if req.n > 1:
+        body["n"] = req.n
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    chunks = 0
+    out.start = time.perf_counter()
+    last = out.start
+    try:
+        async with client.stream("POST", "/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                try:
+                    text = json.loads(text)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+                out.error = f"HTTP {response.status_code}: {text}"[:500]
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                doc = json.loads(data)
+                if "error" in doc:
+                    out.error = str(doc["error"].get("message", doc["error"]))[:500]
+                    return
+                now = time.perf_counter()
+                if doc.get("choices"):
+                    if chunks == 0:
+                        out.ttft = now - out.start
+                    else:
+                        out.itl.append(now - last)
+                    last = now
+                    chunks += 1
+                    reason = doc["choices"][0].get("finish_reason")
+                    out.finish_reason = reason or out.finish_reason
+                if doc.get("usage"):
+                    out.output_len = doc["usage"].get("completion_tokens") or 0
+    except (httpx.HTTPError, ValueError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:500]
+        return
+    if chunks == 0:
+        out.error = "the stream ended without a token"
+        return
+    out.latency = last - out.start
+    out.output_len = out.output_len or chunks
+    out.success = True
+
+
+async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:
+    model = cfg.model or served_model(cfg.endpoint)["id"]
+    results = [BenchRequest(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in trace]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=api_base(cfg.endpoint), limits=limits,
+                                 timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
+        origin = time.perf_counter()
+        tasks = []
+        for req, out in zip(trace, results):
+            delay = origin + req.arrival_time - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(_send(client, cfg, model, trace, req, out))
+            if progress is not None:
+                task.add_done_callback(lambda _: progress())
+            tasks.append(task)
+        await asyncio.gather(*tasks)
+    for out in results:   # times relative to the start of the run
+        if out.start is not None:
+            out.start -= origin
+    return results, time.perf_counter() - origin
+
+
+def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:
+    return asyncio.run(run_bench_async(trace, cfg, progress))
+
+
+# -- results ---------------------------------------------------------------------------
+PER_REQUEST = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2e": lambda r: r.latency,
+               "itl": lambda r: max(r.itl) if r.itl else 0.0,
+               "normalized_latency": lambda r: r.latency / max(r.output_len, 1)}
+
+
+def _per_request_limit(name: str) -> str:
+    """The per-request quantity an SLO on an aggregate bounds (ttft_p99 -> ttft)."""
+    return "normalized_latency" if name == "normalized_latency" else name.split("_")[0]
+
+
+def bench_metrics(results: list[BenchRequest], slos: dict[str, float] | None = None) -> dict:
+    """The planner's metric names (compute_metrics), with TPOT as vLLM's benchmark defines it, and goodput."""
+    metrics = compute_metrics([r.record() for r in results], [])
+    done = [r for r in results if r.success]
+    metrics["num_failed"] = len(results) - len(done)   # counted as rejected too: completed + rejected = submitted
+    metrics.update(latency_summary("tpot", [t for r in done if (t := r.tpot) is not None]))
+    metrics.pop("preemptions", None)    # the client cannot see them
+    if slos:
+        good = [r for r in done if all((v := PER_REQUEST[_per_request_limit(k)](r)) is not None and v <= limit
+                                       for k, limit in slos.items())]
+        span = metrics.get("duration")
+        metrics["slos"] = slos
+        metrics["num_good"] = len(good)
+        metrics["request_goodput"] = len(good) / span if span else 0.0
+    return metrics
+
+
+REQUEST_COLUMNS = ["request_id", "arrival", "start", "prompt_len", "expected_output_len", "output_len",
+                   "first_token", "finish", "ttft", "tpot", "e2e", "itl_mean", "success", "finish_reason", "error"]
+
+
+def write_requests_csv(results: list[BenchRequest], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        for r in results:
+            ok = r.success
+            w.writerow([r.request_id, r.arrival, r.start, r.prompt_len, r.expected_output_len, r.output_len,
+                        r.start + r.ttft if ok else None, r.start + r.latency if ok else None,
+                        r.ttft if ok else None, r.tpot, r.latency if ok else None,
+                        sum(r.itl) / len(r.itl) if ok and r.itl else None, ok, r.finish_reason, r.error])

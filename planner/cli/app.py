@@ -1,0 +1,127 @@
+"""The `planner` command line: one typer app with a sub-app per concern.
+
+Every command turns bad input (PlannerError, TraceError, ValueError raised on
+user input) into one line on stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli import profile as cli_profile, search as cli_search, serve as cli_serve, simulate as cli_simulate
+from planner.cli import validate as cli_validate, workload as cli_workload
+from planner.catalog import list_gpus, list_models
+from planner.errors import PlannerError
+
+# Plain click help (rich_markup_mode=None): flags show as `--x / --no-x` with no type column
+# (rich's help printed `--prefix-caching <bool>`, which read as if it took a value).
+app = typer.Typer(help="Capacity planner for LLM serving on a paged (PagedAttention) engine.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  add_completion=False)
+app.add_typer(cli_workload.app, name="workload")
+app.command("simulate")(cli_simulate.simulate)
+app.command("capacity")(cli_simulate.capacity)
+app.command("profile")(cli_profile.profile)
+app.command("validate")(cli_validate.validate_cmd)
+app.command("serve")(cli_serve.serve)
+app.command("bench")(cli_serve.bench)
+app.command("search")(cli_search.search)
+
+list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(list_app, name="list")
+
+
+AS_JSON = typer.Option(False, "--json", help="print the catalog as one JSON document")
+
+
+def _emit(rows: list[dict]) -> None:
+    sys.stdout.write(json.dumps(rows) + "\n")
+
+
+@list_app.command("gpus")
+def list_gpus_cmd(as_json: bool = AS_JSON) -> None:
+    """Hardware catalog (sources: --json)."""
+    gpus = list_gpus()
+    if as_json:
+        _emit([{"name": g.name, "aliases": list(g.aliases), "family": g.family, "memory_gib": g.memory_bytes / 2**30,
+                "memory_bandwidth_tb_s": g.memory_bandwidth / 1e12, "fp16_tflops": g.fp16_flops / 1e12,
+                "interconnect_gb_s": g.interconnect_bandwidth / 1e9, "measured_system": g.measured_system,
+                "source": g.source} for g in gpus])
+        return
+    # Five short columns fit 80; the long datasheet sources go below, one per line.
+    table = Table(title="GPUs (per device)")
+    for col in ("name", "GiB", "TB/s", "fp16 TFLOP/s", "link GB/s", "measured"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+    for g in gpus:
+        table.add_row(g.name, f"{g.memory_bytes / 2**30:.1f}", f"{g.memory_bandwidth / 1e12:.2f}",
+                      f"{g.fp16_flops / 1e12:.{0 if g.fp16_flops >= 1e13 else 1}f}",
+                      f"{g.interconnect_bandwidth / 1e9:.0f}", "yes" if g.measured_system else "-")
+    console = Console()
+    console.print(table)
+    console.print("measured: NVIDIA's vLLM op tables cover it (else the roofline prices it); GiB as torch "
+                  "reports it", highlight=False)
+    console.print("sources (in full: planner list gpus --json):", highlight=False)
+    for g in gpus:
+        console.print(f"  {g.name}: {g.source.split(':')[0].split(';')[0]}", highlight=False, markup=False)
+
+
+@list_app.command("models")
+def list_models_cmd(as_json: bool = AS_JSON) -> None:
+    """Model catalog (true architectures)."""
+    models = list_models()
+    if as_json:
+        _emit([{"name": m.name, "model_type": m.model_type, "num_layers": m.num_layers,
+                "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
+                "num_params": m.num_params, "max_position_embeddings": m.max_position_embeddings,
+                "kv_bytes_per_token_fp16": m.kv_bytes_per_token(2)} for m in models])
+        return
+    table = Table(title="Models")
+    for col in ("name", "type", "layers", "hidden", "heads/kv", "params B", "KV KB/tok"):
+        table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=True)
+    for m in models:
+        table.add_row(m.name, m.model_type, str(m.num_layers), str(m.hidden_size),
+                      f"{m.num_heads}/{m.num_kv_heads}", f"{m.num_params / 1e9:.2f}",
+                      f"{m.kv_bytes_per_token(2) / 1024:.0f}")
+    Console().print(table)
+
+
+@list_app.command("workloads")
+def list_workloads_cmd(as_json: bool = AS_JSON) -> None:
+    """Built-in workloads."""
+    cli_workload.list_workloads(as_json)
+
+
+def _boolean_flag_error(argv: list[str]) -> str | None:
+    """`--enable-prefix-caching true`: flags take no value; say how to write it instead."""
+    words = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+    for flag, value in zip(argv, argv[1:]):
+        name = flag.split("=")[0]
+        if name in BOOLEAN_FLAGS and ("=" in flag or value.lower() in words):
+            canonical = BOOLEAN_FLAGS[name]
+            return (f"{name} is a flag and takes no value: write {canonical} to turn it on, "
+                    f"--no-{canonical[2:]} to turn it off")
+    return None
+
+
+# Boolean flags of the commands, by every name they answer to: the canonical --x (its --no-x turns it off).
+BOOLEAN_FLAGS = {name: canonical for canonical, aliases in {
+    "--enable-prefix-caching": ("--enable-prefix-caching", "--prefix-caching", "--no-enable-prefix-caching",
+                                "--no-prefix-caching"),
+    "--chunked-prefill": ("--chunked-prefill", "--no-chunked-prefill", "--enable-chunked-prefill"),
+} .items() for name in aliases}
+
+
+def main() -> None:
+    problem = _boolean_flag_error(sys.argv[1:])
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        sys.exit(2)
+    try:
+        app()
+    except (PlannerError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

@@ -1,0 +1,92 @@
+"""`planner profile`: measure the engine on this machine's device and write the profile JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from planner.cli.output import fail
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from planner.errors import PlannerError
+
+
+def _fit_table(profile) -> Table:
+    table = Table(title=f"fit: {profile.model.name} on {profile.device.gpu} ({profile.device.device_name})")
+    for col in ("component", "points", "chosen", "CV mean err", "CV median err", "other method CV mean"):
+        table.add_column(col)
+    counts: dict[str, int] = {}
+    for m in profile.measurements:
+        counts[m.component] = counts.get(m.component, 0) + 1
+
+    def pct(value):
+        return "-" if value is None else f"{100 * value:.1f}%"
+    for name, fit in profile.fit.items():
+        other = "linear" if fit.chosen == "piecewise" else "piecewise"
+        table.add_row(name, str(counts.get(name, 0)), fit.chosen, pct(fit.cv[fit.chosen].mean_rel),
+                      pct(fit.cv[fit.chosen].median_rel), f"{other} {pct(fit.cv[other].mean_rel)}")
+    return table
+
+
+def profile(
+    gpu: str = typer.Option(..., "--gpu", help="catalog GPU to profile (a CUDA device of that kind must be "
+                                                "present), or 'cpu' for this machine's CPU"),
+    model: str = typer.Option("opt-125m", "--model", help="catalog model name, or a folder with a config.json"),
+    tp: int = typer.Option(1, "--tp", help="tensor parallel size (the engine runs on one device: 1)"),
+    block_size: int = typer.Option(16, "--block-size", help="KV-cache block size in tokens"),
+    quick: bool = typer.Option(False, "--quick", help="small grid, 5 repetitions: minutes instead of tens of minutes"),
+    force: bool = typer.Option(False, "--force", help="profile even if the device is not the GPU named"),
+    per_layer: Optional[bool] = typer.Option(None, "--per-layer/--full-model",
+                                             help="time 1- and 2-layer models and scale by the layer count "
+                                                  "(default: only when the full model does not fit)"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed repetitions per grid point"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output file (default: profiles/<gpu>/<model>.json, "
+                                                           "under $PLANNER_PROFILE_DIR if set)"),
+    as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),
+) -> None:
+    """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost model."""
+    from planner.cost.calibrated import profile_path
+    from planner.profile.schema import save_profile
+
+    try:
+        # Imported here: torch and the engine load only when a profile really runs.
+        from planner.profile.run import ProfileOptions, run_profile
+
+        opts = ProfileOptions(gpu=gpu, model=model, tp=tp, block_size=block_size, quick=quick, force=force,
+                              per_layer=per_layer, repeats=repeats)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      transient=True, console=Console(stderr=True)) as bar:
+            task = bar.add_task("building the model", total=None)
+
+            def advance(description: str, total: int) -> None:
+                if bar.tasks[0].total is None:
+                    bar.update(task, total=total, completed=0)
+                else:
+                    bar.advance(task)
+                bar.update(task, description=description)
+            result = run_profile(opts, advance)
+    except (PlannerError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
+    if as_json:
+        fits = {name: {"method": fit.chosen, "cv_mean_rel": fit.cv[fit.chosen].mean_rel}
+                for name, fit in result.fit.items()}
+        sys.stdout.write(json.dumps({"profile": str(path), "gpu": result.device.gpu, "model": result.model.name,
+                                     "device_name": result.device.device_name, "block_size": result.block_size,
+                                     "fit": fits}) + "\n")
+        return
+    console = Console()
+    console.print(_fit_table(result))
+    load, cores = result.device.load_average, os.cpu_count() or 1
+    if result.device.kind == "cpu" and load is not None and load > 0.5 * cores:
+        console.print(f"[yellow]warning: load average {load:.1f} on {cores} cores while profiling: other "
+                      "processes inflate and scatter CPU timings; profile an idle machine for a faithful model[/]")
+    if result.device.forced:
+        console.print(f"[yellow]forced: measured on {result.device.device_name}, filed as {result.device.gpu}[/]")
+    console.print(f"profile written to {path}")

@@ -1,0 +1,167 @@
+"""`planner serve` (an OpenAI-compatible server over the engine) and `planner bench` (a trace-replay load client)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from planner.cli.output import fail
+from planner.errors import PlannerError
+
+
+def serve(
+    model: str = typer.Option(..., help="a local model folder, or a catalog model (random weights, "
+                                        "byte-level tokenizer)"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, help="port to listen on"),
+    served_model_name: Optional[str] = typer.Option(None, help="the name clients send as `model` "
+                                                               "(default: the --model value)"),
+    block_size: int = typer.Option(16, help="KV-cache block size (tokens)"),
+    num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks (default: from the memory budget)"),
+    gpu_memory_utilization: float = typer.Option(0.9, help="fraction of device memory the engine may use"),
+    swap_space: float = typer.Option(4.0, help="CPU swap space per device (GiB)"),
+    max_num_seqs: int = typer.Option(256, help="most sequences in a batch"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, help="most tokens in a step"),
+    max_model_len: Optional[int] = typer.Option(None, help="context limit (default: the model's)"),
+    preemption_mode: str = typer.Option("recompute", help="recompute | swap"),
+    enable_prefix_caching: bool = typer.Option(False, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                               help="reuse KV blocks of shared prompt prefixes"),
+    chunked_prefill: bool = typer.Option(False, "--chunked-prefill", help="vLLM v1's chunked-prefill scheduler"),
+    tp: int = typer.Option(1, "--tp", help="tensor parallel size (this engine runs on one device: 1)"),
+    dtype: str = typer.Option("auto", help="auto | float32 | float16 | bfloat16"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    seed: int = typer.Option(0, help="seed of requests that bring none"),
+    log_level: str = typer.Option("warning", help="uvicorn's log level"),
+) -> None:
+    """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics)."""
+    from engine.llm_engine import LLMEngine
+    from planner.profile.checkpoints import model_folder
+    from engine.entrypoints.openai.server import make_server
+
+    if tp != 1:
+        raise fail(f"--tp {tp} is not supported: this engine runs a model on one device (use --tp 1; "
+                   f"`planner simulate --tp {tp}` models tensor parallelism)")
+    try:
+        folder, _ = model_folder(model)
+        engine = LLMEngine(folder, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                           gpu_memory_utilization=gpu_memory_utilization, swap_space=swap_space,
+                           preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
+                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                           max_model_len=max_model_len, dtype=dtype, device=device, seed=seed,
+                           enable_chunked_prefill=chunked_prefill)
+    except (PlannerError, ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    name = served_model_name or model
+    typer.echo(f"serving {name} on http://{host}:{port}/v1 ({engine.runner.num_gpu_blocks} KV blocks of "
+               f"{block_size}, max_model_len {engine.max_model_len})", err=True)
+    make_server(engine, name, folder, host, port, log_level).run()
+
+
+def bench(
+    endpoint: str = typer.Option(..., help="server base URL, e.g. http://127.0.0.1:8000"),
+    workload: Optional[str] = typer.Option(None, help="built-in workload to generate"),
+    trace: Optional[str] = typer.Option(None, help="trace file (.jsonl/.csv) to replay with its own arrival times"),
+    model: Optional[str] = typer.Option(None, help="model name to send (default: the first of /v1/models)"),
+    rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson); default: the trace's own times, "
+                                                    "2 req/s for a workload"),
+    requests: int = typer.Option(100, help="number of requests (a trace file: at most this many)"),
+    seed: int = typer.Option(0),
+    length_scale: float = typer.Option(1.0, help="scale prompt and output lengths (CPU servers need short ones)"),
+    max_prompt_len: Optional[int] = typer.Option(None, help="cap prompt lengths (after scaling)"),
+    max_output_len: Optional[int] = typer.Option(None, help="cap output lengths (after scaling)"),
+    slo: list[str] = typer.Option([], "--slo", help="normalized latency limit (s/token) or METRIC=SECONDS "
+                                                    "(ttft_p99=2, tpot_mean=0.1, ...); gives goodput; repeatable"),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos",
+                                    help="send ignore_eos so outputs have the trace's lengths (vLLM accepts it)"),
+    vocab_size: int = typer.Option(256, help="prompt token ids are drawn below this"),
+    timeout: float = typer.Option(600.0, help="per-request timeout (s)"),
+    out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
+    as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
+) -> None:
+    """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json."""
+    import json
+    import sys
+    import time as _time
+
+    from rich.console import Console
+    from tqdm import tqdm
+
+    from planner.report.run import json_safe
+    from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
+    from planner.runs.slos import parse_slos
+    from workloads import TraceError
+
+    try:
+        bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
+                                       max_output_len)
+        slos = parse_slos(slo) if slo else None
+        cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout)
+        with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
+                  disable=as_json or not sys.stderr.isatty()) as bar:
+            results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
+    except (PlannerError, TraceError, ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    metrics = bench_metrics(results, slos)
+    name = Path(trace).stem if trace else workload
+    folder = out or Path("reports") / "bench" / f"{_time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_requests_csv(results, folder / "requests.csv")
+    failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
+    doc = json_safe({**metrics, "endpoint": endpoint, "model": cfg.model, "workload": name,
+                     "rate": rate, "seed": seed, "length_scale": length_scale, "wall_time": wall,
+                     "failures": failures, "folder": str(folder)})
+    (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return
+    print_bench_summary(doc, Console())
+
+
+def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len):
+    """The trace a bench (or validate --endpoint) replays: a built-in workload or a trace file."""
+    import math
+
+    from workloads import make_trace
+
+    if (workload is None) == (trace is None):
+        raise PlannerError("give exactly one of --workload and --trace")
+    if requests < 1:
+        raise PlannerError(f"--requests must be at least 1, got {requests}")
+    if rate is not None and not rate > 0:
+        raise PlannerError(f"--rate must be positive, got {rate}")
+    if trace is not None:
+        t = make_trace(trace, num_requests=requests, rate=rate if rate is not None else math.inf, seed=seed)
+    else:
+        t = make_trace(workload, num_requests=requests, rate=rate if rate is not None else 2.0, seed=seed)
+    if length_scale != 1.0 or max_prompt_len or max_output_len:
+        kwargs = {"length_scale": length_scale}
+        if max_prompt_len:
+            kwargs["max_prompt_len"] = max_prompt_len
+        if max_output_len:
+            kwargs["max_output_len"] = max_output_len
+        t = t.scaled(**kwargs)
+    return t
+
+
+def print_bench_summary(doc: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"bench: {doc.get('workload')} against {doc.get('endpoint')}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("completed / failed", f"{doc.get('num_completed')} / {doc.get('num_failed')}"),
+            ("request throughput (req/s)", doc.get("request_throughput")),
+            ("output token throughput (tok/s)", doc.get("output_token_throughput"))]
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        rows.append((f"{m.upper()} mean / median / p99 (s)",
+                     " / ".join("–" if doc.get(f"{m}_{s}") is None else f"{doc[f'{m}_{s}']:.4f}"
+                                for s in ("mean", "median", "p99"))))
+    if "request_goodput" in doc:
+        rows.append(("goodput (req/s)", doc["request_goodput"]))
+    for k, v in rows:
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    console.print(table)
+    for f in doc.get("failures", [])[:5]:
+        console.print(f"failed {f['request_id']}: {f['error']}", highlight=False)
+    console.print(f"run folder: {doc.get('folder')}", highlight=False)

@@ -1,0 +1,191 @@
+"""`planner workload ...`: list the built-in workloads, show a trace's statistics, import real traces."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from planner.cli.output import fail
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from workloads import (WORKLOADS, Trace, TraceError, import_csv_trace, import_sharegpt, make_trace,
+                       parse_workload_params, workload_params)
+from workloads.make import is_trace_file
+
+app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
+
+DEFAULT_REQUESTS = 1000
+
+# The -p KEY=VALUE parser, kept under this name for the commands that import it from here.
+_parse_params = parse_workload_params
+
+
+def _json_safe(stats: dict) -> dict:
+    # JSON has no infinity: an all-at-once trace reports arrival_rate null
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+
+
+def _table(stats: dict) -> Table:
+    table = Table(title=f"workload {stats['name']}")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for key, value in stats.items():
+        if key == "name":
+            continue
+        text = f"{value:,.3f}" if isinstance(value, float) and math.isfinite(value) else str(value)
+        table.add_row(key, text)
+    return table
+
+
+def save_histogram(trace: Trace, path: Path) -> Path:
+    """PNG with the prompt- and output-length histograms side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: this runs on servers and in CI
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "prompt_len", "prompt"), (axes[1], "output_len", "output")):
+        values = [getattr(r, key) for r in trace.requests]
+        ax.hist(values, bins=50, color="tab:blue" if key == "prompt_len" else "tab:orange")
+        ax.set_xlabel(f"{label} length (tokens)")
+        ax.set_ylabel("requests")
+        if values:
+            ax.axvline(sum(values) / len(values), color="black", linestyle="--", label="mean")
+            ax.legend()
+    fig.suptitle(f"{trace.name}: {len(trace)} requests")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+@app.command("list")
+def list_workloads(as_json: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """The built-in workloads and their parameters."""
+    if as_json:
+        rows = [{"name": name, "description": desc, "params": workload_params(name)} for name, desc in WORKLOADS.items()]
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    table = Table(title="built-in workloads (use with --workload NAME)")
+    table.add_column("name")
+    table.add_column("description")
+    table.add_column("parameters (defaults)")
+    for name, desc in WORKLOADS.items():
+        params = ", ".join(f"{k}={v}" for k, v in workload_params(name).items())
+        table.add_row(name, escape(desc), escape(params or "-"))
+    Console().print(table)
+
+
+@app.command("show")
+def show(
+    name: str = typer.Argument(..., help="a built-in workload name, or a .jsonl/.csv trace file"),
+    rate: float = typer.Option(math.inf, help="requests/s (inf: all at t=0; a trace file keeps its times unless set)"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", help=f"request count (default {DEFAULT_REQUESTS} without --duration)"),
+    duration: Optional[float] = typer.Option(None, help="seconds of arrivals"),
+    seed: int = typer.Option(0, help="random seed"),
+    arrival: str = typer.Option("poisson", help="poisson, gamma or constant (trace: a file's own times)"),
+    cv: float = typer.Option(1.0, help="coefficient of variation of gamma inter-arrival gaps"),
+    param: list[str] = typer.Option([], "--param", "-p", help="workload parameter KEY=VALUE (repeatable)"),
+    save: Optional[Path] = typer.Option(None, help="write the trace (.jsonl or .csv)"),
+    hist: Optional[Path] = typer.Option(None, help="write a PNG histogram of the lengths"),
+    as_json: bool = typer.Option(False, "--json", help="print statistics as JSON"),
+) -> None:
+    """Build (or load) a trace and print its statistics."""
+    if requests is None and duration is None and not is_trace_file(name):
+        requests = DEFAULT_REQUESTS
+    try:
+        params = parse_workload_params(name, param)
+        trace = make_trace(
+            name, num_requests=requests, duration=duration, rate=rate,
+            arrival=arrival, cv=cv, seed=seed, **params,
+        )
+        if save is not None:
+            trace.save(save)
+        if hist is not None:
+            save_histogram(trace, hist)
+    except (TraceError, ValueError, OSError) as err:
+        raise fail(str(err) or type(err).__name__) from None
+    stats = trace.stats()
+    if as_json:
+        sys.stdout.write(json.dumps(_json_safe(stats), indent=2) + "\n")
+        return
+    console = Console()
+    console.print(_table(stats))
+    for label, path in (("trace", save), ("histogram", hist)):
+        if path is not None:
+            console.print(f"{label} written to {path}")
+
+
+IMPORT_FORMATS = ("azure", "sharegpt", "csv")
+
+
+def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
+                 duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
+                 cv: float = 1.0, drop_zero: bool = False) -> Trace:
+    """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
+    if fmt not in IMPORT_FORMATS:
+        raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    if fmt == "azure":
+        return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
+    if fmt == "sharegpt":
+        if tokenizer is None:
+            raise TraceError("--tokenizer: ShareGPT holds text; give a local tokenizer folder to count its tokens")
+        trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, arrival=arrival, rate=rate, cv=cv)
+        return trace.head(duration=duration) if duration is not None else trace
+    if path.suffix.lower() != ".csv":
+        raise TraceError(f"{path}: --format csv reads a .csv file (columns as in the README)")
+    return Trace.load(path).head(num_requests=requests, duration=duration)
+
+
+@app.command("import")
+def import_command(
+    path: Path = typer.Argument(..., help="the file to import"),
+    fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
+                                                       "sharegpt (JSON dump, needs --tokenizer) or csv (our columns)"),
+    output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
+    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt: a local tokenizer folder"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n",
+                                           help=f"keep the first N requests (sharegpt: sample N, default {DEFAULT_REQUESTS})"),
+    duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
+    seed: int = typer.Option(0, help="sharegpt: sampling and arrival seed"),
+    rate: float = typer.Option(math.inf, help="sharegpt: requests/s of the generated arrivals (inf: all at t=0)"),
+    arrival: str = typer.Option("poisson", help="sharegpt: poisson, gamma or constant"),
+    cv: float = typer.Option(1.0, help="sharegpt: coefficient of variation of gamma gaps"),
+    drop_zero: bool = typer.Option(False, "--drop-zero", help="azure: skip rows with a zero length"),
+    as_json: bool = typer.Option(False, "--json", help="print the trace's statistics as JSON"),
+) -> None:
+    """Convert a real trace into this project's trace format (then use it with --trace)."""
+    if requests is not None and requests < 1:
+        raise fail(f"--requests: must be >= 1, got {requests}")
+    try:
+        trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
+                             rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero)
+        if not len(trace):
+            raise TraceError(f"{path}: no requests to import")
+        trace.save(output)
+    except (TraceError, ValueError, OSError) as err:
+        raise fail(str(err) or type(err).__name__) from None
+    stats = trace.stats()
+    if as_json:
+        sys.stdout.write(json.dumps(_json_safe(stats | {"output": str(output)}), indent=2) + "\n")
+        return
+    console = Console()
+    console.print(_table(stats))
+    dropped = trace.params.get("dropped_rows")
+    if dropped:
+        console.print(f"skipped {dropped} rows with a zero length")
+    console.print(f"trace written to {output} (use it with: planner simulate --trace {output})", highlight=False)
+
+
+if __name__ == "__main__":
+    app()

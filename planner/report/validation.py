@@ -1,0 +1,180 @@
+"""The validation report: Markdown, JSON and PNG plots of simulated against measured."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from planner.validation.live import Validation  # noqa: E402
+
+# What the project aims for (issue 6); shown next to the errors.
+TARGETS = {"request_throughput": 0.05, "e2e_mean": 0.10, "step_time_median": 0.10}
+
+
+def _finite(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def as_json(v: Validation) -> dict:
+    return {
+        "model": v.spec.name, "gpu": v.config.gpu, "workload": v.config.workload, "rate": v.config.rate,
+        "requests": v.config.requests, "seed": v.config.seed, "length_scale": v.config.length_scale,
+        "block_size": v.config.block_size, "preemption_mode": v.config.preemption_mode,
+        "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
+        "comparison": {k: {kk: _finite(vv) for kk, vv in row.items()} for k, row in v.comparison().items()},
+        "per_step_error": v.step_error_summary(),
+        "preemptions": {"measured": v.live.metrics.get("preemptions"),
+                        "simulated": v.simulated.get("preemptions")},
+        **{key: {"measured": v.live.metrics.get(key), "simulated": v.simulated.get(key)}
+           for key in ("num_completed", "num_rejected", "num_truncated")},
+        "error_attribution": v.attribution,
+        "profile_check": v.profile_check,
+        "speed_level": None if v.speed_level is None else
+        {**v.speed_level.as_dict(), "errors_without_correction": v.uncorrected_errors()},
+        "speed_timeline": None if v.speed_timeline is None else
+        {**v.speed_timeline.as_dict(), "errors_without_correction": v.uncorrected_errors()},
+    }
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.4g}"
+
+
+def as_markdown(v: Validation, plots: list[str]) -> str:
+    c = v.config
+    lines = [f"# Validation: {v.spec.name} on {c.gpu}, workload {c.workload}", "",
+             f"- trace: {c.requests} requests at {c.rate} req/s (Poisson), seed {c.seed}, lengths x{c.length_scale} "
+             f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})",
+             f"- engine: block size {c.block_size}, {v.live.num_gpu_blocks} KV blocks, max {c.max_num_seqs} seqs, "
+             f"preemption by {c.preemption_mode}, kernels `{v.live.kernels}`",
+             f"- simulator cost model: `{v.cost_model}`", "",
+             "| metric | measured | simulated | relative error | target |", "|---|---:|---:|---:|---:|"]
+    for name, row in v.comparison().items():
+        err = row["relative_error"]
+        target = TARGETS.get(name)
+        lines.append(f"| {name} | {_fmt(row['measured'])} | {_fmt(row['simulated'])} | "
+                     f"{'–' if err is None else f'{err:+.1%}'} | {'' if target is None else f'±{target:.0%}'} |")
+    s = v.step_error_summary()
+    if s:
+        lines += ["", f"Per-step prediction (cost model applied to each measured step's shape): median |error| "
+                      f"{s['median_abs']:.1%}, p90 |error| {s['p90_abs']:.1%}, mean error {s['mean']:+.1%} "
+                      f"over {s['num_steps']} steps."]
+    lines += _speed_level_lines(v) + _attribution_lines(v.attribution) + _profile_check_lines(v.profile_check)
+    lines += ["", *[f"![{p}]({p})" for p in plots], ""]
+    return "\n".join(lines)
+
+
+def _share(part: dict) -> str:
+    share = "–" if part["share"] is None else f"{part['share']:.0%}"
+    return f"{part['error']:+.1%} ({share})"
+
+
+def _attribution_lines(a: dict | None) -> list[str]:
+    """Where the error comes from (planner/validation/attribution.py): each part as error and share of the total."""
+    if not a:
+        return []
+    lines = ["", "## Where the error comes from", "",
+             "The simulator re-run replaying the live step durations (replay), and those plus the host time "
+             "between steps (replay + gaps): the total error = step-time model + scheduling divergence + "
+             "between-step time. Each cell: error relative to measured (share of the total error).", "",
+             "| metric | total error | (a) step-time model | (b) scheduling divergence | (c) between-step time, rest |",
+             "|---|---:|---:|---:|---:|"]
+    for name, row in a.items():
+        if name in ("between_step_time", "steps") or row is None:
+            continue
+        lines.append(f"| {name} | {row['total_error']:+.1%} | {_share(row['step_time_model'])} | "
+                     f"{_share(row['scheduling'])} | {_share(row['between_steps'])} |")
+    gaps = a.get("between_step_time")
+    if gaps:
+        lines += ["", f"Host time between busy steps: {gaps['total_s']:.3g} s in all, {gaps['mean_s'] * 1e3:.3g} ms "
+                      f"per step, {gaps['share_of_busy_time']:.1%} of the busy time (the simulator has none)."]
+    return lines
+
+
+def _speed_level_lines(v: Validation) -> list[str]:
+    """The device's speed during the run, level or timeline (planner/profile/speed.py), and the errors without it."""
+    if v.speed_level is None and v.speed_timeline is None:
+        return []
+    speed = v.speed_level or v.speed_timeline
+    lines = ["", f"Speed: {speed.headline()}."]
+    raw = v.uncorrected_errors()
+    if raw:
+        lines.append("Errors with the profile as it is: " + ", ".join(
+            f"{name} {'–' if err is None else f'{err:+.1%}'}" for name, err in raw.items()) + ".")
+    return lines
+
+
+def _profile_check_lines(check: dict | None) -> list[str]:
+    if not check:
+        return []
+    ratio = f", canary measured/profile {check['ratio']:.3f}" if check.get("ratio") is not None else ""
+    return ["", f"Profile check: **{check['status']}**{ratio}: {check['reason']}"]
+
+
+def _series(steps, attr):
+    t0 = steps[0].start if steps else 0.0
+    return [s.end - t0 for s in steps], [getattr(s, attr) for s in steps]
+
+
+def _cdf(ax, values, label):
+    xs = sorted(values)
+    ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
+
+
+def plot(v: Validation, out: Path) -> list[str]:
+    names = []
+    fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for steps, label in ((v.live.steps, "measured"), (v.sim_steps, "simulated")):
+        t, b = _series(steps, "batch_size")
+        axes[0].plot(t, b, label=label, lw=0.8)
+        t, k = _series(steps, "kv_blocks_used")
+        axes[1].plot(t, k, label=label, lw=0.8)
+    axes[0].set_ylabel("batch size (requests)")
+    axes[1].set_ylabel("KV blocks used")
+    axes[1].set_xlabel("time (s)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "timeline.png", dpi=110)
+    plt.close(fig)
+    names.append("timeline.png")
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, metric in zip(axes, ("ttft", "tpot", "e2e")):
+        for records, label in ((v.live.requests, "measured"), (v.sim_requests, "simulated")):
+            done = [r for r in records if not r.rejected and r.finish is not None]
+            values = [x for r in done if (x := getattr(r, metric)) is not None]
+            if values:
+                _cdf(ax, values, label)
+        ax.set_xlabel(f"{metric} (s)")
+        ax.set_ylabel("CDF")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+    names.append("latency_cdf.png")
+
+    if v.step_errors:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ax.hist([100 * e for e in v.step_errors], bins=40)
+        ax.set_xlabel("per-step prediction error (%)")
+        ax.set_ylabel("steps")
+        fig.tight_layout()
+        fig.savefig(out / "step_errors.png", dpi=110)
+        plt.close(fig)
+        names.append("step_errors.png")
+    return names
+
+
+def write_report(v: Validation, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    plots = plot(v, out)
+    (out / "comparison.json").write_text(json.dumps(as_json(v), indent=2) + "\n")
+    (out / "report.md").write_text(as_markdown(v, plots))
+    return out / "report.md"

@@ -1,0 +1,70 @@
+"""How much a prediction can move: several seeds, timing noise, and capacity at a confidence.
+
+`planner simulate --seeds K` simulates K seeds of the same workload (seed,
+seed+1, ...: new arrival times, lengths and sampled tokens) in a process pool;
+every metric is then reported as its mean and a 90% interval (the 5th and
+95th percentiles over the seeds, linearly interpolated). With
+`--timing-noise`, each step's time also scatters the way the profile's
+measurements scattered around their fitted curves (`NoisyCost`), seeded by the
+run's seed so a run is reproducible. `planner capacity --seeds K --confidence p`
+counts a rate as meeting the SLOs when at least a fraction p of the seeds do.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+
+from engine.core.metrics import percentile
+from planner.errors import PlannerError
+from planner.runs.slos import meets
+from planner.runs.sweep import run_document, run_sweep
+
+
+LEVEL = 0.9
+METRICS = ("request_throughput", "output_token_throughput", "normalized_latency", "ttft_mean", "ttft_p99",
+           "tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99",
+           "mean_batch_size", "kv_utilization", "step_time_median", "simulated_time")
+
+
+def interval(values: list[float], level: float = LEVEL) -> dict:
+    ordered = sorted(values)
+    tail = (1 - level) / 2
+    return {"mean": sum(ordered) / len(ordered), "low": percentile(ordered, 100 * tail),
+            "high": percentile(ordered, 100 * (1 - tail)), "level": level, "n": len(ordered)}
+
+
+def intervals(docs: list[dict], level: float = LEVEL) -> dict[str, dict]:
+    """{metric: {mean, low, high, level, n}} over result documents (metrics missing in a run are skipped)."""
+    out = {}
+    for name in METRICS:
+        values = [float(d[name]) for d in docs if isinstance(d.get(name), (int, float))]
+        if values:
+            out[name] = interval(values, level)
+    return out
+
+
+def seed_specs(spec, seeds: int) -> list:
+    if seeds < 1:
+        raise PlannerError(f"--seeds must be >= 1, got {seeds}")
+    return [replace(spec, seed=spec.seed + i) for i in range(seeds)]
+
+
+def run_seeds(spec, seeds: int, run_first):
+    """Seeds 2..K in a process pool while `run_first()` runs seed 1 here; (its result, all K documents)."""
+    specs = seed_specs(spec, seeds)
+    if len(specs) == 1:
+        first = run_first()
+        return first, [None]
+    workers = max(1, min(os.cpu_count() or 1, len(specs) - 1))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_document, s) for s in specs[1:]]
+        first = run_first()
+        return first, [None] + [f.result() for f in futures]
+
+
+def slo_probability(spec, rate: float, slos: dict, seeds: int) -> tuple[float, list[dict]]:
+    """Fraction of `seeds` seeds meeting the SLOs at `rate`, and their documents (seed order)."""
+    specs = seed_specs(replace(spec, rate=rate), seeds)
+    docs = [run_document(specs[0])] if seeds == 1 else run_sweep(specs)
+    return sum(meets(d, slos) for d in docs) / len(docs), docs

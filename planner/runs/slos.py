@@ -1,0 +1,43 @@
+"""Service-level objectives: their one syntax, and whether a run meets them.
+
+`--slo` takes '0.2' (normalized latency, s/token) or 'METRIC=SECONDS', several
+separated by commas or given again ('ttft_p99=2,tpot_p99=0.1'), the same way
+on every command.
+"""
+from __future__ import annotations
+
+from engine.core.metrics import failed_requests
+from planner.errors import PlannerError
+
+SLO_METRICS = ("normalized_latency", "ttft_mean", "ttft_median", "ttft_p99", "tpot_mean", "tpot_median",
+               "tpot_p99", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99")
+
+
+def parse_slos(texts: list[str]) -> dict[str, float]:
+    """'0.2' (normalized latency, s/token) or 'METRIC=SECONDS', e.g. 'ttft_p99=2'."""
+    slos: dict[str, float] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep:
+            name, value = "normalized_latency", text
+        name = name.strip()
+        if name not in SLO_METRICS:
+            raise PlannerError(f"--slo {text!r}: unknown metric {name!r}; choose one of {', '.join(SLO_METRICS)}")
+        try:
+            limit = float(value)
+        except ValueError:
+            raise PlannerError(f"--slo {text!r}: {value!r} is not a number of seconds") from None
+        if not limit > 0:
+            raise PlannerError(f"--slo {text!r}: the limit must be > 0")
+        slos[name] = limit
+    if not slos:
+        raise PlannerError("give at least one --slo, e.g. --slo 0.2 or --slo ttft_p99=2")
+    return slos
+
+
+def meets(doc: dict, slos: dict[str, float]) -> bool:
+    """Every SLO holds, nothing was left undone (a run that rejected or truncated requests fails),
+    and the engine keeps up: a queue that keeps growing means the SLOs hold only because the trace ends."""
+    if failed_requests(doc) or (doc.get("verdict") or {}).get("overloaded"):
+        return False
+    return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())

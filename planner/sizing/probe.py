@@ -1,0 +1,236 @@
+"""One probe of a capacity search: simulate a configuration at one rate and judge it against the SLOs.
+
+The verdict is `planner.runs.spec.meets` on the run's metrics, exactly as
+`planner capacity` judges its probes, but cheaper in two ways:
+
+- The configuration, its cost model and the checks are built once per
+  configuration, not once per probe, and only what the verdict reads is
+  computed afterwards (the metrics and whether the waiting queue keeps
+  growing), not the whole analysed report.
+- A probe stops as soon as its verdict is certain (`SloWatch`): a rejected or
+  truncated request fails it, and so do enough requests above a percentile
+  SLO's limit. For a q-th percentile over n requests (linear interpolation, as
+  engine/core/metrics.py computes it) the value exceeds the limit once the
+  sorted values from rank floor((n-1)q/100) up all do, i.e. once
+  n - floor((n-1)q/100) requests are above it: 13 of 1,200 for a p99. A request
+  counts as above a TTFT (or E2E) limit L as soon as it has waited L without a
+  first token (or without finishing): whatever happens later, its value only
+  grows. TPOT counts at completion. An overloaded probe, whose queue grows
+  without bound, piles up TTFT violations early and stops after a fraction of
+  its trace; a probe that meets its SLOs always runs to the end.
+
+Configurations that differ only in their block size share runs (`SharedRuns`)
+when the KV cache provably never constrained the scheduler: every admission
+check passed with room to spare, no append failed, nothing was preempted. With
+memory out of the picture the scheduler's decisions do not depend on the block
+size, so another block size replays the same run, step for step, if (1) its
+cache would never have constrained it either, and (2) the cost model prices
+every step of the run the same. `Trajectory.fits` checks (1) from the run's
+per-step token slots T and sequences S: n sequences holding T tokens use at
+most floor((T + S(b-1)) / b) blocks of b tokens, so if that plus the longest
+prompt's blocks stays within the cache less its watermark at every step, every
+admission check (num_free - needed >= watermark) and every append check (a free
+block per sequence) passed. (2) is checked shape by shape. Either failing, the
+block size runs its own simulation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from engine.core.metrics import RequestRecord
+from engine.core.sequence import FinishReason, SequenceGroup
+from planner.cost.shape import StepShape
+from planner.errors import PlannerError
+from planner.report.run import json_safe
+from planner.sim import simulate
+from planner.runs.slos import meets
+from planner.runs.spec import RunSpec
+from planner.analysis.verdict import queue_trend, steady_window
+from workloads import Trace, TraceError
+
+WATERMARK = 0.01      # the block manager's default share of blocks admission leaves free
+
+# SLO metric -> (per-request value, percentile). Means and pooled ITL get no early stop.
+PERCENTILE_SLOS = {"ttft_p99": ("ttft", 99), "ttft_median": ("ttft", 50), "e2e_p99": ("e2e", 99),
+                   "e2e_median": ("e2e", 50), "tpot_p99": ("tpot", 99), "tpot_median": ("tpot", 50)}
+
+
+def violations_to_fail(n: int, q: float) -> int:
+    """How many of n values above a limit make their q-th percentile exceed it for certain.
+
+    Non-decreasing in n, so with n the trace's size it is safe for any subset
+    (e.g. the requests that have a TPOT at all)."""
+    return n - int((n - 1) * q / 100.0)
+
+
+class VerdictCertain(Exception):
+    """Raised inside the simulation to end a probe whose SLO verdict can no longer change."""
+
+    def __init__(self, reason: str, at: float) -> None:
+        super().__init__(reason, at)      # SimPy re-raises a process's exception as type(e)(*e.args)
+        self.reason, self.at = reason, at
+
+
+class _Deadline:
+    """Counts requests whose TTFT (or E2E) is certainly above a limit, in arrival order:
+    once `now - arrival > limit` a request's value is known to be above the limit,
+    or it is already known exactly (its first token, or finish, is recorded)."""
+
+    def __init__(self, metric: str, name: str, limit: float, needed: int) -> None:
+        self.metric, self.name, self.limit, self.needed = metric, name, limit, needed
+        self.next = 0          # the first request not yet classified
+        self.above = 0
+
+    def advance(self, now: float, groups: list[SequenceGroup]) -> None:
+        i, above = self.next, self.above
+        limit, ttft = self.limit, self.metric == "ttft"
+        while i < len(groups):
+            times = groups[i].times
+            if not now - times.arrival > limit:     # (the same float expression as the metric's)
+                break
+            at = times.first_token if ttft else times.finish
+            # Unknown yet: it comes at or after now, more than `limit` after the arrival.
+            if at is None or at - times.arrival > limit:
+                above += 1
+            i += 1
+        self.next, self.above = i, above
+        if above >= self.needed:
+            raise VerdictCertain(f"{self.name}: {above} requests above {limit:g} s", now)
+
+
+class SloWatch:
+    """The simulator's `watch` for one probe: raises VerdictCertain once the probe fails for sure."""
+
+    def __init__(self, slos: dict[str, float], num_requests: int) -> None:
+        self.engine = None                       # the run watched, for its records when it stops
+        self.deadlines: list[_Deadline] = []
+        self.at_finish: list[list] = []          # [metric, name, limit, needed, count]
+        for name, limit in slos.items():
+            if name not in PERCENTILE_SLOS:
+                continue
+            metric, q = PERCENTILE_SLOS[name]
+            needed = violations_to_fail(num_requests, q)
+            if metric == "tpot":
+                self.at_finish.append([metric, name, limit, needed, 0])
+            else:
+                self.deadlines.append(_Deadline(metric, name, limit, needed))
+
+    def __call__(self, engine, now: float, ended: list[SequenceGroup]) -> None:
+        self.engine = engine
+        for group in ended:
+            if group.finish_reason is FinishReason.REJECTED:
+                raise VerdictCertain("a request was rejected", now)
+            record = RequestRecord.from_group(group)
+            if record.truncated:
+                raise VerdictCertain("a request was truncated", now)
+            for entry in self.at_finish:
+                value = record.tpot
+                if value is not None and value > entry[2]:
+                    entry[4] += 1
+                    if entry[4] >= entry[3]:
+                        raise VerdictCertain(f"{entry[1]}: {entry[4]} requests above {entry[2]:g} s", now)
+        for deadline in self.deadlines:
+            deadline.advance(now, engine.groups)
+
+
+@dataclass
+class Probe:
+    rate: float
+    ok: bool
+    doc: dict                  # the metrics the verdict read, or why and when the probe stopped early
+    stopped_early: bool = False
+    shared_from: int | None = None   # the block size whose run this one replays (SharedRuns)
+
+
+@dataclass
+class Trajectory:
+    """A run's KV-cache demand step by step, and the steps as the cost model priced them."""
+
+    token_slots: list[int]         # per step: KV slots holding tokens
+    num_seqs: list[int]            # per step: sequences holding KV (the running requests, one sequence each)
+    shapes: list[StepShape]
+    max_prompt: int                # the longest prompt of the trace: the most one admission can need
+
+    def fits(self, block_size: int, num_gpu_blocks: int) -> bool:
+        """Whether a cache of `num_gpu_blocks` blocks of `block_size` never constrains this run."""
+        room = num_gpu_blocks - int(WATERMARK * num_gpu_blocks) - math.ceil(self.max_prompt / block_size)
+        spare = block_size - 1
+        return room >= 0 and all((t + s * spare) // block_size <= room
+                                 for t, s in zip(self.token_slots, self.num_seqs))
+
+
+class Prober:
+    """Probes of one configuration (a spec that passed `check()`): the configuration and its
+    cost model built once, reused at every rate."""
+
+    def __init__(self, spec: RunSpec, slos: dict[str, float], early_stop: bool = True) -> None:
+        self.spec, self.slos, self.early_stop = spec, slos, early_stop
+        self.config = spec.config()
+        self.cost_model = spec.cost_model(self.config)
+        self.num_gpu_blocks = self.config.cache_size()[0]
+        # Runs another block size may replay: the paper's policy over paged blocks, nothing shared.
+        self.shareable = (spec.allocator == "paged" and not spec.enable_prefix_caching
+                          and not spec.chunked_prefill and spec.num_gpu_blocks is None)
+
+    def trace(self, rate: float) -> Trace:
+        try:
+            return replace(self.spec, rate=rate).trace()
+        except TraceError as exc:
+            raise PlannerError(str(exc)) from None
+
+    def __call__(self, rate: float) -> Probe:
+        return self.run(rate)[0]
+
+    def run(self, rate: float) -> tuple[Probe, Trajectory | None]:
+        """The probe at `rate`, and its trajectory when another block size might replay it."""
+        trace = self.trace(rate)
+        watch = SloWatch(self.slos, len(trace)) if self.early_stop else None
+        try:
+            result = simulate(trace, self.config, self.cost_model, watch=watch)
+        except VerdictCertain as stop:
+            engine = watch.engine
+            probe = Probe(rate, False, {"stopped_at": stop.at, "stopped_because": stop.reason}, True)
+            return probe, self._trajectory(trace, engine.steps, engine.num_running, engine.shapes)
+        doc = json_safe(dict(result.metrics))
+        window = steady_window(result.requests)
+        growing = bool(window is not None and queue_trend(result.requests, window)["growing"])
+        doc["verdict"] = {"overloaded": growing}
+        probe = Probe(rate, meets(doc, self.slos), doc)
+        return probe, self._trajectory(trace, result.steps, result.num_running, result.shapes)
+
+    def _trajectory(self, trace: Trace, steps, num_running, shapes) -> Trajectory | None:
+        if not self.shareable or any(r.n != 1 or r.beam_width > 1 for r in trace.requests):
+            return None
+        return Trajectory([s.token_states for s in steps], list(num_running), list(shapes),
+                          max((r.prompt_len for r in trace.requests), default=0))
+
+    def replays(self, trajectory: Trajectory, other: "Prober") -> bool:
+        """Whether this configuration would run `other`'s run (of that trajectory) step for step."""
+        if not (self.shareable and trajectory.fits(self.spec.block_size, self.num_gpu_blocks)):
+            return False
+        mine, theirs = self.cost_model.step_time, other.cost_model.step_time
+        return all(mine(shape) == theirs(shape) for shape in set(trajectory.shapes))
+
+
+class SharedRuns:
+    """Probes of configurations that differ only in block size: a run the KV cache never
+    constrained is replayed by every block size whose cache would not have constrained it either."""
+
+    def __init__(self, probers: dict[int, Prober]) -> None:
+        self.probers = probers
+        self.runs: dict[float, list[tuple[int, Probe, Trajectory]]] = {}   # rate -> unconstrained runs
+
+    def probe(self, block_size: int, rate: float) -> Probe:
+        prober = self.probers[block_size]
+        for other, probe, trajectory in self.runs.get(rate, ()):
+            if prober.replays(trajectory, self.probers[other]):
+                return replace(probe, shared_from=other)
+        probe, trajectory = prober.run(rate)
+        if trajectory is not None and trajectory.fits(block_size, prober.num_gpu_blocks):
+            self.runs.setdefault(rate, []).append((block_size, probe, trajectory))
+        return probe
+
+    def prober(self, block_size: int):
+        """The probe function of one block size, for `search_capacity`."""
+        return lambda rate: self.probe(block_size, rate)
