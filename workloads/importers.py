@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
@@ -15,8 +14,10 @@ from .arrivals import TIME_DECIMALS, arrival_times
 from .errors import TraceError, where
 from .lengths import VLLM_FILTER, LengthFilter
 from .schema import TraceRequest
+from .text import read_text
 from .tokens import stream
 from .trace import Trace
+from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, csv_header, csv_rows
 
 # --- ShareGPT ------------------------------------------------------------------------
 
@@ -37,15 +38,23 @@ def _load_tokenizer(tokenizer_path: str | Path):
 
 def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     """(first human turn, first answer) of every conversation with at least two turns."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    text = read_text(path)
+    if not text.strip():
+        raise TraceError(f"{path}: no requests in it (the file is empty)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file") from None
+        data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise TraceError(f"{where(path, err.lineno)}: invalid JSON: {err.msg} (column {err.colno})") from None
+        hint = " (JSON Lines? a ShareGPT dump is one JSON list)" if err.msg == "Extra data" else ""
+        raise TraceError(f"{where(path, err.lineno)}: invalid JSON: {err.msg} (column {err.colno}){hint}") from None
+    except RecursionError:
+        raise TraceError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as err:   # an integer of more than 4300 digits
+        raise TraceError(f"{path}: invalid JSON: {str(err).splitlines()[0]}") from None
     if not isinstance(data, list):
-        raise TraceError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
+        kind = "an object" if isinstance(data, dict) else type(data).__name__
+        raise TraceError(f"{path}: expected a JSON list of conversations, got {kind}")
     pairs = []
     for i, entry in enumerate(data):
         conv = entry.get("conversations") if isinstance(entry, dict) else None
@@ -60,6 +69,8 @@ def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
                 raise TraceError(f"{path}: entry {i}: conversations.value: missing or not a string")
             texts.append(value)
         pairs.append((texts[0], texts[1]))
+    if not pairs:
+        raise TraceError(f"{path}: no requests in it (no conversation has a prompt and an answer)")
     return pairs
 
 
@@ -171,7 +182,20 @@ def _length(cell: str) -> int:
         raise ValueError(f"not a number of tokens: {cell!r}") from None
     if not value.is_integer():
         raise ValueError(f"not a whole number of tokens: {cell!r}")
+    if value > MAX_TOKENS:
+        raise ValueError(f"{cell} is over the cap of {MAX_TOKENS:,} tokens")
     return int(value)
+
+
+def _cell(cell: str, col: str, parse, path: Path, line: int):
+    """One cell parsed, or a TraceError naming its line and column."""
+    cell = cell.strip()
+    if not cell:
+        raise TraceError(f"{where(path, line, col)}: empty cell")
+    try:
+        return parse(cell)
+    except ValueError as err:
+        raise TraceError(f"{where(path, line, col)}: {err}") from None
 
 
 def import_csv_trace(
@@ -199,40 +223,35 @@ def import_csv_trace(
         raise TraceError(f"{path}: no such file")
     rows: list[tuple[Decimal, int, int]] = []
     dropped = 0
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        reader.fieldnames = header
-        for col in (timestamp_col, prompt_col, output_col):
-            if col not in header:
-                raise TraceError(f"{where(path, 1, col)}: missing column (header has {', '.join(header) or 'nothing'})")
-        prev: Decimal | None = None
-        for row in reader:
-            line = reader.line_num
-            if num_requests is not None and len(rows) >= num_requests:
-                break
-            values = {}
-            for col, parse in ((timestamp_col, parse_timestamp), (prompt_col, _length), (output_col, _length)):
-                cell = (row.get(col) or "").strip()
-                if not cell:
-                    raise TraceError(f"{where(path, line, col)}: empty cell")
-                try:
-                    values[col] = parse(cell)
-                except ValueError as err:
-                    raise TraceError(f"{where(path, line, col)}: {err}") from None
-            t, p, o = values[timestamp_col], values[prompt_col], values[output_col]
-            if prev is not None and t < prev:
-                raise TraceError(f"{where(path, line, timestamp_col)}: {row[timestamp_col].strip()} is before the previous row's timestamp (timestamps must not decrease)")
-            prev = t
-            for col, n in ((prompt_col, p), (output_col, o)):
-                if n < 0 or (n == 0 and not drop_zero):
-                    hint = "" if n < 0 else " (planner workload import --format azure --drop-zero skips such rows)"
-                    raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}{hint}")
-            if p == 0 or o == 0:
-                dropped += 1
-                continue
-            rows.append((t, p, o))
-    start = rows[0][0] if rows else Decimal(0)
+    lines = csv_rows(path)
+    # other columns are the production log's own (and may be unnamed, e.g. a pandas index)
+    header, _ = csv_header(path, lines, (timestamp_col, prompt_col, output_col), all_named=False)
+    cols = [(col, header.index(col), parse) for col, parse in
+            ((timestamp_col, parse_timestamp), (prompt_col, _length), (output_col, _length))]
+    prev: Decimal | None = None
+    for line, cells in lines:
+        if num_requests is not None and len(rows) >= num_requests:
+            break
+        if len(cells) != len(header):
+            raise TraceError(f"{where(path, line)}: row has {len(cells)} cells, header has {len(header)}")
+        t, p, o = (_cell(cells[i], col, parse, path, line) for col, i, parse in cols)
+        if prev is not None and t < prev:
+            raise TraceError(f"{where(path, line, timestamp_col)}: {cells[cols[0][1]].strip()} is before the previous row's timestamp (timestamps must not decrease)")
+        if rows and t - rows[0][0] > MAX_ARRIVAL_TIME:
+            raise TraceError(f"{where(path, line, timestamp_col)}: {float(t - rows[0][0]):g} s after the first row, "
+                             f"over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
+        prev = t
+        for col, n in ((prompt_col, p), (output_col, o)):
+            if n < 0 or (n == 0 and not drop_zero):
+                hint = "" if n < 0 else " (planner workload import --format azure --drop-zero skips such rows)"
+                raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}{hint}")
+        if p == 0 or o == 0:
+            dropped += 1
+            continue
+        rows.append((t, p, o))
+    if not rows:
+        raise TraceError(f"{path}: no requests in it" + (f" ({dropped} rows with a zero length skipped)" if dropped else ""))
+    start = rows[0][0]
     stem = name or path.stem
     requests = [
         TraceRequest(request_id=f"{stem}-{i}", arrival_time=round(float(t - start), TIME_DECIMALS), prompt_len=p, output_len=o)

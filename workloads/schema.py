@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 
 class TraceRequest(BaseModel):
@@ -24,7 +24,9 @@ class TraceRequest(BaseModel):
     arrival_time: float = Field(ge=0.0, allow_inf_nan=False)
     prompt_len: int = Field(ge=1)
     output_len: int = Field(ge=1)
-    prompt_token_ids: list[int] | None = None
+    # StrictInt: a JSON true/false or 7.0 is not a token id (checked in pydantic's core, so
+    # long id lists cost nothing extra)
+    prompt_token_ids: list[StrictInt] | None = None
     n: int = Field(default=1, ge=1)
     beam_width: int = Field(default=1, ge=1)  # > 1: beam search of that width
     prefix_id: str | None = None
