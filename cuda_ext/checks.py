@@ -122,6 +122,22 @@ def check_paged_attention(
                 _fail(f"block_tables holds a block id outside [0, {num_blocks})")
 
 
+def check_sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> None:
+    """Attention sinks are None or one fp32 logit per query head, on the query's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        _fail(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        _fail(f"sinks must be torch.float32, got {sinks.dtype}")
+    if tuple(sinks.shape) != (query.shape[1],):
+        _fail(f"sinks must be [num_heads] = [{query.shape[1]}], got shape {tuple(sinks.shape)}")
+    if sinks.device != query.device:
+        _fail(f"sinks on {sinks.device} but query on {query.device}")
+    if not sinks.is_contiguous():
+        _fail("sinks must be contiguous")
+
+
 def check_backend_device(backend: str, tensor: torch.Tensor) -> None:
     """The compiled kernels run on one kind of device; say so instead of failing deep in C++."""
     if backend == "cpu":

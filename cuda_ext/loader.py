@@ -34,6 +34,9 @@ class BackendUnavailable(RuntimeError):
 class KernelOps:
     """The five paged-KV ops of one backend, each validating its arguments first.
 
+    ``sinks`` (paged attention only): None, or an fp32 [num_heads] tensor of
+    per-head logits that join each softmax as a value-less token (gpt-oss).
+
     ``check_values=False`` skips the checks that read index tensors' values
     (block ids, slots, lengths on the CPU), for a caller that checked them
     once per step itself; shapes, dtypes and devices are always checked.
@@ -53,23 +56,26 @@ class KernelOps:
         self.impl.reshape_and_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
 
     def paged_attention_v1(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len, *, check_values=True) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, *,
+                           check_values=True) -> None:
         self._attention(self.impl.paged_attention_v1, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len, check_values)
+                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values)
 
     def paged_attention_v2(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len, *, check_values=True) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, *,
+                           check_values=True) -> None:
         self._attention(self.impl.paged_attention_v2, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len, check_values)
+                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values)
 
     def _attention(self, kernel, out, query, key_cache, value_cache, num_kv_heads, scale,
-                   block_tables, seq_lens, block_size, max_seq_len, check_values) -> None:
+                   block_tables, seq_lens, block_size, max_seq_len, sinks, check_values) -> None:
         checks.check_paged_attention(out, query, key_cache, value_cache, num_kv_heads,
                                      block_tables, seq_lens, block_size, max_seq_len, check_values)
+        checks.check_sinks(sinks, query)
         checks.check_compiled_shapes(self.backend, block_size, query.shape[-1])
         checks.check_backend_device(self.backend, query)
         kernel(out, query.contiguous(), key_cache, value_cache, int(num_kv_heads), float(scale),
-               block_tables.contiguous(), seq_lens.contiguous(), int(block_size), int(max_seq_len))
+               block_tables.contiguous(), seq_lens.contiguous(), int(block_size), int(max_seq_len), sinks)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         key_caches, value_caches = list(key_caches), list(value_caches)

@@ -83,10 +83,14 @@ def paged_attention_v1(
     seq_lens: torch.Tensor,
     block_size: int,
     max_seq_len: int,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Decode attention: one query token per sequence over its paged context.
 
     A sequence of length 0 gets a zero output (there is nothing to attend to).
+    ``sinks`` (fp32 [num_heads], optional): a learned logit per head that joins
+    the softmax as one more, value-less token (gpt-oss's attention sinks): it
+    takes probability mass from the real tokens and contributes nothing.
     """
     num_heads = query.shape[1]
     for i, seq_len in enumerate(seq_lens.tolist()):
@@ -94,7 +98,10 @@ def paged_attention_v1(
             out[i].zero_()
             continue
         keys, values = gather_kv(key_cache, value_cache, block_tables[i], seq_len)
-        probs = torch.softmax(_group_logits(query[i], keys, scale), dim=-1)
+        logits = _group_logits(query[i], keys, scale)  # [num_heads, L]
+        if sinks is not None:
+            logits = torch.cat([logits, sinks.float().view(num_heads, 1)], dim=-1)
+        probs = torch.softmax(logits, dim=-1)[:, :seq_len]  # the sink's share is dropped
         result = torch.einsum("hl,hld->hd", probs, _expand_values(values, num_heads))
         out[i].copy_(result.to(out.dtype))
 
@@ -110,6 +117,7 @@ def paged_attention_v2(
     seq_lens: torch.Tensor,
     block_size: int,
     max_seq_len: int,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Same result as v1, computed the way the v2 kernels do.
 
@@ -117,6 +125,8 @@ def paged_attention_v2(
     yields its max logit, its sum of exp(logit - max) and its own normalized
     output; a reduction rescales the partitions to the global max and takes
     their weighted mean. Written out here so the reduction itself is tested.
+    A sink belongs to no partition: the reduction adds its exp(sink - max) to
+    the denominator once.
     """
     num_heads = query.shape[1]
     for i, seq_len in enumerate(seq_lens.tolist()):
@@ -139,7 +149,10 @@ def paged_attention_v2(
         max_logits = torch.cat(maxes, dim=-1)  # [num_heads, P]
         global_max = max_logits.max(dim=-1, keepdim=True).values
         rescaled = torch.cat(sums, dim=-1) * torch.exp(max_logits - global_max)
-        weights = rescaled / rescaled.sum(dim=-1, keepdim=True)
+        total = rescaled.sum(dim=-1, keepdim=True)
+        if sinks is not None:
+            total = total + torch.exp(sinks.float().view(num_heads, 1) - global_max)
+        weights = rescaled / total
         result = torch.einsum("hp,phd->hd", weights, torch.stack(partials))
         out[i].copy_(result.to(out.dtype))
 

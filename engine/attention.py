@@ -13,6 +13,13 @@ sequence. Each layer
    number of cached tokens: a "lower-right" causal mask);
 3. runs decode attention with the paged-attention kernel.
 
+Attention sinks (gpt-oss): a learned logit per head that joins every softmax
+as one more token without a value, so a head can attend to "nothing". Decode
+passes them to the kernels (which add exp(sink - max) to the softmax
+denominator); prefill and the windowed decode rows use ``sink_attention``,
+which writes the softmax out, because SDPA has no way to add a term to the
+denominator.
+
 The kernels are those of the tensors' device (``cuda_ext.ops_for``), looked up
 per call so a CPU runner and a CUDA runner can share one process.
 """
@@ -126,6 +133,27 @@ def prefix_prefill_attention(query, key, value, scale: float, window: int | None
                                           attn_mask=mask, scale=scale)[0]
 
 
+def sink_attention(query, key, value, scale: float, mask: torch.Tensor | None, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention whose softmax also counts one value-less sink logit per head.
+
+    query [H, n, d]; key/value [H_kv, L, d]; mask bool [n, L] (True = may
+    attend) or None; sinks [H] -> [H, n, d]. Logits are computed in the
+    inputs' dtype and the softmax in fp32, as transformers' eager gpt-oss
+    attention does. Memory is quadratic in the context (one [H, n, L] logit
+    tensor), like SDPA's math kernel.
+    """
+    num_heads, new = query.shape[0], query.shape[1]
+    if num_heads != key.shape[0]:
+        group = num_heads // key.shape[0]
+        key, value = key.repeat_interleave(group, dim=0), value.repeat_interleave(group, dim=0)
+    logits = torch.matmul(query, key.transpose(1, 2)).float() * scale   # [H, n, L]
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    sink_column = sinks.float().view(num_heads, 1, 1).expand(num_heads, new, 1)
+    probs = torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)[..., :-1]   # the sink's share is dropped
+    return torch.matmul(probs.to(value.dtype), value)
+
+
 class PagedAttention(nn.Module):
     """Multi-head / grouped-query attention of one layer over the paged cache (no weights)."""
 
@@ -145,11 +173,13 @@ class PagedAttention(nn.Module):
         value: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         meta: AttentionMetadata,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query [T, num_heads*d], key/value [T, num_kv_heads*d] -> [T, num_heads*d].
 
         ``kv_cache`` None is the memory-profiling pass: nothing is stored and
-        every sequence must be a prefill without cached context.
+        every sequence must be a prefill without cached context. ``sinks``
+        [num_heads]: the layer's attention-sink logits, or None.
         """
         num_tokens = query.shape[0]
         query = query.view(num_tokens, self.num_heads, self.head_size)
@@ -161,8 +191,10 @@ class PagedAttention(nn.Module):
                                   check_values=not meta.checked)
         out = torch.empty_like(query)
         num_prefill = meta.num_prefill_tokens
+        if sinks is not None:
+            sinks = sinks.float().contiguous()   # the kernels take fp32 sinks whatever the model's dtype
         if meta.num_prefills:
-            self._prefill(query, key, value, kv_cache, meta, out)
+            self._prefill(query, key, value, kv_cache, meta, out, sinks)
         if num_prefill < num_tokens:
             assert kv_cache is not None, "decode needs the KV cache"
             v2 = use_v2(query.device, meta.decode_max_seq_len, num_tokens - num_prefill, self.num_heads)
@@ -178,13 +210,15 @@ class PagedAttention(nn.Module):
                 meta.decode_seq_lens,
                 kv_cache[0].shape[3],
                 meta.decode_max_seq_len,
+                sinks=sinks,
                 check_values=not meta.checked,
             )
             if self.sliding_window is not None and meta.decode_max_seq_len > self.sliding_window:
-                self._windowed_decode(query[num_prefill:], kv_cache, meta, out[num_prefill:])
+                self._windowed_decode(query[num_prefill:], kv_cache, meta, out[num_prefill:], sinks)
         return out.view(num_tokens, self.num_heads * self.head_size)
 
-    def _prefill(self, query, key, value, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+    def _prefill(self, query, key, value, kv_cache, meta: AttentionMetadata, out: torch.Tensor,
+                 sinks: torch.Tensor | None = None) -> None:
         cu = meta.prefill_cu_seqlens
         gqa = self.num_kv_heads != self.num_heads
         for i, context_len in enumerate(meta.prefill_context_lens):
@@ -198,7 +232,9 @@ class PagedAttention(nn.Module):
             else:
                 assert kv_cache is not None, "a cached prefix needs the KV cache"
                 k, v = gather_context(kv_cache[0], kv_cache[1], meta.prefill_block_tables[i], total)
-            if context_len == 0 and window is None:
+            if sinks is not None:
+                result = sink_attention(q, k, v, self.scale, window_mask(end - start, total, window, q.device), sinks)
+            elif context_len == 0 and window is None:
                 result = F.scaled_dot_product_attention(
                     q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, scale=self.scale,
                     enable_gqa=gqa)[0]
@@ -206,7 +242,8 @@ class PagedAttention(nn.Module):
                 result = prefix_prefill_attention(q, k, v, self.scale, window)
             out[start:end] = result.transpose(0, 1)
 
-    def _windowed_decode(self, query, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+    def _windowed_decode(self, query, kv_cache, meta: AttentionMetadata, out: torch.Tensor,
+                         sinks: torch.Tensor | None = None) -> None:
         """Redo the decode rows whose context is longer than the sliding window, over its last tokens only.
 
         The paged kernels attend to a whole context; a window that starts
@@ -220,6 +257,9 @@ class PagedAttention(nn.Module):
             k, v = gather_context(kv_cache[0], kv_cache[1], meta.decode_block_tables[row], seq_len)
             k, v = k[:, seq_len - window:], v[:, seq_len - window:]
             q = query[row].unsqueeze(1)   # [H, 1, d]
+            if sinks is not None:
+                out[row] = sink_attention(q, k, v, self.scale, None, sinks)[:, 0]
+                continue
             result = F.scaled_dot_product_attention(
                 q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=self.scale,
                 enable_gqa=self.num_kv_heads != self.num_heads)[0]

@@ -139,10 +139,11 @@ class ModelRunner:
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
         windows = [layer.sliding_window for layer in layers if layer.sliding_window is not None]
-        # A window shorter than a context makes decode gather on the host: not capturable.
+        # A window shorter than a context makes decode gather on the host: not capturable; nor is a
+        # model that says so (``cuda_graphs = False``: MoE models read expert token counts on the host).
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not enforce_eager and min(windows, default=self.max_model_len) >= \
-                min(self.max_model_len, MAX_SEQ_LEN_TO_CAPTURE):
+        if self.device.type == "cuda" and not enforce_eager and getattr(self.model, "cuda_graphs", True) and \
+                min(windows, default=self.max_model_len) >= min(self.max_model_len, MAX_SEQ_LEN_TO_CAPTURE):
             self.graphs = DecodeGraphs(self.model, self.kv_cache.gpu, device=self.device, block_size=block_size,
                                        max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
 

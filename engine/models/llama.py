@@ -3,7 +3,9 @@
 RMSNorm, rotary positions, SwiGLU MLP and grouped-query attention. Q, K and V
 are one fused projection and gate/up another, so each layer runs two matmuls
 where the checkpoint has five; the loader slices HF's separate matrices into
-them. Qwen2 differs only in having biases on q/k/v.
+them. Qwen2 differs only in having biases on q/k/v. Qwen3, Mixtral and gpt-oss
+(their own modules) are this model with other layers: they override
+``decoder_layer`` and add their own weights in front of ``load_weights``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, PagedAttention
-from engine.models.rotary import RotaryEmbedding, rope_parameters
+from engine.models.rotary import BASIC_ROPE_TYPES, RotaryEmbedding, rope_parameters
 from engine.models.weights import WeightLoader
 from engine.models.errors import UnsupportedModelError
 
@@ -103,6 +105,9 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM with paged attention."""
 
+    # The RoPE variants this architecture accepts (engine.models.rotary).
+    rope_types = BASIC_ROPE_TYPES
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -111,12 +116,17 @@ class LlamaForCausalLM(nn.Module):
         o_bias = not qwen2 and getattr(config, "attention_bias", False)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # One cos/sin table for all layers: at 128k positions it is ~128 MiB.
-        self.rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config))
+        self.rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config),
+                                      self.rope_types)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qkv_bias, o_bias, i) for i in range(config.num_hidden_layers)
+            self.decoder_layer(config, qkv_bias, o_bias, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
+        """Layer number ``layer``: called once per layer while the model is built."""
+        return LlamaDecoderLayer(config, qkv_bias, o_bias, layer)
 
     def forward(self, input_ids, positions, kv_caches: KVCaches, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

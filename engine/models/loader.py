@@ -15,8 +15,11 @@ from torch import nn
 from transformers import AutoConfig
 
 from engine.models.gpt2 import GPT2LMHeadModel
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
 from engine.models.opt import OPTForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.weights import WeightLoader, iter_safetensors
 from engine.models.errors import UnsupportedModelError
 
@@ -25,12 +28,16 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3ForCausalLM,
+    "mixtral": MixtralForCausalLM,
+    "gpt_oss": GptOssForCausalLM,
     "opt": OPTForCausalLM,
     "gpt2": GPT2LMHeadModel,
 }
 
-# Architectures whose sliding-window attention the engine applies (engine.models.llama).
-SLIDING_WINDOW_MODELS = ("mistral", "qwen2")
+# Architectures whose sliding-window attention the engine applies (engine.models.llama and its subclasses).
+SLIDING_WINDOW_MODELS = ("mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
 
 DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,

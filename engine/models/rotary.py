@@ -13,6 +13,12 @@ import math
 import torch
 from engine.models.errors import UnsupportedModelError
 
+# Every architecture accepts these. YaRN is accepted by the architectures that
+# pass YARN_ROPE_TYPES, those whose YaRN path is checked against transformers
+# (tests/test_models_moe.py); the others keep refusing it.
+BASIC_ROPE_TYPES = ("default", "linear", "llama3")
+YARN_ROPE_TYPES = BASIC_ROPE_TYPES + ("yarn",)
+
 
 def rope_parameters(config) -> dict:
     """The config's RoPE settings as one dict with at least rope_type and rope_theta.
@@ -49,6 +55,48 @@ def llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(in_between, blended, scaled)
 
 
+def yarn_inv_freq(head_size: int, params: dict, max_position: int) -> tuple[torch.Tensor, float]:
+    """YaRN's frequencies and its attention factor (the paper's sqrt(1/t)).
+
+    High frequencies (dimensions that turn many times within the original
+    context) are kept, low ones are interpolated by ``factor``, and a linear
+    ramp between ``beta_fast`` and ``beta_slow`` rotations blends the two.
+    The attention factor multiplies cos and sin, i.e. scales every q.k by its
+    square, to keep the softmax's temperature at long range. Written from the
+    paper and transformers' ``_compute_yarn_parameters`` (whose rounding it
+    follows op for op, so tables match bit for bit).
+    """
+    base = params["rope_theta"]
+    old_len = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position / old_len
+
+    def mscale(scale: float, weight: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        if params.get("mscale") and params.get("mscale_all_dim"):
+            attention_factor = mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+
+    def dimension_of(rotations: float) -> float:
+        """The dimension whose wavelength fits ``rotations`` times into the original context."""
+        return head_size * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension_of(params.get("beta_fast") or 32), dimension_of(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_size - 1)
+    if low == high:
+        high += 0.001  # a one-dimension ramp would divide by zero
+    ramp = ((torch.arange(head_size // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # share of the original (extrapolated) frequency per dimension
+    pos_freqs = base ** (torch.arange(0, head_size, 2, dtype=torch.int64, device="cpu").float() / head_size)
+    inv_freq = 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+    return inv_freq, float(attention_factor)
+
+
 class RotaryEmbedding:
     """Applies RoPE to packed query/key tensors given each token's absolute position.
 
@@ -59,17 +107,20 @@ class RotaryEmbedding:
     buffer.
     """
 
-    def __init__(self, head_size: int, max_position: int, params: dict):
+    def __init__(self, head_size: int, max_position: int, params: dict, rope_types: tuple = BASIC_ROPE_TYPES):
         rope_type = params["rope_type"]
+        if rope_type not in rope_types:
+            raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported ({', '.join(rope_types)} are)")
         inv_freq = 1.0 / (
             params["rope_theta"] ** (torch.arange(0, head_size, 2, dtype=torch.int64, device="cpu").float() / head_size)
         )
+        attention_factor = 1.0
         if rope_type == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, params)
         elif rope_type == "linear":
             inv_freq = inv_freq / params["factor"]
-        elif rope_type != "default":
-            raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported (default, linear, llama3 are)")
+        elif rope_type == "yarn":
+            inv_freq, attention_factor = yarn_inv_freq(head_size, params, max_position)
         if params.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedModelError("partial rotary embeddings are not supported")
         # Long-context checkpoints may run past max_position_embeddings of the
@@ -78,6 +129,8 @@ class RotaryEmbedding:
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat([freqs, freqs], dim=-1)  # [max_position, head_size]
         self.cos, self.sin = angles.cos(), angles.sin()
+        if attention_factor != 1.0:
+            self.cos, self.sin = self.cos * attention_factor, self.sin * attention_factor
 
     def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cos.device != device:

@@ -42,8 +42,8 @@ class WeightLoader:
 
     def __init__(self, model: nn.Module):
         self.params = dict(model.named_parameters())
-        # rows filled per parameter, keyed by shard so a fused parameter is
-        # complete only when every one of its source matrices has arrived
+        # elements filled per parameter, keyed by shard so a fused parameter
+        # is complete only when every one of its source matrices has arrived
         self.filled: dict[str, dict[str, int]] = {}
 
     def _param(self, name: str) -> nn.Parameter:
@@ -58,7 +58,7 @@ class WeightLoader:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
         with torch.no_grad():
             param.copy_(tensor)
-        self.filled.setdefault(name, {})["all"] = param.shape[0]
+        self.filled.setdefault(name, {})["all"] = param.numel()
 
     def load_rows(self, name: str, tensor: torch.Tensor, start: int, size: int, shard: str) -> None:
         """Rows [start, start + size) of a fused parameter (e.g. the K part of qkv_proj)."""
@@ -68,13 +68,24 @@ class WeightLoader:
             raise ValueError(f"{name}[{shard}]: checkpoint shape {tuple(tensor.shape)} != expected {expected}")
         with torch.no_grad():
             param[start : start + size].copy_(tensor)
-        self.filled.setdefault(name, {})[shard] = size
+        self.filled.setdefault(name, {})[shard] = tensor.numel()
+
+    def load_slice(self, name: str, tensor: torch.Tensor, index, shard: str) -> None:
+        """``param[index]`` from ``tensor`` (same shape): e.g. one expert's gate rows of a fused
+        [experts, 2 * intermediate, hidden] parameter, ``index = (expert, slice(0, intermediate))``."""
+        param = self._param(name)
+        target = param[index]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"{name}[{shard}]: checkpoint shape {tuple(tensor.shape)} != expected {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        self.filled.setdefault(name, {})[shard] = tensor.numel()
 
     def unexpected(self, name: str) -> None:
         raise ValueError(f"checkpoint weight {name!r} has no place in the model (unknown name)")
 
     def is_loaded(self, name: str) -> bool:
-        return name in self.params and sum(self.filled.get(name, {}).values()) == self.params[name].shape[0]
+        return name in self.params and sum(self.filled.get(name, {}).values()) == self.params[name].numel()
 
     def missing(self) -> list[str]:
         return [name for name in self.params if not self.is_loaded(name)]

@@ -10,6 +10,12 @@
 // online softmax): pass 1 reads keys and writes logits, pass 2 reads values.
 // That avoids rescaling the accumulators per block and keeps both inner loops
 // free of data-dependent branches so they vectorize.
+//
+// Attention sinks (optional, gpt-oss): one learned logit per query head that
+// joins the softmax as a token without a value. It only enlarges the softmax
+// denominator, so it is applied after the spans: v1 rescales its output by
+// sum / (sum + exp(sink - max)); v2 adds exp(sink - global max) to the
+// reduction's total once.
 #include "cpu_common.h"
 #include "ops.h"
 
@@ -18,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -33,6 +40,7 @@ struct AttentionInputs {
   const T* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
   const int32_t* block_tables;
   const int32_t* seq_lens;
+  const float* sinks;    // [num_heads] or nullptr
   int num_heads, num_kv_heads, group, head_size, max_blocks_per_seq;
   float scale;
 };
@@ -201,13 +209,14 @@ void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, 
 template <typename T>
 AttentionInputs<T> make_inputs(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
-                               const at::Tensor& seq_lens) {
+                               const at::Tensor& seq_lens, const std::optional<at::Tensor>& sinks) {
   AttentionInputs<T> in;
   in.query = query.data_ptr<T>();
   in.key_cache = key_cache.data_ptr<T>();
   in.value_cache = value_cache.data_ptr<T>();
   in.block_tables = block_tables.data_ptr<int32_t>();
   in.seq_lens = seq_lens.data_ptr<int32_t>();
+  in.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   in.num_heads = static_cast<int>(query.size(1));
   in.num_kv_heads = static_cast<int>(num_kv_heads);
   in.group = in.num_heads / in.num_kv_heads;
@@ -255,6 +264,14 @@ void run_v1(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
     }
     std::vector<float> result(static_cast<size_t>(G) * D), maxes(G), sums(G);
     attend_span<T, BS>(in, seq, kv_head, 0, len, result.data(), maxes.data(), sums.data());
+    if (in.sinks) {
+      // std::exp, not vector_exp: sink - max may be positive (even > 88, where
+      // the factor correctly goes to 0).
+      for (int g = 0; g < G; ++g) {
+        const float factor = sums[g] / (sums[g] + std::exp(in.sinks[kv_head * G + g] - maxes[g]));
+        for (int d = 0; d < D; ++d) result[g * D + d] *= factor;
+      }
+    }
     for (int e = 0; e < G * D; ++e) dst[e] = from_float<T>(result[e]);
   });
 }
@@ -312,6 +329,7 @@ void run_v2(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
       const float* src = part_out.data() + (first + p) * D;
       for (int d = 0; d < D; ++d) acc[d] += w * src[d];
     }
+    if (in.sinks) total += std::exp(in.sinks[item % H] - global_max);
     const float inv = 1.0f / total;
     for (int d = 0; d < D; ++d) dst[d] = from_float<T>(acc[d] * inv);
   });
@@ -328,10 +346,16 @@ void dispatch_block_size(int64_t block_size, const F& f) {
   }
 }
 
-void check_common(const at::Tensor& query, const at::Tensor& key_cache, int64_t num_kv_heads) {
+void check_common(const at::Tensor& query, const at::Tensor& key_cache, int64_t num_kv_heads,
+                  const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu(), "paged_attention (cpu): tensors must be on the CPU");
   TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous(), "paged_attention (cpu): query and caches must be contiguous");
   TORCH_CHECK(num_kv_heads > 0 && query.size(1) % num_kv_heads == 0, "paged_attention: num_heads must be a multiple of num_kv_heads");
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->device().is_cpu() && sinks->is_contiguous() && sinks->scalar_type() == at::kFloat &&
+                    sinks->dim() == 1 && sinks->size(0) == query.size(1),
+                "paged_attention (cpu): sinks must be a contiguous float32 CPU tensor [num_heads]");
+  }
 }
 
 }  // namespace
@@ -339,11 +363,11 @@ void check_common(const at::Tensor& query, const at::Tensor& key_cache, int64_t 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
   (void)max_seq_len;  // scratch is sized from the actual lengths on the CPU
-  check_common(query, key_cache, num_kv_heads);
+  check_common(query, key_cache, num_kv_heads, sinks);
   PAGED_CPU_DISPATCH(query.scalar_type(), "paged_attention_v1", [&] {
-    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens);
+    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, sinks);
     dispatch_block_size(block_size, [&](auto bs) {
       run_v1<scalar_t, decltype(bs)::value>(out, in, static_cast<int>(query.size(0)));
     });
@@ -353,11 +377,11 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
 void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
   (void)max_seq_len;  // as in v1; the partition count comes from the actual lengths
-  check_common(query, key_cache, num_kv_heads);
+  check_common(query, key_cache, num_kv_heads, sinks);
   PAGED_CPU_DISPATCH(query.scalar_type(), "paged_attention_v2", [&] {
-    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens);
+    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, sinks);
     dispatch_block_size(block_size, [&](auto bs) {
       run_v2<scalar_t, decltype(bs)::value>(out, in, static_cast<int>(query.size(0)));
     });

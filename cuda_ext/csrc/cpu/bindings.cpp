@@ -5,8 +5,16 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "paged-KV kernels, CPU (C++/OpenMP) backend";
-  m.def("paged_attention_v1", &paged_cpu::paged_attention_v1, "decode attention over a paged KV cache");
-  m.def("paged_attention_v2", &paged_cpu::paged_attention_v2, "decode attention, 512-token partitions + reduction");
+  // Named arguments so `sinks` can default to None: callers written before
+  // sinks existed keep working.
+  m.def("paged_attention_v1", &paged_cpu::paged_attention_v1, "decode attention over a paged KV cache",
+        py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"),
+        py::arg("scale"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
+        py::arg("max_seq_len"), py::arg("sinks") = py::none());
+  m.def("paged_attention_v2", &paged_cpu::paged_attention_v2, "decode attention, 512-token partitions + reduction",
+        py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"),
+        py::arg("scale"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
+        py::arg("max_seq_len"), py::arg("sinks") = py::none());
   m.def("reshape_and_cache", &paged_cpu::reshape_and_cache, "scatter keys/values into cache slots");
   m.def("copy_blocks", &paged_cpu::copy_blocks, "copy blocks src->dst in every layer");
   m.def("swap_blocks", &paged_cpu::swap_blocks, "copy whole blocks between two pools");

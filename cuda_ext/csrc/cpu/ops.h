@@ -1,8 +1,10 @@
 // The five paged-KV ops of the CPU backend (Python-facing signatures).
+// `sinks`: optional fp32 [num_heads] attention-sink logits (see attention.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 namespace paged_cpu {
@@ -10,12 +12,12 @@ namespace paged_cpu {
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len);
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks);
 
 void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len);
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks);
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_mapping);

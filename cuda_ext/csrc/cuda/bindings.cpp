@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <optional>
 #include <vector>
 
 #include "kernels.h"
@@ -31,7 +32,8 @@ void raise_if_error(const std::string& error) { TORCH_CHECK(error.empty(), error
 paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                                               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                                               const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                              int64_t block_size, int64_t max_seq_len) {
+                                              int64_t block_size, int64_t max_seq_len,
+                                              const std::optional<at::Tensor>& sinks) {
   check_cuda(out, "out");
   check_cuda(query, "query");
   check_cuda(key_cache, "key_cache");
@@ -40,6 +42,11 @@ paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor&
   check_cuda(seq_lens, "seq_lens");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "block_tables and seq_lens must be int32");
+  if (sinks.has_value()) {
+    check_cuda(*sinks, "sinks");
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->size(0) == query.size(1),
+                "sinks must be float32 [num_heads]");
+  }
   paged_cuda::PagedAttentionArgs a{};
   a.out = out.data_ptr();
   a.query = query.data_ptr();
@@ -47,6 +54,7 @@ paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor&
   a.value_cache = value_cache.data_ptr();
   a.block_tables = block_tables.data_ptr<int32_t>();
   a.seq_lens = seq_lens.data_ptr<int32_t>();
+  a.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   a.num_seqs = static_cast<int>(query.size(0));
   a.num_heads = static_cast<int>(query.size(1));
   a.head_size = static_cast<int>(query.size(2));
@@ -62,20 +70,20 @@ paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor&
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
   const c10::cuda::CUDAGuard guard(query.device());
   auto a = attention_args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
-                          max_seq_len);
+                          max_seq_len, sinks);
   raise_if_error(paged_cuda::paged_attention_v1(a, c10::cuda::getCurrentCUDAStream()));
 }
 
 void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
   const c10::cuda::CUDAGuard guard(query.device());
   auto a = attention_args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
-                          max_seq_len);
+                          max_seq_len, sinks);
   const int64_t partitions =
       std::max<int64_t>(1, (max_seq_len + paged_cuda::kPartitionSize - 1) / paged_cuda::kPartitionSize);
   const auto options = query.options().dtype(at::kFloat);
@@ -158,8 +166,16 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "paged-KV kernels, CUDA backend";
-  m.def("paged_attention_v1", &paged_attention_v1, "decode attention over a paged KV cache");
-  m.def("paged_attention_v2", &paged_attention_v2, "decode attention, 512-token partitions + reduction");
+  // Named arguments so `sinks` can default to None: callers written before
+  // sinks existed keep working.
+  m.def("paged_attention_v1", &paged_attention_v1, "decode attention over a paged KV cache", py::arg("out"),
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"), py::arg("scale"),
+        py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"), py::arg("max_seq_len"),
+        py::arg("sinks") = py::none());
+  m.def("paged_attention_v2", &paged_attention_v2, "decode attention, 512-token partitions + reduction",
+        py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"),
+        py::arg("scale"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
+        py::arg("max_seq_len"), py::arg("sinks") = py::none());
   m.def("reshape_and_cache", &reshape_and_cache, "scatter keys/values into cache slots");
   m.def("copy_blocks", &copy_blocks, "copy blocks src->dst in every layer, one launch");
   m.def("swap_blocks", &swap_blocks, "copy whole blocks between device and host pools");

@@ -22,6 +22,7 @@ struct PagedAttentionArgs {
   const void* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
   const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
   const int32_t* seq_lens;      // [num_seqs]
+  const float* sinks;           // [num_heads] attention-sink logits (gpt-oss), or nullptr for none
   int num_seqs, num_heads, num_kv_heads, head_size, block_size, max_blocks_per_seq, max_seq_len;
   float scale;
   DType dtype;

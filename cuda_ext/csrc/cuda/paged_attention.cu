@@ -15,6 +15,10 @@
 //      shared memory.
 // Tokens past the end of a sequence in its last block are never used: their
 // slots may hold stale or uninitialized data (even NaN).
+// Attention sinks (optional, gpt-oss): a learned logit per head that joins the
+// softmax as a token without a value, so it only enlarges the denominator:
+// v1 adds exp(sink - max) to its exp-sum; v2 leaves the partitions alone and
+// the reduction adds exp(sink - global max) to its total, once.
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -34,8 +38,8 @@ __global__ void __launch_bounds__(kThreads)
     paged_attention_kernel(T* __restrict__ out, float* __restrict__ exp_sums, float* __restrict__ max_logits,
                            float* __restrict__ tmp_out, const T* __restrict__ query, const T* __restrict__ key_cache,
                            const T* __restrict__ value_cache, const int32_t* __restrict__ block_tables,
-                           const int32_t* __restrict__ seq_lens, int num_kv_heads, float scale,
-                           int max_blocks_per_seq, int max_seq_len, int max_partitions) {
+                           const int32_t* __restrict__ seq_lens, const float* __restrict__ sinks, int num_kv_heads,
+                           float scale, int max_blocks_per_seq, int max_seq_len, int max_partitions) {
   constexpr int X = 16 / sizeof(T);
   constexpr int KEY_CHUNKS = HEAD_SIZE / X;               // 16-byte chunks per token's key
   constexpr int LANES_PER_TOKEN = kWarpSize / BLOCK_SIZE;  // lanes sharing one token's dot product
@@ -144,7 +148,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const float inv_sum = 1.0f / exp_sum;
+  // v1 only: v2's sink joins in the reduction. An exp that overflows to inf
+  // gives 0, the right limit for a sink that dwarfs every token.
+  const float sink_term = (PARTITION_SIZE == 0 && sinks != nullptr) ? __expf(sinks[head] - max_logit) : 0.0f;
+  const float inv_sum = 1.0f / (exp_sum + sink_term);
   for (int d = threadIdx.x; d < HEAD_SIZE; d += kThreads) {
     float total = 0.0f;
 #pragma unroll
@@ -168,7 +175,8 @@ template <typename T, int HEAD_SIZE>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_reduce_kernel(T* __restrict__ out, const float* __restrict__ exp_sums,
                                   const float* __restrict__ max_logits, const float* __restrict__ tmp_out,
-                                  const int32_t* __restrict__ seq_lens, int max_partitions) {
+                                  const int32_t* __restrict__ seq_lens, const float* __restrict__ sinks,
+                                  int max_partitions) {
   const int head = blockIdx.x, seq = blockIdx.y;
   const int64_t row = static_cast<int64_t>(seq) * gridDim.x + head;
   const int partitions = min((seq_lens[seq] + kPartitionSize - 1) / kPartitionSize, max_partitions);
@@ -189,7 +197,8 @@ __global__ void __launch_bounds__(kThreads)
     weights[p] = part_sum[p] * __expf(part_max[p] - global_max);
     thread_sum += weights[p];
   }
-  const float inv_total = 1.0f / block_sum<kWarps>(thread_sum, reduce_s);
+  const float sink_term = sinks != nullptr ? __expf(sinks[head] - global_max) : 0.0f;
+  const float inv_total = 1.0f / (block_sum<kWarps>(thread_sum, reduce_s) + sink_term);
 
   const float* partial = tmp_out + row * max_partitions * HEAD_SIZE;
   for (int d = threadIdx.x; d < HEAD_SIZE; d += kThreads) {
@@ -232,14 +241,14 @@ std::string launch(const PagedAttentionArgs& a, cudaStream_t stream, bool partit
     std::string error = reserve_shared_memory(kernel, shared, "paged_attention_v1");
     if (!error.empty()) return error;
     kernel<<<dim3(a.num_heads, a.num_seqs, 1), kThreads, shared, stream>>>(
-        out, nullptr, nullptr, nullptr, query, key_cache, value_cache, a.block_tables, a.seq_lens, a.num_kv_heads,
-        a.scale, a.max_blocks_per_seq, a.max_seq_len, 1);
+        out, nullptr, nullptr, nullptr, query, key_cache, value_cache, a.block_tables, a.seq_lens, a.sinks,
+        a.num_kv_heads, a.scale, a.max_blocks_per_seq, a.max_seq_len, 1);
     return cuda_error("paged_attention_v1 launch", cudaGetLastError());
   }
   auto kernel = paged_attention_kernel<T, HEAD_SIZE, BLOCK_SIZE, kPartitionSize>;
   kernel<<<dim3(a.num_heads, a.num_seqs, a.max_partitions), kThreads, kPartitionSize * sizeof(float), stream>>>(
       nullptr, a.exp_sums, a.max_logits, a.tmp_out, query, key_cache, value_cache, a.block_tables, a.seq_lens,
-      a.num_kv_heads, a.scale, a.max_blocks_per_seq, a.max_seq_len, a.max_partitions);
+      nullptr, a.num_kv_heads, a.scale, a.max_blocks_per_seq, a.max_seq_len, a.max_partitions);
   std::string error = cuda_error("paged_attention_v2 launch", cudaGetLastError());
   if (!error.empty()) return error;
   auto reduce = paged_attention_reduce_kernel<T, HEAD_SIZE>;
@@ -247,7 +256,7 @@ std::string launch(const PagedAttentionArgs& a, cudaStream_t stream, bool partit
   error = reserve_shared_memory(reduce, shared, "paged_attention_v2 reduce");
   if (!error.empty()) return error;
   reduce<<<dim3(a.num_heads, a.num_seqs), kThreads, shared, stream>>>(out, a.exp_sums, a.max_logits, a.tmp_out,
-                                                                     a.seq_lens, a.max_partitions);
+                                                                     a.seq_lens, a.sinks, a.max_partitions);
   return cuda_error("paged_attention_v2 reduce launch", cudaGetLastError());
 }
 
