@@ -133,25 +133,36 @@ def prefix_prefill_attention(query, key, value, scale: float, window: int | None
                                           attn_mask=mask, scale=scale)[0]
 
 
+# sink_attention works on query rows in chunks whose fp32 logits fit in this many bytes.
+SINK_LOGITS_BYTES = 256 << 20
+
+
 def sink_attention(query, key, value, scale: float, mask: torch.Tensor | None, sinks: torch.Tensor) -> torch.Tensor:
     """Attention whose softmax also counts one value-less sink logit per head.
 
     query [H, n, d]; key/value [H_kv, L, d]; mask bool [n, L] (True = may
     attend) or None; sinks [H] -> [H, n, d]. Logits are computed in the
     inputs' dtype and the softmax in fp32, as transformers' eager gpt-oss
-    attention does. Memory is quadratic in the context (one [H, n, L] logit
-    tensor), like SDPA's math kernel.
+    attention does. The logits are materialized, so query rows go in chunks
+    of at most SINK_LOGITS_BYTES of them: a long prompt costs time, not
+    memory quadratic in its length.
     """
-    num_heads, new = query.shape[0], query.shape[1]
+    num_heads, new, context = query.shape[0], query.shape[1], key.shape[1]
     if num_heads != key.shape[0]:
         group = num_heads // key.shape[0]
         key, value = key.repeat_interleave(group, dim=0), value.repeat_interleave(group, dim=0)
-    logits = torch.matmul(query, key.transpose(1, 2)).float() * scale   # [H, n, L]
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    sink_column = sinks.float().view(num_heads, 1, 1).expand(num_heads, new, 1)
-    probs = torch.softmax(torch.cat([logits, sink_column], dim=-1), dim=-1)[..., :-1]   # the sink's share is dropped
-    return torch.matmul(probs.to(value.dtype), value)
+    sink_column = sinks.float().view(num_heads, 1, 1)
+    rows = max(1, SINK_LOGITS_BYTES // (4 * num_heads * (context + 1)))
+    out = torch.empty_like(query)
+    for start in range(0, new, rows):
+        end = min(start + rows, new)
+        logits = torch.matmul(query[:, start:end], key.transpose(1, 2)).float() * scale   # [H, rows, L]
+        if mask is not None:
+            logits = logits.masked_fill(~mask[start:end], float("-inf"))
+        logits = torch.cat([logits, sink_column.expand(num_heads, end - start, 1)], dim=-1)
+        probs = torch.softmax(logits, dim=-1)[..., :-1]   # the sink's share is dropped
+        out[:, start:end] = torch.matmul(probs.to(value.dtype), value)
+    return out
 
 
 class PagedAttention(nn.Module):

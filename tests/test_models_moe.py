@@ -123,6 +123,25 @@ def test_gpt_oss_partitioned_decode_kernel_gives_the_same_tokens(tmp_path, monke
     assert engine_greedy(llm, prompts, 8) == [hf_greedy(hf_model(folder), p, 8) for p in prompts]
 
 
+def test_sink_attention_in_chunks_is_the_dense_definition(monkeypatch):
+    """Prefill's sink attention (GQA, a causal sliding window) against float64 dense math; once in one
+    pass and once with the query rows split into chunks of 3 (as a long prompt is)."""
+    import engine.attention
+
+    gen = torch.Generator().manual_seed(2)
+    query, key, value = (torch.randn(h, n, 16, generator=gen) for h, n in ((4, 10), (2, 14), (2, 14)))
+    sinks = torch.randn(4, generator=gen)
+    mask = engine.attention.window_mask(10, 14, 6, "cpu")
+    logits = torch.einsum("hnd,hld->hnl", query.double(), key.double().repeat_interleave(2, 0)) * 0.25
+    logits = torch.cat([logits.masked_fill(~mask, float("-inf")), sinks.double().view(4, 1, 1).expand(4, 10, 1)], -1)
+    expected = torch.softmax(logits, -1)[..., :-1] @ value.double().repeat_interleave(2, 0)
+    whole = engine.attention.sink_attention(query, key, value, 0.25, mask, sinks)
+    monkeypatch.setattr(engine.attention, "SINK_LOGITS_BYTES", 3 * 4 * 4 * 15)
+    chunked = engine.attention.sink_attention(query, key, value, 0.25, mask, sinks)
+    torch.testing.assert_close(whole.double(), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-6)
+
+
 # ---------------------------------------------------------------- loading
 
 
