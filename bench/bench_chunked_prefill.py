@@ -19,25 +19,26 @@ import argparse
 import math
 from dataclasses import replace
 
-from planner.catalog import resolve_gpu
+from engine.deployment import Deployment
+from planner.deploy.plan import plan_deployment
 from planner.profile.checkpoints import model_folder
-from planner.sim import SimConfig, simulate
-from planner.validation.live import ValidateConfig, load_cost_model, validate
+from planner.sim import simulate
+from planner.validation.run import load_cost_model, validate
+from planner.validation.spec import ValidationSpec
 from workloads import Trace
 
 METRICS = (("ttft_mean", "TTFT mean"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99"),
            ("request_throughput", "req/s"))
 
 
-def saturation_rate(cfg: ValidateConfig, chunked: bool) -> float:
+def saturation_rate(spec: ValidationSpec) -> float:
     """Requests/s the simulator sustains when the whole trace is queued at time 0."""
-    trace = cfg.trace()
+    trace = spec.trace()
     burst = Trace([r.model_copy(update={"arrival_time": 0.0}) for r in trace.requests], name="burst")
-    _, spec = model_folder(cfg.model)
-    sim_cfg = SimConfig(model=spec, gpu=resolve_gpu(cfg.gpu), block_size=cfg.block_size,
-                        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                        enable_chunked_prefill=chunked, max_model_len=2048, num_gpu_blocks=4096, num_cpu_blocks=0)
-    return simulate(burst, sim_cfg, load_cost_model(cfg, spec)).metrics["request_throughput"]
+    _, model = model_folder(spec.deployment.model)
+    plan = plan_deployment(spec.deployment.replace(max_model_len=2048, num_gpu_blocks=4096, num_cpu_blocks=0),
+                           refuse=False)
+    return simulate(burst, plan, load_cost_model(spec, model)).metrics.request_throughput
 
 
 def main() -> None:
@@ -52,15 +53,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=None, help="request rate (default: --load x saturation)")
     args = ap.parse_args()
 
-    base = ValidateConfig(gpu="cpu", model="opt-125m", workload="sharegpt", requests=args.requests, seed=args.seed,
-                          length_scale=args.length_scale, max_output_len=128, max_num_seqs=args.max_num_seqs,
-                          profile=args.profile)
-    paper = replace(base, rate=1.0)
-    chunked = replace(base, rate=1.0, enable_chunked_prefill=True, max_num_batched_tokens=args.budget)
+    deployment = Deployment(model="opt-125m", gpu="cpu", max_num_seqs=args.max_num_seqs)
+    paper = ValidationSpec(deployment, workload="sharegpt", rate=1.0, requests=args.requests, seed=args.seed,
+                           length_scale=args.length_scale, max_output_len=128, profile=args.profile)
+    chunked = replace(paper, deployment=deployment.replace(policy="vllm-v1", max_num_batched_tokens=args.budget))
     # One rate for both, from the paper policy's saturation (the reference the paper measured against).
-    rate = args.rate or args.load * saturation_rate(paper, chunked=False)
+    rate = args.rate or args.load * saturation_rate(paper)
     print(f"sharegpt x{args.length_scale} lengths, {args.requests} requests at {rate:.2f} req/s "
-          f"({rate / saturation_rate(paper, chunked=False):.0%} of the simulated saturation throughput); "
+          f"({rate / saturation_rate(paper):.0%} of the simulated saturation throughput); "
           f"chunked budget {args.budget} tokens")
     rows = []
     for name, cfg in (("paper", replace(paper, rate=rate)), ("chunked", replace(chunked, rate=rate))):

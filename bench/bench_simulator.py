@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import os
 import pstats
 import sys
@@ -24,7 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from planner.catalog import resolve_gpu, resolve_model  # noqa: E402
 from planner.cost import RooflineCostModel  # noqa: E402
-from planner.sim import SimConfig, simulate  # noqa: E402
+from engine.deployment import Deployment  # noqa: E402
+from planner.deploy.plan import plan_deployment  # noqa: E402
+from planner.sim import simulate  # noqa: E402
 from workloads import make_trace  # noqa: E402
 
 TARGET_WALL_S = 60.0
@@ -71,18 +72,18 @@ def main() -> None:
 
     model, gpu = resolve_model("opt-13b"), resolve_gpu("a100-40g")
     trace = make_trace("sharegpt", duration=args.minutes * 60, rate=args.rate, seed=0)
-    config = SimConfig(model, gpu, allocator=args.allocator)
+    config = plan_deployment(Deployment(model=model.name, gpu=gpu.name, allocator=args.allocator))
     cost = RooflineCostModel(model, gpu)
 
     runs = {}
     for fast in (True, False):
         t0 = time.perf_counter()
-        result = simulate(trace, dataclasses.replace(config, fast_forward=fast), cost)
+        result = simulate(trace, config, cost, fast_forward=fast)
         runs[fast] = (result, time.perf_counter() - t0)
     print(f"sharegpt, {len(trace)} requests over {args.minutes:.0f} min at {args.rate} req/s, "
           f"opt-13b / a100-40g, {args.allocator}, {cost.name}")
     for fast, (result, wall) in runs.items():
-        m = result.metrics
+        m = result.summary()
         speed = m["simulated_time"] / wall
         label = "fast-forward" if fast else "step-by-step"
         target = f"target >= {TARGET_SPEED:.0f}x: {'met' if speed >= TARGET_SPEED else 'MISSED'}" if fast else \
@@ -92,7 +93,7 @@ def main() -> None:
     (fast, fast_wall), (slow, slow_wall) = runs[True], runs[False]
     same = fast.requests == slow.requests and fast.steps == slow.steps and fast.metrics == slow.metrics
     print(f"  speed-up {slow_wall / fast_wall:.2f}x; identical to --step-by-step: {'yes' if same else 'NO'}")
-    m = fast.metrics
+    m = fast.summary()
     print(f"  simulated {m['simulated_time']:,.1f} s, completed {m['num_completed']}, mean batch "
           f"{m['mean_batch_size']:.1f}, normalized latency {m['normalized_latency']:.4f} s/token, "
           f"preemptions {m['preemptions']['total']}")

@@ -18,15 +18,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from planner.validation.live import ValidateConfig, validate  # noqa: E402
-from planner.report.validation import write_report  # noqa: E402
+from engine.deployment import Deployment  # noqa: E402
+from planner.validation.run import validate  # noqa: E402
+from planner.validation.spec import ValidationSpec  # noqa: E402
+from planner.validation.report import write_report  # noqa: E402
 
 RUNS = {
     "sharegpt": dict(workload="sharegpt", rate=4.0, requests=64, length_scale=0.25, max_output_len=160),
     "alpaca": dict(workload="alpaca", rate=8.0, requests=96, length_scale=1.0, max_output_len=160),
     "sharegpt, 48 KV blocks (preemption)": dict(workload="sharegpt", rate=4.0, requests=48, length_scale=0.25,
-                                                max_output_len=160, num_gpu_blocks=48),
+                                                max_output_len=160),
 }
+KV_BLOCKS = {"sharegpt, 48 KV blocks (preemption)": 48}
 
 
 def main() -> None:
@@ -48,7 +51,8 @@ def main() -> None:
     for name, settings in RUNS.items():
         if args.only and not name.startswith(args.only):
             continue
-        cfg = ValidateConfig(model=args.model, profile=args.profile, **settings)
+        deployment = Deployment(model=args.model, gpu="cpu", num_gpu_blocks=KV_BLOCKS.get(name))
+        cfg = ValidationSpec(deployment, profile=args.profile, **settings)
         fresh = None
         if args.reprofile:
             from planner.profile.along import ProfileAlong
@@ -63,7 +67,7 @@ def main() -> None:
                     f"{int(c['preemptions']['measured'])!s:>15}/{int(c['preemptions']['simulated'])}")
         if args.examples:
             slug = name.split(",")[0] + ("-pressure" if "preemption" in name else "")
-            print(f"report: {write_report(v, args.examples / slug)}", file=sys.stderr)
+            print(f"report: {write_report(v, args.examples / slug)[0]['markdown']}", file=sys.stderr)
     which = "profiled along each run" if args.reprofile else args.profile or "committed"
     print(f"simulated vs measured, {args.model} on this CPU, profile {which} "
           f"(targets: req/s 5%, E2E 10%, step median 10%)")

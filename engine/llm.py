@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import fields
 from collections.abc import Sequence
 from typing import Any
 
 from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
+from engine.deployment import Deployment
 
 # vLLM keywords this engine accepts although they change nothing here, with the
 # values it can honour (None: any value). Anything else is a clear error, not a
@@ -34,6 +36,10 @@ _COMPAT: dict[str, tuple[tuple | None, str]] = {
 }
 
 
+# Deployment settings by their keyword (vLLM's names), plus vLLM's enable_chunked_prefill (the vllm-v1 policy).
+DEPLOYMENT_KNOBS = {f.name for f in fields(Deployment)} - {"model"} | {"enable_chunked_prefill"}
+
+
 def _check_compat(kwargs: dict[str, Any]) -> None:
     for name, value in kwargs.items():
         if name not in _COMPAT:
@@ -45,22 +51,17 @@ def _check_compat(kwargs: dict[str, Any]) -> None:
 
 
 class LLM:
-    def __init__(self, model: str, tokenizer: str | None = None, *, block_size: int = 16,
-                 num_gpu_blocks: int | None = None, gpu_memory_utilization: float = 0.9,
-                 swap_space: float = 4, preemption_mode: str = "recompute",
-                 enable_prefix_caching: bool = False, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
-                 dtype: str = "auto", device: str = "auto", seed: int | None = 0,
-                 **kwargs) -> None:
-        engine_kwargs = {k: kwargs.pop(k) for k in ("kv_cache_memory_bytes", "clock", "step_observer",
-                                                    "enable_chunked_prefill", "enforce_eager") if k in kwargs}
+    """``LLM(model=folder, block_size=16, ...)``: the keywords are vLLM's engine arguments, and build a
+    `Deployment`; or pass one built beforehand: ``LLM(folder, deployment=Deployment(block_size=32))``."""
+
+    def __init__(self, model: str, tokenizer: str | None = None, *, deployment: Deployment | None = None,
+                 device: str = "auto", seed: int | None = 0, **kwargs) -> None:
+        runtime = {k: kwargs.pop(k) for k in ("kv_cache_memory_bytes", "clock", "step_observer", "enforce_eager")
+                   if k in kwargs}
+        knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPLOYMENT_KNOBS}
         _check_compat(kwargs)
-        self.engine = LLMEngine(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                gpu_memory_utilization=gpu_memory_utilization, swap_space=swap_space,
-                                preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                max_model_len=max_model_len, dtype=dtype, device=device,
-                                seed=0 if seed is None else seed, tokenizer=tokenizer, **engine_kwargs)
+        self.engine = LLMEngine(model, deployment, device=device, seed=0 if seed is None else seed,
+                                tokenizer=tokenizer, **runtime, **knobs)
         self._next_id = 0
 
     def get_tokenizer(self):

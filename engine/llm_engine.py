@@ -20,10 +20,11 @@ from engine.model_runner import ModelRunner, SequenceInput
 from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import SchedulerConfig, SchedulerOutput
+from engine.core.scheduler import SchedulerOutput
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.core.step import begin_step, end_step
+from engine.deployment import Deployment
 
 __all__ = ["LLMEngine", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
@@ -44,46 +45,50 @@ def load_tokenizer(folder: str | Path):
 
 
 class LLMEngine:
-    def __init__(self, model: str, *, block_size: int = 16, num_gpu_blocks: int | None = None,
-                 gpu_memory_utilization: float = 0.9, swap_space: float = 4,
-                 preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, enable_chunked_prefill: bool = False,
-                 dtype: str = "auto", device: str = "auto",
-                 seed: int = 0, kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
-                 enforce_eager: bool = False,
-                 clock: Callable[[], float] = time.perf_counter,
-                 step_observer: Callable[[SchedulerOutput], None] | None = None) -> None:
-        check_block_size(block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if swap_space < 0:
-            raise ValueError(f"swap_space must be non-negative GiB, got {swap_space}")
+    """The engine over the model folder `model`, served as `deployment` says (or as the keyword
+    arguments, vLLM's engine-argument names, say: ``LLMEngine(folder, block_size=16, max_num_seqs=64)``).
+
+    The rest are runtime options, not deployment settings: the device, the sampler's seed, a fixed KV
+    memory budget (CPU runs), a tokenizer folder, CUDA graphs off, the clock and a step observer.
+    """
+
+    def __init__(self, model: str, deployment: Deployment | None = None, *, device: str = "auto", seed: int = 0,
+                 kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
+                 enforce_eager: bool = False, clock: Callable[[], float] = time.perf_counter,
+                 step_observer: Callable[[SchedulerOutput], None] | None = None, **knobs) -> None:
+        dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
+        check_block_size(dep.block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
+        if dep.tp != 1:
+            raise ValueError(f"tensor parallel size {dep.tp}: this engine runs a model on one device "
+                             "(the planner models parallelism: planner simulate --tp N)")
+        if dep.allocator != "paged":
+            raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
+                             "simulator runs; the engine is paged")
         if not Path(model, "config.json").exists():
             raise ValueError(f"{model}: not a model folder (no config.json); give a local Hugging Face "
                              f"checkpoint folder")
+        self.deployment = dep
         self.clock = clock
         self.step_observer = step_observer
-        self.runner = ModelRunner(model, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                  # Chunked prefill preempts by recompute only: no swap pool.
-                                  swap_space_bytes=0 if enable_chunked_prefill else int(swap_space * GiB),
-                                  dtype=dtype, device=device, enforce_eager=enforce_eager,
-                                  kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                  max_num_seqs=max_num_seqs)
-        self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        if enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
-            self.allocator = VllmBlockManager(block_size, self.runner.num_gpu_blocks,
-                                              enable_prefix_caching=enable_prefix_caching)
+        # The vllm-v1 policy preempts by recompute only: no swap pool.
+        swap_bytes = 0 if dep.enable_chunked_prefill else int(dep.swap_space * GiB)
+        if dep.num_cpu_blocks is not None and not dep.enable_chunked_prefill:
+            swap_bytes = None                # the pool's size in blocks is given
+        self.runner = ModelRunner(model, block_size=dep.block_size, num_gpu_blocks=dep.num_gpu_blocks,
+                                  num_cpu_blocks=dep.num_cpu_blocks or 0, swap_space_bytes=swap_bytes, dtype=dep.dtype,
+                                  device=device, enforce_eager=enforce_eager,
+                                  kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
+                                  gpu_memory_utilization=dep.gpu_memory_utilization,
+                                  max_num_batched_tokens=dep.max_num_batched_tokens,
+                                  max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs)
+        self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
+        if dep.enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
+            self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,
+                                              enable_prefix_caching=dep.enable_prefix_caching)
         else:
-            self.allocator = BlockManager(block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
-                                          enable_prefix_caching=enable_prefix_caching)
-        self.scheduler = make_scheduler(SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                                                        max_num_batched_tokens=max_num_batched_tokens,
-                                                        preemption_mode=preemption_mode, block_size=block_size,
-                                                        enable_prefix_caching=enable_prefix_caching,
-                                                        enable_chunked_prefill=enable_chunked_prefill),
-                                        self.allocator)
+            self.allocator = BlockManager(dep.block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
+                                          enable_prefix_caching=dep.enable_prefix_caching)
+        self.scheduler = make_scheduler(dep.scheduler_config(self.max_model_len), self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:

@@ -14,7 +14,9 @@ from planner.cost.linear import LinearCostModel, parse_linear
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.sim import SimConfig, simulate
+from planner.sim import simulate
+from planner.deploy.plan import DeploymentPlan
+from sim_helpers import sim_plan
 from workloads import Trace
 from workloads.schema import TraceRequest
 
@@ -26,9 +28,9 @@ def trace_of(case) -> Trace:
                                output_len=r["max_tokens"], prompt_token_ids=r["prompt"]) for r in case["requests"]])
 
 
-def sim_config(case, **kw) -> SimConfig:
+def sim_config(case, **kw) -> DeploymentPlan:
     cfg = case["config"]
-    return SimConfig(resolve_model("opt-125m"), resolve_gpu("a100-40g"), block_size=cfg["block_size"],
+    return sim_plan(resolve_model("opt-125m"), resolve_gpu("a100-40g"), block_size=cfg["block_size"],
                      max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["budget"],
                      enable_prefix_caching=cfg["caching"], enable_chunked_prefill=True,
                      num_gpu_blocks=cfg["num_blocks"], max_model_len=cfg["max_model_len"], **kw)
@@ -81,7 +83,7 @@ def test_linear_cost_model_option():
 def test_bad_chunked_sim_configs_are_refused():
     case = CASES[0]
     for kw, msg in [({"preemption_mode": "swap"}, "recompute only"), ({"allocator": "orca-max"}, "paged")]:
-        with pytest.raises(PlannerError, match=msg):
+        with pytest.raises(ValueError, match=msg):
             sim_config(case, **kw)
 
 
@@ -134,7 +136,7 @@ def test_chunked_prefill_smooths_inter_token_latency():
     model, gpu = resolve_model("opt-125m"), resolve_gpu("a100-40g")
     worst = {}
     for chunked in (False, True):
-        cfg = SimConfig(model, gpu, enable_chunked_prefill=chunked, num_gpu_blocks=2000, num_cpu_blocks=0,
+        cfg = sim_plan(model, gpu, enable_chunked_prefill=chunked, num_gpu_blocks=2000, num_cpu_blocks=0,
                         max_num_batched_tokens=256 if chunked else None, max_num_seqs=32)
         result = simulate(trace, cfg, LinearCostModel(0.005, 0.00005))
         assert result.metrics["num_completed"] == len(requests)

@@ -12,7 +12,8 @@ from engine.core.sequence import SequenceGroup
 from engine.core.step import begin_step, end_step
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import StepShape
-from planner.sim import SimConfig, simulate
+from planner.sim import simulate
+from sim_helpers import sim_plan
 from workloads import Trace, TraceRequest
 
 
@@ -54,7 +55,7 @@ def test_simulator_charges_time_for_a_step_that_only_swaps(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "schedule", schedule)
     trace = Trace([TraceRequest(request_id="a", arrival_time=0.0, prompt_len=3, output_len=2)], name="one")
-    config = SimConfig(resolve_model("opt-125m"), resolve_gpu("a100-40g"), block_size=2, num_gpu_blocks=8,
+    config = sim_plan(resolve_model("opt-125m"), resolve_gpu("a100-40g"), block_size=2, num_gpu_blocks=8,
                        num_cpu_blocks=8, max_model_len=16)
     result = simulate(trace, config, SwapPricedCost())
     first = result.steps[0]

@@ -32,14 +32,18 @@ def test_command_prints_the_numbers_it_printed_before(name, tmp_path, monkeypatc
 
 
 def test_live_validation_simulates_what_it_simulated_before(monkeypatch):
+    from engine.deployment import Deployment
     from planner.catalog import resolve_gpu, resolve_model
     from planner.cost.calibrated import CalibratedCostModel
-    from planner.validation.live import ValidateConfig, validate
+    from planner.validation.run import validate
+    from planner.validation.spec import ValidationSpec
 
     monkeypatch.chdir(Path(__file__).parent.parent)
-    cost = CalibratedCostModel.from_file(LIVE_VALIDATION["profile"], model=resolve_model("opt-125m"),
-                                         gpu=resolve_gpu("cpu"))
-    v = validate(ValidateConfig(**LIVE_VALIDATION, speed_correction=False), cost_model=cost)
+    settings = dict(LIVE_VALIDATION)
+    deployment = Deployment(model=settings.pop("model"), gpu=settings.pop("gpu"),
+                            block_size=settings.pop("block_size"), max_num_seqs=settings.pop("max_num_seqs"))
+    cost = CalibratedCostModel.from_file(settings["profile"], model=resolve_model("opt-125m"), gpu=resolve_gpu("cpu"))
+    v = validate(ValidationSpec(deployment=deployment, **settings, speed_correction=False), cost_model=cost)
     got = {"simulated": {k: row["simulated"] for k, row in v.comparison().items()},
            "num_gpu_blocks": v.live.num_gpu_blocks, "max_model_len": v.live.max_model_len,
            "max_num_batched_tokens": v.live.max_num_batched_tokens}

@@ -13,6 +13,8 @@ import gc
 import weakref
 
 import pytest
+
+from engine.deployment import Deployment
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
@@ -193,7 +195,7 @@ def test_per_layer_profile_holds_one_runner_at_a_time(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "ModelRunner", Counted)
     grid = dict(prefill_tokens=[32], prefill_seqs=[1], decode_batch=[2], decode_context=[32], host_batch=[1],
                 block_counts=[1, 2], warmup=0)
-    profile = run.run_profile(run.ProfileOptions(gpu="cpu", model=str(tmp_path), quick=True, repeats=1,
+    profile = run.run_profile(run.ProfileOptions(Deployment(model=str(tmp_path), gpu="cpu"), quick=True, repeats=1,
                                                  per_layer=True, grid_overrides=grid))
     assert profile.per_layer_scaling and most == [1, 1]
 

@@ -15,7 +15,7 @@ from planner.cost.roofline import RooflineCostModel
 from planner.cost.select import parse_cost_model, select_cost_model
 from planner.catalog import resolve_gpu, resolve_model
 from planner.errors import PlannerError
-from planner.runs.memory import plan_memory
+from planner.deploy.memory import plan_memory
 
 LLAMA_H100 = MeasuredCostModel("llama-3.1-8b", "h100-sxm")
 

@@ -4,7 +4,7 @@ import pytest
 
 from planner.catalog import GIB, resolve_model
 from planner.errors import PlannerError
-from planner.runs.memory import activation_reserve_bytes, kv_heads_per_gpu, plan_memory
+from planner.deploy.memory import activation_reserve_bytes, plan_memory
 
 
 @pytest.mark.parametrize("model, gpu, tp, kv_gib, slots", [
@@ -46,8 +46,8 @@ def test_tensor_parallel_shards_weights_and_kv():
 
 def test_gqa_kv_heads_replicate_beyond_their_count():
     m = resolve_model("llama-2-70b")           # 64 query heads, 8 KV heads
-    assert kv_heads_per_gpu(m, 4) == 2
-    assert kv_heads_per_gpu(m, 16) == 1         # each GPU keeps one (replicated) KV head
+    assert m.kv_heads_per_gpu(4) == 2
+    assert m.kv_heads_per_gpu(16) == 1         # each GPU keeps one (replicated) KV head
     plan = plan_memory(m, "h100", tp=16)
     assert plan.block_bytes_per_gpu == 2 * 80 * 1 * 128 * 2 * 16
 

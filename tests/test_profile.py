@@ -12,6 +12,8 @@ import statistics
 from types import SimpleNamespace
 
 import pytest
+
+from engine.deployment import Deployment
 import torch
 from transformers import OPTConfig
 from typer.testing import CliRunner
@@ -40,7 +42,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_profile(tiny_model, tmp_path_factory):
     calls = []
-    profile = run_profile(ProfileOptions(gpu="cpu", model=str(tiny_model), quick=True, repeats=3,
+    profile = run_profile(ProfileOptions(Deployment(model=str(tiny_model), gpu="cpu"), quick=True, repeats=3,
                                          grid_overrides=TINY_GRID), lambda desc, total: calls.append(total))
     path = save_profile(profile, tmp_path_factory.mktemp("profiles") / "cpu" / f"{profile.model.name}.json")
     return profile, path, calls
@@ -115,7 +117,7 @@ def test_damaged_or_mismatched_profile_is_refused(tiny_profile, tmp_path):
 def test_per_layer_scaling_combines_one_and_two_layer_models(tiny_model):
     grid = dict(TINY_GRID, prefill_tokens=[32], prefill_seqs=[1], decode_batch=[2], decode_context=[32],
                 host_batch=[1, 2], block_counts=[1, 2])
-    profile = run_profile(ProfileOptions(gpu="cpu", model=str(tiny_model), quick=True, repeats=2, per_layer=True,
+    profile = run_profile(ProfileOptions(Deployment(model=str(tiny_model), gpu="cpu"), quick=True, repeats=2, per_layer=True,
                                          grid_overrides=grid))
     assert profile.per_layer_scaling
     scaled = [m for m in profile.measurements if m.layer_medians_s]
@@ -137,7 +139,7 @@ def test_profile_command_refuses_a_missing_gpu_and_bad_options(monkeypatch):
     assert "error: no CUDA device found: cannot profile a100-40g (use --gpu cpu, or --force)" in result.output
     for args, message in ((["--gpu", "tpu9"], "unknown GPU 'tpu9'"),
                           (["--gpu", "cpu", "--tp", "2"], "--tp 2"),
-                          (["--gpu", "cpu", "--block-size", "7"], "--block-size 7"),
+                          (["--gpu", "cpu", "--block-size", "7"], "block_size 7"),
                           (["--gpu", "cpu", "--model", "no-such-model"], "unknown model")):
         result = runner.invoke(app, ["profile", *args])
         assert result.exit_code == 2 and message in result.output, result.output

@@ -5,12 +5,15 @@ import time
 
 import pytest
 
+from engine.deployment import Deployment
+
 from planner.errors import PlannerError
 from planner.profile.schema import load_profile
 from planner.profile.along import ProfileAlong, drift_across, profile_for_live_run, speed_timeline
 from planner.profile.around import ProfileAround
 from planner.profile.run import ProfileOptions, ProfileSession
-from planner.validation.live import TraceClock, ValidateConfig, run_live
+from planner.validation.live import TraceClock, run_live
+from planner.validation.spec import ValidationSpec
 from tests.test_calibrated import make_profile
 from tests.test_profile import TINY_GRID, tiny_model  # noqa: F401  (the fixture)
 from tiny_models import save_tiny_model
@@ -18,7 +21,7 @@ from workloads import make_trace
 
 
 def _along(model, tmp_path, span_s=1.0, repeats=3) -> ProfileAlong:
-    options = ProfileOptions(gpu="cpu", model=str(model), quick=True, repeats=repeats, grid_overrides=TINY_GRID)
+    options = ProfileOptions(Deployment(model=str(model), gpu="cpu"), quick=True, repeats=repeats, grid_overrides=TINY_GRID)
     return ProfileAlong(options, tmp_path / "p.json", span_s, say=lambda *_: None)
 
 
@@ -61,10 +64,11 @@ def test_the_speed_timeline_reads_each_slices_forward_passes_against_their_media
 def test_the_simulation_follows_the_device_speed():
     from planner.catalog import resolve_gpu, resolve_model
     from planner.cost.linear import LinearCostModel
-    from planner.sim import SimConfig, simulate
+    from planner.sim import simulate
+    from sim_helpers import sim_plan
 
     trace = make_trace("sharegpt", num_requests=8, rate=2.0, seed=0).scaled(length_scale=0.1, max_output_len=16)
-    config = SimConfig(resolve_model("opt-125m"), resolve_gpu("a100-40g"))
+    config = sim_plan(resolve_model("opt-125m"), resolve_gpu("a100-40g"))
     cost = LinearCostModel(0.01, 0.0001)
     plain = simulate(trace, config, cost)
     steady = simulate(trace, config, cost, device_speed=lambda t: 1.0)
@@ -95,7 +99,7 @@ def test_drift_compares_the_later_half_of_each_points_repetitions_with_the_earli
 
 def test_a_model_profiled_per_layer_cannot_be_timed_along_a_run(tiny_model):
     with pytest.raises(PlannerError, match="cannot be interleaved"):
-        ProfileSession(ProfileOptions(gpu="cpu", model=str(tiny_model), quick=True, per_layer=True,
+        ProfileSession(ProfileOptions(Deployment(model=str(tiny_model), gpu="cpu"), quick=True, per_layer=True,
                                       grid_overrides=TINY_GRID))
 
 
@@ -115,12 +119,11 @@ def test_paused_time_is_not_trace_time():
 def test_work_between_steps_takes_no_trace_time(tmp_path):
     # 0.05 s of "profiling" after every step: were the clock running, every request's latency and the
     # run's duration would include it.
-    cfg = ValidateConfig(workload="alpaca", requests=4, rate=50, length_scale=0.1,
-                         max_output_len=8)
+    spec = ValidationSpec(workload="alpaca", requests=4, rate=50, length_scale=0.1, max_output_len=8)
     trace = make_trace("alpaca", num_requests=4, rate=50, seed=0).scaled(length_scale=0.1, max_output_len=8)
     calls = []
     folder = str(save_tiny_model("opt", tmp_path))
-    live = run_live(trace, folder, cfg,
+    live = run_live(trace, folder, spec, device="cpu", dtype="auto",
                     between_steps=lambda busy_s, now: calls.append(busy_s) or time.sleep(0.05))
     assert len(calls) == len(live.steps) >= 4 and all(b > 0 for b in calls)
     assert max(r.finish for r in live.requests) < 0.05 * len(calls) / 2

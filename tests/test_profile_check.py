@@ -6,6 +6,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from engine.deployment import Deployment
 import torch
 from typer.testing import CliRunner
 
@@ -27,7 +29,7 @@ SMALL_GRID = dict(prefill_tokens=[16, 64], prefill_seqs=[1], decode_batch=[1, 4]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = save_tiny_model("opt", tmp_path_factory.mktemp("tiny-opt"))
-    profile = run_profile(ProfileOptions(gpu="cpu", model=str(folder), quick=True, repeats=2,
+    profile = run_profile(ProfileOptions(Deployment(model=str(folder), gpu="cpu"), quick=True, repeats=2,
                                          grid_overrides=SMALL_GRID))
     return folder, profile
 
@@ -174,13 +176,14 @@ def test_validate_runs_only_on_the_named_catalog_gpu(monkeypatch, tiny):
 
 
 def test_validate_no_reprofile_refuses_a_stale_profile(tiny, tmp_path):
-    from planner.validation.live import ValidateConfig, trusted_profile
+    from planner.validation.run import trusted_profile
+    from planner.validation.spec import ValidationSpec
     folder, profile = tiny
     path = _saved(profile, tmp_path, **{"fingerprint.cpu_cores": 12345})
-    cfg = ValidateConfig(model=str(folder), profile=str(path))
+    spec = ValidationSpec(Deployment(model=str(folder), gpu="cpu"), profile=str(path))
     with pytest.raises(PlannerError, match="is stale .*drop --no-reprofile"):
-        trusted_profile(cfg, refuse_stale=True, say=lambda *_: None)
-    assert trusted_profile(cfg, refuse_stale=False, say=lambda *_: None).status == "stale"
+        trusted_profile(spec, refuse_stale=True, say=lambda *_: None)
+    assert trusted_profile(spec, refuse_stale=False, say=lambda *_: None)[1].status == "stale"
 
 
 def test_timing_noise_samples_the_profile_residuals_reproducibly(tiny, tmp_path, monkeypatch):
@@ -243,7 +246,7 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
     out = tmp_path / "v"
     result = CliRunner().invoke(app, ["validate", "--model", str(folder), "--profile", str(stale), "--workload",
                                       "alpaca", "--requests", "4", "--rate", "50", "--length-scale", "0.1",
-                                      "--max-output-len", "4", "--out", str(out), "--json"])
+                                      "--max-output-len", "4", "--attribution", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     # re-profiled once, at the run's block size, before, between the steps of and after the live run
     (block_size, span_s), *order = calls

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 from planner.cli.app import app
 from planner.errors import PlannerError
 from planner.sizing import SearchGrid, load_prices, make_executor, parse_price_overrides, run_search
-from planner.sizing.pools import LocalExecutor
+from planner.runs.pools import LocalExecutor
 from planner.sizing.prices import price_table
 from planner.sizing.search import ConfigTask, choose_best, evaluate, pareto_front
 from planner.sizing.capacity import find_capacity
+from sim_helpers import search_grid
 
 SLOS = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
@@ -24,7 +25,7 @@ def small_grid(**changes) -> SearchGrid:
     base = dict(model="opt-125m", workload="alpaca", slos=SLOS, gpus=("a100-80g", "h100-sxm"), tps=(1,),
                 block_sizes=(16,), max_num_seqs=(2, 32), target_rate=4.0, duration=None, requests=60,
                 tolerance=0.1, max_rate=64.0)
-    return SearchGrid(**{**base, **changes})
+    return search_grid(**{**base, **changes})
 
 
 def test_every_catalog_price_has_a_source_and_a_date():

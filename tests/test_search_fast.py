@@ -10,11 +10,12 @@ from engine.core.block_manager import BlockManager
 from engine.core.metrics import percentile
 from planner.sizing import SearchGrid, run_search
 from planner.sizing.capacity import Hint, search_capacity
-from planner.sizing.pools import LocalExecutor
+from planner.runs.pools import LocalExecutor
 from planner.sizing.probe import WATERMARK, Probe, Prober, SharedRuns, Trajectory, violations_to_fail
 from planner.sizing.search import ConfigTask
 from planner.runs.slos import meets
-from planner.runs.sweep import run_document
+from planner.runs.pipeline import Simulation, run_document
+from sim_helpers import search_grid
 
 SLOS = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
@@ -25,7 +26,7 @@ def grid(**changes) -> SearchGrid:
     base = dict(model="opt-13b", workload="sharegpt", slos=SLOS, gpus=("a100-80g",), tps=(1,),
                 block_sizes=(16, 64), max_num_seqs=(8, 32, 128), target_rate=1.0, duration=None, requests=80,
                 tolerance=0.1, max_rate=64.0)
-    return SearchGrid(**{**base, **changes})
+    return search_grid(**{**base, **changes})
 
 
 @settings(max_examples=200, deadline=None)
@@ -61,13 +62,13 @@ def test_trajectory_fits_only_a_cache_with_room_for_every_step():
 
 def test_an_early_stop_gives_the_full_runs_verdict():
     spec = ConfigTask(grid(), "a100-80g", 1, 16, 32).spec()
-    spec.check()
-    early, full = Prober(spec, SLOS), Prober(spec, SLOS, early_stop=False)
+    simulation = Simulation.prepare(spec)
+    early, full = Prober(simulation, SLOS), Prober(simulation, SLOS, early_stop=False)
     stopped = 0
     for rate in (0.5, 2.0, 3.0, 8.0, 30.0):
         fast = early(rate)
         stopped += fast.stopped_early
-        reference = meets(run_document(replace(spec, rate=rate)), SLOS)   # planner capacity's own verdict
+        reference = meets(run_document(spec.with_load(rate=rate)), SLOS)   # planner capacity's own verdict
         assert fast.ok == full(rate).ok == reference, rate
         if fast.ok:
             assert fast.doc["ttft_p99"] == full(rate).doc["ttft_p99"]
@@ -78,9 +79,8 @@ def test_a_block_size_replays_a_run_only_when_the_cache_never_constrained_it():
     g = grid(requests=300)
     probers = {}
     for block in (16, 64, 128):
-        spec = ConfigTask(g, "a100-80g", 1, block, 128).spec()
-        spec.check()
-        probers[block] = Prober(spec, SLOS, early_stop=False)
+        probers[block] = Prober(Simulation.prepare(ConfigTask(g, "a100-80g", 1, block, 128).spec()), SLOS,
+                                early_stop=False)
     shared = SharedRuns(probers)
     replayed = refused = 0
     for rate in (1.0, 4.0, 60.0):

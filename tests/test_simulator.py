@@ -15,7 +15,9 @@ from planner.cost import RooflineCostModel, StepShape
 from planner.cost.select import select_cost_model
 from planner.cost.shape import step_shape
 from planner.errors import PlannerError
-from planner.sim import SimConfig, simulate
+from planner.sim import simulate
+from planner.deploy.plan import DeploymentPlan
+from sim_helpers import sim_plan
 from workloads import Trace, TraceRequest, make_trace
 
 OPT_13B, A100 = resolve_model("opt-13b"), resolve_gpu("a100-40g")
@@ -40,10 +42,10 @@ def tiny_trace(*rows) -> Trace:
     return Trace(reqs, name="tiny")
 
 
-def tiny_config(**kw) -> SimConfig:
+def tiny_config(**kw) -> DeploymentPlan:
     base = dict(model=resolve_model("opt-125m"), gpu=A100, block_size=2, num_gpu_blocks=4, num_cpu_blocks=8,
                 max_model_len=16)
-    return SimConfig(**{**base, **kw})
+    return sim_plan(**{**base, **kw})
 
 
 def times(result, rid):
@@ -70,7 +72,7 @@ def test_tiny_trace_matches_hand_computed_timeline(mode):
         assert [s.swapped_blocks for s in steps] == [0, 0, 0, 2, 2, 0]
         assert [sh.swap_blocks for sh in result.shapes] == [0, 0, 0, 2, 2, 0]
     assert result.metrics["normalized_latency"] == pytest.approx((4 / 3 + 6 / 4 + 1.5) / 3)
-    assert result.metrics["kv_blocks_used_at_end"] == 0
+    assert result.summary()["kv_blocks_used_at_end"] == 0
 
 
 def test_swap_time_is_charged():
@@ -91,7 +93,7 @@ def test_idle_engine_wakes_at_arrival_and_same_instant_arrivals_join_the_step():
     assert times(result, "A") == (1, [1, 3, 4], 4)
     assert times(result, "D") == (2, [2], 2)
     assert times(result, "E") == (11, [11, 12], 12)
-    assert result.metrics["simulated_time"] == 12
+    assert result.summary()["simulated_time"] == 12
 
 
 def test_rejections_are_accounted_for():
@@ -117,13 +119,13 @@ def test_a_request_wider_than_max_num_seqs_is_rejected_not_a_hang():
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_conservation_under_memory_pressure(allocator, mode):
     trace = make_trace("sharegpt", num_requests=120, rate=20.0, seed=3)
-    config = SimConfig(OPT_13B, A100, allocator=allocator, preemption_mode=mode, num_gpu_blocks=300,
+    config = sim_plan(OPT_13B, A100, allocator=allocator, preemption_mode=mode, num_gpu_blocks=300,
                        num_cpu_blocks=200)
     result = simulate(trace, config, RooflineCostModel(OPT_13B, A100))
     m = result.metrics
     assert m["num_completed"] + m["num_rejected"] == m["num_submitted"] == len(trace)
     assert all(r.finish is not None for r in result.requests)
-    assert m["kv_blocks_used_at_end"] == 0
+    assert result.kv_blocks_used_at_end == 0
     assert len(result.steps) == len(result.shapes) == m["num_steps"]
     if allocator == "paged":
         assert m["preemptions"]["total"] > 0     # the small cache really was under pressure
@@ -140,7 +142,7 @@ def test_orca_max_never_beats_paged_on_batch_size(seed):
     trace = make_trace("sharegpt", num_requests=150, rate=8.0, seed=seed)
     batch = {}
     for allocator in ("paged", "orca-max"):
-        result = simulate(trace, SimConfig(OPT_13B, A100, allocator=allocator), RooflineCostModel(OPT_13B, A100))
+        result = simulate(trace, sim_plan(OPT_13B, A100, allocator=allocator), RooflineCostModel(OPT_13B, A100))
         batch[allocator] = result.metrics["mean_batch_size"]
     assert batch["paged"] >= batch["orca-max"]
     assert batch["paged"] > 1.5 * batch["orca-max"]   # the paper's point: several times larger batches
@@ -148,12 +150,12 @@ def test_orca_max_never_beats_paged_on_batch_size(seed):
 
 def test_same_seed_same_result_and_another_seed_differs():
     trace = make_trace("parallel", num_requests=60, rate=10.0, seed=0)
-    config = SimConfig(OPT_13B, A100, num_gpu_blocks=200, seed=5)
+    config = sim_plan(OPT_13B, A100, num_gpu_blocks=200)
     cost = RooflineCostModel(OPT_13B, A100)
-    a, b = simulate(trace, config, cost), simulate(trace, config, cost)
+    a, b = simulate(trace, config, cost, seed=5), simulate(trace, config, cost, seed=5)
     assert a.metrics == b.metrics
     assert a.steps == b.steps and a.shapes == b.shapes
-    other = simulate(make_trace("parallel", num_requests=60, rate=10.0, seed=1), config, cost)
+    other = simulate(make_trace("parallel", num_requests=60, rate=10.0, seed=1), config, cost, seed=5)
     assert other.metrics != a.metrics
 
 
@@ -161,10 +163,10 @@ def test_same_seed_same_result_and_another_seed_differs():
 def test_parallel_sampling_and_beams_share_blocks(workload):
     trace = make_trace(workload, num_requests=40, rate=4.0, seed=0)
     cost = RooflineCostModel(OPT_13B, A100)
-    paged = simulate(trace, SimConfig(OPT_13B, A100), cost)
-    oracle = simulate(trace, SimConfig(OPT_13B, A100, allocator="orca-oracle"), cost)
-    assert paged.metrics["sharing_saved"] > 0.05
-    assert oracle.metrics["sharing_saved"] == pytest.approx(0.0, abs=1e-12)   # contiguous chunks cannot share
+    paged = simulate(trace, sim_plan(OPT_13B, A100), cost)
+    oracle = simulate(trace, sim_plan(OPT_13B, A100, allocator="orca-oracle"), cost)
+    assert paged.summary()["sharing_saved"] > 0.05
+    assert oracle.summary()["sharing_saved"] == pytest.approx(0.0, abs=1e-12)   # contiguous chunks cannot share
     assert sum(s.copy_blocks for s in paged.shapes) > 0                      # copy-on-write happened
     assert paged.metrics["num_completed"] == len(trace)
     # Every request returned n sequences of its full output length.
@@ -175,10 +177,10 @@ def test_parallel_sampling_and_beams_share_blocks(workload):
 def test_shared_prefix_hits_the_prefix_cache():
     trace = make_trace("prefix", num_requests=40, rate=4.0, seed=0)
     cost = RooflineCostModel(OPT_13B, A100)
-    cached = simulate(trace, SimConfig(OPT_13B, A100, enable_prefix_caching=True), cost)
-    plain = simulate(trace, SimConfig(OPT_13B, A100), cost)
-    assert cached.metrics["prefix_cache_hit_rate"] > 0.3
-    assert plain.metrics["prefix_cache_hit_rate"] == 0
+    cached = simulate(trace, sim_plan(OPT_13B, A100, enable_prefix_caching=True), cost)
+    plain = simulate(trace, sim_plan(OPT_13B, A100), cost)
+    assert cached.summary()["prefix_cache_hit_rate"] > 0.3
+    assert plain.summary()["prefix_cache_hit_rate"] == 0
     assert sum(s.prefill_tokens for s in cached.shapes) < sum(s.prefill_tokens for s in plain.shapes)
 
 
@@ -187,8 +189,8 @@ def test_chatbot_turns_hit_the_cache_through_the_trace_answers():
     # answer for the hit to be real. One conversation at a time, so turns follow
     # one another and the cache keeps the history.
     trace = make_trace("chatbot", num_requests=30, rate=0.05, seed=0)
-    result = simulate(trace, SimConfig(OPT_13B, A100, enable_prefix_caching=True), RooflineCostModel(OPT_13B, A100))
-    assert result.metrics["prefix_cache_hit_rate"] > 0.2
+    result = simulate(trace, sim_plan(OPT_13B, A100, enable_prefix_caching=True), RooflineCostModel(OPT_13B, A100))
+    assert result.summary()["prefix_cache_hit_rate"] > 0.2
 
 
 def test_step_shape_is_read_before_update():
@@ -210,12 +212,12 @@ def test_step_shape_is_read_before_update():
 
 
 def test_config_rejects_bad_input():
-    with pytest.raises(PlannerError, match="block size 12"):
-        SimConfig(OPT_13B, A100, block_size=12)
-    with pytest.raises(PlannerError, match="allocator"):
-        SimConfig(OPT_13B, A100, allocator="buddy")
+    with pytest.raises(ValueError, match="block_size 12"):
+        sim_plan(OPT_13B, A100, block_size=12)
+    with pytest.raises(ValueError, match="allocator"):
+        sim_plan(OPT_13B, A100, allocator="buddy")
     with pytest.raises(PlannerError, match="does not fit"):
-        SimConfig(resolve_model("opt-66b"), A100).cache_size()
+        sim_plan(resolve_model("opt-66b"), A100)
 
 
 # -- cost-model selection ------------------------------------------------------------

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from planner.cli.app import app
 from planner.runs.slos import meets, parse_slos
-from planner.runs.spec import RunSpec
+from engine.deployment import Deployment
+from planner.api import run_spec
 from planner.sizing.capacity import find_capacity
 from planner.errors import PlannerError
 
@@ -77,7 +78,7 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--model", "opt-66b"], "--tp 4 fits"),
     (["--tp", "3"], "valid: 1, 2, 4, 5, 8, 10, 20, 40"),
     (["--max-num-seqs", "4096"], "max_num_seqs"),
-    (["--block-size", "12"], "block size 12"),
+    (["--block-size", "12"], "block_size 12"),
     (["--rate", "-1"], "rate"),
     (["--model", "opt-66b"], "does not fit"),
     (["--allocator", "buddy"], "allocator"),
@@ -87,8 +88,8 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--cost-model", "magic"], "choose one of auto, calibrated, measured, roofline"),
     (["--cost-model", "measured", "--gpu", "l4", "--model", "opt-1.3b"],
      "no measured vLLM data for GPU l4; covered: a100-40g"),
-    (["--max-num-batched-tokens", "1024"], "use --chunked-prefill or --max-model-len 1024"),
-    (["--max-model-len", "4096"], "exceeds opt-13b's max_position_embeddings 2048"),
+    (["--max-num-batched-tokens", "1024"], "use --policy vllm-v1 or --max-model-len 1024"),
+    (["--max-model-len", "4096"], "greater than opt-13b's 2048 positions"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = invoke("simulate", "--requests", 5, "--out", tmp_path, *args)
@@ -134,17 +135,17 @@ def test_slo_parsing():
 
 
 def test_capacity_brackets_the_slo():
-    spec = RunSpec(workload="sharegpt", requests=150, seed=0)
+    spec = run_spec(workload="sharegpt", requests=150)
     slos = {"normalized_latency": 0.1}
     found = find_capacity(spec, slos, start=1.0, rel_tol=0.05)
     assert found.bounded and found.rate is not None
-    ok = [r for r, met, _ in found.probes if met]
-    missed = [r for r, met, _ in found.probes if not met]
+    ok = [p.rate for p in found.probes if p.ok]
+    missed = [p.rate for p in found.probes if not p.ok]
     assert max(ok) == found.rate and found.doc["normalized_latency"] <= 0.1
     # The bracket closed within the tolerance just above the capacity.
     assert min(r for r in missed if r > found.rate) <= found.rate * 1.06
     # Orca-max reaches the same SLO only at a lower rate (the paper's Fig. 12 story).
-    orca = find_capacity(RunSpec(workload="sharegpt", requests=150, seed=0, allocator="orca-max"), slos,
+    orca = find_capacity(run_spec(Deployment(allocator="orca-max"), workload="sharegpt", requests=150), slos,
                          start=1.0, rel_tol=0.05)
     assert orca.rate is None or orca.rate < found.rate
 

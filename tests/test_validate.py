@@ -6,8 +6,12 @@ import math
 
 import pytest
 
-from planner.validation.live import ValidateConfig, validate
-from planner.report.validation import write_report
+from engine.deployment import Deployment
+
+from planner.catalog import ModelSpec
+from planner.validation.run import load_cost_model, validate
+from planner.validation.spec import ValidationSpec
+from planner.validation.report import write_report
 from tiny_models import save_tiny_model
 
 
@@ -27,10 +31,11 @@ def llama_dir(tmp_path_factory):
 def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir, tmp_path, mode):
     # All requests at t=0: scheduling no longer depends on step times, so the
     # simulator must reproduce the engine's decisions exactly.
-    cfg = ValidateConfig(model=llama_dir, workload="alpaca", rate=math.inf, requests=10, length_scale=1.0,
-                         max_prompt_len=40, max_output_len=30, block_size=8, num_gpu_blocks=12,
-                         preemption_mode=mode, max_num_seqs=8)
-    v = validate(cfg, cost_model=ConstantCost())
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, num_gpu_blocks=12, preemption_mode=mode,
+                            max_num_seqs=8)
+    spec = ValidationSpec(deployment, workload="alpaca", rate=math.inf, requests=10, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=30, attribution=True)
+    v = validate(spec, cost_model=ConstantCost())
     live, sim = v.live.metrics, v.simulated
     assert live["num_completed"] == sim["num_completed"] == 10
     assert live["preemptions"][mode] > 0
@@ -39,12 +44,12 @@ def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir
     assert [s.kv_blocks_used for s in v.live.steps] == [s.kv_blocks_used for s in v.sim_steps]
     assert len(v.step_errors) == len(v.live.steps)
 
-    report = write_report(v, tmp_path / "report")
-    doc = json.loads((tmp_path / "report" / "comparison.json").read_text())
+    paths, doc = write_report(v, tmp_path / "report")
+    assert json.loads((tmp_path / "report" / "comparison.json").read_text()) == doc
     assert doc["comparison"]["preemptions"]["relative_error"] == 0
     assert doc["comparison"]["mean_batch_size"]["relative_error"] == 0
     _assert_attribution_adds_up(v, doc)
-    text = report.read_text()
+    text = paths["markdown"].read_text()
     assert "## Where the error comes from" in text
     assert "| request_throughput |" in text and "timeline.png" in text
     assert (tmp_path / "report" / "latency_cdf.png").stat().st_size > 0
@@ -52,9 +57,9 @@ def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir
 
 def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
     from planner.errors import PlannerError
-    cfg = ValidateConfig(model=llama_dir, requests=2, profile=str(tmp_path / "none.json"))
+    spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu"), requests=2, profile=str(tmp_path / "none.json"))
     with pytest.raises(PlannerError, match="no profile at"):
-        validate(cfg)
+        validate(spec)
 
 
 def test_cli_calibrates_then_validates_and_prints_one_json_document(llama_dir, tmp_path):
@@ -105,17 +110,18 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     # keeps the errors without the correction.
     from planner.profile.schema import save_profile
     from planner.profile.run import ProfileOptions, run_profile
-    from planner.report.validation import as_json
+    from planner.validation.report import as_json
 
     grid = dict(prefill_tokens=[8, 32, 64], prefill_seqs=[1], decode_batch=[1, 4, 8], decode_context=[16, 64],
                 host_batch=[1, 8], block_counts=[1, 4], warmup=1)
-    profile = run_profile(ProfileOptions(gpu="cpu", model=llama_dir, quick=True, repeats=2, grid_overrides=grid))
+    profile = run_profile(ProfileOptions(Deployment(model=llama_dir, gpu="cpu"), quick=True, repeats=2, grid_overrides=grid))
     for m in profile.measurements:
         m.median_s *= 10
     path = save_profile(profile, tmp_path / "slow.json")
-    cfg = dict(model=llama_dir, workload="alpaca", rate=math.inf, requests=6, length_scale=0.5, max_prompt_len=40,
-               max_output_len=16, profile=str(path))
-    v = validate(ValidateConfig(**cfg, speed_correction=True))
+    cfg = dict(deployment=Deployment(model=llama_dir, gpu="cpu"), workload="alpaca", rate=math.inf, requests=6,
+               length_scale=0.5, max_prompt_len=40, max_output_len=16, profile=str(path), attribution=True)
+    cost = load_cost_model(ValidationSpec(**cfg), ModelSpec.from_model_dir(llama_dir))
+    v = validate(ValidationSpec(**cfg, speed_correction=True), cost_model=cost)
     level = v.speed_level
     assert level.applied and level.before is not None and level.after is not None
     assert level.factor < 0.5                    # loose: a shared CPU's load moves the canaries
@@ -125,25 +131,25 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     assert doc["factor"] == level.factor and set(doc["errors_without_correction"]) == {
         "request_throughput", "e2e_mean", "step_time_median"}
     for correction in (None, False):    # the default leaves a canary level out: a few seconds can mislead
-        off = validate(ValidateConfig(**cfg, speed_correction=correction))
+        off = validate(ValidationSpec(**cfg, speed_correction=correction), cost_model=cost)
         assert not off.speed_level.applied and off.uncorrected is None and "speed level" not in off.cost_model
 
 
 def test_a_profile_timed_along_the_run_reports_the_device_speed_and_follows_it_by_default(llama_dir, tmp_path):
     from planner.profile.along import ProfileAlong
     from planner.profile.run import ProfileOptions
-    from planner.report.validation import as_json
+    from planner.validation.report import as_json
 
     grid = dict(prefill_tokens=[8, 32, 64], prefill_seqs=[1], decode_batch=[1, 4, 8], decode_context=[16, 64],
                 host_batch=[1, 8], block_counts=[1, 4], warmup=1)
-    cfg = dict(model=llama_dir, workload="sharegpt", rate=math.inf, requests=8, length_scale=0.5, max_prompt_len=40,
-               max_output_len=64)
+    cfg = dict(deployment=Deployment(model=llama_dir, gpu="cpu"), workload="sharegpt", rate=math.inf, requests=8,
+               length_scale=0.5, max_prompt_len=40, max_output_len=64, attribution=True)
     runs = {}
     for correction, applied in ((None, True), (False, False)):     # the default, and --no-speed-correction
-        fresh = ProfileAlong(ProfileOptions(gpu="cpu", model=llama_dir, quick=True, repeats=2, grid_overrides=grid),
+        fresh = ProfileAlong(ProfileOptions(Deployment(model=llama_dir, gpu="cpu"), quick=True, repeats=2, grid_overrides=grid),
                              tmp_path / f"{applied}.json", span_s=1e-3, say=lambda *_: None)
         fresh.slice_every_s, fresh.min_slice_points = 0.003, 1     # slices enough in this short run
-        runs[applied] = v = validate(ValidateConfig(**cfg, speed_correction=correction), fresh=fresh)
+        runs[applied] = v = validate(ValidationSpec(**cfg, speed_correction=correction), fresh=fresh)
         assert v.speed_timeline is fresh.timeline and v.speed_timeline.applied is applied
         assert len(v.speed_timeline.times) >= 2 and v.speed_level is None      # no canary when profiled along
         assert "between the run's steps" in v.speed_timeline.headline()

@@ -31,10 +31,10 @@ def test_endpoint_settings_come_from_the_server_and_both_sides_complete(folder, 
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["num_completed"] == {"measured": 6, "simulated": 6}
-    assert doc["deployment"]["block_size"] == "8 (/metrics)"
-    assert doc["deployment"]["num_gpu_blocks"] == "96 (/metrics)"
-    assert doc["deployment"]["max_num_seqs"] == "12 (/metrics)"
-    assert doc["deployment"]["max_model_len"] == "128 (/metrics)"
+    assert doc["deployment_sources"]["block_size"] == "8 (/metrics)"
+    assert doc["deployment_sources"]["num_gpu_blocks"] == "96 (/metrics)"
+    assert doc["deployment_sources"]["max_num_seqs"] == "12 (/metrics)"
+    assert doc["deployment_sources"]["max_model_len"] == "128 (/metrics)"
     assert doc["comparison"]["ttft_mean"]["measured"] > 0 and doc["comparison"]["e2e_mean"]["simulated"] > 0
     assert (tmp_path / "run" / "report.md").exists()
 
@@ -58,7 +58,7 @@ def test_measured_jsonl_gives_the_measured_metrics(folder, tmp_path):
     doc = json.loads(result.stdout)
     assert doc["comparison"]["ttft_mean"]["measured"] == pytest.approx(0.3)
     assert doc["num_completed"] == {"measured": 2, "simulated": 2}
-    assert doc["deployment"]["num_gpu_blocks"] == "64 (flag)"
+    assert doc["deployment_sources"]["num_gpu_blocks"] == "64 (flag)"
 
 
 def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):

@@ -7,15 +7,17 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.core.metrics import RequestRecord
-from planner.runs import checks as guardrails
+from planner.deploy import checks as guardrails
 from planner.cost.block_size import decode_attention_factor, factor_source
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cli.app import _boolean_flag_error, app
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.runs.spec import RunSpec
-from planner.runs.sweep import run_document
+from engine.deployment import Deployment
+from planner.api import run_spec
+from planner.deploy.plan import plan_deployment
+from planner.runs.pipeline import run_document
 from planner.analysis.verdict import Window, queue_trend, steady_window
 
 runner = CliRunner()
@@ -59,7 +61,7 @@ def test_steady_window_excludes_warmup_and_drain():
 
 
 def test_overloaded_run_is_called_overloaded_and_memory_bound():
-    doc = run_document(RunSpec(workload="sharegpt", rate=12.0, requests=300, seed=0))
+    doc = run_document(run_spec(workload="sharegpt", rate=12.0, requests=300))
     v = doc["verdict"]
     assert v["overloaded"] and v["bound"] == "memory"
     assert v["requested_rate"] == 12.0 and v["served_rate"] < 0.7 * v["offered_rate"]
@@ -73,7 +75,7 @@ def test_overloaded_run_is_called_overloaded_and_memory_bound():
 
 
 def test_light_load_keeps_up_and_is_arrival_bound():
-    doc = run_document(RunSpec(workload="sharegpt", rate=0.5, requests=80, seed=0))
+    doc = run_document(run_spec(workload="sharegpt", rate=0.5, requests=80))
     v = doc["verdict"]
     assert not v["overloaded"] and v["bound"] == "arrival rate"
     assert v["served_rate_steady"] == pytest.approx(v["offered_rate"], rel=0.35)
@@ -82,7 +84,7 @@ def test_light_load_keeps_up_and_is_arrival_bound():
 
 
 def test_chatbot_offered_rate_differs_from_requested():
-    doc = run_document(RunSpec(workload="chatbot", rate=1.0, requests=120, seed=0))
+    doc = run_document(run_spec(workload="chatbot", rate=1.0, requests=120))
     v = doc["verdict"]
     assert v["requested_rate"] == 1.0 and v["offered_rate"] != pytest.approx(1.0, rel=0.05)
     assert f"offers {v['offered_rate']:.3g} req/s" in v["lines"][0]
@@ -103,10 +105,9 @@ def test_rejected_requests_are_summarized_with_reasons(tmp_path):
 
 
 def test_guardrails_refuse_what_vllm_refuses():
-    spec = RunSpec(gpu_memory_utilization=0.64)
     with pytest.raises(PlannerError, match=r"holds 880 tokens .* max_model_len is 2048: vLLM refuses to start"):
-        spec.check()
-    assert any("vLLM's CUDA kernels take" in w for w in RunSpec(block_size=64).check())
+        plan_deployment(Deployment(gpu_memory_utilization=0.64))
+    assert any("vLLM's CUDA kernels take" in w for w in plan_deployment(Deployment(block_size=64)).warnings)
     assert guardrails.valid_tp_sizes(resolve_model("llama-2-70b"), 8) == [1, 2, 4, 8]
     assert "did you mean h100-sxm" in str(pytest.raises(PlannerError, guardrails.gpu, "h100-smx").value)
     assert "did you mean chatbot" in str(pytest.raises(PlannerError, guardrails.workload, "chatbto").value)
@@ -168,8 +169,8 @@ def test_param_flag_reaches_the_workload(tmp_path):
 def test_simulate_and_capacity_share_the_default_workload():
     from planner.cli.simulate import capacity, simulate
 
-    defaults = [f.__defaults__ for f in (simulate, capacity)]
-    assert all(any(getattr(d, "default", None) == "sharegpt" for d in ds) for ds in defaults)
+    import inspect
+    assert {inspect.signature(f).parameters["workload"].default.default for f in (simulate, capacity)} == {"sharegpt"}
 
 
 def test_memory_plan_labels_per_gpu_and_totals_under_tp(tmp_path):
@@ -182,7 +183,7 @@ def test_memory_plan_labels_per_gpu_and_totals_under_tp(tmp_path):
 
 
 def test_batch_capped_at_max_num_seqs_is_compute_bound_and_says_so():
-    doc = run_document(RunSpec(workload="alpaca", rate=30.0, requests=300, max_num_seqs=8, seed=0))
+    doc = run_document(run_spec(Deployment(max_num_seqs=8), workload="alpaca", rate=30.0, requests=300))
     v = doc["verdict"]
     assert v["overloaded"] and v["bound"] == "compute" and "max_num_seqs=8" in v["bound_reason"]
     assert "--max-num-seqs 16" in v["next_commands"][0]["command"]

@@ -151,10 +151,7 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-_percentile = percentile   # the name earlier callers import
-
-
-def _summary(name: str, values: list[float]) -> dict[str, float | None]:
+def latency_summary(name: str, values: list[float]) -> dict[str, float | None]:
     """``{name_mean, name_median, name_p99}`` of values (None when empty), for callers that
     add a metric of their own under the same naming."""
     mean, median, p99 = _stats(values)

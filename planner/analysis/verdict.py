@@ -367,15 +367,18 @@ def _identical(runs: list[dict]) -> bool:
 
 
 def run_label(run: dict, swept: list[str]) -> str:
-    p = run.get("params", {})
+    """'rate 2.0, block 16, orca-max': the settings that tell a sweep's runs apart."""
+    p, deployment = run.get("params", {}), run.get("deployment", {})
     parts = []
     for key in swept or ["allocator", "block_size", "rate"]:
         if key == "rate":
             parts.append(f"rate {p.get('trace_params', {}).get('rate')}")
         elif key == "block_size":
             parts.append(f"block {p.get('block_size')}")
+        elif key == "allocator":
+            parts.append(str(p.get("allocator")))
         else:
-            parts.append(str(p.get(key)))
+            parts.append(f"{key.replace('_', ' ')} {deployment.get(key)}")
     return ", ".join(parts)
 
 
@@ -393,26 +396,3 @@ def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], 
     if ratios[worst] <= 1 and (doc.get("verdict") or {}).get("overloaded"):
         return "queue_growth"
     return worst
-
-
-def validation_verdict(validation, targets: dict[str, float]) -> dict:
-    """Is the simulator within its targets against the live engine, and how loaded was the live run."""
-    rows = validation.comparison()
-    within, missed = [], []
-    for name, target in targets.items():
-        err = rows.get(name, {}).get("relative_error")
-        if err is not None:
-            (within if abs(err) <= target else missed).append(f"{name} {err:+.1%} (target ±{target:.0%})")
-    live = dict(validation.live.metrics)
-    live["params"] = {"trace_params": {"rate": validation.config.rate},
-                      "max_num_seqs": validation.config.max_num_seqs, "tp": 1}
-    load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
-    lines = [("Simulator within its targets: " + ", ".join(within)) if not missed else
-             ("Simulator off target: " + ", ".join(missed) + (f"; within: {', '.join(within)}" if within else ""))]
-    lines += [f"Live run: {line}" for line in load["lines"][:4]]
-    cfg = validation.config
-    lines.append("Next: " + (f"planner validate --gpu {cfg.gpu} --model {cfg.model} --workload {cfg.workload} "
-                             f"--reprofile  (recalibrate on this machine around the live run)" if missed else
-                             f"planner simulate --gpu a100-40g --workload {cfg.workload}  (the cost model held up "
-                             f"here; plan on the hardware you would buy)"))
-    return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}

@@ -145,6 +145,18 @@ class ModelSpec:
         sharded = self.num_params - self.replicated_params
         return (-(-sharded // tp) + self.replicated_params) * dtype_bytes
 
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""
+        if tp < 1:
+            raise PlannerError(f"tensor parallel size must be >= 1, got {tp}")
+        if self.num_heads % tp:
+            raise PlannerError(f"tensor parallel size {tp} does not divide {self.name}'s {self.num_heads} "
+                               f"attention heads")
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            raise PlannerError(f"tensor parallel size {tp} and {self.name}'s {self.num_kv_heads} KV heads "
+                               f"do not divide")
+        return max(1, self.num_kv_heads // tp)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16)."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes

@@ -1,10 +1,166 @@
-"""What every `planner` command does with bad input: one line on stderr, exit code 2."""
+"""What the commands print: one-line errors, tables, the verdict block, output folders.
+
+Every command turns bad input into one line on stderr (`error: ...`) and exit
+code 2, never a traceback; tables go to stdout, progress to stderr.
+"""
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.errors import PlannerError
+
+REPORTS_DIR = Path("reports")
 
 
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` (first line only) on stderr; the caller raises the returned Exit."""
     typer.echo(f"error: {message.splitlines()[0] if message else 'invalid input'}", err=True)
     return typer.Exit(2)
+
+
+def stdout() -> Console:
+    # Piped output has no terminal width to fit; do not squeeze the tables into 80 columns.
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def split_values(text: str, kind, name: str) -> list:
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            values.append(kind(part))
+        except ValueError:
+            raise PlannerError(f"--{name}: {part!r} is not a valid {kind.__name__}") from None
+    if not values:
+        raise PlannerError(f"--{name}: no value given")
+    return values
+
+
+def default_out(command: str, source: str) -> Path:
+    return REPORTS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
+
+
+def plan_table(plan: dict | None, metrics: dict) -> Table:
+    """The memory plan: where each GPU's memory goes, and the totals over all tensor-parallel GPUs."""
+    tp = plan["tp"] if plan else 1
+    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']})" if plan else ""))
+    table.add_column("item")
+    table.add_column("per GPU", justify="right")
+    if tp > 1:
+        table.add_column(f"all {tp} GPUs", justify="right")
+    if plan is None:
+        table.add_row("KV blocks (given)", f"{metrics['num_gpu_blocks']:,}")
+        return table
+
+    def row(name: str, per_gpu: str, total: str = "") -> None:
+        table.add_row(name, per_gpu, *([total] if tp > 1 else []))
+
+    gib = "{:.2f} GiB".format
+    row("usable", f"{gib(plan['usable_gib_per_gpu'])} ({plan['gpu_memory_utilization']:.0%})",
+        gib(plan["usable_gib_per_gpu"] * tp))
+    row("weights", gib(plan["weights_gib_per_gpu"]), gib(plan["weights_gib_per_gpu"] * tp))
+    row("activations", gib(plan["activations_gib_per_gpu"]), gib(plan["activations_gib_per_gpu"] * tp))
+    if "non_torch_gib_per_gpu" in plan:
+        row("non-torch (CUDA, cuBLAS, NCCL)", gib(plan["non_torch_gib_per_gpu"]),
+            gib(plan["non_torch_gib_per_gpu"] * tp))
+    row("KV cache", gib(plan["kv_gib_per_gpu"]), gib(plan["kv_gib_total"]))
+    given = plan.get("num_gpu_blocks_given")
+    if given is not None:
+        row("KV blocks x block size", f"{given:,} x {plan['block_size']} (given; memory holds "
+            f"{plan['num_gpu_blocks']:,})", "same blocks")
+    else:
+        row("KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}", "same blocks")
+    row("KV token slots", f"{plan['kv_token_slots']:,}" + (f" (1/{tp} of heads)" if tp > 1 else ""),
+        f"{plan['kv_token_slots']:,}")
+    row("CPU swap blocks", f"{plan['num_cpu_blocks']:,}", f"{plan['num_cpu_blocks']:,}")
+    return table
+
+
+def unit(metric: str) -> str:
+    return " s/token" if metric == "normalized_latency" else " s"
+
+
+def fmt(value, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}{unit}"
+    return f"{value}{unit}"
+
+
+def summary_table(doc: dict, wall_time: float) -> Table:
+    m, p = doc, doc["params"]
+    st = doc.get("steady_state") or {}
+    v = doc.get("verdict") or {}
+    table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
+                        f"{p['tp']} x {p['gpu']} ({p['allocator']}, block {p['block_size']}, {m['cost_model']})")
+    table.add_column("metric")
+    table.add_column("whole run", justify="right")
+    table.add_column("steady state", justify="right")
+
+    def both(key: str, unit: str = "", digits: int = 3) -> tuple[str, str]:
+        return fmt(m.get(key), unit, digits), fmt(st.get(key), unit, digits)
+
+    rows = [
+        ("requested rate", fmt(v.get("requested_rate"), " req/s"), ""),
+        ("offered rate (trace arrivals)", fmt(v.get("offered_rate"), " req/s"), ""),
+        ("completed / rejected / truncated", f"{m['num_completed']} / {m['num_rejected']} / {m['num_truncated']}",
+         ""),
+        ("request throughput (served)", *both("request_throughput", " req/s")),
+        ("output token throughput", *both("output_token_throughput", " tok/s", 1)),
+        ("normalized latency", *both("normalized_latency", " s/token", 4)),
+        ("TTFT mean", *both("ttft_mean", " s")), ("TTFT p99", *both("ttft_p99", " s")),
+        ("TPOT mean", *both("tpot_mean", " s", 4)), ("TPOT p99", *both("tpot_p99", " s", 4)),
+        ("ITL mean", *both("itl_mean", " s", 4)), ("ITL p99", *both("itl_p99", " s", 4)),
+        ("E2E mean", *both("e2e_mean", " s")),
+        ("mean batch size (decode steps)", *both("mean_batch_size", "", 2)),
+        ("mean batch size (prefill steps)", *both("mean_prefill_batch_size", "", 2)),
+        ("KV utilization", *both("kv_utilization", "", 3)),
+        ("KV cache full (share of time)", "", fmt(st.get("kv_full_share"), "", 3)),
+        ("preemptions (recompute / swap)", f"{m['preemptions']['recompute']} / {m['preemptions']['swap']}",
+         fmt(st.get("preemptions"))),
+        ("memory saved by sharing", f"{m['sharing_saved']:.1%}", ""),
+        ("prefix-cache hit rate", f"{m['prefix_cache_hit_rate']:.1%}", ""),
+        ("steps", fmt(m.get("num_steps")), ""),
+        ("simulated time", fmt(m["simulated_time"], " s", 1),
+         f"{st['window']['start']:.0f}-{st['window']['end']:.0f} s" if st.get("window") else "-"),
+        ("wall time", f"{wall_time:.2f} s", ""),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def print_verdict(console: Console, verdict: dict, warnings: list[str] = (), notes: list[str] = ()) -> None:
+    """The verdict block in plain words, then the rejected reasons, warnings and blind spots."""
+    console.print("[bold]verdict[/bold]")
+    for line in verdict.get("lines", []):
+        console.print(f"  {line}", highlight=False, markup=False)
+    for entry in verdict.get("rejected") or []:
+        console.print(f"  {entry['count']} requests: {entry['reason']}", highlight=False, markup=False)
+    for w in warnings:
+        console.print(f"  warning: {w}", highlight=False, markup=False)
+    if notes:
+        console.print("  the cost model does not capture: " + "; ".join(notes), highlight=False, markup=False)
+
+
+def interval_table(found: dict, seeds: int, first_seed: int) -> Table:
+    table = Table(title=f"over {seeds} seeds ({first_seed}..{first_seed + seeds - 1}): mean and 90% interval")
+    for col in ("metric", "mean", "low (5%)", "high (95%)"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, iv in found.items():
+        table.add_row(name, *[fmt(iv[k], "", 4) for k in ("mean", "low", "high")])
+    return table
+
+
+def warn(err: Console, warnings: list[str]) -> None:
+    for w in warnings:
+        err.print(f"warning: {w}", highlight=False, markup=False)

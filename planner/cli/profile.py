@@ -9,12 +9,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from planner.cli.output import fail
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from planner.cli.options import DeploymentChoices, deployment_options
+from planner.cli.output import fail
+from planner.cost.calibrated import profile_path
 from planner.errors import PlannerError
+from planner.profile.options import ProfileOptions
+from planner.profile.schema import save_profile
 
 
 def _fit_table(profile) -> Table:
@@ -34,12 +38,13 @@ def _fit_table(profile) -> Table:
     return table
 
 
+# What a profile measures depends on these settings only; the others would change nothing in it.
+PROFILED = ("model", "gpu", "tp", "block_size")
+
+
+@deployment_options
 def profile(
-    gpu: str = typer.Option(..., "--gpu", help="catalog GPU to profile (a CUDA device of that kind must be "
-                                                "present), or 'cpu' for this machine's CPU"),
-    model: str = typer.Option("opt-125m", "--model", help="catalog model name, or a folder with a config.json"),
-    tp: int = typer.Option(1, "--tp", help="tensor parallel size (the engine runs on one device: 1)"),
-    block_size: int = typer.Option(16, "--block-size", help="KV-cache block size in tokens"),
+    deployments: DeploymentChoices,
     quick: bool = typer.Option(False, "--quick", help="small grid, 5 repetitions: minutes instead of tens of minutes"),
     force: bool = typer.Option(False, "--force", help="profile even if the device is not the GPU named"),
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--full-model",
@@ -50,16 +55,19 @@ def profile(
                                                            "under $PLANNER_PROFILE_DIR if set)"),
     as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),
 ) -> None:
-    """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost model."""
-    from planner.cost.calibrated import profile_path
-    from planner.profile.schema import save_profile
-
+    """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost
+    model. --gpu (required): a catalog GPU present here, or cpu; --model: the model (default opt-125m)."""
     try:
-        # Imported here: torch and the engine load only when a profile really runs.
-        from planner.profile.run import ProfileOptions, run_profile
+        other = sorted(set(deployments.given) - set(PROFILED))
+        if other:
+            raise PlannerError(f"--{other[0].replace('_', '-')} does not change what `planner profile` measures "
+                               f"(it times {', '.join(PROFILED)}); leave it out")
+        if "gpu" not in deployments.given:
+            raise PlannerError("give --gpu: the catalog GPU present here, or cpu")
+        deployment = deployments.one("profile", model="opt-125m")
+        from planner.profile.run import run_profile   # torch: only a profile that runs needs it
 
-        opts = ProfileOptions(gpu=gpu, model=model, tp=tp, block_size=block_size, quick=quick, force=force,
-                              per_layer=per_layer, repeats=repeats)
+        opts = ProfileOptions(deployment, quick=quick, force=force, per_layer=per_layer, repeats=repeats)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       transient=True, console=Console(stderr=True)) as bar:
             task = bar.add_task("building the model", total=None)

@@ -16,20 +16,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.output import fail
-from planner.cli.simulate import _split
+from planner import api
+from planner.cli import options as opt
+from planner.cli.options import DeploymentChoices, deployment_options
+from planner.cli.output import default_out, fail
+from planner.cli.simulate import load_of
 from planner.errors import PlannerError
-from planner.sizing import EXECUTORS, SearchGrid, make_executor, parse_price_overrides, run_search
+from planner.runs.pools import EXECUTORS
+from planner.runs.spec import RunSpec
+from planner.sizing.prices import parse_price_overrides
 from planner.sizing.search import plot_pareto
-from planner.runs.slos import parse_slos
 from workloads import TraceError
-
-REPORTS_DIR = Path("reports")
-
-
-def _values(text: str, kind, flag: str) -> tuple:
-    """A comma list, each value once, in the given order."""
-    return tuple(dict.fromkeys(_split(text, kind, flag.removeprefix("--"))))
 
 
 def _rate(text: str) -> float | None:
@@ -44,25 +41,22 @@ def _rate(text: str) -> float | None:
     return rate
 
 
+# The grid's axes and their defaults; every other deployment setting takes one value.
+AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (256,)}
+
+
+@deployment_options
 def search(
+    deployments: DeploymentChoices,
     slo: list[str] = typer.Option(..., "--slo", help="SLOs, METRIC=SECONDS, comma-separated or repeated "
                                                      "(e.g. ttft_p99=2,tpot_p99=0.1); a bare number is "
                                                      "normalized latency in s/token"),
-    model: str = typer.Option("opt-13b", help="model from the catalog (planner list models)"),
-    workload: str = typer.Option("sharegpt", help="built-in workload (planner workload list)"),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="a .jsonl/.csv trace file instead of --workload"),
-    gpus: str = typer.Option("a100-80g,h100-sxm", "--gpus", help="GPUs to try, comma-separated"),
-    tp: str = typer.Option("1,2,4", "--tp", help="tensor parallel sizes to try"),
-    block_size: str = typer.Option("16", "--block-size", help="KV block sizes to try"),
-    max_num_seqs: str = typer.Option("256", "--max-num-seqs", help="batch limits (sequences per step) to try"),
+    workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE, param: Optional[list[str]] = opt.PARAM,
     rate: str = typer.Option("max", "--rate", help="target requests/s, or 'max' for the most capacity per dollar"),
     duration: Optional[float] = typer.Option(600.0, help="seconds of arrivals in each simulated probe"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", help="requests per probe instead of "
                                                                            "--duration"),
-    seed: int = typer.Option(0, help="random seed (trace and sampled tokens)"),
-    preemption_mode: str = typer.Option("recompute", "--preemption-mode", help="recompute or swap"),
-    enable_prefix_caching: bool = typer.Option(False, "--enable-prefix-caching/--no-enable-prefix-caching",
-                                               help="automatic prefix caching"),
+    seed: int = opt.SEED, profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     price: list[str] = typer.Option([], "--price", help="GPU=DOLLARS per GPU-hour, overriding "
                                                        "planner/data/prices.json; repeatable"),
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
@@ -75,57 +69,72 @@ def search(
                                                                    "Ray (default: all cores)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join this Ray cluster ('auto': the "
                                                                           "one running here)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default reports/search-<time>-<workload>)"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr"),
+    out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
-    """Cheapest configuration (GPU, TP, block size, max_num_seqs) that serves --rate within the SLOs."""
+    """Cheapest configuration (--gpu x --tp x --block-size x --max-num-seqs, comma lists) that serves --rate
+    within the SLOs; every other deployment setting applies to all of them."""
     err = Console(stderr=True)
     try:
-        slos = parse_slos([s for text in slo for s in text.split(",") if s.strip()])
-        source = str(trace) if trace else workload
         if trace is not None and not trace.is_file():
             raise PlannerError(f"--trace {trace}: no such file")
-        grid = SearchGrid(model=model, workload=source, slos=slos, gpus=_values(gpus, str, "--gpus"),
-                          tps=_values(tp, int, "--tp"), block_sizes=_values(block_size, int, "--block-size"),
-                          max_num_seqs=_values(max_num_seqs, int, "--max-num-seqs"), target_rate=_rate(rate),
-                          duration=None if requests is not None else duration, requests=requests, seed=seed,
-                          preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
-                          tolerance=tolerance, max_rate=max_rate, plain=plain)
-        overrides = parse_price_overrides(price)
-        runner = make_executor(executor, workers=workers, ray_address=ray_address)
-        err.print(f"searching {len(grid.configs())} configurations of {model} on {source} "
-                  f"({runner.name} executor)", highlight=False)
-
-        def done(row: dict, n: int, total: int) -> None:
-            what = (f"{row['capacity']:.3g} req/s" if row["capacity"] is not None else row["note"])
-            err.print(f"  [{n}/{total}] {row['gpu']} x{row['tp']}, block {row['block_size']}, max seqs "
-                      f"{row['max_num_seqs']}: {what}", highlight=False)
-
-        try:
-            result = run_search(grid, runner, prices=overrides, on_done=done)
-        finally:
-            close = getattr(runner, "close", None)
-            if close is not None:
-                close()
+        axes = {name: deployments.values(name) or default for name, default in AXES.items()}
+        base = deployments.without(*AXES).one("search", model="opt-13b")
+        load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
+        spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
+        folder = out or default_out("search", load.workload)
+        total = len(axes["gpu"]) * len(axes["tp"]) * len(axes["block_size"]) * len(axes["max_num_seqs"])
+        err.print(f"searching {total} configurations of {base.model} on {load.workload} ({executor} executor); "
+                  f"each configuration's row goes to {folder}/configs.csv as it finishes", highlight=False)
+        progress = SearchProgress(err, folder)
+        result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
+                            block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=_rate(rate),
+                            tolerance=tolerance, max_rate=max_rate, plain=plain, executor=executor,
+                            workers=workers, ray_address=ray_address, prices=parse_price_overrides(price),
+                            on_done=progress)
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
+    _write(result, folder, err)
+    if as_json:
+        typer.echo(json.dumps(result.document()))
+        return
+    _print_summary(result)
 
+
+class SearchProgress:
+    """Each configuration as it finishes: a line with the count done and an ETA on stderr, and its row
+    appended to configs.partial.csv, so an interrupted search keeps what it found."""
+
+    def __init__(self, err: Console, folder: Path) -> None:
+        self.err, self.folder, self.started = err, folder, time.perf_counter()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.partial = folder / "configs.partial.csv"
+        self.partial.write_text(",".join(PARTIAL_COLUMNS) + "\n")
+
+    def __call__(self, row: dict, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / done * (total - done)
+        what = f"{row['capacity']:.3g} req/s" if row["capacity"] is not None else row["note"]
+        self.err.print(f"  [{done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s] {row['gpu']} x{row['tp']}, block "
+                       f"{row['block_size']}, max seqs {row['max_num_seqs']}: {what}", highlight=False)
+        with self.partial.open("a") as f:
+            f.write(",".join("" if row.get(k) is None else str(row[k]).replace(",", ";") for k in PARTIAL_COLUMNS)
+                    + "\n")
+
+
+PARTIAL_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "first_miss", "bounded", "probes", "note")
+
+
+def _write(result, folder: Path, err: Console) -> None:
     for gpu, cost in result.prices.items():
         if not cost.verified:
             err.print(f"note: the price of {gpu} (${cost.usd_per_gpu_hour:g}/GPU-hour) is unverified: no public "
                       f"source was found for it; give your own with --price {gpu}=DOLLARS_PER_GPU_HOUR",
                       highlight=False)
-    folder = out or REPORTS_DIR / f"search-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
-    folder.mkdir(parents=True, exist_ok=True)
-    document = result.document()
     (folder / "configs.csv").write_text(result.csv_text())
-    (folder / "search.json").write_text(json.dumps(document, indent=2))
+    (folder / "search.json").write_text(json.dumps(result.document(), indent=2))
+    (folder / "configs.partial.csv").unlink(missing_ok=True)
     plot_pareto(result, folder / "pareto.png")
     err.print(f"wrote {folder}/configs.csv, pareto.png, search.json ({result.wall_time:.1f} s)", highlight=False)
-    if as_json:
-        typer.echo(json.dumps(document))
-        return
-    _print_summary(result)
 
 
 def _print_summary(result) -> None:

@@ -1,60 +1,62 @@
 """`planner serve` (an OpenAI-compatible server over the engine) and `planner bench` (a trace-replay load client)."""
 from __future__ import annotations
 
+import json
+import math
+import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
 
+from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
+from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail
+from planner.deploy import checks
+from planner.documents import json_safe
 from planner.errors import PlannerError
+from planner.profile.checkpoints import model_folder
+from planner.runs.slos import parse_slos
+from workloads import TraceError, make_trace
 
 
+@deployment_options
 def serve(
-    model: str = typer.Option(..., help="a local model folder, or a catalog model (random weights, "
-                                        "byte-level tokenizer)"),
+    deployments: DeploymentChoices,
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
     served_model_name: Optional[str] = typer.Option(None, help="the name clients send as `model` "
                                                                "(default: the --model value)"),
-    block_size: int = typer.Option(16, help="KV-cache block size (tokens)"),
-    num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks (default: from the memory budget)"),
-    gpu_memory_utilization: float = typer.Option(0.9, help="fraction of device memory the engine may use"),
-    swap_space: float = typer.Option(4.0, help="CPU swap space per device (GiB)"),
-    max_num_seqs: int = typer.Option(256, help="most sequences in a batch"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, help="most tokens in a step"),
-    max_model_len: Optional[int] = typer.Option(None, help="context limit (default: the model's)"),
-    preemption_mode: str = typer.Option("recompute", help="recompute | swap"),
-    enable_prefix_caching: bool = typer.Option(False, "--enable-prefix-caching/--no-enable-prefix-caching",
-                                               help="reuse KV blocks of shared prompt prefixes"),
-    chunked_prefill: bool = typer.Option(False, "--chunked-prefill", help="vLLM v1's chunked-prefill scheduler"),
-    tp: int = typer.Option(1, "--tp", help="tensor parallel size (this engine runs on one device: 1)"),
-    dtype: str = typer.Option("auto", help="auto | float32 | float16 | bfloat16"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="seed of requests that bring none"),
     log_level: str = typer.Option("warning", help="uvicorn's log level"),
 ) -> None:
-    """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics)."""
-    from engine.llm_engine import LLMEngine
-    from planner.profile.checkpoints import model_folder
-    from engine.entrypoints.openai.server import make_server
-
-    if tp != 1:
-        raise fail(f"--tp {tp} is not supported: this engine runs a model on one device (use --tp 1; "
-                   f"`planner simulate --tp {tp}` models tensor parallelism)")
+    """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
+    --model a local model folder, or a catalog model (random weights, byte-level tokenizer)."""
+    from engine.entrypoints.openai.server import make_server     # torch: only a server needs it
+    from engine.llm_engine import LLMEngine                       # torch
     try:
-        folder, _ = model_folder(model)
-        engine = LLMEngine(folder, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                           gpu_memory_utilization=gpu_memory_utilization, swap_space=swap_space,
-                           preemption_mode=preemption_mode, enable_prefix_caching=enable_prefix_caching,
-                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                           max_model_len=max_model_len, dtype=dtype, device=device, seed=seed,
-                           enable_chunked_prefill=chunked_prefill)
+        if "model" not in deployments.given:
+            raise PlannerError("give --model: a local model folder, or a catalog model")
+        deployment = deployments.one("serve", model=deployments.values("model")[0])
+        if deployment.tp != 1:
+            raise PlannerError(f"--tp {deployment.tp} is not supported: this engine runs a model on one device "
+                               f"(use --tp 1; `planner simulate --tp {deployment.tp}` models tensor parallelism)")
+        checks.model(deployment.model)           # an unknown name fails here, before anything loads
+        typer.echo(f"loading {deployment.model} ...", err=True)
+        started = time.perf_counter()
+        folder, _ = model_folder(deployment.model)
+        engine = LLMEngine(folder, deployment, device=device, seed=seed)
     except (PlannerError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
-    name = served_model_name or model
+    name = served_model_name or deployment.model
     typer.echo(f"serving {name} on http://{host}:{port}/v1 ({engine.runner.num_gpu_blocks} KV blocks of "
-               f"{block_size}, max_model_len {engine.max_model_len})", err=True)
+               f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy; "
+               f"ready in {time.perf_counter() - started:.1f} s)", err=True)
     make_server(engine, name, folder, host, port, log_level).run()
 
 
@@ -80,18 +82,6 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
 ) -> None:
     """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json."""
-    import json
-    import sys
-    import time as _time
-
-    from rich.console import Console
-    from tqdm import tqdm
-
-    from planner.report.run import json_safe
-    from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-    from planner.runs.slos import parse_slos
-    from workloads import TraceError
-
     try:
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
                                        max_output_len)
@@ -104,7 +94,7 @@ def bench(
         raise fail(str(exc)) from None
     metrics = bench_metrics(results, slos)
     name = Path(trace).stem if trace else workload
-    folder = out or Path("reports") / "bench" / f"{_time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    folder = out or Path("reports") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
     folder.mkdir(parents=True, exist_ok=True)
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
@@ -120,10 +110,6 @@ def bench(
 
 def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len):
     """The trace a bench (or validate --endpoint) replays: a built-in workload or a trace file."""
-    import math
-
-    from workloads import make_trace
-
     if (workload is None) == (trace is None):
         raise PlannerError("give exactly one of --workload and --trace")
     if requests < 1:
@@ -145,8 +131,6 @@ def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_pr
 
 
 def print_bench_summary(doc: dict, console) -> None:
-    from rich.table import Table
-
     table = Table(title=f"bench: {doc.get('workload')} against {doc.get('endpoint')}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -66,7 +66,6 @@ from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_
 from planner.cost import tables
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
-from planner.runs.memory import kv_heads_per_gpu
 
 # vLLM captures CUDA graphs for batches up to 512 tokens by default; larger
 # steps run eagerly, and so does their all-reduce.
@@ -134,7 +133,7 @@ class MeasuredCostModel:
         self._kernel_latency = spec.get("mem_empirical_constant_latency") or 0.0
         self.extrapolated: set[str] = set()
 
-        heads, kv, hd, h = model.num_heads // tp, kv_heads_per_gpu(model, tp), model.head_size, model.hidden_size
+        heads, kv, hd, h = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size, model.hidden_size
         inter = model.intermediate_size // tp
         if model.is_gpt_like:
             self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (inter, h), (h, inter)]

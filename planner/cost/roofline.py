@@ -30,7 +30,6 @@ from planner.cost.block_size import decode_attention_factor
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
-from planner.runs.memory import kv_heads_per_gpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +95,7 @@ class RooflineCostModel:
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
         heads = model.num_heads // tp
-        kv_bytes_per_token = 2 * layers * kv_heads_per_gpu(model, tp) * model.head_size * dtype_bytes
+        kv_bytes_per_token = 2 * layers * model.kv_heads_per_gpu(tp) * model.head_size * dtype_bytes
         linear_params = layers * model.matmul_params_per_layer / tp
         head_params = vocab * hidden / tp
 

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.deployment import Deployment
 from planner.catalog import resolve_gpu
 from planner.profile.schema import Profile, save_profile
 from planner.profile.run import ProfileOptions, ProfileSession
@@ -72,11 +73,11 @@ class ProfileAlong:
     @classmethod
     def quick(cls, gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print) -> "ProfileAlong":
         """The quick grid with 6 measured rounds, as many as two halves of ProfileAround time."""
-        return cls(ProfileOptions(gpu=gpu, model=model, quick=True, block_size=block_size, repeats=6),
+        return cls(ProfileOptions(Deployment(model=model, gpu=gpu, block_size=block_size), quick=True, repeats=6),
                    path, span_s, say)
 
     def before_run(self) -> Path:
-        self.say(f"validate: profiling {self.options.model} on {self.options.gpu} (--quick) before, between "
+        self.say(f"validate: profiling {self.options.deployment.model} on {self.options.deployment.gpu} (--quick) before, between "
                  "and after the live run's steps")
         self.session = ProfileSession(self.options)
         timer = self.session.timer

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.profile.schema import Measurement, Profile, save_profile
 from planner.profile import pieces
@@ -81,10 +82,10 @@ class ProfileAround:
     @classmethod
     def quick(cls, gpu: str, model: str, block_size: int, path: Path, say=print) -> "ProfileAround":
         """Each half times 3 rounds of the quick grid after its warm-up round; the pooled profile has 6."""
-        return cls(ProfileOptions(gpu=gpu, model=model, quick=True, block_size=block_size, repeats=3), path, say)
+        return cls(ProfileOptions(Deployment(model=model, gpu=gpu, block_size=block_size), quick=True, repeats=3), path, say)
 
     def _half(self, when: str) -> Profile:
-        self.say(f"validate: profiling {self.options.model} on {self.options.gpu} (--quick), half of it "
+        self.say(f"validate: profiling {self.options.deployment.model} on {self.options.deployment.gpu} (--quick), half of it "
                  f"{when} the live run")
         return run_profile(self.options)
 

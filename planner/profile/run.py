@@ -15,7 +15,7 @@ import random
 import tempfile
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +26,7 @@ from planner.profile.check import make_fingerprint
 from planner.catalog import ModelSpec
 from planner.profile.schema import PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch, Profile
 from planner.profile import pieces
+from planner.profile.options import ProfileOptions
 from planner.profile.build import build_checkpoint, model_spec, needs_per_layer
 from planner.profile.device import Target, device_info, resolve_target
 from planner.profile.fit import fit_all
@@ -33,19 +34,6 @@ from planner.profile.grid import decode_points, make_grid, prefill_points
 
 
 UNSTEADY_SPREAD = 0.3    # (p90 - p10) / median of a point's repetitions above this: time it again
-
-
-@dataclass
-class ProfileOptions:
-    gpu: str
-    model: str = "opt-125m"
-    tp: int = 1
-    block_size: int = 16
-    quick: bool = False
-    force: bool = False
-    per_layer: bool | None = None          # None: only when the full model does not fit
-    repeats: int | None = None
-    grid_overrides: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -57,10 +45,11 @@ class _Point:
 
 
 def _check(opts: ProfileOptions) -> None:
-    if opts.tp != 1:
-        raise PlannerError(f"--tp {opts.tp}: the engine runs on one device, so only --tp 1 can be profiled")
-    if opts.block_size not in SUPPORTED_BLOCK_SIZES:
-        raise PlannerError(f"--block-size {opts.block_size}: the kernels support "
+    d = opts.deployment
+    if d.tp != 1:
+        raise PlannerError(f"--tp {d.tp}: the engine runs on one device, so only --tp 1 can be profiled")
+    if d.block_size not in SUPPORTED_BLOCK_SIZES:
+        raise PlannerError(f"--block-size {d.block_size}: the kernels support "
                            f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))}")
 
 
@@ -146,8 +135,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
     with tempfile.TemporaryDirectory(prefix="planner-profile-") as tmp:
         # The larger model first: it sizes the KV cache the decode grid must fit.
         layer_counts = [2, 1] if scaled else [None]
-        folders = [build_checkpoint(opts.model, spec, f"{tmp}/{n or 'full'}", n) for n in layer_counts]
-        runner = _runner(folders[0], target, opts.block_size, max(grid.block_counts), grid)
+        folders = [build_checkpoint(opts.deployment.model, spec, f"{tmp}/{n or 'full'}", n) for n in layer_counts]
+        runner = _runner(folders[0], target, opts.deployment.block_size, max(grid.block_counts), grid)
         points = setup.plan(runner)
         samples: list[list[list[float]]] = [[[] for _ in layer_counts] for _ in points]
         per_model = [i for i, p in enumerate(points) if p.per_model]
@@ -157,7 +146,7 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
             if k > 0:
                 del runner
                 _free(target)
-                runner = _runner(folder, target, opts.block_size, max(grid.block_counts), grid)
+                runner = _runner(folder, target, opts.deployment.block_size, max(grid.block_counts), grid)
             # The model-independent points are timed once, beside the first runner.
             _measure(points, range(len(points)) if k == 0 else per_model, runner, k, rounds, grid.warmup,
                      samples, progress, total)
@@ -181,10 +170,10 @@ class _Setup:
     @classmethod
     def of(cls, opts: ProfileOptions) -> "_Setup":
         _check(opts)
-        target = resolve_target(opts.gpu, force=opts.force)
+        target = resolve_target(opts.deployment.gpu, force=opts.force)
         require_cuda_kernels(target)
         info = device_info(target)
-        spec = model_spec(opts.model)
+        spec = model_spec(opts.deployment.model)
         scaled = opts.per_layer if opts.per_layer is not None else \
             needs_per_layer(spec, target.device, target.dtype, info.memory_bytes)
         grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",
@@ -199,7 +188,7 @@ class _Setup:
         # a scaled run sizes it from the 2-layer runner's bytes, spread over all layers.
         grid.kv_cache_blocks = (runner.num_gpu_blocks * 2 // spec.num_layers if self.scaled
                                 else runner.num_gpu_blocks)
-        points, notes = _plan(grid, runner, self.target, self.opts.block_size)
+        points, notes = _plan(grid, runner, self.target, self.opts.deployment.block_size)
         grid.notes.extend(notes)
         if self.scaled:
             grid.notes.append(f"{spec.num_layers}-layer model timed as 1- and 2-layer models: "
@@ -213,10 +202,10 @@ class _Setup:
         return Profile(
             schema_version=PROFILE_SCHEMA_VERSION,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            device=self.info, model=ModelArch.of(self.spec), tp=self.opts.tp, block_size=self.opts.block_size,
+            device=self.info, model=ModelArch.of(self.spec), tp=self.opts.deployment.tp, block_size=self.opts.deployment.block_size,
             dtype=dtype, per_layer_scaling=self.scaled, grid=grid or self.grid,
             measurements=measurements, fit=fit_all(measurements),
-            fingerprint=make_fingerprint(self.info, dtype=dtype, block_size=self.opts.block_size, tp=self.opts.tp),
+            fingerprint=make_fingerprint(self.info, dtype=dtype, block_size=self.opts.deployment.block_size, tp=self.opts.deployment.tp),
         )
 
 
@@ -232,12 +221,12 @@ class ProfileSession:
     def __init__(self, opts: ProfileOptions):
         self.setup = _Setup.of(opts)
         if self.setup.scaled:
-            raise PlannerError(f"{opts.model} does not fit on {opts.gpu} whole: its profile times a 1- and a "
+            raise PlannerError(f"{opts.deployment.model} does not fit on {opts.deployment.gpu} whole: its profile times a 1- and a "
                                "2-layer model in turn, which cannot be interleaved with a live run")
         self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")
         grid = self.setup.grid
-        folder = build_checkpoint(opts.model, self.setup.spec, f"{self._tmp.name}/full", None)
-        self.runner = _runner(folder, self.setup.target, opts.block_size, max(grid.block_counts), grid)
+        folder = build_checkpoint(opts.deployment.model, self.setup.spec, f"{self._tmp.name}/full", None)
+        self.runner = _runner(folder, self.setup.target, opts.deployment.block_size, max(grid.block_counts), grid)
         self.points = self.setup.plan(self.runner)
         self.samples: list[list[list[float]]] = [[[]] for _ in self.points]
         self.timer = RoundTimer(self.points, range(len(self.points)), self.runner, 0, grid.warmup, self.samples)

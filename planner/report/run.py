@@ -13,32 +13,15 @@ from dataclasses import fields
 from pathlib import Path
 
 from engine.core.metrics import RequestRecord, StepRecord
+from engine.deployment import Deployment
 from planner.cost.shape import StepShape
-from planner.sim import SimResult
+from planner.analysis.verdict import FULL_FREE_SHARE, queue_series, steady_window, sweep_verdict
+from planner.documents import SCHEMA_VERSION, json_safe
+from planner.report.html import capacity_report, run_report, sweep_report
+from planner.runs.result import RunResult
 
 BREAKDOWN_PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 _BREAKDOWN_COLORS = ("tab:green", "tab:orange", "tab:red", "tab:purple", "lightgray")
-
-
-def json_safe(value):
-    """NaN and infinity -> None, recursively (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def result_document(result: SimResult) -> dict:
-    """The run as one JSON document: the metrics (docs/architecture.md) at the top level, then how it was run."""
-    doc = dict(result.metrics)
-    doc["memory_plan"] = result.memory_plan
-    doc["wall_time"] = result.wall_time
-    doc["simulated_seconds_per_wall_second"] = (result.metrics["simulated_time"] / result.wall_time
-                                               if result.wall_time > 0 else None)
-    return json_safe(doc)
 
 
 def run_title(params: dict) -> str:
@@ -49,33 +32,26 @@ def run_title(params: dict) -> str:
             f"({params.get('allocator')}, block {params.get('block_size')})")
 
 
-def write_run(result: SimResult, out_dir: Path, doc: dict | None = None,
-              slos: dict[str, float] | None = None) -> dict[str, Path]:
-    """Write a run's folder (result.json, CSVs, plots, report.html); returns the files by kind.
-
-    `doc` is the analysed result document (verdict, steady state) when the caller has one.
-    """
-    from planner.report.html import run_report
-    from planner.analysis.verdict import steady_window
-
+def write_run(result: RunResult, out_dir: Path) -> dict[str, Path]:
+    """Write a run's folder (result.json, CSVs, plots, report.html); returns the files by kind."""
+    sim, doc = result.sim, result.document()
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = doc if doc is not None else result_document(result)
     paths = {"result": out_dir / "result.json", "requests": out_dir / "requests.csv",
              "steps": out_dir / "steps.csv"}
-    paths["result"].write_text(json.dumps(json_safe(doc), indent=2) + "\n")
-    _write_requests(result.requests, paths["requests"])
-    _write_steps(result.steps, result.shapes, paths["steps"], result.num_running)
+    paths["result"].write_text(json.dumps(doc, indent=2) + "\n")
+    _write_requests(sim.requests, paths["requests"])
+    _write_steps(sim.steps, sim.shapes, paths["steps"], sim.num_running)
     plt = _pyplot()
-    title = run_title(result.params)
-    paths["latency_cdf"] = _plot_latency_cdfs(plt, result.requests, out_dir / "latency_cdf.png", title, slos or {})
-    paths["timeline"] = plot_timeline(plt, result.requests, result.steps, result.metrics.get("kv_token_slots"),
-                                      out_dir / "timeline.png", title, steady_window(result.requests))
-    label = _run_label(result.params)
+    title = run_title(sim.params)
+    paths["latency_cdf"] = _plot_latency_cdfs(plt, sim.requests, out_dir / "latency_cdf.png", title,
+                                              dict(result.spec.slos))
+    paths["timeline"] = plot_timeline(plt, sim.requests, sim.steps, doc.get("kv_token_slots"),
+                                      out_dir / "timeline.png", title, steady_window(sim.requests))
     paths["memory_breakdown"] = plot_memory_breakdown(
-        plt, [(label, result.metrics.get("memory_breakdown"))], out_dir / "memory_breakdown.png",
+        plt, [(_run_label(sim.params), sim.metrics.memory_breakdown)], out_dir / "memory_breakdown.png",
         title=f"KV-cache use: {title}")
     paths["report"] = out_dir / "report.html"
-    paths["report"].write_text(run_report(json_safe(doc), paths, f"Simulation: {title}"))
+    paths["report"].write_text(run_report(doc, paths, f"Simulation: {title}"))
     return paths
 
 
@@ -164,8 +140,6 @@ def plot_timeline(plt, records: list[RequestRecord], steps: list[StepRecord], kv
 
     The steady window (planner/analysis/verdict.py) is shaded; preemptions are red ticks.
     """
-    from planner.analysis.verdict import FULL_FREE_SHARE, queue_series
-
     fig, (queue, batch, kv) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     times = [s.start for s in steps]
     if times:
@@ -233,31 +207,28 @@ def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path, 
 
 # -- sweeps -----------------------------------------------------------------------
 
-COMPARISON_COLUMNS = ("allocator", "block_size", "rate", "num_completed", "num_rejected", "num_truncated",
-                      "request_throughput",
-                      "output_token_throughput", "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean",
-                      "mean_batch_size", "kv_utilization", "sharing_saved", "preemptions_total", "wall_time",
-                      "state", "steady_normalized_latency")
+# What a sweep may vary: the request rate and every deployment setting.
+SWEEPABLE = ("rate", *(f.name for f in fields(Deployment)))
+METRIC_COLUMNS = ("num_completed", "num_rejected", "num_truncated", "request_throughput", "output_token_throughput",
+                  "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean", "mean_batch_size", "kv_utilization",
+                  "sharing_saved", "preemptions_total", "wall_time", "state", "steady_normalized_latency")
+AXIS_LABELS = {"rate": "request rate (requests/s)", "block_size": "KV block size (tokens)",
+               "allocator": "KV allocator"}
 
 
 def comparison_row(run: dict) -> dict:
-    """One sweep run (a result document) flattened to the comparison table's columns."""
-    params = run.get("params", {})
-    row = {"allocator": params.get("allocator"), "block_size": params.get("block_size"),
-           "rate": params.get("trace_params", {}).get("rate"),
+    """One sweep run (a result document) flattened: its settings, then the comparison table's metrics."""
+    row = {**run.get("deployment", {}), "rate": run.get("params", {}).get("trace_params", {}).get("rate"),
            "preemptions_total": run.get("preemptions", {}).get("total"),
            "state": (run.get("verdict") or {}).get("state"),
            "steady_normalized_latency": (run.get("steady_state") or {}).get("normalized_latency")}
-    for col in COMPARISON_COLUMNS:
+    for col in METRIC_COLUMNS:
         row.setdefault(col, run.get(col))
     return row
 
 
-SWEEPABLE = ("allocator", "block_size", "rate")
-
-
 def swept_variables(rows: list[dict]) -> list[str]:
-    """The comparison columns that take more than one value across the sweep."""
+    """The settings that take more than one value across the sweep."""
     return [k for k in SWEEPABLE if len({r.get(k) for r in rows}) > 1]
 
 
@@ -275,46 +246,53 @@ def sweep_title(runs: list[dict], swept: list[str]) -> str:
             f"{' (' + ', '.join(fixed[1:]) + ')' if fixed[1:] else ''}: sweep of {', '.join(swept) or 'one run'}")
 
 
-def write_sweep(runs: list[dict], out_dir: Path, slos: dict[str, float] | None = None) -> dict[str, Path]:
-    """Comparison CSV, all result documents, plots against each swept variable, report.html."""
-    from planner.report.html import sweep_report
-    from planner.analysis.verdict import sweep_verdict
+def sweep_document(runs: list[dict]) -> dict:
+    """sweep.json: the runs' result documents and the sweep's verdict (the best run, a line per run)."""
+    swept = swept_variables([comparison_row(r) for r in runs])
+    return json_safe({"schema_version": SCHEMA_VERSION, "verdict": sweep_verdict(runs, swept), "runs": runs})
 
+
+def write_sweep(doc: dict, out_dir: Path, slos: dict[str, float] | None = None) -> dict[str, Path]:
+    """Comparison CSV, sweep.json, plots against each swept variable, report.html."""
+    runs, verdict = doc["runs"], doc["verdict"]
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [comparison_row(r) for r in runs]
-    swept = swept_variables(rows)
-    verdict = sweep_verdict(runs, swept)
+    swept = verdict["swept"]
     paths = {"runs": out_dir / "sweep.json", "comparison": out_dir / "comparison.csv"}
-    paths["runs"].write_text(json.dumps(json_safe({"verdict": verdict, "runs": runs}), indent=2) + "\n")
+    paths["runs"].write_text(json.dumps(doc, indent=2) + "\n")
     with paths["comparison"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COMPARISON_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=[*swept, *METRIC_COLUMNS], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     plt = _pyplot()
     title = sweep_title(runs, swept)
     plots: dict[str, Path] = {}
-    for x in [v for v in ("rate", "block_size", "allocator") if v in swept] or ["rate"]:
+    for x in swept or ["rate"]:
         plots[f"metrics_vs_{x}"] = plot_against(plt, rows, x, [v for v in swept if v != x], verdict["best_index"],
                                                 slos or {}, out_dir / f"metrics_vs_{x}.png", title)
-    # One bar per (allocator, block size), at the highest rate swept: where memory matters most.
-    top: dict[tuple, dict] = {}
-    for run, row in zip(runs, rows):
-        key = (row["allocator"], row["block_size"])
-        if key not in top or (row["rate"] or 0) >= (comparison_row(top[key])["rate"] or 0):
-            top[key] = run
-    bars = [(f"{a} (block {b}, {comparison_row(r)['rate']} req/s)", r.get("memory_breakdown"))
-            for (a, b), r in top.items()]
-    plots["memory_breakdown"] = plot_memory_breakdown(plt, bars, out_dir / "memory_breakdown.png",
-                                                      title=f"KV-cache use: {title}")
+    plots["memory_breakdown"] = plot_memory_breakdown(plt, _memory_bars(runs, rows, swept),
+                                                      out_dir / "memory_breakdown.png", title=f"KV-cache use: {title}")
     paths.update(plots)
-    columns = {"allocator": "allocator", "block_size": "block", "rate": "rate", "request_throughput": "req/s",
+    columns = {**{k: k.replace("_", " ") for k in swept}, "request_throughput": "req/s",
                "normalized_latency": "s/token", "steady_normalized_latency": "steady s/token",
-               "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99",
-               "mean_batch_size": "batch", "kv_utilization": "KV util", "preemptions_total": "preempt",
-               "num_rejected": "rejected"}
+               "ttft_p99": "TTFT p99", "tpot_p99": "TPOT p99", "mean_batch_size": "batch", "kv_utilization": "KV util",
+               "preemptions_total": "preempt", "num_rejected": "rejected"}
     paths["report"] = out_dir / "report.html"
-    paths["report"].write_text(sweep_report(json_safe(runs), verdict, plots, f"Sweep: {title}", columns, rows))
+    paths["report"].write_text(sweep_report(runs, verdict, plots, f"Sweep: {title}", columns, rows))
     return paths
+
+
+def _memory_bars(runs: list[dict], rows: list[dict], swept: list[str]) -> list[tuple[str, dict | None]]:
+    """One bar per combination of the swept settings other than the rate, at the highest rate swept:
+    where memory matters most."""
+    keys = [k for k in swept if k != "rate"] or ["allocator", "block_size"]
+    top: dict[tuple, tuple[dict, dict]] = {}
+    for run, row in zip(runs, rows):
+        key = tuple(row.get(k) for k in keys)
+        if key not in top or (row["rate"] or 0) >= (top[key][1]["rate"] or 0):
+            top[key] = (run, row)
+    return [(", ".join(f"{k} {v}" for k, v in zip(keys, key)) + f" ({row['rate']} req/s)", run.get("memory_breakdown"))
+            for key, (run, row) in top.items()]
 
 
 PANEL_LABELS = {"normalized_latency": "normalized latency (s/token)", "request_throughput": "throughput (req/s)",
@@ -328,7 +306,7 @@ def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int 
     other swept variables; the best run starred, SLO limits dashed."""
     keys = list(dict.fromkeys(["normalized_latency", "request_throughput",
                                *[k for k in slos if k in PANEL_LABELS or k in rows[0]], "ttft_p99", "tpot_p99"]))[:4]
-    categorical = x == "allocator"
+    categorical = any(isinstance(r.get(x), (str, bool)) for r in rows)
     cats = list(dict.fromkeys(r[x] for r in rows)) if categorical else []
 
     def xpos(row):
@@ -342,7 +320,7 @@ def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int 
                 series.setdefault(tuple(row.get(v) for v in series_by), []).append((xpos(row), row[key]))
         for label, points in sorted(series.items(), key=lambda kv: str(kv[0])):
             points.sort()
-            name = ", ".join(f"{'block ' if v == 'block_size' else ''}{val}{' req/s' if v == 'rate' else ''}"
+            name = ", ".join(f"{val} req/s" if v == "rate" else f"{v.replace('_', ' ')} {val}"
                              for v, val in zip(series_by, label)) or None
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
         if best is not None and rows[best].get(key) is not None:
@@ -355,8 +333,7 @@ def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int 
         elif x == "block_size":
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({r[x] for r in rows}), [str(v) for v in sorted({r[x] for r in rows})])
-        ax.set_xlabel({"rate": "request rate (requests/s)", "block_size": "KV block size (tokens)",
-                       "allocator": "KV allocator"}[x])
+        ax.set_xlabel(AXIS_LABELS.get(x, x.replace("_", " ")))
         ax.set_ylabel(PANEL_LABELS.get(key, key))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -372,8 +349,6 @@ def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int 
 
 def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
     """capacity.json, the probes plotted against rate (SLO limits, the capacity marked), report.html."""
-    from planner.report.html import capacity_report
-
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"capacity": out_dir / "capacity.json"}
     paths["capacity"].write_text(json.dumps(json_safe(doc), indent=2) + "\n")

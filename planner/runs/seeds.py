@@ -18,7 +18,10 @@ from dataclasses import replace
 from engine.core.metrics import percentile
 from planner.errors import PlannerError
 from planner.runs.slos import meets
-from planner.runs.sweep import run_document, run_sweep
+from planner.runs.pipeline import Simulation
+from planner.runs.result import RunResult
+from planner.runs.spec import Load
+from planner.runs.sweep import document_of, run_many
 
 
 LEVEL = 0.9
@@ -44,27 +47,28 @@ def intervals(docs: list[dict], level: float = LEVEL) -> dict[str, dict]:
     return out
 
 
-def seed_specs(spec, seeds: int) -> list:
+def seed_loads(load: Load, seeds: int) -> list[Load]:
+    """`load` at seeds seed, seed+1, ..., seed+K-1."""
     if seeds < 1:
         raise PlannerError(f"--seeds must be >= 1, got {seeds}")
-    return [replace(spec, seed=spec.seed + i) for i in range(seeds)]
+    return [replace(load, seed=load.seed + i) for i in range(seeds)]
 
 
-def run_seeds(spec, seeds: int, run_first):
-    """Seeds 2..K in a process pool while `run_first()` runs seed 1 here; (its result, all K documents)."""
-    specs = seed_specs(spec, seeds)
-    if len(specs) == 1:
-        first = run_first()
-        return first, [None]
-    workers = max(1, min(os.cpu_count() or 1, len(specs) - 1))
+def run_seeds(simulation: Simulation, seeds: int, **options) -> tuple[RunResult, list[dict]]:
+    """The first seed run here (its full result; `options` as for `Simulation.run`), seeds 2..K in a
+    process pool meanwhile; (the first result, the other K-1 result documents)."""
+    loads = seed_loads(simulation.spec.load, seeds)
+    if len(loads) == 1:
+        return simulation.run(**options), []
+    workers = max(1, min(os.cpu_count() or 1, len(loads) - 1))
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_document, s) for s in specs[1:]]
-        first = run_first()
-        return first, [None] + [f.result() for f in futures]
+        futures = [pool.submit(document_of, simulation, load) for load in loads[1:]]
+        first = simulation.run(**options)
+        return first, [f.result() for f in futures]
 
 
-def slo_probability(spec, rate: float, slos: dict, seeds: int) -> tuple[float, list[dict]]:
+def slo_probability(simulation: Simulation, rate: float, slos: dict, seeds: int) -> tuple[float, list[dict]]:
     """Fraction of `seeds` seeds meeting the SLOs at `rate`, and their documents (seed order)."""
-    specs = seed_specs(replace(spec, rate=rate), seeds)
-    docs = [run_document(specs[0])] if seeds == 1 else run_sweep(specs)
+    loads = seed_loads(replace(simulation.spec.load, rate=rate), seeds)
+    docs = run_many([(simulation, load) for load in loads], workers=1 if seeds == 1 else None)
     return sum(meets(d, slos) for d in docs) / len(docs), docs

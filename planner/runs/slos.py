@@ -14,9 +14,10 @@ SLO_METRICS = ("normalized_latency", "ttft_mean", "ttft_median", "ttft_p99", "tp
 
 
 def parse_slos(texts: list[str]) -> dict[str, float]:
-    """'0.2' (normalized latency, s/token) or 'METRIC=SECONDS', e.g. 'ttft_p99=2'."""
+    """'0.2' (normalized latency, s/token) or 'METRIC=SECONDS', e.g. 'ttft_p99=2'; each text may hold
+    several, comma-separated ('ttft_p99=2,tpot_p99=0.1')."""
     slos: dict[str, float] = {}
-    for text in texts:
+    for text in (part for given in texts for part in given.split(",") if part.strip()):
         name, sep, value = text.partition("=")
         if not sep:
             name, value = "normalized_latency", text

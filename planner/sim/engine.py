@@ -15,20 +15,21 @@ from __future__ import annotations
 import gc
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import simpy
 
 from engine.core.allocators import make_allocator
-from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.metrics import Metrics, RequestRecord, StepRecord, summarize
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
+from planner.deploy.plan import DeploymentPlan
+from planner.documents import json_safe
 from planner.errors import PlannerError
-from planner.sim.config import SimConfig
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
@@ -44,15 +45,42 @@ PROGRESS_EVERY = 2000                          # steps between progress reports
 
 @dataclass
 class SimResult:
-    metrics: dict                  # compute_metrics output + sharing savings, cost model, parameters
+    """One simulated run: the engine core's records and metrics, and what only a simulation knows."""
+
+    plan: DeploymentPlan           # the deployment as resolved (model, GPU, limits, KV cache)
+    cost_model: str                # the cost model's name: which source priced the steps
+    trace_name: str
+    trace_params: dict
+    metrics: Metrics               # the metric set (engine.core.metrics), as for a live run
     requests: list[RequestRecord]  # one per trace request, in trace order
     steps: list[StepRecord]        # one per engine step
     shapes: list[StepShape]        # the same steps as the cost model saw them
-    memory_plan: dict | None       # planner.runs.memory summary (None when the cache size was given)
-    wall_time: float = 0.0         # seconds the simulation took to run
-    fast_forwarded_steps: int = 0  # of the steps, how many fast-forward took in bulk
-    params: dict = field(default_factory=dict)
-    num_running: list[int] = field(default_factory=list)   # per step: requests in the running list
+    num_running: list[int]         # per step: requests in the running list
+    sharing_saved: float           # share of KV slots sharing saved (decode steps, time-weighted)
+    prefix_cache_hit_tokens: int
+    prefix_cache_hit_rate: float
+    kv_blocks_used_at_end: int     # leak check: only free or cached blocks may remain
+    simulated_time: float
+    wall_time: float               # seconds the simulation took to run
+    fast_forwarded_steps: int      # of the steps, how many fast-forward took in bulk
+    seed: int = 0                  # of the sampled tokens
+
+    @property
+    def params(self) -> dict:
+        """The run's settings, JSON-ready (result.json's "params")."""
+        return {**self.plan.params(), "seed": self.seed, "cost_model": self.cost_model, "trace": self.trace_name,
+                "trace_params": self.trace_params, "num_requests": len(self.requests)}
+
+    def summary(self) -> dict:
+        """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top)."""
+        plan = self.plan
+        return {**self.metrics.to_dict(), "sharing_saved": self.sharing_saved,
+                "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+                "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "kv_blocks_used_at_end": self.kv_blocks_used_at_end, "num_gpu_blocks": plan.num_gpu_blocks,
+                "num_cpu_blocks": plan.num_cpu_blocks,
+                "kv_token_slots": plan.num_gpu_blocks * plan.deployment.block_size,
+                "simulated_time": self.simulated_time, "cost_model": self.cost_model, "params": self.params}
 
 
 class SimulatedEngine:
@@ -213,32 +241,32 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
     engine.arrivals_done = True
 
 
-def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
-             progress: Progress | None = None, watch: Watch | None = None,
+def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
+             fast_forward: bool = True, progress: Progress | None = None, watch: Watch | None = None,
              device_speed: Callable[[float], float] | None = None) -> SimResult:
-    """Run `trace` through the engine core on a SimPy clock priced by `cost_model`.
+    """Run `trace` through the engine core, as `plan` deploys it, on a SimPy clock priced by `cost_model`.
 
-    `config.fast_forward` (the default) takes provably uneventful decode steps
-    in bulk; False steps one at a time. Both give the same results. `watch`
-    sees every step and may end the run by raising (see `Watch`).
-    `device_speed(t)` scales the price of a step that starts at t: the speed a
-    validated live run's device had then (planner.profile.speed.SpeedTimeline);
-    it steps one at a time, since a window prices its steps before their start
-    times are known."""
+    `fast_forward` (the default) takes provably uneventful decode steps in
+    bulk; False steps one at a time. Both give the same results. `seed` draws
+    the sampled tokens. `watch` sees every step and may end the run by
+    raising (see `Watch`). `device_speed(t)` scales the price of a step that
+    starts at t: the speed a validated live run's device had then
+    (planner.profile.speed.SpeedTimeline); it steps one at a time, since a
+    window prices its steps before their start times are known."""
     wall_start = time.perf_counter()
-    gpu_blocks, cpu_blocks, plan = config.cache_size()
-    if config.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
-        allocator = VllmBlockManager(config.block_size, gpu_blocks, enable_prefix_caching=config.enable_prefix_caching)
+    dep = plan.deployment
+    if dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+        allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
     else:
-        allocator = make_allocator(config.allocator, block_size=config.block_size, num_gpu_blocks=gpu_blocks,
-                                   num_cpu_blocks=cpu_blocks, max_model_len=config.max_model_len,
-                                   enable_prefix_caching=config.enable_prefix_caching)
-    scheduler = make_scheduler(config.scheduler_config(), allocator)
-    executor = SyntheticExecutor(trace, vocab_size=config.model.vocab_size, seed=config.seed,
-                                 real_token_ids=config.enable_prefix_caching)
+        allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
+                                   num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
+                                   enable_prefix_caching=dep.enable_prefix_caching)
+    scheduler = make_scheduler(plan.scheduler_config(), allocator)
+    executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
+                                 real_token_ids=dep.enable_prefix_caching)
     env = simpy.Environment()
     engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
-                             fast_forward=config.fast_forward and device_speed is None, watch=watch,
+                             fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed)
     env.process(arrivals(env, trace, engine))
     env.process(engine.run())
@@ -256,31 +284,22 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel, *,
     groups = engine.groups
     if len(groups) != len(trace) or any(g.finish_reason is None for g in groups):
         raise PlannerError("the simulation ended with requests neither completed nor rejected")
-
-    records = [RequestRecord.from_group(g) for g in groups]
-    metrics = compute_metrics(records, engine.steps, scheduler.preemptions)
-    metrics["sharing_saved"] = (1 - engine.physical_token_time / engine.logical_token_time
-                                if engine.logical_token_time > 0 else 0.0)
-    if config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
-        engine.prefill_cached_tokens = scheduler.prefix_hit_tokens
-        engine.prefill_held_tokens = scheduler.prefix_queried_tokens
-    metrics["prefix_cache_hit_tokens"] = engine.prefill_cached_tokens
-    metrics["prefix_cache_hit_rate"] = (engine.prefill_cached_tokens / engine.prefill_held_tokens
-                                        if engine.prefill_held_tokens else 0.0)
-    # Leak check: with every request done, only free (or free-but-cached) blocks may remain.
-    metrics["kv_blocks_used_at_end"] = allocator.num_used_blocks()
-    metrics["num_gpu_blocks"] = gpu_blocks
-    metrics["num_cpu_blocks"] = cpu_blocks
-    metrics["kv_token_slots"] = gpu_blocks * config.block_size
-    metrics["simulated_time"] = env.now
-    metrics["cost_model"] = cost_model.name
-    params = {**config.params(), "cost_model": cost_model.name, "trace": trace.name,
-              "trace_params": _json_ready(trace.params), "num_requests": len(trace)}
-    metrics["params"] = params
-    return SimResult(metrics, records, engine.steps, engine.shapes, plan,
-                     wall_time=time.perf_counter() - wall_start, params=params,
-                     fast_forwarded_steps=engine.fast_forwarded_steps, num_running=engine.num_running)
+    return _result(plan, cost_model, trace, seed, engine, scheduler, time.perf_counter() - wall_start)
 
 
-def _json_ready(params: dict) -> dict:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in params.items()}
+def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,
+            scheduler: Scheduler, wall_time: float) -> SimResult:
+    records = [RequestRecord.from_group(g) for g in engine.groups]
+    if plan.deployment.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+        hit, held = scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
+    else:
+        hit, held = engine.prefill_cached_tokens, engine.prefill_held_tokens
+    return SimResult(
+        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, engine.steps,
+                                                                               scheduler.preemptions),
+        records, engine.steps, engine.shapes, engine.num_running,
+        sharing_saved=(1 - engine.physical_token_time / engine.logical_token_time
+                       if engine.logical_token_time > 0 else 0.0),
+        prefix_cache_hit_tokens=hit, prefix_cache_hit_rate=hit / held if held else 0.0,
+        kv_blocks_used_at_end=scheduler.allocator.num_used_blocks(), simulated_time=engine.env.now,
+        wall_time=wall_time, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed)

@@ -2,7 +2,7 @@
 
     from planner.sizing import SearchGrid, run_search
 """
-from planner.sizing.pools import EXECUTORS, make_executor
+from planner.runs.pools import EXECUTORS, make_executor
 from planner.sizing.prices import load_prices, parse_price_overrides
 from planner.sizing.search import SearchGrid, SearchResult, run_search
 

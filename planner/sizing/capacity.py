@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Callable, Iterator
 
+from planner.analysis.verdict import binding_slo
+from planner.documents import SCHEMA_VERSION, json_safe
 from planner.errors import PlannerError
+from planner.runs.pipeline import Simulation
 from planner.runs.seeds import slo_probability
 from planner.runs.spec import RunSpec
 from planner.sizing.bracket import bracket, check_rates
@@ -84,41 +87,90 @@ def _doubling(ratio: float) -> Iterator[float]:
         ratio = min(ratio * ratio, 2.0 ** 16)
 
 
-@dataclass
-class CapacityResult:
-    rate: float | None            # the highest rate found to meet the SLOs (None: not even the lowest)
-    doc: dict | None              # its result document
-    probes: list[tuple[float, bool, dict]]   # (rate, met, result document) in the order simulated
-    bounded: bool                 # False: the SLOs still held at max_rate
-
-
 def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, min_rate: float = 0.01,
-                  max_rate: float = 256.0, rel_tol: float = 0.02,
-                  on_probe: Callable[[float, bool, dict], None] | None = None, seeds: int = 1,
-                  confidence: float = 0.9) -> CapacityResult:
-    """Bracket the capacity by doubling or halving the rate from `start`, then bisect
-    until the bracket is within `rel_tol`. Every probe replays the same seeded trace
-    (same lengths, same arrival pattern) at its rate, so only the rate changes.
-    With `seeds` > 1 each probe runs that many seeds, and a rate meets the SLOs
-    when at least a fraction `confidence` of them do (planner/runs/seeds.py)."""
-    check_rates(start, min_rate, max_rate, rel_tol)
+                  max_rate: float = 256.0, rel_tol: float = 0.02, on_probe: Callable[[Probe], None] | None = None,
+                  seeds: int = 1, confidence: float = 0.9, warn=None) -> Capacity:
+    """`planner capacity`: double or halve the rate from `start` until the verdict flips, then bisect
+    until the bracket is within `rel_tol`. Every probe replays the same seeded trace (same lengths, same
+    arrival pattern) at its rate, so only the rate changes. With `seeds` > 1 each probe runs that many
+    seeds, and a rate meets the SLOs when at least a fraction `confidence` of them do."""
     if not 0 < confidence <= 1:
         raise PlannerError(f"confidence must be in (0, 1], got {confidence}")
-    spec.check()
-    probes: list[tuple[float, bool, dict]] = []
+    simulation = Simulation.prepare(spec)
+    if warn is not None:
+        warn(list(simulation.plan.warnings))
 
-    def probe(rate: float) -> bool:
-        probability, docs = slo_probability(spec, rate, slos, seeds)
-        doc = {**docs[0], "slo_probability": probability, "seeds": seeds}
-        ok = probability >= confidence
-        probes.append((rate, ok, doc))
+    def probe(rate: float) -> Probe:
+        probability, docs = slo_probability(simulation, rate, slos, seeds)
+        found = Probe(rate, probability >= confidence, {**docs[0], "slo_probability": probability, "seeds": seeds})
         if on_probe is not None:
-            on_probe(rate, ok, doc)
-        return ok
+            on_probe(found)
+        return found
 
-    good, _, bounded = bracket(probe, first=start, steps=repeat(2.0), min_rate=min_rate, max_rate=max_rate,
-                               rel_tol=rel_tol)
-    if good is None or not bounded:
-        return CapacityResult(good, probes[-1][2] if good is not None else None, probes, bounded=bounded)
-    best = next(doc for r, ok, doc in probes if r == good and ok)
-    return CapacityResult(good, best, probes, bounded=True)
+    return search_capacity(probe, start=start, min_rate=min_rate, max_rate=max_rate, rel_tol=rel_tol)
+
+
+def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
+    d = spec.deployment
+    limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
+    return (f"{d.model} on {d.tp} x {d.gpu}, {spec.load.workload} (block {d.block_size}, {d.allocator}), "
+            f"SLO {limits}")
+
+
+def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity) -> dict:
+    """capacity.json: the rate, what it gives, the binding limit, the probes, the verdict in words."""
+    at = found.doc or {}
+    probes = [(p.rate, p.ok, p.doc) for p in found.probes]
+    binding = binding_slo(slos, probes, found.rate)
+    first_miss = found.bad
+    cost_model = (at or probes[-1][2]).get("cost_model")
+    lines = _capacity_lines(found, at, probes[-1][0])
+    if binding is not None:
+        lines.append(_binding_line(binding, slos, first_miss, next(d for r, ok, d in probes if r == first_miss)))
+    lines.append(f"Cost model: {cost_model}.")
+    if at.get("verdict"):
+        run_lines = [line for line in at["verdict"]["lines"] if not line.startswith("Next:")]
+        lines += [f"At capacity: {line}" for line in run_lines[1:3]]
+    if found.rate is None:
+        nxt = spec.command(tp=spec.deployment.tp * 2, capacity=True)
+        lines.append(f"Next: {nxt}  (more GPUs, or relax the SLOs)")
+    else:
+        nxt = spec.command(rate=round(found.rate, 3))
+        lines.append(f"Next: {nxt}  (the full report at capacity: timeline, steady state)")
+    verdict = {"capacity_rate": found.rate, "binding_slo": binding, "first_missing_rate": first_miss,
+               "cost_model": cost_model, "next_command": nxt, "lines": lines}
+    return json_safe({
+        "schema_version": SCHEMA_VERSION, "capacity_rate": found.rate, "bounded": found.bounded, "slos": slos,
+        "binding_slo": binding, "cost_model": cost_model,
+        "at_capacity_summary": {k: at.get(k) for k in ("request_throughput", "output_token_throughput", "ttft_mean",
+                                                       "ttft_p99", "tpot_mean", "tpot_p99", "normalized_latency")},
+        "verdict": verdict,
+        "probes": [{"rate": r, "meets": ok, "slo_probability": d.get("slo_probability"),
+                    **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
+                    "num_truncated": d.get("num_truncated"),
+                    "request_throughput": d.get("request_throughput"),
+                    "state": (d.get("verdict") or {}).get("state")} for r, ok, d in probes],
+        "at_capacity": found.doc,
+        "deployment": spec.deployment.as_dict(),
+    })
+
+
+def _capacity_lines(found: Capacity, at: dict, lowest: float) -> list[str]:
+    if found.rate is None:
+        return [f"The SLOs are not met even at {lowest:.3g} req/s (the lowest rate tried)."]
+    return [f"Capacity: {found.rate:.3g} req/s"
+            + ("" if found.bounded else " (still within the SLOs at the highest rate tried; raise --max-rate)") + ".",
+            f"At that rate: {at.get('output_token_throughput', 0):,.0f} output tok/s, "
+            f"TTFT mean {at.get('ttft_mean', 0):.3g} s / p99 {at.get('ttft_p99', 0):.3g} s, "
+            f"TPOT mean {at.get('tpot_mean', 0):.3g} s / p99 {at.get('tpot_p99', 0):.3g} s, "
+            f"normalized latency {at.get('normalized_latency', 0):.3g} s/token."]
+
+
+def _binding_line(binding: str, slos: dict[str, float], first_miss: float, miss: dict) -> str:
+    if binding == "num_rejected":
+        return f"Binding limit: requests are rejected at {first_miss:.3g} req/s."
+    if binding == "queue_growth":
+        return (f"Binding limit: throughput. At {first_miss:.3g} req/s every SLO still held, but the waiting "
+                f"queue kept growing: the SLOs would fail on a longer run.")
+    return (f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss:.3g} req/s it reached "
+            f"{miss.get(binding, float('nan')):.3g}).")

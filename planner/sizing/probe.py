@@ -41,13 +41,11 @@ from dataclasses import dataclass, replace
 from engine.core.metrics import RequestRecord
 from engine.core.sequence import FinishReason, SequenceGroup
 from planner.cost.shape import StepShape
-from planner.errors import PlannerError
-from planner.report.run import json_safe
-from planner.sim import simulate
+from planner.documents import json_safe
 from planner.runs.slos import meets
-from planner.runs.spec import RunSpec
+from planner.runs.pipeline import Simulation
 from planner.analysis.verdict import queue_trend, steady_window
-from workloads import Trace, TraceError
+from workloads import Trace
 
 WATERMARK = 0.01      # the block manager's default share of blocks admission leaves free
 
@@ -161,38 +159,33 @@ class Trajectory:
 
 
 class Prober:
-    """Probes of one configuration (a spec that passed `check()`): the configuration and its
-    cost model built once, reused at every rate."""
+    """Probes of one configuration: its deployment plan and cost model prepared once, reused at every rate."""
 
-    def __init__(self, spec: RunSpec, slos: dict[str, float], early_stop: bool = True) -> None:
-        self.spec, self.slos, self.early_stop = spec, slos, early_stop
-        self.config = spec.config()
-        self.cost_model = spec.cost_model(self.config)
-        self.num_gpu_blocks = self.config.cache_size()[0]
+    def __init__(self, simulation: Simulation, slos: dict[str, float], early_stop: bool = True) -> None:
+        self.simulation, self.slos, self.early_stop = simulation, slos, early_stop
+        self.cost_model = simulation.cost_model
+        self.num_gpu_blocks = simulation.plan.num_gpu_blocks
+        d = simulation.spec.deployment
+        self.block_size = d.block_size
         # Runs another block size may replay: the paper's policy over paged blocks, nothing shared.
-        self.shareable = (spec.allocator == "paged" and not spec.enable_prefix_caching
-                          and not spec.chunked_prefill and spec.num_gpu_blocks is None)
-
-    def trace(self, rate: float) -> Trace:
-        try:
-            return replace(self.spec, rate=rate).trace()
-        except TraceError as exc:
-            raise PlannerError(str(exc)) from None
+        self.shareable = (d.allocator == "paged" and not d.enable_prefix_caching
+                          and not d.enable_chunked_prefill and d.num_gpu_blocks is None)
 
     def __call__(self, rate: float) -> Probe:
         return self.run(rate)[0]
 
     def run(self, rate: float) -> tuple[Probe, Trajectory | None]:
         """The probe at `rate`, and its trajectory when another block size might replay it."""
-        trace = self.trace(rate)
+        load = replace(self.simulation.spec.load, rate=rate)
+        trace = load.trace()
         watch = SloWatch(self.slos, len(trace)) if self.early_stop else None
         try:
-            result = simulate(trace, self.config, self.cost_model, watch=watch)
+            result = self.simulation.simulate(load, trace=trace, watch=watch)
         except VerdictCertain as stop:
             engine = watch.engine
             probe = Probe(rate, False, {"stopped_at": stop.at, "stopped_because": stop.reason}, True)
             return probe, self._trajectory(trace, engine.steps, engine.num_running, engine.shapes)
-        doc = json_safe(dict(result.metrics))
+        doc = json_safe(result.summary())
         window = steady_window(result.requests)
         growing = bool(window is not None and queue_trend(result.requests, window)["growing"])
         doc["verdict"] = {"overloaded": growing}
@@ -207,7 +200,7 @@ class Prober:
 
     def replays(self, trajectory: Trajectory, other: "Prober") -> bool:
         """Whether this configuration would run `other`'s run (of that trajectory) step for step."""
-        if not (self.shareable and trajectory.fits(self.spec.block_size, self.num_gpu_blocks)):
+        if not (self.shareable and trajectory.fits(self.block_size, self.num_gpu_blocks)):
             return False
         mine, theirs = self.cost_model.step_time, other.cost_model.step_time
         return all(mine(shape) == theirs(shape) for shape in set(trajectory.shapes))

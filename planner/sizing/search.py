@@ -29,13 +29,15 @@ import csv
 import io
 import itertools
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from planner.errors import PlannerError
 from planner.sizing.capacity import Hint, search_capacity
 from planner.sizing.prices import Price, price_table
 from planner.sizing.probe import Prober, SharedRuns
+from planner.documents import SCHEMA_VERSION
+from planner.runs.pipeline import Simulation
 from planner.runs.spec import RunSpec
 from planner.sizing.capacity import find_capacity
 
@@ -47,21 +49,16 @@ Config = tuple[str, int, int, int]      # (gpu, tp, block_size, max_num_seqs)
 
 @dataclass(frozen=True)
 class SearchGrid:
-    """What to search: one model and workload, the SLOs, and the grid of configurations."""
+    """What to search: a base run (every deployment setting but the grid's four, and the load), the
+    SLOs, and the grid of GPUs, TP sizes, block sizes and batch limits."""
 
-    model: str
-    workload: str                        # a built-in workload or a trace file
+    base: RunSpec
     slos: dict[str, float]
     gpus: tuple[str, ...]
     tps: tuple[int, ...] = (1,)
     block_sizes: tuple[int, ...] = (16,)
     max_num_seqs: tuple[int, ...] = (256,)
     target_rate: float | None = None     # None: "max", the most capacity per dollar
-    duration: float | None = 600.0       # seconds of arrivals per probe (10 minutes)
-    requests: int | None = None
-    seed: int = 0
-    preemption_mode: str = "recompute"
-    enable_prefix_caching: bool = False
     tolerance: float = 0.05              # relative width of the capacity bracket
     max_rate: float = 256.0
     plain: bool = False                  # every configuration from scratch, full probes (the reference)
@@ -81,11 +78,8 @@ class ConfigTask:
     max_num_seqs: int
 
     def spec(self) -> RunSpec:
-        g = self.grid
-        return _run_spec(model=g.model, gpu=self.gpu, tp=self.tp, workload=g.workload, duration=g.duration,
-                         requests=g.requests, seed=g.seed, block_size=self.block_size,
-                         max_num_seqs=self.max_num_seqs, preemption_mode=g.preemption_mode,
-                         enable_prefix_caching=g.enable_prefix_caching)
+        return self.grid.base.with_deployment(gpu=self.gpu, tp=self.tp, block_size=self.block_size,
+                                              max_num_seqs=self.max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -105,13 +99,6 @@ class FamilyTask:
 
     def configs(self) -> list[ConfigTask]:
         return [ConfigTask(self.grid, self.gpu, self.tp, b, self.max_num_seqs) for b in self.block_sizes]
-
-
-def _run_spec(**values) -> RunSpec:
-    """A RunSpec by the canonical knob names (older RunSpecs spell two of them differently)."""
-    names = {f.name for f in fields(RunSpec)}
-    older = {"preemption_mode": "preemption", "enable_prefix_caching": "prefix_caching"}
-    return RunSpec(**{(k if k in names else older[k]): v for k, v in values.items()})
 
 
 def _row(task: ConfigTask) -> dict:
@@ -141,27 +128,24 @@ def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounde
     return row
 
 
-def _checked(task: ConfigTask, row: dict) -> RunSpec | None:
-    """The task's spec, or None with the reason in the row when the configuration cannot run."""
-    spec = task.spec()
+def _prepared(task: ConfigTask, row: dict) -> Simulation | None:
+    """The task's simulation, prepared; None with the reason in the row when the configuration cannot run."""
     try:
-        spec.check()
+        return Simulation.prepare(task.spec())
     except (PlannerError, ValueError) as exc:
         row["note"] = str(exc).splitlines()[0]
         return None
-    return spec
 
 
 def evaluate(task: ConfigTask) -> dict:
     """The reference: one configuration's capacity by `planner capacity`'s own search, from scratch,
     every probe a full simulation with the full analysis."""
     g, row = task.grid, _row(task)
-    spec = _checked(task, row)
-    if spec is None:
+    if _prepared(task, row) is None:
         return row
-    found = find_capacity(spec, g.slos, **_limits(g))
+    found = find_capacity(task.spec(), g.slos, **_limits(g))
     row["simulations"] = len(found.probes)
-    return _fill(row, g, found.rate, found.doc, found.bounded, [(r, ok) for r, ok, _ in found.probes])
+    return _fill(row, g, found.rate, found.doc, found.bounded, [(p.rate, p.ok) for p in found.probes])
 
 
 def evaluate_family(task: FamilyTask) -> list[dict]:
@@ -172,9 +156,9 @@ def evaluate_family(task: FamilyTask) -> list[dict]:
     rows, probers = [], {}
     for config in task.configs():
         row = _row(config)
-        spec = _checked(config, row)
-        if spec is not None:
-            probers[config.block_size] = Prober(spec, g.slos)
+        simulation = _prepared(config, row)
+        if simulation is not None:
+            probers[config.block_size] = Prober(simulation, g.slos)
         rows.append(row)
     shared = SharedRuns(probers)
     first = None                         # the bracket of the first block size searched
@@ -272,12 +256,12 @@ class SearchResult:
         if self.best is not None:
             best = {k: self.best[k] for k in ("gpu", "tp", "block_size", "max_num_seqs", "capacity",
                                                "cost_per_hour")}
-        g = self.grid
-        return {"best": best, "configs": self.configs,
+        g, load = self.grid, self.grid.base.load
+        return {"schema_version": SCHEMA_VERSION, "best": best, "configs": self.configs,
                 "target_rate": g.target_rate if g.target_rate is not None else "max",
-                "slos": g.slos, "model": g.model, "workload": g.workload, "duration": g.duration,
-                "requests": g.requests, "seed": g.seed, "preemption_mode": g.preemption_mode,
-                "enable_prefix_caching": g.enable_prefix_caching, "tolerance": g.tolerance,
+                "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
+                "duration": load.duration, "requests": load.requests, "seed": load.seed,
+                "deployment": g.base.deployment.as_dict(), "tolerance": g.tolerance,
                 "prices": {gpu: asdict(p) for gpu, p in self.prices.items()},
                 "executor": self.executor, "wall_time": self.wall_time}
 
@@ -380,7 +364,8 @@ def plot_pareto(result: SearchResult, path) -> None:
                    linewidths=2, label=f"best: {b['gpu']} x{b['tp']}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in result.grid.slos.items())
-    ax.set_title(f"{result.grid.model}, {result.grid.workload}: capacity under {slos}", fontsize=10)
+    ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: capacity under {slos}",
+                 fontsize=10)
     ax.set_xlabel("cost ($/hour, on-demand list price)")
     ax.set_ylabel("capacity (requests/s within the SLOs)")
     ax.grid(True, alpha=0.3)

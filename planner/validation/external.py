@@ -16,55 +16,45 @@ import csv
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics
-from planner.catalog import ModelSpec, resolve_gpu
-from planner.cost.select import select_cost_model
+from engine.deployment import Deployment
+from planner.bench.client import BenchConfig, api_base, bench_metrics, run_bench
+from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
-from planner.sim import SimConfig, simulate
-from planner.validation.live import LiveRun, ValidateConfig, Validation
+from planner.runs.pipeline import build_cost_model
+from planner.sim import simulate
+from planner.validation.compare import LiveRun, Validation
+from planner.validation.spec import ValidationSpec
 from workloads import Trace, TraceRequest
 
 
-@dataclass
-class Deployment:
-    """Engine settings of the measured deployment, and where each came from."""
+# The engine settings a flag or a server may tell: the deployment's, bar what it runs on, and vLLM's
+# enable_chunked_prefill (the vllm-v1 policy).
+SETTINGS = tuple(f.name for f in fields(Deployment) if f.name not in ("model", "gpu", "tp")) + ("enable_chunked_prefill",)
 
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    num_cpu_blocks: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    preemption_mode: str | None = None
-    enable_prefix_caching: bool | None = None
-    enable_chunked_prefill: bool | None = None
-    gpu_memory_utilization: float | None = None
-    sources: dict[str, str] = field(default_factory=dict)
 
-    def fill(self, values: dict, source: str) -> None:
-        """Set the settings still unset from ``values`` (strings from Prometheus labels are converted)."""
-        for f in fields(self):
-            if f.name == "sources" or getattr(self, f.name) is not None or values.get(f.name) in (None, "", "None"):
+def merge_settings(layers: list[tuple[dict, str]]) -> tuple[dict, dict[str, str]]:
+    """Each setting's first value over `layers` ((values, source), most trusted first: the flags, then
+    /metrics, then /v1/models), typed (Prometheus labels are strings), and where each came from."""
+    values: dict = {}
+    sources: dict[str, str] = {}
+    for given, source in layers:
+        for name in SETTINGS:
+            raw = given.get(name)
+            if name in values or raw in (None, "", "None"):
                 continue
-            raw = values[f.name]
             try:
-                if f.name == "preemption_mode":
-                    value = str(raw)
-                elif f.name in ("enable_prefix_caching", "enable_chunked_prefill"):
-                    value = raw if isinstance(raw, bool) else str(raw).lower() == "true"
-                elif f.name == "gpu_memory_utilization":
-                    value = float(raw)
-                else:
-                    value = int(float(raw))
+                values[name] = (raw if isinstance(raw, bool) else str(raw).lower() == "true") \
+                    if name == "enable_chunked_prefill" else Deployment.parse_value(name, raw)
             except ValueError:
                 continue
-            setattr(self, f.name, value)
-            self.sources[f.name] = source
+            sources[name] = source
+    return values, sources
 
 
 _LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -72,8 +62,6 @@ _LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> tuple[dict, dict, float | None]:
     """(settings from /metrics, settings from /v1/models, vllm:num_preemptions_total) where exposed."""
-    from planner.bench.client import api_base
-
     base = api_base(endpoint)
     metrics: dict = {}
     preemptions = None
@@ -97,45 +85,34 @@ def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> tuple[dict, 
     return metrics, models, preemptions
 
 
-def _simulate(trace: Trace, spec: ModelSpec, gpu_name: str, dep: Deployment, seed: int, tp: int,
-              profile: str | None):
-    gpu = resolve_gpu(gpu_name)
-    block_size = dep.block_size or 16
-    cfg = SimConfig(model=spec, gpu=gpu, tp=tp, block_size=block_size,
-                    preemption_mode=dep.preemption_mode or "recompute", max_num_seqs=dep.max_num_seqs or 256,
-                    max_num_batched_tokens=dep.max_num_batched_tokens,
-                    gpu_memory_utilization=dep.gpu_memory_utilization or 0.9,
-                    enable_prefix_caching=bool(dep.enable_prefix_caching),
-                    enable_chunked_prefill=bool(dep.enable_chunked_prefill), num_gpu_blocks=dep.num_gpu_blocks,
-                    num_cpu_blocks=dep.num_cpu_blocks, max_model_len=dep.max_model_len, seed=seed)
-    cost = select_cost_model(spec, gpu, tp=tp, block_size=block_size, profile=profile)
-    return simulate(trace, cfg, cost), cfg, cost
-
-
-def _validation(vcfg: ValidateConfig, spec: ModelSpec, records: list[RequestRecord], measured: dict,
-                sim, sim_cfg: SimConfig, cost, kernels: str) -> Validation:
-    gpu_blocks, cpu_blocks, _ = sim_cfg.cache_size()
-    live = LiveRun(records, [], [], measured, gpu_blocks, cpu_blocks, sim_cfg.max_model_len,
-                   sim_cfg.max_num_batched_tokens, kernels)
-    return Validation(vcfg, spec, live, sim.metrics, sim.steps, sim.requests, cost.name)
+def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], measured: dict, kernels: str,
+             settings: dict) -> Validation:
+    """Simulate `trace` on the deployment the settings describe and set it beside what was measured."""
+    deployment = Deployment.of(spec.deployment, **settings)
+    spec = replace(spec, deployment=deployment)
+    plan = plan_deployment(deployment, refuse=False)        # it ran: whatever vLLM refuses, it did not
+    cost = build_cost_model(plan, None, spec.profile)
+    sim = simulate(trace, plan, cost, seed=spec.seed)
+    live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
+                   plan.max_num_batched_tokens, kernels)
+    return Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
 
 
 # -- a live endpoint ----------------------------------------------------------------------
-def validate_endpoint(endpoint: str, trace: Trace, vcfg: ValidateConfig, spec: ModelSpec, dep: Deployment, *,
-                      tp: int = 1, served_model: str | None = None, progress=None) -> tuple[Validation, Deployment]:
-    from planner.bench.client import BenchConfig, bench_metrics, run_bench
-
+def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, served_model: str | None = None,
+                      progress=None) -> tuple[Validation, dict[str, str]]:
+    """`planner bench` replays the spec's trace against the endpoint; the simulator runs it with the
+    deployment's settings (`flags` first, then what the server exposes). Returns the validation and where
+    each setting came from."""
     from_metrics, from_models, before = read_endpoint_settings(endpoint)
-    dep.fill(from_metrics, "/metrics")
-    dep.fill(from_models, "/v1/models")
-    results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=vcfg.seed), progress)
+    settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models")])
+    trace = spec.trace()
+    results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed), progress)
     measured = bench_metrics(results)
     _, _, after = read_endpoint_settings(endpoint)
     if before is not None and after is not None:
         measured["preemptions"] = {"total": after - before}
-    sim, sim_cfg, cost = _simulate(trace, spec, vcfg.gpu, dep, vcfg.seed, tp, vcfg.profile)
-    return _validation(vcfg, spec, [r.record() for r in results], measured, sim, sim_cfg, cost,
-                       f"endpoint {endpoint}"), dep
+    return _compare(spec, trace, [r.record() for r in results], measured, f"endpoint {endpoint}", settings), sources
 
 
 # -- a recorded run ----------------------------------------------------------------------
@@ -295,8 +272,8 @@ def measured_records(rows: list[Measured]) -> list[RequestRecord]:
     return records
 
 
-def validate_measured(path: str | Path, vcfg: ValidateConfig, spec: ModelSpec, dep: Deployment, *,
-                      tp: int = 1) -> Validation:
+def validate_measured(path: str | Path, spec: ValidationSpec, flags: dict) -> tuple[Validation, dict[str, str]]:
+    """A recorded run turned into the trace it replayed and the records it measured, then simulated."""
     rows = read_measured(path)
     trace = Trace([TraceRequest(request_id=f"{i}-{r.request_id}", arrival_time=r.arrival, prompt_len=r.prompt_len,
                                 output_len=max(r.output_len, 1)) for i, r in enumerate(rows)], name=Path(path).name)
@@ -305,5 +282,6 @@ def validate_measured(path: str | Path, vcfg: ValidateConfig, spec: ModelSpec, d
     for key in [k for k in measured if k.startswith("itl_")]:
         measured.pop(key)      # not recorded: gaps between tokens are unknown
     measured.pop("preemptions", None)
-    sim, sim_cfg, cost = _simulate(trace, spec, vcfg.gpu, dep, vcfg.seed, tp, vcfg.profile)
-    return _validation(vcfg, spec, records, measured, sim, sim_cfg, cost, f"recorded run {Path(path).name}")
+    settings, sources = merge_settings([(flags, "flag")])
+    spec = replace(spec, workload=Path(path).name)
+    return _compare(spec, trace, records, measured, f"recorded run {Path(path).name}", settings), sources

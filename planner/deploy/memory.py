@@ -45,17 +45,6 @@ NON_TORCH_BYTES = int(0.2 * GIB)
 NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 
 
-def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
-    """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""
-    if tp < 1:
-        raise PlannerError(f"tensor parallel size must be >= 1, got {tp}")
-    if model.num_heads % tp:
-        raise PlannerError(f"tensor parallel size {tp} does not divide {model.name}'s {model.num_heads} attention heads")
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        raise PlannerError(f"tensor parallel size {tp} and {model.name}'s {model.num_kv_heads} KV heads do not divide")
-    return max(1, model.num_kv_heads // tp)
-
-
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
                              max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                              max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
@@ -71,7 +60,7 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     the utilization margin.
     """
     h, i = model.hidden_size, model.intermediate_size
-    kv_size = kv_heads_per_gpu(model, tp) * model.head_size
+    kv_size = model.kv_heads_per_gpu(tp) * model.head_size
     q_size = model.q_size // tp
     mlp = (2 * i // tp) if model.is_gpt_like else (3 * i // tp)
     per_token = 2 * h + (q_size + 2 * kv_size) + q_size + mlp
@@ -170,7 +159,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     if swap_space_bytes < 0:
         raise PlannerError(f"swap_space_bytes must be >= 0, got {swap_space_bytes}")
 
-    heads = kv_heads_per_gpu(model, tp)          # validates tp against the head counts first
+    heads = model.kv_heads_per_gpu(tp)          # validates tp against the head counts first
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = model.weight_bytes_per_gpu(tp, dtype_bytes) + rotary_cache_bytes(model, dtype_bytes)
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs)

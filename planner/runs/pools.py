@@ -1,4 +1,4 @@
-"""Where a search's simulations run: a local process pool (default) or Ray tasks.
+"""Where many simulations run: a local process pool (default) or Ray tasks (sweeps, seeds, searches).
 
 Both run the same picklable function on the same inputs and hand results back
 in submission order, so they give identical results. Ray is an optional extra
@@ -8,6 +8,7 @@ None starts a local one.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable
 
@@ -94,8 +95,7 @@ class RayExecutor:
 
 
 def _package_root() -> str:
-    import planner
-    return os.path.dirname(os.path.dirname(os.path.abspath(planner.__file__)))
+    return str(Path(__file__).resolve().parents[2])
 
 
 def make_executor(name: str, *, workers: int | None = None, ray_address: str | None = None):

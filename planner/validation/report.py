@@ -10,7 +10,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from planner.validation.live import Validation  # noqa: E402
+from planner.analysis.verdict import analyse_run  # noqa: E402
+from planner.documents import SCHEMA_VERSION, json_safe  # noqa: E402
+from planner.report.html import validation_report  # noqa: E402
+from planner.validation.compare import Validation  # noqa: E402
 
 # What the project aims for (issue 6); shown next to the errors.
 TARGETS = {"request_throughput": 0.05, "e2e_mean": 0.10, "step_time_median": 0.10}
@@ -21,10 +24,12 @@ def _finite(x):
 
 
 def as_json(v: Validation) -> dict:
+    """comparison.json: the settings, every metric measured and simulated, the verdict, where errors come from."""
+    s, d = v.spec, v.spec.deployment
     return {
-        "model": v.spec.name, "gpu": v.config.gpu, "workload": v.config.workload, "rate": v.config.rate,
-        "requests": v.config.requests, "seed": v.config.seed, "length_scale": v.config.length_scale,
-        "block_size": v.config.block_size, "preemption_mode": v.config.preemption_mode,
+        "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
+        "rate": s.rate, "requests": s.requests, "seed": s.seed, "length_scale": s.length_scale,
+        "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": d.as_dict(),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
         "comparison": {k: {kk: _finite(vv) for kk, vv in row.items()} for k, row in v.comparison().items()},
         "per_step_error": v.step_error_summary(),
@@ -38,6 +43,7 @@ def as_json(v: Validation) -> dict:
         {**v.speed_level.as_dict(), "errors_without_correction": v.uncorrected_errors()},
         "speed_timeline": None if v.speed_timeline is None else
         {**v.speed_timeline.as_dict(), "errors_without_correction": v.uncorrected_errors()},
+        "verdict": validation_verdict(v),
     }
 
 
@@ -48,12 +54,12 @@ def _fmt(x) -> str:
 
 
 def as_markdown(v: Validation, plots: list[str]) -> str:
-    c = v.config
-    lines = [f"# Validation: {v.spec.name} on {c.gpu}, workload {c.workload}", "",
+    c, d = v.spec, v.spec.deployment
+    lines = [f"# Validation: {v.model.name} on {d.gpu}, workload {c.workload}", "",
              f"- trace: {c.requests} requests at {c.rate} req/s (Poisson), seed {c.seed}, lengths x{c.length_scale} "
              f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})",
-             f"- engine: block size {c.block_size}, {v.live.num_gpu_blocks} KV blocks, max {c.max_num_seqs} seqs, "
-             f"preemption by {c.preemption_mode}, kernels `{v.live.kernels}`",
+             f"- engine: {d.policy} policy, block size {d.block_size}, {v.live.num_gpu_blocks} KV blocks, max "
+             f"{d.max_num_seqs} seqs, preemption by {d.preemption_mode}, kernels `{v.live.kernels}`",
              f"- simulator cost model: `{v.cost_model}`", "",
              "| metric | measured | simulated | relative error | target |", "|---|---:|---:|---:|---:|"]
     for name, row in v.comparison().items():
@@ -172,9 +178,39 @@ def plot(v: Validation, out: Path) -> list[str]:
     return names
 
 
-def write_report(v: Validation, out: Path) -> Path:
+def write_report(v: Validation, out: Path) -> tuple[dict[str, Path], dict]:
+    """The report folder: comparison.json (with the verdict), report.md, report.html and the plots;
+    returns the files by kind and comparison.json's document."""
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(v, out)
-    (out / "comparison.json").write_text(json.dumps(as_json(v), indent=2) + "\n")
-    (out / "report.md").write_text(as_markdown(v, plots))
-    return out / "report.md"
+    doc = json_safe(as_json(v))
+    paths = {"comparison": out / "comparison.json", "markdown": out / "report.md"}
+    paths["comparison"].write_text(json.dumps(doc, indent=2) + "\n")
+    paths["markdown"].write_text(as_markdown(v, plots))
+    d = v.spec.deployment
+    paths["html"] = validation_report(doc, doc["verdict"], out, f"Validation: {v.model.name} on {d.gpu}, "
+                                                               f"{v.spec.workload} at {v.spec.rate:g} req/s")
+    return paths, doc
+
+
+def validation_verdict(validation: Validation, targets: dict[str, float] = TARGETS) -> dict:
+    """Is the simulator within its targets against the live engine, and how loaded was the live run."""
+    rows = validation.comparison()
+    within, missed = [], []
+    for name, target in targets.items():
+        err = rows.get(name, {}).get("relative_error")
+        if err is not None:
+            (within if abs(err) <= target else missed).append(f"{name} {err:+.1%} (target ±{target:.0%})")
+    spec = validation.spec
+    live = dict(validation.live.metrics)
+    live["params"] = {"trace_params": {"rate": spec.rate}, "max_num_seqs": spec.deployment.max_num_seqs, "tp": 1}
+    load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
+    lines = [("Simulator within its targets: " + ", ".join(within)) if not missed else
+             ("Simulator off target: " + ", ".join(missed) + (f"; within: {', '.join(within)}" if within else ""))]
+    lines += [f"Live run: {line}" for line in load["lines"][:4]]
+    d = spec.deployment
+    lines.append("Next: " + (f"planner validate --gpu {d.gpu} --model {d.model} --workload {spec.workload} "
+                             f"--reprofile  (recalibrate on this machine along the live run)" if missed else
+                             f"planner simulate --gpu a100-40g --workload {spec.workload}  (the cost model held up "
+                             f"here; plan on the hardware you would buy)"))
+    return {"within_targets": not missed, "within": within, "missed": missed, "live": load, "lines": lines}

@@ -1,0 +1,136 @@
+"""One `Deployment`: every knob of a served model, with vLLM's names and one set of defaults.
+
+The live engine (`LLM`, `LLMEngine`), the simulator, every `planner` command
+and the planner's Python API take or build one, so a knob is added here once
+and reaches them all. Pure Python (no torch): the simulator imports it.
+
+- `model`, `gpu`, `tp` say what is served where: a catalog name, a Hugging
+  Face id or a model folder; a catalog GPU; the tensor-parallel size. The
+  planner prices them; the live engine loads `model` from a folder and runs on
+  the device it has.
+- `policy` is the scheduler: "paper" (vLLM v0.2.0, the PagedAttention paper's:
+  prefill-only or decode-only steps) or "vllm-v1" (a token budget per step,
+  decodes first, prompts in chunks, as vLLM 0.19 deploys).
+- `max_num_batched_tokens` and `max_model_len` default to None: the policy's
+  budget (below) and the model's own context.
+- `allocator` is the simulator's KV policy; anything but "paged" is one of the
+  paper's contiguous baselines, which only the simulator runs.
+- `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
+  memory plan (vLLM's `--num-gpu-blocks-override`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from engine.core.allocators import ALLOCATORS
+from engine.core.config import PREEMPTION_MODES, SIM_BLOCK_SIZES, SUPPORTED_BLOCK_SIZES, SchedulerConfig
+
+POLICIES = ("paper", "vllm-v1")
+DTYPES = ("auto", "float16", "bfloat16", "float32")
+DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str = "opt-13b"
+    gpu: str = "a100-40g"
+    tp: int = 1
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    swap_space: float = 4.0                  # GiB of CPU swap space per GPU
+    enable_prefix_caching: bool = False
+    policy: str = "paper"
+    preemption_mode: str = "recompute"
+    allocator: str = "paged"
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
+        _one_of("policy", self.policy, POLICIES)
+        _one_of("preemption mode", self.preemption_mode, PREEMPTION_MODES)
+        _one_of("KV allocator", self.allocator, ALLOCATORS)
+        _one_of("dtype", self.dtype, DTYPES)
+        if self.block_size not in SIM_BLOCK_SIZES:
+            raise ValueError(f"block_size {self.block_size} is not supported; choose one of "
+                             f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))} (the simulator also takes "
+                             f"{', '.join(str(b) for b in SIM_BLOCK_SIZES if b not in SUPPORTED_BLOCK_SIZES)})")
+        for name in ("tp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
+            _at_least(name, getattr(self, name), 1)
+        _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
+        _at_least("swap_space", self.swap_space, 0)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.enable_chunked_prefill and self.allocator != "paged":
+            raise ValueError(f"the vllm-v1 policy needs the paged allocator, not {self.allocator}")
+        if self.enable_chunked_prefill and self.preemption_mode != "recompute":
+            raise ValueError("the vllm-v1 policy preempts by recompute only (as vLLM v1 does), "
+                             f"not {self.preemption_mode!r}")
+
+    @classmethod
+    def of(cls, base: Deployment | None = None, **knobs) -> Deployment:
+        """`base` (or the defaults) with `knobs` changed; vLLM's `enable_chunked_prefill=True` means the
+        vllm-v1 policy. An unknown knob is a TypeError, as a misspelled keyword is."""
+        chunked = knobs.pop("enable_chunked_prefill", None)
+        if chunked is not None:
+            knobs.setdefault("policy", "vllm-v1" if chunked else "paper")
+        unknown = sorted(set(knobs) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown deployment setting {unknown[0]!r}")
+        return replace(base or cls(), **knobs)
+
+    @classmethod
+    def field_type(cls, name: str) -> type:
+        """bool, int, float or str: the type of a setting's values (None aside)."""
+        hint = next(f.type for f in fields(cls) if f.name == name)
+        return next(kind for kind in (bool, int, float, str) if str(hint).startswith(kind.__name__))
+
+    @classmethod
+    def parse_value(cls, name: str, text: str):
+        """A setting's value from text (a flag, a Prometheus label): '16' -> 16, 'True' -> True."""
+        kind = cls.field_type(name)
+        if kind is bool:
+            if str(text).lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{name}: {text!r} is not true or false")
+            return str(text).lower() in ("true", "1")
+        if kind is int:
+            return int(float(text)) if float(text).is_integer() else int(text)
+        return kind(text)
+
+    @property
+    def enable_chunked_prefill(self) -> bool:
+        return self.policy == "vllm-v1"
+
+    def replace(self, **changes) -> Deployment:
+        return replace(self, **changes)
+
+    def scheduler_config(self, max_model_len: int, max_num_batched_tokens: int | None = None) -> SchedulerConfig:
+        """The scheduler's limits once the model's context is known (the policy fills in the budget)."""
+        return SchedulerConfig(max_model_len=max_model_len, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
+                               preemption_mode=self.preemption_mode, block_size=self.block_size,
+                               enable_prefix_caching=self.enable_prefix_caching,
+                               enable_chunked_prefill=self.enable_chunked_prefill)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def changed(self) -> dict:
+        """The settings that differ from the defaults, in field order."""
+        default = Deployment()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def _one_of(what: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{what} {value!r} is not supported; choose one of {', '.join(map(str, choices))}")
+
+
+def _at_least(name: str, value, low: float) -> None:
+    if value is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")

@@ -1,0 +1,127 @@
+"""The planner's Python API, for notebooks and scripts; the `planner` commands are thin layers over it.
+
+    from planner import Deployment, simulate, capacity, search, validate
+    h100 = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1", max_model_len=8192)
+    run = simulate(h100, workload="sharegpt", rate=8, requests=500)
+    run.metrics.tpot_mean, run.verdict["lines"], run.requests_frame()
+    capacity(h100, slos={"ttft_p99": 2, "tpot_p99": 0.1}, requests=300).rate
+    search(h100, slos={"tpot_p99": 0.1}, gpus=["a100-80g", "h100-sxm"], tps=[1, 2], rate=20).best
+
+Each function takes a `Deployment` and the load as keywords, or a whole
+`RunSpec`; each returns a typed result whose `document()` (or `document`) is
+the JSON file the command writes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.deployment import Deployment
+from planner.errors import PlannerError
+from planner.profile.check import check_cost_model
+from planner.runs.pipeline import Simulation
+from planner.runs.pools import make_executor
+from planner.runs.result import RunResult
+from planner.runs.seeds import intervals, run_seeds
+from planner.runs.slos import parse_slos
+from planner.runs.spec import Load, RunSpec
+from planner.runs.sweep import run_sweep
+from planner.sizing.capacity import Capacity, capacity_document, find_capacity
+from planner.sizing.search import SearchGrid, SearchResult, run_search
+
+Warn = Callable[[list[str]], None]
+
+
+def run_spec(target: Deployment | RunSpec | None = None, *, workload: str = "sharegpt", rate: float | None = None,
+             requests: int | None = None, duration: float | None = None, seed: int = 0, params: dict | None = None,
+             slos: dict[str, float] | str | None = None, **run) -> RunSpec:
+    """A RunSpec from a deployment and the load's keywords (a RunSpec is returned as it is)."""
+    if isinstance(target, RunSpec):
+        return target
+    load = Load(workload=workload, params=tuple(sorted((params or {}).items())), rate=rate, requests=requests,
+                duration=duration, seed=seed)
+    return RunSpec(deployment=target or Deployment(), load=load, slos=tuple(_slos(slos).items()), **run)
+
+
+def _slos(slos: dict[str, float] | str | None) -> dict[str, float]:
+    if slos is None:
+        return {}
+    return parse_slos([slos]) if isinstance(slos, str) else parse_slos([f"{k}={v}" for k, v in slos.items()])
+
+
+def simulate(target: Deployment | RunSpec | None = None, *, seeds: int = 1, progress=None,
+             warn: Warn | None = None, **load) -> RunResult:
+    """One simulated run (with `seeds` > 1, the first seed's result carrying every metric's interval)."""
+    simulation = Simulation.prepare(run_spec(target, **load))
+    if warn is not None:
+        warn(list(simulation.plan.warnings))
+    trace = simulation.spec.load.trace()
+    result, others = run_seeds(simulation, seeds, progress=progress, trace=trace)
+    result.profile_check = check_cost_model(simulation.cost_model, simulation.spec.deployment.model).as_dict()
+    if others:
+        result.intervals = intervals([result.document(), *others])
+    return result
+
+
+def sweep(specs: list[RunSpec], *, on_done=None, warn: Warn | None = None) -> list[dict]:
+    """The result documents of several runs, simulated in parallel processes."""
+    docs = run_sweep(specs, on_done=on_done)
+    if warn is not None:
+        warn(sorted({w for doc in docs for w in doc.get("warnings", [])}))
+    return docs
+
+
+@dataclass
+class CapacityResult:
+    spec: RunSpec
+    slos: dict[str, float]
+    found: Capacity
+    document: dict                        # capacity.json
+
+    @property
+    def rate(self) -> float | None:
+        """The highest request rate found to meet the SLOs (None: not even the lowest tried)."""
+        return self.found.rate
+
+    @property
+    def binding_slo(self) -> str | None:
+        return self.document["binding_slo"]
+
+
+def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, float] | str | None = None,
+             start_rate: float = 1.0, max_rate: float = 256.0, tolerance: float = 0.02, seeds: int = 1,
+             confidence: float = 0.9, on_probe=None, warn: Warn | None = None, **load) -> CapacityResult:
+    """The highest request rate within the SLOs (`slos` here, or the RunSpec's own)."""
+    spec = run_spec(target, slos=slos, **load)
+    limits = dict(spec.slos)
+    if not limits:
+        raise PlannerError("give at least one SLO, e.g. slos={'ttft_p99': 2}")
+    found = find_capacity(spec, limits, start=start_rate, max_rate=max_rate, rel_tol=tolerance,
+                          min_rate=min(0.01, start_rate), on_probe=on_probe, seeds=seeds, confidence=confidence,
+                          warn=warn)
+    doc = capacity_document(spec, limits, found)
+    doc.update(seeds=seeds, confidence=confidence)
+    return CapacityResult(spec, limits, found, doc)
+
+
+def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float] | str, gpus=None, tps=None,
+           block_sizes=None, max_num_seqs=None, rate: float | None = None, tolerance: float = 0.05,
+           max_rate: float = 256.0, plain: bool = False, executor: str = "local", workers: int | None = None,
+           ray_address: str | None = None, prices: dict[str, float] | None = None, on_done=None,
+           **load) -> SearchResult:
+    """The cheapest configuration (GPU x TP x block size x max_num_seqs) serving `rate` req/s within the
+    SLOs (`rate=None`: the most capacity per dollar). The grid's axes default to the deployment's own."""
+    load.setdefault("duration", 600.0 if load.get("requests") is None else None)
+    spec = run_spec(target, **load)
+    d = spec.deployment
+    grid = SearchGrid(base=spec, slos=_slos(slos), gpus=tuple(gpus or (d.gpu,)), tps=tuple(tps or (d.tp,)),
+                      block_sizes=tuple(block_sizes or (d.block_size,)),
+                      max_num_seqs=tuple(max_num_seqs or (d.max_num_seqs,)), target_rate=rate,
+                      tolerance=tolerance, max_rate=max_rate, plain=plain)
+    runner = make_executor(executor, workers=workers, ray_address=ray_address)
+    try:
+        return run_search(grid, runner, prices=prices, on_done=on_done)
+    finally:
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()

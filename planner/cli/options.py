@@ -1,0 +1,174 @@
+"""The options the commands share, declared once: every deployment setting, the load, the outputs.
+
+`@deployment_options` gives a command one option per `Deployment` field
+(vLLM's names: --block-size, --max-num-seqs, ...), each taking a value or a
+comma list, and hands the command a `DeploymentChoices`: `one()` for the
+commands that run one deployment, `product()` for a sweep or a search. A new
+deployment field is a new flag of every such command with no other change.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from engine.deployment import POLICIES, Deployment
+from planner.cli.output import fail
+from planner.errors import PlannerError
+
+# Per field: the flags it answers to and its help (the value's type comes from the dataclass).
+DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "model": (("--model",), "a catalog model (planner list models), a Hugging Face id the catalog knows, or a "
+                            "local model folder"),
+    "gpu": (("--gpu", "--gpus"), "GPU from the catalog (planner list gpus), or cpu"),
+    "tp": (("--tp", "--tensor-parallel-size"), "tensor parallel size"),
+    "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),
+    "block_size": (("--block-size",), "KV block size in tokens [default: 16]"),
+    "max_num_seqs": (("--max-num-seqs",), "most sequences per step [default: 256]"),
+    "max_num_batched_tokens": (("--max-num-batched-tokens",), "most tokens per step [default: the policy's: "
+                                                              "max(max_model_len, 2048) for paper, 2048 for vllm-v1]"),
+    "max_model_len": (("--max-model-len",), "longest sequence served [default: the model's own]"),
+    "gpu_memory_utilization": (("--gpu-memory-utilization",), "fraction of GPU memory the engine may use "
+                                                              "[default: 0.9]"),
+    "swap_space": (("--swap-space",), "CPU swap space per GPU in GiB [default: 4]"),
+    "policy": (("--policy",), f"scheduling policy: {' or '.join(POLICIES)} [default: paper]"),
+    "preemption_mode": (("--preemption-mode", "--preemption"), "recompute or swap [default: recompute]"),
+    "allocator": (("--allocator",), "paged, or the paper's baselines orca-max, orca-pow2, orca-oracle "
+                                    "(simulator only) [default: paged]"),
+    "num_gpu_blocks": (("--num-gpu-blocks",), "KV-cache size in blocks, instead of the memory plan"),
+    "num_cpu_blocks": (("--num-cpu-blocks",), "CPU swap space in blocks, instead of --swap-space"),
+    "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
+                               "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
+}
+LIST_HELP = " (a comma list sweeps)"
+CHUNKED_FLAG = "chunked_prefill"          # --chunked-prefill: vLLM's name for the vllm-v1 policy
+
+
+def _option(name: str) -> inspect.Parameter:
+    flags, help_text = DEPLOYMENT_FLAGS[name]
+    if Deployment.field_type(name) is bool:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
+                                 default=typer.Option(None, *flags, help=help_text))
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                             default=typer.Option(None, *flags, help=help_text + LIST_HELP,
+                                                  metavar=Deployment.field_type(name).__name__.upper()))
+
+
+_CHUNKED = inspect.Parameter(CHUNKED_FLAG, inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                             default=typer.Option(False, "--chunked-prefill", "--enable-chunked-prefill",
+                                                  help="the vllm-v1 policy (same as --policy vllm-v1)"))
+
+
+@dataclass(frozen=True)
+class DeploymentChoices:
+    """The deployment settings a command was given: field -> the values listed (one unless a comma list)."""
+
+    given: dict[str, tuple]
+
+    def values(self, name: str) -> tuple:
+        return self.given.get(name, ())
+
+    def product(self, **defaults) -> list[Deployment]:
+        """Every combination of the listed values, over `defaults` (the command's own, e.g. its model)."""
+        names = list(self.given)
+        combos = itertools.product(*(self.given[n] for n in names))
+        try:
+            return [Deployment.of(**{**defaults, **dict(zip(names, combo))}) for combo in combos]
+        except (TypeError, ValueError) as exc:
+            raise PlannerError(str(exc)) from None
+
+    def one(self, command: str, **defaults) -> Deployment:
+        """The one deployment a command runs: a comma list is an error naming the flag."""
+        for name, values in self.given.items():
+            if len(values) > 1:
+                raise PlannerError(f"{DEPLOYMENT_FLAGS[name][0][0].split('/')[0]} takes one value for "
+                                   f"`planner {command}` (a comma list sweeps in `planner simulate`)")
+        return self.product(**defaults)[0]
+
+    def without(self, *names: str) -> DeploymentChoices:
+        return DeploymentChoices({k: v for k, v in self.given.items() if k not in names})
+
+
+def _parse(name: str, text) -> tuple:
+    kind = Deployment.field_type(name)
+    if kind is bool:
+        return (text,)
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            values.append(kind(part))
+        except ValueError:
+            raise PlannerError(f"{DEPLOYMENT_FLAGS[name][0][0]}: {part!r} is not a valid {kind.__name__}") from None
+    if not values:
+        raise PlannerError(f"{DEPLOYMENT_FLAGS[name][0][0]}: no value given")
+    return tuple(dict.fromkeys(values))
+
+
+def choices_from(options: dict) -> DeploymentChoices:
+    """The DeploymentChoices of the options as typer passed them (None: not given)."""
+    given = {name: _parse(name, value) for name, value in options.items()
+             if name in DEPLOYMENT_FLAGS and value is not None}
+    if options.get(CHUNKED_FLAG):
+        if given.get("policy", ("vllm-v1",)) != ("vllm-v1",):
+            raise PlannerError("--chunked-prefill is the vllm-v1 policy: it contradicts --policy "
+                               + ",".join(given["policy"]))
+        given["policy"] = ("vllm-v1",)
+    return DeploymentChoices(given)
+
+
+def deployment_options(command):
+    """Add every deployment option to a typer command; the command receives them as `deployments`."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "deployments"]
+    added = [_option(name) for name in DEPLOYMENT_FLAGS] + [_CHUNKED]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        options = {p.name: kwargs.pop(p.name) for p in added}
+        try:
+            choices = choices_from(options)
+        except PlannerError as exc:
+            raise fail(str(exc)) from None
+        return command(deployments=choices, **kwargs)
+
+    parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+    wrapper.__signature__ = inspect.Signature(parameters)
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    del wrapper.__wrapped__                 # typer must read the new signature, not the command's own
+    return wrapper
+
+
+# -- the load, the outputs ------------------------------------------------------------------------
+
+WORKLOAD = typer.Option("sharegpt", help="built-in workload (planner list workloads)")
+TRACE = typer.Option(None, "--trace", help="a .jsonl/.csv trace file instead of --workload")
+PARAM = typer.Option(None, "--param", "-p", metavar="KEY=VALUE",
+                     help="workload parameter KEY=VALUE (planner workload show NAME lists them); repeatable")
+REQUESTS = typer.Option(None, "--requests", "-n", help="request count (default 1000 without --duration)")
+DURATION = typer.Option(None, help="seconds of arrivals")
+SEED = typer.Option(0, help="random seed (trace and sampled tokens)")
+SLO = typer.Option(None, "--slo", metavar="LIMIT",
+                   help="SLO: s/token (normalized latency) or METRIC=SECONDS, comma-separated or repeated "
+                        "(e.g. ttft_p99=2,tpot_p99=0.1)")
+PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: one under "
+                                               "profiles/<gpu>/ matching the run, else measured or roofline)")
+COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "
+                                                     "profile, else measured vLLM tables, else roofline); or "
+                                                     "linear:A,B, every step A + B x scheduled tokens seconds")
+STEP_BY_STEP = typer.Option(False, "--step-by-step", help="simulate one step at a time, without decode "
+                                                           "fast-forward (same results, slower)")
+SEEDS = typer.Option(1, "--seeds", help="simulate K seeds (seed, seed+1, ...) in parallel and report each "
+                                        "metric's mean and 90% interval")
+TIMING_NOISE = typer.Option(False, "--timing-noise", help="scatter each step's time by the profile's residual "
+                                                         "spread (seeded: reproducible)")
+OUT = typer.Option(None, "--out", help="output folder (default: a new folder under reports/)")
+AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
+
+
+def workload_source(workload: str, trace: Optional[Path]) -> str:
+    return str(trace) if trace else workload

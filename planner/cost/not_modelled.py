@@ -1,0 +1,37 @@
+"""What the cost model in use does not capture, in plain words (every result lists it)."""
+from __future__ import annotations
+
+from engine.core.config import SUPPORTED_BLOCK_SIZES
+from planner.cost.block_size import decode_attention_factor
+
+
+def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool = False,
+                 preemption_mode: str = "recompute", tp: int = 1, factor_source: str | None = None) -> list[str]:
+    """Effects the cost model in use does not capture, in plain words."""
+    notes = []
+    if cost_model.startswith("roofline"):
+        notes.append("roofline: peaks x fixed efficiencies; no kernel launch gaps, no CUDA graphs, "
+                     "CPU overhead is a planning guess (2 ms + 20 us/sequence)")
+        if factor_source:
+            factors = ", ".join(f"{b}: x{decode_attention_factor(b):.3g}" for b in SUPPORTED_BLOCK_SIZES)
+            notes.append(f"block size: decode attention scaled by factors measured on our own CPU paged-attention "
+                         f"kernel ({factors}; {factor_source}); how block size changes GPU kernel speed is not "
+                         f"measured")
+        else:
+            notes.append(f"block size {block_size}: no effect on attention-kernel speed in this model; only its "
+                         f"effect on memory (fragmentation, blocks) is simulated")
+    elif cost_model.startswith("measured"):
+        notes.append("measured: NVIDIA's per-operation vLLM latencies summed per layer; no scheduler or Python "
+                     "overhead beyond a planning guess, and the tables' attention kernels at their own block size "
+                     "(block size changes memory only)")
+    else:
+        notes.append("calibrated: measured on the profiled device at the profiled block size; other block sizes "
+                     "are scaled by the kernel factor" + (f" ({factor_source})" if factor_source else ""))
+        if tp > 1:
+            notes.append("tensor parallelism: the profile covers one device; all-reduce time is not measured")
+    if enable_prefix_caching:
+        notes.append("prefix caching: hashing and lookup cost on the host is not priced")
+    if preemption_mode == "swap":
+        notes.append("swap: transfers are priced on the step, not overlapped with compute")
+    notes.append("no network, tokenization or detokenization time: latencies are engine-side")
+    return notes

@@ -1,0 +1,78 @@
+"""One run, start to end: spec -> (plan, cost model), built once -> simulate -> analysis -> `RunResult`.
+
+`Simulation.prepare(spec)` resolves the deployment and builds its cost model
+once; `run()` simulates a load on it (the spec's, or another rate or seed of
+it: capacity probes and seeds reuse the preparation). `run(spec)` is the
+whole pipeline for one spec; `run_document(spec)` is what a worker process
+sends back (the result document, without per-request records).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from planner.analysis.verdict import analyse_run
+from planner.cost.block_size import factor_source
+from planner.cost.not_modelled import not_modelled
+from planner.cost.select import select_cost_model
+from planner.cost.shape import CostModel
+from planner.cost.wrappers import with_timing_noise
+from planner.deploy.plan import DeploymentPlan, plan_deployment
+from planner.runs.result import RunResult
+from planner.runs.spec import Load, RunSpec
+from planner.sim import SimResult, simulate
+from workloads import Trace
+
+
+def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profile: str | None = None) -> CostModel:
+    """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses."""
+    d = plan.deployment
+    return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
+                             profile=profile, cost_model=cost_model)
+
+
+@dataclass
+class Simulation:
+    """A spec made ready to run: its deployment plan and cost model, built once."""
+
+    spec: RunSpec
+    plan: DeploymentPlan
+    cost_model: CostModel
+
+    @classmethod
+    def prepare(cls, spec: RunSpec) -> Simulation:
+        plan = plan_deployment(spec.deployment)
+        return cls(spec, plan, build_cost_model(plan, spec.cost_model, spec.profile))
+
+    def simulate(self, load: Load | None = None, *, trace: Trace | None = None, progress=None,
+                 watch: Callable | None = None) -> SimResult:
+        """Simulate `load` (default: the spec's) on this deployment; `trace` if the caller built it."""
+        load = load or self.spec.load
+        trace = trace if trace is not None else load.trace()
+        cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
+        return simulate(trace, self.plan, cost, seed=load.seed, fast_forward=not self.spec.step_by_step,
+                        progress=progress, watch=watch)
+
+    def analyse(self, sim: SimResult, spec: RunSpec | None = None) -> RunResult:
+        """The verdict, steady state, warnings and blind spots of `sim` (a run of `spec`, default this one)."""
+        spec = spec or self.spec
+        summary = sim.summary()
+        analysis = analyse_run(summary, sim.requests, sim.steps, spec.command, dict(spec.slos) or None)
+        d = spec.deployment
+        notes = not_modelled(sim.cost_model, d.block_size, d.enable_prefix_caching, d.preemption_mode, d.tp,
+                             factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
+        return RunResult(spec, sim, analysis["steady_state"], analysis["verdict"], list(self.plan.warnings), notes)
+
+    def run(self, load: Load | None = None, **options) -> RunResult:
+        sim = self.simulate(load, **options)
+        return self.analyse(sim, self.spec if load is None else replace(self.spec, load=load))
+
+
+def run(spec: RunSpec, **options) -> RunResult:
+    """Simulate and analyse one spec."""
+    return Simulation.prepare(spec).run(**options)
+
+
+def run_document(spec: RunSpec) -> dict:
+    """One spec's result document (what a worker process sends back: no per-request records)."""
+    return run(spec).document()

@@ -1,0 +1,80 @@
+"""A validation's result: the live run, the simulation of the same trace, and their comparison."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.metrics import RequestRecord, StepRecord, percentile
+from planner.catalog import ModelSpec
+from planner.cost.shape import StepShape
+from planner.profile.speed import SpeedLevel, SpeedTimeline
+from planner.validation.spec import ValidationSpec
+
+# Metrics compared, in report order.
+COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
+            "tpot_mean", "tpot_median", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99",
+            "normalized_latency", "mean_batch_size", "mean_prefill_batch_size", "kv_utilization", "preemptions",
+            "step_time_median")
+
+
+@dataclass
+class LiveRun:
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    shapes: list[StepShape]
+    metrics: dict
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    kernels: str
+    speed: tuple[float | None, float | None] = (None, None)   # canary ratios before and after the run
+
+
+@dataclass
+class Validation:
+    spec: ValidationSpec
+    model: ModelSpec
+    live: LiveRun
+    simulated: dict
+    sim_steps: list[StepRecord]
+    sim_requests: list[RequestRecord]
+    cost_model: str
+    step_errors: list[float] = field(default_factory=list)   # per live step: predicted / measured - 1
+    attribution: dict | None = None      # the error split by source (planner/validation/attribution.py)
+    profile_check: dict | None = None    # ProfileCheck.as_dict() of the profile used, when it was checked
+    speed_level: SpeedLevel | None = None
+    speed_timeline: SpeedTimeline | None = None   # the device's speed through the run (profiled along it)
+    uncorrected: dict | None = None      # the simulated metrics without the speed level or timeline
+
+    def comparison(self) -> dict[str, dict[str, float | None]]:
+        rows = {}
+        for name in COMPARED:
+            measured, simulated = _metric(self.live.metrics, name), _metric(self.simulated, name)
+            rows[name] = {"measured": measured, "simulated": simulated,
+                          "relative_error": _relative(measured, simulated)}
+        return rows
+
+    def uncorrected_errors(self) -> dict[str, float | None]:
+        """Relative errors of the headline metrics had the simulation used the profile as it is, at one speed."""
+        if self.uncorrected is None:
+            return {}
+        return {name: _relative(_metric(self.live.metrics, name), _metric(self.uncorrected, name))
+                for name in ("request_throughput", "e2e_mean", "step_time_median")}
+
+    def step_error_summary(self) -> dict[str, float]:
+        errs = [abs(e) for e in self.step_errors]
+        if not errs:
+            return {}
+        return {"median_abs": percentile(errs, 50), "p90_abs": percentile(errs, 90),
+                "mean": sum(self.step_errors) / len(self.step_errors), "num_steps": len(errs)}
+
+
+def _relative(measured: float | None, simulated: float | None) -> float | None:
+    return None if measured is None or simulated is None or measured == 0 else simulated / measured - 1
+
+
+def _metric(metrics: dict, name: str) -> float | None:
+    value = metrics.get(name)
+    if name == "preemptions" and isinstance(value, dict):
+        return float(value.get("total", 0))
+    return None if value is None else float(value)

@@ -1,0 +1,148 @@
+"""`planner validate` in process: the live engine and the simulator on the same trace, side by side.
+
+The live run replays the trace online on this machine's device; the simulator
+then runs the same trace once, with the live engine's exact cache size and
+limits, priced by the calibrated cost model. Both use the same scheduler and
+block manager, so every difference comes from predicted step times.
+
+The profile: the one for this device and deployment, checked first (its
+fingerprint and a canary); a stale one, or any with `reprofile=True`, is
+replaced by a quick profile timed along the live run (between its steps, on a
+CPU; around it, on a GPU), which also gives the device's speed through the
+run. With `spec.attribution` the error is also split by source (replays of the
+live step times, and the simulation without the speed correction).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
+from planner.cost.calibrated import CalibratedCostModel, profile_path
+from planner.cost.shape import CostModel
+from planner.cost.wrappers import ScaledCostModel
+from planner.deploy.plan import plan_deployment
+from planner.errors import PlannerError
+from planner.profile.check import (ProfileCheck, check_profile, check_settings, engine_dtype, find_profile,
+                                   pin_live_device, require_device)
+from planner.profile.checkpoints import model_folder
+from planner.profile.speed import SpeedLevel, canary_probe
+from planner.sim import simulate
+from planner.validation.attribution import run_attribution
+from planner.validation.compare import LiveRun, Validation
+from planner.validation.live import run_live
+from planner.validation.spec import ValidationSpec
+
+
+def check_device(gpu_name: str) -> GpuSpec:
+    """The catalog entry for ``gpu_name``, if such a device is here to run the live engine on."""
+    gpu = resolve_gpu(gpu_name)
+    require_device(gpu)
+    return gpu
+
+
+def load_cost_model(spec: ValidationSpec, model: ModelSpec, profile: str | Path | None = None) -> CalibratedCostModel:
+    """The calibrated model of `profile`, else of the profile matching the deployment on its device."""
+    d = spec.deployment
+    gpu = resolve_gpu(d.gpu)
+    given = profile or spec.profile
+    path = Path(given) if given else profile_path(gpu.name, model.name)
+    if not given:
+        found, near_miss = find_profile(path.parent, model, block_size=d.block_size, dtype=engine_dtype(gpu), tp=1)
+        if near_miss:
+            raise PlannerError(near_miss.replace("not used", "does not match this run"))
+        path = found or path
+    if not path.exists():
+        raise PlannerError(f"no profile at {path}: run `planner profile --gpu {gpu.name} --model {d.model}` "
+                           f"first, or pass --profile FILE")
+    cost = CalibratedCostModel.from_file(path, model=model, gpu=gpu)
+    check_settings(cost.profile, path, block_size=d.block_size, dtype=engine_dtype(gpu), tp=1)
+    return cost
+
+
+def trusted_profile(spec: ValidationSpec, *, refuse_stale: bool, say=print) -> tuple[CalibratedCostModel, ProfileCheck]:
+    """The profile validate would use and its check (fingerprint, canary); a stale one is refused when asked."""
+    folder, model = model_folder(spec.deployment.model)
+    cost_model = load_cost_model(spec, model)
+    check = check_profile(cost_model.profile, cost_model.source, model_folder=folder)
+    say(check.headline())
+    if check.status == "stale" and refuse_stale:
+        raise PlannerError(f"profile {cost_model.source} is stale ({check.reason}); run `planner profile "
+                           f"--gpu {spec.deployment.gpu}` again, or drop --no-reprofile to re-profile now")
+    return cost_model, check
+
+
+def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out: Path | None = None,
+             cost_model: CostModel | None = None, fresh=None, progress=None, say=print) -> Validation:
+    """Validate `spec`. `reprofile`: True profiles this device along the run; None does so when the
+    profile is stale; False refuses a stale one. `cost_model` prices the run as given, and `fresh` is a
+    profile to time along it (planner/profile/along.py), instead of the profile's (tests)."""
+    check_device(spec.deployment.gpu)
+    folder, model = model_folder(spec.deployment.model)
+    check = None
+    if cost_model is None and fresh is None:
+        if not reprofile:
+            cost_model, check = trusted_profile(spec, refuse_stale=reprofile is False, say=say)
+        if reprofile or check.status == "stale":
+            from planner.profile.along import profile_for_live_run     # torch: only a re-profiling run needs it
+            fresh = profile_for_live_run(spec.deployment.gpu, spec.deployment.model, spec.deployment.block_size,
+                                         profile_out or Path("profile.json"),
+                                         span_s=spec.trace().stats()["duration"], say=say)
+    result = _run_and_compare(spec, folder, model, cost_model, fresh, progress)
+    if fresh is not None:
+        replaced = f"; the profile it replaces was stale: {check.reason}" if check is not None else ""
+        check = ProfileCheck("ok", fresh.describe() + replaced)
+        say(check.headline())
+    result.profile_check = None if check is None else check.as_dict()
+    return result
+
+
+def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_model: CostModel | None, fresh,
+                     progress) -> Validation:
+    """The live run (profiled along it with `fresh`), then one simulation of the same trace."""
+    trace = spec.trace()
+    gpu = resolve_gpu(spec.deployment.gpu)
+    if fresh is not None:
+        cost_model = load_cost_model(spec, model, fresh.before_run())
+    profile = getattr(cost_model, "profile", None)
+    device, dtype = pin_live_device(gpu, profile) if profile is not None else _default_device(gpu)
+    # A profile taken along or around the run measures the device's drift across it itself (fresh.drift).
+    probe = canary_probe(profile) if profile is not None and fresh is None else None
+    live = run_live(trace, folder, spec, device=device, dtype=dtype, progress=progress, speed_probe=probe,
+                    between_steps=fresh.between_steps if fresh is not None else None)
+    timeline = None
+    if fresh is not None:
+        cost_model = load_cost_model(spec, model, fresh.after_run())
+        timeline = fresh.timeline
+        if timeline is not None:
+            timeline.applied = spec.speed_correction is not False
+    level = SpeedLevel(*live.speed, applied=spec.speed_correction is True) if probe else None
+    priced = cost_model
+    if level is not None and level.applied and level.factor is not None:
+        priced = ScaledCostModel(cost_model, level.factor)
+    speed = timeline if timeline is not None and timeline.applied else None
+    plan = _plan_of(spec, live)
+    sim = simulate(trace, plan, priced, seed=spec.seed, device_speed=speed)
+    step_errors = [priced.step_time(shape) * (speed(step.start) if speed else 1.0) / step.duration - 1
+                   for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
+    result = Validation(spec, model, live, sim.summary(), sim.steps, sim.requests, priced.name, step_errors,
+                        speed_level=level, speed_timeline=timeline)
+    if spec.attribution:
+        result.attribution = run_attribution(trace, plan, priced, live.steps, live.requests, live.metrics,
+                                             result.simulated, seed=spec.seed)
+        if priced is not cost_model or speed is not None:
+            result.uncorrected = simulate(trace, plan, cost_model, seed=spec.seed).summary()
+    return result
+
+
+def _plan_of(spec: ValidationSpec, live: LiveRun):
+    """The deployment as the live engine ran it: its exact cache and limits (no refusals: it ran)."""
+    return plan_deployment(spec.deployment.replace(num_gpu_blocks=live.num_gpu_blocks,
+                                                   num_cpu_blocks=live.num_cpu_blocks,
+                                                   max_model_len=live.max_model_len,
+                                                   max_num_batched_tokens=live.max_num_batched_tokens),
+                           refuse=False)
+
+
+def _default_device(gpu: GpuSpec) -> tuple[str, str]:
+    """Where the live engine runs without a profile to pin it: fp16 on a GPU, the checkpoint's dtype on a CPU."""
+    return ("cuda", "float16") if gpu.kind == "gpu" else ("cpu", "auto")

@@ -1,0 +1,40 @@
+"""What a validation runs: a deployment, a trace scaled to the device, and how to price and judge it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.deployment import Deployment
+from planner.errors import PlannerError
+from workloads import Trace, TraceError, make_trace
+
+CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    deployment: Deployment = field(default_factory=lambda: Deployment(model="opt-125m", gpu="cpu"))
+    workload: str = "sharegpt"         # a built-in workload or a trace file
+    rate: float = 4.0                  # requests/s (Poisson)
+    requests: int = 64
+    seed: int = 0
+    length_scale: float = 0.25         # CPU runs: shrink lengths so a run takes minutes
+    max_prompt_len: int = 512
+    max_output_len: int = 256
+    profile: str | None = None         # default: the profile under profiles/<gpu>/ matching the deployment
+    # Follow the device's speed during the live run (planner/profile/speed.py). None: the timeline of a profile
+    # timed along the run, yes; a canary speed level, no (True applies either, False neither).
+    speed_correction: bool | None = None
+    attribution: bool = False          # also split the error by source (replays: planner/validation/attribution.py)
+    kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
+
+    def trace(self) -> Trace:
+        if not self.rate > 0:
+            raise PlannerError(f"rate must be positive, got {self.rate}")
+        if self.requests < 1:
+            raise PlannerError(f"requests must be at least 1, got {self.requests}")
+        try:
+            trace = make_trace(self.workload, num_requests=self.requests, rate=self.rate, seed=self.seed)
+        except TraceError as exc:
+            raise PlannerError(str(exc)) from None
+        return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
+                            max_output_len=self.max_output_len)

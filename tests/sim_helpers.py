@@ -1,0 +1,22 @@
+"""Deployment plans for simulator tests: a model and GPU by name or spec, any deployment setting."""
+from __future__ import annotations
+
+from engine.deployment import Deployment
+from planner.deploy.plan import DeploymentPlan, plan_deployment
+
+
+def sim_plan(model="opt-125m", gpu="a100-40g", **knobs) -> DeploymentPlan:
+    """What `simulate` takes. No refusals: the tests' tiny caches are what vLLM would refuse."""
+    deployment = Deployment.of(model=getattr(model, "name", model), gpu=getattr(gpu, "name", gpu), **knobs)
+    return plan_deployment(deployment, refuse=False)
+
+
+def search_grid(*, model: str, workload: str, duration=None, requests=None, seed: int = 0, **grid):
+    """A SearchGrid over a base run of `model` on `workload` (the grid's own fields as keywords)."""
+    from planner.runs.spec import Load, RunSpec
+    from planner.sizing.search import SearchGrid
+
+    knobs = {k: grid.pop(k) for k in ("preemption_mode", "enable_prefix_caching") if k in grid}
+    base = RunSpec(deployment=Deployment(model=model, **knobs),
+                   load=Load(workload=workload, duration=duration, requests=requests, seed=seed))
+    return SearchGrid(base=base, **grid)
