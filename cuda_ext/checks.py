@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.core.config import SUPPORTED_BLOCK_SIZES
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The compiled attention kernels are instantiated for these sizes only.
-COMPILED_BLOCK_SIZES = SUPPORTED_BLOCK_SIZES
+# The block sizes the kernels are instantiated for (the dispatch in csrc/); the engine's
+# SUPPORTED_BLOCK_SIZES repeats them for the torch-free core (tests/test_kernels.py holds them equal).
+COMPILED_BLOCK_SIZES = (8, 16, 32)
 CUDA_HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 
 

@@ -11,9 +11,9 @@ __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 
 def __getattr__(name: str):
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.llm import LLM              # torch: loaded when first used
         return LLM
     if name == "LLMEngine":
-        from engine.llm_engine import LLMEngine
+        from engine.llm_engine import LLMEngine  # torch
         return LLMEngine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.calibrated import CalibratedCostModel, profile_path
+from planner.cost.calibrated import CalibratedCostModel
+from planner.profile.schema import SHIPPED_PROFILES, profile_path
 from planner.cost.shape import CostModel, StepShape, prefill_attn_pairs
 from planner.errors import PlannerError
 from planner.profile.schema import (COMPONENTS, PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch,
@@ -175,7 +176,8 @@ def test_monotone_and_extrapolates_past_the_grid(profile_file):
 
 def test_profile_path_honours_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("PLANNER_PROFILE_DIR", raising=False)
-    assert str(profile_path("cpu", "opt-125m")) == "profiles/cpu/opt-125m.json"
+    assert profile_path("cpu", "opt-125m") == SHIPPED_PROFILES / "cpu" / "opt-125m.json"   # from any folder
+    assert profile_path("cpu", "opt-125m").is_file()
     monkeypatch.setenv("PLANNER_PROFILE_DIR", str(tmp_path))
     assert profile_path("a100-40g", "opt-13b") == tmp_path / "a100-40g" / "opt-13b.json"
 

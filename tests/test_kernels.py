@@ -349,3 +349,9 @@ def test_cuda_cache_ops_match_reference(cuda_ops, dtype):
     cuda_ops.swap_blocks(host, gk, torch.tensor([[3, 4]]))  # CPU -> device
     torch.cuda.synchronize()
     assert torch.equal(gk[4].cpu(), host[3])
+
+
+def test_the_engine_takes_the_block_sizes_the_kernels_are_built_for():
+    from cuda_ext.checks import COMPILED_BLOCK_SIZES
+    from engine.core.config import SUPPORTED_BLOCK_SIZES
+    assert COMPILED_BLOCK_SIZES == SUPPORTED_BLOCK_SIZES

@@ -1,8 +1,6 @@
 """The SimPy simulator: hand-computed timelines, conservation, allocator comparisons, determinism."""
 from __future__ import annotations
 
-import sys
-import types
 
 import pytest
 
@@ -225,8 +223,8 @@ def test_config_rejects_bad_input():
 
 @pytest.fixture
 def fake_calibrated(monkeypatch, tmp_path):
-    """A stand-in planner.cost.calibrated with the agreed interface."""
-    module = types.ModuleType("planner.cost.calibrated")
+    """A stand-in calibrated cost model with the agreed interface, and profiles filed under tmp_path."""
+    from planner.cost import select
     loaded = []
 
     class CalibratedCostModel:
@@ -240,9 +238,8 @@ def fake_calibrated(monkeypatch, tmp_path):
             loaded.append((str(path), model.name, gpu.name, tp))
             return cls(path)
 
-    module.CalibratedCostModel = CalibratedCostModel
-    module.profile_path = lambda gpu_name, model_name: tmp_path / gpu_name / f"{model_name}.json"
-    monkeypatch.setitem(sys.modules, "planner.cost.calibrated", module)
+    monkeypatch.setattr(select, "CalibratedCostModel", CalibratedCostModel)
+    monkeypatch.setattr(select, "profile_path", lambda gpu_name, model_name: tmp_path / gpu_name / f"{model_name}.json")
     return loaded, tmp_path
 
 
@@ -270,12 +267,3 @@ def test_select_loads_an_explicit_profile_and_reports_damage(fake_calibrated, tm
     damaged.write_text("{")
     with pytest.raises(PlannerError, match="damaged"):
         select_cost_model(OPT_13B, A100, profile=damaged)
-
-
-def test_select_without_the_calibrated_module(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "planner.cost.calibrated", None)   # import raises ImportError
-    assert select_cost_model(OPT_13B, A100, tp=1).name.startswith("measured")
-    assert select_cost_model(OPT_13B, resolve_gpu("l4"), tp=1).name.startswith("roofline")
-    with pytest.raises(PlannerError, match="unavailable"):
-        select_cost_model(OPT_13B, A100, profile=tmp_path / "p.json")
-

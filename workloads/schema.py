@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
+from engine.core.sampling_params import SamplingParams
+
 
 class TraceRequest(BaseModel):
     """A request as a workload describes it (lengths in tokens, times in seconds).
@@ -57,8 +59,6 @@ class TraceRequest(BaseModel):
         Greedy by default (temperature 0), so a live replay is deterministic;
         ``overrides`` replace any field (e.g. ``seed``).
         """
-        from engine.core.sampling_params import SamplingParams  # pure Python, no torch
-
         fields = {"n": self.n, "best_of": max(self.n, self.beam_width), "use_beam_search": self.beam_width > 1,
                   "max_tokens": self.output_len, "ignore_eos": True, "temperature": 0.0}
         return SamplingParams(**(fields | overrides))

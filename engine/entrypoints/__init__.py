@@ -1,0 +1,1 @@
+"""Front ends of the engine."""

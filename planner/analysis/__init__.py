@@ -1,0 +1,1 @@
+"""What a run means: the steady state, the verdict in plain words."""

@@ -15,10 +15,9 @@ from rich.table import Table
 
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail
-from planner.cost.calibrated import profile_path
 from planner.errors import PlannerError
 from planner.profile.options import ProfileOptions
-from planner.profile.schema import save_profile
+from planner.profile.schema import profile_path, save_profile
 
 
 def _fit_table(profile) -> Table:

@@ -23,7 +23,6 @@ bisect over the interior knots: plain float arithmetic, no numpy.
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_right
 from pathlib import Path
 
@@ -33,12 +32,6 @@ from planner.errors import PlannerError
 from planner.profile.schema import CurveFit, Profile, load_profile
 
 SAMPLING_MODES = ("greedy", "random")
-
-
-def profile_path(gpu_name: str, model_name: str) -> Path:
-    """Where the profile of `model_name` on `gpu_name` lives: $PLANNER_PROFILE_DIR or ./profiles."""
-    root = os.environ.get("PLANNER_PROFILE_DIR") or "profiles"
-    return Path(root) / gpu_name / f"{model_name}.json"
 
 
 class _Curve:

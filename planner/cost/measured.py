@@ -59,13 +59,13 @@ reads once the simulation has seen a shape.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_model
 from planner.cost import tables
+from planner.cost.calibrated import _Curve
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
+from planner.profile.schema import load_profile, profiles_dir
 
 # vLLM captures CUDA graphs for batches up to 512 tokens by default; larger
 # steps run eagerly, and so does their all-reduce.
@@ -95,11 +95,9 @@ def covered_gpus() -> list[str]:
 
 def _host_profile(gpu_name: str):
     """Host and sampling curves from a `planner profile` of our engine on this GPU, if one exists."""
-    root = Path(os.environ.get("PLANNER_PROFILE_DIR") or "profiles") / gpu_name
+    root = profiles_dir() / gpu_name
     if not root.is_dir():
         return None
-    from planner.cost.calibrated import _Curve
-    from planner.profile.schema import load_profile
     for path in sorted(root.glob("*.json")):
         try:
             fit = load_profile(path).fit

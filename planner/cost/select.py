@@ -8,18 +8,22 @@ chosen model's `profile_note`), then the `measured` model where NVIDIA's vLLM op
 cover the GPU and the model's attention shape, then the roofline model from
 datasheet peaks. `--cost-model calibrated|measured|roofline` forces one; a
 forced model that cannot be built is a one-line error, never a silent
-fallback. The calibrated and measured models are imported lazily so that the
-roofline path stays cheap to import.
+fallback. `linear:A,B` (A + B x scheduled tokens per step) is a what-if model.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from planner.catalog import GpuSpec, ModelSpec
+from planner.cost.block_size import decode_attention_factor
+from planner.cost.calibrated import CalibratedCostModel
+from planner.cost.linear import parse_linear
+from planner.cost.measured import MeasuredCostModel
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
 from planner.profile.check import check_settings, engine_dtype, find_profile
+from planner.profile.schema import profile_path
 
 COST_MODELS = ("auto", "calibrated", "measured", "roofline")
 
@@ -36,12 +40,6 @@ def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | N
                 dtype: str) -> tuple[CostModel | None, str | None]:
     """(the calibrated model from `profile`, or from a profile under profiles/<gpu>/ matching model,
     block size, dtype and TP; None when there is none, with the near miss that was passed over, if any)."""
-    try:
-        from planner.cost.calibrated import CalibratedCostModel, profile_path
-    except ImportError as exc:
-        if profile is not None:
-            raise PlannerError(f"--profile {profile}: the calibrated cost model is unavailable ({exc})") from None
-        return None, None
     near_miss = None
     if profile is not None:
         path = Path(profile)
@@ -66,7 +64,6 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto)."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
-        from planner.cost.linear import parse_linear   # what-if: A + B x scheduled tokens per step
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
         return parse_linear(cost_model.strip().lower())
@@ -89,7 +86,6 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
 
 
 def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_size: int, choice: str) -> CostModel:
-    from planner.cost.measured import MeasuredCostModel
     if choice == "measured":
         return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
     if gpu.measured_system is not None and dtype_bytes == 2:
@@ -102,8 +98,6 @@ def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_s
 
 def _at_block_size(cost_model, block_size: int):
     """A calibrated model priced at `block_size` rather than the block size it was profiled at."""
-    from planner.cost.block_size import decode_attention_factor
-
     profile = getattr(cost_model, "profile", None)
     if profile is None or not hasattr(cost_model, "scale_decode_attention"):
         return cost_model

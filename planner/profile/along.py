@@ -39,6 +39,7 @@ from pathlib import Path
 from engine.deployment import Deployment
 from planner.catalog import resolve_gpu
 from planner.profile.schema import Profile, save_profile
+from planner.profile.around import ProfileAround
 from planner.profile.run import ProfileOptions, ProfileSession
 from planner.profile.speed import SpeedTimeline
 
@@ -169,5 +170,4 @@ def profile_for_live_run(gpu: str, model: str, block_size: int, path: Path, span
     """How `planner validate` profiles the device it validates on: along the run on a CPU, around it on a GPU."""
     if resolve_gpu(gpu).kind == "cpu":
         return ProfileAlong.quick(gpu, model, block_size, path, span_s, say)
-    from planner.profile.around import ProfileAround
     return ProfileAround.quick(gpu, model, block_size, path, say)

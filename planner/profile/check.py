@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from planner.catalog import GpuSpec, ModelSpec
+from planner.catalog import GpuSpec, ModelSpec, gpu_variant_for_memory
 from planner.errors import PlannerError
+from planner.profile.checkpoints import model_folder
 from planner.profile.schema import Fingerprint, Profile, load_profile
 
 TOLERANCE = 0.07          # canary measured / profiled beyond 1 +- this: stale
@@ -177,7 +178,6 @@ def _device_here(fp: Fingerprint, gpu_name: str) -> tuple[bool, list[str]]:
     import torch
     if not torch.cuda.is_available():
         return False, []
-    from planner.catalog import gpu_variant_for_memory
     name = torch.cuda.get_device_name(0)
     try:
         variant = gpu_variant_for_memory(name, torch.cuda.get_device_properties(0).total_memory)
@@ -190,7 +190,7 @@ def _device_here(fp: Fingerprint, gpu_name: str) -> tuple[bool, list[str]]:
 
 def _software_differences(fp: Fingerprint) -> list[str]:
     import torch
-    from cuda_ext import ops
+    from cuda_ext import ops      # torch: only a profile check on the profiled device needs it
     here = {"torch": (fp.torch_version, torch.__version__), "kernels": (fp.kernel_backend, ops.backend),
             "engine": (fp.engine_version, engine_version())}
     return [f"{k} {a} (here: {b})" for k, (a, b) in here.items() if a != b]
@@ -246,7 +246,6 @@ def check_cost_model(cost_model, model: str, *, canary: bool = True) -> ProfileC
         return ProfileCheck("unchecked", note or f"no profile: {cost_model.name} cost model")
 
     def folder() -> str:
-        from planner.profile.checkpoints import model_folder
         return model_folder(model)[0]
     return check_profile(profile, getattr(cost_model, "source", "profile"), model_folder=folder, canary=canary)
 
@@ -289,7 +288,7 @@ def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_
         return [], None
     import torch
 
-    from engine.model_runner import ModelRunner
+    from engine.model_runner import ModelRunner      # torch: only the canary runs the model
 
     device = torch.device("cpu") if profile.device.kind == "cpu" else torch.device("cuda", 0)
     bs = profile.block_size
@@ -320,7 +319,7 @@ def time_canary(selected: list, runner, *, budget_s: float, measure=None) -> lis
 
     import torch
 
-    from planner.profile import pieces
+    from planner.profile import pieces               # torch
 
     rng = random.Random(0)
 
@@ -376,7 +375,6 @@ def cuda_catalog_entry() -> tuple[str, GpuSpec | None] | None:
     import torch
     if not torch.cuda.is_available():
         return None
-    from planner.catalog import gpu_variant_for_memory
     name = torch.cuda.get_device_name(0)
     try:
         return name, gpu_variant_for_memory(name, torch.cuda.get_device_properties(0).total_memory)

@@ -1,9 +1,13 @@
-"""Model folders for live runs: a user's local checkpoint, or a catalog architecture with random weights.
+"""Model folders for live runs and profiles: a user's checkpoint, or a catalog architecture, random weights.
 
 No hub: a catalog name becomes a checkpoint folder built from the true
 architecture with random weights (timing does not depend on weight values),
-saved once with ``save_pretrained`` under a cache directory and then loaded
-through the same path as a user's checkpoint.
+saved with ``save_pretrained(safe_serialization=True)`` and then loaded
+through the same path as a user's checkpoint (`model_folder` keeps one per
+model in a cache directory). A model too large for the device is profiled as
+a 1- and a 2-layer model instead; their difference is one layer's cost, so
+full = t1 + (layers - 1) * (t2 - t1) (the fixed part, embeddings and LM head,
+is in t1 once).
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from planner.catalog import ModelSpec, resolve_model
 from planner.errors import PlannerError
+from planner.profile.byte_tokenizer import build_byte_tokenizer
 
 
 def cache_dir() -> Path:
@@ -29,8 +34,6 @@ def model_folder(model: str, *, max_params: float = 2e9) -> tuple[str, ModelSpec
                            f"here; validate with a smaller model (e.g. opt-125m)")
     folder = cache_dir() / spec.name
     if not (folder / "config.json").exists():
-        from planner.profile.build import build_checkpoint
-
         tmp = folder.with_name(folder.name + ".partial")
         build_checkpoint(model, spec, tmp)
         _add_tokenizer(tmp)
@@ -42,6 +45,50 @@ def model_folder(model: str, *, max_params: float = 2e9) -> tuple[str, ModelSpec
 
 def _add_tokenizer(folder: Path) -> None:
     """A random-weight catalog model gets a deterministic byte-level tokenizer, so text prompts work."""
-    from planner.profile.byte_tokenizer import build_byte_tokenizer
-
     build_byte_tokenizer(folder)
+
+
+# CPU runs are fp32 (4 bytes per weight): above this many parameters a full
+# model takes minutes per grid point and tens of GB of RAM, so it is scaled.
+CPU_FULL_MODEL_MAX_PARAMS = 1.5e9
+# On a GPU the full model must leave room for activations and a KV cache.
+GPU_FULL_MODEL_MAX_FRACTION = 0.6
+
+
+def needs_per_layer(spec: ModelSpec, device, dtype, memory_bytes: int) -> bool:
+    """Whether `planner profile` must time 1- and 2-layer models instead of the full one (torch device, dtype)."""
+    if device.type == "cpu":
+        return spec.num_params > CPU_FULL_MODEL_MAX_PARAMS
+    dtype_bytes = dtype.itemsize
+    return spec.weight_bytes(dtype_bytes) > GPU_FULL_MODEL_MAX_FRACTION * memory_bytes
+
+
+def _config(model: str, spec: ModelSpec, num_layers: int | None):
+    folder = Path(model)
+    if (folder / "config.json").is_file():
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    else:
+        config = spec.to_hf_config()
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers   # attribute_map turns this into n_layer for GPT-2
+    return config
+
+
+def build_checkpoint(model: str, spec: ModelSpec, folder: str | os.PathLike, num_layers: int | None = None) -> str:
+    """Write a random-weight checkpoint of `spec` (optionally with `num_layers` layers) into `folder`."""
+    import torch                                    # torch and transformers: only a build needs them
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()          # our own progress bar is the one the user watches
+    config = _config(model, spec, num_layers)
+    torch.manual_seed(0)
+    try:
+        hf_model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as exc:
+        raise PlannerError(f"cannot build model {spec.name!r} from its config: {exc}") from None
+    hf_model.save_pretrained(folder, safe_serialization=True)
+    del hf_model
+    return str(folder)

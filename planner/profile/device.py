@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+import cuda_ext
+
 from planner.catalog import GpuSpec, gpu_variant_for_memory, resolve_gpu
 from planner.errors import PlannerError
 from planner.profile.schema import DeviceInfo
@@ -82,8 +84,6 @@ def _nvidia_driver() -> str | None:
 
 
 def device_info(target: Target) -> DeviceInfo:
-    import cuda_ext
-
     if target.device.type == "cuda":
         props = torch.cuda.get_device_properties(target.device)
         name, memory = props.name, props.total_memory

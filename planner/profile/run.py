@@ -19,15 +19,17 @@ from dataclasses import dataclass
 
 import torch
 
+import cuda_ext
+
 from engine.core.config import SUPPORTED_BLOCK_SIZES   # what the engine's kernels are built for
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
 from planner.profile.check import make_fingerprint
-from planner.catalog import ModelSpec
+from planner.catalog import ModelSpec, resolve_model
 from planner.profile.schema import PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch, Profile
 from planner.profile import pieces
 from planner.profile.options import ProfileOptions
-from planner.profile.build import build_checkpoint, model_spec, needs_per_layer
+from planner.profile.checkpoints import build_checkpoint, needs_per_layer
 from planner.profile.device import Target, device_info, resolve_target
 from planner.profile.fit import fit_all
 from planner.profile.grid import decode_points, make_grid, prefill_points
@@ -117,8 +119,6 @@ def require_cuda_kernels(target: Target) -> None:
     """A GPU profile must time the CUDA kernels: refuse the torch reference or a failed build."""
     if target.device.type != "cuda":
         return
-    import cuda_ext
-
     try:
         backend = cuda_ext.ops_for(target.device).backend
     except RuntimeError as exc:
@@ -173,7 +173,7 @@ class _Setup:
         target = resolve_target(opts.deployment.gpu, force=opts.force)
         require_cuda_kernels(target)
         info = device_info(target)
-        spec = model_spec(opts.deployment.model)
+        spec = resolve_model(opts.deployment.model)
         scaled = opts.per_layer if opts.per_layer is not None else \
             needs_per_layer(spec, target.device, target.dtype, info.memory_bytes)
         grid = make_grid(quick=opts.quick, on_cpu=target.device.type == "cpu",

@@ -10,6 +10,8 @@ names the file and what is wrong.
 
 from __future__ import annotations
 
+import os
+
 import json
 import statistics
 from pathlib import Path
@@ -237,3 +239,18 @@ def load_profile(path: str | Path) -> Profile:
             raise PlannerError(f"profile {path}: damaged (fit.{name}: knots must be increasing and "
                                "match the values)")
     return profile
+
+
+# The checkout's profiles/ folder, where `planner profile` files what it measures and where the shipped
+# profiles are, wherever the command runs from.
+SHIPPED_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def profiles_dir() -> Path:
+    """Where profiles are filed: $PLANNER_PROFILE_DIR if set, else the checkout's profiles/ folder."""
+    return Path(os.environ.get("PLANNER_PROFILE_DIR") or SHIPPED_PROFILES)
+
+
+def profile_path(gpu_name: str, model_name: str) -> Path:
+    """Where the profile of `model_name` on `gpu_name` is filed."""
+    return profiles_dir() / gpu_name / f"{model_name}.json"

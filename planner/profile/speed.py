@@ -40,6 +40,8 @@ import bisect
 import statistics
 from dataclasses import asdict, dataclass
 
+from planner.profile.check import canary_points, canary_ratio, time_canary
+
 
 CANARY_BUDGET_S = 4.0      # each bracketing canary (before, after): a few forward passes
 
@@ -134,8 +136,6 @@ class SpeedTimeline:
 def canary_probe(profile, budget_s: float = CANARY_BUDGET_S):
     """A function runner -> measured/profiled ratio over the profile's canary points, or None when the
     profile has no points to time again (per-layer scaled, or none fit the budget)."""
-    from planner.profile.check import canary_points, canary_ratio, time_canary
-
     if profile is None or profile.per_layer_scaling:
         return None
     selected = canary_points(profile, budget_s)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
-from planner.cost.calibrated import CalibratedCostModel, profile_path
+from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import ScaledCostModel
 from planner.deploy.plan import plan_deployment
@@ -25,6 +25,7 @@ from planner.errors import PlannerError
 from planner.profile.check import (ProfileCheck, check_profile, check_settings, engine_dtype, find_profile,
                                    pin_live_device, require_device)
 from planner.profile.checkpoints import model_folder
+from planner.profile.schema import profile_path
 from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim import simulate
 from planner.validation.attribution import run_attribution

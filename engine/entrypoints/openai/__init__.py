@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server over the engine (`planner serve` starts it)."""

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.entrypoints.openai import metrics
+from engine.llm_engine import load_tokenizer
 from engine.entrypoints.openai.async_engine import AsyncEngine, Update
 from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError, _Common,
                                     error_body)
@@ -26,7 +27,6 @@ class ServerState:
     """What the handlers share: the engine loop, the frontend tokenizer and the served name."""
 
     def __init__(self, engine, model_name: str, folder: str) -> None:
-        from engine.llm_engine import load_tokenizer
 
         self.engine = engine
         self.model_name = model_name

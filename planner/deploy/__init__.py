@@ -1,0 +1,1 @@
+"""A deployment resolved against the catalogs: its memory plan, the limits vLLM derives, what vLLM refuses."""
