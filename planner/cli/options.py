@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from engine.deployment import POLICIES, Deployment
-from planner.cli.output import fail
+from planner.cli.output import fail, split_values
 from planner.errors import PlannerError
 
 # Per field: the flags it answers to and its help (the value's type comes from the dataclass).
@@ -98,16 +98,7 @@ def _parse(name: str, text) -> tuple:
     kind = Deployment.field_type(name)
     if kind is bool:
         return (text,)
-    values = []
-    for part in str(text).split(","):
-        part = part.strip()
-        try:
-            values.append(kind(part))
-        except ValueError:
-            raise PlannerError(f"{DEPLOYMENT_FLAGS[name][0][0]}: {part!r} is not a valid {kind.__name__}") from None
-    if not values:
-        raise PlannerError(f"{DEPLOYMENT_FLAGS[name][0][0]}: no value given")
-    return tuple(dict.fromkeys(values))
+    return tuple(dict.fromkeys(split_values(str(text), kind, DEPLOYMENT_FLAGS[name][0][0].removeprefix("--"))))
 
 
 def choices_from(options: dict) -> DeploymentChoices:
