@@ -189,7 +189,6 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     arrivals = sorted(r.arrival for r in records)
     offered = ((len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
                if len(arrivals) > 1 and arrivals[-1] > arrivals[0] else None)
-    served = doc.get("request_throughput")
     window = steady_window(records)
     steady = trend = None
     if window is not None:
@@ -198,10 +197,30 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                             "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
                             "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
         trend = queue_trend(records, window)
-    preemptions = doc.get("preemptions", {}).get("total", 0)
-    kv_full = steady["kv_full_share"] if steady else None
-    max_seqs = params.get("max_num_seqs")
+    load = _load(trend, steady, steps, window, params.get("max_num_seqs"))
+    slo_status = None
+    if slos:
+        slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
+                          "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
+    next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command)
+    if command is not None and "max_num_seqs" in load["bound_reason"]:
+        next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
+                                 "why": "let the batch grow past max_num_seqs"})
+    short = bool(window is not None and doc.get("e2e_mean") and window.length < 5 * doc["e2e_mean"])
+    verdict = {"requested_rate": requested, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
+               "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
+               **load, "queue": trend, "preemptions": doc.get("preemptions", {}).get("total", 0), "slos": slo_status,
+               "rejected": summarize_reasons(records, params.get("max_model_len")),
+               "num_rejected": doc.get("num_rejected", 0), "num_truncated": doc.get("num_truncated", 0),
+               "next_commands": next_commands}
+    verdict["lines"] = _verdict_lines(verdict, doc, steady, window)
+    return {"steady_state": steady, "verdict": verdict}
 
+
+def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], window: Window | None,
+          max_seqs: int | None) -> dict:
+    """The run's state (keeps up, saturated, overloaded) and what bound it, with the reason."""
+    kv_full = steady["kv_full_share"] if steady else None
     growing = bool(trend and trend["growing"])
     saturated = bool(trend and not growing and (trend["mean_waiting"] >= SATURATED_QUEUE
                                                  or (kv_full or 0) >= MEMORY_FULL_SHARE))
@@ -222,67 +241,52 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     else:
         bound = "compute"
         why = "steps take too long for the arrival rate while memory is not full"
-    overloaded = growing
     state = "overloaded" if growing else "saturated" if saturated else "keeps up" if trend else "unknown"
+    return {"state": state, "overloaded": growing, "saturated": saturated, "kv_full_share": kv_full,
+            "bound": bound, "bound_reason": why}
 
-    slo_status = None
-    if slos:
-        slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
-                          "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
 
-    next_commands = _next_commands(bound, params, requested, served, command)
-    if command is not None and "max_num_seqs" in why:
-        next_commands.insert(0, {"command": command(max_num_seqs=2 * max_seqs),
-                                 "why": "let the batch grow past max_num_seqs"})
-    lines = []
+def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
+    """The verdict in plain words, one line per finding."""
+    trend, requested, offered = v["queue"], v["requested_rate"], v["offered_rate"]
     rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
     rate_line += f"; the trace offers {_fmt_rate(offered)}"
     if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
         rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
-    rate_line += f"; served {_fmt_rate(served)} over the whole run"
+    rate_line += f"; served {_fmt_rate(v['served_rate'])} over the whole run"
     if steady:
         rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
-    lines.append(rate_line + ".")
+    lines = [rate_line + "."]
     if trend is not None:
-        if overloaded:
-            lines.append(f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
-                         f"the steady window, {trend['slope']:.3g} req/s); latencies grow with the run's length.")
-        elif saturated:
-            lines.append(f"SATURATED: the waiting queue does not keep growing but requests queue up (mean "
-                         f"{trend['mean_waiting']:.1f}, max {trend['max_waiting']} waiting; TTFT p99 "
-                         f"{doc.get('ttft_p99') or 0:.3g} s): the engine runs at its limit.")
-        else:
-            lines.append(f"Keeps up: the waiting queue stays short (mean {trend['mean_waiting']:.1f}, "
-                         f"max {trend['max_waiting']}).")
-    e2e = doc.get("e2e_mean")
-    short = bool(window is not None and e2e and window.length < 5 * e2e)
-    if short:
+        lines.append(_queue_line(v, trend, doc))
+    if v["window_too_short"]:
         lines.append(f"Caution: the steady window ({window.length:.3g} s) is shorter than 5 mean request latencies "
-                     f"({e2e:.3g} s each): too short to judge; give more --requests or a --duration.")
+                     f"({doc['e2e_mean']:.3g} s each): too short to judge; give more --requests or a --duration.")
+    kv_full, preemptions = v["kv_full_share"], v["preemptions"]
     if kv_full is not None:
-        tight = state == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
+        tight = v["state"] == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
         lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
                      + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
-    lines.append(f"Bound by {bound}: {why}.")
-    if slo_status:
-        missed = [k for k, s in slo_status.items() if not s["met"]]
+    lines.append(f"Bound by {v['bound']}: {v['bound_reason']}.")
+    if v["slos"]:
+        missed = [k for k, s in v["slos"].items() if not s["met"]]
         lines.append("SLOs met." if not missed else f"SLOs missed: {', '.join(missed)}.")
-    rejected, truncated = doc.get("num_rejected", 0), doc.get("num_truncated", 0)
-    if rejected or truncated:
-        lines.append(f"{rejected} requests rejected, {truncated} truncated (reasons below).")
-    if next_commands:
-        lines.append(f"Next: {next_commands[0]['command']}  ({next_commands[0]['why']})")
-    return {
-        "steady_state": steady,
-        "verdict": {
-            "requested_rate": requested, "offered_rate": offered, "served_rate": served,
-            "served_rate_steady": steady["request_throughput"] if steady else None,
-            "state": state, "window_too_short": short, "overloaded": overloaded, "saturated": saturated, "queue": trend, "kv_full_share": kv_full,
-            "preemptions": preemptions, "bound": bound, "bound_reason": why, "slos": slo_status,
-            "rejected": summarize_reasons(records, params.get("max_model_len")), "num_rejected": rejected, "num_truncated": truncated,
-            "next_commands": next_commands, "lines": lines,
-        },
-    }
+    if v["num_rejected"] or v["num_truncated"]:
+        lines.append(f"{v['num_rejected']} requests rejected, {v['num_truncated']} truncated (reasons below).")
+    if v["next_commands"]:
+        lines.append(f"Next: {v['next_commands'][0]['command']}  ({v['next_commands'][0]['why']})")
+    return lines
+
+
+def _queue_line(v: dict, trend: dict, doc: dict) -> str:
+    if v["overloaded"]:
+        return (f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
+                f"the steady window, {trend['slope']:.3g} req/s); latencies grow with the run's length.")
+    if v["saturated"]:
+        return (f"SATURATED: the waiting queue does not keep growing but requests queue up (mean "
+                f"{trend['mean_waiting']:.1f}, max {trend['max_waiting']} waiting; TTFT p99 "
+                f"{doc.get('ttft_p99') or 0:.3g} s): the engine runs at its limit.")
+    return f"Keeps up: the waiting queue stays short (mean {trend['mean_waiting']:.1f}, max {trend['max_waiting']})."
 
 
 def _round_rate(x: float) -> str:

@@ -124,7 +124,8 @@ class SimulatedEngine:
             self.idle = None
 
     def run(self):
-        env, scheduler, allocator = self.env, self.scheduler, self.allocator
+        """The engine process: a fast-forward window when one is proven, else one step; asleep when idle."""
+        env, scheduler = self.env, self.scheduler
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
@@ -134,63 +135,68 @@ class SimulatedEngine:
                     yield from self.run_window(window)
                     continue
             step = begin_step(scheduler, env.now)
-            out = step.out
-            self.truncated += len(out.truncated)
-            if not step.has_work:              # (a step that only swaps still takes time)
-                self.done += len(out.rejected) + len(out.truncated)
-                if self.watch is not None and out.finished_now:
-                    self.watch(self, env.now, out.finished_now)
-                if out.rejected or out.truncated or out.preempted:
-                    continue                   # the scheduler ended or preempted requests itself; look again
-                if self.arrivals_done:
-                    if scheduler.has_unfinished():
-                        raise PlannerError(f"the scheduler stalled with {scheduler.num_unfinished()} "
-                                           f"requests it can neither run nor reject")
-                    return
-                self.idle = env.event()
-                yield self.idle                # sleep until the next request arrives
-                continue
+            self.truncated += len(step.out.truncated)
+            if step.has_work:
+                # The shape before update, which marks the step's tokens computed.
+                yield from self.run_step(step, step_shape(step.out, histogram), step_time)
+            elif (yield from self.wait_for_work(step.out)):
+                return
 
-            shape = step_shape(out, histogram)  # before update, which marks the tokens computed
-            start = env.now
-            num_running = len(scheduler.running)
-            if self.chunked:
-                physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
-            elif out.is_prefill:
-                physical = 0
-                # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
-                held = sum(len(s.token_ids) for s in out.seqs)
-                self.prefill_held_tokens += held
-                self.prefill_cached_tokens += held - shape.prefill_tokens
-            else:
-                physical = allocator.token_slots_used()
+    def wait_for_work(self, out):
+        """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
+        until the next arrival, or (True) end the run once every request is done."""
+        self.done += len(out.rejected) + len(out.truncated)
+        if self.watch is not None and out.finished_now:
+            self.watch(self, self.env.now, out.finished_now)
+        if out.rejected or out.truncated or out.preempted:
+            return False                       # the scheduler ended or preempted requests itself; look again
+        if self.arrivals_done:
+            if self.scheduler.has_unfinished():
+                raise PlannerError(f"the scheduler stalled with {self.scheduler.num_unfinished()} "
+                                   f"requests it can neither run nor reject")
+            return True
+        self.idle = self.env.event()
+        yield self.idle                        # sleep until the next request arrives
+        return False
 
-            duration = step_time(shape)
-            if self.device_speed is not None:
-                duration *= self.device_speed(start)
-            yield env.timeout(duration)
-
-            end = env.now
-            # A partial prompt chunk samples nothing: only the sampling part gets tokens.
-            finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
-            self.done += len(finished)
-            self.steps.append(record)
-            self.shapes.append(shape)
-            self.num_running.append(num_running)
-            if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
-                # Sharing is measured on decode steps, where every sequence with KV
-                # on the GPU is in the batch holding exactly its tokens: their sum
-                # against the slots they really occupy.
-                self.logical_token_time += shape.decode_context * (end - start)
-                self.physical_token_time += physical * (end - start)
-            if self.progress is not None and len(self.steps) % PROGRESS_EVERY == 0:
-                self.progress(end, self.done, self.total)
-            if self.watch is not None:
-                self.watch(self, end, finished)
-            if self.next_arrival <= end:
-                # A request is due at this very instant; SimPy runs same-time events
-                # in creation order, so yield once to let it join before scheduling.
-                yield env.timeout(0)
+    def run_step(self, step, shape: StepShape, step_time: Callable[[StepShape], float]):
+        """One step of `shape`: let its price pass, hand the scheduler its tokens, record it."""
+        env, scheduler, allocator, out = self.env, self.scheduler, self.allocator, step.out
+        start = env.now
+        num_running = len(scheduler.running)
+        if self.chunked:
+            physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
+        elif out.is_prefill:
+            physical = 0
+            # Prompt tokens a prefix-cache hit spared: held by each sequence, not computed.
+            held = sum(len(s.token_ids) for s in out.seqs)
+            self.prefill_held_tokens += held
+            self.prefill_cached_tokens += held - shape.prefill_tokens
+        else:
+            physical = allocator.token_slots_used()
+        price = step_time(shape)
+        yield env.timeout(price * self.device_speed(start) if self.device_speed is not None else price)
+        end = env.now
+        # A partial prompt chunk samples nothing: only the sampling part gets tokens.
+        finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
+        self.done += len(finished)
+        self.steps.append(record)
+        self.shapes.append(shape)
+        self.num_running.append(num_running)
+        if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
+            # Sharing is measured on decode steps, where every sequence with KV
+            # on the GPU is in the batch holding exactly its tokens: their sum
+            # against the slots they really occupy.
+            self.logical_token_time += shape.decode_context * (end - start)
+            self.physical_token_time += physical * (end - start)
+        if self.progress is not None and len(self.steps) % PROGRESS_EVERY == 0:
+            self.progress(end, self.done, self.total)
+        if self.watch is not None:
+            self.watch(self, end, finished)
+        if self.next_arrival <= end:
+            # A request is due at this very instant; SimPy runs same-time events
+            # in creation order, so yield once to let it join before scheduling.
+            yield env.timeout(0)
 
     def run_window(self, window: Window):
         """Take a fast-forward window's decode steps: the core's state, the records, then the clock."""

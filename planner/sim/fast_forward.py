@@ -156,58 +156,79 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
     # Cheap refusals first: the next step admits, rejects or swaps something in.
     if not (_swap_in_blocked(scheduler) if scheduler.swapped else _admission_blocked(scheduler)):
         return None
+    decodes = _RunningDecodes.of(scheduler, max_steps)
+    if decodes is None or decodes.last < 1:    # < 1: the stop rule is not the one this module assumes
+        return None
+    shapes, ends = _price_steps(decodes, step_time, now, next_arrival, histogram)
+    crossings = _trim_to_memory(decodes, scheduler.allocator, shapes, ends)
+    if crossings is None:
+        return None
+    finishing = [g for g, f in zip(running, decodes.finish_at) if f == len(shapes)]
+    return Window(list(running), decodes.seqs, decodes.first_crossing, crossings, shapes, now, ends, finishing)
 
-    allocator: BlockManager = scheduler.allocator
-    bs = allocator.block_size
-    max_model_len = scheduler.config.max_model_len
-    ref_counts, tables = _gpu_pool(allocator).ref_counts, allocator.tables
-    seqs: list[Sequence] = []
-    first_crossing: list[int] = []
-    finish_at: list[int] = []              # per group: the step whose sampled token finishes it
-    widest = 0
-    last = max_steps                       # the last step the window may take
-    context = 0
-    for group in running:
-        params = group.params
-        if (params.use_beam_search or params.stop_token_ids or not params.ignore_eos
-                or group.times.first_token is None):
-            return None
-        width = 0
-        max_tokens = params.max_tokens
-        group_finish = max_steps + 1
-        for seq in group.seqs:
-            if seq.status is not _RUNNING:
-                continue
-            n = len(seq.token_ids)        # the last one is sampled but not yet in the cache
-            # The step whose sampled token reaches max_tokens or the model's length.
-            finish = max_tokens - n + seq.prompt_len
-            if max_model_len - n < finish:
-                finish = max_model_len - n
-            if finish < group_finish:
-                group_finish = finish
-            table = tables[seq.seq_id]
-            capacity = len(table) * bs
-            if capacity >= n and ref_counts[table[-1]] > 1:
-                return None                # its next token would be copied-on-write
-            first_crossing.append(capacity - n + 2)
-            context += n
-            seqs.append(seq)
-            width += 1
-        finish_at.append(group_finish)
-        if group_finish < last:
-            last = group_finish
-        if width > widest:
-            widest = width
 
-    if last < 1:
-        return None                        # the stop rule is not the one this module assumes
-    # Time: price each step, and start none at or after the next arrival
-    # (SimPy adds the durations one at a time, exactly as here).
+@dataclass(slots=True)
+class _RunningDecodes:
+    """What a window needs to know of the running set: its sequences, when each takes its next
+    block and when each group finishes, the widest group and the last step the window may take."""
+
+    seqs: list[Sequence]
+    first_crossing: list[int]
+    finish_at: list[int]           # per group: the step whose sampled token finishes it
+    widest: int
+    last: int
+    context: int                   # the first step's total decode context
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, max_steps: int) -> _RunningDecodes | None:
+        """None when a running group could do something else than decode one plain token (beam
+        search, stop tokens, EOS, no first token yet, a copy-on-write of its next token)."""
+        allocator: BlockManager = scheduler.allocator
+        bs, max_model_len = allocator.block_size, scheduler.config.max_model_len
+        ref_counts, tables = _gpu_pool(allocator).ref_counts, allocator.tables
+        found = cls([], [], [], 0, max_steps, 0)
+        for group in scheduler.running:
+            params = group.params
+            if (params.use_beam_search or params.stop_token_ids or not params.ignore_eos
+                    or group.times.first_token is None):
+                return None
+            width = 0
+            group_finish = max_steps + 1
+            for seq in group.seqs:
+                if seq.status is not _RUNNING:
+                    continue
+                n = len(seq.token_ids)        # the last one is sampled but not yet in the cache
+                # The step whose sampled token reaches max_tokens or the model's length.
+                finish = params.max_tokens - n + seq.prompt_len
+                if max_model_len - n < finish:
+                    finish = max_model_len - n
+                if finish < group_finish:
+                    group_finish = finish
+                table = tables[seq.seq_id]
+                capacity = len(table) * bs
+                if capacity >= n and ref_counts[table[-1]] > 1:
+                    return None                # its next token would be copied-on-write
+                found.first_crossing.append(capacity - n + 2)
+                found.context += n
+                found.seqs.append(seq)
+                width += 1
+            found.finish_at.append(group_finish)
+            if group_finish < found.last:
+                found.last = group_finish
+            if width > found.widest:
+                found.widest = width
+        return found
+
+
+def _price_steps(decodes: _RunningDecodes, step_time: Callable[[StepShape], float], now: float,
+                 next_arrival: float, histogram: bool) -> tuple[list[StepShape], list[float]]:
+    """Each step's shape and end time, starting none at or after the next arrival (SimPy adds the
+    durations one at a time, exactly as here)."""
     shapes: list[StepShape] = []
     ends: list[float] = []
     end = now
-    num_seqs = len(seqs)
-    bins, moves = _context_bins(seqs, last) if histogram else ({}, {})   # empty: the updates below are no-ops
+    num_seqs, context, last = len(decodes.seqs), decodes.context, decodes.last
+    bins, moves = _context_bins(decodes.seqs, last) if histogram else ({}, {})   # empty: no-op updates below
     while end < next_arrival:
         if histogram:
             flat: list[int] = []
@@ -235,15 +256,20 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
             entry = bins.setdefault(k + 1, [0, 0])
             entry[0] += 1
             entry[1] += moved
-    steps = len(shapes)
+    return shapes, ends
 
-    # Memory: the free blocks left after each step's appends stay >= the widest group.
+
+def _trim_to_memory(decodes: _RunningDecodes, allocator: BlockManager, shapes: list[StepShape],
+                    ends: list[float]) -> list[int] | None:
+    """Cut the window where the free blocks left after a step's appends would fall below the widest
+    group; the blocks taken per step (index 1..steps), or None when not even one step fits."""
+    steps, bs = len(shapes), allocator.block_size
     crossings = [0] * (steps + 1)
-    for step in first_crossing:
+    for step in decodes.first_crossing:
         if step <= steps:
             for j in range(step, steps + 1, bs):
                 crossings[j] += 1
-    spare = allocator.num_free_blocks() - widest
+    spare = allocator.num_free_blocks() - decodes.widest
     if sum(crossings) > spare:
         taken = 0
         for j in range(1, steps + 1):
@@ -254,8 +280,7 @@ def plan_window(scheduler: Scheduler, step_time: Callable[[StepShape], float], n
         if steps == 0:
             return None
         del shapes[steps:], ends[steps:], crossings[steps + 1:]
-    finishing = [g for g, f in zip(running, finish_at) if f == steps]
-    return Window(list(running), seqs, first_crossing, crossings, shapes, now, ends, finishing)
+    return crossings
 
 
 def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) -> tuple[list[StepRecord], list]:
@@ -270,25 +295,23 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
     step's tokens from the scheduler's own update, as step by step.
     """
     allocator: BlockManager = scheduler.allocator
-    bs = allocator.block_size
-    steps = window.steps
-    seqs = window.seqs
-    used = allocator.num_used_blocks()
-    token_states = allocator.token_slots_used()
-    base = [len(s.token_ids) for s in seqs]      # tokens at the window's start
-    pool = _gpu_pool(allocator)
-    tables, fill = allocator.tables, pool.fill
+    used, token_states = allocator.num_used_blocks(), allocator.token_slots_used()
+    base = [len(s.token_ids) for s in window.seqs]      # tokens at the window's start
+    _take_blocks(window, allocator, tokens, base)
+    finishing_seqs = {s.seq_id for g in window.finishing for s in g.seqs}
+    _write_tokens(window, allocator, tokens, base, finishing_seqs)
+    _gpu_pool(allocator).num_token_states = token_states + window.steps * len(window.seqs)
+    for group in window.groups:
+        group.times.token_times.extend(window.ends)
+    finished = _finish(window, scheduler, tokens, finishing_seqs) if window.finishing else []
+    return _records(window, allocator, used, token_states), finished
 
-    def grow(i: int, count: int) -> Sequence:
-        """Give sequence i the first `count` of its window tokens."""
-        seq = seqs[i]
-        have = len(seq.token_ids) - base[i]
-        if have < count:
-            seq.token_ids.extend(tokens[i][0][have:count])
-        return seq
 
-    # Per step, the sequences crossing into a new block, and (with prefix
-    # caching) those whose computed tokens just filled a block.
+def _take_blocks(window: Window, allocator: BlockManager, tokens: SampledTokens, base: list[int]) -> None:
+    """Each step's new blocks, in running order, then (with prefix caching) the blocks its computed
+    tokens just filled, registered: the order step-by-step simulation takes and marks them in."""
+    bs, steps, seqs, tables = allocator.block_size, window.steps, window.seqs, allocator.tables
+    fill = _gpu_pool(allocator).fill
     crossing_at: list[list[int]] = [[] for _ in range(steps + 1)]
     for i, first in enumerate(window.first_crossing):
         for j in range(first, steps + 1, bs):
@@ -310,15 +333,22 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
             table.append(take())
         if marking_at is not None:
             for i in marking_at[j]:
-                seq = grow(i, j - 1)
+                seq = seqs[i]
+                have = len(seq.token_ids) - base[i]
+                if have < j - 1:               # give it the first j - 1 of its window tokens
+                    seq.token_ids.extend(tokens[i][0][have:j - 1])
                 seq.num_computed_tokens = base[i] + j - 1
                 allocator.mark_computed(seq)
 
-    finishing = window.finishing
-    finishing_seqs = {s.seq_id for g in finishing for s in g.seqs} if finishing else ()
-    for i, seq in enumerate(seqs):
+
+def _write_tokens(window: Window, allocator: BlockManager, tokens: SampledTokens, base: list[int],
+                  finishing_seqs) -> None:
+    """Every sequence's window tokens, log-probabilities and last block's fill as of the last step;
+    a finishing group's last token comes from the scheduler's update."""
+    bs, steps, tables = allocator.block_size, window.steps, allocator.tables
+    fill = _gpu_pool(allocator).fill
+    for i, seq in enumerate(window.seqs):
         ids, logprobs = tokens[i]
-        # A finishing group's last token comes from the scheduler's update below.
         take = steps - 1 if seq.seq_id in finishing_seqs else steps
         token_ids = seq.token_ids
         have = len(token_ids) - base[i]
@@ -334,41 +364,40 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
             for logprob in logprobs:           # one at a time, as Sequence.append adds them
                 cumulative += logprob
             seq.cumulative_logprob = cumulative
-    num_seqs = len(seqs)
-    pool.num_token_states = token_states + steps * num_seqs
 
-    ends = window.ends
-    last_end = ends[-1]
-    for group in window.groups:
-        group.times.token_times.extend(ends)
-    finished = []
-    if finishing:
-        last_seqs = [s for g in finishing for s in g.seqs if s.status is _RUNNING]
-        for group in finishing:
-            group.times.token_times.pop()      # the update appends the last step's time
-        samples = {}
-        for i, seq in enumerate(seqs):
-            if seq.seq_id in finishing_seqs:
-                ids, logprobs = tokens[i]
-                samples[seq.seq_id] = [(ids[steps - 1], logprobs[steps - 1])]
-        finished = scheduler.update(SchedulerOutput(False, finishing, last_seqs, len(last_seqs)), samples, last_end)
-        if not finished:
-            raise AssertionError("fast-forward: no request finished where the window predicted one would")
 
-    # Each step's memory as the step-by-step simulator snapshots it (appends done).
+def _finish(window: Window, scheduler: Scheduler, tokens: SampledTokens, finishing_seqs) -> list:
+    """The scheduler's own update of the last step for the groups that finish in it."""
+    steps = window.steps
+    last_seqs = [s for g in window.finishing for s in g.seqs if s.status is _RUNNING]
+    for group in window.finishing:
+        group.times.token_times.pop()      # the update appends the last step's time
+    samples = {}
+    for i, seq in enumerate(window.seqs):
+        if seq.seq_id in finishing_seqs:
+            ids, logprobs = tokens[i]
+            samples[seq.seq_id] = [(ids[steps - 1], logprobs[steps - 1])]
+    finished = scheduler.update(SchedulerOutput(False, window.finishing, last_seqs, len(last_seqs)), samples,
+                                window.ends[-1])
+    if not finished:
+        raise AssertionError("fast-forward: no request finished where the window predicted one would")
+    return finished
+
+
+def _records(window: Window, allocator: BlockManager, used: int, token_states: int) -> list[StepRecord]:
+    """Each step's record, with its memory as the step-by-step simulator snapshots it (appends done)."""
     records = []
-    num_groups = len(window.groups)
+    bs, num_seqs, num_groups = allocator.block_size, len(window.seqs), len(window.groups)
     total_slots = allocator.num_gpu_blocks * bs
-    crossings = window.crossings
     start = window.start
-    for j in range(1, steps + 1):
-        used += crossings[j]
+    for j in range(1, window.steps + 1):
+        used += window.crossings[j]
         token_states += num_seqs
-        end = ends[j - 1]
+        end = window.ends[j - 1]
         records.append(StepRecord(start=start, end=end, is_prefill=False, batch_size=num_groups, num_seqs=num_seqs,
                                   prefill_tokens=0, decode_tokens=num_seqs, kv_blocks_used=used,
                                   token_states=token_states, reserved=0,
                                   internal_fragmentation=used * bs - token_states, external_fragmentation=0,
                                   free=total_slots - used * bs, preempted=0, swapped_blocks=0))
         start = end
-    return records, finished
+    return records
