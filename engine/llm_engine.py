@@ -44,6 +44,16 @@ def load_tokenizer(folder: str | Path):
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
+def _check_cache_holds_one_sequence(max_model_len: int, cache_tokens: int) -> None:
+    """Refuse to start, as vLLM does, when one sequence at the context limit would not fit: requests
+    would otherwise be cut short (or refused) for lack of blocks, never for their length."""
+    if max_model_len > cache_tokens:
+        # vLLM's words (vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory).
+        raise ValueError(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+                         f"that can be stored in KV cache ({cache_tokens}): lower max_model_len to "
+                         f"{cache_tokens} or give the KV cache more blocks")
+
+
 class LLMEngine:
     """The engine over the model folder `model`, served as `deployment` says (or as the keyword
     arguments, vLLM's engine-argument names, say: ``LLMEngine(folder, block_size=16, max_num_seqs=64)``).
@@ -87,7 +97,9 @@ class LLMEngine:
                                               enable_prefix_caching=dep.enable_prefix_caching)
         else:
             self.allocator = BlockManager(dep.block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
-                                          enable_prefix_caching=dep.enable_prefix_caching)
+                                          enable_prefix_caching=dep.enable_prefix_caching,
+                                          max_model_len=self.max_model_len)
+        _check_cache_holds_one_sequence(self.max_model_len, self.allocator.max_seq_len())
         self.scheduler = make_scheduler(dep.scheduler_config(self.max_model_len), self.allocator)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)

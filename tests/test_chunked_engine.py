@@ -44,7 +44,7 @@ def test_chunked_prefill_matches_transformers_under_preemption(model_dir, refere
     prompts = make_prompts(lens=(44, 36, 40), seed=5)
     max_tokens = 16
     # 13 blocks of 8 (12 usable past the null block) cannot hold the three ~56-token sequences.
-    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13)
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13, max_model_len=96)
     got = engine_greedy(llm, prompts, max_tokens)
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert got == [hf_greedy(reference, p, max_tokens) for p in prompts]
@@ -69,7 +69,7 @@ def test_chunked_prefill_with_prefix_caching_matches_transformers(model_dir, ref
 def test_chunked_prefill_with_prefix_caching_under_preemption(model_dir, reference):
     prompts = make_prompts(lens=(44, 36, 40), seed=5)
     max_tokens = 16
-    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13, enable_prefix_caching=True)
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13, enable_prefix_caching=True, max_model_len=96)
     got = engine_greedy(llm, prompts, max_tokens)
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert got == [hf_greedy(reference, p, max_tokens) for p in prompts]

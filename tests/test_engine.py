@@ -59,7 +59,8 @@ def test_greedy_matches_transformers_under_preemption(model_dir, reference, mode
     prompts = make_prompts(lens=(20, 14, 18, 9, 22, 16), seed=1)
     max_tokens = 20
     # 9 blocks of 8 slots cannot hold the six sequences' ~200 tokens at once.
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=9, preemption_mode=mode, swap_space=0.01)
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=9, preemption_mode=mode, swap_space=0.01,
+              max_model_len=64)   # what one sequence can hold in 9 blocks: the engine refuses more
     got = engine_greedy(llm, prompts, max_tokens)
     preemptions = llm.engine.scheduler.preemptions
     assert preemptions[mode] > 0
@@ -133,7 +134,7 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
         LLM(model_dir, block_size=12)
     with pytest.raises(ValueError, match="no config.json"):
         LLM(str(tmp_path))
-    llm = LLM(model_dir, num_gpu_blocks=8)
+    llm = LLM(model_dir, num_gpu_blocks=8, max_model_len=112)
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello", use_tqdm=False)
     with pytest.raises(ValueError, match=r"token id 100000 is out of range: the model's vocabulary has 200 tokens"):
@@ -150,7 +151,7 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
 def test_string_prompts_use_the_model_folders_tokenizer(tmp_path):
     folder = save_tiny_model("llama", tmp_path / "with-tokenizer")
     save_word_tokenizer(folder)
-    llm = LLM(folder, block_size=8, num_gpu_blocks=32)
+    llm = LLM(folder, block_size=8, num_gpu_blocks=32, max_model_len=128)
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=True)
     by_text, by_ids = llm.generate(["w5 w17 w42", {"prompt_token_ids": [5, 17, 42]}], params, use_tqdm=False)
     assert by_text.prompt == "w5 w17 w42" and by_text.prompt_token_ids == [5, 17, 42]

@@ -45,8 +45,9 @@ def test_issue_reproduction_wide_request_never_costs_the_other_its_kv(llama_dir,
     (4 sequences need a block each beyond their shared prompt block) and a greedy
     single-sequence request. The wide one used to swap the other out, drop the
     swap (an empty step) and truncate itself; the greedy one then decoded from an
-    unwritten block."""
-    engine = LLMEngine(llama_dir, block_size=8, num_gpu_blocks=4, preemption_mode="swap", swap_space=0.01)
+    unwritten block. Now (issue 27) the wide one is refused up front."""
+    engine = LLMEngine(llama_dir, block_size=8, num_gpu_blocks=4, preemption_mode="swap", swap_space=0.01,
+                       max_model_len=24)
     # block_size 2 is not a kernel size; the same shape at block size 8: a
     # one-block prompt for each, 4 blocks in all.
     wide_prompt, single_prompt = prompts_of((8, 8), seed=21)
@@ -59,9 +60,9 @@ def test_issue_reproduction_wide_request_never_costs_the_other_its_kv(llama_dir,
         for o in engine.step():
             outs[o.request_id] = o
     assert outs["single"].outputs[0].token_ids == hf_greedy(reference, single_prompt, 10)
-    # The wide request ends where it stood (1 token each), evicting nobody.
-    assert [len(c.token_ids) for c in outs["wide"].outputs] == [1, 1, 1, 1]
-    assert all(c.finish_reason == "length" for c in outs["wide"].outputs)
+    # The wide request is refused before it runs, evicting nobody, never cut short.
+    assert [c.finish_reason for c in outs["wide"].outputs] == ["rejected"]
+    assert "whole cache" in outs["wide"].error
     assert engine.scheduler.preemptions == {"recompute": 0, "swap": 0}
     assert engine.allocator.num_free_blocks() == 4
 
@@ -72,9 +73,10 @@ def test_parallel_and_greedy_requests_under_memory_pressure_match_transformers(l
     wides = prompts_of((12, 26), seed=2)
     sampled = prompts_of((10,), seed=3)
     max_tokens = 12
-    # 10 blocks of 8: the 26-token prompt's 4 greedy sequences outgrow the cache
-    # (3 shared blocks + 3 own blocks each by the end), the others compete.
-    llm = LLM(llama_dir, block_size=8, num_gpu_blocks=10, preemption_mode=mode, swap_space=0.01)
+    # 16 blocks of 8: each wide request fits alone (the 26-token prompt's 4 greedy
+    # sequences: 3 shared blocks + 3 own blocks each at their last decode), not together.
+    llm = LLM(llama_dir, block_size=8, num_gpu_blocks=16, preemption_mode=mode, swap_space=0.01,
+              max_model_len=120)
     greedy, wide, sample = (SamplingParams(temperature=0, max_tokens=max_tokens),
                             SamplingParams(n=4, temperature=0, max_tokens=max_tokens),
                             SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=max_tokens))
@@ -90,18 +92,18 @@ def test_parallel_and_greedy_requests_under_memory_pressure_match_transformers(l
         elif params is wide:
             assert len(out.outputs) == 4
             for c in out.outputs:
-                assert c.token_ids == expected[:len(c.token_ids)] and c.token_ids
+                assert c.token_ids == expected     # served in full, never cut short
         else:
             assert len(out.outputs) == 3 and all(c.token_ids for c in out.outputs)
     # Wide requests are swapped even under recompute (vLLM v0 does the same).
     assert engine.scheduler.preemptions["swap"] > 0
-    assert engine.allocator.num_free_blocks() == 10 and engine.allocator.num_free_cpu_blocks() == \
+    assert engine.allocator.num_free_blocks() == 16 and engine.allocator.num_free_cpu_blocks() == \
         engine.allocator.num_cpu_blocks
 
 
 def test_an_empty_step_still_applies_its_swaps(llama_dir):
     """Whatever the scheduler returns, the runner copies the blocks it names."""
-    engine = LLMEngine(llama_dir, block_size=8, num_gpu_blocks=4, swap_space=0.01)
+    engine = LLMEngine(llama_dir, block_size=8, num_gpu_blocks=4, swap_space=0.01, max_model_len=24)
     calls = []
     engine.runner.swap_out = lambda mapping: calls.append(("out", dict(mapping)))
     engine.runner.copy_blocks = lambda pairs: calls.append(("copy", list(pairs)))
@@ -118,7 +120,7 @@ def test_every_eos_id_of_the_model_stops_a_sequence(tmp_path, reference, llama_d
     second_eos = next(t for t in free_run[3:] if t != 2)     # a token the model emits mid-run
     folder = save_tiny_model("llama", tmp_path / "two-eos")
     (tmp_path / "two-eos" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, second_eos]}))
-    llm = LLM(folder, block_size=8, num_gpu_blocks=16)
+    llm = LLM(folder, block_size=8, num_gpu_blocks=16, max_model_len=64)
     out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=12),
                        use_tqdm=False)[0].outputs[0]
     assert out.token_ids == hf_greedy(reference, prompt, 12, eos=[2, second_eos])

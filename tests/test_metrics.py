@@ -98,11 +98,11 @@ def test_truncated_requests_are_counted_apart_and_fail_slos():
     assert not meets(res.summary(), {"normalized_latency": 1e9})    # a truncated request fails any SLO
 
 
-def test_a_request_that_outgrows_the_whole_cache_is_truncated():
-    # 4 blocks of 2 = 8 slots; the prompt fits but 6 + 8 tokens never can.
+def test_a_request_that_would_outgrow_the_whole_cache_is_refused_up_front():
+    # 4 blocks of 2 = 8 slots; the prompt fits but 6 + 8 tokens never can: refused, not cut short (issue 27).
     res = run(("big", 0.0, 6, 8), num_gpu_blocks=4, max_model_len=64)
     m = res.metrics
-    assert (m["num_completed"], m["num_rejected"], m["num_truncated"]) == (0, 0, 1)
+    assert (m["num_completed"], m["num_rejected"], m["num_truncated"]) == (0, 1, 0)
     assert m["normalized_latency"] is None
 
 

@@ -77,7 +77,7 @@ def test_greedy_matches_transformers_under_preemption(model_dir, reference_model
     prompts = make_prompts((20, 14, 18, 9, 22), seed=1)
     max_tokens = 16
     # 8 blocks of 8 slots cannot hold the five sequences' ~160 tokens at once.
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=8, preemption_mode="recompute")
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=8, preemption_mode="recompute", max_model_len=56)
     got = engine_greedy(llm, prompts, max_tokens)
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert got == [hf_greedy(reference_model, p, max_tokens) for p in prompts]
@@ -119,7 +119,7 @@ def test_gpt_oss_partitioned_decode_kernel_gives_the_same_tokens(tmp_path, monke
     folder = save_tiny_model("gpt_oss", tmp_path / "gpt_oss")
     prompts = make_prompts((13, 6), seed=9)
     monkeypatch.setattr(engine.attention, "use_v2", lambda *args: True)
-    llm = LLM(folder, block_size=8, num_gpu_blocks=16)
+    llm = LLM(folder, block_size=8, num_gpu_blocks=16, max_model_len=64)
     assert engine_greedy(llm, prompts, 8) == [hf_greedy(hf_model(folder), p, 8) for p in prompts]
 
 

@@ -89,13 +89,14 @@ def test_swap_in_reserves_the_groups_blocks_plus_one_per_sequence(watermark_bloc
 def test_issue_reproduction_no_empty_step_loses_a_swap():
     """Defect 1: 4 blocks of 2, swap mode, a 4-way parallel request and a single one.
     The wide request can never decode (4 sequences need a block each beyond their
-    shared prompt block: 5 > 4), so it is ended where it stands without evicting
-    the other, and no step carries a swap the executor would skip."""
+    shared prompt block: 5 > 4), so it is refused up front (issue 27: never cut
+    short for lack of blocks) without evicting the other, and no step carries a
+    swap the executor would skip."""
     wide = SequenceGroup("wide", [5, 6], SamplingParams(n=4, max_tokens=6, ignore_eos=True), 0.0)
     single = req("single", 0.1, 2, 6)
     r = replay([wide, single], block_size=2, num_gpu_blocks=4, num_cpu_blocks=8, mode="swap")
-    assert ids(r.truncated) == ["wide"] and wide.finish_reason is FinishReason.LENGTH
-    assert [s.num_output_tokens for s in wide.seqs] == [1, 1, 1, 1]
+    assert ids(r.rejected) == ["wide"] and wide.finish_reason is FinishReason.REJECTED and not r.truncated
+    assert "whole cache" in wide.reject_reason
     assert single.num_preemptions == 0 and single.seqs[0].num_output_tokens == 6
     assert all(out.seqs or not out.has_memory_ops for out in r.log)
     assert r.alloc.num_free_blocks() == 4
@@ -118,7 +119,7 @@ def test_wide_groups_are_swapped_under_recompute():
 
 def test_exhausted_swap_space_falls_back_to_recompute_and_stays_correct():
     first = req("first", 0.0, 3, 8)
-    wide = SequenceGroup("wide", [5, 6, 7], SamplingParams(n=2, max_tokens=8, ignore_eos=True), 0.5)
+    wide = SequenceGroup("wide", [5, 6, 7], SamplingParams(n=2, max_tokens=4, ignore_eos=True), 0.5)
     r = replay([first, wide], block_size=2, num_gpu_blocks=7, num_cpu_blocks=0, mode="swap")
     assert r.sched.preemptions["swap"] == 0 and r.sched.preemptions["recompute"] >= 1
     for g in (wide, first):
@@ -126,7 +127,7 @@ def test_exhausted_swap_space_falls_back_to_recompute_and_stays_correct():
     # Recomputed without sharing, the wide one still ends with every token, or
     # is cut short only if its unshared sequences outgrew the cache.
     if wide not in r.truncated:
-        assert all(s.num_output_tokens == 8 for s in wide.seqs)
+        assert all(s.num_output_tokens == 4 for s in wide.seqs)
     assert r.alloc.num_free_blocks() == 7
 
 

@@ -14,7 +14,8 @@ def make_allocator(name: str, *, block_size: int, num_gpu_blocks: int, num_cpu_b
     """Build the allocation policy called ``name`` over the same amount of KV memory."""
     if name == "paged":
         return BlockManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark=watermark,
-                            enable_prefix_caching=enable_prefix_caching, slot_reservation=slot_reservation)
+                            enable_prefix_caching=enable_prefix_caching, slot_reservation=slot_reservation,
+                            max_model_len=max_model_len)
     if name in ("orca-max", "orca-pow2", "orca-oracle"):
         # Contiguous chunks are never shared, so prefix caching does not apply to them.
         return ContiguousAllocator(name.split("-", 1)[1], block_size, num_gpu_blocks,

@@ -10,6 +10,9 @@ Admission checks follow vLLM v0.2.0's ``BlockSpaceManager`` (the version the
 paper evaluated), so the simulator preempts exactly where it would:
 
 - ``can_allocate``: the prompt's blocks fit and leave ``watermark`` of the cache free;
+  and, given ``max_model_len``, a request not yet started could grow to its
+  largest (``max_blocks_alone``) with the cache to itself, else it is refused
+  up front (NEVER) instead of being cut short later;
 - ``can_append_slots``: at least one free block per running sequence of the
   group, whether or not that sequence needs a new block this step;
 - ``can_swap_in``: the group's blocks plus one block per swapped sequence
@@ -36,12 +39,27 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def blocks_at_most(prompt_len: int, max_tokens: int, width: int, block_size: int,
+                   max_model_len: int | None = None, reserve_per_seq: int = 0) -> int:
+    """KV blocks a request needs at its largest: its ``width`` sequences share the
+    prompt's full blocks, and each holds its own up to its last computed token (the
+    last sampled token is never computed); before its last decode, each also wants
+    ``reserve_per_seq`` free blocks (vLLM v0's rule) beside what it holds."""
+    total = prompt_len + max_tokens
+    if max_model_len is not None:
+        total = min(total, max_model_len)
+    shared = prompt_len // block_size if width > 1 else 0
+    last = _blocks_for(total - 1, block_size) - shared
+    before_last = _blocks_for(total - 2, block_size) - shared + reserve_per_seq
+    return shared + width * max(last, before_last)
+
+
 class BlockManager:
     supports_swap = True
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, *,
                  watermark: float = 0.01, enable_prefix_caching: bool = False,
-                 slot_reservation: str = "vllm") -> None:
+                 slot_reservation: str = "vllm", max_model_len: int | None = None) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if num_gpu_blocks < 1:
@@ -57,6 +75,9 @@ class BlockManager:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.slot_reservation = slot_reservation
+        # The context limit, when known, bounds how far a request can grow
+        # (can_allocate refuses up front one that could never finish).
+        self.max_model_len = max_model_len
         self.gpu = BlockPool(num_gpu_blocks)
         self.cpu = BlockPool(num_cpu_blocks)
         self.tables: dict[int, list[int]] = {}       # seq id -> GPU blocks
@@ -83,10 +104,26 @@ class BlockManager:
     def _blocks_needed(self, group: SequenceGroup) -> int:
         return sum(_blocks_for(s.num_tokens, self.block_size) for s in group.live_seqs())
 
+    def max_blocks_alone(self, group: SequenceGroup) -> int:
+        """Blocks the request needs at its largest with the cache to itself, by the rules
+        its steps are checked by: vLLM's one free block per running sequence before a
+        decode, and the watermark kept free when it is admitted or swapped in."""
+        params = group.params
+        reserve = 1 if self.slot_reservation == "vllm" else 0
+        return self.watermark_blocks + blocks_at_most(group.prompt_len, params.max_tokens, params.best_of,
+                                                      self.block_size, self.max_model_len, reserve)
+
+    def max_seq_len(self) -> int:
+        """The longest sequence one request can hold (vLLM refuses a max_model_len above it)."""
+        return max(self.num_gpu_blocks - 1 - self.watermark_blocks, 0) * self.block_size
+
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         needed = self._blocks_needed(group)
         if needed > self.num_gpu_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
+        if (self.max_model_len is not None and group.first_step_pending
+                and self.max_blocks_alone(group) > self.num_gpu_blocks):
+            return AllocStatus.NEVER   # it could never finish: refused now, not cut short later
         if self.gpu.num_free() - needed >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.core.block_manager import BlockManager, _blocks_for
+from engine.core.block_manager import BlockManager, _blocks_for, blocks_at_most
 from engine.core.block_pool import BlockPool
 from engine.core.config import SchedulerConfig
 from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
@@ -125,17 +125,30 @@ class ChunkedScheduler(Scheduler):
         self.prefix_hit_tokens = 0
 
     def schedule(self, now: float) -> SchedulerOutput:
-        cfg = self.config
-        allocator = self.allocator
-        budget = cfg.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens
         groups: list[SequenceGroup] = []
         seqs = []
         counts: list[int] = []
         preempted: list[SequenceGroup] = []
         rejected: list[SequenceGroup] = []
         truncated: list[SequenceGroup] = []
+        budget = self._schedule_running(budget, groups, seqs, counts, preempted)
+        if not preempted:
+            budget = self._schedule_waiting(now, budget, groups, seqs, counts, rejected, truncated)
+        num_tokens = self.config.max_num_batched_tokens - budget
+        # A step is a "prefill" one only when it decodes nothing (kept for the
+        # paper-era consumers that classify steps as a whole).
+        is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
+        out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
+                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
+        out.token_split = split_tokens(out)      # before update moves the computed counts
+        return out
 
-        # 1. Running requests, in running order.
+    def _schedule_running(self, budget: int, groups: list, seqs: list, counts: list, preempted: list) -> int:
+        """Pass 1: running requests in running order, each given its uncomputed tokens
+        capped by the budget, preempting from the back of the running list when its
+        blocks cannot be had. Collects the step's entries; returns the budget left."""
+        allocator = self.allocator
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -161,50 +174,56 @@ class ChunkedScheduler(Scheduler):
             counts.append(num_new)
             budget -= num_new
             i += 1
+        return budget
 
-        # 2. Waiting requests, only when this step preempted nothing.
-        if not preempted:
-            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                group = self.waiting[0]
-                problem = self._never_fits(group)
-                if problem is not None:
-                    self.waiting.popleft()
-                    if group.times.first_token is None:
-                        self._reject(group, problem, now, rejected)
-                    else:   # preempted after it outgrew the whole cache: end it where it is
-                        self._truncate(group, now, truncated)
-                    continue
-                seq = group.seqs[0]
-                hit = allocator.cached_prefix(seq)
-                computed = len(hit) * allocator.block_size
-                num_new = min(seq.num_tokens - computed, budget)
-                free = allocator.num_free_blocks()
-                if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
-                    break
-                if allocator.blocks_to_admit(hit, computed + num_new) > free:
-                    break
+    def _schedule_waiting(self, now: float, budget: int, groups: list, seqs: list, counts: list,
+                          rejected: list, truncated: list) -> int:
+        """Pass 2 (only in a step that preempted nothing): waiting requests in order,
+        while the budget lasts and fewer than ``max_num_seqs`` run, each with its
+        prefix-cache hits and a chunk of its prompt; the first that does not fit ends
+        admission. Collects the step's entries; returns the budget left."""
+        allocator = self.allocator
+        max_num_seqs = self.config.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
+            group = self.waiting[0]
+            problem = self._never_fits(group)
+            if problem is not None:
                 self.waiting.popleft()
-                self.prefix_queried_tokens += seq.num_tokens
-                self.prefix_hit_tokens += computed
-                allocator.admit(seq, hit, computed + num_new)
-                self._cache(seq, computed + num_new)
-                seq.status = SequenceStatus.RUNNING
-                if group.times.first_scheduled is None:
-                    group.times.first_scheduled = now
-                running.append(group)
-                groups.append(group)
-                seqs.append(seq)
-                counts.append(num_new)
-                budget -= num_new
+                if group.times.first_token is None:
+                    self._reject(group, problem, now, rejected)
+                else:   # preempted after it outgrew the whole cache: end it where it is
+                    self._truncate(group, now, truncated)
+                continue
+            seq = group.seqs[0]
+            hit = allocator.cached_prefix(seq)
+            computed = len(hit) * allocator.block_size
+            num_new = min(seq.num_tokens - computed, budget)
+            free = allocator.num_free_blocks()
+            if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
+                break
+            if allocator.blocks_to_admit(hit, computed + num_new) > free:
+                break
+            self._admit_chunk(group, hit, computed, num_new, now)
+            groups.append(group)
+            seqs.append(seq)
+            counts.append(num_new)
+            budget -= num_new
+        return budget
 
-        num_tokens = cfg.max_num_batched_tokens - budget
-        # A step is a "prefill" one only when it decodes nothing (kept for the
-        # paper-era consumers that classify steps as a whole).
-        is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
-        out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
-                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
-        out.token_split = split_tokens(out)      # before update moves the computed counts
-        return out
+    def _admit_chunk(self, group: SequenceGroup, hit: list[tuple[int, int]], computed: int, num_new: int,
+                     now: float) -> None:
+        """Moves the head of the waiting queue to the running list, holding blocks for
+        its ``computed`` prefix-cache hits and the ``num_new`` tokens of its first chunk."""
+        seq = group.seqs[0]
+        self.waiting.popleft()
+        self.prefix_queried_tokens += seq.num_tokens
+        self.prefix_hit_tokens += computed
+        self.allocator.admit(seq, hit, computed + num_new)
+        self._cache(seq, computed + num_new)
+        seq.status = SequenceStatus.RUNNING
+        if group.times.first_scheduled is None:
+            group.times.first_scheduled = now
+        self.running.append(group)
 
     def _never_fits(self, group: SequenceGroup) -> str | None:
         """Why the request can never run, or None."""
@@ -215,9 +234,13 @@ class ChunkedScheduler(Scheduler):
         if group.prompt_len > cfg.max_model_len:
             return f"prompt of {group.prompt_len} tokens exceeds the model's limit of {cfg.max_model_len}"
         seq = group.seqs[0]
-        if _blocks_for(seq.num_tokens, self.allocator.block_size) > self.usable_blocks:
+        bs = self.allocator.block_size
+        if _blocks_for(seq.num_tokens, bs) > self.usable_blocks or (
+                group.first_step_pending   # refused up front, not cut short when it outgrows the cache
+                and blocks_at_most(group.prompt_len, group.params.max_tokens, 1, bs, cfg.max_model_len)
+                > self.usable_blocks):
             return (f"needs more KV cache than the whole cache holds ({self.usable_blocks} usable blocks "
-                    f"of {self.allocator.block_size})")
+                    f"of {bs})")
         return None
 
     def _preempt(self, group: SequenceGroup, swap_out: dict[int, int]) -> None:
