@@ -25,7 +25,9 @@ from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import (default_out, fail, fmt, interval_table, plan_table, print_verdict, split_values,
                                 stdout, summary_table, unit, warn)
 from planner.errors import PlannerError
-from planner.report.run import comparison_row, sweep_document, write_capacity, write_run, write_sweep
+from planner.report.capacity import write_capacity
+from planner.report.run import write_run
+from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Load, RunSpec
 from planner.sizing.capacity import capacity_title

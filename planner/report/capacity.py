@@ -1,0 +1,44 @@
+"""A capacity search's folder: capacity.json, the probes plotted against the rate, report.html."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.documents import json_safe
+from planner.report.html import capacity_report
+from planner.report.plots import PANEL_LABELS, pyplot
+
+
+def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
+    """capacity.json, the probes plotted against rate (SLO limits, the capacity marked), report.html."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"capacity": out_dir / "capacity.json"}
+    paths["capacity"].write_text(json.dumps(json_safe(doc), indent=2) + "\n")
+    plt = pyplot()
+    probes = sorted(doc["probes"], key=lambda p: p["rate"])
+    keys = list(doc["slos"]) + ["request_throughput"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        pts = [(p["rate"], p.get(key), p["meets"]) for p in probes if p.get(key) is not None]
+        ax.plot([r for r, _, _ in pts], [v for _, v, _ in pts], color="tab:blue", linewidth=1)
+        for r, v, ok in pts:
+            ax.plot([r], [v], marker="o", color="tab:green" if ok else "tab:red", linestyle="none")
+        if key in doc["slos"]:
+            ax.axhline(doc["slos"][key], color="tab:red", linestyle="--", label=f"SLO {doc['slos'][key]:g}")
+        if doc.get("capacity_rate") is not None:
+            ax.axvline(doc["capacity_rate"], color="black", linestyle=":",
+                       label=f"capacity {doc['capacity_rate']:.3g} req/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("request rate (requests/s)")
+        ax.set_ylabel(PANEL_LABELS.get(key, key))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"capacity search (green: meets the SLOs, red: misses)\n{title}", fontsize=10)
+    fig.tight_layout()
+    paths["capacity_plot"] = out_dir / "capacity.png"
+    fig.savefig(paths["capacity_plot"], dpi=100)
+    plt.close(fig)
+    paths["report"] = out_dir / "report.html"
+    paths["report"].write_text(capacity_report(json_safe(doc), {"capacity_plot": paths["capacity_plot"]},
+                                               f"Capacity: {title}"))
+    return paths
