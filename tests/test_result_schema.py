@@ -1,0 +1,48 @@
+"""Every result file carries schema_version, and docs/results.md documents every field it writes."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.deployment import Deployment
+from planner import capacity, search, simulate, sweep
+from planner.api import run_spec
+from planner.documents import SCHEMA_VERSION
+from planner.report.sweep import sweep_document
+
+DOCUMENTED = set(re.findall(r"`([a-z_0-9]+)`", (Path(__file__).parent.parent / "docs" / "results.md").read_text()))
+NESTED = ("params", "memory_plan", "steady_state", "verdict", "deployment", "profile_check", "window", "queue",
+          "at_capacity_summary", "best")
+
+
+def undocumented(doc: dict, where: str = "") -> list[str]:
+    """Keys of `doc` (and of its documented sub-objects) that docs/results.md does not name."""
+    missing = [f"{where}{key}" for key in doc if key not in DOCUMENTED]
+    for key in NESTED:
+        if isinstance(doc.get(key), dict):
+            missing += undocumented(doc[key], f"{where}{key}.")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def small():
+    return Deployment(model="opt-1.3b", gpu="a100-40g")
+
+
+def test_result_json(small):
+    doc = simulate(small, workload="alpaca", rate=4, requests=60, slos={"ttft_p99": 1}).document()
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert not undocumented(doc)
+
+
+def test_sweep_capacity_and_search_json(small):
+    specs = [run_spec(small, workload="alpaca", rate=r, requests=40) for r in (2, 4)]
+    docs = sweep(specs)
+    for doc in (sweep_document(docs), capacity(small, slos="ttft_p99=2", requests=40, tolerance=0.2).document,
+                search(small, slos="ttft_p99=2", requests=40, tolerance=0.2, rate=2, workers=1).document()):
+        assert doc["schema_version"] == SCHEMA_VERSION
+        assert not undocumented(doc)
+    for row in search(small, slos="ttft_p99=2", requests=40, tolerance=0.2, workers=1).configs:
+        assert not undocumented(row)
