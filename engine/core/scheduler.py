@@ -171,27 +171,8 @@ class Scheduler:
         num_seqs = sum(_num_live(g) for g in self.running)
         while self.waiting:
             group = self.waiting[0]
-            if group.max_num_seqs() > cfg.max_num_seqs:
-                self.waiting.popleft()
-                self._reject(group, f"asks for {group.max_num_seqs()} parallel sequences but the engine runs "
-                                    f"at most {cfg.max_num_seqs}", now, rejected)
-                continue
-            if group.prompt_len > cfg.max_model_len:
-                self.waiting.popleft()
-                self._reject(group, f"prompt of {group.prompt_len} tokens exceeds the model's "
-                                    f"limit of {cfg.max_model_len}", now, rejected)
-                continue
-            status = self.allocator.can_allocate(group)
+            status = self._admission(group, now, rejected, truncated)
             if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                if not group.first_step_pending:
-                    # A wide request recomputed without its sharing (swap space
-                    # exhausted) that no longer fits: it keeps what it generated.
-                    self._truncate(group, now, truncated)
-                    continue
-                self._reject(group, f"needs more KV cache than the whole cache holds "
-                                    f"({self.allocator.num_gpu_blocks} blocks of {self.allocator.block_size})",
-                             now, rejected)
                 continue
             if status is AllocStatus.LATER:
                 break
@@ -203,14 +184,7 @@ class Scheduler:
                 break
             if num_seqs + group.max_num_seqs() > cfg.max_num_seqs:
                 break
-            self.waiting.popleft()
-            self.allocator.allocate(group)
-            for seq in live:
-                seq.status = _RUNNING
-                num_tokens += seq.num_tokens - seq.num_computed_tokens
-                seqs.append(seq)
-            if group.times.first_scheduled is None:
-                group.times.first_scheduled = now
+            num_tokens += self._admit(group, live, seqs, now)
             num_seqs += group.max_num_seqs()
             admitted.append(group)
         if not admitted:
@@ -220,6 +194,47 @@ class Scheduler:
         for group in admitted:   # keep running in FCFS order (recomputed groups are older)
             bisect.insort(self.running, group, key=_fcfs)
         return SchedulerOutput(True, admitted, seqs, num_tokens, rejected=rejected, truncated=truncated)
+
+    def _admission(self, group: SequenceGroup, now: float, rejected: list, truncated: list) -> AllocStatus:
+        """Whether the head of the waiting queue can have its blocks now (OK) or later
+        (LATER). NEVER: it can never run, so it is taken off the queue and ended here,
+        rejected, or truncated if it already generated tokens."""
+        cfg = self.config
+        reason = None
+        if group.max_num_seqs() > cfg.max_num_seqs:
+            reason = (f"asks for {group.max_num_seqs()} parallel sequences but the engine runs "
+                      f"at most {cfg.max_num_seqs}")
+        elif group.prompt_len > cfg.max_model_len:
+            reason = f"prompt of {group.prompt_len} tokens exceeds the model's limit of {cfg.max_model_len}"
+        else:
+            status = self.allocator.can_allocate(group)
+            if status is not AllocStatus.NEVER:
+                return status
+        self.waiting.popleft()
+        if reason is None and not group.first_step_pending:
+            # A wide request recomputed without its sharing (swap space
+            # exhausted) that no longer fits: it keeps what it generated.
+            self._truncate(group, now, truncated)
+        else:
+            allocator = self.allocator
+            reason = reason or (f"needs more KV cache than the whole cache holds "
+                                f"({allocator.num_gpu_blocks} blocks of {allocator.block_size})")
+            self._reject(group, reason, now, rejected)
+        return AllocStatus.NEVER
+
+    def _admit(self, group: SequenceGroup, live: list[Sequence], seqs: list, now: float) -> int:
+        """Takes the head of the waiting queue into the step: allocates its blocks and
+        runs its live sequences (collected into ``seqs``); returns the tokens they compute."""
+        self.waiting.popleft()
+        self.allocator.allocate(group)
+        num_tokens = 0
+        for seq in live:
+            seq.status = _RUNNING
+            num_tokens += seq.num_tokens - seq.num_computed_tokens
+            seqs.append(seq)
+        if group.times.first_scheduled is None:
+            group.times.first_scheduled = now
+        return num_tokens
 
     def _schedule_decode(self, now: float, rejected: list) -> SchedulerOutput:
         allocator = self.allocator
@@ -241,13 +256,7 @@ class Scheduler:
                     # rather than evict others for nothing.
                     self._truncate(group, now, truncated)
                     continue
-                while True:
-                    victim = queue.pop() if queue else group   # the most recently arrived
-                    self._preempt(victim, swap_out)
-                    preempted.append(victim)
-                    if victim is group or can_append(group):
-                        break
-                if victim is group:
+                if not self._preempt_for(group, queue, swap_out, preempted):
                     continue
             for seq in group.seqs:
                 if seq.status is _RUNNING:
@@ -260,32 +269,55 @@ class Scheduler:
         swap_in: dict[int, int] = {}
         # As vLLM v0.2.0: no swapping in while this step swaps out (it would thrash).
         if self.swapped and not swap_out:
-            max_num_seqs = self.config.max_num_seqs
-            num_seqs = len(seqs)
-            while self.swapped:
-                group = self.swapped[0]
-                if not allocator.can_swap_in(group):
-                    break
-                num_new = group.num_seqs(_SWAPPED)
-                if num_seqs + num_new > max_num_seqs:
-                    break
-                self.swapped.pop(0)
-                swap_in.update(allocator.swap_in(group))
-                for seq in group.seqs:
-                    if seq.status is _SWAPPED:
-                        seq.status = _RUNNING
-                self._append_slots(group, seqs, copies)
-                scheduled.append(group)
-                num_seqs += num_new
-            if not scheduled and self.swapped and not allocator.can_swap_in(self.swapped[0]):
-                # Nothing runs, yet the oldest swapped request cannot come back:
-                # it outgrew the cache while swapped out. End it where it stands.
-                self._truncate(self.swapped.pop(0), now, truncated)
+            swap_in = self._swap_in(now, scheduled, seqs, copies, truncated)
         # Swapped-in groups may be older than the ones that kept running. (A copy:
         # the step's own list must not change when later steps admit requests.)
         self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled[:]
         return SchedulerOutput(False, scheduled, seqs, len(seqs), swap_out, swap_in, copies,
                                preempted, rejected, truncated)
+
+    def _preempt_for(self, group: SequenceGroup, queue: deque, swap_out: dict[int, int],
+                     preempted: list) -> bool:
+        """Preempts running groups, the most recently arrived first (the back of
+        ``queue``, else ``group`` itself), until ``group`` can append its slots.
+        False when ``group`` was the victim and does not run this step."""
+        while True:
+            victim = queue.pop() if queue else group
+            self._preempt(victim, swap_out)
+            preempted.append(victim)
+            if victim is group:
+                return False
+            if self.allocator.can_append_slots(group):
+                return True
+
+    def _swap_in(self, now: float, scheduled: list, seqs: list, copies: list, truncated: list) -> dict[int, int]:
+        """Brings swapped-out groups back, oldest first, while their blocks fit and the
+        batch has room; they join ``scheduled`` and decode in this step. Returns the
+        step's swap-in block map."""
+        allocator = self.allocator
+        max_num_seqs = self.config.max_num_seqs
+        num_seqs = len(seqs)
+        swap_in: dict[int, int] = {}
+        while self.swapped:
+            group = self.swapped[0]
+            if not allocator.can_swap_in(group):
+                break
+            num_new = group.num_seqs(_SWAPPED)
+            if num_seqs + num_new > max_num_seqs:
+                break
+            self.swapped.pop(0)
+            swap_in.update(allocator.swap_in(group))
+            for seq in group.seqs:
+                if seq.status is _SWAPPED:
+                    seq.status = _RUNNING
+            self._append_slots(group, seqs, copies)
+            scheduled.append(group)
+            num_seqs += num_new
+        if not scheduled and self.swapped and not allocator.can_swap_in(self.swapped[0]):
+            # Nothing runs, yet the oldest swapped request cannot come back:
+            # it outgrew the cache while swapped out. End it where it stands.
+            self._truncate(self.swapped.pop(0), now, truncated)
+        return swap_in
 
     def _append_slots(self, group: SequenceGroup, seqs: list, copies: list) -> None:
         """Slots for the group's running sequences' new tokens; collects them and
