@@ -14,6 +14,7 @@ from pathlib import Path
 from engine import sampling
 from engine.core.block_manager import BlockManager
 from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
+from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import RequestRecord, StepRecord
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner, SequenceInput
@@ -26,7 +27,7 @@ from engine.core.sequence import FinishReason, Sequence, SequenceGroup, Sequence
 from engine.core.step import begin_step, end_step
 from engine.deployment import Deployment
 
-__all__ = ["LLMEngine", "SUPPORTED_BLOCK_SIZES"]
+__all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
 
 Prompt = str | dict | list[int]
@@ -52,6 +53,16 @@ def _check_cache_holds_one_sequence(max_model_len: int, cache_tokens: int) -> No
         raise ValueError(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
                          f"that can be stored in KV cache ({cache_tokens}): lower max_model_len to "
                          f"{cache_tokens} or give the KV cache more blocks")
+
+
+class StepError(RuntimeError):
+    """An engine step failed. Only the requests it ran were ended (finish reason "error");
+    ``outputs`` holds them, and the engine is ready for the next step."""
+
+    def __init__(self, cause: Exception, outputs: list[RequestOutput]) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.outputs = outputs
 
 
 class LLMEngine:
@@ -113,6 +124,7 @@ class LLMEngine:
         # step regardless, since that is where stop strings are found.
         self.stream_text = False
         self.last_step_groups: list[SequenceGroup] = []    # the requests the last step advanced
+        self._step_out: SchedulerOutput | None = None      # the step running now (for a failure's reach)
         self._texts: dict[int, IncrementalDetokenizer] = {}            # by seq id
         self._logprobs: dict[int, list[PositionLogprobs]] = {}         # by seq id
 
@@ -152,18 +164,39 @@ class LLMEngine:
         self.prompts[request_id] = text
         self.scheduler.add(group)
 
+    def unservable(self, prompt_token_ids: list[int], params: SamplingParams) -> str | None:
+        """Why the scheduler would refuse this request as it arrives (too many sequences, more KV cache
+        at its largest than the whole cache holds, a policy that cannot run it), or None. Lets a server
+        refuse it with a 400 instead of queueing it."""
+        group = SequenceGroup("probe", prompt_token_ids, params, 0.0, eos_token_ids=self.runner.eos_token_ids)
+        cfg = self.scheduler.config
+        if group.max_num_seqs() > cfg.max_num_seqs:
+            return f"asks for {group.max_num_seqs()} parallel sequences but the engine runs at most {cfg.max_num_seqs}"
+        if cfg.enable_chunked_prefill:
+            return self.scheduler._never_fits(group)     # the chunked policy's own admission rule
+        if self.allocator.can_allocate(group) is AllocStatus.NEVER:
+            return (f"needs more KV cache at its largest (prompt + max_tokens, for each of its {params.best_of} "
+                    f"sequences) than the whole cache holds ({self.allocator.num_gpu_blocks} blocks of "
+                    f"{self.allocator.block_size} tokens)")
+        return None
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def abort_request(self, request_id: str) -> bool:
+    def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is (waiting, running, swapped) and free its blocks.
 
-        Call it between steps. Returns False when the request is unknown or
-        already finished.
+        Call it between steps. Returns what it had generated (finish reason
+        "abort"), or None when the request is unknown or already finished.
         """
         group = self.groups.get(request_id)
         if group is None:
-            return False
+            return None
+        return self._end(group, "abort")
+
+    def _end(self, group: SequenceGroup, reason: str, error: str | None = None) -> RequestOutput:
+        """End a request the scheduler did not finish (an abort, a failed step): out of every queue,
+        its blocks freed, its output so far returned with ``reason``."""
         sched = self.scheduler
         for queue in (sched.running, sched.swapped, sched.waiting):
             if group in queue:
@@ -173,14 +206,47 @@ class LLMEngine:
                 self.allocator.free(seq)
                 seq.status = SequenceStatus.FINISHED
         group.times.finish = self.clock()
+        try:
+            output = self.output_of(group, self.prompts.get(group.request_id))
+        except Exception:   # a failed step may have left a sequence's text half-updated: report no text
+            output = RequestOutput(group.request_id, self.prompts.get(group.request_id), group.prompt_token_ids,
+                                   [CompletionOutput(0, [], "", 0.0, None, reason)], True,
+                                   RequestRecord.from_group(group))
+        for o in output.outputs:
+            o.finish_reason = reason
+        output.finished = True
+        output.error = error
         self._forget(group)
-        return True
+        return output
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the requests that finished in it."""
+        """Run one engine step; returns the requests that finished in it.
+
+        A step that fails (a bug, a device error) ends only the requests it ran, with finish
+        reason "error"; it raises StepError holding their outputs, and the engine goes on."""
+        self._step_out = None
+        try:
+            return self._step()
+        except Exception as exc:
+            raise StepError(exc, self._fail_step(exc)) from exc
+
+    def _fail_step(self, exc: Exception) -> list[RequestOutput]:
+        out = self._step_out
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        if out is None:   # scheduling itself failed: no request can be trusted to be in a sound state
+            ran = list(self.groups.values())
+        else:             # the step's own requests, and those it preempted (their swap may not have happened)
+            ran = list({id(g): g for g in [*out.groups, *out.preempted]}.values())
+        failed = [self._end(g, "error", message) for g in ran if g.request_id in self.groups]
+        if out is not None:   # what the scheduler itself ended in this step is reported as it stands
+            failed += [self._finish(g) for g in out.finished_now if g.request_id in self.groups]
+        return failed
+
+    def _step(self) -> list[RequestOutput]:
         step = begin_step(self.scheduler, self.clock(), SequenceInput)
         out, samples, top = step.out, {}, {}
+        self._step_out = out
         self.last_step_groups = out.groups
         if step.has_work:
             if self.step_observer is not None:

@@ -1,5 +1,7 @@
-"""A tiny model folder with the catalog's byte-level tokenizer, and a running server for it."""
+"""A tiny model folder with the catalog's byte-level tokenizer, and helpers for tests of a running server."""
 from __future__ import annotations
+
+import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -21,3 +23,37 @@ def save_byte_model(folder, max_position_embeddings: int = 128) -> str:
     model.save_pretrained(folder, safe_serialization=True)
     build_byte_tokenizer(folder)
     return str(folder)
+
+
+def wait_until(condition, timeout: float = 20.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The sum of a Prometheus sample's values over the lines whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head = line.rsplit(" ", 1)[0]
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def sse_events(response) -> list[str]:
+    """The data of every server-sent event of a streamed httpx response."""
+    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def engine_idle(engine) -> bool:
+    """No request left and every KV block free (the vllm-v1 policy's null block aside)."""
+    alloc = engine.allocator
+    usable = alloc.num_gpu_blocks - (1 if engine.deployment.enable_chunked_prefill else 0)
+    return not engine.has_unfinished_requests() and alloc.num_free_blocks() == usable

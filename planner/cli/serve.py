@@ -34,12 +34,26 @@ def serve(
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="seed of requests that bring none"),
     log_level: str = typer.Option("warning", help="uvicorn's log level"),
+    api_key: Optional[str] = typer.Option(None, help="require 'Authorization: Bearer KEY' on /v1/* "
+                                                      "(default: $VLLM_API_KEY, as vLLM)"),
+    max_request_body_size: int = typer.Option(16 << 20, help="largest request body in bytes (413 above)"),
+    trust_request_chat_template: bool = typer.Option(False, "--trust-request-chat-template",
+                                                     help="run a chat_template sent in a request (vLLM's flag)"),
+    chat_template_timeout: float = typer.Option(2.0, help="seconds a chat template may take to render"),
+    timeout_keep_alive: float = typer.Option(5.0, help="uvicorn: close an idle keep-alive connection after "
+                                                       "this many seconds"),
+    limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
+                                                               "it answers 503 (default: no limit)"),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
     --model a local model folder, or a catalog model (random weights, byte-level tokenizer)."""
-    from engine.entrypoints.openai.server import make_server     # torch: only a server needs it
+    from engine.entrypoints.openai.app import ServerOptions       # torch: only a server needs it
+    from engine.entrypoints.openai.server import exposure_warning, make_server, resolve_api_key   # torch
     from engine.llm_engine import LLMEngine                       # torch
     try:
+        options = _server_options(ServerOptions, resolve_api_key(api_key), max_request_body_size,
+                                  trust_request_chat_template, chat_template_timeout, timeout_keep_alive,
+                                  limit_concurrency)
         if "model" not in deployments.given:
             raise PlannerError("give --model: a local model folder, or a catalog model")
         deployment = deployments.one("serve", model=deployments.values("model")[0])
@@ -57,7 +71,25 @@ def serve(
     typer.echo(f"serving {name} on http://{host}:{port}/v1 ({engine.runner.num_gpu_blocks} KV blocks of "
                f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy; "
                f"ready in {time.perf_counter() - started:.1f} s)", err=True)
-    make_server(engine, name, folder, host, port, log_level).run()
+    warning = exposure_warning(host, options.api_key)
+    if warning:
+        typer.echo(warning, err=True)
+    make_server(engine, name, host, port, log_level, options, folder).run()
+
+
+def _server_options(options_type, api_key, max_body, trust_template, template_timeout, keep_alive, concurrency):
+    """The server's own settings, checked: one line for a bad value."""
+    if max_body < 1:
+        raise PlannerError(f"--max-request-body-size must be at least 1 byte, got {max_body}")
+    if not template_timeout > 0:
+        raise PlannerError(f"--chat-template-timeout must be positive, got {template_timeout}")
+    if not keep_alive > 0:
+        raise PlannerError(f"--timeout-keep-alive must be positive, got {keep_alive}")
+    if concurrency is not None and concurrency < 1:
+        raise PlannerError(f"--limit-concurrency must be at least 1, got {concurrency}")
+    return options_type(api_key=api_key, max_request_body_size=max_body, trust_request_chat_template=trust_template,
+                        chat_template_timeout=template_timeout, timeout_keep_alive=keep_alive,
+                        limit_concurrency=concurrency)
 
 
 def bench(

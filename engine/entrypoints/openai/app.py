@@ -1,46 +1,76 @@
 """The OpenAI-compatible HTTP API over AsyncEngine (FastAPI).
 
 Endpoints: /v1/completions, /v1/chat/completions (both stream over SSE),
-/v1/models, /health, /metrics. Every refusal is a 400 with an OpenAI-style
-error body ``{"error": {"message", "type", "param", "code"}}``, and the server
-keeps serving.
+/v1/models, /health, /metrics. Every refusal has an OpenAI-style body
+``{"error": {"message", "type", "param", "code"}}`` (errors.py) and the server
+keeps serving: bodies are parsed and bounded at the edge (protocol.py),
+tokenizing and chat templates run off the event loop (frontend.py), a failed
+engine step fails only its own requests (async_engine.py), and a client that
+goes away has its request aborted, streaming or not.
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import time
-import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.entrypoints.openai import metrics
+from engine.entrypoints.openai.async_engine import AsyncEngine
+from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body
+from engine.entrypoints.openai.frontend import Frontend
+from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Common, parse_body
+from engine.entrypoints.openai.responses import serve_request
 from engine.llm_engine import load_tokenizer
-from engine.entrypoints.openai.async_engine import AsyncEngine, Update
-from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError, _Common,
-                                    error_body)
+
+HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What `planner serve` sets beside the deployment (none of it changes what the engine computes)."""
+
+    api_key: str | None = None                      # required on /v1/* as "Authorization: Bearer <key>"
+    max_request_body_size: int = 16 << 20           # bytes; a larger body is refused with 413
+    trust_request_chat_template: bool = False       # vLLM's flag: run a request's own chat_template
+    chat_template_timeout: float = 2.0              # seconds a chat template may take to render
+    timeout_keep_alive: float = 5.0                 # uvicorn: an idle keep-alive connection closes after this
+    limit_concurrency: int | None = None            # uvicorn: connections + tasks before it answers 503
 
 
 class ServerState:
-    """What the handlers share: the engine loop, the frontend tokenizer and the served name."""
+    """What the handlers share: the engine loop, the frontend, the served name and the statistics."""
 
-    def __init__(self, engine, model_name: str, folder: str) -> None:
-
+    def __init__(self, engine, model_name: str, options: ServerOptions, tokenizer_folder: str | None) -> None:
         self.engine = engine
         self.model_name = model_name
-        self.folder = folder
-        # The engine's tokenizer is used inside steps (another thread); the
-        # frontend has its own, so encoding never races with decoding.
-        self.tokenizer = load_tokenizer(engine.tokenizer.name_or_path) if engine.tokenizer is not None else None
-        self.stats = metrics.ServerStats()
+        self.options = options
+        # The engine's tokenizer is used inside steps (another thread); the frontend has its own,
+        # so encoding never races with decoding.
+        source = tokenizer_folder or (engine.tokenizer.name_or_path if engine.tokenizer is not None else None)
+        tokenizer = load_tokenizer(source) if source else None
+        self.frontend = Frontend(tokenizer, engine.max_model_len, render_timeout=options.chat_template_timeout,
+                                 trust_request_chat_template=options.trust_request_chat_template)
+        self.stats = metrics.ServerStats(engine.max_model_len)
         self.async_engine: AsyncEngine | None = None
         self.created = int(time.time())
 
+    @property
+    def healthy(self) -> bool:
+        return self.async_engine is not None and self.async_engine.healthy
 
-def build_app(engine, model_name: str, folder: str) -> FastAPI:
-    state = ServerState(engine, model_name, folder)
+
+def build_app(engine, model_name: str, options: ServerOptions | None = None,
+              tokenizer_folder: str | None = None) -> FastAPI:
+    """The ASGI app: routes, error handlers, and the middleware (outermost first: response counts,
+    the API key on /v1/*, the body-size limit, a last-resort 500)."""
+    options = options or ServerOptions()
+    state = ServerState(engine, model_name, options, tokenizer_folder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -48,36 +78,51 @@ def build_app(engine, model_name: str, folder: str) -> FastAPI:
         state.async_engine.start()
         yield
         await state.async_engine.close()   # in-flight requests finish first
+        state.frontend.close()
 
-    app = FastAPI(title="paged-planner OpenAI-compatible server", lifespan=lifespan)
+    app = FastAPI(title="paged-planner OpenAI-compatible server", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    _add_error_handlers(app)
+    _add_routes(app, state)
+    app.add_middleware(InternalErrors)
+    app.add_middleware(BodyLimit, max_bytes=options.max_request_body_size)
+    if options.api_key:
+        app.add_middleware(ApiKeyAuth, api_key=options.api_key)
+    app.add_middleware(ResponseCounter, counts=state.stats.http, handlers=HANDLERS)
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = f"the request body is not valid JSON ({message})"
-        elif where:
-            message = f"{where}: {message}"
-        return JSONResponse(error_body(message, param=where or None), status_code=400)
 
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError):
         return JSONResponse(error_body(str(exc), exc.kind, exc.param, exc.status), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        # The router's 404 and 405, as vLLM's http_exception_handler shapes them.
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
+                   f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        body = error_body(message, ERROR_TYPES.get(exc.status_code, "APIError"), None, exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    engine = state.engine
+
     @app.get("/health")
     async def health():
-        ok = state.async_engine is not None and state.async_engine.healthy
-        return Response(status_code=200 if ok else 503)
+        if state.healthy:
+            return Response(status_code=200)
+        why = state.async_engine.why_not() if state.async_engine is not None else "starting"
+        return JSONResponse(error_body(f"unhealthy: {why}", "ServiceUnavailableError", None, 503), status_code=503)
 
     @app.get("/v1/models")
     async def models():
+        # No folder of this machine: the served name is the model's id and root.
         return {"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": state.created, "owned_by": "paged-planner",
-            "root": state.folder, "parent": None, "max_model_len": engine.max_model_len}]}
+            "root": state.model_name, "parent": None, "max_model_len": engine.max_model_len}]}
 
     @app.get("/metrics")
     async def prometheus():
@@ -85,54 +130,67 @@ def build_app(engine, model_name: str, folder: str) -> FastAPI:
                                  media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
         arrival = engine.clock()
-        _check_model(state, body)
-        prompt = body.single_prompt()
-        if isinstance(prompt, str):
-            token_ids = _encode(state, prompt)
-        else:
-            token_ids, prompt = list(prompt), None
-        params = _params(state, body, body.max_tokens, body.logprobs, token_ids)
-        return await _serve(state, request, body, "cmpl", prompt, token_ids, params, arrival, chat=False)
+        raw = await request.body()      # read before the disconnect watch starts listening
+        return await _until_disconnect(request, _completion(state, raw, arrival))
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
+    async def chat(request: Request):
         arrival = engine.clock()
-        _check_model(state, body)
-        text = _apply_chat_template(state, body)
-        token_ids = _encode(state, text, add_special_tokens=False)
-        params = _params(state, body, body.wanted_max_tokens(), body.wanted_logprobs(), token_ids)
-        return await _serve(state, request, body, "chatcmpl", text, token_ids, params, arrival, chat=True)
+        raw = await request.body()
+        return await _until_disconnect(request, _chat(state, raw, arrival))
 
-    return app
+
+async def _completion(state: ServerState, raw: bytes, arrival: float):
+    body = parse_body(raw, CompletionRequest)
+    _check_served(state, body)
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        token_ids = await state.frontend.encode(prompt)
+    else:
+        token_ids, prompt = list(prompt), None
+    params = _params(state, body, body.max_tokens, body.logprobs, token_ids)
+    return await serve_request(state, body, "cmpl", prompt, token_ids, params, arrival, chat=False)
+
+
+async def _chat(state: ServerState, raw: bytes, arrival: float):
+    body = parse_body(raw, ChatCompletionRequest)
+    _check_served(state, body)
+    text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt)
+    token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=False)
+    params = _params(state, body, body.wanted_max_tokens(), body.wanted_logprobs(), token_ids)
+    return await serve_request(state, body, "chatcmpl", text, token_ids, params, arrival, chat=True)
+
+
+async def _until_disconnect(request: Request, work):
+    """Run a handler until it answers or the client goes away; then it is cancelled, which aborts its
+    request in the engine (vLLM's with_cancellation does the same for non-streaming requests)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return Response(status_code=499)   # nobody is there to read it
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 # -- request checks -------------------------------------------------------------------
-def _check_model(state: ServerState, body: _Common) -> None:
-    if body.model is not None and body.model not in (state.model_name, state.folder):
+def _check_served(state: ServerState, body: _Common) -> None:
+    if state.async_engine is None or not state.async_engine.serving:
+        why = state.async_engine.why_not() if state.async_engine is not None else "starting"
+        raise RequestError(f"the engine is not serving now ({why})", status=503)
+    if body.model is not None and body.model != state.model_name:
+        # vLLM answers an unknown model with 404 NotFoundError, param "model".
         raise RequestError(f"The model `{body.model}` does not exist (this server serves `{state.model_name}`).",
-                           param="model", kind="NotFoundError")
-
-
-def _encode(state: ServerState, text: str, add_special_tokens: bool = True) -> list[int]:
-    if state.tokenizer is None:
-        raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
-    return state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-
-
-def _apply_chat_template(state: ServerState, body: ChatCompletionRequest) -> str:
-    tok = state.tokenizer
-    template = body.chat_template or (getattr(tok, "chat_template", None) if tok is not None else None)
-    if tok is None or not template:
-        raise RequestError("this model has no chat template (none in its folder's tokenizer_config.json): "
-                           "use /v1/completions, or pass chat_template", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:
-        return tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                       add_generation_prompt=body.add_generation_prompt)
-    except Exception as exc:   # a template that does not render these messages
-        raise RequestError(f"the chat template failed on these messages: {exc}", param="messages") from None
+                           param="model", status=404)
 
 
 def _params(state: ServerState, body: _Common, max_tokens: int | None, logprobs: int | None,
@@ -140,132 +198,24 @@ def _params(state: ServerState, body: _Common, max_tokens: int | None, logprobs:
     engine = state.engine
     limit = engine.max_model_len
     vocab = engine.runner.vocab_size
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    if len(token_ids) >= limit:
+        raise RequestError(f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                           f"{len(token_ids)} tokens, leaving no room for a completion.", param=param)
     bad = next((t for t in token_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise RequestError(f"token id {bad} is out of range: the model's vocabulary has {vocab} tokens",
-                           param="prompt")
-    if len(token_ids) >= limit:
-        raise RequestError(f"This model's maximum context length is {limit} tokens. However, your prompt has "
-                           f"{len(token_ids)} tokens, leaving no room for a completion.", param="prompt")
+                           param=param)
     if max_tokens is None:
         max_tokens = limit - len(token_ids)
     elif len(token_ids) + max_tokens > limit:
         raise RequestError(f"This model's maximum context length is {limit} tokens. However, you requested "
                            f"{len(token_ids) + max_tokens} tokens ({len(token_ids)} in the prompt, {max_tokens} "
                            f"in the completion). Please reduce the length of the prompt or completion.",
-                           param="max_tokens")
-    params = body.sampling_params(max_tokens, logprobs)
-    alloc = engine.allocator
-    if params.best_of > engine.scheduler.config.max_num_seqs:
-        raise RequestError(f"n/best_of {params.best_of} exceeds the server's max_num_seqs "
-                           f"{engine.scheduler.config.max_num_seqs}", param="n")
-    if -(-len(token_ids) // alloc.block_size) > alloc.num_gpu_blocks:
-        raise RequestError(f"the prompt needs more KV cache than the server has "
-                           f"({alloc.num_gpu_blocks} blocks of {alloc.block_size} tokens)", param="prompt")
+                           param="max_completion_tokens" if getattr(body, "max_completion_tokens", None)
+                           else "max_tokens")
+    params = body.sampling_params(max_tokens, logprobs, vocab)
+    reason = engine.unservable(token_ids, params)
+    if reason is not None:    # refused now, not queued to be refused (or cut short) later
+        raise RequestError(f"this request {reason}", param="n" if params.best_of > 1 else "max_tokens")
     return params
-
-
-# -- responses ------------------------------------------------------------------------
-def _logprobs_block(deltas_logprobs, token_ids, chat: bool, want_top: int):
-    """OpenAI's logprobs shape for completions ({tokens, token_logprobs, top_logprobs}) or chat ({content})."""
-    if deltas_logprobs is None:
-        return None
-    if chat:
-        content = []
-        for tok, pos in zip(token_ids, deltas_logprobs):
-            chosen = pos[tok]
-            content.append({"token": chosen.decoded_token or "", "logprob": chosen.logprob,
-                            "bytes": list((chosen.decoded_token or "").encode()),
-                            "top_logprobs": [{"token": lp.decoded_token or "", "logprob": lp.logprob,
-                                              "bytes": list((lp.decoded_token or "").encode())}
-                                             for _, lp in sorted(pos.items(), key=lambda kv: kv[1].rank or 0)
-                                             if lp.rank is not None and lp.rank <= want_top]})
-        return {"content": content}
-    tokens, token_lps, tops = [], [], []
-    for tok, pos in zip(token_ids, deltas_logprobs):
-        chosen = pos[tok]
-        tokens.append(chosen.decoded_token or "")
-        token_lps.append(chosen.logprob)
-        tops.append({(lp.decoded_token or str(t)): lp.logprob for t, lp in pos.items()
-                     if lp.rank is not None and lp.rank <= max(want_top, 0)} if want_top else None)
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": []}
-
-
-async def _serve(state: ServerState, request: Request, body, prefix: str, prompt_text, token_ids, params,
-                 arrival: float, *, chat: bool):
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    created = int(time.time())
-    updates = state.async_engine.generate(request_id, {"prompt_token_ids": token_ids, "prompt": prompt_text},
-                                          params, arrival, stream=body.stream)
-    want_top = params.logprobs or 0
-    kind = "chat.completion" if chat else "text_completion"
-    if not body.stream:
-        final = None
-        async for update in updates:
-            if update.error is not None:
-                raise RequestError(update.error)
-            final = update.final
-        choices = []
-        for o in final.outputs:
-            lp = _logprobs_block(o.logprobs, o.token_ids, chat, want_top)
-            if chat:
-                choices.append({"index": o.index, "message": {"role": "assistant", "content": o.text or ""},
-                                "logprobs": lp, "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
-            else:
-                choices.append({"index": o.index, "text": o.text or "", "logprobs": lp,
-                                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
-        completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-        return {"id": request_id, "object": kind, "created": created, "model": state.model_name,
-                "choices": choices, "usage": {"prompt_tokens": len(token_ids),
-                                              "completion_tokens": completion_tokens,
-                                              "total_tokens": len(token_ids) + completion_tokens}}
-
-    # Streaming: wait for the request to be accepted or refused before the 200 goes out.
-    first: Update = await updates.__anext__()
-    if first.error is not None:
-        await updates.aclose()
-        raise RequestError(first.error)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    chunk_kind = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(choices, usage=None) -> str:
-        doc = {"id": request_id, "object": chunk_kind, "created": created, "model": state.model_name,
-               "choices": choices}
-        if include_usage:
-            doc["usage"] = usage
-        return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
-
-    async def events():
-        completion_tokens = 0
-        if chat:   # the role comes first, as OpenAI sends it
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(params.n)])
-        update = first
-        try:
-            while True:
-                if update.error is not None:
-                    yield f"data: {json.dumps(error_body(update.error, 'InternalServerError', None, 500))}\n\n"
-                    return
-                choices = []
-                for d in update.seqs:
-                    completion_tokens += len(d.token_ids)
-                    lp = _logprobs_block(d.logprobs, d.token_ids, chat, want_top)
-                    if chat:
-                        choices.append({"index": d.index, "delta": {"content": d.text}, "logprobs": lp,
-                                        "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
-                    else:
-                        choices.append({"index": d.index, "text": d.text, "logprobs": lp,
-                                        "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
-                if choices:
-                    yield chunk(choices)
-                if update.final is not None:
-                    break
-                update = await updates.__anext__()
-            if include_usage:
-                yield chunk([], {"prompt_tokens": len(token_ids), "completion_tokens": completion_tokens,
-                                 "total_tokens": len(token_ids) + completion_tokens})
-            yield "data: [DONE]\n\n"
-        finally:
-            await updates.aclose()   # a disconnected client: the request is aborted, its blocks freed
-
-    return StreamingResponse(events(), media_type="text/event-stream")

@@ -5,6 +5,10 @@ thread (so the event loop keeps serving sockets while the model computes),
 and requests are added or aborted between steps. A handler gets a queue of
 updates per request: each update holds, per sequence, the tokens, text and
 logprobs new since the last one.
+
+A step that fails ends only the requests it ran (each gets a 500 naming the
+internal error); the loop goes on. The engine is unhealthy only while steps
+keep failing (``UNHEALTHY_AFTER`` in a row) or once the loop itself has died.
 """
 from __future__ import annotations
 
@@ -16,10 +20,13 @@ from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SamplingParams
 from engine.detokenizer import stream_holdback
-from engine.llm_engine import LLMEngine
+from engine.entrypoints.openai.errors import RequestError
+from engine.llm_engine import LLMEngine, StepError
 from engine.outputs import RequestOutput
 
 log = logging.getLogger("engine.entrypoints.openai")
+
+UNHEALTHY_AFTER = 3      # consecutive failed steps after which /health says 503
 
 
 @dataclass(slots=True)
@@ -36,7 +43,8 @@ class SeqDelta:
 class Update:
     seqs: list[SeqDelta]
     final: RequestOutput | None = None      # set on the last update of a request
-    error: str | None = None                # the engine failed or refused the request
+    error: str | None = None                # the engine refused (400) or failed (500) the request
+    status: int = 400
 
 
 @dataclass
@@ -60,8 +68,8 @@ class AsyncEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._task: asyncio.Task | None = None
         self._closing = False
-        self.error: str | None = None       # set when a step failed: the server is unhealthy
-        self.num_aborted = 0
+        self.failed_in_a_row = 0            # consecutive failed steps
+        self.last_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -72,19 +80,26 @@ class AsyncEngine:
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            await self._task
+            await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
     @property
+    def serving(self) -> bool:
+        """Taking requests: the loop runs and is not shutting down."""
+        return self._task is not None and not self._task.done() and not self._closing
+
+    @property
     def healthy(self) -> bool:
-        return self.error is None and self._task is not None and not self._task.done()
+        """Serving, and steps are not failing one after another (requests are still taken then: a step
+        that succeeds is what makes the engine healthy again)."""
+        return self.serving and self.failed_in_a_row < UNHEALTHY_AFTER
 
     # -- requests ----------------------------------------------------------------
     async def generate(self, request_id: str, prompt: dict, params: SamplingParams, arrival: float,
                        stream: bool) -> AsyncIterator[Update]:
         """Updates for one request until its final one; leaving early aborts it."""
-        if self.error is not None:
-            raise RuntimeError(f"the engine stopped: {self.error}")
+        if not self.serving:
+            raise RequestError(f"the engine is not serving now ({self.why_not()})", status=503)
         s = _Stream(params, stream, sent_tokens=[0] * params.n, sent_chars=[0] * params.n)
         self._streams[request_id] = s
         self._to_add.append((request_id, prompt, params, arrival))
@@ -104,6 +119,13 @@ class AsyncEngine:
                 self._to_abort.append(request_id)
                 self._wake.set()
 
+    def why_not(self) -> str:
+        if self._closing:
+            return "shutting down"
+        if self._task is None or self._task.done():
+            return "the engine loop has stopped"
+        return f"the last {self.failed_in_a_row} steps failed: {self.last_error}"
+
     # -- the loop ----------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -119,19 +141,42 @@ class AsyncEngine:
                 continue
             try:
                 finished = await loop.run_in_executor(self._executor, engine.step)
-            except Exception as exc:   # a bug or a device failure: fail every request, report unhealthy
-                log.exception("engine step failed")
-                self.error = f"{type(exc).__name__}: {exc}"
-                for s in self._streams.values():
-                    s.queue.put_nowait(Update([], error=self.error))
-                return
+                self.failed_in_a_row = 0
+            except StepError as exc:   # only the step's own requests failed; the engine goes on
+                finished = self._step_failed(exc, exc.outputs)
+            except Exception as exc:   # outside the step (none is known): end everything, go on
+                finished = self._step_failed(exc, [engine.abort_request(rid) for rid in list(engine.groups)])
             self._publish(finished)
+            self._fail_orphans()
+
+    def _step_failed(self, exc: Exception, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        log.error("engine step failed: %s", exc, exc_info=getattr(exc, "cause", exc))
+        self.failed_in_a_row += 1
+        self.last_error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StepError) else str(exc)
+        if self.stats is not None:
+            self.stats.step_failures += 1
+        for out in outputs:
+            out.error = out.error or f"internal error: {self.last_error}"
+            for o in out.outputs:
+                o.finish_reason = "error"
+        return outputs
+
+    def _fail_orphans(self) -> None:
+        """After a failed step: streams whose request the engine no longer holds and that no
+        update will reach (there should be none) get an error, so none waits for ever."""
+        if not self.failed_in_a_row:
+            return
+        pending = {rid for rid, *_ in self._to_add}
+        for request_id, s in self._streams.items():
+            if request_id not in self.engine.groups and request_id not in pending and s.queue.empty():
+                s.queue.put_nowait(Update([], error=f"internal error: {self.last_error}", status=500))
 
     def _apply_queued(self) -> None:
         engine = self.engine
         for request_id in self._to_abort:
-            if engine.abort_request(request_id):
-                self.num_aborted += 1
+            aborted = engine.abort_request(request_id)
+            if aborted is not None and self.stats is not None:
+                self.stats.observe(aborted.metrics, aborted)
         self._to_abort.clear()
         for request_id, prompt, params, arrival in self._to_add:
             s = self._streams.get(request_id)
@@ -141,31 +186,17 @@ class AsyncEngine:
                 engine.add_request(request_id, prompt, params, arrival_time=arrival)
             except ValueError as exc:
                 s.queue.put_nowait(Update([], error=str(exc)))
+            except Exception as exc:   # a bug, not the request: a 500, and the loop goes on
+                log.exception("adding request %s failed", request_id)
+                s.queue.put_nowait(Update([], error=f"internal error: {type(exc).__name__}: {exc}", status=500))
         self._to_add.clear()
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         done = {o.request_id for o in finished}
-        engine = self.engine
-        for group in engine.last_step_groups:
+        for group in self.engine.last_step_groups:
             s = self._streams.get(group.request_id)
-            if s is None or not s.deltas or group.request_id in done:
-                continue
-            holdback = stream_holdback(group.params.stop, group.params.include_stop_str_in_output)
-            seqs = []
-            for i, seq in enumerate(group.seqs[:group.params.n]):
-                tokens = seq.output_token_ids
-                if len(tokens) <= s.sent_tokens[i]:
-                    continue
-                text = engine.text_state(seq).text
-                visible = len(text) - holdback if not seq.is_finished else len(text)
-                new_text = text[s.sent_chars[i]:visible] if visible > s.sent_chars[i] else ""
-                logprobs = engine.seq_logprobs(seq)
-                seqs.append(SeqDelta(i, tokens[s.sent_tokens[i]:], new_text,
-                                     None if logprobs is None else logprobs[s.sent_tokens[i]:]))
-                s.sent_tokens[i] = len(tokens)
-                s.sent_chars[i] += len(new_text)
-            if seqs:
-                s.queue.put_nowait(Update(seqs))
+            if s is not None and s.deltas and group.request_id not in done:
+                self._publish_deltas(group, s)
         for out in finished:
             if self.stats is not None:
                 self.stats.observe(out.metrics, out)
@@ -173,7 +204,8 @@ class AsyncEngine:
             if s is None:
                 continue
             if out.error is not None:
-                s.queue.put_nowait(Update([], error=out.error))
+                failed = any(o.finish_reason == "error" for o in out.outputs)
+                s.queue.put_nowait(Update([], error=out.error, status=500 if failed else 400))
                 continue
             seqs = []
             for o in out.outputs:
@@ -185,3 +217,23 @@ class AsyncEngine:
                                      None if o.logprobs is None else o.logprobs[sent_t:],
                                      o.finish_reason, o.stop_reason))
             s.queue.put_nowait(Update(seqs, final=out))
+
+    def _publish_deltas(self, group, s: _Stream) -> None:
+        """What a streaming request's sequences gained in the last step."""
+        engine = self.engine
+        holdback = stream_holdback(group.params.stop, group.params.include_stop_str_in_output)
+        seqs = []
+        for i, seq in enumerate(group.seqs[:group.params.n]):
+            tokens = seq.output_token_ids
+            if len(tokens) <= s.sent_tokens[i]:
+                continue
+            text = engine.text_state(seq).text
+            visible = len(text) - holdback if not seq.is_finished else len(text)
+            new_text = text[s.sent_chars[i]:visible] if visible > s.sent_chars[i] else ""
+            logprobs = engine.seq_logprobs(seq)
+            seqs.append(SeqDelta(i, tokens[s.sent_tokens[i]:], new_text,
+                                 None if logprobs is None else logprobs[s.sent_tokens[i]:]))
+            s.sent_tokens[i] = len(tokens)
+            s.sent_chars[i] += len(new_text)
+        if seqs:
+            s.queue.put_nowait(Update(seqs))

@@ -50,13 +50,30 @@ class Histogram:
         return lines
 
 
-class ServerStats:
-    """Counters and latency histograms of finished requests."""
+def one_two_five(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``limit``: vLLM's buckets for token counts (build_1_2_5_buckets)."""
+    edges, power = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * power > limit:
+                return tuple(edges)
+            edges.append(m * power)
+        power *= 10
 
-    def __init__(self) -> None:
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class ServerStats:
+    """Counters and histograms of finished requests: one count per request, by its finish reason
+    (aborts and failures included, with the tokens they had), latencies over served ones."""
+
+    def __init__(self, max_model_len: int = 1 << 20) -> None:
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.success: dict[str, int] = {}
+        self.finished: dict[str, int] = {}
+        self.step_failures = 0
+        self.http: dict[tuple[str, str, str], int] = {}     # (handler, method, "2xx") -> responses
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -68,15 +85,24 @@ class ServerStats:
                               "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              LATENCY_BUCKETS)
+        tokens = one_two_five(max_model_len)
+        self.prompt_hist = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.generation_hist = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                         tokens)
 
     def observe(self, record: RequestRecord, output) -> None:
-        if record.rejected or record.first_token is None:
+        """A request the engine finished, aborted or failed (requests it refused are not counted)."""
+        if record.rejected:
             return
-        self.prompt_tokens += record.prompt_len
+        reason = next((o.finish_reason for o in output.outputs if o.finish_reason), None) or "stop"
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        prompt = record.prompt_len if record.first_scheduled is not None else 0
+        self.prompt_tokens += prompt
         self.generation_tokens += record.output_len
-        for o in output.outputs:
-            reason = o.finish_reason or "stop"
-            self.success[reason] = self.success.get(reason, 0) + 1
+        self.prompt_hist.observe(prompt)
+        self.generation_hist.observe(record.output_len)
+        if reason not in ("stop", "length") or record.first_token is None:
+            return
         self.ttft.observe(record.ttft)
         for a, b in zip(record.token_times, record.token_times[1:]):
             self.itl.observe(b - a)
@@ -94,6 +120,14 @@ def _label_text(labels: dict[str, object]) -> str:
     def esc(v: object) -> str:
         return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
     return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
+
+
+def _http_counts(counts: dict[tuple[str, str, str], int]) -> list[str]:
+    lines = ["# HELP http_requests_total Total number of requests by method, status and handler.",
+             "# TYPE http_requests_total counter"]
+    for (handler, method, status), n in sorted(counts.items()):
+        lines.append(f"http_requests_total{{{_label_text({'handler': handler, 'method': method, 'status': status})}}} {n}")
+    return lines
 
 
 def render(engine, stats: ServerStats, model_name: str) -> str:
@@ -117,12 +151,16 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
                     stats.prompt_tokens, "counter")
     lines += _gauge("vllm:generation_tokens_total", "Number of generation tokens processed.", m,
                     stats.generation_tokens, "counter")
-    lines += ["# HELP vllm:request_success_total Count of successfully processed requests.",
-              "# TYPE vllm:request_success_total counter"]
-    for reason in sorted(set(stats.success) | {"stop", "length"}):
-        lines.append(f'vllm:request_success_total{{{m},finished_reason="{reason}"}} {stats.success.get(reason, 0)}')
-    for hist in (stats.ttft, stats.itl, stats.tpot_legacy, stats.tpot, stats.e2e):
+    lines += ["# HELP vllm:request_success_total Count of finished requests, by finish reason "
+              "(aborted and failed ones included).", "# TYPE vllm:request_success_total counter"]
+    for reason in sorted(set(stats.finished) | set(FINISH_REASONS)):
+        lines.append(f'vllm:request_success_total{{{m},finished_reason="{reason}"}} {stats.finished.get(reason, 0)}')
+    lines += _gauge("planner:engine_step_failures_total", "Engine steps that failed (their requests ended with "
+                    "an error; the engine went on).", m, stats.step_failures, "counter")
+    for hist in (stats.ttft, stats.itl, stats.tpot_legacy, stats.tpot, stats.e2e, stats.prompt_hist,
+                 stats.generation_hist):
         lines += hist.render(m)
+    lines += _http_counts(stats.http)
     # Deployment settings, read back by `planner validate --endpoint`. vLLM exports
     # its cache config the same way (labels on a gauge of value 1).
     cache = _label_text({"block_size": alloc.block_size, "num_gpu_blocks": total_blocks,

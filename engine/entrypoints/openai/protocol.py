@@ -1,49 +1,122 @@
-"""OpenAI request bodies (the fields vLLM accepts) and their mapping to SamplingParams.
+"""OpenAI request bodies (the fields vLLM accepts), the bounds vLLM puts on them, and their SamplingParams.
 
-Unknown fields are ignored, as OpenAI-compatible servers do; fields this
-engine cannot honour with a non-default value are refused with a 400 that
-names them, never ignored silently.
+The body is parsed here, not by FastAPI: strict JSON (``NaN``, ``Infinity`` and
+numbers too large for a float are refused), no lone surrogate in any string
+(no tokenizer or encoder can take one), then the fields are checked. The bounds
+are vLLM's (vllm/sampling_params.py ``SamplingParams._verify_args`` and the
+request models of vllm/entrypoints/openai/): a seed within a signed 64-bit
+integer (``Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)``) and -1 meaning none;
+temperature finite in [0, 2], raised to 0.01 when between 0 and 0.01 (vLLM's
+``_MAX_TEMP``: smaller ones overflow the logits); top_p in (0, 1]; top_k -1, 0
+(both: off) or at least 1; n and best_of at least 1; at most 20 logprobs
+(``max_logprobs``); stop strings non-empty. Chat roles are OpenAI's.
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields this engine
+cannot honour with a non-default value are refused with a 400 naming them.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.core.sampling_params import SamplingParams
+from engine.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.entrypoints.openai.errors import RequestError, param_of
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MIN_TEMPERATURE = 1e-2    # vLLM's _MAX_TEMP: a temperature in (0, 0.01) is raised to it
+MAX_TEMPERATURE = 2.0
+MAX_STOP_STRINGS = 64
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
-class RequestError(ValueError):
-    """A request this server refuses: becomes an OpenAI-style error body with this status."""
+def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """The request body as `model`, or a RequestError (400) naming the field at fault."""
+    try:
+        doc = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RequestError:
+        raise
+    except (ValueError, RecursionError) as exc:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise RequestError(f"the request body is not valid JSON ({_short(exc)})") from None
+    if not isinstance(doc, dict):
+        raise RequestError("the request body must be a JSON object")
+    where = _surrogate_at(doc)
+    if where is not None:
+        raise RequestError(f"{where}: the string holds a lone UTF-16 surrogate (not valid Unicode)",
+                           param=where)
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = param_of(tuple(first.get("loc", ())))
+        message = first.get("msg", "invalid value")
+        raise RequestError(f"{param}: {message}" if param else message, param=param) from None
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
-                 kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.kind = kind
+
+def _refuse_constant(name: str):
+    raise RequestError(f"the request body holds {name}, which is not JSON (numbers must be finite)")
 
 
-def error_body(message: str, kind: str = "BadRequestError", param: str | None = None, code: int = 400) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise RequestError(f"the number {text[:40]} is too large (numbers must be finite)")
+    return value
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200]
+
+
+def _surrogate_at(doc: Any, path: str = "") -> str | None:
+    """The field holding a string with a lone surrogate (keys included), or None."""
+    stack = [(doc, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if _has_surrogate(value):
+                return where or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{where}.{key}" if where else str(key)
+                if _has_surrogate(str(key)):
+                    return where or "body"
+                stack.append((item, name))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
-    n: int = 1
-    best_of: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    n: int = Field(1, ge=1)
+    best_of: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int64 | None = Field(None, ge=-1)
+    seed: Int64 | None = None
+    stop: str | list[str] | None = Field(None)
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     use_beam_search: bool = False
@@ -56,34 +129,51 @@ class _Common(BaseModel):
     repetition_penalty: float = 1.0
     logit_bias: dict[str, float] | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def stop_strings(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > MAX_STOP_STRINGS:
+            raise RequestError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", param="stop")
+        if any(not s for s in stop):
+            raise RequestError("stop: a stop string cannot be empty", param="stop")
+        return stop
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
+        """The engine's parameters; every refusal names its field."""
         for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                               ("repetition_penalty", 1.0), ("logit_bias", None)):
             if getattr(self, name) not in (default, {}):
                 raise RequestError(f"{name} is not supported by this engine (leave it at its default)",
                                    param=name)
+        if self.best_of is not None and self.best_of < self.n:
+            raise RequestError(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
         if self.stream and self.best_of is not None and self.best_of != self.n:
             raise RequestError("best_of must equal n when streaming", param="best_of")
         if self.stream and self.use_beam_search:
             raise RequestError("beam search cannot be streamed", param="stream")
+        if self.use_beam_search and self.temperature not in (None, 0.0, 1.0):
+            raise RequestError("beam search is deterministic; leave temperature at its default",
+                               param="temperature")
+        temperature = 1.0 if self.temperature is None else self.temperature
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            temperature = MIN_TEMPERATURE          # vLLM's rule (sampling_params.py, __post_init__)
+        top_k = -1 if self.top_k in (None, 0) or self.top_k >= vocab_size else self.top_k
+        stop = self.stop_strings()
         try:
             return SamplingParams(
                 n=self.n, best_of=self.best_of, use_beam_search=self.use_beam_search,
-                length_penalty=self.length_penalty,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=-1 if self.top_k in (None, 0) else self.top_k,
-                seed=self.seed, max_tokens=max_tokens, ignore_eos=self.ignore_eos,
-                stop_token_ids=self.stop_token_ids or [], stop=self.stop,
+                length_penalty=self.length_penalty, temperature=temperature,
+                top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k,
+                seed=None if self.seed == -1 else self.seed, max_tokens=max_tokens, ignore_eos=self.ignore_eos,
+                stop_token_ids=self.stop_token_ids or [], stop=stop,
                 include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs)
-        except ValueError as exc:
+        except ValueError as exc:      # the engine's own checks, should a bound above miss one
             raise RequestError(str(exc)) from None
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
 
@@ -101,30 +191,37 @@ class CompletionRequest(_Common):
         return p
 
 
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: Literal[ROLES]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
 
-    def text(self) -> str:
+    def text(self, index: int) -> str:
         if isinstance(self.content, list):   # content parts: only text parts are supported
             parts = []
-            for part in self.content:
-                if part.get("type") != "text":
-                    raise RequestError(f"message content of type {part.get('type')!r} is not supported",
-                                       param="messages")
-                parts.append(part.get("text", ""))
+            for j, part in enumerate(self.content):
+                if part.type != "text":
+                    raise RequestError(f"message content of type {part.type!r} is not supported",
+                                       param=f"messages[{index}].content[{j}].type")
+                parts.append(part.text or "")
             return "".join(parts)
         return self.content or ""
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: str | None = None
 
@@ -132,7 +229,10 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def wanted_logprobs(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:   # vLLM: top_logprobs needs logprobs
+            raise RequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-
-Role = Literal["system", "user", "assistant", "tool"]
+    def message_dicts(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text(i), **({"name": m.name} if m.name else {})}
+                for i, m in enumerate(self.messages)]

@@ -1,13 +1,20 @@
 """Run the app with uvicorn: in the foreground (`planner serve`) or on a background thread (tests, benches)."""
 from __future__ import annotations
 
+import ipaddress
+import logging
+import os
 import socket
 import threading
 import time
 
 import uvicorn
 
-from engine.entrypoints.openai.app import build_app
+from engine.entrypoints.openai.app import ServerOptions, build_app
+
+log = logging.getLogger("engine.entrypoints.openai")
+
+API_KEY_ENV = "VLLM_API_KEY"    # vLLM's: the API key when --api-key is not given
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -16,25 +23,47 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def make_server(engine, model_name: str, folder: str, host: str, port: int,
-                log_level: str = "warning") -> uvicorn.Server:
-    app = build_app(engine, model_name, folder)
+def resolve_api_key(given: str | None) -> str | None:
+    """--api-key, else $VLLM_API_KEY, as vLLM takes it; an empty value means none."""
+    return given or os.environ.get(API_KEY_ENV) or None
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when the server listens beyond this machine and asks no API key."""
+    if api_key:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a host name: it may resolve to anything
+        loopback = False
+    if loopback:
+        return None
+    return (f"warning: serving on {host} without an API key: anyone who can reach this port can use the "
+            f"model; give --api-key (or ${API_KEY_ENV}), or listen on 127.0.0.1")
+
+
+def make_server(engine, model_name: str, host: str, port: int, log_level: str = "warning",
+                options: ServerOptions | None = None, tokenizer_folder: str | None = None) -> uvicorn.Server:
+    options = options or ServerOptions()
+    app = build_app(engine, model_name, options, tokenizer_folder)
     # No graceful-shutdown timeout: on SIGINT/SIGTERM uvicorn stops accepting,
     # lets every request in flight finish, then the engine loop stops.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            lifespan="on", timeout_keep_alive=30)
+                            lifespan="on", timeout_keep_alive=options.timeout_keep_alive,
+                            limit_concurrency=options.limit_concurrency)
     return uvicorn.Server(config)
 
 
 class BackgroundServer:
-    """A real server on a loopback port, run on a thread; ``stop()`` drains it."""
+    """A real server on a loopback port, run on a thread; ``stop()`` drains it. ``folder``: where the
+    server's tokenizer is loaded from (default: the engine's tokenizer's folder)."""
 
-    def __init__(self, engine, model_name: str = "model", folder: str = "", host: str = "127.0.0.1",
-                 port: int | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(self, engine, model_name: str = "model", folder: str | None = None, host: str = "127.0.0.1",
+                 port: int | None = None, startup_timeout: float = 60.0, options: ServerOptions | None = None) -> None:
         self.engine = engine
         self.host = host
         self.port = port or free_port(host)
-        self.server = make_server(engine, model_name, folder, host, self.port)
+        self.server = make_server(engine, model_name, host, self.port, options=options, tokenizer_folder=folder)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + startup_timeout
@@ -50,6 +79,11 @@ class BackgroundServer:
     @property
     def app(self):
         return self.server.config.app
+
+    @property
+    def state(self):
+        """The app's ServerState (its engine loop, frontend and statistics)."""
+        return self.server.config.app.state.server
 
     def stop(self, timeout: float = 60.0) -> None:
         self.server.should_exit = True

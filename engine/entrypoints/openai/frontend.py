@@ -1,0 +1,121 @@
+"""The server's own tokenizer work, off the event loop and bounded: prompts and chat templates.
+
+Encoding and chat-template rendering run in one worker thread (the event loop
+keeps answering /health meanwhile; one thread, because a fast tokenizer is not
+safe to share between threads). Before any of it, a prompt whose UTF-8 length
+proves it has more tokens than the context holds is refused: no token of the
+vocabulary decodes to more bytes than the longest vocabulary entry, so a text
+over ``max_model_len`` times that many bytes (twice, for normalizers that drop
+characters) cannot fit. Rendering a chat template has a time limit, enforced
+by a trace function that stops the template's Python code when it runs over.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from engine.entrypoints.openai.errors import RequestError
+
+DEFAULT_TOKEN_BYTES = 64      # when the tokenizer does not list its vocabulary
+TRACE_CHECK_EVERY = 256       # trace events between two looks at the clock
+
+
+class RenderTimeout(Exception):
+    """The chat template ran past its time limit."""
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The most UTF-8 bytes one token of the vocabulary (added tokens included) decodes to, at most."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError, TypeError):
+        return DEFAULT_TOKEN_BYTES
+    added = [str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+    return max((len(t.encode("utf-8", "replace")) for t in [*vocab, *added]), default=DEFAULT_TOKEN_BYTES) or 1
+
+
+def run_with_deadline(fn, seconds: float):
+    """``fn()``, stopped with RenderTimeout once it has run ``seconds`` (Python code only)."""
+    deadline = time.monotonic() + seconds
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        count += 1
+        if count % TRACE_CHECK_EVERY == 0 and time.monotonic() > deadline:
+            raise RenderTimeout
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return fn()
+    finally:
+        sys.settrace(previous)
+
+
+class Frontend:
+    """Tokenizes prompts and renders chat templates for the HTTP handlers."""
+
+    def __init__(self, tokenizer, max_model_len: int, *, render_timeout: float = 2.0,
+                 trust_request_chat_template: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.render_timeout = render_timeout
+        self.trust_request_chat_template = trust_request_chat_template
+        self.max_prompt_bytes = 2 * max_model_len * (longest_token_bytes(tokenizer) if tokenizer else 1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frontend")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def check_length(self, text: str, param: str) -> None:
+        """Refuse, without tokenizing it, a text that surely has more tokens than the context holds."""
+        size = len(text.encode("utf-8"))
+        if size > self.max_prompt_bytes:
+            raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                               f"your {param} has {size} bytes, more than {self.max_model_len} tokens can hold.",
+                               param=param)
+
+    async def encode(self, text: str, *, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param=param)
+        self.check_length(text, param)
+        try:
+            return await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        except Exception as exc:   # text the tokenizer cannot take: the request's fault, said in one line
+            raise RequestError(f"the tokenizer cannot encode this {param}: {type(exc).__name__}: {exc}",
+                               param=param) from None
+
+    async def render_chat(self, messages: list[dict], request_template: str | None,
+                          add_generation_prompt: bool) -> str:
+        """The chat prompt, rendered by the model's template (or the request's, when the server trusts it)."""
+        tok = self.tokenizer
+        if request_template is not None and not self.trust_request_chat_template:
+            # vLLM's rule: a request's own template runs only with --trust-request-chat-template.
+            raise RequestError("chat_template in a request is refused: start the server with "
+                               "--trust-request-chat-template to allow it", param="chat_template")
+        template = request_template or (getattr(tok, "chat_template", None) if tok is not None else None)
+        if tok is None or not template:
+            raise RequestError("this model has no chat template (none in its folder's tokenizer_config.json): "
+                               "use /v1/completions", param="messages")
+        self.check_length("".join(m["content"] for m in messages), "messages")
+
+        def render() -> str:
+            return run_with_deadline(lambda: tok.apply_chat_template(
+                messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt),
+                self.render_timeout)
+        try:
+            return await self._run(render)
+        except RenderTimeout:
+            raise RequestError(f"the chat template took more than {self.render_timeout:g} s to render these "
+                               f"messages", param="chat_template" if request_template else "messages") from None
+        except RequestError:
+            raise
+        except Exception as exc:   # a template that does not render these messages (raise_exception, a type error)
+            raise RequestError(f"the chat template failed on these messages: {exc}", param="messages") from None
+
+    async def _run(self, fn):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)

@@ -1,0 +1,144 @@
+"""OpenAI response bodies: a whole completion, or its SSE stream, from AsyncEngine's updates.
+
+A request the engine refuses before its first token gets an error status (400,
+or 500 for an internal failure, 503 when the engine is not serving); one that
+fails mid-stream gets an error event with the status in ``code``, then
+``[DONE]``, so no client waits on a stream that will not end.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi.responses import StreamingResponse
+
+from engine.entrypoints.openai.async_engine import Update
+from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body
+
+
+def logprobs_block(deltas_logprobs, token_ids, chat: bool, want_top: int):
+    """OpenAI's logprobs shape for completions ({tokens, token_logprobs, top_logprobs}) or chat ({content})."""
+    if deltas_logprobs is None:
+        return None
+    if chat:
+        content = []
+        for tok, pos in zip(token_ids, deltas_logprobs):
+            chosen = pos[tok]
+            content.append({"token": chosen.decoded_token or "", "logprob": chosen.logprob,
+                            "bytes": list((chosen.decoded_token or "").encode()),
+                            "top_logprobs": [{"token": lp.decoded_token or "", "logprob": lp.logprob,
+                                              "bytes": list((lp.decoded_token or "").encode())}
+                                             for _, lp in sorted(pos.items(), key=lambda kv: kv[1].rank or 0)
+                                             if lp.rank is not None and lp.rank <= want_top]})
+        return {"content": content}
+    tokens, token_lps, tops = [], [], []
+    for tok, pos in zip(token_ids, deltas_logprobs):
+        chosen = pos[tok]
+        tokens.append(chosen.decoded_token or "")
+        token_lps.append(chosen.logprob)
+        tops.append({(lp.decoded_token or str(t)): lp.logprob for t, lp in pos.items()
+                     if lp.rank is not None and lp.rank <= max(want_top, 0)} if want_top else None)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": []}
+
+
+def refusal(update: Update) -> RequestError:
+    return RequestError(update.error, status=update.status)
+
+
+async def serve_request(state, body, prefix: str, prompt_text, token_ids, params, arrival: float, *, chat: bool):
+    """Submit the request and answer it: one JSON body, or an SSE stream once the engine accepted it."""
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    updates = state.async_engine.generate(request_id, {"prompt_token_ids": token_ids, "prompt": prompt_text},
+                                          params, arrival, stream=body.stream)
+    if not body.stream:
+        final = None
+        async for update in updates:
+            if update.error is not None:
+                raise refusal(update)
+            final = update.final
+        return _whole(state, request_id, final, token_ids, params, chat)
+    # Streaming: wait for the request to be accepted or refused before the 200 goes out.
+    first: Update = await updates.__anext__()
+    if first.error is not None:
+        await updates.aclose()
+        raise refusal(first)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    stream = _Stream(state.model_name, request_id, chat, include_usage, params, len(token_ids))
+    return StreamingResponse(stream.events(first, updates), media_type="text/event-stream")
+
+
+def _whole(state, request_id: str, final, token_ids, params, chat: bool) -> dict:
+    want_top = params.logprobs or 0
+    choices = []
+    for o in final.outputs:
+        lp = logprobs_block(o.logprobs, o.token_ids, chat, want_top)
+        if chat:
+            choices.append({"index": o.index, "message": {"role": "assistant", "content": o.text or ""},
+                            "logprobs": lp, "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+        else:
+            choices.append({"index": o.index, "text": o.text or "", "logprobs": lp,
+                            "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+    completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+    return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": state.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(token_ids), "completion_tokens": completion_tokens,
+                      "total_tokens": len(token_ids) + completion_tokens}}
+
+
+class _Stream:
+    """The SSE events of one streaming request."""
+
+    def __init__(self, model_name: str, request_id: str, chat: bool, include_usage: bool, params,
+                 prompt_tokens: int) -> None:
+        self.model_name = model_name
+        self.request_id = request_id
+        self.chat = chat
+        self.include_usage = include_usage
+        self.params = params
+        self.prompt_tokens = prompt_tokens
+        self.created = int(time.time())
+
+    def chunk(self, choices, usage=None) -> str:
+        doc = {"id": self.request_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.model_name, "choices": choices}
+        if self.include_usage:
+            doc["usage"] = usage
+        return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
+
+    def choices(self, update: Update) -> list[dict]:
+        want_top = self.params.logprobs or 0
+        out = []
+        for d in update.seqs:
+            lp = logprobs_block(d.logprobs, d.token_ids, self.chat, want_top)
+            delta = {"delta": {"content": d.text}} if self.chat else {"text": d.text}
+            out.append({"index": d.index, **delta, "logprobs": lp, "finish_reason": d.finish_reason,
+                        "stop_reason": d.stop_reason})
+        return out
+
+    async def events(self, first: Update, updates):
+        completion_tokens = 0
+        if self.chat:   # the role comes first, as OpenAI sends it
+            yield self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                               "finish_reason": None} for i in range(self.params.n)])
+        update = first
+        try:
+            while True:
+                if update.error is not None:
+                    status = update.status
+                    body = error_body(update.error, ERROR_TYPES.get(status, "APIError"), None, status)
+                    yield f"data: {json.dumps(body)}\n\n"
+                    break
+                completion_tokens += sum(len(d.token_ids) for d in update.seqs)
+                if update.seqs:
+                    yield self.chunk(self.choices(update))
+                if update.final is not None:
+                    if self.include_usage:
+                        yield self.chunk([], {"prompt_tokens": self.prompt_tokens,
+                                              "completion_tokens": completion_tokens,
+                                              "total_tokens": self.prompt_tokens + completion_tokens})
+                    break
+                update = await updates.__anext__()
+            yield "data: [DONE]\n\n"
+        finally:
+            await updates.aclose()   # a disconnected client: the request is aborted, its blocks freed
