@@ -193,3 +193,30 @@ def test_catalog_is_one_generic_lookup_for_gpus_and_models():
     assert gpu_catalog().find("H100_SXM") is resolve_gpu("h100-sxm")
     with pytest.raises(PlannerError, match=r"unknown GPU 'v100'; known: a100-40g, a100-80g"):
         gpu_catalog().get("v100")
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("Qwen/Qwen3-32B", "qwen3-32b"), ("Qwen/Qwen3-14B", "qwen3-14b"), ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"), ("meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"),
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama-3.1-8b"), ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.1-70b"),
+    ("facebook/opt-125m", "opt-125m"),
+])
+def test_hugging_face_ids_and_their_fine_tuned_or_quantized_variants_find_the_base_model(given, expected):
+    assert resolve_model(given).name == expected
+
+
+def test_a_config_json_file_is_a_model_as_its_folder_is(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps(resolve_model("qwen2.5-7b").to_hf_config().to_dict()))
+    from_file, from_folder = resolve_model(str(tmp_path / "config.json")), resolve_model(str(tmp_path))
+    assert from_file == from_folder
+    assert from_file.model_type == "qwen2" and from_file.num_params == resolve_model("qwen2.5-7b").num_params
+
+
+def test_did_you_mean_names_only_what_list_models_shows():
+    from planner.catalog import model_ids
+    from planner.deploy import checks
+    shown = {i for m in list_models() for i in model_ids(m)}
+    message = str(pytest.raises(PlannerError, checks.model, "qwen3-14").value)
+    suggested = message.rsplit("did you mean ", 1)[1].rstrip("?)")
+    assert suggested in shown

@@ -2,9 +2,9 @@
 
 from planner.catalog.base import Catalog
 from planner.catalog.gpus import GIB, GpuSpec, gpu_variant_for_memory, list_gpus, resolve_gpu
-from planner.catalog.models import ModelSpec, list_models, resolve_model
+from planner.catalog.models import ModelSpec, list_models, model_ids, resolve_model
 
 __all__ = [
     "GIB", "Catalog", "GpuSpec", "ModelSpec", "gpu_variant_for_memory", "list_gpus", "list_models",
-    "resolve_gpu", "resolve_model",
+    "model_ids", "resolve_gpu", "resolve_model",
 ]

@@ -23,7 +23,7 @@ from planner.errors import PlannerError
 # keeps 2 extra position rows, an offset inherited from fairseq). LLaMA and
 # Mistral use bias-free linears, RMSNorm (weight only), RoPE and a gated MLP.
 _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-table offset
-_LLAMA_LIKE = ("llama", "mistral", "qwen3")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE)
 
 
@@ -32,7 +32,7 @@ class ModelSpec:
     """A decoder-only transformer's shape. Sizes are counts, not bytes, unless named *_bytes."""
 
     name: str
-    model_type: str                 # "opt", "llama", "mistral", "qwen3", "gpt2"
+    model_type: str                 # "opt", "llama", "mistral", "qwen2", "qwen3", "gpt2"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -94,7 +94,8 @@ class ModelSpec:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
         qk_norms = 2 * self.head_size if self.model_type == "qwen3" else 0   # Qwen3 norms q and k per head
-        return 2 * h + qk_norms                               # two RMSNorms, weight only
+        qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
+        return 2 * h + qk_norms + qkv_bias                    # two RMSNorms, weight only
 
     @property
     def position_params(self) -> int:
@@ -212,6 +213,9 @@ class ModelSpec:
             elif self.model_type == "qwen3":
                 config = transformers.Qwen3Config(**common)
                 config.architectures = ["Qwen3ForCausalLM"]
+            elif self.model_type == "qwen2":
+                config = transformers.Qwen2Config(**common)
+                config.architectures = ["Qwen2ForCausalLM"]
             else:
                 config = transformers.LlamaConfig(**common)
                 config.architectures = ["LlamaForCausalLM"]
@@ -252,7 +256,8 @@ class ModelSpec:
         if model_type in _LLAMA_LIKE:
             hidden, heads = get("hidden_size"), get("num_attention_heads")
             rope = get("rope_parameters") or {}
-            theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+            # transformers 5 keeps rope_theta in rope_parameters; config.json files on the Hub, at the top level
+            theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta")
             # Qwen3 configs carry a sliding_window that is off unless use_sliding_window is set
             window = get("sliding_window") if get("use_sliding_window", True) else None
             return cls(name=name, model_type=model_type, num_layers=get("num_hidden_layers"), hidden_size=hidden,
@@ -303,14 +308,34 @@ def list_models() -> list[ModelSpec]:
     return list(model_catalog())
 
 
+# Fine-tunes and checkpoint variants keep their base model's shapes: a Hugging Face id with these words
+# resolves to the catalog entry of the id without them (Mistral-7B-Instruct-v0.3 -> Mistral-7B-v0.3,
+# Llama-3.1-8B-Instruct-FP8 -> Llama-3.1-8B). A quantization the id names is the deployment's business
+# (--quantization), not the model's shape.
+VARIANT_WORDS = frozenset(("instruct", "chat", "it", "base", "hf", "fp8", "dynamic", "fp4", "nvfp4", "mxfp4", "awq",
+                           "gptq", "int4", "int8", "w8a8", "w4a16", "2507", "2407"))
+
+
 def resolve_model(name: str | ModelSpec) -> ModelSpec:
-    """A catalog model by name, alias or Hugging Face id, or a local folder holding a config.json."""
+    """A catalog model by name, alias or Hugging Face id (a fine-tuned or quantized variant of a catalog
+    id included), or a local model folder or its config.json file."""
     if isinstance(name, ModelSpec):
         return name
+    text = str(name)
+    if os.path.isfile(text) and os.path.basename(text) == "config.json":
+        return ModelSpec.from_model_dir(os.path.dirname(text) or ".")
+    if os.path.isdir(text):
+        return ModelSpec.from_model_dir(text)
     catalog = model_catalog()
-    spec = catalog.find(str(name))
+    base = text.rsplit("/", 1)[-1]
+    without_variant = "-".join(w for w in base.lower().split("-") if w not in VARIANT_WORDS)
+    spec = catalog.find(text) or catalog.find(base) or catalog.find(without_variant)
     if spec is not None:
         return spec
-    if os.path.isdir(str(name)):
-        return ModelSpec.from_model_dir(name)
-    return catalog.get(str(name), hint=" (or a folder with a config.json)")
+    return catalog.get(text, hint=" (planner list models shows each one's Hugging Face ids; or give a model "
+                                  "folder or its config.json)")
+
+
+def model_ids(spec: ModelSpec) -> list[str]:
+    """Every name `resolve_model` finds `spec` by: its name, aliases and Hugging Face id."""
+    return list(dict.fromkeys([spec.name, *spec.aliases, *([spec.hf_id] if spec.hf_id else [])]))

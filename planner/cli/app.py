@@ -14,7 +14,7 @@ from rich.table import Table
 
 from planner.cli import profile as cli_profile, search as cli_search, serve as cli_serve, simulate as cli_simulate
 from planner.cli import validate as cli_validate, workload as cli_workload
-from planner.catalog import list_gpus, list_models
+from planner.catalog import list_gpus, list_models, model_ids
 from planner.errors import PlannerError
 
 # Plain click help (rich_markup_mode=None): flags show as `--x / --no-x` with no type column
@@ -74,19 +74,23 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
     """Model catalog (true architectures)."""
     models = list_models()
     if as_json:
-        _emit([{"name": m.name, "model_type": m.model_type, "num_layers": m.num_layers,
+        _emit([{"name": m.name, "ids": model_ids(m), "model_type": m.model_type, "num_layers": m.num_layers,
                 "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
                 "num_params": m.num_params, "max_position_embeddings": m.max_position_embeddings,
                 "kv_bytes_per_token_fp16": m.kv_bytes_per_token(2)} for m in models])
         return
     table = Table(title="Models")
-    for col in ("name", "type", "layers", "hidden", "heads/kv", "params B", "KV KB/tok"):
-        table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=True)
+    for col in ("name", "type", "layers", "heads/kv", "params B", "KV KB/tok", "also found as"):
+        table.add_column(col, justify="left" if col in ("name", "type", "also found as") else "right",
+                         no_wrap=col != "also found as")
     for m in models:
-        table.add_row(m.name, m.model_type, str(m.num_layers), str(m.hidden_size),
-                      f"{m.num_heads}/{m.num_kv_heads}", f"{m.num_params / 1e9:.2f}",
-                      f"{m.kv_bytes_per_token(2) / 1024:.0f}")
-    Console().print(table)
+        table.add_row(m.name, m.model_type, str(m.num_layers), f"{m.num_heads}/{m.num_kv_heads}",
+                      f"{m.num_params / 1e9:.2f}", f"{m.kv_bytes_per_token(2) / 1024:.0f}",
+                      ", ".join(model_ids(m)[1:]))
+    console = Console() if Console().is_terminal else Console(width=160)
+    console.print(table)
+    console.print("A Hugging Face id of a fine-tuned or quantized variant (-Instruct, -FP8, ...) finds its base "
+                  "model; --model also takes a model folder or its config.json.", highlight=False)
 
 
 @list_app.command("workloads")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 
 from engine.core.config import SUPPORTED_BLOCK_SIZES as VLLM_BLOCK_SIZES   # vLLM's CUDA kernels' and ours
-from planner.catalog import GpuSpec, ModelSpec, list_gpus, list_models, resolve_gpu, resolve_model
+from planner.catalog import GpuSpec, ModelSpec, list_gpus, list_models, model_ids, resolve_gpu, resolve_model
 from planner.errors import PlannerError
 from planner.deploy.memory import plan_memory
 from workloads import WORKLOADS
@@ -48,7 +48,7 @@ def model(name: str | ModelSpec) -> ModelSpec:
     except PlannerError as exc:
         if "unknown model" not in str(exc):
             raise
-        names = [n for m in list_models() for n in (m.name, *getattr(m, "aliases", ()))]
+        names = [n for m in list_models() for n in model_ids(m)]   # what `planner list models` shows
         raise PlannerError(f"{exc}{did_you_mean(str(name), names)}") from None
 
 
