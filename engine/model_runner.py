@@ -112,14 +112,30 @@ class ModelRunner:
         layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         # (num_layers, num_kv_heads, head_size): what one KV block spans.
         self.cache_shape = (len(layers), layers[0].num_kv_heads, layers[0].head_size)
-        # Load (or build) this device's kernels now: a GPU whose CUDA kernels do
-        # not build fails here, loudly, not at the first step.
-        self.ops = cuda_ext.ops_for(self.device)
-        if self.ops.backend == "cuda" and self.cache_shape[2] not in CUDA_HEAD_SIZES:
+        self.ops = self._load_kernels()
+        num_gpu_blocks = self._num_gpu_blocks(num_gpu_blocks, kv_cache_memory_bytes, gpu_memory_utilization,
+                                              max_num_batched_tokens)
+        if swap_space_bytes is not None:
+            num_cpu_blocks = self._num_swap_blocks(swap_space_bytes)
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
+        self.graphs = self._decode_graphs(layers, enforce_eager)
+
+    def _load_kernels(self):
+        """This device's kernels, loaded (or built) now: a GPU whose CUDA kernels do
+        not build, or do not cover the model's head size, fails here, loudly, not at
+        the first step."""
+        ops = cuda_ext.ops_for(self.device)
+        if ops.backend == "cuda" and self.cache_shape[2] not in CUDA_HEAD_SIZES:
             raise ValueError(f"head size {self.cache_shape[2]} is not supported by the CUDA kernels "
                              f"({', '.join(map(str, CUDA_HEAD_SIZES))}); run on the CPU (device='cpu') "
                              "or use the torch reference (PAGED_KERNELS=torch)")
+        return ops
 
+    def _num_gpu_blocks(self, num_gpu_blocks: int | None, kv_cache_memory_bytes: int | None,
+                        gpu_memory_utilization: float, max_num_batched_tokens: int | None) -> int:
+        """The KV cache's block count, as ``__init__`` documents: given, from a byte
+        budget, or (CUDA, no budget) profiled from the memory the largest step leaves."""
         if num_gpu_blocks is None:
             if kv_cache_memory_bytes is None and self.device.type == "cuda":
                 num_gpu_blocks = profile_num_gpu_blocks(
@@ -128,24 +144,28 @@ class ModelRunner:
                 )
             else:
                 budget = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else DEFAULT_CPU_KV_CACHE_BYTES
-                num_gpu_blocks = num_blocks_for_budget(budget, *self.cache_shape, block_size, self.dtype)
+                num_gpu_blocks = num_blocks_for_budget(budget, *self.cache_shape, self.block_size, self.dtype)
         if num_gpu_blocks <= 0:
             raise ValueError("the KV cache would hold no blocks; give a larger budget")
-        if swap_space_bytes is not None:
-            if self.device.type != "cuda":
-                # Without a separate device both pools live in host memory.
-                swap_space_bytes = min(swap_space_bytes, CPU_SWAP_CAP)
-            num_cpu_blocks = swap_space_bytes // bytes_per_block(*self.cache_shape, block_size, self.dtype)
-        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
-        self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
+        return num_gpu_blocks
+
+    def _num_swap_blocks(self, swap_space_bytes: int) -> int:
+        """Blocks of the CPU swap pool that ``swap_space_bytes`` holds."""
+        if self.device.type != "cuda":
+            # Without a separate device both pools live in host memory.
+            swap_space_bytes = min(swap_space_bytes, CPU_SWAP_CAP)
+        return swap_space_bytes // bytes_per_block(*self.cache_shape, self.block_size, self.dtype)
+
+    def _decode_graphs(self, layers: list[PagedAttention], enforce_eager: bool) -> DecodeGraphs | None:
+        """CUDA graphs for decode steps, or None where they cannot be captured."""
         windows = [layer.sliding_window for layer in layers if layer.sliding_window is not None]
         # A window shorter than a context makes decode gather on the host: not capturable; nor is a
         # model that says so (``cuda_graphs = False``: MoE models read expert token counts on the host).
-        self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not enforce_eager and getattr(self.model, "cuda_graphs", True) and \
                 min(windows, default=self.max_model_len) >= min(self.max_model_len, MAX_SEQ_LEN_TO_CAPTURE):
-            self.graphs = DecodeGraphs(self.model, self.kv_cache.gpu, device=self.device, block_size=block_size,
-                                       max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
+            return DecodeGraphs(self.model, self.kv_cache.gpu, device=self.device, block_size=self.block_size,
+                                max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs)
+        return None
 
     # -- block moves (scheduler decisions, applied before the step runs) --
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
