@@ -2,8 +2,9 @@
 
 Each request leaves at its trace arrival time (time 0 = the start of the
 run), streams with ``max_tokens`` = its output length (and ``ignore_eos``),
-and is timed on the client:
-- TTFT: from sending to the first chunk that carries a choice;
+to /v1/completions (the prompt as text, or as the trace's token ids) or
+/v1/chat/completions (one user message), and is timed on the client:
+- TTFT: from sending to the first chunk that carries a choice (in chat, content);
 - ITL: every gap between consecutive chunks;
 - E2E: from sending to the last chunk;
 - TPOT: (E2E - TTFT) / (output tokens - 1), output tokens from the server's usage.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,25 @@ class BenchRequest:
                              finish=start + self.latency, token_times=times)
 
 
+PROMPT_FORMATS = ("text", "tokens")
+ENDPOINT_TYPES = ("completions", "chat")
+
+# Prompt words: one per trace token, so equal token ids (a shared prefix) give equal text. Common
+# English words are one token in most tokenizers; the prompt length kept is the server's own count.
+WORDS = ("the of and to in is was for on are with as by at be this from or have an they which one you were "
+         "her all she there would their we him been has when who will more no if out so said what up its "
+         "about into than them can only other new some could time these two may then do first any my now "
+         "such like our over man me even most made after also did many before must through back years where "
+         "much your way well down should because each just those people how too little state good very make "
+         "world still own see men work long get here between both life being under never day same another "
+         "know while last might us great old year off come since against go came right used take three").split()
+
+
+def prompt_text(token_ids: list[int]) -> str:
+    """The words standing for a trace's prompt token ids."""
+    return " ".join(WORDS[t % len(WORDS)] for t in token_ids)
+
+
 @dataclass
 class BenchConfig:
     endpoint: str                 # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
@@ -71,6 +92,25 @@ class BenchConfig:
     seed: int = 0
     timeout: float = 600.0        # per request
     temperature: float = 0.0
+    # "tokens" sends the trace's token ids (exact prompt lengths: what `validate` replays); `planner bench`
+    # sends "text" by default, as `vllm bench serve` does, which every OpenAI server takes.
+    prompt_format: str = "tokens"
+    endpoint_type: str = "completions"     # or "chat" (/v1/chat/completions, the prompt as one user message)
+    api_key: str | None = None    # sent as "Authorization: Bearer <key>" (default: $OPENAI_API_KEY)
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt format {self.prompt_format!r}: choose one of {', '.join(PROMPT_FORMATS)}")
+        if self.endpoint_type not in ENDPOINT_TYPES:
+            raise ValueError(f"endpoint type {self.endpoint_type!r}: choose one of {', '.join(ENDPOINT_TYPES)}")
+        if self.endpoint_type == "chat" and self.prompt_format == "tokens":
+            raise ValueError("a chat endpoint takes text messages: use --prompt-format text with "
+                             "--endpoint-type chat")
+        if self.api_key is None:
+            self.api_key = os.environ.get("OPENAI_API_KEY") or None
+
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 def api_base(endpoint: str) -> str:
@@ -80,67 +120,88 @@ def api_base(endpoint: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-def served_model(endpoint: str, timeout: float = 30.0) -> dict:
+def served_model(endpoint: str, timeout: float = 30.0, headers: dict | None = None) -> dict:
     """The first entry of /v1/models."""
     url = api_base(endpoint) + "/models"
     try:
-        r = httpx.get(url, timeout=timeout)
+        r = httpx.get(url, timeout=timeout, headers=headers)
         r.raise_for_status()
         data = r.json()["data"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
+    except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot list the models at {url}: {exc}") from None
     if not data:
         raise ValueError(f"{url} lists no model")
     return data[0]
 
 
-async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
-                out: BenchRequest) -> None:
-    body = {"model": model, "prompt": trace.prompt_token_ids(req, cfg.vocab_size, cfg.seed),
-            "max_tokens": req.output_len, "temperature": cfg.temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
+def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) -> tuple[str, dict]:
+    """The path and body of one request, in the configured endpoint type and prompt format."""
+    ids = trace.prompt_token_ids(req, cfg.vocab_size, cfg.seed)
+    body = {"model": model, "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    if cfg.endpoint_type == "chat":
+        body |= {"messages": [{"role": "user", "content": prompt_text(ids)}], "max_completion_tokens": req.output_len}
+    else:
+        body |= {"prompt": ids if cfg.prompt_format == "tokens" else prompt_text(ids), "max_tokens": req.output_len}
     if req.n > 1:
         body["n"] = req.n
     if cfg.ignore_eos:
         body["ignore_eos"] = True
-    chunks = 0
+    return ("/chat/completions" if cfg.endpoint_type == "chat" else "/completions"), body
+
+
+async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
+                out: BenchRequest) -> None:
+    path, body = request_body(cfg, model, trace, req)
     out.start = time.perf_counter()
-    last = out.start
     try:
-        async with client.stream("POST", "/completions", json=body) as response:
+        async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                try:
-                    text = json.loads(text)["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    pass
-                out.error = f"HTTP {response.status_code}: {text}"[:500]
+                out.error = await _http_error(response)
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                doc = json.loads(data)
-                if "error" in doc:
-                    out.error = str(doc["error"].get("message", doc["error"]))[:500]
-                    return
-                now = time.perf_counter()
-                if doc.get("choices"):
-                    if chunks == 0:
-                        out.ttft = now - out.start
-                    else:
-                        out.itl.append(now - last)
-                    last = now
-                    chunks += 1
-                    reason = doc["choices"][0].get("finish_reason")
-                    out.finish_reason = reason or out.finish_reason
-                if doc.get("usage"):
-                    out.output_len = doc["usage"].get("completion_tokens") or 0
+            await _read_stream(response, out, chat=cfg.endpoint_type == "chat")
     except (httpx.HTTPError, ValueError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"[:500]
-        return
+
+
+async def _http_error(response) -> str:
+    text = (await response.aread()).decode(errors="replace")
+    try:
+        text = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"HTTP {response.status_code}: {text}"[:500]
+
+
+async def _read_stream(response, out: BenchRequest, chat: bool) -> None:
+    """Time the chunks as vLLM's benchmark does; a chat chunk counts once it carries content."""
+    chunks = 0
+    last = out.start
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        doc = json.loads(data)
+        if "error" in doc:
+            out.error = str(doc["error"].get("message", doc["error"]) if isinstance(doc["error"], dict)
+                            else doc["error"])[:500]
+            return
+        now = time.perf_counter()
+        choices = doc.get("choices") or []
+        delta = (choices[0].get("delta") or {}) if choices and chat else {}
+        if choices and (not chat or delta.get("content") or choices[0].get("finish_reason")):
+            if chunks == 0:
+                out.ttft = now - out.start
+            else:
+                out.itl.append(now - last)
+            last = now
+            chunks += 1
+            out.finish_reason = choices[0].get("finish_reason") or out.finish_reason
+        usage = doc.get("usage")
+        if usage:
+            out.output_len = usage.get("completion_tokens") or 0
+            out.prompt_len = usage.get("prompt_tokens") or out.prompt_len   # the server's own count
     if chunks == 0:
         out.error = "the stream ended without a token"
         return
@@ -150,10 +211,10 @@ async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: 
 
 
 async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:
-    model = cfg.model or served_model(cfg.endpoint)["id"]
+    model = cfg.model or served_model(cfg.endpoint, headers=cfg.headers())["id"]
     results = [BenchRequest(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in trace]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=api_base(cfg.endpoint), limits=limits,
+    async with httpx.AsyncClient(base_url=api_base(cfg.endpoint), limits=limits, headers=cfg.headers(),
                                  timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
         origin = time.perf_counter()
         tasks = []

@@ -110,15 +110,22 @@ def bench(
                                     help="send ignore_eos so outputs have the trace's lengths (vLLM accepts it)"),
     vocab_size: int = typer.Option(256, help="prompt token ids are drawn below this"),
     timeout: float = typer.Option(600.0, help="per-request timeout (s)"),
+    prompt_format: str = typer.Option("text", help="text (words, as vllm bench serve sends; every server "
+                                                   "takes them) | tokens (the trace's token ids)"),
+    endpoint_type: str = typer.Option("completions", help="completions | chat"),
+    api_key: Optional[str] = typer.Option(None, help="sent as 'Authorization: Bearer KEY' "
+                                                      "(default: $OPENAI_API_KEY, as vllm bench)"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
 ) -> None:
-    """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json."""
+    """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json.
+    Exits 1 when every request failed."""
     try:
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
                                        max_output_len)
         slos = parse_slos(slo) if slo else None
-        cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout)
+        cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
+                          endpoint_type=endpoint_type, api_key=api_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
@@ -136,8 +143,11 @@ def bench(
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
-        return
-    print_bench_summary(doc, Console())
+    else:
+        print_bench_summary(doc, Console())
+    if results and not any(r.success for r in results):
+        typer.echo(f"error: every request failed ({len(results)}); the first: {failures[0]['error']}", err=True)
+        raise typer.Exit(1)
 
 
 def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len):

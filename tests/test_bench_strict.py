@@ -1,0 +1,111 @@
+"""`planner bench` against a strict OpenAI server that is not ours (issue 27, item 7).
+
+The fake server takes only what OpenAI's API documents: a string prompt for /v1/completions and string
+message contents for /v1/chat/completions (as guidellm's mock server does); a token-id prompt is a 400.
+Text prompts (the default) are served; token ids fail every request, and bench then exits non-zero.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from typer.testing import CliRunner
+
+from engine.entrypoints.openai.server import free_port
+from planner.cli.app import app as cli
+
+OUTPUT_TOKENS = 3
+
+
+def _chunks(chat: bool, prompt_tokens: int):
+    for i in range(OUTPUT_TOKENS):
+        last = i == OUTPUT_TOKENS - 1
+        choice = ({"index": 0, "delta": {"content": f"w{i}"}} if chat else {"index": 0, "text": f"w{i}"})
+        yield f"data: {json.dumps({'choices': [{**choice, 'finish_reason': 'length' if last else None}]})}\n\n"
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": OUTPUT_TOKENS,
+             "total_tokens": prompt_tokens + OUTPUT_TOKENS}
+    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _refuse(field: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": f"{field}: Input should be a valid string", "type": "BadRequestError",
+                                   "param": field, "code": 400}}, status_code=400)
+
+
+async def completions(request: Request):
+    body = await request.json()
+    if not isinstance(body.get("prompt"), str):
+        return _refuse("prompt")
+    return StreamingResponse(_chunks(False, len(body["prompt"].split())), media_type="text/event-stream")
+
+
+async def chat(request: Request):
+    body = await request.json()
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m.get("content"), str) for m in messages):
+        return _refuse("messages")
+    words = sum(len(m["content"].split()) for m in messages)
+    return StreamingResponse(_chunks(True, words), media_type="text/event-stream")
+
+
+async def models(request: Request):
+    return JSONResponse({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+
+@pytest.fixture(scope="module")
+def strict_server():
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/models", models)])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def bench(url: str, tmp_path, *extra: str):
+    args = ["bench", "--endpoint", url, "--workload", "alpaca", "--requests", "6", "--rate", "50",
+            "--length-scale", "0.2", "--out", str(tmp_path), "--json", *extra]
+    return CliRunner().invoke(cli, args)
+
+
+@pytest.mark.parametrize("extra", [(), ("--endpoint-type", "chat")])
+def test_text_prompts_are_served_by_a_strict_server(strict_server, tmp_path, extra):
+    result = bench(strict_server, tmp_path, *extra)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["num_completed"], doc["num_failed"]) == (6, 0)
+    assert doc["ttft_mean"] > 0 and doc["e2e_mean"] >= doc["ttft_mean"]
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert [int(r["output_len"]) for r in rows] == [OUTPUT_TOKENS] * 6
+    # The prompt length kept is the server's own count (here: words), not the trace's.
+    assert all(int(r["prompt_len"]) >= 1 for r in rows)
+
+
+def test_token_prompts_fail_every_request_and_bench_exits_non_zero(strict_server, tmp_path):
+    result = bench(strict_server, tmp_path, "--prompt-format", "tokens")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert (doc["num_completed"], doc["num_failed"]) == (0, 6)
+    assert "prompt: Input should be a valid string" in doc["failures"][0]["error"]
+    assert result.stderr.startswith("error: every request failed (6)") and result.stderr.count("\n") == 1
+
+
+def test_chat_with_token_prompts_is_a_one_line_error(strict_server, tmp_path):
+    result = bench(strict_server, tmp_path, "--endpoint-type", "chat", "--prompt-format", "tokens")
+    assert result.exit_code == 2 and result.stderr.startswith("error: a chat endpoint takes text messages")
