@@ -71,11 +71,21 @@ def check_paged_attention(
     check_values: bool = True,
 ) -> None:
     check_kv_cache(key_cache, value_cache)
-    num_blocks, cache_kv_heads, _, cache_block_size, _ = key_cache.shape
+    _check_query(out, query, key_cache, value_cache, num_kv_heads, block_size)
+    num_seqs = query.shape[0]
+    _check_seq_tensors(block_tables, seq_lens, num_seqs, query.device, max_seq_len)
+    if check_values and seq_lens.device.type == "cpu" and num_seqs > 0:
+        _check_seq_values(block_tables, seq_lens, block_size, max_seq_len, key_cache.shape[0])
+
+
+def _check_query(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 num_kv_heads: int, block_size: int) -> None:
+    """The query and output match the cache: shape, dtype, device, heads, block size."""
+    _, cache_kv_heads, _, cache_block_size, _ = key_cache.shape
     head_size = value_cache.shape[2]
     if query.dim() != 3:
         _fail(f"query must be [num_seqs, num_heads, head_size], got shape {tuple(query.shape)}")
-    num_seqs, num_heads, query_head_size = query.shape
+    _, num_heads, query_head_size = query.shape
     if tuple(out.shape) != tuple(query.shape):
         _fail(f"out shape {tuple(out.shape)} != query shape {tuple(query.shape)}")
     if not out.is_contiguous():
@@ -92,35 +102,45 @@ def check_paged_attention(
         _fail(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     if block_size != cache_block_size:
         _fail(f"block_size={block_size} but the cache's block size is {cache_block_size}")
+
+
+def _check_seq_tensors(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int,
+                       device: torch.device, max_seq_len: int) -> None:
+    """Block tables and lengths: int32, one row per sequence, on the query's device."""
     _require_int_tensor("block_tables", block_tables, torch.int32, 2)
     _require_int_tensor("seq_lens", seq_lens, torch.int32, 1)
     if block_tables.shape[0] != num_seqs:
         _fail(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
     if seq_lens.shape[0] != num_seqs:
         _fail(f"seq_lens has {seq_lens.shape[0]} entries for {num_seqs} sequences")
-    if not (block_tables.device == seq_lens.device == query.device):
+    if not (block_tables.device == seq_lens.device == device):
         _fail("block_tables and seq_lens must be on the query's device")
     if not (max_seq_len >= 0):
         _fail(f"max_seq_len must be >= 0, got {max_seq_len}")
-    if check_values and seq_lens.device.type == "cpu" and num_seqs > 0:
-        # numpy views (no copy): these run on every decode step of every layer,
-        # and numpy's small-array reductions cost a fraction of torch's.
-        lens = seq_lens.numpy()
-        longest = int(lens.max())
-        if not (int(lens.min()) >= 0):
-            _fail("seq_lens must be >= 0")
-        if not (longest <= max_seq_len):
-            _fail(f"a sequence of length {longest} exceeds max_seq_len={max_seq_len}")
-        capacity = block_tables.shape[1] * block_size
-        if not (longest <= capacity):
-            _fail(f"a sequence of length {longest} needs more blocks than block_tables holds ({block_tables.shape[1]} x {block_size})")
-        # Only the blocks a sequence actually uses must be valid ids; the tail
-        # of a block table row is padding and may hold anything.
-        blocks_used = (lens.astype(np.int64) + block_size - 1) // block_size
-        used_ids = block_tables.numpy()[np.arange(block_tables.shape[1]) < blocks_used[:, None]]
-        if used_ids.size:
-            if not (int(used_ids.min()) >= 0 and int(used_ids.max()) < num_blocks):
-                _fail(f"block_tables holds a block id outside [0, {num_blocks})")
+
+
+def _check_seq_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, max_seq_len: int,
+                      num_blocks: int) -> None:
+    """The values of host-side lengths and block ids: each length fits ``max_seq_len``
+    and its row of the block table, and every block a sequence uses exists."""
+    # numpy views (no copy): these run on every decode step of every layer,
+    # and numpy's small-array reductions cost a fraction of torch's.
+    lens = seq_lens.numpy()
+    longest = int(lens.max())
+    if not (int(lens.min()) >= 0):
+        _fail("seq_lens must be >= 0")
+    if not (longest <= max_seq_len):
+        _fail(f"a sequence of length {longest} exceeds max_seq_len={max_seq_len}")
+    capacity = block_tables.shape[1] * block_size
+    if not (longest <= capacity):
+        _fail(f"a sequence of length {longest} needs more blocks than block_tables holds ({block_tables.shape[1]} x {block_size})")
+    # Only the blocks a sequence actually uses must be valid ids; the tail
+    # of a block table row is padding and may hold anything.
+    blocks_used = (lens.astype(np.int64) + block_size - 1) // block_size
+    used_ids = block_tables.numpy()[np.arange(block_tables.shape[1]) < blocks_used[:, None]]
+    if used_ids.size:
+        if not (int(used_ids.min()) >= 0 and int(used_ids.max()) < num_blocks):
+            _fail(f"block_tables holds a block id outside [0, {num_blocks})")
 
 
 def check_sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> None:
