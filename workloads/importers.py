@@ -74,6 +74,24 @@ def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
+def _tokenized_pairs(pairs: list[tuple[str, str]], tokenizer, num_requests: int, fixed_output_len: int | None,
+                     lfilter: LengthFilter) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) of the first ``num_requests`` pairs, in
+    order, whose lengths pass ``lfilter`` (vLLM tokenizes lazily, stopping there)."""
+    kept: list[tuple[list[int], int]] = []
+    for prompt, answer in pairs:
+        if len(kept) == num_requests:
+            break
+        prompt_ids = list(tokenizer(prompt).input_ids)
+        output_len = fixed_output_len or len(tokenizer(answer).input_ids)
+        p, o = len(prompt_ids), output_len
+        too_short = p < lfilter.min_len or (fixed_output_len is None and o < lfilter.min_len)
+        if too_short or p > lfilter.max_prompt_len or p + o > lfilter.max_total_len:
+            continue
+        kept.append((prompt_ids, output_len))
+    return kept
+
+
 def import_sharegpt(
     path: str | Path,
     tokenizer_path: str | Path,
@@ -109,19 +127,7 @@ def import_sharegpt(
     pairs = _sharegpt_pairs(path)
     tokenizer = _load_tokenizer(tokenizer_path)
     random.Random(seed).shuffle(pairs)
-
-    kept: list[tuple[list[int], int]] = []
-    for prompt, answer in pairs:
-        if len(kept) == num_requests:
-            break
-        prompt_ids = list(tokenizer(prompt).input_ids)
-        output_len = fixed_output_len or len(tokenizer(answer).input_ids)
-        p, o = len(prompt_ids), output_len
-        too_short = p < lfilter.min_len or (fixed_output_len is None and o < lfilter.min_len)
-        if too_short or p > lfilter.max_prompt_len or p + o > lfilter.max_total_len:
-            continue
-        kept.append((prompt_ids, output_len))
-
+    kept = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
     times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(kept))
     requests = [
         TraceRequest(
@@ -198,6 +204,39 @@ def _cell(cell: str, col: str, parse, path: Path, line: int):
         raise TraceError(f"{where(path, line, col)}: {err}") from None
 
 
+def _csv_requests(path: Path, lines, header: list[str], columns: tuple[str, str, str], num_requests: int | None,
+                  drop_zero: bool) -> tuple[list[tuple[Decimal, int, int]], int]:
+    """(timestamp, prompt tokens, output tokens) of the first ``num_requests`` rows,
+    each checked as it is read (cell count, timestamps in order and within the cap,
+    lengths), and how many rows a zero length dropped."""
+    timestamp_col = columns[0]
+    cols = [(col, header.index(col), parse) for col, parse in zip(columns, (parse_timestamp, _length, _length))]
+    rows: list[tuple[Decimal, int, int]] = []
+    dropped = 0
+    prev: Decimal | None = None
+    for line, cells in lines:
+        if num_requests is not None and len(rows) >= num_requests:
+            break
+        if len(cells) != len(header):
+            raise TraceError(f"{where(path, line)}: row has {len(cells)} cells, header has {len(header)}")
+        t, p, o = (_cell(cells[i], col, parse, path, line) for col, i, parse in cols)
+        if prev is not None and t < prev:
+            raise TraceError(f"{where(path, line, timestamp_col)}: {cells[cols[0][1]].strip()} is before the previous row's timestamp (timestamps must not decrease)")
+        if rows and t - rows[0][0] > MAX_ARRIVAL_TIME:
+            raise TraceError(f"{where(path, line, timestamp_col)}: {float(t - rows[0][0]):g} s after the first row, "
+                             f"over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
+        prev = t
+        for col, n in zip(columns[1:], (p, o)):
+            if n < 0 or (n == 0 and not drop_zero):
+                hint = "" if n < 0 else " (planner workload import --format azure --drop-zero skips such rows)"
+                raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}{hint}")
+        if p == 0 or o == 0:
+            dropped += 1
+            continue
+        rows.append((t, p, o))
+    return rows, dropped
+
+
 def import_csv_trace(
     path: str | Path,
     timestamp_col: str = "TIMESTAMP",
@@ -221,34 +260,11 @@ def import_csv_trace(
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
-    rows: list[tuple[Decimal, int, int]] = []
-    dropped = 0
     lines = csv_rows(path)
     # other columns are the production log's own (and may be unnamed, e.g. a pandas index)
     header, _ = csv_header(path, lines, (timestamp_col, prompt_col, output_col), all_named=False)
-    cols = [(col, header.index(col), parse) for col, parse in
-            ((timestamp_col, parse_timestamp), (prompt_col, _length), (output_col, _length))]
-    prev: Decimal | None = None
-    for line, cells in lines:
-        if num_requests is not None and len(rows) >= num_requests:
-            break
-        if len(cells) != len(header):
-            raise TraceError(f"{where(path, line)}: row has {len(cells)} cells, header has {len(header)}")
-        t, p, o = (_cell(cells[i], col, parse, path, line) for col, i, parse in cols)
-        if prev is not None and t < prev:
-            raise TraceError(f"{where(path, line, timestamp_col)}: {cells[cols[0][1]].strip()} is before the previous row's timestamp (timestamps must not decrease)")
-        if rows and t - rows[0][0] > MAX_ARRIVAL_TIME:
-            raise TraceError(f"{where(path, line, timestamp_col)}: {float(t - rows[0][0]):g} s after the first row, "
-                             f"over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
-        prev = t
-        for col, n in ((prompt_col, p), (output_col, o)):
-            if n < 0 or (n == 0 and not drop_zero):
-                hint = "" if n < 0 else " (planner workload import --format azure --drop-zero skips such rows)"
-                raise TraceError(f"{where(path, line, col)}: length must be >= 1, got {n}{hint}")
-        if p == 0 or o == 0:
-            dropped += 1
-            continue
-        rows.append((t, p, o))
+    rows, dropped = _csv_requests(path, lines, header, (timestamp_col, prompt_col, output_col),
+                                  num_requests, drop_zero)
     if not rows:
         raise TraceError(f"{path}: no requests in it" + (f" ({dropped} rows with a zero length skipped)" if dropped else ""))
     start = rows[0][0]
