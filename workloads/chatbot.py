@@ -38,6 +38,7 @@ from .generators import sharegpt_pairs
 from .schema import TraceRequest
 from .tokens import stream
 
+
 def make_chatbot(
     *,
     num_requests: int | None,
@@ -53,10 +54,8 @@ def make_chatbot(
     think_time: float = 10.0,
     time_per_token: float = 0.05,
 ) -> list[TraceRequest]:
-    if not (mean_turns >= 1 and max_turns >= 1 and max_history >= 8 and max_output_len >= 1):
-        raise TraceError("mean_turns/max_turns/max_history/max_output_len: need mean_turns >= 1, max_turns >= 1, max_history >= 8, max_output_len >= 1")
-    if not (think_time >= 0 and time_per_token >= 0 and math.isfinite(think_time + time_per_token)):
-        raise TraceError(f"think_time/time_per_token: must be finite and >= 0, got {think_time}, {time_per_token}")
+    """The chatbot trace's requests, conversation after conversation (see the module docstring)."""
+    _check_chatbot_args(mean_turns, max_turns, max_history, max_output_len, think_time, time_per_token)
     check_arrival_args(arrival, rate, cv, num_requests, duration)
     # every conversation has at least one turn, so num_requests starts suffice
     starts = arrival_times(
@@ -77,26 +76,47 @@ def make_chatbot(
     for c, (start, n_turns) in enumerate(zip(starts, turns)):
         if len(requests) >= limit:
             break
-        history = 0  # untruncated tokens so far
-        t_arrive = float(start)
-        for t in range(int(n_turns)):
-            message, answer, think = int(messages[k + t]), int(answers[k + t]), float(thinks[k + t])
-            before = history
-            history += message
-            truncated = history > max_history
-            if (duration is None or t_arrive < duration) and len(requests) < limit:
-                requests.append(
-                    TraceRequest(
-                        request_id=f"chatbot-{c}-{t}",
-                        arrival_time=round(t_arrive, TIME_DECIMALS),
-                        prompt_len=min(history, max_history),
-                        output_len=answer,
-                        conversation_id=f"conv-{c}",
-                        turn=t,
-                        prefix_len=before if (t > 0 and not truncated) else 0,
-                    )
+        n = int(n_turns)
+        requests += _conversation(c, float(start), messages[k:k + n], answers[k:k + n], thinks[k:k + n],
+                                  max_history, time_per_token, duration, limit - len(requests))
+        k += n
+    return requests
+
+
+def _check_chatbot_args(mean_turns: float, max_turns: int, max_history: int, max_output_len: int,
+                        think_time: float, time_per_token: float) -> None:
+    if not (mean_turns >= 1 and max_turns >= 1 and max_history >= 8 and max_output_len >= 1):
+        raise TraceError("mean_turns/max_turns/max_history/max_output_len: need mean_turns >= 1, max_turns >= 1, max_history >= 8, max_output_len >= 1")
+    if not (think_time >= 0 and time_per_token >= 0 and math.isfinite(think_time + time_per_token)):
+        raise TraceError(f"think_time/time_per_token: must be finite and >= 0, got {think_time}, {time_per_token}")
+
+
+def _conversation(c: int, start: float, messages, answers, thinks, max_history: int, time_per_token: float,
+                  duration: float | None, room: float) -> list[TraceRequest]:
+    """The requests of conversation ``c``, one a turn, from its per-turn draws: each
+    prompt is the history so far truncated to its last ``max_history`` tokens; the
+    next turn arrives after the estimated answer time and a think time. Only turns
+    that arrive before ``duration`` are kept, ``room`` of them at most."""
+    requests: list[TraceRequest] = []
+    history = 0  # untruncated tokens so far
+    t_arrive = start
+    for t in range(len(messages)):
+        message, answer, think = int(messages[t]), int(answers[t]), float(thinks[t])
+        before = history
+        history += message
+        truncated = history > max_history
+        if (duration is None or t_arrive < duration) and len(requests) < room:
+            requests.append(
+                TraceRequest(
+                    request_id=f"chatbot-{c}-{t}",
+                    arrival_time=round(t_arrive, TIME_DECIMALS),
+                    prompt_len=min(history, max_history),
+                    output_len=answer,
+                    conversation_id=f"conv-{c}",
+                    turn=t,
+                    prefix_len=before if (t > 0 and not truncated) else 0,
                 )
-            history += answer
-            t_arrive += answer * time_per_token + think
-        k += int(n_turns)
+            )
+        history += answer
+        t_arrive += answer * time_per_token + think
     return requests
