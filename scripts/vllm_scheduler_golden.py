@@ -25,7 +25,9 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.utils.hashing import sha256
 
-def run(case):
+def make_scheduler(case):
+    """vLLM's v1 Scheduler configured as the case says (CPU, one dummy attention
+    layer), with the block hasher its requests need for prefix caching."""
     cfg = case["config"]
     bs = cfg["block_size"]
     model_config = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, dtype="float32", seed=0,
@@ -45,7 +47,31 @@ def run(case):
     sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv, block_size=bs, log_stats=False,
                       structured_output_manager=StructuredOutputManager(vllm_config))
     init_none_hash(sha256)
-    hasher = get_request_block_hasher(bs, sha256)
+    return sched, get_request_block_hasher(bs, sha256)
+
+
+def sampled_tokens(sched, ids):
+    """The fake model runner's output: per scheduled request, one token if its
+    prompt is done (none for a partial chunk)."""
+    sampled = []
+    for rid in ids:
+        req = sched.requests[rid]
+        done_prompt = req.num_computed_tokens >= req.num_tokens   # advanced at schedule time
+        # The token a request outputs at position p: fixed by the trace, so both sides agree.
+        sampled.append([zlib.crc32(f'{rid}:{req.num_tokens}'.encode()) % 90 + 10] if done_prompt else [])
+    return sampled
+
+
+def finished_ids(engine_core_outputs):
+    """Ids of the requests an update_from_output finished."""
+    return [o.request_id for outs in engine_core_outputs.values() for o in outs.outputs
+            if o.finish_reason is not None]
+
+
+def run(case):
+    """vLLM's step log for one case: requests added as they arrive, each step's
+    scheduled tokens, preemptions and finishes, on the case's step-time clock."""
+    sched, hasher = make_scheduler(case)
     pending = sorted(case["requests"], key=lambda r: r["arrival"])
     a, b = case["step_time"]
     now, steps, unfinished = 0.0, [], set()
@@ -64,21 +90,11 @@ def run(case):
             now = pending[0]["arrival"]
             continue
         ids = list(scheduled)
-        sampled = []
-        for rid in ids:
-            req = sched.requests[rid]
-            done_prompt = req.num_computed_tokens >= req.num_tokens   # advanced at schedule time
-            # The token a request outputs at position p: fixed by the trace, so both sides agree.
-            sampled.append([zlib.crc32(f'{rid}:{req.num_tokens}'.encode()) % 90 + 10] if done_prompt else [])
+        sampled = sampled_tokens(sched, ids)
         now += a + b * sum(scheduled.values())
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=sampled)
-        eco = sched.update_from_output(out, mro)
-        finished = []
-        for outs in eco.values():
-            for o in outs.outputs:
-                if o.finish_reason is not None:
-                    finished.append(o.request_id)
+        finished = finished_ids(sched.update_from_output(out, mro))
         unfinished -= set(finished)
         steps.append({"t": round(now, 9), "tokens": scheduled, "preempted": sorted(out.preempted_req_ids),
                       "finished": sorted(finished)})
