@@ -56,66 +56,91 @@ def write(df: pd.DataFrame, system: str, name: str) -> None:
     df.to_csv(path, index=False, float_format="%.6g", compression={"method": "gzip", "mtime": 0})
 
 
-def extract(root: Path, system: str, package_version: str) -> dict:
-    data = root / "aiconfigurator_core" / "systems" / "data" / system
-    spec = yaml.safe_load((root / "aiconfigurator_core" / "systems" / f"{system}.yaml").read_text())
-    record: dict = {"tables": {}}
-    base = root / "aiconfigurator_core"
+def source(base: Path, path: Path, **extra) -> dict:
+    """Where a table came from: its file in the package, its sha256, and the
+    framework and version folders it sits in; plus what was kept of it."""
+    return {"file": str(path.relative_to(base)), "sha256": sha256(path),
+            "framework": path.parent.parent.name, "version": path.parent.name, **extra}
 
-    def note(name: str, path: Path, **extra) -> None:
-        record["tables"][name] = {"file": str(path.relative_to(base)), "sha256": sha256(path),
-                                  "framework": path.parent.parent.name, "version": path.parent.name, **extra}
 
-    gemm_path = newest(data / "gemm" / "vllm", "gemm_perf.parquet")
-    g = pd.read_parquet(gemm_path)
+def extract_gemm(data: Path, base: Path, system: str) -> tuple[dict, str]:
+    """The bf16 GEMM table (median latency per m, n, k); its source and the device it was measured on."""
+    path = newest(data / "gemm" / "vllm", "gemm_perf.parquet")
+    g = pd.read_parquet(path)
     g = g[g.gemm_dtype == "bfloat16"]
     g = g.groupby(["m", "n", "k"], as_index=False).latency.median().rename(columns={"latency": "latency_ms"})
     write(g, system, "gemm")
-    note("gemm", gemm_path, rows=len(g), filter="gemm_dtype=bfloat16")
-    record["device"] = str(pd.read_parquet(gemm_path).device.iloc[0])
+    device = str(pd.read_parquet(path).device.iloc[0])
+    return source(base, path, rows=len(g), filter="gemm_dtype=bfloat16"), device
 
-    for op in ("context", "generation"):
-        path = newest(data / "attention" / "vllm", f"{op}_attention_perf.parquet")
-        a = pd.read_parquet(path)
-        a = a[(a.kv_cache_dtype == "bfloat16") & (a.attn_dtype == "bfloat16")]
-        if "window_size" in a.columns:
-            a = a[a.window_size == 0]
-        kernel = next(k for k in KERNELS[op] if (a.kernel_source == k).any())
-        a = a[a.kernel_source == kernel]
-        keys = ["batch_size", "isl" if op == "context" else "step", "num_heads", "num_key_value_heads", "head_dim"]
-        a = a.groupby(keys, as_index=False).latency.median()
-        a = a.rename(columns={"latency": "latency_ms", "num_key_value_heads": "num_kv_heads"})
-        write(a, system, f"{op}_attention")
-        note(f"{op}_attention", path, rows=len(a), kernel=kernel,
-             filter="attn_dtype=kv_cache_dtype=bfloat16, window_size=0, median of repeats")
 
-    frames = []
+def extract_attention(data: Path, base: Path, system: str, op: str) -> dict:
+    """The ``op`` (context or generation) attention table of the kernel vLLM picks by
+    default: bf16, no sliding window, median of repeats. Returns its source."""
+    path = newest(data / "attention" / "vllm", f"{op}_attention_perf.parquet")
+    a = pd.read_parquet(path)
+    a = a[(a.kv_cache_dtype == "bfloat16") & (a.attn_dtype == "bfloat16")]
+    if "window_size" in a.columns:
+        a = a[a.window_size == 0]
+    kernel = next(k for k in KERNELS[op] if (a.kernel_source == k).any())
+    a = a[a.kernel_source == kernel]
+    keys = ["batch_size", "isl" if op == "context" else "step", "num_heads", "num_key_value_heads", "head_dim"]
+    a = a.groupby(keys, as_index=False).latency.median()
+    a = a.rename(columns={"latency": "latency_ms", "num_key_value_heads": "num_kv_heads"})
+    write(a, system, f"{op}_attention")
+    return source(base, path, rows=len(a), kernel=kernel,
+                  filter="attn_dtype=kv_cache_dtype=bfloat16, window_size=0, median of repeats")
+
+
+def extract_allreduce(data: Path, base: Path, system: str) -> dict:
+    """One all-reduce table from vLLM's custom all-reduce and NCCL's (bf16/half,
+    median per backend, GPU count and message size). Returns the sources by name."""
+    frames, sources = [], {}
     custom = newest(data / "comm" / "vllm", "custom_allreduce_perf.parquet")
     if custom is not None:
         c = pd.read_parquet(custom)
         c = c[c.allreduce_dtype == "bfloat16"]
         c = c.assign(backend=c.backend.str.replace("vllm_", "custom_", regex=False))
         frames.append(c[["backend", "num_gpus", "message_size", "latency"]])
-        note("custom_allreduce", custom, rows=len(c), filter="allreduce_dtype=bfloat16; message_size in elements")
+        sources["custom_allreduce"] = source(base, custom, rows=len(c),
+                                             filter="allreduce_dtype=bfloat16; message_size in elements")
     nccl = newest(data / "comm" / "nccl", "nccl_perf.parquet")
     if nccl is not None:
         n = pd.read_parquet(nccl)
         n = n[(n.op_name == "all_reduce") & (n.nccl_dtype == "half")].assign(backend="nccl")
         frames.append(n[["backend", "num_gpus", "message_size", "latency"]])
-        note("nccl_allreduce", nccl, rows=len(n), filter="op_name=all_reduce, nccl_dtype=half; message_size in elements")
+        sources["nccl_allreduce"] = source(base, nccl, rows=len(n),
+                                           filter="op_name=all_reduce, nccl_dtype=half; message_size in elements")
     ar = pd.concat(frames).groupby(["backend", "num_gpus", "message_size"], as_index=False).latency.median()
     write(ar.rename(columns={"latency": "latency_ms"}), system, "allreduce")
+    return sources
 
+
+def system_spec(spec_path: Path, system: str) -> dict:
+    """The GPU and node figures of the system's spec file the cost model reads."""
+    spec = yaml.safe_load(spec_path.read_text())
     gpu, node, misc = spec["gpu"], spec["node"], spec.get("misc", {})
-    record["spec"] = {
-        "file": f"systems/{system}.yaml", "sha256": sha256(root / "aiconfigurator_core" / "systems" / f"{system}.yaml"),
+    return {
+        "file": f"systems/{system}.yaml", "sha256": sha256(spec_path),
         "mem_bw": gpu["mem_bw"], "mem_bw_empirical_scaling_factor": gpu.get("mem_bw_empirical_scaling_factor"),
         "mem_empirical_constant_latency": gpu.get("mem_empirical_constant_latency"),
         "mem_capacity": gpu["mem_capacity"], "bfloat16_tc_flops": gpu.get("bfloat16_tc_flops"),
         "intra_node_bw": node.get("intra_node_bw"), "num_gpus_per_node": node.get("num_gpus_per_node"),
         "nccl_mem": {str(k): v for k, v in (misc.get("nccl_mem") or {}).items()},
     }
-    return record
+
+
+def extract(root: Path, system: str, package_version: str) -> dict:
+    """Writes the system's tables; returns their record for SOURCE.json."""
+    base = root / "aiconfigurator_core"
+    data = base / "systems" / "data" / system
+    spec = system_spec(base / "systems" / f"{system}.yaml", system)
+    tables: dict = {}
+    tables["gemm"], device = extract_gemm(data, base, system)
+    for op in ("context", "generation"):
+        tables[f"{op}_attention"] = extract_attention(data, base, system, op)
+    tables.update(extract_allreduce(data, base, system))
+    return {"tables": tables, "device": device, "spec": spec}
 
 
 def main(root: str) -> None:
