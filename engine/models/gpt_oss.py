@@ -21,7 +21,6 @@ MXFP4 (``*_blocks`` / ``*_scales`` tensors), which would need their own kernels.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.models.errors import UnsupportedModelError
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, RMSNorm
+from engine.models.llama import DecoderLayer, LlamaAttention, LlamaForCausalLM, RMSNorm
 from engine.models.moe import SparseMoeBlock, clamped_swiglu, top_k_softmax
 from engine.models.rotary import YARN_ROPE_TYPES, RotaryEmbedding
 from engine.models.weights import WeightLoader
@@ -57,20 +56,12 @@ class GptOssAttention(LlamaAttention):
         return self.o_proj(out)
 
 
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
-        super().__init__()
-        self.self_attn = GptOssAttention(config, qkv_bias, o_bias, layer)
-        top_k = config.num_experts_per_tok
-        self.mlp = SparseMoeBlock(config.hidden_size, config.intermediate_size, config.num_local_experts, top_k,
-                                  functools.partial(top_k_softmax, top_k=top_k),
-                                  clamped_swiglu(config.swiglu_alpha, config.swiglu_limit), bias=True)
-        self.input_layernorm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, cos_sin, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+def gpt_oss_moe_block(config) -> SparseMoeBlock:
+    """The top-k logits softmaxed, experts with biases and gpt-oss's clamped SwiGLU."""
+    top_k = config.num_experts_per_tok
+    return SparseMoeBlock(config.hidden_size, config.intermediate_size, config.num_local_experts, top_k,
+                          functools.partial(top_k_softmax, top_k=top_k),
+                          clamped_swiglu(config.swiglu_alpha, config.swiglu_limit), bias=True)
 
 
 class GptOssForCausalLM(LlamaForCausalLM):
@@ -90,30 +81,21 @@ class GptOssForCausalLM(LlamaForCausalLM):
         self.norm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps)   # in place of Llama's final norm
 
     def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
-        return GptOssDecoderLayer(config, qkv_bias, o_bias, layer)
+        return DecoderLayer(GptOssAttention(config, qkv_bias, o_bias, layer), gpt_oss_moe_block(config), config,
+                            norm=GptOssRMSNorm)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], loader: WeightLoader) -> None:
+    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
         """Sinks, router and experts here; every Llama-named weight goes on to Llama's loader."""
-
-        def llama_weights():
-            for name, tensor in weights:
-                parts = name.removeprefix("model.").split(".")
-                if parts[0] != "layers":
-                    yield name, tensor
-                    continue
-                prefix, rest = f"layers.{parts[1]}.", ".".join(parts[2:])
-                mlp = self.layers[int(parts[1])].mlp
-                if rest == "self_attn.sinks":
-                    loader.load(prefix + rest, tensor)
-                elif rest in ("mlp.router.weight", "mlp.router.bias"):
-                    loader.load(prefix + rest, tensor)
-                elif len(parts) == 5 and parts[2:4] == ["mlp", "experts"] and parts[4] in EXPERT_TENSORS:
-                    # [E, H, 2I] / [E, 2I] with gate and up interleaved, and [E, I, H] / [E, H].
-                    mlp.load_fused(loader, prefix + "mlp.", parts[4].replace("_proj", ""), tensor,
-                                   interleaved_transposed=True)
-                elif rest.startswith("mlp."):
-                    loader.unexpected(name)
-                else:
-                    yield name, tensor
-
-        super().load_weights(llama_weights(), loader)
+        prefix, rest = f"layers.{parts[1]}.", ".".join(parts[2:])
+        mlp = self.layers[int(parts[1])].mlp
+        if rest in ("self_attn.sinks", "mlp.router.weight", "mlp.router.bias"):
+            loader.load(prefix + rest, tensor)
+        elif len(parts) == 5 and parts[2:4] == ["mlp", "experts"] and parts[4] in EXPERT_TENSORS:
+            # [E, H, 2I] / [E, 2I] with gate and up interleaved, and [E, I, H] / [E, H].
+            mlp.load_fused(loader, prefix + "mlp.", parts[4].replace("_proj", ""), tensor,
+                           interleaved_transposed=True)
+        elif rest.startswith("mlp."):
+            loader.unexpected(name)
+        else:
+            return False
+        return True

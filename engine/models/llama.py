@@ -5,7 +5,7 @@ are one fused projection and gate/up another, so each layer runs two matmuls
 where the checkpoint has five; the loader slices HF's separate matrices into
 them. Qwen2 differs only in having biases on q/k/v. Qwen3, Mixtral and gpt-oss
 (their own modules) are this model with other layers: they override
-``decoder_layer`` and add their own weights in front of ``load_weights``.
+``decoder_layer`` and load their own weights in ``load_own_layer_weight``.
 """
 
 from __future__ import annotations
@@ -89,13 +89,18 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
+class DecoderLayer(nn.Module):
+    """A pre-norm layer: attention, then the MLP, each reading the residual stream
+    through its own norm and adding its output back. The Llama family here
+    (Qwen3, Mixtral and gpt-oss too) differs only in the attention, the MLP (dense
+    or a sparse MoE block) and the norm a layer is built with."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, config, norm: type[nn.Module] = RMSNorm):
         super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, layer)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, cos_sin, hidden, kv_cache, meta) -> torch.Tensor:
         hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), kv_cache, meta)
@@ -126,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
 
     def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
         """Layer number ``layer``: called once per layer while the model is built."""
-        return LlamaDecoderLayer(config, qkv_bias, o_bias, layer)
+        return DecoderLayer(LlamaAttention(config, qkv_bias, o_bias, layer), LlamaMLP(config), config)
 
     def forward(self, input_ids, positions, kv_caches: KVCaches, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -143,7 +148,7 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], loader: WeightLoader) -> None:
         """Copy HF-named tensors into this model (names listed explicitly, one branch each)."""
-        for name, tensor in weights:
+        for name, tensor in self._not_own_layer_weights(weights, loader):
             name = name.removeprefix("model.")
             if name.endswith("rotary_emb.inv_freq"):
                 continue  # recomputed from the config
@@ -178,3 +183,18 @@ class LlamaForCausalLM(nn.Module):
                 loader.load(name, tensor)
             else:
                 loader.unexpected(name)
+
+    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
+        """Where a model built on this one loads a per-layer weight Llama does not
+        have (``parts``: ``name`` without ``model.``, split at the dots): True when
+        it did; False leaves the weight to Llama's loader. Llama has none."""
+        return False
+
+    def _not_own_layer_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                               loader: WeightLoader) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors, less the per-layer ones ``load_own_layer_weight`` took."""
+        for name, tensor in weights:
+            parts = name.removeprefix("model.").split(".")
+            if parts[0] == "layers" and self.load_own_layer_weight(name, parts, tensor, loader):
+                continue
+            yield name, tensor

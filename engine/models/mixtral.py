@@ -11,13 +11,12 @@ experts, the top k kept and renormalized to sum to 1, SwiGLU experts
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from engine.models.errors import UnsupportedModelError
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, RMSNorm
+from engine.models.llama import DecoderLayer, LlamaAttention, LlamaForCausalLM
 from engine.models.moe import SparseMoeBlock, softmax_top_k
 from engine.models.rotary import YARN_ROPE_TYPES
 from engine.models.weights import WeightLoader
@@ -26,19 +25,11 @@ from engine.models.weights import WeightLoader
 EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
-class MixtralDecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
-        super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias, o_bias, layer)
-        route = functools.partial(softmax_top_k, top_k=config.num_experts_per_tok, renormalize=True)
-        self.mlp = SparseMoeBlock(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                                  config.num_experts_per_tok, route)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, cos_sin, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+def mixtral_moe_block(config) -> SparseMoeBlock:
+    """Softmax over the experts, the top k kept and renormalized, SwiGLU experts."""
+    route = functools.partial(softmax_top_k, top_k=config.num_experts_per_tok, renormalize=True)
+    return SparseMoeBlock(config.hidden_size, config.intermediate_size, config.num_local_experts,
+                          config.num_experts_per_tok, route)
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -54,27 +45,21 @@ class MixtralForCausalLM(LlamaForCausalLM):
         super().__init__(config)
 
     def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
-        return MixtralDecoderLayer(config, qkv_bias, o_bias, layer)
+        return DecoderLayer(LlamaAttention(config, qkv_bias, o_bias, layer), mixtral_moe_block(config), config)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], loader: WeightLoader) -> None:
+    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
         """Router and experts here; every Llama-named weight goes on to Llama's loader."""
-
-        def llama_weights():
-            for name, tensor in weights:
-                parts = name.removeprefix("model.").split(".")
-                if parts[0] != "layers" or parts[2] not in ("block_sparse_moe", "mlp"):
-                    yield name, tensor
-                    continue
-                prefix, rest = f"layers.{parts[1]}.", ".".join(parts[3:])
-                mlp = self.layers[int(parts[1])].mlp
-                if rest == "gate.weight":
-                    loader.load(prefix + "mlp.router.weight", tensor)
-                elif rest in ("experts.gate_up_proj", "experts.down_proj"):
-                    mlp.load_fused(loader, prefix + "mlp.", parts[-1].removesuffix("_proj"), tensor)
-                elif len(parts) == 7 and parts[3] == "experts" and parts[5] in EXPERT_PARTS and parts[6] == "weight":
-                    # layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
-                    mlp.load_expert(loader, prefix + "mlp.", int(parts[4]), EXPERT_PARTS[parts[5]], tensor)
-                else:
-                    loader.unexpected(name)
-
-        super().load_weights(llama_weights(), loader)
+        if parts[2] not in ("block_sparse_moe", "mlp"):
+            return False
+        prefix, rest = f"layers.{parts[1]}.", ".".join(parts[3:])
+        mlp = self.layers[int(parts[1])].mlp
+        if rest == "gate.weight":
+            loader.load(prefix + "mlp.router.weight", tensor)
+        elif rest in ("experts.gate_up_proj", "experts.down_proj"):
+            mlp.load_fused(loader, prefix + "mlp.", parts[-1].removesuffix("_proj"), tensor)
+        elif len(parts) == 7 and parts[3] == "experts" and parts[5] in EXPERT_PARTS and parts[6] == "weight":
+            # layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
+            mlp.load_expert(loader, prefix + "mlp.", int(parts[4]), EXPERT_PARTS[parts[5]], tensor)
+        else:
+            loader.unexpected(name)
+        return True

@@ -14,14 +14,13 @@ Llama's layout (engine.models.llama) with two differences:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.models.errors import UnsupportedModelError
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
+from engine.models.llama import DecoderLayer, LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
 from engine.models.moe import SparseMoeBlock, softmax_top_k
 from engine.models.rotary import YARN_ROPE_TYPES, RotaryEmbedding
 from engine.models.weights import WeightLoader
@@ -55,18 +54,10 @@ def qwen3_moe_block(config) -> SparseMoeBlock:
                           config.num_experts_per_tok, route)
 
 
-class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, layer: int):
-        super().__init__()
-        self.self_attn = Qwen3Attention(config, qkv_bias, o_bias, layer)
-        sparse = config.model_type == "qwen3_moe" and is_sparse_layer(config, layer)
-        self.mlp = qwen3_moe_block(config) if sparse else LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, cos_sin, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+def qwen3_mlp(config, layer: int) -> nn.Module:
+    """The layer's MLP: a sparse MoE block where Qwen3-MoE puts experts, else dense SwiGLU."""
+    sparse = config.model_type == "qwen3_moe" and is_sparse_layer(config, layer)
+    return qwen3_moe_block(config) if sparse else LlamaMLP(config)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
@@ -82,33 +73,25 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         self.cuda_graphs = not any(isinstance(layer.mlp, SparseMoeBlock) for layer in self.layers)
 
     def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
-        return Qwen3DecoderLayer(config, qkv_bias, o_bias, layer)
+        return DecoderLayer(Qwen3Attention(config, qkv_bias, o_bias, layer), qwen3_mlp(config, layer), config)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], loader: WeightLoader) -> None:
+    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
         """q/k norms and experts here; every Llama-named weight goes on to Llama's loader."""
-
-        def llama_weights():
-            for name, tensor in weights:
-                parts = name.removeprefix("model.").split(".")
-                if parts[0] != "layers":
-                    yield name, tensor
-                    continue
-                prefix, rest = f"layers.{parts[1]}.", ".".join(parts[2:])
-                mlp = self.layers[int(parts[1])].mlp
-                if rest in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
-                    loader.load(prefix + rest, tensor)
-                elif not (isinstance(mlp, SparseMoeBlock) and rest.startswith("mlp.")):
-                    yield name, tensor
-                elif rest == "mlp.gate.weight":
-                    loader.load(prefix + "mlp.router.weight", tensor)
-                elif rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
-                    # transformers 5's fused layout: [E, 2I, H] (gate rows, then up) and [E, H, I].
-                    mlp.load_fused(loader, prefix + "mlp.", parts[-1].removesuffix("_proj"), tensor)
-                elif len(parts) == 7 and parts[2:4] == ["mlp", "experts"] and parts[6] == "weight" \
-                        and parts[5] in ("gate_proj", "up_proj", "down_proj"):
-                    # layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight: what save_pretrained writes.
-                    mlp.load_expert(loader, prefix + "mlp.", int(parts[4]), parts[5].removesuffix("_proj"), tensor)
-                else:
-                    loader.unexpected(name)
-
-        super().load_weights(llama_weights(), loader)
+        prefix, rest = f"layers.{parts[1]}.", ".".join(parts[2:])
+        mlp = self.layers[int(parts[1])].mlp
+        if rest in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
+            loader.load(prefix + rest, tensor)
+        elif not (isinstance(mlp, SparseMoeBlock) and rest.startswith("mlp.")):
+            return False
+        elif rest == "mlp.gate.weight":
+            loader.load(prefix + "mlp.router.weight", tensor)
+        elif rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+            # transformers 5's fused layout: [E, 2I, H] (gate rows, then up) and [E, H, I].
+            mlp.load_fused(loader, prefix + "mlp.", parts[-1].removesuffix("_proj"), tensor)
+        elif len(parts) == 7 and parts[2:4] == ["mlp", "experts"] and parts[6] == "weight" \
+                and parts[5] in ("gate_proj", "up_proj", "down_proj"):
+            # layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight: what save_pretrained writes.
+            mlp.load_expert(loader, prefix + "mlp.", int(parts[4]), parts[5].removesuffix("_proj"), tensor)
+        else:
+            loader.unexpected(name)
+        return True
