@@ -7,16 +7,16 @@ search.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
+from reference_helpers import greedy_runners, make_prompts, prefix_cached_greedy
 from tiny_models import hf_model, save_tiny_model, save_word_tokenizer
 
 PROMPT_LENS = (5, 17, 11, 1, 24, 9)
 MAX_TOKENS = 12
+engine_greedy, hf_greedy = greedy_runners(MAX_TOKENS)
 
 
 @pytest.fixture(scope="module", params=["llama", "opt", "gpt2"])
@@ -29,27 +29,9 @@ def reference(model_dir):
     return hf_model(model_dir)
 
 
-def make_prompts(lens=PROMPT_LENS, seed=0, prefix=()):
-    rng = random.Random(seed)
-    return [list(prefix) + [rng.randrange(3, 200) for _ in range(n)] for n in lens]
-
-
-def hf_greedy(model, prompt, max_tokens=MAX_TOKENS):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
-                             pad_token_id=0, eos_token_id=2)
-    return out[0, len(prompt):].tolist()
-
-
-def engine_greedy(llm, prompts, max_tokens=MAX_TOKENS):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs]
-
-
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_greedy_matches_transformers(model_dir, reference, block_size):
-    prompts = make_prompts()
+    prompts = make_prompts(PROMPT_LENS, seed=0)
     llm = LLM(model_dir, block_size=block_size, num_gpu_blocks=64)
     assert engine_greedy(llm, prompts) == [hf_greedy(reference, p) for p in prompts]
 
@@ -69,14 +51,7 @@ def test_greedy_matches_transformers_under_preemption(model_dir, reference, mode
 
 
 def test_prefix_caching_with_shared_prefixes_matches_transformers(model_dir, reference):
-    shared = make_prompts(lens=(19,), seed=7)[0]           # two full blocks of 8 and a bit
-    prompts = make_prompts(lens=(4, 9, 1, 6), seed=3, prefix=shared)
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64, enable_prefix_caching=True)
-    first = engine_greedy(llm, prompts[:1])
-    computed = []
-    llm.engine.step_observer = lambda out: computed.extend(
-        s.num_tokens - s.num_computed_tokens for s in out.seqs if out.is_prefill)
-    rest = engine_greedy(llm, prompts[1:])
+    prompts, first, rest, computed = prefix_cached_greedy(model_dir, MAX_TOKENS)
     assert first + rest == [hf_greedy(reference, p) for p in prompts]
     # The later prompts reuse the cached prefix blocks: only the rest is computed.
     assert computed == [len(p) - 16 for p in prompts[1:]]

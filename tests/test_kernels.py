@@ -16,6 +16,7 @@ import torch
 import cuda_ext
 from cuda_ext import BackendUnavailable, load_ops, reference
 from engine.core.config import SUPPORTED_BLOCK_SIZES
+from reference_helpers import dense_attention
 
 DTYPE_TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
@@ -66,20 +67,6 @@ def paged_problem(seq_lens, num_heads, num_kv_heads, head_size, block_size, dtyp
     return query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), dense
 
 
-def naive_attention(query, dense, num_kv_heads, scale):
-    """Dense softmax attention in float64, one head at a time, written from the definition."""
-    num_seqs, num_heads, head_size = query.shape
-    group = num_heads // num_kv_heads
-    out = torch.zeros(num_seqs, num_heads, head_size, dtype=torch.float64)
-    for i, (keys, values) in enumerate(dense):
-        for h in range(num_heads):
-            k = keys[:, h // group].double()
-            v = values[:, h // group].double()
-            weights = torch.softmax(k @ query[i, h].double() * scale, dim=0)
-            out[i, h] = weights @ v
-    return out
-
-
 def run_attention(ops, version, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size):
     out = torch.full_like(query, float("nan"))
     fn = ops.paged_attention_v1 if version == 1 else ops.paged_attention_v2
@@ -97,7 +84,7 @@ def test_reference_matches_naive_dense_attention(version, num_heads, num_kv_head
     seq_lens = [1, 5, 16, 33, 700]  # 700 spans two v2 partitions
     query, kc, vc, bt, sl, dense = paged_problem(seq_lens, num_heads, num_kv_heads, 64, 16, torch.float32)
     got = run_attention(cuda_ext.load_ops("torch"), version, query, kc, vc, num_kv_heads, bt, sl, 16)
-    expected = naive_attention(query, dense, num_kv_heads, 64**-0.5)
+    expected = dense_attention(query, dense, num_kv_heads, 64**-0.5)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 

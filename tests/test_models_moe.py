@@ -14,21 +14,22 @@ kernels (and, on a GPU, the CUDA ones) against the reference.
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from cuda_ext import load_ops, reference
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.model_runner import ModelRunner, SequenceInput
 from engine.models import load_model
 from engine.models.moe import SparseMoeBlock
+from reference_helpers import dense_attention, greedy_runners, make_prompts, prefix_cached_greedy
 from tiny_models import hf_model, save_tiny_model
 
 KINDS = ["qwen3", "qwen3_moe", "mixtral", "gpt_oss"]
 MAX_TOKENS = 10
+engine_greedy, hf_greedy = greedy_runners(MAX_TOKENS)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -44,24 +45,6 @@ def model_dir(kind, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_model(model_dir):
     return hf_model(model_dir)
-
-
-def make_prompts(lens, seed, prefix=()):
-    rng = random.Random(seed)
-    return [list(prefix) + [rng.randrange(3, 200) for _ in range(n)] for n in lens]
-
-
-def hf_greedy(model, prompt, max_tokens=MAX_TOKENS):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
-                             pad_token_id=0, eos_token_id=2)
-    return out[0, len(prompt):].tolist()
-
-
-def engine_greedy(llm, prompts, max_tokens=MAX_TOKENS):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs]
 
 
 # ---------------------------------------------------------------- the engine against transformers
@@ -84,14 +67,7 @@ def test_greedy_matches_transformers_under_preemption(model_dir, reference_model
 
 
 def test_prefix_caching_with_a_shared_prefix_matches_transformers(model_dir, reference_model):
-    shared = make_prompts((19,), seed=7)[0]           # two full blocks of 8 and a bit
-    prompts = make_prompts((4, 9, 1, 6), seed=3, prefix=shared)
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64, enable_prefix_caching=True)
-    first = engine_greedy(llm, prompts[:1])
-    computed = []
-    llm.engine.step_observer = lambda out: computed.extend(
-        s.num_tokens - s.num_computed_tokens for s in out.seqs if out.is_prefill)
-    rest = engine_greedy(llm, prompts[1:])
+    prompts, first, rest, computed = prefix_cached_greedy(model_dir, MAX_TOKENS)
     assert first + rest == [hf_greedy(reference_model, p) for p in prompts]
     # The later prompts hit the cached prefix blocks: only the rest is computed.
     assert computed == [len(p) - 16 for p in prompts[1:]]
@@ -234,16 +210,7 @@ def decode(ops, version, query, key_cache, value_cache, num_kv_heads, tables, se
 
 
 def dense_sink_attention(query, dense, num_kv_heads, sinks):
-    """float64, one head at a time, from the definition: softmax over [q.k * scale ..., sink], sink dropped."""
-    num_seqs, num_heads, head_size = query.shape
-    group = num_heads // num_kv_heads
-    out = torch.zeros(num_seqs, num_heads, head_size, dtype=torch.float64)
-    for i, (keys, values) in enumerate(dense):
-        for h in range(num_heads):
-            logits = keys[:, h // group].double() @ query[i, h].double() * head_size**-0.5
-            weights = torch.softmax(torch.cat([logits, sinks[h:h + 1].double()]), dim=0)[:-1]
-            out[i, h] = weights @ values[:, h // group].double()
-    return out
+    return dense_attention(query, dense, num_kv_heads, sinks=sinks)
 
 
 @pytest.mark.parametrize("version", [1, 2])
