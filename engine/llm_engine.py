@@ -319,8 +319,10 @@ class LLMEngine:
             mine = [s for s in group.seqs if s.seq_id in top]
             if not mine:
                 continue
-            forked = [s for s in group.seqs if s.seq_id not in scheduled]
-            if forked:   # the first step of best_of > 1: the parent took candidate 0, child j candidate j + 1
+            # Forked in this step (best_of > 1): not scheduled and nothing recorded yet. A sibling that
+            # finished earlier is not scheduled either, but has its record (issue 27's fuzzing found it).
+            forked = [s for s in group.seqs if s.seq_id not in scheduled and s.seq_id not in self._logprobs]
+            if forked:   # the parent took candidate 0, child j candidate j + 1
                 parent = mine[0]
                 self._logprobs.setdefault(parent.seq_id, []).append(top[parent.seq_id][0])
                 for j, child in enumerate(forked, 1):

@@ -217,3 +217,16 @@ def test_no_machine_path_in_responses_nor_accepted_as_a_model(server, folder):
                                 404, "model")
     assert folder not in error["message"]
     assert wait_until(lambda: engine_idle(server.engine))
+
+
+def test_logprobs_of_parallel_samples_when_a_sibling_stops_early(server):
+    """Found by the fuzzer: with n > 1 and logprobs, a sibling that had stopped was taken for a sequence
+    forked in this step, and the step failed."""
+    body = {"prompt": "hello", "n": 3, "temperature": 1.0, "seed": 0, "max_tokens": 8, "logprobs": 1,
+            "stop_token_ids": list(range(100, 250))}
+    r = post(f"{server.url}/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    lengths = [len(c["logprobs"]["tokens"]) for c in choices]
+    assert len(set(lengths)) > 1               # the case: siblings of different lengths
+    assert all(len(c["logprobs"]["token_logprobs"]) == n for c, n in zip(choices, lengths))
