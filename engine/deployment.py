@@ -17,6 +17,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   paper's contiguous baselines, which only the simulator runs.
 - `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
   memory plan (vLLM's `--num-gpu-blocks-override`).
+- `quantization` is vLLM's `--quantization` (the weights' format: fp8, nvfp4,
+  mxfp4, awq, gptq; None: the checkpoint's own, 16-bit unless its config.json
+  says otherwise); `kv_cache_dtype` is vLLM's `--kv-cache-dtype` ("auto": the
+  model's dtype; "fp8": FP8 E4M3 with a per-tensor scale, as vLLM stores it on
+  CUDA, where "fp8_e4m3" is the same format).
 """
 from __future__ import annotations
 
@@ -28,6 +33,11 @@ from engine.core.config import PREEMPTION_MODES, SIM_BLOCK_SIZES, SUPPORTED_BLOC
 POLICIES = ("paper", "vllm-v1")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
+# vLLM's --quantization names of the weight formats the planner knows (vllm/model_executor/layers/quantization).
+QUANTIZATIONS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
+# vLLM's --kv-cache-dtype: "fp8" is E4M3 on CUDA, the same as "fp8_e4m3" (vllm/config/cache.py CacheDType).
+KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,18 @@ class Deployment:
     allocator: str = "paged"
     num_gpu_blocks: int | None = None
     num_cpu_blocks: int | None = None
+    quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
+        object.__setattr__(self, "kv_cache_dtype", KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype,
+                                                                              self.kv_cache_dtype))
+        if self.quantization is not None:
+            _one_of("quantization", self.quantization, QUANTIZATIONS)
+        if self.kv_cache_dtype == "fp8_e5m2":
+            raise ValueError("kv_cache_dtype 'fp8_e5m2' is not supported here; use fp8 (E4M3, as vLLM on CUDA)")
+        _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("policy", self.policy, POLICIES)
         _one_of("preemption mode", self.preemption_mode, PREEMPTION_MODES)
         _one_of("KV allocator", self.allocator, ALLOCATORS)

@@ -3,10 +3,20 @@
 NVIDIA's aiconfigurator-core (Apache-2.0) ships per-GPU parquet tables of
 measured vLLM operation latencies. The package is ~80 MB and pulls scipy and
 pyarrow; the planner needs ~1% of it. This script keeps exactly the rows the
-cost model uses (bf16 weights and KV cache, no sliding window, the attention
-kernel vLLM picks by default on that GPU), writes them as gzip CSV under
-planner/data/measured/<system>/, and records where each came from (package
-version, file, sha256, the vLLM version) in planner/data/measured/SOURCE.json.
+cost model uses (no sliding window, the attention kernel vLLM picks by default
+on that GPU), writes them as gzip CSV under planner/data/measured/<system>/,
+and records where each came from (package version, file, sha256, the vLLM
+version) in planner/data/measured/SOURCE.json:
+- GEMMs per weight format: `gemm` (bf16), `gemm_fp8` (per-tensor FP8 W8A8,
+  CUTLASS scaled-mm), `gemm_fp8_block` (128x128 block-scaled FP8),
+  `gemm_nvfp4` (NVFP4 W4A4), each where the system's table measured it over
+  the full grid (a format measured on a few shapes only is recorded as
+  skipped, with its row count);
+- attention per KV-cache dtype: `context_attention` / `generation_attention`
+  (bf16 cache) and `context_attention_fp8kv` / `generation_attention_fp8kv`
+  (FP8 cache, bf16 queries), each with the kernel vLLM selects for that cache:
+  FlashAttention 3 on Hopper, FlashInfer where FlashAttention 2 takes no FP8
+  cache (Ada, Blackwell RTX), TRT-LLM-gen kernels through FlashInfer on B200.
 
 Run (needs pandas, pyarrow and pyyaml, only here; the planner reads the CSVs
 with the standard library):
@@ -31,6 +41,18 @@ KERNELS = {
     "context": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_trtllmprefill"),
     "generation": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_trtllmdecode"),
 }
+# With an FP8 cache: vLLM's FlashAttention backend takes one only as FA3 on Hopper
+# (vllm/attention/utils/fa_utils.py flash_attn_supports_fp8), so elsewhere it selects FlashInfer.
+KERNELS_FP8KV = {
+    "context": ("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmprefill", "vllm_flashinfer_fiprefill",
+                "vllm_flashinfer"),
+    "generation": ("vllm_flash_attn_fa3", "vllm_flashinfer_trtllmdecode", "vllm_flashinfer_fidecode",
+                   "vllm_flashinfer"),
+}
+# GEMM tables by weight format: the file's gemm_dtype, and our table name.
+GEMM_FORMATS = {"bfloat16": "gemm", "fp8": "gemm_fp8", "fp8_block": "gemm_fp8_block", "nvfp4": "gemm_nvfp4"}
+# A format measured on fewer rows than this share of the bf16 grid is too sparse to interpolate.
+MIN_GRID_SHARE = 0.5
 OUT = Path(__file__).resolve().parent.parent / "planner" / "data" / "measured"
 
 
@@ -63,33 +85,49 @@ def source(base: Path, path: Path, **extra) -> dict:
             "framework": path.parent.parent.name, "version": path.parent.name, **extra}
 
 
-def extract_gemm(data: Path, base: Path, system: str) -> tuple[dict, str]:
-    """The bf16 GEMM table (median latency per m, n, k); its source and the device it was measured on."""
+def extract_gemm(data: Path, base: Path, system: str) -> tuple[dict, dict, str]:
+    """The GEMM tables, one per weight format the system measured over the full grid (median latency
+    per m, n, k); their sources, the formats skipped (with why) and the device they were measured on."""
     path = newest(data / "gemm" / "vllm", "gemm_perf.parquet")
     g = pd.read_parquet(path)
-    g = g[g.gemm_dtype == "bfloat16"]
-    g = g.groupby(["m", "n", "k"], as_index=False).latency.median().rename(columns={"latency": "latency_ms"})
-    write(g, system, "gemm")
-    device = str(pd.read_parquet(path).device.iloc[0])
-    return source(base, path, rows=len(g), filter="gemm_dtype=bfloat16"), device
+    full = int((g.gemm_dtype == "bfloat16").sum())
+    sources, skipped = {}, {}
+    for dtype, name in GEMM_FORMATS.items():
+        rows = g[g.gemm_dtype == dtype]
+        if len(rows) < MIN_GRID_SHARE * full:
+            if len(rows):
+                skipped[name] = (f"{len(rows)} rows of gemm_dtype={dtype} against {full} of bfloat16: "
+                                 f"{rows.n.nunique()} n x {rows.k.nunique()} k values, too sparse to interpolate")
+            continue
+        table = rows.groupby(["m", "n", "k"], as_index=False).latency.median()
+        write(table.rename(columns={"latency": "latency_ms"}), system, name)
+        kernels = sorted(rows.kernel_source.unique())
+        sources[name] = source(base, path, rows=len(table), kernel=", ".join(kernels), filter=f"gemm_dtype={dtype}")
+    return sources, skipped, str(g.device.iloc[0])
 
 
-def extract_attention(data: Path, base: Path, system: str, op: str) -> dict:
-    """The ``op`` (context or generation) attention table of the kernel vLLM picks by
-    default: bf16, no sliding window, median of repeats. Returns its source."""
+def extract_attention(data: Path, base: Path, system: str, op: str, kv_dtype: str = "bfloat16") -> dict:
+    """The ``op`` (context or generation) attention table for a ``kv_dtype`` (bfloat16 or fp8) cache,
+    of the kernel vLLM picks for it: bf16 queries, no sliding window, median of repeats. Returns its
+    source."""
     path = newest(data / "attention" / "vllm", f"{op}_attention_perf.parquet")
     a = pd.read_parquet(path)
-    a = a[(a.kv_cache_dtype == "bfloat16") & (a.attn_dtype == "bfloat16")]
+    a = a[(a.kv_cache_dtype == kv_dtype) & (a.attn_dtype == "bfloat16")]
     if "window_size" in a.columns:
         a = a[a.window_size == 0]
-    kernel = next(k for k in KERNELS[op] if (a.kernel_source == k).any())
+    preference = KERNELS if kv_dtype == "bfloat16" else KERNELS_FP8KV
+    kernel = next((k for k in preference[op] if (a.kernel_source == k).any()), None)
+    if kernel is None:
+        return {}
     a = a[a.kernel_source == kernel]
     keys = ["batch_size", "isl" if op == "context" else "step", "num_heads", "num_key_value_heads", "head_dim"]
     a = a.groupby(keys, as_index=False).latency.median()
     a = a.rename(columns={"latency": "latency_ms", "num_key_value_heads": "num_kv_heads"})
-    write(a, system, f"{op}_attention")
-    return source(base, path, rows=len(a), kernel=kernel,
-                  filter="attn_dtype=kv_cache_dtype=bfloat16, window_size=0, median of repeats")
+    name = f"{op}_attention" + ("" if kv_dtype == "bfloat16" else "_fp8kv")
+    write(a, system, name)
+    return {name: source(base, path, rows=len(a), kernel=kernel,
+                         filter=f"attn_dtype=bfloat16, kv_cache_dtype={kv_dtype}, window_size=0, "
+                                f"median of repeats")}
 
 
 def extract_allreduce(data: Path, base: Path, system: str) -> dict:
@@ -125,6 +163,7 @@ def system_spec(spec_path: Path, system: str) -> dict:
         "mem_bw": gpu["mem_bw"], "mem_bw_empirical_scaling_factor": gpu.get("mem_bw_empirical_scaling_factor"),
         "mem_empirical_constant_latency": gpu.get("mem_empirical_constant_latency"),
         "mem_capacity": gpu["mem_capacity"], "bfloat16_tc_flops": gpu.get("bfloat16_tc_flops"),
+        "fp8_tc_flops": gpu.get("fp8_tc_flops"), "fp4_tc_flops": gpu.get("fp4_tc_flops"),
         "intra_node_bw": node.get("intra_node_bw"), "num_gpus_per_node": node.get("num_gpus_per_node"),
         "nccl_mem": {str(k): v for k, v in (misc.get("nccl_mem") or {}).items()},
     }
@@ -135,12 +174,15 @@ def extract(root: Path, system: str, package_version: str) -> dict:
     base = root / "aiconfigurator_core"
     data = base / "systems" / "data" / system
     spec = system_spec(base / "systems" / f"{system}.yaml", system)
-    tables: dict = {}
-    tables["gemm"], device = extract_gemm(data, base, system)
-    for op in ("context", "generation"):
-        tables[f"{op}_attention"] = extract_attention(data, base, system, op)
+    tables, skipped, device = extract_gemm(data, base, system)
+    for kv_dtype in ("bfloat16", "fp8"):
+        for op in ("context", "generation"):
+            tables.update(extract_attention(data, base, system, op, kv_dtype))
     tables.update(extract_allreduce(data, base, system))
-    return {"tables": tables, "device": device, "spec": spec}
+    record = {"tables": tables, "device": device, "spec": spec}
+    if skipped:
+        record["skipped"] = skipped
+    return record
 
 
 def main(root: str) -> None:

@@ -38,6 +38,9 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     measured_system: str | None = None   # aiconfigurator-core system with measured vLLM tables, if any
     memory_source: str = ""
+    fp8_flops: float = 0.0          # FLOP/s, FP8 tensor cores, dense; 0: none (vLLM runs FP8 weight-only)
+    fp4_flops: float = 0.0          # FLOP/s, FP4 tensor cores, dense; 0: none (vLLM runs NVFP4 weight-only)
+    low_precision_source: str = ""
 
     def peak_flops(self, dtype_bytes: int = 2) -> float:
         """Peak FLOP/s for matmuls in a dtype of this many bytes (2: fp16/bf16, 4: fp32)."""
@@ -66,6 +69,9 @@ def _spec_from_entry(entry: dict) -> GpuSpec:
         aliases=tuple(entry.get("aliases", ())),
         measured_system=entry.get("measured_system"),
         memory_source=entry.get("memory_source", ""),
+        fp8_flops=float(entry.get("fp8_flops", 0.0)),
+        fp4_flops=float(entry.get("fp4_flops", 0.0)),
+        low_precision_source=entry.get("low_precision_source", ""),
     )
 
 

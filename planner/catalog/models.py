@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from planner.catalog.base import Catalog
+from planner.catalog.quantization import WeightFormat
 from planner.errors import PlannerError
 
 # model_type -> how its layers are built. OPT and GPT-2 are the same decoder
@@ -87,6 +88,13 @@ class ModelSpec:
         return attn + mlp
 
     @property
+    def linear_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(outputs, inputs) of each linear weight of one block: q, k, v, o, then gate, up, down (fc1, fc2)."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
+        mlp = ((i, h), (h, i)) if self.is_gpt_like else ((i, h), (i, h), (h, i))
+        return ((q, h), (kv, h), (kv, h), (h, q)) + mlp
+
+    @property
     def other_params_per_layer(self) -> int:
         """Biases and norm weights of one block (small, but part of the published counts)."""
         h, i = self.hidden_size, self.intermediate_size
@@ -139,12 +147,21 @@ class ModelSpec:
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
 
-    def weight_bytes_per_gpu(self, tp: int = 1, dtype_bytes: int = 2) -> int:
-        """Weights one of `tp` tensor-parallel GPUs holds: its shard plus the replicated parts."""
+    def weight_bytes_per_gpu(self, tp: int = 1, dtype_bytes: int = 2, weight_format: WeightFormat | None = None) -> int:
+        """Weights one of `tp` tensor-parallel GPUs holds: its shard plus the replicated parts.
+
+        With a `weight_format`, the blocks' linear layers are stored in it (scales included) and the
+        rest (embedding, LM head, norms, biases) stays at `dtype_bytes`, as vLLM keeps them
+        (planner/catalog/quantization.py); the linear layers and their scales shard by 1/tp.
+        """
         if tp < 1:
             raise PlannerError(f"tensor parallel size must be >= 1, got {tp}")
         sharded = self.num_params - self.replicated_params
-        return (-(-sharded // tp) + self.replicated_params) * dtype_bytes
+        if weight_format is None or not weight_format.quantizes_linear:
+            return (-(-sharded // tp) + self.replicated_params) * dtype_bytes
+        linear = self.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in self.linear_shapes)
+        rest = sharded - self.num_layers * self.matmul_params_per_layer
+        return -(-linear // tp) + (-(-rest // tp) + self.replicated_params) * dtype_bytes
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""

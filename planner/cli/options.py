@@ -42,6 +42,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                     "(simulator only) [default: paged]"),
     "num_gpu_blocks": (("--num-gpu-blocks",), "KV-cache size in blocks, instead of the memory plan"),
     "num_cpu_blocks": (("--num-cpu-blocks",), "CPU swap space in blocks, instead of --swap-space"),
+    "quantization": (("--quantization", "-q"), "weight format, vLLM's names: fp8, nvfp4, mxfp4, awq or gptq "
+                                               "[default: the checkpoint's quantization_config, else 16-bit]"),
+    "kv_cache_dtype": (("--kv-cache-dtype",), "KV-cache element type: auto (the model's dtype) or fp8 (E4M3, "
+                                              "per-tensor scale) [default: auto]"),
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
                                "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
 }

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_model
+from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost import tables
 from planner.cost.calibrated import _Curve
 from planner.cost.shape import StepShape, context_bucket
@@ -86,6 +87,28 @@ HOST_SOURCE = "our engine's host path, profiles/cpu/opt-125m.json (17.1 us + 2.2
 # kernel (the spec sheet's mem_empirical_constant_latency).
 SAMPLING_PASSES = 3
 SAMPLING_KERNELS = 4
+
+
+# The roofline model's planning efficiency for tensor-core math (planner/cost/roofline.py RooflineEfficiency),
+# for the compute side of a weight-only GEMM.
+WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.6
+
+
+def gemm_table(system: str, fmt: WeightFormat | None, gpu: GpuSpec) -> tuple[str, float | None, str]:
+    """(the table pricing the layers' GEMMs, the weight bytes per element a weight-only kernel reads or
+    None, how they are priced). A format that runs natively here (planner/catalog/quantization.py
+    gemm_path) uses its own measured table; a weight-only one (FP8 on Ampere, NVFP4 before Blackwell,
+    AWQ, GPTQ) the bf16 table with the weights read at the format's bytes; MXFP4 leaves dense layers 16-bit."""
+    if fmt is None or not fmt.quantizes_linear:
+        return "gemm", None, "bf16 GEMMs"
+    precision = gemm_path(fmt, gpu).precision
+    if precision == "fp8":
+        for table in (("gemm_fp8_block", "gemm_fp8") if fmt.scheme == "fp8-block" else ("gemm_fp8",)):
+            if tables.has_table(system, table):
+                return table, None, "fp8 GEMMs"
+    if precision == "fp4" and tables.has_table(system, "gemm_nvfp4"):
+        return "gemm_nvfp4", None, "nvfp4 GEMMs"
+    return "gemm", fmt.bytes_per_weight(), f"weight-only GEMMs (bf16 table, {fmt.bits}-bit weights)"
 
 
 def covered_gpus() -> list[str]:
@@ -114,7 +137,8 @@ class MeasuredCostModel:
     prices_each_context = True   # decode attention from each sequence's own context (StepShape.decode_histogram)
 
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, weight_format: WeightFormat | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
@@ -122,6 +146,7 @@ class MeasuredCostModel:
         if dtype_bytes != 2:
             raise PlannerError(f"measured vLLM tables are bf16 (2 bytes per value), not {dtype_bytes}-byte weights")
         self.model, self.gpu, self.tp, self.system = model, gpu, tp, system
+        self.weight_format, self.kv_cache_dtype = weight_format, kv_cache_dtype
         info = tables.source()["systems"][system]
         spec = info["spec"]
         self._versions = {name: t["version"] for name, t in info["tables"].items()}
@@ -129,24 +154,18 @@ class MeasuredCostModel:
         self._bw_eff = spec["mem_bw"] * (spec.get("mem_bw_empirical_scaling_factor") or 1.0)
         self._bw_ratio = spec["mem_bw"] / gpu.memory_bandwidth     # > 1: this GPU's memory is slower
         self._kernel_latency = spec.get("mem_empirical_constant_latency") or 0.0
+        # weight-only GEMMs (Marlin) run 16-bit math: the spec sheet's bf16 peak at the roofline's efficiency
+        self._flops_eff = spec["bfloat16_tc_flops"] * WEIGHT_ONLY_COMPUTE_EFFICIENCY
         self.extrapolated: set[str] = set()
+        self.notes: list[str] = []
 
-        heads, kv, hd, h = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size, model.hidden_size
-        inter = model.intermediate_size // tp
-        if model.is_gpt_like:
-            self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (inter, h), (h, inter)]
-        else:
-            self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
-        self._head_shape = (model.vocab_size // tp, h)
-        self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(system, "gemm"), ("n", "k", "m")), 3)
-        self._gemm_max_n = max(self._gemm_tree)
-        self._ctx_tree, ctx_fold = self._attention_tree("context_attention", "isl", heads, kv, hd)
-        self._gen_tree, gen_fold = self._attention_tree("generation_attention", "step", heads, kv, hd)
-        self._ctx_fold, self._gen_fold = ctx_fold, gen_fold
+        heads, kv, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
         self._heads, self._kv, self._hd = heads, kv, hd
+        self._set_up_gemms(model, tp, weight_format)
+        self._set_up_attention(kv_cache_dtype)
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
 
-        kv_bytes_per_token = 2 * model.num_layers * kv * hd * dtype_bytes
+        kv_bytes_per_token = 2 * model.num_layers * kv * hd * self._kv_bytes
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
         self._copy_per_block = 2 * kv_bytes_per_token * block_size / (gpu.memory_bandwidth * 0.8)
 
@@ -163,15 +182,58 @@ class MeasuredCostModel:
         self._gen_curves: dict[int, tuple] = {}
         # the context grid of generation attention, in powers of two: 1 .. 2**max_bucket
         self._gen_max_bucket = max(max(row) for row in self._gen_tree.values()).bit_length()
+        self._name = self._make_name()
 
-        used = ["gemm", "context_attention", "generation_attention"]
+    def _make_name(self) -> str:
+        used = {"gemm", self._tables["layer_gemm"], self._tables["context"], self._tables["generation"]}
         if getattr(self, "allreduce_backend", None) == "vllm custom all-reduce":
-            used.append("custom_allreduce")
+            used.add("custom_allreduce")
         versions = "/".join(sorted({self._versions[k] for k in used}))
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
-        where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
-        self._name = (f"measured({where}: {system} vllm {versions}, "
-                      f"aiconfigurator-core {tables.source()['package_version']}{scaled})")
+        formats = f", {self.weight_format.method}: {self._gemm_how}" if self.weight_format is not None else ""
+        if self.kv_cache_dtype != "auto":
+            formats += ", fp8 KV" + ("" if self._tables["generation"].endswith("_fp8kv") else " priced as bf16 KV")
+        where = self.gpu.name if self.tp == 1 else f"{self.tp}x{self.gpu.name}"
+        return (f"measured({where}: {self.system} vllm {versions}, "
+                f"aiconfigurator-core {tables.source()['package_version']}{scaled}{formats})")
+
+    def _set_up_gemms(self, model: ModelSpec, tp: int, weight_format: WeightFormat | None) -> None:
+        """The layers' GEMM shapes and the tables that price them: the format's own table where the
+        system measured it, else the bf16 table read as a weight-only kernel (`_weight_only`)."""
+        heads, kv, hd, h = self._heads, self._kv, self._hd, model.hidden_size
+        inter = model.intermediate_size // tp
+        mlp_up = inter if model.is_gpt_like else 2 * inter
+        self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (mlp_up, h), (h, inter)]
+        self._head_shape = (model.vocab_size // tp, h)
+        self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
+        self._gemm_max_n = max(self._gemm_tree)
+        table, self._weight_only_bytes, self._gemm_how = gemm_table(self.system, weight_format, self.gpu)
+        if table == "gemm_fp8" and weight_format.scheme == "fp8-block":
+            self.notes.append(f"{self.system} has no full block-scaled FP8 GEMM table: priced with per-tensor FP8")
+        self._tables = {"layer_gemm": table}
+        self._layer_tree = self._gemm_tree if table == "gemm" else tables.monotone(
+            tables.build_tree(tables.load_rows(self.system, table), ("n", "k", "m")), 3)
+        self._layer_max_n = max(self._layer_tree)
+
+    def _set_up_attention(self, kv_cache_dtype: str) -> None:
+        """The attention tables of the KV cache's dtype (bf16 ones where the system has no FP8-KV table)."""
+        fp8 = kv_cache_dtype == "fp8"
+        self._kv_bytes = 1 if fp8 else 2
+        heads, kv, hd = self._heads, self._kv, self._hd
+        if fp8 and tables.has_table(self.system, "generation_attention_fp8kv"):
+            try:
+                self._ctx_tree, self._ctx_fold = self._attention_tree("context_attention_fp8kv", "isl", heads, kv, hd)
+                self._gen_tree, self._gen_fold = self._attention_tree("generation_attention_fp8kv", "step",
+                                                                      heads, kv, hd)
+                self._tables.update(context="context_attention_fp8kv", generation="generation_attention_fp8kv")
+                return
+            except PlannerError as exc:
+                self.notes.append(f"FP8-KV attention priced from the bf16-KV tables: {exc}")
+        elif fp8:
+            self.notes.append(f"{self.system} has no FP8-KV attention table: attention priced from the bf16-KV tables")
+        self._tables.update(context="context_attention", generation="generation_attention")
+        self._ctx_tree, self._ctx_fold = self._attention_tree("context_attention", "isl", heads, kv, hd)
+        self._gen_tree, self._gen_fold = self._attention_tree("generation_attention", "step", heads, kv, hd)
 
     @property
     def name(self) -> str:
@@ -232,6 +294,7 @@ class MeasuredCostModel:
         return latency + memory_part * (self._bw_ratio - 1.0)
 
     def gemm(self, m: int, n: int, k: int) -> float:
+        """A 16-bit GEMM (the LM head's; the layers' when the weights are 16-bit)."""
         # A GEMM wider than the table (an LM head over a 128K vocabulary) is priced
         # as equal column blocks that the table covers, run one after another.
         blocks = -(-n // self._gemm_max_n)
@@ -239,17 +302,38 @@ class MeasuredCostModel:
         self._flag("gemm", ext)
         return self._slower_memory(blocks * latency, 2.0 * (m * k + k * n + m * n))
 
+    def layer_gemm(self, m: int, n: int, k: int) -> float:
+        """One of a layer's GEMMs in the weights' format: its own table, or the 16-bit one read as a
+        weight-only kernel."""
+        if self._layer_tree is self._gemm_tree:
+            latency = self.gemm(m, n, k)
+            return latency if self._weight_only_bytes is None else self._weight_only(latency, m, n, k)
+        blocks = -(-n // self._layer_max_n)
+        latency, ext = tables.interpolate(self._layer_tree, (n / blocks, k, m))
+        self._flag(self._tables["layer_gemm"], ext)
+        return self._slower_memory(blocks * latency, 2.0 * (m * k + m * n) + self.weight_format.matrix_bytes(n, k))
+
+    def _weight_only(self, latency: float, m: int, n: int, k: int) -> float:
+        """A weight-only kernel (Marlin: the weights widened to 16 bits in registers, 16-bit math) priced as
+        the measured 16-bit GEMM less the time its smaller weights save: the roofline time with the
+        16-bit weights minus the one with the format's (equal when compute-bound), never below the
+        measured time scaled by the same ratio. Marlin's own dequantization cost is not modelled."""
+        compute = 2.0 * m * n * k / self._flops_eff
+        before = max(compute, 2.0 * (m * k + k * n + m * n) / self._bw_eff)
+        after = max(compute, (2.0 * (m * k + m * n) + self._weight_only_bytes * k * n) / self._bw_eff)
+        return max(latency - (before - after), latency * after / before)
+
     def context_attention(self, batch: int, length: int) -> float:
         latency, ext = tables.interpolate(self._ctx_tree, (batch * self._ctx_fold, length))
-        self._flag("context_attention", ext)
-        nbytes = 2.0 * batch * length * (2 * self._heads + 2 * self._kv) * self._hd
+        self._flag(self._tables["context"], ext)
+        nbytes = batch * length * (2.0 * 2 * self._heads + self._kv_bytes * 2 * self._kv) * self._hd
         return self._slower_memory(latency, nbytes)
 
     def generation_attention(self, batch: int, context: int) -> float:
         """One layer's decode attention for `batch` sequences of `context` tokens each."""
         curve = self._gen_curves.get(batch) or self._gen_curve(batch)
         a, slope, ext = curve[context_bucket(context)]
-        self._flag("generation_attention", ext)
+        self._flag(self._tables["generation"], ext)
         return a + slope * context
 
     def _gen_curve(self, batch: int) -> tuple:
@@ -260,7 +344,7 @@ class MeasuredCostModel:
             context = max(1 << j, 2)      # the table starts at one cached token: context 1 costs as 2
             # the table's `step` counts the tokens already cached; the new token is the one more
             latency, ext = tables.interpolate(self._gen_tree, (batch * self._gen_fold, context - 1))
-            nbytes = 2.0 * batch * context * 2 * self._kv * self._hd
+            nbytes = self._kv_bytes * batch * context * 2.0 * self._kv * self._hd
             points.append((self._slower_memory(latency, nbytes), ext))
         curve = [(points[0][0], 0.0, points[0][1])]           # bucket 0: context 1
         for j in range(1, len(points)):
@@ -284,12 +368,12 @@ class MeasuredCostModel:
                 a, slope, ext = curve[hist[i]]
                 total += hist[i + 1] * a + slope * hist[i + 2]
                 if ext:
-                    self.extrapolated.add("generation_attention")
+                    self.extrapolated.add(self._tables["generation"])
             return self.model.num_layers * total / b
         # no histogram: every sequence at the mean context
         a, slope, ext = curve[context_bucket(-(-s.decode_context // b))]
         if ext:
-            self.extrapolated.add("generation_attention")
+            self.extrapolated.add(self._tables["generation"])
         return self.model.num_layers * (a + slope * s.decode_context / b)
 
     def allreduce(self, tokens: int) -> float:
@@ -302,7 +386,7 @@ class MeasuredCostModel:
 
     def _linear(self, tokens: int) -> float:
         """Everything per step that scales with the token count: all layers' GEMMs and all-reduces."""
-        layer = sum(self.gemm(tokens, n, k) for n, k in self._gemm_shapes) + 2 * self.allreduce(tokens)
+        layer = sum(self.layer_gemm(tokens, n, k) for n, k in self._gemm_shapes) + 2 * self.allreduce(tokens)
         value = self.model.num_layers * layer + self.allreduce(tokens)    # + the vocab-parallel embedding's
         self._linear_cache[tokens] = value
         return value
@@ -360,7 +444,7 @@ class MeasuredCostModel:
         tokens, seqs = s.total_tokens, s.batch_size
         if tokens:
             layers = self.model.num_layers
-            parts["gemm"] = layers * sum(self.gemm(tokens, n, k) for n, k in self._gemm_shapes)
+            parts["gemm"] = layers * sum(self.layer_gemm(tokens, n, k) for n, k in self._gemm_shapes)
             parts["allreduce"] = (2 * layers + 1) * self.allreduce(tokens)
             parts["lm_head"] = self.gemm(seqs, *self._head_shape)
             parts["sampling"] = self.sampling(seqs)
@@ -389,4 +473,6 @@ class MeasuredCostModel:
             "allreduce": getattr(self, "allreduce_backend", None),
             "host_overhead": self.host_source,
             "extrapolated": sorted(self.extrapolated),
+            "weight_format": self.weight_format.as_dict() if self.weight_format is not None else None,
+            "kv_cache_dtype": self.kv_cache_dtype, "tables": dict(self._tables), "notes": list(self.notes),
         }

@@ -20,6 +20,15 @@ parts run one after another, so the step is their sum:
 
 Activation traffic (tokens x hidden per layer) is left out: it is small next to
 the weights at decode and next to the FLOPs at prefill.
+
+Quantized weights (`weight_format`) are read at their format's bytes (scales
+included; planner/catalog/quantization.py) and multiplied at the tensor-core
+peak of the precision vLLM runs them in on this GPU: FP8 or FP4 where it has
+those units (the catalog's datasheet fp8_flops / fp4_flops), 16-bit where the
+kernel is weight-only (Marlin: FP8 on Ampere, NVFP4 before Blackwell, AWQ,
+GPTQ). The LM head stays 16-bit. An FP8 KV cache (`kv_cache_dtype="fp8"`)
+halves the bytes decode attention reads and prefill writes; attention math
+stays at the 16-bit peak.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
 
@@ -70,6 +80,18 @@ def _kernel_backend(gpu: GpuSpec) -> str:
     return "cpu" if gpu.family == "cpu" else "cuda"
 
 
+def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
+                   weight_format: WeightFormat | None) -> tuple[float, float, str]:
+    """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision)."""
+    params = model.num_layers * model.matmul_params_per_layer / tp
+    if weight_format is None or not weight_format.quantizes_linear:
+        return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
+    nbytes = model.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.linear_shapes) / tp
+    precision = gemm_path(weight_format, gpu).precision
+    peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
+    return nbytes, peak, precision
+
+
 class RooflineCostModel:
     """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
 
@@ -78,7 +100,8 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
                  block_size: int = 16, efficiency: RooflineEfficiency = RooflineEfficiency(),
                  cpu_overhead_base: float = CPU_OVERHEAD_BASE_S,
-                 cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S) -> None:
+                 cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S, weight_format: WeightFormat | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         if tp > 1 and gpu.interconnect_bandwidth <= 0:
             raise PlannerError(f"{gpu.name} has no interconnect; tensor parallel size must be 1, got {tp}")
@@ -88,19 +111,25 @@ class RooflineCostModel:
             raise PlannerError("CPU overhead constants must be >= 0")
         self.model, self.gpu, self.tp, self.dtype_bytes = model, gpu, tp, dtype_bytes
         self.block_size, self.efficiency = block_size, efficiency
-        self.name = f"roofline({gpu.name})" if tp == 1 else f"roofline({tp}x{gpu.name})"
+        self.weight_format, self.kv_cache_dtype = weight_format, kv_cache_dtype
+        linear_bytes, linear_peak, self.linear_precision = linear_weights(model, gpu, tp, dtype_bytes, weight_format)
+        formats = ([f"{weight_format.method} weights, {self.linear_precision} math"] if weight_format else []) + \
+                  (["fp8 KV"] if kv_cache_dtype == "fp8" else [])
+        where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
+        self.name = f"roofline({where}{''.join(', ' + f for f in formats)})"
 
         # Everything below is per GPU; the GPUs of a TP group work in lockstep.
         flops = gpu.peak_flops(dtype_bytes) * efficiency.compute        # achievable FLOP/s
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
         heads = model.num_heads // tp
-        kv_bytes_per_token = 2 * layers * model.kv_heads_per_gpu(tp) * model.head_size * dtype_bytes
+        kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
+        kv_bytes_per_token = 2 * layers * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes
         linear_params = layers * model.matmul_params_per_layer / tp
         head_params = vocab * hidden / tp
 
-        self._linear_weights = linear_params * dtype_bytes / bw           # s, once per step
-        self._linear_per_token = 2 * linear_params / flops                # s per token
+        self._linear_weights = linear_bytes / bw                           # s, once per step
+        self._linear_per_token = 2 * linear_params / (linear_peak * efficiency.compute)   # s per token
         self._head_weights = head_params * dtype_bytes / bw
         self._head_per_seq = 2 * head_params / flops
         attn_flops_per_pair = 4 * model.head_size * heads * layers        # QK^T and PV, all layers
@@ -186,6 +215,8 @@ class RooflineCostModel:
         return {
             "name": self.name, "source": "roofline", "model": self.model.name, "gpu": self.gpu.name,
             "tp": self.tp, "dtype_bytes": self.dtype_bytes, "block_size": self.block_size,
+            "weight_format": self.weight_format.as_dict() if self.weight_format is not None else None,
+            "linear_precision": self.linear_precision, "kv_cache_dtype": self.kv_cache_dtype,
             "block_size_factor": self.block_size_factor, "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,
             "cpu_overhead_per_seq_s": self._cpu_per_seq, "gpu_source": self.gpu.source,
         }

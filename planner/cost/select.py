@@ -9,12 +9,23 @@ cover the GPU and the model's attention shape, then the roofline model from
 datasheet peaks. `--cost-model calibrated|measured|roofline` forces one; a
 forced model that cannot be built is a one-line error, never a silent
 fallback. `linear:A,B` (A + B x scheduled tokens per step) is a what-if model.
+
+Quantized weights and an FP8 KV cache (`weight_format`, `kv_cache_dtype`) are
+priced by the measured model (the format's own GEMM and FP8-KV attention
+tables where NVIDIA measured them) and the roofline model (bytes and
+tensor-core peaks by format). A calibrated profile is one dtype: it timed
+this engine's 16-bit weights and its KV cache as profiled (model dtype unless
+the profile records `kv_cache_dtype`). It is refused for another format,
+never scaled: the engine runs no quantized GEMM to time, and what an FP8
+cache saves in bytes a CPU or our CUDA kernel spends again widening every
+element, so no factor on a 16-bit profile is physically justified.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from planner.catalog import GpuSpec, ModelSpec
+from planner.catalog.quantization import WeightFormat
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.linear import parse_linear
@@ -36,8 +47,21 @@ def parse_cost_model(text: str | None) -> str:
     return choice
 
 
+def _format_refusal(weight_format: WeightFormat | None, kv_cache_dtype: str, profiled_kv: str) -> str | None:
+    """Why a calibrated profile (of `profiled_kv` KV cache, 16-bit weights) cannot price this deployment."""
+    if weight_format is not None:
+        return (f"a calibrated profile times this engine's 16-bit weights; it cannot price --quantization "
+                f"{weight_format.method} (the engine runs no quantized GEMM); use --cost-model measured or roofline")
+    if kv_cache_dtype != profiled_kv:
+        return (f"a calibrated profile is for the KV-cache dtype it was timed with ({profiled_kv}), not "
+                f"--kv-cache-dtype {kv_cache_dtype}: an FP8 cache's bytes saved are spent again widening "
+                f"each element in the kernel, so no scaling of the profile is justified; use --cost-model "
+                f"measured or roofline")
+    return None
+
+
 def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | None, block_size: int,
-                dtype: str) -> tuple[CostModel | None, str | None]:
+                dtype: str, kv_cache_dtype: str = "auto") -> tuple[CostModel | None, str | None]:
     """(the calibrated model from `profile`, or from a profile under profiles/<gpu>/ matching model,
     block size, dtype and TP; None when there is none, with the near miss that was passed over, if any)."""
     near_miss = None
@@ -55,12 +79,18 @@ def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | N
     chosen = CalibratedCostModel.from_file(path, model=model, gpu=gpu, tp=tp)
     if getattr(chosen, "profile", None) is not None:
         check_settings(chosen.profile, path, block_size=block_size, dtype=dtype, tp=tp)
+        refusal = _format_refusal(None, kv_cache_dtype, getattr(chosen.profile, "kv_cache_dtype", "auto"))
+        if refusal is not None:
+            if profile is not None:
+                raise PlannerError(f"profile {path}: {refusal}")
+            return None, f"profile {path} passed over: {refusal}"
     return chosen, None
 
 
 def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
                       block_size: int = 16, profile: str | Path | None = None,
-                      cost_model: str | None = None) -> CostModel:
+                      cost_model: str | None = None, weight_format: WeightFormat | None = None,
+                      kv_cache_dtype: str = "auto") -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto)."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
@@ -70,30 +100,39 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     choice = parse_cost_model(cost_model)
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
+    formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype}
     if choice == "roofline":
-        return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+        return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):
-        calibrated, near_miss = _calibrated(model, gpu, tp, profile, block_size, engine_dtype(gpu, dtype_bytes))
+        if weight_format is not None:
+            refusal = _format_refusal(weight_format, kv_cache_dtype, "auto")
+            if choice == "calibrated" or profile is not None:
+                raise PlannerError(refusal)
+            calibrated, near_miss = None, refusal if Path(profile_path(gpu.name, model.name)).is_file() else None
+        else:
+            calibrated, near_miss = _calibrated(model, gpu, tp, profile, block_size, engine_dtype(gpu, dtype_bytes),
+                                                kv_cache_dtype)
         if calibrated is not None:
             return _at_block_size(calibrated, block_size)
         if choice == "calibrated":
             raise PlannerError(near_miss or f"no profile of {model.name} on {gpu.name}: run `planner profile` "
                                             f"on that GPU or pass --profile FILE")
-        fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice)
+        fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice, **formats)
         fallback.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
         return fallback
-    return _fallback(model, gpu, tp, dtype_bytes, block_size, choice)
+    return _fallback(model, gpu, tp, dtype_bytes, block_size, choice, **formats)
 
 
-def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_size: int, choice: str) -> CostModel:
+def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_size: int, choice: str,
+              **formats) -> CostModel:
     if choice == "measured":
-        return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+        return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if gpu.measured_system is not None and dtype_bytes == 2:
         try:
-            return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+            return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
         except PlannerError:
             pass     # the tables do not cover this model's shape: the roofline does
-    return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size)
+    return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
 
 
 def _at_block_size(cost_model, block_size: int):

@@ -50,7 +50,8 @@ from importlib import resources
 
 from planner.errors import PlannerError
 
-TABLES = ("gemm", "context_attention", "generation_attention", "allreduce")
+TABLES = ("gemm", "gemm_fp8", "gemm_fp8_block", "gemm_nvfp4", "context_attention", "generation_attention",
+          "context_attention_fp8kv", "generation_attention_fp8kv", "allreduce")
 
 
 @lru_cache(maxsize=1)
@@ -62,6 +63,11 @@ def source() -> dict:
 
 def systems() -> tuple[str, ...]:
     return tuple(source()["systems"])
+
+
+def has_table(system: str, table: str) -> bool:
+    """Whether the system's data holds `table` (the FP8 and FP4 tables exist where NVIDIA measured them)."""
+    return table in source()["systems"].get(system, {}).get("tables", {})
 
 
 @lru_cache(maxsize=None)

@@ -113,7 +113,8 @@ def check_plan(plan) -> list[str]:
     if slots < plan.max_model_len:
         hint = fit_hint(spec, device, dep.tp, gpu_memory_utilization=dep.gpu_memory_utilization,
                         block_size=dep.block_size, dtype_bytes=plan.dtype_bytes,
-                        max_num_batched_tokens=plan.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs)
+                        max_num_batched_tokens=plan.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
+                        weight_format=plan.weight_format, kv_dtype_bytes=plan.kv_dtype_bytes)
         raise PlannerError(
             f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {dep.block_size}) but max_model_len "
             f"is {plan.max_model_len}: vLLM refuses to start (one sequence at the context limit would not fit); "

@@ -16,6 +16,14 @@ allocated 41,408 KV tokens; the plan lands within 3 %. The PagedAttention
 paper's Table 1 (its "GB" are GiB: 15.7K slots x 800 KiB = 12 GiB): OPT-13B on
 1xA100-40GB ~12 GiB, OPT-66B on 4xA100-40GB ~21 GiB, OPT-175B on 8xA100-80GB
 ~264 GiB; the plan is within 10 %.
+
+Quantized deployments (`weight_format`, planner/catalog/quantization.py): the
+blocks' linear layers take the format's bytes with its scales, the embedding,
+LM head, norms and biases stay 16-bit; activations stay 16-bit too (vLLM's
+quantized GEMMs take and return 16-bit activations). An FP8 KV cache
+(`kv_dtype_bytes=1`) stores one byte per element (the per-layer k/v scales are
+two floats), so a block costs half of a 16-bit one and the same memory holds
+twice the blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from planner.catalog.quantization import WeightFormat
 from planner.errors import PlannerError
 
 # vLLM 0.1-era scheduler limits (the token budget's from the engine core), used
@@ -99,6 +108,8 @@ class MemoryPlan:
     block_bytes_per_gpu: int        # one block's K and V on one GPU (its share of the heads)
     num_gpu_blocks: int
     num_cpu_blocks: int             # swap space, in blocks
+    quantization: str | None = None  # the weights' format (None: 16-bit), as WeightFormat.describe() says
+    kv_dtype_bytes: int = 2         # bytes per KV-cache element (1: FP8)
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -122,6 +133,7 @@ class MemoryPlan:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "block_size": self.block_size,
             "dtype_bytes": self.dtype_bytes,
+            "kv_dtype_bytes": self.kv_dtype_bytes,
             "gpu_memory_gib": self.gpu_memory_bytes / GIB,
             "usable_gib_per_gpu": self.usable_bytes_per_gpu / GIB,
             "weights_gib_per_gpu": self.weight_bytes_per_gpu / GIB,
@@ -133,38 +145,48 @@ class MemoryPlan:
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_cpu_blocks": self.num_cpu_blocks,
             "kv_token_slots": self.kv_token_slots,
+            **({"quantization": self.quantization} if self.quantization is not None else {}),
         }
 
 
-def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
-                gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
-                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True) -> MemoryPlan:
-    """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
-
-    `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
-    profiler saw only torch's own allocations.
-    """
-    model, gpu = resolve_model(model), resolve_gpu(gpu)
+def _check_args(gpu_memory_utilization: float, block_size: int, dtype_bytes: int, kv_dtype_bytes: int,
+                max_num_batched_tokens: int, max_num_seqs: int, swap_space_bytes: int) -> None:
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise PlannerError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise PlannerError(f"block_size must be >= 1, got {block_size}")
-    if dtype_bytes not in (1, 2, 4):
-        raise PlannerError(f"dtype_bytes must be 1, 2 or 4, got {dtype_bytes}")
+    if dtype_bytes not in (1, 2, 4) or kv_dtype_bytes not in (1, 2, 4):
+        raise PlannerError(f"dtype_bytes and kv_dtype_bytes must be 1, 2 or 4, got {dtype_bytes} and {kv_dtype_bytes}")
     if max_num_batched_tokens < 1 or max_num_seqs < 1:
         raise PlannerError(f"max_num_batched_tokens and max_num_seqs must be >= 1, "
                            f"got {max_num_batched_tokens} and {max_num_seqs}")
     if swap_space_bytes < 0:
         raise PlannerError(f"swap_space_bytes must be >= 0, got {swap_space_bytes}")
 
+
+def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
+                gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
+                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
+                weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None) -> MemoryPlan:
+    """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
+
+    `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
+    profiler saw only torch's own allocations. `weight_format` stores the
+    linear layers quantized; `kv_dtype_bytes` (default `dtype_bytes`) sizes the
+    KV cache's elements (1 for FP8).
+    """
+    model, gpu = resolve_model(model), resolve_gpu(gpu)
+    kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    _check_args(gpu_memory_utilization, block_size, dtype_bytes, kv_dtype_bytes, max_num_batched_tokens,
+                max_num_seqs, swap_space_bytes)
     heads = model.kv_heads_per_gpu(tp)          # validates tp against the head counts first
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_gpu(tp, dtype_bytes) + rotary_cache_bytes(model, dtype_bytes)
+    weights = model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format) + rotary_cache_bytes(model, dtype_bytes)
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs)
     non_torch = non_torch_bytes(tp) if gpu.kind == "gpu" and count_non_torch else 0
-    block_bytes = 2 * model.num_layers * heads * model.head_size * dtype_bytes * block_size
+    block_bytes = 2 * model.num_layers * heads * model.head_size * kv_dtype_bytes * block_size
     num_blocks = (usable - weights - activations - non_torch) // block_bytes
     if num_blocks < 1:
         need = (weights + activations + non_torch + block_bytes) / GIB
@@ -179,6 +201,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         block_size=block_size, dtype_bytes=dtype_bytes, gpu_memory_bytes=gpu.memory_bytes,
         usable_bytes_per_gpu=usable, weight_bytes_per_gpu=weights, activation_bytes_per_gpu=activations,
         non_torch_bytes_per_gpu=non_torch,
-        kv_bytes_per_token=model.kv_bytes_per_token(dtype_bytes), block_bytes_per_gpu=block_bytes,
+        kv_bytes_per_token=model.kv_bytes_per_token(kv_dtype_bytes), block_bytes_per_gpu=block_bytes,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
+        quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
     )

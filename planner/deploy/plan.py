@@ -6,14 +6,26 @@ sizes the KV cache from the memory plan (or takes the blocks given), and with
 `refuse=True` raises on what vLLM would refuse at start-up and collects
 warnings for what it would run differently (planner/deploy/checks.py). It is
 done once per run; the simulator and the cost model read the result.
+
+Quantization. The weights' format is `--quantization` when given, else what a
+model folder's config.json `quantization_config` (or ModelOpt's
+hf_quant_config.json) declares, else what a Hugging Face id names
+(nvidia/Llama-3.1-8B-Instruct-FP8: fp8), else 16-bit. A flag that contradicts
+the checkpoint's config is refused, as vLLM refuses it. Where the GPU has no
+tensor cores for the format, the plan warns what vLLM runs instead (FP8 and
+NVFP4 weight-only through Marlin; MXFP4 leaves dense layers unquantized);
+`gemm` says the kernel the cost models price.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from engine.core.config import SchedulerConfig
 from engine.deployment import Deployment
 from planner.catalog import GIB, GpuSpec, ModelSpec
+from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_format, format_from_id, gemm_path,
+                                          weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.errors import PlannerError
@@ -30,12 +42,19 @@ class DeploymentPlan:
     num_cpu_blocks: int
     memory: MemoryPlan | None               # None: both cache sizes were given
     warnings: tuple[str, ...] = ()
+    weight_format: WeightFormat | None = None   # None: 16-bit weights
+    gemm: GemmPath | None = None                # what vLLM runs the quantized linear layers with here
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per weight and KV element: 16-bit unless float32 is asked for (a CPU engine's
-        float32 does not change the plan: its cache size is measured, not planned)."""
+        """Bytes per activation (and unquantized weight): 16-bit unless float32 is asked for (a CPU
+        engine's float32 does not change the plan: its cache size is measured, not planned)."""
         return 4 if self.deployment.dtype == "float32" else 2
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per KV-cache element: 1 for an FP8 cache, else the model's dtype."""
+        return 1 if self.deployment.kv_cache_dtype == "fp8" else self.dtype_bytes
 
     def scheduler_config(self) -> SchedulerConfig:
         return self.deployment.scheduler_config(self.max_model_len, self.max_num_batched_tokens)
@@ -58,7 +77,9 @@ class DeploymentPlan:
                 "gpu_memory_utilization": d.gpu_memory_utilization,
                 "enable_prefix_caching": d.enable_prefix_caching, "policy": d.policy,
                 "enable_chunked_prefill": d.enable_chunked_prefill, "max_model_len": self.max_model_len,
-                "dtype_bytes": self.dtype_bytes}
+                "dtype_bytes": self.dtype_bytes,
+                "quantization": self.weight_format.method if self.weight_format else None,
+                "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes}
 
 
 def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> DeploymentPlan:
@@ -66,21 +87,51 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     engine that ran with it) and skips the warnings."""
     model, gpu = checks.model(deployment.model), checks.gpu(deployment.gpu)
     checks.check_tp(model, deployment.tp)
+    fmt = resolve_weight_format(deployment)
+    gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
     budget = _token_budget(deployment, max_model_len)
     memory = None
     if deployment.num_gpu_blocks is None or (deployment.num_cpu_blocks is None
                                              and not deployment.enable_chunked_prefill):
-        memory = _plan_memory(deployment, model, gpu, budget, refuse)
+        memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt)
     gpu_blocks = deployment.num_gpu_blocks if deployment.num_gpu_blocks is not None else memory.num_gpu_blocks
     cpu_blocks = deployment.num_cpu_blocks
     if cpu_blocks is None:                        # recompute only under vllm-v1: no swap space to plan
         cpu_blocks = 0 if memory is None else memory.num_cpu_blocks
-    plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory)
+    plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
+                          weight_format=fmt, gemm=gemm)
     if not refuse:
         return plan
+    warnings = checks.check_plan(plan) + _quantization_warnings(plan)
     return DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          tuple(checks.check_plan(plan)))
+                          tuple(warnings), fmt, gemm)
+
+
+def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
+    """The weights' format: --quantization, the checkpoint's config, the Hugging Face id's name, or None."""
+    given, model = deployment.quantization, deployment.model
+    declared = checkpoint_format(model)
+    if declared is not None:
+        if given is not None and given != declared.method:
+            # vLLM's words (vllm/config/model.py, ModelConfig._verify_quantization)
+            raise PlannerError(f"Quantization method specified in the model config ({declared.method}) does not "
+                               f"match the quantization method specified in the `quantization` argument ({given})")
+        return declared
+    if given is not None:
+        return weight_format(given)
+    return None if os.path.exists(model) else format_from_id(model)
+
+
+def _quantization_warnings(plan: DeploymentPlan) -> list[str]:
+    """Where vLLM departs from the formats' native paths on this GPU."""
+    found = [plan.gemm.warning] if plan.gemm is not None and plan.gemm.warning else []
+    if plan.deployment.kv_cache_dtype == "fp8" and plan.gpu.kind == "gpu" and plan.gpu.fp8_flops == 0:
+        found.append(f"--kv-cache-dtype fp8 on {plan.gpu.name}: vLLM still stores the cache in FP8, but its "
+                     f"FlashAttention backend takes an FP8 cache only as FlashAttention 3 on Hopper "
+                     f"(fa_utils.flash_attn_supports_fp8), so vLLM attends with FlashInfer or Triton, which "
+                     f"widen the keys and values inside the kernel")
+    return found
 
 
 def _max_model_len(deployment: Deployment, model: ModelSpec) -> int:
@@ -105,10 +156,13 @@ def _token_budget(deployment: Deployment, max_model_len: int) -> int:
         raise PlannerError(str(exc)) from None
 
 
-def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget: int, refuse: bool) -> MemoryPlan:
+def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget: int, refuse: bool,
+                 fmt: WeightFormat | None) -> MemoryPlan:
+    dtype_bytes = 4 if deployment.dtype == "float32" else 2
     args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
-                dtype_bytes=4 if deployment.dtype == "float32" else 2, max_num_batched_tokens=budget,
-                max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB))
+                dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
+                max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
+                weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes)
     try:
         return plan_memory(model, gpu, deployment.tp, **args)
     except PlannerError as exc:

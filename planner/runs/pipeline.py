@@ -28,7 +28,8 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
     """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses."""
     d = plan.deployment
     return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
-                             profile=profile, cost_model=cost_model)
+                             profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
+                             kv_cache_dtype=d.kv_cache_dtype)
 
 
 @dataclass

@@ -1,0 +1,254 @@
+"""Weight formats vLLM serves (--quantization): bytes per weight with their scales, what a checkpoint
+keeps in 16 bits, and the kernel vLLM runs each format with on a given GPU.
+
+Which layers are quantized. vLLM's quantization configs give a quantized method only to the linear
+layers of the decoder blocks (`LinearBase`: q/k/v, o, gate/up, down); the token embedding and the LM
+head (`VocabParallelEmbedding` / `ParallelLMHead`), the norms and the biases stay in the activation
+dtype (vllm/model_executor/layers/quantization/*.py, `get_quant_method`; the checkpoints' own configs
+list lm_head under "ignore"). MXFP4 is narrower still: `Mxfp4Config.get_quant_method` returns
+`UnquantizedLinearMethod` for every linear layer ("MXFP4 linear layer is not implemented") and quantizes
+only fused-MoE experts, so a dense model's weights stay 16-bit under it.
+
+Bytes of one linear weight of n outputs by k inputs, scales included, as the formats store them:
+- fp8, per-tensor (vLLM's online `--quantization fp8`, ModelOpt FP8): one byte per weight, plus an fp32
+  weight scale and an fp32 activation scale per matrix;
+- fp8, per-channel (compressed-tensors FP8_DYNAMIC): one byte per weight plus an fp32 scale per output row;
+- fp8, 128 x 128 blocks (`weight_block_size` in the config, DeepSeek/Qwen FP8): an fp32 scale per block;
+- NVFP4 (ModelOpt; NVIDIA's format): two E2M1 values per byte, an FP8 E4M3 scale per 16 weights along
+  k, and fp32 global weight and activation scales per matrix;
+- MXFP4 (OCP Microscaling v1.0): two E2M1 values per byte and an E8M0 (one-byte) scale per 32 weights;
+- AWQ / GPTQ (int4 or int8 weights in groups of `group_size` along k, 128 by default): packed integers,
+  an fp16 scale per group and output, and for AWQ (asymmetric) a 4-bit zero point per group and output
+  packed eight to an int32; GPTQ checkpoints are symmetric by default, which vLLM's GPTQ Marlin path
+  runs without zero points; with act-order (desc_act) it keeps g_idx and its sort order, two int32 per
+  input row.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.catalog.gpus import GpuSpec
+from planner.errors import PlannerError
+
+METHODS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
+SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block", "nvfp4", "mxfp4", "int-group")
+FP8_BLOCK = 128          # DeepSeek-style FP8 checkpoints: weight_block_size [128, 128]
+INT_GROUP = 128          # AWQ and GPTQ's usual group size (AutoAWQ q_group_size, GPTQ group_size)
+NVFP4_GROUP = 16         # NVFP4: one E4M3 scale per 16 values
+MXFP4_GROUP = 32         # OCP MX: one E8M0 scale per 32 values
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a checkpoint stores its linear-layer weights. `source` says where the format came from."""
+
+    method: str                  # vLLM's --quantization name
+    scheme: str                  # one of SCHEMES
+    bits: int = 8                # bits per weight value
+    group_size: int = 0          # weights per scale along k (0: per tensor or per channel)
+    zero_points: bool = False    # int formats: asymmetric (AWQ)
+    act_order: bool = False      # GPTQ desc_act: g_idx kept
+    source: str = "--quantization"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS or self.scheme not in SCHEMES:
+            raise PlannerError(f"unknown weight format {self.method}/{self.scheme}")
+
+    @property
+    def quantizes_linear(self) -> bool:
+        """Whether vLLM stores a dense model's linear layers in this format (MXFP4: MoE experts only)."""
+        return self.scheme != "mxfp4"
+
+    def matrix_bytes(self, n: int, k: int) -> int:
+        """Bytes of one [n, k] linear weight in this format, its scales included (module docstring)."""
+        nk = n * k
+        if self.scheme == "fp8-tensor":
+            return nk + 4 + 4
+        if self.scheme == "fp8-channel":
+            return nk + 4 * n
+        if self.scheme == "fp8-block":
+            return nk + 4 * _ceil(n, FP8_BLOCK) * _ceil(k, FP8_BLOCK)
+        if self.scheme == "nvfp4":
+            return nk // 2 + nk // NVFP4_GROUP + 4 + 4
+        if self.scheme == "mxfp4":
+            return nk // 2 + nk // MXFP4_GROUP
+        groups = _ceil(k, self.group_size)
+        return (nk * self.bits // 8 + 2 * n * groups + (n * groups // 2 if self.zero_points else 0)
+                + (8 * k if self.act_order else 0))
+
+    def bytes_per_weight(self, n: int = 4096, k: int = 4096) -> float:
+        return self.matrix_bytes(n, k) / (n * k)
+
+    def describe(self) -> str:
+        detail = {"fp8-tensor": "per-tensor scales", "fp8-channel": "per-channel scales",
+                  "fp8-block": f"{FP8_BLOCK}x{FP8_BLOCK} block scales",
+                  "nvfp4": f"E4M3 scale per {NVFP4_GROUP}", "mxfp4": f"E8M0 scale per {MXFP4_GROUP}",
+                  "int-group": f"int{self.bits}, group {self.group_size}"
+                               + (", zero points" if self.zero_points else "")
+                               + (", act-order" if self.act_order else "")}[self.scheme]
+        return f"{self.method} ({detail}; from {self.source})"
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "scheme": self.scheme, "bits": self.bits, "group_size": self.group_size,
+                "bytes_per_weight": round(self.bytes_per_weight(), 6), "source": self.source}
+
+
+def weight_format(method: str, source: str = "--quantization") -> WeightFormat:
+    """The format `--quantization method` means when the checkpoint does not say more (vLLM's online
+    FP8 is per-tensor; AWQ and GPTQ are int4 in groups of 128, AWQ with zero points)."""
+    formats = {
+        "fp8": WeightFormat("fp8", "fp8-tensor"),
+        "nvfp4": WeightFormat("nvfp4", "nvfp4", bits=4, group_size=NVFP4_GROUP),
+        "mxfp4": WeightFormat("mxfp4", "mxfp4", bits=4, group_size=MXFP4_GROUP),
+        "awq": WeightFormat("awq", "int-group", bits=4, group_size=INT_GROUP, zero_points=True),
+        "gptq": WeightFormat("gptq", "int-group", bits=4, group_size=INT_GROUP),
+    }
+    if method not in formats:
+        raise PlannerError(f"quantization {method!r} is not supported; choose one of {', '.join(METHODS)}")
+    return replace(formats[method], source=source)
+
+
+def _compressed_tensors(qc: dict, source: str) -> WeightFormat:
+    """compressed-tensors (llm-compressor): the weights' scheme of its first config group."""
+    groups = qc.get("config_groups") or {}
+    weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
+    if not weights:
+        raise PlannerError(f"{source}: a compressed-tensors config without a weights scheme")
+    bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
+    if bits == 8 and kind == "float":
+        scheme = {"tensor": "fp8-tensor", "channel": "fp8-channel", "block": "fp8-block"}.get(strategy)
+        if scheme:
+            return WeightFormat("fp8", scheme, source=source)
+    if bits == 4 and kind == "float" and weights.get("group_size") == NVFP4_GROUP:
+        return WeightFormat("nvfp4", "nvfp4", bits=4, group_size=NVFP4_GROUP, source=source)
+    if bits in (4, 8) and kind == "int" and strategy == "group":
+        # W4A16 / W8A16: vLLM runs them on the same Marlin kernel as GPTQ
+        return WeightFormat("gptq", "int-group", bits=bits, group_size=int(weights.get("group_size") or INT_GROUP),
+                            zero_points=not weights.get("symmetric", True), source=source)
+    raise PlannerError(f"{source}: compressed-tensors weights of {bits} bits {kind} ({strategy}) are not a "
+                       f"format the planner knows ({', '.join(METHODS)})")
+
+
+def _modelopt(algo: str, source: str) -> WeightFormat:
+    if str(algo).upper() == "FP8":
+        return WeightFormat("fp8", "fp8-tensor", source=source)
+    if str(algo).upper() == "NVFP4":
+        return WeightFormat("nvfp4", "nvfp4", bits=4, group_size=NVFP4_GROUP, source=source)
+    raise PlannerError(f"{source}: ModelOpt quant_algo {algo!r} is not a format the planner knows (FP8, NVFP4)")
+
+
+def format_from_config(qc: dict[str, Any], source: str = "config.json quantization_config") -> WeightFormat:
+    """The weight format a checkpoint's `quantization_config` (or ModelOpt's hf_quant_config.json) declares,
+    read as vLLM's configs read it (Fp8Config, ModelOptFp8Config/ModelOptNvFp4Config, AWQConfig,
+    GPTQConfig, Mxfp4Config, CompressedTensorsConfig)."""
+    if "quantization" in qc and "quant_method" not in qc:          # hf_quant_config.json
+        return _modelopt((qc["quantization"] or {}).get("quant_algo"), source)
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source)
+    if method == "modelopt":
+        return _modelopt(qc.get("quant_algo"), source)
+    if method == "mxfp4":
+        return WeightFormat("mxfp4", "mxfp4", bits=4, group_size=MXFP4_GROUP, source=source)
+    if method == "awq":
+        return WeightFormat("awq", "int-group", bits=int(qc.get("bits", qc.get("w_bit", 4))),
+                            group_size=int(qc.get("group_size", qc.get("q_group_size", INT_GROUP))),
+                            zero_points=bool(qc.get("zero_point", True)), source=source)
+    if method == "gptq":
+        group = int(qc.get("group_size", INT_GROUP))
+        return WeightFormat("gptq", "int-group", bits=int(qc.get("bits", 4)), group_size=max(0, group),
+                            zero_points=not qc.get("sym", True), act_order=bool(qc.get("desc_act", False)),
+                            source=source)
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc, source)
+    raise PlannerError(f"{source}: quant_method {method or None!r} is not one the planner knows (fp8, modelopt, "
+                       f"compressed-tensors, awq, gptq, mxfp4)")
+
+
+def checkpoint_format(model: str) -> WeightFormat | None:
+    """The format a local model folder (or its config.json) declares, or None (16-bit, or not a folder)."""
+    folder = (os.path.dirname(model) or ".") if os.path.basename(model) == "config.json" else model
+    if not os.path.isdir(folder):
+        return None
+    config_path, modelopt_path = os.path.join(folder, "config.json"), os.path.join(folder, "hf_quant_config.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            qc = json.load(f).get("quantization_config")
+        if qc:
+            return format_from_config(qc)
+        if os.path.isfile(modelopt_path):
+            with open(modelopt_path, encoding="utf-8") as f:
+                return format_from_config(json.load(f), source="hf_quant_config.json")
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise PlannerError(f"{folder}: cannot read its quantization config ({exc})") from None
+    return None
+
+
+# Words of a Hugging Face id that name a checkpoint's weight format (RedHatAI's "-FP8-dynamic" is
+# compressed-tensors FP8 with per-channel weight scales; "-w4a16"/"-int4" are int4 group checkpoints).
+ID_WORDS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "mxfp4": "mxfp4", "awq": "awq", "gptq": "gptq",
+            "w4a16": "gptq", "int4": "gptq"}
+
+
+def format_from_id(model: str) -> WeightFormat | None:
+    """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None."""
+    words = os.path.basename(str(model).rstrip("/")).lower().replace("_", "-").split("-")
+    method = next((ID_WORDS[w] for w in words if w in ID_WORDS), None)
+    if method is None:
+        return None
+    fmt = weight_format(method, source=f"the model id {model}")
+    return replace(fmt, scheme="fp8-channel") if method == "fp8" and "dynamic" in words else fmt
+
+
+@dataclass(frozen=True)
+class GemmPath:
+    """What vLLM runs a format's linear layers with on one GPU: `precision` is the tensor-core math
+    ("fp8", "fp4": W8A8 / W4A4 on native units; "16-bit": the weights are widened inside the kernel, or
+    not quantized at all); `warning` says where vLLM departs from the format's native path."""
+
+    precision: str
+    kernel: str
+    warning: str | None = None
+
+
+# vLLM's words when a GPU lacks the tensor cores (marlin_utils_fp8.py / marlin_utils_fp4.py).
+_NO_NATIVE = "Your GPU does not have native support for {} computation but {} quantization is being used"
+
+
+def _weight_only(fmt: WeightFormat, gpu: GpuSpec, math: str) -> GemmPath:
+    kernel = f"{math} Marlin (W{fmt.bits}A16, weight-only)"
+    if gpu.kind != "gpu":
+        return GemmPath("16-bit", f"weight-only ({fmt.bits}-bit weights widened to 16 bits)",
+                        f"{gpu.name} has no {math} matrix units: {fmt.method} priced weight-only, matmuls in 16 bits")
+    return GemmPath("16-bit", kernel, f"{gpu.name} has no {math} tensor cores: vLLM runs {fmt.method} weight-only "
+                                      f"through its {kernel} kernel, as it warns ('{_NO_NATIVE.format(math, math)}'): "
+                                      f"weights stay {fmt.bits}-bit in memory, matmuls run in 16 bits; priced so")
+
+
+def gemm_path(fmt: WeightFormat, gpu: GpuSpec) -> GemmPath:
+    """The kernel vLLM picks for `fmt` on `gpu`: native FP8 on Ada, Hopper and Blackwell (compute
+    capability 8.9+), else FP8 Marlin (vLLM's docs: "Ampere GPUs are supported for W8A16 (weight-only
+    FP8) utilizing Marlin kernels"); native NVFP4 on Blackwell, else FP4 Marlin; AWQ and GPTQ on their
+    Marlin W4A16 kernels (vLLM converts them to awq_marlin / gptq_marlin on compute capability 8.0+);
+    MXFP4 leaves a dense model's linear layers unquantized."""
+    if fmt.method == "fp8":
+        if gpu.fp8_flops > 0:
+            kernel = "FP8 block-scaled GEMM (W8A8)" if fmt.scheme == "fp8-block" else "CUTLASS FP8 scaled-mm (W8A8)"
+            return GemmPath("fp8", kernel)
+        return _weight_only(fmt, gpu, "FP8")
+    if fmt.method == "nvfp4":
+        return GemmPath("fp4", "NVFP4 GEMM (W4A4)") if gpu.fp4_flops > 0 else _weight_only(fmt, gpu, "FP4")
+    if fmt.method == "mxfp4":
+        return GemmPath("16-bit", "unquantized (MXFP4 covers MoE experts only)",
+                        "vLLM's MXFP4 quantizes only fused-MoE experts (Mxfp4Config runs every linear layer "
+                        "unquantized); a dense model's weights stay 16-bit")
+    name = "AWQ" if fmt.method == "awq" else "GPTQ"
+    return GemmPath("16-bit", f"{name} Marlin (W{fmt.bits}A16)")
