@@ -230,6 +230,9 @@ def test_shutdown_drains_requests_in_flight(folder):
 @pytest.mark.parametrize("args, message", [
     (["--model", "opt-125m", "--tp", "2"], "--tp 2 is not supported"),
     (["--model", "no-such-model"], "no-such-model"),
+    (["--model", "opt-125m", "--max-request-body-size", "0"], "--max-request-body-size must be at least 1"),
+    (["--model", "opt-125m", "--chat-template-timeout", "0"], "--chat-template-timeout must be positive"),
+    (["--model", "opt-125m", "--limit-concurrency", "0"], "--limit-concurrency must be at least 1"),
 ])
 def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
     from typer.testing import CliRunner

@@ -1,6 +1,6 @@
 """A failing step fails only its own requests; disconnects abort and are counted; nothing is cut short (issue 27).
 
-The failure is injected into the model runner: a step whose batch holds a marker token raises. The request
+The failure is injected into the model runner: a step that prefills a marked prompt raises. The request
 in that step gets a 500 naming the internal error; a stream decoding in other steps runs to the end;
 /metrics counts the failure and /health says what is true.
 """
@@ -19,7 +19,7 @@ from engine.llm_engine import LLMEngine
 from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 
 MODEL = "tiny"
-MARKER = 300          # a token id the byte tokenizer never produces: only a token-id prompt carries it
+POISON = [5, 300, 7, 300, 5]   # a prompt only the failing requests start with (300: no byte's token)
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +29,12 @@ def folder(tmp_path_factory):
 
 @pytest.fixture()
 def failing_server(folder):
-    """A server whose runner raises on any step that computes the marker token."""
+    """A server whose runner raises on any step that prefills a prompt starting with POISON."""
     engine = LLMEngine(folder, block_size=8, num_gpu_blocks=64, max_num_seqs=8, max_model_len=128)
     execute = engine.runner.execute
 
     def execute_or_fail(inputs):
-        if any(MARKER in i.token_ids for i in inputs):
+        if any(i.start_pos == 0 and i.token_ids[:len(POISON)] == POISON for i in inputs):
             raise RuntimeError("injected device fault")
         return execute(inputs)
     engine.runner.execute = execute_or_fail
@@ -62,7 +62,7 @@ def test_an_injected_step_failure_fails_only_its_request(failing_server):
             "stream_options": {"include_usage": True}}
     thread = stream_in_thread(f"{srv.url}/v1/completions", long, events)
     assert wait_until(lambda: len(events) >= 2)
-    bad = httpx.post(f"{srv.url}/v1/completions", json={"prompt": [5, MARKER, 7], "max_tokens": 4}, timeout=60)
+    bad = httpx.post(f"{srv.url}/v1/completions", json={"prompt": POISON, "max_tokens": 4}, timeout=60)
     assert bad.status_code == 500
     error = bad.json()["error"]
     assert error["type"] == "InternalServerError" and "RuntimeError: injected device fault" in error["message"]
@@ -80,7 +80,7 @@ def test_an_injected_step_failure_fails_only_its_request(failing_server):
 def test_steps_failing_in_a_row_make_health_503_until_one_succeeds(failing_server):
     srv = failing_server
     for _ in range(3):
-        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": [MARKER], "max_tokens": 2, "stream": True},
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": POISON, "max_tokens": 2, "stream": True},
                        timeout=60)
         assert r.status_code == 500
     health = httpx.get(f"{srv.url}/health")

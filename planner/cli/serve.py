@@ -40,7 +40,7 @@ def serve(
     trust_request_chat_template: bool = typer.Option(False, "--trust-request-chat-template",
                                                      help="run a chat_template sent in a request (vLLM's flag)"),
     chat_template_timeout: float = typer.Option(2.0, help="seconds a chat template may take to render"),
-    timeout_keep_alive: float = typer.Option(5.0, help="uvicorn: close an idle keep-alive connection after "
+    timeout_keep_alive: float = typer.Option(30.0, help="uvicorn: close an idle keep-alive connection after "
                                                        "this many seconds"),
     limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
                                                                "it answers 503 (default: no limit)"),

@@ -39,7 +39,9 @@ class ServerOptions:
     max_request_body_size: int = 16 << 20           # bytes; a larger body is refused with 413
     trust_request_chat_template: bool = False       # vLLM's flag: run a request's own chat_template
     chat_template_timeout: float = 2.0              # seconds a chat template may take to render
-    timeout_keep_alive: float = 5.0                 # uvicorn: an idle keep-alive connection closes after this
+    # uvicorn: an idle keep-alive connection closes after this. Longer than clients' own pool expiry
+    # (httpx 5 s, aiohttp 15 s), so a client does not reuse a connection the server is closing.
+    timeout_keep_alive: float = 30.0
     limit_concurrency: int | None = None            # uvicorn: connections + tasks before it answers 503
 
 
