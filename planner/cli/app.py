@@ -80,17 +80,19 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
                 "kv_bytes_per_token_fp16": m.kv_bytes_per_token(2)} for m in models])
         return
     table = Table(title="Models")
-    for col in ("name", "type", "layers", "heads/kv", "params B", "KV KB/tok", "also found as"):
-        table.add_column(col, justify="left" if col in ("name", "type", "also found as") else "right",
-                         no_wrap=col != "also found as")
+    for col in ("name", "type", "layers", "hidden", "heads/kv", "params B", "KV KB/tok"):
+        table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=True)
     for m in models:
-        table.add_row(m.name, m.model_type, str(m.num_layers), f"{m.num_heads}/{m.num_kv_heads}",
-                      f"{m.num_params / 1e9:.2f}", f"{m.kv_bytes_per_token(2) / 1024:.0f}",
-                      ", ".join(model_ids(m)[1:]))
-    console = Console() if Console().is_terminal else Console(width=160)
+        table.add_row(m.name, m.model_type, str(m.num_layers), str(m.hidden_size),
+                      f"{m.num_heads}/{m.num_kv_heads}", f"{m.num_params / 1e9:.2f}",
+                      f"{m.kv_bytes_per_token(2) / 1024:.0f}")
+    console = Console()
     console.print(table)
-    console.print("A Hugging Face id of a fine-tuned or quantized variant (-Instruct, -FP8, ...) finds its base "
-                  "model; --model also takes a model folder or its config.json.", highlight=False)
+    console.print("--model also finds each by these (and a fine-tuned or quantized variant's id, -Instruct, "
+                  "-FP8, ...; or a model folder or its config.json):", highlight=False)
+    for m in models:
+        if model_ids(m)[1:]:
+            console.print(f"  {m.name}: {', '.join(model_ids(m)[1:])}", highlight=False, markup=False)
 
 
 @list_app.command("workloads")
