@@ -53,8 +53,8 @@ class DeviceOps:
     def describe(self) -> str:
         return ops_for().describe()
 
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, **options) -> None:
-        ops_for(key_cache.device).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, **options)
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, *args, **options) -> None:
+        ops_for(key_cache.device).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *args, **options)
 
     def paged_attention_v1(self, out, query, *args, **options) -> None:
         ops_for(query.device).paged_attention_v1(out, query, *args, **options)

@@ -10,11 +10,17 @@ only when those tensors live on the CPU, so a CUDA call never forces a sync.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# An FP8 KV cache (vLLM's kv_cache_dtype "fp8", E4M3 on CUDA) holds any of them in one byte per element.
+FP8_CACHE_DTYPE = torch.float8_e4m3fn
+CACHE_DTYPES = (*SUPPORTED_DTYPES, FP8_CACHE_DTYPE)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # The compiled attention kernels are instantiated for these sizes only.
 # The block sizes the kernels are instantiated for (the dispatch in csrc/); the engine's
 # SUPPORTED_BLOCK_SIZES repeats them for the torch-free core (tests/test_kernels.py holds them equal).
@@ -41,8 +47,8 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
         _fail(f"key_cache must be [num_blocks, num_kv_heads, head_size//x, block_size, x], got shape {tuple(key_cache.shape)}")
     if value_cache.dim() != 4:
         _fail(f"value_cache must be [num_blocks, num_kv_heads, head_size, block_size], got shape {tuple(value_cache.shape)}")
-    if key_cache.dtype not in SUPPORTED_DTYPES:
-        _fail(f"cache dtype must be one of float32/float16/bfloat16, got {key_cache.dtype}")
+    if key_cache.dtype not in CACHE_DTYPES:
+        _fail(f"cache dtype must be one of float32/float16/bfloat16/float8_e4m3fn, got {key_cache.dtype}")
     if key_cache.dtype != value_cache.dtype:
         _fail(f"key_cache dtype {key_cache.dtype} != value_cache dtype {value_cache.dtype}")
     if key_cache.device != value_cache.device:
@@ -90,8 +96,11 @@ def _check_query(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor
         _fail(f"out shape {tuple(out.shape)} != query shape {tuple(query.shape)}")
     if not out.is_contiguous():
         _fail("out must be contiguous (the kernels write it in place)")
-    if not (query.dtype == out.dtype == key_cache.dtype):
-        _fail(f"query ({query.dtype}), out ({out.dtype}) and the caches ({key_cache.dtype}) must share one dtype")
+    if not (query.dtype == out.dtype and key_cache.dtype in (query.dtype, FP8_CACHE_DTYPE)):
+        _fail(f"query ({query.dtype}), out ({out.dtype}) and the caches ({key_cache.dtype}) must share one dtype "
+              f"(or the caches be float8_e4m3fn)")
+    if query.dtype not in SUPPORTED_DTYPES:
+        _fail(f"query dtype must be one of float32/float16/bfloat16, got {query.dtype}")
     if not (query.device == out.device == key_cache.device):
         _fail("query, out and the caches must be on one device")
     if query_head_size != head_size:
@@ -159,6 +168,34 @@ def check_sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> None:
         _fail("sinks must be contiguous")
 
 
+def kv_scales(kv_cache_dtype: str | None, key_cache: torch.Tensor, k_scale, v_scale) -> tuple[float, float]:
+    """The per-tensor FP8 scales as floats, after checking that ``kv_cache_dtype`` (vLLM's name; None:
+    read from the cache) says what the cache holds: "auto" a cache of the model's dtype, "fp8" or
+    "fp8_e4m3" a float8_e4m3fn one. Scales are positive finite numbers (or one-element tensors)."""
+    fp8 = key_cache.dtype == FP8_CACHE_DTYPE
+    if kv_cache_dtype is not None:
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            _fail(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+        if (kv_cache_dtype != "auto") != fp8:
+            _fail(f"kv_cache_dtype={kv_cache_dtype!r} but the cache is {key_cache.dtype}")
+    scales = []
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                _fail(f"{name} must be one number (a per-tensor scale), got shape {tuple(value.shape)}")
+            value = value.item()
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            _fail(f"{name} must be a number, got {type(value).__name__}")
+        if not (math.isfinite(value) and value > 0):
+            _fail(f"{name} must be a positive finite number, got {value}")
+        if not fp8 and value != 1.0:
+            _fail(f"{name}={value}: scales apply to an FP8 cache only, this one is {key_cache.dtype}")
+        scales.append(value)
+    return scales[0], scales[1]
+
+
 def check_backend_device(backend: str, tensor: torch.Tensor) -> None:
     """The compiled kernels run on one kind of device; say so instead of failing deep in C++."""
     if backend == "cpu":
@@ -197,8 +234,11 @@ def check_reshape_and_cache(
         _fail(f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
     if tuple(key.shape[1:]) != (num_kv_heads, head_size):
         _fail(f"key is [*, {key.shape[1]}, {key.shape[2]}] but the cache holds [*, {num_kv_heads}, {head_size}]")
-    if not (key.dtype == value.dtype == key_cache.dtype):
-        _fail(f"key ({key.dtype}), value ({value.dtype}) and the caches ({key_cache.dtype}) must share one dtype")
+    if not (key.dtype == value.dtype and key_cache.dtype in (key.dtype, FP8_CACHE_DTYPE)):
+        _fail(f"key ({key.dtype}), value ({value.dtype}) and the caches ({key_cache.dtype}) must share one dtype "
+              f"(or the caches be float8_e4m3fn)")
+    if key.dtype not in SUPPORTED_DTYPES:
+        _fail(f"key dtype must be one of float32/float16/bfloat16, got {key.dtype}")
     if not (key.device == value.device == key_cache.device):
         _fail("key, value and the caches must be on one device")
     _require_int_tensor("slot_mapping", slot_mapping, torch.int64, 1)

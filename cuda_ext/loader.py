@@ -37,6 +37,10 @@ class KernelOps:
     ``sinks`` (paged attention only): None, or an fp32 [num_heads] tensor of
     per-head logits that join each softmax as a value-less token (gpt-oss).
 
+    ``kv_cache_dtype``, ``k_scale``, ``v_scale`` (reshape_and_cache, paged attention; vLLM's names): an
+    FP8 cache (dtype float8_e4m3fn, kv_cache_dtype "fp8") stores values divided by the per-tensor scale
+    and reads them times it; kv_cache_dtype None reads the cache's dtype.
+
     ``check_values=False`` skips the checks that read index tensors' values
     (block ids, slots, lengths on the CPU), for a caller that checked them
     once per step itself; shapes, dtypes and devices are always checked.
@@ -49,33 +53,40 @@ class KernelOps:
     reason: str
     impl: ModuleType
 
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, *, check_values=True) -> None:
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype=None,
+                          k_scale=1.0, v_scale=1.0, *, check_values=True) -> None:
         checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, check_values)
+        k_scale, v_scale = checks.kv_scales(kv_cache_dtype, key_cache, k_scale, v_scale)
         checks.check_backend_device(self.backend, key_cache)
         # Keys and values are often views of a fused QKV projection; the kernels read them densely.
-        self.impl.reshape_and_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
+        self.impl.reshape_and_cache(key.contiguous(), value.contiguous(), key_cache, value_cache,
+                                    slot_mapping.contiguous(), k_scale, v_scale)
 
     def paged_attention_v1(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, *,
-                           check_values=True) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, kv_cache_dtype=None,
+                           k_scale=1.0, v_scale=1.0, *, check_values=True) -> None:
         self._attention(self.impl.paged_attention_v1, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values)
+                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values,
+                        (kv_cache_dtype, k_scale, v_scale))
 
     def paged_attention_v2(self, out, query, key_cache, value_cache, num_kv_heads, scale,
-                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, *,
-                           check_values=True) -> None:
+                           block_tables, seq_lens, block_size, max_seq_len, sinks=None, kv_cache_dtype=None,
+                           k_scale=1.0, v_scale=1.0, *, check_values=True) -> None:
         self._attention(self.impl.paged_attention_v2, out, query, key_cache, value_cache, num_kv_heads, scale,
-                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values)
+                        block_tables, seq_lens, block_size, max_seq_len, sinks, check_values,
+                        (kv_cache_dtype, k_scale, v_scale))
 
     def _attention(self, kernel, out, query, key_cache, value_cache, num_kv_heads, scale,
-                   block_tables, seq_lens, block_size, max_seq_len, sinks, check_values) -> None:
+                   block_tables, seq_lens, block_size, max_seq_len, sinks, check_values, kv) -> None:
         checks.check_paged_attention(out, query, key_cache, value_cache, num_kv_heads,
                                      block_tables, seq_lens, block_size, max_seq_len, check_values)
+        kv_scales = checks.kv_scales(kv[0], key_cache, kv[1], kv[2])
         checks.check_sinks(sinks, query)
         checks.check_compiled_shapes(self.backend, block_size, query.shape[-1])
         checks.check_backend_device(self.backend, query)
         kernel(out, query.contiguous(), key_cache, value_cache, int(num_kv_heads), float(scale),
-               block_tables.contiguous(), seq_lens.contiguous(), int(block_size), int(max_seq_len), sinks)
+               block_tables.contiguous(), seq_lens.contiguous(), int(block_size), int(max_seq_len), sinks,
+               *kv_scales)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         key_caches, value_caches = list(key_caches), list(value_caches)

@@ -22,6 +22,13 @@ denominator.
 
 The kernels are those of the tensors' device (``cuda_ext.ops_for``), looked up
 per call so a CPU runner and a CUDA runner can share one process.
+
+An FP8 cache (float8_e4m3fn, vLLM's ``--kv-cache-dtype fp8``) is written and
+read by the kernels with the layer's per-tensor ``k_scale`` / ``v_scale`` (1.0,
+as vLLM without calibrated scales); where prefill reads cached context it is
+widened back to the model's dtype here. A prompt's own new keys and values
+are attended to as computed, before rounding, and its cached context as
+stored.
 """
 
 from __future__ import annotations
@@ -70,16 +77,20 @@ class AttentionMetadata:
 
 
 def gather_context(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
+    dtype: torch.dtype | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence's first seq_len keys and values as [num_kv_heads, seq_len, head_size]."""
+    """A sequence's first seq_len keys and values as [num_kv_heads, seq_len, head_size]; an FP8 cache's
+    widened to `dtype` and multiplied by their scales."""
     block_size = key_cache.shape[3]
     num_kv_heads, head_size = value_cache.shape[1], value_cache.shape[2]
     blocks = block_table[: (seq_len + block_size - 1) // block_size].long()
     # key [nb, H, d/x, bs, x] -> [H, nb, bs, d/x, x]; value [nb, H, d, bs] -> [H, nb, bs, d]
-    keys = key_cache[blocks].permute(1, 0, 3, 2, 4).reshape(num_kv_heads, -1, head_size)
-    values = value_cache[blocks].permute(1, 0, 3, 2).reshape(num_kv_heads, -1, head_size)
-    return keys[:, :seq_len], values[:, :seq_len]
+    keys = key_cache[blocks].permute(1, 0, 3, 2, 4).reshape(num_kv_heads, -1, head_size)[:, :seq_len]
+    values = value_cache[blocks].permute(1, 0, 3, 2).reshape(num_kv_heads, -1, head_size)[:, :seq_len]
+    if key_cache.dtype == torch.float8_e4m3fn:
+        keys, values = (keys.float() * k_scale).to(dtype), (values.float() * v_scale).to(dtype)
+    return keys, values
 
 
 def use_v2(device: torch.device, max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
@@ -176,6 +187,8 @@ class PagedAttention(nn.Module):
         self.scale = scale
         # Mistral-style local attention: a token sees itself and the window - 1 tokens before it.
         self.sliding_window = sliding_window
+        # An FP8 cache's per-tensor scales (vLLM's layer._k_scale / _v_scale): 1.0 without calibrated ones.
+        self.k_scale = self.v_scale = 1.0
 
     def forward(
         self,
@@ -198,7 +211,8 @@ class PagedAttention(nn.Module):
         value = value.view(num_tokens, self.num_kv_heads, self.head_size)
         ops = cuda_ext.ops_for(query.device)
         if kv_cache is not None:
-            ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping,
+            kv = self._kv_arguments(kv_cache)
+            ops.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping, **kv,
                                   check_values=not meta.checked)
         out = torch.empty_like(query)
         num_prefill = meta.num_prefill_tokens
@@ -222,11 +236,20 @@ class PagedAttention(nn.Module):
                 kv_cache[0].shape[3],
                 meta.decode_max_seq_len,
                 sinks=sinks,
+                **kv,
                 check_values=not meta.checked,
             )
             if self.sliding_window is not None and meta.decode_max_seq_len > self.sliding_window:
                 self._windowed_decode(query[num_prefill:], kv_cache, meta, out[num_prefill:], sinks)
         return out.view(num_tokens, self.num_heads * self.head_size)
+
+    def _kv_arguments(self, kv_cache) -> dict:
+        """The kernels' kv_cache_dtype and scales for this layer's cache (vLLM's names)."""
+        fp8 = kv_cache[0].dtype == torch.float8_e4m3fn
+        return {"kv_cache_dtype": "fp8" if fp8 else "auto", "k_scale": self.k_scale, "v_scale": self.v_scale}
+
+    def _gather(self, kv_cache, block_table: torch.Tensor, seq_len: int, dtype: torch.dtype):
+        return gather_context(kv_cache[0], kv_cache[1], block_table, seq_len, dtype, self.k_scale, self.v_scale)
 
     def _prefill(self, query, key, value, kv_cache, meta: AttentionMetadata, out: torch.Tensor,
                  sinks: torch.Tensor | None = None) -> None:
@@ -242,7 +265,7 @@ class PagedAttention(nn.Module):
                 k, v = key[start:end].transpose(0, 1), value[start:end].transpose(0, 1)
             else:
                 assert kv_cache is not None, "a cached prefix needs the KV cache"
-                k, v = gather_context(kv_cache[0], kv_cache[1], meta.prefill_block_tables[i], total)
+                k, v = self._gather(kv_cache, meta.prefill_block_tables[i], total, q.dtype)
             if sinks is not None:
                 result = sink_attention(q, k, v, self.scale, window_mask(end - start, total, window, q.device), sinks)
             elif context_len == 0 and window is None:
@@ -265,7 +288,7 @@ class PagedAttention(nn.Module):
         for row, seq_len in enumerate(meta.decode_seq_lens.tolist()):
             if seq_len <= window:
                 continue
-            k, v = gather_context(kv_cache[0], kv_cache[1], meta.decode_block_tables[row], seq_len)
+            k, v = self._gather(kv_cache, meta.decode_block_tables[row], seq_len, query.dtype)
             k, v = k[:, seq_len - window:], v[:, seq_len - window:]
             q = query[row].unsqueeze(1)   # [H, 1, d]
             if sinks is not None:

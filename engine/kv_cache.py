@@ -5,6 +5,12 @@ Layout (the kernel ABI, ``x = 16 // element_size``):
     value [num_blocks, num_kv_heads, head_size, block_size]
 A block id means the same block in every layer, so the block manager's single
 integer per block addresses all layers at once.
+
+The cache's element type is the model's dtype, or FP8 (vLLM's
+``--kv-cache-dtype fp8``: ``torch.float8_e4m3fn``, x = 16, values stored
+divided by a per-tensor scale, 1.0 as vLLM uses without calibrated scales),
+which costs a half (16-bit models) or a quarter (fp32 CPU runs) of the bytes
+per block, so the same memory holds two or four times the blocks.
 """
 
 from __future__ import annotations
@@ -12,6 +18,18 @@ from __future__ import annotations
 import torch
 
 import cuda_ext
+
+# vLLM's --kv-cache-dtype values and the cache element type each means ("auto": the model's dtype).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+FP8 = torch.float8_e4m3fn
+
+
+def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type for vLLM's --kv-cache-dtype (FP8 is E4M3, as vLLM's on CUDA)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; choose one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    return model_dtype if kv_cache_dtype == "auto" else FP8
 
 
 def bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype) -> int:
@@ -126,7 +144,7 @@ def profile_num_gpu_blocks(runner, gpu_memory_utilization: float, max_num_batche
     torch.cuda.empty_cache()
     budget = total * gpu_memory_utilization - peak_torch - outside_torch
     config = runner.cache_shape
-    blocks = num_blocks_for_budget(budget, *config, runner.block_size, runner.dtype)
+    blocks = num_blocks_for_budget(budget, *config, runner.block_size, runner.cache_dtype)
     if blocks <= 0:
         raise RuntimeError(
             f"no memory left for the KV cache: total {total / 2**30:.2f} GiB x {gpu_memory_utilization} "

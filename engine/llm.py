@@ -26,8 +26,6 @@ _COMPAT: dict[str, tuple[tuple | None, str]] = {
     "max_logprobs": (None, "logprobs are capped at 20"),
     "tokenizer_mode": (("auto",), "the folder's tokenizer is loaded with transformers' AutoTokenizer"),
     "skip_tokenizer_init": ((False,), "a folder without tokenizer files takes token-id prompts"),
-    "quantization": ((None,), "weights run in the dtype given (no quantization)"),
-    "kv_cache_dtype": (("auto",), "the KV cache uses the model's dtype"),
     "load_format": (("auto", "safetensors"), "weights load from the folder's safetensors"),
     "revision": ((None,), "models load from a local folder; nothing is downloaded"),
     "tokenizer_revision": ((None,), "models load from a local folder; nothing is downloaded"),

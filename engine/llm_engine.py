@@ -85,6 +85,9 @@ class LLMEngine:
         if dep.allocator != "paged":
             raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
                              "simulator runs; the engine is paged")
+        if dep.quantization is not None:
+            raise ValueError(f"quantization {dep.quantization!r}: this engine runs 16/32-bit weights; the planner "
+                             f"prices quantized deployments (planner simulate --quantization {dep.quantization})")
         if not Path(model, "config.json").exists():
             raise ValueError(f"{model}: not a model folder (no config.json); give a local Hugging Face "
                              f"checkpoint folder")
@@ -101,7 +104,8 @@ class LLMEngine:
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
                                   gpu_memory_utilization=dep.gpu_memory_utilization,
                                   max_num_batched_tokens=dep.max_num_batched_tokens,
-                                  max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs)
+                                  max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs,
+                                  kv_cache_dtype=dep.kv_cache_dtype)
         self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         if dep.enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
             self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,

@@ -22,7 +22,7 @@ from engine import sampling
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.cuda_graphs import MAX_SEQ_LEN_TO_CAPTURE, DecodeGraphs
 from engine.host_memory import keep_host_buffers
-from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget, profile_num_gpu_blocks
+from engine.kv_cache import KVCache, bytes_per_block, cache_dtype, num_blocks_for_budget, profile_num_gpu_blocks
 from engine.models import load_model, resolve_device
 
 # KV budget when running on the CPU and the caller gave neither a block count
@@ -81,6 +81,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
+        kv_cache_dtype: str = "auto",
     ):
         """Load the model and allocate the KV cache.
 
@@ -93,7 +94,8 @@ class ModelRunner:
         DEFAULT_CPU_KV_CACHE_BYTES. ``max_model_len`` caps the model's own
         limit. Swap pool: ``num_cpu_blocks``, or as many blocks as
         ``swap_space_bytes`` holds. On CUDA, decode steps replay CUDA graphs
-        (``engine.cuda_graphs``) unless ``enforce_eager``.
+        (``engine.cuda_graphs``) unless ``enforce_eager``. ``kv_cache_dtype``:
+        vLLM's "auto" (the model's dtype) or "fp8" (E4M3, a byte per element).
         """
         # Seeds torch's global RNG; sampling uses its own per-request generators.
         torch.manual_seed(seed)
@@ -102,12 +104,11 @@ class ModelRunner:
             keep_host_buffers()
         self.model, self.config = load_model(model_path, dtype, self.device)
         self.dtype = next(self.model.parameters()).dtype
-        self.block_size = block_size
+        self.cache_dtype, self.block_size = cache_dtype(kv_cache_dtype, self.dtype), block_size
         self.vocab_size = self.config.vocab_size
         model_limit = self.config.max_position_embeddings
         self.max_model_len = min(max_model_len or model_limit, model_limit)
-        self.max_num_seqs = max_num_seqs
-        self.eos_token_ids = _eos_token_ids(self.config, model_path)
+        self.max_num_seqs, self.eos_token_ids = max_num_seqs, _eos_token_ids(self.config, model_path)
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         # (num_layers, num_kv_heads, head_size): what one KV block spans.
@@ -118,7 +119,8 @@ class ModelRunner:
         if swap_space_bytes is not None:
             num_cpu_blocks = self._num_swap_blocks(swap_space_bytes)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
-        self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.dtype, self.device)
+        self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.cache_dtype,
+                                self.device)
         self.graphs = self._decode_graphs(layers, enforce_eager)
 
     def _load_kernels(self):
@@ -144,7 +146,7 @@ class ModelRunner:
                 )
             else:
                 budget = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else DEFAULT_CPU_KV_CACHE_BYTES
-                num_gpu_blocks = num_blocks_for_budget(budget, *self.cache_shape, self.block_size, self.dtype)
+                num_gpu_blocks = num_blocks_for_budget(budget, *self.cache_shape, self.block_size, self.cache_dtype)
         if num_gpu_blocks <= 0:
             raise ValueError("the KV cache would hold no blocks; give a larger budget")
         return num_gpu_blocks
@@ -154,7 +156,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             # Without a separate device both pools live in host memory.
             swap_space_bytes = min(swap_space_bytes, CPU_SWAP_CAP)
-        return swap_space_bytes // bytes_per_block(*self.cache_shape, self.block_size, self.dtype)
+        return swap_space_bytes // bytes_per_block(*self.cache_shape, self.block_size, self.cache_dtype)
 
     def _decode_graphs(self, layers: list[PagedAttention], enforce_eager: bool) -> DecodeGraphs | None:
         """CUDA graphs for decode steps, or None where they cannot be captured."""

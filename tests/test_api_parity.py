@@ -22,7 +22,7 @@ def greedy(max_tokens=16, **kw):
 def test_unsupported_values_are_refused_with_a_reason(tmp_path):
     folder = save_byte_model(tmp_path / "m")
     for kwargs, match in (({"tensor_parallel_size": 2}, "one device"), ({"quantization": "awq"}, "quantization"),
-                          ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype")):
+                          ({"kv_cache_dtype": "int8"}, "kv_cache_dtype")):
         with pytest.raises(ValueError, match=match):
             LLM(folder, **kwargs)
 

@@ -85,13 +85,17 @@ def entry_points(ptxas_report: str) -> dict[str, set[str]]:
 
 # Mangled-name fragments: kernel template + its first template argument.
 ATTENTION_DTYPES = {"float": "If", "half": "I6__half", "bfloat16": "I13__nv_bfloat16"}
+# The attention kernel's second template argument: the cache type, the query's own (a substitution, S..._)
+# or FP8 E4M3.
+FP8_CACHE = "13__nv_fp8_e4m3"
 EXPECTED_KERNELS = {
     "paged_attention.cu": [
         f"{kernel}{dtype}" for kernel in ("paged_attention_kernel", "paged_attention_reduce_kernel")
         for dtype in ATTENTION_DTYPES.values()
-    ],
-    # bit-copy kernels, templated on element width: uint32 (j) and uint16 (t)
-    "cache_kernels.cu": ["reshape_and_cache_kernelIj", "reshape_and_cache_kernelIt", "copy_blocks_kernel"],
+    ] + [f"paged_attention_kernel{dtype}{FP8_CACHE}" for dtype in ATTENTION_DTYPES.values()],
+    # bit-copy kernels, templated on element width: uint32 (j) and uint16 (t); FP8 writes per source dtype
+    "cache_kernels.cu": ["reshape_and_cache_kernelIj", "reshape_and_cache_kernelIt", "copy_blocks_kernel",
+                         *[f"reshape_and_cache_fp8_kernel{dtype}" for dtype in ATTENTION_DTYPES.values()]],
 }  # fmt: skip
 
 
@@ -119,9 +123,12 @@ def test_attention_compiles_with_every_head_and_block_size(tmp_path):
     for arch in ARCHS:
         for head_size in (64, 80, 96, 112, 128, 256):
             for block_size in SUPPORTED_BLOCK_SIZES:
+                shape = f"Li{head_size}ELi{block_size}E"
                 for dtype in ATTENTION_DTYPES.values():
-                    fragment = f"paged_attention_kernel{dtype}Li{head_size}ELi{block_size}E"
-                    assert sum(fragment in name for name in compiled[arch]) == 2, f"{fragment} (v1 and v2) for sm_{arch}"
+                    ours = [n for n in compiled[arch] if f"paged_attention_kernel{dtype}" in n and shape in n]
+                    fp8 = [n for n in ours if FP8_CACHE in n]
+                    # v1 and v2, each over a cache of the query's dtype and over an FP8 cache
+                    assert (len(ours), len(fp8)) == (4, 2), f"{dtype}{shape} for sm_{arch}: {ours}"
 
 
 def test_bindings_cpp_parses_against_torch_headers(tmp_path):

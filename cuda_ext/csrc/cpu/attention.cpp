@@ -16,6 +16,11 @@
 // denominator, so it is applied after the spans: v1 rescales its output by
 // sum / (sum + exp(sink - max)); v2 adds exp(sink - global max) to the
 // reduction's total once.
+//
+// FP8 caches (vLLM's kv_cache_dtype "fp8"): the cache element type C is then
+// Fp8E4M3 (x = 16 elements per 16 bytes), widened by table lookup; the key
+// scale is folded into the query's and the value scale into the output, so a
+// per-tensor scale costs nothing per element.
 #include "cpu_common.h"
 #include "ops.h"
 
@@ -33,16 +38,18 @@ namespace {
 
 constexpr int kPartitionSize = 512;  // tokens per v2 partition (a multiple of every block size)
 
-template <typename T>
+// T: the query's and output's element type; C: the cache's (T, or Fp8E4M3).
+template <typename T, typename C>
 struct AttentionInputs {
   const T* query;        // [num_seqs, num_heads, head_size]
-  const T* key_cache;    // [num_blocks, num_kv_heads, head_size/x, block_size, x]
-  const T* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
+  const C* key_cache;    // [num_blocks, num_kv_heads, head_size/x, block_size, x]
+  const C* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
   const int32_t* block_tables;
   const int32_t* seq_lens;
   const float* sinks;    // [num_heads] or nullptr
   int num_heads, num_kv_heads, group, head_size, max_blocks_per_seq;
-  float scale;
+  float scale;           // softmax scale times the key scale
+  float value_scale;     // the value scale (1 unless an FP8 cache has one)
 };
 
 // Per-thread buffers, grown on demand and reused across work items and calls.
@@ -88,10 +95,10 @@ inline float vector_exp(float x) {
 // sequence. `begin` is a multiple of BS. Writes, per query head g of the group:
 // out[g * head_size + d] (normalized by this span's softmax sum),
 // span_max[g] = max logit, span_sum[g] = sum of exp(logit - max).
-template <typename T, int BS>
-void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, int end,
+template <typename T, typename C, int BS>
+void attend_span(const AttentionInputs<T, C>& in, int seq, int kv_head, int begin, int end,
                  float* out, float* span_max, float* span_sum) {
-  constexpr int X = 16 / static_cast<int>(sizeof(T));
+  constexpr int X = 16 / static_cast<int>(sizeof(C));
   constexpr int ROW = BS * X;  // one [block_size, x] slice of a key block
   const int G = in.group, D = in.head_size, DX = D / X;
   const int span = end - begin;
@@ -123,17 +130,17 @@ void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, 
   // Pass 1: logits. acc[g][t*x+i] sums q*k over the head_size/x slices; the x
   // partial sums of each token are added at the end of the block.
   for (int b = 0; b < num_blocks; ++b) {
-    const T* kb = in.key_cache + table[b] * block_elems + kv_head * head_elems;
-    const T* next = b + 1 < num_blocks ? in.key_cache + table[b + 1] * block_elems + kv_head * head_elems : nullptr;
+    const C* kb = in.key_cache + table[b] * block_elems + kv_head * head_elems;
+    const C* next = b + 1 < num_blocks ? in.key_cache + table[b + 1] * block_elems + kv_head * head_elems : nullptr;
     std::fill(acc, acc + G * ROW, 0.0f);
     for (int j = 0; j < DX; ++j) {
       if (next) {
         // Blocks are scattered in memory, so the hardware prefetcher cannot
         // guess the next one; fetch it one slice at a time while we compute.
-        for (int c = 0; c < ROW * static_cast<int>(sizeof(T)); c += 64) __builtin_prefetch(reinterpret_cast<const char*>(next + j * ROW) + c);
+        for (int c = 0; c < ROW * static_cast<int>(sizeof(C)); c += 64) __builtin_prefetch(reinterpret_cast<const char*>(next + j * ROW) + c);
       }
       const float* k;
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<C, float>) {
         k = kb + j * ROW;
       } else {
         load_floats(kb + j * ROW, row, ROW);
@@ -170,13 +177,13 @@ void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, 
   // inner loop runs over the contiguous token dimension of a value row.
   std::fill(acc, acc + G * head_elems, 0.0f);
   for (int b = 0; b < num_blocks; ++b) {
-    const T* vb = in.value_cache + table[b] * block_elems + kv_head * head_elems;
-    const T* next = b + 1 < num_blocks ? in.value_cache + table[b + 1] * block_elems + kv_head * head_elems : nullptr;
+    const C* vb = in.value_cache + table[b] * block_elems + kv_head * head_elems;
+    const C* next = b + 1 < num_blocks ? in.value_cache + table[b + 1] * block_elems + kv_head * head_elems : nullptr;
     const int valid = std::min(BS, span - b * BS);
     for (int d = 0; d < D; ++d) {
-      if (next && (d * BS * static_cast<int>(sizeof(T))) % 64 == 0) __builtin_prefetch(next + d * BS);
+      if (next && (d * BS * static_cast<int>(sizeof(C))) % 64 == 0) __builtin_prefetch(next + d * BS);
       const float* v;
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<C, float>) {
         v = vb + d * BS;
       } else {
         load_floats(vb + d * BS, row, BS);
@@ -196,7 +203,7 @@ void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, 
     }
   }
   for (int g = 0; g < G; ++g) {
-    const float inv = 1.0f / span_sum[g];
+    const float inv = in.value_scale / span_sum[g];
     for (int d = 0; d < D; ++d) {
       const float* a = acc + (g * D + d) * BS;
       float s = 0.0f;
@@ -206,14 +213,15 @@ void attend_span(const AttentionInputs<T>& in, int seq, int kv_head, int begin, 
   }
 }
 
-template <typename T>
-AttentionInputs<T> make_inputs(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                               int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
-                               const at::Tensor& seq_lens, const std::optional<at::Tensor>& sinks) {
-  AttentionInputs<T> in;
+template <typename T, typename C>
+AttentionInputs<T, C> make_inputs(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, const std::optional<at::Tensor>& sinks,
+                                  double k_scale, double v_scale) {
+  AttentionInputs<T, C> in;
   in.query = query.data_ptr<T>();
-  in.key_cache = key_cache.data_ptr<T>();
-  in.value_cache = value_cache.data_ptr<T>();
+  in.key_cache = static_cast<const C*>(key_cache.data_ptr());
+  in.value_cache = static_cast<const C*>(value_cache.data_ptr());
   in.block_tables = block_tables.data_ptr<int32_t>();
   in.seq_lens = seq_lens.data_ptr<int32_t>();
   in.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
@@ -222,7 +230,8 @@ AttentionInputs<T> make_inputs(const at::Tensor& query, const at::Tensor& key_ca
   in.group = in.num_heads / in.num_kv_heads;
   in.head_size = static_cast<int>(query.size(2));
   in.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
-  in.scale = static_cast<float>(scale);
+  in.scale = static_cast<float>(scale * k_scale);
+  in.value_scale = static_cast<float>(v_scale);
   return in;
 }
 
@@ -232,8 +241,8 @@ AttentionInputs<T> make_inputs(const at::Tensor& query, const at::Tensor& key_ca
 constexpr int64_t kMinParallelWork = int64_t{1} << 21;
 
 // Total multiply-adds of a call: q.k and p.v for every head and token.
-template <typename T>
-int64_t attention_work(const AttentionInputs<T>& in, int num_seqs) {
+template <typename T, typename C>
+int64_t attention_work(const AttentionInputs<T, C>& in, int num_seqs) {
   int64_t tokens = 0;
   for (int s = 0; s < num_seqs; ++s) tokens += in.seq_lens[s];
   return 2 * tokens * in.num_heads * in.head_size;
@@ -248,8 +257,8 @@ void parallel_items(int64_t n, int64_t work, const F& body) {
   for (int64_t item = 0; item < n; ++item) body(item);
 }
 
-template <typename T, int BS>
-void run_v1(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
+template <typename T, typename C, int BS>
+void run_v1(at::Tensor& out, const AttentionInputs<T, C>& in, int num_seqs) {
   T* out_ptr = out.data_ptr<T>();
   const int G = in.group, D = in.head_size;
   const int64_t work = attention_work(in, num_seqs);
@@ -263,7 +272,7 @@ void run_v1(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
       return;
     }
     std::vector<float> result(static_cast<size_t>(G) * D), maxes(G), sums(G);
-    attend_span<T, BS>(in, seq, kv_head, 0, len, result.data(), maxes.data(), sums.data());
+    attend_span<T, C, BS>(in, seq, kv_head, 0, len, result.data(), maxes.data(), sums.data());
     if (in.sinks) {
       // std::exp, not vector_exp: sink - max may be positive (even > 88, where
       // the factor correctly goes to 0).
@@ -276,8 +285,8 @@ void run_v1(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
   });
 }
 
-template <typename T, int BS>
-void run_v2(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
+template <typename T, typename C, int BS>
+void run_v2(at::Tensor& out, const AttentionInputs<T, C>& in, int num_seqs) {
   const int G = in.group, D = in.head_size, H = in.num_heads;
   int longest = 0;
   for (int s = 0; s < num_seqs; ++s) longest = std::max(longest, static_cast<int>(in.seq_lens[s]));
@@ -297,7 +306,7 @@ void run_v2(at::Tensor& out, const AttentionInputs<T>& in, int num_seqs) {
     if (begin >= len) return;
     const int end = std::min(len, begin + kPartitionSize);
     std::vector<float> result(static_cast<size_t>(G) * D), maxes(G), sums(G);
-    attend_span<T, BS>(in, seq, kv_head, begin, end, result.data(), maxes.data(), sums.data());
+    attend_span<T, C, BS>(in, seq, kv_head, begin, end, result.data(), maxes.data(), sums.data());
     for (int g = 0; g < G; ++g) {
       const int64_t slot = (static_cast<int64_t>(seq) * H + kv_head * G + g) * P + part;
       part_max[slot] = maxes[g];
@@ -351,6 +360,8 @@ void check_common(const at::Tensor& query, const at::Tensor& key_cache, int64_t 
   TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu(), "paged_attention (cpu): tensors must be on the CPU");
   TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous(), "paged_attention (cpu): query and caches must be contiguous");
   TORCH_CHECK(num_kv_heads > 0 && query.size(1) % num_kv_heads == 0, "paged_attention: num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(key_cache.scalar_type() == query.scalar_type() || key_cache.scalar_type() == at::kFloat8_e4m3fn,
+              "paged_attention (cpu): the caches must have the query's dtype or be float8_e4m3fn");
   if (sinks.has_value()) {
     TORCH_CHECK(sinks->device().is_cpu() && sinks->is_contiguous() && sinks->scalar_type() == at::kFloat &&
                     sinks->dim() == 1 && sinks->size(0) == query.size(1),
@@ -358,33 +369,49 @@ void check_common(const at::Tensor& query, const at::Tensor& key_cache, int64_t 
   }
 }
 
+// Runs v1 (partitioned = false) or v2 for query type T over a cache of T or of FP8.
+template <typename T>
+void dispatch_cache(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                    const at::Tensor& value_cache, int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
+                    const at::Tensor& seq_lens, int64_t block_size, const std::optional<at::Tensor>& sinks,
+                    double k_scale, double v_scale, bool partitioned) {
+  auto run = [&](auto cache_tag) {
+    using C = decltype(cache_tag);
+    auto in = make_inputs<T, C>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, sinks,
+                                k_scale, v_scale);
+    const int num_seqs = static_cast<int>(query.size(0));
+    dispatch_block_size(block_size, [&](auto bs) {
+      if (partitioned) run_v2<T, C, decltype(bs)::value>(out, in, num_seqs);
+      else run_v1<T, C, decltype(bs)::value>(out, in, num_seqs);
+    });
+  };
+  if (key_cache.scalar_type() == at::kFloat8_e4m3fn) run(Fp8E4M3{});
+  else run(T{});
+}
+
 }  // namespace
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks, double k_scale, double v_scale) {
   (void)max_seq_len;  // scratch is sized from the actual lengths on the CPU
   check_common(query, key_cache, num_kv_heads, sinks);
   PAGED_CPU_DISPATCH(query.scalar_type(), "paged_attention_v1", [&] {
-    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, sinks);
-    dispatch_block_size(block_size, [&](auto bs) {
-      run_v1<scalar_t, decltype(bs)::value>(out, in, static_cast<int>(query.size(0)));
-    });
+    dispatch_cache<scalar_t>(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                             block_size, sinks, k_scale, v_scale, false);
   });
 }
 
 void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks, double k_scale, double v_scale) {
   (void)max_seq_len;  // as in v1; the partition count comes from the actual lengths
   check_common(query, key_cache, num_kv_heads, sinks);
   PAGED_CPU_DISPATCH(query.scalar_type(), "paged_attention_v2", [&] {
-    auto in = make_inputs<scalar_t>(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, sinks);
-    dispatch_block_size(block_size, [&](auto bs) {
-      run_v2<scalar_t, decltype(bs)::value>(out, in, static_cast<int>(query.size(0)));
-    });
+    dispatch_cache<scalar_t>(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                             block_size, sinks, k_scale, v_scale, true);
   });
 }
 

@@ -33,7 +33,8 @@ paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor&
                                               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                                               const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                               int64_t block_size, int64_t max_seq_len,
-                                              const std::optional<at::Tensor>& sinks) {
+                                              const std::optional<at::Tensor>& sinks, double k_scale,
+                                              double v_scale) {
   check_cuda(out, "out");
   check_cuda(query, "query");
   check_cuda(key_cache, "key_cache");
@@ -64,26 +65,34 @@ paged_cuda::PagedAttentionArgs attention_args(at::Tensor& out, const at::Tensor&
   a.max_seq_len = static_cast<int>(max_seq_len);
   a.scale = static_cast<float>(scale);
   a.dtype = kernel_dtype(query);
+  // An FP8 cache (float8_e4m3fn) with its scales; any other cache must have the query's dtype.
+  a.fp8_cache = key_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(a.fp8_cache || key_cache.scalar_type() == query.scalar_type(),
+              "paged attention: the caches must have the query's dtype or be float8_e4m3fn");
+  a.k_scale = static_cast<float>(k_scale);
+  a.v_scale = static_cast<float>(v_scale);
   return a;
 }
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks, double k_scale,
+                        double v_scale) {
   const c10::cuda::CUDAGuard guard(query.device());
   auto a = attention_args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
-                          max_seq_len, sinks);
+                          max_seq_len, sinks, k_scale, v_scale);
   raise_if_error(paged_cuda::paged_attention_v1(a, c10::cuda::getCurrentCUDAStream()));
 }
 
 void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks) {
+                        int64_t max_seq_len, const std::optional<at::Tensor>& sinks, double k_scale,
+                        double v_scale) {
   const c10::cuda::CUDAGuard guard(query.device());
   auto a = attention_args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
-                          max_seq_len, sinks);
+                          max_seq_len, sinks, k_scale, v_scale);
   const int64_t partitions =
       std::max<int64_t>(1, (max_seq_len + paged_cuda::kPartitionSize - 1) / paged_cuda::kPartitionSize);
   const auto options = query.options().dtype(at::kFloat);
@@ -98,7 +107,7 @@ void paged_attention_v2(at::Tensor& out, const at::Tensor& query, const at::Tens
 }
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
-                       const at::Tensor& slot_mapping) {
+                       const at::Tensor& slot_mapping, double k_scale, double v_scale) {
   check_cuda(key, "key");
   check_cuda(value, "value");
   check_cuda(key_cache, "key_cache");
@@ -106,6 +115,15 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   check_cuda(slot_mapping, "slot_mapping");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64");
   const c10::cuda::CUDAGuard guard(key.device());
+  if (key_cache.scalar_type() == at::kFloat8_e4m3fn) {
+    raise_if_error(paged_cuda::reshape_and_cache_fp8(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        slot_mapping.data_ptr<int64_t>(), static_cast<int>(key.size(0)), static_cast<int>(key.size(1)),
+        static_cast<int>(key.size(2)), static_cast<int>(key_cache.size(3)), kernel_dtype(key),
+        static_cast<float>(k_scale), static_cast<float>(v_scale), c10::cuda::getCurrentCUDAStream()));
+    return;
+  }
+  TORCH_CHECK(key.scalar_type() == key_cache.scalar_type(), "reshape_and_cache: key and cache dtypes differ");
   raise_if_error(paged_cuda::reshape_and_cache(
       key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr<int64_t>(),
       static_cast<int>(key.size(0)), static_cast<int>(key.size(1)), static_cast<int>(key.size(2)),
@@ -166,17 +184,19 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "paged-KV kernels, CUDA backend";
-  // Named arguments so `sinks` can default to None: callers written before
-  // sinks existed keep working.
+  // Named arguments so `sinks` and an FP8 cache's scales have defaults:
+  // callers written before them keep working.
   m.def("paged_attention_v1", &paged_attention_v1, "decode attention over a paged KV cache", py::arg("out"),
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"), py::arg("scale"),
         py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"), py::arg("max_seq_len"),
-        py::arg("sinks") = py::none());
+        py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("paged_attention_v2", &paged_attention_v2, "decode attention, 512-token partitions + reduction",
         py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("num_kv_heads"),
         py::arg("scale"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
-        py::arg("max_seq_len"), py::arg("sinks") = py::none());
-  m.def("reshape_and_cache", &reshape_and_cache, "scatter keys/values into cache slots");
+        py::arg("max_seq_len"), py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+  m.def("reshape_and_cache", &reshape_and_cache, "scatter keys/values into cache slots", py::arg("key"),
+        py::arg("value"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("copy_blocks", &copy_blocks, "copy blocks src->dst in every layer, one launch");
   m.def("swap_blocks", &swap_blocks, "copy whole blocks between device and host pools");
 }

@@ -3,13 +3,16 @@
 // between device and host memory with cudaMemcpyAsync.
 //
 // These move bits without interpreting them, so they are templated on the
-// element width (2 or 4 bytes) rather than on the floating-point type.
+// element width (2 or 4 bytes) rather than on the floating-point type; writing
+// into an FP8 cache is the one that converts (x / scale, saturated E4M3).
+#include "device_utils.cuh"
 #include "kernels.h"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 namespace paged_cuda {
 namespace {
@@ -34,6 +37,30 @@ __global__ void reshape_and_cache_kernel(const Bits* __restrict__ key, const Bit
     const int64_t src = token * per_token + i;
     key_cache[base + ((d / X) * block_size + offset) * X + d % X] = key[src];
     value_cache[base + static_cast<int64_t>(d) * block_size + offset] = value[src];
+  }
+}
+
+// As reshape_and_cache_kernel, into FP8 caches (x = 16 one-byte elements per 16 bytes).
+template <typename T>
+__global__ void reshape_and_cache_fp8_kernel(const T* __restrict__ key, const T* __restrict__ value,
+                                             __nv_fp8_storage_t* __restrict__ key_cache,
+                                             __nv_fp8_storage_t* __restrict__ value_cache,
+                                             const int64_t* __restrict__ slot_mapping, int num_kv_heads, int head_size,
+                                             int block_size, float k_scale, float v_scale) {
+  constexpr int X = 16;
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0) return;  // padding token
+  const int64_t block = slot / block_size;
+  const int offset = static_cast<int>(slot % block_size);
+  const int per_token = num_kv_heads * head_size;
+  const int64_t head_elems = static_cast<int64_t>(head_size) * block_size;
+  for (int i = threadIdx.x; i < per_token; i += blockDim.x) {
+    const int head = i / head_size, d = i % head_size;
+    const int64_t base = (block * num_kv_heads + head) * head_elems;
+    const int64_t src = token * per_token + i;
+    key_cache[base + ((d / X) * block_size + offset) * X + d % X] = to_fp8(to_float(key[src]), k_scale);
+    value_cache[base + static_cast<int64_t>(d) * block_size + offset] = to_fp8(to_float(value[src]), v_scale);
   }
 }
 
@@ -73,6 +100,31 @@ std::string reshape_and_cache(const void* key, const void* value, void* key_cach
     return "reshape_and_cache: element size must be 2 or 4 bytes, got " + std::to_string(element_size);
   }
   return cuda_error("reshape_and_cache launch", cudaGetLastError());
+}
+
+template <typename T>
+void launch_reshape_fp8(const void* key, const void* value, void* key_cache, void* value_cache,
+                        const int64_t* slot_mapping, int num_tokens, int num_kv_heads, int head_size, int block_size,
+                        float k_scale, float v_scale, int threads, cudaStream_t stream) {
+  reshape_and_cache_fp8_kernel<T><<<num_tokens, threads, 0, stream>>>(
+      static_cast<const T*>(key), static_cast<const T*>(value), static_cast<__nv_fp8_storage_t*>(key_cache),
+      static_cast<__nv_fp8_storage_t*>(value_cache), slot_mapping, num_kv_heads, head_size, block_size, k_scale,
+      v_scale);
+}
+
+std::string reshape_and_cache_fp8(const void* key, const void* value, void* key_cache, void* value_cache,
+                                  const int64_t* slot_mapping, int num_tokens, int num_kv_heads, int head_size,
+                                  int block_size, DType dtype, float k_scale, float v_scale, cudaStream_t stream) {
+  if (num_tokens == 0) return {};
+  const int threads = num_kv_heads * head_size < 512 ? num_kv_heads * head_size : 512;
+  const auto args = std::make_tuple(key, value, key_cache, value_cache, slot_mapping, num_tokens, num_kv_heads,
+                                    head_size, block_size, k_scale, v_scale, threads, stream);
+  switch (dtype) {
+    case DType::kFloat32: std::apply(launch_reshape_fp8<float>, args); break;
+    case DType::kFloat16: std::apply(launch_reshape_fp8<__half>, args); break;
+    case DType::kBFloat16: std::apply(launch_reshape_fp8<__nv_bfloat16>, args); break;
+  }
+  return cuda_error("reshape_and_cache (fp8) launch", cudaGetLastError());
 }
 
 std::string copy_blocks(const int64_t* key_cache_ptrs, const int64_t* value_cache_ptrs, const int64_t* block_mapping,

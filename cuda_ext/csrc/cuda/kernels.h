@@ -25,7 +25,9 @@ struct PagedAttentionArgs {
   const float* sinks;           // [num_heads] attention-sink logits (gpt-oss), or nullptr for none
   int num_seqs, num_heads, num_kv_heads, head_size, block_size, max_blocks_per_seq, max_seq_len;
   float scale;
-  DType dtype;
+  DType dtype;              // the query's and output's
+  bool fp8_cache;           // the caches hold FP8 E4M3 (vLLM's kv_cache_dtype "fp8"), else `dtype`
+  float k_scale, v_scale;   // an FP8 cache's per-tensor scales (stored = x / scale); 1 otherwise
   // v2 workspace (float32), max_partitions = ceil(max_seq_len / kPartitionSize):
   float* exp_sums;    // [num_seqs, num_heads, max_partitions]
   float* max_logits;  // [num_seqs, num_heads, max_partitions]
@@ -40,6 +42,11 @@ std::string paged_attention_v2(const PagedAttentionArgs& args, cudaStream_t stre
 std::string reshape_and_cache(const void* key, const void* value, void* key_cache, void* value_cache,
                               const int64_t* slot_mapping, int num_tokens, int num_kv_heads, int head_size,
                               int block_size, int element_size, cudaStream_t stream);
+
+// The same into FP8 caches (x = 16): keys and values of `dtype`, stored as x / scale in E4M3.
+std::string reshape_and_cache_fp8(const void* key, const void* value, void* key_cache, void* value_cache,
+                                  const int64_t* slot_mapping, int num_tokens, int num_kv_heads, int head_size,
+                                  int block_size, DType dtype, float k_scale, float v_scale, cudaStream_t stream);
 
 // key_cache_ptrs/value_cache_ptrs: device arrays of num_layers cache base addresses;
 // block_mapping: device int64 [num_pairs, 2].

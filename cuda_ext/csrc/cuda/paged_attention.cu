@@ -19,6 +19,10 @@
 // softmax as a token without a value, so it only enlarges the denominator:
 // v1 adds exp(sink - max) to its exp-sum; v2 leaves the partitions alone and
 // the reduction adds exp(sink - global max) to its total, once.
+// FP8 caches (vLLM's kv_cache_dtype "fp8"): CACHE_T is __nv_fp8_e4m3, x = 16
+// elements per 16-byte key chunk, value loads of min(16, BLOCK_SIZE) elements;
+// the key scale is folded into the query's scale and the value scale into the
+// output, so a per-tensor scale costs nothing per element.
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -33,21 +37,25 @@ constexpr int kWarps = kThreads / kWarpSize;
 
 // PARTITION_SIZE == 0: v1 (whole sequence, output written to `out`).
 // PARTITION_SIZE > 0: v2 (one partition, fp32 partial results to the workspace).
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE, int PARTITION_SIZE>
+// T: the query's and output's element type; CACHE_T: the caches' (T, or __nv_fp8_e4m3).
+// `scale` already holds the key scale; `v_scale` multiplies the output.
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE, int PARTITION_SIZE>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_kernel(T* __restrict__ out, float* __restrict__ exp_sums, float* __restrict__ max_logits,
-                           float* __restrict__ tmp_out, const T* __restrict__ query, const T* __restrict__ key_cache,
-                           const T* __restrict__ value_cache, const int32_t* __restrict__ block_tables,
-                           const int32_t* __restrict__ seq_lens, const float* __restrict__ sinks, int num_kv_heads,
-                           float scale, int max_blocks_per_seq, int max_seq_len, int max_partitions) {
-  constexpr int X = 16 / sizeof(T);
+                           float* __restrict__ tmp_out, const T* __restrict__ query,
+                           const CACHE_T* __restrict__ key_cache, const CACHE_T* __restrict__ value_cache,
+                           const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens,
+                           const float* __restrict__ sinks, int num_kv_heads, float scale, float v_scale,
+                           int max_blocks_per_seq, int max_seq_len, int max_partitions) {
+  constexpr int X = 16 / sizeof(CACHE_T);
   constexpr int KEY_CHUNKS = HEAD_SIZE / X;               // 16-byte chunks per token's key
   constexpr int LANES_PER_TOKEN = kWarpSize / BLOCK_SIZE;  // lanes sharing one token's dot product
-  constexpr int CHUNKS_PER_ROW = BLOCK_SIZE / X;           // 16-byte chunks per value row
+  constexpr int VX = X < BLOCK_SIZE ? X : BLOCK_SIZE;      // elements per value load (8 or 16 bytes)
+  constexpr int CHUNKS_PER_ROW = BLOCK_SIZE / VX;          // value loads per value row
   constexpr int VALUE_CHUNKS = HEAD_SIZE * CHUNKS_PER_ROW;
   constexpr int VALUE_STEPS = (VALUE_CHUNKS + kWarpSize - 1) / kWarpSize;
   constexpr int64_t HEAD_ELEMS = static_cast<int64_t>(HEAD_SIZE) * BLOCK_SIZE;
-  static_assert(HEAD_SIZE % X == 0 && BLOCK_SIZE % X == 0 && kWarpSize % BLOCK_SIZE == 0, "unsupported shape");
+  static_assert(HEAD_SIZE % X == 0 && BLOCK_SIZE % VX == 0 && kWarpSize % BLOCK_SIZE == 0, "unsupported shape");
 
   const int head = blockIdx.x, seq = blockIdx.y, partition = blockIdx.z;
   const int num_heads = gridDim.x;
@@ -89,12 +97,12 @@ __global__ void __launch_bounds__(kThreads)
   const int member = lane / BLOCK_SIZE;
   float thread_max = -FLT_MAX;
   for (int b = first_block + warp; b < end_block; b += kWarps) {
-    const T* key_block = key_cache + table[b] * kv_block_stride + kv_head * HEAD_ELEMS;
+    const CACHE_T* key_block = key_cache + table[b] * kv_block_stride + kv_head * HEAD_ELEMS;
     float dot = 0.0f;
 #pragma unroll
     for (int c = member; c < KEY_CHUNKS; c += LANES_PER_TOKEN) {
       float k[X];
-      load16_as_float(key_block + (c * BLOCK_SIZE + token_in_block) * X, k);
+      load_as_float(key_block + (c * BLOCK_SIZE + token_in_block) * X, k);
 #pragma unroll
       for (int i = 0; i < X; ++i) dot += query_s[c * X + i] * k[i];
     }
@@ -122,17 +130,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int s = 0; s < VALUE_STEPS; ++s) acc[s] = 0.0f;
   for (int b = first_block + warp; b < end_block; b += kWarps) {
-    const T* value_block = value_cache + table[b] * kv_block_stride + kv_head * HEAD_ELEMS;
+    const CACHE_T* value_block = value_cache + table[b] * kv_block_stride + kv_head * HEAD_ELEMS;
     const int block_start = b * BLOCK_SIZE;
 #pragma unroll
     for (int s = 0; s < VALUE_STEPS; ++s) {
       const int c = lane + s * kWarpSize;
       if (VALUE_CHUNKS % kWarpSize == 0 || c < VALUE_CHUNKS) {
-        const int first_token = block_start + (c % CHUNKS_PER_ROW) * X;
-        float v[X];
-        load16_as_float(value_block + c * X, v);
+        const int first_token = block_start + (c % CHUNKS_PER_ROW) * VX;
+        float v[VX];
+        load_as_float(value_block + c * VX, v);
 #pragma unroll
-        for (int i = 0; i < X; ++i) {
+        for (int i = 0; i < VX; ++i) {
           // A skipped token, not p * v: v may be NaN in unused slots.
           if (first_token + i < end) acc[s] += logits[first_token + i - start] * v[i];
         }
@@ -151,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   // v1 only: v2's sink joins in the reduction. An exp that overflows to inf
   // gives 0, the right limit for a sink that dwarfs every token.
   const float sink_term = (PARTITION_SIZE == 0 && sinks != nullptr) ? __expf(sinks[head] - max_logit) : 0.0f;
-  const float inv_sum = 1.0f / (exp_sum + sink_term);
+  const float inv_sum = v_scale / (exp_sum + sink_term);
   for (int d = threadIdx.x; d < HEAD_SIZE; d += kThreads) {
     float total = 0.0f;
 #pragma unroll
@@ -229,26 +237,27 @@ std::string reserve_shared_memory(Kernel kernel, size_t bytes, const char* op) {
   return cuda_error(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename T, typename CACHE_T, int HEAD_SIZE, int BLOCK_SIZE>
 std::string launch(const PagedAttentionArgs& a, cudaStream_t stream, bool partitioned) {
   T* out = static_cast<T*>(a.out);
   const T* query = static_cast<const T*>(a.query);
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const CACHE_T* key_cache = static_cast<const CACHE_T*>(a.key_cache);
+  const CACHE_T* value_cache = static_cast<const CACHE_T*>(a.value_cache);
+  const float scale = a.scale * a.k_scale;
   if (!partitioned) {
-    auto kernel = paged_attention_kernel<T, HEAD_SIZE, BLOCK_SIZE, 0>;
+    auto kernel = paged_attention_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, 0>;
     const size_t shared = static_cast<size_t>(a.max_seq_len > 0 ? a.max_seq_len : 1) * sizeof(float);
     std::string error = reserve_shared_memory(kernel, shared, "paged_attention_v1");
     if (!error.empty()) return error;
     kernel<<<dim3(a.num_heads, a.num_seqs, 1), kThreads, shared, stream>>>(
         out, nullptr, nullptr, nullptr, query, key_cache, value_cache, a.block_tables, a.seq_lens, a.sinks,
-        a.num_kv_heads, a.scale, a.max_blocks_per_seq, a.max_seq_len, 1);
+        a.num_kv_heads, scale, a.v_scale, a.max_blocks_per_seq, a.max_seq_len, 1);
     return cuda_error("paged_attention_v1 launch", cudaGetLastError());
   }
-  auto kernel = paged_attention_kernel<T, HEAD_SIZE, BLOCK_SIZE, kPartitionSize>;
+  auto kernel = paged_attention_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, kPartitionSize>;
   kernel<<<dim3(a.num_heads, a.num_seqs, a.max_partitions), kThreads, kPartitionSize * sizeof(float), stream>>>(
       nullptr, a.exp_sums, a.max_logits, a.tmp_out, query, key_cache, value_cache, a.block_tables, a.seq_lens,
-      nullptr, a.num_kv_heads, a.scale, a.max_blocks_per_seq, a.max_seq_len, a.max_partitions);
+      nullptr, a.num_kv_heads, scale, a.v_scale, a.max_blocks_per_seq, a.max_seq_len, a.max_partitions);
   std::string error = cuda_error("paged_attention_v2 launch", cudaGetLastError());
   if (!error.empty()) return error;
   auto reduce = paged_attention_reduce_kernel<T, HEAD_SIZE>;
@@ -263,38 +272,44 @@ std::string launch(const PagedAttentionArgs& a, cudaStream_t stream, bool partit
 // PAGED_CUDA_MINIMAL_INSTANTIATIONS (used by the compile-only test) keeps one
 // head size and one block size, so every kernel template is still compiled
 // once per dtype at a fraction of the compile time.
-template <typename T, int HEAD_SIZE>
+template <typename T, typename CACHE_T, int HEAD_SIZE>
 std::string dispatch_block_size(const PagedAttentionArgs& a, cudaStream_t stream, bool partitioned) {
   switch (a.block_size) {
 #ifndef PAGED_CUDA_MINIMAL_INSTANTIATIONS
-    case 8: return launch<T, HEAD_SIZE, 8>(a, stream, partitioned);
-    case 32: return launch<T, HEAD_SIZE, 32>(a, stream, partitioned);
+    case 8: return launch<T, CACHE_T, HEAD_SIZE, 8>(a, stream, partitioned);
+    case 32: return launch<T, CACHE_T, HEAD_SIZE, 32>(a, stream, partitioned);
 #endif
-    case 16: return launch<T, HEAD_SIZE, 16>(a, stream, partitioned);
+    case 16: return launch<T, CACHE_T, HEAD_SIZE, 16>(a, stream, partitioned);
     default: return "paged_attention: block_size " + std::to_string(a.block_size) + " not compiled (8, 16, 32)";
   }
 }
 
-template <typename T>
+template <typename T, typename CACHE_T>
 std::string dispatch_head_size(const PagedAttentionArgs& a, cudaStream_t stream, bool partitioned) {
   switch (a.head_size) {
 #ifndef PAGED_CUDA_MINIMAL_INSTANTIATIONS
-    case 64: return dispatch_block_size<T, 64>(a, stream, partitioned);
-    case 80: return dispatch_block_size<T, 80>(a, stream, partitioned);
-    case 96: return dispatch_block_size<T, 96>(a, stream, partitioned);
-    case 112: return dispatch_block_size<T, 112>(a, stream, partitioned);
-    case 256: return dispatch_block_size<T, 256>(a, stream, partitioned);
+    case 64: return dispatch_block_size<T, CACHE_T, 64>(a, stream, partitioned);
+    case 80: return dispatch_block_size<T, CACHE_T, 80>(a, stream, partitioned);
+    case 96: return dispatch_block_size<T, CACHE_T, 96>(a, stream, partitioned);
+    case 112: return dispatch_block_size<T, CACHE_T, 112>(a, stream, partitioned);
+    case 256: return dispatch_block_size<T, CACHE_T, 256>(a, stream, partitioned);
 #endif
-    case 128: return dispatch_block_size<T, 128>(a, stream, partitioned);
+    case 128: return dispatch_block_size<T, CACHE_T, 128>(a, stream, partitioned);
     default: return "paged_attention: head_size " + std::to_string(a.head_size) + " not compiled (64, 80, 96, 112, 128, 256)";
   }
 }
 
+template <typename T>
+std::string dispatch_cache(const PagedAttentionArgs& a, cudaStream_t stream, bool partitioned) {
+  return a.fp8_cache ? dispatch_head_size<T, __nv_fp8_e4m3>(a, stream, partitioned)
+                     : dispatch_head_size<T, T>(a, stream, partitioned);
+}
+
 std::string dispatch_dtype(const PagedAttentionArgs& a, cudaStream_t stream, bool partitioned) {
   switch (a.dtype) {
-    case DType::kFloat32: return dispatch_head_size<float>(a, stream, partitioned);
-    case DType::kFloat16: return dispatch_head_size<__half>(a, stream, partitioned);
-    case DType::kBFloat16: return dispatch_head_size<__nv_bfloat16>(a, stream, partitioned);
+    case DType::kFloat32: return dispatch_cache<float>(a, stream, partitioned);
+    case DType::kFloat16: return dispatch_cache<__half>(a, stream, partitioned);
+    case DType::kBFloat16: return dispatch_cache<__nv_bfloat16>(a, stream, partitioned);
   }
   return "paged_attention: unknown dtype";
 }
