@@ -178,6 +178,8 @@ def kv_scales(kv_cache_dtype: str | None, key_cache: torch.Tensor, k_scale, v_sc
             _fail(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
         if (kv_cache_dtype != "auto") != fp8:
             _fail(f"kv_cache_dtype={kv_cache_dtype!r} but the cache is {key_cache.dtype}")
+    if type(k_scale) is float and type(v_scale) is float and k_scale == 1.0 and v_scale == 1.0:
+        return 1.0, 1.0       # the common case (vLLM's default scales), checked per layer and step: at once
     scales = []
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if isinstance(value, torch.Tensor):
