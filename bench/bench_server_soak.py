@@ -3,15 +3,17 @@
 For ``--seconds`` (two minutes): ``--streams`` (200) clients keep one streaming request each in flight
 (a new one as soon as the last ends), ``--disconnects`` (50) of those requests are dropped mid-stream,
 ``--fuzz-rate`` (20) fuzzed bodies a second arrive (spoiled fields, NaN, huge numbers, lone surrogates,
-non-JSON), and every 5 s a request carries a token that makes the model runner raise (an injected step
-failure: that step's requests get a 500 naming it). Then a last wave of streams is started and the server
-gets SIGTERM while they run.
+non-JSON) from a process of their own, and every 5 s a request carries a prompt that makes the model runner
+raise (an injected step failure: that step's requests, the others admitted with it included, get a 500
+naming it). Then a last wave of streams is started and the server gets SIGTERM while they run.
 
-It prints what came back and checks, each with its figure: no request lost (every one ended with an
-answer) or hung (none waited past its timeout), no 5xx but the injected ones, no 4xx to a valid body, the
-server's /metrics agreeing with what the clients saw, /health 200 after the load, and every stream of
-the last wave ended with [DONE] after SIGTERM, the server exiting 0. The server is a tiny random-weight
-model (tests/serve_helpers.py) in a subprocess, so SIGTERM reaches uvicorn as it would in production.
+It prints what came back and checks, each with its figure: every request sent accounted for, none lost
+(an exception instead of an answer) or hung (open past its timeout), no 5xx but the injected ones, no 4xx
+to a valid body, the server's /metrics agreeing with what the clients saw, /health 200 after the load,
+every stream of the last wave ended with [DONE] after SIGTERM, and the server exiting cleanly (uvicorn
+re-raises SIGTERM once it has shut down gracefully: exit status -15). The server is a tiny random-weight
+model (tests/serve_helpers.py) in a subprocess, so SIGTERM reaches uvicorn as it would in production; the
+clients' processes never load torch.
 
     .venv/bin/python bench/bench_server_soak.py [--seconds 120 --streams 200 --disconnects 50 --fuzz-rate 20]
 """
@@ -24,6 +26,7 @@ import multiprocessing
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -56,9 +59,11 @@ class Tally:
 
 
 # -- the server (this file run with --serve) ---------------------------------------------------------
-def serve(folder: str, port: int) -> None:
-    from engine.entrypoints.openai.server import make_server
-    from engine.llm_engine import LLMEngine
+def serve(port: int) -> None:
+    from engine.entrypoints.openai.server import make_server    # torch: only the server process loads it
+    from engine.llm_engine import LLMEngine                      # torch
+    from serve_helpers import save_byte_model                    # torch
+    folder = save_byte_model(tempfile.mkdtemp(prefix="soak-model-"))
     engine = LLMEngine(folder, block_size=8, num_gpu_blocks=4096, max_num_seqs=256, max_model_len=128)
     execute = engine.runner.execute
 
@@ -70,10 +75,14 @@ def serve(folder: str, port: int) -> None:
     make_server(engine, "tiny", "127.0.0.1", port, tokenizer_folder=folder).run()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start_server(port: int) -> subprocess.Popen:
-    from serve_helpers import save_byte_model
-    folder = save_byte_model(tempfile.mkdtemp(prefix="soak-model-"))
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", folder, str(port)],
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while True:
@@ -314,7 +323,6 @@ def main() -> None:
     parser.add_argument("--last-wave", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from engine.entrypoints.openai.server import free_port
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(port)
@@ -341,7 +349,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
+        serve(int(sys.argv[2]))
     else:
         main()
