@@ -34,12 +34,12 @@ Warn = Callable[[list[str]], None]
 
 def run_spec(target: Deployment | RunSpec | None = None, *, workload: str = "sharegpt", rate: float | None = None,
              requests: int | None = None, duration: float | None = None, seed: int = 0, params: dict | None = None,
-             slos: dict[str, float] | str | None = None, **run) -> RunSpec:
+             concurrency: int | None = None, slos: dict[str, float] | str | None = None, **run) -> RunSpec:
     """A RunSpec from a deployment and the load's keywords (a RunSpec is returned as it is)."""
     if isinstance(target, RunSpec):
         return target
     load = Load(workload=workload, params=tuple(sorted((params or {}).items())), rate=rate, requests=requests,
-                duration=duration, seed=seed)
+                duration=duration, seed=seed, concurrency=concurrency)
     return RunSpec(deployment=target or Deployment(), load=load, slos=tuple(_slos(slos).items()), **run)
 
 

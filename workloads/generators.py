@@ -147,3 +147,24 @@ def gen_uniform(
     prompts = prompt_rng.integers(prompt_min, prompt_max, count, endpoint=True)
     outputs = output_rng.integers(output_min, output_max, count, endpoint=True)
     return _plain(prompts, outputs)
+
+
+def gen_random(
+    rng: np.random.Generator,
+    count: int,
+    input_len: int = 1024,
+    output_len: int = 128,
+    range_ratio: float = 0.0,
+) -> list[dict]:
+    """`vllm bench serve --dataset-name random`'s lengths: integers uniform on
+    [len x (1 - range_ratio), len x (1 + range_ratio)] (range_ratio 0: every request the same)."""
+    if input_len < 1 or output_len < 1 or not 0 <= range_ratio < 1:
+        raise TraceError(f"input_len/output_len/range_ratio: need lengths >= 1 and 0 <= range_ratio < 1, got "
+                         f"{input_len}, {output_len}, {range_ratio}")
+    prompt_rng, output_rng = rng.spawn(2)  # request i independent of the count
+
+    def lengths(rng_: np.random.Generator, length: int) -> np.ndarray:
+        low, high = max(1, int(length * (1 - range_ratio))), int(length * (1 + range_ratio))
+        return rng_.integers(low, max(low, high), count, endpoint=True)
+
+    return _plain(lengths(prompt_rng, input_len), lengths(output_rng, output_len))

@@ -228,6 +228,7 @@ class Metrics:
     e2e_median: float | None = None
     e2e_p99: float | None = None
     normalized_latency: float | None = None        # mean over requests of E2E / L (s/token)
+    mean_concurrency: float | None = None          # requests in flight, time-averaged: sum of E2E / duration
     num_steps: int = 0
     num_prefill_steps: int = 0
     num_decode_steps: int = 0
@@ -300,6 +301,7 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)
         m.e2e_mean, m.e2e_median, m.e2e_p99 = _stats([r.e2e for r in done])
         m.normalized_latency = _mean([r.normalized_latency for r in done])
+        m.mean_concurrency = sum(r.e2e for r in done) / span if span > 0 else None
     if steps:
         # A decode step decodes at least one token (a chunked-prefill step that
         # mixes prompt chunks with decodes counts as one); a prefill step only

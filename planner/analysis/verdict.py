@@ -208,6 +208,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                                  "why": "let the batch grow past max_num_seqs"})
     short = bool(window is not None and doc.get("e2e_mean") and window.length < 5 * doc["e2e_mean"])
     verdict = {"requested_rate": requested, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
+               "concurrency": params.get("concurrency"), "mean_concurrency": doc.get("mean_concurrency"),
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
                **load, "queue": trend, "preemptions": doc.get("preemptions", {}).get("total", 0), "slos": slo_status,
                "rejected": summarize_reasons(records, params.get("max_model_len")),
@@ -249,10 +250,14 @@ def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], wind
 def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
     """The verdict in plain words, one line per finding."""
     trend, requested, offered = v["queue"], v["requested_rate"], v["offered_rate"]
-    rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
-    rate_line += f"; the trace offers {_fmt_rate(offered)}"
-    if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
-        rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
+    if v["concurrency"]:
+        rate_line = (f"closed loop of {v['concurrency']} clients ({v['mean_concurrency'] or 0:.1f} requests in flight "
+                     f"on average)")
+    else:
+        rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
+        rate_line += f"; the trace offers {_fmt_rate(offered)}"
+        if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
+            rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
     rate_line += f"; served {_fmt_rate(v['served_rate'])} over the whole run"
     if steady:
         rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
@@ -325,7 +330,8 @@ def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
     """
     def ok(run: dict, allow_saturated: bool) -> bool:
         v = run.get("verdict", {})
-        return (not v.get("overloaded") and (allow_saturated or not v.get("saturated"))
+        closed_loop = bool(v.get("concurrency"))    # its clients wait on their own requests: queues are expected
+        return (not v.get("overloaded") and (allow_saturated or closed_loop or not v.get("saturated"))
                 and not run.get("num_rejected"))
 
     def latency(run: dict) -> float:
@@ -337,11 +343,11 @@ def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
                   or [i for i, r in enumerate(runs) if ok(r, True)])
     best = None
     if candidates:
-        if "rate" in swept:
+        if "rate" in swept or "concurrency" in swept:
             best = max(candidates, key=lambda i: ((runs[i].get("request_throughput") or 0), -latency(runs[i])))
         else:
             best = min(candidates, key=lambda i: latency(runs[i]))
-    rule_short = "highest served rate that keeps up" if "rate" in swept else "lowest latency that keeps up"
+    rule_short = "highest served rate that keeps up" if {"rate", "concurrency"} & set(swept) else "lowest latency that keeps up"
     lines = []
     for run in runs:
         v = run.get("verdict", {})
@@ -350,7 +356,7 @@ def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
     summary = (f"Best: {run_label(runs[best], swept)} ({rule_short}: {_fmt_rate(runs[best].get('request_throughput'))}"
                f" served, {(latency(runs[best])):.4g} s/token steady normalized latency)" if best is not None
                else "No run keeps up: every configuration is overloaded or rejects requests; lower the rate.")
-    rule = ("highest served rate among runs that keep up" if "rate" in swept
+    rule = ("highest served rate among runs that keep up" if {"rate", "concurrency"} & set(swept)
             else "lowest steady normalized latency among runs that keep up")
     notes = []
     if "block_size" in swept:
@@ -377,6 +383,8 @@ def run_label(run: dict, swept: list[str]) -> str:
     for key in swept or ["allocator", "block_size", "rate"]:
         if key == "rate":
             parts.append(f"rate {p.get('trace_params', {}).get('rate')}")
+        elif key == "concurrency":
+            parts.append(f"concurrency {p.get('concurrency')}")
         elif key == "block_size":
             parts.append(f"block {p.get('block_size')}")
         elif key == "allocator":

@@ -146,6 +146,10 @@ PARAM = typer.Option(None, "--param", "-p", metavar="KEY=VALUE",
                      help="workload parameter KEY=VALUE (planner workload show NAME lists them); repeatable")
 REQUESTS = typer.Option(None, "--requests", "-n", help="request count (default 1000 without --duration)")
 DURATION = typer.Option(None, help="seconds of arrivals")
+CONCURRENCY = typer.Option(None, "--concurrency", metavar="N",
+                           help="a closed loop of N clients, each sending its next request the moment its previous "
+                                "one ends (the trace gives lengths and order, not times; vLLM bench's "
+                                "--max-concurrency with an unlimited rate); a comma list sweeps in simulate")
 SEED = typer.Option(0, help="random seed (trace and sampled tokens)")
 SLO = typer.Option(None, "--slo", metavar="LIMIT",
                    help="SLO: s/token (normalized latency) or METRIC=SECONDS, comma-separated or repeated "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -37,10 +38,14 @@ from workloads import TraceError, parse_workload_params
 DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
 
-def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), **run) -> list[RunSpec]:
-    """One spec per deployment and rate: the product of the comma lists given."""
-    return [RunSpec(deployment=d, load=Load(**{**vars(load), "rate": r}), **run)
-            for d in deployments.product(**DEFAULTS) for r in rates]
+def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), concurrencies=(None,),
+              **run) -> list[RunSpec]:
+    """One spec per deployment and rate (or concurrency): the product of the comma lists given."""
+    if rates != (None,) and concurrencies != (None,):
+        raise PlannerError("give --rate or --concurrency, not both: a concurrency's clients send each request "
+                           "when their previous one ends")
+    loads = [replace(load, rate=r, concurrency=c) for r in rates for c in concurrencies]
+    return [RunSpec(deployment=d, load=one, **run) for d in deployments.product(**DEFAULTS) for one in loads]
 
 
 def load_of(workload: str, trace: Optional[Path], param, requests, duration, seed: int) -> Load:
@@ -77,6 +82,7 @@ def simulate(
     param: Optional[list[str]] = opt.PARAM,
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
+    concurrency: Optional[str] = opt.CONCURRENCY,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
@@ -86,8 +92,10 @@ def simulate(
     err = Console(stderr=True)
     try:
         slos = parse_slos(slo) if slo else {}
-        rates = split_values(rate, float, "rate") if rate is not None else [None]
+        rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
+        clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
         specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed), rates=rates,
+                          concurrencies=clients,
                           cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
         out_dir = out or default_out("sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
@@ -126,9 +134,10 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
     err.print(f"sweeping {len(specs)} runs in parallel processes ...", highlight=False)
 
     def done(spec: RunSpec, doc: dict) -> None:
-        err.print(f"  {', '.join(f'{k} {v}' for k, v in spec.deployment.changed().items())}, rate "
-                  f"{spec.load.rate}: normalized latency {fmt(doc.get('normalized_latency'), ' s/token', 4)} "
-                  f"({doc['wall_time']:.1f} s wall)", highlight=False)
+        load = f"concurrency {spec.load.concurrency}" if spec.load.concurrency else f"rate {spec.load.rate}"
+        err.print(f"  {', '.join(f'{k} {v}' for k, v in spec.deployment.changed().items())}, {load}: normalized "
+                  f"latency {fmt(doc.get('normalized_latency'), ' s/token', 4)} ({doc['wall_time']:.1f} s wall)",
+                  highlight=False)
 
     doc = sweep_document(api.sweep(specs, on_done=done, warn=lambda w: warn(err, w)))
     paths = write_sweep(doc, out_dir, slos)

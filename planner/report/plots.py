@@ -128,7 +128,7 @@ def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path, 
     return path
 
 
-AXIS_LABELS = {"rate": "request rate (requests/s)", "block_size": "KV block size (tokens)",
+AXIS_LABELS = {"rate": "request rate (requests/s)", "concurrency": "concurrent clients", "block_size": "KV block size (tokens)",
                "allocator": "KV allocator"}
 PANEL_LABELS = {"normalized_latency": "normalized latency (s/token)", "request_throughput": "throughput (req/s)",
                 "ttft_p99": "TTFT p99 (s)", "tpot_p99": "TPOT p99 (s)", "e2e_p99": "E2E p99 (s)",

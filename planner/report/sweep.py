@@ -13,7 +13,7 @@ from planner.report.html import sweep_report
 from planner.report.plots import plot_against, plot_memory_breakdown, pyplot
 
 # What a sweep may vary: the request rate and every deployment setting.
-SWEEPABLE = ("rate", *(f.name for f in fields(Deployment)))
+SWEEPABLE = ("rate", "concurrency", *(f.name for f in fields(Deployment)))
 METRIC_COLUMNS = ("num_completed", "num_rejected", "num_truncated", "request_throughput", "output_token_throughput",
                   "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean", "mean_batch_size", "kv_utilization",
                   "sharing_saved", "preemptions_total", "wall_time", "state", "steady_normalized_latency")
@@ -21,7 +21,9 @@ METRIC_COLUMNS = ("num_completed", "num_rejected", "num_truncated", "request_thr
 
 def comparison_row(run: dict) -> dict:
     """One sweep run (a result document) flattened: its settings, then the comparison table's metrics."""
-    row = {**run.get("deployment", {}), "rate": run.get("params", {}).get("trace_params", {}).get("rate"),
+    params = run.get("params", {})
+    row = {**run.get("deployment", {}), "rate": params.get("trace_params", {}).get("rate"),
+           "concurrency": params.get("concurrency"),
            "preemptions_total": run.get("preemptions", {}).get("total"),
            "state": (run.get("verdict") or {}).get("state"),
            "steady_normalized_latency": (run.get("steady_state") or {}).get("normalized_latency")}

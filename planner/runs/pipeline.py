@@ -51,8 +51,8 @@ class Simulation:
         load = load or self.spec.load
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
-        return simulate(trace, self.plan, cost, seed=load.seed, fast_forward=not self.spec.step_by_step,
-                        progress=progress, watch=watch)
+        return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency,
+                        fast_forward=not self.spec.step_by_step, progress=progress, watch=watch)
 
     def analyse(self, sim: SimResult, spec: RunSpec | None = None) -> RunResult:
         """The verdict, steady state, warnings and blind spots of `sim` (a run of `spec`, default this one)."""

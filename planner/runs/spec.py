@@ -29,8 +29,16 @@ class Load:
     requests: int | None = None
     duration: float | None = None       # seconds of arrivals, instead of a request count
     seed: int = 0                       # of the trace and of the sampled tokens
+    # A closed loop of this many clients, each sending its next request when its previous one ends (the
+    # trace gives lengths and order, not times); None: open loop, the trace's arrival times.
+    concurrency: int | None = None
 
     def trace(self) -> Trace:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise PlannerError(f"concurrency must be >= 1 clients, got {self.concurrency}")
+        if self.concurrency is not None and self.rate is not None:
+            raise PlannerError("give a request rate or a concurrency, not both: with a concurrency the clients "
+                               "send each request when their previous one ends")
         if self.rate is not None and not self.rate > 0:
             raise PlannerError(f"rate must be > 0 requests/s, got {self.rate}")
         if self.requests is not None and self.requests < 1:
@@ -42,7 +50,7 @@ class Load:
                                   rate=math.inf if self.rate is None else self.rate, seed=self.seed,
                                   **dict(self.params))
             requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
-            rate = DEFAULT_RATE if self.rate is None else self.rate
+            rate = math.inf if self.concurrency is not None else DEFAULT_RATE if self.rate is None else self.rate
             trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate,
                                seed=self.seed, **dict(self.params))
         except TraceError as exc:
@@ -83,6 +91,8 @@ class RunSpec:
             words += ["-p", f"{key}={value}"]
         if rate is not None and not capacity:
             words += ["--rate", str(rate)]
+        if load.concurrency is not None:
+            words += ["--concurrency", str(load.concurrency)]
         for name in ("requests", "duration"):
             if getattr(load, name) is not None:
                 words += [f"--{name}", str(getattr(load, name))]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,12 +65,14 @@ class SimResult:
     wall_time: float               # seconds the simulation took to run
     fast_forwarded_steps: int      # of the steps, how many fast-forward took in bulk
     seed: int = 0                  # of the sampled tokens
+    concurrency: int | None = None # a closed loop of this many clients (None: the trace's arrival times)
 
     @property
     def params(self) -> dict:
         """The run's settings, JSON-ready (result.json's "params")."""
-        return {**self.plan.params(), "seed": self.seed, "cost_model": self.cost_model, "trace": self.trace_name,
-                "trace_params": self.trace_params, "num_requests": len(self.requests)}
+        return {**self.plan.params(), "seed": self.seed, "concurrency": self.concurrency,
+                "cost_model": self.cost_model, "trace": self.trace_name, "trace_params": self.trace_params,
+                "num_requests": len(self.requests)}
 
     def summary(self) -> dict:
         """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top)."""
@@ -104,6 +107,7 @@ class SimulatedEngine:
         self.next_arrival = math.inf       # when the arrival process next releases a request
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
+        self.clients: deque | None = None      # closed loop: the requests the clients have still to send
         self.groups: list[SequenceGroup] = []   # every request submitted, in arrival order
         self.done = 0
         self.truncated = 0
@@ -115,6 +119,20 @@ class SimulatedEngine:
         self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
         self.physical_token_time = 0.0     # same, counting each shared KV slot once
+
+    def ended(self, count: int) -> None:
+        """`count` requests ended now (finished, rejected or truncated); in a closed loop each one's client
+        sends its next request at once."""
+        self.done += count
+        if self.clients is not None:
+            self.release(count)
+
+    def release(self, count: int) -> None:
+        """Closed loop: the next `count` requests of the trace, sent now (their trace times do not matter)."""
+        for _ in range(min(count, len(self.clients))):
+            self.submit(self.executor.make_group(self.clients.popleft(), arrival=self.env.now))
+        if not self.clients:
+            self.arrivals_done = True
 
     def submit(self, group: SequenceGroup) -> None:
         self.groups.append(group)
@@ -145,7 +163,7 @@ class SimulatedEngine:
     def wait_for_work(self, out):
         """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
         until the next arrival, or (True) end the run once every request is done."""
-        self.done += len(out.rejected) + len(out.truncated)
+        self.ended(len(out.rejected) + len(out.truncated))
         if self.watch is not None and out.finished_now:
             self.watch(self, self.env.now, out.finished_now)
         if out.rejected or out.truncated or out.preempted:
@@ -179,7 +197,7 @@ class SimulatedEngine:
         end = env.now
         # A partial prompt chunk samples nothing: only the sampling part gets tokens.
         finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
-        self.done += len(finished)
+        self.ended(len(finished))
         self.steps.append(record)
         self.shapes.append(shape)
         self.num_running.append(num_running)
@@ -204,7 +222,6 @@ class SimulatedEngine:
         before = len(self.steps)
         records, finished = apply_window(window, self.scheduler,
                                          self.executor.window_samples(window.groups, window.steps))
-        self.done += len(finished)
         logical, physical = self.logical_token_time, self.physical_token_time
         for record, shape in zip(records, window.shapes):
             duration = record.end - record.start
@@ -217,6 +234,7 @@ class SimulatedEngine:
         self.fast_forwarded_steps += len(records)
         end = window.ends[-1]
         yield env.timeout(_delay_to(env.now, end))
+        self.ended(len(finished))                 # at the window's end, when its last step finishes them
         if self.progress is not None and before // PROGRESS_EVERY != len(self.steps) // PROGRESS_EVERY:
             self.progress(end, self.done, self.total)
         if self.watch is not None:
@@ -248,12 +266,14 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 
 
 def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
-             fast_forward: bool = True, progress: Progress | None = None, watch: Watch | None = None,
-             device_speed: Callable[[float], float] | None = None) -> SimResult:
+             concurrency: int | None = None, fast_forward: bool = True, progress: Progress | None = None,
+             watch: Watch | None = None, device_speed: Callable[[float], float] | None = None) -> SimResult:
     """Run `trace` through the engine core, as `plan` deploys it, on a SimPy clock priced by `cost_model`.
 
-    `fast_forward` (the default) takes provably uneventful decode steps in
-    bulk; False steps one at a time. Both give the same results. `seed` draws
+    `concurrency` N: a closed loop of N clients, each sending the trace's next
+    request the moment its previous one ends (the trace's times do not count);
+    None: every request at its trace time. `fast_forward` (the default) takes
+    provably uneventful decode steps in bulk; False steps one at a time. Both give the same results. `seed` draws
     the sampled tokens. `watch` sees every step and may end the run by
     raising (see `Watch`). `device_speed(t)` scales the price of a step that
     starts at t: the speed a validated live run's device had then
@@ -274,7 +294,11 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
                              fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed)
-    env.process(arrivals(env, trace, engine))
+    if concurrency is None:
+        env.process(arrivals(env, trace, engine))
+    else:
+        engine.clients = deque(trace.requests)
+        engine.release(concurrency)
     env.process(engine.run())
     # The run allocates millions of small, acyclic objects (token lists, records);
     # the cyclic collector would rescan them all again and again for nothing.
@@ -290,7 +314,9 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     groups = engine.groups
     if len(groups) != len(trace) or any(g.finish_reason is None for g in groups):
         raise PlannerError("the simulation ended with requests neither completed nor rejected")
-    return _result(plan, cost_model, trace, seed, engine, scheduler, time.perf_counter() - wall_start)
+    result = _result(plan, cost_model, trace, seed, engine, scheduler, time.perf_counter() - wall_start)
+    result.concurrency = concurrency
+    return result
 
 
 def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,

@@ -33,7 +33,8 @@ class SyntheticExecutor:
         self.rng = random.Random(seed)
         self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
 
-    def make_group(self, req: TraceRequest) -> SequenceGroup:
+    def make_group(self, req: TraceRequest, arrival: float | None = None) -> SequenceGroup:
+        """The engine request for trace request `req`, arriving at its trace time (or at `arrival`)."""
         params = req.sampling_params()
         shared = req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
         if self.real_token_ids or shared:
@@ -42,7 +43,8 @@ class SyntheticExecutor:
             prompt = [0] * req.prompt_len
         if self.real_token_ids and req.conversation_id is not None and params.best_of == 1:
             self.answers[req.request_id] = self.trace.output_token_ids(req, self.vocab_size, self.seed)
-        return SequenceGroup(req.request_id, prompt, params, req.arrival_time, output_len_hint=req.output_len)
+        return SequenceGroup(req.request_id, prompt, params, req.arrival_time if arrival is None else arrival,
+                             output_len_hint=req.output_len)
 
     def samples(self, out: SchedulerOutput) -> Samples:
         """Candidates for every sequence the step computed, as many as the scheduler expects."""
