@@ -26,7 +26,7 @@ from planner.runs.seeds import intervals, run_seeds
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Load, RunSpec
 from planner.runs.sweep import run_sweep
-from planner.sizing.capacity import Capacity, capacity_document, find_capacity
+from planner.sizing.capacity import Capacity, capacity_document, find_capacity, find_concurrency
 from planner.sizing.search import SearchGrid, SearchResult, run_search
 
 Warn = Callable[[list[str]], None]
@@ -90,16 +90,23 @@ class CapacityResult:
 
 def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, float] | str | None = None,
              start_rate: float = 1.0, max_rate: float = 256.0, tolerance: float = 0.02, seeds: int = 1,
-             confidence: float = 0.9, on_probe=None, warn: Warn | None = None, **load) -> CapacityResult:
-    """The highest request rate within the SLOs (`slos` here, or the RunSpec's own)."""
+             confidence: float = 0.9, clients: bool = False, on_probe=None, warn: Warn | None = None,
+             **load) -> CapacityResult:
+    """The highest request rate within the SLOs (`slos` here, or the RunSpec's own); with `clients`, the
+    most concurrent clients (a closed loop: `planner capacity --concurrency max`)."""
     spec = run_spec(target, slos=slos, **load)
     limits = dict(spec.slos)
     if not limits:
         raise PlannerError("give at least one SLO, e.g. slos={'ttft_p99': 2}")
-    found = find_capacity(spec, limits, start=start_rate, max_rate=max_rate, rel_tol=tolerance,
-                          min_rate=min(0.01, start_rate), on_probe=on_probe, seeds=seeds, confidence=confidence,
-                          warn=warn)
-    doc = capacity_document(spec, limits, found)
+    if clients:
+        if seeds != 1:
+            raise PlannerError("--seeds applies to a rate search; a concurrency search runs one seed")
+        found = find_concurrency(spec, limits, on_probe=on_probe, warn=warn)
+    else:
+        found = find_capacity(spec, limits, start=start_rate, max_rate=max_rate, rel_tol=tolerance,
+                              min_rate=min(0.01, start_rate), on_probe=on_probe, seeds=seeds,
+                              confidence=confidence, warn=warn)
+    doc = capacity_document(spec, limits, found, clients)
     doc.update(seeds=seeds, confidence=confidence)
     return CapacityResult(spec, limits, found, doc)
 

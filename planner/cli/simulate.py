@@ -190,9 +190,13 @@ def capacity(
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
     confidence: float = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction "
                                                "of the seeds"),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", metavar="max",
+                                              help="max: the most concurrent clients (a closed loop, each "
+                                                   "sending its next request when its previous one ends) within "
+                                                   "the SLOs, instead of the highest request rate"),
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
-    """Highest request rate whose latency stays within the SLOs, found by bisection."""
+    """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs."""
     err = Console(stderr=True)
     try:
         slos = parse_slos(slo)
@@ -207,14 +211,18 @@ def capacity(
             grows = "; the queue keeps growing" if (doc.get("verdict") or {}).get("overloaded") else ""
             if seeds > 1:
                 grows += f"; met by {doc['slo_probability']:.0%} of {seeds} seeds"
-            err.print(f"  {probe.rate:8.3f} req/s: {'meets' if probe.ok else 'misses'} ({shown}{grows})",
-                      highlight=False)
+            where = f"{probe.rate:8d} clients" if concurrency == "max" else f"{probe.rate:8.3f} req/s"
+            err.print(f"  {where}: {'meets' if probe.ok else 'misses'} ({shown}{grows})", highlight=False)
 
         d = spec.deployment
         err.print(f"searching the capacity of {d.model} / {d.tp} x {d.gpu} on {spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
+        if concurrency not in (None, "max"):
+            raise PlannerError(f"--concurrency {concurrency}: capacity takes --concurrency max (the most clients "
+                               f"within the SLOs); `planner simulate --concurrency N` runs N clients")
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
-                           seeds=seeds, confidence=confidence, warn=lambda w: warn(err, w)).document
+                           seeds=seeds, confidence=confidence, clients=concurrency == "max",
+                           warn=lambda w: warn(err, w)).document
         out_dir = out or default_out("capacity", spec.load.workload)
         paths = write_capacity(doc, out_dir, capacity_title(spec, slos))
     except (PlannerError, TraceError, ValueError, OSError) as exc:

@@ -15,21 +15,23 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
     paths = {"capacity": out_dir / "capacity.json"}
     paths["capacity"].write_text(json.dumps(json_safe(doc), indent=2) + "\n")
     plt = pyplot()
-    probes = sorted(doc["probes"], key=lambda p: p["rate"])
+    x = "rate" if doc.get("capacity_concurrency") is None and doc["probes"] and "rate" in doc["probes"][0] \
+        else "concurrency"
+    capacity, unit = doc.get(f"capacity_{x}"), "req/s" if x == "rate" else "clients"
+    probes = sorted(doc["probes"], key=lambda p: p[x])
     keys = list(doc["slos"]) + ["request_throughput"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
     for ax, key in zip(axes[0], keys):
-        pts = [(p["rate"], p.get(key), p["meets"]) for p in probes if p.get(key) is not None]
+        pts = [(p[x], p.get(key), p["meets"]) for p in probes if p.get(key) is not None]
         ax.plot([r for r, _, _ in pts], [v for _, v, _ in pts], color="tab:blue", linewidth=1)
         for r, v, ok in pts:
             ax.plot([r], [v], marker="o", color="tab:green" if ok else "tab:red", linestyle="none")
         if key in doc["slos"]:
             ax.axhline(doc["slos"][key], color="tab:red", linestyle="--", label=f"SLO {doc['slos'][key]:g}")
-        if doc.get("capacity_rate") is not None:
-            ax.axvline(doc["capacity_rate"], color="black", linestyle=":",
-                       label=f"capacity {doc['capacity_rate']:.3g} req/s")
+        if capacity is not None:
+            ax.axvline(capacity, color="black", linestyle=":", label=f"capacity {capacity:.3g} {unit}")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("request rate (requests/s)")
+        ax.set_xlabel("request rate (requests/s)" if x == "rate" else "concurrent clients")
         ax.set_ylabel(PANEL_LABELS.get(key, key))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

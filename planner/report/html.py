@@ -198,11 +198,13 @@ def sweep_report(runs: list[dict], verdict: dict, plots: dict[str, Path], title:
 
 def capacity_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     at = doc.get("at_capacity") or {}
-    body = [verdict_box(doc.get("verdict", {}).get("lines", []), bad=doc.get("capacity_rate") is None)]
-    body += ["<h2>Probes</h2>", "<p>A rate meets the SLOs when every limit holds, nothing is rejected and the "
+    clients = doc.get("capacity_concurrency") is not None or any("concurrency" in p for p in doc["probes"])
+    x, label = ("concurrency", "clients") if clients else ("rate", "rate (req/s)")
+    body = [verdict_box(doc.get("verdict", {}).get("lines", []), bad=doc.get(f"capacity_{x}") is None)]
+    body += ["<h2>Probes</h2>", "<p>A probe meets the SLOs when every limit holds, nothing is rejected and the "
              "waiting queue does not keep growing (state not overloaded).</p>",
-             table(["rate (req/s)", "meets", *doc["slos"], "rejected", "state"],
-                   [[fmt(p["rate"]), fmt(p["meets"]), *[fmt(p.get(k)) for k in doc["slos"]],
+             table([label, "meets", *doc["slos"], "rejected", "state"],
+                   [[fmt(p[x]), fmt(p["meets"]), *[fmt(p.get(k)) for k in doc["slos"]],
                      fmt(p.get("num_rejected")), fmt(p.get("state"))] for p in doc["probes"]])]
     for key, path in plots.items():
         body += [f"<h2>{esc(key.replace('_', ' '))}</h2>", image(path, key)]

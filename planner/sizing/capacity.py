@@ -17,7 +17,7 @@ same capacity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Callable, Iterator
 
@@ -26,6 +26,8 @@ from planner.documents import SCHEMA_VERSION, json_safe
 from planner.errors import PlannerError
 from planner.runs.pipeline import Simulation
 from planner.runs.seeds import slo_probability
+from planner.runs.slos import meets
+from planner.runs.sweep import document_of
 from planner.runs.spec import RunSpec
 from planner.sizing.bracket import bracket, check_rates
 from planner.sizing.probe import Probe
@@ -110,6 +112,37 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
     return search_capacity(probe, start=start, min_rate=min_rate, max_rate=max_rate, rel_tol=rel_tol)
 
 
+def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int = 4096,
+                     on_probe: Callable[[Probe], None] | None = None, warn=None) -> Capacity:
+    """`planner capacity --concurrency max`: the most concurrent clients (a closed loop) within the SLOs.
+    Double from one client until the SLOs fail, then bisect over whole clients. The result's `rate`
+    holds the number of clients."""
+    simulation = Simulation.prepare(spec)
+    if warn is not None:
+        warn(list(simulation.plan.warnings))
+    probes: list[Probe] = []
+
+    def ok(clients: int) -> bool:
+        doc = document_of(simulation, replace(spec.load, rate=None, concurrency=clients))
+        probes.append(Probe(clients, meets(doc, slos), doc))
+        if on_probe is not None:
+            on_probe(probes[-1])
+        return probes[-1].ok
+
+    if not ok(1):
+        return Capacity(None, 1, probes, bounded=True)
+    good, bad = 1, None
+    while bad is None and good < max_clients:
+        clients = min(2 * good, max_clients)
+        good, bad = (clients, None) if ok(clients) else (good, clients)
+    if bad is None:
+        return Capacity(good, None, probes, bounded=False)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if ok(middle) else (good, middle)
+    return Capacity(good, bad, probes, bounded=True)
+
+
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
     limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
@@ -117,60 +150,72 @@ def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
             f"SLO {limits}")
 
 
-def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity) -> dict:
-    """capacity.json: the rate, what it gives, the binding limit, the probes, the verdict in words."""
+def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, clients: bool = False) -> dict:
+    """capacity.json: the rate (or with `clients`, the concurrency), what it gives, the binding limit, the
+    probes, the verdict in words."""
     at = found.doc or {}
     probes = [(p.rate, p.ok, p.doc) for p in found.probes]
     binding = binding_slo(slos, probes, found.rate)
-    first_miss = found.bad
     cost_model = (at or probes[-1][2]).get("cost_model")
-    lines = _capacity_lines(found, at, probes[-1][0])
+    lines = _capacity_lines(found, at, probes[-1][0], clients)
     if binding is not None:
-        lines.append(_binding_line(binding, slos, first_miss, next(d for r, ok, d in probes if r == first_miss)))
+        miss = next(d for r, ok, d in probes if r == found.bad)
+        lines.append(_binding_line(binding, slos, f"{found.bad:.3g} {_unit(clients)}", miss))
     lines.append(f"Cost model: {cost_model}.")
     if at.get("verdict"):
         run_lines = [line for line in at["verdict"]["lines"] if not line.startswith("Next:")]
         lines += [f"At capacity: {line}" for line in run_lines[1:3]]
-    if found.rate is None:
-        nxt = spec.command(tp=spec.deployment.tp * 2, capacity=True)
-        lines.append(f"Next: {nxt}  (more GPUs, or relax the SLOs)")
-    else:
-        nxt = spec.command(rate=round(found.rate, 3))
-        lines.append(f"Next: {nxt}  (the full report at capacity: timeline, steady state)")
-    verdict = {"capacity_rate": found.rate, "binding_slo": binding, "first_missing_rate": first_miss,
-               "cost_model": cost_model, "next_command": nxt, "lines": lines}
+    nxt = _next_command(spec, found, clients)
+    lines.append(nxt)
+    key = "concurrency" if clients else "rate"
+    verdict = {f"capacity_{key}": found.rate, "binding_slo": binding, f"first_missing_{key}": found.bad,
+               "cost_model": cost_model, "next_command": nxt.split("  (")[0].removeprefix("Next: "), "lines": lines}
     return json_safe({
-        "schema_version": SCHEMA_VERSION, "capacity_rate": found.rate, "bounded": found.bounded, "slos": slos,
+        "schema_version": SCHEMA_VERSION, "capacity_rate": None if clients else found.rate,
+        "capacity_concurrency": found.rate if clients else None, "bounded": found.bounded, "slos": slos,
         "binding_slo": binding, "cost_model": cost_model,
         "at_capacity_summary": {k: at.get(k) for k in ("request_throughput", "output_token_throughput", "ttft_mean",
-                                                       "ttft_p99", "tpot_mean", "tpot_p99", "normalized_latency")},
+                                                       "ttft_p99", "tpot_mean", "tpot_p99", "normalized_latency",
+                                                       "mean_concurrency")},
         "verdict": verdict,
-        "probes": [{"rate": r, "meets": ok, "slo_probability": d.get("slo_probability"),
+        "probes": [{key: r, "meets": ok, "slo_probability": d.get("slo_probability"),
                     **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
-                    "num_truncated": d.get("num_truncated"),
-                    "request_throughput": d.get("request_throughput"),
+                    "num_truncated": d.get("num_truncated"), "request_throughput": d.get("request_throughput"),
                     "state": (d.get("verdict") or {}).get("state")} for r, ok, d in probes],
-        "at_capacity": found.doc,
-        "deployment": spec.deployment.as_dict(),
+        "at_capacity": found.doc, "deployment": spec.deployment.as_dict(),
     })
 
 
-def _capacity_lines(found: Capacity, at: dict, lowest: float) -> list[str]:
+def _unit(clients: bool) -> str:
+    return "clients" if clients else "req/s"
+
+
+def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     if found.rate is None:
-        return [f"The SLOs are not met even at {lowest:.3g} req/s (the lowest rate tried)."]
-    return [f"Capacity: {found.rate:.3g} req/s"
-            + ("" if found.bounded else " (still within the SLOs at the highest rate tried; raise --max-rate)") + ".",
-            f"At that rate: {at.get('output_token_throughput', 0):,.0f} output tok/s, "
+        return f"Next: {spec.command(tp=spec.deployment.tp * 2, capacity=True)}  (more GPUs, or relax the SLOs)"
+    at = {"concurrency": found.rate, "rate": None} if clients else {"rate": round(found.rate, 3)}
+    return f"Next: {spec.command(**at)}  (the full report at capacity: timeline, steady state)"
+
+
+def _capacity_lines(found: Capacity, at: dict, lowest: float, clients: bool) -> list[str]:
+    unit = _unit(clients)
+    if found.rate is None:
+        return [f"The SLOs are not met even at {lowest:.3g} {unit} (the lowest tried)."]
+    served = f" (serving {at.get('request_throughput', 0):.3g} req/s)" if clients else ""
+    return [f"Capacity: {found.rate:.3g} {unit}{served}"
+            + ("" if found.bounded else " (still within the SLOs at the most tried; raise the limit)") + ".",
+            f"At capacity: {at.get('output_token_throughput', 0):,.0f} output tok/s, "
             f"TTFT mean {at.get('ttft_mean', 0):.3g} s / p99 {at.get('ttft_p99', 0):.3g} s, "
             f"TPOT mean {at.get('tpot_mean', 0):.3g} s / p99 {at.get('tpot_p99', 0):.3g} s, "
             f"normalized latency {at.get('normalized_latency', 0):.3g} s/token."]
 
 
-def _binding_line(binding: str, slos: dict[str, float], first_miss: float, miss: dict) -> str:
+def _binding_line(binding: str, slos: dict[str, float], first_miss: str, miss: dict) -> str:
+    """What failed first above the capacity (`first_miss`: where, with its unit)."""
     if binding == "num_rejected":
-        return f"Binding limit: requests are rejected at {first_miss:.3g} req/s."
+        return f"Binding limit: requests are rejected at {first_miss}."
     if binding == "queue_growth":
-        return (f"Binding limit: throughput. At {first_miss:.3g} req/s every SLO still held, but the waiting "
-                f"queue kept growing: the SLOs would fail on a longer run.")
-    return (f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss:.3g} req/s it reached "
+        return (f"Binding limit: throughput. At {first_miss} every SLO still held, but the waiting queue kept "
+                f"growing: the SLOs would fail on a longer run.")
+    return (f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss} it reached "
             f"{miss.get(binding, float('nan')):.3g}).")

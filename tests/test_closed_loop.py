@@ -1,0 +1,85 @@
+"""Closed-loop load: N clients, each sending its next request the moment its previous one ends."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner import capacity, simulate
+from planner.cli import app
+from planner.cost.linear import LinearCostModel
+from planner.sim import simulate as simulate_trace
+from sim_helpers import sim_plan
+from workloads import make_trace
+
+H100 = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1", max_model_len=4096)
+
+
+def closed(clients: int, **options):
+    trace = make_trace("random", num_requests=40, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
+    return simulate_trace(trace, sim_plan("opt-125m", "a100-40g", policy="paper"), LinearCostModel(0.01, 1e-4),
+                          concurrency=clients, **options)
+
+
+def test_one_client_sends_each_request_when_the_previous_one_ends():
+    result = closed(1)
+    records = result.requests
+    assert records[0].arrival == 0.0
+    assert all(b.arrival == a.finish for a, b in zip(records, records[1:]))
+    assert result.metrics.mean_concurrency == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("clients", [3, 8])
+def test_never_more_requests_in_flight_than_clients_and_the_loop_stays_full(clients):
+    result = closed(clients)
+    records = result.requests
+    events = sorted([(r.arrival, 1) for r in records] + [(r.finish, -1) for r in records],
+                    key=lambda e: (e[0], e[1]))       # at one instant an end frees the client first
+    in_flight, most = 0, 0
+    for _, change in events:
+        in_flight += change
+        most = max(most, in_flight)
+    assert most == clients
+    assert clients - 1 < result.metrics.mean_concurrency <= clients    # full until the last requests drain
+    assert result.params["concurrency"] == clients
+
+
+def test_fast_forward_gives_the_step_by_step_result_in_a_closed_loop():
+    fast, slow = closed(6), closed(6, fast_forward=False)
+    assert fast.fast_forwarded_steps > 0
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+
+
+def test_more_clients_more_throughput_and_longer_tpot_until_compute_binds():
+    runs = [simulate(H100, workload="random", params={"input_len": 1024, "output_len": 128}, requests=120,
+                     concurrency=c).metrics for c in (1, 8, 32)]
+    assert runs[0].request_throughput < runs[1].request_throughput < runs[2].request_throughput
+    assert runs[0].tpot_mean < runs[1].tpot_mean < runs[2].tpot_mean
+
+
+def test_a_rate_and_a_concurrency_together_are_refused():
+    from planner.errors import PlannerError
+    with pytest.raises(PlannerError, match="not both"):
+        simulate(H100, workload="random", requests=10, rate=2.0, concurrency=4)
+
+
+def test_capacity_in_clients_is_the_most_clients_within_the_slo():
+    found = capacity(H100, slos={"tpot_p99": 0.012}, workload="random", params={"input_len": 512, "output_len": 64},
+                     requests=100, clients=True)
+    n = found.rate
+    assert n is not None and found.document["capacity_concurrency"] == n and found.document["capacity_rate"] is None
+    by_clients = {p["concurrency"]: p for p in found.document["probes"]}
+    assert by_clients[n]["meets"] and not by_clients[n + 1]["meets"]      # bisected to one client
+
+
+def test_cli_sweeps_concurrency_and_names_it_in_the_command(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy",
+                                      "vllm-v1", "--max-model-len", "4096", "--workload", "random", "--requests",
+                                      "60", "--concurrency", "2,16", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["verdict"]["swept"] == ["concurrency"]
+    assert [r["params"]["concurrency"] for r in doc["runs"]] == [2, 16]
+    assert all("--concurrency" in r["command"] for r in doc["runs"])
