@@ -68,3 +68,17 @@ def test_tpot_follows_vllm_from_usage_tokens_not_chunks():
     assert m["tpot_mean"] == pytest.approx((0.5 - 0.1) / 4)
     assert m["itl_mean"] == pytest.approx(0.4)
     assert (m["num_completed"], m["num_failed"], m["num_good"]) == (1, 1, 1)
+
+
+def test_max_concurrency_keeps_at_most_n_requests_in_flight_in_a_closed_loop(server, tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "alpaca", "--requests", "10",
+                                      "--length-scale", "0.1", "--max-prompt-len", "20", "--max-output-len", "5",
+                                      "--max-concurrency", "3", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["num_completed"] == 10 and doc["max_concurrency"] == 3
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    spans = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows]
+    # no instant with more than 3 requests in flight, and the clients kept the loop busy
+    assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 3
+    assert 2 < doc["mean_concurrency"] <= 3

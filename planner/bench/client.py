@@ -97,6 +97,10 @@ class BenchConfig:
     prompt_format: str = "tokens"
     endpoint_type: str = "completions"     # or "chat" (/v1/chat/completions, the prompt as one user message)
     api_key: str | None = None    # sent as "Authorization: Bearer <key>" (default: $OPENAI_API_KEY)
+    # At most this many requests in flight (vllm bench serve's --max-concurrency): a request due while all
+    # are busy waits for one to end, and its timing starts when it is sent. With every request due at once
+    # this is a closed loop of that many clients.
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -108,6 +112,8 @@ class BenchConfig:
                              "--endpoint-type chat")
         if self.api_key is None:
             self.api_key = os.environ.get("OPENAI_API_KEY") or None
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
 
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -218,11 +224,12 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
                                  timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
         origin = time.perf_counter()
         tasks = []
+        gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         for req, out in zip(trace, results):
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(_send(client, cfg, model, trace, req, out))
+            task = asyncio.create_task(_gated(gate, _send(client, cfg, model, trace, req, out)))
             if progress is not None:
                 task.add_done_callback(lambda _: progress())
             tasks.append(task)
@@ -231,6 +238,14 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
         if out.start is not None:
             out.start -= origin
     return results, time.perf_counter() - origin
+
+
+async def _gated(gate: asyncio.Semaphore | None, sending):
+    """Send once a slot is free (no gate: at once); the request's clock starts inside `sending`."""
+    if gate is None:
+        return await sending
+    async with gate:
+        return await sending
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:

@@ -115,17 +115,23 @@ def bench(
     endpoint_type: str = typer.Option("completions", help="completions | chat"),
     api_key: Optional[str] = typer.Option(None, help="sent as 'Authorization: Bearer KEY' "
                                                       "(default: $OPENAI_API_KEY, as vllm bench)"),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency",
+                                                  help="at most N requests in flight (vllm bench serve's flag); "
+                                                       "without --rate every request is due at once: a closed "
+                                                       "loop of N clients"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
 ) -> None:
     """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json.
     Exits 1 when every request failed."""
     try:
+        if max_concurrency is not None and rate is None:
+            rate = math.inf                 # vllm bench serve's default rate: every request due at once
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
                                        max_output_len)
         slos = parse_slos(slo) if slo else None
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
-                          endpoint_type=endpoint_type, api_key=api_key)
+                          endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
@@ -137,9 +143,9 @@ def bench(
     folder.mkdir(parents=True, exist_ok=True)
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
-    doc = json_safe({**metrics, "endpoint": endpoint, "model": cfg.model, "workload": name,
-                     "rate": rate, "seed": seed, "length_scale": length_scale, "wall_time": wall,
-                     "failures": failures, "folder": str(folder)})
+    doc = json_safe({**metrics, "endpoint": endpoint, "model": cfg.model, "workload": name, "rate": rate,
+                     "max_concurrency": max_concurrency, "seed": seed, "length_scale": length_scale,
+                     "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
