@@ -115,15 +115,19 @@ def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float]
            block_sizes=None, max_num_seqs=None, rate: float | None = None, tolerance: float = 0.05,
            max_rate: float = 256.0, plain: bool = False, executor: str = "local", workers: int | None = None,
            ray_address: str | None = None, prices: dict[str, float] | None = None, on_done=None,
-           **load) -> SearchResult:
+           clients: int | None = None, **load) -> SearchResult:
     """The cheapest configuration (GPU x TP x block size x max_num_seqs) serving `rate` req/s within the
-    SLOs (`rate=None`: the most capacity per dollar). The grid's axes default to the deployment's own."""
+    SLOs (`rate=None`: the most capacity per dollar), or with `clients`, that many concurrent clients. The
+    grid's axes default to the deployment's own."""
+    if clients is not None and rate is not None:
+        raise PlannerError("give a target rate or a number of clients, not both")
     load.setdefault("duration", 600.0 if load.get("requests") is None else None)
     spec = run_spec(target, **load)
     d = spec.deployment
     grid = SearchGrid(base=spec, slos=_slos(slos), gpus=tuple(gpus or (d.gpu,)), tps=tuple(tps or (d.tp,)),
                       block_sizes=tuple(block_sizes or (d.block_size,)),
-                      max_num_seqs=tuple(max_num_seqs or (d.max_num_seqs,)), target_rate=rate,
+                      max_num_seqs=tuple(max_num_seqs or (d.max_num_seqs,)),
+                      target_rate=rate if clients is None else clients, clients=clients is not None,
                       tolerance=tolerance, max_rate=max_rate, plain=plain)
     runner = make_executor(executor, workers=workers, ray_address=ray_address)
     try:

@@ -83,3 +83,13 @@ def test_cli_sweeps_concurrency_and_names_it_in_the_command(tmp_path):
     assert doc["verdict"]["swept"] == ["concurrency"]
     assert [r["params"]["concurrency"] for r in doc["runs"]] == [2, 16]
     assert all("--concurrency" in r["command"] for r in doc["runs"])
+
+
+def test_search_in_clients_finds_the_cheapest_configuration_for_n_users():
+    from planner import search
+    found = search(H100, slos="tpot_p99=0.03", gpus=["h100-sxm", "a100-80g"], workload="random",
+                   params={"input_len": 512, "output_len": 64}, requests=100, clients=16, workers=1)
+    doc = found.document()
+    assert doc["capacity_unit"] == "clients" and doc["target_rate"] == 16
+    assert found.best is not None and found.best["capacity"] >= 16
+    assert all(isinstance(r["capacity"], int) for r in found.configs if r["capacity"] is not None)

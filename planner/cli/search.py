@@ -53,6 +53,10 @@ def search(
                                                      "normalized latency in s/token"),
     workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE, param: Optional[list[str]] = opt.PARAM,
     rate: str = typer.Option("max", "--rate", help="target requests/s, or 'max' for the most capacity per dollar"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
+                                              help="target N concurrent clients (a closed loop) instead of a "
+                                                   "request rate: each configuration's capacity is the most "
+                                                   "clients it serves within the SLOs"),
     duration: Optional[float] = typer.Option(600.0, help="seconds of arrivals in each simulated probe"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", help="requests per probe instead of "
                                                                            "--duration"),
@@ -85,9 +89,10 @@ def search(
         total = len(axes["gpu"]) * len(axes["tp"]) * len(axes["block_size"]) * len(axes["max_num_seqs"])
         err.print(f"searching {total} configurations of {base.model} on {load.workload} ({executor} executor); "
                   f"each configuration's row goes to {folder}/configs.csv as it finishes", highlight=False)
-        progress = SearchProgress(err, folder)
+        progress = SearchProgress(err, folder, "clients" if concurrency is not None else "req/s")
         result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
-                            block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=_rate(rate),
+                            block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"],
+                            rate=None if concurrency is not None else _rate(rate), clients=concurrency,
                             tolerance=tolerance, max_rate=max_rate, plain=plain, executor=executor,
                             workers=workers, ray_address=ray_address, prices=parse_price_overrides(price),
                             on_done=progress)
@@ -104,8 +109,8 @@ class SearchProgress:
     """Each configuration as it finishes: a line with the count done and an ETA on stderr, and its row
     appended to configs.partial.csv, so an interrupted search keeps what it found."""
 
-    def __init__(self, err: Console, folder: Path) -> None:
-        self.err, self.folder, self.started = err, folder, time.perf_counter()
+    def __init__(self, err: Console, folder: Path, unit: str = "req/s") -> None:
+        self.err, self.folder, self.unit, self.started = err, folder, unit, time.perf_counter()
         folder.mkdir(parents=True, exist_ok=True)
         self.partial = folder / "configs.partial.csv"
         self.partial.write_text(",".join(PARTIAL_COLUMNS) + "\n")
@@ -113,7 +118,7 @@ class SearchProgress:
     def __call__(self, row: dict, done: int, total: int) -> None:
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done * (total - done)
-        what = f"{row['capacity']:.3g} req/s" if row["capacity"] is not None else row["note"]
+        what = f"{row['capacity']:.3g} {self.unit}" if row["capacity"] is not None else row["note"]
         self.err.print(f"  [{done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s] {row['gpu']} x{row['tp']}, block "
                        f"{row['block_size']}, max seqs {row['max_num_seqs']}: {what}", highlight=False)
         with self.partial.open("a") as f:
@@ -139,8 +144,9 @@ def _write(result, folder: Path, err: Console) -> None:
 
 def _print_summary(result) -> None:
     console = Console() if Console().is_terminal else Console(width=160)
+    unit = "clients" if result.grid.clients else "req/s"
     table = Table(title="configurations (Pareto front first, then by cost)")
-    for col in ("gpu", "tp", "block", "max seqs", "capacity req/s", "$/hour", "req/s per $/h", "note"):
+    for col in ("gpu", "tp", "block", "max seqs", f"capacity {unit}", "$/hour", f"{unit} per $/h", "note"):
         table.add_column(col)
     rows = sorted(result.configs, key=lambda r: (not r["pareto"], r["capacity"] is None, r["cost_per_hour"],
                                                  -(r["capacity"] or 0)))
@@ -153,10 +159,10 @@ def _print_summary(result) -> None:
     target = result.grid.target_rate
     b = result.best
     if b is None:
-        console.print(f"No configuration reaches {target:g} req/s within the SLOs." if target is not None
-                      else "No configuration meets the SLOs at any rate tried.")
+        console.print(f"No configuration reaches {target:g} {unit} within the SLOs." if target is not None
+                      else "No configuration meets the SLOs at any load tried.")
         return
-    why = f"cheapest reaching {target:g} req/s" if target is not None else "most capacity per dollar"
+    why = f"cheapest reaching {target:g} {unit}" if target is not None else "most capacity per dollar"
     console.print(f"Best ({why}): {b['gpu']} x{b['tp']}, block size {b['block_size']}, max_num_seqs "
-                  f"{b['max_num_seqs']}: {b['capacity']:.3g} req/s at ${b['cost_per_hour']:.2f}/hour.",
+                  f"{b['max_num_seqs']}: {b['capacity']:.3g} {unit} at ${b['cost_per_hour']:.2f}/hour.",
                   highlight=False)

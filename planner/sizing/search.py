@@ -39,7 +39,7 @@ from planner.sizing.probe import Prober, SharedRuns
 from planner.documents import SCHEMA_VERSION
 from planner.runs.pipeline import Simulation
 from planner.runs.spec import RunSpec
-from planner.sizing.capacity import find_capacity
+from planner.sizing.capacity import find_capacity, find_concurrency
 
 CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "first_miss", "bounded", "cost_per_hour",
                "capacity_per_dollar", "meets_target", "pareto", "probes", "ttft_p99", "tpot_p99",
@@ -59,6 +59,7 @@ class SearchGrid:
     block_sizes: tuple[int, ...] = (16,)
     max_num_seqs: tuple[int, ...] = (256,)
     target_rate: float | None = None     # None: "max", the most capacity per dollar
+    clients: bool = False                # capacity in concurrent clients (a closed loop), target_rate in clients
     tolerance: float = 0.05              # relative width of the capacity bracket
     max_rate: float = 256.0
     plain: bool = False                  # every configuration from scratch, full probes (the reference)
@@ -118,13 +119,14 @@ def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounde
     row["bounded"] = bounded
     row["first_miss"] = min((r for r, ok in rates if not ok and (rate is None or r > rate)), default=None)
     if rate is None:
-        row["note"] = f"misses the SLOs even at {rates[-1][0]:.3g} req/s"
+        row["note"] = f"misses the SLOs even at {rates[-1][0]:.3g} {'clients' if g.clients else 'req/s'}"
         return row
     row["capacity"] = rate
     for name in ("ttft_p99", "tpot_p99", "normalized_latency"):
         row[name] = doc.get(name)
     if not bounded:
-        row["note"] = f"still within the SLOs at {g.max_rate:g} req/s (the highest rate tried)"
+        row["note"] = ("still within the SLOs at the most clients tried" if g.clients else
+                       f"still within the SLOs at {g.max_rate:g} req/s (the highest rate tried)")
     return row
 
 
@@ -148,9 +150,21 @@ def evaluate(task: ConfigTask) -> dict:
     return _fill(row, g, found.rate, found.doc, found.bounded, [(p.rate, p.ok) for p in found.probes])
 
 
+def evaluate_clients(task: ConfigTask) -> dict:
+    """One configuration's capacity in concurrent clients (`planner capacity --concurrency max`'s search)."""
+    g, row = task.grid, _row(task)
+    if _prepared(task, row) is None:
+        return row
+    found = find_concurrency(task.spec(), g.slos)
+    row["simulations"] = len(found.probes)
+    return _fill(row, g, found.rate, found.doc, found.bounded, [(p.rate, p.ok) for p in found.probes])
+
+
 def evaluate_family(task: FamilyTask) -> list[dict]:
     """Capacities of a family's configurations (runs in a worker), in `block_sizes` order."""
     g = task.grid
+    if g.clients:
+        return [evaluate_clients(config) for config in task.configs()]
     if g.plain:
         return [evaluate(config) for config in task.configs()]
     rows, probers = [], {}
@@ -259,6 +273,7 @@ class SearchResult:
         g, load = self.grid, self.grid.base.load
         return {"schema_version": SCHEMA_VERSION, "best": best, "configs": self.configs,
                 "target_rate": g.target_rate if g.target_rate is not None else "max",
+                "capacity_unit": "clients" if g.clients else "req/s",
                 "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
                 "duration": load.duration, "requests": load.requests, "seed": load.seed,
                 "deployment": g.base.deployment.as_dict(), "tolerance": g.tolerance,
