@@ -226,4 +226,6 @@ def test_cli_flags_reach_the_plan_and_result(tmp_path):
     warned = runner.invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "a100-80g", "-q", "fp8",
                                  "--max-model-len", "4096", "--requests", "10", "--out", str(tmp_path), "--json"])
     assert warned.exit_code == 0, warned.output
-    assert any("FP8 Marlin" in w for w in json.loads(warned.stdout)["warnings"])
+    doc = json.loads(warned.stdout)
+    assert any("FP8 Marlin" in w for w in doc["warnings"])
+    assert any(n.startswith("weight-only kernels (Marlin)") for n in doc["not_modelled"])

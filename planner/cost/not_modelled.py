@@ -29,6 +29,12 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
                      "are scaled by the kernel factor" + (f" ({factor_source})" if factor_source else ""))
         if tp > 1:
             notes.append("tensor parallelism: the profile covers one device; all-reduce time is not measured")
+    if "weight-only" in cost_model or "16-bit math" in cost_model:
+        notes.append("weight-only kernels (Marlin): priced by the bytes their smaller weights save; the "
+                     "dequantization inside the kernel and its large-batch tiles are not measured")
+    if "priced as bf16 KV" in cost_model:
+        notes.append("FP8 KV cache: no measured FP8-KV attention table for this GPU; attention priced as with a "
+                     "16-bit cache (the memory plan still holds FP8 blocks)")
     if enable_prefix_caching:
         notes.append("prefix caching: hashing and lookup cost on the host is not priced")
     if preemption_mode == "swap":
