@@ -144,7 +144,8 @@ def test_unknown_workload_and_parameters():
 
 
 def test_every_workload_is_listed_and_builds():
-    assert set(WORKLOADS) == {"sharegpt", "alpaca", "chatbot", "prefix", "parallel", "beam", "fixed", "uniform"}
+    assert set(WORKLOADS) == {"sharegpt", "alpaca", "chatbot", "prefix", "parallel", "beam", "fixed", "uniform",
+                              "random"}
     for name in WORKLOADS:
         trace = make_trace(name, num_requests=30, rate=1.0)
         assert len(trace) == 30 and trace.name == name
@@ -158,3 +159,13 @@ def test_lengths_do_not_depend_on_arrivals():
     # a shorter trace is a prefix of a longer one
     c = make_trace("sharegpt", num_requests=50, rate=1.0, seed=5)
     assert c.requests == a.requests[:50]
+
+
+def test_random_takes_vllm_bench_lengths_within_the_range_ratio():
+    exact = make_trace("random", num_requests=50, input_len=300, output_len=40)
+    assert {(r.prompt_len, r.output_len) for r in exact.requests} == {(300, 40)}
+    spread = make_trace("random", num_requests=2000, input_len=300, output_len=40, range_ratio=0.5)
+    prompts = [r.prompt_len for r in spread.requests]
+    assert min(prompts) >= 150 and max(prompts) <= 450 and 280 < sum(prompts) / len(prompts) < 320
+    with pytest.raises(TraceError, match="range_ratio"):
+        make_trace("random", num_requests=5, range_ratio=1.5)
