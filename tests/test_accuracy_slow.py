@@ -1,4 +1,5 @@
-"""Accuracy as a test: short live validations on this machine must meet the targets.
+"""Accuracy as a test: short live validations on this machine must meet the targets (or fall inside the
+interval the profile's timing noise allows), and main.sh's run must be long enough to judge.
 
 Each case runs `planner validate --reprofile --json` as a user does, in its own
 process: a quick profile timed along the live run (points between its steps,
@@ -34,7 +35,13 @@ def test_validation_after_a_fresh_profile_meets_the_targets(tmp_path, case):
     assert doc["profile_check"]["reason"].startswith("profiled just now") and "between the live run's steps" in \
         doc["profile_check"]["reason"]
     errors = {name: doc["comparison"][name]["relative_error"] for name in TARGETS}
-    where = ", ".join(f"{name} {err:+.1%}" for name, err in errors.items()) + \
-        f"; attribution {doc['error_attribution']}"
+    where = ", ".join(f"{name} {err:+.1%} (inside the simulated interval: "
+                      f"{doc['comparison'][name]['inside_interval']})" for name, err in errors.items())
+    judged = doc["verdict"]["judged"]
+    assert set(judged) == set(TARGETS) and doc["verdict"]["seeds"] == 5
     for name, limit in TARGETS.items():
-        assert abs(errors[name]) <= limit, where
+        # Within the target, or inside the 90% interval of the simulations with the profile's timing noise.
+        assert abs(errors[name]) <= limit or doc["comparison"][name]["inside_interval"], where
+        assert judged[name]["pass"], where
+    if case == "main.sh":
+        assert not doc["verdict"]["live"]["window_too_short"], doc["verdict"]["lines"]

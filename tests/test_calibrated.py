@@ -208,7 +208,7 @@ def test_damaged_files_are_refused(profile_file, damage, message):
 
 
 def test_mismatched_model_gpu_or_tp_is_refused(profile_file):
-    with pytest.raises(PlannerError, match="for model 'opt-125m', not 'opt-13b'.*num_layers"):
+    with pytest.raises(PlannerError, match="describes model 'opt-125m', not 'opt-13b'.*num_layers"):
         CalibratedCostModel.from_file(profile_file, model=resolve_model("opt-13b"))
     with pytest.raises(PlannerError, match="for GPU 'cpu', not 'a100-40g'"):
         CalibratedCostModel.from_file(profile_file, gpu="a100")

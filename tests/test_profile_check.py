@@ -81,7 +81,7 @@ def test_another_cpu_makes_the_profile_stale_without_timing_anything(tiny, tmp_p
 def test_a_gpu_profile_without_the_gpu_is_checked_by_fingerprint_only(tiny, tmp_path, monkeypatch):
     _, profile = tiny
     path = _saved(profile, tmp_path, **{"fingerprint.device_kind": "gpu", "fingerprint.device_name": "NVIDIA H200",
-                                        "device.gpu": "h200"})
+                                        "device.gpu": "h200", "device.kind": "gpu", "device.device_name": "NVIDIA H200"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check = check_profile(load_profile(path), path, model_folder="unused")
     assert check.status == "unchecked" and check.fingerprint_only and "checked by fingerprint only" in check.reason
@@ -121,7 +121,9 @@ def test_profiles_match_on_block_size_dtype_and_tp(tiny, tmp_path):
     assert config_differences(profile, block_size=16, dtype="float16", tp=2) == ["dtype float32 (run: float16)",
                                                                                  "TP 1 (run: 2)"]
     # A second profile with the other block size is found beside the first.
-    save_profile(profile.model_copy(update={"block_size": 32}), tmp_path / "cpu" / "tiny-bs32.json")
+    bs32 = profile.model_copy(update={"block_size": 32,
+                                      "fingerprint": profile.fingerprint.model_copy(update={"block_size": 32})})
+    save_profile(bs32, tmp_path / "cpu" / "tiny-bs32.json")
     assert find_profile(tmp_path / "cpu", spec, block_size=32, dtype="float32", tp=1)[0].name == "tiny-bs32.json"
 
 

@@ -31,8 +31,9 @@ def llama_dir(tmp_path_factory):
 def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir, tmp_path, mode):
     # All requests at t=0: scheduling no longer depends on step times, so the
     # simulator must reproduce the engine's decisions exactly.
+    # max_model_len within the 12-block cache: the engine refuses a longer one, as vLLM does (40 + 30 tokens fit).
     deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, num_gpu_blocks=12, preemption_mode=mode,
-                            max_num_seqs=8)
+                            max_num_seqs=8, max_model_len=80)
     spec = ValidationSpec(deployment, workload="alpaca", rate=math.inf, requests=10, length_scale=1.0,
                           max_prompt_len=40, max_output_len=30, attribution=True)
     v = validate(spec, cost_model=ConstantCost())
@@ -108,6 +109,7 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     # A profile taken while the device ran 10x slower than now: the canaries bracketing the live run
     # see it, the simulation prices steps with the profile scaled by that level, and the report
     # keeps the errors without the correction.
+    from planner.profile.fit import fit_all
     from planner.profile.schema import save_profile
     from planner.profile.run import ProfileOptions, run_profile
     from planner.validation.report import as_json
@@ -117,6 +119,7 @@ def test_speed_level_from_canaries_scales_the_simulation(llama_dir, tmp_path):
     profile = run_profile(ProfileOptions(Deployment(model=llama_dir, gpu="cpu"), quick=True, repeats=2, grid_overrides=grid))
     for m in profile.measurements:
         m.median_s *= 10
+    profile.fit = fit_all(profile.measurements)       # refitted: a profile's fit prices its own measurements
     path = save_profile(profile, tmp_path / "slow.json")
     cfg = dict(deployment=Deployment(model=llama_dir, gpu="cpu"), workload="alpaca", rate=math.inf, requests=6,
                length_scale=0.5, max_prompt_len=40, max_output_len=16, profile=str(path), attribution=True)

@@ -18,15 +18,24 @@ from planner.cli.output import REPORTS_DIR, fail
 from planner.errors import PlannerError
 from planner.validation.compare import Validation
 from planner.validation.external import validate_endpoint, validate_measured
-from planner.validation.report import TARGETS, write_report
+from planner.validation.report import TARGETS, inside_text, interval_text, write_report
 from planner.validation.run import check_device, validate
 from planner.validation.spec import ValidationSpec
+from planner.validation.spread import DEFAULT_SEEDS
 from workloads import TraceError
 
 # The in-process validation's device and model: this machine's CPU and a small model with random weights.
 DEFAULTS = {"model": "opt-125m", "gpu": "cpu"}
-# --quick: the README's main job ends with this (a couple of minutes on 2 cores).
-QUICK = dict(requests=24, rate=3.0, length_scale=0.15, max_output_len=96)
+# --quick: the README's main job ends with this (a couple of minutes on 2 cores). Long enough for its own
+# verdict to judge: the steady window (the middle 80% of the arrivals, ~20 s) must span 5 mean latencies,
+# and simulated with the shipped profile it spans 9.5 (6.7 with every step 30% slower, 5.2 at 60%); the
+# 24 requests at 3 req/s of lengths x0.15 it replaced spanned 1.5 and were "too short to judge".
+QUICK = dict(requests=56, rate=2.0, length_scale=0.08, max_output_len=64)
+
+
+SEEDS = typer.Option(DEFAULT_SEEDS, "--seeds", help="simulate the live run's trace K more times with the "
+                     "profile's timing noise (seeded 1..K, in a process pool) and judge each metric against their "
+                     "90% interval as well as its target; 0: no interval")
 
 
 @deployment_options
@@ -47,7 +56,9 @@ def validate_cmd(
                                                                "(default: the first of /v1/models)"),
     profile: Optional[Path] = opt.PROFILE,
     out: Optional[Path] = typer.Option(None, help="report folder (default: reports/validate/<time>-<model>-<workload>)"),
-    quick: bool = typer.Option(False, help="a short run (24 requests, short lengths)"),
+    quick: bool = typer.Option(False, help=f"a short run ({QUICK['requests']} requests at {QUICK['rate']:g} req/s, "
+                                           f"lengths x{QUICK['length_scale']:g}: a steady window of ~20 s, long "
+                                           f"enough to judge)"),
     reprofile: Optional[bool] = typer.Option(None, "--reprofile/--no-reprofile",
                                              help="--reprofile: profile this device (--quick; on a CPU its points "
                                                   "timed between the live run's steps, on a GPU half right "
@@ -64,6 +75,7 @@ def validate_cmd(
                                                                    "live step times and the host time between "
                                                                    "steps, and simulate without the speed "
                                                                    "correction (three more simulations)"),
+    seeds: int = SEEDS,
     as_json_flag: bool = opt.AS_JSON,
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a report folder."""
@@ -71,29 +83,37 @@ def validate_cmd(
     try:
         if endpoint is not None and measured is not None:
             raise PlannerError("give one of --endpoint and --measured, not both")
-        trace = dict(workload=workload, rate=rate, requests=requests, seed=seed, length_scale=length_scale,
-                     max_output_len=max_output_len, **(QUICK if quick else {}))
+        trace = {**dict(workload=workload, rate=rate, requests=requests, seed=seed, length_scale=length_scale,
+                        max_output_len=max_output_len), **(QUICK if quick else {}), "seeds": seeds}
         if endpoint is not None or measured is not None:
             return _validate_deployment(deployments, trace, endpoint, measured, served_model_name, profile, out,
                                         as_json_flag, err)
         spec = ValidationSpec(deployment=deployments.one("validate", **DEFAULTS), **trace,
                               profile=str(profile) if profile else None, speed_correction=speed_correction,
                               attribution=attribution)
-        folder = out or _default_folder(spec.deployment.model, workload)
-        check_device(spec.deployment.gpu)
-        err.print(f"validate: {spec.requests} {spec.workload} requests at {spec.rate} req/s on "
-                  f"{spec.deployment.gpu} ({spec.deployment.model}); live run first, then the simulation")
-
-        def progress(done: int, total: int) -> None:
-            if done == total or done % 8 == 0:
-                err.print(f"  live: {done}/{total} requests finished")
-
-        result = validate(spec, reprofile=reprofile, profile_out=folder / "profile.json", progress=progress,
-                          say=lambda line: err.print(line, highlight=False, markup=False))
-        paths, doc = write_report(result, folder)
+        result, paths, doc = _validate_here(spec, out or _default_folder(spec.deployment.model, workload),
+                                            reprofile, err)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     _print_result(result, paths, doc, as_json_flag)
+
+
+def _validate_here(spec: ValidationSpec, folder: Path, reprofile: bool | None,
+                   err: Console) -> tuple[Validation, dict, dict]:
+    """The in-process validation: the live engine on this machine, then the simulations; the report written."""
+    check_device(spec.deployment.gpu)
+    err.print(f"validate: {spec.requests} {spec.workload} requests at {spec.rate} req/s on "
+              f"{spec.deployment.gpu} ({spec.deployment.model}); live run first, then the simulation"
+              + (f" and {spec.seeds} more with timing noise" if spec.seeds else ""))
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 8 == 0:
+            err.print(f"  live: {done}/{total} requests finished")
+
+    result = validate(spec, reprofile=reprofile, profile_out=folder / "profile.json", progress=progress,
+                      say=lambda line: err.print(line, highlight=False, markup=False))
+    paths, doc = write_report(result, folder)
+    return result, paths, doc
 
 
 def _default_folder(model: str, name: str) -> Path:
@@ -130,6 +150,11 @@ def _print_result(result: Validation, paths: dict, doc: dict, as_json_flag: bool
         return
     console = Console()
     console.print(_comparison_table(result))
+    if result.spread is not None:
+        sp = result.spread
+        console.print(f"90% interval: over {len(sp.seeds)} simulations of the trace with the profile's timing "
+                      f"noise ({sp.wall_s:.1f} s on {sp.workers} worker(s)); 'in it' shows the nearest edge's "
+                      f"error when the measurement is outside", highlight=False)
     s = result.step_error_summary()
     if s:
         console.print(f"per-step error: median |e| {s['median_abs']:.1%}, p90 |e| {s['p90_abs']:.1%}")
@@ -148,12 +173,14 @@ def _print_result(result: Validation, paths: dict, doc: dict, as_json_flag: bool
 
 def _comparison_table(result: Validation) -> Table:
     table = Table(title=f"simulated vs measured ({result.cost_model})")
-    for col in ("metric", "measured", "simulated", "error", "target"):
+    columns = ("metric", "measured", "simulated", "error", "90% interval", "in it", "target")
+    for col in columns:
         table.add_column(col, justify="right" if col != "metric" else "left")
     for name, row in result.comparison().items():
         e = row["relative_error"]
         target = TARGETS.get(name)
         table.add_row(name, f"{row['measured']:.4g}" if row["measured"] is not None else "–",
                       f"{row['simulated']:.4g}" if row["simulated"] is not None else "–",
-                      "–" if e is None else f"{e:+.1%}", f"±{target:.0%}" if target else "")
+                      "–" if e is None else f"{e:+.1%}", interval_text(row), inside_text(row),
+                      f"±{target:.0%}" if target else "")
     return table

@@ -97,7 +97,9 @@ class CalibratedCostModel:
             # The architecture decides timing; a folder and a catalog entry of the same shape both match.
             differs = profile.model.mismatch(model)
             if differs:
-                raise PlannerError(f"{where} is for model {profile.model.name!r}, not {model.name!r} ({differs})")
+                raise PlannerError(f"{where} describes model {profile.model.name!r}, not {model.name!r} "
+                                   f"({differs}): profile {model.name} (planner profile --model {model.name}) "
+                                   f"or pass its profile")
         return cls(profile, source=str(path), sampling=sampling)
 
     def scale_decode_attention(self, factor: float) -> None:

@@ -5,7 +5,8 @@ software ran it, the model architecture, the grid of shapes, every raw timing,
 and the fitted step-time components with their cross-validated errors. A
 damaged file (not JSON, missing or mistyped fields, unknown extra fields) or a
 file of another schema version is refused with a one-line PlannerError that
-names the file and what is wrong.
+names the file and what is wrong; so is one whose fits are not finite, positive
+and monotone, or whose labels contradict it (planner/profile/validity.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.catalog import ModelSpec
 from planner.errors import PlannerError
+from planner.profile.validity import check_profile_labels, check_profile_values
 
 # Bump when a field changes meaning or the step-time model changes; old files are then refused.
 PROFILE_SCHEMA_VERSION = 1
@@ -238,6 +240,8 @@ def load_profile(path: str | Path) -> Profile:
         if not curve.knots or len(curve.knots) != len(curve.values) or curve.knots != sorted(set(curve.knots)):
             raise PlannerError(f"profile {path}: damaged (fit.{name}: knots must be increasing and "
                                "match the values)")
+    check_profile_values(profile, path)
+    check_profile_labels(profile, path)
     return profile
 
 

@@ -8,6 +8,7 @@ from planner.catalog import ModelSpec
 from planner.cost.shape import StepShape
 from planner.profile.speed import SpeedLevel, SpeedTimeline
 from planner.validation.spec import ValidationSpec
+from planner.validation.spread import Spread, place
 
 # Metrics compared, in report order.
 COMPARED = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_median", "ttft_p99",
@@ -45,20 +46,29 @@ class Validation:
     speed_level: SpeedLevel | None = None
     speed_timeline: SpeedTimeline | None = None   # the device's speed through the run (profiled along it)
     uncorrected: dict | None = None      # the simulated metrics without the speed level or timeline
+    spread: Spread | None = None         # K simulations with timing noise (planner/validation/spread.py)
 
-    def comparison(self) -> dict[str, dict[str, float | None]]:
+    def comparison(self) -> dict[str, dict[str, float | bool | None]]:
+        """Per metric: measured, simulated (noiseless), relative_error, and against the noisy simulations'
+        interval: interval_low, interval_high, inside_interval, interval_miss (None without a spread)."""
         rows = {}
+        intervals = self.spread.intervals if self.spread is not None else {}
         for name in COMPARED:
-            measured, simulated = _metric(self.live.metrics, name), _metric(self.simulated, name)
+            measured, simulated = metric(self.live.metrics, name), metric(self.simulated, name)
+            bounds = intervals.get(name)
+            inside, miss = place(measured, bounds)
             rows[name] = {"measured": measured, "simulated": simulated,
-                          "relative_error": _relative(measured, simulated)}
+                          "relative_error": _relative(measured, simulated),
+                          "interval_low": bounds["low"] if bounds else None,
+                          "interval_high": bounds["high"] if bounds else None,
+                          "inside_interval": inside, "interval_miss": miss}
         return rows
 
     def uncorrected_errors(self) -> dict[str, float | None]:
         """Relative errors of the headline metrics had the simulation used the profile as it is, at one speed."""
         if self.uncorrected is None:
             return {}
-        return {name: _relative(_metric(self.live.metrics, name), _metric(self.uncorrected, name))
+        return {name: _relative(metric(self.live.metrics, name), metric(self.uncorrected, name))
                 for name in ("request_throughput", "e2e_mean", "step_time_median")}
 
     def step_error_summary(self) -> dict[str, float]:
@@ -73,7 +83,7 @@ def _relative(measured: float | None, simulated: float | None) -> float | None:
     return None if measured is None or simulated is None or measured == 0 else simulated / measured - 1
 
 
-def _metric(metrics: dict, name: str) -> float | None:
+def metric(metrics: dict, name: str) -> float | None:
     value = metrics.get(name)
     if name == "preemptions" and isinstance(value, dict):
         return float(value.get("total", 0))

@@ -28,8 +28,9 @@ from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.runs.pipeline import build_cost_model
 from planner.sim import simulate
-from planner.validation.compare import LiveRun, Validation
+from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.spec import ValidationSpec
+from planner.validation.spread import simulate_spread
 from workloads import Trace, TraceRequest
 
 
@@ -95,7 +96,10 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
     sim = simulate(trace, plan, cost, seed=spec.seed)
     live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
                    plan.max_num_batched_tokens, kernels)
-    return Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
+    result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
+    result.spread = simulate_spread(trace, plan, cost, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
+                                    metrics=COMPARED)
+    return result
 
 
 # -- a live endpoint ----------------------------------------------------------------------

@@ -3,7 +3,10 @@
 The live run replays the trace online on this machine's device; the simulator
 then runs the same trace once, with the live engine's exact cache size and
 limits, priced by the calibrated cost model. Both use the same scheduler and
-block manager, so every difference comes from predicted step times.
+block manager, so every difference comes from predicted step times. The same
+trace is then simulated `spec.seeds` more times with the profile's timing
+noise, for the interval each measurement is judged against
+(planner/validation/spread.py).
 
 The profile: the one for this device and deployment, checked first (its
 fingerprint and a canary); a stale one, or any with `reprofile=True`, is
@@ -29,9 +32,10 @@ from planner.profile.schema import profile_path
 from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim import simulate
 from planner.validation.attribution import run_attribution
-from planner.validation.compare import LiveRun, Validation
+from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.live import run_live
 from planner.validation.spec import ValidationSpec
+from planner.validation.spread import simulate_spread
 
 
 def check_device(gpu_name: str) -> GpuSpec:
@@ -99,7 +103,7 @@ def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out
 
 def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_model: CostModel | None, fresh,
                      progress) -> Validation:
-    """The live run (profiled along it with `fresh`), then one simulation of the same trace."""
+    """The live run (profiled along it with `fresh`), then the simulations of the same trace."""
     trace = spec.trace()
     gpu = resolve_gpu(spec.deployment.gpu)
     if fresh is not None:
@@ -117,9 +121,15 @@ def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_m
         if timeline is not None:
             timeline.applied = spec.speed_correction is not False
     level = SpeedLevel(*live.speed, applied=spec.speed_correction is True) if probe else None
-    priced = cost_model
-    if level is not None and level.applied and level.factor is not None:
-        priced = ScaledCostModel(cost_model, level.factor)
+    return _compare(spec, trace, model, live, cost_model, level, timeline)
+
+
+def _compare(spec: ValidationSpec, trace, model: ModelSpec, live: LiveRun, cost_model: CostModel,
+             level: SpeedLevel | None, timeline) -> Validation:
+    """The simulation of the live run's trace (and its noisy seeds, and the attribution when asked), priced as
+    the run's speed says, beside what was measured."""
+    factor = level.factor if level is not None and level.applied else None
+    priced = ScaledCostModel(cost_model, factor) if factor is not None else cost_model
     speed = timeline if timeline is not None and timeline.applied else None
     plan = _plan_of(spec, live)
     sim = simulate(trace, plan, priced, seed=spec.seed, device_speed=speed)
@@ -127,6 +137,8 @@ def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_m
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
     result = Validation(spec, model, live, sim.summary(), sim.steps, sim.requests, priced.name, step_errors,
                         speed_level=level, speed_timeline=timeline)
+    result.spread = simulate_spread(trace, plan, cost_model, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
+                                    metrics=COMPARED, speed_factor=factor, timeline=speed)
     if spec.attribution:
         result.attribution = run_attribution(trace, plan, priced, live.steps, live.requests, live.metrics,
                                              result.simulated, seed=spec.seed)

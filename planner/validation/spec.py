@@ -25,7 +25,12 @@ class ValidationSpec:
     # timed along the run, yes; a canary speed level, no (True applies either, False neither).
     speed_correction: bool | None = None
     attribution: bool = False          # also split the error by source (replays: planner/validation/attribution.py)
+    seeds: int = 5                     # simulations with timing noise for the intervals (planner/validation/spread.py)
     kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int) or self.seeds < 0:
+            raise PlannerError(f"--seeds must be 0 (no intervals) or a positive number, got {self.seeds}")
 
     def trace(self) -> Trace:
         if not self.rate > 0:
