@@ -34,8 +34,8 @@ QUICK = dict(requests=56, rate=2.0, length_scale=0.08, max_output_len=64)
 
 
 SEEDS = typer.Option(DEFAULT_SEEDS, "--seeds", help="simulate the live run's trace K more times with the "
-                     "profile's timing noise (seeded 1..K, in a process pool) and judge each metric against their "
-                     "90% interval as well as its target; 0: no interval")
+                     "profile's timing noise (seeded 1..K; a process pool when they are slow) and judge each "
+                     "metric against their 90% interval as well as its target; 0: no interval")
 
 
 @deployment_options
