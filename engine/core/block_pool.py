@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 class BlockPool:
     __slots__ = ("num_blocks", "ref_counts", "fill", "free_list", "num_token_states",
-                 "block_hash", "cached", "evictor")
+                 "block_hash", "cached", "evictor", "events")
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -25,6 +25,10 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}              # prefix hash -> block
         self.evictor: OrderedDict[int, None] = OrderedDict()   # free cached blocks, LRU first
+        # None, or a list that receives (True, hash) when a block enters the prefix cache
+        # and (False, hash) when one leaves it: vLLM's KV events (BlockStored,
+        # BlockRemoved), which a prefix-aware router reads (planner/sim/router.py).
+        self.events: list | None = None
 
     def num_free(self) -> int:
         return len(self.free_list) + len(self.evictor)
@@ -39,8 +43,11 @@ class BlockPool:
             block = self.free_list.pop()
         else:
             block, _ = self.evictor.popitem(last=False)
-            del self.cached[self.block_hash[block]]
+            h = self.block_hash[block]
+            del self.cached[h]
             self.block_hash[block] = None
+            if self.events is not None:
+                self.events.append((False, h))
             self.fill[block] = 0
         self.ref_counts[block] = 1
         self.num_token_states += filled
@@ -74,3 +81,5 @@ class BlockPool:
         if self.block_hash[block] is None and prefix_hash not in self.cached:
             self.block_hash[block] = prefix_hash
             self.cached[prefix_hash] = block
+            if self.events is not None:
+                self.events.append((True, prefix_hash))

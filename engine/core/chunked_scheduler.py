@@ -72,6 +72,8 @@ class VllmBlockPool(BlockPool):
         if h is not None:
             del self.cached[h]
             self.block_hash[block] = None
+            if self.events is not None:
+                self.events.append((False, h))
         self.ref_counts[block] = 1
         self.num_token_states += filled
         self.fill[block] = filled
@@ -134,7 +136,7 @@ class ChunkedScheduler(Scheduler):
         truncated: list[SequenceGroup] = []
         budget = self._schedule_running(budget, groups, seqs, counts, preempted)
         if not preempted:
-            budget = self._schedule_waiting(now, budget, groups, seqs, counts, rejected, truncated)
+            budget = self.schedule_waiting(now, budget, groups, seqs, counts, rejected, truncated)
         num_tokens = self.config.max_num_batched_tokens - budget
         # A step is a "prefill" one only when it decodes nothing (kept for the
         # paper-era consumers that classify steps as a whole).
@@ -176,17 +178,19 @@ class ChunkedScheduler(Scheduler):
             i += 1
         return budget
 
-    def _schedule_waiting(self, now: float, budget: int, groups: list, seqs: list, counts: list,
-                          rejected: list, truncated: list) -> int:
+    def schedule_waiting(self, now: float, budget: int, groups: list, seqs: list, counts: list,
+                         rejected: list, truncated: list) -> int:
         """Pass 2 (only in a step that preempted nothing): waiting requests in order,
         while the budget lasts and fewer than ``max_num_seqs`` run, each with its
         prefix-cache hits and a chunk of its prompt; the first that does not fit ends
-        admission. Collects the step's entries; returns the budget left."""
+        admission. Collects the step's entries; returns the budget left. (Public for the
+        simulator's fast path, which decodes the running requests itself and then
+        admits through this very pass.)"""
         allocator = self.allocator
         max_num_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             group = self.waiting[0]
-            problem = self._never_fits(group)
+            problem = self.never_fits(group)
             if problem is not None:
                 self.waiting.popleft()
                 if group.times.first_token is None:
@@ -225,8 +229,9 @@ class ChunkedScheduler(Scheduler):
             group.times.first_scheduled = now
         self.running.append(group)
 
-    def _never_fits(self, group: SequenceGroup) -> str | None:
-        """Why the request can never run, or None."""
+    def never_fits(self, group: SequenceGroup) -> str | None:
+        """Why the request can never run (it would be rejected or truncated at the head of
+        the queue), or None."""
         cfg = self.config
         if group.params.best_of > 1 or group.params.use_beam_search:
             return ("parallel sampling (best_of > 1) and beam search are not supported with chunked "

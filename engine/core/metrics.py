@@ -15,6 +15,7 @@ Throughput counts every generated token.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter, mul, sub
 
 from engine.core.kv_allocator import MemoryBreakdown
 from engine.core.scheduler import SchedulerOutput
@@ -162,17 +163,20 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _median_p99(values: list[float]) -> tuple[float, float]:
+LARGE = 100_000   # values from which numpy beats lists (and is worth its import)
+
+
+def _median_p99(values) -> tuple[float, float]:
     """percentile(values, 50) and (values, 99), selecting the few order statistics
     they need instead of sorting twice: an hour's ITLs are millions of values."""
     n = len(values)
-    if n < 100_000:
+    if n < LARGE:
         xs = sorted(values)
         return percentile(xs, 50), percentile(xs, 99)
     import numpy as np   # only for large lists: the core imports fast without it
     positions = [(n - 1) * q / 100.0 for q in (50, 99)]
     ranks = sorted({min(int(p) + d, n - 1) for p in positions for d in (0, 1)})
-    picked = np.partition(np.array(values, dtype=np.float64), ranks)
+    picked = np.partition(np.asarray(values, dtype=np.float64), ranks)
     order = {r: float(picked[r]) for r in ranks}   # exactly the sorted list's values at these ranks
     out = []
     for pos in positions:
@@ -182,12 +186,47 @@ def _median_p99(values: list[float]) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
-    """(mean, median, p99), or Nones when there is nothing to summarize."""
-    if not values:
+def _stats(values) -> tuple[float | None, float | None, float | None]:
+    """(mean, median, p99) of a list (or, when large, a numpy array), or Nones when it is empty."""
+    if not len(values):
         return None, None, None
     median, p99 = _median_p99(values)
-    return _mean(values), median, p99
+    mean = _mean(values) if isinstance(values, list) else float(values.sum()) / len(values)
+    return mean, median, p99
+
+
+def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
+    """Every gap of every request, pooled, and each request's own p99 gap."""
+    pooled: list[float] = []
+    worst: list[float] = []
+    if sum(len(r.token_times) for r in done) >= LARGE:
+        return _gaps_numpy(done)
+    for r in done:
+        gaps = r.itl
+        if gaps:
+            pooled += gaps
+            worst.append(percentile(gaps, 99))
+    return pooled, worst
+
+
+def _gaps_numpy(done: list[RequestRecord]):
+    """_gaps for millions of token times: the same differences and the same per-request
+    percentile arithmetic, on numpy arrays (the pooled gaps stay one)."""
+    import numpy as np
+    parts = []
+    worst: list[float] = []
+    for r in done:
+        times = r.token_times
+        n = len(times) - 1
+        if n > 0:
+            gaps = np.diff(np.array(times, dtype=np.float64))
+            parts.append(gaps)
+            xs = np.sort(gaps)
+            pos = (n - 1) * 99 / 100.0
+            lo = int(pos)
+            hi = min(lo + 1, n - 1)
+            worst.append(float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)))
+    return (np.concatenate(parts) if parts else []), worst
 
 
 MEMORY_PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
@@ -289,13 +328,7 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
         m.ttft_mean, m.ttft_median, m.ttft_p99 = _stats([r.ttft for r in done])
         m.tpot_mean, m.tpot_median, m.tpot_p99 = _stats([t for r in done if (t := r.tpot) is not None])
-        pooled: list[float] = []          # every gap of every request
-        worst: list[float] = []           # each request's own p99 gap
-        for r in done:
-            gaps = r.itl
-            if gaps:
-                pooled += gaps
-                worst.append(percentile(gaps, 99))
+        pooled, worst = _gaps(done)       # every gap of every request; each request's own p99 gap
         m.itl_mean, m.itl_median, m.itl_p99 = _stats(pooled)
         m.itl_p50 = m.itl_median
         m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)
@@ -303,33 +336,41 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.normalized_latency = _mean([r.normalized_latency for r in done])
         m.mean_concurrency = sum(r.e2e for r in done) / span if span > 0 else None
     if steps:
-        # A decode step decodes at least one token (a chunked-prefill step that
-        # mixes prompt chunks with decodes counts as one); a prefill step only
-        # computes prompts; a step that only moves blocks (a swap) is neither.
-        decode = [s.batch_size for s in steps if s.decode_tokens > 0]
-        prefill = [s.batch_size for s in steps if s.prefill_tokens > 0 and s.decode_tokens == 0]
-        m.num_steps, m.num_prefill_steps, m.num_decode_steps = len(steps), len(prefill), len(decode)
-        m.mean_batch_size = _mean(decode)
-        m.mean_prefill_batch_size = _mean(prefill)
-        m.mean_step_batch_size = _mean([s.batch_size for s in steps])
-        m.memory_breakdown = _memory_breakdown(steps)
-        m.kv_utilization = m.memory_breakdown["token_states"]
-        busy = sum(s.duration for s in steps)
-        m.step_time_mean = busy / len(steps)
-        m.step_time_median = percentile([s.duration for s in steps], 50)
+        _step_metrics(m, steps)
     counts = dict(preemptions or {"recompute": 0, "swap": 0})
     counts["total"] = sum(v for k, v in counts.items() if k != "total")
     m.preemptions = counts
     return m
 
 
-def _memory_breakdown(steps: list[StepRecord]) -> dict[str, float]:
+def _step_metrics(m: Metrics, steps: list[StepRecord]) -> None:
+    """The step counts, batch sizes, memory breakdown and step times (each sum taken in step order,
+    the attribute reads done by `operator`: a long run has hundreds of thousands of steps)."""
+    # A decode step decodes at least one token (a chunked-prefill step that
+    # mixes prompt chunks with decodes counts as one); a prefill step only
+    # computes prompts; a step that only moves blocks (a swap) is neither.
+    decode = [s.batch_size for s in steps if s.decode_tokens > 0]
+    prefill = [s.batch_size for s in steps if s.prefill_tokens > 0 and s.decode_tokens == 0]
+    m.num_steps, m.num_prefill_steps, m.num_decode_steps = len(steps), len(prefill), len(decode)
+    m.mean_batch_size = _mean(decode)
+    m.mean_prefill_batch_size = _mean(prefill)
+    m.mean_step_batch_size = _mean(list(map(attrgetter("batch_size"), steps)))
+    durations = list(map(sub, map(attrgetter("end"), steps), map(attrgetter("start"), steps)))
+    m.memory_breakdown = _memory_breakdown(steps, durations)
+    m.kv_utilization = m.memory_breakdown["token_states"]
+    busy = sum(durations)
+    m.step_time_mean = busy / len(steps)
+    m.step_time_median = percentile(durations, 50)
+
+
+def _memory_breakdown(steps: list[StepRecord], durations: list[float]) -> dict[str, float]:
     """Share of KV slots per use, weighted by step duration (plain mean if no time passed)."""
     first = steps[0]
     total_slots = sum(getattr(first, p) for p in MEMORY_PARTS)
     if total_slots <= 0:
         return {p: 0.0 for p in MEMORY_PARTS}
-    busy = sum(s.duration for s in steps)
+    busy = sum(durations)
     if busy > 0:
-        return {p: sum(getattr(s, p) * s.duration for s in steps) / (busy * total_slots) for p in MEMORY_PARTS}
-    return {p: sum(getattr(s, p) for s in steps) / (len(steps) * total_slots) for p in MEMORY_PARTS}
+        return {p: sum(map(mul, map(attrgetter(p), steps), durations)) / (busy * total_slots)
+                for p in MEMORY_PARTS}
+    return {p: sum(map(attrgetter(p), steps)) / (len(steps) * total_slots) for p in MEMORY_PARTS}

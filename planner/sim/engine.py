@@ -12,11 +12,13 @@ steps that provably change nothing but the token counts are taken in one go
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Callable
 
 import simpy
@@ -31,6 +33,7 @@ from planner.cost.shape import CostModel, StepShape, reads_context_histogram, st
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
+from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
@@ -86,13 +89,24 @@ class SimResult:
                 "simulated_time": self.simulated_time, "cost_model": self.cost_model, "params": self.params}
 
 
+class Due:
+    """When the next request arrives (inf: none is due). The arrival process sets it before it sleeps;
+    an engine yields once when a step ends exactly then, so that the request joins first."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+
 class SimulatedEngine:
     """The engine process and the state the arrival process hands it requests through."""
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
                  executor: SyntheticExecutor, total: int, progress: Progress | None,
                  fast_forward: bool = True, watch: Watch | None = None,
-                 device_speed: Callable[[float], float] | None = None) -> None:
+                 device_speed: Callable[[float], float] | None = None, due: Due | None = None,
+                 routed: bool = False) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -103,14 +117,24 @@ class SimulatedEngine:
         self.fast_forward = fast_forward
         self.watch = watch
         self.device_speed = device_speed
-        self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows
-        self.next_arrival = math.inf       # when the arrival process next releases a request
+        self.fast_forwarded_steps = 0      # steps taken inside fast-forward windows and the decode batch
+        self.due = due or Due()            # the next arrival (to this engine, or with `routed` to any)
+        # Routed: a router picks the engine of each request when it arrives, so the engine cannot know
+        # its next arrival; its windows run on and a request routed to it cuts them (`cut`).
+        self.routed = routed
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
         self.clients: deque | None = None      # closed loop: the requests the clients have still to send
+        self.on_ended: Callable[[int], None] | None = None   # who sends the next requests of a closed loop
+        self.process: simpy.Process | None = None
+        self.pending = None                # the window or batch plan the engine sleeps through
+        self.wake_at = 0.0
+        self.batch: DecodeBatch | None = None
+        self.backoff = 0                   # steps to take before trying a decode batch again
+        self.backoff_next = 1
         self.groups: list[SequenceGroup] = []   # every request submitted, in arrival order
+        self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
-        self.truncated = 0
         self.steps: list[StepRecord] = []
         self.shapes: list[StepShape] = []
         self.num_running: list[int] = []
@@ -120,11 +144,21 @@ class SimulatedEngine:
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
         self.physical_token_time = 0.0     # same, counting each shared KV slot once
 
+    @property
+    def horizon(self) -> float:
+        """Windows stop before the step that starts at or after this (the next arrival they know of)."""
+        return math.inf if self.routed else self.due.at
+
     def ended(self, count: int) -> None:
         """`count` requests ended now (finished, rejected or truncated); in a closed loop each one's client
         sends its next request at once."""
+        if not count:
+            return
         self.done += count
-        if self.clients is not None:
+        self.ended_at.extend(repeat(self.env.now, count))
+        if self.on_ended is not None:
+            self.on_ended(count)
+        elif self.clients is not None:
             self.release(count)
 
     def release(self, count: int) -> None:
@@ -140,25 +174,93 @@ class SimulatedEngine:
         if self.idle is not None:
             self.idle.succeed()
             self.idle = None
+        elif self.routed:
+            self.cut(self.env.now)
+
+    def cut(self, t: float) -> None:
+        """A request arrived at `t`: keep only the steps of the plan slept through that start before it."""
+        pending = self.pending
+        if pending is None:
+            return
+        ends = pending.ends
+        keep = min(len(ends), bisect.bisect_left(ends, t) + 1) if pending.start < t else 0
+        if keep < len(ends):
+            pending.truncate(keep)
+            self.wake_at = ends[-1] if keep else pending.start
+            self.process.interrupt()
+
+    def sleep_until(self, end: float):
+        """Let simulated time pass until `end`, or the earlier end a cut sets meanwhile."""
+        self.wake_at = end
+        while True:
+            try:
+                yield self.env.timeout(_delay_to(self.env.now, max(self.wake_at, self.env.now)))
+                return
+            except simpy.Interrupt:
+                pass
 
     def run(self):
-        """The engine process: a fast-forward window when one is proven, else one step; asleep when idle."""
+        """The engine process: the decode batch or a fast-forward window when one is proven, else one
+        step; asleep when idle."""
         env, scheduler = self.env, self.scheduler
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
-            if self.fast_forward and not self.chunked:   # windows assume the paper's policy
-                window = plan_window(scheduler, step_time, env.now, self.next_arrival, histogram=histogram)
-                if window is not None:
-                    yield from self.run_window(window)
+            if self.fast_forward:
+                if (yield from self.batch_steps(step_time, histogram)):
                     continue
+                if not self.chunked:   # windows assume the paper's policy
+                    window = plan_window(scheduler, step_time, env.now, self.horizon, histogram=histogram)
+                    if window is not None:
+                        yield from self.run_window(window)
+                        continue
             step = begin_step(scheduler, env.now)
-            self.truncated += len(step.out.truncated)
             if step.has_work:
                 # The shape before update, which marks the step's tokens computed.
                 yield from self.run_step(step, step_shape(step.out, histogram), step_time)
             elif (yield from self.wait_for_work(step.out)):
                 return
+
+    def batch_steps(self, step_time: Callable[[StepShape], float], histogram: bool):
+        """Steps through the decode batch (planner/sim/batch.py): a plan of decode steps, or a step that
+        admits prompts; False when the batch cannot take the next step (the scheduler's then)."""
+        batch = self.batch
+        if batch is None:
+            if self.backoff:
+                self.backoff -= 1
+                return False
+            batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram)
+            if batch is None:
+                self._back_off()
+                return False
+        plan = batch.plan(self.env.now, self.horizon, step_time)
+        if plan is not None:
+            yield from self.run_plan(plan)
+        elif batch.can_mix():
+            yield from self.run_mixed(batch, step_time)
+        elif batch.can_prefill():
+            step = begin_step(self.scheduler, self.env.now)
+            yield from self.run_step(step, step_shape(step.out, histogram), step_time)
+            if self.batch is not None and not batch.joined(step.out.groups):
+                self.drop_batch()
+        else:
+            self.drop_batch()
+            self._back_off()
+            return False
+        self.backoff_next = 1
+        return True
+
+    def _back_off(self) -> None:
+        """Outside the batch's proof: step without it for a while (longer each time it fails again)."""
+        if self.scheduler.running:
+            self.backoff = self.backoff_next
+            self.backoff_next = min(2 * self.backoff_next, 64)
+
+    def drop_batch(self) -> None:
+        """Write the batch's requests up to date and hand the scheduler back to step-by-step simulation."""
+        if self.batch is not None:
+            self.batch.release()
+            self.batch = None
 
     def wait_for_work(self, out):
         """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
@@ -197,7 +299,6 @@ class SimulatedEngine:
         end = env.now
         # A partial prompt chunk samples nothing: only the sampling part gets tokens.
         finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
-        self.ended(len(finished))
         self.steps.append(record)
         self.shapes.append(shape)
         self.num_running.append(num_running)
@@ -207,40 +308,76 @@ class SimulatedEngine:
             # against the slots they really occupy.
             self.logical_token_time += shape.decode_context * (end - start)
             self.physical_token_time += physical * (end - start)
-        if self.progress is not None and len(self.steps) % PROGRESS_EVERY == 0:
+        yield from self._stepped(1, end, finished)
+
+    def _stepped(self, count: int, end: float, finished: list[SequenceGroup]):
+        """After `count` steps ending at `end`: the requests they ended, progress, the watch; and if a
+        request is due at this very instant, one yield so it joins before the next schedule (SimPy runs
+        same-time events in creation order)."""
+        self.ended(len(finished))
+        taken = len(self.steps)
+        if self.progress is not None and taken // PROGRESS_EVERY != (taken - count) // PROGRESS_EVERY:
             self.progress(end, self.done, self.total)
         if self.watch is not None:
             self.watch(self, end, finished)
-        if self.next_arrival <= end:
-            # A request is due at this very instant; SimPy runs same-time events
-            # in creation order, so yield once to let it join before scheduling.
-            yield env.timeout(0)
+        if self.due.at <= end:
+            yield self.env.timeout(0)
 
-    def run_window(self, window: Window):
-        """Take a fast-forward window's decode steps: the core's state, the records, then the clock."""
-        env = self.env
-        before = len(self.steps)
-        records, finished = apply_window(window, self.scheduler,
-                                         self.executor.window_samples(window.groups, window.steps))
+    def _took(self, records: list[StepRecord], shapes: list[StepShape]) -> None:
+        """Record decode steps taken in bulk (every running request in each)."""
         logical, physical = self.logical_token_time, self.physical_token_time
-        for record, shape in zip(records, window.shapes):
+        for record, shape in zip(records, shapes):
             duration = record.end - record.start
             logical += shape.decode_context * duration
             physical += record.token_states * duration
         self.logical_token_time, self.physical_token_time = logical, physical
         self.steps.extend(records)
-        self.shapes.extend(window.shapes)
-        self.num_running.extend(r.batch_size for r in records)   # a window's decodes run everyone
+        self.shapes.extend(shapes)
+        self.num_running.extend(r.batch_size for r in records)
         self.fast_forwarded_steps += len(records)
-        end = window.ends[-1]
-        yield env.timeout(_delay_to(env.now, end))
-        self.ended(len(finished))                 # at the window's end, when its last step finishes them
-        if self.progress is not None and before // PROGRESS_EVERY != len(self.steps) // PROGRESS_EVERY:
-            self.progress(end, self.done, self.total)
-        if self.watch is not None:
-            self.watch(self, end, finished)
-        if self.next_arrival <= end:
-            yield env.timeout(0)
+
+    def run_window(self, window: Window):
+        """Sleep through a fast-forward window's decode steps, then take them: the core's state, the
+        records (a request routed here meanwhile cuts the window short)."""
+        self.pending = window
+        yield from self.sleep_until(window.ends[-1])
+        self.pending = None
+        if not window.steps:
+            return
+        records, finished = apply_window(window, self.scheduler,
+                                         self.executor.window_samples(window.groups, window.steps))
+        self._took(records, window.shapes)
+        yield from self._stepped(len(records), window.ends[-1], finished)
+
+    def run_plan(self, plan: Plan):
+        """Sleep through a plan of the decode batch, then take its steps (a request routed here
+        meanwhile cuts it short)."""
+        self.pending = plan
+        yield from self.sleep_until(plan.ends[-1])
+        self.pending = None
+        if not plan.steps:
+            return
+        records, finished = self.batch.apply(plan)
+        self._took(records, plan.shapes)
+        yield from self._stepped(len(records), plan.ends[-1], finished)
+
+    def run_mixed(self, batch: DecodeBatch, step_time: Callable[[StepShape], float]):
+        """vLLM v1's step that decodes the batch and admits prompts, through the batch."""
+        step = batch.mix(self.env.now)
+        yield self.env.timeout(step_time(step.shape))
+        end = self.env.now
+        finished, ok = batch.mixed(step, end)
+        record, shape = step.record, step.shape
+        self.steps.append(record)
+        self.shapes.append(shape)
+        self.num_running.append(step.num_running)
+        self.fast_forwarded_steps += 1
+        if shape.prefill_tokens == 0:          # nothing admitted: a decode step
+            self.logical_token_time += shape.decode_context * (end - record.start)
+            self.physical_token_time += record.token_states * (end - record.start)
+        if not ok:
+            self.drop_batch()
+        yield from self._stepped(1, end, finished)
 
 
 def _delay_to(now: float, end: float) -> float:
@@ -255,14 +392,51 @@ def _delay_to(now: float, end: float) -> float:
 
 def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
     """Release each trace request at its arrival time."""
+    due = engine.due
     for req in trace.requests:
         delay = req.arrival_time - env.now
         if delay > 0:
-            engine.next_arrival = env.now + delay     # exactly the env.now SimPy will wake us at
+            due.at = env.now + delay          # exactly the env.now SimPy will wake us at
             yield env.timeout(delay)
-            engine.next_arrival = math.inf
+            due.at = math.inf
         engine.submit(engine.executor.make_group(req))
     engine.arrivals_done = True
+
+
+def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int,
+                total: int, progress: Progress | None = None, fast_forward: bool = True, watch: Watch | None = None,
+                device_speed: Callable[[float], float] | None = None, due: Due | None = None,
+                routed: bool = False) -> SimulatedEngine:
+    """One engine as `plan` deploys it: its KV allocator, scheduler and executor, its process started."""
+    dep = plan.deployment
+    if dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+        allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
+    else:
+        allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
+                                   num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
+                                   enable_prefix_caching=dep.enable_prefix_caching)
+    scheduler = make_scheduler(plan.scheduler_config(), allocator)
+    executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
+                                 real_token_ids=dep.enable_prefix_caching)
+    engine = SimulatedEngine(env, scheduler, cost_model, executor, total, progress,
+                             fast_forward=fast_forward and device_speed is None, watch=watch,
+                             device_speed=device_speed, due=due, routed=routed)
+    engine.process = env.process(engine.run())
+    return engine
+
+
+def run_quietly(env: simpy.Environment, until_done: Callable[[], object]):
+    """Run the simulation, then `until_done()` (the records), with the cyclic garbage collector off:
+    the run allocates millions of small, acyclic objects (token lists, records), which the
+    collector would rescan again and again for nothing."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+        return until_done()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
@@ -280,47 +454,35 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     (planner.profile.speed.SpeedTimeline); it steps one at a time, since a
     window prices its steps before their start times are known."""
     wall_start = time.perf_counter()
-    dep = plan.deployment
-    if dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
-        allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
-    else:
-        allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
-                                   num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
-                                   enable_prefix_caching=dep.enable_prefix_caching)
-    scheduler = make_scheduler(plan.scheduler_config(), allocator)
-    executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
-                                 real_token_ids=dep.enable_prefix_caching)
     env = simpy.Environment()
-    engine = SimulatedEngine(env, scheduler, cost_model, executor, len(trace), progress,
-                             fast_forward=fast_forward and device_speed is None, watch=watch,
-                             device_speed=device_speed)
+    engine = make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace), progress=progress,
+                         fast_forward=fast_forward, watch=watch, device_speed=device_speed)
     if concurrency is None:
         env.process(arrivals(env, trace, engine))
     else:
         engine.clients = deque(trace.requests)
         engine.release(concurrency)
-    env.process(engine.run())
-    # The run allocates millions of small, acyclic objects (token lists, records);
-    # the cyclic collector would rescan them all again and again for nothing.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        env.run()
-    finally:
-        if collecting:
-            gc.enable()
-    if progress is not None:
-        progress(env.now, engine.done, len(trace))
-    groups = engine.groups
-    if len(groups) != len(trace) or any(g.finish_reason is None for g in groups):
-        raise PlannerError("the simulation ended with requests neither completed nor rejected")
-    result = _result(plan, cost_model, trace, seed, engine, scheduler, time.perf_counter() - wall_start)
+
+    def records() -> SimResult:
+        if progress is not None:
+            progress(env.now, engine.done, len(trace))
+        check_all_ended(engine.groups, len(trace))
+        return _result(plan, cost_model, trace, seed, engine)
+
+    result = run_quietly(env, records)
     result.concurrency = concurrency
+    result.wall_time = time.perf_counter() - wall_start
     return result
 
 
-def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,
-            scheduler: Scheduler, wall_time: float) -> SimResult:
+def check_all_ended(groups: list[SequenceGroup], total: int) -> None:
+    if len(groups) != total or any(g.finish_reason is None for g in groups):
+        raise PlannerError("the simulation ended with requests neither completed nor rejected")
+
+
+def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int,
+            engine: SimulatedEngine) -> SimResult:
+    scheduler = engine.scheduler
     records = [RequestRecord.from_group(g) for g in engine.groups]
     if plan.deployment.enable_chunked_prefill:       # counted at admission, as vLLM counts them
         hit, held = scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
@@ -334,4 +496,4 @@ def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int
                        if engine.logical_token_time > 0 else 0.0),
         prefix_cache_hit_tokens=hit, prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=scheduler.allocator.num_used_blocks(), simulated_time=engine.env.now,
-        wall_time=wall_time, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed)
+        wall_time=0.0, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed)

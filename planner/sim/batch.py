@@ -1,0 +1,473 @@
+"""The running batch kept across steps: decode steps planned and taken with no work per request.
+
+At production load a replica runs dozens of requests, takes a step every few
+milliseconds, and some request arrives or finishes every few steps. A
+fast-forward window (fast_forward.py) rebuilds its proof from every running
+request at each such event, so a window of four steps cost about what four
+steps did. `DecodeBatch` keeps that proof across events instead: per request,
+the step at which it finishes, the residue (step mod block size) at which it
+takes a new block and the steps at which its context moves to the next
+histogram bucket, all in absolute step numbers, so nothing about a request is
+read again until it finishes. Planning a step costs a few dictionary updates
+and the cost model's price; an arrival or a finish costs the core's own work
+for that one request.
+
+Requests' tokens, block fills, computed counts and token times are written
+lazily: a request is brought up to date when it finishes, or all of them when
+the batch hands the scheduler back to step-by-step simulation (`release`).
+In between, the block manager's tables, free blocks, reference counts and its
+token-state count are exact at every step boundary, and the scheduler's
+queues and statuses are always exact, which is everything the scheduler reads
+when it admits a prompt. So an admission runs the core's own code: the
+paper's prefill step is `scheduler.schedule` itself (it reads only waiting
+requests, statuses and free blocks); vLLM v1's mixed step decodes the batch
+here and admits through `ChunkedScheduler.schedule_waiting`, its own second pass.
+
+Covered (else `build` returns None and the caller steps as before): the paged
+block manager without prefix caching (tokens are then never read, and the
+simulated executor samples a constant, so nothing is drawn), requests of one
+sequence decoding plain tokens (no beams, stop tokens or EOS), nothing swapped.
+Why each step is the one the scheduler would take is fast_forward.py's proof
+(decode, admission and memory), restated in `plan`. Tests hold runs that use
+it equal to step-by-step runs, record for record.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from itertools import repeat
+
+from engine.core.block_manager import BlockManager, _blocks_for
+from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
+from engine.core.kv_allocator import AllocStatus
+from engine.core.metrics import StepRecord
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.sequence import SequenceGroup, SequenceStatus
+from planner.cost.shape import StepShape
+from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
+
+_RUNNING = SequenceStatus.RUNNING
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    """One running request of the batch."""
+
+    group: SequenceGroup
+    table: list[int]      # its block table (the block manager's own list)
+    order: int            # admission order: the batch's members run in this order
+    synced: int           # its tokens, fill, computed count and times are written up to this batch step
+    finish: int           # the batch step whose sampled token ends it
+    residue: int          # it takes a new block at the batch steps s with s % block_size == residue
+
+
+@dataclass(slots=True)
+class Plan:
+    """Consecutive decode steps of the whole batch, proven and priced, not yet taken."""
+
+    start: float
+    shapes: list[StepShape]
+    ends: list[float]
+    takes: list[int]            # per step: blocks it takes (requests crossing a block boundary)
+    blocks_used: int            # at the plan's start
+    token_states: int           # at the plan's start
+    finishing: bool             # the last step finishes a request
+
+    @property
+    def steps(self) -> int:
+        return len(self.shapes)
+
+    def truncate(self, steps: int) -> None:
+        """Keep the first `steps` steps (a request arrived; the rest is the next plan's business)."""
+        if steps < len(self.shapes):
+            del self.shapes[steps:], self.ends[steps:], self.takes[steps:]
+            self.finishing = False
+
+
+@dataclass(slots=True)
+class MixedStep:
+    """vLLM v1's step that decodes the batch and admits waiting prompts, between its start and end."""
+
+    shape: StepShape
+    record: StepRecord          # its end is filled in at the end
+    groups: list                # the prompts admitted, their sequences and scheduled tokens
+    seqs: list
+    counts: list
+    ended: list                 # requests the admission pass rejected or truncated
+    num_running: int            # requests in the running list during the step
+
+
+def covers(scheduler: Scheduler, executor) -> bool:
+    """The scheduler and block manager a batch is proven for, with tokens nobody reads."""
+    allocator = scheduler.allocator
+    paper = type(scheduler) is Scheduler and type(allocator) is BlockManager
+    chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager
+    return ((paper and allocator.slot_reservation == "vllm") or chunked) and \
+        not allocator.enable_prefix_caching and not executor.real_token_ids
+
+
+def _histogram(bins: dict[int, list[int]]) -> tuple[int, ...]:
+    flat: list[int] = []
+    for k in sorted(bins):
+        flat += (k, *bins[k])
+    return tuple(flat)
+
+
+@dataclass(eq=False)
+class DecodeBatch:
+    scheduler: Scheduler
+    executor: object
+    histogram: bool                       # give shapes their decode-context histogram (the model reads it)
+    step: int = 0                         # batch steps taken: steps in which every member decoded
+    ends: list[float] = field(default_factory=list)       # each batch step's end time
+    members: list[_Member] = field(default_factory=list)  # in running order
+    context: int = 0                      # the next step's total decode context
+    bins: dict[int, list[int]] = field(default_factory=dict)     # its histogram: bucket -> [count, sum]
+    moves: dict[int, list[int]] = field(default_factory=dict)    # step -> buckets a context leaves then
+    finishes: list = field(default_factory=list)          # heap of (finish step, order, member)
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.allocator = self.scheduler.allocator
+        self.pool = self.allocator.gpu
+        self.bs = self.allocator.block_size
+        self.chunked = self.scheduler.config.enable_chunked_prefill
+        self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
+
+    @classmethod
+    def build(cls, scheduler: Scheduler, executor, histogram: bool) -> DecodeBatch | None:
+        """The batch of the scheduler's running requests, or None when it is outside the proof."""
+        if not scheduler.running or scheduler.swapped or not covers(scheduler, executor):
+            return None
+        batch = cls(scheduler, executor, histogram)
+        for group in scheduler.running:
+            if not batch.decoding(group):
+                return None
+        for group in scheduler.running:
+            batch.add(group)
+        return batch
+
+    def decoding(self, group: SequenceGroup) -> bool:
+        """One sequence, decoding plain tokens, its blocks exactly its computed tokens, none shared."""
+        params = group.params
+        if (len(group.seqs) != 1 or params.use_beam_search or params.best_of != 1 or params.stop_token_ids
+                or not params.ignore_eos or group.times.first_token is None):
+            return False
+        seq = group.seqs[0]
+        n = len(seq.token_ids)
+        table = self.allocator.tables.get(seq.seq_id)
+        return (seq.status is _RUNNING and seq.num_computed_tokens == n - 1 and table is not None
+                and len(table) == _blocks_for(n - 1, self.bs) and self.pool.ref_counts[table[-1]] == 1
+                and self._finish_in(group, n) >= 1)
+
+    def _finish_in(self, group: SequenceGroup, n: int) -> int:
+        """Steps from the next one until the one whose sampled token ends the request (by length)."""
+        seq = group.seqs[0]
+        finish = group.params.max_tokens - n + seq.prompt_len
+        return min(finish, self.scheduler.config.max_model_len - n)
+
+    def add(self, group: SequenceGroup) -> None:
+        """A decoding request joins the batch at the next step (its state written up to now)."""
+        seq = group.seqs[0]
+        n = len(seq.token_ids)
+        table = self.allocator.tables[seq.seq_id]
+        self.counter += 1
+        first = len(table) * self.bs - n + 2            # the step (from the next, 1-based) it takes a block
+        member = _Member(group, table, self.counter, self.step, self.step + self._finish_in(group, n),
+                         (self.step + first) % self.bs)
+        self.members.append(member)
+        self.by_residue[member.residue].append(member)
+        heapq.heappush(self.finishes, (member.finish, member.order, member))
+        self.context += n
+        if self.histogram:
+            k = (n - 1).bit_length()
+            entry = self.bins.setdefault(k, [0, 0])
+            entry[0] += 1
+            entry[1] += n
+            step = self.step + (1 << k) - n + 2
+            while step <= member.finish:          # the steps its context enters the next bucket
+                self.moves.setdefault(step, []).append(k)
+                k += 1
+                step = self.step + (1 << k) - n + 2
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def waiting_blocked(self) -> bool:
+        """The next steps admit nothing: the waiting head stays where it is while the batch decodes
+        (the running set is fixed and free blocks only shrink until the next finish)."""
+        scheduler = self.scheduler
+        if not self.chunked:
+            return _admission_blocked(scheduler)
+        if not scheduler.waiting:
+            return True
+        head = scheduler.waiting[0]
+        if scheduler.never_fits(head) is not None:
+            return False                                   # the next step rejects or truncates it
+        cfg = scheduler.config
+        budget = cfg.max_num_batched_tokens - len(self.members)
+        if budget <= 0 or len(scheduler.running) >= cfg.max_num_seqs:
+            return True
+        tokens = head.seqs[0].num_tokens                   # no prefix caching: no hit
+        free = self.allocator.num_free_blocks()
+        if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
+            return True
+        return _blocks_for(min(tokens, budget), self.bs) > free
+
+    def plan(self, now: float, next_arrival: float, step_time, max_steps: int = MAX_WINDOW) -> Plan | None:
+        """The decode steps from `now` that provably each decode the whole batch, none starting at or
+        after `next_arrival`, up to the first that finishes a request; None when not even one."""
+        members = self.members
+        if not members or now >= next_arrival or self.scheduler.swapped or not self.waiting_blocked():
+            return None
+        num = len(members)
+        if self.chunked and num > self.scheduler.config.max_num_batched_tokens:
+            return None
+        first_finish = self.finishes[0][0]
+        last = min(first_finish, self.step + max_steps)
+        # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
+        # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
+        spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
+        shapes, ends, takes = self._price(now, next_arrival, step_time, last, spare)
+        if not shapes:
+            return None
+        return Plan(now, shapes, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
+                    self.step + len(shapes) == first_finish)
+
+    def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
+        """Each step's shape, end and blocks taken, from the next one to `last` at most."""
+        shapes: list[StepShape] = []
+        ends: list[float] = []
+        takes: list[int] = []
+        num, context, bs, by_residue = len(self.members), self.context, self.bs, self.by_residue
+        histogram = self.histogram
+        bins = {k: [c, s] for k, (c, s) in self.bins.items()} if histogram else None
+        moves = self.moves
+        step, end, taken = self.step, now, 0
+        while end < next_arrival and step < last:
+            crossing = len(by_residue[(step + 1) % bs])
+            if taken + crossing > spare:
+                break
+            taken += crossing
+            step += 1
+            shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
+            end = end + step_time(shape)
+            shapes.append(shape)
+            ends.append(end)
+            takes.append(crossing)
+            context += num
+            if histogram:
+                _advance(bins, moves.get(step + 1, ()))
+        return shapes, ends, takes
+
+    # -- taking steps ----------------------------------------------------------------------------
+
+    def apply(self, plan: Plan) -> tuple[list[StepRecord], list[SequenceGroup]]:
+        """Take the plan's steps: the blocks, the token-state count, the records; finish the requests
+        its last step ends. Returns the records and the requests that finished."""
+        steps = plan.steps
+        if not steps:
+            return [], []
+        take, fill, bs, pool = self.pool.take, self.pool.fill, self.bs, self.pool
+        step = self.step
+        for j in range(steps):
+            if plan.takes[j]:
+                for member in self.by_residue[(step + j + 1) % bs]:
+                    table = member.table
+                    fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
+                    table.append(take(1))
+        num = len(self.members)
+        pool.num_token_states = plan.token_states + steps * num
+        records = _records(plan, num, self.allocator)
+        self._advance_to(step + steps, plan.shapes[-1])
+        self.ends.extend(plan.ends)
+        finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
+        return records, finished
+
+    def _advance_to(self, step: int, last_shape: StepShape) -> None:
+        """The batch after `step`: the next step's context and histogram, as the last priced one + 1."""
+        moves = self.moves
+        for s in range(self.step + 1, step + 1):
+            moves.pop(s, None)
+        self.step = step
+        self.context = last_shape.decode_context + len(self.members)
+        if self.histogram:
+            flat = last_shape.decode_histogram
+            self.bins = {flat[i]: [flat[i + 1], flat[i + 2]] for i in range(0, len(flat), 3)}
+            _advance(self.bins, moves.get(step + 1, ()))
+
+    def _finish(self, step: int, end: float, others: tuple = (), counts: list | None = None) -> list:
+        """The scheduler's own update of `step` for the members it finishes (and `others`, the
+        groups admitted in it, with their scheduled `counts`); they leave the batch."""
+        done = []
+        while self.finishes and self.finishes[0][0] == step:
+            done.append(heapq.heappop(self.finishes)[2])
+        done.sort(key=lambda m: m.order)
+        for member in done:
+            self.sync(member, step - 1)
+            seq, table = member.group.seqs[0], member.table
+            self.pool.fill[table[-1]] = len(seq.token_ids) - (len(table) - 1) * self.bs   # as of `step`
+            self._remove(member)
+        groups = [m.group for m in done] + list(others)
+        if not groups:
+            return []
+        seqs = [g.seqs[0] for g in groups]
+        out = SchedulerOutput(False, groups, seqs, len(seqs),
+                              num_scheduled_tokens=None if counts is None else [1] * len(done) + counts)
+        finished = self.scheduler.update(out, self.executor.samples(out.sampling_part()), end)
+        if done and any(m.group.finish_reason is None for m in done):
+            raise AssertionError("decode batch: a request did not finish where the batch said it would")
+        return finished
+
+    def _remove(self, member: _Member) -> None:
+        """A member that finishes at the batch's last step leaves it (its contribution to the next)."""
+        self.members.remove(member)
+        self.by_residue[member.residue].remove(member)
+        n = len(member.group.seqs[0].token_ids)         # its context in its last step
+        self.context -= n + 1
+        if self.histogram:
+            k = (n - 1).bit_length()                    # no move was planned past its last step
+            entry = self.bins[k]
+            entry[0] -= 1
+            entry[1] -= n + 1
+            if not entry[0]:
+                del self.bins[k]
+
+    def sync(self, member: _Member, upto: int) -> None:
+        """Write a member's tokens, log-probabilities, computed count, last block's fill and token
+        times as of batch step `upto` (what step-by-step simulation would have written)."""
+        k = upto - member.synced
+        if k <= 0:
+            return
+        seq = member.group.seqs[0]
+        seq.token_ids.extend(repeat(0, k))              # the executor's constant sample
+        seq.output_logprobs.extend(repeat(0.0, k))
+        computed = len(seq.token_ids) - 1
+        seq.num_computed_tokens = computed
+        table = member.table
+        self.pool.fill[table[-1]] = computed - (len(table) - 1) * self.bs
+        member.group.times.token_times.extend(self.ends[member.synced:upto])
+        member.synced = upto
+
+    def release(self) -> None:
+        """Write every member up to date: the scheduler is step-by-step's again."""
+        for member in self.members:
+            self.sync(member, self.step)
+
+    # -- admissions --------------------------------------------------------------------------------
+
+    def can_prefill(self) -> bool:
+        """Paper: the next step is a prefill step that admits the waiting head (so `schedule` reads
+        nothing of the batch but statuses), which its own checks say it will."""
+        scheduler = self.scheduler
+        if self.chunked or scheduler.swapped or not scheduler.waiting:
+            return False
+        cfg, head = scheduler.config, scheduler.waiting[0]
+        width = head.max_num_seqs()
+        return (width <= cfg.max_num_seqs and head.prompt_len <= cfg.max_model_len
+                and self.allocator.can_allocate(head) is AllocStatus.OK
+                and _num_running(scheduler.running) + width <= cfg.max_num_seqs)
+
+    def joined(self, groups: list[SequenceGroup]) -> bool:
+        """After a prefill step: its requests that now decode join the batch. False when they did not
+        land at the end of the running list in admission order, or one is outside the proof."""
+        running = self.scheduler.running
+        new = [g for g in groups if g.finish_reason is None]
+        if len(running) != len(self.members) + len(new) or running[len(self.members):] != new:
+            return False
+        if not all(self.decoding(g) for g in new):
+            return False
+        for group in new:
+            self.add(group)
+        return True
+
+    def can_mix(self) -> bool:
+        """vLLM v1: the next step decodes every member (budget and blocks allow) and then runs the
+        admission pass, nothing swapped or waiting to be recomputed in a way the batch cannot see."""
+        scheduler = self.scheduler
+        if not self.chunked or not scheduler.waiting or not self.members:
+            return False
+        num = len(self.members)
+        if num >= scheduler.config.max_num_batched_tokens:
+            return False
+        return len(self.by_residue[(self.step + 1) % self.bs]) <= self.allocator.num_free_blocks()
+
+    def mix(self, now: float) -> MixedStep:
+        """The start of a vLLM v1 step: the batch's decodes take their blocks, then the scheduler's
+        own admission pass; its shape and record (memory as it stands while the step runs)."""
+        step, bs, pool = self.step + 1, self.bs, self.pool
+        token_states = pool.num_token_states
+        for member in self.by_residue[step % bs]:
+            table = member.table
+            pool.fill[table[-1]] = bs
+            table.append(pool.take(1))
+        num = len(self.members)
+        pool.num_token_states = token_states + num
+        groups, seqs, counts, ended, truncated = [], [], [], [], []
+        self.scheduler.schedule_waiting(now, self.scheduler.config.max_num_batched_tokens - num, groups, seqs,
+                                        counts, ended, truncated)
+        ended += truncated
+        prefill = tokens = pairs = 0
+        for seq, new in zip(seqs, counts):
+            cached = seq.num_computed_tokens
+            prefill += 1
+            tokens += new
+            pairs += new * cached + new * (new + 1) // 2
+        shape = StepShape(prefill, tokens, pairs, num, self.context,
+                          decode_histogram=_histogram(self.bins) if self.histogram else ())
+        memory = self.allocator.memory_breakdown()
+        record = StepRecord(now, now, False, num + len(groups), num + len(seqs), tokens, num,
+                            self.allocator.num_used_blocks(), memory.token_states, memory.reserved,
+                            memory.internal_fragmentation, memory.external_fragmentation, memory.free, 0, 0)
+        return MixedStep(shape, record, groups, seqs, counts, ended, len(self.scheduler.running))
+
+    def mixed(self, step: MixedStep, end: float) -> tuple[list[SequenceGroup], bool]:
+        """The end of a mixed step: members decode, admitted prompts sample (or go on prefilling), the
+        requests it ends finish. Returns those and whether the batch can go on (every running
+        request now decodes)."""
+        step.record.end = end
+        self.ends.append(end)
+        self.step += 1
+        self.context += len(self.members)
+        self.moves.pop(self.step, None)
+        if self.histogram:
+            _advance(self.bins, self.moves.get(self.step + 1, ()))
+        finished = step.ended + self._finish(self.step, end, step.groups, step.counts)
+        ok = True
+        for group in step.groups:
+            if group.finish_reason is None:
+                if self.decoding(group):
+                    self.add(group)
+                else:
+                    ok = False                      # a prompt chunk still to compute
+        return finished, ok
+
+
+def _advance(bins: dict[int, list[int]], moving) -> None:
+    """A histogram one step on: every context one longer, those in `moving` buckets into the next."""
+    for entry in bins.values():
+        entry[1] += entry[0]
+    for k in moving:
+        moved = (1 << k) + 1
+        entry = bins[k]
+        entry[0] -= 1
+        entry[1] -= moved
+        if not entry[0]:
+            del bins[k]
+        entry = bins.setdefault(k + 1, [0, 0])
+        entry[0] += 1
+        entry[1] += moved
+
+
+def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:
+    """Each step's record, its memory as step-by-step simulation snapshots it (the step's blocks taken)."""
+    records = []
+    bs = allocator.block_size
+    total = allocator.num_gpu_blocks * bs
+    used, tokens, start = plan.blocks_used, plan.token_states, plan.start
+    for taken, end in zip(plan.takes, plan.ends):
+        used += taken
+        tokens += num
+        records.append(StepRecord(start, end, False, num, num, 0, num, used, tokens, 0, used * bs - tokens, 0,
+                                  total - used * bs, 0, 0))
+        start = end
+    return records
