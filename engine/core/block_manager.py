@@ -300,9 +300,7 @@ class BlockManager:
         if table is not None:
             # Tail blocks first, so the LRU order evicts the ends of prefixes
             # before their shared beginnings.
-            release = self.gpu.release
-            for block in reversed(table):
-                release(block)
+            self.gpu.release_all(reversed(table))
         cpu_table = self.cpu_tables.pop(seq.seq_id, None)
         if cpu_table is not None:
             for block in cpu_table:

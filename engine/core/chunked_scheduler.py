@@ -88,6 +88,20 @@ class VllmBlockPool(BlockPool):
                 self.fill[block] = 0
             self.evictor[block] = None
 
+    def release_all(self, blocks) -> None:
+        """``release`` each of ``blocks`` in order (one call for a freed sequence's table)."""
+        refs, fill, hashes, evictor = self.ref_counts, self.fill, self.block_hash, self.evictor
+        tokens = self.num_token_states
+        for block in blocks:
+            count = refs[block] - 1
+            refs[block] = count
+            if count == 0:
+                tokens -= fill[block]
+                if hashes[block] is None:
+                    fill[block] = 0
+                evictor[block] = None
+        self.num_token_states = tokens
+
 
 class VllmBlockManager(BlockManager):
     """The paged block manager over a ``VllmBlockPool``: GPU blocks only (the

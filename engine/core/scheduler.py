@@ -122,10 +122,6 @@ def _fcfs(group: SequenceGroup) -> tuple[float, int]:
     return group.fcfs_key
 
 
-def _num_live(group: SequenceGroup) -> int:
-    return sum(1 for s in group.seqs if s.status is not _FINISHED)
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, allocator: KVAllocator) -> None:
         self.config = config
@@ -168,7 +164,7 @@ class Scheduler:
         seqs: list[Sequence] = []
         truncated: list[SequenceGroup] = []
         num_tokens = 0
-        num_seqs = sum(_num_live(g) for g in self.running)
+        num_seqs = len([1 for g in self.running for s in g.seqs if s.status is not _FINISHED])   # live sequences
         while self.waiting:
             group = self.waiting[0]
             status = self._admission(group, now, rejected, truncated)

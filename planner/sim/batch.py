@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 
 from engine.core.block_manager import BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
@@ -72,6 +72,7 @@ class Plan:
     blocks_used: int            # at the plan's start
     token_states: int           # at the plan's start
     finishing: bool             # the last step finishes a request
+    bins_after: Bins | None = None   # the histogram of the step after the last (None once truncated)
 
     @property
     def steps(self) -> int:
@@ -82,6 +83,7 @@ class Plan:
         if steps < len(self.shapes):
             del self.shapes[steps:], self.ends[steps:], self.takes[steps:]
             self.finishing = False
+            self.bins_after = None
 
 
 @dataclass(slots=True)
@@ -106,11 +108,34 @@ def covers(scheduler: Scheduler, executor) -> bool:
         not allocator.enable_prefix_caching and not executor.real_token_ids
 
 
-def _histogram(bins: dict[int, list[int]]) -> tuple[int, ...]:
-    flat: list[int] = []
-    for k in sorted(bins):
-        flat += (k, *bins[k])
-    return tuple(flat)
+# A decode-context histogram as the batch keeps it: [bucket, sequences, sum of contexts] per
+# occupied bucket, buckets ascending (StepShape.decode_histogram, unflattened).
+Bins = list[list[int]]
+
+
+def _histogram(bins: Bins) -> tuple[int, ...]:
+    return tuple(chain.from_iterable(bins))
+
+
+def _entry(bins: Bins, k: int) -> list[int]:
+    """Bucket k's entry, inserted in order if it has none."""
+    for i, entry in enumerate(bins):
+        if entry[0] >= k:
+            if entry[0] == k:
+                return entry
+            bins.insert(i, [k, 0, 0])
+            return bins[i]
+    bins.append([k, 0, 0])
+    return bins[-1]
+
+
+def _take_out(bins: Bins, k: int, context: int) -> None:
+    """One context leaves bucket k."""
+    entry = _entry(bins, k)
+    entry[1] -= 1
+    entry[2] -= context
+    if not entry[1]:
+        bins.remove(entry)
 
 
 @dataclass(eq=False)
@@ -122,7 +147,7 @@ class DecodeBatch:
     ends: list[float] = field(default_factory=list)       # each batch step's end time
     members: list[_Member] = field(default_factory=list)  # in running order
     context: int = 0                      # the next step's total decode context
-    bins: dict[int, list[int]] = field(default_factory=dict)     # its histogram: bucket -> [count, sum]
+    bins: Bins = field(default_factory=list)              # its histogram
     moves: dict[int, list[int]] = field(default_factory=dict)    # step -> buckets a context leaves then
     finishes: list = field(default_factory=list)          # heap of (finish step, order, member)
     counter: int = 0
@@ -181,9 +206,9 @@ class DecodeBatch:
         self.context += n
         if self.histogram:
             k = (n - 1).bit_length()
-            entry = self.bins.setdefault(k, [0, 0])
-            entry[0] += 1
-            entry[1] += n
+            entry = _entry(self.bins, k)
+            entry[1] += 1
+            entry[2] += n
             step = self.step + (1 << k) - n + 2
             while step <= member.finish:          # the steps its context enters the next bucket
                 self.moves.setdefault(step, []).append(k)
@@ -227,11 +252,11 @@ class DecodeBatch:
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
         # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
         spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
-        shapes, ends, takes = self._price(now, next_arrival, step_time, last, spare)
+        shapes, ends, takes, bins = self._price(now, next_arrival, step_time, last, spare)
         if not shapes:
             return None
         return Plan(now, shapes, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
-                    self.step + len(shapes) == first_finish)
+                    self.step + len(shapes) == first_finish, bins)
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
         """Each step's shape, end and blocks taken, from the next one to `last` at most."""
@@ -240,7 +265,7 @@ class DecodeBatch:
         takes: list[int] = []
         num, context, bs, by_residue = len(self.members), self.context, self.bs, self.by_residue
         histogram = self.histogram
-        bins = {k: [c, s] for k, (c, s) in self.bins.items()} if histogram else None
+        bins = [entry[:] for entry in self.bins] if histogram else None
         moves = self.moves
         step, end, taken = self.step, now, 0
         while end < next_arrival and step < last:
@@ -257,7 +282,7 @@ class DecodeBatch:
             context += num
             if histogram:
                 _advance(bins, moves.get(step + 1, ()))
-        return shapes, ends, takes
+        return shapes, ends, takes, bins
 
     # -- taking steps ----------------------------------------------------------------------------
 
@@ -278,22 +303,25 @@ class DecodeBatch:
         num = len(self.members)
         pool.num_token_states = plan.token_states + steps * num
         records = _records(plan, num, self.allocator)
-        self._advance_to(step + steps, plan.shapes[-1])
+        self._advance_to(step + steps, plan.shapes[-1], plan.bins_after)
         self.ends.extend(plan.ends)
         finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
         return records, finished
 
-    def _advance_to(self, step: int, last_shape: StepShape) -> None:
-        """The batch after `step`: the next step's context and histogram, as the last priced one + 1."""
+    def _advance_to(self, step: int, last_shape: StepShape, bins: Bins | None) -> None:
+        """The batch after `step`: the next step's context and histogram (`bins`, or the last priced
+        step's one step on)."""
         moves = self.moves
         for s in range(self.step + 1, step + 1):
             moves.pop(s, None)
         self.step = step
         self.context = last_shape.decode_context + len(self.members)
         if self.histogram:
-            flat = last_shape.decode_histogram
-            self.bins = {flat[i]: [flat[i + 1], flat[i + 2]] for i in range(0, len(flat), 3)}
-            _advance(self.bins, moves.get(step + 1, ()))
+            if bins is None:
+                flat = last_shape.decode_histogram
+                bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+                _advance(bins, moves.get(step + 1, ()))
+            self.bins = bins
 
     def _finish(self, step: int, end: float, others: tuple = (), counts: list | None = None) -> list:
         """The scheduler's own update of `step` for the members it finishes (and `others`, the
@@ -325,12 +353,7 @@ class DecodeBatch:
         n = len(member.group.seqs[0].token_ids)         # its context in its last step
         self.context -= n + 1
         if self.histogram:
-            k = (n - 1).bit_length()                    # no move was planned past its last step
-            entry = self.bins[k]
-            entry[0] -= 1
-            entry[1] -= n + 1
-            if not entry[0]:
-                del self.bins[k]
+            _take_out(self.bins, (n - 1).bit_length(), n + 1)   # no move was planned past its last step
 
     def sync(self, member: _Member, upto: int) -> None:
         """Write a member's tokens, log-probabilities, computed count, last block's fill and token
@@ -442,20 +465,16 @@ class DecodeBatch:
         return finished, ok
 
 
-def _advance(bins: dict[int, list[int]], moving) -> None:
+def _advance(bins: Bins, moving) -> None:
     """A histogram one step on: every context one longer, those in `moving` buckets into the next."""
-    for entry in bins.values():
-        entry[1] += entry[0]
+    for entry in bins:
+        entry[2] += entry[1]
     for k in moving:
         moved = (1 << k) + 1
-        entry = bins[k]
-        entry[0] -= 1
-        entry[1] -= moved
-        if not entry[0]:
-            del bins[k]
-        entry = bins.setdefault(k + 1, [0, 0])
-        entry[0] += 1
-        entry[1] += moved
+        _take_out(bins, k, moved)
+        entry = _entry(bins, k + 1)
+        entry[1] += 1
+        entry[2] += moved
 
 
 def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:

@@ -1,0 +1,100 @@
+"""The decode batch (planner/sim/batch.py) gives exactly the step-by-step simulation, under both policies.
+
+The batch keeps the running requests' proof across arrivals and finishes and writes their
+tokens lazily, and vLLM v1's mixed steps go through it: every case compares the records,
+shapes and metrics with step-by-step simulation, at production-like load and in small caches
+where the batch must hand the scheduler back for preemptions, rejections and prompt chunks.
+"""
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost import RooflineCostModel
+from planner.cost.measured import MeasuredCostModel
+from planner.sim import simulate
+from planner.sim.batch import DecodeBatch
+from sim_helpers import sim_plan
+from workloads import Trace, TraceRequest, make_trace
+
+LLAMA, H100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+MEASURED = MeasuredCostModel(LLAMA, H100)
+OPT_13B, A100 = resolve_model("opt-13b"), resolve_gpu("a100-40g")
+ROOFLINE = RooflineCostModel(OPT_13B, A100)
+
+
+def both(trace, cost, model, gpu, **knobs):
+    concurrency = knobs.pop("concurrency", None)
+    plan = sim_plan(model, gpu, **knobs)
+    fast = simulate(trace, plan, cost, concurrency=concurrency)
+    slow = simulate(trace, plan, cost, concurrency=concurrency, fast_forward=False)
+    assert fast.requests == slow.requests
+    assert fast.steps == slow.steps
+    assert fast.shapes == slow.shapes and fast.num_running == slow.num_running
+    assert fast.summary() == slow.summary()
+    return fast
+
+
+@pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
+def test_production_load_is_taken_in_bulk_and_equals_step_by_step(policy):
+    trace = make_trace("sharegpt", duration=20, rate=16.0, seed=4)
+    fast = both(trace, MEASURED, LLAMA, H100, policy=policy, max_model_len=8192)
+    assert fast.fast_forwarded_steps > 0.85 * len(fast.steps)
+    if policy == "vllm-v1":       # its mixed steps too: all but the first
+        assert fast.fast_forwarded_steps >= len(fast.steps) - 5
+
+
+@pytest.mark.parametrize("policy,blocks", [("paper", 300), ("vllm-v1", 300), ("paper", 120), ("vllm-v1", 150)])
+def test_small_caches_hand_back_and_take_over_again(policy, blocks):
+    # Preemptions, admissions blocked by memory, recomputed prompts: the batch gives the
+    # scheduler back and builds itself again.
+    trace = make_trace("sharegpt", num_requests=80, rate=8.0, seed=1)
+    fast = both(trace, ROOFLINE, OPT_13B, A100, policy=policy, num_gpu_blocks=blocks, num_cpu_blocks=0,
+                max_model_len=2048)
+    assert fast.metrics.preemptions["total"] > 0
+    assert fast.fast_forwarded_steps > len(fast.steps) // 3
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+@pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
+def test_other_block_sizes_batch_limits_and_budgets(policy, block_size):
+    trace = make_trace("sharegpt", num_requests=60, rate=12.0, seed=2)
+    knobs = dict(max_num_seqs=10, max_model_len=2048, block_size=block_size)
+    if policy == "vllm-v1":
+        knobs["max_num_batched_tokens"] = 256        # long prompts go in chunks, a running prompt stops the batch
+    fast = both(trace, MEASURED, LLAMA, H100, policy=policy, **knobs)
+    assert fast.fast_forwarded_steps > len(fast.steps) // 3
+
+
+@pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
+def test_context_limit_one_token_outputs_and_same_time_arrivals(policy):
+    reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.05 * (i // 3), prompt_len=30 + 7 * i,
+                         output_len=1 if i % 5 == 0 else 400) for i in range(30)]
+    fast = both(Trace(reqs, name="edge"), MEASURED, LLAMA, H100, policy=policy, max_model_len=256)
+    assert {r.output_len for r in fast.requests} >= {1}
+    assert any(r.seq_output_len < 400 and r.truncated for r in fast.requests)   # clipped at the context limit
+
+
+@pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
+def test_closed_loop_and_mixed_workloads(policy):
+    trace = make_trace("sharegpt", num_requests=60, rate=1.0, seed=3)
+    both(trace, MEASURED, LLAMA, H100, policy=policy, max_model_len=4096, concurrency=12)
+    if policy == "paper":                  # parallel sampling: outside the batch, stepped as before
+        both(make_trace("parallel", num_requests=40, rate=6.0, seed=3), ROOFLINE, OPT_13B, A100, policy=policy)
+
+
+@pytest.mark.parametrize("caching,covered", [(False, True), (True, False)])
+def test_the_batch_covers_the_paged_cache_without_prefix_caching(caching, covered):
+    from engine.core.allocators import make_allocator
+    from engine.core.chunked_scheduler import make_scheduler
+    from planner.sim.batch import covers
+    from planner.sim.synthetic import SyntheticExecutor
+
+    plan = sim_plan(OPT_13B, A100, enable_prefix_caching=caching)
+    allocator = make_allocator("paged", block_size=16, num_gpu_blocks=100, max_model_len=2048,
+                               enable_prefix_caching=caching)
+    scheduler = make_scheduler(plan.scheduler_config(), allocator)
+    executor = SyntheticExecutor(make_trace("fixed", num_requests=2, rate=1.0), vocab_size=100, seed=0,
+                                 real_token_ids=caching)
+    assert covers(scheduler, executor) is covered
+    assert DecodeBatch.build(scheduler, executor, histogram=True) is None     # nothing runs yet
