@@ -39,6 +39,21 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def chained_hashes(tokens: list[int], block_size: int, count: int):
+    """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each hashes its
+    parent's key with its own token ids, so equal prefixes have equal keys."""
+    parent = None
+    for i in range(count):
+        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        yield parent
+
+
+def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """The keys of the prompt blocks a prefix-cache hit may cover (never the last token's block:
+    the last token is always computed), as ``cached_prefix`` looks them up."""
+    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size))
+
+
 def blocks_at_most(prompt_len: int, max_tokens: int, width: int, block_size: int,
                    max_model_len: int | None = None, reserve_per_seq: int = 0) -> int:
     """KV blocks a request needs at its largest: its ``width`` sequences share the
@@ -184,18 +199,13 @@ class BlockManager:
         it; never the whole sequence (its last token is always computed)."""
         if not self.enable_prefix_caching:
             return []
-        bs = self.block_size
-        tokens = seq.token_ids
         cached = self.gpu.cached
         hit: list[tuple[int, int]] = []
-        parent = None
-        for i in range((seq.num_tokens - 1) // bs):
-            h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+        for h in chained_hashes(seq.token_ids, self.block_size, (seq.num_tokens - 1) // self.block_size):
             block = cached.get(h)
             if block is None:
                 break
             hit.append((block, h))
-            parent = h
         return hit
 
     def blocks_to_admit(self, hit: list[tuple[int, int]], num_tokens: int) -> int:

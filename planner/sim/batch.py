@@ -78,6 +78,10 @@ class Plan:
     def steps(self) -> int:
         return len(self.shapes)
 
+    def taken(self, steps: int) -> int:
+        """Blocks the first `steps` steps take."""
+        return sum(self.takes[:steps])
+
     def truncate(self, steps: int) -> None:
         """Keep the first `steps` steps (a request arrived; the rest is the next plan's business)."""
         if steps < len(self.shapes):

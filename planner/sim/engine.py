@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import simpy
 
@@ -37,6 +37,9 @@ from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from workloads import Trace
+
+if TYPE_CHECKING:   # a fleet's result holds its replicas' (planner/sim/fleet.py imports this module)
+    from planner.sim.fleet import FleetRun
 
 Progress = Callable[[float, int, int], None]   # (simulated time, requests done, requests in the trace)
 # Called after every step (and fast-forward window) with the engine (its
@@ -69,16 +72,23 @@ class SimResult:
     fast_forwarded_steps: int      # of the steps, how many fast-forward took in bulk
     seed: int = 0                  # of the sampled tokens
     concurrency: int | None = None # a closed loop of this many clients (None: the trace's arrival times)
+    fleet: FleetRun | None = None  # several replicas behind a router (planner/sim/fleet.py); None: one
 
     @property
     def params(self) -> dict:
         """The run's settings, JSON-ready (result.json's "params")."""
+        fleet = {} if self.fleet is None else {"replicas": len(self.fleet.replicas), "router": self.fleet.router}
         return {**self.plan.params(), "seed": self.seed, "concurrency": self.concurrency,
                 "cost_model": self.cost_model, "trace": self.trace_name, "trace_params": self.trace_params,
-                "num_requests": len(self.requests)}
+                "num_requests": len(self.requests), **fleet}
 
     def summary(self) -> dict:
-        """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top)."""
+        """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top);
+        a fleet's adds `fleet` (per replica, load imbalance). The KV-cache figures are one replica's."""
+        fleet = {} if self.fleet is None else {"fleet": self.fleet.summary()}
+        return {**self._summary(), **fleet}
+
+    def _summary(self) -> dict:
         plan = self.plan
         return {**self.metrics.to_dict(), "sharing_saved": self.sharing_saved,
                 "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
@@ -143,6 +153,13 @@ class SimulatedEngine:
         self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
         self.physical_token_time = 0.0     # same, counting each shared KV slot once
+        # What a router sees of this engine (planner/sim/router.py): the requests routed here, the
+        # blocks in use at the start, and, when the block pool logs its KV events, those events per
+        # step end and the prefix cache they describe up to the last step a router can know of.
+        self.routed_count = 0
+        self.initial_blocks_used = self.allocator.num_used_blocks()
+        self.kv_events: deque | None = None
+        self.published: set[int] = set()
 
     @property
     def horizon(self) -> float:
@@ -198,6 +215,70 @@ class SimulatedEngine:
                 return
             except simpy.Interrupt:
                 pass
+
+    # -- what a router sees: each engine as it published itself at its last step end before `t` ----
+
+    def ended_before(self, t: float) -> int:
+        """Requests that ended (finished, rejected, truncated) before `t`."""
+        return bisect.bisect_left(self.ended_at, t)
+
+    def blocks_used_before(self, t: float) -> int:
+        """KV blocks in use in the last step that ended before `t` (vLLM's KV-cache usage gauge is
+        updated once per step); a step slept through in bulk counts from its plan."""
+        pending = self.pending
+        if pending is not None and pending.ends and pending.ends[0] < t:
+            return self.allocator.num_used_blocks() + pending.taken(bisect.bisect_left(pending.ends, t))
+        for record in reversed(self.steps):
+            if record.end < t:
+                return record.kv_blocks_used
+        return self.initial_blocks_used
+
+    def cached_prefix_before(self, hashes: list[int], t: float) -> int:
+        """How many of a prompt's leading block hashes the prefix cache held, as its KV events
+        published it up to the last step that ended before `t`."""
+        self._sync(t)
+        while self.kv_events and self.kv_events[0][0] < t:
+            for stored, h in self.kv_events.popleft()[1]:
+                if stored:
+                    self.published.add(h)
+                else:
+                    self.published.discard(h)
+        held = 0
+        for h in hashes:
+            if h not in self.published:
+                break
+            held += 1
+        return held
+
+    def log_kv_events(self) -> None:
+        """Keep the block pool's KV events, tagged with the end of the step that made them."""
+        self.kv_events = deque()
+        self.allocator.gpu.events = []
+
+    def _tag_events(self, end: float) -> None:
+        events = self.allocator.gpu.events
+        if events:
+            self.kv_events.append((end, list(events)))
+            events.clear()
+
+    def _sync(self, t: float) -> None:
+        """Take now the steps of a window slept through that ended before `t` (their KV events)."""
+        window = self.pending
+        if isinstance(window, Window) and window.ends[0] < t:
+            head = window.split(bisect.bisect_left(window.ends, t), self.allocator.block_size)
+            records, _ = self._apply_window(head)
+            self._took(records, head.shapes)
+
+    def _apply_window(self, window: Window):
+        tag = None
+        if self.kv_events is not None:
+            ends = window.ends
+            tag = lambda j: self._tag_events(ends[j - 1])   # noqa: E731
+        result = apply_window(window, self.scheduler, self.executor.window_samples(window.groups, window.steps),
+                              tag)
+        if self.kv_events is not None:
+            self._tag_events(window.ends[-1])
+        return result
 
     def run(self):
         """The engine process: the decode batch or a fast-forward window when one is proven, else one
@@ -299,6 +380,8 @@ class SimulatedEngine:
         end = env.now
         # A partial prompt chunk samples nothing: only the sampling part gets tokens.
         finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
+        if self.kv_events is not None:
+            self._tag_events(end)
         self.steps.append(record)
         self.shapes.append(shape)
         self.num_running.append(num_running)
@@ -344,8 +427,7 @@ class SimulatedEngine:
         self.pending = None
         if not window.steps:
             return
-        records, finished = apply_window(window, self.scheduler,
-                                         self.executor.window_samples(window.groups, window.steps))
+        records, finished = self._apply_window(window)
         self._took(records, window.shapes)
         yield from self._stepped(len(records), window.ends[-1], finished)
 
@@ -482,12 +564,24 @@ def check_all_ended(groups: list[SequenceGroup], total: int) -> None:
 
 def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int,
             engine: SimulatedEngine) -> SimResult:
+    return replica_result(plan, cost_model, trace, seed, engine)
+
+
+def prefix_counts(engine: SimulatedEngine) -> tuple[int, int]:
+    """(prompt tokens found in the prefix cache, prompt tokens looked up) of an engine's run."""
     scheduler = engine.scheduler
-    records = [RequestRecord.from_group(g) for g in engine.groups]
-    if plan.deployment.enable_chunked_prefill:       # counted at admission, as vLLM counts them
-        hit, held = scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
-    else:
-        hit, held = engine.prefill_cached_tokens, engine.prefill_held_tokens
+    if scheduler.config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+        return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
+    return engine.prefill_cached_tokens, engine.prefill_held_tokens
+
+
+def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,
+                   records: list[RequestRecord] | None = None) -> SimResult:
+    """One engine's result (`records`: its requests' records, when the caller made them)."""
+    scheduler = engine.scheduler
+    if records is None:
+        records = [RequestRecord.from_group(g) for g in engine.groups]
+    hit, held = prefix_counts(engine)
     return SimResult(
         plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, engine.steps,
                                                                                scheduler.preemptions),

@@ -72,6 +72,29 @@ class Window:
     def steps(self) -> int:
         return len(self.shapes)
 
+    def taken(self, steps: int) -> int:
+        """Blocks the first `steps` steps take."""
+        return sum(self.crossings[1:steps + 1])
+
+    def truncate(self, steps: int) -> None:
+        """Keep the first `steps` steps (a request arrived; the rest is the next window's business)."""
+        if steps < len(self.shapes):
+            del self.shapes[steps:], self.ends[steps:], self.crossings[steps + 1:]
+            self.finishing = []
+
+    def split(self, steps: int, block_size: int) -> Window:
+        """The first `steps` steps as a window of their own, to take now; this one keeps the rest
+        (each sequence's next block boundary counted from its new start)."""
+        head = Window(self.groups, self.seqs, self.first_crossing, self.crossings[:steps + 1],
+                      self.shapes[:steps], self.start, self.ends[:steps], [])
+        self.first_crossing = [first - steps if first > steps
+                               else first + block_size * ((steps - first) // block_size + 1) - steps
+                               for first in self.first_crossing]
+        self.crossings = [0] + self.crossings[steps + 1:]
+        self.start = self.ends[steps - 1]
+        del self.shapes[:steps], self.ends[:steps]
+        return head
+
 
 def covers(scheduler: Scheduler) -> bool:
     """The paper's policy over the paged block manager: what the window's proof is about."""
@@ -283,7 +306,8 @@ def _trim_to_memory(decodes: _RunningDecodes, allocator: BlockManager, shapes: l
     return crossings
 
 
-def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) -> tuple[list[StepRecord], list]:
+def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens,
+                 after_step: Callable[[int], None] | None = None) -> tuple[list[StepRecord], list]:
     """Advance the core through the window's steps; returns their step records and
     the groups that finished (at the last step).
 
@@ -292,12 +316,14 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
     order: at each step the appends in running order, then the marks. Between
     those events only the fill of each sequence's last block changes; it is
     written once, at the end. Groups that finish at the last step get that
-    step's tokens from the scheduler's own update, as step by step.
+    step's tokens from the scheduler's own update, as step by step. `after_step(j)`
+    is called once step j's blocks are taken and marked (a router reads the prefix
+    cache's events step by step).
     """
     allocator: BlockManager = scheduler.allocator
     used, token_states = allocator.num_used_blocks(), allocator.token_slots_used()
     base = [len(s.token_ids) for s in window.seqs]      # tokens at the window's start
-    _take_blocks(window, allocator, tokens, base)
+    _take_blocks(window, allocator, tokens, base, after_step)
     finishing_seqs = {s.seq_id for g in window.finishing for s in g.seqs}
     _write_tokens(window, allocator, tokens, base, finishing_seqs)
     _gpu_pool(allocator).num_token_states = token_states + window.steps * len(window.seqs)
@@ -307,7 +333,8 @@ def apply_window(window: Window, scheduler: Scheduler, tokens: SampledTokens) ->
     return _records(window, allocator, used, token_states), finished
 
 
-def _take_blocks(window: Window, allocator: BlockManager, tokens: SampledTokens, base: list[int]) -> None:
+def _take_blocks(window: Window, allocator: BlockManager, tokens: SampledTokens, base: list[int],
+                 after_step: Callable[[int], None] | None) -> None:
     """Each step's new blocks, in running order, then (with prefix caching) the blocks its computed
     tokens just filled, registered: the order step-by-step simulation takes and marks them in."""
     bs, steps, seqs, tables = allocator.block_size, window.steps, window.seqs, allocator.tables
@@ -339,6 +366,8 @@ def _take_blocks(window: Window, allocator: BlockManager, tokens: SampledTokens,
                     seq.token_ids.extend(tokens[i][0][have:j - 1])
                 seq.num_computed_tokens = base[i] + j - 1
                 allocator.mark_computed(seq)
+        if after_step is not None:
+            after_step(j)
 
 
 def _write_tokens(window: Window, allocator: BlockManager, tokens: SampledTokens, base: list[int],

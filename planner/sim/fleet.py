@@ -1,0 +1,237 @@
+"""A fleet: K identical replicas of one deployment behind a router, in one discrete-event simulation.
+
+Each replica is a `SimulatedEngine` with its own scheduler, block manager and
+prefix cache, all processes of one `simpy.Environment`; one arrival process
+(or, in a closed loop, the clients) sends each request through the router
+(planner/sim/router.py) to a replica. A router whose picks do not depend on
+the replicas' state (round-robin over an open-loop trace) routes the whole
+trace up front, and every replica then knows its next arrival as a lone
+deployment does; otherwise a replica plans its decode steps without knowing
+when its next request comes, and a request routed to it cuts the plan at the
+step that starts after it (SimulatedEngine.cut), which is where step-by-step
+simulation would have admitted it. One replica is exactly the single-deployment
+simulation (`simulate_fleet` runs that very code for K = 1).
+
+Results: the fleet's requests and steps together (the metrics of the whole
+fleet), and `FleetRun` with each replica's own result, the replica of every
+request, and the load imbalance (max / mean over replicas of requests, output
+tokens, busy time and KV utilization; 1.0 is an even split).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from engine.core.metrics import RequestRecord, summarize
+from planner.cost.shape import CostModel
+from planner.deploy.plan import DeploymentPlan
+from planner.documents import json_safe
+from planner.errors import PlannerError
+from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended, make_engine,
+                                prefix_counts, replica_result, run_quietly, simulate)
+from planner.sim.router import Router, RouterPolicy, parse_router
+from workloads import Trace
+
+# Per replica in result.json (`fleet.per_replica`): the replica's own metrics under these names.
+REPLICA_METRICS = ("num_completed", "request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99",
+                   "tpot_mean", "tpot_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size",
+                   "kv_utilization", "num_steps")
+
+
+@dataclass
+class FleetRun:
+    """What only a fleet has: the router, each replica's own result, and where each request went."""
+
+    router: str
+    replicas: list[SimResult]      # each replica's requests (in arrival order) and steps
+    routes: list[int]              # per request of the trace (in trace order): the replica that served it
+
+    def summary(self) -> dict:
+        """result.json's `fleet`: per replica, its share and metrics; the imbalance across them."""
+        total = len(self.routes)
+        rows = []
+        for i, sim in enumerate(self.replicas):
+            metrics = sim.metrics
+            busy = sum(s.end - s.start for s in sim.steps)
+            rows.append({"replica": i, "num_requests": len(sim.requests),
+                         "request_share": len(sim.requests) / total if total else 0.0,
+                         **{k: metrics[k] for k in REPLICA_METRICS},
+                         "output_tokens": sum(r.output_len for r in sim.requests if r.completed),
+                         "busy_time": busy, "preemptions": metrics.preemptions["total"],
+                         "prefix_cache_hit_tokens": sim.prefix_cache_hit_tokens,
+                         "prefix_cache_hit_rate": sim.prefix_cache_hit_rate})
+        imbalance = {name: _max_over_mean([row[key] or 0.0 for row in rows]) for name, key in
+                     (("requests", "num_requests"), ("output_tokens", "output_tokens"),
+                      ("busy_time", "busy_time"), ("kv_utilization", "kv_utilization"))}
+        return {"replicas": len(self.replicas), "router": self.router, "per_replica": rows,
+                "load_imbalance": imbalance}
+
+
+def _max_over_mean(values: list[float]) -> float | None:
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else None
+
+
+class Fleet:
+    """The replicas, the router and the arrivals of one fleet simulation."""
+
+    def __init__(self, env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost_model: CostModel,
+                 replicas: int, policy: RouterPolicy, *, seed: int, concurrency: int | None, fast_forward: bool,
+                 progress: Progress | None, watch: Watch | None) -> None:
+        self.env, self.trace, self.policy = env, trace, policy
+        # Picks known in advance: every replica knows its own next arrival, as a lone deployment does.
+        self.pre_routed = not policy.reads_engines and concurrency is None
+        self.due = Due()
+        self.progress = progress
+        self.watch = watch
+        self.engines: list[SimulatedEngine] = [
+            make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace),
+                        progress=None if progress is None else self._progress, fast_forward=fast_forward,
+                        watch=None if watch is None else self._watch,
+                        due=None if self.pre_routed else self.due, routed=not self.pre_routed)
+            for _ in range(replicas)]
+        answers = self.engines[0].executor.answers     # a conversation's answers, wherever each turn goes
+        for i, engine in enumerate(self.engines):
+            engine.executor.answers = answers
+            if i:                                      # replica 0 samples as a lone deployment does
+                engine.executor.rng = random.Random(f"{seed}/{i}")
+            if policy.uses_prefix:
+                engine.log_kv_events()
+        self.router = Router(policy, self.engines, plan.deployment.block_size)
+        self.groups: list = []                         # every request sent, in sending order
+        self.routes: list[int] = []
+        self.clients: deque | None = None
+
+    def _progress(self, now: float, done: int, total: int) -> None:
+        self.progress(now, sum(e.done for e in self.engines), len(self.trace))
+
+    def _watch(self, engine, now: float, ended: list) -> None:
+        self.watch(self, now, ended)              # a fleet's watch sees every request (self.groups)
+
+    def send(self, req, arrival: float | None = None, replica: int | None = None) -> None:
+        """One request, now: to the router's pick (or `replica`), which admits it at its next step."""
+        group = self.engines[0].executor.make_group(req, arrival)
+        chosen = self.router.pick(group, self.env.now) if replica is None else replica
+        self.groups.append(group)
+        self.routes.append(chosen)
+        engine = self.engines[chosen]
+        engine.routed_count += 1
+        engine.submit(group)
+
+    def arrivals(self, routes: list[int] | None):
+        """Release each trace request at its arrival time to its replica (`routes`: known in advance)."""
+        env = self.env
+        if routes is not None:      # each replica's next arrival, as its own arrival process would say
+            pending = [deque(r.arrival_time for r, j in zip(self.trace.requests, routes) if j == i)
+                       for i in range(len(self.engines))]
+            for engine, times in zip(self.engines, pending):
+                engine.due.at = times[0] if times else math.inf
+        for n, req in enumerate(self.trace.requests):
+            delay = req.arrival_time - env.now
+            if delay > 0:
+                self.due.at = env.now + delay
+                yield env.timeout(delay)
+                self.due.at = math.inf
+            if routes is None:
+                self.send(req)
+                continue
+            replica = routes[n]
+            times = pending[replica]
+            times.popleft()
+            self.engines[replica].due.at = times[0] if times else math.inf
+            self.send(req, replica=replica)
+        self._all_sent()
+
+    def release(self, count: int) -> None:
+        """Closed loop: the next `count` clients send their next requests now."""
+        for _ in range(min(count, len(self.clients))):
+            self.send(self.clients.popleft(), arrival=self.env.now)
+        if not self.clients:
+            self._all_sent()
+
+    def _all_sent(self) -> None:
+        for engine in self.engines:
+            engine.arrivals_done = True
+
+    def start(self, concurrency: int | None) -> None:
+        if concurrency is None:
+            count = len(self.engines)
+            routes = [n % count for n in range(len(self.trace))] if self.pre_routed else None
+            self.env.process(self.arrivals(routes))
+            return
+        self.clients = deque(self.trace.requests)
+        for engine in self.engines:
+            engine.on_ended = self.release
+        self.release(concurrency)
+
+
+def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, replicas: int = 1,
+                   router: str | RouterPolicy | None = None, seed: int = 0, concurrency: int | None = None,
+                   fast_forward: bool = True, progress: Progress | None = None,
+                   watch: Watch | None = None) -> SimResult:
+    """`replicas` copies of `plan` behind `router` (a policy name, see planner/sim/router.py), fed `trace`
+    (or, with `concurrency`, a closed loop of that many clients). One replica is `simulate` itself."""
+    policy = router if isinstance(router, RouterPolicy) else parse_router(router)
+    if replicas < 1:
+        raise PlannerError(f"--replicas must be >= 1, got {replicas}")
+    if policy.uses_prefix and not plan.deployment.enable_prefix_caching:
+        raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
+    if replicas == 1:
+        return simulate(trace, plan, cost_model, seed=seed, concurrency=concurrency, fast_forward=fast_forward,
+                        progress=progress, watch=watch)
+    return run_fleet(trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
+                     fast_forward=fast_forward, progress=progress, watch=watch)
+
+
+def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replicas: int, policy: RouterPolicy,
+              *, seed: int = 0, concurrency: int | None = None, fast_forward: bool = True,
+              progress: Progress | None = None, watch: Watch | None = None) -> SimResult:
+    """The fleet simulation for any number of replicas (one included: tests hold it to `simulate`)."""
+    wall_start = time.perf_counter()
+    env = simpy.Environment()
+    fleet = Fleet(env, trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
+                  fast_forward=fast_forward, progress=progress, watch=watch)
+    fleet.start(concurrency)
+
+    def records() -> SimResult:
+        if progress is not None:
+            progress(env.now, sum(e.done for e in fleet.engines), len(trace))
+        check_all_ended(fleet.groups, len(trace))
+        return _fleet_result(fleet, plan, cost_model, seed)
+
+    result = run_quietly(env, records)
+    result.concurrency = concurrency
+    result.wall_time = time.perf_counter() - wall_start
+    return result
+
+
+def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
+    """The fleet's result: every request and step together, each replica's own result beside."""
+    trace = fleet.trace
+    records = [RequestRecord.from_group(g) for g in fleet.groups]
+    mine: list[list[RequestRecord]] = [[] for _ in fleet.engines]
+    for record, replica in zip(records, fleet.routes):
+        mine[replica].append(record)
+    parts = [replica_result(plan, cost_model, trace, seed, engine, own)
+             for engine, own in zip(fleet.engines, mine)]
+    merged = list(heapq.merge(*[[(s.start, i, k) for k, s in enumerate(p.steps)] for i, p in enumerate(parts)]))
+    steps = [parts[i].steps[k] for _, i, k in merged]
+    preemptions = {key: sum(e.scheduler.preemptions[key] for e in fleet.engines) for key in ("recompute", "swap")}
+    logical = sum(e.logical_token_time for e in fleet.engines)
+    physical = sum(e.physical_token_time for e in fleet.engines)
+    counts = [prefix_counts(e) for e in fleet.engines]
+    hit, held = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return SimResult(
+        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, steps, preemptions),
+        records, steps, [parts[i].shapes[k] for _, i, k in merged], [parts[i].num_running[k] for _, i, k in merged],
+        sharing_saved=1 - physical / logical if logical > 0 else 0.0, prefix_cache_hit_tokens=hit,
+        prefix_cache_hit_rate=hit / held if held else 0.0,
+        kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
+        wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
+        fleet=FleetRun(fleet.policy.name, parts, fleet.routes))
