@@ -150,6 +150,14 @@ CONCURRENCY = typer.Option(None, "--concurrency", metavar="N",
                            help="a closed loop of N clients, each sending its next request the moment its previous "
                                 "one ends (the trace gives lengths and order, not times; vLLM bench's "
                                 "--max-concurrency with an unlimited rate); a comma list sweeps in simulate")
+REPLICAS = typer.Option(None, "--replicas", metavar="K",
+                        help="K identical replicas of the deployment behind --router, simulated together (each its "
+                             "own scheduler, KV cache and prefix cache); a comma list sweeps in simulate")
+ROUTER = typer.Option("round-robin", "--router", metavar="POLICY",
+                      help="how the router picks a replica: round-robin, least-requests (fewest in flight), "
+                           "least-kv (lowest KV-cache use), prefix-aware (most prompt blocks cached; needs "
+                           "--enable-prefix-caching), or weighted:SCORER=W,... over the last three, as llm-d's "
+                           "scorers (e.g. weighted:least-requests=1,prefix-aware=2)")
 SEED = typer.Option(0, help="random seed (trace and sampled tokens)")
 SLO = typer.Option(None, "--slo", metavar="LIMIT",
                    help="SLO: s/token (normalized latency) or METRIC=SECONDS, comma-separated or repeated "
@@ -171,3 +179,13 @@ AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout;
 
 def workload_source(workload: str, trace: Optional[Path]) -> str:
     return str(trace) if trace else workload
+
+
+def replica_counts(text: Optional[str]) -> tuple[int, ...]:
+    """--replicas: one count or a comma list (1 when not given)."""
+    if text is None:
+        return (1,)
+    counts = tuple(dict.fromkeys(split_values(str(text), int, "replicas")))
+    if any(k < 1 for k in counts):
+        raise PlannerError(f"--replicas must be >= 1, got {text}")
+    return counts

@@ -30,7 +30,7 @@ from planner.report.capacity import write_capacity
 from planner.report.run import write_run
 from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
-from planner.runs.spec import Load, RunSpec
+from planner.runs.spec import Fleet, Load, RunSpec
 from planner.sizing.capacity import capacity_title
 from workloads import TraceError, parse_workload_params
 
@@ -39,13 +39,18 @@ DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
 
 def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), concurrencies=(None,),
-              **run) -> list[RunSpec]:
-    """One spec per deployment and rate (or concurrency): the product of the comma lists given."""
+              replicas=(1,), router: str | None = None, **run) -> list[RunSpec]:
+    """One spec per deployment, rate (or concurrency) and replica count: the product of the comma lists given."""
     if rates != (None,) and concurrencies != (None,):
         raise PlannerError("give --rate or --concurrency, not both: a concurrency's clients send each request "
                            "when their previous one ends")
     loads = [replace(load, rate=r, concurrency=c) for r in rates for c in concurrencies]
-    return [RunSpec(deployment=d, load=one, **run) for d in deployments.product(**DEFAULTS) for one in loads]
+    fleets = [Fleet(k, router or Fleet.router) for k in replicas]
+    specs = [RunSpec(deployment=d, load=one, fleet=fleet, **run)
+             for d in deployments.product(**DEFAULTS) for fleet in fleets for one in loads]
+    for spec in specs:
+        spec.fleet.policy(spec.deployment)       # a bad --router fails here, in one line
+    return specs
 
 
 def load_of(workload: str, trace: Optional[Path], param, requests, duration, seed: int) -> Load:
@@ -82,20 +87,21 @@ def simulate(
     param: Optional[list[str]] = opt.PARAM,
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
-    concurrency: Optional[str] = opt.CONCURRENCY,
+    concurrency: Optional[str] = opt.CONCURRENCY, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
     timing_noise: bool = opt.TIMING_NOISE, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
-    """Simulate a workload on the paged engine (or sweep rates and any deployment setting)."""
+    """Simulate a workload on the paged engine, or a fleet of replicas behind a router (or sweep rates,
+    replica counts and any deployment setting)."""
     err = Console(stderr=True)
     try:
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
         specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed), rates=rates,
-                          concurrencies=clients,
+                          concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
         out_dir = out or default_out("sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
@@ -123,6 +129,8 @@ def _print_run(result, paths: dict, out_dir: Path, as_json: bool, err: Console, 
     console.print(headline, style="bold yellow" if stale else None, highlight=False, markup=False)
     console.print(plan_table(doc["memory_plan"], doc))
     console.print(summary_table(doc, result.sim.wall_time))
+    if doc.get("fleet"):
+        console.print(replica_table(doc["fleet"]))
     if result.intervals:
         console.print(interval_table(result.intervals, seeds, result.spec.load.seed))
     print_verdict(console, doc["verdict"], result.warnings, result.not_modelled)
@@ -130,11 +138,29 @@ def _print_run(result, paths: dict, out_dir: Path, as_json: bool, err: Console, 
     console.print(f"run folder: {out_dir} ({', '.join(p.name for p in paths.values())})", highlight=False)
 
 
+def replica_table(fleet: dict) -> Table:
+    """A fleet's replicas side by side (result.json's fleet.per_replica) and the load imbalance."""
+    imbalance = ", ".join(f"{k.replace('_', ' ')} {fmt(v, '', 3)}" for k, v in fleet["load_imbalance"].items())
+    table = Table(title=f"{fleet['replicas']} replicas, router {fleet['router']} (load imbalance, max / mean: "
+                        f"{imbalance})")
+    columns = {"replica": "replica", "num_requests": "requests", "request_share": "share",
+               "request_throughput": "req/s", "ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99",
+               "tpot_mean": "TPOT mean", "mean_batch_size": "batch", "kv_utilization": "KV util",
+               "prefix_cache_hit_rate": "prefix hits", "preemptions": "preempted"}
+    for title in columns.values():
+        table.add_column(title, justify="right")
+    for row in fleet["per_replica"]:
+        table.add_row(*[fmt(row.get(c), "", 3) for c in columns])
+    return table
+
+
 def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slos: dict[str, float]) -> None:
     err.print(f"sweeping {len(specs)} runs in parallel processes ...", highlight=False)
 
     def done(spec: RunSpec, doc: dict) -> None:
         load = f"concurrency {spec.load.concurrency}" if spec.load.concurrency else f"rate {spec.load.rate}"
+        if spec.fleet.replicas > 1:
+            load += f", {spec.fleet.replicas} replicas"
         err.print(f"  {', '.join(f'{k} {v}' for k, v in spec.deployment.changed().items())}, {load}: normalized "
                   f"latency {fmt(doc.get('normalized_latency'), ' s/token', 4)} ({doc['wall_time']:.1f} s wall)",
                   highlight=False)
@@ -194,16 +220,23 @@ def capacity(
                                               help="max: the most concurrent clients (a closed loop, each "
                                                    "sending its next request when its previous one ends) within "
                                                    "the SLOs, instead of the highest request rate"),
+    replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
-    """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs."""
+    """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs, of one
+    deployment or a fleet of --replicas behind --router."""
     err = Console(stderr=True)
     try:
         slos = parse_slos(slo)
+        counts = opt.replica_counts(replicas)
+        if len(counts) > 1:
+            raise PlannerError("--replicas takes one count for `planner capacity` (a comma list sweeps in "
+                               "`planner simulate` and spans the grid of `planner search`)")
         spec = RunSpec(deployment=deployments.one("capacity", **DEFAULTS),
                        load=load_of(workload, trace, param, requests, duration, seed), cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
-                       slos=tuple(slos.items()), step_by_step=step_by_step)
+                       slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router))
+        spec.fleet.policy(spec.deployment)
 
         def probed(probe) -> None:
             doc = probe.doc
@@ -215,7 +248,8 @@ def capacity(
             err.print(f"  {where}: {'meets' if probe.ok else 'misses'} ({shown}{grows})", highlight=False)
 
         d = spec.deployment
-        err.print(f"searching the capacity of {d.model} / {d.tp} x {d.gpu} on {spec.load.workload} "
+        fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
+        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu} on {spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         if concurrency not in (None, "max"):
             raise PlannerError(f"--concurrency {concurrency}: capacity takes --concurrency max (the most clients "

@@ -152,6 +152,24 @@ def rejected_section(verdict: dict) -> str:
     return "".join(parts)
 
 
+# The per-replica table of a fleet's report: result.json's fleet.per_replica columns and their headings.
+REPLICA_COLUMNS = {"replica": "replica", "num_requests": "requests", "request_share": "share",
+                   "request_throughput": "req/s", "ttft_mean": "TTFT mean s", "ttft_p99": "TTFT p99 s",
+                   "tpot_mean": "TPOT mean s", "e2e_mean": "E2E mean s", "mean_batch_size": "batch",
+                   "kv_utilization": "KV util", "prefix_cache_hit_rate": "prefix hits", "busy_time": "busy s",
+                   "preemptions": "preempted"}
+
+
+def fleet_section(fleet: dict) -> list[str]:
+    """A fleet's replicas side by side, and how unevenly the router spread the load."""
+    rows = [[fmt(r.get(c)) for c in REPLICA_COLUMNS] for r in fleet["per_replica"]]
+    imbalance = ", ".join(f"{k.replace('_', ' ')} {fmt(v, 3)}" for k, v in fleet["load_imbalance"].items())
+    return [f"<h2>Replicas ({fleet['replicas']}, router {esc(fleet['router'])})</h2>",
+            f"<p>Load imbalance (max / mean over replicas; 1 is even): {esc(imbalance)}. The metrics above are "
+            f"the whole fleet's; the memory plan is one replica's.</p>",
+            table(list(REPLICA_COLUMNS.values()), rows)]
+
+
 def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     """The HTML of one simulated run (its result document and its PNG plots)."""
     v = doc.get("verdict", {})
@@ -159,7 +177,7 @@ def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     if doc.get("warnings"):
         body += ["<h2>Warnings</h2>", bullet_list(doc["warnings"], "warn")]
     body += ["<h2>Memory plan</h2>", memory_plan_table(doc.get("memory_plan"), doc),
-             "<h2>Metrics</h2>", metrics_table(doc),
+             "<h2>Metrics</h2>", metrics_table(doc), *(fleet_section(doc["fleet"]) if doc.get("fleet") else []),
              f"<p>Preemptions: {esc(doc.get('preemptions'))}. Cost model: <code>{esc(doc.get('cost_model'))}"
              f"</code>.</p>", "<h2>Rejected and truncated requests</h2>", rejected_section(v)]
     for key, caption in (("timeline", "Queue, batch and KV cache over time"), ("latency_cdf", "Latency CDFs"),

@@ -22,7 +22,10 @@ def run_title(params: dict) -> str:
     """'opt-13b on 1 x a100-40g, chatbot at 1.0 req/s (paged, block 16)': what every plot title says."""
     rate = (params.get("trace_params") or {}).get("rate")
     at = f" at {rate:g} req/s" if isinstance(rate, (int, float)) and math.isfinite(rate) else ""
-    return (f"{params.get('model')} on {params.get('tp')} x {params.get('gpu')}, {params.get('trace')}{at} "
+    where = f"{params.get('tp')} x {params.get('gpu')}"
+    if params.get("replicas"):
+        where = f"{params['replicas']} replicas of {where} ({params.get('router')})"
+    return (f"{params.get('model')} on {where}, {params.get('trace')}{at} "
             f"({params.get('allocator')}, block {params.get('block_size')})")
 
 
@@ -33,8 +36,10 @@ def write_run(result: RunResult, out_dir: Path) -> dict[str, Path]:
     paths = {"result": out_dir / "result.json", "requests": out_dir / "requests.csv",
              "steps": out_dir / "steps.csv"}
     paths["result"].write_text(json.dumps(doc, indent=2) + "\n")
-    _write_requests(sim.requests, paths["requests"])
-    _write_steps(sim.steps, sim.shapes, paths["steps"], sim.num_running)
+    fleet = sim.fleet
+    _write_requests(sim.requests, paths["requests"], None if fleet is None else fleet.routes)
+    _write_steps(sim.steps, sim.shapes, paths["steps"], sim.num_running,
+                 None if fleet is None else fleet.step_replicas)
     plt = pyplot()
     title = run_title(sim.params)
     paths["latency_cdf"] = plot_latency_cdfs(plt, sim.requests, out_dir / "latency_cdf.png", title,
@@ -49,32 +54,36 @@ def write_run(result: RunResult, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _write_requests(records: list[RequestRecord], path: Path) -> None:
+def _write_requests(records: list[RequestRecord], path: Path, replicas: list[int] | None = None) -> None:
+    """requests.csv; a fleet's adds the replica that served each request."""
     columns = ["request_id", "arrival", "prompt_len", "output_len", "num_seqs", "seq_output_len", "first_scheduled",
                "first_token", "finish", "ttft", "tpot", "itl_mean", "itl_p50", "itl_p99", "e2e", "normalized_latency",
                "num_preemptions", "rejected", "reject_reason", "truncated"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(columns)
-        for r in records:
+        writer.writerow(columns + (["replica"] if replicas is not None else []))
+        for i, r in enumerate(records):
             ran = not r.rejected and r.finish is not None and r.first_token is not None
             writer.writerow([r.request_id, r.arrival, r.prompt_len, r.output_len, r.num_seqs, r.seq_output_len,
                              r.first_scheduled, r.first_token, r.finish, r.ttft if ran else None,
                              r.tpot if ran else None, r.itl_mean, r.itl_p50, r.itl_p99, r.e2e if ran else None,
                              r.normalized_latency if ran else None, r.num_preemptions, r.rejected,
-                             r.reject_reason, r.truncated])
+                             r.reject_reason, r.truncated] + ([replicas[i]] if replicas is not None else []))
 
 
 def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path,
-                 num_running: list[int] | None = None) -> None:
+                 num_running: list[int] | None = None, replicas: list[int] | None = None) -> None:
+    """steps.csv; a fleet's holds every replica's steps by start time, with the replica."""
     step_cols = [f.name for f in fields(StepRecord)]
     shape_cols = ["prefill_attn_pairs", "decode_context", "copy_blocks"]
     running = num_running if num_running and len(num_running) == len(steps) else [None] * len(steps)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(step_cols + ["duration"] + shape_cols + ["num_running"])
-        for step, shape, n in zip(steps, shapes, running):
+        writer.writerow(step_cols + ["duration"] + shape_cols + ["num_running"]
+                        + (["replica"] if replicas is not None else []))
+        for i, (step, shape, n) in enumerate(zip(steps, shapes, running)):
             writer.writerow([getattr(step, c) for c in step_cols] + [step.end - step.start]
-                            + [getattr(shape, c) for c in shape_cols] + [n])
+                            + [getattr(shape, c) for c in shape_cols] + [n]
+                            + ([replicas[i]] if replicas is not None else []))
 def _run_label(params: dict) -> str:
     return f"{params.get('allocator', '?')} (block {params.get('block_size', '?')})"

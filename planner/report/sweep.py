@@ -13,7 +13,7 @@ from planner.report.html import sweep_report
 from planner.report.plots import plot_against, plot_memory_breakdown, pyplot
 
 # What a sweep may vary: the request rate and every deployment setting.
-SWEEPABLE = ("rate", "concurrency", *(f.name for f in fields(Deployment)))
+SWEEPABLE = ("rate", "concurrency", "replicas", *(f.name for f in fields(Deployment)))
 METRIC_COLUMNS = ("num_completed", "num_rejected", "num_truncated", "request_throughput", "output_token_throughput",
                   "normalized_latency", "ttft_p99", "tpot_p99", "e2e_mean", "mean_batch_size", "kv_utilization",
                   "sharing_saved", "preemptions_total", "wall_time", "state", "steady_normalized_latency")
@@ -23,7 +23,7 @@ def comparison_row(run: dict) -> dict:
     """One sweep run (a result document) flattened: its settings, then the comparison table's metrics."""
     params = run.get("params", {})
     row = {**run.get("deployment", {}), "rate": params.get("trace_params", {}).get("rate"),
-           "concurrency": params.get("concurrency"),
+           "concurrency": params.get("concurrency"), "replicas": params.get("replicas", 1),
            "preemptions_total": run.get("preemptions", {}).get("total"),
            "state": (run.get("verdict") or {}).get("state"),
            "steady_normalized_latency": (run.get("steady_state") or {}).get("normalized_latency")}
@@ -54,7 +54,10 @@ def sweep_title(runs: list[dict], swept: list[str]) -> str:
 def sweep_document(runs: list[dict]) -> dict:
     """sweep.json: the runs' result documents and the sweep's verdict (the best run, a line per run)."""
     swept = swept_variables([comparison_row(r) for r in runs])
-    return json_safe({"schema_version": SCHEMA_VERSION, "verdict": sweep_verdict(runs, swept), "runs": runs})
+    # the verdict names a run by its swept settings: a fleet's replica count as if a deployment setting
+    labelled = [{**r, "deployment": {**r.get("deployment", {}), "replicas": r.get("params", {}).get("replicas", 1)}}
+                for r in runs] if "replicas" in swept else runs
+    return json_safe({"schema_version": SCHEMA_VERSION, "verdict": sweep_verdict(labelled, swept), "runs": runs})
 
 
 def write_sweep(doc: dict, out_dir: Path, slos: dict[str, float] | None = None) -> dict[str, Path]:

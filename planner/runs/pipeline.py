@@ -21,7 +21,13 @@ from planner.deploy.plan import DeploymentPlan, plan_deployment
 from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
+from planner.sim.fleet import simulate_fleet
 from workloads import Trace
+
+
+FLEET_NOTE = ("the router's own latency and the network between router and replicas (a request reaches its "
+              "replica the instant it arrives); the router sees its own count of requests in flight and what "
+              "each replica published at the end of its last step, never a step in progress")
 
 
 def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profile: str | None = None) -> CostModel:
@@ -42,6 +48,7 @@ class Simulation:
 
     @classmethod
     def prepare(cls, spec: RunSpec) -> Simulation:
+        spec.fleet.policy(spec.deployment)        # a bad --replicas or --router fails before any planning
         plan = plan_deployment(spec.deployment)
         return cls(spec, plan, build_cost_model(plan, spec.cost_model, spec.profile))
 
@@ -51,6 +58,12 @@ class Simulation:
         load = load or self.spec.load
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
+        fleet = self.spec.fleet
+        if fleet.replicas > 1:
+            return simulate_fleet(trace, self.plan, cost, replicas=fleet.replicas,
+                                  router=fleet.policy(self.spec.deployment), seed=load.seed,
+                                  concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
+                                  progress=progress, watch=watch)
         return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency,
                         fast_forward=not self.spec.step_by_step, progress=progress, watch=watch)
 
@@ -62,6 +75,8 @@ class Simulation:
         d = spec.deployment
         notes = not_modelled(sim.cost_model, d.block_size, d.enable_prefix_caching, d.preemption_mode, d.tp,
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
+        if sim.fleet is not None:
+            notes = [*notes, FLEET_NOTE]
         return RunResult(spec, sim, analysis["steady_state"], analysis["verdict"], list(self.plan.warnings), notes)
 
     def run(self, load: Load | None = None, **options) -> RunResult:

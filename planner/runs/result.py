@@ -50,19 +50,23 @@ class RunResult:
         """One row per request: times, lengths and latencies (pandas)."""
         import pandas as pd            # pandas is slow to import and only tables need it
         rows = []
-        for r in self.sim.requests:
+        fleet = self.sim.fleet
+        for i, r in enumerate(self.sim.requests):
             ran = r.completed
             rows.append({**r.as_dict(), "ttft": r.ttft if ran else None, "tpot": r.tpot if ran else None,
                          "e2e": r.e2e if ran else None,
-                         "normalized_latency": r.normalized_latency if ran else None})
+                         "normalized_latency": r.normalized_latency if ran else None,
+                         **({} if fleet is None else {"replica": fleet.routes[i]})})
         return pd.DataFrame(rows)
 
     def steps_frame(self):
         """One row per engine step: its batch, tokens, KV use and duration (pandas)."""
         import pandas as pd
         names = [f.name for f in fields(StepRecord)]
-        return pd.DataFrame([{**{n: getattr(s, n) for n in names}, "duration": s.end - s.start}
-                             for s in self.sim.steps])
+        fleet = self.sim.fleet
+        return pd.DataFrame([{**{n: getattr(s, n) for n in names}, "duration": s.end - s.start,
+                              **({} if fleet is None else {"replica": fleet.step_replicas[i]})}
+                             for i, s in enumerate(self.sim.steps)])
 
     def summary_frame(self):
         """The headline metrics, whole run and steady state, one row each (pandas)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from engine.deployment import Deployment
 from planner.deploy import checks
 from planner.errors import PlannerError
+from planner.sim.router import DEFAULT_ROUTER, RouterPolicy, parse_router
 from workloads import Trace, TraceError, make_trace
 from workloads.make import is_trace_file
 
@@ -61,6 +62,24 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Fleet:
+    """Who serves the load: `replicas` identical copies of the deployment behind a router
+    (planner/sim/router.py). A topology of the run, not a knob of one replica's deployment."""
+
+    replicas: int = 1
+    router: str = DEFAULT_ROUTER
+
+    def policy(self, deployment: Deployment | None = None) -> RouterPolicy:
+        """The router's policy, checked (one line on a bad value) against the replicas' deployment."""
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise PlannerError(f"--replicas must be a whole number >= 1, got {self.replicas!r}")
+        policy = parse_router(self.router)
+        if policy.uses_prefix and deployment is not None and not deployment.enable_prefix_caching:
+            raise PlannerError(f"--router {policy.name} scores prefix-cache hits: give --enable-prefix-caching")
+        return policy
+
+
+@dataclass(frozen=True)
 class RunSpec:
     deployment: Deployment = field(default_factory=Deployment)
     load: Load = field(default_factory=Load)
@@ -70,9 +89,13 @@ class RunSpec:
     timing_noise: bool = False          # step times scatter like the profile's measurements (seeded)
     slos: tuple[tuple[str, float], ...] = ()   # drawn on plots and judged in the verdict
     step_by_step: bool = False          # no decode fast-forward (same results, slower)
+    fleet: Fleet = field(default_factory=Fleet)   # replicas and router (one replica: a lone deployment)
 
     def with_load(self, **changes) -> RunSpec:
         return replace(self, load=replace(self.load, **changes))
+
+    def with_fleet(self, **changes) -> RunSpec:
+        return replace(self, fleet=replace(self.fleet, **changes))
 
     def with_deployment(self, **changes) -> RunSpec:
         return replace(self, deployment=self.deployment.replace(**changes))
@@ -81,7 +104,8 @@ class RunSpec:
         """The `planner simulate` (or `capacity`) line of this run, every setting it used, some changed:
         deployment settings and `rate` (a number or a comma list)."""
         load_changes = {k: changes.pop(k) for k in list(changes) if k in _LOAD_FIELDS}
-        spec = replace(self, deployment=self.deployment.replace(**changes), load=self.load)
+        fleet = replace(self.fleet, **{k: changes.pop(k) for k in list(changes) if k in _FLEET_FIELDS})
+        spec = replace(self, deployment=self.deployment.replace(**changes), load=self.load, fleet=fleet)
         load = replace(spec.load, **{k: v for k, v in load_changes.items() if k != "rate"})
         rate = load_changes.get("rate", load.rate)
         words = ["planner", "capacity" if capacity else "simulate"]
@@ -106,12 +130,22 @@ class RunSpec:
             words.append("--timing-noise")
         if spec.step_by_step:
             words.append("--step-by-step")
+        words += fleet_flags(spec.fleet)
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
         words += [w for name, limit in slos for w in ("--slo", f"{name}={limit:g}")]
         return " ".join(words)
 
 
 _LOAD_FIELDS = {f.name for f in fields(Load)}
+_FLEET_FIELDS = {f.name for f in fields(Fleet)}
+
+
+def fleet_flags(fleet: Fleet) -> list[str]:
+    """--replicas and --router, when they are not a lone deployment's."""
+    words = ["--replicas", str(fleet.replicas)] if fleet.replicas != 1 else []
+    if fleet.router != DEFAULT_ROUTER:
+        words += ["--router", fleet.router]
+    return words
 
 
 def deployment_flags(deployment: Deployment) -> list[str]:

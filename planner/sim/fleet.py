@@ -51,6 +51,7 @@ class FleetRun:
     router: str
     replicas: list[SimResult]      # each replica's requests (in arrival order) and steps
     routes: list[int]              # per request of the trace (in trace order): the replica that served it
+    step_replicas: list[int]       # per step of the fleet's merged steps: the replica that took it
 
     def summary(self) -> dict:
         """result.json's `fleet`: per replica, its share and metrics; the imbalance across them."""
@@ -234,4 +235,4 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
         wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
-        fleet=FleetRun(fleet.policy.name, parts, fleet.routes))
+        fleet=FleetRun(fleet.policy.name, parts, fleet.routes, [i for _, i, _ in merged]))

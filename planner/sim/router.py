@@ -82,6 +82,8 @@ def parse_router(text: str | None) -> RouterPolicy:
     for part in text[len(WEIGHTED) + 1:].split(","):
         name, _, value = part.partition("=")
         name = name.strip()
+        if name in weights:
+            raise PlannerError(f"--router {text!r}: {name} is weighted twice")
         if name not in SCORERS:
             raise PlannerError(f"--router {text!r}: {name!r} is not a scorer; the weighted mix takes "
                                f"{', '.join(SCORERS)}")
