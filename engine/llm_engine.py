@@ -24,6 +24,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerOutput
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
+from engine.core.speculative import SpecDecodingStats, SpeculativeConfig
 from engine.core.step import begin_step, end_step
 from engine.deployment import Deployment
 
@@ -71,12 +72,15 @@ class LLMEngine:
 
     The rest are runtime options, not deployment settings: the device, the sampler's seed, a fixed KV
     memory budget (CPU runs), a tokenizer folder, CUDA graphs off, the clock and a step observer.
+    ``speculative_config`` (vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``) turns on
+    speculative decoding (docs/speculative.md); None, the default, leaves every step as it was.
     """
 
     def __init__(self, model: str, deployment: Deployment | None = None, *, device: str = "auto", seed: int = 0,
                  kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
                  enforce_eager: bool = False, clock: Callable[[], float] = time.perf_counter,
-                 step_observer: Callable[[SchedulerOutput], None] | None = None, **knobs) -> None:
+                 step_observer: Callable[[SchedulerOutput], None] | None = None,
+                 speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         check_block_size(dep.block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
         if dep.tp != 1:
@@ -116,6 +120,9 @@ class LLMEngine:
                                           max_model_len=self.max_model_len)
         _check_cache_holds_one_sequence(self.max_model_len, self.allocator.max_seq_len())
         self.scheduler = make_scheduler(dep.scheduler_config(self.max_model_len), self.allocator)
+        self.speculative_config = SpeculativeConfig.of(speculative_config)
+        if self.speculative_config is not None:
+            self.scheduler.enable_speculation(self.speculative_config)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:
@@ -265,7 +272,9 @@ class LLMEngine:
                 runner.swap_in(out.blocks_to_swap_in)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
-            if step.inputs:
+            if step.inputs and out.spec_token_ids:
+                samples, top = self._execute_speculative(out, step.inputs)
+            elif step.inputs:
                 logits = runner.execute(step.inputs)
                 sampling = out.sampling_part()   # a partial prompt chunk samples nothing
                 if sampling is not out:
@@ -286,6 +295,53 @@ class LLMEngine:
         if step.has_work:
             self.steps.append(record)
         return [self._finish(g) for g in finished]
+
+    def _execute_speculative(self, out: SchedulerOutput, inputs: list) -> tuple[dict, dict]:
+        """Run a step that verifies drafts, in one forward pass. A sequence verifying k drafts is
+        sent as k + 1 one-token rows (its last token and each draft, at consecutive positions over
+        the same block table): every row's key and value are cached before any attention reads the
+        cache, so row j attends to the context and rows 0..j, as a decode of that token would, with
+        the decode kernels, and its logits are those of position j. Sequences without drafts
+        sample as usual; those with drafts keep what the sampler accepts and one token more."""
+        spec = out.spec_token_ids
+        rows, starts = [], []
+        for seq, item in zip(out.seqs, inputs):
+            starts.append(len(rows))
+            if seq.seq_id in spec:
+                rows += [SequenceInput([tok], item.start_pos + j, item.block_table)
+                         for j, tok in enumerate(item.token_ids)]
+            else:
+                rows.append(item)
+        logits = self.runner.execute(rows)
+        where = {s.seq_id: i for s, i in zip(out.seqs, starts)}
+        sampling_out = out.sampling_part()   # a partial prompt chunk samples nothing
+        plain = [s for s in sampling_out.seqs if s.seq_id not in spec]
+        drafted = [s for s in sampling_out.seqs if s.seq_id in spec]
+        seq_group = {s.seq_id: g for g in sampling_out.groups for s in g.seqs}
+        # The plain sampler's greedy fast path (every row greedy, no logprobs) reports 0.0 logprobs.
+        zero = all(g.params.greedy and g.params.logprobs is None
+                   and g.params.samples_per_sequence(g.first_step_pending) == 1
+                   for g in (seq_group[s.seq_id] for s in sampling_out.seqs))
+        samples, top = {}, {}
+        if plain:
+            groups = list({id(seq_group[s.seq_id]): seq_group[s.seq_id] for s in plain}.values())
+            plain_out = SchedulerOutput(sampling_out.is_prefill, groups, plain, len(plain))
+            plain_logits = logits[[where[s.seq_id] for s in plain]]
+            samples = self.sampler.sample(plain_out, plain_logits)
+            top = self._position_logprobs(plain_out, plain_logits, samples)
+        if drafted:
+            groups = [seq_group[s.seq_id] for s in drafted]
+            draft_out = SchedulerOutput(False, groups, drafted, len(drafted), spec_token_ids=spec)
+            counts = [1 + len(spec[s.seq_id]) for s in drafted]
+            index = [where[s.seq_id] + j for s, n in zip(drafted, counts) for j in range(n)]
+            samples.update(self.sampler.verify(draft_out, logits[index], counts, zero))
+        return samples, top
+
+    @property
+    def spec_decoding_stats(self) -> SpecDecodingStats | None:
+        """Draft and acceptance counters since the engine started (vLLM's names), or None when
+        speculative decoding is off."""
+        return self.scheduler.spec_stats
 
     # -- logprobs and text, per sequence ---------------------------------------------
     def _position_logprobs(self, out: SchedulerOutput, logits, samples) -> dict[int, list[PositionLogprobs]]:

@@ -66,3 +66,51 @@ class Sampler:
             row_logprobs = logprobs[row]
             samples[seq_id] = [(t, float(row_logprobs[t])) for t in tokens]
         return samples
+
+    def verify(self, out: SchedulerOutput, logits: torch.Tensor, num_rows: list[int],
+               zero_logprobs: bool) -> Samples:
+        """Speculative decoding: for each sequence of ``out`` with drafts (``out.spec_token_ids``),
+        its ``1 + k`` logit rows (``num_rows``, rows of one sequence together) verify its k drafts.
+
+        Position i draws its token exactly as a plain decode step would (argmax when greedy, else
+        one multinomial draw from the request's generator after temperature, top-k and top-p);
+        a draft is accepted when it equals that token, and the first mismatch ends the sequence's
+        tokens with the drawn token. For a deterministic proposal (a point mass on draft d) this
+        IS speculative sampling's rule: d is accepted with probability p(d), and a rejection
+        returns a token distributed as p restricted to tokens other than d, renormalized, which
+        is the residual norm((p - onehot(d))+). Each output token consumes one draw, as without
+        speculation, so a seeded request samples the very tokens it would have without it.
+
+        Returns per sequence the accepted drafts and the token after them. Log-probabilities are
+        the model's (before temperature), or 0.0 where the plain sampler's greedy fast path
+        would have reported 0.0 (``zero_logprobs``)."""
+        spec = out.spec_token_ids
+        seq_group = {s.seq_id: g for g in out.groups for s in g.seqs}
+        samples: Samples = {}
+        start = 0
+        for seq, rows in zip(out.seqs, num_rows):
+            block = logits[start:start + rows]
+            start += rows
+            drafts = spec[seq.seq_id]
+            params = seq_group[seq.seq_id].params
+            tokens: list[int] = []
+            if params.greedy:
+                picks = sampling.greedy(block).tolist()
+                for i, tok in enumerate(picks):
+                    tokens.append(tok)
+                    if i == len(drafts) or tok != drafts[i]:
+                        break
+            else:
+                gen = self._generator(seq_group[seq.seq_id])
+                for i in range(rows):
+                    tok = int(sampling.sample(block[i:i + 1], params.temperature, params.top_k, params.top_p,
+                                              [gen])[0])
+                    tokens.append(tok)
+                    if i == len(drafts) or tok != drafts[i]:
+                        break
+            if zero_logprobs:
+                samples[seq.seq_id] = [(t, 0.0) for t in tokens]
+            else:
+                lp = sampling.logprobs(block[:len(tokens)])
+                samples[seq.seq_id] = [(t, float(lp[i, t])) for i, t in enumerate(tokens)]
+        return samples

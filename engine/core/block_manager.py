@@ -240,6 +240,19 @@ class BlockManager:
         for i in range(len(table), _blocks_for(num_tokens, bs)):
             table.append(gpu.take(min(bs, num_tokens - i * bs)))
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the slots of the sequence's first ``num_tokens`` tokens: blocks past them go
+        back to the pool (speculative decoding gives back its rejected drafts' slots this way;
+        the next step's tokens overwrite what they hold)."""
+        bs = self.block_size
+        table = self.tables[seq.seq_id]
+        keep = _blocks_for(num_tokens, bs)
+        gpu = self.gpu
+        while len(table) > keep:
+            gpu.release(table.pop())
+        if table and gpu.ref_counts[table[-1]] == 1:
+            gpu.set_fill(table[-1], num_tokens - (keep - 1) * bs)
+
     # -- decoding ------------------------------------------------------------
     def _needs_block(self, table: list[int], num_tokens: int, ref_counts: list[int]) -> bool:
         """The sequence's next token needs a fresh block: its last block is full,

@@ -148,22 +148,33 @@ class ChunkedScheduler(Scheduler):
         preempted: list[SequenceGroup] = []
         rejected: list[SequenceGroup] = []
         truncated: list[SequenceGroup] = []
-        budget = self._schedule_running(budget, groups, seqs, counts, preempted)
+        spec: dict[int, list[int]] | None = {} if self.proposer is not None else None
+        budget = self._schedule_running(budget, groups, seqs, counts, preempted, spec)
         if not preempted:
             budget = self.schedule_waiting(now, budget, groups, seqs, counts, rejected, truncated)
         num_tokens = self.config.max_num_batched_tokens - budget
         # A step is a "prefill" one only when it decodes nothing (kept for the
         # paper-era consumers that classify steps as a whole).
-        is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
+        if spec:    # a sequence verifying drafts decodes: its drafts are not prompt tokens
+            is_prefill = all(not _is_decode(s, n - len(spec.get(s.seq_id, ()))) for s, n in zip(seqs, counts))
+        else:
+            is_prefill = bool(seqs) and all(not _is_decode(s, n) for s, n in zip(seqs, counts))
         out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
-                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts)
+                              rejected=rejected, truncated=truncated, num_scheduled_tokens=counts,
+                              spec_token_ids=spec or None)
         out.token_split = split_tokens(out)      # before update moves the computed counts
         return out
 
-    def _schedule_running(self, budget: int, groups: list, seqs: list, counts: list, preempted: list) -> int:
+    def _schedule_running(self, budget: int, groups: list, seqs: list, counts: list, preempted: list,
+                          spec: dict[int, list[int]] | None = None) -> int:
         """Pass 1: running requests in running order, each given its uncomputed tokens
         capped by the budget, preempting from the back of the running list when its
-        blocks cannot be had. Collects the step's entries; returns the budget left."""
+        blocks cannot be had. Collects the step's entries; returns the budget left.
+
+        With speculation (``spec`` a dict), a decoding request's draft tokens join its new
+        tokens, as vLLM v1's ``num_tokens_with_spec``: they count in the budget (drafts past
+        it are dropped) and their KV slots are allocated with the rest, preempting as any
+        growth does. The drafts scheduled are collected into ``spec``."""
         allocator = self.allocator
         running = self.running
         i = 0
@@ -174,6 +185,10 @@ class ChunkedScheduler(Scheduler):
             if num_new <= 0:
                 i += 1
                 continue
+            drafts = None
+            if spec is not None and seq.num_tokens - seq.num_computed_tokens == 1 and seq.num_tokens > seq.prompt_len:
+                drafts = self.proposer.propose(group, seq)[:budget - 1]
+                num_new += len(drafts)
             total = seq.num_computed_tokens + num_new
             while allocator.blocks_to_grow(seq, total) > allocator.num_free_blocks():
                 victim = running.pop()       # the last request of the running list
@@ -188,6 +203,8 @@ class ChunkedScheduler(Scheduler):
             groups.append(group)
             seqs.append(seq)
             counts.append(num_new)
+            if drafts:
+                spec[seq.seq_id] = drafts
             budget -= num_new
             i += 1
         return budget
@@ -285,7 +302,7 @@ class ChunkedScheduler(Scheduler):
             return super().update(out, samples, now)
         sampling = out.sampling_part()      # before any count moves
         for seq, n in zip(out.seqs, counts):
-            if seq.num_computed_tokens + n < seq.num_tokens:
+            if seq.num_computed_tokens + n < seq.num_tokens:    # (a sequence with drafts is never partial)
                 seq.num_computed_tokens += n
         return super().update(sampling, samples, now)
 
@@ -298,6 +315,14 @@ def _is_decode(seq, num_new: int) -> bool:
 def split_tokens(out: SchedulerOutput) -> tuple[int, int]:
     """(prefill tokens, decode tokens) of a step: decodes compute one token after a cached context."""
     prefill = decode = 0
+    spec = out.spec_token_ids
+    if spec:   # a decode verifying k drafts computes 1 + k decode tokens
+        for seq, n in zip(out.seqs, out.scheduled_tokens()):
+            if _is_decode(seq, n - len(spec.get(seq.seq_id, ()))):
+                decode += n
+            else:
+                prefill += n
+        return prefill, decode
     for seq, n in zip(out.seqs, out.scheduled_tokens()):
         if _is_decode(seq, n):
             decode += 1

@@ -38,6 +38,7 @@ from engine.core.beam_search import beams_from_live, update_beams
 from engine.core.config import PREEMPTION_MODES, SchedulerConfig
 from engine.core.kv_allocator import AllocStatus, KVAllocator
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus, next_seq_id
+from engine.core.speculative import NgramProposer, SpecDecodingStats
 from engine.core.stopping import stop_reason
 
 __all__ = ["PREEMPTION_MODES", "Samples", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
@@ -82,11 +83,18 @@ class SchedulerOutput:
     # scheduled (a decode is one token after a cached context); None: the
     # step is all prefill or all decode, as ``is_prefill`` says.
     token_split: tuple[int, int] | None = None
+    # Speculative decoding: per sequence id, the draft tokens it verifies this step, computed after
+    # its uncomputed tokens (and counted in ``num_scheduled_tokens`` and ``num_batched_tokens``);
+    # None when nothing is speculated. Its sample is then the accepted drafts and one more token.
+    spec_token_ids: dict[int, list[int]] | None = None
 
     def scheduled_tokens(self) -> list[int]:
         """Per sequence of ``seqs``, the tokens it computes this step."""
         if self.num_scheduled_tokens is not None:
             return self.num_scheduled_tokens
+        spec = self.spec_token_ids
+        if spec:
+            return [s.num_tokens - s.num_computed_tokens + len(spec.get(s.seq_id, ())) for s in self.seqs]
         return [s.num_tokens - s.num_computed_tokens for s in self.seqs]
 
     def sampling_part(self) -> "SchedulerOutput":
@@ -95,12 +103,17 @@ class SchedulerOutput:
         counts = self.num_scheduled_tokens
         if counts is None:
             return self
-        seqs = [s for s, n in zip(self.seqs, counts) if s.num_computed_tokens + n == s.num_tokens]
+        spec = self.spec_token_ids
+        if spec:   # a sequence with drafts computes them past its last token
+            seqs = [s for s, n in zip(self.seqs, counts)
+                    if s.num_computed_tokens + n - len(spec.get(s.seq_id, ())) == s.num_tokens]
+        else:
+            seqs = [s for s, n in zip(self.seqs, counts) if s.num_computed_tokens + n == s.num_tokens]
         if len(seqs) == len(self.seqs):
             return self
         ids = {s.seq_id for s in seqs}
         groups = [g for g in self.groups if any(s.seq_id in ids for s in g.seqs)]
-        return SchedulerOutput(self.is_prefill, groups, seqs, len(seqs))
+        return SchedulerOutput(self.is_prefill, groups, seqs, len(seqs), spec_token_ids=spec)
 
     @property
     def finished_now(self) -> list[SequenceGroup]:
@@ -131,6 +144,15 @@ class Scheduler:
         self.swapped: list[SequenceGroup] = []       # kept in FCFS order
         self.preemptions = {"recompute": 0, "swap": 0}
         self._mark_computed = allocator.enable_prefix_caching
+        # Speculative decoding (engine/core/speculative.py): off unless enable_speculation is called.
+        self.proposer = None
+        self.spec_stats = None
+
+    def enable_speculation(self, config) -> None:
+        """Draft tokens with ``config``'s proposer for every decoding sequence that can take them
+        (``speculative.can_speculate``), and count their acceptance in ``spec_stats``."""
+        self.proposer = NgramProposer(config, self.config.max_model_len)
+        self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
 
     # -- queue -------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
@@ -243,6 +265,7 @@ class Scheduler:
         swap_out: dict[int, int] = {}
         preempted: list[SequenceGroup] = []
         truncated: list[SequenceGroup] = []
+        spec: dict[int, list[int]] | None = {} if self.proposer is not None else None
         while queue:
             group = queue.popleft()
             if not can_append(group):
@@ -261,6 +284,8 @@ class Scheduler:
                         copies.append(cow)
                     seqs.append(seq)
             scheduled.append(group)
+            if spec is not None:
+                self._add_drafts(group, spec)
 
         swap_in: dict[int, int] = {}
         # As vLLM v0.2.0: no swapping in while this step swaps out (it would thrash).
@@ -269,8 +294,29 @@ class Scheduler:
         # Swapped-in groups may be older than the ones that kept running. (A copy:
         # the step's own list must not change when later steps admit requests.)
         self.running = sorted(scheduled, key=_fcfs) if swap_in else scheduled[:]
+        if spec:
+            return SchedulerOutput(False, scheduled, seqs, len(seqs) + sum(map(len, spec.values())), swap_out,
+                                   swap_in, copies, preempted, rejected, truncated, spec_token_ids=spec)
         return SchedulerOutput(False, scheduled, seqs, len(seqs), swap_out, swap_in, copies,
                                preempted, rejected, truncated)
+
+    def _add_drafts(self, group: SequenceGroup, spec: dict[int, list[int]]) -> None:
+        """The paper's policy with speculation: a decoding group that can take drafts gets as many
+        of its proposer's as free blocks hold, after its own slot is appended (lookahead slots come
+        from free blocks only; they never preempt in this policy)."""
+        seq = group.seqs[0]
+        if seq.status is not _RUNNING or seq.num_tokens - seq.num_computed_tokens != 1:
+            return
+        drafts = self.proposer.propose(group, seq)
+        if not drafts:
+            return
+        allocator = self.allocator
+        free = allocator.num_free_blocks()
+        while drafts and allocator.blocks_to_grow(seq, seq.num_tokens + len(drafts)) > free:
+            drafts = drafts[:-1]
+        if drafts:
+            allocator.grow(seq, seq.num_tokens + len(drafts))
+            spec[seq.seq_id] = drafts
 
     def _preempt_for(self, group: SequenceGroup, queue: deque, swap_out: dict[int, int],
                      preempted: list) -> bool:
@@ -362,6 +408,8 @@ class Scheduler:
     # -- applying a step's results -------------------------------------------------
     def update(self, out: SchedulerOutput, samples: Samples, now: float) -> list[SequenceGroup]:
         """Apply the sampled tokens of a step; returns the groups that finished."""
+        if out.spec_token_ids:
+            return self._update_speculative(out, samples, now)
         if self._mark_computed:
             mark = self.allocator.mark_computed
             for seq in out.seqs:
@@ -432,3 +480,52 @@ class Scheduler:
                              max_model_len or self.config.max_model_len)
         if reason is not None:
             seq.finish(reason, self.allocator)
+
+    def _update_speculative(self, out: SchedulerOutput, samples: Samples, now: float) -> list[SequenceGroup]:
+        """``update`` for a step that verified drafts. A sequence with drafts gets its accepted
+        drafts and the executor's next token, appended one by one until a stop; its computed
+        tokens then end before that last token, as after a plain decode, and the blocks past
+        them (the rejected drafts' slots) go back to the pool. The other groups update as usual."""
+        spec = out.spec_token_ids
+        plain_groups = [g for g in out.groups if g.seqs[0].seq_id not in spec]
+        finished: list[SequenceGroup] = []
+        if plain_groups:
+            plain_seqs = [s for s in out.seqs if s.seq_id not in spec]
+            finished = Scheduler.update(self, SchedulerOutput(out.is_prefill, plain_groups, plain_seqs,
+                                                              len(plain_seqs)), samples, now)
+        allocator = self.allocator
+        max_model_len = self.config.max_model_len
+        stats = self.spec_stats
+        done = False
+        for group in out.groups:
+            seq = group.seqs[0]
+            drafts = spec.get(seq.seq_id)
+            if drafts is None:
+                continue
+            tokens = samples[seq.seq_id]
+            if stats is not None:
+                stats.observe_draft(len(drafts), len(tokens) - 1)
+            for token, logprob in tokens:
+                seq.append(token, logprob)
+                reason = stop_reason(group, token, len(seq.token_ids), len(seq.token_ids) - seq.prompt_len,
+                                     max_model_len)
+                if reason is not None:
+                    seq.finish(reason, allocator)
+                    group.finish_reason = reason
+                    break
+            if group.finish_reason is None:
+                seq.num_computed_tokens = seq.num_tokens - 1
+                allocator.trim(seq, seq.num_computed_tokens)
+                if self._mark_computed:
+                    allocator.mark_computed(seq)
+            times = group.times
+            if times.first_token is None:
+                times.first_token = now
+            times.token_times.append(now)
+            if group.finish_reason is not None:
+                times.finish = now
+                finished.append(group)
+                done = True
+        if done:
+            self.running = [g for g in self.running if g.finish_reason is None]
+        return finished

@@ -48,7 +48,9 @@ def begin_step(scheduler: Scheduler, now: float, make_input: MakeInput | None = 
     out = scheduler.schedule(now)
     allocator = scheduler.allocator
     inputs = None
-    if make_input is not None and out.seqs:
+    if make_input is not None and out.seqs and out.spec_token_ids:
+        inputs = _inputs_with_drafts(out, allocator.block_table, make_input)
+    elif make_input is not None and out.seqs:
         table = allocator.block_table
         if out.num_scheduled_tokens is None:     # the paper's policy: every uncomputed token
             inputs = [make_input(s.token_ids[s.num_computed_tokens:], s.num_computed_tokens, table(s))
@@ -58,6 +60,18 @@ def begin_step(scheduler: Scheduler, now: float, make_input: MakeInput | None = 
                                  s.num_computed_tokens, table(s))
                       for s, n in zip(out.seqs, out.num_scheduled_tokens)]
     return Step(out, now, allocator.memory_breakdown(), allocator.num_used_blocks(), inputs)
+
+
+def _inputs_with_drafts(out: SchedulerOutput, table, make_input: MakeInput) -> list:
+    """Model inputs of a step that verifies drafts: a sequence's scheduled tokens are its own
+    uncomputed ones followed by its draft tokens (in the KV slots the scheduler reserved)."""
+    spec = out.spec_token_ids
+    inputs = []
+    for s, n in zip(out.seqs, out.scheduled_tokens()):
+        drafts = spec.get(s.seq_id, [])
+        own = s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n - len(drafts)]
+        inputs.append(make_input(own + drafts, s.num_computed_tokens, table(s)))
+    return inputs
 
 
 def end_step(scheduler: Scheduler, step: Step, samples: Samples,

@@ -130,6 +130,23 @@ def _http_counts(counts: dict[tuple[str, str, str], int]) -> list[str]:
     return lines
 
 
+def _spec_decode_counters(spec, labels: str) -> list[str]:
+    """vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py): acceptance rate is
+    accepted / draft tokens, mean acceptance length 1 + accepted / drafts, and the per-position
+    rate accepted_per_pos / drafts."""
+    lines = _gauge("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", labels,
+                   spec.num_drafts, "counter")
+    lines += _gauge("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", labels,
+                    spec.num_draft_tokens, "counter")
+    lines += _gauge("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", labels,
+                    spec.num_accepted_tokens, "counter")
+    lines += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
+              "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+    for pos, n in enumerate(spec.num_accepted_tokens_per_pos):
+        lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {n}')
+    return lines
+
+
 def render(engine, stats: ServerStats, model_name: str) -> str:
     """The whole /metrics page."""
     sched = engine.scheduler
@@ -161,6 +178,9 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
                  stats.generation_hist):
         lines += hist.render(m)
     lines += _http_counts(stats.http)
+    spec = getattr(engine, "spec_decoding_stats", None)
+    if spec is not None:   # vLLM's SpecDecodingProm counters (only when speculation is on, as there)
+        lines += _spec_decode_counters(spec, m)
     # Deployment settings, read back by `planner validate --endpoint`. vLLM exports
     # its cache config the same way (labels on a gauge of value 1).
     cache = _label_text({"block_size": alloc.block_size, "num_gpu_blocks": total_blocks,

@@ -1,0 +1,177 @@
+"""Speculative decoding, the core's part: the config, the n-gram proposer, the acceptance counters.
+
+Pure Python (the simulator imports it). The scheduler asks the proposer for draft tokens when it
+schedules a decoding sequence, reserves KV slots for them and counts them in the step's token
+budget; the executor verifies them in one forward pass over the (1 + k) tokens and returns the
+accepted drafts followed by one token of its own (the correction, or the bonus when every draft
+was accepted); ``Scheduler.update`` appends those and rolls the slots of the rejected drafts back.
+
+The names are vLLM's (``vllm/config/speculative.py``, ``vllm/v1/spec_decode/metrics.py``).
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import asdict, dataclass, field
+
+METHODS = ("ngram",)
+DEFAULT_PROMPT_LOOKUP = 5     # vLLM's default for both bounds when neither is given
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's ``speculative_config`` for the n-gram (prompt lookup) method.
+
+    num_speculative_tokens: k, the most draft tokens proposed per sequence and step.
+    prompt_lookup_min / prompt_lookup_max: the n-gram lengths matched; as vLLM, both default
+        to 5 when neither is given, and one given alone sets the other.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method == "[ngram]":
+            self.method = "ngram"
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not supported by this engine; "
+                             f"choose one of {', '.join(METHODS)}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be a positive integer, got {self.num_speculative_tokens!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = DEFAULT_PROMPT_LOOKUP
+        elif lo is None:
+            lo = hi
+        elif hi is None:
+            hi = lo
+        if lo < 1 or hi < 1:
+            raise ValueError(f"prompt_lookup_min and prompt_lookup_max must be > 0, got {lo} and {hi}")
+        if lo > hi:
+            raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+        self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
+
+    @classmethod
+    def of(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":
+        """A config from what a caller gave: None (off), a config, or vLLM's dict form."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, dict):
+            known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"speculative_config: unknown or unsupported key {unknown[0]!r} "
+                                 f"(this engine runs method='ngram' with {', '.join(sorted(known - {'method'}))})")
+            return cls(**value)
+        raise TypeError(f"speculative_config must be a dict or SpeculativeConfig, not {type(value).__name__}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def propose_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Prompt-lookup drafts: up to ``k`` tokens that followed an earlier occurrence of the
+    longest suffix n-gram of ``tokens`` (n in [min_n, max_n]).
+
+    The rule is vLLM's (``vllm/v1/spec_decode/ngram_proposer.py``,
+    ``_find_longest_matched_ngram_and_propose_tokens``): the longest n wins; among the
+    occurrences of that n-gram other than the suffix itself (they may overlap it), the
+    EARLIEST in the sequence is used (vLLM's KMP over the reversed tokens keeps the last
+    position it reaches, which is the first one in the original order); the drafts are the
+    tokens right after it, fewer than ``k`` when the sequence ends sooner. Written here
+    with ``bytes.find`` over the packed ids instead of vLLM's KMP: same result.
+    """
+    total = len(tokens)
+    if k <= 0 or total < min_n + 1:
+        return []
+    packed = array("i", tokens).tobytes()
+    width = 4                                   # bytes per packed id
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = packed[(total - n) * width:]
+        # Occurrences must end before the last token (start <= total - n - 1).
+        limit = (total - 1) * width
+        at = packed.find(suffix, 0, limit)
+        while at != -1 and at % width:          # a match across id boundaries: look further
+            at = packed.find(suffix, at + 1, limit)
+        if at != -1:
+            start = at // width + n
+            return tokens[start:start + k]
+    return []
+
+
+@dataclass
+class SpecDecodingStats:
+    """Acceptance counters with vLLM's names (``SpecDecodingStats``): a draft is one sequence's
+    proposals in one step; ``num_accepted_tokens_per_pos[i]`` counts drafts whose first i + 1
+    tokens were all accepted, so it never increases with i."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (vLLM's "draft acceptance rate")."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted tokens per draft: tokens a verify step yields per sequence, the bonus
+        token included (vLLM's convention)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    def acceptance_rate_per_pos(self) -> list[float | None]:
+        """Per draft position, the share of drafts accepted that far."""
+        return [n / self.num_drafts if self.num_drafts else None for n in self.num_accepted_tokens_per_pos]
+
+    def as_dict(self) -> dict:
+        return {"num_spec_tokens": self.num_spec_tokens, "num_drafts": self.num_drafts,
+                "num_draft_tokens": self.num_draft_tokens, "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+                "acceptance_rate": self.acceptance_rate,
+                "acceptance_rate_per_pos": self.acceptance_rate_per_pos(),
+                "mean_acceptance_length": self.mean_acceptance_length}
+
+
+def can_speculate(group) -> bool:
+    """Requests the proposer drafts for: one sequence, no beam search or parallel sampling, no
+    logprobs and no stop strings (the engine checks those per token, which a multi-token step
+    would skip past). Others decode one token per step as before."""
+    p = group.params
+    return (p.best_of == 1 and not p.use_beam_search and p.logprobs is None and not p.stop
+            and len(group.seqs) == 1)
+
+
+class NgramProposer:
+    """Drafts for a sequence, capped so that no draft is wasted by construction: at most k, no
+    position past the model's context (as vLLM), and none beyond the request's ``max_tokens``
+    (the token after the last draft always comes from the target model)."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+        self.max_model_len = max_model_len
+
+    def propose(self, group, seq) -> list[int]:
+        n = seq.num_tokens
+        k = min(self.k, self.max_model_len - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
+        if k <= 0 or not can_speculate(group):
+            return []
+        return propose_ngram(seq.token_ids, self.min_n, self.max_n, k)
