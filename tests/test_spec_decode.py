@@ -285,3 +285,20 @@ def test_metrics_page_has_vllms_spec_decode_counters(llama_dir):
             f'{stats.num_accepted_tokens_per_pos[0]}') in page
     plain = LLM(llama_dir, block_size=8, num_gpu_blocks=64)
     assert "spec_decode" not in render(plain.engine, ServerStats(), "m")
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "alpaca", "chatbot", "prefix", "parallel", "beam", "fixed", "uniform",
+                                  "random"])
+def test_builtin_workloads_give_the_same_outputs(llama_dir, name):
+    """Each built-in workload's first requests (prompts cut to 64 tokens, outputs to 16), with the
+    sampling parameters the trace asks for (greedy; n parallel samples; beam search), give the
+    same outputs with and without speculation, with prefix caching on."""
+    from workloads.make import make_trace
+    trace = make_trace(name, num_requests=4, seed=0)
+    prompts = [trace.prompt_token_ids(r, 200)[-64:] for r in trace.requests]
+    params = [r.sampling_params(max_tokens=min(r.output_len, 16), seed=7) for r in trace.requests]
+    base, spec = pair(llama_dir, block_size=8, num_gpu_blocks=256, enable_prefix_caching=True)
+    outputs = [[[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+               for llm in (base, spec)]
+    assert outputs[0] == outputs[1]
+    check_stats(spec.engine.spec_decoding_stats)
