@@ -79,6 +79,24 @@ def test_ngram_proposer_follows_vllms_rule():
     assert propose_ngram([1, 0, 0, 0, 7, 1], 1, 1, 1) == [0]
 
 
+def test_drafts_never_outgrow_the_last_plain_decode():
+    """k is capped by max_tokens (the last token is the target's) and by max_model_len - 1."""
+    from engine.core.sequence import SequenceGroup
+    from engine.core.speculative import NgramProposer
+    proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1), max_model_len=12)
+    group = SequenceGroup("r", [5, 6, 5, 6, 5, 6], SamplingParams(max_tokens=4), 0.0)
+    seq = group.seqs[0]
+    seq.append(5, 0.0)                                   # 1 output token: 2 more may be drafted
+    assert proposer.propose(group, seq) == [6, 5]
+    group.params.max_tokens = 100
+    assert proposer.propose(group, seq) == [6, 5, 6, 5]
+    seq.append(6, 0.0)
+    seq.append(5, 0.0)                                   # 9 tokens: 12 - 1 - 9 = 2
+    assert proposer.propose(group, seq) == [6, 5]
+    group.params.logprobs = 1                            # requests that cannot speculate get none
+    assert proposer.propose(group, seq) == []
+
+
 def test_speculative_config_defaults_and_errors():
     c = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)          # vLLM's defaults
@@ -302,3 +320,24 @@ def test_builtin_workloads_give_the_same_outputs(llama_dir, name):
                for llm in (base, spec)]
     assert outputs[0] == outputs[1]
     check_stats(spec.engine.spec_decoding_stats)
+
+
+@pytest.mark.filterwarnings("ignore:.*max_tokens exceeds the model")
+@pytest.mark.parametrize("policy,blocks", [({}, 9), ({"enable_chunked_prefill": True, "max_num_seqs": 8}, 9)])
+def test_a_request_that_fills_the_whole_cache_still_finishes(llama_dir, policy, blocks):
+    """Drafts never ask for more slots than the request's last plain decode, so one that fits
+    the cache alone is never preempted by its own lookahead (no livelock)."""
+    prompt = repetitive(2, period=4, times=8)                        # 32 tokens
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)   # ends at the context, 64
+    base, spec = pair(llama_dir, block_size=8, num_gpu_blocks=blocks, max_model_len=64, **policy)
+    engine = spec.engine
+    engine.add_request("r", {"prompt_token_ids": prompt}, params)
+    outs = []
+    for _ in range(64):
+        outs += engine.step()
+        if not engine.has_unfinished_requests():
+            break
+    assert outs and outs[0].outputs[0].token_ids == run(base, [prompt], params)[0]
+    assert len(outs[0].outputs[0].token_ids) == 32 and outs[0].outputs[0].finish_reason == "length"
+    assert sum(engine.scheduler.preemptions.values()) == 0
+    assert engine.spec_decoding_stats.num_accepted_tokens > 0

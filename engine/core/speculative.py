@@ -158,9 +158,12 @@ def can_speculate(group) -> bool:
 
 
 class NgramProposer:
-    """Drafts for a sequence, capped so that no draft is wasted by construction: at most k, no
-    position past the model's context (as vLLM), and none beyond the request's ``max_tokens``
-    (the token after the last draft always comes from the target model)."""
+    """Drafts for a sequence, capped so that no draft is wasted by construction: at most k, none
+    beyond the request's ``max_tokens`` (the token after the last draft always comes from the
+    target model), and the sequence with its drafts at most ``max_model_len - 1`` tokens, as vLLM
+    v1's scheduler caps a step's tokens (``max_model_len - 1 - num_computed_tokens``). So a
+    sequence with its drafts never holds more slots than at its last plain decode, and a request
+    that fits the cache alone still fits it while speculating."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
@@ -171,7 +174,7 @@ class NgramProposer:
 
     def propose(self, group, seq) -> list[int]:
         n = seq.num_tokens
-        k = min(self.k, self.max_model_len - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
+        k = min(self.k, self.max_model_len - 1 - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
         if k <= 0 or not can_speculate(group):
             return []
         return propose_ngram(seq.token_ids, self.min_n, self.max_n, k)
