@@ -37,6 +37,7 @@ fast-forward (planner/sim/engine.py, `ended_before`, `blocks_used_before`,
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from engine.core.block_manager import prompt_block_hashes
@@ -130,7 +131,7 @@ class Router:
         return total
 
     def _least_requests(self, group: SequenceGroup, now: float) -> list[float]:
-        counts = [e.routed_count - e.ended_before(now) for e in self.engines]
+        counts = [e.routed_count - _ended_before(e.ended_at, now) for e in self.engines]
         low, high = min(counts), max(counts)
         return [1.0 if high == low else (high - n) / (high - low) for n in counts]
 
@@ -142,6 +143,12 @@ class Router:
         if not hashes:
             return [0.0] * len(self.engines)
         return [e.cached_prefix_before(hashes, now) / len(hashes) for e in self.engines]
+
+
+def _ended_before(ended_at: list[float], t: float) -> int:
+    """SimulatedEngine.ended_before: most often every request ended before `t`, with no search."""
+    n = len(ended_at)
+    return n if not n or ended_at[-1] < t else bisect_left(ended_at, t)
 
 
 SCORE = {"least-requests": Router._least_requests, "least-kv": Router._least_kv,
