@@ -164,3 +164,34 @@ def test_a_profile_timed_along_the_run_reports_the_device_speed_and_follows_it_b
     assert as_json(on)["speed_timeline"]["factors"] == timeline.factors
     assert set(as_json(on)["speed_timeline"]["errors_without_correction"]) == {
         "request_throughput", "e2e_mean", "step_time_median"}
+
+
+def test_a_closed_loop_keeps_n_requests_in_flight_live_and_simulated(llama_dir, tmp_path):
+    # N clients, each sending its next request when its previous one ends: step for step the live engine and
+    # the simulator hold the same batch, never more than N, and every request completes.
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80)
+    spec = ValidationSpec(deployment, workload="alpaca", concurrency=3, requests=9, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=12)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 9
+    live_batches = [s.batch_size for s in v.live.steps]
+    assert max(live_batches) == 3
+    assert live_batches == [s.batch_size for s in v.sim_steps]
+    _, doc = write_report(v, tmp_path / "report")
+    assert doc["concurrency"] == 3 and doc["rate"] is None
+    assert "from 3 closed-loop clients" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--concurrency", "4", "--rate", "2"], "give --rate or --concurrency, not both"),
+])
+def test_cli_rejects_a_bad_closed_loop_in_one_line(llama_dir, tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    result = CliRunner().invoke(app, ["validate", "--model", llama_dir, "--gpu", "cpu", "--requests", "2",
+                                      "--out", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr

@@ -197,7 +197,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                             "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
                             "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
         trend = queue_trend(records, window)
-    load = _load(trend, steady, steps, window, params.get("max_num_seqs"))
+    load = _load(trend, steady, steps, window, params.get("max_num_seqs"), params.get("concurrency"))
     slo_status = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
@@ -219,7 +219,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
 
 
 def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], window: Window | None,
-          max_seqs: int | None) -> dict:
+          max_seqs: int | None, clients: int | None = None) -> dict:
     """The run's state (keeps up, saturated, overloaded) and what bound it, with the reason."""
     kv_full = steady["kv_full_share"] if steady else None
     growing = bool(trend and trend["growing"])
@@ -230,7 +230,8 @@ def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], wind
         why = "too few requests or no arrival spread (e.g. all at once) to define a steady window"
     elif not growing and not saturated:
         bound = "arrival rate"
-        why = "the engine keeps up and waits for requests"
+        why = (f"the engine keeps up with its {clients} clients, each waiting on its own request" if clients
+               else "the engine keeps up and waits for requests")
     elif (kv_full or 0) >= TIGHT_FULL_SHARE or (steady and steady["preemptions"] > 0):
         bound = "memory"
         why = (f"the KV cache was full {kv_full:.0%} of the steady window"

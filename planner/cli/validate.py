@@ -18,7 +18,7 @@ from planner.cli.output import REPORTS_DIR, fail
 from planner.errors import PlannerError
 from planner.validation.compare import Validation
 from planner.validation.external import validate_endpoint, validate_measured
-from planner.validation.report import TARGETS, inside_text, interval_text, write_report
+from planner.validation.report import TARGETS, inside_text, interval_text, load_text, write_report
 from planner.validation.run import check_device, validate
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import DEFAULT_SEEDS
@@ -42,7 +42,11 @@ SEEDS = typer.Option(DEFAULT_SEEDS, "--seeds", help="simulate the live run's tra
 def validate_cmd(
     deployments: DeploymentChoices,
     workload: str = typer.Option("sharegpt", help="built-in workload or trace file"),
-    rate: float = typer.Option(4.0, help="request rate (req/s, Poisson)"),
+    rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2)"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
+                                              help="instead of a rate, a closed loop of N clients, live and "
+                                                   "simulated: each sends its next request the moment its "
+                                                   "previous one ends (--endpoint: bench's --max-concurrency)"),
     requests: int = typer.Option(64, help="number of requests"),
     seed: int = opt.SEED,
     length_scale: float = typer.Option(0.25, help="scale the workload's lengths (CPU runs must stay short)"),
@@ -83,8 +87,12 @@ def validate_cmd(
     try:
         if endpoint is not None and measured is not None:
             raise PlannerError("give one of --endpoint and --measured, not both")
-        trace = {**dict(workload=workload, rate=rate, requests=requests, seed=seed, length_scale=length_scale,
-                        max_output_len=max_output_len), **(QUICK if quick else {}), "seeds": seeds}
+        if rate is not None and concurrency is not None:
+            raise PlannerError("give --rate or --concurrency, not both: a closed loop's clients send each request "
+                               "when their previous one ends")
+        trace = {**dict(workload=workload, rate=4.0, requests=requests, seed=seed, length_scale=length_scale,
+                        max_output_len=max_output_len), **(QUICK if quick else {}),
+                 **({"rate": rate} if rate is not None else {}), "seeds": seeds, "concurrency": concurrency}
         if endpoint is not None or measured is not None:
             return _validate_deployment(deployments, trace, endpoint, measured, served_model_name, profile, out,
                                         as_json_flag, err)
@@ -102,7 +110,7 @@ def _validate_here(spec: ValidationSpec, folder: Path, reprofile: bool | None,
                    err: Console) -> tuple[Validation, dict, dict]:
     """The in-process validation: the live engine on this machine, then the simulations; the report written."""
     check_device(spec.deployment.gpu)
-    err.print(f"validate: {spec.requests} {spec.workload} requests at {spec.rate} req/s on "
+    err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} on "
               f"{spec.deployment.gpu} ({spec.deployment.model}); live run first, then the simulation"
               + (f" and {spec.seeds} more with timing noise" if spec.seeds else ""))
 
@@ -129,7 +137,7 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
     spec = ValidationSpec(deployment=base, **trace, profile=str(profile) if profile else None)
     folder = out or _default_folder("endpoint" if endpoint else Path(measured).stem, "")
     if endpoint is not None:
-        err.print(f"validate: {spec.requests} {spec.workload} requests at {spec.rate} req/s against {endpoint}, "
+        err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
         result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name)
     else:

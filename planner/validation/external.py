@@ -93,12 +93,12 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
     spec = replace(spec, deployment=deployment)
     plan = plan_deployment(deployment, refuse=False)        # it ran: whatever vLLM refuses, it did not
     cost = build_cost_model(plan, None, spec.profile)
-    sim = simulate(trace, plan, cost, seed=spec.seed)
+    sim = simulate(trace, plan, cost, seed=spec.seed, concurrency=spec.concurrency)
     live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
                    plan.max_num_batched_tokens, kernels)
     result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
     result.spread = simulate_spread(trace, plan, cost, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
-                                    metrics=COMPARED)
+                                    metrics=COMPARED, concurrency=spec.concurrency)
     return result
 
 
@@ -111,7 +111,8 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     from_metrics, from_models, before = read_endpoint_settings(endpoint)
     settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models")])
     trace = spec.trace()
-    results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed), progress)
+    results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
+                                              max_concurrency=spec.concurrency), progress)
     measured = bench_metrics(results)
     _, _, after = read_endpoint_settings(endpoint)
     if before is not None and after is not None:

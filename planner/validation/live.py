@@ -1,7 +1,8 @@
 """The live half of a validation: replay a trace online against the wall clock on the real engine.
 
-Each request is released when the trace clock reaches its arrival time, and
-the engine steps as fast as it can. The engine (torch) is imported only when
+Each request is released when the trace clock reaches its arrival time (or,
+in a closed loop of N clients, the moment one of the N requests in flight
+ends), and the engine steps as fast as it can. The engine (torch) is imported only when
 a live run starts: the rest of the planner never needs torch.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
+from itertools import takewhile
 
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
@@ -63,7 +65,7 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, engine.runner.vocab_size)
     shapes.clear()
-    groups = _replay(engine, trace, clock, spec.seed, progress, between_steps)
+    groups = _replay(engine, trace, clock, spec, progress, between_steps)
     after = speed_probe(engine.runner) if speed_probe else None
     requests = [RequestRecord.from_group(g) for g in groups]
     return LiveRun(requests, engine.steps, shapes, compute_metrics(requests, engine.steps, engine.scheduler.preemptions),
@@ -72,23 +74,34 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    (before, after))
 
 
-def _replay(engine, trace: Trace, clock: TraceClock, seed: int, progress, between_steps) -> list:
-    """Release each request at its arrival time and step until all are done; the requests' groups."""
+def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:
+    """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and the
+    next one as each ends (stamped with the time it is sent, as the simulator's clients do), and step until
+    all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
     pending = deque(trace.requests)
+    closed_loop = spec.concurrency is not None
+
+    def send(count: int, at: float | None = None) -> None:
+        for _ in range(min(count, len(pending))):
+            req = pending.popleft()
+            engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
+                               req.sampling_params(), arrival_time=req.arrival_time if at is None else at,
+                               output_len_hint=req.output_len)
+            groups.append(engine.groups[req.request_id])
+
     done = 0
     clock.start()   # trace time 0: the first arrival is due now
+    if closed_loop:
+        send(spec.concurrency, 0.0)
     while pending or engine.has_unfinished_requests():
-        now = engine.clock()
-        while pending and pending[0].arrival_time <= now:
-            req = pending.popleft()
-            engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, seed)},
-                               req.sampling_params(), arrival_time=req.arrival_time, output_len_hint=req.output_len)
-            groups.append(engine.groups[req.request_id])
-        if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
-            continue
+        if not closed_loop:
+            now = engine.clock()
+            send(sum(1 for _ in takewhile(lambda r: r.arrival_time <= now, pending)))
+            if not engine.has_unfinished_requests():
+                time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
+                continue
         began = time.perf_counter()
         finished = engine.step()
         if between_steps is not None:
@@ -96,6 +109,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, seed: int, progress, betwee
             with clock.paused():
                 between_steps(busy_s, now)
         done += len(finished)
+        if closed_loop:   # each ended request (finished or refused) frees its client for the next
+            send(len(finished) if engine.has_unfinished_requests() else spec.concurrency, clock())
         if progress is not None and finished:
             progress(done, len(trace))
     return groups

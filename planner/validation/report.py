@@ -29,7 +29,8 @@ def as_json(v: Validation) -> dict:
     s, d = v.spec, v.spec.deployment
     return {
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
-        "rate": s.rate, "requests": s.requests, "seed": s.seed, "length_scale": s.length_scale,
+        "rate": None if s.concurrency else s.rate, "concurrency": s.concurrency, "requests": s.requests,
+        "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": d.as_dict(),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
         "comparison": {k: {kk: _finite(vv) for kk, vv in row.items()} for k, row in v.comparison().items()},
@@ -49,6 +50,12 @@ def as_json(v: Validation) -> dict:
     }
 
 
+def load_text(spec) -> str:
+    """How the trace's requests were sent: "at R req/s (Poisson)" or "from N closed-loop clients"."""
+    return (f"from {spec.concurrency} closed-loop clients" if spec.concurrency is not None
+            else f"at {spec.rate:g} req/s (Poisson)")
+
+
 def _fmt(x) -> str:
     if x is None:
         return "–"
@@ -58,7 +65,7 @@ def _fmt(x) -> str:
 def as_markdown(v: Validation, plots: list[str]) -> str:
     c, d = v.spec, v.spec.deployment
     lines = [f"# Validation: {v.model.name} on {d.gpu}, workload {c.workload}", "",
-             f"- trace: {c.requests} requests at {c.rate} req/s (Poisson), seed {c.seed}, lengths x{c.length_scale} "
+             f"- trace: {c.requests} requests {load_text(c)}, seed {c.seed}, lengths x{c.length_scale} "
              f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})",
              f"- engine: {d.policy} policy, block size {d.block_size}, {v.live.num_gpu_blocks} KV blocks, max "
              f"{d.max_num_seqs} seqs, preemption by {d.preemption_mode}, kernels `{v.live.kernels}`",
@@ -222,8 +229,8 @@ def write_report(v: Validation, out: Path) -> tuple[dict[str, Path], dict]:
     paths["comparison"].write_text(json.dumps(doc, indent=2) + "\n")
     paths["markdown"].write_text(as_markdown(v, plots))
     d = v.spec.deployment
-    paths["html"] = validation_page(doc, out, f"Validation: {v.model.name} on {d.gpu}, {v.spec.workload} at "
-                                              f"{v.spec.rate:g} req/s")
+    paths["html"] = validation_page(doc, out, f"Validation: {v.model.name} on {d.gpu}, {v.spec.workload} "
+                                              f"{load_text(v.spec)}")
     return paths, doc
 
 
@@ -267,7 +274,8 @@ def validation_verdict(validation: Validation, targets: dict[str, float] = TARGE
     missed = [_judged_text(n, j, level) for n, j in judged.items() if not j["pass"]]
     spec = validation.spec
     live = dict(validation.live.metrics)
-    live["params"] = {"trace_params": {"rate": spec.rate}, "max_num_seqs": spec.deployment.max_num_seqs, "tp": 1}
+    live["params"] = {"trace_params": {"rate": None if spec.concurrency else spec.rate},
+                      "concurrency": spec.concurrency, "max_num_seqs": spec.deployment.max_num_seqs, "tp": 1}
     load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
     lines = [("Simulator within its targets or the simulated interval: " + ", ".join(within)) if not missed else
              ("Simulator off target and outside the simulated interval: " + ", ".join(missed)

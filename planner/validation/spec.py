@@ -1,6 +1,7 @@
 """What a validation runs: a deployment, a trace scaled to the device, and how to price and judge it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.deployment import Deployment
@@ -15,6 +16,9 @@ class ValidationSpec:
     deployment: Deployment = field(default_factory=lambda: Deployment(model="opt-125m", gpu="cpu"))
     workload: str = "sharegpt"         # a built-in workload or a trace file
     rate: float = 4.0                  # requests/s (Poisson)
+    # A closed loop of this many clients instead of the rate: each sends its next request the moment its
+    # previous one ends, live and simulated alike (vLLM bench's --max-concurrency at an unlimited rate).
+    concurrency: int | None = None
     requests: int = 64
     seed: int = 0
     length_scale: float = 0.25         # CPU runs: shrink lengths so a run takes minutes
@@ -31,14 +35,17 @@ class ValidationSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 0:
             raise PlannerError(f"--seeds must be 0 (no intervals) or a positive number, got {self.seeds}")
+        if self.concurrency is not None and (not isinstance(self.concurrency, int) or self.concurrency < 1):
+            raise PlannerError(f"--concurrency must be at least 1 client, got {self.concurrency}")
 
     def trace(self) -> Trace:
-        if not self.rate > 0:
+        if self.concurrency is None and not self.rate > 0:
             raise PlannerError(f"rate must be positive, got {self.rate}")
         if self.requests < 1:
             raise PlannerError(f"requests must be at least 1, got {self.requests}")
+        rate = math.inf if self.concurrency is not None else self.rate   # a closed loop's times do not count
         try:
-            trace = make_trace(self.workload, num_requests=self.requests, rate=self.rate, seed=self.seed)
+            trace = make_trace(self.workload, num_requests=self.requests, rate=rate, seed=self.seed)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,

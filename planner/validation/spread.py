@@ -48,6 +48,7 @@ class NoisyRun:
     sim_seed: int
     speed_factor: float | None = None     # a canary speed level applied to the headline simulation
     timeline: object | None = None        # a SpeedTimeline the headline simulation followed
+    concurrency: int | None = None        # a closed loop of this many clients (None: the trace's times)
 
 
 def simulate_noisy(run: NoisyRun) -> dict:
@@ -55,7 +56,8 @@ def simulate_noisy(run: NoisyRun) -> dict:
     priced = NoisyCost(run.cost_model, run.seed)
     if run.speed_factor is not None:
         priced = ScaledCostModel(priced, run.speed_factor)
-    return simulate(run.trace, run.plan, priced, seed=run.sim_seed, device_speed=run.timeline).summary()
+    return simulate(run.trace, run.plan, priced, seed=run.sim_seed, concurrency=run.concurrency,
+                    device_speed=run.timeline).summary()
 
 
 @dataclass
@@ -79,7 +81,7 @@ def noise_capable(cost_model) -> bool:
 
 def simulate_spread(trace: Trace, plan: DeploymentPlan, cost_model, *, seeds: int, sim_seed: int,
                     metric_of, metrics: tuple[str, ...], speed_factor: float | None = None, timeline=None,
-                    workers: int | None = None) -> Spread | None:
+                    concurrency: int | None = None, workers: int | None = None) -> Spread | None:
     """K noisy simulations and the interval of each of `metrics` (`metric_of(summary, name)` reads one);
     None when `seeds` is 0 or the cost model has no noise to draw from. The first runs here; the rest run
     here too when they would take under IN_PROCESS_S, else in a process pool (`workers`: None decides,
@@ -87,7 +89,8 @@ def simulate_spread(trace: Trace, plan: DeploymentPlan, cost_model, *, seeds: in
     if seeds < 1 or not noise_capable(cost_model):
         return None
     started = time.perf_counter()
-    runs = [NoisyRun(trace, plan, cost_model, seed, sim_seed, speed_factor, timeline) for seed in range(1, seeds + 1)]
+    runs = [NoisyRun(trace, plan, cost_model, seed, sim_seed, speed_factor, timeline, concurrency)
+            for seed in range(1, seeds + 1)]
     summaries = [simulate_noisy(runs[0])]
     rest = runs[1:]
     if workers is None and (time.perf_counter() - started) * len(rest) < IN_PROCESS_S:
