@@ -22,10 +22,11 @@ from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import default_out, fail
 from planner.cli.simulate import load_of
 from planner.errors import PlannerError
-from planner.runs.pools import EXECUTORS
+from planner.runs.pools import EXECUTORS, make_executor
+from planner.runs.slos import parse_slos
 from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
-from planner.sizing.search import plot_pareto
+from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto, run_search
 from workloads import TraceError
 
 
@@ -39,6 +40,27 @@ def _rate(text: str) -> float | None:
     if not rate > 0:
         raise PlannerError(f"--rate must be > 0 requests/s, got {text}")
     return rate
+
+
+def _replicas(text: str) -> tuple[int, ...] | str:
+    """--replicas: 'auto', or a comma list of counts (an axis of the grid)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    counts = opt.replica_counts(text)
+    return counts
+
+
+# A fleet search's options (this command's own: simulate and capacity take one --replicas count or a list).
+REPLICAS = typer.Option(None, "--replicas", metavar="K,...|auto",
+                        help="search fleets: each configuration as K replicas behind --router, for every K of a "
+                             "comma list (an axis of the grid), or 'auto': the fewest replicas of each "
+                             "configuration that meet the SLOs at --rate (doubling, then bisection); a fleet "
+                             "costs replicas x TP x the GPU's $/hour")
+ROUTER = typer.Option(None, "--router", metavar="POLICY",
+                      help="with --replicas: how the fleet's router picks a replica (default round-robin; "
+                           "see `planner simulate --help`)")
+MAX_REPLICAS_OPTION = typer.Option(MAX_REPLICAS, "--max-replicas", help="with --replicas auto: the most "
+                                                                         "replicas tried")
 
 
 # The grid's axes and their defaults; every other deployment setting takes one value.
@@ -64,7 +86,8 @@ def search(
     price: list[str] = typer.Option([], "--price", help="GPU=DOLLARS per GPU-hour, overriding "
                                                        "planner/data/prices.json; repeatable"),
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
-    max_rate: float = typer.Option(256.0, help="highest rate tried"),
+    max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
+    replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
     plain: bool = typer.Option(False, "--plain", help="search every configuration from scratch with full "
                                                       "simulations (no hints, early stops or shared runs): "
                                                       "slower, the reference the default search is tested against"),
@@ -85,17 +108,40 @@ def search(
         base = deployments.without(*AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
+        fleet = None if replicas is None else _replicas(replicas)
+        if fleet is None and router is not None:
+            raise PlannerError("--router picks a replica of a fleet: give --replicas K,... or --replicas auto")
+        if fleet is not None and router is not None:
+            spec = spec.with_fleet(router=router)
+        target = None if concurrency is not None else _rate(rate)
+        grid = None
+        if fleet is not None:            # checked (one line each) before anything runs
+            grid = SearchGrid(base=spec, slos=parse_slos([",".join(slo)]), gpus=tuple(axes["gpu"]),
+                              tps=tuple(axes["tp"]), block_sizes=tuple(axes["block_size"]),
+                              max_num_seqs=tuple(axes["max_num_seqs"]),
+                              target_rate=target if concurrency is None else concurrency,
+                              clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate,
+                              plain=plain, replicas=fleet, max_replicas=max_replicas)
+            check_fleet(grid)
         folder = out or default_out("search", load.workload)
         total = len(axes["gpu"]) * len(axes["tp"]) * len(axes["block_size"]) * len(axes["max_num_seqs"])
-        err.print(f"searching {total} configurations of {base.model} on {load.workload} ({executor} executor); "
-                  f"each configuration's row goes to {folder}/configs.csv as it finishes", highlight=False)
-        progress = SearchProgress(err, folder, "clients" if concurrency is not None else "req/s")
-        result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
-                            block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"],
-                            rate=None if concurrency is not None else _rate(rate), clients=concurrency,
-                            tolerance=tolerance, max_rate=max_rate, plain=plain, executor=executor,
-                            workers=workers, ray_address=ray_address, prices=parse_price_overrides(price),
-                            on_done=progress)
+        if isinstance(fleet, tuple):
+            total *= len(fleet)
+        what = "configurations" if fleet is None else "fleets" if fleet != "auto" else \
+            "configurations, each with its fewest replicas,"
+        err.print(f"searching {total} {what} of {base.model} on {load.workload} ({executor} executor); "
+                  f"each one's row goes to {folder}/configs.csv as it finishes", highlight=False)
+        progress = SearchProgress(err, folder, "clients" if concurrency is not None else "req/s",
+                                  fleet=fleet is not None)
+        if grid is None:                # one deployment per configuration, as before fleets
+            result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
+                                block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"],
+                                rate=target, clients=concurrency,
+                                tolerance=tolerance, max_rate=max_rate, plain=plain, executor=executor,
+                                workers=workers, ray_address=ray_address, prices=parse_price_overrides(price),
+                                on_done=progress)
+        else:
+            result = _run(grid, executor, workers, ray_address, parse_price_overrides(price), progress)
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
     _write(result, folder, err)
@@ -105,28 +151,44 @@ def search(
     _print_summary(result)
 
 
+def _run(grid: SearchGrid, executor: str, workers, ray_address, prices, progress):
+    """A fleet search on the chosen executor (local processes or Ray), as `api.search` runs one."""
+    runner = make_executor(executor, workers=workers, ray_address=ray_address)
+    try:
+        return run_search(grid, runner, prices=prices, on_done=progress)
+    finally:
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
+
+
 class SearchProgress:
     """Each configuration as it finishes: a line with the count done and an ETA on stderr, and its row
     appended to configs.partial.csv, so an interrupted search keeps what it found."""
 
-    def __init__(self, err: Console, folder: Path, unit: str = "req/s") -> None:
+    def __init__(self, err: Console, folder: Path, unit: str = "req/s", fleet: bool = False) -> None:
         self.err, self.folder, self.unit, self.started = err, folder, unit, time.perf_counter()
+        self.columns = FLEET_PARTIAL_COLUMNS if fleet else PARTIAL_COLUMNS
         folder.mkdir(parents=True, exist_ok=True)
         self.partial = folder / "configs.partial.csv"
-        self.partial.write_text(",".join(PARTIAL_COLUMNS) + "\n")
+        self.partial.write_text(",".join(self.columns) + "\n")
 
     def __call__(self, row: dict, done: int, total: int) -> None:
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done * (total - done)
-        what = f"{row['capacity']:.3g} {self.unit}" if row["capacity"] is not None else row["note"]
-        self.err.print(f"  [{done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s] {row['gpu']} x{row['tp']}, block "
+        if "missed_at_replicas" in row:              # --replicas auto
+            what = (f"{row['replicas']} replicas meet the SLOs" if row["replicas"] is not None else row["note"])
+        else:
+            what = f"{row['capacity']:.3g} {self.unit}" if row["capacity"] is not None else row["note"]
+        self.err.print(f"  [{done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s] {fleet_label(row)}, block "
                        f"{row['block_size']}, max seqs {row['max_num_seqs']}: {what}", highlight=False)
         with self.partial.open("a") as f:
-            f.write(",".join("" if row.get(k) is None else str(row[k]).replace(",", ";") for k in PARTIAL_COLUMNS)
+            f.write(",".join("" if row.get(k) is None else str(row[k]).replace(",", ";") for k in self.columns)
                     + "\n")
 
 
 PARTIAL_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "first_miss", "bounded", "probes", "note")
+FLEET_PARTIAL_COLUMNS = PARTIAL_COLUMNS[:4] + ("replicas", "missed_at_replicas") + PARTIAL_COLUMNS[4:]
 
 
 def _write(result, folder: Path, err: Console) -> None:
@@ -143,15 +205,21 @@ def _write(result, folder: Path, err: Console) -> None:
 
 
 def _print_summary(result) -> None:
+    if result.grid.auto:
+        return _print_fewest(result)
     console = Console() if Console().is_terminal else Console(width=160)
     unit = "clients" if result.grid.clients else "req/s"
-    table = Table(title="configurations (Pareto front first, then by cost)")
-    for col in ("gpu", "tp", "block", "max seqs", f"capacity {unit}", "$/hour", f"{unit} per $/h", "note"):
+    fleet = result.grid.fleet
+    table = Table(title="configurations (Pareto front first, then by cost)" if not fleet else
+                  f"fleets, {result.grid.base.fleet.router} router (Pareto front first, then by cost)")
+    for col in ("gpu", "tp", *(("replicas",) if fleet else ()), "block", "max seqs", f"capacity {unit}", "$/hour",
+                f"{unit} per $/h", "note"):
         table.add_column(col)
     rows = sorted(result.configs, key=lambda r: (not r["pareto"], r["capacity"] is None, r["cost_per_hour"],
                                                  -(r["capacity"] or 0)))
     for r in rows:
-        table.add_row(r["gpu"], str(r["tp"]), str(r["block_size"]), str(r["max_num_seqs"]),
+        table.add_row(r["gpu"], str(r["tp"]), *((str(r["replicas"]),) if fleet else ()), str(r["block_size"]),
+                      str(r["max_num_seqs"]),
                       "-" if r["capacity"] is None else f"{r['capacity']:.3g}", f"{r['cost_per_hour']:.2f}",
                       "-" if r["capacity_per_dollar"] is None else f"{r['capacity_per_dollar']:.3g}",
                       ("Pareto " if r["pareto"] else "") + r["note"])
@@ -163,6 +231,35 @@ def _print_summary(result) -> None:
                       else "No configuration meets the SLOs at any load tried.")
         return
     why = f"cheapest reaching {target:g} {unit}" if target is not None else "most capacity per dollar"
-    console.print(f"Best ({why}): {b['gpu']} x{b['tp']}, block size {b['block_size']}, max_num_seqs "
+    console.print(f"Best ({why}): {fleet_label(b)}, block size {b['block_size']}, max_num_seqs "
                   f"{b['max_num_seqs']}: {b['capacity']:.3g} {unit} at ${b['cost_per_hour']:.2f}/hour.",
                   highlight=False)
+
+
+def _print_fewest(result) -> None:
+    """--replicas auto: each configuration's fewest replicas at the target rate, cheapest first."""
+    console = Console() if Console().is_terminal else Console(width=160)
+    g = result.grid
+    table = Table(title=f"fewest replicas for {g.target_rate:g} req/s, {g.base.fleet.router} router "
+                        f"(cheapest first)")
+    for col in ("gpu", "tp", "replicas", "misses at", "block", "max seqs", "$/hour", "SLO use", *g.slos, "note"):
+        table.add_column(col)
+    rows = sorted(result.configs, key=lambda r: (r["replicas"] is None, r["cost_per_hour"] or 0.0,
+                                                 r["slo_use"] or 0.0))
+    for r in rows:
+        def show(v, fmt="{:.3g}"):
+            return "-" if v is None else fmt.format(v)
+        table.add_row(r["gpu"], str(r["tp"]), show(r["replicas"], "{}"), show(r["missed_at_replicas"], "{}"),
+                      str(r["block_size"]), str(r["max_num_seqs"]), show(r["cost_per_hour"], "{:.2f}"),
+                      show(r["slo_use"]), *(show(r.get(name)) for name in g.slos),
+                      ("Pareto " if r["pareto"] else "") + r["note"])
+    console.print(table)
+    b = result.best
+    if b is None:
+        console.print(f"No configuration serves {g.target_rate:g} req/s within the SLOs with up to "
+                      f"{g.max_replicas} replicas.")
+        return
+    below = (f"; {b['missed_at_replicas']} miss them" if b["missed_at_replicas"] else "")
+    console.print(f"Best (cheapest fleet serving {g.target_rate:g} req/s): {fleet_label(b)}, block size "
+                  f"{b['block_size']}, max_num_seqs {b['max_num_seqs']} at ${b['cost_per_hour']:.2f}/hour "
+                  f"(SLO use {b['slo_use']:.3g}{below}).", highlight=False)

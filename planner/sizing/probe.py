@@ -132,6 +132,20 @@ class SloWatch:
             deadline.advance(now, engine.groups)
 
 
+class _FleetWatch:
+    """A probe's SloWatch over a fleet (planner/sim/fleet.py passes the fleet, whose `groups` are every
+    request in arrival order). A replica that fast-forwards reports the end of its steps, which may lie
+    past the simulation clock while another replica has not yet recorded a first token it gives before
+    then: the deadlines are judged at the clock instead (no request gets a first token before it), so a
+    request still waiting then is certainly above the limit."""
+
+    def __init__(self, watch: SloWatch) -> None:
+        self.watch = watch
+
+    def __call__(self, fleet, now: float, ended: list[SequenceGroup]) -> None:
+        self.watch(fleet, min(now, fleet.env.now), ended)
+
+
 @dataclass
 class Probe:
     rate: float
@@ -167,9 +181,11 @@ class Prober:
         self.num_gpu_blocks = simulation.plan.num_gpu_blocks
         d = simulation.spec.deployment
         self.block_size = d.block_size
-        # Runs another block size may replay: the paper's policy over paged blocks, nothing shared.
+        # Runs another block size may replay: the paper's policy over paged blocks, nothing shared, one
+        # deployment (a fleet's router may read KV use, which depends on the block size).
+        self.fleet = simulation.spec.fleet.replicas > 1
         self.shareable = (d.allocator == "paged" and not d.enable_prefix_caching
-                          and not d.enable_chunked_prefill and d.num_gpu_blocks is None)
+                          and not d.enable_chunked_prefill and d.num_gpu_blocks is None and not self.fleet)
 
     def __call__(self, rate: float) -> Probe:
         return self.run(rate)[0]
@@ -180,16 +196,21 @@ class Prober:
         trace = load.trace()
         watch = SloWatch(self.slos, len(trace)) if self.early_stop else None
         try:
-            result = self.simulation.simulate(load, trace=trace, watch=watch)
+            result = self.simulation.simulate(load, trace=trace, watch=watch if not self.fleet else
+                                              _FleetWatch(watch) if watch is not None else None)
         except VerdictCertain as stop:
-            engine = watch.engine
             probe = Probe(rate, False, {"stopped_at": stop.at, "stopped_because": stop.reason}, True)
+            if not self.shareable:
+                return probe, None
+            engine = watch.engine
             return probe, self._trajectory(trace, engine.steps, engine.num_running, engine.shapes)
         doc = json_safe(result.summary())
         window = steady_window(result.requests)
         growing = bool(window is not None and queue_trend(result.requests, window)["growing"])
         doc["verdict"] = {"overloaded": growing}
         probe = Probe(rate, meets(doc, self.slos), doc)
+        if not self.shareable:
+            return probe, None
         return probe, self._trajectory(trace, result.steps, result.num_running, result.shapes)
 
     def _trajectory(self, trace: Trace, steps, num_running, shapes) -> Trajectory | None:

@@ -35,7 +35,7 @@ from typing import Callable
 from planner.errors import PlannerError
 from planner.sizing.capacity import Hint, search_capacity
 from planner.sizing.prices import Price, price_table
-from planner.sizing.probe import Prober, SharedRuns
+from planner.sizing.probe import Probe, Prober, SharedRuns
 from planner.documents import SCHEMA_VERSION
 from planner.runs.pipeline import Simulation
 from planner.runs.spec import RunSpec
@@ -44,7 +44,14 @@ from planner.sizing.capacity import find_capacity, find_concurrency
 CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "first_miss", "bounded", "cost_per_hour",
                "capacity_per_dollar", "meets_target", "pareto", "probes", "ttft_p99", "tpot_p99",
                "normalized_latency", "note")
-Config = tuple[str, int, int, int]      # (gpu, tp, block_size, max_num_seqs)
+Config = tuple                          # (gpu, tp, block_size, max_num_seqs), and replicas in a fleet search
+# A fleet search's CSV: the replica count after max_num_seqs; with --replicas auto, no capacity (every fleet
+# serves the target) but the count that missed below it and how close the fleet runs to its SLOs.
+FLEET_CSV_COLUMNS = CSV_COLUMNS[:4] + ("replicas",) + CSV_COLUMNS[4:]
+AUTO_CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "replicas", "missed_at_replicas", "cost_per_hour",
+                    "meets_target", "pareto", "probes", "slo_use", "ttft_p99", "tpot_p99", "normalized_latency",
+                    "note")
+MAX_REPLICAS = 1024
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,23 @@ class SearchGrid:
     tolerance: float = 0.05              # relative width of the capacity bracket
     max_rate: float = 256.0
     plain: bool = False                  # every configuration from scratch, full probes (the reference)
+    # A fleet search (the router is base.fleet's): None, every configuration one deployment (as before
+    # fleets); a tuple, every configuration that many replicas each (an axis of the grid); "auto", the
+    # fewest replicas of each configuration that meet the SLOs at target_rate.
+    replicas: tuple[int, ...] | str | None = None
+    max_replicas: int = MAX_REPLICAS     # --replicas auto: the most replicas tried
+
+    @property
+    def fleet(self) -> bool:
+        return self.replicas is not None
+
+    @property
+    def auto(self) -> bool:
+        return self.replicas == "auto"
 
     def configs(self) -> list[Config]:
+        if self.fleet and not self.auto:
+            return list(itertools.product(self.gpus, self.tps, self.block_sizes, self.max_num_seqs, self.replicas))
         return list(itertools.product(self.gpus, self.tps, self.block_sizes, self.max_num_seqs))
 
 
@@ -77,10 +99,12 @@ class ConfigTask:
     tp: int
     block_size: int
     max_num_seqs: int
+    replicas: int | None = None          # a fleet of this many replicas (None: the base's own fleet)
 
     def spec(self) -> RunSpec:
-        return self.grid.base.with_deployment(gpu=self.gpu, tp=self.tp, block_size=self.block_size,
+        spec = self.grid.base.with_deployment(gpu=self.gpu, tp=self.tp, block_size=self.block_size,
                                               max_num_seqs=self.max_num_seqs)
+        return spec if self.replicas is None else spec.with_fleet(replicas=self.replicas)
 
 
 @dataclass(frozen=True)
@@ -97,20 +121,37 @@ class FamilyTask:
     max_num_seqs: int
     block_sizes: tuple[int, ...]         # the first one is searched first
     hint: Hint | None = None
+    replicas: int | None = None          # a fleet search's replica count (None: --replicas auto, or no fleet)
 
     def configs(self) -> list[ConfigTask]:
-        return [ConfigTask(self.grid, self.gpu, self.tp, b, self.max_num_seqs) for b in self.block_sizes]
+        return [ConfigTask(self.grid, self.gpu, self.tp, b, self.max_num_seqs, self.replicas)
+                for b in self.block_sizes]
 
 
 def _row(task: ConfigTask) -> dict:
-    return {"gpu": task.gpu, "tp": task.tp, "block_size": task.block_size, "max_num_seqs": task.max_num_seqs,
-            "capacity": None, "first_miss": None, "bounded": True, "probes": 0, "simulations": 0,
-            "early_stops": 0, "ttft_p99": None, "tpot_p99": None, "normalized_latency": None, "note": ""}
+    row = {"gpu": task.gpu, "tp": task.tp, "block_size": task.block_size, "max_num_seqs": task.max_num_seqs}
+    if task.grid.fleet:
+        row["replicas"] = task.replicas
+    row.update({"capacity": None, "first_miss": None, "bounded": True, "probes": 0, "simulations": 0,
+                "early_stops": 0, "ttft_p99": None, "tpot_p99": None, "normalized_latency": None, "note": ""})
+    return row
 
 
-def _limits(g: SearchGrid) -> dict:
-    start = min(max(g.target_rate or 1.0, 0.01), g.max_rate)
-    return dict(start=start, min_rate=min(0.01, start), max_rate=g.max_rate, rel_tol=g.tolerance)
+def row_key(grid: SearchGrid, row: dict) -> Config:
+    """A row's configuration, as `SearchGrid.configs` names it."""
+    key = (row["gpu"], row["tp"], row["block_size"], row["max_num_seqs"])
+    return key + (row["replicas"],) if grid.fleet and not grid.auto else key
+
+
+def _max_rate(g: SearchGrid, replicas: int | None = None) -> float:
+    """The highest rate a configuration's search tries: --max-rate per replica in a fleet search."""
+    return g.max_rate * (replicas or 1)
+
+
+def _limits(g: SearchGrid, replicas: int | None = None) -> dict:
+    top = _max_rate(g, replicas)
+    start = min(max(g.target_rate or float(replicas or 1), 0.01), top)
+    return dict(start=start, min_rate=min(0.01, start), max_rate=top, rel_tol=g.tolerance)
 
 
 def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounded: bool,
@@ -126,7 +167,8 @@ def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounde
         row[name] = doc.get(name)
     if not bounded:
         row["note"] = ("still within the SLOs at the most clients tried" if g.clients else
-                       f"still within the SLOs at {g.max_rate:g} req/s (the highest rate tried)")
+                       f"still within the SLOs at {_max_rate(g, row.get('replicas')):g} req/s (the highest "
+                       f"rate tried)")
     return row
 
 
@@ -145,7 +187,7 @@ def evaluate(task: ConfigTask) -> dict:
     g, row = task.grid, _row(task)
     if _prepared(task, row) is None:
         return row
-    found = find_capacity(task.spec(), g.slos, **_limits(g))
+    found = find_capacity(task.spec(), g.slos, **_limits(g, task.replicas))
     row["simulations"] = len(found.probes)
     return _fill(row, g, found.rate, found.doc, found.bounded, [(p.rate, p.ok) for p in found.probes])
 
@@ -163,6 +205,8 @@ def evaluate_clients(task: ConfigTask) -> dict:
 def evaluate_family(task: FamilyTask) -> list[dict]:
     """Capacities of a family's configurations (runs in a worker), in `block_sizes` order."""
     g = task.grid
+    if g.auto:
+        return [fewest_replicas(config) for config in task.configs()]
     if g.clients:
         return [evaluate_clients(config) for config in task.configs()]
     if g.plain:
@@ -179,7 +223,8 @@ def evaluate_family(task: FamilyTask) -> list[dict]:
     for config, row in zip(task.configs(), rows):
         if config.block_size not in probers:
             continue
-        found = search_capacity(shared.prober(config.block_size), hint=first or task.hint, **_limits(g))
+        found = search_capacity(shared.prober(config.block_size), hint=first or task.hint,
+                                **_limits(g, task.replicas))
         row["simulations"] = sum(p.shared_from is None for p in found.probes)
         row["early_stops"] = sum(p.stopped_early and p.shared_from is None for p in found.probes)
         _fill(row, g, found.rate, found.doc, found.bounded, [(p.rate, p.ok) for p in found.probes])
@@ -187,7 +232,59 @@ def evaluate_family(task: FamilyTask) -> list[dict]:
     return rows
 
 
-Family = tuple[str, int, int]            # (gpu, tp, max_num_seqs)
+Family = tuple                           # (gpu, tp, max_num_seqs), and replicas in a fleet search's grid
+
+
+def fewest_replicas(task: ConfigTask) -> dict:
+    """--replicas auto: the fewest replicas of one configuration that meet the SLOs at the target rate.
+    Double from one replica until a fleet meets them, then bisect between the last count that missed and
+    the first that met; each probe is a fleet simulation at the target rate (stopped as soon as its
+    verdict is certain). The row says the count (None: not even `max_replicas`) and the count below it
+    found to miss."""
+    g, row = task.grid, _row(task)
+    row.update(replicas=None, missed_at_replicas=None, slo_use=None)
+    simulation = _prepared(task, row)
+    if simulation is None:
+        return row
+    rate = g.target_rate
+    probes: dict[int, Probe] = {}
+
+    def ok(k: int) -> bool:
+        fleet = replace(simulation, spec=simulation.spec.with_fleet(replicas=k))
+        probes[k] = Prober(fleet, g.slos)(rate)
+        row["simulations"] += 1
+        row["early_stops"] += probes[k].stopped_early
+        return probes[k].ok
+
+    good, bad = None, 0                  # the fewest found to meet; the most found to miss
+    k = 1
+    while good is None:
+        if ok(k):
+            good = k
+        elif k >= g.max_replicas:
+            break
+        else:
+            bad, k = k, min(2 * k, g.max_replicas)
+    row["probes"] = len(probes)
+    if good is None:
+        row["note"] = f"misses the SLOs at {rate:g} req/s even with {g.max_replicas} replicas"
+        return row
+    while good - bad > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if ok(middle) else (good, middle)
+    row["probes"] = len(probes)
+    doc = probes[good].doc
+    row.update(replicas=good, missed_at_replicas=bad or None)
+    for name in ("ttft_p99", "tpot_p99", "normalized_latency"):
+        row[name] = doc.get(name)
+    row["slo_use"] = slo_use(doc, g.slos)
+    return row
+
+
+def slo_use(doc: dict, slos: dict[str, float]) -> float | None:
+    """How close a run came to its SLOs: the largest metric / limit (<= 1 meets them all)."""
+    uses = [doc[name] / limit for name, limit in slos.items() if doc.get(name) is not None and limit > 0]
+    return max(uses, default=None)
 
 
 def _block_order(grid: SearchGrid) -> tuple[int, ...]:
@@ -200,13 +297,19 @@ def _block_order(grid: SearchGrid) -> tuple[int, ...]:
 def hint_parent(grid: SearchGrid, family: Family) -> Family | None:
     """The family whose bracket this one starts from: one step closer to the middle max_num_seqs;
     at the middle one, the next smaller TP; None for the smallest TP's middle (searched from scratch)."""
-    gpu, tp, max_num_seqs = family
+    gpu, tp, max_num_seqs, *fleet = family
     seqs, tps = sorted(grid.max_num_seqs), sorted(grid.tps)
     centre, i = len(seqs) // 2, seqs.index(max_num_seqs)
     if i != centre:
-        return gpu, tp, seqs[i + (1 if i < centre else -1)]
+        return gpu, tp, seqs[i + (1 if i < centre else -1)], *fleet
     j = tps.index(tp)
-    return None if j == 0 else (gpu, tps[j - 1], max_num_seqs)
+    if j:
+        return gpu, tps[j - 1], max_num_seqs, *fleet
+    if fleet:                            # the smallest TP of a fleet: from the next fewer replicas
+        counts = sorted(grid.replicas)
+        n = counts.index(fleet[0])
+        return None if n == 0 else (gpu, tp, max_num_seqs, counts[n - 1])
+    return None
 
 
 def family_waves(grid: SearchGrid) -> list[list[FamilyTask]]:
@@ -214,30 +317,41 @@ def family_waves(grid: SearchGrid) -> list[list[FamilyTask]]:
     middle max_num_seqs of each GPU first, from scratch; then the larger TPs, one at a time;
     then, from each, the other max_num_seqs, one step at a time. The plain search: one wave."""
     order = _block_order(grid)
-    families = [(g, tp, m) for g, tp in itertools.product(grid.gpus, grid.tps) for m in grid.max_num_seqs]
-    if grid.plain:
-        return [[FamilyTask(grid, *f, order) for f in families]]
+    if grid.fleet and not grid.auto:
+        families = [(g, tp, m, k) for g, tp in itertools.product(grid.gpus, grid.tps) for m in grid.max_num_seqs
+                    for k in grid.replicas]
+        make = lambda f: FamilyTask(grid, *f[:3], order, replicas=f[3])   # noqa: E731
+    else:
+        families = [(g, tp, m) for g, tp in itertools.product(grid.gpus, grid.tps) for m in grid.max_num_seqs]
+        make = lambda f: FamilyTask(grid, *f, order)                       # noqa: E731
+    if grid.plain or grid.auto:          # --replicas auto: every configuration counts from one replica
+        return [[make(f) for f in families]]
 
     def depth(family: Family) -> int:
         parent = hint_parent(grid, family)
         return 0 if parent is None else 1 + depth(parent)
 
     depths = {f: depth(f) for f in families}
-    return [[FamilyTask(grid, *f, order) for f in families if depths[f] == d]
-            for d in range(max(depths.values()) + 1)]
+    return [[make(f) for f in families if depths[f] == d] for d in range(max(depths.values()) + 1)]
 
 
 def family_hint(grid: SearchGrid, family: FamilyTask, found: dict[Config, dict]) -> Hint | None:
     """Where a family's search starts: its parent's bracket, moved by how capacity changed over
     the previous step in the same direction (capacity changes with TP and max_num_seqs at a slowly
-    changing rate until memory or compute caps it); a first step in TP guesses it scales with TP."""
+    changing rate until memory or compute caps it); a first step in TP guesses it scales with TP, and a
+    first step in a fleet's replicas that it scales with the replica count."""
     key = (family.gpu, family.tp, family.max_num_seqs)
-    parent = None if grid.plain else hint_parent(grid, key)
+    if family.replicas is not None:
+        key += (family.replicas,)
+    parent = None if grid.plain or grid.auto else hint_parent(grid, key)
     if parent is None:
         return None
 
     def row(f: Family) -> dict:
-        return found[f[0], f[1], family.block_sizes[0], f[2]]
+        return found[(f[0], f[1], family.block_sizes[0], f[2], *f[3:])]
+
+    def axis(a: Family, b: Family) -> int:
+        return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
     near = row(parent)
     if not near["probes"]:
@@ -245,9 +359,9 @@ def family_hint(grid: SearchGrid, family: FamilyTask, found: dict[Config, dict])
     if near["capacity"] is None:
         return Hint(None, near["first_miss"])
     grandparent = hint_parent(grid, parent)
-    along_tp = parent[1] != key[1]
-    same_direction = grandparent is not None and (grandparent[1] != parent[1]) == along_tp
-    scale = key[1] / parent[1] if along_tp else 1.0
+    step = axis(parent, key)             # 1: TP, 2: max_num_seqs, 3: replicas
+    same_direction = grandparent is not None and axis(grandparent, parent) == step
+    scale = key[step] / parent[step] if step in (1, 3) else 1.0
     if same_direction and near["bounded"] and row(grandparent)["capacity"]:
         scale = near["capacity"] / row(grandparent)["capacity"]
     bad = near["first_miss"]
@@ -267,11 +381,21 @@ class SearchResult:
     def document(self) -> dict:
         """The --json document: best, configs, and what they were computed from."""
         best = None
-        if self.best is not None:
-            best = {k: self.best[k] for k in ("gpu", "tp", "block_size", "max_num_seqs", "capacity",
-                                               "cost_per_hour")}
         g, load = self.grid, self.grid.base.load
-        return {"schema_version": SCHEMA_VERSION, "best": best, "configs": self.configs,
+        if self.best is not None:
+            keys = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "cost_per_hour")
+            if g.auto:
+                keys = ("gpu", "tp", "block_size", "max_num_seqs", "replicas", "missed_at_replicas",
+                        "cost_per_hour", "slo_use")
+            elif g.fleet:
+                keys = keys[:4] + ("replicas",) + keys[4:]
+            best = {k: self.best[k] for k in keys}
+        fleet = {}
+        if g.fleet:
+            fleet = {"replicas": "auto" if g.auto else list(g.replicas), "router": g.base.fleet.router}
+            if g.auto:
+                fleet["max_replicas"] = g.max_replicas
+        return {"schema_version": SCHEMA_VERSION, "best": best, **fleet, "configs": self.configs,
                 "target_rate": g.target_rate if g.target_rate is not None else "max",
                 "capacity_unit": "clients" if g.clients else "req/s",
                 "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
@@ -280,12 +404,17 @@ class SearchResult:
                 "prices": {gpu: asdict(p) for gpu, p in self.prices.items()},
                 "executor": self.executor, "wall_time": self.wall_time}
 
+    def columns(self) -> tuple[str, ...]:
+        """configs.csv's columns: a fleet search's add the replica count."""
+        return AUTO_CSV_COLUMNS if self.grid.auto else FLEET_CSV_COLUMNS if self.grid.fleet else CSV_COLUMNS
+
     def csv_text(self) -> str:
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        columns = self.columns()
+        writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for row in self.configs:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
         return out.getvalue()
 
 
@@ -301,12 +430,42 @@ def pareto_front(rows: list[dict]) -> list[dict]:
     return front
 
 
+def slo_front(rows: list[dict]) -> list[dict]:
+    """--replicas auto: the fleets no other one beats on both cost and SLO use (both lower)."""
+    feasible = sorted((r for r in rows if r.get("replicas") is not None and r.get("slo_use") is not None),
+                      key=lambda r: (r["cost_per_hour"], r["slo_use"]))
+    front, best_use = [], float("inf")
+    for row in feasible:
+        if row["slo_use"] < best_use:
+            front.append(row)
+            best_use = row["slo_use"]
+    return front
+
+
 def choose_best(rows: list[dict], target_rate: float | None) -> dict | None:
     feasible = [r for r in rows if r["capacity"] is not None]
     if target_rate is not None:
         meeting = [r for r in feasible if r["capacity"] >= target_rate]
         return min(meeting, key=lambda r: (r["cost_per_hour"], -r["capacity"]), default=None)
     return max(feasible, key=lambda r: (r["capacity_per_dollar"], -r["cost_per_hour"]), default=None)
+
+
+def check_fleet(grid: SearchGrid) -> None:
+    """A fleet search's settings, each bad one a one-line error before anything runs."""
+    if grid.auto:
+        if grid.clients or grid.target_rate is None:
+            raise PlannerError("--replicas auto finds the fewest replicas serving a target rate: give --rate "
+                               "REQUESTS_PER_S (not 'max' or --concurrency), or a list of counts, e.g. "
+                               "--replicas 1,2,4")
+        if isinstance(grid.max_replicas, bool) or not isinstance(grid.max_replicas, int) or grid.max_replicas < 1:
+            raise PlannerError(f"--max-replicas must be a whole number >= 1, got {grid.max_replicas!r}")
+    elif isinstance(grid.replicas, str) or not grid.replicas:
+        raise PlannerError(f"--replicas must be 'auto' or whole numbers >= 1, got {grid.replicas!r}")
+    else:
+        for k in grid.replicas:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise PlannerError(f"--replicas must be whole numbers >= 1 or 'auto', got {k!r}")
+    grid.base.fleet.policy(grid.base.deployment)     # a bad --router
 
 
 def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = None,
@@ -318,6 +477,8 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
         raise PlannerError(f"--rate must be > 0 requests/s or 'max', got {grid.target_rate}")
     if not 0 < grid.tolerance < 1:
         raise PlannerError(f"--tolerance must be in (0, 1), got {grid.tolerance}")
+    if grid.fleet:
+        check_fleet(grid)
     table = price_table(list(grid.gpus), prices or {})
     total = len(grid.configs())
     if not total:
@@ -339,10 +500,14 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
             tasks.append(replace(family, hint=family_hint(grid, family, found)))
         for family, rows in zip(tasks, executor.map(evaluate_family, tasks, report)):
             for row in rows:
-                found[row["gpu"], row["tp"], row["block_size"], row["max_num_seqs"]] = row
+                found[row_key(grid, row)] = row
     rows = [found[config] for config in grid.configs()]
+    if grid.auto:
+        return _rank_fewest(grid, rows, table, executor, started)
     for row in rows:
-        row["cost_per_hour"] = round(table[row["gpu"]].usd_per_gpu_hour * row["tp"], 4)
+        # A fleet costs its replicas x TP GPUs.
+        gpus = row["tp"] * (row["replicas"] if grid.fleet else 1)
+        row["cost_per_hour"] = round(table[row["gpu"]].usd_per_gpu_hour * gpus, 4)
         row["capacity_per_dollar"] = (row["capacity"] / row["cost_per_hour"]
                                       if row["capacity"] is not None and row["cost_per_hour"] > 0 else None)
         row["meets_target"] = (row["capacity"] is not None and grid.target_rate is not None
@@ -354,12 +519,38 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
     return SearchResult(grid, rows, best, table, executor.name, time.perf_counter() - started)
 
 
+def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], executor,
+                 started: float) -> SearchResult:
+    """--replicas auto: each configuration's fewest replicas priced (replicas x TP x $/GPU-hour); the best
+    is the cheapest fleet (ties: the one furthest within its SLOs), the front cost against SLO use."""
+    for row in rows:
+        k = row["replicas"]
+        row["cost_per_hour"] = None if k is None else round(table[row["gpu"]].usd_per_gpu_hour * row["tp"] * k, 4)
+        row["meets_target"] = k is not None
+        row["pareto"] = False
+    for row in slo_front(rows):
+        row["pareto"] = True
+    feasible = [r for r in rows if r["replicas"] is not None]
+    best = min(feasible, key=lambda r: (r["cost_per_hour"], r["slo_use"] if r["slo_use"] is not None
+                                        else float("inf")), default=None)
+    return SearchResult(grid, rows, best, table, executor.name, time.perf_counter() - started)
+
+
+def fleet_label(row: dict) -> str:
+    """'h100-sxm x2' for one deployment, '4 x (h100-sxm x2)' for a fleet of 4 replicas."""
+    one = f"{row['gpu']} x{row['tp']}"
+    return one if row.get("replicas") is None else f"{row['replicas']} x ({one})"
+
+
 def plot_pareto(result: SearchResult, path) -> None:
     """Cost per hour against capacity, every configuration a point, the Pareto front a line."""
     import matplotlib
     matplotlib.use("Agg")  # no display: this runs on servers and in CI
     import matplotlib.pyplot as plt
 
+    if result.grid.auto:
+        return _plot_fewest(result, path, plt)
+    fleet = result.grid.fleet
     rows = [r for r in result.configs if r["capacity"] is not None]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gpu in result.grid.gpus:
@@ -367,6 +558,9 @@ def plot_pareto(result: SearchResult, path) -> None:
         if mine:
             ax.scatter([r["cost_per_hour"] for r in mine], [r["capacity"] for r in mine], s=22, alpha=0.7,
                        label=gpu)
+            for r in mine if fleet else ():      # which fleet each point is: replicas x (GPU x TP)
+                ax.annotate(f"{r['replicas']}x TP{r['tp']}", (r["cost_per_hour"], r["capacity"]), fontsize=6,
+                            xytext=(3, 3), textcoords="offset points")
     front = pareto_front(rows)
     if front:
         ax.step([r["cost_per_hour"] for r in front], [r["capacity"] for r in front], where="post",
@@ -376,13 +570,53 @@ def plot_pareto(result: SearchResult, path) -> None:
     if result.best is not None:
         b = result.best
         ax.scatter([b["cost_per_hour"]], [b["capacity"]], s=160, facecolors="none", edgecolors="red",
-                   linewidths=2, label=f"best: {b['gpu']} x{b['tp']}, block {b['block_size']}, "
+                   linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in result.grid.slos.items())
-    ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: capacity under {slos}",
+    what = f"fleets ({result.grid.base.fleet.router} router)" if fleet else "capacity"
+    ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: {what} under {slos}",
                  fontsize=10)
     ax.set_xlabel("cost ($/hour, on-demand list price)")
     ax.set_ylabel("capacity (requests/s within the SLOs)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_fewest(result: SearchResult, path, plt) -> None:
+    """--replicas auto: every configuration's fewest replicas at the target rate, cost against the SLO
+    metric they reach (the one SLO's value; with several, the largest metric / limit), the front a line."""
+    g = result.grid
+    rows = [r for r in result.configs if r["replicas"] is not None and r["slo_use"] is not None]
+    (name, limit), = g.slos.items() if len(g.slos) == 1 else ((None, 1.0),)
+    scale = limit if name is not None else 1.0       # SLO use x limit: the metric itself, in seconds
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for gpu in g.gpus:
+        mine = [r for r in rows if r["gpu"] == gpu]
+        if mine:
+            ax.scatter([r["cost_per_hour"] for r in mine], [r["slo_use"] * scale for r in mine], s=22, alpha=0.7,
+                       label=gpu)
+        for r in mine:
+            ax.annotate(f"{r['replicas']}x TP{r['tp']}", (r["cost_per_hour"], r["slo_use"] * scale), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    front = slo_front(rows)
+    if front:
+        ax.step([r["cost_per_hour"] for r in front], [r["slo_use"] * scale for r in front], where="post",
+                color="black", linewidth=1, label="Pareto front")
+    ax.axhline(limit if name is not None else 1.0, color="gray", linestyle="--", linewidth=1, label="SLO limit")
+    if result.best is not None:
+        b = result.best
+        ax.scatter([b["cost_per_hour"]], [b["slo_use"] * scale], s=160, facecolors="none", edgecolors="red",
+                   linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
+                                        f"max seqs {b['max_num_seqs']}")
+    slos = ", ".join(f"{k} <= {v:g}" for k, v in g.slos.items())
+    ax.set_title(f"{g.base.deployment.model}, {g.base.load.workload}: fewest replicas ({g.base.fleet.router} "
+                 f"router) for {g.target_rate:g} req/s under {slos}", fontsize=10)
+    ax.set_xlabel("fleet cost ($/hour: replicas x TP x on-demand list price)")
+    ax.set_ylabel(f"{name} at {g.target_rate:g} req/s (s)" if name is not None else
+                  f"SLO use at {g.target_rate:g} req/s (largest metric / limit; <= 1 meets)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
