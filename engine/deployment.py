@@ -22,6 +22,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   says otherwise); `kv_cache_dtype` is vLLM's `--kv-cache-dtype` ("auto": the
   model's dtype; "fp8": FP8 E4M3 with a per-tensor scale, as vLLM stores it on
   CUDA, where "fp8_e4m3" is the same format).
+- `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
+  eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
+  conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
+  published ones, planner/sim/speculative.py). The live engine takes vLLM's `speculative_config`
+  instead (docs/speculative.md).
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ DTYPES = ("auto", "float16", "bfloat16", "float32")
 DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
 # vLLM's --quantization names of the weight formats the planner knows (vllm/model_executor/layers/quantization).
 QUANTIZATIONS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
+# Speculative methods the `speculative` setting names (the simulator refuses "draft" in one line).
+SPECULATIVE_METHODS = ("ngram", "eagle", "mtp", "draft")
 # vLLM's --kv-cache-dtype: "fp8" is E4M3 on CUDA, the same as "fp8_e4m3" (vllm/config/cache.py CacheDType).
 KV_CACHE_DTYPES = ("auto", "fp8")
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
@@ -60,6 +67,8 @@ class Deployment:
     num_cpu_blocks: int | None = None
     quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
     kv_cache_dtype: str = "auto"
+    speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
+    acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
@@ -71,6 +80,15 @@ class Deployment:
             raise ValueError("kv_cache_dtype 'fp8_e5m2' is not supported here; use fp8 (E4M3, as vLLM on CUDA)")
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("policy", self.policy, POLICIES)
+        if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
+            object.__setattr__(self, "speculative", None)
+            object.__setattr__(self, "acceptance", None)
+        if self.speculative is not None:
+            object.__setattr__(self, "speculative", "%s:%d" % parse_speculative(self.speculative))
+        if self.acceptance is not None:
+            if self.speculative is None:
+                raise ValueError("--acceptance needs --speculative METHOD:K")
+            object.__setattr__(self, "acceptance", ",".join(f"{p:g}" for p in parse_acceptance(self.acceptance)))
         _one_of("preemption mode", self.preemption_mode, PREEMPTION_MODES)
         _one_of("KV allocator", self.allocator, ALLOCATORS)
         _one_of("dtype", self.dtype, DTYPES)
@@ -143,6 +161,27 @@ class Deployment:
         default = Deployment()
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def parse_speculative(text: str) -> tuple[str, int]:
+    """("eagle", 3) from "eagle:3"; a ValueError in one line for anything else."""
+    method, sep, k = str(text).strip().partition(":")
+    method = method.strip().lower()
+    if not sep or method not in SPECULATIVE_METHODS or not k.strip().isdigit() or int(k) < 1:
+        raise ValueError(f"--speculative {text!r}: give METHOD:K with METHOD one of "
+                         f"{', '.join(SPECULATIVE_METHODS)} and K >= 1 draft tokens (e.g. eagle:3)")
+    return method, int(k)
+
+
+def parse_acceptance(text: str) -> tuple[float, ...]:
+    """(0.8, 0.6) from "0.8,0.6": per-position conditional acceptance rates, each in [0, 1]."""
+    try:
+        rates = tuple(float(p) for p in str(text).replace(" ", "").split(","))
+    except ValueError:
+        rates = ()
+    if not rates or any(not 0 <= p <= 1 for p in rates):
+        raise ValueError(f"--acceptance {text!r}: give per-position acceptance rates P1,P2,... each in [0, 1]")
+    return rates
 
 
 def _one_of(what: str, value, choices: tuple) -> None:

@@ -46,10 +46,16 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                "[default: the checkpoint's quantization_config, else 16-bit]"),
     "kv_cache_dtype": (("--kv-cache-dtype",), "KV-cache element type: auto (the model's dtype) or fp8 (E4M3, "
                                               "per-tensor scale) [default: auto]"),
+    "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle or mtp with K draft tokens "
+                                        "per step (simulated; draft models are not modelled) [default: off]"),
+    "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "
+                                      "(required for ngram; eagle and mtp default to published curves, "
+                                      "docs/speculative.md); one curve, not a sweep"),
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
                                "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
 }
 LIST_HELP = " (a comma list sweeps)"
+ONE_VALUE = ("acceptance",)               # a comma list that is one value (a curve), not a sweep
 CHUNKED_FLAG = "chunked_prefill"          # --chunked-prefill: vLLM's name for the vllm-v1 policy
 
 
@@ -59,7 +65,7 @@ def _option(name: str) -> inspect.Parameter:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
                                  default=typer.Option(None, *flags, help=help_text))
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                             default=typer.Option(None, *flags, help=help_text + LIST_HELP,
+                             default=typer.Option(None, *flags, help=help_text + ("" if name in ONE_VALUE else LIST_HELP),
                                                   metavar=Deployment.field_type(name).__name__.upper()))
 
 
@@ -100,7 +106,7 @@ class DeploymentChoices:
 
 def _parse(name: str, text) -> tuple:
     kind = Deployment.field_type(name)
-    if kind is bool:
+    if kind is bool or name in ONE_VALUE:
         return (text,)
     return tuple(dict.fromkeys(split_values(str(text), kind, DEPLOYMENT_FLAGS[name][0][0].removeprefix("--"))))
 

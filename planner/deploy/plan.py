@@ -79,13 +79,17 @@ class DeploymentPlan:
                 "enable_chunked_prefill": d.enable_chunked_prefill, "max_model_len": self.max_model_len,
                 "dtype_bytes": self.dtype_bytes,
                 "quantization": self.weight_format.method if self.weight_format else None,
-                "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes}
+                "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes,
+                **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance})}
 
 
 def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> DeploymentPlan:
     """Resolve `deployment`. `refuse=False` plans a cache vLLM would refuse (a validation replays a live
     engine that ran with it) and skips the warnings."""
     model, gpu = checks.model(deployment.model), checks.gpu(deployment.gpu)
+    if refuse and deployment.speculative is not None:
+        from planner.sim.speculative import speculation_of   # the simulator's own check, at planning time
+        speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
     fmt = resolve_weight_format(deployment)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None

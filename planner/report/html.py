@@ -170,6 +170,22 @@ def fleet_section(fleet: dict) -> list[str]:
             table(list(REPLICA_COLUMNS.values()), rows)]
 
 
+def spec_section(stats: dict) -> list[str]:
+    """Speculative decoding's counters (vLLM's names) and the curve they were drawn from."""
+    per_pos = stats.get("acceptance_rate_per_pos") or []
+    rows = [["method", f"{stats.get('method')}, k = {stats.get('num_speculative_tokens')}"],
+            ["acceptance curve (conditional, per position)",
+             f"{', '.join(f'{p:g}' for p in stats.get('acceptance', []))} ({stats.get('acceptance_source')})"],
+            ["num_drafts", fmt(stats.get("num_drafts"))], ["num_draft_tokens", fmt(stats.get("num_draft_tokens"))],
+            ["num_accepted_tokens", fmt(stats.get("num_accepted_tokens"))],
+            ["acceptance rate", fmt(stats.get("acceptance_rate"), 3)],
+            ["acceptance rate per position", ", ".join(fmt(p, 3) for p in per_pos)],
+            ["mean acceptance length", f"{fmt(stats.get('mean_acceptance_length'), 3)} (the curve's expectation: "
+                                       f"{fmt(stats.get('expected_mean_acceptance_length'), 3)})"],
+            ["proposer time in the steps", f"{fmt(stats.get('proposer_seconds'), 3)} s"]]
+    return ["<h2>Speculative decoding</h2>", table(["", ""], rows)]
+
+
 def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     """The HTML of one simulated run (its result document and its PNG plots)."""
     v = doc.get("verdict", {})
@@ -178,6 +194,7 @@ def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
         body += ["<h2>Warnings</h2>", bullet_list(doc["warnings"], "warn")]
     body += ["<h2>Memory plan</h2>", memory_plan_table(doc.get("memory_plan"), doc),
              "<h2>Metrics</h2>", metrics_table(doc), *(fleet_section(doc["fleet"]) if doc.get("fleet") else []),
+             *(spec_section(doc["spec_decoding_stats"]) if doc.get("spec_decoding_stats") else []),
              f"<p>Preemptions: {esc(doc.get('preemptions'))}. Cost model: <code>{esc(doc.get('cost_model'))}"
              f"</code>.</p>", "<h2>Rejected and truncated requests</h2>", rejected_section(v)]
     for key, caption in (("timeline", "Queue, batch and KV cache over time"), ("latency_cdf", "Latency CDFs"),

@@ -9,6 +9,8 @@ swapping, copy-on-write and prefix-cache decision is the engine core's own
 (imported, not copied); only the step's duration is predicted. Runs of decode
 steps that provably change nothing but the token counts are taken in one go
 (planner/sim/fast_forward.py), with the same results as one step at a time.
+With speculative decoding on (planner/sim/speculative.py) every step is taken one
+at a time: fast-forward's proofs assume one token per sequence and step.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
+from planner.sim.speculative import SpeculatingExecutor, SpecRuntime, enable as enable_speculation, speculation_of
 from workloads import Trace
 
 if TYPE_CHECKING:   # a fleet's result holds its replicas' (planner/sim/fleet.py imports this module)
@@ -73,6 +76,7 @@ class SimResult:
     seed: int = 0                  # of the sampled tokens
     concurrency: int | None = None # a closed loop of this many clients (None: the trace's arrival times)
     fleet: FleetRun | None = None  # several replicas behind a router (planner/sim/fleet.py); None: one
+    spec_decoding: dict | None = None  # speculative decoding's counters (vLLM's names); None: off
 
     @property
     def params(self) -> dict:
@@ -86,7 +90,8 @@ class SimResult:
         """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top);
         a fleet's adds `fleet` (per replica, load imbalance). The KV-cache figures are one replica's."""
         fleet = {} if self.fleet is None else {"fleet": self.fleet.summary()}
-        return {**self._summary(), **fleet}
+        spec = {} if self.spec_decoding is None else {"spec_decoding_stats": self.spec_decoding}
+        return {**self._summary(), **spec, **fleet}
 
     def _summary(self) -> dict:
         plan = self.plan
@@ -160,6 +165,7 @@ class SimulatedEngine:
         self.initial_blocks_used = self.allocator.num_used_blocks()
         self.kv_events: deque | None = None
         self.published: set[int] = set()
+        self.speculation: SpecRuntime | None = None   # speculative decoding's shapes and proposer price
 
     @property
     def horizon(self) -> float:
@@ -298,7 +304,9 @@ class SimulatedEngine:
             step = begin_step(scheduler, env.now)
             if step.has_work:
                 # The shape before update, which marks the step's tokens computed.
-                yield from self.run_step(step, step_shape(step.out, histogram), step_time)
+                shape = (step_shape(step.out, histogram) if self.speculation is None
+                         else self.speculation.shape(step.out, histogram))
+                yield from self.run_step(step, shape, step_time)
             elif (yield from self.wait_for_work(step.out)):
                 return
 
@@ -376,6 +384,8 @@ class SimulatedEngine:
         else:
             physical = allocator.token_slots_used()
         price = step_time(shape)
+        if self.speculation is not None and out.spec_token_ids:
+            price += self.speculation.proposer_seconds(out)
         yield env.timeout(price * self.device_speed(start) if self.device_speed is not None else price)
         end = env.now
         # A partial prompt chunk samples nothing: only the sampling part gets tokens.
@@ -498,11 +508,20 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
                                    num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
                                    enable_prefix_caching=dep.enable_prefix_caching)
     scheduler = make_scheduler(plan.scheduler_config(), allocator)
-    executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
-                                 real_token_ids=dep.enable_prefix_caching)
+    spec = speculation_of(dep)
+    if spec is None:
+        executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
+                                     real_token_ids=dep.enable_prefix_caching)
+    else:   # the engine scheduler's own speculation; steps one at a time (see the module docstring)
+        enable_speculation(scheduler, spec)
+        executor = SpeculatingExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
+                                       real_token_ids=dep.enable_prefix_caching, spec=spec)
+        fast_forward = False
     engine = SimulatedEngine(env, scheduler, cost_model, executor, total, progress,
                              fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed, due=due, routed=routed)
+    if spec is not None:
+        engine.speculation = SpecRuntime(spec, cost_model, plan.model.num_layers)
     engine.process = env.process(engine.run())
     return engine
 
@@ -590,4 +609,17 @@ def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, se
                        if engine.logical_token_time > 0 else 0.0),
         prefix_cache_hit_tokens=hit, prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=scheduler.allocator.num_used_blocks(), simulated_time=engine.env.now,
-        wall_time=0.0, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed)
+        wall_time=0.0, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed,
+        spec_decoding=spec_decoding(engine))
+
+
+def spec_decoding(engine: SimulatedEngine) -> dict | None:
+    """result.json's `spec_decoding_stats`: the scheduler's counters (vLLM's names: num_drafts,
+    num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos, acceptance_rate,
+    acceptance_rate_per_pos, mean_acceptance_length), the curve they were drawn from and the
+    expected mean acceptance length it gives, and the seconds the proposer added to the steps."""
+    runtime = engine.speculation
+    if runtime is None:
+        return None
+    return {**runtime.spec.as_dict(), **engine.scheduler.spec_stats.as_dict(),
+            "proposer_seconds": runtime.proposer_time}

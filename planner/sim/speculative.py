@@ -1,0 +1,257 @@
+"""Speculative decoding in the simulator: the acceptance curve, the drafts, the verify step's price.
+
+The simulator runs the engine's own scheduler with speculation on (its lookahead slots, its token
+budget with the drafts in it, ``BlockManager.trim`` giving the rejected drafts' slots back, its
+``SpecDecodingStats``); only two things are synthetic, as tokens are everywhere in the simulator:
+
+- the drafts: `SimProposer` proposes k placeholder tokens for every sequence that can speculate,
+  under the same caps as the engine's ``NgramProposer`` (k, the request's ``max_tokens``, the
+  context limit ``max_model_len - 1``, ``can_speculate``); the scheduler then cuts them to the
+  step's budget or the free blocks exactly as it cuts real ones;
+- the verdict: `SpeculatingExecutor` draws, per verifying sequence, how many drafts the target
+  model accepts, position by position from the curve's conditional rates (position i is tried
+  only when positions 1..i-1 were accepted), with its own generator seeded from the run's seed:
+  deterministic per seed. The sequence then gets the accepted drafts and one more token, as the
+  engine's sampler returns them.
+
+Acceptance curves (`acceptance` setting, "P1,P2,...": P(position i accepted | 1..i-1 accepted)):
+
+- given: ``--acceptance`` (required for ngram: prompt lookup's acceptance is the workload's);
+- eagle, default: EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) on Llama-3.1-8B-Instruct, MT-bench
+  (80 prompts, greedy), vLLM V1 on one H100, from the mean acceptance lengths vLLM's maintainers
+  published for K = 2..7 draft tokens (vllm-project/vllm issue #20780, "Eagle 3 ... AL":
+  2.36, 2.79, 3.08, 3.32, 3.46, 3.54; AL = 3.53 at K = 7 again in issue #26191). EAGLE drafts the
+  same chain whatever K, so AL(K) - AL(K-1) is the share of drafts whose first K tokens were all
+  accepted (vLLM's "acceptance at token K-1"): 0.43, 0.29, 0.24, 0.14, 0.08 for K = 3..7. Positions
+  1 and 2 share AL(2) - 1 = 1.36; we split it assuming the conditional rate of position 2 equals
+  position 3's (0.781 and 0.579). Conditional rates: `EAGLE_LLAMA31_8B_MTBENCH` below.
+- mtp, default: DeepSeek-V3's multi-token-prediction module, whose second-token acceptance
+  "ranges between 85% and 90%" (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3):
+  0.875 for position 1; more positions need ``--acceptance``.
+
+Prices (`SpecRuntime`):
+
+- the verify step: each verifying sequence is k + 1 one-token decode rows, the last token and
+  each draft at consecutive positions (row j attends to its context and rows 0..j), exactly as
+  the engine's runner executes it; `spec_step_shape` describes them in StepShape's decode fields
+  (decode_seqs counts rows, decode_context their contexts), so every cost model prices them as
+  the decode rows they are;
+- the proposer, per step with drafts: ngram a constant (`NGRAM_PROPOSE_SECONDS`, the engine's own
+  proposer on one 1,024-token sequence, measured); eagle and mtp one draft layer per draft
+  position, each priced as one decoder layer's decode step of the drafting sequences by the same
+  cost model (the model's decode step over its layer count: an approximation that spreads the
+  LM head, sampling and launch overheads over the layers; the draft head's own LM head is not
+  counted separately); a draft model is refused (its proposer is a second model's steps).
+
+Decode fast-forward is off while speculating (each step's tokens per sequence are random, which
+the fast-forward proofs do not cover): the run is step by step, with the same rules.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from engine.core.speculative import SpeculativeConfig, can_speculate
+from engine.deployment import Deployment, parse_acceptance, parse_speculative
+from planner.cost.shape import StepShape, context_histogram, reads_context_histogram, step_shape
+from planner.errors import PlannerError
+from planner.sim.synthetic import _CONSTANT, SyntheticExecutor
+
+# AL(K) for K = 2..7, vLLM issue #20780 (EAGLE-3, Llama-3.1-8B-Instruct, MT-bench, H100).
+EAGLE3_LLAMA31_8B_MTBENCH_AL = (2.36, 2.79, 3.08, 3.32, 3.46, 3.54)
+
+
+def _eagle_curve() -> tuple[float, ...]:
+    """Conditional per-position rates from the published AL(K) series (see the module docstring)."""
+    al = EAGLE3_LLAMA31_8B_MTBENCH_AL
+    reach = [al[i] - al[i - 1] for i in range(1, len(al))]        # P(first K accepted), K = 3..7
+    both = al[0] - 1                                              # P(>=1) + P(>=2)
+    # P(>=2) = x with x / (both - x) = reach[0] / x:  x^2 + reach[0] x - reach[0] both = 0
+    x = (-reach[0] + (reach[0] ** 2 + 4 * reach[0] * both) ** 0.5) / 2
+    unconditional = [both - x, x, *reach]
+    rates = [unconditional[0]] + [unconditional[i] / unconditional[i - 1] for i in range(1, len(unconditional))]
+    return tuple(round(r, 3) for r in rates)
+
+
+EAGLE_LLAMA31_8B_MTBENCH = _eagle_curve()     # (0.781, 0.741, 0.743, 0.674, 0.828, 0.583, 0.571)
+MTP_DEEPSEEK_V3 = (0.875,)
+DEFAULT_CURVES = {
+    "eagle": (EAGLE_LLAMA31_8B_MTBENCH, "EAGLE-3 on Llama-3.1-8B-Instruct, MT-bench, vLLM V1 (vLLM issue #20780)"),
+    "mtp": (MTP_DEEPSEEK_V3, "DeepSeek-V3 MTP, second-token acceptance 85-90% (arXiv:2412.19437)"),
+}
+# The engine's n-gram proposer (engine/core/speculative.py) on one 1,024-token sequence, n in [2, 4],
+# k = 4: 27 us on the shared development CPU; per step, whatever the batch (vLLM's is numba, threaded).
+NGRAM_PROPOSE_SECONDS = 30e-6
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A deployment's speculative decoding as the simulator models it."""
+
+    method: str
+    k: int
+    acceptance: tuple[float, ...]     # conditional rate per draft position, len == k
+    source: str                        # where the curve comes from
+
+    def expected_accepted(self, drafts: int | None = None) -> float:
+        """Expected accepted drafts per verify step of `drafts` (default k) drafts."""
+        total, reach = 0.0, 1.0
+        for p in self.acceptance[:self.k if drafts is None else drafts]:
+            reach *= p
+            total += reach
+        return total
+
+    def expected_acceptance_length(self) -> float:
+        """1 + expected accepted drafts: tokens a full verify step yields per sequence (vLLM's
+        mean acceptance length)."""
+        return 1 + self.expected_accepted()
+
+    def draw(self, rand, drafts: int) -> int:
+        """How many of `drafts` drafts the target accepts: position by position, stopping at the
+        first rejection."""
+        rates = self.acceptance
+        accepted = 0
+        while accepted < drafts and rand() < rates[accepted]:
+            accepted += 1
+        return accepted
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "num_speculative_tokens": self.k, "acceptance": list(self.acceptance),
+                "acceptance_source": self.source,
+                "expected_mean_acceptance_length": self.expected_acceptance_length()}
+
+
+def speculation_of(deployment: Deployment) -> Speculation | None:
+    """The deployment's speculation (None: off); a PlannerError in one line for what cannot be modelled."""
+    if deployment.speculative is None:
+        return None
+    method, k = parse_speculative(deployment.speculative)
+    if method == "draft":
+        raise PlannerError("--speculative draft: draft-model speculation is not modelled (its proposer is a "
+                           "second model's steps); use ngram, eagle or mtp")
+    if deployment.allocator != "paged":
+        raise PlannerError(f"--speculative needs the paged allocator, not {deployment.allocator}")
+    if deployment.acceptance is not None:
+        curve, source = parse_acceptance(deployment.acceptance), "given (--acceptance)"
+    elif method in DEFAULT_CURVES:
+        curve, source = DEFAULT_CURVES[method]
+    else:
+        raise PlannerError(f"--speculative {method}:{k}: give --acceptance P1,P2,... (n-gram acceptance depends "
+                           f"on the workload: per-position rates, e.g. measured by the engine's proposer)")
+    if len(curve) < k:
+        raise PlannerError(f"--speculative {method}:{k}: the acceptance curve has {len(curve)} position"
+                           f"{'s' if len(curve) != 1 else ''} ({source}); give --acceptance with {k} rates")
+    return Speculation(method, k, tuple(curve[:k]), source)
+
+
+class SimProposer:
+    """Placeholder drafts, capped as the engine's NgramProposer caps its own (k, the request's
+    max_tokens, max_model_len - 1, requests that can speculate)."""
+
+    def __init__(self, k: int, max_model_len: int) -> None:
+        self.k = k
+        self.max_model_len = max_model_len
+
+    def propose(self, group, seq) -> list[int]:
+        n = seq.num_tokens
+        k = min(self.k, self.max_model_len - 1 - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
+        if k <= 0 or not can_speculate(group):
+            return []
+        return [0] * k
+
+
+def enable(scheduler, spec: Speculation) -> None:
+    """Turn on the engine scheduler's speculation (its counters) with the simulator's proposer."""
+    scheduler.enable_speculation(SpeculativeConfig("ngram", spec.k))
+    scheduler.proposer = SimProposer(spec.k, scheduler.config.max_model_len)
+
+
+class SpeculatingExecutor(SyntheticExecutor):
+    """The synthetic executor, with the target model's verdict on each sequence's drafts drawn from
+    the acceptance curve (its own generator, seeded by the run's seed)."""
+
+    def __init__(self, trace, *, vocab_size: int, seed: int, real_token_ids: bool, spec: Speculation) -> None:
+        super().__init__(trace, vocab_size=vocab_size, seed=seed, real_token_ids=real_token_ids)
+        self.spec = spec
+        self.accept_rng = random.Random(seed * 1_000_003 + 26)
+
+    def samples(self, out):
+        samples = super().samples(out)
+        spec = out.spec_token_ids
+        if not spec:
+            return samples
+        draw, accept = self.spec.draw, self.accept_rng.random
+        rand, vocab, answers = self.rng.random, self.vocab_size, self.answers
+        for group in out.groups:
+            seq = group.seqs[0]
+            drafts = spec.get(seq.seq_id)
+            if not drafts:
+                continue
+            n = draw(accept, len(drafts)) + 1                 # accepted drafts and one token of the target's
+            answer = answers.get(group.request_id) if answers else None
+            if answer is not None:
+                done = len(seq.token_ids) - seq.prompt_len
+                samples[seq.seq_id] = [(t, -1.0) for t in answer[done:done + n]]
+            elif self.real_token_ids:
+                samples[seq.seq_id] = samples[seq.seq_id] + [(int(rand() * vocab), -rand()) for _ in range(n - 1)]
+            else:
+                samples[seq.seq_id] = _CONSTANT * n
+        return samples
+
+
+def spec_step_shape(out, histogram: bool = True) -> StepShape:
+    """StepShape of a step that verifies drafts, as the engine runs it: a sequence verifying d drafts
+    is d + 1 one-token decode rows at consecutive positions (decode_seqs counts rows, decode_context
+    sums each row's context); other sequences as `step_shape` counts them. Without drafts: `step_shape`."""
+    spec = out.spec_token_ids
+    if not spec:
+        return step_shape(out, histogram)
+    swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+    copies = len(out.blocks_to_copy)
+    prefill_seqs = tokens = pairs = 0
+    contexts: list[int] = []
+    for seq, new in zip(out.seqs, out.scheduled_tokens()):
+        d = len(spec.get(seq.seq_id, ()))
+        cached = seq.num_computed_tokens
+        if new - d == 1 and cached > 0:                       # a decode, with its drafts after it
+            contexts.extend(range(cached + 1, cached + d + 2))
+        else:                                                 # a prompt chunk (never drafts)
+            prefill_seqs += 1
+            tokens += new
+            pairs += new * cached + new * (new + 1) // 2
+    return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
+                     decode_seqs=len(contexts), decode_context=sum(contexts),
+                     decode_histogram=context_histogram(contexts) if histogram else (),
+                     swap_blocks=swap, copy_blocks=copies)
+
+
+class SpecRuntime:
+    """What a simulated engine needs while speculating: the shape of a step and the proposer's price."""
+
+    def __init__(self, spec: Speculation, cost_model, num_layers: int) -> None:
+        self.spec = spec
+        self.cost_model = cost_model
+        self.num_layers = num_layers
+        self.histogram = reads_context_histogram(cost_model)
+        self.proposer_time = 0.0          # seconds of all the steps spent proposing (in their prices)
+
+    def shape(self, out, histogram: bool) -> StepShape:
+        return spec_step_shape(out, histogram)
+
+    def proposer_seconds(self, out) -> float:
+        """The proposer's price in a step that verifies drafts (drafts for the next step are made
+        right after this one's verdict, so a step with drafts is charged for a round of proposals)."""
+        spec = out.spec_token_ids
+        if not spec:
+            return 0.0
+        if self.spec.method == "ngram":
+            seconds = NGRAM_PROPOSE_SECONDS
+        else:
+            drafting = [s for s in out.seqs if s.seq_id in spec]
+            contexts = [s.num_computed_tokens + 1 for s in drafting]
+            layer = StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
+                              decode_histogram=context_histogram(contexts) if self.histogram else ())
+            passes = max(len(d) for d in spec.values())
+            seconds = passes * self.cost_model.step_time(layer) / self.num_layers
+        self.proposer_time += seconds
+        return seconds

@@ -1,0 +1,196 @@
+"""Speculative decoding in the simulator and the planner's flags (issue 26, items 3 and 4).
+
+The simulator runs the engine scheduler's own speculation (lookahead slots, budget, trim) with
+placeholder drafts whose acceptance is drawn per position from a curve (planner/sim/speculative.py).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cli.app import app
+from planner.cost.measured import MeasuredCostModel
+from planner.errors import PlannerError
+from planner.sim import simulate
+from planner.sim.speculative import EAGLE_LLAMA31_8B_MTBENCH, Speculation, speculation_of
+from sim_helpers import sim_plan
+from workloads import Trace, TraceRequest, make_trace
+
+LLAMA, H100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+MEASURED = MeasuredCostModel(LLAMA, H100)
+POLICIES = ("paper", "vllm-v1")
+
+
+def fixed_trace(n: int, prompt: int, output: int, spread: int = 0) -> Trace:
+    """`n` requests at time 0 (a schedule that does not depend on step times); lengths vary by `spread`."""
+    reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.0, prompt_len=prompt + (37 * i) % (spread + 1),
+                         output_len=output + (53 * i) % (spread + 1)) for i in range(n)]
+    return Trace(name="fixed-test", requests=reqs)
+
+
+def run(trace, concurrency=None, seed=0, **knobs):
+    plan = sim_plan(LLAMA, H100, max_model_len=4096, **knobs)
+    return simulate(trace, plan, MEASURED, seed=seed, concurrency=concurrency)
+
+
+def decode_steps(result) -> int:
+    return sum(1 for s in result.shapes if s.prefill_tokens == 0 and s.decode_seqs)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_off_is_identical_to_no_setting(policy):
+    trace = make_trace("sharegpt", num_requests=60, rate=8.0, seed=3)
+    plain = run(trace, policy=policy)
+    off = run(trace, policy=policy, speculative="none")
+    assert off.plan.deployment == plain.plan.deployment
+    assert plain.steps == off.steps and plain.summary() == off.summary()
+    assert "spec_decoding_stats" not in plain.summary() and plain.spec_decoding is None
+    assert plain.fast_forwarded_steps > 0          # fast-forward still on when speculation is off
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_full_acceptance_gives_k_plus_one_tokens_per_verify_step(policy):
+    k, output = 4, 201
+    trace = fixed_trace(4, 100, output)
+    plain = run(trace, concurrency=1, policy=policy)
+    spec = run(trace, concurrency=1, policy=policy, speculative=f"ngram:{k}", acceptance="1,1,1,1")
+    stats = spec.spec_decoding
+    assert stats["num_draft_tokens"] == stats["num_accepted_tokens"]          # every draft accepted
+    assert stats["mean_acceptance_length"] == pytest.approx(k + 1)
+    assert all(r.output_len == output for r in spec.requests)
+    # 200 tokens after the prompt's: 40 verify steps of 5 per request, against 200 plain decodes.
+    assert decode_steps(plain) == 4 * (output - 1)
+    assert decode_steps(spec) == 4 * (output - 1) // (k + 1)
+    for shape in spec.shapes:                      # each verify step prices k + 1 decode rows
+        if shape.prefill_tokens == 0 and shape.decode_seqs:
+            assert shape.decode_seqs == k + 1
+    assert spec.metrics.tpot_mean < plain.metrics.tpot_mean / 2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_zero_acceptance_gives_one_token_per_step_and_leaks_no_blocks(policy):
+    # All at time 0 and a budget the drafts never bind: the same schedule whatever the prices.
+    trace = fixed_trace(40, 200, 100, spread=300)
+    plain = run(trace, policy=policy, max_num_batched_tokens=32768)
+    spec = run(trace, policy=policy, max_num_batched_tokens=32768, speculative="ngram:3", acceptance="0,0,0")
+    stats = spec.spec_decoding
+    assert stats["num_accepted_tokens"] == 0 and stats["mean_acceptance_length"] == 1
+    assert stats["num_drafts"] > 0
+    assert [r.output_len for r in spec.requests] == [r.output_len for r in plain.requests]
+    assert decode_steps(spec) == decode_steps(plain)
+    assert spec.kv_blocks_used_at_end == plain.kv_blocks_used_at_end      # (vllm-v1 keeps its null block)
+    # Rejected drafts' slots are given back: every step holds what it holds without speculation
+    # plus only its own drafts' lookahead slots (its extra decode rows), at most one block each.
+    assert len(spec.steps) == len(plain.steps)
+    for a, b, sa, sb in zip(spec.steps, plain.steps, spec.shapes, plain.shapes):
+        drafts = sa.decode_seqs - sb.decode_seqs
+        assert a.token_states - b.token_states == drafts
+        assert b.kv_blocks_used <= a.kv_blocks_used <= b.kv_blocks_used + a.num_seqs
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_mean_acceptance_length_matches_the_curve(policy):
+    curve = (0.8, 0.6, 0.5, 0.3)
+    trace = fixed_trace(16, 64, 1500)
+    spec = run(trace, concurrency=16, policy=policy, speculative="ngram:4", acceptance=",".join(map(str, curve)))
+    stats = spec.spec_decoding
+    expected = Speculation("ngram", 4, curve, "test").expected_acceptance_length()
+    assert stats["expected_mean_acceptance_length"] == pytest.approx(expected)
+    n = stats["num_drafts"]
+    assert n > 3000
+    # Accepted drafts per verify step have a standard deviation below 1.2: four standard errors.
+    assert abs(stats["mean_acceptance_length"] - expected) < 4 * 1.2 / n ** 0.5 + 0.01
+    assert stats["acceptance_rate_per_pos"][0] == pytest.approx(0.8, abs=4 * 0.4 / n ** 0.5 + 0.01)
+
+
+def test_deterministic_per_seed():
+    trace = make_trace("sharegpt", num_requests=30, rate=10.0, seed=2)
+    one = run(trace, seed=5, speculative="eagle:3")
+    again = run(trace, seed=5, speculative="eagle:3")
+    other = run(trace, seed=6, speculative="eagle:3")
+    assert one.summary() == again.summary()
+    assert one.spec_decoding["num_accepted_tokens"] != other.spec_decoding["num_accepted_tokens"]
+
+
+def test_chunked_budget_counts_drafts_and_prefix_caching_works():
+    trace = make_trace("sharegpt", num_requests=60, rate=30.0, seed=4)
+    spec = run(trace, policy="vllm-v1", speculative="eagle:4", max_num_batched_tokens=512,
+               enable_prefix_caching=True)
+    assert all(s.prefill_tokens + s.decode_tokens <= 512 for s in spec.steps)
+    assert spec.kv_blocks_used_at_end >= 0 and spec.metrics.num_completed == 60
+    assert spec.spec_decoding["num_drafts"] > 0
+
+
+def test_published_curves_and_proposer_price():
+    assert EAGLE_LLAMA31_8B_MTBENCH[0] == pytest.approx(0.781, abs=1e-3)
+    # The published mean acceptance lengths come back from the curve (vLLM issue #20780).
+    for k, al in zip(range(2, 8), (2.36, 2.79, 3.08, 3.32, 3.46, 3.54)):
+        assert Speculation("eagle", k, EAGLE_LLAMA31_8B_MTBENCH[:k], "").expected_acceptance_length() == \
+            pytest.approx(al, abs=0.01)
+    assert speculation_of(Deployment(speculative="mtp:1")).acceptance == (0.875,)
+    trace = fixed_trace(8, 100, 100)
+    ngram = run(trace, concurrency=8, speculative="ngram:3", acceptance="0.7,0.7,0.7")
+    eagle = run(trace, concurrency=8, speculative="eagle:3", acceptance="0.7,0.7,0.7")
+    assert ngram.spec_decoding["proposer_seconds"] < eagle.spec_decoding["proposer_seconds"]
+
+
+@pytest.mark.parametrize("deployment,message", [
+    (dict(speculative="ngram:4"), "--acceptance"),
+    (dict(speculative="draft:2"), "draft-model"),
+    (dict(speculative="eagle:9"), "7 positions"),
+    (dict(speculative="mtp:2"), "1 position"),
+    (dict(speculative="ngram:3", acceptance="0.5,0.5"), "3 rates"),
+])
+def test_what_cannot_be_modelled_is_refused(deployment, message):
+    with pytest.raises(PlannerError, match=message):
+        speculation_of(Deployment(**deployment))
+
+
+SIM = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--requests", "20", "--rate", "10"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--speculative", "medusa:3"], "--speculative"), (["--speculative", "eagle"], "--speculative"),
+    (["--speculative", "ngram:0"], "--speculative"), (["--speculative", "ngram:4"], "--acceptance"),
+    (["--speculative", "draft:2"], "draft-model"),
+    (["--speculative", "ngram:2", "--acceptance", "0.5,1.5"], "--acceptance"),
+    (["--speculative", "ngram:2", "--acceptance", "high"], "--acceptance"),
+    (["--acceptance", "0.5"], "--acceptance needs --speculative"),
+])
+def test_bad_flags_are_one_line_errors(args, message, tmp_path):
+    result = CliRunner().invoke(app, SIM + args + ["--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
+def test_simulate_takes_the_flag_and_reports_the_counters(tmp_path):
+    result = CliRunner().invoke(app, SIM + ["--speculative", "eagle:3", "--json", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    stats = doc["spec_decoding_stats"]
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate_per_pos",
+                 "mean_acceptance_length"):
+        assert name in stats
+    assert doc["params"]["speculative"] == "eagle:3" and "--speculative eagle:3" in doc["command"]
+    saved = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert saved["spec_decoding_stats"]["num_drafts"] == stats["num_drafts"]
+    assert "mean acceptance length" in (tmp_path / "r" / "report.html").read_text().lower()
+
+
+def test_simulate_sweeps_speculation_on_and_off(tmp_path):
+    result = CliRunner().invoke(app, SIM + ["--speculative", "none,eagle:2", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_search_takes_the_flag(tmp_path):
+    result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--workload", "alpaca", "--requests", "30",
+                                      "--slo", "ttft_p99=2,tpot_p99=0.1", "--gpus", "h100-sxm", "--tp", "1",
+                                      "--max-num-seqs", "32", "--rate", "max", "--tolerance", "0.3",
+                                      "--workers", "1", "--speculative", "eagle:2", "--out", str(tmp_path),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
