@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli import profile as cli_profile, search as cli_search, serve as cli_serve, simulate as cli_simulate
-from planner.cli import validate as cli_validate, workload as cli_workload
+from planner.cli import explain as cli_explain, validate as cli_validate, workload as cli_workload
 from planner.catalog import list_gpus, list_models, model_ids
 from planner.errors import PlannerError
 
@@ -30,6 +30,7 @@ app.command("validate")(cli_validate.validate_cmd)
 app.command("serve")(cli_serve.serve)
 app.command("bench")(cli_serve.bench)
 app.command("search")(cli_search.search)
+app.command("explain")(cli_explain.explain)
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(list_app, name="list")

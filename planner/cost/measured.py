@@ -1,23 +1,51 @@
-"""Measured cost model: step time summed from NVIDIA's per-operation vLLM latencies on each GPU.
+"""Measured cost model: step time summed from NVIDIA's per-operation vLLM latencies on each GPU, as a ledger.
 
-For GPUs nobody here can run. A step is priced as the engine runs it
-(one forward pass over every scheduled token), per layer:
+For GPUs nobody here can run. A step is priced as vLLM runs it (one forward
+pass over every scheduled token, then the LM head, the sampler and the host
+work around it), and every priced part is a `Term` of the step's ledger
+(planner/cost/ledger.py): `step_time` adds up exactly the terms `ledger`
+returns, and `planner explain` prints them. Per layer, x num_layers:
 
-  qkv GEMM        m = all tokens of the step, n = this GPU's q+k+v width, k = hidden
-  attention       prefill tokens: context attention (batch = prefill sequences at
-                  their mean new length, scaled by the step's true (query, key)
-                  pairs, which covers cached context and chunks); decode sequences:
-                  generation attention, each at its own context length (below)
-  o projection    n = hidden, k = this GPU's q width
-  MLP GEMMs       gate+up and down (gated MLP) or fc1 and fc2
-  all-reduce x 2  under tensor parallelism: vLLM's custom all-reduce (CUDA-graph
-                  variant up to 512 tokens, vLLM's capture limit, eager above),
+  qkv GEMM        table: m = the step's tokens as the GPU runs them (below),
+                  n = this GPU's q+k+v width, k = hidden
+  attention       table: prefill tokens by context attention (batch = prefill
+                  sequences, each priced as a fresh prompt with as many (query, key)
+                  pairs, which covers cached context and chunks);
+                  decode sequences by generation attention, each at its own context
+  o projection    table: n = hidden, k = this GPU's q width
+  MLP GEMMs       table: gate+up and down (gated MLP) or fc1 and fc2
+  elementwise     roofline: the norms with their residual adds, Qwen3's q/k norms,
+                  rotary, the KV-cache write, the activation (planner/cost/elementwise.py):
+                  bytes over the effective bandwidth + a fitted per-kernel floor
+  all-reduce x 2  table, under tensor parallelism: vLLM's custom all-reduce
+                  (CUDA-graph variant inside a captured graph, eager above),
                   or NCCL where vLLM would not use it (PCIe GPUs beyond 2) or no
-                  table exists
+                  table exists; the tables' smallest messages are the latency floor
 
-then once per step: the embedding all-reduce (TP), the LM-head GEMM over the
-sampled sequences, sampling, and the engine's host overhead. Swap and
-copy-on-write traffic are priced from bandwidths, as in the roofline model.
+then once per step: the embedding lookup and final norm (roofline), the
+embedding's all-reduce (TP), the LM-head GEMM over the sampled sequences
+(table), the logits all-gather (TP: NCCL table, an all-gather moving half an
+all-reduce's bytes), the sampler (roofline over the fp32 logits), and vLLM's
+host work: scheduling, input preparation, the sampled tokens' copy to the host
+and the output processing, a fitted time per step plus one per scheduled
+sequence (planner/cost/calibration.py). Swap and copy-on-write traffic are
+priced from bandwidths, as in the roofline model.
+
+CUDA graphs. vLLM pads a step of at most its largest capture size to the next
+captured size (planner/cost/ledger.py cites vLLM's sizes): the GEMMs,
+elementwise kernels and all-reduces run at the padded token count, attention
+and the LM head at the real one (padded decode slots carry no context; logits
+are computed for the sampled positions only, outside the graph).
+
+Host time. The fitted per-step and per-sequence times are what NVIDIA's H100
+runs (vLLM 0.12, whose engine loop schedules, prepares inputs, waits for the
+sampled tokens and processes outputs in series with the GPU) take beyond the
+priced GPU terms; they are charged in series, as measured. Newer vLLM
+(SchedulerConfig.async_scheduling None -> on, vllm/config/vllm.py) prepares
+step N+1 while the GPU runs step N; `async_scheduling=True` hides all of the
+fitted time behind the GPU (a step costs max(GPU, host)), which is an upper
+bound on what async scheduling saves: the runs cannot tell vLLM's host work
+from per-step or per-sequence GPU time the tables miss (docs/calibration.md).
 
 Attention tables cover a few (heads, KV heads) pairs per head size. Heads are
 independent, so a model whose per-GPU pair is missing is priced as f times the
@@ -54,32 +82,28 @@ and sum of contexts, which StepShape.decode_histogram carries: a step costs
 one term per occupied bucket, not one per sequence. Along batch size T is
 interpolated in log-log space, as everywhere else.
 
-Lookups are cached by their integer arguments, so step_time is a few dict
-reads once the simulation has seen a shape.
+Lookups are cached by their integer arguments (the token-count terms by
+tokens, the per-sequence ones by sequences), so step_time is a few dict reads
+once the simulation has seen a shape.
 """
 from __future__ import annotations
 
+import math
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost import tables
-from planner.cost.calibrated import _Curve
+from planner.cost.calibration import Calibration, load_calibration
+from planner.cost.elementwise import step_kernels
+from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
-from planner.profile.schema import load_profile, profiles_dir
 
-# vLLM captures CUDA graphs for batches up to 512 tokens by default; larger
-# steps run eagerly, and so does their all-reduce.
-CUDA_GRAPH_MAX_TOKENS = 512
-
-# Host time per step (schedule, build the inputs, record the outputs) when no
-# profile of our engine on this GPU exists: our engine's own host path as
-# `planner profile` measured it (profiles/cpu/opt-125m.json, sched_decode,
-# linear fit: 19.3 us at 1 sequence, 582 us at 256), i.e. 17.1 us + 2.21 us per
-# sequence. The host path does not touch the GPU, so it carries over.
-HOST_BASE_S = 17.1e-6
-HOST_PER_SEQ_S = 2.21e-6
-HOST_SOURCE = "our engine's host path, profiles/cpu/opt-125m.json (17.1 us + 2.21 us/seq)"
+# The host time the model charged before it was calibrated against vLLM's own runs (`leave_out=("host",)`):
+# our engine's host path as `planner profile` measured it (profiles/cpu/opt-125m.json, sched_decode,
+# linear fit: 19.3 us at 1 sequence, 582 us at 256), i.e. 17.1 us + 2.21 us per sequence.
+LEGACY_HOST_BASE_S = 17.1e-6
+LEGACY_HOST_PER_SEQ_S = 2.21e-6
 
 # Sampling has no measured table: price it as memory traffic over the fp32
 # logits (written once, read by softmax and by the argmax/sample: 3 passes) at
@@ -88,10 +112,20 @@ HOST_SOURCE = "our engine's host path, profiles/cpu/opt-125m.json (17.1 us + 2.2
 SAMPLING_PASSES = 3
 SAMPLING_KERNELS = 4
 
-
 # The roofline model's planning efficiency for tensor-core math (planner/cost/roofline.py RooflineEfficiency),
 # for the compute side of a weight-only GEMM.
 WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.6
+
+# vLLM's custom all-reduce registers an 8 MiB buffer and hands larger messages to NCCL
+# (vllm/distributed/device_communicators/custom_all_reduce.py CustomAllreduce max_size=8192 * 1024,
+# should_custom_ar: inp_size < self.max_size).
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
+
+# Parts of the ledger that can be left out (priced as before they existed), for the calibration
+# bench's before/after table: chunk attention priced by its work (else: the mean new length, scaled by
+# pairs), NCCL above the custom all-reduce's buffer, CUDA-graph padding, the elementwise kernels, the
+# logits all-gather, and vLLM's host time (the legacy planning guess instead).
+TERM_FAMILIES = ("chunk_attention", "allreduce_size", "padding", "elementwise", "logits_gather", "host")
 
 
 def gemm_table(system: str, fmt: WeightFormat | None, gpu: GpuSpec) -> tuple[str, float | None, str]:
@@ -116,46 +150,36 @@ def covered_gpus() -> list[str]:
     return [g.name for g in list_gpus() if g.measured_system]
 
 
-def _host_profile(gpu_name: str):
-    """Host and sampling curves from a `planner profile` of our engine on this GPU, if one exists."""
-    root = profiles_dir() / gpu_name
-    if not root.is_dir():
-        return None
-    for path in sorted(root.glob("*.json")):
-        try:
-            fit = load_profile(path).fit
-            return (_Curve(fit["sched_prefill"].curve), _Curve(fit["sched_decode"].curve),
-                    _Curve(fit["sample_greedy"].curve), str(path))
-        except (PlannerError, KeyError, OSError):
-            continue
-    return None
-
-
 class MeasuredCostModel:
-    """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies."""
+    """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies, as a ledger of priced terms.
+
+    `max_num_seqs` and `max_num_batched_tokens` set vLLM's CUDA-graph capture sizes; `async_scheduling`
+    hides the fitted host time behind the GPU's (an upper bound; default: in series, as calibrated);
+    `leave_out` names TERM_FAMILIES to price as before they were modelled; `calibration` replaces the
+    shipped fitted constants (planner/data/measured_calibration.json), for the fit itself."""
 
     prices_each_context = True   # decode attention from each sequence's own context (StepShape.decode_histogram)
 
     def __init__(self, model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1, dtype_bytes: int = 2,
                  block_size: int = 16, weight_format: WeightFormat | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", *, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int | None = None, async_scheduling: bool = False,
+                 leave_out: tuple[str, ...] = (), calibration: Calibration | None = None) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
             raise PlannerError(f"no measured vLLM data for GPU {gpu.name}; covered: {', '.join(covered_gpus())}")
         if dtype_bytes != 2:
             raise PlannerError(f"measured vLLM tables are bf16 (2 bytes per value), not {dtype_bytes}-byte weights")
+        unknown = set(leave_out) - set(TERM_FAMILIES)
+        if unknown:
+            raise PlannerError(f"leave_out: unknown term {sorted(unknown)[0]!r}; known: {', '.join(TERM_FAMILIES)}")
         self.model, self.gpu, self.tp, self.system = model, gpu, tp, system
         self.weight_format, self.kv_cache_dtype = weight_format, kv_cache_dtype
-        info = tables.source()["systems"][system]
-        spec = info["spec"]
-        self._versions = {name: t["version"] for name, t in info["tables"].items()}
-        self._kernels = {name: t["kernel"] for name, t in info["tables"].items() if "kernel" in t}
-        self._bw_eff = spec["mem_bw"] * (spec.get("mem_bw_empirical_scaling_factor") or 1.0)
-        self._bw_ratio = spec["mem_bw"] / gpu.memory_bandwidth     # > 1: this GPU's memory is slower
-        self._kernel_latency = spec.get("mem_empirical_constant_latency") or 0.0
-        # weight-only GEMMs (Marlin) run 16-bit math: the spec sheet's bf16 peak at the roofline's efficiency
-        self._flops_eff = spec["bfloat16_tc_flops"] * WEIGHT_ONLY_COMPUTE_EFFICIENCY
+        self.async_scheduling, self.leave_out = async_scheduling, frozenset(leave_out)
+        self.graphs = CudaGraphs(cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens))
+        self.calibration = calibration if calibration is not None else load_calibration()
+        self._set_up_system(tables.source()["systems"][system])
         self.extrapolated: set[str] = set()
         self.notes: list[str] = []
 
@@ -163,26 +187,44 @@ class MeasuredCostModel:
         self._heads, self._kv, self._hd = heads, kv, hd
         self._set_up_gemms(model, tp, weight_format)
         self._set_up_attention(kv_cache_dtype)
+        self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
+        self._kernels = step_kernels(model, tp, self._kv_bytes)
 
         kv_bytes_per_token = 2 * model.num_layers * kv * hd * self._kv_bytes
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
         self._copy_per_block = 2 * kv_bytes_per_token * block_size / (gpu.memory_bandwidth * 0.8)
+        self._host_base, self._host_per_seq, self.host_source = self._host_constants()
 
-        host = _host_profile(gpu.name)
-        if host is None:
-            self._host_prefill = self._host_decode = self._sample = None
-            self.host_source = HOST_SOURCE
-        else:
-            self._host_prefill, self._host_decode, self._sample, self.host_source = host
-
-        self._linear_cache: dict[int, float] = {}
-        self._per_seq_cache: dict[tuple[int, bool], float] = {}
+        self._token_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
+        self._seq_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
         self._ctx_cache: dict[tuple[int, int], float] = {}
         self._gen_curves: dict[int, tuple] = {}
         # the context grid of generation attention, in powers of two: 1 .. 2**max_bucket
         self._gen_max_bucket = max(max(row) for row in self._gen_tree.values()).bit_length()
         self._name = self._make_name()
+
+    def _set_up_system(self, info: dict) -> None:
+        """The system file's figures: table versions and kernels, effective bandwidth, kernel floor."""
+        spec = info["spec"]
+        self._versions = {name: t["version"] for name, t in info["tables"].items()}
+        self._table_kernels = {name: t["kernel"] for name, t in info["tables"].items() if "kernel" in t}
+        scaling = spec.get("mem_bw_empirical_scaling_factor") or 1.0
+        self._bw_eff = spec["mem_bw"] * scaling
+        self._bw_ratio = spec["mem_bw"] / self.gpu.memory_bandwidth     # > 1: this GPU's memory is slower
+        self._kernel_latency = spec.get("mem_empirical_constant_latency") or 0.0
+        # the elementwise kernels read this GPU's own memory, at the system file's empirical efficiency
+        self._elementwise_bw = self.gpu.memory_bandwidth * scaling
+        # weight-only GEMMs (Marlin) run 16-bit math: the spec sheet's bf16 peak at the roofline's efficiency
+        self._flops_eff = spec["bfloat16_tc_flops"] * WEIGHT_ONLY_COMPUTE_EFFICIENCY
+
+    def _host_constants(self) -> tuple[float, float, str]:
+        """vLLM's host time per step and per scheduled sequence, and where it comes from."""
+        if "host" in self.leave_out:
+            return (LEGACY_HOST_BASE_S, LEGACY_HOST_PER_SEQ_S,
+                    "our engine's host path, profiles/cpu/opt-125m.json (17.1 us + 2.21 us/seq)")
+        cal = self.calibration
+        return cal.host_step_s, cal.host_seq_s, cal.describe()
 
     def _make_name(self) -> str:
         used = {"gemm", self._tables["layer_gemm"], self._tables["context"], self._tables["generation"]}
@@ -204,6 +246,8 @@ class MeasuredCostModel:
         inter = model.intermediate_size // tp
         mlp_up = inter if model.is_gpt_like else 2 * inter
         self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (mlp_up, h), (h, inter)]
+        self._gemm_names = ("qkv", "o projection", "fc1" if model.is_gpt_like else "gate+up",
+                            "fc2" if model.is_gpt_like else "down")
         self._head_shape = (model.vocab_size // tp, h)
         self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
         self._gemm_max_n = max(self._gemm_tree)
@@ -214,7 +258,6 @@ class MeasuredCostModel:
         self._layer_tree = self._gemm_tree if table == "gemm" else tables.monotone(
             tables.build_tree(tables.load_rows(self.system, table), ("n", "k", "m")), 3)
         self._layer_max_n = max(self._layer_tree)
-
     def _set_up_attention(self, kv_cache_dtype: str) -> None:
         """The attention tables of the KV cache's dtype (bf16 ones where the system has no FP8-KV table)."""
         fp8 = kv_cache_dtype == "fp8"
@@ -261,12 +304,15 @@ class MeasuredCostModel:
                            f"(head_dim {hd}); covered: {shown}")
 
     def _allreduce_curves(self, tp: int) -> dict[str, tables.Curve]:
+        """The all-reduce curves vLLM would use on `tp` of these GPUs (and the NCCL one, for the logits
+        all-gather, in `_nccl`)."""
         rows = tables.load_rows(self.system, "allreduce")
         by_backend: dict[str, dict] = {}
         for r in rows:
             if r["num_gpus"] == tp:
                 by_backend.setdefault(r["backend"], {})[r["message_size"]] = r["latency"]
         by_backend = {name: tables.monotone(points, 1) for name, points in by_backend.items()}
+        self._nccl = tables.Curve.of(by_backend["nccl"]) if "nccl" in by_backend else None
         # vLLM's custom all-reduce needs NVLink beyond two GPUs; PCIe boxes fall back to NCCL.
         custom_ok = self.gpu.interconnect.startswith("nvlink") or tp <= 2
         if custom_ok and "custom_graph" in by_backend and "custom_eager" in by_backend:
@@ -376,89 +422,193 @@ class MeasuredCostModel:
             self.extrapolated.add(self._tables["generation"])
         return self.model.num_layers * (a + slope * s.decode_context / b)
 
-    def allreduce(self, tokens: int) -> float:
+    def allreduce(self, tokens: int, captured: bool | None = None) -> float:
+        """One all-reduce of `tokens` x hidden values: the CUDA-graph variant inside a captured graph; NCCL
+        for a message over vLLM's custom all-reduce buffer."""
         if self._allreduce is None:
             return 0.0
-        curve = self._allreduce["graph" if tokens <= CUDA_GRAPH_MAX_TOKENS else "eager"]
+        if captured is None:
+            captured = self.graphs.captured(tokens)
+        curve = self._nccl if self._over_custom_buffer(tokens) else self._allreduce["graph" if captured else "eager"]
         latency, ext = curve.at(tokens * self.model.hidden_size)
         self._flag("allreduce", ext)
         return latency
 
-    def _linear(self, tokens: int) -> float:
-        """Everything per step that scales with the token count: all layers' GEMMs and all-reduces."""
-        layer = sum(self.layer_gemm(tokens, n, k) for n, k in self._gemm_shapes) + 2 * self.allreduce(tokens)
-        value = self.model.num_layers * layer + self.allreduce(tokens)    # + the vocab-parallel embedding's
-        self._linear_cache[tokens] = value
-        return value
+    def _over_custom_buffer(self, tokens: int) -> bool:
+        """Whether vLLM hands this all-reduce (tokens x hidden bf16 values) to NCCL because it exceeds the
+        custom all-reduce's registered buffer."""
+        return (self._nccl is not None and "allreduce_size" not in self.leave_out
+                and tokens * self.model.hidden_size * 2 > CUSTOM_ALLREDUCE_MAX_BYTES)
+
+    def allreduce_backend_for(self, tokens: int) -> str:
+        if self._over_custom_buffer(tokens):
+            return "nccl (message over the custom all-reduce's 8 MiB)"
+        return self.allreduce_backend
+
+    def logits_gather(self, seqs: int) -> float:
+        """The LM head's all-gather of every GPU's vocabulary shard (vLLM's LogitsProcessor) over NCCL:
+        half an all-reduce of the gathered logits (an all-gather moves half the bytes), never below the
+        smallest message's time (the latency floor)."""
+        if self._nccl is None:
+            return 0.0
+        floor = self._nccl.ys[0]
+        latency, ext = self._nccl.at(seqs * self.model.vocab_size)
+        self._flag("allreduce", ext)
+        return max(floor, latency / 2)
+
+    def elementwise(self, kernel_bytes: float, launches: int) -> float:
+        """`launches` memory-bound kernels moving `kernel_bytes` each: the per-kernel floor plus the bytes
+        over the effective bandwidth."""
+        return launches * (self.calibration.elementwise_floor_s + kernel_bytes / self._elementwise_bw)
 
     def sampling(self, seqs: int) -> float:
-        if self._sample is not None:
-            return self._sample.at(seqs)
         logits = seqs * self.model.vocab_size * 4
         return SAMPLING_KERNELS * self._kernel_latency + SAMPLING_PASSES * logits / (self.gpu.memory_bandwidth * 0.8)
 
-    def host(self, seqs: int, prefill: bool) -> float:
-        curve = self._host_prefill if prefill else self._host_decode
-        return curve.at(seqs) if curve is not None else HOST_BASE_S + HOST_PER_SEQ_S * seqs
+    def host(self, seqs: int) -> float:
+        """vLLM's host work for a step scheduling `seqs` sequences (before any overlap with the GPU)."""
+        return self._host_base + self._host_per_seq * seqs
 
-    def _per_seq(self, seqs: int, prefill: bool) -> float:
-        """LM head over the sampled sequences, sampling and host time."""
-        value = self.gemm(seqs, *self._head_shape) + self.sampling(seqs) + self.host(seqs, prefill)
-        self._per_seq_cache[(seqs, prefill)] = value
+    # ---- the ledger's terms ---------------------------------------------------
+
+    def _padded(self, tokens: int) -> int:
+        return tokens if "padding" in self.leave_out else self.graphs.padded(tokens)
+
+    def _token_terms(self, tokens: int) -> tuple[tuple[Term, ...], float]:
+        """The terms priced by the step's token count (GEMMs, elementwise kernels, all-reduces), at the
+        padded count a CUDA graph runs; cached by `tokens`."""
+        run, layers = self._padded(tokens), self.model.num_layers
+        table = self._tables["layer_gemm"]
+        terms = [Term(f"{name} GEMM", "gemm", layers * self.layer_gemm(run, n, k), "table",
+                      f"{self.system} {table}, m={run} n={n} k={k}, x{layers} layers", layers)
+                 for name, (n, k) in zip(self._gemm_names, self._gemm_shapes)]
+        if "elementwise" not in self.leave_out:
+            for kernel in self._kernels:
+                count = layers if kernel.per_layer else 1
+                terms.append(Term(kernel.name, "elementwise", self.elementwise(kernel.bytes_per_token * run, count),
+                                  "roofline", f"{kernel.bytes_per_token * run / 1e3:.1f} KB at "
+                                  f"{self._elementwise_bw / 1e12:.2f} TB/s + "
+                                  f"{self.calibration.elementwise_floor_s * 1e6:.1f} us floor per kernel"
+                                  + (f", x{count} layers" if count > 1 else ""), count))
+        if self._allreduce is not None:
+            captured = self.graphs.captured(tokens)
+            count = 2 * layers + 1
+            terms.append(Term("all-reduce", "collective", count * self.allreduce(run, captured), "table",
+                              f"{self.system} {self.allreduce_backend_for(run)} "
+                              f"({'CUDA graph' if captured else 'eager'}), "
+                              f"{run} x {self.model.hidden_size} values, 2 per layer + the embedding's", count))
+        value = (tuple(terms), sum(t.seconds for t in terms))
+        self._token_cache[tokens] = value
         return value
+
+    def _seq_terms(self, seqs: int) -> tuple[tuple[Term, ...], float]:
+        """The terms priced by the sequences a step samples: LM head, logits all-gather, sampler; cached."""
+        n, k = self._head_shape
+        terms = [Term("LM head GEMM", "lm_head", self.gemm(seqs, n, k), "table",
+                      f"{self.system} gemm, m={seqs} n={n} k={k}")]
+        if self.tp > 1 and "logits_gather" not in self.leave_out and self._nccl is not None:
+            terms.append(Term("logits all-gather", "collective", self.logits_gather(seqs), "table",
+                              f"{self.system} nccl all-reduce of {seqs} x {self.model.vocab_size} values, halved"))
+        terms.append(Term("sampler", "sampler", self.sampling(seqs), "roofline",
+                          f"{SAMPLING_PASSES} passes over {seqs} x {self.model.vocab_size} fp32 logits + "
+                          f"{SAMPLING_KERNELS} kernels"))
+        value = (tuple(terms), sum(t.seconds for t in terms))
+        self._seq_cache[seqs] = value
+        return value
+
+    def _prefill_attention(self, s: StepShape) -> float:
+        """All layers' context attention. The table times `batch` fresh prompts of one length; a step's
+        prompts and chunks are priced as fresh prompts with as many (query, key) pairs per sequence
+        (length l with l (l + 1) / 2 pairs), then scaled to the exact pairs. A fresh prompt is its own
+        length; a short chunk after a long cached part (the tail of a chunked prompt: 4 tokens after
+        8188) costs what a prompt of that much work costs, not its own launch-bound time multiplied by
+        its pairs over a 4-token prompt's (which priced such a chunk at 3 s on 8 x H100)."""
+        batch = s.prefill_seqs
+        if "chunk_attention" in self.leave_out:
+            length = (s.prefill_tokens + batch // 2) // batch
+        else:
+            length = max(1, round((math.sqrt(8 * s.prefill_attn_pairs / batch + 1) - 1) / 2))
+        ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
+        return ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
 
     def _context(self, batch: int, length: int) -> float:
         value = self.model.num_layers * self.context_attention(batch, length)
         self._ctx_cache[(batch, length)] = value
         return value
 
+    def _host_term(self, host: float, gpu: float) -> Term:
+        """The host time a step pays on top of its GPU time: all of it in series, what exceeds the GPU's
+        time under async scheduling."""
+        fitted = "host" not in self.leave_out
+        how = (f"{self._host_base * 1e6:.0f} us/step + {self._host_per_seq * 1e6:.1f} us/sequence"
+               + (" (fitted)" if fitted else " (our engine's host path)"))
+        if not self.async_scheduling:
+            return Term("host: schedule, inputs, outputs", "host", host, "fitted" if fitted else "roofline",
+                        f"{how}, in series with the GPU")
+        exposed = max(0.0, host - gpu)
+        return Term("host: schedule, inputs, outputs", "host", exposed, "fitted" if fitted else "roofline",
+                    f"{how} = {host * 1e3:.2f} ms, overlapped with the GPU's {gpu * 1e3:.2f} ms (async scheduling)")
+
     # ---- the cost model -----------------------------------------------------
 
     def step_time(self, s: StepShape) -> float:
-        """Seconds for one step. Hot path: a handful of dict lookups once a shape has been seen."""
+        """Seconds for one step: the sum of its ledger's terms. Hot path: a few dict reads once a shape's
+        token count and sequence count have been seen."""
         tokens = s.prefill_tokens + s.decode_seqs
         t = 0.0
         if tokens:
-            t = self._linear_cache.get(tokens) or self._linear(tokens)
             seqs = s.prefill_seqs + s.decode_seqs
-            prefill = s.prefill_tokens > 0
-            t += self._per_seq_cache.get((seqs, prefill)) or self._per_seq(seqs, prefill)
-            if prefill:
-                batch = s.prefill_seqs
-                length = (s.prefill_tokens + batch // 2) // batch
-                ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
-                # the table prices `batch` fresh prompts of `length`; scale to the step's true pairs
-                t += ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
+            gpu = (self._token_cache.get(tokens) or self._token_terms(tokens))[1]
+            gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+            if s.prefill_tokens:
+                gpu += self._prefill_attention(s)
             if s.decode_seqs:
-                t += self.decode_attention(s)
+                gpu += self.decode_attention(s)
+            host = self._host_base + self._host_per_seq * seqs
+            t = gpu + host if not self.async_scheduling else (gpu if gpu >= host else host)
         if s.swap_blocks:
             t += s.swap_blocks * self._swap_per_block
         if s.copy_blocks:
             t += s.copy_blocks * self._copy_per_block
         return t
 
-    def breakdown(self, s: StepShape) -> dict[str, float]:
-        """step_time by part (seconds), for reports and tests; the parts sum to step_time."""
-        parts = dict.fromkeys(("gemm", "prefill_attention", "decode_attention", "allreduce", "lm_head",
-                               "sampling", "host", "swap", "copy"), 0.0)
+    def ledger(self, s: StepShape) -> Ledger:
+        """Every term of the step `s`, each with its seconds and source; `ledger(s).total == step_time(s)`."""
         tokens, seqs = s.total_tokens, s.batch_size
+        terms: list[Term] = []
         if tokens:
-            layers = self.model.num_layers
-            parts["gemm"] = layers * sum(self.layer_gemm(tokens, n, k) for n, k in self._gemm_shapes)
-            parts["allreduce"] = (2 * layers + 1) * self.allreduce(tokens)
-            parts["lm_head"] = self.gemm(seqs, *self._head_shape)
-            parts["sampling"] = self.sampling(seqs)
-            parts["host"] = self.host(seqs, s.prefill_tokens > 0)
+            terms += (self._token_cache.get(tokens) or self._token_terms(tokens))[0]
             if s.prefill_tokens:
-                b = s.prefill_seqs
-                length = (s.prefill_tokens + b // 2) // b
-                parts["prefill_attention"] = (layers * self.context_attention(b, length)
-                                              * s.prefill_attn_pairs / (b * length * (length + 1) // 2))
+                terms.append(Term("attention (prefill)", "attention", self._prefill_attention(s), "table",
+                                  f"{self.system} {self._tables['context']}, {s.prefill_seqs} sequences, "
+                                  f"{s.prefill_tokens} tokens, {s.prefill_attn_pairs} (query, key) pairs, "
+                                  f"x{self.model.num_layers} layers", self.model.num_layers))
             if s.decode_seqs:
-                parts["decode_attention"] = self.decode_attention(s)
-        parts["swap"] = s.swap_blocks * self._swap_per_block
-        parts["copy"] = s.copy_blocks * self._copy_per_block
-        return parts
+                terms.append(Term("attention (decode)", "attention", self.decode_attention(s), "table",
+                                  f"{self.system} {self._tables['generation']}, {s.decode_seqs} sequences, "
+                                  f"{s.decode_context} context tokens in all, x{self.model.num_layers} layers",
+                                  self.model.num_layers))
+            terms += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[0]
+            terms.append(self._host_term(self.host(seqs), sum(t.seconds for t in terms)))
+        if s.swap_blocks:
+            terms.append(Term("swap", "memory", s.swap_blocks * self._swap_per_block, "roofline",
+                              f"{s.swap_blocks} blocks over the host link"))
+        if s.copy_blocks:
+            terms.append(Term("copy-on-write", "memory", s.copy_blocks * self._copy_per_block, "roofline",
+                              f"{s.copy_blocks} blocks through device memory"))
+        return Ledger(self.name, tuple(terms), tokens, self._padded(tokens) if tokens else 0, self._ledger_notes())
+
+    def _ledger_notes(self) -> tuple[str, ...]:
+        graphs = f"CUDA graphs up to {self.graphs.largest} tokens (vLLM's capture sizes)"
+        host = "async scheduling: the fitted host time hidden behind the GPU's (an upper bound)" \
+            if self.async_scheduling else "host time in series with the GPU, as calibrated (vLLM 0.12)"
+        left = [f"left out: {', '.join(sorted(self.leave_out))}"] if self.leave_out else []
+        return (graphs, host, *left, *self.notes)
+
+    def breakdown(self, s: StepShape) -> dict[str, float]:
+        """step_time by group (seconds: gemm, attention, elementwise, collective, lm_head, sampler, host,
+        memory, ...), for reports and tests; the parts sum to step_time."""
+        return self.ledger(s).by_group()
 
     def describe(self) -> dict:
         """What this model rests on, for a result file's 'cost model' section."""
@@ -467,11 +617,15 @@ class MeasuredCostModel:
             "name": self.name, "source": "measured", "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp,
             "data": {"package": src["package"], "package_version": src["package_version"], "license": src["license"],
                      "system": self.system, "framework": "vllm", "versions": dict(self._versions),
-                     "kernels": dict(self._kernels)},
+                     "kernels": dict(self._table_kernels)},
             "memory_bandwidth_scale": self._bw_ratio,
             "attention_batch_fold": {"context": self._ctx_fold, "generation": self._gen_fold},
             "allreduce": getattr(self, "allreduce_backend", None),
             "host_overhead": self.host_source,
+            "async_scheduling": self.async_scheduling,
+            "cudagraph_max_size": self.graphs.largest,
+            "calibration": self.calibration.source,
+            "left_out": sorted(self.leave_out),
             "extrapolated": sorted(self.extrapolated),
             "weight_format": self.weight_format.as_dict() if self.weight_format is not None else None,
             "kv_cache_dtype": self.kv_cache_dtype, "tables": dict(self._tables), "notes": list(self.notes),

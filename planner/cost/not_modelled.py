@@ -21,9 +21,10 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
             notes.append(f"block size {block_size}: no effect on attention-kernel speed in this model; only its "
                          f"effect on memory (fragmentation, blocks) is simulated")
     elif cost_model.startswith("measured"):
-        notes.append("measured: NVIDIA's per-operation vLLM latencies summed per layer; no scheduler or Python "
-                     "overhead beyond a planning guess, and the tables' attention kernels at their own block size "
-                     "(block size changes memory only)")
+        notes.append("measured: NVIDIA's per-operation vLLM latencies summed per layer, the elementwise kernels "
+                     "from their bytes, vLLM's host time fitted to NVIDIA's H100 runs (planner explain prints "
+                     "the ledger); the tables' attention kernels at their own block size (block size changes "
+                     "memory only)")
     else:
         notes.append("calibrated: measured on the profiled device at the profiled block size; other block sizes "
                      "are scaled by the kernel factor" + (f" ({factor_source})" if factor_source else ""))

@@ -90,9 +90,11 @@ def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | N
 def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_bytes: int = 2,
                       block_size: int = 16, profile: str | Path | None = None,
                       cost_model: str | None = None, weight_format: WeightFormat | None = None,
-                      kv_cache_dtype: str = "auto") -> CostModel:
+                      kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
+                      max_num_batched_tokens: int | None = None) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
-    ``cost_model`` is the --cost-model option (None: auto)."""
+    ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
+    set vLLM's CUDA-graph capture sizes for the measured model."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
@@ -101,6 +103,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
     formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype}
+    graphs = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):
@@ -117,19 +120,21 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
         if choice == "calibrated":
             raise PlannerError(near_miss or f"no profile of {model.name} on {gpu.name}: run `planner profile` "
                                             f"on that GPU or pass --profile FILE")
-        fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice, **formats)
+        fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice, graphs, **formats)
         fallback.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
         return fallback
-    return _fallback(model, gpu, tp, dtype_bytes, block_size, choice, **formats)
+    return _fallback(model, gpu, tp, dtype_bytes, block_size, choice, graphs, **formats)
 
 
 def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_size: int, choice: str,
-              **formats) -> CostModel:
+              graphs: dict, **formats) -> CostModel:
     if choice == "measured":
-        return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
+        return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats,
+                                 **graphs)
     if gpu.measured_system is not None and dtype_bytes == 2:
         try:
-            return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
+            return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats,
+                                     **graphs)
         except PlannerError:
             pass     # the tables do not cover this model's shape: the roofline does
     return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)

@@ -1,0 +1,93 @@
+"""`planner explain`: one step's cost ledger (every priced term, its seconds, share and source).
+
+The measured cost model prices a step as vLLM runs it, term by term
+(planner/cost/ledger.py); this command prints those terms for one step shape:
+`--batch B` decode sequences at `--context C` tokens each, and with
+`--prefill-tokens P` one prompt chunk of P new tokens in the same step (after
+`--prefill-context` tokens already cached), as vLLM's chunked prefill mixes them.
+The deployment flags are every command's (`@deployment_options`): the model, GPU,
+TP, formats and the limits that set vLLM's CUDA-graph capture sizes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.table import Table
+
+from planner.cli.options import DeploymentChoices, deployment_options
+from planner.cli.output import fail, stdout
+from planner.cost.ledger import GROUPS, Ledger
+from planner.cost.measured import MeasuredCostModel
+from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
+from planner.deploy.plan import plan_deployment
+from planner.errors import PlannerError
+
+DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
+
+
+def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int = 0) -> StepShape:
+    """The step explained: `batch` decodes at `context` tokens each, plus one prompt chunk if asked."""
+    if batch < 0 or prefill_tokens < 0 or prefill_context < 0 or (batch and context < 1):
+        raise PlannerError("--batch, --prefill-tokens and --prefill-context must be >= 0, --context >= 1")
+    if batch == 0 and prefill_tokens == 0:
+        raise PlannerError("nothing to explain: give --batch B (decodes) and/or --prefill-tokens P")
+    contexts = [context] * batch
+    chunk = 1 if prefill_tokens else 0
+    return StepShape(prefill_seqs=chunk, prefill_tokens=prefill_tokens,
+                     prefill_attn_pairs=prefill_attn_pairs(prefill_tokens, prefill_context) if chunk else 0,
+                     decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts))
+
+
+def explain_ledger(deployments: DeploymentChoices, shape: StepShape, async_scheduling: bool) -> Ledger:
+    """The measured model's ledger for `shape` on the deployment given (planned as `simulate` plans it)."""
+    plan = plan_deployment(deployments.one("explain", **DEFAULTS))
+    d = plan.deployment
+    model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
+                              weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
+                              max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
+                              async_scheduling=async_scheduling)
+    return model.ledger(shape)
+
+
+def ledger_table(ledger: Ledger, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("term", "ms", "share", "source", "what was priced"):
+        table.add_column(col, justify="right" if col in ("ms", "share") else "left")
+    order = {g: i for i, g in enumerate(GROUPS)}
+    for i, row in sorted(enumerate(ledger.rows()), key=lambda x: (order[x[1]["group"]], x[0])):
+        table.add_row(row["term"], f"{row['seconds'] * 1e3:.3f}", f"{row['share']:.1%}", row["source"],
+                      row["detail"])
+    table.add_row("total", f"{ledger.total * 1e3:.3f}", "100.0%", "", "", style="bold")
+    return table
+
+
+@deployment_options
+def explain(
+    deployments: DeploymentChoices,
+    batch: int = typer.Option(..., "--batch", "-b", help="decode sequences in the step"),
+    context: int = typer.Option(1024, "--context", "-c", help="tokens each decode sequence attends to"),
+    prefill_tokens: int = typer.Option(0, "--prefill-tokens", help="new tokens of one prompt chunk in the same step"),
+    prefill_context: int = typer.Option(0, "--prefill-context", help="tokens of that prompt already cached"),
+    async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling",
+                                          help="hide the fitted host time behind the GPU's, as vLLM's async "
+                                               "scheduling would at best (default: in series, as calibrated)"),
+    as_json: bool = typer.Option(False, "--json", help="print the ledger as one JSON document"),
+) -> None:
+    """One step's cost ledger on the measured model: every term, its seconds, share and source."""
+    try:
+        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context), async_scheduling)
+    except (PlannerError, ValueError) as exc:
+        raise fail(str(exc) or type(exc).__name__) from None
+    if as_json:
+        sys.stdout.write(json.dumps(ledger.as_dict()) + "\n")
+        return
+    shown = f"{batch} decodes at {context} tokens" + (f" + a {prefill_tokens}-token prompt chunk" if prefill_tokens
+                                                      else "")
+    padded = f", run as {ledger.padded_tokens}" if ledger.padded_tokens != ledger.tokens else ""
+    console = stdout()
+    console.print(ledger_table(ledger, f"one step: {shown} ({ledger.tokens} tokens{padded})"))
+    console.print(f"cost model: {ledger.cost_model}", highlight=False, markup=False)
+    for note in ledger.notes:
+        console.print(f"  {note}", highlight=False, markup=False)

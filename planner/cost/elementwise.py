@@ -1,0 +1,66 @@
+"""The memory-bound kernels of a vLLM decoder step that no measured table covers, and the bytes each moves per token.
+
+NVIDIA's tables time the GEMMs, attention and all-reduces; between them vLLM
+runs small kernels that read and write activations: the norms (with the
+residual add fused in: vLLM's fused_add_rms_norm, or Inductor's fusion of the
+same), Qwen3's per-head q/k norms, the rotary embedding, the KV-cache write
+(reshape_and_cache_flash, before FlashAttention), the gated activation
+(SiluAndMul), and once per step the embedding lookup and the final norm.
+Each is priced like aiconfigurator's own ElementWise op: bytes over the
+effective bandwidth (the datasheet bandwidth x the system file's empirical
+factor, 0.8 on every system), plus a fixed time per kernel (the floor; a
+kernel of a few KB still costs its launch and ramp inside a CUDA graph):
+aiconfigurator's own constant for it (systems/<gpu>.yaml
+mem_empirical_constant_latency, 3 us), kept in
+planner/data/measured_calibration.json with the fitted host times. It is not
+fitted: every step of a model launches the same number of these kernels, so on
+end-to-end runs the floor cannot be told from a per-step host time
+(docs/calibration.md).
+
+Bytes are per token of this GPU's shard, 16-bit activations: a norm reads the
+hidden state and the residual and writes both back (4 x hidden x 2 bytes);
+rotary and the q/k norms read and write this GPU's q and k heads; the cache
+write reads k and v and stores them at the cache's element size; SiluAndMul
+reads gate and up (2 x intermediate / tp) and writes their product. OPT and
+GPT-2 have LayerNorm and a plain activation, learned positions instead of
+rotary, and are counted the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.catalog import ModelSpec
+
+ACT_BYTES = 2          # activations stay 16-bit (bf16 / fp16) between the kernels
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One memory-bound kernel: launched once per layer (`per_layer`), or once per step."""
+
+    name: str
+    bytes_per_token: int
+    per_layer: bool = True
+
+
+def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]:
+    """The elementwise kernels of one forward pass of `model` on one of `tp` GPUs, in the order they run."""
+    h = model.hidden_size
+    q_heads, kv_heads, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
+    qk = (q_heads + kv_heads) * hd
+    inter = model.intermediate_size // tp
+    norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
+    kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
+               Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
+    if model.model_type == "qwen3":
+        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
+    if not model.is_gpt_like:
+        kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
+    kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
+    kernels.append(Kernel(f"post-attention {norm} + residual add", 4 * h * ACT_BYTES))
+    if model.is_gpt_like:
+        kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
+    else:
+        kernels.append(Kernel("SiLU and mul", 3 * inter * ACT_BYTES))
+    kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))
+    return tuple(kernels)

@@ -1,0 +1,63 @@
+"""`planner explain`: one step's ledger, from the same deployment options as every command."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+from planner.cost.measured import MeasuredCostModel
+from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
+
+QWEN = ["explain", "--model", "Qwen/Qwen3-32B", "--gpu", "h100-sxm", "--tp", "2", "--max-model-len", "8192"]
+
+
+def run(*args):
+    return CliRunner().invoke(app, [*QWEN, *args])
+
+
+def test_prints_every_term_with_its_share_and_source():
+    result = run("--batch", "9", "--context", "1100")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "9 decodes at 1100 tokens (9 tokens, run as 16)" in out
+    for term in ("qkv GEMM", "attention (decode)", "SiLU and mul", "all-reduce", "LM head GEMM", "sampler",
+                 "host: schedule, inputs, outputs", "total"):
+        assert term in out
+    assert "table" in out and "roofline" in out and "fitted" in out and "100.0%" in out
+    assert "CUDA graphs up to 512 tokens" in out and "host time in series with the GPU" in out
+
+
+def test_json_ledger_is_the_models_step_time():
+    result = run("--batch", "32", "--context", "2000", "--prefill-tokens", "700", "--prefill-context", "300",
+                 "--no-async-scheduling", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    model = MeasuredCostModel("qwen3-32b", "h100-sxm", tp=2, async_scheduling=False,
+                              max_num_batched_tokens=8192, max_num_seqs=256)
+    shape = StepShape(prefill_seqs=1, prefill_tokens=700, prefill_attn_pairs=prefill_attn_pairs(700, 300),
+                      decode_seqs=32, decode_context=64000, decode_histogram=context_histogram([2000] * 32))
+    assert doc["total_seconds"] == pytest.approx(model.step_time(shape), rel=1e-12)
+    assert sum(t["seconds"] for t in doc["terms"]) == pytest.approx(doc["total_seconds"], rel=1e-12)
+    assert {t["term"] for t in doc["terms"]} >= {"attention (prefill)", "attention (decode)", "logits all-gather"}
+    assert doc["tokens"] == doc["padded_tokens"] == 732                     # past 512: eager, no padding
+
+
+def test_deployment_flags_reach_the_ledger():
+    small = run("--batch", "100", "--max-num-seqs", "32", "--json")           # graphs up to 64 tokens
+    assert small.exit_code == 0, small.output
+    assert json.loads(small.output)["padded_tokens"] == 100
+    fp8 = run("--batch", "8", "--quantization", "fp8", "--json")
+    assert "gemm_fp8" in " ".join(t["detail"] for t in json.loads(fp8.output)["terms"])
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*QWEN, "--batch", "0"], "nothing to explain"),
+    ([*QWEN, "--batch", "-3"], "must be >= 0"),
+    ([*QWEN, "--batch", "4", "--tp", "2,4"], "takes one value"),
+    (["explain", "--model", "opt-125m", "--gpu", "cpu", "--batch", "4"], "no measured vLLM data"),
+])
+def test_bad_input_is_one_line(args, message):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
