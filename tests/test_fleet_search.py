@@ -131,3 +131,30 @@ def test_a_grid_with_bad_replicas_is_refused():
         run_search(grid(replicas=(0,)), LocalExecutor(1))
     with pytest.raises(PlannerError, match="--replicas auto"):
         run_search(grid(replicas="auto", target_rate=None), LocalExecutor(1))
+
+
+def test_worker_processes_and_ray_give_the_same_fleets():
+    """The tasks cross process boundaries (pickled) as Ray's would, and give the serial results."""
+    g = grid(gpus=("a100-80g",), replicas=(1, 2))
+    serial = run_search(g, LocalExecutor(1), prices={"a100-80g": 3.0})
+    parallel = run_search(g, LocalExecutor(2), prices={"a100-80g": 3.0})
+    assert parallel.configs == serial.configs and parallel.best == serial.best
+    auto = SearchGrid(base=g.base, slos=SLOS, gpus=("a100-80g", "l40s"), target_rate=150.0, replicas="auto")
+    assert run_search(auto, LocalExecutor(2)).configs == run_search(auto, LocalExecutor(1)).configs
+    pytest.importorskip("ray")
+    from planner.runs.pools import make_executor
+    on_ray = make_executor("ray", workers=2)
+    try:
+        ray_result = run_search(auto, on_ray)
+    finally:
+        on_ray.close()
+    assert ray_result.executor == "ray" and ray_result.configs == run_search(auto, LocalExecutor(1)).configs
+
+
+def test_one_replica_is_the_search_without_fleets():
+    g = grid(tps=(1, 2))
+    lone = run_search(grid(tps=(1, 2), replicas=None), LocalExecutor(1), prices=PRICES)
+    fleet = run_search(grid(tps=(1, 2), replicas=(1,)), LocalExecutor(1), prices=PRICES)
+    assert "replicas" not in lone.configs[0] and "replicas" not in lone.document()
+    assert [{k: v for k, v in r.items() if k != "replicas"} for r in fleet.configs] == lone.configs
+    assert g.configs()[0] == ("a100-80g", 1, 16, 256, 1)
