@@ -130,10 +130,14 @@ def test_monotone_in_tokens_and_batch_and_context(gpu):
 
 def test_tensor_parallel_adds_two_allreduces_per_layer():
     shape = decode(32, 1024)
-    one, two = LLAMA_H100.breakdown(shape), MeasuredCostModel("llama-3.1-8b", "h100-sxm", tp=2).breakdown(shape)
-    assert one["allreduce"] == 0.0
     tp2 = MeasuredCostModel("llama-3.1-8b", "h100-sxm", tp=2)
-    assert two["allreduce"] == pytest.approx((2 * 32 + 1) * tp2.allreduce(32))
+    one, two = LLAMA_H100.breakdown(shape), tp2.breakdown(shape)
+    assert one.get("collective", 0.0) == 0.0
+    reduce = next(t for t in tp2.ledger(shape).terms if t.name == "all-reduce")
+    layers = tp2.model.num_layers
+    assert reduce.count == 2 * layers + 1                           # two per layer and the embedding's
+    assert reduce.seconds == pytest.approx((2 * layers + 1) * tp2.allreduce(32, True))
+    assert two["collective"] >= reduce.seconds                      # and the logits' all-gather
     assert two["gemm"] < one["gemm"]                                # the shards are narrower
     assert sum(v for v in two.values()) == pytest.approx(tp2.step_time(shape))
 
@@ -148,8 +152,8 @@ def test_mixed_step_has_both_attention_parts_and_shares_the_gemms():
     # a chunked-prefill step: one 256-token prompt chunk and three decodes (contexts 301, 501, 701)
     mixed = StepShape(prefill_seqs=1, prefill_tokens=256, prefill_attn_pairs=prefill_attn_pairs(256),
                       decode_seqs=3, decode_context=1503)
-    parts = LLAMA_H100.breakdown(mixed)
-    assert parts["prefill_attention"] > 0 and parts["decode_attention"] > 0
+    parts = {t.name: t.seconds for t in LLAMA_H100.ledger(mixed).terms}
+    assert parts["attention (prefill)"] > 0 and parts["attention (decode)"] > 0
     alone = LLAMA_H100.step_time(prefill(256)) + LLAMA_H100.step_time(decode(3, 501))
     assert LLAMA_H100.step_time(decode(3, 501)) < LLAMA_H100.step_time(mixed) < alone
     # a later chunk attends to the part of its prompt already cached
@@ -160,12 +164,17 @@ def test_mixed_step_has_both_attention_parts_and_shares_the_gemms():
 def test_slower_memory_stretches_only_the_memory_bound_part():
     fast, slow = MeasuredCostModel("llama-3.1-8b", "a100-80g"), MeasuredCostModel("llama-3.1-8b", "a100-40g")
     assert "memory-bound parts x1.31" in slow.name and slow.describe()["memory_bandwidth_scale"] > 1.3
-    weight_bound = slow.step_time(decode(1, 512)) / fast.step_time(decode(1, 512))
+    def gpu_time(model, shape):              # the host's share does not depend on the GPU's memory
+        return sum(v for group, v in model.breakdown(shape).items() if group != "host")
+
+    weight_bound = gpu_time(slow, decode(1, 512)) / gpu_time(fast, decode(1, 512))
     compute_bound = slow.step_time(prefill(4096)) / fast.step_time(prefill(4096))
     bandwidth_ratio = 2.039 / 1.555          # A100-80GB against A100-40GB HBM, TB/s (NVIDIA datasheets)
     assert slow.describe()["memory_bandwidth_scale"] == pytest.approx(bandwidth_ratio)
-    # A batch-1 decode streams the weights: it stretches by nearly the whole bandwidth ratio, never more.
+    # A batch-1 decode streams the weights: its GPU time stretches by nearly the whole bandwidth ratio,
+    # never more; the whole step by less, its host time being the same on both.
     assert 1.15 < 0.95 * bandwidth_ratio < weight_bound <= bandwidth_ratio
+    assert 1.15 < slow.step_time(decode(1, 512)) / fast.step_time(decode(1, 512)) < weight_bound
     # A 4096-token prefill is compute-bound, and both A100s have the same compute.
     assert compute_bound < 1.05 and compute_bound < weight_bound
 

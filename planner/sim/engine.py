@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import heapq
 import math
 import time
 from collections import deque
@@ -217,7 +218,7 @@ class SimulatedEngine:
         self.wake_at = end
         while True:
             try:
-                yield self.env.timeout(_delay_to(self.env.now, max(self.wake_at, self.env.now)))
+                yield WakeAt(self.env, max(self.wake_at, self.env.now))
                 return
             except simpy.Interrupt:
                 pass
@@ -472,14 +473,18 @@ class SimulatedEngine:
         yield from self._stepped(1, end, finished)
 
 
-def _delay_to(now: float, end: float) -> float:
-    """The delay SimPy needs to land on `end` exactly (it computes now + delay)."""
-    delay = end - now
-    while now + delay < end:
-        delay = math.nextafter(delay, math.inf)
-    while now + delay > end:
-        delay = math.nextafter(delay, -math.inf)
-    return delay
+class WakeAt(simpy.events.Timeout):
+    """A timeout that fires at the absolute time `at`, exactly. SimPy fires a timeout at now + delay,
+    and some times cannot be reached that way: when the delay and `at` share a binade and now holds a
+    half of `at`'s last bit, every sum is a tie rounded to even and every other float is skipped. A
+    slept-through plan must end at the very float a step-by-step run reaches by adding each step's
+    duration, so it is pushed onto SimPy's queue at that time (its private queue: SimPy has no public
+    call for an absolute time)."""
+
+    def __init__(self, env: simpy.Environment, at: float):
+        simpy.events.Event.__init__(self, env)
+        self._ok, self._value, self._delay = True, None, at - env.now
+        heapq.heappush(env._queue, (at, simpy.events.NORMAL, next(env._eid), self))
 
 
 def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
