@@ -187,3 +187,14 @@ def test_batch_capped_at_max_num_seqs_is_compute_bound_and_says_so():
     v = doc["verdict"]
     assert v["overloaded"] and v["bound"] == "compute" and "max_num_seqs=8" in v["bound_reason"]
     assert "--max-num-seqs 16" in v["next_commands"][0]["command"]
+
+
+def test_a_closed_loop_suggests_client_counts_not_rates():
+    # A closed loop's next runs change the number of clients (a rate would be refused beside --concurrency).
+    doc = run_document(run_spec(Deployment(model="llama-3.1-8b", gpu="h100-sxm"), workload="sharegpt",
+                                concurrency=8, requests=200))
+    v = doc["verdict"]
+    assert v["bound"] == "arrival rate" and "its 8 clients" in v["bound_reason"]
+    commands = [c["command"] for c in v["next_commands"]]
+    assert "--concurrency 8,16,32,64" in commands[0] and "--rate" not in commands[0]
+    assert commands[1].startswith("planner capacity") and "--concurrency max" in commands[1]

@@ -299,10 +299,30 @@ def _round_rate(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., str]) -> list[dict]:
+    """What to run next after a closed loop: more or fewer clients (never a rate: the clients set it)."""
+    clients = params["concurrency"]
+
+    def counts(*factors: float) -> str:
+        return ",".join(str(n) for n in dict.fromkeys(max(1, round(clients * f)) for f in factors))
+    if bound == "arrival rate":
+        return [{"command": command(concurrency=counts(1, 2, 4, 8)), "why": "find where more clients start to wait"},
+                {"command": command(capacity=True, concurrency="max"),
+                 "why": "the most concurrent clients within an SLO"}]
+    if bound in ("memory", "compute"):
+        tp = params.get("tp", 1)
+        return [{"command": command(concurrency=counts(0.25, 0.5, 0.75)), "why": "client counts this setup serves"},
+                {"command": command(tp=tp * 2), "why": "twice the GPUs" + (", more than twice the KV cache"
+                                                                         if bound == "memory" else "")}]
+    return []
+
+
 def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
                    command: Callable[..., str] | None) -> list[dict]:
     if command is None:
         return []
+    if params.get("concurrency"):
+        return _next_closed_loop_commands(bound, params, command)
     base = requested or served or 1.0
     if bound == "arrival rate":
         rates = ",".join(_round_rate(base * f) for f in (1, 1.5, 2, 3))
