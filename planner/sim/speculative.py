@@ -24,7 +24,8 @@ Acceptance curves (`acceptance` setting, "P1,P2,...": P(position i accepted | 1.
   same chain whatever K, so AL(K) - AL(K-1) is the share of drafts whose first K tokens were all
   accepted (vLLM's "acceptance at token K-1"): 0.43, 0.29, 0.24, 0.14, 0.08 for K = 3..7. Positions
   1 and 2 share AL(2) - 1 = 1.36; we split it assuming the conditional rate of position 2 equals
-  position 3's (0.781 and 0.579). Conditional rates: `EAGLE_LLAMA31_8B_MTBENCH` below.
+  position 3's (0.781 and 0.579). Conditional rates (0.781, 0.742, 0.742, 0.674, 0.828, 0.583,
+  0.571): `EAGLE_LLAMA31_8B_MTBENCH` below.
 - mtp, default: DeepSeek-V3's multi-token-prediction module, whose second-token acceptance
   "ranges between 85% and 90%" (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3):
   0.875 for position 1; more positions need ``--acceptance``.
@@ -73,7 +74,7 @@ def _eagle_curve() -> tuple[float, ...]:
     return tuple(round(r, 3) for r in rates)
 
 
-EAGLE_LLAMA31_8B_MTBENCH = _eagle_curve()     # (0.781, 0.741, 0.743, 0.674, 0.828, 0.583, 0.571)
+EAGLE_LLAMA31_8B_MTBENCH = _eagle_curve()     # (0.781, 0.742, 0.742, 0.674, 0.828, 0.583, 0.571)
 MTP_DEEPSEEK_V3 = (0.875,)
 DEFAULT_CURVES = {
     "eagle": (EAGLE_LLAMA31_8B_MTBENCH, "EAGLE-3 on Llama-3.1-8B-Instruct, MT-bench, vLLM V1 (vLLM issue #20780)"),

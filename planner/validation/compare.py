@@ -29,6 +29,7 @@ class LiveRun:
     max_num_batched_tokens: int
     kernels: str
     speed: tuple[float | None, float | None] = (None, None)   # canary ratios before and after the run
+    spec_decoding: dict | None = None    # the engine's SpecDecodingStats (vLLM's names) with --speculative ngram:K
 
 
 @dataclass

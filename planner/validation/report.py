@@ -47,7 +47,16 @@ def as_json(v: Validation) -> dict:
         {**v.speed_timeline.as_dict(), "errors_without_correction": v.uncorrected_errors()},
         "simulated_spread": None if v.spread is None else v.spread.as_dict(),
         "verdict": validation_verdict(v),
+        **({} if v.live.spec_decoding is None else {"spec_decoding": spec_comparison(v)}),
     }
+
+
+def spec_comparison(v: Validation) -> dict:
+    """validate --speculative: the live engine's acceptance counters beside the simulation's (vLLM's names)."""
+    live, sim = v.live.spec_decoding, v.simulated.get("spec_decoding_stats") or {}
+    al_live, al_sim = live.get("mean_acceptance_length"), sim.get("mean_acceptance_length")
+    return {"measured": live, "simulated": sim, "acceptance_curve": sim.get("acceptance"),
+            "mean_acceptance_length_error": (al_sim / al_live - 1) if al_live and al_sim else None}
 
 
 def load_text(spec) -> str:

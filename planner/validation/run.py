@@ -150,11 +150,17 @@ def _compare(spec: ValidationSpec, trace, model: ModelSpec, live: LiveRun, cost_
 
 
 def _plan_of(spec: ValidationSpec, live: LiveRun):
-    """The deployment as the live engine ran it: its exact cache and limits (no refusals: it ran)."""
-    return plan_deployment(spec.deployment.replace(num_gpu_blocks=live.num_gpu_blocks,
-                                                   num_cpu_blocks=live.num_cpu_blocks,
-                                                   max_model_len=live.max_model_len,
-                                                   max_num_batched_tokens=live.max_num_batched_tokens),
+    """The deployment as the live engine ran it: its exact cache and limits (no refusals: it ran). With
+    --speculative ngram:K and no --acceptance, the simulation draws from the curve the live run measured."""
+    deployment = spec.deployment
+    if deployment.speculative is not None and deployment.acceptance is None:
+        from planner.validation.live import acceptance_of
+        k = int(deployment.speculative.partition(":")[2])
+        deployment = deployment.replace(acceptance=acceptance_of(live.spec_decoding, k))
+    return plan_deployment(deployment.replace(num_gpu_blocks=live.num_gpu_blocks,
+                                              num_cpu_blocks=live.num_cpu_blocks,
+                                              max_model_len=live.max_model_len,
+                                              max_num_batched_tokens=live.max_num_batched_tokens),
                            refuse=False)
 
 
