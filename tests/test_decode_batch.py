@@ -7,8 +7,6 @@ where the batch must hand the scheduler back for preemptions, rejections and pro
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
@@ -101,21 +99,3 @@ def test_the_batch_covers_the_paged_cache_without_prefix_caching(caching, covere
     assert covers(scheduler, executor) is covered
     assert DecodeBatch.build(scheduler, executor, histogram=True) is None     # nothing runs yet
 
-
-@pytest.mark.parametrize("now, at", [(0.049120685437784986, 0.23426102357652842),
-                                     (0.040515055382920565, 0.19165613971291487)])
-def test_a_slept_through_plan_wakes_at_its_exact_end(now, at):
-    # No delay lands on these ends (now + delay ties and rounds to even, skipping them), yet a plan must
-    # end on the float a step-by-step run reaches: WakeAt schedules at the absolute time.
-    import simpy
-
-    from planner.sim.engine import WakeAt
-    assert all(now + math.nextafter(at - now, direction) != at for direction in (-math.inf, math.inf)) \
-        and now + (at - now) != at
-    env = simpy.Environment(initial_time=now)
-
-    def sleeper():
-        yield WakeAt(env, at)
-    env.process(sleeper())
-    env.run()
-    assert env.now == at

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import simpy
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import RooflineCostModel
-from planner.sim.engine import _delay_to
+from planner.sim.engine import WakeAt
 from golden_cases import numbers
 from planner.sim import simulate
 from sim_helpers import sim_plan
@@ -94,9 +95,19 @@ def test_step_by_step_turns_it_off():
 
 
 @pytest.mark.parametrize("now,end", [(0.1, 0.30000000000000004), (1e-9, 3.7), (123.456, 123.456000001),
-                                     (0.0, 5e-324), (7.0, 7.0)])
-def test_delay_lands_exactly_on_the_end_time(now, end):
-    assert now + _delay_to(now, end) == end
+                                     (0.0, 5e-324), (7.0, 7.0),
+                                     # no delay reaches these: now + delay ties and rounds to even past them
+                                     (0.049120685437784986, 0.23426102357652842),
+                                     (0.040515055382920565, 0.19165613971291487)])
+def test_a_sleep_lands_exactly_on_the_end_time(now, end):
+    # A slept-through plan must end on the float a step-by-step run reaches by adding each duration.
+    env = simpy.Environment(initial_time=now)
+
+    def sleeper():
+        yield WakeAt(env, end)
+    env.process(sleeper())
+    env.run()
+    assert env.now == end
 
 
 def test_cli_step_by_step_gives_the_same_document(tmp_path):

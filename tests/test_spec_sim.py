@@ -16,7 +16,7 @@ from planner.cli.app import app
 from planner.cost.measured import MeasuredCostModel
 from planner.errors import PlannerError
 from planner.sim import simulate
-from planner.sim.speculative import EAGLE_LLAMA31_8B_MTBENCH, Speculation, speculation_of
+from planner.deploy.speculation import EAGLE_LLAMA31_8B_MTBENCH, Speculation, speculation_of
 from sim_helpers import sim_plan
 from workloads import Trace, TraceRequest, make_trace
 

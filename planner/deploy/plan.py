@@ -28,6 +28,7 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_for
                                           weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
+from planner.deploy.speculation import speculation_of
 from planner.errors import PlannerError
 
 
@@ -88,7 +89,6 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     engine that ran with it) and skips the warnings."""
     model, gpu = checks.model(deployment.model), checks.gpu(deployment.gpu)
     if refuse and deployment.speculative is not None:
-        from planner.sim.speculative import speculation_of   # the simulator's own check, at planning time
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
     fmt = resolve_weight_format(deployment)

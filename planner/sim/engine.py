@@ -39,7 +39,8 @@ from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
-from planner.sim.speculative import SpeculatingExecutor, SpecRuntime, enable as enable_speculation, speculation_of
+from planner.deploy.speculation import speculation_of
+from planner.sim.speculative import SpeculatingExecutor, SpecRuntime, enable as enable_speculation
 from workloads import Trace
 
 if TYPE_CHECKING:   # a fleet's result holds its replicas' (planner/sim/fleet.py imports this module)

@@ -33,7 +33,7 @@ from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim import simulate
 from planner.validation.attribution import run_attribution
 from planner.validation.compare import COMPARED, LiveRun, Validation, metric
-from planner.validation.live import run_live
+from planner.validation.live import acceptance_of, run_live
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
 
@@ -154,7 +154,6 @@ def _plan_of(spec: ValidationSpec, live: LiveRun):
     --speculative ngram:K and no --acceptance, the simulation draws from the curve the live run measured."""
     deployment = spec.deployment
     if deployment.speculative is not None and deployment.acceptance is None:
-        from planner.validation.live import acceptance_of
         k = int(deployment.speculative.partition(":")[2])
         deployment = deployment.replace(acceptance=acceptance_of(live.spec_decoding, k))
     return plan_deployment(deployment.replace(num_gpu_blocks=live.num_gpu_blocks,

@@ -1,0 +1,108 @@
+"""A deployment's speculative decoding as the planner models it: the method, K and the
+acceptance curve, with where the curve comes from; checked at planning time.
+
+Acceptance curves (`acceptance` setting, "P1,P2,...": P(position i accepted | 1..i-1 accepted)):
+
+- given: ``--acceptance`` (required for ngram: prompt lookup's acceptance is the workload's);
+- eagle, default: EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) on Llama-3.1-8B-Instruct, MT-bench
+  (80 prompts, greedy), vLLM V1 on one H100, from the mean acceptance lengths vLLM's maintainers
+  published for K = 2..7 draft tokens (vllm-project/vllm issue #20780, "Eagle 3 ... AL":
+  2.36, 2.79, 3.08, 3.32, 3.46, 3.54; AL = 3.53 at K = 7 again in issue #26191). EAGLE drafts the
+  same chain whatever K, so AL(K) - AL(K-1) is the share of drafts whose first K tokens were all
+  accepted (vLLM's "acceptance at token K-1"): 0.43, 0.29, 0.24, 0.14, 0.08 for K = 3..7. Positions
+  1 and 2 share AL(2) - 1 = 1.36; we split it assuming the conditional rate of position 2 equals
+  position 3's (0.781 and 0.579). Conditional rates (0.781, 0.742, 0.742, 0.674, 0.828, 0.583,
+  0.571): `EAGLE_LLAMA31_8B_MTBENCH` below.
+- mtp, default: DeepSeek-V3's multi-token-prediction module, whose second-token acceptance
+  "ranges between 85% and 90%" (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3):
+  0.875 for position 1; more positions need ``--acceptance``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.deployment import Deployment, parse_acceptance, parse_speculative
+from planner.errors import PlannerError
+
+# AL(K) for K = 2..7, vLLM issue #20780 (EAGLE-3, Llama-3.1-8B-Instruct, MT-bench, H100).
+EAGLE3_LLAMA31_8B_MTBENCH_AL = (2.36, 2.79, 3.08, 3.32, 3.46, 3.54)
+
+
+def _eagle_curve() -> tuple[float, ...]:
+    """Conditional per-position rates from the published AL(K) series (see the module docstring)."""
+    al = EAGLE3_LLAMA31_8B_MTBENCH_AL
+    reach = [al[i] - al[i - 1] for i in range(1, len(al))]        # P(first K accepted), K = 3..7
+    both = al[0] - 1                                              # P(>=1) + P(>=2)
+    # P(>=2) = x with x / (both - x) = reach[0] / x:  x^2 + reach[0] x - reach[0] both = 0
+    x = (-reach[0] + (reach[0] ** 2 + 4 * reach[0] * both) ** 0.5) / 2
+    unconditional = [both - x, x, *reach]
+    rates = [unconditional[0]] + [unconditional[i] / unconditional[i - 1] for i in range(1, len(unconditional))]
+    return tuple(round(r, 3) for r in rates)
+
+
+EAGLE_LLAMA31_8B_MTBENCH = _eagle_curve()     # (0.781, 0.742, 0.742, 0.674, 0.828, 0.583, 0.571)
+MTP_DEEPSEEK_V3 = (0.875,)
+DEFAULT_CURVES = {
+    "eagle": (EAGLE_LLAMA31_8B_MTBENCH, "EAGLE-3 on Llama-3.1-8B-Instruct, MT-bench, vLLM V1 (vLLM issue #20780)"),
+    "mtp": (MTP_DEEPSEEK_V3, "DeepSeek-V3 MTP, second-token acceptance 85-90% (arXiv:2412.19437)"),
+}
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A deployment's speculative decoding as the simulator models it."""
+
+    method: str
+    k: int
+    acceptance: tuple[float, ...]     # conditional rate per draft position, len == k
+    source: str                        # where the curve comes from
+
+    def expected_accepted(self, drafts: int | None = None) -> float:
+        """Expected accepted drafts per verify step of `drafts` (default k) drafts."""
+        total, reach = 0.0, 1.0
+        for p in self.acceptance[:self.k if drafts is None else drafts]:
+            reach *= p
+            total += reach
+        return total
+
+    def expected_acceptance_length(self) -> float:
+        """1 + expected accepted drafts: tokens a full verify step yields per sequence (vLLM's
+        mean acceptance length)."""
+        return 1 + self.expected_accepted()
+
+    def draw(self, rand, drafts: int) -> int:
+        """How many of `drafts` drafts the target accepts: position by position, stopping at the
+        first rejection."""
+        rates = self.acceptance
+        accepted = 0
+        while accepted < drafts and rand() < rates[accepted]:
+            accepted += 1
+        return accepted
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "num_speculative_tokens": self.k, "acceptance": list(self.acceptance),
+                "acceptance_source": self.source,
+                "expected_mean_acceptance_length": self.expected_acceptance_length()}
+
+
+def speculation_of(deployment: Deployment) -> Speculation | None:
+    """The deployment's speculation (None: off); a PlannerError in one line for what cannot be modelled."""
+    if deployment.speculative is None:
+        return None
+    method, k = parse_speculative(deployment.speculative)
+    if method == "draft":
+        raise PlannerError("--speculative draft: draft-model speculation is not modelled (its proposer is a "
+                           "second model's steps); use ngram, eagle or mtp")
+    if deployment.allocator != "paged":
+        raise PlannerError(f"--speculative needs the paged allocator, not {deployment.allocator}")
+    if deployment.acceptance is not None:
+        curve, source = parse_acceptance(deployment.acceptance), "given (--acceptance)"
+    elif method in DEFAULT_CURVES:
+        curve, source = DEFAULT_CURVES[method]
+    else:
+        raise PlannerError(f"--speculative {method}:{k}: give --acceptance P1,P2,... (n-gram acceptance depends "
+                           f"on the workload: per-position rates, e.g. measured by the engine's proposer)")
+    if len(curve) < k:
+        raise PlannerError(f"--speculative {method}:{k}: the acceptance curve has {len(curve)} position"
+                           f"{'s' if len(curve) != 1 else ''} ({source}); give --acceptance with {k} rates")
+    return Speculation(method, k, tuple(curve[:k]), source)
