@@ -14,7 +14,7 @@ from planner.report.sweep import sweep_document
 
 DOCUMENTED = set(re.findall(r"`([a-z_0-9]+)`", (Path(__file__).parent.parent / "docs" / "results.md").read_text()))
 NESTED = ("params", "memory_plan", "steady_state", "verdict", "deployment", "profile_check", "window", "queue",
-          "at_capacity_summary", "best")
+          "at_capacity_summary", "best", "spec_decoding_stats", "fleet")
 
 
 def undocumented(doc: dict, where: str = "") -> list[str]:
@@ -35,6 +35,17 @@ def test_result_json(small):
     doc = simulate(small, workload="alpaca", rate=4, requests=60, slos={"ttft_p99": 1}).document()
     assert doc["schema_version"] == SCHEMA_VERSION
     assert not undocumented(doc)
+
+
+def test_a_speculating_fleet_documents_its_fields(small):
+    from planner.runs.spec import Fleet
+
+    spec = run_spec(small.replace(speculative="eagle:2"), workload="alpaca", rate=4, requests=40)
+    doc = simulate(spec.__class__(**{**spec.__dict__, "fleet": Fleet(2, "least-requests")})).document()
+    assert doc["spec_decoding_stats"]["num_drafts"] > 0 and doc["fleet"]["replicas"] == 2
+    assert not undocumented(doc)
+    for row in doc["fleet"]["per_replica"]:
+        assert not undocumented(row)
 
 
 def test_sweep_capacity_and_search_json(small):

@@ -32,6 +32,7 @@ from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
+from engine.core.speculative import SpecDecodingStats
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
@@ -624,8 +625,17 @@ def spec_decoding(engine: SimulatedEngine) -> dict | None:
     num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos, acceptance_rate,
     acceptance_rate_per_pos, mean_acceptance_length), the curve they were drawn from and the
     expected mean acceptance length it gives, and the seconds the proposer added to the steps."""
-    runtime = engine.speculation
-    if runtime is None:
+    return fleet_spec_decoding([engine])
+
+
+def fleet_spec_decoding(engines: list[SimulatedEngine]) -> dict | None:
+    """`spec_decoding_stats` over several engines (a fleet's replicas): their counters summed."""
+    runtimes = [e.speculation for e in engines if e.speculation is not None]
+    if not runtimes:
         return None
-    return {**runtime.spec.as_dict(), **engine.scheduler.spec_stats.as_dict(),
-            "proposer_seconds": runtime.proposer_time}
+    stats = [e.scheduler.spec_stats for e in engines]
+    total = SpecDecodingStats(stats[0].num_spec_tokens, sum(s.num_drafts for s in stats),
+                              sum(s.num_draft_tokens for s in stats), sum(s.num_accepted_tokens for s in stats),
+                              [sum(pos) for pos in zip(*(s.num_accepted_tokens_per_pos for s in stats))])
+    return {**runtimes[0].spec.as_dict(), **total.as_dict(),
+            "proposer_seconds": sum(r.proposer_time for r in runtimes)}

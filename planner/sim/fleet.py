@@ -33,8 +33,9 @@ from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
-from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended, make_engine,
-                                prefix_counts, replica_result, run_quietly, simulate)
+from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
+                                fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
+                                simulate)
 from planner.sim.router import Router, RouterPolicy, parse_router
 from workloads import Trace
 
@@ -237,7 +238,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
         wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
-        fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas))
+        spec_decoding=fleet_spec_decoding(fleet.engines), fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas))
 
 
 def _merge_order(parts: list[SimResult]) -> tuple[list[int], list[int]]:
