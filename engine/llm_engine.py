@@ -66,6 +66,23 @@ class StepError(RuntimeError):
         self.outputs = outputs
 
 
+def _check_runnable(dep: Deployment, model: str) -> None:
+    """A ValueError in one line for a deployment this engine cannot run (what only the planner models)."""
+    check_block_size(dep.block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
+    if dep.tp != 1:
+        raise ValueError(f"tensor parallel size {dep.tp}: this engine runs a model on one device "
+                         "(the planner models parallelism: planner simulate --tp N)")
+    if dep.allocator != "paged":
+        raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
+                         "simulator runs; the engine is paged")
+    if dep.quantization is not None:
+        raise ValueError(f"quantization {dep.quantization!r}: this engine runs 16/32-bit weights; the planner "
+                         f"prices quantized deployments (planner simulate --quantization {dep.quantization})")
+    if not Path(model, "config.json").exists():
+        raise ValueError(f"{model}: not a model folder (no config.json); give a local Hugging Face "
+                         f"checkpoint folder")
+
+
 class LLMEngine:
     """The engine over the model folder `model`, served as `deployment` says (or as the keyword
     arguments, vLLM's engine-argument names, say: ``LLMEngine(folder, block_size=16, max_num_seqs=64)``).
@@ -82,19 +99,7 @@ class LLMEngine:
                  step_observer: Callable[[SchedulerOutput], None] | None = None,
                  speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
-        check_block_size(dep.block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
-        if dep.tp != 1:
-            raise ValueError(f"tensor parallel size {dep.tp}: this engine runs a model on one device "
-                             "(the planner models parallelism: planner simulate --tp N)")
-        if dep.allocator != "paged":
-            raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
-                             "simulator runs; the engine is paged")
-        if dep.quantization is not None:
-            raise ValueError(f"quantization {dep.quantization!r}: this engine runs 16/32-bit weights; the planner "
-                             f"prices quantized deployments (planner simulate --quantization {dep.quantization})")
-        if not Path(model, "config.json").exists():
-            raise ValueError(f"{model}: not a model folder (no config.json); give a local Hugging Face "
-                             f"checkpoint folder")
+        _check_runnable(dep, model)
         self.deployment = dep
         self.clock = clock
         self.step_observer = step_observer

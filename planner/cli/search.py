@@ -67,6 +67,45 @@ MAX_REPLICAS_OPTION = typer.Option(MAX_REPLICAS, "--max-replicas", help="with --
 AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (256,)}
 
 
+PLAIN = typer.Option(False, "--plain", help="search every configuration from scratch with full simulations (no "
+                                             "hints, early stops or shared runs): slower, the reference the "
+                                             "default search is tested against")
+EXECUTOR = typer.Option("local", "--executor", help=f"where simulations run: {' or '.join(EXECUTORS)}")
+WORKERS = typer.Option(None, "--workers", help="processes (local) or CPUs of a new local Ray (default: all cores)")
+RAY_ADDRESS = typer.Option(None, "--ray-address", help="join this Ray cluster ('auto': the one running here)")
+
+
+def _fleet_of(spec: RunSpec, replicas: str | None, router: str | None) -> tuple[RunSpec, tuple | str | None]:
+    """The fleet axis of a search (None: lone deployments; replica counts; or "auto") and the router."""
+    fleet = None if replicas is None else _replicas(replicas)
+    if fleet is None and router is not None:
+        raise PlannerError("--router picks a replica of a fleet: give --replicas K,... or --replicas auto")
+    if fleet is not None and router is not None:
+        spec = spec.with_fleet(router=router)
+    return spec, fleet
+
+
+def _fleet_grid(spec: RunSpec, axes: dict, slos: dict, target, *, clients: bool, tolerance: float,
+                max_rate: float, plain: bool, fleet, max_replicas: int) -> SearchGrid:
+    """The grid of a fleet search, checked (one line each) before anything runs."""
+    grid = SearchGrid(base=spec, slos=slos, gpus=tuple(axes["gpu"]), tps=tuple(axes["tp"]),
+                      block_sizes=tuple(axes["block_size"]), max_num_seqs=tuple(axes["max_num_seqs"]),
+                      target_rate=target, clients=clients, tolerance=tolerance, max_rate=max_rate, plain=plain,
+                      replicas=fleet, max_replicas=max_replicas)
+    check_fleet(grid)
+    return grid
+
+
+def _what(axes: dict, fleet: tuple | str | None) -> str:
+    """'12 configurations' (or fleets) a search is about to try."""
+    total = len(axes["gpu"]) * len(axes["tp"]) * len(axes["block_size"]) * len(axes["max_num_seqs"])
+    if isinstance(fleet, tuple):
+        total *= len(fleet)
+    what = "configurations" if fleet is None else "fleets" if fleet != "auto" else \
+        "configurations, each with its fewest replicas,"
+    return f"{total} {what}"
+
+
 @deployment_options
 def search(
     deployments: DeploymentChoices,
@@ -88,15 +127,8 @@ def search(
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
     max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
     replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
-    plain: bool = typer.Option(False, "--plain", help="search every configuration from scratch with full "
-                                                      "simulations (no hints, early stops or shared runs): "
-                                                      "slower, the reference the default search is tested against"),
-    executor: str = typer.Option("local", "--executor", help=f"where simulations run: {' or '.join(EXECUTORS)}"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="processes (local) or CPUs of a new local "
-                                                                   "Ray (default: all cores)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join this Ray cluster ('auto': the "
-                                                                          "one running here)"),
-    out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
+    plain: bool = PLAIN, executor: str = EXECUTOR, workers: Optional[int] = WORKERS,
+    ray_address: Optional[str] = RAY_ADDRESS, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Cheapest configuration (--gpu x --tp x --block-size x --max-num-seqs, comma lists) that serves --rate
     within the SLOs; every other deployment setting applies to all of them."""
@@ -108,38 +140,23 @@ def search(
         base = deployments.without(*AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
-        fleet = None if replicas is None else _replicas(replicas)
-        if fleet is None and router is not None:
-            raise PlannerError("--router picks a replica of a fleet: give --replicas K,... or --replicas auto")
-        if fleet is not None and router is not None:
-            spec = spec.with_fleet(router=router)
+        spec, fleet = _fleet_of(spec, replicas, router)
         target = None if concurrency is not None else _rate(rate)
-        grid = None
-        if fleet is not None:            # checked (one line each) before anything runs
-            grid = SearchGrid(base=spec, slos=parse_slos([",".join(slo)]), gpus=tuple(axes["gpu"]),
-                              tps=tuple(axes["tp"]), block_sizes=tuple(axes["block_size"]),
-                              max_num_seqs=tuple(axes["max_num_seqs"]),
-                              target_rate=target if concurrency is None else concurrency,
-                              clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate,
-                              plain=plain, replicas=fleet, max_replicas=max_replicas)
-            check_fleet(grid)
+        grid = None if fleet is None else _fleet_grid(
+            spec, axes, parse_slos([",".join(slo)]), target if concurrency is None else concurrency,
+            clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
+            max_replicas=max_replicas)
         folder = out or default_out("search", load.workload)
-        total = len(axes["gpu"]) * len(axes["tp"]) * len(axes["block_size"]) * len(axes["max_num_seqs"])
-        if isinstance(fleet, tuple):
-            total *= len(fleet)
-        what = "configurations" if fleet is None else "fleets" if fleet != "auto" else \
-            "configurations, each with its fewest replicas,"
-        err.print(f"searching {total} {what} of {base.model} on {load.workload} ({executor} executor); "
+        err.print(f"searching {_what(axes, fleet)} of {base.model} on {load.workload} ({executor} executor); "
                   f"each one's row goes to {folder}/configs.csv as it finishes", highlight=False)
         progress = SearchProgress(err, folder, "clients" if concurrency is not None else "req/s",
                                   fleet=fleet is not None)
         if grid is None:                # one deployment per configuration, as before fleets
             result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
-                                block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"],
-                                rate=target, clients=concurrency,
-                                tolerance=tolerance, max_rate=max_rate, plain=plain, executor=executor,
-                                workers=workers, ray_address=ray_address, prices=parse_price_overrides(price),
-                                on_done=progress)
+                                block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=target,
+                                clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain,
+                                executor=executor, workers=workers, ray_address=ray_address,
+                                prices=parse_price_overrides(price), on_done=progress)
         else:
             result = _run(grid, executor, workers, ray_address, parse_price_overrides(price), progress)
     except (PlannerError, TraceError, ValueError) as exc:

@@ -137,13 +137,21 @@ def bench(
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
-    metrics = bench_metrics(results, slos)
     name = Path(trace).stem if trace else workload
-    folder = out or Path("reports") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    _report_bench(results, wall, cfg, slos, out, as_json, workload=name, rate=rate, max_concurrency=max_concurrency,
+                  seed=seed, length_scale=length_scale)
+
+
+def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Path], as_json: bool, *,
+                  workload: str, rate, max_concurrency, seed: int, length_scale: float) -> None:
+    """Bench's metrics (goodput with SLOs), requests.csv and result.json, and the summary; exit 1 when every
+    request failed."""
+    metrics = bench_metrics(results, slos)
+    folder = out or Path("reports") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}"
     folder.mkdir(parents=True, exist_ok=True)
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
-    doc = json_safe({**metrics, "endpoint": endpoint, "model": cfg.model, "workload": name, "rate": rate,
+    doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, "workload": workload, "rate": rate,
                      "max_concurrency": max_concurrency, "seed": seed, "length_scale": length_scale,
                      "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -201,6 +201,11 @@ def _print_sweep(doc: dict, paths: dict, out_dir: Path) -> None:
     console.print(f"sweep folder: {out_dir} ({', '.join(p.name for p in paths.values())})", highlight=False)
 
 
+MOST_CLIENTS = typer.Option(None, "--concurrency", metavar="max",
+                            help="max: the most concurrent clients (a closed loop, each sending its next request "
+                                 "when its previous one ends) within the SLOs, instead of the highest request rate")
+
+
 @deployment_options
 def capacity(
     deployments: DeploymentChoices,
@@ -216,11 +221,7 @@ def capacity(
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
     confidence: float = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction "
                                                "of the seeds"),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", metavar="max",
-                                              help="max: the most concurrent clients (a closed loop, each "
-                                                   "sending its next request when its previous one ends) within "
-                                                   "the SLOs, instead of the highest request rate"),
-    replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
+    concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs, of one
@@ -232,28 +233,20 @@ def capacity(
         if len(counts) > 1:
             raise PlannerError("--replicas takes one count for `planner capacity` (a comma list sweeps in "
                                "`planner simulate` and spans the grid of `planner search`)")
+        if concurrency not in (None, "max"):
+            raise PlannerError(f"--concurrency {concurrency}: capacity takes --concurrency max (the most clients "
+                               f"within the SLOs); `planner simulate --concurrency N` runs N clients")
         spec = RunSpec(deployment=deployments.one("capacity", **DEFAULTS),
                        load=load_of(workload, trace, param, requests, duration, seed), cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router))
         spec.fleet.policy(spec.deployment)
 
-        def probed(probe) -> None:
-            doc = probe.doc
-            shown = ", ".join(f"{k} {fmt(doc.get(k), unit(k), 4)}" for k in slos)
-            grows = "; the queue keeps growing" if (doc.get("verdict") or {}).get("overloaded") else ""
-            if seeds > 1:
-                grows += f"; met by {doc['slo_probability']:.0%} of {seeds} seeds"
-            where = f"{probe.rate:8d} clients" if concurrency == "max" else f"{probe.rate:8.3f} req/s"
-            err.print(f"  {where}: {'meets' if probe.ok else 'misses'} ({shown}{grows})", highlight=False)
-
+        probed = _probe_printer(err, slos, seeds, clients=concurrency == "max")
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu} on {spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
-        if concurrency not in (None, "max"):
-            raise PlannerError(f"--concurrency {concurrency}: capacity takes --concurrency max (the most clients "
-                               f"within the SLOs); `planner simulate --concurrency N` runs N clients")
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
                            seeds=seeds, confidence=confidence, clients=concurrency == "max",
                            warn=lambda w: warn(err, w)).document
@@ -271,3 +264,16 @@ def capacity(
         console.print(f"  {line}", highlight=False, markup=False)
     console.print(f"report: {paths['report']}", highlight=False)
     console.print(f"written to {paths['capacity']}", highlight=False)
+
+
+def _probe_printer(err: Console, slos: dict, seeds: int, *, clients: bool):
+    """What capacity prints as each probe ends: the load tried, met or missed, the SLO metrics."""
+    def probed(probe) -> None:
+        doc = probe.doc
+        shown = ", ".join(f"{k} {fmt(doc.get(k), unit(k), 4)}" for k in slos)
+        grows = "; the queue keeps growing" if (doc.get("verdict") or {}).get("overloaded") else ""
+        if seeds > 1:
+            grows += f"; met by {doc['slo_probability']:.0%} of {seeds} seeds"
+        where = f"{probe.rate:8d} clients" if clients else f"{probe.rate:8.3f} req/s"
+        err.print(f"  {where}: {'meets' if probe.ok else 'misses'} ({shown}{grows})", highlight=False)
+    return probed

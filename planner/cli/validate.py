@@ -38,6 +38,24 @@ SEEDS = typer.Option(DEFAULT_SEEDS, "--seeds", help="simulate the live run's tra
                      "metric against their 90% interval as well as its target; 0: no interval")
 
 
+REPROFILE = typer.Option(None, "--reprofile/--no-reprofile",
+                         help="--reprofile: profile this device (--quick; on a CPU its points "
+                              "timed between the live run's steps, on a GPU half right "
+                              "before the run and half right after) and validate "
+                              "against that profile; default: only when the profile check "
+                              "finds the profile stale; --no-reprofile: refuse a stale one")
+SPEED_CORRECTION = typer.Option(
+    None, "--speed-correction/--no-speed-correction",
+    help="follow the device's speed during the live run (always measured and reported): by default the "
+         "simulation follows the speed read by a profile timed along the run (on a CPU with --reprofile or "
+         "a stale profile), not the canaries timed right before and after the run otherwise; "
+         "--speed-correction follows either, --no-speed-correction neither (planner/profile/speed.py)")
+ATTRIBUTION = typer.Option(False, "--attribution", help="also split the error by source: replay the "
+                                                         "live step times and the host time between "
+                                                         "steps, and simulate without the speed "
+                                                         "correction (three more simulations)")
+
+
 @deployment_options
 def validate_cmd(
     deployments: DeploymentChoices,
@@ -63,23 +81,8 @@ def validate_cmd(
     quick: bool = typer.Option(False, help=f"a short run ({QUICK['requests']} requests at {QUICK['rate']:g} req/s, "
                                            f"lengths x{QUICK['length_scale']:g}: a steady window of ~20 s, long "
                                            f"enough to judge)"),
-    reprofile: Optional[bool] = typer.Option(None, "--reprofile/--no-reprofile",
-                                             help="--reprofile: profile this device (--quick; on a CPU its points "
-                                                  "timed between the live run's steps, on a GPU half right "
-                                                  "before the run and half right after) and validate "
-                                                  "against that profile; default: only when the profile check "
-                                                  "finds the profile stale; --no-reprofile: refuse a stale one"),
-    speed_correction: Optional[bool] = typer.Option(
-        None, "--speed-correction/--no-speed-correction",
-        help="follow the device's speed during the live run (always measured and reported): by default the "
-             "simulation follows the speed read by a profile timed along the run (on a CPU with --reprofile or "
-             "a stale profile), not the canaries timed right before and after the run otherwise; "
-             "--speed-correction follows either, --no-speed-correction neither (planner/profile/speed.py)"),
-    attribution: bool = typer.Option(False, "--attribution", help="also split the error by source: replay the "
-                                                                   "live step times and the host time between "
-                                                                   "steps, and simulate without the speed "
-                                                                   "correction (three more simulations)"),
-    seeds: int = SEEDS,
+    reprofile: Optional[bool] = REPROFILE, speed_correction: Optional[bool] = SPEED_CORRECTION,
+    attribution: bool = ATTRIBUTION, seeds: int = SEEDS,
     as_json_flag: bool = opt.AS_JSON,
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a report folder."""
