@@ -129,6 +129,12 @@ def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float]
                       max_num_seqs=tuple(max_num_seqs or (d.max_num_seqs,)),
                       target_rate=rate if clients is None else clients, clients=clients is not None,
                       tolerance=tolerance, max_rate=max_rate, plain=plain)
+    return run_grid(grid, executor, workers=workers, ray_address=ray_address, prices=prices, on_done=on_done)
+
+
+def run_grid(grid: SearchGrid, executor: str = "local", *, workers: int | None = None,
+             ray_address: str | None = None, prices: dict | None = None, on_done=None) -> SearchResult:
+    """Search `grid` on an executor (local processes or Ray), closed when done."""
     runner = make_executor(executor, workers=workers, ray_address=ray_address)
     try:
         return run_search(grid, runner, prices=prices, on_done=on_done)

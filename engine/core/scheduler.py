@@ -55,6 +55,20 @@ _STOP = FinishReason.STOP
 _LENGTH = FinishReason.LENGTH
 
 
+def stamp_step(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> bool:
+    """Record that a step ending at `now` gave `group` tokens; True, with `group` added to `finished`,
+    when that step finished it."""
+    times = group.times
+    if times.first_token is None:
+        times.first_token = now
+    times.token_times.append(now)
+    if group.finish_reason is None:
+        return False
+    times.finish = now
+    finished.append(group)
+    return True
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     """One engine step. The executor applies, in this order: swap out, swap in,
@@ -441,13 +455,7 @@ class Scheduler:
                     group.finish_reason = _LENGTH
             else:
                 self._update_samples(group, samples, max_model_len)
-            times = group.times
-            if times.first_token is None:
-                times.first_token = now
-            times.token_times.append(now)
-            if group.finish_reason is not None:
-                times.finish = now
-                finished.append(group)
+            stamp_step(group, now, finished)
         if finished:
             self.running = [g for g in self.running if g.finish_reason is None]
         return finished
@@ -518,14 +526,7 @@ class Scheduler:
                 allocator.trim(seq, seq.num_computed_tokens)
                 if self._mark_computed:
                     allocator.mark_computed(seq)
-            times = group.times
-            if times.first_token is None:
-                times.first_token = now
-            times.token_times.append(now)
-            if group.finish_reason is not None:
-                times.finish = now
-                finished.append(group)
-                done = True
+            done = stamp_step(group, now, finished) or done
         if done:
             self.running = [g for g in self.running if g.finish_reason is None]
         return finished

@@ -157,6 +157,15 @@ def can_speculate(group) -> bool:
             and len(group.seqs) == 1)
 
 
+def draft_limit(group, seq, k: int, max_model_len: int) -> int:
+    """How many drafts `seq` may take this step (0: none): at most k, and no more than leaves room for the
+    bonus token within the request's max_tokens and within max_model_len - 1, as vLLM v1 caps them."""
+    if not can_speculate(group):
+        return 0
+    n = seq.num_tokens
+    return min(k, max_model_len - 1 - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
+
+
 class NgramProposer:
     """Drafts for a sequence, capped so that no draft is wasted by construction: at most k, none
     beyond the request's ``max_tokens`` (the token after the last draft always comes from the
@@ -173,8 +182,5 @@ class NgramProposer:
         self.max_model_len = max_model_len
 
     def propose(self, group, seq) -> list[int]:
-        n = seq.num_tokens
-        k = min(self.k, self.max_model_len - 1 - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
-        if k <= 0 or not can_speculate(group):
-            return []
-        return propose_ngram(seq.token_ids, self.min_n, self.max_n, k)
+        k = draft_limit(group, seq, self.k, self.max_model_len)
+        return propose_ngram(seq.token_ids, self.min_n, self.max_n, k) if k > 0 else []

@@ -22,11 +22,11 @@ from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import default_out, fail
 from planner.cli.simulate import load_of
 from planner.errors import PlannerError
-from planner.runs.pools import EXECUTORS, make_executor
+from planner.runs.pools import EXECUTORS
 from planner.runs.slos import parse_slos
 from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
-from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto, run_search
+from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto
 from workloads import TraceError
 
 
@@ -158,7 +158,8 @@ def search(
                                 executor=executor, workers=workers, ray_address=ray_address,
                                 prices=parse_price_overrides(price), on_done=progress)
         else:
-            result = _run(grid, executor, workers, ray_address, parse_price_overrides(price), progress)
+            result = api.run_grid(grid, executor, workers=workers, ray_address=ray_address,
+                                  prices=parse_price_overrides(price), on_done=progress)
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
     _write(result, folder, err)
@@ -166,17 +167,6 @@ def search(
         typer.echo(json.dumps(result.document()))
         return
     _print_summary(result)
-
-
-def _run(grid: SearchGrid, executor: str, workers, ray_address, prices, progress):
-    """A fleet search on the chosen executor (local processes or Ray), as `api.search` runs one."""
-    runner = make_executor(executor, workers=workers, ray_address=ray_address)
-    try:
-        return run_search(grid, runner, prices=prices, on_done=progress)
-    finally:
-        close = getattr(runner, "close", None)
-        if close is not None:
-            close()
 
 
 class SearchProgress:

@@ -87,7 +87,7 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
     copies = len(out.blocks_to_copy)
     if out.num_scheduled_tokens is not None:
-        return _mixed_step_shape(out, swap, copies, histogram)
+        return mixed_step_shape(out.seqs, out.num_scheduled_tokens, swap, copies, histogram)
     if out.is_prefill:
         tokens = pairs = 0
         for seq in out.seqs:
@@ -103,16 +103,23 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
                      swap_blocks=swap, copy_blocks=copies)
 
 
-def _mixed_step_shape(out: "SchedulerOutput", swap: int, copies: int, histogram: bool) -> StepShape:
+def mixed_step_shape(seqs, scheduled, swap: int, copies: int, histogram: bool,
+                     drafts: dict[int, list[int]] | None = None) -> StepShape:
     """A chunked-prefill step, per sequence as the runner packs it: one new token
     after a cached context is a decode; anything else (a prompt chunk, with the
-    tokens already cached as its context) goes through prefill attention."""
+    tokens already cached as its context) goes through prefill attention. A decode
+    verifying d drafts (`drafts` by sequence id) is d + 1 decode rows at consecutive
+    positions, as the engine runs it."""
     prefill_seqs = tokens = pairs = 0
     contexts = []
-    for seq, new in zip(out.seqs, out.num_scheduled_tokens):
+    for seq, new in zip(seqs, scheduled):
+        d = len(drafts.get(seq.seq_id, ())) if drafts else 0
         cached = seq.num_computed_tokens
-        if new == 1 and cached > 0:
-            contexts.append(cached + 1)
+        if new - d == 1 and cached > 0:
+            if d:
+                contexts.extend(range(cached + 1, cached + d + 2))
+            else:
+                contexts.append(cached + 1)
         else:
             prefill_seqs += 1
             tokens += new

@@ -37,10 +37,9 @@ the fast-forward proofs do not cover): the run is step by step, with the same ru
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
-from engine.core.speculative import SpeculativeConfig, can_speculate
-from planner.cost.shape import StepShape, context_histogram, reads_context_histogram, step_shape
+from engine.core.speculative import SpeculativeConfig, draft_limit
+from planner.cost.shape import StepShape, context_histogram, mixed_step_shape, reads_context_histogram, step_shape
 from planner.deploy.speculation import Speculation
 from planner.sim.synthetic import _CONSTANT, SyntheticExecutor
 
@@ -58,11 +57,7 @@ class SimProposer:
         self.max_model_len = max_model_len
 
     def propose(self, group, seq) -> list[int]:
-        n = seq.num_tokens
-        k = min(self.k, self.max_model_len - 1 - n, group.params.max_tokens - (n - seq.prompt_len) - 1)
-        if k <= 0 or not can_speculate(group):
-            return []
-        return [0] * k
+        return [0] * max(0, draft_limit(group, seq, self.k, self.max_model_len))
 
 
 def enable(scheduler, spec: Speculation) -> None:
@@ -112,22 +107,7 @@ def spec_step_shape(out, histogram: bool = True) -> StepShape:
     if not spec:
         return step_shape(out, histogram)
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-    copies = len(out.blocks_to_copy)
-    prefill_seqs = tokens = pairs = 0
-    contexts: list[int] = []
-    for seq, new in zip(out.seqs, out.scheduled_tokens()):
-        d = len(spec.get(seq.seq_id, ()))
-        cached = seq.num_computed_tokens
-        if new - d == 1 and cached > 0:                       # a decode, with its drafts after it
-            contexts.extend(range(cached + 1, cached + d + 2))
-        else:                                                 # a prompt chunk (never drafts)
-            prefill_seqs += 1
-            tokens += new
-            pairs += new * cached + new * (new + 1) // 2
-    return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
-                     decode_seqs=len(contexts), decode_context=sum(contexts),
-                     decode_histogram=context_histogram(contexts) if histogram else (),
-                     swap_blocks=swap, copy_blocks=copies)
+    return mixed_step_shape(out.seqs, out.scheduled_tokens(), swap, len(out.blocks_to_copy), histogram, spec)
 
 
 class SpecRuntime:
