@@ -248,21 +248,3 @@ def capacity_report(doc: dict, plots: dict[str, Path], title: str) -> str:
                  memory_plan_table(at.get("memory_plan"), at)]
         body += ["<h2>What the cost model does not capture</h2>", bullet_list(at.get("not_modelled", []))]
     return page(title, body)
-
-
-def validation_report(doc: dict, verdict: dict, folder: Path, title: str) -> Path:
-    """report.html beside a validation's report.md: the verdict, the comparison, its plots embedded."""
-    rows = [[name, fmt(r["measured"]), fmt(r["simulated"]),
-             "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"]
-            for name, r in doc["comparison"].items()]
-    body = [verdict_box(verdict["lines"], bad=not verdict["within_targets"]),
-            "<h2>Simulated against measured</h2>", table(["metric", "measured", "simulated", "error"], rows),
-            f"<p>Cost model: <code>{esc(doc.get('cost_model'))}</code>; kernels <code>{esc(doc.get('kernels'))}"
-            f"</code>; {fmt(doc.get('num_gpu_blocks'))} KV blocks of {fmt(doc.get('block_size'))} tokens.</p>"]
-    for name in ("timeline.png", "latency_cdf.png", "step_errors.png"):
-        if (folder / name).is_file():
-            body += [f"<h2>{esc(name[:-4].replace('_', ' '))}</h2>", image(folder / name, name)]
-    body += ["<h2>Metric definitions</h2>", bullet_list([f"{k}: {d}" for k, d in DEFINITIONS.items()])]
-    path = folder / "report.html"
-    path.write_text(page(title, body))
-    return path
