@@ -25,8 +25,8 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
-  published ones, planner/sim/speculative.py). The live engine takes vLLM's `speculative_config`
-  instead (docs/speculative.md).
+  published ones, planner/sim/speculative.py). The live engine runs "ngram:K" as vLLM's
+  `speculative_config` with k = K and refuses the rest (docs/speculative.md).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.core.speculative import SpecDecodingStats, SpeculativeConfig
 from engine.core.step import begin_step, end_step
-from engine.deployment import Deployment
+from engine.deployment import Deployment, parse_speculative
 
 __all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
@@ -83,6 +83,18 @@ def _check_runnable(dep: Deployment, model: str) -> None:
                          f"checkpoint folder")
 
 
+def _deployment_speculation(dep: Deployment) -> SpeculativeConfig | None:
+    """The deployment's --speculative METHOD:K as vLLM's speculative_config (its prompt-lookup defaults),
+    so `planner serve` and `validate` run what the deployment says; the engine proposes by n-gram only."""
+    if dep.speculative is None:
+        return None
+    method, k = parse_speculative(dep.speculative)
+    if method != "ngram":
+        raise ValueError(f"--speculative {dep.speculative}: this engine speculates with ngram only (the planner "
+                         f"simulates {method}: planner simulate --speculative {dep.speculative})")
+    return SpeculativeConfig(num_speculative_tokens=k)
+
+
 class LLMEngine:
     """The engine over the model folder `model`, served as `deployment` says (or as the keyword
     arguments, vLLM's engine-argument names, say: ``LLMEngine(folder, block_size=16, max_num_seqs=64)``).
@@ -90,7 +102,8 @@ class LLMEngine:
     The rest are runtime options, not deployment settings: the device, the sampler's seed, a fixed KV
     memory budget (CPU runs), a tokenizer folder, CUDA graphs off, the clock and a step observer.
     ``speculative_config`` (vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``) turns on
-    speculative decoding (docs/speculative.md); None, the default, leaves every step as it was.
+    speculative decoding (docs/speculative.md); None, the default, takes the deployment's ``speculative``
+    (off unless it says ``ngram:K``).
     """
 
     def __init__(self, model: str, deployment: Deployment | None = None, *, device: str = "auto", seed: int = 0,
@@ -125,7 +138,7 @@ class LLMEngine:
                                           max_model_len=self.max_model_len)
         _check_cache_holds_one_sequence(self.max_model_len, self.allocator.max_seq_len())
         self.scheduler = make_scheduler(dep.scheduler_config(self.max_model_len), self.allocator)
-        self.speculative_config = SpeculativeConfig.of(speculative_config)
+        self.speculative_config = SpeculativeConfig.of(speculative_config) or _deployment_speculation(dep)
         if self.speculative_config is not None:
             self.scheduler.enable_speculation(self.speculative_config)
         self.sampler = Sampler(self.runner.device, seed)

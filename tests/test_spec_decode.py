@@ -120,6 +120,20 @@ def test_off_by_default(llama_dir):
     assert seen and all(s is None for s in seen)
 
 
+def test_the_deployments_speculative_setting_reaches_the_engine(llama_dir):
+    # `planner serve` and `validate` build the engine from the deployment: its --speculative ngram:K is
+    # vLLM's speculative_config with k drafts; methods only the simulator models are refused in one line.
+    from engine.deployment import Deployment
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(llama_dir, Deployment(model=llama_dir, block_size=8, num_gpu_blocks=64,
+                                             speculative="ngram:3"))
+    assert engine.speculative_config == SpeculativeConfig(num_speculative_tokens=3)
+    assert engine.spec_decoding_stats is not None
+    with pytest.raises(ValueError, match="ngram only"):
+        LLMEngine(llama_dir, Deployment(model=llama_dir, block_size=8, num_gpu_blocks=64, speculative="eagle:3"))
+
+
 # -- greedy outputs are unchanged ----------------------------------------------------------------
 
 def test_greedy_identical_and_drafts_accepted(llama_dir):

@@ -15,7 +15,6 @@ from itertools import takewhile
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
 from planner.cost.shape import StepShape
-from planner.errors import PlannerError
 from planner.sim.speculative import spec_step_shape
 from planner.validation.compare import LiveRun
 from planner.validation.spec import ValidationSpec
@@ -64,8 +63,7 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     # spec_step_shape is step_shape for a step without drafts (speculation off: the same shapes).
     engine = LLMEngine(folder, spec.deployment.replace(dtype=dtype), device=device, seed=spec.seed,
                        kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock,
-                       step_observer=lambda out: shapes.append(spec_step_shape(out)),
-                       speculative_config=live_speculative_config(spec.deployment))
+                       step_observer=lambda out: shapes.append(spec_step_shape(out)))
     before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, engine.runner.vocab_size)
     shapes.clear()
@@ -77,18 +75,6 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend,
                    (before, after),
                    None if engine.spec_decoding_stats is None else engine.spec_decoding_stats.as_dict())
-
-
-def live_speculative_config(deployment) -> dict | None:
-    """vLLM's speculative_config for the live engine from --speculative (ngram only: the engine's proposer,
-    prompt lookup over n in [2, 4])."""
-    if deployment.speculative is None:
-        return None
-    method, _, k = deployment.speculative.partition(":")
-    if method != "ngram":
-        raise PlannerError(f"validate --speculative {deployment.speculative}: the live engine speculates with "
-                           f"ngram only (simulate models {method})")
-    return {"method": "ngram", "num_speculative_tokens": int(k), "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
 def acceptance_of(stats: dict | None, k: int) -> str:
