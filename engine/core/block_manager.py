@@ -39,10 +39,17 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+# The parent key of a prompt's first block. A constant, not None: before Python 3.12 hash(None) is the
+# object's address, so keys would differ between processes, and a router in another process (the live
+# fleet's proxy, engine/entrypoints/router) must compute the keys a replica's prefix cache holds (vLLM
+# fixes its NONE_HASH with PYTHONHASHSEED for llm-d's precise prefix-cache scorer for the same reason).
+ROOT_HASH = 0
+
+
 def chained_hashes(tokens: list[int], block_size: int, count: int):
     """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each hashes its
     parent's key with its own token ids, so equal prefixes have equal keys."""
-    parent = None
+    parent = ROOT_HASH
     for i in range(count):
         parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
         yield parent
@@ -157,7 +164,7 @@ class BlockManager:
             # A hit never covers the whole prompt: the last token is always
             # computed, so there are logits to sample from.
             hashes: list[int] = []
-            parent = None
+            parent = ROOT_HASH
             tokens = seq.token_ids
             for i in range((n - 1) // bs):
                 h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
@@ -185,7 +192,7 @@ class BlockManager:
         tokens = seq.token_ids
         upto = seq.num_computed_tokens if num_tokens is None else num_tokens
         for i in range(len(hashes), upto // bs):
-            h = hash((hashes[-1] if hashes else None, tuple(tokens[i * bs:(i + 1) * bs])))
+            h = hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens[i * bs:(i + 1) * bs])))
             hashes.append(h)
             self.gpu.register(table[i], h)
 

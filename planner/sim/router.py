@@ -34,122 +34,52 @@ usage per step, as vLLM logs its stats; KV events per step, as vLLM publishes th
 never a step in progress. The simulator gives the same answers step by step and in
 fast-forward (planner/sim/engine.py, `ended_before`, `blocks_used_before`,
 `cached_prefix_before`).
+
+The policies, their parsing and the pick rule are engine/core/routing.py's, shared with the
+live fleet's proxy (engine/entrypoints/router); this module supplies the simulated replicas'
+readings.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
 
-from engine.core.block_manager import prompt_block_hashes
+from engine.core.routing import (DEFAULT_ROUTER, POLICIES, SCORERS, WEIGHTED, BaseRouter, RouterPolicy,
+                                 parse_policy)
 from engine.core.sequence import SequenceGroup
 from planner.errors import PlannerError
 
-SCORERS = ("least-requests", "least-kv", "prefix-aware")
-POLICIES = ("round-robin", *SCORERS)
-WEIGHTED = "weighted"
-DEFAULT_ROUTER = "round-robin"
-
-
-@dataclass(frozen=True)
-class RouterPolicy:
-    """A routing policy: round-robin, or weights over the scorers (one scorer alone: weight 1)."""
-
-    name: str                                  # as given, normalized ("weighted:least-requests=1,...")
-    weights: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def round_robin(self) -> bool:
-        return not self.weights
-
-    @property
-    def uses_prefix(self) -> bool:
-        return any(name == "prefix-aware" and w > 0 for name, w in self.weights)
-
-    @property
-    def reads_engines(self) -> bool:
-        """Does a pick depend on the replicas' state (else every pick is known in advance)?"""
-        return bool(self.weights)
+__all__ = ["DEFAULT_ROUTER", "POLICIES", "SCORERS", "WEIGHTED", "Router", "RouterPolicy", "parse_router"]
 
 
 def parse_router(text: str | None) -> RouterPolicy:
     """`round-robin`, `least-requests`, `least-kv`, `prefix-aware` or `weighted:SCORER=W,...`."""
-    text = (text or DEFAULT_ROUTER).strip().lower()
-    if text in POLICIES:
-        return RouterPolicy(text, () if text == "round-robin" else ((text, 1.0),))
-    if not text.startswith(WEIGHTED + ":"):
-        raise PlannerError(f"--router {text!r}: choose {', '.join(POLICIES)}, or {WEIGHTED}:SCORER=W,... "
-                           f"over {', '.join(SCORERS)}")
-    weights: dict[str, float] = {}
-    for part in text[len(WEIGHTED) + 1:].split(","):
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name in weights:
-            raise PlannerError(f"--router {text!r}: {name} is weighted twice")
-        if name not in SCORERS:
-            raise PlannerError(f"--router {text!r}: {name!r} is not a scorer; the weighted mix takes "
-                               f"{', '.join(SCORERS)}")
-        try:
-            weight = float(value)
-        except ValueError:
-            raise PlannerError(f"--router {text!r}: the weight of {name} must be a number, e.g. {name}=2") from None
-        if not weight >= 0 or weight == float("inf"):
-            raise PlannerError(f"--router {text!r}: weights must be finite and >= 0")
-        weights[name] = weight
-    if not any(weights.values()):
-        raise PlannerError(f"--router {text!r}: give at least one scorer a weight above 0")
-    canonical = ",".join(f"{k}={v:g}" for k, v in weights.items())
-    return RouterPolicy(f"{WEIGHTED}:{canonical}", tuple(weights.items()))
+    try:
+        return parse_policy(text)
+    except ValueError as exc:
+        raise PlannerError(str(exc)) from None
 
 
-class Router:
-    """Picks a replica for each request from the engines' published state (see the module)."""
+class Router(BaseRouter):
+    """Picks a replica for each request from the simulated engines' published state (see the module)."""
 
     def __init__(self, policy: RouterPolicy, engines: list, block_size: int) -> None:
-        self.policy = policy
+        super().__init__(policy, len(engines), block_size)
         self.engines = engines
-        self.block_size = block_size
-        self.next = 0                      # the replica whose turn it is
 
     def pick(self, group: SequenceGroup, now: float) -> int:
-        count = len(self.engines)
-        if self.policy.round_robin or count == 1:
-            chosen = self.next
-        else:
-            scores = self.scores(group, now)
-            best = max(scores)
-            chosen = next(i % count for i in range(self.next, self.next + count) if scores[i % count] == best)
-        self.next = (chosen + 1) % count
-        return chosen
+        return super().pick(group.seqs[0].token_ids, now)
 
-    def scores(self, group: SequenceGroup, now: float) -> list[float]:
-        """Each replica's weighted score for `group` arriving at `now`."""
-        total = [0.0] * len(self.engines)
-        for name, weight in self.policy.weights:
-            if weight:
-                for i, score in enumerate(SCORE[name](self, group, now)):
-                    total[i] += weight * score
-        return total
+    def in_flight(self, now: float) -> list[int]:
+        return [e.routed_count - _ended_before(e.ended_at, now) for e in self.engines]
 
-    def _least_requests(self, group: SequenceGroup, now: float) -> list[float]:
-        counts = [e.routed_count - _ended_before(e.ended_at, now) for e in self.engines]
-        low, high = min(counts), max(counts)
-        return [1.0 if high == low else (high - n) / (high - low) for n in counts]
+    def kv_usage(self, now: float) -> list[float]:
+        return [e.blocks_used_before(now) / e.allocator.num_gpu_blocks for e in self.engines]
 
-    def _least_kv(self, group: SequenceGroup, now: float) -> list[float]:
-        return [1.0 - e.blocks_used_before(now) / e.allocator.num_gpu_blocks for e in self.engines]
-
-    def _prefix_aware(self, group: SequenceGroup, now: float) -> list[float]:
-        hashes = prompt_block_hashes(group.seqs[0].token_ids, self.block_size)
-        if not hashes:
-            return [0.0] * len(self.engines)
-        return [e.cached_prefix_before(hashes, now) / len(hashes) for e in self.engines]
+    def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
+        return [e.cached_prefix_before(hashes, now) for e in self.engines]
 
 
 def _ended_before(ended_at: list[float], t: float) -> int:
     """SimulatedEngine.ended_before: most often every request ended before `t`, with no search."""
     n = len(ended_at)
     return n if not n or ended_at[-1] < t else bisect_left(ended_at, t)
-
-
-SCORE = {"least-requests": Router._least_requests, "least-kv": Router._least_kv,
-         "prefix-aware": Router._prefix_aware}
