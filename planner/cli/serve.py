@@ -44,9 +44,16 @@ def serve(
                                                        "this many seconds"),
     limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
                                                                "it answers 503 (default: no limit)"),
+    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="K",
+                                           help="a live fleet: K engine servers on loopback ports (each its own "
+                                                "process and engine) behind a routing proxy on --port"),
+    router: Optional[str] = typer.Option(None, "--router", metavar="POLICY",
+                                         help="with --replicas: the proxy's policy, as simulate's (round-robin, "
+                                              "least-requests, least-kv, prefix-aware, weighted:...)"),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
-    --model a local model folder, or a catalog model (random weights, byte-level tokenizer)."""
+    --model a local model folder, or a catalog model (random weights, byte-level tokenizer). With
+    --replicas K, K servers behind a router (docs/fleets.md, Live fleet)."""
     from engine.entrypoints.openai.app import ServerOptions       # torch: only a server needs it
     from engine.entrypoints.openai.server import exposure_warning, make_server, resolve_api_key   # torch
     from engine.llm_engine import LLMEngine                       # torch
@@ -61,6 +68,10 @@ def serve(
             raise PlannerError(f"--tp {deployment.tp} is not supported: this engine runs a model on one device "
                                f"(use --tp 1; `planner simulate --tp {deployment.tp}` models tensor parallelism)")
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
+        policy = fleet_policy(replicas, router, deployment)
+        if replicas is not None:
+            return _serve_fleet(deployment, replicas, policy, options, served_model_name, host, port, device,
+                                seed, log_level)
         typer.echo(f"loading {deployment.model} ...", err=True)
         started = time.perf_counter()
         folder, _ = model_folder(deployment.model)
@@ -75,6 +86,48 @@ def serve(
     if warning:
         typer.echo(warning, err=True)
     make_server(engine, name, host, port, log_level, options, folder).run()
+
+
+def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
+    """The proxy's routing policy, checked (None without --replicas)."""
+    from planner.sim.router import parse_router
+    if replicas is None:
+        if router is not None:
+            raise PlannerError("--router routes between replicas: give --replicas K too")
+        return None
+    if replicas < 1:
+        raise PlannerError(f"--replicas must be >= 1, got {replicas}")
+    policy = parse_router(router)
+    if policy.uses_prefix and not deployment.enable_prefix_caching:
+        raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
+    return policy
+
+
+def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, host, port, device, seed,
+                 log_level) -> None:
+    """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM."""
+    from dataclasses import asdict
+
+    from engine.entrypoints.openai.server import exposure_warning               # uvicorn: only a server needs it
+    from engine.entrypoints.router.launch import replica_threads, serve_fleet   # uvicorn, httpx
+    folder, _ = model_folder(deployment.model)
+    name = served_model_name or deployment.model
+    config = {"folder": str(folder), "deployment": deployment.changed(), "device": device, "seed": seed,
+              "model_name": name, "options": asdict(options), "log_level": log_level,
+              "threads": replica_threads(replicas, device)}
+    tokenizer = None
+    if policy.uses_prefix:                     # prefix scoring of text prompts needs the replicas' tokenizer
+        from engine.llm_engine import load_tokenizer    # torch
+        tokenizer = load_tokenizer(folder)
+    warning = exposure_warning(host, options.api_key)
+    if warning:
+        typer.echo(warning, err=True)
+    typer.echo(f"starting {replicas} replicas of {deployment.model} ...", err=True)
+    try:
+        serve_fleet([config] * replicas, policy, deployment.block_size, host, port, tokenizer=tokenizer,
+                    log_level=log_level, say=lambda text: typer.echo(text, err=True))
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
 
 
 def _server_options(options_type, api_key, max_body, trust_template, template_timeout, keep_alive, concurrency):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over AsyncEngine (FastAPI).
 
 Endpoints: /v1/completions, /v1/chat/completions (both stream over SSE),
-/v1/models, /health, /metrics. Every refusal has an OpenAI-style body
+/v1/models, /health, /metrics, /kv_events (the prefix cache's events, for a
+router). Every refusal has an OpenAI-style body
 ``{"error": {"message", "type", "param", "code"}}`` (errors.py) and the server
 keeps serving: bodies are parsed and bounded at the edge (protocol.py),
 tokenizing and chat templates run off the event loop (frontend.py), a failed
@@ -23,12 +24,13 @@ from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
 from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body
 from engine.entrypoints.openai.frontend import Frontend
+from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Common, parse_body
 from engine.entrypoints.openai.responses import serve_request
 from engine.llm_engine import load_tokenizer
 
-HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ServerState:
         self.frontend = Frontend(tokenizer, engine.max_model_len, render_timeout=options.chat_template_timeout,
                                  trust_request_chat_template=options.trust_request_chat_template)
         self.stats = metrics.ServerStats(engine.max_model_len)
+        self.kv_events = KvEventLog(engine)
         self.async_engine: AsyncEngine | None = None
         self.created = int(time.time())
 
@@ -77,6 +80,7 @@ def build_app(engine, model_name: str, options: ServerOptions | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.async_engine = AsyncEngine(engine, state.stats)
+        state.async_engine.kv_events = state.kv_events
         state.async_engine.start()
         yield
         await state.async_engine.close()   # in-flight requests finish first
@@ -130,6 +134,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def prometheus():
         return PlainTextResponse(metrics.render(engine, state.stats, state.model_name),
                                  media_type="text/plain; version=0.0.4")
+
+    @app.get("/kv_events")
+    async def kv_events(after: int = 0):
+        # For a prefix-aware router (engine/entrypoints/router): the prefix cache's BlockStored /
+        # BlockRemoved events numbered `after` and later, or a snapshot (kv_events.py).
+        return state.kv_events.since(after)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

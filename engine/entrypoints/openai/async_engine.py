@@ -70,6 +70,7 @@ class AsyncEngine:
         self._closing = False
         self.failed_in_a_row = 0            # consecutive failed steps
         self.last_error: str | None = None
+        self.kv_events = None               # a KvEventLog (kv_events.py), fed after every step
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -146,6 +147,8 @@ class AsyncEngine:
                 finished = self._step_failed(exc, exc.outputs)
             except Exception as exc:   # outside the step (none is known): end everything, go on
                 finished = self._step_failed(exc, [engine.abort_request(rid) for rid in list(engine.groups)])
+            if self.kv_events is not None:
+                self.kv_events.drain()
             self._publish(finished)
             self._fail_orphans()
 

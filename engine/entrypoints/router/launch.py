@@ -1,0 +1,161 @@
+"""Start a live fleet: K replica server processes on loopback ports, and the proxy in front of them.
+
+Each replica is `python -m engine.entrypoints.openai.replica` with its own
+port and engine (its log in `<log_dir>/replica-<i>.log`); the proxy
+(proxy.py) runs in this process. Stopping goes in the order that loses no
+request: the proxy drains first (uvicorn on SIGTERM/SIGINT: no new requests,
+those in flight finish on their replicas), then every replica gets SIGTERM
+and drains too. A replica that dies while starting stops the whole fleet
+with the last line of its log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from engine.core.routing import RouterPolicy
+from engine.entrypoints.openai.server import free_port
+from engine.entrypoints.router.proxy import Proxy, build_proxy_app
+
+
+@dataclass
+class ReplicaProcess:
+    index: int
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def last_line(self) -> str:
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()] \
+            if self.log.exists() else []
+        return lines[-1] if lines else f"exit status {self.process.returncode}"
+
+
+def start_replicas(configs: list[dict], log_dir: Path | None = None, timeout: float = 300.0) -> list[ReplicaProcess]:
+    """Start one replica per config (each given a free loopback port) and wait until all are healthy."""
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="planner-fleet-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    replicas = []
+    for i, config in enumerate(configs):
+        port = free_port()
+        log = log_dir / f"replica-{i}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.openai.replica",
+                                        json.dumps({**config, "host": "127.0.0.1", "port": port})],
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        replicas.append(ReplicaProcess(i, f"http://127.0.0.1:{port}", process, log))
+    try:
+        _wait_ready(replicas, timeout)
+    except BaseException:
+        stop_replicas(replicas)
+        raise
+    return replicas
+
+
+def _wait_ready(replicas: list[ReplicaProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = list(replicas)
+    while waiting:
+        for r in list(waiting):
+            if r.process.poll() is not None:
+                raise RuntimeError(f"replica {r.index} exited while starting: {r.last_line()} (log: {r.log})")
+            try:
+                if httpx.get(r.url + "/health", timeout=2.0).status_code == 200:
+                    waiting.remove(r)
+            except httpx.HTTPError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"replica {waiting[0].index} did not start within {timeout:.0f} s (log: "
+                               f"{waiting[0].log})")
+        time.sleep(0.2 if waiting else 0)
+
+
+def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None:
+    """SIGTERM to each (they drain), then a kill for any still running after `timeout`."""
+    for r in replicas:
+        if r.process.poll() is None:
+            r.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for r in replicas:
+        try:
+            r.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            r.process.kill()
+            r.process.wait()
+
+
+def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
+                 tokenizer=None, log_level: str = "warning") -> uvicorn.Server:
+    proxy = Proxy(urls, policy, block_size, tokenizer)
+    config = uvicorn.Config(build_proxy_app(proxy), host=host, port=port, log_level=log_level, access_log=False,
+                            lifespan="on", timeout_keep_alive=30)
+    return uvicorn.Server(config)
+
+
+def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
+                tokenizer=None, log_dir: Path | None = None, log_level: str = "warning", say=print) -> None:
+    """`planner serve --replicas K`: the replicas, then the proxy in the foreground until SIGTERM/SIGINT."""
+    replicas = start_replicas(configs, log_dir)
+    try:
+        say(f"{len(replicas)} replicas ready: " + ", ".join(r.url for r in replicas) +
+            f" (logs in {replicas[0].log.parent})")
+        say(f"router ({policy.name}) on http://{host}:{port}/v1")
+        proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level).run()
+    finally:
+        stop_replicas(replicas)
+
+
+class BackgroundFleet:
+    """A live fleet for tests and validation: the replicas, and the proxy on a thread; `stop()` drains all."""
+
+    def __init__(self, configs: list[dict], policy: RouterPolicy, block_size: int, *, tokenizer=None,
+                 log_dir: Path | None = None) -> None:
+        self.replicas = start_replicas(configs, log_dir)
+        self.port = free_port()
+        self.server = proxy_server([r.url for r in self.replicas], policy, block_size, "127.0.0.1", self.port,
+                                   tokenizer)
+        self.thread = threading.Thread(target=self.server.run, name="fleet-proxy", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the fleet's proxy did not start")
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def proxy(self) -> Proxy:
+        return self.server.config.app.state.proxy
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        stop_replicas(self.replicas)
+
+    def __enter__(self) -> "BackgroundFleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def replica_threads(replicas: int, device: str) -> int | None:
+    """Torch threads per replica: on a CPU, the cores shared out (else every replica would use them all)."""
+    if device == "cuda":
+        return None
+    return max(1, (os.cpu_count() or 1) // replicas)

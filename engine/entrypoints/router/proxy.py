@@ -1,0 +1,194 @@
+"""The live fleet's router: a thin HTTP proxy in front of K OpenAI-compatible replicas.
+
+It is not a second scheduler: it picks a replica per request (engine/core/
+routing.py's policies, over what replicas.py reads), forwards the body
+unchanged and relays the answer, streamed or not, status and error body
+included (a bad request gets the replica's own 400). A replica it cannot
+reach, or that breaks off an answer, is reported as a 502 naming it, never a
+hang. /health is 200 only when every replica's is; /metrics is the replicas'
+pages aggregated as Prometheus would (prometheus.py) plus the proxy's own
+routing counters; /v1/models is the first replica's. SIGTERM (uvicorn) stops
+taking requests and lets those in flight finish; the launcher then stops
+the replicas (launch.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.core.routing import RouterPolicy
+from engine.entrypoints.router import prometheus
+from engine.entrypoints.router.replicas import LiveRouter, Replica
+
+FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+TIMEOUT = httpx.Timeout(None, connect=5.0)     # a generation may take as long as it takes; a dead port may not
+
+
+def error(message: str, status: int, kind: str = "BadGatewayError") -> JSONResponse:
+    """An OpenAI-style error body, as the replicas' own (engine/entrypoints/openai/errors.py)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)
+
+
+class Proxy:
+    """The replicas, the router, the HTTP client, and the handlers' shared work."""
+
+    def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None) -> None:
+        self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
+        self.router = LiveRouter(policy, self.replicas, block_size)
+        self.tokenizer = tokenizer          # for prefix-aware picks of text prompts
+        self.client: httpx.AsyncClient | None = None
+
+    def token_ids(self, body) -> list[int]:
+        """The prompt's token ids as the replica will see them (for prefix scoring only; [] if unknown)."""
+        if not self.router.policy.uses_prefix or not isinstance(body, dict):
+            return []
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]                    # a batch: the replica serves them together
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        if self.tokenizer is None:
+            return []
+        try:
+            if isinstance(prompt, str):
+                return list(self.tokenizer(prompt)["input_ids"])
+            if isinstance(body.get("messages"), list):
+                return list(self.tokenizer.apply_chat_template(body["messages"], tokenize=True,
+                                                               add_generation_prompt=True))
+        except Exception:   # noqa: BLE001 - the replica says what is wrong with the prompt; it just scores 0
+            return []
+        return []
+
+    async def pick(self, body) -> Replica:
+        await self.router.refresh(self.client)
+        replica = self.replicas[self.router.pick(self.token_ids(body), time.monotonic())]
+        replica.routed += 1
+        replica.in_flight += 1
+        return replica
+
+    async def forward(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None                          # the replica answers it with its own 400
+        replica = await self.pick(body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
+        outgoing = self.client.build_request("POST", replica.url + request.url.path, content=raw, headers=headers)
+        try:
+            upstream = await self.client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            return self._failed(replica, exc)
+        if isinstance(body, dict) and body.get("stream") and upstream.status_code == 200:
+            return StreamingResponse(self._relay(replica, upstream), status_code=200,
+                                     headers=_passed(upstream.headers))
+        try:
+            content = await upstream.aread()
+        except httpx.HTTPError as exc:
+            return self._failed(replica, exc)
+        finally:
+            await upstream.aclose()
+        self._ended(replica)
+        return Response(content, status_code=upstream.status_code, headers=_passed(upstream.headers))
+
+    async def _relay(self, replica: Replica, upstream: httpx.Response):
+        """A stream's bytes as they come; a replica that breaks off ends it with an error event."""
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            replica.failed += 1
+            replica.down = f"{type(exc).__name__}: {exc}"
+            message = f"{replica.name()} broke off the stream: {replica.down}"
+            yield f"data: {json.dumps({'error': {'message': message, 'type': 'BadGatewayError', 'code': 502}})}\n\n"
+        finally:
+            await upstream.aclose()
+            self._ended(replica)
+
+    def _ended(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+        replica.down = None
+
+    def _failed(self, replica: Replica, exc: Exception) -> JSONResponse:
+        replica.in_flight -= 1
+        replica.failed += 1
+        replica.down = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return error(f"{replica.name()} did not answer: {replica.down}", 502)
+
+    async def health(self, request: Request) -> Response:
+        answers = await asyncio.gather(*(self._health_of(r) for r in self.replicas))
+        bad = [why for why in answers if why is not None]
+        if not bad:
+            return Response(status_code=200)
+        return error(f"unhealthy: {'; '.join(bad)}", 503, "ServiceUnavailableError")
+
+    async def _health_of(self, replica: Replica) -> str | None:
+        try:
+            answer = await self.client.get(replica.url + "/health", timeout=5.0)
+        except httpx.HTTPError as exc:
+            return f"{replica.name()} is unreachable ({type(exc).__name__})"
+        return None if answer.status_code == 200 else f"{replica.name()} answers {answer.status_code}"
+
+    async def metrics(self, request: Request) -> Response:
+        pages = await asyncio.gather(*(self._page_of(r) for r in self.replicas))
+        families = prometheus.aggregate(pages) + self._own_metrics(pages)
+        return PlainTextResponse(prometheus.render(families), media_type="text/plain; version=0.0.4")
+
+    async def _page_of(self, replica: Replica):
+        try:
+            return prometheus.parse((await self.client.get(replica.url + "/metrics", timeout=5.0)).text)
+        except httpx.HTTPError:
+            return None
+
+    def _own_metrics(self, pages) -> list[prometheus.Family]:
+        def family(name, kind, help_, values):
+            return prometheus.Family(name, kind, help_, [(name, (("replica", str(r.index)),), float(v))
+                                                         for r, v in zip(self.replicas, values)])
+        return [family("planner:router_requests_total", "counter", "Requests the router sent to each replica.",
+                       [r.routed for r in self.replicas]),
+                family("planner:router_requests_in_flight", "gauge", "Requests sent to each replica whose "
+                       "answers have not ended.", [r.in_flight for r in self.replicas]),
+                family("planner:router_failures_total", "counter", "Requests a replica did not answer, or "
+                       "broke off.", [r.failed for r in self.replicas]),
+                family("planner:router_replica_up", "gauge", "1 when the replica's /metrics answered this scrape.",
+                       [page is not None for page in pages])]
+
+    async def models(self, request: Request) -> Response:
+        replica = self.replicas[0]
+        try:
+            answer = await self.client.get(replica.url + "/v1/models", headers={
+                k: v for k, v in request.headers.items() if k.lower() == "authorization"})
+        except httpx.HTTPError as exc:
+            return error(f"{replica.name()} did not answer: {type(exc).__name__}", 502)
+        return Response(answer.content, status_code=answer.status_code, headers=_passed(answer.headers))
+
+
+def _passed(headers: httpx.Headers) -> dict:
+    return {k: v for k, v in headers.items() if k.lower() in ("content-type", "cache-control")}
+
+
+def build_proxy_app(proxy: Proxy) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app):
+        proxy.client = httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(max_connections=None,
+                                                                              max_keepalive_connections=64))
+        yield
+        await proxy.client.aclose()
+
+    routes = [Route("/v1/completions", proxy.forward, methods=["POST"]),
+              Route("/v1/chat/completions", proxy.forward, methods=["POST"]),
+              Route("/v1/models", proxy.models, methods=["GET"]),
+              Route("/health", proxy.health, methods=["GET"]),
+              Route("/metrics", proxy.metrics, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.proxy = proxy
+    return app

@@ -1,0 +1,103 @@
+"""What the live fleet's proxy knows of each replica, and the router that reads it.
+
+- in flight: the proxy's own count of requests it sent to a replica whose
+  responses have not ended (the vLLM Router's load count, llm-d's queue);
+- KV-cache usage: the replica's `vllm:kv_cache_usage_perc` from its /metrics
+  (what llm-d's kv-cache scorer reads);
+- prefix cache: an index of the block keys each replica holds, kept from its
+  KV events (`/kv_events`, BlockStored / BlockRemoved as vLLM publishes them;
+  llm-d's precise prefix-cache scorer keeps the same index).
+
+KV usage and KV events are read right before a pick that needs them (one
+loopback request per replica, shared by picks made meanwhile), so a pick sees
+each replica as it stood after its last finished step, as the simulated
+router does (planner/sim/router.py); polling on a timer would route on state
+up to a period old. The pick itself is engine/core/routing.py's, the same code
+the simulator runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from engine.core.routing import BaseRouter, RouterPolicy, leading_held
+from engine.entrypoints.router import prometheus
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+FRESH_S = 0.002          # a reading this recent is reused by the next pick instead of asked again
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    in_flight: int = 0
+    routed: int = 0
+    failed: int = 0                        # requests the replica could not be reached for, or that broke off
+    kv_usage: float = 0.0
+    held: set[int] = field(default_factory=set)
+    next_event: int = 0
+    read_at: float = -1.0
+    reading: asyncio.Task | None = None
+    down: str | None = None                # why the last request to it failed, until one succeeds
+
+    def name(self) -> str:
+        return f"replica {self.index} ({self.url})"
+
+    def apply_events(self, doc: dict) -> None:
+        """A /kv_events answer: events after the last seen, or a whole snapshot."""
+        if "snapshot" in doc:
+            self.held = set(doc["snapshot"])
+        for stored, h in doc.get("events", ()):
+            if stored:
+                self.held.add(h)
+            else:
+                self.held.discard(h)
+        self.next_event = doc.get("next", self.next_event)
+
+
+class LiveRouter(BaseRouter):
+    """The shared pick rule over the proxy's readings of live replicas."""
+
+    def __init__(self, policy: RouterPolicy, replicas: list[Replica], block_size: int) -> None:
+        super().__init__(policy, len(replicas), block_size)
+        self.replicas = replicas
+
+    def in_flight(self, now: float) -> list[int]:
+        return [r.in_flight for r in self.replicas]
+
+    def kv_usage(self, now: float) -> list[float]:
+        return [r.kv_usage for r in self.replicas]
+
+    def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
+        return [leading_held(hashes, r.held) for r in self.replicas]
+
+    async def refresh(self, client: httpx.AsyncClient) -> None:
+        """Read what the policy scores (KV usage, KV events) from every replica, now."""
+        if not (self.policy.uses("least-kv") or self.policy.uses_prefix):
+            return
+        await asyncio.gather(*(self._refresh_one(client, r) for r in self.replicas))
+
+    async def _refresh_one(self, client: httpx.AsyncClient, replica: Replica) -> None:
+        if time.monotonic() - replica.read_at < FRESH_S:
+            return
+        if replica.reading is None or replica.reading.done():
+            replica.reading = asyncio.ensure_future(self._read(client, replica))
+        await asyncio.shield(replica.reading)
+
+    async def _read(self, client: httpx.AsyncClient, replica: Replica) -> None:
+        try:
+            if self.policy.uses("least-kv"):
+                page = prometheus.parse((await client.get(replica.url + "/metrics")).text)
+                usage = prometheus.gauge_value(page, KV_USAGE)
+                replica.kv_usage = replica.kv_usage if usage is None else usage
+            if self.policy.uses_prefix:
+                doc = (await client.get(replica.url + "/kv_events",
+                                        params={"after": replica.next_event})).json()
+                replica.apply_events(doc)
+        except (httpx.HTTPError, ValueError) as exc:
+            replica.down = f"{type(exc).__name__}: {exc}"     # its last reading stays; the request says more
+        replica.read_at = time.monotonic()
