@@ -138,13 +138,16 @@ def test_hf_config_builds_the_counted_model(model):
     parameters the spec counts for one layer, and the config reads back to the same spec."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = model.to_hf_config(num_hidden_layers=1)
+    one_layer = dict(layer_types=["sliding_attention"]) if model.sliding_layers else {}   # gpt-oss: one sliding layer
+    config = model.to_hf_config(num_hidden_layers=1, **one_layer)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
-    assert sum(p.numel() for p in hf.parameters()) == dataclasses.replace(model, num_layers=1).num_params
+    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers))
+    assert sum(p.numel() for p in hf.parameters()) == one.num_params
     back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
     keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,
-                aliases=model.aliases)
+                aliases=model.aliases, published_active_params=model.published_active_params,
+                checkpoint_quantization=model.checkpoint_quantization)   # what config.json's shapes do not say
     assert dataclasses.replace(back, **keep) == model
 
 

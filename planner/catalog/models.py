@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from planner.catalog.base import Catalog
+from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.quantization import WeightFormat
 from planner.errors import PlannerError
 
@@ -25,7 +26,13 @@ from planner.errors import PlannerError
 # Mistral use bias-free linears, RMSNorm (weight only), RoPE and a gated MLP.
 _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-table offset
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
-KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE)
+# Mixtures of experts (MOE_TYPES): Llama's block with the MLP replaced by a router and num_experts gated
+# MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
+KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *MOE_TYPES)
+# Architectures refused with the reason: their attention is not one these cost models price honestly.
+_MLA = ("multi-head latent attention (MLA: a compressed latent KV cache, absorbed projections and "
+        "MLA attention kernels) is not priced by these cost models, and its KV cache is not per-head K and V")
+NOT_PRICED = {"deepseek_v3": _MLA, "deepseek_v2": _MLA, "kimi_k2": _MLA}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +40,7 @@ class ModelSpec:
     """A decoder-only transformer's shape. Sizes are counts, not bytes, unless named *_bytes."""
 
     name: str
-    model_type: str                 # "opt", "llama", "mistral", "qwen2", "qwen3", "gpt2"
+    model_type: str                 # one of KNOWN_TYPES: "opt", "llama", ..., "qwen3_moe", "mixtral", "gpt_oss"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -50,6 +57,18 @@ class ModelSpec:
     published_params: int | None = None
     source: str = ""
     aliases: tuple[str, ...] = ()
+    # Mixture of experts (0: a dense model). moe_intermediate_size is one expert's width; dense_layers
+    # counts the layers that keep a dense MLP of intermediate_size (Qwen3-MoE's mlp_only_layers).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    dense_layers: int = 0
+    # gpt-oss: layers that attend only to the last sliding_window tokens (the others attend to all),
+    # learned attention sinks (one logit per head) and biased q/k/v/o, router and experts.
+    sliding_layers: int = 0
+    attention_sinks: bool = False
+    published_active_params: int | None = None
+    checkpoint_quantization: str | None = None   # the released weights' format (gpt-oss: mxfp4 experts)
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -61,6 +80,16 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise PlannerError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
                                f"num_kv_heads {self.num_kv_heads}")
+        if self.is_moe and not (0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0):
+            raise PlannerError(f"model {self.name!r}: a mixture of experts needs 0 < num_experts_per_tok "
+                               f"({self.num_experts_per_tok}) <= num_experts ({self.num_experts}) and a "
+                               f"positive moe_intermediate_size ({self.moe_intermediate_size})")
+        if self.is_moe != (self.model_type in MOE_TYPES):
+            raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
+                               f"{'needs' if self.model_type in MOE_TYPES else 'has no'} experts")
+        if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
+            raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
+                               f"sliding_window and at most {self.num_layers} layers")
 
     # ---- shapes -------------------------------------------------------------
 
@@ -80,29 +109,91 @@ class ModelSpec:
     # ---- parameter counts ---------------------------------------------------
 
     @property
-    def matmul_params_per_layer(self) -> int:
-        """Weights of the linear layers in one block: what each token multiplies against."""
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the sparse expert block."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def attention_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(outputs, inputs) of q, k, v and o."""
+        h, q, kv = self.hidden_size, self.q_size, self.kv_size
+        return ((q, h), (kv, h), (kv, h), (h, q))
+
+    @property
+    def mlp_shapes(self) -> tuple[tuple[int, int], ...]:
+        """The dense MLP of intermediate_size: gate, up, down (fc1, fc2 for OPT/GPT-2)."""
         h, i = self.hidden_size, self.intermediate_size
-        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
-        mlp = 2 * h * i if self.is_gpt_like else 3 * h * i     # gated MLP has gate, up, down
-        return attn + mlp
+        return ((i, h), (h, i)) if self.is_gpt_like else ((i, h), (i, h), (h, i))
+
+    @property
+    def expert_shapes(self) -> tuple[tuple[int, int], ...]:
+        """One expert's gate, up and down weights (moe_intermediate_size wide)."""
+        h, i = self.hidden_size, self.moe_intermediate_size
+        return ((i, h), (i, h), (h, i))
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's weights, its biases included (gpt-oss biases its gate/up and down)."""
+        bias = 2 * self.moe_intermediate_size + self.hidden_size if self.model_type == "gpt_oss" else 0
+        return 3 * self.hidden_size * self.moe_intermediate_size + bias
+
+    @property
+    def router_params(self) -> int:
+        """One MoE layer's router (a 16-bit linear layer every GPU holds whole; gpt-oss's has a bias)."""
+        return self.num_experts * (self.hidden_size + (self.model_type == "gpt_oss"))
+
+    @property
+    def matmul_params_per_layer(self) -> int:
+        """Weights of the linear layers one token multiplies against in one block (a MoE layer: its
+        attention, the router and its top-k experts)."""
+        attn = sum(n * k for n, k in self.attention_shapes)
+        if self.is_moe:
+            return attn + self.num_experts * self.hidden_size + self.num_experts_per_tok * 3 * self.hidden_size \
+                * self.moe_intermediate_size
+        return attn + sum(n * k for n, k in self.mlp_shapes)
 
     @property
     def linear_shapes(self) -> tuple[tuple[int, int], ...]:
-        """(outputs, inputs) of each linear weight of one block: q, k, v, o, then gate, up, down (fc1, fc2)."""
-        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size
-        mlp = ((i, h), (h, i)) if self.is_gpt_like else ((i, h), (i, h), (h, i))
-        return ((q, h), (kv, h), (kv, h), (h, q)) + mlp
+        """(outputs, inputs) of each dense linear weight of one block: q, k, v, o, then gate, up, down (fc1,
+        fc2); a MoE layer's experts and router are apart (expert_shapes, router_params)."""
+        return self.attention_shapes + (() if self.is_moe else self.mlp_shapes)
+
+    def _dense_linear_params(self) -> int:
+        """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)."""
+        mlp_layers = self.dense_layers if self.is_moe else self.num_layers
+        return (self.num_layers * sum(n * k for n, k in self.attention_shapes)
+                + mlp_layers * sum(n * k for n, k in self.mlp_shapes))
+
+    @property
+    def linear_params(self) -> int:
+        """Linear-layer weights of all blocks, every expert and router included (what memory holds)."""
+        experts = self.moe_layers * (self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+                                     + self.num_experts * self.hidden_size)
+        return self._dense_linear_params() + experts
+
+    @property
+    def active_linear_params(self) -> int:
+        """Linear-layer weights of all blocks one token multiplies against (top-k experts per MoE layer)."""
+        experts = self.moe_layers * (self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size
+                                     + self.num_experts * self.hidden_size)
+        return self._dense_linear_params() + experts
 
     @property
     def other_params_per_layer(self) -> int:
-        """Biases and norm weights of one block (small, but part of the published counts)."""
+        """Biases and norm weights of one block (small, but part of the published counts); a MoE layer's
+        expert and router biases are counted with the experts and the router."""
         h, i = self.hidden_size, self.intermediate_size
         if self.is_gpt_like:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
-        qk_norms = 2 * self.head_size if self.model_type == "qwen3" else 0   # Qwen3 norms q and k per head
+        qk_norms = 2 * self.head_size if self.model_type in ("qwen3", "qwen3_moe") else 0   # q and k norms per head
         qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
+        if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
+            qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
         return 2 * h + qk_norms + qkv_bias                    # two RMSNorms, weight only
 
     @property
@@ -125,43 +216,89 @@ class ModelSpec:
         return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
 
     @property
-    def num_params(self) -> int:
-        per_layer = self.matmul_params_per_layer + self.other_params_per_layer
-        return (self.num_layers * per_layer + self.embedding_params + self.position_params
+    def expert_bias_params(self) -> int:
+        """Every expert's and router's biases (gpt-oss), which the linear counts leave out."""
+        if self.model_type != "gpt_oss":
+            return 0
+        return self.moe_layers * self.num_experts * (self.expert_params - 3 * self.hidden_size
+                                                     * self.moe_intermediate_size + 1)
+
+    def _non_linear_params(self) -> int:
+        return (self.num_layers * self.other_params_per_layer + self.embedding_params + self.position_params
                 + self.final_norm_params + self.lm_head_params)
+
+    @property
+    def num_params(self) -> int:
+        return self.linear_params + self.expert_bias_params + self._non_linear_params()
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: the top-k experts of each MoE layer, everything else whole
+        (the embedding included, as Mixtral's 12.9B and Qwen3's 3.3B count it; gpt-oss's card leaves
+        the embedding out). A dense model's active parameters are all of them."""
+        if not self.is_moe:
+            return self.num_params
+        k_share = self.num_experts_per_tok / self.num_experts
+        return (self.active_linear_params + round(self.expert_bias_params * k_share)
+                + self._non_linear_params())
 
     @property
     def replicated_params(self) -> int:
         """Parameters every tensor-parallel rank holds in full (Megatron-style sharding).
 
         Norms, position tables and the biases added after a row-parallel layer
-        (attention output, MLP down projection) are not split; everything else
-        (column/row-parallel weights, vocab-parallel embedding and LM head) is.
+        (attention output, MLP down projection) are not split; nor are the MoE routers
+        (vLLM's ReplicatedLinear); everything else (column/row-parallel weights,
+        vocab-parallel embedding and LM head, experts) is.
         """
         h = self.hidden_size
         per_layer = (2 * (2 * h) + 2 * h) if self.is_gpt_like else 2 * h
-        return self.num_layers * per_layer + self.position_params + self.final_norm_params
+        routers = self.moe_layers * self.router_params
+        return self.num_layers * per_layer + self.position_params + self.final_norm_params + routers
 
     # ---- bytes and FLOPs ----------------------------------------------------
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
 
-    def weight_bytes_per_gpu(self, tp: int = 1, dtype_bytes: int = 2, weight_format: WeightFormat | None = None) -> int:
+    def expert_bytes(self, dtype_bytes: int = 2, weight_format: WeightFormat | None = None) -> int:
+        """Every expert of every MoE layer, biases included: in `weight_format` when it quantizes experts
+        (all the formats do; MXFP4 only them), else at `dtype_bytes`."""
+        if not self.is_moe:
+            return 0
+        weights = 3 * self.hidden_size * self.moe_intermediate_size
+        per_expert = (sum(weight_format.matrix_bytes(n, k) for n, k in self.expert_shapes)
+                      if weight_format is not None else weights * dtype_bytes)
+        per_expert += (self.expert_params - weights) * dtype_bytes
+        return self.moe_layers * self.num_experts * per_expert
+
+    def weight_bytes_per_gpu(self, tp: int = 1, dtype_bytes: int = 2, weight_format: WeightFormat | None = None,
+                             dp: int = 1, expert_parallel: bool = False) -> int:
         """Weights one of `tp` tensor-parallel GPUs holds: its shard plus the replicated parts.
 
         With a `weight_format`, the blocks' linear layers are stored in it (scales included) and the
         rest (embedding, LM head, norms, biases) stays at `dtype_bytes`, as vLLM keeps them
         (planner/catalog/quantization.py); the linear layers and their scales shard by 1/tp.
+        A MoE's experts split over all tp x dp GPUs: each expert's width (vLLM's FusedMoE without
+        expert parallelism) or whole experts (with it, the largest rank holding ceil(E / (tp x dp)));
+        its routers are replicated.
         """
-        if tp < 1:
-            raise PlannerError(f"tensor parallel size must be >= 1, got {tp}")
-        sharded = self.num_params - self.replicated_params
+        if tp < 1 or dp < 1:
+            raise PlannerError(f"tensor and data parallel sizes must be >= 1, got {tp} and {dp}")
+        experts = self.expert_bytes(dtype_bytes, weight_format)
+        if expert_parallel and self.is_moe:
+            experts_here = experts * -(-self.num_experts // (tp * dp)) // self.num_experts
+        else:
+            experts_here = -(-experts // (tp * dp))
+        dense = self.num_params - self.linear_params - self.expert_bias_params + self._dense_linear_params()
+        sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
-            return (-(-sharded // tp) + self.replicated_params) * dtype_bytes
-        linear = self.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in self.linear_shapes)
-        rest = sharded - self.num_layers * self.matmul_params_per_layer
-        return -(-linear // tp) + (-(-rest // tp) + self.replicated_params) * dtype_bytes
+            return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
+        linear = sum(weight_format.matrix_bytes(n, k) for n, k in self.attention_shapes) * self.num_layers
+        linear += sum(weight_format.matrix_bytes(n, k) for n, k in self.mlp_shapes) * (
+            self.dense_layers if self.is_moe else self.num_layers)
+        rest = sharded - self._dense_linear_params()
+        return -(-linear // tp) + (-(-rest // tp) + self.replicated_params) * dtype_bytes + experts_here
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""
@@ -185,9 +322,26 @@ class ModelSpec:
         2 FLOPs per weight per token for the linear layers and the LM head, plus
         QK^T and PV: 2 * 2 * head_size FLOPs per (query head, key) pair per layer.
         """
-        linear = 2 * (self.num_layers * self.matmul_params_per_layer + self.vocab_size * self.hidden_size)
-        attention = 4 * self.num_layers * self.q_size * context_len
-        return linear + attention
+        linear = 2 * (self.active_linear_params + self.vocab_size * self.hidden_size)
+        keys = self.full_attention_layers * context_len + self.sliding_layers * min(context_len, self.window)
+        return linear + 4 * self.q_size * keys
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers whose KV grows with the context (all but gpt-oss's sliding-window layers)."""
+        return self.num_layers - self.sliding_layers
+
+    @property
+    def window(self) -> int:
+        """The sliding-window layers' window in tokens (0 when the model has none)."""
+        return self.sliding_window or 0 if self.sliding_layers else 0
+
+    def kv_bytes_per_context(self, tokens: int, dtype_bytes: int = 2) -> int:
+        """K and V one sequence of `tokens` holds across all layers: a sliding-window layer keeps at most
+        its window (vLLM's hybrid KV cache manager frees the blocks that leave it)."""
+        keep = self.full_attention_layers * tokens + self.sliding_layers * min(tokens, self.window)
+        return 2 * keep * self.kv_size * dtype_bytes
+
 
     # ---- Hugging Face configs ----------------------------------------------
 
@@ -224,7 +378,9 @@ class ModelSpec:
                 tie_word_embeddings=self.tie_word_embeddings,
                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta or 10000.0},
             )
-            if self.model_type == "mistral":
+            if self.is_moe:
+                config = moe_hf_config(self, common)
+            elif self.model_type == "mistral":
                 config = transformers.MistralConfig(sliding_window=self.sliding_window, **common)
                 config.architectures = ["MistralForCausalLM"]
             elif self.model_type == "qwen3":
@@ -270,6 +426,8 @@ class ModelSpec:
                        intermediate_size=get("ffn_dim"), vocab_size=get("vocab_size"),
                        max_position_embeddings=get("max_position_embeddings"),
                        tie_word_embeddings=bool(get("tie_word_embeddings", True)))
+        if model_type in MOE_TYPES:
+            return cls(**moe_fields(get, model_type, name))
         if model_type in _LLAMA_LIKE:
             hidden, heads = get("hidden_size"), get("num_attention_heads")
             rope = get("rope_parameters") or {}
@@ -285,6 +443,8 @@ class ModelSpec:
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
                        rope_theta=float(theta or get("rope_theta") or 10000.0),
                        norm_eps=get("rms_norm_eps", 1e-6), sliding_window=window)
+        if model_type in NOT_PRICED:
+            raise PlannerError(f"{name}: model_type {model_type!r} is not supported: {NOT_PRICED[model_type]}")
         raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(KNOWN_TYPES)}")
 
     @classmethod
@@ -349,6 +509,8 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     spec = catalog.find(text) or catalog.find(base) or catalog.find(without_variant)
     if spec is not None:
         return spec
+    if "deepseek-v3" in base.lower() or "deepseek-r1" in base.lower():
+        raise PlannerError(f"model {text!r} (DeepSeek-V3 architecture) is not supported: {_MLA}")
     return catalog.get(text, hint=" (planner list models shows each one's Hugging Face ids; or give a model "
                                   "folder or its config.json)")
 

@@ -77,18 +77,24 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
     if as_json:
         _emit([{"name": m.name, "ids": model_ids(m), "model_type": m.model_type, "num_layers": m.num_layers,
                 "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
-                "num_params": m.num_params, "max_position_embeddings": m.max_position_embeddings,
+                "num_params": m.num_params, "active_params": m.active_params,
+                **({"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok} if m.is_moe else {}),
+                "max_position_embeddings": m.max_position_embeddings,
                 "kv_bytes_per_token_fp16": m.kv_bytes_per_token(2)} for m in models])
         return
     table = Table(title="Models")
-    for col in ("name", "type", "layers", "hidden", "heads/kv", "params B", "KV KB/tok"):
+    for col in ("name", "type", "layers", "hidden", "heads/kv", "experts", "params B", "active B", "KV KB/tok"):
         table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=True)
     for m in models:
         table.add_row(m.name, m.model_type, str(m.num_layers), str(m.hidden_size),
-                      f"{m.num_heads}/{m.num_kv_heads}", f"{m.num_params / 1e9:.2f}",
+                      f"{m.num_heads}/{m.num_kv_heads}",
+                      f"{m.num_experts_per_tok}/{m.num_experts}" if m.is_moe else "-", f"{m.num_params / 1e9:.2f}",
+                      f"{m.active_params / 1e9:.2f}",
                       f"{m.kv_bytes_per_token(2) / 1024:.0f}")
     console = Console()
     console.print(table)
+    console.print("experts: top-k / routed experts per MoE layer; active: the parameters one token uses (its "
+                  "top-k experts, the embedding included)", highlight=False)
     console.print("--model also finds each by these (and a fine-tuned or quantized variant's id, -Instruct, "
                   "-FP8, ...; or a model folder or its config.json):", highlight=False)
     for m in models:

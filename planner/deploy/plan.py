@@ -115,7 +115,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
 def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
     """The weights' format: --quantization, the checkpoint's config, the Hugging Face id's name, or None."""
     given, model = deployment.quantization, deployment.model
-    declared = checkpoint_format(model)
+    declared = checkpoint_format(model) or _catalog_checkpoint_format(model)
     if declared is not None:
         if given is not None and given != declared.method:
             # vLLM's words (vllm/config/model.py, ModelConfig._verify_quantization)
@@ -127,9 +127,21 @@ def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
     return None if os.path.exists(model) else format_from_id(model)
 
 
+def _catalog_checkpoint_format(model: str) -> WeightFormat | None:
+    """The format a catalog model's released checkpoint is stored in (gpt-oss: MXFP4 experts), or None."""
+    if os.path.exists(model):
+        return None
+    spec = checks.model(model)
+    if spec.checkpoint_quantization is None:
+        return None
+    return weight_format(spec.checkpoint_quantization, source=f"{spec.hf_id or spec.name}'s checkpoint")
+
+
 def _quantization_warnings(plan: DeploymentPlan) -> list[str]:
     """Where vLLM departs from the formats' native paths on this GPU."""
     found = [plan.gemm.warning] if plan.gemm is not None and plan.gemm.warning else []
+    if plan.model.is_moe and plan.weight_format is not None and plan.weight_format.method == "mxfp4":
+        found = []       # the warning is about dense layers; a MoE's experts are what MXFP4 quantizes
     if plan.deployment.kv_cache_dtype == "fp8" and plan.gpu.kind == "gpu" and plan.gpu.fp8_flops == 0:
         found.append(f"--kv-cache-dtype fp8 on {plan.gpu.name}: vLLM still stores the cache in FP8, but its "
                      f"FlashAttention backend takes an FP8 cache only as FlashAttention 3 on Hopper "

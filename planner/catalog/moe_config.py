@@ -1,0 +1,93 @@
+"""Reading a mixture-of-experts model's config.json (model_type qwen3_moe, mixtral, gpt_oss) into ModelSpec fields.
+
+The three architectures name the same things differently (transformers' Qwen3MoeConfig,
+MixtralConfig, GptOssConfig):
+
+| field | qwen3_moe | mixtral | gpt_oss |
+|---|---|---|---|
+| experts | num_experts | num_local_experts | num_local_experts |
+| top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok (experts_per_token) |
+| expert width | moe_intermediate_size | intermediate_size | intermediate_size |
+| dense layers | mlp_only_layers, decoder_sparse_step | none | none |
+| sliding window | only with use_sliding_window (off in the releases) | sliding_window on every layer | layer_types: the "sliding_attention" layers |
+
+None of the three has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
+and DeepSeek have); a config that declares them is refused rather than priced without them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.errors import PlannerError
+
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
+
+
+def _dense_layers(get: Callable[..., Any], layers: int) -> int:
+    """Qwen3-MoE layers that keep a dense MLP: listed in mlp_only_layers, or off the decoder_sparse_step."""
+    only = set(get("mlp_only_layers") or [])
+    step = get("decoder_sparse_step") or 1
+    return sum(1 for layer in range(layers) if layer in only or (layer + 1) % step)
+
+
+def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
+    if any(get(key) for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")):
+        raise PlannerError(f"{name}: shared experts are not modelled (qwen3_moe, mixtral and gpt_oss have none)")
+    hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
+    rope = get("rope_parameters") or {}
+    theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
+    fields: dict[str, Any] = dict(
+        name=name, model_type=model_type, num_layers=layers, hidden_size=hidden, num_heads=heads,
+        num_kv_heads=get("num_key_value_heads") or heads, head_size=get("head_dim") or hidden // heads,
+        vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings"),
+        tie_word_embeddings=bool(get("tie_word_embeddings", False)), rope_theta=float(theta),
+        norm_eps=get("rms_norm_eps", 1e-6), num_experts_per_tok=get("num_experts_per_tok")
+        or get("experts_per_token"))
+    if model_type == "qwen3_moe":
+        # the Hub's config.json says num_experts; transformers 5 writes it back as num_local_experts
+        fields.update(num_experts=get("num_experts") or get("num_local_experts"),
+                      moe_intermediate_size=get("moe_intermediate_size"),
+                      intermediate_size=get("intermediate_size"), dense_layers=_dense_layers(get, layers),
+                      sliding_window=get("sliding_window") if get("use_sliding_window", False) else None)
+    elif model_type == "mixtral":
+        fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
+                      intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"))
+    else:
+        types = list(get("layer_types") or [])
+        sliding = sum(1 for t in types if t == "sliding_attention")
+        fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
+                      intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"),
+                      sliding_layers=sliding if get("sliding_window") else 0, attention_sinks=True)
+        qc = get("quantization_config") or {}
+        if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4":
+            fields["checkpoint_quantization"] = "mxfp4"
+    return fields
+
+
+def moe_hf_config(spec, common: dict[str, Any]):
+    """A transformers config of a MoE ModelSpec with its true shapes (random-weight checkpoints)."""
+    import transformers  # slow import; only the profiler and the engine need configs
+
+    experts = dict(num_experts_per_tok=spec.num_experts_per_tok)
+    if spec.model_type == "qwen3_moe":
+        mlp_only = list(range(spec.num_layers - spec.dense_layers, spec.num_layers))
+        config = transformers.Qwen3MoeConfig(num_experts=spec.num_experts,
+                                             moe_intermediate_size=spec.moe_intermediate_size,
+                                             norm_topk_prob=True, mlp_only_layers=mlp_only, **experts, **common)
+        config.architectures = ["Qwen3MoeForCausalLM"]
+    elif spec.model_type == "mixtral":
+        common = {**common, "intermediate_size": spec.moe_intermediate_size}
+        config = transformers.MixtralConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window,
+                                            **experts, **common)
+        config.architectures = ["MixtralForCausalLM"]
+    else:
+        common = {**common, "intermediate_size": spec.moe_intermediate_size}
+        # gpt-oss alternates sliding and full layers, sliding first, as the released configs list them
+        types = ["sliding_attention" if i % 2 == 0 and i // 2 < spec.sliding_layers else "full_attention"
+                 for i in range(spec.num_layers)]
+        config = transformers.GptOssConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window,
+                                           layer_types=types, **experts, **common)
+        config.architectures = ["GptOssForCausalLM"]
+    return config
