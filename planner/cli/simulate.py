@@ -22,6 +22,7 @@ from rich.table import Table
 
 from planner import api
 from planner.cli import options as opt
+from planner.cli import pd_options as pdo
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import (default_out, fail, fmt, interval_table, plan_table, print_verdict, split_values,
                                 stdout, summary_table, unit, warn)
@@ -39,17 +40,19 @@ DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
 
 def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), concurrencies=(None,),
-              replicas=(1,), router: str | None = None, **run) -> list[RunSpec]:
+              replicas=(1,), router: str | None = None, pd=None, **run) -> list[RunSpec]:
     """One spec per deployment, rate (or concurrency) and replica count: the product of the comma lists given."""
     if rates != (None,) and concurrencies != (None,):
         raise PlannerError("give --rate or --concurrency, not both: a concurrency's clients send each request "
                            "when their previous one ends")
     loads = [replace(load, rate=r, concurrency=c) for r in rates for c in concurrencies]
     fleets = [Fleet(k, router or Fleet.router) for k in replicas]
-    specs = [RunSpec(deployment=d, load=one, fleet=fleet, **run)
+    specs = [RunSpec(deployment=d, load=one, fleet=fleet, pd=pd, **run)
              for d in deployments.product(**DEFAULTS) for fleet in fleets for one in loads]
     for spec in specs:
         spec.fleet.policy(spec.deployment)       # a bad --router fails here, in one line
+        if pd is not None:
+            pd.check(spec.deployment, spec.fleet.replicas)
     return specs
 
 
@@ -88,21 +91,26 @@ def simulate(
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
     concurrency: Optional[str] = opt.CONCURRENCY, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
+    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
+    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
+    kv_link: Optional[str] = pdo.KV_LINK,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
     timing_noise: bool = opt.TIMING_NOISE, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
-    """Simulate a workload on the paged engine, or a fleet of replicas behind a router (or sweep rates,
-    replica counts and any deployment setting)."""
+    """Simulate a workload on the paged engine, a fleet of replicas behind a router, or prefill and decode
+    pools (--pd) (or sweep rates, replica counts and any deployment setting)."""
     err = Console(stderr=True)
     try:
+        disaggregated = pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
+                                                                 kv_link))
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
         specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed), rates=rates,
                           concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
-                          cost_model=cost_model, profile=str(profile) if profile else None,
+                          pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
         out_dir = out or default_out("sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
         if len(specs) > 1:
@@ -131,6 +139,8 @@ def _print_run(result, paths: dict, out_dir: Path, as_json: bool, err: Console, 
     console.print(summary_table(doc, result.sim.wall_time))
     if doc.get("fleet"):
         console.print(replica_table(doc["fleet"]))
+    if doc.get("pd"):
+        console.print(pool_table(doc["pd"]))
     if result.intervals:
         console.print(interval_table(result.intervals, seeds, result.spec.load.seed))
     print_verdict(console, doc["verdict"], result.warnings, result.not_modelled)
@@ -151,6 +161,29 @@ def replica_table(fleet: dict) -> Table:
         table.add_column(title, justify="right")
     for row in fleet["per_replica"]:
         table.add_row(*[fmt(row.get(c), "", 3) for c in columns])
+    return table
+
+
+def pool_table(pd: dict) -> Table:
+    """Both pools of a disaggregated run side by side (result.json's pd) and the KV transfers."""
+    kv = pd["kv_transfer"]
+    seconds = kv["seconds"]["mean"]
+    moved = "" if seconds is None else (f", KV {kv['bytes']['mean'] / 1e9:.2f} GB in {seconds * 1e3:.1f} ms mean "
+                                        f"over {kv['link']} x{kv['streams']}")
+    table = Table(title=f"P/D {pd['ratio']}, router {pd['router']}{moved}")
+    for title in ("pool", "replicas", "GPU x TP", "requests", "busy", "wait mean", "wait p99", "batch",
+                  "KV util", "TPOT mean", "preempted"):
+        table.add_column(title, justify="right")
+    for name, waits in (("prefill", ("queue_wait",)), ("decode", ("admission_wait", "start_wait"))):
+        pool = pd[name]
+        wait = [pool[w] for w in waits]
+        mean = sum(w["mean"] or 0.0 for w in wait)
+        p99 = max(w["p99"] or 0.0 for w in wait)
+        batch = pool["mean_prefill_batch_size"] if name == "prefill" else pool["mean_batch_size"]
+        table.add_row(name, str(pool["replicas"]), f"{pool['gpu']} x{pool['tp']}", str(pool["num_requests"]),
+                      fmt(pool["utilization"], "", 3), fmt(mean, " s", 4), fmt(p99, " s", 4), fmt(batch, "", 3),
+                      fmt(pool["kv_utilization"], "", 3), fmt(pool.get("tpot", {}).get("mean"), " s", 4),
+                      str(pool["preemptions"]))
     return table
 
 
@@ -222,6 +255,9 @@ def capacity(
     confidence: float = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction "
                                                "of the seeds"),
     concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
+    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
+    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
+    kv_link: Optional[str] = pdo.KV_LINK,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs, of one
@@ -239,12 +275,17 @@ def capacity(
         spec = RunSpec(deployment=deployments.one("capacity", **DEFAULTS),
                        load=load_of(workload, trace, param, requests, duration, seed), cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
-                       slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router))
+                       slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
+                       pd=pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
+                                                                   kv_link)))
         spec.fleet.policy(spec.deployment)
+        if spec.pd is not None:
+            spec.pd.check(spec.deployment, spec.fleet.replicas)
 
         probed = _probe_printer(err, slos, seeds, clients=concurrency == "max")
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
+        fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
         err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu} on {spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,

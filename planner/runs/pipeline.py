@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from planner.analysis.pd import PD_NOTE, with_pd_verdict
 from planner.analysis.verdict import analyse_run
+from planner.catalog.links import resolve_link
 from planner.cost.block_size import factor_source
 from planner.cost.not_modelled import not_modelled
 from planner.cost.select import select_cost_model
@@ -22,6 +24,7 @@ from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
 from planner.sim.fleet import simulate_fleet
+from planner.sim.pd import KvPath, Pool, simulate_pd
 from workloads import Trace
 
 
@@ -38,17 +41,47 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              kv_cache_dtype=d.kv_cache_dtype)
 
 
+@dataclass(frozen=True)
+class Pools:
+    """--pd: the prefill pool, the decode pool and the KV's path between them, planned once."""
+
+    prefill: Pool
+    decode: Pool
+    path: KvPath
+
+
+def prepare_pools(spec: RunSpec) -> Pools:
+    """Each pool's plan and cost model (its own GPU and TP), and the link's price of a KV transfer."""
+    pd = spec.pd
+    pd.check(spec.deployment, spec.fleet.replicas)
+    pools = []
+    for replicas, deployment in zip((pd.prefill, pd.decode), pd.pools(spec.deployment)):
+        plan = plan_deployment(deployment)
+        pools.append(Pool(replicas, plan, build_cost_model(plan, spec.cost_model, spec.profile)))
+    prefill, decode = pools
+    link = resolve_link(pd.kv_link)
+    path = KvPath(link, link.stream_bandwidth(prefill.plan.gpu, decode.plan.gpu),
+                  min(prefill.plan.deployment.tp, decode.plan.deployment.tp),
+                  prefill.plan.model.kv_bytes_per_token(prefill.plan.kv_dtype_bytes))
+    return Pools(prefill, decode, path)
+
+
 @dataclass
 class Simulation:
-    """A spec made ready to run: its deployment plan and cost model, built once."""
+    """A spec made ready to run: its deployment plan and cost model, built once (with --pd, both pools';
+    `plan` and `cost_model` are then the decode pool's)."""
 
     spec: RunSpec
     plan: DeploymentPlan
     cost_model: CostModel
+    pools: Pools | None = None
 
     @classmethod
     def prepare(cls, spec: RunSpec) -> Simulation:
         spec.fleet.policy(spec.deployment)        # a bad --replicas or --router fails before any planning
+        if spec.pd is not None:
+            pools = prepare_pools(spec)
+            return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)
         plan = plan_deployment(spec.deployment)
         return cls(spec, plan, build_cost_model(plan, spec.cost_model, spec.profile))
 
@@ -59,6 +92,8 @@ class Simulation:
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet
+        if self.pools is not None:
+            return self._simulate_pd(load, trace, progress, watch)
         if fleet.replicas > 1:
             return simulate_fleet(trace, self.plan, cost, replicas=fleet.replicas,
                                   router=fleet.policy(self.spec.deployment), seed=load.seed,
@@ -66,6 +101,15 @@ class Simulation:
                                   progress=progress, watch=watch)
         return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency,
                         fast_forward=not self.spec.step_by_step, progress=progress, watch=watch)
+
+    def _simulate_pd(self, load: Load, trace: Trace, progress, watch) -> SimResult:
+        pools = self.pools
+        if self.spec.timing_noise:
+            pools = replace(pools, **{name: replace(pool, cost_model=with_timing_noise(pool.cost_model, load.seed))
+                                      for name, pool in (("prefill", pools.prefill), ("decode", pools.decode))})
+        return simulate_pd(trace, pools.prefill, pools.decode, pools.path, self.spec.fleet.policy(self.spec.deployment),
+                           seed=load.seed, concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
+                           progress=progress, watch=watch)
 
     def analyse(self, sim: SimResult, spec: RunSpec | None = None) -> RunResult:
         """The verdict, steady state, warnings and blind spots of `sim` (a run of `spec`, default this one)."""
@@ -77,7 +121,11 @@ class Simulation:
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
         if sim.fleet is not None:
             notes = [*notes, FLEET_NOTE]
-        return RunResult(spec, sim, analysis["steady_state"], analysis["verdict"], list(self.plan.warnings), notes)
+        verdict = analysis["verdict"]
+        if "pd" in summary:
+            notes = [*notes, PD_NOTE]
+            verdict = with_pd_verdict(verdict, summary["pd"])
+        return RunResult(spec, sim, analysis["steady_state"], verdict, list(self.plan.warnings), notes)
 
     def run(self, load: Load | None = None, **options) -> RunResult:
         sim = self.simulate(load, **options)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from engine.deployment import Deployment
 from planner.deploy import checks
 from planner.errors import PlannerError
+from planner.runs.pd import Disaggregation
 from planner.sim.router import DEFAULT_ROUTER, RouterPolicy, parse_router
 from workloads import Trace, TraceError, make_trace
 from workloads.make import is_trace_file
@@ -90,6 +91,7 @@ class RunSpec:
     slos: tuple[tuple[str, float], ...] = ()   # drawn on plots and judged in the verdict
     step_by_step: bool = False          # no decode fast-forward (same results, slower)
     fleet: Fleet = field(default_factory=Fleet)   # replicas and router (one replica: a lone deployment)
+    pd: Disaggregation | None = None    # prefill and decode pools (planner/runs/pd.py); None: aggregated
 
     def with_load(self, **changes) -> RunSpec:
         return replace(self, load=replace(self.load, **changes))
@@ -105,7 +107,8 @@ class RunSpec:
         deployment settings and `rate` (a number or a comma list)."""
         load_changes = {k: changes.pop(k) for k in list(changes) if k in _LOAD_FIELDS}
         fleet = replace(self.fleet, **{k: changes.pop(k) for k in list(changes) if k in _FLEET_FIELDS})
-        spec = replace(self, deployment=self.deployment.replace(**changes), load=self.load, fleet=fleet)
+        pd = changes.pop("pd", self.pd)
+        spec = replace(self, deployment=self.deployment.replace(**changes), load=self.load, fleet=fleet, pd=pd)
         load = replace(spec.load, **{k: v for k, v in load_changes.items() if k != "rate"})
         rate = load_changes.get("rate", load.rate)
         words = ["planner", "capacity" if capacity else "simulate"]
@@ -131,6 +134,8 @@ class RunSpec:
         if spec.step_by_step:
             words.append("--step-by-step")
         words += fleet_flags(spec.fleet)
+        if spec.pd is not None:
+            words += spec.pd.flags()
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
         words += [w for name, limit in slos for w in ("--slo", f"{name}={limit:g}")]
         return " ".join(words)

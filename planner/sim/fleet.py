@@ -254,3 +254,16 @@ def _merge_order(parts: list[SimResult]) -> tuple[list[int], list[int]]:
 
 def _pick(values: list, order: list[int]) -> list:
     return list(map(values.__getitem__, order))
+
+
+def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
+    """The result of a pool of replicas of one plan (a `Fleet`, or any object with its `trace`, `env`,
+    `engines`, `groups`, `routes` and `policy`): planner/sim/pd.py's prefill and decode pools."""
+    return _fleet_result(pool, plan, cost_model, seed)
+
+
+def merged_steps(parts: list[SimResult]) -> tuple[list, list, list, list[int]]:
+    """The steps, shapes and running counts of several runs in start order, and the part of each step."""
+    order, part = _merge_order(parts)
+    return (_pick([s for p in parts for s in p.steps], order), _pick([s for p in parts for s in p.shapes], order),
+            _pick([n for p in parts for n in p.num_running], order), part)

@@ -1,0 +1,103 @@
+"""Prefill/decode disaggregation as a run's topology: `--pd P:D` and the settings of each pool.
+
+A `Disaggregation` says how many replicas each pool has, on which GPU and TP
+(each defaults to the deployment's `--gpu` and `--tp`), and the link the KV
+caches cross (`--kv-link`, planner/data/links.json). `check` refuses, in one
+line each, what would make no sense: a pool of zero, `--pd` beside `--replicas`,
+the paper's policy (vLLM's KV connector is a vLLM v1 feature: give `--policy
+vllm-v1`), speculative decoding (not modelled with pools yet), and NVLink for
+pools that do not fit in one node. The simulation itself is planner/sim/pd.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.deployment import Deployment
+from planner.catalog.links import resolve_link
+from planner.errors import PlannerError
+
+PD_FLAGS = ("prefill_gpu", "prefill_tp", "decode_gpu", "decode_tp", "kv_link")
+
+
+def parse_pd(text: str) -> tuple[int, int]:
+    """`P:D` -> (P, D), both whole numbers >= 1, or a one-line error."""
+    prefill, sep, decode = str(text).strip().partition(":")
+    try:
+        counts = (int(prefill), int(decode)) if sep else None
+    except ValueError:
+        counts = None
+    if counts is None:
+        raise PlannerError(f"--pd {text!r}: give P:D, the prefill and decode replicas, e.g. --pd 1:3")
+    if min(counts) < 1:
+        raise PlannerError(f"--pd {text}: each pool needs at least one replica")
+    return counts
+
+
+def parse_pd_list(text: str) -> tuple[tuple[int, int], ...]:
+    """`P:D,P:D,...` (a search's or a sweep's list)."""
+    return tuple(dict.fromkeys(parse_pd(part) for part in str(text).split(",") if part.strip()))
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """A prefill pool of `prefill` replicas and a decode pool of `decode` replicas."""
+
+    prefill: int
+    decode: int
+    prefill_gpu: str | None = None      # None: the deployment's --gpu
+    prefill_tp: int | None = None       # None: the deployment's --tp
+    decode_gpu: str | None = None
+    decode_tp: int | None = None
+    kv_link: str | None = None          # None: planner.catalog.links.DEFAULT_LINK
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.prefill}:{self.decode}"
+
+    def pools(self, base: Deployment) -> tuple[Deployment, Deployment]:
+        """The prefill pool's deployment and the decode pool's: the base with each pool's GPU and TP."""
+        prefill = base.replace(gpu=self.prefill_gpu or base.gpu, tp=self.prefill_tp or base.tp)
+        decode = base.replace(gpu=self.decode_gpu or base.gpu, tp=self.decode_tp or base.tp)
+        return prefill, decode
+
+    def gpus(self, base: Deployment) -> int:
+        prefill, decode = self.pools(base)
+        return self.prefill * prefill.tp + self.decode * decode.tp
+
+    def check(self, base: Deployment, replicas: int = 1) -> None:
+        """One line on a combination that makes no sense (see the module)."""
+        for name in ("prefill", "decode"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise PlannerError(f"--pd {self.prefill}:{self.decode}: each pool needs at least one replica")
+        for name in ("prefill_tp", "decode_tp"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise PlannerError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if replicas != 1:
+            raise PlannerError(f"--pd {self.ratio} sets both pools' replicas: it replaces --replicas {replicas}")
+        if base.policy != "vllm-v1":
+            raise PlannerError(f"--pd {self.ratio} simulates vLLM v1's KV connector (disaggregated prefill is a "
+                               f"vLLM v1 feature): give --policy vllm-v1, not {base.policy}")
+        if base.speculative is not None:
+            raise PlannerError(f"--pd {self.ratio} with --speculative {base.speculative}: speculative decoding "
+                               f"in a decode pool is not modelled yet")
+        link = resolve_link(self.kv_link)
+        if link.node_gpus is not None and self.gpus(base) > link.node_gpus:
+            raise PlannerError(f"--kv-link {link.name} joins the GPUs of one node ({link.node_gpus}): --pd "
+                               f"{self.ratio} needs {self.gpus(base)} GPUs; use --kv-link infiniband or ethernet")
+
+    def flags(self) -> list[str]:
+        """The command-line flags that rebuild it."""
+        words = ["--pd", self.ratio]
+        for name in PD_FLAGS:
+            value = getattr(self, name)
+            if value is not None:
+                words += ["--" + name.replace("_", "-"), str(value)]
+        return words
+
+    def as_dict(self, base: Deployment) -> dict:
+        prefill, decode = self.pools(base)
+        return {"pd": self.ratio, "prefill_replicas": self.prefill, "decode_replicas": self.decode,
+                "prefill_gpu": prefill.gpu, "prefill_tp": prefill.tp, "decode_gpu": decode.gpu,
+                "decode_tp": decode.tp, "kv_link": resolve_link(self.kv_link).name, "gpus": self.gpus(base)}

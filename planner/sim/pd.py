@@ -1,0 +1,356 @@
+"""Prefill/decode disaggregation: a prefill pool and a decode pool in one discrete-event simulation.
+
+The story of a request, as vLLM's disaggregated serving runs it (a proxy in front
+of prefill and decode instances joined by a KV connector; NVIDIA Dynamo's
+disaggregated serving is the same flow):
+
+1. it arrives at the proxy, which sends it to a prefill replica (the router's
+   pick among the prefill pool) with max_tokens=1; the prefill replica queues and
+   prefills it as any request (its own scheduler, budget and KV cache) and
+   answers with its one token, which the proxy discards;
+2. the proxy sends it on to a decode replica (the router's pick among the decode
+   pool), whose scheduler gives it blocks for the whole prompt and parks it while
+   its KV crosses the link (planner/sim/remote_kv.py): latency + prompt tokens x
+   KV bytes per token / (link bandwidth x streams), streams = min of the two TPs;
+3. once the KV is there it runs: its first decode-side step computes the last
+   prompt token and samples the first output token, which is the first token
+   the client sees (the proxy streams the decode instance's answer); it decodes
+   to its end there.
+
+So the client's TTFT is prefill queue + prefill + hand-off + decode admission +
+transfer + the first decode-side step, and TPOT is the decode pool's. Each
+replica is a `SimulatedEngine` with its own scheduler and block manager; the
+prefill pool is a `Fleet` of requests cut to one output token (its replicas know
+their next arrival where the router allows, as a fleet's do), the decode
+replicas step one at a time (the decode batch's proof does not cover remote
+admissions). Not modelled: the proxy's and the network's own latency, the
+prefill replica holding the request's blocks until the decode replica has read
+them (vLLM's NIXL connector frees them then), and transfers sharing a link.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from engine.core.metrics import RequestRecord, summarize
+from engine.core.sequence import FinishReason, SequenceGroup
+from planner.catalog.links import KvLink
+from planner.cost.shape import CostModel
+from planner.deploy.plan import DeploymentPlan
+from planner.documents import json_safe
+from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended, make_engine,
+                                run_quietly)
+from planner.sim.fleet import Fleet, FleetRun, merged_steps, pool_result
+from planner.sim.remote_kv import DecodeScheduler, Remote
+from planner.sim.router import Router, RouterPolicy
+from workloads import Trace, TraceRequest
+
+_Waiting = namedtuple("_Waiting", "arrival first_token finish")   # a request the client has no token of yet
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool: how many replicas of which plan, priced by which cost model."""
+
+    replicas: int
+    plan: DeploymentPlan
+    cost_model: CostModel
+
+
+@dataclass(frozen=True)
+class KvPath:
+    """How a request's KV crosses from a prefill replica to a decode replica."""
+
+    link: KvLink
+    stream_bandwidth: float      # B/s per stream
+    streams: int                 # parallel streams: min(prefill TP, decode TP)
+    bytes_per_token: int         # the whole model's K and V of one token (all layers, all KV heads)
+
+    def seconds(self, tokens: int) -> tuple[float, float]:
+        """(bytes, seconds) of moving `tokens` tokens' KV."""
+        num_bytes = tokens * self.bytes_per_token
+        return num_bytes, self.link.transfer_seconds(num_bytes, self.stream_bandwidth, self.streams)
+
+
+class ClientRequest:
+    """A request as the client sees it: the decode side's times once it got there, else none yet."""
+
+    __slots__ = ("prefill", "decode", "prefill_replica")
+
+    def __init__(self, prefill: SequenceGroup, prefill_replica: int) -> None:
+        self.prefill = prefill
+        self.decode: SequenceGroup | None = None
+        self.prefill_replica = prefill_replica
+
+    @property
+    def group(self) -> SequenceGroup:
+        return self.decode if self.decode is not None else self.prefill
+
+    @property
+    def times(self):
+        if self.decode is not None:
+            return self.decode.times
+        return _Waiting(self.prefill.times.arrival, None, None)
+
+
+class PrefillPool(Fleet):
+    """The prefill replicas behind the router: a fleet whose requests stop at one output token."""
+
+    def __init__(self, *args, on_sent, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_sent = on_sent
+
+    def send(self, req: TraceRequest, arrival: float | None = None, replica: int | None = None) -> None:
+        super().send(req.model_copy(update={"output_len": 1}), arrival, replica)    # the proxy's max_tokens=1
+        self.on_sent(self.groups[-1])
+
+
+class DecodePool:
+    """The decode replicas behind their router (what planner.sim.fleet.pool_result reads)."""
+
+    def __init__(self, env: simpy.Environment, trace: Trace, pool: Pool, policy: RouterPolicy, *, seed: int,
+                 progress: Progress | None, watch: Watch | None, on_loading) -> None:
+        self.env, self.trace, self.policy = env, trace, policy
+        self.engines: list[SimulatedEngine] = []
+        for i in range(pool.replicas):
+            engine = make_engine(env, trace, pool.plan, pool.cost_model, seed=seed, total=len(trace),
+                                 progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True)
+            engine.scheduler = DecodeScheduler(engine.scheduler, lambda g, r, now, i=i: on_loading(i, g, r, now))
+            engine.executor.rng = random.Random(f"{seed}/decode/{i}")
+            self.engines.append(engine)
+        self.router = Router(policy, self.engines, pool.plan.deployment.block_size)
+        self.groups: list[SequenceGroup] = []     # every request handed to the pool, in hand-off order
+        self.routes: list[int] = []
+
+    def hand(self, group: SequenceGroup, remote: Remote, now: float) -> None:
+        """A prefilled request joins the replica the router picks, parked until its blocks and KV come."""
+        chosen = self.router.pick(group, now)
+        remote.decode_replica = chosen
+        engine = self.engines[chosen]
+        self.groups.append(group)
+        self.routes.append(chosen)
+        engine.routed_count += 1
+        engine.scheduler.add_remote(group, remote)
+        engine.groups.append(group)
+        wake(engine)
+
+
+def wake(engine: SimulatedEngine) -> None:
+    """An engine asleep for want of work looks at its queues again (as a request's arrival wakes it)."""
+    if engine.idle is not None:
+        engine.idle.succeed()
+        engine.idle = None
+
+
+class Disaggregated:
+    """The two pools, the link between them, and the clients' view of every request."""
+
+    def __init__(self, env: simpy.Environment, trace: Trace, prefill: Pool, decode: Pool, path: KvPath,
+                 policy: RouterPolicy, *, seed: int, concurrency: int | None, fast_forward: bool,
+                 progress: Progress | None, watch: Watch | None) -> None:
+        self.env, self.trace, self.path, self.watch, self.progress = env, trace, path, watch, progress
+        self.concurrency = concurrency
+        self.requests = {r.request_id: r for r in trace.requests}
+        self.groups: list[ClientRequest] = []         # every request sent, in sending order (a probe's watch)
+        self.by_prefill: dict[int, ClientRequest] = {}
+        self.remotes: list[Remote] = []
+        self.done = 0
+        self.prefill = PrefillPool(env, trace, prefill.plan, prefill.cost_model, prefill.replicas, policy, seed=seed,
+                                   concurrency=concurrency, fast_forward=fast_forward, progress=None,
+                                   watch=self._prefilled, on_sent=self._sent)
+        self.decode = DecodePool(env, trace, decode, policy, seed=seed,
+                                 progress=None if progress is None else self._progress,
+                                 watch=self._decoded, on_loading=self._loading)
+
+    def start(self) -> None:
+        self.prefill.start(self.concurrency)
+        if self.concurrency is not None:      # a client's request ends at the decode pool, not at the prefill
+            for engine in self.prefill.engines:
+                engine.on_ended = None
+            for engine in self.decode.engines:
+                engine.on_ended = self.prefill.release
+
+    def _sent(self, group: SequenceGroup) -> None:
+        client = ClientRequest(group, self.prefill.routes[-1])
+        self.groups.append(client)
+        self.by_prefill[id(group)] = client
+
+    def _prefilled(self, fleet, now: float, ended: list[SequenceGroup]) -> None:
+        """Prefill replicas' ended requests: a finished one goes on to the decode pool, one the prefill
+        replica refused (rejected, truncated) ends there for the client."""
+        lost = []
+        for group in ended:
+            client = self.by_prefill[id(group)]
+            if group.finish_reason is FinishReason.REJECTED or RequestRecord.from_group(group).truncated:
+                lost.append(group)
+                continue
+            req = self.requests[group.request_id]
+            client.decode = self.decode.engines[0].executor.make_group(req, arrival=group.times.arrival)
+            remote = Remote(now, client.prefill_replica, -1)
+            self.remotes.append(remote)
+            self.decode.hand(client.decode, remote, now)
+        if lost:
+            self._ended(now, lost)
+            if self.concurrency is not None:
+                self.prefill.release(len(lost))
+
+    def _loading(self, replica: int, group: SequenceGroup, remote: Remote, now: float) -> None:
+        """A decode replica gave the request its blocks: the KV starts across the link."""
+        remote.num_bytes, remote.seconds = self.path.seconds(remote.tokens)
+        self.env.process(self._transfer(self.decode.engines[replica], group, remote))
+
+    def _transfer(self, engine: SimulatedEngine, group: SequenceGroup, remote: Remote):
+        yield self.env.timeout(remote.seconds)
+        engine.scheduler.kv_arrived(group, self.env.now)
+        wake(engine)
+
+    def _decoded(self, engine, now: float, ended: list[SequenceGroup]) -> None:
+        self._ended(now, ended)
+
+    def _ended(self, now: float, ended: list[SequenceGroup]) -> None:
+        self.done += len(ended)
+        if self.watch is not None:
+            self.watch(self, now, ended)
+
+    def _progress(self, now: float, done: int, total: int) -> None:
+        self.progress(now, self.done, len(self.trace))
+
+
+
+@dataclass
+class PdRun:
+    """What only a disaggregated run has: each pool's own result, and every request's hand-off."""
+
+    prefill: SimResult             # the prefill pool's run (its requests stop at one token); .fleet per replica
+    decode: SimResult              # the decode pool's run (its requests' times are the client's)
+    remotes: list[Remote]          # per request handed to the decode pool, in hand-off order
+    handed: list[SequenceGroup]    # the decode pool's requests, in the same order
+    path: KvPath
+    router: str
+    step_pools: list[int]          # per step of the merged steps: 0 the prefill pool, 1 the decode pool
+
+    @property
+    def ratio(self) -> str:
+        return f"{len(self.prefill.fleet.replicas)}:{len(self.decode.fleet.replicas)}"
+
+    def summary(self, span: float) -> dict:
+        """result.json's `pd`: each pool's load and waits, the KV transfers, the client's TTFT in parts."""
+        prefill, decode = _pool_block(self.prefill, span), _pool_block(self.decode, span)
+        done = [r for r in self.prefill.requests if r.completed]
+        prefill["queue_wait"] = _stats([r.first_scheduled - r.arrival for r in done])
+        prefill["prefill_time"] = _stats([r.first_token - r.first_scheduled for r in done])
+        prefill["time_to_kv"] = _stats([r.first_token - r.arrival for r in done])
+        admitted = [r for r in self.remotes if r.admitted_at is not None]
+        decode["admission_wait"] = _stats([r.allocated_at - r.handed_at for r in admitted])
+        decode["start_wait"] = _stats([r.admitted_at - r.arrived_at for r in admitted])
+        decode["tpot"] = {"mean": decode.pop("tpot_mean"), "p99": decode.pop("tpot_p99")}
+        decode["first_step"] = _stats([g.times.first_token - r.admitted_at for g, r in zip(self.handed, self.remotes)
+                                       if r.admitted_at is not None and g.times.first_token is not None])
+        return {"ratio": self.ratio, "router": self.router, "prefill": prefill, "decode": decode,
+                "kv_transfer": self._transfers(admitted),
+                "ttft_parts_mean": {"prefill_queue": prefill["queue_wait"]["mean"],
+                                    "prefill": prefill["prefill_time"]["mean"],
+                                    "decode_admission": decode["admission_wait"]["mean"],
+                                    "kv_transfer": _stats([r.seconds for r in admitted])["mean"],
+                                    "decode_start": decode["start_wait"]["mean"],
+                                    "first_decode_step": decode["first_step"]["mean"]}}
+
+    def _transfers(self, admitted: list[Remote]) -> dict:
+        path = self.path
+        return {"link": path.link.name, "stream_bandwidth": path.stream_bandwidth, "streams": path.streams,
+                "latency": path.link.latency, "kv_bytes_per_token": path.bytes_per_token,
+                "count": len(self.remotes), "bytes_total": sum(r.num_bytes for r in self.remotes),
+                "bytes": _stats([r.num_bytes for r in admitted]), "seconds": _stats([r.seconds for r in admitted]),
+                "source": path.link.source}
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p99": None, "max": None}
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), "p99": float(np.percentile(array, 99)), "max": float(array.max())}
+
+
+POOL_METRICS = ("num_completed", "num_rejected", "request_throughput", "mean_batch_size", "mean_prefill_batch_size",
+                "kv_utilization", "num_steps", "tpot_mean", "tpot_p99")
+
+
+def _pool_block(sim: SimResult, span: float) -> dict:
+    """One pool's figures: its replicas' shape, how busy they were, and each replica's own row."""
+    fleet = sim.fleet.summary()
+    metrics = sim.metrics.to_dict()
+    d = sim.plan.deployment
+    replicas = fleet["replicas"]
+    busy = sum(s.end - s.start for s in sim.steps)
+    return {"replicas": replicas, "gpu": d.gpu, "tp": d.tp, "gpus": replicas * d.tp, "cost_model": sim.cost_model,
+            "num_gpu_blocks": sim.plan.num_gpu_blocks, "max_num_seqs": d.max_num_seqs,
+            "num_requests": len(sim.requests), **{k: metrics[k] for k in POOL_METRICS},
+            "preemptions": metrics["preemptions"]["total"], "busy_time": busy,
+            "utilization": busy / (replicas * span) if span > 0 else None,
+            "per_replica": fleet["per_replica"], "load_imbalance": fleet["load_imbalance"]}
+
+
+@dataclass
+class PdResult(SimResult):
+    """A disaggregated run: the client's requests (each the decode side's times, or the prefill side's
+    where it ended there) and both pools' steps; `pd` holds each pool's own result."""
+
+    pd: PdRun | None = None
+
+    @property
+    def params(self) -> dict:
+        return {**super().params, "pd": self.pd.ratio, "router": self.pd.router}
+
+    def summary(self) -> dict:
+        return {**super().summary(), "pd": self.pd.summary(self.simulated_time)}
+
+
+def simulate_pd(trace: Trace, prefill: Pool, decode: Pool, path: KvPath, policy: RouterPolicy, *, seed: int = 0,
+                concurrency: int | None = None, fast_forward: bool = True, progress: Progress | None = None,
+                watch: Watch | None = None) -> PdResult:
+    """`trace` (or a closed loop of `concurrency` clients) through a prefill pool and a decode pool, each
+    behind a router of `policy`, the KV crossing `path` (see the module)."""
+    wall_start = time.perf_counter()
+    env = simpy.Environment()
+    pools = Disaggregated(env, trace, prefill, decode, path, policy, seed=seed, concurrency=concurrency,
+                          fast_forward=fast_forward, progress=progress, watch=watch)
+    pools.start()
+
+    def records() -> PdResult:
+        if progress is not None:
+            progress(env.now, pools.done, len(trace))
+        clients = [c.group for c in pools.groups]
+        check_all_ended(clients, len(trace))
+        return _pd_result(pools, clients, prefill, decode, seed)
+
+    result = run_quietly(env, records)
+    result.concurrency = concurrency
+    result.wall_time = time.perf_counter() - wall_start
+    return result
+
+
+def _pd_result(pools: Disaggregated, clients: list[SequenceGroup], prefill: Pool, decode: Pool,
+               seed: int) -> PdResult:
+    trace = pools.trace
+    parts = [pool_result(pools.prefill, prefill.plan, prefill.cost_model, seed),
+             pool_result(pools.decode, decode.plan, decode.cost_model, seed)]
+    steps, shapes, num_running, step_pools = merged_steps(parts)
+    records = [RequestRecord.from_group(g) for g in clients]
+    engines = pools.prefill.engines + pools.decode.engines
+    preemptions = {key: sum(e.scheduler.preemptions[key] for e in engines) for key in ("recompute", "swap")}
+    run = PdRun(parts[0], parts[1], pools.remotes, pools.decode.groups, pools.path, pools.prefill.policy.name,
+                step_pools)
+    return PdResult(
+        decode.plan, decode.cost_model.name, trace.name, json_safe(trace.params),
+        summarize(records, steps, preemptions), records, steps, shapes, num_running,
+        # Nothing is shared without prefix caching, and the decode pool's own ratio would count the blocks of
+        # requests parked for their KV (held, not in the batch) as waste: not a sharing figure.
+        sharing_saved=0.0, prefix_cache_hit_tokens=parts[0].prefix_cache_hit_tokens,
+        prefix_cache_hit_rate=parts[0].prefix_cache_hit_rate,
+        kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=pools.env.now,
+        wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed, pd=run)

@@ -1,0 +1,178 @@
+"""Prefill/decode disaggregation (planner/sim/pd.py, planner/sim/remote_kv.py, docs/pd.md): the client's
+TTFT is the prefill plus the hand-off, the transfer and the first decode-side step; KV bytes follow the
+model; a short pool binds; bad --pd values and combinations are one line."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner.analysis.pd import which_binds
+from planner.catalog.links import KvLink, resolve_link
+from planner.cli.app import app
+from planner.errors import PlannerError
+from planner.runs.pd import Disaggregation, parse_pd
+from planner.runs.pipeline import Simulation, prepare_pools
+from planner.runs.spec import Fleet, Load, RunSpec
+from planner.sim.pd import KvPath, simulate_pd
+from planner.sim.router import parse_router
+from workloads import make_trace
+
+runner = CliRunner()
+V1 = Deployment.of(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1")
+INSTANT = KvLink("instant", math.inf, 0.0, "test", "test")
+
+
+def pd_spec(prefill: int, decode: int, load: Load, deployment: Deployment = V1, **pools) -> RunSpec:
+    return RunSpec(deployment=deployment, load=load, pd=Disaggregation(prefill, decode, **pools))
+
+
+def random_load(**changes) -> Load:
+    params = {"input_len": 2000, "output_len": 50, **changes.pop("params", {})}
+    return Load(workload="random", params=tuple(params.items()), **{"requests": 60, "rate": 2.0, **changes})
+
+
+def test_instant_transfer_and_idle_pools_give_the_prefill_time_plus_one_decode_step():
+    pools = prepare_pools(pd_spec(8, 8, random_load()))
+    path = KvPath(INSTANT, math.inf, 1, pools.path.bytes_per_token)
+    trace = random_load().trace()
+    sim = simulate_pd(trace, pools.prefill, pools.decode, path, parse_router("least-requests"))
+    assert sim.metrics.num_completed == len(trace)
+    prefill = {r.request_id: r for r in sim.pd.prefill.requests}
+    for client, remote, group in zip(sim.requests, sim.pd.remotes, sim.pd.handed):
+        assert client.request_id == group.request_id
+        done = prefill[client.request_id].first_token          # the prefill replica's (discarded) token
+        assert remote.handed_at == done and remote.allocated_at == done and remote.admitted_at == done
+        first_step = sim.pd.decode.requests[0].tpot          # a decode step of a lightly loaded replica
+        assert client.first_token - done == pytest.approx(first_step, rel=0.2)
+    doc = sim.summary()
+    parts = doc["pd"]["ttft_parts_mean"]
+    assert parts["kv_transfer"] == 0 and parts["decode_admission"] == 0 and parts["decode_start"] == 0
+    assert sum(parts.values()) == pytest.approx(doc["ttft_mean"])
+    assert doc["pd"]["prefill"]["queue_wait"]["p99"] < 0.05 * doc["pd"]["prefill"]["prefill_time"]["mean"]
+
+
+def test_kv_bytes_follow_the_model_and_the_link():
+    spec = pd_spec(1, 1, random_load(), Deployment.of(model="llama-3.1-70b", gpu="h100-sxm", tp=4, policy="vllm-v1"),
+                   decode_tp=8, kv_link="infiniband")
+    path = prepare_pools(spec).path
+    assert path.bytes_per_token == 2 * 80 * 8 * 128 * 2      # K and V x 80 layers x 8 KV heads x 128 x bf16
+    assert path.streams == 4                                  # min(prefill TP 4, decode TP 8)
+    num_bytes, seconds = path.seconds(8000)
+    assert num_bytes == 8000 * 327_680
+    assert seconds == pytest.approx(1e-5 + 8000 * 327_680 / (50e9 * 4))
+    fp8 = prepare_pools(pd_spec(1, 1, random_load(), V1.replace(kv_cache_dtype="fp8"))).path
+    assert fp8.bytes_per_token == 2 * 32 * 8 * 128 * 1
+
+
+def test_the_run_moves_each_prompts_kv():
+    result = Simulation.prepare(pd_spec(1, 2, random_load(requests=20))).run()
+    kv = result.document()["pd"]["kv_transfer"]
+    assert kv["count"] == 20
+    assert kv["bytes_total"] == 20 * 2000 * kv["kv_bytes_per_token"]
+    assert kv["seconds"]["mean"] == pytest.approx(1e-5 + 2000 * kv["kv_bytes_per_token"] / 50e9)
+
+
+def test_a_decode_pool_too_small_binds_decode():
+    load = random_load(requests=80, rate=8.0, params={"input_len": 500, "output_len": 400})
+    result = Simulation.prepare(pd_spec(2, 1, load, V1.replace(max_num_seqs=8))).run()
+    found = result.verdict["pd"]
+    assert found["binds"] == "decode" and found["decode_saturated"] and not found["prefill_saturated"]
+    assert "the decode pool binds" in result.verdict["lines"][0]
+
+
+def test_a_prefill_pool_too_small_binds_prefill():
+    load = random_load(requests=40, rate=6.0, params={"input_len": 8000, "output_len": 20})
+    result = Simulation.prepare(pd_spec(1, 2, load)).run()
+    found = result.verdict["pd"]
+    assert found["binds"] == "prefill" and found["prefill_saturated"] and not found["decode_saturated"]
+    pools = result.document()["pd"]
+    assert pools["prefill"]["utilization"] > 0.9
+
+
+def test_neither_pool_saturated_names_the_busier():
+    pd = {"prefill": {"queue_wait": {"mean": 0.001}, "prefill_time": {"mean": 0.05}, "utilization": 0.6},
+          "decode": {"admission_wait": {"mean": 0.001}, "start_wait": {"mean": 0.002}, "tpot": {"mean": 0.01},
+                     "first_step": {"mean": 0.01}, "mean_batch_size": 20, "max_num_seqs": 256,
+                     "kv_utilization": 0.3}}
+    assert which_binds(pd)["binds"] == "prefill" and not which_binds(pd)["saturated"]
+    pd["decode"]["kv_utilization"] = 0.8
+    assert which_binds(pd)["binds"] == "decode"
+
+
+def test_a_closed_loop_runs_through_both_pools():
+    load = random_load(requests=30, rate=None, concurrency=4)
+    result = Simulation.prepare(pd_spec(1, 1, load)).run()
+    assert result.metrics.num_completed == 30
+    arrivals = sorted(r.arrival for r in result.sim.requests)
+    assert arrivals[:4] == [0.0] * 4 and arrivals[4] > 0
+
+
+def test_a_request_the_decode_pool_cannot_hold_is_rejected_there():
+    small = V1.replace(max_model_len=1024)           # the decode pool's limit: a 2,000-token prompt never runs there
+    pools = prepare_pools(pd_spec(1, 1, random_load(requests=5)))
+    small_pool = prepare_pools(pd_spec(1, 1, random_load(requests=5), small)).decode
+    sim = simulate_pd(random_load(requests=5).trace(), pools.prefill, small_pool, pools.path, parse_router(None))
+    assert sim.metrics.num_rejected == 5 and all(r.rejected for r in sim.requests)
+    assert sim.pd.prefill.metrics.num_completed == 5 and not any(r.allocated_at for r in sim.pd.remotes)
+
+
+@pytest.mark.parametrize("text", ["2", "a:b", "0:3", "2:0", "-1:2", "1:2:3"])
+def test_bad_pd_values_are_refused(text):
+    with pytest.raises(PlannerError, match="--pd"):
+        parse_pd(text)
+
+
+@pytest.mark.parametrize("spec,message", [
+    (RunSpec(deployment=V1, fleet=Fleet(2), pd=Disaggregation(1, 1)), "replaces --replicas"),
+    (RunSpec(deployment=V1.replace(policy="paper"), pd=Disaggregation(1, 1)), "--policy vllm-v1"),
+    (RunSpec(deployment=V1.replace(speculative="eagle:3"), pd=Disaggregation(1, 1)), "not modelled"),
+    (RunSpec(deployment=V1, pd=Disaggregation(3, 6, kv_link="nvlink")), "one node"),
+    (RunSpec(deployment=V1.replace(gpu="l40s"), pd=Disaggregation(1, 1, kv_link="nvlink")), "no NVLink"),
+    (RunSpec(deployment=V1, pd=Disaggregation(1, 1, kv_link="carrier-pigeon")), "unknown KV link"),
+])
+def test_combinations_that_make_no_sense_are_refused(spec, message):
+    with pytest.raises(PlannerError, match=message):
+        Simulation.prepare(spec)
+
+
+BASE = ("--model", "llama-3.1-8b", "--gpu", "h100", "--requests", 20, "--workload", "random",
+        "-p", "input_len=1000", "-p", "output_len=20")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--pd", "0:1", "--policy", "vllm-v1"), "at least one replica"),
+    (("--pd", "two", "--policy", "vllm-v1"), "give P:D"),
+    (("--pd", "1:1"), "--policy vllm-v1"),
+    (("--pd", "1:1,1:2", "--policy", "vllm-v1"), "one P:D"),
+    (("--prefill-tp", 2, "--policy", "vllm-v1"), "give --pd"),
+    (("--pd", "1:1", "--replicas", 2, "--policy", "vllm-v1"), "replaces --replicas"),
+    (("--pd", "4:8", "--kv-link", "nvlink", "--policy", "vllm-v1"), "one node"),
+])
+@pytest.mark.parametrize("command", ["simulate", "capacity"])
+def test_cli_refuses_bad_pd_in_one_line(tmp_path, command, args, message):
+    extra = ("--slo", "ttft_p99=1") if command == "capacity" else ("--rate", 4)
+    result = runner.invoke(app, [str(a) for a in (command, *BASE, *args, *extra, "--out", tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_writes_the_pd_block(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, [str(a) for a in ("simulate", *BASE, "--rate", 4, "--policy", "vllm-v1", "--pd",
+                                                  "1:2", "--decode-tp", 2, "--kv-link", "ethernet", "--out", out,
+                                                  "--json")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "result.json").read_text())
+    pd = doc["pd"]
+    assert pd["ratio"] == "1:2" and pd["decode"]["tp"] == 2 and pd["prefill"]["tp"] == 1
+    assert pd["kv_transfer"]["link"] == "ethernet" and pd["kv_transfer"]["streams"] == 1
+    assert len(pd["decode"]["per_replica"]) == 2 and pd["decode"]["num_requests"] == 20
+    assert doc["verdict"]["pd"]["binds"] in ("prefill", "decode")
+    assert "--pd 1:2 --decode-tp 2 --kv-link ethernet" in doc["command"]
+    assert doc["num_completed"] == 20 and doc["params"]["pd"] == "1:2"
+    assert resolve_link("eth").name == "ethernet"
