@@ -8,6 +8,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   Face id or a model folder; a catalog GPU; the tensor-parallel size. The
   planner prices them; the live engine loads `model` from a folder and runs on
   the device it has.
+- `dp` and `enable_expert_parallel` are vLLM's `--data-parallel-size` and `--enable-expert-parallel`:
+  dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
+  each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
+  expert parallelism whole experts (EP = tp x dp). The planner prices them; the engine runs dp = 1.
 - `policy` is the scheduler: "paper" (vLLM v0.2.0, the PagedAttention paper's:
   prefill-only or decode-only steps) or "vllm-v1" (a token budget per step,
   decodes first, prompts in chunks, as vLLM 0.19 deploys).
@@ -52,6 +56,8 @@ class Deployment:
     model: str = "opt-13b"
     gpu: str = "a100-40g"
     tp: int = 1
+    dp: int = 1                              # data-parallel size: attention replicas inside the deployment
+    enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
     dtype: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 256
@@ -96,7 +102,7 @@ class Deployment:
             raise ValueError(f"block_size {self.block_size} is not supported; choose one of "
                              f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))} (the simulator also takes "
                              f"{', '.join(str(b) for b in SIM_BLOCK_SIZES if b not in SUPPORTED_BLOCK_SIZES)})")
-        for name in ("tp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
+        for name in ("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
         _at_least("swap_space", self.swap_space, 0)

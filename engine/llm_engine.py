@@ -72,6 +72,9 @@ def _check_runnable(dep: Deployment, model: str) -> None:
     if dep.tp != 1:
         raise ValueError(f"tensor parallel size {dep.tp}: this engine runs a model on one device "
                          "(the planner models parallelism: planner simulate --tp N)")
+    if dep.dp != 1:
+        raise ValueError(f"data parallel size {dep.dp}: this engine runs one attention replica "
+                         "(the planner models data parallelism: planner simulate --dp N)")
     if dep.allocator != "paged":
         raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
                          "simulator runs; the engine is paged")

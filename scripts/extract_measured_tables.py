@@ -12,6 +12,8 @@ version) in planner/data/measured/SOURCE.json:
   `gemm_nvfp4` (NVFP4 W4A4), each where the system's table measured it over
   the full grid (a format measured on a few shapes only is recorded as
   skipped, with its row count);
+- MoE (`moe`): one MoE layer's fused experts (vLLM's FusedMoE, dispatch and combine excluded) per
+  expert format, by tokens, TP/EP split and routing distribution, for the catalog's MoE shapes only;
 - attention per KV-cache dtype: `context_attention` / `generation_attention`
   (bf16 cache) and `context_attention_fp8kv` / `generation_attention_fp8kv`
   (FP8 cache, bf16 queries), each with the kernel vLLM selects for that cache:
@@ -154,6 +156,48 @@ def extract_allreduce(data: Path, base: Path, system: str) -> dict:
     return sources
 
 
+# MoE: the kernel vLLM runs each expert format with, best first (substrings of kernel_source): gpt-oss's
+# own MXFP4 Triton kernel; for block FP8 Triton, vLLM's default on Hopper (FlashInfer is opt-in there).
+MOE_KERNELS = ("gptoss", "triton", "flashinfer", "marlin")
+# Routing distributions kept: balanced (every expert equally likely) and NVIDIA's power-law skew with
+# exponent 1.2 (aiconfigurator's default for MoE models); power_law_1.01 sits between them.
+MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
+
+
+def catalog_moe_shapes() -> set[tuple[int, int, int, int]]:
+    """(hidden, expert width, top-k, experts) of the catalog's MoE models: the only rows kept."""
+    models = json.loads((OUT.parent / "models.json").read_text())["models"]
+    return {(m["hidden_size"], m["moe_intermediate_size"], m["num_experts_per_tok"], m["num_experts"])
+            for m in models if m.get("num_experts")}
+
+
+def extract_moe(data: Path, base: Path, system: str) -> dict:
+    """The fused-MoE table (one MoE layer's experts on one GPU: tokens, expert format, TP/EP split,
+    routing distribution) for the catalog's MoE shapes, one kernel per format; its source."""
+    path = newest(data / "moe" / "vllm", "moe_perf.parquet")
+    if path is None:
+        return {}
+    m = pd.read_parquet(path)
+    shapes = catalog_moe_shapes()
+    keep = pd.Series([(h, i, k, e) in shapes for h, i, k, e in zip(m.hidden_size, m.inter_size, m.topk,
+                                                                    m.num_experts)], index=m.index)
+    m = m[keep & m.distribution.isin(MOE_DISTRIBUTIONS)]
+    frames, kernels = [], {}
+    for dtype, rows in m.groupby("moe_dtype"):
+        found = sorted(rows.kernel_source.unique())
+        kernel = next((k for pref in MOE_KERNELS for k in found if pref in k), found[0])
+        kernels[dtype] = kernel
+        frames.append(rows[rows.kernel_source == kernel])
+    keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "distribution", "moe_tp_size",
+            "moe_ep_size", "num_tokens"]
+    table = pd.concat(frames).groupby(keys, as_index=False).latency.median()
+    write(table.rename(columns={"latency": "latency_ms"}), system, "moe")
+    return {"moe": source(base, path, rows=len(table), kernel="; ".join(f"{d}: {k}" for d, k in kernels.items()),
+                          filter=f"the catalog's MoE shapes (hidden, inter_size, topk, num_experts) "
+                                 f"{sorted(shapes)}; distribution in {list(MOE_DISTRIBUTIONS)}; one kernel "
+                                 f"per moe_dtype; median of repeats")}
+
+
 def system_spec(spec_path: Path, system: str) -> dict:
     """The GPU and node figures of the system's spec file the cost model reads."""
     spec = yaml.safe_load(spec_path.read_text())
@@ -179,6 +223,7 @@ def extract(root: Path, system: str, package_version: str) -> dict:
         for op in ("context", "generation"):
             tables.update(extract_attention(data, base, system, op, kv_dtype))
     tables.update(extract_allreduce(data, base, system))
+    tables.update(extract_moe(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}
     if skipped:
         record["skipped"] = skipped

@@ -27,6 +27,11 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                             "local model folder"),
     "gpu": (("--gpu", "--gpus"), "GPU from the catalog (planner list gpus), or cpu"),
     "tp": (("--tp", "--tensor-parallel-size"), "tensor parallel size"),
+    "dp": (("--dp", "--data-parallel-size"), "data-parallel size: attention replicas inside one deployment, "
+                                             "their MoE experts shared over tp x dp GPUs [default: 1]"),
+    "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),
+                               "MoE: whole experts split over tp x dp GPUs (EP = TP x DP) instead of each "
+                               "expert's width [default: off]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),
     "block_size": (("--block-size",), "KV block size in tokens [default: 16]"),
     "max_num_seqs": (("--max-num-seqs",), "most sequences per step [default: 256]"),

@@ -56,7 +56,8 @@ NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
                              max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                             max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
+                             max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, dp: int = 1,
+                             expert_parallel: bool = False) -> int:
     """Peak activation memory per GPU of the largest step the scheduler may run.
 
     vLLM measures this by profiling a forward pass of max_num_batched_tokens
@@ -67,6 +68,10 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     Add the sampler's fp32 [sequences, vocab] tensors. Layers run one after
     another, so one layer's worth is the peak; allocator slack is covered by
     the utilization margin.
+
+    A MoE layer instead holds, for every token the dp replicas gather into it, the router's logits
+    and vLLM's fused-MoE caches: top-k rows of the gate/up output, of its activation and of the
+    experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism).
     """
     h, i = model.hidden_size, model.intermediate_size
     kv_size = model.kv_heads_per_gpu(tp) * model.head_size
@@ -75,7 +80,12 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     per_token = 2 * h + (q_size + 2 * kv_size) + q_size + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
-    return tokens * per_token * dtype_bytes + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+    peak = tokens * per_token * dtype_bytes
+    if model.is_moe:
+        width = model.moe_intermediate_size // (1 if expert_parallel else tp * dp)
+        moe = model.num_experts + model.num_experts_per_tok * (3 * width + h)
+        peak = max(peak, tokens * dp * (2 * h + moe) * dtype_bytes)
+    return peak + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT
 
 
 def non_torch_bytes(tp: int = 1) -> int:
@@ -110,6 +120,10 @@ class MemoryPlan:
     num_cpu_blocks: int             # swap space, in blocks
     quantization: str | None = None  # the weights' format (None: 16-bit), as WeightFormat.describe() says
     kv_dtype_bytes: int = 2         # bytes per KV-cache element (1: FP8)
+    dp: int = 1                     # data-parallel replicas: each holds this plan's KV cache of its own
+    expert_parallel: bool = False
+    expert_bytes_per_gpu: int = 0   # the MoE experts' share of weight_bytes_per_gpu
+    sliding_window_bytes_per_gpu: int = 0   # set aside for the sliding-window layers' blocks (gpt-oss)
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -146,6 +160,11 @@ class MemoryPlan:
             "num_cpu_blocks": self.num_cpu_blocks,
             "kv_token_slots": self.kv_token_slots,
             **({"quantization": self.quantization} if self.quantization is not None else {}),
+            **({"dp": self.dp} if self.dp != 1 else {}),
+            **({"expert_parallel": self.expert_parallel, "experts_gib_per_gpu": self.expert_bytes_per_gpu / GIB}
+               if self.expert_bytes_per_gpu else {}),
+            **({"sliding_window_gib_per_gpu": self.sliding_window_bytes_per_gpu / GIB}
+               if self.sliding_window_bytes_per_gpu else {}),
         }
 
 
@@ -164,30 +183,53 @@ def _check_args(gpu_memory_utilization: float, block_size: int, dtype_bytes: int
         raise PlannerError(f"swap_space_bytes must be >= 0, got {swap_space_bytes}")
 
 
+def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: int,
+                    max_num_seqs: int) -> tuple[int, int]:
+    """(bytes of one KV block on one GPU, bytes set aside for the sliding-window layers).
+
+    A block holds the full-attention layers' K and V: only they grow with the context. vLLM's
+    hybrid KV cache manager gives the sliding-window layers blocks from the same pool but frees
+    those that leave the window, so a running request holds at most cdiv(window - 1, block_size)
+    + 1 of them; the plan sets that many aside for each of max_num_seqs requests (what a full
+    batch holds) and cuts the rest into blocks of the full-attention layers.
+    """
+    per_layer_block = 2 * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes * block_size
+    sliding = 0
+    if model.sliding_layers:
+        blocks = -(-(model.window - 1) // block_size) + 1
+        sliding = max_num_seqs * blocks * model.sliding_layers * per_layer_block
+    return model.full_attention_layers * per_layer_block, sliding
+
+
 def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
-                weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None) -> MemoryPlan:
+                weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
+                dp: int = 1, expert_parallel: bool = False) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
     profiler saw only torch's own allocations. `weight_format` stores the
     linear layers quantized; `kv_dtype_bytes` (default `dtype_bytes`) sizes the
-    KV cache's elements (1 for FP8).
+    KV cache's elements (1 for FP8). `dp` data-parallel replicas of `tp` GPUs share a MoE's experts
+    (split by width, or whole with `expert_parallel`); each replica has its own KV cache.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     _check_args(gpu_memory_utilization, block_size, dtype_bytes, kv_dtype_bytes, max_num_batched_tokens,
                 max_num_seqs, swap_space_bytes)
-    heads = model.kv_heads_per_gpu(tp)          # validates tp against the head counts first
+    model.kv_heads_per_gpu(tp)                  # validates tp against the head counts first
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format) + rotary_cache_bytes(model, dtype_bytes)
-    activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs)
-    non_torch = non_torch_bytes(tp) if gpu.kind == "gpu" and count_non_torch else 0
-    block_bytes = 2 * model.num_layers * heads * model.head_size * kv_dtype_bytes * block_size
-    num_blocks = (usable - weights - activations - non_torch) // block_bytes
+    weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)
+               + rotary_cache_bytes(model, dtype_bytes))
+    activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs, dp,
+                                           expert_parallel)
+    group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
+    non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
+    block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs)
+    num_blocks = (usable - weights - activations - non_torch - sliding) // block_bytes
     if num_blocks < 1:
         need = (weights + activations + non_torch + block_bytes) / GIB
         raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "
@@ -204,4 +246,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         kv_bytes_per_token=model.kv_bytes_per_token(kv_dtype_bytes), block_bytes_per_gpu=block_bytes,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
         quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
+        dp=dp, expert_parallel=expert_parallel, sliding_window_bytes_per_gpu=sliding,
+        expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format),
     )
+

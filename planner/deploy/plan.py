@@ -28,6 +28,7 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_for
                                           weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
+from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
 from planner.deploy.speculation import speculation_of
 from planner.errors import PlannerError
 
@@ -45,6 +46,7 @@ class DeploymentPlan:
     warnings: tuple[str, ...] = ()
     weight_format: WeightFormat | None = None   # None: 16-bit weights
     gemm: GemmPath | None = None                # what vLLM runs the quantized linear layers with here
+    moe: MoeLayout | None = None                # a MoE's experts over the tp x dp GPUs (None: dense)
 
     @property
     def dtype_bytes(self) -> int:
@@ -81,6 +83,9 @@ class DeploymentPlan:
                 "dtype_bytes": self.dtype_bytes,
                 "quantization": self.weight_format.method if self.weight_format else None,
                 "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes,
+                **({"dp": d.dp} if d.dp != 1 else {}),
+                **({"enable_expert_parallel": d.enable_expert_parallel, "moe_layout": self.moe.describe()}
+                   if self.moe is not None else {}),
                 **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance})}
 
 
@@ -91,6 +96,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     if refuse and deployment.speculative is not None:
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
+    layout = moe_layout(model, deployment)
     fmt = resolve_weight_format(deployment)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
@@ -104,12 +110,12 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     if cpu_blocks is None:                        # recompute only under vllm-v1: no swap space to plan
         cpu_blocks = 0 if memory is None else memory.num_cpu_blocks
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          weight_format=fmt, gemm=gemm)
+                          weight_format=fmt, gemm=gemm, moe=layout)
     if not refuse:
         return plan
-    warnings = checks.check_plan(plan) + _quantization_warnings(plan)
+    warnings = checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
     return DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          tuple(warnings), fmt, gemm)
+                          tuple(warnings), fmt, gemm, layout)
 
 
 def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
@@ -178,7 +184,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
     args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
                 dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
-                weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes)
+                weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
+                dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe)
     try:
         return plan_memory(model, gpu, deployment.tp, **args)
     except PlannerError as exc:

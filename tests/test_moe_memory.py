@@ -1,0 +1,99 @@
+"""The memory plan of MoE deployments: experts split by TP or EP over tp x dp GPUs, MXFP4 experts,
+sliding-window layers' KV, and the dp / expert-parallel settings vLLM refuses."""
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner.catalog import GIB, resolve_model
+from planner.catalog.quantization import weight_format
+from planner.cli.app import app
+from planner.deploy.memory import kv_block_layout, plan_memory
+from planner.deploy.plan import plan_deployment
+from planner.errors import PlannerError
+
+
+def test_experts_split_over_every_gpu_by_width_or_whole():
+    q = resolve_model("qwen3-30b-a3b")
+    whole = q.expert_bytes(2)
+    assert q.expert_bytes_per_gpu(1) == whole
+    assert q.expert_bytes_per_gpu(2) == pytest.approx(whole / 2, abs=1)
+    assert q.expert_bytes_per_gpu(2, 2) == pytest.approx(whole / 4, abs=1)              # TP2 x DP2: width / 4
+    assert q.expert_bytes_per_gpu(2, 2, expert_parallel=True) == whole // 4             # 32 of 128 experts
+    assert q.expert_bytes_per_gpu(6, 1, expert_parallel=True) == whole * 22 // 128      # uneven: ceil(128 / 6)
+    # bf16 Qwen3-30B-A3B: ~57 GiB of weights on one GPU (vLLM logs ~56.9 GiB for its load)
+    assert q.weight_bytes_per_gpu(1) / GIB == pytest.approx(56.9, rel=0.01)
+
+
+def test_attention_replicates_over_dp_while_experts_split():
+    q = resolve_model("qwen3-30b-a3b")
+    tp2 = q.weight_bytes_per_gpu(2)
+    dp2 = q.weight_bytes_per_gpu(1, dp=2, expert_parallel=True)
+    # same experts per GPU; the DP replica holds the whole attention, embedding and LM head
+    assert dp2 - tp2 == pytest.approx((q.weight_bytes_per_gpu(1) - q.expert_bytes(2)) / 2, rel=0.01)
+
+
+def test_mxfp4_stores_only_the_experts_in_four_bits():
+    g = resolve_model("gpt-oss-120b")
+    fmt = weight_format("mxfp4")
+    experts = g.expert_bytes(2, fmt)
+    assert experts / g.expert_bytes(2) == pytest.approx((0.5 + 1 / 32) / 2, rel=0.01)    # 4.25 bits per weight
+    dense = g.weight_bytes_per_gpu(1, 2, fmt) - experts
+    assert dense == pytest.approx((g.num_params - g.linear_params + g._dense_linear_params()
+                                   - g.expert_bias_params) * 2 + g.expert_bias_params * 2 - (
+                                       g.expert_bytes(2) - 3 * g.hidden_size * g.moe_intermediate_size * 2
+                                       * g.num_experts * g.moe_layers), rel=0.01)
+    plan = plan_memory(g, "h100-sxm", weight_format=fmt, max_num_batched_tokens=8192)
+    assert 58 < plan.weight_bytes_per_gpu / GIB < 63          # fits one 80 GB H100, as OpenAI says
+
+
+def test_sliding_window_layers_are_set_aside_and_blocks_hold_full_layers():
+    g = resolve_model("gpt-oss-20b")
+    block, sliding = kv_block_layout(g, 1, 2, 16, max_num_seqs=256)
+    per_layer = 2 * g.num_kv_heads * g.head_size * 2 * 16
+    assert block == 12 * per_layer
+    assert sliding == 256 * (8 + 1) * 12 * per_layer          # cdiv(127, 16) + 1 blocks per request
+    plan = plan_memory(g, "h100-sxm", weight_format=weight_format("mxfp4"), max_num_batched_tokens=8192)
+    assert plan.block_bytes_per_gpu == block and plan.sliding_window_bytes_per_gpu == sliding
+    dense = resolve_model("llama-3.1-8b")
+    assert kv_block_layout(dense, 1, 2, 16, 256) == (2 * 32 * 8 * 128 * 2 * 16, 0)
+
+
+def test_more_gpus_for_the_experts_leave_more_kv():
+    base = dict(model="qwen3-235b-a22b", gpu="h200", policy="vllm-v1", max_model_len=8192)
+    tp8 = plan_deployment(Deployment(tp=8, **base))
+    tp4dp2 = plan_deployment(Deployment(tp=4, dp=2, enable_expert_parallel=True, **base))
+    assert tp8.memory.expert_bytes_per_gpu == tp4dp2.memory.expert_bytes_per_gpu
+    assert tp4dp2.memory.weight_bytes_per_gpu > tp8.memory.weight_bytes_per_gpu     # attention at TP4
+    assert tp4dp2.moe.ep == 8 and tp4dp2.moe.experts_per_gpu == 16
+    assert tp8.moe.moe_tp == 8 and tp8.moe.width_per_gpu == 192
+    assert tp4dp2.params()["dp"] == 2
+
+
+@pytest.mark.parametrize("knobs, match", [
+    (dict(model="llama-3.1-8b", enable_expert_parallel=True), "no experts"),
+    (dict(model="mixtral-8x7b", tp=8, dp=2, enable_expert_parallel=True), "exceeds"),
+    (dict(model="gpt-oss-20b", tp=1, dp=7), "do not split"),
+])
+def test_parallel_settings_vllm_refuses(knobs, match):
+    with pytest.raises(PlannerError, match=match) as info:
+        plan_deployment(Deployment(gpu="h100-sxm", max_model_len=4096, policy="vllm-v1", **knobs))
+    assert "\n" not in str(info.value)
+
+
+def test_uneven_experts_are_planned_with_a_warning():
+    plan = plan_deployment(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", tp=2, dp=3, enable_expert_parallel=True,
+                                      max_model_len=4096, policy="vllm-v1"))
+    assert plan.moe.experts_per_gpu == 22 and any("one expert more" in w for w in plan.warnings)
+
+
+def test_dp_below_one_is_refused():
+    with pytest.raises(ValueError, match="dp must be >= 1"):
+        Deployment(dp=0)
+
+
+def test_cli_refuses_in_one_line_with_exit_2():
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                                      "--enable-expert-parallel", "--requests", "4"])
+    assert result.exit_code == 2
+    assert "no experts" in result.output and "Traceback" not in result.output
