@@ -176,3 +176,40 @@ def test_cli_writes_the_pd_block(tmp_path):
     assert "--pd 1:2 --decode-tp 2 --kv-link ethernet" in doc["command"]
     assert doc["num_completed"] == 20 and doc["params"]["pd"] == "1:2"
     assert resolve_link("eth").name == "ethernet"
+
+
+SEARCH = ("search", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", 1, "--policy", "vllm-v1", "--workload",
+          "random", "-p", "input_len=4000", "-p", "output_len=100", "--duration", 15,
+          "--slo", "ttft_p99=1,tpot_p99=0.03")
+
+
+def test_search_pd_auto_finds_a_ratio_and_says_what_binds_one_replica_short(tmp_path):
+    out = tmp_path / "search"
+    result = runner.invoke(app, [str(a) for a in (*SEARCH, "--rate", 20, "--pd", "auto", "--out", out, "--json")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "pd_search.json").read_text())
+    config = doc["configs"][0]
+    best, aggregated = config["best"], config["aggregated"]
+    assert best["meets"] and aggregated["meets"]
+    near = {r["pd"]: r for r in config["neighbours"]}
+    p, d = best["prefill"], best["decode"]
+    for pair in ((p - 1, d), (p, d - 1)):
+        if min(pair) >= 1:        # one replica fewer in either pool misses (the answer is the fewest)
+            row = near[f"{pair[0]}:{pair[1]}"]
+            assert not row["meets"] and row["binds"] in ("prefill", "decode")
+    if p > 1:
+        assert near[f"{p - 1}:{d}"]["binds"] == "prefill"
+    assert best["cost_per_hour"] == pytest.approx(best["gpus"] * doc["prices"]["h100-sxm"])
+    assert "pd" in (out / "configs.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--rate", "max", "--pd", "auto"), "give --rate"),
+    (("--rate", 20, "--pd", "auto", "--replicas", 2), "leave out --replicas"),
+    (("--rate", 20, "--pd", "1:x"), "give P:D"),
+    (("--rate", 20, "--decode-tp", 2), "give --pd"),
+])
+def test_search_refuses_bad_pd_in_one_line(tmp_path, args, message):
+    result = runner.invoke(app, [str(a) for a in (*SEARCH, *args, "--out", tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1

@@ -47,8 +47,10 @@ def pd_line(pd: dict, found: dict) -> str:
     shape = (f"P/D {pd['ratio']} (prefill {prefill['replicas']} x ({prefill['gpu']} x{prefill['tp']}), decode "
              f"{decode['replicas']} x ({decode['gpu']} x{decode['tp']}))")
     if found["saturated"]:
-        head = f"the {found['binds']} pool binds: it is saturated"
-        hint = f"; add {found['binds']} replicas"
+        why = ("longer than their prefill takes" if found["binds"] == "prefill" else
+               f"longer than {DECODE_QUEUE_STEPS} decode steps")
+        head = f"the {found['binds']} pool binds: its requests queue {why}"
+        hint = f"; more {found['binds']} replicas shorten the queue"
     else:
         head = f"neither pool queues; the {found['binds']} pool is nearer its limit"
         hint = ""

@@ -18,6 +18,8 @@ from rich.table import Table
 
 from planner import api
 from planner.cli import options as opt
+from planner.cli import pd_options as pdo
+from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import default_out, fail
 from planner.cli.simulate import load_of
@@ -127,6 +129,12 @@ def search(
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
     max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
     replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
+    pd: Optional[str] = typer.Option(None, "--pd", metavar="auto|P:D,...",
+                                     help="compare prefill/decode disaggregation with aggregated serving at --rate: "
+                                          "auto finds each configuration's cheapest P:D, or a list of P:D (docs/pd.md)"),
+    prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
+    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
+    kv_link: Optional[str] = pdo.KV_LINK,
     plain: bool = PLAIN, executor: str = EXECUTOR, workers: Optional[int] = WORKERS,
     ray_address: Optional[str] = RAY_ADDRESS, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
@@ -140,8 +148,13 @@ def search(
         base = deployments.without(*AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
-        spec, fleet = _fleet_of(spec, replicas, router)
         target = None if concurrency is not None else _rate(rate)
+        pools = pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp, kv_link)
+        if pd is not None:
+            return _search_pd(spec.with_fleet(router=router or "round-robin"), pools, pd, axes, slo, target,
+                              replicas, concurrency, price, out, err, max_replicas, as_json)
+        pdo.refuse_without_pd(pools)
+        spec, fleet = _fleet_of(spec, replicas, router)
         grid = None if fleet is None else _fleet_grid(
             spec, axes, parse_slos([",".join(slo)]), target if concurrency is None else concurrency,
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
@@ -167,6 +180,23 @@ def search(
         typer.echo(json.dumps(result.document()))
         return
     _print_summary(result)
+
+
+def _search_pd(spec: RunSpec, pools: dict, ratios: str, axes: dict, slo: list[str], target, replicas, concurrency,
+               price: list[str], out: Optional[Path], err: Console, max_replicas: int, as_json: bool) -> None:
+    """search --pd: P:D ratios against aggregated serving (planner/cli/pd_search.py)."""
+    pd_search.check(spec, target, replicas, concurrency)
+    ratios = pd_search.parse_ratios(ratios)
+    slos = parse_slos([",".join(slo)])
+    folder = out or default_out("search", spec.load.workload)
+    err.print(f"searching P/D ratios against aggregated serving for {spec.deployment.model} at {target:g} req/s "
+              f"({len(axes['gpu']) * len(axes['tp'])} configurations, one at a time)", highlight=False)
+    doc = pd_search.run_pd_search(spec, pools, ratios, axes, slos, target, parse_price_overrides(price), folder, err, max_replicas)
+    err.print(f"wrote {folder}/pd_search.json, configs.csv ({doc['wall_time']:.1f} s)", highlight=False)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    pd_search.print_pd_search(doc)
 
 
 class SearchProgress:
