@@ -18,7 +18,6 @@ the simulator runs.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -27,7 +26,6 @@ from engine.core.routing import BaseRouter, RouterPolicy, leading_held
 from engine.entrypoints.router import prometheus
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
-FRESH_S = 0.002          # a reading this recent is reused by the next pick instead of asked again
 
 
 @dataclass
@@ -40,7 +38,6 @@ class Replica:
     kv_usage: float = 0.0
     held: set[int] = field(default_factory=set)
     next_event: int = 0
-    read_at: float = -1.0
     reading: asyncio.Task | None = None
     down: str | None = None                # why the last request to it failed, until one succeeds
 
@@ -82,8 +79,7 @@ class LiveRouter(BaseRouter):
         await asyncio.gather(*(self._refresh_one(client, r) for r in self.replicas))
 
     async def _refresh_one(self, client: httpx.AsyncClient, replica: Replica) -> None:
-        if time.monotonic() - replica.read_at < FRESH_S:
-            return
+        # Picks made while a reading is under way share it (one request per replica at a time).
         if replica.reading is None or replica.reading.done():
             replica.reading = asyncio.ensure_future(self._read(client, replica))
         await asyncio.shield(replica.reading)
@@ -100,4 +96,3 @@ class LiveRouter(BaseRouter):
                 replica.apply_events(doc)
         except (httpx.HTTPError, ValueError) as exc:
             replica.down = f"{type(exc).__name__}: {exc}"     # its last reading stays; the request says more
-        replica.read_at = time.monotonic()

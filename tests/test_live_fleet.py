@@ -1,0 +1,201 @@
+"""The live fleet (engine/entrypoints/router, planner/validation/fleet_live.py): the proxy routes by each
+policy, aggregates /metrics as Prometheus would, reports a dead replica in one line; the in-process live
+fleet routes as the simulated one; one end-to-end run of `planner serve --replicas 2` (slow)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx
+import pytest
+
+from engine.core.block_manager import prompt_block_hashes
+from engine.core.routing import parse_policy
+from engine.entrypoints.openai.kv_events import KvEventLog
+from engine.entrypoints.router import prometheus
+from engine.entrypoints.router.proxy import Proxy, build_proxy_app
+
+URLS = ["http://replica0", "http://replica1"]
+
+PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} {running}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="m"}} {usage}
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{model_name="m"}} {prompt}
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{{model_name="m",le="0.5"}} {fast}
+vllm:e2e_request_latency_seconds_bucket{{model_name="m",le="+Inf"}} {count}
+vllm:e2e_request_latency_seconds_sum{{model_name="m"}} {total}
+vllm:e2e_request_latency_seconds_count{{model_name="m"}} {count}
+"""
+
+
+class FakeReplicas:
+    """Two replicas behind an httpx MockTransport: their pages, KV events and answers, and what they got."""
+
+    def __init__(self) -> None:
+        self.usage = [0.0, 0.0]
+        self.events = [[], []]
+        self.down: set[int] = set()
+        self.status = 200
+        self.got: list[int] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        i = URLS.index(f"http://{request.url.host}")
+        if i in self.down:
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+        path = request.url.path
+        if path == "/metrics":
+            return httpx.Response(200, text=PAGE.format(running=i + 1, usage=self.usage[i], prompt=10 * (i + 1),
+                                                        fast=i, count=2 + i, total=1.5 + i))
+        if path == "/kv_events":
+            return httpx.Response(200, json={"enabled": True, "block_size": 4, "next": len(self.events[i]),
+                                             "events": self.events[i][int(request.url.params["after"]):]})
+        if path == "/health":
+            return httpx.Response(503 if self.status != 200 else 200)
+        self.got.append(i)
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": "max_tokens: bad", "code": self.status}})
+        return httpx.Response(200, json={"replica": i})
+
+
+def run_proxy(policy: str, fake: FakeReplicas, calls):
+    """Run `calls(client, proxy)` against a proxy over the fake replicas (no sockets)."""
+    proxy = Proxy(URLS, parse_policy(policy), block_size=4)
+    app = build_proxy_app(proxy)
+
+    async def main():
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            return await calls(client, proxy)
+    return asyncio.run(main())
+
+
+def post(client, prompt=(5, 6, 7, 8, 9, 10, 11, 12, 13), **extra):
+    return client.post("/v1/completions", json={"prompt": list(prompt), "max_tokens": 2, **extra})
+
+
+def test_round_robin_takes_turns():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        return [(await post(client)).json()["replica"] for _ in range(4)]
+    assert run_proxy("round-robin", fake, calls) == [0, 1, 0, 1]
+
+
+def test_least_requests_counts_the_proxys_own_requests_in_flight():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        proxy.replicas[0].in_flight = 3          # three answers still streaming from replica 0
+        first = (await post(client)).json()["replica"]
+        after = [r.in_flight for r in proxy.replicas]
+        return first, after
+    first, after = run_proxy("least-requests", fake, calls)
+    assert first == 1
+    assert after == [3, 0]                       # the answered request is no longer in flight
+
+
+def test_least_kv_reads_each_replicas_metrics():
+    fake = FakeReplicas()
+    fake.usage = [0.9, 0.2]
+
+    async def calls(client, proxy):
+        return [(await post(client)).json()["replica"] for _ in range(2)]
+    assert run_proxy("least-kv", fake, calls) == [1, 1]
+
+
+def test_prefix_aware_follows_the_replicas_kv_events():
+    fake = FakeReplicas()
+    prompt = list(range(20, 33))                 # 13 tokens: 3 full blocks of 4 may hit
+    hashes = prompt_block_hashes(prompt, 4)
+    fake.events[1] = [[1, h] for h in hashes]     # replica 1 stored this prompt's blocks
+    fake.events[0] = [[1, hashes[0]]]             # replica 0 only its first
+
+    async def calls(client, proxy):
+        picks = [(await post(client, prompt)).json()["replica"] for _ in range(2)]
+        fake.events[1].append([0, hashes[0]])     # replica 1 evicts the first block: its run is broken
+        picks.append((await post(client, prompt)).json()["replica"])
+        return picks, len(proxy.replicas[1].held)
+    picks, held = run_proxy("prefix-aware", fake, calls)
+    assert picks == [1, 1, 0]
+    assert held == len(hashes) - 1
+
+
+def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_a_502_naming_it():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        fake.status = 400
+        bad = await post(client)
+        fake.status = 200
+        fake.down.add(1)
+        dead = await post(client)
+        health = await client.get("/health")
+        return bad, dead, health, [r.in_flight for r in proxy.replicas]
+    bad, dead, health, in_flight = run_proxy("round-robin", fake, calls)
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "max_tokens: bad"
+    assert dead.status_code == 502
+    message = dead.json()["error"]["message"]
+    assert "\n" not in message and message.startswith("replica 1 (http://replica1) did not answer: ConnectError")
+    assert health.status_code == 503 and "replica 1 (http://replica1) is unreachable" in health.json()["error"]["message"]
+    assert in_flight == [0, 0]
+
+
+def test_metrics_sum_counters_and_histograms_and_keep_gauges_per_replica():
+    fake = FakeReplicas()
+    fake.usage = [0.25, 0.5]
+
+    async def calls(client, proxy):
+        await post(client)
+        return (await client.get("/metrics")).text
+    text = run_proxy("round-robin", fake, calls)
+    page = prometheus.parse(text)
+    assert page["vllm:prompt_tokens_total"].kind == "counter"
+    assert [s[2] for s in page["vllm:prompt_tokens_total"].samples] == [30]
+    hist = {(name, dict(labels).get("le")): value for name, labels, value in
+            page["vllm:e2e_request_latency_seconds"].samples}
+    assert hist == {("vllm:e2e_request_latency_seconds_bucket", "0.5"): 1,
+                    ("vllm:e2e_request_latency_seconds_bucket", "+Inf"): 5,
+                    ("vllm:e2e_request_latency_seconds_sum", None): 4.0,
+                    ("vllm:e2e_request_latency_seconds_count", None): 5}
+    usage = {dict(labels)["replica"]: value for _, labels, value in page["vllm:kv_cache_usage_perc"].samples}
+    assert usage == {"0": 0.25, "1": 0.5}
+    routed = {dict(labels)["replica"]: value for _, labels, value in page["planner:router_requests_total"].samples}
+    assert routed == {"0": 1, "1": 0}
+    assert 'vllm:kv_cache_usage_perc{model_name="m",replica="1"} 0.5' in text
+
+
+def test_kv_event_log_hands_out_events_then_a_snapshot_to_a_reader_too_far_behind():
+    class Pool:
+        events = None
+
+    class Engine:
+        class allocator:
+            enable_prefix_caching = True
+            block_size = 16
+            gpu = Pool()
+    log = KvEventLog(Engine, kept=3)
+    Engine.allocator.gpu.events += [(True, 11), (True, 12)]
+    log.drain()
+    assert log.since(0)["events"] == [[1, 11], [1, 12]]
+    Engine.allocator.gpu.events += [(False, 11), (True, 13)]
+    log.drain()
+    assert log.since(2)["events"] == [[0, 11], [1, 13]] and log.since(2)["next"] == 4
+    behind = log.since(0)                       # event 0 is no longer kept
+    assert "events" not in behind and sorted(behind["snapshot"]) == [12, 13]
+
+
+def test_the_live_and_simulated_routers_are_one_pick_rule():
+    from planner.sim.router import Router
+    from engine.entrypoints.router.replicas import LiveRouter
+    from engine.core.routing import BaseRouter
+    assert issubclass(Router, BaseRouter) and issubclass(LiveRouter, BaseRouter)
+    assert Router.pick is not BaseRouter.pick and LiveRouter.pick is BaseRouter.pick
+    assert Router.scores is BaseRouter.scores and LiveRouter.scores is BaseRouter.scores
