@@ -199,3 +199,62 @@ def test_the_live_and_simulated_routers_are_one_pick_rule():
     assert issubclass(Router, BaseRouter) and issubclass(LiveRouter, BaseRouter)
     assert Router.pick is not BaseRouter.pick and LiveRouter.pick is BaseRouter.pick
     assert Router.scores is BaseRouter.scores and LiveRouter.scores is BaseRouter.scores
+
+
+@pytest.mark.slow
+def test_serve_two_replicas_end_to_end(tmp_path):
+    """`planner serve --replicas 2` with a tiny random model: bench through the proxy, the metrics add up,
+    a bad request gets the replica's 400, SIGTERM drains and stops every process."""
+    import signal
+    import subprocess
+    import sys
+    from engine.entrypoints.openai.server import free_port
+    from serve_helpers import metric, save_byte_model, wait_until
+
+    PLANNER[0] = sys.executable
+    folder = save_byte_model(tmp_path / "model")
+    port = free_port()
+    serve = subprocess.Popen([*PLANNER, "serve", "--model", folder, "--replicas", "2",
+                              "--router", "least-requests", "--port", str(port), "--device", "cpu"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _ok(url + "/health"), timeout=180), serve.stdout.read() if serve.poll() else ""
+        bench = subprocess.run([*PLANNER, "bench", "--endpoint", url, "--workload",
+                                "alpaca", "--requests", "8", "--rate", "20", "--max-prompt-len", "24",
+                                "--max-output-len", "6", "--json", "--out", str(tmp_path / "bench")],
+                               capture_output=True, text=True, timeout=300)
+        assert bench.returncode == 0, bench.stderr
+        assert json.loads(bench.stdout)["num_completed"] == 8
+        bad = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 0}, timeout=30)
+        assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]
+        text = httpx.get(url + "/metrics", timeout=30).text
+        assert metric(text, "planner:router_requests_total") == 9
+        assert min(metric(text, "planner:router_requests_total", replica=str(i)) for i in (0, 1)) >= 2
+        assert metric(text, "vllm:e2e_request_latency_seconds_count") == 8
+        assert metric(text, "vllm:num_requests_running", replica="1") == 0
+        replica_urls = [line.split()[-1] for line in _ready_line(serve).split(": ", 1)[1].split(" (")[0].split(", ")]
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=90) == 0
+        assert not any(_ok(u + "/health") for u in replica_urls)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+PLANNER = ["python", "-c", "from planner.cli.app import main; main()"]
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready_line(process) -> str:
+    """The "2 replicas ready: URL, URL (logs in ...)" line serve printed."""
+    for line in process.stdout:
+        if "replicas ready" in line:
+            return line.strip()
+    raise AssertionError("serve never said its replicas were ready")

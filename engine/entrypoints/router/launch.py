@@ -107,13 +107,28 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
                 tokenizer=None, log_dir: Path | None = None, log_level: str = "warning", say=print) -> None:
     """`planner serve --replicas K`: the replicas, then the proxy in the foreground until SIGTERM/SIGINT."""
     replicas = start_replicas(configs, log_dir)
+    # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the signal again: this
+    # handler turns that into an exception, so the replicas are stopped (drained) before the process ends.
+    previous = signal.signal(signal.SIGTERM, _stopped)
     try:
         say(f"{len(replicas)} replicas ready: " + ", ".join(r.url for r in replicas) +
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level).run()
+    except (Stopped, KeyboardInterrupt):
+        pass
     finally:
         stop_replicas(replicas)
+        signal.signal(signal.SIGTERM, previous)
+        say("fleet stopped: the router and every replica drained")
+
+
+class Stopped(Exception):
+    """SIGTERM, once the proxy has drained."""
+
+
+def _stopped(sig, frame) -> None:
+    raise Stopped()
 
 
 class BackgroundFleet:
