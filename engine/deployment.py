@@ -12,6 +12,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
   expert parallelism whole experts (EP = tp x dp). The planner prices them; the engine runs dp = 1.
+- `moe_skew` is the MoE router's skew the planner assumes: experts' popularity falls as a power law,
+  p_e ~ (e + 1) ** -moe_skew (0: uniform routing; NVIDIA measured vLLM's MoE kernels at 1.01 and 1.2,
+  docs/moe.md). It sets how many experts a batch touches and how unevenly EP ranks are loaded.
 - `policy` is the scheduler: "paper" (vLLM v0.2.0, the PagedAttention paper's:
   prefill-only or decode-only steps) or "vllm-v1" (a token budget per step,
   decodes first, prompts in chunks, as vLLM 0.19 deploys).
@@ -58,6 +61,7 @@ class Deployment:
     tp: int = 1
     dp: int = 1                              # data-parallel size: attention replicas inside the deployment
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
+    moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 256
@@ -106,6 +110,9 @@ class Deployment:
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
         _at_least("swap_space", self.swap_space, 0)
+        if not 0 <= self.moe_skew <= 4:
+            raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
+                             f"got {self.moe_skew}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.enable_chunked_prefill and self.allocator != "paged":

@@ -39,7 +39,7 @@ def test_mxfp4_stores_only_the_experts_in_four_bits():
     experts = g.expert_bytes(2, fmt)
     assert experts / g.expert_bytes(2) == pytest.approx((0.5 + 1 / 32) / 2, rel=0.01)    # 4.25 bits per weight
     dense = g.weight_bytes_per_gpu(1, 2, fmt) - experts
-    assert dense == pytest.approx((g.num_params - g.linear_params + g._dense_linear_params()
+    assert dense == pytest.approx((g.num_params - g.linear_params + g.dense_linear_params
                                    - g.expert_bias_params) * 2 + g.expert_bias_params * 2 - (
                                        g.expert_bytes(2) - 3 * g.hidden_size * g.moe_intermediate_size * 2
                                        * g.num_experts * g.moe_layers), rel=0.01)

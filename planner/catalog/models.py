@@ -162,7 +162,8 @@ class ModelSpec:
         fc2); a MoE layer's experts and router are apart (expert_shapes, router_params)."""
         return self.attention_shapes + (() if self.is_moe else self.mlp_shapes)
 
-    def _dense_linear_params(self) -> int:
+    @property
+    def dense_linear_params(self) -> int:
         """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)."""
         mlp_layers = self.dense_layers if self.is_moe else self.num_layers
         return (self.num_layers * sum(n * k for n, k in self.attention_shapes)
@@ -173,14 +174,14 @@ class ModelSpec:
         """Linear-layer weights of all blocks, every expert and router included (what memory holds)."""
         experts = self.moe_layers * (self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
                                      + self.num_experts * self.hidden_size)
-        return self._dense_linear_params() + experts
+        return self.dense_linear_params + experts
 
     @property
     def active_linear_params(self) -> int:
         """Linear-layer weights of all blocks one token multiplies against (top-k experts per MoE layer)."""
         experts = self.moe_layers * (self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size
                                      + self.num_experts * self.hidden_size)
-        return self._dense_linear_params() + experts
+        return self.dense_linear_params + experts
 
     @property
     def other_params_per_layer(self) -> int:
@@ -296,14 +297,14 @@ class ModelSpec:
         if tp < 1 or dp < 1:
             raise PlannerError(f"tensor and data parallel sizes must be >= 1, got {tp} and {dp}")
         experts_here = self.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format)
-        dense = self.num_params - self.linear_params - self.expert_bias_params + self._dense_linear_params()
+        dense = self.num_params - self.linear_params - self.expert_bias_params + self.dense_linear_params
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
         linear = sum(weight_format.matrix_bytes(n, k) for n, k in self.attention_shapes) * self.num_layers
         linear += sum(weight_format.matrix_bytes(n, k) for n, k in self.mlp_shapes) * (
             self.dense_layers if self.is_moe else self.num_layers)
-        rest = sharded - self._dense_linear_params()
+        rest = sharded - self.dense_linear_params
         return -(-linear // tp) + (-(-rest // tp) + self.replicated_params) * dtype_bytes + experts_here
 
     def kv_heads_per_gpu(self, tp: int) -> int:

@@ -47,7 +47,7 @@ def explain_ledger(deployments: DeploymentChoices, shape: StepShape, async_sched
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-                              async_scheduling=async_scheduling)
+                              async_scheduling=async_scheduling, moe=plan.moe_parallel)
     return model.ledger(shape)
 
 

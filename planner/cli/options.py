@@ -32,6 +32,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),
                                "MoE: whole experts split over tp x dp GPUs (EP = TP x DP) instead of each "
                                "expert's width [default: off]"),
+    "moe_skew": (("--moe-skew",), "MoE routing skew: expert popularity ~ (rank + 1)^-S (0: uniform; NVIDIA "
+                                  "measured 1.01 and 1.2) [default: 0]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),
     "block_size": (("--block-size",), "KV block size in tokens [default: 16]"),
     "max_num_seqs": (("--max-num-seqs",), "most sequences per step [default: 256]"),

@@ -23,7 +23,8 @@ rotary and the q/k norms read and write this GPU's q and k heads; the cache
 write reads k and v and stores them at the cache's element size; SiluAndMul
 reads gate and up (2 x intermediate / tp) and writes their product. OPT and
 GPT-2 have LayerNorm and a plain activation, learned positions instead of
-rotary, and are counted the same way.
+rotary, and are counted the same way. A MoE layer's activation runs inside the
+fused-MoE kernel, which its own table times (planner/cost/measured_moe.py).
 """
 from __future__ import annotations
 
@@ -52,13 +53,15 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
-    if model.model_type == "qwen3":
+    if model.model_type in ("qwen3", "qwen3_moe"):
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
     if not model.is_gpt_like:
         kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
     kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
     kernels.append(Kernel(f"post-attention {norm} + residual add", 4 * h * ACT_BYTES))
-    if model.is_gpt_like:
+    if model.is_moe:
+        pass            # the fused-MoE kernel applies its activation itself (its measured table includes it)
+    elif model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     else:
         kernels.append(Kernel("SiLU and mul", 3 * inter * ACT_BYTES))

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 SOURCES = ("table", "roofline", "fitted")
 # The groups a term belongs to, in the order a step runs them (breakdown() sums by group).
-GROUPS = ("embedding", "gemm", "attention", "elementwise", "collective", "lm_head", "sampler", "host", "memory")
+GROUPS = ("embedding", "gemm", "moe", "attention", "elementwise", "collective", "lm_head", "sampler", "host",
+          "memory")
 # vLLM's default ceiling for the captured sizes (vllm/config/vllm.py: min(max_num_seqs * 2, 512)).
 CUDAGRAPH_MAX_SIZE = 512
 

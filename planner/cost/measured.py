@@ -96,6 +96,9 @@ from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
+from planner.cost.measured_moe import MeasuredMoe
+from planner.cost.moe import MoeParallel
+from planner.cost.window import windowed_prefill_pairs
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
 
@@ -164,7 +167,8 @@ class MeasuredCostModel:
                  block_size: int = 16, weight_format: WeightFormat | None = None,
                  kv_cache_dtype: str = "auto", *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, async_scheduling: bool = False,
-                 leave_out: tuple[str, ...] = (), calibration: Calibration | None = None) -> None:
+                 leave_out: tuple[str, ...] = (), calibration: Calibration | None = None,
+                 moe: MoeParallel | None = None) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
@@ -186,6 +190,7 @@ class MeasuredCostModel:
         heads, kv, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
         self._heads, self._kv, self._hd = heads, kv, hd
         self._set_up_gemms(model, tp, weight_format)
+        self._moe = MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format) if model.is_moe else None
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
@@ -228,6 +233,8 @@ class MeasuredCostModel:
 
     def _make_name(self) -> str:
         used = {"gemm", self._tables["layer_gemm"], self._tables["context"], self._tables["generation"]}
+        if self._moe is not None:
+            used.add("moe")
         if getattr(self, "allreduce_backend", None) == "vllm custom all-reduce":
             used.add("custom_allreduce")
         versions = "/".join(sorted({self._versions[k] for k in used}))
@@ -236,6 +243,9 @@ class MeasuredCostModel:
         if self.kv_cache_dtype != "auto":
             formats += ", fp8 KV" + ("" if self._tables["generation"].endswith("_fp8kv") else " priced as bf16 KV")
         where = self.gpu.name if self.tp == 1 else f"{self.tp}x{self.gpu.name}"
+        if self._moe is not None:
+            par = self._moe.par
+            formats += f", moe {self._moe.dtype} dp{par.dp} ep{par.ep}" + (f" skew {par.skew:g}" if par.skew else "")
         return (f"measured({where}: {self.system} vllm {versions}, "
                 f"aiconfigurator-core {tables.source()['package_version']}{scaled}{formats})")
 
@@ -248,6 +258,8 @@ class MeasuredCostModel:
         self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (mlp_up, h), (h, inter)]
         self._gemm_names = ("qkv", "o projection", "fc1" if model.is_gpt_like else "gate+up",
                             "fc2" if model.is_gpt_like else "down")
+        mlp_layers = model.dense_layers if model.is_moe else model.num_layers   # a MoE's experts: MeasuredMoe
+        self._gemm_layers = (model.num_layers, model.num_layers, mlp_layers, mlp_layers)
         self._head_shape = (model.vocab_size // tp, h)
         self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
         self._gemm_max_n = max(self._gemm_tree)
@@ -415,12 +427,33 @@ class MeasuredCostModel:
                 total += hist[i + 1] * a + slope * hist[i + 2]
                 if ext:
                     self.extrapolated.add(self._tables["generation"])
-            return self.model.num_layers * total / b
-        # no histogram: every sequence at the mean context
-        a, slope, ext = curve[context_bucket(-(-s.decode_context // b))]
-        if ext:
-            self.extrapolated.add(self._tables["generation"])
-        return self.model.num_layers * (a + slope * s.decode_context / b)
+            full = self.model.full_attention_layers * total / b
+        else:   # no histogram: every sequence at the mean context
+            a, slope, ext = curve[context_bucket(-(-s.decode_context // b))]
+            if ext:
+                self.extrapolated.add(self._tables["generation"])
+            full = self.model.full_attention_layers * (a + slope * s.decode_context / b)
+        if not self.model.sliding_layers:
+            return full
+        return full + self.model.sliding_layers * self._windowed_decode(s, curve) / b
+
+    def _windowed_decode(self, s: StepShape, curve) -> float:
+        """sum_i T(b, min(c_i, window)) for one sliding-window layer: a sequence past the window is
+        priced at the window (the kernel reads only its keys)."""
+        w = self.model.window
+        a_w, slope_w, _ = curve[context_bucket(w)]
+        at_window = a_w + slope_w * w
+        hist = s.decode_histogram or (context_bucket(-(-s.decode_context // s.decode_seqs)), s.decode_seqs,
+                                      s.decode_context)
+        total = 0.0
+        for i in range(0, len(hist), 3):
+            k, n, keys = hist[i], hist[i + 1], hist[i + 2]
+            if k > 0 and 1 << (k - 1) >= w:
+                total += n * at_window
+            else:
+                a, slope, _ = curve[k]
+                total += n * a + slope * min(keys, n * w)
+        return total
 
     def allreduce(self, tokens: int, captured: bool | None = None) -> float:
         """One all-reduce of `tokens` x hidden values: the CUDA-graph variant inside a captured graph; NCCL
@@ -479,9 +512,12 @@ class MeasuredCostModel:
         padded count a CUDA graph runs; cached by `tokens`."""
         run, layers = self._padded(tokens), self.model.num_layers
         table = self._tables["layer_gemm"]
-        terms = [Term(f"{name} GEMM", "gemm", layers * self.layer_gemm(run, n, k), "table",
-                      f"{self.system} {table}, m={run} n={n} k={k}, x{layers} layers", layers)
-                 for name, (n, k) in zip(self._gemm_names, self._gemm_shapes)]
+        terms = [Term(f"{name} GEMM", "gemm", count * self.layer_gemm(run, n, k), "table",
+                      f"{self.system} {table}, m={run} n={n} k={k}, x{count} layers", count)
+                 for name, (n, k), count in zip(self._gemm_names, self._gemm_shapes, self._gemm_layers) if count]
+        if self._moe is not None:
+            terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size))
+            self._flag("moe", self._moe.extrapolated)
         if "elementwise" not in self.leave_out:
             for kernel in self._kernels:
                 count = layers if kernel.per_layer else 1
@@ -529,7 +565,12 @@ class MeasuredCostModel:
         else:
             length = max(1, round((math.sqrt(8 * s.prefill_attn_pairs / batch + 1) - 1) / 2))
         ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
-        return ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
+        value = ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
+        if self.model.sliding_layers:   # a sliding-window layer's queries see at most the window's keys
+            m = self.model
+            value *= (m.full_attention_layers + m.sliding_layers * windowed_prefill_pairs(s, m.window)
+                      / s.prefill_attn_pairs) / m.num_layers
+        return value
 
     def _context(self, batch: int, length: int) -> float:
         value = self.model.num_layers * self.context_attention(batch, length)

@@ -18,6 +18,19 @@ parts run one after another, so the step is their sum:
   copy        copy-on-write block copies, read + write through device memory
   cpu         scheduler, input preparation and sampling on the host: a + b * batch
 
+Mixtures of experts (planner/cost/moe.py): the linear part holds only the attention (and any dense
+MLP layers); each MoE layer adds
+
+  router      the gate's matmul over the replica's tokens (replicated, 16-bit)
+  experts     max(2 T k 3 H I / (tp x dp) FLOPs, the touched experts' weights): the experts the step's
+              tokens (x dp, gathered) touch are read once, E (1 - (1 - k/E)^T) of them under uniform
+              routing; under expert parallelism the busiest rank's experts and pairs
+  dispatch    dp > 1: the all-gather of the replicas' tokens before the experts and the reduce-scatter
+              after them, bytes over the interconnect plus its latency each
+
+Sliding-window layers (gpt-oss) read at most the window's keys at decode and attend to at most the
+window in prefill (planner/cost/window.py).
+
 Activation traffic (tokens x hidden per layer) is left out: it is small next to
 the weights at decode and next to the FLOPs at prefill.
 
@@ -36,6 +49,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
+from planner.cost.moe import MoeParallel, dispatch_bytes, expert_flops, moe_work
+from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost.shape import StepShape
@@ -82,11 +97,14 @@ def _kernel_backend(gpu: GpuSpec) -> str:
 
 def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
                    weight_format: WeightFormat | None) -> tuple[float, float, str]:
-    """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision)."""
-    params = model.num_layers * model.matmul_params_per_layer / tp
+    """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision);
+    a MoE's experts and routers are priced apart (RooflineCostModel.moe_time)."""
+    params = model.dense_linear_params / tp
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
-    nbytes = model.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.linear_shapes) / tp
+    mlp_layers = model.dense_layers if model.is_moe else model.num_layers
+    nbytes = (model.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.attention_shapes)
+              + mlp_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.mlp_shapes)) / tp
     precision = gemm_path(weight_format, gpu).precision
     peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
     return nbytes, peak, precision
@@ -101,10 +119,13 @@ class RooflineCostModel:
                  block_size: int = 16, efficiency: RooflineEfficiency = RooflineEfficiency(),
                  cpu_overhead_base: float = CPU_OVERHEAD_BASE_S,
                  cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S, weight_format: WeightFormat | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", moe: MoeParallel | None = None) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         if tp > 1 and gpu.interconnect_bandwidth <= 0:
             raise PlannerError(f"{gpu.name} has no interconnect; tensor parallel size must be 1, got {tp}")
+        moe = moe if moe is not None else MoeParallel(tp=tp)
+        if model.is_moe and moe.dp > 1 and gpu.interconnect_bandwidth <= 0:
+            raise PlannerError(f"{gpu.name} has no interconnect; a MoE's data parallel size must be 1, got {moe.dp}")
         if block_size < 1:
             raise PlannerError(f"block_size must be >= 1, got {block_size}")
         if cpu_overhead_base < 0 or cpu_overhead_per_seq < 0:
@@ -116,6 +137,8 @@ class RooflineCostModel:
         formats = ([f"{weight_format.method} weights, {self.linear_precision} math"] if weight_format else []) + \
                   (["fp8 KV"] if kv_cache_dtype == "fp8" else [])
         where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
+        if model.is_moe:
+            formats.append(f"dp{moe.dp} ep{moe.ep}" + (f", moe skew {moe.skew:g}" if moe.skew else ""))
         self.name = f"roofline({where}{''.join(', ' + f for f in formats)})"
 
         # Everything below is per GPU; the GPUs of a TP group work in lockstep.
@@ -139,6 +162,8 @@ class RooflineCostModel:
         # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
         self._decode_per_key *= self.block_size_factor
+        self._set_up_window(model)
+        self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
 
         if tp > 1:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
@@ -156,6 +181,55 @@ class RooflineCostModel:
         self._cpu_base = cpu_overhead_base
         self._cpu_per_seq = cpu_overhead_per_seq
 
+    def _set_up_window(self, model: ModelSpec) -> None:
+        """Split the attention prices between full layers (every key) and sliding-window ones (the window's)."""
+        self._window = model.window
+        self.prices_each_context = bool(self._window)      # the windowed keys come from the histogram
+        full = model.full_attention_layers / model.num_layers
+        self._slide_per_key = self._decode_per_key * (1.0 - full)
+        self._slide_per_pair = self._prefill_per_pair * (1.0 - full)
+        self._decode_per_key *= full
+        self._prefill_per_pair *= full
+
+    def _set_up_moe(self, model: ModelSpec, gpu: GpuSpec, par: MoeParallel, dtype_bytes: int,
+                    weight_format: WeightFormat | None) -> None:
+        """Constants of the MoE layers' price (planner/cost/moe.py); None for a dense model."""
+        self._moe, self._par, self._moe_cache = None, par, {}
+        if not model.is_moe:
+            return
+        self._moe = model
+        eff = self.efficiency
+        precision = gemm_path(weight_format, gpu).precision if weight_format is not None else "16-bit"
+        peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
+        self._expert_flops_rate = peak * eff.compute
+        self._flops16 = gpu.peak_flops(dtype_bytes) * eff.compute
+        self._bw = gpu.memory_bandwidth * eff.memory
+        self._expert_bytes = model.expert_bytes(dtype_bytes, weight_format) / (model.moe_layers * model.num_experts)
+        self._ic = gpu.interconnect_bandwidth * eff.interconnect
+        self._dtype_bytes = dtype_bytes
+
+    def moe_parts(self, tokens: int) -> dict[str, float]:
+        """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""
+        model, par = self._moe, self._par
+        work = moe_work(model, par, tokens)
+        nbytes = work.touched * self._expert_bytes * work.width / model.moe_intermediate_size
+        experts = max(expert_flops(model, work) / self._expert_flops_rate, nbytes / self._bw)
+        router_weights = model.hidden_size * model.num_experts
+        router = max(2.0 * tokens * router_weights / self._flops16, router_weights * self._dtype_bytes / self._bw)
+        dispatch = 0.0
+        if par.dp > 1:
+            dispatch = 2 * (self.gpu.interconnect_latency
+                            + dispatch_bytes(model, par, tokens, self._dtype_bytes) / self._ic)
+        layers = model.moe_layers
+        return {"router": layers * router, "experts": layers * experts, "dispatch": layers * dispatch,
+                "experts_touched": work.touched}
+
+    def moe_time(self, tokens: int) -> float:
+        parts = self.moe_parts(tokens)
+        value = parts["router"] + parts["experts"] + parts["dispatch"]
+        self._moe_cache[tokens] = value
+        return value
+
     def step_time(self, s: StepShape) -> float:
         """Seconds for one step. Hot path: plain float arithmetic on precomputed constants."""
         tokens = s.prefill_tokens + s.decode_seqs
@@ -168,9 +242,15 @@ class RooflineCostModel:
             t += head if head > self._head_weights else self._head_weights
             if s.prefill_tokens:
                 pairs = s.prefill_attn_pairs * self._prefill_per_pair
+                if self._window:
+                    pairs += windowed_prefill_pairs(s, self._window) * self._slide_per_pair
                 write = s.prefill_tokens * self._prefill_kv_write
                 t += pairs if pairs > write else write
             t += s.decode_context * self._decode_per_key
+            if self._window and s.decode_seqs:
+                t += windowed_decode_keys(s, self._window) * self._slide_per_key
+            if self._moe is not None:
+                t += self._moe_cache.get(tokens) or self.moe_time(tokens)
             if self.tp > 1:
                 t += self._allreduce_fixed + tokens * self._allreduce_per_token + seqs * self._gather_per_seq
         elif s.swap_blocks or s.copy_blocks:
@@ -186,7 +266,7 @@ class RooflineCostModel:
         Written out plainly rather than shared with step_time so the hot path stays
         inline; tests hold the two equal.
         """
-        parts = {k: 0.0 for k in ("linear", "lm_head", "prefill_attention", "decode_attention",
+        parts = {k: 0.0 for k in ("linear", "moe", "lm_head", "prefill_attention", "decode_attention",
                                   "allreduce", "swap", "copy", "cpu")}
         bound: dict[str, str] = {}
         if s.is_empty:
@@ -196,12 +276,16 @@ class RooflineCostModel:
             rooflines = [("linear", tokens * self._linear_per_token, self._linear_weights),
                          ("lm_head", seqs * self._head_per_seq, self._head_weights)]
             if s.prefill_tokens:
-                rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair,
+                slide = windowed_prefill_pairs(s, self._window) * self._slide_per_pair if self._window else 0.0
+                rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair + slide,
                                   s.prefill_tokens * self._prefill_kv_write))
             for name, compute, memory in rooflines:
                 parts[name] = max(compute, memory)
                 bound[name] = "compute" if compute > memory else "memory"
-            parts["decode_attention"] = s.decode_context * self._decode_per_key
+            parts["decode_attention"] = s.decode_context * self._decode_per_key + (
+                windowed_decode_keys(s, self._window) * self._slide_per_key if self._window and s.decode_seqs else 0.0)
+            if self._moe is not None:
+                parts["moe"] = self.moe_time(tokens)
             if self.tp > 1:
                 parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
                                       + seqs * self._gather_per_seq)
@@ -214,7 +298,8 @@ class RooflineCostModel:
         """What this model assumed, for a result file's 'cost model' section."""
         return {
             "name": self.name, "source": "roofline", "model": self.model.name, "gpu": self.gpu.name,
-            "tp": self.tp, "dtype_bytes": self.dtype_bytes, "block_size": self.block_size,
+            "tp": self.tp, "dtype_bytes": self.dtype_bytes,
+            **({"moe": {"dp": self._par.dp, "ep": self._par.ep, "skew": self._par.skew}} if self._moe else {}), "block_size": self.block_size,
             "weight_format": self.weight_format.as_dict() if self.weight_format is not None else None,
             "linear_precision": self.linear_precision, "kv_cache_dtype": self.kv_cache_dtype,
             "block_size_factor": self.block_size_factor, "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,

@@ -30,6 +30,7 @@ from planner.cost.block_size import decode_attention_factor
 from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.linear import parse_linear
 from planner.cost.measured import MeasuredCostModel
+from planner.cost.moe import MoeParallel
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
@@ -57,6 +58,15 @@ def _format_refusal(weight_format: WeightFormat | None, kv_cache_dtype: str, pro
                 f"--kv-cache-dtype {kv_cache_dtype}: an FP8 cache's bytes saved are spent again widening "
                 f"each element in the kernel, so no scaling of the profile is justified; use --cost-model "
                 f"measured or roofline")
+    return None
+
+
+def _moe_refusal(moe: MoeParallel | None) -> str | None:
+    """Why a calibrated profile (one device, the engine's own routing) cannot price this MoE deployment."""
+    if moe is not None and (moe.dp > 1 or moe.skew):
+        return (f"a calibrated profile times one device with the engine's own routing; it cannot price "
+                f"{'--dp ' + str(moe.dp) if moe.dp > 1 else '--moe-skew ' + format(moe.skew, 'g')}; "
+                f"use --cost-model measured or roofline")
     return None
 
 
@@ -91,10 +101,12 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       block_size: int = 16, profile: str | Path | None = None,
                       cost_model: str | None = None, weight_format: WeightFormat | None = None,
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
-                      max_num_batched_tokens: int | None = None) -> CostModel:
+                      max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
-    set vLLM's CUDA-graph capture sizes for the measured model."""
+    set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
+    and routing skew (planner/cost/moe.py); a calibrated profile timed one GPU's own routing, so it
+    prices neither dp > 1 nor an assumed skew."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
@@ -102,13 +114,13 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     choice = parse_cost_model(cost_model)
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
-    formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype}
+    formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "moe": moe}
     graphs = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):
-        if weight_format is not None:
-            refusal = _format_refusal(weight_format, kv_cache_dtype, "auto")
+        if weight_format is not None or _moe_refusal(moe):
+            refusal = _moe_refusal(moe) or _format_refusal(weight_format, kv_cache_dtype, "auto")
             if choice == "calibrated" or profile is not None:
                 raise PlannerError(refusal)
             calibrated, near_miss = None, refusal if Path(profile_path(gpu.name, model.name)).is_file() else None

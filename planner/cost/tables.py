@@ -70,6 +70,10 @@ def has_table(system: str, table: str) -> bool:
     return table in source()["systems"].get(system, {}).get("tables", {})
 
 
+# Columns that hold names, not numbers: the all-reduce's backend, the MoE table's expert format and routing.
+TEXT_COLUMNS = ("backend", "moe_dtype", "distribution")
+
+
 @lru_cache(maxsize=None)
 def load_rows(system: str, table: str) -> tuple[dict, ...]:
     """One extracted table as rows of numbers (ints for grid axes, float latency in seconds)."""
@@ -82,7 +86,7 @@ def load_rows(system: str, table: str) -> tuple[dict, ...]:
         raise PlannerError(f"measured table {system}/{table}.csv.gz is unreadable ({exc})") from None
     rows = []
     for row in csv.DictReader(io.StringIO(text)):
-        out = {k: (v if k == "backend" else int(v)) for k, v in row.items() if k != "latency_ms"}
+        out = {k: (v if k in TEXT_COLUMNS else int(v)) for k, v in row.items() if k != "latency_ms"}
         out["latency"] = float(row["latency_ms"]) * 1e-3
         rows.append(out)
     return tuple(rows)

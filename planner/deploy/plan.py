@@ -28,6 +28,7 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_for
                                           weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
+from planner.cost.moe import MoeParallel
 from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
 from planner.deploy.speculation import speculation_of
 from planner.errors import PlannerError
@@ -53,6 +54,14 @@ class DeploymentPlan:
         """Bytes per activation (and unquantized weight): 16-bit unless float32 is asked for (a CPU
         engine's float32 does not change the plan: its cache size is measured, not planned)."""
         return 4 if self.deployment.dtype == "float32" else 2
+
+    @property
+    def moe_parallel(self) -> MoeParallel | None:
+        """The parallelism and routing skew a MoE's layers are priced at (None: a dense model)."""
+        d = self.deployment
+        if self.moe is None:
+            return None
+        return MoeParallel(tp=d.tp, dp=d.dp, expert_parallel=d.enable_expert_parallel, skew=d.moe_skew)
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -84,9 +93,12 @@ class DeploymentPlan:
                 "quantization": self.weight_format.method if self.weight_format else None,
                 "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes,
                 **({"dp": d.dp} if d.dp != 1 else {}),
+                **({"moe_skew": d.moe_skew} if self.moe is not None else {}),
                 **({"enable_expert_parallel": d.enable_expert_parallel, "moe_layout": self.moe.describe()}
                    if self.moe is not None else {}),
-                **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance})}
+                **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance,
+                                                     "draft_rates": d.draft_rates,
+                                                     "draft_persistence": d.draft_persistence})}
 
 
 def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> DeploymentPlan:

@@ -38,7 +38,7 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
     d = plan.deployment
     return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
-                             kv_cache_dtype=d.kv_cache_dtype)
+                             kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel)
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,9 @@ class Simulation:
         fleet = self.spec.fleet
         if self.pools is not None:
             return self._simulate_pd(load, trace, progress, watch)
-        if fleet.replicas > 1:
-            return simulate_fleet(trace, self.plan, cost, replicas=fleet.replicas,
+        replicas = fleet.replicas * self.plan.deployment.dp   # each dp replica: its own scheduler and cache
+        if replicas > 1:
+            return simulate_fleet(trace, self.plan, cost, replicas=replicas,
                                   router=fleet.policy(self.spec.deployment), seed=load.seed,
                                   concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
                                   progress=progress, watch=watch)

@@ -1,0 +1,142 @@
+"""What a mixture-of-experts layer costs per step: the experts a batch touches, their FLOPs, their
+weights read, and the collectives data parallelism adds.
+
+Routing. Each of T tokens picks k of E experts. Under uniform routing an expert is missed by one
+token with probability 1 - k/E, so the expected number of distinct experts the batch touches is
+
+    E * (1 - (1 - k/E) ** T)
+
+(k at T = 1, E as T grows; Qwen3-30B-A3B, E = 128, k = 8: 8 at one token, 51 at 8, 112 at 32).
+A skewed router is described by a power-law popularity, p_e proportional to (e + 1) ** -skew (skew 0
+is uniform; NVIDIA's measured tables use "power_law" exponents 1.01 and 1.2), an expert being in a
+token's top k with probability q_e = k * p_e, capped at 1 with the excess spread over the others in
+proportion (so that sum_e q_e = k: a token still picks k experts): sum_e 1 - (1 - q_e) ** T experts
+touched, fewer than uniform. A decode step reads only the touched experts' weights, which is why a MoE's
+decode step grows with the batch where a dense model's hardly does.
+
+Parallelism (planner/deploy/parallel.py). All tp x dp GPUs run every MoE layer. With dp > 1 vLLM's
+default all2all backend (allgather_reducescatter) all-gathers the dp replicas' tokens before the
+experts and reduce-scatters the outputs after them, so a layer's experts see T x dp tokens when each
+replica schedules T (every replica is assumed to schedule a batch like this one: vLLM runs them in
+lockstep, idle ones on dummy batches). Without expert parallelism each GPU holds every expert at
+1/(tp x dp) of its width; with it, whole experts, the hottest placed one per rank in turn (rank r
+holds the experts of popularity rank r, r + EP, ...), so the busiest rank is rank 0: it holds the
+most popular expert and carries its share sum_{e on rank 0} p_e of the routed pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.catalog import ModelSpec
+from planner.errors import PlannerError
+
+MAX_SKEW = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class MoeParallel:
+    """A deployment's parallelism as the MoE layers see it, and the routing skew assumed."""
+
+    tp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
+    skew: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.skew <= MAX_SKEW:
+            raise PlannerError(f"--moe-skew must be in [0, {MAX_SKEW:g}] (a power-law exponent; 0 is uniform "
+                               f"routing), got {self.skew}")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def ep(self) -> int:
+        return self.gpus if self.expert_parallel else 1
+
+    @property
+    def moe_tp(self) -> int:
+        return 1 if self.expert_parallel else self.gpus
+
+
+@lru_cache(maxsize=64)
+def popularity(experts: int, skew: float) -> tuple[float, ...]:
+    """Each expert's share of the routed (token, expert) pairs, most popular first."""
+    weights = [(e + 1) ** -skew for e in range(experts)]
+    total = sum(weights)
+    return tuple(w / total for w in weights)
+
+
+@lru_cache(maxsize=64)
+def rank_experts(experts: int, ep: int) -> tuple[int, ...]:
+    """Popularity ranks of the experts on EP rank 0 (the busiest): 0, ep, 2 ep, ..."""
+    return tuple(range(0, experts, ep))
+
+
+@lru_cache(maxsize=64)
+def inclusion(experts: int, top_k: int, skew: float) -> tuple[float, ...]:
+    """Each expert's probability of being in one token's top k: k x popularity, capped at 1, the excess
+    spread over the uncapped experts in proportion, so the probabilities sum to k."""
+    q = [top_k * p for p in popularity(experts, skew)]
+    while any(x > 1.0 + 1e-12 for x in q):
+        capped = [x >= 1.0 for x in q]
+        free = sum(x for x, c in zip(q, capped) if not c)
+        scale = (top_k - sum(capped)) / free
+        q = [1.0 if c else x * scale for x, c in zip(q, capped)]
+    return tuple(q)
+
+
+def experts_touched(tokens: float, experts: int, top_k: int, skew: float = 0.0,
+                    among: tuple[int, ...] | None = None) -> float:
+    """Expected distinct experts (of `among`, default all) that `tokens` tokens route to."""
+    if tokens <= 0:
+        return 0.0
+    if skew == 0.0:
+        local = experts if among is None else len(among)
+        return local * (1.0 - (1.0 - top_k / experts) ** tokens)
+    q = inclusion(experts, top_k, skew)
+    ids = range(experts) if among is None else among
+    return sum(1.0 - (1.0 - q[e]) ** tokens for e in ids)
+
+
+def pair_share(experts: int, top_k: int, ep: int, skew: float) -> float:
+    """The busiest EP rank's share of the routed pairs (1/ep when routing is uniform and experts divide)."""
+    q = inclusion(experts, top_k, skew)
+    return sum(q[e] for e in rank_experts(experts, ep)) / top_k
+
+
+@dataclass(frozen=True, slots=True)
+class MoeWork:
+    """One MoE layer's work on the busiest GPU for a step: tokens in, experts touched, pairs computed."""
+
+    tokens: int              # tokens the layer's experts see (the dp replicas' together)
+    touched: float           # distinct local experts with at least one token
+    local_experts: int       # experts this GPU holds
+    pairs: float             # (token, expert) pairs this GPU computes (at its share of each expert's width)
+    width: int               # each local expert's width on this GPU
+
+
+def moe_work(model: ModelSpec, par: MoeParallel, tokens: int) -> MoeWork:
+    """The work of one MoE layer when each dp replica schedules `tokens` tokens."""
+    gathered = tokens * par.dp
+    e, k = model.num_experts, model.num_experts_per_tok
+    if par.expert_parallel and par.ep > 1:
+        among = rank_experts(e, par.ep)
+        touched = experts_touched(gathered, e, k, par.skew, among)
+        pairs = gathered * k * pair_share(e, k, par.ep, par.skew)
+        return MoeWork(gathered, touched, len(among), pairs, model.moe_intermediate_size)
+    touched = experts_touched(gathered, e, k, par.skew)
+    return MoeWork(gathered, touched, e, gathered * k, model.moe_intermediate_size // par.moe_tp)
+
+
+def expert_flops(model: ModelSpec, work: MoeWork) -> float:
+    """FLOPs of the local experts: 2 per weight per pair over gate, up and down (2 T k 3 H I in all)."""
+    return 2.0 * work.pairs * 3 * model.hidden_size * work.width
+
+
+def dispatch_bytes(model: ModelSpec, par: MoeParallel, tokens: int, dtype_bytes: int = 2) -> float:
+    """Bytes one GPU receives in the all-gather before a MoE layer (the reduce-scatter after it moves as
+    many): the other dp - 1 replicas' tokens x hidden."""
+    return (par.dp - 1) * tokens * model.hidden_size * dtype_bytes

@@ -1,0 +1,150 @@
+"""MoE step prices: experts touched per step, the roofline and measured MoE terms, EP dispatch, sliding
+windows, and where a calibrated profile or a bad setting is refused."""
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner.catalog import resolve_model
+from planner.catalog.quantization import weight_format
+from planner.cli.app import app
+from planner.cost.measured import MeasuredCostModel
+from planner.cost.moe import MoeParallel, experts_touched, moe_work, pair_share
+from planner.cost.roofline import RooflineCostModel
+from planner.cost.select import select_cost_model
+from planner.cost.shape import StepShape, context_histogram
+from planner.deploy.plan import plan_deployment
+from planner.errors import PlannerError
+
+
+def decode(batch: int, context: int = 1000) -> StepShape:
+    contexts = [context] * batch
+    return StepShape(decode_seqs=batch, decode_context=sum(contexts), decode_histogram=context_histogram(contexts))
+
+
+def test_experts_touched_limits():
+    assert experts_touched(0, 128, 8) == 0
+    assert experts_touched(1, 128, 8) == pytest.approx(8)
+    assert experts_touched(10_000, 128, 8) == pytest.approx(128)
+    assert experts_touched(8, 128, 8) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 8))
+    assert experts_touched(1, 8, 2) == pytest.approx(2)
+    # a skewed router touches fewer distinct experts for the same tokens, still k for one token
+    assert experts_touched(1, 128, 8, skew=1.2) == pytest.approx(8, rel=1e-9)
+    assert experts_touched(32, 128, 8, skew=1.2) < experts_touched(32, 128, 8)
+    touched = [experts_touched(t, 128, 8, skew=0.5) for t in (1, 2, 4, 16, 64, 256)]
+    assert touched == sorted(touched) and touched[-1] <= 128
+
+
+def test_ep_rank_holds_its_share_and_the_busiest_carries_more_under_skew():
+    q = resolve_model("qwen3-30b-a3b")
+    even = moe_work(q, MoeParallel(tp=1, dp=4, expert_parallel=True), tokens=16)
+    assert even.tokens == 64 and even.local_experts == 32
+    assert even.pairs == pytest.approx(64 * 8 / 4)
+    assert even.touched == pytest.approx(32 * (1 - (1 - 8 / 128) ** 64))
+    assert pair_share(128, 8, 4, 1.2) > 0.25 and pair_share(128, 8, 4, 0.0) == pytest.approx(0.25)
+    width = moe_work(q, MoeParallel(tp=2, dp=2), tokens=16)
+    assert width.width == 192 and width.pairs == 32 * 8 and width.local_experts == 128
+
+
+@pytest.mark.parametrize("model,fmt", [("qwen3-30b-a3b", None), ("gpt-oss-120b", "mxfp4"), ("mixtral-8x7b", None)])
+def test_moe_steps_grow_with_tokens(model, fmt):
+    wf = weight_format(fmt) if fmt else None
+    for cost in (RooflineCostModel(model, "h100-sxm", tp=2, weight_format=wf),
+                 MeasuredCostModel(model, "h100-sxm", tp=2, weight_format=wf)):
+        times = [cost.step_time(decode(b)) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+        assert times == sorted(times), cost.name
+        prefill = [cost.step_time(StepShape(prefill_seqs=1, prefill_tokens=n, prefill_attn_pairs=n * (n + 1) // 2))
+                   for n in (16, 128, 1024, 8192)]
+        assert prefill == sorted(prefill), cost.name
+
+
+def test_roofline_decode_reads_only_touched_experts():
+    r = RooflineCostModel("qwen3-30b-a3b", "h100-sxm")
+    one, many = r.moe_parts(1), r.moe_parts(512)
+    assert one["experts_touched"] == pytest.approx(8) and many["experts_touched"] == pytest.approx(128)
+    # memory-bound at one token: about 8/128 of the experts' bytes over the bandwidth
+    q = resolve_model("qwen3-30b-a3b")
+    expected = q.expert_bytes(2) * 8 / 128 / (r.gpu.memory_bandwidth * r.efficiency.memory)
+    assert one["experts"] == pytest.approx(expected, rel=1e-6)
+    assert r.breakdown(decode(8))["moe"] > 0 and r.breakdown(decode(8))["moe"] == pytest.approx(r.moe_time(8))
+
+
+def test_dp_adds_the_dispatch_and_ep_splits_the_experts():
+    plain = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm")
+    dp2 = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=2, expert_parallel=True))
+    ledger = dp2.ledger(decode(64))
+    names = {t.name: t for t in ledger.terms}
+    assert "MoE all-gather + reduce-scatter" in names and names["experts (fused MoE)"].source == "table"
+    assert "128 tokens" in names["experts (fused MoE)"].detail and "EP2" in names["experts (fused MoE)"].detail
+    assert ledger.total == pytest.approx(dp2.step_time(decode(64)))
+    assert "MoE all-gather + reduce-scatter" not in {t.name for t in plain.ledger(decode(64)).terms}
+    # at a large batch half the experts per GPU beat all of them, even with twice the tokens
+    assert dp2.ledger(decode(256)).by_group()["moe"] < plain.ledger(decode(256)).by_group()["moe"] * 1.2
+    r_dp2 = RooflineCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=2, expert_parallel=True))
+    assert r_dp2.moe_parts(64)["dispatch"] > 0
+
+
+def test_skew_interpolates_between_the_measured_distributions():
+    balanced = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=1))
+    skewed = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=1, skew=1.2))
+    mid = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=1, skew=1.01))
+    half = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=1, skew=0.6))
+    a, b, c, d = (m._moe.experts(64) for m in (balanced, mid, half, skewed))
+    assert c == pytest.approx(a + (b - a) * 0.6 / 1.01)        # linear in the skew between measured ones
+    assert d != a
+    assert "skew 1.2" in skewed.name
+
+
+def test_sliding_window_layers_cost_less_at_long_context():
+    g = resolve_model("gpt-oss-20b")
+    wf = weight_format("mxfp4")
+    m = MeasuredCostModel(g, "h100-sxm", weight_format=wf)
+    short, long = m.decode_attention(decode(32, 100)), m.decode_attention(decode(32, 16000))
+    full_only = MeasuredCostModel(g.__class__(**{**{f: getattr(g, f) for f in g.__dataclass_fields__},
+                                                 "sliding_layers": 0}), "h100-sxm", weight_format=wf)
+    assert full_only.decode_attention(decode(32, 100)) == pytest.approx(short, rel=1e-9)   # below the window
+    assert long < full_only.decode_attention(decode(32, 16000)) * 0.6
+    r = RooflineCostModel(g, "h100-sxm", weight_format=wf)
+    assert r.prices_each_context
+    assert r.breakdown(decode(32, 16000))["decode_attention"] == pytest.approx(
+        32 * (16000 * r._decode_per_key + 128 * r._slide_per_key))
+
+
+def test_measured_refuses_what_nvidia_did_not_time():
+    with pytest.raises(PlannerError, match="no measured vLLM MoE rows"):
+        MeasuredCostModel("gpt-oss-20b", "h100-sxm")                  # gpt-oss in bf16: only MXFP4 was timed
+    auto = select_cost_model(resolve_model("gpt-oss-20b"), plan_deployment(
+        Deployment(model="gpt-oss-20b", gpu="h100-sxm", max_model_len=4096)).gpu)
+    assert auto.name.startswith("roofline")
+
+
+def test_calibrated_profile_refuses_dp_and_skew():
+    plan = plan_deployment(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, max_model_len=4096,
+                                      policy="vllm-v1"))
+    with pytest.raises(PlannerError, match="--dp 2"):
+        select_cost_model(plan.model, plan.gpu, cost_model="calibrated", moe=plan.moe_parallel)
+    assert select_cost_model(plan.model, plan.gpu, moe=plan.moe_parallel).name.startswith("measured")
+
+
+def test_moe_skew_out_of_range_is_one_line():
+    result = CliRunner().invoke(app, ["simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm",
+                                      "--moe-skew", "9", "--requests", "4"])
+    assert result.exit_code == 2 and "moe_skew" in result.output and "Traceback" not in result.output
+
+
+def test_explain_shows_the_moe_terms_with_sources():
+    result = CliRunner().invoke(app, ["explain", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--dp", "2",
+                                      "--enable-expert-parallel", "--batch", "16", "--context", "1000", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "experts (fused MoE)" in result.output and "MoE all-gather + reduce-scatter" in result.output
+
+
+def test_simulate_dp_runs_one_replica_per_dp_rank():
+    from planner import simulate
+    run = simulate(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True,
+                              policy="vllm-v1", max_model_len=4096), workload="sharegpt", rate=8, requests=80)
+    doc = run.document()
+    assert doc["fleet"]["replicas"] == 2 and doc["params"]["dp"] == 2
+    assert doc["num_completed"] == 80 and not math.isnan(doc["tpot_mean"])
