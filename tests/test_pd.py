@@ -213,3 +213,15 @@ def test_search_refuses_bad_pd_in_one_line(tmp_path, args, message):
     result = runner.invoke(app, [str(a) for a in (*SEARCH, *args, "--out", tmp_path / "x")])
     assert result.exit_code == 2, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_result_json_documents_the_pd_block():
+    from test_result_schema import DOCUMENTED, undocumented
+
+    doc = Simulation.prepare(pd_spec(1, 2, random_load(requests=20))).run().document()
+    pd = doc["pd"]
+    assert "pd" in DOCUMENTED
+    for part in (pd, pd["prefill"], pd["decode"], pd["kv_transfer"], pd["ttft_parts_mean"], doc["verdict"]["pd"],
+                 pd["prefill"]["queue_wait"], *pd["decode"]["per_replica"]):
+        assert not undocumented(part), part
+    assert {"pd", "router"} <= set(doc["params"]) <= DOCUMENTED

@@ -245,6 +245,7 @@ class PdRun:
         prefill["queue_wait"] = _stats([r.first_scheduled - r.arrival for r in done])
         prefill["prefill_time"] = _stats([r.first_token - r.first_scheduled for r in done])
         prefill["time_to_kv"] = _stats([r.first_token - r.arrival for r in done])
+        del prefill["tpot_mean"], prefill["tpot_p99"]          # its requests end at their first token
         admitted = [r for r in self.remotes if r.admitted_at is not None]
         decode["admission_wait"] = _stats([r.allocated_at - r.handed_at for r in admitted])
         decode["start_wait"] = _stats([r.admitted_at - r.arrived_at for r in admitted])
