@@ -225,3 +225,14 @@ def test_result_json_documents_the_pd_block():
                  pd["prefill"]["queue_wait"], *pd["decode"]["per_replica"]):
         assert not undocumented(part), part
     assert {"pd", "router"} <= set(doc["params"]) <= DOCUMENTED
+
+
+def test_capacity_of_pools_says_which_pool_binds_at_capacity(tmp_path):
+    out = tmp_path / "capacity"
+    result = runner.invoke(app, [str(a) for a in ("capacity", "--model", "llama-3.1-8b", "--gpu", "h100", "--workload", "random", "-p", "input_len=4000",
+                                                  "-p", "output_len=50", "--duration", 10, "--policy", "vllm-v1",
+                                                  "--pd", "1:1", "--slo", "ttft_p99=1", "--out", out, "--json")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["capacity_rate"] > 0 and doc["at_capacity"]["pd"]["ratio"] == "1:1"
+    assert any(line.startswith("At capacity: P/D 1:1") for line in doc["verdict"]["lines"])

@@ -164,7 +164,8 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
     lines.append(f"Cost model: {cost_model}.")
     if at.get("verdict"):
         run_lines = [line for line in at["verdict"]["lines"] if not line.startswith("Next:")]
-        lines += [f"At capacity: {line}" for line in run_lines[1:3]]
+        pools = 1 if at["verdict"].get("pd") else 0     # a P/D run's first line says which pool binds: kept
+        lines += [f"At capacity: {line}" for line in run_lines[:pools] + run_lines[1 + pools:3 + pools]]
     nxt = _next_command(spec, found, clients)
     lines.append(nxt)
     key = "concurrency" if clients else "rate"
