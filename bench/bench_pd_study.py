@@ -20,12 +20,13 @@ import time
 
 def search(rate: float, tps: str, duration: float, slo: str, input_len: int, output_len: int,
            pools: list[str]) -> dict:
-    out = f"/tmp/bench_pd_study/rate-{rate:g}{''.join(pools).replace('--', '-')}"
+    tag = "".join(pools).replace("--", "-")
+    out = f"/tmp/bench_pd_study/rate-{rate:g}{tag}"
     cmd = [sys.executable, "-c", "import sys; from planner.cli import main; sys.argv[0] = 'planner'; main()",
            "search", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", tps, "--policy", "vllm-v1",
            "--workload", "random", "-p", f"input_len={input_len}", "-p", f"output_len={output_len}",
            "--rate", str(rate), "--duration", str(duration), "--slo", slo, "--pd", "auto", *pools, "--json", "--out", out]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(done.stderr.strip().splitlines()[-1])
     return json.loads(done.stdout)
@@ -58,7 +59,8 @@ def report(rate: float, doc: dict, args) -> None:
     print("|---|---|---|---|---|---|---|")
     for config in doc["configs"]:
         agg, best = config["aggregated"], config["best"]
-        aggregated = "-" if agg["replicas"] is None else f"{agg['replicas']} ({agg['gpus']}, {agg['cost_per_hour']:.2f})"
+        aggregated = ("-" if agg["replicas"] is None else
+                      f"{agg['replicas']} ({agg['gpus']}, {agg['cost_per_hour']:.2f})")
         if best is None:
             print(f"| {config['tp']} | {aggregated} | {config['note']} | | | | |")
             continue

@@ -19,7 +19,6 @@ from planner.runs.pipeline import Simulation, prepare_pools
 from planner.runs.spec import Fleet, Load, RunSpec
 from planner.sim.pd import KvPath, simulate_pd
 from planner.sim.router import parse_router
-from workloads import make_trace
 
 runner = CliRunner()
 V1 = Deployment.of(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1")

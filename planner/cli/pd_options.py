@@ -43,3 +43,10 @@ def disaggregation(pd: Optional[str], settings: dict) -> Disaggregation | None:
     if "," in pd:
         raise PlannerError(f"--pd {pd}: one P:D here (`planner search --pd` takes a list or auto)")
     return Disaggregation(*parse_pd(pd), **settings)
+
+
+def check_spec(spec) -> None:
+    """A run's router and, with --pd, its pools (one line on a bad value, before anything runs)."""
+    spec.fleet.policy(spec.deployment)
+    if spec.pd is not None:
+        spec.pd.check(spec.deployment, spec.fleet.replicas)

@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -43,28 +42,32 @@ def run_pd_search(base: RunSpec, pools: dict, ratios, axes: dict, slos: dict, ra
     started = time.perf_counter()
     gpus = {*axes["gpu"], *(g for g in (pools.get("prefill_gpu"), pools.get("decode_gpu")) if g)}
     table = price_table(sorted(gpus), prices)
-    price = lambda gpu: table[gpu].usd_per_gpu_hour          # noqa: E731
     configs = []
     for gpu in axes["gpu"]:
         for tp in axes["tp"]:
             spec = base.with_deployment(gpu=gpu, tp=tp)
             grid = SearchGrid(base=spec, slos=slos, gpus=(gpu,), tps=(tp,), target_rate=rate, replicas="auto",
                               max_replicas=max_replicas)
-            aggregated = aggregated_row(grid, gpu, tp, price)
+            aggregated = aggregated_row(grid, gpu, tp, _pricer(table))
             err.print(f"  {gpu} x{tp}: aggregated {_said(aggregated)}", highlight=False)
-            search = PdSearch(spec, Disaggregation(1, 1, **pools), slos, rate, ratios, price)
+            search = PdSearch(spec, Disaggregation(1, 1, **pools), slos, rate, ratios, _pricer(table))
             found = search_config(search, aggregated, on_probe=lambda r: err.print(
                 f"    P/D {r['pd']}: {'meets' if r['meets'] else 'misses'}" + (f" ({r['binds']} binds)" if r["binds"]
                                                                                 else f" ({r['note']})"),
                 highlight=False))
             configs.append({"gpu": gpu, "tp": tp, **found})
-    doc = {"target_rate": rate, "slos": slos, "ratios": ratios if ratios == "auto" else [f"{p}:{d}" for p, d in ratios],
+    named = ratios if ratios == "auto" else [f"{p}:{d}" for p, d in ratios]
+    doc = {"target_rate": rate, "slos": slos, "ratios": named,
            "pools": pools, "router": base.fleet.router, "configs": configs, "wall_time": time.perf_counter() - started,
            "prices": {g: table[g].usd_per_gpu_hour for g in table}, "command_base": base.command()}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pd_search.json").write_text(json.dumps(doc, indent=2))
     (folder / "configs.csv").write_text(_csv(configs))
     return doc
+
+
+def _pricer(table: dict):
+    return lambda gpu: table[gpu].usd_per_gpu_hour
 
 
 def _said(row: dict) -> str:
@@ -79,8 +82,8 @@ def _csv(configs: list[dict]) -> str:
     writer.writeheader()
     for config in configs:
         for row in [config["aggregated"], *config["probes"]]:
-            writer.writerow({k: "" if v is None else v for k, v in
-                             {**{c: row.get(c) for c in CSV_COLUMNS}, "gpu": config["gpu"], "tp": config["tp"]}.items()})
+            values = {**{c: row.get(c) for c in CSV_COLUMNS}, "gpu": config["gpu"], "tp": config["tp"]}
+            writer.writerow({k: "" if v is None else v for k, v in values.items()})
     return out.getvalue()
 
 

@@ -69,6 +69,14 @@ MAX_REPLICAS_OPTION = typer.Option(MAX_REPLICAS, "--max-replicas", help="with --
 AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (256,)}
 
 
+SLOS = typer.Option(..., "--slo", help="SLOs, METRIC=SECONDS, comma-separated or repeated (e.g. "
+                                       "ttft_p99=2,tpot_p99=0.1); a bare number is normalized latency in s/token")
+TARGET_CLIENTS = typer.Option(None, "--concurrency", metavar="N",
+                              help="target N concurrent clients (a closed loop) instead of a request rate: each "
+                                   "configuration's capacity is the most clients it serves within the SLOs")
+PD = typer.Option(None, "--pd", metavar="auto|P:D,...",
+                  help="compare prefill/decode disaggregation with aggregated serving at --rate: auto finds each "
+                       "configuration's cheapest P:D, or a list of P:D (docs/pd.md)")
 PLAIN = typer.Option(False, "--plain", help="search every configuration from scratch with full simulations (no "
                                              "hints, early stops or shared runs): slower, the reference the "
                                              "default search is tested against")
@@ -111,15 +119,10 @@ def _what(axes: dict, fleet: tuple | str | None) -> str:
 @deployment_options
 def search(
     deployments: DeploymentChoices,
-    slo: list[str] = typer.Option(..., "--slo", help="SLOs, METRIC=SECONDS, comma-separated or repeated "
-                                                     "(e.g. ttft_p99=2,tpot_p99=0.1); a bare number is "
-                                                     "normalized latency in s/token"),
+    slo: list[str] = SLOS,
     workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE, param: Optional[list[str]] = opt.PARAM,
     rate: str = typer.Option("max", "--rate", help="target requests/s, or 'max' for the most capacity per dollar"),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
-                                              help="target N concurrent clients (a closed loop) instead of a "
-                                                   "request rate: each configuration's capacity is the most "
-                                                   "clients it serves within the SLOs"),
+    concurrency: Optional[int] = TARGET_CLIENTS,
     duration: Optional[float] = typer.Option(600.0, help="seconds of arrivals in each simulated probe"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", help="requests per probe instead of "
                                                                            "--duration"),
@@ -129,10 +132,7 @@ def search(
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
     max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
     replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
-    pd: Optional[str] = typer.Option(None, "--pd", metavar="auto|P:D,...",
-                                     help="compare prefill/decode disaggregation with aggregated serving at --rate: "
-                                          "auto finds each configuration's cheapest P:D, or a list of P:D (docs/pd.md)"),
-    prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
+    pd: Optional[str] = PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
     decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
     kv_link: Optional[str] = pdo.KV_LINK,
     plain: bool = PLAIN, executor: str = EXECUTOR, workers: Optional[int] = WORKERS,
@@ -160,26 +160,29 @@ def search(
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
             max_replicas=max_replicas)
         folder = out or default_out("search", load.workload)
-        err.print(f"searching {_what(axes, fleet)} of {base.model} on {load.workload} ({executor} executor); "
-                  f"each one's row goes to {folder}/configs.csv as it finishes", highlight=False)
-        progress = SearchProgress(err, folder, "clients" if concurrency is not None else "req/s",
-                                  fleet=fleet is not None)
+        progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency)
+        run = dict(executor=executor, workers=workers, ray_address=ray_address,
+                   prices=parse_price_overrides(price), on_done=progress)
         if grid is None:                # one deployment per configuration, as before fleets
             result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
                                 block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=target,
-                                clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain,
-                                executor=executor, workers=workers, ray_address=ray_address,
-                                prices=parse_price_overrides(price), on_done=progress)
+                                clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain, **run)
         else:
-            result = api.run_grid(grid, executor, workers=workers, ray_address=ray_address,
-                                  prices=parse_price_overrides(price), on_done=progress)
+            result = api.run_grid(grid, run.pop("executor"), **run)
     except (PlannerError, TraceError, ValueError) as exc:
         raise fail(str(exc)) from None
     _write(result, folder, err)
     if as_json:
-        typer.echo(json.dumps(result.document()))
-        return
+        return typer.echo(json.dumps(result.document()))
     _print_summary(result)
+
+
+def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workload: str, executor: str,
+              concurrency) -> SearchProgress:
+    """The line a search starts with, and its progress (each configuration's row as it finishes)."""
+    err.print(f"searching {_what(axes, fleet)} of {model} on {workload} ({executor} executor); "
+              f"each one's row goes to {folder}/configs.csv as it finishes", highlight=False)
+    return SearchProgress(err, folder, "clients" if concurrency is not None else "req/s", fleet=fleet is not None)
 
 
 def _search_pd(spec: RunSpec, pools: dict, ratios: str, axes: dict, slo: list[str], target, replicas, concurrency,
@@ -191,7 +194,8 @@ def _search_pd(spec: RunSpec, pools: dict, ratios: str, axes: dict, slo: list[st
     folder = out or default_out("search", spec.load.workload)
     err.print(f"searching P/D ratios against aggregated serving for {spec.deployment.model} at {target:g} req/s "
               f"({len(axes['gpu']) * len(axes['tp'])} configurations, one at a time)", highlight=False)
-    doc = pd_search.run_pd_search(spec, pools, ratios, axes, slos, target, parse_price_overrides(price), folder, err, max_replicas)
+    doc = pd_search.run_pd_search(spec, pools, ratios, axes, slos, target, parse_price_overrides(price), folder, err,
+                                  max_replicas)
     err.print(f"wrote {folder}/pd_search.json, configs.csv ({doc['wall_time']:.1f} s)", highlight=False)
     if as_json:
         typer.echo(json.dumps(doc))

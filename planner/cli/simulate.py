@@ -91,9 +91,9 @@ def simulate(
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
     concurrency: Optional[str] = opt.CONCURRENCY, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
-    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
-    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
-    kv_link: Optional[str] = pdo.KV_LINK,
+    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU,
+    prefill_tp: Optional[int] = pdo.PREFILL_TP, decode_gpu: Optional[str] = pdo.DECODE_GPU,
+    decode_tp: Optional[int] = pdo.DECODE_TP, kv_link: Optional[str] = pdo.KV_LINK,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
@@ -239,12 +239,16 @@ MOST_CLIENTS = typer.Option(None, "--concurrency", metavar="max",
                                  "when its previous one ends) within the SLOs, instead of the highest request rate")
 
 
+CAPACITY_SLOS = typer.Option(..., "--slo", metavar="LIMIT",
+                             help="normalized latency limit in s/token (e.g. 0.2), or METRIC=SECONDS (e.g. "
+                                  "ttft_p99=2,tpot_p99=0.1); comma-separated or repeated")
+CONFIDENCE = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction of the seeds")
+
+
 @deployment_options
 def capacity(
     deployments: DeploymentChoices,
-    slo: list[str] = typer.Option(..., "--slo", metavar="LIMIT", help="normalized latency limit in s/token (e.g. "
-                                  "0.2), or METRIC=SECONDS (e.g. ttft_p99=2,tpot_p99=0.1); comma-separated or "
-                                  "repeated"),
+    slo: list[str] = CAPACITY_SLOS,
     workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE, param: Optional[list[str]] = opt.PARAM,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
@@ -252,12 +256,11 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    confidence: float = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction "
-                                               "of the seeds"),
+    confidence: float = CONFIDENCE,
     concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS, router: str = opt.ROUTER,
-    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
-    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
-    kv_link: Optional[str] = pdo.KV_LINK,
+    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU,
+    prefill_tp: Optional[int] = pdo.PREFILL_TP, decode_gpu: Optional[str] = pdo.DECODE_GPU,
+    decode_tp: Optional[int] = pdo.DECODE_TP, kv_link: Optional[str] = pdo.KV_LINK,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs, of one
@@ -278,9 +281,7 @@ def capacity(
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
                        pd=pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
                                                                    kv_link)))
-        spec.fleet.policy(spec.deployment)
-        if spec.pd is not None:
-            spec.pd.check(spec.deployment, spec.fleet.replicas)
+        pdo.check_spec(spec)
 
         probed = _probe_printer(err, slos, seeds, clients=concurrency == "max")
         d = spec.deployment

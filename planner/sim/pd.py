@@ -45,7 +45,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended, make_engine,
                                 run_quietly)
-from planner.sim.fleet import Fleet, FleetRun, merged_steps, pool_result
+from planner.sim.fleet import Fleet, merged_steps, pool_result
 from planner.sim.remote_kv import DecodeScheduler, Remote
 from planner.sim.router import Router, RouterPolicy
 from workloads import Trace, TraceRequest

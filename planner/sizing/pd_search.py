@@ -124,7 +124,7 @@ def auto_ratio(probes: PdProbes, ample: int) -> tuple[int, int] | None:
         cheaper = [d for d in range(1, best[1]) if probes.cost(p, d) < probes.cost(*best)]
         if not cheaper:
             break
-        d = fewest(lambda d: probes.ok(p, d), 1, cheaper[-1])
+        d = fewest(lambda d, p=p: probes.ok(p, d), 1, cheaper[-1])
         if d is not None:
             best = (p, d)
     return best
