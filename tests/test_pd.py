@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -235,3 +236,12 @@ def test_capacity_of_pools_says_which_pool_binds_at_capacity(tmp_path):
     doc = json.loads((out / "capacity.json").read_text())
     assert doc["capacity_rate"] > 0 and doc["at_capacity"]["pd"]["ratio"] == "1:1"
     assert any(line.startswith("At capacity: P/D 1:1") for line in doc["verdict"]["lines"])
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests"])
+def test_fast_forward_and_step_by_step_agree(router):
+    load = random_load(requests=40, rate=6.0, params={"input_len": 3000, "output_len": 80})
+    spec = replace(pd_spec(2, 2, load), fleet=Fleet(1, router))
+    fast, slow = (Simulation.prepare(replace(spec, step_by_step=s)).simulate() for s in (False, True))
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+    assert fast.summary()["pd"] == slow.summary()["pd"]
