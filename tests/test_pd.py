@@ -36,9 +36,10 @@ def random_load(**changes) -> Load:
 
 
 def test_instant_transfer_and_idle_pools_give_the_prefill_time_plus_one_decode_step():
-    pools = prepare_pools(pd_spec(8, 8, random_load()))
+    load = random_load(rate=0.2, requests=30)         # one request at a time: nothing rides along a prefill
+    pools = prepare_pools(pd_spec(8, 8, load))
     path = KvPath(INSTANT, math.inf, 1, pools.path.bytes_per_token)
-    trace = random_load().trace()
+    trace = load.trace()
     sim = simulate_pd(trace, pools.prefill, pools.decode, path, parse_router("least-requests"))
     assert sim.metrics.num_completed == len(trace)
     prefill = {r.request_id: r for r in sim.pd.prefill.requests}
@@ -53,6 +54,11 @@ def test_instant_transfer_and_idle_pools_give_the_prefill_time_plus_one_decode_s
     assert parts["kv_transfer"] == 0 and parts["decode_admission"] == 0 and parts["decode_start"] == 0
     assert sum(parts.values()) == pytest.approx(doc["ttft_mean"])
     assert doc["pd"]["prefill"]["queue_wait"]["p99"] < 0.05 * doc["pd"]["prefill"]["prefill_time"]["mean"]
+    # Against one aggregated replica of the same deployment on the same trace (whose prefill step samples
+    # the first token): the prefill is the same, the hand-off adds the decode replica's first step.
+    aggregated = Simulation.prepare(RunSpec(deployment=V1, load=load)).simulate()
+    assert doc["pd"]["prefill"]["time_to_kv"]["mean"] == pytest.approx(aggregated.metrics.ttft_mean, rel=0.05)
+    assert doc["ttft_mean"] - aggregated.metrics.ttft_mean == pytest.approx(parts["first_decode_step"], rel=0.25)
 
 
 def test_kv_bytes_follow_the_model_and_the_link():
