@@ -33,7 +33,13 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
   published ones, planner/sim/speculative.py). The live engine runs "ngram:K" as vLLM's
-  `speculative_config` with k = K and refuses the rest (docs/speculative.md).
+  `speculative_config` with k = K and refuses the rest (docs/speculative.md). `draft_rates`
+  "D1,D2,..." says how often the proposer drafts at all: D1 the share of a sequence's decode steps
+  that get a draft, Di the share of drafts reaching position i among those reaching i - 1 (n-gram
+  lookup drafts only where the text repeats itself; None: every step drafts K, as EAGLE and MTP
+  heads do); `draft_persistence` the chance a lookup drafts right after one that drafted (None: D1;
+  drafts from prompt lookup come in runs). A live run measures all three
+  (`SpecDecodingStats.draft_rates`, `.draft_persistence`, `.acceptance_rates`).
 """
 from __future__ import annotations
 
@@ -79,6 +85,8 @@ class Deployment:
     kv_cache_dtype: str = "auto"
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
+    draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)
+    draft_persistence: float | None = None   # P(a lookup drafts | the sequence's last lookup drafted); None: D1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
@@ -93,12 +101,21 @@ class Deployment:
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)
+            object.__setattr__(self, "draft_rates", None)
+            object.__setattr__(self, "draft_persistence", None)
         if self.speculative is not None:
             object.__setattr__(self, "speculative", "%s:%d" % parse_speculative(self.speculative))
         if self.acceptance is not None:
             if self.speculative is None:
                 raise ValueError("--acceptance needs --speculative METHOD:K")
             object.__setattr__(self, "acceptance", ",".join(f"{p:g}" for p in parse_acceptance(self.acceptance)))
+        if self.draft_rates is not None:
+            if self.speculative is None:
+                raise ValueError("--draft-rates needs --speculative METHOD:K")
+            object.__setattr__(self, "draft_rates", ",".join(f"{p:g}" for p in parse_acceptance(self.draft_rates,
+                                                                                               "--draft-rates")))
+        if self.draft_persistence is not None and not 0 <= self.draft_persistence <= 1:
+            raise ValueError(f"--draft-persistence must be in [0, 1], got {self.draft_persistence}")
         _one_of("preemption mode", self.preemption_mode, PREEMPTION_MODES)
         _one_of("KV allocator", self.allocator, ALLOCATORS)
         _one_of("dtype", self.dtype, DTYPES)
@@ -186,14 +203,16 @@ def parse_speculative(text: str) -> tuple[str, int]:
     return method, int(k)
 
 
-def parse_acceptance(text: str) -> tuple[float, ...]:
-    """(0.8, 0.6) from "0.8,0.6": per-position conditional acceptance rates, each in [0, 1]."""
+def parse_acceptance(text: str, flag: str = "--acceptance") -> tuple[float, ...]:
+    """(0.8, 0.6) from "0.8,0.6": per-position conditional rates (of acceptance, or with
+    flag="--draft-rates" of drafting), each in [0, 1]."""
     try:
         rates = tuple(float(p) for p in str(text).replace(" ", "").split(","))
     except ValueError:
         rates = ()
     if not rates or any(not 0 <= p <= 1 for p in rates):
-        raise ValueError(f"--acceptance {text!r}: give per-position acceptance rates P1,P2,... each in [0, 1]")
+        what = "drafting" if flag == "--draft-rates" else "acceptance"
+        raise ValueError(f"{flag} {text!r}: give per-position {what} rates P1,P2,... each in [0, 1]")
     return rates
 
 

@@ -97,6 +97,34 @@ def test_drafts_never_outgrow_the_last_plain_decode():
     assert proposer.propose(group, seq) == []
 
 
+def test_lookup_counters_measure_drafting_runs_and_per_position_rates():
+    """The counters a simulation needs beyond vLLM's: lookups, proposals before caps, drafts in runs,
+    and the verified tokens that make acceptance conditional per position."""
+    from engine.core.sequence import SequenceGroup
+    from engine.core.speculative import NgramProposer
+    stats = SpecDecodingStats(4)
+    proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1), 100, stats)
+    group = SequenceGroup("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=3), 0.0)
+    seq = group.seqs[0]
+    seq.append(9, 0.0)
+    assert proposer.propose(group, seq) == []            # 9 never occurred: a lookup without a draft
+    seq.append(2, 0.0)
+    assert proposer.propose(group, seq) == []            # max_tokens reached: not a lookup
+    group.params.max_tokens = 100
+    assert proposer.propose(group, seq) == [3, 4, 5, 9]  # 2 occurred: a draft, counted before caps
+    assert proposer.propose(group, seq) == [3, 4, 5, 9]  # right after a draft
+    assert stats.num_lookups == 3 and stats.num_proposed_tokens_per_pos == [2, 2, 2, 2]
+    assert (stats.num_lookups_after_draft, stats.num_drafts_after_draft) == (1, 1)
+    assert stats.draft_rates() == [0.5, 1.0, 1.0, 1.0] and stats.draft_persistence() == 1.0
+    stats.observe_draft(4, 1)        # token 0 accepted, token 1 rejected, 2 and 3 never verified
+    stats.observe_draft(2, 2)        # a draft cut to 2 tokens, both accepted
+    assert stats.num_verified_tokens_per_pos == [2, 2, 0, 0]
+    assert stats.acceptance_rates() == [1.0, 0.5, 0.0, 0.0]
+    total = stats.merged([stats])
+    assert total.num_lookups == 6 and total.num_verified_tokens_per_pos == [4, 4, 0, 0]
+    assert total.acceptance_rates() == stats.acceptance_rates()
+
+
 def test_speculative_config_defaults_and_errors():
     c = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)          # vLLM's defaults

@@ -107,6 +107,29 @@ def test_mean_acceptance_length_matches_the_curve(policy):
     assert stats["acceptance_rate_per_pos"][0] == pytest.approx(0.8, abs=4 * 0.4 / n ** 0.5 + 0.01)
 
 
+def test_drafting_curve_and_persistence_are_what_the_simulator_draws():
+    """--draft-rates and --draft-persistence: the simulated proposer drafts as the curves say, and the
+    counters it keeps (the engine's own) measure them back: the loop validate closes with a live run."""
+    rates, persistence = (0.3, 0.8, 0.5), 0.9
+    trace = fixed_trace(16, 64, 1200)
+    spec = run(trace, concurrency=16, speculative="ngram:3", acceptance="1,1,1", draft_rates="0.3,0.8,0.5",
+               draft_persistence=persistence)
+    stats = spec.spec_decoding
+    n = stats["num_lookups"]
+    assert n > 2000
+    assert stats["draft_persistence"] == pytest.approx(persistence, abs=0.03)
+    for measured, given in zip(stats["draft_rates"], rates):
+        assert measured == pytest.approx(given, abs=0.05)
+    # Persistence makes drafts come in runs: far more drafts than the first rate alone would give.
+    assert stats["num_drafts"] / n > 0.6
+    memoryless = run(trace, concurrency=16, speculative="ngram:3", acceptance="1,1,1", draft_rates="0.3,0.8,0.5")
+    assert memoryless.spec_decoding["num_drafts"] / memoryless.spec_decoding["num_lookups"] == pytest.approx(
+        0.3, abs=0.04)
+    # Fewer drafts, fewer tokens per step: the run is slower than drafting every step.
+    always = run(trace, concurrency=16, speculative="ngram:3", acceptance="1,1,1")
+    assert always.metrics.tpot_mean < spec.metrics.tpot_mean < memoryless.metrics.tpot_mean
+
+
 def test_deterministic_per_seed():
     trace = make_trace("sharegpt", num_requests=30, rate=10.0, seed=2)
     one = run(trace, seed=5, speculative="eagle:3")
@@ -160,6 +183,11 @@ SIM = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--requests",
     (["--speculative", "ngram:2", "--acceptance", "0.5,1.5"], "--acceptance"),
     (["--speculative", "ngram:2", "--acceptance", "high"], "--acceptance"),
     (["--acceptance", "0.5"], "--acceptance needs --speculative"),
+    (["--speculative", "ngram:2", "--acceptance", "1,1", "--draft-rates", "0.5"], "2 rates"),
+    (["--speculative", "ngram:2", "--acceptance", "1,1", "--draft-rates", "0.5,x"], "--draft-rates"),
+    (["--speculative", "ngram:2", "--acceptance", "1,1", "--draft-persistence", "0.5"], "needs --draft-rates"),
+    (["--speculative", "ngram:2", "--acceptance", "1,1", "--draft-rates", "1,1", "--draft-persistence", "2"],
+     "--draft-persistence"),
 ])
 def test_bad_flags_are_one_line_errors(args, message, tmp_path):
     result = CliRunner().invoke(app, SIM + args + ["--out", str(tmp_path)])

@@ -55,6 +55,8 @@ def test_sharegpt_follows_vllm_sampling(tmp_path, tokenizer_dir):
     assert [(r.prompt_len, r.output_len) for r in trace] == [x for x in expected if x in good]
     first = trace[0]
     assert first.prompt_token_ids == [WORDS.index(w) for w in pairs[(good + bad).index(expected[0])][0].split()]
+    # the answer's ids are kept too (n-gram speculation is measured on them: planner profile --speculative)
+    assert first.output_token_ids == [WORDS.index(w) for w in pairs[(good + bad).index(expected[0])][1].split()]
     assert all(r.arrival_time == 0.0 for r in trace)
 
     few = import_sharegpt(path, tokenizer_dir, num_requests=2, seed=3, rate=2.0, keep_token_ids=False)
@@ -62,6 +64,7 @@ def test_sharegpt_follows_vllm_sampling(tmp_path, tokenizer_dir):
     assert few[0].prompt_token_ids is None and few[1].arrival_time > 0
     fixed = import_sharegpt(path, tokenizer_dir, num_requests=100, seed=3, fixed_output_len=16)
     assert {r.output_len for r in fixed} == {16} and len(fixed) == 6  # (10, 3) and (1000, 1049) now pass
+    assert all(r.output_token_ids is None for r in fixed)      # the output is not the answer's
 
 
 def test_sharegpt_errors(tmp_path, tokenizer_dir):

@@ -75,20 +75,22 @@ def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
 
 
 def _tokenized_pairs(pairs: list[tuple[str, str]], tokenizer, num_requests: int, fixed_output_len: int | None,
-                     lfilter: LengthFilter) -> list[tuple[list[int], int]]:
-    """(prompt token ids, output length) of the first ``num_requests`` pairs, in
-    order, whose lengths pass ``lfilter`` (vLLM tokenizes lazily, stopping there)."""
-    kept: list[tuple[list[int], int]] = []
+                     lfilter: LengthFilter) -> list[tuple[list[int], int, list[int] | None]]:
+    """(prompt token ids, output length, the answer's ids) of the first ``num_requests`` pairs, in
+    order, whose lengths pass ``lfilter`` (vLLM tokenizes lazily, stopping there). The answer's ids
+    are kept when the output length is the answer's (no ``fixed_output_len``)."""
+    kept: list[tuple[list[int], int, list[int] | None]] = []
     for prompt, answer in pairs:
         if len(kept) == num_requests:
             break
         prompt_ids = list(tokenizer(prompt).input_ids)
-        output_len = fixed_output_len or len(tokenizer(answer).input_ids)
+        answer_ids = None if fixed_output_len else list(tokenizer(answer).input_ids)   # as vLLM counts it
+        output_len = fixed_output_len or len(answer_ids)
         p, o = len(prompt_ids), output_len
         too_short = p < lfilter.min_len or (fixed_output_len is None and o < lfilter.min_len)
         if too_short or p > lfilter.max_prompt_len or p + o > lfilter.max_total_len:
             continue
-        kept.append((prompt_ids, output_len))
+        kept.append((prompt_ids, output_len, answer_ids))
     return kept
 
 
@@ -136,8 +138,9 @@ def import_sharegpt(
             prompt_len=len(ids),
             output_len=out,
             prompt_token_ids=ids if keep_token_ids else None,
+            output_token_ids=answer if keep_token_ids else None,
         )
-        for i, ((ids, out), t) in enumerate(zip(kept, times))
+        for i, ((ids, out, answer), t) in enumerate(zip(kept, times))
     ]
     params = {
         "source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,

@@ -29,6 +29,9 @@ class TraceRequest(BaseModel):
     # StrictInt: a JSON true/false or 7.0 is not a token id (checked in pydantic's core, so
     # long id lists cost nothing extra)
     prompt_token_ids: list[StrictInt] | None = None
+    # The reference answer's ids (an imported real trace): what n-gram speculation is measured on
+    # (planner profile ngram); the engine still generates its own output.
+    output_token_ids: list[StrictInt] | None = None
     n: int = Field(default=1, ge=1)
     beam_width: int = Field(default=1, ge=1)  # > 1: beam search of that width
     prefix_id: str | None = None
@@ -38,14 +41,15 @@ class TraceRequest(BaseModel):
 
     # Field validators (not a model validator) so that an error names the
     # field; prompt_len is declared before both, so info.data holds it.
-    @field_validator("prompt_token_ids")
+    @field_validator("prompt_token_ids", "output_token_ids")
     @classmethod
     def _ids_match_length(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
         if ids is None:
             return ids
-        prompt_len = info.data.get("prompt_len")
-        if prompt_len is not None and len(ids) != prompt_len:
-            raise ValueError(f"has {len(ids)} ids but prompt_len is {prompt_len}")
+        length = "prompt_len" if info.field_name == "prompt_token_ids" else "output_len"
+        expected = info.data.get(length)
+        if expected is not None and len(ids) != expected:
+            raise ValueError(f"has {len(ids)} ids but {length} is {expected}")
         if any(t < 0 for t in ids):
             raise ValueError("holds a negative token id")
         return ids

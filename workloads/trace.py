@@ -188,10 +188,15 @@ class Trace:
                 prompt = min(prompt, len(ids))
                 prefix = min(prefix, prompt)
                 ids = ids[:prompt]
+            answer = req.output_token_ids
+            if answer is not None:
+                output = min(output, len(answer))
+                answer = answer[:output]
             new_len[req.request_id] = (prompt, output)
             out.append(
                 req.model_copy(
-                    update={"prompt_len": prompt, "output_len": output, "prefix_len": prefix, "prompt_token_ids": ids}
+                    update={"prompt_len": prompt, "output_len": output, "prefix_len": prefix, "prompt_token_ids": ids,
+                            "output_token_ids": answer}
                 )
             )
         scaling = {"length_scale": length_scale, "max_prompt_len": max_prompt_len, "max_output_len": max_output_len}
@@ -207,7 +212,10 @@ class Trace:
         return self._turns.get((req.conversation_id, req.turn - 1))
 
     def output_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0) -> list[int]:
-        """The answer a trace-driven run emits for ``request`` (output_len ids)."""
+        """The answer a trace-driven run emits for ``request`` (output_len ids): the trace's own when it
+        has them (an imported real answer), else deterministic random ids."""
+        if request.output_token_ids is not None:
+            return list(request.output_token_ids)
         return random_ids(vocab_size, request.output_len, seed, "answer", request.request_id).tolist()
 
     def prompt_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0) -> list[int]:

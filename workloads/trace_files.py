@@ -239,7 +239,7 @@ def dump_csv(requests: list[TraceRequest]) -> str:
             value = getattr(req, field)
             if value is None:
                 row.append("")
-            elif field == "prompt_token_ids":
+            elif field in ("prompt_token_ids", "output_token_ids"):
                 row.append(" ".join(map(str, value)))
             else:
                 row.append(repr(value) if isinstance(value, float) else str(value))
@@ -326,7 +326,7 @@ def parse_csv(path: Path) -> list[TraceRequest]:
             cell = cell.strip()
             if cell == "":
                 continue  # the default (or a missing required field, which pydantic names)
-            if col == "prompt_token_ids":
+            if col in ("prompt_token_ids", "output_token_ids"):
                 try:
                     fields[col] = [int(tok) for tok in cell.split()]
                 except ValueError:

@@ -165,8 +165,8 @@ class Scheduler:
     def enable_speculation(self, config) -> None:
         """Draft tokens with ``config``'s proposer for every decoding sequence that can take them
         (``speculative.can_speculate``), and count their acceptance in ``spec_stats``."""
-        self.proposer = NgramProposer(config, self.config.max_model_len)
         self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
+        self.proposer = NgramProposer(config, self.config.max_model_len, self.spec_stats)
 
     # -- queue -------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:

@@ -39,6 +39,9 @@ class Sequence:
     cumulative_logprob: float = 0.0
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # Speculative decoding: did the proposer's last lookup for this sequence draft? (Prompt-lookup
+    # drafts come in runs: a sequence copying its context keeps matching; SpecDecodingStats counts it.)
+    last_lookup_drafted: bool = False
 
     @property
     def num_tokens(self) -> int:

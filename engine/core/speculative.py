@@ -11,7 +11,10 @@ The names are vLLM's (``vllm/config/speculative.py``, ``vllm/v1/spec_decode/metr
 from __future__ import annotations
 
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import SequenceGroup
 
 METHODS = ("ngram",)
 DEFAULT_PROMPT_LOOKUP = 5     # vLLM's default for both bounds when neither is given
@@ -104,25 +107,83 @@ def propose_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int
 class SpecDecodingStats:
     """Acceptance counters with vLLM's names (``SpecDecodingStats``): a draft is one sequence's
     proposals in one step; ``num_accepted_tokens_per_pos[i]`` counts drafts whose first i + 1
-    tokens were all accepted, so it never increases with i."""
+    tokens were all accepted, so it never increases with i.
+
+    More counters, not vLLM's, say how often the proposer drafts at all, which a model of n-gram
+    speculation needs (prompt lookup drafts only where the context repeats itself, and in runs):
+    ``num_lookups`` counts the times the proposer was asked for drafts (a decoding sequence that
+    could take some), ``num_proposed_tokens_per_pos[i]`` the lookups whose proposal had at least
+    i + 1 tokens before any cap (the request's remaining tokens, the step's budget, free blocks),
+    ``num_lookups_after_draft`` / ``num_drafts_after_draft`` the lookups (and those that drafted)
+    whose sequence's previous lookup drafted, and ``num_verified_tokens_per_pos[i]`` the drafts
+    whose token i was verified (the draft reached position i and tokens 0..i-1 were accepted): the
+    denominators of the per-position rates."""
 
     num_spec_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_lookups: int = 0
+    num_proposed_tokens_per_pos: list[int] = field(default_factory=list)
+    num_verified_tokens_per_pos: list[int] = field(default_factory=list)
+    num_lookups_after_draft: int = 0
+    num_drafts_after_draft: int = 0
 
     def __post_init__(self) -> None:
-        if not self.num_accepted_tokens_per_pos:
-            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+        for name in ("num_accepted_tokens_per_pos", "num_proposed_tokens_per_pos", "num_verified_tokens_per_pos"):
+            if not getattr(self, name):
+                setattr(self, name, [0] * self.num_spec_tokens)
+
+    def observe_lookup(self, num_proposed_tokens: int, after_draft: bool = False) -> None:
+        """The proposer was asked and proposed this many tokens (before caps); `after_draft`: the
+        sequence's previous lookup drafted."""
+        self.num_lookups += 1
+        if after_draft:
+            self.num_lookups_after_draft += 1
+            self.num_drafts_after_draft += num_proposed_tokens > 0
+        per_pos = self.num_proposed_tokens_per_pos
+        for i in range(min(num_proposed_tokens, self.num_spec_tokens)):
+            per_pos[i] += 1
 
     def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
-        per_pos = self.num_accepted_tokens_per_pos
+        accepted, verified = self.num_accepted_tokens_per_pos, self.num_verified_tokens_per_pos
         for i in range(num_accepted_tokens):
-            per_pos[i] += 1
+            accepted[i] += 1
+        for i in range(min(num_draft_tokens, num_accepted_tokens + 1)):
+            verified[i] += 1
+
+    def merged(self, others: list["SpecDecodingStats"]) -> "SpecDecodingStats":
+        """These counters summed with ``others``' (a fleet's replicas)."""
+        every = [self, *others]
+        total = SpecDecodingStats(self.num_spec_tokens)
+        for f in fields(self)[1:]:
+            values = [getattr(s, f.name) for s in every]
+            setattr(total, f.name, [sum(pos) for pos in zip(*values)] if isinstance(values[0], list) else sum(values))
+        return total
+
+    def draft_rates(self) -> list[float]:
+        """Per position i, the share of lookups whose proposal reached token i among those that
+        reached token i - 1 (position 0: among the lookups after one that did not draft, or a
+        sequence's first): the proposer's drafting curve."""
+        rates = _conditional(self.num_lookups, self.num_proposed_tokens_per_pos)
+        fresh = self.num_lookups - self.num_lookups_after_draft
+        if rates:
+            rates[0] = (self.num_proposed_tokens_per_pos[0] - self.num_drafts_after_draft) / fresh if fresh else 0.0
+        return rates
+
+    def draft_persistence(self) -> float | None:
+        """The share of lookups that drafted right after one that drafted (None: none did)."""
+        after = self.num_lookups_after_draft
+        return self.num_drafts_after_draft / after if after else None
+
+    def acceptance_rates(self) -> list[float]:
+        """Per position i, the share of verified draft tokens i that were accepted: the conditional
+        acceptance curve the simulator draws from."""
+        return [a / v if v else 0.0 for a, v in zip(self.num_accepted_tokens_per_pos, self.num_verified_tokens_per_pos)]
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -145,7 +206,20 @@ class SpecDecodingStats:
                 "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
                 "acceptance_rate": self.acceptance_rate,
                 "acceptance_rate_per_pos": self.acceptance_rate_per_pos(),
-                "mean_acceptance_length": self.mean_acceptance_length}
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "num_lookups": self.num_lookups,
+                "num_proposed_tokens_per_pos": list(self.num_proposed_tokens_per_pos),
+                "num_verified_tokens_per_pos": list(self.num_verified_tokens_per_pos),
+                "num_lookups_after_draft": self.num_lookups_after_draft,
+                "num_drafts_after_draft": self.num_drafts_after_draft,
+                "draft_rates": self.draft_rates(), "draft_persistence": self.draft_persistence(),
+                "acceptance_rates": self.acceptance_rates()}
+
+
+def _conditional(total: int, reach: list[int]) -> list[float]:
+    """Conditional rates from counts that reached each position: reach[i] / reach[i - 1] (reach[0] / total)."""
+    before = [total, *reach[:-1]]
+    return [r / b if b else 0.0 for r, b in zip(reach, before)]
 
 
 def can_speculate(group) -> bool:
@@ -174,13 +248,47 @@ class NgramProposer:
     sequence with its drafts never holds more slots than at its last plain decode, and a request
     that fits the cache alone still fits it while speculating."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int,
+                 stats: SpecDecodingStats | None = None) -> None:
         self.config = config
         self.k = config.num_speculative_tokens
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
         self.max_model_len = max_model_len
+        self.stats = stats
 
     def propose(self, group, seq) -> list[int]:
-        k = draft_limit(group, seq, self.k, self.max_model_len)
-        return propose_ngram(seq.token_ids, self.min_n, self.max_n, k) if k > 0 else []
+        limit = draft_limit(group, seq, self.k, self.max_model_len)
+        if limit <= 0:
+            return []
+        # The full k-token proposal is counted (``observe_lookup``), then capped: the drafting curve
+        # is the workload's, not the caps'.
+        drafts = propose_ngram(seq.token_ids, self.min_n, self.max_n, self.k)
+        if self.stats is not None:
+            self.stats.observe_lookup(len(drafts), seq.last_lookup_drafted)
+        seq.last_lookup_drafted = bool(drafts)
+        return drafts[:limit]
+
+
+def replay_ngram(prompt: list[int], answer: list[int], config: SpeculativeConfig,
+                 stats: SpecDecodingStats) -> None:
+    """Count in ``stats`` what the n-gram proposer drafts, and greedy verification accepts, while
+    ``answer`` is generated after ``prompt``: the engine's own proposer and caps, and a draft token
+    accepted while it equals the answer's next token (greedy decoding's rule), the answer's first
+    token coming from the prefill. Measures a workload's n-gram acceptance from its text alone."""
+    if not answer:
+        return
+    group = SequenceGroup("replay", list(prompt), SamplingParams(max_tokens=len(answer), ignore_eos=True), 0.0)
+    seq = group.seqs[0]
+    proposer = NgramProposer(config, len(prompt) + len(answer) + 1, stats)
+    seq.append(answer[0], 0.0)
+    while seq.num_output_tokens < len(answer):
+        done = seq.num_output_tokens
+        drafts = proposer.propose(group, seq)
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == answer[done + accepted]:
+            accepted += 1
+        if drafts:
+            stats.observe_draft(len(drafts), accepted)
+        for token in answer[done:done + accepted + 1]:
+            seq.append(token, 0.0)

@@ -58,11 +58,18 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "
                                       "(required for ngram; eagle and mtp default to published curves, "
                                       "docs/speculative.md); one curve, not a sweep"),
+    "draft_rates": (("--draft-rates",), "with --speculative: how often the proposer drafts, per position "
+                                        "D1,D2,... (D1: share of decode steps with a draft; Di: drafts reaching "
+                                        "token i among those reaching i-1; measured by validate --speculative "
+                                        "ngram:K) [default: K drafts every step]; one curve, not a sweep"),
+    "draft_persistence": (("--draft-persistence",), "with --draft-rates: the chance a sequence's lookup drafts "
+                                                    "right after one that drafted (prompt-lookup drafts come in "
+                                                    "runs) [default: D1, no memory]"),
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
                                "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
 }
 LIST_HELP = " (a comma list sweeps)"
-ONE_VALUE = ("acceptance",)               # a comma list that is one value (a curve), not a sweep
+ONE_VALUE = ("acceptance", "draft_rates")  # a comma list that is one value (a curve), not a sweep
 CHUNKED_FLAG = "chunked_prefill"          # --chunked-prefill: vLLM's name for the vllm-v1 policy
 
 

@@ -53,9 +53,15 @@ def profile(
     out: Optional[Path] = typer.Option(None, "--out", help="output file (default: profiles/<gpu>/<model>.json, "
                                                            "under $PLANNER_PROFILE_DIR if set)"),
     as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="with --speculative ngram:K: a trace file with its "
+                                                              "answers' token ids to measure n-gram speculation on"),
 ) -> None:
     """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost
-    model. --gpu (required): a catalog GPU present here, or cpu; --model: the model (default opt-125m)."""
+    model. --gpu (required): a catalog GPU present here, or cpu; --model: the model (default opt-125m).
+    With --speculative ngram:K --trace FILE: measure the n-gram proposer's drafts and acceptance on the
+    trace's text instead (no device needed)."""
+    if "speculative" in deployments.given or trace is not None:
+        return _profile_ngram(deployments, trace, out, as_json)
     try:
         other = sorted(set(deployments.given) - set(PROFILED))
         if other:
@@ -97,3 +103,35 @@ def profile(
     if result.device.forced:
         console.print(f"[yellow]forced: measured on {result.device.device_name}, filed as {result.device.gpu}[/]")
     console.print(f"profile written to {path}")
+
+
+def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out: Path | None, as_json: bool) -> None:
+    """`profile --speculative ngram:K --trace FILE`: the curves, the counts, and the flags to simulate with."""
+    from planner.profile.ngram import curve_flags, measure_ngram
+    from workloads import Trace, TraceError
+    try:
+        if trace_path is None or "speculative" not in deployments.given:
+            raise PlannerError("measuring n-gram speculation takes both --speculative ngram:K and --trace FILE")
+        speculative = deployments.one("profile").speculative
+        stats = measure_ngram(Trace.load(trace_path), speculative)
+    except (PlannerError, TraceError, ValueError, OSError) as exc:
+        raise fail(str(exc) or type(exc).__name__) from None
+    flags = curve_flags(stats, speculative)
+    document = {"trace": str(trace_path), "speculative": speculative, **stats.as_dict(), "flags": flags}
+    if out is not None:
+        out.write_text(json.dumps(document, indent=1) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(document) + "\n")
+        return
+    console = Console()
+    table = Table(title=f"n-gram speculation ({speculative}) measured on {trace_path}")
+    for col in ("position", "drafted (conditional)", "accepted (conditional)"):
+        table.add_column(col)
+    for i, (d, a) in enumerate(zip(stats.draft_rates(), stats.acceptance_rates()), 1):
+        table.add_row(str(i), f"{d:.3f}", f"{a:.3f}")
+    console.print(table)
+    persistence = stats.draft_persistence()
+    console.print(f"{stats.num_lookups} lookups, {stats.num_drafts} drafts ({stats.num_draft_tokens} tokens), "
+                  f"mean acceptance length {stats.mean_acceptance_length or 1:.3f}; a draft right after a draft: "
+                  f"{'-' if persistence is None else f'{persistence:.3f}'}", highlight=False)
+    console.print("simulate with: " + " ".join(flags), highlight=False, soft_wrap=True)

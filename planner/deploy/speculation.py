@@ -16,6 +16,16 @@ Acceptance curves (`acceptance` setting, "P1,P2,...": P(position i accepted | 1.
 - mtp, default: DeepSeek-V3's multi-token-prediction module, whose second-token acceptance
   "ranges between 85% and 90%" (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 5.4.3):
   0.875 for position 1; more positions need ``--acceptance``.
+
+Drafting curves (`draft_rates`, "D1,D2,..."): how often the proposer offers a draft at all. EAGLE and
+MTP heads draft K tokens at every step (no curve). Prompt lookup drafts only where the context's
+last n-gram occurred before, and its draft ends where the earlier occurrence's continuation does:
+D1 is the share of lookups with a draft, Di the share reaching token i among those reaching i - 1.
+Drafts come in runs (a sequence copying its context keeps matching until the copy ends), so
+`draft_persistence` is the chance a lookup drafts right after one that drafted, and D1 the chance
+after one that did not (or at a sequence's first): a two-state Markov chain per sequence.
+Without it an n-gram run would draft K tokens every step and be far too optimistic on text that
+seldom repeats; `validate --speculative ngram:K` measures both curves on the live engine.
 """
 from __future__ import annotations
 
@@ -56,33 +66,58 @@ class Speculation:
     k: int
     acceptance: tuple[float, ...]     # conditional rate per draft position, len == k
     source: str                        # where the curve comes from
+    drafting: tuple[float, ...] | None = None   # conditional drafting rate per position (None: always k)
+    persistence: float | None = None   # P(a lookup drafts | the sequence's last one drafted); None: drafting[0]
 
     def expected_accepted(self, drafts: int | None = None) -> float:
         """Expected accepted drafts per verify step of `drafts` (default k) drafts."""
-        total, reach = 0.0, 1.0
-        for p in self.acceptance[:self.k if drafts is None else drafts]:
-            reach *= p
-            total += reach
-        return total
+        return _expected_reach(self.acceptance[:self.k if drafts is None else drafts])
 
     def expected_acceptance_length(self) -> float:
         """1 + expected accepted drafts: tokens a full verify step yields per sequence (vLLM's
         mean acceptance length)."""
         return 1 + self.expected_accepted()
 
+    def draw_draft_length(self, rand, after_draft: bool = False) -> int:
+        """How many tokens the proposer drafts at one lookup: k, or position by position from the
+        drafting curve, stopping at the first position it does not reach; right after a lookup
+        that drafted (`after_draft`), the first position's rate is the persistence."""
+        if self.drafting is None:
+            return self.k
+        if after_draft and self.persistence is not None:
+            if rand() >= self.persistence:
+                return 0
+            return 1 + _run_length(rand, self.drafting[1:], self.k - 1)
+        return _run_length(rand, self.drafting, self.k)
+
     def draw(self, rand, drafts: int) -> int:
         """How many of `drafts` drafts the target accepts: position by position, stopping at the
         first rejection."""
-        rates = self.acceptance
-        accepted = 0
-        while accepted < drafts and rand() < rates[accepted]:
-            accepted += 1
-        return accepted
+        return _run_length(rand, self.acceptance, drafts)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "num_speculative_tokens": self.k, "acceptance": list(self.acceptance),
                 "acceptance_source": self.source,
-                "expected_mean_acceptance_length": self.expected_acceptance_length()}
+                "expected_mean_acceptance_length": self.expected_acceptance_length(),
+                **({} if self.drafting is None else {"draft_rates": list(self.drafting),
+                                                     "draft_persistence": self.persistence})}
+
+
+def _expected_reach(rates) -> float:
+    """Expected run length of successes under per-position conditional rates: sum of their running products."""
+    total, reach = 0.0, 1.0
+    for p in rates:
+        reach *= p
+        total += reach
+    return total
+
+
+def _run_length(rand, rates, most: int) -> int:
+    """Successes position by position (``rand() < rates[i]``) until the first failure, at most `most`."""
+    n = 0
+    while n < most and rand() < rates[n]:
+        n += 1
+    return n
 
 
 def speculation_of(deployment: Deployment) -> Speculation | None:
@@ -105,4 +140,13 @@ def speculation_of(deployment: Deployment) -> Speculation | None:
     if len(curve) < k:
         raise PlannerError(f"--speculative {method}:{k}: the acceptance curve has {len(curve)} position"
                            f"{'s' if len(curve) != 1 else ''} ({source}); give --acceptance with {k} rates")
-    return Speculation(method, k, tuple(curve[:k]), source)
+    drafting = None
+    if deployment.draft_rates is not None:
+        drafting = parse_acceptance(deployment.draft_rates, "--draft-rates")
+        if len(drafting) < k:
+            raise PlannerError(f"--draft-rates has {len(drafting)} position{'s' if len(drafting) != 1 else ''}: "
+                               f"give {k} rates for --speculative {method}:{k}")
+        drafting = drafting[:k]
+    elif deployment.draft_persistence is not None:
+        raise PlannerError("--draft-persistence needs --draft-rates (the rate of a first draft)")
+    return Speculation(method, k, tuple(curve[:k]), source, drafting, deployment.draft_persistence)

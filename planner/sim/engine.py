@@ -520,7 +520,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
         executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
                                      real_token_ids=dep.enable_prefix_caching)
     else:   # the engine scheduler's own speculation; steps one at a time (see the module docstring)
-        enable_speculation(scheduler, spec)
+        enable_speculation(scheduler, spec, seed)
         executor = SpeculatingExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
                                        real_token_ids=dep.enable_prefix_caching, spec=spec)
         fast_forward = False
@@ -633,9 +633,7 @@ def fleet_spec_decoding(engines: list[SimulatedEngine]) -> dict | None:
     runtimes = [e.speculation for e in engines if e.speculation is not None]
     if not runtimes:
         return None
-    stats = [e.scheduler.spec_stats for e in engines]
-    total = SpecDecodingStats(stats[0].num_spec_tokens, sum(s.num_drafts for s in stats),
-                              sum(s.num_draft_tokens for s in stats), sum(s.num_accepted_tokens for s in stats),
-                              [sum(pos) for pos in zip(*(s.num_accepted_tokens_per_pos for s in stats))])
+    first, *others = [e.scheduler.spec_stats for e in engines]
+    total = first.merged(others)
     return {**runtimes[0].spec.as_dict(), **total.as_dict(),
             "proposer_seconds": sum(r.proposer_time for r in runtimes)}

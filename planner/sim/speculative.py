@@ -49,21 +49,31 @@ NGRAM_PROPOSE_SECONDS = 30e-6
 
 
 class SimProposer:
-    """Placeholder drafts, capped as the engine's NgramProposer caps its own (k, the request's
+    """Placeholder drafts: at each lookup as many as the drafting curve draws (k without one), counted
+    in the scheduler's stats and capped as the engine's NgramProposer caps its own (k, the request's
     max_tokens, max_model_len - 1, requests that can speculate)."""
 
-    def __init__(self, k: int, max_model_len: int) -> None:
-        self.k = k
+    def __init__(self, spec: Speculation, max_model_len: int, stats, seed: int) -> None:
+        self.spec = spec
+        self.k = spec.k
         self.max_model_len = max_model_len
+        self.stats = stats
+        self.rand = random.Random(seed * 1_000_003 + 27).random
 
     def propose(self, group, seq) -> list[int]:
-        return [0] * max(0, draft_limit(group, seq, self.k, self.max_model_len))
+        limit = draft_limit(group, seq, self.k, self.max_model_len)
+        if limit <= 0:
+            return []
+        length = self.spec.draw_draft_length(self.rand, seq.last_lookup_drafted)
+        self.stats.observe_lookup(length, seq.last_lookup_drafted)
+        seq.last_lookup_drafted = length > 0
+        return [0] * min(length, limit)
 
 
-def enable(scheduler, spec: Speculation) -> None:
+def enable(scheduler, spec: Speculation, seed: int) -> None:
     """Turn on the engine scheduler's speculation (its counters) with the simulator's proposer."""
     scheduler.enable_speculation(SpeculativeConfig("ngram", spec.k))
-    scheduler.proposer = SimProposer(spec.k, scheduler.config.max_model_len)
+    scheduler.proposer = SimProposer(spec, scheduler.config.max_model_len, scheduler.spec_stats, seed)
 
 
 class SpeculatingExecutor(SyntheticExecutor):

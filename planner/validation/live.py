@@ -77,12 +77,15 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    None if engine.spec_decoding_stats is None else engine.spec_decoding_stats.as_dict())
 
 
-def acceptance_of(stats: dict | None, k: int) -> str:
-    """The per-position conditional acceptance rates a live run measured ("P1,P2,..."), for the simulation."""
-    drafts = (stats or {}).get("num_drafts") or 0
-    reach = [n / drafts if drafts else 0.0 for n in (stats or {}).get("num_accepted_tokens_per_pos", [0] * k)]
-    rates = [reach[0]] + [reach[i] / reach[i - 1] if reach[i - 1] else 0.0 for i in range(1, len(reach))]
-    return ",".join(f"{min(1.0, r):.6g}" for r in rates)
+def speculation_curves(stats: dict | None) -> dict:
+    """The acceptance and drafting curves a live run measured ("P1,P2,..." each) and its drafting
+    persistence, as the deployment's `acceptance`, `draft_rates` and `draft_persistence` for the simulation (engine/core/speculative.py, SpecDecodingStats)."""
+    stats = stats or {}
+    curves = {name: ",".join(f"{min(1.0, r):.6g}" for r in stats[key])
+              for name, key in (("acceptance", "acceptance_rates"), ("draft_rates", "draft_rates")) if stats.get(key)}
+    if stats.get("draft_persistence") is not None:
+        curves["draft_persistence"] = round(stats["draft_persistence"], 6)
+    return curves
 
 
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:

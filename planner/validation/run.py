@@ -33,7 +33,7 @@ from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim import simulate
 from planner.validation.attribution import run_attribution
 from planner.validation.compare import COMPARED, LiveRun, Validation, metric
-from planner.validation.live import acceptance_of, run_live
+from planner.validation.live import run_live, speculation_curves
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
 
@@ -151,11 +151,13 @@ def _compare(spec: ValidationSpec, trace, model: ModelSpec, live: LiveRun, cost_
 
 def _plan_of(spec: ValidationSpec, live: LiveRun):
     """The deployment as the live engine ran it: its exact cache and limits (no refusals: it ran). With
-    --speculative ngram:K and no --acceptance, the simulation draws from the curve the live run measured."""
+    --speculative ngram:K, the simulation drafts and accepts by the curves the live run measured (those not
+    given by --acceptance and --draft-rates)."""
     deployment = spec.deployment
-    if deployment.speculative is not None and deployment.acceptance is None:
-        k = int(deployment.speculative.partition(":")[2])
-        deployment = deployment.replace(acceptance=acceptance_of(live.spec_decoding, k))
+    if deployment.speculative is not None:
+        measured = speculation_curves(live.spec_decoding)
+        deployment = deployment.replace(**{name: curve for name, curve in measured.items()
+                                           if getattr(deployment, name) is None})
     return plan_deployment(deployment.replace(num_gpu_blocks=live.num_gpu_blocks,
                                               num_cpu_blocks=live.num_cpu_blocks,
                                               max_model_len=live.max_model_len,
