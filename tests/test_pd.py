@@ -251,3 +251,23 @@ def test_fast_forward_and_step_by_step_agree(router):
     fast, slow = (Simulation.prepare(replace(spec, step_by_step=s)).simulate() for s in (False, True))
     assert fast.requests == slow.requests and fast.steps == slow.steps
     assert fast.summary()["pd"] == slow.summary()["pd"]
+
+
+def test_the_run_folder_says_each_requests_replicas_and_each_steps_pool(tmp_path):
+    import csv
+
+    out = tmp_path / "run"
+    result = runner.invoke(app, [str(a) for a in ("simulate", *BASE, "--rate", 4, "--policy", "vllm-v1", "--pd",
+                                                  "2:3", "--router", "least-requests", "--out", out)])
+    assert result.exit_code == 0, result.output
+    requests = list(csv.DictReader((out / "requests.csv").open()))
+    assert {r["prefill_replica"] for r in requests} == {"0", "1"}
+    assert {r["decode_replica"] for r in requests} == {"0", "1", "2"}
+    steps = list(csv.DictReader((out / "steps.csv").open()))
+    doc = json.loads((out / "result.json").read_text())
+    for pool in ("prefill", "decode"):
+        mine = [s for s in steps if s["pool"] == pool]
+        assert len(mine) == doc["pd"][pool]["num_steps"]
+        for row in doc["pd"][pool]["per_replica"]:
+            assert sum(s["replica"] == str(row["replica"]) for s in mine) == row["num_steps"]
+    assert [float(s["start"]) for s in steps] == sorted(float(s["start"]) for s in steps)

@@ -14,6 +14,7 @@ from engine.core.metrics import StepRecord
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.runs.spec import RunSpec
 from planner.sim import SimResult
+from planner.sim.pd import PdResult
 
 
 @dataclass
@@ -46,26 +47,38 @@ class RunResult:
             doc["intervals"] = self.intervals
         return json_safe(doc)
 
+    def request_columns(self) -> dict[str, list]:
+        """The per-request columns only a fleet (its replica) or a P/D run (both pools' replicas) has."""
+        if isinstance(self.sim, PdResult):
+            return self.sim.pd.request_columns()
+        return {} if self.sim.fleet is None else {"replica": self.sim.fleet.routes}
+
+    def step_columns(self) -> dict[str, list]:
+        """The per-step columns only a fleet (the replica) or a P/D run (the pool and its replica) has."""
+        if isinstance(self.sim, PdResult):
+            return self.sim.pd.step_columns()
+        return {} if self.sim.fleet is None else {"replica": self.sim.fleet.step_replicas}
+
     def requests_frame(self):
         """One row per request: times, lengths and latencies (pandas)."""
         import pandas as pd            # pandas is slow to import and only tables need it
         rows = []
-        fleet = self.sim.fleet
+        extra = self.request_columns()
         for i, r in enumerate(self.sim.requests):
             ran = r.completed
             rows.append({**r.as_dict(), "ttft": r.ttft if ran else None, "tpot": r.tpot if ran else None,
                          "e2e": r.e2e if ran else None,
                          "normalized_latency": r.normalized_latency if ran else None,
-                         **({} if fleet is None else {"replica": fleet.routes[i]})})
+                         **{name: values[i] for name, values in extra.items()}})
         return pd.DataFrame(rows)
 
     def steps_frame(self):
         """One row per engine step: its batch, tokens, KV use and duration (pandas)."""
         import pandas as pd
         names = [f.name for f in fields(StepRecord)]
-        fleet = self.sim.fleet
+        extra = self.step_columns()
         return pd.DataFrame([{**{n: getattr(s, n) for n in names}, "duration": s.end - s.start,
-                              **({} if fleet is None else {"replica": fleet.step_replicas[i]})}
+                              **{name: values[i] for name, values in extra.items()}}
                              for i, s in enumerate(self.sim.steps)])
 
     def summary_frame(self):

@@ -261,6 +261,21 @@ class PdRun:
                                     "decode_start": decode["start_wait"]["mean"],
                                     "first_decode_step": decode["first_step"]["mean"]}}
 
+    def request_columns(self) -> dict[str, list]:
+        """requests.csv's columns of a P/D run, per client request (sending order): the prefill replica that
+        prefilled it and the decode replica that decoded it (None: it never got there)."""
+        decoded = {g.request_id: r.decode_replica for g, r in zip(self.handed, self.remotes)}
+        prefill = self.prefill
+        return {"prefill_replica": list(prefill.fleet.routes),
+                "decode_replica": [decoded.get(r.request_id) for r in prefill.requests]}
+
+    def step_columns(self) -> dict[str, list]:
+        """steps.csv's columns: each step's pool and its replica in that pool (a pool's steps keep their order
+        in the merge, so the k-th step of a pool is the k-th of the pool's own steps)."""
+        replicas = [iter(self.prefill.fleet.step_replicas), iter(self.decode.fleet.step_replicas)]
+        return {"pool": [("prefill", "decode")[p] for p in self.step_pools],
+                "replica": [next(replicas[p]) for p in self.step_pools]}
+
     def _transfers(self, admitted: list[Remote]) -> dict:
         path = self.path
         return {"link": path.link.name, "stream_bandwidth": path.stream_bandwidth, "streams": path.streams,
