@@ -28,6 +28,7 @@ from planner.runs.pools import EXECUTORS
 from planner.runs.slos import parse_slos
 from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
+from planner.sizing.layouts import layouts_for, search_layouts
 from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto
 from workloads import TraceError
 
@@ -67,6 +68,8 @@ MAX_REPLICAS_OPTION = typer.Option(MAX_REPLICAS, "--max-replicas", help="with --
 
 # The grid's axes and their defaults; every other deployment setting takes one value.
 AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (256,)}
+# A MoE's layouts (planner/sizing/layouts.py): each one a grid of the axes above.
+LAYOUT_AXES = ("dp", "enable_expert_parallel")
 
 
 SLOS = typer.Option(..., "--slo", help="SLOs, METRIC=SECONDS, comma-separated or repeated (e.g. "
@@ -145,7 +148,7 @@ def search(
         if trace is not None and not trace.is_file():
             raise PlannerError(f"--trace {trace}: no such file")
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
-        base = deployments.without(*AXES).one("search", model="opt-13b")
+        base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)
@@ -155,18 +158,25 @@ def search(
                               replicas, concurrency, price, out, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
         spec, fleet = _fleet_of(spec, replicas, router)
+        layouts = _layouts(deployments, base, axes, fleet)
+        if fleet is not None:
+            spec = spec.with_deployment(dp=layouts[0][0], enable_expert_parallel=layouts[0][1])
         grid = None if fleet is None else _fleet_grid(
             spec, axes, parse_slos([",".join(slo)]), target if concurrency is None else concurrency,
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
             max_replicas=max_replicas)
         folder = out or default_out("search", load.workload)
-        progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency)
+        progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency,
+                             len(layouts))
         run = dict(executor=executor, workers=workers, ray_address=ray_address,
                    prices=parse_price_overrides(price), on_done=progress)
         if grid is None:                # one deployment per configuration, as before fleets
-            result = api.search(spec, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
-                                block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=target,
-                                clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain, **run)
+            def one(laid: RunSpec):
+                return api.search(laid, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
+                                  block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=target,
+                                  clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain, **run)
+            result = search_layouts(one, spec, layouts) if len(layouts) > 1 else one(spec.with_deployment(
+                dp=layouts[0][0], enable_expert_parallel=layouts[0][1]))
         else:
             result = api.run_grid(grid, run.pop("executor"), **run)
     except (PlannerError, TraceError, ValueError) as exc:
@@ -177,10 +187,23 @@ def search(
     _print_summary(result)
 
 
+def _layouts(deployments: DeploymentChoices, base, axes: dict, fleet) -> list[tuple[int, bool]]:
+    """The (dp, expert parallel) layouts searched: --dp's values and, for a MoE, EP on and off unless
+    --enable-expert-parallel says which (planner/sizing/layouts.py); a fleet search keeps one."""
+    dps = deployments.values("dp") or (base.dp,)
+    eps = deployments.values("enable_expert_parallel") or (False, True)
+    if fleet is not None:
+        if len(dps) > 1:
+            raise PlannerError("--dp takes one value in a fleet search (--replicas)")
+        return [(dps[0], eps[0])]
+    return layouts_for(base.model, tuple(dps), tuple(axes["tp"]), tuple(eps))
+
+
 def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workload: str, executor: str,
-              concurrency) -> SearchProgress:
+              concurrency, layouts: int = 1) -> SearchProgress:
     """The line a search starts with, and its progress (each configuration's row as it finishes)."""
-    err.print(f"searching {_what(axes, fleet)} of {model} on {workload} ({executor} executor); "
+    layout = f" in {layouts} dp/EP layouts" if layouts > 1 else ""
+    err.print(f"searching {_what(axes, fleet)}{layout} of {model} on {workload} ({executor} executor); "
               f"each one's row goes to {folder}/configs.csv as it finishes", highlight=False)
     return SearchProgress(err, folder, "clients" if concurrency is not None else "req/s", fleet=fleet is not None)
 
@@ -245,6 +268,12 @@ def _write(result, folder: Path, err: Console) -> None:
     err.print(f"wrote {folder}/configs.csv, pareto.png, search.json ({result.wall_time:.1f} s)", highlight=False)
 
 
+def _parallel(row: dict) -> str:
+    """'2', or '2 x dp2 EP' for a MoE layout's row."""
+    dp = f" x dp{row['dp']}" if row.get("dp", 1) > 1 else ""
+    return f"{row['tp']}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
+
+
 def _print_summary(result) -> None:
     if result.grid.auto:
         return _print_fewest(result)
@@ -259,7 +288,7 @@ def _print_summary(result) -> None:
     rows = sorted(result.configs, key=lambda r: (not r["pareto"], r["capacity"] is None, r["cost_per_hour"],
                                                  -(r["capacity"] or 0)))
     for r in rows:
-        table.add_row(r["gpu"], str(r["tp"]), *((str(r["replicas"]),) if fleet else ()), str(r["block_size"]),
+        table.add_row(r["gpu"], _parallel(r), *((str(r["replicas"]),) if fleet else ()), str(r["block_size"]),
                       str(r["max_num_seqs"]),
                       "-" if r["capacity"] is None else f"{r['capacity']:.3g}", f"{r['cost_per_hour']:.2f}",
                       "-" if r["capacity_per_dollar"] is None else f"{r['capacity_per_dollar']:.3g}",
@@ -272,7 +301,8 @@ def _print_summary(result) -> None:
                       else "No configuration meets the SLOs at any load tried.")
         return
     why = f"cheapest reaching {target:g} {unit}" if target is not None else "most capacity per dollar"
-    console.print(f"Best ({why}): {fleet_label(b)}, block size {b['block_size']}, max_num_seqs "
+    layout = f" ({_parallel(b)})" if "dp" in b else ""
+    console.print(f"Best ({why}): {fleet_label(b)}{layout}, block size {b['block_size']}, max_num_seqs "
                   f"{b['max_num_seqs']}: {b['capacity']:.3g} {unit} at ${b['cost_per_hour']:.2f}/hour.",
                   highlight=False)
 

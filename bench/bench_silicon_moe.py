@@ -1,0 +1,191 @@
+"""MoE step prices against NVIDIA's measured end-to-end vLLM runs of gpt-oss-120b on H100: per run, TPOT and TTFT.
+
+Data. aiconfigurator-core 0.12.0 (Apache-2.0) ships NVIDIA's measured vLLM runs in
+systems/silicon_sample.csv. bench/data/silicon_h100_vllm_moe.json holds the rows this bench uses,
+with their source record: system h100_sxm (tested first, so no other GPU's row is read or kept, as
+bench/bench_silicon_h100.py does for the dense runs), backend vllm, aggregated serving, MoE models
+the catalog has: openai/gpt-oss-120b, its MXFP4 checkpoint (69 runs: vLLM 0.11.2 and 0.18.0, ISL/OSL
+1024/1024, 1024/8192, 8192/1024, 4-512 concurrent clients, TP 2/4/8, moe_tp = TP, no DP or EP).
+`--extract WHEEL` rebuilds the file from the wheel.
+
+Each run is simulated as it was made (closed loop of C clients, R = 4 x C requests, at least 32):
+`planner simulate --model openai/gpt-oss-120b --gpu h100-sxm --tp N --policy vllm-v1
+--enable-prefix-caching --workload random -p input_len=ISL -p output_len=OSL --concurrency C` with
+vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024) and
+max_model_len = ISL + OSL, priced by the measured model (the MoE from NVIDIA's fused-MoE table for
+gpt-oss's MXFP4 kernel, balanced routing unless --moe-skew) and, beside it, the roofline. Nothing is
+fitted here: the host constants are the ones fitted to the dense H100 runs (docs/calibration.md).
+Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
+behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show.
+
+    .venv/bin/python bench/bench_silicon_moe.py [--quick] [--moe-skew S]
+    .venv/bin/python bench/bench_silicon_moe.py --extract aiconfigurator_core-0.12.0-*.whl
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine.deployment import Deployment  # noqa: E402
+from planner.api import run_spec  # noqa: E402
+from planner.cost.measured import MeasuredCostModel  # noqa: E402
+from planner.cost.roofline import RooflineCostModel  # noqa: E402
+from planner.deploy.plan import plan_deployment  # noqa: E402
+from planner.runs.pipeline import Simulation  # noqa: E402
+
+DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm_moe.json")
+SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
+PACKAGE = "aiconfigurator-core 0.12.0 (Apache-2.0)"
+MOE = ("openai/gpt-oss-120b",)     # the catalog's MoE models among the h100_sxm vLLM rows
+# Requests per concurrent client (R = 4 x C, at least 32): half the dense bench's 8, because these runs
+# decode up to 8,192 tokens at up to 512 clients, which step-by-step takes minutes per run on two cores.
+REQUESTS_PER_CLIENT = 4
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured run: ISL, OSL, concurrent clients, TP, measured means (seconds), vLLM version."""
+
+    model: str
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    ttft: float
+    tpot: float
+    vllm: str
+
+    @property
+    def label(self) -> str:
+        return f"gpt-oss-120b {self.isl}/{self.osl} c{self.concurrency} tp{self.tp} (vLLM {self.vllm})"
+
+
+def extract(wheel: str) -> dict:
+    """The h100_sxm vLLM aggregated runs of the catalog's MoE models from the wheel (system filtered first)."""
+    with zipfile.ZipFile(wheel) as z:
+        raw = z.read(SILICON_CSV)
+    out = []
+    for r in csv.DictReader(io.StringIO(raw.decode("utf-8"))):
+        if r["system"] != "h100_sxm":
+            continue
+        if r["backend"] != "vllm" or r["mode"] != "agg" or r["model_path"] not in MOE:
+            continue
+        out.append([r["model_path"], int(r["isl"]), int(r["osl"]), int(float(r["batch_size"])),
+                    int(float(r["tp_size"])), float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]),
+                    r["backend_version"], int(float(r["attention_dp_size"] or 1)),
+                    int(float(r["moe_ep_size"] or 1)), r["id"]])
+    return {
+        "source": {"package": PACKAGE, "url": "https://pypi.org/project/aiconfigurator-core/0.12.0/",
+                   "file": SILICON_CSV, "file_sha256": hashlib.sha256(raw).hexdigest(),
+                   "filter": "system == h100_sxm (tested first: a row of another system is skipped before any "
+                             f"other field is used), backend == vllm, mode == agg, model_path in {', '.join(MOE)}",
+                   "columns_from": "model_path, isl, osl, batch_size (concurrent clients), tp_size, "
+                                   "silicon_ttft_ms, silicon_tpot_ms, backend_version, attention_dp_size, "
+                                   "moe_ep_size, id",
+                   "rebuild": ".venv/bin/python bench/bench_silicon_moe.py --extract <the wheel>"},
+        "columns": ["model", "isl", "osl", "concurrency", "tp", "ttft_ms", "tpot_ms", "vllm", "dp", "ep", "id"],
+        "rows": out,
+    }
+
+
+def rows() -> list[Row]:
+    with open(DATA_FILE, encoding="utf-8") as f:
+        doc = json.load(f)
+    return [Row(m, isl, osl, c, tp, ttft / 1e3, tpot / 1e3, vllm)
+            for m, isl, osl, c, tp, ttft, tpot, vllm, dp, ep, _ in doc["rows"] if dp == 1 and ep == 1]
+
+
+def deployment(row: Row, skew: float) -> Deployment:
+    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, policy="vllm-v1", enable_prefix_caching=True,
+                      max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=row.isl + row.osl,
+                      moe_skew=skew)
+
+
+def cost_models(row: Row, skew: float) -> dict:
+    """The run's measured model (host in series, host hidden) and roofline."""
+    plan = plan_deployment(deployment(row, skew))
+    d = plan.deployment
+    common = dict(tp=d.tp, block_size=d.block_size, weight_format=plan.weight_format, moe=plan.moe_parallel)
+    graphs = dict(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens)
+    return {"measured": MeasuredCostModel(plan.model, plan.gpu, **common, **graphs),
+            "measured, async": MeasuredCostModel(plan.model, plan.gpu, **common, **graphs, async_scheduling=True),
+            "roofline": RooflineCostModel(plan.model, plan.gpu, **common)}
+
+
+def simulate(row: Row, skew: float) -> dict[str, tuple[float, float]]:
+    """(mean TPOT, mean TTFT) of the run under each cost model: simulated once, its steps re-priced (a closed
+    loop's schedule does not depend on step times: clients send when a request ends, at a step's end)."""
+    d = deployment(row, skew)
+    spec = run_spec(d, workload="random", params={"input_len": row.isl, "output_len": row.osl},
+                    requests=max(REQUESTS_PER_CLIENT * row.concurrency, 32), concurrency=row.concurrency)
+    models = cost_models(row, skew)
+    sim = Simulation(spec, plan_deployment(d), models["measured"]).simulate()
+    index = {step.end: i for i, step in enumerate(sim.steps)}
+    index[0.0] = -1
+    done = [r for r in sim.requests if not r.rejected and not r.truncated and r.first_token is not None]
+    arrival, first, finish = (np.array([index[t] for t in times]) for times in
+                              zip(*((r.arrival, r.first_token, r.finish) for r in done)))
+    tokens = np.array([r.seq_output_len for r in done])
+    out = {}
+    for name, model in models.items():
+        ends = np.concatenate(([0.0], np.cumsum([model.step_time(s) for s in sim.shapes])))
+        many = tokens > 1
+        tpot = (ends[finish + 1] - ends[first + 1])[many] / (tokens[many] - 1)
+        out[name] = (float(tpot.mean()), float((ends[first + 1] - ends[arrival + 1]).mean()))
+    return out
+
+
+def report(results: list[tuple[Row, dict]]) -> None:
+    names = list(results[0][1])
+    print(f"{'run':58s} {'TPOT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names)
+          + f" {'TTFT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names))
+    for row, res in results:
+        print(f"{row.label:58s} {row.tpot * 1e3:8.2f} "
+              + " ".join(f"{res[n][0] * 1e3:9.2f} {res[n][0] / row.tpot - 1:+6.0%}" for n in names)
+              + f" {row.ttft * 1e3:8.1f} "
+              + " ".join(f"{res[n][1] * 1e3:9.1f} {res[n][1] / row.ttft - 1:+6.0%}" for n in names))
+    print(f"\n{len(results)} runs; mean absolute error (mean signed error):")
+    for n in names:
+        for i, what in ((0, "TPOT"), (1, "TTFT")):
+            rel = np.array([res[n][i] / (row.tpot if i == 0 else row.ttft) - 1 for row, res in results])
+            print(f"  {n:18s} {what}: {np.mean(np.abs(rel)):6.1%} ({np.mean(rel):+6.1%}), median |err| "
+                  f"{np.median(np.abs(rel)):6.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every fourth run only")
+    parser.add_argument("--moe-skew", type=float, default=0.0, help="routing skew assumed (0: balanced)")
+    parser.add_argument("--extract", metavar="WHEEL", help="rebuild bench/data/silicon_h100_vllm_moe.json and stop")
+    args = parser.parse_args()
+    if args.extract:
+        doc = extract(args.extract)
+        with open(DATA_FILE, "w", encoding="utf-8") as f:
+            f.write(json.dumps({k: doc[k] for k in ("source", "columns")}, indent=2)[:-2] + ',\n  "rows": [\n'
+                    + ",\n".join("    " + json.dumps(r) for r in doc["rows"]) + "\n  ]\n}\n")
+        print(f"written: {os.path.relpath(DATA_FILE, ROOT)} ({len(doc['rows'])} runs)")
+        return
+    chosen = rows()[::4] if args.quick else rows()
+    start, results = time.perf_counter(), []
+    for i, row in enumerate(chosen):
+        results.append((row, simulate(row, args.moe_skew)))
+        print(f"\rsimulated {i + 1}/{len(chosen)} runs ({time.perf_counter() - start:.0f} s)", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
