@@ -124,6 +124,7 @@ def test_a_request_the_decode_pool_cannot_hold_is_rejected_there():
     sim = simulate_pd(random_load(requests=5).trace(), pools.prefill, small_pool, pools.path, parse_router(None))
     assert sim.metrics.num_rejected == 5 and all(r.rejected for r in sim.requests)
     assert sim.pd.prefill.metrics.num_completed == 5 and not any(r.allocated_at for r in sim.pd.remotes)
+    assert sim.kv_blocks_used_at_end == 2           # vLLM v1's null block in each replica: the prefill one let go
 
 
 @pytest.mark.parametrize("text", ["2", "a:b", "0:3", "2:0", "-1:2", "1:2:3"])
@@ -271,3 +272,24 @@ def test_the_run_folder_says_each_requests_replicas_and_each_steps_pool(tmp_path
         for row in doc["pd"][pool]["per_replica"]:
             assert sum(s["replica"] == str(row["replica"]) for s in mine) == row["num_steps"]
     assert [float(s["start"]) for s in steps] == sorted(float(s["start"]) for s in steps)
+
+
+def test_the_prefill_replica_holds_the_kv_until_the_decode_replica_has_read_it():
+    load = random_load(requests=30, rate=2.0)
+    pools = prepare_pools(pd_spec(1, 1, load))
+    trickle = KvLink("trickle", 1e9, 0.0, "test", "test")     # 1 GB/s: a 2,000-token prompt's 262 MB in 0.26 s
+    runs = {name: simulate_pd(load.trace(), pools.prefill, pools.decode,
+                              KvPath(link, link.bandwidth, 1, pools.path.bytes_per_token), parse_router(None))
+            for name, link in (("instant", INSTANT), ("trickle", trickle))}
+    slow = runs["trickle"].pd
+    assert all(r.seconds == pytest.approx(0.262144) for r in slow.remotes)
+    held = [s.kv_blocks_used for s in slow.prefill.steps]
+    idle = [s.kv_blocks_used for s in runs["instant"].pd.prefill.steps]
+    # A prefill step sees earlier requests' KV (125 blocks each) still held while it crosses the slow link;
+    # with an instant link only the prompts in progress hold blocks.
+    assert max(held) > max(idle)
+    # Exactly: each step's blocks are its own prompts' plus those of the requests still crossing the link.
+    for step in slow.prefill.steps:
+        crossing = sum(r.handed_at < step.start < r.arrived_at for r in slow.remotes)
+        assert step.kv_blocks_used >= 1 + 125 * crossing
+    assert runs["trickle"].kv_blocks_used_at_end == 2             # the two replicas' null blocks

@@ -15,8 +15,8 @@ queues, the pool under more pressure is named as the nearer its limit.
 from __future__ import annotations
 
 DECODE_QUEUE_STEPS = 5     # a hand-off costs about one step of waiting (the step in progress, then the next)
-PD_NOTE = ("P/D: the proxy's and the network's latency, the prefill replica holding a request's blocks until the "
-           "decode replica has read them, and transfers sharing a link (each runs at the link's full bandwidth)")
+PD_NOTE = ("P/D: the proxy's and the network's latency, and transfers sharing a link (each runs at the link's full "
+           "bandwidth)")
 
 
 def which_binds(pd: dict) -> dict:

@@ -23,9 +23,9 @@ replica is a `SimulatedEngine` with its own scheduler and block manager; the
 prefill pool is a `Fleet` of requests cut to one output token (its replicas know
 their next arrival where the router allows, as a fleet's do), the decode
 replicas step one at a time (the decode batch's proof does not cover remote
-admissions). Not modelled: the proxy's and the network's own latency, the
-prefill replica holding the request's blocks until the decode replica has read
-them (vLLM's NIXL connector frees them then), and transfers sharing a link.
+admissions). The prefill replica holds a handed-off request's blocks until the
+decode replica has read its KV (vLLM's NIXL connector frees them then). Not
+modelled: the proxy's and the network's own latency, and transfers sharing a link.
 """
 from __future__ import annotations
 
@@ -159,6 +159,7 @@ class Disaggregated:
         self.groups: list[ClientRequest] = []         # every request sent, in sending order (a probe's watch)
         self.by_prefill: dict[int, ClientRequest] = {}
         self.remotes: list[Remote] = []
+        self.held: dict[str, tuple] = {}              # request id -> (prefill block pool, blocks it still holds)
         self.done = 0
         self.prefill = PrefillPool(env, trace, prefill.plan, prefill.cost_model, prefill.replicas, policy, seed=seed,
                                    concurrency=concurrency, fast_forward=fast_forward, progress=None,
@@ -193,11 +194,27 @@ class Disaggregated:
             client.decode = self.decode.engines[0].executor.make_group(req, arrival=group.times.arrival)
             remote = Remote(now, client.prefill_replica, -1)
             self.remotes.append(remote)
+            self._hold(self.prefill.engines[client.prefill_replica], group)
             self.decode.hand(client.decode, remote, now)
         if lost:
             self._ended(now, lost)
             if self.concurrency is not None:
                 self.prefill.release(len(lost))
+
+    def _hold(self, engine: SimulatedEngine, group: SequenceGroup) -> None:
+        """The prefill replica keeps the request's KV until the decode replica has read it (vLLM's NIXL
+        connector delays freeing a remote-decode request's blocks until the decode side reports the read):
+        as many blocks as the prompt fills, taken back as the scheduler frees them (at most what is free:
+        a prefix block shared with a running request was never freed)."""
+        pool, bs = engine.allocator.gpu, engine.allocator.block_size
+        tokens = group.prompt_len
+        count = min(-(-tokens // bs), pool.num_free())
+        self.held[group.request_id] = (pool, [pool.take(min(bs, tokens - k * bs)) for k in range(count)])
+
+    def _free_held(self, request_id: str) -> None:
+        pool, blocks = self.held.pop(request_id, (None, ()))
+        for block in blocks:
+            pool.release(block)
 
     def _loading(self, replica: int, group: SequenceGroup, remote: Remote, now: float) -> None:
         """A decode replica gave the request its blocks: the KV starts across the link."""
@@ -207,9 +224,13 @@ class Disaggregated:
     def _transfer(self, engine: SimulatedEngine, group: SequenceGroup, remote: Remote):
         yield self.env.timeout(remote.seconds)
         engine.scheduler.kv_arrived(group, self.env.now)
+        self._free_held(group.request_id)
         wake(engine)
 
     def _decoded(self, engine, now: float, ended: list[SequenceGroup]) -> None:
+        for group in ended:           # one the decode replica refused never reads its KV: the prefill lets it go
+            if group.request_id in self.held:
+                self._free_held(group.request_id)
         self._ended(now, ended)
 
     def _ended(self, now: float, ended: list[SequenceGroup]) -> None:
