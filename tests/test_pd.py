@@ -293,3 +293,18 @@ def test_the_prefill_replica_holds_the_kv_until_the_decode_replica_has_read_it()
         crossing = sum(r.handed_at < step.start < r.arrived_at for r in slow.remotes)
         assert step.kv_blocks_used >= 1 + 125 * crossing
     assert runs["trickle"].kv_blocks_used_at_end == 2             # the two replicas' null blocks
+
+
+def test_with_prefix_caching_the_decode_replica_reads_only_what_it_lacks():
+    load = Load(workload="prefix", params=(("num_prefixes", 2), ("prefix_len", 512)), requests=30, rate=5.0)
+    spec = pd_spec(1, 1, load, V1.replace(enable_prefix_caching=True))
+    spec = replace(spec, fleet=Fleet(1, "prefix-aware"))
+    sim = Simulation.prepare(spec).simulate()
+    assert sim.metrics.num_completed == 30
+    prompts = {r.request_id: r.prompt_len for r in sim.requests}
+    tokens = [(r.tokens, prompts[g.request_id]) for g, r in zip(sim.pd.handed, sim.pd.remotes)]
+    assert tokens[0][0] == tokens[0][1]                       # the first prompt: nothing cached yet
+    assert sum(moved < prompt for moved, prompt in tokens) >= 20  # later ones hit their prefix's blocks
+    assert all(prompt - moved in (0, 512) for moved, prompt in tokens)   # 32 full blocks of 16 or none
+    doc = sim.summary()["pd"]["kv_transfer"]
+    assert doc["bytes_total"] == sum(moved for moved, _ in tokens) * doc["kv_bytes_per_token"]

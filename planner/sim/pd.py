@@ -122,6 +122,8 @@ class DecodePool:
                                  progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True)
             engine.scheduler = DecodeScheduler(engine.scheduler, lambda g, r, now, i=i: on_loading(i, g, r, now))
             engine.executor.rng = random.Random(f"{seed}/decode/{i}")
+            if policy.uses_prefix:
+                engine.log_kv_events()
             self.engines.append(engine)
         self.router = Router(policy, self.engines, pool.plan.deployment.block_size)
         self.groups: list[SequenceGroup] = []     # every request handed to the pool, in hand-off order
