@@ -222,3 +222,27 @@ def test_search_takes_the_flag(tmp_path):
                                       "--workers", "1", "--speculative", "eagle:2", "--out", str(tmp_path),
                                       "--json"])
     assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)["speculation"]      # does it pay on the best configuration?
+    assert verdict["speculative"] == "eagle:2" and verdict["capacity_without"] > 0
+    loads = [p["load"] for p in verdict["points"]]
+    assert loads == sorted(loads) and len(loads) == 5
+    first = verdict["points"][0]            # a light load: the verify step's extra rows are nearly free
+    assert first["tpot_mean_speculative"] < first["tpot_mean_plain"]
+    stops = verdict["stops_paying_at"]
+    assert stops is None or all(p["tpot_mean_speculative"] < p["tpot_mean_plain"] for p in verdict["points"]
+                                if p["load"] < stops)
+
+
+def test_search_shows_where_speculation_stops_paying():
+    """At a load whose batches are large, speculation with a poor acceptance stops paying: the search says
+    from which load, and the TPOTs it reports there agree."""
+    from planner.runs.spec import Load, RunSpec
+    from planner.sizing.speculation import speculation_pays
+    spec = RunSpec(Deployment(model="llama-3.1-8b", gpu="h100-sxm", speculative="ngram:4", acceptance="0.3,0.2,0.1,0.1"),
+                   Load(workload="sharegpt", requests=300, rate=1.0))
+    verdict = speculation_pays(spec, {"tpot_p99": 1.0}, load=64.0, clients=False,
+                               limits=dict(start=8.0, min_rate=0.01, max_rate=256.0, rel_tol=0.3))
+    stops = verdict["stops_paying_at"]
+    assert stops is not None and not verdict["pays_at_load"]
+    at = next(p for p in verdict["points"] if p["load"] == stops)
+    assert at["tpot_mean_speculative"] >= at["tpot_mean_plain"]

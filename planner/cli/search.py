@@ -29,6 +29,7 @@ from planner.runs.slos import parse_slos
 from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
 from planner.sizing.layouts import layouts_for, search_layouts
+from planner.sizing.speculation import summary_lines as speculation_lines
 from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto
 from workloads import TraceError
 
@@ -305,6 +306,9 @@ def _print_summary(result) -> None:
     console.print(f"Best ({why}): {fleet_label(b)}{layout}, block size {b['block_size']}, max_num_seqs "
                   f"{b['max_num_seqs']}: {b['capacity']:.3g} {unit} at ${b['cost_per_hour']:.2f}/hour.",
                   highlight=False)
+    if result.speculation is not None:
+        for line in speculation_lines(result.speculation, b["capacity"]):
+            console.print(line, highlight=False)
 
 
 def _print_fewest(result) -> None:

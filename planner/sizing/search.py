@@ -40,6 +40,7 @@ from planner.documents import SCHEMA_VERSION
 from planner.runs.pipeline import Simulation
 from planner.runs.spec import RunSpec
 from planner.sizing.capacity import find_capacity, find_concurrency
+from planner.sizing.speculation import speculation_pays
 
 CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "capacity", "first_miss", "bounded", "cost_per_hour",
                "capacity_per_dollar", "meets_target", "pareto", "probes", "ttft_p99", "tpot_p99",
@@ -377,6 +378,7 @@ class SearchResult:
     executor: str
     wall_time: float = 0.0
     notes: list[str] = field(default_factory=list)
+    speculation: dict | None = None      # --speculative: does it pay (planner/sizing/speculation.py)
 
     def document(self) -> dict:
         """The --json document: best, configs, and what they were computed from."""
@@ -395,7 +397,8 @@ class SearchResult:
             fleet = {"replicas": "auto" if g.auto else list(g.replicas), "router": g.base.fleet.router}
             if g.auto:
                 fleet["max_replicas"] = g.max_replicas
-        return {"schema_version": SCHEMA_VERSION, "best": best, **fleet, "configs": self.configs,
+        speculation = {} if self.speculation is None else {"speculation": self.speculation}
+        return {"schema_version": SCHEMA_VERSION, "best": best, **fleet, **speculation, "configs": self.configs,
                 "target_rate": g.target_rate if g.target_rate is not None else "max",
                 "capacity_unit": "clients" if g.clients else "req/s",
                 "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
@@ -516,7 +519,17 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
     for row in pareto_front(rows):
         row["pareto"] = True
     best = choose_best(rows, grid.target_rate)
-    return SearchResult(grid, rows, best, table, executor.name, time.perf_counter() - started)
+    return SearchResult(grid, rows, best, table, executor.name, time.perf_counter() - started,
+                        speculation=_speculation(grid, best))
+
+
+def _speculation(grid: SearchGrid, best: dict | None) -> dict | None:
+    """With --speculative: whether it pays on the best configuration, and from which load it stops."""
+    if grid.base.deployment.speculative is None or best is None or best["capacity"] is None:
+        return None
+    task = ConfigTask(grid, best["gpu"], best["tp"], best["block_size"], best["max_num_seqs"], best.get("replicas"))
+    return speculation_pays(task.spec(), grid.slos, load=grid.target_rate or best["capacity"], clients=grid.clients,
+                            limits=_limits(grid, best.get("replicas")))
 
 
 def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], executor,
