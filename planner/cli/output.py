@@ -134,6 +134,16 @@ def summary_table(doc: dict, wall_time: float) -> Table:
          f"{st['window']['start']:.0f}-{st['window']['end']:.0f} s" if st.get("window") else "-"),
         ("wall time", f"{wall_time:.2f} s", ""),
     ]
+    spec = doc.get("spec_decoding_stats")
+    if spec:            # speculative decoding's counters, vLLM's names (docs/speculative.md)
+        rows[-3:-3] = [
+            (f"speculative ({spec['method']}:{spec['num_speculative_tokens']}) mean acceptance length",
+             f"{fmt(spec.get('mean_acceptance_length'), '', 3)} (curve {spec['expected_mean_acceptance_length']:.3f})",
+             ""),
+            ("drafts / draft tokens / accepted", f"{spec['num_drafts']} / {spec['num_draft_tokens']} / "
+                                                 f"{spec['num_accepted_tokens']}", ""),
+            ("draft acceptance rate", fmt(spec.get("acceptance_rate"), "", 3), ""),
+        ]
     for row in rows:
         table.add_row(*row)
     return table
