@@ -193,12 +193,58 @@ def test_kv_event_log_hands_out_events_then_a_snapshot_to_a_reader_too_far_behin
 
 
 def test_the_live_and_simulated_routers_are_one_pick_rule():
-    from planner.sim.router import Router
-    from engine.entrypoints.router.replicas import LiveRouter
     from engine.core.routing import BaseRouter
+    from engine.entrypoints.router.replicas import LiveRouter
+    from planner.sim.router import Router
     assert issubclass(Router, BaseRouter) and issubclass(LiveRouter, BaseRouter)
     assert Router.pick is not BaseRouter.pick and LiveRouter.pick is BaseRouter.pick
     assert Router.scores is BaseRouter.scores and LiveRouter.scores is BaseRouter.scores
+
+
+class ConstantCost:
+    name = "constant(10ms)"
+
+    def step_time(self, shape) -> float:
+        return 0.01
+
+
+@pytest.fixture(scope="module")
+def prefix_trace_file(tmp_path_factory):
+    """10 requests over 3 prefixes of 32 tokens, one every 2 s: each ends before the next arrives, so a
+    router's state at every arrival is the same live and simulated, whatever the step times."""
+    from workloads import make_trace
+    trace = make_trace("prefix", num_requests=10, rate=math.inf, num_prefixes=3, prefix_len=32, seed=1)
+    path = tmp_path_factory.mktemp("trace") / "prefix.jsonl"
+    trace.retimed(arrival="constant", rate=0.5, seed=1).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from tiny_models import save_tiny_model
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "prefix-aware"])
+def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_file, tmp_path, router):
+    from engine.deployment import Deployment
+    from planner.validation.fleet import validate_fleet, write_fleet_report
+    from planner.validation.spec import ValidationSpec
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=16, enable_prefix_caching=True)
+    spec = ValidationSpec(deployment, workload=prefix_trace_file, rate=math.inf, requests=10, length_scale=1.0,
+                          max_prompt_len=64, max_output_len=4, seeds=0, kv_cache_memory_bytes=1 << 22)
+    result = validate_fleet(spec, 2, parse_policy(router), cost_model=ConstantCost())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 10
+    assert result.live.routes == result.sim.fleet.routes
+    if router != "prefix-aware":                 # every request ended before the next: equal replicas take turns
+        assert result.live.routes == [i % 2 for i in range(10)]
+    else:                                         # each prefix stays on the replica that first served it
+        assert result.live.prefix_cache_hit_rate == pytest.approx(result.sim.prefix_cache_hit_rate)
+        assert result.live.prefix_cache_hit_rate > 0.3
+    doc = json.loads(write_fleet_report(result, tmp_path).read_text())
+    assert [row["difference_pp"] for row in doc["split"]] == [0, 0]
+    assert doc["metrics"]["request_throughput"]["target"] == 0.05
+    assert "| replica | live share |" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.slow
@@ -208,8 +254,10 @@ def test_serve_two_replicas_end_to_end(tmp_path):
     import signal
     import subprocess
     import sys
-    from engine.entrypoints.openai.server import free_port
+
     from serve_helpers import metric, save_byte_model, wait_until
+
+    from engine.entrypoints.openai.server import free_port
 
     PLANNER[0] = sys.executable
     folder = save_byte_model(tmp_path / "model")

@@ -21,7 +21,15 @@ from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
+from planner.sim.router import parse_router
 from workloads import TraceError, make_trace
+
+FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
+                              help="a live fleet: K engine servers on loopback ports (each its own process and "
+                                   "engine) behind a routing proxy on --port")
+FLEET_ROUTER = typer.Option(None, "--router", metavar="POLICY",
+                            help="with --replicas: the proxy's policy, as simulate's (round-robin, least-requests, "
+                                 "least-kv, prefix-aware, weighted:...)")
 
 
 @deployment_options
@@ -44,12 +52,7 @@ def serve(
                                                        "this many seconds"),
     limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
                                                                "it answers 503 (default: no limit)"),
-    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="K",
-                                           help="a live fleet: K engine servers on loopback ports (each its own "
-                                                "process and engine) behind a routing proxy on --port"),
-    router: Optional[str] = typer.Option(None, "--router", metavar="POLICY",
-                                         help="with --replicas: the proxy's policy, as simulate's (round-robin, "
-                                              "least-requests, least-kv, prefix-aware, weighted:...)"),
+    replicas: Optional[int] = FLEET_REPLICAS, router: Optional[str] = FLEET_ROUTER,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
     --model a local model folder, or a catalog model (random weights, byte-level tokenizer). With
@@ -90,7 +93,6 @@ def serve(
 
 def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
     """The proxy's routing policy, checked (None without --replicas)."""
-    from planner.sim.router import parse_router
     if replicas is None:
         if router is not None:
             raise PlannerError("--router routes between replicas: give --replicas K too")
@@ -108,8 +110,8 @@ def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, 
     """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM."""
     from dataclasses import asdict
 
-    from engine.entrypoints.openai.server import exposure_warning               # uvicorn: only a server needs it
-    from engine.entrypoints.router.launch import replica_threads, serve_fleet   # uvicorn, httpx
+    from engine.entrypoints.openai.server import exposure_warning               # torch: only a server needs it
+    from engine.entrypoints.router.launch import replica_threads, serve_fleet   # torch (the server module)
     folder, _ = model_folder(deployment.model)
     name = served_model_name or deployment.model
     config = {"folder": str(folder), "deployment": deployment.changed(), "device": device, "seed": seed,

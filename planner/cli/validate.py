@@ -17,7 +17,9 @@ from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import REPORTS_DIR, fail
 from planner.errors import PlannerError
 from planner.validation.compare import Validation
+from planner.sim.router import parse_router
 from planner.validation.external import validate_endpoint, validate_measured
+from planner.validation.fleet import validate_fleet, write_fleet_report
 from planner.validation.report import TARGETS, inside_text, interval_text, load_text, write_report
 from planner.validation.run import check_device, validate
 from planner.validation.spec import ValidationSpec
@@ -83,6 +85,11 @@ def validate_cmd(
                                            f"enough to judge)"),
     reprofile: Optional[bool] = REPROFILE, speed_correction: Optional[bool] = SPEED_CORRECTION,
     attribution: bool = ATTRIBUTION, seeds: int = SEEDS,
+    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="K",
+                                           help="a live fleet of K engines (stepping in turn, each on its own "
+                                                "clock) against the simulated fleet, behind --router"),
+    router: Optional[str] = typer.Option(None, "--router", metavar="POLICY", help="with --replicas: round-robin, "
+                                         "least-requests, least-kv, prefix-aware or weighted:..."),
     as_json_flag: bool = opt.AS_JSON,
 ) -> None:
     """Live engine (or a server, or a recorded run) vs simulator on the same trace; writes a report folder."""
@@ -96,6 +103,9 @@ def validate_cmd(
         trace = {**dict(workload=workload, rate=4.0, requests=requests, seed=seed, length_scale=length_scale,
                         max_output_len=max_output_len), **(QUICK if quick else {}),
                  **({"rate": rate} if rate is not None else {}), "seeds": seeds, "concurrency": concurrency}
+        if replicas is not None or router is not None:
+            return _validate_fleet(deployments, {**trace, "speed_correction": speed_correction}, replicas, router,
+                                   endpoint or measured, profile, reprofile, out, as_json_flag, err)
         if endpoint is not None or measured is not None:
             return _validate_deployment(deployments, trace, endpoint, measured, served_model_name, profile, out,
                                         as_json_flag, err)
@@ -125,6 +135,36 @@ def _validate_here(spec: ValidationSpec, folder: Path, reprofile: bool | None,
                       say=lambda line: err.print(line, highlight=False, markup=False))
     paths, doc = write_report(result, folder)
     return result, paths, doc
+
+
+def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, router, elsewhere, profile, reprofile,
+                    out, as_json_flag: bool, err: Console) -> None:
+    """--replicas K: the live fleet in process against the simulated fleet (planner/validation/fleet.py)."""
+    if replicas is None:
+        raise PlannerError("--router routes between replicas: give --replicas K too")
+    if replicas < 1:
+        raise PlannerError(f"--replicas must be >= 1, got {replicas}")
+    if elsewhere is not None or trace["concurrency"] is not None:
+        raise PlannerError("--replicas validates an open-loop trace on live engines here: drop --endpoint, "
+                           "--measured and --concurrency")
+    policy = parse_router(router)
+    spec = ValidationSpec(deployment=deployments.one("validate", **DEFAULTS), **trace,
+                          profile=str(profile) if profile else None)
+    if policy.uses_prefix and not spec.deployment.enable_prefix_caching:
+        raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
+    check_device(spec.deployment.gpu)
+    folder = out or _default_folder(spec.deployment.model, f"{spec.workload}-fleet")
+    err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} on {replicas} live "
+              f"{spec.deployment.model} engines ({policy.name}), then the simulated fleet")
+    result = validate_fleet(spec, replicas, policy, reprofile=reprofile, profile_out=folder / "profile.json",
+                            progress=lambda done, total: done == total and err.print(f"  live: {total} finished"),
+                            say=lambda line: err.print(line, highlight=False, markup=False))
+    path = write_fleet_report(result, folder)
+    doc = result.document()
+    if as_json_flag:
+        sys.stdout.write(json.dumps({**doc, "report": str(path)}) + "\n")
+        return
+    Console().print((folder / "report.md").read_text(), highlight=False, markup=False)
 
 
 def _default_folder(model: str, name: str) -> Path:

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from engine.core.routing import (DEFAULT_ROUTER, POLICIES, SCORERS, WEIGHTED, BaseRouter, RouterPolicy,
-                                 parse_policy)
+from engine.core.routing import DEFAULT_ROUTER, POLICIES, SCORERS, WEIGHTED, BaseRouter, RouterPolicy, parse_policy
 from engine.core.sequence import SequenceGroup
 from planner.errors import PlannerError
 

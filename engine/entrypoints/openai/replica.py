@@ -15,15 +15,15 @@ import sys
 import threading
 import time
 
+import torch
+
+from engine.deployment import Deployment
+from engine.entrypoints.openai.app import ServerOptions
+from engine.entrypoints.openai.server import make_server
+from engine.llm_engine import LLMEngine
+
 
 def main(config: dict) -> None:
-    import torch                                        # torch only in the replica's own process
-
-    from engine.deployment import Deployment
-    from engine.entrypoints.openai.app import ServerOptions
-    from engine.entrypoints.openai.server import make_server
-    from engine.llm_engine import LLMEngine
-
     if config.get("threads"):
         # K replicas on one CPU: each gets its share of the cores instead of all of them each.
         torch.set_num_threads(config["threads"])

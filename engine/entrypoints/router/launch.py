@@ -162,7 +162,7 @@ class BackgroundFleet:
         self.thread.join(60)
         stop_replicas(self.replicas)
 
-    def __enter__(self) -> "BackgroundFleet":
+    def __enter__(self) -> BackgroundFleet:
         return self
 
     def __exit__(self, *exc) -> None:

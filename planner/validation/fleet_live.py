@@ -1,0 +1,219 @@
+"""The live half of a fleet validation: K real engines in this process, stepping in turn on their own clocks.
+
+Why not K server processes on this machine's cores (`planner serve --replicas`)?
+On a small shared CPU they would time each other, not themselves: two engines
+stepping at once on two cores (with other jobs beside) run each step slower
+than the profile that prices the simulator measured, by a factor that moves
+with whatever else runs, so the comparison would judge the machine's
+contention, not the simulator. The simulator models K devices; so does this:
+
+- every replica is a real `LLMEngine` (model, scheduler, block manager,
+  prefix cache), with a clock of its own that advances only by the wall time
+  its own steps take (`ReplicaClock`);
+- the replicas step one at a time, always the one whose clock is earliest, and
+  each arrival is routed when it is earlier than every replica's next step:
+  a discrete-event loop over measured step times, as the simulator's is over
+  predicted ones, so each step has the machine to itself (as each simulated
+  replica has its device) and the trace's arrivals keep their times;
+- the router is engine/core/routing.py's, the simulator's own, reading each
+  replica as it stood at its last step end before the arrival (in-flight
+  counts, KV blocks in use, the prefix cache from its KV events), as the
+  simulated router does.
+
+The fleet's wall time is then about the sum of its replicas' busy times; what
+is compared are the trace-clock times, which are the replicas' own.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from engine.core.metrics import RequestRecord, compute_metrics
+from engine.core.routing import BaseRouter, RouterPolicy, leading_held
+from planner.sim.speculative import spec_step_shape
+from planner.validation.live import _warm_up
+from planner.validation.spec import ValidationSpec
+from workloads import Trace
+
+
+class ReplicaClock:
+    """A replica's own time: its last step's end, running with the wall clock only during its steps."""
+
+    def __init__(self) -> None:
+        self.base = 0.0
+        self.started: float | None = None
+
+    def __call__(self) -> float:
+        return self.base if self.started is None else self.base + (time.perf_counter() - self.started)
+
+    def run(self, at: float) -> None:
+        self.base, self.started = at, time.perf_counter()
+
+    def stop(self) -> float:
+        self.base, self.started = self(), None
+        return self.base
+
+
+class LiveReplica:
+    """One engine and what a router may read of it: its state as published at each step end."""
+
+    def __init__(self, engine, clock: ReplicaClock, log_events: bool) -> None:
+        self.engine, self.clock = engine, clock
+        self.free_at = 0.0                      # its clock: the end of its last step
+        self.routed = 0
+        self.ended_at: list[float] = []         # one entry per ended request, in order
+        self.used: list[tuple[float, int]] = [(0.0, engine.allocator.num_used_blocks())]
+        self.events: deque | None = deque() if log_events else None
+        self.held: set[int] = set()
+        self.prefill_held = self.prefill_cached = 0   # prompt tokens of prefill steps, and of them cached
+        if log_events:
+            engine.allocator.gpu.events = []
+
+    def observe(self, out, prefill_tokens: int) -> None:
+        """A step's scheduler output (before it runs): prompt tokens held vs computed, as the simulator counts."""
+        if out.is_prefill and not self.engine.scheduler.config.enable_chunked_prefill:
+            held = sum(len(s.token_ids) for s in out.seqs)
+            self.prefill_held += held
+            self.prefill_cached += held - prefill_tokens
+
+    def prefix_counts(self) -> tuple[int, int]:
+        scheduler = self.engine.scheduler
+        if scheduler.config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+            return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
+        return self.prefill_cached, self.prefill_held
+
+    def step(self, between_steps=None) -> int:
+        """One engine step on this replica's clock; the requests it ended."""
+        self.clock.run(self.free_at)
+        began = time.perf_counter()
+        finished = self.engine.step()
+        busy = time.perf_counter() - began
+        end = self.free_at = self.clock.stop()
+        self.ended_at.extend([end] * len(finished))
+        self.used.append((end, self.engine.allocator.num_used_blocks()))
+        if self.events is not None and self.engine.allocator.gpu.events:
+            self.events.append((end, list(self.engine.allocator.gpu.events)))
+            self.engine.allocator.gpu.events.clear()
+        if between_steps is not None:
+            between_steps(busy, end)              # no replica's clock runs meanwhile
+        return len(finished)
+
+    def blocks_used_before(self, t: float) -> int:
+        i = bisect.bisect_left(self.used, (t, -1))
+        return self.used[max(0, i - 1)][1]
+
+    def cached_prefix_before(self, hashes: list[int], t: float) -> int:
+        while self.events and self.events[0][0] < t:
+            for stored, h in self.events.popleft()[1]:
+                (self.held.add if stored else self.held.discard)(h)
+        return leading_held(hashes, self.held)
+
+
+class ReplayRouter(BaseRouter):
+    """The shared pick rule over the live replicas' published state."""
+
+    def __init__(self, policy: RouterPolicy, replicas: list[LiveReplica], block_size: int) -> None:
+        super().__init__(policy, len(replicas), block_size)
+        self.replicas = replicas
+
+    def in_flight(self, now: float) -> list[int]:
+        return [r.routed - bisect.bisect_left(r.ended_at, now) for r in self.replicas]
+
+    def kv_usage(self, now: float) -> list[float]:
+        return [r.blocks_used_before(now) / r.engine.allocator.num_gpu_blocks for r in self.replicas]
+
+    def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
+        return [r.cached_prefix_before(hashes, now) for r in self.replicas]
+
+
+@dataclass
+class LiveFleet:
+    """The fleet's requests (trace order), steps (start order) and metrics; the replica of each request and
+    step; each replica's engine and prefix counts."""
+
+    requests: list[RequestRecord]
+    steps: list
+    shapes: list
+    metrics: dict
+    routes: list[int]
+    step_replicas: list[int]
+    replicas: list[LiveReplica]
+    speed: tuple[float | None, float | None] = (None, None)   # canary ratios before and after the run
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        hit, held = (sum(c) for c in zip(*(r.prefix_counts() for r in self.replicas)))
+        return hit / held if held else 0.0
+
+
+def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str, dtype: str,
+                  log_events: bool) -> tuple[list[LiveReplica], list[list]]:
+    """`count` engines of the spec's deployment, warmed up, each with its own clock; their step shapes."""
+    from engine.llm_engine import LLMEngine  # torch: only a live run needs it
+    replicas, shapes = [], []
+    for _ in range(count):
+        clock, mine = ReplicaClock(), []
+        box: list[LiveReplica] = []
+
+        def observe(out, mine=mine, box=box):
+            shape = spec_step_shape(out)
+            mine.append(shape)
+            if box:                                 # not during the warm-up
+                box[0].observe(out, shape.prefill_tokens)
+        engine = LLMEngine(folder, spec.deployment.replace(dtype=dtype), device=device, seed=spec.seed,
+                           kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock, step_observer=observe)
+        _warm_up(engine, engine.runner.vocab_size)
+        mine.clear()
+        box.append(LiveReplica(engine, clock, log_events))
+        replicas.append(box[0])
+        shapes.append(mine)
+    return replicas, shapes
+
+
+def run_live_fleet(trace: Trace, folder: str, spec: ValidationSpec, count: int, policy: RouterPolicy, *,
+                   device: str, dtype: str, between_steps=None, progress=None, speed_probe=None) -> LiveFleet:
+    """Replay `trace` (open loop) on `count` live engines behind `policy` (see the module). `speed_probe(runner)`
+    times the device on replica 0's runner right before and right after the run (planner/profile/speed.py)."""
+    replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype,
+                                     log_events=policy.uses_prefix)
+    before = speed_probe(replicas[0].engine.runner) if speed_probe else None
+    router = ReplayRouter(policy, replicas, spec.deployment.block_size)
+    vocab = replicas[0].engine.runner.vocab_size
+    pending, groups, routes, done = deque(trace.requests), [], [], 0
+    while True:
+        busy = [r for r in replicas if r.engine.has_unfinished_requests()]
+        nxt = min(busy, key=lambda r: r.free_at) if busy else None
+        if pending and (nxt is None or pending[0].arrival_time <= nxt.free_at):
+            req = pending.popleft()
+            tokens = trace.prompt_token_ids(req, vocab, spec.seed)
+            chosen = router.pick(tokens, req.arrival_time)
+            replica = replicas[chosen]
+            if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
+                replica.free_at = replica.clock.base = max(replica.free_at, req.arrival_time)
+            replica.routed += 1
+            replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
+                                       arrival_time=req.arrival_time, output_len_hint=req.output_len)
+            groups.append(replica.engine.groups[req.request_id])
+            routes.append(chosen)
+        elif nxt is not None:
+            ended = nxt.step(between_steps)
+            done += ended
+            if progress is not None and ended:
+                progress(done, len(trace))
+        else:
+            break
+    result = _fleet_result(groups, routes, replicas, shapes)
+    result.speed = (before, speed_probe(replicas[0].engine.runner) if speed_probe else None)
+    return result
+
+
+def _fleet_result(groups, routes, replicas: list[LiveReplica], shapes: list[list]) -> LiveFleet:
+    records = [RequestRecord.from_group(g) for g in groups]
+    tagged = sorted(((s.start, i, j) for i, r in enumerate(replicas) for j, s in enumerate(r.engine.steps)))
+    steps = [replicas[i].engine.steps[j] for _, i, j in tagged]
+    step_shapes = [shapes[i][j] for _, i, j in tagged]
+    preemptions = {k: sum(r.engine.scheduler.preemptions[k] for r in replicas) for k in ("recompute", "swap")}
+    return LiveFleet(records, steps, step_shapes, compute_metrics(records, steps, preemptions), routes,
+                     [i for _, i, _ in tagged], replicas)
