@@ -39,7 +39,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   lookup drafts only where the text repeats itself; None: every step drafts K, as EAGLE and MTP
   heads do); `draft_persistence` the chance a lookup drafts right after one that drafted (None: D1;
   drafts from prompt lookup come in runs). A live run measures all three
-  (`SpecDecodingStats.draft_rates`, `.draft_persistence`, `.acceptance_rates`).
+  (`SpecDecodingStats.draft_rates`, `.draft_persistence`, `.acceptance_rates`). `draft_model` is
+  the draft model of "draft:K": a folder the live engine loads, or a catalog model the simulator
+  prices.
 """
 from __future__ import annotations
 
@@ -87,6 +89,7 @@ class Deployment:
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
     draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)
     draft_persistence: float | None = None   # P(a lookup drafts | the sequence's last lookup drafted); None: D1
+    draft_model: str | None = None           # --speculative draft:K: the draft model (a folder, or a catalog name)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
@@ -103,6 +106,7 @@ class Deployment:
             object.__setattr__(self, "acceptance", None)
             object.__setattr__(self, "draft_rates", None)
             object.__setattr__(self, "draft_persistence", None)
+            object.__setattr__(self, "draft_model", None)
         if self.speculative is not None:
             object.__setattr__(self, "speculative", "%s:%d" % parse_speculative(self.speculative))
         if self.acceptance is not None:
@@ -114,6 +118,8 @@ class Deployment:
                 raise ValueError("--draft-rates needs --speculative METHOD:K")
             object.__setattr__(self, "draft_rates", ",".join(f"{p:g}" for p in parse_acceptance(self.draft_rates,
                                                                                                "--draft-rates")))
+        if self.draft_model is not None and (self.speculative or "").partition(":")[0] != "draft":
+            raise ValueError("--draft-model needs --speculative draft:K")
         if self.draft_persistence is not None and not 0 <= self.draft_persistence <= 1:
             raise ValueError(f"--draft-persistence must be in [0, 1], got {self.draft_persistence}")
         _one_of("preemption mode", self.preemption_mode, PREEMPTION_MODES)

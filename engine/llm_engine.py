@@ -87,14 +87,19 @@ def _check_runnable(dep: Deployment, model: str) -> None:
 
 
 def _deployment_speculation(dep: Deployment) -> SpeculativeConfig | None:
-    """The deployment's --speculative METHOD:K as vLLM's speculative_config (its prompt-lookup defaults),
-    so `planner serve` and `validate` run what the deployment says; the engine proposes by n-gram only."""
+    """The deployment's --speculative METHOD:K as vLLM's speculative_config (its prompt-lookup defaults; a
+    draft model from --draft-model), so `planner serve` and `validate` run what the deployment says; the
+    engine proposes by n-gram or a draft model (EAGLE and MTP heads only the planner simulates)."""
     if dep.speculative is None:
         return None
     method, k = parse_speculative(dep.speculative)
+    if method == "draft":
+        if dep.draft_model is None:
+            raise ValueError(f"--speculative {dep.speculative}: give the draft model's folder (--draft-model)")
+        return SpeculativeConfig("draft_model", k, model=dep.draft_model)
     if method != "ngram":
-        raise ValueError(f"--speculative {dep.speculative}: this engine speculates with ngram only (the planner "
-                         f"simulates {method}: planner simulate --speculative {dep.speculative})")
+        raise ValueError(f"--speculative {dep.speculative}: this engine speculates with ngram or a draft model "
+                         f"only (the planner simulates {method}: planner simulate --speculative {dep.speculative})")
     return SpeculativeConfig(num_speculative_tokens=k)
 
 
@@ -144,6 +149,12 @@ class LLMEngine:
         self.speculative_config = SpeculativeConfig.of(speculative_config) or _deployment_speculation(dep)
         if self.speculative_config is not None:
             self.scheduler.enable_speculation(self.speculative_config)
+            if self.speculative_config.method == "draft_model":
+                from engine.draft_model import DraftModelProposer   # transformers: only a draft model needs it
+                self.scheduler.proposer = DraftModelProposer(
+                    self.speculative_config.model, self.speculative_config.num_speculative_tokens,
+                    self.scheduler.config.max_model_len, self.scheduler.spec_stats,
+                    vocab_size=self.runner.vocab_size, device=self.runner.device, dtype=self.runner.dtype)
         self.sampler = Sampler(self.runner.device, seed)
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:
@@ -455,6 +466,10 @@ class LLMEngine:
 
     def _forget(self, group: SequenceGroup) -> None:
         self.sampler.forget(group)
+        forget_draft = getattr(self.scheduler.proposer, "forget", None)    # a draft model's caches
+        if forget_draft is not None:
+            for seq in group.seqs:
+                forget_draft(seq.seq_id)
         del self.groups[group.request_id]
         self.prompts.pop(group.request_id, None)
         for seq in group.seqs:

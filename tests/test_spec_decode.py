@@ -132,11 +132,16 @@ def test_speculative_config_defaults_and_errors():
     assert SpeculativeConfig(prompt_lookup_min=2).prompt_lookup_max == 2
     assert SpeculativeConfig.of(None) is None
     with pytest.raises(ValueError, match="not supported"):
+        SpeculativeConfig(method="eagle")
+    with pytest.raises(ValueError, match="draft model's folder"):
         SpeculativeConfig(method="draft_model")
+    assert SpeculativeConfig.of({"model": "m", "num_speculative_tokens": 2}).method == "draft_model"   # vLLM's rule
     with pytest.raises(ValueError, match="<="):
         SpeculativeConfig(prompt_lookup_min=4, prompt_lookup_max=2)
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match="not a setting of method 'ngram'"):
         SpeculativeConfig.of({"method": "ngram", "model": "x"})
+    with pytest.raises(ValueError, match="unknown"):
+        SpeculativeConfig.of({"method": "ngram", "draft_tensor_parallel_size": 1})
 
 
 def test_off_by_default(llama_dir):
@@ -158,8 +163,49 @@ def test_the_deployments_speculative_setting_reaches_the_engine(llama_dir):
                                              speculative="ngram:3"))
     assert engine.speculative_config == SpeculativeConfig(num_speculative_tokens=3)
     assert engine.spec_decoding_stats is not None
-    with pytest.raises(ValueError, match="ngram only"):
+    with pytest.raises(ValueError, match="ngram or a draft model only"):
         LLMEngine(llama_dir, Deployment(model=llama_dir, block_size=8, num_gpu_blocks=64, speculative="eagle:3"))
+    with pytest.raises(ValueError, match="--draft-model"):
+        LLMEngine(llama_dir, Deployment(model=llama_dir, block_size=8, num_gpu_blocks=64, speculative="draft:3"))
+
+
+# -- draft-model speculation ---------------------------------------------------------------------
+
+def test_a_draft_model_that_is_the_target_drafts_what_it_samples(llama_dir):
+    """The target as its own draft: every greedy draft is accepted, k + 1 tokens per verify step, and the
+    outputs are the target's own (also as the deployment's --speculative draft:K --draft-model)."""
+    from engine.deployment import Deployment
+    prompts = prompts_of((20, 7, 33), seed=4)
+    params = SamplingParams(temperature=0, max_tokens=30)
+    base = LLM(llama_dir, block_size=8, num_gpu_blocks=200)
+    spec = LLM(llama_dir, deployment=Deployment(model=llama_dir, block_size=8, num_gpu_blocks=200,
+                                                speculative="draft:3", draft_model=llama_dir))
+    want = run(base, prompts, params)
+    assert run(spec, prompts, params) == want
+    stats = spec.engine.spec_decoding_stats
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+    assert stats.draft_rates()[0] == 1.0 and spec.engine.scheduler.proposer._seen == {}   # caches dropped
+
+
+def test_a_different_draft_model_keeps_greedy_and_seeded_outputs(llama_dir, tmp_path):
+    """Another random model of the same vocabulary: drafts mostly rejected, outputs unchanged, greedy and
+    seeded; a draft model of another vocabulary is refused in one line."""
+    other = save_tiny_model("qwen3", tmp_path / "draft")
+    prompts = prompts_of((12, 25), seed=5)
+    draft = {"method": "draft_model", "model": other, "num_speculative_tokens": 3}
+    base, spec = pair(llama_dir, draft, block_size=8, num_gpu_blocks=200)
+    for params in (SamplingParams(temperature=0, max_tokens=24),
+                   SamplingParams(temperature=0.9, seed=11, max_tokens=24)):
+        assert run(spec, prompts, params) == run(base, prompts, params)
+    check_stats(spec.engine.spec_decoding_stats)
+    gpt2 = save_tiny_model("gpt2", tmp_path / "gpt2")
+    import json
+    config = json.loads((tmp_path / "gpt2" / "config.json").read_text())
+    config["vocab_size"] = 300
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="vocabulary of 300"):
+        LLM(llama_dir, speculative_config={"model": gpt2, "num_speculative_tokens": 2}, block_size=8,
+            num_gpu_blocks=64)
 
 
 # -- greedy outputs are unchanged ----------------------------------------------------------------

@@ -130,6 +130,21 @@ def test_drafting_curve_and_persistence_are_what_the_simulator_draws():
     assert always.metrics.tpot_mean < spec.metrics.tpot_mean < memoryless.metrics.tpot_mean
 
 
+def test_draft_model_speculation_is_priced_by_the_draft_models_own_steps():
+    """--speculative draft:K --draft-model M: M's weights and KV share the GPU (fewer blocks), its passes
+    add to each step; a small draft pays at light load, the target drafting for itself never does."""
+    trace = fixed_trace(4, 200, 300)
+    plain = run(trace, concurrency=1)
+    small = run(trace, concurrency=1, speculative="draft:3", draft_model="llama-3.2-1b", acceptance="0.8,0.7,0.6")
+    itself = run(trace, concurrency=1, speculative="draft:3", draft_model="llama-3.1-8b", acceptance="0.8,0.7,0.6")
+    assert small.metrics.tpot_mean < plain.metrics.tpot_mean < itself.metrics.tpot_mean
+    assert 0 < small.spec_decoding["proposer_seconds"] < itself.spec_decoding["proposer_seconds"]
+    with_draft, alone = small.plan.memory, plain.plan.memory
+    assert with_draft.num_gpu_blocks < alone.num_gpu_blocks
+    assert with_draft.weight_bytes_per_gpu - alone.weight_bytes_per_gpu == pytest.approx(
+        resolve_model("llama-3.2-1b").weight_bytes_per_gpu(1, 2), rel=0.01)
+
+
 def test_deterministic_per_seed():
     trace = make_trace("sharegpt", num_requests=30, rate=10.0, seed=2)
     one = run(trace, seed=5, speculative="eagle:3")
@@ -164,6 +179,8 @@ def test_published_curves_and_proposer_price():
 @pytest.mark.parametrize("deployment,message", [
     (dict(speculative="ngram:4"), "--acceptance"),
     (dict(speculative="draft:2"), "draft-model"),
+    (dict(speculative="draft:2", draft_model="llama-3.2-1b"), "--acceptance"),
+    (dict(speculative="draft:1", draft_model="qwen3-0.6b", acceptance="0.5"), "vocabulary of 151936"),
     (dict(speculative="eagle:9"), "7 positions"),
     (dict(speculative="mtp:2"), "1 position"),
     (dict(speculative="ngram:3", acceptance="0.5,0.5"), "3 rates"),

@@ -16,30 +16,37 @@ from dataclasses import asdict, dataclass, field, fields
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import SequenceGroup
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 DEFAULT_PROMPT_LOOKUP = 5     # vLLM's default for both bounds when neither is given
 
 
 @dataclass
 class SpeculativeConfig:
-    """vLLM's ``speculative_config`` for the n-gram (prompt lookup) method.
+    """vLLM's ``speculative_config`` for the n-gram (prompt lookup) and draft-model methods.
 
     num_speculative_tokens: k, the most draft tokens proposed per sequence and step.
     prompt_lookup_min / prompt_lookup_max: the n-gram lengths matched; as vLLM, both default
         to 5 when neither is given, and one given alone sets the other.
+    model: the draft model's folder (method "draft_model"; as vLLM, a config with a model and no
+        method is a draft-model config).
     """
 
-    method: str = "ngram"
+    method: str | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
-        if self.method == "[ngram]":
-            self.method = "ngram"
+        if self.method in (None, "[ngram]"):
+            self.method = "draft_model" if self.model is not None and self.method is None else "ngram"
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported by this engine; "
                              f"choose one of {', '.join(METHODS)}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config: method 'draft_model' takes the draft model's folder as 'model'"
+                             if self.model is None else "speculative_config: 'model' is a draft model's folder, "
+                                                        f"not a setting of method {self.method!r}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be a positive integer, got {self.num_speculative_tokens!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -61,11 +68,11 @@ class SpeculativeConfig:
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, dict):
-            known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+            known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"}
             unknown = sorted(set(value) - known)
             if unknown:
                 raise ValueError(f"speculative_config: unknown or unsupported key {unknown[0]!r} "
-                                 f"(this engine runs method='ngram' with {', '.join(sorted(known - {'method'}))})")
+                                 f"(this engine takes {', '.join(sorted(known))})")
             return cls(**value)
         raise TypeError(f"speculative_config must be a dict or SpeculativeConfig, not {type(value).__name__}")
 

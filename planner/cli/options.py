@@ -53,8 +53,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                "[default: the checkpoint's quantization_config, else 16-bit]"),
     "kv_cache_dtype": (("--kv-cache-dtype",), "KV-cache element type: auto (the model's dtype) or fp8 (E4M3, "
                                               "per-tensor scale) [default: auto]"),
-    "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle or mtp with K draft tokens "
-                                        "per step (simulated; draft models are not modelled) [default: off]"),
+    "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle, mtp or draft (with --draft-model) with K draft tokens "
+                                        "per step [default: off]"),
     "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "
                                       "(required for ngram; eagle and mtp default to published curves, "
                                       "docs/speculative.md); one curve, not a sweep"),
@@ -65,6 +65,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "draft_persistence": (("--draft-persistence",), "with --draft-rates: the chance a sequence's lookup drafts "
                                                     "right after one that drafted (prompt-lookup drafts come in "
                                                     "runs) [default: D1, no memory]"),
+    "draft_model": (("--draft-model",), "with --speculative draft:K: the draft model, a catalog model (the "
+                                        "simulator prices its steps) or a local folder (the live engine runs it)"),
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
                                "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
 }

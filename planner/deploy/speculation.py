@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.deployment import Deployment, parse_acceptance, parse_speculative
+from planner.deploy.checks import model as catalog_model
 from planner.errors import PlannerError
 
 # AL(K) for K = 2..7, vLLM issue #20780 (EAGLE-3, Llama-3.1-8B-Instruct, MT-bench, H100).
@@ -68,6 +69,7 @@ class Speculation:
     source: str                        # where the curve comes from
     drafting: tuple[float, ...] | None = None   # conditional drafting rate per position (None: always k)
     persistence: float | None = None   # P(a lookup drafts | the sequence's last one drafted); None: drafting[0]
+    draft_model: str | None = None     # method "draft": the catalog model that drafts (priced by the cost models)
 
     def expected_accepted(self, drafts: int | None = None) -> float:
         """Expected accepted drafts per verify step of `drafts` (default k) drafts."""
@@ -126,8 +128,7 @@ def speculation_of(deployment: Deployment) -> Speculation | None:
         return None
     method, k = parse_speculative(deployment.speculative)
     if method == "draft":
-        raise PlannerError("--speculative draft: draft-model speculation is not modelled (its proposer is a "
-                           "second model's steps); use ngram, eagle or mtp")
+        _check_draft_model(deployment)
     if deployment.allocator != "paged":
         raise PlannerError(f"--speculative needs the paged allocator, not {deployment.allocator}")
     if deployment.acceptance is not None:
@@ -149,4 +150,18 @@ def speculation_of(deployment: Deployment) -> Speculation | None:
         drafting = drafting[:k]
     elif deployment.draft_persistence is not None:
         raise PlannerError("--draft-persistence needs --draft-rates (the rate of a first draft)")
-    return Speculation(method, k, tuple(curve[:k]), source, drafting, deployment.draft_persistence)
+    return Speculation(method, k, tuple(curve[:k]), source, drafting, deployment.draft_persistence,
+                       deployment.draft_model)
+
+
+def _check_draft_model(deployment: Deployment) -> None:
+    """A draft model the simulator can price: a catalog model (or model folder) of the target's vocabulary."""
+    if deployment.draft_model is None:
+        raise PlannerError("--speculative draft:K: give the draft model (--draft-model, a catalog model)")
+    if deployment.acceptance is None:
+        raise PlannerError("--speculative draft:K: give --acceptance P1,P2,... (a draft model's acceptance "
+                           "depends on the pair and the workload; validate measures it live)")
+    draft, target = catalog_model(deployment.draft_model), catalog_model(deployment.model)
+    if draft.vocab_size != target.vocab_size:
+        raise PlannerError(f"--draft-model {deployment.draft_model}: vocabulary of {draft.vocab_size} tokens, "
+                           f"{target.name}'s has {target.vocab_size}; a draft model shares the target's tokenizer")

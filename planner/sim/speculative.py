@@ -29,7 +29,9 @@ Prices (`SpecRuntime`):
   position, each priced as one decoder layer's decode step of the drafting sequences by the same
   cost model (the model's decode step over its layer count: an approximation that spreads the
   LM head, sampling and launch overheads over the layers; the draft head's own LM head is not
-  counted separately); a draft model is refused (its proposer is a second model's steps).
+  counted separately); a draft model (`--draft-model`, a catalog model) its own steps, priced by
+  the same kind of cost model on the same GPUs: a catch-up pass over each step's new tokens (its
+  prefill of the prompts, the verified rows) and k - 1 decode passes of the drafting sequences.
 
 Decode fast-forward is off while speculating (each step's tokens per sequence are random, which
 the fast-forward proofs do not cover): the run is step by step, with the same rules.
@@ -40,6 +42,8 @@ import random
 
 from engine.core.speculative import SpeculativeConfig, draft_limit
 from planner.cost.shape import StepShape, context_histogram, mixed_step_shape, reads_context_histogram, step_shape
+from planner.cost.select import select_cost_model
+from planner.deploy.checks import model as catalog_model
 from planner.deploy.speculation import Speculation
 from planner.sim.synthetic import _CONSTANT, SyntheticExecutor
 
@@ -120,33 +124,69 @@ def spec_step_shape(out, histogram: bool = True) -> StepShape:
     return mixed_step_shape(out.seqs, out.scheduled_tokens(), swap, len(out.blocks_to_copy), histogram, spec)
 
 
+def draft_cost_model(plan, spec: Speculation):
+    """The cost model pricing a draft model's steps: the kind that prices the target (a calibrated
+    profile of the draft if there is one, else NVIDIA's tables, else the roofline), on the same GPUs."""
+    if spec.method != "draft":
+        return None
+    draft = catalog_model(spec.draft_model)
+    d = plan.deployment
+    return select_cost_model(draft, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
+                             kv_cache_dtype=d.kv_cache_dtype)
+
+
 class SpecRuntime:
     """What a simulated engine needs while speculating: the shape of a step and the proposer's price."""
 
-    def __init__(self, spec: Speculation, cost_model, num_layers: int) -> None:
+    def __init__(self, spec: Speculation, cost_model, num_layers: int, draft_cost=None) -> None:
         self.spec = spec
         self.cost_model = cost_model
         self.num_layers = num_layers
+        self.draft_cost = draft_cost
         self.histogram = reads_context_histogram(cost_model)
         self.proposer_time = 0.0          # seconds of all the steps spent proposing (in their prices)
 
     def shape(self, out, histogram: bool) -> StepShape:
         return spec_step_shape(out, histogram)
 
-    def proposer_seconds(self, out) -> float:
-        """The proposer's price in a step that verifies drafts (drafts for the next step are made
-        right after this one's verdict, so a step with drafts is charged for a round of proposals)."""
+    def proposer_seconds(self, out, shape: StepShape) -> float:
+        """The proposer's price in a step (drafts for the next step are made right after this one's
+        verdict, so a step with drafts is charged for a round of proposals). A draft model also runs
+        every step's new tokens (prompt chunks, verified rows) through itself, drafts or not."""
         spec = out.spec_token_ids
-        if not spec:
+        if self.spec.method == "draft":
+            seconds = self._draft_model_seconds(out, shape)
+        elif not spec:
             return 0.0
-        if self.spec.method == "ngram":
+        elif self.spec.method == "ngram":
             seconds = NGRAM_PROPOSE_SECONDS
         else:
-            drafting = [s for s in out.seqs if s.seq_id in spec]
-            contexts = [s.num_computed_tokens + 1 for s in drafting]
-            layer = StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
-                              decode_histogram=context_histogram(contexts) if self.histogram else ())
-            passes = max(len(d) for d in spec.values())
-            seconds = passes * self.cost_model.step_time(layer) / self.num_layers
+            seconds = max(len(d) for d in spec.values()) * self.cost_model.step_time(self._drafting(out)) / self.num_layers
         self.proposer_time += seconds
+        return seconds
+
+    def _drafting(self, out) -> StepShape:
+        """One decode row per drafting sequence, at its context."""
+        drafting = [s for s in out.seqs if s.seq_id in out.spec_token_ids]
+        contexts = [s.num_computed_tokens + 1 for s in drafting]
+        return StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
+                         decode_histogram=context_histogram(contexts) if self.histogram else ())
+
+    def _draft_model_seconds(self, out, shape: StepShape) -> float:
+        """The draft model's catch-up pass over the step's tokens (its own prefill of the prompts and the
+        verified rows: the target's shape), then k - 1 decode passes of the drafting sequences."""
+        seconds = self._draft_pass(shape, len(out.seqs)) if shape.prefill_tokens or shape.decode_seqs else 0.0
+        spec = out.spec_token_ids
+        if spec:
+            seconds += (max(len(d) for d in spec.values()) - 1) * self._draft_pass(self._drafting(out), len(spec))
+        return seconds
+
+    def _draft_pass(self, shape: StepShape, seqs: int) -> float:
+        """One forward pass of the draft model: its step's price less the host work a step of its own
+        would have (scheduling, input preparation, output processing), which runs once per target step
+        (cost models that price the host separately: the measured one; others keep it, an overestimate)."""
+        seconds = self.draft_cost.step_time(shape)
+        host = getattr(self.draft_cost, "host", None)
+        if host is not None and not getattr(self.draft_cost, "async_scheduling", False):
+            seconds -= host(seqs)
         return seconds
