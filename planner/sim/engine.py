@@ -41,7 +41,8 @@ from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.deploy.speculation import speculation_of
-from planner.sim.speculative import SpeculatingExecutor, SpecRuntime, enable as enable_speculation
+from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
+                                     enable as enable_speculation)
 from workloads import Trace
 
 if TYPE_CHECKING:   # a fleet's result holds its replicas' (planner/sim/fleet.py imports this module)
@@ -387,8 +388,8 @@ class SimulatedEngine:
         else:
             physical = allocator.token_slots_used()
         price = step_time(shape)
-        if self.speculation is not None and out.spec_token_ids:
-            price += self.speculation.proposer_seconds(out)
+        if self.speculation is not None:
+            price += self.speculation.proposer_seconds(out, shape)
         yield env.timeout(price * self.device_speed(start) if self.device_speed is not None else price)
         end = env.now
         # A partial prompt chunk samples nothing: only the sampling part gets tokens.
@@ -528,7 +529,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
                              fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed, due=due, routed=routed)
     if spec is not None:
-        engine.speculation = SpecRuntime(spec, cost_model, plan.model.num_layers)
+        engine.speculation = SpecRuntime(spec, cost_model, plan.model.num_layers, draft_cost_model(plan, spec))
     engine.process = env.process(engine.run())
     return engine
 
