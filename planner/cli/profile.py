@@ -37,6 +37,8 @@ def _fit_table(profile) -> Table:
     return table
 
 
+NGRAM_TRACE = typer.Option(None, "--trace", help="with --speculative ngram:K: a trace file with its answers' "
+                                                  "token ids to measure n-gram speculation on")
 # What a profile measures depends on these settings only; the others would change nothing in it.
 PROFILED = ("model", "gpu", "tp", "block_size")
 
@@ -53,13 +55,11 @@ def profile(
     out: Optional[Path] = typer.Option(None, "--out", help="output file (default: profiles/<gpu>/<model>.json, "
                                                            "under $PLANNER_PROFILE_DIR if set)"),
     as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="with --speculative ngram:K: a trace file with its "
-                                                              "answers' token ids to measure n-gram speculation on"),
+    trace: Optional[Path] = NGRAM_TRACE,
 ) -> None:
     """Time the engine's prefill, decode, host-side, sampling, swap and copy costs; fit the calibrated cost
     model. --gpu (required): a catalog GPU present here, or cpu; --model: the model (default opt-125m).
-    With --speculative ngram:K --trace FILE: measure the n-gram proposer's drafts and acceptance on the
-    trace's text instead (no device needed)."""
+    --speculative ngram:K --trace FILE: n-gram speculation measured on a trace's text instead."""
     if "speculative" in deployments.given or trace is not None:
         return _profile_ngram(deployments, trace, out, as_json)
     try:
