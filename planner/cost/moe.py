@@ -1,7 +1,7 @@
 """What a mixture-of-experts layer costs per step: the experts a batch touches, their FLOPs, their
 weights read, and the collectives data parallelism adds.
 
-Routing. Each of T tokens picks k of E experts. Under uniform routing an expert is missed by one
+Routing (the statistics live in planner/catalog/routing.py, which the profiler shares). Each of T tokens picks k of E experts. Under uniform routing an expert is missed by one
 token with probability 1 - k/E, so the expected number of distinct experts the batch touches is
 
     E * (1 - (1 - k/E) ** T)
@@ -26,10 +26,13 @@ most popular expert and carries its share sum_{e on rank 0} p_e of the routed pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from planner.catalog import ModelSpec
+from planner.catalog.routing import experts_touched, inclusion, pair_share, popularity, rank_experts
 from planner.errors import PlannerError
+
+__all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "dispatch_bytes", "experts_touched", "inclusion",
+           "pair_share", "popularity", "rank_experts"]
 
 MAX_SKEW = 4.0
 
@@ -59,52 +62,6 @@ class MoeParallel:
     @property
     def moe_tp(self) -> int:
         return 1 if self.expert_parallel else self.gpus
-
-
-@lru_cache(maxsize=64)
-def popularity(experts: int, skew: float) -> tuple[float, ...]:
-    """Each expert's share of the routed (token, expert) pairs, most popular first."""
-    weights = [(e + 1) ** -skew for e in range(experts)]
-    total = sum(weights)
-    return tuple(w / total for w in weights)
-
-
-@lru_cache(maxsize=64)
-def rank_experts(experts: int, ep: int) -> tuple[int, ...]:
-    """Popularity ranks of the experts on EP rank 0 (the busiest): 0, ep, 2 ep, ..."""
-    return tuple(range(0, experts, ep))
-
-
-@lru_cache(maxsize=64)
-def inclusion(experts: int, top_k: int, skew: float) -> tuple[float, ...]:
-    """Each expert's probability of being in one token's top k: k x popularity, capped at 1, the excess
-    spread over the uncapped experts in proportion, so the probabilities sum to k."""
-    q = [top_k * p for p in popularity(experts, skew)]
-    while any(x > 1.0 + 1e-12 for x in q):
-        capped = [x >= 1.0 for x in q]
-        free = sum(x for x, c in zip(q, capped) if not c)
-        scale = (top_k - sum(capped)) / free
-        q = [1.0 if c else x * scale for x, c in zip(q, capped)]
-    return tuple(q)
-
-
-def experts_touched(tokens: float, experts: int, top_k: int, skew: float = 0.0,
-                    among: tuple[int, ...] | None = None) -> float:
-    """Expected distinct experts (of `among`, default all) that `tokens` tokens route to."""
-    if tokens <= 0:
-        return 0.0
-    if skew == 0.0:
-        local = experts if among is None else len(among)
-        return local * (1.0 - (1.0 - top_k / experts) ** tokens)
-    q = inclusion(experts, top_k, skew)
-    ids = range(experts) if among is None else among
-    return sum(1.0 - (1.0 - q[e]) ** tokens for e in ids)
-
-
-def pair_share(experts: int, top_k: int, ep: int, skew: float) -> float:
-    """The busiest EP rank's share of the routed pairs (1/ep when routing is uniform and experts divide)."""
-    q = inclusion(experts, top_k, skew)
-    return sum(q[e] for e in rank_experts(experts, ep)) / top_k
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from planner.profile.options import ProfileOptions
 from planner.profile.checkpoints import build_checkpoint, needs_per_layer
 from planner.profile.device import Target, device_info, resolve_target
 from planner.profile.fit import fit_all
+from planner.profile.routing import measure_experts_touched
 from planner.profile.grid import decode_points, make_grid, prefill_points
 
 
@@ -150,11 +151,12 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
             # The model-independent points are timed once, beside the first runner.
             _measure(points, range(len(points)) if k == 0 else per_model, runner, k, rounds, grid.warmup,
                      samples, progress, total)
+        touched = measure_experts_touched(runner, spec, grid.prefill_tokens) if spec.is_moe else []
         del runner
         _free(target)
         measurements = [_measurement(point, per_runner, spec.num_layers, scaled)
                         for point, per_runner in zip(points, samples)]
-    return setup.profile(measurements)
+    return setup.profile(measurements).model_copy(update={"experts_touched": touched})
 
 
 @dataclass

@@ -97,6 +97,10 @@ class ModelArch(_Strict):
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    # A MoE's experts (0: dense; profiles written before MoE models read as dense, which they were)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @classmethod
     def of(cls, spec: ModelSpec) -> "ModelArch":
@@ -177,6 +181,13 @@ class ComponentFit(_Strict):
         return self.candidates[self.chosen]
 
 
+class ExpertsTouched(_Strict):
+    """A MoE's distinct experts per layer in one forward pass of `tokens` tokens (planner/profile/routing.py)."""
+    tokens: int
+    measured: float                  # the engine's mean over its MoE layers
+    uniform: float                   # E (1 - (1 - k/E) ** tokens), what the cost models assume
+
+
 class Profile(_Strict):
     schema_version: int
     created: str                     # ISO 8601, UTC
@@ -190,6 +201,7 @@ class Profile(_Strict):
     measurements: list[Measurement]
     fit: dict[str, ComponentFit]
     fingerprint: Fingerprint | None = None   # None: written before fingerprints ("unchecked")
+    experts_touched: list[ExpertsTouched] = Field(default_factory=list)   # a MoE's routing, measured
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
