@@ -167,14 +167,20 @@ LARGE = 100_000   # values from which numpy beats lists (and is worth its import
 
 
 def _median_p99(values) -> tuple[float, float]:
-    """percentile(values, 50) and (values, 99), selecting the few order statistics
-    they need instead of sorting twice: an hour's ITLs are millions of values."""
+    """percentile(values, 50) and (values, 99)."""
+    median, p99 = _percentiles(values, (50, 99))
+    return median, p99
+
+
+def _percentiles(values, qs: tuple[float, ...]) -> list[float]:
+    """percentile(values, q) for each q, selecting the few order statistics they need
+    instead of sorting (an hour's ITLs, a fleet's steps: millions of values)."""
     n = len(values)
     if n < LARGE:
         xs = sorted(values)
-        return percentile(xs, 50), percentile(xs, 99)
+        return [percentile(xs, q) for q in qs]
     import numpy as np   # only for large lists: the core imports fast without it
-    positions = [(n - 1) * q / 100.0 for q in (50, 99)]
+    positions = [(n - 1) * q / 100.0 for q in qs]
     ranks = sorted({min(int(p) + d, n - 1) for p in positions for d in (0, 1)})
     picked = np.partition(np.asarray(values, dtype=np.float64), ranks)
     order = {r: float(picked[r]) for r in ranks}   # exactly the sorted list's values at these ranks
@@ -183,7 +189,7 @@ def _median_p99(values) -> tuple[float, float]:
         lo = int(pos)
         hi = min(lo + 1, n - 1)
         out.append(order[lo] + (order[hi] - order[lo]) * (pos - lo))
-    return out[0], out[1]
+    return out
 
 
 def _stats(values) -> tuple[float | None, float | None, float | None]:
@@ -360,7 +366,7 @@ def _step_metrics(m: Metrics, steps: list[StepRecord]) -> None:
     m.kv_utilization = m.memory_breakdown["token_states"]
     busy = sum(durations)
     m.step_time_mean = busy / len(steps)
-    m.step_time_median = percentile(durations, 50)
+    m.step_time_median = _percentiles(durations, (50,))[0]
 
 
 def _memory_breakdown(steps: list[StepRecord], durations: list[float]) -> dict[str, float]:

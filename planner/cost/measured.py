@@ -90,6 +90,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost import tables
@@ -205,6 +207,7 @@ class MeasuredCostModel:
         self._seq_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
         self._ctx_cache: dict[tuple[int, int], float] = {}
         self._gen_curves: dict[int, tuple] = {}
+        self._gen_arrays: dict[int, tuple] = {}      # the same curves as numpy arrays (decode_step_times)
         # the context grid of generation attention, in powers of two: 1 .. 2**max_bucket
         self._gen_max_bucket = max(max(row) for row in self._gen_tree.values()).bit_length()
         self._name = self._make_name()
@@ -436,6 +439,45 @@ class MeasuredCostModel:
         if not self.model.sliding_layers:
             return full
         return full + self.model.sliding_layers * self._windowed_decode(s, curve) / b
+
+    @property
+    def prices_decode_runs(self) -> bool:
+        """Can `decode_step_times` price a run of decode steps? Not with sliding-window layers (gpt-oss),
+        whose windowed term it does not vectorize."""
+        return not self.model.sliding_layers
+
+    def decode_step_times(self, seqs: int, low: int, counts, sums):
+        """`step_time` of decode-only steps of `seqs` sequences, one per row: row i holds counts[i, j]
+        sequences of total context sums[i, j] in context bucket low + j (numpy arrays; 0 where empty).
+        The same floats as step_time, term by term in its order (the buckets summed left to right
+        by a cumulative sum, which numpy runs sequentially), for a run of steps in a few array
+        operations (the simulator's decode batch, planner/sim/decode_run.py); an empty bucket adds
+        exactly 0. Only where `prices_decode_runs`. Flags nothing: `flag_decode_buckets` does, for
+        the steps the caller takes."""
+        a, slope = self._gen_arrays.get(seqs) or self._gen_array(seqs)
+        width = counts.shape[1]
+        terms = counts * a[low:low + width] + slope[low:low + width] * sums
+        total = np.cumsum(terms, axis=1)[:, -1]
+        gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
+        gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+        gpu = gpu + self.model.full_attention_layers * total / seqs
+        host = self._host_base + self._host_per_seq * seqs
+        return gpu + host if not self.async_scheduling else np.where(gpu >= host, gpu, host)
+
+    def _gen_array(self, seqs: int) -> tuple:
+        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
+        value = (np.array([c[0] for c in curve]), np.array([c[1] for c in curve]))
+        self._gen_arrays[seqs] = value
+        return value
+
+    def flag_decode_buckets(self, seqs: int, low: int, counts) -> None:
+        """What step_time notes of the decode steps of `seqs` sequences in `counts` (as for
+        decode_step_times): the generation table extrapolated where a bucket they read lies outside it."""
+        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
+        width = counts.shape[1]
+        if any(c[2] for c in curve[low:low + width]) and any(
+                curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
+            self.extrapolated.add(self._tables["generation"])
 
     def _windowed_decode(self, s: StepShape, curve) -> float:
         """sum_i T(b, min(c_i, window)) for one sliding-window layer: a sequence past the window is

@@ -37,6 +37,8 @@ import heapq
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
+import numpy as np
+
 from engine.core.block_manager import BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
@@ -44,6 +46,7 @@ from engine.core.metrics import StepRecord
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
+from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
 
 _RUNNING = SequenceStatus.RUNNING
@@ -59,6 +62,7 @@ class _Member:
     synced: int           # its tokens, fill, computed count and times are written up to this batch step
     finish: int           # the batch step whose sampled token ends it
     residue: int          # it takes a new block at the batch steps s with s % block_size == residue
+    base: int             # its context (keys read, the new token's included) at batch step s is base + s
 
 
 @dataclass(slots=True)
@@ -66,7 +70,7 @@ class Plan:
     """Consecutive decode steps of the whole batch, proven and priced, not yet taken."""
 
     start: float
-    shapes: list[StepShape]
+    source: list[StepShape] | DecodeRun   # the steps' shapes, or the priced run that builds them
     ends: list[float]
     takes: list[int]            # per step: blocks it takes (requests crossing a block boundary)
     blocks_used: int            # at the plan's start
@@ -76,7 +80,12 @@ class Plan:
 
     @property
     def steps(self) -> int:
-        return len(self.shapes)
+        return len(self.ends)
+
+    @property
+    def shapes(self) -> list[StepShape]:
+        source = self.source
+        return source[:len(self.ends)] if isinstance(source, list) else source.shapes(len(self.ends))
 
     def taken(self, steps: int) -> int:
         """Blocks the first `steps` steps take."""
@@ -84,8 +93,8 @@ class Plan:
 
     def truncate(self, steps: int) -> None:
         """Keep the first `steps` steps (a request arrived; the rest is the next plan's business)."""
-        if steps < len(self.shapes):
-            del self.shapes[steps:], self.ends[steps:], self.takes[steps:]
+        if steps < len(self.ends):
+            del self.ends[steps:], self.takes[steps:]
             self.finishing = False
             self.bins_after = None
 
@@ -155,6 +164,7 @@ class DecodeBatch:
     moves: dict[int, list[int]] = field(default_factory=dict)    # step -> buckets a context leaves then
     finishes: list = field(default_factory=list)          # heap of (finish step, order, member)
     counter: int = 0
+    cost_model: object = None             # prices a plan as one run when it offers decode_step_times
 
     def __post_init__(self) -> None:
         self.allocator = self.scheduler.allocator
@@ -164,11 +174,12 @@ class DecodeBatch:
         self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
 
     @classmethod
-    def build(cls, scheduler: Scheduler, executor, histogram: bool) -> DecodeBatch | None:
-        """The batch of the scheduler's running requests, or None when it is outside the proof."""
+    def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None) -> DecodeBatch | None:
+        """The batch of the scheduler's running requests, or None when it is outside the proof.
+        `cost_model`: plans are priced as runs (decode_run.py) when it can and histograms are kept."""
         if not scheduler.running or scheduler.swapped or not covers(scheduler, executor):
             return None
-        batch = cls(scheduler, executor, histogram)
+        batch = cls(scheduler, executor, histogram, cost_model=cost_model if histogram else None)
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
@@ -203,7 +214,7 @@ class DecodeBatch:
         self.counter += 1
         first = len(table) * self.bs - n + 2            # the step (from the next, 1-based) it takes a block
         member = _Member(group, table, self.counter, self.step, self.step + self._finish_in(group, n),
-                         (self.step + first) % self.bs)
+                         (self.step + first) % self.bs, n - self.step - 1)
         self.members.append(member)
         self.by_residue[member.residue].append(member)
         heapq.heappush(self.finishes, (member.finish, member.order, member))
@@ -256,11 +267,19 @@ class DecodeBatch:
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
         # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
         spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
-        shapes, ends, takes, bins = self._price(now, next_arrival, step_time, last, spare)
-        if not shapes:
+        pricer = run_pricer(self.cost_model)
+        if pricer is not None:
+            run = DecodeRun(np.array([m.base for m in self.members]), self.step + 1, self.context)
+            crossings = [len(members) for members in self.by_residue]
+            ends, takes = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step, crossings,
+                                    self.step, spare)
+            source, bins = run, None
+        else:
+            source, ends, takes, bins = self._price(now, next_arrival, step_time, last, spare)
+        if not ends:
             return None
-        return Plan(now, shapes, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
-                    self.step + len(shapes) == first_finish, bins)
+        return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
+                    self.step + len(ends) == first_finish, bins)
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
         """Each step's shape, end and blocks taken, from the next one to `last` at most."""

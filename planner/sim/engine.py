@@ -322,7 +322,7 @@ class SimulatedEngine:
             if self.backoff:
                 self.backoff -= 1
                 return False
-            batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram)
+            batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram, self.cost_model)
             if batch is None:
                 self._back_off()
                 return False

@@ -1,0 +1,131 @@
+"""A plan of the decode batch priced as one run: every step's contexts at once, one cost-model call a chunk.
+
+A plan (planner/sim/batch.py) is a run of decode steps over a fixed set of
+requests: each step decodes every member, and each member's context grows by
+one token a step. So the context histogram of every step of the run follows
+from the members' contexts, and a cost model that offers `decode_step_times`
+(the measured model) prices a whole chunk of steps in a few array operations
+instead of one `step_time` call per step, which was most of a fleet's event
+loop (64 replicas at 200 req/s: six million steps, about twice as many
+priced). The floats are step_time's: the model computes each step's terms in
+step_time's order, and the ends are accumulated one step at a time from the
+plan's start (numpy's cumsum is a sequential loop; tests hold both to the
+step-by-step simulation). Chunks double in length from `FIRST_CHUNK`, so a
+plan cut after a few steps (an arrival) priced few, and `StepShape`s are built
+only for the steps a replica takes (`DecodeRun.shapes`).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from itertools import chain
+
+import numpy as np
+
+from planner.cost.shape import StepShape
+
+FIRST_CHUNK = 16      # steps priced at first; each further chunk twice the last
+
+
+def run_pricer(cost_model):
+    """The cost model's vectorized price of decode steps, or None (then priced step by step): a model
+    offers it with `decode_step_times` and says where it holds with `prices_decode_runs`; a wrapper
+    (noise, speed factor, replayed durations) does not."""
+    # The class's own method: a wrapper that forwards what it lacks to its base must not price a run
+    # without its noise or factor.
+    if getattr(type(cost_model), "decode_step_times", None) is None or not cost_model.prices_decode_runs:
+        return None
+    return cost_model.decode_step_times
+
+
+class DecodeRun:
+    """The steps of one plan, chunk by chunk: contexts, histograms, prices; shapes when taken."""
+
+    __slots__ = ("bases", "built", "context", "first", "num", "parts")
+
+    def __init__(self, bases: np.ndarray, first: int, context: int) -> None:
+        self.bases = bases            # per member: its context at batch step s is base + s
+        self.num = len(bases)
+        self.first = first            # the batch step of the run's first step
+        self.context = context        # the first step's total decode context
+        self.parts: list[tuple] = []  # per chunk: (its first step, lowest bucket, counts, sums), numpy
+        self.built: list[StepShape] = []
+
+    def chunk(self, offset: int, count: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Steps offset .. offset + count - 1 of the run: per step and context bucket from the lowest
+        any of them reads, the sequences and their total context (StepShape.decode_histogram's)."""
+        contexts = np.arange(self.first + offset, self.first + offset + count)[:, None] + self.bases
+        keys = np.frexp(contexts - 1)[1]            # context_bucket: (c - 1).bit_length()
+        low = int(keys[0].min())                    # contexts only grow: the first step has the lowest
+        width = int(keys[-1].max()) - low + 1
+        keys += (np.arange(count) * width - low)[:, None]
+        cells = keys.ravel()
+        counts = np.bincount(cells, minlength=count * width).reshape(count, width)
+        sums = np.bincount(cells, weights=contexts.ravel(), minlength=count * width).reshape(count, width)
+        self.parts.append((offset, low, counts, sums))
+        return low, counts, sums
+
+    def shapes(self, steps: int) -> list[StepShape]:
+        """The first `steps` steps' shapes, as the scalar plan builds them (built once, when taken)."""
+        built = self.built
+        for offset, low, counts, sums in self.parts:
+            done = len(built)
+            if done >= steps:
+                break
+            if offset + len(counts) > done:
+                rows = slice(done - offset, min(len(counts), steps - offset))
+                built += self._shapes(low, counts[rows], sums[rows], self.context + done * self.num)
+        return built[:steps]
+
+    def _shapes(self, low: int, counts: np.ndarray, sums: np.ndarray, context: int) -> list[StepShape]:
+        """Shapes of rows of a chunk: each histogram's (bucket, sequences, context) triples laid out by
+        numpy, an empty bucket's triple left out (StepShape.decode_histogram lists occupied ones)."""
+        rows, width = counts.shape
+        triples = np.empty((rows, width, 3), dtype=np.int64)
+        triples[:, :, 0] = np.arange(low, low + width)
+        triples[:, :, 1] = counts
+        triples[:, :, 2] = sums
+        full = counts.all(axis=1).tolist()
+        num, shapes = self.num, []
+        for row, whole in zip(triples.reshape(rows, 3 * width).tolist(), full):
+            histogram = tuple(row) if whole else tuple(chain.from_iterable(
+                row[i:i + 3] for i in range(0, 3 * width, 3) if row[i + 1]))
+            shapes.append(StepShape(0, 0, 0, num, context, 0, 0, histogram))
+            context += num
+        return shapes
+
+
+def price_run(run: DecodeRun, cost_model, pricer, now: float, next_arrival: float, limit: int,
+              crossings: list[int], step: int, spare: int) -> tuple[list[float], list[int]]:
+    """Each step's end and blocks taken, from the next one on: at most `limit` steps, none starting at or
+    after `next_arrival`, while the blocks they take leave `spare` (crossings[r]: members taking a block
+    at the batch steps s with s % block size == r). The scalar loop of DecodeBatch._price, chunked;
+    one chunk when no arrival is known (a routed replica prices up to its next finish)."""
+    ends: list[float] = []
+    takes: list[int] = []
+    end, taken, bs = now, 0, len(crossings)
+    size = limit if next_arrival == math.inf else FIRST_CHUNK
+    while len(ends) < limit and end < next_arrival:
+        offset = len(ends)
+        count = min(size, limit - offset)
+        fit = []
+        for s in range(step + offset + 1, step + offset + 1 + count):
+            crossing = crossings[s % bs]
+            if taken + crossing > spare:
+                break
+            taken += crossing
+            fit.append(crossing)
+        if not fit:
+            break
+        low, counts, sums = run.chunk(offset, len(fit))
+        times = pricer(run.num, low, counts, sums)
+        chunk_ends = np.cumsum(np.concatenate(((end,), times))).tolist()
+        keep = len(fit) if next_arrival == math.inf else min(len(fit), bisect_left(chunk_ends, next_arrival, 1))
+        cost_model.flag_decode_buckets(run.num, low, counts[:keep])
+        ends += chunk_ends[1:keep + 1]
+        takes += fit[:keep]
+        end = ends[-1]
+        if len(fit) < count:
+            break                                  # the blocks ran out
+        size *= 2
+    return ends, takes

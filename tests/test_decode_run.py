@@ -1,0 +1,98 @@
+"""A decode-batch plan priced as one run (planner/sim/decode_run.py) gives step_time's floats and shapes.
+
+The measured model's `decode_step_times` prices rows of context histograms with array
+operations; every row must be the very float `step_time` gives the same step, and the run's
+shapes the very shapes the scalar plan built. End to end, a fleet and a lone deployment with
+runs priced at once equal the same simulations priced step by step in the plan.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from sim_helpers import sim_plan
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog.quantization import weight_format
+from planner.cost.measured import MeasuredCostModel
+from planner.cost.shape import StepShape, context_histogram
+from planner.cost.wrappers import NoisyCost, ScaledCostModel
+from planner.sim import batch as batch_module
+from planner.sim import simulate
+from planner.sim.decode_run import DecodeRun, price_run, run_pricer
+from planner.sim.fleet import simulate_fleet
+from workloads import make_trace
+
+LLAMA, H100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+
+
+def _scalar(model, contexts):
+    return model.step_time(StepShape(0, 0, 0, len(contexts), sum(contexts),
+                                     decode_histogram=context_histogram(contexts)))
+
+
+@pytest.mark.parametrize("knobs", [{"model": "llama-3.1-8b"}, {"model": "llama-3.1-8b", "async_scheduling": True},
+                                   {"model": "llama-3.1-70b", "tp": 4}, {"model": "qwen3-30b-a3b", "tp": 2}])
+def test_a_run_prices_each_step_as_step_time_does(knobs):
+    model = MeasuredCostModel(knobs.pop("model"), H100, **knobs)
+    rng = random.Random(7)
+    for trial in range(40):
+        bases = np.array([rng.choice([rng.randint(1, 40), rng.randint(1, 5000), rng.randint(60000, 200000)])
+                          for _ in range(rng.randint(1, 70))])
+        run = DecodeRun(bases, rng.randint(0, 300), 0)
+        count = rng.randint(1, 90)
+        low, counts, sums = run.chunk(0, count)
+        times = model.decode_step_times(run.num, low, counts, sums).tolist()
+        for row in range(count):
+            assert times[row] == _scalar(model, (bases + run.first + row).tolist()), (trial, row)
+
+
+def test_shapes_are_the_steps_histograms_and_contexts():
+    rng = random.Random(3)
+    bases = np.array([rng.randint(-20, 3000) for _ in range(25)]) + 30
+    run = DecodeRun(bases, 5, int((bases + 5).sum()))
+    run.chunk(0, 16)
+    run.chunk(16, 40)
+    shapes = run.shapes(50)
+    assert run.shapes(20) == shapes[:20] and len(shapes) == 50
+    for row, shape in enumerate(shapes):
+        contexts = (bases + 5 + row).tolist()
+        assert shape == StepShape(0, 0, 0, 25, sum(contexts), decode_histogram=context_histogram(contexts))
+
+
+def test_extrapolation_is_flagged_for_the_steps_taken_only():
+    fresh = MeasuredCostModel(LLAMA, H100)
+    run = DecodeRun(np.array([100, 150, 300000]), 1, 0)
+    # the next arrival falls before the step with the long context would start: not priced, not flagged
+    ends, _ = price_run(run, fresh, fresh.decode_step_times, 0.0, 1e-9, 1, [0] * 16, 0, 100)
+    assert len(ends) == 1
+    scalar = MeasuredCostModel(LLAMA, H100)
+    _scalar(scalar, [101, 151, 300001])
+    assert fresh.extrapolated == scalar.extrapolated and scalar.extrapolated
+
+
+def test_models_that_cannot_price_runs_step_as_before():
+    assert run_pricer(MeasuredCostModel(LLAMA, H100)) is not None
+    gpt_oss = MeasuredCostModel("gpt-oss-20b", H100, weight_format=weight_format("mxfp4"))
+    assert run_pricer(gpt_oss) is None                                    # sliding-window layers
+    noisy = NoisyCost.__new__(NoisyCost)           # forwards what it lacks to its base: never the run price
+    noisy.base = MeasuredCostModel(LLAMA, H100)
+    assert noisy.prices_decode_runs and run_pricer(noisy) is None
+    assert run_pricer(ScaledCostModel(MeasuredCostModel(LLAMA, H100), 1.1)) is None
+
+
+@pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
+def test_runs_priced_at_once_equal_the_plan_priced_step_by_step(policy, monkeypatch):
+    trace = make_trace("sharegpt", duration=6, rate=40.0, seed=5)
+    plan = sim_plan(LLAMA, H100, policy=policy, max_model_len=8192)
+
+    def both():     # a model each: the name says what its own run extrapolated (the lone one does)
+        return (simulate_fleet(trace, plan, MeasuredCostModel(LLAMA, H100), replicas=4, router="least-requests"),
+                simulate(trace, plan, MeasuredCostModel(LLAMA, H100)))
+
+    runs = both()
+    monkeypatch.setattr(batch_module, "run_pricer", lambda cost_model: None)
+    for fast, slow in zip(runs, both()):
+        assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes
+        assert fast.summary() == slow.summary()
