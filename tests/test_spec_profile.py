@@ -84,3 +84,21 @@ def test_what_cannot_be_measured_is_one_line(args, message, tmp_path):
 def test_answer_ids_must_match_the_output_length():
     with pytest.raises(ValueError, match="output_len"):
         TraceRequest(request_id="a", arrival_time=0, prompt_len=2, output_len=3, output_token_ids=[1, 2])
+
+
+def test_validate_simulates_with_the_curves_the_live_run_measured():
+    """validate --speculative ngram:K: the live counters become the deployment's three curves, which the
+    simulator's proposer then draws from (those given on the command line win)."""
+    from engine.deployment import Deployment
+    from planner.deploy.speculation import speculation_of
+    from planner.validation.live import speculation_curves
+    stats = SpecDecodingStats(4)
+    prompt = list(range(100, 140))
+    replay_ngram(prompt, [9] + prompt[5:30] + [7, 8, 9], CONFIG, stats)
+    curves = speculation_curves(stats.as_dict())
+    assert set(curves) == {"acceptance", "draft_rates", "draft_persistence"}
+    spec = speculation_of(Deployment(model="opt-125m", speculative="ngram:4", **curves))
+    assert spec.acceptance == pytest.approx(tuple(stats.acceptance_rates()), abs=1e-5)
+    assert spec.drafting == pytest.approx(tuple(stats.draft_rates()), abs=1e-5)
+    assert spec.persistence == pytest.approx(stats.draft_persistence(), abs=1e-5)
+    assert speculation_curves(None) == {}
