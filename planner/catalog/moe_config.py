@@ -9,7 +9,7 @@ MixtralConfig, GptOssConfig):
 | top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok (experts_per_token) |
 | expert width | moe_intermediate_size | intermediate_size | intermediate_size |
 | dense layers | mlp_only_layers, decoder_sparse_step | none | none |
-| sliding window | only with use_sliding_window (off in the releases) | sliding_window on every layer | layer_types: the "sliding_attention" layers |
+| sliding window | use_sliding_window (off) | sliding_window, every layer | layer_types' "sliding_attention" ones |
 
 None of the three has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
 and DeepSeek have); a config that declares them is refused rather than priced without them.

@@ -7,6 +7,7 @@ Pareto plot of cost against capacity, and with --json one document on stdout.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -159,25 +160,20 @@ def search(
                               replicas, concurrency, price, out, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
         spec, fleet = _fleet_of(spec, replicas, router)
-        layouts = _layouts(deployments, base, axes, fleet)
-        if fleet is not None:
-            spec = spec.with_deployment(dp=layouts[0][0], enable_expert_parallel=layouts[0][1])
+        spec, layouts = _layouts(deployments, spec, axes, fleet)
         grid = None if fleet is None else _fleet_grid(
             spec, axes, parse_slos([",".join(slo)]), target if concurrency is None else concurrency,
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
             max_replicas=max_replicas)
         folder = out or default_out("search", load.workload)
-        progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency,
-                             len(layouts))
+        progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency, len(layouts))
         run = dict(executor=executor, workers=workers, ray_address=ray_address,
                    prices=parse_price_overrides(price), on_done=progress)
         if grid is None:                # one deployment per configuration, as before fleets
-            def one(laid: RunSpec):
-                return api.search(laid, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"],
-                                  block_sizes=axes["block_size"], max_num_seqs=axes["max_num_seqs"], rate=target,
-                                  clients=concurrency, tolerance=tolerance, max_rate=max_rate, plain=plain, **run)
-            result = search_layouts(one, spec, layouts) if len(layouts) > 1 else one(spec.with_deployment(
-                dp=layouts[0][0], enable_expert_parallel=layouts[0][1]))
+            result = search_layouts(functools.partial(
+                api.search, slos=",".join(slo), gpus=axes["gpu"], tps=axes["tp"], block_sizes=axes["block_size"],
+                max_num_seqs=axes["max_num_seqs"], rate=target, clients=concurrency, tolerance=tolerance,
+                max_rate=max_rate, plain=plain, **run), spec, layouts)
         else:
             result = api.run_grid(grid, run.pop("executor"), **run)
     except (PlannerError, TraceError, ValueError) as exc:
@@ -188,16 +184,17 @@ def search(
     _print_summary(result)
 
 
-def _layouts(deployments: DeploymentChoices, base, axes: dict, fleet) -> list[tuple[int, bool]]:
+def _layouts(deployments: DeploymentChoices, spec: RunSpec, axes: dict, fleet) -> tuple[RunSpec, list]:
     """The (dp, expert parallel) layouts searched: --dp's values and, for a MoE, EP on and off unless
-    --enable-expert-parallel says which (planner/sizing/layouts.py); a fleet search keeps one."""
+    --enable-expert-parallel says which (planner/sizing/layouts.py); a fleet search keeps one, in its spec."""
+    base = spec.deployment
     dps = deployments.values("dp") or (base.dp,)
     eps = deployments.values("enable_expert_parallel") or (False, True)
     if fleet is not None:
         if len(dps) > 1:
             raise PlannerError("--dp takes one value in a fleet search (--replicas)")
-        return [(dps[0], eps[0])]
-    return layouts_for(base.model, tuple(dps), tuple(axes["tp"]), tuple(eps))
+        return spec.with_deployment(dp=dps[0], enable_expert_parallel=eps[0]), [(dps[0], eps[0])]
+    return spec, layouts_for(base.model, tuple(dps), tuple(axes["tp"]), tuple(eps))
 
 
 def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workload: str, executor: str,

@@ -1,8 +1,9 @@
 """What a mixture-of-experts layer costs per step: the experts a batch touches, their FLOPs, their
 weights read, and the collectives data parallelism adds.
 
-Routing (the statistics live in planner/catalog/routing.py, which the profiler shares). Each of T tokens picks k of E experts. Under uniform routing an expert is missed by one
-token with probability 1 - k/E, so the expected number of distinct experts the batch touches is
+Routing (the statistics live in planner/catalog/routing.py, which the profiler shares). Each of T
+tokens picks k of E experts. Under uniform routing an expert is missed by one token with probability
+1 - k/E, so the expected number of distinct experts the batch touches is
 
     E * (1 - (1 - k/E) ** T)
 

@@ -110,6 +110,18 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
     return nbytes, peak, precision
 
 
+def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,
+                cpu_per_seq: float) -> None:
+    if tp > 1 and gpu.interconnect_bandwidth <= 0:
+        raise PlannerError(f"{gpu.name} has no interconnect; tensor parallel size must be 1, got {tp}")
+    if model.is_moe and moe.dp > 1 and gpu.interconnect_bandwidth <= 0:
+        raise PlannerError(f"{gpu.name} has no interconnect; a MoE's data parallel size must be 1, got {moe.dp}")
+    if block_size < 1:
+        raise PlannerError(f"block_size must be >= 1, got {block_size}")
+    if cpu_base < 0 or cpu_per_seq < 0:
+        raise PlannerError("CPU overhead constants must be >= 0")
+
+
 class RooflineCostModel:
     """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
 
@@ -121,25 +133,13 @@ class RooflineCostModel:
                  cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S, weight_format: WeightFormat | None = None,
                  kv_cache_dtype: str = "auto", moe: MoeParallel | None = None) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
-        if tp > 1 and gpu.interconnect_bandwidth <= 0:
-            raise PlannerError(f"{gpu.name} has no interconnect; tensor parallel size must be 1, got {tp}")
         moe = moe if moe is not None else MoeParallel(tp=tp)
-        if model.is_moe and moe.dp > 1 and gpu.interconnect_bandwidth <= 0:
-            raise PlannerError(f"{gpu.name} has no interconnect; a MoE's data parallel size must be 1, got {moe.dp}")
-        if block_size < 1:
-            raise PlannerError(f"block_size must be >= 1, got {block_size}")
-        if cpu_overhead_base < 0 or cpu_overhead_per_seq < 0:
-            raise PlannerError("CPU overhead constants must be >= 0")
+        _check_args(model, gpu, tp, moe, block_size, cpu_overhead_base, cpu_overhead_per_seq)
         self.model, self.gpu, self.tp, self.dtype_bytes = model, gpu, tp, dtype_bytes
         self.block_size, self.efficiency = block_size, efficiency
         self.weight_format, self.kv_cache_dtype = weight_format, kv_cache_dtype
         linear_bytes, linear_peak, self.linear_precision = linear_weights(model, gpu, tp, dtype_bytes, weight_format)
-        formats = ([f"{weight_format.method} weights, {self.linear_precision} math"] if weight_format else []) + \
-                  (["fp8 KV"] if kv_cache_dtype == "fp8" else [])
-        where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
-        if model.is_moe:
-            formats.append(f"dp{moe.dp} ep{moe.ep}" + (f", moe skew {moe.skew:g}" if moe.skew else ""))
-        self.name = f"roofline({where}{''.join(', ' + f for f in formats)})"
+        self.name = self._make_name(moe)
 
         # Everything below is per GPU; the GPUs of a TP group work in lockstep.
         flops = gpu.peak_flops(dtype_bytes) * efficiency.compute        # achievable FLOP/s
@@ -180,6 +180,15 @@ class RooflineCostModel:
         self._copy_per_block = 2 * block_bytes / bw                        # read + write
         self._cpu_base = cpu_overhead_base
         self._cpu_per_seq = cpu_overhead_per_seq
+
+    def _make_name(self, moe: MoeParallel) -> str:
+        fmt, tp, gpu = self.weight_format, self.tp, self.gpu
+        formats = ([f"{fmt.method} weights, {self.linear_precision} math"] if fmt else []) + \
+                  (["fp8 KV"] if self.kv_cache_dtype == "fp8" else [])
+        if self.model.is_moe:
+            formats.append(f"dp{moe.dp} ep{moe.ep}" + (f", moe skew {moe.skew:g}" if moe.skew else ""))
+        where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
+        return f"roofline({where}{''.join(', ' + f for f in formats)})"
 
     def _set_up_window(self, model: ModelSpec) -> None:
         """Split the attention prices between full layers (every key) and sliding-window ones (the window's)."""
@@ -299,7 +308,8 @@ class RooflineCostModel:
         return {
             "name": self.name, "source": "roofline", "model": self.model.name, "gpu": self.gpu.name,
             "tp": self.tp, "dtype_bytes": self.dtype_bytes,
-            **({"moe": {"dp": self._par.dp, "ep": self._par.ep, "skew": self._par.skew}} if self._moe else {}), "block_size": self.block_size,
+            "block_size": self.block_size,
+            **({"moe": {"dp": self._par.dp, "ep": self._par.ep, "skew": self._par.skew}} if self._moe else {}),
             "weight_format": self.weight_format.as_dict() if self.weight_format is not None else None,
             "linear_precision": self.linear_precision, "kv_cache_dtype": self.kv_cache_dtype,
             "block_size_factor": self.block_size_factor, "efficiency": asdict(self.efficiency), "cpu_overhead_base_s": self._cpu_base,

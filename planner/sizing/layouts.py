@@ -74,8 +74,11 @@ def merge(results: list[tuple[Layout, SearchResult]]) -> LayoutSearchResult:
                               layouts=tuple(layout for layout, _ in results))
 
 
-def search_layouts(run_one, spec, layouts: list[Layout]) -> LayoutSearchResult:
-    """`run_one(spec)` (a SearchResult) for the spec of each layout, merged."""
+def search_layouts(run_one, spec, layouts: list[Layout]) -> SearchResult:
+    """`run_one(spec)` (a SearchResult) for the spec of each layout, merged; one layout's result as it is."""
+    if len(layouts) == 1:
+        (dp, ep), = layouts
+        return run_one(replace(spec, deployment=spec.deployment.replace(dp=dp, enable_expert_parallel=ep)))
     results = []
     for dp, ep in layouts:
         laid = replace(spec, deployment=spec.deployment.replace(dp=dp, enable_expert_parallel=ep))
