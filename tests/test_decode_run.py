@@ -96,3 +96,29 @@ def test_runs_priced_at_once_equal_the_plan_priced_step_by_step(policy, monkeypa
     for fast, slow in zip(runs, both()):
         assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes
         assert fast.summary() == slow.summary()
+
+
+def test_shape_logs_read_as_lists_and_pickle_as_lists():
+    import pickle
+
+    from planner.sim.shape_log import ShapeLog
+
+    run = DecodeRun([30, 500, 1000], 2, 1536)
+    log = ShapeLog([StepShape(1, 10, 55)])
+    log.add_run(run, 4)
+    log.append(StepShape(0, 0, 0, 3, 9))
+    shapes = [StepShape(1, 10, 55), *run.shapes(4), StepShape(0, 0, 0, 3, 9)]
+    assert len(log) == 6 and log == shapes and shapes == log and log[1:5] == shapes[1:5] and list(log) == shapes
+    assert pickle.loads(pickle.dumps(log)) == shapes and type(pickle.loads(pickle.dumps(log))) is list
+    later = ShapeLog.later(lambda: list(shapes), 6)
+    assert later == log and len(later) == 6 and later[-1] == shapes[-1]
+
+
+def test_a_fleets_shapes_are_its_replicas_in_step_order_when_read():
+    trace = make_trace("sharegpt", duration=4, rate=30.0, seed=2)
+    plan = sim_plan(LLAMA, H100, max_model_len=8192)
+    fleet = simulate_fleet(trace, plan, MeasuredCostModel(LLAMA, H100), replicas=3, router="least-requests")
+    parts = fleet.fleet.replicas
+    by_replica = [iter(p.shapes) for p in parts]
+    assert len(fleet.shapes) == len(fleet.steps)
+    assert list(fleet.shapes) == [next(by_replica[r]) for r in fleet.fleet.step_replicas]

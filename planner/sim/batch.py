@@ -37,8 +37,6 @@ import heapq
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
-import numpy as np
-
 from engine.core.block_manager import BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
@@ -48,6 +46,7 @@ from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
+from planner.sim.shape_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
 
@@ -76,16 +75,44 @@ class Plan:
     blocks_used: int            # at the plan's start
     token_states: int           # at the plan's start
     finishing: bool             # the last step finishes a request
+    first_step: int             # the batch step of the first step
     bins_after: Bins | None = None   # the histogram of the step after the last (None once truncated)
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + len(self.ends) - 1
 
     @property
     def steps(self) -> int:
         return len(self.ends)
 
-    @property
-    def shapes(self) -> list[StepShape]:
-        source = self.source
-        return source[:len(self.ends)] if isinstance(source, list) else source.shapes(len(self.ends))
+    def contexts(self):
+        """Each step's total decode context."""
+        source, steps = self.source, len(self.ends)
+        if isinstance(source, DecodeRun):
+            return source.contexts(steps)
+        return [shape.decode_context for shape in source[:steps]]
+
+    def log_shapes(self, log: ShapeLog) -> None:
+        """Add the steps' shapes to `log` (a priced run's as the run, built when read)."""
+        if isinstance(self.source, DecodeRun):
+            log.add_run(self.source, len(self.ends))
+        else:
+            log.extend(self.source[:len(self.ends)])
+
+    def after(self, num: int, moves: dict, histogram: bool) -> tuple[int, Bins | None]:
+        """The decode context and histogram of the step after the last (`num` members, each context one
+        longer, and the buckets in `moves` for it moved on), as the batch keeps them."""
+        steps, source = len(self.ends), self.source
+        if isinstance(source, DecodeRun):
+            context, flat = source.context + (steps - 1) * num, source.histogram(steps - 1)
+        else:
+            context, flat = source[steps - 1].decode_context, source[steps - 1].decode_histogram
+        bins = self.bins_after
+        if histogram and bins is None:
+            bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+            _advance(bins, moves.get(self.last_step + 1, ()))
+        return context + num, bins
 
     def taken(self, steps: int) -> int:
         """Blocks the first `steps` steps take."""
@@ -269,7 +296,7 @@ class DecodeBatch:
         spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
         pricer = run_pricer(self.cost_model)
         if pricer is not None:
-            run = DecodeRun(np.array([m.base for m in self.members]), self.step + 1, self.context)
+            run = DecodeRun([m.base for m in self.members], self.step + 1, self.context)
             crossings = [len(members) for members in self.by_residue]
             ends, takes = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step, crossings,
                                     self.step, spare)
@@ -279,7 +306,7 @@ class DecodeBatch:
         if not ends:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
-                    self.step + len(ends) == first_finish, bins)
+                    self.step + len(ends) == first_finish, self.step + 1, bins)
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
         """Each step's shape, end and blocks taken, from the next one to `last` at most."""
@@ -326,24 +353,19 @@ class DecodeBatch:
         num = len(self.members)
         pool.num_token_states = plan.token_states + steps * num
         records = _records(plan, num, self.allocator)
-        self._advance_to(step + steps, plan.shapes[-1], plan.bins_after)
+        self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
         finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
         return records, finished
 
-    def _advance_to(self, step: int, last_shape: StepShape, bins: Bins | None) -> None:
-        """The batch after `step`: the next step's context and histogram (`bins`, or the last priced
-        step's one step on)."""
+    def _advance_to(self, step: int, context: int, bins: Bins | None) -> None:
+        """The batch after `step`: the next step's context and histogram."""
         moves = self.moves
         for s in range(self.step + 1, step + 1):
             moves.pop(s, None)
         self.step = step
-        self.context = last_shape.decode_context + len(self.members)
+        self.context = context
         if self.histogram:
-            if bins is None:
-                flat = last_shape.decode_histogram
-                bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
-                _advance(bins, moves.get(step + 1, ()))
             self.bins = bins
 
     def _finish(self, step: int, end: float, others: tuple = (), counts: list | None = None) -> list:

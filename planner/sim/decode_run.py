@@ -10,9 +10,10 @@ loop (64 replicas at 200 req/s: six million steps, about twice as many
 priced). The floats are step_time's: the model computes each step's terms in
 step_time's order, and the ends are accumulated one step at a time from the
 plan's start (numpy's cumsum is a sequential loop; tests hold both to the
-step-by-step simulation). Chunks double in length from `FIRST_CHUNK`, so a
-plan cut after a few steps (an arrival) priced few, and `StepShape`s are built
-only for the steps a replica takes (`DecodeRun.shapes`).
+step-by-step simulation). Chunks double in length from `FIRST_CHUNK` where an
+arrival is known, so a plan cut after a few steps priced few. `StepShape`s
+are built only for the steps a replica takes, and only when read
+(`DecodeRun.shapes`, planner/sim/shape_log.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from itertools import chain
 
 import numpy as np
 
-from planner.cost.shape import StepShape
+from planner.cost.shape import StepShape, context_histogram
 
 FIRST_CHUNK = 16      # steps priced at first; each further chunk twice the last
 
@@ -39,17 +40,15 @@ def run_pricer(cost_model):
 
 
 class DecodeRun:
-    """The steps of one plan, chunk by chunk: contexts, histograms, prices; shapes when taken."""
+    """The steps of one plan: each step's contexts, histogram and (when read) shape, from the members'."""
 
-    __slots__ = ("bases", "built", "context", "first", "num", "parts")
+    __slots__ = ("bases", "context", "first", "num")
 
-    def __init__(self, bases: np.ndarray, first: int, context: int) -> None:
-        self.bases = bases            # per member: its context at batch step s is base + s
+    def __init__(self, bases: list[int], first: int, context: int) -> None:
+        self.bases = np.array(bases)  # per member: its context at batch step s is base + s
         self.num = len(bases)
         self.first = first            # the batch step of the run's first step
         self.context = context        # the first step's total decode context
-        self.parts: list[tuple] = []  # per chunk: (its first step, lowest bucket, counts, sums), numpy
-        self.built: list[StepShape] = []
 
     def chunk(self, offset: int, count: int) -> tuple[int, np.ndarray, np.ndarray]:
         """Steps offset .. offset + count - 1 of the run: per step and context bucket from the lowest
@@ -62,32 +61,31 @@ class DecodeRun:
         cells = keys.ravel()
         counts = np.bincount(cells, minlength=count * width).reshape(count, width)
         sums = np.bincount(cells, weights=contexts.ravel(), minlength=count * width).reshape(count, width)
-        self.parts.append((offset, low, counts, sums))
         return low, counts, sums
 
-    def shapes(self, steps: int) -> list[StepShape]:
-        """The first `steps` steps' shapes, as the scalar plan builds them (built once, when taken)."""
-        built = self.built
-        for offset, low, counts, sums in self.parts:
-            done = len(built)
-            if done >= steps:
-                break
-            if offset + len(counts) > done:
-                rows = slice(done - offset, min(len(counts), steps - offset))
-                built += self._shapes(low, counts[rows], sums[rows], self.context + done * self.num)
-        return built[:steps]
+    def contexts(self, steps: int) -> range:
+        """The first `steps` steps' total decode contexts."""
+        return range(self.context, self.context + steps * self.num, self.num)
 
-    def _shapes(self, low: int, counts: np.ndarray, sums: np.ndarray, context: int) -> list[StepShape]:
-        """Shapes of rows of a chunk: each histogram's (bucket, sequences, context) triples laid out by
-        numpy, an empty bucket's triple left out (StepShape.decode_histogram lists occupied ones)."""
-        rows, width = counts.shape
-        triples = np.empty((rows, width, 3), dtype=np.int64)
+    def histogram(self, index: int) -> tuple[int, ...]:
+        """StepShape.decode_histogram of step `index` of the run (a few dozen members: no arrays)."""
+        step = self.first + index
+        return context_histogram([base + step for base in self.bases.tolist()])
+
+    def shapes(self, steps: int) -> list[StepShape]:
+        """The first `steps` steps' shapes, as the scalar plan builds them: each histogram's (bucket,
+        sequences, context) triples laid out by numpy, an empty bucket's left out."""
+        if not steps:
+            return []
+        low, counts, sums = self.chunk(0, steps)
+        width = counts.shape[1]
+        triples = np.empty((steps, width, 3), dtype=np.int64)
         triples[:, :, 0] = np.arange(low, low + width)
         triples[:, :, 1] = counts
         triples[:, :, 2] = sums
         full = counts.all(axis=1).tolist()
-        num, shapes = self.num, []
-        for row, whole in zip(triples.reshape(rows, 3 * width).tolist(), full):
+        num, context, shapes = self.num, self.context, []
+        for row, whole in zip(triples.reshape(steps, 3 * width).tolist(), full):
             histogram = tuple(row) if whole else tuple(chain.from_iterable(
                 row[i:i + 3] for i in range(0, 3 * width, 3) if row[i + 1]))
             shapes.append(StepShape(0, 0, 0, num, context, 0, 0, histogram))

@@ -40,6 +40,7 @@ from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
+from planner.sim.shape_log import ShapeLog
 from planner.deploy.speculation import speculation_of
 from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
                                      enable as enable_speculation)
@@ -68,7 +69,8 @@ class SimResult:
     metrics: Metrics               # the metric set (engine.core.metrics), as for a live run
     requests: list[RequestRecord]  # one per trace request, in trace order
     steps: list[StepRecord]        # one per engine step
-    shapes: list[StepShape]        # the same steps as the cost model saw them
+    shapes: list[StepShape] | ShapeLog   # the same steps as the cost model saw them (a log builds
+                                         # a decode plan's shapes when first read)
     num_running: list[int]         # per step: requests in the running list
     sharing_saved: float           # share of KV slots sharing saved (decode steps, time-weighted)
     prefix_cache_hit_tokens: int
@@ -155,7 +157,7 @@ class SimulatedEngine:
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
         self.steps: list[StepRecord] = []
-        self.shapes: list[StepShape] = []
+        self.shapes = ShapeLog()           # StepShapes, a priced plan's built only when read
         self.num_running: list[int] = []
         self.chunked = scheduler.config.enable_chunked_prefill
         self.prefill_held_tokens = 0       # tokens of the sequences in prefill steps
@@ -420,16 +422,22 @@ class SimulatedEngine:
         if self.due.at <= end:
             yield self.env.timeout(0)
 
-    def _took(self, records: list[StepRecord], shapes: list[StepShape]) -> None:
-        """Record decode steps taken in bulk (every running request in each)."""
+    def _took(self, records: list[StepRecord], shapes: list[StepShape] | Plan) -> None:
+        """Record decode steps taken in bulk (every running request in each): a window's shapes, or a
+        plan of the decode batch (its shapes logged as the plan's priced run)."""
+        if isinstance(shapes, Plan):
+            contexts = shapes.contexts()
+            shapes.log_shapes(self.shapes)
+        else:
+            contexts = [shape.decode_context for shape in shapes]
+            self.shapes.extend(shapes)
         logical, physical = self.logical_token_time, self.physical_token_time
-        for record, shape in zip(records, shapes):
+        for record, context in zip(records, contexts):
             duration = record.end - record.start
-            logical += shape.decode_context * duration
+            logical += context * duration
             physical += record.token_states * duration
         self.logical_token_time, self.physical_token_time = logical, physical
         self.steps.extend(records)
-        self.shapes.extend(shapes)
         self.num_running.extend(r.batch_size for r in records)
         self.fast_forwarded_steps += len(records)
 
@@ -454,7 +462,7 @@ class SimulatedEngine:
         if not plan.steps:
             return
         records, finished = self.batch.apply(plan)
-        self._took(records, plan.shapes)
+        self._took(records, plan)
         yield from self._stepped(len(records), plan.ends[-1], finished)
 
     def run_mixed(self, batch: DecodeBatch, step_time: Callable[[StepShape], float]):

@@ -37,6 +37,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
                                 fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
                                 simulate)
 from planner.sim.router import Router, RouterPolicy, parse_router
+from planner.sim.shape_log import ShapeLog
 from workloads import Trace
 
 # Per replica in result.json (`fleet.per_replica`): the replica's own metrics under these names.
@@ -224,7 +225,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
              for engine, own in zip(fleet.engines, mine)]
     order, step_replicas = _merge_order(parts)
     steps = _pick([s for p in parts for s in p.steps], order)
-    shapes = _pick([s for p in parts for s in p.shapes], order)
+    shapes = _merged_shapes(parts, len(order))
     num_running = _pick([n for p in parts for n in p.num_running], order)
     preemptions = {key: sum(e.scheduler.preemptions[key] for e in fleet.engines) for key in ("recompute", "swap")}
     logical = sum(e.logical_token_time for e in fleet.engines)
@@ -256,6 +257,12 @@ def _pick(values: list, order: list[int]) -> list:
     return list(map(values.__getitem__, order))
 
 
+def _merged_shapes(parts: list[SimResult], count: int) -> ShapeLog:
+    """The parts' step shapes in the merged steps' order, picked when first read (the replicas' own
+    logs build their bulk steps' shapes only then: planner/sim/shape_log.py)."""
+    return ShapeLog.later(lambda: _pick([s for p in parts for s in p.shapes], _merge_order(parts)[0]), count)
+
+
 def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
     """The result of a pool of replicas of one plan (a `Fleet`, or any object with its `trace`, `env`,
     `engines`, `groups`, `routes` and `policy`): planner/sim/pd.py's prefill and decode pools."""
@@ -265,5 +272,5 @@ def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) ->
 def merged_steps(parts: list[SimResult]) -> tuple[list, list, list, list[int]]:
     """The steps, shapes and running counts of several runs in start order, and the part of each step."""
     order, part = _merge_order(parts)
-    return (_pick([s for p in parts for s in p.steps], order), _pick([s for p in parts for s in p.shapes], order),
+    return (_pick([s for p in parts for s in p.steps], order), _merged_shapes(parts, len(order)),
             _pick([n for p in parts for n in p.num_running], order), part)
