@@ -91,7 +91,10 @@ def test_runs_priced_at_once_equal_the_plan_priced_step_by_step(policy, monkeypa
         return (simulate_fleet(trace, plan, MeasuredCostModel(LLAMA, H100), replicas=4, router="least-requests"),
                 simulate(trace, plan, MeasuredCostModel(LLAMA, H100)))
 
+    priced = []
+    monkeypatch.setattr(batch_module, "price_run", lambda *args: priced.append(1) or price_run(*args))
     runs = both()
+    assert len(priced) > 100                          # the routed replicas' plans went through runs
     monkeypatch.setattr(batch_module, "run_pricer", lambda cost_model: None)
     for fast, slow in zip(runs, both()):
         assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes

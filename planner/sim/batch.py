@@ -34,6 +34,7 @@ it equal to step-by-step runs, record for record.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -49,6 +50,7 @@ from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_runnin
 from planner.sim.shape_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
+RUN_MIN_STEPS = 16     # plans likely shorter are priced step by step (DecodeBatch._long)
 
 
 @dataclass(slots=True, eq=False)
@@ -295,7 +297,7 @@ class DecodeBatch:
         # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
         spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
         pricer = run_pricer(self.cost_model)
-        if pricer is not None:
+        if pricer is not None and self._long(now, next_arrival, last):
             run = DecodeRun([m.base for m in self.members], self.step + 1, self.context)
             crossings = [len(members) for members in self.by_residue]
             ends, takes = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step, crossings,
@@ -307,6 +309,17 @@ class DecodeBatch:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
                     self.step + len(ends) == first_finish, self.step + 1, bins)
+
+    def _long(self, now: float, next_arrival: float, last: int) -> bool:
+        """Is the plan likely long enough to price as one run? Its array operations cost a few dozen
+        steps priced one by one: a plan of a few steps (a finish or, at the last step's pace, an
+        arrival close by) is priced step by step."""
+        if last - self.step < RUN_MIN_STEPS:
+            return False
+        if next_arrival == math.inf:
+            return True
+        ends = self.ends
+        return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
         """Each step's shape, end and blocks taken, from the next one to `last` at most."""
