@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,12 +52,14 @@ def run(spec: ValidationSpec, router: str, replicas: int, profile: str, out: str
     result = validate_fleet(spec, replicas, parse_policy(router), cost_model=cost)
     doc = result.document()
     if out:
-        write_fleet_report(result, os.path.join(out, router.replace(":", "_")))
+        write_fleet_report(result, Path(out) / router.replace(":", "_"))
     print(f"\n{router}: {time.perf_counter() - started:.0f} s; {doc['speed']}")
     for name, row in doc["metrics"].items():
         err = "" if row["relative_error"] is None else f"{row['relative_error']:+.1%}"
-        judged = "" if row["target"] is None else f" (target {row['target']:.0%}: {'ok' if row['within'] else 'MISSED'})"
-        print(f"  {name:24s} live {_n(row['measured'])}  sim {_n(row['simulated'])}  {err}{judged}")
+        judged = "" if row["within"] is None else f" (target {row['target']:.0%}: {'ok' if row['within'] else 'MISSED'})"
+        raw = (doc["simulated_without_speed_level"] or {}).get(name)
+        unscaled = "" if raw is None or not row["measured"] else f"; at the profile's speed {raw / row['measured'] - 1:+.1%}"
+        print(f"  {name:24s} live {_n(row['measured'])}  sim {_n(row['simulated'])}  {err}{judged}{unscaled}")
     for row in doc["split"]:
         print(f"  replica {row['replica']}: live {row['live_share']:.1%}  sim {row['simulated_share']:.1%}  "
               f"{row['difference_pp']:+.1f} pp ({'ok' if row['within'] else 'MISSED'})")
