@@ -125,6 +125,18 @@ def test_lookup_counters_measure_drafting_runs_and_per_position_rates():
     assert total.acceptance_rates() == stats.acceptance_rates()
 
 
+def test_the_counters_start_afresh_after_a_warm_up(llama_dir):
+    """validate's warm-up request must not count: reset_spec_stats gives the proposer fresh counters too."""
+    llm = LLM(llama_dir, block_size=8, num_gpu_blocks=64, speculative_config=NGRAM)
+    run(llm, [repetitive()], SamplingParams(temperature=0, max_tokens=8))
+    scheduler = llm.engine.scheduler
+    assert scheduler.spec_stats.num_lookups > 0
+    scheduler.reset_spec_stats()
+    assert scheduler.spec_stats.num_lookups == 0 and scheduler.proposer.stats is scheduler.spec_stats
+    run(llm, [repetitive(3)], SamplingParams(temperature=0, max_tokens=8))
+    assert scheduler.spec_stats.num_lookups > 0
+
+
 def test_speculative_config_defaults_and_errors():
     c = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)          # vLLM's defaults

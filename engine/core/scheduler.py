@@ -168,6 +168,12 @@ class Scheduler:
         self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
         self.proposer = NgramProposer(config, self.config.max_model_len, self.spec_stats)
 
+    def reset_spec_stats(self) -> None:
+        """Start the acceptance counters afresh (after a warm-up request that must not count)."""
+        if self.spec_stats is not None:
+            self.spec_stats = SpecDecodingStats(self.spec_stats.num_spec_tokens)
+            self.proposer.stats = self.spec_stats
+
     # -- queue -------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)

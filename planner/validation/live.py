@@ -137,3 +137,4 @@ def _warm_up(engine, vocab: int) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.steps.clear()
+    engine.scheduler.reset_spec_stats()
