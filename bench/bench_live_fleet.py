@@ -5,7 +5,9 @@ For each router: 2 live opt-125m engines (random weights) stepping in turn on th
 mean E2E, mean TTFT, the prefix-cache hit rate and each replica's share of the requests, live and
 simulated, against the targets (5%, 10%, 5 percentage points, 10%). With `--prefix N` the workload is
 `prefix` with N shared prefixes (prefix caching on) and the study compares prefix-aware with round-robin:
-the hit-rate gain and the TTFT gain (round-robin's mean TTFT / prefix-aware's), live and simulated.
+the hit-rate gain and the TTFT gain (round-robin's mean TTFT / prefix-aware's), live and simulated; its
+two live fleets are replayed side by side (run_live_fleets: the one furthest behind on the trace clock
+takes the next event), so a drift of the machine's speed slows both alike instead of one run.
 
 Every run is priced by one profile (`--profile`, e.g. one `planner profile --gpu cpu --quick` just took),
 scaled by the canaries timed on the live engine right before and after each run (the machine's speed at
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.core.routing import parse_policy
 from engine.deployment import Deployment
 from planner.profile.checkpoints import model_folder
-from planner.validation.fleet import validate_fleet, write_fleet_report
+from planner.validation.fleet import validate_fleet, validate_fleets, write_fleet_report
 from planner.validation.run import load_cost_model
 from planner.validation.spec import ValidationSpec
 from workloads import make_trace
@@ -45,15 +47,28 @@ def prefix_trace(count: int, prefixes: int, prefix_len: int, seed: int) -> str:
     return path
 
 
-def run(spec: ValidationSpec, router: str, replicas: int, profile: str, out: str | None) -> dict:
+def run(spec: ValidationSpec, routers: list[str], replicas: int, profile: str, out: str | None,
+        together: bool) -> dict:
+    """Each router's validation (`together`: their live fleets replayed side by side); printed."""
     _, model = model_folder(spec.deployment.model)
     cost = load_cost_model(spec, model, profile)
     started = time.perf_counter()
-    result = validate_fleet(spec, replicas, parse_policy(router), cost_model=cost)
-    doc = result.document()
-    if out:
-        write_fleet_report(result, Path(out) / router.replace(":", "_"))
-    print(f"\n{router}: {time.perf_counter() - started:.0f} s; {doc['speed']}")
+    if together:
+        results = validate_fleets(spec, replicas, [parse_policy(r) for r in routers], cost_model=cost)
+    else:
+        results = [validate_fleet(spec, replicas, parse_policy(r), cost_model=cost) for r in routers]
+    print(f"{len(routers)} live fleets{' together' if together else ''}: {time.perf_counter() - started:.0f} s")
+    docs = {}
+    for router, result in zip(routers, results):
+        docs[router] = doc = result.document()
+        if out:
+            write_fleet_report(result, Path(out) / router.replace(":", "_"))
+        show(router, doc)
+    return docs
+
+
+def show(router: str, doc: dict) -> None:
+    print(f"\n{router}: {doc['speed']}")
     for name, row in doc["metrics"].items():
         err = "" if row["relative_error"] is None else f"{row['relative_error']:+.1%}"
         judged = "" if row["within"] is None else f" (target {row['target']:.0%}: {'ok' if row['within'] else 'MISSED'})"
@@ -63,7 +78,6 @@ def run(spec: ValidationSpec, router: str, replicas: int, profile: str, out: str
     for row in doc["split"]:
         print(f"  replica {row['replica']}: live {row['live_share']:.1%}  sim {row['simulated_share']:.1%}  "
               f"{row['difference_pp']:+.1f} pp ({'ok' if row['within'] else 'MISSED'})")
-    return doc
 
 
 def _n(value) -> str:
@@ -102,6 +116,8 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=64)
     parser.add_argument("--kv-cache-mb", type=float, default=None,
                         help="each live engine's KV cache (default 1 GiB): small, so a replica cannot hold every prefix")
+    parser.add_argument("--together", action="store_true",
+                        help="replay the routers' live fleets side by side (the prefix study always does)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write each run's fleet.json and report.md under this folder")
     args = parser.parse_args()
@@ -115,7 +131,7 @@ def main() -> None:
         spec = replace(spec, workload=prefix_trace(args.requests, args.prefix, args.prefix_len, args.seed),
                        length_scale=1.0)
         routers = ["round-robin", "prefix-aware"]
-    docs = {router: run(spec, router, args.replicas, args.profile, args.out) for router in routers}
+    docs = run(spec, routers, args.replicas, args.profile, args.out, together=args.prefix > 0 or args.together)
     if args.prefix:
         prefix_study(docs)
 

@@ -28,7 +28,7 @@ from planner.profile.checkpoints import model_folder
 from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim.engine import SimResult
 from planner.sim.fleet import simulate_fleet
-from planner.validation.fleet_live import LiveFleet, run_live_fleet
+from planner.validation.fleet_live import LiveFleet, run_live_fleets
 from planner.validation.run import check_device, load_cost_model, trusted_profile
 from planner.validation.spec import ValidationSpec
 
@@ -89,6 +89,15 @@ def validate_fleet(spec: ValidationSpec, replicas: int, policy: RouterPolicy, *,
                    profile_out: Path | None = None, cost_model: CostModel | None = None, progress=None,
                    say=print) -> FleetValidation:
     """The live fleet, then its simulation (see the module). `cost_model` prices it as given (tests, studies)."""
+    return validate_fleets(spec, replicas, [policy], reprofile=reprofile, profile_out=profile_out,
+                           cost_model=cost_model, progress=progress, say=say)[0]
+
+
+def validate_fleets(spec: ValidationSpec, replicas: int, policies: list[RouterPolicy], *,
+                    reprofile: bool | None = None, profile_out: Path | None = None,
+                    cost_model: CostModel | None = None, progress=None, say=print) -> list[FleetValidation]:
+    """One live fleet per policy, replayed together so a drifting machine slows them alike
+    (fleet_live.run_live_fleets), then each one's simulation."""
     check_device(spec.deployment.gpu)
     folder, model = model_folder(spec.deployment.model)
     gpu = resolve_gpu(spec.deployment.gpu)
@@ -109,19 +118,27 @@ def validate_fleet(spec: ValidationSpec, replicas: int, policy: RouterPolicy, *,
     device, dtype = pin_live_device(gpu, profile) if profile is not None else ("cpu", "auto")
     # A profile timed along the run has the machine's speed in it; any other is set beside canaries.
     probe = canary_probe(profile) if profile is not None and fresh is None else None
-    live = run_live_fleet(trace, folder, spec, replicas, policy, device=device, dtype=dtype,
-                          between_steps=fresh.between_steps if fresh is not None else None, progress=progress,
-                          speed_probe=probe)
+    lives = run_live_fleets(trace, folder, spec, replicas, policies, device=device, dtype=dtype,
+                            between_steps=fresh.between_steps if fresh is not None else None, progress=progress,
+                            speed_probe=probe)
     speed, unscaled = "", None
     if fresh is not None:
         cost_model = load_cost_model(spec, model, fresh.after_run())
         note = fresh.describe()
     elif probe is not None:
-        level = SpeedLevel(*live.speed, applied=spec.speed_correction is True and None not in live.speed)
+        level = SpeedLevel(*lives[0].speed, applied=spec.speed_correction is True and None not in lives[0].speed)
         speed = level.headline()
         if level.applied:
             unscaled, cost_model = cost_model, ScaledCostModel(cost_model, level.factor)
+    return [_simulated(spec, trace, live, policy, cost_model, unscaled, note, speed)
+            for live, policy in zip(lives, policies)]
+
+
+def _simulated(spec: ValidationSpec, trace, live: LiveFleet, policy: RouterPolicy, cost_model: CostModel,
+               unscaled: CostModel | None, note: str, speed: str) -> FleetValidation:
+    """The simulated fleet of the live one's trace, cache and limits, beside it."""
     engine = live.replicas[0].engine
+    replicas = len(live.replicas)
     plan = plan_deployment(spec.deployment.replace(num_gpu_blocks=engine.runner.num_gpu_blocks,
                                                    num_cpu_blocks=engine.runner.num_cpu_blocks,
                                                    max_model_len=engine.max_model_len,

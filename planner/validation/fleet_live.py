@@ -172,41 +172,84 @@ def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str,
     return replicas, shapes
 
 
+class FleetReplay:
+    """One live fleet's replay, an event at a time (see the module): `next_time()` is when its next event
+    happens on the trace clock (None once every request ended), `advance()` takes it."""
+
+    def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
+                 spec: ValidationSpec, between_steps=None, progress=None) -> None:
+        self.trace, self.replicas, self.shapes, self.seed = trace, replicas, shapes, spec.seed
+        self.router = ReplayRouter(policy, replicas, spec.deployment.block_size)
+        self.vocab = replicas[0].engine.runner.vocab_size
+        self.between_steps, self.progress = between_steps, progress
+        self.pending, self.groups, self.routes, self.done = deque(trace.requests), [], [], 0
+
+    def _next_step(self) -> LiveReplica | None:
+        busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
+        return min(busy, key=lambda r: r.free_at) if busy else None
+
+    def next_time(self) -> float | None:
+        nxt = self._next_step()
+        times = [t for t in (self.pending[0].arrival_time if self.pending else None,
+                             nxt.free_at if nxt is not None else None) if t is not None]
+        return min(times) if times else None
+
+    def advance(self) -> None:
+        nxt = self._next_step()
+        if self.pending and (nxt is None or self.pending[0].arrival_time <= nxt.free_at):
+            self._route(self.pending.popleft())
+            return
+        ended = nxt.step(self.between_steps)
+        self.done += ended
+        if self.progress is not None and ended:
+            self.progress(self.done, len(self.trace))
+
+    def _route(self, req) -> None:
+        tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
+        chosen = self.router.pick(tokens, req.arrival_time)
+        replica = self.replicas[chosen]
+        if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
+            replica.free_at = replica.clock.base = max(replica.free_at, req.arrival_time)
+        replica.routed += 1
+        replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
+                                   arrival_time=req.arrival_time, output_len_hint=req.output_len)
+        self.groups.append(replica.engine.groups[req.request_id])
+        self.routes.append(chosen)
+
+    def result(self) -> LiveFleet:
+        return _fleet_result(self.groups, self.routes, self.replicas, self.shapes)
+
+
 def run_live_fleet(trace: Trace, folder: str, spec: ValidationSpec, count: int, policy: RouterPolicy, *,
                    device: str, dtype: str, between_steps=None, progress=None, speed_probe=None) -> LiveFleet:
     """Replay `trace` (open loop) on `count` live engines behind `policy` (see the module). `speed_probe(runner)`
     times the device on replica 0's runner right before and right after the run (planner/profile/speed.py)."""
-    replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype,
-                                     log_events=policy.uses_prefix)
-    before = speed_probe(replicas[0].engine.runner) if speed_probe else None
-    router = ReplayRouter(policy, replicas, spec.deployment.block_size)
-    vocab = replicas[0].engine.runner.vocab_size
-    pending, groups, routes, done = deque(trace.requests), [], [], 0
+    return run_live_fleets(trace, folder, spec, count, [policy], device=device, dtype=dtype,
+                           between_steps=between_steps, progress=progress, speed_probe=speed_probe)[0]
+
+
+def run_live_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int, policies: list[RouterPolicy], *,
+                    device: str, dtype: str, between_steps=None, progress=None, speed_probe=None) -> list[LiveFleet]:
+    """One live fleet per policy on the same trace, replayed together: the fleet furthest behind on the trace
+    clock takes the next event, so all of them cross each stretch of the trace in the same minutes of wall
+    time and a machine whose speed drifts (a shared CPU) slows them alike, as comparing policies needs."""
+    replays = []
+    for policy in policies:
+        replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype,
+                                         log_events=policy.uses_prefix)
+        replays.append(FleetReplay(trace, replicas, shapes, policy, spec, between_steps, progress))
+    runner = replays[0].replicas[0].engine.runner
+    before = speed_probe(runner) if speed_probe else None
     while True:
-        busy = [r for r in replicas if r.engine.has_unfinished_requests()]
-        nxt = min(busy, key=lambda r: r.free_at) if busy else None
-        if pending and (nxt is None or pending[0].arrival_time <= nxt.free_at):
-            req = pending.popleft()
-            tokens = trace.prompt_token_ids(req, vocab, spec.seed)
-            chosen = router.pick(tokens, req.arrival_time)
-            replica = replicas[chosen]
-            if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
-                replica.free_at = replica.clock.base = max(replica.free_at, req.arrival_time)
-            replica.routed += 1
-            replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
-                                       arrival_time=req.arrival_time, output_len_hint=req.output_len)
-            groups.append(replica.engine.groups[req.request_id])
-            routes.append(chosen)
-        elif nxt is not None:
-            ended = nxt.step(between_steps)
-            done += ended
-            if progress is not None and ended:
-                progress(done, len(trace))
-        else:
+        due = [(t, i) for i, r in enumerate(replays) if (t := r.next_time()) is not None]
+        if not due:
             break
-    result = _fleet_result(groups, routes, replicas, shapes)
-    result.speed = (before, speed_probe(replicas[0].engine.runner) if speed_probe else None)
-    return result
+        replays[min(due)[1]].advance()
+    after = speed_probe(runner) if speed_probe else None
+    results = [r.result() for r in replays]
+    for result in results:
+        result.speed = (before, after)
+    return results
 
 
 def _fleet_result(groups, routes, replicas: list[LiveReplica], shapes: list[list]) -> LiveFleet:
