@@ -8,7 +8,8 @@ the catalog has: openai/gpt-oss-120b, its MXFP4 checkpoint (69 runs: vLLM 0.11.2
 1024/1024, 1024/8192, 8192/1024, 4-512 concurrent clients, TP 2/4/8, moe_tp = TP, no DP or EP).
 `--extract WHEEL` rebuilds the file from the wheel.
 
-Each run is simulated as it was made (closed loop of C clients, R = 4 x C requests, at least 32):
+Each run is simulated as it was made (closed loop of C clients, R = 4 x C requests, at least 32; the
+lightest runs first, each printed as it ends):
 `planner simulate --model openai/gpt-oss-120b --gpu h100-sxm --tp N --policy vllm-v1
 --enable-prefix-caching --workload random -p input_len=ISL -p output_len=OSL --concurrency C` with
 vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024) and
@@ -148,15 +149,21 @@ def simulate(row: Row, skew: float) -> dict[str, tuple[float, float]]:
     return out
 
 
+def header(names: list[str]) -> None:
+    print(f"{'run':58s} {'TPOT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names)
+          + f" {'TTFT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names), flush=True)
+
+
+def print_row(row: Row, res: dict) -> None:
+    names = list(res)
+    print(f"{row.label:58s} {row.tpot * 1e3:8.2f} "
+          + " ".join(f"{res[n][0] * 1e3:9.2f} {res[n][0] / row.tpot - 1:+6.0%}" for n in names)
+          + f" {row.ttft * 1e3:8.1f} "
+          + " ".join(f"{res[n][1] * 1e3:9.1f} {res[n][1] / row.ttft - 1:+6.0%}" for n in names), flush=True)
+
+
 def report(results: list[tuple[Row, dict]]) -> None:
     names = list(results[0][1])
-    print(f"{'run':58s} {'TPOT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names)
-          + f" {'TTFT ms':>8s} " + " ".join(f"{n[:16]:>16s}" for n in names))
-    for row, res in results:
-        print(f"{row.label:58s} {row.tpot * 1e3:8.2f} "
-              + " ".join(f"{res[n][0] * 1e3:9.2f} {res[n][0] / row.tpot - 1:+6.0%}" for n in names)
-              + f" {row.ttft * 1e3:8.1f} "
-              + " ".join(f"{res[n][1] * 1e3:9.1f} {res[n][1] / row.ttft - 1:+6.0%}" for n in names))
     print(f"\n{len(results)} runs; mean absolute error (mean signed error):")
     for n in names:
         for i, what in ((0, "TPOT"), (1, "TTFT")):
@@ -179,9 +186,13 @@ def main() -> None:
         print(f"written: {os.path.relpath(DATA_FILE, ROOT)} ({len(doc['rows'])} runs)")
         return
     chosen = rows()[::4] if args.quick else rows()
+    # the lightest runs first (decoded tokens), each printed as it ends: an interrupted run keeps its rows
+    chosen.sort(key=lambda r: max(REQUESTS_PER_CLIENT * r.concurrency, 32) * (r.isl + r.osl))
     start, results = time.perf_counter(), []
+    header(["measured", "measured, async", "roofline"])
     for i, row in enumerate(chosen):
         results.append((row, simulate(row, args.moe_skew)))
+        print_row(*results[-1])
         print(f"\rsimulated {i + 1}/{len(chosen)} runs ({time.perf_counter() - start:.0f} s)", end="", file=sys.stderr)
     print(file=sys.stderr)
     report(results)
