@@ -27,6 +27,7 @@ from engine.core.sequence import FinishReason, Sequence, SequenceGroup, Sequence
 from engine.core.speculative import SpecDecodingStats, SpeculativeConfig
 from engine.core.step import begin_step, end_step
 from engine.deployment import Deployment, parse_speculative
+from engine.draft_model import DraftModelProposer
 
 __all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
 GiB = 1 << 30
@@ -150,7 +151,6 @@ class LLMEngine:
         if self.speculative_config is not None:
             self.scheduler.enable_speculation(self.speculative_config)
             if self.speculative_config.method == "draft_model":
-                from engine.draft_model import DraftModelProposer   # transformers: only a draft model needs it
                 self.scheduler.proposer = DraftModelProposer(
                     self.speculative_config.model, self.speculative_config.num_speculative_tokens,
                     self.scheduler.config.max_model_len, self.scheduler.spec_stats,

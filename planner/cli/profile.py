@@ -16,8 +16,10 @@ from rich.table import Table
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail
 from planner.errors import PlannerError
+from planner.profile.ngram import curve_flags, measure_ngram
 from planner.profile.options import ProfileOptions
 from planner.profile.schema import profile_path, save_profile
+from workloads import Trace, TraceError
 
 
 def _fit_table(profile) -> Table:
@@ -107,8 +109,6 @@ def profile(
 
 def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out: Path | None, as_json: bool) -> None:
     """`profile --speculative ngram:K --trace FILE`: the curves, the counts, and the flags to simulate with."""
-    from planner.profile.ngram import curve_flags, measure_ngram
-    from workloads import Trace, TraceError
     try:
         if trace_path is None or "speculative" not in deployments.given:
             raise PlannerError("measuring n-gram speculation takes both --speculative ngram:K and --trace FILE")
