@@ -317,9 +317,11 @@ def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
 
 
 def summarize(requests: list[RequestRecord], steps: list[StepRecord],
-              preemptions: dict[str, int] | None = None) -> Metrics:
+              preemptions: dict[str, int] | None = None, columns: dict | None = None) -> Metrics:
     """Every metric of docs/architecture.md from per-request and per-step records (the one
-    place they are computed, for live runs, the simulator and recorded runs alike)."""
+    place they are computed, for live runs, the simulator and recorded runs alike).
+    `columns`: the steps' `step_columns`, when the caller has them (the same numbers, read once
+    for a fleet and each of its replicas)."""
     done = [r for r in requests if r.completed]
     m = Metrics(num_submitted=len(requests), num_completed=len(done),
                 num_rejected=sum(r.rejected for r in requests),
@@ -342,7 +344,10 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.normalized_latency = _mean([r.normalized_latency for r in done])
         m.mean_concurrency = sum(r.e2e for r in done) / span if span > 0 else None
     if steps:
-        _step_metrics(m, steps)
+        if columns is None:
+            _step_metrics(m, steps)
+        else:
+            _column_metrics(m, columns)
     counts = dict(preemptions or {"recompute": 0, "swap": 0})
     counts["total"] = sum(v for k, v in counts.items() if k != "total")
     m.preemptions = counts
@@ -366,6 +371,47 @@ def _step_metrics(m: Metrics, steps: list[StepRecord]) -> None:
     m.kv_utilization = m.memory_breakdown["token_states"]
     busy = sum(durations)
     m.step_time_mean = busy / len(steps)
+    m.step_time_median = _percentiles(durations, (50,))[0]
+
+
+STEP_COLUMNS = ("start", "end", "batch_size", "prefill_tokens", "decode_tokens", *MEMORY_PARTS)
+
+
+def step_columns(steps: list[StepRecord]) -> dict:
+    """The step fields the metrics read, one numpy array each (a pass per field), for summarizing the
+    same steps more than once: a fleet's replicas, then the fleet in merged order (`pick_columns`)."""
+    import numpy as np   # only for callers that summarize many steps
+    return {name: np.fromiter(map(attrgetter(name), steps), dtype=np.float64 if name in ("start", "end") else np.int64,
+                              count=len(steps)) for name in STEP_COLUMNS}
+
+
+def pick_columns(parts: list[dict], order) -> dict:
+    """Several runs' step columns laid end to end, then taken in `order` (positions)."""
+    import numpy as np
+    return {name: np.concatenate([part[name] for part in parts])[order] for name in STEP_COLUMNS}
+
+
+def _column_metrics(m: Metrics, c: dict) -> None:
+    """_step_metrics from step_columns: the same numbers (integer sums exact, float sums taken by
+    Python's sum in step order over the same products and differences)."""
+    size, decodes, prefills = c["batch_size"], c["decode_tokens"] > 0, c["prefill_tokens"] > 0
+    decode, prefill = size[decodes], size[prefills & ~decodes]
+    m.num_steps, m.num_prefill_steps, m.num_decode_steps = len(size), len(prefill), len(decode)
+    m.mean_batch_size = int(decode.sum()) / len(decode) if len(decode) else None
+    m.mean_prefill_batch_size = int(prefill.sum()) / len(prefill) if len(prefill) else None
+    m.mean_step_batch_size = int(size.sum()) / len(size)
+    spans = c["end"] - c["start"]
+    durations = spans.tolist()
+    busy = sum(durations)
+    total_slots = sum(int(c[p][0]) for p in MEMORY_PARTS)
+    if total_slots <= 0:
+        m.memory_breakdown = {p: 0.0 for p in MEMORY_PARTS}
+    elif busy > 0:
+        m.memory_breakdown = {p: sum((c[p] * spans).tolist()) / (busy * total_slots) for p in MEMORY_PARTS}
+    else:
+        m.memory_breakdown = {p: int(c[p].sum()) / (len(size) * total_slots) for p in MEMORY_PARTS}
+    m.kv_utilization = m.memory_breakdown["token_states"]
+    m.step_time_mean = busy / len(size)
     m.step_time_median = _percentiles(durations, (50,))[0]
 
 

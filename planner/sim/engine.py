@@ -611,15 +611,16 @@ def prefix_counts(engine: SimulatedEngine) -> tuple[int, int]:
 
 
 def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,
-                   records: list[RequestRecord] | None = None) -> SimResult:
-    """One engine's result (`records`: its requests' records, when the caller made them)."""
+                   records: list[RequestRecord] | None = None, columns: dict | None = None) -> SimResult:
+    """One engine's result (`records`: its requests' records, `columns` its steps' step_columns, when the
+    caller made them)."""
     scheduler = engine.scheduler
     if records is None:
         records = [RequestRecord.from_group(g) for g in engine.groups]
     hit, held = prefix_counts(engine)
     return SimResult(
         plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, engine.steps,
-                                                                               scheduler.preemptions),
+                                                                               scheduler.preemptions, columns),
         records, engine.steps, engine.shapes, engine.num_running,
         sharing_saved=(1 - engine.physical_token_time / engine.logical_token_time
                        if engine.logical_token_time > 0 else 0.0),
