@@ -125,3 +125,13 @@ def test_a_fleets_shapes_are_its_replicas_in_step_order_when_read():
     by_replica = [iter(p.shapes) for p in parts]
     assert len(fleet.shapes) == len(fleet.steps)
     assert list(fleet.shapes) == [next(by_replica[r]) for r in fleet.fleet.step_replicas]
+
+
+def test_step_columns_give_the_metrics_the_records_give():
+    from engine.core.metrics import StepRecord, step_columns, summarize
+
+    trace = make_trace("sharegpt", duration=5, rate=20.0, seed=4)
+    run = simulate(trace, sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=8192), MeasuredCostModel(LLAMA, H100))
+    still = [StepRecord(1.0, 1.0, i % 3 == 0, 2 + i, 2, 5 * (i % 2), i % 3, 10, 7, 1, 2, 0, 90, 0, 0) for i in range(9)]
+    for steps in (run.steps, still, run.steps[:1]):
+        assert summarize(run.requests, steps, columns=step_columns(steps)) == summarize(run.requests, steps)
