@@ -12,6 +12,7 @@ counts a rate as meeting the SLOs when at least a fraction p of the seeds do.
 from __future__ import annotations
 
 import os
+import pickle
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
@@ -61,10 +62,17 @@ def run_seeds(simulation: Simulation, seeds: int, **options) -> tuple[RunResult,
     if len(loads) == 1:
         return simulation.run(**options), []
     workers = max(1, min(os.cpu_count() or 1, len(loads) - 1))
+    # Pickled here, once, before the first seed runs: the pool's feeder thread would otherwise pickle
+    # the simulation while this thread's run fills the cost model's caches (a dict changing size).
+    frozen = pickle.dumps(simulation)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(document_of, simulation, load) for load in loads[1:]]
+        futures = [pool.submit(_document_of_pickled, frozen, load) for load in loads[1:]]
         first = simulation.run(**options)
         return first, [f.result() for f in futures]
+
+
+def _document_of_pickled(frozen: bytes, load: Load) -> dict:
+    return document_of(pickle.loads(frozen), load)
 
 
 def slo_probability(simulation: Simulation, rate: float, slos: dict, seeds: int) -> tuple[float, list[dict]]:
