@@ -192,6 +192,20 @@ class SpecDecodingStats:
         acceptance curve the simulator draws from."""
         return [a / v if v else 0.0 for a, v in zip(self.num_accepted_tokens_per_pos, self.num_verified_tokens_per_pos)]
 
+    def curves(self) -> dict:
+        """The measured curves as a deployment's speculation settings, for a simulation to draw from:
+        `acceptance` and `draft_rates` ("P1,P2,...") and, once a draft followed a draft, `draft_persistence`."""
+        curves = {"acceptance": _rates_text(self.acceptance_rates()), "draft_rates": _rates_text(self.draft_rates())}
+        persistence = self.draft_persistence()
+        if persistence is not None:
+            curves["draft_persistence"] = round(persistence, 6)
+        return curves
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "SpecDecodingStats":
+        """The counters back from `as_dict`'s document (its derived figures are recomputed)."""
+        return cls(**{f.name: doc[f.name] for f in fields(cls)})
+
     @property
     def acceptance_rate(self) -> float | None:
         """Accepted / drafted tokens (vLLM's "draft acceptance rate")."""
@@ -221,6 +235,10 @@ class SpecDecodingStats:
                 "num_drafts_after_draft": self.num_drafts_after_draft,
                 "draft_rates": self.draft_rates(), "draft_persistence": self.draft_persistence(),
                 "acceptance_rates": self.acceptance_rates()}
+
+
+def _rates_text(rates: list[float]) -> str:
+    return ",".join(f"{r:.6g}" for r in rates)
 
 
 def _conditional(total: int, reach: list[int]) -> list[float]:

@@ -35,12 +35,7 @@ def measure_ngram(trace: Trace, speculative: str, prompt_lookup_min: int | None 
 
 def curve_flags(stats: SpecDecodingStats, speculative: str) -> list[str]:
     """The simulate flags that reproduce the measured speculation."""
-    flags = ["--speculative", speculative, "--acceptance", _curve(stats.acceptance_rates()),
-             "--draft-rates", _curve(stats.draft_rates())]
-    if stats.draft_persistence() is not None:
-        flags += ["--draft-persistence", f"{stats.draft_persistence():.4g}"]
+    flags = ["--speculative", speculative]
+    for name, value in stats.curves().items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
     return flags
-
-
-def _curve(rates: list[float]) -> str:
-    return ",".join(f"{r:.4g}" for r in rates)

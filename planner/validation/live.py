@@ -14,6 +14,7 @@ from itertools import takewhile
 
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
+from engine.core.speculative import SpecDecodingStats
 from planner.cost.shape import StepShape
 from planner.sim.speculative import spec_step_shape
 from planner.validation.compare import LiveRun
@@ -78,14 +79,9 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
 
 
 def speculation_curves(stats: dict | None) -> dict:
-    """The acceptance and drafting curves a live run measured ("P1,P2,..." each) and its drafting
-    persistence, as the deployment's `acceptance`, `draft_rates` and `draft_persistence` for the simulation (engine/core/speculative.py, SpecDecodingStats)."""
-    stats = stats or {}
-    curves = {name: ",".join(f"{min(1.0, r):.6g}" for r in stats[key])
-              for name, key in (("acceptance", "acceptance_rates"), ("draft_rates", "draft_rates")) if stats.get(key)}
-    if stats.get("draft_persistence") is not None:
-        curves["draft_persistence"] = round(stats["draft_persistence"], 6)
-    return curves
+    """The curves a live run measured (its SpecDecodingStats document) as the deployment's `acceptance`,
+    `draft_rates` and `draft_persistence` for the simulation; {} without speculation."""
+    return SpecDecodingStats.from_dict(stats).curves() if stats else {}
 
 
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:
