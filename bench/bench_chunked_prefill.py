@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=None, help="request rate (default: --load x saturation)")
     args = ap.parse_args()
 
-    deployment = Deployment(model="opt-125m", gpu="cpu", max_num_seqs=args.max_num_seqs)
+    deployment = Deployment(model="opt-125m", gpu="cpu", max_num_seqs=args.max_num_seqs, policy="paper")
     paper = ValidationSpec(deployment, workload="sharegpt", rate=1.0, requests=args.requests, seed=args.seed,
                            length_scale=args.length_scale, max_output_len=128, profile=args.profile)
     chunked = replace(paper, deployment=deployment.replace(policy="vllm-v1", max_num_batched_tokens=args.budget))

@@ -15,11 +15,16 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `moe_skew` is the MoE router's skew the planner assumes: experts' popularity falls as a power law,
   p_e ~ (e + 1) ** -moe_skew (0: uniform routing; NVIDIA measured vLLM's MoE kernels at 1.01 and 1.2,
   docs/moe.md). It sets how many experts a batch touches and how unevenly EP ranks are loaded.
-- `policy` is the scheduler: "paper" (vLLM v0.2.0, the PagedAttention paper's:
-  prefill-only or decode-only steps) or "vllm-v1" (a token budget per step,
-  decodes first, prompts in chunks, as vLLM 0.19 deploys).
-- `max_num_batched_tokens` and `max_model_len` default to None: the policy's
-  budget (below) and the model's own context.
+- `policy` is the scheduler: "vllm-v1" (the default: a token budget per step,
+  decodes first, prompts in chunks, as vLLM 0.19 deploys) or "paper" (vLLM
+  v0.2.0, the PagedAttention paper's: prefill-only or decode-only steps).
+- `max_num_seqs`, `max_num_batched_tokens` and `enable_prefix_caching` default
+  to None: the policy's own defaults on the device that runs it, filled in by
+  `resolve_batch_limits` (vLLM v1: prefix caching on and vLLM's per-device
+  token budget and sequence limit; paper: 256 sequences, a budget of
+  max(max_model_len, 2048), no prefix caching). The planner resolves against
+  the catalog GPU, the live engine against its device; what either runs and
+  records is the resolved deployment. `max_model_len` None: the model's own.
 - `allocator` is the simulator's KV policy; anything but "paged" is one of the
   paper's contiguous baselines, which only the simulator runs.
 - `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
@@ -48,7 +53,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.core.allocators import ALLOCATORS
-from engine.core.config import PREEMPTION_MODES, SIM_BLOCK_SIZES, SUPPORTED_BLOCK_SIZES, SchedulerConfig
+from engine.core.config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, PREEMPTION_MODES, SIM_BLOCK_SIZES,
+                               SUPPORTED_BLOCK_SIZES, SchedulerConfig)
 
 POLICIES = ("paper", "vllm-v1")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
@@ -72,13 +78,13 @@ class Deployment:
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"
     block_size: int = 16
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = None          # None: the policy's default on the device (resolve_batch_limits)
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0                  # GiB of CPU swap space per GPU
-    enable_prefix_caching: bool = False
-    policy: str = "paper"
+    enable_prefix_caching: bool | None = None  # None: the policy's default (on for vllm-v1, as vLLM's)
+    policy: str = "vllm-v1"
     preemption_mode: str = "recompute"
     allocator: str = "paged"
     num_gpu_blocks: int | None = None
@@ -181,8 +187,25 @@ class Deployment:
     def replace(self, **changes) -> Deployment:
         return replace(self, **changes)
 
+    @property
+    def prefix_caching_on(self) -> bool:
+        """enable_prefix_caching, or where it is None the policy's default: vLLM v1 caches prefixes
+        (vllm/engine/arg_utils.py, EngineArgs._set_default_chunked_prefill_and_prefix_caching_args), the
+        paper's vLLM did not."""
+        return self.policy == "vllm-v1" if self.enable_prefix_caching is None else self.enable_prefix_caching
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the policy's defaults are filled in (`resolve_batch_limits`)."""
+        return self.max_num_seqs is not None and self.enable_prefix_caching is not None
+
     def scheduler_config(self, max_model_len: int, max_num_batched_tokens: int | None = None) -> SchedulerConfig:
-        """The scheduler's limits once the model's context is known (the policy fills in the budget)."""
+        """The scheduler's limits once the model's context is known (the policy fills in the budget). A
+        deployment not yet resolved gets the defaults of a device with no name and no memory (vLLM's
+        fallback when it cannot ask the device: 2048 tokens, 256 sequences)."""
+        if not self.resolved:
+            return resolve_batch_limits(self, BatchDevice(), max_model_len).scheduler_config(
+                max_model_len, max_num_batched_tokens)
         return SchedulerConfig(max_model_len=max_model_len, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, block_size=self.block_size,
@@ -197,6 +220,56 @@ class Deployment:
         default = Deployment()
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if getattr(self, f.name) != getattr(default, f.name)}
+
+
+@dataclass(frozen=True)
+class BatchDevice:
+    """What vLLM's batch defaults depend on: the device's total memory, its name, and whether it is the
+    CPU. The defaults (no memory, no name) are vLLM's fallback when the device cannot be asked."""
+
+    memory_bytes: int = 0
+    name: str = ""
+    is_cpu: bool = False
+
+
+PAPER_MAX_NUM_SEQS = 256        # vLLM v0.2.0's default max_num_seqs (the paper's policy)
+_GIB = 1 << 30
+
+
+def vllm_batch_defaults(device: BatchDevice, world_size: int) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM v1 defaults to for the OpenAI API server
+    (UsageContext.OPENAI_API_SERVER, what `vllm serve` runs) on `device`, world_size = TP x PP GPUs.
+    From vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults: 70 GiB or more of device memory and
+    not an A100 (vLLM measured a larger budget losing throughput on A100, its PR #17885): 8192 tokens
+    and 1024 sequences; any other GPU 2048 and 256; the CPU 2048 and 128 per rank of the world."""
+    if device.is_cpu:
+        return 2048 * world_size, 128 * world_size
+    if device.memory_bytes >= 70 * _GIB and "a100" not in device.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: int) -> Deployment:
+    """`dep` with the policy's defaults filled in where it left them None: the one place both the planner
+    (for the catalog GPU) and the live engine (for its device) resolve them. A value given always wins.
+
+    vllm-v1: prefix caching on, and the budget and sequence limit of `vllm_batch_defaults`, then, as
+    vllm/engine/arg_utils.py's EngineArgs._set_default_max_num_seqs_and_batched_tokens_args does, a
+    defaulted budget capped at max_num_seqs x max_model_len and a defaulted max_num_seqs at the budget.
+    paper (vLLM v0.2.0): 256 sequences, a budget of max(max_model_len, 2048), no prefix caching."""
+    caching = dep.prefix_caching_on
+    if dep.policy != "vllm-v1":
+        seqs = PAPER_MAX_NUM_SEQS if dep.max_num_seqs is None else dep.max_num_seqs
+        budget = dep.max_num_batched_tokens or max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
+    default_budget, default_seqs = vllm_batch_defaults(device, dep.tp)
+    seqs = default_seqs if dep.max_num_seqs is None else dep.max_num_seqs
+    budget = dep.max_num_batched_tokens
+    if budget is None:
+        budget = min(seqs * max_model_len, default_budget)
+    if dep.max_num_seqs is None:
+        seqs = min(seqs, budget)
+    return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
 
 
 def parse_speculative(text: str) -> tuple[str, int]:

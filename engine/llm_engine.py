@@ -16,8 +16,9 @@ from engine.core.block_manager import BlockManager
 from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import RequestRecord, StepRecord
+from engine.core.parallel_sampling import ParentRequest, Parents, fans_out, refusal
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model_runner import ModelRunner, SequenceInput
+from engine.model_runner import ModelRunner, SequenceInput, batch_device, model_context_limit
 from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
@@ -26,7 +27,7 @@ from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.core.speculative import SpecDecodingStats, SpeculativeConfig
 from engine.core.step import begin_step, end_step
-from engine.deployment import Deployment, parse_speculative
+from engine.deployment import Deployment, parse_speculative, resolve_batch_limits
 from engine.draft_model import DraftModelProposer
 
 __all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
@@ -122,6 +123,7 @@ class LLMEngine:
                  speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         _check_runnable(dep, model)
+        dep = resolve_batch_limits(dep, batch_device(device), model_context_limit(model, dep.max_model_len))
         self.deployment = dep
         self.clock = clock
         self.step_observer = step_observer
@@ -159,7 +161,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(tokenizer or model)
         if tokenizer and self.tokenizer is None:
             raise ValueError(f"{tokenizer}: no tokenizer files (tokenizer.json, tokenizer_config.json) there")
-        self.groups: dict[str, SequenceGroup] = {}
+        # The requests by id: a SequenceGroup, or under vllm-v1 a ParentRequest over the n child requests
+        # the scheduler runs for it (engine/core/parallel_sampling.py).
+        self.groups: dict[str, SequenceGroup | ParentRequest] = {}
+        self.parents = Parents()
         self.prompts: dict[str, str | None] = {}
         self.steps: list[StepRecord] = []
         # A server sets this: every sequence's text is kept current each step so
@@ -200,11 +205,19 @@ class LLMEngine:
             warnings.warn(f"prompt + max_tokens exceeds the model's context (max_model_len "
                           f"{self.max_model_len}): such outputs stop at the limit with finish_reason "
                           f"'length'", stacklevel=2)
+        if self.deployment.enable_chunked_prefill and refusal(params) is not None:
+            raise ValueError(refusal(params))
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
-        self.groups[request_id] = group
         self.prompts[request_id] = text
+        if self.deployment.enable_chunked_prefill and fans_out(params):   # vLLM v1: n child requests
+            parent = self.groups[request_id] = ParentRequest(group)
+            self.parents.add(parent)
+            for child in parent.children:
+                self.scheduler.add(child)
+            return
+        self.groups[request_id] = group
         self.scheduler.add(group)
 
     def unservable(self, prompt_token_ids: list[int], params: SamplingParams) -> str | None:
@@ -213,10 +226,14 @@ class LLMEngine:
         refuse it with a 400 instead of queueing it."""
         group = SequenceGroup("probe", prompt_token_ids, params, 0.0, eos_token_ids=self.runner.eos_token_ids)
         cfg = self.scheduler.config
+        if cfg.enable_chunked_prefill:   # n > 1 runs as n requests: each must fit on its own
+            if refusal(params) is not None:
+                return refusal(params)
+            if fans_out(params):
+                group = ParentRequest(group).children[0]
+            return self.scheduler.never_fits(group)     # the chunked policy's own admission rule
         if group.max_num_seqs() > cfg.max_num_seqs:
             return f"asks for {group.max_num_seqs()} parallel sequences but the engine runs at most {cfg.max_num_seqs}"
-        if cfg.enable_chunked_prefill:
-            return self.scheduler._never_fits(group)     # the chunked policy's own admission rule
         if self.allocator.can_allocate(group) is AllocStatus.NEVER:
             return (f"needs more KV cache at its largest (prompt + max_tokens, for each of its {params.best_of} "
                     f"sequences) than the whole cache holds ({self.allocator.num_gpu_blocks} blocks of "
@@ -237,18 +254,19 @@ class LLMEngine:
             return None
         return self._end(group, "abort")
 
-    def _end(self, group: SequenceGroup, reason: str, error: str | None = None) -> RequestOutput:
+    def _end(self, group: SequenceGroup | ParentRequest, reason: str, error: str | None = None) -> RequestOutput:
         """End a request the scheduler did not finish (an abort, a failed step): out of every queue,
         its blocks freed, its output so far returned with ``reason``."""
-        sched = self.scheduler
-        for queue in (sched.running, sched.swapped, sched.waiting):
-            if group in queue:
-                queue.remove(group)
-        for seq in group.seqs:
-            if seq.status is not SequenceStatus.FINISHED:
-                self.allocator.free(seq)
-                seq.status = SequenceStatus.FINISHED
-        group.times.finish = self.clock()
+        sched, now = self.scheduler, self.clock()
+        for part in group.children if isinstance(group, ParentRequest) else (group,):
+            for queue in (sched.running, sched.swapped, sched.waiting):
+                if part in queue:
+                    queue.remove(part)
+            for seq in part.seqs:
+                if seq.status is not SequenceStatus.FINISHED:
+                    self.allocator.free(seq)
+                    seq.status = SequenceStatus.FINISHED
+            part.times.finish = now
         try:
             output = self.output_of(group, self.prompts.get(group.request_id))
         except Exception:   # a failed step may have left a sequence's text half-updated: report no text
@@ -280,17 +298,22 @@ class LLMEngine:
         if out is None:   # scheduling itself failed: no request can be trusted to be in a sound state
             ran = list(self.groups.values())
         else:             # the step's own requests, and those it preempted (their swap may not have happened)
-            ran = list({id(g): g for g in [*out.groups, *out.preempted]}.values())
+            ran = self._owners([*out.groups, *out.preempted])
         failed = [self._end(g, "error", message) for g in ran if g.request_id in self.groups]
         if out is not None:   # what the scheduler itself ended in this step is reported as it stands
-            failed += [self._finish(g) for g in out.finished_now if g.request_id in self.groups]
+            failed += [self._finish(g) for g in self.parents.ended(out.finished_now) if g.request_id in self.groups]
         return failed
+
+    def _owners(self, groups: list[SequenceGroup]) -> list[SequenceGroup | ParentRequest]:
+        """The requests these scheduler groups belong to (a child's parent), each once, in order."""
+        owners = (self.parents.by_child.get(id(g), g) for g in groups)
+        return list({id(g): g for g in owners}.values())
 
     def _step(self) -> list[RequestOutput]:
         step = begin_step(self.scheduler, self.clock(), SequenceInput)
         out, samples, top = step.out, {}, {}
         self._step_out = out
-        self.last_step_groups = out.groups
+        self.last_step_groups = self._owners(out.groups)
         if step.has_work:
             if self.step_observer is not None:
                 self.step_observer(out)
@@ -326,7 +349,7 @@ class LLMEngine:
             finished += self._update_texts(out.groups, end)
         if step.has_work:
             self.steps.append(record)
-        return [self._finish(g) for g in finished]
+        return [self._finish(g) for g in self.parents.ended(finished)]
 
     def _execute_speculative(self, out: SchedulerOutput, inputs: list) -> tuple[dict, dict]:
         """Run a step that verifies drafts, in one forward pass. A sequence verifying k drafts is
@@ -464,8 +487,11 @@ class LLMEngine:
         """The per-position logprobs recorded so far (None when the request did not ask)."""
         return self._logprobs.get(seq.seq_id)
 
-    def _forget(self, group: SequenceGroup) -> None:
-        self.sampler.forget(group)
+    def _forget(self, group: SequenceGroup | ParentRequest) -> None:
+        for part in group.children if isinstance(group, ParentRequest) else (group,):
+            self.sampler.forget(part)
+            self.parents.by_child.pop(id(part), None)
+        self.parents.left.pop(id(group), None)
         forget_draft = getattr(self.scheduler.proposer, "forget", None)    # a draft model's caches
         if forget_draft is not None:
             for seq in group.seqs:
@@ -481,11 +507,13 @@ class LLMEngine:
         self._forget(group)
         return output
 
-    def output_of(self, group: SequenceGroup, prompt: str | None = None) -> RequestOutput:
+    def output_of(self, group: SequenceGroup | ParentRequest, prompt: str | None = None) -> RequestOutput:
         rejected = group.finish_reason is FinishReason.REJECTED
         params = group.params
         outputs = []
-        if rejected:
+        if isinstance(group, ParentRequest) and not rejected:   # the children's completions, in child order
+            outputs = [self._completion(i, child.seqs[0], child) for i, child in enumerate(group.children)]
+        elif rejected:
             outputs.append(CompletionOutput(0, [], "" if self.tokenizer else None, 0.0, None,
                                             FinishReason.REJECTED.value))
         elif params.use_beam_search:

@@ -15,12 +15,14 @@ from itertools import accumulate, chain
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 import cuda_ext
 from cuda_ext.checks import CUDA_HEAD_SIZES
 from engine import sampling
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.cuda_graphs import MAX_SEQ_LEN_TO_CAPTURE, DecodeGraphs
+from engine.deployment import BatchDevice
 from engine.host_memory import keep_host_buffers
 from engine.kv_cache import KVCache, bytes_per_block, cache_dtype, num_blocks_for_budget, profile_num_gpu_blocks
 from engine.models import load_model, resolve_device
@@ -59,6 +61,22 @@ def _eos_token_ids(config, model_path: str) -> tuple[int, ...]:
             if token is not None and token not in ids:
                 ids.append(int(token))
     return tuple(ids)
+
+
+def batch_device(device: str | torch.device = "auto") -> BatchDevice:
+    """What vLLM's batch defaults read of the device the engine will run on (engine.deployment.
+    vllm_batch_defaults): the CPU, or the CUDA device's total memory and name."""
+    device = resolve_device(device)
+    if device.type != "cuda":
+        return BatchDevice(is_cpu=True)
+    props = torch.cuda.get_device_properties(device)
+    return BatchDevice(memory_bytes=props.total_memory, name=props.name)
+
+
+def model_context_limit(model_path: str, max_model_len: int | None = None) -> int:
+    """The context the runner will serve: the checkpoint's positions, capped at ``max_model_len``."""
+    limit = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    return min(max_model_len or limit, limit)
 
 
 class ModelRunner:

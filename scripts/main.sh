@@ -11,5 +11,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-planner simulate --workload chatbot --block-size 16
+planner simulate --workload chatbot --block-size 16 --policy paper
 planner validate --gpu cpu --quick --reprofile

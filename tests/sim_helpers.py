@@ -6,7 +6,11 @@ from planner.deploy.plan import DeploymentPlan, plan_deployment
 
 
 def sim_plan(model="opt-125m", gpu="a100-40g", **knobs) -> DeploymentPlan:
-    """What `simulate` takes. No refusals: the tests' tiny caches are what vLLM would refuse."""
+    """What `simulate` takes. No refusals: the tests' tiny caches are what vLLM would refuse. The simulator
+    tests were written for the paper's scheduler: it is theirs unless a test names a policy (by `policy` or
+    vLLM's `enable_chunked_prefill`), although vllm-v1 is the deployment's default."""
+    if "policy" not in knobs and "enable_chunked_prefill" not in knobs:
+        knobs["policy"] = "paper"
     deployment = Deployment.of(model=getattr(model, "name", model), gpu=getattr(gpu, "name", gpu), **knobs)
     return plan_deployment(deployment, refuse=False)
 
@@ -16,7 +20,8 @@ def search_grid(*, model: str, workload: str, duration=None, requests=None, seed
     from planner.runs.spec import Load, RunSpec
     from planner.sizing.search import SearchGrid
 
-    knobs = {k: grid.pop(k) for k in ("preemption_mode", "enable_prefix_caching") if k in grid}
+    knobs = {"policy": "paper"}   # the search tests' scheduler (as sim_plan's), unless one names a policy
+    knobs.update({k: grid.pop(k) for k in ("preemption_mode", "enable_prefix_caching", "policy") if k in grid})
     base = RunSpec(deployment=Deployment(model=model, **knobs),
                    load=Load(workload=workload, duration=duration, requests=requests, seed=seed))
     return SearchGrid(base=base, **grid)

@@ -42,7 +42,7 @@ def test_greedy_matches_transformers_under_preemption(model_dir, reference, mode
     max_tokens = 20
     # 9 blocks of 8 slots cannot hold the six sequences' ~200 tokens at once.
     llm = LLM(model_dir, block_size=8, num_gpu_blocks=9, preemption_mode=mode, swap_space=0.01,
-              max_model_len=64)   # what one sequence can hold in 9 blocks: the engine refuses more
+              max_model_len=64, policy="paper")   # what one sequence can hold in 9 blocks: the engine refuses more
     got = engine_greedy(llm, prompts, max_tokens)
     preemptions = llm.engine.scheduler.preemptions
     assert preemptions[mode] > 0
@@ -59,7 +59,7 @@ def test_prefix_caching_with_shared_prefixes_matches_transformers(model_dir, ref
 
 def test_beam_search_matches_transformers(model_dir, reference):
     prompts = make_prompts(lens=(6, 13), seed=5)
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64)
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64, policy="paper")   # vLLM v1 has no beam search
     for length_penalty in (1.0, 0.5):
         params = SamplingParams(n=1, best_of=3, use_beam_search=True, max_tokens=8,
                                 length_penalty=length_penalty)
@@ -74,7 +74,7 @@ def test_beam_search_matches_transformers(model_dir, reference):
 
 
 def test_parallel_samples_are_seeded_and_share_prompt_blocks(model_dir):
-    engine = LLMEngine(model_dir, block_size=8, num_gpu_blocks=64)
+    engine = LLMEngine(model_dir, block_size=8, num_gpu_blocks=64, policy="paper")   # forks inside one group
     prompt = make_prompts(lens=(20,), seed=9)[0]           # 3 blocks, the last partly filled
     params = SamplingParams(n=3, temperature=1.0, top_k=50, seed=42, max_tokens=6)
     engine.add_request("a", {"prompt_token_ids": prompt}, params)
@@ -87,10 +87,45 @@ def test_parallel_samples_are_seeded_and_share_prompt_blocks(model_dir):
     outs = []
     while engine.has_unfinished_requests():
         outs += engine.step()
-    again = LLM(model_dir, block_size=8, num_gpu_blocks=64).generate(
+    again = LLM(model_dir, block_size=8, num_gpu_blocks=64, policy="paper").generate(
         [{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
     assert [o.token_ids for o in outs[0].outputs] == [o.token_ids for o in again.outputs]
     assert len({tuple(o.token_ids) for o in again.outputs}) > 1   # samples differ from each other
+
+
+def test_vllm_v1_fans_n_out_into_child_requests_sharing_the_prompt(model_dir, reference):
+    """vLLM v1's parallel sampling (vllm/v1/engine/parallel_sampling.py): n child requests above the
+    scheduler, their prompt shared through the prefix cache, their outputs gathered into one."""
+    prompts = make_prompts(lens=(20, 9), seed=3)
+    engine = LLMEngine(model_dir, block_size=8, num_gpu_blocks=64)      # the default policy: vllm-v1
+    assert engine.deployment.policy == "vllm-v1" and engine.deployment.enable_prefix_caching
+    params = SamplingParams(n=3, temperature=0, max_tokens=MAX_TOKENS)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    assert len(engine.scheduler.waiting) == 6                           # 2 requests x 3 children
+    assert [g.request_id for g in engine.scheduler.waiting][:3] == ["0_0", "1_0", "2_0"]
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert sorted(o.request_id for o in outs) == ["0", "1"]
+    for out in outs:
+        prompt = prompts[int(out.request_id)]
+        assert [o.index for o in out.outputs] == [0, 1, 2]
+        assert [o.token_ids for o in out.outputs] == [hf_greedy(reference, prompt)] * 3
+        assert out.metrics.num_seqs == 3 and out.metrics.output_len == 3 * MAX_TOKENS
+        assert 0 <= out.metrics.ttft <= out.metrics.e2e
+    # The second and third child of the 20-token prompt hit its two full blocks.
+    assert engine.scheduler.prefix_hit_tokens == 2 * 16 + 2 * 8
+    assert engine.allocator.num_free_blocks() == 64 - 1 and not engine.groups   # all but vLLM's null block
+
+
+def test_vllm_v1_refuses_beam_search_in_one_line(model_dir):
+    engine = LLMEngine(model_dir, block_size=8, num_gpu_blocks=64)
+    beam = SamplingParams(n=1, best_of=2, use_beam_search=True, max_tokens=4)
+    with pytest.raises(ValueError, match="^beam search is not supported by the vllm-v1 policy.*--policy paper$"):
+        engine.add_request("b", {"prompt_token_ids": [5, 6, 7]}, beam)
+    assert "--policy paper" in engine.unservable([5, 6, 7], beam)
+    assert engine.unservable([5, 6, 7], SamplingParams(n=300, max_tokens=4)) is None   # each child fits
 
 
 def test_too_long_prompt_is_rejected_alone(model_dir, reference):

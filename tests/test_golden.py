@@ -41,7 +41,8 @@ def test_live_validation_simulates_what_it_simulated_before(monkeypatch):
     monkeypatch.chdir(Path(__file__).parent.parent)
     settings = dict(LIVE_VALIDATION)
     deployment = Deployment(model=settings.pop("model"), gpu=settings.pop("gpu"),
-                            block_size=settings.pop("block_size"), max_num_seqs=settings.pop("max_num_seqs"))
+                            block_size=settings.pop("block_size"), max_num_seqs=settings.pop("max_num_seqs"),
+                            policy=settings.pop("policy"))
     cost = CalibratedCostModel.from_file(settings["profile"], model=resolve_model("opt-125m"), gpu=resolve_gpu("cpu"))
     v = validate(ValidationSpec(deployment=deployment, **settings, speed_correction=False), cost_model=cost)
     got = {"simulated": {k: row["simulated"] for k, row in v.comparison().items()},

@@ -36,14 +36,18 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                   "measured 1.01 and 1.2) [default: 0]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),
     "block_size": (("--block-size",), "KV block size in tokens [default: 16]"),
-    "max_num_seqs": (("--max-num-seqs",), "most sequences per step [default: 256]"),
+    "max_num_seqs": (("--max-num-seqs",), "most sequences per step [default: the policy's: vllm-v1 as vLLM's API "
+                                          "server sets it per device (1024 on GPUs of 70 GiB or more but A100, 256 "
+                                          "on others, 128 on the CPU); 256 for paper]"),
     "max_num_batched_tokens": (("--max-num-batched-tokens",), "most tokens per step [default: the policy's: "
-                                                              "max(max_model_len, 2048) for paper, 2048 for vllm-v1]"),
+                                                              "vllm-v1 as vLLM's API server sets it per device (8192 "
+                                                              "on GPUs of 70 GiB or more but A100, else 2048); "
+                                                              "max(max_model_len, 2048) for paper]"),
     "max_model_len": (("--max-model-len",), "longest sequence served [default: the model's own]"),
     "gpu_memory_utilization": (("--gpu-memory-utilization",), "fraction of GPU memory the engine may use "
                                                               "[default: 0.9]"),
     "swap_space": (("--swap-space",), "CPU swap space per GPU in GiB [default: 4]"),
-    "policy": (("--policy",), f"scheduling policy: {' or '.join(POLICIES)} [default: paper]"),
+    "policy": (("--policy",), f"scheduling policy: {' or '.join(POLICIES)} [default: vllm-v1]"),
     "preemption_mode": (("--preemption-mode", "--preemption"), "recompute or swap [default: recompute]"),
     "allocator": (("--allocator",), "paged, or the paper's baselines orca-max, orca-pow2, orca-oracle "
                                     "(simulator only) [default: paged]"),
@@ -68,7 +72,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "draft_model": (("--draft-model",), "with --speculative draft:K: the draft model, a catalog model (the "
                                         "simulator prices its steps) or a local folder (the live engine runs it)"),
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
-                               "--prefix-caching/--no-prefix-caching"), "automatic prefix caching"),
+                               "--prefix-caching/--no-prefix-caching"), "automatic prefix caching [default: the policy's: on for "
+                                                         "vllm-v1, as vLLM v1; off for paper]"),
 }
 LIST_HELP = " (a comma list sweeps)"
 ONE_VALUE = ("acceptance", "draft_rates")  # a comma list that is one value (a curve), not a sweep

@@ -96,12 +96,20 @@ def fmt(value, unit: str = "", digits: int = 3) -> str:
     return f"{value}{unit}"
 
 
+def _policy_text(params: dict) -> str:
+    """The policy and the batch limits it ran with (resolved for the GPU where the user left them)."""
+    caching = ", prefix caching" if params.get("enable_prefix_caching") else ""
+    return (f"policy {params.get('policy')}: {params.get('max_num_batched_tokens')} tokens / "
+            f"{params.get('max_num_seqs')} seqs per step{caching}")
+
+
 def summary_table(doc: dict, wall_time: float) -> Table:
     m, p = doc, doc["params"]
     st = doc.get("steady_state") or {}
     v = doc.get("verdict") or {}
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']} ({p['allocator']}, block {p['block_size']}, {m['cost_model']})")
+                        f"{p['tp']} x {p['gpu']} ({_policy_text(p)}, {p['allocator']}, block {p['block_size']}, "
+                        f"{m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")
     table.add_column("steady state", justify="right")

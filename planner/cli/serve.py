@@ -100,7 +100,7 @@ def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
     if replicas < 1:
         raise PlannerError(f"--replicas must be >= 1, got {replicas}")
     policy = parse_router(router)
-    if policy.uses_prefix and not deployment.enable_prefix_caching:
+    if policy.uses_prefix and not deployment.prefix_caching_on:
         raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
     return policy
 

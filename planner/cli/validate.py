@@ -150,7 +150,7 @@ def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, route
     policy = parse_router(router)
     spec = ValidationSpec(deployment=deployments.one("validate", **DEFAULTS), **trace,
                           profile=str(profile) if profile else None)
-    if policy.uses_prefix and not spec.deployment.enable_prefix_caching:
+    if policy.uses_prefix and not spec.deployment.prefix_caching_on:
         raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
     check_device(spec.deployment.gpu)
     folder = out or _default_folder(spec.deployment.model, f"{spec.workload}-fleet")

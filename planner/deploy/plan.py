@@ -1,7 +1,10 @@
 """A `Deployment` resolved against the catalogs: what one simulation runs.
 
 `plan_deployment` resolves the model and GPU (with a "did you mean"), fills
-in the limits vLLM derives (the context length, the policy's token budget),
+in the limits vLLM derives (the context length, and the policy's defaults for
+this GPU: the token budget, max_num_seqs and prefix caching, from
+engine.deployment.resolve_batch_limits; the plan's `deployment` is the
+resolved one, so every reader of it sees concrete values),
 sizes the KV cache from the memory plan (or takes the blocks given), and with
 `refuse=True` raises on what vLLM would refuse at start-up and collects
 warnings for what it would run differently (planner/deploy/checks.py). It is
@@ -22,7 +25,7 @@ import os
 from dataclasses import dataclass
 
 from engine.core.config import SchedulerConfig
-from engine.deployment import Deployment
+from engine.deployment import BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_format, format_from_id, gemm_path,
                                           weight_format)
@@ -112,6 +115,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     fmt = resolve_weight_format(deployment)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
+    deployment = resolve_batch_limits(deployment, batch_device(gpu), max_model_len)   # as resolved() does
     budget = _token_budget(deployment, max_model_len)
     memory = None
     if deployment.num_gpu_blocks is None or (deployment.num_cpu_blocks is None
@@ -168,6 +172,18 @@ def _quantization_warnings(plan: DeploymentPlan) -> list[str]:
     return found
 
 
+def resolved(deployment: Deployment) -> Deployment:
+    """`deployment` with its policy's defaults for its GPU and model filled in, as `plan_deployment` fills
+    them, without the rest of the plan: what result files record as the deployment run."""
+    model, gpu = checks.model(deployment.model), checks.gpu(deployment.gpu)
+    return resolve_batch_limits(deployment, batch_device(gpu), _max_model_len(deployment, model))
+
+
+def batch_device(gpu: GpuSpec) -> BatchDevice:
+    """What vLLM's batch defaults read of the device, for a catalog GPU (its family names an A100)."""
+    return BatchDevice(memory_bytes=gpu.memory_bytes, name=f"{gpu.family} {gpu.name}", is_cpu=gpu.kind == "cpu")
+
+
 def _max_model_len(deployment: Deployment, model: ModelSpec) -> int:
     if deployment.max_model_len is None:
         return model.max_position_embeddings
@@ -178,9 +194,9 @@ def _max_model_len(deployment: Deployment, model: ModelSpec) -> int:
 
 
 def _token_budget(deployment: Deployment, max_model_len: int) -> int:
-    """The policy's token budget per step (the scheduler's own defaults and checks)."""
+    """The resolved deployment's token budget per step, checked as the scheduler checks it."""
     given = deployment.max_num_batched_tokens
-    if not deployment.enable_chunked_prefill and given is not None and given < max_model_len:
+    if not deployment.enable_chunked_prefill and given < max_model_len:
         raise PlannerError(f"max_num_batched_tokens ({given}) is below max_model_len ({max_model_len}): a "
                            f"prompt that long could never run under the paper's policy; use --policy vllm-v1 "
                            f"or --max-model-len {given}")

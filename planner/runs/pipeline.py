@@ -118,7 +118,7 @@ class Simulation:
         summary = sim.summary()
         analysis = analyse_run(summary, sim.requests, sim.steps, spec.command, dict(spec.slos) or None)
         d = spec.deployment
-        notes = not_modelled(sim.cost_model, d.block_size, d.enable_prefix_caching, d.preemption_mode, d.tp,
+        notes = not_modelled(sim.cost_model, d.block_size, d.prefix_caching_on, d.preemption_mode, d.tp,
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
         if sim.fleet is not None:
             notes = [*notes, FLEET_NOTE]

@@ -40,7 +40,7 @@ class RunResult:
                "simulated_seconds_per_wall_second": sim.simulated_time / sim.wall_time if sim.wall_time > 0 else None,
                "steady_state": self.steady_state, "verdict": self.verdict, "warnings": self.warnings,
                "not_modelled": self.not_modelled, "command": self.spec.command(),
-               "deployment": self.spec.deployment.as_dict()}
+               "deployment": sim.plan.deployment.as_dict()}      # the policy's defaults resolved for the GPU
         if self.profile_check is not None:
             doc["profile_check"] = self.profile_check
         if self.intervals is not None:

@@ -75,7 +75,7 @@ class Fleet:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise PlannerError(f"--replicas must be a whole number >= 1, got {self.replicas!r}")
         policy = parse_router(self.router)
-        if policy.uses_prefix and deployment is not None and not deployment.enable_prefix_caching:
+        if policy.uses_prefix and deployment is not None and not deployment.prefix_caching_on:
             raise PlannerError(f"--router {policy.name} scores prefix-cache hits: give --enable-prefix-caching")
         return policy
 

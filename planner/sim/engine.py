@@ -28,6 +28,7 @@ import simpy
 
 from engine.core.allocators import make_allocator
 from engine.core.metrics import Metrics, RequestRecord, StepRecord, summarize
+from engine.core.parallel_sampling import BEAM_SEARCH_REFUSAL, ParentRequest, Parents, fans_out
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
@@ -153,7 +154,11 @@ class SimulatedEngine:
         self.batch: DecodeBatch | None = None
         self.backoff = 0                   # steps to take before trying a decode batch again
         self.backoff_next = 1
-        self.groups: list[SequenceGroup] = []   # every request submitted, in arrival order
+        self.groups: list[SequenceGroup | ParentRequest] = []   # every request submitted, in arrival order
+        # vllm-v1 runs a request with n > 1 as n child requests (engine/core/parallel_sampling.py); `parents`
+        # turns the children that end into the requests that end. A prefill pool sets `fan_out` off.
+        self.parents = Parents()
+        self.fan_out = scheduler.config.enable_chunked_prefill
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
         self.steps: list[StepRecord] = []
@@ -197,14 +202,24 @@ class SimulatedEngine:
         if not self.clients:
             self.arrivals_done = True
 
-    def submit(self, group: SequenceGroup) -> None:
-        self.groups.append(group)
-        self.scheduler.add(group)
+    def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
+        """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
+        the records follow: `group`, or the children's parent."""
+        if self.fan_out and fans_out(group.params):
+            parent = ParentRequest(group)
+            self.parents.add(parent)
+            self.groups.append(parent)
+            for child in parent.children:
+                self.scheduler.add(child)
+        else:
+            self.groups.append(group)
+            self.scheduler.add(group)
         if self.idle is not None:
             self.idle.succeed()
             self.idle = None
         elif self.routed:
             self.cut(self.env.now)
+        return self.groups[-1]
 
     def cut(self, t: float) -> None:
         """A request arrived at `t`: keep only the steps of the plan slept through that start before it."""
@@ -360,9 +375,10 @@ class SimulatedEngine:
     def wait_for_work(self, out):
         """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
         until the next arrival, or (True) end the run once every request is done."""
-        self.ended(len(out.rejected) + len(out.truncated))
-        if self.watch is not None and out.finished_now:
-            self.watch(self, self.env.now, out.finished_now)
+        ended = self.parents.ended(out.finished_now)
+        self.ended(len(ended))
+        if self.watch is not None and ended:
+            self.watch(self, self.env.now, ended)
         if out.rejected or out.truncated or out.preempted:
             return False                       # the scheduler ended or preempted requests itself; look again
         if self.arrivals_done:
@@ -413,6 +429,7 @@ class SimulatedEngine:
         """After `count` steps ending at `end`: the requests they ended, progress, the watch; and if a
         request is due at this very instant, one yield so it joins before the next schedule (SimPy runs
         same-time events in creation order)."""
+        finished = self.parents.ended(finished)
         self.ended(len(finished))
         taken = len(self.steps)
         if self.progress is not None and taken // PROGRESS_EVERY != (taken - count) // PROGRESS_EVERY:
@@ -517,6 +534,8 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
                 routed: bool = False) -> SimulatedEngine:
     """One engine as `plan` deploys it: its KV allocator, scheduler and executor, its process started."""
     dep = plan.deployment
+    if dep.enable_chunked_prefill and any(r.beam_width > 1 for r in trace.requests):
+        raise PlannerError(BEAM_SEARCH_REFUSAL)
     if dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
     else:

@@ -121,11 +121,10 @@ class Fleet:
         """One request, now: to the router's pick (or `replica`), which admits it at its next step."""
         group = self.engines[0].executor.make_group(req, arrival)
         chosen = self.router.pick(group, self.env.now) if replica is None else replica
-        self.groups.append(group)
         self.routes.append(chosen)
         engine = self.engines[chosen]
         engine.routed_count += 1
-        engine.submit(group)
+        self.groups.append(engine.submit(group))
 
     def arrivals(self, routes: list[int] | None):
         """Release each trace request at its arrival time to its replica (`routes`: known in advance)."""

@@ -104,6 +104,8 @@ class PrefillPool(Fleet):
     def __init__(self, *args, on_sent, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.on_sent = on_sent
+        for engine in self.engines:   # a request is handed to the decode pool whole: not fanned out here
+            engine.fan_out = False
 
     def send(self, req: TraceRequest, arrival: float | None = None, replica: int | None = None) -> None:
         super().send(req.model_copy(update={"output_len": 1}), arrival, replica)    # the proxy's max_tokens=1

@@ -22,6 +22,7 @@ from itertools import repeat
 from typing import Callable, Iterator
 
 from planner.analysis.verdict import binding_slo
+from planner.deploy.plan import resolved
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.errors import PlannerError
 from planner.runs.pipeline import Simulation
@@ -183,7 +184,7 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
                     **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
                     "num_truncated": d.get("num_truncated"), "request_throughput": d.get("request_throughput"),
                     "state": (d.get("verdict") or {}).get("state")} for r, ok, d in probes],
-        "at_capacity": found.doc, "deployment": spec.deployment.as_dict(),
+        "at_capacity": found.doc, "deployment": resolved(spec.deployment).as_dict(),
     })
 
 

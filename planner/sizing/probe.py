@@ -184,7 +184,7 @@ class Prober:
         # Runs another block size may replay: the paper's policy over paged blocks, nothing shared, one
         # deployment (a fleet's router may read KV use, which depends on the block size).
         self.fleet = simulation.spec.fleet.replicas > 1
-        self.shareable = (d.allocator == "paged" and not d.enable_prefix_caching
+        self.shareable = (d.allocator == "paged" and not d.prefix_caching_on
                           and not d.enable_chunked_prefill and d.num_gpu_blocks is None and not self.fleet)
 
     def __call__(self, rate: float) -> Probe:

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from planner.deploy.plan import resolved
 from planner.errors import PlannerError
 from planner.sizing.capacity import Hint, search_capacity
 from planner.sizing.prices import Price, price_table
@@ -403,7 +404,7 @@ class SearchResult:
                 "capacity_unit": "clients" if g.clients else "req/s",
                 "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
                 "duration": load.duration, "requests": load.requests, "seed": load.seed,
-                "deployment": g.base.deployment.as_dict(), "tolerance": g.tolerance,
+                "deployment": resolved(g.base.deployment).as_dict(), "tolerance": g.tolerance,
                 "prices": {gpu: asdict(p) for gpu, p in self.prices.items()},
                 "executor": self.executor, "wall_time": self.wall_time}
 

@@ -30,6 +30,8 @@ class LiveRun:
     kernels: str
     speed: tuple[float | None, float | None] = (None, None)   # canary ratios before and after the run
     spec_decoding: dict | None = None    # the engine's SpecDecodingStats (vLLM's names) with --speculative ngram:K
+    max_num_seqs: int | None = None      # the limits the engine resolved for its device (None: a recorded run's
+    enable_prefix_caching: bool | None = None   # own deployment, resolved by the plan)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim.engine import SimResult
 from planner.sim.fleet import simulate_fleet
 from planner.validation.fleet_live import LiveFleet, run_live_fleets
-from planner.validation.run import check_device, load_cost_model, trusted_profile
+from planner.validation.run import check_device, live_limits, load_cost_model, trusted_profile
 from planner.validation.spec import ValidationSpec
 
 # Relative error allowed per fleet metric (issue 25); None: reported, not judged.
@@ -78,7 +78,7 @@ class FleetValidation:
         return json_safe({"model": d.model, "gpu": d.gpu, "replicas": len(self.live.replicas), "router": self.policy,
                           "workload": self.spec.workload, "requests": self.spec.requests, "rate": self.spec.rate,
                           "length_scale": self.spec.length_scale, "max_output_len": self.spec.max_output_len,
-                          "seed": self.spec.seed, "enable_prefix_caching": d.enable_prefix_caching,
+                          "seed": self.spec.seed, "enable_prefix_caching": d.prefix_caching_on,
                           "cost_model": self.cost_model, "profile": self.profile_note, "speed": self.speed,
                           "live_kind": "in-process replicas stepping in turn (planner/validation/fleet_live.py)",
                           "simulated_without_speed_level": self.uncorrected,
@@ -142,7 +142,9 @@ def _simulated(spec: ValidationSpec, trace, live: LiveFleet, policy: RouterPolic
     plan = plan_deployment(spec.deployment.replace(num_gpu_blocks=engine.runner.num_gpu_blocks,
                                                    num_cpu_blocks=engine.runner.num_cpu_blocks,
                                                    max_model_len=engine.max_model_len,
-                                                   max_num_batched_tokens=engine.scheduler.config.max_num_batched_tokens),
+                                                   max_num_batched_tokens=engine.scheduler.config.max_num_batched_tokens,
+                                                   **live_limits(engine.deployment.max_num_seqs,
+                                                                 engine.deployment.enable_prefix_caching)),
                            refuse=False)
     sim = simulate_fleet(trace, plan, cost_model, replicas=replicas, router=policy, seed=spec.seed)
     uncorrected = None

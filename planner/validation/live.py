@@ -75,7 +75,8 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
                    engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend,
                    (before, after),
-                   None if engine.spec_decoding_stats is None else engine.spec_decoding_stats.as_dict())
+                   None if engine.spec_decoding_stats is None else engine.spec_decoding_stats.as_dict(),
+                   engine.deployment.max_num_seqs, engine.deployment.enable_prefix_caching)
 
 
 def speculation_curves(stats: dict | None) -> dict:

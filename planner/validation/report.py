@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from planner.analysis.verdict import analyse_run  # noqa: E402
+from planner.deploy.plan import resolved  # noqa: E402
 from planner.documents import SCHEMA_VERSION, json_safe  # noqa: E402
 from planner.validation.compare import Validation  # noqa: E402
 from planner.validation.page import validation_page  # noqa: E402
@@ -31,7 +32,7 @@ def as_json(v: Validation) -> dict:
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
         "rate": None if s.concurrency else s.rate, "concurrency": s.concurrency, "requests": s.requests,
         "seed": s.seed, "length_scale": s.length_scale,
-        "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": d.as_dict(),
+        "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
         "comparison": {k: {kk: _finite(vv) for kk, vv in row.items()} for k, row in v.comparison().items()},
         "per_step_error": v.step_error_summary(),
@@ -71,13 +72,20 @@ def _fmt(x) -> str:
     return f"{x:.4g}"
 
 
+def _deployment_run(v: Validation) -> dict:
+    """The deployment as the live engine ran it: the policy's defaults it resolved for its device."""
+    limits = {"max_num_seqs": v.live.max_num_seqs, "enable_prefix_caching": v.live.enable_prefix_caching}
+    return resolved(v.spec.deployment).replace(**{k: x for k, x in limits.items() if x is not None}).as_dict()
+
+
 def as_markdown(v: Validation, plots: list[str]) -> str:
     c, d = v.spec, v.spec.deployment
     lines = [f"# Validation: {v.model.name} on {d.gpu}, workload {c.workload}", "",
              f"- trace: {c.requests} requests {load_text(c)}, seed {c.seed}, lengths x{c.length_scale} "
              f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})",
              f"- engine: {d.policy} policy, block size {d.block_size}, {v.live.num_gpu_blocks} KV blocks, max "
-             f"{d.max_num_seqs} seqs, preemption by {d.preemption_mode}, kernels `{v.live.kernels}`",
+             f"{v.live.max_num_seqs or d.max_num_seqs} seqs, preemption by {d.preemption_mode}, "
+             f"kernels `{v.live.kernels}`",
              f"- simulator cost model: `{v.cost_model}`", "",
              "| metric | measured | simulated | relative error | simulated 90% interval | measured in it | target |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -284,7 +292,8 @@ def validation_verdict(validation: Validation, targets: dict[str, float] = TARGE
     spec = validation.spec
     live = dict(validation.live.metrics)
     live["params"] = {"trace_params": {"rate": None if spec.concurrency else spec.rate},
-                      "concurrency": spec.concurrency, "max_num_seqs": spec.deployment.max_num_seqs, "tp": 1}
+                      "concurrency": spec.concurrency,
+                      "max_num_seqs": validation.live.max_num_seqs or spec.deployment.max_num_seqs, "tp": 1}
     load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]
     lines = [("Simulator within its targets or the simulated interval: " + ", ".join(within)) if not missed else
              ("Simulator off target and outside the simulated interval: " + ", ".join(missed)

@@ -161,8 +161,16 @@ def _plan_of(spec: ValidationSpec, live: LiveRun):
     return plan_deployment(deployment.replace(num_gpu_blocks=live.num_gpu_blocks,
                                               num_cpu_blocks=live.num_cpu_blocks,
                                               max_model_len=live.max_model_len,
-                                              max_num_batched_tokens=live.max_num_batched_tokens),
+                                              max_num_batched_tokens=live.max_num_batched_tokens,
+                                              **live_limits(live.max_num_seqs, live.enable_prefix_caching)),
                            refuse=False)
+
+
+def live_limits(max_num_seqs: int | None, enable_prefix_caching: bool | None) -> dict:
+    """The limits a live engine resolved for its own device, for the simulation that replays it (those a
+    recorded run does not say are left to the plan)."""
+    found = {"max_num_seqs": max_num_seqs, "enable_prefix_caching": enable_prefix_caching}
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def _default_device(gpu: GpuSpec) -> tuple[str, str]:
