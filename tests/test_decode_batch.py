@@ -83,19 +83,82 @@ def test_closed_loop_and_mixed_workloads(policy):
         both(make_trace("parallel", num_requests=40, rate=6.0, seed=3), ROOFLINE, OPT_13B, A100, policy=policy)
 
 
-@pytest.mark.parametrize("caching,covered", [(False, True), (True, False)])
-def test_the_batch_covers_the_paged_cache_without_prefix_caching(caching, covered):
+@pytest.mark.parametrize("policy,caching,covered", [("paper", False, True), ("paper", True, False),
+                                                    ("vllm-v1", False, True), ("vllm-v1", True, True)])
+def test_the_batch_covers_the_paged_cache_and_vllm_v1s_prefix_caching(policy, caching, covered):
     from engine.core.allocators import make_allocator
-    from engine.core.chunked_scheduler import make_scheduler
+    from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
     from planner.sim.batch import covers
     from planner.sim.synthetic import SyntheticExecutor
 
-    plan = sim_plan(OPT_13B, A100, enable_prefix_caching=caching)
-    allocator = make_allocator("paged", block_size=16, num_gpu_blocks=100, max_model_len=2048,
-                               enable_prefix_caching=caching)
+    plan = sim_plan(OPT_13B, A100, policy=policy, enable_prefix_caching=caching)
+    if policy == "paper":
+        allocator = make_allocator("paged", block_size=16, num_gpu_blocks=100, max_model_len=2048,
+                                   enable_prefix_caching=caching)
+    else:
+        allocator = VllmBlockManager(16, 100, enable_prefix_caching=caching)
     scheduler = make_scheduler(plan.scheduler_config(), allocator)
     executor = SyntheticExecutor(make_trace("fixed", num_requests=2, rate=1.0), vocab_size=100, seed=0,
                                  real_token_ids=caching)
     assert covers(scheduler, executor) is covered
     assert DecodeBatch.build(scheduler, executor, histogram=True) is None     # nothing runs yet
+    if caching and policy == "vllm-v1":       # not while a prefix-aware router reads the cache's events
+        allocator.gpu.events = []
+        assert not covers(scheduler, executor)
 
+
+def token_records(result_of):
+    """Run `result_of()` and return its result with every request's sampled tokens, log-probabilities
+    and cumulative log-probability (what the records do not hold)."""
+    import planner.sim.engine as sim_engine
+
+    seen = []
+    check = sim_engine.check_all_ended
+
+    def keep(groups, total):
+        seen.extend((tuple(s.token_ids), tuple(s.output_logprobs), s.cumulative_logprob)
+                    for g in groups for s in g.seqs)
+        check(groups, total)
+
+    sim_engine.check_all_ended = keep
+    try:
+        return result_of(), seen
+    finally:
+        sim_engine.check_all_ended = check
+
+
+@pytest.mark.parametrize("workload,knobs", [
+    ("sharegpt", {"max_model_len": 8192}),                                     # production load, no hits
+    ("sharegpt", {"max_model_len": 2048, "num_gpu_blocks": 300, "max_num_seqs": 40}),  # recomputed prompts hit
+    ("chatbot", {"max_model_len": 4096}),                          # turns hit their history, answers included
+    ("chatbot", {"max_model_len": 2048, "num_gpu_blocks": 400, "block_size": 1}),
+    ("prefix", {"max_model_len": 2048, "num_gpu_blocks": 400, "max_num_seqs": 32}),
+])
+def test_prefix_caching_real_tokens_equal_step_by_step(workload, knobs):
+    # vLLM v1 with prefix caching (its default): the batch draws the members' real tokens a plan at a
+    # time and registers the blocks they fill; records, tokens and the generator's stream all match.
+    trace = make_trace(workload, duration=30, rate=16.0, seed=4)
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, **knobs)
+    fast, fast_tokens = token_records(lambda: simulate(trace, plan, MEASURED))
+    slow, slow_tokens = token_records(lambda: simulate(trace, plan, MEASURED, fast_forward=False))
+    assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes
+    assert fast.summary() == slow.summary()
+    assert fast_tokens == slow_tokens
+    assert fast.fast_forwarded_steps > len(fast.steps) // 2
+    if workload != "sharegpt" or "num_gpu_blocks" in knobs:
+        assert fast.prefix_cache_hit_rate > 0
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "prefix-aware"])
+def test_prefix_caching_fleets_equal_step_by_step(router):
+    from planner.sim.fleet import simulate_fleet
+    from planner.sim.router import parse_router
+
+    trace = make_trace("chatbot", duration=20, rate=8.0, seed=6)
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=4096, enable_prefix_caching=True)
+    runs = [simulate_fleet(trace, plan, MEASURED, replicas=3, router=parse_router(router), seed=0, fast_forward=fast)
+            for fast in (True, False)]
+    assert runs[0].requests == runs[1].requests and runs[0].steps == runs[1].steps
+    assert runs[0].summary() == runs[1].summary()
+    # the prefix-aware router reads each step's KV events: its replicas step one at a time
+    assert (runs[0].fast_forwarded_steps == 0) is (router == "prefix-aware")

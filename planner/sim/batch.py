@@ -24,9 +24,13 @@ requests, statuses and free blocks); vLLM v1's mixed step decodes the batch
 here and admits through `ChunkedScheduler.schedule_waiting`, its own second pass.
 
 Covered (else `build` returns None and the caller steps as before): the paged
-block manager without prefix caching (tokens are then never read, and the
-simulated executor samples a constant, so nothing is drawn), requests of one
-sequence decoding plain tokens (no beams, stop tokens or EOS), nothing swapped.
+block manager, requests of one sequence decoding plain tokens (no beams, stop
+tokens or EOS), nothing swapped. Without prefix caching tokens are never read
+and the simulated executor samples a constant, so nothing is drawn; vLLM v1's
+policy also with prefix caching (as vLLM deploys it), where the members' real
+tokens are drawn a plan at a time (batch_tokens.py) and each block they fill
+enters the prefix cache at the step, and in the running order, step by step
+registers it (unless a prefix-aware router reads the cache's events per step).
 Why each step is the one the scheduler would take is fast_forward.py's proof
 (decode, admission and memory), restated in `plan`. Tests hold runs that use
 it equal to step-by-step runs, record for record.
@@ -37,19 +41,22 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from itertools import chain, repeat
+from operator import attrgetter
 
-from engine.core.block_manager import BlockManager, _blocks_for
+from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import StepRecord
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
+from planner.sim.batch_tokens import TokenLog
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
 from planner.sim.shape_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
+_order = attrgetter("order")
 RUN_MIN_STEPS = 16     # plans likely shorter are priced step by step (DecodeBatch._long)
 
 
@@ -64,6 +71,9 @@ class _Member:
     finish: int           # the batch step whose sampled token ends it
     residue: int          # it takes a new block at the batch steps s with s % block_size == residue
     base: int             # its context (keys read, the new token's included) at batch step s is base + s
+    tokens_upto: int = 0  # real tokens (batch_tokens.py): its sequence holds those sampled up to this step
+    slot: int = -1        # its column in the TokenLog (-1: it draws nothing)
+    answer: list | None = None   # the trace's answer, when its tokens are that
 
 
 @dataclass(slots=True)
@@ -142,12 +152,14 @@ class MixedStep:
 
 
 def covers(scheduler: Scheduler, executor) -> bool:
-    """The scheduler and block manager a batch is proven for, with tokens nobody reads."""
+    """The scheduler and block manager a batch is proven for: either policy with tokens nobody reads,
+    or vLLM v1's with real tokens and prefix caching, when nobody reads the cache's events step by step."""
     allocator = scheduler.allocator
-    paper = type(scheduler) is Scheduler and type(allocator) is BlockManager
     chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager
-    return ((paper and allocator.slot_reservation == "vllm") or chunked) and \
-        not allocator.enable_prefix_caching and not executor.real_token_ids
+    if allocator.enable_prefix_caching or executor.real_token_ids:
+        return chunked and executor.real_token_ids and allocator.gpu.events is None
+    paper = type(scheduler) is Scheduler and type(allocator) is BlockManager
+    return (paper and allocator.slot_reservation == "vllm") or chunked
 
 
 # A decode-context histogram as the batch keeps it: [bucket, sequences, sum of contexts] per
@@ -201,6 +213,8 @@ class DecodeBatch:
         self.bs = self.allocator.block_size
         self.chunked = self.scheduler.config.enable_chunked_prefill
         self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
+        self.caching = self.allocator.enable_prefix_caching    # members' full blocks enter the prefix cache
+        self.tokens: TokenLog | None = None     # the members' real tokens (from `build`, which proves them)
 
     @classmethod
     def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None) -> DecodeBatch | None:
@@ -212,6 +226,8 @@ class DecodeBatch:
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
+        if executor.real_token_ids:
+            batch.tokens = TokenLog(executor, batch.step)
         for group in scheduler.running:
             batch.add(group)
         return batch
@@ -243,7 +259,9 @@ class DecodeBatch:
         self.counter += 1
         first = len(table) * self.bs - n + 2            # the step (from the next, 1-based) it takes a block
         member = _Member(group, table, self.counter, self.step, self.step + self._finish_in(group, n),
-                         (self.step + first) % self.bs, n - self.step - 1)
+                         (self.step + first) % self.bs, n - self.step - 1, self.step)
+        if self.tokens is not None:
+            self.tokens.join(member)
         self.members.append(member)
         self.by_residue[member.residue].append(member)
         heapq.heappush(self.finishes, (member.finish, member.order, member))
@@ -276,8 +294,10 @@ class DecodeBatch:
         budget = cfg.max_num_batched_tokens - len(self.members)
         if budget <= 0 or len(scheduler.running) >= cfg.max_num_seqs:
             return True
-        tokens = head.seqs[0].num_tokens                   # no prefix caching: no hit
-        free = self.allocator.num_free_blocks()
+        tokens = head.seqs[0].num_tokens
+        # A prefix-cache hit spares blocks, and the blocks the members fill meanwhile may lengthen it:
+        # count the longest hit there could be (none without caching).
+        free = self.allocator.num_free_blocks() + ((tokens - 1) // self.bs if self.caching else 0)
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
         return _blocks_for(min(tokens, budget), self.bs) > free
@@ -355,14 +375,16 @@ class DecodeBatch:
         steps = plan.steps
         if not steps:
             return [], []
-        take, fill, bs, pool = self.pool.take, self.pool.fill, self.bs, self.pool
-        step = self.step
-        for j in range(steps):
-            if plan.takes[j]:
-                for member in self.by_residue[(step + j + 1) % bs]:
-                    table = member.table
-                    fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
-                    table.append(take(1))
+        pool, step = self.pool, self.step
+        if self.tokens is not None:
+            self.tokens.draw(step + 1, steps)
+        if self.caching:
+            for s in range(step + 1, step + steps + 1):
+                self._grow(s)
+        else:
+            for j in range(steps):
+                if plan.takes[j]:
+                    self._take(step + j + 1)
         num = len(self.members)
         pool.num_token_states = plan.token_states + steps * num
         records = _records(plan, num, self.allocator)
@@ -370,6 +392,49 @@ class DecodeBatch:
         self.ends.extend(plan.ends)
         finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
         return records, finished
+
+    def _take(self, step: int) -> None:
+        """The blocks batch step `step` takes: members crossing a block boundary, in running order."""
+        take, fill, bs = self.pool.take, self.pool.fill, self.bs
+        for member in self.by_residue[step % bs]:
+            table = member.table
+            fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
+            table.append(take(1))
+
+    def _grow(self, step: int) -> None:
+        """With prefix caching, batch step `step`'s blocks as `_schedule_running` grows them: member by
+        member in running order, a fresh block for one crossing a boundary, and the block one has just
+        filled (its tokens up to the step before) registered in the prefix cache. The order matters
+        where a block taken drops a key that a block registered holds too."""
+        bs = self.bs
+        takers, fillers = self.by_residue[step % bs], self.by_residue[(step + 1) % bs]
+        if not fillers:
+            self._take(step)
+            return
+        turn = takers if bs == 1 else sorted(takers + fillers, key=_order) if takers else fillers
+        take, fill, register = self.pool.take, self.pool.fill, self._register
+        for member in turn:
+            if member.residue == step % bs:
+                table = member.table
+                fill[table[-1]] = bs
+                table.append(take(1))
+            if bs == 1 or member.residue != step % bs:
+                register(member, step)
+
+    def _register(self, member: _Member, step: int) -> None:
+        """The block the member filled up to batch step `step - 1` enters the prefix cache, as the
+        scheduler's `mark_computed` registers it at step `step`: its key chains the sequence's last key
+        and its tokens (chained_hashes), read from the TokenLog without writing the sequence."""
+        seq = member.group.seqs[0]
+        hashes = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
+        count = member.base + step                 # its tokens when step `step` is scheduled
+        if len(hashes) != count // self.bs - 1:    # not the one new block: the block manager's own way
+            self.tokens.write(member, step - 1)
+            self.allocator.mark_computed(seq, count)
+            return
+        key = hash((hashes[-1] if hashes else ROOT_HASH, tuple(self.tokens.tail(member, step - 1, self.bs))))
+        hashes.append(key)
+        self.pool.register(member.table[len(hashes) - 1], key)
 
     def _advance_to(self, step: int, context: int, bins: Bins | None) -> None:
         """The batch after `step`: the next step's context and histogram."""
@@ -387,11 +452,14 @@ class DecodeBatch:
         done = []
         while self.finishes and self.finishes[0][0] == step:
             done.append(heapq.heappop(self.finishes)[2])
-        done.sort(key=lambda m: m.order)
+        done.sort(key=_order)
+        drawn = {}                                      # what the members sampled in `step`, when real
         for member in done:
             self.sync(member, step - 1)
             seq, table = member.group.seqs[0], member.table
             self.pool.fill[table[-1]] = len(seq.token_ids) - (len(table) - 1) * self.bs   # as of `step`
+            if self.tokens is not None:
+                drawn[seq.seq_id] = [self.tokens.sample(member, step)]
             self._remove(member)
         groups = [m.group for m in done] + list(others)
         if not groups:
@@ -399,13 +467,29 @@ class DecodeBatch:
         seqs = [g.seqs[0] for g in groups]
         out = SchedulerOutput(False, groups, seqs, len(seqs),
                               num_scheduled_tokens=None if counts is None else [1] * len(done) + counts)
-        finished = self.scheduler.update(out, self.executor.samples(out.sampling_part()), end)
+        finished = self.scheduler.update(out, self._samples(out, len(done), drawn), end)
         if done and any(m.group.finish_reason is None for m in done):
             raise AssertionError("decode batch: a request did not finish where the batch said it would")
         return finished
 
+    def _samples(self, out: SchedulerOutput, num_done: int, drawn: dict):
+        """The samples of a step's update that finishes `num_done` members (first in `out`) and samples
+        the groups admitted in it: constant ones, or the members' `drawn` values and then the admitted
+        groups' draws (step by step draws for the running list in its order)."""
+        if self.tokens is None:
+            return self.executor.samples(out.sampling_part())
+        admitted = out.groups[num_done:]
+        if admitted:
+            counts = out.num_scheduled_tokens
+            rest = SchedulerOutput(False, admitted, out.seqs[num_done:], len(admitted),
+                                   num_scheduled_tokens=None if counts is None else counts[num_done:])
+            drawn.update(self.executor.samples(rest.sampling_part()))
+        return drawn
+
     def _remove(self, member: _Member) -> None:
         """A member that finishes at the batch's last step leaves it (its contribution to the next)."""
+        if self.tokens is not None:
+            self.tokens.leave(member)
         self.members.remove(member)
         self.by_residue[member.residue].remove(member)
         n = len(member.group.seqs[0].token_ids)         # its context in its last step
@@ -420,8 +504,11 @@ class DecodeBatch:
         if k <= 0:
             return
         seq = member.group.seqs[0]
-        seq.token_ids.extend(repeat(0, k))              # the executor's constant sample
-        seq.output_logprobs.extend(repeat(0.0, k))
+        if self.tokens is None:
+            seq.token_ids.extend(repeat(0, k))          # the executor's constant sample
+            seq.output_logprobs.extend(repeat(0.0, k))
+        else:
+            self.tokens.write(member, upto)
         computed = len(seq.token_ids) - 1
         seq.num_computed_tokens = computed
         table = member.table
@@ -430,9 +517,12 @@ class DecodeBatch:
         member.synced = upto
 
     def release(self) -> None:
-        """Write every member up to date: the scheduler is step-by-step's again."""
+        """Write every member up to date: the scheduler (and the executor's generator) is step-by-step's
+        again."""
         for member in self.members:
             self.sync(member, self.step)
+        if self.tokens is not None:
+            self.tokens.close()
 
     # -- admissions --------------------------------------------------------------------------------
 
@@ -475,31 +565,47 @@ class DecodeBatch:
     def mix(self, now: float) -> MixedStep:
         """The start of a vLLM v1 step: the batch's decodes take their blocks, then the scheduler's
         own admission pass; its shape and record (memory as it stands while the step runs)."""
-        step, bs, pool = self.step + 1, self.bs, self.pool
+        step, pool = self.step + 1, self.pool
         token_states = pool.num_token_states
-        for member in self.by_residue[step % bs]:
-            table = member.table
-            pool.fill[table[-1]] = bs
-            table.append(pool.take(1))
+        if self.caching:
+            self._grow(step)
+        else:
+            self._take(step)
         num = len(self.members)
         pool.num_token_states = token_states + num
         groups, seqs, counts, ended, truncated = [], [], [], [], []
         self.scheduler.schedule_waiting(now, self.scheduler.config.max_num_batched_tokens - num, groups, seqs,
                                         counts, ended, truncated)
         ended += truncated
-        prefill = tokens = pairs = 0
-        for seq, new in zip(seqs, counts):
-            cached = seq.num_computed_tokens
-            prefill += 1
-            tokens += new
-            pairs += new * cached + new * (new + 1) // 2
-        shape = StepShape(prefill, tokens, pairs, num, self.context,
-                          decode_histogram=_histogram(self.bins) if self.histogram else ())
+        shape = self._mixed_shape(seqs, counts)
         memory = self.allocator.memory_breakdown()
-        record = StepRecord(now, now, False, num + len(groups), num + len(seqs), tokens, num,
+        record = StepRecord(now, now, False, num + len(groups), num + len(seqs), shape.prefill_tokens,
+                            shape.decode_seqs,
                             self.allocator.num_used_blocks(), memory.token_states, memory.reserved,
                             memory.internal_fragmentation, memory.external_fragmentation, memory.free, 0, 0)
         return MixedStep(shape, record, groups, seqs, counts, ended, len(self.scheduler.running))
+
+    def _mixed_shape(self, seqs: list, counts: list[int]) -> StepShape:
+        """A mixed step's shape (mixed_step_shape's): the members' decodes, and the prompts admitted. A
+        prompt left one token by a prefix-cache hit (a recomputed request's own blocks) is a decode."""
+        prefill = tokens = pairs = 0
+        num, context, bins = len(self.members), self.context, self.bins
+        for seq, new in zip(seqs, counts):
+            cached = seq.num_computed_tokens
+            if new == 1 and cached > 0:
+                if self.histogram:
+                    bins = [entry[:] for entry in bins] if bins is self.bins else bins
+                    entry = _entry(bins, cached.bit_length())      # its context: cached + 1
+                    entry[1] += 1
+                    entry[2] += cached + 1
+                num += 1
+                context += cached + 1
+                continue
+            prefill += 1
+            tokens += new
+            pairs += new * cached + new * (new + 1) // 2
+        return StepShape(prefill, tokens, pairs, num, context,
+                         decode_histogram=_histogram(bins) if self.histogram else ())
 
     def mixed(self, step: MixedStep, end: float) -> tuple[list[SequenceGroup], bool]:
         """The end of a mixed step: members decode, admitted prompts sample (or go on prefilling), the
@@ -508,6 +614,8 @@ class DecodeBatch:
         step.record.end = end
         self.ends.append(end)
         self.step += 1
+        if self.tokens is not None:
+            self.tokens.draw(self.step, 1)
         self.context += len(self.members)
         self.moves.pop(self.step, None)
         if self.histogram:

@@ -1,0 +1,145 @@
+"""The decode batch's sampled tokens when they are real: drawn a plan at a time, written when read.
+
+With prefix caching on, the simulated executor (planner/sim/synthetic.py) samples real token ids:
+at every step each running sequence draws (id, log-probability) from the executor's one random
+generator, in running order, and a block of generated tokens enters the prefix cache as soon as it
+fills (its key hashes its tokens). The decode batch (batch.py) takes many steps at once, so
+`TokenLog` draws all of a plan's values at once, in the order step by step draws them (steps, then
+members in running order, two values a sample), and keeps the ids and log-probabilities in two
+matrices, one row per batch step and one column (slot) per drawing member, until the member's
+sequence is written up to date, when it finishes or the batch is released. A block a member fills
+enters the prefix cache with a key hashed from its tokens read from the matrix (`tail`). A plan costs
+a few array operations and no work per member; a member costs one every `block_size` steps.
+
+The values are the executor's own generator's: Python's `random.Random` and numpy's legacy
+`RandomState` are the same Mersenne Twister, and `RandomState.random_sample` makes a double from two
+32-bit outputs exactly as `Random.random` does. So while the batch lives the executor draws from a
+`RandomState` started from its generator's state (its own draws for the prompts admitted meanwhile
+included), which `close` hands back to the `Random`, where step by step would have left it.
+
+A conversation turn whose answer the trace gives (the next turn's prompt holds it, so that prompt
+hits the cache) draws nothing: its tokens are the answer's, as `SyntheticExecutor.samples` gives them.
+"""
+from __future__ import annotations
+
+from functools import reduce
+from operator import add
+
+import numpy as np
+
+
+class TokenLog:
+    """The values drawn for the batch's members, by batch step and slot, not yet written to them."""
+
+    def __init__(self, executor, step: int) -> None:
+        self.executor = executor
+        self.vocab = executor.vocab_size
+        self.answers = executor.answers
+        self.python_rng = executor.rng
+        _, state, gauss = executor.rng.getstate()
+        self.gauss = gauss
+        self.rng = np.random.RandomState()
+        self.rng.set_state(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]))
+        executor.rng = self.rng               # its draws for admitted prompts continue the same stream
+        self.ids = np.zeros((256, 8), dtype=np.int64)    # [batch step - first_row, slot]
+        self.logprobs = np.zeros((256, 8))
+        self.first_row = step + 1
+        self.drawing: list = []               # the members that draw, in running order
+        self.columns: np.ndarray | None = None  # their slots, in that order (None: to be made again)
+        self.free_slots: list[int] = []
+        self.num_slots = 0
+
+    def close(self) -> None:
+        """Hand the executor back its generator, in the state the draws so far leave it."""
+        _, key, pos, _, _ = self.rng.get_state()
+        self.python_rng.setstate((3, (*key.tolist(), int(pos)), self.gauss))
+        self.executor.rng = self.python_rng
+
+    def join(self, member) -> None:
+        """A member joins at the next batch step: a slot when it draws, its answer when the trace has one."""
+        member.answer = self.answers.get(member.group.request_id) if self.answers else None
+        if member.answer is None:
+            member.slot = self.free_slots.pop() if self.free_slots else self._new_slot()
+            self.drawing.append(member)
+            self.columns = None
+
+    def leave(self, member) -> None:
+        if member.answer is None:
+            self.drawing.remove(member)
+            self.free_slots.append(member.slot)
+            self.columns = None
+
+    def _new_slot(self) -> int:
+        slot = self.num_slots
+        self.num_slots += 1
+        if slot >= self.ids.shape[1]:
+            self.ids, self.logprobs = (np.concatenate([m, np.zeros_like(m)], axis=1) for m in (self.ids, self.logprobs))
+        return slot
+
+    def draw(self, first: int, count: int) -> None:
+        """The samples of batch steps first .. first + count - 1: every drawing member's, step by step."""
+        drawing = self.drawing
+        if not drawing:
+            return
+        self._make_room(first + count)
+        if self.columns is None:
+            self.columns = np.array([m.slot for m in drawing])
+        values = self.rng.random_sample(2 * count * len(drawing)).reshape(count, len(drawing), 2)
+        rows = slice(first - self.first_row, first - self.first_row + count)
+        # SyntheticExecutor.samples: (int(rand() * vocab), -rand())
+        self.ids[rows, self.columns] = (values[:, :, 0] * self.vocab).astype(np.int64)
+        self.logprobs[rows, self.columns] = -values[:, :, 1]
+
+    def _make_room(self, end: int) -> None:
+        """Rows up to batch step `end` (exclusive): the rows every member has written are dropped first."""
+        if end - self.first_row <= len(self.ids):
+            return
+        keep_from = min(m.tokens_upto for m in self.drawing) + 1
+        rows = max(len(self.ids), 2 * (end - keep_from))
+        kept = len(self.ids) - (keep_from - self.first_row)
+        for name in ("ids", "logprobs"):
+            old = getattr(self, name)
+            new = np.zeros((rows, old.shape[1]), dtype=old.dtype)
+            new[:kept] = old[keep_from - self.first_row:]
+            setattr(self, name, new)
+        self.first_row = keep_from
+
+    def write(self, member, upto: int) -> None:
+        """Append the member's tokens (and log-probabilities) up to batch step `upto` to its sequence."""
+        count = upto - member.tokens_upto
+        if count <= 0:
+            return
+        seq = member.group.seqs[0]
+        if member.answer is not None:
+            done = len(seq.token_ids) - seq.prompt_len
+            seq.token_ids.extend(member.answer[done:done + count])
+            logprobs = [-1.0] * count
+        else:
+            row = member.tokens_upto + 1 - self.first_row
+            seq.token_ids.extend(self.ids[row:row + count, member.slot].tolist())
+            logprobs = self.logprobs[row:row + count, member.slot].tolist()
+        seq.output_logprobs.extend(logprobs)
+        seq.cumulative_logprob = reduce(add, logprobs, seq.cumulative_logprob)   # added one by one, as update does
+        member.tokens_upto = upto
+
+    def tail(self, member, upto: int, count: int) -> list[int]:
+        """The last `count` tokens of the member's sequence as of batch step `upto` (at or after the step
+        it is written up to), from the sequence and the matrix."""
+        if member.answer is not None:
+            self.write(member, upto)              # an answer's tokens cost nothing to write
+        unwritten = upto - member.tokens_upto
+        tokens = member.group.seqs[0].token_ids
+        if unwritten <= 0:
+            return tokens[len(tokens) - count:]
+        end = upto + 1 - self.first_row
+        if unwritten >= count:
+            return self.ids[end - count:end, member.slot].tolist()
+        return tokens[len(tokens) - (count - unwritten):] + self.ids[end - unwritten:end, member.slot].tolist()
+
+    def sample(self, member, step: int) -> tuple[int, float]:
+        """What the member sampled at batch step `step` (its sequence written up to the step before)."""
+        if member.answer is not None:
+            seq = member.group.seqs[0]
+            return member.answer[len(seq.token_ids) - seq.prompt_len], -1.0
+        row = step - self.first_row
+        return int(self.ids[row, member.slot]), float(self.logprobs[row, member.slot])
