@@ -65,9 +65,9 @@ def test_full_acceptance_gives_k_plus_one_tokens_per_verify_step(policy):
     # 200 tokens after the prompt's: 40 verify steps of 5 per request, against 200 plain decodes.
     assert decode_steps(plain) == 4 * (output - 1)
     assert decode_steps(spec) == 4 * (output - 1) // (k + 1)
-    for shape in spec.shapes:                      # each verify step prices k + 1 decode rows
+    for shape in spec.shapes:                      # each verify step: one sequence, k + 1 tokens
         if shape.prefill_tokens == 0 and shape.decode_seqs:
-            assert shape.decode_seqs == k + 1
+            assert (shape.decode_seqs, shape.draft_tokens, shape.total_tokens) == (1, k, k + 1)
     assert spec.metrics.tpot_mean < plain.metrics.tpot_mean / 2
 
 
@@ -87,8 +87,8 @@ def test_zero_acceptance_gives_one_token_per_step_and_leaks_no_blocks(policy):
     # plus only its own drafts' lookahead slots (its extra decode rows), at most one block each.
     assert len(spec.steps) == len(plain.steps)
     for a, b, sa, sb in zip(spec.steps, plain.steps, spec.shapes, plain.shapes):
-        drafts = sa.decode_seqs - sb.decode_seqs
-        assert a.token_states - b.token_states == drafts
+        assert sa.decode_seqs == sb.decode_seqs
+        assert a.token_states - b.token_states == sa.draft_tokens
         assert b.kv_blocks_used <= a.kv_blocks_used <= b.kv_blocks_used + a.num_seqs
 
 
@@ -145,13 +145,39 @@ def test_draft_model_speculation_is_priced_by_the_draft_models_own_steps():
         resolve_model("llama-3.2-1b").weight_bytes_per_gpu(1, 2), rel=0.01)
 
 
+def test_an_eagle_or_mtp_head_is_one_layer_sharing_the_targets_vocabulary():
+    """EAGLE and MTP heads: one decoder layer of the target's width whose weights and KV share the GPU
+    (the embedding and LM head are the target's), its passes priced by the same cost model: the
+    first over the step's tokens, then k - 1 more, each with its LM head over the target's vocabulary."""
+    from planner.deploy.speculation import proposer_model
+    head, shares = proposer_model(Deployment(model="llama-3.1-8b", speculative="eagle:3"), LLAMA)
+    assert shares and head.num_layers == 1 and head.hidden_size == LLAMA.hidden_size
+    assert head.vocab_size == LLAMA.vocab_size
+    moe = resolve_model("qwen3-30b-a3b")
+    assert not proposer_model(Deployment(model="qwen3-30b-a3b", speculative="eagle:2"), moe)[0].is_moe
+    assert proposer_model(Deployment(model="qwen3-30b-a3b", speculative="mtp:1"), moe)[0].is_moe
+    trace = fixed_trace(4, 200, 300)
+    plain = run(trace, concurrency=1)
+    eagle = run(trace, concurrency=1, speculative="eagle:3", acceptance="0,0,0")
+    layer = (eagle.plan.memory.weight_bytes_per_gpu - plain.plan.memory.weight_bytes_per_gpu)
+    assert layer == pytest.approx(LLAMA.linear_params / LLAMA.num_layers * 2, rel=0.01)
+    assert eagle.plan.memory.num_gpu_blocks < plain.plan.memory.num_gpu_blocks
+    # Nothing accepted: one token per step, each step dearer by the head's three passes, which read at
+    # least its LM head's weights each and cost less than a target step.
+    steps = sum(1 for s in eagle.shapes if s.prefill_tokens == 0 and s.decode_seqs)
+    per_step = eagle.spec_decoding["proposer_seconds"] / steps
+    lm_head_read = LLAMA.vocab_size * LLAMA.hidden_size * 2 / H100.memory_bandwidth
+    assert 3 * lm_head_read < per_step < plain.metrics.tpot_mean
+    assert eagle.metrics.tpot_mean > plain.metrics.tpot_mean
+
+
 def test_deterministic_per_seed():
     trace = make_trace("sharegpt", num_requests=30, rate=10.0, seed=2)
     one = run(trace, seed=5, speculative="eagle:3")
     again = run(trace, seed=5, speculative="eagle:3")
     other = run(trace, seed=6, speculative="eagle:3")
     assert one.summary() == again.summary()
-    assert one.spec_decoding["num_accepted_tokens"] != other.spec_decoding["num_accepted_tokens"]
+    assert one.spec_decoding["num_accepted_tokens_per_pos"] != other.spec_decoding["num_accepted_tokens_per_pos"]
 
 
 def test_chunked_budget_counts_drafts_and_prefix_caching_works():
@@ -263,3 +289,35 @@ def test_search_shows_where_speculation_stops_paying():
     assert stops is not None and not verdict["pays_at_load"]
     at = next(p for p in verdict["points"] if p["load"] == stops)
     assert at["tpot_mean_speculative"] >= at["tpot_mean_plain"]
+
+
+class _Seq:
+    def __init__(self, seq_id: int, cached: int) -> None:
+        self.seq_id, self.num_computed_tokens = seq_id, cached
+
+
+def test_a_verify_step_reads_each_sequences_keys_once_in_vllm_and_per_row_in_the_engine():
+    from planner.cost.calibrated import CalibratedCostModel
+    from planner.cost.shape import StepShape, context_histogram, mixed_step_shape
+    from planner.profile.schema import SHIPPED_PROFILES
+    b, k, cached = 64, 3, 2000
+    shape = mixed_step_shape([_Seq(i, cached) for i in range(b)], [k + 1] * b, 0, 0, True,
+                             {i: [0] * k for i in range(b)})
+    assert (shape.batch_size, shape.total_tokens, shape.logit_rows) == (b, b * (k + 1), b * (k + 1))
+    assert shape.decode_context == b * (cached + k + 1)
+    row_contexts = [cached + j for _ in range(b) for j in range(1, k + 2)]
+    assert shape.decode_context + shape.draft_keys == sum(row_contexts)
+    # vLLM (the measured model): attention as the plain decode of the same sequences at their last
+    # row's context (keys read once); GEMMs, LM head and sampler over every row.
+    plain = StepShape(decode_seqs=b, decode_context=shape.decode_context, decode_histogram=shape.decode_histogram)
+    rows = StepShape(decode_seqs=len(row_contexts), decode_context=sum(row_contexts),
+                     decode_histogram=context_histogram(row_contexts))
+    assert MEASURED.decode_attention(shape) == MEASURED.decode_attention(plain)
+    assert MEASURED.step_time(plain) < MEASURED.step_time(shape) < MEASURED.step_time(rows)
+    assert MEASURED.ledger(shape).total == pytest.approx(MEASURED.step_time(shape))
+    # This project's engine runs k + 1 decode rows, each over its own context; its host work is per sequence.
+    calibrated = CalibratedCostModel.from_file(SHIPPED_PROFILES / "cpu" / "opt-125m.json")
+    parts, as_rows = calibrated.breakdown(shape), calibrated.breakdown(rows)
+    assert parts["forward"] == pytest.approx(as_rows["forward"]) and parts["sampling"] == as_rows["sampling"]
+    assert parts["host"] == calibrated.breakdown(plain)["host"]
+    assert calibrated.step_time(shape) == pytest.approx(sum(parts.values()))

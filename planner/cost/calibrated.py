@@ -11,7 +11,12 @@ A step is priced the way the engine runs it (engine/llm_engine.py):
             and per-sequence attention set-up, which a token pass lacks)
             (ModelRunner.execute: input preparation, the model, the LM head)
   host      schedule + SequenceInput building + update: v(batch), prefill or decode flavour
-  sampling  engine.sampler.Sampler over the step's logits: v(batch), greedy or random flavour
+  sampling  engine.sampler.Sampler over the step's logits: v(rows), greedy or random flavour
+
+A decode sequence verifying d drafts is what the engine runs: d + 1 decode rows,
+each attending to its own context (the seqs and context above count rows and
+their keys: StepShape.draft_tokens and draft_keys added), sampled row by row; its
+host work is one sequence's.
   swap      v(blocks) when blocks move between device and CPU, else 0
   copy      v(blocks) for copy-on-write copies, else 0
 
@@ -117,10 +122,10 @@ class CalibratedCostModel:
             t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
                  + s.prefill_seqs * self._prefill_per_seq + self._host_prefill.at(seqs))
         elif s.decode_seqs:
-            t = (self._host_decode.at(seqs) + self._decode.at(s.decode_seqs)
-                 + s.decode_context * self._decode_per_key)
+            t = (self._host_decode.at(seqs) + self._decode.at(s.decode_seqs + s.draft_tokens)
+                 + (s.decode_context + s.draft_keys) * self._decode_per_key)
         if seqs:
-            t += self._sample.at(seqs)
+            t += self._sample.at(seqs + s.draft_tokens)
         if s.swap_blocks:
             t += self._swap.at(s.swap_blocks)
         if s.copy_blocks:
@@ -137,10 +142,10 @@ class CalibratedCostModel:
         tokens (without it a mixed step would price below the decode step of
         its decodes alone), the second the decode curve's per-key term.
         """
-        d = s.decode_seqs
+        d = s.decode_seqs + s.draft_tokens          # decode rows
         premium = self._decode.at(d) - self._prefill.at(d) - self._prefill_per_seq
         return (self._prefill.at(s.prefill_tokens + d) + s.prefill_attn_pairs * self._prefill_per_pair
-                + s.prefill_seqs * self._prefill_per_seq + s.decode_context * self._decode_per_key
+                + s.prefill_seqs * self._prefill_per_seq + (s.decode_context + s.draft_keys) * self._decode_per_key
                 + max(premium, 0.0))
 
     def breakdown(self, s: StepShape) -> dict[str, float]:
@@ -156,9 +161,10 @@ class CalibratedCostModel:
             parts["host"] = self._host_prefill.at(seqs)
         elif s.decode_seqs:
             parts["host"] = self._host_decode.at(seqs)
-            parts["forward"] = self._decode.at(s.decode_seqs) + s.decode_context * self._decode_per_key
+            parts["forward"] = (self._decode.at(s.decode_seqs + s.draft_tokens)
+                                + (s.decode_context + s.draft_keys) * self._decode_per_key)
         if seqs:
-            parts["sampling"] = self._sample.at(seqs)
+            parts["sampling"] = self._sample.at(s.logit_rows)
         if s.swap_blocks:
             parts["swap"] = self._swap.at(s.swap_blocks)
         if s.copy_blocks:

@@ -419,7 +419,12 @@ class MeasuredCostModel:
         return curve
 
     def decode_attention(self, s: StepShape) -> float:
-        """All layers' decode attention: (1/b) * sum_i T(b, c_i), one term per context bucket."""
+        """All layers' decode attention: (1/b) * sum_i T(b, c_i), one term per context bucket.
+
+        A sequence verifying d drafts is priced as one decode at its last row's context: vLLM runs its
+        d + 1 query rows in one attention program over its keys (flash_attn_varlen_func with the
+        request's query length, vllm/v1/attention/backends/flash_attn.py), so the keys are read once and
+        the step stays memory-bound; the extra rows' arithmetic is left out."""
         b = s.decode_seqs
         curve = self._gen_curves.get(b) or self._gen_curve(b)
         hist = s.decode_histogram
@@ -637,12 +642,13 @@ class MeasuredCostModel:
     def step_time(self, s: StepShape) -> float:
         """Seconds for one step: the sum of its ledger's terms. Hot path: a few dict reads once a shape's
         token count and sequence count have been seen."""
-        tokens = s.prefill_tokens + s.decode_seqs
+        seqs = s.prefill_seqs + s.decode_seqs
+        tokens = s.prefill_tokens + s.decode_seqs + s.draft_tokens
         t = 0.0
         if tokens:
-            seqs = s.prefill_seqs + s.decode_seqs
+            rows = seqs + s.draft_tokens           # logit rows: one per sequence and per draft verified
             gpu = (self._token_cache.get(tokens) or self._token_terms(tokens))[1]
-            gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+            gpu += (self._seq_cache.get(rows) or self._seq_terms(rows))[1]
             if s.prefill_tokens:
                 gpu += self._prefill_attention(s)
             if s.decode_seqs:
@@ -671,7 +677,7 @@ class MeasuredCostModel:
                                   f"{self.system} {self._tables['generation']}, {s.decode_seqs} sequences, "
                                   f"{s.decode_context} context tokens in all, x{self.model.num_layers} layers",
                                   self.model.num_layers))
-            terms += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[0]
+            terms += (self._seq_cache.get(s.logit_rows) or self._seq_terms(s.logit_rows))[0]
             terms.append(self._host_term(self.host(seqs), sum(t.seconds for t in terms)))
         if s.swap_blocks:
             terms.append(Term("swap", "memory", s.swap_blocks * self._swap_per_block, "roofline",

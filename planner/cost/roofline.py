@@ -241,13 +241,14 @@ class RooflineCostModel:
 
     def step_time(self, s: StepShape) -> float:
         """Seconds for one step. Hot path: plain float arithmetic on precomputed constants."""
-        tokens = s.prefill_tokens + s.decode_seqs
         seqs = s.prefill_seqs + s.decode_seqs
+        rows = seqs + s.draft_tokens                  # logit rows: a draft verified is one more
+        tokens = s.prefill_tokens + s.decode_seqs + s.draft_tokens
         if tokens:
             t = tokens * self._linear_per_token
             if t < self._linear_weights:
                 t = self._linear_weights
-            head = seqs * self._head_per_seq
+            head = rows * self._head_per_seq
             t += head if head > self._head_weights else self._head_weights
             if s.prefill_tokens:
                 pairs = s.prefill_attn_pairs * self._prefill_per_pair
@@ -261,7 +262,7 @@ class RooflineCostModel:
             if self._moe is not None:
                 t += self._moe_cache.get(tokens) or self.moe_time(tokens)
             if self.tp > 1:
-                t += self._allreduce_fixed + tokens * self._allreduce_per_token + seqs * self._gather_per_seq
+                t += self._allreduce_fixed + tokens * self._allreduce_per_token + rows * self._gather_per_seq
         elif s.swap_blocks or s.copy_blocks:
             t = 0.0
         else:
@@ -280,10 +281,10 @@ class RooflineCostModel:
         bound: dict[str, str] = {}
         if s.is_empty:
             return {**parts, "bound": bound}
-        tokens, seqs = s.total_tokens, s.batch_size
+        tokens, seqs, rows = s.total_tokens, s.batch_size, s.logit_rows
         if tokens:
             rooflines = [("linear", tokens * self._linear_per_token, self._linear_weights),
-                         ("lm_head", seqs * self._head_per_seq, self._head_weights)]
+                         ("lm_head", rows * self._head_per_seq, self._head_weights)]
             if s.prefill_tokens:
                 slide = windowed_prefill_pairs(s, self._window) * self._slide_per_pair if self._window else 0.0
                 rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair + slide,
@@ -297,7 +298,7 @@ class RooflineCostModel:
                 parts["moe"] = self.moe_time(tokens)
             if self.tp > 1:
                 parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
-                                      + seqs * self._gather_per_seq)
+                                      + rows * self._gather_per_seq)
         parts["swap"] = s.swap_blocks * self._swap_per_block
         parts["copy"] = s.copy_blocks * self._copy_per_block
         parts["cpu"] = self._cpu_base + seqs * self._cpu_per_seq

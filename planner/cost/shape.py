@@ -16,8 +16,8 @@ class StepShape:
     prefill_seqs: int = 0          # sequences that compute more than one new token this step (prompts, recomputes)
     prefill_tokens: int = 0        # new tokens computed for those sequences (sum)
     prefill_attn_pairs: int = 0    # (query, key) pairs attended in prefill: sum of new*cached + new*(new+1)/2
-    decode_seqs: int = 0           # sequences computing exactly one new token
-    decode_context: int = 0        # keys read by decode attention: sum of their context lengths (incl. the new token)
+    decode_seqs: int = 0           # sequences decoding: one new token each after a cached context (plus their drafts)
+    decode_context: int = 0        # keys read by decode attention: sum of their context lengths (incl. the new tokens)
     swap_blocks: int = 0           # KV blocks moved between GPU and CPU this step (in + out)
     copy_blocks: int = 0           # copy-on-write block copies this step
     # The decode contexts one by one, as a histogram over power-of-two buckets:
@@ -26,15 +26,29 @@ class StepShape:
     # Empty: the producer did not say, and a model that needs it assumes every
     # sequence is at the mean context. Models linear in context use the sum.
     decode_histogram: tuple[int, ...] = ()
+    # Speculative decoding: a decode sequence verifying d drafts computes d + 1 tokens, its last one and
+    # each draft, as one query of d + 1 rows over its context (vLLM's attention reads the sequence's keys
+    # once: decode_context counts them once, at the last row's context). draft_tokens sums the d's;
+    # draft_keys the keys the draft rows would read run as decode rows of their own (each at its
+    # position: d * cached + d (d + 1) / 2 for a sequence with `cached` tokens before the step), which
+    # is how this project's engine runs them (engine/llm_engine.py, _execute_speculative).
+    draft_tokens: int = 0
+    draft_keys: int = 0
 
     @property
     def total_tokens(self) -> int:
-        """Tokens that go through the model: every prefill token plus one per decode sequence."""
-        return self.prefill_tokens + self.decode_seqs
+        """Tokens that go through the model: every prefill token, one per decode sequence, and the drafts."""
+        return self.prefill_tokens + self.decode_seqs + self.draft_tokens
 
     @property
     def batch_size(self) -> int:
+        """Sequences in the step (a sequence verifying drafts counts once)."""
         return self.prefill_seqs + self.decode_seqs
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows the LM head and the sampler see: one per sequence, and one per draft it verifies."""
+        return self.prefill_seqs + self.decode_seqs + self.draft_tokens
 
     @property
     def is_empty(self) -> bool:
@@ -108,18 +122,18 @@ def mixed_step_shape(seqs, scheduled, swap: int, copies: int, histogram: bool,
     """A chunked-prefill step, per sequence as the runner packs it: one new token
     after a cached context is a decode; anything else (a prompt chunk, with the
     tokens already cached as its context) goes through prefill attention. A decode
-    verifying d drafts (`drafts` by sequence id) is d + 1 decode rows at consecutive
-    positions, as the engine runs it."""
-    prefill_seqs = tokens = pairs = 0
+    verifying d drafts (`drafts` by sequence id) is a decode sequence at the context
+    of its last row, with d draft tokens (StepShape.draft_tokens, draft_keys)."""
+    prefill_seqs = tokens = pairs = draft_tokens = draft_keys = 0
     contexts = []
     for seq, new in zip(seqs, scheduled):
         d = len(drafts.get(seq.seq_id, ())) if drafts else 0
         cached = seq.num_computed_tokens
         if new - d == 1 and cached > 0:
+            contexts.append(cached + d + 1)
             if d:
-                contexts.extend(range(cached + 1, cached + d + 2))
-            else:
-                contexts.append(cached + 1)
+                draft_tokens += d
+                draft_keys += d * cached + d * (d + 1) // 2
         else:
             prefill_seqs += 1
             tokens += new
@@ -127,7 +141,7 @@ def mixed_step_shape(seqs, scheduled, swap: int, copies: int, histogram: bool,
     return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
                      decode_seqs=len(contexts), decode_context=sum(contexts),
                      decode_histogram=context_histogram(contexts) if histogram else (),
-                     swap_blocks=swap, copy_blocks=copies)
+                     swap_blocks=swap, copy_blocks=copies, draft_tokens=draft_tokens, draft_keys=draft_keys)
 
 
 def reads_context_histogram(cost_model) -> bool:

@@ -207,7 +207,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
-                dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None) -> MemoryPlan:
+                dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
+                draft_shares_vocab: bool = False) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -216,7 +217,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     KV cache's elements (1 for FP8). `dp` data-parallel replicas of `tp` GPUs share a MoE's experts
     (split by width, or whole with `expert_parallel`); each replica has its own KV cache. A `draft` model
     (speculative decoding) holds its 16-bit weights beside the target's and its KV in the same blocks,
-    as vLLM's draft model shares the target's block tables: a block holds both models' KV.
+    as vLLM's draft model shares the target's block tables: a block holds both models' KV. An EAGLE or
+    MTP head (`draft_shares_vocab`) reads the target's embedding, LM head and rotary table: only its
+    layer is added.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -232,7 +235,12 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
     block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs)
     if draft is not None:
-        weights += draft.weight_bytes_per_gpu(tp, dtype_bytes) + rotary_cache_bytes(draft, dtype_bytes)
+        weights += draft.weight_bytes_per_gpu(tp, dtype_bytes)
+        if draft_shares_vocab:   # vocab-parallel: each rank held 1/tp of them; the rotary table is the
+            # target's too (vLLM's get_rope hands out one cached table per set of parameters)
+            weights -= -(-(draft.embedding_params + draft.lm_head_params) // tp) * dtype_bytes
+        else:
+            weights += rotary_cache_bytes(draft, dtype_bytes)
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
     num_blocks = (usable - weights - activations - non_torch - sliding) // block_bytes

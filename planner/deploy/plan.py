@@ -33,7 +33,7 @@ from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
 from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
-from planner.deploy.speculation import speculation_of
+from planner.deploy.speculation import proposer_model, speculation_of
 from planner.errors import PlannerError
 
 
@@ -206,11 +206,6 @@ def _token_budget(deployment: Deployment, max_model_len: int) -> int:
         raise PlannerError(str(exc)) from None
 
 
-def _draft_model(deployment: Deployment) -> ModelSpec | None:
-    """The draft model of --speculative draft:K (its weights and KV share the GPUs), or None."""
-    if deployment.draft_model is None or not str(deployment.speculative or "").startswith("draft:"):
-        return None
-    return checks.model(deployment.draft_model)
 
 
 def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget: int, refuse: bool,
@@ -220,8 +215,10 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
-                dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
-                draft=_draft_model(deployment))
+                dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe)
+    proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
+    if proposer is not None:
+        args.update(draft=proposer[0], draft_shares_vocab=proposer[1])
     try:
         return plan_memory(model, gpu, deployment.tp, **args)
     except PlannerError as exc:

@@ -26,10 +26,19 @@ Drafts come in runs (a sequence copying its context keeps matching until the cop
 after one that did not (or at a sequence's first): a two-state Markov chain per sequence.
 Without it an n-gram run would draft K tokens every step and be far too optimistic on text that
 seldom repeats; `validate --speculative ngram:K` measures both curves on the live engine.
+
+Proposers that run a network (`proposer_model`): a draft model is its own catalog model; an EAGLE or
+MTP head is one decoder layer of the target's width (EAGLE: a dense layer, as the EAGLE heads vLLM
+loads are LlamaDecoderLayer-based; MTP: a layer of the target's own kind, a MoE layer for a MoE, as
+DeepSeek-V3's MTP module) reading the target's embedding and LM head, which it shares. The simulator
+prices its passes with the same kind of cost model as the target, the memory plan holds its layer's
+weights and its KV in every block (planner/sim/speculative.py, planner/deploy/memory.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from planner.catalog import ModelSpec
 
 from engine.deployment import Deployment, parse_acceptance, parse_speculative
 from planner.deploy.checks import model as catalog_model
@@ -165,3 +174,21 @@ def _check_draft_model(deployment: Deployment) -> None:
     if draft.vocab_size != target.vocab_size:
         raise PlannerError(f"--draft-model {deployment.draft_model}: vocabulary of {draft.vocab_size} tokens, "
                            f"{target.name}'s has {target.vocab_size}; a draft model shares the target's tokenizer")
+
+
+def proposer_model(deployment: Deployment, target: ModelSpec) -> tuple[ModelSpec, bool] | None:
+    """The network that drafts for `deployment` and whether it shares the target's embedding and LM head
+    (an EAGLE or MTP head does; a draft model has its own); None without one (off, ngram)."""
+    method = parse_speculative(deployment.speculative)[0] if deployment.speculative else None
+    if method == "draft" and deployment.draft_model is not None:
+        return catalog_model(deployment.draft_model), False
+    if method not in ("eagle", "mtp"):
+        return None
+    head = replace(target, name=f"{target.name} {method} head", num_layers=1, hf_id=None, aliases=(),
+                   published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0)
+    if method == "eagle":                  # a Llama decoder layer, whatever the target
+        head = replace(head, model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                       dense_layers=0, attention_sinks=False, checkpoint_quantization=None)
+    elif target.is_moe:
+        head = replace(head, dense_layers=0)
+    return head, True

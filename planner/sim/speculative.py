@@ -19,19 +19,20 @@ planner/deploy/speculation.py (`speculation_of`).
 
 Prices (`SpecRuntime`):
 
-- the verify step: each verifying sequence is k + 1 one-token decode rows, the last token and
-  each draft at consecutive positions (row j attends to its context and rows 0..j), exactly as
-  the engine's runner executes it; `spec_step_shape` describes them in StepShape's decode fields
-  (decode_seqs counts rows, decode_context their contexts), so every cost model prices them as
-  the decode rows they are;
+- the verify step: each verifying sequence computes k + 1 tokens, the last token and each draft
+  at consecutive positions (row j attends to its context and rows 0..j); `spec_step_shape`
+  describes it as one decode sequence at its last row's context with k draft tokens
+  (StepShape.draft_tokens, draft_keys), so each cost model prices it as its runtime runs it:
+  vLLM's (measured, roofline) with the sequence's keys read once by one attention program over
+  its k + 1 query rows and every row through the GEMMs, the LM head and the sampler; this
+  project's engine (calibrated) as k + 1 decode rows, each reading its own context;
 - the proposer, per step with drafts: ngram a constant (`NGRAM_PROPOSE_SECONDS`, the engine's own
-  proposer on one 1,024-token sequence, measured); eagle and mtp one draft layer per draft
-  position, each priced as one decoder layer's decode step of the drafting sequences by the same
-  cost model (the model's decode step over its layer count: an approximation that spreads the
-  LM head, sampling and launch overheads over the layers; the draft head's own LM head is not
-  counted separately); a draft model (`--draft-model`, a catalog model) its own steps, priced by
-  the same kind of cost model on the same GPUs: a catch-up pass over each step's new tokens (its
-  prefill of the prompts, the verified rows) and k - 1 decode passes of the drafting sequences.
+  proposer on one 1,024-token sequence, measured); a network (a draft model, `--draft-model`, or an
+  EAGLE or MTP head: planner/deploy/speculation.py, `proposer_model`) its own passes, priced by the
+  same kind of cost model on the same GPUs, as vLLM runs them (vllm/v1/spec_decode/eagle.py and
+  draft_model.py): a first pass over each step's new tokens (its prefill of the prompts, the
+  verified rows), which drafts the first token, then k - 1 one-token passes of the drafting
+  sequences; each pass includes its LM head and sampler, not a step's host work.
 
 Decode fast-forward is off while speculating (each step's tokens per sequence are random, which
 the fast-forward proofs do not cover): the run is step by step, with the same rules.
@@ -43,8 +44,7 @@ import random
 from engine.core.speculative import SpeculativeConfig, draft_limit
 from planner.cost.shape import StepShape, context_histogram, mixed_step_shape, reads_context_histogram, step_shape
 from planner.cost.select import select_cost_model
-from planner.deploy.checks import model as catalog_model
-from planner.deploy.speculation import Speculation
+from planner.deploy.speculation import Speculation, proposer_model
 from planner.sim.synthetic import _CONSTANT, SyntheticExecutor
 
 # The engine's n-gram proposer (engine/core/speculative.py) on one 1,024-token sequence, n in [2, 4],
@@ -114,9 +114,9 @@ class SpeculatingExecutor(SyntheticExecutor):
 
 
 def spec_step_shape(out, histogram: bool = True) -> StepShape:
-    """StepShape of a step that verifies drafts, as the engine runs it: a sequence verifying d drafts
-    is d + 1 one-token decode rows at consecutive positions (decode_seqs counts rows, decode_context
-    sums each row's context); other sequences as `step_shape` counts them. Without drafts: `step_shape`."""
+    """StepShape of a step that verifies drafts: a sequence verifying d drafts is a decode sequence at
+    its last row's context with d draft tokens (StepShape.draft_tokens and draft_keys); other
+    sequences as `step_shape` counts them. Without drafts: `step_shape`."""
     spec = out.spec_token_ids
     if not spec:
         return step_shape(out, histogram)
@@ -125,23 +125,23 @@ def spec_step_shape(out, histogram: bool = True) -> StepShape:
 
 
 def draft_cost_model(plan, spec: Speculation):
-    """The cost model pricing a draft model's steps: the kind that prices the target (a calibrated
-    profile of the draft if there is one, else NVIDIA's tables, else the roofline), on the same GPUs."""
-    if spec.method != "draft":
+    """The cost model pricing the proposer's passes (a draft model or an EAGLE/MTP head; None for ngram):
+    the kind that prices the target (a calibrated profile of it if there is one, else NVIDIA's tables,
+    else the roofline), on the same GPUs."""
+    proposer = proposer_model(plan.deployment, plan.model)
+    if proposer is None:
         return None
-    draft = catalog_model(spec.draft_model)
     d = plan.deployment
-    return select_cost_model(draft, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
+    return select_cost_model(proposer[0], plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              kv_cache_dtype=d.kv_cache_dtype)
 
 
 class SpecRuntime:
     """What a simulated engine needs while speculating: the shape of a step and the proposer's price."""
 
-    def __init__(self, spec: Speculation, cost_model, num_layers: int, draft_cost=None) -> None:
+    def __init__(self, spec: Speculation, cost_model, draft_cost=None) -> None:
         self.spec = spec
         self.cost_model = cost_model
-        self.num_layers = num_layers
         self.draft_cost = draft_cost
         self.histogram = reads_context_histogram(cost_model)
         self.proposer_time = 0.0          # seconds of all the steps spent proposing (in their prices)
@@ -151,17 +151,14 @@ class SpecRuntime:
 
     def proposer_seconds(self, out, shape: StepShape) -> float:
         """The proposer's price in a step (drafts for the next step are made right after this one's
-        verdict, so a step with drafts is charged for a round of proposals). A draft model also runs
-        every step's new tokens (prompt chunks, verified rows) through itself, drafts or not."""
-        spec = out.spec_token_ids
-        if self.spec.method == "draft":
+        verdict, so a step with drafts is charged for a round of proposals). A draft model or head also
+        runs every step's new tokens (prompt chunks, verified rows) through itself, drafts or not."""
+        if self.draft_cost is not None:
             seconds = self._draft_model_seconds(out, shape)
-        elif not spec:
+        elif not out.spec_token_ids:
             return 0.0
-        elif self.spec.method == "ngram":
-            seconds = NGRAM_PROPOSE_SECONDS
         else:
-            seconds = max(len(d) for d in spec.values()) * self.cost_model.step_time(self._drafting(out)) / self.num_layers
+            seconds = NGRAM_PROPOSE_SECONDS
         self.proposer_time += seconds
         return seconds
 
@@ -173,8 +170,10 @@ class SpecRuntime:
                          decode_histogram=context_histogram(contexts) if self.histogram else ())
 
     def _draft_model_seconds(self, out, shape: StepShape) -> float:
-        """The draft model's catch-up pass over the step's tokens (its own prefill of the prompts and the
-        verified rows: the target's shape), then k - 1 decode passes of the drafting sequences."""
+        """The proposer's first pass over the step's tokens (its own prefill of the prompts and the
+        verified rows: the target's shape), then k - 1 decode passes of the drafting sequences. The first
+        pass's LM head is priced over the shape's logit rows, where vLLM takes one per sequence: an
+        overestimate once the head's GEMM is compute-bound (large batches)."""
         seconds = self._draft_pass(shape, len(out.seqs)) if shape.prefill_tokens or shape.decode_seqs else 0.0
         spec = out.spec_token_ids
         if spec:
