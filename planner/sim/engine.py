@@ -33,7 +33,6 @@ from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
 from engine.core.sequence import SequenceGroup
-from engine.core.speculative import SpecDecodingStats
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
