@@ -74,6 +74,7 @@ class _Member:
     tokens_upto: int = 0  # real tokens (batch_tokens.py): its sequence holds those sampled up to this step
     slot: int = -1        # its column in the TokenLog (-1: it draws nothing)
     answer: list | None = None   # the trace's answer, when its tokens are that
+    keys: list | None = None     # with prefix caching: its sequence's block keys (the block manager's list)
 
 
 @dataclass(slots=True)
@@ -215,6 +216,9 @@ class DecodeBatch:
         self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
         self.caching = self.allocator.enable_prefix_caching    # members' full blocks enter the prefix cache
         self.tokens: TokenLog | None = None     # the members' real tokens (from `build`, which proves them)
+        # With caching, per residue r: the members that take a block or fill one in a step s with
+        # s % block_size == r, in running order (`_grow`); made again when a member joins or leaves.
+        self.turns: list[list[_Member] | None] = [None] * self.bs
 
     @classmethod
     def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None) -> DecodeBatch | None:
@@ -262,6 +266,9 @@ class DecodeBatch:
                          (self.step + first) % self.bs, n - self.step - 1, self.step)
         if self.tokens is not None:
             self.tokens.join(member)
+        if self.caching:
+            member.keys = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
+            self._turns_changed(member)
         self.members.append(member)
         self.by_residue[member.residue].append(member)
         heapq.heappush(self.finishes, (member.finish, member.order, member))
@@ -407,34 +414,30 @@ class DecodeBatch:
         filled (its tokens up to the step before) registered in the prefix cache. The order matters
         where a block taken drops a key that a block registered holds too."""
         bs = self.bs
-        takers, fillers = self.by_residue[step % bs], self.by_residue[(step + 1) % bs]
-        if not fillers:
-            self._take(step)
-            return
-        turn = takers if bs == 1 else sorted(takers + fillers, key=_order) if takers else fillers
-        take, fill, register = self.pool.take, self.pool.fill, self._register
+        r = step % bs
+        turn = self.turns[r]
+        if turn is None:
+            takers, fillers = self.by_residue[r], self.by_residue[(r + 1) % bs]
+            turn = self.turns[r] = takers if bs == 1 else sorted(takers + fillers, key=_order)
+        take, fill, register, key_of = self.pool.take, self.pool.fill, self.pool.register, self.tokens.key
         for member in turn:
-            if member.residue == step % bs:
+            if member.residue == r:
                 table = member.table
                 fill[table[-1]] = bs
                 table.append(take(1))
-            if bs == 1 or member.residue != step % bs:
-                register(member, step)
+                if bs > 1:
+                    continue
+            keys = member.keys
+            if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
+                keys.append(key_of(member, step - 1, keys[-1] if keys else ROOT_HASH, bs))
+                register(member.table[len(keys) - 1], keys[-1])
+            else:                                                 # else the block manager's own way
+                self.tokens.write(member, step - 1)
+                self.allocator.mark_computed(member.group.seqs[0], member.base + step)
 
-    def _register(self, member: _Member, step: int) -> None:
-        """The block the member filled up to batch step `step - 1` enters the prefix cache, as the
-        scheduler's `mark_computed` registers it at step `step`: its key chains the sequence's last key
-        and its tokens (chained_hashes), read from the TokenLog without writing the sequence."""
-        seq = member.group.seqs[0]
-        hashes = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
-        count = member.base + step                 # its tokens when step `step` is scheduled
-        if len(hashes) != count // self.bs - 1:    # not the one new block: the block manager's own way
-            self.tokens.write(member, step - 1)
-            self.allocator.mark_computed(seq, count)
-            return
-        key = hash((hashes[-1] if hashes else ROOT_HASH, tuple(self.tokens.tail(member, step - 1, self.bs))))
-        hashes.append(key)
-        self.pool.register(member.table[len(hashes) - 1], key)
+    def _turns_changed(self, member: _Member) -> None:
+        """A member joined or left: the turns of the steps it takes or fills a block in change."""
+        self.turns[member.residue] = self.turns[(member.residue - 1) % self.bs] = None
 
     def _advance_to(self, step: int, context: int, bins: Bins | None) -> None:
         """The batch after `step`: the next step's context and histogram."""
@@ -490,6 +493,8 @@ class DecodeBatch:
         """A member that finishes at the batch's last step leaves it (its contribution to the next)."""
         if self.tokens is not None:
             self.tokens.leave(member)
+        if self.caching:
+            self._turns_changed(member)
         self.members.remove(member)
         self.by_residue[member.residue].remove(member)
         n = len(member.group.seqs[0].token_ids)         # its context in its last step

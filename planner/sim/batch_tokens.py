@@ -8,7 +8,7 @@ fills (its key hashes its tokens). The decode batch (batch.py) takes many steps 
 members in running order, two values a sample), and keeps the ids and log-probabilities in two
 matrices, one row per batch step and one column (slot) per drawing member, until the member's
 sequence is written up to date, when it finishes or the batch is released. A block a member fills
-enters the prefix cache with a key hashed from its tokens read from the matrix (`tail`). A plan costs
+enters the prefix cache with a key hashed from its tokens read from the matrix (`key`). A plan costs
 a few array operations and no work per member; a member costs one every `block_size` steps.
 
 The values are the executor's own generator's: Python's `random.Random` and numpy's legacy
@@ -45,7 +45,8 @@ class TokenLog:
         self.logprobs = np.zeros((256, 8))
         self.first_row = step + 1
         self.drawing: list = []               # the members that draw, in running order
-        self.columns: np.ndarray | None = None  # their slots, in that order (None: to be made again)
+        self.slots: list[int] = []            # their slots, in that order
+        self.columns: np.ndarray | None = None  # the same as an array (None: to be made again)
         self.free_slots: list[int] = []
         self.num_slots = 0
 
@@ -61,11 +62,13 @@ class TokenLog:
         if member.answer is None:
             member.slot = self.free_slots.pop() if self.free_slots else self._new_slot()
             self.drawing.append(member)
+            self.slots.append(member.slot)
             self.columns = None
 
     def leave(self, member) -> None:
         if member.answer is None:
             self.drawing.remove(member)
+            self.slots.remove(member.slot)
             self.free_slots.append(member.slot)
             self.columns = None
 
@@ -83,7 +86,7 @@ class TokenLog:
             return
         self._make_room(first + count)
         if self.columns is None:
-            self.columns = np.array([m.slot for m in drawing])
+            self.columns = np.array(self.slots)
         values = self.rng.random_sample(2 * count * len(drawing)).reshape(count, len(drawing), 2)
         rows = slice(first - self.first_row, first - self.first_row + count)
         # SyntheticExecutor.samples: (int(rand() * vocab), -rand())
@@ -122,19 +125,23 @@ class TokenLog:
         seq.cumulative_logprob = reduce(add, logprobs, seq.cumulative_logprob)   # added one by one, as update does
         member.tokens_upto = upto
 
-    def tail(self, member, upto: int, count: int) -> list[int]:
-        """The last `count` tokens of the member's sequence as of batch step `upto` (at or after the step
-        it is written up to), from the sequence and the matrix."""
+    def key(self, member, upto: int, parent: int, count: int) -> int:
+        """The prefix-cache key of the block of the member's last `count` tokens as of batch step `upto`
+        (at or after the step its sequence is written up to), chained from `parent` as
+        engine.core.block_manager.chained_hashes keys it, its tokens read from the sequence and the matrix."""
+        unwritten = upto - member.tokens_upto
+        if unwritten >= count and member.answer is None:          # the common case: all in the matrix
+            end = upto + 1 - self.first_row
+            return hash((parent, tuple(self.ids[end - count:end, member.slot].tolist())))
         if member.answer is not None:
             self.write(member, upto)              # an answer's tokens cost nothing to write
-        unwritten = upto - member.tokens_upto
+            unwritten = 0
         tokens = member.group.seqs[0].token_ids
         if unwritten <= 0:
-            return tokens[len(tokens) - count:]
+            return hash((parent, tuple(tokens[len(tokens) - count:])))
         end = upto + 1 - self.first_row
-        if unwritten >= count:
-            return self.ids[end - count:end, member.slot].tolist()
-        return tokens[len(tokens) - (count - unwritten):] + self.ids[end - unwritten:end, member.slot].tolist()
+        return hash((parent, tuple(tokens[len(tokens) - (count - unwritten):]
+                                   + self.ids[end - unwritten:end, member.slot].tolist())))
 
     def sample(self, member, step: int) -> tuple[int, float]:
         """What the member sampled at batch step `step` (its sequence written up to the step before)."""
