@@ -4,7 +4,9 @@ Issue 25, item 4: a fleet of 64 replicas at 200 req/s for 10 minutes must simula
 2 minutes, the run of
 
     planner simulate --model llama-3.1-8b --gpu h100-sxm --workload sharegpt --rate 200 --duration 600
-        --replicas 64 --router least-requests
+        --replicas 64 --router least-requests --policy paper
+
+(the paper's policy: the default when docs/fleets.md's figures were taken, before vllm-v1 became it).
 
 For each router given: the wall and CPU time of the simulation (the pipeline's `Simulation.simulate`,
 as the command runs it) split into the event loop and the fleet's result (records, merged steps,
@@ -99,7 +101,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true",
                         help="also step by step, and one replica through the fleet against the lone deployment")
     args = parser.parse_args()
-    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm")
+    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy="paper")   # as docs/fleets.md measured
     load = Load(workload="sharegpt", rate=args.rate, duration=args.duration)
     trace = load.trace()
     print(f"sharegpt, {len(trace)} requests over {args.duration:.0f} s at {args.rate:g} req/s, llama-3.1-8b, "

@@ -72,7 +72,8 @@ def main() -> None:
 
     model, gpu = resolve_model("opt-13b"), resolve_gpu("a100-40g")
     trace = make_trace("sharegpt", duration=args.minutes * 60, rate=args.rate, seed=0)
-    config = plan_deployment(Deployment(model=model.name, gpu=gpu.name, allocator=args.allocator))
+    # The paper's setting and scheduler (its contiguous baselines run under it only).
+    config = plan_deployment(Deployment(model=model.name, gpu=gpu.name, allocator=args.allocator, policy="paper"))
     cost = RooflineCostModel(model, gpu)
 
     runs = {}

@@ -37,7 +37,7 @@ def test_stop_strings_end_the_text_where_they_occur(llm):
     kept = llm.generate("Once upon", greedy(stop=stop, include_stop_str_in_output=True),
                         use_tqdm=False)[0].outputs[0]
     assert kept.text == full.text[:6]
-    assert llm.engine.allocator.num_free_blocks() == 64   # the stopped sequence's blocks are back
+    assert llm.engine.allocator.num_free_blocks() == 64 - 1   # the stopped sequence's blocks are back (all but vLLM v1's null block)
 
 
 def test_stop_token_ids_report_the_token(llm):

@@ -47,7 +47,7 @@ def test_issue_reproduction_wide_request_never_costs_the_other_its_kv(llama_dir,
     swap (an empty step) and truncate itself; the greedy one then decoded from an
     unwritten block. Now (issue 27) the wide one is refused up front."""
     engine = LLMEngine(llama_dir, block_size=8, num_gpu_blocks=4, preemption_mode="swap", swap_space=0.01,
-                       max_model_len=24)
+                       max_model_len=24, policy="paper")   # the paper's scheduler forks the wide request
     # block_size 2 is not a kernel size; the same shape at block size 8: a
     # one-block prompt for each, 4 blocks in all.
     wide_prompt, single_prompt = prompts_of((8, 8), seed=21)
@@ -76,7 +76,7 @@ def test_parallel_and_greedy_requests_under_memory_pressure_match_transformers(l
     # 16 blocks of 8: each wide request fits alone (the 26-token prompt's 4 greedy
     # sequences: 3 shared blocks + 3 own blocks each at their last decode), not together.
     llm = LLM(llama_dir, block_size=8, num_gpu_blocks=16, preemption_mode=mode, swap_space=0.01,
-              max_model_len=120)
+              max_model_len=120, policy="paper")   # the paper's forks and swaps; vLLM v1's fan-out below
     greedy, wide, sample = (SamplingParams(temperature=0, max_tokens=max_tokens),
                             SamplingParams(n=4, temperature=0, max_tokens=max_tokens),
                             SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=max_tokens))
@@ -99,6 +99,22 @@ def test_parallel_and_greedy_requests_under_memory_pressure_match_transformers(l
     assert engine.scheduler.preemptions["swap"] > 0
     assert engine.allocator.num_free_blocks() == 16 and engine.allocator.num_free_cpu_blocks() == \
         engine.allocator.num_cpu_blocks
+
+
+def test_fanned_out_parallel_requests_under_memory_pressure_match_transformers(llama_dir, reference):
+    """vllm-v1 (the default): the wide requests run as child requests, preempted by recompute one child at a
+    time, each child still equal to transformers' greedy output."""
+    singles, wides = prompts_of((20, 14, 9), seed=1), prompts_of((12, 26), seed=2)
+    llm = LLM(llama_dir, block_size=8, num_gpu_blocks=16, max_model_len=120, max_num_batched_tokens=64)
+    greedy, wide = SamplingParams(temperature=0, max_tokens=12), SamplingParams(n=4, temperature=0, max_tokens=12)
+    requests = [(p, greedy) for p in singles] + [(p, wide) for p in wides]
+    random.Random(0).shuffle(requests)
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], [s for _, s in requests],
+                        use_tqdm=False)
+    for (prompt, params), out in zip(requests, outs):
+        assert [c.token_ids for c in out.outputs] == [hf_greedy(reference, prompt, 12)] * params.n
+    assert llm.engine.scheduler.preemptions["recompute"] > 0
+    assert llm.engine.allocator.num_free_blocks() == 16 - 1     # all but vLLM v1's null block
 
 
 def test_an_empty_step_still_applies_its_swaps(llama_dir):

@@ -203,8 +203,10 @@ def test_bad_router_specs_are_refused(text):
 
 def test_fleet_spec_checks_and_command_line():
     d = Deployment(model="llama-3.1-8b", gpu="h100-sxm")
-    with pytest.raises(PlannerError, match="--enable-prefix-caching"):
-        Fleet(2, "prefix-aware").policy(d)
+    assert Fleet(2, "prefix-aware").policy(d).uses_prefix      # vllm-v1, the default, caches prefixes
+    for off in (d.replace(enable_prefix_caching=False), d.replace(policy="paper")):
+        with pytest.raises(PlannerError, match="--enable-prefix-caching"):
+            Fleet(2, "prefix-aware").policy(off)
     for bad in (0, -1, True, 2.5):
         with pytest.raises(PlannerError, match="--replicas"):
             Fleet(bad).policy(d)
@@ -256,7 +258,7 @@ SIM = (*BASE, "--rate", 8)
     (("--replicas", 0), "--replicas must be >= 1"),
     (("--replicas", "two"), "--replicas"),
     (("--replicas", 2, "--router", "nonsense"), "--router 'nonsense'"),
-    (("--replicas", 2, "--router", "prefix-aware"), "--enable-prefix-caching"),
+    (("--replicas", 2, "--router", "prefix-aware", "--no-enable-prefix-caching"), "--enable-prefix-caching"),
     (("--replicas", 2, "--router", "weighted:least-kv=x"), "must be a number"),
 ])
 @pytest.mark.parametrize("command", ["simulate", "capacity"])

@@ -22,7 +22,7 @@ PRICES = {"a100-80g": 3.0, "l40s": 2.0}        # fixed, so the ranking does not 
 
 
 def grid(**changes) -> SearchGrid:
-    spec = RunSpec(deployment=Deployment(model="opt-6.7b", gpu="a100-80g"),
+    spec = RunSpec(deployment=Deployment(model="opt-6.7b", gpu="a100-80g", policy="paper"),   # its figures' scheduler
                    load=Load(workload="sharegpt", requests=80))
     settings = dict(base=spec, slos=SLOS, gpus=("a100-80g", "l40s"), tps=(1,), target_rate=120.0,
                     tolerance=0.1, replicas=(1, 2))
@@ -84,7 +84,7 @@ def test_cli_fleet_outputs_carry_replicas(tmp_path):
                                       "--requests", "80", "--slo", "ttft_p99=2,tpot_p99=0.2", "--tolerance", "0.1",
                                       "--rate", "120", "--replicas", "1,2", "--router", "least-requests",
                                       "--price", "a100-80g=3", "--price", "l40s=2", "--workers", "1",
-                                      "--out", str(tmp_path), "--json"])
+                                      "--policy", "paper", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["router"] == "least-requests" and doc["replicas"] == [1, 2]
@@ -115,7 +115,7 @@ def test_cli_replicas_auto_writes_the_count(tmp_path):
     (["--replicas", "auto", "--concurrency", "4"], "--replicas auto"),
     (["--replicas", "auto", "--rate", "5", "--max-replicas", "0"], "--max-replicas"),
     (["--replicas", "2", "--router", "fastest"], "router"),
-    (["--replicas", "2", "--router", "prefix-aware"], "--enable-prefix-caching"),
+    (["--replicas", "2", "--router", "prefix-aware", "--policy", "paper"], "--enable-prefix-caching"),
     (["--router", "least-requests"], "--replicas"),
 ])
 def test_cli_bad_fleet_values_are_one_line(args, message, tmp_path):

@@ -153,7 +153,7 @@ BASE = ("--model", "llama-3.1-8b", "--gpu", "h100", "--requests", 20, "--workloa
 @pytest.mark.parametrize("args,message", [
     (("--pd", "0:1", "--policy", "vllm-v1"), "at least one replica"),
     (("--pd", "two", "--policy", "vllm-v1"), "give P:D"),
-    (("--pd", "1:1"), "--policy vllm-v1"),
+    (("--pd", "1:1", "--policy", "paper"), "--policy vllm-v1"),
     (("--pd", "1:1,1:2", "--policy", "vllm-v1"), "one P:D"),
     (("--prefill-tp", 2, "--policy", "vllm-v1"), "give --pd"),
     (("--pd", "1:1", "--replicas", 2, "--policy", "vllm-v1"), "replaces --replicas"),

@@ -109,7 +109,7 @@ def test_sweep_report_plots_against_block_size_and_shows(tmp_path):
 def test_capacity_report_names_the_binding_limit_and_plots(tmp_path):
     result = runner.invoke(app, ["capacity", "--slo", "tpot_p99=0.05", "--slo", "ttft_p99=5", "--workload",
                                  "alpaca", "--requests", "80", "--tolerance", "0.15", "--out", str(tmp_path),
-                                 "--json"])
+                                 "--policy", "paper", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["capacity_rate"] > 0 and doc["binding_slo"] in ("tpot_p99", "ttft_p99", "num_rejected")

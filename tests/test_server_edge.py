@@ -102,7 +102,7 @@ def test_a_stream_in_flight_ends_with_done_while_bad_bodies_arrive(server):
     ({"temperature": -0.5}, "temperature"), ({"temperature": 2.5}, "temperature"), ({"top_k": -2}, "top_k"),
     ({"seed": -(1 << 63) - 1}, "seed"), ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
     ({"stop": [""]}, "stop"), ({"stop": ["x"] * 65}, "stop"), ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 1000}, "max_tokens"), ({"n": 17}, "n"), ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+    ({"max_tokens": 1000}, "max_tokens"), ({"n": 2, "best_of": 3}, "n"),   # vllm-v1 has no best_of ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"prompt": [1, 2, 999]}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": 5}, "prompt"), ({"model": "gpt-4"}, "model"),
 ])
@@ -219,9 +219,17 @@ def test_no_machine_path_in_responses_nor_accepted_as_a_model(server, folder):
     assert wait_until(lambda: engine_idle(server.engine))
 
 
-def test_logprobs_of_parallel_samples_when_a_sibling_stops_early(server):
+def test_the_papers_scheduler_refuses_more_samples_than_it_runs_sequences(folder):
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16, policy="paper")
+    with BackgroundServer(engine, MODEL, folder) as paper:    # vllm-v1 queues the 17 child requests instead
+        assert_openai_error(post(f"{paper.url}/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 17}),
+                            400, "n")
+        _siblings_stopping_early(paper)
+
+
+def _siblings_stopping_early(server):
     """Found by the fuzzer: with n > 1 and logprobs, a sibling that had stopped was taken for a sequence
-    forked in this step, and the step failed."""
+    forked in this step (the paper's scheduler forks), and the step failed."""
     body = {"prompt": "hello", "n": 3, "temperature": 1.0, "seed": 0, "max_tokens": 8, "logprobs": 1,
             "stop_token_ids": list(range(100, 250))}
     r = post(f"{server.url}/v1/completions", body)
@@ -230,3 +238,20 @@ def test_logprobs_of_parallel_samples_when_a_sibling_stops_early(server):
     lengths = [len(c["logprobs"]["tokens"]) for c in choices]
     assert len(set(lengths)) > 1               # the case: siblings of different lengths
     assert all(len(c["logprobs"]["token_logprobs"]) == n for c, n in zip(choices, lengths))
+
+
+def test_parallel_samples_under_vllm_v1_come_back_as_one_response(server):
+    """The default policy fans n out into child requests (vLLM v1's ParentRequest): one response with n
+    choices, each with its own logprobs, streamed or not."""
+    body = {"prompt": "hello", "n": 3, "temperature": 1.0, "seed": 0, "max_tokens": 5, "logprobs": 1,
+            "ignore_eos": True}
+    r = post(f"{server.url}/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and r.json()["usage"]["completion_tokens"] == 15
+    assert all(len(c["logprobs"]["token_logprobs"]) == 5 for c in choices)
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{server.url}/v1/completions",
+                                                 json={**body, "stream": True}) as streamed:
+        events = [json.loads(e) for e in sse_events(streamed) if e != "[DONE]"]
+    text = {i: "".join(c["text"] for e in events for c in e["choices"] if c["index"] == i) for i in range(3)}
+    assert text == {i: choices[i]["text"] for i in range(3)}    # seeded children: the same samples

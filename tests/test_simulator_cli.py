@@ -22,8 +22,9 @@ def invoke(*args):
 
 
 def test_defaults_run_the_papers_setting(tmp_path):
-    # Nothing but the workload and block size: opt-13b on one a100-40g, 1000 chatbot requests at 1 req/s.
-    result = invoke("simulate", "--workload", "chatbot", "--block-size", 16, "--out", tmp_path, "--json")
+    # The workload, block size and policy: opt-13b on one a100-40g, 1000 chatbot requests at 1 req/s.
+    result = invoke("simulate", "--workload", "chatbot", "--block-size", 16, "--policy", "paper", "--out", tmp_path,
+                    "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)            # exactly one JSON document on stdout
     for name in ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
@@ -88,7 +89,7 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--cost-model", "magic"], "choose one of auto, calibrated, measured, roofline"),
     (["--cost-model", "measured", "--gpu", "l4", "--model", "opt-1.3b"],
      "no measured vLLM data for GPU l4; covered: a100-40g"),
-    (["--max-num-batched-tokens", "1024"], "use --policy vllm-v1 or --max-model-len 1024"),
+    (["--max-num-batched-tokens", "1024", "--policy", "paper"], "use --policy vllm-v1 or --max-model-len 1024"),
     (["--max-model-len", "4096"], "greater than opt-13b's 2048 positions"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
@@ -101,7 +102,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 def test_sweep_writes_a_comparison(tmp_path):
     result = invoke("simulate", "--workload", "sharegpt", "--requests", 40, "--rate", "2,8",
-                    "--allocator", "paged,orca-max", "--out", tmp_path, "--json")
+                    "--allocator", "paged,orca-max", "--policy", "paper", "--out", tmp_path, "--json")
     assert result.exit_code == 0, result.output
     runs = json.loads(result.stdout)["runs"]
     assert [(r["params"]["allocator"], r["params"]["trace_params"]["rate"]) for r in runs] == [
@@ -135,7 +136,7 @@ def test_slo_parsing():
 
 
 def test_capacity_brackets_the_slo():
-    spec = run_spec(workload="sharegpt", requests=150)
+    spec = run_spec(Deployment(policy="paper"), workload="sharegpt", requests=150)   # the paper's SLO and policy
     slos = {"normalized_latency": 0.1}
     found = find_capacity(spec, slos, start=1.0, rel_tol=0.05)
     assert found.bounded and found.rate is not None
@@ -145,8 +146,8 @@ def test_capacity_brackets_the_slo():
     # The bracket closed within the tolerance just above the capacity.
     assert min(r for r in missed if r > found.rate) <= found.rate * 1.06
     # Orca-max reaches the same SLO only at a lower rate (the paper's Fig. 12 story).
-    orca = find_capacity(run_spec(Deployment(allocator="orca-max"), workload="sharegpt", requests=150), slos,
-                         start=1.0, rel_tol=0.05)
+    orca_spec = run_spec(Deployment(allocator="orca-max", policy="paper"), workload="sharegpt", requests=150)
+    orca = find_capacity(orca_spec, slos, start=1.0, rel_tol=0.05)
     assert orca.rate is None or orca.rate < found.rate
 
 

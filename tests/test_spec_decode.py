@@ -375,7 +375,8 @@ def test_prefix_caching(llama_dir, policy):
     assert spec.engine.spec_decoding_stats.num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("policy,blocks", [({}, 14), ({"preemption_mode": "swap", "swap_space": 0.01}, 14),
+@pytest.mark.parametrize("policy,blocks", [({"policy": "paper"}, 14),
+                                           ({"policy": "paper", "preemption_mode": "swap", "swap_space": 0.01}, 14),
                                            ({"enable_chunked_prefill": True, "max_num_batched_tokens": 32,
                                              "max_num_seqs": 8}, 15)])
 def test_preemption_with_a_tiny_cache(llama_dir, policy, blocks):
@@ -415,7 +416,8 @@ def test_builtin_workloads_give_the_same_outputs(llama_dir, name):
     trace = make_trace(name, num_requests=4, seed=0)
     prompts = [trace.prompt_token_ids(r, 200)[-64:] for r in trace.requests]
     params = [r.sampling_params(max_tokens=min(r.output_len, 16), seed=7) for r in trace.requests]
-    base, spec = pair(llama_dir, block_size=8, num_gpu_blocks=256, enable_prefix_caching=True)
+    policy = "paper" if name == "beam" else "vllm-v1"     # vLLM v1 has no beam search
+    base, spec = pair(llama_dir, block_size=8, num_gpu_blocks=256, enable_prefix_caching=True, policy=policy)
     outputs = [[[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
                for llm in (base, spec)]
     assert outputs[0] == outputs[1]

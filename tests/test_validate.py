@@ -27,13 +27,13 @@ def llama_dir(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode, policy", [("recompute", "paper"), ("swap", "paper"), ("recompute", "vllm-v1")])
+def test_simulator_predicts_the_live_preemptions_under_memory_pressure(llama_dir, tmp_path, mode, policy):
     # All requests at t=0: scheduling no longer depends on step times, so the
     # simulator must reproduce the engine's decisions exactly.
     # max_model_len within the 12-block cache: the engine refuses a longer one, as vLLM does (40 + 30 tokens fit).
     deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, num_gpu_blocks=12, preemption_mode=mode,
-                            max_num_seqs=8, max_model_len=80)
+                            max_num_seqs=8, max_model_len=80, policy=policy)
     spec = ValidationSpec(deployment, workload="alpaca", rate=math.inf, requests=10, length_scale=1.0,
                           max_prompt_len=40, max_output_len=30, attribution=True)
     v = validate(spec, cost_model=ConstantCost())

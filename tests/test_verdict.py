@@ -147,7 +147,7 @@ def test_boolean_flags_have_canonical_names_and_aliases(tmp_path):
     assert _boolean_flag_error(["simulate", "--enable-prefix-caching", "--requests", "5"]) is None
     for flag, expect in (("--prefix-caching", True), ("--no-enable-prefix-caching", False)):
         result = invoke("simulate", "--workload", "prefix", "--requests", 6, "--rate", 4, flag,
-                        "--preemption-mode", "swap", "--out", tmp_path / flag, "--json")
+                        "--preemption-mode", "swap", "--policy", "paper", "--out", tmp_path / flag, "--json")
         assert result.exit_code == 0, result.output
         params = json.loads(result.stdout)["params"]
         assert params["enable_prefix_caching"] is expect and params["preemption_mode"] == "swap"
