@@ -526,8 +526,10 @@ class LLMEngine:
                 seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[:params.n]
             for i, seq in enumerate(seqs):
                 outputs.append(self._completion(i, seq, group))
+        children = ([RequestRecord.from_group(c) for c in group.children]
+                    if isinstance(group, ParentRequest) else None)
         return RequestOutput(group.request_id, prompt, group.prompt_token_ids, outputs, group.is_finished,
-                             RequestRecord.from_group(group), group.reject_reason)
+                             RequestRecord.from_group(group), group.reject_reason, children)
 
     def _completion(self, index: int, seq: Sequence, group: SequenceGroup) -> CompletionOutput:
         tokens = seq.output_token_ids

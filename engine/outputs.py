@@ -40,3 +40,6 @@ class RequestOutput:
     finished: bool
     metrics: RequestRecord
     error: str | None = None            # why a rejected request could not be served
+    # vllm-v1 with n > 1: each child request's own record, in child order (engine/core/parallel_sampling.py);
+    # the server's metrics observe each one, as vLLM's do. None: the request ran as one.
+    child_metrics: list[RequestRecord] | None = None

@@ -16,7 +16,7 @@ import pytest
 from engine.entrypoints.openai.app import ServerOptions
 from engine.entrypoints.openai.server import BackgroundServer, exposure_warning, resolve_api_key
 from engine.llm_engine import LLMEngine
-from serve_helpers import engine_idle, save_byte_model, sse_events, wait_until
+from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 
 MODEL = "tiny"
 
@@ -245,7 +245,11 @@ def test_parallel_samples_under_vllm_v1_come_back_as_one_response(server):
     choices, each with its own logprobs, streamed or not."""
     body = {"prompt": "hello", "n": 3, "temperature": 1.0, "seed": 0, "max_tokens": 5, "logprobs": 1,
             "ignore_eos": True}
+    before = httpx.get(f"{server.url}/metrics").text
     r = post(f"{server.url}/v1/completions", body)
+    after = httpx.get(f"{server.url}/metrics").text
+    for name in ("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"):   # each child, as vLLM
+        assert metric(after, name) - metric(before, name) == 3
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2] and r.json()["usage"]["completion_tokens"] == 15

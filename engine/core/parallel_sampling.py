@@ -12,9 +12,10 @@ vllm-v1 policy only: the paper's scheduler forks sequences inside one group inst
 Metrics count the request the user sent, as a client (vLLM's ``bench serve``) measures it: its
 TTFT is its first child's first token (the first token a streaming client receives) and its E2E
 latency its last child's finish (when the gathered output is returned, as vLLM's non-streamed
-``FINAL_ONLY`` output is). vLLM's own server histograms observe every child as a request, and
-record only the longest child's generation length and ``n`` once per parent
-(``ParentRequest.observe_finished_request``); here completed + rejected still equals submitted.
+``FINAL_ONLY`` output is); completed + rejected still equals submitted. vLLM's own server
+histograms observe every child as a request (and only the longest child's generation length and
+``n`` once per parent, ``ParentRequest.observe_finished_request``): so do `planner serve`'s, from
+the children's records a parent's ``RequestOutput.child_metrics`` carries.
 
 vLLM v1 has neither beam search in its scheduler nor ``best_of > n``: those are refused.
 """

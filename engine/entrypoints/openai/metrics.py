@@ -91,10 +91,18 @@ class ServerStats:
                                          tokens)
 
     def observe(self, record: RequestRecord, output) -> None:
-        """A request the engine finished, aborted or failed (requests it refused are not counted)."""
+        """A request the engine finished, aborted or failed (requests it refused are not counted). A request
+        vllm-v1 ran as n child requests counts as n, as vLLM's output processor observes each child
+        (vllm/v1/engine/output_processor.py, _update_stats_from_finished)."""
         if record.rejected:
             return
-        reason = next((o.finish_reason for o in output.outputs if o.finish_reason), None) or "stop"
+        if getattr(output, "child_metrics", None):
+            for child, completion in zip(output.child_metrics, output.outputs):
+                self._observe(child, completion.finish_reason or "stop")
+            return
+        self._observe(record, next((o.finish_reason for o in output.outputs if o.finish_reason), None) or "stop")
+
+    def _observe(self, record: RequestRecord, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
         prompt = record.prompt_len if record.first_scheduled is not None else 0
         self.prompt_tokens += prompt
