@@ -1,9 +1,9 @@
 """Where speculative decoding stops paying: Llama-3.1-8B on one H100, EAGLE-style acceptance (docs/speculative.md).
 
 Runs `planner simulate` (the CLI, as a user would) on ShareGPT under a closed loop of N clients for
-N = 1, 2, 4, ..., 256, without speculation and with EAGLE speculation for each K asked (default
+N = 1, 2, 4, ..., 1024, without speculation and with EAGLE speculation for each K asked (default
 acceptance curve: EAGLE-3 on Llama-3.1-8B-Instruct, MT-bench, vLLM issue #20780), vLLM v1's
-scheduler (chunked prefill, 2,048-token budget), and prints a markdown table: TPOT mean, output
+scheduler with its defaults on an H100 (8,192-token budget, prefix caching), and prints a markdown table: TPOT mean, output
 throughput, mean acceptance length, and the speedup of each; then, per K, the smallest concurrency
 at which speculation's throughput falls below the plain deployment's.
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def sweep(speculative: str, concurrency: int, requests: int, seed: int) -> dict:
