@@ -149,6 +149,21 @@ def test_prefix_caching_real_tokens_equal_step_by_step(workload, knobs):
         assert fast.prefix_cache_hit_rate > 0
 
 
+def test_prefix_caching_long_plans_and_outputs():
+    # Plans of hundreds of steps (the token matrices fill and start again) and a prompt whose blocks
+    # a running request's answer fills (a chatbot turn arriving while the turn before still decodes).
+    reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.01 * i, prompt_len=100 + 37 * i,
+                         output_len=1500 + 211 * i) for i in range(6)]
+    reqs += make_trace("chatbot", num_requests=30, rate=20.0, seed=8).requests
+    trace = Trace(sorted(reqs, key=lambda r: r.arrival_time), name="long")
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=4096, enable_prefix_caching=True)
+    fast, fast_tokens = token_records(lambda: simulate(trace, plan, MEASURED))
+    slow, slow_tokens = token_records(lambda: simulate(trace, plan, MEASURED, fast_forward=False))
+    assert fast.requests == slow.requests and fast.steps == slow.steps and fast.summary() == slow.summary()
+    assert fast_tokens == slow_tokens
+    assert fast.fast_forwarded_steps > len(fast.steps) // 2
+
+
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "prefix-aware"])
 def test_prefix_caching_fleets_equal_step_by_step(router):
     from planner.sim.fleet import simulate_fleet

@@ -7,9 +7,10 @@ fills (its key hashes its tokens). The decode batch (batch.py) takes many steps 
 `TokenLog` draws all of a plan's values at once, in the order step by step draws them (steps, then
 members in running order, two values a sample), and keeps the ids and log-probabilities in two
 matrices, one row per batch step and one column (slot) per drawing member, until the member's
-sequence is written up to date, when it finishes or the batch is released. A block a member fills
-enters the prefix cache with a key hashed from its tokens read from the matrix (`key`). A plan costs
-a few array operations and no work per member; a member costs one every `block_size` steps.
+sequence is written up to date: when it finishes, when the batch is released, and every few hundred
+steps, when the matrices are full. A block a member fills enters the prefix cache with a key hashed
+from its tokens read from the matrix (`key`). A plan costs a few array operations and no work per
+member; a member costs one every `block_size` steps.
 
 The values are the executor's own generator's: Python's `random.Random` and numpy's legacy
 `RandomState` are the same Mersenne Twister, and `RandomState.random_sample` makes a double from two
@@ -84,7 +85,7 @@ class TokenLog:
         drawing = self.drawing
         if not drawing:
             return
-        self._make_room(first + count)
+        self._make_room(first, first + count)
         if self.columns is None:
             self.columns = np.array(self.slots)
         values = self.rng.random_sample(2 * count * len(drawing)).reshape(count, len(drawing), 2)
@@ -93,19 +94,18 @@ class TokenLog:
         self.ids[rows, self.columns] = (values[:, :, 0] * self.vocab).astype(np.int64)
         self.logprobs[rows, self.columns] = -values[:, :, 1]
 
-    def _make_room(self, end: int) -> None:
-        """Rows up to batch step `end` (exclusive): the rows every member has written are dropped first."""
+    def _make_room(self, first: int, end: int) -> None:
+        """Rows for batch steps first .. end - 1. When the matrices are full, every member's sequence is
+        written up to step `first - 1` and the rows start again at `first`: they hold a few hundred steps
+        however long a member runs."""
         if end - self.first_row <= len(self.ids):
             return
-        keep_from = min(m.tokens_upto for m in self.drawing) + 1
-        rows = max(len(self.ids), 2 * (end - keep_from))
-        kept = len(self.ids) - (keep_from - self.first_row)
-        for name in ("ids", "logprobs"):
-            old = getattr(self, name)
-            new = np.zeros((rows, old.shape[1]), dtype=old.dtype)
-            new[:kept] = old[keep_from - self.first_row:]
-            setattr(self, name, new)
-        self.first_row = keep_from
+        for member in self.drawing:
+            self.write(member, first - 1)
+        self.first_row = first
+        if end - first > len(self.ids):
+            self.ids = np.zeros((2 * (end - first), self.ids.shape[1]), dtype=np.int64)
+            self.logprobs = np.zeros(self.ids.shape)
 
     def write(self, member, upto: int) -> None:
         """Append the member's tokens (and log-probabilities) up to batch step `upto` to its sequence."""
