@@ -18,12 +18,18 @@ import sys
 import time
 
 
+# vLLM v1's scheduler as docs/pd.md's study ran it: a 2,048-token budget, 256 sequences, no prefix caching (the
+# policy's defaults on an H100 became vLLM's API server's since: 8,192 tokens, 1,024 sequences, prefix caching on).
+POLICY = ("--policy", "vllm-v1", "--max-num-batched-tokens", "2048", "--max-num-seqs", "256",
+          "--no-enable-prefix-caching")
+
+
 def search(rate: float, tps: str, duration: float, slo: str, input_len: int, output_len: int,
            pools: list[str]) -> dict:
     tag = "".join(pools).replace("--", "-")
     out = f"/tmp/bench_pd_study/rate-{rate:g}{tag}"
     cmd = [sys.executable, "-c", "import sys; from planner.cli import main; sys.argv[0] = 'planner'; main()",
-           "search", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", tps, "--policy", "vllm-v1",
+           "search", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", tps, *POLICY,
            "--workload", "random", "-p", f"input_len={input_len}", "-p", f"output_len={output_len}",
            "--rate", str(rate), "--duration", str(duration), "--slo", slo, "--pd", "auto", *pools, "--json", "--out", out]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -37,7 +43,7 @@ def ttft_parts(rate: float, tp: int, pd: str, duration: float, input_len: int, o
     """The winner simulated once more, for its TTFT in parts (result.json's pd.ttft_parts_mean)."""
     out = f"/tmp/bench_pd_study/sim-{rate:g}-{tp}{''.join(pools).replace('--', '-')}"
     cmd = [sys.executable, "-c", "import sys; from planner.cli import main; sys.argv[0] = 'planner'; main()",
-           "simulate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", str(tp), "--policy", "vllm-v1",
+           "simulate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", str(tp), *POLICY,
            "--workload", "random", "-p", f"input_len={input_len}", "-p", f"output_len={output_len}",
            "--rate", str(rate), "--duration", str(duration), "--pd", pd, *pools, "--json", "--out", out]
     doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
