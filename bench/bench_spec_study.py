@@ -7,7 +7,7 @@ scheduler with its defaults on an H100 (8,192-token budget, prefix caching), and
 throughput, mean acceptance length, and the speedup of each; then, per K, the smallest concurrency
 at which speculation's throughput falls below the plain deployment's.
 
-    python bench/bench_spec_study.py [--k 3] [--requests-per-client 4] [--min-requests 200]
+    python bench/bench_spec_study.py [--k 3] [--requests-per-client 4] [--min-requests 200] [--workload alpaca]
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import time
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def sweep(speculative: str, concurrency: int, requests: int, seed: int) -> dict:
+def sweep(speculative: str, concurrency: int, requests: int, seed: int, workload: str) -> dict:
     cmd = [sys.executable, "-c", "import sys; from planner.cli import main; sys.argv[0] = 'planner'; main()", "simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
-           "--policy", "vllm-v1", "--workload", "sharegpt", "--concurrency", str(concurrency),
+           "--policy", "vllm-v1", "--workload", workload, "--concurrency", str(concurrency),
            "--requests", str(requests), "--seed", str(seed), "--speculative", speculative, "--json",
-           "--out", f"/tmp/bench_spec_study/{speculative.replace(':', '-')}-{concurrency}"]
+           "--out", f"/tmp/bench_spec_study/{workload}-{speculative.replace(':', '-')}-{concurrency}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--min-requests", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload", default="sharegpt", help="a built-in workload (default sharegpt)")
     args = ap.parse_args()
     ks = [int(k) for k in args.k.split(",")]
     settings = ["none"] + [f"eagle:{k}" for k in ks]
@@ -42,7 +43,7 @@ def main() -> None:
     wall = time.perf_counter()
     for c in CONCURRENCY:
         n = max(args.min_requests, args.requests_per_client * c)
-        rows[c] = {s: sweep(s, c, n, args.seed) for s in settings}
+        rows[c] = {s: sweep(s, c, n, args.seed, args.workload) for s in settings}
         print(f"concurrency {c}: done ({time.perf_counter() - wall:.0f} s)", file=sys.stderr)
     head = ["clients", "TPOT none (ms)", "tok/s none"]
     for k in ks:
