@@ -201,6 +201,17 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     return model.full_attention_layers * per_layer_block, sliding
 
 
+def draft_weight_bytes(draft: ModelSpec, tp: int, dtype_bytes: int, shares_vocab: bool) -> int:
+    """What a speculative proposer adds to each GPU's weights: a draft model's 16-bit weights and rotary
+    table, or for a head that shares the target's vocabulary (EAGLE, MTP) its layer alone: the
+    embedding and LM head are the target's (vocab-parallel, 1/tp each), and so is the rotary table
+    (vLLM's get_rope hands out one cached table per set of parameters)."""
+    weights = draft.weight_bytes_per_gpu(tp, dtype_bytes)
+    if shares_vocab:
+        return weights - -(-(draft.embedding_params + draft.lm_head_params) // tp) * dtype_bytes
+    return weights + rotary_cache_bytes(draft, dtype_bytes)
+
+
 def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 gpu_memory_utilization: float = 0.9, block_size: int = 16, dtype_bytes: int = 2,
                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -235,12 +246,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
     block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs)
     if draft is not None:
-        weights += draft.weight_bytes_per_gpu(tp, dtype_bytes)
-        if draft_shares_vocab:   # vocab-parallel: each rank held 1/tp of them; the rotary table is the
-            # target's too (vLLM's get_rope hands out one cached table per set of parameters)
-            weights -= -(-(draft.embedding_params + draft.lm_head_params) // tp) * dtype_bytes
-        else:
-            weights += rotary_cache_bytes(draft, dtype_bytes)
+        weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
     num_blocks = (usable - weights - activations - non_torch - sliding) // block_bytes
