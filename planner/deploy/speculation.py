@@ -38,9 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.catalog import ModelSpec
-
 from engine.deployment import Deployment, parse_acceptance, parse_speculative
+from planner.catalog import ModelSpec
 from planner.deploy.checks import model as catalog_model
 from planner.errors import PlannerError
 

@@ -555,7 +555,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
                              fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed, due=due, routed=routed)
     if spec is not None:
-        engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan, spec))
+        engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
     engine.process = env.process(engine.run())
     return engine
 

@@ -124,7 +124,7 @@ def spec_step_shape(out, histogram: bool = True) -> StepShape:
     return mixed_step_shape(out.seqs, out.scheduled_tokens(), swap, len(out.blocks_to_copy), histogram, spec)
 
 
-def draft_cost_model(plan, spec: Speculation):
+def draft_cost_model(plan):
     """The cost model pricing the proposer's passes (a draft model or an EAGLE/MTP head; None for ngram):
     the kind that prices the target (a calibrated profile of it if there is one, else NVIDIA's tables,
     else the roofline), on the same GPUs."""
