@@ -205,17 +205,15 @@ class LLMEngine:
             warnings.warn(f"prompt + max_tokens exceeds the model's context (max_model_len "
                           f"{self.max_model_len}): such outputs stop at the limit with finish_reason "
                           f"'length'", stacklevel=2)
-        if self.deployment.enable_chunked_prefill and refusal(params) is not None:
-            raise ValueError(refusal(params))
+        refused = refusal(params) if self.deployment.enable_chunked_prefill else None
+        if refused is not None:
+            raise ValueError(refused)
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
         self.prompts[request_id] = text
         if self.deployment.enable_chunked_prefill and fans_out(params):   # vLLM v1: n child requests
-            parent = self.groups[request_id] = ParentRequest(group)
-            self.parents.add(parent)
-            for child in parent.children:
-                self.scheduler.add(child)
+            self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)
             return
         self.groups[request_id] = group
         self.scheduler.add(group)
@@ -227,8 +225,9 @@ class LLMEngine:
         group = SequenceGroup("probe", prompt_token_ids, params, 0.0, eos_token_ids=self.runner.eos_token_ids)
         cfg = self.scheduler.config
         if cfg.enable_chunked_prefill:   # n > 1 runs as n requests: each must fit on its own
-            if refusal(params) is not None:
-                return refusal(params)
+            refused = refusal(params)
+            if refused is not None:
+                return refused
             if fans_out(params):
                 group = ParentRequest(group).children[0]
             return self.scheduler.never_fits(group)     # the chunked policy's own admission rule

@@ -140,10 +140,14 @@ class Parents:
         self.by_child: dict[int, ParentRequest] = {}
         self.left: dict[int, int] = {}         # by parent: its children not yet ended
 
-    def add(self, parent: ParentRequest) -> None:
+    def fan_out(self, group: SequenceGroup, add) -> ParentRequest:
+        """`group` as its n child requests, each handed to `add` (a scheduler's); the parent, followed."""
+        parent = ParentRequest(group)
         for child in parent.children:
             self.by_child[id(child)] = parent
+            add(child)
         self.left[id(parent)] = len(parent.children)
+        return parent
 
     def ended(self, groups: list[SequenceGroup]) -> list:
         if not self.by_child:

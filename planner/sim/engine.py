@@ -205,11 +205,7 @@ class SimulatedEngine:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
         the records follow: `group`, or the children's parent."""
         if self.fan_out and fans_out(group.params):
-            parent = ParentRequest(group)
-            self.parents.add(parent)
-            self.groups.append(parent)
-            for child in parent.children:
-                self.scheduler.add(child)
+            self.groups.append(self.parents.fan_out(group, self.scheduler.add))
         else:
             self.groups.append(group)
             self.scheduler.add(group)
