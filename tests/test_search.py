@@ -119,6 +119,19 @@ def test_cli_json_and_files(tmp_path):
     assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "configs.csv").is_file()
 
 
+def test_cli_searches_each_gpus_own_max_num_seqs_by_default(tmp_path):
+    """Without --max-num-seqs each GPU gets vllm-v1's own default, as `vllm serve` would run it (vLLM's
+    EngineArgs.get_batch_defaults): 1024 sequences on an H100, 256 on an A100; the rows say which."""
+    result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--workload", "alpaca", "--requests", "40",
+                                      "--slo", "ttft_p99=2,tpot_p99=0.1", "--gpus", "a100-80g,h100-sxm",
+                                      "--tp", "1", "--rate", "4", "--tolerance", "0.3", "--workers", "1",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {c["gpu"]: c["max_num_seqs"] for c in doc["configs"]} == {"a100-80g": 256, "h100-sxm": 1024}
+    assert all("resolved_max_num_seqs" not in c for c in doc["configs"])
+
+
 @pytest.mark.parametrize("args,message", [
     (["--rate", "fast"], "--rate"), (["--tp", "one"], "--tp"), (["--gpus", "a100-80g", "--price", "l4=1"], "--gpus"),
     (["--executor", "spark"], "unknown executor"), (["--slo", "ttft_p42=1"], "unknown metric"),

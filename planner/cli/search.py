@@ -68,8 +68,9 @@ MAX_REPLICAS_OPTION = typer.Option(MAX_REPLICAS, "--max-replicas", help="with --
                                                                          "replicas tried")
 
 
-# The grid's axes and their defaults; every other deployment setting takes one value.
-AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (256,)}
+# The grid's axes and their defaults; every other deployment setting takes one value. max_num_seqs None:
+# the policy's own for each GPU (vllm-v1: vLLM's API server default, 1024 on an H100, 256 on an A100).
+AXES = {"gpu": ("a100-80g", "h100-sxm"), "tp": (1, 2, 4), "block_size": (16,), "max_num_seqs": (None,)}
 # A MoE's layouts (planner/sizing/layouts.py): each one a grid of the axes above.
 LAYOUT_AXES = ("dp", "enable_expert_parallel")
 

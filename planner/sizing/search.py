@@ -54,6 +54,8 @@ AUTO_CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "replicas", "miss
                     "meets_target", "pareto", "probes", "slo_use", "ttft_p99", "tpot_p99", "normalized_latency",
                     "note")
 MAX_REPLICAS = 1024
+# A row's max_num_seqs as the policy resolved it on the configuration's GPU, while the row is keyed by None.
+RESOLVED_SEQS = "resolved_max_num_seqs"
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class ConfigTask:
     gpu: str
     tp: int
     block_size: int
-    max_num_seqs: int
+    max_num_seqs: int | None              # None: the policy's default on this GPU
     replicas: int | None = None          # a fleet of this many replicas (None: the base's own fleet)
 
     def spec(self) -> RunSpec:
@@ -120,7 +122,7 @@ class FamilyTask:
     grid: SearchGrid
     gpu: str
     tp: int
-    max_num_seqs: int
+    max_num_seqs: int | None
     block_sizes: tuple[int, ...]         # the first one is searched first
     hint: Hint | None = None
     replicas: int | None = None          # a fleet search's replica count (None: --replicas auto, or no fleet)
@@ -177,10 +179,21 @@ def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounde
 def _prepared(task: ConfigTask, row: dict) -> Simulation | None:
     """The task's simulation, prepared; None with the reason in the row when the configuration cannot run."""
     try:
-        return Simulation.prepare(task.spec())
+        simulation = Simulation.prepare(task.spec())
     except (PlannerError, ValueError) as exc:
         row["note"] = str(exc).splitlines()[0]
         return None
+    if task.max_num_seqs is None:        # the policy's default for this GPU: say which it was
+        row[RESOLVED_SEQS] = simulation.plan.deployment.max_num_seqs
+    return simulation
+
+
+def _resolved(row: dict) -> dict:
+    """The row of a configuration that left max_num_seqs to the policy, naming the value it resolved to (rows
+    are keyed by the configuration, None, until the search is over)."""
+    if row["max_num_seqs"] is None:
+        row["max_num_seqs"] = row.pop(RESOLVED_SEQS, None)
+    return row
 
 
 def evaluate(task: ConfigTask) -> dict:
@@ -505,7 +518,7 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
         for family, rows in zip(tasks, executor.map(evaluate_family, tasks, report)):
             for row in rows:
                 found[row_key(grid, row)] = row
-    rows = [found[config] for config in grid.configs()]
+    rows = [_resolved(found[config]) for config in grid.configs()]
     if grid.auto:
         return _rank_fewest(grid, rows, table, executor, started)
     for row in rows:
