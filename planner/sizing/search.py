@@ -189,11 +189,13 @@ def _prepared(task: ConfigTask, row: dict) -> Simulation | None:
 
 
 def _resolved(row: dict) -> dict:
-    """The row of a configuration that left max_num_seqs to the policy, naming the value it resolved to (rows
-    are keyed by the configuration, None, until the search is over)."""
-    if row["max_num_seqs"] is None:
-        row["max_num_seqs"] = row.pop(RESOLVED_SEQS, None)
-    return row
+    """The row as shown: a configuration that left max_num_seqs to the policy names the value it resolved to
+    (while the search runs, rows are keyed by the configuration, where it is None)."""
+    if row["max_num_seqs"] is not None or RESOLVED_SEQS not in row:
+        return row
+    shown = {name: value for name, value in row.items() if name != RESOLVED_SEQS}
+    shown["max_num_seqs"] = row[RESOLVED_SEQS]
+    return shown
 
 
 def evaluate(task: ConfigTask) -> dict:
@@ -508,7 +510,7 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
         for row in rows:
             done += 1
             if on_done is not None:
-                on_done(row, done, total)
+                on_done(_resolved(row), done, total)
 
     found: dict[Config, dict] = {}
     for wave in family_waves(grid):
