@@ -6,6 +6,7 @@ placeholder drafts whose acceptance is drawn per position from a curve (planner/
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +17,8 @@ from planner.cli.app import app
 from planner.cost.measured import MeasuredCostModel
 from planner.errors import PlannerError
 from planner.sim import simulate
-from planner.deploy.speculation import EAGLE_LLAMA31_8B_MTBENCH, Speculation, speculation_of
+from planner.deploy.speculation import EAGLE_LLAMA31_8B_MTBENCH, Speculation, _run_length, speculation_of
+from planner.sim.speculative import STRATA, StratifiedUniforms
 from sim_helpers import sim_plan
 from workloads import Trace, TraceRequest, make_trace
 
@@ -105,6 +107,38 @@ def test_mean_acceptance_length_matches_the_curve(policy):
     # Accepted drafts per verify step have a standard deviation below 1.2: four standard errors.
     assert abs(stats["mean_acceptance_length"] - expected) < 4 * 1.2 / n ** 0.5 + 0.01
     assert stats["acceptance_rate_per_pos"][0] == pytest.approx(0.8, abs=4 * 0.4 / n ** 0.5 + 0.01)
+
+
+def test_one_uniform_per_draw_has_the_curves_law():
+    """`_run_length` inverts the run's law: over an even grid of uniforms each run length comes up as
+    often as position-by-position draws would give it."""
+    rates = (0.8, 0.6, 0.5, 0.3)
+    grid = [(i + 0.5) / 10_000 for i in range(10_000)]
+    for most in (4, 2):
+        counts = Counter(_run_length(u, rates, most) for u in grid)
+        reach = [1.0, 0.8, 0.48, 0.24, 0.072][:most + 1] + [0.0]
+        for length in range(most + 1):
+            assert counts[length] / len(grid) == pytest.approx(reach[length] - reach[length + 1], abs=2e-4)
+
+
+def test_stratified_uniforms_cover_every_slice_once_per_block():
+    draw = StratifiedUniforms(7)
+    for _ in range(3):
+        block = [draw() for _ in range(STRATA)]
+        assert sorted(int(u * STRATA) for u in block) == list(range(STRATA))
+    assert StratifiedUniforms(7)() == StratifiedUniforms(7)() != StratifiedUniforms(8)()
+
+
+def test_a_short_run_accepts_as_the_curve_says_whatever_the_seed():
+    """A validation-sized run (about 300 verify steps) lands within 1.5% of the curve's mean acceptance
+    length on every seed: the draws are stratified. Independent draws missed it by up to 5% (10 seeds)."""
+    curve = (0.8, 0.6, 0.5, 0.3)
+    expected = Speculation("ngram", 4, curve, "test").expected_acceptance_length()
+    for seed in range(10):
+        stats = run(fixed_trace(4, 64, 200), concurrency=4, seed=seed, speculative="ngram:4",
+                    acceptance=",".join(map(str, curve))).spec_decoding
+        assert stats["num_drafts"] > 250
+        assert stats["mean_acceptance_length"] == pytest.approx(expected, rel=0.015)
 
 
 def test_drafting_curve_and_persistence_are_what_the_simulator_draws():

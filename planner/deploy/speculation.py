@@ -89,21 +89,19 @@ class Speculation:
         return 1 + self.expected_accepted()
 
     def draw_draft_length(self, rand, after_draft: bool = False) -> int:
-        """How many tokens the proposer drafts at one lookup: k, or position by position from the
-        drafting curve, stopping at the first position it does not reach; right after a lookup
-        that drafted (`after_draft`), the first position's rate is the persistence."""
+        """How many tokens the proposer drafts at one lookup: k, or by the drafting curve (the first
+        position it does not reach ends the draft); right after a lookup that drafted (`after_draft`),
+        the first position's rate is the persistence. One uniform from `rand` per draw."""
         if self.drafting is None:
             return self.k
         if after_draft and self.persistence is not None:
-            if rand() >= self.persistence:
-                return 0
-            return 1 + _run_length(rand, self.drafting[1:], self.k - 1)
-        return _run_length(rand, self.drafting, self.k)
+            return _run_length(rand(), (self.persistence, *self.drafting[1:]), self.k)
+        return _run_length(rand(), self.drafting, self.k)
 
     def draw(self, rand, drafts: int) -> int:
-        """How many of `drafts` drafts the target accepts: position by position, stopping at the
-        first rejection."""
-        return _run_length(rand, self.acceptance, drafts)
+        """How many of `drafts` drafts the target accepts (the first rejection ends them); one uniform
+        from `rand` per draw."""
+        return _run_length(rand(), self.acceptance, drafts)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "num_speculative_tokens": self.k, "acceptance": list(self.acceptance),
@@ -122,10 +120,16 @@ def _expected_reach(rates) -> float:
     return total
 
 
-def _run_length(rand, rates, most: int) -> int:
-    """Successes position by position (``rand() < rates[i]``) until the first failure, at most `most`."""
-    n = 0
-    while n < most and rand() < rates[n]:
+def _run_length(u: float, rates, most: int) -> int:
+    """The run of successes, at most `most`, that the uniform `u` gives under per-position conditional
+    rates, by inversion: P(run >= i) is the product of the first i rates, and the run is the number of
+    those products above `u`. The same law as drawing position by position until the first failure,
+    with one uniform per run, so that a stratified stream of uniforms stratifies the runs."""
+    n, reach = 0, 1.0
+    while n < most:
+        reach *= rates[n]
+        if u >= reach:
+            break
         n += 1
     return n
 
