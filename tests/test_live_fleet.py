@@ -225,7 +225,7 @@ def llama_dir(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
 
 
-@pytest.mark.parametrize("router", ["round-robin", "least-requests", "prefix-aware"])
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv", "prefix-aware"])
 def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_file, tmp_path, router):
     from engine.deployment import Deployment
     from planner.validation.fleet import validate_fleet, write_fleet_report

@@ -173,6 +173,9 @@ class SimulatedEngine:
         # step end and the prefix cache they describe up to the last step a router can know of.
         self.routed_count = 0
         self.initial_blocks_used = self.allocator.num_used_blocks()
+        # (end, blocks in use) after each step or run of steps that could end requests, as vLLM publishes its
+        # KV-cache usage: make_stats runs after update_from_output has freed the finished requests' blocks.
+        self.published_used: list[tuple[float, int]] = []
         self.kv_events: deque | None = None
         self.published: set[int] = set()
         self.speculation: SpecRuntime | None = None   # speculative decoding's shapes and proposer price
@@ -245,14 +248,18 @@ class SimulatedEngine:
         return bisect.bisect_left(self.ended_at, t)
 
     def blocks_used_before(self, t: float) -> int:
-        """KV blocks in use in the last step that ended before `t` (vLLM's KV-cache usage gauge is
-        updated once per step); a step slept through in bulk counts from its plan."""
+        """KV blocks in use after the last step that ended before `t`, its finished requests' blocks freed
+        (vLLM's KV-cache usage gauge, updated once per step, as the live fleet reads it); a step slept
+        through in bulk counts from its plan. Only a run's last step ends requests, so the steps before it
+        publish the blocks they ran with."""
         pending = self.pending
         if pending is not None and pending.ends and pending.ends[0] < t:
             return self.allocator.num_used_blocks() + pending.taken(bisect.bisect_left(pending.ends, t))
+        published = self.published_used
+        i = bisect.bisect_left(published, (t, -1)) - 1
         for record in reversed(self.steps):
             if record.end < t:
-                return record.kv_blocks_used
+                return published[i][1] if i >= 0 and published[i][0] == record.end else record.kv_blocks_used
         return self.initial_blocks_used
 
     def cached_prefix_before(self, hashes: list[int], t: float) -> int:
@@ -424,6 +431,8 @@ class SimulatedEngine:
         """After `count` steps ending at `end`: the requests they ended, progress, the watch; and if a
         request is due at this very instant, one yield so it joins before the next schedule (SimPy runs
         same-time events in creation order)."""
+        if self.routed:
+            self.published_used.append((end, self.allocator.num_used_blocks()))
         finished = self.parents.ended(finished)
         self.ended(len(finished))
         taken = len(self.steps)

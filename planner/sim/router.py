@@ -30,7 +30,8 @@ turns); llm-d's picker draws among ties at random, which a seeded run could not 
 
 What the router knows is what a real one could: its own count of requests in flight,
 and what each replica published at the end of its last step before the arrival (KV
-usage per step, as vLLM logs its stats; KV events per step, as vLLM publishes them),
+usage per step, as vLLM logs its stats, after the step's finished requests freed their
+blocks; KV events per step, as vLLM publishes them),
 never a step in progress. The simulator gives the same answers step by step and in
 fast-forward (planner/sim/engine.py, `ended_before`, `blocks_used_before`,
 `cached_prefix_before`).
