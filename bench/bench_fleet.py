@@ -6,7 +6,8 @@ Issue 25, item 4: a fleet of 64 replicas at 200 req/s for 10 minutes must simula
     planner simulate --model llama-3.1-8b --gpu h100-sxm --workload sharegpt --rate 200 --duration 600
         --replicas 64 --router least-requests --policy paper
 
-(the paper's policy: the default when docs/fleets.md's figures were taken, before vllm-v1 became it).
+(the paper's policy: the default when docs/fleets.md's figures were taken, before vllm-v1 became it;
+`--policy vllm-v1` runs today's default, prefix caching on).
 
 For each router given: the wall and CPU time of the simulation (the pipeline's `Simulation.simulate`,
 as the command runs it) split into the event loop and the fleet's result (records, merged steps,
@@ -20,7 +21,7 @@ process. `--check` also runs the fleet step by step and one replica through the 
 identical request by request.
 
     .venv/bin/python bench/bench_fleet.py [--replicas 64] [--rate 200] [--duration 600]
-        [--router least-requests,round-robin] [--before] [--check]
+        [--router least-requests,round-robin] [--policy paper|vllm-v1] [--before] [--check]
 """
 from __future__ import annotations
 
@@ -100,12 +101,15 @@ def main() -> None:
     parser.add_argument("--before", action="store_true", help="also with plans priced step by step: the CPU ratio")
     parser.add_argument("--check", action="store_true",
                         help="also step by step, and one replica through the fleet against the lone deployment")
+    parser.add_argument("--policy", default="paper",
+                        help="the replicas' scheduling policy: paper (as docs/fleets.md's figures were taken) or "
+                             "vllm-v1 (today's default: prefix caching on, vLLM's H100 limits)")
     args = parser.parse_args()
-    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy="paper")   # as docs/fleets.md measured
+    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy=args.policy)
     load = Load(workload="sharegpt", rate=args.rate, duration=args.duration)
     trace = load.trace()
     print(f"sharegpt, {len(trace)} requests over {args.duration:.0f} s at {args.rate:g} req/s, llama-3.1-8b, "
-          f"{args.replicas} replicas of one h100-sxm; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"{args.replicas} replicas of one h100-sxm, policy {args.policy}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'router':<16}{'steps':>11}{'wall s':>9}{'CPU s':>8}{'of it result s':>16}{'us/step':>9}{'s/replica':>11}"
           f"{'x real':>8}{'peak GiB':>10}  imbalance (requests, busy)")
     target = (args.replicas, args.rate, args.duration) == (64, 200.0, 600.0)
