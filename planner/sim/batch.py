@@ -386,8 +386,7 @@ class DecodeBatch:
         if self.tokens is not None:
             self.tokens.draw(step + 1, steps)
         if self.caching:
-            for s in range(step + 1, step + steps + 1):
-                self._grow(s)
+            self._grow(step + 1, step + steps)
         else:
             for j in range(steps):
                 if plan.takes[j]:
@@ -408,32 +407,42 @@ class DecodeBatch:
             fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
             table.append(take(1))
 
-    def _grow(self, step: int) -> None:
-        """With prefix caching, batch step `step`'s blocks as `_schedule_running` grows them: member by
-        member in running order, a fresh block for one crossing a boundary, and the block one has just
-        filled (its tokens up to the step before) registered in the prefix cache. The order matters
-        where a block taken drops a key that a block registered holds too."""
-        bs = self.bs
-        r = step % bs
-        turn = self.turns[r]
-        if turn is None:
-            takers, fillers = self.by_residue[r], self.by_residue[(r + 1) % bs]
-            turn = self.turns[r] = takers if bs == 1 else sorted(takers + fillers, key=_order)
-        take, fill, register, key_of = self.pool.take, self.pool.fill, self.pool.register, self.tokens.key
-        for member in turn:
-            if member.residue == r:
-                table = member.table
-                fill[table[-1]] = bs
-                table.append(take(1))
-                if bs > 1:
+    def _grow(self, first: int, last: int) -> None:
+        """With prefix caching, batch steps first .. last's blocks as `_schedule_running` grows them:
+        step by step, member by member in running order, a fresh block for one crossing a boundary,
+        and the block one has just filled (its tokens up to the step before) registered in the prefix
+        cache. The order matters where a block taken drops a key that a block registered holds too.
+        One call a plan: the per-step work is the loop's, with everything it reads bound once."""
+        bs, turns, tokens = self.bs, self.turns, self.tokens
+        take, fill, register = self.pool.take, self.pool.fill, self.pool.register
+        ids, first_row = tokens.ids, tokens.first_row      # the plan's draws are in (apply draws first)
+        for step in range(first, last + 1):
+            r = step % bs
+            turn = turns[r]
+            if turn is None:
+                takers, fillers = self.by_residue[r], self.by_residue[(r + 1) % bs]
+                turn = turns[r] = takers if bs == 1 else sorted(takers + fillers, key=_order)
+            for member in turn:
+                if member.residue == r:
+                    table = member.table
+                    fill[table[-1]] = bs
+                    table.append(take(1))
+                    if bs > 1:
+                        continue
+                keys = member.keys
+                n = len(keys)
+                if n != (member.base + step) // bs - 1:        # not the one block it filled: the manager's way
+                    tokens.write(member, step - 1)
+                    self.allocator.mark_computed(member.group.seqs[0], member.base + step)
                     continue
-            keys = member.keys
-            if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
-                keys.append(key_of(member, step - 1, keys[-1] if keys else ROOT_HASH, bs))
-                register(member.table[len(keys) - 1], keys[-1])
-            else:                                                 # else the block manager's own way
-                self.tokens.write(member, step - 1)
-                self.allocator.mark_computed(member.group.seqs[0], member.base + step)
+                parent = keys[-1] if n else ROOT_HASH
+                if member.answer is None and step - 1 - member.tokens_upto >= bs:   # TokenLog.key's common case
+                    row = step - first_row
+                    key = hash((parent, tuple(ids[row - bs:row, member.slot].tolist())))
+                else:
+                    key = tokens.key(member, step - 1, parent, bs)
+                keys.append(key)
+                register(member.table[n], key)
 
     def _turns_changed(self, member: _Member) -> None:
         """A member joined or left: the turns of the steps it takes or fills a block in change."""
@@ -573,7 +582,7 @@ class DecodeBatch:
         step, pool = self.step + 1, self.pool
         token_states = pool.num_token_states
         if self.caching:
-            self._grow(step)
+            self._grow(step, step)
         else:
             self._take(step)
         num = len(self.members)
