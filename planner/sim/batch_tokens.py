@@ -16,7 +16,8 @@ The values are the executor's own generator's: Python's `random.Random` and nump
 `RandomState` are the same Mersenne Twister, and `RandomState.random_sample` makes a double from two
 32-bit outputs exactly as `Random.random` does. So while the batch lives the executor draws from a
 `RandomState` started from its generator's state (its own draws for the prompts admitted meanwhile
-included), which `close` hands back to the `Random`, where step by step would have left it.
+included), drawn a block ahead (draws.py), which `close` hands back to the `Random`, where step by
+step would have left it.
 
 A conversation turn whose answer the trace gives (the next turn's prompt holds it, so that prompt
 hits the cache) draws nothing: its tokens are the answer's, as `SyntheticExecutor.samples` gives them.
@@ -27,6 +28,8 @@ from functools import reduce
 from operator import add
 
 import numpy as np
+
+from planner.sim.draws import DrawnAhead
 
 
 class TokenLog:
@@ -39,8 +42,7 @@ class TokenLog:
         self.python_rng = executor.rng
         _, state, gauss = executor.rng.getstate()
         self.gauss = gauss
-        self.rng = np.random.RandomState()
-        self.rng.set_state(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]))
+        self.rng = DrawnAhead(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]), self.vocab)
         executor.rng = self.rng               # its draws for admitted prompts continue the same stream
         self.ids = np.zeros((256, 8), dtype=np.int64)    # [batch step - first_row, slot]
         self.logprobs = np.zeros((256, 8))
@@ -53,7 +55,7 @@ class TokenLog:
 
     def close(self) -> None:
         """Hand the executor back its generator, in the state the draws so far leave it."""
-        _, key, pos, _, _ = self.rng.get_state()
+        _, key, pos, _, _ = self.rng.state()
         self.python_rng.setstate((3, (*key.tolist(), int(pos)), self.gauss))
         self.executor.rng = self.python_rng
 
@@ -88,11 +90,10 @@ class TokenLog:
         self._make_room(first, first + count)
         if self.columns is None:
             self.columns = np.array(self.slots)
-        values = self.rng.random_sample(2 * count * len(drawing)).reshape(count, len(drawing), 2)
+        ids, logprobs = self.rng.pairs(count * len(drawing))
         rows = slice(first - self.first_row, first - self.first_row + count)
-        # SyntheticExecutor.samples: (int(rand() * vocab), -rand())
-        self.ids[rows, self.columns] = (values[:, :, 0] * self.vocab).astype(np.int64)
-        self.logprobs[rows, self.columns] = -values[:, :, 1]
+        self.ids[rows, self.columns] = ids.reshape(count, len(drawing))
+        self.logprobs[rows, self.columns] = logprobs.reshape(count, len(drawing))
 
     def _make_room(self, first: int, end: int) -> None:
         """Rows for batch steps first .. end - 1. When the matrices are full, every member's sequence is
