@@ -449,7 +449,7 @@ class DecodeBatch:
                 parent = keys[-1] if n else ROOT_HASH
                 if member.answer is None and step - 1 - member.tokens_upto >= bs:   # TokenLog.key's common case
                     row = step - first_row
-                    key = hash((parent, tuple(ids[row - bs:row, member.slot].tolist())))
+                    key = hash((parent, tuple(ids[member.slot, row - bs:row].tolist())))
                 else:
                     key = tokens.key(member, step - 1, parent, bs)
                 keys.append(key)

@@ -6,8 +6,8 @@ generator, in running order, and a block of generated tokens enters the prefix c
 fills (its key hashes its tokens). The decode batch (batch.py) takes many steps at once, so
 `TokenLog` draws all of a plan's values at once, in the order step by step draws them (steps, then
 members in running order, two values a sample), and keeps the ids and log-probabilities in two
-matrices, one row per batch step and one column (slot) per drawing member, until the member's
-sequence is written up to date: when it finishes, when the batch is released, and every few hundred
+matrices, one row (slot) per drawing member and one column per batch step, until the member's
+sequence is written up to date: when it finishes, when the batch is released, and every thousand
 steps, when the matrices are full. A block a member fills enters the prefix cache with a key hashed
 from its tokens read from the matrix (`key`). A plan costs a few array operations and no work per
 member; a member costs one every `block_size` steps.
@@ -31,6 +31,11 @@ import numpy as np
 
 from planner.sim.draws import DrawnAhead
 
+# Rows (batch steps) the matrices hold before every member is written up to date and they start
+# again: each member's tokens are written once per ROWS steps at most (a call each), and with vLLM's
+# 1,024 sequences the two matrices hold 16 MiB.
+ROWS = 1024
+
 
 class TokenLog:
     """The values drawn for the batch's members, by batch step and slot, not yet written to them."""
@@ -44,8 +49,9 @@ class TokenLog:
         self.gauss = gauss
         self.rng = DrawnAhead(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]), self.vocab)
         executor.rng = self.rng               # its draws for admitted prompts continue the same stream
-        self.ids = np.zeros((256, 8), dtype=np.int64)    # [batch step - first_row, slot]
-        self.logprobs = np.zeros((256, 8))
+        # [slot, batch step - first_row]: a member's tokens lie together, for the keys and writes that read them
+        self.ids = np.zeros((8, ROWS), dtype=np.int64)
+        self.logprobs = np.zeros((8, ROWS))
         self.first_row = step + 1
         self.drawing: list = []               # the members that draw, in running order
         self.slots: list[int] = []            # their slots, in that order
@@ -78,8 +84,8 @@ class TokenLog:
     def _new_slot(self) -> int:
         slot = self.num_slots
         self.num_slots += 1
-        if slot >= self.ids.shape[1]:
-            self.ids, self.logprobs = (np.concatenate([m, np.zeros_like(m)], axis=1) for m in (self.ids, self.logprobs))
+        if slot >= len(self.ids):
+            self.ids, self.logprobs = (np.concatenate([m, np.zeros_like(m)]) for m in (self.ids, self.logprobs))
         return slot
 
     def draw(self, first: int, count: int) -> None:
@@ -92,20 +98,20 @@ class TokenLog:
             self.columns = np.array(self.slots)
         ids, logprobs = self.rng.pairs(count * len(drawing))
         rows = slice(first - self.first_row, first - self.first_row + count)
-        self.ids[rows, self.columns] = ids.reshape(count, len(drawing))
-        self.logprobs[rows, self.columns] = logprobs.reshape(count, len(drawing))
+        self.ids[self.columns, rows] = ids.reshape(count, len(drawing)).T
+        self.logprobs[self.columns, rows] = logprobs.reshape(count, len(drawing)).T
 
     def _make_room(self, first: int, end: int) -> None:
         """Rows for batch steps first .. end - 1. When the matrices are full, every member's sequence is
         written up to step `first - 1` and the rows start again at `first`: they hold a few hundred steps
         however long a member runs."""
-        if end - self.first_row <= len(self.ids):
+        if end - self.first_row <= self.ids.shape[1]:
             return
         for member in self.drawing:
             self.write(member, first - 1)
         self.first_row = first
-        if end - first > len(self.ids):
-            self.ids = np.zeros((2 * (end - first), self.ids.shape[1]), dtype=np.int64)
+        if end - first > self.ids.shape[1]:
+            self.ids = np.zeros((len(self.ids), 2 * (end - first)), dtype=np.int64)
             self.logprobs = np.zeros(self.ids.shape)
 
     def write(self, member, upto: int) -> None:
@@ -120,8 +126,8 @@ class TokenLog:
             logprobs = [-1.0] * count
         else:
             row = member.tokens_upto + 1 - self.first_row
-            seq.token_ids.extend(self.ids[row:row + count, member.slot].tolist())
-            logprobs = self.logprobs[row:row + count, member.slot].tolist()
+            seq.token_ids.extend(self.ids[member.slot, row:row + count].tolist())
+            logprobs = self.logprobs[member.slot, row:row + count].tolist()
         seq.output_logprobs.extend(logprobs)
         seq.cumulative_logprob = reduce(add, logprobs, seq.cumulative_logprob)   # added one by one, as update does
         member.tokens_upto = upto
@@ -133,7 +139,7 @@ class TokenLog:
         unwritten = upto - member.tokens_upto
         if unwritten >= count and member.answer is None:          # the common case: all in the matrix
             end = upto + 1 - self.first_row
-            return hash((parent, tuple(self.ids[end - count:end, member.slot].tolist())))
+            return hash((parent, tuple(self.ids[member.slot, end - count:end].tolist())))
         if member.answer is not None:
             self.write(member, upto)              # an answer's tokens cost nothing to write
             unwritten = 0
@@ -142,7 +148,7 @@ class TokenLog:
             return hash((parent, tuple(tokens[len(tokens) - count:])))
         end = upto + 1 - self.first_row
         return hash((parent, tuple(tokens[len(tokens) - (count - unwritten):]
-                                   + self.ids[end - unwritten:end, member.slot].tolist())))
+                                   + self.ids[member.slot, end - unwritten:end].tolist())))
 
     def sample(self, member, step: int) -> tuple[int, float]:
         """What the member sampled at batch step `step` (its sequence written up to the step before)."""
@@ -150,4 +156,4 @@ class TokenLog:
             seq = member.group.seqs[0]
             return member.answer[len(seq.token_ids) - seq.prompt_len], -1.0
         row = step - self.first_row
-        return int(self.ids[row, member.slot]), float(self.logprobs[row, member.slot])
+        return int(self.ids[member.slot, row]), float(self.logprobs[member.slot, row])
