@@ -225,3 +225,30 @@ def test_chatbot_turn_prompt_starts_with_previous_prompt_and_answer():
 def test_stored_ids_win():
     trace = mixed_trace()
     assert trace.prompt_token_ids(trace[1], vocab_size=10) == [7, 8, 9]
+
+
+def test_streams_seeded_at_once_equal_numpy_and_random_ids(monkeypatch):
+    # pcg64_states writes out numpy's SeedSequence and PCG64 seeding for many seeds at once; Streams
+    # (a trace's prompt streams) gives random_ids' very ids, in order, out of order and for a name
+    # it was not given.
+    import random
+
+    import numpy as np
+
+    from workloads import tokens
+
+    rng = random.Random(3)
+    entropies = [rng.getrandbits(128) for _ in range(300)] + [0, 1, 2**32, 2**64 - 1, 2**127 + 5]
+    entropies += [rng.getrandbits(rng.randint(1, 127)) for _ in range(300)]
+    for e, (state, inc) in zip(entropies, tokens.pcg64_states(entropies)):
+        expected = np.random.PCG64(e).state["state"]
+        assert (state, inc) == (expected["state"], expected["inc"])
+    monkeypatch.setattr(tokens, "STREAMS_AT_ONCE", 7)
+    names = [("prompt", f"r{i}") for i in range(30)]
+    streams = tokens.Streams(5, names)
+    order = list(range(30)) + [3, 29, 12] + list(range(10, 20))
+    for i in order:
+        got = streams.random_ids(1000, 20 + i, *names[i])
+        assert got.tolist() == tokens.random_ids(1000, 20 + i, 5, *names[i]).tolist()
+    unnamed = streams.random_ids(50, 9, "answer", "r1")
+    assert unnamed.tolist() == tokens.random_ids(50, 9, 5, "answer", "r1").tolist()

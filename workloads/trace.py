@@ -12,7 +12,7 @@ from . import trace_files
 from .arrivals import arrival_times
 from .errors import TraceError
 from .schema import TraceRequest
-from .tokens import random_ids, stream
+from .tokens import Streams, random_ids, stream
 
 
 # The columns of a production trace (Azure's LLM inference traces) that
@@ -37,6 +37,7 @@ class Trace:
             dup = next(i for i in ids if ids.count(i) > 1)
             raise TraceError(f"request_id: duplicate id {dup!r} in trace {name!r}")
         self._turns: dict[tuple[str, int], TraceRequest] | None = None
+        self._streams: Streams | None = None   # the requests' prompt streams, for one seed
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -236,10 +237,16 @@ class Trace:
         """
         return self._prompt_ids(request, vocab_size, seed).tolist()
 
+    def _prompt_streams(self, seed: int) -> Streams:
+        """The requests' own prompt streams (random_ids' "prompt" ones), seeded many at a time."""
+        if self._streams is None or self._streams.seed != seed:
+            self._streams = Streams(seed, [("prompt", r.request_id) for r in self.requests])
+        return self._streams
+
     def _prompt_ids(self, req: TraceRequest, vocab_size: int, seed: int) -> np.ndarray:
         if req.prompt_token_ids is not None:
             return np.asarray(req.prompt_token_ids, dtype=np.int64)
-        own = random_ids(vocab_size, req.prompt_len, seed, "prompt", req.request_id)
+        own = self._prompt_streams(seed).random_ids(vocab_size, req.prompt_len, "prompt", req.request_id)
         prev = self._previous_turn(req)
         if prev is not None:
             history = np.concatenate(
