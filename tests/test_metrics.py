@@ -154,3 +154,25 @@ def test_large_latency_lists_give_the_same_percentiles():
     rng = random.Random(1)
     values = [rng.expovariate(1.0) for _ in range(100_001)]   # past the partition threshold
     assert _median_p99(values) == (percentile(values, 50), percentile(values, 99))
+
+
+def test_many_token_times_give_the_same_gaps():
+    # _gaps_numpy (past LARGE token times) against the lists' way: the same pooled gaps in the same
+    # order and the same per-request p99, requests of no, one and many token times among them.
+    import random
+
+    from engine.core.metrics import _gaps, _gaps_numpy
+    rng = random.Random(2)
+    done = []
+    for i in range(400):
+        times, t = [], rng.random()
+        for _ in range(rng.choice([0, 1, 2, 3, rng.randint(4, 900)])):
+            t += rng.expovariate(30.0)
+            times.append(t)
+        done.append(RequestRecord(request_id=f"r{i}", arrival=0.0, prompt_len=1, output_len=len(times),
+                                  token_times=times))
+    pooled, worst = _gaps_numpy(done)
+    small = [_gaps([r]) for r in done]
+    assert list(pooled) == [g for p, _ in small for g in p]
+    assert worst == [w for _, ws in small for w in ws]
+    assert _gaps_numpy([r for r in done if len(r.token_times) < 2]) == ([], [])
