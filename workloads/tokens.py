@@ -59,25 +59,30 @@ def _ids(u: np.ndarray, vocab_size: int) -> np.ndarray:
 class Streams:
     """`random_ids` for many streams of one seed, named in advance (a trace's requests, in arrival
     order): seeding a PCG64 costs more than drawing a prompt's ids (numpy's SeedSequence, about 12 us),
-    so the streams are seeded `STREAMS_AT_ONCE` at a time (`pcg64_states`) and one generator is set
-    to each stream's state in turn. The same ids as `random_ids`; a stream not named, or named
-    before the last seeded ones, is drawn by `random_ids` itself."""
+    so the streams are seeded `STREAMS_AT_ONCE` at a time (`pcg64_states`), the last two such blocks
+    kept, and one generator is set to each stream's state in turn. The same ids as `random_ids`; a
+    stream not named is drawn by `random_ids` itself."""
 
     def __init__(self, seed: int, names: list[tuple]) -> None:
         self.seed, self.names = seed, names
         self.position = {name: i for i, name in enumerate(names)}
-        self.start, self.states = 0, []
+        self.blocks: dict[int, list[tuple[int, int]]] = {}
         self.bits = np.random.PCG64(0)
         self.generator = np.random.Generator(self.bits)
 
     def random_ids(self, vocab_size: int, length: int, *keys: object) -> np.ndarray:
         i = self.position.get(keys)
-        if i is None or i < self.start or vocab_size < 1:
+        if i is None or vocab_size < 1:
             return random_ids(vocab_size, length, self.seed, *keys)
-        if i >= self.start + len(self.states):
-            self.start = i
-            self.states = pcg64_states([entropy(self.seed, *name) for name in self.names[i:i + STREAMS_AT_ONCE]])
-        state, inc = self.states[i - self.start]
+        block, at = divmod(i, STREAMS_AT_ONCE)
+        states = self.blocks.get(block)
+        if states is None:
+            first = block * STREAMS_AT_ONCE
+            states = self.blocks[block] = pcg64_states(
+                [entropy(self.seed, *name) for name in self.names[first:first + STREAMS_AT_ONCE]])
+            if len(self.blocks) > 2:                  # (a turn's history mostly lies in one of the two)
+                del self.blocks[next(iter(self.blocks))]
+        state, inc = states[at]
         self.bits.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0,
                            "uinteger": 0}
         return _ids(self.generator.random(length), vocab_size)
