@@ -37,3 +37,18 @@ def test_values_and_state_equal_one_at_a_time(monkeypatch, block):
     _, key, pos, _, _ = ahead.state()
     source.setstate((3, (*key.tolist(), int(pos)), None))
     assert [source.random() for _ in range(5)] == [reference.random() for _ in range(5)]
+
+
+def test_a_running_sum_adds_in_order():
+    # TokenLog.write sums a member's log-probabilities with numpy's accumulate, which must add them
+    # one by one as the scheduler's update does (a pairwise sum would round differently).
+    from functools import reduce
+    from operator import add
+
+    rng = np.random.RandomState(3)
+    for count in (1, 2, 7, 250, 4000):
+        values = -rng.random_sample(count)
+        start = -rng.random_sample() * 100
+        running = values.copy()
+        running[0] += start
+        assert float(np.add.accumulate(running)[-1]) == reduce(add, values.tolist(), start)

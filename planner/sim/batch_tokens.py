@@ -127,7 +127,15 @@ class TokenLog:
         else:
             row = member.tokens_upto + 1 - self.first_row
             seq.token_ids.extend(self.ids[member.slot, row:row + count].tolist())
-            logprobs = self.logprobs[member.slot, row:row + count].tolist()
+            values = self.logprobs[member.slot, row:row + count]
+            seq.output_logprobs.extend(values.tolist())
+            # Added one by one, as update adds them: a running sum adds in order (numpy's accumulate is
+            # not pairwise), from the sum so far (added to the first: the same addition)
+            running = values.copy()
+            running[0] += seq.cumulative_logprob
+            seq.cumulative_logprob = float(np.add.accumulate(running)[-1])
+            member.tokens_upto = upto
+            return
         seq.output_logprobs.extend(logprobs)
         seq.cumulative_logprob = reduce(add, logprobs, seq.cumulative_logprob)   # added one by one, as update does
         member.tokens_upto = upto
