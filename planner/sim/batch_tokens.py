@@ -103,8 +103,8 @@ class TokenLog:
 
     def _make_room(self, first: int, end: int) -> None:
         """Rows for batch steps first .. end - 1. When the matrices are full, every member's sequence is
-        written up to step `first - 1` and the rows start again at `first`: they hold a few hundred steps
-        however long a member runs."""
+        written up to step `first - 1` and the rows start again at `first`: they hold ROWS steps (more
+        only for a longer plan) however long a member runs."""
         if end - self.first_row <= self.ids.shape[1]:
             return
         for member in self.drawing:
