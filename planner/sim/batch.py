@@ -412,14 +412,9 @@ class DecodeBatch:
         step by step, member by member in running order, a fresh block for one crossing a boundary,
         and the block one has just filled (its tokens up to the step before) registered in the prefix
         cache. The order matters where a block taken drops a key that a block registered holds too.
-        One call a plan, the pool's take and register written out (a few hundred thousand a run):
-        the pool is a VllmBlockPool (`covers`) with no event list (no router reads it)."""
-        pool, bs, turns, tokens = self.pool, self.bs, self.turns, self.tokens
-        if pool.events is not None:
-            raise AssertionError("decode batch: the prefix cache's events are read step by step")
-        pop, hashes, cached, refs, fill = pool.evictor.popitem, pool.block_hash, pool.cached, pool.ref_counts, pool.fill
-        ids, first_row = tokens.ids, tokens.first_row      # the plan's draws are in (apply draws first)
-        taken = 0
+        One call a plan, with everything it reads bound once."""
+        bs, turns, tokens = self.bs, self.turns, self.tokens
+        take, fill, register, key_of = self.pool.take, self.pool.fill, self.pool.register, tokens.key
         for step in range(first, last + 1):
             r = step % bs
             turn = turns[r]
@@ -430,34 +425,16 @@ class DecodeBatch:
                 if member.residue == r:
                     table = member.table
                     fill[table[-1]] = bs
-                    block = pop(False)[0]                 # VllmBlockPool.take(1): the oldest free block,
-                    h = hashes[block]                     # its key dropped
-                    if h is not None:
-                        del cached[h]
-                        hashes[block] = None
-                    refs[block] = fill[block] = 1
-                    table.append(block)
-                    taken += 1
+                    table.append(take(1))
                     if bs > 1:
                         continue
                 keys = member.keys
-                n = len(keys)
-                if n != (member.base + step) // bs - 1:        # not the one block it filled: the manager's way
+                if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
+                    keys.append(key_of(member, step - 1, keys[-1] if keys else ROOT_HASH, bs))
+                    register(member.table[len(keys) - 1], keys[-1])
+                else:                                                 # else the block manager's own way
                     tokens.write(member, step - 1)
                     self.allocator.mark_computed(member.group.seqs[0], member.base + step)
-                    continue
-                parent = keys[-1] if n else ROOT_HASH
-                if member.answer is None and step - 1 - member.tokens_upto >= bs:   # TokenLog.key's common case
-                    row = step - first_row
-                    key = hash((parent, tuple(ids[member.slot, row - bs:row].tolist())))
-                else:
-                    key = tokens.key(member, step - 1, parent, bs)
-                keys.append(key)
-                block = member.table[n]
-                if hashes[block] is None and key not in cached:      # BlockPool.register
-                    hashes[block] = key
-                    cached[key] = block
-        pool.num_token_states += taken
 
     def _turns_changed(self, member: _Member) -> None:
         """A member joined or left: the turns of the steps it takes or fills a block in change."""
