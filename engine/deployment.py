@@ -34,6 +34,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   says otherwise); `kv_cache_dtype` is vLLM's `--kv-cache-dtype` ("auto": the
   model's dtype; "fp8": FP8 E4M3 with a per-tensor scale, as vLLM stores it on
   CUDA, where "fp8_e4m3" is the same format).
+- `async_scheduling` is vLLM's `--async-scheduling`: the engine schedules and
+  prepares step N+1 while the GPU runs step N. The measured cost model then
+  hides its fitted host time behind the GPU time (the best case; off: in
+  series, as the vLLM 0.12 runs it was calibrated on). This engine schedules
+  synchronously and refuses it; only the planner prices it.
 - `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
@@ -91,6 +96,7 @@ class Deployment:
     num_cpu_blocks: int | None = None
     quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
     kv_cache_dtype: str = "auto"
+    async_scheduling: bool = False           # vLLM's --async-scheduling (priced by the measured model only)
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
     draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)

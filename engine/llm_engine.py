@@ -80,6 +80,9 @@ def _check_runnable(dep: Deployment, model: str) -> None:
     if dep.allocator != "paged":
         raise ValueError(f"allocator {dep.allocator!r} is one of the paper's baselines, which only the "
                          "simulator runs; the engine is paged")
+    if dep.async_scheduling:
+        raise ValueError("async scheduling: this engine schedules each step after the last one ends; the "
+                         "planner prices vLLM's --async-scheduling (planner simulate --async-scheduling)")
     if dep.quantization is not None:
         raise ValueError(f"quantization {dep.quantization!r}: this engine runs 16/32-bit weights; the planner "
                          f"prices quantized deployments (planner simulate --quantization {dep.quantization})")

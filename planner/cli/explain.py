@@ -40,14 +40,14 @@ def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int
                      decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts))
 
 
-def explain_ledger(deployments: DeploymentChoices, shape: StepShape, async_scheduling: bool) -> Ledger:
+def explain_ledger(deployments: DeploymentChoices, shape: StepShape) -> Ledger:
     """The measured model's ledger for `shape` on the deployment given (planned as `simulate` plans it)."""
     plan = plan_deployment(deployments.one("explain", **DEFAULTS))
     d = plan.deployment
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-                              async_scheduling=async_scheduling, moe=plan.moe_parallel)
+                              async_scheduling=d.async_scheduling, moe=plan.moe_parallel)
     return model.ledger(shape)
 
 
@@ -70,14 +70,11 @@ def explain(
     context: int = typer.Option(1024, "--context", "-c", help="tokens each decode sequence attends to"),
     prefill_tokens: int = typer.Option(0, "--prefill-tokens", help="new tokens of one prompt chunk in the same step"),
     prefill_context: int = typer.Option(0, "--prefill-context", help="tokens of that prompt already cached"),
-    async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling",
-                                          help="hide the fitted host time behind the GPU's, as vLLM's async "
-                                               "scheduling would at best (default: in series, as calibrated)"),
     as_json: bool = typer.Option(False, "--json", help="print the ledger as one JSON document"),
 ) -> None:
     """One step's cost ledger on the measured model: every term, its seconds, share and source."""
     try:
-        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context), async_scheduling)
+        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context))
     except (PlannerError, ValueError) as exc:
         raise fail(str(exc) or type(exc).__name__) from None
     if as_json:

@@ -57,6 +57,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                "[default: the checkpoint's quantization_config, else 16-bit]"),
     "kv_cache_dtype": (("--kv-cache-dtype",), "KV-cache element type: auto (the model's dtype) or fp8 (E4M3, "
                                               "per-tensor scale) [default: auto]"),
+    "async_scheduling": (("--async-scheduling/--no-async-scheduling",),
+                         "vLLM's async scheduling: the host prepares the next step while the GPU runs this one "
+                         "(the measured cost model hides its host time behind the GPU's, the best case) "
+                         "[default: off, in series, as calibrated]"),
     "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle, mtp or draft (with --draft-model) with K draft tokens "
                                         "per step [default: off]"),
     "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "

@@ -101,12 +101,27 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       block_size: int = 16, profile: str | Path | None = None,
                       cost_model: str | None = None, weight_format: WeightFormat | None = None,
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
-                      max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None) -> CostModel:
+                      max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
+                      async_scheduling: bool = False) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
     and routing skew (planner/cost/moe.py); a calibrated profile timed one GPU's own routing, so it
-    prices neither dp > 1 nor an assumed skew."""
+    prices neither dp > 1 nor an assumed skew. `async_scheduling` (vLLM's --async-scheduling) hides the
+    measured model's fitted host time behind the GPU; no other model separates vLLM's host time, so
+    they refuse it in one line."""
+    model_ = _select(model, gpu, tp, dtype_bytes, block_size, profile, cost_model, weight_format, kv_cache_dtype,
+                     max_num_seqs, max_num_batched_tokens, moe, async_scheduling)
+    if async_scheduling and not isinstance(model_, MeasuredCostModel):
+        raise PlannerError(f"--async-scheduling is priced by the measured cost model (NVIDIA's tables and the "
+                           f"host time fitted to vLLM's runs); {model_.name} does not separate vLLM's host time "
+                           f"from the GPU's: give --cost-model measured (a GPU with NVIDIA's tables), or drop "
+                           f"--async-scheduling")
+    return model_
+
+
+def _select(model, gpu, tp, dtype_bytes, block_size, profile, cost_model, weight_format, kv_cache_dtype,
+            max_num_seqs, max_num_batched_tokens, moe, async_scheduling) -> CostModel:
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
@@ -115,7 +130,8 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
     formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "moe": moe}
-    graphs = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    graphs = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+              "async_scheduling": async_scheduling}
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):

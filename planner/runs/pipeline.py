@@ -38,7 +38,9 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
     d = plan.deployment
     return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
-                             kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel)
+                             kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
+                             max_num_batched_tokens=plan.max_num_batched_tokens,
+                             async_scheduling=d.async_scheduling)
 
 
 @dataclass(frozen=True)

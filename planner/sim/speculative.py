@@ -165,7 +165,7 @@ def draft_cost_model(plan):
         return None
     d = plan.deployment
     return select_cost_model(proposer[0], plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
-                             kv_cache_dtype=d.kv_cache_dtype)
+                             kv_cache_dtype=d.kv_cache_dtype, async_scheduling=d.async_scheduling)
 
 
 class SpecRuntime:
