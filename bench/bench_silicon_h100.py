@@ -13,13 +13,19 @@ Qwen3-32B FP8 (3 runs, Dynamo 0.8.0's vLLM runtime) and Llama-3.1-70B FP8
 targets are dense models.
 
 Each run is simulated as it was made: `planner simulate --model <id> --gpu
-h100-sxm --tp N --policy vllm-v1 --enable-prefix-caching --workload random
--p input_len=ISL -p output_len=OSL --concurrency C --requests R
-[--quantization fp8]` with vLLM's API-server defaults on H100
-(max_num_batched_tokens 8192, max_num_seqs 1024: vllm/engine/arg_utils.py
-EngineArgs.get_batch_defaults) and max_model_len = ISL + OSL, priced by the
-measured model with synchronous scheduling (these vLLM versions ran the host
-work in series with the GPU; async scheduling became vLLM's default later).
+h100-sxm --tp N --policy vllm-v1 --workload random -p input_len=ISL
+-p output_len=OSL --concurrency C --requests R [--quantization fp8]` with the
+run's recipe (`Recipe`). Where the source says nothing: vLLM's API-server
+defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024:
+vllm/engine/arg_utils.py EngineArgs.get_batch_defaults), prefix caching on,
+max_model_len = ISL + OSL, fixed lengths, R = 8 x C (at least 64), priced
+with synchronous scheduling (these vLLM versions ran the host work in series
+with the GPU). The Llama-3.1-70B FP8 runs are InferenceMAX's, whose published
+recipe says more (`silicon_recipes.INFERENCEMAX_LLAMA70B`: an FP8 KV cache, async scheduling,
+no prefix caching, max_num_seqs = C, lengths uniform on [0.8 L, L],
+R = 10 x C; `--kv-cache-dtype fp8 --async-scheduling --no-enable-prefix-caching
+--max-num-seqs C --max-model-len 10240` and the random workload's lengths
+centred on the interval with range_ratio 1/9).
 
 Fit. Only constants with a physical meaning are fitted, never a factor per
 run or per model: vLLM's host time per engine step and per scheduled
@@ -66,6 +72,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine.deployment import Deployment  # noqa: E402
 from planner.api import run_spec  # noqa: E402
@@ -74,6 +81,7 @@ from planner.cost.measured import (LEGACY_HOST_BASE_S, LEGACY_HOST_PER_SEQ_S, TE
                                    MeasuredCostModel)
 from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
+from silicon_recipes import INFERENCEMAX_LLAMA70B, VLLM_DEFAULTS, Recipe  # noqa: E402
 
 DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm.json")
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
@@ -95,7 +103,6 @@ CONFIGS = (       # (label, the TERM_FAMILIES left out); cumulative, each with t
     ("+ logits all-gather (all terms, priors)", ("host",)),
 )
 FITTED_LABEL = "all terms, fitted host time"
-REQUESTS_PER_CLIENT = 8          # requests per concurrent client (R = 8 x C, at least 64)
 
 
 # ---- the runs --------------------------------------------------------------------------------------
@@ -166,19 +173,35 @@ def rows() -> list[Row]:
             for m, w, isl, osl, c, tp, ttft, tpot, vllm, _ in doc["rows"]]
 
 
+# The Llama-3.1-70B FP8 runs measured 2025-10-29 are InferenceMAX's: the same grid (ISL/OSL 1k/1k, 1k/8k,
+# 8k/1k; 4-64 clients; TP 2/4/8) and the date its last Llama-70B sweep ran (silicon_recipes.py cites the recipe).
+INFERENCEMAX_RUNS = "unstated (measured 2025-10-29)"
+
+
+def recipe(row: Row) -> Recipe:
+    return INFERENCEMAX_LLAMA70B if row.vllm == INFERENCEMAX_RUNS else VLLM_DEFAULTS
+
+
+def workload_params(row: Row) -> dict:
+    return recipe(row).workload_params(row.isl, row.osl)
+
+
 def deployment(row: Row) -> Deployment:
-    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, policy="vllm-v1", enable_prefix_caching=True,
-                      max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=row.isl + row.osl,
-                      quantization=None if row.weights == "bf16" else row.weights)
+    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp,
+                      quantization=None if row.weights == "bf16" else row.weights,
+                      **recipe(row).deployment_knobs(row.isl, row.osl, row.concurrency))
 
 
-def cost_model(row: Row, leave_out=(), calibration: Calibration | None = None) -> MeasuredCostModel:
-    """The measured model for the row's deployment, synchronous scheduling (vLLM 0.12's engine loop)."""
+def cost_model(row: Row, leave_out=(), calibration: Calibration | None = None,
+               async_scheduling: bool | None = None) -> MeasuredCostModel:
+    """The measured model for the row's deployment, with the run's scheduling (vLLM 0.12's synchronous
+    engine loop unless its recipe turned async scheduling on; `async_scheduling` overrides it)."""
     plan = plan_deployment(deployment(row))
     d = plan.deployment
     return MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, block_size=d.block_size, weight_format=plan.weight_format,
                              kv_cache_dtype=d.kv_cache_dtype, max_num_seqs=d.max_num_seqs,
-                             max_num_batched_tokens=plan.max_num_batched_tokens, async_scheduling=False,
+                             max_num_batched_tokens=plan.max_num_batched_tokens,
+                             async_scheduling=d.async_scheduling if async_scheduling is None else async_scheduling,
                              leave_out=leave_out, calibration=calibration)
 
 
@@ -198,10 +221,11 @@ class Recording:
 
 
 def record(row: Row) -> Recording:
-    """Simulate the run as it was made (closed loop, R = 8 x C requests) with the shipped constants."""
+    """Simulate the run as it was made (closed loop, its recipe's lengths and request count) with the
+    shipped constants."""
     d = deployment(row)
-    spec = run_spec(d, workload="random", params={"input_len": row.isl, "output_len": row.osl},
-                    requests=max(REQUESTS_PER_CLIENT * row.concurrency, 64), concurrency=row.concurrency)
+    spec = run_spec(d, workload="random", params=workload_params(row), requests=recipe(row).requests(row.concurrency),
+                    concurrency=row.concurrency)
     plan = plan_deployment(d)
     sim = Simulation(spec, plan, cost_model(row)).simulate()
     index = {step.end: i for i, step in enumerate(sim.steps)}
@@ -231,9 +255,10 @@ def mape(predicted, measured) -> float:
     return float(np.mean(np.abs(p / m - 1)) * 100)
 
 
-def evaluate(recs: list[Recording], leave_out=(), calibration: Calibration | None = None) -> np.ndarray:
+def evaluate(recs: list[Recording], leave_out=(), calibration: Calibration | None = None,
+             async_scheduling: bool | None = None) -> np.ndarray:
     """Per run (TPOT, TTFT) under a configuration."""
-    return np.array([reprice(r, cost_model(r.row, leave_out, calibration)) for r in recs])
+    return np.array([reprice(r, cost_model(r.row, leave_out, calibration, async_scheduling)) for r in recs])
 
 
 # ---- the fit -------------------------------------------------------------------------------------
@@ -300,12 +325,14 @@ def write_calibration(calibration: Calibration, figures: dict) -> None:
             "rows_held_out": "every FP8 run: meta-llama/Llama-3.1-70B (45), Qwen/Qwen3-32B (3)",
             "no_other_gpu": "only h100_sxm rows were kept (the extraction skips every other system's row before using any other field); nothing was fitted per model or per run",
             "objective": "mean absolute relative error of the mean TPOT (least squares on relative errors, "
-                         "iteratively reweighted), each run simulated as it was made (closed loop, vLLM's H100 "
-                         "API-server limits, synchronous scheduling)",
+                         "iteratively reweighted), each run simulated as it was made (closed loop; a run's published "
+                         "recipe where it has one, else vLLM's H100 API-server limits, synchronous scheduling and "
+                         "fixed lengths)",
             "refit": ".venv/bin/python bench/bench_silicon_h100.py --fit --write",
             "figures": figures,
         },
-        "constants": {name: {"value": float(getattr(calibration, name)), "unit": MEANINGS[name][0],
+        "constants": {name: {"value": round(float(getattr(calibration, name)), 7),    # to 0.1 us
+                             "unit": MEANINGS[name][0],
                              "meaning": MEANINGS[name][1], "fitted": name in FITTED}
                       for name in CONSTANTS},
     }
@@ -342,6 +369,22 @@ def print_terms(recs: list[Recording], fitted: Calibration) -> dict[str, np.ndar
         cells = [f"{m[s][k]:.1f}%" if s in m else "-" for s in SPLITS for k in ("tpot_mape", "ttft_mape")]
         print(f"{label:<44}" + "".join(f"{c:>15}" for c in cells))
     return results
+
+
+def print_recipes(recs: list[Recording], fitted: Calibration, values: np.ndarray) -> None:
+    """Per recipe, the fitted configuration's MAPE and mean TPOT error; a recipe with async scheduling
+    also with its host time in series, the other side of what async scheduling can save."""
+    print(f"\n{'runs by recipe (all terms, fitted host time)':<60}{'runs':>5}{'TPOT':>8}{'mean':>8}{'TTFT':>8}")
+    for r in dict.fromkeys(recipe(rec.row) for rec in recs):
+        chosen = [i for i, rec in enumerate(recs) if recipe(rec.row) is r]
+        sets = [(r.name, values[chosen])]
+        if r.async_scheduling:
+            serial = evaluate([recs[i] for i in chosen], (), fitted, async_scheduling=False)
+            sets.append((f"{r.name}, host time in series", serial))
+        tpot, ttft = np.array([recs[i].row.tpot for i in chosen]), np.array([recs[i].row.ttft for i in chosen])
+        for label, v in sets:
+            print(f"{label:<60}{len(chosen):>5}{mape(v[:, 0], tpot):>7.1f}%{np.mean(v[:, 0] / tpot - 1) * 100:>+7.1f}%"
+                  f"{mape(v[:, 1], ttft):>7.1f}%")
 
 
 def print_rows(recs: list[Recording], before: np.ndarray, priors: np.ndarray, after: np.ndarray) -> None:
@@ -405,6 +448,7 @@ def main() -> None:
     print("constants: " + ", ".join(f"{k} = {getattr(fitted, k) * 1e6:.2f} us" for k in CONSTANTS)
           + (" (fitted now)" if args.fit else f" ({fitted.source.get('fitted_to')})"))
     results = print_terms(recs, fitted)
+    print_recipes(recs, fitted, results[FITTED_LABEL])
     print_rows(recs, results[CONFIGS[0][0]], results[CONFIGS[-1][0]], results[FITTED_LABEL])
     if args.fit and args.write:
         if args.quick:

@@ -1,0 +1,77 @@
+"""How the measured H100 vLLM runs the silicon benches compare with were served and loaded, as far as
+their sources say (bench/bench_silicon_h100.py, bench/bench_silicon_moe.py).
+
+A run is simulated as it was made: the server options that change the schedule or the prices, and the
+benchmark client's lengths and request count. Where a run's source records nothing, its recipe is vLLM's
+API-server defaults on H100 (vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: 8,192 batched tokens,
+1,024 sequences), prefix caching on, max_model_len = ISL + OSL, fixed lengths. InferenceMAX (SemiAnalysis,
+github.com/InferenceMAX/InferenceMAX, now SemiAnalysisAI/InferenceX) publishes its recipes: its client
+(utils/bench_serving/benchmark_serving.py, `sample_random_requests`) draws every input and output length
+uniformly on [int(0.8 L), L] (--random-range-ratio 0.8, the older vLLM reading of the ratio) and sends
+10 x CONC prompts (--num-prompts $((CONC * 10)) --max-concurrency $CONC --request-rate inf --ignore-eos).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A run's server options and client load (None where the run's own figures fill it in)."""
+
+    name: str
+    kv_cache_dtype: str = "auto"
+    prefix_caching: bool = True
+    max_num_seqs: int | None = 1024         # None: the run's concurrency (--max-num-seqs=$CONC)
+    max_model_len: int | None = None        # None: ISL + OSL
+    async_scheduling: bool = False
+    low_fraction: float = 1.0               # lengths uniform on [int(L x low_fraction), L]
+    requests_per_client: int = 8
+    min_requests: int = 64
+
+    def deployment_knobs(self, isl: int, osl: int, concurrency: int) -> dict:
+        """The Deployment settings the recipe fixes for a run (model, GPU, TP and formats aside)."""
+        return dict(policy="vllm-v1", enable_prefix_caching=self.prefix_caching, kv_cache_dtype=self.kv_cache_dtype,
+                    async_scheduling=self.async_scheduling, max_num_batched_tokens=8192,
+                    max_num_seqs=self.max_num_seqs or concurrency, max_model_len=self.max_model_len or isl + osl)
+
+    def requests(self, concurrency: int) -> int:
+        return max(self.requests_per_client * concurrency, self.min_requests)
+
+    def workload_params(self, isl: int, osl: int) -> dict:
+        """The random workload's parameters (its lengths range over [len x (1 - r), len x (1 + r)], vLLM's
+        reading): fixed lengths, or uniform on [int(L x f), L] for both with one r = (1 - f) / (1 + f), each
+        centre picked (and checked) to give exactly the client's bounds."""
+        f = self.low_fraction
+        if f == 1.0:
+            return {"input_len": isl, "output_len": osl}
+        ratio = (1 - f) / (1 + f)
+
+        def centre(length: int) -> int:
+            middle = length * (1 + f) / 2
+            for c in sorted(range(int(middle) - 1, int(middle) + 3), key=lambda c: abs(c - middle)):
+                if (max(1, int(c * (1 - ratio))), int(c * (1 + ratio))) == (int(length * f), length):
+                    return c
+            raise ValueError(f"no centre gives [{int(length * f)}, {length}]")
+
+        return {"input_len": centre(isl), "output_len": centre(osl), "range_ratio": ratio}
+
+
+VLLM_DEFAULTS = Recipe("vLLM's H100 API-server defaults, fixed lengths")
+
+# InferenceMAX's Llama-3.1-70B FP8 H100 recipe (benchmarks/70b_fp8_h100_slurm.sh and
+# .github/workflows/70b-tmpl.yml at c99f2e6, vllm/vllm-openai:v0.11.0): --kv-cache-dtype fp8
+# --async-scheduling --no-enable-prefix-caching --max-num-batched-tokens 8192 --max-model-len 10240
+# --max-num-seqs $CONC.
+INFERENCEMAX_LLAMA70B = Recipe("InferenceMAX's 70b_fp8_h100 recipe (vLLM 0.11.0)", kv_cache_dtype="fp8",
+                               prefix_caching=False, max_num_seqs=None, max_model_len=10240, async_scheduling=True,
+                               low_fraction=0.8, requests_per_client=10, min_requests=0)
+
+# InferenceX's gpt-oss-120b H100 recipe as the vLLM 0.18.0 runs were made (benchmarks/single_node/
+# gptoss_fp4_h100.sh and .github/configs/nvidia-master.yaml gptoss-fp4-h100-vllm at cec542a9, 2026-03-27,
+# vllm/vllm-openai:v0.18.0): --no-enable-prefix-caching --max-num-batched-tokens 8192 --max-model-len 10240
+# --max-num-seqs $CONC (and --max-cudagraph-capture-size 2048, VLLM_MXFP4_USE_MARLIN=1, which the measured
+# model does not take); async scheduling is vLLM 0.18's default.
+INFERENCEX_GPTOSS = Recipe("InferenceX's gptoss_fp4_h100 recipe (vLLM 0.18.0)", prefix_caching=False,
+                           max_num_seqs=None, max_model_len=10240, async_scheduling=True, low_fraction=0.8,
+                           requests_per_client=10, min_requests=0)

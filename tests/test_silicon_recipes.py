@@ -1,0 +1,57 @@
+"""bench/bench_silicon_h100.py simulates each measured H100 run as it was made: InferenceMAX's runs with its
+published recipe (FP8 KV cache, no prefix caching, --max-num-seqs CONC, lengths uniform on [int(0.8 L), L],
+10 x CONC prompts), the others with vLLM's API-server defaults and fixed lengths."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.api import run_spec
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_silicon_h100.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_silicon_h100", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module      # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace(bench, row, requests):
+    spec = run_spec(bench.deployment(row), workload="random", params=bench.workload_params(row),
+                    requests=requests, concurrency=row.concurrency)
+    return spec.load.trace()
+
+
+def test_inferencemax_runs_draw_their_clients_lengths(bench):
+    runs = [r for r in bench.rows() if bench.recipe(r) is bench.INFERENCEMAX_LLAMA70B]
+    assert len(runs) == 45 and {r.model for r in runs} == {"meta-llama/Llama-3.1-70B"}
+    for isl, osl in ((1024, 1024), (1024, 8192), (8192, 1024)):
+        row = next(r for r in runs if (r.isl, r.osl) == (isl, osl))
+        requests = list(trace(bench, row, 2000))
+        for lengths, full in (([q.prompt_len for q in requests], isl), ([q.output_len for q in requests], osl)):
+            assert int(full * 0.8) <= min(lengths) < int(full * 0.81) and full * 0.99 < max(lengths) <= full
+            assert abs(sum(lengths) / len(lengths) - 0.9 * full) < 0.01 * full
+        params = bench.workload_params(row)     # the generator's bounds, exactly the client's
+        for length, full in ((params["input_len"], isl), (params["output_len"], osl)):
+            r = params["range_ratio"]
+            assert (int(length * (1 - r)), int(length * (1 + r))) == (int(full * 0.8), full)
+        d = bench.deployment(row)
+        assert (d.kv_cache_dtype, d.enable_prefix_caching, d.max_num_seqs) == ("fp8", False, row.concurrency)
+        assert d.max_model_len == 10240 and d.max_num_batched_tokens == 8192
+        assert d.async_scheduling and bench.cost_model(row).async_scheduling
+
+
+def test_other_runs_keep_fixed_lengths_and_vllms_defaults(bench):
+    row = next(r for r in bench.rows() if r.weights == "bf16")
+    assert bench.recipe(row) is bench.VLLM_DEFAULTS
+    requests = list(trace(bench, row, 64))
+    assert {q.prompt_len for q in requests} == {row.isl} and {q.output_len for q in requests} == {row.osl}
+    d = bench.deployment(row)
+    assert (d.enable_prefix_caching, d.max_num_seqs, d.max_model_len) == (True, 1024, row.isl + row.osl)
+    assert not bench.cost_model(row).async_scheduling
