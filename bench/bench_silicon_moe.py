@@ -8,13 +8,16 @@ the catalog has: openai/gpt-oss-120b, its MXFP4 checkpoint (69 runs: vLLM 0.11.2
 1024/1024, 1024/8192, 8192/1024, 4-512 concurrent clients, TP 2/4/8, moe_tp = TP, no DP or EP).
 `--extract WHEEL` rebuilds the file from the wheel.
 
-Each run is simulated as it was made (closed loop of C clients, R = 4 x C requests, at least 32; the
-lightest runs first, each printed as it ends):
-`planner simulate --model openai/gpt-oss-120b --gpu h100-sxm --tp N --policy vllm-v1
---enable-prefix-caching --workload random -p input_len=ISL -p output_len=OSL --concurrency C` with
-vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024) and
-max_model_len = ISL + OSL, priced by the measured model (the MoE from NVIDIA's fused-MoE table for
-gpt-oss's MXFP4 kernel, balanced routing unless --moe-skew) and, beside it, the roofline. Nothing is
+Each run is simulated as it was made (closed loop of C clients; the lightest runs first, each printed
+as it ends): `planner simulate --model openai/gpt-oss-120b --gpu h100-sxm --tp N --policy vllm-v1
+--workload random -p input_len=ISL -p output_len=OSL --concurrency C` with the run's recipe
+(bench/silicon_recipes.py). The vLLM 0.18.0 runs are InferenceX's gpt-oss-120b H100 sweep (its grid,
+its image and the week it ran): no prefix caching, max_num_seqs = C, max_model_len 10240, lengths
+uniform on [0.8 L, L], R = 10 x C. The others (0.11.2 or unstated, 512 clients) record nothing more:
+vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024, prefix caching
+on), max_model_len = ISL + OSL, fixed lengths, R = 4 x C (at least 32). Priced by the measured model
+(the MoE from NVIDIA's fused-MoE table for gpt-oss's MXFP4 kernel, balanced routing unless --moe-skew)
+and, beside it, the roofline. Nothing is
 fitted here: the host constants are the ones fitted to the dense H100 runs (docs/calibration.md).
 Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
 behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show.
@@ -33,12 +36,13 @@ import os
 import sys
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine.deployment import Deployment  # noqa: E402
 from planner.api import run_spec  # noqa: E402
@@ -46,14 +50,15 @@ from planner.cost.measured import MeasuredCostModel  # noqa: E402
 from planner.cost.roofline import RooflineCostModel  # noqa: E402
 from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
+from silicon_recipes import INFERENCEX_GPTOSS, VLLM_DEFAULTS, Recipe  # noqa: E402
 
 DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm_moe.json")
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
 PACKAGE = "aiconfigurator-core 0.12.0 (Apache-2.0)"
 MOE = ("openai/gpt-oss-120b",)     # the catalog's MoE models among the h100_sxm vLLM rows
-# Requests per concurrent client (R = 4 x C, at least 32): half the dense bench's 8, because these runs
-# decode up to 8,192 tokens at up to 512 clients, which step-by-step takes minutes per run on two cores.
-REQUESTS_PER_CLIENT = 4
+# The runs no recipe covers: requests per concurrent client R = 4 x C, at least 32 (half the dense bench's 8,
+# because they decode up to 8,192 tokens at 512 clients, which step by step takes minutes a run on two cores).
+UNRECORDED = replace(VLLM_DEFAULTS, requests_per_client=4, min_requests=32)
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,14 @@ def rows() -> list[Row]:
             for m, isl, osl, c, tp, ttft, tpot, vllm, dp, ep, _ in doc["rows"] if dp == 1 and ep == 1]
 
 
+def recipe(row: Row) -> Recipe:
+    """InferenceX's recipe for its vLLM 0.18.0 sweep (4-64 clients), the defaults for the rest."""
+    return INFERENCEX_GPTOSS if row.vllm == "0.18.0" else UNRECORDED
+
+
 def deployment(row: Row, skew: float) -> Deployment:
-    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, policy="vllm-v1", enable_prefix_caching=True,
-                      max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=row.isl + row.osl,
-                      moe_skew=skew)
+    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, moe_skew=skew,
+                      **recipe(row).deployment_knobs(row.isl, row.osl, row.concurrency))
 
 
 def cost_models(row: Row, skew: float) -> dict:
@@ -130,8 +139,8 @@ def simulate(row: Row, skew: float) -> dict[str, tuple[float, float]]:
     """(mean TPOT, mean TTFT) of the run under each cost model: simulated once, its steps re-priced (a closed
     loop's schedule does not depend on step times: clients send when a request ends, at a step's end)."""
     d = deployment(row, skew)
-    spec = run_spec(d, workload="random", params={"input_len": row.isl, "output_len": row.osl},
-                    requests=max(REQUESTS_PER_CLIENT * row.concurrency, 32), concurrency=row.concurrency)
+    spec = run_spec(d, workload="random", params=recipe(row).workload_params(row.isl, row.osl),
+                    requests=recipe(row).requests(row.concurrency), concurrency=row.concurrency)
     models = cost_models(row, skew)
     sim = Simulation(spec, plan_deployment(d), models["measured"]).simulate()
     index = {step.end: i for i, step in enumerate(sim.steps)}
@@ -163,13 +172,18 @@ def print_row(row: Row, res: dict) -> None:
 
 
 def report(results: list[tuple[Row, dict]]) -> None:
+    """Mean absolute (mean signed) error and median |error| per cost model, over all runs and per recipe."""
     names = list(results[0][1])
-    print(f"\n{len(results)} runs; mean absolute error (mean signed error):")
-    for n in names:
-        for i, what in ((0, "TPOT"), (1, "TTFT")):
-            rel = np.array([res[n][i] / (row.tpot if i == 0 else row.ttft) - 1 for row, res in results])
-            print(f"  {n:18s} {what}: {np.mean(np.abs(rel)):6.1%} ({np.mean(rel):+6.1%}), median |err| "
-                  f"{np.median(np.abs(rel)):6.1%}")
+    groups = {"all": results}
+    for row, res in results:
+        groups.setdefault(recipe(row).name, []).append((row, res))
+    for label, chosen in groups.items():
+        print(f"\n{label}: {len(chosen)} runs; mean absolute error (mean signed error):")
+        for n in names:
+            for i, what in ((0, "TPOT"), (1, "TTFT")):
+                rel = np.array([res[n][i] / (row.tpot if i == 0 else row.ttft) - 1 for row, res in chosen])
+                print(f"  {n:18s} {what}: {np.mean(np.abs(rel)):6.1%} ({np.mean(rel):+6.1%}), median |err| "
+                      f"{np.median(np.abs(rel)):6.1%}")
 
 
 def main() -> None:
@@ -187,7 +201,7 @@ def main() -> None:
         return
     chosen = rows()[::4] if args.quick else rows()
     # the lightest runs first (decoded tokens), each printed as it ends: an interrupted run keeps its rows
-    chosen.sort(key=lambda r: max(REQUESTS_PER_CLIENT * r.concurrency, 32) * (r.isl + r.osl))
+    chosen.sort(key=lambda r: recipe(r).requests(r.concurrency) * (r.isl + r.osl))
     start, results = time.perf_counter(), []
     header(["measured", "measured, async", "roofline"])
     for i, row in enumerate(chosen):
