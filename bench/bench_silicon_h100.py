@@ -218,6 +218,7 @@ class Recording:
     tokens: np.ndarray                 # tokens of the request's sequence
     simulated: tuple[float, float]     # the simulation's own (mean TPOT, mean TTFT)
     preemptions: int
+    recipe: str = ""                   # the name of the recipe it was simulated with
 
 
 def record(row: Row) -> Recording:
@@ -238,7 +239,7 @@ def record(row: Row) -> Recording:
     m = sim.metrics
     return Recording(row, list(sim.shapes), at(r.arrival for r in done), at(r.first_token for r in done),
                      at(r.finish for r in done), np.array([r.seq_output_len for r in done]),
-                     (m.tpot_mean, m.ttft_mean), int(m.preemptions["total"]))
+                     (m.tpot_mean, m.ttft_mean), int(m.preemptions["total"]), recipe(row).name)
 
 
 def reprice(rec: Recording, model: MeasuredCostModel) -> tuple[float, float]:
@@ -374,7 +375,7 @@ def print_terms(recs: list[Recording], fitted: Calibration) -> dict[str, np.ndar
 def print_recipes(recs: list[Recording], fitted: Calibration, values: np.ndarray) -> None:
     """Per recipe, the fitted configuration's MAPE and mean TPOT error; a recipe with async scheduling
     also with its host time in series, the other side of what async scheduling can save."""
-    print(f"\n{'runs by recipe (all terms, fitted host time)':<60}{'runs':>5}{'TPOT':>8}{'mean':>8}{'TTFT':>8}")
+    print(f"\n{'runs by recipe (all terms, fitted host time)':<76}{'runs':>5}{'TPOT':>8}{'mean':>8}{'TTFT':>8}")
     for r in dict.fromkeys(recipe(rec.row) for rec in recs):
         chosen = [i for i, rec in enumerate(recs) if recipe(rec.row) is r]
         sets = [(r.name, values[chosen])]
@@ -383,7 +384,7 @@ def print_recipes(recs: list[Recording], fitted: Calibration, values: np.ndarray
             sets.append((f"{r.name}, host time in series", serial))
         tpot, ttft = np.array([recs[i].row.tpot for i in chosen]), np.array([recs[i].row.ttft for i in chosen])
         for label, v in sets:
-            print(f"{label:<60}{len(chosen):>5}{mape(v[:, 0], tpot):>7.1f}%{np.mean(v[:, 0] / tpot - 1) * 100:>+7.1f}%"
+            print(f"{label:<76}{len(chosen):>5}{mape(v[:, 0], tpot):>7.1f}%{np.mean(v[:, 0] / tpot - 1) * 100:>+7.1f}%"
                   f"{mape(v[:, 1], ttft):>7.1f}%")
 
 
@@ -403,7 +404,8 @@ def recordings(chosen: list[Row], cache: str | None) -> list[Recording]:
     if cache and os.path.exists(cache):
         with open(cache, "rb") as f:
             recs = pickle.load(f)
-        if [astuple(r.row) for r in recs] == [astuple(row) for row in chosen]:    # by value: the classes may differ
+        # by value (the classes may differ), and simulated with the recipes the bench has now
+        if [(astuple(r.row), r.recipe) for r in recs] == [(astuple(row), recipe(row).name) for row in chosen]:
             return recs
     start, recs = time.perf_counter(), []
     for i, row in enumerate(chosen):
