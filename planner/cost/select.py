@@ -110,8 +110,10 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     prices neither dp > 1 nor an assumed skew. `async_scheduling` (vLLM's --async-scheduling) hides the
     measured model's fitted host time behind the GPU; no other model separates vLLM's host time, so
     they refuse it in one line."""
-    model_ = _select(model, gpu, tp, dtype_bytes, block_size, profile, cost_model, weight_format, kv_cache_dtype,
-                     max_num_seqs, max_num_batched_tokens, moe, async_scheduling)
+    model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
+                     cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
+                     graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                             "async_scheduling": async_scheduling}, moe=moe)
     if async_scheduling and not isinstance(model_, MeasuredCostModel):
         raise PlannerError(f"--async-scheduling is priced by the measured cost model (NVIDIA's tables and the "
                            f"host time fitted to vLLM's runs); {model_.name} does not separate vLLM's host time "
@@ -120,8 +122,10 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     return model_
 
 
-def _select(model, gpu, tp, dtype_bytes, block_size, profile, cost_model, weight_format, kv_cache_dtype,
-            max_num_seqs, max_num_batched_tokens, moe, async_scheduling) -> CostModel:
+def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_size: int,
+            profile: str | Path | None, cost_model: str | None, weight_format: WeightFormat | None,
+            kv_cache_dtype: str, graphs: dict, moe: MoeParallel | None) -> CostModel:
+    """select_cost_model's choice; `graphs` are the measured model's CUDA-graph and scheduling settings."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
@@ -130,8 +134,6 @@ def _select(model, gpu, tp, dtype_bytes, block_size, profile, cost_model, weight
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
     formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "moe": moe}
-    graphs = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-              "async_scheduling": async_scheduling}
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):
