@@ -68,7 +68,7 @@ class StepError(RuntimeError):
         self.outputs = outputs
 
 
-def _check_runnable(dep: Deployment, model: str) -> None:
+def check_runnable(dep: Deployment, model: str) -> None:
     """A ValueError in one line for a deployment this engine cannot run (what only the planner models)."""
     check_block_size(dep.block_size, SUPPORTED_BLOCK_SIZES)   # what the kernels are built for
     if dep.tp != 1:
@@ -125,7 +125,7 @@ class LLMEngine:
                  step_observer: Callable[[SchedulerOutput], None] | None = None,
                  speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
-        _check_runnable(dep, model)
+        check_runnable(dep, model)
         dep = resolve_batch_limits(dep, batch_device(device), model_context_limit(model, dep.max_model_len))
         self.deployment = dep
         self.clock = clock

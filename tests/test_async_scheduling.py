@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
-from engine.llm_engine import _check_runnable
+from engine.llm_engine import check_runnable
 from planner.api import simulate
 from planner.cli.app import app
 from planner.deploy.plan import plan_deployment
@@ -45,4 +45,4 @@ def test_models_without_vllms_host_time_refuse_it_in_one_line():
 
 def test_the_live_engine_refuses_it(tmp_path):
     with pytest.raises(ValueError, match="async scheduling: this engine schedules each step"):
-        _check_runnable(Deployment(model="opt-125m", gpu="cpu", async_scheduling=True), str(tmp_path))
+        check_runnable(Deployment(model="opt-125m", gpu="cpu", async_scheduling=True), str(tmp_path))

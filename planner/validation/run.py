@@ -83,6 +83,8 @@ def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out
     profile to time along it (planner/profile/along.py), instead of the profile's (tests)."""
     check_device(spec.deployment.gpu)
     folder, model = model_folder(spec.deployment.model)
+    from engine.llm_engine import check_runnable     # torch: imported only when a live run is on
+    check_runnable(spec.deployment, folder)          # refuse what the engine cannot run before profiling
     check = None
     if cost_model is None and fresh is None:
         if not reprofile:
