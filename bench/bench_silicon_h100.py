@@ -81,7 +81,7 @@ from planner.cost.measured import (LEGACY_HOST_BASE_S, LEGACY_HOST_PER_SEQ_S, TE
                                    MeasuredCostModel)
 from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
-from silicon_recipes import INFERENCEMAX_LLAMA70B, VLLM_DEFAULTS, Recipe  # noqa: E402
+from silicon_recipes import INFERENCEMAX_LLAMA70B, VLLM_DEFAULTS, Recipe, Schedule  # noqa: E402
 
 DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm.json")
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
@@ -207,15 +207,11 @@ def cost_model(row: Row, leave_out=(), calibration: Calibration | None = None,
 
 @dataclass
 class Recording:
-    """One run simulated: its steps as the cost model saw them and, per completed request, the steps
-    at whose ends it arrived, got its first token and finished (index -1: time 0)."""
+    """One run simulated: its steps as the cost model saw them and its schedule (silicon_recipes.Schedule)."""
 
     row: Row
     shapes: list
-    arrival: np.ndarray
-    first: np.ndarray
-    finish: np.ndarray
-    tokens: np.ndarray                 # tokens of the request's sequence
+    schedule: Schedule
     simulated: tuple[float, float]     # the simulation's own (mean TPOT, mean TTFT)
     preemptions: int
     recipe: str = ""                   # the name of the recipe it was simulated with
@@ -227,28 +223,15 @@ def record(row: Row) -> Recording:
     d = deployment(row)
     spec = run_spec(d, workload="random", params=workload_params(row), requests=recipe(row).requests(row.concurrency),
                     concurrency=row.concurrency)
-    plan = plan_deployment(d)
-    sim = Simulation(spec, plan, cost_model(row)).simulate()
-    index = {step.end: i for i, step in enumerate(sim.steps)}
-    index[0.0] = -1
-
-    def at(times) -> np.ndarray:
-        return np.array([index[t] for t in times], dtype=np.int64)
-
-    done = [r for r in sim.requests if not r.rejected and not r.truncated and r.first_token is not None]
+    sim = Simulation(spec, plan_deployment(d), cost_model(row)).simulate()
     m = sim.metrics
-    return Recording(row, list(sim.shapes), at(r.arrival for r in done), at(r.first_token for r in done),
-                     at(r.finish for r in done), np.array([r.seq_output_len for r in done]),
+    return Recording(row, list(sim.shapes), Schedule.of(sim, d.client_turnaround, row.label),
                      (m.tpot_mean, m.ttft_mean), int(m.preemptions["total"]), recipe(row).name)
 
 
 def reprice(rec: Recording, model: MeasuredCostModel) -> tuple[float, float]:
     """(mean TPOT, mean TTFT) of the recorded run with every step priced by `model`."""
-    ends = np.concatenate(([0.0], np.cumsum([model.step_time(s) for s in rec.shapes])))
-    ttft = ends[rec.first + 1] - ends[rec.arrival + 1]
-    many = rec.tokens > 1
-    tpot = (ends[rec.finish + 1] - ends[rec.first + 1])[many] / (rec.tokens[many] - 1)
-    return float(tpot.mean()), float(ttft.mean())
+    return rec.schedule.reprice([model.step_time(s) for s in rec.shapes])
 
 
 def mape(predicted, measured) -> float:

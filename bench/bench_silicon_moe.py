@@ -50,7 +50,7 @@ from planner.cost.measured import MeasuredCostModel  # noqa: E402
 from planner.cost.roofline import RooflineCostModel  # noqa: E402
 from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
-from silicon_recipes import INFERENCEX_GPTOSS, VLLM_DEFAULTS, Recipe  # noqa: E402
+from silicon_recipes import INFERENCEX_GPTOSS, VLLM_DEFAULTS, Recipe, Schedule  # noqa: E402
 
 DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm_moe.json")
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
@@ -137,25 +137,15 @@ def cost_models(row: Row, skew: float) -> dict:
 
 def simulate(row: Row, skew: float) -> dict[str, tuple[float, float]]:
     """(mean TPOT, mean TTFT) of the run under each cost model: simulated once, its steps re-priced (a closed
-    loop's schedule does not depend on step times: clients send when a request ends, at a step's end)."""
+    loop's schedule does not depend on step times while every step outlasts the clients' turnaround:
+    silicon_recipes.Schedule)."""
     d = deployment(row, skew)
     spec = run_spec(d, workload="random", params=recipe(row).workload_params(row.isl, row.osl),
                     requests=recipe(row).requests(row.concurrency), concurrency=row.concurrency)
     models = cost_models(row, skew)
     sim = Simulation(spec, plan_deployment(d), models["measured"]).simulate()
-    index = {step.end: i for i, step in enumerate(sim.steps)}
-    index[0.0] = -1
-    done = [r for r in sim.requests if not r.rejected and not r.truncated and r.first_token is not None]
-    arrival, first, finish = (np.array([index[t] for t in times]) for times in
-                              zip(*((r.arrival, r.first_token, r.finish) for r in done)))
-    tokens = np.array([r.seq_output_len for r in done])
-    out = {}
-    for name, model in models.items():
-        ends = np.concatenate(([0.0], np.cumsum([model.step_time(s) for s in sim.shapes])))
-        many = tokens > 1
-        tpot = (ends[finish + 1] - ends[first + 1])[many] / (tokens[many] - 1)
-        out[name] = (float(tpot.mean()), float((ends[first + 1] - ends[arrival + 1]).mean()))
-    return out
+    schedule = Schedule.of(sim, d.client_turnaround, row.label)
+    return {name: schedule.reprice([model.step_time(s) for s in sim.shapes]) for name, model in models.items()}
 
 
 def header(names: list[str]) -> None:

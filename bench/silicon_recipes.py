@@ -12,7 +12,12 @@ uniformly on [int(0.8 L), L] (--random-range-ratio 0.8, the older vLLM reading o
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+
+import numpy as np
+
+from planner.sim.clients import SERVED_TURNAROUND
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,9 @@ class Recipe:
     max_num_seqs: int | None = 1024         # None: the run's concurrency (--max-num-seqs=$CONC)
     max_model_len: int | None = None        # None: ISL + OSL
     async_scheduling: bool = False
+    # A client of vLLM's API server: its next request joins the step after the one running when its previous
+    # request ended (planner/sim/clients.py). 0, the planner's default, where the run records no client.
+    client_turnaround: float = 0.0
     low_fraction: float = 1.0               # lengths uniform on [int(L x low_fraction), L]
     requests_per_client: int = 8
     min_requests: int = 64
@@ -32,7 +40,8 @@ class Recipe:
     def deployment_knobs(self, isl: int, osl: int, concurrency: int) -> dict:
         """The Deployment settings the recipe fixes for a run (model, GPU, TP and formats aside)."""
         return dict(policy="vllm-v1", enable_prefix_caching=self.prefix_caching, kv_cache_dtype=self.kv_cache_dtype,
-                    async_scheduling=self.async_scheduling, max_num_batched_tokens=8192,
+                    async_scheduling=self.async_scheduling, client_turnaround=self.client_turnaround,
+                    max_num_batched_tokens=8192,
                     max_num_seqs=self.max_num_seqs or concurrency, max_model_len=self.max_model_len or isl + osl)
 
     def requests(self, concurrency: int) -> int:
@@ -65,7 +74,8 @@ VLLM_DEFAULTS = Recipe("vLLM's H100 API-server defaults, fixed lengths")
 # --max-num-seqs $CONC.
 INFERENCEMAX_LLAMA70B = Recipe("InferenceMAX's 70b_fp8_h100 recipe (vLLM 0.11.0)", kv_cache_dtype="fp8",
                                prefix_caching=False, max_num_seqs=None, max_model_len=10240, async_scheduling=True,
-                               low_fraction=0.8, requests_per_client=10, min_requests=0)
+                               client_turnaround=SERVED_TURNAROUND, low_fraction=0.8, requests_per_client=10,
+                               min_requests=0)
 
 # InferenceX's gpt-oss-120b H100 recipe as the vLLM 0.18.0 runs were made (benchmarks/single_node/
 # gptoss_fp4_h100.sh and .github/configs/nvidia-master.yaml gptoss-fp4-h100-vllm at cec542a9, 2026-03-27,
@@ -73,5 +83,50 @@ INFERENCEMAX_LLAMA70B = Recipe("InferenceMAX's 70b_fp8_h100 recipe (vLLM 0.11.0)
 # --max-num-seqs $CONC (and --max-cudagraph-capture-size 2048, VLLM_MXFP4_USE_MARLIN=1, which the measured
 # model does not take); async scheduling is vLLM 0.18's default.
 INFERENCEX_GPTOSS = Recipe("InferenceX's gptoss_fp4_h100 recipe (vLLM 0.18.0)", prefix_caching=False,
-                           max_num_seqs=None, max_model_len=10240, async_scheduling=True, low_fraction=0.8,
-                           requests_per_client=10, min_requests=0)
+                           max_num_seqs=None, max_model_len=10240, async_scheduling=True,
+                           client_turnaround=SERVED_TURNAROUND, low_fraction=0.8, requests_per_client=10,
+                           min_requests=0)
+
+
+@dataclass
+class Schedule:
+    """A simulated closed-loop run's schedule, to be priced again by other cost models: per completed
+    request, the steps at whose ends it was sent (plus the turnaround; -1: at time 0), got its first token
+    and finished, its tokens, and the idle time before each step."""
+
+    arrival: np.ndarray
+    first: np.ndarray
+    finish: np.ndarray
+    tokens: np.ndarray
+    idle: np.ndarray
+    turnaround: float
+    label: str
+
+    @classmethod
+    def of(cls, sim, turnaround: float, label: str) -> "Schedule":
+        ends = [0.0] + [step.end for step in sim.steps]
+        index = {end: i - 1 for i, end in enumerate(ends)}
+
+        def sent_after(t: float) -> int:
+            return -1 if t == 0.0 else bisect.bisect_right(ends, t - turnaround / 2) - 2
+
+        done = [r for r in sim.requests if not r.rejected and not r.truncated and r.first_token is not None]
+        return cls(np.array([sent_after(r.arrival) for r in done], dtype=np.int64),
+                   np.array([index[r.first_token] for r in done], dtype=np.int64),
+                   np.array([index[r.finish] for r in done], dtype=np.int64),
+                   np.array([r.seq_output_len for r in done]),
+                   np.array([step.start - end for step, end in zip(sim.steps, ends)]), turnaround, label)
+
+    def reprice(self, durations) -> tuple[float, float]:
+        """(mean TPOT, mean TTFT) with the steps lasting `durations`. The schedule holds while every step
+        lasts longer than the clients' turnaround (checked): a request sent during a step joins the next
+        one whatever the step's length, and one sent at a step's end joins the next step."""
+        durations = np.asarray(durations)
+        if self.turnaround and durations.min() <= self.turnaround:
+            raise SystemExit(f"{self.label}: a step priced at {durations.min() * 1e3:.3f} ms, within the clients' "
+                             f"turnaround: re-pricing cannot keep the simulated schedule")
+        ends = np.concatenate(([0.0], np.cumsum(durations + self.idle)))
+        arrival = ends[self.arrival + 1] + np.where(self.arrival >= 0, self.turnaround, 0.0)
+        many = self.tokens > 1
+        tpot = (ends[self.finish + 1] - ends[self.first + 1])[many] / (self.tokens[many] - 1)
+        return float(tpot.mean()), float((ends[self.first + 1] - arrival).mean())

@@ -39,6 +39,15 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   hides its fitted host time behind the GPU time (the best case; off: in
   series, as the vLLM 0.12 runs it was calibrated on). This engine schedules
   synchronously and refuses it; only the planner prices it.
+- `client_turnaround` is how a closed loop's clients reach the engine: the
+  seconds from a request's end in the engine to its client's next request in
+  the engine's queue (planner/sim/clients.py). 0: at once, as clients in the
+  engine's process (the `LLM` class, validate's live engine); the next
+  request joins the very next step. A client of an API server gets its answer
+  and sends again through HTTP and the tokenizer while the engine runs its
+  next step, so its request joins the step after that (`vllm bench serve
+  --max-concurrency` against `vllm serve`): any turnaround shorter than a step
+  gives that. Open-loop arrivals (a rate, a trace's times) do not read it.
 - `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
@@ -55,6 +64,7 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.core.allocators import ALLOCATORS
@@ -97,6 +107,7 @@ class Deployment:
     quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
     kv_cache_dtype: str = "auto"
     async_scheduling: bool = False           # vLLM's --async-scheduling (priced by the measured model only)
+    client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
     draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)
@@ -148,6 +159,8 @@ class Deployment:
         if not 0 <= self.moe_skew <= 4:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")
+        if not 0 <= self.client_turnaround < math.inf:
+            raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.enable_chunked_prefill and self.allocator != "paged":

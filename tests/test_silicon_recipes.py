@@ -45,6 +45,7 @@ def test_inferencemax_runs_draw_their_clients_lengths(bench):
         assert (d.kv_cache_dtype, d.enable_prefix_caching, d.max_num_seqs) == ("fp8", False, row.concurrency)
         assert d.max_model_len == 10240 and d.max_num_batched_tokens == 8192
         assert d.async_scheduling and bench.cost_model(row).async_scheduling
+        assert d.client_turnaround > 0        # served: InferenceMAX's client is vLLM's benchmark over HTTP
 
 
 def test_other_runs_keep_fixed_lengths_and_vllms_defaults(bench):
@@ -55,3 +56,17 @@ def test_other_runs_keep_fixed_lengths_and_vllms_defaults(bench):
     d = bench.deployment(row)
     assert (d.enable_prefix_caching, d.max_num_seqs, d.max_model_len) == (True, 1024, row.isl + row.osl)
     assert not bench.cost_model(row).async_scheduling
+    assert d.client_turnaround == 0.0         # no client recorded: the planner's default
+
+
+def test_a_served_runs_schedule_priced_again_reproduces_its_simulation(bench):
+    # Re-pricing keeps the simulated schedule: with served clients each request is sent a turnaround after a
+    # step's end, and the engine may idle meanwhile; priced by the same model, the means come back exactly.
+    row = next(r for r in bench.rows() if bench.recipe(r) is bench.INFERENCEMAX_LLAMA70B and r.concurrency == 4)
+    row = bench.replace(row, osl=100, isl=1000, concurrency=1)   # short; one client: the engine idles between requests
+    rec = bench.record(row)
+    assert rec.schedule.turnaround > 0 and rec.schedule.idle.max() > 0
+    again = bench.reprice(rec, bench.cost_model(row))
+    assert again == pytest.approx(rec.simulated, rel=1e-9)
+    with pytest.raises(SystemExit, match="within the clients' turnaround"):
+        rec.schedule.reprice([rec.schedule.turnaround / 2] * len(rec.shapes))

@@ -182,6 +182,25 @@ def test_a_closed_loop_keeps_n_requests_in_flight_live_and_simulated(llama_dir, 
     assert "from 3 closed-loop clients" in (tmp_path / "report" / "report.md").read_text()
 
 
+def test_served_clients_live_and_simulated_join_the_step_after_the_one_running(llama_dir):
+    # With a client turnaround (0.1 ms, below any step), the live replay sends a client's next request that
+    # long after its previous one ended, as an API server's client would: the step already running goes on
+    # without it. The live engine and the simulator hold the same batches step for step.
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            client_turnaround=1e-4)
+    spec = ValidationSpec(deployment, workload="alpaca", concurrency=3, requests=9, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=12)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 9
+    live_batches = [s.batch_size for s in v.live.steps]
+    assert live_batches == [s.batch_size for s in v.sim_steps]
+    first_drain = next(i for i, s in enumerate(v.live.steps) if s.batch_size < 3)
+    assert max(live_batches[first_drain:]) == 3      # a client's replacement came back a step later
+    finishes = sorted(q.finish for q in v.live.requests)
+    for r in v.live.requests[3:]:    # sent no sooner than the turnaround after the last request that ended
+        assert max(f for f in finishes if f <= r.arrival) <= r.arrival - 1e-4
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "0"], "--concurrency must be at least 1"),
     (["--concurrency", "4", "--rate", "2"], "give --rate or --concurrency, not both"),

@@ -61,6 +61,11 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                          "vLLM's async scheduling: the host prepares the next step while the GPU runs this one "
                          "(the measured cost model hides its host time behind the GPU's, the best case) "
                          "[default: off, in series, as calibrated]"),
+    "client_turnaround": (("--client-turnaround",),
+                          "closed loop (--concurrency): seconds from a request's end in the engine to its client's "
+                          "next request in the engine's queue; 0: at once, joining the next step, as in-process "
+                          "clients; an API server's clients (vllm bench serve) take e.g. 0.001: the next request "
+                          "joins the step after the one running [default: 0]"),
     "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle, mtp or draft (with --draft-model) with K draft tokens "
                                         "per step [default: off]"),
     "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "

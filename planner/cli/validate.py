@@ -107,8 +107,8 @@ def validate_cmd(
             return _validate_fleet(deployments, {**trace, "speed_correction": speed_correction}, replicas, router,
                                    endpoint or measured, profile, reprofile, out, as_json_flag, err)
         if endpoint is not None or measured is not None:
-            return _validate_deployment(deployments, trace, endpoint, measured, served_model_name, profile, out,
-                                        as_json_flag, err)
+            return _validate_deployment(deployments, trace, endpoint, measured, served_model_name, profile, reprofile,
+                                        out, as_json_flag, err)
         spec = ValidationSpec(deployment=deployments.one("validate", **DEFAULTS), **trace,
                               profile=str(profile) if profile else None, speed_correction=speed_correction,
                               attribution=attribution)
@@ -172,17 +172,28 @@ def _default_folder(model: str, name: str) -> Path:
 
 
 def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, measured, served_model_name,
-                         profile, out, as_json_flag: bool, err: Console) -> None:
-    """--endpoint / --measured: the simulator against a deployment the planner does not run itself."""
+                         profile, reprofile, out, as_json_flag: bool, err: Console) -> None:
+    """--endpoint / --measured: the simulator against a deployment the planner does not run itself.
+    --endpoint --reprofile (a server on this machine's device): a quick profile timed half right before the
+    bench and half right after it prices the simulation."""
     given = deployments.one("validate", **DEFAULTS)
     flags = {name: getattr(given, name) for name in deployments.given}      # the rest: the server's, or defaults
     base = Deployment(model=given.model, gpu=given.gpu, tp=given.tp)
     spec = ValidationSpec(deployment=base, **trace, profile=str(profile) if profile else None)
     folder = out or _default_folder("endpoint" if endpoint else Path(measured).stem, "")
+    if reprofile and (endpoint is None or profile is not None):
+        raise PlannerError("--reprofile times this machine's device around a live run: give it with --endpoint "
+                           "(a server here) and without --profile")
     if endpoint is not None:
+        fresh = None
+        if reprofile:
+            from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
+            check_device(base.gpu)
+            fresh = ProfileAround.quick(base.gpu, base.model, given.block_size, folder / "profile.json",
+                                        say=lambda line: err.print(line, highlight=False, markup=False))
         err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
-        result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name)
+        result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name, fresh=fresh)
     else:
         result, sources = validate_measured(measured, spec, flags)
     paths, doc = write_report(result, folder)

@@ -38,6 +38,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan
+from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.sim.shape_log import ShapeLog
@@ -145,8 +146,7 @@ class SimulatedEngine:
         self.routed = routed
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
-        self.clients: deque | None = None      # closed loop: the requests the clients have still to send
-        self.on_ended: Callable[[int], None] | None = None   # who sends the next requests of a closed loop
+        self.on_ended: Callable[[int], None] | None = None   # a closed loop's (planner/sim/clients.py)
         self.process: simpy.Process | None = None
         self.pending = None                # the window or batch plan the engine sleeps through
         self.wake_at = 0.0
@@ -187,22 +187,13 @@ class SimulatedEngine:
 
     def ended(self, count: int) -> None:
         """`count` requests ended now (finished, rejected or truncated); in a closed loop each one's client
-        sends its next request at once."""
+        sends its next request."""
         if not count:
             return
         self.done += count
         self.ended_at.extend(repeat(self.env.now, count))
         if self.on_ended is not None:
             self.on_ended(count)
-        elif self.clients is not None:
-            self.release(count)
-
-    def release(self, count: int) -> None:
-        """Closed loop: the next `count` requests of the trace, sent now (their trace times do not matter)."""
-        for _ in range(min(count, len(self.clients))):
-            self.submit(self.executor.make_group(self.clients.popleft(), arrival=self.env.now))
-        if not self.clients:
-            self.arrivals_done = True
 
     def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
@@ -585,8 +576,9 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     """Run `trace` through the engine core, as `plan` deploys it, on a SimPy clock priced by `cost_model`.
 
     `concurrency` N: a closed loop of N clients, each sending the trace's next
-    request the moment its previous one ends (the trace's times do not count);
-    None: every request at its trace time. `fast_forward` (the default) takes
+    request when its previous one ends (the deployment's `client_turnaround`
+    after it; the trace's times do not count); None: every request at its
+    trace time. `fast_forward` (the default) takes
     provably uneventful decode steps in bulk; False steps one at a time. Both give the same results. `seed` draws
     the sampled tokens. `watch` sees every step and may end the run by
     raising (see `Watch`). `device_speed(t)` scales the price of a step that
@@ -599,9 +591,13 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
                          fast_forward=fast_forward, watch=watch, device_speed=device_speed)
     if concurrency is None:
         env.process(arrivals(env, trace, engine))
-    else:
-        engine.clients = deque(trace.requests)
-        engine.release(concurrency)
+    else:   # the trace's next request, sent when a client's previous one ends (its trace time does not count)
+        loop = ClosedLoop(env, trace.requests,
+                          lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
+                          turnaround=plan.deployment.client_turnaround, due=engine.due,
+                          all_sent=lambda: setattr(engine, "arrivals_done", True))
+        engine.on_ended = loop.ended
+        loop.release(concurrency)
 
     def records() -> SimResult:
         if progress is not None:

@@ -36,6 +36,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
                                 simulate)
+from planner.sim.clients import ClosedLoop
 from planner.sim.router import Router, RouterPolicy, parse_router
 from planner.sim.shape_log import ShapeLog
 from workloads import Trace
@@ -109,7 +110,8 @@ class Fleet:
         self.router = Router(policy, self.engines, plan.deployment.block_size)
         self.groups: list = []                         # every request sent, in sending order
         self.routes: list[int] = []
-        self.clients: deque | None = None
+        self.loop: ClosedLoop | None = None
+        self.turnaround = plan.deployment.client_turnaround
 
     def _progress(self, now: float, done: int, total: int) -> None:
         self.progress(now, sum(e.done for e in self.engines), len(self.trace))
@@ -150,13 +152,6 @@ class Fleet:
             self.send(req, replica=replica)
         self._all_sent()
 
-    def release(self, count: int) -> None:
-        """Closed loop: the next `count` clients send their next requests now."""
-        for _ in range(min(count, len(self.clients))):
-            self.send(self.clients.popleft(), arrival=self.env.now)
-        if not self.clients:
-            self._all_sent()
-
     def _all_sent(self) -> None:
         for engine in self.engines:
             engine.arrivals_done = True
@@ -167,10 +162,11 @@ class Fleet:
             routes = [n % count for n in range(len(self.trace))] if self.pre_routed else None
             self.env.process(self.arrivals(routes))
             return
-        self.clients = deque(self.trace.requests)
+        self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
+                               turnaround=self.turnaround, due=self.due, all_sent=self._all_sent)
         for engine in self.engines:
-            engine.on_ended = self.release
-        self.release(concurrency)
+            engine.on_ended = self.loop.ended
+        self.loop.release(concurrency)
 
 
 def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, replicas: int = 1,

@@ -178,7 +178,7 @@ class Disaggregated:
             for engine in self.prefill.engines:
                 engine.on_ended = None
             for engine in self.decode.engines:
-                engine.on_ended = self.prefill.release
+                engine.on_ended = self.prefill.loop.ended
 
     def _sent(self, group: SequenceGroup) -> None:
         client = ClientRequest(group, self.prefill.routes[-1])
@@ -203,7 +203,7 @@ class Disaggregated:
         if lost:
             self._ended(now, lost)
             if self.concurrency is not None:
-                self.prefill.release(len(lost))
+                self.prefill.loop.ended(len(lost))
 
     def _hold(self, engine: SimulatedEngine, group: SequenceGroup) -> None:
         """The prefill replica keeps the request's KV until the decode replica has read it (vLLM's NIXL

@@ -28,6 +28,7 @@ from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.runs.pipeline import build_cost_model
 from planner.sim import simulate
+from planner.sim.clients import SERVED_TURNAROUND
 from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
@@ -104,15 +105,22 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
 
 # -- a live endpoint ----------------------------------------------------------------------
 def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, served_model: str | None = None,
-                      progress=None) -> tuple[Validation, dict[str, str]]:
+                      progress=None, fresh=None) -> tuple[Validation, dict[str, str]]:
     """`planner bench` replays the spec's trace against the endpoint; the simulator runs it with the
-    deployment's settings (`flags` first, then what the server exposes). Returns the validation and where
-    each setting came from."""
+    deployment's settings (`flags` first, then what the server exposes). `fresh` (a ProfileAround) profiles
+    this machine's device right before and right after the bench, and its profile prices the simulation.
+    Returns the validation and where each setting came from."""
     from_metrics, from_models, before = read_endpoint_settings(endpoint)
-    settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models")])
+    served = {"client_turnaround": SERVED_TURNAROUND} if spec.concurrency is not None else {}
+    settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models"),
+                                        (served, "a served client's")])
     trace = spec.trace()
+    if fresh is not None:
+        fresh.before_run()
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
                                               max_concurrency=spec.concurrency), progress)
+    if fresh is not None:
+        spec = replace(spec, profile=str(fresh.after_run()))
     measured = bench_metrics(results)
     _, _, after = read_endpoint_settings(endpoint)
     if before is not None and after is not None:

@@ -87,12 +87,14 @@ def speculation_curves(stats: dict | None) -> dict:
 
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and the
-    next one as each ends (stamped with the time it is sent, as the simulator's clients do), and step until
-    all are done; the requests' groups."""
+    next one as each ends (the deployment's client_turnaround later, stamped with the time it is sent, as
+    the simulator's clients do: planner/sim/clients.py), and step until all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
     pending = deque(trace.requests)
     closed_loop = spec.concurrency is not None
+    turnaround = spec.deployment.client_turnaround
+    on_the_way: deque[tuple[float, int]] = deque()    # closed loop: (when, how many) next requests are due
 
     def send(count: int, at: float | None = None) -> None:
         for _ in range(min(count, len(pending))):
@@ -107,7 +109,16 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     if closed_loop:
         send(spec.concurrency, 0.0)
     while pending or engine.has_unfinished_requests():
-        if not closed_loop:
+        if closed_loop:
+            while on_the_way and on_the_way[0][0] <= clock():
+                send(on_the_way.popleft()[1], clock())
+            if not engine.has_unfinished_requests():
+                if on_the_way:
+                    time.sleep(max(0.0, on_the_way[0][0] - clock()))
+                else:       # every request in flight was refused: the clients send again at once
+                    send(spec.concurrency, clock())
+                continue
+        else:
             now = engine.clock()
             send(sum(1 for _ in takewhile(lambda r: r.arrival_time <= now, pending)))
             if not engine.has_unfinished_requests():
@@ -120,8 +131,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
             with clock.paused():
                 between_steps(busy_s, now)
         done += len(finished)
-        if closed_loop:   # each ended request (finished or refused) frees its client for the next
-            send(len(finished) if engine.has_unfinished_requests() else spec.concurrency, clock())
+        if closed_loop and finished:   # each ended request (finished or refused) frees its client for the next
+            on_the_way.append((clock() + turnaround, len(finished)))
         if progress is not None and finished:
             progress(done, len(trace))
     return groups
