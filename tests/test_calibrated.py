@@ -20,6 +20,7 @@ from planner.cost.shape import CostModel, StepShape, prefill_attn_pairs
 from planner.errors import PlannerError
 from planner.profile.schema import (COMPONENTS, PROFILE_SCHEMA_VERSION, DeviceInfo, Grid, Measurement, ModelArch,
                                     Profile, load_profile, save_profile)
+from planner.profile.validity import check_profile_values
 from planner.profile.fit import cross_validate, fit_all, fit_component, nnls
 
 
@@ -115,6 +116,23 @@ def test_forward_passes_keep_a_knot_at_every_grid_value():
     for t in (2, 3, 4):
         shape = StepShape(prefill_tokens=t, prefill_seqs=1, prefill_attn_pairs=t * (t + 1) // 2)
         assert model.breakdown(shape)["forward"] == pytest.approx(times_ms[t] / 1e3, rel=0.01)
+
+
+def test_a_noisy_point_never_takes_the_forward_curve_below_zero():
+    # A quick profile on a busy 2-core machine (CI, 2026-12-02): 8 prompts of 32 tokens timed during a fast
+    # spell, and the attention term the long prompts need, once dragged the prefill curve to -1.9 ms at 256
+    # tokens, a profile its own reader refuses. The segment that fell is held rising instead.
+    def point(ms, tokens, seqs):
+        per = tokens // seqs
+        return _m("prefill", ms / 1e3, tokens=tokens, attn_pairs=seqs * per * (per + 1) // 2, seqs=seqs)
+    points = [point(38, 1, 1), point(50, 4, 1), point(59, 16, 1), point(110, 64, 1), point(100, 64, 4),
+              point(250, 256, 1), point(20, 256, 8), point(1600, 512, 1), point(600, 512, 2)]
+    fit = fit_component(points, "prefill")
+    for curve in fit.candidates.values():
+        assert min(curve.values) >= 0
+    assert fit.candidates["piecewise"].values[:3] == pytest.approx([0.038, 0.050, 0.059], rel=0.02)   # short prompts as timed
+    check_profile_values(make_profile([m for m in synthetic_measurements() if m.component != "prefill"] + points),
+                         "profile.json")
 
 
 def test_the_fit_prices_a_points_mean_time_not_its_median():

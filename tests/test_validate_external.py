@@ -93,3 +93,27 @@ def test_unreadable_recordings_name_file_line_and_field(folder, tmp_path, name, 
     result = invoke("--measured", path, "--model", folder, "--gpu", "cpu", "--out", tmp_path / "rep")
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_endpoint_closed_loop_is_served_and_reprofile_times_this_device_around_the_bench(folder, tmp_path):
+    # A server's clients join the step after the one running (a 1 ms turnaround unless told); --reprofile
+    # profiles the device right before and right after the bench, and that profile prices the simulation.
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=96, max_num_seqs=12)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        result = invoke("--endpoint", srv.url, "--model", folder, "--gpu", "cpu", "--workload", "alpaca",
+                        "--requests", "6", "--concurrency", "2", "--length-scale", "0.1", "--max-output-len", "6",
+                        "--reprofile", "--out", tmp_path / "run", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["deployment_sources"]["client_turnaround"] == "0.001 (a served client's)"
+    assert doc["num_completed"] == {"measured": 6, "simulated": 6}
+    assert (tmp_path / "run" / "profile.json").exists()
+    assert str(tmp_path / "run" / "profile.json") in doc["cost_model"]
+
+
+def test_reprofile_needs_a_server_here(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDED))
+    result = invoke("--measured", path, "--model", "opt-125m", "--gpu", "cpu", "--reprofile")
+    assert result.exit_code != 0 and "--reprofile times this machine's device around a live run" in result.output
+    assert "Traceback" not in result.output

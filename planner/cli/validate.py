@@ -189,8 +189,9 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
         if reprofile:
             from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
             check_device(base.gpu)
-            fresh = ProfileAround.quick(base.gpu, base.model, given.block_size, folder / "profile.json",
-                                        say=lambda line: err.print(line, highlight=False, markup=False))
+            fresh = lambda block_size: ProfileAround.quick(  # noqa: E731
+                base.gpu, base.model, block_size, folder / "profile.json",
+                say=lambda line: err.print(line, highlight=False, markup=False))
         err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
         result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name, fresh=fresh)

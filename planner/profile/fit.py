@@ -93,12 +93,28 @@ def _design(x: np.ndarray, extras: np.ndarray, knots: np.ndarray) -> np.ndarray:
 
 
 def _solve(x, extras, y, knots) -> np.ndarray:
+    """The curve's coefficients: [value at the first knot, rise over each segment, extras]. Interior
+    segments may slope down, but never below zero: a segment whose fall would take the curve below zero
+    at its end (a noisy point priced by a large extra term) is held rising instead, and the fit solved
+    again."""
+    rising: set[int] = set()
+    while True:
+        coef = _solve_once(x, extras, y, knots, rising)
+        below = np.flatnonzero(np.cumsum(coef[:len(knots)]) < 0)
+        if not len(below):
+            return coef
+        rising.add(int(below[0]))       # the first knot below zero ends the segment that fell
+
+
+def _solve_once(x, extras, y, knots, rising: set[int]) -> np.ndarray:
     a = _design(x, extras, knots)
     # Interior segments may slope down: a CPU's matmul can be slower at 3 rows
     # than at 4. A free coefficient is the difference of two non-negative ones.
-    # The end segments (which extrapolate) and the extras stay non-negative.
+    # The end segments (which extrapolate), the extras and the segments in
+    # `rising` stay non-negative.
     free = np.zeros(a.shape[1], dtype=bool)
     free[2:len(knots) - 1] = True
+    free[list(rising)] = False
     a = np.concatenate([a, -a[:, free]], axis=1)
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0               # columns of very different size (pairs vs seqs): solve in unit scale
