@@ -117,6 +117,16 @@ def test_a_closed_loop_runs_through_both_pools():
     assert arrivals[:4] == [0.0] * 4 and arrivals[4] > 0
 
 
+def test_served_clients_send_a_turnaround_after_their_request_ends_at_the_decode_pool():
+    load = random_load(requests=30, rate=None, concurrency=4)
+    result = Simulation.prepare(pd_spec(1, 1, load, V1.replace(client_turnaround=0.002))).run()
+    requests = result.sim.requests
+    assert result.metrics.num_completed == 30
+    finishes = [r.finish for r in requests]
+    for r in sorted(requests, key=lambda r: r.arrival)[4:]:
+        assert any(r.arrival == pytest.approx(f + 0.002, abs=1e-12) for f in finishes)
+
+
 def test_a_request_the_decode_pool_cannot_hold_is_rejected_there():
     small = V1.replace(max_model_len=1024)           # the decode pool's limit: a 2,000-token prompt never runs there
     pools = prepare_pools(pd_spec(1, 1, random_load(requests=5)))
