@@ -110,8 +110,9 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
         send(spec.concurrency, 0.0)
     while pending or engine.has_unfinished_requests():
         if closed_loop:
-            while on_the_way and on_the_way[0][0] <= clock():
-                send(on_the_way.popleft()[1], clock())
+            while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
+                sent, count = on_the_way.popleft()
+                send(count, sent)
             if not engine.has_unfinished_requests():
                 if on_the_way:
                     time.sleep(max(0.0, on_the_way[0][0] - clock()))
