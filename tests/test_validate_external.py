@@ -109,6 +109,8 @@ def test_endpoint_closed_loop_is_served_and_reprofile_times_this_device_around_t
     assert doc["num_completed"] == {"measured": 6, "simulated": 6}
     assert (tmp_path / "run" / "profile.json").exists()
     assert str(tmp_path / "run" / "profile.json") in doc["cost_model"]
+    assert "half right before and half right after" in doc["profile_check"]["reason"]
+    assert "Profile check: **ok**" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_reprofile_needs_a_server_here(tmp_path):

@@ -26,6 +26,7 @@ from engine.deployment import Deployment
 from planner.bench.client import BenchConfig, api_base, bench_metrics, run_bench
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
+from planner.profile.check import ProfileCheck
 from planner.runs.pipeline import build_cost_model
 from planner.sim import simulate
 from planner.sim.clients import SERVED_TURNAROUND
@@ -127,7 +128,10 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     _, _, after = read_endpoint_settings(endpoint)
     if before is not None and after is not None:
         measured["preemptions"] = {"total": after - before}
-    return _compare(spec, trace, [r.record() for r in results], measured, f"endpoint {endpoint}", settings), sources
+    result = _compare(spec, trace, [r.record() for r in results], measured, f"endpoint {endpoint}", settings)
+    if fresh is not None:     # the report says how the profile was timed, and how far the device drifted
+        result.profile_check = ProfileCheck("ok", fresh.describe()).as_dict()
+    return result, sources
 
 
 # -- a recorded run ----------------------------------------------------------------------
