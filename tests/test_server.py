@@ -234,6 +234,7 @@ def test_shutdown_drains_requests_in_flight(folder):
     (["--model", "opt-125m", "--max-request-body-size", "0"], "--max-request-body-size must be at least 1"),
     (["--model", "opt-125m", "--chat-template-timeout", "0"], "--chat-template-timeout must be positive"),
     (["--model", "opt-125m", "--limit-concurrency", "0"], "--limit-concurrency must be at least 1"),
+    (["--model", "opt-125m", "--client-turnaround", "0.001"], "--client-turnaround describes a closed loop's clients"),
 ])
 def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
     from typer.testing import CliRunner

@@ -70,6 +70,9 @@ def serve(
         if deployment.tp != 1:
             raise PlannerError(f"--tp {deployment.tp} is not supported: this engine runs a model on one device "
                                f"(use --tp 1; `planner simulate --tp {deployment.tp}` models tensor parallelism)")
+        if deployment.client_turnaround:
+            raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
+                               "validate); a server's clients are whoever connects to it")
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
         policy = fleet_policy(replicas, router, deployment)
         if replicas is not None:

@@ -185,16 +185,17 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
         raise PlannerError("--reprofile times this machine's device around a live run: give it with --endpoint "
                            "(a server here) and without --profile")
     if endpoint is not None:
-        fresh = None
         if reprofile:
-            from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
             check_device(base.gpu)
-            fresh = lambda block_size: ProfileAround.quick(  # noqa: E731
-                base.gpu, base.model, block_size, folder / "profile.json",
-                say=lambda line: err.print(line, highlight=False, markup=False))
+
+        def profile_around(block_size: int):
+            from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
+            return ProfileAround.quick(base.gpu, base.model, block_size, folder / "profile.json",
+                                       say=lambda line: err.print(line, highlight=False, markup=False))
         err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
-        result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name, fresh=fresh)
+        result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name,
+                                            profile_around=profile_around if reprofile else None)
     else:
         result, sources = validate_measured(measured, spec, flags)
     paths, doc = write_report(result, folder)

@@ -106,10 +106,10 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
 
 # -- a live endpoint ----------------------------------------------------------------------
 def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, served_model: str | None = None,
-                      progress=None, fresh=None) -> tuple[Validation, dict[str, str]]:
+                      progress=None, profile_around=None) -> tuple[Validation, dict[str, str]]:
     """`planner bench` replays the spec's trace against the endpoint; the simulator runs it with the
-    deployment's settings (`flags` first, then what the server exposes). `fresh(block_size)`, if given, makes
-    a ProfileAround for the server's block size: it profiles this machine's device right before and right
+    deployment's settings (`flags` first, then what the server exposes). `profile_around(block_size)`, if
+    given, makes a ProfileAround for the server's block size: it profiles this machine's device right before and right
     after the bench, and its profile prices the simulation.
     Returns the validation and where each setting came from."""
     from_metrics, from_models, before = read_endpoint_settings(endpoint)
@@ -117,8 +117,9 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models"),
                                         (served, "a served client's")])
     trace = spec.trace()
-    if fresh is not None:
-        fresh = fresh(settings.get("block_size", spec.deployment.block_size))
+    fresh = None
+    if profile_around is not None:
+        fresh = profile_around(settings.get("block_size", spec.deployment.block_size))
         fresh.before_run()
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
                                               max_concurrency=spec.concurrency), progress)

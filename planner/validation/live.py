@@ -116,7 +116,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
             if not engine.has_unfinished_requests():
                 if on_the_way:
                     time.sleep(max(0.0, on_the_way[0][0] - clock()))
-                else:       # every request in flight was refused: the clients send again at once
+                else:       # nothing in flight and nothing on its way: every client is free
                     send(spec.concurrency, clock())
                 continue
         else:
