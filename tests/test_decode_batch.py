@@ -83,23 +83,29 @@ def test_closed_loop_and_mixed_workloads(policy):
         both(make_trace("parallel", num_requests=40, rate=6.0, seed=3), ROOFLINE, OPT_13B, A100, policy=policy)
 
 
-@pytest.mark.parametrize("policy,caching,covered", [("paper", False, True), ("paper", True, False),
-                                                    ("vllm-v1", False, True), ("vllm-v1", True, True)])
-def test_the_batch_covers_the_paged_cache_and_vllm_v1s_prefix_caching(policy, caching, covered):
+@pytest.mark.parametrize("policy,caching,private,covered", [
+    ("paper", False, False, True), ("paper", True, False, False), ("vllm-v1", False, False, True),
+    ("vllm-v1", True, True, True),
+    ("vllm-v1", True, False, False),     # blocks of drawn tokens keyed by their ids: not proven
+])
+def test_the_batch_covers_the_paged_cache_and_vllm_v1s_prefix_caching(policy, caching, private, covered):
     from engine.core.allocators import make_allocator
     from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
     from planner.sim.batch import covers
+    from planner.sim.private_blocks import PrivateBlockManager
     from planner.sim.synthetic import SyntheticExecutor
 
     plan = sim_plan(OPT_13B, A100, policy=policy, enable_prefix_caching=caching)
     if policy == "paper":
         allocator = make_allocator("paged", block_size=16, num_gpu_blocks=100, max_model_len=2048,
                                    enable_prefix_caching=caching)
+    elif private:
+        allocator = PrivateBlockManager(16, 100)
     else:
         allocator = VllmBlockManager(16, 100, enable_prefix_caching=caching)
     scheduler = make_scheduler(plan.scheduler_config(), allocator)
     executor = SyntheticExecutor(make_trace("fixed", num_requests=2, rate=1.0), vocab_size=100, seed=0,
-                                 real_token_ids=caching)
+                                 real_token_ids=caching, private_blocks=allocator if private else None)
     assert covers(scheduler, executor) is covered
     assert DecodeBatch.build(scheduler, executor, histogram=True) is None     # nothing runs yet
     if caching and policy == "vllm-v1":       # not while a prefix-aware router reads the cache's events
@@ -134,9 +140,9 @@ def token_records(result_of):
     ("chatbot", {"max_model_len": 2048, "num_gpu_blocks": 400, "block_size": 1}),
     ("prefix", {"max_model_len": 2048, "num_gpu_blocks": 400, "max_num_seqs": 32}),
 ])
-def test_prefix_caching_real_tokens_equal_step_by_step(workload, knobs):
-    # vLLM v1 with prefix caching (its default): the batch draws the members' real tokens a plan at a
-    # time and registers the blocks they fill; records, tokens and the generator's stream all match.
+def test_prefix_caching_tokens_equal_step_by_step(workload, knobs):
+    # vLLM v1 with prefix caching (its default): the batch writes the members' tokens (the constant, or
+    # the trace's answers) and registers the blocks answers fill; records and tokens all match.
     trace = make_trace(workload, duration=30, rate=16.0, seed=4)
     plan = sim_plan(LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, **knobs)
     fast, fast_tokens = token_records(lambda: simulate(trace, plan, MEASURED))
@@ -150,8 +156,8 @@ def test_prefix_caching_real_tokens_equal_step_by_step(workload, knobs):
 
 
 def test_prefix_caching_long_plans_and_outputs():
-    # Plans of hundreds of steps (the token matrices fill and start again) and a prompt whose blocks
-    # a running request's answer fills (a chatbot turn arriving while the turn before still decodes).
+    # Plans of hundreds of steps and a prompt whose blocks a running request's answer fills (a chatbot
+    # turn arriving while the turn before still decodes).
     reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.01 * i, prompt_len=100 + 37 * i,
                          output_len=1500 + 211 * i) for i in range(6)]
     reqs += make_trace("chatbot", num_requests=30, rate=20.0, seed=8).requests

@@ -27,10 +27,11 @@ Covered (else `build` returns None and the caller steps as before): the paged
 block manager, requests of one sequence decoding plain tokens (no beams, stop
 tokens or EOS), nothing swapped. Without prefix caching tokens are never read
 and the simulated executor samples a constant, so nothing is drawn; vLLM v1's
-policy also with prefix caching (as vLLM deploys it), where the members' real
-tokens are drawn a plan at a time (batch_tokens.py) and each block they fill
-enters the prefix cache at the step, and in the running order, step by step
-registers it (unless a prefix-aware router reads the cache's events per step).
+policy also with prefix caching (as vLLM deploys it), where a member's sampled
+tokens are the same constant in blocks only it can hit (private_blocks.py),
+or the answer the trace gives, whose every block enters the prefix cache at
+the step, and in the running order, step by step registers it (unless a
+prefix-aware router reads the cache's events per step).
 Why each step is the one the scheduler would take is fast_forward.py's proof
 (decode, admission and memory), restated in `plan`. Tests hold runs that use
 it equal to step-by-step runs, record for record.
@@ -40,8 +41,9 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from functools import reduce
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import add, attrgetter
 
 from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
@@ -50,9 +52,9 @@ from engine.core.metrics import StepRecord
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
-from planner.sim.batch_tokens import TokenLog
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
+from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.shape_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
@@ -71,9 +73,8 @@ class _Member:
     finish: int           # the batch step whose sampled token ends it
     residue: int          # it takes a new block at the batch steps s with s % block_size == residue
     base: int             # its context (keys read, the new token's included) at batch step s is base + s
-    tokens_upto: int = 0  # real tokens (batch_tokens.py): its sequence holds those sampled up to this step
-    slot: int = -1        # its column in the TokenLog (-1: it draws nothing)
-    answer: list | None = None   # the trace's answer, when its tokens are that
+    tokens_upto: int = 0  # its sequence holds the tokens sampled up to this step
+    answer: list | None = None   # the trace's answer, when its tokens are that (else the executor's constant)
     keys: list | None = None     # with prefix caching: its sequence's block keys (the block manager's list)
 
 
@@ -154,11 +155,14 @@ class MixedStep:
 
 def covers(scheduler: Scheduler, executor) -> bool:
     """The scheduler and block manager a batch is proven for: either policy with tokens nobody reads,
-    or vLLM v1's with real tokens and prefix caching, when nobody reads the cache's events step by step."""
+    or vLLM v1's with prefix caching over private blocks, when nobody reads the cache's events step by step."""
     allocator = scheduler.allocator
+    if allocator.enable_prefix_caching:
+        return (type(scheduler) is ChunkedScheduler and type(allocator) is PrivateBlockManager
+                and not executor.draws_samples and allocator.gpu.events is None)
+    if executor.draws_samples:
+        return False
     chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager
-    if allocator.enable_prefix_caching or executor.real_token_ids:
-        return chunked and executor.real_token_ids and allocator.gpu.events is None
     paper = type(scheduler) is Scheduler and type(allocator) is BlockManager
     return (paper and allocator.slot_reservation == "vllm") or chunked
 
@@ -214,10 +218,12 @@ class DecodeBatch:
         self.bs = self.allocator.block_size
         self.chunked = self.scheduler.config.enable_chunked_prefill
         self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
-        self.caching = self.allocator.enable_prefix_caching    # members' full blocks enter the prefix cache
-        self.tokens: TokenLog | None = None     # the members' real tokens (from `build`, which proves them)
-        # With caching, per residue r: the members that take a block or fill one in a step s with
-        # s % block_size == r, in running order (`_grow`); made again when a member joins or leaves.
+        self.caching = self.allocator.enable_prefix_caching    # answers' full blocks enter the prefix cache
+        self.answers = self.executor.answers                     # request id -> the trace's answer
+        self.answering = 0                                       # members sampling an answer
+        # With caching, per residue r: the members that take a block in a step s with s % block_size
+        # == r and those sampling an answer that fill one then, in running order (`_grow`); made again
+        # when a member joins or leaves.
         self.turns: list[list[_Member] | None] = [None] * self.bs
 
     @classmethod
@@ -230,8 +236,6 @@ class DecodeBatch:
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
-        if executor.real_token_ids:
-            batch.tokens = TokenLog(executor, batch.step)
         for group in scheduler.running:
             batch.add(group)
         return batch
@@ -264,8 +268,9 @@ class DecodeBatch:
         first = len(table) * self.bs - n + 2            # the step (from the next, 1-based) it takes a block
         member = _Member(group, table, self.counter, self.step, self.step + self._finish_in(group, n),
                          (self.step + first) % self.bs, n - self.step - 1, self.step)
-        if self.tokens is not None:
-            self.tokens.join(member)
+        if self.answers:
+            member.answer = self.answers.get(group.request_id)
+            self.answering += member.answer is not None
         if self.caching:
             member.keys = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
             self._turns_changed(member)
@@ -383,9 +388,7 @@ class DecodeBatch:
         if not steps:
             return [], []
         pool, step = self.pool, self.step
-        if self.tokens is not None:
-            self.tokens.draw(step + 1, steps)
-        if self.caching:
+        if self.caching and self.answering:
             self._grow(step + 1, step + steps)
         else:
             for j in range(steps):
@@ -408,32 +411,34 @@ class DecodeBatch:
             table.append(take(1))
 
     def _grow(self, first: int, last: int) -> None:
-        """With prefix caching, batch steps first .. last's blocks as `_schedule_running` grows them:
-        step by step, member by member in running order, a fresh block for one crossing a boundary,
-        and the block one has just filled (its tokens up to the step before) registered in the prefix
-        cache. The order matters where a block taken drops a key that a block registered holds too.
-        One call a plan, with everything it reads bound once."""
-        bs, turns, tokens = self.bs, self.turns, self.tokens
-        take, fill, register, key_of = self.pool.take, self.pool.fill, self.pool.register, tokens.key
+        """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
+        `_schedule_running` grows them: step by step, member by member in running order, a fresh block
+        for one crossing a boundary, and the block one sampling an answer has just filled (its tokens up
+        to the step before) registered in the prefix cache (the others' blocks are private). The order
+        matters where a block taken drops a key that a block registered holds too. One call a plan,
+        with everything it reads bound once."""
+        bs, turns = self.bs, self.turns
+        take, fill, register = self.pool.take, self.pool.fill, self.pool.register
         for step in range(first, last + 1):
             r = step % bs
             turn = turns[r]
             if turn is None:
-                takers, fillers = self.by_residue[r], self.by_residue[(r + 1) % bs]
-                turn = turns[r] = takers if bs == 1 else sorted(takers + fillers, key=_order)
+                takers = self.by_residue[r]
+                fillers = [m for m in self.by_residue[(r + 1) % bs] if m.answer is not None]
+                turn = turns[r] = sorted(takers + fillers, key=_order) if bs > 1 else takers
             for member in turn:
                 if member.residue == r:
                     table = member.table
                     fill[table[-1]] = bs
                     table.append(take(1))
-                    if bs > 1:
+                    if bs > 1 or member.answer is None:
                         continue
-                keys = member.keys
+                self._write(member, step - 1)
+                keys, tokens = member.keys, member.group.seqs[0].token_ids
                 if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
-                    keys.append(key_of(member, step - 1, keys[-1] if keys else ROOT_HASH, bs))
+                    keys.append(hash((keys[-1] if keys else ROOT_HASH, tuple(tokens[len(tokens) - bs:]))))
                     register(member.table[len(keys) - 1], keys[-1])
                 else:                                                 # else the block manager's own way
-                    tokens.write(member, step - 1)
                     self.allocator.mark_computed(member.group.seqs[0], member.base + step)
 
     def _turns_changed(self, member: _Member) -> None:
@@ -457,13 +462,10 @@ class DecodeBatch:
         while self.finishes and self.finishes[0][0] == step:
             done.append(heapq.heappop(self.finishes)[2])
         done.sort(key=_order)
-        drawn = {}                                      # what the members sampled in `step`, when real
         for member in done:
             self.sync(member, step - 1)
             seq, table = member.group.seqs[0], member.table
             self.pool.fill[table[-1]] = len(seq.token_ids) - (len(table) - 1) * self.bs   # as of `step`
-            if self.tokens is not None:
-                drawn[seq.seq_id] = [self.tokens.sample(member, step)]
             self._remove(member)
         groups = [m.group for m in done] + list(others)
         if not groups:
@@ -471,29 +473,14 @@ class DecodeBatch:
         seqs = [g.seqs[0] for g in groups]
         out = SchedulerOutput(False, groups, seqs, len(seqs),
                               num_scheduled_tokens=None if counts is None else [1] * len(done) + counts)
-        finished = self.scheduler.update(out, self._samples(out, len(done), drawn), end)
+        finished = self.scheduler.update(out, self.executor.samples(out.sampling_part()), end)
         if done and any(m.group.finish_reason is None for m in done):
             raise AssertionError("decode batch: a request did not finish where the batch said it would")
         return finished
 
-    def _samples(self, out: SchedulerOutput, num_done: int, drawn: dict):
-        """The samples of a step's update that finishes `num_done` members (first in `out`) and samples
-        the groups admitted in it: constant ones, or the members' `drawn` values and then the admitted
-        groups' draws (step by step draws for the running list in its order)."""
-        if self.tokens is None:
-            return self.executor.samples(out.sampling_part())
-        admitted = out.groups[num_done:]
-        if admitted:
-            counts = out.num_scheduled_tokens
-            rest = SchedulerOutput(False, admitted, out.seqs[num_done:], len(admitted),
-                                   num_scheduled_tokens=None if counts is None else counts[num_done:])
-            drawn.update(self.executor.samples(rest.sampling_part()))
-        return drawn
-
     def _remove(self, member: _Member) -> None:
         """A member that finishes at the batch's last step leaves it (its contribution to the next)."""
-        if self.tokens is not None:
-            self.tokens.leave(member)
+        self.answering -= member.answer is not None
         if self.caching:
             self._turns_changed(member)
         self.members.remove(member)
@@ -510,11 +497,7 @@ class DecodeBatch:
         if k <= 0:
             return
         seq = member.group.seqs[0]
-        if self.tokens is None:
-            seq.token_ids.extend(repeat(0, k))          # the executor's constant sample
-            seq.output_logprobs.extend(repeat(0.0, k))
-        else:
-            self.tokens.write(member, upto)
+        self._write(member, upto)
         computed = len(seq.token_ids) - 1
         seq.num_computed_tokens = computed
         table = member.table
@@ -522,13 +505,27 @@ class DecodeBatch:
         member.group.times.token_times.extend(self.ends[member.synced:upto])
         member.synced = upto
 
+    def _write(self, member: _Member, upto: int) -> None:
+        """Append the member's tokens and log-probabilities sampled up to batch step `upto`: the trace's
+        answer, or the executor's constant (0, 0.0), as the scheduler's update appends them."""
+        count = upto - member.tokens_upto
+        if count <= 0:
+            return
+        seq = member.group.seqs[0]
+        if member.answer is None:
+            seq.token_ids.extend(repeat(0, count))
+            seq.output_logprobs.extend(repeat(0.0, count))
+        else:
+            done = len(seq.token_ids) - seq.prompt_len
+            seq.token_ids.extend(member.answer[done:done + count])
+            seq.output_logprobs.extend(repeat(-1.0, count))
+            seq.cumulative_logprob = reduce(add, repeat(-1.0, count), seq.cumulative_logprob)  # one by one
+        member.tokens_upto = upto
+
     def release(self) -> None:
-        """Write every member up to date: the scheduler (and the executor's generator) is step-by-step's
-        again."""
+        """Write every member up to date: the scheduler is step-by-step's again."""
         for member in self.members:
             self.sync(member, self.step)
-        if self.tokens is not None:
-            self.tokens.close()
 
     # -- admissions --------------------------------------------------------------------------------
 
@@ -573,7 +570,7 @@ class DecodeBatch:
         own admission pass; its shape and record (memory as it stands while the step runs)."""
         step, pool = self.step + 1, self.pool
         token_states = pool.num_token_states
-        if self.caching:
+        if self.caching and self.answering:
             self._grow(step, step)
         else:
             self._take(step)
@@ -620,8 +617,6 @@ class DecodeBatch:
         step.record.end = end
         self.ends.append(end)
         self.step += 1
-        if self.tokens is not None:
-            self.tokens.draw(self.step, 1)
         self.context += len(self.members)
         self.moves.pop(self.step, None)
         if self.histogram:

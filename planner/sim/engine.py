@@ -40,6 +40,7 @@ from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan
 from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
+from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.sim.shape_log import ShapeLog
 from planner.deploy.speculation import speculation_of
@@ -531,17 +532,21 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     dep = plan.deployment
     if dep.enable_chunked_prefill and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
-    if dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+    spec = speculation_of(dep)
+    private = dep.enable_chunked_prefill and dep.enable_prefix_caching and spec is None
+    if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
+        allocator = PrivateBlockManager(dep.block_size, plan.num_gpu_blocks)
+    elif dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
     else:
         allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
                                    num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
                                    enable_prefix_caching=dep.enable_prefix_caching)
     scheduler = make_scheduler(plan.scheduler_config(), allocator)
-    spec = speculation_of(dep)
     if spec is None:
         executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
-                                     real_token_ids=dep.enable_prefix_caching)
+                                     real_token_ids=dep.enable_prefix_caching,
+                                     private_blocks=allocator if private else None)
     else:   # the engine scheduler's own speculation; steps one at a time (see the module docstring)
         enable_speculation(scheduler, spec, seed)
         executor = SpeculatingExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,

@@ -100,10 +100,9 @@ class Fleet:
                         watch=None if watch is None else self._watch,
                         due=None if self.pre_routed else self.due, routed=not self.pre_routed)
             for _ in range(replicas)]
-        answers = self.engines[0].executor.answers     # a conversation's answers, wherever each turn goes
         for i, engine in enumerate(self.engines):
-            engine.executor.answers = answers
             if i:                                      # replica 0 samples as a lone deployment does
+                engine.executor.share_answers(self.engines[0].executor)   # wherever each turn goes
                 engine.executor.rng = random.Random(f"{seed}/{i}")
             if policy.uses_prefix:
                 engine.log_kv_events()

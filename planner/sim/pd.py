@@ -124,6 +124,8 @@ class DecodePool:
                                  progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True)
             engine.scheduler = DecodeScheduler(engine.scheduler, lambda g, r, now, i=i: on_loading(i, g, r, now))
             engine.executor.rng = random.Random(f"{seed}/decode/{i}")
+            if i:      # the first replica's executor makes every request handed to the pool
+                engine.executor.share_answers(self.engines[0].executor)
             if policy.uses_prefix:
                 engine.log_kv_events()
             self.engines.append(engine)

@@ -5,10 +5,14 @@ produces exactly its trace output length (max_tokens = output_len, EOS
 ignored), and that token ids are real enough for the block manager: prompts
 that share a prefix share its ids (so prefix-cache hits are real), and a
 chatbot turn's answer is the one the trace says, so the next turn's prompt,
-which contains it, hits the cache too. Without prefix caching nothing reads
-the ids or log-probabilities of a plain request (one sequence, no beams), so
-those get a constant token and draw nothing: decode fast-forward then needs
-no per-token work for them.
+which contains it, hits the cache too. Nothing reads the sampled ids or
+log-probabilities of a plain request (one sequence, no beams) without prefix
+caching, nor with vLLM v1's, whose blocks of them no other request can hit
+(planner/sim/private_blocks.py), so those get a constant token and draw
+nothing: decode fast-forward then needs no per-token work for them. They are
+drawn where the block manager keys their blocks by their ids: the paper's
+block pool with prefix caching (whether a freed block has a key decides when
+it is reused) and runs with speculation.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import random
 
 from engine.core.scheduler import Samples, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
+from planner.sim.private_blocks import PrivateBlockManager
 from workloads import Trace, TraceRequest
 
 _RUNNING = SequenceStatus.RUNNING
@@ -23,15 +28,27 @@ _CONSTANT = [(0, 0.0)]   # what a plain request samples when nobody reads its to
 
 
 class SyntheticExecutor:
-    def __init__(self, trace: Trace, *, vocab_size: int, seed: int, real_token_ids: bool) -> None:
+    def __init__(self, trace: Trace, *, vocab_size: int, seed: int, real_token_ids: bool,
+                 private_blocks: PrivateBlockManager | None = None) -> None:
         self.trace = trace
         self.vocab_size = vocab_size
         self.seed = seed
         # Real ids cost a numpy draw per request; without prefix caching nothing
         # looks at them, so plain requests then get a constant prompt.
         self.real_token_ids = real_token_ids
+        # The block manager that keeps plain requests' sampled blocks private (told which requests
+        # sample the trace's answers instead); their samples are then constant.
+        self.private_blocks = private_blocks
+        self.draws_samples = real_token_ids and private_blocks is None   # a plain request's samples are drawn
         self.rng = random.Random(seed)
         self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
+
+    def share_answers(self, maker: SyntheticExecutor) -> None:
+        """Sample the trace's answers for the requests `maker` makes: a pool's requests are all made by
+        its first replica's executor, whichever replica runs them."""
+        self.answers = maker.answers
+        if self.private_blocks is not None:
+            self.private_blocks.public = maker.private_blocks.public
 
     def make_group(self, req: TraceRequest, arrival: float | None = None) -> SequenceGroup:
         """The engine request for trace request `req`, arriving at its trace time (or at `arrival`)."""
@@ -41,10 +58,14 @@ class SyntheticExecutor:
             prompt = self.trace.prompt_token_ids(req, self.vocab_size, self.seed)
         else:
             prompt = [0] * req.prompt_len
-        if self.real_token_ids and req.conversation_id is not None and params.best_of == 1:
+        answered = self.real_token_ids and req.conversation_id is not None and params.best_of == 1
+        if answered:
             self.answers[req.request_id] = self.trace.output_token_ids(req, self.vocab_size, self.seed)
-        return SequenceGroup(req.request_id, prompt, params, req.arrival_time if arrival is None else arrival,
-                             output_len_hint=req.output_len)
+        group = SequenceGroup(req.request_id, prompt, params, req.arrival_time if arrival is None else arrival,
+                              output_len_hint=req.output_len)
+        if answered and self.private_blocks is not None:   # the next turn's prompt holds its answer
+            self.private_blocks.public.add(group.seqs[0].seq_id)
+        return group
 
     def samples(self, out: SchedulerOutput) -> Samples:
         """Candidates for every sequence the step computed, as many as the scheduler expects."""
@@ -57,7 +78,7 @@ class SyntheticExecutor:
             answer = answers.get(group.request_id) if answers else None
             if answer is None and params.best_of == 1 and not params.use_beam_search:
                 # The common case, kept short: one sequence, one token.
-                samples[group.seqs[0].seq_id] = ([(int(rand() * vocab), -rand())] if self.real_token_ids
+                samples[group.seqs[0].seq_id] = ([(int(rand() * vocab), -rand())] if self.draws_samples
                                                  else _CONSTANT)
                 continue
             k = params.samples_per_sequence(group.first_step_pending)
@@ -85,7 +106,7 @@ class SyntheticExecutor:
         for group in groups:
             params = group.params
             answer = answers.get(group.request_id) if answers else None
-            if answer is None and params.best_of == 1 and not params.use_beam_search and not self.real_token_ids:
+            if answer is None and params.best_of == 1 and not params.use_beam_search and not self.draws_samples:
                 out.append(constant)
                 continue
             for seq in group.seqs:

@@ -1,0 +1,88 @@
+"""Prefix caching in the simulator for blocks no other request can hit: no work until their owner comes back.
+
+With prefix caching vLLM v1 registers every full block of a request under a key hashed from its
+tokens, the blocks of its sampled tokens included. In a simulation a request's sampled tokens are
+its own random draws (a conversation's next turn holds the answer the trace gives, which stays an
+ordinary block), so no other request can hold tokens equal to them: a block past the prompt's full
+blocks (the block the prompt ends in holds sampled tokens too) is private. The only lookup that can
+find one is its owner's own, when vLLM preempts it by recompute and it comes back through the
+waiting queue with its prompt and its tokens so far.
+
+`PrivateBlockManager` gives that behaviour without drawing, writing or hashing a token of them:
+the simulated executor samples a constant for private tokens, and their blocks are not registered
+while the request runs. When the request is preempted they are registered, before they are
+released, under keys made of its sequence id and the block's index, which its lookup on coming
+back uses too. Nothing else can tell this from vLLM's registering them as they fill:
+- only the owner ever looks a private key up, and it does so only after a preemption, which
+  registered every private block vLLM had registered by then (a preempted request has computed
+  all it was scheduled: its computed tokens are what vLLM had cached);
+- vLLM v1's pool frees a block to the back of one queue whether it has a key or not
+  (`VllmBlockPool`), so blocks are reused in the same order and every other request's hits are
+  the same;
+- a finished request never comes back: its private blocks are never registered.
+Prefix-cache statistics come from the same lookups. The paper's block pool is left as it is:
+there a freed block with a key waits behind those without one, so registering changes the order.
+"""
+from __future__ import annotations
+
+from engine.core.block_manager import chained_hashes
+from engine.core.chunked_scheduler import VllmBlockManager
+from engine.core.sequence import Sequence
+
+# The first element of a private key's tuple: a content key hashes (parent key, token ids), a
+# private one (tag, sequence id, block index), so the two never meet (an int tag, not a string,
+# keeps keys the same from one process to the next).
+_PRIVATE = -1
+
+
+class PrivateBlockManager(VllmBlockManager):
+    """vLLM v1's block manager whose sequences' blocks past their prompt's full blocks are private,
+    unless `public` lists the sequence (a conversation turn whose answer the trace gives)."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int) -> None:
+        super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True)
+        self.public: set[int] = set()     # sequence ids whose every block is keyed by its tokens
+
+    def _private_from(self, seq: Sequence) -> int | None:
+        """The index of the sequence's first private block (None: none is)."""
+        return None if seq.seq_id in self.public else seq.prompt_len // self.block_size
+
+    def cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+        first = self._private_from(seq)
+        if first is None:
+            return super().cached_prefix(seq)
+        cached, count = self.gpu.cached, (seq.num_tokens - 1) // self.block_size
+        hit: list[tuple[int, int]] = []
+        for h in chained_hashes(seq.token_ids, self.block_size, min(first, count)):
+            block = cached.get(h)
+            if block is None:
+                return hit
+            hit.append((block, h))
+        for i in range(first, count):     # its own blocks, registered when it was preempted
+            h = hash((_PRIVATE, seq.seq_id, i))
+            block = cached.get(h)
+            if block is None:
+                break
+            hit.append((block, h))
+        return hit
+
+    def mark_computed(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        first = self._private_from(seq)
+        if first is None:
+            return super().mark_computed(seq, num_tokens)
+        upto = seq.num_computed_tokens if num_tokens is None else num_tokens
+        super().mark_computed(seq, min(upto, first * self.block_size))
+
+    def free(self, seq: Sequence) -> None:
+        if seq.is_finished:
+            self.public.discard(seq.seq_id)
+        elif seq.seq_id in self.tables and seq.seq_id not in self.public:
+            self._register_private(seq)
+        super().free(seq)
+
+    def _register_private(self, seq: Sequence) -> None:
+        """A preempted sequence's private blocks enter the prefix cache: those of its computed tokens,
+        which is what vLLM had registered by the step it was last scheduled in."""
+        table, register = self.tables[seq.seq_id], self.gpu.register
+        for i in range(seq.prompt_len // self.block_size, seq.num_computed_tokens // self.block_size):
+            register(table[i], hash((_PRIVATE, seq.seq_id, i)))

@@ -1,0 +1,108 @@
+"""Private blocks (planner/sim/private_blocks.py): vLLM v1's prefix caching without keying a sampled token.
+
+The claim is that nothing the scheduler does can tell a block manager that registers a request's
+sampled blocks only when it is preempted (keyed by the request) from one that registers every
+block as it fills (keyed by drawn token ids, as vLLM does): the same requests are scheduled,
+preempted and hit, step for step, through preemptions, shared prefixes and conversation turns.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
+from engine.core.scheduler import SchedulerOutput
+from engine.core.sequence import SequenceStatus
+from planner.catalog import resolve_gpu, resolve_model
+from planner.sim.private_blocks import PrivateBlockManager
+from planner.sim.synthetic import SyntheticExecutor
+from sim_helpers import sim_plan
+from workloads import Trace, TraceRequest, make_trace
+
+LLAMA, H100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+
+
+def drive(trace: Trace, blocks: int, private: bool, block_size: int = 16) -> list[tuple]:
+    """Every step of vLLM v1's scheduler over `trace` (all requests waiting at once): what it ran,
+    preempted and hit, and what it left free."""
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=1024,
+                    max_num_batched_tokens=512, max_num_seqs=24, block_size=block_size)
+    allocator = (PrivateBlockManager(block_size, blocks) if private
+                 else VllmBlockManager(block_size, blocks, enable_prefix_caching=True))
+    scheduler = ChunkedScheduler(plan.scheduler_config(), allocator)
+    executor = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=3, real_token_ids=True,
+                                 private_blocks=allocator if private else None)
+    assert executor.draws_samples is not private
+    for req in trace.requests:
+        scheduler.add(executor.make_group(req))
+    log, now = [], 0.0
+    while scheduler.has_unfinished():
+        out = scheduler.schedule(now)
+        log.append(([g.request_id for g in out.groups], list(out.num_scheduled_tokens),
+                    [g.request_id for g in out.preempted], scheduler.prefix_hit_tokens,
+                    scheduler.prefix_queried_tokens, allocator.num_free_blocks(), allocator.token_slots_used()))
+        scheduler.update(out, executor.samples(out.sampling_part()), now)
+        now += 1.0
+    return log
+
+
+@pytest.mark.parametrize("workload,blocks,block_size", [
+    ("sharegpt", 90, 16),      # preempted requests come back and hit their own sampled blocks
+    ("prefix", 80, 16),        # shared prefixes, and the block a prompt ends in holding sampled tokens
+    ("chatbot", 120, 16),      # turns that hit their history, the trace's answers included
+    ("chatbot", 1400, 1),
+])
+def test_private_blocks_schedule_exactly_as_blocks_keyed_by_their_tokens(workload, blocks, block_size):
+    trace = make_trace(workload, num_requests=40, rate=10.0, seed=5)
+    trace = Trace([r.model_copy(update={"output_len": min(r.output_len, 300), "prompt_len": min(r.prompt_len, 600)})
+                   for r in trace.requests], name=workload)
+    keyed = drive(trace, blocks, private=False, block_size=block_size)
+    private = drive(trace, blocks, private=True, block_size=block_size)
+    assert private == keyed
+    assert any(step[2] for step in keyed)           # preemptions happened
+    assert keyed[-1][3] > 0                         # and the cache was hit
+
+
+def test_a_preempted_request_comes_back_to_its_own_sampled_blocks_and_a_finished_one_keys_none():
+    allocator = PrivateBlockManager(4, 64)
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=128,
+                    max_num_batched_tokens=64, max_num_seqs=4, block_size=4)
+    scheduler = ChunkedScheduler(plan.scheduler_config(), allocator)
+    trace = Trace([TraceRequest(request_id="a", arrival_time=0.0, prompt_len=10, output_len=20)], name="one")
+    executor = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=0, real_token_ids=True,
+                                 private_blocks=allocator)
+    group = executor.make_group(trace.requests[0])
+    scheduler.add(group)
+    for step in range(9):              # the prompt, then 8 sampled tokens: 17 computed, 4 full blocks
+        out = scheduler.schedule(float(step))
+        scheduler.update(out, executor.samples(out.sampling_part()), float(step))
+    seq = group.seqs[0]
+    assert seq.output_token_ids == [0] * 9                  # constant samples, nothing drawn
+    assert len(allocator.gpu.cached) == 2                   # the prompt's two full blocks only
+    scheduler.running.remove(group)
+    scheduler._preempt(group, {})                           # as vLLM v1 preempts it by recompute
+    assert len(allocator.gpu.cached) == 4                   # its sampled blocks, keyed by the request
+    hit = allocator.cached_prefix(seq)
+    assert len(hit) == 4                                    # it comes back to all of them
+    while scheduler.has_unfinished():
+        out = scheduler.schedule(float(step))
+        scheduler.update(out, executor.samples(out.sampling_part()), float(step))
+    assert scheduler.prefix_hit_tokens == 16
+    assert len(allocator.gpu.cached) == 4                   # finished: its later blocks never keyed
+    assert not allocator.public
+
+
+def test_a_replica_running_another_replicas_request_samples_the_same_answer():
+    trace = make_trace("chatbot", num_requests=6, rate=10.0, seed=1)
+    maker_blocks, runner_blocks = PrivateBlockManager(16, 200), PrivateBlockManager(16, 200)
+    maker = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=0, real_token_ids=True,
+                              private_blocks=maker_blocks)
+    runner = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=0, real_token_ids=True,
+                               private_blocks=runner_blocks)
+    runner.share_answers(maker)
+    req = next(r for r in trace.requests if r.conversation_id is not None)
+    group = maker.make_group(req)
+    seq = group.seqs[0]
+    assert runner_blocks._private_from(seq) is None         # its answer's blocks are keyed by their tokens
+    seq.num_computed_tokens, seq.status = seq.num_tokens, SequenceStatus.RUNNING
+    out = SchedulerOutput(False, [group], [seq], seq.num_tokens)
+    assert runner.samples(out)[seq.seq_id] == [(maker.answers[req.request_id][0], -1.0)]
