@@ -33,7 +33,8 @@ def _scalar(model, contexts):
 
 
 @pytest.mark.parametrize("knobs", [{"model": "llama-3.1-8b"}, {"model": "llama-3.1-8b", "async_scheduling": True},
-                                   {"model": "llama-3.1-70b", "tp": 4}, {"model": "qwen3-30b-a3b", "tp": 2}])
+                                   {"model": "llama-3.1-70b", "tp": 4}, {"model": "qwen3-30b-a3b", "tp": 2},
+                                   {"model": "gpt-oss-120b", "tp": 2, "weight_format": weight_format("mxfp4")}])
 def test_a_run_prices_each_step_as_step_time_does(knobs):
     model = MeasuredCostModel(knobs.pop("model"), H100, **knobs)
     rng = random.Random(7)
@@ -72,13 +73,13 @@ def test_extrapolation_is_flagged_for_the_steps_taken_only():
     assert fresh.extrapolated == scalar.extrapolated and scalar.extrapolated
 
 
-def test_models_that_cannot_price_runs_step_as_before():
+def test_wrappers_that_cannot_price_runs_step_as_before():
     assert run_pricer(MeasuredCostModel(LLAMA, H100)) is not None
     gpt_oss = MeasuredCostModel("gpt-oss-20b", H100, weight_format=weight_format("mxfp4"))
-    assert run_pricer(gpt_oss) is None                                    # sliding-window layers
+    assert run_pricer(gpt_oss) is not None                                # sliding-window layers too
     noisy = NoisyCost.__new__(NoisyCost)           # forwards what it lacks to its base: never the run price
     noisy.base = MeasuredCostModel(LLAMA, H100)
-    assert noisy.prices_decode_runs and run_pricer(noisy) is None
+    assert callable(noisy.decode_step_times) and run_pricer(noisy) is None
     assert run_pricer(ScaledCostModel(MeasuredCostModel(LLAMA, H100), 1.1)) is None
 
 

@@ -445,27 +445,24 @@ class MeasuredCostModel:
             return full
         return full + self.model.sliding_layers * self._windowed_decode(s, curve) / b
 
-    @property
-    def prices_decode_runs(self) -> bool:
-        """Can `decode_step_times` price a run of decode steps? Not with sliding-window layers (gpt-oss),
-        whose windowed term it does not vectorize."""
-        return not self.model.sliding_layers
-
     def decode_step_times(self, seqs: int, low: int, counts, sums):
         """`step_time` of decode-only steps of `seqs` sequences, one per row: row i holds counts[i, j]
         sequences of total context sums[i, j] in context bucket low + j (numpy arrays; 0 where empty).
         The same floats as step_time, term by term in its order (the buckets summed left to right
         by a cumulative sum, which numpy runs sequentially), for a run of steps in a few array
         operations (the simulator's decode batch, planner/sim/decode_run.py); an empty bucket adds
-        exactly 0. Only where `prices_decode_runs`. Flags nothing: `flag_decode_buckets` does, for
-        the steps the caller takes."""
+        exactly 0. Flags nothing: `flag_decode_buckets` does, for the steps the caller takes."""
         a, slope = self._gen_arrays.get(seqs) or self._gen_array(seqs)
         width = counts.shape[1]
         terms = counts * a[low:low + width] + slope[low:low + width] * sums
         total = np.cumsum(terms, axis=1)[:, -1]
         gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
         gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
-        gpu = gpu + self.model.full_attention_layers * total / seqs
+        attention = self.model.full_attention_layers * total / seqs
+        if self.model.sliding_layers:
+            attention = attention + self.model.sliding_layers * self._windowed_decode_rows(seqs, low, counts,
+                                                                                          sums) / seqs
+        gpu = gpu + attention
         host = self._host_base + self._host_per_seq * seqs
         return gpu + host if not self.async_scheduling else np.where(gpu >= host, gpu, host)
 
@@ -501,6 +498,20 @@ class MeasuredCostModel:
                 a, slope, _ = curve[k]
                 total += n * a + slope * min(keys, n * w)
         return total
+
+    def _windowed_decode_rows(self, seqs: int, low: int, counts, sums):
+        """`_windowed_decode` of each row of a run laid out as for `decode_step_times`: the same floats
+        (a bucket past the window at the window's price, the others' keys capped at the window's)."""
+        w = self.model.window
+        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
+        a_w, slope_w, _ = curve[context_bucket(w)]
+        a, slope = self._gen_arrays.get(seqs) or self._gen_array(seqs)
+        width = counts.shape[1]
+        buckets = np.arange(low, low + width)
+        past = (buckets > 0) & (np.left_shift(1, np.maximum(buckets - 1, 0)) >= w)
+        inside = counts * a[low:low + width] + slope[low:low + width] * np.minimum(sums, counts * w)
+        terms = np.where(past, counts * (a_w + slope_w * w), inside)
+        return np.cumsum(terms, axis=1)[:, -1]
 
     def allreduce(self, tokens: int, captured: bool | None = None) -> float:
         """One all-reduce of `tokens` x hidden values: the CUDA-graph variant inside a captured graph; NCCL

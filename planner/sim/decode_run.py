@@ -30,11 +30,10 @@ FIRST_CHUNK = 16      # steps priced at first; each further chunk twice the last
 
 def run_pricer(cost_model):
     """The cost model's vectorized price of decode steps, or None (then priced step by step): a model
-    offers it with `decode_step_times` and says where it holds with `prices_decode_runs`; a wrapper
-    (noise, speed factor, replayed durations) does not."""
+    offers it with `decode_step_times`; a wrapper (noise, speed factor, replayed durations) does not."""
     # The class's own method: a wrapper that forwards what it lacks to its base must not price a run
     # without its noise or factor.
-    if getattr(type(cost_model), "decode_step_times", None) is None or not cost_model.prices_decode_runs:
+    if getattr(type(cost_model), "decode_step_times", None) is None:
         return None
     return cost_model.decode_step_times
 
