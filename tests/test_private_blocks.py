@@ -77,10 +77,11 @@ def test_a_preempted_request_comes_back_to_its_own_sampled_blocks_and_a_finished
         scheduler.update(out, executor.samples(out.sampling_part()), float(step))
     seq = group.seqs[0]
     assert seq.output_token_ids == [0] * 9                  # constant samples, nothing drawn
-    assert len(allocator.gpu.cached) == 2                   # the prompt's two full blocks only
+    assert group.prompt_token_ids == [-1] * 10                # its prompt: one id no token and no other request has
+    assert not allocator.gpu.cached                         # nothing keyed while it runs, its prompt neither
     scheduler.running.remove(group)
     scheduler._preempt(group, {})                           # as vLLM v1 preempts it by recompute
-    assert len(allocator.gpu.cached) == 4                   # its sampled blocks, keyed by the request
+    assert len(allocator.gpu.cached) == 4                   # its prompt's and sampled blocks, keyed by the request
     hit = allocator.cached_prefix(seq)
     assert len(hit) == 4                                    # it comes back to all of them
     while scheduler.has_unfinished():
@@ -88,7 +89,25 @@ def test_a_preempted_request_comes_back_to_its_own_sampled_blocks_and_a_finished
         scheduler.update(out, executor.samples(out.sampling_part()), float(step))
     assert scheduler.prefix_hit_tokens == 16
     assert len(allocator.gpu.cached) == 4                   # finished: its later blocks never keyed
-    assert not allocator.public
+    assert not allocator.public and not allocator.own_prompts
+
+
+def test_a_prompt_is_its_requests_own_unless_it_is_shared():
+    """Only a plain prompt of one sample is private: a shared prefix, a conversation turn and a request
+    fanned out into n children (which share its prompt's blocks) keep ids that other requests can hit."""
+    plain = [TraceRequest(request_id=f"r{i}", arrival_time=0.0, prompt_len=40, output_len=8) for i in range(3)]
+    trace = Trace([*plain,
+                   TraceRequest(request_id="n3", arrival_time=0.0, prompt_len=40, output_len=8, n=3),
+                   TraceRequest(request_id="p", arrival_time=0.0, prompt_len=40, output_len=8, prefix_id="sys",
+                                prefix_len=32)], name="mixed")
+    allocator = PrivateBlockManager(16, 64)
+    executor = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=0, real_token_ids=True,
+                                 private_blocks=allocator)
+    groups = [executor.make_group(req) for req in trace.requests]
+    seqs = [g.seqs[0] for g in groups]
+    assert [g.prompt_token_ids[0] for g in groups[:4]] == [-1, -2, -3, -4]     # one id each, the trace's order
+    assert [allocator._private_from(s) for s in seqs] == [0, 0, 0, 40 // 16, 40 // 16]
+    assert groups[4].prompt_token_ids == trace.prompt_token_ids(trace.requests[4], LLAMA.vocab_size, 0)
 
 
 def test_a_replica_running_another_replicas_request_samples_the_same_answer():

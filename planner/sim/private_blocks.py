@@ -20,6 +20,10 @@ back uses too. Nothing else can tell this from vLLM's registering them as they f
   (`VllmBlockPool`), so blocks are reused in the same order and every other request's hits are
   the same;
 - a finished request never comes back: its private blocks are never registered.
+A prompt no other request shares (a plain request's own random ids, one sample) is private the same
+way, from its first block: the simulated executor gives it one constant id of its own instead of
+drawing ids, and neither its blocks nor its keys are made until it is preempted. (A request fanned
+out into n samples is not: its children share its prompt's blocks.)
 Prefix-cache statistics come from the same lookups. The paper's block pool is left as it is:
 there a freed block with a key waits behind those without one, so registering changes the order.
 """
@@ -41,11 +45,15 @@ class PrivateBlockManager(VllmBlockManager):
 
     def __init__(self, block_size: int, num_gpu_blocks: int) -> None:
         super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True)
-        self.public: set[int] = set()     # sequence ids whose every block is keyed by its tokens
+        self.public: set[int] = set()          # sequence ids whose every block is keyed by its tokens
+        self.own_prompts: set[int] = set()     # sequence ids whose prompt no other request holds
 
     def _private_from(self, seq: Sequence) -> int | None:
         """The index of the sequence's first private block (None: none is)."""
-        return None if seq.seq_id in self.public else seq.prompt_len // self.block_size
+        seq_id = seq.seq_id
+        if seq_id in self.public:
+            return None
+        return 0 if seq_id in self.own_prompts else seq.prompt_len // self.block_size
 
     def cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
         first = self._private_from(seq)
@@ -70,12 +78,14 @@ class PrivateBlockManager(VllmBlockManager):
         first = self._private_from(seq)
         if first is None:
             return super().mark_computed(seq, num_tokens)
-        upto = seq.num_computed_tokens if num_tokens is None else num_tokens
-        super().mark_computed(seq, min(upto, first * self.block_size))
+        if first:
+            upto = seq.num_computed_tokens if num_tokens is None else num_tokens
+            super().mark_computed(seq, min(upto, first * self.block_size))
 
     def free(self, seq: Sequence) -> None:
         if seq.is_finished:
             self.public.discard(seq.seq_id)
+            self.own_prompts.discard(seq.seq_id)
         elif seq.seq_id in self.tables and seq.seq_id not in self.public:
             self._register_private(seq)
         super().free(seq)
@@ -84,5 +94,5 @@ class PrivateBlockManager(VllmBlockManager):
         """A preempted sequence's private blocks enter the prefix cache: those of its computed tokens,
         which is what vLLM had registered by the step it was last scheduled in."""
         table, register = self.tables[seq.seq_id], self.gpu.register
-        for i in range(seq.prompt_len // self.block_size, seq.num_computed_tokens // self.block_size):
+        for i in range(self._private_from(seq), seq.num_computed_tokens // self.block_size):
             register(table[i], hash((_PRIVATE, seq.seq_id, i)))

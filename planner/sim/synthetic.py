@@ -12,7 +12,8 @@ caching, nor with vLLM v1's, whose blocks of them no other request can hit
 nothing: decode fast-forward then needs no per-token work for them. They are
 drawn where the block manager keys their blocks by their ids: the paper's
 block pool with prefix caching (whether a freed block has a key decides when
-it is reused) and runs with speculation.
+it is reused) and runs with speculation. Under vLLM v1's the prompt of a
+plain request is private too, and is one id of its own rather than drawn ids.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class SyntheticExecutor:
         self.draws_samples = real_token_ids and private_blocks is None   # a plain request's samples are drawn
         self.rng = random.Random(seed)
         self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
+        self.own_ids: dict[str, int] | None = None   # request id -> its own prompt id (`_own_id`)
 
     def share_answers(self, maker: SyntheticExecutor) -> None:
         """Sample the trace's answers for the requests `maker` makes: a pool's requests are all made by
@@ -49,12 +51,16 @@ class SyntheticExecutor:
         self.answers = maker.answers
         if self.private_blocks is not None:
             self.private_blocks.public = maker.private_blocks.public
+            self.private_blocks.own_prompts = maker.private_blocks.own_prompts
 
     def make_group(self, req: TraceRequest, arrival: float | None = None) -> SequenceGroup:
         """The engine request for trace request `req`, arriving at its trace time (or at `arrival`)."""
         params = req.sampling_params()
         shared = req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
-        if self.real_token_ids or shared:
+        own = None if shared or self.private_blocks is None else self._own_id(req)
+        if own is not None:
+            prompt = [own] * req.prompt_len
+        elif self.real_token_ids or shared:
             prompt = self.trace.prompt_token_ids(req, self.vocab_size, self.seed)
         else:
             prompt = [0] * req.prompt_len
@@ -65,7 +71,18 @@ class SyntheticExecutor:
                               output_len_hint=req.output_len)
         if answered and self.private_blocks is not None:   # the next turn's prompt holds its answer
             self.private_blocks.public.add(group.seqs[0].seq_id)
+        if own is not None and params.n == 1:                # (n children would share its blocks)
+            self.private_blocks.own_prompts.add(group.seqs[0].seq_id)
         return group
+
+    def _own_id(self, req: TraceRequest) -> int | None:
+        """The one id a plain prompt is made of where its blocks are private (private_blocks.py): an id
+        no token is (a negative one) and no other request of the trace has, so its blocks' keys, and the
+        prefix-aware router's hashes of it, are its own, as its random ids would be. None for a request
+        not in the trace."""
+        if self.own_ids is None:
+            self.own_ids = {r.request_id: -1 - i for i, r in enumerate(self.trace.requests)}
+        return self.own_ids.get(req.request_id)
 
     def samples(self, out: SchedulerOutput) -> Samples:
         """Candidates for every sequence the step computed, as many as the scheduler expects."""
