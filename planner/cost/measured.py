@@ -204,6 +204,7 @@ class MeasuredCostModel:
         self._host_base, self._host_per_seq, self.host_source = self._host_constants()
 
         self._token_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
+        self._run_cache: dict[tuple[int, bool], tuple[tuple[Term, ...], float]] = {}
         self._seq_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
         self._ctx_cache: dict[tuple[int, int], float] = {}
         self._gen_curves: dict[int, tuple] = {}
@@ -567,8 +568,18 @@ class MeasuredCostModel:
 
     def _token_terms(self, tokens: int) -> tuple[tuple[Term, ...], float]:
         """The terms priced by the step's token count (GEMMs, elementwise kernels, all-reduces), at the
-        padded count a CUDA graph runs; cached by `tokens`."""
-        run, layers = self._padded(tokens), self.model.num_layers
+        padded count a CUDA graph runs; cached by `tokens`, and by what they depend on (the padded count
+        and whether a graph runs it), which the token counts a graph pads to the same size share."""
+        run, captured = self._padded(tokens), self.graphs.captured(tokens)
+        value = self._run_cache.get((run, captured))
+        if value is None:
+            value = self._run_cache[run, captured] = self._run_terms(run, captured)
+        self._token_cache[tokens] = value
+        return value
+
+    def _run_terms(self, run: int, captured: bool) -> tuple[tuple[Term, ...], float]:
+        """_token_terms' terms for `run` tokens (padded), run by a CUDA graph or not."""
+        layers = self.model.num_layers
         table = self._tables["layer_gemm"]
         terms = [Term(f"{name} GEMM", "gemm", count * self.layer_gemm(run, n, k), "table",
                       f"{self.system} {table}, m={run} n={n} k={k}, x{count} layers", count)
@@ -585,15 +596,12 @@ class MeasuredCostModel:
                                   f"{self.calibration.elementwise_floor_s * 1e6:.1f} us floor per kernel"
                                   + (f", x{count} layers" if count > 1 else ""), count))
         if self._allreduce is not None:
-            captured = self.graphs.captured(tokens)
             count = 2 * layers + 1
             terms.append(Term("all-reduce", "collective", count * self.allreduce(run, captured), "table",
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
                               f"{run} x {self.model.hidden_size} values, 2 per layer + the embedding's", count))
-        value = (tuple(terms), sum(t.seconds for t in terms))
-        self._token_cache[tokens] = value
-        return value
+        return tuple(terms), sum(t.seconds for t in terms)
 
     def _seq_terms(self, seqs: int) -> tuple[tuple[Term, ...], float]:
         """The terms priced by the sequences a step samples: LM head, logits all-gather, sampler; cached."""

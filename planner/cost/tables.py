@@ -119,11 +119,15 @@ class Curve:
         if len(xs) == 1:
             return ys[0], outside
         i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
-        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-        if x == x0 or x == x1:
-            return (y0 if x == x0 else y1), outside
-        t = (_log(x) - _log(x0)) / (_log(x1) - _log(x0))
-        return math.exp(_log(y0) + t * (_log(y1) - _log(y0))), outside
+        return _segment(x, xs[i], xs[i + 1], ys[i], ys[i + 1]), outside
+
+
+def _segment(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
+    """The line through (x0, y0) and (x1, y1) in log-log space, at x (exact at either end)."""
+    if x == x0 or x == x1:
+        return y0 if x == x0 else y1
+    t = (_log(x) - _log(x0)) / (_log(x1) - _log(x0))
+    return math.exp(_log(y0) + t * (_log(y1) - _log(y0)))
 
 
 def interpolate(tree: dict, query: tuple[float, ...]) -> tuple[float, bool]:
@@ -132,23 +136,24 @@ def interpolate(tree: dict, query: tuple[float, ...]) -> tuple[float, bool]:
     Axis by axis: along the first axis take the two grid values that bracket
     the query (or the two at the edge), interpolate each sub-table at the rest
     of the query, then interpolate between them in log-log space. Sub-tables may
-    have different grids (a missing corner is skipped, not invented).
+    have different grids (a missing corner is skipped, not invented). (A cost
+    model's cache misses call this thousands of times a run: no objects are made.)
     """
     x, rest = query[0], query[1:]
     keys = sorted(tree)
-    if not rest:
-        return Curve(tuple(keys), tuple(tree[k] for k in keys)).at(x)
     if len(keys) == 1:
-        y, ext = interpolate(tree[keys[0]], rest)
-        return y, ext or x != keys[0]
+        only = keys[0]
+        y, ext = interpolate(tree[only], rest) if rest else (tree[only], False)
+        return y, ext or x != only
     i = min(max(bisect_right(keys, x) - 1, 0), len(keys) - 2)
     lo, hi = keys[i], keys[i + 1]
+    if not rest:                       # the last axis: the curve's own segment
+        return _segment(x, lo, hi, tree[lo], tree[hi]), x < keys[0] or x > keys[-1]
     y0, e0 = interpolate(tree[lo], rest)
     if x == lo:
         return y0, e0
     y1, e1 = interpolate(tree[hi], rest)
-    y, e = Curve((lo, hi), (y0, y1)).at(x)
-    return y, e or e0 or e1
+    return _segment(x, lo, hi, y0, y1), x < lo or x > hi or e0 or e1
 
 
 def build_tree(rows, axes: tuple[str, ...], where: dict | None = None) -> dict:

@@ -1,6 +1,6 @@
 """A run's step shapes, kept lazily: a decode plan's steps stand as the run that describes them until read.
 
-Building a `StepShape` (a frozen dataclass with a histogram tuple) costs about
+Building a `StepShape` (a dataclass with a histogram tuple) costs about
 what pricing a step costs, and a fleet takes millions of bulk decode steps
 whose shapes nobody reads during the simulation (the metrics come from the
 step records; steps.csv, capacity probes and validation read shapes after
