@@ -156,12 +156,14 @@ def test_large_latency_lists_give_the_same_percentiles():
     assert _median_p99(values) == (percentile(values, 50), percentile(values, 99))
 
 
-def test_many_token_times_give_the_same_gaps():
-    # _gaps_numpy (past LARGE token times) against the lists' way: the same pooled gaps in the same
-    # order and the same per-request p99, requests of no, one and many token times among them.
+def test_many_token_times_give_the_same_gaps(monkeypatch):
+    # TokenGaps (past LARGE token times) against the lists' way: the same pooled gaps in the same
+    # order and the same per-request p99, requests of no, one and many token times among them; and
+    # for any subset in any order (a fleet's replicas), whether past LARGE or not.
     import random
 
-    from engine.core.metrics import _gaps, _gaps_numpy
+    from engine.core import metrics
+    from engine.core.metrics import TokenGaps, _gaps
     rng = random.Random(2)
     done = []
     for i in range(400):
@@ -171,8 +173,16 @@ def test_many_token_times_give_the_same_gaps():
             times.append(t)
         done.append(RequestRecord(request_id=f"r{i}", arrival=0.0, prompt_len=1, output_len=len(times),
                                   token_times=times))
-    pooled, worst = _gaps_numpy(done)
-    small = [_gaps([r]) for r in done]
-    assert list(pooled) == [g for p, _ in small for g in p]
-    assert worst == [w for _, ws in small for w in ws]
-    assert _gaps_numpy([r for r in done if len(r.token_times) < 2]) == ([], [])
+    gaps = TokenGaps(done)
+    pooled, worst = gaps.pick(done)
+    small = {id(r): _gaps([r]) for r in done}
+    assert list(pooled) == [g for r in done for g in small[id(r)][0]]
+    assert worst == [w for r in done for w in small[id(r)][1]]
+    assert gaps.pick([r for r in done if len(r.token_times) < 2]) == ([], [])
+    monkeypatch.setattr(metrics, "LARGE", 10_000)          # (these 400 requests hold 38,920 times)
+    for count in (len(done), 300, 20):
+        subset = rng.sample(done, count)
+        pooled, worst = gaps.of(subset)
+        assert (sum(len(r.token_times) for r in subset) >= metrics.LARGE) == (count > 20)   # both ways taken
+        assert list(pooled) == [g for r in subset for g in small[id(r)][0]]
+        assert worst == [w for r in subset for w in small[id(r)][1]]

@@ -207,7 +207,7 @@ def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
     pooled: list[float] = []
     worst: list[float] = []
     if sum(len(r.token_times) for r in done) >= LARGE:
-        return _gaps_numpy(done)
+        return TokenGaps(done).pick(done)
     for r in done:
         gaps = r.itl
         if gaps:
@@ -216,31 +216,53 @@ def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
     return pooled, worst
 
 
-def _gaps_numpy(done: list[RequestRecord]):
-    """_gaps for millions of token times: the same differences and the same per-request
-    percentile arithmetic, on numpy arrays (the pooled gaps stay one). Every time is read into one
-    array and differenced once (a few array operations for the run, not a few per request); the
-    differences across two requests are dropped."""
-    import numpy as np
-    lengths = [len(r.token_times) for r in done]
-    times = np.fromiter(chain.from_iterable(r.token_times for r in done), dtype=np.float64, count=sum(lengths))
-    gaps = times[1:] - times[:-1]               # np.diff's differences
-    worst: list[float] = []
-    across = []                                 # the difference from each request's last time to the next's first
-    start = 0
-    for count in lengths:
-        n = count - 1
-        if n > 0:
-            xs = np.sort(gaps[start:start + n])
-            pos = (n - 1) * 99 / 100.0
-            lo = int(pos)
-            hi = min(lo + 1, n - 1)
-            worst.append(float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)))
-        start += count
-        if count:
-            across.append(start - 1)
-    pooled = np.delete(gaps, across[:-1]) if across else gaps
-    return (pooled if len(pooled) else []), worst
+class TokenGaps:
+    """_gaps for millions of token times, on numpy arrays, and for any subset of the requests once
+    built (a fleet's summary and each replica's read the same requests: the times are read and each
+    request's p99 taken once). The same differences and the same per-request percentile arithmetic
+    as the lists; the pooled gaps stay one array. Every time is read into one array and differenced
+    once (a few array operations for the run, not a few per request); a subset's gaps are picked
+    from it, the differences across two requests left out."""
+
+    def __init__(self, done: list[RequestRecord]) -> None:
+        import numpy as np
+        self.row = {id(r): i for i, r in enumerate(done)}
+        lengths = np.fromiter((len(r.token_times) for r in done), dtype=np.int64, count=len(done))
+        times = np.fromiter(chain.from_iterable(r.token_times for r in done), dtype=np.float64,
+                            count=int(lengths.sum()))
+        self.gaps = times[1:] - times[:-1]          # np.diff's differences
+        self.starts = np.cumsum(lengths) - lengths  # each request's first time, and first gap
+        self.counts = np.maximum(lengths - 1, 0)    # its gaps
+        # Each request's p99 gap: its gaps sorted in place in a copy, then the percentile's
+        # interpolation for all of them at once (numpy's float64 arithmetic is Python's).
+        ordered = self.gaps.copy()
+        has = self.counts > 0
+        for start, count in zip(self.starts[has].tolist(), self.counts[has].tolist()):
+            ordered[start:start + count].sort()
+        n = self.counts[has]
+        pos = (n - 1) * 99 / 100.0
+        lo = pos.astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        first = self.starts[has]
+        below, above = ordered[first + lo], ordered[first + hi]
+        self.worst = np.full(len(done), np.nan)
+        self.worst[has] = below + (above - below) * (pos - lo)
+
+    def of(self, done: list[RequestRecord]) -> tuple[list[float], list[float]]:
+        """_gaps(done), for requests among those this was built from."""
+        if sum(len(r.token_times) for r in done) < LARGE:
+            return _gaps(done)
+        return self.pick(done)
+
+    def pick(self, done: list[RequestRecord]):
+        import numpy as np
+        rows = np.fromiter((self.row[id(r)] for r in done), dtype=np.int64, count=len(done))
+        counts = self.counts[rows]
+        total = int(counts.sum())
+        offsets = np.cumsum(counts) - counts        # where each request's gaps go in the pooled array
+        pooled = self.gaps[np.repeat(self.starts[rows] - offsets, counts) + np.arange(total)]
+        worst = self.worst[rows[counts > 0]].tolist()
+        return (pooled if len(pooled) else []), worst
 
 
 MEMORY_PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
@@ -325,11 +347,12 @@ def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],
 
 
 def summarize(requests: list[RequestRecord], steps: list[StepRecord],
-              preemptions: dict[str, int] | None = None, columns: dict | None = None) -> Metrics:
+              preemptions: dict[str, int] | None = None, columns: dict | None = None,
+              gaps: TokenGaps | None = None) -> Metrics:
     """Every metric of docs/architecture.md from per-request and per-step records (the one
     place they are computed, for live runs, the simulator and recorded runs alike).
-    `columns`: the steps' `step_columns`, when the caller has them (the same numbers, read once
-    for a fleet and each of its replicas)."""
+    `columns`: the steps' `step_columns`, and `gaps` a `TokenGaps` of the requests (or of more),
+    when the caller has them (the same numbers, read once for a fleet and each of its replicas)."""
     done = [r for r in requests if r.completed]
     m = Metrics(num_submitted=len(requests), num_completed=len(done),
                 num_rejected=sum(r.rejected for r in requests),
@@ -344,7 +367,7 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
         m.ttft_mean, m.ttft_median, m.ttft_p99 = _stats([r.ttft for r in done])
         m.tpot_mean, m.tpot_median, m.tpot_p99 = _stats([t for r in done if (t := r.tpot) is not None])
-        pooled, worst = _gaps(done)       # every gap of every request; each request's own p99 gap
+        pooled, worst = _gaps(done) if gaps is None else gaps.of(done)   # every gap; each request's p99 gap
         m.itl_mean, m.itl_median, m.itl_p99 = _stats(pooled)
         m.itl_p50 = m.itl_median
         m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)

@@ -23,6 +23,7 @@ from planner.deploy.plan import DeploymentPlan, plan_deployment
 from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
+from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
 from planner.sim.pd import KvPath, Pool, simulate_pd
 from workloads import Trace
@@ -90,7 +91,10 @@ class Simulation:
     def simulate(self, load: Load | None = None, *, trace: Trace | None = None, progress=None,
                  watch: Callable | None = None) -> SimResult:
         """Simulate `load` (default: the spec's) on this deployment; `trace` if the caller built it."""
-        load = load or self.spec.load
+        with collector_paused():        # the trace's requests too
+            return self._simulate(load or self.spec.load, trace, progress, watch)
+
+    def _simulate(self, load: Load, trace: Trace | None, progress, watch) -> SimResult:
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet

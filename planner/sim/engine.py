@@ -20,6 +20,7 @@ import heapq
 import math
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Callable
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import simpy
 
 from engine.core.allocators import make_allocator
-from engine.core.metrics import Metrics, RequestRecord, StepRecord, summarize
+from engine.core.metrics import Metrics, RequestRecord, StepRecord, TokenGaps, summarize
 from engine.core.parallel_sampling import BEAM_SEARCH_REFUSAL, ParentRequest, Parents, fans_out
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
@@ -561,18 +562,25 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     return engine
 
 
-def run_quietly(env: simpy.Environment, until_done: Callable[[], object]):
-    """Run the simulation, then `until_done()` (the records), with the cyclic garbage collector off:
-    the run allocates millions of small, acyclic objects (token lists, records), which the
-    collector would rescan again and again for nothing."""
+@contextmanager
+def collector_paused():
+    """The cyclic garbage collector off for a while (as it was after): a run allocates millions of
+    small, acyclic objects (requests, token lists, records), which the collector would rescan again
+    and again for nothing, along with every earlier run's results still held."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        env.run()
-        return until_done()
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+def run_quietly(env: simpy.Environment, until_done: Callable[[], object]):
+    """Run the simulation, then `until_done()` (the records), with the garbage collector paused."""
+    with collector_paused():
+        env.run()
+        return until_done()
 
 
 def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
@@ -635,16 +643,18 @@ def prefix_counts(engine: SimulatedEngine) -> tuple[int, int]:
 
 
 def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int, engine: SimulatedEngine,
-                   records: list[RequestRecord] | None = None, columns: dict | None = None) -> SimResult:
-    """One engine's result (`records`: its requests' records, `columns` its steps' step_columns, when the
-    caller made them)."""
+                   records: list[RequestRecord] | None = None, columns: dict | None = None,
+                   gaps: TokenGaps | None = None) -> SimResult:
+    """One engine's result (`records`: its requests' records, `columns` its steps' step_columns, `gaps`
+    the TokenGaps of its requests or more, when the caller made them)."""
     scheduler = engine.scheduler
     if records is None:
         records = [RequestRecord.from_group(g) for g in engine.groups]
     hit, held = prefix_counts(engine)
     return SimResult(
         plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, engine.steps,
-                                                                               scheduler.preemptions, columns),
+                                                                               scheduler.preemptions, columns,
+                                                                               gaps),
         records, engine.steps, engine.shapes, engine.num_running,
         sharing_saved=(1 - engine.physical_token_time / engine.logical_token_time
                        if engine.logical_token_time > 0 else 0.0),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from engine.core.metrics import RequestRecord, pick_columns, step_columns, summarize
+from engine.core.metrics import RequestRecord, TokenGaps, pick_columns, step_columns, summarize
 from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
@@ -215,9 +215,10 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
     mine: list[list[RequestRecord]] = [[] for _ in fleet.engines]
     for record, replica in zip(records, fleet.routes):
         mine[replica].append(record)
-    # Each replica's step fields read once, for its own metrics and, in merged order, the fleet's.
+    # Each replica's step fields and token times read once, for its own metrics and the fleet's.
     columns = [step_columns(engine.steps) for engine in fleet.engines]
-    parts = [replica_result(plan, cost_model, trace, seed, engine, own, cols)
+    gaps = TokenGaps([r for r in records if r.completed])
+    parts = [replica_result(plan, cost_model, trace, seed, engine, own, cols, gaps)
              for engine, own, cols in zip(fleet.engines, mine, columns)]
     order, step_replicas = _merge_order(parts)
     steps = _pick([s for p in parts for s in p.steps], order)
@@ -229,7 +230,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
     counts = [prefix_counts(e) for e in fleet.engines]
     hit, held = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return SimResult(
-        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, steps, preemptions, pick_columns(columns, order)),
+        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, steps, preemptions, pick_columns(columns, order), gaps),
         records, steps, shapes, num_running,
         sharing_saved=1 - physical / logical if logical > 0 else 0.0, prefix_cache_hit_tokens=hit,
         prefix_cache_hit_rate=hit / held if held else 0.0,
