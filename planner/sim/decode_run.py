@@ -11,7 +11,10 @@ priced). The floats are step_time's: the model computes each step's terms in
 step_time's order, and the ends are accumulated one step at a time from the
 plan's start (numpy's cumsum is a sequential loop; tests hold both to the
 step-by-step simulation). Chunks double in length from `FIRST_CHUNK` where an
-arrival is known, so a plan cut after a few steps priced few. `StepShape`s
+arrival is known, so a plan cut short priced few steps past the cut; a chunk's
+array operations cost what a few dozen steps do, so the first chunk is 64 steps
+(16 took 10% longer over the DP2 x EP2 hour of bench/bench_moe_speed.py, 32 3%;
+128 no less than 64). `StepShape`s
 are built only for the steps a replica takes, and only when read
 (`DecodeRun.shapes`, planner/sim/shape_log.py).
 """
@@ -25,7 +28,7 @@ import numpy as np
 
 from planner.cost.shape import StepShape, context_histogram
 
-FIRST_CHUNK = 16      # steps priced at first; each further chunk twice the last
+FIRST_CHUNK = 64      # steps priced at first; each further chunk twice the last
 
 
 def run_pricer(cost_model):
