@@ -67,7 +67,7 @@ def _write_requests(records: list[RequestRecord], path: Path, extra: dict[str, l
             ran = not r.rejected and r.finish is not None and r.first_token is not None
             writer.writerow([r.request_id, r.arrival, r.prompt_len, r.output_len, r.num_seqs, r.seq_output_len,
                              r.first_scheduled, r.first_token, r.finish, r.ttft if ran else None,
-                             r.tpot if ran else None, r.itl_mean, r.itl_p50, r.itl_p99, r.e2e if ran else None,
+                             r.tpot if ran else None, *r.itl_stats(), r.e2e if ran else None,
                              r.normalized_latency if ran else None, r.num_preemptions, r.rejected,
                              r.reject_reason, r.truncated] + [values[i] for values in extra.values()])
 
