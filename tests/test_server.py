@@ -12,6 +12,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 
 from engine.llm_engine import LLMEngine
 from engine.entrypoints.openai.server import BackgroundServer
@@ -182,6 +183,8 @@ def test_models_health_and_metrics(server, client):
     count = next(line for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds_count"))
     assert float(count.split()[-1]) > 0
     assert 'block_size="8"' in text and f'num_gpu_blocks="{NUM_BLOCKS}"' in text
+    threads = next(line for line in text.splitlines() if line.startswith("planner:engine_threads"))
+    assert int(threads.split()[-1]) == torch.get_num_threads()     # what validate --endpoint profiles at
 
 
 def test_chat_without_a_template_is_a_clear_400(tmp_path):

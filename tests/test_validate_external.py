@@ -113,6 +113,30 @@ def test_endpoint_closed_loop_is_served_and_reprofile_times_this_device_around_t
     assert "Profile check: **ok**" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_a_served_engine_is_profiled_at_its_own_torch_threads(folder, monkeypatch):
+    # A lone CPU server leaves one core to its HTTP frontend, and says how many threads its engine has:
+    # validate --endpoint times its profile at that count (a profile timed with every core, nothing else
+    # running, prices the served steps 13% fast on two cores: docs/calibration.md).
+    import torch
+
+    from engine.entrypoints.router.launch import server_threads
+    from planner.validation.external import read_endpoint_settings, torch_threads
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert (server_threads("cpu"), server_threads("auto"), server_threads("cuda")) == (7, 7, None)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert server_threads("cpu") == 1
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=96, max_num_seqs=12)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        reading = read_endpoint_settings(srv.url)
+    assert reading.threads == torch.get_num_threads() and reading.metrics["block_size"] == "8"
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    with torch_threads(None):                   # a server that does not say (vLLM's): as it is
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+
+
 def test_reprofile_needs_a_server_here(tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDED))

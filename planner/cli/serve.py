@@ -59,6 +59,9 @@ def serve(
     --replicas K, K servers behind a router (docs/fleets.md, Live fleet)."""
     from engine.entrypoints.openai.app import ServerOptions       # torch: only a server needs it
     from engine.entrypoints.openai.server import exposure_warning, make_server, resolve_api_key   # torch
+    import torch
+
+    from engine.entrypoints.router.launch import server_threads   # torch (the server module)
     from engine.llm_engine import LLMEngine                       # torch
     try:
         options = _server_options(ServerOptions, resolve_api_key(api_key), max_request_body_size,
@@ -81,6 +84,9 @@ def serve(
         typer.echo(f"loading {deployment.model} ...", err=True)
         started = time.perf_counter()
         folder, _ = model_folder(deployment.model)
+        threads = server_threads(device)
+        if threads is not None:
+            torch.set_num_threads(threads)
         engine = LLMEngine(folder, deployment, device=device, seed=seed)
     except (PlannerError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None

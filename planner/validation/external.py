@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -63,11 +64,22 @@ def merge_settings(layers: list[tuple[dict, str]]) -> tuple[dict, dict[str, str]
 _LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> tuple[dict, dict, float | None]:
-    """(settings from /metrics, settings from /v1/models, vllm:num_preemptions_total) where exposed."""
+@dataclass
+class EndpointReading:
+    """What a server tells of itself, where it does: deployment settings from /metrics and /v1/models,
+    its preemptions so far, and the torch threads its engine computes with (ours)."""
+
+    metrics: dict
+    models: dict
+    preemptions: float | None = None
+    threads: int | None = None
+
+
+def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> EndpointReading:
+    """The server's /metrics and /v1/models, read (what it does not expose stays empty)."""
     base = api_base(endpoint)
     metrics: dict = {}
-    preemptions = None
+    preemptions = threads = None
     try:
         text = httpx.get(base[:-3] + "/metrics", timeout=timeout).text
         for line in text.splitlines():
@@ -76,6 +88,8 @@ def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> tuple[dict, 
                 metrics.update(dict(_LABELS.findall(line)))
             elif name == "vllm:num_preemptions_total":
                 preemptions = (preemptions or 0.0) + float(line.rsplit(" ", 1)[-1])
+            elif name == "planner:engine_threads":
+                threads = int(float(line.rsplit(" ", 1)[-1]))
     except (httpx.HTTPError, ValueError):
         pass   # not every server exposes /metrics
     models: dict = {}
@@ -85,7 +99,7 @@ def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> tuple[dict, 
             models["max_model_len"] = entry["max_model_len"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         pass
-    return metrics, models, preemptions
+    return EndpointReading(metrics, models, preemptions, threads)
 
 
 def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], measured: dict, kernels: str,
@@ -105,6 +119,21 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
 
 
 # -- a live endpoint ----------------------------------------------------------------------
+@contextmanager
+def torch_threads(count: int | None):
+    """Torch computing with `count` threads for a while (None: as it is)."""
+    if count is None:
+        yield
+        return
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, served_model: str | None = None,
                       progress=None, profile_around=None) -> tuple[Validation, dict[str, str]]:
     """`planner bench` replays the spec's trace against the endpoint; the simulator runs it with the
@@ -112,23 +141,25 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     given, makes a ProfileAround for the server's block size: it profiles this machine's device right before and right
     after the bench, and its profile prices the simulation.
     Returns the validation and where each setting came from."""
-    from_metrics, from_models, before = read_endpoint_settings(endpoint)
+    reading = read_endpoint_settings(endpoint)
     served = {"client_turnaround": SERVED_TURNAROUND} if spec.concurrency is not None else {}
-    settings, sources = merge_settings([(flags, "flag"), (from_metrics, "/metrics"), (from_models, "/v1/models"),
-                                        (served, "a served client's")])
+    settings, sources = merge_settings([(flags, "flag"), (reading.metrics, "/metrics"),
+                                        (reading.models, "/v1/models"), (served, "a served client's")])
     trace = spec.trace()
     fresh = None
     if profile_around is not None:
         fresh = profile_around(settings.get("block_size", spec.deployment.block_size))
-        fresh.before_run()
+        with torch_threads(reading.threads):    # the profile times the engine as the server runs it
+            fresh.before_run()
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
                                               max_concurrency=spec.concurrency), progress)
     if fresh is not None:
-        spec = replace(spec, profile=str(fresh.after_run()))
+        with torch_threads(reading.threads):
+            spec = replace(spec, profile=str(fresh.after_run()))
     measured = bench_metrics(results)
-    _, _, after = read_endpoint_settings(endpoint)
-    if before is not None and after is not None:
-        measured["preemptions"] = {"total": after - before}
+    after = read_endpoint_settings(endpoint).preemptions
+    if reading.preemptions is not None and after is not None:
+        measured["preemptions"] = {"total": after - reading.preemptions}
     result = _compare(spec, trace, [r.record() for r in results], measured, f"endpoint {endpoint}", settings)
     if fresh is not None:     # the report says how the profile was timed, and how far the device drifted
         result.profile_check = ProfileCheck("ok", fresh.describe()).as_dict()

@@ -201,4 +201,7 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
                                 "enable_chunked_prefill": getattr(cfg, "enable_chunked_prefill", False)})
     lines += _gauge("planner:scheduler_config_info", "Scheduler settings of this paged-planner server.",
                     sched_labels, 1)
+    import torch    # loaded already: the engine runs in this process
+    lines += _gauge("planner:engine_threads", "Torch threads the engine computes with (a CPU profile of this "
+                    "server is taken at this count).", m, torch.get_num_threads())
     return "\n".join(lines) + "\n"

@@ -169,6 +169,16 @@ class BackgroundFleet:
         self.stop()
 
 
+def server_threads(device: str) -> int | None:
+    """Torch threads of a lone server's engine: on a CPU, every core but one, which the HTTP frontend (and
+    a load client on the same machine) keeps. An engine thread that the frontend takes the core from
+    stalls the whole parallel region it is in: on two cores the served steps took as long with two
+    threads as with one, 13% longer than the same steps with nothing else running (docs/calibration.md)."""
+    if device == "cuda":
+        return None
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def replica_threads(replicas: int, device: str) -> int | None:
     """Torch threads per replica: on a CPU, the cores shared out (else every replica would use them all)."""
     if device == "cuda":
