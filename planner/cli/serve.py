@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,8 +92,10 @@ def serve(
     except (PlannerError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     name = served_model_name or deployment.model
+    cores = (f"; torch on {torch.get_num_threads()} of {os.cpu_count()} cores"
+             if engine.runner.device.type == "cpu" else "")
     typer.echo(f"serving {name} on http://{host}:{port}/v1 ({engine.runner.num_gpu_blocks} KV blocks of "
-               f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy; "
+               f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy{cores}; "
                f"ready in {time.perf_counter() - started:.1f} s)", err=True)
     warning = exposure_warning(host, options.api_key)
     if warning:
