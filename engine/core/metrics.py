@@ -94,18 +94,15 @@ class RequestRecord:
 
     @property
     def itl_mean(self) -> float | None:
-        gaps = self.itl
-        return sum(gaps) / len(gaps) if gaps else None
+        return self.itl_stats()[0]
 
     @property
     def itl_p50(self) -> float | None:
-        gaps = self.itl
-        return percentile(gaps, 50) if gaps else None
+        return self.itl_stats()[1]
 
     @property
     def itl_p99(self) -> float | None:
-        gaps = self.itl
-        return percentile(gaps, 99) if gaps else None
+        return self.itl_stats()[2]
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -224,6 +221,16 @@ def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
     return pooled, worst
 
 
+def token_time_arrays(records: list[RequestRecord]):
+    """(each record's count of token times, every token time laid end to end), as numpy arrays: millions
+    of times read in one pass."""
+    import numpy as np
+    lengths = np.fromiter((len(r.token_times) for r in records), dtype=np.int64, count=len(records))
+    times = np.fromiter(chain.from_iterable(r.token_times for r in records), dtype=np.float64,
+                        count=int(lengths.sum()))
+    return lengths, times
+
+
 class TokenGaps:
     """_gaps for millions of token times, on numpy arrays, and for any subset of the requests once
     built (a fleet's summary and each replica's read the same requests: the times are read and each
@@ -235,9 +242,7 @@ class TokenGaps:
     def __init__(self, done: list[RequestRecord]) -> None:
         import numpy as np
         self.row = {id(r): i for i, r in enumerate(done)}
-        lengths = np.fromiter((len(r.token_times) for r in done), dtype=np.int64, count=len(done))
-        times = np.fromiter(chain.from_iterable(r.token_times for r in done), dtype=np.float64,
-                            count=int(lengths.sum()))
+        lengths, times = token_time_arrays(done)
         self.gaps = times[1:] - times[:-1]          # np.diff's differences
         self.starts = np.cumsum(lengths) - lengths  # each request's first time, and first gap
         self.counts = np.maximum(lengths - 1, 0)    # its gaps

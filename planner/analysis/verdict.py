@@ -34,10 +34,9 @@ import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import chain
 from typing import Callable
 
-from engine.core.metrics import RequestRecord, StepRecord, compute_metrics
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, token_time_arrays
 
 WARMUP_FRACTION = 0.10
 DRAIN_FRACTION = 0.90
@@ -145,8 +144,7 @@ def _tokens_in(records: list[RequestRecord], window: Window) -> float:
     made = [r for r in records if not r.rejected and r.token_times]
     if not made:
         return 0
-    lengths = np.fromiter((len(r.token_times) for r in made), dtype=np.int64, count=len(made))
-    times = np.fromiter(chain.from_iterable(r.token_times for r in made), dtype=np.float64, count=int(lengths.sum()))
+    lengths, times = token_time_arrays(made)
     inside = ((times >= window.start) & (times <= window.end)).astype(np.int64)
     counts = np.add.reduceat(inside, np.cumsum(lengths) - lengths).tolist()
     return sum(r.output_len / len(r.token_times) * count for r, count in zip(made, counts))
