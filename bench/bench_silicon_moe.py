@@ -16,7 +16,7 @@ its image and the week it ran): no prefix caching, max_num_seqs = C, max_model_l
 uniform on [0.8 L, L], R = 10 x C. The others (0.11.2 or unstated, 512 clients) record nothing more:
 vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024, prefix caching
 on), max_model_len = ISL + OSL, fixed lengths, R = 4 x C (at least 32). Priced by the measured model
-(the MoE from NVIDIA's fused-MoE table for gpt-oss's MXFP4 kernel, balanced routing unless --moe-skew)
+(the MoE from NVIDIA's fused-MoE table for gpt-oss's MXFP4 kernel, uniform routing unless --moe-skew)
 and, beside it, the roofline. Nothing is
 fitted here: the host constants are the ones fitted to the dense H100 runs (docs/calibration.md).
 Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
@@ -179,7 +179,7 @@ def report(results: list[tuple[Row, dict]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every fourth run only")
-    parser.add_argument("--moe-skew", type=float, default=0.0, help="routing skew assumed (0: balanced)")
+    parser.add_argument("--moe-skew", type=float, default=0.0, help="routing skew assumed (0: uniform)")
     parser.add_argument("--extract", metavar="WHEEL", help="rebuild bench/data/silicon_h100_vllm_moe.json and stop")
     args = parser.parse_args()
     if args.extract:

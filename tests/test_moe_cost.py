@@ -148,3 +148,20 @@ def test_simulate_dp_runs_one_replica_per_dp_rank():
     doc = run.document()
     assert doc["fleet"]["replicas"] == 2 and doc["params"]["dp"] == 2
     assert doc["num_completed"] == 80 and not math.isnan(doc["tpot_mean"])
+
+
+def test_uniform_routing_touches_fewer_experts_than_nvidias_balanced_table():
+    # NVIDIA's skew-0 table spreads a batch's picks over min(T k, E) experts; independent tokens touch fewer
+    m = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", moe=MoeParallel(tp=1, dp=1))
+    curve = m._moe._curves[0.0]
+    e, k = 128, 8
+    assert m._moe.experts(1) == curve.at(1)[0]                 # one token: its k experts either way
+    touched = experts_touched(16, e, k)                        # balanced: all 128
+    assert 80 < touched < 83
+    assert m._moe.experts(16) == pytest.approx(curve.at(touched / k)[0])
+    assert m._moe.experts(16) < 0.8 * curve.at(16)[0]
+    # past T k = E the difference is the first stretch's, and it fades once every expert is touched
+    assert curve.at(32)[0] - m._moe.experts(32) == pytest.approx(curve.at(16)[0] - curve.at(experts_touched(32, e, k) / k)[0])
+    assert m._moe.experts(4096) == curve.at(4096)[0]
+    steps = [m._moe.experts(t) for t in (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)]
+    assert steps == sorted(steps)                               # still grows with the batch

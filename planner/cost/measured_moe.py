@@ -9,8 +9,18 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   GPU at num_tokens = the tokens its experts see (the dp replicas' together), the
                   expert format's kernel, moe_tp = tp x dp and moe_ep = 1 (experts split by width) or
                   moe_tp = 1 and moe_ep = tp x dp (expert parallelism), and a routing distribution:
-                  balanced (skew 0) or NVIDIA's power-law ones (exponents 1.01 and 1.2), linear in the
+                  uniform (skew 0) or NVIDIA's power-law ones (exponents 1.01 and 1.2), linear in the
                   skew between them. Interpolated in log-log space along tokens.
+                  NVIDIA's skew-0 table is not uniform routing but "balanced": its collector assigns the
+                  T tokens' k picks to min(T k, E) distinct experts, the most a batch can touch, where
+                  independent tokens touch E (1 - (1 - k/E) ** T) (planner/catalog/routing.py): at
+                  T k = E, 128 experts against 81. A small batch's fused MoE reads only the touched
+                  experts' weights, and along the table's first stretch (T k <= E) the time grows with
+                  them; so uniform routing is priced as the table at T, less what its first stretch
+                  says the experts a balanced batch touches beyond uniform ones cost:
+                  f(T) - f(b/k) + f(u/k), with b and u the balanced and uniform counts. Below T k = E
+                  that is the table at u/k tokens; once a batch touches every expert it is f(T).
+                  (The power-law tables draw their routing at random, so they need no such step.)
   dispatch        dp > 1: the all-gather of the replicas' hidden states before the experts and the
                   reduce-scatter after them (vLLM's default allgather_reducescatter all2all backend),
                   priced from the NCCL all-reduce table on dp GPUs: an all-gather or a reduce-scatter
@@ -24,6 +34,7 @@ model with the roofline.
 from __future__ import annotations
 
 from planner.catalog import ModelSpec
+from planner.catalog.routing import experts_touched
 from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
 from planner.cost.ledger import Term
@@ -84,12 +95,25 @@ class MeasuredMoe:
         skew = self.par.skew
         below = max((s for s in self.skews if s <= skew), default=self.skews[0])
         above = min((s for s in self.skews if s >= skew), default=self.skews[-1])
-        low, ext = self._curves[below].at(tokens)
-        high, ext_high = self._curves[above].at(tokens)
+        low, ext = self._at(below, tokens)
+        high, ext_high = self._at(above, tokens)
         self.extrapolated |= ext or ext_high or skew > self.skews[-1]
         if above == below:
             return low
         return low + (high - low) * (skew - below) / (above - below)
+
+    def _at(self, skew: float, tokens: int) -> tuple[float, bool]:
+        """One distribution's curve at `tokens`; the balanced one (skew 0) priced for uniform routing."""
+        curve = self._curves[skew]
+        latency, ext = curve.at(tokens)
+        if skew != 0.0:
+            return latency, ext
+        e, k = self.model.num_experts, self.model.num_experts_per_tok
+        balanced = min(tokens * k, e) / k                      # tokens whose balanced picks touch as many
+        uniform = experts_touched(tokens, e, k) / k            # experts as `tokens` uniform ones
+        if uniform >= balanced:
+            return latency, ext
+        return latency - curve.at(balanced)[0] + curve.at(uniform)[0], ext
 
     def dispatch(self, tokens: int) -> float:
         """The all-gather and reduce-scatter around one MoE layer when each replica runs `tokens` tokens."""
@@ -104,7 +128,7 @@ class MeasuredMoe:
         layers, par = self.model.moe_layers, self.par
         gathered = run * par.dp
         split = f"EP{par.ep}" if par.ep > 1 else f"moe_tp {par.moe_tp}"
-        skew = f", routing skew {par.skew:g}" if par.skew else ", balanced routing"
+        skew = f", routing skew {par.skew:g}" if par.skew else ", uniform routing"
         terms = [Term("router GEMM", "moe", layers * router_gemm, "table",
                       f"{self.system} gemm, m={run} n={self.model.num_experts} k={self.model.hidden_size}, "
                       f"x{layers} layers", layers),
