@@ -220,9 +220,10 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
     gaps = TokenGaps([r for r in records if r.completed])
     parts = [replica_result(plan, cost_model, trace, seed, engine, own, cols, gaps)
              for engine, own, cols in zip(fleet.engines, mine, columns)]
-    order, step_replicas = _merge_order(parts)
+    positions, replicas = _merge_order(parts, np.concatenate([c["start"] for c in columns]))
+    order, step_replicas = positions.tolist(), replicas.tolist()
     steps = _pick([s for p in parts for s in p.steps], order)
-    shapes = _merged_shapes(parts, len(order))
+    shapes = _merged_shapes(parts, len(order), order)
     num_running = _pick([n for p in parts for n in p.num_running], order)
     preemptions = {key: sum(e.scheduler.preemptions[key] for e in fleet.engines) for key in ("recompute", "swap")}
     logical = sum(e.logical_token_time for e in fleet.engines)
@@ -230,7 +231,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
     counts = [prefix_counts(e) for e in fleet.engines]
     hit, held = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return SimResult(
-        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, steps, preemptions, pick_columns(columns, order), gaps),
+        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, steps, preemptions, pick_columns(columns, positions), gaps),
         records, steps, shapes, num_running,
         sharing_saved=1 - physical / logical if logical > 0 else 0.0, prefix_cache_hit_tokens=hit,
         prefix_cache_hit_rate=hit / held if held else 0.0,
@@ -239,25 +240,26 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         spec_decoding=fleet_spec_decoding(fleet.engines), fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas))
 
 
-def _merge_order(parts: list[SimResult]) -> tuple[list[int], list[int]]:
+def _merge_order(parts: list[SimResult], starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The fleet's steps in start order (ties: by replica, then by step), as positions in the replicas'
     steps laid end to end, and the replica of each: a stable sort of the starts (hundreds of thousands of
-    steps, where a heap merge of tuples took seconds)."""
-    starts = np.fromiter((s.start for p in parts for s in p.steps), dtype=np.float64,
-                         count=sum(len(p.steps) for p in parts))
+    steps, where a heap merge of tuples took seconds). `starts`: those starts, already read."""
+    if starts is None:
+        starts = np.fromiter((s.start for p in parts for s in p.steps), dtype=np.float64,
+                             count=sum(len(p.steps) for p in parts))
     replica = np.repeat(np.arange(len(parts)), [len(p.steps) for p in parts])
     order = np.argsort(starts, kind="stable")
-    return order.tolist(), replica[order].tolist()
+    return order, replica[order]
 
 
 def _pick(values: list, order: list[int]) -> list:
     return list(map(values.__getitem__, order))
 
 
-def _merged_shapes(parts: list[SimResult], count: int) -> ShapeLog:
-    """The parts' step shapes in the merged steps' order, picked when first read (the replicas' own
+def _merged_shapes(parts: list[SimResult], count: int, order: list[int]) -> ShapeLog:
+    """The parts' step shapes in the merged steps' `order`, picked when first read (the replicas' own
     logs build their bulk steps' shapes only then: planner/sim/shape_log.py)."""
-    return ShapeLog.later(lambda: _pick([s for p in parts for s in p.shapes], _merge_order(parts)[0]), count)
+    return ShapeLog.later(lambda: _pick([s for p in parts for s in p.shapes], order), count)
 
 
 def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
@@ -268,6 +270,7 @@ def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) ->
 
 def merged_steps(parts: list[SimResult]) -> tuple[list, list, list, list[int]]:
     """The steps, shapes and running counts of several runs in start order, and the part of each step."""
-    order, part = _merge_order(parts)
-    return (_pick([s for p in parts for s in p.steps], order), _merged_shapes(parts, len(order)),
-            _pick([n for p in parts for n in p.num_running], order), part)
+    positions, parts_of = _merge_order(parts)
+    order = positions.tolist()
+    return (_pick([s for p in parts for s in p.steps], order), _merged_shapes(parts, len(order), order),
+            _pick([n for p in parts for n in p.num_running], order), parts_of.tolist())
