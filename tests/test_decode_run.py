@@ -136,3 +136,28 @@ def test_step_columns_give_the_metrics_the_records_give():
     still = [StepRecord(1.0, 1.0, i % 3 == 0, 2 + i, 2, 5 * (i % 2), i % 3, 10, 7, 1, 2, 0, 90, 0, 0) for i in range(9)]
     for steps in (run.steps, still, run.steps[:1]):
         assert summarize(run.requests, steps, columns=step_columns(steps)) == summarize(run.requests, steps)
+
+
+@pytest.mark.parametrize("knobs", [{"policy": "vllm-v1"}, {"policy": "paper"},
+                                   {"policy": "vllm-v1", "num_gpu_blocks": 700}])
+def test_an_engines_step_columns_from_its_plans_equal_its_records_read_back(knobs, monkeypatch):
+    from engine.core.metrics import step_columns
+    from planner.sim.engine import SimulatedEngine
+
+    checked = []
+    own = SimulatedEngine.step_columns
+
+    def checking(self):
+        columns = own(self)
+        assert self.plans_taken                              # most steps came from plans
+        for name, values in step_columns(self.steps).items():
+            assert columns[name].dtype == values.dtype and np.array_equal(columns[name], values), name
+        checked.append(len(self.steps))
+        return columns
+
+    monkeypatch.setattr(SimulatedEngine, "step_columns", checking)
+    trace = make_trace("sharegpt", duration=6, rate=40.0, seed=5)
+    plan = sim_plan(LLAMA, H100, max_model_len=8192, **knobs)
+    simulate(trace, plan, MeasuredCostModel(LLAMA, H100))
+    simulate_fleet(trace, plan, MeasuredCostModel(LLAMA, H100), replicas=3, router="least-kv")
+    assert len(checked) == 4

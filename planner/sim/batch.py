@@ -645,7 +645,8 @@ def _advance(bins: Bins, moving) -> None:
 
 
 def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:
-    """Each step's record, its memory as step-by-step simulation snapshots it (the step's blocks taken)."""
+    """Each step's record, its memory as step-by-step simulation snapshots it (the step's blocks taken).
+    `plan_columns` computes the same fields for many plans at once."""
     records = []
     bs = allocator.block_size
     total = allocator.num_gpu_blocks * bs
@@ -657,3 +658,31 @@ def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:
                                   total - used * bs, 0, 0))
         start = end
     return records
+
+
+def plan_columns(plans: list[tuple[Plan, int, int]], allocator: BlockManager) -> dict:
+    """metrics.step_columns of the records `_records` made for `plans` (plan, steps taken, members),
+    laid end to end, from the plans themselves in a few array operations (most of a busy replica's
+    steps are a plan's: reading them back one attribute at a time was a tenth of a fleet's hour)."""
+    import numpy as np
+    lens = np.array([n for _, n, _ in plans], dtype=np.int64)
+    offsets = np.cumsum(lens) - lens
+
+    def per_step(values: list[int]):
+        return np.repeat(np.array(values, dtype=np.int64), lens)
+
+    ends = np.array(list(chain.from_iterable(p.ends[:n] for p, n, _ in plans)), dtype=np.float64)
+    takes = np.array(list(chain.from_iterable(p.takes[:n] for p, n, _ in plans)), dtype=np.int64)
+    starts = np.empty_like(ends)
+    starts[1:] = ends[:-1]
+    starts[offsets] = [p.start for p, _, _ in plans]
+    index = np.arange(len(ends)) - np.repeat(offsets, lens)            # step within its plan
+    num = per_step([m for _, _, m in plans])
+    tokens = per_step([p.token_states for p, _, _ in plans]) + num * (index + 1)
+    taken = np.cumsum(takes)
+    used = per_step([p.blocks_used for p, _, _ in plans]) + taken - np.repeat(taken[offsets] - takes[offsets], lens)
+    bs = allocator.block_size
+    zeros = np.zeros(len(ends), dtype=np.int64)
+    return {"start": starts, "end": ends, "batch_size": num, "prefill_tokens": zeros, "decode_tokens": num,
+            "token_states": tokens, "reserved": zeros, "internal_fragmentation": used * bs - tokens,
+            "external_fragmentation": zeros, "free": allocator.num_gpu_blocks * bs - used * bs}

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import simpy
 
 from engine.core.allocators import make_allocator
-from engine.core.metrics import Metrics, RequestRecord, StepRecord, TokenGaps, summarize
+from engine.core.metrics import Metrics, RequestRecord, StepRecord, TokenGaps, step_columns, summarize
 from engine.core.parallel_sampling import BEAM_SEARCH_REFUSAL, ParentRequest, Parents, fans_out
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
@@ -38,7 +38,7 @@ from planner.cost.shape import CostModel, StepShape, reads_context_histogram, st
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
-from planner.sim.batch import DecodeBatch, Plan
+from planner.sim.batch import DecodeBatch, Plan, plan_columns
 from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
@@ -163,6 +163,7 @@ class SimulatedEngine:
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
         self.steps: list[StepRecord] = []
+        self.plans_taken: list[tuple[int, Plan, int, int]] = []   # (first step, plan, steps, members)
         self.shapes = ShapeLog()           # StepShapes, a priced plan's built only when read
         self.num_running: list[int] = []
         self.chunked = scheduler.config.enable_chunked_prefill
@@ -442,6 +443,7 @@ class SimulatedEngine:
         if isinstance(shapes, Plan):
             contexts = shapes.contexts()
             shapes.log_shapes(self.shapes)
+            self.plans_taken.append((len(self.steps), shapes, len(records), records[0].batch_size))
         else:
             contexts = [shape.decode_context for shape in shapes]
             self.shapes.extend(shapes)
@@ -454,6 +456,26 @@ class SimulatedEngine:
         self.steps.extend(records)
         self.num_running.extend(r.batch_size for r in records)
         self.fast_forwarded_steps += len(records)
+
+    def step_columns(self) -> dict:
+        """metrics.step_columns(self.steps): the plans' steps from the plans in bulk, the rest read."""
+        if not self.plans_taken:
+            return step_columns(self.steps)
+        import numpy as np
+        planned = plan_columns([(plan, n, members) for _, plan, n, members in self.plans_taken], self.allocator)
+        lens = [n for _, _, n, _ in self.plans_taken]
+        firsts = np.array([first for first, _, _, _ in self.plans_taken], dtype=np.int64)
+        at = np.repeat(firsts - (np.cumsum(lens) - lens), lens) + np.arange(sum(lens))
+        rest = np.ones(len(self.steps), dtype=bool)
+        rest[at] = False
+        rest = np.flatnonzero(rest)
+        read = step_columns([self.steps[i] for i in rest.tolist()])
+        columns = {}
+        for name, values in planned.items():
+            column = columns[name] = np.empty(len(self.steps), dtype=values.dtype)
+            column[at] = values
+            column[rest] = read[name]
+        return columns
 
     def run_window(self, window: Window):
         """Sleep through a fast-forward window's decode steps, then take them: the core's state, the
@@ -660,9 +682,9 @@ def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, se
         records = [RequestRecord.from_group(g) for g in engine.groups]
     hit, held = prefix_counts(engine)
     return SimResult(
-        plan, cost_model.name, trace.name, json_safe(trace.params), summarize(records, engine.steps,
-                                                                               scheduler.preemptions, columns,
-                                                                               gaps),
+        plan, cost_model.name, trace.name, json_safe(trace.params),
+        summarize(records, engine.steps, scheduler.preemptions,
+                  engine.step_columns() if columns is None else columns, gaps),
         records, engine.steps, engine.shapes, engine.num_running,
         sharing_saved=(1 - engine.physical_token_time / engine.logical_token_time
                        if engine.logical_token_time > 0 else 0.0),

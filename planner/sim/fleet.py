@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from engine.core.metrics import RequestRecord, TokenGaps, pick_columns, step_columns, summarize
+from engine.core.metrics import RequestRecord, TokenGaps, pick_columns, summarize
 from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
@@ -216,7 +216,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
     for record, replica in zip(records, fleet.routes):
         mine[replica].append(record)
     # Each replica's step fields and token times read once, for its own metrics and the fleet's.
-    columns = [step_columns(engine.steps) for engine in fleet.engines]
+    columns = [engine.step_columns() for engine in fleet.engines]
     gaps = TokenGaps([r for r in records if r.completed])
     parts = [replica_result(plan, cost_model, trace, seed, engine, own, cols, gaps)
              for engine, own, cols in zip(fleet.engines, mine, columns)]
