@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from functools import reduce
 from itertools import chain, repeat
 from operator import add, attrgetter
@@ -660,27 +661,44 @@ def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:
     return records
 
 
-def plan_columns(plans: list[tuple[Plan, int, int]], allocator: BlockManager) -> dict:
-    """metrics.step_columns of the records `_records` made for `plans` (plan, steps taken, members),
-    laid end to end, from the plans themselves in a few array operations (most of a busy replica's
-    steps are a plan's: reading them back one attribute at a time was a tenth of a fleet's hour)."""
+class PlanTaken(NamedTuple):
+    """What `plan_columns` needs of a plan whose first `len(ends)` steps an engine took at step `first`."""
+
+    first: int
+    start: float
+    ends: list[float]
+    takes: list[int]
+    members: int
+    blocks_used: int
+    token_states: int
+
+    @classmethod
+    def of(cls, plan: Plan, first: int, steps: int, members: int) -> "PlanTaken":
+        ends, takes = (plan.ends, plan.takes) if steps == len(plan.ends) else (plan.ends[:steps], plan.takes[:steps])
+        return cls(first, plan.start, ends, takes, members, plan.blocks_used, plan.token_states)
+
+
+def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> dict:
+    """metrics.step_columns of the records `_records` made for `plans`, laid end to end, from the plans
+    themselves in a few array operations (most of a busy replica's steps are a plan's: reading them back
+    one attribute at a time was a tenth of a fleet's hour)."""
     import numpy as np
-    lens = np.array([n for _, n, _ in plans], dtype=np.int64)
+    lens = np.array([len(p.ends) for p in plans], dtype=np.int64)
     offsets = np.cumsum(lens) - lens
 
     def per_step(values: list[int]):
         return np.repeat(np.array(values, dtype=np.int64), lens)
 
-    ends = np.array(list(chain.from_iterable(p.ends[:n] for p, n, _ in plans)), dtype=np.float64)
-    takes = np.array(list(chain.from_iterable(p.takes[:n] for p, n, _ in plans)), dtype=np.int64)
+    ends = np.array(list(chain.from_iterable(p.ends for p in plans)), dtype=np.float64)
+    takes = np.array(list(chain.from_iterable(p.takes for p in plans)), dtype=np.int64)
     starts = np.empty_like(ends)
     starts[1:] = ends[:-1]
-    starts[offsets] = [p.start for p, _, _ in plans]
+    starts[offsets] = [p.start for p in plans]
     index = np.arange(len(ends)) - np.repeat(offsets, lens)            # step within its plan
-    num = per_step([m for _, _, m in plans])
-    tokens = per_step([p.token_states for p, _, _ in plans]) + num * (index + 1)
+    num = per_step([p.members for p in plans])
+    tokens = per_step([p.token_states for p in plans]) + num * (index + 1)
     taken = np.cumsum(takes)
-    used = per_step([p.blocks_used for p, _, _ in plans]) + taken - np.repeat(taken[offsets] - takes[offsets], lens)
+    used = per_step([p.blocks_used for p in plans]) + taken - np.repeat(taken[offsets] - takes[offsets], lens)
     bs = allocator.block_size
     zeros = np.zeros(len(ends), dtype=np.int64)
     return {"start": starts, "end": ends, "batch_size": num, "prefill_tokens": zeros, "decode_tokens": num,

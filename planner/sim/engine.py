@@ -38,7 +38,7 @@ from planner.cost.shape import CostModel, StepShape, reads_context_histogram, st
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
-from planner.sim.batch import DecodeBatch, Plan, plan_columns
+from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns
 from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
@@ -163,7 +163,7 @@ class SimulatedEngine:
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
         self.steps: list[StepRecord] = []
-        self.plans_taken: list[tuple[int, Plan, int, int]] = []   # (first step, plan, steps, members)
+        self.plans_taken: list[PlanTaken] = []   # the decode plans whose steps it took, in order
         self.shapes = ShapeLog()           # StepShapes, a priced plan's built only when read
         self.num_running: list[int] = []
         self.chunked = scheduler.config.enable_chunked_prefill
@@ -443,7 +443,7 @@ class SimulatedEngine:
         if isinstance(shapes, Plan):
             contexts = shapes.contexts()
             shapes.log_shapes(self.shapes)
-            self.plans_taken.append((len(self.steps), shapes, len(records), records[0].batch_size))
+            self.plans_taken.append(PlanTaken.of(shapes, len(self.steps), len(records), records[0].batch_size))
         else:
             contexts = [shape.decode_context for shape in shapes]
             self.shapes.extend(shapes)
@@ -462,9 +462,9 @@ class SimulatedEngine:
         if not self.plans_taken:
             return step_columns(self.steps)
         import numpy as np
-        planned = plan_columns([(plan, n, members) for _, plan, n, members in self.plans_taken], self.allocator)
-        lens = [n for _, _, n, _ in self.plans_taken]
-        firsts = np.array([first for first, _, _, _ in self.plans_taken], dtype=np.int64)
+        planned = plan_columns(self.plans_taken, self.allocator)
+        lens = [len(p.ends) for p in self.plans_taken]
+        firsts = np.array([p.first for p in self.plans_taken], dtype=np.int64)
         at = np.repeat(firsts - (np.cumsum(lens) - lens), lens) + np.arange(sum(lens))
         rest = np.ones(len(self.steps), dtype=bool)
         rest[at] = False
