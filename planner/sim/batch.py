@@ -41,10 +41,10 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from functools import reduce
 from itertools import chain, repeat
 from operator import add, attrgetter
+from typing import NamedTuple
 
 from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
