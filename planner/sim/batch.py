@@ -678,13 +678,14 @@ class PlanTaken(NamedTuple):
         return cls(first, plan.start, ends, takes, members, plan.blocks_used, plan.token_states)
 
 
-def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> dict:
-    """metrics.step_columns of the records `_records` made for `plans`, laid end to end, from the plans
-    themselves in a few array operations (most of a busy replica's steps are a plan's: reading them back
-    one attribute at a time was a tenth of a fleet's hour)."""
+def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> tuple:
+    """The engine's step indices the plans' steps hold, and metrics.step_columns of the records `_records`
+    made for them, in that order: from the plans themselves in a few array operations (most of a busy
+    replica's steps are a plan's: reading them back one attribute at a time was a tenth of a fleet's hour)."""
     import numpy as np
     lens = np.array([len(p.ends) for p in plans], dtype=np.int64)
     offsets = np.cumsum(lens) - lens
+    at = np.repeat(np.array([p.first for p in plans], dtype=np.int64) - offsets, lens) + np.arange(int(lens.sum()))
 
     def per_step(values: list[int]):
         return np.repeat(np.array(values, dtype=np.int64), lens)
@@ -701,6 +702,6 @@ def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> dict:
     used = per_step([p.blocks_used for p in plans]) + taken - np.repeat(taken[offsets] - takes[offsets], lens)
     bs = allocator.block_size
     zeros = np.zeros(len(ends), dtype=np.int64)
-    return {"start": starts, "end": ends, "batch_size": num, "prefill_tokens": zeros, "decode_tokens": num,
-            "token_states": tokens, "reserved": zeros, "internal_fragmentation": used * bs - tokens,
-            "external_fragmentation": zeros, "free": allocator.num_gpu_blocks * bs - used * bs}
+    return at, {"start": starts, "end": ends, "batch_size": num, "prefill_tokens": zeros, "decode_tokens": num,
+                "token_states": tokens, "reserved": zeros, "internal_fragmentation": used * bs - tokens,
+                "external_fragmentation": zeros, "free": allocator.num_gpu_blocks * bs - used * bs}

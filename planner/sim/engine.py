@@ -462,10 +462,7 @@ class SimulatedEngine:
         if not self.plans_taken:
             return step_columns(self.steps)
         import numpy as np
-        planned = plan_columns(self.plans_taken, self.allocator)
-        lens = [len(p.ends) for p in self.plans_taken]
-        firsts = np.array([p.first for p in self.plans_taken], dtype=np.int64)
-        at = np.repeat(firsts - (np.cumsum(lens) - lens), lens) + np.arange(sum(lens))
+        at, planned = plan_columns(self.plans_taken, self.allocator)
         rest = np.ones(len(self.steps), dtype=bool)
         rest[at] = False
         rest = np.flatnonzero(rest)
