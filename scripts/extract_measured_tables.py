@@ -8,10 +8,13 @@ on that GPU), writes them as gzip CSV under planner/data/measured/<system>/,
 and records where each came from (package version, file, sha256, the vLLM
 version) in planner/data/measured/SOURCE.json:
 - GEMMs per weight format: `gemm` (bf16), `gemm_fp8` (per-tensor FP8 W8A8,
-  CUTLASS scaled-mm), `gemm_fp8_block` (128x128 block-scaled FP8),
-  `gemm_nvfp4` (NVFP4 W4A4), each where the system's table measured it over
-  the full grid (a format measured on a few shapes only is recorded as
-  skipped, with its row count);
+  CUTLASS scaled-mm), `gemm_nvfp4` (NVFP4 W4A4), each where the system's
+  table measured it over the full grid (a format measured on a few shapes
+  only is recorded as skipped, with its row count). The 128x128 block-scaled
+  FP8 rows are skipped, with why: every GPU's are flat at 58-340 us from
+  m = 1 to m = 4096 (n 2048, k 3072), a per-call cost of their eager timing
+  that vLLM's CUDA graphs do not pay; the cost model prices block-scaled
+  weights with `gemm_fp8`, the same FP8 tensor-core GEMM;
 - MoE (`moe`): one MoE layer's fused experts (vLLM's FusedMoE, dispatch and combine excluded) per
   expert format, by tokens, TP/EP split and routing distribution, for the catalog's MoE shapes only;
 - attention per KV-cache dtype: `context_attention` / `generation_attention`
@@ -52,7 +55,12 @@ KERNELS_FP8KV = {
                    "vllm_flashinfer"),
 }
 # GEMM tables by weight format: the file's gemm_dtype, and our table name.
-GEMM_FORMATS = {"bfloat16": "gemm", "fp8": "gemm_fp8", "fp8_block": "gemm_fp8_block", "nvfp4": "gemm_nvfp4"}
+GEMM_FORMATS = {"bfloat16": "gemm", "fp8": "gemm_fp8", "nvfp4": "gemm_nvfp4"}
+# Formats whose rows do not time the GPU's work, and why (kept out of the tables, recorded as skipped).
+NOT_GPU_TIME = {"fp8_block": ("gemm_fp8_block", "flat from m = 1 to 4096 (H100: 58-101 us at n 2048, k 3072, "
+                              "where the per-tensor FP8 GEMM takes 8-84 us): a per-call cost of timing the "
+                              "block-scaled kernels eagerly, which vLLM's CUDA graphs do not pay; block-scaled "
+                              "weights are priced with gemm_fp8")}
 # A format measured on fewer rows than this share of the bf16 grid is too sparse to interpolate.
 MIN_GRID_SHARE = 0.5
 OUT = Path(__file__).resolve().parent.parent / "planner" / "data" / "measured"
@@ -94,8 +102,11 @@ def extract_gemm(data: Path, base: Path, system: str) -> tuple[dict, dict, str]:
     g = pd.read_parquet(path)
     full = int((g.gemm_dtype == "bfloat16").sum())
     sources, skipped = {}, {}
-    for dtype, name in GEMM_FORMATS.items():
+    for dtype, name in {**GEMM_FORMATS, **{d: name for d, (name, _) in NOT_GPU_TIME.items()}}.items():
         rows = g[g.gemm_dtype == dtype]
+        if dtype in NOT_GPU_TIME and len(rows) >= MIN_GRID_SHARE * full:
+            skipped[name] = NOT_GPU_TIME[dtype][1]
+            continue
         if len(rows) < MIN_GRID_SHARE * full:
             if len(rows):
                 skipped[name] = (f"{len(rows)} rows of gemm_dtype={dtype} against {full} of bfloat16: "

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from engine.deployment import Deployment
 from planner.catalog import resolve_model
-from planner.catalog.quantization import weight_format
+from planner.catalog.quantization import WeightFormat, weight_format
 from planner.cli.app import app
 from planner.cost.measured import MeasuredCostModel
 from planner.cost.moe import MoeParallel, experts_touched, moe_work, pair_share
@@ -165,3 +165,31 @@ def test_uniform_routing_touches_fewer_experts_than_nvidias_balanced_table():
     assert m._moe.experts(4096) == curve.at(4096)[0]
     steps = [m._moe.experts(t) for t in (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)]
     assert steps == sorted(steps)                               # still grows with the batch
+
+
+def test_minimax_ep_is_priced_by_the_width_split_rows_and_its_qk_norms_all_reduce():
+    fp8_block = MeasuredCostModel("minimax-m2.5", "h100-sxm", tp=4, weight_format=WeightFormat("fp8", "fp8-block"),
+                                  moe=MoeParallel(tp=4, expert_parallel=True))
+    width = MeasuredCostModel("minimax-m2.5", "h100-sxm", tp=4, weight_format=WeightFormat("fp8", "fp8-block"),
+                              moe=MoeParallel(tp=4))
+    ep, tp = ({t.name: t for t in m.ledger(decode(16)).terms} for m in (fp8_block, width))
+    # H100's block-FP8 Triton MoE kernel was timed split by width only: EP4 reads the moe_tp 4 rows, and says so
+    assert ep["experts (fused MoE)"].seconds == tp["experts (fused MoE)"].seconds > 0
+    assert "EP4 priced by the moe_tp 4 rows" in ep["experts (fused MoE)"].detail
+    assert "EP" not in tp["experts (fused MoE)"].detail
+    # q/k RMSNorm over all heads: one more all-reduce per layer under TP, at the table's latency floor
+    qk = ep["q/k-norm all-reduce"]
+    assert qk.count == 62 and qk.seconds == pytest.approx(62 * fp8_block.qk_norm_allreduce(16, True))
+    assert 0 < qk.seconds < ep["all-reduce"].seconds
+    one_gpu = MeasuredCostModel("minimax-m2.5", "h100-sxm", tp=1, weight_format=WeightFormat("fp8", "fp8-block"))
+    assert "q/k-norm all-reduce" not in {t.name for t in one_gpu.ledger(decode(16)).terms}
+
+
+def test_minimax_checkpoint_is_block_fp8_and_its_experts_split_by_ep():
+    plan = plan_deployment(Deployment(model="MiniMaxAI/MiniMax-M2.5", gpu="h100-sxm", tp=4,
+                                      enable_expert_parallel=True, max_model_len=9416, policy="vllm-v1"))
+    assert (plan.weight_format.method, plan.weight_format.scheme) == ("fp8", "fp8-block")
+    assert (plan.moe.ep, plan.moe.experts_per_gpu) == (4, 64)
+    # 229B parameters in FP8 over 4 GPUs: about 57 GB each, the KV cache in what is left of 0.9 x 80 GiB
+    assert plan.memory.weight_bytes_per_gpu == pytest.approx(resolve_model("minimax-m2.5").num_params / 4, rel=0.02)
+    assert plan.num_gpu_blocks > 10_000

@@ -40,7 +40,7 @@ class ModelSpec:
     """A decoder-only transformer's shape. Sizes are counts, not bytes, unless named *_bytes."""
 
     name: str
-    model_type: str                 # one of KNOWN_TYPES: "opt", "llama", ..., "qwen3_moe", "mixtral", "gpt_oss"
+    model_type: str                 # one of KNOWN_TYPES: "opt", "llama", ..., "qwen3_moe", "mixtral", "gpt_oss", ...
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -68,7 +68,7 @@ class ModelSpec:
     sliding_layers: int = 0
     attention_sinks: bool = False
     published_active_params: int | None = None
-    checkpoint_quantization: str | None = None   # the released weights' format (gpt-oss: mxfp4 experts)
+    checkpoint_quantization: str | None = None   # the released weights' format (gpt-oss: mxfp4; fp8-block)
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -192,6 +192,8 @@ class ModelSpec:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
         qk_norms = 2 * self.head_size if self.model_type in ("qwen3", "qwen3_moe") else 0   # q and k norms per head
+        if self.model_type == "minimax_m2":
+            qk_norms = self.q_size + self.kv_size             # q and k norms over all heads
         qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
         if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads

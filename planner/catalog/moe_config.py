@@ -1,17 +1,19 @@
-"""Reading a mixture-of-experts model's config.json (model_type qwen3_moe, mixtral, gpt_oss) into ModelSpec fields.
+"""Reading a mixture-of-experts model's config.json (model_type qwen3_moe, mixtral, gpt_oss, minimax_m2) into
+ModelSpec fields.
 
-The three architectures name the same things differently (transformers' Qwen3MoeConfig,
-MixtralConfig, GptOssConfig):
+The four architectures name the same things differently (transformers' Qwen3MoeConfig,
+MixtralConfig, GptOssConfig, MiniMaxM2Config):
 
-| field | qwen3_moe | mixtral | gpt_oss |
-|---|---|---|---|
-| experts | num_experts | num_local_experts | num_local_experts |
-| top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok (experts_per_token) |
-| expert width | moe_intermediate_size | intermediate_size | intermediate_size |
-| dense layers | mlp_only_layers, decoder_sparse_step | none | none |
-| sliding window | use_sliding_window (off) | sliding_window, every layer | layer_types' "sliding_attention" ones |
+| field | qwen3_moe | mixtral | gpt_oss | minimax_m2 |
+|---|---|---|---|---|
+| experts | num_experts | num_local_experts | num_local_experts | num_local_experts |
+| top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok (experts_per_token) | num_experts_per_tok |
+| expert width | moe_intermediate_size | intermediate_size | intermediate_size | intermediate_size |
+| dense layers | mlp_only_layers, decoder_sparse_step | none | none | none |
+| sliding window | use_sliding_window (off) | sliding_window, every layer | layer_types' "sliding_attention" ones | none |
+| q/k norms | per head | none | none | over all heads (one all-reduce per layer under TP) |
 
-None of the three has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
+None of the four has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
 and DeepSeek have); a config that declares them is refused rather than priced without them.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from planner.errors import PlannerError
 
-MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2")
 
 
 def _dense_layers(get: Callable[..., Any], layers: int) -> int:
@@ -33,8 +35,10 @@ def _dense_layers(get: Callable[..., Any], layers: int) -> int:
 
 def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
     """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
-    if any(get(key) for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")):
-        raise PlannerError(f"{name}: shared experts are not modelled (qwen3_moe, mixtral and gpt_oss have none)")
+    if any(get(key) for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts",
+                                "shared_intermediate_size")):
+        raise PlannerError(f"{name}: shared experts are not modelled (qwen3_moe, mixtral, gpt_oss and minimax_m2 "
+                           f"have none)")
     hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
     rope = get("rope_parameters") or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
@@ -54,16 +58,32 @@ def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str,
     elif model_type == "mixtral":
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"))
+    elif model_type == "minimax_m2":
+        fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
+                      intermediate_size=get("intermediate_size"))
     else:
         types = list(get("layer_types") or [])
         sliding = sum(1 for t in types if t == "sliding_attention")
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"),
                       sliding_layers=sliding if get("sliding_window") else 0, attention_sinks=True)
-        qc = get("quantization_config") or {}
-        if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4":
-            fields["checkpoint_quantization"] = "mxfp4"
+    scheme = checkpoint_scheme(get("quantization_config"))
+    if scheme is not None:
+        fields["checkpoint_quantization"] = scheme
     return fields
+
+
+def checkpoint_scheme(qc: Any) -> str | None:
+    """The catalog's name for the released weights' format a quantization_config declares (gpt-oss: "mxfp4";
+    MiniMax-M2.5: "fp8-block", FP8 in 128 x 128 blocks), or None."""
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        return "mxfp4"
+    if method == "fp8" and qc.get("weight_block_size"):
+        return "fp8-block"
+    return None
 
 
 def moe_hf_config(spec, common: dict[str, Any]):
@@ -82,6 +102,10 @@ def moe_hf_config(spec, common: dict[str, Any]):
         config = transformers.MixtralConfig(num_local_experts=spec.num_experts, sliding_window=spec.sliding_window,
                                             **experts, **common)
         config.architectures = ["MixtralForCausalLM"]
+    elif spec.model_type == "minimax_m2":
+        common = {**common, "intermediate_size": spec.moe_intermediate_size}
+        config = transformers.MiniMaxM2Config(num_local_experts=spec.num_experts, **experts, **common)
+        config.architectures = ["MiniMaxM2ForCausalLM"]
     else:
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
         # gpt-oss alternates sliding and full layers, sliding first, as the released configs list them

@@ -173,6 +173,17 @@ def format_from_config(qc: dict[str, Any], source: str = "config.json quantizati
                        f"compressed-tensors, awq, gptq, mxfp4)")
 
 
+# The quantization_config each catalog `checkpoint_quantization` name stands for (moe_config.checkpoint_scheme
+# reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks.
+CHECKPOINT_CONFIGS = {"mxfp4": {"quant_method": "mxfp4"},
+                      "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+
+def catalog_checkpoint_format(scheme: str, source: str) -> WeightFormat:
+    """The weight format of a catalog model's released checkpoint (its `checkpoint_quantization`)."""
+    return format_from_config(CHECKPOINT_CONFIGS[scheme], source=source)
+
+
 def checkpoint_format(model: str) -> WeightFormat | None:
     """The format a local model folder (or its config.json) declares, or None (16-bit, or not a folder)."""
     folder = (os.path.dirname(model) or ".") if os.path.basename(model) == "config.json" else model

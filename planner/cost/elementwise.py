@@ -53,7 +53,7 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
-    if model.model_type in ("qwen3", "qwen3_moe"):
+    if model.model_type in ("qwen3", "qwen3_moe", "minimax_m2"):
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
     if not model.is_gpt_like:
         kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))

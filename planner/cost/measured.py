@@ -21,6 +21,7 @@ returns, and `planner explain` prints them. Per layer, x num_layers:
                   (CUDA-graph variant inside a captured graph, eager above),
                   or NCCL where vLLM would not use it (PCIe GPUs beyond 2) or no
                   table exists; the tables' smallest messages are the latency floor
+                  (MiniMax-M2: a third, of each token's q/k-norm variances)
 
 then once per step: the embedding lookup and final norm (roofline), the
 embedding's all-reduce (TP), the LM-head GEMM over the sampled sequences
@@ -121,6 +122,8 @@ SAMPLING_KERNELS = 4
 # for the compute side of a weight-only GEMM.
 WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.6
 
+# Two fp32 variances per token (MiniMax-M2's q/k norms), in the all-reduce table's 16-bit values.
+QK_VARIANCE_VALUES = 4
 # vLLM's custom all-reduce registers an 8 MiB buffer and hands larger messages to NCCL
 # (vllm/distributed/device_communicators/custom_all_reduce.py CustomAllreduce max_size=8192 * 1024,
 # should_custom_ar: inp_size < self.max_size).
@@ -137,14 +140,15 @@ def gemm_table(system: str, fmt: WeightFormat | None, gpu: GpuSpec) -> tuple[str
     """(the table pricing the layers' GEMMs, the weight bytes per element a weight-only kernel reads or
     None, how they are priced). A format that runs natively here (planner/catalog/quantization.py
     gemm_path) uses its own measured table; a weight-only one (FP8 on Ampere, NVFP4 before Blackwell,
-    AWQ, GPTQ) the bf16 table with the weights read at the format's bytes; MXFP4 leaves dense layers 16-bit."""
+    AWQ, GPTQ) the bf16 table with the weights read at the format's bytes; MXFP4 leaves dense layers 16-bit.
+    Every FP8 scheme reads the per-tensor FP8 table: block-scaled weights run the same FP8 tensor-core GEMM
+    (their scales add 1/16,384 of the weights' bytes), and NVIDIA's block-scaled rows time a per-call cost
+    that CUDA graphs do not pay (scripts/extract_measured_tables.py)."""
     if fmt is None or not fmt.quantizes_linear:
         return "gemm", None, "bf16 GEMMs"
     precision = gemm_path(fmt, gpu).precision
-    if precision == "fp8":
-        for table in (("gemm_fp8_block", "gemm_fp8") if fmt.scheme == "fp8-block" else ("gemm_fp8",)):
-            if tables.has_table(system, table):
-                return table, None, "fp8 GEMMs"
+    if precision == "fp8" and tables.has_table(system, "gemm_fp8"):
+        return "gemm_fp8", None, "fp8 GEMMs"
     if precision == "fp4" and tables.has_table(system, "gemm_nvfp4"):
         return "gemm_nvfp4", None, "nvfp4 GEMMs"
     return "gemm", fmt.bytes_per_weight(), f"weight-only GEMMs (bf16 table, {fmt.bits}-bit weights)"
@@ -269,7 +273,8 @@ class MeasuredCostModel:
         self._gemm_max_n = max(self._gemm_tree)
         table, self._weight_only_bytes, self._gemm_how = gemm_table(self.system, weight_format, self.gpu)
         if table == "gemm_fp8" and weight_format.scheme == "fp8-block":
-            self.notes.append(f"{self.system} has no full block-scaled FP8 GEMM table: priced with per-tensor FP8")
+            self.notes.append("block-scaled FP8 GEMMs priced with the per-tensor FP8 table (the same tensor-core "
+                              "GEMM; NVIDIA's block-scaled rows time a per-call cost CUDA graphs do not pay)")
         self._tables = {"layer_gemm": table}
         self._layer_tree = self._gemm_tree if table == "gemm" else tables.monotone(
             tables.build_tree(tables.load_rows(self.system, table), ("n", "k", "m")), 3)
@@ -526,6 +531,13 @@ class MeasuredCostModel:
         self._flag("allreduce", ext)
         return latency
 
+    def qk_norm_allreduce(self, tokens: int, captured: bool) -> float:
+        """MiniMax-M2's q/k RMSNorm spans all heads, so under TP vLLM all-reduces each token's two fp32
+        variances (MiniMaxText01RMSNormTP.forward_qk): a message at the all-reduce's latency floor."""
+        latency, ext = self._allreduce["graph" if captured else "eager"].at(tokens * QK_VARIANCE_VALUES)
+        self._flag("allreduce", ext)
+        return latency
+
     def _over_custom_buffer(self, tokens: int) -> bool:
         """Whether vLLM hands this all-reduce (tokens x hidden bf16 values) to NCCL because it exceeds the
         custom all-reduce's registered buffer."""
@@ -601,6 +613,10 @@ class MeasuredCostModel:
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
                               f"{run} x {self.model.hidden_size} values, 2 per layer + the embedding's", count))
+            if self.model.model_type == "minimax_m2":
+                terms.append(Term("q/k-norm all-reduce", "collective", layers * self.qk_norm_allreduce(run, captured),
+                                  "table", f"{self.system} {self.allreduce_backend} of {run} x 2 fp32 variances, "
+                                  f"x{layers} layers", layers))
         return tuple(terms), sum(t.seconds for t in terms)
 
     def _seq_terms(self, seqs: int) -> tuple[tuple[Term, ...], float]:

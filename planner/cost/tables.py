@@ -50,7 +50,7 @@ from importlib import resources
 
 from planner.errors import PlannerError
 
-TABLES = ("gemm", "gemm_fp8", "gemm_fp8_block", "gemm_nvfp4", "context_attention", "generation_attention",
+TABLES = ("gemm", "gemm_fp8", "gemm_nvfp4", "context_attention", "generation_attention",
           "context_attention_fp8kv", "generation_attention_fp8kv", "allreduce")
 
 

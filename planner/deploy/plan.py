@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from engine.core.config import SchedulerConfig
 from engine.deployment import BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
-from planner.catalog.quantization import (GemmPath, WeightFormat, checkpoint_format, format_from_id, gemm_path,
-                                          weight_format)
+from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
+                                          format_from_id, gemm_path, weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
@@ -156,7 +156,7 @@ def _catalog_checkpoint_format(model: str) -> WeightFormat | None:
     spec = checks.model(model)
     if spec.checkpoint_quantization is None:
         return None
-    return weight_format(spec.checkpoint_quantization, source=f"{spec.hf_id or spec.name}'s checkpoint")
+    return catalog_checkpoint_format(spec.checkpoint_quantization, source=f"{spec.hf_id or spec.name}'s checkpoint")
 
 
 def _quantization_warnings(plan: DeploymentPlan) -> list[str]:

@@ -82,6 +82,11 @@ def build_checkpoint(model: str, spec: ModelSpec, folder: str | os.PathLike, num
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from engine.models import MODEL_CLASSES         # the engine's models, like torch: only a build needs them
+
+    if spec.model_type not in MODEL_CLASSES:        # refused before tens of GB of random weights are made
+        raise PlannerError(f"the engine does not run {spec.model_type} models ({spec.name}; it runs "
+                           f"{', '.join(MODEL_CLASSES)}): price it with --cost-model measured or roofline")
     hf_logging.disable_progress_bar()          # our own progress bar is the one the user watches
     config = _config(model, spec, num_layers)
     torch.manual_seed(0)
