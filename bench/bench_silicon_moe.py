@@ -1,19 +1,25 @@
-"""MoE step prices against NVIDIA's measured end-to-end vLLM runs of gpt-oss-120b on H100: per run, TPOT and TTFT.
+"""MoE step prices against NVIDIA's measured end-to-end vLLM runs of gpt-oss-120b and MiniMax-M2.5 on H100: per run,
+TPOT and TTFT.
 
 Data. aiconfigurator-core 0.12.0 (Apache-2.0) ships NVIDIA's measured vLLM runs in
 systems/silicon_sample.csv. bench/data/silicon_h100_vllm_moe.json holds the rows this bench uses,
 with their source record: system h100_sxm (tested first, so no other GPU's row is read or kept, as
 bench/bench_silicon_h100.py does for the dense runs), backend vllm, aggregated serving, MoE models
 the catalog has: openai/gpt-oss-120b, its MXFP4 checkpoint (69 runs: vLLM 0.11.2 and 0.18.0, ISL/OSL
-1024/1024, 1024/8192, 8192/1024, 4-512 concurrent clients, TP 2/4/8, moe_tp = TP, no DP or EP).
-`--extract WHEEL` rebuilds the file from the wheel.
+1024/1024, 1024/8192, 8192/1024, 4-512 concurrent clients, TP 2/4/8, moe_tp = TP, no DP or EP), and
+MiniMaxAI/MiniMax-M2.5, its block-FP8 checkpoint (30 runs: vLLM 0.18.0, the same lengths, 4-64 clients,
+TP 4 with expert parallelism). `--extract WHEEL` rebuilds the file from the wheel.
 
 Each run is simulated as it was made (closed loop of C clients; the lightest runs first, each printed
-as it ends): `planner simulate --model openai/gpt-oss-120b --gpu h100-sxm --tp N --policy vllm-v1
+as it ends): `planner simulate --model MODEL --gpu h100-sxm --tp N [--enable-expert-parallel] --policy vllm-v1
 --workload random -p input_len=ISL -p output_len=OSL --concurrency C` with the run's recipe
-(bench/silicon_recipes.py). The vLLM 0.18.0 runs are InferenceX's gpt-oss-120b H100 sweep (its grid,
+(bench/silicon_recipes.py). The vLLM 0.18.0 gpt-oss runs are InferenceX's gpt-oss-120b H100 sweep (its grid,
 its image and the week it ran): no prefix caching, max_num_seqs = C, max_model_len 10240, lengths
-uniform on [0.8 L, L], R = 10 x C. The others (0.11.2 or unstated, 512 clients) record nothing more:
+uniform on [0.8 L, L], R = 10 x C. The MiniMax-M2.5 runs are InferenceX's sweep of the same days
+(silicon_recipes.INFERENCEX_MINIMAX: TP 4 with --enable-expert-parallel, max_num_seqs 256, the same
+client). 15 of them come from a file that records them with attention_dp 4 and moe_ep 16 (batch size
+C / 4), which one 8-GPU node cannot hold at TP 4 and which the recipe of those days does not have; their
+ids say tp4_ep4, as the other 15's do, so all 30 are simulated as TP 4 with EP 4. The others (0.11.2 or unstated, 512 clients) record nothing more:
 vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024, prefix caching
 on), max_model_len = ISL + OSL, fixed lengths, R = 4 x C (at least 32). Priced by the measured model
 (the MoE from NVIDIA's fused-MoE table for gpt-oss's MXFP4 kernel, uniform routing unless --moe-skew)
@@ -22,7 +28,7 @@ fitted here: the host constants are the ones fitted to the dense H100 runs (docs
 Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
 behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show.
 
-    .venv/bin/python bench/bench_silicon_moe.py [--quick] [--moe-skew S]
+    .venv/bin/python bench/bench_silicon_moe.py [--quick] [--model minimax] [--moe-skew S]
     .venv/bin/python bench/bench_silicon_moe.py --extract aiconfigurator_core-0.12.0-*.whl
 """
 from __future__ import annotations
@@ -50,12 +56,12 @@ from planner.cost.measured import MeasuredCostModel  # noqa: E402
 from planner.cost.roofline import RooflineCostModel  # noqa: E402
 from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
-from silicon_recipes import INFERENCEX_GPTOSS, VLLM_DEFAULTS, Recipe, Schedule  # noqa: E402
+from silicon_recipes import INFERENCEX_GPTOSS, INFERENCEX_MINIMAX, VLLM_DEFAULTS, Recipe, Schedule  # noqa: E402
 
 DATA_FILE = os.path.join(ROOT, "bench", "data", "silicon_h100_vllm_moe.json")
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
 PACKAGE = "aiconfigurator-core 0.12.0 (Apache-2.0)"
-MOE = ("openai/gpt-oss-120b",)     # the catalog's MoE models among the h100_sxm vLLM rows
+MOE = ("openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5")     # the catalog's MoE models among the h100_sxm vLLM rows
 # The runs no recipe covers: requests per concurrent client R = 4 x C, at least 32 (half the dense bench's 8,
 # because they decode up to 8,192 tokens at 512 clients, which step by step takes minutes a run on two cores).
 UNRECORDED = replace(VLLM_DEFAULTS, requests_per_client=4, min_requests=32)
@@ -63,7 +69,7 @@ UNRECORDED = replace(VLLM_DEFAULTS, requests_per_client=4, min_requests=32)
 
 @dataclass(frozen=True)
 class Row:
-    """One measured run: ISL, OSL, concurrent clients, TP, measured means (seconds), vLLM version."""
+    """One measured run: ISL, OSL, concurrent clients, TP (and EP), measured means (seconds), vLLM version."""
 
     model: str
     isl: int
@@ -73,10 +79,12 @@ class Row:
     ttft: float
     tpot: float
     vllm: str
+    expert_parallel: bool = False
 
     @property
     def label(self) -> str:
-        return f"gpt-oss-120b {self.isl}/{self.osl} c{self.concurrency} tp{self.tp} (vLLM {self.vllm})"
+        split = f"tp{self.tp}" + (f" ep{self.tp}" if self.expert_parallel else "")
+        return f"{self.model.split('/')[-1]} {self.isl}/{self.osl} c{self.concurrency} {split} (vLLM {self.vllm})"
 
 
 def extract(wheel: str) -> dict:
@@ -108,20 +116,25 @@ def extract(wheel: str) -> dict:
 
 
 def rows() -> list[Row]:
+    """The runs: gpt-oss-120b's without DP or EP; MiniMax-M2.5's all as TP 4 with EP 4 (the docstring says why)."""
     with open(DATA_FILE, encoding="utf-8") as f:
         doc = json.load(f)
-    return [Row(m, isl, osl, c, tp, ttft / 1e3, tpot / 1e3, vllm)
-            for m, isl, osl, c, tp, ttft, tpot, vllm, dp, ep, _ in doc["rows"] if dp == 1 and ep == 1]
+    minimax = "MiniMaxAI/MiniMax-M2.5"
+    concurrency = {r[-1]: int(r[-1].split("_c")[1].split("_")[0]) for r in doc["rows"] if r[0] == minimax}
+    return [Row(m, isl, osl, concurrency.get(run, c), tp, ttft / 1e3, tpot / 1e3, vllm, expert_parallel=m == minimax)
+            for m, isl, osl, c, tp, ttft, tpot, vllm, dp, ep, run in doc["rows"] if m == minimax or dp == ep == 1]
 
 
 def recipe(row: Row) -> Recipe:
-    """InferenceX's recipe for its vLLM 0.18.0 sweep (4-64 clients), the defaults for the rest."""
+    """InferenceX's recipes for its vLLM 0.18.0 sweeps (4-64 clients), the defaults for the rest."""
+    if row.model == "MiniMaxAI/MiniMax-M2.5":
+        return INFERENCEX_MINIMAX
     return INFERENCEX_GPTOSS if row.vllm == "0.18.0" else UNRECORDED
 
 
 def deployment(row: Row, skew: float) -> Deployment:
-    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, moe_skew=skew,
-                      **recipe(row).deployment_knobs(row.isl, row.osl, row.concurrency))
+    return Deployment(model=row.model, gpu="h100-sxm", tp=row.tp, enable_expert_parallel=row.expert_parallel,
+                      moe_skew=skew, **recipe(row).deployment_knobs(row.isl, row.osl, row.concurrency))
 
 
 def cost_models(row: Row, skew: float) -> dict:
@@ -179,6 +192,7 @@ def report(results: list[tuple[Row, dict]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every fourth run only")
+    parser.add_argument("--model", help="only the runs of this model (a part of its Hugging Face id)")
     parser.add_argument("--moe-skew", type=float, default=0.0, help="routing skew assumed (0: uniform)")
     parser.add_argument("--extract", metavar="WHEEL", help="rebuild bench/data/silicon_h100_vllm_moe.json and stop")
     args = parser.parse_args()
@@ -189,7 +203,8 @@ def main() -> None:
                     + ",\n".join("    " + json.dumps(r) for r in doc["rows"]) + "\n  ]\n}\n")
         print(f"written: {os.path.relpath(DATA_FILE, ROOT)} ({len(doc['rows'])} runs)")
         return
-    chosen = rows()[::4] if args.quick else rows()
+    chosen = [r for r in rows() if args.model is None or args.model.lower() in r.model.lower()]
+    chosen = chosen[::4] if args.quick else chosen
     # the lightest runs first (decoded tokens), each printed as it ends: an interrupted run keeps its rows
     chosen.sort(key=lambda r: recipe(r).requests(r.concurrency) * (r.isl + r.osl))
     start, results = time.perf_counter(), []

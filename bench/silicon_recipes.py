@@ -28,7 +28,8 @@ class Recipe:
     kv_cache_dtype: str = "auto"
     prefix_caching: bool = True
     max_num_seqs: int | None = 1024         # None: the run's concurrency (--max-num-seqs=$CONC)
-    max_model_len: int | None = None        # None: ISL + OSL
+    max_model_len: int | None = None        # None: ISL + OSL + max_model_len_margin
+    max_model_len_margin: int = 0
     async_scheduling: bool = False
     # A client of vLLM's API server: its next request joins the step after the one running when its previous
     # request ended (planner/sim/clients.py). 0, the planner's default, where the run records no client.
@@ -42,7 +43,7 @@ class Recipe:
         return dict(policy="vllm-v1", enable_prefix_caching=self.prefix_caching, kv_cache_dtype=self.kv_cache_dtype,
                     async_scheduling=self.async_scheduling, client_turnaround=self.client_turnaround,
                     max_num_batched_tokens=8192,
-                    max_num_seqs=self.max_num_seqs or concurrency, max_model_len=self.max_model_len or isl + osl)
+                    max_num_seqs=self.max_num_seqs or concurrency, max_model_len=self.max_model_len or isl + osl + self.max_model_len_margin)
 
     def requests(self, concurrency: int) -> int:
         return max(self.requests_per_client * concurrency, self.min_requests)
@@ -86,6 +87,18 @@ INFERENCEX_GPTOSS = Recipe("InferenceX's gptoss_fp4_h100 recipe (vLLM 0.18.0)", 
                            max_num_seqs=None, max_model_len=10240, async_scheduling=True,
                            client_turnaround=SERVED_TURNAROUND, low_fraction=0.8, requests_per_client=10,
                            min_requests=0)
+
+# InferenceX's MiniMax-M2.5 FP8 H100 recipe as its vLLM 0.18.0 runs were made (benchmarks/single_node/
+# minimaxm2.5_fp8_h100.sh and .github/configs/nvidia-master.yaml minimaxm2.5-fp8-h100-vllm at 1d5cae1,
+# 2026-03-27 07:59:46 UTC, three seconds before the first runs' recorded start): TP 4 with
+# --enable-expert-parallel (the only H100 point of the search space), --max-num-seqs 256, --gpu-memory-
+# utilization 0.90, max_model_len = ISL + OSL + 200 (utils/matrix_logic/generate_sweep_configs.py), prefix
+# caching on (turned off the same evening, 0f78cf4; random prompts share no block, so the schedule is the
+# same either way), --compilation-config '{"cudagraph_mode":"PIECEWISE"}' (attention outside the graphs:
+# not modelled), vLLM's default token budget (8,192 on H100); async scheduling is vLLM 0.18's default.
+INFERENCEX_MINIMAX = Recipe("InferenceX's minimaxm2.5_fp8_h100 recipe (vLLM 0.18.0)", max_num_seqs=256,
+                            max_model_len_margin=200, async_scheduling=True, client_turnaround=SERVED_TURNAROUND,
+                            low_fraction=0.8, requests_per_client=10, min_requests=0)
 
 
 @dataclass
