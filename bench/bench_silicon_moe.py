@@ -19,12 +19,13 @@ uniform on [0.8 L, L], R = 10 x C. The MiniMax-M2.5 runs are InferenceX's sweep 
 (silicon_recipes.INFERENCEX_MINIMAX: TP 4 with --enable-expert-parallel, max_num_seqs 256, the same
 client). 15 of them come from a file that records them with attention_dp 4 and moe_ep 16 (batch size
 C / 4), which one 8-GPU node cannot hold at TP 4 and which the recipe of those days does not have; their
-ids say tp4_ep4, as the other 15's do, so all 30 are simulated as TP 4 with EP 4. The others (0.11.2 or unstated, 512 clients) record nothing more:
-vLLM's API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024, prefix caching
-on), max_model_len = ISL + OSL, fixed lengths, R = 4 x C (at least 32). Priced by the measured model
-(the MoE from NVIDIA's fused-MoE table for gpt-oss's MXFP4 kernel, uniform routing unless --moe-skew)
-and, beside it, the roofline. Nothing is
-fitted here: the host constants are the ones fitted to the dense H100 runs (docs/calibration.md).
+ids say tp4_ep4, as the other 15's do, so all 30 are simulated as TP 4 with EP 4 at the C of their ids.
+The gpt-oss runs no recipe covers (0.11.2 or unstated, 512 clients) record nothing more: vLLM's
+API-server defaults on H100 (max_num_batched_tokens 8192, max_num_seqs 1024, prefix caching on),
+max_model_len = ISL + OSL, fixed lengths, R = 4 x C (at least 32). Priced by the measured model (the
+MoE from NVIDIA's fused-MoE table for the experts' kernel, uniform routing unless --moe-skew) and,
+beside it, the roofline. Nothing is fitted here: the host constants are the ones fitted to the dense
+H100 runs (docs/calibration.md).
 Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
 behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show.
 

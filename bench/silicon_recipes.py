@@ -43,7 +43,8 @@ class Recipe:
         return dict(policy="vllm-v1", enable_prefix_caching=self.prefix_caching, kv_cache_dtype=self.kv_cache_dtype,
                     async_scheduling=self.async_scheduling, client_turnaround=self.client_turnaround,
                     max_num_batched_tokens=8192,
-                    max_num_seqs=self.max_num_seqs or concurrency, max_model_len=self.max_model_len or isl + osl + self.max_model_len_margin)
+                    max_num_seqs=self.max_num_seqs or concurrency,
+                    max_model_len=self.max_model_len or isl + osl + self.max_model_len_margin)
 
     def requests(self, concurrency: int) -> int:
         return max(self.requests_per_client * concurrency, self.min_requests)

@@ -68,7 +68,7 @@ class ModelSpec:
     sliding_layers: int = 0
     attention_sinks: bool = False
     published_active_params: int | None = None
-    checkpoint_quantization: str | None = None   # the released weights' format (gpt-oss: mxfp4; fp8-block)
+    checkpoint_quantization: str | None = None   # the released weights' format (mxfp4, fp8-block)
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:

@@ -7,7 +7,7 @@ MixtralConfig, GptOssConfig, MiniMaxM2Config):
 | field | qwen3_moe | mixtral | gpt_oss | minimax_m2 |
 |---|---|---|---|---|
 | experts | num_experts | num_local_experts | num_local_experts | num_local_experts |
-| top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok (experts_per_token) | num_experts_per_tok |
+| top-k | num_experts_per_tok | num_experts_per_tok | num_experts_per_tok, experts_per_token | num_experts_per_tok |
 | expert width | moe_intermediate_size | intermediate_size | intermediate_size | intermediate_size |
 | dense layers | mlp_only_layers, decoder_sparse_step | none | none | none |
 | sliding window | use_sliding_window (off) | sliding_window, every layer | layer_types' "sliding_attention" ones | none |
