@@ -16,7 +16,8 @@ version) in planner/data/measured/SOURCE.json:
   that vLLM's CUDA graphs do not pay; the cost model prices block-scaled
   weights with `gemm_fp8`, the same FP8 tensor-core GEMM;
 - MoE (`moe`): one MoE layer's fused experts (vLLM's FusedMoE, dispatch and combine excluded) per
-  expert format, by tokens, TP/EP split and routing distribution, for the catalog's MoE shapes only;
+  expert format, by tokens, TP/EP split (each with the kernel vLLM selects for it) and routing
+  distribution, for the catalog's MoE shapes only;
 - attention per KV-cache dtype: `context_attention` / `generation_attention`
   (bf16 cache) and `context_attention_fp8kv` / `generation_attention_fp8kv`
   (FP8 cache, bf16 queries), each with the kernel vLLM selects for that cache:
@@ -167,8 +168,10 @@ def extract_allreduce(data: Path, base: Path, system: str) -> dict:
     return sources
 
 
-# MoE: the kernel vLLM runs each expert format with, best first (substrings of kernel_source): gpt-oss's
-# own MXFP4 Triton kernel; for block FP8 Triton, vLLM's default on Hopper (FlashInfer is opt-in there).
+# MoE: NVIDIA's collector times each TP/EP split with the kernel vLLM selects for it (one per split in
+# aiconfigurator-core 0.12.0; on Hopper block FP8 runs Triton split by width and FlashInfer CUTLASS under
+# expert parallelism, as vLLM's FP8 MoE oracle prefers). Should a split hold several, the first of these
+# (substrings of kernel_source) is kept: gpt-oss's own MXFP4 kernel, then Triton, FlashInfer, Marlin.
 MOE_KERNELS = ("gptoss", "triton", "flashinfer", "marlin")
 # Routing distributions kept: balanced (every expert equally likely) and NVIDIA's power-law skew with
 # exponent 1.2 (aiconfigurator's default for MoE models); power_law_1.01 sits between them.
@@ -182,9 +185,16 @@ def catalog_moe_shapes() -> set[tuple[int, int, int, int]]:
             for m in models if m.get("num_experts")}
 
 
+def _splits(pairs: set[tuple[int, int]]) -> str:
+    """The TP/EP splits a kernel was timed at, as `moe_tp 1-16` and `EP 2-256`."""
+    tp = sorted(t for t, e in pairs if e == 1)
+    ep = sorted(e for t, e in pairs if e > 1)
+    return ", ".join(f"{name} {min(v)}-{max(v)}" for name, v in (("moe_tp", tp), ("EP", ep)) if v)
+
+
 def extract_moe(data: Path, base: Path, system: str) -> dict:
     """The fused-MoE table (one MoE layer's experts on one GPU: tokens, expert format, TP/EP split,
-    routing distribution) for the catalog's MoE shapes, one kernel per format; its source."""
+    routing distribution) for the catalog's MoE shapes, each split with its kernel; its source."""
     path = newest(data / "moe" / "vllm", "moe_perf.parquet")
     if path is None:
         return {}
@@ -194,19 +204,21 @@ def extract_moe(data: Path, base: Path, system: str) -> dict:
                                                                     m.num_experts)], index=m.index)
     m = m[keep & m.distribution.isin(MOE_DISTRIBUTIONS)]
     frames, kernels = [], {}
-    for dtype, rows in m.groupby("moe_dtype"):
+    for (dtype, tp, ep), rows in m.groupby(["moe_dtype", "moe_tp_size", "moe_ep_size"]):
         found = sorted(rows.kernel_source.unique())
         kernel = next((k for pref in MOE_KERNELS for k in found if pref in k), found[0])
-        kernels[dtype] = kernel
+        kernels.setdefault(dtype, {}).setdefault(kernel, set()).add((int(tp), int(ep)))
         frames.append(rows[rows.kernel_source == kernel])
     keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "distribution", "moe_tp_size",
             "moe_ep_size", "num_tokens"]
     table = pd.concat(frames).groupby(keys, as_index=False).latency.median()
     write(table.rename(columns={"latency": "latency_ms"}), system, "moe")
-    return {"moe": source(base, path, rows=len(table), kernel="; ".join(f"{d}: {k}" for d, k in kernels.items()),
+    named = "; ".join(f"{d}: " + ", ".join(f"{k} ({_splits(pairs)})" for k, pairs in by_kernel.items())
+                      for d, by_kernel in kernels.items())
+    return {"moe": source(base, path, rows=len(table), kernel=named,
                           filter=f"the catalog's MoE shapes (hidden, inter_size, topk, num_experts) "
-                                 f"{sorted(shapes)}; distribution in {list(MOE_DISTRIBUTIONS)}; one kernel "
-                                 f"per moe_dtype; median of repeats")}
+                                 f"{sorted(shapes)}; distribution in {list(MOE_DISTRIBUTIONS)}; the kernel "
+                                 f"each TP/EP split was timed with; median of repeats")}
 
 
 def system_spec(spec_path: Path, system: str) -> dict:

@@ -29,10 +29,7 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
 
 The table holds only the catalog's MoE shapes (scripts/extract_measured_tables.py); another shape, a
 format or a TP/EP split the system did not measure is a one-line error, and `auto` then prices the
-model with the roofline. One substitution: where the format's kernel was timed split by width but not
-by experts (H100's block-FP8 Triton kernel: moe_tp 1-8, no EP rows), EP over N GPUs is priced by the
-moe_tp N rows, which give each GPU the same expert bytes and FLOPs (all experts at 1/N of their width
-against 1/N of the experts whole, under uniform routing); the ledger says so.
+model with the roofline.
 """
 from __future__ import annotations
 
@@ -67,11 +64,11 @@ class MeasuredMoe:
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
         self.dtype = moe_dtype(fmt)
-        self.split = f"EP{par.ep}" if par.ep > 1 else f"moe_tp {par.moe_tp}"
-        rows = self._rows(par.moe_tp, par.ep)
-        if not rows and par.ep > 1 and self._rows(par.ep, 1):
-            rows = self._rows(par.ep, 1)
-            self.split = f"EP{par.ep} priced by the moe_tp {par.ep} rows (no EP rows for this kernel)"
+        key = (self.dtype, model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok,
+               model.num_experts, par.moe_tp, par.ep)
+        rows = [r for r in tables.load_rows(system, "moe")
+                if (r["moe_dtype"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"],
+                    r["moe_tp_size"], r["moe_ep_size"]) == key]
         if not rows:
             raise PlannerError(f"{system} has no measured vLLM MoE rows for {model.name}'s experts "
                                f"({self.dtype}, hidden {model.hidden_size}, width {model.moe_intermediate_size}, "
@@ -85,14 +82,6 @@ class MeasuredMoe:
         self.skews = sorted(self._curves)
         self.extrapolated = False
         self._nccl = self._dispatch_curve() if par.dp > 1 else None
-
-    def _rows(self, moe_tp: int, ep: int) -> list[dict]:
-        """The table's rows for this model's experts and format at one TP/EP split."""
-        m = self.model
-        key = (self.dtype, m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts, moe_tp, ep)
-        return [r for r in tables.load_rows(self.system, "moe")
-                if (r["moe_dtype"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"],
-                    r["moe_tp_size"], r["moe_ep_size"]) == key]
 
     def _dispatch_curve(self) -> tables.Curve:
         points = {r["message_size"]: r["latency"] for r in tables.load_rows(self.system, "allreduce")
@@ -138,13 +127,14 @@ class MeasuredMoe:
         """The MoE terms of a step whose replicas each run `run` tokens (CUDA-graph padded)."""
         layers, par = self.model.moe_layers, self.par
         gathered = run * par.dp
+        split = f"EP{par.ep}" if par.ep > 1 else f"moe_tp {par.moe_tp}"
         skew = f", routing skew {par.skew:g}" if par.skew else ", uniform routing"
         terms = [Term("router GEMM", "moe", layers * router_gemm, "table",
                       f"{self.system} gemm, m={run} n={self.model.num_experts} k={self.model.hidden_size}, "
                       f"x{layers} layers", layers),
                  Term("experts (fused MoE)", "moe", layers * self.experts(gathered), "table",
                       f"{self.system} moe {self.dtype}, {gathered} tokens, top-{self.model.num_experts_per_tok} "
-                      f"of {self.model.num_experts}, {self.split}{skew}, x{layers} layers", layers)]
+                      f"of {self.model.num_experts}, {split}{skew}, x{layers} layers", layers)]
         if par.dp > 1:
             terms.append(Term("MoE all-gather + reduce-scatter", "collective", layers * self.dispatch(run), "table",
                               f"{self.system} nccl on {par.dp} GPUs, {gathered} x {self.model.hidden_size} "
