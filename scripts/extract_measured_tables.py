@@ -170,7 +170,8 @@ def extract_allreduce(data: Path, base: Path, system: str) -> dict:
 
 # MoE: NVIDIA's collector times each TP/EP split with the kernel vLLM selects for it (one per split in
 # aiconfigurator-core 0.12.0; on Hopper block FP8 runs Triton split by width and FlashInfer CUTLASS under
-# expert parallelism, as vLLM's FP8 MoE oracle prefers). Should a split hold several, the first of these
+# expert parallelism: vllm/model_executor/layers/fused_moe/oracle/fp8.py _get_priority_backends, "On Hopper
+# for Block Fp8, prefer Triton for TP and FI CUTLASS for EP"). Should a split hold several, the first of these
 # (substrings of kernel_source) is kept: gpt-oss's own MXFP4 kernel, then Triton, FlashInfer, Marlin.
 MOE_KERNELS = ("gptoss", "triton", "flashinfer", "marlin")
 # Routing distributions kept: balanced (every expert equally likely) and NVIDIA's power-law skew with
