@@ -194,3 +194,7 @@ def test_minimax_checkpoint_is_block_fp8_and_its_experts_split_by_ep():
     # 229B parameters in FP8 over 4 GPUs: about 57 GB each, the KV cache in what is left of 0.9 x 80 GiB
     assert plan.memory.weight_bytes_per_gpu == pytest.approx(resolve_model("minimax-m2.5").num_params / 4, rel=0.02)
     assert plan.num_gpu_blocks > 10_000
+    # a variant id that names its own format is that checkpoint, not the catalog's FP8 release
+    nvfp4 = plan_deployment(Deployment(model="nvidia/MiniMax-M2.5-NVFP4", gpu="b200", tp=2, max_model_len=9416,
+                                       policy="vllm-v1"))
+    assert (nvfp4.model.name, nvfp4.weight_format.method) == ("minimax-m2.5", "nvfp4")

@@ -150,8 +150,9 @@ def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
 
 
 def _catalog_checkpoint_format(model: str) -> WeightFormat | None:
-    """The format a catalog model's released checkpoint is stored in (gpt-oss: MXFP4 experts), or None."""
-    if os.path.exists(model):
+    """The format a catalog model's released checkpoint is stored in (gpt-oss: MXFP4 experts), or None; not
+    for a variant whose id names its own format (nvidia/MiniMax-M2.5-NVFP4 is not MiniMax's FP8 release)."""
+    if os.path.exists(model) or format_from_id(model) is not None:
         return None
     spec = checks.model(model)
     if spec.checkpoint_quantization is None:
