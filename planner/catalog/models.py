@@ -130,6 +130,13 @@ class ModelSpec:
         return ((i, h), (h, i)) if self.is_gpt_like else ((i, h), (i, h), (h, i))
 
     @property
+    def qk_norm(self) -> str | None:
+        """How the model RMS-normalizes q and k before rotary: "per head" (Qwen3: one head_size weight each),
+        "across heads" (MiniMax-M2: over all heads at once, so under TP vLLM all-reduces each token's
+        variances), or None."""
+        return {"qwen3": "per head", "qwen3_moe": "per head", "minimax_m2": "across heads"}.get(self.model_type)
+
+    @property
     def expert_shapes(self) -> tuple[tuple[int, int], ...]:
         """One expert's gate, up and down weights (moe_intermediate_size wide)."""
         h, i = self.hidden_size, self.moe_intermediate_size
@@ -191,9 +198,7 @@ class ModelSpec:
         if self.is_gpt_like:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
-        qk_norms = 2 * self.head_size if self.model_type in ("qwen3", "qwen3_moe") else 0   # q and k norms per head
-        if self.model_type == "minimax_m2":
-            qk_norms = self.q_size + self.kv_size             # q and k norms over all heads
+        qk_norms = {"per head": 2 * self.head_size, "across heads": self.q_size + self.kv_size}.get(self.qk_norm, 0)
         qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
         if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads

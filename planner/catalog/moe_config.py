@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
 MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2")
@@ -71,19 +72,6 @@ def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str,
     if scheme is not None:
         fields["checkpoint_quantization"] = scheme
     return fields
-
-
-def checkpoint_scheme(qc: Any) -> str | None:
-    """The catalog's name for the released weights' format a quantization_config declares (gpt-oss: "mxfp4";
-    MiniMax-M2.5: "fp8-block", FP8 in 128 x 128 blocks), or None."""
-    if not isinstance(qc, dict):
-        return None
-    method = str(qc.get("quant_method", "")).lower()
-    if method == "mxfp4":
-        return "mxfp4"
-    if method == "fp8" and qc.get("weight_block_size"):
-        return "fp8-block"
-    return None
 
 
 def moe_hf_config(spec, common: dict[str, Any]):

@@ -184,6 +184,15 @@ def catalog_checkpoint_format(scheme: str, source: str) -> WeightFormat:
     return format_from_config(CHECKPOINT_CONFIGS[scheme], source=source)
 
 
+def checkpoint_scheme(qc: Any) -> str | None:
+    """The catalog's name for the format a config.json's quantization_config declares, where it is one of
+    CHECKPOINT_CONFIGS (gpt-oss's MXFP4, MiniMax-M2.5's block FP8), else None."""
+    if not isinstance(qc, dict) or str(qc.get("quant_method", "")).lower() not in ("mxfp4", "fp8"):
+        return None
+    scheme = format_from_config(qc).scheme
+    return scheme if scheme in CHECKPOINT_CONFIGS else None
+
+
 def checkpoint_format(model: str) -> WeightFormat | None:
     """The format a local model folder (or its config.json) declares, or None (16-bit, or not a folder)."""
     folder = (os.path.dirname(model) or ".") if os.path.basename(model) == "config.json" else model

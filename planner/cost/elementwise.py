@@ -53,17 +53,16 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
-    if model.model_type in ("qwen3", "qwen3_moe", "minimax_m2"):
+    if model.qk_norm:
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
     if not model.is_gpt_like:
         kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
     kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
     kernels.append(Kernel(f"post-attention {norm} + residual add", 4 * h * ACT_BYTES))
-    if model.is_moe:
-        pass            # the fused-MoE kernel applies its activation itself (its measured table includes it)
-    elif model.is_gpt_like:
+    # a MoE's fused kernel applies its activation itself (its measured table includes it)
+    if model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
-    else:
+    elif not model.is_moe:
         kernels.append(Kernel("SiLU and mul", 3 * inter * ACT_BYTES))
     kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))
     return tuple(kernels)

@@ -122,7 +122,7 @@ SAMPLING_KERNELS = 4
 # for the compute side of a weight-only GEMM.
 WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.6
 
-# Two fp32 variances per token (MiniMax-M2's q/k norms), in the all-reduce table's 16-bit values.
+# Two fp32 variances per token (q/k norms across heads), in the all-reduce table's 16-bit values.
 QK_VARIANCE_VALUES = 4
 # vLLM's custom all-reduce registers an 8 MiB buffer and hands larger messages to NCCL
 # (vllm/distributed/device_communicators/custom_all_reduce.py CustomAllreduce max_size=8192 * 1024,
@@ -532,8 +532,8 @@ class MeasuredCostModel:
         return latency
 
     def qk_norm_allreduce(self, tokens: int, captured: bool) -> float:
-        """MiniMax-M2's q/k RMSNorm spans all heads, so under TP vLLM all-reduces each token's two fp32
-        variances (MiniMaxText01RMSNormTP.forward_qk): a message at the all-reduce's latency floor."""
+        """A q/k RMSNorm across heads (MiniMax-M2) needs each token's two fp32 variances summed over the TP
+        ranks: vLLM all-reduces them (MiniMaxText01RMSNormTP.forward_qk), a message at the latency floor."""
         latency, ext = self._allreduce["graph" if captured else "eager"].at(tokens * QK_VARIANCE_VALUES)
         self._flag("allreduce", ext)
         return latency
@@ -613,7 +613,7 @@ class MeasuredCostModel:
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
                               f"{run} x {self.model.hidden_size} values, 2 per layer + the embedding's", count))
-            if self.model.model_type == "minimax_m2":
+            if self.model.qk_norm == "across heads":
                 terms.append(Term("q/k-norm all-reduce", "collective", layers * self.qk_norm_allreduce(run, captured),
                                   "table", f"{self.system} {self.allreduce_backend} of {run} x 2 fp32 variances, "
                                   f"x{layers} layers", layers))
