@@ -37,8 +37,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `async_scheduling` is vLLM's `--async-scheduling`: the engine schedules and
   prepares step N+1 while the GPU runs step N. The measured cost model then
   hides its fitted host time behind the GPU time (the best case; off: in
-  series, as the vLLM 0.12 runs it was calibrated on). This engine schedules
-  synchronously and refuses it; only the planner prices it.
+  series, as the vLLM 0.12 runs it was calibrated on), and the simulator
+  schedules as vLLM then does: a request that arrives while step N runs joins
+  step N+2, not N+1 (planner/sim/engine.py `_admit_held`). This engine
+  schedules synchronously and refuses it; only the planner prices it.
 - `client_turnaround` is how a closed loop's clients reach the engine: the
   seconds from a request's end in the engine to its client's next request in
   the engine's queue (planner/sim/clients.py). 0: at once, as clients in the

@@ -1,9 +1,11 @@
 """--async-scheduling, vLLM's flag, is one deployment setting: every command's simulation prices it (the
 measured model hides its fitted host time behind the GPU's), the models that cannot separate vLLM's host
 time refuse it in one line, and the live engine, which schedules synchronously, refuses it too. The
-simulator's measured model also takes the deployment's CUDA-graph capture sizes (max_num_seqs)."""
+simulator's measured model also takes the deployment's CUDA-graph capture sizes (max_num_seqs). And the simulator
+schedules as vLLM's engine core then does: one step ahead, so a request that arrives during step N joins step N+2."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
@@ -46,3 +48,87 @@ def test_models_without_vllms_host_time_refuse_it_in_one_line():
 def test_the_live_engine_refuses_it(tmp_path):
     with pytest.raises(ValueError, match="async scheduling: this engine schedules each step"):
         check_runnable(Deployment(model="opt-125m", gpu="cpu", async_scheduling=True), str(tmp_path))
+
+
+# -- the schedule: vLLM schedules step N+1 as step N starts, so a request that arrives during step N joins N+2 --
+
+def async_run(async_scheduling: bool, turnaround: float = 0.002, clients: int = 6, **options):
+    from planner.cost.linear import LinearCostModel
+    from planner.sim import simulate as simulate_trace
+    from sim_helpers import sim_plan
+    from workloads import make_trace
+
+    plan = sim_plan("opt-125m", "a100-40g", policy="vllm-v1", client_turnaround=turnaround,
+                    async_scheduling=async_scheduling)
+    trace = make_trace("random", num_requests=60, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
+    return simulate_trace(trace, plan, LinearCostModel(0.01, 1e-4), concurrency=clients, **options)
+
+
+def first_step_after(steps, t: float) -> int:
+    """The index of the step running at `t` (its start before t, its end after)."""
+    return next(i for i, s in enumerate(steps) if s.start < t < s.end)
+
+
+@pytest.mark.parametrize("async_scheduling, later", [(False, 1), (True, 2)])
+def test_a_request_arriving_during_a_step_joins_the_next_one_or_with_async_scheduling_the_one_after(
+        async_scheduling, later):
+    result = async_run(async_scheduling)
+    steps = result.steps
+    for r in result.requests[6:]:          # served clients' later requests, each sent while a step runs
+        running = first_step_after(steps, r.arrival)
+        # a 200-token prompt is prefilled in one step, whose end is the request's first token
+        assert r.first_token == steps[running + later].end
+
+
+def test_async_scheduling_adds_a_step_to_a_served_clients_ttft_and_fast_forward_keeps_the_schedule():
+    sync, overlapped = async_run(False), async_run(True)
+    assert overlapped.metrics.ttft_mean > sync.metrics.ttft_mean + 0.008      # one ~10 ms step more
+    assert overlapped.metrics.num_completed == 60
+    slow = async_run(True, fast_forward=False)
+    assert overlapped.fast_forwarded_steps > 0
+    assert overlapped.requests == slow.requests and overlapped.steps == slow.steps
+
+
+def test_a_request_reaching_an_idle_engine_is_scheduled_at_once_with_async_scheduling():
+    result = async_run(True, turnaround=0.5, clients=1)     # each request alone: nothing is scheduled ahead
+    for r in result.requests:
+        assert any(s.start == r.arrival for s in result.steps)
+        assert r.first_token == next(s.end for s in result.steps if s.start == r.arrival)
+
+
+def test_a_fleets_replicas_schedule_ahead_too():
+    from planner.cost.linear import LinearCostModel
+    from planner.sim.fleet import simulate_fleet
+    from sim_helpers import sim_plan
+    from workloads import make_trace
+
+    plan = sim_plan("opt-125m", "a100-40g", policy="vllm-v1", client_turnaround=0.002, async_scheduling=True)
+    trace = make_trace("random", num_requests=60, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
+    fast, slow = (simulate_fleet(trace, plan, LinearCostModel(0.01, 1e-4), replicas=2, router="least-requests",
+                                 concurrency=6, fast_forward=ff) for ff in (True, False))
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+    one = simulate_fleet(trace, plan, LinearCostModel(0.01, 1e-4), replicas=1, concurrency=6)
+    assert one.requests == async_run(True).requests       # one replica is the lone deployment
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 600), st.integers(1, 200), st.floats(0, 0.05)), min_size=1,
+                        max_size=25),
+       policy=st.sampled_from(["vllm-v1", "paper"]))
+def test_every_request_completes_and_fast_forward_matches_step_by_step_under_async_scheduling(lengths, policy):
+    from planner.cost.linear import LinearCostModel
+    from planner.sim import simulate as simulate_trace
+    from sim_helpers import sim_plan
+    from workloads import Trace, TraceRequest
+
+    t, requests = 0.0, []
+    for i, (prompt, output, gap) in enumerate(lengths):
+        t += gap
+        requests.append(TraceRequest(request_id=f"r{i}", arrival_time=t, prompt_len=prompt, output_len=output))
+    trace = Trace(requests, name="drawn")
+    plan = sim_plan("opt-125m", "a100-40g", policy=policy, async_scheduling=True, max_model_len=2048)
+    fast, slow = (simulate_trace(trace, plan, LinearCostModel(0.01, 1e-4), fast_forward=ff) for ff in (True, False))
+    assert fast.metrics.num_completed == len(trace)
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+    for r in fast.requests:      # nobody joins a step that began before it arrived
+        assert r.first_token > r.arrival

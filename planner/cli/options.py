@@ -59,7 +59,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                               "per-tensor scale) [default: auto]"),
     "async_scheduling": (("--async-scheduling/--no-async-scheduling",),
                          "vLLM's async scheduling: the host prepares the next step while the GPU runs this one "
-                         "(the measured cost model hides its host time behind the GPU's, the best case) "
+                         "(the measured cost model hides its host time behind the GPU's, the best case; a request "
+                         "arriving during a step joins the step after next) "
                          "[default: off, in series, as calibrated]"),
     "client_turnaround": (("--client-turnaround",),
                           "closed loop (--concurrency): seconds from a request's end in the engine to its client's "

@@ -130,7 +130,7 @@ class SimulatedEngine:
                  executor: SyntheticExecutor, total: int, progress: Progress | None,
                  fast_forward: bool = True, watch: Watch | None = None,
                  device_speed: Callable[[float], float] | None = None, due: Due | None = None,
-                 routed: bool = False) -> None:
+                 routed: bool = False, async_scheduling: bool = False) -> None:
         self.env = env
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -182,6 +182,11 @@ class SimulatedEngine:
         self.kv_events: deque | None = None
         self.published: set[int] = set()
         self.speculation: SpecRuntime | None = None   # speculative decoding's shapes and proposer price
+        # vLLM's async scheduling schedules each step as the one before it starts (see `_admit_held`):
+        # a request that arrives while a step runs waits out the schedule already made.
+        self.async_scheduling = async_scheduling
+        self.held: list[SequenceGroup] = []        # arrived during the step under way
+        self.held_next: list[SequenceGroup] = []   # arrived during the step before it: join the next schedule
 
     @property
     def horizon(self) -> float:
@@ -201,11 +206,12 @@ class SimulatedEngine:
     def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
         the records follow: `group`, or the children's parent."""
+        enqueue = self.held.append if self.async_scheduling and self.idle is None else self.scheduler.add
         if self.fan_out and fans_out(group.params):
-            self.groups.append(self.parents.fan_out(group, self.scheduler.add))
+            self.groups.append(self.parents.fan_out(group, enqueue))
         else:
             self.groups.append(group)
-            self.scheduler.add(group)
+            enqueue(group)
         if self.idle is not None:
             self.idle.succeed()
             self.idle = None
@@ -310,7 +316,10 @@ class SimulatedEngine:
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
-            if self.fast_forward:
+            if self.held or self.held_next:    # one step at a time until they are in
+                self.drop_batch()
+                self._admit_held()
+            elif self.fast_forward:
                 if (yield from self.batch_steps(step_time, histogram)):
                     continue
                 if not self.chunked:   # windows assume the paper's policy
@@ -326,6 +335,22 @@ class SimulatedEngine:
                 yield from self.run_step(step, shape, step_time)
             elif (yield from self.wait_for_work(step.out)):
                 return
+
+    def _admit_held(self, all_now: bool = False) -> None:
+        """A schedule under async scheduling. vLLM's engine core (vllm/v1/engine/core.py
+        `step_with_batch_queue`, two batches in flight) schedules step N+1 right after it launches
+        step N, and takes in the requests that reached it only when step N's outputs are back, just
+        before it schedules step N+2: a request that arrives while step N runs joins step N+2, one step
+        later than without async scheduling. Here the schedule at step N's end is step N+1's, made
+        without the requests held during step N; they join the next one. When nothing was left to
+        schedule ahead (vLLM does not schedule a request past its last token), the engine had no step
+        in flight and they join this one."""
+        ready = self.held_next
+        if all_now or not self.scheduler.has_unfinished():
+            ready, self.held = ready + self.held, []
+        self.held_next, self.held = self.held, []
+        for group in ready:
+            self.scheduler.add(group)
 
     def batch_steps(self, step_time: Callable[[StepShape], float], histogram: bool):
         """Steps through the decode batch (planner/sim/batch.py): a plan of decode steps, or a step that
@@ -377,6 +402,9 @@ class SimulatedEngine:
             self.watch(self, self.env.now, ended)
         if out.rejected or out.truncated or out.preempted:
             return False                       # the scheduler ended or preempted requests itself; look again
+        if self.held or self.held_next:        # nothing ran, so nothing was scheduled ahead: they join now
+            self._admit_held(all_now=True)
+            return False
         if self.arrivals_done:
             if self.scheduler.has_unfinished():
                 raise PlannerError(f"the scheduler stalled with {self.scheduler.num_unfinished()} "
@@ -574,7 +602,8 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
         fast_forward = False
     engine = SimulatedEngine(env, scheduler, cost_model, executor, total, progress,
                              fast_forward=fast_forward and device_speed is None, watch=watch,
-                             device_speed=device_speed, due=due, routed=routed)
+                             device_speed=device_speed, due=due, routed=routed,
+                             async_scheduling=dep.async_scheduling)
     if spec is not None:
         engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
     engine.process = env.process(engine.run())
