@@ -27,7 +27,8 @@ MoE from NVIDIA's fused-MoE table for the experts' kernel, uniform routing unles
 beside it, the roofline. Nothing is fitted here: the host constants are the ones fitted to the dense
 H100 runs (docs/calibration.md).
 Host time is charged in series (vLLM 0.12's loop, as calibrated) and, as a second column, hidden
-behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show.
+behind the GPU (async scheduling, vLLM's default by 0.18): the two bracket what the runs can show. Every
+column re-prices one schedule, the recipe's: under async scheduling a request joins the step after next.
 
     .venv/bin/python bench/bench_silicon_moe.py [--quick] [--model minimax] [--moe-skew S]
     .venv/bin/python bench/bench_silicon_moe.py --extract aiconfigurator_core-0.12.0-*.whl
