@@ -6,7 +6,9 @@ model, fast-forward on, as simulate runs by default) on the catalog's MoE models
 simulated time, the wall time, the ratio and the steps per wall second. The cost model is built once
 before the clock starts (as Simulation.prepare does for every run).
 
-    .venv/bin/python bench/bench_moe_speed.py [--minutes 60] [--quick]
+    .venv/bin/python bench/bench_moe_speed.py [--minutes 60] [--quick] [--async-scheduling]
+
+`--async-scheduling` runs the cases as vLLM >= 0.14 does by default (not the planner's default).
 """
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ CASES = (
 )
 
 
-def run_case(settings: dict, rate: float, minutes: float) -> tuple[float, float, float, int, int]:
+def run_case(settings: dict, rate: float, minutes: float,
+             async_scheduling: bool = False) -> tuple[float, float, float, int, int]:
     """(simulated seconds, wall seconds, CPU seconds, steps, completed requests) of one case."""
-    deployment = Deployment(policy="vllm-v1", max_model_len=8192, **settings)
+    deployment = Deployment(policy="vllm-v1", max_model_len=8192, async_scheduling=async_scheduling, **settings)
     spec = run_spec(deployment, workload="sharegpt", rate=rate, duration=minutes * 60.0)
     sim = Simulation.prepare(spec)
     trace = spec.load.trace()
@@ -49,12 +52,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="minutes of arrivals per case")
     parser.add_argument("--quick", action="store_true", help="the first case only")
+    parser.add_argument("--async-scheduling", action="store_true", help="vLLM's async scheduling (its default)")
     args = parser.parse_args()
     print(f"{'case':40s} {'rate':>6s} {'simulated s':>12s} {'wall s':>8s} {'CPU s':>7s} {'x real (wall)':>13s} "
           f"{'x real (CPU)':>12s} {'steps':>8s} {'done':>7s}")
     worst = None
     for label, settings, rate in CASES[:1] if args.quick else CASES:
-        simulated, wall, cpu, steps, done = run_case(settings, rate, args.minutes)
+        simulated, wall, cpu, steps, done = run_case(settings, rate, args.minutes, args.async_scheduling)
         worst = simulated / wall if worst is None else min(worst, simulated / wall)
         print(f"{label:40s} {rate:6.1f} {simulated:12.0f} {wall:8.1f} {cpu:7.1f} {simulated / wall:13.0f} "
               f"{simulated / cpu:12.0f} {steps:8d} {done:7d}", flush=True)

@@ -190,7 +190,10 @@ class SimulatedEngine:
 
     @property
     def horizon(self) -> float:
-        """Windows stop before the step that starts at or after this (the next arrival they know of)."""
+        """Windows stop before the step that starts at or after this: the next arrival they know of, or,
+        while requests wait out the schedule made without them (`_admit_held`), the step after this one."""
+        if self.held_next:
+            return math.nextafter(self.env.now, math.inf)
         return math.inf if self.routed else self.due.at
 
     def ended(self, count: int) -> None:
@@ -316,10 +319,9 @@ class SimulatedEngine:
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
-            if self.held or self.held_next:    # one step at a time until they are in
-                self.drop_batch()
+            if self.held or self.held_next:
                 self._admit_held()
-            elif self.fast_forward:
+            if self.fast_forward:
                 if (yield from self.batch_steps(step_time, histogram)):
                     continue
                 if not self.chunked:   # windows assume the paper's policy
