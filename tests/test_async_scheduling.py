@@ -12,9 +12,14 @@ from engine.deployment import Deployment
 from engine.llm_engine import check_runnable
 from planner.api import simulate
 from planner.cli.app import app
+from planner.cost.linear import LinearCostModel
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.runs.pipeline import build_cost_model
+from planner.sim import simulate as simulate_trace
+from planner.sim.fleet import simulate_fleet
+from sim_helpers import sim_plan
+from workloads import Trace, TraceRequest, make_trace
 
 H100 = dict(model="llama-3.1-8b", gpu="h100-sxm", max_model_len=4096)
 
@@ -52,19 +57,20 @@ def test_the_live_engine_refuses_it(tmp_path):
 
 # -- the schedule: vLLM schedules step N+1 as step N starts, so a request that arrives during step N joins N+2 --
 
-def async_run(async_scheduling: bool, turnaround: float = 0.002, clients: int = 6, **options):
-    from planner.cost.linear import LinearCostModel
-    from planner.sim import simulate as simulate_trace
-    from sim_helpers import sim_plan
-    from workloads import make_trace
+COST = LinearCostModel(0.01, 1e-4)      # every step at least 10 ms
 
+
+def trace60():
+    return make_trace("random", num_requests=60, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
+
+
+def async_run(async_scheduling: bool, turnaround: float = 0.002, clients: int = 6, **options):
     plan = sim_plan("opt-125m", "a100-40g", policy="vllm-v1", client_turnaround=turnaround,
                     async_scheduling=async_scheduling)
-    trace = make_trace("random", num_requests=60, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
-    return simulate_trace(trace, plan, LinearCostModel(0.01, 1e-4), concurrency=clients, **options)
+    return simulate_trace(trace60(), plan, COST, concurrency=clients, **options)
 
 
-def first_step_after(steps, t: float) -> int:
+def running_at(steps, t: float) -> int:
     """The index of the step running at `t` (its start before t, its end after)."""
     return next(i for i, s in enumerate(steps) if s.start < t < s.end)
 
@@ -75,7 +81,7 @@ def test_a_request_arriving_during_a_step_joins_the_next_one_or_with_async_sched
     result = async_run(async_scheduling)
     steps = result.steps
     for r in result.requests[6:]:          # served clients' later requests, each sent while a step runs
-        running = first_step_after(steps, r.arrival)
+        running = running_at(steps, r.arrival)
         # a 200-token prompt is prefilled in one step, whose end is the request's first token
         assert r.first_token == steps[running + later].end
 
@@ -97,17 +103,11 @@ def test_a_request_reaching_an_idle_engine_is_scheduled_at_once_with_async_sched
 
 
 def test_a_fleets_replicas_schedule_ahead_too():
-    from planner.cost.linear import LinearCostModel
-    from planner.sim.fleet import simulate_fleet
-    from sim_helpers import sim_plan
-    from workloads import make_trace
-
     plan = sim_plan("opt-125m", "a100-40g", policy="vllm-v1", client_turnaround=0.002, async_scheduling=True)
-    trace = make_trace("random", num_requests=60, rate=1.0, seed=0, input_len=200, output_len=30, range_ratio=0.5)
-    fast, slow = (simulate_fleet(trace, plan, LinearCostModel(0.01, 1e-4), replicas=2, router="least-requests",
-                                 concurrency=6, fast_forward=ff) for ff in (True, False))
+    fast, slow = (simulate_fleet(trace60(), plan, COST, replicas=2, router="least-requests", concurrency=6,
+                                 fast_forward=ff) for ff in (True, False))
     assert fast.requests == slow.requests and fast.steps == slow.steps
-    one = simulate_fleet(trace, plan, LinearCostModel(0.01, 1e-4), replicas=1, concurrency=6)
+    one = simulate_fleet(trace60(), plan, COST, replicas=1, concurrency=6)
     assert one.requests == async_run(True).requests       # one replica is the lone deployment
 
 
@@ -116,18 +116,13 @@ def test_a_fleets_replicas_schedule_ahead_too():
                         max_size=25),
        policy=st.sampled_from(["vllm-v1", "paper"]))
 def test_every_request_completes_and_fast_forward_matches_step_by_step_under_async_scheduling(lengths, policy):
-    from planner.cost.linear import LinearCostModel
-    from planner.sim import simulate as simulate_trace
-    from sim_helpers import sim_plan
-    from workloads import Trace, TraceRequest
-
     t, requests = 0.0, []
     for i, (prompt, output, gap) in enumerate(lengths):
         t += gap
         requests.append(TraceRequest(request_id=f"r{i}", arrival_time=t, prompt_len=prompt, output_len=output))
     trace = Trace(requests, name="drawn")
     plan = sim_plan("opt-125m", "a100-40g", policy=policy, async_scheduling=True, max_model_len=2048)
-    fast, slow = (simulate_trace(trace, plan, LinearCostModel(0.01, 1e-4), fast_forward=ff) for ff in (True, False))
+    fast, slow = (simulate_trace(trace, plan, COST, fast_forward=ff) for ff in (True, False))
     assert fast.metrics.num_completed == len(trace)
     assert fast.requests == slow.requests and fast.steps == slow.steps
     for r in fast.requests:      # nobody joins a step that began before it arrived
