@@ -4,13 +4,16 @@ Two processes tell the story. Requests arrive at their trace times and join
 the engine's queue. The engine runs steps back to back: schedule at the
 current time, ask the cost model how long the step takes, let that time pass,
 hand the scheduler the step's tokens, and record what happened; with nothing
-runnable it sleeps until the next arrival. Every scheduling, preemption,
-swapping, copy-on-write and prefix-cache decision is the engine core's own
-(imported, not copied); only the step's duration is predicted. Runs of decode
-steps that provably change nothing but the token counts are taken in one go
-(planner/sim/fast_forward.py), with the same results as one step at a time.
-With speculative decoding on (planner/sim/speculative.py) every step is taken one
-at a time: fast-forward's proofs assume one token per sequence and step.
+runnable it sleeps until the next arrival. Under async scheduling vLLM's engine
+core schedules a step ahead, so a request that arrives while a step runs misses
+the schedule already made and joins the one after (`SimulatedEngine._admit_held`).
+Every scheduling, preemption, swapping, copy-on-write and prefix-cache decision
+is the engine core's own (imported, not copied); only the step's duration is
+predicted. Runs of decode steps that provably change nothing but the token
+counts are taken in one go (planner/sim/fast_forward.py), with the same results
+as one step at a time. With speculative decoding on (planner/sim/speculative.py)
+every step is taken one at a time: fast-forward's proofs assume one token per
+sequence and step.
 """
 from __future__ import annotations
 
