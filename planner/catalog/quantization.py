@@ -173,7 +173,7 @@ def format_from_config(qc: dict[str, Any], source: str = "config.json quantizati
                        f"compressed-tensors, awq, gptq, mxfp4)")
 
 
-# The quantization_config each catalog `checkpoint_quantization` name stands for (moe_config.checkpoint_scheme
+# The quantization_config each catalog `checkpoint_quantization` name stands for (`checkpoint_scheme` below
 # reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks.
 CHECKPOINT_CONFIGS = {"mxfp4": {"quant_method": "mxfp4"},
                       "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
