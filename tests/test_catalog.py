@@ -177,6 +177,36 @@ def test_local_model_folder(tmp_path):
         ModelSpec.from_model_dir(tmp_path)
 
 
+def test_a_damaged_or_incomplete_config_is_named_not_a_traceback(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    for given in (folder, folder / "config.json"):
+        with pytest.raises(PlannerError, match=r"broken/config.json: not valid JSON \(line 1"):
+            resolve_model(str(given))
+    config = resolve_model("llama-3.1-8b").to_hf_config().to_dict()
+    for missing in ("num_attention_heads", "hidden_size"):
+        (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != missing}))
+        with pytest.raises(PlannerError, match=f"config field {missing} must be a positive integer, got None"):
+            resolve_model(str(folder))
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "32"}))
+    with pytest.raises(PlannerError, match="num_layers must be a positive integer, got '32'"):
+        resolve_model(str(folder))
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(PlannerError, match="not a model config"):
+        resolve_model(str(folder))
+    with pytest.raises(PlannerError, match="no such config file or model folder"):
+        resolve_model(str(tmp_path / "elsewhere" / "config.json"))
+
+
+def test_a_config_file_under_another_name_is_read(tmp_path):
+    config = resolve_model("qwen3-8b").to_hf_config().to_dict()
+    (tmp_path / "qwen3-8b-variant.json").write_text(json.dumps(config))
+    spec = resolve_model(str(tmp_path / "qwen3-8b-variant.json"))
+    assert spec.name == "qwen3-8b-variant"
+    assert spec.num_params == resolve_model("qwen3-8b").num_params
+
+
 def test_unsupported_configs():
     opt350 = {"model_type": "opt", "hidden_size": 1024, "word_embed_proj_dim": 512, "num_attention_heads": 16,
               "num_hidden_layers": 24, "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048,

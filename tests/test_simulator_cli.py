@@ -86,6 +86,8 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--preemption", "drop"], "preemption"),
     (["--tp", "3"], "tensor parallel"),
     (["--trace", "missing.jsonl"], "no such file"),
+    (["--trace", "."], ". is a folder; give a .jsonl or .csv trace file in it"),
+    (["--model", "./no-such-folder"], "no such config file or model folder"),
     (["--cost-model", "magic"], "choose one of auto, calibrated, measured, roofline"),
     (["--cost-model", "measured", "--gpu", "l4", "--model", "opt-1.3b"],
      "no measured vLLM data for GPU l4; covered: a100-40g"),

@@ -33,6 +33,14 @@ KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *MOE_TYPES)
 _MLA = ("multi-head latent attention (MLA: a compressed latent KV cache, absorbed projections and "
         "MLA attention kernels) is not priced by these cost models, and its KV cache is not per-head K and V")
 NOT_PRICED = {"deepseek_v3": _MLA, "deepseek_v2": _MLA, "kimi_k2": _MLA}
+# The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
+_DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
+             **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
+             "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers")}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +81,13 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
             raise PlannerError(f"unsupported model_type {self.model_type!r}; known: {', '.join(KNOWN_TYPES)}")
-        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size",
-                      "intermediate_size", "vocab_size", "max_position_embeddings"):
-            if getattr(self, field) <= 0:
-                raise PlannerError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        counts = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size",
+                  "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok",
+                  "moe_intermediate_size", "dense_layers", "sliding_layers")
+        for field in counts:         # a config.json missing a field gives None here, not a traceback later
+            value = getattr(self, field)
+            if not _is_count(value) or (value <= 0 and field in counts[:8]):
+                raise PlannerError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise PlannerError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
                                f"num_kv_heads {self.num_kv_heads}")
@@ -420,6 +431,11 @@ class ModelSpec:
         if name is None:
             path = get("_name_or_path") or get("name_or_path") or ""
             name = os.path.basename(str(path).rstrip("/")) or str(model_type)
+        # the fields the shapes below are computed from: a missing or bad one is named, not a TypeError
+        for key in _DIVISORS["moe"] if model_type in MOE_TYPES else _DIVISORS.get(model_type, ()):
+            if not _is_count(get(key)) or get(key) == 0:
+                raise PlannerError(f"model {name!r}: config field {key} must be a positive integer, "
+                                   f"got {get(key)!r}")
         if model_type == "gpt2":
             hidden = get("n_embd")
             return cls(name=name, model_type="gpt2", num_layers=get("n_layer"), hidden_size=hidden,
@@ -467,9 +483,20 @@ class ModelSpec:
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
             raise PlannerError(f"no config.json in model folder {str(path)!r}")
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-        name = os.path.basename(os.path.abspath(path))
+        return cls.from_config_file(config_path, name=os.path.basename(os.path.abspath(path)))
+
+    @classmethod
+    def from_config_file(cls, config_path: str | os.PathLike, name: str) -> "ModelSpec":
+        """Describe a model from a config.json file; a damaged one is named with what is wrong."""
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise PlannerError(f"{config_path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlannerError(f"{config_path}: cannot be read ({exc})") from None
+        if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+            raise PlannerError(f"{config_path}: not a model config (a JSON object with a model_type)")
         return cls.from_hf_config(config, name=name)
 
 
@@ -513,10 +540,14 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     if isinstance(name, ModelSpec):
         return name
     text = str(name)
-    if os.path.isfile(text) and os.path.basename(text) == "config.json":
-        return ModelSpec.from_model_dir(os.path.dirname(text) or ".")
+    if os.path.isfile(text) and text.endswith(".json"):      # config.json, or a config saved under another name
+        folder = os.path.dirname(os.path.abspath(text))
+        stem = os.path.basename(folder) if os.path.basename(text) == "config.json" else os.path.basename(text)[:-5]
+        return ModelSpec.from_config_file(text, name=stem)
     if os.path.isdir(text):
         return ModelSpec.from_model_dir(text)
+    if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
+        raise PlannerError(f"model {text!r}: no such config file or model folder")
     catalog = model_catalog()
     base = text.rsplit("/", 1)[-1]
     without_variant = "-".join(w for w in base.lower().split("-") if w not in VARIANT_WORDS)

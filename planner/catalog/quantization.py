@@ -195,10 +195,13 @@ def checkpoint_scheme(qc: Any) -> str | None:
 
 def checkpoint_format(model: str) -> WeightFormat | None:
     """The format a local model folder (or its config.json) declares, or None (16-bit, or not a folder)."""
-    folder = (os.path.dirname(model) or ".") if os.path.basename(model) == "config.json" else model
-    if not os.path.isdir(folder):
+    if os.path.isfile(model) and model.endswith(".json"):           # the config file itself
+        folder, config_path = os.path.dirname(model) or ".", model
+    elif os.path.isdir(model):
+        folder, config_path = model, os.path.join(model, "config.json")
+    else:
         return None
-    config_path, modelopt_path = os.path.join(folder, "config.json"), os.path.join(folder, "hf_quant_config.json")
+    modelopt_path = os.path.join(folder, "hf_quant_config.json")
     try:
         with open(config_path, encoding="utf-8") as f:
             qc = json.load(f).get("quantization_config")

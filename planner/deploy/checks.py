@@ -14,6 +14,7 @@ differently or that only the simulator can run. Misspelled names get a
 from __future__ import annotations
 
 import difflib
+import os
 
 from engine.core.config import SUPPORTED_BLOCK_SIZES as VLLM_BLOCK_SIZES   # vLLM's CUDA kernels' and ours
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, list_models, model_ids, resolve_gpu, resolve_model
@@ -56,6 +57,8 @@ def workload(name: str) -> None:
     """Fail on an unknown built-in workload name (trace files are checked when read)."""
     if is_trace_file(name) or name in WORKLOADS:
         return
+    if os.path.isdir(name):
+        raise PlannerError(f"{name} is a folder; give a .jsonl or .csv trace file in it")
     raise PlannerError(f"unknown workload {name!r}{did_you_mean(name, list(WORKLOADS))}; built-in: "
                        f"{', '.join(WORKLOADS)} (or a .jsonl/.csv trace file)")
 
