@@ -102,8 +102,11 @@ def test_a_stream_in_flight_ends_with_done_while_bad_bodies_arrive(server):
     ({"temperature": -0.5}, "temperature"), ({"temperature": 2.5}, "temperature"), ({"top_k": -2}, "top_k"),
     ({"seed": -(1 << 63) - 1}, "seed"), ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
     ({"stop": [""]}, "stop"), ({"stop": ["x"] * 65}, "stop"), ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 1000}, "max_tokens"), ({"n": 2, "best_of": 3}, "n"),   # vllm-v1 has no best_of ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
-    ({"presence_penalty": 0.5}, "presence_penalty"), ({"prompt": [1, 2, 999]}, "prompt"),
+    ({"max_tokens": 1000}, "max_tokens"), ({"n": 2, "best_of": 3}, "n"),   # vllm-v1 has no best_of
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+    ({"n": 10 ** 6}, "n"), ({"best_of": 10 ** 6}, "best_of"),     # vLLM's VLLM_MAX_N_SEQUENCES: 16,384
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"min_tokens": 5}, "min_tokens"), ({"min_p": 0.1}, "min_p"),
+    ({"prompt": [1, 2, 999]}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": 5}, "prompt"), ({"model": "gpt-4"}, "model"),
 ])
 def test_every_bound_is_a_400_naming_its_field(server, fields, param):
@@ -118,6 +121,10 @@ def test_every_bound_is_a_400_naming_its_field(server, fields, param):
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 1 }}"}, "chat_template"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+     "response_format"),
 ])
 def test_chat_roles_and_request_templates_are_checked(server, body, param):
     assert_openai_error(post(f"{server.url}/v1/chat/completions", {"max_tokens": 2, **body}), 400, param)
@@ -259,3 +266,11 @@ def test_parallel_samples_under_vllm_v1_come_back_as_one_response(server):
         events = [json.loads(e) for e in sse_events(streamed) if e != "[DONE]"]
     text = {i: "".join(c["text"] for e in events for c in e["choices"] if c["index"] == i) for i in range(3)}
     assert text == {i: choices[i]["text"] for i in range(3)}    # seeded children: the same samples
+
+
+def test_tools_off_and_a_text_response_format_are_served(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "ignore_eos": True,
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+            "response_format": {"type": "text"}}
+    r = post(f"{server.url}/v1/chat/completions", body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

@@ -9,7 +9,8 @@ integer (``Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)``) and -1 meaning none;
 temperature finite in [0, 2], raised to 0.01 when between 0 and 0.01 (vLLM's
 ``_MAX_TEMP``: smaller ones overflow the logits); top_p in (0, 1]; top_k -1, 0
 (both: off) or at least 1; n and best_of at least 1; at most 20 logprobs
-(``max_logprobs``); stop strings non-empty. Chat roles are OpenAI's.
+(``max_logprobs``); stop strings non-empty; n and best_of at most 16,384 (``VLLM_MAX_N_SEQUENCES``,
+read from the same environment variable). Chat roles are OpenAI's.
 
 Unknown fields are ignored, as OpenAI-compatible servers do; fields this engine
 cannot honour with a non-default value are refused with a 400 naming them.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +28,9 @@ from engine.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.entrypoints.openai.errors import RequestError, param_of
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# vLLM's cap on n (and best_of), against a request fanning out into more sequences than a server can hold
+# (vllm/envs.py VLLM_MAX_N_SEQUENCES, default 16,384); the same variable sets it here.
+MAX_N_SEQUENCES = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
 MIN_TEMPERATURE = 1e-2    # vLLM's _MAX_TEMP: a temperature in (0, 0.01) is raised to it
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 64
@@ -109,8 +114,8 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
-    n: int = Field(1, ge=1)
-    best_of: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=MAX_N_SEQUENCES)
+    best_of: int | None = Field(None, ge=1, le=MAX_N_SEQUENCES)
     temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: Int64 | None = Field(None, ge=-1)
@@ -128,6 +133,8 @@ class _Common(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    min_p: float = 0.0
 
     def stop_strings(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -140,7 +147,8 @@ class _Common(BaseModel):
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
         """The engine's parameters; every refusal names its field."""
         for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("repetition_penalty", 1.0), ("logit_bias", None)):
+                              ("repetition_penalty", 1.0), ("logit_bias", None), ("min_tokens", 0),
+                              ("min_p", 0.0)):
             if getattr(self, name) not in (default, {}):
                 raise RequestError(f"{name} is not supported by this engine (leave it at its default)",
                                    param=name)
@@ -224,6 +232,21 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    # Refused unless off: this engine neither parses tool calls nor constrains output to a format.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
+        if self.tools and self.tool_choice != "none":
+            # vLLM refuses tool_choice "auto" without --enable-auto-tool-choice and a --tool-call-parser
+            raise RequestError("tool calling is not supported by this server (send tool_choice \"none\" or no "
+                               "tools)", param="tools")
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise RequestError(f"response_format {kind!r} (structured output) is not supported by this engine",
+                               param="response_format")
+        return super().sampling_params(max_tokens, logprobs, vocab_size)
 
     def wanted_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
