@@ -61,6 +61,18 @@ def test_price_overrides():
         price_table(["cpu"], {})
     with pytest.raises(PlannerError, match="not among --gpus"):
         price_table(["h100-sxm"], {"l4": 1.0})
+    assert parse_price_overrides(["a100=1.5,H100=2"]) == {"a100-40g": 1.5, "h100-sxm": 2.0}   # catalog names
+
+
+def test_cli_takes_gpu_aliases_as_simulate_does(tmp_path):
+    """`--gpus a100` is the catalog's a100-40g, priced under that name (it failed for want of a price)."""
+    result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--workload", "alpaca", "--requests", "30",
+                                      "--slo", "ttft_p99=2", "--gpus", "a100,a100-40g", "--tp", "1", "--rate", "2",
+                                      "--tolerance", "0.5", "--workers", "1", "--price", "a100=1.5",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    configs = json.loads(result.stdout)["configs"]
+    assert [c["gpu"] for c in configs] == ["a100-40g"] and configs[0]["cost_per_hour"] == 1.5
 
 
 def _row(gpu, capacity, cost):
@@ -136,6 +148,8 @@ def test_cli_searches_each_gpus_own_max_num_seqs_by_default(tmp_path):
     (["--rate", "fast"], "--rate"), (["--tp", "one"], "--tp"), (["--gpus", "a100-80g", "--price", "l4=1"], "--gpus"),
     (["--executor", "spark"], "unknown executor"), (["--slo", "ttft_p42=1"], "unknown metric"),
     (["--ray-address", "auto"], "--executor ray"),
+    (["--tp", "0"], "tp must be >= 1"), (["--block-size", "7"], "block_size 7"), (["--gpus", "z100"], "unknown GPU"),
+    (["--gpus", "a100-80g", "--price", "z100=1"], "unknown GPU"),
 ])
 def test_cli_bad_input_is_one_line(args, message, tmp_path):
     base = ["search", "--model", "opt-125m", "--requests", "10", "--out", str(tmp_path)]

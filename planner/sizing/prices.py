@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
+from planner.catalog import resolve_gpu
 from planner.errors import PlannerError
 
 
@@ -33,7 +34,7 @@ def unpriced() -> dict[str, str]:
 
 
 def parse_price_overrides(texts: list[str]) -> dict[str, float]:
-    """'h100-sxm=2.49' (or several, comma-separated) -> {gpu: $/GPU-hour}."""
+    """'h100-sxm=2.49' (or several, comma-separated) -> {the GPU's catalog name: $/GPU-hour}."""
     prices: dict[str, float] = {}
     for text in texts:
         for item in filter(None, (t.strip() for t in text.split(","))):
@@ -44,7 +45,7 @@ def parse_price_overrides(texts: list[str]) -> dict[str, float]:
                 price = float("nan")
             if not sep or not gpu.strip() or not price >= 0:
                 raise PlannerError(f"--price {item!r}: expected GPU=DOLLARS_PER_GPU_HOUR, e.g. h100-sxm=2.49")
-            prices[gpu.strip()] = price
+            prices[resolve_gpu(gpu.strip()).name] = price     # under the catalog's name, as --gpu's are
     return prices
 
 
