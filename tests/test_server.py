@@ -238,6 +238,9 @@ def test_shutdown_drains_requests_in_flight(folder):
     (["--model", "opt-125m", "--chat-template-timeout", "0"], "--chat-template-timeout must be positive"),
     (["--model", "opt-125m", "--limit-concurrency", "0"], "--limit-concurrency must be at least 1"),
     (["--model", "opt-125m", "--client-turnaround", "0.001"], "--client-turnaround describes a closed loop's clients"),
+    (["--model", "opt-125m", "--device", "gpu"], "device 'gpu': choose auto, cpu or cuda"),
+    pytest.param(["--model", "opt-125m", "--device", "cuda"], "no CUDA device found",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
 ])
 def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
     from typer.testing import CliRunner

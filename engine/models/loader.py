@@ -52,10 +52,20 @@ DEVICE_ENV_VAR = "PAGED_DEVICE"
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto": $PAGED_DEVICE if set, else CUDA when present, else the CPU."""
+    """"auto": $PAGED_DEVICE if set, else CUDA when present, else the CPU. A device this machine does not
+    have is a ValueError naming it, not torch's assertion at the first tensor."""
     if device == "auto":
         device = os.environ.get(DEVICE_ENV_VAR) or ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device {device!r}: choose auto, cpu or cuda") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device found (torch {torch.__version__} sees none); "
+                         f"use cpu")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: this engine runs on cpu or cuda")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> torch.dtype:

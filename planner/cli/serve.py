@@ -37,7 +37,7 @@ FLEET_ROUTER = typer.Option(None, "--router", metavar="POLICY",
 def serve(
     deployments: DeploymentChoices,
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(8000, help="port to listen on"),
+    port: int = typer.Option(8000, min=0, max=65535, help="port to listen on"),
     served_model_name: Optional[str] = typer.Option(None, help="the name clients send as `model` "
                                                                "(default: the --model value)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
@@ -64,6 +64,7 @@ def serve(
 
     from engine.entrypoints.router.launch import server_threads   # torch (the server module)
     from engine.llm_engine import LLMEngine                       # torch
+    from engine.models.loader import resolve_device               # torch
     try:
         options = _server_options(ServerOptions, resolve_api_key(api_key), max_request_body_size,
                                   trust_request_chat_template, chat_template_timeout, timeout_keep_alive,
@@ -78,6 +79,7 @@ def serve(
             raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
                                "validate); a server's clients are whoever connects to it")
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
+        resolve_device(device)                   # one this machine has, before anything loads
         policy = fleet_policy(replicas, router, deployment)
         if replicas is not None:
             return _serve_fleet(deployment, replicas, policy, options, served_model_name, host, port, device,
