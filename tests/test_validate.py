@@ -90,6 +90,36 @@ def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
     assert "no CUDA device" in result.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--length-scale", "0"], "--length-scale must be a positive number"),
+    (["--max-output-len", "0"], "--max-output-len must be at least 1"),
+    (["--requests", "0"], "--requests must be at least 1"),
+])
+def test_cli_bad_lengths_are_refused_even_with_quick(args, message, tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    result = CliRunner().invoke(app, ["validate", "--gpu", "cpu", "--quick", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_cli_flags_win_over_quick(monkeypatch, tmp_path):
+    """`--quick --requests 224` runs 224 requests (--quick gives the values not given, as its help says)."""
+    from typer.testing import CliRunner
+
+    from planner.cli import validate as cli
+    from planner.cli.app import app
+    seen = {}
+
+    def capture(spec, folder, reprofile, err):
+        seen["spec"] = spec
+        raise cli.PlannerError("stop here")
+    monkeypatch.setattr(cli, "_validate_here", capture)
+    CliRunner().invoke(app, ["validate", "--gpu", "cpu", "--quick", "--requests", "224", "--out", str(tmp_path)])
+    spec = seen["spec"]
+    assert (spec.requests, spec.rate, spec.length_scale, spec.max_output_len) == (224, 2.0, 0.08, 64)
+
+
 
 def _assert_attribution_adds_up(v, doc):
     """The error split (planner/validation/attribution.py): its three parts add up to the comparison's error."""

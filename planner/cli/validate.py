@@ -32,6 +32,7 @@ DEFAULTS = {"model": "opt-125m", "gpu": "cpu"}
 # verdict to judge: the steady window (the middle 80% of the arrivals, ~20 s) must span 5 mean latencies,
 # and simulated with the shipped profile it spans 9.5 (6.7 with every step 30% slower, 5.2 at 60%); the
 # 24 requests at 3 req/s of lengths x0.15 it replaced spanned 1.5 and were "too short to judge".
+TRACE_DEFAULTS = dict(requests=64, rate=4.0, length_scale=0.25, max_output_len=256)
 QUICK = dict(requests=56, rate=2.0, length_scale=0.08, max_output_len=64)
 
 
@@ -67,10 +68,12 @@ def validate_cmd(
                                               help="instead of a rate, a closed loop of N clients, live and "
                                                    "simulated: each sends its next request the moment its "
                                                    "previous one ends (--endpoint: bench's --max-concurrency)"),
-    requests: int = typer.Option(64, help="number of requests"),
+    requests: Optional[int] = typer.Option(None, help="number of requests (default 64, --quick 56)"),
     seed: int = opt.SEED,
-    length_scale: float = typer.Option(0.25, help="scale the workload's lengths (CPU runs must stay short)"),
-    max_output_len: int = typer.Option(256, help="cap on output lengths after scaling"),
+    length_scale: Optional[float] = typer.Option(None, help="scale the workload's lengths (CPU runs must stay "
+                                                            "short; default 0.25, --quick 0.08)"),
+    max_output_len: Optional[int] = typer.Option(None, help="cap on output lengths after scaling (default 256, "
+                                                            "--quick 64)"),
     endpoint: Optional[str] = typer.Option(None, help="validate a running OpenAI-compatible server (ours or vLLM) "
                                                       "instead of the in-process engine; deployment settings not "
                                                       "given come from its /metrics and /v1/models"),
@@ -100,9 +103,10 @@ def validate_cmd(
         if rate is not None and concurrency is not None:
             raise PlannerError("give --rate or --concurrency, not both: a closed loop's clients send each request "
                                "when their previous one ends")
-        trace = {**dict(workload=workload, rate=4.0, requests=requests, seed=seed, length_scale=length_scale,
-                        max_output_len=max_output_len), **(QUICK if quick else {}),
-                 **({"rate": rate} if rate is not None else {}), "seeds": seeds, "concurrency": concurrency}
+        given = dict(rate=rate, requests=requests, length_scale=length_scale, max_output_len=max_output_len)
+        # what the command line gives wins over --quick's values, which win over the defaults
+        trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
+                 "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency}
         if replicas is not None or router is not None:
             return _validate_fleet(deployments, {**trace, "speed_correction": speed_correction}, replicas, router,
                                    endpoint or measured, profile, reprofile, out, as_json_flag, err)

@@ -37,12 +37,17 @@ class ValidationSpec:
             raise PlannerError(f"--seeds must be 0 (no intervals) or a positive number, got {self.seeds}")
         if self.concurrency is not None and (not isinstance(self.concurrency, int) or self.concurrency < 1):
             raise PlannerError(f"--concurrency must be at least 1 client, got {self.concurrency}")
+        if self.requests < 1:
+            raise PlannerError(f"--requests must be at least 1, got {self.requests}")
+        if not (math.isfinite(self.length_scale) and self.length_scale > 0):
+            raise PlannerError(f"--length-scale must be a positive number, got {self.length_scale}")
+        for name in ("max_prompt_len", "max_output_len"):
+            if getattr(self, name) < 1:
+                raise PlannerError(f"--{name.replace('_', '-')} must be at least 1 token, got {getattr(self, name)}")
 
     def trace(self) -> Trace:
         if self.concurrency is None and not self.rate > 0:
             raise PlannerError(f"rate must be positive, got {self.rate}")
-        if self.requests < 1:
-            raise PlannerError(f"requests must be at least 1, got {self.requests}")
         rate = math.inf if self.concurrency is not None else self.rate   # a closed loop's times do not count
         try:
             trace = make_trace(self.workload, num_requests=self.requests, rate=rate, seed=self.seed)
