@@ -39,6 +39,12 @@ _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention
              "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers")}
 
 
+# ModelSpec's integer fields: sizes every model has (> 0), and counts a dense model leaves at 0.
+_SIZES = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size", "vocab_size",
+          "max_position_embeddings")
+_MOE_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "dense_layers", "sliding_layers")
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -81,12 +87,9 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
             raise PlannerError(f"unsupported model_type {self.model_type!r}; known: {', '.join(KNOWN_TYPES)}")
-        counts = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size",
-                  "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok",
-                  "moe_intermediate_size", "dense_layers", "sliding_layers")
-        for field in counts:         # a config.json missing a field gives None here, not a traceback later
+        for field in (*_SIZES, *_MOE_COUNTS):   # a config.json missing a field gives None here, not a traceback
             value = getattr(self, field)
-            if not _is_count(value) or (value <= 0 and field in counts[:8]):
+            if not _is_count(value) or (value == 0 and field in _SIZES):
                 raise PlannerError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise PlannerError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
@@ -539,11 +542,11 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     id included), or a local model folder or its config.json file."""
     if isinstance(name, ModelSpec):
         return name
-    text = str(name)
+    text = os.path.expanduser(str(name))
     if os.path.isfile(text) and text.endswith(".json"):      # config.json, or a config saved under another name
-        folder = os.path.dirname(os.path.abspath(text))
-        stem = os.path.basename(folder) if os.path.basename(text) == "config.json" else os.path.basename(text)[:-5]
-        return ModelSpec.from_config_file(text, name=stem)
+        file = os.path.basename(text)
+        label = os.path.basename(os.path.dirname(os.path.abspath(text))) if file == "config.json" else file[:-5]
+        return ModelSpec.from_config_file(text, name=label)
     if os.path.isdir(text):
         return ModelSpec.from_model_dir(text)
     if text.endswith(".json") or text.startswith(("/", "./", "../", "~")):
