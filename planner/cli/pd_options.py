@@ -6,7 +6,6 @@ from typing import Optional
 
 import typer
 
-from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.runs.pd import PD_FLAGS, Disaggregation, parse_pd
 
@@ -25,8 +24,7 @@ KV_LINK = typer.Option(None, "--kv-link", help="with --pd: the link the KV cache
 
 def pool_settings(prefill_gpu: Optional[str], prefill_tp: Optional[int], decode_gpu: Optional[str],
                   decode_tp: Optional[int], kv_link: Optional[str]) -> dict:
-    """The pools' settings that were given (GPU, TP, link); a GPU by its catalog name (`a100` is a100-40g)."""
-    prefill_gpu, decode_gpu = (None if g is None else checks.gpu(g).name for g in (prefill_gpu, decode_gpu))
+    """The pools' settings that were given (GPU, TP, link)."""
     values = dict(zip(PD_FLAGS, (prefill_gpu, prefill_tp, decode_gpu, decode_tp, kv_link)))
     return {k: v for k, v in values.items() if v is not None}
 

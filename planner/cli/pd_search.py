@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from planner.catalog import resolve_gpu
 from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation, parse_pd_list
 from planner.runs.spec import RunSpec
@@ -67,7 +68,8 @@ def run_pd_search(base: RunSpec, pools: dict, ratios, axes: dict, slos: dict, ra
 
 
 def _pricer(table: dict):
-    return lambda gpu: table[gpu].usd_per_gpu_hour
+    """$/GPU-hour of a GPU by any of its names (the table holds catalog names)."""
+    return lambda gpu: table[resolve_gpu(gpu).name].usd_per_gpu_hour
 
 
 def _said(row: dict) -> str:

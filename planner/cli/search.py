@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +17,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.deployment import Deployment
 from planner import api
 from planner.cli import options as opt
 from planner.cli import pd_options as pdo
@@ -26,7 +24,6 @@ from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import default_out, fail
 from planner.cli.simulate import load_of
-from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.runs.pools import EXECUTORS
 from planner.runs.slos import parse_slos
@@ -153,8 +150,8 @@ def search(
     try:
         if trace is not None and not trace.is_file():
             raise PlannerError(f"--trace {trace}: no such file")
+        axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
-        axes = _checked_axes(deployments, base)
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)
@@ -186,18 +183,6 @@ def search(
     if as_json:
         return typer.echo(json.dumps(result.document()))
     _print_summary(result)
-
-
-def _checked_axes(deployments: DeploymentChoices, base: Deployment) -> dict:
-    """The values searched, each checked as `simulate` checks it (one line on a bad one, before any probe
-    runs); the GPUs by their catalog names, which the prices are kept under (`a100` is a100-40g)."""
-    axes = {name: deployments.values(name) or default for name, default in AXES.items()}
-    axes["gpu"] = list(dict.fromkeys(checks.gpu(name).name for name in axes["gpu"]))
-    for name in ("tp", "block_size", "max_num_seqs"):
-        for value in axes[name]:
-            if value is not None:
-                replace(base, **{name: value})      # Deployment's own checks: a ValueError naming the field
-    return axes
 
 
 def _layouts(deployments: DeploymentChoices, spec: RunSpec, axes: dict, fleet) -> tuple[RunSpec, list]:

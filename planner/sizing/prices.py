@@ -50,9 +50,11 @@ def parse_price_overrides(texts: list[str]) -> dict[str, float]:
 
 
 def price_table(gpus: list[str], overrides: dict[str, float]) -> dict[str, Price]:
-    """The price of each GPU of the search: an override, else the catalog's; a clear error if neither."""
+    """The price of each GPU of the search, under its catalog name: an override, else the catalog's; a clear
+    error if neither."""
     catalog = load_prices()
     table = {}
+    gpus = list(dict.fromkeys(resolve_gpu(gpu).name for gpu in gpus))
     for gpu in gpus:
         if gpu in overrides:
             table[gpu] = Price(gpu, overrides[gpu], "--price", "")

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from planner.deploy import checks
 from planner.deploy.plan import resolved
 from planner.errors import PlannerError
 from planner.sizing.capacity import Hint, search_capacity
@@ -79,6 +80,17 @@ class SearchGrid:
     # fewest replicas of each configuration that meet the SLOs at target_rate.
     replicas: tuple[int, ...] | str | None = None
     max_replicas: int = MAX_REPLICAS     # --replicas auto: the most replicas tried
+
+    def __post_init__(self) -> None:
+        """The GPUs by their catalog names, once each (`a100` is a100-40g, priced under that name), and every
+        value of the grid checked as `simulate` checks it: a bad one is one line before any probe runs, not
+        a configuration that fails."""
+        object.__setattr__(self, "gpus", tuple(dict.fromkeys(checks.gpu(name).name for name in self.gpus)))
+        deployment = self.base.deployment
+        for name, values in (("tp", self.tps), ("block_size", self.block_sizes), ("max_num_seqs", self.max_num_seqs)):
+            for value in values:
+                if value is not None:
+                    replace(deployment, **{name: value})    # Deployment's own checks: a ValueError naming it
 
     @property
     def fleet(self) -> bool:
