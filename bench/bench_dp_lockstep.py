@@ -1,14 +1,13 @@
-"""How much the DP ranks' lockstep, which the simulator leaves out, would lengthen decode steps.
+"""What the DP ranks' lockstep does to a MoE deployment: the simulation with it against the ranks on their own clocks.
 
 vLLM runs the data-parallel ranks of a MoE deployment in lockstep: every MoE layer gathers all
 ranks' tokens, so no rank's step ends before the slowest rank's, and a rank with nothing to run
-steps a dummy batch meanwhile. The simulator runs each rank on its own clock and prices its steps
-as if every rank scheduled as many tokens (docs/moe.md), so a rank's decode steps never wait for
-the other rank's prefill. This bench sizes what that leaves out, from the simulation itself: per
-rank, each step stretched to the longest step of the other ranks that overlaps it in time, and the
-ratio of the stretched decode time to the simulated one (what mean TPOT would grow by, to first
-order). The overlap rule overstates the stretch where a long step straddles two short ones, so the
-figure is an upper estimate, not a simulation of the lockstep.
+steps a dummy batch meanwhile. The simulator does the same (planner/sim/lockstep.py); this bench
+runs each load twice, with the lockstep (as `planner simulate` does) and with each rank on its own
+clock (`simulate_fleet(..., lockstep=False)`, what the simulator did before), and prints mean TPOT,
+TTFT and E2E of both and their ratio. As a cross-check it prints the upper estimate the free-running
+run gives of the lockstep's cost: each rank's decode steps stretched to the longest step of the other
+rank overlapping them (it overstates: a long step straddling two short ones stretches both).
 
     .venv/bin/python bench/bench_dp_lockstep.py [--rates 4,8,12] [--duration 300]
 """
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.deployment import Deployment  # noqa: E402
 from planner.api import run_spec  # noqa: E402
 from planner.runs.pipeline import Simulation  # noqa: E402
+from planner.sim.fleet import simulate_fleet  # noqa: E402
 
 
 def stretched(mine, other) -> np.ndarray:
@@ -40,6 +40,18 @@ def stretched(mine, other) -> np.ndarray:
     return out
 
 
+def upper_estimate(result) -> float:
+    """Decode time of a free-running DP2 run with every step stretched to the other rank's overlapping
+    ones, over its own decode time."""
+    ranks = [np.array([(s.start, s.end, s.prefill_tokens) for s in part.steps]) for part in result.fleet.replicas]
+    own = lock = 0.0
+    for i, mine in enumerate(ranks):
+        decode = mine[:, 2] == 0
+        own += float((mine[decode, 1] - mine[decode, 0]).sum())
+        lock += float(stretched(mine, ranks[1 - i])[decode].sum())     # DP2: the one other rank
+    return lock / own
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="4,8,12", help="ShareGPT requests/s over both ranks")
@@ -47,27 +59,19 @@ def main() -> None:
     args = parser.parse_args()
     deployment = Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True,
                             policy="vllm-v1", max_model_len=8192)
-    print("qwen3-30b-a3b, DP2 x EP2 on H100, ShareGPT, vllm-v1 (the simulator's ranks on their own clocks)")
-    print(f"{'rate':>5s} {'TPOT ms':>8s} {'decode steps':>12s} {'overlapping a prefill':>21s} "
-          f"{'decode time x (lockstep, upper)':>31s}")
+    print("qwen3-30b-a3b, DP2 x EP2 on H100, ShareGPT, vllm-v1: ranks in lockstep against ranks on their own clocks")
+    print(f"{'rate':>5s} {'TPOT ms own/lock':>17s} {'x':>6s} {'TTFT ms own/lock':>17s} {'x':>6s} "
+          f"{'E2E s own/lock':>15s} {'x':>6s} {'upper estimate x':>16s}")
     for rate in (float(r) for r in args.rates.split(",")):
         sim = Simulation.prepare(run_spec(deployment, workload="sharegpt", rate=rate, duration=args.duration))
-        result = sim.simulate()
-        ranks = [np.array([(s.start, s.end, s.prefill_tokens) for s in part.steps]) for part in result.fleet.replicas]
-        own = lock = 0.0
-        decode_steps = overlapped = 0
-        for i, mine in enumerate(ranks):
-            other = ranks[1 - i]                      # DP2: the one other rank
-            decode = mine[:, 2] == 0
-            longer = stretched(mine, other)
-            own += float((mine[decode, 1] - mine[decode, 0]).sum())
-            lock += float(longer[decode].sum())
-            decode_steps += int(decode.sum())
-            prefills = other[other[:, 2] > 0]
-            hit = stretched(mine[decode], prefills) > (mine[decode, 1] - mine[decode, 0])
-            overlapped += int(hit.sum())
-        print(f"{rate:5g} {result.metrics.tpot_mean * 1e3:8.2f} {decode_steps:12d} "
-              f"{overlapped / decode_steps:20.1%} {lock / own:31.3f}")
+        trace = sim.spec.load.trace()
+        apart, together = (simulate_fleet(trace, sim.plan, sim.cost_model, replicas=2, lockstep=lockstep)
+                           for lockstep in (False, True))
+        own, lock = apart.metrics, together.metrics
+        print(f"{rate:5g} {own.tpot_mean * 1e3:8.2f}/{lock.tpot_mean * 1e3:8.2f} {lock.tpot_mean / own.tpot_mean:6.3f} "
+              f"{own.ttft_mean * 1e3:8.2f}/{lock.ttft_mean * 1e3:8.2f} {lock.ttft_mean / own.ttft_mean:6.3f} "
+              f"{own.e2e_mean:7.3f}/{lock.e2e_mean:7.3f} {lock.e2e_mean / own.e2e_mean:6.3f} "
+              f"{upper_estimate(apart):16.3f}")
 
 
 if __name__ == "__main__":

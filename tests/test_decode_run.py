@@ -66,7 +66,7 @@ def test_extrapolation_is_flagged_for_the_steps_taken_only():
     fresh = MeasuredCostModel(LLAMA, H100)
     run = DecodeRun(np.array([100, 150, 300000]), 1, 0)
     # the next arrival falls before the step with the long context would start: not priced, not flagged
-    ends, _ = price_run(run, fresh, fresh.decode_step_times, 0.0, 1e-9, 1, [0] * 16, 0, 100)
+    ends, _, _ = price_run(run, fresh, fresh.decode_step_times, 0.0, 1e-9, 1, [0] * 16, 0, 100)
     assert len(ends) == 1
     scalar = MeasuredCostModel(LLAMA, H100)
     _scalar(scalar, [101, 151, 300001])

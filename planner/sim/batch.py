@@ -92,6 +92,7 @@ class Plan:
     finishing: bool             # the last step finishes a request
     first_step: int             # the batch step of the first step
     bins_after: Bins | None = None   # the histogram of the step after the last (None once truncated)
+    prices: list[float] = field(default_factory=list)   # each step's duration (ends: their running sum)
 
     @property
     def last_step(self) -> int:
@@ -136,7 +137,7 @@ class Plan:
     def truncate(self, steps: int) -> None:
         """Keep the first `steps` steps (a request arrived; the rest is the next plan's business)."""
         if steps < len(self.ends):
-            del self.ends[steps:], self.takes[steps:]
+            del self.ends[steps:], self.takes[steps:], self.prices[steps:]
             self.finishing = False
             self.bins_after = None
 
@@ -333,15 +334,15 @@ class DecodeBatch:
         if pricer is not None and self._long(now, next_arrival, last):
             run = DecodeRun([m.base for m in self.members], self.step + 1, self.context)
             crossings = [len(members) for members in self.by_residue]
-            ends, takes = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step, crossings,
-                                    self.step, spare)
+            ends, takes, prices = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step,
+                                            crossings, self.step, spare)
             source, bins = run, None
         else:
-            source, ends, takes, bins = self._price(now, next_arrival, step_time, last, spare)
+            source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare)
         if not ends:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
-                    self.step + len(ends) == first_finish, self.step + 1, bins)
+                    self.step + len(ends) == first_finish, self.step + 1, bins, prices)
 
     def _long(self, now: float, next_arrival: float, last: int) -> bool:
         """Is the plan likely long enough to price as one run? Its array operations cost a few dozen
@@ -355,10 +356,11 @@ class DecodeBatch:
         return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
-        """Each step's shape, end and blocks taken, from the next one to `last` at most."""
+        """Each step's shape, end, blocks taken and price, from the next one to `last` at most."""
         shapes: list[StepShape] = []
         ends: list[float] = []
         takes: list[int] = []
+        prices: list[float] = []
         num, context, bs, by_residue = len(self.members), self.context, self.bs, self.by_residue
         histogram = self.histogram
         bins = [entry[:] for entry in self.bins] if histogram else None
@@ -371,14 +373,16 @@ class DecodeBatch:
             taken += crossing
             step += 1
             shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
-            end = end + step_time(shape)
+            price = step_time(shape)
+            end = end + price
+            prices.append(price)
             shapes.append(shape)
             ends.append(end)
             takes.append(crossing)
             context += num
             if histogram:
                 _advance(bins, moves.get(step + 1, ()))
-        return shapes, ends, takes, bins
+        return shapes, ends, takes, prices, bins
 
     # -- taking steps ----------------------------------------------------------------------------
 

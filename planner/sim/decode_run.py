@@ -96,13 +96,14 @@ class DecodeRun:
 
 
 def price_run(run: DecodeRun, cost_model, pricer, now: float, next_arrival: float, limit: int,
-              crossings: list[int], step: int, spare: int) -> tuple[list[float], list[int]]:
-    """Each step's end and blocks taken, from the next one on: at most `limit` steps, none starting at or
+              crossings: list[int], step: int, spare: int) -> tuple[list[float], list[int], list[float]]:
+    """Each step's end, blocks taken and price, from the next one on: at most `limit` steps, none starting at or
     after `next_arrival`, while the blocks they take leave `spare` (crossings[r]: members taking a block
     at the batch steps s with s % block size == r). The scalar loop of DecodeBatch._price, chunked;
     one chunk when no arrival is known (a routed replica prices up to its next finish)."""
     ends: list[float] = []
     takes: list[int] = []
+    prices: list[float] = []
     end, taken, bs = now, 0, len(crossings)
     size = limit if next_arrival == math.inf else FIRST_CHUNK
     while len(ends) < limit and end < next_arrival:
@@ -124,8 +125,9 @@ def price_run(run: DecodeRun, cost_model, pricer, now: float, next_arrival: floa
         cost_model.flag_decode_buckets(run.num, low, counts[:keep])
         ends += chunk_ends[1:keep + 1]
         takes += fit[:keep]
+        prices += times[:keep].tolist()
         end = ends[-1]
         if len(fit) < count:
             break                                  # the blocks ran out
         size *= 2
-    return ends, takes
+    return ends, takes, prices

@@ -126,7 +126,47 @@ class Due:
         self.at = math.inf
 
 
-class SimulatedEngine:
+class Sleeper:
+    """A process that sleeps through steps priced in advance, woken earlier when a request cuts them."""
+
+    env: simpy.Environment
+    process: simpy.Process | None
+    wake_at: float
+
+    def sleep_until(self, end: float):
+        """Let simulated time pass until `end`, or the earlier end a cut sets meanwhile."""
+        self.wake_at = end
+        while True:
+            try:
+                yield WakeAt(self.env, max(self.wake_at, self.env.now))
+                return
+            except simpy.Interrupt:
+                pass
+
+
+def kept_before(start: float, ends: list[float], t: float) -> int:
+    """Of steps from `start` ending at `ends`, how many start before `t` (a request arriving at `t`
+    joins the step after them)."""
+    return min(len(ends), bisect.bisect_left(ends, t) + 1) if start < t else 0
+
+
+STEP, PLAN, WINDOW, IDLE = "step", "plan", "window", "idle"
+
+
+@dataclass(slots=True)
+class Move:
+    """What an engine does next from now, priced but not yet taken: one step (`price`, then `finish(end)`
+    takes it and returns the requests it ended), a decode plan or fast-forward window (`plan`), or nothing
+    to compute (`out`: the scheduler's output, what it ended itself)."""
+
+    kind: str
+    price: float = 0.0
+    finish: Callable[[float], list] | None = None
+    plan: Plan | Window | None = None
+    out: object = None
+
+
+class SimulatedEngine(Sleeper):
     """The engine process and the state the arrival process hands it requests through."""
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, cost_model: CostModel,
@@ -190,6 +230,9 @@ class SimulatedEngine:
         self.async_scheduling = async_scheduling
         self.held: list[SequenceGroup] = []        # arrived during the step under way
         self.held_next: list[SequenceGroup] = []   # arrived during the step before it: join the next schedule
+        # The data-parallel ranks of a MoE deployment step together (planner/sim/lockstep.py): their group
+        # then runs this engine's steps, sleeps and cuts.
+        self.group = None
 
     @property
     def horizon(self) -> float:
@@ -218,8 +261,12 @@ class SimulatedEngine:
         else:
             self.groups.append(group)
             enqueue(group)
-        if self.idle is not None:
-            self.idle.succeed()
+        if self.group is not None:
+            self.group.sent += 1
+        idle = self.idle
+        if idle is not None:
+            if not idle.triggered:         # a lockstep group's ranks share one (another rank's request woke it)
+                idle.succeed()
             self.idle = None
         elif self.routed:
             self.cut(self.env.now)
@@ -227,25 +274,18 @@ class SimulatedEngine:
 
     def cut(self, t: float) -> None:
         """A request arrived at `t`: keep only the steps of the plan slept through that start before it."""
+        if self.group is not None:
+            self.group.cut(t)
+            return
         pending = self.pending
         if pending is None:
             return
         ends = pending.ends
-        keep = min(len(ends), bisect.bisect_left(ends, t) + 1) if pending.start < t else 0
+        keep = kept_before(pending.start, ends, t)
         if keep < len(ends):
             pending.truncate(keep)
             self.wake_at = ends[-1] if keep else pending.start
             self.process.interrupt()
-
-    def sleep_until(self, end: float):
-        """Let simulated time pass until `end`, or the earlier end a cut sets meanwhile."""
-        self.wake_at = end
-        while True:
-            try:
-                yield WakeAt(self.env, max(self.wake_at, self.env.now))
-                return
-            except simpy.Interrupt:
-                pass
 
     # -- what a router sees: each engine as it published itself at its last step end before `t` ----
 
@@ -318,28 +358,44 @@ class SimulatedEngine:
     def run(self):
         """The engine process: the decode batch or a fast-forward window when one is proven, else one
         step; asleep when idle."""
-        env, scheduler = self.env, self.scheduler
+        env = self.env
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
             if self.held or self.held_next:
                 self._admit_held()
-            if self.fast_forward:
-                if (yield from self.batch_steps(step_time, histogram)):
-                    continue
-                if not self.chunked:   # windows assume the paper's policy
-                    window = plan_window(scheduler, step_time, env.now, self.horizon, histogram=histogram)
-                    if window is not None:
-                        yield from self.run_window(window)
-                        continue
-            step = begin_step(scheduler, env.now)
-            if step.has_work:
-                # The shape before update, which marks the step's tokens computed.
-                shape = (step_shape(step.out, histogram) if self.speculation is None
-                         else self.speculation.shape(step.out, histogram))
-                yield from self.run_step(step, shape, step_time)
-            elif (yield from self.wait_for_work(step.out)):
+            move = self.next_move(step_time, histogram, self.horizon)
+            kind = move.kind
+            if kind is STEP:
+                yield env.timeout(move.price)
+                end = env.now
+                yield from self._stepped(1, end, move.finish(end))
+            elif kind is PLAN:
+                yield from self.run_plan(move.plan)
+            elif kind is WINDOW:
+                yield from self.run_window(move.plan)
+            elif (yield from self.wait_for_work(move.out)):
                 return
+
+    def next_move(self, step_time: Callable[[StepShape], float], histogram: bool, horizon: float,
+                  windows: bool = True) -> Move:
+        """What the engine does next from now: a plan of the decode batch (none of its steps starting at
+        or after `horizon`), a fast-forward window (with `windows`), a step, or nothing."""
+        if self.fast_forward:
+            move = self._batch_move(step_time, histogram, horizon)
+            if move is not None:
+                return move
+            if windows and not self.chunked:   # windows assume the paper's policy
+                window = plan_window(self.scheduler, step_time, self.env.now, horizon, histogram=histogram)
+                if window is not None:
+                    return Move(WINDOW, plan=window)
+        step = begin_step(self.scheduler, self.env.now)
+        if not step.has_work:
+            return Move(IDLE, out=step.out)
+        # The shape before update, which marks the step's tokens computed.
+        shape = (step_shape(step.out, histogram) if self.speculation is None
+                 else self.speculation.shape(step.out, histogram))
+        return self._step_move(step, shape, step_time)
 
     def _admit_held(self, all_now: bool = False) -> None:
         """A schedule under async scheduling. vLLM's engine core (vllm/v1/engine/core.py
@@ -357,34 +413,32 @@ class SimulatedEngine:
         for group in ready:
             self.scheduler.add(group)
 
-    def batch_steps(self, step_time: Callable[[StepShape], float], histogram: bool):
-        """Steps through the decode batch (planner/sim/batch.py): a plan of decode steps, or a step that
-        admits prompts; False when the batch cannot take the next step (the scheduler's then)."""
+    def _batch_move(self, step_time: Callable[[StepShape], float], histogram: bool, horizon: float) -> Move | None:
+        """The decode batch's next move (planner/sim/batch.py): a plan of decode steps, or a step that
+        admits prompts; None when the batch cannot take the next step (the scheduler's then)."""
         batch = self.batch
         if batch is None:
             if self.backoff:
                 self.backoff -= 1
-                return False
+                return None
             batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram, self.cost_model)
             if batch is None:
                 self._back_off()
-                return False
-        plan = batch.plan(self.env.now, self.horizon, step_time)
+                return None
+        plan = batch.plan(self.env.now, horizon, step_time)
         if plan is not None:
-            yield from self.run_plan(plan)
+            move = Move(PLAN, plan=plan)
         elif batch.can_mix():
-            yield from self.run_mixed(batch, step_time)
+            move = self._mixed_move(batch, step_time)
         elif batch.can_prefill():
             step = begin_step(self.scheduler, self.env.now)
-            yield from self.run_step(step, step_shape(step.out, histogram), step_time)
-            if self.batch is not None and not batch.joined(step.out.groups):
-                self.drop_batch()
+            move = self._step_move(step, step_shape(step.out, histogram), step_time, batch)
         else:
             self.drop_batch()
             self._back_off()
-            return False
+            return None
         self.backoff_next = 1
-        return True
+        return move
 
     def _back_off(self) -> None:
         """Outside the batch's proof: step without it for a while (longer each time it fails again)."""
@@ -398,29 +452,44 @@ class SimulatedEngine:
             self.batch.release()
             self.batch = None
 
-    def wait_for_work(self, out):
-        """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
-        until the next arrival, or (True) end the run once every request is done."""
+    def settle(self, out) -> bool:
+        """A step with nothing to compute: count what the scheduler ended itself; True to look again now."""
         ended = self.parents.ended(out.finished_now)
         self.ended(len(ended))
         if self.watch is not None and ended:
             self.watch(self, self.env.now, ended)
         if out.rejected or out.truncated or out.preempted:
-            return False                       # the scheduler ended or preempted requests itself; look again
+            return True                        # the scheduler ended or preempted requests itself
         if self.held or self.held_next:        # nothing ran, so nothing was scheduled ahead: they join now
             self._admit_held(all_now=True)
+            return True
+        return False
+
+    def check_done(self) -> bool:
+        """Are all requests sent and ended? (Requests left that the scheduler can neither run nor reject
+        once all are sent: an error.)"""
+        if not self.arrivals_done:
             return False
-        if self.arrivals_done:
-            if self.scheduler.has_unfinished():
-                raise PlannerError(f"the scheduler stalled with {self.scheduler.num_unfinished()} "
-                                   f"requests it can neither run nor reject")
+        if self.scheduler.has_unfinished():
+            raise PlannerError(f"the scheduler stalled with {self.scheduler.num_unfinished()} "
+                               f"requests it can neither run nor reject")
+        return True
+
+    def wait_for_work(self, out):
+        """A step with nothing to compute: count what the scheduler ended itself, then look again, sleep
+        until the next arrival, or (True) end the run once every request is done."""
+        if self.settle(out):
+            return False
+        if self.check_done():
             return True
         self.idle = self.env.event()
         yield self.idle                        # sleep until the next request arrives
         return False
 
-    def run_step(self, step, shape: StepShape, step_time: Callable[[StepShape], float]):
-        """One step of `shape`: let its price pass, hand the scheduler its tokens, record it."""
+    def _step_move(self, step, shape: StepShape, step_time: Callable[[StepShape], float],
+                   batch: DecodeBatch | None = None) -> Move:
+        """One step of `shape`, priced; its `finish` hands the scheduler its tokens and records it (and,
+        for a step that admits prompts beside the decode `batch`, drops the batch if they do not join it)."""
         env, scheduler, allocator, out = self.env, self.scheduler, self.allocator, step.out
         start = env.now
         num_running = len(scheduler.running)
@@ -437,27 +506,37 @@ class SimulatedEngine:
         price = step_time(shape)
         if self.speculation is not None:
             price += self.speculation.proposer_seconds(out, shape)
-        yield env.timeout(price * self.device_speed(start) if self.device_speed is not None else price)
-        end = env.now
-        # A partial prompt chunk samples nothing: only the sampling part gets tokens.
-        finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
-        if self.kv_events is not None:
-            self._tag_events(end)
-        self.steps.append(record)
-        self.shapes.append(shape)
-        self.num_running.append(num_running)
-        if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
-            # Sharing is measured on decode steps, where every sequence with KV
-            # on the GPU is in the batch holding exactly its tokens: their sum
-            # against the slots they really occupy.
-            self.logical_token_time += shape.decode_context * (end - start)
-            self.physical_token_time += physical * (end - start)
-        yield from self._stepped(1, end, finished)
+
+        def finish(end: float) -> list:
+            # A partial prompt chunk samples nothing: only the sampling part gets tokens.
+            finished, record = end_step(scheduler, step, self.executor.samples(out.sampling_part()), end)
+            if self.kv_events is not None:
+                self._tag_events(end)
+            self.steps.append(record)
+            self.shapes.append(shape)
+            self.num_running.append(num_running)
+            if not out.is_prefill and out.seqs and shape.prefill_tokens == 0:
+                # Sharing is measured on decode steps, where every sequence with KV
+                # on the GPU is in the batch holding exactly its tokens: their sum
+                # against the slots they really occupy.
+                self.logical_token_time += shape.decode_context * (end - start)
+                self.physical_token_time += physical * (end - start)
+            if batch is not None and self.batch is not None and not batch.joined(out.groups):
+                self.drop_batch()
+            return finished
+
+        return Move(STEP, price * self.device_speed(start) if self.device_speed is not None else price, finish)
 
     def _stepped(self, count: int, end: float, finished: list[SequenceGroup]):
-        """After `count` steps ending at `end`: the requests they ended, progress, the watch; and if a
-        request is due at this very instant, one yield so it joins before the next schedule (SimPy runs
-        same-time events in creation order)."""
+        """After `count` steps ending at `end`: what `after_steps` does; and if a request is due at this
+        very instant, one yield so it joins before the next schedule (SimPy runs same-time events in
+        creation order)."""
+        self.after_steps(count, end, finished)
+        if self.due.at <= end:
+            yield self.env.timeout(0)
+
+    def after_steps(self, count: int, end: float, finished: list[SequenceGroup]) -> None:
+        """After `count` steps ending at `end`: the requests they ended, progress, the watch."""
         if self.routed:
             self.published_used.append((end, self.allocator.num_used_blocks()))
         finished = self.parents.ended(finished)
@@ -467,8 +546,6 @@ class SimulatedEngine:
             self.progress(end, self.done, self.total)
         if self.watch is not None:
             self.watch(self, end, finished)
-        if self.due.at <= end:
-            yield self.env.timeout(0)
 
     def _took(self, records: list[StepRecord], shapes: list[StepShape] | Plan) -> None:
         """Record decode steps taken in bulk (every running request in each): a window's shapes, or a
@@ -487,7 +564,7 @@ class SimulatedEngine:
             physical += record.token_states * duration
         self.logical_token_time, self.physical_token_time = logical, physical
         self.steps.extend(records)
-        self.num_running.extend(r.batch_size for r in records)
+        self.num_running.extend(repeat(records[0].batch_size, len(records)))   # the same in each
         self.fast_forwarded_steps += len(records)
 
     def step_columns(self) -> dict:
@@ -527,27 +604,33 @@ class SimulatedEngine:
         self.pending = None
         if not plan.steps:
             return
+        yield from self._stepped(len(plan.ends), plan.ends[-1], self.take_plan(plan))
+
+    def take_plan(self, plan: Plan) -> list:
+        """Take the steps of a plan slept through; returns the requests they finished."""
         records, finished = self.batch.apply(plan)
         self._took(records, plan)
-        yield from self._stepped(len(records), plan.ends[-1], finished)
+        return finished
 
-    def run_mixed(self, batch: DecodeBatch, step_time: Callable[[StepShape], float]):
+    def _mixed_move(self, batch: DecodeBatch, step_time: Callable[[StepShape], float]) -> Move:
         """vLLM v1's step that decodes the batch and admits prompts, through the batch."""
         step = batch.mix(self.env.now)
-        yield self.env.timeout(step_time(step.shape))
-        end = self.env.now
-        finished, ok = batch.mixed(step, end)
-        record, shape = step.record, step.shape
-        self.steps.append(record)
-        self.shapes.append(shape)
-        self.num_running.append(step.num_running)
-        self.fast_forwarded_steps += 1
-        if shape.prefill_tokens == 0:          # nothing admitted: a decode step
-            self.logical_token_time += shape.decode_context * (end - record.start)
-            self.physical_token_time += record.token_states * (end - record.start)
-        if not ok:
-            self.drop_batch()
-        yield from self._stepped(1, end, finished)
+
+        def finish(end: float) -> list:
+            finished, ok = batch.mixed(step, end)
+            record, shape = step.record, step.shape
+            self.steps.append(record)
+            self.shapes.append(shape)
+            self.num_running.append(step.num_running)
+            self.fast_forwarded_steps += 1
+            if shape.prefill_tokens == 0:          # nothing admitted: a decode step
+                self.logical_token_time += shape.decode_context * (end - record.start)
+                self.physical_token_time += record.token_states * (end - record.start)
+            if not ok:
+                self.drop_batch()
+            return finished
+
+        return Move(STEP, step_time(step.shape), finish)
 
 
 class WakeAt(simpy.events.Timeout):
@@ -580,8 +663,9 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
 def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int,
                 total: int, progress: Progress | None = None, fast_forward: bool = True, watch: Watch | None = None,
                 device_speed: Callable[[float], float] | None = None, due: Due | None = None,
-                routed: bool = False) -> SimulatedEngine:
-    """One engine as `plan` deploys it: its KV allocator, scheduler and executor, its process started."""
+                routed: bool = False, start: bool = True) -> SimulatedEngine:
+    """One engine as `plan` deploys it: its KV allocator, scheduler and executor, its process started
+    (unless not `start`: a lockstep group runs it)."""
     dep = plan.deployment
     if dep.enable_chunked_prefill and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
@@ -611,7 +695,8 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
                              async_scheduling=dep.async_scheduling)
     if spec is not None:
         engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
-    engine.process = env.process(engine.run())
+    if start:
+        engine.process = env.process(engine.run())
     return engine
 
 

@@ -10,7 +10,9 @@ deployment does; otherwise a replica plans its decode steps without knowing
 when its next request comes, and a request routed to it cuts the plan at the
 step that starts after it (SimulatedEngine.cut), which is where step-by-step
 simulation would have admitted it. One replica is exactly the single-deployment
-simulation (`simulate_fleet` runs that very code for K = 1).
+simulation (`simulate_fleet` runs that very code for K = 1). The dp ranks of a
+mixture-of-experts deployment are replicas too, each dp of them driven in
+lockstep by one process (planner/sim/lockstep.py), as vLLM aligns their forward passes.
 
 Results: the fleet's requests and steps together (the metrics of the whole
 fleet), and `FleetRun` with each replica's own result, the replica of every
@@ -37,6 +39,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
                                 fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
                                 simulate)
 from planner.sim.clients import ClosedLoop
+from planner.sim.lockstep import Lockstep
 from planner.sim.router import Router, RouterPolicy, parse_router
 from planner.sim.shape_log import ShapeLog
 from workloads import Trace
@@ -87,19 +90,22 @@ class Fleet:
 
     def __init__(self, env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost_model: CostModel,
                  replicas: int, policy: RouterPolicy, *, seed: int, concurrency: int | None, fast_forward: bool,
-                 progress: Progress | None, watch: Watch | None) -> None:
+                 progress: Progress | None, watch: Watch | None, lockstep: bool = True) -> None:
         self.env, self.trace, self.policy = env, trace, policy
         # Picks known in advance: every replica knows its own next arrival, as a lone deployment does.
         self.pre_routed = not policy.reads_engines and concurrency is None
         self.due = Due()
         self.progress = progress
         self.watch = watch
+        # A MoE deployment's dp ranks (consecutive replicas) step together; other replicas on their own.
+        dp = plan.deployment.dp if plan.model.is_moe and lockstep else 1
         self.engines: list[SimulatedEngine] = [
             make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace),
                         progress=None if progress is None else self._progress, fast_forward=fast_forward,
                         watch=None if watch is None else self._watch,
-                        due=None if self.pre_routed else self.due, routed=not self.pre_routed)
+                        due=None if self.pre_routed else self.due, routed=not self.pre_routed, start=dp == 1)
             for _ in range(replicas)]
+        self.lockstep = [Lockstep(env, self.engines[i:i + dp]) for i in range(0, replicas, dp)] if dp > 1 else []
         for i, engine in enumerate(self.engines):
             if i:                                      # replica 0 samples as a lone deployment does
                 engine.executor.share_answers(self.engines[0].executor)   # wherever each turn goes
@@ -171,9 +177,11 @@ class Fleet:
 def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, replicas: int = 1,
                    router: str | RouterPolicy | None = None, seed: int = 0, concurrency: int | None = None,
                    fast_forward: bool = True, progress: Progress | None = None,
-                   watch: Watch | None = None) -> SimResult:
+                   watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """`replicas` copies of `plan` behind `router` (a policy name, see planner/sim/router.py), fed `trace`
-    (or, with `concurrency`, a closed loop of that many clients). One replica is `simulate` itself."""
+    (or, with `concurrency`, a closed loop of that many clients). One replica is `simulate` itself. A MoE
+    plan's dp ranks (each `plan.deployment.dp` consecutive replicas) step in lockstep (planner/sim/lockstep.py);
+    `lockstep=False` runs them on their own clocks (what that leaves out: bench/bench_dp_lockstep.py)."""
     policy = router if isinstance(router, RouterPolicy) else parse_router(router)
     if replicas < 1:
         raise PlannerError(f"--replicas must be >= 1, got {replicas}")
@@ -183,17 +191,17 @@ def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *,
         return simulate(trace, plan, cost_model, seed=seed, concurrency=concurrency, fast_forward=fast_forward,
                         progress=progress, watch=watch)
     return run_fleet(trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
-                     fast_forward=fast_forward, progress=progress, watch=watch)
+                     fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)
 
 
 def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replicas: int, policy: RouterPolicy,
               *, seed: int = 0, concurrency: int | None = None, fast_forward: bool = True,
-              progress: Progress | None = None, watch: Watch | None = None) -> SimResult:
+              progress: Progress | None = None, watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """The fleet simulation for any number of replicas (one included: tests hold it to `simulate`)."""
     wall_start = time.perf_counter()
     env = simpy.Environment()
     fleet = Fleet(env, trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
-                  fast_forward=fast_forward, progress=progress, watch=watch)
+                  fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)
     fleet.start(concurrency)
 
     def records() -> SimResult:

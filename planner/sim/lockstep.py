@@ -1,0 +1,188 @@
+"""The data-parallel ranks of a mixture-of-experts deployment, stepping in lockstep.
+
+vLLM runs the dp ranks of a MoE deployment as separate engine cores whose forward passes are aligned:
+every MoE layer gathers all ranks' tokens, so no rank's step ends before the slowest rank's, and while
+any rank has requests the idle ones run dummy batches to keep the collectives whole (vLLM's
+docs/serving/data_parallel_deployment.md; the ranks of a dense model are independent). Here the ranks
+of one deployment are `SimulatedEngine`s, each with its own scheduler, block manager and prefix cache,
+driven by one process that takes a step on every rank with work at once, as long as the longest of
+them. A rank with nothing to run adds nothing (a dummy batch of one token is no longer than the busy
+ranks' steps). A request that reaches a rank mid-step joins at the group's next step.
+
+Fast-forward keeps its meaning and its cost. A rank whose decode batch proves a plan of decode steps
+(planner/sim/batch.py) holds it in flight: the group takes its steps one by one, each as long as the
+longest of the ranks' steps at that moment (the plan's own prices), while the other ranks plan, step
+and finish as they go; the plan is taken (its steps recorded, its requests finished) only when it runs
+out or a request reaches its rank, at the group's clock. While every busy rank holds a plan the group
+sleeps through a segment of such steps at once, up to the first plan that runs out or the first step
+starting at or after the next arrival any rank knows of. Each end is summed one step at a time from
+the last, so a run is the same with and without `--step-by-step`. Fast-forward windows (the paper's
+policy) are not used in lockstep: such ranks step one at a time.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import simpy
+
+from planner.cost.shape import reads_context_histogram
+from planner.sim.batch import Plan
+from planner.sim.engine import IDLE, PLAN, Move, SimulatedEngine, Sleeper, kept_before
+
+
+class InFlight:
+    """A rank's plan the group is stepping through: the group's ends of the steps run so far. It is also
+    the rank's `pending` (what a router reads of the rank's steps not yet taken)."""
+
+    __slots__ = ("plan", "ends", "requests")
+
+    def __init__(self, plan: Plan, requests: int) -> None:
+        self.plan = plan
+        self.ends: list[float] = []
+        self.requests = requests           # requests the rank had when the plan was made
+
+    def next_price(self) -> float:
+        return self.plan.prices[len(self.ends)]
+
+    def taken(self, steps: int) -> int:
+        return self.plan.taken(steps)
+
+
+class Lockstep(Sleeper):
+    """One deployment's data-parallel ranks, their steps taken together by one process."""
+
+    def __init__(self, env: simpy.Environment, engines: list[SimulatedEngine]) -> None:
+        self.env, self.engines = env, engines
+        self.flying: dict[SimulatedEngine, InFlight] = {}     # the ranks holding a plan in flight
+        self.segment: tuple[float, list[float]] | None = None   # (start, ends) of the steps slept through
+        self.wake_at = 0.0
+        self.rank = {engine: i for i, engine in enumerate(engines)}
+        self.sent = 0                              # requests sent to the ranks so far
+        for engine in engines:
+            engine.group = self
+        self.process = env.process(self.run())
+
+    def run(self):
+        engines, flying = self.engines, self.flying
+        cost_model = engines[0].cost_model
+        step_time = cost_model.step_time
+        histogram = reads_context_histogram(cost_model)
+        while True:
+            single = []
+            for engine in engines if len(flying) < len(engines) else ():
+                if engine in flying:
+                    continue
+                if engine.held or engine.held_next:
+                    engine._admit_held()
+                move = self._move(engine, step_time, histogram)
+                if move.kind is PLAN:
+                    flying[engine] = engine.pending = InFlight(move.plan, len(engine.groups))
+                elif move.kind is not IDLE:
+                    single.append((engine, move))
+            if single:
+                yield from self._run_single(single)
+            elif flying:
+                yield from self._run_segment(min(engine.horizon for engine in engines))
+            elif all([engine.check_done() for engine in engines]):
+                return
+            else:
+                yield from self._sleep()
+
+    @staticmethod
+    def _move(engine: SimulatedEngine, step_time, histogram: bool) -> Move:
+        """The rank's next move; an idle rank first counts what its scheduler ended and looks again."""
+        if not (engine.scheduler.has_unfinished() or engine.held or engine.held_next):
+            return IDLE_MOVE
+        while True:
+            move = engine.next_move(step_time, histogram, engine.horizon, windows=False)
+            if move.kind is not IDLE or not engine.settle(move.out):
+                return move
+
+    def _sleep(self):
+        """Every rank idle: sleep until a request reaches any of them."""
+        idle = self.env.event()
+        for engine in self.engines:
+            engine.idle = idle
+        yield idle
+        for engine in self.engines:
+            engine.idle = None
+
+    def _run_single(self, single: list[tuple[SimulatedEngine, Move]]):
+        """One group step: the ranks stepping one at a time and each plan's next step, as long as the longest."""
+        flying = list(self.flying.values())
+        yield self.env.timeout(max([move.price for _, move in single] + [f.next_price() for f in flying]))
+        end = self.env.now
+        for f in flying:
+            f.ends.append(end)
+        taken = [(engine, 1, move.finish(end)) for engine, move in single]
+        yield from self._after(end, taken + self._land())
+
+    def _run_segment(self, horizon: float):
+        """Every busy rank holds a plan: sleep through their steps together, each as long as the ranks'
+        longest then, up to the first plan that runs out, none starting at or after `horizon`."""
+        flying = list(self.flying.values())
+        steps = min([len(f.plan.prices) - len(f.ends) for f in flying])
+        start = self.env.now
+        prices = [f.plan.prices[len(f.ends):len(f.ends) + steps] for f in flying]
+        # Each end summed from the last, as stepping one group step at a time does (accumulate adds in order).
+        ends = list(accumulate(prices[0] if len(prices) == 1 else map(max, *prices), initial=start))
+        del ends[0]
+        del ends[kept_before(start, ends, horizon):]
+        for f in flying:
+            f.ends += ends
+        if ends:
+            self.segment = (start, ends)
+            yield from self.sleep_until(ends[-1])
+            self.segment = None
+        yield from self._after(ends[-1] if ends else start, self._land())   # none left: cut at its start
+
+    def _land(self) -> list[tuple[SimulatedEngine, int, list]]:
+        """Take the plans that ran out or whose rank a request reached: (rank, steps, requests finished)."""
+        landed = []
+        done = [(engine, f) for engine, f in self.flying.items()
+                if len(f.ends) == len(f.plan.prices) or len(engine.groups) != f.requests]
+        for engine, f in done:
+            del self.flying[engine]
+            engine.pending = None
+            plan = f.plan
+            if f.ends:
+                plan.truncate(len(f.ends))
+                plan.ends = f.ends
+                landed.append((engine, len(f.ends), engine.take_plan(plan)))
+        return landed
+
+    def _after(self, end: float, taken: list[tuple[SimulatedEngine, int, list]]):
+        """After the group's steps end at `end`: each rank's ended requests, progress and watch; one yield
+        if a request is due at this very instant, so it joins before the next schedule; the plans of the
+        ranks a request reached meanwhile, taken up to here."""
+        while True:
+            while taken:
+                if len(taken) > 1:
+                    taken.sort(key=lambda t: self.rank[t[0]])     # in rank order, as stepping one at a time does
+                sent = self.sent
+                for engine, count, finished in taken:
+                    engine.after_steps(count, end, finished)
+                # A client whose request finished sends its next at once: its rank's plan is taken here.
+                taken = self._land() if self.sent != sent else []
+            if not any(engine.due.at <= end for engine in self.engines):
+                return
+            sent = self.sent
+            yield self.env.timeout(0)
+            taken = self._land() if self.sent != sent else []
+
+    def cut(self, t: float) -> None:
+        """A request reached a rank at `t`: the segment slept through ends with the step under way then."""
+        if self.segment is None:
+            return
+        start, ends = self.segment
+        keep = kept_before(start, ends, t)
+        dropped = len(ends) - keep
+        if dropped:
+            for f in self.flying.values():
+                del f.ends[len(f.ends) - dropped:]
+            del ends[keep:]
+            self.wake_at = ends[-1] if keep else start
+            self.process.interrupt()
+
+
+IDLE_MOVE = Move(IDLE)
