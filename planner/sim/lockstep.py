@@ -63,6 +63,9 @@ class Lockstep(Sleeper):
         self.process = env.process(self.run())
 
     def run(self):
+        """The group's process: each rank without a plan in flight says what it does next; then one
+        group step (some rank steps one at a time), a segment of the plans in flight, or sleep while
+        every rank is idle."""
         engines, flying = self.engines, self.flying
         cost_model = engines[0].cost_model
         step_time = cost_model.step_time
