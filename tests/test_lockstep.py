@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine.deployment import Deployment
 from planner.api import run_spec
@@ -53,6 +54,18 @@ def test_fast_forward_gives_the_step_by_step_run(case):
     _same_run(fast, slow)
     assert fast.fast_forwarded_steps > len(fast.steps) // 2       # fast-forward did most of the work
     assert fast.metrics.num_completed == len(fast.requests)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dp=st.sampled_from([2, 3, 4]), rate=st.sampled_from([2.0, 12.0, 40.0]),
+       router=st.sampled_from([None, "least-requests", "least-kv"]), caching=st.booleans(),
+       max_num_seqs=st.sampled_from([4, 64]), blocks=st.sampled_from([None, 300]))
+def test_fast_forward_gives_the_step_by_step_run_for_any_deployment(dp, rate, router, caching, max_num_seqs, blocks):
+    """The same, drawn: ranks, load, router, prefix caching, a small batch cap, a cache small enough
+    to preempt."""
+    sim = _simulation(rate=rate, duration=6.0, router=router, dp=dp, enable_prefix_caching=caching,
+                      max_num_seqs=max_num_seqs, **({"num_gpu_blocks": blocks} if blocks else {}))
+    _same_run(sim.simulate(), Simulation.prepare(replace(sim.spec, step_by_step=True)).simulate())
 
 
 def test_the_ranks_step_together_each_step_as_long_as_the_longest():
