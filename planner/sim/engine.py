@@ -261,8 +261,6 @@ class SimulatedEngine(Sleeper):
         else:
             self.groups.append(group)
             enqueue(group)
-        if self.group is not None:
-            self.group.sent += 1
         idle = self.idle
         if idle is not None:
             if not idle.triggered:         # a lockstep group's ranks share one (another rank's request woke it)

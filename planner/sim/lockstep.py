@@ -57,7 +57,6 @@ class Lockstep(Sleeper):
         self.segment: tuple[float, list[float]] | None = None   # (start, ends) of the steps slept through
         self.wake_at = 0.0
         self.rank = {engine: i for i, engine in enumerate(engines)}
-        self.sent = 0                              # requests sent to the ranks so far
         for engine in engines:
             engine.group = self
         self.process = env.process(self.run())
@@ -162,16 +161,20 @@ class Lockstep(Sleeper):
             while taken:
                 if len(taken) > 1:
                     taken.sort(key=lambda t: self.rank[t[0]])     # in rank order, as stepping one at a time does
-                sent = self.sent
+                sent = self._requests()
                 for engine, count, finished in taken:
                     engine.after_steps(count, end, finished)
                 # A client whose request finished sends its next at once: its rank's plan is taken here.
-                taken = self._land() if self.sent != sent else []
+                taken = self._land() if self._requests() != sent else []
             if not any(engine.due.at <= end for engine in self.engines):
                 return
-            sent = self.sent
+            sent = self._requests()
             yield self.env.timeout(0)
-            taken = self._land() if self.sent != sent else []
+            taken = self._land() if self._requests() != sent else []
+
+    def _requests(self) -> int:
+        """Requests sent to the ranks so far."""
+        return sum(len(engine.groups) for engine in self.engines)
 
     def cut(self, t: float) -> None:
         """A request reached a rank at `t`: the segment slept through ends with the step under way then."""
