@@ -105,7 +105,7 @@ def test_runs_priced_at_once_equal_the_plan_priced_step_by_step(policy, monkeypa
 def test_shape_logs_read_as_lists_and_pickle_as_lists():
     import pickle
 
-    from planner.sim.shape_log import ShapeLog
+    from planner.sim.lazy_log import ShapeLog
 
     run = DecodeRun([30, 500, 1000], 2, 1536)
     log = ShapeLog([StepShape(1, 10, 55)])

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import chain, repeat
@@ -56,7 +57,7 @@ from planner.cost.shape import StepShape
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
 from planner.sim.private_blocks import PrivateBlockManager
-from planner.sim.shape_log import ShapeLog
+from planner.sim.lazy_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
 _order = attrgetter("order")
@@ -386,12 +387,12 @@ class DecodeBatch:
 
     # -- taking steps ----------------------------------------------------------------------------
 
-    def apply(self, plan: Plan) -> tuple[list[StepRecord], list[SequenceGroup]]:
-        """Take the plan's steps: the blocks, the token-state count, the records; finish the requests
-        its last step ends. Returns the records and the requests that finished."""
+    def apply(self, plan: Plan) -> list[SequenceGroup]:
+        """Take the plan's steps: the blocks, the token-state count; finish the requests its last step
+        ends, and return them (the steps' records: `PlanTaken.records`)."""
         steps = plan.steps
         if not steps:
-            return [], []
+            return []
         pool, step = self.pool, self.step
         if self.caching and self.answering:
             self._grow(step + 1, step + steps)
@@ -401,11 +402,9 @@ class DecodeBatch:
                     self._take(step + j + 1)
         num = len(self.members)
         pool.num_token_states = plan.token_states + steps * num
-        records = _records(plan, num, self.allocator)
         self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
-        finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
-        return records, finished
+        return self._finish(self.step, plan.ends[-1]) if plan.finishing else []
 
     def _take(self, step: int) -> None:
         """The blocks batch step `step` takes: members crossing a block boundary, in running order."""
@@ -649,22 +648,6 @@ def _advance(bins: Bins, moving) -> None:
         entry[2] += moved
 
 
-def _records(plan: Plan, num: int, allocator: BlockManager) -> list[StepRecord]:
-    """Each step's record, its memory as step-by-step simulation snapshots it (the step's blocks taken).
-    `plan_columns` computes the same fields for many plans at once."""
-    records = []
-    bs = allocator.block_size
-    total = allocator.num_gpu_blocks * bs
-    used, tokens, start = plan.blocks_used, plan.token_states, plan.start
-    for taken, end in zip(plan.takes, plan.ends):
-        used += taken
-        tokens += num
-        records.append(StepRecord(start, end, False, num, num, 0, num, used, tokens, 0, used * bs - tokens, 0,
-                                  total - used * bs, 0, 0))
-        start = end
-    return records
-
-
 class PlanTaken(NamedTuple):
     """What `plan_columns` needs of a plan whose first `len(ends)` steps an engine took at step `first`."""
 
@@ -680,6 +663,25 @@ class PlanTaken(NamedTuple):
     def of(cls, plan: Plan, first: int, steps: int, members: int) -> "PlanTaken":
         ends, takes = (plan.ends, plan.takes) if steps == len(plan.ends) else (plan.ends[:steps], plan.takes[:steps])
         return cls(first, plan.start, ends, takes, members, plan.blocks_used, plan.token_states)
+
+    def records(self, block_size: int, num_gpu_blocks: int) -> list[StepRecord]:
+        """Each step's record, its memory as step-by-step simulation snapshots it (the step's blocks
+        taken). `plan_columns` computes the same fields for many plans at once."""
+        records = []
+        num, bs, total = self.members, block_size, num_gpu_blocks * block_size
+        used, tokens, start = self.blocks_used, self.token_states, self.start
+        for taken, end in zip(self.takes, self.ends):
+            used += taken
+            tokens += num
+            records.append(StepRecord(start, end, False, num, num, 0, num, used, tokens, 0, used * bs - tokens, 0,
+                                      total - used * bs, 0, 0))
+            start = end
+        return records
+
+    def last_before(self, t: float) -> tuple[float, int] | None:
+        """(end, KV blocks used) of the last of its steps that ended before `t`; None if none did."""
+        k = bisect_left(self.ends, t)
+        return (self.ends[k - 1], self.blocks_used + sum(self.takes[:k])) if k else None
 
 
 def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> tuple:

@@ -16,7 +16,7 @@ array operations cost what a few dozen steps do, so the first chunk is 64 steps
 (16 took 10% longer over the DP2 x EP2 hour of bench/bench_moe_speed.py, 32 3%;
 128 no less than 64). `StepShape`s
 are built only for the steps a replica takes, and only when read
-(`DecodeRun.shapes`, planner/sim/shape_log.py).
+(`DecodeRun.shapes`, planner/sim/lazy_log.py).
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
-from planner.sim.shape_log import ShapeLog
+from planner.sim.lazy_log import ShapeLog, StepLog
 from planner.deploy.speculation import speculation_of
 from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
                                      enable as enable_speculation)
@@ -205,7 +205,8 @@ class SimulatedEngine(Sleeper):
         self.fan_out = scheduler.config.enable_chunked_prefill
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
-        self.steps: list[StepRecord] = []
+        self.steps = StepLog(block_size=scheduler.allocator.block_size,   # a plan's records built when read
+                             num_gpu_blocks=scheduler.allocator.num_gpu_blocks)
         self.plans_taken: list[PlanTaken] = []   # the decode plans whose steps it took, in order
         self.shapes = ShapeLog()           # StepShapes, a priced plan's built only when read
         self.num_running: list[int] = []
@@ -299,12 +300,12 @@ class SimulatedEngine(Sleeper):
         pending = self.pending
         if pending is not None and pending.ends and pending.ends[0] < t:
             return self.allocator.num_used_blocks() + pending.taken(bisect.bisect_left(pending.ends, t))
+        last = self.steps.last_before(t)
+        if last is None:
+            return self.initial_blocks_used
         published = self.published_used
         i = bisect.bisect_left(published, (t, -1)) - 1
-        for record in reversed(self.steps):
-            if record.end < t:
-                return published[i][1] if i >= 0 and published[i][0] == record.end else record.kv_blocks_used
-        return self.initial_blocks_used
+        return published[i][1] if i >= 0 and published[i][0] == last[0] else last[1]
 
     def cached_prefix_before(self, hashes: list[int], t: float) -> int:
         """How many of a prompt's leading block hashes the prefix cache held, as its KV events
@@ -545,25 +546,37 @@ class SimulatedEngine(Sleeper):
         if self.watch is not None:
             self.watch(self, end, finished)
 
-    def _took(self, records: list[StepRecord], shapes: list[StepShape] | Plan) -> None:
-        """Record decode steps taken in bulk (every running request in each): a window's shapes, or a
-        plan of the decode batch (its shapes logged as the plan's priced run)."""
-        if isinstance(shapes, Plan):
-            contexts = shapes.contexts()
-            shapes.log_shapes(self.shapes)
-            self.plans_taken.append(PlanTaken.of(shapes, len(self.steps), len(records), records[0].batch_size))
-        else:
-            contexts = [shape.decode_context for shape in shapes]
-            self.shapes.extend(shapes)
+    def _took(self, records: list[StepRecord], shapes: list[StepShape]) -> None:
+        """Record a window's decode steps, taken in bulk (every running request in each)."""
         logical, physical = self.logical_token_time, self.physical_token_time
-        for record, context in zip(records, contexts):
+        for record, shape in zip(records, shapes):
             duration = record.end - record.start
-            logical += context * duration
+            logical += shape.decode_context * duration
             physical += record.token_states * duration
         self.logical_token_time, self.physical_token_time = logical, physical
+        self.shapes.extend(shapes)
         self.steps.extend(records)
         self.num_running.extend(repeat(records[0].batch_size, len(records)))   # the same in each
         self.fast_forwarded_steps += len(records)
+
+    def _took_plan(self, plan: Plan, num: int) -> None:
+        """Record a plan of the decode batch's `num` members, taken: its steps and shapes as the plan
+        (built when read), the token-time sums step by step as its records hold them."""
+        taken = PlanTaken.of(plan, len(self.steps), len(plan.ends), num)
+        self.plans_taken.append(taken)
+        self.steps.add_plan(taken)
+        plan.log_shapes(self.shapes)
+        logical, physical = self.logical_token_time, self.physical_token_time
+        start, tokens = plan.start, plan.token_states
+        for end, context in zip(plan.ends, plan.contexts()):
+            duration = end - start
+            tokens += num
+            logical += context * duration
+            physical += tokens * duration
+            start = end
+        self.logical_token_time, self.physical_token_time = logical, physical
+        self.num_running.extend(repeat(num, len(plan.ends)))
+        self.fast_forwarded_steps += len(plan.ends)
 
     def step_columns(self) -> dict:
         """metrics.step_columns(self.steps): the plans' steps from the plans in bulk, the rest read."""
@@ -574,7 +587,8 @@ class SimulatedEngine(Sleeper):
         rest = np.ones(len(self.steps), dtype=bool)
         rest[at] = False
         rest = np.flatnonzero(rest)
-        read = step_columns([self.steps[i] for i in rest.tolist()])
+        kept = self.steps.kept_records()
+        read = step_columns(kept if kept is not None else [self.steps[i] for i in rest.tolist()])
         columns = {}
         for name, values in planned.items():
             column = columns[name] = np.empty(len(self.steps), dtype=values.dtype)
@@ -606,8 +620,9 @@ class SimulatedEngine(Sleeper):
 
     def take_plan(self, plan: Plan) -> list:
         """Take the steps of a plan slept through; returns the requests they finished."""
-        records, finished = self.batch.apply(plan)
-        self._took(records, plan)
+        members = len(self.batch.members)
+        finished = self.batch.apply(plan)
+        self._took_plan(plan, members)
         return finished
 
     def _mixed_move(self, batch: DecodeBatch, step_time: Callable[[StepShape], float]) -> Move:

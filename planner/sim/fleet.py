@@ -41,7 +41,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
 from planner.sim.clients import ClosedLoop
 from planner.sim.lockstep import Lockstep
 from planner.sim.router import Router, RouterPolicy, parse_router
-from planner.sim.shape_log import ShapeLog
+from planner.sim.lazy_log import ShapeLog, StepLog
 from workloads import Trace
 
 # Per replica in result.json (`fleet.per_replica`): the replica's own metrics under these names.
@@ -230,8 +230,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
              for engine, own, cols in zip(fleet.engines, mine, columns)]
     positions, replicas = _merge_order(parts, np.concatenate([c["start"] for c in columns]))
     order, step_replicas = positions.tolist(), replicas.tolist()
-    steps = _pick([s for p in parts for s in p.steps], order)
-    shapes = _merged_shapes(parts, len(order), order)
+    steps, shapes = _merged_logs(parts, order)
     num_running = _pick([n for p in parts for n in p.num_running], order)
     preemptions = {key: sum(e.scheduler.preemptions[key] for e in fleet.engines) for key in ("recompute", "swap")}
     logical = sum(e.logical_token_time for e in fleet.engines)
@@ -264,10 +263,11 @@ def _pick(values: list, order: list[int]) -> list:
     return list(map(values.__getitem__, order))
 
 
-def _merged_shapes(parts: list[SimResult], count: int, order: list[int]) -> ShapeLog:
-    """The parts' step shapes in the merged steps' `order`, picked when first read (the replicas' own
-    logs build their bulk steps' shapes only then: planner/sim/shape_log.py)."""
-    return ShapeLog.later(lambda: _pick([s for p in parts for s in p.shapes], order), count)
+def _merged_logs(parts: list[SimResult], order: list[int]) -> tuple[StepLog, ShapeLog]:
+    """The parts' step records and shapes in the merged steps' `order`, picked when first read (the
+    replicas' own logs build their plans' records and shapes only then: planner/sim/lazy_log.py)."""
+    return (StepLog.later(lambda: _pick([s for p in parts for s in p.steps], order), len(order)),
+            ShapeLog.later(lambda: _pick([s for p in parts for s in p.shapes], order), len(order)))
 
 
 def pool_result(pool, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
@@ -280,5 +280,5 @@ def merged_steps(parts: list[SimResult]) -> tuple[list, list, list, list[int]]:
     """The steps, shapes and running counts of several runs in start order, and the part of each step."""
     positions, parts_of = _merge_order(parts)
     order = positions.tolist()
-    return (_pick([s for p in parts for s in p.steps], order), _merged_shapes(parts, len(order), order),
+    return (*_merged_logs(parts, order),
             _pick([n for p in parts for n in p.num_running], order), parts_of.tolist())
