@@ -7,6 +7,7 @@ runs priced at once equal the same simulations priced step by step in the plan.
 """
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -116,6 +117,27 @@ def test_shape_logs_read_as_lists_and_pickle_as_lists():
     assert pickle.loads(pickle.dumps(log)) == shapes and type(pickle.loads(pickle.dumps(log))) is list
     later = ShapeLog.later(lambda: list(shapes), 6)
     assert later == log and len(later) == 6 and later[-1] == shapes[-1]
+
+
+def test_a_step_log_holds_plans_as_entries_and_reads_as_their_records():
+    import pickle
+
+    from planner.sim.lazy_log import StepLog
+
+    trace = make_trace("sharegpt", duration=5, rate=20.0, seed=4)
+    run = simulate(trace, sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=8192), MeasuredCostModel(LLAMA, H100))
+    log = run.steps
+    assert isinstance(log, StepLog) and len(log.kept_records()) < len(log) / 2     # most steps not built yet
+    ends = [end for entry in log.entries() for end in (entry.ends if hasattr(entry, "ends") else [entry.end])]
+    times = [0.0, *ends, *(math.nextafter(end, math.inf) for end in ends),
+             *(random.Random(1).uniform(0, run.simulated_time + 1) for _ in range(300))]
+    found = [log.last_before(t) for t in times]      # the least-kv router's question, on the entries
+    records = list(log)
+    assert log.kept_records() is None and len(records) == len(log) and log == records
+    for t, answer in zip(times, found):
+        before = [r for r in records if r.end < t]
+        assert answer == ((before[-1].end, before[-1].kv_blocks_used) if before else None)
+    assert pickle.loads(pickle.dumps(log)) == records and type(pickle.loads(pickle.dumps(log))) is list
 
 
 def test_a_fleets_shapes_are_its_replicas_in_step_order_when_read():
