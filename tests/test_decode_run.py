@@ -47,7 +47,12 @@ def test_a_run_prices_each_step_as_step_time_does(knobs):
         low, counts, sums = run.chunk(0, count)
         times = model.decode_step_times(run.num, low, counts, sums).tolist()
         for row in range(count):
-            assert times[row] == _scalar(model, (bases + run.first + row).tolist()), (trial, row)
+            contexts = (bases + run.first + row).tolist()
+            assert times[row] == _scalar(model, contexts), (trial, row)
+            # A short plan's step, priced from the batch's own bins: the same float.
+            flat = context_histogram(contexts)
+            bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+            assert model.decode_step_time(run.num, bins) == times[row], (trial, row)
 
 
 def test_shapes_are_the_steps_histograms_and_contexts():

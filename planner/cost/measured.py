@@ -432,24 +432,46 @@ class MeasuredCostModel:
         request's query length, vllm/v1/attention/backends/flash_attn.py), so the keys are read once and
         the step stays memory-bound; the extra rows' arithmetic is left out."""
         b = s.decode_seqs
-        curve = self._gen_curves.get(b) or self._gen_curve(b)
         hist = s.decode_histogram
         if hist:
-            total = 0.0
-            for i in range(0, len(hist), 3):
-                a, slope, ext = curve[hist[i]]
-                total += hist[i + 1] * a + slope * hist[i + 2]
-                if ext:
-                    self.extrapolated.add(self._tables["generation"])
-            full = self.model.full_attention_layers * total / b
-        else:   # no histogram: every sequence at the mean context
-            a, slope, ext = curve[context_bucket(-(-s.decode_context // b))]
-            if ext:
-                self.extrapolated.add(self._tables["generation"])
-            full = self.model.full_attention_layers * (a + slope * s.decode_context / b)
+            iterator = iter(hist)
+            return self._bucket_attention(b, list(zip(iterator, iterator, iterator)) if self.model.sliding_layers
+                                          else zip(iterator, iterator, iterator))
+        # No histogram: every sequence at the mean context.
+        curve = self._gen_curves.get(b) or self._gen_curve(b)
+        k = context_bucket(-(-s.decode_context // b))
+        a, slope, ext = curve[k]
+        if ext:
+            self.extrapolated.add(self._tables["generation"])
+        full = self.model.full_attention_layers * (a + slope * s.decode_context / b)
         if not self.model.sliding_layers:
             return full
-        return full + self.model.sliding_layers * self._windowed_decode(s, curve) / b
+        return full + self.model.sliding_layers * self._windowed_decode(((k, b, s.decode_context),), curve) / b
+
+    def _bucket_attention(self, b: int, triples) -> float:
+        """decode_attention of `b` sequences given as (bucket, sequences, total context) triples, buckets
+        ascending (re-iterable when the model has sliding-window layers)."""
+        curve = self._gen_curves.get(b) or self._gen_curve(b)
+        total = 0.0
+        for k, n, keys in triples:
+            a, slope, ext = curve[k]
+            total += n * a + slope * keys
+            if ext:
+                self.extrapolated.add(self._tables["generation"])
+        full = self.model.full_attention_layers * total / b
+        if not self.model.sliding_layers:
+            return full
+        return full + self.model.sliding_layers * self._windowed_decode(triples, curve) / b
+
+    def decode_step_time(self, seqs: int, triples) -> float:
+        """step_time of a decode-only step of `seqs` sequences, their contexts as (bucket, sequences,
+        total context) triples, buckets ascending (the decode batch's histogram as it keeps it): the
+        same float, without building the StepShape (planner/sim/batch.py prices short plans so)."""
+        gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
+        gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+        gpu += self._bucket_attention(seqs, triples)
+        host = self._host_base + self._host_per_seq * seqs
+        return gpu + host if not self.async_scheduling else (gpu if gpu >= host else host)
 
     def decode_step_times(self, seqs: int, low: int, counts, sums):
         """`step_time` of decode-only steps of `seqs` sequences, one per row: row i holds counts[i, j]
@@ -487,17 +509,15 @@ class MeasuredCostModel:
                 curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
             self.extrapolated.add(self._tables["generation"])
 
-    def _windowed_decode(self, s: StepShape, curve) -> float:
-        """sum_i T(b, min(c_i, window)) for one sliding-window layer: a sequence past the window is
-        priced at the window (the kernel reads only its keys)."""
+    def _windowed_decode(self, triples, curve) -> float:
+        """sum_i T(b, min(c_i, window)) for one sliding-window layer, the contexts as (bucket, sequences,
+        total context) triples: a sequence past the window is priced at the window (the kernel reads
+        only its keys)."""
         w = self.model.window
         a_w, slope_w, _ = curve[context_bucket(w)]
         at_window = a_w + slope_w * w
-        hist = s.decode_histogram or (context_bucket(-(-s.decode_context // s.decode_seqs)), s.decode_seqs,
-                                      s.decode_context)
         total = 0.0
-        for i in range(0, len(hist), 3):
-            k, n, keys = hist[i], hist[i + 1], hist[i + 2]
+        for k, n, keys in triples:
             if k > 0 and 1 << (k - 1) >= w:
                 total += n * at_window
             else:

@@ -121,12 +121,11 @@ class Plan:
         """The decode context and histogram of the step after the last (`num` members, each context one
         longer, and the buckets in `moves` for it moved on), as the batch keeps them."""
         steps, source = len(self.ends), self.source
-        if isinstance(source, DecodeRun):
-            context, flat = source.context + (steps - 1) * num, source.histogram(steps - 1)
-        else:
-            context, flat = source[steps - 1].decode_context, source[steps - 1].decode_histogram
+        run = isinstance(source, DecodeRun)
+        context = source.context + (steps - 1) * num if run else source[steps - 1].decode_context
         bins = self.bins_after
         if histogram and bins is None:
+            flat = source.histogram(steps - 1) if run else source[steps - 1].decode_histogram
             bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
             _advance(bins, moves.get(self.last_step + 1, ()))
         return context + num, bins
@@ -339,7 +338,9 @@ class DecodeBatch:
                                             crossings, self.step, spare)
             source, bins = run, None
         else:
-            source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare)
+            # A model that prices runs prices a step from the batch's own histogram too (no StepShape).
+            decode_time = self.cost_model.decode_step_time if pricer is not None and self.histogram else None
+            source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare, decode_time)
         if not ends:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
@@ -356,8 +357,10 @@ class DecodeBatch:
         ends = self.ends
         return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
-    def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int):
-        """Each step's shape, end, blocks taken and price, from the next one to `last` at most."""
+    def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int, decode_time=None):
+        """The steps' shapes (a list, or with `decode_time`, the model's price of a decode step from the
+        histogram's triples, the run that builds them), ends, blocks taken and prices, from the next step
+        to `last` at most."""
         shapes: list[StepShape] = []
         ends: list[float] = []
         takes: list[int] = []
@@ -373,17 +376,22 @@ class DecodeBatch:
                 break
             taken += crossing
             step += 1
-            shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
-            price = step_time(shape)
+            if decode_time is not None:
+                price = decode_time(num, bins)
+            else:
+                shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
+                price = step_time(shape)
+                shapes.append(shape)
             end = end + price
             prices.append(price)
-            shapes.append(shape)
             ends.append(end)
             takes.append(crossing)
             context += num
             if histogram:
                 _advance(bins, moves.get(step + 1, ()))
-        return shapes, ends, takes, prices, bins
+        source = shapes if decode_time is None else DecodeRun([m.base for m in self.members], self.step + 1,
+                                                             self.context)
+        return source, ends, takes, prices, bins
 
     # -- taking steps ----------------------------------------------------------------------------
 
@@ -397,22 +405,23 @@ class DecodeBatch:
         if self.caching and self.answering:
             self._grow(step + 1, step + steps)
         else:
-            for j in range(steps):
-                if plan.takes[j]:
-                    self._take(step + j + 1)
+            self._take(step + 1, plan.takes)
         num = len(self.members)
         pool.num_token_states = plan.token_states + steps * num
         self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
         return self._finish(self.step, plan.ends[-1]) if plan.finishing else []
 
-    def _take(self, step: int) -> None:
-        """The blocks batch step `step` takes: members crossing a block boundary, in running order."""
-        take, fill, bs = self.pool.take, self.pool.fill, self.bs
-        for member in self.by_residue[step % bs]:
-            table = member.table
-            fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
-            table.append(take(1))
+    def _take(self, first: int, takes) -> None:
+        """The blocks batch steps first, first + 1, ... take (takes[j] at step first + j): members
+        crossing a block boundary, step by step, each step's in running order."""
+        take, fill, bs, by_residue = self.pool.take, self.pool.fill, self.bs, self.by_residue
+        for step, count in enumerate(takes, first):
+            if count:
+                for member in by_residue[step % bs]:
+                    table = member.table
+                    fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
+                    table.append(take(1))
 
     def _grow(self, first: int, last: int) -> None:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
@@ -577,7 +586,7 @@ class DecodeBatch:
         if self.caching and self.answering:
             self._grow(step, step)
         else:
-            self._take(step)
+            self._take(step, (1,))
         num = len(self.members)
         pool.num_token_states = token_states + num
         groups, seqs, counts, ended, truncated = [], [], [], [], []
