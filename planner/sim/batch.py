@@ -61,7 +61,7 @@ from planner.sim.lazy_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
 _order = attrgetter("order")
-RUN_MIN_STEPS = 16     # plans likely shorter are priced step by step (DecodeBatch._long)
+RUN_MIN_STEPS = 32     # plans likely shorter are priced step by step (DecodeBatch._long)
 
 
 @dataclass(slots=True, eq=False)
