@@ -694,9 +694,10 @@ class PlanTaken(NamedTuple):
 
 
 def plan_columns(plans: list[PlanTaken], allocator: BlockManager) -> tuple:
-    """The engine's step indices the plans' steps hold, and metrics.step_columns of the records `_records`
-    made for them, in that order: from the plans themselves in a few array operations (most of a busy
-    replica's steps are a plan's: reading them back one attribute at a time was a tenth of a fleet's hour)."""
+    """The engine's step indices the plans' steps hold, and metrics.step_columns of the records
+    `PlanTaken.records` makes for them, in that order: from the plans themselves in a few array operations
+    (most of a busy replica's steps are a plan's: reading them back one attribute at a time was a tenth of
+    a fleet's hour)."""
     import numpy as np
     lens = np.array([len(p.ends) for p in plans], dtype=np.int64)
     offsets = np.cumsum(lens) - lens
