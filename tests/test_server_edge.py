@@ -175,7 +175,9 @@ def test_an_8_mb_prompt_is_refused_before_tokenizing_and_health_stays_quick(fold
         thread.join(30)
         error = assert_openai_error(r, 400, "prompt")
         assert "maximum context length is 128" in error["message"] and elapsed < 5
-        assert max(slow) < 1.0, max(slow)
+        # Tokenizing the 8 MiB prompt would hold the event loop about 12 s on this class of machine; a
+        # probe that overlaps receiving the body took up to ~1.1 s on a busy 2-core machine.
+        assert max(slow) < 3.0, max(slow)
 
 
 def test_a_trusted_request_template_has_a_rendering_time_limit(folder):
