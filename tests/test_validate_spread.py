@@ -144,7 +144,7 @@ def test_the_verdict_passes_a_metric_inside_the_interval_even_off_its_target(liv
         assert not judged["pass"] and judged["interval_miss"] == pytest.approx(0.1)
         verdict = validation_verdict(v)
         assert not verdict["within_targets"] and "e2e_mean +20.0%" in verdict["missed"][0]
-        assert "outside the simulated 90% interval +10.0% to +30.0%" in verdict["missed"][0]
+        assert "the measurement outside the simulated 90% interval, errors +10.0% to +30.0%" in verdict["missed"][0]
 
         _forced(v, "e2e_mean", simulated=1.08, low=1.1, high=1.3)       # outside, but within the 10% target
         assert judge(v)["e2e_mean"]["pass"] and validation_verdict(v)["within_targets"]

@@ -273,12 +273,14 @@ def judge(validation: Validation, targets: dict[str, float] = TARGETS) -> dict[s
 
 
 def _judged_text(name: str, j: dict, level: float) -> str:
-    """'e2e_mean -12.0% (target ±10%; inside the simulated 90% interval -14.1% to +2.0%)'."""
+    """'e2e_mean -12.0% (target ±10%; the measurement inside the simulated 90% interval, errors -14.1% to
+    +2.0%)': the interval's edges as errors against the measurement, so 'inside' means they straddle 0."""
     where = ""
     if j["inside_interval"] is not None:
         span = "" if j["interval_errors"] is None else \
-            f" {j['interval_errors'][0]:+.1%} to {j['interval_errors'][1]:+.1%}"
-        where = f"; {'inside' if j['inside_interval'] else 'outside'} the simulated {level:.0%} interval{span}"
+            f", errors {j['interval_errors'][0]:+.1%} to {j['interval_errors'][1]:+.1%}"
+        where = (f"; the measurement {'inside' if j['inside_interval'] else 'outside'} the simulated "
+                 f"{level:.0%} interval{span}")
     return f"{name} {j['relative_error']:+.1%} (target ±{j['target']:.0%}{where})"
 
 
