@@ -13,6 +13,7 @@ log) and pickles as a plain list.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 
 from engine.core.metrics import StepRecord
@@ -52,8 +53,9 @@ class LazyLog(Sequence):
         self._size += count
         self._lazy = True
 
+    @abstractmethod
     def _expand(self, entry) -> list:
-        raise NotImplementedError
+        """The items a bulk entry stands for."""
 
     def entries(self) -> list:
         """The log as kept: plain items and bulk entries, in order (not built)."""
