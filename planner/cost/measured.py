@@ -466,12 +466,35 @@ class MeasuredCostModel:
     def decode_step_time(self, seqs: int, triples) -> float:
         """step_time of a decode-only step of `seqs` sequences, their contexts as (bucket, sequences,
         total context) triples, buckets ascending (the decode batch's histogram as it keeps it): the
-        same float, without building the StepShape (planner/sim/batch.py prices short plans so)."""
-        gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
-        gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
-        gpu += self._bucket_attention(seqs, triples)
+        same float, without building the StepShape."""
+        return self.decode_pricer(seqs)(triples)
+
+    def decode_pricer(self, seqs: int):
+        """`decode_step_time` of `seqs` sequences with everything but the contexts bound once: a
+        function of the triples (planner/sim/batch.py prices a short plan's steps, all of one batch, so).
+        The same float: the terms that do not depend on the contexts summed as step_time sums them."""
+        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
+        fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
+        fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         host = self._host_base + self._host_per_seq * seqs
-        return gpu + host if not self.async_scheduling else (gpu if gpu >= host else host)
+        full_layers, sliding_layers = self.model.full_attention_layers, self.model.sliding_layers
+        overlap = self.async_scheduling
+        extrapolated, table = self.extrapolated, self._tables["generation"]
+
+        def price(triples) -> float:
+            # _bucket_attention's sum, inline: this runs once a step for most of a busy replica's steps
+            total = 0.0
+            for k, n, keys in triples:
+                a, slope, ext = curve[k]
+                total += n * a + slope * keys
+                if ext:
+                    extrapolated.add(table)
+            attention = full_layers * total / seqs
+            if sliding_layers:
+                attention = attention + sliding_layers * self._windowed_decode(triples, curve) / seqs
+            gpu = fixed + attention
+            return gpu + host if not overlap else (gpu if gpu >= host else host)
+        return price
 
     def decode_step_times(self, seqs: int, low: int, counts, sums):
         """`step_time` of decode-only steps of `seqs` sequences, one per row: row i holds counts[i, j]

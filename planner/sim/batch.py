@@ -339,7 +339,7 @@ class DecodeBatch:
             source, bins = run, None
         else:
             # A model that prices runs prices a step from the batch's own histogram too (no StepShape).
-            decode_time = self.cost_model.decode_step_time if pricer is not None and self.histogram else None
+            decode_time = self.cost_model.decode_pricer(num) if pricer is not None and self.histogram else None
             source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare, decode_time)
         if not ends:
             return None
@@ -358,9 +358,9 @@ class DecodeBatch:
         return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int, decode_time=None):
-        """The steps' shapes (a list, or with `decode_time`, the model's price of a decode step from the
-        histogram's triples, the run that builds them), ends, blocks taken and prices, from the next step
-        to `last` at most."""
+        """The steps' shapes (a list, or with `decode_time`, the model's price of a decode step of the
+        batch from the histogram's triples, the run that builds them), ends, blocks taken and prices,
+        from the next step to `last` at most."""
         shapes: list[StepShape] = []
         ends: list[float] = []
         takes: list[int] = []
@@ -377,7 +377,7 @@ class DecodeBatch:
             taken += crossing
             step += 1
             if decode_time is not None:
-                price = decode_time(num, bins)
+                price = decode_time(bins)
             else:
                 shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
                 price = step_time(shape)

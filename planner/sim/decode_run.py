@@ -44,18 +44,23 @@ def run_pricer(cost_model):
 class DecodeRun:
     """The steps of one plan: each step's contexts, histogram and (when read) shape, from the members'."""
 
-    __slots__ = ("bases", "context", "first", "num")
+    __slots__ = ("bases", "context", "first", "num", "_array")
 
     def __init__(self, bases: list[int], first: int, context: int) -> None:
-        self.bases = np.array(bases)  # per member: its context at batch step s is base + s
+        # per member: its context at batch step s is base + s
+        self.bases = bases.tolist() if isinstance(bases, np.ndarray) else bases
         self.num = len(bases)
         self.first = first            # the batch step of the run's first step
         self.context = context        # the first step's total decode context
+        self._array = None            # the bases as an array, made at the first chunk (a short plan
+                                      # priced step by step may never need one)
 
     def chunk(self, offset: int, count: int) -> tuple[int, np.ndarray, np.ndarray]:
         """Steps offset .. offset + count - 1 of the run: per step and context bucket from the lowest
         any of them reads, the sequences and their total context (StepShape.decode_histogram's)."""
-        contexts = np.arange(self.first + offset, self.first + offset + count)[:, None] + self.bases
+        if self._array is None:
+            self._array = np.array(self.bases)
+        contexts = np.arange(self.first + offset, self.first + offset + count)[:, None] + self._array
         keys = np.frexp(contexts - 1)[1]            # context_bucket: (c - 1).bit_length()
         low = int(keys[0].min())                    # contexts only grow: the first step has the lowest
         width = int(keys[-1].max()) - low + 1
@@ -72,7 +77,7 @@ class DecodeRun:
     def histogram(self, index: int) -> tuple[int, ...]:
         """StepShape.decode_histogram of step `index` of the run (a few dozen members: no arrays)."""
         step = self.first + index
-        return context_histogram([base + step for base in self.bases.tolist()])
+        return context_histogram([base + step for base in self.bases])
 
     def shapes(self, steps: int) -> list[StepShape]:
         """The first `steps` steps' shapes, as the scalar plan builds them: each histogram's (bucket,
