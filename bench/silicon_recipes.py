@@ -28,6 +28,8 @@ class Recipe:
     kv_cache_dtype: str = "auto"
     prefix_caching: bool = True
     max_num_seqs: int | None = 1024         # None: the run's concurrency (--max-num-seqs=$CONC)
+    max_num_batched_tokens: int | None = 8192   # None: concurrency + ISL + budget_margin
+    budget_margin: int = 0
     max_model_len: int | None = None        # None: ISL + OSL + max_model_len_margin
     max_model_len_margin: int = 0
     async_scheduling: bool = False
@@ -42,7 +44,7 @@ class Recipe:
         """The Deployment settings the recipe fixes for a run (model, GPU, TP and formats aside)."""
         return dict(policy="vllm-v1", enable_prefix_caching=self.prefix_caching, kv_cache_dtype=self.kv_cache_dtype,
                     async_scheduling=self.async_scheduling, client_turnaround=self.client_turnaround,
-                    max_num_batched_tokens=8192,
+                    max_num_batched_tokens=self.max_num_batched_tokens or concurrency + isl + self.budget_margin,
                     max_num_seqs=self.max_num_seqs or concurrency,
                     max_model_len=self.max_model_len or isl + osl + self.max_model_len_margin)
 
@@ -69,6 +71,17 @@ class Recipe:
 
 
 VLLM_DEFAULTS = Recipe("vLLM's H100 API-server defaults, fixed lengths")
+
+# How aiconfigurator's generator deploys and loads an aggregated vLLM worker (github.com/ai-dynamo/aiconfigurator,
+# src/aiconfigurator/generator/rule_plugin/vllm.rule since 95ddf241a, 2025-12-04, and benchmark/bench_run.sh.j2
+# at 095f58a51): --max-num-seqs = the batch size, --max-num-batched-tokens = batch size + ISL + 1500,
+# --max-model-len = ISL + OSL + 1500, CUDA graphs for every batch size up to it; aiperf at --concurrency C with
+# fixed lengths (--isl-stddev 0 --osl-stddev 0), ignore_eos, 20 x C requests after 2 x C warm-up requests. NVIDIA's
+# Qwen3-32B runs sweep its default concurrencies (8-128 of 1, 2, 8, ..., 128), but nothing says they were made so:
+# an alternative the bench can price (--aiconfigurator-recipe), not the one it uses (docs/calibration.md).
+AICONFIGURATOR_AGG = Recipe("aiconfigurator's generated vLLM agg deployment and aiperf sweep", prefix_caching=False,
+                            max_num_seqs=None, max_num_batched_tokens=None, budget_margin=1500,
+                            max_model_len_margin=1500, requests_per_client=20, min_requests=0)
 
 # InferenceMAX's Llama-3.1-70B FP8 H100 recipe (benchmarks/70b_fp8_h100_slurm.sh and
 # .github/workflows/70b-tmpl.yml at c99f2e6, vllm/vllm-openai:v0.11.0): --kv-cache-dtype fp8

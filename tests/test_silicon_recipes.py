@@ -70,3 +70,18 @@ def test_a_served_runs_schedule_priced_again_reproduces_its_simulation(bench):
     assert again == pytest.approx(rec.simulated, rel=1e-9)
     with pytest.raises(SystemExit, match="within the clients' turnaround"):
         rec.schedule.reprice([rec.schedule.turnaround / 2] * len(rec.shapes))
+
+
+def test_aiconfigurators_recipe_sizes_the_server_by_its_clients(bench, monkeypatch):
+    # --aiconfigurator-recipe: NVIDIA's vLLM 0.12 runs as aiconfigurator's generator deploys vLLM (max_num_seqs the
+    # batch size, a token budget of batch size + ISL + 1500, max_model_len ISL + OSL + 1500), fixed lengths, 20 x C
+    row = next(r for r in bench.rows() if r.weights == "bf16" and (r.isl, r.concurrency) == (4096, 32))
+    monkeypatch.setattr(bench, "nvidia_recipe", bench.AICONFIGURATOR_AGG)
+    assert bench.recipe(row) is bench.AICONFIGURATOR_AGG
+    d = bench.deployment(row)
+    assert (d.max_num_seqs, d.max_num_batched_tokens, d.max_model_len) == (32, 32 + 4096 + 1500, 4096 + row.osl + 1500)
+    assert not d.enable_prefix_caching and not d.async_scheduling
+    assert bench.AICONFIGURATOR_AGG.requests(row.concurrency) == 20 * 32
+    assert {q.prompt_len for q in trace(bench, row, 64)} == {4096}
+    other = next(r for r in bench.rows() if r.weights == "fp8" and r.model == "Qwen/Qwen3-32B")
+    assert bench.recipe(other) is bench.VLLM_DEFAULTS     # the Dynamo runs are not vLLM 0.12.0's own
