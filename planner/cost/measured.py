@@ -90,6 +90,7 @@ once the simulation has seen a shape.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -213,6 +214,7 @@ class MeasuredCostModel:
         self._ctx_cache: dict[tuple[int, int], float] = {}
         self._gen_curves: dict[int, tuple] = {}
         self._gen_arrays: dict[int, tuple] = {}      # the same curves as numpy arrays (decode_step_times)
+        self._attention_of: dict[int, Callable] = {}  # decode attention of b sequences, by their triples
         # the context grid of generation attention, in powers of two: 1 .. 2**max_bucket
         self._gen_max_bucket = max(max(row) for row in self._gen_tree.values()).bit_length()
         self._name = self._make_name()
@@ -451,17 +453,28 @@ class MeasuredCostModel:
     def _bucket_attention(self, b: int, triples) -> float:
         """decode_attention of `b` sequences given as (bucket, sequences, total context) triples, buckets
         ascending (re-iterable when the model has sliding-window layers)."""
+        return (self._attention_of.get(b) or self._attention_pricer(b))(triples)
+
+    def _attention_pricer(self, b: int) -> Callable:
+        """`_bucket_attention` of `b` sequences as a function of the triples, everything else bound once
+        (a short plan prices each of its steps so: planner/sim/batch.py)."""
         curve = self._gen_curves.get(b) or self._gen_curve(b)
-        total = 0.0
-        for k, n, keys in triples:
-            a, slope, ext = curve[k]
-            total += n * a + slope * keys
-            if ext:
-                self.extrapolated.add(self._tables["generation"])
-        full = self.model.full_attention_layers * total / b
-        if not self.model.sliding_layers:
-            return full
-        return full + self.model.sliding_layers * self._windowed_decode(triples, curve) / b
+        full_layers, sliding_layers = self.model.full_attention_layers, self.model.sliding_layers
+        extrapolated, table = self.extrapolated, self._tables["generation"]
+
+        def attention(triples) -> float:
+            total = 0.0
+            for k, n, keys in triples:
+                a, slope, ext = curve[k]
+                total += n * a + slope * keys
+                if ext:
+                    extrapolated.add(table)
+            full = full_layers * total / b
+            if not sliding_layers:
+                return full
+            return full + sliding_layers * self._windowed_decode(triples, curve) / b
+        self._attention_of[b] = attention
+        return attention
 
     def decode_step_time(self, seqs: int, triples) -> float:
         """step_time of a decode-only step of `seqs` sequences, their contexts as (bucket, sequences,
@@ -469,31 +482,21 @@ class MeasuredCostModel:
         same float, without building the StepShape."""
         return self.decode_pricer(seqs)(triples)
 
-    def decode_pricer(self, seqs: int):
+    def decode_pricer(self, seqs: int) -> Callable:
         """`decode_step_time` of `seqs` sequences with everything but the contexts bound once: a
         function of the triples (planner/sim/batch.py prices a short plan's steps, all of one batch, so).
         The same float: the terms that do not depend on the contexts summed as step_time sums them."""
-        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
+        attention = self._attention_of.get(seqs) or self._attention_pricer(seqs)
         fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
         fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         host = self._host_base + self._host_per_seq * seqs
-        full_layers, sliding_layers = self.model.full_attention_layers, self.model.sliding_layers
-        overlap = self.async_scheduling
-        extrapolated, table = self.extrapolated, self._tables["generation"]
-
-        def price(triples) -> float:
-            # _bucket_attention's sum, inline: this runs once a step for most of a busy replica's steps
-            total = 0.0
-            for k, n, keys in triples:
-                a, slope, ext = curve[k]
-                total += n * a + slope * keys
-                if ext:
-                    extrapolated.add(table)
-            attention = full_layers * total / seqs
-            if sliding_layers:
-                attention = attention + sliding_layers * self._windowed_decode(triples, curve) / seqs
-            gpu = fixed + attention
-            return gpu + host if not overlap else (gpu if gpu >= host else host)
+        if self.async_scheduling:
+            def price(triples) -> float:
+                gpu = fixed + attention(triples)
+                return gpu if gpu >= host else host
+        else:
+            def price(triples) -> float:
+                return fixed + attention(triples) + host
         return price
 
     def decode_step_times(self, seqs: int, low: int, counts, sums):
