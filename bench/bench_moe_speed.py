@@ -6,9 +6,10 @@ model, fast-forward on, as simulate runs by default) on the catalog's MoE models
 simulated time, the wall time, the ratio and the steps per wall second. The cost model is built once
 before the clock starts (as Simulation.prepare does for every run).
 
-    .venv/bin/python bench/bench_moe_speed.py [--minutes 60] [--quick] [--async-scheduling]
+    .venv/bin/python bench/bench_moe_speed.py [--minutes 60] [--quick] [--no-async-scheduling]
 
-`--async-scheduling` runs the cases as vLLM >= 0.14 does by default (not the planner's default).
+The cases run as `planner simulate` does by default: async scheduling on, vLLM's own default on a GPU;
+`--no-async-scheduling` runs them with the host in series (as the figures before stop 44 were taken).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ CASES = (
 
 
 def run_case(settings: dict, rate: float, minutes: float,
-             async_scheduling: bool = False) -> tuple[float, float, float, int, int]:
+             async_scheduling: bool | None = None) -> tuple[float, float, float, int, int]:
     """(simulated seconds, wall seconds, CPU seconds, steps, completed requests) of one case."""
     deployment = Deployment(policy="vllm-v1", max_model_len=8192, async_scheduling=async_scheduling, **settings)
     spec = run_spec(deployment, workload="sharegpt", rate=rate, duration=minutes * 60.0)
@@ -52,7 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="minutes of arrivals per case")
     parser.add_argument("--quick", action="store_true", help="the first case only")
-    parser.add_argument("--async-scheduling", action="store_true", help="vLLM's async scheduling (its default)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="vLLM's async scheduling [default: vLLM's own choice, on]")
     args = parser.parse_args()
     print(f"{'case':40s} {'rate':>6s} {'simulated s':>12s} {'wall s':>8s} {'CPU s':>7s} {'x real (wall)':>13s} "
           f"{'x real (CPU)':>12s} {'steps':>8s} {'done':>7s}")

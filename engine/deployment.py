@@ -39,8 +39,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   hides its fitted host time behind the GPU time (the best case; off: in
   series, as the vLLM 0.12 runs it was calibrated on), and the simulator
   schedules as vLLM then does: a request that arrives while step N runs joins
-  step N+2, not N+1 (planner/sim/engine.py `_admit_held`). This engine
-  schedules synchronously and refuses it; only the planner prices it.
+  step N+2, not N+1 (planner/sim/engine.py `_admit_held`). None (the default)
+  is vLLM's own default, filled in by `resolve_batch_limits` (`vllm_async_default`):
+  on for the vllm-v1 policy on a GPU, as vLLM 0.19 serves. This engine
+  schedules synchronously: it refuses True and runs None as off.
 - `client_turnaround` is how a closed loop's clients reach the engine: the
   seconds from a request's end in the engine to its client's next request in
   the engine's queue (planner/sim/clients.py). 0: at once, as clients in the
@@ -108,7 +110,7 @@ class Deployment:
     num_cpu_blocks: int | None = None
     quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
     kv_cache_dtype: str = "auto"
-    async_scheduling: bool = False           # vLLM's --async-scheduling (priced by the measured model only)
+    async_scheduling: bool | None = None     # vLLM's --async-scheduling; None: vLLM's default (vllm_async_default)
     client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
@@ -270,6 +272,18 @@ def vllm_batch_defaults(device: BatchDevice, world_size: int) -> tuple[int, int]
     return 2048, 256
 
 
+def vllm_async_default(dep: Deployment, device: BatchDevice) -> bool:
+    """Whether vLLM schedules `dep` asynchronously when it is not told: since vLLM turned async scheduling
+    on by default (vllm-project/vllm#27614; SchedulerConfig.async_scheduling None, resolved in
+    vllm/config/vllm.py VllmConfig.__post_init__), on unless a feature it cannot overlap is on, of which
+    the planner models speculative decoding other than EAGLE and MTP (n-gram lookup on the CPU, a draft
+    model). Off under the paper's policy (vLLM v0.2.0 had no such loop) and on the CPU, where the planner
+    simulates this engine, which schedules synchronously."""
+    if dep.policy != "vllm-v1" or device.is_cpu:
+        return False
+    return dep.speculative is None or dep.speculative.partition(":")[0] in ("eagle", "mtp")
+
+
 def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: int) -> Deployment:
     """`dep` with the policy's defaults filled in where it left them None: the one place both the planner
     (for the catalog GPU) and the live engine (for its device) resolve them. A value given always wins.
@@ -277,8 +291,11 @@ def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: in
     vllm-v1: prefix caching on, and the budget and sequence limit of `vllm_batch_defaults`, then, as
     vllm/engine/arg_utils.py's EngineArgs._set_default_max_num_seqs_and_batched_tokens_args does, a
     defaulted budget capped at max_num_seqs x max_model_len and a defaulted max_num_seqs at the budget.
-    paper (vLLM v0.2.0): 256 sequences, a budget of max(max_model_len, 2048), no prefix caching."""
+    paper (vLLM v0.2.0): 256 sequences, a budget of max(max_model_len, 2048), no prefix caching. Async
+    scheduling: `vllm_async_default` where None."""
     caching = dep.prefix_caching_on
+    if dep.async_scheduling is None:
+        dep = replace(dep, async_scheduling=vllm_async_default(dep, device))
     if dep.policy != "vllm-v1":
         seqs = PAPER_MAX_NUM_SEQS if dep.max_num_seqs is None else dep.max_num_seqs
         budget = dep.max_num_batched_tokens or max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)

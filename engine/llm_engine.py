@@ -126,6 +126,7 @@ class LLMEngine:
                  speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         check_runnable(dep, model)
+        dep = dep.replace(async_scheduling=False)     # this engine schedules each step after the last one ends
         dep = resolve_batch_limits(dep, batch_device(device), model_context_limit(model, dep.max_model_len))
         self.deployment = dep
         self.clock = clock

@@ -42,13 +42,17 @@ CASES: dict[str, list[str]] = {
 }
 
 # vllm-v1 became the default policy, with prefix caching on, after the goldens were recorded: the paper's
-# cases run its policy by name, and the chunked cases that ran without prefix caching say so.
+# cases run its policy by name, and the chunked cases that ran without prefix caching say so. So did
+# vLLM's async scheduling on a GPU: the chunked cases, recorded with the host in series, say so too.
 PAPER = ["--policy", "paper"]
 NO_PREFIX_CACHING = ["--no-enable-prefix-caching"]
+SYNCHRONOUS = ["--no-async-scheduling"]
 for _name, _line in CASES.items():
     if "--chunked-prefill" not in _line:
         _line += PAPER
-    elif "--enable-prefix-caching" not in _line:
+        continue
+    _line += SYNCHRONOUS
+    if "--enable-prefix-caching" not in _line:
         _line += NO_PREFIX_CACHING
 
 # Keys whose values measure the machine, not the model: left out of the comparison.
@@ -85,7 +89,8 @@ CASES["validate-measured"] = ["validate", "--measured", MEASURED_RUN, "--model",
 CASES["validate-measured-chunked"] = ["validate", "--measured", MEASURED_RUN, "--model", "llama-3.1-8b", "--gpu",
                                       "h100-sxm", "--chunked-prefill", "--max-num-batched-tokens", "2048",
                                       "--max-model-len", "8192", "--enable-prefix-caching",
-                                      "--max-num-seqs", "256"]   # recorded before vllm-v1's 1024 on an H100
+                                      "--max-num-seqs", "256",   # recorded before vllm-v1's 1024 on an H100
+                                      *SYNCHRONOUS]
 
 # The quick live validation: opt-125m on this CPU, priced by the shipped profile, no speed correction.
 # Only its simulated side is compared (the live side is timed on whatever machine runs it).

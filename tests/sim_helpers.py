@@ -8,9 +8,11 @@ from planner.deploy.plan import DeploymentPlan, plan_deployment
 def sim_plan(model="opt-125m", gpu="a100-40g", **knobs) -> DeploymentPlan:
     """What `simulate` takes. No refusals: the tests' tiny caches are what vLLM would refuse. The simulator
     tests were written for the paper's scheduler: it is theirs unless a test names a policy (by `policy` or
-    vLLM's `enable_chunked_prefill`), although vllm-v1 is the deployment's default."""
+    vLLM's `enable_chunked_prefill`), although vllm-v1 is the deployment's default; and for synchronous
+    scheduling (vLLM's default is async on a GPU) unless a test names `async_scheduling`."""
     if "policy" not in knobs and "enable_chunked_prefill" not in knobs:
         knobs["policy"] = "paper"
+    knobs.setdefault("async_scheduling", False)
     deployment = Deployment.of(model=getattr(model, "name", model), gpu=getattr(gpu, "name", gpu), **knobs)
     return plan_deployment(deployment, refuse=False)
 

@@ -1,6 +1,6 @@
 """--async-scheduling, vLLM's flag, is one deployment setting: every command's simulation prices it (the
 measured model hides its fitted host time behind the GPU's), the models that cannot separate vLLM's host
-time refuse it in one line, and the live engine, which schedules synchronously, refuses it too. The
+time price the same steps, None is vLLM's own default (on for vllm-v1 on a GPU), and the live engine, which schedules synchronously, refuses it too. The
 simulator's measured model also takes the deployment's CUDA-graph capture sizes (max_num_seqs). And the simulator
 schedules as vLLM's engine core then does: one step ahead, so a request that arrives during step N joins step N+2."""
 
@@ -13,8 +13,8 @@ from engine.llm_engine import check_runnable
 from planner.api import simulate
 from planner.cli.app import app
 from planner.cost.linear import LinearCostModel
+from planner.cost.shape import StepShape
 from planner.deploy.plan import plan_deployment
-from planner.errors import PlannerError
 from planner.runs.pipeline import build_cost_model
 from planner.sim import simulate as simulate_trace
 from planner.sim.fleet import simulate_fleet
@@ -41,13 +41,31 @@ def test_the_measured_model_takes_the_deployments_graph_sizes_and_scheduling():
     assert build_cost_model(plan_deployment(Deployment(**H100))).graphs.largest == 512
 
 
-def test_models_without_vllms_host_time_refuse_it_in_one_line():
-    with pytest.raises(PlannerError, match="--async-scheduling is priced by the measured cost model"):
-        build_cost_model(plan_deployment(Deployment(**H100, async_scheduling=True)), cost_model="roofline")
-    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--cost-model",
-                                      "roofline", "--async-scheduling", "--requests", "4"])
-    assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "--async-scheduling is priced by the measured cost model" in result.output
+def test_by_default_it_is_vllms_own_choice():
+    """None resolves as vLLM 0.19 does: on for vllm-v1 on a GPU, off where vLLM turns it off (n-gram or
+    draft-model speculation), under the paper's policy, and on the CPU (this engine's twin); a value given wins."""
+    def resolved(**knobs) -> bool | None:
+        return plan_deployment(Deployment(**{**H100, **knobs})).deployment.async_scheduling
+
+    assert Deployment().async_scheduling is None
+    assert resolved() is True and resolved(speculative="eagle:3") is True and resolved(speculative="mtp:1") is True
+    assert resolved(speculative="ngram:2", acceptance="0.5,0.5") is False and resolved(policy="paper") is False
+    assert resolved(async_scheduling=False) is False
+    assert resolved(model="opt-125m", gpu="cpu", max_model_len=2048) is False
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--requests", "4",
+                                      "--no-async-scheduling", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"async_scheduling": false' in result.output
+
+
+def test_models_without_vllms_host_time_price_the_same_steps():
+    """The roofline has no host time to hide: with async scheduling only the schedule changes."""
+    shape = StepShape(1, 512, 512 * 513 // 2, 8, 8 * 1024)
+    sync, overlapped = (build_cost_model(plan_deployment(Deployment(**H100, async_scheduling=on)), cost_model="roofline")
+                        for on in (False, True))
+    assert overlapped.step_time(shape) == sync.step_time(shape)
+    assert simulate(Deployment(**H100, async_scheduling=True), workload="random", requests=8, concurrency=4,
+                    cost_model="roofline", params={"input_len": 64, "output_len": 8}).metrics.num_completed == 8
 
 
 def test_the_live_engine_refuses_it(tmp_path):

@@ -25,7 +25,9 @@ def test_prints_every_term_with_its_share_and_source():
                  "host: schedule, inputs, outputs", "total"):
         assert term in out
     assert "table" in out and "roofline" in out and "fitted" in out and "100.0%" in out
-    assert "CUDA graphs up to 512 tokens" in out and "host time in series with the GPU" in out
+    assert "CUDA graphs up to 512 tokens" in out and "hidden behind the GPU's" in out   # vLLM's default: async
+    serial = run("--batch", "9", "--context", "1100", "--no-async-scheduling").output
+    assert "host time in series with the GPU" in serial
 
 
 def test_json_ledger_is_the_models_step_time():

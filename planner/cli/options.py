@@ -61,7 +61,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                          "vLLM's async scheduling: the host prepares the next step while the GPU runs this one "
                          "(the measured cost model hides its host time behind the GPU's, the best case; a request "
                          "arriving during a step joins the step after next) "
-                         "[default: off, in series, as calibrated]"),
+                         "[default: vLLM's: on for --policy vllm-v1 on a GPU, off for the paper's policy, the "
+                         "CPU and n-gram or draft-model speculation]"),
     "client_turnaround": (("--client-turnaround",),
                           "closed loop (--concurrency): seconds from a request's end in the engine to its client's "
                           "next request in the engine's queue; 0: at once, joining the next step, as in-process "

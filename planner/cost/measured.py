@@ -164,7 +164,8 @@ class MeasuredCostModel:
     """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies, as a ledger of priced terms.
 
     `max_num_seqs` and `max_num_batched_tokens` set vLLM's CUDA-graph capture sizes; `async_scheduling`
-    hides the fitted host time behind the GPU's (an upper bound; default: in series, as calibrated);
+    hides the fitted host time behind the GPU's (an upper bound; here in series unless told, as calibrated;
+    a deployment says what vLLM does, engine.deployment.vllm_async_default);
     `leave_out` names TERM_FAMILIES to price as before they were modelled; `calibration` replaces the
     shipped fitted constants (planner/data/measured_calibration.json), for the fit itself."""
 

@@ -108,17 +108,13 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
     and routing skew (planner/cost/moe.py); a calibrated profile timed one GPU's own routing, so it
     prices neither dp > 1 nor an assumed skew. `async_scheduling` (vLLM's --async-scheduling) hides the
-    measured model's fitted host time behind the GPU; no other model separates vLLM's host time, so
-    they refuse it in one line."""
+    measured model's fitted host time behind the GPU; no other model separates vLLM's host time (the
+    roofline has none, a profile times this engine's steps whole), so they price the same steps and
+    async scheduling moves only the step a request joins (planner/sim/engine.py)."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                              "async_scheduling": async_scheduling}, moe=moe)
-    if async_scheduling and not isinstance(model_, MeasuredCostModel):
-        raise PlannerError(f"--async-scheduling is priced by the measured cost model (NVIDIA's tables and the "
-                           f"host time fitted to vLLM's runs); {model_.name} does not separate vLLM's host time "
-                           f"from the GPU's: give --cost-model measured (a GPU with NVIDIA's tables), or drop "
-                           f"--async-scheduling")
     return model_
 
 

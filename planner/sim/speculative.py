@@ -164,8 +164,10 @@ def draft_cost_model(plan):
     if proposer is None:
         return None
     d = plan.deployment
+    # Host time in series: `_draft_pass` takes it out, leaving the draft's GPU time (hidden or not, the
+    # host's share is the target step's).
     return select_cost_model(proposer[0], plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
-                             kv_cache_dtype=d.kv_cache_dtype, async_scheduling=d.async_scheduling)
+                             kv_cache_dtype=d.kv_cache_dtype, async_scheduling=False)
 
 
 class SpecRuntime:
@@ -215,9 +217,11 @@ class SpecRuntime:
     def _draft_pass(self, shape: StepShape, seqs: int) -> float:
         """One forward pass of the draft model: its step's price less the host work a step of its own
         would have (scheduling, input preparation, output processing), which runs once per target step
-        (cost models that price the host separately: the measured one; others keep it, an overestimate)."""
+        (cost models that price the host separately: the measured one; others keep it, an overestimate).
+        The drafter runs on the GPU after the target's forward, so its time adds to the step's, with async
+        scheduling too (the host's work then hides behind the target's GPU time only: a bound)."""
         seconds = self.draft_cost.step_time(shape)
         host = getattr(self.draft_cost, "host", None)
-        if host is not None and not getattr(self.draft_cost, "async_scheduling", False):
+        if host is not None:
             seconds -= host(seqs)
         return seconds

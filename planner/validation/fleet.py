@@ -143,6 +143,7 @@ def _simulated(spec: ValidationSpec, trace, live: LiveFleet, policy: RouterPolic
                                                    num_cpu_blocks=engine.runner.num_cpu_blocks,
                                                    max_model_len=engine.max_model_len,
                                                    max_num_batched_tokens=engine.scheduler.config.max_num_batched_tokens,
+                                                   async_scheduling=engine.deployment.async_scheduling,
                                                    **live_limits(engine.deployment.max_num_seqs,
                                                                  engine.deployment.enable_prefix_caching)),
                            refuse=False)

@@ -164,6 +164,7 @@ def _plan_of(spec: ValidationSpec, live: LiveRun):
                                               num_cpu_blocks=live.num_cpu_blocks,
                                               max_model_len=live.max_model_len,
                                               max_num_batched_tokens=live.max_num_batched_tokens,
+                                              async_scheduling=False,    # as the live engine schedules
                                               **live_limits(live.max_num_seqs, live.enable_prefix_caching)),
                            refuse=False)
 
