@@ -1,8 +1,9 @@
 """--async-scheduling, vLLM's flag, is one deployment setting: every command's simulation prices it (the
 measured model hides its fitted host time behind the GPU's), the models that cannot separate vLLM's host
-time price the same steps, None is vLLM's own default (on for vllm-v1 on a GPU), and the live engine, which schedules synchronously, refuses it too. The
-simulator's measured model also takes the deployment's CUDA-graph capture sizes (max_num_seqs). And the simulator
-schedules as vLLM's engine core then does: one step ahead, so a request that arrives during step N joins step N+2."""
+time price the same steps, None is vLLM's own default (on for vllm-v1 on a GPU), and the live engine,
+which schedules synchronously, refuses it. The simulator's measured model also takes the deployment's
+CUDA-graph capture sizes (max_num_seqs). And the simulator schedules as vLLM's engine core then does:
+one step ahead, so a request that arrives during step N joins step N+2."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -18,6 +19,7 @@ from planner.deploy.plan import plan_deployment
 from planner.runs.pipeline import build_cost_model
 from planner.sim import simulate as simulate_trace
 from planner.sim.fleet import simulate_fleet
+from planner.sim.speculative import SpecRuntime, draft_cost_model
 from sim_helpers import sim_plan
 from workloads import Trace, TraceRequest, make_trace
 
@@ -66,6 +68,18 @@ def test_models_without_vllms_host_time_price_the_same_steps():
     assert overlapped.step_time(shape) == sync.step_time(shape)
     assert simulate(Deployment(**H100, async_scheduling=True), workload="random", requests=8, concurrency=4,
                     cost_model="roofline", params={"input_len": 64, "output_len": 8}).metrics.num_completed == 8
+
+
+def test_a_draft_pass_is_gpu_time_with_async_scheduling_too():
+    """EAGLE's head runs on the GPU after the target's forward: its pass adds its GPU time to the step
+    whether the host is hidden or not (not the max of a step of its own, which is the host's time)."""
+    shape = StepShape(decode_seqs=4, decode_context=4 * 512)
+    passes = []
+    for on in (False, True):
+        draft = draft_cost_model(plan_deployment(Deployment(**H100, speculative="eagle:3", async_scheduling=on)))
+        passes.append(SpecRuntime(None, draft, draft)._draft_pass(shape, 4))
+    assert passes[0] == passes[1]
+    assert 0 < passes[1] < draft.host(4)          # a small head at 4 sequences: less than the host's step
 
 
 def test_the_live_engine_refuses_it(tmp_path):
