@@ -72,10 +72,11 @@ def test_simulate_prints_and_records_the_resolved_policy(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-model-len",
                                       "4096", "--requests", "20", "--rate", "4", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
-    assert "policy vllm-v1: 8192 tokens / 1024 seqs per step, prefix caching" in " ".join(result.output.split())
+    assert ("policy vllm-v1: 8192 tokens / 1024 seqs per step, prefix caching, async scheduling"
+            in " ".join(result.output.split()))
     doc = (tmp_path / "run" / "result.json").read_text()
     for field in ('"policy": "vllm-v1"', '"max_num_seqs": 1024', '"max_num_batched_tokens": 8192',
-                  '"enable_prefix_caching": true'):
+                  '"enable_prefix_caching": true', '"async_scheduling": true'):
         assert field in doc
 
 

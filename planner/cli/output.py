@@ -96,11 +96,13 @@ def fmt(value, unit: str = "", digits: int = 3) -> str:
     return f"{value}{unit}"
 
 
-def _policy_text(params: dict) -> str:
-    """The policy and the batch limits it ran with (resolved for the GPU where the user left them)."""
+def _policy_text(params: dict, deployment: dict) -> str:
+    """The policy and the batch limits it ran with (resolved for the GPU where the user left them), and
+    whether it scheduled ahead (vLLM's default on a GPU: it moves TPOT by the host's share of a step)."""
     caching = ", prefix caching" if params.get("enable_prefix_caching") else ""
+    ahead = ", async scheduling" if deployment.get("async_scheduling") else ""
     return (f"policy {params.get('policy')}: {params.get('max_num_batched_tokens')} tokens / "
-            f"{params.get('max_num_seqs')} seqs per step{caching}")
+            f"{params.get('max_num_seqs')} seqs per step{caching}{ahead}")
 
 
 def summary_table(doc: dict, wall_time: float) -> Table:
@@ -108,7 +110,7 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     st = doc.get("steady_state") or {}
     v = doc.get("verdict") or {}
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']} ({_policy_text(p)}, {p['allocator']}, block {p['block_size']}, "
+                        f"{p['tp']} x {p['gpu']} ({_policy_text(p, doc.get('deployment') or {})}, {p['allocator']}, block {p['block_size']}, "
                         f"{m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")
