@@ -63,8 +63,8 @@ def test_by_default_it_is_vllms_own_choice():
 def test_models_without_vllms_host_time_price_the_same_steps():
     """The roofline has no host time to hide: with async scheduling only the schedule changes."""
     shape = StepShape(1, 512, 512 * 513 // 2, 8, 8 * 1024)
-    sync, overlapped = (build_cost_model(plan_deployment(Deployment(**H100, async_scheduling=on)), cost_model="roofline")
-                        for on in (False, True))
+    sync, overlapped = (build_cost_model(plan_deployment(Deployment(**H100, async_scheduling=on)),
+                                         cost_model="roofline") for on in (False, True))
     assert overlapped.step_time(shape) == sync.step_time(shape)
     assert simulate(Deployment(**H100, async_scheduling=True), workload="random", requests=8, concurrency=4,
                     cost_model="roofline", params={"input_len": 64, "output_len": 8}).metrics.num_completed == 8

@@ -52,7 +52,7 @@ def test_a_run_prices_each_step_as_step_time_does(knobs):
             # A short plan's step, priced from the batch's own bins: the same float.
             flat = context_histogram(contexts)
             bins = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
-            assert model.decode_step_time(run.num, bins) == times[row], (trial, row)
+            assert model.decode_pricer(run.num)(bins) == times[row], (trial, row)
 
 
 def test_shapes_are_the_steps_histograms_and_contexts():

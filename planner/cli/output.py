@@ -109,8 +109,9 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     m, p = doc, doc["params"]
     st = doc.get("steady_state") or {}
     v = doc.get("verdict") or {}
+    policy = _policy_text(p, doc.get("deployment") or {})
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']} ({_policy_text(p, doc.get('deployment') or {})}, {p['allocator']}, block {p['block_size']}, "
+                        f"{p['tp']} x {p['gpu']} ({policy}, {p['allocator']}, block {p['block_size']}, "
                         f"{m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")

@@ -477,16 +477,12 @@ class MeasuredCostModel:
         self._attention_of[b] = attention
         return attention
 
-    def decode_step_time(self, seqs: int, triples) -> float:
-        """step_time of a decode-only step of `seqs` sequences, their contexts as (bucket, sequences,
-        total context) triples, buckets ascending (the decode batch's histogram as it keeps it): the
-        same float, without building the StepShape."""
-        return self.decode_pricer(seqs)(triples)
-
     def decode_pricer(self, seqs: int) -> Callable:
-        """`decode_step_time` of `seqs` sequences with everything but the contexts bound once: a
-        function of the triples (planner/sim/batch.py prices a short plan's steps, all of one batch, so).
-        The same float: the terms that do not depend on the contexts summed as step_time sums them."""
+        """step_time of a decode-only step of `seqs` sequences as a function of their contexts, given as
+        (bucket, sequences, total context) triples, buckets ascending (the decode batch's histogram as it
+        keeps it), everything else bound once: planner/sim/batch.py prices a short plan's steps, all of
+        one batch, so without building StepShapes. The same float: the terms that do not depend on the
+        contexts summed as step_time sums them."""
         attention = self._attention_of.get(seqs) or self._attention_pricer(seqs)
         fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
         fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
