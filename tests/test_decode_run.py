@@ -79,6 +79,21 @@ def test_extrapolation_is_flagged_for_the_steps_taken_only():
     assert fresh.extrapolated == scalar.extrapolated and scalar.extrapolated
 
 
+@pytest.mark.parametrize("arrival_step", [0, 5, 63, 64, 100])    # 63: the first chunk's last step
+def test_a_run_takes_the_step_scheduled_ahead_of_an_arrival(arrival_step):
+    """Under async scheduling a request that arrives during a step joins the schedule made at the end of
+    the next one, so a plan runs through that next step: one step past those starting before the arrival,
+    the same floats, wherever the chunks end."""
+    model = MeasuredCostModel(LLAMA, H100)
+    run = DecodeRun(np.array([100, 2000, 7000]), 1, 0)
+    whole, _, _ = price_run(run, model, model.decode_step_times, 0.0, math.inf, 300, [0] * 16, 0, 100)
+    arrival = whole[arrival_step] - 1e-7           # during step arrival_step (0-based), near its end
+    kept, _, _ = price_run(run, model, model.decode_step_times, 0.0, arrival, 300, [0] * 16, 0, 100)
+    ahead, _, _ = price_run(run, model, model.decode_step_times, 0.0, arrival, 300, [0] * 16, 0, 100, 1)
+    assert kept == whole[:arrival_step + 1]
+    assert ahead == whole[:arrival_step + 2]
+
+
 def test_wrappers_that_cannot_price_runs_step_as_before():
     assert run_pricer(MeasuredCostModel(LLAMA, H100)) is not None
     gpt_oss = MeasuredCostModel("gpt-oss-20b", H100, weight_format=weight_format("mxfp4"))

@@ -244,8 +244,10 @@ class BlockManager:
         table = self.tables[seq.seq_id]
         if table and gpu.fill[table[-1]] < bs:
             gpu.set_fill(table[-1], min(bs, num_tokens - (len(table) - 1) * bs))
-        for i in range(len(table), _blocks_for(num_tokens, bs)):
-            table.append(gpu.take(min(bs, num_tokens - i * bs)))
+        new = _blocks_for(num_tokens, bs) - len(table)
+        if new > 0:                               # full blocks, then the last (full or not)
+            table += gpu.take_many(new - 1, bs)
+            table.append(gpu.take(num_tokens - len(table) * bs))
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the slots of the sequence's first ``num_tokens`` tokens: blocks past them go

@@ -54,6 +54,10 @@ class BlockPool:
         self.fill[block] = filled
         return block
 
+    def take_many(self, count: int, filled: int) -> list[int]:
+        """`count` blocks as `take(filled)` hands them out one after another."""
+        return [self.take(filled) for _ in range(count)]
+
     def share(self, block: int) -> None:
         """One more reference; revives a block waiting in the evictor."""
         if self.ref_counts[block] == 0:

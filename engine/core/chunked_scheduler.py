@@ -79,6 +79,25 @@ class VllmBlockPool(BlockPool):
         self.fill[block] = filled
         return block
 
+    def take_many(self, count: int, filled: int) -> list[int]:
+        """`count` blocks as `take(filled)` hands them out one after another (one call for a step's
+        or a prompt's blocks: the simulator's busiest call)."""
+        popitem, hashes, refs, fill = self.evictor.popitem, self.block_hash, self.ref_counts, self.fill
+        blocks = []
+        for _ in range(count):
+            block = popitem(False)[0]
+            h = hashes[block]
+            if h is not None:
+                del self.cached[h]
+                hashes[block] = None
+                if self.events is not None:
+                    self.events.append((False, h))
+            refs[block] = 1
+            fill[block] = filled
+            blocks.append(block)
+        self.num_token_states += count * filled
+        return blocks
+
     def release(self, block: int) -> None:
         refs = self.ref_counts[block] - 1
         self.ref_counts[block] = refs

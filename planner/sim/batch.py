@@ -316,9 +316,11 @@ class DecodeBatch:
             return True
         return _blocks_for(min(tokens, budget), self.bs) > free
 
-    def plan(self, now: float, next_arrival: float, step_time, max_steps: int = MAX_WINDOW) -> Plan | None:
+    def plan(self, now: float, next_arrival: float, step_time, max_steps: int = MAX_WINDOW,
+             ahead: int = 0) -> Plan | None:
         """The decode steps from `now` that provably each decode the whole batch, none starting at or
-        after `next_arrival`, up to the first that finishes a request; None when not even one."""
+        after `next_arrival` but the `ahead` first of those (async scheduling's step already scheduled
+        when the request arrives), up to the first that finishes a request; None when not even one."""
         members = self.members
         if not members or now >= next_arrival or self.scheduler.swapped or not self.waiting_blocked():
             return None
@@ -335,12 +337,13 @@ class DecodeBatch:
             run = DecodeRun([m.base for m in self.members], self.step + 1, self.context)
             crossings = [len(members) for members in self.by_residue]
             ends, takes, prices = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step,
-                                            crossings, self.step, spare)
+                                            crossings, self.step, spare, ahead)
             source, bins = run, None
         else:
             # A model that prices runs prices a step from the batch's own histogram too (no StepShape).
             decode_time = self.cost_model.decode_pricer(num) if pricer is not None and self.histogram else None
-            source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare, decode_time)
+            source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare, decode_time,
+                                                            ahead)
         if not ends:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
@@ -357,10 +360,11 @@ class DecodeBatch:
         ends = self.ends
         return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
-    def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int, decode_time=None):
+    def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int, decode_time=None,
+               ahead: int = 0):
         """The steps' shapes (a list, or with `decode_time`, the model's price of a decode step of the
         batch from the histogram's triples, the run that builds them), ends, blocks taken and prices,
-        from the next step to `last` at most."""
+        from the next step to `last` at most, none starting at or after `next_arrival` but `ahead`."""
         shapes: list[StepShape] = []
         ends: list[float] = []
         takes: list[int] = []
@@ -370,7 +374,11 @@ class DecodeBatch:
         bins = [entry[:] for entry in self.bins] if histogram else None
         moves = self.moves
         step, end, taken = self.step, now, 0
-        while end < next_arrival and step < last:
+        while step < last:
+            if end >= next_arrival:
+                if not ahead:
+                    break
+                ahead -= 1
             crossing = len(by_residue[(step + 1) % bs])
             if taken + crossing > spare:
                 break
@@ -415,13 +423,14 @@ class DecodeBatch:
     def _take(self, first: int, takes) -> None:
         """The blocks batch steps first, first + 1, ... take (takes[j] at step first + j): members
         crossing a block boundary, step by step, each step's in running order."""
-        take, fill, bs, by_residue = self.pool.take, self.pool.fill, self.bs, self.by_residue
+        fill, bs, by_residue = self.pool.fill, self.bs, self.by_residue
+        fresh = iter(self.pool.take_many(sum(takes), 1))      # in the order the steps take them
         for step, count in enumerate(takes, first):
             if count:
                 for member in by_residue[step % bs]:
                     table = member.table
                     fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
-                    table.append(take(1))
+                    table.append(next(fresh))
 
     def _grow(self, first: int, last: int) -> None:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
@@ -586,7 +595,7 @@ class DecodeBatch:
         if self.caching and self.answering:
             self._grow(step, step)
         else:
-            self._take(step, (1,))
+            self._take(step, (len(self.by_residue[step % self.bs]),))
         num = len(self.members)
         pool.num_token_states = token_states + num
         groups, seqs, counts, ended, truncated = [], [], [], [], []

@@ -101,19 +101,20 @@ class DecodeRun:
 
 
 def price_run(run: DecodeRun, cost_model, pricer, now: float, next_arrival: float, limit: int,
-              crossings: list[int], step: int, spare: int) -> tuple[list[float], list[int], list[float]]:
+              crossings: list[int], step: int, spare: int, ahead: int = 0) -> tuple[list[float], list[int], list[float]]:
     """Each step's end, blocks taken and price, from the next one on: at most `limit` steps, none starting at or
-    after `next_arrival`, while the blocks they take leave `spare` (crossings[r]: members taking a block
-    at the batch steps s with s % block size == r). The scalar loop of DecodeBatch._price, chunked;
-    one chunk when no arrival is known (a routed replica prices up to its next finish)."""
+    after `next_arrival` but the `ahead` first of those, while the blocks they take leave `spare`
+    (crossings[r]: members taking a block at the batch steps s with s % block size == r). The scalar loop
+    of DecodeBatch._price, chunked; one chunk when no arrival is known (a routed replica prices up to its
+    next finish)."""
     ends: list[float] = []
     takes: list[int] = []
     prices: list[float] = []
     end, taken, bs = now, 0, len(crossings)
     size = limit if next_arrival == math.inf else FIRST_CHUNK
-    while len(ends) < limit and end < next_arrival:
+    while len(ends) < limit and (end < next_arrival or ahead):
         offset = len(ends)
-        count = min(size, limit - offset)
+        count = min(size, limit - offset) if end < next_arrival else 1      # else only the step ahead
         fit = []
         for s in range(step + offset + 1, step + offset + 1 + count):
             crossing = crossings[s % bs]
@@ -126,7 +127,11 @@ def price_run(run: DecodeRun, cost_model, pricer, now: float, next_arrival: floa
         low, counts, sums = run.chunk(offset, len(fit))
         times = pricer(run.num, low, counts, sums)
         chunk_ends = np.cumsum(np.concatenate(((end,), times))).tolist()
-        keep = len(fit) if next_arrival == math.inf else min(len(fit), bisect_left(chunk_ends, next_arrival, 1))
+        keep = len(fit)
+        if next_arrival != math.inf:
+            before = bisect_left(chunk_ends, next_arrival, 0, len(fit))     # steps starting before the arrival
+            if before < len(fit):
+                keep, ahead = min(len(fit), before + ahead), 0
         cost_model.flag_decode_buckets(run.num, low, counts[:keep])
         ends += chunk_ends[1:keep + 1]
         takes += fit[:keep]

@@ -144,10 +144,12 @@ class Sleeper:
                 pass
 
 
-def kept_before(start: float, ends: list[float], t: float) -> int:
+def kept_before(start: float, ends: list[float], t: float, ahead: int = 0) -> int:
     """Of steps from `start` ending at `ends`, how many start before `t` (a request arriving at `t`
-    joins the step after them)."""
-    return min(len(ends), bisect.bisect_left(ends, t) + 1) if start < t else 0
+    joins the step after them), and `ahead` more (under async scheduling the next step was scheduled
+    without it: it joins the one after that, so the next step runs as planned)."""
+    before = bisect.bisect_left(ends, t) + 1 if start < t else 0
+    return min(len(ends), before + ahead)
 
 
 STEP, PLAN, WINDOW, IDLE = "step", "plan", "window", "idle"
@@ -229,19 +231,33 @@ class SimulatedEngine(Sleeper):
         # vLLM's async scheduling schedules each step as the one before it starts (see `_admit_held`):
         # a request that arrives while a step runs waits out the schedule already made.
         self.async_scheduling = async_scheduling
-        self.held: list[SequenceGroup] = []        # arrived during the step under way
-        self.held_next: list[SequenceGroup] = []   # arrived during the step before it: join the next schedule
+        self.held: list[tuple[float, SequenceGroup]] = []   # (arrival, request) not yet in a schedule
+        self.last_start = 0.0                      # when the last step taken began
         # The data-parallel ranks of a MoE deployment step together (planner/sim/lockstep.py): their group
         # then runs this engine's steps, sleeps and cuts.
         self.group = None
 
     @property
     def horizon(self) -> float:
-        """Windows stop before the step that starts at or after this: the next arrival they know of, or,
-        while requests wait out the schedule made without them (`_admit_held`), the step after this one."""
-        if self.held_next:
+        """Windows stop before the step that starts at or after this (and `ahead` steps after it): the
+        next arrival they know of, or, while requests wait out the schedule made without them
+        (`_admit_held`), the step after this one."""
+        if self.held:
             return math.nextafter(self.env.now, math.inf)
         return math.inf if self.routed else self.due.at
+
+    @property
+    def ahead(self) -> int:
+        """Steps a plan takes past the horizon's: one with a step scheduled ahead when the next request
+        arrives (it joins the schedule made at that step's end); none while held requests wait for the
+        step now starting to end."""
+        return 0 if self.held else self.scheduled_ahead()
+
+    def scheduled_ahead(self) -> int:
+        """1 when the engine schedules a step ahead: async scheduling with requests to run (vLLM schedules
+        nothing past a request's last token: an engine left without any runs a request that arrives in
+        the next schedule)."""
+        return 1 if self.async_scheduling and self.scheduler.has_unfinished() else 0
 
     def ended(self, count: int) -> None:
         """`count` requests ended now (finished, rejected or truncated); in a closed loop each one's client
@@ -256,7 +272,7 @@ class SimulatedEngine(Sleeper):
     def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
         the records follow: `group`, or the children's parent."""
-        enqueue = self.held.append if self.async_scheduling and self.idle is None else self.scheduler.add
+        enqueue = self._hold if self.async_scheduling and self.idle is None else self.scheduler.add
         if self.fan_out and fans_out(group.params):
             self.groups.append(self.parents.fan_out(group, enqueue))
         else:
@@ -271,16 +287,21 @@ class SimulatedEngine(Sleeper):
             self.cut(self.env.now)
         return self.groups[-1]
 
+    def _hold(self, group: SequenceGroup) -> None:
+        """Keep a request that arrived while a step runs until a schedule can take it (`_admit_held`)."""
+        self.held.append((self.env.now, group))
+
     def cut(self, t: float) -> None:
-        """A request arrived at `t`: keep only the steps of the plan slept through that start before it."""
+        """A request arrived at `t`: keep only the steps of the plan slept through that start before it
+        (and under async scheduling the one after them, scheduled already)."""
         if self.group is not None:
-            self.group.cut(t)
+            self.group.cut(t, self.scheduled_ahead())
             return
         pending = self.pending
         if pending is None:
             return
         ends = pending.ends
-        keep = kept_before(pending.start, ends, t)
+        keep = kept_before(pending.start, ends, t, self.scheduled_ahead())
         if keep < len(ends):
             pending.truncate(keep)
             self.wake_at = ends[-1] if keep else pending.start
@@ -342,6 +363,7 @@ class SimulatedEngine(Sleeper):
             head = window.split(bisect.bisect_left(window.ends, t), self.allocator.block_size)
             records, _ = self._apply_window(head)
             self._took(records, head.shapes)
+            self.took_steps(head.start, head.ends)
 
     def _apply_window(self, window: Window):
         tag = None
@@ -361,11 +383,12 @@ class SimulatedEngine(Sleeper):
         step_time = self.cost_model.step_time
         histogram = reads_context_histogram(self.cost_model)   # build decode histograms only for a model that reads them
         while True:
-            if self.held or self.held_next:
+            if self.held:
                 self._admit_held()
-            move = self.next_move(step_time, histogram, self.horizon)
+            move = self.next_move(step_time, histogram, self.horizon, ahead=self.ahead)
             kind = move.kind
             if kind is STEP:
+                self.last_start = env.now
                 yield env.timeout(move.price)
                 end = env.now
                 yield from self._stepped(1, end, move.finish(end))
@@ -377,11 +400,12 @@ class SimulatedEngine(Sleeper):
                 return
 
     def next_move(self, step_time: Callable[[StepShape], float], histogram: bool, horizon: float,
-                  windows: bool = True) -> Move:
+                  windows: bool = True, ahead: int = 0) -> Move:
         """What the engine does next from now: a plan of the decode batch (none of its steps starting at
-        or after `horizon`), a fast-forward window (with `windows`), a step, or nothing."""
+        or after `horizon` but the `ahead` first of those), a fast-forward window (with `windows`; none
+        starting at or after `horizon`), a step, or nothing."""
         if self.fast_forward:
-            move = self._batch_move(step_time, histogram, horizon)
+            move = self._batch_move(step_time, histogram, horizon, ahead)
             if move is not None:
                 return move
             if windows and not self.chunked:   # windows assume the paper's policy
@@ -401,18 +425,21 @@ class SimulatedEngine(Sleeper):
         `step_with_batch_queue`, two batches in flight) schedules step N+1 right after it launches
         step N, and takes in the requests that reached it only when step N's outputs are back, just
         before it schedules step N+2: a request that arrives while step N runs joins step N+2, one step
-        later than without async scheduling. Here the schedule at step N's end is step N+1's, made
-        without the requests held during step N; they join the next one. When nothing was left to
-        schedule ahead (vLLM does not schedule a request past its last token), the engine had no step
-        in flight and they join this one."""
-        ready = self.held_next
+        later than without async scheduling. Here the schedule at the end of the last step taken is the
+        next step's, made without the requests held since that step began; those that arrived before it
+        join now. When nothing was left to schedule ahead (vLLM does not schedule a request past its last
+        token), the engine had no step in flight and they all join this one."""
+        held = self.held
         if all_now or not self.scheduler.has_unfinished():
-            ready, self.held = ready + self.held, []
-        self.held_next, self.held = self.held, []
-        for group in ready:
+            ready, self.held = held, []
+        else:
+            waiting = next((i for i, (arrival, _) in enumerate(held) if arrival > self.last_start), len(held))
+            ready, self.held = held[:waiting], held[waiting:]
+        for _, group in ready:
             self.scheduler.add(group)
 
-    def _batch_move(self, step_time: Callable[[StepShape], float], histogram: bool, horizon: float) -> Move | None:
+    def _batch_move(self, step_time: Callable[[StepShape], float], histogram: bool, horizon: float,
+                    ahead: int = 0) -> Move | None:
         """The decode batch's next move (planner/sim/batch.py): a plan of decode steps, or a step that
         admits prompts; None when the batch cannot take the next step (the scheduler's then)."""
         batch = self.batch
@@ -424,7 +451,7 @@ class SimulatedEngine(Sleeper):
             if batch is None:
                 self._back_off()
                 return None
-        plan = batch.plan(self.env.now, horizon, step_time)
+        plan = batch.plan(self.env.now, horizon, step_time, ahead=ahead)
         if plan is not None:
             move = Move(PLAN, plan=plan)
         elif batch.can_mix():
@@ -459,7 +486,7 @@ class SimulatedEngine(Sleeper):
             self.watch(self, self.env.now, ended)
         if out.rejected or out.truncated or out.preempted:
             return True                        # the scheduler ended or preempted requests itself
-        if self.held or self.held_next:        # nothing ran, so nothing was scheduled ahead: they join now
+        if self.held:                          # nothing ran, so nothing was scheduled ahead: they join now
             self._admit_held(all_now=True)
             return True
         return False
@@ -604,6 +631,7 @@ class SimulatedEngine(Sleeper):
         self.pending = None
         if not window.steps:
             return
+        self.took_steps(window.start, window.ends)
         records, finished = self._apply_window(window)
         self._took(records, window.shapes)
         yield from self._stepped(len(records), window.ends[-1], finished)
@@ -616,7 +644,12 @@ class SimulatedEngine(Sleeper):
         self.pending = None
         if not plan.steps:
             return
+        self.took_steps(plan.start, plan.ends)
         yield from self._stepped(len(plan.ends), plan.ends[-1], self.take_plan(plan))
+
+    def took_steps(self, start: float, ends: list[float]) -> None:
+        """Steps from `start` ending at `ends` were taken (for `_admit_held`: when the last began)."""
+        self.last_start = ends[-2] if len(ends) > 1 else start
 
     def take_plan(self, plan: Plan) -> list:
         """Take the steps of a plan slept through; returns the requests they finished."""

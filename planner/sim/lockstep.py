@@ -74,7 +74,7 @@ class Lockstep(Sleeper):
             for engine in engines if len(flying) < len(engines) else ():
                 if engine in flying:
                     continue
-                if engine.held or engine.held_next:
+                if engine.held:
                     engine._admit_held()
                 move = self._move(engine, step_time, histogram)
                 if move.kind is PLAN:
@@ -84,7 +84,8 @@ class Lockstep(Sleeper):
             if single:
                 yield from self._run_single(single)
             elif flying:
-                yield from self._run_segment(min(engine.horizon for engine in engines))
+                yield from self._run_segment(min(engine.horizon for engine in engines),
+                                             min(engine.ahead for engine in engines))
             elif all([engine.check_done() for engine in engines]):
                 return
             else:
@@ -93,10 +94,10 @@ class Lockstep(Sleeper):
     @staticmethod
     def _move(engine: SimulatedEngine, step_time, histogram: bool) -> Move:
         """The rank's next move; an idle rank first counts what its scheduler ended and looks again."""
-        if not (engine.scheduler.has_unfinished() or engine.held or engine.held_next):
+        if not (engine.scheduler.has_unfinished() or engine.held):
             return IDLE_MOVE
         while True:
-            move = engine.next_move(step_time, histogram, engine.horizon, windows=False)
+            move = engine.next_move(step_time, histogram, engine.horizon, windows=False, ahead=engine.ahead)
             if move.kind is not IDLE or not engine.settle(move.out):
                 return move
 
@@ -112,16 +113,19 @@ class Lockstep(Sleeper):
     def _run_single(self, single: list[tuple[SimulatedEngine, Move]]):
         """One group step: the ranks stepping one at a time and each plan's next step, as long as the longest."""
         flying = list(self.flying.values())
+        start = self.env.now
         yield self.env.timeout(max([move.price for _, move in single] + [f.next_price() for f in flying]))
         end = self.env.now
+        self._took_steps(start, [end])
         for f in flying:
             f.ends.append(end)
         taken = [(engine, 1, move.finish(end)) for engine, move in single]
         yield from self._after(end, taken + self._land())
 
-    def _run_segment(self, horizon: float):
+    def _run_segment(self, horizon: float, ahead: int):
         """Every busy rank holds a plan: sleep through their steps together, each as long as the ranks'
-        longest then, up to the first plan that runs out, none starting at or after `horizon`."""
+        longest then, up to the first plan that runs out, none starting at or after `horizon` but the
+        `ahead` first of those."""
         flying = list(self.flying.values())
         steps = min([len(f.plan.prices) - len(f.ends) for f in flying])
         start = self.env.now
@@ -129,14 +133,20 @@ class Lockstep(Sleeper):
         # Each end summed from the last, as stepping one group step at a time does (accumulate adds in order).
         ends = list(accumulate(prices[0] if len(prices) == 1 else map(max, *prices), initial=start))
         del ends[0]
-        del ends[kept_before(start, ends, horizon):]
+        del ends[kept_before(start, ends, horizon, ahead):]
         for f in flying:
             f.ends += ends
         if ends:
             self.segment = (start, ends)
             yield from self.sleep_until(ends[-1])
             self.segment = None
+            if ends:                                       # none when a request cut them all
+                self._took_steps(start, ends)
         yield from self._after(ends[-1] if ends else start, self._land())   # none left: cut at its start
+
+    def _took_steps(self, start: float, ends: list[float]) -> None:
+        for engine in self.engines:
+            engine.took_steps(start, ends)
 
     def _land(self) -> list[tuple[SimulatedEngine, int, list]]:
         """Take the plans that ran out or whose rank a request reached: (rank, steps, requests finished)."""
@@ -176,12 +186,13 @@ class Lockstep(Sleeper):
         """Requests sent to the ranks so far."""
         return sum(len(engine.groups) for engine in self.engines)
 
-    def cut(self, t: float) -> None:
-        """A request reached a rank at `t`: the segment slept through ends with the step under way then."""
+    def cut(self, t: float, ahead: int) -> None:
+        """A request reached a rank at `t`: the segment slept through ends with the step under way then
+        (and `ahead` more: the rank's step scheduled ahead)."""
         if self.segment is None:
             return
         start, ends = self.segment
-        keep = kept_before(start, ends, t)
+        keep = kept_before(start, ends, t, ahead)
         dropped = len(ends) - keep
         if dropped:
             for f in self.flying.values():
