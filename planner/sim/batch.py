@@ -55,7 +55,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
-from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked, _num_running
+from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.lazy_log import ShapeLog
 
@@ -213,6 +213,7 @@ class DecodeBatch:
     finishes: list = field(default_factory=list)          # heap of (finish step, order, member)
     counter: int = 0
     cost_model: object = None             # prices a plan as one run when it offers decode_step_times
+    bases: list[int] | None = None        # the members' bases in running order (None: to list again)
 
     def __post_init__(self) -> None:
         self.allocator = self.scheduler.allocator
@@ -277,6 +278,7 @@ class DecodeBatch:
             member.keys = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
             self._turns_changed(member)
         self.members.append(member)
+        self.bases = None
         self.by_residue[member.residue].append(member)
         heapq.heappush(self.finishes, (member.finish, member.order, member))
         self.context += n
@@ -297,8 +299,8 @@ class DecodeBatch:
         """The next steps admit nothing: the waiting head stays where it is while the batch decodes
         (the running set is fixed and free blocks only shrink until the next finish)."""
         scheduler = self.scheduler
-        if not self.chunked:
-            return _admission_blocked(scheduler)
+        if not self.chunked:       # (the running requests are the members, one sequence each)
+            return _admission_blocked(scheduler, len(self.members))
         if not scheduler.waiting:
             return True
         head = scheduler.waiting[0]
@@ -334,7 +336,7 @@ class DecodeBatch:
         spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
         pricer = run_pricer(self.cost_model)
         if pricer is not None and self._long(now, next_arrival, last):
-            run = DecodeRun([m.base for m in self.members], self.step + 1, self.context)
+            run = self._run()
             crossings = [len(members) for members in self.by_residue]
             ends, takes, prices = price_run(run, self.cost_model, pricer, now, next_arrival, last - self.step,
                                             crossings, self.step, spare, ahead)
@@ -348,6 +350,12 @@ class DecodeBatch:
             return None
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
                     self.step + len(ends) == first_finish, self.step + 1, bins, prices)
+
+    def _run(self) -> DecodeRun:
+        """The run of decode steps from the next one (its members' bases listed once per membership)."""
+        if self.bases is None:
+            self.bases = [m.base for m in self.members]
+        return DecodeRun(self.bases, self.step + 1, self.context)
 
     def _long(self, now: float, next_arrival: float, last: int) -> bool:
         """Is the plan likely long enough to price as one run? Its array operations cost a few dozen
@@ -397,8 +405,7 @@ class DecodeBatch:
             context += num
             if histogram:
                 _advance(bins, moves.get(step + 1, ()))
-        source = shapes if decode_time is None else DecodeRun([m.base for m in self.members], self.step + 1,
-                                                             self.context)
+        source = shapes if decode_time is None else self._run()
         return source, ends, takes, prices, bins
 
     # -- taking steps ----------------------------------------------------------------------------
@@ -506,6 +513,7 @@ class DecodeBatch:
         if self.caching:
             self._turns_changed(member)
         self.members.remove(member)
+        self.bases = None
         self.by_residue[member.residue].remove(member)
         n = len(member.group.seqs[0].token_ids)         # its context in its last step
         self.context -= n + 1
@@ -561,7 +569,7 @@ class DecodeBatch:
         width = head.max_num_seqs()
         return (width <= cfg.max_num_seqs and head.prompt_len <= cfg.max_model_len
                 and self.allocator.can_allocate(head) is AllocStatus.OK
-                and _num_running(scheduler.running) + width <= cfg.max_num_seqs)
+                and len(self.members) + width <= cfg.max_num_seqs)
 
     def joined(self, groups: list[SequenceGroup]) -> bool:
         """After a prefill step: its requests that now decode join the batch. False when they did not

@@ -123,9 +123,10 @@ def _num_running(running: list[SequenceGroup]) -> int:
     return sum([1 for group in running for seq in group.seqs if seq.status is _RUNNING])
 
 
-def _admission_blocked(scheduler: Scheduler) -> bool:
+def _admission_blocked(scheduler: Scheduler, num_running: int | None = None) -> bool:
     """schedule() leaves the waiting queue alone now and, since the running set is
-    fixed and free blocks only shrink inside a window, at every step of it."""
+    fixed and free blocks only shrink inside a window, at every step of it.
+    `num_running`: the running sequences, where the caller keeps their count."""
     if not scheduler.waiting:
         return True
     cfg = scheduler.config
@@ -135,8 +136,11 @@ def _admission_blocked(scheduler: Scheduler) -> bool:
     status = scheduler.allocator.can_allocate(group)
     if status is AllocStatus.NEVER:
         return False
-    return (status is AllocStatus.LATER
-            or _num_running(scheduler.running) + group.max_num_seqs() > cfg.max_num_seqs)
+    if status is AllocStatus.LATER:
+        return True
+    if num_running is None:
+        num_running = _num_running(scheduler.running)
+    return num_running + group.max_num_seqs() > cfg.max_num_seqs
 
 
 def _swap_in_blocked(scheduler: Scheduler) -> bool:
