@@ -81,6 +81,7 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--max-num-seqs", "4096"], "max_num_seqs"),
     (["--block-size", "12"], "block_size 12"),
     (["--rate", "-1"], "rate"),
+    (["--duration", "0"], "trace is empty"),
     (["--model", "opt-66b"], "does not fit"),
     (["--allocator", "buddy"], "allocator"),
     (["--preemption", "drop"], "preemption"),

@@ -169,3 +169,9 @@ def test_random_takes_vllm_bench_lengths_within_the_range_ratio():
     assert min(prompts) >= 150 and max(prompts) <= 450 and 280 < sum(prompts) / len(prompts) < 320
     with pytest.raises(TraceError, match="range_ratio"):
         make_trace("random", num_requests=5, range_ratio=1.5)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_a_window_without_arrivals_makes_an_empty_trace(name):
+    # (the planner then says the trace is empty; sampling zero lengths once crashed in numpy)
+    assert len(make_trace(name, duration=0.0, rate=1.0, seed=0)) == 0

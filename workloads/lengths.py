@@ -80,6 +80,8 @@ def sample_filtered_pairs(
         prompts.append(p[keep])
         outputs.append(o[keep])
         have += int(keep.sum())
+    if not prompts:                       # n == 0
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     return np.concatenate(prompts)[:n], np.concatenate(outputs)[:n]
 
 
