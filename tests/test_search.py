@@ -152,12 +152,31 @@ def test_cli_searches_each_gpus_own_max_num_seqs_by_default(tmp_path):
     (["--gpus", "a100-80g", "--price", "z100=1"], "unknown GPU"),
 ])
 def test_cli_bad_input_is_one_line(args, message, tmp_path):
-    base = ["search", "--model", "opt-125m", "--requests", "10", "--out", str(tmp_path)]
+    base = ["search", "--model", "opt-125m", "--requests", "10", "--out", str(tmp_path / "run")]
     if "--slo" not in args:
         base += ["--slo", "ttft_p99=2"]
     result = CliRunner().invoke(app, base + args)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()          # refused before its run folder is made
+
+
+def test_progress_keeps_each_finished_row_and_makes_its_folder_with_the_first(tmp_path):
+    from rich.console import Console
+    from planner.cli.search import SearchProgress
+    folder = tmp_path / "run"
+    progress = SearchProgress(Console(file=io.StringIO()), folder)
+    assert not folder.exists()                      # nothing ran yet: nothing written
+    row = {"gpu": "h100-sxm", "tp": 2, "block_size": 16, "max_num_seqs": None, "capacity": 3.5, "first_miss": 4.0,
+           "bounded": True, "probes": 5, "note": "a, b"}
+    progress(row, 1, 2)
+    progress(dict(row, tp=4, capacity=None, note="does not fit"), 2, 2)
+    rows = list(csv.DictReader((folder / "configs.partial.csv").open()))
+    assert [(r["tp"], r["capacity"], r["note"]) for r in rows] == [("2", "3.5", "a; b"), ("4", "", "does not fit")]
+    (folder / "configs.partial.csv").write_text("stale\n")   # an earlier search's leftovers in the same folder
+    again = SearchProgress(Console(file=io.StringIO()), folder)
+    again(row, 1, 1)
+    assert len(list(csv.DictReader((folder / "configs.partial.csv").open()))) == 1
 
 
 @pytest.mark.slow

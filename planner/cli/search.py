@@ -227,14 +227,14 @@ def _search_pd(spec: RunSpec, pools: dict, ratios: str, axes: dict, slo: list[st
 
 class SearchProgress:
     """Each configuration as it finishes: a line with the count done and an ETA on stderr, and its row
-    appended to configs.partial.csv, so an interrupted search keeps what it found."""
+    appended to configs.partial.csv, so an interrupted search keeps what it found (the run folder is
+    made with the first row: a search refused before anything ran leaves none)."""
 
     def __init__(self, err: Console, folder: Path, unit: str = "req/s", fleet: bool = False) -> None:
         self.err, self.folder, self.unit, self.started = err, folder, unit, time.perf_counter()
         self.columns = FLEET_PARTIAL_COLUMNS if fleet else PARTIAL_COLUMNS
-        folder.mkdir(parents=True, exist_ok=True)
         self.partial = folder / "configs.partial.csv"
-        self.partial.write_text(",".join(self.columns) + "\n")
+        self.rows = 0
 
     def __call__(self, row: dict, done: int, total: int) -> None:
         elapsed = time.perf_counter() - self.started
@@ -245,6 +245,10 @@ class SearchProgress:
             what = f"{row['capacity']:.3g} {self.unit}" if row["capacity"] is not None else row["note"]
         self.err.print(f"  [{done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s] {fleet_label(row)}, block "
                        f"{row['block_size']}, max seqs {row['max_num_seqs']}: {what}", highlight=False)
+        if not self.rows:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.partial.write_text(",".join(self.columns) + "\n")
+        self.rows += 1
         with self.partial.open("a") as f:
             f.write(",".join("" if row.get(k) is None else str(row[k]).replace(",", ";") for k in self.columns)
                     + "\n")
@@ -260,6 +264,7 @@ def _write(result, folder: Path, err: Console) -> None:
             err.print(f"note: the price of {gpu} (${cost.usd_per_gpu_hour:g}/GPU-hour) is unverified: no public "
                       f"source was found for it; give your own with --price {gpu}=DOLLARS_PER_GPU_HOUR",
                       highlight=False)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "configs.csv").write_text(result.csv_text())
     (folder / "search.json").write_text(json.dumps(result.document(), indent=2))
     (folder / "configs.partial.csv").unlink(missing_ok=True)
