@@ -58,6 +58,8 @@ def test_deployment_flags_reach_the_ledger():
     ([*QWEN, "--batch", "-3"], "must be >= 0"),
     ([*QWEN, "--batch", "4", "--tp", "2,4"], "takes one value"),
     (["explain", "--model", "opt-125m", "--gpu", "cpu", "--batch", "4"], "no measured vLLM data"),
+    ([*QWEN, "--batch", "4", "--context", "9000"], "longer than the deployment's max_model_len 8192"),
+    ([*QWEN, "--batch", "1", "--prefill-tokens", "8000", "--prefill-context", "1000"], "a sequence of 9000 tokens"),
 ])
 def test_bad_input_is_one_line(args, message):
     result = CliRunner().invoke(app, args)

@@ -40,9 +40,13 @@ def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int
                      decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts))
 
 
-def explain_ledger(deployments: DeploymentChoices, shape: StepShape) -> Ledger:
-    """The measured model's ledger for `shape` on the deployment given (planned as `simulate` plans it)."""
+def explain_ledger(deployments: DeploymentChoices, shape: StepShape, longest: int = 0) -> Ledger:
+    """The measured model's ledger for `shape` on the deployment given (planned as `simulate` plans it);
+    `longest`: the step's longest sequence, which must fit the deployment's max_model_len."""
     plan = plan_deployment(deployments.one("explain", **DEFAULTS))
+    if longest > plan.max_model_len:
+        raise PlannerError(f"a sequence of {longest} tokens is longer than the deployment's max_model_len "
+                           f"{plan.max_model_len}: vLLM never runs one past it (--max-model-len sets it)")
     d = plan.deployment
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
@@ -74,7 +78,8 @@ def explain(
 ) -> None:
     """One step's cost ledger on the measured model: every term, its seconds, share and source."""
     try:
-        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context))
+        longest = max(context if batch else 0, prefill_context + prefill_tokens)
+        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context), longest)
     except (PlannerError, ValueError) as exc:
         raise fail(str(exc) or type(exc).__name__) from None
     if as_json:
