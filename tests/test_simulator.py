@@ -263,6 +263,8 @@ def test_select_loads_an_explicit_profile_and_reports_damage(fake_calibrated, tm
     assert select_cost_model(OPT_13B, A100, profile=given).name == f"calibrated({given})"
     with pytest.raises(PlannerError, match="no such file"):
         select_cost_model(OPT_13B, A100, profile=tmp_path / "missing.json")
+    with pytest.raises(PlannerError, match="a folder; give a profile's .json file in it"):
+        select_cost_model(OPT_13B, A100, profile=tmp_path)
     damaged = tmp_path / "damaged.json"
     damaged.write_text("{")
     with pytest.raises(PlannerError, match="damaged"):

@@ -78,7 +78,8 @@ def _calibrated(model: ModelSpec, gpu: GpuSpec, tp: int, profile: str | Path | N
     if profile is not None:
         path = Path(profile)
         if not path.is_file():
-            raise PlannerError(f"profile {path}: no such file")
+            raise PlannerError(f"profile {path}: " + ("a folder; give a profile's .json file in it" if path.is_dir()
+                                                      else "no such file"))
     else:
         default = Path(profile_path(gpu.name, model.name))
         path, near_miss = find_profile(default.parent, model, block_size=block_size, dtype=dtype, tp=tp)
