@@ -43,16 +43,19 @@ class BlockPool:
             block = self.free_list.pop()
         else:
             block, _ = self.evictor.popitem(last=False)
-            h = self.block_hash[block]
-            del self.cached[h]
-            self.block_hash[block] = None
-            if self.events is not None:
-                self.events.append((False, h))
+            self._forget(block, self.block_hash[block])
             self.fill[block] = 0
         self.ref_counts[block] = 1
         self.num_token_states += filled
         self.fill[block] = filled
         return block
+
+    def _forget(self, block: int, prefix_hash: int) -> None:
+        """A cached block is handed out again: its prefix leaves the cache (a KV event says so)."""
+        del self.cached[prefix_hash]
+        self.block_hash[block] = None
+        if self.events is not None:
+            self.events.append((False, prefix_hash))
 
     def take_many(self, count: int, filled: int) -> list[int]:
         """`count` blocks as `take(filled)` hands them out one after another (from the free list's

@@ -70,10 +70,7 @@ class VllmBlockPool(BlockPool):
         block, _ = self.evictor.popitem(last=False)
         h = self.block_hash[block]
         if h is not None:
-            del self.cached[h]
-            self.block_hash[block] = None
-            if self.events is not None:
-                self.events.append((False, h))
+            self._forget(block, h)
         self.ref_counts[block] = 1
         self.num_token_states += filled
         self.fill[block] = filled
@@ -88,10 +85,7 @@ class VllmBlockPool(BlockPool):
             block = popitem(False)[0]
             h = hashes[block]
             if h is not None:
-                del self.cached[h]
-                hashes[block] = None
-                if self.events is not None:
-                    self.events.append((False, h))
+                self._forget(block, h)
             refs[block] = 1
             fill[block] = filled
             blocks.append(block)
