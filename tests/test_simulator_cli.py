@@ -82,6 +82,7 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--block-size", "12"], "block_size 12"),
     (["--rate", "-1"], "rate"),
     (["--duration", "0"], "trace is empty"),
+    (["--concurrency", "4", "--duration", "60"], "a closed loop (--concurrency) sends each request when"),
     (["--model", "opt-66b"], "does not fit"),
     (["--allocator", "buddy"], "allocator"),
     (["--preemption", "drop"], "preemption"),

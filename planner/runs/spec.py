@@ -46,6 +46,9 @@ class Load:
         if self.requests is not None and self.requests < 1:
             raise PlannerError(f"requests must be >= 1, got {self.requests}")
         checks.workload(self.workload)
+        if self.concurrency is not None and self.duration is not None and not is_trace_file(self.workload):
+            raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
+                               "request when the one before ends: give --requests N instead")
         try:
             if is_trace_file(self.workload):
                 return make_trace(self.workload, num_requests=self.requests, duration=self.duration,
