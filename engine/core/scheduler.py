@@ -206,7 +206,7 @@ class Scheduler:
         seqs: list[Sequence] = []
         truncated: list[SequenceGroup] = []
         num_tokens = 0
-        num_seqs = len([1 for g in self.running for s in g.seqs if s.status is not _FINISHED])   # live sequences
+        num_seqs = None      # the running requests' live sequences, counted once a group could be admitted
         while self.waiting:
             group = self.waiting[0]
             status = self._admission(group, now, rejected, truncated)
@@ -214,6 +214,8 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER:
                 break
+            if num_seqs is None:
+                num_seqs = len([1 for g in self.running for s in g.seqs if s.status is not _FINISHED])
             live = group.live_seqs()
             new_tokens = sum(s.num_tokens for s in live)
             # The first group always fits, so a recomputed group wider than the
