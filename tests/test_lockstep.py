@@ -37,14 +37,15 @@ def _same_run(a, b) -> None:
 
 
 @pytest.mark.parametrize("case", [
-    dict(),                                              # round-robin: every rank knows its next arrival
+    dict(),                                              # vllm-dp, the default: publications every 100 ms
+    dict(router="round-robin"),                          # every rank knows its next arrival
     dict(router="least-requests"),                       # routed as requests come: a request cuts the segment
     dict(router="least-kv"),                             # reads the ranks' blocks mid-plan
     dict(concurrency=24, rate=None, duration=None, requests=150),   # closed loop: a finish sends the next
     dict(async_scheduling=True),
     dict(enable_prefix_caching=False),
     dict(dp=4, rate=16.0),                               # four ranks
-], ids=["round-robin", "least-requests", "least-kv", "closed-loop", "async", "no-prefix-cache", "dp4"])
+], ids=["vllm-dp", "round-robin", "least-requests", "least-kv", "closed-loop", "async", "no-prefix-cache", "dp4"])
 def test_fast_forward_gives_the_step_by_step_run(case):
     """Plans held in flight across the ranks' events give the very steps and requests of stepping one
     group step at a time."""
@@ -58,7 +59,7 @@ def test_fast_forward_gives_the_step_by_step_run(case):
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dp=st.sampled_from([2, 3, 4]), rate=st.sampled_from([2.0, 12.0, 40.0]),
-       router=st.sampled_from([None, "least-requests", "least-kv"]), caching=st.booleans(),
+       router=st.sampled_from([None, "round-robin", "least-requests", "least-kv"]), caching=st.booleans(),
        max_num_seqs=st.sampled_from([4, 64]), blocks=st.sampled_from([None, 300]))
 def test_fast_forward_gives_the_step_by_step_run_for_any_deployment(dp, rate, router, caching, max_num_seqs, blocks):
     """The same, drawn: ranks, load, router, prefix caching, a small batch cap, a cache small enough

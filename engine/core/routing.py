@@ -21,6 +21,8 @@ SCORERS = ("least-requests", "least-kv", "prefix-aware")
 POLICIES = ("round-robin", *SCORERS)
 WEIGHTED = "weighted"
 DEFAULT_ROUTER = "round-robin"
+# vLLM's own balancer of one deployment's data-parallel ranks (the simulator's: planner/sim/router.py).
+DP_BALANCER = "vllm-dp"
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class RouterPolicy:
 
     @property
     def round_robin(self) -> bool:
-        return not self.weights
+        return not self.weights and self.name != DP_BALANCER
 
     @property
     def uses_prefix(self) -> bool:
@@ -44,7 +46,7 @@ class RouterPolicy:
     @property
     def reads_engines(self) -> bool:
         """Does a pick depend on the replicas' state (else every pick is known in advance)?"""
-        return bool(self.weights)
+        return bool(self.weights) or self.name == DP_BALANCER
 
 
 def parse_policy(text: str | None) -> RouterPolicy:

@@ -191,11 +191,12 @@ CONCURRENCY = typer.Option(None, "--concurrency", metavar="N",
 REPLICAS = typer.Option(None, "--replicas", metavar="K",
                         help="K identical replicas of the deployment behind --router, simulated together (each its "
                              "own scheduler, KV cache and prefix cache); a comma list sweeps in simulate")
-ROUTER = typer.Option("round-robin", "--router", metavar="POLICY",
-                      help="how the router picks a replica: round-robin, least-requests (fewest in flight), "
-                           "least-kv (lowest KV-cache use), prefix-aware (most prompt blocks cached; needs "
+ROUTER = typer.Option(None, "--router", metavar="POLICY",
+                      help="how the router picks a replica: round-robin (the default), least-requests (fewest in "
+                           "flight), least-kv (lowest KV-cache use), prefix-aware (most prompt blocks cached; needs "
                            "--enable-prefix-caching), or weighted:SCORER=W,... over the last three, as llm-d's "
-                           "scorers (e.g. weighted:least-requests=1,prefix-aware=2)")
+                           "scorers (e.g. weighted:least-requests=1,prefix-aware=2); a deployment's --dp ranks are "
+                           "spread by vllm-dp, vLLM's own balancer, unless --router names another")
 SEED = typer.Option(0, help="random seed (trace and sampled tokens)")
 SLO = typer.Option(None, "--slo", metavar="LIMIT",
                    help="SLO: s/token (normalized latency) or METRIC=SECONDS, comma-separated or repeated "

@@ -285,7 +285,8 @@ def _print_summary(result) -> None:
     unit = "clients" if result.grid.clients else "req/s"
     fleet = result.grid.fleet
     table = Table(title="configurations (Pareto front first, then by cost)" if not fleet else
-                  f"fleets, {result.grid.base.fleet.router} router (Pareto front first, then by cost)")
+                  f"fleets, {result.grid.base.fleet.router_for(result.grid.base.deployment)} router "
+                  f"(Pareto front first, then by cost)")
     for col in ("gpu", "tp", *(("replicas",) if fleet else ()), "block", "max seqs", f"capacity {unit}", "$/hour",
                 f"{unit} per $/h", "note"):
         table.add_column(col)
@@ -318,8 +319,8 @@ def _print_fewest(result) -> None:
     """--replicas auto: each configuration's fewest replicas at the target rate, cheapest first."""
     console = Console() if Console().is_terminal else Console(width=160)
     g = result.grid
-    table = Table(title=f"fewest replicas for {g.target_rate:g} req/s, {g.base.fleet.router} router "
-                        f"(cheapest first)")
+    table = Table(title=f"fewest replicas for {g.target_rate:g} req/s, "
+                        f"{g.base.fleet.router_for(g.base.deployment)} router (cheapest first)")
     for col in ("gpu", "tp", "replicas", "misses at", "block", "max seqs", "$/hour", "SLO use", *g.slos, "note"):
         table.add_column(col)
     rows = sorted(result.configs, key=lambda r: (r["replicas"] is None, r["cost_per_hour"] or 0.0,

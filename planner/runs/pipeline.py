@@ -21,11 +21,13 @@ from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
 from planner.deploy.plan import DeploymentPlan, plan_deployment
 from planner.runs.result import RunResult
-from planner.runs.spec import Load, RunSpec
+from planner.errors import PlannerError
+from planner.runs.spec import Fleet, Load, RunSpec
 from planner.sim import SimResult, simulate
 from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
 from planner.sim.pd import KvPath, Pool, simulate_pd
+from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER
 from workloads import Trace
 
 
@@ -114,7 +116,12 @@ class Simulation:
         if self.spec.timing_noise:
             pools = replace(pools, **{name: replace(pool, cost_model=with_timing_noise(pool.cost_model, load.seed))
                                       for name, pool in (("prefill", pools.prefill), ("decode", pools.decode))})
-        return simulate_pd(trace, pools.prefill, pools.decode, pools.path, self.spec.fleet.policy(self.spec.deployment),
+        # The pools' routers spread requests over their instances, never over dp ranks: round-robin by default.
+        router = Fleet(1, self.spec.fleet.router or DEFAULT_ROUTER).policy(self.spec.deployment)
+        if router.name == DP_BALANCER:
+            raise PlannerError(f"--pd {self.spec.pd.ratio}: the pools' routers pick an instance; --router "
+                               f"{DP_BALANCER} balances one deployment's dp ranks")
+        return simulate_pd(trace, pools.prefill, pools.decode, pools.path, router,
                            seed=load.seed, concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
                            progress=progress, watch=watch)
 

@@ -13,7 +13,7 @@ from engine.deployment import Deployment
 from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation
-from planner.sim.router import DEFAULT_ROUTER, RouterPolicy, parse_router
+from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER, RouterPolicy, parse_router
 from workloads import Trace, TraceError, make_trace
 from workloads.make import is_trace_file
 
@@ -71,15 +71,27 @@ class Fleet:
     (planner/sim/router.py). A topology of the run, not a knob of one replica's deployment."""
 
     replicas: int = 1
-    router: str = DEFAULT_ROUTER
+    # None: round-robin over replicas; over the data-parallel ranks of one deployment, vLLM's own balancer.
+    router: str | None = None
+
+    def router_for(self, deployment: Deployment | None = None) -> str:
+        """The router's name, the default resolved for `deployment`."""
+        if self.router is not None:
+            return self.router
+        lone = self.replicas == 1 and deployment is not None and deployment.dp > 1
+        return DP_BALANCER if lone else DEFAULT_ROUTER
 
     def policy(self, deployment: Deployment | None = None) -> RouterPolicy:
         """The router's policy, checked (one line on a bad value) against the replicas' deployment."""
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise PlannerError(f"--replicas must be a whole number >= 1, got {self.replicas!r}")
-        policy = parse_router(self.router)
+        policy = parse_router(self.router_for(deployment))
         if policy.uses_prefix and deployment is not None and not deployment.prefix_caching_on:
             raise PlannerError(f"--router {policy.name} scores prefix-cache hits: give --enable-prefix-caching")
+        if policy.name == DP_BALANCER and deployment is not None and (deployment.dp < 2 or self.replicas > 1):
+            raise PlannerError(f"--router {DP_BALANCER} is vLLM's balancer of one deployment's data-parallel ranks: "
+                               f"give --dp 2 or more and one replica (got --dp {deployment.dp}, --replicas "
+                               f"{self.replicas})")
         return policy
 
 
@@ -136,7 +148,7 @@ class RunSpec:
             words.append("--timing-noise")
         if spec.step_by_step:
             words.append("--step-by-step")
-        words += fleet_flags(spec.fleet)
+        words += fleet_flags(spec.fleet, spec.deployment)
         if spec.pd is not None:
             words += spec.pd.flags()
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
@@ -148,10 +160,10 @@ _LOAD_FIELDS = {f.name for f in fields(Load)}
 _FLEET_FIELDS = {f.name for f in fields(Fleet)}
 
 
-def fleet_flags(fleet: Fleet) -> list[str]:
-    """--replicas and --router, when they are not a lone deployment's."""
+def fleet_flags(fleet: Fleet, deployment: Deployment) -> list[str]:
+    """--replicas and --router, when they are not a lone deployment's (the router when not the default)."""
     words = ["--replicas", str(fleet.replicas)] if fleet.replicas != 1 else []
-    if fleet.router != DEFAULT_ROUTER:
+    if fleet.router_for(deployment) != Fleet(fleet.replicas).router_for(deployment):
         words += ["--router", fleet.router]
     return words
 

@@ -225,6 +225,11 @@ class SimulatedEngine(Sleeper):
         # (end, blocks in use) after each step or run of steps that could end requests, as vLLM publishes its
         # KV-cache usage: make_stats runs after update_from_output has freed the finished requests' blocks.
         self.published_used: list[tuple[float, int]] = []
+        # (end, waiting, running) after each step or run of steps, as vLLM's engine core sends its request
+        # counts to the data-parallel coordinator (`_maybe_publish_request_counts`, after each step).
+        self.published_counts: list[tuple[float, int, int]] = []
+        self.run_counts = (0, 0)               # (waiting, running) as the run of steps slept through began
+        self.queued_at: list[float] = []       # when each request submitted straight to the waiting queue came
         self.kv_events: deque | None = None
         self.published: set[int] = set()
         self.speculation: SpecRuntime | None = None   # speculative decoding's shapes and proposer price
@@ -273,11 +278,14 @@ class SimulatedEngine(Sleeper):
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
         the records follow: `group`, or the children's parent."""
         enqueue = self._hold if self.async_scheduling and self.idle is None else self.scheduler.add
+        queued = len(self.scheduler.waiting)
         if self.fan_out and fans_out(group.params):
             self.groups.append(self.parents.fan_out(group, enqueue))
         else:
             self.groups.append(group)
             enqueue(group)
+        if self.routed:
+            self.queued_at.extend(repeat(self.env.now, len(self.scheduler.waiting) - queued))
         idle = self.idle
         if idle is not None:
             if not idle.triggered:         # a lockstep group's ranks share one (another rank's request woke it)
@@ -327,6 +335,18 @@ class SimulatedEngine(Sleeper):
         published = self.published_used
         i = bisect.bisect_left(published, (t, -1)) - 1
         return published[i][1] if i >= 0 and published[i][0] == last[0] else last[1]
+
+    def request_counts_before(self, t: float) -> tuple[int, int]:
+        """(waiting, running) requests after the last step that ended before `t`. A run of steps slept
+        through is logged at its first step's end and at its last's: nothing joins or leaves in between (a
+        request reaching the engine cuts the run at the step it arrived in; only the last step finishes
+        requests); a run still slept through reads as it began."""
+        pending = self.pending
+        if pending is not None and pending.ends and pending.ends[0] < t:
+            return self.run_counts
+        counts = self.published_counts
+        i = bisect.bisect_left(counts, (t,)) - 1
+        return (counts[i][1], counts[i][2]) if i >= 0 else (0, 0)
 
     def cached_prefix_before(self, hashes: list[int], t: float) -> int:
         """How many of a prompt's leading block hashes the prefix cache held, as its KV events
@@ -407,10 +427,13 @@ class SimulatedEngine(Sleeper):
         if self.fast_forward:
             move = self._batch_move(step_time, histogram, horizon, ahead)
             if move is not None:
+                if move.kind is PLAN:
+                    self._run_begins()
                 return move
             if windows and not self.chunked:   # windows assume the paper's policy
                 window = plan_window(self.scheduler, step_time, self.env.now, horizon, histogram=histogram)
                 if window is not None:
+                    self._run_begins()
                     return Move(WINDOW, plan=window)
         step = begin_step(self.scheduler, self.env.now)
         if not step.has_work:
@@ -565,6 +588,10 @@ class SimulatedEngine(Sleeper):
         """After `count` steps ending at `end`: the requests they ended, progress, the watch."""
         if self.routed:
             self.published_used.append((end, self.allocator.num_used_blocks()))
+            # vLLM's engine core takes in the requests that reached it during a step only after sending its
+            # counts: those queued since the last step began are not counted yet.
+            late = len(self.queued_at) - bisect.bisect_right(self.queued_at, self.last_start)
+            self.published_counts.append((end, len(self.scheduler.waiting) - late, len(self.scheduler.running)))
         finished = self.parents.ended(finished)
         self.ended(len(finished))
         taken = len(self.steps)
@@ -632,6 +659,7 @@ class SimulatedEngine(Sleeper):
         if not window.steps:
             return
         self.took_steps(window.start, window.ends)
+        self._published_run(window.ends)
         records, finished = self._apply_window(window)
         self._took(records, window.shapes)
         yield from self._stepped(len(records), window.ends[-1], finished)
@@ -651,8 +679,20 @@ class SimulatedEngine(Sleeper):
         """Steps from `start` ending at `ends` were taken (for `_admit_held`: when the last began)."""
         self.last_start = ends[-2] if len(ends) > 1 else start
 
+    def _run_begins(self) -> None:
+        """A run of steps to sleep through starts: the requests waiting and running in all its steps but
+        the last (which may end some), as a router reads them."""
+        if self.routed:
+            self.run_counts = (len(self.scheduler.waiting), len(self.scheduler.running))
+
+    def _published_run(self, ends: list[float]) -> None:
+        """The counts a run of steps published before its last step's (`after_steps` logs that one)."""
+        if self.routed and len(ends) > 1:
+            self.published_counts.append((ends[0], *self.run_counts))
+
     def take_plan(self, plan: Plan) -> list:
         """Take the steps of a plan slept through; returns the requests they finished."""
+        self._published_run(plan.ends)
         members = len(self.batch.members)
         finished = self.batch.apply(plan)
         self._took_plan(plan, members)

@@ -40,7 +40,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
                                 simulate)
 from planner.sim.clients import ClosedLoop
 from planner.sim.lockstep import Lockstep
-from planner.sim.router import Router, RouterPolicy, parse_router
+from planner.sim.router import RouterPolicy, make_router, parse_router
 from planner.sim.lazy_log import ShapeLog, StepLog
 from workloads import Trace
 
@@ -112,7 +112,7 @@ class Fleet:
                 engine.executor.rng = random.Random(f"{seed}/{i}")
             if policy.uses_prefix:
                 engine.log_kv_events()
-        self.router = Router(policy, self.engines, plan.deployment.block_size)
+        self.router = make_router(policy, self.engines, plan.deployment.block_size)
         self.groups: list = []                         # every request sent, in sending order
         self.routes: list[int] = []
         self.loop: ClosedLoop | None = None

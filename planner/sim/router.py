@@ -24,9 +24,20 @@ Policies (`--router`):
   (its `max-score-picker`); llm-d's sample profiles weigh `queue-scorer` 1,
   `kv-cache-scorer` 1 and `prefix-cache-scorer` 3 (e.g. `weighted:least-requests=1,
   least-kv=1,prefix-aware=3`).
+- `vllm-dp`: vLLM's own balancer of one deployment's data-parallel ranks, the default for
+  them (a deployment with `--dp` 2 or more and one replica). vLLM 0.19's API server
+  (vllm/v1/engine/core_client.py, `DPLBAsyncMPClient.get_core_engine_for_request`) sends a
+  request to the rank with the lowest `4 x waiting + running`, scanning from rank 0 and
+  keeping the first lowest (so ties go to rank 0), then counts it as one more waiting request
+  on that rank. The counts come from the DP coordinator (vllm/v1/engine/coordinator.py),
+  which publishes what each rank's engine core sent after its last step at most every 100 ms
+  (`min_stats_update_interval_ms`), each publication replacing the front end's own counts.
+  Here a publication falls on every multiple of 100 ms (vLLM's fall 100 ms after the last
+  one once the counts change: the same spacing while the ranks are busy).
 
 Ties go to the first tied replica after the last one picked (so equal replicas take
-turns); llm-d's picker draws among ties at random, which a seeded run could not repeat.
+turns; `vllm-dp` keeps its own rule); llm-d's picker draws among ties at random, which a
+seeded run could not repeat.
 
 What the router knows is what a real one could: its own count of requests in flight,
 and what each replica published at the end of its last step before the arrival (KV
@@ -34,7 +45,7 @@ usage per step, as vLLM logs its stats, after the step's finished requests freed
 blocks; KV events per step, as vLLM publishes them),
 never a step in progress. The simulator gives the same answers step by step and in
 fast-forward (planner/sim/engine.py, `ended_before`, `blocks_used_before`,
-`cached_prefix_before`).
+`cached_prefix_before`, `request_counts_before`).
 
 The policies, their parsing and the pick rule are engine/core/routing.py's, shared with the
 live fleet's proxy (engine/entrypoints/router); this module supplies the simulated replicas'
@@ -42,21 +53,36 @@ readings.
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 
-from engine.core.routing import DEFAULT_ROUTER, POLICIES, SCORERS, WEIGHTED, BaseRouter, RouterPolicy, parse_policy
+from engine.core.routing import (DEFAULT_ROUTER, DP_BALANCER, POLICIES, SCORERS, WEIGHTED, BaseRouter, RouterPolicy,
+                                 parse_policy)
 from engine.core.sequence import SequenceGroup
 from planner.errors import PlannerError
 
-__all__ = ["DEFAULT_ROUTER", "POLICIES", "SCORERS", "WEIGHTED", "Router", "RouterPolicy", "parse_router"]
+__all__ = ["DEFAULT_ROUTER", "DP_BALANCER", "POLICIES", "SCORERS", "WEIGHTED", "DpBalancer", "Router", "RouterPolicy",
+           "make_router", "parse_router"]
+
+PUBLISH_INTERVAL = 0.1     # s between the DP coordinator's publications of the ranks' request counts
+WAITING_WEIGHT = 4         # vLLM's score: 4 x waiting + running
 
 
 def parse_router(text: str | None) -> RouterPolicy:
-    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware` or `weighted:SCORER=W,...`."""
+    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware`, `weighted:SCORER=W,...` or `vllm-dp`."""
+    name = (text or "").strip().lower()
+    if name == DP_BALANCER:
+        return RouterPolicy(DP_BALANCER)
     try:
         return parse_policy(text)
     except ValueError as exc:
-        raise PlannerError(str(exc)) from None
+        also = "" if name.startswith(WEIGHTED + ":") else f"; for a deployment's --dp ranks also {DP_BALANCER}"
+        raise PlannerError(f"{exc}{also}") from None
+
+
+def make_router(policy: RouterPolicy, engines: list, block_size: int):
+    """The router of `policy` over the simulated engines."""
+    return DpBalancer(engines) if policy.name == DP_BALANCER else Router(policy, engines, block_size)
 
 
 class Router(BaseRouter):
@@ -77,6 +103,27 @@ class Router(BaseRouter):
 
     def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
         return [e.cached_prefix_before(hashes, now) for e in self.engines]
+
+
+class DpBalancer:
+    """vLLM's internal load balancer over a deployment's data-parallel ranks (`vllm-dp`, see the module): the
+    lowest 4 x waiting + running of the counts last published, plus the requests sent since."""
+
+    def __init__(self, engines: list) -> None:
+        self.engines = engines
+        self.publication = -1                 # the publication the counts hold (its multiple of the interval)
+        self.counts: list[list[int]] = []     # [waiting, running] per rank, as the front end keeps them
+
+    def pick(self, group: SequenceGroup, now: float) -> int:
+        publication = math.floor(now / PUBLISH_INTERVAL)
+        if publication != self.publication:
+            self.publication = publication
+            at = publication * PUBLISH_INTERVAL
+            self.counts = [list(engine.request_counts_before(at)) for engine in self.engines]
+        counts = self.counts
+        chosen = min(range(len(counts)), key=lambda i: WAITING_WEIGHT * counts[i][0] + counts[i][1])
+        counts[chosen][0] += 1                # one more waiting there until the next publication
+        return chosen
 
 
 def _ended_before(ended_at: list[float], t: float) -> int:

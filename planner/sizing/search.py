@@ -422,7 +422,8 @@ class SearchResult:
             best = {k: self.best[k] for k in keys}
         fleet = {}
         if g.fleet:
-            fleet = {"replicas": "auto" if g.auto else list(g.replicas), "router": g.base.fleet.router}
+            fleet = {"replicas": "auto" if g.auto else list(g.replicas),
+                     "router": g.base.fleet.router_for(g.base.deployment)}
             if g.auto:
                 fleet["max_replicas"] = g.max_replicas
         speculation = {} if self.speculation is None else {"speculation": self.speculation}
@@ -614,7 +615,7 @@ def plot_pareto(result: SearchResult, path) -> None:
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in result.grid.slos.items())
-    what = f"fleets ({result.grid.base.fleet.router} router)" if fleet else "capacity"
+    what = f"fleets ({result.grid.base.fleet.router_for(result.grid.base.deployment)} router)" if fleet else "capacity"
     ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: {what} under {slos}",
                  fontsize=10)
     ax.set_xlabel("cost ($/hour, on-demand list price)")
@@ -653,7 +654,8 @@ def _plot_fewest(result: SearchResult, path, plt) -> None:
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in g.slos.items())
-    ax.set_title(f"{g.base.deployment.model}, {g.base.load.workload}: fewest replicas ({g.base.fleet.router} "
+    router = g.base.fleet.router_for(g.base.deployment)
+    ax.set_title(f"{g.base.deployment.model}, {g.base.load.workload}: fewest replicas ({router} "
                  f"router) for {g.target_rate:g} req/s under {slos}", fontsize=10)
     ax.set_xlabel("fleet cost ($/hour: replicas x TP x on-demand list price)")
     ax.set_ylabel(f"{name} at {g.target_rate:g} req/s (s)" if name is not None else
