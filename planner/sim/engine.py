@@ -246,10 +246,12 @@ class SimulatedEngine(Sleeper):
     def horizon(self) -> float:
         """Windows stop before the step that starts at or after this (and `ahead` steps after it): the
         next arrival they know of, or, while requests wait out the schedule made without them
-        (`_admit_held`), the step after this one."""
+        (`_admit_held`), the step after this one. A replica routed as requests come does not know its next
+        one (it could go elsewhere), but a lockstep group's ranks stop at the next request of the group: a
+        request cuts a rank's run anyway, and most requests go to one of a few ranks."""
         if self.held:
             return math.nextafter(self.env.now, math.inf)
-        return math.inf if self.routed else self.due.at
+        return math.inf if self.routed and self.group is None else self.due.at
 
     @property
     def ahead(self) -> int:
