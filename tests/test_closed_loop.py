@@ -74,6 +74,18 @@ def test_capacity_in_clients_is_the_most_clients_within_the_slo():
     assert by_clients[n]["meets"] and not by_clients[n + 1]["meets"]      # bisected to one client
 
 
+@pytest.mark.parametrize("command", [["simulate", "--concurrency", "4"],
+                                     ["capacity", "--concurrency", "max", "--slo", "tpot_p99=0.03"]])
+def test_a_duration_for_a_closed_loop_is_refused_in_one_line_before_anything_runs(command, tmp_path):
+    # a built-in workload's --duration times arrivals, which clients sending as their requests end do not have
+    result = CliRunner().invoke(app, [*command, "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--duration", "60",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.stderr == ("error: --duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
+                             "request when the one before ends: give --requests N instead\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_sweeps_concurrency_and_names_it_in_the_command(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy",
                                       "vllm-v1", "--max-model-len", "4096", "--workload", "random", "--requests",

@@ -284,6 +284,8 @@ def capacity(
                        pd=pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
                                                                    kv_link)))
         pdo.check_spec(spec)
+        if concurrency == "max":
+            spec.load.check_closed_loop()          # before the search says it starts
 
         probed = _probe_printer(err, slos, seeds, clients=concurrency == "max")
         d = spec.deployment

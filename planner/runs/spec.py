@@ -35,6 +35,12 @@ class Load:
     # trace gives lengths and order, not times); None: open loop, the trace's arrival times.
     concurrency: int | None = None
 
+    def check_closed_loop(self) -> None:
+        """A built-in workload's --duration times arrivals, which a closed loop does not have."""
+        if self.duration is not None and not is_trace_file(self.workload):
+            raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
+                               "request when the one before ends: give --requests N instead")
+
     def trace(self) -> Trace:
         if self.concurrency is not None and self.concurrency < 1:
             raise PlannerError(f"concurrency must be >= 1 clients, got {self.concurrency}")
@@ -46,9 +52,8 @@ class Load:
         if self.requests is not None and self.requests < 1:
             raise PlannerError(f"requests must be >= 1, got {self.requests}")
         checks.workload(self.workload)
-        if self.concurrency is not None and self.duration is not None and not is_trace_file(self.workload):
-            raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
-                               "request when the one before ends: give --requests N instead")
+        if self.concurrency is not None:
+            self.check_closed_loop()
         try:
             if is_trace_file(self.workload):
                 return make_trace(self.workload, num_requests=self.requests, duration=self.duration,
