@@ -18,10 +18,10 @@ MOE = dict(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=T
 
 
 def _simulation(rate: float | None = 8.0, duration: float | None = 20.0, requests: int | None = None,
-                concurrency: int | None = None, router: str | None = None, **settings) -> Simulation:
+                concurrency: int | None = None, router: str | None = None, seed: int = 3, **settings) -> Simulation:
     deployment = Deployment(**{**MOE, **settings})
     spec = run_spec(deployment, workload="sharegpt", rate=rate, duration=duration, requests=requests,
-                    concurrency=concurrency, seed=3, **({"fleet": Fleet(1, router)} if router else {}))
+                    concurrency=concurrency, seed=seed, **({"fleet": Fleet(1, router)} if router else {}))
     return Simulation.prepare(spec)
 
 
@@ -42,10 +42,15 @@ def _same_run(a, b) -> None:
     dict(router="least-requests"),                       # routed as requests come: a request cuts the segment
     dict(router="least-kv"),                             # reads the ranks' blocks mid-plan
     dict(concurrency=24, rate=None, duration=None, requests=150),   # closed loop: a finish sends the next
+    # ... while the ranks step: vllm-dp must not count a request that reached a rank during its step
+    dict(concurrency=16, rate=None, duration=None, requests=80, dp=4, async_scheduling=False, seed=0),
     dict(async_scheduling=True),
+    # requests queue behind max_num_seqs while the ranks sleep through runs: vllm-dp reads a run in flight
+    dict(rate=12.0, duration=6.0, enable_prefix_caching=False, max_num_seqs=4),
     dict(enable_prefix_caching=False),
     dict(dp=4, rate=16.0),                               # four ranks
-], ids=["vllm-dp", "round-robin", "least-requests", "least-kv", "closed-loop", "async", "no-prefix-cache", "dp4"])
+], ids=["vllm-dp", "round-robin", "least-requests", "least-kv", "closed-loop", "closed-loop-sync", "async",
+        "queued", "no-prefix-cache", "dp4"])
 def test_fast_forward_gives_the_step_by_step_run(case):
     """Plans held in flight across the ranks' events give the very steps and requests of stepping one
     group step at a time."""
