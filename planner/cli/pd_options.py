@@ -47,6 +47,6 @@ def disaggregation(pd: Optional[str], settings: dict) -> Disaggregation | None:
 
 def check_spec(spec) -> None:
     """A run's router and, with --pd, its pools (one line on a bad value, before anything runs)."""
-    spec.fleet.policy(spec.deployment)
+    spec.router()
     if spec.pd is not None:
         spec.pd.check(spec.deployment, spec.fleet.replicas)

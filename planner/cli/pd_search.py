@@ -59,7 +59,7 @@ def run_pd_search(base: RunSpec, pools: dict, ratios, axes: dict, slos: dict, ra
             configs.append({"gpu": gpu, "tp": tp, **found})
     named = ratios if ratios == "auto" else [f"{p}:{d}" for p, d in ratios]
     doc = {"target_rate": rate, "slos": slos, "ratios": named,
-           "pools": pools, "router": base.fleet.router_for(base.deployment), "configs": configs,
+           "pools": pools, "router": base.fleet.router_for(base.deployment, pools=True), "configs": configs,
            "wall_time": time.perf_counter() - started,
            "prices": {g: table[g].usd_per_gpu_hour for g in table}, "command_base": base.command()}
     folder.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), conc
     specs = [RunSpec(deployment=d, load=one, fleet=fleet, pd=pd, **run)
              for d in deployments.product(**DEFAULTS) for fleet in fleets for one in loads]
     for spec in specs:
-        spec.fleet.policy(spec.deployment)       # a bad --router fails here, in one line
+        spec.router()                            # a bad --router fails here, in one line
         if pd is not None:
             pd.check(spec.deployment, spec.fleet.replicas)
     return specs

@@ -21,13 +21,11 @@ from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
 from planner.deploy.plan import DeploymentPlan, plan_deployment
 from planner.runs.result import RunResult
-from planner.errors import PlannerError
-from planner.runs.spec import Fleet, Load, RunSpec
+from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
 from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
 from planner.sim.pd import KvPath, Pool, simulate_pd
-from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER
 from workloads import Trace
 
 
@@ -83,7 +81,7 @@ class Simulation:
 
     @classmethod
     def prepare(cls, spec: RunSpec) -> Simulation:
-        spec.fleet.policy(spec.deployment)        # a bad --replicas or --router fails before any planning
+        spec.router()                             # a bad --replicas or --router fails before any planning
         if spec.pd is not None:
             pools = prepare_pools(spec)
             return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)
@@ -105,7 +103,7 @@ class Simulation:
         replicas = fleet.replicas * self.plan.deployment.dp   # each dp replica: its own scheduler and cache
         if replicas > 1:
             return simulate_fleet(trace, self.plan, cost, replicas=replicas,
-                                  router=fleet.policy(self.spec.deployment), seed=load.seed,
+                                  router=self.spec.router(), seed=load.seed,
                                   concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
                                   progress=progress, watch=watch)
         return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency,
@@ -116,12 +114,7 @@ class Simulation:
         if self.spec.timing_noise:
             pools = replace(pools, **{name: replace(pool, cost_model=with_timing_noise(pool.cost_model, load.seed))
                                       for name, pool in (("prefill", pools.prefill), ("decode", pools.decode))})
-        # The pools' routers spread requests over their instances, never over dp ranks: round-robin by default.
-        router = Fleet(1, self.spec.fleet.router or DEFAULT_ROUTER).policy(self.spec.deployment)
-        if router.name == DP_BALANCER:
-            raise PlannerError(f"--pd {self.spec.pd.ratio}: the pools' routers pick an instance; --router "
-                               f"{DP_BALANCER} balances one deployment's dp ranks")
-        return simulate_pd(trace, pools.prefill, pools.decode, pools.path, router,
+        return simulate_pd(trace, pools.prefill, pools.decode, pools.path, self.spec.router(),
                            seed=load.seed, concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
                            progress=progress, watch=watch)
 

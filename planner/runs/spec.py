@@ -76,27 +76,28 @@ class Fleet:
     (planner/sim/router.py). A topology of the run, not a knob of one replica's deployment."""
 
     replicas: int = 1
-    # None: round-robin over replicas; over the data-parallel ranks of one deployment, vLLM's own balancer.
+    # None: round-robin over replicas (and a P/D pool's instances); over the data-parallel ranks of one
+    # deployment, vLLM's own balancer.
     router: str | None = None
 
-    def router_for(self, deployment: Deployment | None = None) -> str:
-        """The router's name, the default resolved for `deployment`."""
+    def router_for(self, deployment: Deployment | None = None, pools: bool = False) -> str:
+        """The router's name, the default resolved for `deployment` (`pools`: routing P/D pools' instances)."""
         if self.router is not None:
             return self.router
-        lone = self.replicas == 1 and deployment is not None and deployment.dp > 1
-        return DP_BALANCER if lone else DEFAULT_ROUTER
+        ranks = self.replicas == 1 and not pools and deployment is not None and deployment.dp > 1
+        return DP_BALANCER if ranks else DEFAULT_ROUTER
 
-    def policy(self, deployment: Deployment | None = None) -> RouterPolicy:
+    def policy(self, deployment: Deployment | None = None, pools: bool = False) -> RouterPolicy:
         """The router's policy, checked (one line on a bad value) against the replicas' deployment."""
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise PlannerError(f"--replicas must be a whole number >= 1, got {self.replicas!r}")
-        policy = parse_router(self.router_for(deployment))
+        policy = parse_router(self.router_for(deployment, pools))
         if policy.uses_prefix and deployment is not None and not deployment.prefix_caching_on:
             raise PlannerError(f"--router {policy.name} scores prefix-cache hits: give --enable-prefix-caching")
-        if policy.name == DP_BALANCER and deployment is not None and (deployment.dp < 2 or self.replicas > 1):
+        if policy.name == DP_BALANCER and deployment is not None and (deployment.dp < 2 or self.replicas > 1 or pools):
             raise PlannerError(f"--router {DP_BALANCER} is vLLM's balancer of one deployment's data-parallel ranks: "
-                               f"give --dp 2 or more and one replica (got --dp {deployment.dp}, --replicas "
-                               f"{self.replicas})")
+                               f"give --dp 2 or more and one replica, without --pd (got --dp {deployment.dp}, "
+                               f"--replicas {self.replicas}{', --pd' if pools else ''})")
         return policy
 
 
@@ -115,6 +116,10 @@ class RunSpec:
 
     def with_load(self, **changes) -> RunSpec:
         return replace(self, load=replace(self.load, **changes))
+
+    def router(self) -> RouterPolicy:
+        """The policy that routes this run's requests (over replicas, dp ranks or P/D pools' instances), checked."""
+        return self.fleet.policy(self.deployment, pools=self.pd is not None)
 
     def with_fleet(self, **changes) -> RunSpec:
         return replace(self, fleet=replace(self.fleet, **changes))
@@ -153,7 +158,7 @@ class RunSpec:
             words.append("--timing-noise")
         if spec.step_by_step:
             words.append("--step-by-step")
-        words += fleet_flags(spec.fleet, spec.deployment)
+        words += fleet_flags(spec.fleet, spec.deployment, spec.pd is not None)
         if spec.pd is not None:
             words += spec.pd.flags()
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
@@ -165,10 +170,10 @@ _LOAD_FIELDS = {f.name for f in fields(Load)}
 _FLEET_FIELDS = {f.name for f in fields(Fleet)}
 
 
-def fleet_flags(fleet: Fleet, deployment: Deployment) -> list[str]:
+def fleet_flags(fleet: Fleet, deployment: Deployment, pools: bool = False) -> list[str]:
     """--replicas and --router, when they are not a lone deployment's (the router when not the default)."""
     words = ["--replicas", str(fleet.replicas)] if fleet.replicas != 1 else []
-    if fleet.router_for(deployment) != Fleet(fleet.replicas).router_for(deployment):
+    if fleet.router_for(deployment, pools) != Fleet(fleet.replicas).router_for(deployment, pools):
         words += ["--router", fleet.router]
     return words
 

@@ -497,7 +497,7 @@ def check_fleet(grid: SearchGrid) -> None:
         for k in grid.replicas:
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise PlannerError(f"--replicas must be whole numbers >= 1 or 'auto', got {k!r}")
-    grid.base.fleet.policy(grid.base.deployment)     # a bad --router
+    grid.base.router()                              # a bad --router
 
 
 def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = None,
