@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from planner.cli.output import fail
+from planner.sim.memory_guard import check_trace_size
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -103,6 +104,8 @@ def show(
         requests = DEFAULT_REQUESTS
     try:
         params = parse_workload_params(name, param)
+        if not is_trace_file(name):
+            check_trace_size(requests, duration, rate)
         trace = make_trace(
             name, num_requests=requests, duration=duration, rate=rate,
             arrival=arrival, cv=cv, seed=seed, **params,

@@ -13,6 +13,7 @@ from engine.deployment import Deployment
 from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation
+from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER, RouterPolicy, parse_router
 from workloads import Trace, TraceError, make_trace
 from workloads.make import is_trace_file
@@ -41,6 +42,12 @@ class Load:
             raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
                                "request when the one before ends: give --requests N instead")
 
+    def check_size(self) -> None:
+        """Refuse, before making it, a generated trace too large for this machine's memory to simulate."""
+        if is_trace_file(self.workload) or self.requests is None and self.duration is None:
+            return
+        check_trace_size(self.requests, self.duration, DEFAULT_RATE if self.rate is None else self.rate)
+
     def trace(self) -> Trace:
         if self.concurrency is not None and self.concurrency < 1:
             raise PlannerError(f"concurrency must be >= 1 clients, got {self.concurrency}")
@@ -54,6 +61,7 @@ class Load:
         checks.workload(self.workload)
         if self.concurrency is not None:
             self.check_closed_loop()
+        self.check_size()
         try:
             if is_trace_file(self.workload):
                 return make_trace(self.workload, num_requests=self.requests, duration=self.duration,

@@ -47,6 +47,7 @@ from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.sim.lazy_log import ShapeLog, StepLog
+from planner.sim.memory_guard import GUARD
 from planner.deploy.speculation import speculation_of
 from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
                                      enable as enable_speculation)
@@ -757,6 +758,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     dep = plan.deployment
     if dep.enable_chunked_prefill and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
+    GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
     private = dep.enable_chunked_prefill and dep.enable_prefix_caching and spec is None
     if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back

@@ -40,6 +40,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
                                 simulate)
 from planner.sim.clients import ClosedLoop
 from planner.sim.lockstep import Lockstep
+from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
 from planner.sim.lazy_log import ShapeLog, StepLog
 from workloads import Trace
@@ -199,6 +200,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
               progress: Progress | None = None, watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """The fleet simulation for any number of replicas (one included: tests hold it to `simulate`)."""
     wall_start = time.perf_counter()
+    check_replicas(replicas, plan.num_gpu_blocks)
     env = simpy.Environment()
     fleet = Fleet(env, trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
                   fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)

@@ -21,6 +21,7 @@ import random
 
 from engine.core.scheduler import Samples, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
+from planner.sim.memory_guard import CHECK_EVERY, GUARD
 from planner.sim.private_blocks import PrivateBlockManager
 from workloads import Trace, TraceRequest
 
@@ -44,6 +45,7 @@ class SyntheticExecutor:
         self.rng = random.Random(seed)
         self.answers: dict[str, list[int]] = {}   # request id -> the trace's answer ids
         self.own_ids: dict[str, int] | None = None   # request id -> its own prompt id (`_own_id`)
+        self.made = 0          # requests made, for the memory guard's cadence
 
     def share_answers(self, maker: SyntheticExecutor) -> None:
         """Sample the trace's answers for the requests `maker` makes: a pool's requests are all made by
@@ -73,6 +75,9 @@ class SyntheticExecutor:
             self.private_blocks.public.add(group.seqs[0].seq_id)
         if own is not None and params.n == 1:                # (n children would share its blocks)
             self.private_blocks.own_prompts.add(group.seqs[0].seq_id)
+        self.made += 1
+        if not self.made % CHECK_EVERY:
+            GUARD.check(lambda: f"at request {req.request_id}, {group.arrival_time:,.0f} s into the run")
         return group
 
     def _own_id(self, req: TraceRequest) -> int | None:

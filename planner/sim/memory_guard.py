@@ -1,0 +1,147 @@
+"""A simulation too large for this machine's memory stops with a one-line error instead of being killed.
+
+A run keeps every request it simulates (its tokens until it ends, its record after) and every replica's
+block tables, so its memory grows with the requests and replicas it is given: ShareGPT at 16 req/s on one
+H100 running Llama-3.1-8B holds about 20 KiB a request (350 MiB for 10 minutes), and a replica of that
+deployment about 4 MiB before any request (measured 2026-12-04). A run too large for the machine (a day
+of heavy traffic, thousands of replicas) would grow until the kernel's out-of-memory killer ended it,
+minutes later and with nothing said. Instead:
+
+- `check_trace_size` and `check_requests` refuse, before a trace is made, a request count that cannot fit at all (each request
+  takes at least MIN_REQUEST_BYTES, its trace entry and its record), and `check_replicas` a fleet whose
+  block tables alone cannot;
+- `check` (called by the simulator every CHECK_EVERY requests it makes and at every engine it builds) stops
+  the run once the machine's available memory falls below what the process has grown by since its first
+  check: turning the run into results takes about as much again (the records are built from the requests
+  while they are still held: +76% of the held memory at the peak, measured on that run), so a run stopped
+  later could not finish anyway.
+
+Linux only (/proc); elsewhere nothing is checked.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable
+
+from planner.errors import PlannerError
+
+MIN_REQUEST_BYTES = 4 << 10   # a ShareGPT request's trace entry (1.4 KiB) and its smallest record, rounded up
+MIN_BLOCK_BYTES = 128         # a simulated KV block's bookkeeping (free queue, counts, hash): 160 B measured
+MIN_FREE_BYTES = 256 << 20    # never run the machine below this, whatever the run holds
+CHECK_EVERY = 512             # requests made between two checks (a check reads /proc: ~20 us)
+_MIB = 1 << 20
+
+
+class OutOfMemory(PlannerError):
+    """The run would outgrow this machine's memory."""
+
+
+# A container's memory limit: (limit, usage, stats, the stat of page cache the kernel can reclaim) for
+# cgroup v2 and v1. /proc/meminfo shows the host's memory, while the container is killed at its limit.
+CGROUPS = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
+            "inactive_file"),
+           ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"))
+
+
+def available_bytes() -> int | None:
+    """The memory the kernel could give without swapping (MemAvailable), less where a container's limit
+    leaves less; None where the system does not say."""
+    available = _read_stat("/proc/meminfo", "MemAvailable:")
+    available = None if available is None else available * 1024
+    for limit_path, usage_path, stat_path, reclaimable in CGROUPS:
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is None or usage is None or limit >= 1 << 60:     # no such cgroup, or no limit
+            continue
+        headroom = limit - usage + (_read_stat(stat_path, reclaimable + " ") or 0)
+        available = headroom if available is None else min(available, headroom)
+        break
+    return available
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):      # absent, or "max" (no limit)
+        return None
+
+
+def _read_stat(path: str, key: str) -> int | None:
+    """The number after `key` on its line of `path` (a "key value" listing)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory, or None where the system does not say."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def check_requests(count: float, source: str | None = None) -> None:
+    """Refuse `count` requests (where they come from: `source`, e.g. "--duration 1e9 s at 2 req/s") when even
+    their smallest footprint exceeds the memory available now."""
+    available = available_bytes()
+    if available is None or count * MIN_REQUEST_BYTES <= available:
+        return
+    what = f"{count:,.0f} requests are" if source is None else f"{source} is about {count:,.0f} requests,"
+    raise OutOfMemory(f"{what} more than this machine's memory can simulate "
+                      f"(at least {MIN_REQUEST_BYTES >> 10} KiB each: {count * MIN_REQUEST_BYTES / (1 << 30):,.0f} "
+                      f"GiB against {available / (1 << 30):.1f} GiB available); give fewer --requests or a "
+                      "shorter --duration")
+
+
+def check_trace_size(requests: int | None, duration: float | None, rate: float) -> None:
+    """`check_requests` for a generated trace of at most `requests`, arriving for `duration` s at `rate`."""
+    arrivals = math.inf if duration is None else rate * duration
+    if requests is not None and requests <= arrivals:
+        check_requests(requests)
+    elif math.isfinite(arrivals):      # (infinitely many are the trace maker's to refuse)
+        check_requests(arrivals, f"--duration {duration:g} s at {rate:g} req/s")
+
+
+def check_replicas(replicas: int, blocks_each: int) -> None:
+    """Refuse a fleet whose replicas' block tables alone exceed the memory available now."""
+    available = available_bytes()
+    need = replicas * blocks_each * MIN_BLOCK_BYTES
+    if available is None or need <= available:
+        return
+    raise OutOfMemory(f"{replicas:,} replicas of {blocks_each:,} KV blocks each are more than this machine's memory "
+                      f"can simulate (at least {MIN_BLOCK_BYTES} bytes a block: {need / (1 << 30):,.0f} GiB against "
+                      f"{available / (1 << 30):.1f} GiB available); give fewer --replicas")
+
+
+class MemoryGuard:
+    """Stops a run that has grown past what the machine has left (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.baseline: int | None = None    # resident bytes at the first check
+
+    def check(self, where: Callable[[], str]) -> None:
+        """Raise OutOfMemory, saying `where()` the run stopped, when the machine's available memory is below
+        MIN_FREE_BYTES or below what this process has grown by since its first check."""
+        resident, available = resident_bytes(), available_bytes()
+        if resident is None or available is None:
+            return
+        if self.baseline is None:
+            self.baseline = resident
+        grown = resident - self.baseline
+        if available >= max(MIN_FREE_BYTES, grown):
+            return
+        raise OutOfMemory(f"the simulation stopped {where()}: it holds {grown // _MIB:,} MiB and this machine has "
+                          f"{available // _MIB:,} MiB left, less than building its results needs; simulate fewer "
+                          "requests (--requests, --duration) or replicas")
+
+
+GUARD = MemoryGuard()     # one per process: the machine's memory is shared by everything the process runs
