@@ -14,6 +14,7 @@ from planner.cli.app import _boolean_flag_error, app
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
+from workloads import Trace, TraceRequest
 from engine.deployment import Deployment
 from planner.api import run_spec
 from planner.deploy.plan import plan_deployment
@@ -81,6 +82,21 @@ def test_light_load_keeps_up_and_is_arrival_bound():
     assert v["served_rate_steady"] == pytest.approx(v["offered_rate"], rel=0.35)
     assert "planner simulate" in v["next_commands"][0]["command"]
     assert doc["not_modelled"] and doc["command"].startswith("planner simulate")
+
+
+def test_too_few_requests_for_a_steady_window_are_told_to_give_more(tmp_path):
+    # A rate was given, so asking for one again (as for requests all at once) would rerun the same thing.
+    doc = run_document(run_spec(workload="sharegpt", rate=2.0, requests=5))
+    v = doc["verdict"]
+    assert v["bound"] == "unknown" and "too few requests" in v["bound_reason"]
+    assert [c["command"] for c in v["next_commands"]] == [doc["command"].replace("--requests 5", "--requests 1000")]
+    at_once = run_document(run_spec(workload="sharegpt", requests=50, rate=float("inf")))["verdict"]
+    assert at_once["bound"] == "unknown" and at_once["next_commands"][0]["why"] == "give a rate so arrivals spread out"
+    # A trace file holds only its own requests: more cannot be asked of it.
+    Trace([TraceRequest(request_id=str(i), arrival_time=i * 0.5, prompt_len=20, output_len=8) for i in range(5)]
+          ).save(tmp_path / "five.jsonl")
+    short_file = run_document(run_spec(workload=str(tmp_path / "five.jsonl"), rate=2.0))["verdict"]
+    assert short_file["bound"] == "unknown" and short_file["next_commands"] == []
 
 
 def test_chatbot_offered_rate_differs_from_requested():

@@ -46,6 +46,7 @@ GROWTH_SHARE = 0.10
 MIN_GROWTH = 5.0
 FULL_FREE_SHARE = 0.05
 QUEUE_SAMPLES = 200
+ENOUGH_REQUESTS = 1000     # what a run too short for a steady window is told to try (the simulator's default)
 MEMORY_FULL_SHARE = 0.5
 STEADY_KEYS = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
                "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99", "normalized_latency", "mean_batch_size",
@@ -349,6 +350,11 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
         else:
             cmds.append({"command": command(tp=tp * 2), "why": "split the compute over more GPUs"})
         return cmds
+    if requested is not None:     # arrivals spread already: too few of them for a steady window
+        if "--trace" in command().split():        # a trace file holds only the requests it has
+            return []
+        return [{"command": command(requests=ENOUGH_REQUESTS, duration=None),
+                 "why": "enough requests for a steady window"}]
     return [{"command": command(rate=_round_rate(base)), "why": "give a rate so arrivals spread out"}]
 
 
