@@ -159,7 +159,8 @@ class Deployment:
         for name in ("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
-        _at_least("swap_space", self.swap_space, 0)
+        if not 0 <= self.swap_space < math.inf:
+            raise ValueError(f"swap_space must be a finite number of GiB >= 0, got {self.swap_space}")
         if not 0 <= self.moe_skew <= 4:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")
@@ -339,5 +340,5 @@ def _one_of(what: str, value, choices: tuple) -> None:
 
 
 def _at_least(name: str, value, low: float) -> None:
-    if value is not None and value < low:
+    if value is not None and not value >= low:       # (NaN too)
         raise ValueError(f"{name} must be >= {low}, got {value}")

@@ -95,6 +95,9 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
      "no measured vLLM data for GPU l4; covered: a100-40g"),
     (["--max-num-batched-tokens", "1024", "--policy", "paper"], "use --policy vllm-v1 or --max-model-len 1024"),
     (["--max-model-len", "4096"], "greater than opt-13b's 2048 positions"),
+    (["--swap-space", "nan"], "swap_space must be a finite number of GiB >= 0, got nan"),
+    (["--swap-space", "inf"], "swap_space must be a finite number of GiB >= 0, got inf"),
+    (["--max-num-seqs", "nan"], "--max-num-seqs: 'nan' is not a valid int"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = invoke("simulate", "--requests", 5, "--out", tmp_path, *args)
@@ -102,6 +105,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert message in result.stderr
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+def test_a_run_folder_that_cannot_be_made_names_the_path(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = invoke("simulate", "--requests", 5, "--out", tmp_path / "file" / "run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'file' / 'run'}: Not a directory"     # no "[Errno 20]"
 
 
 def test_sweep_writes_a_comparison(tmp_path):

@@ -81,7 +81,7 @@ def explain(
         longest = max(context if batch else 0, prefill_context + prefill_tokens)
         ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context), longest)
     except (PlannerError, ValueError) as exc:
-        raise fail(str(exc) or type(exc).__name__) from None
+        raise fail(exc) from None
     if as_json:
         sys.stdout.write(json.dumps(ledger.as_dict()) + "\n")
         return

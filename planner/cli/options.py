@@ -166,7 +166,7 @@ def deployment_options(command):
         try:
             choices = choices_from(options)
         except PlannerError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
         return command(deployments=choices, **kwargs)
 
     parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added

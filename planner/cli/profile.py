@@ -87,7 +87,7 @@ def profile(
                 bar.update(task, description=description)
             result = run_profile(opts, advance)
     except (PlannerError, ValueError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
     if as_json:
         fits = {name: {"method": fit.chosen, "cv_mean_rel": fit.cv[fit.chosen].mean_rel}
@@ -115,7 +115,7 @@ def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out:
         speculative = deployments.one("profile").speculative
         stats = measure_ngram(Trace.load(trace_path), speculative)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc) or type(exc).__name__) from None
+        raise fail(exc) from None
     flags = curve_flags(stats, speculative)
     document = {"trace": str(trace_path), "speculative": speculative, **stats.as_dict(), "flags": flags}
     if out is not None:

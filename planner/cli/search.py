@@ -178,7 +178,7 @@ def search(
         else:
             result = api.run_grid(grid, run.pop("executor"), **run)
     except (PlannerError, TraceError, ValueError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     _write(result, folder, err)
     if as_json:
         return typer.echo(json.dumps(result.document()))

@@ -92,7 +92,7 @@ def serve(
             torch.set_num_threads(threads)
         engine = LLMEngine(folder, deployment, device=device, seed=seed)
     except (PlannerError, ValueError, OSError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     name = served_model_name or deployment.model
     cores = (f"; torch on {torch.get_num_threads()} of {os.cpu_count()} cores"
              if engine.runner.device.type == "cpu" else "")
@@ -143,7 +143,7 @@ def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, 
         serve_fleet([config] * replicas, policy, deployment.block_size, host, port, tokenizer=tokenizer,
                     log_level=log_level, say=lambda text: typer.echo(text, err=True))
     except RuntimeError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
 
 
 def _server_options(options_type, api_key, max_body, trust_template, template_timeout, keep_alive, concurrency):
@@ -205,7 +205,7 @@ def bench(
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     name = Path(trace).stem if trace else workload
     _report_bench(results, wall, cfg, slos, out, as_json, workload=name, rate=rate, max_concurrency=max_concurrency,
                   seed=seed, length_scale=length_scale)

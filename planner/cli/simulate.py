@@ -120,7 +120,7 @@ def simulate(
             result = api.simulate(specs[0], seeds=seeds, progress=progress, warn=lambda w: warn(err, w))
         paths = write_run(result, out_dir)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc) or type(exc).__name__) from None
+        raise fail(exc) from None
     _print_run(result, paths, out_dir, as_json, err, seeds)
 
 
@@ -299,7 +299,7 @@ def capacity(
         out_dir = out or default_out("capacity", spec.load.workload)
         paths = write_capacity(doc, out_dir, capacity_title(spec, slos))
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc) or type(exc).__name__) from None
+        raise fail(exc) from None
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
         err.print(f"capacity folder: {out_dir} (report.html)", highlight=False)

@@ -119,7 +119,7 @@ def validate_cmd(
         result, paths, doc = _validate_here(spec, out or _default_folder(spec.deployment.model, workload),
                                             reprofile, err)
     except (PlannerError, TraceError, ValueError, OSError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     _print_result(result, paths, doc, as_json_flag)
 
 

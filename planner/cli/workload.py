@@ -115,7 +115,7 @@ def show(
         if hist is not None:
             save_histogram(trace, hist)
     except (TraceError, ValueError, OSError) as err:
-        raise fail(str(err) or type(err).__name__) from None
+        raise fail(err) from None
     stats = trace.stats()
     if as_json:
         sys.stdout.write(json.dumps(_json_safe(stats), indent=2) + "\n")
@@ -177,7 +177,7 @@ def import_command(
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
     except (TraceError, ValueError, OSError) as err:
-        raise fail(str(err) or type(err).__name__) from None
+        raise fail(err) from None
     stats = trace.stats()
     if as_json:
         sys.stdout.write(json.dumps(_json_safe(stats | {"output": str(output)}), indent=2) + "\n")
