@@ -5,6 +5,7 @@ code 2, never a traceback; tables go to stdout, progress to stderr.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,22 @@ def fail(message: str | Exception) -> typer.Exit:
     message = str(message) or type(message).__name__
     typer.echo(f"error: {message.splitlines()[0] if message else 'invalid input'}", err=True)
     return typer.Exit(2)
+
+
+def check_writable(path: Path, flag: str = "--out", folder: bool = False) -> None:
+    """Refuse, before any work, a file `path` (or with `folder`, a run folder) that could not be written
+    when the work is done: the folder it goes in made if missing, and writable."""
+    if path.is_dir() and not folder:
+        raise PlannerError(f"{flag} {path}: a folder, not a file")
+    where = path if folder else path.parent
+    if where.exists() and not where.is_dir():
+        raise PlannerError(f"{flag} {path}: {where} is a file, not a folder")
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):     # (permission bits alone do not say, e.g. for root)
+            pass
+    except OSError as exc:
+        raise PlannerError(f"{flag} {path}: cannot write in {where}: {exc.strerror}") from None
 
 
 def stdout() -> Console:

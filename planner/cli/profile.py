@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import fail
+from planner.cli.output import check_writable, fail
 from planner.errors import PlannerError
 from planner.profile.ngram import curve_flags, measure_ngram
 from planner.profile.options import ProfileOptions
@@ -72,6 +72,8 @@ def profile(
         if "gpu" not in deployments.given:
             raise PlannerError("give --gpu: the catalog GPU present here, or cpu")
         deployment = deployments.one("profile", model="opt-125m")
+        if out is not None:
+            check_writable(out)        # before the minutes of timing it would hold
         from planner.profile.run import run_profile   # torch: only a profile that runs needs it
 
         opts = ProfileOptions(deployment, quick=quick, force=force, per_layer=per_layer, repeats=repeats)
@@ -88,7 +90,10 @@ def profile(
             result = run_profile(opts, advance)
     except (PlannerError, ValueError) as exc:
         raise fail(exc) from None
-    path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
+    try:
+        path = save_profile(result, out or profile_path(result.device.gpu, result.model.name))
+    except OSError as exc:
+        raise fail(exc) from None
     if as_json:
         fits = {name: {"method": fit.chosen, "cv_mean_rel": fit.cv[fit.chosen].mean_rel}
                 for name, fit in result.fit.items()}
@@ -113,13 +118,15 @@ def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out:
         if trace_path is None or "speculative" not in deployments.given:
             raise PlannerError("measuring n-gram speculation takes both --speculative ngram:K and --trace FILE")
         speculative = deployments.one("profile").speculative
+        if out is not None:
+            check_writable(out)
         stats = measure_ngram(Trace.load(trace_path), speculative)
+        flags = curve_flags(stats, speculative)
+        document = {"trace": str(trace_path), "speculative": speculative, **stats.as_dict(), "flags": flags}
+        if out is not None:
+            out.write_text(json.dumps(document, indent=1) + "\n")
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(exc) from None
-    flags = curve_flags(stats, speculative)
-    document = {"trace": str(trace_path), "speculative": speculative, **stats.as_dict(), "flags": flags}
-    if out is not None:
-        out.write_text(json.dumps(document, indent=1) + "\n")
     if as_json:
         sys.stdout.write(json.dumps(document) + "\n")
         return

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import fail
+from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
 from planner.errors import PlannerError
@@ -196,6 +196,8 @@ def bench(
     try:
         if max_concurrency is not None and rate is None:
             rate = math.inf                 # vllm bench serve's default rate: every request due at once
+        if out is not None:
+            check_writable(out, folder=True)     # before the run whose results it holds
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
                                        max_output_len)
         slos = parse_slos(slo) if slo else None

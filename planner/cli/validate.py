@@ -14,7 +14,7 @@ from rich.table import Table
 from engine.deployment import Deployment
 from planner.cli import options as opt
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import REPORTS_DIR, fail
+from planner.cli.output import REPORTS_DIR, check_writable, fail
 from planner.errors import PlannerError
 from planner.validation.compare import Validation
 from planner.sim.router import parse_router
@@ -100,6 +100,8 @@ def validate_cmd(
     try:
         if endpoint is not None and measured is not None:
             raise PlannerError("give one of --endpoint and --measured, not both")
+        if out is not None:
+            check_writable(out, folder=True)     # before the live run whose report it holds
         if rate is not None and concurrency is not None:
             raise PlannerError("give --rate or --concurrency, not both: a closed loop's clients send each request "
                                "when their previous one ends")
