@@ -58,6 +58,7 @@ def test_unreachable_endpoint_is_one_line_and_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["bench", "--endpoint", "http://127.0.0.1:9", "--workload", "alpaca",
                                       "--requests", "2", "--out", str(tmp_path)])
     assert result.exit_code == 2 and result.stderr.startswith("error: cannot list the models")
+    assert "nothing answers there (is the server up?)" in result.stderr and "Errno" not in result.stderr
 
 
 def test_tpot_follows_vllm_from_usage_tokens_not_chunks():

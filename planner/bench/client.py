@@ -133,6 +133,8 @@ def served_model(endpoint: str, timeout: float = 30.0, headers: dict | None = No
         r = httpx.get(url, timeout=timeout, headers=headers)
         r.raise_for_status()
         data = r.json()["data"]
+    except httpx.ConnectError:       # (its text is the socket's "[Errno 111] Connection refused")
+        raise ValueError(f"cannot list the models at {url}: nothing answers there (is the server up?)") from None
     except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot list the models at {url}: {exc}") from None
     if not data:
