@@ -128,7 +128,7 @@ def test_prefix_aware_follows_the_replicas_kv_events():
     assert held == len(hashes) - 1
 
 
-def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_a_502_naming_it():
+def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_is_passed_over():
     fake = FakeReplicas()
 
     async def calls(client, proxy):
@@ -136,16 +136,55 @@ def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_a_502_naming_i
         bad = await post(client)
         fake.status = 200
         fake.down.add(1)
-        dead = await post(client)
+        moved = [await post(client) for _ in range(3)]     # replica 1 refuses: each goes to replica 0
         health = await client.get("/health")
-        return bad, dead, health, [r.in_flight for r in proxy.replicas]
-    bad, dead, health, in_flight = run_proxy("round-robin", fake, calls)
+        fake.down.add(0)
+        dead = await post(client)
+        return bad, moved, dead, health, [(r.in_flight, r.routed, r.failed) for r in proxy.replicas]
+    bad, moved, dead, health, counts = run_proxy("round-robin", fake, calls)
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "max_tokens: bad"
-    assert dead.status_code == 502
-    message = dead.json()["error"]["message"]
-    assert "\n" not in message and message.startswith("replica 1 (http://replica1) did not answer: ConnectError")
+    assert [(m.status_code, m.json()["replica"]) for m in moved] == [(200, 0)] * 3
+    assert fake.got == [0, 0, 0, 0]               # nothing reached replica 1
     assert health.status_code == 503 and "replica 1 (http://replica1) is unreachable" in health.json()["error"]["message"]
+    assert dead.status_code == 502           # no replica to take it
+    message = dead.json()["error"]["message"]
+    assert "\n" not in message and "did not answer: ConnectError" in message
+    # Nothing left in flight; each attempt counted where it was sent (round-robin still picks replica 1 in
+    # turn: 1, then 2 + 1 + 2 for the three moved, 2 for the last), each refusal where it happened.
+    assert [c[0] for c in counts] == [0, 0] and sum(c[1] for c in counts) == 1 + 5 + 2
+    assert [c[2] for c in counts] == [1, 3]
+
+
+def test_the_proxy_answers_what_it_cannot_forward_in_openais_shape():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        latin = await client.post("/v1/completions", content=b'{"prompt": [5], "max_tokens": 2}',
+                                  headers={"content-type": "application/json", "accept": "\xff".encode("latin-1")})
+        deep = await client.post("/v1/completions", content=b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+        missing = await client.get("/v1/embeddings")
+        wrong_method = await client.get("/v1/completions")
+        return latin, deep, missing, wrong_method, [r.in_flight for r in proxy.replicas]
+    latin, deep, missing, wrong_method, in_flight = run_proxy("least-requests", fake, calls)
+    assert latin.status_code == 200               # a latin-1 header byte goes on as it came
+    assert deep.status_code == 200                # the replica judges a body the proxy cannot parse
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
+    assert wrong_method.status_code == 405 and "GET /v1/completions" in wrong_method.json()["error"]["message"]
     assert in_flight == [0, 0]
+
+
+def test_the_proxy_refuses_a_body_over_the_servers_limit_before_holding_it():
+    proxy = Proxy(URLS, parse_policy("round-robin"), block_size=4)
+    app = build_proxy_app(proxy, max_body=1000)
+    fake = FakeReplicas()
+
+    async def main():
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            return await post(client, prompt=range(1000))
+    answer = asyncio.run(main())
+    assert answer.status_code == 413 and "--max-request-body-size" in answer.json()["error"]["message"]
+    assert fake.got == []
 
 
 def test_metrics_sum_counters_and_histograms_and_keep_gauges_per_replica():

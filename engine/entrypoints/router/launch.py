@@ -26,7 +26,7 @@ import uvicorn
 
 from engine.core.routing import RouterPolicy
 from engine.entrypoints.openai.server import free_port
-from engine.entrypoints.router.proxy import Proxy, build_proxy_app
+from engine.entrypoints.router.proxy import MAX_BODY, Proxy, build_proxy_app
 
 
 @dataclass
@@ -96,11 +96,16 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 
 
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
-                 tokenizer=None, log_level: str = "warning") -> uvicorn.Server:
+                 tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY) -> uvicorn.Server:
     proxy = Proxy(urls, policy, block_size, tokenizer)
-    config = uvicorn.Config(build_proxy_app(proxy), host=host, port=port, log_level=log_level, access_log=False,
-                            lifespan="on", timeout_keep_alive=30)
+    config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
+                            access_log=False, lifespan="on", timeout_keep_alive=30)
     return uvicorn.Server(config)
+
+
+def _max_body(configs: list[dict]) -> int:
+    """The replicas' --max-request-body-size, which the proxy applies before it holds a body."""
+    return configs[0].get("options", {}).get("max_request_body_size", MAX_BODY)
 
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
@@ -114,7 +119,8 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
         say(f"{len(replicas)} replicas ready: " + ", ".join(r.url for r in replicas) +
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
-        proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level).run()
+        proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
+                     _max_body(configs)).run()
     except (Stopped, KeyboardInterrupt):
         pass
     finally:
@@ -139,7 +145,7 @@ class BackgroundFleet:
         self.replicas = start_replicas(configs, log_dir)
         self.port = free_port()
         self.server = proxy_server([r.url for r in self.replicas], policy, block_size, "127.0.0.1", self.port,
-                                   tokenizer)
+                                   tokenizer, max_body=_max_body(configs))
         self.thread = threading.Thread(target=self.server.run, name="fleet-proxy", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

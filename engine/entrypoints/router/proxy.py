@@ -3,9 +3,13 @@
 It is not a second scheduler: it picks a replica per request (engine/core/
 routing.py's policies, over what replicas.py reads), forwards the body
 unchanged and relays the answer, streamed or not, status and error body
-included (a bad request gets the replica's own 400). A replica it cannot
-reach, or that breaks off an answer, is reported as a 502 naming it, never a
-hang. /health is 200 only when every replica's is; /metrics is the replicas'
+included (a bad request gets the replica's own 400). A replica that refuses
+the connection (stopped, crashed) never saw the request, so the next replica
+takes it; one that breaks off an answer is reported as a 502 naming it. A
+client that goes away has its request aborted on the replica (the connection
+to it is closed, as the replica does for its own clients). Bodies over the
+servers' --max-request-body-size get the 413 the replicas would give, before
+the proxy holds them. /health is 200 only when every replica's is; /metrics is the replicas'
 pages aggregated as Prometheus would (prometheus.py) plus the proxy's own
 routing counters; /v1/models is the first replica's. SIGTERM (uvicorn) stops
 taking requests and lets those in flight finish; the launcher then stops
@@ -20,15 +24,18 @@ from contextlib import asynccontextmanager
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.core.routing import RouterPolicy
+from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
 
-FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+FORWARDED_HEADERS = (b"authorization", b"content-type", b"accept")
+MAX_BODY = 16 << 20       # the servers' default --max-request-body-size
 TIMEOUT = httpx.Timeout(None, connect=5.0)     # a generation may take as long as it takes; a dead port may not
 
 
@@ -70,7 +77,9 @@ class Proxy:
 
     async def pick(self, body) -> Replica:
         await self.router.refresh(self.client)
-        replica = self.replicas[self.router.pick(self.token_ids(body), time.monotonic())]
+        return self._sent_to(self.replicas[self.router.pick(self.token_ids(body), time.monotonic())])
+
+    def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
         replica.in_flight += 1
         return replica
@@ -79,24 +88,54 @@ class Proxy:
         raw = await request.body()
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None                          # the replica answers it with its own 400
+        # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         replica = await self.pick(body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
-        outgoing = self.client.build_request("POST", replica.url + request.url.path, content=raw, headers=headers)
+        streamed = isinstance(body, dict) and bool(body.get("stream"))
+        exchange = asyncio.ensure_future(self._exchange(replica, request.url.path, raw, headers, streamed))
+        leaving = asyncio.ensure_future(_disconnected(request))
         try:
-            upstream = await self.client.send(outgoing, stream=True)
-        except httpx.HTTPError as exc:
-            return self._failed(replica, exc)
-        if isinstance(body, dict) and body.get("stream") and upstream.status_code == 200:
-            return StreamingResponse(self._relay(replica, upstream), status_code=200,
-                                     headers=_passed(upstream.headers))
-        try:
-            content = await upstream.aread()
-        except httpx.HTTPError as exc:
-            return self._failed(replica, exc)
+            await asyncio.wait((exchange, leaving), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await upstream.aclose()
+            leaving.cancel()
+        if exchange.done():
+            return exchange.result()
+        # The client went away before the answer (a whole answer's headers come only with it): closing the
+        # replica's connection aborts the request there, as the replica does for its own clients.
+        exchange.cancel()
+        return Response(status_code=499)       # (nobody reads it: nginx's "client closed request")
+
+    async def _exchange(self, replica: Replica, path: str, raw: bytes, headers, streamed: bool) -> Response:
+        """Send the request to `replica` (to the next one while they refuse the connection) and relay the
+        answer: a stream as it comes, a whole answer once read."""
+        try:
+            for attempt in range(len(self.replicas)):
+                if attempt:
+                    replica = self._sent_to(self.replicas[(replica.index + 1) % len(self.replicas)])
+                outgoing = self.client.build_request("POST", replica.url + path, content=raw, headers=headers)
+                try:
+                    upstream = await self.client.send(outgoing, stream=True)
+                    break
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:   # it never saw the request: the next may
+                    failure = self._failed(replica, exc)
+                except httpx.HTTPError as exc:
+                    return self._failed(replica, exc)
+            else:
+                return failure                   # every replica refused it
+            if streamed and upstream.status_code == 200:
+                return StreamingResponse(self._relay(replica, upstream), status_code=200,
+                                         headers=_passed(upstream.headers))
+            try:
+                content = await upstream.aread()
+            except httpx.HTTPError as exc:
+                return self._failed(replica, exc)
+            finally:
+                await upstream.aclose()
+        except asyncio.CancelledError:           # the client left: the request is no longer in flight
+            self._ended(replica)
+            raise
         self._ended(replica)
         return Response(content, status_code=upstream.status_code, headers=_passed(upstream.headers))
 
@@ -176,7 +215,19 @@ def _passed(headers: httpx.Headers) -> dict:
     return {k: v for k, v in headers.items() if k.lower() in ("content-type", "cache-control")}
 
 
-def build_proxy_app(proxy: Proxy) -> Starlette:
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (its body already read, the next message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own 404 and 405 in OpenAI's error shape, as the replicas give them."""
+    kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
+    return error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, kind)
+
+
+def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
     @asynccontextmanager
     async def lifespan(app):
         proxy.client = httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(max_connections=None,
@@ -189,6 +240,7 @@ def build_proxy_app(proxy: Proxy) -> Starlette:
               Route("/v1/models", proxy.models, methods=["GET"]),
               Route("/health", proxy.health, methods=["GET"]),
               Route("/metrics", proxy.metrics, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.add_middleware(BodyLimit, max_bytes=max_body)
     app.state.proxy = proxy
     return app
