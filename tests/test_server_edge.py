@@ -7,6 +7,7 @@ the same connection succeeds, /health answers 200.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -194,6 +195,27 @@ def test_a_trusted_request_template_has_a_rendering_time_limit(folder):
         ok = post(f"{srv.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                       "chat_template": plain, "max_tokens": 2})
         assert ok.status_code == 200
+        # A trusted template that renders nothing, or a lone surrogate, is the request's fault: a 400.
+        for template in ("{% if false %}x{% endif %}", "{{ '\\ud800' }}"):
+            r = post(f"{srv.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                         "chat_template": template, "max_tokens": 2})
+            assert_openai_error(r, 400, "messages")
+        still_serves(srv)
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_no_server_error(server):
+    def server_errors() -> float:
+        return metric(httpx.get(f"{server.url}/metrics").text, "http_requests_total", handler="/v1/completions",
+                      status="5xx")
+    before = server_errors()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\":")
+            time.sleep(0.2)
+    time.sleep(0.3)
+    still_serves(server)
+    assert server_errors() == before
 
 
 def test_api_key_guards_v1_only_and_comes_from_vllm_api_key(folder, monkeypatch):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
@@ -144,14 +145,29 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         arrival = engine.clock()
-        raw = await request.body()      # read before the disconnect watch starts listening
+        raw = await _body(request)      # read before the disconnect watch starts listening
+        if raw is None:
+            return Response(status_code=CLIENT_LEFT)
         return await _until_disconnect(request, _completion(state, raw, arrival))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         arrival = engine.clock()
-        raw = await request.body()
+        raw = await _body(request)
+        if raw is None:
+            return Response(status_code=CLIENT_LEFT)
         return await _until_disconnect(request, _chat(state, raw, arrival))
+
+
+CLIENT_LEFT = 499      # nginx's "client closed request": nobody reads it, /metrics counts it as a 4xx
+
+
+async def _body(request: Request) -> bytes | None:
+    """The request's body, or None when the client left while sending it (not a server error)."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        return None
 
 
 async def _completion(state: ServerState, raw: bytes, arrival: float):
@@ -186,7 +202,7 @@ async def _until_disconnect(request: Request, work):
         return task.result()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    return Response(status_code=499)   # nobody is there to read it
+    return Response(status_code=CLIENT_LEFT)
 
 
 async def _disconnected(request: Request) -> None:

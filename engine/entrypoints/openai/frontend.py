@@ -73,7 +73,7 @@ class Frontend:
 
     def check_length(self, text: str, param: str) -> None:
         """Refuse, without tokenizing it, a text that surely has more tokens than the context holds."""
-        size = len(text.encode("utf-8"))
+        size = len(text.encode("utf-8", "surrogatepass"))    # (a lone surrogate is the tokenizer's to refuse)
         if size > self.max_prompt_bytes:
             raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
                                f"your {param} has {size} bytes, more than {self.max_model_len} tokens can hold.",
@@ -84,10 +84,13 @@ class Frontend:
             raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param=param)
         self.check_length(text, param)
         try:
-            return await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+            ids = await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
         except Exception as exc:   # text the tokenizer cannot take: the request's fault, said in one line
             raise RequestError(f"the tokenizer cannot encode this {param}: {type(exc).__name__}: {exc}",
                                param=param) from None
+        if not ids:                # (e.g. a request's chat template that renders nothing)
+            raise RequestError(f"the {param} is empty once tokenized: there is nothing to complete", param=param)
+        return ids
 
     async def render_chat(self, messages: list[dict], request_template: str | None,
                           add_generation_prompt: bool) -> str:
