@@ -141,10 +141,12 @@ def test_every_status_has_an_openai_error_body(server):
     url = server.url
     assert_openai_error(post(f"{url}/v1/completions", b'{"prompt": '), 400, None)
     assert_openai_error(post(f"{url}/v1/completions", b"[1, 2]"), 400, None)
-    assert_openai_error(httpx.get(f"{url}/v1/no-such-route"), 404, None)
+    missing = assert_openai_error(httpx.get(f"{url}/v1/no-such-route"), 404, None)
+    assert missing["message"] == "no route /v1/no-such-route"     # the route as asked, not scrubbed as a path
     r = httpx.get(f"{url}/v1/completions")
-    assert_openai_error(r, 405, None)
+    assert assert_openai_error(r, 405, None)["message"] == "GET is not allowed on /v1/completions"
     assert "POST" in r.headers.get("allow", "")
+    assert "after" in assert_openai_error(httpx.get(f"{url}/kv_events", params={"after": "x"}), 400, "after")["message"]
     big = json.dumps({"prompt": "x" * (2 << 20)}).encode()
     assert_openai_error(post(f"{url}/v1/completions", big), 413, None)
 
@@ -298,3 +300,14 @@ def test_tools_off_and_a_text_response_format_are_served(server):
             "response_format": {"type": "text"}}
     r = post(f"{server.url}/v1/chat/completions", body)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("extra, param, reason", [
+    ({"use_beam_search": True, "n": 2}, "use_beam_search", "beam search is not supported"),
+    ({"best_of": 3, "n": 1}, "best_of", "best_of > n is not supported"),
+])
+def test_a_request_the_scheduler_would_refuse_names_the_field_at_fault(server, extra, param, reason):
+    r = post(f"{server.url}/v1/completions", {"prompt": "hi", "max_tokens": 2, **extra})
+    message = assert_openai_error(r, 400, param)["message"]
+    assert message.startswith("the request cannot be served: ") and reason in message, message
+    still_serves(server)

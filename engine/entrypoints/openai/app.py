@@ -17,13 +17,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
-from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body
+from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body, param_of
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
@@ -108,10 +109,20 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         # The router's 404 and 405, as vLLM's http_exception_handler shapes them.
+        # The route is the client's own words, never a path of this machine: said as sent.
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
-                   f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
-        body = error_body(message, ERROR_TYPES.get(exc.status_code, "APIError"), None, exc.status_code)
+                   f"{request.url.path}"}.get(exc.status_code)
+        body = error_body(message or str(exc.detail), ERROR_TYPES.get(exc.status_code, "APIError"), None,
+                          exc.status_code, scrubbed=message is None)
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        # A query parameter of the wrong type (/kv_events?after=x): a 400 as vLLM gives, not FastAPI's 422.
+        first = exc.errors()[0]
+        param = param_of(tuple(first.get("loc", ())[1:]))
+        return JSONResponse(error_body(f"{param}: {first.get('msg', 'invalid')}", "BadRequestError", param, 400),
+                            status_code=400)
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
@@ -245,5 +256,7 @@ def _params(state: ServerState, body: _Common, max_tokens: int | None, logprobs:
     params = body.sampling_params(max_tokens, logprobs, vocab)
     reason = engine.unservable(token_ids, params)
     if reason is not None:    # refused now, not queued to be refused (or cut short) later
-        raise RequestError(f"this request {reason}", param="n" if params.best_of > 1 else "max_tokens")
+        param = ("use_beam_search" if params.use_beam_search else "best_of" if params.best_of > params.n else
+                 "n" if params.best_of > 1 else "max_tokens")
+        raise RequestError(f"the request cannot be served: {reason}", param=param)
     return params

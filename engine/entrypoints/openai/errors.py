@@ -40,8 +40,11 @@ def scrub(message: str) -> str:
     return _PATH.sub("<path>", message)
 
 
-def error_body(message: str, kind: str = "BadRequestError", param: str | None = None, code: int = 400) -> dict:
-    return {"error": {"message": scrub(message), "type": kind, "param": param, "code": code}}
+def error_body(message: str, kind: str = "BadRequestError", param: str | None = None, code: int = 400, *,
+               scrubbed: bool = True) -> dict:
+    """The body; `scrubbed=False` for a message made only of what the client sent (a route it asked for)."""
+    return {"error": {"message": scrub(message) if scrubbed else message, "type": kind, "param": param,
+                      "code": code}}
 
 
 def error_bytes(status: int, message: str, param: str | None = None) -> bytes:
