@@ -103,7 +103,7 @@ def test_a_stream_in_flight_ends_with_done_while_bad_bodies_arrive(server):
     ({"temperature": -0.5}, "temperature"), ({"temperature": 2.5}, "temperature"), ({"top_k": -2}, "top_k"),
     ({"seed": -(1 << 63) - 1}, "seed"), ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
     ({"stop": [""]}, "stop"), ({"stop": ["x"] * 65}, "stop"), ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 1000}, "max_tokens"), ({"n": 2, "best_of": 3}, "n"),   # vllm-v1 has no best_of
+    ({"max_tokens": 1000}, "max_tokens"), ({"n": 2, "best_of": 3}, "best_of"),   # vllm-v1 has no best_of
     ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ({"n": 10 ** 6}, "n"), ({"best_of": 10 ** 6}, "best_of"),     # vLLM's VLLM_MAX_N_SEQUENCES: 16,384
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"min_tokens": 5}, "min_tokens"), ({"min_p": 0.1}, "min_p"),
