@@ -108,6 +108,7 @@ def test_a_stream_in_flight_ends_with_done_while_bad_bodies_arrive(server):
     ({"n": 10 ** 6}, "n"), ({"best_of": 10 ** 6}, "best_of"),     # vLLM's VLLM_MAX_N_SEQUENCES: 16,384
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"min_tokens": 5}, "min_tokens"), ({"min_p": 0.1}, "min_p"),
     ({"prompt": [1, 2, 999]}, "prompt"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),     # vLLM: only with stream=True
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": 5}, "prompt"), ({"model": "gpt-4"}, "model"),
 ])
 def test_every_bound_is_a_400_naming_its_field(server, fields, param):
@@ -300,6 +301,15 @@ def test_tools_off_and_a_text_response_format_are_served(server):
             "response_format": {"type": "text"}}
     r = post(f"{server.url}/v1/chat/completions", body)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    # vLLM refuses a tool_choice other than "none" without tools; "none" alone is fine, as is an empty
+    # stream_options without streaming (vLLM tests it for truth).
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}}):
+        plain = {"messages": body["messages"], "max_tokens": 2, "tool_choice": choice}
+        message = assert_openai_error(post(f"{server.url}/v1/chat/completions", plain), 400, "tool_choice")["message"]
+        assert message == "When using `tool_choice`, `tools` must be set."
+    for fine in ({"tool_choice": "none"}, {"stream_options": {}}):
+        r = post(f"{server.url}/v1/chat/completions", {"messages": body["messages"], "max_tokens": 2, **fine})
+        assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("extra, param, reason", [

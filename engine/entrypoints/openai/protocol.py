@@ -152,6 +152,9 @@ class _Common(BaseModel):
             if getattr(self, name) not in (default, {}):
                 raise RequestError(f"{name} is not supported by this engine (leave it at its default)",
                                    param=name)
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            raise RequestError("Stream options can only be defined when `stream=True`.",   # vLLM's words
+                               param="stream_options")
         if self.best_of is not None and self.best_of < self.n:
             raise RequestError(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
         if self.stream and self.best_of is not None and self.best_of != self.n:
@@ -238,6 +241,8 @@ class ChatCompletionRequest(_Common):
     response_format: dict[str, Any] | None = None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
+        if self.tool_choice not in (None, "none") and self.tools is None:      # vLLM's words
+            raise RequestError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
         if self.tools and self.tool_choice != "none":
             # vLLM refuses tool_choice "auto" without --enable-auto-tool-choice and a --tool-call-parser
             raise RequestError("tool calling is not supported by this server (send tool_choice \"none\" or no "
