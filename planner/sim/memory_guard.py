@@ -2,14 +2,14 @@
 
 A run keeps every request it simulates (its tokens until it ends, its record after) and every replica's
 block tables, so its memory grows with the requests and replicas it is given: ShareGPT at 16 req/s on one
-H100 running Llama-3.1-8B holds about 20 KiB a request (350 MiB for 10 minutes), and a replica of that
+H100 running Llama-3.1-8B holds 15-20 KiB a request (350 MiB for 10 minutes), and a replica of that
 deployment about 4 MiB before any request (measured 2026-12-04). A run too large for the machine (a day
 of heavy traffic, thousands of replicas) would grow until the kernel's out-of-memory killer ended it,
 minutes later and with nothing said. Instead:
 
-- `check_trace_size` and `check_requests` refuse, before a trace is made, a request count that cannot fit at all (each request
-  takes at least MIN_REQUEST_BYTES, its trace entry and its record), and `check_replicas` a fleet whose
-  block tables alone cannot;
+- `check_trace_size` and `check_requests` refuse, before a trace is made, a request count that cannot fit
+  at all (each request takes at least MIN_REQUEST_BYTES, its trace entry and its record), and
+  `check_replicas` a fleet whose block tables alone cannot;
 - `check` (called by the simulator every CHECK_EVERY requests it makes and at every engine it builds) stops
   the run once the machine's available memory falls below what the process has grown by since its first
   check: turning the run into results takes about as much again (the records are built from the requests
