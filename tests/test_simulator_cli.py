@@ -114,20 +114,20 @@ def test_a_run_folder_that_cannot_be_made_names_the_path(tmp_path):
     assert result.stderr.strip() == f"error: {tmp_path / 'file' / 'run'}: Not a directory"     # no "[Errno 20]"
 
 
-@pytest.mark.parametrize("command, is_file", [
-    (["profile", "--gpu", "cpu", "--quick"], True),
-    (["profile", "--speculative", "ngram:3", "--trace", "missing.jsonl"], True),
-    (["validate", "--gpu", "cpu", "--quick"], False),                  # a report folder
-    (["bench", "--endpoint", "http://127.0.0.1:1", "--workload", "sharegpt", "--requests", "2"], False),
+@pytest.mark.parametrize("command", [
+    ["profile", "--gpu", "cpu", "--quick"],
+    ["profile", "--speculative", "ngram:3", "--trace", "missing.jsonl"],
+    ["validate", "--gpu", "cpu", "--quick"],                  # a report folder
+    ["bench", "--endpoint", "http://127.0.0.1:1", "--workload", "sharegpt", "--requests", "2"],
 ])
-def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path, command, is_file):
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path, command):
     # Minutes of profiling or a live run would otherwise be lost when their results are written.
     (tmp_path / "file").write_text("")
-    out = tmp_path / "file" / "out"
+    out = tmp_path / "file" / "sub" / "out"
     result = invoke(*command, "--out", out)
     assert result.exit_code == 2
-    reason = f"{out.parent} is a file, not a folder" if is_file else f"cannot write in {out}: Not a directory"
-    assert result.stderr.strip() == f"error: --out {out}: {reason}"
+    assert result.stderr.strip() == f"error: --out {out}: {tmp_path / 'file'} is a file, not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]        # nothing made on the way
 
 
 def test_sweep_writes_a_comparison(tmp_path):

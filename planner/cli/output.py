@@ -30,18 +30,20 @@ def fail(message: str | Exception) -> typer.Exit:
 
 def check_writable(path: Path, flag: str = "--out", folder: bool = False) -> None:
     """Refuse, before any work, a file `path` (or with `folder`, a run folder) that could not be written
-    when the work is done: the folder it goes in made if missing, and writable."""
+    when the work is done, leaving nothing behind: the nearest folder that exists on its way must take a
+    file (what is missing below it is made later)."""
     if path.is_dir() and not folder:
         raise PlannerError(f"{flag} {path}: a folder, not a file")
-    where = path if folder else path.parent
-    if where.exists() and not where.is_dir():
-        raise PlannerError(f"{flag} {path}: {where} is a file, not a folder")
+    existing = path if folder else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PlannerError(f"{flag} {path}: {existing} is a file, not a folder")
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=where):     # (permission bits alone do not say, e.g. for root)
+        with tempfile.TemporaryFile(dir=existing):     # (permission bits alone do not say, e.g. for root)
             pass
     except OSError as exc:
-        raise PlannerError(f"{flag} {path}: cannot write in {where}: {exc.strerror}") from None
+        raise PlannerError(f"{flag} {path}: cannot write in {existing}: {exc.strerror}") from None
 
 
 def stdout() -> Console:
