@@ -121,8 +121,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         # A query parameter of the wrong type (/kv_events?after=x): a 400 as vLLM gives, not FastAPI's 422.
         first = exc.errors()[0]
         param = param_of(tuple(first.get("loc", ())[1:]))
-        return JSONResponse(error_body(f"{param}: {first.get('msg', 'invalid')}", "BadRequestError", param, 400),
-                            status_code=400)
+        message = f"{param or 'the request'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, "BadRequestError", param, 400), status_code=400)
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
