@@ -117,6 +117,16 @@ def test_every_bound_is_a_400_naming_its_field(server, fields, param):
                         status, param)
 
 
+@pytest.mark.parametrize("prompt, param, words", [
+    ([-1], "prompt[0]", "greater than or equal to 0"),        # not "Input should be a valid string"
+    ([[1, -2]], "prompt[0][1]", "greater than or equal to 0"),
+    (5, "prompt", "valid string"),
+])
+def test_a_bad_prompt_is_said_by_the_form_it_came_closest_to(server, prompt, param, words):
+    error = assert_openai_error(post(f"{server.url}/v1/completions", {"prompt": prompt, "max_tokens": 2}), 400, param)
+    assert words in error["message"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": [{"role": "hacker", "content": "hi"}]}, "messages[0].role"),
     ({"messages": []}, "messages"),

@@ -57,7 +57,9 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
         return model.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # Of a union's errors the deepest is the member the value came closest to ([-1] as a prompt: a token
+        # id below 0, not "Input should be a valid string" from its first member, str).
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
         param = param_of(tuple(first.get("loc", ())))
         message = first.get("msg", "invalid value")
         raise RequestError(f"{param}: {message}" if param else message, param=param) from None
