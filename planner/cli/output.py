@@ -23,7 +23,8 @@ def fail(message: str | Exception) -> typer.Exit:
     exception is said by its message; a file system error as "PATH: what went wrong", without its errno."""
     if isinstance(message, OSError) and message.strerror:
         message = message.strerror if message.filename is None else f"{message.filename}: {message.strerror}"
-    message = str(message) or type(message).__name__
+    elif isinstance(message, Exception):
+        message = str(message) or type(message).__name__
     typer.echo(f"error: {message.splitlines()[0] if message else 'invalid input'}", err=True)
     return typer.Exit(2)
 

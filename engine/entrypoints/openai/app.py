@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
-from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body, param_of
+from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestError, error_body, param_of
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
@@ -168,9 +168,6 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         if raw is None:
             return Response(status_code=CLIENT_LEFT)
         return await _until_disconnect(request, _chat(state, raw, arrival))
-
-
-CLIENT_LEFT = 499      # nginx's "client closed request": nobody reads it, /metrics counts it as a 4xx
 
 
 async def _body(request: Request) -> bytes | None:

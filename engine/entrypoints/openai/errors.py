@@ -20,6 +20,8 @@ ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "Permiss
                422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
                503: "ServiceUnavailableError"}
 
+CLIENT_LEFT = 499      # nginx's "client closed request": the answer to a client that left (nobody reads it)
+
 # An absolute path of two or more parts (/home/me/.cache/x, C:\models\y): replaced in every message.
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from engine.core.routing import RouterPolicy
+from engine.entrypoints.openai.errors import CLIENT_LEFT
 from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
@@ -105,7 +106,7 @@ class Proxy:
         # The client went away before the answer (a whole answer's headers come only with it): closing the
         # replica's connection aborts the request there, as the replica does for its own clients.
         exchange.cancel()
-        return Response(status_code=499)       # (nobody reads it: nginx's "client closed request")
+        return Response(status_code=CLIENT_LEFT)
 
     async def _exchange(self, replica: Replica, path: str, raw: bytes, headers, streamed: bool) -> Response:
         """Send the request to `replica` (to the next one while they refuse the connection) and relay the
