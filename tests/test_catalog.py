@@ -117,6 +117,29 @@ def test_model_lookup_by_alias_and_hf_id(name, expected):
     assert resolve_model(name).name == expected
 
 
+# Ids operators serve today, as `vllm serve` takes them; a fine-tune or distillation has its base model's shapes.
+@pytest.mark.parametrize("name, expected", [
+    ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b"), ("Qwen/Qwen2.5-32B-Instruct-AWQ", "qwen2.5-32b"),
+    ("Qwen/Qwen2.5-14B", "qwen2.5-14b"), ("Qwen/QwQ-32B", "qwen2.5-32b"), ("Qwen/Qwen3-4B-Instruct-2507", "qwen3-4b"),
+    ("Qwen/Qwen3-1.7B-FP8", "qwen3-1.7b"), ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b"),
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "llama-3.1-405b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.1-70b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2.5-32b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "qwen2.5-14b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "qwen2.5-7b"),
+])
+def test_served_ids_resolve_to_their_architecture(name, expected):
+    assert resolve_model(name).name == expected
+
+
+def test_an_unknown_distillation_is_not_called_deepseek_v3():
+    # DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2.5 model: refusing it for MLA would be wrong
+    with pytest.raises(PlannerError, match="base model's architecture") as info:
+        resolve_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    assert "MLA" not in str(info.value) and "DeepSeek-V3" not in str(info.value)
+
+
 def test_unknown_model():
     with pytest.raises(PlannerError, match=r"unknown model 'opt-14b'; known: opt-125m"):
         resolve_model("opt-14b")

@@ -557,7 +557,11 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     spec = catalog.find(text) or catalog.find(base) or catalog.find(without_variant)
     if spec is not None:
         return spec
-    if "deepseek-v3" in base.lower() or "deepseek-r1" in base.lower():
+    lowered = base.lower()
+    if "distill" in lowered:      # DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2.5 model, not DeepSeek-V3
+        return catalog.get(text, hint=" (a distilled model has its base model's architecture: give its model "
+                                      "folder or config.json)")
+    if "deepseek-v3" in lowered or "deepseek-r1" in lowered:
         raise PlannerError(f"model {text!r} (DeepSeek-V3 architecture) is not supported: {_MLA}")
     return catalog.get(text, hint=" (planner list models shows each one's Hugging Face ids; or give a model "
                                   "folder or its config.json)")
