@@ -22,6 +22,8 @@ from transformers import (
     LlamaForCausalLM,
     OPTConfig,
     OPTForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -71,6 +73,12 @@ CHECKPOINTS = {
     "qwen2": (Qwen2ForCausalLM, lambda: Qwen2Config(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)),
+    # Phi-3/Phi-4: fused qkv and gate_up in the checkpoint itself; a 10-token window (Phi-3-mini has one),
+    # shorter than the longest prompts.
+    "phi3": (Phi3ForCausalLM, lambda: Phi3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=256, sliding_window=10,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "opt": (OPTForCausalLM, opt_config),
     # OPT-350m shape: post-norm and narrower word embeddings with project_in/out.
     "opt-postnorm": (OPTForCausalLM, lambda: opt_config(do_layer_norm_before=False, word_embed_proj_dim=32)),

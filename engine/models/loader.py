@@ -19,6 +19,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.opt import OPTForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.weights import WeightLoader, iter_safetensors
 from engine.models.errors import UnsupportedModelError
@@ -28,6 +29,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "phi3": Phi3ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "qwen3_moe": Qwen3ForCausalLM,
     "mixtral": MixtralForCausalLM,
@@ -37,7 +39,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 # Architectures whose sliding-window attention the engine applies (engine.models.llama and its subclasses).
-SLIDING_WINDOW_MODELS = ("mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
+SLIDING_WINDOW_MODELS = ("mistral", "qwen2", "phi3", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
 
 DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,

@@ -23,9 +23,10 @@ from planner.errors import PlannerError
 # model_type -> how its layers are built. OPT and GPT-2 are the same decoder
 # block (biased linears, LayerNorm with weight+bias, learned positions; OPT
 # keeps 2 extra position rows, an offset inherited from fairseq). LLaMA and
-# Mistral use bias-free linears, RMSNorm (weight only), RoPE and a gated MLP.
+# Mistral use bias-free linears, RMSNorm (weight only), RoPE and a gated MLP; Phi-3 and Phi-4 (phi3) are that
+# block with its q/k/v and gate/up matrices fused in the checkpoint, as vLLM fuses Llama's.
 _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-table offset
-_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Mixtures of experts (MOE_TYPES): Llama's block with the MLP replaced by a router and num_experts gated
 # MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *MOE_TYPES)
@@ -417,6 +418,9 @@ class ModelSpec:
             elif self.model_type == "qwen2":
                 config = transformers.Qwen2Config(**common)
                 config.architectures = ["Qwen2ForCausalLM"]
+            elif self.model_type == "phi3":
+                config = transformers.Phi3Config(sliding_window=self.sliding_window, pad_token_id=None, **common)
+                config.architectures = ["Phi3ForCausalLM"]
             else:
                 config = transformers.LlamaConfig(**common)
                 config.architectures = ["LlamaForCausalLM"]
