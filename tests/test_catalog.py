@@ -166,12 +166,14 @@ def test_hf_config_builds_the_counted_model(model):
     config = model.to_hf_config(num_hidden_layers=1, **one_layer)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
-    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers))
+    # the config is the text decoder's (a multimodal Gemma 3's vision tower is counted from its own config, below)
+    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers), vision_params=0)
     assert sum(p.numel() for p in hf.parameters()) == one.num_params
     back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
     keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,
                 aliases=model.aliases, published_active_params=model.published_active_params,
-                checkpoint_quantization=model.checkpoint_quantization)   # what config.json's shapes do not say
+                checkpoint_quantization=model.checkpoint_quantization,   # what config.json's shapes do not say
+                vision_params=model.vision_params)                       # nor the text decoder's config
     assert dataclasses.replace(back, **keep) == model
 
 
@@ -277,3 +279,36 @@ def test_did_you_mean_names_only_what_list_models_shows():
     message = str(pytest.raises(PlannerError, checks.model, "qwen3-14").value)
     suggested = message.rsplit("did you mean ", 1)[1].rstrip("?)")
     assert suggested in shown
+
+
+# google/gemma-3-27b-it's config.json as released: the text_config lists only what differs from transformers'
+# Gemma3TextConfig defaults (vocabulary, positions and RoPE base come from them), as vLLM reads it.
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+
+
+def test_a_multimodal_gemma3_config_counts_the_vision_tower_it_loads(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_27B))
+    spec = resolve_model(str(tmp_path / "config.json"))
+    with torch.device("meta"):
+        hf = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+            **{k: v for k, v in GEMMA3_27B.items() if k != "model_type"}))
+    assert spec.num_params == sum(p.numel() for p in hf.parameters())        # 27.4B, the vision tower's 0.42B in it
+    assert spec.vision_params == sum(p.numel() for n, p in hf.named_parameters() if "language_model" not in n
+                                     and "lm_head" not in n)
+    # every 6th layer attends to everything; the other 52 keep 1,024 tokens of KV
+    assert (spec.sliding_layers, spec.window, spec.vocab_size) == (52, 1024, 262208)
+    assert spec == dataclasses.replace(resolve_model("google/gemma-3-27b-it"), name=spec.name, hf_id=None,
+                                       aliases=(), published_params=None, source="")
+    # a sequence's KV stops growing in the sliding layers past the window
+    assert spec.kv_bytes_per_context(8192) == 2 * (10 * 8192 + 52 * 1024) * 16 * 128 * 2

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from planner.catalog.base import Catalog
+from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.quantization import WeightFormat
 from planner.errors import PlannerError
@@ -29,7 +30,7 @@ _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-tabl
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Mixtures of experts (MOE_TYPES): Llama's block with the MLP replaced by a router and num_experts gated
 # MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
-KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *MOE_TYPES)
+KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES)
 # Architectures refused with the reason: their attention is not one these cost models price honestly.
 _MLA = ("multi-head latent attention (MLA: a compressed latent KV cache, absorbed projections and "
         "MLA attention kernels) is not priced by these cost models, and its KV cache is not per-head K and V")
@@ -84,11 +85,14 @@ class ModelSpec:
     attention_sinks: bool = False
     published_active_params: int | None = None
     checkpoint_quantization: str | None = None   # the released weights' format (mxfp4, fp8-block)
+    # A multimodal checkpoint's vision encoder and projector (Gemma 3's SigLIP): loaded and held with the
+    # weights (sharded like them), never run by a text request.
+    vision_params: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
             raise PlannerError(f"unsupported model_type {self.model_type!r}; known: {', '.join(KNOWN_TYPES)}")
-        for field in (*_SIZES, *_MOE_COUNTS):   # a config.json missing a field gives None here, not a traceback
+        for field in (*_SIZES, *_MOE_COUNTS, "vision_params"):   # a config.json missing a field gives None here, not a traceback
             value = getattr(self, field)
             if not _is_count(value) or (value == 0 and field in _SIZES):
                 raise PlannerError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
@@ -149,7 +153,8 @@ class ModelSpec:
         """How the model RMS-normalizes q and k before rotary: "per head" (Qwen3: one head_size weight each),
         "across heads" (MiniMax-M2: over all heads at once, so under TP vLLM all-reduces each token's
         variances), or None."""
-        return {"qwen3": "per head", "qwen3_moe": "per head", "minimax_m2": "across heads"}.get(self.model_type)
+        return {"qwen3": "per head", "qwen3_moe": "per head", "gemma3_text": "per head",
+                "minimax_m2": "across heads"}.get(self.model_type)
 
     @property
     def expert_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -217,7 +222,12 @@ class ModelSpec:
         qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
         if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
-        return 2 * h + qk_norms + qkv_bias                    # two RMSNorms, weight only
+        return self.norms_per_layer * h + qk_norms + qkv_bias   # RMSNorms, weight only
+
+    @property
+    def norms_per_layer(self) -> int:
+        """RMSNorms of one block: before attention and before the MLP, and Gemma's two more after each."""
+        return 4 if self.model_type in GEMMA_TYPES else 2
 
     @property
     def position_params(self) -> int:
@@ -248,7 +258,7 @@ class ModelSpec:
 
     def _non_linear_params(self) -> int:
         return (self.num_layers * self.other_params_per_layer + self.embedding_params + self.position_params
-                + self.final_norm_params + self.lm_head_params)
+                + self.final_norm_params + self.lm_head_params + self.vision_params)
 
     @property
     def num_params(self) -> int:
@@ -275,7 +285,7 @@ class ModelSpec:
         vocab-parallel embedding and LM head, experts) is.
         """
         h = self.hidden_size
-        per_layer = (2 * (2 * h) + 2 * h) if self.is_gpt_like else 2 * h
+        per_layer = (2 * (2 * h) + 2 * h) if self.is_gpt_like else self.norms_per_layer * h
         routers = self.moe_layers * self.router_params
         return self.num_layers * per_layer + self.position_params + self.final_norm_params + routers
 
@@ -409,6 +419,8 @@ class ModelSpec:
             )
             if self.is_moe:
                 config = moe_hf_config(self, common)
+            elif self.model_type in GEMMA_TYPES:
+                config = gemma_hf_config(self, common)
             elif self.model_type == "mistral":
                 config = transformers.MistralConfig(sliding_window=self.sliding_window, **common)
                 config.architectures = ["MistralForCausalLM"]
@@ -465,6 +477,8 @@ class ModelSpec:
                        tie_word_embeddings=bool(get("tie_word_embeddings", True)))
         if model_type in MOE_TYPES:
             return cls(**moe_fields(get, model_type, name))
+        if model_type in GEMMA_CONFIG_TYPES:
+            return cls(**gemma_fields(config, name))
         if model_type in _LLAMA_LIKE:
             hidden, heads = get("hidden_size"), get("num_attention_heads")
             rope = get("rope_parameters") or {}

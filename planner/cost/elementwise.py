@@ -25,6 +25,9 @@ reads gate and up (2 x intermediate / tp) and writes their product. OPT and
 GPT-2 have LayerNorm and a plain activation, learned positions instead of
 rotary, and are counted the same way. A MoE layer's activation runs inside the
 fused-MoE kernel, which its own table times (planner/cost/measured_moe.py).
+Gemma 3 normalizes the attention's and the MLP's outputs too before adding them
+back (vLLM runs those two as plain RMSNorms: read and write the hidden state),
+and scales the embedding by sqrt(hidden) (one more read and write per step).
 """
 from __future__ import annotations
 
@@ -51,18 +54,25 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     qk = (q_heads + kv_heads) * hd
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
+    gemma = model.norms_per_layer == 4
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
+    if gemma:
+        kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
     if not model.is_gpt_like:
         kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
     kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
-    kernels.append(Kernel(f"post-attention {norm} + residual add", 4 * h * ACT_BYTES))
+    if gemma:
+        kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))
+    kernels.append(Kernel(f"{'pre-feedforward' if gemma else 'post-attention'} {norm} + residual add", 4 * h * ACT_BYTES))
     # a MoE's fused kernel applies its activation itself (its measured table includes it)
     if model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     elif not model.is_moe:
-        kernels.append(Kernel("SiLU and mul", 3 * inter * ACT_BYTES))
+        kernels.append(Kernel("GELU-tanh and mul" if gemma else "SiLU and mul", 3 * inter * ACT_BYTES))
+    if gemma:
+        kernels.append(Kernel("post-feedforward RMSNorm", 2 * h * ACT_BYTES))
     kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))
     return tuple(kernels)

@@ -113,6 +113,14 @@ def check_plan(plan) -> list[str]:
         raise PlannerError(f"max_num_batched_tokens ({plan.max_num_batched_tokens}) must be >= max_num_seqs "
                            f"({dep.max_num_seqs}), as vLLM requires")
     slots = plan.num_gpu_blocks * dep.block_size
+    if spec.sliding_layers and plan.memory is not None and not plan.memory.sliding_window_bytes_per_gpu:
+        # a block holds every layer (kv_block_layout), but vLLM's start-up check counts a sliding layer at a
+        # window plus one step's tokens (SlidingWindowSpec.max_memory_usage_bytes), so one sequence reaches
+        # further: its full layers may use what the sliding ones leave
+        window_tokens = min(spec.window - 1 + plan.max_num_batched_tokens, plan.max_model_len)
+        window_blocks = -(-window_tokens // dep.block_size) + 1
+        pages = plan.num_gpu_blocks * spec.num_layers - spec.sliding_layers * window_blocks
+        slots = max(slots, pages // spec.full_attention_layers * dep.block_size)
     if slots < plan.max_model_len:
         hint = fit_hint(spec, device, dep.tp, gpu_memory_utilization=dep.gpu_memory_utilization,
                         block_size=dep.block_size, dtype_bytes=plan.dtype_bytes,

@@ -184,20 +184,27 @@ def _check_args(gpu_memory_utilization: float, block_size: int, dtype_bytes: int
 
 
 def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: int,
-                    max_num_seqs: int) -> tuple[int, int]:
+                    max_num_seqs: int, kv_room: int | None = None) -> tuple[int, int]:
     """(bytes of one KV block on one GPU, bytes set aside for the sliding-window layers).
 
     A block holds the full-attention layers' K and V: only they grow with the context. vLLM's
     hybrid KV cache manager gives the sliding-window layers blocks from the same pool but frees
     those that leave the window, so a running request holds at most cdiv(window - 1, block_size)
     + 1 of them; the plan sets that many aside for each of max_num_seqs requests (what a full
-    batch holds) and cuts the rest into blocks of the full-attention layers.
+    batch holds: gpt-oss's 128-token window) and cuts the rest into blocks of the full-attention
+    layers. When that reserve would take more than half of `kv_room` (the memory left for the KV
+    cache; Gemma 3's 1,024-token windows at vLLM's 1,024 sequences need hundreds of GB), a full batch
+    of sequences past their windows could not be resident anyway: the sliding layers' K and V are
+    then held in every block like the full layers' (exact for a sequence within its window,
+    conservative past it).
     """
     per_layer_block = 2 * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes * block_size
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
         sliding = max_num_seqs * blocks * model.sliding_layers * per_layer_block
+        if kv_room is not None and sliding > kv_room // 2:
+            return model.num_layers * per_layer_block, 0
     return model.full_attention_layers * per_layer_block, sliding
 
 
@@ -244,10 +251,12 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                                            expert_parallel)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
-    block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs)
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
-        draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs)
+    kv_room = usable - weights - activations - non_torch
+    block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
+    if draft is not None:
+        draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
     num_blocks = (usable - weights - activations - non_torch - sliding) // block_bytes
     if num_blocks < 1:

@@ -1,0 +1,58 @@
+"""Gemma 3 in the planner: its ids, its memory plan (vision weights, a 1,024-token window on 5 of 6 layers)
+and the kernels of its step."""
+from __future__ import annotations
+
+import pytest
+
+from engine.deployment import Deployment
+from planner.catalog import GIB, resolve_model
+from planner.cost.elementwise import step_kernels
+from planner.deploy.memory import kv_block_layout, plan_memory
+from planner.deploy.plan import plan_deployment
+from planner.errors import PlannerError
+
+
+@pytest.mark.parametrize("name, expected", [("google/gemma-3-27b-it", "gemma-3-27b"),
+                                            ("google/gemma-3-4b-pt", "gemma-3-4b"),
+                                            ("google/gemma-3-12b-it", "gemma-3-12b"),
+                                            ("google/gemma-3-1b-it", "gemma-3-1b")])
+def test_gemma3_ids(name, expected):
+    assert resolve_model(name).name == expected
+
+
+def test_the_vision_tower_is_held_in_memory_and_shards_with_tp():
+    gemma = resolve_model("gemma-3-4b")
+    text_only = gemma.weight_bytes_per_gpu(1) - gemma.vision_params * 2
+    assert gemma.weight_bytes_per_gpu(1) / GIB == pytest.approx(8.0, abs=0.1)        # 4.3B in bf16
+    assert text_only == pytest.approx(gemma.weight_bytes_per_gpu(1) * 0.9, rel=0.01)   # the tower is 10% of it
+    assert gemma.weight_bytes_per_gpu(2) < gemma.weight_bytes_per_gpu(1) * 0.51
+
+
+def test_large_windows_are_held_in_every_block_and_one_long_sequence_still_starts():
+    gemma = resolve_model("gemma-3-27b")
+    per_layer = 2 * 16 * 128 * 2 * 16
+    # vLLM's 1,024 sequences x 65 window blocks x 52 layers would need ~450 GB: the window goes into the blocks
+    assert kv_block_layout(gemma, 1, 2, 16, 1024, kv_room=20 * GIB) == (62 * per_layer, 0)
+    # a small window (gpt-oss's 128 tokens) keeps its reserve whatever the room
+    oss = resolve_model("gpt-oss-20b")
+    assert kv_block_layout(oss, 1, 2, 16, 256, kv_room=20 * GIB)[1] > 0
+    # one H100: a 65,536-token context starts though the blocks of all 62 layers hold 28,816 tokens, since
+    # vLLM counts a sliding layer at a window plus a step's 8,192 tokens; 131,072 is refused by a hair
+    plan = plan_deployment(Deployment(model="google/gemma-3-27b-it", gpu="h100-sxm", max_model_len=65536))
+    assert plan.memory.block_bytes_per_gpu == 62 * per_layer and plan.memory.sliding_window_bytes_per_gpu == 0
+    assert plan.num_gpu_blocks * 16 == 28816
+    with pytest.raises(PlannerError, match="lower --max-model-len to 130640"):
+        plan_deployment(Deployment(model="google/gemma-3-27b-it", gpu="h100-sxm"))
+    assert plan_deployment(Deployment(model="google/gemma-3-27b-it", gpu="h200")).max_model_len == 131072
+    memory = plan_memory("gemma-3-27b", "h100-sxm")
+    assert memory.weight_bytes_per_gpu / GIB == pytest.approx(51.1, abs=0.1)
+
+
+def test_gemma_step_runs_its_extra_norms_and_gelu():
+    names = [k.name for k in step_kernels(resolve_model("gemma-3-12b"), 1, 2)]
+    assert names == ["embedding lookup", "embedding scale", "input RMSNorm + residual add", "q/k RMSNorm",
+                     "rotary embedding", "KV-cache write", "post-attention RMSNorm",
+                     "pre-feedforward RMSNorm + residual add", "GELU-tanh and mul", "post-feedforward RMSNorm",
+                     "final RMSNorm"]
+    llama = [k.name for k in step_kernels(resolve_model("llama-3.1-8b"), 1, 2)]
+    assert "post-feedforward RMSNorm" not in llama and "SiLU and mul" in llama
