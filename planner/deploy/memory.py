@@ -192,18 +192,18 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     those that leave the window, so a running request holds at most cdiv(window - 1, block_size)
     + 1 of them; the plan sets that many aside for each of max_num_seqs requests (what a full
     batch holds: gpt-oss's 128-token window) and cuts the rest into blocks of the full-attention
-    layers. When that reserve would take more than half of `kv_room` (the memory left for the KV
-    cache; Gemma 3's 1,024-token windows at vLLM's 1,024 sequences need hundreds of GB), a full batch
-    of sequences past their windows could not be resident anyway: the sliding layers' K and V are
-    then held in every block like the full layers' (exact for a sequence within its window,
-    conservative past it).
+    layers. When that reserve would not fit in `kv_room` at all (the memory left for the KV cache;
+    Gemma 3's 1,024-token windows at vLLM's 1,024 sequences need hundreds of GB), a full batch of
+    sequences past their windows could never be resident: the sliding layers' K and V are then held
+    in every block like the full layers' (exact for a sequence within its window, conservative past
+    it). Every plan the reserve can hold keeps it.
     """
     per_layer_block = 2 * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes * block_size
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
         sliding = max_num_seqs * blocks * model.sliding_layers * per_layer_block
-        if kv_room is not None and sliding > kv_room // 2:
+        if kv_room is not None and sliding >= kv_room:
             return model.num_layers * per_layer_block, 0
     return model.full_attention_layers * per_layer_block, sliding
 
