@@ -45,7 +45,10 @@ def siglip_params(vision, text_hidden: int) -> int:
     layer = 4 * (h * h + h) + 2 * h * i + i + h + 2 * (2 * h)
     patches = (vision.image_size // vision.patch_size) ** 2
     embeddings = vision.num_channels * vision.patch_size ** 2 * h + h + patches * h
-    head = h + 3 * (h * h + h) + h * h + h + 2 * h + 2 * h * i + i + h if getattr(vision, "vision_use_head", True) else 0
+    # the pooling head: a probe, multi-head attention (in and out projections), a LayerNorm and an MLP
+    head = h + 3 * (h * h + h) + (h * h + h) + 2 * h + 2 * h * i + i + h
+    if not getattr(vision, "vision_use_head", True):
+        head = 0
     projector = h * text_hidden + h
     return vision.num_hidden_layers * layer + embeddings + 2 * h + head + projector
 
@@ -60,7 +63,8 @@ def gemma_fields(config: Any, name: str) -> dict[str, Any]:
     layers = text.num_hidden_layers
     types = list(getattr(text, "layer_types", None) or [])
     if not types:
-        types = ["full_attention" if (i + 1) % FULL_ATTENTION_EVERY == 0 else "sliding_attention" for i in range(layers)]
+        types = ["full_attention" if (i + 1) % FULL_ATTENTION_EVERY == 0 else "sliding_attention"
+                 for i in range(layers)]
     rope = getattr(text, "rope_parameters", None) or {}
     full_rope = rope.get("full_attention", rope) if isinstance(rope, dict) else {}
     window = text.sliding_window

@@ -92,7 +92,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
             raise PlannerError(f"unsupported model_type {self.model_type!r}; known: {', '.join(KNOWN_TYPES)}")
-        for field in (*_SIZES, *_MOE_COUNTS, "vision_params"):   # a config.json missing a field gives None here, not a traceback
+        # a config.json missing a field gives None here, not a traceback
+        for field in (*_SIZES, *_MOE_COUNTS, "vision_params"):
             value = getattr(self, field)
             if not _is_count(value) or (value == 0 and field in _SIZES):
                 raise PlannerError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")

@@ -66,7 +66,8 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
     if gemma:
         kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))
-    kernels.append(Kernel(f"{'pre-feedforward' if gemma else 'post-attention'} {norm} + residual add", 4 * h * ACT_BYTES))
+    second = "pre-feedforward" if gemma else "post-attention"
+    kernels.append(Kernel(f"{second} {norm} + residual add", 4 * h * ACT_BYTES))
     # a MoE's fused kernel applies its activation itself (its measured table includes it)
     if model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
