@@ -124,6 +124,7 @@ def test_model_lookup_by_alias_and_hf_id(name, expected):
     ("Qwen/Qwen3-1.7B-FP8", "qwen3-1.7b"), ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b"),
     ("meta-llama/Llama-3.1-405B-Instruct-FP8", "llama-3.1-405b"),
     ("microsoft/phi-4", "phi-4"), ("microsoft/Phi-4-reasoning-plus", "phi-4"),
+    ("mistralai/Mistral-Nemo-Instruct-2407", "mistral-nemo-12b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.1-70b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2.5-32b"),
