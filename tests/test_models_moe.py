@@ -1,4 +1,4 @@
-"""Qwen3, Qwen3-MoE, Mixtral and gpt-oss in the engine against transformers (fp32, CPU, greedy).
+"""Qwen3, Qwen3-MoE, Mixtral, gpt-oss, Phi-3 and Gemma 3 in the engine against transformers (fp32, CPU, greedy).
 
 Each architecture is a tiny random-weight checkpoint written by save_pretrained
 (tests/tiny_models.py: experts with top-2 routing, a dense layer among sparse
@@ -27,7 +27,7 @@ from engine.models.moe import SparseMoeBlock
 from reference_helpers import dense_attention, greedy_runners, make_prompts, prefix_cached_greedy
 from tiny_models import hf_model, save_tiny_model
 
-KINDS = ["qwen3", "qwen3_moe", "mixtral", "gpt_oss"]
+KINDS = ["qwen3", "qwen3_moe", "mixtral", "gpt_oss", "phi3", "gemma3_text"]
 MAX_TOKENS = 10
 engine_greedy, hf_greedy = greedy_runners(MAX_TOKENS)
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, GptOssConfig, GptOssForCausalLM, LlamaConfig,
-                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, OPTConfig, OPTForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, GptOssConfig,
+                          GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          OPTConfig, OPTForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 CONFIGS = {
     # GQA: 4 query heads share 2 KV heads.
@@ -47,6 +48,20 @@ CONFIGS = {
                                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                            "original_max_position_embeddings": 64},
         eos_token_id=2, bos_token_id=1, pad_token_id=0)),
+    # Phi-3/Phi-4: the checkpoint's own fused qkv and gate_up; a 12-token sliding window (Phi-3-mini has one).
+    "phi3": (Phi3ForCausalLM, lambda: Phi3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=200, max_position_embeddings=256, sliding_window=12, eos_token_id=2, bos_token_id=1,
+        pad_token_id=0)),
+    # Gemma 3's text decoder: sliding (window 8, its own RoPE base), full (linear RoPE scaling), sliding;
+    # query_pre_attn_scalar and head_dim unlike hidden / heads; logits soft-capped.
+    "gemma3_text": (Gemma3ForCausalLM, lambda: Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, query_pre_attn_scalar=24, vocab_size=200, max_position_embeddings=256, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 4.0}},
+        final_logit_softcapping=5.0, eos_token_id=2, bos_token_id=1, pad_token_id=0)),
 }
 
 

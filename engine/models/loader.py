@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig
 
+from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt2 import GPT2LMHeadModel
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
@@ -32,6 +33,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "phi3": Phi3ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "qwen3_moe": Qwen3ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
     "mixtral": MixtralForCausalLM,
     "gpt_oss": GptOssForCausalLM,
     "opt": OPTForCausalLM,
@@ -39,7 +41,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 # Architectures whose sliding-window attention the engine applies (engine.models.llama and its subclasses).
-SLIDING_WINDOW_MODELS = ("mistral", "qwen2", "phi3", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
+SLIDING_WINDOW_MODELS = ("mistral", "qwen2", "phi3", "gemma3_text", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
 
 DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
