@@ -47,6 +47,19 @@ def test_greedy_generation_matches_transformers(gemma3, block_size):
         assert out == hf_out[0, len(prompt):].tolist()
 
 
-def test_gemma2_style_attention_softcapping_is_refused():
-    with pytest.raises(UnsupportedModelError, match="soft-capping"):
-        PagedGemma3(tiny_config(attn_logit_softcapping=50.0))
+@pytest.mark.parametrize("overrides, message", [
+    (dict(attn_logit_softcapping=50.0), "soft-capping"),                  # Gemma 2's
+    (dict(use_bidirectional_attention=True), "bidirectional"),            # EmbeddingGemma
+    (dict(attention_bias=True), "biases"),
+])
+def test_what_is_not_gemma3s_decoder_is_refused_in_one_line(overrides, message):
+    with pytest.raises(UnsupportedModelError, match=message) as info:
+        PagedGemma3(tiny_config(**overrides))
+    assert "\n" not in str(info.value)
+
+
+def test_an_unknown_layer_type_is_refused_in_one_line():
+    config = tiny_config()
+    config.layer_types = ["sliding_attention", "chunked_attention", "full_attention"]
+    with pytest.raises(UnsupportedModelError, match="chunked_attention"):
+        PagedGemma3(config)

@@ -13,7 +13,8 @@ Llama's skeleton (engine.models.llama) with:
   (1,000,000, linearly scaled on the larger checkpoints): one rotary table per layer type;
 - a GELU-tanh gated MLP; tied embeddings; logits soft-capped when ``final_logit_softcapping`` is set.
 
-Attention logit soft-capping (Gemma 2's) is refused, not approximated.
+Refused, not approximated: attention logit soft-capping (Gemma 2's), bidirectional attention
+(EmbeddingGemma's), attention biases and layer types other than sliding and full.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def __init__(self, config):
         if getattr(config, "attn_logit_softcapping", None):
             raise UnsupportedModelError("attention logit soft-capping is not supported")
+        if getattr(config, "use_bidirectional_attention", False):    # EmbeddingGemma: an encoder, not a decoder
+            raise UnsupportedModelError("bidirectional attention (an embedding model) is not supported")
+        if getattr(config, "attention_bias", False):
+            raise UnsupportedModelError("Gemma 3 with attention biases is not supported")
+        unknown = set(config.layer_types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise UnsupportedModelError(f"layer types {', '.join(sorted(unknown))} are not supported "
+                                        f"(sliding_attention and full_attention are)")
         nn.Module.__init__(self)
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
