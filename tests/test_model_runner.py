@@ -148,7 +148,11 @@ def run_greedy(runner: ModelRunner, prompts: list[list[int]], steps: int):
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_greedy_generation_matches_transformers(checkpoint, name, block_size):
-    folder = checkpoint(name)
+    check_greedy_against_transformers(checkpoint(name), block_size)
+
+
+def check_greedy_against_transformers(folder: str, block_size: int) -> None:
+    """A batched prefill and decodes: every step's logits to ATOL, and the tokens of HF's generate."""
     runner = make_runner(folder, block_size)
     reference = hf_model(folder)
     prompts = prompts_for(runner.vocab_size)

@@ -3,12 +3,11 @@ and decodes, and greedy tokens, with sliding-window layers whose window is short
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from engine.models.errors import UnsupportedModelError
 from engine.models.gemma3 import Gemma3ForCausalLM as PagedGemma3
-from tests.test_model_runner import ATOL, build_checkpoint, hf_logits, hf_model, make_runner, prompts_for, run_greedy
+from tests.test_model_runner import build_checkpoint, check_greedy_against_transformers
 
 
 def tiny_config(**overrides):
@@ -33,18 +32,7 @@ def gemma3(tmp_path_factory):
 
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_greedy_generation_matches_transformers(gemma3, block_size):
-    runner, reference = make_runner(gemma3, block_size), hf_model(gemma3)
-    prompts = prompts_for(runner.vocab_size)
-    steps = 6
-    generated, step_logits = run_greedy(runner, prompts, steps)
-    for prompt, out, logits in zip(prompts, generated, step_logits):
-        expected = hf_logits(reference, prompt + out)[len(prompt) - 1 : len(prompt) - 1 + steps]
-        torch.testing.assert_close(torch.stack(logits), expected, atol=ATOL, rtol=0)
-        with torch.no_grad():
-            mask = torch.ones(1, len(prompt), dtype=torch.long)
-            hf_out = reference.generate(torch.tensor([prompt]), attention_mask=mask, max_new_tokens=steps,
-                                        do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert out == hf_out[0, len(prompt):].tolist()
+    check_greedy_against_transformers(gemma3, block_size)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -27,10 +27,6 @@ from engine.attention import AttentionMetadata
 from engine.models.errors import UnsupportedModelError
 from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from engine.models.rotary import BASIC_ROPE_TYPES, RotaryEmbedding
-from engine.models.weights import WeightLoader
-
-OWN_LAYER_WEIGHTS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight", "pre_feedforward_layernorm.weight",
-                     "post_feedforward_layernorm.weight")
 
 
 class GemmaRMSNorm(nn.Module):
@@ -96,6 +92,9 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """HF Gemma3ForCausalLM (the text decoder) with paged attention."""
 
+    whole_layer_weights = ("self_attn.q_norm.weight", "self_attn.k_norm.weight", "pre_feedforward_layernorm.weight",
+                           "post_feedforward_layernorm.weight")
+
     def __init__(self, config):
         if getattr(config, "attn_logit_softcapping", None):
             raise UnsupportedModelError("attention logit soft-capping is not supported")
@@ -133,9 +132,3 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
-        rest = ".".join(parts[2:])
-        if rest not in OWN_LAYER_WEIGHTS:
-            return False
-        loader.load(f"layers.{parts[1]}.{rest}", tensor)
-        return True

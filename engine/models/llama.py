@@ -184,11 +184,19 @@ class LlamaForCausalLM(nn.Module):
             else:
                 loader.unexpected(name)
 
+    # Per-layer weights (names within a layer) that a model built on this one loads as the checkpoint
+    # stores them: Phi-3's already fused projections, Gemma's extra norms. Llama has none.
+    whole_layer_weights: tuple[str, ...] = ()
+
     def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
         """Where a model built on this one loads a per-layer weight Llama does not
         have (``parts``: ``name`` without ``model.``, split at the dots): True when
-        it did; False leaves the weight to Llama's loader. Llama has none."""
-        return False
+        it did; False leaves the weight to Llama's loader. Here: the ``whole_layer_weights``."""
+        rest = ".".join(parts[2:])
+        if rest not in self.whole_layer_weights:
+            return False
+        loader.load(f"layers.{parts[1]}.{rest}", tensor)
+        return True
 
     def _not_own_layer_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
                                loader: WeightLoader) -> Iterable[tuple[str, torch.Tensor]]:

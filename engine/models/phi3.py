@@ -9,20 +9,10 @@ rotary table (engine.models.rotary), not approximated.
 
 from __future__ import annotations
 
-import torch
-
 from engine.models.llama import LlamaForCausalLM
-from engine.models.weights import WeightLoader
-
-FUSED = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """HF Phi3ForCausalLM with paged attention."""
 
-    def load_own_layer_weight(self, name: str, parts: list[str], tensor: torch.Tensor, loader: WeightLoader) -> bool:
-        rest = ".".join(parts[2:])
-        if rest not in FUSED:
-            return False
-        loader.load(f"layers.{parts[1]}.{rest}", tensor)
-        return True
+    whole_layer_weights = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")
