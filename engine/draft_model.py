@@ -30,10 +30,12 @@ class DraftModelProposer:
 
     def __init__(self, folder: str, k: int, max_model_len: int, stats: SpecDecodingStats | None,
                  *, vocab_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM      # the draft model's runtime
+        from transformers import AutoModelForCausalLM      # the draft model's runtime
+
+        from engine.models.loader import read_config
         if not (Path(folder) / "config.json").is_file():
             raise ValueError(f"draft model {folder}: not a model folder (no config.json)")
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = read_config(folder)
         draft_vocab = getattr(config, "vocab_size", None)
         if draft_vocab != vocab_size:
             raise ValueError(f"draft model {folder}: vocabulary of {draft_vocab} tokens, the target's has "

@@ -15,7 +15,6 @@ from itertools import accumulate, chain
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 import cuda_ext
 from cuda_ext.checks import CUDA_HEAD_SIZES
@@ -26,6 +25,7 @@ from engine.deployment import BatchDevice
 from engine.host_memory import keep_host_buffers
 from engine.kv_cache import KVCache, bytes_per_block, cache_dtype, num_blocks_for_budget, profile_num_gpu_blocks
 from engine.models import load_model, resolve_device
+from engine.models.loader import read_config
 
 # KV budget when running on the CPU and the caller gave neither a block count
 # nor a byte budget: large enough for tests and demos, small enough for a laptop.
@@ -75,7 +75,7 @@ def batch_device(device: str | torch.device = "auto") -> BatchDevice:
 
 def model_context_limit(model_path: str, max_model_len: int | None = None) -> int:
     """The context the runner will serve: the checkpoint's positions, capped at ``max_model_len``."""
-    limit = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    limit = read_config(model_path).max_position_embeddings
     return min(max_model_len or limit, limit)
 
 

@@ -56,3 +56,13 @@ def test_gemma_step_runs_its_extra_norms_and_gelu():
                      "final RMSNorm"]
     llama = [k.name for k in step_kernels(resolve_model("llama-3.1-8b"), 1, 2)]
     assert "post-feedforward RMSNorm" not in llama and "SiLU and mul" in llama
+
+
+def test_a_bad_gemma3_config_is_named_in_one_line(tmp_path):
+    from planner.catalog import ModelSpec
+
+    with pytest.raises(PlannerError, match="model 'bad': .*num_hidden_layers") as info:
+        ModelSpec.from_hf_config({"model_type": "gemma3", "text_config": {"num_hidden_layers": "x"}}, name="bad")
+    assert "\n" not in str(info.value)
+    with pytest.raises(PlannerError, match="sliding_window must be a positive integer"):
+        ModelSpec.from_hf_config({"model_type": "gemma3_text", "sliding_window": -5}, name="bad")

@@ -14,6 +14,11 @@ import torch
 from torch import nn
 from transformers import AutoConfig
 
+try:  # transformers 5's configs are strict dataclasses: a field of the wrong type raises this, not a ValueError
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # the older huggingface_hub of transformers 4.x
+    StrictDataclassError = ValueError
+
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt2 import GPT2LMHeadModel
 from engine.models.gpt_oss import GptOssForCausalLM
@@ -95,6 +100,15 @@ def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> tor
     return config_dtype
 
 
+def read_config(path: str | os.PathLike):
+    """The transformers config of the checkpoint in `path`. One that transformers refuses (a field of the wrong
+    type, RoPE settings that do not fit the model) is a ValueError naming the file, in one line."""
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except StrictDataclassError as exc:
+        raise ValueError(f"{os.path.join(path, 'config.json')}: {' '.join(str(exc).split())}") from None
+
+
 def load_model(path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto"):
     """Build the paged model for the checkpoint in ``path`` and load its weights.
 
@@ -102,7 +116,7 @@ def load_model(path: str, dtype: str | torch.dtype = "auto", device: str | torch
     resolved dtype (see ``resolve_dtype``). Raises for an unsupported
     architecture, an unknown checkpoint tensor, or a parameter left unfilled.
     """
-    config = AutoConfig.from_pretrained(path)
+    config = read_config(path)
     if config.model_type not in MODEL_CLASSES:
         raise UnsupportedModelError(
             f"model_type {config.model_type!r} is not supported ({', '.join(MODEL_CLASSES)} are)"

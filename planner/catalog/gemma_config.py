@@ -22,7 +22,7 @@ GEMMA_CONFIG_TYPES = ("gemma3", "gemma3_text")
 FULL_ATTENTION_EVERY = 6                     # Gemma 3: layers 6, 12, ... attend to everything, the others slide
 
 
-def _transformers_config(config: Any):
+def _transformers_config(config: Any, name: str):
     """`config` (a config.json dict or a transformers config) with transformers' defaults filled in."""
     if not isinstance(config, dict):
         return config
@@ -33,8 +33,8 @@ def _transformers_config(config: Any):
         if config.get("model_type") == "gemma3":
             return transformers.Gemma3Config(**fields)
         return transformers.Gemma3TextConfig(**fields)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise PlannerError(f"Gemma 3 config: {exc}") from None
+    except Exception as exc:    # transformers' strict config classes raise their own error types
+        raise PlannerError(f"model {name!r}: {' '.join(str(exc).split())}") from None
 
 
 def siglip_params(vision, text_hidden: int) -> int:
@@ -55,7 +55,7 @@ def siglip_params(vision, text_hidden: int) -> int:
 
 def gemma_fields(config: Any, name: str) -> dict[str, Any]:
     """ModelSpec fields of a Gemma 3 config (the decoder's shapes, its sliding layers, the vision weights)."""
-    full = _transformers_config(config)
+    full = _transformers_config(config, name)
     text = getattr(full, "text_config", None) or full
     vision = getattr(full, "vision_config", None) if text is not full else None
     if getattr(text, "attn_logit_softcapping", None):

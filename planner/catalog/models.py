@@ -107,6 +107,9 @@ class ModelSpec:
         if self.is_moe != (self.model_type in MOE_TYPES):
             raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
                                f"{'needs' if self.model_type in MOE_TYPES else 'has no'} experts")
+        if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
+            raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
+                               f"got {self.sliding_window!r}")
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")

@@ -66,9 +66,9 @@ def needs_per_layer(spec: ModelSpec, device, dtype, memory_bytes: int) -> bool:
 def _config(model: str, spec: ModelSpec, num_layers: int | None):
     folder = Path(model)
     if (folder / "config.json").is_file():
-        from transformers import AutoConfig
+        from engine.models.loader import read_config   # transformers, like torch: only a build needs it
 
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = read_config(folder)
     else:
         config = spec.to_hf_config()
     if num_layers is not None:
