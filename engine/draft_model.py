@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.core.speculative import SpecDecodingStats, draft_limit
+from engine.models.loader import read_config
 
 
 class DraftModelProposer:
@@ -31,8 +32,6 @@ class DraftModelProposer:
     def __init__(self, folder: str, k: int, max_model_len: int, stats: SpecDecodingStats | None,
                  *, vocab_size: int, device: torch.device, dtype: torch.dtype) -> None:
         from transformers import AutoModelForCausalLM      # the draft model's runtime
-
-        from engine.models.loader import read_config
         if not (Path(folder) / "config.json").is_file():
             raise ValueError(f"draft model {folder}: not a model folder (no config.json)")
         config = read_config(folder)
