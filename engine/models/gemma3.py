@@ -25,16 +25,11 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.models.errors import UnsupportedModelError
-from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
 from engine.models.rotary import BASIC_ROPE_TYPES, RotaryEmbedding
 
 
-class GemmaRMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(size))
-        self.eps = eps
-
+class GemmaRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
@@ -62,14 +57,11 @@ class Gemma3MLP(LlamaMLP):
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise UnsupportedModelError(f"Gemma 3 activation {config.hidden_activation!r} is not supported "
                                         f"(only gelu_pytorch_tanh is)")
-        nn.Module.__init__(self)
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+        super().__init__(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    @staticmethod
+    def activation(gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh")
 
 
 class Gemma3DecoderLayer(nn.Module):

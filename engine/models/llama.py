@@ -75,6 +75,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    activation = staticmethod(F.silu)      # of the gate; Gemma's is GELU-tanh
+
     def __init__(self, config):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
@@ -86,7 +88,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -258,7 +258,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     if draft is not None:
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
-    num_blocks = (usable - weights - activations - non_torch - sliding) // block_bytes
+    num_blocks = (kv_room - sliding) // block_bytes
     if num_blocks < 1:
         need = (weights + activations + non_torch + block_bytes) / GIB
         raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "
