@@ -3,18 +3,30 @@
 The failure is injected into the model runner: a step that prefills a marked prompt raises. The request
 in that step gets a 500 naming the internal error; a stream decoding in other steps runs to the end;
 /metrics counts the failure and /health says what is true.
+
+A fleet's replica that freezes with its port open (SIGSTOP) is found by the proxy's health watcher: new
+requests pass it over, those waiting on it get a 502 naming it, its streams end with an error event, and it
+is routed to again once it answers (fake replicas, which start in a second; one real fleet, slow).
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import pytest
+import uvicorn
 from typer.testing import CliRunner
 
-from engine.entrypoints.openai.server import BackgroundServer
+from engine.core.routing import parse_policy
+from engine.entrypoints.openai.server import BackgroundServer, free_port
+from engine.entrypoints.router.launch import BackgroundFleet
+from engine.entrypoints.router.proxy import Proxy, build_proxy_app
 from engine.llm_engine import LLMEngine
 from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 
@@ -155,3 +167,230 @@ def test_small_cache_requests_are_served_whole_or_refused_never_cut_short(tmp_pa
         assert [r["usage"]["completion_tokens"] for r in results] == [100] * 6
         assert metric(metrics_text(srv), "vllm:num_preemptions_total") > 0
         assert wait_until(lambda: engine_idle(engine))
+
+
+# -- a replica that freezes ----------------------------------------------------------------------------
+
+# A stand-in replica: /health, an empty /metrics, and completions that answer after `wait` seconds, or
+# stream `events` events `wait` seconds apart; its process can be frozen with SIGSTOP.
+FAKE_REPLICA = """
+import asyncio, json, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+INDEX, PORT = int(sys.argv[1]), int(sys.argv[2])
+
+async def health(request):
+    return Response(status_code=200)
+
+async def metrics(request):
+    return PlainTextResponse("")
+
+async def complete(request):
+    body = await request.json()
+    if not body.get("stream"):
+        await asyncio.sleep(body.get("wait", 0))
+        return JSONResponse({"replica": INDEX})
+    async def events():
+        for i in range(body.get("events", 1)):
+            yield "data: " + json.dumps({"replica": INDEX, "event": i}) + "\\n\\n"
+            await asyncio.sleep(body.get("wait", 0))
+        yield "data: [DONE]\\n\\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/health", health), Route("/metrics", metrics),
+                        Route("/v1/completions", complete, methods=["POST"])])
+uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning")
+"""
+
+# Test probes: every 0.1 s, 1 s each, 2 missed in a row: a frozen replica is down ~2 s after it froze.
+PROBES = {"probe_period": 0.1, "probe_timeout": 1.0, "probe_failures": 2}
+
+
+class FakeFleet:
+    """Fake replica processes behind a real proxy (with its health watcher) on a thread."""
+
+    def __init__(self, count: int, policy: str) -> None:
+        self.processes: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+        self.server = None
+        try:
+            for i in range(count):
+                port = free_port()
+                self.processes.append(subprocess.Popen([sys.executable, "-c", FAKE_REPLICA, str(i), str(port)]))
+                self.urls.append(f"http://127.0.0.1:{port}")
+            assert all(wait_until(lambda u=u: _answers(u + "/health"), 30) for u in self.urls)
+            self.proxy = Proxy(self.urls, parse_policy(policy), block_size=16, **PROBES)
+            self.port = free_port()
+            self.server = uvicorn.Server(uvicorn.Config(build_proxy_app(self.proxy), host="127.0.0.1",
+                                                        port=self.port, log_level="warning", lifespan="on"))
+            self.thread = threading.Thread(target=self.server.run, name="test-proxy", daemon=True)
+            self.thread.start()
+            assert wait_until(lambda: self.server.started, 30)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def freeze(self, i: int) -> None:
+        os.kill(self.processes[i].pid, signal.SIGSTOP)
+
+    def thaw(self, i: int) -> None:
+        os.kill(self.processes[i].pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        for p in self.processes:             # thawed first: a frozen one would neither drain nor die on SIGTERM
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(30)
+        for p in self.processes:
+            p.kill()                         # nothing to drain (a thawed one still sleeps on its 60 s request)
+            p.wait(10)
+
+    def __enter__(self) -> "FakeFleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def post_in_thread(url: str, body: dict, into: list, timeout: float = 30) -> threading.Thread:
+    """POST on a thread; `into` gets the response (or the exception) and the seconds it took."""
+    def run():
+        start = time.monotonic()
+        try:
+            into.append(httpx.post(url, json=body, timeout=timeout))
+        except httpx.HTTPError as exc:
+            into.append(exc)
+        into.append(time.monotonic() - start)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def stopped_answering(fleet: FakeFleet, i: int) -> str:
+    return f"replica {i} ({fleet.urls[i]}) stopped answering its health checks"
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-kv"])
+def test_a_frozen_replica_is_passed_over_its_waiting_request_gets_a_502_and_it_comes_back(policy):
+    with FakeFleet(2, policy) as fleet:
+        url = f"{fleet.url}/v1/completions"
+        assert httpx.post(url, json={}, timeout=10).json() == {"replica": 0}
+        waiting: list = []
+        waiter = post_in_thread(url, {"wait": 60}, waiting)            # the next turn: replica 1
+        assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
+        fleet.freeze(1)
+        early: list = []                # sent while replica 1 is frozen but not yet marked down
+        post_in_thread(url, {}, early).join(20)
+        waiter.join(20)
+        assert len(waiting) == 2, "the request waiting on the frozen replica was not answered in 20 s"
+        answer, took = waiting
+        assert isinstance(answer, httpx.Response), answer
+        assert answer.status_code == 502 and answer.json()["error"]["message"] == stopped_answering(fleet, 1)
+        assert took < 10                # ~2 s: 2 probes of 1 s missed, 0.1 s apart
+        assert isinstance(early[0], httpx.Response) and early[0].json() == {"replica": 0}, early
+        assert early[1] < 10
+        after = [httpx.post(url, json={}, timeout=5) for _ in range(6)]
+        assert [a.json() for a in after] == [{"replica": 0}] * 6
+        start = time.monotonic()
+        health = httpx.get(f"{fleet.url}/health", timeout=5)
+        assert time.monotonic() - start < 1       # the watcher's verdict, not another probe's timeout
+        message = health.json()["error"]["message"]
+        assert health.status_code == 503 and stopped_answering(fleet, 1) in message and "\n" not in message
+        text = httpx.get(f"{fleet.url}/metrics", timeout=5).text
+        assert metric(text, "planner:router_replica_up", replica="1") == 0
+        assert metric(text, "planner:router_replica_up", replica="0") == 1
+        assert metric(text, "planner:router_replica_down_total", replica="1") == 1
+        assert metric(text, "planner:router_failures_total", replica="1") == 1
+        fleet.thaw(1)
+        assert wait_until(lambda: _answers(f"{fleet.url}/health"), 10)
+        back = [httpx.post(url, json={}, timeout=10).json()["replica"] for _ in range(4)]
+        assert sorted(back) == [0, 0, 1, 1]
+        text = httpx.get(f"{fleet.url}/metrics", timeout=5).text
+        assert metric(text, "planner:router_replica_up", replica="1") == 1
+        assert [r.in_flight for r in fleet.proxy.replicas] == [0, 0]
+
+
+def test_a_stream_from_a_replica_that_freezes_ends_with_an_error_event():
+    with FakeFleet(2, "round-robin") as fleet:
+        url = f"{fleet.url}/v1/completions"
+        assert httpx.post(url, json={}, timeout=10).json() == {"replica": 0}
+        events: list[str] = []
+
+        def read():                     # every event as it comes (the stream runs ~20 s if nothing stops it)
+            body = {"stream": True, "events": 400, "wait": 0.05}
+            with httpx.Client(timeout=30) as c, c.stream("POST", url, json=body) as r:
+                events.extend(line[6:] for line in r.iter_lines() if line.startswith("data: "))
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
+        time.sleep(0.3)
+        fleet.freeze(1)
+        reader.join(20)
+        assert not reader.is_alive()
+        assert 0 < len(events) < 400 and json.loads(events[0]) == {"replica": 1, "event": 0}
+        error = json.loads(events[-1])["error"]
+        assert error == {"message": stopped_answering(fleet, 1), "type": "BadGatewayError", "code": 502}
+        assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 0, 5)
+
+
+def test_with_every_replica_frozen_a_request_gets_a_503_naming_each():
+    with FakeFleet(2, "least-requests") as fleet:
+        fleet.freeze(0)
+        fleet.freeze(1)
+        assert wait_until(lambda: not any(r.up for r in fleet.proxy.replicas), 10)
+        answer = httpx.post(f"{fleet.url}/v1/completions", json={}, timeout=5)
+        message = answer.json()["error"]["message"]
+        assert answer.status_code == 503 and answer.json()["error"]["type"] == "ServiceUnavailableError"
+        assert message == f"no replica is up: {stopped_answering(fleet, 0)}; {stopped_answering(fleet, 1)}"
+
+
+@pytest.mark.slow
+def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
+    """Two engine replicas behind the proxy with its production probe settings: one frozen while it
+    generates; its request gets the 502 and new requests go to the other once it is marked down."""
+    folder = save_byte_model(tmp_path / "model")
+    config = {"folder": folder, "deployment": {"block_size": 8}, "device": "cpu", "model_name": MODEL,
+              "threads": 1, "kv_cache_memory_bytes": 1 << 22}
+    with BackgroundFleet([config] * 2, parse_policy("round-robin"), 8, log_dir=tmp_path / "logs") as fleet:
+        frozen = fleet.replicas[1].process
+        url = f"{fleet.url}/v1/completions"
+        try:
+            first = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+            assert first.status_code == 200
+            waiting: list = []
+            waiter = post_in_thread(url, {"prompt": "a long story", "max_tokens": 100, "ignore_eos": True},
+                                    waiting, timeout=120)
+            assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
+            os.kill(frozen.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            waiter.join(60)
+            answer, took = waiting
+            assert answer.status_code == 502 and "stopped answering its health checks" in answer.text
+            down_after = time.monotonic() - frozen_at
+            served = [httpx.post(url, json={"prompt": "next", "max_tokens": 2}, timeout=60) for _ in range(4)]
+            assert [s.status_code for s in served] == [200] * 4
+            text = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+            assert metric(text, "planner:router_requests_total", replica="1") == 1
+            print(f"frozen replica: its request's 502 after {took:.1f} s; marked down {down_after:.1f} s after "
+                  f"the freeze")
+            assert down_after < 20
+            os.kill(frozen.pid, signal.SIGCONT)
+            assert wait_until(lambda: _answers(f"{fleet.url}/health"), 30)
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)

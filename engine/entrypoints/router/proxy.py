@@ -9,7 +9,17 @@ takes it; one that breaks off an answer is reported as a 502 naming it. A
 client that goes away has its request aborted on the replica (the connection
 to it is closed, as the replica does for its own clients). Bodies over the
 servers' --max-request-body-size get the 413 the replicas would give, before
-the proxy holds them. /health is 200 only when every replica's is; /metrics is the replicas'
+the proxy holds them.
+
+A replica that hangs with its port open (SIGSTOP, a wedged GPU) still accepts
+connections, and a whole answer's headers come only with the answer, so no
+request timeout tells it from a long generation. A health watcher does: it
+probes each replica's /health every few seconds, and one that misses several
+probes in a row is marked down: picks pass it over (a 503 when none is up),
+the requests waiting on it get a 502 naming it, its streams end with an error
+event. One answered probe marks it up again.
+
+/health is 200 only when every replica's is; /metrics is the replicas'
 pages aggregated as Prometheus would (prometheus.py) plus the proxy's own
 routing counters; /v1/models is the first replica's. SIGTERM (uvicorn) stops
 taking requests and lets those in flight finish; the launcher then stops
@@ -39,6 +49,19 @@ FORWARDED_HEADERS = (b"authorization", b"content-type", b"accept")
 MAX_BODY = 16 << 20       # the servers' default --max-request-body-size
 TIMEOUT = httpx.Timeout(None, connect=5.0)     # a generation may take as long as it takes; a dead port may not
 
+# The health watcher's defaults. A replica's /health is answered by its event loop while the engine steps on
+# another thread, but on a shared 2-core CPU a busy replica's answer can take a second or more (the GIL, the
+# frontend's tokenizer, other processes): a missed probe is 5 s of silence, and two in a row (the second
+# PROBE_PERIOD after the first) mean ~12 s without one answer, which no step of a live replica takes. So a
+# frozen replica is down 12-14 s after it froze; a lone slow answer marks nothing down.
+PROBE_PERIOD = 2.0        # seconds between the end of one probe of a replica and the next
+PROBE_TIMEOUT = 5.0       # seconds a probe waits for the answer
+PROBE_FAILURES = 2        # probes in a row without an answer that mark a replica down
+
+
+class ReplicaLost(Exception):
+    """The health watcher marked down the replica a request was waiting on."""
+
 
 def error(message: str, status: int, kind: str = "BadGatewayError") -> JSONResponse:
     """An OpenAI-style error body, as the replicas' own (engine/entrypoints/openai/errors.py)."""
@@ -49,11 +72,17 @@ def error(message: str, status: int, kind: str = "BadGatewayError") -> JSONRespo
 class Proxy:
     """The replicas, the router, the HTTP client, and the handlers' shared work."""
 
-    def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None) -> None:
+    def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None, *,
+                 probe_period: float = PROBE_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
+                 probe_failures: int = PROBE_FAILURES) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
         self.router = LiveRouter(policy, self.replicas, block_size)
         self.tokenizer = tokenizer          # for prefix-aware picks of text prompts
         self.client: httpx.AsyncClient | None = None
+        self.probe_period = probe_period
+        self.probe_timeout = probe_timeout
+        self.probe_failures = max(1, probe_failures)
+        self.watchers: list[asyncio.Task] = []
 
     def token_ids(self, body) -> list[int]:
         """The prompt's token ids as the replica will see them (for prefix scoring only; [] if unknown)."""
@@ -76,9 +105,14 @@ class Proxy:
             return []
         return []
 
-    async def pick(self, body) -> Replica:
+    async def pick(self, body) -> Replica | None:
+        """The policy's replica for `body` among those up (None when none is)."""
         await self.router.refresh(self.client)
-        return self._sent_to(self.replicas[self.router.pick(self.token_ids(body), time.monotonic())])
+        # Read after the refresh: it may have waited on a replica until the watcher marked it down.
+        up = [r for r in self.replicas if r.up]
+        if not up:
+            return None
+        return self._sent_to(self.router.pick_among(up, self.token_ids(body), time.monotonic()))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -94,6 +128,9 @@ class Proxy:
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         replica = await self.pick(body)
+        if replica is None:
+            return error("no replica is up: " + "; ".join(_stopped_answering(r) for r in self.replicas), 503,
+                         "ServiceUnavailableError")
         streamed = isinstance(body, dict) and bool(body.get("stream"))
         exchange = asyncio.ensure_future(self._exchange(replica, request.url.path, raw, headers, streamed))
         leaving = asyncio.ensure_future(_disconnected(request))
@@ -111,27 +148,32 @@ class Proxy:
     async def _exchange(self, replica: Replica, path: str, raw: bytes, headers, streamed: bool) -> Response:
         """Send the request to `replica` (to the next one while they refuse the connection) and relay the
         answer: a stream as it comes, a whole answer once read."""
+        others = iter(self.replicas[replica.index + 1:] + self.replicas[:replica.index])
         try:
-            for attempt in range(len(self.replicas)):
-                if attempt:
-                    replica = self._sent_to(self.replicas[(replica.index + 1) % len(self.replicas)])
+            while True:
                 outgoing = self.client.build_request("POST", replica.url + path, content=raw, headers=headers)
                 try:
-                    upstream = await self.client.send(outgoing, stream=True)
+                    upstream = await _unless_lost(replica, self.client.send(outgoing, stream=True))
                     break
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:   # it never saw the request: the next may
                     failure = self._failed(replica, exc)
                 except httpx.HTTPError as exc:
                     return self._failed(replica, exc)
-            else:
-                return failure                   # every replica refused it
+                except ReplicaLost:
+                    return self._lost(replica)
+                replica = next((r for r in others if r.up), None)
+                if replica is None:
+                    return failure               # every replica up refused it
+                self._sent_to(replica)
             if streamed and upstream.status_code == 200:
                 return StreamingResponse(self._relay(replica, upstream), status_code=200,
                                          headers=_passed(upstream.headers))
             try:
-                content = await upstream.aread()
+                content = await _unless_lost(replica, upstream.aread())
             except httpx.HTTPError as exc:
                 return self._failed(replica, exc)
+            except ReplicaLost:
+                return self._lost(replica)
             finally:
                 await upstream.aclose()
         except asyncio.CancelledError:           # the client left: the request is no longer in flight
@@ -141,15 +183,19 @@ class Proxy:
         return Response(content, status_code=upstream.status_code, headers=_passed(upstream.headers))
 
     async def _relay(self, replica: Replica, upstream: httpx.Response):
-        """A stream's bytes as they come; a replica that breaks off ends it with an error event."""
+        """A stream's bytes as they come; a replica that breaks off, or is marked down, ends it with an
+        error event."""
+        chunks = upstream.aiter_raw()
         try:
-            async for chunk in upstream.aiter_raw():
+            while (chunk := await _unless_lost(replica, anext(chunks, None))) is not None:
                 yield chunk
         except httpx.HTTPError as exc:
             replica.failed += 1
             replica.down = f"{type(exc).__name__}: {exc}"
-            message = f"{replica.name()} broke off the stream: {replica.down}"
-            yield f"data: {json.dumps({'error': {'message': message, 'type': 'BadGatewayError', 'code': 502}})}\n\n"
+            yield _error_event(f"{replica.name()} broke off the stream: {replica.down}")
+        except ReplicaLost:
+            replica.failed += 1
+            yield _error_event(_stopped_answering(replica))
         finally:
             await upstream.aclose()
             self._ended(replica)
@@ -164,6 +210,42 @@ class Proxy:
         replica.down = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return error(f"{replica.name()} did not answer: {replica.down}", 502)
 
+    def _lost(self, replica: Replica) -> JSONResponse:
+        replica.in_flight -= 1
+        replica.failed += 1
+        return error(_stopped_answering(replica), 502)
+
+    # -- the health watcher ---------------------------------------------------------
+    def watch(self) -> None:
+        """Start probing every replica (the app's lifespan starts it once the client is open)."""
+        self.watchers = [asyncio.ensure_future(self._watch(r)) for r in self.replicas]
+
+    async def unwatch(self) -> None:
+        for task in self.watchers:
+            task.cancel()
+        await asyncio.gather(*self.watchers, return_exceptions=True)
+        self.watchers = []
+
+    async def _watch(self, replica: Replica) -> None:
+        # One loop per replica: a frozen replica's probes, each waiting out its timeout, delay no other's.
+        while True:
+            await self._probe(replica)
+            await asyncio.sleep(self.probe_period)
+
+    async def _probe(self, replica: Replica) -> None:
+        """One GET /health. Any answer counts: a replica whose steps fail answers 503 yet still takes the
+        requests, one of which must succeed to make it healthy; only silence means it cannot serve."""
+        try:
+            await self.client.get(replica.url + "/health", timeout=self.probe_timeout)
+        except (httpx.HTTPError, OSError):
+            replica.misses += 1
+            if replica.up and replica.misses >= self.probe_failures:
+                replica.mark_down()
+            return
+        replica.misses = 0
+        if not replica.up:
+            replica.mark_up()
+
     async def health(self, request: Request) -> Response:
         answers = await asyncio.gather(*(self._health_of(r) for r in self.replicas))
         bad = [why for why in answers if why is not None]
@@ -172,6 +254,8 @@ class Proxy:
         return error(f"unhealthy: {'; '.join(bad)}", 503, "ServiceUnavailableError")
 
     async def _health_of(self, replica: Replica) -> str | None:
+        if not replica.up:                   # without waiting out another probe of a frozen replica
+            return _stopped_answering(replica)
         try:
             answer = await self.client.get(replica.url + "/health", timeout=5.0)
         except httpx.HTTPError as exc:
@@ -184,6 +268,8 @@ class Proxy:
         return PlainTextResponse(prometheus.render(families), media_type="text/plain; version=0.0.4")
 
     async def _page_of(self, replica: Replica):
+        if not replica.up:                   # a frozen replica would hold the scrape for the whole timeout
+            return None
         try:
             return prometheus.parse((await self.client.get(replica.url + "/metrics", timeout=5.0)).text)
         except httpx.HTTPError:
@@ -199,8 +285,10 @@ class Proxy:
                        "answers have not ended.", [r.in_flight for r in self.replicas]),
                 family("planner:router_failures_total", "counter", "Requests a replica did not answer, or "
                        "broke off.", [r.failed for r in self.replicas]),
-                family("planner:router_replica_up", "gauge", "1 when the replica's /metrics answered this scrape.",
-                       [page is not None for page in pages])]
+                family("planner:router_replica_up", "gauge", "1 when the replica answers its health checks "
+                       "(the router sends it requests), 0 when it is marked down.", [r.up for r in self.replicas]),
+                family("planner:router_replica_down_total", "counter", "Times the health watcher marked the "
+                       "replica down.", [r.down_marks for r in self.replicas])]
 
     async def models(self, request: Request) -> Response:
         replica = self.replicas[0]
@@ -210,6 +298,33 @@ class Proxy:
         except httpx.HTTPError as exc:
             return error(f"{replica.name()} did not answer: {type(exc).__name__}", 502)
         return Response(answer.content, status_code=answer.status_code, headers=_passed(answer.headers))
+
+
+def _stopped_answering(replica: Replica) -> str:
+    return f"{replica.name()} stopped answering its health checks"
+
+
+def _error_event(message: str) -> str:
+    """The server-sent event that ends a stream the replica did not finish."""
+    return f"data: {json.dumps({'error': {'message': message, 'type': 'BadGatewayError', 'code': 502}})}\n\n"
+
+
+async def _unless_lost(replica: Replica, awaitable):
+    """`awaitable`'s result, unless the watcher marks `replica` down first (ReplicaLost; the work is
+    cancelled, which closes its connection). A client that leaves cancels the work too."""
+    work = asyncio.ensure_future(awaitable)
+    lost = asyncio.ensure_future(replica.lost.wait())
+    try:
+        await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        lost.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    raise ReplicaLost()
 
 
 def _passed(headers: httpx.Headers) -> dict:
@@ -233,7 +348,9 @@ def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
     async def lifespan(app):
         proxy.client = httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(max_connections=None,
                                                                               max_keepalive_connections=64))
+        proxy.watch()
         yield
+        await proxy.unwatch()
         await proxy.client.aclose()
 
     routes = [Route("/v1/completions", proxy.forward, methods=["POST"]),

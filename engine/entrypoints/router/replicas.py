@@ -13,7 +13,7 @@ loopback request per replica, shared by picks made meanwhile), so a pick sees
 each replica as it stood after its last finished step, as the simulated
 router does (planner/sim/router.py); polling on a timer would route on state
 up to a period old. The pick itself is engine/core/routing.py's, the same code
-the simulator runs.
+the simulator runs, over the replicas the proxy's health watcher holds up.
 """
 from __future__ import annotations
 
@@ -40,9 +40,27 @@ class Replica:
     next_event: int = 0
     reading: asyncio.Task | None = None
     down: str | None = None                # why the last request to it failed, until one succeeds
+    up: bool = True                        # the health watcher's verdict (proxy.py): False after missed probes
+    misses: int = 0                        # health probes in a row it did not answer
+    down_marks: int = 0                    # times the watcher marked it down
+    # Set while it is down: what requests waiting on it await besides its answer (a new one when it is up).
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
 
     def name(self) -> str:
         return f"replica {self.index} ({self.url})"
+
+    def mark_down(self) -> None:
+        """No more picks, and the requests waiting on it stop waiting (a frozen replica keeps its port open,
+        so nothing else would end their wait); a reading under way, which may never end, is dropped."""
+        self.up = False
+        self.down_marks += 1
+        self.lost.set()
+        if self.reading is not None:
+            self.reading.cancel()
+
+    def mark_up(self) -> None:
+        self.up = True
+        self.lost = asyncio.Event()
 
     def apply_events(self, doc: dict) -> None:
         """A /kv_events answer: events after the last seen, or a whole snapshot."""
@@ -72,17 +90,30 @@ class LiveRouter(BaseRouter):
     def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
         return [leading_held(hashes, r.held) for r in self.replicas]
 
+    def pick_among(self, up: list[Replica], token_ids: list[int], now: float) -> Replica:
+        """The policy's pick among the replicas that are up: the others are not scored at all (a down
+        replica's last readings, or its empty queue, would make it look the best)."""
+        if len(up) == len(self.replicas):
+            return self.replicas[self.pick(token_ids, now)]
+        view = LiveRouter(self.policy, up, self.block_size)
+        # The turn passes to the first replica up at or after the one whose turn it was.
+        view.next = next((i for i, r in enumerate(up) if r.index >= self.next), 0)
+        chosen = up[view.pick(token_ids, now)]
+        self.next = (chosen.index + 1) % self.count
+        return chosen
+
     async def refresh(self, client: httpx.AsyncClient) -> None:
         """Read what the policy scores (KV usage, KV events) from every replica, now."""
         if not (self.policy.uses("least-kv") or self.policy.uses_prefix):
             return
-        await asyncio.gather(*(self._refresh_one(client, r) for r in self.replicas))
+        await asyncio.gather(*(self._refresh_one(client, r) for r in self.replicas if r.up))
 
     async def _refresh_one(self, client: httpx.AsyncClient, replica: Replica) -> None:
         # Picks made while a reading is under way share it (one request per replica at a time).
         if replica.reading is None or replica.reading.done():
             replica.reading = asyncio.ensure_future(self._read(client, replica))
-        await asyncio.shield(replica.reading)
+        # Not cancelled by a pick that is (shared), nor raising when mark_down drops a reading that hangs.
+        await asyncio.wait((replica.reading,))
 
     async def _read(self, client: httpx.AsyncClient, replica: Replica) -> None:
         try:
