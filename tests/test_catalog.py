@@ -164,17 +164,22 @@ def test_hf_config_builds_the_counted_model(model):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     one_layer = dict(layer_types=["sliding_attention"]) if model.sliding_layers else {}   # gpt-oss: one sliding layer
+    if model.is_mla:
+        one_layer["first_k_dense_replace"] = 0        # DeepSeek's one layer: a MoE one, with its shared expert
     config = model.to_hf_config(num_hidden_layers=1, **one_layer)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     # the config is the text decoder's (a multimodal Gemma 3's vision tower is counted from its own config, below)
-    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers), vision_params=0)
+    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers), vision_params=0,
+                              dense_layers=0 if model.is_mla else model.dense_layers)
     assert sum(p.numel() for p in hf.parameters()) == one.num_params
     back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
     keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,
                 aliases=model.aliases, published_active_params=model.published_active_params,
                 checkpoint_quantization=model.checkpoint_quantization,   # what config.json's shapes do not say
-                vision_params=model.vision_params)                       # nor the text decoder's config
+                vision_params=model.vision_params,                       # nor the text decoder's config
+                # Kimi-K2 is DeepSeek-V3's architecture under its own model_type
+                model_type="kimi_k2" if model.model_type == "kimi_k2" else back.model_type)
     assert dataclasses.replace(back, **keep) == model
 
 

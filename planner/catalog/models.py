@@ -15,6 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from planner.catalog import mla
 from planner.catalog.base import Catalog
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
@@ -31,10 +32,6 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Mixtures of experts (MOE_TYPES): Llama's block with the MLP replaced by a router and num_experts gated
 # MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES)
-# Architectures refused with the reason: their attention is not one these cost models price honestly.
-_MLA = ("multi-head latent attention (MLA: a compressed latent KV cache, absorbed projections and "
-        "MLA attention kernels) is not priced by these cost models, and its KV cache is not per-head K and V")
-NOT_PRICED = {"deepseek_v3": _MLA, "deepseek_v2": _MLA, "kimi_k2": _MLA}
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
              **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
@@ -44,7 +41,8 @@ _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention
 # ModelSpec's integer fields: sizes every model has (> 0), and counts a dense model leaves at 0.
 _SIZES = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size", "vocab_size",
           "max_position_embeddings")
-_MOE_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "dense_layers", "sliding_layers")
+_MOE_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "dense_layers", "sliding_layers",
+               "shared_experts", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
 def _is_count(value: Any) -> bool:
@@ -88,6 +86,17 @@ class ModelSpec:
     # A multimodal checkpoint's vision encoder and projector (Gemma 3's SigLIP): loaded and held with the
     # weights (sharded like them), never run by a text request.
     vision_params: int = 0
+    # Experts every token goes through beside its routed ones (DeepSeek's one shared expert), each
+    # moe_intermediate_size wide: a dense gated MLP of shared_experts x that width on every MoE layer.
+    shared_experts: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; kv_lora_rank 0: none). head_size is the q/k
+    # head (qk_nope + qk_rope dims) and v_head_dim the value head; K and V are projected up from one
+    # kv_lora_rank latent per token, which the KV cache holds with the qk_rope_head_dim rotary key, shared
+    # by every head (planner/catalog/mla.py). q_lora_rank 0: q comes straight from the hidden state.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -110,6 +119,12 @@ class ModelSpec:
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")
+        if self.dense_layers > self.num_layers:
+            raise PlannerError(f"model {self.name!r}: {self.dense_layers} dense layers of {self.num_layers}")
+        if self.kv_lora_rank and not (0 < self.qk_rope_head_dim < self.head_size and self.v_head_dim > 0):
+            raise PlannerError(f"model {self.name!r}: latent attention needs 0 < qk_rope_head_dim "
+                               f"({self.qk_rope_head_dim}) < head_size ({self.head_size}) and a positive "
+                               f"v_head_dim ({self.v_head_dim})")
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")
@@ -124,6 +139,24 @@ class ModelSpec:
     def kv_size(self) -> int:
         """Width of K (or V) for one token in one layer."""
         return self.num_kv_heads * self.head_size
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: the cache holds a latent per token, not per-head K and V."""
+        return self.kv_lora_rank > 0
+
+    def kv_cache_width(self, tp: int = 1) -> int:
+        """Values one of `tp` GPUs caches per token and layer: its KV heads' K and V, or MLA's latent and
+        rotary key, which every rank holds whole."""
+        return mla.cache_width(self) if self.is_mla else 2 * self.kv_heads_per_gpu(tp) * self.head_size
+
+    @property
+    def attention_flops_per_key(self) -> int:
+        """FLOPs one query token spends per key it attends to in one layer, all heads: QK^T and PV
+        (MLA: its decode path, planner/catalog/mla.py)."""
+        if self.is_mla:
+            return self.num_heads * mla.decode_flops_per_key(self)
+        return 4 * self.q_size
 
     @property
     def is_gpt_like(self) -> bool:
@@ -142,9 +175,24 @@ class ModelSpec:
 
     @property
     def attention_shapes(self) -> tuple[tuple[int, int], ...]:
-        """(outputs, inputs) of q, k, v and o."""
+        """(outputs, inputs) of q, k, v and o (MLA: its projections, planner/catalog/mla.py)."""
+        if self.is_mla:
+            return mla.attention_shapes(self)
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
         return ((q, h), (kv, h), (kv, h), (h, q))
+
+    @property
+    def replicated_linear_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Attention weights every TP rank holds whole (MLA's down-projections; none otherwise)."""
+        return mla.replicated_shapes(self) if self.is_mla else ()
+
+    @property
+    def shared_expert_shapes(self) -> tuple[tuple[int, int], ...]:
+        """The shared experts of one MoE layer as one gated MLP (gate, up, down); () when it has none."""
+        if not self.shared_experts:
+            return ()
+        h, i = self.hidden_size, self.shared_experts * self.moe_intermediate_size
+        return ((i, h), (i, h), (h, i))
 
     @property
     def mlp_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -178,16 +226,6 @@ class ModelSpec:
         return self.num_experts * (self.hidden_size + (self.model_type == "gpt_oss"))
 
     @property
-    def matmul_params_per_layer(self) -> int:
-        """Weights of the linear layers one token multiplies against in one block (a MoE layer: its
-        attention, the router and its top-k experts)."""
-        attn = sum(n * k for n, k in self.attention_shapes)
-        if self.is_moe:
-            return attn + self.num_experts * self.hidden_size + self.num_experts_per_tok * 3 * self.hidden_size \
-                * self.moe_intermediate_size
-        return attn + sum(n * k for n, k in self.mlp_shapes)
-
-    @property
     def linear_shapes(self) -> tuple[tuple[int, int], ...]:
         """(outputs, inputs) of each dense linear weight of one block: q, k, v, o, then gate, up, down (fc1,
         fc2); a MoE layer's experts and router are apart (expert_shapes, router_params)."""
@@ -195,10 +233,12 @@ class ModelSpec:
 
     @property
     def dense_linear_params(self) -> int:
-        """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)."""
+        """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)
+        and the MoE layers' shared experts."""
         mlp_layers = self.dense_layers if self.is_moe else self.num_layers
         return (self.num_layers * sum(n * k for n, k in self.attention_shapes)
-                + mlp_layers * sum(n * k for n, k in self.mlp_shapes))
+                + mlp_layers * sum(n * k for n, k in self.mlp_shapes)
+                + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes))
 
     @property
     def linear_params(self) -> int:
@@ -226,7 +266,8 @@ class ModelSpec:
         qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
         if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
-        return self.norms_per_layer * h + qk_norms + qkv_bias   # RMSNorms, weight only
+        latent_norms = mla.norm_params(self) if self.is_mla else 0
+        return self.norms_per_layer * h + qk_norms + qkv_bias + latent_norms   # RMSNorms, weight only
 
     @property
     def norms_per_layer(self) -> int:
@@ -285,13 +326,19 @@ class ModelSpec:
 
         Norms, position tables and the biases added after a row-parallel layer
         (attention output, MLP down projection) are not split; nor are the MoE routers
-        (vLLM's ReplicatedLinear); everything else (column/row-parallel weights,
-        vocab-parallel embedding and LM head, experts) is.
+        (vLLM's ReplicatedLinear) and MLA's down-projections with their norms; everything else
+        (column/row-parallel weights, vocab-parallel embedding and LM head, experts) is.
         """
         h = self.hidden_size
         per_layer = (2 * (2 * h) + 2 * h) if self.is_gpt_like else self.norms_per_layer * h
+        if self.is_mla:
+            per_layer += self.replicated_linear_params_per_layer + mla.norm_params(self)
         routers = self.moe_layers * self.router_params
         return self.num_layers * per_layer + self.position_params + self.final_norm_params + routers
+
+    @property
+    def replicated_linear_params_per_layer(self) -> int:
+        return sum(n * k for n, k in self.replicated_linear_shapes)
 
     # ---- bytes and FLOPs ----------------------------------------------------
 
@@ -337,11 +384,18 @@ class ModelSpec:
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
-        linear = sum(weight_format.matrix_bytes(n, k) for n, k in self.attention_shapes) * self.num_layers
-        linear += sum(weight_format.matrix_bytes(n, k) for n, k in self.mlp_shapes) * (
-            self.dense_layers if self.is_moe else self.num_layers)
-        rest = sharded - self.dense_linear_params
-        return -(-linear // tp) + (-(-rest // tp) + self.replicated_params) * dtype_bytes + experts_here
+        # the linear layers in the format: split ones 1/tp each, MLA's down-projections whole on every rank
+        def formatted(shapes, layers: int) -> int:
+            return layers * sum(weight_format.matrix_bytes(n, k) for n, k in shapes)
+
+        whole = formatted(self.replicated_linear_shapes, self.num_layers)
+        linear = formatted(self.attention_shapes, self.num_layers) - whole
+        linear += formatted(self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
+        linear += formatted(self.shared_expert_shapes, self.moe_layers)
+        replicated_linear = self.num_layers * self.replicated_linear_params_per_layer
+        rest = sharded - (self.dense_linear_params - replicated_linear)
+        return (-(-linear // tp) + whole + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes
+                + experts_here)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""
@@ -356,18 +410,18 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tp)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16)."""
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
+        """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16; MLA's latent)."""
+        return self.num_layers * self.kv_cache_width() * dtype_bytes
 
     def flops_per_token(self, context_len: int = 0) -> int:
         """Forward FLOPs for one token that attends to `context_len` keys, LM head included.
 
         2 FLOPs per weight per token for the linear layers and the LM head, plus
-        QK^T and PV: 2 * 2 * head_size FLOPs per (query head, key) pair per layer.
+        QK^T and PV: 2 * 2 * head_size FLOPs per (query head, key) pair per layer (MLA: its decode path).
         """
         linear = 2 * (self.active_linear_params + self.vocab_size * self.hidden_size)
         keys = self.full_attention_layers * context_len + self.sliding_layers * min(context_len, self.window)
-        return linear + 4 * self.q_size * keys
+        return linear + self.attention_flops_per_key * keys
 
     @property
     def full_attention_layers(self) -> int:
@@ -383,7 +437,7 @@ class ModelSpec:
         """K and V one sequence of `tokens` holds across all layers: a sliding-window layer keeps at most
         its window (vLLM's hybrid KV cache manager frees the blocks that leave it)."""
         keep = self.full_attention_layers * tokens + self.sliding_layers * min(tokens, self.window)
-        return 2 * keep * self.kv_size * dtype_bytes
+        return keep * self.kv_cache_width() * dtype_bytes
 
 
     # ---- Hugging Face configs ----------------------------------------------
@@ -498,8 +552,6 @@ class ModelSpec:
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
                        rope_theta=float(theta or get("rope_theta") or 10000.0),
                        norm_eps=get("rms_norm_eps", 1e-6), sliding_window=window)
-        if model_type in NOT_PRICED:
-            raise PlannerError(f"{name}: model_type {model_type!r} is not supported: {NOT_PRICED[model_type]}")
         raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(KNOWN_TYPES)}")
 
     @classmethod
@@ -583,8 +635,6 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     if "distill" in lowered:      # DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2.5 model, not DeepSeek-V3
         return catalog.get(text, hint=" (a distilled model has its base model's architecture: give its model "
                                       "folder or config.json)")
-    if "deepseek-v3" in lowered or "deepseek-r1" in lowered:
-        raise PlannerError(f"model {text!r} (DeepSeek-V3 architecture) is not supported: {_MLA}")
     return catalog.get(text, hint=" (planner list models shows each one's Hugging Face ids; or give a model "
                                   "folder or its config.json)")
 

@@ -1,5 +1,5 @@
-"""Reading a mixture-of-experts model's config.json (model_type qwen3_moe, mixtral, gpt_oss, minimax_m2) into
-ModelSpec fields.
+"""Reading a mixture-of-experts model's config.json (model_type qwen3_moe, mixtral, gpt_oss, minimax_m2, and
+DeepSeek's deepseek_v2, deepseek_v3, kimi_k2) into ModelSpec fields.
 
 The four architectures name the same things differently (transformers' Qwen3MoeConfig,
 MixtralConfig, GptOssConfig, MiniMaxM2Config):
@@ -14,7 +14,16 @@ MixtralConfig, GptOssConfig, MiniMaxM2Config):
 | q/k norms | per head | none | none | over all heads (one all-reduce per layer under TP) |
 
 None of the four has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
-and DeepSeek have); a config that declares them is refused rather than priced without them.
+and DeepSeek have); a config of theirs that declares them is refused rather than priced without them.
+
+DeepSeek-V2/V3/R1 and Kimi-K2 (transformers' DeepseekV2Config, DeepseekV3Config; Kimi-K2 ships
+DeepSeek-V3's architecture under model_type kimi_k2): n_routed_experts of moe_intermediate_size,
+num_experts_per_tok, n_shared_experts shared ones, the first first_k_dense_replace layers dense (then
+every moe_layer_freq-th layer a MoE), and multi-head latent attention (q_lora_rank, kv_lora_rank,
+qk_nope_head_dim + qk_rope_head_dim q/k heads, v_head_dim v heads: planner/catalog/mla.py). Their
+group-limited routing (n_group, topk_group) still spreads a batch's picks over all experts, so it is
+priced as top-k routing; the multi-token-prediction layer (num_nextn_predict_layers) is not loaded
+unless it drafts (vLLM's MTP speculation), so it is not counted.
 """
 from __future__ import annotations
 
@@ -24,7 +33,8 @@ from typing import Any
 from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
-MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2")
+DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES)
 
 
 def _dense_layers(get: Callable[..., Any], layers: int) -> int:
@@ -36,6 +46,8 @@ def _dense_layers(get: Callable[..., Any], layers: int) -> int:
 
 def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
     """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
+    if model_type in DEEPSEEK_TYPES:
+        return _deepseek_fields(get, model_type, name)
     if any(get(key) for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts",
                                 "shared_intermediate_size")):
         raise PlannerError(f"{name}: shared experts are not modelled (qwen3_moe, mixtral, gpt_oss and minimax_m2 "
@@ -74,6 +86,29 @@ def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str,
     return fields
 
 
+def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    layers, rope_dims = get("num_hidden_layers"), get("qk_rope_head_dim")
+    first_dense, freq = get("first_k_dense_replace") or 0, get("moe_layer_freq") or 1
+    moe = sum(1 for layer in range(layers) if layer >= first_dense and layer % freq == 0)
+    rope = get("rope_parameters") or get("rope_scaling") or {}
+    theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
+    fields: dict[str, Any] = dict(
+        name=name, model_type=model_type, num_layers=layers, hidden_size=get("hidden_size"),
+        num_heads=get("num_attention_heads"), num_kv_heads=get("num_attention_heads"),
+        head_size=(get("qk_nope_head_dim") or 0) + (rope_dims or 0), intermediate_size=get("intermediate_size"),
+        vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings"),
+        tie_word_embeddings=bool(get("tie_word_embeddings", False)), rope_theta=float(theta),
+        norm_eps=get("rms_norm_eps", 1e-6), num_experts=get("n_routed_experts"),
+        num_experts_per_tok=get("num_experts_per_tok"), moe_intermediate_size=get("moe_intermediate_size"),
+        dense_layers=layers - moe, shared_experts=get("n_shared_experts") or 0,
+        kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, qk_rope_head_dim=rope_dims,
+        v_head_dim=get("v_head_dim"))
+    scheme = checkpoint_scheme(get("quantization_config"))
+    if scheme is not None:
+        fields["checkpoint_quantization"] = scheme
+    return fields
+
+
 def moe_hf_config(spec, common: dict[str, Any]):
     """A transformers config of a MoE ModelSpec with its true shapes (random-weight checkpoints)."""
     import transformers  # slow import; only the profiler and the engine need configs
@@ -94,6 +129,15 @@ def moe_hf_config(spec, common: dict[str, Any]):
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
         config = transformers.MiniMaxM2Config(num_local_experts=spec.num_experts, **experts, **common)
         config.architectures = ["MiniMaxM2ForCausalLM"]
+    elif spec.is_mla:
+        drop = ("num_key_value_heads", "head_dim")     # MLA's heads come from the latent ranks below
+        config = transformers.DeepseekV3Config(
+            n_routed_experts=spec.num_experts, moe_intermediate_size=spec.moe_intermediate_size,
+            n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers, n_group=1, topk_group=1,
+            kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank or None,
+            qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.head_size - spec.qk_rope_head_dim,
+            v_head_dim=spec.v_head_dim, **experts, **{k: v for k, v in common.items() if k not in drop})
+        config.architectures = ["DeepseekV3ForCausalLM"]
     else:
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
         # gpt-oss alternates sliding and full layers, sliding first, as the released configs list them

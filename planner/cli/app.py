@@ -78,7 +78,9 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
         _emit([{"name": m.name, "ids": model_ids(m), "model_type": m.model_type, "num_layers": m.num_layers,
                 "hidden_size": m.hidden_size, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
                 "num_params": m.num_params, "active_params": m.active_params,
-                **({"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok} if m.is_moe else {}),
+                **({"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok,
+                    "shared_experts": m.shared_experts} if m.is_moe else {}),
+                **({"kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim} if m.is_mla else {}),
                 "max_position_embeddings": m.max_position_embeddings,
                 "kv_bytes_per_token_fp16": m.kv_bytes_per_token(2)} for m in models])
         return
@@ -87,7 +89,7 @@ def list_models_cmd(as_json: bool = AS_JSON) -> None:
         table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=True)
     for m in models:
         table.add_row(m.name, m.model_type, str(m.num_layers), str(m.hidden_size),
-                      f"{m.num_heads}/{m.num_kv_heads}",
+                      f"{m.num_heads}/{'MLA' if m.is_mla else m.num_kv_heads}",     # MLA caches one latent
                       f"{m.num_experts_per_tok}/{m.num_experts}" if m.is_moe else "-", f"{m.num_params / 1e9:.2f}",
                       f"{m.active_params / 1e9:.2f}",
                       f"{m.kv_bytes_per_token(2) / 1024:.0f}")

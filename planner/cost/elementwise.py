@@ -28,6 +28,10 @@ fused-MoE kernel, which its own table times (planner/cost/measured_moe.py).
 Gemma 3 normalizes the attention's and the MLP's outputs too before adding them
 back (vLLM runs those two as plain RMSNorms: read and write the hidden state),
 and scales the embedding by sqrt(hidden) (one more read and write per step).
+Multi-head latent attention (DeepSeek; planner/catalog/mla.py) normalizes its two latents (q's and
+the KV's: read and write each), applies rotary to the rotary dims only (each head's and the one shared
+key's) and writes the latent and rotary key into the cache; its shared experts run their own SiLU and
+mul (counted on every layer, as the dense MLP's is on a dense model).
 """
 from __future__ import annotations
 
@@ -52,6 +56,8 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     h = model.hidden_size
     q_heads, kv_heads, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
     qk = (q_heads + kv_heads) * hd
+    if model.is_mla:
+        qk = (q_heads + 1) * model.qk_rope_head_dim          # rotary touches the rotary dims only
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     gemma = model.norms_per_layer == 4
@@ -61,9 +67,11 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
         kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
+    if model.is_mla:
+        kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
     if not model.is_gpt_like:
         kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
-    kernels.append(Kernel("KV-cache write", 2 * kv_heads * hd * (ACT_BYTES + kv_bytes)))
+    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes)))
     if gemma:
         kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))
     second = "pre-feedforward" if gemma else "post-attention"
@@ -73,6 +81,9 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     elif not model.is_moe:
         kernels.append(Kernel("GELU-tanh and mul" if gemma else "SiLU and mul", 3 * inter * ACT_BYTES))
+    if model.shared_experts:
+        shared = model.shared_experts * model.moe_intermediate_size // tp
+        kernels.append(Kernel("shared expert SiLU and mul", 3 * shared * ACT_BYTES))
     if gemma:
         kernels.append(Kernel("post-feedforward RMSNorm", 2 * h * ACT_BYTES))
     kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))

@@ -94,7 +94,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.catalog import GpuSpec, ModelSpec, list_gpus, resolve_gpu, resolve_model
+from planner.catalog import GpuSpec, ModelSpec, list_gpus, mla, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
@@ -204,7 +204,7 @@ class MeasuredCostModel:
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         self._kernels = step_kernels(model, tp, self._kv_bytes)
 
-        kv_bytes_per_token = 2 * model.num_layers * kv * hd * self._kv_bytes
+        kv_bytes_per_token = model.num_layers * model.kv_cache_width(tp) * self._kv_bytes
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
         self._copy_per_block = 2 * kv_bytes_per_token * block_size / (gpu.memory_bandwidth * 0.8)
         self._host_base, self._host_per_seq, self.host_source = self._host_constants()
@@ -217,7 +217,8 @@ class MeasuredCostModel:
         self._gen_arrays: dict[int, tuple] = {}      # the same curves as numpy arrays (decode_step_times)
         self._attention_of: dict[int, Callable] = {}  # decode attention of b sequences, by their triples
         # the context grid of generation attention, in powers of two: 1 .. 2**max_bucket
-        self._gen_max_bucket = max(max(row) for row in self._gen_tree.values()).bit_length()
+        self._gen_max_bucket = (max(max(row) for row in self._gen_tree.values()).bit_length() if self._latent is None
+                                else model.max_position_embeddings.bit_length())
         self._name = self._make_name()
 
     def _set_up_system(self, info: dict) -> None:
@@ -248,7 +249,7 @@ class MeasuredCostModel:
             used.add("moe")
         if getattr(self, "allreduce_backend", None) == "vllm custom all-reduce":
             used.add("custom_allreduce")
-        versions = "/".join(sorted({self._versions[k] for k in used}))
+        versions = "/".join(sorted({self._versions[k] for k in used if k in self._versions}))
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
         formats = f", {self.weight_format.method}: {self._gemm_how}" if self.weight_format is not None else ""
         if self.kv_cache_dtype != "auto":
@@ -263,14 +264,21 @@ class MeasuredCostModel:
     def _set_up_gemms(self, model: ModelSpec, tp: int, weight_format: WeightFormat | None) -> None:
         """The layers' GEMM shapes and the tables that price them: the format's own table where the
         system measured it, else the bf16 table read as a weight-only kernel (`_weight_only`)."""
-        heads, kv, hd, h = self._heads, self._kv, self._hd, model.hidden_size
+        h, layers = model.hidden_size, model.num_layers
         inter = model.intermediate_size // tp
         mlp_up = inter if model.is_gpt_like else 2 * inter
-        self._gemm_shapes = [((heads + 2 * kv) * hd, h), (h, heads * hd), (mlp_up, h), (h, inter)]
-        self._gemm_names = ("qkv", "o projection", "fc1" if model.is_gpt_like else "gate+up",
-                            "fc2" if model.is_gpt_like else "down")
-        mlp_layers = model.dense_layers if model.is_moe else model.num_layers   # a MoE's experts: MeasuredMoe
-        self._gemm_layers = (model.num_layers, model.num_layers, mlp_layers, mlp_layers)
+        mlp_layers = model.dense_layers if model.is_moe else layers   # a MoE's experts: MeasuredMoe
+        # (name, (n, k), layers): this GPU's share of each GEMM
+        gemms = self._mla_gemms(model, tp) if model.is_mla else [
+            ("qkv", ((self._heads + 2 * self._kv) * self._hd, h), layers),
+            ("o projection", (h, self._heads * self._hd), layers)]
+        gemms += [("fc1" if model.is_gpt_like else "gate+up", (mlp_up, h), mlp_layers),
+                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers)]
+        if model.shared_experts:
+            shared = model.shared_experts * model.moe_intermediate_size // tp
+            gemms += [("shared expert gate+up", (2 * shared, h), model.moe_layers),
+                      ("shared expert down", (h, shared), model.moe_layers)]
+        self._gemms = [g for g in gemms if g[2]]
         self._head_shape = (model.vocab_size // tp, h)
         self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
         self._gemm_max_n = max(self._gemm_tree)
@@ -282,10 +290,29 @@ class MeasuredCostModel:
         self._layer_tree = self._gemm_tree if table == "gemm" else tables.monotone(
             tables.build_tree(tables.load_rows(self.system, table), ("n", "k", "m")), 3)
         self._layer_max_n = max(self._layer_tree)
+
+    @staticmethod
+    def _mla_gemms(model: ModelSpec, tp: int) -> list[tuple[str, tuple[int, int], int]]:
+        """Latent attention's GEMMs on one of `tp` GPUs (planner/catalog/mla.py): the down-projections
+        whole (vLLM's fused_qkv_a_proj), the up-projections and o split by heads. kv_b is priced as one
+        GEMM over the step's tokens, which is its FLOPs both as prefill runs it and as decode's absorbed
+        per-head products (W_UK, W_UV) do."""
+        h, heads, layers = model.hidden_size, model.num_heads // tp, model.num_layers
+        nope = model.head_size - model.qk_rope_head_dim
+        down = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+        gemms = [("q_a + kv_a", (down, h), layers)]
+        gemms.append(("q_b" if model.q_lora_rank else "q", (heads * model.head_size, model.q_lora_rank or h), layers))
+        return gemms + [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers),
+                        ("o projection", (h, heads * model.v_head_dim), layers)]
+
     def _set_up_attention(self, kv_cache_dtype: str) -> None:
         """The attention tables of the KV cache's dtype (bf16 ones where the system has no FP8-KV table)."""
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
+        self._latent = None
+        if self.model.is_mla:
+            self._set_up_latent_attention()
+            return
         heads, kv, hd = self._heads, self._kv, self._hd
         if fp8 and tables.has_table(self.system, "generation_attention_fp8kv"):
             try:
@@ -301,6 +328,29 @@ class MeasuredCostModel:
         self._tables.update(context="context_attention", generation="generation_attention")
         self._ctx_tree, self._ctx_fold = self._attention_tree("context_attention", "isl", heads, kv, hd)
         self._gen_tree, self._gen_fold = self._attention_tree("generation_attention", "step", heads, kv, hd)
+
+    def _set_up_latent_attention(self) -> None:
+        """Multi-head latent attention (planner/catalog/mla.py): the tables time FlashAttention over per-head
+        K and V, and NVIDIA measured vLLM's MLA kernels on Blackwell systems only, so one layer's MLA is
+        priced by the roofline, at the bandwidth the elementwise kernels get and the 16-bit tensor-core
+        peak at the roofline's efficiency, on top of the smallest time the system's attention tables
+        record (a kernel's launch floor):
+            decode   floor + b c max(cache bytes per key / bandwidth, heads x decode FLOPs per key / peak)
+            prefill  floor + b max(l (l + 1) / 2 heads x FLOPs per pair / peak, l x cache bytes / bandwidth)"""
+        m = self.model
+        key_bytes = m.kv_cache_width(self.tp) * self._kv_bytes
+        self._latent = {
+            "decode_per_key": max(key_bytes / self._elementwise_bw,
+                                  self._heads * mla.decode_flops_per_key(m) / self._flops_eff),
+            "prefill_per_pair": self._heads * mla.prefill_flops_per_pair(m) / self._flops_eff,
+            "write_per_token": key_bytes / self._elementwise_bw,
+            "decode_floor": min(r["latency"] for r in tables.load_rows(self.system, "generation_attention")),
+            "prefill_floor": min(r["latency"] for r in tables.load_rows(self.system, "context_attention")),
+        }
+        self._tables.update(context="MLA roofline", generation="MLA roofline")
+        self._ctx_fold = self._gen_fold = 1
+        self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
+                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only)")
 
     @property
     def name(self) -> str:
@@ -394,6 +444,10 @@ class MeasuredCostModel:
         return max(latency - (before - after), latency * after / before)
 
     def context_attention(self, batch: int, length: int) -> float:
+        if self._latent is not None:
+            p = self._latent
+            return p["prefill_floor"] + batch * max(length * (length + 1) // 2 * p["prefill_per_pair"],
+                                                    length * p["write_per_token"])
         latency, ext = tables.interpolate(self._ctx_tree, (batch * self._ctx_fold, length))
         self._flag(self._tables["context"], ext)
         nbytes = batch * length * (2.0 * 2 * self._heads + self._kv_bytes * 2 * self._kv) * self._hd
@@ -412,6 +466,9 @@ class MeasuredCostModel:
         points = []
         for j in range(self._gen_max_bucket + 1):
             context = max(1 << j, 2)      # the table starts at one cached token: context 1 costs as 2
+            if self._latent is not None:
+                points.append((self._latent["decode_floor"] + batch * context * self._latent["decode_per_key"], False))
+                continue
             # the table's `step` counts the tokens already cached; the new token is the one more
             latency, ext = tables.interpolate(self._gen_tree, (batch * self._gen_fold, context - 1))
             nbytes = self._kv_bytes * batch * context * 2.0 * self._kv * self._hd
@@ -638,7 +695,7 @@ class MeasuredCostModel:
         table = self._tables["layer_gemm"]
         terms = [Term(f"{name} GEMM", "gemm", count * self.layer_gemm(run, n, k), "table",
                       f"{self.system} {table}, m={run} n={n} k={k}, x{count} layers", count)
-                 for name, (n, k), count in zip(self._gemm_names, self._gemm_shapes, self._gemm_layers) if count]
+                 for name, (n, k), count in self._gemms]
         if self._moe is not None:
             terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size))
             self._flag("moe", self._moe.extrapolated)
@@ -745,13 +802,14 @@ class MeasuredCostModel:
         terms: list[Term] = []
         if tokens:
             terms += (self._token_cache.get(tokens) or self._token_terms(tokens))[0]
+            source = "table" if self._latent is None else "roofline"      # MLA: _set_up_latent_attention
             if s.prefill_tokens:
-                terms.append(Term("attention (prefill)", "attention", self._prefill_attention(s), "table",
+                terms.append(Term("attention (prefill)", "attention", self._prefill_attention(s), source,
                                   f"{self.system} {self._tables['context']}, {s.prefill_seqs} sequences, "
                                   f"{s.prefill_tokens} tokens, {s.prefill_attn_pairs} (query, key) pairs, "
                                   f"x{self.model.num_layers} layers", self.model.num_layers))
             if s.decode_seqs:
-                terms.append(Term("attention (decode)", "attention", self.decode_attention(s), "table",
+                terms.append(Term("attention (decode)", "attention", self.decode_attention(s), source,
                                   f"{self.system} {self._tables['generation']}, {s.decode_seqs} sequences, "
                                   f"{s.decode_context} context tokens in all, x{self.model.num_layers} layers",
                                   self.model.num_layers))

@@ -28,6 +28,11 @@ MLP layers); each MoE layer adds
   dispatch    dp > 1: the all-gather of the replicas' tokens before the experts and the reduce-scatter
               after them, bytes over the interconnect plus its latency each
 
+Multi-head latent attention (DeepSeek, Kimi-K2; planner/catalog/mla.py): decode reads each key's
+latent (kv_lora_rank + qk_rope_head_dim values, whole on every TP rank) and spends
+2 (kv_lora + rope) + 2 kv_lora FLOPs per query head on it; prefill spends 2 head_size + 2 v_head_dim
+per pair and head; the shared experts are a dense MLP, priced with the linear part.
+
 Sliding-window layers (gpt-oss) read at most the window's keys at decode and attend to at most the
 window in prefill (planner/cost/window.py).
 
@@ -51,7 +56,7 @@ from dataclasses import asdict, dataclass
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.moe import MoeParallel, dispatch_bytes, expert_flops, moe_work
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
-from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from planner.catalog import GpuSpec, ModelSpec, mla, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
@@ -104,7 +109,8 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
     mlp_layers = model.dense_layers if model.is_moe else model.num_layers
     nbytes = (model.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.attention_shapes)
-              + mlp_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.mlp_shapes)) / tp
+              + mlp_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.mlp_shapes)
+              + model.moe_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.shared_expert_shapes)) / tp
     precision = gemm_path(weight_format, gpu).precision
     peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
     return nbytes, peak, precision
@@ -147,8 +153,9 @@ class RooflineCostModel:
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
         heads = model.num_heads // tp
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
-        kv_bytes_per_token = 2 * layers * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes
-        linear_params = layers * model.matmul_params_per_layer / tp
+        kv_bytes_per_token = layers * model.kv_cache_width(tp) * kv_dtype_bytes
+        # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
+        linear_params = model.dense_linear_params / tp
         head_params = vocab * hidden / tp
 
         self._linear_weights = linear_bytes / bw                           # s, once per step
@@ -156,9 +163,13 @@ class RooflineCostModel:
         self._head_weights = head_params * dtype_bytes / bw
         self._head_per_seq = 2 * head_params / flops
         attn_flops_per_pair = 4 * model.head_size * heads * layers        # QK^T and PV, all layers
+        decode_flops_per_key = attn_flops_per_pair
+        if model.is_mla:
+            attn_flops_per_pair = mla.prefill_flops_per_pair(model) * heads * layers
+            decode_flops_per_key = mla.decode_flops_per_key(model) * heads * layers
         self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
-        self._decode_per_key = max(kv_bytes_per_token / bw, attn_flops_per_pair / flops)
+        self._decode_per_key = max(kv_bytes_per_token / bw, decode_flops_per_key / flops)
         # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
         self._decode_per_key *= self.block_size_factor

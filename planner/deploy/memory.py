@@ -74,10 +74,9 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism).
     """
     h, i = model.hidden_size, model.intermediate_size
-    kv_size = model.kv_heads_per_gpu(tp) * model.head_size
     q_size = model.q_size // tp
     mlp = (2 * i // tp) if model.is_gpt_like else (3 * i // tp)
-    per_token = 2 * h + (q_size + 2 * kv_size) + q_size + mlp
+    per_token = 2 * h + (q_size + model.kv_cache_width(tp)) + q_size + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
     peak = tokens * per_token * dtype_bytes
@@ -95,8 +94,9 @@ def non_torch_bytes(tp: int = 1) -> int:
 
 
 def rotary_cache_bytes(model: ModelSpec, dtype_bytes: int = 2) -> int:
-    """vLLM's precomputed rotary cos/sin table, [max_position, head_size], held beside the weights."""
-    return 0 if model.is_gpt_like else model.max_position_embeddings * model.head_size * dtype_bytes
+    """vLLM's precomputed rotary cos/sin table, [max_position, rotary dims], held beside the weights."""
+    rotary_dims = model.qk_rope_head_dim if model.is_mla else model.head_size
+    return 0 if model.is_gpt_like else model.max_position_embeddings * rotary_dims * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +198,7 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     in every block like the full layers' (exact for a sequence within its window, conservative past
     it). Every plan the reserve can hold keeps it.
     """
-    per_layer_block = 2 * model.kv_heads_per_gpu(tp) * model.head_size * kv_dtype_bytes * block_size
+    per_layer_block = model.kv_cache_width(tp) * kv_dtype_bytes * block_size
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
