@@ -350,7 +350,8 @@ class MeasuredCostModel:
         self._tables.update(context="MLA roofline", generation="MLA roofline")
         self._ctx_fold = self._gen_fold = 1
         self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
-                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only)")
+                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only); against the one public "
+                          "vLLM deployment checked, DeepSeek-R1 came out optimistic (docs/moe.md)")
 
     @property
     def name(self) -> str:
