@@ -163,7 +163,9 @@ def test_hf_config_builds_the_counted_model(model):
     parameters the spec counts for one layer, and the config reads back to the same spec."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    one_layer = dict(layer_types=["sliding_attention"]) if model.sliding_layers else {}   # gpt-oss: one sliding layer
+    # gpt-oss and Llama 4: their one layer a sliding (chunked) one
+    sliding = "chunked_attention" if model.model_type == "llama4_text" else "sliding_attention"
+    one_layer = dict(layer_types=[sliding]) if model.sliding_layers else {}
     if model.is_mla:
         one_layer["first_k_dense_replace"] = 0        # DeepSeek's one layer: a MoE one, with its shared expert
     config = model.to_hf_config(num_hidden_layers=1, **one_layer)
@@ -171,7 +173,7 @@ def test_hf_config_builds_the_counted_model(model):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     # the config is the text decoder's (a multimodal Gemma 3's vision tower is counted from its own config, below)
     one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers), vision_params=0,
-                              dense_layers=0 if model.is_mla else model.dense_layers)
+                              dense_layers=0 if model.is_mla else min(1, model.dense_layers))   # Maverick: layer 0 dense
     assert sum(p.numel() for p in hf.parameters()) == one.num_params
     back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
     keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,

@@ -18,6 +18,7 @@ from typing import Any
 from planner.catalog import mla
 from planner.catalog.base import Catalog
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
+from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.quantization import WeightFormat
 from planner.errors import PlannerError
@@ -533,6 +534,8 @@ class ModelSpec:
                        intermediate_size=get("ffn_dim"), vocab_size=get("vocab_size"),
                        max_position_embeddings=get("max_position_embeddings"),
                        tie_word_embeddings=bool(get("tie_word_embeddings", True)))
+        if model_type in LLAMA4_CONFIG_TYPES:
+            return cls(**llama4_fields(config, name))
         if model_type in MOE_TYPES:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:

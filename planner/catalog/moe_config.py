@@ -30,11 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from planner.catalog.llama4_config import LLAMA4_TYPES, llama4_hf_config
 from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
 DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
-MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES)
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *LLAMA4_TYPES)   # Llama 4: llama4_config
 
 
 def _dense_layers(get: Callable[..., Any], layers: int) -> int:
@@ -129,6 +130,8 @@ def moe_hf_config(spec, common: dict[str, Any]):
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
         config = transformers.MiniMaxM2Config(num_local_experts=spec.num_experts, **experts, **common)
         config.architectures = ["MiniMaxM2ForCausalLM"]
+    elif spec.model_type in LLAMA4_TYPES:
+        config = llama4_hf_config(spec, common)
     elif spec.is_mla:
         drop = ("num_key_value_heads", "head_dim")     # MLA's heads come from the latent ranks below
         config = transformers.DeepseekV3Config(
