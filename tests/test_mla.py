@@ -73,6 +73,10 @@ def test_tensor_parallel_splits_heads_not_the_latent():
     # 8 GPUs hold 8 copies of the replicated parts and one of everything else
     assert 8 * w8 - w1 == pytest.approx(7 * m.replicated_params * 2, rel=1e-6)
     assert m.replicated_params > replicated
+    # in FP8 too: the down-projections' bytes (with their block scales) on every rank, the rest split
+    whole = 61 * sum(FP8_BLOCK.matrix_bytes(n, k) for n, k in mla.replicated_shapes(m))
+    split = m.linear_bytes_per_gpu(FP8_BLOCK, 1) - whole
+    assert m.linear_bytes_per_gpu(FP8_BLOCK, 8) == -(-split // 8) + whole
 
 
 def test_memory_plan_block_bytes_do_not_shrink_with_tp():

@@ -385,18 +385,22 @@ class ModelSpec:
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
-        # the linear layers in the format: split ones 1/tp each, MLA's down-projections whole on every rank
+        replicated_linear = self.num_layers * self.replicated_linear_params_per_layer
+        rest = sharded - (self.dense_linear_params - replicated_linear)
+        return (self.linear_bytes_per_gpu(weight_format, tp)
+                + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes + experts_here)
+
+    def linear_bytes_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
+        """The layers' dense linear weights (attention, dense MLPs, shared experts) in `weight_format` on one of
+        `tp` GPUs: a 1/tp share of each, MLA's down-projections whole (vLLM replicates them)."""
         def formatted(shapes, layers: int) -> int:
             return layers * sum(weight_format.matrix_bytes(n, k) for n, k in shapes)
 
         whole = formatted(self.replicated_linear_shapes, self.num_layers)
-        linear = formatted(self.attention_shapes, self.num_layers) - whole
-        linear += formatted(self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
-        linear += formatted(self.shared_expert_shapes, self.moe_layers)
-        replicated_linear = self.num_layers * self.replicated_linear_params_per_layer
-        rest = sharded - (self.dense_linear_params - replicated_linear)
-        return (-(-linear // tp) + whole + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes
-                + experts_here)
+        split = (formatted(self.attention_shapes, self.num_layers) - whole
+                 + formatted(self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
+                 + formatted(self.shared_expert_shapes, self.moe_layers))
+        return -(-split // tp) + whole
 
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads one GPU stores: a 1/tp share, or one replicated head when tp exceeds the KV heads (GQA)."""

@@ -104,16 +104,20 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
                    weight_format: WeightFormat | None) -> tuple[float, float, str]:
     """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision);
     a MoE's experts and routers are priced apart (RooflineCostModel.moe_time)."""
-    params = model.dense_linear_params / tp
+    params = linear_params_per_gpu(model, tp)
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
-    mlp_layers = model.dense_layers if model.is_moe else model.num_layers
-    nbytes = (model.num_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.attention_shapes)
-              + mlp_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.mlp_shapes)
-              + model.moe_layers * sum(weight_format.matrix_bytes(n, k) for n, k in model.shared_expert_shapes)) / tp
+    nbytes = model.linear_bytes_per_gpu(weight_format, tp)
     precision = gemm_path(weight_format, gpu).precision
     peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
     return nbytes, peak, precision
+
+
+def linear_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """The layers' dense linear weights one of `tp` GPUs holds and multiplies: a 1/tp share, MLA's
+    down-projections whole (vLLM replicates them)."""
+    whole = model.num_layers * model.replicated_linear_params_per_layer
+    return (model.dense_linear_params - whole) / tp + whole
 
 
 def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,
@@ -155,7 +159,7 @@ class RooflineCostModel:
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
         kv_bytes_per_token = layers * model.kv_cache_width(tp) * kv_dtype_bytes
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
-        linear_params = model.dense_linear_params / tp
+        linear_params = linear_params_per_gpu(model, tp)
         head_params = vocab * hidden / tp
 
         self._linear_weights = linear_bytes / bw                           # s, once per step
