@@ -27,6 +27,8 @@ def test_deepseek_ids_resolve_to_the_v3_architecture():
                  "deepseek-ai/DeepSeek-V3-0324", "deepseek-r1"):
         assert resolve_model(name).name == "deepseek-v3"
     assert resolve_model("moonshotai/Kimi-K2-Instruct").name == "kimi-k2"
+    # a checkpoint re-published by another organisation keeps the name of the one it quantizes
+    assert resolve_model("nvidia/DeepSeek-R1-0528-FP4").name == "deepseek-v3"
     # a distill is its base model, not DeepSeek-V3
     assert resolve_model("deepseek-ai/DeepSeek-R1-Distill-Llama-70B").name == "llama-3.1-70b"
 

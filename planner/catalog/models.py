@@ -597,10 +597,11 @@ def model_catalog() -> Catalog[ModelSpec]:
         specs.append(ModelSpec(**entry))
 
     def keys(spec: ModelSpec) -> list[str]:
-        found = [spec.name, *spec.aliases]
-        if spec.hf_id:
-            found += [spec.hf_id, spec.hf_id.split("/")[-1]]
-        return found
+        # every Hugging Face id also by its name without the organisation (a re-published checkpoint,
+        # nvidia/DeepSeek-R1-0528-FP4, keeps the name of the one it quantizes)
+        ids = [spec.hf_id] if spec.hf_id else []
+        ids += [alias for alias in spec.aliases if "/" in alias]
+        return list(dict.fromkeys([spec.name, *spec.aliases, *ids, *(i.split("/")[-1] for i in ids)]))
 
     return Catalog("model", specs, keys=keys)
 
