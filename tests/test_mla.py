@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from engine.deployment import Deployment
 from planner.catalog import mla, resolve_model
 from planner.catalog.models import ModelSpec
 from planner.catalog.quantization import catalog_checkpoint_format
@@ -11,6 +12,7 @@ from planner.cost.measured import MeasuredCostModel
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.deploy.memory import plan_memory
+from planner.deploy.speculation import proposer_model
 from planner.errors import PlannerError
 
 # DeepSeek-V2-Lite's config.json: no q compression (q_lora_rank null), two shared experts, one dense layer
@@ -137,3 +139,14 @@ def test_fp8_checkpoint_and_fp8_kv():
 def test_one_layer_spec_is_consistent():
     m = dataclasses.replace(resolve_model("kimi-k2"), num_layers=1, dense_layers=0)
     assert m.moe_layers == 1 and m.kv_bytes_per_token(2) == 576 * 2
+
+
+def test_speculative_heads_of_deepseek():
+    """DeepSeek's MTP head is one of its MoE layers (latent attention, routed and shared experts); an EAGLE
+    head is a plain Llama layer of the target's width, with no latent or experts."""
+    target = resolve_model("deepseek-v3")
+    mtp, shares = proposer_model(Deployment(model="deepseek-v3", speculative="mtp:1"), target)
+    assert shares and mtp.num_layers == 1 and mtp.moe_layers == 1 and mtp.is_mla and mtp.shared_experts == 1
+    eagle, _ = proposer_model(Deployment(model="deepseek-v3", speculative="eagle:2"), target)
+    assert not eagle.is_mla and not eagle.is_moe and eagle.head_size == 7168 // 128
+    assert eagle.kv_bytes_per_token(2) == 2 * 128 * 56 * 2

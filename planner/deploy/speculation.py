@@ -187,11 +187,13 @@ def proposer_model(deployment: Deployment, target: ModelSpec) -> tuple[ModelSpec
         return catalog_model(deployment.draft_model), False
     if method not in ("eagle", "mtp"):
         return None
+    # an MTP head is one of the target's MoE layers (DeepSeek's: latent attention, routed and shared experts)
     head = replace(target, name=f"{target.name} {method} head", num_layers=1, hf_id=None, aliases=(),
-                   published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0)
+                   published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0,
+                   dense_layers=0)
     if method == "eagle":                  # a Llama decoder layer, whatever the target
+        head_size = target.head_size if not target.is_mla else target.hidden_size // target.num_heads
         head = replace(head, model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
-                       dense_layers=0, attention_sinks=False, checkpoint_quantization=None)
-    elif target.is_moe:
-        head = replace(head, dense_layers=0)
+                       shared_experts=0, kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0,
+                       head_size=head_size, attention_sinks=False, checkpoint_quantization=None)
     return head, True
