@@ -153,10 +153,18 @@ class ModelSpec:
 
     @property
     def attention_flops_per_key(self) -> int:
-        """FLOPs one query token spends per key it attends to in one layer, all heads: QK^T and PV
-        (MLA: its decode path, planner/catalog/mla.py)."""
+        """FLOPs one decoding query spends per key it attends to in one layer, all heads: QK^T and PV
+        (MLA: its absorbed decode path, planner/catalog/mla.py)."""
         if self.is_mla:
             return self.num_heads * mla.decode_flops_per_key(self)
+        return 4 * self.q_size
+
+    @property
+    def prefill_flops_per_pair(self) -> int:
+        """FLOPs one prompt token spends per (query, key) pair in one layer, all heads (MLA: K and V
+        expanded per head; otherwise the decode figure)."""
+        if self.is_mla:
+            return self.num_heads * mla.prefill_flops_per_pair(self)
         return 4 * self.q_size
 
     @property
@@ -389,6 +397,12 @@ class ModelSpec:
         rest = sharded - (self.dense_linear_params - replicated_linear)
         return (self.linear_bytes_per_gpu(weight_format, tp)
                 + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes + experts_here)
+
+    def linear_params_per_gpu(self, tp: int = 1) -> float:
+        """The layers' dense linear weights one of `tp` GPUs holds and multiplies: a 1/tp share of each,
+        MLA's down-projections whole (vLLM replicates them)."""
+        whole = self.num_layers * self.replicated_linear_params_per_layer
+        return (self.dense_linear_params - whole) / tp + whole
 
     def linear_bytes_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
         """The layers' dense linear weights (attention, dense MLPs, shared experts) in `weight_format` on one of

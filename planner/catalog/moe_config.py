@@ -47,8 +47,16 @@ def _dense_layers(get: Callable[..., Any], layers: int) -> int:
 
 def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
     """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
-    if model_type in DEEPSEEK_TYPES:
-        return _deepseek_fields(get, model_type, name)
+    fields = _deepseek_fields(get, model_type, name) if model_type in DEEPSEEK_TYPES else \
+        _routed_fields(get, model_type, name)
+    scheme = checkpoint_scheme(get("quantization_config"))
+    if scheme is not None:
+        fields["checkpoint_quantization"] = scheme
+    return fields
+
+
+def _routed_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """The four architectures without shared experts or latent attention (the table above)."""
     if any(get(key) for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts",
                                 "shared_intermediate_size")):
         raise PlannerError(f"{name}: shared experts are not modelled (qwen3_moe, mixtral, gpt_oss and minimax_m2 "
@@ -81,19 +89,17 @@ def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str,
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"),
                       sliding_layers=sliding if get("sliding_window") else 0, attention_sinks=True)
-    scheme = checkpoint_scheme(get("quantization_config"))
-    if scheme is not None:
-        fields["checkpoint_quantization"] = scheme
     return fields
 
 
 def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3 and Kimi-K2: shared experts, leading dense layers and latent attention (above)."""
     layers, rope_dims = get("num_hidden_layers"), get("qk_rope_head_dim")
     first_dense, freq = get("first_k_dense_replace") or 0, get("moe_layer_freq") or 1
     moe = sum(1 for layer in range(layers) if layer >= first_dense and layer % freq == 0)
     rope = get("rope_parameters") or get("rope_scaling") or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
-    fields: dict[str, Any] = dict(
+    return dict(
         name=name, model_type=model_type, num_layers=layers, hidden_size=get("hidden_size"),
         num_heads=get("num_attention_heads"), num_kv_heads=get("num_attention_heads"),
         head_size=(get("qk_nope_head_dim") or 0) + (rope_dims or 0), intermediate_size=get("intermediate_size"),
@@ -104,10 +110,6 @@ def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dic
         dense_layers=layers - moe, shared_experts=get("n_shared_experts") or 0,
         kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, qk_rope_head_dim=rope_dims,
         v_head_dim=get("v_head_dim"))
-    scheme = checkpoint_scheme(get("quantization_config"))
-    if scheme is not None:
-        fields["checkpoint_quantization"] = scheme
-    return fields
 
 
 def moe_hf_config(spec, common: dict[str, Any]):

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.moe import MoeParallel, dispatch_bytes, expert_flops, moe_work
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
-from planner.catalog import GpuSpec, ModelSpec, mla, resolve_gpu, resolve_model
+from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
@@ -104,20 +104,13 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
                    weight_format: WeightFormat | None) -> tuple[float, float, str]:
     """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision);
     a MoE's experts and routers are priced apart (RooflineCostModel.moe_time)."""
-    params = linear_params_per_gpu(model, tp)
+    params = model.linear_params_per_gpu(tp)
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
     nbytes = model.linear_bytes_per_gpu(weight_format, tp)
     precision = gemm_path(weight_format, gpu).precision
     peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
     return nbytes, peak, precision
-
-
-def linear_params_per_gpu(model: ModelSpec, tp: int) -> float:
-    """The layers' dense linear weights one of `tp` GPUs holds and multiplies: a 1/tp share, MLA's
-    down-projections whole (vLLM replicates them)."""
-    whole = model.num_layers * model.replicated_linear_params_per_layer
-    return (model.dense_linear_params - whole) / tp + whole
 
 
 def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,
@@ -155,22 +148,19 @@ class RooflineCostModel:
         flops = gpu.peak_flops(dtype_bytes) * efficiency.compute        # achievable FLOP/s
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
-        heads = model.num_heads // tp
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
         kv_bytes_per_token = layers * model.kv_cache_width(tp) * kv_dtype_bytes
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
-        linear_params = linear_params_per_gpu(model, tp)
+        linear_params = model.linear_params_per_gpu(tp)
         head_params = vocab * hidden / tp
 
         self._linear_weights = linear_bytes / bw                           # s, once per step
         self._linear_per_token = 2 * linear_params / (linear_peak * efficiency.compute)   # s per token
         self._head_weights = head_params * dtype_bytes / bw
         self._head_per_seq = 2 * head_params / flops
-        attn_flops_per_pair = 4 * model.head_size * heads * layers        # QK^T and PV, all layers
-        decode_flops_per_key = attn_flops_per_pair
-        if model.is_mla:
-            attn_flops_per_pair = mla.prefill_flops_per_pair(model) * heads * layers
-            decode_flops_per_key = mla.decode_flops_per_key(model) * heads * layers
+        # QK^T and PV of this GPU's heads, all layers (MLA: planner/catalog/mla.py)
+        attn_flops_per_pair = model.prefill_flops_per_pair // tp * layers
+        decode_flops_per_key = model.attention_flops_per_key // tp * layers
         self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
         self._decode_per_key = max(kv_bytes_per_token / bw, decode_flops_per_key / flops)
