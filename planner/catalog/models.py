@@ -98,6 +98,11 @@ class ModelSpec:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Attention switches a config sets where its architecture leaves them open (GLM-4.5: attention_bias, q/k
+    # norms only on the 355B model, rotary on half of each head). partial_rotary_dims 0: the whole head rotates.
+    attention_bias: bool = False
+    use_qk_norm: bool = False
+    partial_rotary_dims: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -126,6 +131,9 @@ class ModelSpec:
             raise PlannerError(f"model {self.name!r}: latent attention needs 0 < qk_rope_head_dim "
                                f"({self.qk_rope_head_dim}) < head_size ({self.head_size}) and a positive "
                                f"v_head_dim ({self.v_head_dim})")
+        if not 0 <= self.partial_rotary_dims <= self.head_size or self.partial_rotary_dims % 2:
+            raise PlannerError(f"model {self.name!r}: partial_rotary_dims must be an even count of at most "
+                               f"head_size ({self.head_size}) dims, got {self.partial_rotary_dims!r}")
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")
@@ -166,6 +174,16 @@ class ModelSpec:
         if self.is_mla:
             return self.num_heads * mla.prefill_flops_per_pair(self)
         return 4 * self.q_size
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dims of each q/k head that rotary embedding rotates (MLA: its one rotary key's; 0: none, learned
+        positions)."""
+        if self.is_gpt_like:
+            return 0
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return self.partial_rotary_dims or self.head_size
 
     @property
     def is_gpt_like(self) -> bool:
@@ -214,6 +232,8 @@ class ModelSpec:
         """How the model RMS-normalizes q and k before rotary: "per head" (Qwen3: one head_size weight each),
         "across heads" (MiniMax-M2: over all heads at once, so under TP vLLM all-reduces each token's
         variances), or None."""
+        if self.use_qk_norm:
+            return "per head"
         return {"qwen3": "per head", "qwen3_moe": "per head", "gemma3_text": "per head",
                 "minimax_m2": "across heads"}.get(self.model_type)
 
@@ -272,7 +292,8 @@ class ModelSpec:
             biases = self.q_size + 2 * self.kv_size + h + i + h
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
         qk_norms = {"per head": 2 * self.head_size, "across heads": self.q_size + self.kv_size}.get(self.qk_norm, 0)
-        qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" else 0   # Qwen2: biased q, k, v
+        # Qwen2 and a config's attention_bias (GLM-4.5): biased q, k, v
+        qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" or self.attention_bias else 0
         if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
         latent_norms = mla.norm_params(self) if self.is_mla else 0

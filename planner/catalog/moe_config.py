@@ -24,6 +24,13 @@ qk_nope_head_dim + qk_rope_head_dim q/k heads, v_head_dim v heads: planner/catal
 group-limited routing (n_group, topk_group) still spreads a batch's picks over all experts, so it is
 priced as top-k routing; the multi-token-prediction layer (num_nextn_predict_layers) is not loaded
 unless it drafts (vLLM's MTP speculation), so it is not counted.
+
+GLM-4.5, 4.6, 4.7 and GLM-4.5-Air (transformers' Glm4MoeConfig, model_type glm4_moe) keep DeepSeek-V3's
+expert layout (n_routed_experts, n_shared_experts, first_k_dense_replace, sigmoid group routing priced
+as top-k, an MTP layer not counted) with grouped-query attention: num_key_value_heads heads of head_dim,
+biased q/k/v (attention_bias), per-head q/k RMSNorms when use_qk_norm (the 355B models; not Air) and
+rotary on partial_rotary_factor of each head (0.5). transformers 5 moves the factor into rope_parameters;
+a config.json on the Hub has it at the top level.
 """
 from __future__ import annotations
 
@@ -35,7 +42,9 @@ from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
 DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
-MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *LLAMA4_TYPES)   # Llama 4: llama4_config
+GLM_TYPES = ("glm4_moe",)
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *GLM_TYPES,
+             *LLAMA4_TYPES)   # Llama 4: llama4_config
 
 
 def _dense_layers(get: Callable[..., Any], layers: int) -> int:
@@ -47,8 +56,12 @@ def _dense_layers(get: Callable[..., Any], layers: int) -> int:
 
 def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
     """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
-    fields = _deepseek_fields(get, model_type, name) if model_type in DEEPSEEK_TYPES else \
-        _routed_fields(get, model_type, name)
+    if model_type in DEEPSEEK_TYPES:
+        fields = _deepseek_fields(get, model_type, name)
+    elif model_type in GLM_TYPES:
+        fields = _glm_fields(get, model_type, name)
+    else:
+        fields = _routed_fields(get, model_type, name)
     scheme = checkpoint_scheme(get("quantization_config"))
     if scheme is not None:
         fields["checkpoint_quantization"] = scheme
@@ -92,24 +105,48 @@ def _routed_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[
     return fields
 
 
-def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
-    """DeepSeek-V2/V3 and Kimi-K2: shared experts, leading dense layers and latent attention (above)."""
-    layers, rope_dims = get("num_hidden_layers"), get("qk_rope_head_dim")
+def _shared_expert_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """DeepSeek-V3's expert layout, which GLM-4.5 keeps: routed and shared experts after
+    first_k_dense_replace dense layers (then every moe_layer_freq-th layer a MoE)."""
+    layers = get("num_hidden_layers")
     first_dense, freq = get("first_k_dense_replace") or 0, get("moe_layer_freq") or 1
     moe = sum(1 for layer in range(layers) if layer >= first_dense and layer % freq == 0)
     rope = get("rope_parameters") or get("rope_scaling") or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
     return dict(
         name=name, model_type=model_type, num_layers=layers, hidden_size=get("hidden_size"),
-        num_heads=get("num_attention_heads"), num_kv_heads=get("num_attention_heads"),
-        head_size=(get("qk_nope_head_dim") or 0) + (rope_dims or 0), intermediate_size=get("intermediate_size"),
+        num_heads=get("num_attention_heads"), intermediate_size=get("intermediate_size"),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings"),
         tie_word_embeddings=bool(get("tie_word_embeddings", False)), rope_theta=float(theta),
         norm_eps=get("rms_norm_eps", 1e-6), num_experts=get("n_routed_experts"),
         num_experts_per_tok=get("num_experts_per_tok"), moe_intermediate_size=get("moe_intermediate_size"),
-        dense_layers=layers - moe, shared_experts=get("n_shared_experts") or 0,
+        dense_layers=layers - moe, shared_experts=get("n_shared_experts") or 0)
+
+
+def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3 and Kimi-K2: shared experts, leading dense layers and latent attention (above)."""
+    rope_dims = get("qk_rope_head_dim")
+    return dict(
+        _shared_expert_fields(get, model_type, name), num_kv_heads=get("num_attention_heads"),
+        head_size=(get("qk_nope_head_dim") or 0) + (rope_dims or 0),
         kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, qk_rope_head_dim=rope_dims,
         v_head_dim=get("v_head_dim"))
+
+
+def _glm_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
+    """GLM-4.5/4.6/4.7: DeepSeek-V3's experts behind grouped-query attention (above)."""
+    fields = _shared_expert_fields(get, model_type, name)
+    heads = fields["num_heads"]          # hidden_size and heads are checked positive before this reads them
+    head_size = get("head_dim") or fields["hidden_size"] // heads
+    rope = get("rope_parameters") or {}
+    factor = (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) \
+        or get("partial_rotary_factor") or 1.0
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise PlannerError(f"model {name!r}: partial_rotary_factor must be in (0, 1], got {factor!r}")
+    rotary = int(head_size * factor) if factor < 1 and isinstance(head_size, int) else 0
+    return dict(fields, num_kv_heads=get("num_key_value_heads") or heads, head_size=head_size,
+                attention_bias=bool(get("attention_bias", False)), use_qk_norm=bool(get("use_qk_norm", False)),
+                partial_rotary_dims=rotary)
 
 
 def moe_hf_config(spec, common: dict[str, Any]):
@@ -143,6 +180,16 @@ def moe_hf_config(spec, common: dict[str, Any]):
             qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.head_size - spec.qk_rope_head_dim,
             v_head_dim=spec.v_head_dim, **experts, **{k: v for k, v in common.items() if k not in drop})
         config.architectures = ["DeepseekV3ForCausalLM"]
+    elif spec.model_type in GLM_TYPES:
+        rope = dict(common["rope_parameters"])
+        if spec.partial_rotary_dims:
+            rope["partial_rotary_factor"] = spec.partial_rotary_dims / spec.head_size
+        config = transformers.Glm4MoeConfig(
+            n_routed_experts=spec.num_experts, moe_intermediate_size=spec.moe_intermediate_size,
+            n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers, n_group=1, topk_group=1,
+            attention_bias=spec.attention_bias, use_qk_norm=spec.use_qk_norm, **experts,
+            **{**common, "rope_parameters": rope})
+        config.architectures = ["Glm4MoeForCausalLM"]
     else:
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
         # gpt-oss alternates sliding and full layers, sliding first, as the released configs list them

@@ -56,8 +56,8 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     h = model.hidden_size
     q_heads, kv_heads, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
     qk = (q_heads + kv_heads) * hd
-    if model.is_mla:
-        qk = (q_heads + 1) * model.qk_rope_head_dim          # rotary touches the rotary dims only
+    # rotary touches the rotary dims only (MLA: each head's and the one shared key's; GLM: half of each head)
+    rotated = ((q_heads + 1) if model.is_mla else (q_heads + kv_heads)) * model.rotary_dims
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     gemma = model.norms_per_layer == 4
@@ -70,7 +70,7 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     if model.is_mla:
         kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
     if not model.is_gpt_like:
-        kernels.append(Kernel("rotary embedding", 2 * qk * ACT_BYTES))
+        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES))
     kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes)))
     if gemma:
         kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))

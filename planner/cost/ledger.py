@@ -10,6 +10,9 @@ prints is what the simulator charges. Each term names its source:
 - `roofline`: bytes over the GPU's effective bandwidth plus a per-kernel floor
   (aiconfigurator's constant), for the memory-bound kernels no table covers,
   and the swap and copy-on-write traffic;
+- `scaled`: the roofline at the efficiency a table shows for the shapes NVIDIA
+  timed in the same format and split (a MoE's experts whose shape no table
+  holds, planner/cost/measured_moe.py);
 - `fitted`: a constant fitted to NVIDIA's measured end-to-end vLLM runs on
   H100 (aiconfigurator-core's systems/silicon_sample.csv), with its record in
   planner/data/measured_calibration.json (docs/calibration.md): vLLM's host
@@ -31,7 +34,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-SOURCES = ("table", "roofline", "fitted")
+SOURCES = ("table", "scaled", "roofline", "fitted")
 # The groups a term belongs to, in the order a step runs them (breakdown() sums by group).
 GROUPS = ("embedding", "gemm", "moe", "attention", "elementwise", "collective", "lm_head", "sampler", "host",
           "memory")

@@ -100,7 +100,7 @@ from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
-from planner.cost.measured_moe import MeasuredMoe
+from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel
 from planner.cost.window import windowed_prefill_pairs
 from planner.cost.shape import StepShape, context_bucket
@@ -120,7 +120,7 @@ SAMPLING_PASSES = 3
 SAMPLING_KERNELS = 4
 
 # The roofline model's planning efficiency for tensor-core math (planner/cost/roofline.py RooflineEfficiency),
-# for the compute side of a weight-only GEMM.
+# for the compute side of a weight-only GEMM and of what the tables never timed (MLA, an unmeasured MoE shape).
 WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.6
 
 # Two fp32 variances per token (q/k norms across heads), in the all-reduce table's 16-bit values.
@@ -198,7 +198,12 @@ class MeasuredCostModel:
         heads, kv, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
         self._heads, self._kv, self._hd = heads, kv, hd
         self._set_up_gemms(model, tp, weight_format)
-        self._moe = MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format) if model.is_moe else None
+        self._moe = (MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format,
+                                 self._expert_roofline(model, weight_format)) if model.is_moe else None)
+        if self._moe is not None and self._moe.efficiency is not None:
+            self.notes.append(f"{system}'s fused-MoE table has no rows for {model.name}'s experts: the roofline "
+                              f"prices them at the efficiency the table shows for its {len(self._moe.efficiency.timed)}"
+                              f" timed shapes in their format and split (planner/cost/measured_moe.py)")
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
@@ -235,6 +240,14 @@ class MeasuredCostModel:
         # weight-only GEMMs (Marlin) run 16-bit math: the spec sheet's bf16 peak at the roofline's efficiency
         self._flops_eff = spec["bfloat16_tc_flops"] * WEIGHT_ONLY_COMPUTE_EFFICIENCY
 
+    def _expert_roofline(self, model: ModelSpec, weight_format: WeightFormat | None) -> ExpertRoofline:
+        """The rates of a MoE's experts where the fused-MoE table has no rows for their shape: the format's
+        tensor-core peak (16-bit for a weight-only kernel, as the roofline's), the elementwise bandwidth."""
+        precision = gemm_path(weight_format, self.gpu).precision if weight_format is not None else "16-bit"
+        peak = {"fp8": self.gpu.fp8_flops, "fp4": self.gpu.fp4_flops}.get(precision) or self.gpu.peak_flops(2)
+        per_expert = model.expert_bytes(2, weight_format) / (model.moe_layers * model.num_experts)
+        return ExpertRoofline(peak * WEIGHT_ONLY_COMPUTE_EFFICIENCY, self._elementwise_bw, per_expert)
+
     def _host_constants(self) -> tuple[float, float, str]:
         """vLLM's host time per step and per scheduled sequence, and where it comes from."""
         if "host" in self.leave_out:
@@ -258,6 +271,7 @@ class MeasuredCostModel:
         if self._moe is not None:
             par = self._moe.par
             formats += f", moe {self._moe.dtype} dp{par.dp} ep{par.ep}" + (f" skew {par.skew:g}" if par.skew else "")
+            formats += " (experts: roofline x the table's efficiency)" if self._moe.efficiency is not None else ""
         return (f"measured({where}: {self.system} vllm {versions}, "
                 f"aiconfigurator-core {tables.source()['package_version']}{scaled}{formats})")
 

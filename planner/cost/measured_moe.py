@@ -27,18 +27,30 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   of a buffer moves half the bytes an all-reduce of it does, so the pair costs one
                   all-reduce of the gathered tokens x hidden, never below the smallest message's time.
 
-The table holds only the catalog's MoE shapes (scripts/extract_measured_tables.py); another shape, a
-format or a TP/EP split the system did not measure is a one-line error, and `auto` then prices the
-model with the roofline.
+The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
+Experts of a shape it never timed in any format or split (GLM-4.5's, a user's own config.json) are
+priced by the roofline (planner/cost/moe.py expert_roofline: the touched experts' FLOPs at the format's
+tensor-core peak x 0.6, or their weights at the bandwidth the elementwise kernels get, whichever binds,
+on top of the table's smallest time, the fused kernel's launch floor), times the efficiency the table
+shows for the same tokens, format and split: the geometric mean, over every shape timed there, of its
+time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (Triton's
+per-tensor FP8 MoE on Hopper runs 3-7x the roofline, a bf16 one about 1x). Leaving each timed shape out
+in turn and pricing it so comes within 13% of its own rows on average (bench/bench_moe_shapes.py). The
+ledger names the term's source `scaled`. A shape the table has, but not in this format or split, is a
+one-line error, and `auto` then prices the model with the roofline.
 """
 from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
 
 from planner.catalog import ModelSpec
 from planner.catalog.routing import experts_touched
 from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
 from planner.cost.ledger import Term
-from planner.cost.moe import MoeParallel
+from planner.cost.moe import MoeParallel, expert_roofline
 from planner.errors import PlannerError
 
 # The skew (power-law exponent) of each routing distribution NVIDIA measured.
@@ -56,19 +68,39 @@ def moe_dtype(fmt: WeightFormat | None) -> str:
     return names[fmt.scheme]
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertRoofline:
+    """The roofline's rates for a MoE's experts (planner/cost/moe.py expert_roofline), which price a shape the
+    table lacks."""
+
+    flops_rate: float           # FLOP/s: the experts' format's tensor-core peak at the roofline's efficiency
+    bandwidth: float            # B/s: what the elementwise kernels get from this GPU's memory
+    bytes_per_expert: float     # one of the model's experts' weights (scales and biases included) in its format
+
+
 class MeasuredMoe:
     """The MoE terms of one model on one system: curves over tokens, looked up once per token count."""
 
-    def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None) -> None:
+    def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
+                 roofline: ExpertRoofline | None = None) -> None:
         self.system, self.model, self.par = system, model, par
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
         self.dtype = moe_dtype(fmt)
-        key = (self.dtype, model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok,
-               model.num_experts, par.moe_tp, par.ep)
-        rows = [r for r in tables.load_rows(system, "moe")
-                if (r["moe_dtype"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"],
-                    r["moe_tp_size"], r["moe_ep_size"]) == key]
+        self.extrapolated = False
+        self._nccl = self._dispatch_curve() if par.dp > 1 else None
+        shape = (model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
+        split = (self.dtype, par.moe_tp, par.ep)
+        table = tables.load_rows(system, "moe")
+        self.efficiency = None
+        if roofline is not None and all(_shape(r) != shape for r in table):
+            # a shape NVIDIA never timed: the roofline at the efficiency of this split's timed shapes (above)
+            timed = sorted({_shape(r) for r in table if _split(r) == split})
+            if timed:
+                self.efficiency = _Efficiency(system, model, par, fmt, roofline, timed,
+                                              min(r["latency"] for r in table))
+                return
+        rows = [r for r in table if _shape(r) == shape and _split(r) == split]
         if not rows:
             raise PlannerError(f"{system} has no measured vLLM MoE rows for {model.name}'s experts "
                                f"({self.dtype}, hidden {model.hidden_size}, width {model.moe_intermediate_size}, "
@@ -80,8 +112,6 @@ class MeasuredMoe:
             if points:
                 self._curves[skew] = tables.Curve.of(tables.monotone(points, 1))
         self.skews = sorted(self._curves)
-        self.extrapolated = False
-        self._nccl = self._dispatch_curve() if par.dp > 1 else None
 
     def _dispatch_curve(self) -> tables.Curve:
         points = {r["message_size"]: r["latency"] for r in tables.load_rows(self.system, "allreduce")
@@ -92,6 +122,10 @@ class MeasuredMoe:
 
     def experts(self, tokens: int) -> float:
         """One layer's fused-MoE time when its experts see `tokens` tokens, at the routing skew."""
+        if self.efficiency is not None:
+            price, extrapolated = self.efficiency.price(tokens // self.par.dp)
+            self.extrapolated |= extrapolated
+            return price
         skew = self.par.skew
         below = max((s for s in self.skews if s <= skew), default=self.skews[0])
         above = min((s for s in self.skews if s >= skew), default=self.skews[-1])
@@ -132,11 +166,68 @@ class MeasuredMoe:
         terms = [Term("router GEMM", "moe", layers * router_gemm, "table",
                       f"{self.system} gemm, m={run} n={self.model.num_experts} k={self.model.hidden_size}, "
                       f"x{layers} layers", layers),
-                 Term("experts (fused MoE)", "moe", layers * self.experts(gathered), "table",
-                      f"{self.system} moe {self.dtype}, {gathered} tokens, top-{self.model.num_experts_per_tok} "
-                      f"of {self.model.num_experts}, {split}{skew}, x{layers} layers", layers)]
+                 self._experts_term(gathered, split, skew)]
         if par.dp > 1:
             terms.append(Term("MoE all-gather + reduce-scatter", "collective", layers * self.dispatch(run), "table",
                               f"{self.system} nccl on {par.dp} GPUs, {gathered} x {self.model.hidden_size} "
                               f"values (half an all-reduce each), x{layers} layers", 2 * layers))
         return terms
+
+    def _experts_term(self, gathered: int, split: str, skew: str) -> Term:
+        layers, m = self.model.moe_layers, self.model
+        what = f"{gathered} tokens, top-{m.num_experts_per_tok} of {m.num_experts}, {split}{skew}, x{layers} layers"
+        seconds = layers * self.experts(gathered)
+        if self.efficiency is None:
+            return Term("experts (fused MoE)", "moe", seconds, "table", f"{self.system} moe {self.dtype}, {what}",
+                        layers)
+        e = self.efficiency
+        return Term("experts (fused MoE)", "moe", seconds, "scaled",
+                    f"roofline x {e.at(gathered // self.par.dp):.2f}, the {self.system} moe {self.dtype} table's "
+                    f"efficiency over its {len(e.timed)} timed shapes, {what}", layers)
+
+
+def _shape(row: dict) -> tuple[int, int, int, int]:
+    return row["hidden_size"], row["inter_size"], row["topk"], row["num_experts"]
+
+
+def _split(row: dict) -> tuple[str, int, int]:
+    return row["moe_dtype"], row["moe_tp_size"], row["moe_ep_size"]
+
+
+class _Efficiency:
+    """Experts of a shape NVIDIA never timed: the launch floor plus the roofline (planner/cost/moe.py
+    expert_roofline), times the table's own efficiency at the same tokens, format and split, the geometric
+    mean over every shape it timed there of (its table time / its floor + roofline)."""
+
+    def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
+                 rates: ExpertRoofline, timed: list[tuple[int, int, int, int]], floor: float) -> None:
+        self.model, self.par, self.rates, self.timed, self.floor = model, par, rates, timed, floor
+        self._shapes = []                   # (a timed shape's MeasuredMoe, its ModelSpec, its bytes per expert)
+        for h, i, k, e in timed:
+            spec = dataclasses.replace(model, hidden_size=h, moe_intermediate_size=i, num_experts_per_tok=k,
+                                       num_experts=e)
+            per_expert = rates.bytes_per_expert * h * i / (model.hidden_size * model.moe_intermediate_size)
+            self._shapes.append((MeasuredMoe(system, spec, par, fmt), spec, per_expert))
+        self._cache: dict[int, tuple[float, bool]] = {}
+
+    def _bound(self, spec: ModelSpec, tokens: int, per_expert: float) -> float:
+        r = self.rates
+        return self.floor + expert_roofline(spec, self.par, tokens, r.flops_rate, r.bandwidth, per_expert)[0]
+
+    def at(self, tokens: int) -> float:
+        """The timed shapes' table over roofline when each dp replica runs `tokens` tokens."""
+        return self._at(tokens)[0]
+
+    def _at(self, tokens: int) -> tuple[float, bool]:
+        if tokens not in self._cache:
+            logs = []
+            for timed, spec, per_expert in self._shapes:
+                logs.append(math.log(timed.experts(tokens * self.par.dp) / self._bound(spec, tokens, per_expert)))
+            self._cache[tokens] = (math.exp(sum(logs) / len(logs)), any(t.extrapolated for t, _, _ in self._shapes))
+        return self._cache[tokens]
+
+    def price(self, tokens: int) -> tuple[float, bool]:
+        """One layer's experts (seconds) when each dp replica runs `tokens` tokens, and whether a table was
+        extrapolated."""
+        efficiency, extrapolated = self._at(tokens)
+        return self._bound(self.model, tokens, self.rates.bytes_per_expert) * efficiency, extrapolated

@@ -32,8 +32,8 @@ from planner.catalog import ModelSpec
 from planner.catalog.routing import experts_touched, inclusion, pair_share, popularity, rank_experts
 from planner.errors import PlannerError
 
-__all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "dispatch_bytes", "experts_touched", "inclusion",
-           "pair_share", "popularity", "rank_experts"]
+__all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "expert_roofline", "dispatch_bytes",
+           "experts_touched", "inclusion", "pair_share", "popularity", "rank_experts"]
 
 MAX_SKEW = 4.0
 
@@ -92,6 +92,15 @@ def moe_work(model: ModelSpec, par: MoeParallel, tokens: int) -> MoeWork:
 def expert_flops(model: ModelSpec, work: MoeWork) -> float:
     """FLOPs of the local experts: 2 per weight per pair over gate, up and down (2 T k 3 H I in all)."""
     return 2.0 * work.pairs * 3 * model.hidden_size * work.width
+
+
+def expert_roofline(model: ModelSpec, par: MoeParallel, tokens: int, flops_rate: float, bandwidth: float,
+                    bytes_per_expert: float) -> tuple[float, MoeWork]:
+    """One MoE layer's local experts at their bound (FLOPs at `flops_rate`, or the touched experts' weights
+    at `bandwidth`, whichever is slower) when each dp replica runs `tokens` tokens, and the work."""
+    work = moe_work(model, par, tokens)
+    nbytes = work.touched * bytes_per_expert * work.width / model.moe_intermediate_size
+    return max(expert_flops(model, work) / flops_rate, nbytes / bandwidth), work
 
 
 def dispatch_bytes(model: ModelSpec, par: MoeParallel, tokens: int, dtype_bytes: int = 2) -> float:

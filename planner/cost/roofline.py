@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
-from planner.cost.moe import MoeParallel, dispatch_bytes, expert_flops, moe_work
+from planner.cost.moe import MoeParallel, dispatch_bytes, expert_roofline
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path
@@ -225,9 +225,7 @@ class RooflineCostModel:
     def moe_parts(self, tokens: int) -> dict[str, float]:
         """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""
         model, par = self._moe, self._par
-        work = moe_work(model, par, tokens)
-        nbytes = work.touched * self._expert_bytes * work.width / model.moe_intermediate_size
-        experts = max(expert_flops(model, work) / self._expert_flops_rate, nbytes / self._bw)
+        experts, work = expert_roofline(model, par, tokens, self._expert_flops_rate, self._bw, self._expert_bytes)
         router_weights = model.hidden_size * model.num_experts
         router = max(2.0 * tokens * router_weights / self._flops16, router_weights * self._dtype_bytes / self._bw)
         dispatch = 0.0

@@ -95,8 +95,7 @@ def non_torch_bytes(tp: int = 1) -> int:
 
 def rotary_cache_bytes(model: ModelSpec, dtype_bytes: int = 2) -> int:
     """vLLM's precomputed rotary cos/sin table, [max_position, rotary dims], held beside the weights."""
-    rotary_dims = model.qk_rope_head_dim if model.is_mla else model.head_size
-    return 0 if model.is_gpt_like else model.max_position_embeddings * rotary_dims * dtype_bytes
+    return model.max_position_embeddings * model.rotary_dims * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
