@@ -117,3 +117,22 @@ def test_glm_plans_and_simulates_on_h200():
     simulation = Simulation.prepare(spec)
     assert "efficiency" in simulation.cost_model.name             # measured tables, not the roofline
     assert simulation.simulate().metrics.num_completed == 24
+
+
+def test_glm_flash_is_deepseek_v3s_architecture(tmp_path):
+    """GLM-4.7-Flash (glm4_moe_lite): latent attention and shared experts; the Hub's config.json says
+    first_k_dense_replace, transformers 5 writes mlp_layer_types, and both read to the catalog's count."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    entry = resolve_model("zai-org/GLM-4.7-Flash")
+    config = transformers.Glm4MoeLiteConfig()
+    with torch.device("meta"):
+        hf = transformers.Glm4MoeLiteForCausalLM(config)
+    written = config.to_dict()
+    hub = {k: v for k, v in written.items() if k != "mlp_layer_types"} | {"first_k_dense_replace": 1}
+    for i, fields in enumerate((written, hub)):
+        path = tmp_path / f"flash{i}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(fields))
+        assert resolve_model(str(path)).num_params == sum(p.numel() for p in hf.parameters()) == entry.num_params
+    assert entry.is_mla and entry.kv_bytes_per_token() == 47 * 576 * 2

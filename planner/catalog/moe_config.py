@@ -16,8 +16,9 @@ MixtralConfig, GptOssConfig, MiniMaxM2Config):
 None of the four has shared experts (an always-on expert beside the routed ones, as Qwen2-MoE
 and DeepSeek have); a config of theirs that declares them is refused rather than priced without them.
 
-DeepSeek-V2/V3/R1 and Kimi-K2 (transformers' DeepseekV2Config, DeepseekV3Config; Kimi-K2 ships
-DeepSeek-V3's architecture under model_type kimi_k2): n_routed_experts of moe_intermediate_size,
+DeepSeek-V2/V3/R1, Kimi-K2 and GLM-4.7-Flash (transformers' DeepseekV2Config, DeepseekV3Config; Kimi-K2
+and GLM-4.7-Flash ship DeepSeek-V3's architecture under model_type kimi_k2 and glm4_moe_lite, the latter's
+dense layers listed per layer in mlp_layer_types when transformers 5 writes it): n_routed_experts of moe_intermediate_size,
 num_experts_per_tok, n_shared_experts shared ones, the first first_k_dense_replace layers dense (then
 every moe_layer_freq-th layer a MoE), and multi-head latent attention (q_lora_rank, kv_lora_rank,
 qk_nope_head_dim + qk_rope_head_dim q/k heads, v_head_dim v heads: planner/catalog/mla.py). Their
@@ -41,7 +42,8 @@ from planner.catalog.llama4_config import LLAMA4_TYPES, llama4_hf_config
 from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
-DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
+# DeepSeek-V3's architecture, latent attention included, under other names: Kimi-K2, GLM-4.7-Flash
+DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite")
 GLM_TYPES = ("glm4_moe",)
 MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *GLM_TYPES,
              *LLAMA4_TYPES)   # Llama 4: llama4_config
@@ -111,6 +113,9 @@ def _shared_expert_fields(get: Callable[..., Any], model_type: str, name: str) -
     layers = get("num_hidden_layers")
     first_dense, freq = get("first_k_dense_replace") or 0, get("moe_layer_freq") or 1
     moe = sum(1 for layer in range(layers) if layer >= first_dense and layer % freq == 0)
+    kinds = get("mlp_layer_types")           # transformers 5 writes GLM-4.7-Flash's layout out per layer
+    if isinstance(kinds, list) and kinds:
+        moe = sum(1 for kind in kinds if kind == "sparse")
     rope = get("rope_parameters") or get("rope_scaling") or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
     return dict(
@@ -173,13 +178,19 @@ def moe_hf_config(spec, common: dict[str, Any]):
         config = llama4_hf_config(spec, common)
     elif spec.is_mla:
         drop = ("num_key_value_heads", "head_dim")     # MLA's heads come from the latent ranks below
-        config = transformers.DeepseekV3Config(
+        fields = dict(
             n_routed_experts=spec.num_experts, moe_intermediate_size=spec.moe_intermediate_size,
-            n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers, n_group=1, topk_group=1,
+            n_shared_experts=spec.shared_experts, n_group=1, topk_group=1,
             kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank or None,
             qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.head_size - spec.qk_rope_head_dim,
             v_head_dim=spec.v_head_dim, **experts, **{k: v for k, v in common.items() if k not in drop})
-        config.architectures = ["DeepseekV3ForCausalLM"]
+        if spec.model_type == "glm4_moe_lite":        # its dense layers listed per layer
+            kinds = ["dense"] * spec.dense_layers + ["sparse"] * spec.moe_layers
+            config = transformers.Glm4MoeLiteConfig(mlp_layer_types=kinds, **fields)
+            config.architectures = ["Glm4MoeLiteForCausalLM"]
+        else:
+            config = transformers.DeepseekV3Config(first_k_dense_replace=spec.dense_layers, **fields)
+            config.architectures = ["DeepseekV3ForCausalLM"]
     elif spec.model_type in GLM_TYPES:
         rope = dict(common["rope_parameters"])
         if spec.partial_rotary_dims:
