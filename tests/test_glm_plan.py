@@ -136,3 +136,18 @@ def test_glm_flash_is_deepseek_v3s_architecture(tmp_path):
         path.write_text(json.dumps(fields))
         assert resolve_model(str(path)).num_params == sum(p.numel() for p in hf.parameters()) == entry.num_params
     assert entry.is_mla and entry.kv_bytes_per_token() == 47 * 576 * 2
+
+
+def test_a_llama_like_config_reads_its_partial_rotary():
+    """Phi-4-mini's config rotates 3/4 of each 128-wide head: the rotary kernel and cos/sin cache cover 96
+    dims, whether the factor sits at the top level (the Hub) or in rope_parameters (transformers 5)."""
+    fields = dict(model_type="phi3", hidden_size=3072, num_hidden_layers=32, num_attention_heads=24,
+                  num_key_value_heads=8, intermediate_size=8192, vocab_size=200064, max_position_embeddings=131072,
+                  tie_word_embeddings=True)
+    for where in (dict(partial_rotary_factor=0.75),
+                  dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.75))):
+        spec = ModelSpec.from_hf_config(dict(fields, **where), name="phi-4-mini")
+        assert (spec.head_size, spec.rotary_dims) == (128, 96)
+        assert rotary_cache_bytes(spec) == 131072 * 96 * 2
+        assert spec.to_hf_config().rope_parameters["partial_rotary_factor"] == 0.75
+    assert ModelSpec.from_hf_config(fields, name="full").rotary_dims == 128

@@ -21,6 +21,7 @@ from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.quantization import WeightFormat
+from planner.catalog.rope import partial_rotary_dims
 from planner.errors import PlannerError
 
 # model_type -> how its layers are built. OPT and GPT-2 are the same decoder
@@ -515,6 +516,8 @@ class ModelSpec:
                 tie_word_embeddings=self.tie_word_embeddings,
                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta or 10000.0},
             )
+            if self.partial_rotary_dims:
+                common["rope_parameters"]["partial_rotary_factor"] = self.partial_rotary_dims / self.head_size
             if self.is_moe:
                 config = moe_hf_config(self, common)
             elif self.model_type in GEMMA_TYPES:
@@ -586,9 +589,10 @@ class ModelSpec:
             theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta")
             # Qwen3 configs carry a sliding_window that is off unless use_sliding_window is set
             window = get("sliding_window") if get("use_sliding_window", True) else None
+            head_size = get("head_dim") or hidden // heads
             return cls(name=name, model_type=model_type, num_layers=get("num_hidden_layers"), hidden_size=hidden,
                        num_heads=heads, num_kv_heads=get("num_key_value_heads") or heads,
-                       head_size=get("head_dim") or hidden // heads,
+                       head_size=head_size, partial_rotary_dims=partial_rotary_dims(get, head_size, name),
                        intermediate_size=get("intermediate_size"), vocab_size=get("vocab_size"),
                        max_position_embeddings=get("max_position_embeddings"),
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),

@@ -40,6 +40,7 @@ from typing import Any
 
 from planner.catalog.llama4_config import LLAMA4_TYPES, llama4_hf_config
 from planner.catalog.quantization import checkpoint_scheme
+from planner.catalog.rope import partial_rotary_dims
 from planner.errors import PlannerError
 
 # DeepSeek-V3's architecture, latent attention included, under other names: Kimi-K2, GLM-4.7-Flash
@@ -143,15 +144,9 @@ def _glm_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str
     fields = _shared_expert_fields(get, model_type, name)
     heads = fields["num_heads"]          # hidden_size and heads are checked positive before this reads them
     head_size = get("head_dim") or fields["hidden_size"] // heads
-    rope = get("rope_parameters") or {}
-    factor = (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) \
-        or get("partial_rotary_factor") or 1.0
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise PlannerError(f"model {name!r}: partial_rotary_factor must be in (0, 1], got {factor!r}")
-    rotary = int(head_size * factor) if factor < 1 and isinstance(head_size, int) else 0
     return dict(fields, num_kv_heads=get("num_key_value_heads") or heads, head_size=head_size,
                 attention_bias=bool(get("attention_bias", False)), use_qk_norm=bool(get("use_qk_norm", False)),
-                partial_rotary_dims=rotary)
+                partial_rotary_dims=partial_rotary_dims(get, head_size, name))
 
 
 def moe_hf_config(spec, common: dict[str, Any]):
@@ -192,14 +187,10 @@ def moe_hf_config(spec, common: dict[str, Any]):
             config = transformers.DeepseekV3Config(first_k_dense_replace=spec.dense_layers, **fields)
             config.architectures = ["DeepseekV3ForCausalLM"]
     elif spec.model_type in GLM_TYPES:
-        rope = dict(common["rope_parameters"])
-        if spec.partial_rotary_dims:
-            rope["partial_rotary_factor"] = spec.partial_rotary_dims / spec.head_size
         config = transformers.Glm4MoeConfig(
             n_routed_experts=spec.num_experts, moe_intermediate_size=spec.moe_intermediate_size,
             n_shared_experts=spec.shared_experts, first_k_dense_replace=spec.dense_layers, n_group=1, topk_group=1,
-            attention_bias=spec.attention_bias, use_qk_norm=spec.use_qk_norm, **experts,
-            **{**common, "rope_parameters": rope})
+            attention_bias=spec.attention_bias, use_qk_norm=spec.use_qk_norm, **experts, **common)
         config.architectures = ["Glm4MoeForCausalLM"]
     else:
         common = {**common, "intermediate_size": spec.moe_intermediate_size}
