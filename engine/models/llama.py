@@ -112,8 +112,10 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM with paged attention."""
 
-    # The RoPE variants this architecture accepts (engine.models.rotary).
+    # The RoPE variants this architecture accepts (engine.models.rotary), and whether it turns only part of
+    # each head when a config asks.
     rope_types = BASIC_ROPE_TYPES
+    partial_rotary = False
 
     def __init__(self, config):
         super().__init__()
@@ -124,7 +126,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # One cos/sin table for all layers: at 128k positions it is ~128 MiB.
         self.rotary = RotaryEmbedding(head_size_of(config), config.max_position_embeddings, rope_parameters(config),
-                                      self.rope_types)
+                                      self.rope_types, self.partial_rotary)
         self.layers = nn.ModuleList(
             self.decoder_layer(config, qkv_bias, o_bias, i) for i in range(config.num_hidden_layers)
         )

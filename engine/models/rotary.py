@@ -18,6 +18,8 @@ from engine.models.errors import UnsupportedModelError
 # (tests/test_models_moe.py); the others keep refusing it.
 BASIC_ROPE_TYPES = ("default", "linear", "llama3")
 YARN_ROPE_TYPES = BASIC_ROPE_TYPES + ("yarn",)
+# Phi-3's and Phi-4's LongRoPE (checked against transformers in tests/test_phi3_rope.py).
+PHI3_ROPE_TYPES = BASIC_ROPE_TYPES + ("longrope",)
 
 
 def rope_parameters(config) -> dict:
@@ -34,7 +36,31 @@ def rope_parameters(config) -> dict:
         params = dict(getattr(config, "rope_scaling", None) or {})
         params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    for key, default in (("partial_rotary_factor", 1.0), ("original_max_position_embeddings", None)):
+        if params.get(key) is None and getattr(config, key, None) is not None:
+            params[key] = getattr(config, key)
+        params.setdefault(key, default)
     return params
+
+
+def longrope_inv_freq(dim: int, params: dict, max_position: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """LongRoPE's short and long frequencies and its attention factor (Phi-3's 128k variants, Phi-4-mini).
+
+    Each frequency is divided by a per-dimension factor, the short ones within the pretraining length
+    (original_max_position_embeddings), the long ones past it; cos and sin are scaled by
+    sqrt(1 + ln(s) / ln(original)), s = max_position / original, unless the config gives the factor.
+    """
+    old_len = params["original_max_position_embeddings"]
+    if not old_len:
+        raise UnsupportedModelError("longrope needs original_max_position_embeddings")
+    factor = params.get("factor") or max_position / old_len
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    short, long_ = (1.0 / (torch.tensor(params[key], dtype=torch.float32, device="cpu") * params["rope_theta"] ** exponents)
+                    for key in ("short_factor", "long_factor"))
+    return short, long_, float(attention_factor)
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
@@ -107,43 +133,52 @@ class RotaryEmbedding:
     buffer.
     """
 
-    def __init__(self, head_size: int, max_position: int, params: dict, rope_types: tuple = BASIC_ROPE_TYPES):
+    def __init__(self, head_size: int, max_position: int, params: dict, rope_types: tuple = BASIC_ROPE_TYPES,
+                 partial: bool = False):
+        """`partial`: the architecture turns only the first partial_rotary_factor of each head (Phi-3's
+        apply_rotary_pos_emb); the others refuse a config that asks for it."""
         rope_type = params["rope_type"]
         if rope_type not in rope_types:
             raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported ({', '.join(rope_types)} are)")
-        inv_freq = 1.0 / (
-            params["rope_theta"] ** (torch.arange(0, head_size, 2, dtype=torch.int64, device="cpu").float() / head_size)
-        )
-        attention_factor = 1.0
+        partial_factor = params.get("partial_rotary_factor", 1.0)
+        if partial_factor != 1.0 and not partial:
+            raise UnsupportedModelError("partial rotary embeddings are not supported by this architecture")
+        dim = int(head_size * partial_factor)          # the leading dims of each head that turn; the rest pass through
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+        attention_factor, long_freq = 1.0, None
         if rope_type == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, params)
         elif rope_type == "linear":
             inv_freq = inv_freq / params["factor"]
         elif rope_type == "yarn":
-            inv_freq, attention_factor = yarn_inv_freq(head_size, params, max_position)
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
+            inv_freq, attention_factor = yarn_inv_freq(dim, params, max_position)
+        elif rope_type == "longrope":
+            inv_freq, long_freq, attention_factor = longrope_inv_freq(dim, params, max_position)
         # Long-context checkpoints may run past max_position_embeddings of the
         # original model; the table covers the config's limit.
-        positions = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
-        freqs = torch.outer(positions, inv_freq)
-        angles = torch.cat([freqs, freqs], dim=-1)  # [max_position, head_size]
-        self.cos, self.sin = angles.cos(), angles.sin()
-        if attention_factor != 1.0:
-            self.cos, self.sin = self.cos * attention_factor, self.sin * attention_factor
+        self._tables = {"short": _cos_sin_table(inv_freq, max_position, attention_factor)}
+        # LongRoPE turns a step past the pretraining length with the long frequencies: transformers switches
+        # a whole forward pass once its last position reaches original_max_position_embeddings, and vLLM a
+        # whole batch (Phi3LongRoPEScaledRotaryEmbedding), so a step here switches when any of its tokens does
+        self._long_from = None
+        if long_freq is not None:
+            self._tables["long"] = _cos_sin_table(long_freq, max_position, attention_factor)
+            self._long_from = params["original_max_position_embeddings"]
 
-    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cos.device != device:
-            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
-        return self.cos, self.sin
+    def _table(self, which: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._tables[which]
+        if cos.device != device:
+            cos, sin = self._tables[which] = cos.to(device), sin.to(device)
+        return cos, sin
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, d] of each token's position, in ``dtype``.
+        """cos and sin [T, 1, rotary dims] of each token's position, in ``dtype``.
 
         Computed once per step and shared by every layer: the positions are
         the same in all of them.
         """
-        cos, sin = self._table(positions.device)
+        long_ = self._long_from is not None and int(positions.max()) >= self._long_from
+        cos, sin = self._table("long" if long_ else "short", positions.device)
         return cos[positions].unsqueeze(1).to(dtype), sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod
@@ -157,6 +192,19 @@ class RotaryEmbedding:
         return self.apply(self.cos_sin(positions, query.dtype), query, key)
 
 
+def _cos_sin_table(inv_freq: torch.Tensor, max_position: int, attention_factor: float):
+    positions = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
+    freqs = torch.outer(positions, inv_freq)
+    angles = torch.cat([freqs, freqs], dim=-1)  # [max_position, rotary dims]
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    turned = cos.shape[-1]
+    if turned != x.shape[-1]:                   # partial rotary: the dims past the table pass through
+        return torch.cat([_rotate(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -97,8 +97,13 @@ def _routed_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"))
     elif model_type == "minimax_m2":
+        # its config.json names the turning dims (rotary_dim 64 of 128); transformers 5 writes a factor
+        turned = get("rotary_dim")
+        head = fields["head_size"]
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
-                      intermediate_size=get("intermediate_size"))
+                      intermediate_size=get("intermediate_size"),
+                      partial_rotary_dims=turned if isinstance(turned, int) and isinstance(head, int) and
+                      0 < turned < head else partial_rotary_dims(get, head, name))
     else:
         types = list(get("layer_types") or [])
         sliding = sum(1 for t in types if t == "sliding_attention")
