@@ -8,6 +8,7 @@ in planner/data/models.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from planner.catalog.base import Catalog
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
+from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.rope import partial_rotary_dims
 from planner.errors import PlannerError
@@ -576,6 +578,9 @@ class ModelSpec:
                        intermediate_size=get("ffn_dim"), vocab_size=get("vocab_size"),
                        max_position_embeddings=get("max_position_embeddings"),
                        tie_word_embeddings=bool(get("tie_word_embeddings", True)))
+        if model_type in MULTIMODAL_TYPES and isinstance(config, dict):
+            text, vision = multimodal_parts(config, name)
+            return dataclasses.replace(cls.from_hf_config(text, name), vision_params=vision)
         if model_type in LLAMA4_CONFIG_TYPES:
             return cls(**llama4_fields(config, name))
         if model_type in MOE_TYPES:
@@ -598,7 +603,8 @@ class ModelSpec:
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
                        rope_theta=float(theta or get("rope_theta") or 10000.0),
                        norm_eps=get("rms_norm_eps", 1e-6), sliding_window=window)
-        raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(KNOWN_TYPES)}")
+        known = dict.fromkeys([*KNOWN_TYPES, *GEMMA_CONFIG_TYPES, *LLAMA4_CONFIG_TYPES, *MULTIMODAL_TYPES])
+        raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(known)}")
 
     @classmethod
     def from_model_dir(cls, path: str | os.PathLike) -> "ModelSpec":
