@@ -5,8 +5,10 @@ in that step gets a 500 naming the internal error; a stream decoding in other st
 /metrics counts the failure and /health says what is true.
 
 A fleet's replica that freezes with its port open (SIGSTOP) is found by the proxy's health watcher: new
-requests pass it over, those waiting on it get a 502 naming it, its streams end with an error event, and it
-is routed to again once it answers (fake replicas, which start in a second; one real fleet, slow).
+requests pass it over, those waiting on it go to another replica, its streams end with an error event, and
+it is routed to again once it answers (fake replicas, which start in a second; one real fleet, slow). A
+replica that refuses, or is killed before it answers, has its requests sent to another too; once an answer
+has begun, or when the replica answered an error, nothing is sent again.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typer.testing import CliRunner
 
 from engine.core.routing import parse_policy
 from engine.entrypoints.openai.server import BackgroundServer, free_port
+from engine.entrypoints.router import launch
 from engine.entrypoints.router.launch import BackgroundFleet
 from engine.entrypoints.router.proxy import Proxy, build_proxy_app
 from engine.llm_engine import LLMEngine
@@ -172,7 +175,8 @@ def test_small_cache_requests_are_served_whole_or_refused_never_cut_short(tmp_pa
 # -- a replica that freezes ----------------------------------------------------------------------------
 
 # A stand-in replica: /health, an empty /metrics, and completions that answer after `wait` seconds, or
-# stream `events` events `wait` seconds apart; its process can be frozen with SIGSTOP.
+# stream `events` events `wait` seconds apart (`wait` may be {"<replica index>": seconds}: only those wait),
+# or answer `status` with an error naming the replica; its process can be frozen with SIGSTOP.
 FAKE_REPLICA = """
 import asyncio, json, sys
 import uvicorn
@@ -190,13 +194,17 @@ async def metrics(request):
 
 async def complete(request):
     body = await request.json()
+    wait = body.get("wait", 0)
+    wait = wait.get(str(INDEX), 0) if isinstance(wait, dict) else wait
+    if "status" in body:
+        return JSONResponse({"error": {"message": f"replica {INDEX} says no"}}, status_code=body["status"])
     if not body.get("stream"):
-        await asyncio.sleep(body.get("wait", 0))
+        await asyncio.sleep(wait)
         return JSONResponse({"replica": INDEX})
     async def events():
         for i in range(body.get("events", 1)):
             yield "data: " + json.dumps({"replica": INDEX, "event": i}) + "\\n\\n"
-            await asyncio.sleep(body.get("wait", 0))
+            await asyncio.sleep(wait)
         yield "data: [DONE]\\n\\n"
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -207,12 +215,14 @@ uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning")
 
 # Test probes: every 0.1 s, 1 s each, 2 missed in a row: a frozen replica is down ~2 s after it froze.
 PROBES = {"probe_period": 0.1, "probe_timeout": 1.0, "probe_failures": 2}
+# One probe at the start, then none for a minute: a killed replica stays up, so requests are still sent to it.
+NO_PROBES = {**PROBES, "probe_period": 60.0}
 
 
 class FakeFleet:
     """Fake replica processes behind a real proxy (with its health watcher) on a thread."""
 
-    def __init__(self, count: int, policy: str) -> None:
+    def __init__(self, count: int, policy: str, probes: dict = PROBES) -> None:
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []
         self.server = None
@@ -222,7 +232,7 @@ class FakeFleet:
                 self.processes.append(subprocess.Popen([sys.executable, "-c", FAKE_REPLICA, str(i), str(port)]))
                 self.urls.append(f"http://127.0.0.1:{port}")
             assert all(wait_until(lambda u=u: _answers(u + "/health"), 30) for u in self.urls)
-            self.proxy = Proxy(self.urls, parse_policy(policy), block_size=16, **PROBES)
+            self.proxy = Proxy(self.urls, parse_policy(policy), block_size=16, **probes)
             self.port = free_port()
             self.server = uvicorn.Server(uvicorn.Config(build_proxy_app(self.proxy), host="127.0.0.1",
                                                         port=self.port, log_level="warning", lifespan="on"))
@@ -242,6 +252,23 @@ class FakeFleet:
 
     def thaw(self, i: int) -> None:
         os.kill(self.processes[i].pid, signal.SIGCONT)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL: its port closes (requests waiting on it see the connection close, new ones are refused)."""
+        self.processes[i].kill()
+        self.processes[i].wait(10)
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=5).text
+
+    def in_flight(self) -> list[int]:
+        return [r.in_flight for r in self.proxy.replicas]
+
+    def retries(self) -> list[float]:
+        """planner:router_retries_total of each replica, as /metrics gives it ([] without the family)."""
+        text = self.metrics()
+        return [metric(text, "planner:router_retries_total", replica=str(i)) for i in range(len(self.urls))
+                if f'planner:router_retries_total{{replica="{i}"}}' in text]
 
     def stop(self) -> None:
         for p in self.processes:             # thawed first: a frozen one would neither drain nor die on SIGTERM
@@ -287,12 +314,12 @@ def stopped_answering(fleet: FakeFleet, i: int) -> str:
 
 
 @pytest.mark.parametrize("policy", ["round-robin", "least-kv"])
-def test_a_frozen_replica_is_passed_over_its_waiting_request_gets_a_502_and_it_comes_back(policy):
+def test_a_frozen_replica_is_passed_over_its_waiting_request_goes_to_another_and_it_comes_back(policy):
     with FakeFleet(2, policy) as fleet:
         url = f"{fleet.url}/v1/completions"
         assert httpx.post(url, json={}, timeout=10).json() == {"replica": 0}
         waiting: list = []
-        waiter = post_in_thread(url, {"wait": 60}, waiting)            # the next turn: replica 1
+        waiter = post_in_thread(url, {"wait": {"1": 60}}, waiting)     # the next turn: replica 1
         assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
         fleet.freeze(1)
         early: list = []                # sent while replica 1 is frozen but not yet marked down
@@ -301,7 +328,8 @@ def test_a_frozen_replica_is_passed_over_its_waiting_request_gets_a_502_and_it_c
         assert len(waiting) == 2, "the request waiting on the frozen replica was not answered in 20 s"
         answer, took = waiting
         assert isinstance(answer, httpx.Response), answer
-        assert answer.status_code == 502 and answer.json()["error"]["message"] == stopped_answering(fleet, 1)
+        # Nothing of replica 1's answer had come: once it is marked down, replica 0 serves the request.
+        assert answer.status_code == 200 and answer.json() == {"replica": 0}
         assert took < 10                # ~2 s: 2 probes of 1 s missed, 0.1 s apart
         assert isinstance(early[0], httpx.Response) and early[0].json() == {"replica": 0}, early
         assert early[1] < 10
@@ -317,6 +345,8 @@ def test_a_frozen_replica_is_passed_over_its_waiting_request_gets_a_502_and_it_c
         assert metric(text, "planner:router_replica_up", replica="0") == 1
         assert metric(text, "planner:router_replica_down_total", replica="1") == 1
         assert metric(text, "planner:router_failures_total", replica="1") == 1
+        assert metric(text, "planner:router_retries_total", replica="1") == 1
+        assert metric(text, "planner:router_retries_total", replica="0") == 0
         fleet.thaw(1)
         assert wait_until(lambda: _answers(f"{fleet.url}/health"), 10)
         back = [httpx.post(url, json={}, timeout=10).json()["replica"] for _ in range(4)]
@@ -360,10 +390,112 @@ def test_with_every_replica_frozen_a_request_gets_a_503_naming_each():
         assert message == f"no replica is up: {stopped_answering(fleet, 0)}; {stopped_answering(fleet, 1)}"
 
 
+# -- a replica that fails before it answers: the request goes to another -----------------------------
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-requests", "least-kv", "prefix-aware"])
+def test_a_replica_that_refuses_connections_has_its_requests_answered_by_another(policy):
+    with FakeFleet(2, policy, NO_PROBES) as fleet:
+        url = f"{fleet.url}/v1/completions"
+        fleet.kill(1)                   # a closed port; the watcher, not probing, still holds it up
+        answers: list = [[] for _ in range(6)]
+        threads = [post_in_thread(url, {"wait": 0.2}, into) for into in answers]   # at once: 0 is busy
+        for t in threads:
+            t.join(20)
+        assert [(a[0].status_code, a[0].json()) for a in answers] == [(200, {"replica": 0})] * 6
+        text = fleet.metrics()
+        retried = metric(text, "planner:router_retries_total", replica="1")
+        # Each pick of replica 1 was refused and sent on (least-requests picks it, idle, every time).
+        assert retried >= 1 and retried == metric(text, "planner:router_failures_total", replica="1")
+        assert metric(text, "planner:router_requests_total", replica="1") == retried
+        assert metric(text, "planner:router_requests_total", replica="0") == 6
+        assert metric(text, "planner:router_retries_total", replica="0") == 0
+        assert fleet.in_flight() == [0, 0]
+
+
+def test_a_replica_killed_while_a_request_waits_for_its_headers_has_it_answered_by_another():
+    with FakeFleet(2, "round-robin") as fleet:
+        url = f"{fleet.url}/v1/completions"
+        assert httpx.post(url, json={}, timeout=10).json() == {"replica": 0}
+        waiting: list = []
+        waiter = post_in_thread(url, {"wait": {"1": 60}}, waiting)     # the next turn: replica 1
+        assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
+        fleet.kill(1)                   # its connection closes before any header: no watcher needed
+        waiter.join(20)
+        answer, took = waiting
+        assert isinstance(answer, httpx.Response) and answer.status_code == 200, answer
+        assert answer.json() == {"replica": 0} and took < 5
+        text = fleet.metrics()
+        assert metric(text, "planner:router_retries_total", replica="1") == 1
+        assert metric(text, "planner:router_requests_total", replica="0") == 2
+        assert fleet.in_flight() == [0, 0]
+
+
+def test_a_stream_whose_replica_dies_after_its_first_chunk_is_not_sent_again():
+    with FakeFleet(2, "round-robin") as fleet:
+        url = f"{fleet.url}/v1/completions"
+        assert httpx.post(url, json={}, timeout=10).json() == {"replica": 0}
+        events: list[str] = []
+
+        def read():                     # every event as it comes
+            body = {"stream": True, "events": 400, "wait": 0.05}
+            with httpx.Client(timeout=30) as c, c.stream("POST", url, json=body) as r:
+                events.extend(line[6:] for line in r.iter_lines() if line.startswith("data: "))
+        reader = threading.Thread(target=read, daemon=True)          # replica 1's turn
+        reader.start()
+        assert wait_until(lambda: len(events) >= 2, 10)
+        fleet.kill(1)
+        reader.join(20)
+        assert not reader.is_alive()
+        # The client had replica 1's events: another replica's stream would repeat them, so it ends in error.
+        assert json.loads(events[0]) == {"replica": 1, "event": 0} and len(events) < 400
+        error = json.loads(events[-1])["error"]
+        assert error["code"] == 502 and error["message"].startswith(f"replica 1 ({fleet.urls[1]}) broke off")
+        assert not any(json.loads(e).get("replica") == 0 for e in events[:-1])
+        text = fleet.metrics()
+        assert metric(text, "planner:router_requests_total", replica="0") == 1
+        assert fleet.retries() == [0, 0]
+        assert wait_until(lambda: fleet.in_flight() == [0, 0], 5)
+
+
+def test_an_error_answer_from_a_replica_is_relayed_not_sent_again():
+    with FakeFleet(2, "round-robin") as fleet:
+        url = f"{fleet.url}/v1/completions"
+        answers = [httpx.post(url, json={"status": status}, timeout=10) for status in (400, 500, 503, 500)]
+        # The replica's own status and body: the request may be bad, or partly run.
+        assert [(a.status_code, a.json()["error"]["message"]) for a in answers] == [
+            (400, "replica 0 says no"), (500, "replica 1 says no"), (503, "replica 0 says no"),
+            (500, "replica 1 says no")]
+        stream = httpx.post(url, json={"status": 500, "stream": True}, timeout=10)
+        assert stream.status_code == 500 and stream.json()["error"]["message"] == "replica 0 says no"
+        text = fleet.metrics()
+        assert metric(text, "planner:router_requests_total") == 5
+        assert fleet.retries() == [0, 0]
+        assert metric(text, "planner:router_failures_total") == 0
+        assert fleet.in_flight() == [0, 0]
+
+
+def test_when_every_replica_fails_a_request_gets_one_502_naming_each():
+    with FakeFleet(2, "least-requests", NO_PROBES) as fleet:
+        fleet.kill(0)
+        fleet.kill(1)
+        answer = httpx.post(f"{fleet.url}/v1/completions", json={}, timeout=10)
+        assert answer.status_code == 502 and answer.json()["error"]["type"] == "BadGatewayError"
+        message = answer.json()["error"]["message"]
+        first, second = message.split("; ")        # the replica picked first, then the other: each once
+        assert first.startswith(f"replica 0 ({fleet.urls[0]}) did not answer: ConnectError")
+        assert second.startswith(f"replica 1 ({fleet.urls[1]}) did not answer: ConnectError")
+        assert "\n" not in message
+        text = fleet.metrics()
+        assert metric(text, "planner:router_retries_total", replica="0") == 1      # sent on to replica 1
+        assert metric(text, "planner:router_retries_total", replica="1") == 0      # no one left to send it to
+        assert metric(text, "planner:router_failures_total") == 2
+        assert fleet.in_flight() == [0, 0]
+
+
 @pytest.mark.slow
 def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
     """Two engine replicas behind the proxy with its production probe settings: one frozen while it
-    generates; its request gets the 502 and new requests go to the other once it is marked down."""
+    generates; once it is marked down its request is served by the other, and so are new requests."""
     folder = save_byte_model(tmp_path / "model")
     config = {"folder": folder, "deployment": {"block_size": 8}, "device": "cpu", "model_name": MODEL,
               "threads": 1, "kv_cache_memory_bytes": 1 << 22}
@@ -379,18 +511,45 @@ def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
             assert wait_until(lambda: fleet.proxy.replicas[1].in_flight == 1, 10)
             os.kill(frozen.pid, signal.SIGSTOP)
             frozen_at = time.monotonic()
+            assert wait_until(lambda: not fleet.proxy.replicas[1].up, 60)
+            down_after = time.monotonic() - frozen_at
             waiter.join(60)
             answer, took = waiting
-            assert answer.status_code == 502 and "stopped answering its health checks" in answer.text
-            down_after = time.monotonic() - frozen_at
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 100, answer
             served = [httpx.post(url, json={"prompt": "next", "max_tokens": 2}, timeout=60) for _ in range(4)]
             assert [s.status_code for s in served] == [200] * 4
             text = httpx.get(f"{fleet.url}/metrics", timeout=30).text
             assert metric(text, "planner:router_requests_total", replica="1") == 1
-            print(f"frozen replica: its request's 502 after {took:.1f} s; marked down {down_after:.1f} s after "
-                  f"the freeze")
+            assert metric(text, "planner:router_retries_total", replica="1") == 1
+            print(f"frozen replica: its request answered by the other after {took:.1f} s; marked down "
+                  f"{down_after:.1f} s after the freeze")
             assert down_after < 20
             os.kill(frozen.pid, signal.SIGCONT)
             assert wait_until(lambda: _answers(f"{fleet.url}/health"), 30)
         finally:
             os.kill(frozen.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "2", "--probe-timeout", "0"], "error: --probe-timeout must be positive, got 0.0"),
+    (["--replicas", "2", "--probe-interval", "-1"], "error: --probe-interval must be positive, got -1.0"),
+    (["--replicas", "2", "--probe-misses", "0"], "error: --probe-misses must be positive, got 0"),
+    (["--probe-misses", "3"], "error: --probe-misses sets the fleet proxy's health checks: give --replicas K too"),
+])
+def test_serve_refuses_bad_health_probe_settings_in_one_line(folder, flags, message):
+    from planner.cli.app import app
+    result = CliRunner().invoke(app, ["serve", "--model", folder, *flags])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [message]
+
+
+def test_serve_hands_the_health_probe_settings_to_the_fleet_proxy(folder, monkeypatch):
+    from planner.cli.app import app
+    got = {}
+    monkeypatch.setattr(launch, "serve_fleet", lambda *args, **kwargs: got.update(kwargs))
+    result = CliRunner().invoke(app, ["serve", "--model", folder, "--replicas", "2", "--probe-interval", "0.5",
+                                      "--probe-timeout", "1", "--probe-misses", "3"])
+    assert result.exit_code == 0, result.output
+    assert got["probes"] == {"probe_period": 0.5, "probe_timeout": 1.0, "probe_failures": 3}
+    proxy = launch.proxy_server(["http://127.0.0.1:1"], parse_policy("round-robin"), 16, "127.0.0.1", 0,
+                                probes=got["probes"]).config.app.state.proxy
+    assert (proxy.probe_period, proxy.probe_timeout, proxy.probe_failures) == (0.5, 1.0, 3)

@@ -31,6 +31,14 @@ FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
 FLEET_ROUTER = typer.Option(None, "--router", metavar="POLICY",
                             help="with --replicas: the proxy's policy, as simulate's (round-robin, least-requests, "
                                  "least-kv, prefix-aware, weighted:...)")
+# The proxy's health watcher (docs/fleets.md, Live fleet): unset, the proxy's defaults.
+PROBE_INTERVAL = typer.Option(None, "--probe-interval", metavar="SECONDS",
+                              help="with --replicas: seconds between health probes of a replica (default 2)")
+PROBE_TIMEOUT = typer.Option(None, "--probe-timeout", metavar="SECONDS",
+                             help="with --replicas: seconds a health probe waits for the answer (default 5)")
+PROBE_MISSES = typer.Option(None, "--probe-misses", metavar="N",
+                            help="with --replicas: health probes in a row without an answer that mark a replica "
+                                 "down (default 2)")
 
 
 @deployment_options
@@ -54,6 +62,8 @@ def serve(
     limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
                                                                "it answers 503 (default: no limit)"),
     replicas: Optional[int] = FLEET_REPLICAS, router: Optional[str] = FLEET_ROUTER,
+    probe_interval: Optional[float] = PROBE_INTERVAL, probe_timeout: Optional[float] = PROBE_TIMEOUT,
+    probe_misses: Optional[int] = PROBE_MISSES,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
     --model a local model folder, or a catalog model (random weights, byte-level tokenizer). With
@@ -81,9 +91,10 @@ def serve(
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
         resolve_device(device)                   # one this machine has, before anything loads
         policy = fleet_policy(replicas, router, deployment)
+        probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
         if replicas is not None:
             return _serve_fleet(deployment, replicas, policy, options, served_model_name, host, port, device,
-                                seed, log_level)
+                                seed, log_level, probes)
         typer.echo(f"loading {deployment.model} ...", err=True)
         started = time.perf_counter()
         folder, _ = model_folder(deployment.model)
@@ -119,8 +130,25 @@ def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
     return policy
 
 
+def fleet_probes(replicas: Optional[int], interval: Optional[float], timeout: Optional[float],
+                 misses: Optional[int]) -> dict:
+    """The health watcher's settings given (the proxy's keyword arguments), checked: one line for a bad one."""
+    given = {"probe_period": ("--probe-interval", interval), "probe_timeout": ("--probe-timeout", timeout),
+             "probe_failures": ("--probe-misses", misses)}
+    probes = {}
+    for key, (flag, value) in given.items():
+        if value is None:
+            continue
+        if replicas is None:
+            raise PlannerError(f"{flag} sets the fleet proxy's health checks: give --replicas K too")
+        if not (value > 0 and math.isfinite(value)):     # nan and inf too: a probe must end and come again
+            raise PlannerError(f"{flag} must be positive, got {value}")
+        probes[key] = value
+    return probes
+
+
 def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, host, port, device, seed,
-                 log_level) -> None:
+                 log_level, probes: dict) -> None:
     """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM."""
     from dataclasses import asdict
 
@@ -141,7 +169,7 @@ def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, 
     typer.echo(f"starting {replicas} replicas of {deployment.model} ...", err=True)
     try:
         serve_fleet([config] * replicas, policy, deployment.block_size, host, port, tokenizer=tokenizer,
-                    log_level=log_level, say=lambda text: typer.echo(text, err=True))
+                    log_level=log_level, say=lambda text: typer.echo(text, err=True), probes=probes)
     except RuntimeError as exc:
         raise fail(exc) from None
 

@@ -96,8 +96,10 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 
 
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
-                 tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY) -> uvicorn.Server:
-    proxy = Proxy(urls, policy, block_size, tokenizer)
+                 tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY,
+                 probes: dict | None = None) -> uvicorn.Server:
+    """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own."""
+    proxy = Proxy(urls, policy, block_size, tokenizer, **(probes or {}))
     config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="on", timeout_keep_alive=30)
     return uvicorn.Server(config)
@@ -109,7 +111,8 @@ def _max_body(configs: list[dict]) -> int:
 
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
-                tokenizer=None, log_dir: Path | None = None, log_level: str = "warning", say=print) -> None:
+                tokenizer=None, log_dir: Path | None = None, log_level: str = "warning", say=print,
+                probes: dict | None = None) -> None:
     """`planner serve --replicas K`: the replicas, then the proxy in the foreground until SIGTERM/SIGINT."""
     replicas = start_replicas(configs, log_dir)
     # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the signal again: this
@@ -120,7 +123,7 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                     _max_body(configs)).run()
+                     _max_body(configs), probes).run()
     except (Stopped, KeyboardInterrupt):
         pass
     finally:

@@ -3,21 +3,29 @@
 It is not a second scheduler: it picks a replica per request (engine/core/
 routing.py's policies, over what replicas.py reads), forwards the body
 unchanged and relays the answer, streamed or not, status and error body
-included (a bad request gets the replica's own 400). A replica that refuses
-the connection (stopped, crashed) never saw the request, so the next replica
-takes it; one that breaks off an answer is reported as a 502 naming it. A
-client that goes away has its request aborted on the replica (the connection
-to it is closed, as the replica does for its own clients). Bodies over the
-servers' --max-request-body-size get the 413 the replicas would give, before
-the proxy holds them.
+included (a bad request gets the replica's own 400, a replica's own 500 is
+relayed too: it answered, and may have run part of the request). A replica
+that fails before its answer's headers (it refuses the connection, resets or
+closes it, the connect times out, or the health watcher marks it down while
+the request waits) has sent the client nothing, so the same request goes to
+another replica up, picked by the same policy without the replicas that
+failed it (at most once per replica); only when none is left does the client
+get a 502 naming each. Once the answer has begun (a stream's headers and
+chunks go to the client as they come) it is never retried: a replica that
+breaks off is reported as a 502 naming it, or ends its stream with an error
+event. A client that goes away has its request aborted on the replica (the
+connection to it is closed, as the replica does for its own clients). Bodies
+over the servers' --max-request-body-size get the 413 the replicas would
+give, before the proxy holds them.
 
 A replica that hangs with its port open (SIGSTOP, a wedged GPU) still accepts
 connections, and a whole answer's headers come only with the answer, so no
 request timeout tells it from a long generation. A health watcher does: it
 probes each replica's /health every few seconds, and one that misses several
 probes in a row is marked down: picks pass it over (a 503 when none is up),
-the requests waiting on it get a 502 naming it, its streams end with an error
-event. One answered probe marks it up again.
+the requests waiting on its headers go to another replica (a 502 naming it
+when none is up), its streams end with an error event. One answered probe
+marks it up again.
 
 /health is 200 only when every replica's is; /metrics is the replicas'
 pages aggregated as Prometheus would (prometheus.py) plus the proxy's own
@@ -57,6 +65,14 @@ TIMEOUT = httpx.Timeout(None, connect=5.0)     # a generation may take as long a
 PROBE_PERIOD = 2.0        # seconds between the end of one probe of a replica and the next
 PROBE_TIMEOUT = 5.0       # seconds a probe waits for the answer
 PROBE_FAILURES = 2        # probes in a row without an answer that mark a replica down
+
+
+# Failures before the replica's answer's headers: it sent nothing, so the request may go to another replica.
+# A refused or timed-out connect never reached it; a reset or a close before the headers (a replica killed
+# mid-request: the kernel closes its sockets) or a write that fails means it died before answering. What it
+# ran of the request is lost with it, as the request would be.
+BEFORE_ANSWER = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
+                 httpx.RemoteProtocolError)
 
 
 class ReplicaLost(Exception):
@@ -105,14 +121,18 @@ class Proxy:
             return []
         return []
 
-    async def pick(self, body) -> Replica | None:
-        """The policy's replica for `body` among those up (None when none is)."""
-        await self.router.refresh(self.client)
+    async def pick(self, token_ids: list[int], failed: list[Replica] | tuple = ()) -> Replica | None:
+        """The policy's replica for a prompt among those up, but for the ones that `failed` it already (None
+        when none is left)."""
+        others = [r for r in self.replicas if r not in failed]
+        if not others:
+            return None
+        await self.router.refresh(self.client, others)
         # Read after the refresh: it may have waited on a replica until the watcher marked it down.
-        up = [r for r in self.replicas if r.up]
+        up = [r for r in others if r.up]
         if not up:
             return None
-        return self._sent_to(self.router.pick_among(up, self.token_ids(body), time.monotonic()))
+        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed)))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -127,12 +147,14 @@ class Proxy:
             body = None                          # the replica answers it with its own 400
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
-        replica = await self.pick(body)
+        token_ids = self.token_ids(body)
+        replica = await self.pick(token_ids)
         if replica is None:
             return error("no replica is up: " + "; ".join(_stopped_answering(r) for r in self.replicas), 503,
                          "ServiceUnavailableError")
         streamed = isinstance(body, dict) and bool(body.get("stream"))
-        exchange = asyncio.ensure_future(self._exchange(replica, request.url.path, raw, headers, streamed))
+        exchange = asyncio.ensure_future(self._exchange(replica, token_ids, request.url.path, raw, headers,
+                                                        streamed))
         leaving = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((exchange, leaving), return_when=asyncio.FIRST_COMPLETED)
@@ -145,39 +167,50 @@ class Proxy:
         exchange.cancel()
         return Response(status_code=CLIENT_LEFT)
 
-    async def _exchange(self, replica: Replica, path: str, raw: bytes, headers, streamed: bool) -> Response:
-        """Send the request to `replica` (to the next one while they refuse the connection) and relay the
-        answer: a stream as it comes, a whole answer once read."""
-        others = iter(self.replicas[replica.index + 1:] + self.replicas[:replica.index])
+    async def _exchange(self, replica: Replica, token_ids: list[int], path: str, raw: bytes, headers,
+                        streamed: bool) -> Response:
+        """Send the request to `replica` (to another while they fail before answering) and relay the answer:
+        a stream as it comes, a whole answer once read."""
+        failed: list[Replica] = []           # the replicas that failed this request before answering
+        reasons: list[str] = []
+        holding: Replica | None = replica    # whose in-flight count the request holds (none between tries)
         try:
             while True:
                 outgoing = self.client.build_request("POST", replica.url + path, content=raw, headers=headers)
                 try:
                     upstream = await _unless_lost(replica, self.client.send(outgoing, stream=True))
                     break
-                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:   # it never saw the request: the next may
-                    failure = self._failed(replica, exc)
-                except httpx.HTTPError as exc:
-                    return self._failed(replica, exc)
+                except BEFORE_ANSWER as exc:         # nothing reached the client: another replica may take it
+                    reasons.append(self._failed(replica, exc))
                 except ReplicaLost:
-                    return self._lost(replica)
-                replica = next((r for r in others if r.up), None)
+                    reasons.append(self._lost(replica))
+                except httpx.HTTPError as exc:       # not the replica's failing (a request httpx cannot send)
+                    holding = None
+                    return error("; ".join(reasons + [self._failed(replica, exc)]), 502)
+                holding = None                   # released above: a client leaving during the pick owes none
+                failed.append(replica)
+                replica = await self.pick(token_ids, failed)
                 if replica is None:
-                    return failure               # every replica up refused it
-                self._sent_to(replica)
+                    return error("; ".join(reasons), 502)    # every replica up failed it, each named
+                failed[-1].retried += 1
+                holding = replica
             if streamed and upstream.status_code == 200:
+                holding = None                   # the relay releases it when the stream ends
                 return StreamingResponse(self._relay(replica, upstream), status_code=200,
                                          headers=_passed(upstream.headers))
             try:
                 content = await _unless_lost(replica, upstream.aread())
-            except httpx.HTTPError as exc:
-                return self._failed(replica, exc)
+            except httpx.HTTPError as exc:       # it had answered (its headers came): never sent again
+                holding = None
+                return error(self._failed(replica, exc), 502)
             except ReplicaLost:
-                return self._lost(replica)
+                holding = None
+                return error(self._lost(replica), 502)
             finally:
                 await upstream.aclose()
         except asyncio.CancelledError:           # the client left: the request is no longer in flight
-            self._ended(replica)
+            if holding is not None:
+                self._ended(holding)
             raise
         self._ended(replica)
         return Response(content, status_code=upstream.status_code, headers=_passed(upstream.headers))
@@ -204,16 +237,17 @@ class Proxy:
         replica.in_flight -= 1
         replica.down = None
 
-    def _failed(self, replica: Replica, exc: Exception) -> JSONResponse:
+    def _failed(self, replica: Replica, exc: Exception) -> str:
+        """Release the request's count on a replica that did not answer it; why, in words."""
         replica.in_flight -= 1
         replica.failed += 1
         replica.down = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return error(f"{replica.name()} did not answer: {replica.down}", 502)
+        return f"{replica.name()} did not answer: {replica.down}"
 
-    def _lost(self, replica: Replica) -> JSONResponse:
+    def _lost(self, replica: Replica) -> str:
         replica.in_flight -= 1
         replica.failed += 1
-        return error(_stopped_answering(replica), 502)
+        return _stopped_answering(replica)
 
     # -- the health watcher ---------------------------------------------------------
     def watch(self) -> None:
@@ -288,7 +322,9 @@ class Proxy:
                 family("planner:router_replica_up", "gauge", "1 when the replica answers its health checks "
                        "(the router sends it requests), 0 when it is marked down.", [r.up for r in self.replicas]),
                 family("planner:router_replica_down_total", "counter", "Times the health watcher marked the "
-                       "replica down.", [r.down_marks for r in self.replicas])]
+                       "replica down.", [r.down_marks for r in self.replicas]),
+                family("planner:router_retries_total", "counter", "Requests the replica failed before "
+                       "answering that the router sent to another replica.", [r.retried for r in self.replicas])]
 
     async def models(self, request: Request) -> Response:
         replica = self.replicas[0]

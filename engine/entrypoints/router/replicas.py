@@ -35,6 +35,7 @@ class Replica:
     in_flight: int = 0
     routed: int = 0
     failed: int = 0                        # requests the replica could not be reached for, or that broke off
+    retried: int = 0                       # of those, the ones sent on to another replica (nothing had been relayed)
     kv_usage: float = 0.0
     held: set[int] = field(default_factory=set)
     next_event: int = 0
@@ -90,23 +91,30 @@ class LiveRouter(BaseRouter):
     def cached_prefix(self, hashes: list[int], now: float) -> list[int]:
         return [leading_held(hashes, r.held) for r in self.replicas]
 
-    def pick_among(self, up: list[Replica], token_ids: list[int], now: float) -> Replica:
+    def pick_among(self, up: list[Replica], token_ids: list[int], now: float, *, retry: bool = False) -> Replica:
         """The policy's pick among the replicas that are up: the others are not scored at all (a down
-        replica's last readings, or its empty queue, would make it look the best)."""
+        replica's last readings, or its empty queue, would make it look the best). A retry (the request's
+        replica failed before answering) leaves the turn where the request's first pick put it: the turn is
+        a request's, so the failed replica's requests go to the next one, as when it is marked down."""
+        turn = self.next
         if len(up) == len(self.replicas):
-            return self.replicas[self.pick(token_ids, now)]
-        view = LiveRouter(self.policy, up, self.block_size)
-        # The turn passes to the first replica up at or after the one whose turn it was.
-        view.next = next((i for i, r in enumerate(up) if r.index >= self.next), 0)
-        chosen = up[view.pick(token_ids, now)]
-        self.next = (chosen.index + 1) % self.count
+            chosen = self.replicas[self.pick(token_ids, now)]
+        else:
+            view = LiveRouter(self.policy, up, self.block_size)
+            # The turn passes to the first replica up at or after the one whose turn it was.
+            view.next = next((i for i, r in enumerate(up) if r.index >= self.next), 0)
+            chosen = up[view.pick(token_ids, now)]
+            self.next = (chosen.index + 1) % self.count
+        if retry:
+            self.next = turn
         return chosen
 
-    async def refresh(self, client: httpx.AsyncClient) -> None:
-        """Read what the policy scores (KV usage, KV events) from every replica, now."""
+    async def refresh(self, client: httpx.AsyncClient, among: list[Replica] | None = None) -> None:
+        """Read what the policy scores (KV usage, KV events) from every replica up (of `among`), now."""
         if not (self.policy.uses("least-kv") or self.policy.uses_prefix):
             return
-        await asyncio.gather(*(self._refresh_one(client, r) for r in self.replicas if r.up))
+        among = self.replicas if among is None else among
+        await asyncio.gather(*(self._refresh_one(client, r) for r in among if r.up))
 
     async def _refresh_one(self, client: httpx.AsyncClient, replica: Replica) -> None:
         # Picks made while a reading is under way share it (one request per replica at a time).
