@@ -9,10 +9,8 @@ from transformers import Phi3Config, Phi3ForCausalLM
 
 from engine.models.errors import UnsupportedModelError
 from engine.models.rotary import RotaryEmbedding
-from tests.test_model_runner import (ATOL, build_checkpoint, check_greedy_against_transformers, consecutive_tables,
-                                     hf_logits, hf_model, make_runner)
-from engine import sampling
-from engine.model_runner import SequenceInput
+from tests.test_model_runner import (ATOL, build_checkpoint, check_greedy_against_transformers, hf_logits, hf_model,
+                                     make_runner, run_greedy)
 
 
 def phi4_mini_like(original_max: int) -> Phi3Config:
@@ -50,16 +48,7 @@ def test_long_factors_past_the_pretraining_length_match_transformers(past):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 9, 17)]
     steps = 5
-    tables = consecutive_tables([len(p) + steps for p in prompts], 8)
-    logits = runner.execute([SequenceInput(p, 0, t) for p, t in zip(prompts, tables)])
-    generated = [[int(x)] for x in sampling.greedy(logits)]
-    rows = [[row] for row in logits]
-    for _ in range(steps - 1):
-        logits = runner.execute([SequenceInput([out[-1]], len(p) + len(out) - 1, t)
-                                 for p, out, t in zip(prompts, generated, tables)])
-        for out, seen, row in zip(generated, rows, logits):
-            out.append(int(row.argmax()))
-            seen.append(row)
+    generated, rows = run_greedy(runner, prompts, steps)
     for prompt, out, seen in zip(prompts, generated, rows):
         expected = hf_logits(reference, prompt + out)[len(prompt) - 1: len(prompt) - 1 + steps]
         torch.testing.assert_close(torch.stack(seen), expected, atol=ATOL, rtol=0)
