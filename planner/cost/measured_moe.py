@@ -33,11 +33,12 @@ priced by the roofline (planner/cost/moe.py expert_roofline: the touched experts
 tensor-core peak x 0.6, or their weights at the bandwidth the elementwise kernels get, whichever binds,
 on top of the table's smallest time, the fused kernel's launch floor), times the efficiency the table
 shows for the same tokens, format and split: the geometric mean, over every shape timed there, of its
-time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (Triton's
-per-tensor FP8 MoE on Hopper runs 3-7x the roofline, a bf16 one about 1x). Leaving each timed shape out
-in turn and pricing it so comes within 13% of its own rows on average (bench/bench_moe_shapes.py). The
-ledger names the term's source `scaled`. A shape the table has, but not in this format or split, is a
-one-line error, and `auto` then prices the model with the roofline.
+time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (the
+per-tensor FP8 MoE NVIDIA timed on Hopper, FlashInfer's CUTLASS one, runs 3-7x the roofline; bf16's
+Triton one about 1x). Leaving each timed shape out in turn and pricing it so comes within a factor of
+1.13 of its own rows on average (bench/bench_moe_shapes.py). The ledger names the term's source
+`scaled`. A shape the table has, but not in this format or split, is a one-line error, and `auto` then
+prices the model with the roofline.
 """
 from __future__ import annotations
 
