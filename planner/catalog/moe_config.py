@@ -18,9 +18,9 @@ and DeepSeek have); a config of theirs that declares them is refused rather than
 
 DeepSeek-V2/V3/R1, Kimi-K2 and GLM-4.7-Flash (transformers' DeepseekV2Config, DeepseekV3Config; Kimi-K2
 and GLM-4.7-Flash ship DeepSeek-V3's architecture under model_type kimi_k2 and glm4_moe_lite, the latter's
-dense layers listed per layer in mlp_layer_types when transformers 5 writes it): n_routed_experts of moe_intermediate_size,
-num_experts_per_tok, n_shared_experts shared ones, the first first_k_dense_replace layers dense (then
-every moe_layer_freq-th layer a MoE), and multi-head latent attention (q_lora_rank, kv_lora_rank,
+dense layers listed per layer in mlp_layer_types when transformers 5 writes it): n_routed_experts of
+moe_intermediate_size, num_experts_per_tok, n_shared_experts shared ones, the first first_k_dense_replace
+layers dense (then every moe_layer_freq-th layer a MoE), and multi-head latent attention (q_lora_rank, kv_lora_rank,
 qk_nope_head_dim + qk_rope_head_dim q/k heads, v_head_dim v heads: planner/catalog/mla.py). Their
 group-limited routing (n_group, topk_group) still spreads a batch's picks over all experts, so it is
 priced as top-k routing; the multi-token-prediction layer (num_nextn_predict_layers) is not loaded
@@ -97,13 +97,12 @@ def _routed_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"), sliding_window=get("sliding_window"))
     elif model_type == "minimax_m2":
-        # its config.json names the turning dims (rotary_dim 64 of 128); transformers 5 writes a factor
-        turned = get("rotary_dim")
-        head = fields["head_size"]
+        # its config.json names the dims that turn (rotary_dim 64 of 128); transformers 5 writes a factor
+        head, turned = fields["head_size"], get("rotary_dim")
+        given = isinstance(turned, int) and isinstance(head, int) and 0 < turned < head
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
                       intermediate_size=get("intermediate_size"),
-                      partial_rotary_dims=turned if isinstance(turned, int) and isinstance(head, int) and
-                      0 < turned < head else partial_rotary_dims(get, head, name))
+                      partial_rotary_dims=turned if given else partial_rotary_dims(get, head, name))
     else:
         types = list(get("layer_types") or [])
         sliding = sum(1 for t in types if t == "sliding_attention")
