@@ -38,9 +38,10 @@ def multimodal_parts(config: dict[str, Any], name: str) -> tuple[dict[str, Any],
         shallow = copy.deepcopy(full)
         decoder = shallow.get_text_config()
         decoder.num_hidden_layers = 1          # the vision tower does not depend on the decoder's depth
-        for per_layer in ("layer_types", "mlp_only_layers"):
-            if getattr(decoder, per_layer, None):
-                setattr(decoder, per_layer, getattr(decoder, per_layer)[:1] if per_layer == "layer_types" else [])
+        if getattr(decoder, "layer_types", None):
+            decoder.layer_types = decoder.layer_types[:1]
+        if getattr(decoder, "mlp_only_layers", None):
+            decoder.mlp_only_layers = []
         with torch.device("meta"):
             model = transformers.AutoModelForImageTextToText.from_config(shallow)
     except Exception as exc:    # transformers' strict config classes raise their own error types

@@ -275,3 +275,10 @@ def gemm_path(fmt: WeightFormat, gpu: GpuSpec) -> GemmPath:
                         "unquantized); a dense model's weights stay 16-bit")
     name = "AWQ" if fmt.method == "awq" else "GPTQ"
     return GemmPath("16-bit", f"{name} Marlin (W{fmt.bits}A16)")
+
+
+def peak_flops(fmt: WeightFormat | None, gpu: GpuSpec, dtype_bytes: int = 2) -> float:
+    """The tensor-core FLOP/s a layer in `fmt` is multiplied at on `gpu`: FP8 or FP4 where vLLM runs them
+    natively (gemm_path), else the 16-bit peak (weight-only kernels, unquantized layers)."""
+    precision = gemm_path(fmt, gpu).precision if fmt is not None else "16-bit"
+    return {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)

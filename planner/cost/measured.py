@@ -95,13 +95,13 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, mla, resolve_gpu, resolve_model
-from planner.catalog.quantization import WeightFormat, gemm_path
+from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
-from planner.cost.moe import MoeParallel
+from planner.cost.moe import MoeParallel, bytes_per_expert
 from planner.cost.window import windowed_prefill_pairs
 from planner.cost.shape import StepShape, context_bucket
 from planner.errors import PlannerError
@@ -243,10 +243,8 @@ class MeasuredCostModel:
     def _expert_roofline(self, model: ModelSpec, weight_format: WeightFormat | None) -> ExpertRoofline:
         """The rates of a MoE's experts where the fused-MoE table has no rows for their shape: the format's
         tensor-core peak (16-bit for a weight-only kernel, as the roofline's), the elementwise bandwidth."""
-        precision = gemm_path(weight_format, self.gpu).precision if weight_format is not None else "16-bit"
-        peak = {"fp8": self.gpu.fp8_flops, "fp4": self.gpu.fp4_flops}.get(precision) or self.gpu.peak_flops(2)
-        per_expert = model.expert_bytes(2, weight_format) / (model.moe_layers * model.num_experts)
-        return ExpertRoofline(peak * WEIGHT_ONLY_COMPUTE_EFFICIENCY, self._elementwise_bw, per_expert)
+        return ExpertRoofline(peak_flops(weight_format, self.gpu) * WEIGHT_ONLY_COMPUTE_EFFICIENCY,
+                              self._elementwise_bw, bytes_per_expert(model, weight_format))
 
     def _host_constants(self) -> tuple[float, float, str]:
         """vLLM's host time per step and per scheduled sequence, and where it comes from."""

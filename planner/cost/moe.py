@@ -29,11 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.catalog import ModelSpec
+from planner.catalog.quantization import WeightFormat
 from planner.catalog.routing import experts_touched, inclusion, pair_share, popularity, rank_experts
 from planner.errors import PlannerError
 
-__all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "expert_roofline", "dispatch_bytes",
-           "experts_touched", "inclusion", "pair_share", "popularity", "rank_experts"]
+__all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "bytes_per_expert", "expert_roofline",
+           "dispatch_bytes", "experts_touched", "inclusion", "pair_share", "popularity", "rank_experts"]
 
 MAX_SKEW = 4.0
 
@@ -92,6 +93,11 @@ def moe_work(model: ModelSpec, par: MoeParallel, tokens: int) -> MoeWork:
 def expert_flops(model: ModelSpec, work: MoeWork) -> float:
     """FLOPs of the local experts: 2 per weight per pair over gate, up and down (2 T k 3 H I in all)."""
     return 2.0 * work.pairs * 3 * model.hidden_size * work.width
+
+
+def bytes_per_expert(model: ModelSpec, weight_format: WeightFormat | None, dtype_bytes: int = 2) -> float:
+    """One expert's weights in its format, scales and biases included."""
+    return model.expert_bytes(dtype_bytes, weight_format) / (model.moe_layers * model.num_experts)
 
 
 def expert_roofline(model: ModelSpec, par: MoeParallel, tokens: int, flops_rate: float, bandwidth: float,

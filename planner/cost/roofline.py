@@ -54,10 +54,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
-from planner.cost.moe import MoeParallel, dispatch_bytes, expert_roofline
+from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
-from planner.catalog.quantization import WeightFormat, gemm_path
+from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
 
@@ -108,9 +108,7 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
     nbytes = model.linear_bytes_per_gpu(weight_format, tp)
-    precision = gemm_path(weight_format, gpu).precision
-    peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
-    return nbytes, peak, precision
+    return nbytes, peak_flops(weight_format, gpu, dtype_bytes), gemm_path(weight_format, gpu).precision
 
 
 def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,
@@ -213,12 +211,10 @@ class RooflineCostModel:
             return
         self._moe = model
         eff = self.efficiency
-        precision = gemm_path(weight_format, gpu).precision if weight_format is not None else "16-bit"
-        peak = {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)
-        self._expert_flops_rate = peak * eff.compute
+        self._expert_flops_rate = peak_flops(weight_format, gpu, dtype_bytes) * eff.compute
         self._flops16 = gpu.peak_flops(dtype_bytes) * eff.compute
         self._bw = gpu.memory_bandwidth * eff.memory
-        self._expert_bytes = model.expert_bytes(dtype_bytes, weight_format) / (model.moe_layers * model.num_experts)
+        self._expert_bytes = bytes_per_expert(model, weight_format, dtype_bytes)
         self._ic = gpu.interconnect_bandwidth * eff.interconnect
         self._dtype_bytes = dtype_bytes
 
