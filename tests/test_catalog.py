@@ -170,12 +170,17 @@ def test_hf_config_builds_the_counted_model(model):
         one_layer["mlp_layer_types"] = ["sparse"]     # GLM-4.7-Flash lists its layers' kinds
     elif model.is_mla:
         one_layer["first_k_dense_replace"] = 0        # DeepSeek's one layer: a MoE one, with its shared expert
-    config = model.to_hf_config(num_hidden_layers=1, **one_layer)
+    layers = 1
+    if model.linear_attention is not None:            # Qwen3.5: one period, three Gated DeltaNet layers and attention
+        layers, one_layer["layer_types"] = 4, ["linear_attention"] * 3 + ["full_attention"]
+    config = model.to_hf_config(num_hidden_layers=layers, **one_layer)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     # the config is the text decoder's (a multimodal Gemma 3's vision tower is counted from its own config, below)
-    one = dataclasses.replace(model, num_layers=1, sliding_layers=min(1, model.sliding_layers), vision_params=0,
-                              dense_layers=0 if model.is_mla else min(1, model.dense_layers))   # Maverick: layer 0 dense
+    one = dataclasses.replace(model, num_layers=layers, sliding_layers=min(1, model.sliding_layers), vision_params=0,
+                              dense_layers=0 if model.is_mla else min(1, model.dense_layers),   # Maverick: layer 0 dense
+                              linear_attention=model.linear_attention and dataclasses.replace(
+                                  model.linear_attention, layers=layers - 1))
     assert sum(p.numel() for p in hf.parameters()) == one.num_params
     back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
     keep = dict(hf_id=model.hf_id, published_params=model.published_params, source=model.source,

@@ -19,6 +19,8 @@ from typing import Any
 from planner.catalog import mla
 from planner.catalog.base import Catalog
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
+from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
+                                              linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
@@ -35,11 +37,15 @@ _GPT_LIKE = {"opt": 2, "gpt2": 0}          # model_type -> learned position-tabl
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Mixtures of experts (MOE_TYPES): Llama's block with the MLP replaced by a router and num_experts gated
 # MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
-KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES)
+# Gated DeltaNet hybrids (LINEAR_ATTENTION_TYPES): three of four layers keep a fixed recurrent state instead
+# of attention (planner/catalog/linear_attention.py); Qwen3-Next's and Qwen3.5-MoE's MLPs are experts.
+KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES)
+_EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES)
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
              **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
-             "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers")}
+             "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers"),
+             **dict.fromkeys(LINEAR_ATTENTION_TYPES, ("hidden_size", "num_attention_heads", "num_hidden_layers"))}
 
 
 # ModelSpec's integer fields: sizes every model has (> 0), and counts a dense model leaves at 0.
@@ -106,6 +112,10 @@ class ModelSpec:
     attention_bias: bool = False
     use_qk_norm: bool = False
     partial_rotary_dims: int = 0
+    # Qwen3-Next and Qwen3.5: q_proj twice as wide, half of it a sigmoid gate on the attention output; and
+    # the Gated DeltaNet layers that replace attention in three of four layers (None: every layer attends).
+    attention_output_gate: bool = False
+    linear_attention: LinearAttention | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -122,9 +132,15 @@ class ModelSpec:
             raise PlannerError(f"model {self.name!r}: a mixture of experts needs 0 < num_experts_per_tok "
                                f"({self.num_experts_per_tok}) <= num_experts ({self.num_experts}) and a "
                                f"positive moe_intermediate_size ({self.moe_intermediate_size})")
-        if self.is_moe != (self.model_type in MOE_TYPES):
+        if self.is_moe != (self.model_type in _EXPERT_TYPES):
             raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
-                               f"{'needs' if self.model_type in MOE_TYPES else 'has no'} experts")
+                               f"{'needs' if self.model_type in _EXPERT_TYPES else 'has no'} experts")
+        if (self.linear_attention is not None) != (self.model_type in LINEAR_ATTENTION_TYPES):
+            raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
+                               f"{'needs' if self.model_type in LINEAR_ATTENTION_TYPES else 'has no'} linear attention")
+        if self.linear_attention is not None and self.linear_attention.layers + self.sliding_layers >= self.num_layers:
+            raise PlannerError(f"model {self.name!r}: {self.linear_attention.layers} linear-attention layers leave "
+                               f"none of {self.num_layers} to attend")
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")
@@ -209,7 +225,7 @@ class ModelSpec:
         if self.is_mla:
             return mla.attention_shapes(self)
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        return ((q, h), (kv, h), (kv, h), (h, q))
+        return ((2 * q if self.attention_output_gate else q, h), (kv, h), (kv, h), (h, q))
 
     @property
     def replicated_linear_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -237,8 +253,9 @@ class ModelSpec:
         variances), or None."""
         if self.use_qk_norm:
             return "per head"
-        return {"qwen3": "per head", "qwen3_moe": "per head", "gemma3_text": "per head",
-                "minimax_m2": "across heads"}.get(self.model_type)
+        if self.model_type in ("qwen3", "qwen3_moe", "gemma3_text", *LINEAR_ATTENTION_TYPES):
+            return "per head"
+        return "across heads" if self.model_type == "minimax_m2" else None
 
     @property
     def expert_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -255,7 +272,14 @@ class ModelSpec:
     @property
     def router_params(self) -> int:
         """One MoE layer's router (a 16-bit linear layer every GPU holds whole; gpt-oss's has a bias)."""
-        return self.num_experts * (self.hidden_size + (self.model_type == "gpt_oss"))
+        return self.router_weights + (self.num_experts if self.model_type == "gpt_oss" else 0)
+
+    @property
+    def router_weights(self) -> int:
+        """One MoE layer's router weights, with Qwen3-Next's and Qwen3.5's gate on the shared expert (a
+        hidden x 1 linear layer, also whole on every GPU)."""
+        shared_gate = self.hidden_size if self.model_type in LINEAR_ATTENTION_MOE_TYPES else 0
+        return self.num_experts * self.hidden_size + shared_gate
 
     @property
     def linear_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -268,28 +292,44 @@ class ModelSpec:
         """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)
         and the MoE layers' shared experts."""
         mlp_layers = self.dense_layers if self.is_moe else self.num_layers
-        return (self.num_layers * sum(n * k for n, k in self.attention_shapes)
+        return (self.attention_layers * sum(n * k for n, k in self.attention_shapes)
+                + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
                 + mlp_layers * sum(n * k for n, k in self.mlp_shapes)
                 + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes))
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that attend over a KV cache (all but the Gated DeltaNet layers)."""
+        return self.num_layers - self.linear_attention_layers
+
+    @property
+    def linear_attention_layers(self) -> int:
+        """Gated DeltaNet layers, which hold a fixed state per sequence instead of a KV cache."""
+        return self.linear_attention.layers if self.linear_attention is not None else 0
+
+    @property
+    def linear_attention_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(outputs, inputs) of a Gated DeltaNet layer's linear weights; () without them."""
+        return self.linear_attention.shapes(self.hidden_size) if self.linear_attention is not None else ()
 
     @property
     def linear_params(self) -> int:
         """Linear-layer weights of all blocks, every expert and router included (what memory holds)."""
         experts = self.moe_layers * (self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
-                                     + self.num_experts * self.hidden_size)
+                                     + self.router_weights)
         return self.dense_linear_params + experts
 
     @property
     def active_linear_params(self) -> int:
         """Linear-layer weights of all blocks one token multiplies against (top-k experts per MoE layer)."""
         experts = self.moe_layers * (self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size
-                                     + self.num_experts * self.hidden_size)
+                                     + self.router_weights)
         return self.dense_linear_params + experts
 
     @property
     def other_params_per_layer(self) -> int:
-        """Biases and norm weights of one block (small, but part of the published counts); a MoE layer's
-        expert and router biases are counted with the experts and the router."""
+        """Biases and norm weights of one attention block (small, but part of the published counts); a MoE
+        layer's expert and router biases are counted with the experts and the router."""
         h, i = self.hidden_size, self.intermediate_size
         if self.is_gpt_like:
             biases = self.q_size + 2 * self.kv_size + h + i + h
@@ -301,6 +341,16 @@ class ModelSpec:
             qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
         latent_norms = mla.norm_params(self) if self.is_mla else 0
         return self.norms_per_layer * h + qk_norms + qkv_bias + latent_norms   # RMSNorms, weight only
+
+    @property
+    def block_other_params(self) -> int:
+        """Biases and norm weights of all blocks: a Gated DeltaNet layer has its two RMSNorms and its own
+        small weights (planner/catalog/linear_attention.py) in place of attention's."""
+        linear = self.linear_attention
+        if linear is None:
+            return self.num_layers * self.other_params_per_layer
+        return (self.attention_layers * self.other_params_per_layer
+                + linear.layers * (self.norms_per_layer * self.hidden_size + linear.other_params))
 
     @property
     def norms_per_layer(self) -> int:
@@ -335,7 +385,7 @@ class ModelSpec:
                                                      * self.moe_intermediate_size + 1)
 
     def _non_linear_params(self) -> int:
-        return (self.num_layers * self.other_params_per_layer + self.embedding_params + self.position_params
+        return (self.block_other_params + self.embedding_params + self.position_params
                 + self.final_norm_params + self.lm_head_params + self.vision_params)
 
     @property
@@ -435,7 +485,8 @@ class ModelSpec:
             return layers * sum(weight_format.matrix_bytes(n, k) for n, k in shapes)
 
         whole = formatted(self.replicated_linear_shapes, self.num_layers)
-        split = (formatted(self.attention_shapes, self.num_layers) - whole
+        split = (formatted(self.attention_shapes, self.attention_layers) - whole
+                 + formatted(self.linear_attention_shapes, self.linear_attention_layers)
                  + formatted(self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
                  + formatted(self.shared_expert_shapes, self.moe_layers))
         return -(-split // tp) + whole
@@ -453,23 +504,36 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tp)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16; MLA's latent)."""
-        return self.num_layers * self.kv_cache_width() * dtype_bytes
+        """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16; MLA's latent); a
+        Gated DeltaNet layer keeps none."""
+        return self.attention_layers * self.kv_cache_width() * dtype_bytes
 
     def flops_per_token(self, context_len: int = 0) -> int:
         """Forward FLOPs for one token that attends to `context_len` keys, LM head included.
 
         2 FLOPs per weight per token for the linear layers and the LM head, plus
-        QK^T and PV: 2 * 2 * head_size FLOPs per (query head, key) pair per layer (MLA: its decode path).
+        QK^T and PV: 2 * 2 * head_size FLOPs per (query head, key) pair per layer (MLA: its decode path),
+        and a Gated DeltaNet layer's recurrent update whatever the context (recurrent_flops_per_token).
         """
         linear = 2 * (self.active_linear_params + self.vocab_size * self.hidden_size)
         keys = self.full_attention_layers * context_len + self.sliding_layers * min(context_len, self.window)
-        return linear + self.attention_flops_per_key * keys
+        return linear + self.attention_flops_per_key * keys + self.linear_attention_layers * self.recurrent_flops
+
+    @property
+    def recurrent_flops(self) -> int:
+        """FLOPs a Gated DeltaNet layer spends on one token's recurrent step, all value heads: per head the
+        state's decay, its read by k, the rank-one write of the delta and the read by q, each
+        key_head_dim x value_head_dim multiply-adds (0 without linear attention)."""
+        linear = self.linear_attention
+        if linear is None:
+            return 0
+        return 4 * 2 * linear.value_heads * linear.key_head_dim * linear.value_head_dim
 
     @property
     def full_attention_layers(self) -> int:
-        """Layers whose KV grows with the context (all but gpt-oss's sliding-window layers)."""
-        return self.num_layers - self.sliding_layers
+        """Layers whose KV grows with the context (all but gpt-oss's sliding-window layers and the Gated
+        DeltaNet layers)."""
+        return self.attention_layers - self.sliding_layers
 
     @property
     def window(self) -> int:
@@ -520,7 +584,9 @@ class ModelSpec:
             )
             if self.partial_rotary_dims:
                 common["rope_parameters"]["partial_rotary_factor"] = self.partial_rotary_dims / self.head_size
-            if self.is_moe:
+            if self.linear_attention is not None:
+                config = linear_attention_hf_config(self, common)
+            elif self.is_moe:
                 config = moe_hf_config(self, common)
             elif self.model_type in GEMMA_TYPES:
                 config = gemma_hf_config(self, common)
@@ -554,7 +620,7 @@ class ModelSpec:
             path = get("_name_or_path") or get("name_or_path") or ""
             name = os.path.basename(str(path).rstrip("/")) or str(model_type)
         # the fields the shapes below are computed from: a missing or bad one is named, not a TypeError
-        for key in _DIVISORS["moe"] if model_type in MOE_TYPES else _DIVISORS.get(model_type, ()):
+        for key in _DIVISORS["moe"] if model_type in _EXPERT_TYPES else _DIVISORS.get(model_type, ()):
             if not _is_count(get(key)) or get(key) == 0:
                 raise PlannerError(f"model {name!r}: config field {key} must be a positive integer, "
                                    f"got {get(key)!r}")
@@ -583,6 +649,8 @@ class ModelSpec:
             return dataclasses.replace(cls.from_hf_config(text, name), vision_params=vision)
         if model_type in LLAMA4_CONFIG_TYPES:
             return cls(**llama4_fields(config, name))
+        if model_type in LINEAR_ATTENTION_TYPES:
+            return cls(**linear_attention_fields(get, model_type, name))
         if model_type in MOE_TYPES:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:
@@ -637,6 +705,8 @@ def model_catalog() -> Catalog[ModelSpec]:
     for entry in json.loads(text)["models"]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
+        if entry.get("linear_attention") is not None:
+            entry["linear_attention"] = LinearAttention(**entry["linear_attention"])
         if entry.get("published_params") is not None:
             entry["published_params"] = int(entry["published_params"])
         specs.append(ModelSpec(**entry))

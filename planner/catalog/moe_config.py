@@ -50,8 +50,8 @@ MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *
              *LLAMA4_TYPES)   # Llama 4: llama4_config
 
 
-def _dense_layers(get: Callable[..., Any], layers: int) -> int:
-    """Qwen3-MoE layers that keep a dense MLP: listed in mlp_only_layers, or off the decoder_sparse_step."""
+def dense_layer_count(get: Callable[..., Any], layers: int) -> int:
+    """Qwen3-MoE (and Qwen3-Next, Qwen3.5) layers that keep a dense MLP: listed in mlp_only_layers, or off the decoder_sparse_step."""
     only = set(get("mlp_only_layers") or [])
     step = get("decoder_sparse_step") or 1
     return sum(1 for layer in range(layers) if layer in only or (layer + 1) % step)
@@ -91,7 +91,7 @@ def _routed_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[
         # the Hub's config.json says num_experts; transformers 5 writes it back as num_local_experts
         fields.update(num_experts=get("num_experts") or get("num_local_experts"),
                       moe_intermediate_size=get("moe_intermediate_size"),
-                      intermediate_size=get("intermediate_size"), dense_layers=_dense_layers(get, layers),
+                      intermediate_size=get("intermediate_size"), dense_layers=dense_layer_count(get, layers),
                       sliding_window=get("sliding_window") if get("use_sliding_window", False) else None)
     elif model_type == "mixtral":
         fields.update(num_experts=get("num_local_experts"), moe_intermediate_size=get("intermediate_size"),
