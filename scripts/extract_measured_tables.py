@@ -22,7 +22,9 @@ version) in planner/data/measured/SOURCE.json:
   (bf16 cache) and `context_attention_fp8kv` / `generation_attention_fp8kv`
   (FP8 cache, bf16 queries), each with the kernel vLLM selects for that cache:
   FlashAttention 3 on Hopper, FlashInfer where FlashAttention 2 takes no FP8
-  cache (Ada, Blackwell RTX), TRT-LLM-gen kernels through FlashInfer on B200.
+  cache (Ada, Blackwell RTX), TRT-LLM-gen kernels through FlashInfer on B200;
+- Gated DeltaNet (`gdn`): one linear-attention layer's two kernels per phase (the short
+  conv and the delta rule), by the heads on one GPU, batch and sequence length.
 
 Run (needs pandas, pyarrow and pyyaml, only here; the planner reads the CSVs
 with the standard library):
@@ -222,6 +224,44 @@ def extract_moe(data: Path, base: Path, system: str) -> dict:
                                  f"each TP/EP split was timed with; median of repeats")}
 
 
+# GDN (linear attention): the collector times each phase's two kernels apart; the table names them by role,
+# since the delta rule's kernel differs by GPU (FlashInfer's chunked one on Hopper and B200, Triton's on
+# Ada and Blackwell RTX) and the cost model sums the two either way.
+GDN_ROLES = (("conv1d", "conv"), ("gated_delta_rule", "delta_rule"))
+GDN_SHAPE = ["num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"]
+
+
+def _gdn_role(kernel_source: str) -> str:
+    role = next((short for part, short in GDN_ROLES if part in kernel_source), None)
+    if role is None:
+        raise SystemExit(f"gdn_perf: kernel {kernel_source!r} is neither the conv nor the delta rule")
+    return role
+
+
+def extract_gdn(data: Path, base: Path, system: str) -> dict:
+    """The Gated DeltaNet table (one layer's conv and delta-rule kernels on one GPU, per phase, by the
+    heads on that GPU, batch_size and seq_len; seq_len 1 when decoding); its source. d_model is dropped:
+    the kernels never see it, and models sharing a head shape at different d_model time the same (per
+    shape and kernel, each model's geometric mean within 1.6% of the shape's median), so their median
+    is kept."""
+    path = newest(data / "linear_attention" / "vllm", "gdn_perf.parquet")
+    if path is None:
+        return {}
+    g = pd.read_parquet(path)
+    g = g[g.d_conv == 4]                # Qwen3.5's and Qwen3-Next's conv width, the only one timed
+    g = g.assign(kernel=g.kernel_source.map(_gdn_role))
+    pairs = g.groupby(["phase", "kernel"]).kernel_source.unique()
+    if any(len(found) > 1 for found in pairs):
+        raise SystemExit(f"gdn_perf: several kernels time one role: {pairs.to_dict()}")
+    keys = ["kernel", "phase", *GDN_SHAPE, "batch_size", "seq_len"]
+    table = g.groupby(keys, as_index=False).latency.median()
+    write(table.rename(columns={"latency": "latency_ms"}), system, "gdn")
+    named = "; ".join(f"{phase} {role}: {found[0]}" for (phase, role), found in pairs.items())
+    return {"gdn": source(base, path, rows=len(table), kernel=named,
+                          filter="d_conv=4; num_k_heads and num_v_heads are the heads on one GPU; "
+                                 "median over the models (d_model) sharing a head shape, and of repeats")}
+
+
 def system_spec(spec_path: Path, system: str) -> dict:
     """The GPU and node figures of the system's spec file the cost model reads."""
     spec = yaml.safe_load(spec_path.read_text())
@@ -248,6 +288,7 @@ def extract(root: Path, system: str, package_version: str) -> dict:
             tables.update(extract_attention(data, base, system, op, kv_dtype))
     tables.update(extract_allreduce(data, base, system))
     tables.update(extract_moe(data, base, system))
+    tables.update(extract_gdn(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}
     if skipped:
         record["skipped"] = skipped

@@ -70,8 +70,9 @@ def has_table(system: str, table: str) -> bool:
     return table in source()["systems"].get(system, {}).get("tables", {})
 
 
-# Columns that hold names, not numbers: the all-reduce's backend, the MoE table's expert format and routing.
-TEXT_COLUMNS = ("backend", "moe_dtype", "distribution")
+# Columns that hold names, not numbers: the all-reduce's backend, the MoE table's expert format and routing,
+# the GDN table's kernel (conv or delta_rule) and phase (context or generation).
+TEXT_COLUMNS = ("backend", "moe_dtype", "distribution", "kernel", "phase")
 
 
 @lru_cache(maxsize=None)
