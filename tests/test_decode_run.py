@@ -35,7 +35,8 @@ def _scalar(model, contexts):
 
 @pytest.mark.parametrize("knobs", [{"model": "llama-3.1-8b"}, {"model": "llama-3.1-8b", "async_scheduling": True},
                                    {"model": "llama-3.1-70b", "tp": 4}, {"model": "qwen3-30b-a3b", "tp": 2},
-                                   {"model": "gpt-oss-120b", "tp": 2, "weight_format": weight_format("mxfp4")}])
+                                   {"model": "gpt-oss-120b", "tp": 2, "weight_format": weight_format("mxfp4")},
+                                   {"model": "qwen3.5-35b-a3b", "tp": 2}])       # its GDN layers' decode too
 def test_a_run_prices_each_step_as_step_time_does(knobs):
     model = MeasuredCostModel(knobs.pop("model"), H100, **knobs)
     rng = random.Random(7)

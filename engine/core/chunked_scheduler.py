@@ -40,7 +40,7 @@ from engine.core.block_manager import BlockManager, _blocks_for, blocks_at_most
 from engine.core.block_pool import BlockPool
 from engine.core.config import SchedulerConfig
 from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
-from engine.core.sequence import SequenceGroup, SequenceStatus
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 NULL_BLOCK = 0   # vLLM v1's null block: never handed out, so N blocks hold N-1
 
@@ -118,13 +118,36 @@ class VllmBlockPool(BlockPool):
 
 class VllmBlockManager(BlockManager):
     """The paged block manager over a ``VllmBlockPool``: GPU blocks only (the
-    chunked policy preempts by recompute), no watermark (vLLM v1 has none)."""
+    chunked policy preempts by recompute), no watermark (vLLM v1 has none).
+
+    ``state_blocks``: blocks each sequence also holds from admission to its end for a hybrid model's
+    recurrent states (Qwen3.5's Gated DeltaNet layers: vLLM's MambaManager gives a running request one
+    block per group of those layers, from the same pool, whatever its length)."""
 
     supports_swap = False
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False,
+                 state_blocks: int = 0) -> None:
         super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
         self.gpu = VllmBlockPool(num_gpu_blocks)
+        if state_blocks < 0:
+            raise ValueError(f"state_blocks must be >= 0, got {state_blocks}")
+        self.state_blocks = state_blocks
+        self.states: dict[int, list[int]] = {}      # seq id -> its state blocks
+
+    def blocks_to_admit(self, hit: list[tuple[int, int]], num_tokens: int) -> int:
+        return super().blocks_to_admit(hit, num_tokens) + self.state_blocks
+
+    def admit(self, seq: Sequence, hit: list[tuple[int, int]], num_tokens: int) -> None:
+        super().admit(seq, hit, num_tokens)
+        if self.state_blocks:
+            self.states[seq.seq_id] = self.gpu.take_many(self.state_blocks, 0)
+
+    def free(self, seq: Sequence) -> None:
+        super().free(seq)
+        state = self.states.pop(seq.seq_id, None)
+        if state is not None:
+            self.gpu.release_all(state)
 
 
 def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
@@ -147,7 +170,7 @@ class ChunkedScheduler(Scheduler):
         super().__init__(config, allocator)
         self.reserve_full_isl = reserve_full_isl
         self.null_block = NULL_BLOCK
-        self.usable_blocks = allocator.num_gpu_blocks - 1
+        self.usable_blocks = allocator.num_gpu_blocks - 1 - allocator.state_blocks   # (a sequence's states aside)
         # Prefix-cache statistics as vLLM keeps them: tokens of admitted
         # sequences, and of those, tokens found in the cache.
         self.prefix_queried_tokens = 0

@@ -135,12 +135,14 @@ class ModelSpec:
         if self.is_moe != (self.model_type in _EXPERT_TYPES):
             raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
                                f"{'needs' if self.model_type in _EXPERT_TYPES else 'has no'} experts")
-        if (self.linear_attention is not None) != (self.model_type in LINEAR_ATTENTION_TYPES):
-            raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
-                               f"{'needs' if self.model_type in LINEAR_ATTENTION_TYPES else 'has no'} linear attention")
-        if self.linear_attention is not None and self.linear_attention.layers + self.sliding_layers >= self.num_layers:
-            raise PlannerError(f"model {self.name!r}: {self.linear_attention.layers} linear-attention layers leave "
-                               f"none of {self.num_layers} to attend")
+        if self.linear_attention is not None:      # (an MTP head of Qwen3.5 is one attention layer: none)
+            if self.model_type not in LINEAR_ATTENTION_TYPES or self.sliding_layers:
+                raise PlannerError(f"model {self.name!r}: model_type {self.model_type} with sliding-window "
+                                   f"layers has no linear attention" if self.sliding_layers else
+                                   f"model {self.name!r}: model_type {self.model_type} has no linear attention")
+            if self.linear_attention.layers >= self.num_layers:
+                raise PlannerError(f"model {self.name!r}: {self.linear_attention.layers} linear-attention layers "
+                                   f"leave none of {self.num_layers} to attend")
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")

@@ -32,6 +32,10 @@ Multi-head latent attention (DeepSeek; planner/catalog/mla.py) normalizes its tw
 the KV's: read and write each), applies rotary to the rotary dims only (each head's and the one shared
 key's) and writes the latent and rotary key into the cache; its shared experts run their own SiLU and
 mul (counted on every layer, as the dense MLP's is on a dense model).
+A Gated DeltaNet hybrid (Qwen3.5; planner/catalog/linear_attention.py) runs the q/k norms, rotary and
+the cache write on its attention layers only, gates each attention output (read it and the gate, write
+the product), and on its linear-attention layers normalizes the read-out with its z gate (read both,
+write one); the convolution and the recurrent update are timed kernels (planner/cost/gdn.py).
 """
 from __future__ import annotations
 
@@ -44,11 +48,17 @@ ACT_BYTES = 2          # activations stay 16-bit (bf16 / fp16) between the kerne
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """One memory-bound kernel: launched once per layer (`per_layer`), or once per step."""
+    """One memory-bound kernel: launched once per layer (`per_layer`; on `layers` of them when only some
+    run it), or once per step."""
 
     name: str
     bytes_per_token: int
     per_layer: bool = True
+    layers: int | None = None
+
+    def launches(self, num_layers: int) -> int:
+        """How many times one forward pass of a `num_layers`-layer model runs it."""
+        return (self.layers if self.layers is not None else num_layers) if self.per_layer else 1
 
 
 def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]:
@@ -61,17 +71,24 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     gemma = model.norms_per_layer == 4
+    attending = model.attention_layers if model.linear_attention is not None else None
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
     if gemma:
         kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
-        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES))
+        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES, layers=attending))
     if model.is_mla:
         kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
     if not model.is_gpt_like:
-        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES))
-    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes)))
+        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=attending))
+    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes), layers=attending))
+    if model.attention_output_gate:
+        kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=attending))
+    if model.linear_attention is not None:
+        value_width = model.linear_attention.heads_per_gpu(tp)[1] * model.linear_attention.value_head_dim
+        kernels.append(Kernel("linear attention gated RMSNorm", 3 * value_width * ACT_BYTES,
+                              layers=model.linear_attention_layers))
     if gemma:
         kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))
     second = "pre-feedforward" if gemma else "post-attention"

@@ -99,6 +99,7 @@ from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
+from planner.cost.gdn import GdnPrice
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
@@ -208,6 +209,12 @@ class MeasuredCostModel:
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         self._kernels = step_kernels(model, tp, self._kv_bytes)
+        self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, system, WEIGHT_ONLY_COMPUTE_EFFICIENCY,
+                              self._elementwise_bw / gpu.memory_bandwidth)
+                     if model.linear_attention is not None else None)
+        if self._gdn is not None and self._gdn.source == "roofline":
+            self.notes.append(f"{system} has no timed Gated DeltaNet kernels: their convolution and recurrent "
+                              f"update are priced by the roofline (planner/cost/gdn.py)")
 
         kv_bytes_per_token = model.num_layers * model.kv_cache_width(tp) * self._kv_bytes
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
@@ -281,9 +288,16 @@ class MeasuredCostModel:
         mlp_up = inter if model.is_gpt_like else 2 * inter
         mlp_layers = model.dense_layers if model.is_moe else layers   # a MoE's experts: MeasuredMoe
         # (name, (n, k), layers): this GPU's share of each GEMM
+        attention = model.attention_layers
+        q_width = 2 * self._heads if model.attention_output_gate else self._heads   # Qwen3.5: q and its gate
         gemms = self._mla_gemms(model, tp) if model.is_mla else [
-            ("qkv", ((self._heads + 2 * self._kv) * self._hd, h), layers),
-            ("o projection", (h, self._heads * self._hd), layers)]
+            ("qkv", ((q_width + 2 * self._kv) * self._hd, h), attention),
+            ("o projection", (h, self._heads * self._hd), attention)]
+        if model.linear_attention is not None:     # its q, k, v, z and b, a priced as one GEMM
+            (n_in, _), _, (_, k_out) = model.linear_attention_shapes
+            gemms += [("linear attention in-proj", ((n_in + 2 * model.linear_attention.value_heads) // tp, h),
+                       model.linear_attention_layers),
+                      ("linear attention out-proj", (h, k_out // tp), model.linear_attention_layers)]
         gemms += [("fc1" if model.is_gpt_like else "gate+up", (mlp_up, h), mlp_layers),
                   ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers)]
         if model.shared_experts:
@@ -557,13 +571,14 @@ class MeasuredCostModel:
         fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
         fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         host = self._host_base + self._host_per_seq * seqs
+        recurrent = self._gdn.decode(seqs) if self._gdn is not None else 0.0   # as step_time adds it, last
         if self.async_scheduling:
             def price(triples) -> float:
-                gpu = fixed + attention(triples)
+                gpu = fixed + attention(triples) + recurrent
                 return gpu if gpu >= host else host
         else:
             def price(triples) -> float:
-                return fixed + attention(triples) + host
+                return fixed + attention(triples) + recurrent + host
         return price
 
     def decode_step_times(self, seqs: int, low: int, counts, sums):
@@ -584,6 +599,8 @@ class MeasuredCostModel:
             attention = attention + self.model.sliding_layers * self._windowed_decode_rows(seqs, low, counts,
                                                                                           sums) / seqs
         gpu = gpu + attention
+        if self._gdn is not None:
+            gpu = gpu + self._gdn.decode(seqs)
         host = self._host_base + self._host_per_seq * seqs
         return gpu + host if not self.async_scheduling else np.where(gpu >= host, gpu, host)
 
@@ -714,7 +731,7 @@ class MeasuredCostModel:
             self._flag("moe", self._moe.extrapolated)
         if "elementwise" not in self.leave_out:
             for kernel in self._kernels:
-                count = layers if kernel.per_layer else 1
+                count = kernel.launches(layers)
                 terms.append(Term(kernel.name, "elementwise", self.elementwise(kernel.bytes_per_token * run, count),
                                   "roofline", f"{kernel.bytes_per_token * run / 1e3:.1f} KB at "
                                   f"{self._elementwise_bw / 1e12:.2f} TB/s + "
@@ -764,13 +781,29 @@ class MeasuredCostModel:
         if self.model.sliding_layers:   # a sliding-window layer's queries see at most the window's keys
             m = self.model
             value *= (m.full_attention_layers + m.sliding_layers * windowed_prefill_pairs(s, m.window)
-                      / s.prefill_attn_pairs) / m.num_layers
+                      / s.prefill_attn_pairs) / m.attention_layers
         return value
 
     def _context(self, batch: int, length: int) -> float:
-        value = self.model.num_layers * self.context_attention(batch, length)
+        value = self.model.attention_layers * self.context_attention(batch, length)
         self._ctx_cache[(batch, length)] = value
         return value
+
+    def _linear_attention(self, s: StepShape) -> float:
+        """The Gated DeltaNet layers' convolution and recurrent update (planner/cost/gdn.py): decodes, then
+        prompt chunks (a decode-only step's is exactly decode_pricer's)."""
+        gdn = self._gdn
+        value = gdn.decode(s.decode_seqs)
+        if s.prefill_tokens:
+            value += gdn.prefill(s.prefill_seqs, s.prefill_tokens)
+        self._flag("gdn", gdn.extrapolated)
+        return value
+
+    def _linear_attention_term(self, s: StepShape) -> Term:
+        gdn = self._gdn
+        return Term("linear attention (conv + delta rule)", "attention", self._linear_attention(s), gdn.source,
+                    f"{gdn.describe()}, {s.decode_seqs} decoding, {s.prefill_seqs} sequences' {s.prefill_tokens} "
+                    f"prompt tokens, x{gdn.layers} layers", gdn.layers)
 
     def _host_term(self, host: float, gpu: float) -> Term:
         """The host time a step pays on top of its GPU time: all of it in series, what exceeds the GPU's
@@ -801,6 +834,8 @@ class MeasuredCostModel:
                 gpu += self._prefill_attention(s)
             if s.decode_seqs:
                 gpu += self.decode_attention(s)
+            if self._gdn is not None:
+                gpu += self._linear_attention(s)
             host = self._host_base + self._host_per_seq * seqs
             t = gpu + host if not self.async_scheduling else (gpu if gpu >= host else host)
         if s.swap_blocks:
@@ -816,16 +851,18 @@ class MeasuredCostModel:
         if tokens:
             terms += (self._token_cache.get(tokens) or self._token_terms(tokens))[0]
             source = "table" if self._latent is None else "roofline"      # MLA: _set_up_latent_attention
+            layers = self.model.attention_layers
             if s.prefill_tokens:
                 terms.append(Term("attention (prefill)", "attention", self._prefill_attention(s), source,
                                   f"{self.system} {self._tables['context']}, {s.prefill_seqs} sequences, "
                                   f"{s.prefill_tokens} tokens, {s.prefill_attn_pairs} (query, key) pairs, "
-                                  f"x{self.model.num_layers} layers", self.model.num_layers))
+                                  f"x{layers} layers", layers))
             if s.decode_seqs:
                 terms.append(Term("attention (decode)", "attention", self.decode_attention(s), source,
                                   f"{self.system} {self._tables['generation']}, {s.decode_seqs} sequences, "
-                                  f"{s.decode_context} context tokens in all, x{self.model.num_layers} layers",
-                                  self.model.num_layers))
+                                  f"{s.decode_context} context tokens in all, x{layers} layers", layers))
+            if self._gdn is not None:
+                terms.append(self._linear_attention_term(s))
             terms += (self._seq_cache.get(s.logit_rows) or self._seq_terms(s.logit_rows))[0]
             terms.append(self._host_term(self.host(seqs), sum(t.seconds for t in terms)))
         if s.swap_blocks:

@@ -36,6 +36,10 @@ per pair and head; the shared experts are a dense MLP, priced with the linear pa
 Sliding-window layers (gpt-oss) read at most the window's keys at decode and attend to at most the
 window in prefill (planner/cost/window.py).
 
+Gated DeltaNet layers (Qwen3-Next, Qwen3.5) attend over no KV cache: their projections are linear
+layers, and their convolution and recurrent update are priced per decoding sequence and per prompt
+token (planner/cost/gdn.py); attention and its KV traffic cover the other layers only.
+
 Activation traffic (tokens x hidden per layer) is left out: it is small next to
 the weights at decode and next to the FLOPs at prefill.
 
@@ -54,6 +58,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
+from planner.cost.gdn import GdnPrice
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -147,7 +152,8 @@ class RooflineCostModel:
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
-        kv_bytes_per_token = layers * model.kv_cache_width(tp) * kv_dtype_bytes
+        attention_layers = model.attention_layers               # a Gated DeltaNet layer attends over no cache
+        kv_bytes_per_token = attention_layers * model.kv_cache_width(tp) * kv_dtype_bytes
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
         linear_params = model.linear_params_per_gpu(tp)
         head_params = vocab * hidden / tp
@@ -157,8 +163,8 @@ class RooflineCostModel:
         self._head_weights = head_params * dtype_bytes / bw
         self._head_per_seq = 2 * head_params / flops
         # QK^T and PV of this GPU's heads, all layers (MLA: planner/catalog/mla.py)
-        attn_flops_per_pair = model.prefill_flops_per_pair // tp * layers
-        decode_flops_per_key = model.attention_flops_per_key // tp * layers
+        attn_flops_per_pair = model.prefill_flops_per_pair // tp * attention_layers
+        decode_flops_per_key = model.attention_flops_per_key // tp * attention_layers
         self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
         self._decode_per_key = max(kv_bytes_per_token / bw, decode_flops_per_key / flops)
@@ -167,6 +173,8 @@ class RooflineCostModel:
         self._decode_per_key *= self.block_size_factor
         self._set_up_window(model)
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
+        self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
+                     if model.linear_attention is not None else None)
 
         if tp > 1:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
@@ -197,7 +205,7 @@ class RooflineCostModel:
         """Split the attention prices between full layers (every key) and sliding-window ones (the window's)."""
         self._window = model.window
         self.prices_each_context = bool(self._window)      # the windowed keys come from the histogram
-        full = model.full_attention_layers / model.num_layers
+        full = model.full_attention_layers / model.attention_layers
         self._slide_per_key = self._decode_per_key * (1.0 - full)
         self._slide_per_pair = self._prefill_per_pair * (1.0 - full)
         self._decode_per_key *= full
@@ -260,6 +268,9 @@ class RooflineCostModel:
                 t += windowed_decode_keys(s, self._window) * self._slide_per_key
             if self._moe is not None:
                 t += self._moe_cache.get(tokens) or self.moe_time(tokens)
+            if self._gdn is not None:
+                t += self._gdn.decode(s.decode_seqs) + (self._gdn.prefill(s.prefill_seqs, s.prefill_tokens)
+                                                        if s.prefill_tokens else 0.0)
             if self.tp > 1:
                 t += self._allreduce_fixed + tokens * self._allreduce_per_token + rows * self._gather_per_seq
         elif s.swap_blocks or s.copy_blocks:
@@ -276,7 +287,7 @@ class RooflineCostModel:
         inline; tests hold the two equal.
         """
         parts = {k: 0.0 for k in ("linear", "moe", "lm_head", "prefill_attention", "decode_attention",
-                                  "allreduce", "swap", "copy", "cpu")}
+                                  "linear_attention", "allreduce", "swap", "copy", "cpu")}
         bound: dict[str, str] = {}
         if s.is_empty:
             return {**parts, "bound": bound}
@@ -295,6 +306,9 @@ class RooflineCostModel:
                 windowed_decode_keys(s, self._window) * self._slide_per_key if self._window and s.decode_seqs else 0.0)
             if self._moe is not None:
                 parts["moe"] = self.moe_time(tokens)
+            if self._gdn is not None:
+                parts["linear_attention"] = self._gdn.decode(s.decode_seqs) + (
+                    self._gdn.prefill(s.prefill_seqs, s.prefill_tokens) if s.prefill_tokens else 0.0)
             if self.tp > 1:
                 parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
                                       + rows * self._gather_per_seq)

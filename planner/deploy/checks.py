@@ -112,7 +112,8 @@ def check_plan(plan) -> list[str]:
     if plan.max_num_batched_tokens < dep.max_num_seqs:
         raise PlannerError(f"max_num_batched_tokens ({plan.max_num_batched_tokens}) must be >= max_num_seqs "
                            f"({dep.max_num_seqs}), as vLLM requires")
-    slots = plan.num_gpu_blocks * dep.block_size
+    # one sequence's recurrent states (a Gated DeltaNet hybrid) take blocks its tokens cannot use
+    slots = (plan.num_gpu_blocks - plan.state_blocks) * plan.block_size
     if spec.sliding_layers and plan.memory is not None and not plan.memory.sliding_window_bytes_per_gpu:
         # a block holds every layer (kv_block_layout), but vLLM's start-up check counts a sliding layer at a
         # window plus one step's tokens (SlidingWindowSpec.max_memory_usage_bytes), so one sequence reaches
@@ -127,7 +128,8 @@ def check_plan(plan) -> list[str]:
                         max_num_batched_tokens=plan.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
                         weight_format=plan.weight_format, kv_dtype_bytes=plan.kv_dtype_bytes)
         raise PlannerError(
-            f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {dep.block_size}) but max_model_len "
+            f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {plan.block_size}"
+            f"{f', {plan.state_blocks} of them a sequence states' if plan.state_blocks else ''}) but max_model_len "
             f"is {plan.max_model_len}: vLLM refuses to start (one sequence at the context limit would not fit); "
             f"raise --gpu-memory-utilization (now {dep.gpu_memory_utilization}), lower --max-model-len to "
             f"{slots}{hint}")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat
+from planner.deploy.state_cache import block_layers, hybrid_block_size, state_blocks
 from planner.errors import PlannerError
 
 # vLLM 0.1-era scheduler limits (the token budget's from the engine core), used
@@ -123,6 +124,7 @@ class MemoryPlan:
     expert_parallel: bool = False
     expert_bytes_per_gpu: int = 0   # the MoE experts' share of weight_bytes_per_gpu
     sliding_window_bytes_per_gpu: int = 0   # set aside for the sliding-window layers' blocks (gpt-oss)
+    state_blocks_per_seq: int = 0   # blocks a running sequence holds for its recurrent states (Qwen3.5)
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -164,6 +166,9 @@ class MemoryPlan:
                if self.expert_bytes_per_gpu else {}),
             **({"sliding_window_gib_per_gpu": self.sliding_window_bytes_per_gpu / GIB}
                if self.sliding_window_bytes_per_gpu else {}),
+            **({"state_blocks_per_seq": self.state_blocks_per_seq,
+                "state_mib_per_seq_per_gpu": self.state_blocks_per_seq * self.block_bytes_per_gpu / 2**20}
+               if self.state_blocks_per_seq else {}),
         }
 
 
@@ -196,8 +201,14 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     sequences past their windows could never be resident: the sliding layers' K and V are then held
     in every block like the full layers' (exact for a sequence within its window, conservative past
     it). Every plan the reserve can hold keeps it.
+
+    A Gated DeltaNet hybrid's block spans its attention groups' layers (planner/deploy/state_cache.py:
+    vLLM pads each group to the same layer count); its sequences' states are blocks of the same pool,
+    taken as they run (`state_blocks`), so nothing is set aside.
     """
     per_layer_block = model.kv_cache_width(tp) * kv_dtype_bytes * block_size
+    if model.linear_attention is not None:
+        return block_layers(model) * per_layer_block, 0
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
@@ -243,6 +254,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     _check_args(gpu_memory_utilization, block_size, dtype_bytes, kv_dtype_bytes, max_num_batched_tokens,
                 max_num_seqs, swap_space_bytes)
     model.kv_heads_per_gpu(tp)                  # validates tp against the head counts first
+    block_size = hybrid_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)
                + rotary_cache_bytes(model, dtype_bytes))
@@ -275,6 +287,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
         quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
         dp=dp, expert_parallel=expert_parallel, sliding_window_bytes_per_gpu=sliding,
+        state_blocks_per_seq=state_blocks(model),
         expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format),
     )
 

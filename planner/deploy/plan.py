@@ -22,7 +22,7 @@ NVFP4 weight-only through Marlin; MXFP4 leaves dense layers unquantized);
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.core.config import SchedulerConfig
 from engine.deployment import BatchDevice, Deployment, resolve_batch_limits
@@ -34,6 +34,7 @@ from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
 from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
+from planner.deploy.state_cache import hybrid_block_size, state_blocks
 from planner.errors import PlannerError
 
 
@@ -51,6 +52,19 @@ class DeploymentPlan:
     weight_format: WeightFormat | None = None   # None: 16-bit weights
     gemm: GemmPath | None = None                # what vLLM runs the quantized linear layers with here
     moe: MoeLayout | None = None                # a MoE's experts over the tp x dp GPUs (None: dense)
+    hybrid_block_size: int | None = None        # a Gated DeltaNet hybrid's cache block size (state_cache.py)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the KV cache the scheduler allocates: the deployment's, or the larger size
+        vLLM gives a Gated DeltaNet hybrid so a block holds a layer's recurrent state (the attention kernel
+        still runs at the deployment's block size)."""
+        return self.hybrid_block_size or self.deployment.block_size
+
+    @property
+    def state_blocks(self) -> int:
+        """Blocks each running sequence holds for its recurrent states (0 without linear attention)."""
+        return state_blocks(self.model)
 
     @property
     def dtype_bytes(self) -> int:
@@ -86,7 +100,7 @@ class DeploymentPlan:
     def params(self) -> dict:
         """The run's settings, JSON-ready, for result files."""
         d = self.deployment
-        return {"model": self.model.name, "gpu": self.gpu.name, "tp": d.tp, "block_size": d.block_size,
+        return {"model": self.model.name, "gpu": self.gpu.name, "tp": d.tp, "block_size": self.block_size,
                 "allocator": d.allocator, "preemption_mode": d.preemption_mode, "max_num_seqs": d.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "gpu_memory_utilization": d.gpu_memory_utilization,
@@ -116,22 +130,44 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
     deployment = resolve_batch_limits(deployment, batch_device(gpu), max_model_len)   # as resolved() does
+    deployment, hybrid_notes = _hybrid_limits(deployment, model)
     budget = _token_budget(deployment, max_model_len)
+    dtype_bytes = 4 if deployment.dtype == "float32" else 2
+    block_size = hybrid_block_size(model, gpu, deployment.tp, dtype_bytes,
+                                   1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes, deployment.block_size)
     memory = None
     if deployment.num_gpu_blocks is None or (deployment.num_cpu_blocks is None
                                              and not deployment.enable_chunked_prefill):
-        memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt)
+        memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt, block_size)
     gpu_blocks = deployment.num_gpu_blocks if deployment.num_gpu_blocks is not None else memory.num_gpu_blocks
     cpu_blocks = deployment.num_cpu_blocks
     if cpu_blocks is None:                        # recompute only under vllm-v1: no swap space to plan
         cpu_blocks = 0 if memory is None else memory.num_cpu_blocks
+    hybrid = block_size if model.linear_attention is not None else None
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          weight_format=fmt, gemm=gemm, moe=layout)
+                          weight_format=fmt, gemm=gemm, moe=layout, hybrid_block_size=hybrid)
     if not refuse:
         return plan
-    warnings = checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
+    warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
+                + hybrid_notes)
     return DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          tuple(warnings), fmt, gemm, layout)
+                          tuple(warnings), fmt, gemm, layout, hybrid)
+
+
+def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment, list[str]]:
+    """A Gated DeltaNet hybrid runs under vLLM v1 only (V0, the paper's engine, is gone), and without
+    prefix caching: its recurrent states are not cached per block here (vLLM's experimental "align" mode
+    is not modelled), so a cached attention prefix would not spare the linear layers' prefill."""
+    if model.linear_attention is None:
+        return deployment, []
+    if not deployment.enable_chunked_prefill:
+        raise PlannerError(f"{model.name}'s Gated DeltaNet layers run only under vLLM v1 (--policy vllm-v1); "
+                           f"the paper's policy has no recurrent-state cache")
+    if not deployment.enable_prefix_caching:
+        return deployment, []
+    return replace(deployment, enable_prefix_caching=False), [
+        f"{model.name}: prefix caching off, as vLLM runs a hybrid without it (mamba_cache_mode none); its "
+        f"experimental cache of recurrent states at block boundaries is not modelled"]
 
 
 def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
@@ -210,9 +246,9 @@ def _token_budget(deployment: Deployment, max_model_len: int) -> int:
 
 
 def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget: int, refuse: bool,
-                 fmt: WeightFormat | None) -> MemoryPlan:
+                 fmt: WeightFormat | None, block_size: int) -> MemoryPlan:
     dtype_bytes = 4 if deployment.dtype == "float32" else 2
-    args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
+    args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=block_size,
                 dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,

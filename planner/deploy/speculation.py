@@ -190,7 +190,7 @@ def proposer_model(deployment: Deployment, target: ModelSpec) -> tuple[ModelSpec
     # an MTP head is one of the target's MoE layers (DeepSeek's: latent attention, routed and shared experts)
     head = replace(target, name=f"{target.name} {method} head", num_layers=1, hf_id=None, aliases=(),
                    published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0,
-                   dense_layers=0)
+                   dense_layers=0, linear_attention=None)     # Qwen3.5's MTP layer attends
     if method == "eagle":                  # a Llama decoder layer, whatever the target
         head_size = target.head_size if not target.is_mla else target.hidden_size // target.num_heads
         head = replace(head, model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,

@@ -314,6 +314,7 @@ class DecodeBatch:
         # A prefix-cache hit spares blocks, and the blocks the members fill meanwhile may lengthen it:
         # count the longest hit there could be (none without caching).
         free = self.allocator.num_free_blocks() + ((tokens - 1) // self.bs if self.caching else 0)
+        free -= self.allocator.state_blocks           # what a hybrid's sequence holds for its states
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
         return _blocks_for(min(tokens, budget), self.bs) > free

@@ -113,7 +113,7 @@ class SimResult:
                 "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
                 "kv_blocks_used_at_end": self.kv_blocks_used_at_end, "num_gpu_blocks": plan.num_gpu_blocks,
                 "num_cpu_blocks": plan.num_cpu_blocks,
-                "kv_token_slots": plan.num_gpu_blocks * plan.deployment.block_size,
+                "kv_token_slots": plan.num_gpu_blocks * plan.block_size,
                 "simulated_time": self.simulated_time, "cost_model": self.cost_model, "params": self.params}
 
 
@@ -762,9 +762,10 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     spec = speculation_of(dep)
     private = dep.enable_chunked_prefill and dep.enable_prefix_caching and spec is None
     if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
-        allocator = PrivateBlockManager(dep.block_size, plan.num_gpu_blocks)
+        allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks)
     elif dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
-        allocator = VllmBlockManager(dep.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching)
+        allocator = VllmBlockManager(plan.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching,
+                                     state_blocks=plan.state_blocks)
     else:
         allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
                                    num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,

@@ -113,7 +113,7 @@ class Fleet:
                 engine.executor.rng = random.Random(f"{seed}/{i}")
             if policy.uses_prefix:
                 engine.log_kv_events()
-        self.router = make_router(policy, self.engines, plan.deployment.block_size)
+        self.router = make_router(policy, self.engines, plan.block_size)
         self.groups: list = []                         # every request sent, in sending order
         self.routes: list[int] = []
         self.loop: ClosedLoop | None = None

@@ -129,7 +129,7 @@ class DecodePool:
             if policy.uses_prefix:
                 engine.log_kv_events()
             self.engines.append(engine)
-        self.router = Router(policy, self.engines, pool.plan.deployment.block_size)
+        self.router = Router(policy, self.engines, pool.plan.block_size)
         self.groups: list[SequenceGroup] = []     # every request handed to the pool, in hand-off order
         self.routes: list[int] = []
 
