@@ -36,7 +36,7 @@ shows for the same tokens, format and split: the geometric mean, over every shap
 time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (the
 per-tensor FP8 MoE NVIDIA timed on Hopper, FlashInfer's CUTLASS one, runs 3-7x the roofline; bf16's
 Triton one about 1x). Leaving each timed shape out in turn and pricing it so comes within a factor of
-1.13 of its own rows on average (bench/bench_moe_shapes.py). The ledger names the term's source
+1.09 of its own rows on average (bench/bench_moe_shapes.py). The ledger names the term's source
 `scaled`. A shape the table has, but not in this format or split, is a one-line error, and `auto` then
 prices the model with the roofline.
 """
