@@ -553,3 +553,62 @@ def test_serve_hands_the_health_probe_settings_to_the_fleet_proxy(folder, monkey
     proxy = launch.proxy_server(["http://127.0.0.1:1"], parse_policy("round-robin"), 16, "127.0.0.1", 0,
                                 probes=got["probes"]).config.app.state.proxy
     assert (proxy.probe_period, proxy.probe_timeout, proxy.probe_failures) == (0.5, 1.0, 3)
+
+
+class _Upstream:
+    """What the proxy's relay reads of a replica's streamed answer: its chunks and its close."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def aiter_raw(self):
+        yield b'data: {"replica": 0}\n\n'
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("spec, leaves", [("2.3", "while the headers go out"), ("2.4", "at the first chunk"),
+                                         ("2.4", "never")])
+def test_a_relayed_stream_ends_its_request_as_its_client_leaves(spec, leaves):
+    """A client that leaves right after the headers still has the replica's connection closed (aborting the
+    request there) and its in-flight count released the moment its response is over: a relay never
+    started (ASGI 2.3: starlette cancels the stream when it sees the disconnect) runs no `finally`, and one
+    whose send failed (ASGI 2.4: the server raises OSError) would wait for the garbage collector."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from engine.entrypoints.router.proxy import RelayedStream, _Relay
+    from engine.entrypoints.router.replicas import Replica
+
+    async def run() -> None:
+        replica, upstream, sent = Replica(0, "http://replica", in_flight=1), _Upstream(), []
+
+        class Owner:     # the proxy's part the relay calls when the request ends
+            @staticmethod
+            def _ended(r: Replica) -> None:
+                r.in_flight -= 1
+
+        async def receive():
+            if leaves != "while the headers go out":
+                await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message) -> None:
+            if message["type"] == "http.response.start" and leaves == "while the headers go out":
+                await asyncio.sleep(0.05)          # the disconnect is seen while the headers go out
+            if message["type"] == "http.response.body" and leaves == "at the first chunk":
+                raise OSError("the client is gone")
+            sent.append(message["type"])
+
+        relay = _Relay(Owner(), replica, upstream)
+        response = RelayedStream(relay, headers={})
+        try:
+            await response({"type": "http", "asgi": {"spec_version": spec}, "method": "POST"}, receive, send)
+        except ClientDisconnect:                   # starlette's word for the OSError
+            assert leaves == "at the first chunk"
+        assert upstream.closed == 1 and replica.in_flight == 0       # now, not when the relay is collected
+        assert ("http.response.body" in sent) == (leaves == "never")
+
+    asyncio.run(run())

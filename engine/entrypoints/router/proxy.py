@@ -196,8 +196,7 @@ class Proxy:
                 holding = replica
             if streamed and upstream.status_code == 200:
                 holding = None                   # the relay releases it when the stream ends
-                return StreamingResponse(self._relay(replica, upstream), status_code=200,
-                                         headers=_passed(upstream.headers))
+                return RelayedStream(_Relay(self, replica, upstream), headers=_passed(upstream.headers))
             try:
                 content = await _unless_lost(replica, upstream.aread())
             except httpx.HTTPError as exc:       # it had answered (its headers came): never sent again
@@ -214,24 +213,6 @@ class Proxy:
             raise
         self._ended(replica)
         return Response(content, status_code=upstream.status_code, headers=_passed(upstream.headers))
-
-    async def _relay(self, replica: Replica, upstream: httpx.Response):
-        """A stream's bytes as they come; a replica that breaks off, or is marked down, ends it with an
-        error event."""
-        chunks = upstream.aiter_raw()
-        try:
-            while (chunk := await _unless_lost(replica, anext(chunks, None))) is not None:
-                yield chunk
-        except httpx.HTTPError as exc:
-            replica.failed += 1
-            replica.down = f"{type(exc).__name__}: {exc}"
-            yield _error_event(f"{replica.name()} broke off the stream: {replica.down}")
-        except ReplicaLost:
-            replica.failed += 1
-            yield _error_event(_stopped_answering(replica))
-        finally:
-            await upstream.aclose()
-            self._ended(replica)
 
     def _ended(self, replica: Replica) -> None:
         replica.in_flight -= 1
@@ -398,3 +379,57 @@ def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
     app.add_middleware(BodyLimit, max_bytes=max_body)
     app.state.proxy = proxy
     return app
+
+
+class _Relay:
+    """One stream from a replica to its client: the bytes as they come, and the end of the request, once,
+    whether the stream ran to its end, broke off, or never started (a client that leaves right after the
+    headers, before the first chunk, would otherwise leave the replica generating and its count held:
+    an async generator never started runs no `finally`)."""
+
+    def __init__(self, proxy: "Proxy", replica: Replica, upstream: httpx.Response) -> None:
+        self.proxy, self.replica, self.upstream = proxy, replica, upstream
+        self.closed = False
+
+    async def chunks(self):
+        """The stream's bytes; a replica that breaks off, or is marked down, ends it with an error event."""
+        replica = self.replica
+        chunks = self.upstream.aiter_raw()
+        try:
+            while (chunk := await _unless_lost(replica, anext(chunks, None))) is not None:
+                yield chunk
+        except httpx.HTTPError as exc:
+            replica.failed += 1
+            replica.down = f"{type(exc).__name__}: {exc}"
+            yield _error_event(f"{replica.name()} broke off the stream: {replica.down}")
+        except ReplicaLost:
+            replica.failed += 1
+            yield _error_event(_stopped_answering(replica))
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the replica's connection (aborting the request there if it still runs) and release its
+        count; a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.upstream.aclose()
+        finally:
+            self.proxy._ended(self.replica)
+
+
+class RelayedStream(StreamingResponse):
+    """A relayed stream's response: whatever becomes of the sending (the client gone before the headers
+    or the first chunk, or the send cancelled), the relay is closed when it is over."""
+
+    def __init__(self, relay: _Relay, headers) -> None:
+        super().__init__(relay.chunks(), status_code=200, headers=headers)
+        self.relay = relay
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.close()
