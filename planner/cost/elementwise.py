@@ -71,20 +71,20 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     gemma = model.norms_per_layer == 4
-    attending = model.attention_layers if model.linear_attention is not None else None
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
     if gemma:
         kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
-        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES, layers=attending))
+        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES, layers=model.attention_layers))
     if model.is_mla:
         kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
     if not model.is_gpt_like:
-        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=attending))
-    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes), layers=attending))
+        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=model.attention_layers))
+    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * (ACT_BYTES + kv_bytes),
+                          layers=model.attention_layers))
     if model.attention_output_gate:
-        kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=attending))
+        kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=model.attention_layers))
     if model.linear_attention is not None:
         value_width = model.linear_attention.heads_per_gpu(tp)[1] * model.linear_attention.value_head_dim
         kernels.append(Kernel("linear attention gated RMSNorm", 3 * value_width * ACT_BYTES,

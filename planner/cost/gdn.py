@@ -49,6 +49,7 @@ class GdnPrice:
         self._prefill_per_token = max(flops / (gpu.peak_flops(dtype_bytes) * compute_efficiency), traffic / bw)
         self.extrapolated = False          # a timed kernel read outside its grid (the caller flags it)
         self._decode_cache: dict[int, float] = {}
+        self._prefill_cache: dict[tuple[int, int], float] = {}
 
     def decode(self, seqs: int) -> float:
         """All GDN layers' time on `seqs` decoding sequences; cached."""
@@ -63,12 +64,16 @@ class GdnPrice:
         return value
 
     def prefill(self, seqs: int, tokens: int) -> float:
-        """All GDN layers' time on the prompt chunks of `seqs` sequences holding `tokens` tokens in all."""
+        """All GDN layers' time on the prompt chunks of `seqs` sequences holding `tokens` tokens in all; cached
+        (a chunked prefill's steps repeat their chunk sizes)."""
         if self.kernels is None:
             return self.layers * tokens * self._prefill_per_token
-        per_layer, outside = self.kernels.prefill(seqs, tokens)
-        self.extrapolated |= outside
-        return self.layers * per_layer
+        value = self._prefill_cache.get((seqs, tokens))
+        if value is None:
+            per_layer, outside = self.kernels.prefill(seqs, tokens)
+            self.extrapolated |= outside
+            value = self._prefill_cache[seqs, tokens] = self.layers * per_layer
+        return value
 
     def describe(self) -> str:
         if self.kernels is not None:

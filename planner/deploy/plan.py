@@ -132,18 +132,15 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     deployment = resolve_batch_limits(deployment, batch_device(gpu), max_model_len)   # as resolved() does
     deployment, hybrid_notes = _hybrid_limits(deployment, model)
     budget = _token_budget(deployment, max_model_len)
-    dtype_bytes = 4 if deployment.dtype == "float32" else 2
-    block_size = hybrid_block_size(model, gpu, deployment.tp, dtype_bytes,
-                                   1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes, deployment.block_size)
     memory = None
     if deployment.num_gpu_blocks is None or (deployment.num_cpu_blocks is None
                                              and not deployment.enable_chunked_prefill):
-        memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt, block_size)
+        memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt)
     gpu_blocks = deployment.num_gpu_blocks if deployment.num_gpu_blocks is not None else memory.num_gpu_blocks
     cpu_blocks = deployment.num_cpu_blocks
     if cpu_blocks is None:                        # recompute only under vllm-v1: no swap space to plan
         cpu_blocks = 0 if memory is None else memory.num_cpu_blocks
-    hybrid = block_size if model.linear_attention is not None else None
+    hybrid = _hybrid_block_size(deployment, model, gpu)
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
                           weight_format=fmt, gemm=gemm, moe=layout, hybrid_block_size=hybrid)
     if not refuse:
@@ -152,6 +149,16 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
                 + hybrid_notes)
     return DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
                           tuple(warnings), fmt, gemm, layout, hybrid)
+
+
+def _hybrid_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:
+    """The block size vLLM raises a Gated DeltaNet hybrid's cache to (the memory plan raises it alike); None
+    for any other model."""
+    if model.linear_attention is None:
+        return None
+    dtype_bytes = 4 if deployment.dtype == "float32" else 2
+    kv_dtype_bytes = 1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes
+    return hybrid_block_size(model, gpu, deployment.tp, dtype_bytes, kv_dtype_bytes, deployment.block_size)
 
 
 def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment, list[str]]:
@@ -246,9 +253,9 @@ def _token_budget(deployment: Deployment, max_model_len: int) -> int:
 
 
 def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget: int, refuse: bool,
-                 fmt: WeightFormat | None, block_size: int) -> MemoryPlan:
+                 fmt: WeightFormat | None) -> MemoryPlan:
     dtype_bytes = 4 if deployment.dtype == "float32" else 2
-    args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=block_size,
+    args = dict(gpu_memory_utilization=deployment.gpu_memory_utilization, block_size=deployment.block_size,
                 dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
