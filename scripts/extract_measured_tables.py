@@ -24,7 +24,10 @@ version) in planner/data/measured/SOURCE.json:
   FlashAttention 3 on Hopper, FlashInfer where FlashAttention 2 takes no FP8
   cache (Ada, Blackwell RTX), TRT-LLM-gen kernels through FlashInfer on B200;
 - Gated DeltaNet (`gdn`): one linear-attention layer's two kernels per phase (the short
-  conv and the delta rule), by the heads on one GPU, batch and sequence length.
+  conv and the delta rule), by the heads on one GPU, batch and sequence length;
+- DeepSeek Sparse Attention (`dsa_context`, `dsa_generation`): one layer's whole attention module
+  (projections, indexer, sparse MLA, o_proj) per model shape (DeepSeek-V3.2, GLM-5), heads on one
+  GPU, KV-cache dtype and GEMM format, by batch and prompt length (fresh prompts) or context.
 
 Run (needs pandas, pyarrow and pyyaml, only here; the planner reads the CSVs
 with the standard library):
@@ -262,6 +265,34 @@ def extract_gdn(data: Path, base: Path, system: str) -> dict:
                                  "median over the models (d_model) sharing a head shape, and of repeats")}
 
 
+def extract_dsa(data: Path, base: Path, system: str) -> dict:
+    """The DSA module tables (decode by cached tokens `step`, prefill by prompt length `isl` over no cached
+    prefix), the median of repeats; their sources."""
+    found = {}
+    for phase, length in (("context", "isl"), ("generation", "step")):
+        path = newest(data / "sparse_attention" / "vllm", f"dsa_{phase}_module_perf.parquet")
+        if path is None:
+            continue
+        d = pd.read_parquet(path)
+        if phase == "context":
+            d = d[d.step == 0]
+        # B200's rows time the kernel vLLM selects per cache dtype and heads (FlashInfer's for an FP8 cache
+        # or at most 16 heads, FlashMLA's otherwise): one kernel per (cache dtype, heads), named per dtype
+        by_split = d.groupby(["kv_cache_dtype", "num_heads"]).kernel_source.nunique()
+        mla = d.mla_dtype.unique()
+        if by_split.max() != 1 or len(mla) != 1:
+            raise SystemExit(f"dsa_{phase}_module_perf: several kernels time one split, or several MLA dtypes")
+        kernels = d.groupby("kv_cache_dtype").kernel_source.unique()
+        named = "; ".join(f"{kv} cache: {'/'.join(sorted(found))}" for kv, found in kernels.items())
+        keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
+        table = d.groupby(keys, as_index=False).latency.median()
+        write(table.rename(columns={"latency": "latency_ms"}), system, f"dsa_{phase}")
+        found[f"dsa_{phase}"] = source(base, path, rows=len(table), kernel=named,
+                                       filter=("step=0 (no cached prefix); " if phase == "context" else "")
+                                       + f"mla_dtype={mla[0]}; num_heads are the heads on one GPU; median of repeats")
+    return found
+
+
 def system_spec(spec_path: Path, system: str) -> dict:
     """The GPU and node figures of the system's spec file the cost model reads."""
     spec = yaml.safe_load(spec_path.read_text())
@@ -289,6 +320,7 @@ def extract(root: Path, system: str, package_version: str) -> dict:
     tables.update(extract_allreduce(data, base, system))
     tables.update(extract_moe(data, base, system))
     tables.update(extract_gdn(data, base, system))
+    tables.update(extract_dsa(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}
     if skipped:
         record["skipped"] = skipped

@@ -166,8 +166,8 @@ def test_hf_config_builds_the_counted_model(model):
     # gpt-oss and Llama 4: their one layer a sliding (chunked) one
     sliding = "chunked_attention" if model.model_type == "llama4_text" else "sliding_attention"
     one_layer = dict(layer_types=[sliding]) if model.sliding_layers else {}
-    if model.model_type == "glm4_moe_lite":
-        one_layer["mlp_layer_types"] = ["sparse"]     # GLM-4.7-Flash lists its layers' kinds
+    if model.model_type in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
+        one_layer["mlp_layer_types"] = ["sparse"]     # GLM-4.7-Flash, DeepSeek-V3.2, GLM-5 list their layers' kinds
     elif model.is_mla:
         one_layer["first_k_dense_replace"] = 0        # DeepSeek's one layer: a MoE one, with its shared expert
     layers = 1

@@ -14,7 +14,7 @@ from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
 from planner.deploy.memory import plan_memory
 from planner.deploy.plan import plan_deployment
-from planner.deploy.state_cache import cache_groups, hybrid_block_size, state_blocks
+from planner.deploy.state_cache import cache_groups, cache_block_size, state_blocks
 from planner.errors import PlannerError
 from planner.runs.pipeline import Simulation
 
@@ -65,13 +65,13 @@ def test_vllms_block_size_holds_a_layers_state():
     state = QWEN35.linear_attention.state_bytes_per_gpu(1, 2)
     assert state == 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 4       # conv window + fp32 state
     for gpu, tp in (("h200", 1), ("h200", 2), ("b200", 1)):
-        size = hybrid_block_size(QWEN35, resolve_gpu(gpu), tp, 2, 2, 16)
+        size = cache_block_size(QWEN35, resolve_gpu(gpu), tp, 2, 2, 16)
         token = QWEN35.kv_cache_width(tp) * 2
         step = 32 if gpu == "b200" else 16
         assert size % step == 0 and size * token >= QWEN35.linear_attention.state_bytes_per_gpu(tp, 2)
         assert (size - step) * token < QWEN35.linear_attention.state_bytes_per_gpu(tp, 2)
-    assert hybrid_block_size(QWEN35, resolve_gpu("h200"), 1, 2, 2, 16) == 1056
-    assert hybrid_block_size(resolve_model("llama-3.1-8b"), resolve_gpu("h200"), 1, 2, 2, 16) == 16
+    assert cache_block_size(QWEN35, resolve_gpu("h200"), 1, 2, 2, 16) == 1056
+    assert cache_block_size(resolve_model("llama-3.1-8b"), resolve_gpu("h200"), 1, 2, 2, 16) == 16
 
 
 def test_the_cache_pool_holds_tokens_and_states():

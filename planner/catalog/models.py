@@ -26,6 +26,7 @@ from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.rope import partial_rotary_dims
+from planner.catalog.sparse_attention import DSA_TYPES, SparseIndexer, latent_cache_bytes
 from planner.errors import PlannerError
 
 # model_type -> how its layers are built. OPT and GPT-2 are the same decoder
@@ -116,6 +117,9 @@ class ModelSpec:
     # the Gated DeltaNet layers that replace attention in three of four layers (None: every layer attends).
     attention_output_gate: bool = False
     linear_attention: LinearAttention | None = None
+    # DeepSeek-V3.2 and GLM-5: the indexer that picks the keys latent attention reads (None: every key;
+    # planner/catalog/sparse_attention.py)
+    sparse_indexer: SparseIndexer | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -143,6 +147,10 @@ class ModelSpec:
             if self.linear_attention.layers >= self.num_layers:
                 raise PlannerError(f"model {self.name!r}: {self.linear_attention.layers} linear-attention layers "
                                    f"leave none of {self.num_layers} to attend")
+        if (self.sparse_indexer is not None) != (self.model_type in DSA_TYPES) or (
+                self.sparse_indexer is not None and not self.q_lora_rank):
+            raise PlannerError(f"model {self.name!r}: an indexer (sparse attention) belongs to a DSA model_type "
+                               f"({', '.join(DSA_TYPES)}) with latent attention and a q_lora_rank")
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")
@@ -179,6 +187,15 @@ class ModelSpec:
         """Values one of `tp` GPUs caches per token and layer: its KV heads' K and V, or MLA's latent and
         rotary key, which every rank holds whole."""
         return mla.cache_width(self) if self.is_mla else 2 * self.kv_heads_per_gpu(tp) * self.head_size
+
+    def kv_cache_bytes(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
+        """Bytes one of `tp` GPUs caches per token and attention layer with `kv_dtype_bytes`-byte values:
+        kv_cache_width values, or a DSA model's latent in vLLM's format and its indexer key
+        (planner/catalog/sparse_attention.py)."""
+        if self.sparse_indexer is None:
+            return self.kv_cache_width(tp) * kv_dtype_bytes
+        return (latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes)
+                + self.sparse_indexer.key_bytes)
 
     @property
     def attention_flops_per_key(self) -> int:
@@ -508,7 +525,7 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16; MLA's latent); a
         Gated DeltaNet layer keeps none."""
-        return self.attention_layers * self.kv_cache_width() * dtype_bytes
+        return self.attention_layers * self.kv_cache_bytes(1, dtype_bytes)
 
     def flops_per_token(self, context_len: int = 0) -> int:
         """Forward FLOPs for one token that attends to `context_len` keys, LM head included.
@@ -546,7 +563,7 @@ class ModelSpec:
         """K and V one sequence of `tokens` holds across all layers: a sliding-window layer keeps at most
         its window (vLLM's hybrid KV cache manager frees the blocks that leave it)."""
         keep = self.full_attention_layers * tokens + self.sliding_layers * min(tokens, self.window)
-        return keep * self.kv_cache_width() * dtype_bytes
+        return keep * self.kv_cache_bytes(1, dtype_bytes)
 
 
     # ---- Hugging Face configs ----------------------------------------------
@@ -709,6 +726,8 @@ def model_catalog() -> Catalog[ModelSpec]:
         entry["aliases"] = tuple(entry.get("aliases", ()))
         if entry.get("linear_attention") is not None:
             entry["linear_attention"] = LinearAttention(**entry["linear_attention"])
+        if entry.get("sparse_indexer") is not None:
+            entry["sparse_indexer"] = SparseIndexer(**entry["sparse_indexer"])
         if entry.get("published_params") is not None:
             entry["published_params"] = int(entry["published_params"])
         specs.append(ModelSpec(**entry))

@@ -41,10 +41,12 @@ from typing import Any
 from planner.catalog.llama4_config import LLAMA4_TYPES, llama4_hf_config
 from planner.catalog.quantization import checkpoint_scheme
 from planner.catalog.rope import partial_rotary_dims
+from planner.catalog.sparse_attention import DSA_TYPES, sparse_indexer
 from planner.errors import PlannerError
 
-# DeepSeek-V3's architecture, latent attention included, under other names: Kimi-K2, GLM-4.7-Flash
-DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite")
+# DeepSeek-V3's architecture, latent attention included, under other names: Kimi-K2, GLM-4.7-Flash; and with
+# DeepSeek Sparse Attention's indexer on top: DeepSeek-V3.2, GLM-5 (planner/catalog/sparse_attention.py)
+DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite", *DSA_TYPES)
 GLM_TYPES = ("glm4_moe",)
 MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *DEEPSEEK_TYPES, *GLM_TYPES,
              *LLAMA4_TYPES)   # Llama 4: llama4_config
@@ -134,13 +136,14 @@ def _shared_expert_fields(get: Callable[..., Any], model_type: str, name: str) -
 
 
 def _deepseek_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
-    """DeepSeek-V2/V3 and Kimi-K2: shared experts, leading dense layers and latent attention (above)."""
+    """DeepSeek-V2/V3, Kimi-K2 and the DSA models: shared experts, leading dense layers and latent attention
+    (above), and DSA's indexer."""
     rope_dims = get("qk_rope_head_dim")
     return dict(
         _shared_expert_fields(get, model_type, name), num_kv_heads=get("num_attention_heads"),
         head_size=(get("qk_nope_head_dim") or 0) + (rope_dims or 0),
         kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, qk_rope_head_dim=rope_dims,
-        v_head_dim=get("v_head_dim"))
+        v_head_dim=get("v_head_dim"), sparse_indexer=sparse_indexer(get, name) if model_type in DSA_TYPES else None)
 
 
 def _glm_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
@@ -183,7 +186,14 @@ def moe_hf_config(spec, common: dict[str, Any]):
             kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank or None,
             qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.head_size - spec.qk_rope_head_dim,
             v_head_dim=spec.v_head_dim, **experts, **{k: v for k, v in common.items() if k not in drop})
-        if spec.model_type == "glm4_moe_lite":        # its dense layers listed per layer
+        if spec.sparse_indexer is not None:
+            index = spec.sparse_indexer
+            make = transformers.DeepseekV32Config if spec.model_type == "deepseek_v32" else transformers.GlmMoeDsaConfig
+            config = make(first_k_dense_replace=spec.dense_layers, index_n_heads=index.heads,
+                          index_head_dim=index.head_dim, index_topk=index.topk, **fields)
+            config.architectures = ["DeepseekV32ForCausalLM" if spec.model_type == "deepseek_v32"
+                                    else "GlmMoeDsaForCausalLM"]
+        elif spec.model_type == "glm4_moe_lite":        # its dense layers listed per layer
             kinds = ["dense"] * spec.dense_layers + ["sparse"] * spec.moe_layers
             config = transformers.Glm4MoeLiteConfig(mlp_layer_types=kinds, **fields)
             config.architectures = ["Glm4MoeLiteForCausalLM"]

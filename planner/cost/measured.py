@@ -103,8 +103,9 @@ from planner.cost.gdn import GdnPrice
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
-from planner.cost.window import windowed_prefill_pairs
 from planner.cost.shape import StepShape, context_bucket
+from planner.cost.sparse import MODULE_GEMMS, MODULE_KERNELS, SparsePrice, module_trees
+from planner.cost.window import windowed_prefill_pairs
 from planner.errors import PlannerError
 
 # The host time the model charged before it was calibrated against vLLM's own runs (`leave_out=("host",)`):
@@ -209,6 +210,8 @@ class MeasuredCostModel:
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         self._kernels = step_kernels(model, tp, self._kv_bytes)
+        if self._sparse is not None and self._latent is None:
+            self._module_parts()
         self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, system, WEIGHT_ONLY_COMPUTE_EFFICIENCY,
                               self._elementwise_bw / gpu.memory_bandwidth)
                      if model.linear_attention is not None else None)
@@ -216,7 +219,7 @@ class MeasuredCostModel:
             self.notes.append(f"{system} has no timed Gated DeltaNet kernels: their convolution and recurrent "
                               f"update are priced by the roofline (planner/cost/gdn.py)")
 
-        kv_bytes_per_token = model.num_layers * model.kv_cache_width(tp) * self._kv_bytes
+        kv_bytes_per_token = model.attention_layers * model.kv_cache_bytes(tp, self._kv_bytes)
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
         self._copy_per_block = 2 * kv_bytes_per_token * block_size / (gpu.memory_bandwidth * 0.8)
         self._host_base, self._host_per_seq, self.host_source = self._host_constants()
@@ -328,14 +331,18 @@ class MeasuredCostModel:
         down = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
         gemms = [("q_a + kv_a", (down, h), layers)]
         gemms.append(("q_b" if model.q_lora_rank else "q", (heads * model.head_size, model.q_lora_rank or h), layers))
-        return gemms + [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers),
-                        ("o projection", (h, heads * model.v_head_dim), layers)]
+        gemms += [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers),
+                  ("o projection", (h, heads * model.v_head_dim), layers)]
+        if model.sparse_indexer is not None:     # whole on every rank (planner/catalog/sparse_attention.py)
+            (q_out, q_in), (k_out, _), (w_out, _) = model.sparse_indexer.shapes(h, model.q_lora_rank)
+            gemms += [("indexer wq_b", (q_out, q_in), layers), ("indexer wk + weights_proj", (k_out + w_out, h), layers)]
+        return gemms
 
     def _set_up_attention(self, kv_cache_dtype: str) -> None:
         """The attention tables of the KV cache's dtype (bf16 ones where the system has no FP8-KV table)."""
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
-        self._latent = None
+        self._latent = self._sparse = None
         if self.model.is_mla:
             self._set_up_latent_attention()
             return
@@ -366,6 +373,7 @@ class MeasuredCostModel:
         m = self.model
         key_bytes = m.kv_cache_width(self.tp) * self._kv_bytes
         self._latent = {
+            "decode_per_seq": 0.0,
             "decode_per_key": max(key_bytes / self._elementwise_bw,
                                   self._heads * mla.decode_flops_per_key(m) / self._flops_eff),
             "prefill_per_pair": self._heads * mla.prefill_flops_per_pair(m) / self._flops_eff,
@@ -373,11 +381,46 @@ class MeasuredCostModel:
             "decode_floor": min(r["latency"] for r in tables.load_rows(self.system, "generation_attention")),
             "prefill_floor": min(r["latency"] for r in tables.load_rows(self.system, "context_attention")),
         }
-        self._tables.update(context="MLA roofline", generation="MLA roofline")
         self._ctx_fold = self._gen_fold = 1
+        if m.sparse_indexer is not None:
+            self._set_up_sparse_attention()
+            return
+        self._tables.update(context="MLA roofline", generation="MLA roofline")
         self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
                           "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only); against the one public "
                           "vLLM deployment checked, DeepSeek-R1 came out optimistic (docs/moe.md)")
+
+    def _set_up_sparse_attention(self) -> None:
+        """DeepSeek Sparse Attention (planner/cost/sparse.py). Where NVIDIA timed the model's shapes, one
+        layer's whole attention module comes from its tables, read like the attention tables (its
+        projections and small kernels leave the ledger's GEMM and elementwise terms: `_module_parts`).
+        Elsewhere by the roofline: a decoding sequence pays index_topk keys' latent attention and the
+        indexer's score of each of its keys, so its decode curve is the MLA floor plus those two (linear
+        in the context: the context buckets' lines are exact). Either way a prefill's cached keys beyond
+        a fresh prompt's are the indexer's to score (`_prefill_attention`)."""
+        fp8 = self.gpu.fp8_flops * WEIGHT_ONLY_COMPUTE_EFFICIENCY
+        self._sparse = SparsePrice.of(self.model, self.gpu, self.tp, self._kv_bytes, self._elementwise_bw,
+                                      self._flops_eff, fp8)
+        module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format)
+        if module is not None:
+            self._ctx_tree, self._gen_tree, timed = module
+            self._latent = None
+            self._tables.update(context="dsa_context", generation="dsa_generation")
+            self.notes.append(f"DeepSeek Sparse Attention: each layer's attention module (projections, indexer, "
+                              f"sparse MLA, o_proj) from {self.system}'s dsa_context / dsa_generation tables "
+                              f"({timed}); a prefill's cached keys scored by the indexer's roofline")
+            return
+        self._latent.update(decode_per_seq=self._sparse.decode_per_query, decode_per_key=self._sparse.index_per_key)
+        self._tables.update(context="DSA roofline", generation="DSA roofline")
+        self.notes.append(f"DeepSeek Sparse Attention priced by the roofline on top of the attention tables' floor: "
+                          f"{self._sparse.topk} keys of latent attention per query and the indexer's FP8 score of "
+                          f"every key (planner/cost/sparse.py; bench/bench_dsa_module.py sets it beside NVIDIA's "
+                          f"timed vLLM DSA module)")
+
+    def _module_parts(self) -> None:
+        """Leave out of the GEMM and elementwise terms what the DSA module tables time."""
+        self._gemms = [g for g in self._gemms if g[0] not in MODULE_GEMMS]
+        self._kernels = tuple(k for k in self._kernels if k.name not in MODULE_KERNELS)
 
     @property
     def name(self) -> str:
@@ -471,6 +514,10 @@ class MeasuredCostModel:
         return max(latency - (before - after), latency * after / before)
 
     def context_attention(self, batch: int, length: int) -> float:
+        """One layer's attention over `batch` fresh prompts of `length` tokens."""
+        if self._latent is not None and self._sparse is not None:       # DSA by the roofline
+            return self._latent["prefill_floor"] + self._sparse.prefill(batch * length,
+                                                                        batch * length * (length + 1) // 2)
         if self._latent is not None:
             p = self._latent
             return p["prefill_floor"] + batch * max(length * (length + 1) // 2 * p["prefill_per_pair"],
@@ -494,7 +541,9 @@ class MeasuredCostModel:
         for j in range(self._gen_max_bucket + 1):
             context = max(1 << j, 2)      # the table starts at one cached token: context 1 costs as 2
             if self._latent is not None:
-                points.append((self._latent["decode_floor"] + batch * context * self._latent["decode_per_key"], False))
+                p = self._latent
+                points.append((p["decode_floor"] + batch * (p["decode_per_seq"] + context * p["decode_per_key"]),
+                               False))
                 continue
             # the table's `step` counts the tokens already cached; the new token is the one more
             latency, ext = tables.interpolate(self._gen_tree, (batch * self._gen_fold, context - 1))
@@ -772,6 +821,8 @@ class MeasuredCostModel:
         8188) costs what a prompt of that much work costs, not its own launch-bound time multiplied by
         its pairs over a 4-token prompt's (which priced such a chunk at 3 s on 8 x H100)."""
         batch = s.prefill_seqs
+        if self._sparse is not None:
+            return self._sparse_prefill(s)
         if "chunk_attention" in self.leave_out:
             length = (s.prefill_tokens + batch // 2) // batch
         else:
@@ -783,6 +834,15 @@ class MeasuredCostModel:
             value *= (m.full_attention_layers + m.sliding_layers * windowed_prefill_pairs(s, m.window)
                       / s.prefill_attn_pairs) / m.attention_layers
         return value
+
+    def _sparse_prefill(self, s: StepShape) -> float:
+        """All layers' DSA prefill: the module table's (or the roofline's) price of the step's prompts as fresh
+        prompts of their mean length, and the indexer's score of the pairs a cached prefix adds."""
+        batch = s.prefill_seqs
+        length = max(1, round(s.prefill_tokens / batch))
+        fresh = batch * length * (length + 1) // 2
+        ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
+        return ctx + self.model.attention_layers * max(0, s.prefill_attn_pairs - fresh) * self._sparse.index_per_pair
 
     def _context(self, batch: int, length: int) -> float:
         value = self.model.attention_layers * self.context_attention(batch, length)

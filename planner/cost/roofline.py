@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.gdn import GdnPrice
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
+from planner.cost.sparse import SparsePrice
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
@@ -153,7 +154,7 @@ class RooflineCostModel:
         layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
         attention_layers = model.attention_layers               # a Gated DeltaNet layer attends over no cache
-        kv_bytes_per_token = attention_layers * model.kv_cache_width(tp) * kv_dtype_bytes
+        kv_bytes_per_token = attention_layers * model.kv_cache_bytes(tp, kv_dtype_bytes)
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
         linear_params = model.linear_params_per_gpu(tp)
         head_params = vocab * hidden / tp
@@ -171,6 +172,9 @@ class RooflineCostModel:
         # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
         self._decode_per_key *= self.block_size_factor
+        self._prefill_per_query = self._sparse_per_query = 0.0   # a DSA model's latent attention per query
+        if model.sparse_indexer is not None:
+            self._set_up_sparse(model, gpu, tp, kv_dtype_bytes, bw, flops)
         self._set_up_window(model)
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
         self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
@@ -200,6 +204,17 @@ class RooflineCostModel:
             formats.append(f"dp{moe.dp} ep{moe.ep}" + (f", moe skew {moe.skew:g}" if moe.skew else ""))
         where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
         return f"roofline({where}{''.join(', ' + f for f in formats)})"
+
+    def _set_up_sparse(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_dtype_bytes: int, bw: float,
+                       flops: float) -> None:
+        """DeepSeek Sparse Attention (planner/cost/sparse.py): the causal pairs and the decode keys are the
+        indexer's to score; latent attention costs each query index_topk keys, whatever its context."""
+        layers = model.attention_layers
+        price = SparsePrice.of(model, gpu, tp, kv_dtype_bytes, bw, flops, gpu.fp8_flops * self.efficiency.compute)
+        self._prefill_per_pair = layers * price.index_per_pair
+        self._decode_per_key = layers * price.index_per_key
+        self._prefill_per_query = layers * price.prefill_per_query
+        self._sparse_per_query = layers * price.decode_per_query
 
     def _set_up_window(self, model: ModelSpec) -> None:
         """Split the attention prices between full layers (every key) and sliding-window ones (the window's)."""
@@ -263,7 +278,9 @@ class RooflineCostModel:
                     pairs += windowed_prefill_pairs(s, self._window) * self._slide_per_pair
                 write = s.prefill_tokens * self._prefill_kv_write
                 t += pairs if pairs > write else write
-            t += s.decode_context * self._decode_per_key
+                if self._sparse_per_query:
+                    t += s.prefill_tokens * self._prefill_per_query
+            t += s.decode_context * self._decode_per_key + s.decode_seqs * self._sparse_per_query
             if self._window and s.decode_seqs:
                 t += windowed_decode_keys(s, self._window) * self._slide_per_key
             if self._moe is not None:
@@ -302,7 +319,9 @@ class RooflineCostModel:
             for name, compute, memory in rooflines:
                 parts[name] = max(compute, memory)
                 bound[name] = "compute" if compute > memory else "memory"
-            parts["decode_attention"] = s.decode_context * self._decode_per_key + (
+            if self._sparse_per_query:     # DSA: latent attention over index_topk keys per query
+                parts["prefill_attention"] += s.prefill_tokens * self._prefill_per_query
+            parts["decode_attention"] = s.decode_context * self._decode_per_key + s.decode_seqs * self._sparse_per_query + (
                 windowed_decode_keys(s, self._window) * self._slide_per_key if self._window and s.decode_seqs else 0.0)
             if self._moe is not None:
                 parts["moe"] = self.moe_time(tokens)

@@ -71,8 +71,9 @@ def has_table(system: str, table: str) -> bool:
 
 
 # Columns that hold names, not numbers: the all-reduce's backend, the MoE table's expert format and routing,
-# the GDN table's kernel (conv or delta_rule) and phase (context or generation).
-TEXT_COLUMNS = ("backend", "moe_dtype", "distribution", "kernel", "phase")
+# the GDN table's kernel (conv or delta_rule) and phase (context or generation), the DSA tables' model (its
+# Hugging Face id), cache dtype and GEMM format.
+TEXT_COLUMNS = ("backend", "moe_dtype", "distribution", "kernel", "phase", "model", "kv_cache_dtype", "gemm_type")
 
 
 @lru_cache(maxsize=None)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat
-from planner.deploy.state_cache import block_layers, hybrid_block_size, state_blocks
+from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
 # vLLM 0.1-era scheduler limits (the token budget's from the engine core), used
@@ -206,7 +206,7 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     vLLM pads each group to the same layer count); its sequences' states are blocks of the same pool,
     taken as they run (`state_blocks`), so nothing is set aside.
     """
-    per_layer_block = model.kv_cache_width(tp) * kv_dtype_bytes * block_size
+    per_layer_block = model.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
     if model.linear_attention is not None:
         return block_layers(model) * per_layer_block, 0
     sliding = 0
@@ -254,7 +254,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     _check_args(gpu_memory_utilization, block_size, dtype_bytes, kv_dtype_bytes, max_num_batched_tokens,
                 max_num_seqs, swap_space_bytes)
     model.kv_heads_per_gpu(tp)                  # validates tp against the head counts first
-    block_size = hybrid_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
+    block_size = cache_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)
                + rotary_cache_bytes(model, dtype_bytes))

@@ -32,9 +32,10 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkp
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
+from planner.cost.sparse import check_sparse_gpu
 from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
-from planner.deploy.state_cache import hybrid_block_size, state_blocks
+from planner.deploy.state_cache import cache_block_size, state_blocks
 from planner.errors import PlannerError
 
 
@@ -52,14 +53,14 @@ class DeploymentPlan:
     weight_format: WeightFormat | None = None   # None: 16-bit weights
     gemm: GemmPath | None = None                # what vLLM runs the quantized linear layers with here
     moe: MoeLayout | None = None                # a MoE's experts over the tp x dp GPUs (None: dense)
-    hybrid_block_size: int | None = None        # a Gated DeltaNet hybrid's cache block size (state_cache.py)
+    cache_block_size: int | None = None    # the block size vLLM sets for a hybrid or DSA model (state_cache.py)
 
     @property
     def block_size(self) -> int:
         """Tokens per block of the KV cache the scheduler allocates: the deployment's, or the larger size
         vLLM gives a Gated DeltaNet hybrid so a block holds a layer's recurrent state (the attention kernel
         still runs at the deployment's block size)."""
-        return self.hybrid_block_size or self.deployment.block_size
+        return self.cache_block_size or self.deployment.block_size
 
     @property
     def state_blocks(self) -> int:
@@ -125,6 +126,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     if refuse and deployment.speculative is not None:
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
+    check_sparse_gpu(model, gpu)
     layout = moe_layout(model, deployment)
     fmt = resolve_weight_format(deployment)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
@@ -140,25 +142,24 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     cpu_blocks = deployment.num_cpu_blocks
     if cpu_blocks is None:                        # recompute only under vllm-v1: no swap space to plan
         cpu_blocks = 0 if memory is None else memory.num_cpu_blocks
-    hybrid = _hybrid_block_size(deployment, model, gpu)
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          weight_format=fmt, gemm=gemm, moe=layout, hybrid_block_size=hybrid)
+                          weight_format=fmt, gemm=gemm, moe=layout,
+                          cache_block_size=_cache_block_size(deployment, model, gpu))
     if not refuse:
         return plan
     warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
                 + hybrid_notes)
-    return DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
-                          tuple(warnings), fmt, gemm, layout, hybrid)
+    return replace(plan, warnings=tuple(warnings))
 
 
-def _hybrid_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:
-    """The block size vLLM raises a Gated DeltaNet hybrid's cache to (the memory plan raises it alike); None
-    for any other model."""
-    if model.linear_attention is None:
+def _cache_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:
+    """The block size vLLM sets for a Gated DeltaNet hybrid's or a DSA model's cache (the memory plan sets
+    it alike); None for any other model."""
+    if model.linear_attention is None and model.sparse_indexer is None:
         return None
     dtype_bytes = 4 if deployment.dtype == "float32" else 2
     kv_dtype_bytes = 1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes
-    return hybrid_block_size(model, gpu, deployment.tp, dtype_bytes, kv_dtype_bytes, deployment.block_size)
+    return cache_block_size(model, gpu, deployment.tp, dtype_bytes, kv_dtype_bytes, deployment.block_size)
 
 
 def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment, list[str]]:

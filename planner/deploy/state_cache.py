@@ -25,21 +25,28 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# FlashMLA's sparse kernels and the DSA indexer's take 64-token blocks only, and vLLM sets that size for a
+# model with an indexer (platforms/cuda.py in vLLM 0.12; the backends' get_supported_kernel_block_sizes in 0.19)
+SPARSE_MLA_BLOCK_SIZE = 64
+
+
 def kernel_alignment(model: ModelSpec, gpu: GpuSpec) -> int:
     """The attention kernel's block-size step: FlashInfer takes no 16-token blocks of 256-wide heads on
     compute capability 10.0 (flashinfer issue 1993, as vLLM's config hook says)."""
     return 32 if gpu.family == "b200" and model.head_size == 256 else 16
 
 
-def hybrid_block_size(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, kv_dtype_bytes: int,
+def cache_block_size(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, kv_dtype_bytes: int,
                       block_size: int) -> int:
-    """The attention block size vLLM runs `model` with: `block_size`, or for a Gated DeltaNet hybrid the
+    """The attention block size vLLM runs `model` with: `block_size`; for a Gated DeltaNet hybrid the
     smallest multiple of the kernel's alignment whose page of one layer's K and V holds one layer's
-    state, when that is larger."""
+    state, when that is larger; for DeepSeek Sparse Attention the 64 its kernels take."""
+    if model.sparse_indexer is not None:
+        return SPARSE_MLA_BLOCK_SIZE
     if model.linear_attention is None:
         return block_size
     state = model.linear_attention.state_bytes_per_gpu(tp, dtype_bytes)
-    token = model.kv_cache_width(tp) * kv_dtype_bytes
+    token = model.kv_cache_bytes(tp, kv_dtype_bytes)
     step = kernel_alignment(model, gpu)
     return max(block_size, step * _cdiv(state, step * token))
 
