@@ -83,10 +83,11 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
         kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=model.attention_layers))
     kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * ACT_BYTES + model.kv_cache_bytes(tp, kv_bytes),
                           layers=model.attention_layers))
-    if model.sparse_indexer is not None:      # its q read in bf16 and written in FP8, 64 rotary dims of q and k
+    if model.sparse_indexer is not None:      # its q read in bf16 and written in FP8; the rotary dims of q and k
         index = model.sparse_indexer
         kernels.append(Kernel("indexer q/k rotary, FP8 quantize, k LayerNorm",
-                              index.heads * index.head_dim * (ACT_BYTES + 1) + 2 * (index.heads + 1) * 64 * ACT_BYTES
+                              index.heads * index.head_dim * (ACT_BYTES + 1)
+                              + 2 * (index.heads + 1) * model.qk_rope_head_dim * ACT_BYTES
                               + 2 * index.head_dim * ACT_BYTES))
     if model.attention_output_gate:
         kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=model.attention_layers))

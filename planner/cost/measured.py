@@ -209,9 +209,9 @@ class MeasuredCostModel:
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
-        self._kernels = step_kernels(model, tp, self._kv_bytes)
-        if self._sparse is not None and self._latent is None:
-            self._module_parts()
+        # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
+        self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]
+        self._kernels = tuple(k for k in step_kernels(model, tp, self._kv_bytes) if k.name not in self._in_attention)
         self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, system, WEIGHT_ONLY_COMPUTE_EFFICIENCY,
                               self._elementwise_bw / gpu.memory_bandwidth)
                      if model.linear_attention is not None else None)
@@ -343,6 +343,11 @@ class MeasuredCostModel:
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
         self._latent = self._sparse = None
+        self._in_attention: frozenset[str] = frozenset()
+        self._ctx_fold = self._gen_fold = 1        # the FlashAttention tables' batch fold (_attention_tree)
+        if self.model.sparse_indexer is not None:
+            self._set_up_sparse_attention()
+            return
         if self.model.is_mla:
             self._set_up_latent_attention()
             return
@@ -370,9 +375,17 @@ class MeasuredCostModel:
         record (a kernel's launch floor):
             decode   floor + b c max(cache bytes per key / bandwidth, heads x decode FLOPs per key / peak)
             prefill  floor + b max(l (l + 1) / 2 heads x FLOPs per pair / peak, l x cache bytes / bandwidth)"""
+        self._latent = self._latent_prices()
+        self._tables.update(context="MLA roofline", generation="MLA roofline")
+        self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
+                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only); against the one public "
+                          "vLLM deployment checked, DeepSeek-R1 came out optimistic (docs/moe.md)")
+
+    def _latent_prices(self) -> dict[str, float]:
+        """One layer's MLA prices by the roofline (`_set_up_latent_attention`)."""
         m = self.model
         key_bytes = m.kv_cache_width(self.tp) * self._kv_bytes
-        self._latent = {
+        return {
             "decode_per_seq": 0.0,
             "decode_per_key": max(key_bytes / self._elementwise_bw,
                                   self._heads * mla.decode_flops_per_key(m) / self._flops_eff),
@@ -381,19 +394,11 @@ class MeasuredCostModel:
             "decode_floor": min(r["latency"] for r in tables.load_rows(self.system, "generation_attention")),
             "prefill_floor": min(r["latency"] for r in tables.load_rows(self.system, "context_attention")),
         }
-        self._ctx_fold = self._gen_fold = 1
-        if m.sparse_indexer is not None:
-            self._set_up_sparse_attention()
-            return
-        self._tables.update(context="MLA roofline", generation="MLA roofline")
-        self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
-                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only); against the one public "
-                          "vLLM deployment checked, DeepSeek-R1 came out optimistic (docs/moe.md)")
 
     def _set_up_sparse_attention(self) -> None:
         """DeepSeek Sparse Attention (planner/cost/sparse.py). Where NVIDIA timed the model's shapes, one
         layer's whole attention module comes from its tables, read like the attention tables (its
-        projections and small kernels leave the ledger's GEMM and elementwise terms: `_module_parts`).
+        projections and small kernels leave the ledger's GEMM and elementwise terms: `_in_attention`).
         Elsewhere by the roofline: a decoding sequence pays index_topk keys' latent attention and the
         indexer's score of each of its keys, so its decode curve is the MLA floor plus those two (linear
         in the context: the context buckets' lines are exact). Either way a prefill's cached keys beyond
@@ -404,23 +409,19 @@ class MeasuredCostModel:
         module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format)
         if module is not None:
             self._ctx_tree, self._gen_tree, timed = module
-            self._latent = None
+            self._in_attention = MODULE_GEMMS | MODULE_KERNELS
             self._tables.update(context="dsa_context", generation="dsa_generation")
             self.notes.append(f"DeepSeek Sparse Attention: each layer's attention module (projections, indexer, "
                               f"sparse MLA, o_proj) from {self.system}'s dsa_context / dsa_generation tables "
                               f"({timed}); a prefill's cached keys scored by the indexer's roofline")
             return
-        self._latent.update(decode_per_seq=self._sparse.decode_per_query, decode_per_key=self._sparse.index_per_key)
+        self._latent = self._latent_prices() | {"decode_per_seq": self._sparse.decode_per_query,
+                                                "decode_per_key": self._sparse.index_per_key}
         self._tables.update(context="DSA roofline", generation="DSA roofline")
         self.notes.append(f"DeepSeek Sparse Attention priced by the roofline on top of the attention tables' floor: "
                           f"{self._sparse.topk} keys of latent attention per query and the indexer's FP8 score of "
                           f"every key (planner/cost/sparse.py; bench/bench_dsa_module.py sets it beside NVIDIA's "
                           f"timed vLLM DSA module)")
-
-    def _module_parts(self) -> None:
-        """Leave out of the GEMM and elementwise terms what the DSA module tables time."""
-        self._gemms = [g for g in self._gemms if g[0] not in MODULE_GEMMS]
-        self._kernels = tuple(k for k in self._kernels if k.name not in MODULE_KERNELS)
 
     @property
     def name(self) -> str:

@@ -82,9 +82,9 @@ class SparsePrice:
 
 
 # The measured model's ledger terms NVIDIA's DSA module timings include (its input norm and all-reduce excluded)
-MODULE_GEMMS = ("q_a + kv_a", "q_b", "kv_b", "o projection", "indexer wq_b", "indexer wk + weights_proj")
-MODULE_KERNELS = ("q and KV latent RMSNorms", "rotary embedding", "KV-cache write",
-                  "indexer q/k rotary, FP8 quantize, k LayerNorm")
+MODULE_GEMMS = frozenset(("q_a + kv_a", "q_b", "kv_b", "o projection", "indexer wq_b", "indexer wk + weights_proj"))
+MODULE_KERNELS = frozenset(("q and KV latent RMSNorms", "rotary embedding", "KV-cache write",
+                            "indexer q/k rotary, FP8 quantize, k LayerNorm"))
 
 
 def _attention_shape(model: ModelSpec) -> tuple:
