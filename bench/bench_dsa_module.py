@@ -40,7 +40,7 @@ PREFILL_GRID = {"batch_size": (1, 4, 16), "isl": (512, 2048, 8192)}
 
 def ledger_layer(model: MeasuredCostModel, tokens: int, attention: float) -> float:
     """One layer's DSA parts as the measured model prices them for `tokens` tokens."""
-    gemms = sum(model.layer_gemm(tokens, n, k) for name, (n, k), _ in model._gemms if name in MODULE_GEMMS)
+    gemms = sum(model.layer_gemm(tokens, n, k) for name, (n, k), *_ in model._gemms if name in MODULE_GEMMS)
     kernels = sum(model.elementwise(k.bytes_per_token * tokens, 1) for k in model._kernels if k.name in MODULE_KERNELS)
     return gemms + kernels + attention
 

@@ -31,7 +31,7 @@ MLA_KERNELS = ("q and KV latent RMSNorms", "rotary embedding", "KV-cache write")
 
 def ledger_layer(model: MeasuredCostModel, tokens: int, attention: float) -> float:
     """One layer's MLA parts as the measured model prices them for `tokens` tokens."""
-    gemms = sum(model.layer_gemm(tokens, n, k) for name, (n, k), _ in model._gemms[:4])
+    gemms = sum(model.layer_gemm(tokens, n, k) for name, (n, k), *_ in model._gemms[:4])
     kernels = sum(model.elementwise(k.bytes_per_token * tokens, 1) for k in model._kernels if k.name in MLA_KERNELS)
     return gemms + kernels + attention
 

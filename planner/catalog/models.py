@@ -19,6 +19,7 @@ from typing import Any
 from planner.catalog import mla
 from planner.catalog.base import Catalog
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
+from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
                                               linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
@@ -499,15 +500,36 @@ class ModelSpec:
 
     def linear_bytes_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
         """The layers' dense linear weights (attention, dense MLPs, shared experts) in `weight_format` on one of
-        `tp` GPUs: a 1/tp share of each, MLA's down-projections whole (vLLM replicates them)."""
-        def formatted(shapes, layers: int) -> int:
-            return layers * sum(weight_format.matrix_bytes(n, k) for n, k in shapes)
+        `tp` GPUs: a 1/tp share of each, MLA's down-projections whole (vLLM replicates them); the weights
+        the checkpoint keeps in 16 bits (planner/catalog/kept_layers.py) at 2 bytes."""
+        kept = kept_fractions(self, weight_format.excluded)
 
-        whole = formatted(self.replicated_linear_shapes, self.num_layers)
-        split = (formatted(self.attention_shapes, self.attention_layers) - whole
-                 + formatted(self.linear_attention_shapes, self.linear_attention_layers)
-                 + formatted(self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
-                 + formatted(self.shared_expert_shapes, self.moe_layers))
+        def size(role: str, index: int, n: int, k: int) -> int:
+            fraction = kept.get(role, ())[index] if role in kept else 0.0
+            quantized = weight_format.matrix_bytes(n, k)
+            return quantized if not fraction else round((1 - fraction) * quantized + fraction * 2 * n * k)
+
+        return self._linear_per_gpu(tp, size)
+
+    def kept_linear_params_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
+        """Of `linear_params_per_gpu`, the weights the checkpoint keeps in 16 bits (multiplied at 16 bits)."""
+        kept = kept_fractions(self, weight_format.excluded)
+        return self._linear_per_gpu(tp, lambda role, index, n, k: round(kept[role][index] * n * k)
+                                    if role in kept else 0)
+
+    def _linear_per_gpu(self, tp: int, size) -> int:
+        """The sum of `size(role, index, n, k)` (one layer's weight `index` of the role's shape tuple) over
+        the layers' dense linear weights one of `tp` GPUs holds: a 1/tp share, MLA's down-projections whole."""
+        def layers_of(role: str, shapes, layers: int, first: int = 0) -> int:
+            return layers * sum(size(role, first + i, n, k) for i, (n, k) in enumerate(shapes))
+
+        replicated = self.replicated_linear_shapes
+        split_attention = self.attention_shapes[:len(self.attention_shapes) - len(replicated)]
+        whole = layers_of("attention", replicated, self.num_layers, len(split_attention))
+        split = (layers_of("attention", split_attention, self.attention_layers)
+                 + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
+                 + layers_of("mlp", self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
+                 + layers_of("shared_experts", self.shared_expert_shapes, self.moe_layers))
         return -(-split // tp) + whole
 
     def kv_heads_per_gpu(self, tp: int) -> int:

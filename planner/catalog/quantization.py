@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from planner.catalog.gpus import GpuSpec
@@ -56,6 +58,8 @@ class WeightFormat:
     zero_points: bool = False    # int formats: asymmetric (AWQ)
     act_order: bool = False      # GPTQ desc_act: g_idx kept
     source: str = "--quantization"
+    # module patterns the checkpoint leaves unquantized (planner/catalog/kept_layers.py)
+    excluded: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in METHODS or self.scheme not in SCHEMES:
@@ -93,11 +97,13 @@ class WeightFormat:
                   "int-group": f"int{self.bits}, group {self.group_size}"
                                + (", zero points" if self.zero_points else "")
                                + (", act-order" if self.act_order else "")}[self.scheme]
-        return f"{self.method} ({detail}; from {self.source})"
+        kept = f"; {len(self.excluded)} module patterns kept in 16 bits" if self.excluded else ""
+        return f"{self.method} ({detail}{kept}; from {self.source})"
 
     def as_dict(self) -> dict:
         return {"method": self.method, "scheme": self.scheme, "bits": self.bits, "group_size": self.group_size,
-                "bytes_per_weight": round(self.bytes_per_weight(), 6), "source": self.source}
+                "bytes_per_weight": round(self.bytes_per_weight(), 6), "source": self.source,
+                "excluded_modules": len(self.excluded)}
 
 
 def weight_format(method: str, source: str = "--quantization") -> WeightFormat:
@@ -147,7 +153,25 @@ def _modelopt(algo: str, source: str) -> WeightFormat:
 def format_from_config(qc: dict[str, Any], source: str = "config.json quantization_config") -> WeightFormat:
     """The weight format a checkpoint's `quantization_config` (or ModelOpt's hf_quant_config.json) declares,
     read as vLLM's configs read it (Fp8Config, ModelOptFp8Config/ModelOptNvFp4Config, AWQConfig,
-    GPTQConfig, Mxfp4Config, CompressedTensorsConfig)."""
+    GPTQConfig, Mxfp4Config, CompressedTensorsConfig), with the modules it leaves unquantized."""
+    return replace(_declared_format(qc, source), excluded=excluded_modules(qc, source))
+
+
+def excluded_modules(qc: dict[str, Any], source: str) -> tuple[str, ...]:
+    """The module patterns a quantization config leaves unquantized: ModelOpt's exclude_modules,
+    compressed-tensors' ignore, vLLM's Fp8Config ignored_layers, Hugging Face's modules_to_not_convert
+    (planner/catalog/kept_layers.py)."""
+    section = qc.get("quantization") if "quantization" in qc and "quant_method" not in qc else qc
+    patterns = []
+    for key in ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert"):
+        value = (section or {}).get(key) or []
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise PlannerError(f"{source}: {key} must be a list of module names")
+        patterns += value
+    return tuple(dict.fromkeys(patterns))
+
+
+def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
     if "quantization" in qc and "quant_method" not in qc:          # hf_quant_config.json
         return _modelopt((qc["quantization"] or {}).get("quant_algo"), source)
     method = str(qc.get("quant_method", "")).lower()
@@ -222,13 +246,27 @@ ID_WORDS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "mxfp4": "mxfp4", "a
 
 
 def format_from_id(model: str) -> WeightFormat | None:
-    """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None."""
+    """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None; with
+    the modules the checkpoint keeps in 16 bits where its hf_quant_config.json is on record
+    (planner/data/checkpoint_exclusions.json, scripts/extract_checkpoint_exclusions.py)."""
     words = os.path.basename(str(model).rstrip("/")).lower().replace("_", "-").split("-")
     method = next((ID_WORDS[w] for w in words if w in ID_WORDS), None)
     if method is None:
         return None
     fmt = weight_format(method, source=f"the model id {model}")
-    return replace(fmt, scheme="fp8-channel") if method == "fp8" and "dynamic" in words else fmt
+    if method == "fp8" and "dynamic" in words:
+        fmt = replace(fmt, scheme="fp8-channel")
+    record = _checkpoint_exclusions().get(str(model).lower())
+    if record is not None and record["format"] == method:
+        fmt = replace(fmt, excluded=tuple(record["exclude_modules"]), source=f"{fmt.source} ({record['source']})")
+    return fmt
+
+
+@lru_cache(maxsize=1)
+def _checkpoint_exclusions() -> dict[str, dict]:
+    """Released checkpoints' exclude_modules by lower-cased Hugging Face id."""
+    text = resources.files("planner").joinpath("data/checkpoint_exclusions.json").read_text(encoding="utf-8")
+    return {model_id.lower(): record for model_id, record in json.loads(text)["checkpoints"].items()}
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, mla, resolve_gpu, resolve_model
+from planner.catalog.kept_layers import kept_share
 from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
@@ -293,20 +294,30 @@ class MeasuredCostModel:
         # (name, (n, k), layers): this GPU's share of each GEMM
         attention = model.attention_layers
         q_width = 2 * self._heads if model.attention_output_gate else self._heads   # Qwen3.5: q and its gate
+        # (name, (n, k), layers, (role, indices)): this GPU's share of each GEMM, and the weights of the role's
+        # shape tuple it multiplies (which the checkpoint may keep in 16 bits: planner/catalog/kept_layers.py)
         gemms = self._mla_gemms(model, tp) if model.is_mla else [
-            ("qkv", ((q_width + 2 * self._kv) * self._hd, h), attention),
-            ("o projection", (h, self._heads * self._hd), attention)]
+            ("qkv", ((q_width + 2 * self._kv) * self._hd, h), attention, ("attention", (0, 1, 2))),
+            ("o projection", (h, self._heads * self._hd), attention, ("attention", (3,)))]
         if model.linear_attention is not None:     # its q, k, v, z and b, a priced as one GEMM
             (n_in, _), _, (_, k_out) = model.linear_attention_shapes
             gemms += [("linear attention in-proj", ((n_in + 2 * model.linear_attention.value_heads) // tp, h),
-                       model.linear_attention_layers),
-                      ("linear attention out-proj", (h, k_out // tp), model.linear_attention_layers)]
-        gemms += [("fc1" if model.is_gpt_like else "gate+up", (mlp_up, h), mlp_layers),
-                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers)]
+                       model.linear_attention_layers, ("linear_attention", (0, 1))),
+                      ("linear attention out-proj", (h, k_out // tp), model.linear_attention_layers,
+                       ("linear_attention", (2,)))]
+        gemms += [("fc1" if model.is_gpt_like else "gate+up", (mlp_up, h), mlp_layers,
+                   ("mlp", (0,) if model.is_gpt_like else (0, 1))),
+                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers,
+                   ("mlp", (1,) if model.is_gpt_like else (2,)))]
         if model.shared_experts:
             shared = model.shared_experts * model.moe_intermediate_size // tp
-            gemms += [("shared expert gate+up", (2 * shared, h), model.moe_layers),
-                      ("shared expert down", (h, shared), model.moe_layers)]
+            gemms += [("shared expert gate+up", (2 * shared, h), model.moe_layers, ("shared_experts", (0, 1))),
+                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", (2,)))]
+        excluded = weight_format.excluded if weight_format is not None else ()
+        shapes = {"attention": model.attention_shapes, "linear_attention": model.linear_attention_shapes,
+                  "mlp": model.mlp_shapes, "shared_experts": model.shared_expert_shapes}
+        gemms = [(name, shape, layers, kept_share(model, excluded, role, shapes[role], indices))
+                 for name, shape, layers, (role, indices) in gemms]
         self._gemms = [g for g in gemms if g[2]]
         self._head_shape = (model.vocab_size // tp, h)
         self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
@@ -321,7 +332,7 @@ class MeasuredCostModel:
         self._layer_max_n = max(self._layer_tree)
 
     @staticmethod
-    def _mla_gemms(model: ModelSpec, tp: int) -> list[tuple[str, tuple[int, int], int]]:
+    def _mla_gemms(model: ModelSpec, tp: int) -> list[tuple[str, tuple[int, int], int, tuple[str, tuple[int, ...]]]]:
         """Latent attention's GEMMs on one of `tp` GPUs (planner/catalog/mla.py): the down-projections
         whole (vLLM's fused_qkv_a_proj), the up-projections and o split by heads. kv_b is priced as one
         GEMM over the step's tokens, which is its FLOPs both as prefill runs it and as decode's absorbed
@@ -329,13 +340,18 @@ class MeasuredCostModel:
         h, heads, layers = model.hidden_size, model.num_heads // tp, model.num_layers
         nope = model.head_size - model.qk_rope_head_dim
         down = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
-        gemms = [("q_a + kv_a", (down, h), layers)]
-        gemms.append(("q_b" if model.q_lora_rank else "q", (heads * model.head_size, model.q_lora_rank or h), layers))
-        gemms += [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers),
-                  ("o projection", (h, heads * model.v_head_dim), layers)]
+        # the attention shape tuple's order (planner/catalog/mla.py): q_b or q, kv_b, o, [q_a], kv_a, [indexer]
+        down_weights = (3, 4) if model.q_lora_rank else (3,)
+        gemms = [("q_a + kv_a", (down, h), layers, ("attention", down_weights))]
+        gemms.append(("q_b" if model.q_lora_rank else "q", (heads * model.head_size, model.q_lora_rank or h), layers,
+                      ("attention", (0,))))
+        gemms += [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers, ("attention", (1,))),
+                  ("o projection", (h, heads * model.v_head_dim), layers, ("attention", (2,)))]
         if model.sparse_indexer is not None:     # whole on every rank (planner/catalog/sparse_attention.py)
             (q_out, q_in), (k_out, _), (w_out, _) = model.sparse_indexer.shapes(h, model.q_lora_rank)
-            gemms += [("indexer wq_b", (q_out, q_in), layers), ("indexer wk + weights_proj", (k_out + w_out, h), layers)]
+            first = down_weights[-1] + 1
+            gemms += [("indexer wq_b", (q_out, q_in), layers, ("attention", (first,))),
+                      ("indexer wk + weights_proj", (k_out + w_out, h), layers, ("attention", (first + 1, first + 2)))]
         return gemms
 
     def _set_up_attention(self, kv_cache_dtype: str) -> None:
@@ -503,6 +519,12 @@ class MeasuredCostModel:
         latency, ext = tables.interpolate(self._layer_tree, (n / blocks, k, m))
         self._flag(self._tables["layer_gemm"], ext)
         return self._slower_memory(blocks * latency, 2.0 * (m * k + m * n) + self.weight_format.matrix_bytes(n, k))
+
+    def _format_gemm(self, m: int, n: int, k: int, kept: float) -> float:
+        """A layer GEMM whose weights the checkpoint keeps in 16 bits for the fraction `kept` of its layers
+        (planner/catalog/kept_layers.py): that fraction at the 16-bit price."""
+        quantized = self.layer_gemm(m, n, k)
+        return (1 - kept) * quantized + kept * self.gemm(m, n, k) if kept else quantized
 
     def _weight_only(self, latency: float, m: int, n: int, k: int) -> float:
         """A weight-only kernel (Marlin: the weights widened to 16 bits in registers, 16-bit math) priced as
@@ -773,9 +795,11 @@ class MeasuredCostModel:
         """_token_terms' terms for `run` tokens (padded), run by a CUDA graph or not."""
         layers = self.model.num_layers
         table = self._tables["layer_gemm"]
-        terms = [Term(f"{name} GEMM", "gemm", count * self.layer_gemm(run, n, k), "table",
-                      f"{self.system} {table}, m={run} n={n} k={k}, x{count} layers", count)
-                 for name, (n, k), count in self._gemms]
+        terms = [Term(f"{name} GEMM", "gemm", count * self._format_gemm(run, n, k, kept), "table",
+                      f"{self.system} {'gemm' if kept == 1 else table}, m={run} n={n} k={k}, x{count} layers"
+                      + (", kept in 16 bits by the checkpoint" if kept == 1 else
+                         f", {kept:.0%} of it kept in 16 bits (gemm)" if kept else ""), count)
+                 for name, (n, k), count, kept in self._gemms]
         if self._moe is not None:
             terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size))
             self._flag("moe", self._moe.extrapolated)

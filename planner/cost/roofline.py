@@ -109,12 +109,16 @@ def _kernel_backend(gpu: GpuSpec) -> str:
 def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
                    weight_format: WeightFormat | None) -> tuple[float, float, str]:
     """(bytes of one GPU's layer weights, the tensor-core FLOP/s they are multiplied at, that precision);
-    a MoE's experts and routers are priced apart (RooflineCostModel.moe_time)."""
+    a MoE's experts and routers are priced apart (RooflineCostModel.moe_time). Weights the checkpoint keeps
+    in 16 bits are multiplied at the 16-bit peak: the FLOP/s returned is the rate of the mix."""
     params = model.linear_params_per_gpu(tp)
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
     nbytes = model.linear_bytes_per_gpu(weight_format, tp)
-    return nbytes, peak_flops(weight_format, gpu, dtype_bytes), gemm_path(weight_format, gpu).precision
+    kept = model.kept_linear_params_per_gpu(weight_format, tp)
+    peak = peak_flops(weight_format, gpu, dtype_bytes)
+    mixed = params / ((params - kept) / peak + kept / gpu.peak_flops(2))
+    return nbytes, mixed, gemm_path(weight_format, gpu).precision
 
 
 def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,

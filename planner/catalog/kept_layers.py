@@ -1,0 +1,118 @@
+"""The linear layers a quantized checkpoint keeps in 16 bits.
+
+A checkpoint's quantization config names the modules it leaves unquantized: ModelOpt's `exclude_modules`
+(hf_quant_config.json, or a `modelopt` quantization_config), compressed-tensors' `ignore`, and the
+`modules_to_not_convert` of Hugging Face's FP8, AWQ, GPTQ and MXFP4 configs. vLLM gives those layers the
+unquantized linear method (ModelOpt's `is_layer_excluded`: an exact name or a `*` wildcard matched over
+the whole name; compressed-tensors' `should_ignore_layer`: exact names or `re:` regular expressions). It
+matters: NVIDIA's NVFP4 releases of DeepSeek-V3.1/V3.2, GLM-5, Kimi-K2.6, MiniMax-M2.5 and Qwen3.5 keep the
+attention projections (and shared experts, the first dense layers or the Gated DeltaNet projections) in
+bf16, which is about 4x their NVFP4 bytes and is multiplied on the 16-bit tensor cores.
+
+The patterns are matched against each of the model's linear modules by the name its checkpoint gives it
+(`model.layers.N.self_attn.q_proj`; a vision-language wrapper's `model.language_model.layers.N` and
+`language_model.model.layers.N` are folded onto `model.layers.N`). The result is, per role (attention,
+linear_attention, mlp, shared_experts) and per weight of the role's one-layer shape tuple on ModelSpec
+(attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes), the fraction of the role's
+layers in which the checkpoint keeps that weight in 16 bits. A MoE's routed experts and routers are not
+listed here: routers are 16-bit in vLLM whatever the config says, and no checkpoint we know excludes experts.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from functools import lru_cache
+from typing import Any
+
+ROLES = ("attention", "linear_attention", "mlp", "shared_experts")
+
+# Wrapper prefixes of vision-language checkpoints, folded onto the text model's `model.layers.`
+_WRAPPERS = (("model.language_model.layers.", "model.layers."), ("language_model.model.layers.", "model.layers."))
+
+
+def _fold(pattern: str) -> str:
+    for wrapped, plain in _WRAPPERS:
+        if pattern.startswith(wrapped):
+            return plain + pattern[len(wrapped):]
+    return pattern
+
+
+def is_excluded(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a checkpoint that excludes `patterns` keeps module `name` unquantized: an exact name or a
+    parent module's, a `*` wildcard over the whole name, or a compressed-tensors `re:` expression."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.match(_fold(pattern[3:]), name):
+                return True
+            continue
+        pattern = _fold(pattern)
+        if name == pattern or name.startswith(pattern + ".") or fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
+def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """Per role, the checkpoint's name(s) of each weight of the role's shape tuple (a weight some releases
+    split or fuse lists each spelling)."""
+    attn = ("self_attn.q_proj",), ("self_attn.k_proj",), ("self_attn.v_proj",), ("self_attn.o_proj",)
+    if model.is_mla:         # planner/catalog/mla.py attention_shapes: split ones, then the replicated ones
+        q = "self_attn.q_b_proj" if model.q_lora_rank else "self_attn.q_proj"
+        attn = ((q,), ("self_attn.kv_b_proj",), ("self_attn.o_proj",))
+        attn += (("self_attn.q_a_proj",),) if model.q_lora_rank else ()
+        attn += (("self_attn.kv_a_proj_with_mqa",),)
+        if model.sparse_indexer is not None:
+            attn += (("self_attn.indexer.wq_b",), ("self_attn.indexer.wk",), ("self_attn.indexer.weights_proj",))
+    shared = tuple((f"mlp.shared_experts.{w}", f"mlp.shared_expert.{w}") for w in ("gate_proj", "up_proj", "down_proj"))
+    return {"attention": attn,
+            "linear_attention": (("linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
+                                 ("linear_attn.in_proj_ba", "linear_attn.in_proj_b", "linear_attn.in_proj_a"),
+                                 ("linear_attn.out_proj",)),
+            "mlp": ((("fc1",), ("fc2",)) if model.is_gpt_like
+                    else (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))),
+            "shared_experts": shared}
+
+
+def _layers(model: Any) -> dict[str, range | list[int]]:
+    """The layer indices of each role: a Gated DeltaNet hybrid's full-attention layers are every
+    (layers / attention layers)-th, the last of each group (Qwen3-Next's and Qwen3.5's layer_types); a
+    MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace)."""
+    layers = range(model.num_layers)
+    if model.linear_attention is not None:
+        every = model.num_layers // model.attention_layers
+        attention = [i for i in layers if i % every == every - 1]
+    else:
+        attention = list(layers)
+    linear = [i for i in layers if i not in set(attention)] if model.linear_attention is not None else []
+    mlp = range(model.dense_layers) if model.is_moe else layers
+    return {"attention": attention, "linear_attention": linear, "mlp": mlp,
+            "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_experts else []}
+
+
+@lru_cache(maxsize=64)
+def kept_fractions(model: Any, patterns: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
+    """Per role, the fraction of its layers in which each weight of its one-layer shape tuple is kept in
+    16 bits (module docstring); {} when nothing is excluded."""
+    if not patterns:
+        return {}
+    names, layers = _names(model), _layers(model)
+    kept = {}
+    for role in ROLES:
+        indices = layers[role]
+        if not indices:
+            continue
+        fractions = tuple(sum(any(is_excluded(f"model.layers.{i}.{n}", patterns) for n in spellings)
+                              for i in indices) / len(indices) for spellings in names[role])
+        if any(fractions):
+            kept[role] = fractions
+    return kept
+
+
+def kept_share(model: Any, patterns: tuple[str, ...], role: str, shapes: tuple[tuple[int, int], ...],
+               indices: tuple[int, ...]) -> float:
+    """The weight-weighted fraction of the role's weights `indices` (of its shape tuple `shapes`) kept in
+    16 bits: what a fused GEMM of them (q, k and v; gate and up) multiplies at 16 bits."""
+    fractions = kept_fractions(model, patterns).get(role)
+    if not fractions:
+        return 0.0
+    sizes = [shapes[i][0] * shapes[i][1] for i in indices]
+    return sum(fractions[i] * s for i, s in zip(indices, sizes)) / sum(sizes)
