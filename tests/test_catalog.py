@@ -273,7 +273,10 @@ def test_catalog_is_one_generic_lookup_for_gpus_and_models():
     ("Qwen/Qwen3-32B", "qwen3-32b"), ("Qwen/Qwen3-14B", "qwen3-14b"), ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
     ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"), ("meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"),
     ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama-3.1-8b"), ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.1-70b"),
-    ("facebook/opt-125m", "opt-125m"),
+    ("facebook/opt-125m", "opt-125m"), ("meta-llama/Meta-Llama-3.1-405B", "llama-3.1-405b"),
+    ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"), ("Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8", "qwen3-coder-480b-a35b"),
+    ("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b"), ("nvidia/MiniMax-M2.7-NVFP4", "minimax-m2.7"),
+    ("Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b"),
 ])
 def test_hugging_face_ids_and_their_fine_tuned_or_quantized_variants_find_the_base_model(given, expected):
     assert resolve_model(given).name == expected

@@ -7,12 +7,15 @@ from dataclasses import replace
 
 import pytest
 
+from engine.deployment import Deployment
 from planner.catalog import resolve_gpu, resolve_model
 from planner.catalog.kept_layers import is_excluded, kept_fractions
-from planner.catalog.quantization import checkpoint_format, format_from_config, format_from_id, weight_format
+from planner.catalog.quantization import (checkpoint_format, format_from_config, format_from_id, recorded_format,
+                                          weight_format)
 from planner.cli.explain import step
 from planner.cost.measured import MeasuredCostModel
 from planner.cost.roofline import RooflineCostModel
+from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 
 # nvidia/DeepSeek-V3.1-NVFP4's hf_quant_config.json, per layer as released (o_proj is not listed: it is NVFP4)
@@ -87,12 +90,22 @@ def test_kept_weights_are_multiplied_at_sixteen_bits():
             > RooflineCostModel(model, gpu, 1, weight_format=fmt).step_time(shape))
 
 
-def test_a_checkpoint_folder_and_a_known_id_carry_their_exclusions(tmp_path):
+def test_a_checkpoint_folder_and_a_released_id_carry_their_exclusions(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))     # ModelOpt's beside it
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt(["lm_head", *ATTENTION], "FP8")))
     assert checkpoint_format(str(tmp_path)).excluded == ("lm_head", *ATTENTION)
-    by_id = format_from_id("NVIDIA/DeepSeek-V3.1-NVFP4")            # case as the user types it
+    by_id = recorded_format("NVIDIA/DeepSeek-V3.1-NVFP4")            # case as the user types it
     assert by_id.method == "nvfp4" and "model.layers.*.self_attn.q_b_proj" in by_id.excluded
     assert kept_fractions(resolve_model("deepseek-v3"), by_id.excluded) == kept_fractions(
         resolve_model("deepseek-v3"), tuple(DEEPSEEK_NVFP4))
-    assert format_from_id("someone/DeepSeek-V3.1-NVFP4").excluded == ()   # another release: not on record
+    assert recorded_format("someone/DeepSeek-V3.1-NVFP4") is None       # another release: not on record
+
+
+def test_a_released_fp8_checkpoint_is_planned_in_the_format_its_config_declares():
+    # Qwen's FP8 releases are 128 x 128 block-scaled; an id nobody recorded is read from its words (per tensor)
+    assert recorded_format("Qwen/Qwen3-30B-A3B-FP8").scheme == "fp8-block"
+    assert format_from_id("someone/Qwen3-30B-A3B-FP8").scheme == "fp8-tensor"
+    plan = plan_deployment(Deployment(model="Qwen/Qwen3-30B-A3B-FP8", gpu="h100-sxm", tp=1))
+    assert plan.weight_format.scheme == "fp8-block"
+    with pytest.raises(PlannerError, match="does not match the quantization method"):
+        plan_deployment(Deployment(model="nvidia/DeepSeek-V3.2-NVFP4", gpu="b200", tp=4, quantization="fp8"))

@@ -13,9 +13,10 @@ from planner.deploy.plan import plan_deployment
 from engine.deployment import Deployment
 from planner.errors import PlannerError
 
-MOE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "mixtral-8x7b", "minimax-m2.5")
+MOE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-coder-480b-a35b", "gpt-oss-20b", "gpt-oss-120b", "mixtral-8x7b",
+       "mixtral-8x22b", "minimax-m2.5", "minimax-m2.7")
 # MiniMax's card rounds: "230B total" (to the ten billion: 228.7B counted), "10B activated" (to the billion)
-ROUNDED = {"minimax-m2.5": (5e9, 0.5e9)}
+ROUNDED = {"minimax-m2.5": (5e9, 0.5e9), "minimax-m2.7": (5e9, 0.5e9)}
 
 
 @pytest.mark.parametrize("name", MOE)

@@ -13,14 +13,17 @@ from planner.runs.pipeline import Simulation
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-# (transformers config class, its overrides, the architecture its decoder is read as)
+# model_type -> (its config's overrides, the architecture its decoder is read as)
 CASES = {
-    "qwen3_vl_moe": ("Qwen3VLMoeConfig", {}, "qwen3_moe"),
-    "qwen3_vl": ("Qwen3VLConfig", {}, "qwen3"),
-    "qwen2_5_vl": ("Qwen2_5_VLConfig", {}, "qwen2"),
-    "mistral3": ("Mistral3Config", {}, "mistral"),
-    "llava": ("LlavaConfig", {}, "llama"),
-    "glm4v_moe": ("Glm4vMoeConfig", {"text_config": {"head_dim": 128}}, "glm4_moe"),   # GLM-4.5V's heads
+    "qwen3_vl_moe": ({}, "qwen3_moe"),
+    "qwen3_vl": ({}, "qwen3"),
+    "qwen2_5_vl": ({}, "qwen2"),
+    "mistral3": ({}, "mistral"),
+    "llava": ({}, "llama"),
+    "glm4v_moe": ({"text_config": {"head_dim": 128}}, "glm4_moe"),   # GLM-4.5V's heads
+    # Kimi-K2.5: a MoonViT encoder beside DeepSeek-V3's decoder, here two layers of it with 16 experts
+    "kimi_k25": ({"text_config": {"num_hidden_layers": 2, "n_routed_experts": 16, "first_k_dense_replace": 1}},
+                 "deepseek_v3"),
 }
 
 
@@ -33,8 +36,8 @@ def saved(tmp_path, name: str, fields: dict) -> str:
 
 @pytest.mark.parametrize("kind", list(CASES))
 def test_a_vision_language_config_counts_like_transformers(tmp_path, kind):
-    cls, overrides, decoder = CASES[kind]
-    config = getattr(transformers, cls)(**overrides)
+    overrides, decoder = CASES[kind]
+    config = transformers.AutoConfig.for_model(kind, **overrides)
     with torch.device("meta"):
         model = transformers.AutoModelForImageTextToText.from_config(config)
     spec = resolve_model(saved(tmp_path, kind, json.loads(config.to_json_string())))

@@ -32,6 +32,12 @@ def test_ids_and_published_sizes():
             assert spec.active_params - spec.vision_params == pytest.approx(spec.published_active_params,
                                                                              rel=0.2), name
     assert (QWEN35.attention_layers, QWEN35.linear_attention_layers) == (10, 30)
+    nxt = resolve_model("Qwen/Qwen3-Next-80B-A3B-Instruct")          # Qwen3.5's layers with 512 experts, text only
+    assert nxt.model_type == "qwen3_next" and nxt.vision_params == 0
+    assert (nxt.attention_layers, nxt.linear_attention_layers, nxt.num_experts) == (12, 36, 512)
+    assert nxt.num_params == pytest.approx(80e9, rel=0.005)
+    # "3B activated" counts the decoder without the embedding and LM head (3.25B here)
+    assert nxt.active_params - 2 * nxt.vocab_size * nxt.hidden_size == pytest.approx(3e9, rel=0.1)
     assert QWEN35.kv_bytes_per_token(2) == 10 * 2 * 2 * 256 * 2         # only the attention layers cache
 
 

@@ -771,10 +771,11 @@ def list_models() -> list[ModelSpec]:
 
 # Fine-tunes and checkpoint variants keep their base model's shapes: a Hugging Face id with these words
 # resolves to the catalog entry of the id without them (Mistral-7B-Instruct-v0.3 -> Mistral-7B-v0.3,
-# Llama-3.1-8B-Instruct-FP8 -> Llama-3.1-8B). A quantization the id names is the deployment's business
-# (--quantization), not the model's shape.
+# Llama-3.1-8B-Instruct-FP8 -> Llama-3.1-8B; Meta's first repository names, Meta-Llama-3.1-405B ->
+# Llama-3.1-405B). A quantization the id names is the deployment's business (--quantization), not the
+# model's shape.
 VARIANT_WORDS = frozenset(("instruct", "chat", "it", "base", "hf", "fp8", "dynamic", "fp4", "nvfp4", "mxfp4", "awq",
-                           "gptq", "int4", "int8", "w8a8", "w4a16", "2507", "2407"))
+                           "gptq", "int4", "int8", "w8a8", "w4a16", "2507", "2407", "meta"))
 
 
 def resolve_model(name: str | ModelSpec) -> ModelSpec:

@@ -1,12 +1,13 @@
 """Vision-language checkpoints whose text decoder the planner prices: Qwen3-VL (dense and MoE), Qwen2.5-VL and
-Qwen2-VL, Mistral 3 (Mistral-Small-3.1/3.2, Magistral), LLaVA, GLM-4.5V, and Qwen3.5/3.6 (every Qwen3.5 checkpoint).
+Qwen2-VL, Mistral 3 (Mistral-Small-3.1/3.2, Magistral), LLaVA, GLM-4.5V, Qwen3.5/3.6 (every Qwen3.5 checkpoint),
+and Kimi-K2.5/K2.6 (a MoonViT encoder beside Kimi-K2's DeepSeek-V3 decoder).
 
 vLLM loads the vision encoder and its projector beside the decoder and holds them for the whole run, so their
 weights count in the memory plan (`vision_params`, sharded with the rest); a text request never runs them, so
 nothing else about them is priced. The decoder is read as the architecture it is: Qwen3-VL's text model is
 Qwen3's (or Qwen3-MoE's) with multimodal rotary positions (mrope), which change no cost; Qwen2.5-VL's is
-Qwen2's; GLM-4.5V's is GLM-4.5-Air's; Mistral 3 and LLaVA wrap a plain Mistral, Llama or Qwen2 config;
-Qwen3.5's is a Gated DeltaNet hybrid (planner/catalog/linear_attention.py).
+Qwen2's; GLM-4.5V's is GLM-4.5-Air's; Kimi-K2.5's is Kimi-K2's; Mistral 3 and LLaVA wrap a plain Mistral,
+Llama or Qwen2 config; Qwen3.5's is a Gated DeltaNet hybrid (planner/catalog/linear_attention.py).
 
 The config is read through transformers (AutoConfig), which fills in what a released config.json leaves to
 its defaults and moves a flat Qwen2.5-VL config's text fields into its text_config, as vLLM's loader sees
@@ -22,7 +23,7 @@ from typing import Any
 from planner.errors import PlannerError
 
 MULTIMODAL_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl", "qwen2_vl", "mistral3", "llava", "glm4v_moe", "qwen3_5",
-                    "qwen3_5_moe")
+                    "qwen3_5_moe", "kimi_k25")
 # text_config model_types that name an architecture the planner reads under another name
 TEXT_TYPES = {"qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe", "qwen2_5_vl_text": "qwen2",
               "qwen2_vl_text": "qwen2", "glm4v_moe_text": "glm4_moe"}

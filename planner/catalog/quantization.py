@@ -246,26 +246,30 @@ ID_WORDS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "mxfp4": "mxfp4", "a
 
 
 def format_from_id(model: str) -> WeightFormat | None:
-    """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None; with
-    the modules the checkpoint keeps in 16 bits where its hf_quant_config.json is on record
-    (planner/data/checkpoint_exclusions.json, scripts/extract_checkpoint_exclusions.py)."""
+    """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None."""
     words = os.path.basename(str(model).rstrip("/")).lower().replace("_", "-").split("-")
     method = next((ID_WORDS[w] for w in words if w in ID_WORDS), None)
     if method is None:
         return None
     fmt = weight_format(method, source=f"the model id {model}")
-    if method == "fp8" and "dynamic" in words:
-        fmt = replace(fmt, scheme="fp8-channel")
-    record = _checkpoint_exclusions().get(str(model).lower())
-    if record is not None and record["format"] == method:
-        fmt = replace(fmt, excluded=tuple(record["exclude_modules"]), source=f"{fmt.source} ({record['source']})")
-    return fmt
+    return replace(fmt, scheme="fp8-channel") if method == "fp8" and "dynamic" in words else fmt
+
+
+def recorded_format(model: str) -> WeightFormat | None:
+    """The format a released checkpoint's config declares, with the modules it keeps in 16 bits, where the
+    checkpoint is on record by its Hugging Face id (planner/data/checkpoint_formats.json, kept by
+    scripts/extract_checkpoint_formats.py); else None."""
+    record = _checkpoint_records().get(str(model).lower())
+    if record is None:
+        return None
+    return WeightFormat(record["method"], record["scheme"], bits=record["bits"], group_size=record["group_size"],
+                        excluded=tuple(record["exclude_modules"]), source=f"{model}'s config ({record['source']})")
 
 
 @lru_cache(maxsize=1)
-def _checkpoint_exclusions() -> dict[str, dict]:
-    """Released checkpoints' exclude_modules by lower-cased Hugging Face id."""
-    text = resources.files("planner").joinpath("data/checkpoint_exclusions.json").read_text(encoding="utf-8")
+def _checkpoint_records() -> dict[str, dict]:
+    """Released checkpoints' declared formats by lower-cased Hugging Face id."""
+    text = resources.files("planner").joinpath("data/checkpoint_formats.json").read_text(encoding="utf-8")
     return {model_id.lower(): record for model_id, record in json.loads(text)["checkpoints"].items()}
 
 

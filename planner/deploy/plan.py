@@ -28,7 +28,7 @@ from engine.core.config import SchedulerConfig
 from engine.deployment import BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
-                                          format_from_id, gemm_path, weight_format)
+                                          format_from_id, gemm_path, recorded_format, weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
@@ -179,9 +179,10 @@ def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment
 
 
 def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:
-    """The weights' format: --quantization, the checkpoint's config, the Hugging Face id's name, or None."""
+    """The weights' format: --quantization, the checkpoint's config (a local one, or a released checkpoint's on
+    record by its id), the Hugging Face id's name, or None."""
     given, model = deployment.quantization, deployment.model
-    declared = checkpoint_format(model) or _catalog_checkpoint_format(model)
+    declared = checkpoint_format(model) or recorded_format(model) or _catalog_checkpoint_format(model)
     if declared is not None:
         if given is not None and given != declared.method:
             # vLLM's words (vllm/config/model.py, ModelConfig._verify_quantization)

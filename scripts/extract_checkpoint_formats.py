@@ -1,17 +1,19 @@
-"""Record which modules NVIDIA's quantized checkpoints keep in 16 bits, for the catalog ids that name them.
+"""Record the weight format of the quantized checkpoints the catalog's ids name, as their configs declare it.
 
 NVIDIA's aiconfigurator-core (Apache-2.0) ships the config.json and hf_quant_config.json of the
 checkpoints it models (model_configs/). A checkpoint named by its Hugging Face id (`--model
-nvidia/DeepSeek-V3.2-NVFP4`) is planned from the catalog's shapes and the format its id names; this
-script keeps, for every such id the catalog resolves, the `exclude_modules` of its hf_quant_config.json,
-so the plan keeps those layers in 16 bits as the checkpoint does (planner/catalog/kept_layers.py).
+nvidia/DeepSeek-V3.2-NVFP4`, `Qwen/Qwen3-30B-A3B-FP8`) is planned from the catalog's shapes; without a
+record its format is guessed from the id's words (`-FP8`: vLLM's per-tensor FP8). This script keeps, for
+every such id the catalog resolves, the format its config declares (Qwen's and Z.ai's FP8 releases are
+128 x 128 block-scaled) and the modules it leaves unquantized, so the plan stores and prices the
+checkpoint as vLLM loads it (planner/catalog/kept_layers.py).
 
 Per-layer patterns of a module are folded to one `model.layers.*.` pattern wherever that leaves what the planner
 reads unchanged (checked per id), so the file stays short. Checkpoints whose hf_quant_config the planner
 cannot read as one format (ModelOpt's MIXED_PRECISION) are skipped, with why.
 
 Run (after unzipping the wheel as scripts/extract_measured_tables.py says):
-    python scripts/extract_checkpoint_exclusions.py /tmp/aic/x
+    python scripts/extract_checkpoint_formats.py /tmp/aic/x
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from planner.catalog.quantization import format_from_config
 from planner.errors import PlannerError
 
 PACKAGE = "aiconfigurator-core 0.12.0"
-OUT = Path(__file__).resolve().parent.parent / "planner" / "data" / "checkpoint_exclusions.json"
+OUT = Path(__file__).resolve().parent.parent / "planner" / "data" / "checkpoint_formats.json"
 _LAYER = re.compile(r"^(.*?layers\.)(\d+)([.*].*)$")
 
 
@@ -48,24 +50,40 @@ def folded(patterns: list[str], model) -> list[str]:
     return sorted(out)
 
 
+def declared(configs: Path, stem: str) -> tuple[dict, str] | None:
+    """(the quantization config a checkpoint declares, the file it is in), or None for a 16-bit one."""
+    quant = configs / f"{stem}_hf_quant_config.json"
+    if quant.exists():
+        return json.loads(quant.read_text()), quant.name
+    config = json.loads((configs / f"{stem}_config.json").read_text())
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    return (qc, f"{stem}_config.json") if qc else None
+
+
 def main(root: str) -> None:
     configs = Path(root) / "aiconfigurator_core" / "model_configs"
     records, skipped = {}, {}
-    for path in sorted(configs.glob("*_hf_quant_config.json")):
-        model_id = path.name[:-len("_hf_quant_config.json")].replace("--", "/")
+    for path in sorted(configs.glob("*_config.json")):
+        stem = path.name[:-len("_config.json")]
+        if stem.endswith("_hf_quant"):
+            continue
+        model_id = stem.replace("--", "/")
         try:
             model = resolve_model(model_id)
         except PlannerError:
             continue                                   # not a catalog id
-        quant = json.loads(path.read_text())
+        found = declared(configs, stem)
+        if found is None:
+            continue
+        qc, file = found
         try:
-            fmt = format_from_config(quant, source=path.name)
+            fmt = format_from_config(qc, source=file)
         except PlannerError as exc:
             skipped[model_id] = str(exc)
             continue
-        patterns = folded(list(fmt.excluded), model)
-        records[model_id] = {"exclude_modules": patterns, "format": fmt.method,
-                             "source": f"{PACKAGE} model_configs/{path.name}"}
+        records[model_id] = {"method": fmt.method, "scheme": fmt.scheme, "bits": fmt.bits,
+                             "group_size": fmt.group_size, "exclude_modules": folded(list(fmt.excluded), model),
+                             "source": f"{PACKAGE} model_configs/{file}"}
     OUT.write_text(json.dumps({"about": __doc__.split("\n\n")[0], "checkpoints": records, "skipped": skipped},
                               indent=1) + "\n")
     print(f"wrote {OUT} ({len(records)} checkpoints, {len(skipped)} skipped)")
@@ -73,5 +91,5 @@ def main(root: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/extract_checkpoint_exclusions.py <unzipped aiconfigurator-core wheel>")
+        sys.exit("usage: python scripts/extract_checkpoint_formats.py <unzipped aiconfigurator-core wheel>")
     main(sys.argv[1])
