@@ -505,7 +505,7 @@ class ModelSpec:
         kept = kept_fractions(self, weight_format.excluded)
 
         def size(role: str, index: int, n: int, k: int) -> int:
-            fraction = kept.get(role, ())[index] if role in kept else 0.0
+            fraction = kept[role][index] if role in kept else 0.0
             quantized = weight_format.matrix_bytes(n, k)
             return quantized if not fraction else round((1 - fraction) * quantized + fraction * 2 * n * k)
 
