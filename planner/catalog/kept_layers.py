@@ -77,12 +77,9 @@ def _layers(model: Any) -> dict[str, range | list[int]]:
     (layers / attention layers)-th, the last of each group (Qwen3-Next's and Qwen3.5's layer_types); a
     MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace)."""
     layers = range(model.num_layers)
-    if model.linear_attention is not None:
-        every = model.num_layers // model.attention_layers
-        attention = [i for i in layers if i % every == every - 1]
-    else:
-        attention = list(layers)
-    linear = [i for i in layers if i not in set(attention)] if model.linear_attention is not None else []
+    every = model.num_layers // model.attention_layers if model.linear_attention is not None else 1
+    attention = [i for i in layers if i % every == every - 1]
+    linear = [i for i in layers if i % every != every - 1]
     mlp = range(model.dense_layers) if model.is_moe else layers
     return {"attention": attention, "linear_attention": linear, "mlp": mlp,
             "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_experts else []}
