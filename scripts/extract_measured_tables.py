@@ -185,10 +185,11 @@ MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 
 
 def catalog_moe_shapes() -> set[tuple[int, int, int, int]]:
-    """(hidden, expert width, top-k, experts) of the catalog's MoE models: the only rows kept."""
+    """(hidden, expert width, top-k, experts) of the catalog's MoE models: the only rows kept (the experts'
+    hidden is Nemotron-H's latent where it has one)."""
     models = json.loads((OUT.parent / "models.json").read_text())["models"]
-    return {(m["hidden_size"], m["moe_intermediate_size"], m["num_experts_per_tok"], m["num_experts"])
-            for m in models if m.get("num_experts")}
+    return {(m.get("moe_latent_size") or m["hidden_size"], m["moe_intermediate_size"], m["num_experts_per_tok"],
+             m["num_experts"]) for m in models if m.get("num_experts")}
 
 
 def _splits(pairs: set[tuple[int, int]]) -> str:

@@ -11,7 +11,8 @@ bf16, which is about 4x their NVFP4 bytes and is multiplied on the 16-bit tensor
 
 The patterns are matched against each of the model's linear modules by the name its checkpoint gives it
 (`model.layers.N.self_attn.q_proj`; a vision-language wrapper's `model.language_model.layers.N` and
-`language_model.model.layers.N` are folded onto `model.layers.N`). The result is, per role (attention,
+`language_model.model.layers.N` are folded onto `model.layers.N`; Nemotron-H's blocks are
+`backbone.layers.N.mixer`, N counting every block of its hybrid_override_pattern). The result is, per role (attention,
 linear_attention, mlp, shared_experts) and per weight of the role's one-layer shape tuple on ModelSpec
 (attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes), the fraction of the role's
 layers in which the checkpoint keeps that weight in 16 bits. A MoE's routed experts and routers are not
@@ -24,7 +25,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-ROLES = ("attention", "linear_attention", "mlp", "shared_experts")
+ROLES = ("attention", "linear_attention", "mlp", "shared_experts", "latent")
 
 # Wrapper prefixes of vision-language checkpoints, folded onto the text model's `model.layers.`
 _WRAPPERS = (("model.language_model.layers.", "model.layers."), ("language_model.model.layers.", "model.layers."))
@@ -63,26 +64,39 @@ def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
         if model.sparse_indexer is not None:
             attn += (("self_attn.indexer.wq_b",), ("self_attn.indexer.wk",), ("self_attn.indexer.weights_proj",))
     shared = tuple((f"mlp.shared_experts.{w}", f"mlp.shared_expert.{w}") for w in ("gate_proj", "up_proj", "down_proj"))
+    if model.block_pattern:          # Nemotron-H: every block's one module is its mixer
+        return {"attention": (("mixer.q_proj",), ("mixer.k_proj",), ("mixer.v_proj",), ("mixer.o_proj",)),
+                "linear_attention": (("mixer.in_proj",), ("mixer.out_proj",)),
+                "mlp": (("mixer.up_proj",), ("mixer.down_proj",)),
+                "shared_experts": (("mixer.shared_experts.up_proj",), ("mixer.shared_experts.down_proj",)),
+                "latent": (("mixer.fc1_latent_proj",), ("mixer.fc2_latent_proj",))}
     return {"attention": attn,
             "linear_attention": (("linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
                                  ("linear_attn.in_proj_ba", "linear_attn.in_proj_b", "linear_attn.in_proj_a"),
                                  ("linear_attn.out_proj",)),
             "mlp": ((("fc1",), ("fc2",)) if model.is_gpt_like
                     else (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))),
-            "shared_experts": shared}
+            "shared_experts": shared, "latent": ()}
 
 
 def _layers(model: Any) -> dict[str, range | list[int]]:
     """The layer indices of each role: a Gated DeltaNet hybrid's full-attention layers are every
     (layers / attention layers)-th, the last of each group (Qwen3-Next's and Qwen3.5's layer_types); a
-    MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace)."""
+    MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace); Nemotron-H's blocks are where
+    its pattern puts them."""
+    if model.block_pattern:
+        at = {kind: [i for i, c in enumerate(model.block_pattern) if c == kind] for kind in "*M-E"}
+        return {"attention": at["*"], "linear_attention": at["M"], "mlp": at["-"],
+                "shared_experts": at["E"] if model.shared_experts else [],
+                "latent": at["E"] if model.moe_latent_size else []}
     layers = range(model.num_layers)
     every = model.num_layers // model.attention_layers if model.linear_attention is not None else 1
     attention = [i for i in layers if i % every == every - 1]
     linear = [i for i in layers if i % every != every - 1]
     mlp = range(model.dense_layers) if model.is_moe else layers
     return {"attention": attention, "linear_attention": linear, "mlp": mlp,
-            "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_experts else []}
+            "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_experts else [],
+            "latent": []}
 
 
 @lru_cache(maxsize=64)
@@ -92,12 +106,13 @@ def kept_fractions(model: Any, patterns: tuple[str, ...]) -> dict[str, tuple[flo
     if not patterns:
         return {}
     names, layers = _names(model), _layers(model)
+    prefix = "backbone.layers." if model.block_pattern else "model.layers."
     kept = {}
     for role in ROLES:
         indices = layers[role]
         if not indices:
             continue
-        fractions = tuple(sum(any(is_excluded(f"model.layers.{i}.{n}", patterns) for n in spellings)
+        fractions = tuple(sum(any(is_excluded(f"{prefix}{i}.{n}", patterns) for n in spellings)
                               for i in indices) / len(indices) for spellings in names[role])
         if any(fractions):
             kept[role] = fractions

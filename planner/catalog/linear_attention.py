@@ -48,6 +48,9 @@ class LinearAttention:
     conv_kernel: int
     state_dtype_bytes: int = 0      # the recurrent state's element size; 0: the model's dtype
 
+    kind = "Gated DeltaNet"
+    in_weights = (0, 1)             # of `shapes`: q, k, v, z and b, a (one GEMM in vLLM); the output last
+
     def __post_init__(self) -> None:
         for field in ("layers", "key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
             value = getattr(self, field)
@@ -89,6 +92,24 @@ class LinearAttention:
             raise PlannerError(f"tensor parallel size {tp} does not divide the {self.key_heads} linear-attention "
                                f"key heads")
         return self.key_heads // tp, self.value_heads // tp
+
+    @property
+    def recurrent_flops(self) -> int:
+        """FLOPs of one token's recurrent step, all value heads: per head the state's decay, its read by k,
+        the rank-one write of the delta and the read by q, each key_head_dim x value_head_dim multiply-adds."""
+        return 4 * 2 * self.value_heads * self.key_head_dim * self.value_head_dim
+
+    def in_proj_per_gpu(self, tp: int) -> int:
+        """Outputs of the input projections on one of `tp` GPUs: q, k, v, z and b, a."""
+        key_heads, value_heads = self.heads_per_gpu(tp)
+        return 2 * key_heads * self.key_head_dim + value_heads * (2 * self.value_head_dim + 2)
+
+    def out_proj_inputs_per_gpu(self, tp: int) -> int:
+        return self.heads_per_gpu(tp)[1] * self.value_head_dim
+
+    def gated_norm_width_per_gpu(self, tp: int) -> int:
+        """Width of the z-gated RMSNorm's input on one of `tp` GPUs."""
+        return self.out_proj_inputs_per_gpu(tp)
 
     def state_bytes_per_gpu(self, tp: int, dtype_bytes: int) -> int:
         """One sequence's state in one layer on one of `tp` GPUs: the convolution's last conv_kernel - 1

@@ -23,8 +23,10 @@ from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
                                               linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
+from planner.catalog.mamba import Mamba2
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
+from planner.catalog.nemotron_h import NEMOTRON_H_TYPES, nemotron_h_fields, nemotron_h_hf_config
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.rope import partial_rotary_dims
 from planner.catalog.sparse_attention import DSA_TYPES, SparseIndexer, latent_cache_bytes
@@ -41,20 +43,24 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # MLPs, each token sent to its top num_experts_per_tok (planner/catalog/moe_config.py reads their configs).
 # Gated DeltaNet hybrids (LINEAR_ATTENTION_TYPES): three of four layers keep a fixed recurrent state instead
 # of attention (planner/catalog/linear_attention.py); Qwen3-Next's and Qwen3.5-MoE's MLPs are experts.
-KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES)
+# Nemotron-H (NEMOTRON_H_TYPES): blocks of one Mamba-2 mixer, attention, MLP or MoE each
+# (planner/catalog/nemotron_h.py), with or without experts.
+KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES, *NEMOTRON_H_TYPES)
 _EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES)
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
              **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
              "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers"),
-             **dict.fromkeys(LINEAR_ATTENTION_TYPES, ("hidden_size", "num_attention_heads", "num_hidden_layers"))}
+             **dict.fromkeys(LINEAR_ATTENTION_TYPES, ("hidden_size", "num_attention_heads", "num_hidden_layers")),
+             **dict.fromkeys(NEMOTRON_H_TYPES, ("hidden_size", "num_attention_heads"))}
 
 
 # ModelSpec's integer fields: sizes every model has (> 0), and counts a dense model leaves at 0.
 _SIZES = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size", "vocab_size",
           "max_position_embeddings")
 _MOE_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "dense_layers", "sliding_layers",
-               "shared_experts", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+               "shared_experts", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "ffn_layers",
+               "moe_latent_size")
 
 
 def _is_count(value: Any) -> bool:
@@ -117,10 +123,15 @@ class ModelSpec:
     # Qwen3-Next and Qwen3.5: q_proj twice as wide, half of it a sigmoid gate on the attention output; and
     # the Gated DeltaNet layers that replace attention in three of four layers (None: every layer attends).
     attention_output_gate: bool = False
-    linear_attention: LinearAttention | None = None
+    linear_attention: LinearAttention | Mamba2 | None = None
     # DeepSeek-V3.2 and GLM-5: the indexer that picks the keys latent attention reads (None: every key;
     # planner/catalog/sparse_attention.py)
     sparse_indexer: SparseIndexer | None = None
+    # Nemotron-H: its MLP and MoE blocks, apart from the num_layers mixer blocks (attention and Mamba-2;
+    # 0: every layer holds both), and the latent width its routed experts work in (0: the hidden size)
+    ffn_layers: int = 0
+    moe_latent_size: int = 0
+    block_pattern: str = ""         # Nemotron-H's blocks in order: M (Mamba-2), * (attention), - (MLP), E (MoE)
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -137,11 +148,11 @@ class ModelSpec:
             raise PlannerError(f"model {self.name!r}: a mixture of experts needs 0 < num_experts_per_tok "
                                f"({self.num_experts_per_tok}) <= num_experts ({self.num_experts}) and a "
                                f"positive moe_intermediate_size ({self.moe_intermediate_size})")
-        if self.is_moe != (self.model_type in _EXPERT_TYPES):
+        if self.is_moe != (self.model_type in _EXPERT_TYPES) and self.model_type not in NEMOTRON_H_TYPES:
             raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
                                f"{'needs' if self.model_type in _EXPERT_TYPES else 'has no'} experts")
         if self.linear_attention is not None:      # (an MTP head of Qwen3.5 is one attention layer: none)
-            if self.model_type not in LINEAR_ATTENTION_TYPES or self.sliding_layers:
+            if self.model_type not in (*LINEAR_ATTENTION_TYPES, *NEMOTRON_H_TYPES) or self.sliding_layers:
                 raise PlannerError(f"model {self.name!r}: model_type {self.model_type} with sliding-window "
                                    f"layers has no linear attention" if self.sliding_layers else
                                    f"model {self.name!r}: model_type {self.model_type} has no linear attention")
@@ -155,8 +166,17 @@ class ModelSpec:
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")
-        if self.dense_layers > self.num_layers:
-            raise PlannerError(f"model {self.name!r}: {self.dense_layers} dense layers of {self.num_layers}")
+        if self.block_pattern and sorted(self.block_pattern) != sorted(
+                "M" * self.linear_attention_layers + "*" * self.attention_layers
+                + "-" * self.dense_mlp_layers + "E" * self.moe_layers):
+            raise PlannerError(f"model {self.name!r}: block_pattern {self.block_pattern!r} does not hold its "
+                               f"{self.linear_attention_layers} Mamba-2, {self.attention_layers} attention, "
+                               f"{self.dense_mlp_layers} MLP and {self.moe_layers} MoE blocks")
+        if (self.ffn_layers or self.moe_latent_size or self.block_pattern) and self.model_type not in NEMOTRON_H_TYPES:
+            raise PlannerError(f"model {self.name!r}: separate MLP blocks and latent experts are Nemotron-H's "
+                               f"({', '.join(NEMOTRON_H_TYPES)})")
+        if self.dense_layers > self.mlp_layers:
+            raise PlannerError(f"model {self.name!r}: {self.dense_layers} dense layers of {self.mlp_layers}")
         if self.kv_lora_rank and not (0 < self.qk_rope_head_dim < self.head_size and self.v_head_dim > 0):
             raise PlannerError(f"model {self.name!r}: latent attention needs 0 < qk_rope_head_dim "
                                f"({self.qk_rope_head_dim}) < head_size ({self.head_size}) and a positive "
@@ -218,7 +238,7 @@ class ModelSpec:
     def rotary_dims(self) -> int:
         """Dims of each q/k head that rotary embedding rotates (MLA: its one rotary key's; 0: none, learned
         positions)."""
-        if self.is_gpt_like:
+        if self.is_gpt_like or self.model_type in NEMOTRON_H_TYPES:     # Nemotron-H attends without rotary
             return 0
         if self.is_mla:
             return self.qk_rope_head_dim
@@ -235,9 +255,28 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def mlp_layers(self) -> int:
+        """Layers (Nemotron-H: blocks) with an MLP or experts."""
+        return self.ffn_layers or self.num_layers
+
+    @property
     def moe_layers(self) -> int:
         """Layers whose MLP is the sparse expert block."""
-        return self.num_layers - self.dense_layers if self.is_moe else 0
+        return self.mlp_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        """Layers whose MLP is dense: all of a dense model's, a MoE's dense_layers."""
+        return self.dense_layers if self.is_moe else self.mlp_layers
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLPs multiply an activated gate into an up projection (SwiGLU, GeGLU): not OPT's and
+        GPT-2's, nor Nemotron-H's squared ReLU."""
+        return not (self.is_gpt_like or self.model_type in NEMOTRON_H_TYPES)
+
+    def _mlp_shapes(self, hidden: int, width: int) -> tuple[tuple[int, int], ...]:
+        return ((width, hidden), (width, hidden), (hidden, width)) if self.gated_mlp else ((width, hidden), (hidden, width))
 
     @property
     def attention_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -257,14 +296,12 @@ class ModelSpec:
         """The shared experts of one MoE layer as one gated MLP (gate, up, down); () when it has none."""
         if not self.shared_experts:
             return ()
-        h, i = self.hidden_size, self.shared_experts * self.moe_intermediate_size
-        return ((i, h), (i, h), (h, i))
+        return self._mlp_shapes(self.hidden_size, self.shared_experts * self.moe_intermediate_size)
 
     @property
     def mlp_shapes(self) -> tuple[tuple[int, int], ...]:
-        """The dense MLP of intermediate_size: gate, up, down (fc1, fc2 for OPT/GPT-2)."""
-        h, i = self.hidden_size, self.intermediate_size
-        return ((i, h), (h, i)) if self.is_gpt_like else ((i, h), (i, h), (h, i))
+        """The dense MLP of intermediate_size: gate, up, down (fc1, fc2 for OPT/GPT-2; up, down for Nemotron-H)."""
+        return self._mlp_shapes(self.hidden_size, self.intermediate_size)
 
     @property
     def qk_norm(self) -> str | None:
@@ -279,15 +316,31 @@ class ModelSpec:
 
     @property
     def expert_shapes(self) -> tuple[tuple[int, int], ...]:
-        """One expert's gate, up and down weights (moe_intermediate_size wide)."""
-        h, i = self.hidden_size, self.moe_intermediate_size
-        return ((i, h), (i, h), (h, i))
+        """One expert's gate, up and down weights (moe_intermediate_size wide; Nemotron-H's up and down, in
+        its latent space when it has one)."""
+        return self._mlp_shapes(self.expert_hidden, self.moe_intermediate_size)
+
+    @property
+    def expert_hidden(self) -> int:
+        """The width the routed experts take in and give back: the hidden size, or Nemotron-H's latent."""
+        return self.moe_latent_size or self.hidden_size
+
+    @property
+    def expert_weights(self) -> int:
+        """One expert's weights, biases apart."""
+        return sum(n * k for n, k in self.expert_shapes)
+
+    @property
+    def latent_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Nemotron-H's projections into and out of the experts' latent space, on every MoE layer; () without."""
+        h, latent = self.hidden_size, self.moe_latent_size
+        return ((latent, h), (h, latent)) if latent else ()
 
     @property
     def expert_params(self) -> int:
         """One expert's weights, its biases included (gpt-oss biases its gate/up and down)."""
         bias = 2 * self.moe_intermediate_size + self.hidden_size if self.model_type == "gpt_oss" else 0
-        return 3 * self.hidden_size * self.moe_intermediate_size + bias
+        return self.expert_weights + bias
 
     @property
     def router_params(self) -> int:
@@ -311,11 +364,10 @@ class ModelSpec:
     def dense_linear_params(self) -> int:
         """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)
         and the MoE layers' shared experts."""
-        mlp_layers = self.dense_layers if self.is_moe else self.num_layers
         return (self.attention_layers * sum(n * k for n, k in self.attention_shapes)
                 + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
-                + mlp_layers * sum(n * k for n, k in self.mlp_shapes)
-                + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes))
+                + self.dense_mlp_layers * sum(n * k for n, k in self.mlp_shapes)
+                + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes + self.latent_shapes))
 
     @property
     def attention_layers(self) -> int:
@@ -335,15 +387,13 @@ class ModelSpec:
     @property
     def linear_params(self) -> int:
         """Linear-layer weights of all blocks, every expert and router included (what memory holds)."""
-        experts = self.moe_layers * (self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
-                                     + self.router_weights)
+        experts = self.moe_layers * (self.num_experts * self.expert_weights + self.router_weights)
         return self.dense_linear_params + experts
 
     @property
     def active_linear_params(self) -> int:
         """Linear-layer weights of all blocks one token multiplies against (top-k experts per MoE layer)."""
-        experts = self.moe_layers * (self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size
-                                     + self.router_weights)
+        experts = self.moe_layers * (self.num_experts_per_tok * self.expert_weights + self.router_weights)
         return self.dense_linear_params + experts
 
     @property
@@ -367,14 +417,18 @@ class ModelSpec:
         """Biases and norm weights of all blocks: a Gated DeltaNet layer has its two RMSNorms and its own
         small weights (planner/catalog/linear_attention.py) in place of attention's."""
         linear = self.linear_attention
+        mlp_blocks = self.ffn_layers * self.hidden_size       # Nemotron-H's MLP blocks: one RMSNorm each
         if linear is None:
-            return self.num_layers * self.other_params_per_layer
-        return (self.attention_layers * self.other_params_per_layer
+            return self.num_layers * self.other_params_per_layer + mlp_blocks
+        return (self.attention_layers * self.other_params_per_layer + mlp_blocks
                 + linear.layers * (self.norms_per_layer * self.hidden_size + linear.other_params))
 
     @property
     def norms_per_layer(self) -> int:
-        """RMSNorms of one block: before attention and before the MLP, and Gemma's two more after each."""
+        """RMSNorms of one block: before attention and before the MLP, and Gemma's two more after each;
+        Nemotron-H's block holds one thing behind one norm (its MLP blocks count theirs apart)."""
+        if self.model_type in NEMOTRON_H_TYPES:
+            return 1
         return 4 if self.model_type in GEMMA_TYPES else 2
 
     @property
@@ -401,8 +455,7 @@ class ModelSpec:
         """Every expert's and router's biases (gpt-oss), which the linear counts leave out."""
         if self.model_type != "gpt_oss":
             return 0
-        return self.moe_layers * self.num_experts * (self.expert_params - 3 * self.hidden_size
-                                                     * self.moe_intermediate_size + 1)
+        return self.moe_layers * self.num_experts * (self.expert_params - self.expert_weights + 1)
 
     def _non_linear_params(self) -> int:
         return (self.block_other_params + self.embedding_params + self.position_params
@@ -435,13 +488,21 @@ class ModelSpec:
         h = self.hidden_size
         per_layer = (2 * (2 * h) + 2 * h) if self.is_gpt_like else self.norms_per_layer * h
         if self.is_mla:
-            per_layer += self.replicated_linear_params_per_layer + mla.norm_params(self)
+            per_layer += mla.norm_params(self)
         routers = self.moe_layers * self.router_params
-        return self.num_layers * per_layer + self.position_params + self.final_norm_params + routers
+        return (self.num_layers * per_layer + self.whole_linear_params + self.ffn_layers * h + self.position_params
+                + self.final_norm_params + routers)
 
     @property
     def replicated_linear_params_per_layer(self) -> int:
         return sum(n * k for n, k in self.replicated_linear_shapes)
+
+    @property
+    def whole_linear_params(self) -> int:
+        """Dense linear weights every tensor-parallel rank holds whole: MLA's down-projections and
+        Nemotron-H's latent projections (vLLM's ReplicatedLinear)."""
+        return (self.num_layers * self.replicated_linear_params_per_layer
+                + self.moe_layers * sum(n * k for n, k in self.latent_shapes))
 
     # ---- bytes and FLOPs ----------------------------------------------------
 
@@ -453,7 +514,7 @@ class ModelSpec:
         (all the formats do; MXFP4 only them), else at `dtype_bytes`."""
         if not self.is_moe:
             return 0
-        weights = 3 * self.hidden_size * self.moe_intermediate_size
+        weights = self.expert_weights
         per_expert = (sum(weight_format.matrix_bytes(n, k) for n, k in self.expert_shapes)
                       if weight_format is not None else weights * dtype_bytes)
         per_expert += (self.expert_params - weights) * dtype_bytes
@@ -487,7 +548,7 @@ class ModelSpec:
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
-        replicated_linear = self.num_layers * self.replicated_linear_params_per_layer
+        replicated_linear = self.whole_linear_params
         rest = sharded - (self.dense_linear_params - replicated_linear)
         return (self.linear_bytes_per_gpu(weight_format, tp)
                 + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes + experts_here)
@@ -495,7 +556,7 @@ class ModelSpec:
     def linear_params_per_gpu(self, tp: int = 1) -> float:
         """The layers' dense linear weights one of `tp` GPUs holds and multiplies: a 1/tp share of each,
         MLA's down-projections whole (vLLM replicates them)."""
-        whole = self.num_layers * self.replicated_linear_params_per_layer
+        whole = self.whole_linear_params
         return (self.dense_linear_params - whole) / tp + whole
 
     def linear_bytes_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
@@ -525,10 +586,11 @@ class ModelSpec:
 
         replicated = self.replicated_linear_shapes
         split_attention = self.attention_shapes[:len(self.attention_shapes) - len(replicated)]
-        whole = layers_of("attention", replicated, self.num_layers, len(split_attention))
+        whole = (layers_of("attention", replicated, self.num_layers, len(split_attention))
+                 + layers_of("latent", self.latent_shapes, self.moe_layers))
         split = (layers_of("attention", split_attention, self.attention_layers)
                  + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
-                 + layers_of("mlp", self.mlp_shapes, self.dense_layers if self.is_moe else self.num_layers)
+                 + layers_of("mlp", self.mlp_shapes, self.dense_mlp_layers)
                  + layers_of("shared_experts", self.shared_expert_shapes, self.moe_layers))
         return -(-split // tp) + whole
 
@@ -562,13 +624,8 @@ class ModelSpec:
 
     @property
     def recurrent_flops(self) -> int:
-        """FLOPs a Gated DeltaNet layer spends on one token's recurrent step, all value heads: per head the
-        state's decay, its read by k, the rank-one write of the delta and the read by q, each
-        key_head_dim x value_head_dim multiply-adds (0 without linear attention)."""
-        linear = self.linear_attention
-        if linear is None:
-            return 0
-        return 4 * 2 * linear.value_heads * linear.key_head_dim * linear.value_head_dim
+        """FLOPs a Gated DeltaNet or Mamba-2 layer spends on one token's recurrent step (0 without them)."""
+        return self.linear_attention.recurrent_flops if self.linear_attention is not None else 0
 
     @property
     def full_attention_layers(self) -> int:
@@ -614,6 +671,8 @@ class ModelSpec:
                 layer_norm_epsilon=self.norm_eps, tie_word_embeddings=self.tie_word_embeddings,
             )
             config.architectures = ["GPT2LMHeadModel"]
+        elif self.model_type in NEMOTRON_H_TYPES:
+            config = nemotron_h_hf_config(self)
         else:
             common = dict(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
@@ -692,6 +751,8 @@ class ModelSpec:
             return cls(**llama4_fields(config, name))
         if model_type in LINEAR_ATTENTION_TYPES:
             return cls(**linear_attention_fields(get, model_type, name))
+        if model_type in NEMOTRON_H_TYPES:
+            return cls(**nemotron_h_fields(get, model_type, name))
         if model_type in MOE_TYPES:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:
@@ -746,8 +807,9 @@ def model_catalog() -> Catalog[ModelSpec]:
     for entry in json.loads(text)["models"]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
-        if entry.get("linear_attention") is not None:
-            entry["linear_attention"] = LinearAttention(**entry["linear_attention"])
+        mixer = entry.get("linear_attention")
+        if mixer is not None:        # a Mamba-2 mixer names its state size, a Gated DeltaNet its key heads
+            entry["linear_attention"] = (Mamba2 if "state_size" in mixer else LinearAttention)(**mixer)
         if entry.get("sparse_indexer") is not None:
             entry["sparse_indexer"] = SparseIndexer(**entry["sparse_indexer"])
         if entry.get("published_params") is not None:

@@ -31,11 +31,14 @@ and scales the embedding by sqrt(hidden) (one more read and write per step).
 Multi-head latent attention (DeepSeek; planner/catalog/mla.py) normalizes its two latents (q's and
 the KV's: read and write each), applies rotary to the rotary dims only (each head's and the one shared
 key's) and writes the latent and rotary key into the cache; its shared experts run their own SiLU and
-mul (counted on every layer, as the dense MLP's is on a dense model).
+mul on each MoE layer.
 A Gated DeltaNet hybrid (Qwen3.5; planner/catalog/linear_attention.py) runs the q/k norms, rotary and
 the cache write on its attention layers only, gates each attention output (read it and the gate, write
 the product), and on its linear-attention layers normalizes the read-out with its z gate (read both,
 write one); the convolution and the recurrent update are timed kernels (planner/cost/gdn.py).
+Nemotron-H (planner/catalog/nemotron_h.py) runs one RMSNorm and residual add per block, no rotary, a
+squared ReLU (read and write) on its MLPs and shared experts, and its Mamba-2 mixers' gated RMSNorm; their
+convolution and scan are priced in planner/cost/mamba.py.
 """
 from __future__ import annotations
 
@@ -71,15 +74,16 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
     gemma = model.norms_per_layer == 4
+    blocks = model.num_layers + model.ffn_layers if model.ffn_layers else None    # Nemotron-H: one norm a block
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
-               Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES)]
+               Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES, layers=blocks)]
     if gemma:
         kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
         kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES, layers=model.attention_layers))
     if model.is_mla:
         kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
-    if not model.is_gpt_like:
+    if model.rotary_dims:
         kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=model.attention_layers))
     kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * ACT_BYTES + model.kv_cache_bytes(tp, kv_bytes),
                           layers=model.attention_layers))
@@ -92,22 +96,32 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     if model.attention_output_gate:
         kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=model.attention_layers))
     if model.linear_attention is not None:
-        value_width = model.linear_attention.heads_per_gpu(tp)[1] * model.linear_attention.value_head_dim
-        kernels.append(Kernel("linear attention gated RMSNorm", 3 * value_width * ACT_BYTES,
+        width = model.linear_attention.gated_norm_width_per_gpu(tp)
+        kernels.append(Kernel("linear attention gated RMSNorm", 3 * width * ACT_BYTES,
                               layers=model.linear_attention_layers))
     if gemma:
         kernels.append(Kernel("post-attention RMSNorm", 2 * h * ACT_BYTES))
-    second = "pre-feedforward" if gemma else "post-attention"
-    kernels.append(Kernel(f"{second} {norm} + residual add", 4 * h * ACT_BYTES))
+    if blocks is None:
+        second = "pre-feedforward" if gemma else "post-attention"
+        kernels.append(Kernel(f"{second} {norm} + residual add", 4 * h * ACT_BYTES))
     # a MoE's fused kernel applies its activation itself (its measured table includes it)
     if model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     elif not model.is_moe:
-        kernels.append(Kernel("GELU-tanh and mul" if gemma else "SiLU and mul", 3 * inter * ACT_BYTES))
+        kernels.append(_activation(model, "", inter, model.dense_mlp_layers))
     if model.shared_experts:
         shared = model.shared_experts * model.moe_intermediate_size // tp
-        kernels.append(Kernel("shared expert SiLU and mul", 3 * shared * ACT_BYTES))
+        kernels.append(_activation(model, "shared expert ", shared, model.moe_layers))
     if gemma:
         kernels.append(Kernel("post-feedforward RMSNorm", 2 * h * ACT_BYTES))
     kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))
     return tuple(kernels)
+
+
+def _activation(model: ModelSpec, what: str, width: int, layers: int) -> Kernel:
+    """An MLP's activation on `width` channels: a gated one reads gate and up and writes their product;
+    Nemotron-H's squared ReLU reads and writes one."""
+    if not model.gated_mlp:
+        return Kernel(f"{what}squared ReLU", 2 * width * ACT_BYTES, layers=layers)
+    name = "GELU-tanh and mul" if model.norms_per_layer == 4 else "SiLU and mul"
+    return Kernel(f"{what}{name}", 3 * width * ACT_BYTES, layers=layers)

@@ -100,7 +100,7 @@ from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
-from planner.cost.gdn import GdnPrice
+from planner.cost.mamba import recurrent_price
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
@@ -213,12 +213,12 @@ class MeasuredCostModel:
         # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
         self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]
         self._kernels = tuple(k for k in step_kernels(model, tp, self._kv_bytes) if k.name not in self._in_attention)
-        self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, system, WEIGHT_ONLY_COMPUTE_EFFICIENCY,
-                              self._elementwise_bw / gpu.memory_bandwidth)
-                     if model.linear_attention is not None else None)
+        self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, system, WEIGHT_ONLY_COMPUTE_EFFICIENCY,
+                                    self._elementwise_bw / gpu.memory_bandwidth)
         if self._gdn is not None and self._gdn.source == "roofline":
-            self.notes.append(f"{system} has no timed Gated DeltaNet kernels: their convolution and recurrent "
-                              f"update are priced by the roofline (planner/cost/gdn.py)")
+            self.notes.append(f"{system} has no timed {model.linear_attention.kind} kernels under vLLM: their "
+                              f"convolution and recurrent update are priced by the roofline "
+                              f"(planner/cost/{'mamba' if model.linear_attention.kind == 'Mamba-2' else 'gdn'}.py)")
 
         kv_bytes_per_token = model.attention_layers * model.kv_cache_bytes(tp, self._kv_bytes)
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
@@ -287,10 +287,10 @@ class MeasuredCostModel:
     def _set_up_gemms(self, model: ModelSpec, tp: int, weight_format: WeightFormat | None) -> None:
         """The layers' GEMM shapes and the tables that price them: the format's own table where the
         system measured it, else the bf16 table read as a weight-only kernel (`_weight_only`)."""
-        h, layers = model.hidden_size, model.num_layers
+        h = model.hidden_size
         inter = model.intermediate_size // tp
-        mlp_up = inter if model.is_gpt_like else 2 * inter
-        mlp_layers = model.dense_layers if model.is_moe else layers   # a MoE's experts: MeasuredMoe
+        mlp_up = 2 * inter if model.gated_mlp else inter
+        mlp_layers = model.dense_mlp_layers                           # a MoE's experts: MeasuredMoe
         # (name, (n, k), layers): this GPU's share of each GEMM
         attention = model.attention_layers
         q_width = 2 * self._heads if model.attention_output_gate else self._heads   # Qwen3.5: q and its gate
@@ -299,23 +299,31 @@ class MeasuredCostModel:
         gemms = self._mla_gemms(model, tp) if model.is_mla else [
             ("qkv", ((q_width + 2 * self._kv) * self._hd, h), attention, ("attention", (0, 1, 2))),
             ("o projection", (h, self._heads * self._hd), attention, ("attention", (3,)))]
-        if model.linear_attention is not None:     # its q, k, v, z and b, a priced as one GEMM
-            (n_in, _), _, (_, k_out) = model.linear_attention_shapes
-            gemms += [("linear attention in-proj", ((n_in + 2 * model.linear_attention.value_heads) // tp, h),
-                       model.linear_attention_layers, ("linear_attention", (0, 1))),
-                      ("linear attention out-proj", (h, k_out // tp), model.linear_attention_layers,
-                       ("linear_attention", (2,)))]
-        gemms += [("fc1" if model.is_gpt_like else "gate+up", (mlp_up, h), mlp_layers,
-                   ("mlp", (0,) if model.is_gpt_like else (0, 1))),
-                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers,
-                   ("mlp", (1,) if model.is_gpt_like else (2,)))]
+        mixer = model.linear_attention
+        if mixer is not None:     # its input projections (GDN: q, k, v, z and b, a) priced as one GEMM
+            out = len(mixer.shapes(h)) - 1
+            gemms += [("linear attention in-proj", (mixer.in_proj_per_gpu(tp), h), mixer.layers,
+                       ("linear_attention", mixer.in_weights)),
+                      ("linear attention out-proj", (h, mixer.out_proj_inputs_per_gpu(tp)), mixer.layers,
+                       ("linear_attention", (out,)))]
+        up, down = (("gate+up", "down") if model.gated_mlp else ("fc1", "fc2") if model.is_gpt_like
+                    else ("up", "down"))
+        gemms += [(up, (mlp_up, h), mlp_layers, ("mlp", (0, 1) if model.gated_mlp else (0,))),
+                  (down, (h, inter), mlp_layers, ("mlp", (2,) if model.gated_mlp else (1,)))]
         if model.shared_experts:
             shared = model.shared_experts * model.moe_intermediate_size // tp
-            gemms += [("shared expert gate+up", (2 * shared, h), model.moe_layers, ("shared_experts", (0, 1))),
-                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", (2,)))]
+            gated = model.gated_mlp
+            gemms += [("shared expert gate+up" if gated else "shared expert up", (2 * shared if gated else shared, h),
+                       model.moe_layers, ("shared_experts", (0, 1) if gated else (0,))),
+                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", (2,) if gated else (1,)))]
+        if model.moe_latent_size:     # whole on every rank (vLLM's ReplicatedLinear)
+            latent = model.moe_latent_size
+            gemms += [("latent down-projection", (latent, h), model.moe_layers, ("latent", (0,))),
+                      ("latent up-projection", (h, latent), model.moe_layers, ("latent", (1,)))]
         excluded = weight_format.excluded if weight_format is not None else ()
         shapes = {"attention": model.attention_shapes, "linear_attention": model.linear_attention_shapes,
-                  "mlp": model.mlp_shapes, "shared_experts": model.shared_expert_shapes}
+                  "mlp": model.mlp_shapes, "shared_experts": model.shared_expert_shapes,
+                  "latent": model.latent_shapes}
         gemms = [(name, shape, layers, kept_share(model, excluded, role, shapes[role], indices))
                  for name, shape, layers, (role, indices) in gemms]
         self._gemms = [g for g in gemms if g[2]]
@@ -812,11 +820,12 @@ class MeasuredCostModel:
                                   f"{self.calibration.elementwise_floor_s * 1e6:.1f} us floor per kernel"
                                   + (f", x{count} layers" if count > 1 else ""), count))
         if self._allreduce is not None:
-            count = 2 * layers + 1
+            count = layers + self.model.mlp_layers + 1
+            per_layer = "1 per block" if self.model.ffn_layers else "2 per layer"
             terms.append(Term("all-reduce", "collective", count * self.allreduce(run, captured), "table",
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
-                              f"{run} x {self.model.hidden_size} values, 2 per layer + the embedding's", count))
+                              f"{run} x {self.model.hidden_size} values, {per_layer} + the embedding's", count))
             if self.model.qk_norm == "across heads":
                 terms.append(Term("q/k-norm all-reduce", "collective", layers * self.qk_norm_allreduce(run, captured),
                                   "table", f"{self.system} {self.allreduce_backend} of {run} x 2 fp32 variances, "
@@ -886,7 +895,8 @@ class MeasuredCostModel:
 
     def _linear_attention_term(self, s: StepShape) -> Term:
         gdn = self._gdn
-        return Term("linear attention (conv + delta rule)", "attention", self._linear_attention(s), gdn.source,
+        what = "conv + selective scan" if self.model.linear_attention.kind == "Mamba-2" else "conv + delta rule"
+        return Term(f"linear attention ({what})", "attention", self._linear_attention(s), gdn.source,
                     f"{gdn.describe()}, {s.decode_seqs} decoding, {s.prefill_seqs} sequences' {s.prefill_tokens} "
                     f"prompt tokens, x{gdn.layers} layers", gdn.layers)
 

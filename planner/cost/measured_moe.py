@@ -90,7 +90,7 @@ class MeasuredMoe:
         self.dtype = moe_dtype(fmt)
         self.extrapolated = False
         self._nccl = self._dispatch_curve() if par.dp > 1 else None
-        shape = (model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
+        shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
         split = (self.dtype, par.moe_tp, par.ep)
         table = tables.load_rows(system, "moe")
         self.efficiency = None
@@ -104,7 +104,7 @@ class MeasuredMoe:
         rows = [r for r in table if _shape(r) == shape and _split(r) == split]
         if not rows:
             raise PlannerError(f"{system} has no measured vLLM MoE rows for {model.name}'s experts "
-                               f"({self.dtype}, hidden {model.hidden_size}, width {model.moe_intermediate_size}, "
+                               f"({self.dtype}, hidden {model.expert_hidden}, width {model.moe_intermediate_size}, "
                                f"top-{model.num_experts_per_tok} of {model.num_experts}) at moe_tp {par.moe_tp}, "
                                f"moe_ep {par.ep}")
         self._curves = {}
@@ -206,8 +206,8 @@ class _Efficiency:
         self._shapes = []                   # (a timed shape's MeasuredMoe, its ModelSpec, its bytes per expert)
         for h, i, k, e in timed:
             spec = dataclasses.replace(model, hidden_size=h, moe_intermediate_size=i, num_experts_per_tok=k,
-                                       num_experts=e)
-            per_expert = rates.bytes_per_expert * h * i / (model.hidden_size * model.moe_intermediate_size)
+                                       num_experts=e, moe_latent_size=0)
+            per_expert = rates.bytes_per_expert * h * i / (model.expert_hidden * model.moe_intermediate_size)
             self._shapes.append((MeasuredMoe(system, spec, par, fmt), spec, per_expert))
         self._cache: dict[int, tuple[float, bool]] = {}
 

@@ -91,8 +91,9 @@ def moe_work(model: ModelSpec, par: MoeParallel, tokens: int) -> MoeWork:
 
 
 def expert_flops(model: ModelSpec, work: MoeWork) -> float:
-    """FLOPs of the local experts: 2 per weight per pair over gate, up and down (2 T k 3 H I in all)."""
-    return 2.0 * work.pairs * 3 * model.hidden_size * work.width
+    """FLOPs of the local experts: 2 per weight per pair over gate, up and down (2 T k 3 H I in all;
+    Nemotron-H's up and down in its experts' width)."""
+    return 2.0 * work.pairs * len(model.expert_shapes) * model.expert_hidden * work.width
 
 
 def bytes_per_expert(model: ModelSpec, weight_format: WeightFormat | None, dtype_bytes: int = 2) -> float:

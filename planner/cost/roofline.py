@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
-from planner.cost.gdn import GdnPrice
+from planner.cost.mamba import recurrent_price
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
 from planner.cost.sparse import SparsePrice
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
@@ -181,13 +181,12 @@ class RooflineCostModel:
             self._set_up_sparse(model, gpu, tp, kv_dtype_bytes, bw, flops)
         self._set_up_window(model)
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
-        self._gdn = (GdnPrice(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
-                     if model.linear_attention is not None else None)
+        self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
         if tp > 1:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
             ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
-            collectives = 2 * layers + 1
+            collectives = layers + model.mlp_layers + 1       # each block's output, and the embedding
             self._allreduce_fixed = (collectives + 1) * gpu.interconnect_latency   # +1: logits gather
             self._allreduce_per_token = collectives * ring * hidden * dtype_bytes / ic
             self._gather_per_seq = (tp - 1) / tp * vocab * dtype_bytes / ic

@@ -76,7 +76,7 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     """
     h, i = model.hidden_size, model.intermediate_size
     q_size = model.q_size // tp
-    mlp = (2 * i // tp) if model.is_gpt_like else (3 * i // tp)
+    mlp = (3 * i // tp) if model.gated_mlp else (2 * i // tp)
     per_token = 2 * h + (q_size + model.kv_cache_width(tp)) + q_size + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
