@@ -36,7 +36,9 @@ shows for the same tokens, format and split: the geometric mean, over every shap
 time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (the
 per-tensor FP8 MoE NVIDIA timed on Hopper, FlashInfer's CUTLASS one, runs 3-7x the roofline; bf16's
 Triton one about 1x). Leaving each timed shape out in turn and pricing it so comes within a factor of
-1.09 of its own rows on average (bench/bench_moe_shapes.py). The ledger names the term's source
+1.09 of its own rows on average (bench/bench_moe_shapes.py). Gated experts (gate, up, down) are scaled
+by the gated shapes' efficiency and Nemotron-H's ungated ones (up, down) by theirs: the roofline of a
+timed shape is only comparable with its own kind's. The ledger names the term's source
 `scaled`. A shape the table has, but not in this format or split, is a one-line error, and `auto` then
 prices the model with the roofline.
 """
@@ -45,8 +47,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from planner.catalog import ModelSpec
+from planner.catalog import ModelSpec, list_models
 from planner.catalog.routing import experts_touched
 from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
@@ -96,7 +99,9 @@ class MeasuredMoe:
         self.efficiency = None
         if roofline is not None and all(_shape(r) != shape for r in table):
             # a shape NVIDIA never timed: the roofline at the efficiency of this split's timed shapes (above)
-            timed = sorted({_shape(r) for r in table if _split(r) == split})
+            ungated = _ungated_shapes()
+            timed = sorted({_shape(r) for r in table
+                            if _split(r) == split and (_shape(r) in ungated) != model.gated_mlp})
             if timed:
                 self.efficiency = _Efficiency(system, model, par, fmt, roofline, timed,
                                               min(r["latency"] for r in table))
@@ -185,6 +190,13 @@ class MeasuredMoe:
         return Term("experts (fused MoE)", "moe", seconds, "scaled",
                     f"roofline x {e.at(gathered // self.par.dp):.2f}, the {self.system} moe {self.dtype} table's "
                     f"efficiency over its {len(e.timed)} timed shapes, {what}", layers)
+
+
+@lru_cache(maxsize=1)
+def _ungated_shapes() -> frozenset[tuple[int, int, int, int]]:
+    """The table's shapes whose experts have no gate: the catalog's Nemotron-H ones (vLLM's relu2_no_mul)."""
+    return frozenset((m.expert_hidden, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts)
+                     for m in list_models() if m.is_moe and not m.gated_mlp)
 
 
 def _shape(row: dict) -> tuple[int, int, int, int]:
