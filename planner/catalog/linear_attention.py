@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.catalog.moe_config import dense_layer_count
+from planner.catalog.moe_config import dense_layer_count, shared_expert_count
 from planner.catalog.quantization import checkpoint_scheme
 from planner.catalog.rope import partial_rotary_dims
 from planner.errors import PlannerError
@@ -160,14 +160,11 @@ def linear_attention_fields(get: Callable[..., Any], model_type: str, name: str)
         # Qwen3.5-MoE configs name no dense width: every layer's MLP is experts
         intermediate_size=get("intermediate_size") or get("moe_intermediate_size"))
     if model_type in LINEAR_ATTENTION_MOE_TYPES:
-        width, shared = get("moe_intermediate_size"), get("shared_expert_intermediate_size") or 0
-        if isinstance(width, int) and width > 0 and shared % width:
-            raise PlannerError(f"model {name!r}: a shared expert {shared} wide is not a whole number of "
-                               f"{width}-wide experts")
+        width = get("moe_intermediate_size")
         fields.update(num_experts=get("num_experts") or get("num_local_experts"),
                       num_experts_per_tok=get("num_experts_per_tok"), moe_intermediate_size=width,
                       dense_layers=dense_layer_count(get, layers),
-                      shared_experts=shared // width if isinstance(width, int) and width > 0 else 0)
+                      shared_experts=shared_expert_count(width, get("shared_expert_intermediate_size") or 0, name))
     scheme = checkpoint_scheme(get("quantization_config"))
     if scheme is not None:
         fields["checkpoint_quantization"] = scheme

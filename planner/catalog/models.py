@@ -276,7 +276,9 @@ class ModelSpec:
         return not (self.is_gpt_like or self.model_type in NEMOTRON_H_TYPES)
 
     def _mlp_shapes(self, hidden: int, width: int) -> tuple[tuple[int, int], ...]:
-        return ((width, hidden), (width, hidden), (hidden, width)) if self.gated_mlp else ((width, hidden), (hidden, width))
+        """(outputs, inputs) of an MLP `width` wide on `hidden`: gate, up, down; or up, down without a gate."""
+        up, down = (width, hidden), (hidden, width)
+        return (up, up, down) if self.gated_mlp else (up, down)
 
     @property
     def attention_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -293,7 +295,8 @@ class ModelSpec:
 
     @property
     def shared_expert_shapes(self) -> tuple[tuple[int, int], ...]:
-        """The shared experts of one MoE layer as one gated MLP (gate, up, down); () when it has none."""
+        """The shared experts of one MoE layer as one MLP (gate, up, down; Nemotron-H's up, down); () when it
+        has none."""
         if not self.shared_experts:
             return ()
         return self._mlp_shapes(self.hidden_size, self.shared_experts * self.moe_intermediate_size)
@@ -363,7 +366,7 @@ class ModelSpec:
     @property
     def dense_linear_params(self) -> int:
         """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)
-        and the MoE layers' shared experts."""
+        and the MoE layers' shared experts (and Nemotron-H's latent projections)."""
         return (self.attention_layers * sum(n * k for n, k in self.attention_shapes)
                 + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
                 + self.dense_mlp_layers * sum(n * k for n, k in self.mlp_shapes)

@@ -59,6 +59,16 @@ def dense_layer_count(get: Callable[..., Any], layers: int) -> int:
     return sum(1 for layer in range(layers) if layer in only or (layer + 1) % step)
 
 
+def shared_expert_count(width: Any, shared: int, name: str) -> int:
+    """A shared expert `shared` wide as a count of `width`-wide experts (Qwen3-Next, Qwen3.5, Nemotron 3)."""
+    if not (isinstance(width, int) and width > 0):
+        return 0                # a bad width is named by ModelSpec's own check
+    if shared % width:
+        raise PlannerError(f"model {name!r}: a shared expert {shared} wide is not a whole number of "
+                           f"{width}-wide experts")
+    return shared // width
+
+
 def moe_fields(get: Callable[..., Any], model_type: str, name: str) -> dict[str, Any]:
     """ModelSpec keyword arguments of a MoE config (`get(key, default=None)` reads the config)."""
     if model_type in DEEPSEEK_TYPES:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from planner.catalog.mamba import Mamba2
+from planner.catalog.moe_config import shared_expert_count
 from planner.catalog.quantization import checkpoint_scheme
 from planner.errors import PlannerError
 
@@ -78,14 +79,12 @@ def nemotron_h_fields(get: Callable[..., Any], model_type: str, name: str) -> di
         tie_word_embeddings=bool(get("tie_word_embeddings", False)),
         norm_eps=get("layer_norm_epsilon") or get("rms_norm_eps") or 1e-5, linear_attention=mixer)
     if moe:
-        width, shared = get("moe_intermediate_size"), get("moe_shared_expert_intermediate_size") or 0
-        if isinstance(width, int) and width > 0 and shared % width:
-            raise PlannerError(f"model {name!r}: a shared expert {shared} wide is not a whole number of "
-                               f"{width}-wide experts")
+        width = get("moe_intermediate_size")
         fields.update(num_experts=get("n_routed_experts") or get("num_local_experts"),
                       num_experts_per_tok=get("num_experts_per_tok"), moe_intermediate_size=width,
                       dense_layers=dense, moe_latent_size=get("moe_latent_size") or 0,
-                      shared_experts=shared // width if isinstance(width, int) and width > 0 else 0)
+                      shared_experts=shared_expert_count(width, get("moe_shared_expert_intermediate_size") or 0,
+                                                         name))
     scheme = checkpoint_scheme(get("quantization_config"))
     if scheme is not None:
         fields["checkpoint_quantization"] = scheme

@@ -306,16 +306,15 @@ class MeasuredCostModel:
                        ("linear_attention", mixer.in_weights)),
                       ("linear attention out-proj", (h, mixer.out_proj_inputs_per_gpu(tp)), mixer.layers,
                        ("linear_attention", (out,)))]
-        up, down = (("gate+up", "down") if model.gated_mlp else ("fc1", "fc2") if model.is_gpt_like
-                    else ("up", "down"))
-        gemms += [(up, (mlp_up, h), mlp_layers, ("mlp", (0, 1) if model.gated_mlp else (0,))),
-                  (down, (h, inter), mlp_layers, ("mlp", (2,) if model.gated_mlp else (1,)))]
+        # an MLP's gate and up run as one GEMM (vLLM's merged column-parallel layer), its down projection last
+        ups, down = ((0, 1), (2,)) if model.gated_mlp else ((0,), (1,))
+        up = "gate+up" if model.gated_mlp else "fc1" if model.is_gpt_like else "up"
+        gemms += [(up, (mlp_up, h), mlp_layers, ("mlp", ups)),
+                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers, ("mlp", down))]
         if model.shared_experts:
             shared = model.shared_experts * model.moe_intermediate_size // tp
-            gated = model.gated_mlp
-            gemms += [("shared expert gate+up" if gated else "shared expert up", (2 * shared if gated else shared, h),
-                       model.moe_layers, ("shared_experts", (0, 1) if gated else (0,))),
-                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", (2,) if gated else (1,)))]
+            gemms += [(f"shared expert {up}", (len(ups) * shared, h), model.moe_layers, ("shared_experts", ups)),
+                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", down))]
         if model.moe_latent_size:     # whole on every rank (vLLM's ReplicatedLinear)
             latent = model.moe_latent_size
             gemms += [("latent down-projection", (latent, h), model.moe_layers, ("latent", (0,))),
