@@ -33,7 +33,28 @@ from planner.errors import PlannerError
 # Qwen3.5's decoders go by their text_config names: "qwen3_5" and "qwen3_5_moe" are the vision-language wrappers
 LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 LINEAR_ATTENTION_MOE_TYPES = ("qwen3_next", "qwen3_5_moe_text")
-_STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}     # a recurrent state's dtype in a config
+STATE_DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
+
+
+def check_mixer(mixer: Any, sizes: tuple[str, ...], what: str) -> None:
+    """A recurrent mixer's (Gated DeltaNet's, Mamba-2's) `sizes` are positive integers and its state's element
+    size one a config can name; else a one-line error."""
+    for field in sizes:
+        value = getattr(mixer, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlannerError(f"{what}: {field} must be a positive integer, got {value!r}")
+    if mixer.state_dtype_bytes not in (0, 2, 4):
+        raise PlannerError(f"{what}: state_dtype_bytes must be 0, 2 or 4, got {mixer.state_dtype_bytes!r}")
+
+
+def state_dtype_bytes(dtype: Any, key: str, name: str) -> int:
+    """The element size of the recurrent state a config's `key` names (`dtype`; None: 0, the model's dtype)."""
+    if dtype is None:
+        return 0
+    if dtype not in STATE_DTYPE_BYTES:
+        raise PlannerError(f"model {name!r}: {key} must be one of {', '.join(STATE_DTYPE_BYTES)}, got {dtype!r}")
+    return STATE_DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +73,11 @@ class LinearAttention:
     in_weights = (0, 1)             # of `shapes`: q, k, v, z and b, a (one GEMM in vLLM); the output last
 
     def __post_init__(self) -> None:
-        for field in ("layers", "key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PlannerError(f"linear attention: {field} must be a positive integer, got {value!r}")
+        check_mixer(self, ("layers", "key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"),
+                    "linear attention")
         if self.value_heads % self.key_heads:
             raise PlannerError(f"linear attention: {self.value_heads} value heads are not a multiple of "
                                f"{self.key_heads} key heads")
-        if self.state_dtype_bytes not in (0, 2, 4):
-            raise PlannerError(f"linear attention: state_dtype_bytes must be 0, 2 or 4, got {self.state_dtype_bytes!r}")
 
     @property
     def key_dim(self) -> int:
@@ -140,15 +157,11 @@ def linear_attention_fields(get: Callable[..., Any], model_type: str, name: str)
     head_size = get("head_dim") or hidden // heads
     rope = get("rope_parameters") or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or get("rope_theta") or 10000.0
-    state_dtype = get("mamba_ssm_dtype")
-    if state_dtype is not None and state_dtype not in _STATE_DTYPE_BYTES:
-        raise PlannerError(f"model {name!r}: mamba_ssm_dtype must be one of {', '.join(_STATE_DTYPE_BYTES)}, "
-                           f"got {state_dtype!r}")
     linear = LinearAttention(
         layers=_linear_layers(get, layers, name), key_heads=get("linear_num_key_heads"),
         value_heads=get("linear_num_value_heads"), key_head_dim=get("linear_key_head_dim"),
         value_head_dim=get("linear_value_head_dim"), conv_kernel=get("linear_conv_kernel_dim"),
-        state_dtype_bytes=_STATE_DTYPE_BYTES.get(state_dtype, 0))
+        state_dtype_bytes=state_dtype_bytes(get("mamba_ssm_dtype"), "mamba_ssm_dtype", name))
     fields: dict[str, Any] = dict(
         name=name, model_type=model_type, num_layers=layers, hidden_size=hidden, num_heads=heads,
         num_kv_heads=get("num_key_value_heads") or heads, head_size=head_size,
@@ -182,7 +195,7 @@ def linear_attention_hf_config(spec, common: dict[str, Any]):
                   linear_num_value_heads=linear.value_heads, linear_key_head_dim=linear.key_head_dim,
                   linear_value_head_dim=linear.value_head_dim, linear_conv_kernel_dim=linear.conv_kernel)
     if linear.state_dtype_bytes:
-        fields["mamba_ssm_dtype"] = {4: "float32", 2: "bfloat16"}[linear.state_dtype_bytes]
+        fields["mamba_ssm_dtype"] = STATE_DTYPE_NAMES[linear.state_dtype_bytes]
     if spec.model_type == "qwen3_5_text":
         config = transformers.Qwen3_5TextConfig(**fields)
         config.architectures = ["Qwen3_5ForCausalLM"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.catalog.linear_attention import check_mixer
 from planner.errors import PlannerError
 
 
@@ -36,14 +37,9 @@ class Mamba2:
     kind = "Mamba-2"
 
     def __post_init__(self) -> None:
-        for field in ("layers", "heads", "head_dim", "groups", "state_size", "conv_kernel"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PlannerError(f"Mamba-2 mixer: {field} must be a positive integer, got {value!r}")
+        check_mixer(self, ("layers", "heads", "head_dim", "groups", "state_size", "conv_kernel"), "Mamba-2 mixer")
         if self.heads % self.groups:
             raise PlannerError(f"Mamba-2 mixer: {self.heads} heads are not a multiple of {self.groups} groups")
-        if self.state_dtype_bytes not in (0, 2, 4):
-            raise PlannerError(f"Mamba-2 mixer: state_dtype_bytes must be 0, 2 or 4, got {self.state_dtype_bytes!r}")
 
     @property
     def inner(self) -> int:

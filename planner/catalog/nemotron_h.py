@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from planner.catalog.linear_attention import STATE_DTYPE_NAMES, state_dtype_bytes
 from planner.catalog.mamba import Mamba2
 from planner.catalog.moe_config import shared_expert_count
 from planner.catalog.quantization import checkpoint_scheme
@@ -27,7 +28,6 @@ from planner.errors import PlannerError
 
 NEMOTRON_H_TYPES = ("nemotron_h",)
 _BLOCKS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
-_STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def block_types(get: Callable[..., Any], name: str) -> list[str]:
@@ -54,15 +54,13 @@ def nemotron_h_fields(get: Callable[..., Any], model_type: str, name: str) -> di
     dense, moe = types.count("mlp"), types.count("moe")
     if not attention:
         raise PlannerError(f"model {name!r}: a Nemotron-H model without attention blocks is not modelled")
-    state_dtype = get("mamba_ssm_cache_dtype") or "float32"      # transformers' NemotronHConfig default
-    if state_dtype not in _STATE_DTYPE_BYTES:
-        raise PlannerError(f"model {name!r}: mamba_ssm_cache_dtype must be one of {', '.join(_STATE_DTYPE_BYTES)}, "
-                           f"got {state_dtype!r}")
     hidden, heads = get("hidden_size"), get("num_attention_heads")
     mixer = Mamba2(layers=mamba, heads=get("mamba_num_heads"), head_dim=get("mamba_head_dim"),
                    groups=get("n_groups") or get("mamba_n_groups"), state_size=get("ssm_state_size"),
                    conv_kernel=get("conv_kernel") or get("mamba_d_conv"),
-                   state_dtype_bytes=_STATE_DTYPE_BYTES[state_dtype],
+                   # transformers' NemotronHConfig defaults mamba_ssm_cache_dtype to float32
+                   state_dtype_bytes=state_dtype_bytes(get("mamba_ssm_cache_dtype") or "float32",
+                                                       "mamba_ssm_cache_dtype", name),
                    conv_bias=bool(get("use_conv_bias", True))) if mamba else None
     if any(get(key) for key in ("use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias")):
         raise PlannerError(f"model {name!r}: biased Nemotron-H projections are not modelled")
@@ -105,7 +103,7 @@ def nemotron_h_hf_config(spec):
     if mixer is not None:
         fields.update(mamba_num_heads=mixer.heads, mamba_head_dim=mixer.head_dim, n_groups=mixer.groups,
                       ssm_state_size=mixer.state_size, conv_kernel=mixer.conv_kernel, use_conv_bias=mixer.conv_bias,
-                      mamba_ssm_cache_dtype={4: "float32", 2: "bfloat16"}[mixer.state_dtype_bytes])
+                      mamba_ssm_cache_dtype=STATE_DTYPE_NAMES[mixer.state_dtype_bytes])
     if spec.is_moe:
         fields.update(n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
                       moe_intermediate_size=spec.moe_intermediate_size,

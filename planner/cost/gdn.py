@@ -30,6 +30,8 @@ class GdnPrice:
     """Seconds all Gated DeltaNet layers of `model` spend on a step's decodes and prompt chunks, on one of
     `tp` GPUs: NVIDIA's timed kernels where `system` has them, else the roofline."""
 
+    what, module = "conv + delta rule", "planner/cost/gdn.py"
+
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, system: str | None,
                  compute_efficiency: float, memory_efficiency: float) -> None:
         linear = model.linear_attention

@@ -31,6 +31,7 @@ class Mamba2Price:
 
     source = "roofline"
     extrapolated = False
+    what, module = "conv + selective scan", "planner/cost/mamba.py"
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, compute_efficiency: float,
                  memory_efficiency: float) -> None:

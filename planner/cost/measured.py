@@ -217,8 +217,7 @@ class MeasuredCostModel:
                                     self._elementwise_bw / gpu.memory_bandwidth)
         if self._gdn is not None and self._gdn.source == "roofline":
             self.notes.append(f"{system} has no timed {model.linear_attention.kind} kernels under vLLM: their "
-                              f"convolution and recurrent update are priced by the roofline "
-                              f"(planner/cost/{'mamba' if model.linear_attention.kind == 'Mamba-2' else 'gdn'}.py)")
+                              f"convolution and recurrent update are priced by the roofline ({self._gdn.module})")
 
         kv_bytes_per_token = model.attention_layers * model.kv_cache_bytes(tp, self._kv_bytes)
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
@@ -894,8 +893,7 @@ class MeasuredCostModel:
 
     def _linear_attention_term(self, s: StepShape) -> Term:
         gdn = self._gdn
-        what = "conv + selective scan" if self.model.linear_attention.kind == "Mamba-2" else "conv + delta rule"
-        return Term(f"linear attention ({what})", "attention", self._linear_attention(s), gdn.source,
+        return Term(f"linear attention ({gdn.what})", "attention", self._linear_attention(s), gdn.source,
                     f"{gdn.describe()}, {s.decode_seqs} decoding, {s.prefill_seqs} sequences' {s.prefill_tokens} "
                     f"prompt tokens, x{gdn.layers} layers", gdn.layers)
 
