@@ -48,9 +48,13 @@ import yaml
 
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm")
 # The attention backend vLLM selects by default per architecture, best first.
+# FlashAttention 3 has no 512-wide heads (Gemma 4's full layers): NVIDIA timed those with FlashAttention 4 on
+# Hopper; a kernel is chosen per head size.
 KERNELS = {
-    "context": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_trtllmprefill"),
-    "generation": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa2", "vllm_flash_attn", "vllm_flashinfer_trtllmdecode"),
+    "context": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa4", "vllm_flash_attn_fa2", "vllm_flash_attn",
+                "vllm_flashinfer_trtllmprefill"),
+    "generation": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa4", "vllm_flash_attn_fa2", "vllm_flash_attn",
+                   "vllm_flashinfer_trtllmdecode"),
 }
 # With an FP8 cache: vLLM's FlashAttention backend takes one only as FA3 on Hopper
 # (vllm/attention/utils/fa_utils.py flash_attn_supports_fp8), so elsewhere it selects FlashInfer.
@@ -127,18 +131,25 @@ def extract_gemm(data: Path, base: Path, system: str) -> tuple[dict, dict, str]:
 
 def extract_attention(data: Path, base: Path, system: str, op: str, kv_dtype: str = "bfloat16") -> dict:
     """The ``op`` (context or generation) attention table for a ``kv_dtype`` (bfloat16 or fp8) cache,
-    of the kernel vLLM picks for it: bf16 queries, no sliding window, median of repeats. Returns its
-    source."""
+    of the kernel vLLM picks for it at each head size: bf16 queries, no sliding window, median of repeats.
+    Returns its source."""
     path = newest(data / "attention" / "vllm", f"{op}_attention_perf.parquet")
     a = pd.read_parquet(path)
     a = a[(a.kv_cache_dtype == kv_dtype) & (a.attn_dtype == "bfloat16")]
     if "window_size" in a.columns:
         a = a[a.window_size == 0]
     preference = KERNELS if kv_dtype == "bfloat16" else KERNELS_FP8KV
-    kernel = next((k for k in preference[op] if (a.kernel_source == k).any()), None)
-    if kernel is None:
+    chosen = {}
+    for head_dim in sorted(a.head_dim.unique()):
+        found = set(a.kernel_source[a.head_dim == head_dim])
+        kernel = next((k for k in preference[op] if k in found), None)
+        if kernel is not None:
+            chosen.setdefault(kernel, []).append(int(head_dim))
+    if not chosen:
         return {}
-    a = a[a.kernel_source == kernel]
+    a = a[[chosen.get(k) is not None and h in chosen[k] for k, h in zip(a.kernel_source, a.head_dim)]]
+    kernel = ", ".join(k if len(chosen) == 1 else f"{k} (head_dim {', '.join(map(str, dims))})"
+                       for k, dims in chosen.items())
     keys = ["batch_size", "isl" if op == "context" else "step", "num_heads", "num_key_value_heads", "head_dim"]
     a = a.groupby(keys, as_index=False).latency.median()
     a = a.rename(columns={"latency": "latency_ms", "num_key_value_heads": "num_kv_heads"})
@@ -173,11 +184,12 @@ def extract_allreduce(data: Path, base: Path, system: str) -> dict:
     return sources
 
 
-# MoE: NVIDIA's collector times each TP/EP split with the kernel vLLM selects for it (one per split in
-# aiconfigurator-core 0.12.0; on Hopper block FP8 runs Triton split by width and FlashInfer CUTLASS under
-# expert parallelism: vllm/model_executor/layers/fused_moe/oracle/fp8.py _get_priority_backends, "On Hopper
-# for Block Fp8, prefer Triton for TP and FI CUTLASS for EP"). Should a split hold several, the first of these
-# (substrings of kernel_source) is kept: gpt-oss's own MXFP4 kernel, then Triton, FlashInfer, Marlin.
+# MoE: NVIDIA's collector times each model's experts at each TP/EP split with the kernel vLLM selects for them
+# (on Hopper block FP8 runs Triton split by width and FlashInfer CUTLASS under expert parallelism:
+# vllm/model_executor/layers/fused_moe/oracle/fp8.py _get_priority_backends, "On Hopper for Block Fp8, prefer
+# Triton for TP and FI CUTLASS for EP"; on B200 Nemotron 3 Super's FP8 experts run TRT-LLM's kernel and Gemma
+# 4's GELU ones CUTLASS's). The kernel is chosen per shape and split; should one hold several, the first of
+# these (substrings of kernel_source) is kept: gpt-oss's own MXFP4 kernel, then Triton, FlashInfer, Marlin.
 MOE_KERNELS = ("gptoss", "triton", "flashinfer", "marlin")
 # Routing distributions kept: balanced (every expert equally likely) and NVIDIA's power-law skew with
 # exponent 1.2 (aiconfigurator's default for MoE models); power_law_1.01 sits between them.
@@ -211,7 +223,8 @@ def extract_moe(data: Path, base: Path, system: str) -> dict:
                                                                     m.num_experts)], index=m.index)
     m = m[keep & m.distribution.isin(MOE_DISTRIBUTIONS)]
     frames, kernels = [], {}
-    for (dtype, tp, ep), rows in m.groupby(["moe_dtype", "moe_tp_size", "moe_ep_size"]):
+    shape = ["hidden_size", "inter_size", "topk", "num_experts"]
+    for (dtype, *_, tp, ep), rows in m.groupby(["moe_dtype", *shape, "moe_tp_size", "moe_ep_size"]):
         found = sorted(rows.kernel_source.unique())
         kernel = next((k for pref in MOE_KERNELS for k in found if pref in k), found[0])
         kernels.setdefault(dtype, {}).setdefault(kernel, set()).add((int(tp), int(ep)))

@@ -163,13 +163,13 @@ def test_hf_config_builds_the_counted_model(model):
     parameters the spec counts for one layer, and the config reads back to the same spec."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    if model.block_pattern:                           # Nemotron-H: every block, whole (on the meta device)
+    if model.block_pattern or model.global_attention:  # Nemotron-H, Gemma 4: every layer, whole (on the meta device)
         with torch.device("meta"):
             hf = transformers.AutoModelForCausalLM.from_config(model.to_hf_config())
-        assert sum(p.numel() for p in hf.parameters()) == model.num_params
+        assert sum(p.numel() for p in hf.parameters()) == model.num_params - model.vision_params
         back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
         assert dataclasses.replace(back, hf_id=model.hf_id, published_params=model.published_params,
-                                   source=model.source, aliases=model.aliases,
+                                   source=model.source, aliases=model.aliases, vision_params=model.vision_params,
                                    published_active_params=model.published_active_params) == model
         return
     # gpt-oss and Llama 4: their one layer a sliding (chunked) one

@@ -64,6 +64,8 @@ def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
         if model.sparse_indexer is not None:
             attn += (("self_attn.indexer.wq_b",), ("self_attn.indexer.wk",), ("self_attn.indexer.weights_proj",))
     shared = tuple((f"mlp.shared_experts.{w}", f"mlp.shared_expert.{w}") for w in ("gate_proj", "up_proj", "down_proj"))
+    if model.is_gemma and model.is_moe:      # Gemma 4's dense MLP beside its experts (its "shared expert")
+        shared = (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))
     if model.block_pattern:          # Nemotron-H: every block's one module is its mixer
         return {"attention": (("mixer.q_proj",), ("mixer.k_proj",), ("mixer.v_proj",), ("mixer.o_proj",)),
                 "linear_attention": (("mixer.in_proj",), ("mixer.out_proj",)),
@@ -95,7 +97,7 @@ def _layers(model: Any) -> dict[str, range | list[int]]:
     linear = [i for i in layers if i % every != every - 1]
     mlp = range(model.dense_layers) if model.is_moe else layers
     return {"attention": attention, "linear_attention": linear, "mlp": mlp,
-            "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_experts else [],
+            "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_expert_width else [],
             "latent": []}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.catalog import mla
 from planner.catalog.base import Catalog
+from planner.catalog.gemma4 import GEMMA4_CONFIG_TYPES, GEMMA4_TYPES, GlobalAttention, gemma4_fields, gemma4_hf_config
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
 from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
@@ -44,8 +45,11 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Gated DeltaNet hybrids (LINEAR_ATTENTION_TYPES): three of four layers keep a fixed recurrent state instead
 # of attention (planner/catalog/linear_attention.py); Qwen3-Next's and Qwen3.5-MoE's MLPs are experts.
 # Nemotron-H (NEMOTRON_H_TYPES): blocks of one Mamba-2 mixer, attention, MLP or MoE each
-# (planner/catalog/nemotron_h.py), with or without experts.
-KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES, *NEMOTRON_H_TYPES)
+# (planner/catalog/nemotron_h.py), with or without experts. Gemma 4 (GEMMA4_TYPES): Gemma 3's block with wider
+# heads on its full-attention layers, and on the 26B-A4B experts beside every dense MLP (planner/catalog/gemma4.py).
+_FLEXIBLE_EXPERTS = (*NEMOTRON_H_TYPES, *GEMMA4_TYPES)     # model_types with and without experts
+KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *GEMMA4_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES,
+               *NEMOTRON_H_TYPES)
 _EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES)
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
@@ -132,6 +136,9 @@ class ModelSpec:
     ffn_layers: int = 0
     moe_latent_size: int = 0
     block_pattern: str = ""         # Nemotron-H's blocks in order: M (Mamba-2), * (attention), - (MLP), E (MoE)
+    # Gemma 4: the full-attention layers' head size and KV heads where they differ from the sliding layers'
+    # (the fields above); None: every layer attends alike
+    global_attention: GlobalAttention | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -148,7 +155,7 @@ class ModelSpec:
             raise PlannerError(f"model {self.name!r}: a mixture of experts needs 0 < num_experts_per_tok "
                                f"({self.num_experts_per_tok}) <= num_experts ({self.num_experts}) and a "
                                f"positive moe_intermediate_size ({self.moe_intermediate_size})")
-        if self.is_moe != (self.model_type in _EXPERT_TYPES) and self.model_type not in NEMOTRON_H_TYPES:
+        if self.is_moe != (self.model_type in _EXPERT_TYPES) and self.model_type not in _FLEXIBLE_EXPERTS:
             raise PlannerError(f"model {self.name!r}: model_type {self.model_type} "
                                f"{'needs' if self.model_type in _EXPERT_TYPES else 'has no'} experts")
         if self.linear_attention is not None:      # (an MTP head of Qwen3.5 is one attention layer: none)
@@ -187,6 +194,11 @@ class ModelSpec:
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")
+        if self.global_attention is not None and (self.model_type not in GEMMA4_TYPES or not self.full_attention_layers
+                                                  or self.num_heads % self.global_attention.kv_heads):
+            raise PlannerError(f"model {self.name!r}: full-attention layers of their own shape are Gemma 4's "
+                               f"({', '.join(GEMMA4_TYPES)}), need some full-attention layers and KV heads that "
+                               f"divide the {self.num_heads} attention heads")
 
     # ---- shapes -------------------------------------------------------------
 
@@ -198,6 +210,38 @@ class ModelSpec:
     def kv_size(self) -> int:
         """Width of K (or V) for one token in one layer."""
         return self.num_kv_heads * self.head_size
+
+    @property
+    def full_layer_spec(self) -> "ModelSpec":
+        """The model with its full-attention layers' attention shape (Gemma 4's global_attention), whose
+        per-layer attention properties (attention_shapes, kv_cache_bytes, q_size, ...) describe those layers;
+        the model itself when every layer attends alike. Its other properties mean nothing."""
+        return self if self.global_attention is None else _full_layer_twin(self)
+
+    @property
+    def attention_kinds(self) -> tuple[tuple[int, "ModelSpec"], ...]:
+        """(layers, the spec whose per-layer attention properties describe them): every attention layer, or
+        Gemma 4's full-attention layers and its sliding ones apart."""
+        if self.global_attention is None:
+            return ((self.attention_layers, self),)
+        return ((self.full_attention_layers, self.full_layer_spec), (self.sliding_layers, self))
+
+    def attention_kind_label(self, spec: "ModelSpec") -> str:
+        """What a ledger term adds to name one kind of attention layer: nothing when every layer attends alike."""
+        if len(self.attention_kinds) == 1:
+            return ""
+        return " (full layers)" if spec is not self else " (sliding layers)"
+
+    def kv_cache_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
+        """Bytes one of `tp` GPUs caches per token over every attention layer (each kind at its own shape)."""
+        return sum(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) for layers, spec in self.attention_kinds)
+
+    @property
+    def copied_value_params(self) -> int:
+        """Gemma 4's K=V full layers: the V projection vLLM fills with the key's weights, held and multiplied
+        but not in the checkpoint (planner/catalog/gemma4.py)."""
+        g = self.global_attention
+        return self.full_attention_layers * g.kv_heads * g.head_size * self.hidden_size if g and g.k_eq_v else 0
 
     @property
     def is_mla(self) -> bool:
@@ -294,12 +338,20 @@ class ModelSpec:
         return mla.replicated_shapes(self) if self.is_mla else ()
 
     @property
+    def shared_expert_width(self) -> int:
+        """The width of the dense MLP every token of a MoE layer goes through beside its routed experts: its
+        shared experts', or Gemma 4's MLP of intermediate_size; 0 without."""
+        if self.model_type in GEMMA4_TYPES and self.is_moe:
+            return self.intermediate_size
+        return self.shared_experts * self.moe_intermediate_size
+
+    @property
     def shared_expert_shapes(self) -> tuple[tuple[int, int], ...]:
         """The shared experts of one MoE layer as one MLP (gate, up, down; Nemotron-H's up, down); () when it
         has none."""
-        if not self.shared_experts:
+        if not self.shared_expert_width:
             return ()
-        return self._mlp_shapes(self.hidden_size, self.shared_experts * self.moe_intermediate_size)
+        return self._mlp_shapes(self.hidden_size, self.shared_expert_width)
 
     @property
     def mlp_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -313,7 +365,7 @@ class ModelSpec:
         variances), or None."""
         if self.use_qk_norm:
             return "per head"
-        if self.model_type in ("qwen3", "qwen3_moe", "gemma3_text", *LINEAR_ATTENTION_TYPES):
+        if self.model_type in ("qwen3", "qwen3_moe", "gemma3_text", *GEMMA4_TYPES, *LINEAR_ATTENTION_TYPES):
             return "per head"
         return "across heads" if self.model_type == "minimax_m2" else None
 
@@ -347,7 +399,10 @@ class ModelSpec:
 
     @property
     def router_params(self) -> int:
-        """One MoE layer's router (a 16-bit linear layer every GPU holds whole; gpt-oss's has a bias)."""
+        """One MoE layer's router (a 16-bit linear layer every GPU holds whole; gpt-oss's has a bias, Gemma 4's
+        a scale per input dimension and one per expert)."""
+        if self.model_type in GEMMA4_TYPES:
+            return self.router_weights + self.hidden_size + self.num_experts
         return self.router_weights + (self.num_experts if self.model_type == "gpt_oss" else 0)
 
     @property
@@ -367,7 +422,7 @@ class ModelSpec:
     def dense_linear_params(self) -> int:
         """Attention of every layer plus the dense MLPs (all layers of a dense model, dense_layers of a MoE)
         and the MoE layers' shared experts (and Nemotron-H's latent projections)."""
-        return (self.attention_layers * sum(n * k for n, k in self.attention_shapes)
+        return (sum(layers * sum(n * k for n, k in spec.attention_shapes) for layers, spec in self.attention_kinds)
                 + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
                 + self.dense_mlp_layers * sum(n * k for n, k in self.mlp_shapes)
                 + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes + self.latent_shapes))
@@ -422,9 +477,22 @@ class ModelSpec:
         linear = self.linear_attention
         mlp_blocks = self.ffn_layers * self.hidden_size       # Nemotron-H's MLP blocks: one RMSNorm each
         if linear is None:
-            return self.num_layers * self.other_params_per_layer + mlp_blocks
+            return sum(layers * spec.other_params_per_layer for layers, spec in self.attention_kinds) + mlp_blocks
         return (self.attention_layers * self.other_params_per_layer + mlp_blocks
                 + linear.layers * (self.norms_per_layer * self.hidden_size + linear.other_params))
+
+    @property
+    def tp_allreduces(self) -> int:
+        """All-reduces of one forward pass under tensor parallelism: after each attention layer or mixer and each
+        MLP (Nemotron-H: each block), after Gemma 4's experts apart from its MLP (vLLM reduces each branch
+        itself), and the vocab-parallel embedding's."""
+        return self.num_layers + self.mlp_layers + (self.moe_layers if self.is_gemma else 0) + 1
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma's block (2, 3 and 4): RMSNorms after attention and after the MLP too, a GELU-tanh gated MLP,
+        the embedding scaled by sqrt(hidden)."""
+        return self.model_type in (*GEMMA_TYPES, *GEMMA4_TYPES)
 
     @property
     def norms_per_layer(self) -> int:
@@ -432,6 +500,8 @@ class ModelSpec:
         Nemotron-H's block holds one thing behind one norm (its MLP blocks count theirs apart)."""
         if self.model_type in NEMOTRON_H_TYPES:
             return 1
+        if self.model_type in GEMMA4_TYPES:       # and a MoE layer's three: pre-feedforward 2, post-feedforward 1, 2
+            return 7 if self.is_moe else 4
         return 4 if self.model_type in GEMMA_TYPES else 2
 
     @property
@@ -455,10 +525,10 @@ class ModelSpec:
 
     @property
     def expert_bias_params(self) -> int:
-        """Every expert's and router's biases (gpt-oss), which the linear counts leave out."""
-        if self.model_type != "gpt_oss":
-            return 0
-        return self.moe_layers * self.num_experts * (self.expert_params - self.expert_weights + 1)
+        """Every expert's biases (gpt-oss) and the routers' parameters beside their weights (gpt-oss's biases,
+        Gemma 4's scales), which the linear counts leave out."""
+        return self.moe_layers * (self.num_experts * (self.expert_params - self.expert_weights)
+                                  + self.router_params - self.router_weights)
 
     def _non_linear_params(self) -> int:
         return (self.block_other_params + self.embedding_params + self.position_params
@@ -466,7 +536,8 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        return self.linear_params + self.expert_bias_params + self._non_linear_params()
+        """The checkpoint's parameters (Gemma 4's K=V layers without the V projection vLLM adds)."""
+        return self.linear_params + self.expert_bias_params + self._non_linear_params() - self.copied_value_params
 
     @property
     def active_params(self) -> int:
@@ -476,8 +547,9 @@ class ModelSpec:
         if not self.is_moe:
             return self.num_params
         k_share = self.num_experts_per_tok / self.num_experts
-        return (self.active_linear_params + round(self.expert_bias_params * k_share)
-                + self._non_linear_params())
+        routers = self.moe_layers * (self.router_params - self.router_weights)
+        return (self.active_linear_params + round((self.expert_bias_params - routers) * k_share) + routers
+                + self._non_linear_params() - self.copied_value_params)
 
     @property
     def replicated_params(self) -> int:
@@ -547,7 +619,7 @@ class ModelSpec:
         if tp < 1 or dp < 1:
             raise PlannerError(f"tensor and data parallel sizes must be >= 1, got {tp} and {dp}")
         experts_here = self.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format)
-        dense = self.num_params - self.linear_params - self.expert_bias_params + self.dense_linear_params
+        dense = self._non_linear_params() + self.dense_linear_params
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
@@ -591,7 +663,8 @@ class ModelSpec:
         split_attention = self.attention_shapes[:len(self.attention_shapes) - len(replicated)]
         whole = (layers_of("attention", replicated, self.num_layers, len(split_attention))
                  + layers_of("latent", self.latent_shapes, self.moe_layers))
-        split = (layers_of("attention", split_attention, self.attention_layers)
+        split = (sum(layers_of("attention", spec.attention_shapes[:len(split_attention)], layers)
+                     for layers, spec in self.attention_kinds)
                  + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
                  + layers_of("mlp", self.mlp_shapes, self.dense_mlp_layers)
                  + layers_of("shared_experts", self.shared_expert_shapes, self.moe_layers))
@@ -612,7 +685,7 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V of one token across all layers (the paper's 800 KB for OPT-13B in fp16; MLA's latent); a
         Gated DeltaNet layer keeps none."""
-        return self.attention_layers * self.kv_cache_bytes(1, dtype_bytes)
+        return self.kv_cache_bytes_per_token(1, dtype_bytes)
 
     def flops_per_token(self, context_len: int = 0) -> int:
         """Forward FLOPs for one token that attends to `context_len` keys, LM head included.
@@ -622,8 +695,9 @@ class ModelSpec:
         and a Gated DeltaNet layer's recurrent update whatever the context (recurrent_flops_per_token).
         """
         linear = 2 * (self.active_linear_params + self.vocab_size * self.hidden_size)
-        keys = self.full_attention_layers * context_len + self.sliding_layers * min(context_len, self.window)
-        return linear + self.attention_flops_per_key * keys + self.linear_attention_layers * self.recurrent_flops
+        attention = (self.full_layer_spec.attention_flops_per_key * self.full_attention_layers * context_len
+                     + self.attention_flops_per_key * self.sliding_layers * min(context_len, self.window))
+        return linear + attention + self.linear_attention_layers * self.recurrent_flops
 
     @property
     def recurrent_flops(self) -> int:
@@ -644,8 +718,8 @@ class ModelSpec:
     def kv_bytes_per_context(self, tokens: int, dtype_bytes: int = 2) -> int:
         """K and V one sequence of `tokens` holds across all layers: a sliding-window layer keeps at most
         its window (vLLM's hybrid KV cache manager frees the blocks that leave it)."""
-        keep = self.full_attention_layers * tokens + self.sliding_layers * min(tokens, self.window)
-        return keep * self.kv_cache_bytes(1, dtype_bytes)
+        return (self.full_attention_layers * tokens * self.full_layer_spec.kv_cache_bytes(1, dtype_bytes)
+                + self.sliding_layers * min(tokens, self.window) * self.kv_cache_bytes(1, dtype_bytes))
 
 
     # ---- Hugging Face configs ----------------------------------------------
@@ -676,6 +750,8 @@ class ModelSpec:
             config.architectures = ["GPT2LMHeadModel"]
         elif self.model_type in NEMOTRON_H_TYPES:
             config = nemotron_h_hf_config(self)
+        elif self.model_type in GEMMA4_TYPES:
+            config = gemma4_hf_config(self)
         else:
             common = dict(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
@@ -760,6 +836,8 @@ class ModelSpec:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:
             return cls(**gemma_fields(config, name))
+        if model_type in GEMMA4_CONFIG_TYPES:     # transformers 5's Gemma4TextConfig reads as its config.json
+            return cls(**gemma4_fields(config if isinstance(config, dict) else config.to_dict(), name))
         if model_type in _LLAMA_LIKE:
             hidden, heads = get("hidden_size"), get("num_attention_heads")
             rope = get("rope_parameters") or {}
@@ -776,7 +854,8 @@ class ModelSpec:
                        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
                        rope_theta=float(theta or get("rope_theta") or 10000.0),
                        norm_eps=get("rms_norm_eps", 1e-6), sliding_window=window)
-        known = dict.fromkeys([*KNOWN_TYPES, *GEMMA_CONFIG_TYPES, *LLAMA4_CONFIG_TYPES, *MULTIMODAL_TYPES])
+        known = dict.fromkeys([*KNOWN_TYPES, *GEMMA_CONFIG_TYPES, *GEMMA4_CONFIG_TYPES, *LLAMA4_CONFIG_TYPES,
+                               *MULTIMODAL_TYPES])
         raise PlannerError(f"unsupported model_type {model_type!r}; known: {', '.join(known)}")
 
     @classmethod
@@ -802,6 +881,12 @@ class ModelSpec:
         return cls.from_hf_config(config, name=name)
 
 
+@lru_cache(maxsize=64)
+def _full_layer_twin(spec: ModelSpec) -> ModelSpec:
+    g = spec.global_attention
+    return dataclasses.replace(spec, head_size=g.head_size, num_kv_heads=g.kv_heads, global_attention=None)
+
+
 @lru_cache(maxsize=1)
 def model_catalog() -> Catalog[ModelSpec]:
     """The model catalog (planner/data/models.json), indexed by name, aliases and Hugging Face id."""
@@ -815,6 +900,8 @@ def model_catalog() -> Catalog[ModelSpec]:
             entry["linear_attention"] = (Mamba2 if "state_size" in mixer else LinearAttention)(**mixer)
         if entry.get("sparse_indexer") is not None:
             entry["sparse_indexer"] = SparseIndexer(**entry["sparse_indexer"])
+        if entry.get("global_attention") is not None:
+            entry["global_attention"] = GlobalAttention(**entry["global_attention"])
         if entry.get("published_params") is not None:
             entry["published_params"] = int(entry["published_params"])
         specs.append(ModelSpec(**entry))

@@ -39,12 +39,17 @@ write one); the convolution and the recurrent update are timed kernels (planner/
 Nemotron-H (planner/catalog/nemotron_h.py) runs one RMSNorm and residual add per block, no rotary, a
 squared ReLU (read and write) on its MLPs and shared experts, and its Mamba-2 mixers' gated RMSNorm; their
 convolution and scan are priced in planner/cost/mamba.py.
+Gemma 4 (planner/catalog/gemma4.py) normalizes q, k and v per head and runs rotary and the cache write at
+each kind of layer's own head shape (its full layers' and its sliding layers' kernels apart), and on a MoE
+layer the dense MLP's GELU-tanh and mul beside the experts and four more norms: the router's input, the
+experts' input, and each branch's output before their sum.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from planner.catalog import ModelSpec
+from planner.catalog.gemma4 import GEMMA4_TYPES
 
 ACT_BYTES = 2          # activations stay 16-bit (bf16 / fp16) between the kernels
 
@@ -67,26 +72,34 @@ class Kernel:
 def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]:
     """The elementwise kernels of one forward pass of `model` on one of `tp` GPUs, in the order they run."""
     h = model.hidden_size
-    q_heads, kv_heads, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
-    qk = (q_heads + kv_heads) * hd
-    # rotary touches the rotary dims only (MLA: each head's and the one shared key's; GLM: half of each head)
-    rotated = ((q_heads + 1) if model.is_mla else (q_heads + kv_heads)) * model.rotary_dims
+    q_heads, hd = model.num_heads // tp, model.head_size
     inter = model.intermediate_size // tp
     norm = "LayerNorm" if model.is_gpt_like else "RMSNorm"
-    gemma = model.norms_per_layer == 4
+    gemma = model.is_gemma
     blocks = model.num_layers + model.ffn_layers if model.ffn_layers else None    # Nemotron-H: one norm a block
+    # Gemma 4's full and sliding layers attend with heads of their own shape: their kernels apart
+    kinds = [(layers, spec, model.attention_kind_label(spec)) for layers, spec in model.attention_kinds]
     kernels = [Kernel("embedding lookup", 2 * h * ACT_BYTES + (h * ACT_BYTES if model.is_gpt_like else 0), False),
                Kernel(f"input {norm} + residual add", 4 * h * ACT_BYTES, layers=blocks)]
     if gemma:
         kernels.insert(1, Kernel("embedding scale", 2 * h * ACT_BYTES, False))
     if model.qk_norm:
-        kernels.append(Kernel("q/k RMSNorm", 2 * qk * ACT_BYTES, layers=model.attention_layers))
+        # Gemma 4 normalizes v too (without a weight)
+        normed = "q/k/v" if model.model_type in GEMMA4_TYPES else "q/k"
+        for layers, spec, label in kinds:
+            kv_heads = spec.kv_heads_per_gpu(tp) * (2 if normed == "q/k/v" else 1)
+            kernels.append(Kernel(f"{normed} RMSNorm{label}", 2 * (q_heads + kv_heads) * spec.head_size * ACT_BYTES,
+                                  layers=layers))
     if model.is_mla:
         kernels.append(Kernel("q and KV latent RMSNorms", 2 * (model.q_lora_rank + model.kv_lora_rank) * ACT_BYTES))
     if model.rotary_dims:
-        kernels.append(Kernel("rotary embedding", 2 * rotated * ACT_BYTES, layers=model.attention_layers))
-    kernels.append(Kernel("KV-cache write", model.kv_cache_width(tp) * ACT_BYTES + model.kv_cache_bytes(tp, kv_bytes),
-                          layers=model.attention_layers))
+        # rotary touches the rotary dims only (MLA: each head's and the one shared key's; GLM: half of each head)
+        for layers, spec, label in kinds:
+            rotated = ((q_heads + 1) if model.is_mla else (q_heads + spec.kv_heads_per_gpu(tp))) * spec.rotary_dims
+            kernels.append(Kernel(f"rotary embedding{label}", 2 * rotated * ACT_BYTES, layers=layers))
+    for layers, spec, label in kinds:
+        kernels.append(Kernel(f"KV-cache write{label}", spec.kv_cache_width(tp) * ACT_BYTES
+                              + spec.kv_cache_bytes(tp, kv_bytes), layers=layers))
     if model.sparse_indexer is not None:      # its q read in bf16 and written in FP8; the rotary dims of q and k
         index = model.sparse_indexer
         kernels.append(Kernel("indexer q/k rotary, FP8 quantize, k LayerNorm",
@@ -109,9 +122,17 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     elif not model.is_moe:
         kernels.append(_activation(model, "", inter, model.dense_mlp_layers))
-    if model.shared_experts:
-        shared = model.shared_experts * model.moe_intermediate_size // tp
-        kernels.append(_activation(model, "shared expert ", shared, model.moe_layers))
+    if model.shared_expert_width:
+        shared = model.shared_expert_width // tp
+        what = "MLP " if gemma else "shared expert "          # Gemma 4's dense MLP beside its experts
+        kernels.append(_activation(model, what, shared, model.moe_layers))
+    if gemma and model.is_moe:
+        # Gemma 4's expert branch: the router's input normalized and scaled, the experts' input normalized,
+        # both branches' outputs normalized, then summed
+        kernels += [Kernel("router RMSNorm and scale", 2 * h * ACT_BYTES, layers=model.moe_layers),
+                    Kernel("pre-feedforward RMSNorm 2", 2 * h * ACT_BYTES, layers=model.moe_layers),
+                    Kernel("post-feedforward RMSNorm 1", 2 * h * ACT_BYTES, layers=model.moe_layers),
+                    Kernel("post-feedforward RMSNorm 2 + branch sum", 4 * h * ACT_BYTES, layers=model.moe_layers)]
     if gemma:
         kernels.append(Kernel("post-feedforward RMSNorm", 2 * h * ACT_BYTES))
     kernels.append(Kernel(f"final {norm}", 4 * h * ACT_BYTES, False))
@@ -123,5 +144,5 @@ def _activation(model: ModelSpec, what: str, width: int, layers: int) -> Kernel:
     Nemotron-H's squared ReLU reads and writes one."""
     if not model.gated_mlp:
         return Kernel(f"{what}squared ReLU", 2 * width * ACT_BYTES, layers=layers)
-    name = "GELU-tanh and mul" if model.norms_per_layer == 4 else "SiLU and mul"
+    name = "GELU-tanh and mul" if model.is_gemma else "SiLU and mul"
     return Kernel(f"{what}{name}", 3 * width * ACT_BYTES, layers=layers)

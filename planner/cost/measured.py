@@ -219,7 +219,7 @@ class MeasuredCostModel:
             self.notes.append(f"{system} has no timed {model.linear_attention.kind} kernels under vLLM: their "
                               f"convolution and recurrent update are priced by the roofline ({self._gdn.module})")
 
-        kv_bytes_per_token = model.attention_layers * model.kv_cache_bytes(tp, self._kv_bytes)
+        kv_bytes_per_token = model.kv_cache_bytes_per_token(tp, self._kv_bytes)
         self._swap_per_block = kv_bytes_per_token * block_size / gpu.host_link_bandwidth
         self._copy_per_block = 2 * kv_bytes_per_token * block_size / (gpu.memory_bandwidth * 0.8)
         self._host_base, self._host_per_seq, self.host_source = self._host_constants()
@@ -291,13 +291,16 @@ class MeasuredCostModel:
         mlp_up = 2 * inter if model.gated_mlp else inter
         mlp_layers = model.dense_mlp_layers                           # a MoE's experts: MeasuredMoe
         # (name, (n, k), layers): this GPU's share of each GEMM
-        attention = model.attention_layers
         q_width = 2 * self._heads if model.attention_output_gate else self._heads   # Qwen3.5: q and its gate
         # (name, (n, k), layers, (role, indices)): this GPU's share of each GEMM, and the weights of the role's
-        # shape tuple it multiplies (which the checkpoint may keep in 16 bits: planner/catalog/kept_layers.py)
-        gemms = self._mla_gemms(model, tp) if model.is_mla else [
-            ("qkv", ((q_width + 2 * self._kv) * self._hd, h), attention, ("attention", (0, 1, 2))),
-            ("o projection", (h, self._heads * self._hd), attention, ("attention", (3,)))]
+        # shape tuple it multiplies (which the checkpoint may keep in 16 bits: planner/catalog/kept_layers.py).
+        # Gemma 4's full and sliding layers project to heads of their own shape: their GEMMs apart.
+        gemms = self._mla_gemms(model, tp) if model.is_mla else []
+        for layers, spec in () if model.is_mla else model.attention_kinds:
+            label = model.attention_kind_label(spec)
+            kv, hd = spec.kv_heads_per_gpu(tp), spec.head_size
+            gemms += [(f"qkv{label}", ((q_width + 2 * kv) * hd, h), layers, ("attention", (0, 1, 2))),
+                      (f"o projection{label}", (h, self._heads * hd), layers, ("attention", (3,)))]
         mixer = model.linear_attention
         if mixer is not None:     # its input projections (GDN: q, k, v, z and b, a) priced as one GEMM
             out = len(mixer.shapes(h)) - 1
@@ -310,10 +313,11 @@ class MeasuredCostModel:
         up = "gate+up" if model.gated_mlp else "fc1" if model.is_gpt_like else "up"
         gemms += [(up, (mlp_up, h), mlp_layers, ("mlp", ups)),
                   ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers, ("mlp", down))]
-        if model.shared_experts:
-            shared = model.shared_experts * model.moe_intermediate_size // tp
-            gemms += [(f"shared expert {up}", (len(ups) * shared, h), model.moe_layers, ("shared_experts", ups)),
-                      ("shared expert down", (h, shared), model.moe_layers, ("shared_experts", down))]
+        if model.shared_expert_width:
+            shared = model.shared_expert_width // tp
+            what = "MLP" if model.is_gemma else "shared expert"     # Gemma 4's dense MLP beside its experts
+            gemms += [(f"{what} {up}", (len(ups) * shared, h), model.moe_layers, ("shared_experts", ups)),
+                      (f"{what} down", (h, shared), model.moe_layers, ("shared_experts", down))]
         if model.moe_latent_size:     # whole on every rank (vLLM's ReplicatedLinear)
             latent = model.moe_latent_size
             gemms += [("latent down-projection", (latent, h), model.moe_layers, ("latent", (0,))),
@@ -364,7 +368,7 @@ class MeasuredCostModel:
         """The attention tables of the KV cache's dtype (bf16 ones where the system has no FP8-KV table)."""
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
-        self._latent = self._sparse = None
+        self._latent = self._sparse = self._full = self._ctx_tree = self._gen_tree = None
         self._in_attention: frozenset[str] = frozenset()
         self._ctx_fold = self._gen_fold = 1        # the FlashAttention tables' batch fold (_attention_tree)
         if self.model.sparse_indexer is not None:
@@ -379,6 +383,7 @@ class MeasuredCostModel:
                 self._ctx_tree, self._ctx_fold = self._attention_tree("context_attention_fp8kv", "isl", heads, kv, hd)
                 self._gen_tree, self._gen_fold = self._attention_tree("generation_attention_fp8kv", "step",
                                                                       heads, kv, hd)
+                self._set_up_full_layers("_fp8kv")
                 self._tables.update(context="context_attention_fp8kv", generation="generation_attention_fp8kv")
                 return
             except PlannerError as exc:
@@ -388,6 +393,20 @@ class MeasuredCostModel:
         self._tables.update(context="context_attention", generation="generation_attention")
         self._ctx_tree, self._ctx_fold = self._attention_tree("context_attention", "isl", heads, kv, hd)
         self._gen_tree, self._gen_fold = self._attention_tree("generation_attention", "step", heads, kv, hd)
+        self._set_up_full_layers("")
+
+    def _set_up_full_layers(self, fp8: str) -> None:
+        """Gemma 4's full-attention layers: the same tables at their own head size and KV heads, priced apart
+        (`_full`: (context tree, its fold, generation tree, its fold, KV heads, head size)); None when every
+        layer attends alike."""
+        spec = self.model.full_layer_spec
+        if spec is self.model:
+            return
+        kv, hd = spec.kv_heads_per_gpu(self.tp), spec.head_size
+        self._full = (*self._attention_tree(f"context_attention{fp8}", "isl", self._heads, kv, hd),
+                      *self._attention_tree(f"generation_attention{fp8}", "step", self._heads, kv, hd), kv, hd)
+        self._full_curves: dict[int, tuple] = {}
+        self._full_arrays: dict[int, tuple] = {}
 
     def _set_up_latent_attention(self) -> None:
         """Multi-head latent attention (planner/catalog/mla.py): the tables time FlashAttention over per-head
@@ -551,9 +570,13 @@ class MeasuredCostModel:
             p = self._latent
             return p["prefill_floor"] + batch * max(length * (length + 1) // 2 * p["prefill_per_pair"],
                                                     length * p["write_per_token"])
-        latency, ext = tables.interpolate(self._ctx_tree, (batch * self._ctx_fold, length))
+        return self._context_at(batch, length, self._ctx_tree, self._ctx_fold, self._kv, self._hd)
+
+    def _context_at(self, batch: int, length: int, tree: dict, fold: int, kv: int, hd: int) -> float:
+        """context_attention from a table of one head shape (`kv` KV heads of `hd` on this GPU)."""
+        latency, ext = tables.interpolate(tree, (batch * fold, length))
         self._flag(self._tables["context"], ext)
-        nbytes = batch * length * (2.0 * 2 * self._heads + self._kv_bytes * 2 * self._kv) * self._hd
+        nbytes = batch * length * (2.0 * 2 * self._heads + self._kv_bytes * 2 * kv) * hd
         return self._slower_memory(latency, nbytes)
 
     def generation_attention(self, batch: int, context: int) -> float:
@@ -566,6 +589,23 @@ class MeasuredCostModel:
     def _gen_curve(self, batch: int) -> tuple:
         """Per context bucket k, (a, slope, extrapolated) with one layer's T(batch, c) = a + slope * c
         for 2**(k-1) < c <= 2**k: the line through the table's points at 2**(k-1) and 2**k."""
+        curve = self._curve_through(batch, self._gen_tree, self._gen_fold, self._kv, self._hd)
+        self._gen_curves[batch] = curve
+        return curve
+
+    def _full_curve(self, batch: int) -> tuple:
+        """`_gen_curve` of Gemma 4's full-attention layers (their own head shape); the same curve when every
+        layer attends alike."""
+        if self._full is None:
+            return self._gen_curves.get(batch) or self._gen_curve(batch)
+        curve = self._full_curves.get(batch)
+        if curve is None:
+            _, _, tree, fold, kv, hd = self._full
+            curve = self._full_curves[batch] = self._curve_through(batch, tree, fold, kv, hd)
+        return curve
+
+    def _curve_through(self, batch: int, tree: dict, fold: int, kv: int, hd: int) -> tuple:
+        """`_gen_curve` from a generation table of one head shape (`kv` KV heads of `hd` on this GPU)."""
         points = []
         for j in range(self._gen_max_bucket + 1):
             context = max(1 << j, 2)      # the table starts at one cached token: context 1 costs as 2
@@ -575,8 +615,8 @@ class MeasuredCostModel:
                                False))
                 continue
             # the table's `step` counts the tokens already cached; the new token is the one more
-            latency, ext = tables.interpolate(self._gen_tree, (batch * self._gen_fold, context - 1))
-            nbytes = self._kv_bytes * batch * context * 2.0 * self._kv * self._hd
+            latency, ext = tables.interpolate(tree, (batch * fold, context - 1))
+            nbytes = self._kv_bytes * batch * context * 2.0 * kv * hd
             points.append((self._slower_memory(latency, nbytes), ext))
         curve = [(points[0][0], 0.0, points[0][1])]           # bucket 0: context 1
         for j in range(1, len(points)):
@@ -585,9 +625,7 @@ class MeasuredCostModel:
             curve.append((y0 - slope * (1 << (j - 1)), slope, e0 or e1))
         a, slope, _ = curve[-1]
         curve += [(a, slope, True)] * (64 - len(curve))       # longer contexts: the last line, extended
-        curve = tuple(curve)
-        self._gen_curves[batch] = curve
-        return curve
+        return tuple(curve)
 
     def decode_attention(self, s: StepShape) -> float:
         """All layers' decode attention: (1/b) * sum_i T(b, c_i), one term per context bucket.
@@ -605,7 +643,7 @@ class MeasuredCostModel:
         # No histogram: every sequence at the mean context.
         curve = self._gen_curves.get(b) or self._gen_curve(b)
         k = context_bucket(-(-s.decode_context // b))
-        a, slope, ext = curve[k]
+        a, slope, ext = self._full_curve(b)[k]
         if ext:
             self.extrapolated.add(self._tables["generation"])
         full = self.model.full_attention_layers * (a + slope * s.decode_context / b)
@@ -622,13 +660,14 @@ class MeasuredCostModel:
         """`_bucket_attention` of `b` sequences as a function of the triples, everything else bound once
         (a short plan prices each of its steps so: planner/sim/batch.py)."""
         curve = self._gen_curves.get(b) or self._gen_curve(b)
+        full_curve = self._full_curve(b)        # the full-attention layers' (Gemma 4: their own head shape)
         full_layers, sliding_layers = self.model.full_attention_layers, self.model.sliding_layers
         extrapolated, table = self.extrapolated, self._tables["generation"]
 
         def attention(triples) -> float:
             total = 0.0
             for k, n, keys in triples:
-                a, slope, ext = curve[k]
+                a, slope, ext = full_curve[k]
                 total += n * a + slope * keys
                 if ext:
                     extrapolated.add(table)
@@ -666,7 +705,7 @@ class MeasuredCostModel:
         by a cumulative sum, which numpy runs sequentially), for a run of steps in a few array
         operations (the simulator's decode batch, planner/sim/decode_run.py); an empty bucket adds
         exactly 0. Flags nothing: `flag_decode_buckets` does, for the steps the caller takes."""
-        a, slope = self._gen_arrays.get(seqs) or self._gen_array(seqs)
+        a, slope = self._full_array(seqs)
         width = counts.shape[1]
         terms = counts * a[low:low + width] + slope[low:low + width] * sums
         total = np.cumsum(terms, axis=1)[:, -1]
@@ -688,14 +727,25 @@ class MeasuredCostModel:
         self._gen_arrays[seqs] = value
         return value
 
+    def _full_array(self, seqs: int) -> tuple:
+        """`_gen_array` of the full-attention layers (`_full_curve`)."""
+        if self._full is None:
+            return self._gen_arrays.get(seqs) or self._gen_array(seqs)
+        value = self._full_arrays.get(seqs)
+        if value is None:
+            curve = self._full_curve(seqs)
+            value = self._full_arrays[seqs] = (np.array([c[0] for c in curve]), np.array([c[1] for c in curve]))
+        return value
+
     def flag_decode_buckets(self, seqs: int, low: int, counts) -> None:
         """What step_time notes of the decode steps of `seqs` sequences in `counts` (as for
         decode_step_times): the generation table extrapolated where a bucket they read lies outside it."""
-        curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)
         width = counts.shape[1]
-        if any(c[2] for c in curve[low:low + width]) and any(
-                curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
-            self.extrapolated.add(self._tables["generation"])
+        for curve in {id(c): c for c in (self._gen_curves.get(seqs) or self._gen_curve(seqs),
+                                         self._full_curve(seqs))}.values():
+            if any(c[2] for c in curve[low:low + width]) and any(
+                    curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
+                self.extrapolated.add(self._tables["generation"])
 
     def _windowed_decode(self, triples, curve) -> float:
         """sum_i T(b, min(c_i, window)) for one sliding-window layer, the contexts as (bucket, sequences,
@@ -818,8 +868,9 @@ class MeasuredCostModel:
                                   f"{self.calibration.elementwise_floor_s * 1e6:.1f} us floor per kernel"
                                   + (f", x{count} layers" if count > 1 else ""), count))
         if self._allreduce is not None:
-            count = layers + self.model.mlp_layers + 1
-            per_layer = "1 per block" if self.model.ffn_layers else "2 per layer"
+            count = self.model.tp_allreduces
+            per_layer = ("1 per block" if self.model.ffn_layers else
+                         "3 per layer (attention, MLP, experts)" if count > 2 * layers + 1 else "2 per layer")
             terms.append(Term("all-reduce", "collective", count * self.allreduce(run, captured), "table",
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
@@ -859,6 +910,10 @@ class MeasuredCostModel:
             length = (s.prefill_tokens + batch // 2) // batch
         else:
             length = max(1, round((math.sqrt(8 * s.prefill_attn_pairs / batch + 1) - 1) / 2))
+        if self._full is not None:        # Gemma 4: its full and sliding layers' own tables
+            full, sliding = self._ctx_cache.get((batch, length)) or self._split_context(batch, length)
+            pairs = windowed_prefill_pairs(s, self.model.window) if sliding else 0
+            return (full * s.prefill_attn_pairs + sliding * pairs) / (batch * length * (length + 1) // 2)
         ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
         value = ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
         if self.model.sliding_layers:   # a sliding-window layer's queries see at most the window's keys
@@ -878,6 +933,14 @@ class MeasuredCostModel:
 
     def _context(self, batch: int, length: int) -> float:
         value = self.model.attention_layers * self.context_attention(batch, length)
+        self._ctx_cache[(batch, length)] = value
+        return value
+
+    def _split_context(self, batch: int, length: int) -> tuple[float, float]:
+        """(full-attention layers', sliding layers') context attention of Gemma 4, each at its head shape."""
+        ctx_tree, ctx_fold, _, _, kv, hd = self._full
+        value = (self.model.full_attention_layers * self._context_at(batch, length, ctx_tree, ctx_fold, kv, hd),
+                 self.model.sliding_layers * self.context_attention(batch, length))
         self._ctx_cache[(batch, length)] = value
         return value
 

@@ -155,10 +155,10 @@ class RooflineCostModel:
         # Everything below is per GPU; the GPUs of a TP group work in lockstep.
         flops = gpu.peak_flops(dtype_bytes) * efficiency.compute        # achievable FLOP/s
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
-        layers, hidden, vocab = model.num_layers, model.hidden_size, model.vocab_size
+        hidden, vocab = model.hidden_size, model.vocab_size
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
         attention_layers = model.attention_layers               # a Gated DeltaNet layer attends over no cache
-        kv_bytes_per_token = attention_layers * model.kv_cache_bytes(tp, kv_dtype_bytes)
+        kv_bytes_per_token = model.kv_cache_bytes_per_token(tp, kv_dtype_bytes)
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
         linear_params = model.linear_params_per_gpu(tp)
         head_params = vocab * hidden / tp
@@ -179,14 +179,14 @@ class RooflineCostModel:
         self._prefill_per_query = self._sparse_per_query = 0.0   # a DSA model's latent attention per query
         if model.sparse_indexer is not None:
             self._set_up_sparse(model, gpu, tp, kv_dtype_bytes, bw, flops)
-        self._set_up_window(model)
+        self._set_up_window(model, tp, kv_dtype_bytes, bw, flops)
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
         self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
         if tp > 1:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
             ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
-            collectives = layers + model.mlp_layers + 1       # each block's output, and the embedding
+            collectives = model.tp_allreduces                 # each block's output, and the embedding
             self._allreduce_fixed = (collectives + 1) * gpu.interconnect_latency   # +1: logits gather
             self._allreduce_per_token = collectives * ring * hidden * dtype_bytes / ic
             self._gather_per_seq = (tp - 1) / tp * vocab * dtype_bytes / ic
@@ -219,10 +219,21 @@ class RooflineCostModel:
         self._prefill_per_query = layers * price.prefill_per_query
         self._sparse_per_query = layers * price.decode_per_query
 
-    def _set_up_window(self, model: ModelSpec) -> None:
-        """Split the attention prices between full layers (every key) and sliding-window ones (the window's)."""
+    def _set_up_window(self, model: ModelSpec, tp: int, kv_dtype_bytes: int, bw: float, flops: float) -> None:
+        """Split the attention prices between full layers (every key) and sliding-window ones (the window's);
+        Gemma 4's two kinds each at its own head shape."""
         self._window = model.window
         self.prices_each_context = bool(self._window)      # the windowed keys come from the histogram
+        if model.global_attention is not None:
+            (full_layers, full), (sliding_layers, sliding) = model.attention_kinds
+
+            def per_key(layers: int, spec: ModelSpec) -> float:
+                return self.block_size_factor * max(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) / bw,
+                                                    spec.attention_flops_per_key // tp * layers / flops)
+            self._decode_per_key, self._slide_per_key = per_key(full_layers, full), per_key(sliding_layers, sliding)
+            self._prefill_per_pair = full.prefill_flops_per_pair // tp * full_layers / flops
+            self._slide_per_pair = sliding.prefill_flops_per_pair // tp * sliding_layers / flops
+            return
         full = model.full_attention_layers / model.attention_layers
         self._slide_per_key = self._decode_per_key * (1.0 - full)
         self._slide_per_pair = self._prefill_per_pair * (1.0 - full)

@@ -120,8 +120,12 @@ def check_plan(plan) -> list[str]:
         # further: its full layers may use what the sliding ones leave
         window_tokens = min(spec.window - 1 + plan.max_num_batched_tokens, plan.max_model_len)
         window_blocks = -(-window_tokens // dep.block_size) + 1
-        pages = plan.num_gpu_blocks * spec.num_layers - spec.sliding_layers * window_blocks
-        slots = max(slots, pages // spec.full_attention_layers * dep.block_size)
+        # in pages of one layer's block (Gemma 4's full layers' pages are `wide` times a sliding layer's)
+        sliding_page = spec.kv_cache_bytes(dep.tp, plan.kv_dtype_bytes)
+        wide = spec.full_layer_spec.kv_cache_bytes(dep.tp, plan.kv_dtype_bytes) / sliding_page
+        pages = plan.num_gpu_blocks * (spec.full_attention_layers * wide + spec.sliding_layers)
+        pages -= spec.sliding_layers * window_blocks
+        slots = max(slots, int(pages // (spec.full_attention_layers * wide)) * dep.block_size)
     if slots < plan.max_model_len:
         hint = fit_hint(spec, device, dep.tp, gpu_memory_utilization=dep.gpu_memory_utilization,
                         block_size=dep.block_size, dtype_bytes=plan.dtype_bytes,

@@ -75,9 +75,10 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism).
     """
     h, i = model.hidden_size, model.intermediate_size
-    q_size = model.q_size // tp
     mlp = (3 * i // tp) if model.gated_mlp else (2 * i // tp)
-    per_token = 2 * h + (q_size + model.kv_cache_width(tp)) + q_size + mlp
+    # the widest kind of attention layer (Gemma 4's full layers have heads twice as wide)
+    attention = max(2 * spec.q_size // tp + spec.kv_cache_width(tp) for _, spec in model.attention_kinds)
+    per_token = 2 * h + attention + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
     peak = tokens * per_token * dtype_bytes
@@ -95,8 +96,9 @@ def non_torch_bytes(tp: int = 1) -> int:
 
 
 def rotary_cache_bytes(model: ModelSpec, dtype_bytes: int = 2) -> int:
-    """vLLM's precomputed rotary cos/sin table, [max_position, rotary dims], held beside the weights."""
-    return model.max_position_embeddings * model.rotary_dims * dtype_bytes
+    """vLLM's precomputed rotary cos/sin table, [max_position, rotary dims], held beside the weights: one per
+    shape of head (Gemma 4's full layers rotate their own, wider heads)."""
+    return model.max_position_embeddings * sum(spec.rotary_dims for _, spec in model.attention_kinds) * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,8 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     Gemma 3's 1,024-token windows at vLLM's 1,024 sequences need hundreds of GB), a full batch of
     sequences past their windows could never be resident: the sliding layers' K and V are then held
     in every block like the full layers' (exact for a sequence within its window, conservative past
-    it). Every plan the reserve can hold keeps it.
+    it). Every plan the reserve can hold keeps it. Gemma 4's full layers cache their own, wider heads
+    (ModelSpec.full_layer_spec), so its blocks and its reserve are sized each at their layers' shape.
 
     A Gated DeltaNet hybrid's block spans its attention groups' layers (planner/deploy/state_cache.py:
     vLLM pads each group to the same layer count); its sequences' states are blocks of the same pool,
@@ -209,13 +212,14 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     per_layer_block = model.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
     if model.linear_attention is not None:
         return block_layers(model) * per_layer_block, 0
+    full = model.full_attention_layers * model.full_layer_spec.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
         sliding = max_num_seqs * blocks * model.sliding_layers * per_layer_block
         if kv_room is not None and sliding >= kv_room:
-            return model.num_layers * per_layer_block, 0
-    return model.full_attention_layers * per_layer_block, sliding
+            return full + model.sliding_layers * per_layer_block, 0
+    return full, sliding
 
 
 def draft_weight_bytes(draft: ModelSpec, tp: int, dtype_bytes: int, shares_vocab: bool) -> int:
