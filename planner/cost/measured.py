@@ -741,8 +741,10 @@ class MeasuredCostModel:
         """What step_time notes of the decode steps of `seqs` sequences in `counts` (as for
         decode_step_times): the generation table extrapolated where a bucket they read lies outside it."""
         width = counts.shape[1]
-        for curve in {id(c): c for c in (self._gen_curves.get(seqs) or self._gen_curve(seqs),
-                                         self._full_curve(seqs))}.values():
+        curves = [self._gen_curves.get(seqs) or self._gen_curve(seqs)]
+        if self._full is not None:          # Gemma 4's full-attention layers read their own table
+            curves.append(self._full_curve(seqs))
+        for curve in curves:
             if any(c[2] for c in curve[low:low + width]) and any(
                     curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
                 self.extrapolated.add(self._tables["generation"])
