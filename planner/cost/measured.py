@@ -227,7 +227,7 @@ class MeasuredCostModel:
         self._token_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
         self._run_cache: dict[tuple[int, bool], tuple[tuple[Term, ...], float]] = {}
         self._seq_cache: dict[int, tuple[tuple[Term, ...], float]] = {}
-        self._ctx_cache: dict[tuple[int, int], float] = {}
+        self._ctx_cache: dict[tuple[int, int], tuple[float, float]] = {}
         self._gen_curves: dict[int, tuple] = {}
         self._gen_arrays: dict[int, tuple] = {}      # the same curves as numpy arrays (decode_step_times)
         self._attention_of: dict[int, Callable] = {}  # decode attention of b sequences, by their triples
@@ -912,17 +912,10 @@ class MeasuredCostModel:
             length = (s.prefill_tokens + batch // 2) // batch
         else:
             length = max(1, round((math.sqrt(8 * s.prefill_attn_pairs / batch + 1) - 1) / 2))
-        if self._full is not None:        # Gemma 4: its full and sliding layers' own tables
-            full, sliding = self._ctx_cache.get((batch, length)) or self._split_context(batch, length)
-            pairs = windowed_prefill_pairs(s, self.model.window) if sliding else 0
-            return (full * s.prefill_attn_pairs + sliding * pairs) / (batch * length * (length + 1) // 2)
-        ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
-        value = ctx * s.prefill_attn_pairs / (batch * length * (length + 1) // 2)
-        if self.model.sliding_layers:   # a sliding-window layer's queries see at most the window's keys
-            m = self.model
-            value *= (m.full_attention_layers + m.sliding_layers * windowed_prefill_pairs(s, m.window)
-                      / s.prefill_attn_pairs) / m.attention_layers
-        return value
+        full, sliding = self._ctx_cache.get((batch, length)) or self._context(batch, length)
+        # a sliding-window layer's queries see at most the window's keys
+        pairs = windowed_prefill_pairs(s, self.model.window) if self.model.sliding_layers else 0
+        return (full * s.prefill_attn_pairs + sliding * pairs) / (batch * length * (length + 1) // 2)
 
     def _sparse_prefill(self, s: StepShape) -> float:
         """All layers' DSA prefill: the module table's (or the roofline's) price of the step's prompts as fresh
@@ -930,19 +923,18 @@ class MeasuredCostModel:
         batch = s.prefill_seqs
         length = max(1, round(s.prefill_tokens / batch))
         fresh = batch * length * (length + 1) // 2
-        ctx = self._ctx_cache.get((batch, length)) or self._context(batch, length)
+        ctx = sum(self._ctx_cache.get((batch, length)) or self._context(batch, length))   # no sliding layers
         return ctx + self.model.attention_layers * max(0, s.prefill_attn_pairs - fresh) * self._sparse.index_per_pair
 
-    def _context(self, batch: int, length: int) -> float:
-        value = self.model.attention_layers * self.context_attention(batch, length)
-        self._ctx_cache[(batch, length)] = value
-        return value
-
-    def _split_context(self, batch: int, length: int) -> tuple[float, float]:
-        """(full-attention layers', sliding layers') context attention of Gemma 4, each at its head shape."""
-        ctx_tree, ctx_fold, _, _, kv, hd = self._full
-        value = (self.model.full_attention_layers * self._context_at(batch, length, ctx_tree, ctx_fold, kv, hd),
-                 self.model.sliding_layers * self.context_attention(batch, length))
+    def _context(self, batch: int, length: int) -> tuple[float, float]:
+        """(full-attention layers', sliding-window layers') context attention over `batch` fresh prompts of
+        `length` tokens, each kind at its own head shape (Gemma 4's full layers read their own table)."""
+        one = self.context_attention(batch, length)
+        full = one
+        if self._full is not None:
+            ctx_tree, ctx_fold, _, _, kv, hd = self._full
+            full = self._context_at(batch, length, ctx_tree, ctx_fold, kv, hd)
+        value = (self.model.full_attention_layers * full, self.model.sliding_layers * one)
         self._ctx_cache[(batch, length)] = value
         return value
 

@@ -157,8 +157,7 @@ class RooflineCostModel:
         bw = gpu.memory_bandwidth * efficiency.memory                    # achievable B/s
         hidden, vocab = model.hidden_size, model.vocab_size
         kv_dtype_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
-        attention_layers = model.attention_layers               # a Gated DeltaNet layer attends over no cache
-        kv_bytes_per_token = model.kv_cache_bytes_per_token(tp, kv_dtype_bytes)
+        kv_bytes_per_token = model.kv_cache_bytes_per_token(tp, kv_dtype_bytes)   # a Gated DeltaNet layer: none
         # a MoE's routers and experts are priced apart (moe_time): here only what every token multiplies
         linear_params = model.linear_params_per_gpu(tp)
         head_params = vocab * hidden / tp
@@ -167,19 +166,13 @@ class RooflineCostModel:
         self._linear_per_token = 2 * linear_params / (linear_peak * efficiency.compute)   # s per token
         self._head_weights = head_params * dtype_bytes / bw
         self._head_per_seq = 2 * head_params / flops
-        # QK^T and PV of this GPU's heads, all layers (MLA: planner/catalog/mla.py)
-        attn_flops_per_pair = model.prefill_flops_per_pair // tp * attention_layers
-        decode_flops_per_key = model.attention_flops_per_key // tp * attention_layers
-        self._prefill_per_pair = attn_flops_per_pair / flops
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
-        self._decode_per_key = max(kv_bytes_per_token / bw, decode_flops_per_key / flops)
         # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
-        self._decode_per_key *= self.block_size_factor
+        self._set_up_attention(model, tp, kv_dtype_bytes, bw, flops)
         self._prefill_per_query = self._sparse_per_query = 0.0   # a DSA model's latent attention per query
         if model.sparse_indexer is not None:
             self._set_up_sparse(model, gpu, tp, kv_dtype_bytes, bw, flops)
-        self._set_up_window(model, tp, kv_dtype_bytes, bw, flops)
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
         self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
@@ -219,26 +212,20 @@ class RooflineCostModel:
         self._prefill_per_query = layers * price.prefill_per_query
         self._sparse_per_query = layers * price.decode_per_query
 
-    def _set_up_window(self, model: ModelSpec, tp: int, kv_dtype_bytes: int, bw: float, flops: float) -> None:
-        """Split the attention prices between full layers (every key) and sliding-window ones (the window's);
-        Gemma 4's two kinds each at its own head shape."""
+    def _set_up_attention(self, model: ModelSpec, tp: int, kv_dtype_bytes: int, bw: float, flops: float) -> None:
+        """QK^T and PV of this GPU's heads (MLA: planner/catalog/mla.py) and their K and V read, per key and per
+        prefill pair: the full-attention layers' (every key) and the sliding-window ones' (the window's) apart,
+        each kind at its own head shape (Gemma 4's differ: ModelSpec.attention_kinds)."""
         self._window = model.window
         self.prices_each_context = bool(self._window)      # the windowed keys come from the histogram
-        if model.global_attention is not None:
-            (full_layers, full), (sliding_layers, sliding) = model.attention_kinds
 
-            def per_key(layers: int, spec: ModelSpec) -> float:
-                return self.block_size_factor * max(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) / bw,
-                                                    spec.attention_flops_per_key // tp * layers / flops)
-            self._decode_per_key, self._slide_per_key = per_key(full_layers, full), per_key(sliding_layers, sliding)
-            self._prefill_per_pair = full.prefill_flops_per_pair // tp * full_layers / flops
-            self._slide_per_pair = sliding.prefill_flops_per_pair // tp * sliding_layers / flops
-            return
-        full = model.full_attention_layers / model.attention_layers
-        self._slide_per_key = self._decode_per_key * (1.0 - full)
-        self._slide_per_pair = self._prefill_per_pair * (1.0 - full)
-        self._decode_per_key *= full
-        self._prefill_per_pair *= full
+        def prices(layers: int, spec: ModelSpec) -> tuple[float, float]:
+            per_key = self.block_size_factor * max(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) / bw,
+                                                   spec.attention_flops_per_key // tp * layers / flops)
+            return per_key, spec.prefill_flops_per_pair // tp * layers / flops
+
+        self._decode_per_key, self._prefill_per_pair = prices(model.full_attention_layers, model.full_layer_spec)
+        self._slide_per_key, self._slide_per_pair = prices(model.sliding_layers, model)
 
     def _set_up_moe(self, model: ModelSpec, gpu: GpuSpec, par: MoeParallel, dtype_bytes: int,
                     weight_format: WeightFormat | None) -> None:
