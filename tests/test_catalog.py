@@ -163,14 +163,15 @@ def test_hf_config_builds_the_counted_model(model):
     parameters the spec counts for one layer, and the config reads back to the same spec."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    if model.block_pattern or model.global_attention:  # Nemotron-H, Gemma 4: every layer, whole (on the meta device)
-        with torch.device("meta"):
+    if model.block_pattern or model.global_attention:  # Nemotron-H, Gemma 4, MiMo-V2-Flash: every layer, whole
+        with torch.device("meta"):                       # (on the meta device)
             hf = transformers.AutoModelForCausalLM.from_config(model.to_hf_config())
         assert sum(p.numel() for p in hf.parameters()) == model.num_params - model.vision_params
         back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
         assert dataclasses.replace(back, hf_id=model.hf_id, published_params=model.published_params,
                                    source=model.source, aliases=model.aliases, vision_params=model.vision_params,
-                                   published_active_params=model.published_active_params) == model
+                                   published_active_params=model.published_active_params,
+                                   checkpoint_quantization=model.checkpoint_quantization) == model
         return
     # gpt-oss and Llama 4: their one layer a sliding (chunked) one
     sliding = "chunked_attention" if model.model_type == "llama4_text" else "sliding_attention"

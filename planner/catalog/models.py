@@ -24,6 +24,7 @@ from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
                                               linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
+from planner.catalog.mimo_config import MIMO_TYPES, mimo_fields, mimo_hf_config
 from planner.catalog.mamba import Mamba2
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
@@ -47,10 +48,13 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Nemotron-H (NEMOTRON_H_TYPES): blocks of one Mamba-2 mixer, attention, MLP or MoE each
 # (planner/catalog/nemotron_h.py), with or without experts. Gemma 4 (GEMMA4_TYPES): Gemma 3's block with wider
 # heads on its full-attention layers, and on the 26B-A4B experts beside every dense MLP (planner/catalog/gemma4.py).
+# MiMo-V2-Flash (MIMO_TYPES): sliding and full layers with their own KV heads, value heads narrower than the
+# keys, experts on every layer but the first (planner/catalog/mimo_config.py).
 _FLEXIBLE_EXPERTS = (*NEMOTRON_H_TYPES, *GEMMA4_TYPES)     # model_types with and without experts
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *GEMMA4_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES,
-               *NEMOTRON_H_TYPES)
-_EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES)
+               *NEMOTRON_H_TYPES, *MIMO_TYPES)
+_EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES, *MIMO_TYPES)
+_OWN_FULL_LAYERS = (*GEMMA4_TYPES, *MIMO_TYPES)     # model_types whose full-attention layers have their own shape
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
              **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
@@ -115,6 +119,7 @@ class ModelSpec:
     # head (qk_nope + qk_rope dims) and v_head_dim the value head; K and V are projected up from one
     # kv_lora_rank latent per token, which the KV cache holds with the qk_rope_head_dim rotary key, shared
     # by every head (planner/catalog/mla.py). q_lora_rank 0: q comes straight from the hidden state.
+    # Without MLA, a v_head_dim is the value heads' width where it differs from the keys' (MiMo-V2-Flash).
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -136,8 +141,8 @@ class ModelSpec:
     ffn_layers: int = 0
     moe_latent_size: int = 0
     block_pattern: str = ""         # Nemotron-H's blocks in order: M (Mamba-2), * (attention), - (MLP), E (MoE)
-    # Gemma 4: the full-attention layers' head size and KV heads where they differ from the sliding layers'
-    # (the fields above); None: every layer attends alike
+    # Gemma 4, MiMo-V2-Flash: the full-attention layers' head size and KV heads where they differ from the
+    # sliding layers' (the fields above); None: every layer attends alike
     global_attention: GlobalAttention | None = None
 
     def __post_init__(self) -> None:
@@ -194,11 +199,12 @@ class ModelSpec:
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")
-        if self.global_attention is not None and (self.model_type not in GEMMA4_TYPES or not self.full_attention_layers
+        if self.global_attention is not None and (self.model_type not in _OWN_FULL_LAYERS
+                                                  or not self.full_attention_layers
                                                   or self.num_heads % self.global_attention.kv_heads):
-            raise PlannerError(f"model {self.name!r}: full-attention layers of their own shape are Gemma 4's "
-                               f"({', '.join(GEMMA4_TYPES)}), need some full-attention layers and KV heads that "
-                               f"divide the {self.num_heads} attention heads")
+            raise PlannerError(f"model {self.name!r}: full-attention layers of their own shape are "
+                               f"{', '.join(_OWN_FULL_LAYERS)}'s, need some full-attention layers and KV heads "
+                               f"that divide the {self.num_heads} attention heads")
 
     # ---- shapes -------------------------------------------------------------
 
@@ -208,8 +214,19 @@ class ModelSpec:
 
     @property
     def kv_size(self) -> int:
-        """Width of K (or V) for one token in one layer."""
+        """Width of K for one token in one layer."""
         return self.num_kv_heads * self.head_size
+
+    @property
+    def value_head_size(self) -> int:
+        """Width of each head's value and attention output: head_size, or v_head_dim where it differs (MLA,
+        MiMo-V2-Flash)."""
+        return self.v_head_dim or self.head_size
+
+    @property
+    def v_size(self) -> int:
+        """Width of V for one token in one layer."""
+        return self.num_kv_heads * self.value_head_size
 
     @property
     def full_layer_spec(self) -> "ModelSpec":
@@ -249,9 +266,12 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     def kv_cache_width(self, tp: int = 1) -> int:
-        """Values one of `tp` GPUs caches per token and layer: its KV heads' K and V, or MLA's latent and
-        rotary key, which every rank holds whole."""
-        return mla.cache_width(self) if self.is_mla else 2 * self.kv_heads_per_gpu(tp) * self.head_size
+        """Values one of `tp` GPUs caches per token and layer: its KV heads' K and V (side by side where V is
+        narrower: vLLM's FlashAttentionDiffKVBackend), or MLA's latent and rotary key, which every rank holds
+        whole."""
+        if self.is_mla:
+            return mla.cache_width(self)
+        return self.kv_heads_per_gpu(tp) * (self.head_size + self.value_head_size)
 
     def kv_cache_bytes(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
         """Bytes one of `tp` GPUs caches per token and attention layer with `kv_dtype_bytes`-byte values:
@@ -268,7 +288,7 @@ class ModelSpec:
         (MLA: its absorbed decode path, planner/catalog/mla.py)."""
         if self.is_mla:
             return self.num_heads * mla.decode_flops_per_key(self)
-        return 4 * self.q_size
+        return 2 * self.q_size + 2 * self.num_heads * self.value_head_size
 
     @property
     def prefill_flops_per_pair(self) -> int:
@@ -276,7 +296,7 @@ class ModelSpec:
         expanded per head; otherwise the decode figure)."""
         if self.is_mla:
             return self.num_heads * mla.prefill_flops_per_pair(self)
-        return 4 * self.q_size
+        return self.attention_flops_per_key
 
     @property
     def rotary_dims(self) -> int:
@@ -329,8 +349,9 @@ class ModelSpec:
         """(outputs, inputs) of q, k, v and o (MLA: its projections, planner/catalog/mla.py)."""
         if self.is_mla:
             return mla.attention_shapes(self)
-        h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        return ((2 * q if self.attention_output_gate else q, h), (kv, h), (kv, h), (h, q))
+        h, q = self.hidden_size, self.q_size
+        return ((2 * q if self.attention_output_gate else q, h), (self.kv_size, h), (self.v_size, h),
+                (h, self.num_heads * self.value_head_size))
 
     @property
     def replicated_linear_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -464,11 +485,12 @@ class ModelSpec:
             return biases + 2 * (2 * h)                       # two LayerNorms, weight + bias
         qk_norms = {"per head": 2 * self.head_size, "across heads": self.q_size + self.kv_size}.get(self.qk_norm, 0)
         # Qwen2 and a config's attention_bias (GLM-4.5): biased q, k, v
-        qkv_bias = self.q_size + 2 * self.kv_size if self.model_type == "qwen2" or self.attention_bias else 0
-        if self.model_type == "gpt_oss":                      # biased q, k, v, o; one sink logit per head
-            qkv_bias = self.q_size + 2 * self.kv_size + h + self.num_heads
+        qkv_bias = self.q_size + self.kv_size + self.v_size if self.model_type == "qwen2" or self.attention_bias else 0
+        if self.model_type == "gpt_oss":                      # biased q, k, v, o
+            qkv_bias = self.q_size + self.kv_size + self.v_size + h
+        sinks = self.num_heads if self.attention_sinks else 0     # one sink logit per head
         latent_norms = mla.norm_params(self) if self.is_mla else 0
-        return self.norms_per_layer * h + qk_norms + qkv_bias + latent_norms   # RMSNorms, weight only
+        return self.norms_per_layer * h + qk_norms + qkv_bias + sinks + latent_norms   # RMSNorms, weight only
 
     @property
     def block_other_params(self) -> int:
@@ -752,6 +774,8 @@ class ModelSpec:
             config = nemotron_h_hf_config(self)
         elif self.model_type in GEMMA4_TYPES:
             config = gemma4_hf_config(self)
+        elif self.model_type in MIMO_TYPES:
+            config = mimo_hf_config(self)
         else:
             common = dict(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
@@ -836,6 +860,8 @@ class ModelSpec:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:
             return cls(**gemma_fields(config, name))
+        if model_type in MIMO_TYPES:
+            return cls(**mimo_fields(get, name))
         if model_type in GEMMA4_CONFIG_TYPES:     # transformers 5's Gemma4TextConfig reads as its config.json
             return cls(**gemma4_fields(config if isinstance(config, dict) else config.to_dict(), name))
         if model_type in _LLAMA_LIKE:
@@ -884,7 +910,9 @@ class ModelSpec:
 @lru_cache(maxsize=64)
 def _full_layer_twin(spec: ModelSpec) -> ModelSpec:
     g = spec.global_attention
-    return dataclasses.replace(spec, head_size=g.head_size, num_kv_heads=g.kv_heads, global_attention=None)
+    # (MiMo-V2-Flash's sinks are its sliding layers' alone)
+    return dataclasses.replace(spec, head_size=g.head_size, num_kv_heads=g.kv_heads, global_attention=None,
+                               attention_sinks=False)
 
 
 @lru_cache(maxsize=1)

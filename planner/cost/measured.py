@@ -298,9 +298,9 @@ class MeasuredCostModel:
         gemms = self._mla_gemms(model, tp) if model.is_mla else []
         for layers, spec in () if model.is_mla else model.attention_kinds:
             label = model.attention_kind_label(spec)
-            kv, hd = spec.kv_heads_per_gpu(tp), spec.head_size
-            gemms += [(f"qkv{label}", ((q_width + 2 * kv) * hd, h), layers, ("attention", (0, 1, 2))),
-                      (f"o projection{label}", (h, self._heads * hd), layers, ("attention", (3,)))]
+            kv, hd, vd = spec.kv_heads_per_gpu(tp), spec.head_size, spec.value_head_size
+            gemms += [(f"qkv{label}", ((q_width + kv) * hd + kv * vd, h), layers, ("attention", (0, 1, 2))),
+                      (f"o projection{label}", (h, self._heads * vd), layers, ("attention", (3,)))]
         mixer = model.linear_attention
         if mixer is not None:     # its input projections (GDN: q, k, v, z and b, a) priced as one GEMM
             out = len(mixer.shapes(h)) - 1

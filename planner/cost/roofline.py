@@ -7,8 +7,9 @@ parts run one after another, so the step is their sum:
   linear      all transformer-layer matmuls: weights read once per step,
               2 FLOPs per weight per token                      (this GPU's 1/tp shard)
   lm_head     vocab projection of the last token of each sequence only
-  prefill     causal attention over prefill (query, key) pairs, 4*head_size FLOPs
-              per pair per head, vs. writing the new tokens' K/V into the cache
+  prefill     causal attention over prefill (query, key) pairs, 2 (head_size + value head)
+              FLOPs per pair per head (QK^T and PV; 4*head_size where V is as wide as K),
+              vs. writing the new tokens' K/V into the cache
   decode      attention of one query per sequence: reads the KV of its whole
               context, memory-bound in practice
   allreduce   tensor parallelism: 2 all-reduces per layer (after attention and

@@ -148,7 +148,8 @@ def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_
             raise PlannerError(near_miss or f"no profile of {model.name} on {gpu.name}: run `planner profile` "
                                             f"on that GPU or pass --profile FILE")
         fallback = _fallback(model, gpu, tp, dtype_bytes, block_size, choice, graphs, **formats)
-        fallback.profile_note = near_miss   # why a profile that exists was not used (None: there is none)
+        # why a profile that exists was not used, else why the measured tables were not (None: neither)
+        fallback.profile_note = near_miss or getattr(fallback, "profile_note", None)
         return fallback
     return _fallback(model, gpu, tp, dtype_bytes, block_size, choice, graphs, **formats)
 
@@ -162,8 +163,11 @@ def _fallback(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, block_s
         try:
             return MeasuredCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats,
                                      **graphs)
-        except PlannerError:
-            pass     # the tables do not cover this model's shape: the roofline does
+        except PlannerError as exc:     # the tables do not cover this model's shape: the roofline does
+            roofline = RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size,
+                                         **formats)
+            roofline.profile_note = f"no profile; roofline cost model, as the measured tables do not cover it ({exc})"
+            return roofline
     return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
 
 
