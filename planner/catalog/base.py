@@ -10,6 +10,7 @@ from typing import Callable, Generic, Iterable, Iterator, TypeVar
 from planner.errors import PlannerError
 
 T = TypeVar("T")
+LISTED_AT_MOST = 24     # an unknown name's error lists a catalog this small (the GPUs), and counts a bigger one
 
 
 def normalize(name: str) -> str:
@@ -42,8 +43,10 @@ class Catalog(Generic[T]):
         return self._index.get(normalize(str(name)))
 
     def get(self, name: str, hint: str = "") -> T:
-        """The entry called `name`, or a one-line error listing the known names."""
+        """The entry called `name`, or a one-line error naming the known entries (counting them where a list
+        would bury the line: `hint` then says where they are shown)."""
         entry = self.find(name)
         if entry is None:
-            raise PlannerError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}{hint}")
+            known = f"{len(self)} known" if len(self) > LISTED_AT_MOST else f"known: {', '.join(self.names())}"
+            raise PlannerError(f"unknown {self.kind} {name!r}; {known}{hint}")
         return entry

@@ -982,7 +982,7 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     if "distill" in lowered:      # DeepSeek-R1-Distill-Qwen-1.5B is a Qwen2.5 model, not DeepSeek-V3
         return catalog.get(text, hint=" (a distilled model has its base model's architecture: give its model "
                                       "folder or config.json)")
-    return catalog.get(text, hint=" (planner list models shows each one's Hugging Face ids; or give a model "
+    return catalog.get(text, hint=" (planner list models shows them with their Hugging Face ids; or give a model "
                                   "folder or its config.json)")
 
 
