@@ -24,8 +24,8 @@ from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
                                               linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
-from planner.catalog.mimo_config import MIMO_TYPES, mimo_fields, mimo_hf_config
 from planner.catalog.mamba import Mamba2
+from planner.catalog.mimo_config import MIMO_TYPES, mimo_fields, mimo_hf_config
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
 from planner.catalog.nemotron_h import NEMOTRON_H_TYPES, nemotron_h_fields, nemotron_h_hf_config
@@ -202,9 +202,9 @@ class ModelSpec:
         if self.global_attention is not None and (self.model_type not in _OWN_FULL_LAYERS
                                                   or not self.full_attention_layers
                                                   or self.num_heads % self.global_attention.kv_heads):
-            raise PlannerError(f"model {self.name!r}: full-attention layers of their own shape are "
-                               f"{', '.join(_OWN_FULL_LAYERS)}'s, need some full-attention layers and KV heads "
-                               f"that divide the {self.num_heads} attention heads")
+            raise PlannerError(f"model {self.name!r}: full-attention layers of their own shape need a model_type "
+                               f"that has them ({', '.join(_OWN_FULL_LAYERS)}), some full-attention layers and KV "
+                               f"heads that divide the {self.num_heads} attention heads")
 
     # ---- shapes -------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class ModelSpec:
 
     @property
     def full_layer_spec(self) -> "ModelSpec":
-        """The model with its full-attention layers' attention shape (Gemma 4's global_attention), whose
+        """The model with its full-attention layers' attention shape (global_attention: Gemma 4, MiMo), whose
         per-layer attention properties (attention_shapes, kv_cache_bytes, q_size, ...) describe those layers;
         the model itself when every layer attends alike. Its other properties mean nothing."""
         return self if self.global_attention is None else _full_layer_twin(self)
