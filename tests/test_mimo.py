@@ -57,6 +57,7 @@ def test_transformers_window_is_the_window_plus_the_query():
     ({"hybrid_layer_pattern": [0, 1]}, "hybrid_layer_pattern"),
     ({"moe_layer_freq": None}, "moe_layer_freq"),
     ({"swa_num_key_value_heads": 3}, "multiple of num_kv_heads"),
+    ({"sliding_window_size": "128"}, "sliding_window must be a positive integer"),
 ])
 def test_unmodelled_or_broken_configs_refused(change, words):
     with pytest.raises(PlannerError, match=words):

@@ -66,11 +66,13 @@ def mimo_fields(get: Callable[..., Any], name: str) -> dict[str, Any]:
         raise PlannerError(f"model {name!r}: sliding layers with their own query heads or head sizes "
                            f"({swa}) are not modelled; only their KV heads may differ")
     swa_kv = get("swa_num_key_value_heads") or 2 * full_kv
-    window = get("sliding_window_size") or (get("sliding_window") or 1) - 1
+    window = get("sliding_window_size")
+    if window is None and isinstance(get("sliding_window"), int):      # transformers': the window + the query
+        window = get("sliding_window") - 1
     rope = get("rope_parameters") or {}
     full_rope = rope.get("full_attention", {}) if isinstance(rope, dict) else {}
     rotary = partial_rotary_dims(lambda k, d=None: full_rope.get(k, get(k, d)), head, name)
-    has_sliding = any(sliding) and window > 0
+    has_sliding = any(sliding) and bool(window)     # (a window that is no count is refused by ModelSpec)
     return dict(
         name=name, model_type="mimo_v2_flash", num_layers=layers, hidden_size=get("hidden_size"),
         num_heads=heads, num_kv_heads=swa_kv if has_sliding else full_kv, head_size=head,
