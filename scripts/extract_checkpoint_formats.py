@@ -57,6 +57,8 @@ def declared(configs: Path, stem: str) -> tuple[dict, str] | None:
         return json.loads(quant.read_text()), quant.name
     config = json.loads((configs / f"{stem}_config.json").read_text())
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if qc and config.get("expert_dtype") and "expert_dtype" not in qc:     # DeepSeek-V4 keeps it at the top
+        qc = {**qc, "expert_dtype": config["expert_dtype"]}
     return (qc, f"{stem}_config.json") if qc else None
 
 
@@ -83,6 +85,7 @@ def main(root: str) -> None:
             continue
         records[model_id] = {"method": fmt.method, "scheme": fmt.scheme, "bits": fmt.bits,
                              "group_size": fmt.group_size, "exclude_modules": folded(list(fmt.excluded), model),
+                             **({"expert_scheme": fmt.expert_scheme} if fmt.expert_scheme else {}),
                              "source": f"{PACKAGE} model_configs/{file}"}
     OUT.write_text(json.dumps({"about": __doc__.split("\n\n")[0], "checkpoints": records, "skipped": skipped},
                               indent=1) + "\n")

@@ -165,8 +165,9 @@ def test_hf_config_builds_the_counted_model(model):
     parameters the spec counts for one layer, and the config reads back to the same spec."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    if model.block_pattern or model.global_attention:  # Nemotron-H, Gemma 4, MiMo-V2-Flash: every layer, whole
-        with torch.device("meta"):                       # (on the meta device)
+    # Nemotron-H, Gemma 4, MiMo-V2-Flash, DeepSeek-V4: every layer, whole (on the meta device)
+    if model.block_pattern or model.global_attention or model.compressed_attention:
+        with torch.device("meta"):
             hf = transformers.AutoModelForCausalLM.from_config(model.to_hf_config())
         assert sum(p.numel() for p in hf.parameters()) == model.num_params - model.vision_params
         back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)

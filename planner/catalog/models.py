@@ -18,6 +18,8 @@ from typing import Any
 
 from planner.catalog import mla
 from planner.catalog.base import Catalog
+from planner.catalog.deepseek_v4 import (COMPRESSED_BLOCK, CSA, DEEPSEEK_V4_TYPES, HCA, SLIDING, CompressedAttention,
+                                         deepseek_v4_fields, deepseek_v4_hf_config)
 from planner.catalog.gemma4 import GEMMA4_CONFIG_TYPES, GEMMA4_TYPES, GlobalAttention, gemma4_fields, gemma4_hf_config
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
 from planner.catalog.kept_layers import kept_fractions
@@ -49,11 +51,13 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # (planner/catalog/nemotron_h.py), with or without experts. Gemma 4 (GEMMA4_TYPES): Gemma 3's block with wider
 # heads on its full-attention layers, and on the 26B-A4B experts beside every dense MLP (planner/catalog/gemma4.py).
 # MiMo-V2-Flash (MIMO_TYPES): sliding and full layers with their own KV heads, value heads narrower than the
-# keys, experts on every layer but the first (planner/catalog/mimo_config.py).
+# keys, experts on every layer but the first (planner/catalog/mimo_config.py). DeepSeek-V4 (DEEPSEEK_V4_TYPES):
+# one shared key/value head over a sliding window and compressed rows, four copies of the residual stream
+# (planner/catalog/deepseek_v4.py); its layers' kinds are its attention_kinds.
 _FLEXIBLE_EXPERTS = (*NEMOTRON_H_TYPES, *GEMMA4_TYPES)     # model_types with and without experts
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *GEMMA4_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES,
-               *NEMOTRON_H_TYPES, *MIMO_TYPES)
-_EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES, *MIMO_TYPES)
+               *NEMOTRON_H_TYPES, *MIMO_TYPES, *DEEPSEEK_V4_TYPES)
+_EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES, *MIMO_TYPES, *DEEPSEEK_V4_TYPES)
 _OWN_FULL_LAYERS = (*GEMMA4_TYPES, *MIMO_TYPES)     # model_types whose full-attention layers have their own shape
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
 _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention_heads"),
@@ -144,6 +148,8 @@ class ModelSpec:
     # Gemma 4, MiMo-V2-Flash: the full-attention layers' head size and KV heads where they differ from the
     # sliding layers' (the fields above); None: every layer attends alike
     global_attention: GlobalAttention | None = None
+    # DeepSeek-V4: its layers' kinds, window, grouped output, hyper-connections and indexer; None otherwise
+    compressed_attention: CompressedAttention | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in KNOWN_TYPES:
@@ -199,6 +205,13 @@ class ModelSpec:
         if self.sliding_layers and not self.sliding_window or self.sliding_layers > self.num_layers:
             raise PlannerError(f"model {self.name!r}: {self.sliding_layers} sliding-window layers need a "
                                f"sliding_window and at most {self.num_layers} layers")
+        ca = self.compressed_attention
+        if (ca is not None) != (self.model_type in DEEPSEEK_V4_TYPES) or ca is not None and (
+                ca.layers != self.num_layers or self.num_kv_heads != 1 or self.num_heads % ca.o_groups
+                or not self.q_lora_rank or self.sliding_layers or self.is_mla):
+            raise PlannerError(f"model {self.name!r}: compressed attention belongs to DeepSeek-V4 "
+                               f"({', '.join(DEEPSEEK_V4_TYPES)}), with a kind for each of its layers, one KV head, "
+                               f"output groups that divide its heads and a q_lora_rank")
         if self.global_attention is not None and (self.model_type not in _OWN_FULL_LAYERS
                                                   or not self.full_attention_layers
                                                   or self.num_heads % self.global_attention.kv_heads):
@@ -239,18 +252,35 @@ class ModelSpec:
     def attention_kinds(self) -> tuple[tuple[int, "ModelSpec"], ...]:
         """(layers, the spec whose per-layer attention properties describe them): every attention layer, or
         Gemma 4's full-attention layers and its sliding ones apart."""
+        ca = self.compressed_attention
+        if ca is not None and ca.ratio is None:
+            return tuple((layers, _compressed_kind(self, ratio)) for ratio, layers in ca.kinds)
         if self.global_attention is None:
             return ((self.attention_layers, self),)
         return ((self.full_attention_layers, self.full_layer_spec), (self.sliding_layers, self))
+
+    @property
+    def compress_ratio(self) -> int:
+        """The kind of DeepSeek-V4 layer this spec describes (one of attention_kinds' twins; SLIDING for the
+        model itself); SLIDING for every other model."""
+        ca = self.compressed_attention
+        return ca.ratio or SLIDING if ca is not None else SLIDING
 
     def attention_kind_label(self, spec: "ModelSpec") -> str:
         """What a ledger term adds to name one kind of attention layer: nothing when every layer attends alike."""
         if len(self.attention_kinds) == 1:
             return ""
+        if self.compressed_attention is not None:
+            return {SLIDING: " (window-only layers)", CSA: " (CSA layers)", HCA: " (HCA layers)"}[spec.compress_ratio]
         return " (full layers)" if spec is not self else " (sliding layers)"
 
     def kv_cache_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
-        """Bytes one of `tp` GPUs caches per token over every attention layer (each kind at its own shape)."""
+        """Bytes one of `tp` GPUs caches per token over every attention layer (each kind at its own shape);
+        DeepSeek-V4's compressed rows and indexer keys (its window and compressor states are a sequence's
+        whatever its length: `kv_bytes_per_context`), in whole pages per block, rounded up."""
+        ca = self.compressed_attention
+        if ca is not None:
+            return -(-ca.block_bytes(self.head_size, self.rotary_dims) // COMPRESSED_BLOCK)
         return sum(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) for layers, spec in self.attention_kinds)
 
     @property
@@ -271,12 +301,16 @@ class ModelSpec:
         whole."""
         if self.is_mla:
             return mla.cache_width(self)
+        if self.compressed_attention is not None:      # one head that is both key and value, on every rank
+            return self.head_size
         return self.kv_heads_per_gpu(tp) * (self.head_size + self.value_head_size)
 
     def kv_cache_bytes(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
         """Bytes one of `tp` GPUs caches per token and attention layer with `kv_dtype_bytes`-byte values:
         kv_cache_width values, or a DSA model's latent in vLLM's format and its indexer key
-        (planner/catalog/sparse_attention.py)."""
+        (planner/catalog/sparse_attention.py), or a DeepSeek-V4 window row (FP8 whatever the dtype asked)."""
+        if self.compressed_attention is not None:     # one fp8_ds_mla row, whatever kv_dtype_bytes
+            return self.compressed_attention.row_bytes(self.head_size, self.rotary_dims)
         if self.sparse_indexer is None:
             return self.kv_cache_width(tp) * kv_dtype_bytes
         return (latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes)
@@ -349,14 +383,31 @@ class ModelSpec:
         """(outputs, inputs) of q, k, v and o (MLA: its projections, planner/catalog/mla.py)."""
         if self.is_mla:
             return mla.attention_shapes(self)
+        if self.compressed_attention is not None:
+            return self._compressed_shapes()
         h, q = self.hidden_size, self.q_size
         return ((2 * q if self.attention_output_gate else q, h), (self.kv_size, h), (self.v_size, h),
                 (h, self.num_heads * self.value_head_size))
 
+    def _compressed_shapes(self) -> tuple[tuple[int, int], ...]:
+        """DeepSeek-V4's quantized attention weights (planner/catalog/deepseek_v4.py): wq_b, wo_a (the groups'
+        blocks side by side), wo_b; then the ones every rank holds whole (replicated_linear_shapes)."""
+        ca, h = self.compressed_attention, self.hidden_size
+        grouped = ca.o_groups * ca.o_lora_rank
+        return ((self.q_size, self.q_lora_rank), (grouped, self.q_size // ca.o_groups), (h, grouped),
+                *self.replicated_linear_shapes)
+
     @property
     def replicated_linear_shapes(self) -> tuple[tuple[int, int], ...]:
-        """Attention weights every TP rank holds whole (MLA's down-projections; none otherwise)."""
-        return mla.replicated_shapes(self) if self.is_mla else ()
+        """Attention weights every TP rank holds whole, the last of attention_shapes: MLA's down-projections;
+        DeepSeek-V4's wq_a and wkv, and on a CSA layer the indexer's wq_b; none otherwise."""
+        if self.is_mla:
+            return mla.replicated_shapes(self)
+        if self.compressed_attention is None:
+            return ()
+        h, index = self.hidden_size, self.compressed_attention.indexer
+        own = ((self.q_lora_rank, h), (self.head_size, h))
+        return own + (((index.heads * index.head_dim, self.q_lora_rank),) if self.compress_ratio == CSA else ())
 
     @property
     def shared_expert_width(self) -> int:
@@ -490,7 +541,21 @@ class ModelSpec:
             qkv_bias = self.q_size + self.kv_size + self.v_size + h
         sinks = self.num_heads if self.attention_sinks else 0     # one sink logit per head
         latent_norms = mla.norm_params(self) if self.is_mla else 0
-        return self.norms_per_layer * h + qk_norms + qkv_bias + sinks + latent_norms   # RMSNorms, weight only
+        return (self.norms_per_layer * h + qk_norms + qkv_bias + sinks + latent_norms    # RMSNorms, weight only
+                + self.compressed_other_params)
+
+    @property
+    def compressed_other_params(self) -> int:
+        """A DeepSeek-V4 layer's parameters beside its quantized weights, all replicated: the q and kv norms,
+        the two hyper-connections, and its kind's unquantized compressor and indexer projections, position
+        biases and norms (planner/catalog/deepseek_v4.py); 0 for any other model."""
+        ca = self.compressed_attention
+        if ca is None:
+            return 0
+        h, head, ratio = self.hidden_size, self.head_size, self.compress_ratio
+        projections = sum(n * k for n, k in ca.compressor_shapes(ratio, h, head))
+        return (self.q_lora_rank + head + ca.hc_params_per_layer(h) + projections
+                + ca.compressor_other_params(ratio, head))
 
     @property
     def block_other_params(self) -> int:
@@ -534,6 +599,9 @@ class ModelSpec:
 
     @property
     def final_norm_params(self) -> int:
+        """The final norm (LayerNorm: weight and bias), and DeepSeek-V4's last hyper-connection before it."""
+        if self.compressed_attention is not None:
+            return self.hidden_size + self.compressed_attention.hc_head_params(self.hidden_size)
         return 2 * self.hidden_size if self.is_gpt_like else self.hidden_size
 
     @property
@@ -587,7 +655,8 @@ class ModelSpec:
         if self.is_mla:
             per_layer += mla.norm_params(self)
         routers = self.moe_layers * self.router_params
-        return (self.num_layers * per_layer + self.whole_linear_params + self.ffn_layers * h + self.position_params
+        compressed = sum(layers * spec.compressed_other_params for layers, spec in self.attention_kinds)
+        return (self.num_layers * per_layer + compressed + self.whole_linear_params + self.ffn_layers * h + self.position_params
                 + self.final_norm_params + routers)
 
     @property
@@ -598,7 +667,7 @@ class ModelSpec:
     def whole_linear_params(self) -> int:
         """Dense linear weights every tensor-parallel rank holds whole: MLA's down-projections and
         Nemotron-H's latent projections (vLLM's ReplicatedLinear)."""
-        return (self.num_layers * self.replicated_linear_params_per_layer
+        return (sum(layers * spec.replicated_linear_params_per_layer for layers, spec in self.attention_kinds)
                 + self.moe_layers * sum(n * k for n, k in self.latent_shapes))
 
     # ---- bytes and FLOPs ----------------------------------------------------
@@ -612,6 +681,7 @@ class ModelSpec:
         if not self.is_moe:
             return 0
         weights = self.expert_weights
+        weight_format = weight_format.experts if weight_format is not None else None
         per_expert = (sum(weight_format.matrix_bytes(n, k) for n, k in self.expert_shapes)
                       if weight_format is not None else weights * dtype_bytes)
         per_expert += (self.expert_params - weights) * dtype_bytes
@@ -681,12 +751,14 @@ class ModelSpec:
         def layers_of(role: str, shapes, layers: int, first: int = 0) -> int:
             return layers * sum(size(role, first + i, n, k) for i, (n, k) in enumerate(shapes))
 
-        replicated = self.replicated_linear_shapes
-        split_attention = self.attention_shapes[:len(self.attention_shapes) - len(replicated)]
-        whole = (layers_of("attention", replicated, self.num_layers, len(split_attention))
+        def split_of(spec: ModelSpec) -> int:      # attention weights the ranks split (replicated ones are last)
+            return len(spec.attention_shapes) - len(spec.replicated_linear_shapes)
+
+        kinds = self.attention_kinds
+        whole = (sum(layers_of("attention", spec.replicated_linear_shapes, layers, split_of(spec))
+                     for layers, spec in kinds)
                  + layers_of("latent", self.latent_shapes, self.moe_layers))
-        split = (sum(layers_of("attention", spec.attention_shapes[:len(split_attention)], layers)
-                     for layers, spec in self.attention_kinds)
+        split = (sum(layers_of("attention", spec.attention_shapes[:split_of(spec)], layers) for layers, spec in kinds)
                  + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
                  + layers_of("mlp", self.mlp_shapes, self.dense_mlp_layers)
                  + layers_of("shared_experts", self.shared_expert_shapes, self.moe_layers))
@@ -717,6 +789,13 @@ class ModelSpec:
         and a Gated DeltaNet layer's recurrent update whatever the context (recurrent_flops_per_token).
         """
         linear = 2 * (self.active_linear_params + self.vocab_size * self.hidden_size)
+        ca = self.compressed_attention
+        if ca is not None:          # the window on every layer, CSA's top-k rows and its indexer, HCA's rows
+            keys = (self.num_layers * min(context_len, ca.window) + ca.csa_layers * min(context_len // CSA,
+                                                                                       ca.indexer.topk)
+                    + ca.hca_layers * (context_len // HCA))
+            return (linear + self.attention_flops_per_key * keys
+                    + ca.csa_layers * (context_len // CSA) * ca.indexer.flops_per_pair)
         attention = (self.full_layer_spec.attention_flops_per_key * self.full_attention_layers * context_len
                      + self.attention_flops_per_key * self.sliding_layers * min(context_len, self.window))
         return linear + attention + self.linear_attention_layers * self.recurrent_flops
@@ -739,7 +818,12 @@ class ModelSpec:
 
     def kv_bytes_per_context(self, tokens: int, dtype_bytes: int = 2) -> int:
         """K and V one sequence of `tokens` holds across all layers: a sliding-window layer keeps at most
-        its window (vLLM's hybrid KV cache manager frees the blocks that leave it)."""
+        its window (vLLM's hybrid KV cache manager frees the blocks that leave it); DeepSeek-V4's window rows
+        and compressor states, and its compressed rows in whole blocks."""
+        ca = self.compressed_attention
+        if ca is not None:
+            head, rope = self.head_size, self.rotary_dims
+            return ca.sequence_bytes(head, rope) + -(-tokens // COMPRESSED_BLOCK) * ca.block_bytes(head, rope)
         return (self.full_attention_layers * tokens * self.full_layer_spec.kv_cache_bytes(1, dtype_bytes)
                 + self.sliding_layers * min(tokens, self.window) * self.kv_cache_bytes(1, dtype_bytes))
 
@@ -776,6 +860,8 @@ class ModelSpec:
             config = gemma4_hf_config(self)
         elif self.model_type in MIMO_TYPES:
             config = mimo_hf_config(self)
+        elif self.model_type in DEEPSEEK_V4_TYPES:
+            config = deepseek_v4_hf_config(self)
         else:
             common = dict(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
@@ -862,6 +948,8 @@ class ModelSpec:
             return cls(**gemma_fields(config, name))
         if model_type in MIMO_TYPES:
             return cls(**mimo_fields(get, name))
+        if model_type in DEEPSEEK_V4_TYPES:
+            return cls(**deepseek_v4_fields(get, name))
         if model_type in GEMMA4_CONFIG_TYPES:     # transformers 5's Gemma4TextConfig reads as its config.json
             return cls(**gemma4_fields(config if isinstance(config, dict) else config.to_dict(), name))
         if model_type in _LLAMA_LIKE:
@@ -908,6 +996,13 @@ class ModelSpec:
 
 
 @lru_cache(maxsize=64)
+def _compressed_kind(spec: ModelSpec, ratio: int) -> ModelSpec:
+    """DeepSeek-V4 with its attention of one kind of layer (SLIDING, CSA, HCA): its per-layer attention
+    properties describe those layers."""
+    return dataclasses.replace(spec, compressed_attention=dataclasses.replace(spec.compressed_attention, ratio=ratio))
+
+
+@lru_cache(maxsize=64)
 def _full_layer_twin(spec: ModelSpec) -> ModelSpec:
     g = spec.global_attention
     # (MiMo-V2-Flash's sinks are its sliding layers' alone)
@@ -930,6 +1025,10 @@ def model_catalog() -> Catalog[ModelSpec]:
             entry["sparse_indexer"] = SparseIndexer(**entry["sparse_indexer"])
         if entry.get("global_attention") is not None:
             entry["global_attention"] = GlobalAttention(**entry["global_attention"])
+        if entry.get("compressed_attention") is not None:
+            compressed = dict(entry["compressed_attention"])
+            compressed["indexer"] = SparseIndexer(**compressed["indexer"])
+            entry["compressed_attention"] = CompressedAttention(**compressed)
         if entry.get("published_params") is not None:
             entry["published_params"] = int(entry["published_params"])
         specs.append(ModelSpec(**entry))

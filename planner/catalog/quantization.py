@@ -60,10 +60,20 @@ class WeightFormat:
     source: str = "--quantization"
     # module patterns the checkpoint leaves unquantized (planner/catalog/kept_layers.py)
     excluded: tuple[str, ...] = ()
+    # the MoE experts' own scheme where it differs ("mxfp4": DeepSeek-V4's expert_dtype fp4 beside FP8 layers)
+    expert_scheme: str = ""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS or self.scheme not in SCHEMES:
-            raise PlannerError(f"unknown weight format {self.method}/{self.scheme}")
+        if self.method not in METHODS or self.scheme not in SCHEMES or self.expert_scheme not in ("", "mxfp4"):
+            raise PlannerError(f"unknown weight format {self.method}/{self.scheme}"
+                               + (f" with {self.expert_scheme} experts" if self.expert_scheme else ""))
+
+    @property
+    def experts(self) -> "WeightFormat":
+        """The format a MoE's experts are stored and multiplied in: this one, or the experts' own (MXFP4)."""
+        if not self.expert_scheme:
+            return self
+        return WeightFormat("mxfp4", "mxfp4", bits=4, group_size=MXFP4_GROUP, source=self.source)
 
     @property
     def quantizes_linear(self) -> bool:
@@ -98,12 +108,14 @@ class WeightFormat:
                                + (", zero points" if self.zero_points else "")
                                + (", act-order" if self.act_order else "")}[self.scheme]
         kept = f"; {len(self.excluded)} module patterns kept in 16 bits" if self.excluded else ""
-        return f"{self.method} ({detail}{kept}; from {self.source})"
+        experts = f"; experts in {self.expert_scheme} (E8M0 scale per {MXFP4_GROUP})" if self.expert_scheme else ""
+        return f"{self.method} ({detail}{experts}{kept}; from {self.source})"
 
     def as_dict(self) -> dict:
         return {"method": self.method, "scheme": self.scheme, "bits": self.bits, "group_size": self.group_size,
                 "bytes_per_weight": round(self.bytes_per_weight(), 6), "source": self.source,
-                "excluded_modules": len(self.excluded)}
+                "excluded_modules": len(self.excluded),
+                **({"expert_scheme": self.expert_scheme} if self.expert_scheme else {})}
 
 
 def weight_format(method: str, source: str = "--quantization") -> WeightFormat:
@@ -177,7 +189,8 @@ def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
     method = str(qc.get("quant_method", "")).lower()
     if method == "fp8":
         block = qc.get("weight_block_size")
-        return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source)
+        experts = "mxfp4" if qc.get("expert_dtype") == "fp4" else ""      # DeepSeek-V4 (Mxfp4MoEMethod)
+        return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source, expert_scheme=experts)
     if method == "modelopt":
         return _modelopt(qc.get("quant_algo"), source)
     if method == "mxfp4":
@@ -198,9 +211,11 @@ def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
 
 
 # The quantization_config each catalog `checkpoint_quantization` name stands for (`checkpoint_scheme` below
-# reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks.
+# reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks, DeepSeek-V4's FP8 beside MXFP4 experts.
 CHECKPOINT_CONFIGS = {"mxfp4": {"quant_method": "mxfp4"},
-                      "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+                      "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+                      "fp8-block+mxfp4-experts": {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                                  "expert_dtype": "fp4"}}
 
 
 def catalog_checkpoint_format(scheme: str, source: str) -> WeightFormat:
@@ -213,7 +228,8 @@ def checkpoint_scheme(qc: Any) -> str | None:
     CHECKPOINT_CONFIGS (gpt-oss's MXFP4, MiniMax-M2.5's block FP8), else None."""
     if not isinstance(qc, dict) or str(qc.get("quant_method", "")).lower() not in ("mxfp4", "fp8"):
         return None
-    scheme = format_from_config(qc).scheme
+    fmt = format_from_config(qc)
+    scheme = fmt.scheme + (f"+{fmt.expert_scheme}-experts" if fmt.expert_scheme else "")
     return scheme if scheme in CHECKPOINT_CONFIGS else None
 
 
@@ -228,7 +244,10 @@ def checkpoint_format(model: str) -> WeightFormat | None:
     modelopt_path = os.path.join(folder, "hf_quant_config.json")
     try:
         with open(config_path, encoding="utf-8") as f:
-            qc = json.load(f).get("quantization_config")
+            config = json.load(f)
+        qc = config.get("quantization_config")
+        if qc and config.get("expert_dtype") and "expert_dtype" not in qc:     # DeepSeek-V4 keeps it at the top
+            qc = {**qc, "expert_dtype": config["expert_dtype"]}
         if qc:
             return format_from_config(qc)
         if os.path.isfile(modelopt_path):
@@ -263,7 +282,8 @@ def recorded_format(model: str) -> WeightFormat | None:
     if record is None:
         return None
     return WeightFormat(record["method"], record["scheme"], bits=record["bits"], group_size=record["group_size"],
-                        excluded=tuple(record["exclude_modules"]), source=f"{model}'s config ({record['source']})")
+                        excluded=tuple(record["exclude_modules"]), expert_scheme=record.get("expert_scheme", ""),
+                        source=f"{model}'s config ({record['source']})")
 
 
 @lru_cache(maxsize=1)

@@ -37,6 +37,9 @@ per pair and head; the shared experts are a dense MLP, priced with the linear pa
 Sliding-window layers (gpt-oss) read at most the window's keys at decode and attend to at most the
 window in prefill (planner/cost/window.py).
 
+DeepSeek-V4 (planner/cost/compressed.py) prices its own attention: each query's window, top-k and compressed
+slots, the CSA indexer's scores, the compressors' and hyper-connections' weights and work.
+
 Gated DeltaNet layers (Qwen3-Next, Qwen3.5) attend over no KV cache: their projections are linear
 layers, and their convolution and recurrent update are priced per decoding sequence and per prompt
 token (planner/cost/gdn.py); attention and its KV traffic cover the other layers only.
@@ -59,6 +62,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cost.block_size import decode_attention_factor
+from planner.cost.compressed import CompressedPrice
 from planner.cost.mamba import recurrent_price
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
 from planner.cost.sparse import SparsePrice
@@ -174,6 +178,10 @@ class RooflineCostModel:
         self._prefill_per_query = self._sparse_per_query = 0.0   # a DSA model's latent attention per query
         if model.sparse_indexer is not None:
             self._set_up_sparse(model, gpu, tp, kv_dtype_bytes, bw, flops)
+        self._compressed = None           # DeepSeek-V4's attention, priced whole (planner/cost/compressed.py)
+        if model.compressed_attention is not None:
+            self._compressed = CompressedPrice.of(model, gpu, tp, bw, flops, gpu.fp8_flops * efficiency.compute)
+            self._decode_per_key = self._prefill_per_pair = self._prefill_kv_write = 0.0
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
         self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
@@ -236,7 +244,8 @@ class RooflineCostModel:
             return
         self._moe = model
         eff = self.efficiency
-        self._expert_flops_rate = peak_flops(weight_format, gpu, dtype_bytes) * eff.compute
+        experts = weight_format.experts if weight_format is not None else None
+        self._expert_flops_rate = peak_flops(experts, gpu, dtype_bytes) * eff.compute
         self._flops16 = gpu.peak_flops(dtype_bytes) * eff.compute
         self._bw = gpu.memory_bandwidth * eff.memory
         self._expert_bytes = bytes_per_expert(model, weight_format, dtype_bytes)
@@ -290,6 +299,9 @@ class RooflineCostModel:
             if self._gdn is not None:
                 t += self._gdn.decode(s.decode_seqs) + (self._gdn.prefill(s.prefill_seqs, s.prefill_tokens)
                                                         if s.prefill_tokens else 0.0)
+            if self._compressed is not None:
+                c = self._compressed
+                t += c.decode(s) + c.prefill(s) + c.tokens(tokens)
             if self.tp > 1:
                 t += self._allreduce_fixed + tokens * self._allreduce_per_token + rows * self._gather_per_seq
         elif s.swap_blocks or s.copy_blocks:
@@ -306,7 +318,7 @@ class RooflineCostModel:
         inline; tests hold the two equal.
         """
         parts = {k: 0.0 for k in ("linear", "moe", "lm_head", "prefill_attention", "decode_attention",
-                                  "linear_attention", "allreduce", "swap", "copy", "cpu")}
+                                  "linear_attention", "compressors", "allreduce", "swap", "copy", "cpu")}
         bound: dict[str, str] = {}
         if s.is_empty:
             return {**parts, "bound": bound}
@@ -330,6 +342,10 @@ class RooflineCostModel:
             if self._gdn is not None:
                 parts["linear_attention"] = self._gdn.decode(s.decode_seqs) + (
                     self._gdn.prefill(s.prefill_seqs, s.prefill_tokens) if s.prefill_tokens else 0.0)
+            if self._compressed is not None:     # DeepSeek-V4: attention, then compressors and hyper-connections
+                parts["prefill_attention"] += self._compressed.prefill(s)
+                parts["decode_attention"] += self._compressed.decode(s)
+                parts["compressors"] = self._compressed.tokens(tokens)
             if self.tp > 1:
                 parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
                                       + rows * self._gather_per_seq)

@@ -38,8 +38,10 @@ LOGIT_BYTES = 8                   # one fp32 logit per (query, key), written by 
 
 
 def check_sparse_gpu(model: ModelSpec, gpu: GpuSpec) -> None:
-    """vLLM runs DeepSeek Sparse Attention on Hopper and datacenter Blackwell only."""
-    if model.sparse_indexer is not None and gpu.kind == "gpu" and gpu.family not in PREFILL_PADDED_HEADS:
+    """vLLM runs DeepSeek Sparse Attention and DeepSeek-V4's attention on Hopper and datacenter Blackwell only
+    (FlashMLASparseBackend.supports_compute_capability: 9.x and 10.x)."""
+    sparse = model.sparse_indexer is not None or model.compressed_attention is not None
+    if sparse and gpu.kind == "gpu" and gpu.family not in PREFILL_PADDED_HEADS:
         raise PlannerError(f"{model.name}'s sparse attention runs in vLLM on H100, H200 and B200 only (FlashMLA's "
                            f"sparse kernels and DeepGEMM's indexer logits need compute capability 9.0 or 10.0), "
                            f"not on {gpu.name}")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat
+from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
@@ -207,8 +208,12 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
 
     A Gated DeltaNet hybrid's block spans its attention groups' layers (planner/deploy/state_cache.py:
     vLLM pads each group to the same layer count); its sequences' states are blocks of the same pool,
-    taken as they run (`state_blocks`), so nothing is set aside.
+    taken as they run (`state_blocks`), so nothing is set aside. So is DeepSeek-V4's window and compressor
+    state, beside its blocks of compressed rows (planner/catalog/deepseek_v4.py).
     """
+    ca = model.compressed_attention
+    if ca is not None:
+        return ca.block_bytes(model.head_size, model.rotary_dims) * block_size // COMPRESSED_BLOCK, 0
     per_layer_block = model.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
     if model.linear_attention is not None:
         return block_layers(model) * per_layer_block, 0

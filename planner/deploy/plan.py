@@ -153,9 +153,9 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
 
 
 def _cache_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:
-    """The block size vLLM sets for a Gated DeltaNet hybrid's or a DSA model's cache (the memory plan sets
-    it alike); None for any other model."""
-    if model.linear_attention is None and model.sparse_indexer is None:
+    """The block size vLLM sets for a Gated DeltaNet hybrid's, a DSA model's or DeepSeek-V4's cache (the memory
+    plan sets it alike); None for any other model."""
+    if model.linear_attention is None and model.sparse_indexer is None and model.compressed_attention is None:
         return None
     dtype_bytes = 4 if deployment.dtype == "float32" else 2
     kv_dtype_bytes = 1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes
@@ -166,6 +166,8 @@ def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment
     """A Gated DeltaNet hybrid runs under vLLM v1 only (V0, the paper's engine, is gone), and without
     prefix caching: its recurrent states are not cached per block here (vLLM's experimental "align" mode
     is not modelled), so a cached attention prefix would not spare the linear layers' prefill."""
+    if model.compressed_attention is not None:
+        return _compressed_limits(deployment, model)
     if model.linear_attention is None:
         return deployment, []
     if not deployment.enable_chunked_prefill:
@@ -176,6 +178,19 @@ def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment
     return replace(deployment, enable_prefix_caching=False), [
         f"{model.name}: prefix caching off, as vLLM runs a hybrid without it (mamba_cache_mode none); its "
         f"experimental cache of recurrent states at block boundaries is not modelled"]
+
+
+def _compressed_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment, list[str]]:
+    """DeepSeek-V4 runs under vLLM v1 only, and always on an FP8 cache (vLLM asserts an fp8 cache dtype and
+    stores DeepSeek's fp8_ds_mla rows), which the plan prices whatever --kv-cache-dtype says."""
+    if not deployment.enable_chunked_prefill:
+        raise PlannerError(f"{model.name} runs only under vLLM v1 (--policy vllm-v1); the paper's policy has no "
+                           f"cache for its window and compressor states")
+    if deployment.kv_cache_dtype == "fp8":
+        return deployment, []
+    return replace(deployment, kv_cache_dtype="fp8"), [
+        f"{model.name}: its cache is FP8 (vLLM's fp8_ds_mla rows) whatever --kv-cache-dtype says; planned and "
+        f"priced as --kv-cache-dtype fp8"]
 
 
 def resolve_weight_format(deployment: Deployment) -> WeightFormat | None:

@@ -15,10 +15,15 @@ attention layers and three of its linear ones. A block id names one page in ever
 sequence holds a block per block_size tokens in the attention group and one block in each linear group
 for its whole life (the state of mamba_cache_mode "none"), so a simulator block is the attention groups'
 pages and a sequence's state is `state_blocks` of them on top of its tokens' blocks.
+
+DeepSeek-V4 (planner/catalog/deepseek_v4.py) runs on 256-token blocks of compressed rows; what a sequence
+holds whatever its length (every layer's window rows and each compressor's state, ~18 MB for V4-Flash) is
+likewise counted as `state_blocks` of those blocks, rounded up, held from admission to the end.
 """
 from __future__ import annotations
 
 from planner.catalog import GpuSpec, ModelSpec
+from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -40,9 +45,12 @@ def cache_block_size(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, 
                       block_size: int) -> int:
     """The attention block size vLLM runs `model` with: `block_size`; for a Gated DeltaNet hybrid the
     smallest multiple of the kernel's alignment whose page of one layer's K and V holds one layer's
-    state, when that is larger; for DeepSeek Sparse Attention the 64 its kernels take."""
+    state, when that is larger; for DeepSeek Sparse Attention the 64 its kernels take, for DeepSeek-V4 the 256
+    of its compressed rows' kernel."""
     if model.sparse_indexer is not None:
         return SPARSE_MLA_BLOCK_SIZE
+    if model.compressed_attention is not None:
+        return COMPRESSED_BLOCK
     if model.linear_attention is None:
         return block_size
     state = model.linear_attention.state_bytes_per_gpu(tp, dtype_bytes)
@@ -65,7 +73,12 @@ def cache_groups(model: ModelSpec) -> tuple[int, int, int]:
 
 def state_blocks(model: ModelSpec) -> int:
     """Simulator blocks (one page in each attention group) a running sequence of `model` holds for its
-    recurrent states: one block id per linear-attention group; 0 without linear attention."""
+    recurrent states: one block id per linear-attention group; DeepSeek-V4's window rows and compressor
+    states in whole blocks; 0 without either."""
+    ca = model.compressed_attention
+    if ca is not None:
+        head, rope = model.head_size, model.rotary_dims
+        return _cdiv(ca.sequence_bytes(head, rope), ca.block_bytes(head, rope))
     _, full_groups, linear_groups = cache_groups(model)
     return _cdiv(linear_groups, full_groups)
 
