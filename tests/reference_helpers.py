@@ -76,3 +76,13 @@ def dense_attention(query, dense, num_kv_heads, scale=None, sinks=None):
                 weights = torch.softmax(torch.cat([logits, sinks[h:h + 1].double()]), dim=0)[:-1]
             out[i, h] = weights @ values[:, h // group].double()
     return out
+
+
+def transformers_param_count(spec) -> int:
+    """Parameters of the model transformers builds from a catalog spec's config, on the meta device (no
+    memory), for holding the planner's count to it."""
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(spec.to_hf_config())
+    return sum(p.numel() for p in model.parameters())

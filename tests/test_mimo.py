@@ -14,6 +14,7 @@ from planner.cost.select import select_cost_model
 from planner.cost.shape import StepShape
 from planner.deploy.memory import kv_block_layout
 from planner.errors import PlannerError
+from reference_helpers import transformers_param_count
 
 # a small config.json in the shape Xiaomi ships it: integer layer patterns and the sliding layers' own fields
 SMALL = {"model_type": "mimo_v2_flash", "architectures": ["MiMoV2FlashForCausalLM"], "num_hidden_layers": 6,
@@ -27,13 +28,6 @@ SMALL = {"model_type": "mimo_v2_flash", "architectures": ["MiMoV2FlashForCausalL
          "tie_word_embeddings": False}
 
 
-def _transformers_count(spec: ModelSpec) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(spec.to_hf_config())
-    return sum(p.numel() for p in model.parameters())
-
 
 def test_config_json_read_as_vllm_builds_it():
     spec = ModelSpec.from_hf_config(SMALL, "small")
@@ -43,7 +37,7 @@ def test_config_json_read_as_vllm_builds_it():
     assert spec.rotary_dims == 16 and spec.dense_layers == 1 and spec.moe_layers == 5 and spec.shared_experts == 0
     # q, k (48 wide) and v (32 wide), o from 8 x 32; sinks on the sliding layers only, as transformers builds them
     assert spec.attention_shapes == ((8 * 48, 256), (4 * 48, 256), (4 * 32, 256), (256, 8 * 32))
-    assert spec.num_params == _transformers_count(spec)
+    assert spec.num_params == transformers_param_count(spec)
 
 
 def test_transformers_window_is_the_window_plus_the_query():

@@ -172,8 +172,8 @@ class CompressedAttention:
         state, in the blocks their sliding windows span."""
         row = self.row_bytes(head, rope)
         window = self.layers * _window_blocks(self.window, SWA_BLOCK) * _page(SWA_BLOCK, row)
-        return window + self.csa_layers * (self._state_bytes(CSA, head) + self._state_bytes(CSA, self.indexer.head_dim)) \
-            + self.hca_layers * self._state_bytes(HCA, head)
+        csa = self._state_bytes(CSA, head) + self._state_bytes(CSA, self.indexer.head_dim)
+        return window + self.csa_layers * csa + self.hca_layers * self._state_bytes(HCA, head)
 
     @staticmethod
     def _state_bytes(ratio: int, head: int) -> int:

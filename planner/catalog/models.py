@@ -251,7 +251,8 @@ class ModelSpec:
     @property
     def attention_kinds(self) -> tuple[tuple[int, "ModelSpec"], ...]:
         """(layers, the spec whose per-layer attention properties describe them): every attention layer, or
-        Gemma 4's full-attention layers and its sliding ones apart."""
+        Gemma 4's full-attention layers and its sliding ones apart, or DeepSeek-V4's window-only, CSA and HCA
+        layers (each twin's `compress_ratio`)."""
         ca = self.compressed_attention
         if ca is not None and ca.ratio is None:
             return tuple((layers, _compressed_kind(self, ratio)) for ratio, layers in ca.kinds)
@@ -656,8 +657,8 @@ class ModelSpec:
             per_layer += mla.norm_params(self)
         routers = self.moe_layers * self.router_params
         compressed = sum(layers * spec.compressed_other_params for layers, spec in self.attention_kinds)
-        return (self.num_layers * per_layer + compressed + self.whole_linear_params + self.ffn_layers * h + self.position_params
-                + self.final_norm_params + routers)
+        return (self.num_layers * per_layer + compressed + self.whole_linear_params + self.ffn_layers * h
+                + self.position_params + self.final_norm_params + routers)
 
     @property
     def replicated_linear_params_per_layer(self) -> int:
@@ -665,8 +666,8 @@ class ModelSpec:
 
     @property
     def whole_linear_params(self) -> int:
-        """Dense linear weights every tensor-parallel rank holds whole: MLA's down-projections and
-        Nemotron-H's latent projections (vLLM's ReplicatedLinear)."""
+        """Dense linear weights every tensor-parallel rank holds whole: MLA's and DeepSeek-V4's down-projections
+        and Nemotron-H's latent projections (vLLM's ReplicatedLinear)."""
         return (sum(layers * spec.replicated_linear_params_per_layer for layers, spec in self.attention_kinds)
                 + self.moe_layers * sum(n * k for n, k in self.latent_shapes))
 

@@ -211,7 +211,8 @@ def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
 
 
 # The quantization_config each catalog `checkpoint_quantization` name stands for (`checkpoint_scheme` below
-# reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks, DeepSeek-V4's FP8 beside MXFP4 experts.
+# reads it back): gpt-oss's MXFP4 experts, MiniMax-M2.5's FP8 in 128 x 128 blocks, DeepSeek-V4's FP8 blocks
+# beside MXFP4 experts.
 CHECKPOINT_CONFIGS = {"mxfp4": {"quant_method": "mxfp4"},
                       "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]},
                       "fp8-block+mxfp4-experts": {"quant_method": "fp8", "weight_block_size": [128, 128],

@@ -64,15 +64,19 @@ def workload(name: str) -> None:
 
 
 def valid_tp_sizes(spec: ModelSpec, limit: int = 64) -> list[int]:
-    """Tensor parallel sizes that split the model's heads evenly (the ones vLLM accepts)."""
+    """Tensor parallel sizes that split the model's heads evenly (the ones vLLM accepts), and DeepSeek-V4's
+    output groups (vLLM gives each rank o_groups / tp of them)."""
+    groups = spec.compressed_attention.o_groups if spec.compressed_attention is not None else 1
     return [tp for tp in range(1, limit + 1) if spec.num_heads % tp == 0
-            and (spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0)]
+            and (spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0) and (groups == 1 or groups % tp == 0)]
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
     if tp < 1 or tp not in valid_tp_sizes(spec, max(tp, 64)):
+        groups = (f", {spec.compressed_attention.o_groups} output groups" if spec.compressed_attention is not None
+                  else "")
         raise PlannerError(f"tensor parallel size {tp} (--tp) does not split {spec.name}'s {spec.num_heads} "
-                           f"attention heads ({spec.num_kv_heads} KV heads) evenly; valid: "
+                           f"attention heads ({spec.num_kv_heads} KV heads{groups}) evenly; valid: "
                            f"{', '.join(map(str, valid_tp_sizes(spec)))}")
 
 
