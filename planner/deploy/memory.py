@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
-from planner.catalog.quantization import WeightFormat
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
+from planner.catalog.quantization import WeightFormat
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
