@@ -24,7 +24,7 @@ from pathlib import Path
 
 from planner.catalog.kept_layers import kept_fractions
 from planner.catalog.models import resolve_model
-from planner.catalog.quantization import format_from_config
+from planner.catalog.quantization import format_from_config, with_expert_dtype
 from planner.errors import PlannerError
 
 PACKAGE = "aiconfigurator-core 0.12.0"
@@ -57,8 +57,7 @@ def declared(configs: Path, stem: str) -> tuple[dict, str] | None:
         return json.loads(quant.read_text()), quant.name
     config = json.loads((configs / f"{stem}_config.json").read_text())
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
-    if qc and config.get("expert_dtype") and "expert_dtype" not in qc:     # DeepSeek-V4 keeps it at the top
-        qc = {**qc, "expert_dtype": config["expert_dtype"]}
+    qc = with_expert_dtype(qc, config.get("expert_dtype"))
     return (qc, f"{stem}_config.json") if qc else None
 
 

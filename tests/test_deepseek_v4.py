@@ -54,6 +54,10 @@ def test_transformers_spelling_reads_the_same():
     written |= {"layer_types": [kinds[r] for r in SMALL["compress_ratios"][:5]], "partial_rotary_factor": 0.25,
                 "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe", "moe"]}
     assert ModelSpec.from_hf_config(written, "small") == ModelSpec.from_hf_config(SMALL, "small")
+    # transformers 5 moves expert_dtype into quantization_config
+    inside = {k: v for k, v in written.items() if k != "expert_dtype"}
+    inside["quantization_config"] = SMALL["quantization_config"] | {"expert_dtype": "fp4"}
+    assert ModelSpec.from_hf_config(inside, "small").checkpoint_quantization == "fp8-block+mxfp4-experts"
 
 
 @pytest.mark.parametrize("change, words", [

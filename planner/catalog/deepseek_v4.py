@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.catalog.quantization import checkpoint_scheme
+from planner.catalog.quantization import checkpoint_scheme, with_expert_dtype
 from planner.catalog.sparse_attention import SparseIndexer
 from planner.errors import PlannerError
 
@@ -216,12 +216,8 @@ def _hash_layers(get: Callable[..., Any]) -> int:
 def _checkpoint(get: Callable[..., Any]) -> dict[str, Any]:
     """The released checkpoint's format: FP8 in 128 x 128 blocks, its experts in MXFP4 where `expert_dtype`
     says fp4 (config.json's top level; transformers 5 moves it into quantization_config)."""
-    qc = get("quantization_config")
-    scheme = checkpoint_scheme(qc)
-    if scheme is None:
-        return {}
-    experts = get("expert_dtype") or (qc.get("expert_dtype") if isinstance(qc, dict) else None)
-    return {"checkpoint_quantization": scheme + ("+mxfp4-experts" if experts == "fp4" else "")}
+    scheme = checkpoint_scheme(with_expert_dtype(get("quantization_config"), get("expert_dtype")))
+    return {"checkpoint_quantization": scheme} if scheme is not None else {}
 
 
 def deepseek_v4_fields(get: Callable[..., Any], name: str) -> dict[str, Any]:

@@ -224,6 +224,14 @@ def catalog_checkpoint_format(scheme: str, source: str) -> WeightFormat:
     return format_from_config(CHECKPOINT_CONFIGS[scheme], source=source)
 
 
+def with_expert_dtype(qc: Any, expert_dtype: Any) -> Any:
+    """A quantization_config with the experts' dtype a DeepSeek-V4 config.json keeps beside it, at its top level
+    (transformers 5 moves it inside), folded in; `qc` as it is otherwise."""
+    if isinstance(qc, dict) and expert_dtype and "expert_dtype" not in qc:
+        return {**qc, "expert_dtype": expert_dtype}
+    return qc
+
+
 def checkpoint_scheme(qc: Any) -> str | None:
     """The catalog's name for the format a config.json's quantization_config declares, where it is one of
     CHECKPOINT_CONFIGS (gpt-oss's MXFP4, MiniMax-M2.5's block FP8), else None."""
@@ -246,9 +254,7 @@ def checkpoint_format(model: str) -> WeightFormat | None:
     try:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
-        qc = config.get("quantization_config")
-        if qc and config.get("expert_dtype") and "expert_dtype" not in qc:     # DeepSeek-V4 keeps it at the top
-            qc = {**qc, "expert_dtype": config["expert_dtype"]}
+        qc = with_expert_dtype(config.get("quantization_config"), config.get("expert_dtype"))
         if qc:
             return format_from_config(qc)
         if os.path.isfile(modelopt_path):
