@@ -27,7 +27,11 @@ version) in planner/data/measured/SOURCE.json:
   conv and the delta rule), by the heads on one GPU, batch and sequence length;
 - DeepSeek Sparse Attention (`dsa_context`, `dsa_generation`): one layer's whole attention module
   (projections, indexer, sparse MLA, o_proj) per model shape (DeepSeek-V3.2, GLM-5), heads on one
-  GPU, KV-cache dtype and GEMM format, by batch and prompt length (fresh prompts) or context.
+  GPU, KV-cache dtype and GEMM format, by batch and prompt length (fresh prompts) or context;
+- DeepSeek-V4 (`dsv4_context`, `dsv4_generation`): one CSA or HCA layer's whole attention module
+  (projections, compressors, indexer, sparse attention, output projections) per model shape and heads on
+  one GPU, by batch and context (decode) or prompt length and cached prefix (prefill); and its
+  hyper-connections (`mhc`): the mHC pre and post kernels of one layer, by tokens.
 
 Run (needs pandas, pyarrow and pyyaml, only here; the planner reads the CSVs
 with the standard library):
@@ -307,6 +311,51 @@ def extract_dsa(data: Path, base: Path, system: str) -> dict:
     return found
 
 
+def extract_dsv4(data: Path, base: Path, system: str) -> dict:
+    """DeepSeek-V4's attention module tables (CSA and HCA layers in one table, by `compress_ratio`): decode by
+    cached tokens `step`, prefill by prompt length `isl` and cached prefix `step`; the median of repeats."""
+    found = {}
+    for phase, keys in (("context", ["isl", "step"]), ("generation", ["step"])):
+        parts = [newest(data / "sparse_attention" / "vllm", f"dsv4_{kind}_{phase}_module_perf.parquet")
+                 for kind in ("csa", "hca")]
+        if None in parts:
+            continue
+        d = pd.concat([pd.read_parquet(path) for path in parts])
+        fixed = d[["kernel_source", "mla_dtype", "kv_cache_dtype", "gemm_type"]].drop_duplicates()
+        if len(fixed) != 1:
+            raise SystemExit(f"dsv4_{phase} module tables: several kernels or dtypes time one module: {fixed}")
+        kernel, mla, kv, gemm = fixed.iloc[0]
+        table = d.groupby(["model", "num_heads", "compress_ratio", "batch_size", *keys],
+                          as_index=False).latency.median()
+        write(table.rename(columns={"latency": "latency_ms"}), system, f"dsv4_{phase}")
+        found[f"dsv4_{phase}"] = source(
+            base, parts[0], rows=len(table), kernel=kernel, also=str(parts[1].relative_to(base)),
+            also_sha256=sha256(parts[1]),
+            filter=f"mla_dtype={mla}; kv_cache_dtype={kv}; gemm_type={gemm}; num_heads are the heads on one GPU; "
+                   + ("step is the cached prefix; " if phase == "context" else "step is the cached tokens; ")
+                   + "median of repeats")
+    return found
+
+
+def extract_mhc(data: Path, base: Path, system: str) -> dict:
+    """DeepSeek-V4's hyper-connection kernels (mHC pre and post, as `kernel`) by hidden size and tokens."""
+    path = newest(data / "mhc" / "vllm", "mhc_module_perf.parquet")
+    if path is None:
+        return {}
+    d = pd.read_parquet(path)
+    fixed = d[["num_sites", "sinkhorn_iters"]].drop_duplicates()
+    if len(fixed) != 1 or d.groupby("op_name").kernel_source.nunique().max() != 1:
+        raise SystemExit(f"mhc_module_perf: several site counts, Sinkhorn iterations or kernels: {fixed}")
+    sites, iters = fixed.iloc[0]
+    table = (d.rename(columns={"op_name": "kernel"})
+             .groupby(["kernel", "hc_mult", "hidden_size", "num_tokens"], as_index=False).latency.median())
+    write(table.rename(columns={"latency": "latency_ms"}), system, "mhc")
+    kernels = "; ".join(f"{op}: {k}" for op, k in d.groupby("op_name").kernel_source.first().items())
+    return {"mhc": source(base, path, rows=len(table), kernel=kernels,
+                          filter=f"num_sites={sites} (a layer's two: around attention and around the experts); "
+                                 f"sinkhorn_iters={iters}; median of repeats")}
+
+
 def system_spec(spec_path: Path, system: str) -> dict:
     """The GPU and node figures of the system's spec file the cost model reads."""
     spec = yaml.safe_load(spec_path.read_text())
@@ -335,6 +384,8 @@ def extract(root: Path, system: str, package_version: str) -> dict:
     tables.update(extract_moe(data, base, system))
     tables.update(extract_gdn(data, base, system))
     tables.update(extract_dsa(data, base, system))
+    tables.update(extract_dsv4(data, base, system))
+    tables.update(extract_mhc(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}
     if skipped:
         record["skipped"] = skipped

@@ -7,14 +7,12 @@ import pytest
 from typer.testing import CliRunner
 
 from planner import Deployment
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog import resolve_model
 from planner.catalog.deepseek_v4 import CSA, HCA, SLIDING
 from planner.catalog.models import ModelSpec
 from planner.catalog.quantization import checkpoint_format
 from planner.cli.app import app
-from planner.cost.measured import MeasuredCostModel
 from planner.cost.roofline import RooflineCostModel
-from planner.cost.select import select_cost_model
 from planner.cost.shape import StepShape
 from planner.deploy.memory import kv_block_layout
 from planner.deploy.plan import plan_deployment
@@ -142,13 +140,6 @@ def test_roofline_prices_slots_not_context_below_the_top_k():
     parts = model.breakdown(long)
     assert model.step_time(long) == pytest.approx(sum(v for k, v in parts.items() if k != "bound"))
     assert parts["compressors"] > 0 and parts["decode_attention"] > c.decode(long) * 0.999
-
-
-def test_measured_refuses_and_auto_falls_back_with_the_reason():
-    with pytest.raises(PlannerError, match="dsv4 modules"):
-        MeasuredCostModel("deepseek-v4-flash", "h200", tp=2)
-    chosen = select_cost_model(resolve_model("deepseek-v4-flash"), resolve_gpu("h200"), tp=2, block_size=256)
-    assert chosen.name.startswith("roofline") and "dsv4" in chosen.profile_note
 
 
 def test_simulate_from_the_cli():

@@ -113,11 +113,16 @@ def test_sliding_window_layers_cost_less_at_long_context():
 
 
 def test_measured_refuses_what_nvidia_did_not_time():
+    nvfp4 = weight_format("nvfp4")
     with pytest.raises(PlannerError, match="no measured vLLM MoE rows"):
-        MeasuredCostModel("gpt-oss-20b", "h100-sxm")                  # gpt-oss in bf16: only MXFP4 was timed
-    auto = select_cost_model(resolve_model("gpt-oss-20b"), plan_deployment(
-        Deployment(model="gpt-oss-20b", gpu="h100-sxm", max_model_len=4096)).gpu)
-    assert auto.name.startswith("roofline")
+        MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", weight_format=nvfp4)   # no NVFP4 MoE timed on Hopper
+    gpu = plan_deployment(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", max_model_len=4096)).gpu
+    assert select_cost_model(resolve_model("qwen3-30b-a3b"), gpu, weight_format=nvfp4).name.startswith("roofline")
+    # gpt-oss in bf16: its shape was timed in MXFP4 only, so its experts are the roofline at the efficiency
+    # of the bf16 kernel's timed shapes
+    bf16 = MeasuredCostModel("gpt-oss-20b", "h100-sxm")
+    experts = {t.name: t for t in bf16.ledger(StepShape(decode_seqs=8, decode_context=8 * 512)).terms}
+    assert experts["experts (fused MoE)"].source == "scaled" and "bfloat16" in experts["experts (fused MoE)"].detail
 
 
 def test_calibrated_profile_refuses_dp_and_skew():

@@ -102,6 +102,8 @@ from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
 from planner.cost.mamba import recurrent_price
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
+from planner.cost.measured_compressed import MODULE_KERNELS as COMPRESSED_MODULE_KERNELS
+from planner.cost.measured_compressed import CompressedModule, HyperConnections
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
 from planner.cost.shape import StepShape, context_bucket
@@ -186,9 +188,6 @@ class MeasuredCostModel:
             raise PlannerError(f"no measured vLLM data for GPU {gpu.name}; covered: {', '.join(covered_gpus())}")
         if dtype_bytes != 2:
             raise PlannerError(f"measured vLLM tables are bf16 (2 bytes per value), not {dtype_bytes}-byte weights")
-        if model.compressed_attention is not None:
-            raise PlannerError(f"{model.name}'s compressed attention (DeepSeek-V4) is not read from NVIDIA's timed "
-                               f"vLLM 0.24 dsv4 modules yet: --cost-model roofline prices it")
         unknown = set(leave_out) - set(TERM_FAMILIES)
         if unknown:
             raise PlannerError(f"leave_out: unknown term {sorted(unknown)[0]!r}; known: {', '.join(TERM_FAMILIES)}")
@@ -207,9 +206,10 @@ class MeasuredCostModel:
         self._moe = (MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format,
                                  self._expert_roofline(model, weight_format)) if model.is_moe else None)
         if self._moe is not None and self._moe.efficiency is not None:
-            self.notes.append(f"{system}'s fused-MoE table has no rows for {model.name}'s experts: the roofline "
-                              f"prices them at the efficiency the table shows for its {len(self._moe.efficiency.timed)}"
-                              f" timed shapes in their format and split (planner/cost/measured_moe.py)")
+            self.notes.append(f"{system}'s fused-MoE table has no {self._moe.dtype} rows for {model.name}'s experts: "
+                              f"the roofline prices them at the efficiency the table shows for its "
+                              f"{len(self._moe.efficiency.timed)} timed shapes in their format and split "
+                              f"(planner/cost/measured_moe.py)")
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
@@ -256,7 +256,8 @@ class MeasuredCostModel:
     def _expert_roofline(self, model: ModelSpec, weight_format: WeightFormat | None) -> ExpertRoofline:
         """The rates of a MoE's experts where the fused-MoE table has no rows for their shape: the format's
         tensor-core peak (16-bit for a weight-only kernel, as the roofline's), the elementwise bandwidth."""
-        return ExpertRoofline(peak_flops(weight_format, self.gpu) * WEIGHT_ONLY_COMPUTE_EFFICIENCY,
+        experts = weight_format.experts if weight_format is not None else None
+        return ExpertRoofline(peak_flops(experts, self.gpu) * WEIGHT_ONLY_COMPUTE_EFFICIENCY,
                               self._elementwise_bw, bytes_per_expert(model, weight_format))
 
     def _host_constants(self) -> tuple[float, float, str]:
@@ -277,7 +278,8 @@ class MeasuredCostModel:
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
         formats = f", {self.weight_format.method}: {self._gemm_how}" if self.weight_format is not None else ""
         if self.kv_cache_dtype != "auto":
-            formats += ", fp8 KV" + ("" if self._tables["generation"].endswith("_fp8kv") else " priced as bf16 KV")
+            timed_fp8 = self._tables["generation"].endswith("_fp8kv") or self._compressed is not None
+            formats += ", fp8 KV" + ("" if timed_fp8 else " priced as bf16 KV")
         where = self.gpu.name if self.tp == 1 else f"{self.tp}x{self.gpu.name}"
         if self._moe is not None:
             par = self._moe.par
@@ -299,7 +301,9 @@ class MeasuredCostModel:
         # shape tuple it multiplies (which the checkpoint may keep in 16 bits: planner/catalog/kept_layers.py).
         # Gemma 4's full and sliding layers project to heads of their own shape: their GEMMs apart.
         gemms = self._mla_gemms(model, tp) if model.is_mla else []
-        for layers, spec in () if model.is_mla else model.attention_kinds:
+        # DeepSeek-V4's projections are inside its timed attention module (planner/cost/measured_compressed.py)
+        own_projections = not model.is_mla and model.compressed_attention is None
+        for layers, spec in model.attention_kinds if own_projections else ():
             label = model.attention_kind_label(spec)
             kv, hd, vd = spec.kv_heads_per_gpu(tp), spec.head_size, spec.value_head_size
             gemms += [(f"qkv{label}", ((q_width + kv) * hd + kv * vd, h), layers, ("attention", (0, 1, 2))),
@@ -372,10 +376,14 @@ class MeasuredCostModel:
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
         self._latent = self._sparse = self._full = self._ctx_tree = self._gen_tree = None
+        self._compressed = self._hyper = None
         self._in_attention: frozenset[str] = frozenset()
         self._ctx_fold = self._gen_fold = 1        # the FlashAttention tables' batch fold (_attention_tree)
         if self.model.sparse_indexer is not None:
             self._set_up_sparse_attention()
+            return
+        if self.model.compressed_attention is not None:
+            self._set_up_compressed_attention()
             return
         if self.model.is_mla:
             self._set_up_latent_attention()
@@ -466,6 +474,25 @@ class MeasuredCostModel:
                           f"{self._sparse.topk} keys of latent attention per query and the indexer's FP8 score of "
                           f"every key (planner/cost/sparse.py; bench/bench_dsa_module.py sets it beside NVIDIA's "
                           f"timed vLLM DSA module)")
+
+    def _set_up_compressed_attention(self) -> None:
+        """DeepSeek-V4 (planner/cost/measured_compressed.py): each layer's whole attention module from the
+        system's dsv4 tables (its projections, rotary and cache writes leave the ledger's GEMM and
+        elementwise terms), and the hyper-connections from its mhc table."""
+        module = CompressedModule.of(self.system, self.model, self._heads)
+        if module is None:
+            raise PlannerError(f"{self.system} has no timed DeepSeek-V4 attention module of {self.model.name}'s "
+                               f"shapes at {self._heads} heads per GPU: --cost-model roofline prices it")
+        self._compressed, self._gen_tree = module, module.generation
+        self._prefix_cache: dict[tuple[int, int, int], float] = {}
+        self._in_attention = frozenset(k.name for k in step_kernels(self.model, self.tp, self._kv_bytes)
+                                       if k.name.startswith(COMPRESSED_MODULE_KERNELS))
+        self._tables.update(context="dsv4_context", generation="dsv4_generation")
+        self._hyper = HyperConnections.of(self.system, self.model)
+        hyper = "the mhc table" if self._hyper is not None else "nothing (no mhc table: left out)"
+        self.notes.append(f"DeepSeek-V4: each layer's attention module (projections, compressors, indexer, sparse "
+                          f"attention) from {self.system}'s dsv4_context / dsv4_generation tables ({module.label}; "
+                          f"window-only layers as HCA layers within the window); hyper-connections from {hyper}")
 
     @property
     def name(self) -> str:
@@ -569,6 +596,8 @@ class MeasuredCostModel:
         if self._latent is not None and self._sparse is not None:       # DSA by the roofline
             return self._latent["prefill_floor"] + self._sparse.prefill(batch * length,
                                                                         batch * length * (length + 1) // 2)
+        if self._compressed is not None:
+            return self._compressed.prefill(batch, length, 0)[0]
         if self._latent is not None:
             p = self._latent
             return p["prefill_floor"] + batch * max(length * (length + 1) // 2 * p["prefill_per_pair"],
@@ -872,6 +901,10 @@ class MeasuredCostModel:
                                   f"{self._elementwise_bw / 1e12:.2f} TB/s + "
                                   f"{self.calibration.elementwise_floor_s * 1e6:.1f} us floor per kernel"
                                   + (f", x{count} layers" if count > 1 else ""), count))
+        if self._hyper is not None:
+            term, extrapolated = self._hyper.term(run)
+            terms.append(term)
+            self._flag("mhc", extrapolated)
         if self._allreduce is not None:
             count = self.model.tp_allreduces
             per_layer = ("1 per block" if self.model.ffn_layers else
@@ -911,6 +944,8 @@ class MeasuredCostModel:
         batch = s.prefill_seqs
         if self._sparse is not None:
             return self._sparse_prefill(s)
+        if self._compressed is not None:
+            return self._compressed_prefill(s)
         if "chunk_attention" in self.leave_out:
             length = (s.prefill_tokens + batch // 2) // batch
         else:
@@ -928,6 +963,19 @@ class MeasuredCostModel:
         fresh = batch * length * (length + 1) // 2
         ctx = sum(self._ctx_cache.get((batch, length)) or self._context(batch, length))   # no sliding layers
         return ctx + self.model.attention_layers * max(0, s.prefill_attn_pairs - fresh) * self._sparse.index_per_pair
+
+    def _compressed_prefill(self, s: StepShape) -> float:
+        """All layers' DeepSeek-V4 prefill: the module table at the step's mean prompt length and mean cached
+        prefix (a chunk of l tokens after p cached ones has l p + l (l + 1) / 2 pairs)."""
+        batch = s.prefill_seqs
+        length = max(1, round(s.prefill_tokens / batch))
+        prefix = max(0, round((s.prefill_attn_pairs / batch - length * (length + 1) / 2) / length))
+        value = self._prefix_cache.get((batch, length, prefix))
+        if value is None:
+            latency, ext = self._compressed.prefill(batch, length, prefix)
+            self._flag("dsv4_context", ext)
+            value = self._prefix_cache[batch, length, prefix] = self.model.attention_layers * latency
+        return value
 
     def _context(self, batch: int, length: int) -> tuple[float, float]:
         """(full-attention layers', sliding-window layers') context attention over `batch` fresh prompts of

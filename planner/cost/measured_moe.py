@@ -28,8 +28,8 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   all-reduce of the gathered tokens x hidden, never below the smallest message's time.
 
 The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
-Experts of a shape it never timed in any format or split (GLM-4.5's, a user's own config.json) are
-priced by the roofline (planner/cost/moe.py expert_roofline: the touched experts' FLOPs at the format's
+Experts of a shape it never timed in their format and split (GLM-4.5's, a user's own config.json,
+DeepSeek-V4's MXFP4 experts on Hopper) are priced by the roofline (planner/cost/moe.py expert_roofline: the touched experts' FLOPs at the format's
 tensor-core peak x 0.6, or their weights at the bandwidth the elementwise kernels get, whichever binds,
 on top of the table's smallest time, the fused kernel's launch floor), times the efficiency the table
 shows for the same tokens, format and split: the geometric mean, over every shape timed there, of its
@@ -39,7 +39,7 @@ Triton one about 1x). Leaving each timed shape out in turn and pricing it so com
 1.09 of its own rows on average (bench/bench_moe_shapes.py). Gated experts (gate, up, down) are scaled
 by the gated shapes' efficiency and Nemotron-H's ungated ones (up, down) by theirs: the roofline of a
 timed shape is only comparable with its own kind's. The ledger names the term's source
-`scaled`. A shape the table has, but not in this format or split, is a one-line error, and `auto` then
+`scaled`. A format or split the table never timed for any shape is a one-line error, and `auto` then
 prices the model with the roofline.
 """
 from __future__ import annotations
@@ -59,6 +59,16 @@ from planner.errors import PlannerError
 
 # The skew (power-law exponent) of each routing distribution NVIDIA measured.
 DISTRIBUTIONS = ((0.0, "balanced"), (1.01, "power_law_1.01"), (1.2, "power_law_1.2"))
+
+
+def moe_dtypes(fmt: WeightFormat | None) -> tuple[str, ...]:
+    """The table's names for the experts' format, best first where vLLM has several kernels for it. DeepSeek-V4's
+    MXFP4 experts (Mxfp4MoEMethod) run FlashInfer's TRT-LLM kernel with MXFP8 activations on Blackwell and OpenAI's
+    Triton kernel with bf16 activations on Hopper (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py), the one
+    NVIDIA timed for gpt-oss there; gpt-oss's own method keeps bf16 activations on both."""
+    if fmt is not None and fmt.expert_scheme == "mxfp4":
+        return "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"
+    return (moe_dtype(fmt),)
 
 
 def moe_dtype(fmt: WeightFormat | None) -> str:
@@ -90,15 +100,18 @@ class MeasuredMoe:
         self.system, self.model, self.par = system, model, par
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
-        self.dtype = moe_dtype(fmt)
+        table = tables.load_rows(system, "moe")
+        timed_dtypes = {r["moe_dtype"] for r in table}
+        candidates = moe_dtypes(fmt)
+        self.dtype = next((d for d in candidates if d in timed_dtypes), candidates[-1])
         self.extrapolated = False
         self._nccl = self._dispatch_curve() if par.dp > 1 else None
         shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
         split = (self.dtype, par.moe_tp, par.ep)
-        table = tables.load_rows(system, "moe")
         self.efficiency = None
-        if roofline is not None and all(_shape(r) != shape for r in table):
-            # a shape NVIDIA never timed: the roofline at the efficiency of this split's timed shapes (above)
+        if roofline is not None and not any(_shape(r) == shape and _split(r) == split for r in table):
+            # a shape NVIDIA never timed in this format and split: the roofline at the efficiency of the
+            # split's timed shapes (above)
             ungated = _ungated_shapes()
             timed = sorted({_shape(r) for r in table
                             if _split(r) == split and (_shape(r) in ungated) != model.gated_mlp})
