@@ -115,6 +115,13 @@ def test_a_model_folder_declares_its_mxfp4_experts_at_the_top_level(tmp_path):
     fmt = checkpoint_format(str(tmp_path))
     assert (fmt.method, fmt.scheme, fmt.expert_scheme) == ("fp8", "fp8-block", "mxfp4")
     assert fmt.experts.scheme == "mxfp4" and "experts in mxfp4" in fmt.describe()
+    # NVIDIA's NVFP4 re-release keeps quant_method fp8 but writes ModelOpt's per-layer formats beside it: refused
+    # in one line, not read as DeepSeek's MXFP4 experts
+    nvidia = {**SMALL, "quantization_config": {**SMALL["quantization_config"], "quant_algo": "MIXED_PRECISION",
+                                               "quantized_layers": {"layers.0.ffn.experts": {"quant_algo": "NVFP4"}}}}
+    (tmp_path / "config.json").write_text(json.dumps(nvidia))
+    with pytest.raises(PlannerError, match="MIXED_PRECISION"):
+        checkpoint_format(str(tmp_path))
 
 
 @pytest.mark.parametrize("deployment, words", [

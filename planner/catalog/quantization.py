@@ -186,6 +186,10 @@ def excluded_modules(qc: dict[str, Any], source: str) -> tuple[str, ...]:
 def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
     if "quantization" in qc and "quant_method" not in qc:          # hf_quant_config.json
         return _modelopt((qc["quantization"] or {}).get("quant_algo"), source)
+    if str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION":
+        # ModelOpt's per-layer formats written into config.json (NVIDIA's DeepSeek-V4 NVFP4: quant_method fp8
+        # beside NVFP4 experts), which vLLM reads as ModelOptMixedPrecisionConfig, not as its quant_method
+        return _modelopt(qc["quant_algo"], source)
     method = str(qc.get("quant_method", "")).lower()
     if method == "fp8":
         block = qc.get("weight_block_size")
