@@ -352,8 +352,7 @@ def extract_mhc(data: Path, base: Path, system: str) -> dict:
     write(table.rename(columns={"latency": "latency_ms"}), system, "mhc")
     kernels = "; ".join(f"{op}: {k}" for op, k in d.groupby("op_name").kernel_source.first().items())
     return {"mhc": source(base, path, rows=len(table), kernel=kernels,
-                          filter=f"num_sites={sites} (a layer's two: around attention and around the experts); "
-                                 f"sinkhorn_iters={iters}; median of repeats")}
+                          filter=f"num_sites={sites}; sinkhorn_iters={iters}; median of repeats")}
 
 
 def system_spec(spec_path: Path, system: str) -> dict:

@@ -29,9 +29,10 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
 
 The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
 Experts of a shape it never timed in their format and split (GLM-4.5's, a user's own config.json,
-DeepSeek-V4's MXFP4 experts on Hopper) are priced by the roofline (planner/cost/moe.py expert_roofline: the touched experts' FLOPs at the format's
-tensor-core peak x 0.6, or their weights at the bandwidth the elementwise kernels get, whichever binds,
-on top of the table's smallest time, the fused kernel's launch floor), times the efficiency the table
+DeepSeek-V4's MXFP4 experts on Hopper) are priced by the roofline (planner/cost/moe.py expert_roofline:
+the touched experts' FLOPs at the format's tensor-core peak x 0.6, or their weights at the bandwidth the
+elementwise kernels get, whichever binds, on top of the table's smallest time, the fused kernel's launch
+floor), times the efficiency the table
 shows for the same tokens, format and split: the geometric mean, over every shape timed there, of its
 time over that same roofline. The efficiency is NVIDIA's measurement of vLLM's kernel, not a fit (the
 per-tensor FP8 MoE NVIDIA timed on Hopper, FlashInfer's CUTLASS one, runs 3-7x the roofline; bf16's
