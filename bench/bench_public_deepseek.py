@@ -12,7 +12,7 @@ at its recorded means (22,836 input and 21,338 output tokens over 100 requests).
 Deployment, as vLLM 0.11 runs that command on H200: the FP8 (128 x 128 block) checkpoint, a bf16 KV cache,
 vLLM's API-server batch limits for the GPU, prefix caching on, and the engine loop in series with the GPU
 (async scheduling was not yet vLLM's default in 0.11). Nothing is fitted to these runs; the measured model
-prices the GEMMs and the fused MoE from NVIDIA's H200 tables and MLA attention by the roofline
+prices each layer's MLA module, the other GEMMs and the fused MoE from NVIDIA's H200 tables
 (docs/moe.md), the roofline model everything.
 
     .venv/bin/python bench/bench_public_deepseek.py

@@ -28,6 +28,10 @@ version) in planner/data/measured/SOURCE.json:
 - DeepSeek Sparse Attention (`dsa_context`, `dsa_generation`): one layer's whole attention module
   (projections, indexer, sparse MLA, o_proj) per model shape (DeepSeek-V3.2, GLM-5), heads on one
   GPU, KV-cache dtype and GEMM format, by batch and prompt length (fresh prompts) or context;
+- multi-head latent attention (`mla_context`, `mla_generation`): one DeepSeek-V3 layer's whole MLA module
+  (q_a + kv_a, q_b, kv_b, o, the latent norms, rotary, cache write and attention) by heads on one GPU,
+  KV-cache dtype and GEMM format, by batch and prompt length (fresh prompts) or context, with the
+  attention kernels vLLM runs by default (16-bit prefill attention);
 - DeepSeek-V4 (`dsv4_context`, `dsv4_generation`): one CSA or HCA layer's whole attention module
   (projections, compressors, indexer, sparse attention, output projections) per model shape and heads on
   one GPU, by batch and context (decode) or prompt length and cached prefix (prefill); and its
@@ -311,6 +315,35 @@ def extract_dsa(data: Path, base: Path, system: str) -> dict:
     return found
 
 
+def extract_mla(data: Path, base: Path, system: str) -> dict:
+    """The MLA module tables (decode by cached tokens `step`, prefill by prompt length `isl` over no cached
+    prefix), the median of repeats; their sources. Each (cache dtype, GEMM format, heads) is timed with the
+    kernels vLLM picks for it: on Hopper the decode backend (FlashAttention's MLA with a 16-bit cache,
+    FlashMLA with an FP8 one) and, for prompts past its query threshold, FlashAttention's prefill; on B200
+    FlashInfer's MLA. B200's FP8-cache prefill is also timed with an FP8 TRT-LLM ragged kernel, which vLLM
+    runs only when use_trtllm_ragged_deepseek_prefill is set: its rows (mla_dtype fp8) are left out."""
+    found = {}
+    for phase, length in (("context", "isl"), ("generation", "step")):
+        path = newest(data / "mla" / "vllm", f"mla_{phase}_module_perf.parquet")
+        if path is None:
+            continue
+        d = pd.read_parquet(path)
+        d = d[d.mla_dtype == "bfloat16"]
+        if phase == "context":
+            d = d[d.step == 0]
+        keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
+        if d.groupby(keys).kernel_source.nunique().max() != 1:
+            raise SystemExit(f"mla_{phase}_module_perf: several kernels time one point")
+        kernels = d.groupby("kv_cache_dtype").kernel_source.unique()
+        named = "; ".join(f"{kv} cache: {'/'.join(sorted(found))}" for kv, found in kernels.items())
+        table = d.groupby(keys, as_index=False).latency.median()
+        write(table.rename(columns={"latency": "latency_ms"}), system, f"mla_{phase}")
+        found[f"mla_{phase}"] = source(base, path, rows=len(table), kernel=named,
+                                       filter=("step=0 (no cached prefix); " if phase == "context" else "")
+                                       + "mla_dtype=bfloat16; num_heads are the heads on one GPU; median of repeats")
+    return found
+
+
 def extract_dsv4(data: Path, base: Path, system: str) -> dict:
     """DeepSeek-V4's attention module tables (CSA and HCA layers in one table, by `compress_ratio`): decode by
     cached tokens `step`, prefill by prompt length `isl` and cached prefix `step`; the median of repeats."""
@@ -383,6 +416,7 @@ def extract(root: Path, system: str, package_version: str) -> dict:
     tables.update(extract_moe(data, base, system))
     tables.update(extract_gdn(data, base, system))
     tables.update(extract_dsa(data, base, system))
+    tables.update(extract_mla(data, base, system))
     tables.update(extract_dsv4(data, base, system))
     tables.update(extract_mhc(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}

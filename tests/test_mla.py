@@ -8,6 +8,7 @@ from engine.deployment import Deployment
 from planner.catalog import mla, resolve_model
 from planner.catalog.models import ModelSpec
 from planner.catalog.quantization import catalog_checkpoint_format
+from planner.cost import tables
 from planner.cost.measured import MeasuredCostModel
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import StepShape
@@ -109,21 +110,37 @@ def test_roofline_prices_decode_on_the_latent():
     assert RooflineCostModel(m, "h200", tp=1)._decode_per_key > model._decode_per_key
 
 
-def test_measured_model_prices_mla_and_shared_experts():
+def test_measured_model_reads_nvidias_mla_module_and_prices_the_rest():
     model = MeasuredCostModel("deepseek-v3", "h200", tp=8, weight_format=FP8_BLOCK)
     ledger = model.ledger(_decode(32, 2048))
     names = {t.name: t for t in ledger.terms}
-    for gemm in ("q_a + kv_a GEMM", "q_b GEMM", "kv_b GEMM", "o projection GEMM", "shared expert gate+up GEMM",
-                 "shared expert down GEMM", "experts (fused MoE)"):
-        assert names[gemm].source == "table", gemm
-    assert "qkv GEMM" not in names
-    assert names["q_a + kv_a GEMM"].detail.split(", m=32 ")[1].startswith("n=2112 k=7168")   # whole on each rank
+    for term in ("shared expert gate+up GEMM", "shared expert down GEMM", "experts (fused MoE)", "attention (decode)"):
+        assert names[term].source == "table", term
+    # the module times the projections, latent norms, rotary and cache write: they are not priced again
+    assert not [n for n in names if n.startswith(("q_a", "q_b", "kv_b", "o projection", "qkv", "rotary",
+                                                  "KV-cache write", "q and KV latent"))]
+    assert "mla_generation" in names["attention (decode)"].detail
+    assert ledger.total == pytest.approx(model.step_time(_decode(32, 2048)))
+    row = next(r["latency"] for r in tables.load_rows("h200_sxm", "mla_generation")
+               if r["num_heads"] == 16 and r["kv_cache_dtype"] == "bfloat16" and r["gemm_type"] == "fp8_block"
+               and r["batch_size"] == 32 and r["step"] == 2048)
+    assert model.generation_attention(32, 2049) == pytest.approx(row, rel=0.02)      # 2048 cached + the new one
+    # Kimi-K2 is DeepSeek-V3's layer at half the heads: at TP 4 it reads the same 16-head rows
+    kimi = MeasuredCostModel("kimi-k2", "h200", tp=4, weight_format=FP8_BLOCK)
+    assert kimi.generation_attention(32, 2049) == pytest.approx(model.generation_attention(32, 2049))
+
+
+def test_an_mla_shape_nvidia_never_timed_is_priced_by_the_roofline():
+    lite = MeasuredCostModel(ModelSpec.from_hf_config(V2_LITE, name="deepseek-v2-lite"), "h200")
+    ledger = lite.ledger(_decode(32, 2048))
+    names = {t.name: t for t in ledger.terms}
+    assert names["q GEMM"].source == names["kv_b GEMM"].source == "table"
+    assert names["q_a + kv_a GEMM"].detail.split(", m=32 ")[1].startswith("n=576 k=2048")   # kv_a alone: no q_a
     attention = names["attention (decode)"]
-    assert attention.source == "roofline" and ledger.total == pytest.approx(model.step_time(_decode(32, 2048)))
+    assert attention.source == "roofline" and lite.describe()["tables"]["generation"] == "MLA roofline"
     # decode attention is affine in the context: the floor plus the latent's bytes (or FLOPs) per key
-    longer = model.decode_attention(_decode(32, 4096))
-    assert longer - attention.seconds == pytest.approx(61 * 32 * 2048 * model._latent["decode_per_key"], rel=1e-6)
-    assert model.describe()["tables"]["generation"] == "MLA roofline"
+    longer = lite.decode_attention(_decode(32, 4096))
+    assert longer - attention.seconds == pytest.approx(27 * 32 * 2048 * lite._latent["decode_per_key"], rel=1e-6)
 
 
 def test_fp8_checkpoint_and_fp8_kv():

@@ -420,18 +420,28 @@ class MeasuredCostModel:
         self._full_arrays: dict[int, tuple] = {}
 
     def _set_up_latent_attention(self) -> None:
-        """Multi-head latent attention (planner/catalog/mla.py): the tables time FlashAttention over per-head
-        K and V, and NVIDIA measured vLLM's MLA kernels on Blackwell systems only, so one layer's MLA is
-        priced by the roofline, at the bandwidth the elementwise kernels get and the 16-bit tensor-core
-        peak at the roofline's efficiency, on top of the smallest time the system's attention tables
-        record (a kernel's launch floor):
+        """Multi-head latent attention (planner/catalog/mla.py). Where NVIDIA timed vLLM's whole MLA module at
+        the model's shapes (DeepSeek-V3's, and Kimi-K2's, which are the same per head), one layer's module
+        comes from its tables, read like the attention tables: its projections, latent norms, rotary and
+        cache write leave the ledger's GEMM and elementwise terms (`_in_attention`). Elsewhere (a shape it
+        never timed: DeepSeek-V2) by the roofline, at the bandwidth the elementwise kernels get and the
+        16-bit tensor-core peak at the roofline's efficiency, on top of the smallest time the system's
+        attention tables record (a kernel's launch floor):
             decode   floor + b c max(cache bytes per key / bandwidth, heads x decode FLOPs per key / peak)
             prefill  floor + b max(l (l + 1) / 2 heads x FLOPs per pair / peak, l x cache bytes / bandwidth)"""
+        module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format, "mla")
+        if module is not None:
+            self._ctx_tree, self._gen_tree, timed = module
+            self._in_attention = MODULE_GEMMS | MODULE_KERNELS
+            self._tables.update(context="mla_context", generation="mla_generation")
+            self.notes.append(f"multi-head latent attention: each layer's MLA module (q_a + kv_a, q_b, kv_b, o, "
+                              f"latent norms, rotary, cache write, attention) from {self.system}'s mla_context / "
+                              f"mla_generation tables ({timed})")
+            return
         self._latent = self._latent_prices()
         self._tables.update(context="MLA roofline", generation="MLA roofline")
-        self.notes.append("multi-head latent attention priced by the roofline on top of the attention tables' "
-                          "floor (NVIDIA's vLLM MLA tables cover Blackwell systems only); against the one public "
-                          "vLLM deployment checked, DeepSeek-R1 came out optimistic (docs/moe.md)")
+        self.notes.append(f"multi-head latent attention priced by the roofline on top of the attention tables' "
+                          f"floor ({self.system} timed no MLA module of {self.model.name}'s shapes)")
 
     def _latent_prices(self) -> dict[str, float]:
         """One layer's MLA prices by the roofline (`_set_up_latent_attention`)."""

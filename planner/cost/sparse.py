@@ -83,35 +83,39 @@ class SparsePrice:
         return tokens * self.prefill_per_query + pairs * self.index_per_pair
 
 
-# The measured model's ledger terms NVIDIA's DSA module timings include (its input norm and all-reduce excluded)
+# The measured model's ledger terms NVIDIA's DSA and MLA module timings include (its input norm and all-reduce
+# excluded; an MLA layer has no indexer)
 MODULE_GEMMS = frozenset(("q_a + kv_a", "q_b", "kv_b", "o projection", "indexer wq_b", "indexer wk + weights_proj"))
 MODULE_KERNELS = frozenset(("q and KV latent RMSNorms", "rotary embedding", "KV-cache write",
                             "indexer q/k rotary, FP8 quantize, k LayerNorm"))
 
 
 def _attention_shape(model: ModelSpec) -> tuple:
-    return (model.hidden_size, model.num_heads, model.q_lora_rank, model.kv_lora_rank, model.head_size,
-            model.qk_rope_head_dim, model.v_head_dim, model.sparse_indexer)
+    """What one GPU's share of a latent-attention layer does at a given number of heads on it (the model's
+    total heads only set how many a GPU holds)."""
+    return (model.hidden_size, model.q_lora_rank, model.kv_lora_rank, model.head_size, model.qk_rope_head_dim,
+            model.v_head_dim, model.sparse_indexer)
 
 
 def module_trees(system: str, model: ModelSpec, heads: int, kv_cache_dtype: str,
-                 weight_format: WeightFormat | None) -> tuple[dict, dict, str] | None:
-    """NVIDIA's timings of one DSA layer's attention module for `model` with `heads` heads per GPU: the
-    prefill tree (batch_size, isl), the decode tree (batch_size, cached tokens) and what they time; None
-    where the system timed no model of these shapes in this split. NVIDIA's FP8 checkpoints keep the
-    attention projections in block-scaled FP8, its NVFP4 ones in bf16 (their exclude_modules)."""
-    if not tables.has_table(system, "dsa_generation"):
+                 weight_format: WeightFormat | None, kind: str = "dsa") -> tuple[dict, dict, str] | None:
+    """NVIDIA's timings of one layer's attention module, DeepSeek Sparse Attention's (`kind` "dsa") or
+    multi-head latent attention's ("mla"), for `model` with `heads` heads per GPU: the prefill tree
+    (batch_size, isl), the decode tree (batch_size, cached tokens) and what they time; None where the
+    system timed no model of these shapes in this split. NVIDIA's FP8 checkpoints keep the attention
+    projections in block-scaled FP8, its NVFP4 ones in bf16 (their exclude_modules)."""
+    if not tables.has_table(system, f"{kind}_generation"):
         return None
     gemm = "fp8_block" if weight_format is not None and weight_format.method == "fp8" else "bfloat16"
     kv = "fp8" if kv_cache_dtype == "fp8" else "bfloat16"
     shape = _attention_shape(model)
-    timed = {r["model"] for r in tables.load_rows(system, "dsa_generation")}
+    timed = {r["model"] for r in tables.load_rows(system, f"{kind}_generation")}
     same = [name for name in sorted(timed) if _attention_shape(resolve_model(name)) == shape]
     if not same:
         return None
     where = {"model": same[0], "num_heads": heads, "kv_cache_dtype": kv, "gemm_type": gemm}
     trees = [tables.build_tree(tables.load_rows(system, table), ("batch_size", axis), where)
-             for table, axis in (("dsa_context", "isl"), ("dsa_generation", "step"))]
+             for table, axis in ((f"{kind}_context", "isl"), (f"{kind}_generation", "step"))]
     if not all(trees):
         return None
     label = f"{same[0]}'s shapes, {heads} heads, {kv} cache, {gemm} GEMMs"
