@@ -287,60 +287,40 @@ def extract_gdn(data: Path, base: Path, system: str) -> dict:
                                  "median over the models (d_model) sharing a head shape, and of repeats")}
 
 
-def extract_dsa(data: Path, base: Path, system: str) -> dict:
-    """The DSA module tables (decode by cached tokens `step`, prefill by prompt length `isl` over no cached
-    prefix), the median of repeats; their sources."""
-    found = {}
-    for phase, length in (("context", "isl"), ("generation", "step")):
-        path = newest(data / "sparse_attention" / "vllm", f"dsa_{phase}_module_perf.parquet")
-        if path is None:
-            continue
-        d = pd.read_parquet(path)
-        if phase == "context":
-            d = d[d.step == 0]
-        # B200's rows time the kernel vLLM selects per cache dtype and heads (FlashInfer's for an FP8 cache
-        # or at most 16 heads, FlashMLA's otherwise): one kernel per (cache dtype, heads), named per dtype
-        by_split = d.groupby(["kv_cache_dtype", "num_heads"]).kernel_source.nunique()
-        mla = d.mla_dtype.unique()
-        if by_split.max() != 1 or len(mla) != 1:
-            raise SystemExit(f"dsa_{phase}_module_perf: several kernels time one split, or several MLA dtypes")
-        kernels = d.groupby("kv_cache_dtype").kernel_source.unique()
-        named = "; ".join(f"{kv} cache: {'/'.join(sorted(found))}" for kv, found in kernels.items())
-        keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
-        table = d.groupby(keys, as_index=False).latency.median()
-        write(table.rename(columns={"latency": "latency_ms"}), system, f"dsa_{phase}")
-        found[f"dsa_{phase}"] = source(base, path, rows=len(table), kernel=named,
-                                       filter=("step=0 (no cached prefix); " if phase == "context" else "")
-                                       + f"mla_dtype={mla[0]}; num_heads are the heads on one GPU; median of repeats")
-    return found
+# The attention-module tables NVIDIA timed whole (projections, small kernels and attention of one layer), by
+# their folder under systems/data/<system>: DeepSeek Sparse Attention's and multi-head latent attention's.
+MODULE_FOLDERS = {"dsa": "sparse_attention", "mla": "mla"}
 
 
-def extract_mla(data: Path, base: Path, system: str) -> dict:
-    """The MLA module tables (decode by cached tokens `step`, prefill by prompt length `isl` over no cached
-    prefix), the median of repeats; their sources. Each (cache dtype, GEMM format, heads) is timed with the
-    kernels vLLM picks for it: on Hopper the decode backend (FlashAttention's MLA with a 16-bit cache,
-    FlashMLA with an FP8 one) and, for prompts past its query threshold, FlashAttention's prefill; on B200
-    FlashInfer's MLA. B200's FP8-cache prefill is also timed with an FP8 TRT-LLM ragged kernel, which vLLM
-    runs only when use_trtllm_ragged_deepseek_prefill is set: its rows (mla_dtype fp8) are left out."""
+def extract_modules(data: Path, base: Path, system: str) -> dict:
+    """The DSA and MLA module tables (decode by cached tokens `step`, prefill by prompt length `isl` over no
+    cached prefix), the median of repeats; their sources. Each (cache dtype, GEMM format, heads) is timed with
+    the kernels vLLM picks for it. DSA on B200: FlashInfer's for an FP8 cache or at most 16 heads, FlashMLA's
+    otherwise. MLA on Hopper: the decode backend (FlashAttention's MLA with a 16-bit cache, FlashMLA with an
+    FP8 one) and, for prompts past its query threshold, FlashAttention's prefill; on B200 FlashInfer's MLA.
+    B200's FP8-cache MLA prefill is also timed with an FP8 TRT-LLM ragged kernel, which vLLM runs only when
+    use_trtllm_ragged_deepseek_prefill is set: its rows (mla_dtype fp8) are left out."""
     found = {}
-    for phase, length in (("context", "isl"), ("generation", "step")):
-        path = newest(data / "mla" / "vllm", f"mla_{phase}_module_perf.parquet")
-        if path is None:
-            continue
-        d = pd.read_parquet(path)
-        d = d[d.mla_dtype == "bfloat16"]
-        if phase == "context":
-            d = d[d.step == 0]
-        keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
-        if d.groupby(keys).kernel_source.nunique().max() != 1:
-            raise SystemExit(f"mla_{phase}_module_perf: several kernels time one point")
-        kernels = d.groupby("kv_cache_dtype").kernel_source.unique()
-        named = "; ".join(f"{kv} cache: {'/'.join(sorted(found))}" for kv, found in kernels.items())
-        table = d.groupby(keys, as_index=False).latency.median()
-        write(table.rename(columns={"latency": "latency_ms"}), system, f"mla_{phase}")
-        found[f"mla_{phase}"] = source(base, path, rows=len(table), kernel=named,
-                                       filter=("step=0 (no cached prefix); " if phase == "context" else "")
-                                       + "mla_dtype=bfloat16; num_heads are the heads on one GPU; median of repeats")
+    for kind, folder in MODULE_FOLDERS.items():
+        for phase, length in (("context", "isl"), ("generation", "step")):
+            path = newest(data / folder / "vllm", f"{kind}_{phase}_module_perf.parquet")
+            if path is None:
+                continue
+            d = pd.read_parquet(path)
+            d = d[d.mla_dtype == "bfloat16"]
+            if phase == "context":
+                d = d[d.step == 0]
+            keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
+            if d.groupby(keys).kernel_source.nunique().max() != 1:
+                raise SystemExit(f"{kind}_{phase}_module_perf: several kernels time one point")
+            kernels = d.groupby("kv_cache_dtype").kernel_source.unique()
+            named = "; ".join(f"{kv} cache: {'/'.join(sorted(found))}" for kv, found in kernels.items())
+            table = d.groupby(keys, as_index=False).latency.median()
+            write(table.rename(columns={"latency": "latency_ms"}), system, f"{kind}_{phase}")
+            found[f"{kind}_{phase}"] = source(
+                base, path, rows=len(table), kernel=named,
+                filter=("step=0 (no cached prefix); " if phase == "context" else "")
+                + "mla_dtype=bfloat16; num_heads are the heads on one GPU; median of repeats")
     return found
 
 
@@ -415,8 +395,7 @@ def extract(root: Path, system: str, package_version: str) -> dict:
     tables.update(extract_allreduce(data, base, system))
     tables.update(extract_moe(data, base, system))
     tables.update(extract_gdn(data, base, system))
-    tables.update(extract_dsa(data, base, system))
-    tables.update(extract_mla(data, base, system))
+    tables.update(extract_modules(data, base, system))
     tables.update(extract_dsv4(data, base, system))
     tables.update(extract_mhc(data, base, system))
     record = {"tables": tables, "device": device, "spec": spec}

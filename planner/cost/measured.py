@@ -419,6 +419,18 @@ class MeasuredCostModel:
         self._full_curves: dict[int, tuple] = {}
         self._full_arrays: dict[int, tuple] = {}
 
+    def _timed_module(self, kind: str) -> str | None:
+        """NVIDIA's timed attention module of this model (`kind` "dsa" or "mla": planner/cost/sparse.py
+        module_trees) read as its attention tables, its projections and small kernels leaving the ledger's
+        GEMM and elementwise terms; what the tables time, or None where the system timed no such module."""
+        module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format, kind)
+        if module is None:
+            return None
+        self._ctx_tree, self._gen_tree, timed = module
+        self._in_attention = MODULE_GEMMS | MODULE_KERNELS
+        self._tables.update(context=f"{kind}_context", generation=f"{kind}_generation")
+        return timed
+
     def _set_up_latent_attention(self) -> None:
         """Multi-head latent attention (planner/catalog/mla.py). Where NVIDIA timed vLLM's whole MLA module at
         the model's shapes (DeepSeek-V3's, and Kimi-K2's, which are the same per head), one layer's module
@@ -429,11 +441,8 @@ class MeasuredCostModel:
         attention tables record (a kernel's launch floor):
             decode   floor + b c max(cache bytes per key / bandwidth, heads x decode FLOPs per key / peak)
             prefill  floor + b max(l (l + 1) / 2 heads x FLOPs per pair / peak, l x cache bytes / bandwidth)"""
-        module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format, "mla")
-        if module is not None:
-            self._ctx_tree, self._gen_tree, timed = module
-            self._in_attention = MODULE_GEMMS | MODULE_KERNELS
-            self._tables.update(context="mla_context", generation="mla_generation")
+        timed = self._timed_module("mla")
+        if timed is not None:
             self.notes.append(f"multi-head latent attention: each layer's MLA module (q_a + kv_a, q_b, kv_b, o, "
                               f"latent norms, rotary, cache write, attention) from {self.system}'s mla_context / "
                               f"mla_generation tables ({timed})")
@@ -468,11 +477,8 @@ class MeasuredCostModel:
         fp8 = self.gpu.fp8_flops * WEIGHT_ONLY_COMPUTE_EFFICIENCY
         self._sparse = SparsePrice.of(self.model, self.gpu, self.tp, self._kv_bytes, self._elementwise_bw,
                                       self._flops_eff, fp8)
-        module = module_trees(self.system, self.model, self._heads, self.kv_cache_dtype, self.weight_format)
-        if module is not None:
-            self._ctx_tree, self._gen_tree, timed = module
-            self._in_attention = MODULE_GEMMS | MODULE_KERNELS
-            self._tables.update(context="dsa_context", generation="dsa_generation")
+        timed = self._timed_module("dsa")
+        if timed is not None:
             self.notes.append(f"DeepSeek Sparse Attention: each layer's attention module (projections, indexer, "
                               f"sparse MLA, o_proj) from {self.system}'s dsa_context / dsa_generation tables "
                               f"({timed}); a prefill's cached keys scored by the indexer's roofline")
