@@ -278,8 +278,10 @@ class MeasuredCostModel:
         scaled = f", memory-bound parts x{self._bw_ratio:.2f}" if abs(self._bw_ratio - 1) > 1e-3 else ""
         formats = f", {self.weight_format.method}: {self._gemm_how}" if self.weight_format is not None else ""
         if self.kv_cache_dtype != "auto":
-            timed_fp8 = self._tables["generation"].endswith("_fp8kv") or self._compressed is not None
-            formats += ", fp8 KV" + ("" if timed_fp8 else " priced as bf16 KV")
+            # only the FlashAttention tables lack FP8-cache rows on some systems; every other table read (the
+            # FP8-KV ones, the timed modules) or roofline prices the cache as asked
+            as_bf16 = self._tables["generation"] == "generation_attention"
+            formats += ", fp8 KV" + (" priced as bf16 KV" if as_bf16 else "")
         where = self.gpu.name if self.tp == 1 else f"{self.tp}x{self.gpu.name}"
         if self._moe is not None:
             par = self._moe.par

@@ -27,7 +27,6 @@ one `pre` and one `post` row (vLLM fuses one block's post with the next one's pr
 """
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
 from planner.catalog import ModelSpec, resolve_model
@@ -62,7 +61,7 @@ def _bracket(keys: list, x: float) -> tuple:
     """The two grid values whose segment tables.interpolate reads at x (one when the grid has one)."""
     if len(keys) == 1:
         return (keys[0],)
-    i = min(max(bisect_right(keys, x) - 1, 0), len(keys) - 2)
+    i = tables.segment_start(keys, x)
     return keys[i], keys[i + 1]
 
 

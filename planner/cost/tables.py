@@ -120,8 +120,14 @@ class Curve:
         outside = x < xs[0] or x > xs[-1]
         if len(xs) == 1:
             return ys[0], outside
-        i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        i = segment_start(xs, x)
         return _segment(x, xs[i], xs[i + 1], ys[i], ys[i + 1]), outside
+
+
+def segment_start(keys, x: float) -> int:
+    """The index of the first of the two sorted grid values (at least two) whose segment prices x: the pair
+    around it, or the edge pair outside the grid."""
+    return min(max(bisect_right(keys, x) - 1, 0), len(keys) - 2)
 
 
 def _segment(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
@@ -147,7 +153,7 @@ def interpolate(tree: dict, query: tuple[float, ...]) -> tuple[float, bool]:
         only = keys[0]
         y, ext = interpolate(tree[only], rest) if rest else (tree[only], False)
         return y, ext or x != only
-    i = min(max(bisect_right(keys, x) - 1, 0), len(keys) - 2)
+    i = segment_start(keys, x)
     lo, hi = keys[i], keys[i + 1]
     if not rest:                       # the last axis: the curve's own segment
         return _segment(x, lo, hi, tree[lo], tree[hi]), x < keys[0] or x > keys[-1]
