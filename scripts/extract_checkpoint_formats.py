@@ -51,14 +51,16 @@ def folded(patterns: list[str], model) -> list[str]:
 
 
 def declared(configs: Path, stem: str) -> tuple[dict, str] | None:
-    """(the quantization config a checkpoint declares, the file it is in), or None for a 16-bit one."""
-    quant = configs / f"{stem}_hf_quant_config.json"
-    if quant.exists():
-        return json.loads(quant.read_text()), quant.name
+    """(the quantization config a checkpoint declares, the file it is in), or None for a 16-bit one: config.json's
+    quantization_config where it has one, as vLLM and planner/catalog/quantization.py checkpoint_format read it,
+    else ModelOpt's hf_quant_config.json."""
     config = json.loads((configs / f"{stem}_config.json").read_text())
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
     qc = with_expert_dtype(qc, config.get("expert_dtype"))
-    return (qc, f"{stem}_config.json") if qc else None
+    if qc:
+        return qc, f"{stem}_config.json"
+    quant = configs / f"{stem}_hf_quant_config.json"
+    return (json.loads(quant.read_text()), quant.name) if quant.exists() else None
 
 
 def main(root: str) -> None:

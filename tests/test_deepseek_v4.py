@@ -18,6 +18,7 @@ from planner.deploy.memory import kv_block_layout
 from planner.deploy.plan import plan_deployment
 from planner.deploy.state_cache import state_blocks
 from planner.errors import PlannerError
+from planner.runs.pipeline import build_cost_model
 from reference_helpers import transformers_param_count
 
 # a small config.json in the shape DeepSeek ships it: compress_ratios with one more entry (the MTP layer's)
@@ -115,13 +116,46 @@ def test_a_model_folder_declares_its_mxfp4_experts_at_the_top_level(tmp_path):
     fmt = checkpoint_format(str(tmp_path))
     assert (fmt.method, fmt.scheme, fmt.expert_scheme) == ("fp8", "fp8-block", "mxfp4")
     assert fmt.experts.scheme == "mxfp4" and "experts in mxfp4" in fmt.describe()
-    # NVIDIA's NVFP4 re-release keeps quant_method fp8 but writes ModelOpt's per-layer formats beside it: refused
-    # in one line, not read as DeepSeek's MXFP4 experts
+    # NVIDIA's NVFP4 re-release keeps quant_method fp8 (its other layers stay block FP8) and names the experts'
+    # format in moe_quant_algo, as vLLM's DeepseekV4 quantization config reads it; `ignore` lists the FP8 layers,
+    # which vLLM's Fp8Config does not read as unquantized
     nvidia = {**SMALL, "quantization_config": {**SMALL["quantization_config"], "quant_algo": "MIXED_PRECISION",
+                                               "moe_quant_algo": "NVFP4", "ignore": ["*.attn.*", "head"],
                                                "quantized_layers": {"layers.0.ffn.experts": {"quant_algo": "NVFP4"}}}}
     (tmp_path / "config.json").write_text(json.dumps(nvidia))
-    with pytest.raises(PlannerError, match="MIXED_PRECISION"):
+    fmt = checkpoint_format(str(tmp_path))
+    assert (fmt.scheme, fmt.expert_scheme, fmt.excluded) == ("fp8-block", "nvfp4", ())
+    assert fmt.experts.scheme == "nvfp4" and "experts in nvfp4 (E4M3 scale per 16)" in fmt.describe()
+    # per-layer formats without the experts' algorithm: refused in one line, not read as DeepSeek's MXFP4 experts
+    del nvidia["quantization_config"]["moe_quant_algo"]
+    (tmp_path / "config.json").write_text(json.dumps(nvidia))
+    with pytest.raises(PlannerError, match="moe_quant_algo None"):
         checkpoint_format(str(tmp_path))
+
+
+def test_nvidia_nvfp4_release_stores_its_experts_in_nvfp4_and_reads_blackwell_rows():
+    """nvidia/DeepSeek-V4-Flash-NVFP4: E2M1 pairs with an E4M3 scale per 16 and two fp32 scales per expert
+    matrix, where DeepSeek's MXFP4 has an E8M0 per 32; the measured model reads the NVFP4 fused-MoE rows NVIDIA
+    timed on B200, and on Hopper (no NVFP4 rows) `auto` falls back to the roofline."""
+    plans = {name: plan_deployment(Deployment(model=name, gpu="b200", tp=2))
+             for name in ("deepseek-ai/DeepSeek-V4-Flash", "nvidia/DeepSeek-V4-Flash-NVFP4")}
+    mxfp4, nvfp4 = plans.values()
+    assert nvfp4.weight_format.expert_scheme == "nvfp4" and nvfp4.weight_format.scheme == "fp8-block"
+    shapes = mxfp4.model.expert_shapes
+    per_expert = {fmt: sum(size(n * k) for n, k in shapes) for fmt, size in
+                  (("mxfp4", lambda nk: nk // 2 + nk // 32), ("nvfp4", lambda nk: nk // 2 + nk // 16 + 8))}
+    assert (nvfp4.memory.expert_bytes_per_gpu - mxfp4.memory.expert_bytes_per_gpu
+            == 43 * 256 * (per_expert["nvfp4"] - per_expert["mxfp4"]) // 2)
+    assert nvfp4.memory.weight_bytes_per_gpu - mxfp4.memory.weight_bytes_per_gpu == pytest.approx(
+        nvfp4.memory.expert_bytes_per_gpu - mxfp4.memory.expert_bytes_per_gpu, abs=1)
+    cost = build_cost_model(nvfp4, "auto")
+    experts = {t.name: t for t in cost.ledger(StepShape(decode_seqs=64, decode_context=64 * 4096)).terms}[
+        "experts (fused MoE)"]
+    assert cost.name.startswith("measured") and experts.source == "table" and "nvfp4" in experts.detail
+    hopper = plan_deployment(Deployment(model="nvidia/DeepSeek-V4-Flash-NVFP4", gpu="h200", tp=2))
+    with pytest.raises(PlannerError, match=r"no measured vLLM MoE rows .*\(nvfp4"):
+        build_cost_model(hopper, "measured")
+    assert build_cost_model(hopper, "auto").name.startswith("roofline")
 
 
 @pytest.mark.parametrize("deployment, words", [

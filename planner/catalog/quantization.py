@@ -37,6 +37,7 @@ from planner.errors import PlannerError
 
 METHODS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
 SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block", "nvfp4", "mxfp4", "int-group")
+EXPERT_SCHEMES = ("", "mxfp4", "nvfp4")   # a MoE's experts in their own 4-bit scheme beside FP8 layers
 FP8_BLOCK = 128          # DeepSeek-style FP8 checkpoints: weight_block_size [128, 128]
 INT_GROUP = 128          # AWQ and GPTQ's usual group size (AutoAWQ q_group_size, GPTQ group_size)
 NVFP4_GROUP = 16         # NVFP4: one E4M3 scale per 16 values
@@ -60,11 +61,12 @@ class WeightFormat:
     source: str = "--quantization"
     # module patterns the checkpoint leaves unquantized (planner/catalog/kept_layers.py)
     excluded: tuple[str, ...] = ()
-    # the MoE experts' own scheme where it differs ("mxfp4": DeepSeek-V4's expert_dtype fp4 beside FP8 layers)
+    # the MoE experts' own scheme where it differs (DeepSeek-V4 beside FP8 layers: "mxfp4" for its expert_dtype
+    # fp4, "nvfp4" for ModelOpt's re-release)
     expert_scheme: str = ""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS or self.scheme not in SCHEMES or self.expert_scheme not in ("", "mxfp4"):
+        if self.method not in METHODS or self.scheme not in SCHEMES or self.expert_scheme not in EXPERT_SCHEMES:
             raise PlannerError(f"unknown weight format {self.method}/{self.scheme}"
                                + (f" with {self.expert_scheme} experts" if self.expert_scheme else ""))
 
@@ -73,7 +75,7 @@ class WeightFormat:
         """The format a MoE's experts are stored and multiplied in: this one, or the experts' own (MXFP4)."""
         if not self.expert_scheme:
             return self
-        return WeightFormat("mxfp4", "mxfp4", bits=4, group_size=MXFP4_GROUP, source=self.source)
+        return weight_format(self.expert_scheme, source=self.source)
 
     @property
     def quantizes_linear(self) -> bool:
@@ -100,16 +102,19 @@ class WeightFormat:
     def bytes_per_weight(self, n: int = 4096, k: int = 4096) -> float:
         return self.matrix_bytes(n, k) / (n * k)
 
+    def scales(self) -> str:
+        """How the format scales its values, in a few words."""
+        return {"fp8-tensor": "per-tensor scales", "fp8-channel": "per-channel scales",
+                "fp8-block": f"{FP8_BLOCK}x{FP8_BLOCK} block scales",
+                "nvfp4": f"E4M3 scale per {NVFP4_GROUP}", "mxfp4": f"E8M0 scale per {MXFP4_GROUP}",
+                "int-group": f"int{self.bits}, group {self.group_size}"
+                             + (", zero points" if self.zero_points else "")
+                             + (", act-order" if self.act_order else "")}[self.scheme]
+
     def describe(self) -> str:
-        detail = {"fp8-tensor": "per-tensor scales", "fp8-channel": "per-channel scales",
-                  "fp8-block": f"{FP8_BLOCK}x{FP8_BLOCK} block scales",
-                  "nvfp4": f"E4M3 scale per {NVFP4_GROUP}", "mxfp4": f"E8M0 scale per {MXFP4_GROUP}",
-                  "int-group": f"int{self.bits}, group {self.group_size}"
-                               + (", zero points" if self.zero_points else "")
-                               + (", act-order" if self.act_order else "")}[self.scheme]
         kept = f"; {len(self.excluded)} module patterns kept in 16 bits" if self.excluded else ""
-        experts = f"; experts in {self.expert_scheme} (E8M0 scale per {MXFP4_GROUP})" if self.expert_scheme else ""
-        return f"{self.method} ({detail}{experts}{kept}; from {self.source})"
+        experts = f"; experts in {self.expert_scheme} ({self.experts.scales()})" if self.expert_scheme else ""
+        return f"{self.method} ({self.scales()}{experts}{kept}; from {self.source})"
 
     def as_dict(self) -> dict:
         return {"method": self.method, "scheme": self.scheme, "bits": self.bits, "group_size": self.group_size,
@@ -174,8 +179,13 @@ def excluded_modules(qc: dict[str, Any], source: str) -> tuple[str, ...]:
     compressed-tensors' ignore, vLLM's Fp8Config ignored_layers, Hugging Face's modules_to_not_convert
     (planner/catalog/kept_layers.py)."""
     section = qc.get("quantization") if "quantization" in qc and "quant_method" not in qc else qc
+    keys = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert")
+    if str(qc.get("quant_method", "")).lower() == "fp8":
+        # vLLM's Fp8Config reads these two only; DeepSeek-V4's NVFP4 re-release lists its FP8 layers (those it
+        # left out of NVFP4) under `ignore`
+        keys = ("ignored_layers", "modules_to_not_convert")
     patterns = []
-    for key in ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert"):
+    for key in keys:
         value = (section or {}).get(key) or []
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise PlannerError(f"{source}: {key} must be a list of module names")
@@ -186,15 +196,14 @@ def excluded_modules(qc: dict[str, Any], source: str) -> tuple[str, ...]:
 def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
     if "quantization" in qc and "quant_method" not in qc:          # hf_quant_config.json
         return _modelopt((qc["quantization"] or {}).get("quant_algo"), source)
-    if str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION":
-        # ModelOpt's per-layer formats written into config.json (NVIDIA's DeepSeek-V4 NVFP4: quant_method fp8
-        # beside NVFP4 experts), which vLLM reads as ModelOptMixedPrecisionConfig, not as its quant_method
-        return _modelopt(qc["quant_algo"], source)
     method = str(qc.get("quant_method", "")).lower()
+    if str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION" and method != "fp8":
+        # ModelOpt's per-layer formats (vLLM's ModelOptMixedPrecisionConfig, `modelopt_mixed`)
+        return _modelopt(qc["quant_algo"], source)
     if method == "fp8":
         block = qc.get("weight_block_size")
-        experts = "mxfp4" if qc.get("expert_dtype") == "fp4" else ""      # DeepSeek-V4 (Mxfp4MoEMethod)
-        return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source, expert_scheme=experts)
+        return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source,
+                            expert_scheme=_v4_expert_scheme(qc, source))
     if method == "modelopt":
         return _modelopt(qc.get("quant_algo"), source)
     if method == "mxfp4":
@@ -212,6 +221,22 @@ def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
         return _compressed_tensors(qc, source)
     raise PlannerError(f"{source}: quant_method {method or None!r} is not one the planner knows (fp8, modelopt, "
                        f"compressed-tensors, awq, gptq, mxfp4)")
+
+
+def _v4_expert_scheme(qc: dict[str, Any], source: str) -> str:
+    """DeepSeek-V4's routed experts beside its FP8 layers, as vLLM's DeepseekV4 quantization config picks their
+    method (vllm/models/deepseek_v4/quant_config.py): `expert_dtype` fp4 stores them in MXFP4 (Mxfp4MoEMethod),
+    or in NVFP4 where `moe_quant_algo` says so (ModelOpt's re-release, quant_algo MIXED_PRECISION:
+    ModelOptNvFp4FusedMoE); the other linear layers stay block FP8 either way. "" for other FP8 checkpoints."""
+    algo = str(qc.get("moe_quant_algo") or "").upper()
+    mixed = str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION"
+    if qc.get("expert_dtype") == "fp4" and (algo == "NVFP4" or not (algo or mixed)):
+        return "nvfp4" if algo else "mxfp4"
+    if mixed or algo:
+        raise PlannerError(f"{source}: FP8 layers beside experts of moe_quant_algo {algo or None!r} and expert_dtype "
+                           f"{qc.get('expert_dtype')!r} are not a format the planner knows (DeepSeek-V4's "
+                           f"expert_dtype fp4, in MXFP4 or with moe_quant_algo NVFP4)")
+    return ""
 
 
 # The quantization_config each catalog `checkpoint_quantization` name stands for (`checkpoint_scheme` below

@@ -66,10 +66,11 @@ def moe_dtypes(fmt: WeightFormat | None) -> tuple[str, ...]:
     """The table's names for the experts' format, best first where vLLM has several kernels for it. DeepSeek-V4's
     MXFP4 experts (Mxfp4MoEMethod) run FlashInfer's TRT-LLM kernel with MXFP8 activations on Blackwell and OpenAI's
     Triton kernel with bf16 activations on Hopper (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py), the one
-    NVIDIA timed for gpt-oss there; gpt-oss's own method keeps bf16 activations on both."""
+    NVIDIA timed for gpt-oss there; gpt-oss's own method keeps bf16 activations on both. Its NVFP4 re-release's
+    experts (ModelOptNvFp4FusedMoE) read the NVFP4 rows, which NVIDIA timed on Blackwell only."""
     if fmt is not None and fmt.expert_scheme == "mxfp4":
         return "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"
-    return (moe_dtype(fmt),)
+    return (moe_dtype(fmt.experts if fmt is not None else None),)
 
 
 def moe_dtype(fmt: WeightFormat | None) -> str:
