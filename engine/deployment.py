@@ -78,8 +78,9 @@ from engine.core.config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, PREEMPTION_MODES
 POLICIES = ("paper", "vllm-v1")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
-# vLLM's --quantization names of the weight formats the planner knows (vllm/model_executor/layers/quantization).
-QUANTIZATIONS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
+# vLLM's --quantization names of the weight formats the planner knows (vllm/model_executor/layers/quantization);
+# modelopt_mixed only names what a checkpoint's config declares (each layer's format is in it).
+QUANTIZATIONS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq", "modelopt_mixed")
 # Speculative methods the `speculative` setting names (the simulator refuses "draft" in one line).
 SPECULATIVE_METHODS = ("ngram", "eagle", "mtp", "draft")
 # vLLM's --kv-cache-dtype: "fp8" is E4M3 on CUDA, the same as "fp8_e4m3" (vllm/config/cache.py CacheDType).

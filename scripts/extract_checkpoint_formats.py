@@ -10,7 +10,7 @@ checkpoint as vLLM loads it (planner/catalog/kept_layers.py).
 
 Per-layer patterns of a module are folded to one `model.layers.*.` pattern wherever that leaves what the planner
 reads unchanged (checked per id), so the file stays short. Checkpoints whose hf_quant_config the planner
-cannot read as one format (ModelOpt's MIXED_PRECISION) are skipped, with why.
+cannot read are skipped, with why; ModelOpt's MIXED_PRECISION ones keep their quantized_layers, folded the same way.
 
 Run (after unzipping the wheel as scripts/extract_measured_tables.py says):
     python scripts/extract_checkpoint_formats.py /tmp/aic/x
@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from planner.catalog.kept_layers import kept_fractions
+from planner.catalog.kept_layers import format_shares, kept_fractions
 from planner.catalog.models import resolve_model
-from planner.catalog.quantization import format_from_config, with_expert_dtype
+from planner.catalog.quantization import format_from_config, mixed_format, with_expert_dtype
 from planner.errors import PlannerError
 
 PACKAGE = "aiconfigurator-core 0.12.0"
@@ -32,22 +33,42 @@ OUT = Path(__file__).resolve().parent.parent / "planner" / "data" / "checkpoint_
 _LAYER = re.compile(r"^(.*?layers\.)(\d+)([.*].*)$")
 
 
-def folded(patterns: list[str], model) -> list[str]:
-    """`patterns` with each per-layer family of a module (not whole layers: GLM-5.1 keeps its first two
-    layers whole) replaced by one wildcard where the planner reads the same."""
-    families: dict[tuple[str, str], list[str]] = {}
-    for p in patterns:
-        m = _LAYER.match(p)
-        families.setdefault((m.group(1), m.group(3)) if m else (p, ""), []).append(p)
-    want = kept_fractions(model, tuple(patterns))
+def folded(patterns: list[tuple[str, str]], reads) -> list[tuple[str, str]]:
+    """`patterns` ((module name or pattern, what it says) pairs) with each per-layer family of a module saying
+    one thing (not whole layers: GLM-5.1 keeps its first two layers whole) replaced by one wildcard where what
+    the planner reads of them, `reads(pairs)`, stays the same."""
+    families: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+    for name, says in patterns:
+        m = _LAYER.match(name)
+        families.setdefault((m.group(1), m.group(3), says) if m else (name, "", says), []).append((name, says))
+    want = reads(patterns)
     out = list(patterns)
-    for (head, tail), members in families.items():
+    for (head, tail, says), members in families.items():
         if len(members) < 3 or not tail.strip(".*"):
             continue
-        trial = [p for p in out if p not in members] + [f"{head}*{tail}"]
-        if kept_fractions(model, tuple(trial)) == want:
+        trial = [p for p in out if p not in members] + [(f"{head}*{tail}", says)]
+        if reads(trial) == want:
             out = trial
     return sorted(out)
+
+
+def folded_exclusions(fmt, model) -> list[str]:
+    """The modules the checkpoint keeps in 16 bits, folded."""
+    return [name for name, _ in folded([(p, "") for p in fmt.excluded],
+                                       lambda pairs: kept_fractions(model, tuple(p for p, _ in pairs)))]
+
+
+def folded_layers(qc: dict, fmt, model) -> dict[str, dict]:
+    """A mixed checkpoint's quantized_layers, folded where the formats the planner reads stay the same."""
+    listed = (qc.get("quantization") or qc).get("quantized_layers")
+
+    def reads(pairs):
+        layers = mixed_format({name: json.loads(says) for name, says in pairs}, fmt.source)
+        mixed = replace(fmt, layers=layers.layers)
+        return format_shares(model, mixed), mixed.experts, mixed.head
+
+    pairs = folded([(name, json.dumps(entry, sort_keys=True)) for name, entry in listed.items()], reads)
+    return {name: json.loads(says) for name, says in pairs}
 
 
 def declared(configs: Path, stem: str) -> tuple[dict, str] | None:
@@ -85,8 +106,9 @@ def main(root: str) -> None:
             skipped[model_id] = str(exc)
             continue
         records[model_id] = {"method": fmt.method, "scheme": fmt.scheme, "bits": fmt.bits,
-                             "group_size": fmt.group_size, "exclude_modules": folded(list(fmt.excluded), model),
+                             "group_size": fmt.group_size, "exclude_modules": folded_exclusions(fmt, model),
                              **({"expert_scheme": fmt.expert_scheme} if fmt.expert_scheme else {}),
+                             **({"quantized_layers": folded_layers(qc, fmt, model)} if fmt.is_mixed else {}),
                              "source": f"{PACKAGE} model_configs/{file}"}
     OUT.write_text(json.dumps({"about": __doc__.split("\n\n")[0], "checkpoints": records, "skipped": skipped},
                               indent=1) + "\n")

@@ -67,7 +67,7 @@ def test_kept_weights_are_planned_at_two_bytes():
     attention = model.num_layers * sum(n * k for n, k in model.attention_shapes)
     mlp = model.num_layers * sum(fmt.matrix_bytes(n, k) for n, k in model.mlp_shapes)
     assert model.linear_bytes_per_gpu(kept, 1) == 2 * attention + mlp
-    assert model.kept_linear_params_per_gpu(kept, 2) == attention // 2
+    assert model.linear_params_by_format(kept, 2) == {None: attention // 2, kept: (model.linear_params - attention) // 2}
     grown = model.weight_bytes_per_gpu(2, weight_format=kept) - model.weight_bytes_per_gpu(2, weight_format=fmt)
     nvfp4_attention = model.num_layers * sum(fmt.matrix_bytes(n, k) for n, k in model.attention_shapes)
     assert grown == pytest.approx((2 * attention - nvfp4_attention) / 2, abs=1)

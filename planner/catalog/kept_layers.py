@@ -17,11 +17,17 @@ linear_attention, mlp, shared_experts) and per weight of the role's one-layer sh
 (attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes), the fraction of the role's
 layers in which the checkpoint keeps that weight in 16 bits. A MoE's routed experts and routers are not
 listed here: routers are 16-bit in vLLM whatever the config says, and no checkpoint we know excludes experts.
+
+ModelOpt's MIXED_PRECISION (vLLM's `modelopt_mixed`) goes further: its `quantized_layers` name each quantized
+module with its own format, and a linear layer it does not name stays 16-bit (ModelOptMixedPrecisionConfig's
+get_quant_method: a name listed itself, or a parent of listed names, as `mlp.experts` is). `format_shares`
+gives, per role and weight, the formats the role's layers store it in and the fraction of layers of each.
 """
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections import Counter
 from functools import lru_cache
 from typing import Any
 
@@ -130,3 +136,88 @@ def kept_share(model: Any, patterns: tuple[str, ...], role: str, shapes: tuple[t
         return 0.0
     sizes = [shapes[i][0] * shapes[i][1] for i in indices]
     return sum(fractions[i] * s for i, s in zip(indices, sizes)) / sum(sizes)
+
+
+# (a weight's format, or None for 16 bits; the fraction of the role's layers that store it so)
+Shares = tuple[tuple[Any, float], ...]
+
+
+class _Listed:
+    """A mixed config's quantized_layers, looked up as vLLM looks them up: a module's own name, the name of a
+    parent of listed modules (a fused-MoE `mlp.experts` over its listed projections), or a `*` pattern the
+    extraction folded per-layer names into (scripts/extract_checkpoint_formats.py)."""
+
+    def __init__(self, layers: tuple[tuple[str, Any], ...]) -> None:
+        self.names: dict[str, Any] = {}
+        self.patterns = []
+        for pattern, fmt in layers:
+            pattern = _fold(pattern)
+            if "*" in pattern:
+                self.patterns.append((pattern, fmt))
+                continue
+            self.names.setdefault(pattern, fmt)
+            parts = pattern.split(".")
+            for end in range(1, len(parts)):
+                self.names.setdefault(".".join(parts[:end]) + ".", fmt)
+
+    def format_of(self, name: str) -> Any:
+        found = self.names.get(name, self.names.get(name + "."))
+        if found is None:
+            found = next((fmt for pattern, fmt in self.patterns if fnmatch.fnmatchcase(name, pattern)), None)
+        return found
+
+
+@lru_cache(maxsize=64)
+def format_shares(model: Any, fmt: Any) -> dict[str, tuple[Shares, ...]]:
+    """Per role, per weight of its one-layer shape tuple, the formats the role's layers store it in and the
+    fraction of them each holds (None: 16 bits): `fmt` except where the checkpoint excludes the module, or a
+    mixed config's entry for it (module docstring). Only the roles not wholly in `fmt` have an entry (`stored_as`
+    reads the rest)."""
+    if not (fmt.excluded or fmt.is_mixed):
+        return {}
+    names, layers = _names(model), _layers(model)
+    prefix = "backbone.layers." if model.block_pattern else "model.layers."
+    listed = _Listed(fmt.layers) if fmt.is_mixed else None
+
+    def stored(layer: int, spellings: tuple[str, ...]) -> Any:
+        full = [f"{prefix}{layer}.{n}" for n in spellings]
+        if any(is_excluded(name, fmt.excluded) for name in full):
+            return None
+        if listed is None:
+            return fmt
+        return next((found for found in map(listed.format_of, full) if found is not None), None)
+
+    shares = {}
+    for role in ROLES:
+        indices = layers[role]
+        if not indices:
+            continue
+        per_weight = tuple(tuple((f, count / len(indices)) for f, count in
+                                 Counter(stored(i, spellings) for i in indices).items())
+                           for spellings in names[role])
+        if listed is not None or any(stored != ((fmt, 1.0),) for stored in per_weight):
+            shares[role] = per_weight
+    return shares
+
+
+def stored_as(shares: dict[str, tuple[Shares, ...]], fmt: Any, role: str, index: int) -> Shares:
+    """Weight `index` of the role's shape tuple: its entry in `shares` (format_shares), else wholly `fmt` (16 bits
+    for a mixed checkpoint's role without layers)."""
+    if role in shares:
+        return shares[role][index]
+    return ((None if fmt.is_mixed else fmt, 1.0),)
+
+
+def format_share(model: Any, fmt: Any, role: str, shapes: tuple[tuple[int, int], ...],
+                 indices: tuple[int, ...]) -> Shares:
+    """The weight-weighted shares of the role's weights `indices` (of its shape tuple `shapes`) in each format:
+    what a fused GEMM of them (q, k and v; gate and up) multiplies in each."""
+    shares = format_shares(model, fmt)
+    if role not in shares:
+        return stored_as(shares, fmt, role, 0)
+    sizes = [shapes[i][0] * shapes[i][1] for i in indices]
+    total: dict[Any, float] = {}
+    for i, size in zip(indices, sizes):
+        for f, fraction in shares[role][i]:
+            total[f] = total.get(f, 0.0) + fraction * size
+    return tuple((f, weight / sum(sizes)) for f, weight in total.items())

@@ -22,7 +22,7 @@ from planner.catalog.deepseek_v4 import (COMPRESSED_BLOCK, CSA, DEEPSEEK_V4_TYPE
                                          deepseek_v4_fields, deepseek_v4_hf_config)
 from planner.catalog.gemma4 import GEMMA4_CONFIG_TYPES, GEMMA4_TYPES, GlobalAttention, gemma4_fields, gemma4_hf_config
 from planner.catalog.gemma_config import GEMMA_CONFIG_TYPES, GEMMA_TYPES, gemma_fields, gemma_hf_config
-from planner.catalog.kept_layers import kept_fractions
+from planner.catalog.kept_layers import format_shares, stored_as
 from planner.catalog.linear_attention import (LINEAR_ATTENTION_MOE_TYPES, LINEAR_ATTENTION_TYPES, LinearAttention,
                                               linear_attention_fields, linear_attention_hf_config)
 from planner.catalog.llama4_config import LLAMA4_CONFIG_TYPES, llama4_fields
@@ -718,7 +718,11 @@ class ModelSpec:
             return (-(-sharded // tp) + self.replicated_params) * dtype_bytes + experts_here
         replicated_linear = self.whole_linear_params
         rest = sharded - (self.dense_linear_params - replicated_linear)
-        return (self.linear_bytes_per_gpu(weight_format, tp)
+        head = 0
+        if weight_format.head is not None and self.lm_head_params:     # a mixed checkpoint's quantized LM head
+            rest -= self.lm_head_params
+            head = -(-weight_format.head.matrix_bytes(self.vocab_size, self.hidden_size) // tp)
+        return (self.linear_bytes_per_gpu(weight_format, tp) + head
                 + (-(-rest // tp) + self.replicated_params - replicated_linear) * dtype_bytes + experts_here)
 
     def linear_params_per_gpu(self, tp: int = 1) -> float:
@@ -730,21 +734,31 @@ class ModelSpec:
     def linear_bytes_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
         """The layers' dense linear weights (attention, dense MLPs, shared experts) in `weight_format` on one of
         `tp` GPUs: a 1/tp share of each, MLA's down-projections whole (vLLM replicates them); the weights
-        the checkpoint keeps in 16 bits (planner/catalog/kept_layers.py) at 2 bytes."""
-        kept = kept_fractions(self, weight_format.excluded)
+        the checkpoint keeps in 16 bits at 2 bytes, a mixed checkpoint's each in its own format
+        (planner/catalog/kept_layers.py)."""
+        shares = format_shares(self, weight_format)
 
         def size(role: str, index: int, n: int, k: int) -> int:
-            fraction = kept[role][index] if role in kept else 0.0
-            quantized = weight_format.matrix_bytes(n, k)
-            return quantized if not fraction else round((1 - fraction) * quantized + fraction * 2 * n * k)
+            stored = stored_as(shares, weight_format, role, index)
+            if len(stored) == 1 and stored[0][0] is not None:
+                return stored[0][0].matrix_bytes(n, k)
+            return round(sum(fraction * (f.matrix_bytes(n, k) if f is not None else 2 * n * k)
+                             for f, fraction in stored))
 
         return self._linear_per_gpu(tp, size)
 
-    def kept_linear_params_per_gpu(self, weight_format: WeightFormat, tp: int = 1) -> int:
-        """Of `linear_params_per_gpu`, the weights the checkpoint keeps in 16 bits (multiplied at 16 bits)."""
-        kept = kept_fractions(self, weight_format.excluded)
-        return self._linear_per_gpu(tp, lambda role, index, n, k: round(kept[role][index] * n * k)
-                                    if role in kept else 0)
+    def linear_params_by_format(self, weight_format: WeightFormat, tp: int = 1) -> dict[WeightFormat | None, int]:
+        """`linear_params_per_gpu` by the format each is stored and multiplied in (None: 16 bits)."""
+        shares = format_shares(self, weight_format)
+        formats = {f for per_role in shares.values() for stored in per_role for f, _ in stored}
+        formats |= {f for f, _ in stored_as({}, weight_format, "", 0)}
+
+        def params_in(fmt: WeightFormat | None):
+            return lambda role, index, n, k: round(sum(fraction * n * k for f, fraction in
+                                                       stored_as(shares, weight_format, role, index) if f == fmt))
+
+        by_format = {fmt: self._linear_per_gpu(tp, params_in(fmt)) for fmt in formats}
+        return {fmt: params for fmt, params in by_format.items() if params}
 
     def _linear_per_gpu(self, tp: int, size) -> int:
         """The sum of `size(role, index, n, k)` (one layer's weight `index` of the role's shape tuple) over

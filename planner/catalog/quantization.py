@@ -22,6 +22,11 @@ Bytes of one linear weight of n outputs by k inputs, scales included, as the for
   packed eight to an int32; GPTQ checkpoints are symmetric by default, which vLLM's GPTQ Marlin path
   runs without zero points; with act-order (desc_act) it keeps g_idx and its sort order, two int32 per
   input row.
+
+ModelOpt's MIXED_PRECISION (vLLM's `modelopt_mixed`, ModelOptMixedPrecisionConfig) stores each module its
+config's `quantized_layers` names in that entry's format (FP8 per tensor, NVFP4, or W4A16_NVFP4: NVFP4 weights
+beside 16-bit activations, which vLLM multiplies with FP4 Marlin on every GPU), the LM head included where it is
+listed, and leaves every linear layer it does not name unquantized (planner/catalog/kept_layers.py).
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from planner.catalog.gpus import GpuSpec
 from planner.errors import PlannerError
 
 METHODS = ("fp8", "nvfp4", "mxfp4", "awq", "gptq")
-SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block", "nvfp4", "mxfp4", "int-group")
+MIXED = "modelopt_mixed"     # vLLM's name for ModelOpt's MIXED_PRECISION: each layer in its own format, from the config
+SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block", "nvfp4", "mxfp4", "int-group", "mixed")
 EXPERT_SCHEMES = ("", "mxfp4", "nvfp4")   # a MoE's experts in their own 4-bit scheme beside FP8 layers
 FP8_BLOCK = 128          # DeepSeek-style FP8 checkpoints: weight_block_size [128, 128]
 INT_GROUP = 128          # AWQ and GPTQ's usual group size (AutoAWQ q_group_size, GPTQ group_size)
@@ -64,18 +70,46 @@ class WeightFormat:
     # the MoE experts' own scheme where it differs (DeepSeek-V4 beside FP8 layers: "mxfp4" for its expert_dtype
     # fp4, "nvfp4" for ModelOpt's re-release)
     expert_scheme: str = ""
+    # ModelOpt's W4A16_NVFP4: NVFP4 weights beside 16-bit activations, which vLLM multiplies weight-only (Marlin)
+    weight_only: bool = False
+    # modelopt_mixed: (module pattern, its format) for each entry of the config's quantized_layers; a linear
+    # layer none of them names stays 16-bit (planner/catalog/kept_layers.py format_shares)
+    layers: tuple[tuple[str, "WeightFormat"], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS or self.scheme not in SCHEMES or self.expert_scheme not in EXPERT_SCHEMES:
+        known = self.method in METHODS + (MIXED,) and self.scheme in SCHEMES
+        if not known or self.expert_scheme not in EXPERT_SCHEMES or (self.method == MIXED) != (self.scheme == "mixed"):
             raise PlannerError(f"unknown weight format {self.method}/{self.scheme}"
                                + (f" with {self.expert_scheme} experts" if self.expert_scheme else ""))
 
     @property
-    def experts(self) -> "WeightFormat":
-        """The format a MoE's experts are stored and multiplied in: this one, or the experts' own (MXFP4)."""
+    def is_mixed(self) -> bool:
+        return self.method == MIXED
+
+    @property
+    def experts(self) -> "WeightFormat | None":
+        """The format a MoE's experts are stored and multiplied in: this one, the experts' own (DeepSeek-V4's),
+        or a mixed config's entry for them (None: not listed, so 16-bit)."""
+        if self.is_mixed:
+            return self._listed(lambda name: name.endswith(".experts") or ".experts." in name)
         if not self.expert_scheme:
             return self
         return weight_format(self.expert_scheme, source=self.source)
+
+    @property
+    def head(self) -> "WeightFormat | None":
+        """The LM head's format: 16-bit (None) unless a mixed config lists lm_head (vLLM then quantizes the
+        ParallelLMHead too)."""
+        return self._listed(lambda name: name.split(".")[-1] == "lm_head") if self.is_mixed else None
+
+    def _listed(self, names) -> "WeightFormat | None":
+        """The format of the first quantized_layers entry whose name `names` accepts, or None."""
+        return next((fmt for pattern, fmt in self.layers if names(pattern)), None)
+
+    @property
+    def formats(self) -> tuple["WeightFormat", ...]:
+        """The distinct formats the linear layers are stored in: this one, or a mixed config's."""
+        return tuple(dict.fromkeys(fmt for _, fmt in self.layers)) if self.is_mixed else (self,)
 
     @property
     def quantizes_linear(self) -> bool:
@@ -84,6 +118,8 @@ class WeightFormat:
 
     def matrix_bytes(self, n: int, k: int) -> int:
         """Bytes of one [n, k] linear weight in this format, its scales included (module docstring)."""
+        if self.is_mixed:
+            raise PlannerError("a modelopt_mixed checkpoint stores each layer in its own format; size them by it")
         nk = n * k
         if self.scheme == "fp8-tensor":
             return nk + 4 + 4
@@ -104,6 +140,8 @@ class WeightFormat:
 
     def scales(self) -> str:
         """How the format scales its values, in a few words."""
+        if self.is_mixed:
+            return "per layer: " + ", ".join(f"{f.name} ({f.scales()})" for f in self.formats)
         return {"fp8-tensor": "per-tensor scales", "fp8-channel": "per-channel scales",
                 "fp8-block": f"{FP8_BLOCK}x{FP8_BLOCK} block scales",
                 "nvfp4": f"E4M3 scale per {NVFP4_GROUP}", "mxfp4": f"E8M0 scale per {MXFP4_GROUP}",
@@ -111,16 +149,27 @@ class WeightFormat:
                              + (", zero points" if self.zero_points else "")
                              + (", act-order" if self.act_order else "")}[self.scheme]
 
+    @property
+    def name(self) -> str:
+        """vLLM's name, with ModelOpt's W4A16 where the activations stay 16-bit."""
+        return self.method + (" W4A16" if self.weight_only else "")
+
     def describe(self) -> str:
         kept = f"; {len(self.excluded)} module patterns kept in 16 bits" if self.excluded else ""
         experts = f"; experts in {self.expert_scheme} ({self.experts.scales()})" if self.expert_scheme else ""
-        return f"{self.method} ({self.scales()}{experts}{kept}; from {self.source})"
+        head = f"; lm_head in {self.head.name}" if self.head is not None else ""
+        return f"{self.name} ({self.scales()}{experts}{head}{kept}; from {self.source})"
 
     def as_dict(self) -> dict:
+        if self.is_mixed:
+            return {"method": self.method, "scheme": self.scheme, "source": self.source,
+                    "excluded_modules": len(self.excluded), "quantized_layers": len(self.layers),
+                    "formats": [f.as_dict() for f in self.formats]}
         return {"method": self.method, "scheme": self.scheme, "bits": self.bits, "group_size": self.group_size,
                 "bytes_per_weight": round(self.bytes_per_weight(), 6), "source": self.source,
                 "excluded_modules": len(self.excluded),
-                **({"expert_scheme": self.expert_scheme} if self.expert_scheme else {})}
+                **({"expert_scheme": self.expert_scheme} if self.expert_scheme else {}),
+                **({"weight_only": True} if self.weight_only else {})}
 
 
 def weight_format(method: str, source: str = "--quantization") -> WeightFormat:
@@ -133,6 +182,9 @@ def weight_format(method: str, source: str = "--quantization") -> WeightFormat:
         "awq": WeightFormat("awq", "int-group", bits=4, group_size=INT_GROUP, zero_points=True),
         "gptq": WeightFormat("gptq", "int-group", bits=4, group_size=INT_GROUP),
     }
+    if method == MIXED:
+        raise PlannerError(f"quantization {MIXED} stores each layer in the format its checkpoint's config lists "
+                           f"(quantized_layers); give the checkpoint (a model folder or an id on record), not the name")
     if method not in formats:
         raise PlannerError(f"quantization {method!r} is not supported; choose one of {', '.join(METHODS)}")
     return replace(formats[method], source=source)
@@ -159,12 +211,40 @@ def _compressed_tensors(qc: dict, source: str) -> WeightFormat:
                        f"format the planner knows ({', '.join(METHODS)})")
 
 
-def _modelopt(algo: str, source: str) -> WeightFormat:
-    if str(algo).upper() == "FP8":
+def _modelopt(section: dict[str, Any], source: str) -> WeightFormat:
+    """A ModelOpt config (config.json's quantization_config, or hf_quant_config.json's `quantization`)."""
+    algo = str(section.get("quant_algo")).upper()
+    if algo == "MIXED_PRECISION":
+        return mixed_format(section.get("quantized_layers"), source)
+    return _modelopt_layer(section, source)
+
+
+def _modelopt_layer(entry: dict[str, Any], source: str) -> WeightFormat:
+    """The format of one ModelOpt quant_algo (vLLM's ModelOptFp8Config per-tensor FP8, ModelOptNvFp4Config)."""
+    algo = str(entry.get("quant_algo")).upper()
+    if algo == "FP8":
         return WeightFormat("fp8", "fp8-tensor", source=source)
-    if str(algo).upper() == "NVFP4":
-        return WeightFormat("nvfp4", "nvfp4", bits=4, group_size=NVFP4_GROUP, source=source)
-    raise PlannerError(f"{source}: ModelOpt quant_algo {algo!r} is not a format the planner knows (FP8, NVFP4)")
+    if algo in ("NVFP4", "W4A16_NVFP4") and entry.get("group_size", NVFP4_GROUP) == NVFP4_GROUP:
+        return WeightFormat("nvfp4", "nvfp4", bits=4, group_size=NVFP4_GROUP, weight_only=algo == "W4A16_NVFP4",
+                            source=source)
+    raise PlannerError(f"{source}: ModelOpt quant_algo {entry.get('quant_algo')!r}"
+                       + (f" with group_size {entry['group_size']}" if "group_size" in entry else "")
+                       + " is not a format the planner knows (FP8, NVFP4, W4A16_NVFP4 in groups of 16, "
+                         "MIXED_PRECISION of them)")
+
+
+def mixed_format(listed: Any, source: str) -> WeightFormat:
+    """ModelOpt's MIXED_PRECISION, as vLLM's ModelOptMixedPrecisionConfig (`modelopt_mixed`) reads it: each
+    entry of `quantized_layers` in its own format, any linear layer it does not list unquantized."""
+    if not isinstance(listed, dict) or not listed:
+        # vLLM's words
+        raise PlannerError(f"{source}: MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping")
+    layers = []
+    for name, entry in listed.items():
+        if not isinstance(entry, dict):
+            raise PlannerError(f"{source}: quantized_layers[{name!r}] must be an object with a quant_algo")
+        layers.append((name, _modelopt_layer(entry, source)))
+    return WeightFormat(MIXED, "mixed", bits=0, source=source, layers=tuple(layers))
 
 
 def format_from_config(qc: dict[str, Any], source: str = "config.json quantization_config") -> WeightFormat:
@@ -195,17 +275,18 @@ def excluded_modules(qc: dict[str, Any], source: str) -> tuple[str, ...]:
 
 def _declared_format(qc: dict[str, Any], source: str) -> WeightFormat:
     if "quantization" in qc and "quant_method" not in qc:          # hf_quant_config.json
-        return _modelopt((qc["quantization"] or {}).get("quant_algo"), source)
+        return _modelopt(qc["quantization"] or {}, source)
     method = str(qc.get("quant_method", "")).lower()
     if str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION" and method != "fp8":
-        # ModelOpt's per-layer formats (vLLM's ModelOptMixedPrecisionConfig, `modelopt_mixed`)
-        return _modelopt(qc["quant_algo"], source)
+        # ModelOpt's per-layer formats, whatever quant_method says: vLLM's ModelOptMixedPrecisionConfig
+        # overrides it (override_quantization_method); DeepSeek-V4's fp8 ones are its own (_v4_expert_scheme)
+        return _modelopt(qc, source)
     if method == "fp8":
         block = qc.get("weight_block_size")
         return WeightFormat("fp8", "fp8-block" if block else "fp8-tensor", source=source,
                             expert_scheme=_v4_expert_scheme(qc, source))
     if method == "modelopt":
-        return _modelopt(qc.get("quant_algo"), source)
+        return _modelopt(qc, source)
     if method == "mxfp4":
         return WeightFormat("mxfp4", "mxfp4", bits=4, group_size=MXFP4_GROUP, source=source)
     if method == "awq":
@@ -317,9 +398,12 @@ def recorded_format(model: str) -> WeightFormat | None:
     record = _checkpoint_records().get(str(model).lower())
     if record is None:
         return None
+    source = f"{model}'s config ({record['source']})"
+    if record["method"] == MIXED:
+        return replace(mixed_format(record["quantized_layers"], source), excluded=tuple(record["exclude_modules"]))
     return WeightFormat(record["method"], record["scheme"], bits=record["bits"], group_size=record["group_size"],
                         excluded=tuple(record["exclude_modules"]), expert_scheme=record.get("expert_scheme", ""),
-                        source=f"{model}'s config ({record['source']})")
+                        source=source)
 
 
 @lru_cache(maxsize=1)
@@ -359,7 +443,15 @@ def gemm_path(fmt: WeightFormat, gpu: GpuSpec) -> GemmPath:
     capability 8.9+), else FP8 Marlin (vLLM's docs: "Ampere GPUs are supported for W8A16 (weight-only
     FP8) utilizing Marlin kernels"); native NVFP4 on Blackwell, else FP4 Marlin; AWQ and GPTQ on their
     Marlin W4A16 kernels (vLLM converts them to awq_marlin / gptq_marlin on compute capability 8.0+);
-    MXFP4 leaves a dense model's linear layers unquantized."""
+    MXFP4 leaves a dense model's linear layers unquantized. ModelOpt's W4A16_NVFP4 keeps 16-bit activations, so
+    vLLM runs FP4 Marlin on every GPU (ModelOptMixedPrecisionConfig's w4a16_nvfp4_config); a mixed checkpoint's
+    layers each take their own format's path."""
+    if fmt.is_mixed:
+        paths = [gemm_path(f, gpu) for f in fmt.formats]
+        return GemmPath("mixed", "; ".join(dict.fromkeys(p.kernel for p in paths)),
+                        "; ".join(dict.fromkeys(p.warning for p in paths if p.warning)) or None)
+    if fmt.weight_only:
+        return GemmPath("16-bit", "FP4 Marlin (W4A16, weight-only, as the checkpoint asks)")
     if fmt.method == "fp8":
         if gpu.fp8_flops > 0:
             kernel = "FP8 block-scaled GEMM (W8A8)" if fmt.scheme == "fp8-block" else "CUTLASS FP8 scaled-mm (W8A8)"
@@ -377,6 +469,8 @@ def gemm_path(fmt: WeightFormat, gpu: GpuSpec) -> GemmPath:
 
 def peak_flops(fmt: WeightFormat | None, gpu: GpuSpec, dtype_bytes: int = 2) -> float:
     """The tensor-core FLOP/s a layer in `fmt` is multiplied at on `gpu`: FP8 or FP4 where vLLM runs them
-    natively (gemm_path), else the 16-bit peak (weight-only kernels, unquantized layers)."""
+    natively (gemm_path), else the 16-bit peak (weight-only kernels, unquantized layers); one format, not a mix."""
     precision = gemm_path(fmt, gpu).precision if fmt is not None else "16-bit"
+    if precision == "mixed":
+        raise PlannerError("a modelopt_mixed checkpoint's layers have no one peak; price each in its own format")
     return {"fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops}.get(precision) or gpu.peak_flops(dtype_bytes)

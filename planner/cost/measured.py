@@ -91,11 +91,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, mla, resolve_gpu, resolve_model
-from planner.catalog.kept_layers import kept_share
+from planner.catalog.kept_layers import format_share
 from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.calibration import Calibration, load_calibration
@@ -158,6 +159,18 @@ def gemm_table(system: str, fmt: WeightFormat | None, gpu: GpuSpec) -> tuple[str
     if precision == "fp4" and tables.has_table(system, "gemm_nvfp4"):
         return "gemm_nvfp4", None, "nvfp4 GEMMs"
     return "gemm", fmt.bytes_per_weight(), f"weight-only GEMMs (bf16 table, {fmt.bits}-bit weights)"
+
+
+@dataclass(frozen=True)
+class FormatGemms:
+    """How a system's GEMMs of one weight format are priced (gemm_table): its table's tree, or None to read
+    the 16-bit one (with the weights' bytes per element where the kernel is weight-only)."""
+
+    table: str
+    tree: dict | None
+    max_n: int
+    weight_only_bytes: float | None
+    how: str
 
 
 def covered_gpus() -> list[str]:
@@ -269,7 +282,7 @@ class MeasuredCostModel:
         return cal.host_step_s, cal.host_seq_s, cal.describe()
 
     def _make_name(self) -> str:
-        used = {"gemm", self._tables["layer_gemm"], self._tables["context"], self._tables["generation"]}
+        used = {"gemm", *self._tables["layer_gemm"].split("+"), self._tables["context"], self._tables["generation"]}
         if self._moe is not None:
             used.add("moe")
         if getattr(self, "allreduce_backend", None) == "vllm custom all-reduce":
@@ -331,24 +344,35 @@ class MeasuredCostModel:
             latent = model.moe_latent_size
             gemms += [("latent down-projection", (latent, h), model.moe_layers, ("latent", (0,))),
                       ("latent up-projection", (h, latent), model.moe_layers, ("latent", (1,)))]
-        excluded = weight_format.excluded if weight_format is not None else ()
         shapes = {"attention": model.attention_shapes, "linear_attention": model.linear_attention_shapes,
                   "mlp": model.mlp_shapes, "shared_experts": model.shared_expert_shapes,
                   "latent": model.latent_shapes}
-        gemms = [(name, shape, layers, kept_share(model, excluded, role, shapes[role], indices))
-                 for name, shape, layers, (role, indices) in gemms]
+        quantized = weight_format is not None and weight_format.quantizes_linear
+        # (name, (n, k), layers, ((format or None for 16 bits, share of the GEMM's weights), ...))
+        gemms = [(name, shape, layers, format_share(model, weight_format, role, shapes[role], indices)
+                  if quantized else ((None, 1.0),)) for name, shape, layers, (role, indices) in gemms]
         self._gemms = [g for g in gemms if g[2]]
         self._head_shape = (model.vocab_size // tp, h)
+        self._head_format = weight_format.head if weight_format is not None else None
         self._gemm_tree = tables.monotone(tables.build_tree(tables.load_rows(self.system, "gemm"), ("n", "k", "m")), 3)
         self._gemm_max_n = max(self._gemm_tree)
-        table, self._weight_only_bytes, self._gemm_how = gemm_table(self.system, weight_format, self.gpu)
-        if table == "gemm_fp8" and weight_format.scheme == "fp8-block":
+        formats = dict.fromkeys([weight_format] if quantized and not weight_format.is_mixed else [])
+        formats.update(dict.fromkeys(f for *_, shares in self._gemms for f, _ in shares if f is not None))
+        formats.update(dict.fromkeys([self._head_format] if self._head_format is not None else []))
+        self._format_tables = {fmt: self._format_table(fmt) for fmt in formats}
+        used = list(dict.fromkeys(t.table for t in self._format_tables.values())) or ["gemm"]
+        self._tables = {"layer_gemm": "+".join(used)}
+        self._gemm_how = "; ".join(dict.fromkeys(t.how for t in self._format_tables.values())) or "bf16 GEMMs"
+
+    def _format_table(self, fmt: WeightFormat) -> "FormatGemms":
+        """How one format's GEMMs are priced on this system (gemm_table)."""
+        table, weight_only_bytes, how = gemm_table(self.system, fmt, self.gpu)
+        if table == "gemm_fp8" and fmt.scheme == "fp8-block":
             self.notes.append("block-scaled FP8 GEMMs priced with the per-tensor FP8 table (the same tensor-core "
                               "GEMM; NVIDIA's block-scaled rows time a per-call cost CUDA graphs do not pay)")
-        self._tables = {"layer_gemm": table}
-        self._layer_tree = self._gemm_tree if table == "gemm" else tables.monotone(
+        tree = None if table == "gemm" else tables.monotone(
             tables.build_tree(tables.load_rows(self.system, table), ("n", "k", "m")), 3)
-        self._layer_max_n = max(self._layer_tree)
+        return FormatGemms(table, tree, max(tree) if tree else 0, weight_only_bytes, how)
 
     @staticmethod
     def _mla_gemms(model: ModelSpec, tp: int) -> list[tuple[str, tuple[int, int], int, tuple[str, tuple[int, ...]]]]:
@@ -583,30 +607,57 @@ class MeasuredCostModel:
         return self._slower_memory(blocks * latency, 2.0 * (m * k + k * n + m * n))
 
     def layer_gemm(self, m: int, n: int, k: int) -> float:
-        """One of a layer's GEMMs in the weights' format: its own table, or the 16-bit one read as a
+        """One of a layer's GEMMs in the weights' one format (16 bits where it quantizes no dense layer)."""
+        fmt = self.weight_format
+        return self.format_gemm(fmt if fmt is not None and fmt.quantizes_linear else None, m, n, k)
+
+    def format_gemm(self, fmt: WeightFormat | None, m: int, n: int, k: int) -> float:
+        """A GEMM with weights in `fmt` (None: 16 bits): the format's own table, or the 16-bit one read as a
         weight-only kernel."""
-        if self._layer_tree is self._gemm_tree:
+        if fmt is None:
+            return self.gemm(m, n, k)
+        priced = self._format_tables[fmt]
+        if priced.tree is None:
             latency = self.gemm(m, n, k)
-            return latency if self._weight_only_bytes is None else self._weight_only(latency, m, n, k)
-        blocks = -(-n // self._layer_max_n)
-        latency, ext = tables.interpolate(self._layer_tree, (n / blocks, k, m))
-        self._flag(self._tables["layer_gemm"], ext)
-        return self._slower_memory(blocks * latency, 2.0 * (m * k + m * n) + self.weight_format.matrix_bytes(n, k))
+            return (latency if priced.weight_only_bytes is None
+                    else self._weight_only(latency, m, n, k, priced.weight_only_bytes))
+        blocks = -(-n // priced.max_n)
+        latency, ext = tables.interpolate(priced.tree, (n / blocks, k, m))
+        self._flag(priced.table, ext)
+        return self._slower_memory(blocks * latency, 2.0 * (m * k + m * n) + fmt.matrix_bytes(n, k))
 
-    def _format_gemm(self, m: int, n: int, k: int, kept: float) -> float:
-        """A layer GEMM whose weights the checkpoint keeps in 16 bits for the fraction `kept` of its layers
-        (planner/catalog/kept_layers.py): that fraction at the 16-bit price."""
-        quantized = self.layer_gemm(m, n, k)
-        return (1 - kept) * quantized + kept * self.gemm(m, n, k) if kept else quantized
+    def _shared_gemm(self, m: int, n: int, k: int, shares) -> float:
+        """A layer GEMM whose weights are stored in several formats across the layers (a share kept in 16 bits
+        by the checkpoint, or a mixed checkpoint's formats; planner/catalog/kept_layers.py): each share at
+        its format's price."""
+        if len(shares) == 1:
+            return self.format_gemm(shares[0][0], m, n, k)
+        return sum(share * self.format_gemm(fmt, m, n, k) for fmt, share in shares)
 
-    def _weight_only(self, latency: float, m: int, n: int, k: int) -> float:
+    def _tables_read(self, shares) -> str:
+        """The table(s) a GEMM of these format shares reads, for its term's detail."""
+        def table(fmt: WeightFormat | None) -> str:
+            if fmt is None:
+                return "gemm"
+            priced = self._format_tables[fmt]
+            return priced.table + (f" as {fmt.name} weight-only" if priced.weight_only_bytes is not None else "")
+
+        kept = sum(share for fmt, share in shares if fmt is None)
+        quantized = self.weight_format is not None and self.weight_format.quantizes_linear
+        if len(shares) == 1:
+            return table(shares[0][0]) + (", kept in 16 bits by the checkpoint" if kept and quantized else "")
+        if len(shares) == 2 and kept and not self.weight_format.is_mixed:
+            return f"{table(next(f for f, _ in shares if f is not None))}, {kept:.0%} of it kept in 16 bits (gemm)"
+        return " + ".join(f"{share:.0%} {table(fmt)}" for fmt, share in shares)
+
+    def _weight_only(self, latency: float, m: int, n: int, k: int, weight_bytes: float) -> float:
         """A weight-only kernel (Marlin: the weights widened to 16 bits in registers, 16-bit math) priced as
         the measured 16-bit GEMM less the time its smaller weights save: the roofline time with the
         16-bit weights minus the one with the format's (equal when compute-bound), never below the
         measured time scaled by the same ratio. Marlin's own dequantization cost is not modelled."""
         compute = 2.0 * m * n * k / self._flops_eff
         before = max(compute, 2.0 * (m * k + k * n + m * n) / self._bw_eff)
-        after = max(compute, (2.0 * (m * k + m * n) + self._weight_only_bytes * k * n) / self._bw_eff)
+        after = max(compute, (2.0 * (m * k + m * n) + weight_bytes * k * n) / self._bw_eff)
         return max(latency - (before - after), latency * after / before)
 
     def context_attention(self, batch: int, length: int) -> float:
@@ -902,12 +953,9 @@ class MeasuredCostModel:
     def _run_terms(self, run: int, captured: bool) -> tuple[tuple[Term, ...], float]:
         """_token_terms' terms for `run` tokens (padded), run by a CUDA graph or not."""
         layers = self.model.num_layers
-        table = self._tables["layer_gemm"]
-        terms = [Term(f"{name} GEMM", "gemm", count * self._format_gemm(run, n, k, kept), "table",
-                      f"{self.system} {'gemm' if kept == 1 else table}, m={run} n={n} k={k}, x{count} layers"
-                      + (", kept in 16 bits by the checkpoint" if kept == 1 else
-                         f", {kept:.0%} of it kept in 16 bits (gemm)" if kept else ""), count)
-                 for name, (n, k), count, kept in self._gemms]
+        terms = [Term(f"{name} GEMM", "gemm", count * self._shared_gemm(run, n, k, shares), "table",
+                      f"{self.system} {self._tables_read(shares)}, m={run} n={n} k={k}, x{count} layers", count)
+                 for name, (n, k), count, shares in self._gemms]
         if self._moe is not None:
             terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size))
             self._flag("moe", self._moe.extrapolated)
@@ -940,8 +988,10 @@ class MeasuredCostModel:
     def _seq_terms(self, seqs: int) -> tuple[tuple[Term, ...], float]:
         """The terms priced by the sequences a step samples: LM head, logits all-gather, sampler; cached."""
         n, k = self._head_shape
-        terms = [Term("LM head GEMM", "lm_head", self.gemm(seqs, n, k), "table",
-                      f"{self.system} gemm, m={seqs} n={n} k={k}")]
+        head = self._head_format
+        read = "gemm" if head is None else self._tables_read(((head, 1.0),))
+        terms = [Term("LM head GEMM", "lm_head", self.format_gemm(head, seqs, n, k), "table",
+                      f"{self.system} {read}, m={seqs} n={n} k={k}")]
         if self.tp > 1 and "logits_gather" not in self.leave_out and self._nccl is not None:
             terms.append(Term("logits all-gather", "collective", self.logits_gather(seqs), "table",
                               f"{self.system} nccl all-reduce of {seqs} x {self.model.vocab_size} values, halved"))

@@ -120,10 +120,11 @@ def linear_weights(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int,
     if weight_format is None or not weight_format.quantizes_linear:
         return params * dtype_bytes, gpu.peak_flops(dtype_bytes), "16-bit" if dtype_bytes == 2 else "fp32"
     nbytes = model.linear_bytes_per_gpu(weight_format, tp)
-    kept = model.kept_linear_params_per_gpu(weight_format, tp)
-    peak = peak_flops(weight_format, gpu, dtype_bytes)
-    mixed = params / ((params - kept) / peak + kept / gpu.peak_flops(2))
-    return nbytes, mixed, gemm_path(weight_format, gpu).precision
+    by_format = model.linear_params_by_format(weight_format, tp)
+    seconds_per_flop = sum(p / (peak_flops(f, gpu, dtype_bytes) if f is not None else gpu.peak_flops(2))
+                           for f, p in by_format.items())
+    precisions = [gemm_path(f, gpu).precision for f in weight_format.formats]
+    return nbytes, params / seconds_per_flop, "/".join(dict.fromkeys(precisions))
 
 
 def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block_size: int, cpu_base: float,
@@ -169,8 +170,10 @@ class RooflineCostModel:
 
         self._linear_weights = linear_bytes / bw                           # s, once per step
         self._linear_per_token = 2 * linear_params / (linear_peak * efficiency.compute)   # s per token
-        self._head_weights = head_params * dtype_bytes / bw
-        self._head_per_seq = 2 * head_params / flops
+        head = weight_format.head if weight_format is not None else None   # a mixed checkpoint's quantized head
+        self._head_weights = (head_params * dtype_bytes if head is None
+                              else head.matrix_bytes(vocab, hidden) / tp) / bw
+        self._head_per_seq = 2 * head_params / (flops if head is None else peak_flops(head, gpu) * efficiency.compute)
         self._prefill_kv_write = kv_bytes_per_token / bw                   # per new token
         # Block size changes paged-attention kernel speed (measured: planner/cost/block_size.py).
         self.block_size_factor = decode_attention_factor(block_size, backend=_kernel_backend(gpu))
