@@ -6,8 +6,8 @@ list stays 16-bit.
 Per deployment (one GPU, vLLM's defaults, --max-model-len 32768 so the 16-bit model fits on 80 GB), the same
 model as the 16-bit release, vLLM's online FP8 (every linear layer per-tensor FP8, the head 16-bit) and NVIDIA's
 mixed release: weights per GPU, the cache's blocks, one step of 32 decodes at 4,096 tokens and one 4,096-token
-prefill by the roofline and by the measured model where it prices the model (`-` where it refuses: NVIDIA timed
-no Marlin fused-MoE kernel), and the measured decode step's GEMM seconds by the tables they read.
+prefill by the roofline and by the measured model (`-` where it refuses), and the measured decode step's GEMM
+seconds by the tables they read (the W4A16 experts: vLLM's Marlin MoE, from NVIDIA's `int4_wo` rows).
 
     .venv/bin/python bench/bench_mixed_precision.py
 """

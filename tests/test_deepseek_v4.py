@@ -133,10 +133,10 @@ def test_a_model_folder_declares_its_mxfp4_experts_at_the_top_level(tmp_path):
         checkpoint_format(str(tmp_path))
 
 
-def test_nvidia_nvfp4_release_stores_its_experts_in_nvfp4_and_reads_blackwell_rows():
+def test_nvidia_nvfp4_release_stores_its_experts_in_nvfp4_and_reads_the_kernel_each_gpu_runs():
     """nvidia/DeepSeek-V4-Flash-NVFP4: E2M1 pairs with an E4M3 scale per 16 and two fp32 scales per expert
     matrix, where DeepSeek's MXFP4 has an E8M0 per 32; the measured model reads the NVFP4 fused-MoE rows NVIDIA
-    timed on B200, and on Hopper (no NVFP4 rows) `auto` falls back to the roofline."""
+    timed on B200, and on Hopper the Marlin MoE rows vLLM's kernel there was timed in."""
     plans = {name: plan_deployment(Deployment(model=name, gpu="b200", tp=2))
              for name in ("deepseek-ai/DeepSeek-V4-Flash", "nvidia/DeepSeek-V4-Flash-NVFP4")}
     mxfp4, nvfp4 = plans.values()
@@ -152,10 +152,11 @@ def test_nvidia_nvfp4_release_stores_its_experts_in_nvfp4_and_reads_blackwell_ro
     experts = {t.name: t for t in cost.ledger(StepShape(decode_seqs=64, decode_context=64 * 4096)).terms}[
         "experts (fused MoE)"]
     assert cost.name.startswith("measured") and experts.source == "table" and "nvfp4" in experts.detail
-    hopper = plan_deployment(Deployment(model="nvidia/DeepSeek-V4-Flash-NVFP4", gpu="h200", tp=2))
-    with pytest.raises(PlannerError, match=r"no measured vLLM MoE rows .*\(nvfp4"):
-        build_cost_model(hopper, "measured")
-    assert build_cost_model(hopper, "auto").name.startswith("roofline")
+    # Hopper has no FP4 tensor cores: vLLM runs NVFP4 experts on its Marlin MoE, NVIDIA's int4_wo rows
+    hopper = build_cost_model(plan_deployment(Deployment(model="nvidia/DeepSeek-V4-Flash-NVFP4", gpu="h200", tp=2)))
+    experts = {t.name: t for t in hopper.ledger(StepShape(decode_seqs=64, decode_context=64 * 4096)).terms}[
+        "experts (fused MoE)"]
+    assert hopper.name.startswith("measured") and experts.source == "scaled" and "int4_wo" in experts.detail
 
 
 @pytest.mark.parametrize("deployment, words", [

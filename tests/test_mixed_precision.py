@@ -4,6 +4,7 @@ layer (planner/catalog/quantization.py, planner/catalog/kept_layers.py format_sh
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -104,11 +105,20 @@ def test_the_measured_model_prices_each_layer_in_its_own_format():
     assert decode["fp8"] > decode["mixed"] > decode["nvfp4"]
 
 
-def test_w4a16_experts_run_marlin_which_nvidia_did_not_time():
+def test_w4a16_experts_read_the_marlin_moe_nvidia_timed():
+    """vLLM runs W4A16 NVFP4 experts on its Marlin MoE, which NVIDIA timed as `int4_wo` for Kimi-K2.5's INT4
+    experts (4.5 bits a weight, as NVFP4): Kimi-K2's shape reads those rows as they are, Qwen3.6's takes the
+    table's efficiency over the roofline (source `scaled`)."""
     plan = plan_deployment(Deployment(model=MOE, gpu="b200"))
-    with pytest.raises(PlannerError, match=r"no measured vLLM MoE rows .*\(w4a16_nvfp4"):
-        build_cost_model(plan, "measured")
-    assert build_cost_model(plan, "auto").name.startswith("roofline(b200, modelopt_mixed weights")
+    cost = build_cost_model(plan, "auto")
+    experts = {t.name: t for t in cost.ledger(step(32, 2048)).terms}["experts (fused MoE)"]
+    assert cost.name.startswith("measured") and experts.source == "scaled" and "int4_wo" in experts.detail
+    kimi = resolve_model("kimi-k2")
+    w4a16 = recorded_format(MOE).experts
+    fmt = replace(recorded_format(MOE), layers=(("model.layers.*.mlp.experts", w4a16),))
+    timed = MeasuredCostModel(kimi, "h200", tp=8, weight_format=fmt)
+    kimi_experts = {t.name: t for t in timed.ledger(step(64, 2048)).terms}["experts (fused MoE)"]
+    assert kimi_experts.source == "table" and "int4_wo" in kimi_experts.detail
 
 
 def test_bad_mixed_configs_are_refused_in_one_line(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
-from planner.catalog import resolve_model
+from planner.catalog import resolve_gpu, resolve_model
 from planner.catalog.quantization import WeightFormat, weight_format
 from planner.cli.app import app
 from planner.cost.measured import MeasuredCostModel
@@ -115,9 +115,13 @@ def test_sliding_window_layers_cost_less_at_long_context():
 def test_measured_refuses_what_nvidia_did_not_time():
     nvfp4 = weight_format("nvfp4")
     with pytest.raises(PlannerError, match="no measured vLLM MoE rows"):
-        MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", weight_format=nvfp4)   # no NVFP4 MoE timed on Hopper
-    gpu = plan_deployment(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", max_model_len=4096)).gpu
+        MeasuredCostModel("qwen3-30b-a3b", "a100", weight_format=nvfp4)   # A100's MoE table is bf16 only
+    gpu = resolve_gpu("a100")
     assert select_cost_model(resolve_model("qwen3-30b-a3b"), gpu, weight_format=nvfp4).name.startswith("roofline")
+    # Hopper runs NVFP4 experts on vLLM's Marlin MoE, which NVIDIA timed (int4_wo) for Kimi-K2.5's shape only
+    hopper = MeasuredCostModel("qwen3-30b-a3b", "h100-sxm", weight_format=nvfp4)
+    experts = {t.name: t for t in hopper.ledger(StepShape(decode_seqs=8, decode_context=8 * 512)).terms}
+    assert experts["experts (fused MoE)"].source == "scaled" and "int4_wo" in experts["experts (fused MoE)"].detail
     # gpt-oss in bf16: its shape was timed in MXFP4 only, so its experts are the roofline at the efficiency
     # of the bf16 kernel's timed shapes
     bf16 = MeasuredCostModel("gpt-oss-20b", "h100-sxm")

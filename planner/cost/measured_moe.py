@@ -66,20 +66,28 @@ def moe_dtypes(fmt: WeightFormat | None) -> tuple[str, ...]:
     """The table's names for the experts' format, best first where vLLM has several kernels for it. DeepSeek-V4's
     MXFP4 experts (Mxfp4MoEMethod) run FlashInfer's TRT-LLM kernel with MXFP8 activations on Blackwell and OpenAI's
     Triton kernel with bf16 activations on Hopper (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py), the one
-    NVIDIA timed for gpt-oss there; gpt-oss's own method keeps bf16 activations on both. Its NVFP4 re-release's
-    experts (ModelOptNvFp4FusedMoE) read the NVFP4 rows, which NVIDIA timed on Blackwell only."""
+    NVIDIA timed for gpt-oss there; gpt-oss's own method keeps bf16 activations on both. NVFP4 experts
+    (ModelOptNvFp4FusedMoE, CompressedTensorsW4A4Nvfp4MoE) run FP4 x FP4 where the GPU has FP4 tensor cores, the
+    rows NVIDIA timed on Blackwell, and vLLM's Marlin MoE elsewhere (select_nvfp4_moe_backend: the W4A4 backends
+    need Blackwell; moe_dtype below)."""
+    experts = fmt.experts if fmt is not None else None
     if fmt is not None and fmt.expert_scheme == "mxfp4":
         return "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"
-    return (moe_dtype(fmt.experts if fmt is not None else None),)
+    if experts is not None and experts.scheme == "nvfp4" and not experts.weight_only:
+        return "nvfp4", "int4_wo"
+    return (moe_dtype(experts),)
 
 
 def moe_dtype(fmt: WeightFormat | None) -> str:
     """The table's name for the experts' format. ModelOpt's W4A16 NVFP4 experts run vLLM's Marlin MoE
-    (ModelOptNvFp4FusedMoE with 16-bit activations), which NVIDIA did not time: a name no table has."""
+    (ModelOptNvFp4FusedMoE with 16-bit activations: MarlinExperts, fused_marlin_moe), the kernel NVIDIA timed as
+    `int4_wo` for Kimi-K2.5's INT4 experts (compressed-tensors W4A16 in groups of 32 with 16-bit scales). Those
+    read 4.5 bits a weight, as NVFP4's E2M1 values with an E4M3 scale per 16 do, so the rows time the same
+    bytes; other shapes take the table's efficiency (MeasuredMoe)."""
     if fmt is None:
         return "bfloat16"
     if fmt.weight_only:
-        return "w4a16_nvfp4"
+        return "int4_wo"
     names = {"fp8-block": "fp8_block", "fp8-tensor": "fp8", "fp8-channel": "fp8", "nvfp4": "nvfp4",
              "mxfp4": "w4a16_mxfp4"}
     if fmt.scheme not in names:
