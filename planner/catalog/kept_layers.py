@@ -127,17 +127,6 @@ def kept_fractions(model: Any, patterns: tuple[str, ...]) -> dict[str, tuple[flo
     return kept
 
 
-def kept_share(model: Any, patterns: tuple[str, ...], role: str, shapes: tuple[tuple[int, int], ...],
-               indices: tuple[int, ...]) -> float:
-    """The weight-weighted fraction of the role's weights `indices` (of its shape tuple `shapes`) kept in
-    16 bits: what a fused GEMM of them (q, k and v; gate and up) multiplies at 16 bits."""
-    fractions = kept_fractions(model, patterns).get(role)
-    if not fractions:
-        return 0.0
-    sizes = [shapes[i][0] * shapes[i][1] for i in indices]
-    return sum(fractions[i] * s for i, s in zip(indices, sizes)) / sum(sizes)
-
-
 # (a weight's format, or None for 16 bits; the fraction of the role's layers that store it so)
 Shares = tuple[tuple[Any, float], ...]
 

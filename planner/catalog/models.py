@@ -751,7 +751,7 @@ class ModelSpec:
         """`linear_params_per_gpu` by the format each is stored and multiplied in (None: 16 bits)."""
         shares = format_shares(self, weight_format)
         formats = {f for per_role in shares.values() for stored in per_role for f, _ in stored}
-        formats |= {f for f, _ in stored_as({}, weight_format, "", 0)}
+        formats.add(None if weight_format.is_mixed else weight_format)      # the roles format_shares leaves out
 
         def params_in(fmt: WeightFormat | None):
             return lambda role, index, n, k: round(sum(fraction * n * k for f, fraction in
