@@ -364,7 +364,7 @@ class MeasuredCostModel:
         self._tables = {"layer_gemm": "+".join(used)}
         self._gemm_how = "; ".join(dict.fromkeys(t.how for t in self._format_tables.values())) or "bf16 GEMMs"
 
-    def _format_table(self, fmt: WeightFormat) -> "FormatGemms":
+    def _format_table(self, fmt: WeightFormat) -> FormatGemms:
         """How one format's GEMMs are priced on this system (gemm_table)."""
         table, weight_only_bytes, how = gemm_table(self.system, fmt, self.gpu)
         if table == "gemm_fp8" and fmt.scheme == "fp8-block":
