@@ -303,6 +303,16 @@ def test_a_config_json_file_is_a_model_as_its_folder_is(tmp_path):
     assert from_file.model_type == "qwen2" and from_file.num_params == resolve_model("qwen2.5-7b").num_params
 
 
+def test_a_mimo_config_is_qwen2s_architecture(tmp_path):
+    """Xiaomi's MiMo-7B (model_type mimo): vLLM runs it as Qwen2 (MiMoForCausalLM subclasses Qwen2ForCausalLM),
+    its multi-token-prediction layer loaded only to draft."""
+    config = resolve_model("qwen2.5-7b").to_hf_config().to_dict() | {"model_type": "mimo",
+                                                                      "num_nextn_predict_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mimo = resolve_model(str(tmp_path / "config.json"))
+    assert mimo.model_type == "qwen2" and mimo.num_params == resolve_model("qwen2.5-7b").num_params
+
+
 def test_did_you_mean_names_only_what_list_models_shows():
     from planner.catalog import model_ids
     from planner.deploy import checks

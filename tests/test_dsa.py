@@ -39,13 +39,6 @@ def test_ids_configs_and_counts(tmp_path):
     assert resolve_model(str(path)).sparse_indexer == V32.sparse_indexer
 
 
-def test_an_indexer_shared_across_layers_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(_config(GLM5, index_topk_freq=4)))
-    with pytest.raises(PlannerError, match="indexer shared across layers"):
-        resolve_model(str(path))
-
-
 def test_the_cache_holds_the_latent_and_the_indexer_key():
     """vLLM's bytes per token and layer: 576 bf16 values, or fp8_ds_mla's 656 bytes; and 132 for the
     indexer's FP8 key with its scale. Every TP rank holds them whole."""

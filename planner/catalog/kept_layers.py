@@ -13,8 +13,9 @@ The patterns are matched against each of the model's linear modules by the name 
 (`model.layers.N.self_attn.q_proj`; a vision-language wrapper's `model.language_model.layers.N` and
 `language_model.model.layers.N` are folded onto `model.layers.N`; Nemotron-H's blocks are
 `backbone.layers.N.mixer`, N counting every block of its hybrid_override_pattern). The result is, per role (attention,
-linear_attention, mlp, shared_experts) and per weight of the role's one-layer shape tuple on ModelSpec
-(attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes), the fraction of the role's
+linear_attention, mlp, shared_experts, latent, indexer) and per weight of the role's one-layer shape tuple on
+ModelSpec (attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes, latent_shapes,
+indexer_shapes), the fraction of the role's
 layers in which the checkpoint keeps that weight in 16 bits. A MoE's routed experts and routers are not
 listed here: routers are 16-bit in vLLM whatever the config says, and no checkpoint we know excludes experts.
 
@@ -31,7 +32,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
-ROLES = ("attention", "linear_attention", "mlp", "shared_experts", "latent")
+ROLES = ("attention", "linear_attention", "mlp", "shared_experts", "latent", "indexer")
 
 # Wrapper prefixes of vision-language checkpoints, folded onto the text model's `model.layers.`
 _WRAPPERS = (("model.language_model.layers.", "model.layers."), ("language_model.model.layers.", "model.layers."))
@@ -67,8 +68,6 @@ def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
         attn = ((q,), ("self_attn.kv_b_proj",), ("self_attn.o_proj",))
         attn += (("self_attn.q_a_proj",),) if model.q_lora_rank else ()
         attn += (("self_attn.kv_a_proj_with_mqa",),)
-        if model.sparse_indexer is not None:
-            attn += (("self_attn.indexer.wq_b",), ("self_attn.indexer.wk",), ("self_attn.indexer.weights_proj",))
     shared = tuple((f"mlp.shared_experts.{w}", f"mlp.shared_expert.{w}") for w in ("gate_proj", "up_proj", "down_proj"))
     if model.is_gemma and model.is_moe:      # Gemma 4's dense MLP beside its experts (its "shared expert")
         shared = (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))
@@ -77,26 +76,27 @@ def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
                 "linear_attention": (("mixer.in_proj",), ("mixer.out_proj",)),
                 "mlp": (("mixer.up_proj",), ("mixer.down_proj",)),
                 "shared_experts": (("mixer.shared_experts.up_proj",), ("mixer.shared_experts.down_proj",)),
-                "latent": (("mixer.fc1_latent_proj",), ("mixer.fc2_latent_proj",))}
+                "latent": (("mixer.fc1_latent_proj",), ("mixer.fc2_latent_proj",)), "indexer": ()}
     return {"attention": attn,
             "linear_attention": (("linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
                                  ("linear_attn.in_proj_ba", "linear_attn.in_proj_b", "linear_attn.in_proj_a"),
                                  ("linear_attn.out_proj",)),
             "mlp": ((("fc1",), ("fc2",)) if model.is_gpt_like
                     else (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))),
-            "shared_experts": shared, "latent": ()}
+            "shared_experts": shared, "latent": (),
+            "indexer": (("self_attn.indexer.wq_b",), ("self_attn.indexer.wk",), ("self_attn.indexer.weights_proj",))}
 
 
 def _layers(model: Any) -> dict[str, range | list[int]]:
     """The layer indices of each role: a Gated DeltaNet hybrid's full-attention layers are every
     (layers / attention layers)-th, the last of each group (Qwen3-Next's and Qwen3.5's layer_types); a
     MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace); Nemotron-H's blocks are where
-    its pattern puts them."""
+    its pattern puts them; a DSA indexer is on the layers vLLM builds one on (GLM-5.2: 21 of 78)."""
     if model.block_pattern:
         at = {kind: [i for i, c in enumerate(model.block_pattern) if c == kind] for kind in "*M-E"}
         return {"attention": at["*"], "linear_attention": at["M"], "mlp": at["-"],
                 "shared_experts": at["E"] if model.shared_experts else [],
-                "latent": at["E"] if model.moe_latent_size else []}
+                "latent": at["E"] if model.moe_latent_size else [], "indexer": []}
     layers = range(model.num_layers)
     every = model.num_layers // model.attention_layers if model.linear_attention is not None else 1
     attention = [i for i in layers if i % every == every - 1]
@@ -104,7 +104,8 @@ def _layers(model: Any) -> dict[str, range | list[int]]:
     mlp = range(model.dense_layers) if model.is_moe else layers
     return {"attention": attention, "linear_attention": linear, "mlp": mlp,
             "shared_experts": range(model.dense_layers, model.num_layers) if model.shared_expert_width else [],
-            "latent": []}
+            "latent": [], "indexer": list(model.sparse_indexer.indexed_layers(model.num_layers))
+            if model.sparse_indexer is not None else []}
 
 
 @lru_cache(maxsize=64)

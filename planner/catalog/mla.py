@@ -43,18 +43,15 @@ def attention_shapes(m: Any) -> tuple[tuple[int, int], ...]:
 
 
 def replicated_shapes(m: Any) -> tuple[tuple[int, int], ...]:
-    """The down-projections vLLM keeps whole on every TP rank: q_a (with a q_lora_rank) and kv_a; and a DSA
-    model's indexer (planner/catalog/sparse_attention.py)."""
+    """The down-projections vLLM keeps whole on every TP rank: q_a (with a q_lora_rank) and kv_a. (A DSA
+    model's indexer, whole on every rank too, is its own role: ModelSpec.indexer_shapes.)"""
     kv_a = (m.kv_lora_rank + m.qk_rope_head_dim, m.hidden_size)
-    down = ((m.q_lora_rank, m.hidden_size), kv_a) if m.q_lora_rank else (kv_a,)
-    index = m.sparse_indexer
-    return down + index.shapes(m.hidden_size, m.q_lora_rank) if index is not None else down
+    return ((m.q_lora_rank, m.hidden_size), kv_a) if m.q_lora_rank else (kv_a,)
 
 
 def norm_params(m: Any) -> int:
-    """The norms inside one layer's attention: RMSNorms over the q latent and over the KV latent, and a
-    DSA indexer's LayerNorm over its key."""
-    return m.q_lora_rank + m.kv_lora_rank + (m.sparse_indexer.norm_params if m.sparse_indexer is not None else 0)
+    """The norms inside one layer's attention: RMSNorms over the q latent and over the KV latent."""
+    return m.q_lora_rank + m.kv_lora_rank
 
 
 def cache_width(m: Any) -> int:

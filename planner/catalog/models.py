@@ -282,7 +282,15 @@ class ModelSpec:
         ca = self.compressed_attention
         if ca is not None:
             return -(-ca.block_bytes(self.head_size, self.rotary_dims) // COMPRESSED_BLOCK)
-        return sum(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) for layers, spec in self.attention_kinds)
+        return (sum(layers * spec.kv_cache_bytes(tp, kv_dtype_bytes) for layers, spec in self.attention_kinds)
+                - self.uncached_index_key_bytes)
+
+    @property
+    def uncached_index_key_bytes(self) -> int:
+        """Per token, the indexer keys `kv_cache_bytes` counts on layers that run no indexer of their own and
+        so cache none (GLM-5.2's 57 sharing layers: vLLM gives only an indexer a key cache); 0 otherwise."""
+        index = self.sparse_indexer
+        return (self.attention_layers - self.indexer_layers) * index.key_bytes if index is not None else 0
 
     @property
     def copied_value_params(self) -> int:
@@ -308,8 +316,9 @@ class ModelSpec:
 
     def kv_cache_bytes(self, tp: int = 1, kv_dtype_bytes: int = 2) -> int:
         """Bytes one of `tp` GPUs caches per token and attention layer with `kv_dtype_bytes`-byte values:
-        kv_cache_width values, or a DSA model's latent in vLLM's format and its indexer key
-        (planner/catalog/sparse_attention.py), or a DeepSeek-V4 window row (FP8 whatever the dtype asked)."""
+        kv_cache_width values, or a DSA model's latent in vLLM's format and its indexer key (a layer that runs
+        its own indexer: planner/catalog/sparse_attention.py; the model's totals leave out the others' keys,
+        `uncached_index_key_bytes`), or a DeepSeek-V4 window row (FP8 whatever the dtype asked)."""
         if self.compressed_attention is not None:     # one fp8_ds_mla row, whatever kv_dtype_bytes
             return self.compressed_attention.row_bytes(self.head_size, self.rotary_dims)
         if self.sparse_indexer is None:
@@ -459,6 +468,25 @@ class ModelSpec:
         return sum(n * k for n, k in self.expert_shapes)
 
     @property
+    def indexer_shapes(self) -> tuple[tuple[int, int], ...]:
+        """A DSA indexer's projections (wq_b, wk, weights_proj: planner/catalog/sparse_attention.py), whole on
+        every TP rank, on each of `indexer_layers`; () without one."""
+        index = self.sparse_indexer
+        return index.shapes(self.hidden_size, self.q_lora_rank) if index is not None else ()
+
+    @property
+    def indexer_layers(self) -> int:
+        """The layers that run a DSA indexer of their own (GLM-5.2: 21 of 78; the others reuse its picks)."""
+        index = self.sparse_indexer
+        return len(index.indexed_layers(self.num_layers)) if index is not None else 0
+
+    @property
+    def indexer_norm_params(self) -> int:
+        """The LayerNorms over the indexers' keys, all layers (replicated, like the latent norms)."""
+        index = self.sparse_indexer
+        return self.indexer_layers * index.norm_params if index is not None else 0
+
+    @property
     def latent_shapes(self) -> tuple[tuple[int, int], ...]:
         """Nemotron-H's projections into and out of the experts' latent space, on every MoE layer; () without."""
         h, latent = self.hidden_size, self.moe_latent_size
@@ -498,7 +526,8 @@ class ModelSpec:
         return (sum(layers * sum(n * k for n, k in spec.attention_shapes) for layers, spec in self.attention_kinds)
                 + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
                 + self.dense_mlp_layers * sum(n * k for n, k in self.mlp_shapes)
-                + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes + self.latent_shapes))
+                + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes + self.latent_shapes)
+                + self.indexer_layers * sum(n * k for n, k in self.indexer_shapes))
 
     @property
     def attention_layers(self) -> int:
@@ -565,7 +594,8 @@ class ModelSpec:
         linear = self.linear_attention
         mlp_blocks = self.ffn_layers * self.hidden_size       # Nemotron-H's MLP blocks: one RMSNorm each
         if linear is None:
-            return sum(layers * spec.other_params_per_layer for layers, spec in self.attention_kinds) + mlp_blocks
+            return (sum(layers * spec.other_params_per_layer for layers, spec in self.attention_kinds) + mlp_blocks
+                    + self.indexer_norm_params)
         return (self.attention_layers * self.other_params_per_layer + mlp_blocks
                 + linear.layers * (self.norms_per_layer * self.hidden_size + linear.other_params))
 
@@ -658,6 +688,7 @@ class ModelSpec:
         routers = self.moe_layers * self.router_params
         compressed = sum(layers * spec.compressed_other_params for layers, spec in self.attention_kinds)
         return (self.num_layers * per_layer + compressed + self.whole_linear_params + self.ffn_layers * h
+                + self.indexer_norm_params
                 + self.position_params + self.final_norm_params + routers)
 
     @property
@@ -669,7 +700,8 @@ class ModelSpec:
         """Dense linear weights every tensor-parallel rank holds whole: MLA's and DeepSeek-V4's down-projections
         and Nemotron-H's latent projections (vLLM's ReplicatedLinear)."""
         return (sum(layers * spec.replicated_linear_params_per_layer for layers, spec in self.attention_kinds)
-                + self.moe_layers * sum(n * k for n, k in self.latent_shapes))
+                + self.moe_layers * sum(n * k for n, k in self.latent_shapes)
+                + self.indexer_layers * sum(n * k for n, k in self.indexer_shapes))
 
     # ---- bytes and FLOPs ----------------------------------------------------
 
@@ -772,7 +804,8 @@ class ModelSpec:
         kinds = self.attention_kinds
         whole = (sum(layers_of("attention", spec.replicated_linear_shapes, layers, split_of(spec))
                      for layers, spec in kinds)
-                 + layers_of("latent", self.latent_shapes, self.moe_layers))
+                 + layers_of("latent", self.latent_shapes, self.moe_layers)
+                 + layers_of("indexer", self.indexer_shapes, self.indexer_layers))
         split = (sum(layers_of("attention", spec.attention_shapes[:split_of(spec)], layers) for layers, spec in kinds)
                  + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
                  + layers_of("mlp", self.mlp_shapes, self.dense_mlp_layers)
@@ -839,7 +872,8 @@ class ModelSpec:
         if ca is not None:
             head, rope = self.head_size, self.rotary_dims
             return ca.sequence_bytes(head, rope) + -(-tokens // COMPRESSED_BLOCK) * ca.block_bytes(head, rope)
-        return (self.full_attention_layers * tokens * self.full_layer_spec.kv_cache_bytes(1, dtype_bytes)
+        return (tokens * (self.full_attention_layers * self.full_layer_spec.kv_cache_bytes(1, dtype_bytes)
+                          - self.uncached_index_key_bytes)
                 + self.sliding_layers * min(tokens, self.window) * self.kv_cache_bytes(1, dtype_bytes))
 
 
@@ -920,6 +954,9 @@ class ModelSpec:
         """Describe a model from its transformers config (or the dict of its config.json)."""
         get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
         model_type = get("model_type")
+        # Xiaomi's MiMo-7B is Qwen2's architecture with a multi-token-prediction layer vLLM loads only to draft
+        # (vllm/model_executor/models/mimo.py: MiMoForCausalLM subclasses Qwen2ForCausalLM)
+        model_type = "qwen2" if model_type == "mimo" else model_type
         if name is None:
             path = get("_name_or_path") or get("name_or_path") or ""
             name = os.path.basename(str(path).rstrip("/")) or str(model_type)

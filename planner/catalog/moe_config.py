@@ -199,8 +199,13 @@ def moe_hf_config(spec, common: dict[str, Any]):
         if spec.sparse_indexer is not None:
             index = spec.sparse_indexer
             make = transformers.DeepseekV32Config if spec.model_type == "deepseek_v32" else transformers.GlmMoeDsaConfig
+            shared = {}
+            if index.every > 1:       # GLM-5.2's config lists the layers that run their own indexer
+                indexed = index.indexed_layers(spec.num_layers)
+                shared = dict(index_topk_freq=index.every, index_skip_topk_offset=index.offset,
+                              indexer_types=["full" if i in indexed else "shared" for i in range(spec.num_layers)])
             config = make(first_k_dense_replace=spec.dense_layers, index_n_heads=index.heads,
-                          index_head_dim=index.head_dim, index_topk=index.topk, **fields)
+                          index_head_dim=index.head_dim, index_topk=index.topk, **shared, **fields)
             config.architectures = ["DeepseekV32ForCausalLM" if spec.model_type == "deepseek_v32"
                                     else "GlmMoeDsaForCausalLM"]
         elif spec.model_type == "glm4_moe_lite":        # its dense layers listed per layer

@@ -1,7 +1,7 @@
-"""DeepSeek Sparse Attention (DSA): DeepSeek-V3.2 (model_type deepseek_v32) and GLM-5, GLM-5.1 (glm_moe_dsa).
+"""DeepSeek Sparse Attention (DSA): DeepSeek-V3.2 (model_type deepseek_v32) and GLM-5 to GLM-5.3 (glm_moe_dsa).
 
 Both keep DeepSeek-V3's multi-head latent attention and experts (planner/catalog/mla.py, moe_config.py)
-and add a "lightning indexer" to every layer, which picks the index_topk (2,048) earlier tokens each
+and add a "lightning indexer" to the layers, which picks the index_topk (2,048) earlier tokens each
 query attends to:
 
   wq_b          q_lora_rank -> index_n_heads x index_head_dim: the indexer's queries, from the q latent
@@ -19,8 +19,13 @@ rotary values in bf16); beside it the indexer's key, always FP8 with one fp32 sc
 bytes). Both live in the same blocks of the same pool. vLLM holds the indexer's three projections whole
 on every tensor-parallel rank (like MLA's down-projections).
 
-GLM-5.2 shares one indexer's picks across four layers (index_topk_freq, indexer_types "shared"); that
-pattern is refused rather than priced as an indexer on every layer.
+GLM-5.2 and 5.3 share an indexer's picks ("IndexCache", arXiv 2603.12201): with index_topk_freq 4 and
+index_skip_topk_offset 3, only 21 of their 78 layers run an indexer (0, 1, 2, then every fourth from 6;
+the config's indexer_types marks them "full"), and the other 57 attend over the top-k the last of those
+picked. vLLM builds the indexer, its three projections and its key cache on those layers alone
+(DeepseekV2MLAAttention: a layer skips when max(layer - offset + 1, 0) % freq != 0, offset 2 by default),
+and so does the plan: the indexer is its own role of weights (`ModelSpec.indexer_shapes`, on
+`indexer_layers` layers), and a shared layer caches the latent alone.
 """
 from __future__ import annotations
 
@@ -38,18 +43,28 @@ _FP8_SCALE_GROUP = 128
 
 @dataclass(frozen=True, slots=True)
 class SparseIndexer:
-    """The lightning indexer every layer of a DSA model runs: its heads, their width and how many
-    keys it keeps per query."""
+    """The lightning indexer of a DSA model: its heads, their width and how many keys it keeps per query;
+    and which layers run one (`every` and `offset`: the config's index_topk_freq and
+    index_skip_topk_offset, 1 and 2 where every layer runs its own)."""
 
     heads: int
     head_dim: int
     topk: int
+    every: int = 1
+    offset: int = 2
 
     def __post_init__(self) -> None:
-        for field in ("heads", "head_dim", "topk"):
+        for field in ("heads", "head_dim", "topk", "every"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"sparse attention: {field} must be a positive integer, got {value!r}")
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise PlannerError(f"sparse attention: offset must be an integer >= 0, got {self.offset!r}")
+
+    def indexed_layers(self, layers: int) -> tuple[int, ...]:
+        """The layers (of `layers`) that run their own indexer, as vLLM picks them; the others reuse the
+        top-k of the last one before them."""
+        return tuple(i for i in range(layers) if max(i - self.offset + 1, 0) % self.every == 0)
 
     def shapes(self, hidden: int, q_lora_rank: int) -> tuple[tuple[int, int], ...]:
         """(outputs, inputs) of one layer's indexer weights: wq_b, wk, weights_proj."""
@@ -79,9 +94,20 @@ def latent_cache_bytes(kv_lora_rank: int, rope_dims: int, kv_dtype_bytes: int) -
 
 
 def sparse_indexer(get: Callable[..., Any], name: str) -> SparseIndexer:
-    """The indexer of a deepseek_v32 or glm_moe_dsa config (`get(key, default=None)` reads it)."""
-    kinds = get("indexer_types")
-    if (get("index_topk_freq") or 1) > 1 or (isinstance(kinds, list) and "shared" in kinds):
-        raise PlannerError(f"model {name!r}: an indexer shared across layers (index_topk_freq, GLM-5.2) is not "
-                           f"modelled")
-    return SparseIndexer(heads=get("index_n_heads"), head_dim=get("index_head_dim"), topk=get("index_topk"))
+    """The indexer of a deepseek_v32 or glm_moe_dsa config (`get(key, default=None)` reads it): vLLM reads
+    index_topk_freq and index_skip_topk_offset, not indexer_types, which must agree with them."""
+    if get("index_topk_pattern") is not None:
+        raise PlannerError(f"model {name!r}: index_topk_pattern (a per-layer list of shared indexers) is not "
+                           f"modelled; index_topk_freq and index_skip_topk_offset are")
+    offset = get("index_skip_topk_offset")
+    index = SparseIndexer(heads=get("index_n_heads"), head_dim=get("index_head_dim"), topk=get("index_topk"),
+                          every=get("index_topk_freq") or 1, offset=2 if offset is None else offset)
+    kinds, layers = get("indexer_types"), get("num_hidden_layers")
+    if isinstance(kinds, list) and isinstance(layers, int):
+        marked = tuple(i for i, kind in enumerate(kinds) if kind == "full")
+        if len(kinds) != layers or marked != index.indexed_layers(layers):
+            built = index.indexed_layers(layers)
+            raise PlannerError(f"model {name!r}: indexer_types marks {len(marked)} layers full, but vLLM builds "
+                               f"indexers on {len(built)} (index_topk_freq {index.every}, index_skip_topk_offset "
+                               f"{index.offset}: layers {', '.join(map(str, built[:4]))}, ...)")
+    return index

@@ -97,15 +97,16 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
         for layers, spec, label in kinds:
             rotated = ((q_heads + 1) if model.is_mla else (q_heads + spec.kv_heads_per_gpu(tp))) * spec.rotary_dims
             kernels.append(Kernel(f"rotary embedding{label}", 2 * rotated * ACT_BYTES, layers=layers))
+    index = model.sparse_indexer
+    index_key = index.key_bytes if index is not None else 0     # written by the indexer, on its layers (below)
     for layers, spec, label in kinds:
         kernels.append(Kernel(f"KV-cache write{label}", spec.kv_cache_width(tp) * ACT_BYTES
-                              + spec.kv_cache_bytes(tp, kv_bytes), layers=layers))
-    if model.sparse_indexer is not None:      # its q read in bf16 and written in FP8; the rotary dims of q and k
-        index = model.sparse_indexer
+                              + spec.kv_cache_bytes(tp, kv_bytes) - index_key, layers=layers))
+    if index is not None:      # its q read in bf16 and written in FP8; the rotary dims of q and k; its key cached
         kernels.append(Kernel("indexer q/k rotary, FP8 quantize, k LayerNorm",
                               index.heads * index.head_dim * (ACT_BYTES + 1)
                               + 2 * (index.heads + 1) * model.qk_rope_head_dim * ACT_BYTES
-                              + 2 * index.head_dim * ACT_BYTES))
+                              + 2 * index.head_dim * ACT_BYTES + index_key, layers=model.indexer_layers))
     if model.attention_output_gate:
         kernels.append(Kernel("attention output gate", 3 * q_heads * hd * ACT_BYTES, layers=model.attention_layers))
     if model.linear_attention is not None:

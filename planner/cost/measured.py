@@ -346,7 +346,7 @@ class MeasuredCostModel:
                       ("latent up-projection", (h, latent), model.moe_layers, ("latent", (1,)))]
         shapes = {"attention": model.attention_shapes, "linear_attention": model.linear_attention_shapes,
                   "mlp": model.mlp_shapes, "shared_experts": model.shared_expert_shapes,
-                  "latent": model.latent_shapes}
+                  "latent": model.latent_shapes, "indexer": model.indexer_shapes}
         quantized = weight_format is not None and weight_format.quantizes_linear
         # (name, (n, k), layers, ((format or None for 16 bits, share of the GEMM's weights), ...))
         gemms = [(name, shape, layers, format_share(model, weight_format, role, shapes[role], indices)
@@ -390,11 +390,11 @@ class MeasuredCostModel:
                       ("attention", (0,))))
         gemms += [("kv_b", (heads * (nope + model.v_head_dim), model.kv_lora_rank), layers, ("attention", (1,))),
                   ("o projection", (h, heads * model.v_head_dim), layers, ("attention", (2,)))]
-        if model.sparse_indexer is not None:     # whole on every rank (planner/catalog/sparse_attention.py)
-            (q_out, q_in), (k_out, _), (w_out, _) = model.sparse_indexer.shapes(h, model.q_lora_rank)
-            first = down_weights[-1] + 1
-            gemms += [("indexer wq_b", (q_out, q_in), layers, ("attention", (first,))),
-                      ("indexer wk + weights_proj", (k_out + w_out, h), layers, ("attention", (first + 1, first + 2)))]
+        if model.sparse_indexer is not None:     # whole on every rank, on its layers (planner/catalog/sparse_attention.py)
+            (q_out, q_in), (k_out, _), (w_out, _) = model.indexer_shapes
+            indexed = model.indexer_layers
+            gemms += [("indexer wq_b", (q_out, q_in), indexed, ("indexer", (0,))),
+                      ("indexer wk + weights_proj", (k_out + w_out, h), indexed, ("indexer", (1, 2)))]
         return gemms
 
     def _set_up_attention(self, kv_cache_dtype: str) -> None:
@@ -402,6 +402,7 @@ class MeasuredCostModel:
         fp8 = kv_cache_dtype == "fp8"
         self._kv_bytes = 1 if fp8 else 2
         self._latent = self._sparse = self._full = self._ctx_tree = self._gen_tree = None
+        self._index_share = 0.0           # the share of a DSA model's layers that reuse another's indexer
         self._compressed = self._hyper = None
         self._in_attention: frozenset[str] = frozenset()
         self._ctx_fold = self._gen_fold = 1        # the FlashAttention tables' batch fold (_attention_tree)
@@ -508,14 +509,41 @@ class MeasuredCostModel:
             self.notes.append(f"DeepSeek Sparse Attention: each layer's attention module (projections, indexer, "
                               f"sparse MLA, o_proj) from {self.system}'s dsa_context / dsa_generation tables "
                               f"({timed}); a prefill's cached keys scored by the indexer's roofline")
+            self._set_up_shared_indexers()
             return
         self._latent = self._latent_prices() | {"decode_per_seq": self._sparse.decode_per_query,
-                                                "decode_per_key": self._sparse.index_per_key}
+                                                "decode_per_key": self._sparse.indexed * self._sparse.index_per_key}
         self._tables.update(context="DSA roofline", generation="DSA roofline")
         self.notes.append(f"DeepSeek Sparse Attention priced by the roofline on top of the attention tables' floor: "
                           f"{self._sparse.topk} keys of latent attention per query and the indexer's FP8 score of "
                           f"every key (planner/cost/sparse.py; bench/bench_dsa_module.py sets it beside NVIDIA's "
                           f"timed vLLM DSA module)")
+
+    def _set_up_shared_indexers(self) -> None:
+        """A model whose layers share indexers (GLM-5.2: 57 of 78 reuse the picks of the last layer that ran one)
+        against a module NVIDIA timed with an indexer on every layer: a sharing layer costs the module less what
+        its indexer does (`_index_credit`), priced as the ledger prices the parts: its two GEMMs from the GEMM
+        tables, its small kernel and its scoring of the keys by the roofline."""
+        m = self.model
+        self._index_share = (m.attention_layers - m.indexer_layers) / m.attention_layers
+        if not self._index_share:
+            return
+        self._index_gemms = [(n, k, shares) for name, (n, k), _, shares in self._gemms if name.startswith("indexer ")]
+        self._index_kernel = next(k.bytes_per_token for k in step_kernels(m, self.tp, self._kv_bytes)
+                                  if k.name.startswith("indexer "))
+        self.notes.append(f"{m.indexer_layers} of {m.attention_layers} layers run an indexer: the other layers' "
+                          f"module is priced less its indexer's GEMMs, kernel and scoring")
+
+    def _index_credit(self, tokens: int, scored: int, per_score: float) -> float:
+        """Per layer, on average over the layers: the time the layers that share an indexer's picks do not spend
+        on one (`_set_up_shared_indexers`), at `tokens` tokens and `scored` scores of `per_score` seconds each;
+        0 where every layer runs its own."""
+        if not self._index_share:
+            return 0.0
+        run = self._padded(tokens)
+        own = (sum(self._shared_gemm(run, n, k, shares) for n, k, shares in self._index_gemms)
+               + self.elementwise(self._index_kernel * run, 1) + scored * per_score)
+        return self._index_share * own
 
     def _set_up_compressed_attention(self) -> None:
         """DeepSeek-V4 (planner/cost/measured_compressed.py): each layer's whole attention module from the
@@ -671,7 +699,11 @@ class MeasuredCostModel:
             p = self._latent
             return p["prefill_floor"] + batch * max(length * (length + 1) // 2 * p["prefill_per_pair"],
                                                     length * p["write_per_token"])
-        return self._context_at(batch, length, self._ctx_tree, self._ctx_fold, self._kv, self._hd)
+        one = self._context_at(batch, length, self._ctx_tree, self._ctx_fold, self._kv, self._hd)
+        if self._index_share:            # DSA layers that share an indexer's picks (_set_up_shared_indexers)
+            tokens = batch * length
+            one -= self._index_credit(tokens, tokens * (length + 1) // 2, self._sparse.index_per_pair)
+        return one
 
     def _context_at(self, batch: int, length: int, tree: dict, fold: int, kv: int, hd: int) -> float:
         """context_attention from a table of one head shape (`kv` KV heads of `hd` on this GPU)."""
@@ -718,7 +750,10 @@ class MeasuredCostModel:
             # the table's `step` counts the tokens already cached; the new token is the one more
             latency, ext = tables.interpolate(tree, (batch * fold, context - 1))
             nbytes = self._kv_bytes * batch * context * 2.0 * kv * hd
-            points.append((self._slower_memory(latency, nbytes), ext))
+            latency = self._slower_memory(latency, nbytes)
+            if self._index_share:        # DSA layers that share an indexer's picks (_set_up_shared_indexers)
+                latency -= self._index_credit(batch, batch * context, self._sparse.index_per_key)
+            points.append((latency, ext))
         curve = [(points[0][0], 0.0, points[0][1])]           # bucket 0: context 1
         for j in range(1, len(points)):
             (y0, e0), (y1, e1) = points[j - 1], points[j]
@@ -1030,7 +1065,7 @@ class MeasuredCostModel:
         length = max(1, round(s.prefill_tokens / batch))
         fresh = batch * length * (length + 1) // 2
         ctx = sum(self._ctx_cache.get((batch, length)) or self._context(batch, length))   # no sliding layers
-        return ctx + self.model.attention_layers * max(0, s.prefill_attn_pairs - fresh) * self._sparse.index_per_pair
+        return ctx + self.model.indexer_layers * max(0, s.prefill_attn_pairs - fresh) * self._sparse.index_per_pair
 
     def _compressed_prefill(self, s: StepShape) -> float:
         """All layers' DeepSeek-V4 prefill: the module table at the step's mean prompt length and mean cached

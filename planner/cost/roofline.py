@@ -216,11 +216,12 @@ class RooflineCostModel:
     def _set_up_sparse(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_dtype_bytes: int, bw: float,
                        flops: float) -> None:
         """DeepSeek Sparse Attention (planner/cost/sparse.py): the causal pairs and the decode keys are the
-        indexer's to score; latent attention costs each query index_topk keys, whatever its context."""
-        layers = model.attention_layers
+        indexer's to score (on the layers that run one); latent attention costs each query index_topk keys,
+        whatever its context."""
+        layers, indexed = model.attention_layers, model.indexer_layers
         price = SparsePrice.of(model, gpu, tp, kv_dtype_bytes, bw, flops, gpu.fp8_flops * self.efficiency.compute)
-        self._prefill_per_pair = layers * price.index_per_pair
-        self._decode_per_key = layers * price.index_per_key
+        self._prefill_per_pair = indexed * price.index_per_pair
+        self._decode_per_key = indexed * price.index_per_key
         self._prefill_per_query = layers * price.prefill_per_query
         self._sparse_per_query = layers * price.decode_per_query
 

@@ -49,9 +49,11 @@ def check_sparse_gpu(model: ModelSpec, gpu: GpuSpec) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SparsePrice:
-    """Seconds one layer spends per unit of work, on one of `tp` GPUs."""
+    """Seconds one layer spends per unit of work, on one of `tp` GPUs; the indexer's on a layer that runs
+    one, which `indexed` of the layers do (GLM-5.2: 21 / 78)."""
 
     topk: int
+    indexed: float
     decode_per_query: float     # latent attention of one decoding query over index_topk slots
     prefill_per_query: float    # the same for a prompt token (the bf16 prefill kernel)
     index_per_key: float        # the indexer's score of one cached key for one decoding query
@@ -68,19 +70,21 @@ class SparsePrice:
         latent = latent_cache_bytes(model.kv_lora_rank, model.qk_rope_head_dim, kv_dtype_bytes)
         index_flops = index.flops_per_pair / (flops8 or flops16)
         return cls(
-            topk=index.topk,
+            topk=index.topk, indexed=model.indexer_layers / model.attention_layers,
             decode_per_query=max(index.topk * latent / bandwidth, index.topk * decode_heads * per_key / flops16),
             prefill_per_query=index.topk * prefill_heads * per_key / flops16,
             index_per_key=max(index.key_bytes / bandwidth, index_flops) + LOGIT_BYTES / bandwidth,
             index_per_pair=index_flops + LOGIT_BYTES / bandwidth)
 
     def decode(self, seqs: int, context: int) -> float:
-        """One layer's sparse attention and indexer for `seqs` decoding queries over `context` keys in all."""
-        return seqs * self.decode_per_query + context * self.index_per_key
+        """A layer's sparse attention and indexer (on average over the layers) for `seqs` decoding queries
+        over `context` keys in all."""
+        return seqs * self.decode_per_query + context * self.indexed * self.index_per_key
 
     def prefill(self, tokens: int, pairs: int) -> float:
-        """One layer's sparse attention and indexer for `tokens` prompt tokens with `pairs` causal pairs."""
-        return tokens * self.prefill_per_query + pairs * self.index_per_pair
+        """A layer's sparse attention and indexer (on average over the layers) for `tokens` prompt tokens with
+        `pairs` causal pairs."""
+        return tokens * self.prefill_per_query + pairs * self.indexed * self.index_per_pair
 
 
 # The measured model's ledger terms NVIDIA's DSA and MLA module timings include (its input norm and all-reduce
@@ -92,9 +96,10 @@ MODULE_KERNELS = frozenset(("q and KV latent RMSNorms", "rotary embedding", "KV-
 
 def _attention_shape(model: ModelSpec) -> tuple:
     """What one GPU's share of a latent-attention layer does at a given number of heads on it (the model's
-    total heads only set how many a GPU holds)."""
+    total heads only set how many a GPU holds); a layer with its indexer, whichever layers run one."""
+    index = model.sparse_indexer
     return (model.hidden_size, model.q_lora_rank, model.kv_lora_rank, model.head_size, model.qk_rope_head_dim,
-            model.v_head_dim, model.sparse_indexer)
+            model.v_head_dim, (index.heads, index.head_dim, index.topk) if index is not None else None)
 
 
 def module_trees(system: str, model: ModelSpec, heads: int, kv_cache_dtype: str,

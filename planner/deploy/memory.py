@@ -217,7 +217,8 @@ def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: 
     per_layer_block = model.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
     if model.linear_attention is not None:
         return block_layers(model) * per_layer_block, 0
-    full = model.full_attention_layers * model.full_layer_spec.kv_cache_bytes(tp, kv_dtype_bytes) * block_size
+    full = (model.full_attention_layers * model.full_layer_spec.kv_cache_bytes(tp, kv_dtype_bytes)
+            - model.uncached_index_key_bytes) * block_size
     sliding = 0
     if model.sliding_layers:
         blocks = -(-(model.window - 1) // block_size) + 1
