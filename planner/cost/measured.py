@@ -536,10 +536,7 @@ class MeasuredCostModel:
 
     def _index_credit(self, tokens: int, scored: int, per_score: float) -> float:
         """Per layer, on average over the layers: the time the layers that share an indexer's picks do not spend
-        on one (`_set_up_shared_indexers`), at `tokens` tokens and `scored` scores of `per_score` seconds each;
-        0 where every layer runs its own."""
-        if not self._index_share:
-            return 0.0
+        on one (`_set_up_shared_indexers`), at `tokens` tokens and `scored` scores of `per_score` seconds each."""
         run = self._padded(tokens)
         own = (sum(self._shared_gemm(run, n, k, shares) for n, k, shares in self._index_gemms)
                + self.elementwise(self._index_kernel * run, 1) + scored * per_score)

@@ -76,11 +76,6 @@ class SparsePrice:
             index_per_key=max(index.key_bytes / bandwidth, index_flops) + LOGIT_BYTES / bandwidth,
             index_per_pair=index_flops + LOGIT_BYTES / bandwidth)
 
-    def decode(self, seqs: int, context: int) -> float:
-        """A layer's sparse attention and indexer (on average over the layers) for `seqs` decoding queries
-        over `context` keys in all."""
-        return seqs * self.decode_per_query + context * self.indexed * self.index_per_key
-
     def prefill(self, tokens: int, pairs: int) -> float:
         """A layer's sparse attention and indexer (on average over the layers) for `tokens` prompt tokens with
         `pairs` causal pairs."""
