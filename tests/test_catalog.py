@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from decilm_reference import decilm_model
 from planner.catalog import GIB, ModelSpec, gpu_variant_for_memory, list_gpus, list_models, resolve_gpu, resolve_model
 from planner.errors import PlannerError
 
@@ -168,7 +169,9 @@ def test_hf_config_builds_the_counted_model(model):
     # Nemotron-H, Gemma 4, MiMo-V2-Flash, DeepSeek-V4: every layer, whole (on the meta device)
     if model.block_pattern or model.global_attention or model.compressed_attention:
         with torch.device("meta"):
-            hf = transformers.AutoModelForCausalLM.from_config(model.to_hf_config())
+            # a DeciLM (Llama-Nemotron Super) from Llama's parts: transformers has no class for it
+            hf = (decilm_model(model.to_hf_config()) if model.model_type == "nemotron-nas" else
+                  transformers.AutoModelForCausalLM.from_config(model.to_hf_config()))
         assert sum(p.numel() for p in hf.parameters()) == model.num_params - model.vision_params
         back = ModelSpec.from_hf_config(model.to_hf_config(), name=model.name)
         assert dataclasses.replace(back, hf_id=model.hf_id, published_params=model.published_params,

@@ -12,7 +12,8 @@ bf16, which is about 4x their NVFP4 bytes and is multiplied on the 16-bit tensor
 The patterns are matched against each of the model's linear modules by the name its checkpoint gives it
 (`model.layers.N.self_attn.q_proj`; a vision-language wrapper's `model.language_model.layers.N` and
 `language_model.model.layers.N` are folded onto `model.layers.N`; Nemotron-H's blocks are
-`backbone.layers.N.mixer`, N counting every block of its hybrid_override_pattern). The result is, per role (attention,
+`backbone.layers.N.mixer`, N counting every block of its hybrid_override_pattern; a DeciLM's are Llama's,
+N its decoder layer). The result is, per role (attention,
 linear_attention, mlp, shared_experts, latent, indexer) and per weight of the role's one-layer shape tuple on
 ModelSpec (attention_shapes, linear_attention_shapes, mlp_shapes, shared_expert_shapes, latent_shapes,
 indexer_shapes), the fraction of the role's
@@ -31,6 +32,8 @@ import re
 from collections import Counter
 from functools import lru_cache
 from typing import Any
+
+from planner.catalog.nemotron_nas import NEMOTRON_NAS_TYPES
 
 ROLES = ("attention", "linear_attention", "mlp", "shared_experts", "latent", "indexer")
 
@@ -71,7 +74,7 @@ def _names(model: Any) -> dict[str, tuple[tuple[str, ...], ...]]:
     shared = tuple((f"mlp.shared_experts.{w}", f"mlp.shared_expert.{w}") for w in ("gate_proj", "up_proj", "down_proj"))
     if model.is_gemma and model.is_moe:      # Gemma 4's dense MLP beside its experts (its "shared expert")
         shared = (("mlp.gate_proj",), ("mlp.up_proj",), ("mlp.down_proj",))
-    if model.block_pattern:          # Nemotron-H: every block's one module is its mixer
+    if _mixer_blocks(model):          # Nemotron-H: every block's one module is its mixer
         return {"attention": (("mixer.q_proj",), ("mixer.k_proj",), ("mixer.v_proj",), ("mixer.o_proj",)),
                 "linear_attention": (("mixer.in_proj",), ("mixer.out_proj",)),
                 "mlp": (("mixer.up_proj",), ("mixer.down_proj",)),
@@ -91,9 +94,11 @@ def _layers(model: Any) -> dict[str, range | list[int]]:
     """The layer indices of each role: a Gated DeltaNet hybrid's full-attention layers are every
     (layers / attention layers)-th, the last of each group (Qwen3-Next's and Qwen3.5's layer_types); a
     MoE's dense MLPs are its first layers (DeepSeek's first_k_dense_replace); Nemotron-H's blocks are where
-    its pattern puts them; a DSA indexer is on the layers vLLM builds one on (GLM-5.2: 21 of 78)."""
+    its pattern puts them (a DeciLM's in the decoder layer that holds them, two blocks a layer); a DSA indexer is
+    on the layers vLLM builds one on (GLM-5.2: 21 of 78)."""
     if model.block_pattern:
-        at = {kind: [i for i, c in enumerate(model.block_pattern) if c == kind] for kind in "*M-E"}
+        per_layer = 2 if model.model_type in NEMOTRON_NAS_TYPES else 1
+        at = {kind: [i // per_layer for i, c in enumerate(model.block_pattern) if c == kind] for kind in "*M-E"}
         return {"attention": at["*"], "linear_attention": at["M"], "mlp": at["-"],
                 "shared_experts": at["E"] if model.shared_experts else [],
                 "latent": at["E"] if model.moe_latent_size else [], "indexer": []}
@@ -108,6 +113,15 @@ def _layers(model: Any) -> dict[str, range | list[int]]:
             if model.sparse_indexer is not None else []}
 
 
+def _mixer_blocks(model: Any) -> bool:
+    """Whether the checkpoint names each block's one module `mixer` (Nemotron-H's, not a DeciLM's)."""
+    return bool(model.block_pattern) and model.model_type not in NEMOTRON_NAS_TYPES
+
+
+def _prefix(model: Any) -> str:
+    return "backbone.layers." if _mixer_blocks(model) else "model.layers."
+
+
 @lru_cache(maxsize=64)
 def kept_fractions(model: Any, patterns: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
     """Per role, the fraction of its layers in which each weight of its one-layer shape tuple is kept in
@@ -115,7 +129,7 @@ def kept_fractions(model: Any, patterns: tuple[str, ...]) -> dict[str, tuple[flo
     if not patterns:
         return {}
     names, layers = _names(model), _layers(model)
-    prefix = "backbone.layers." if model.block_pattern else "model.layers."
+    prefix = _prefix(model)
     kept = {}
     for role in ROLES:
         indices = layers[role]
@@ -166,7 +180,7 @@ def format_shares(model: Any, fmt: Any) -> dict[str, tuple[Shares, ...]]:
     if not (fmt.excluded or fmt.is_mixed):
         return {}
     names, layers = _names(model), _layers(model)
-    prefix = "backbone.layers." if model.block_pattern else "model.layers."
+    prefix = _prefix(model)
     listed = _Listed(fmt.layers) if fmt.is_mixed else None
 
     def stored(layer: int, spellings: tuple[str, ...]) -> Any:

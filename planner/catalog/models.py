@@ -31,6 +31,7 @@ from planner.catalog.mimo_config import MIMO_TYPES, mimo_fields, mimo_hf_config
 from planner.catalog.moe_config import MOE_TYPES, moe_fields, moe_hf_config
 from planner.catalog.multimodal import MULTIMODAL_TYPES, multimodal_parts
 from planner.catalog.nemotron_h import NEMOTRON_H_TYPES, nemotron_h_fields, nemotron_h_hf_config
+from planner.catalog.nemotron_nas import DROPPED, NEMOTRON_NAS_TYPES, nemotron_nas_fields, nemotron_nas_hf_config
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.rope import partial_rotary_dims
 from planner.catalog.sparse_attention import DSA_TYPES, SparseIndexer, latent_cache_bytes
@@ -48,15 +49,18 @@ _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # Gated DeltaNet hybrids (LINEAR_ATTENTION_TYPES): three of four layers keep a fixed recurrent state instead
 # of attention (planner/catalog/linear_attention.py); Qwen3-Next's and Qwen3.5-MoE's MLPs are experts.
 # Nemotron-H (NEMOTRON_H_TYPES): blocks of one Mamba-2 mixer, attention, MLP or MoE each
-# (planner/catalog/nemotron_h.py), with or without experts. Gemma 4 (GEMMA4_TYPES): Gemma 3's block with wider
+# (planner/catalog/nemotron_h.py), with or without experts. Llama-Nemotron Super (NEMOTRON_NAS_TYPES): Llama's layers
+# with some attention dropped and MLPs of their own widths, counted as Nemotron-H's blocks
+# (planner/catalog/nemotron_nas.py). Gemma 4 (GEMMA4_TYPES): Gemma 3's block with wider
 # heads on its full-attention layers, and on the 26B-A4B experts beside every dense MLP (planner/catalog/gemma4.py).
 # MiMo-V2-Flash (MIMO_TYPES): sliding and full layers with their own KV heads, value heads narrower than the
 # keys, experts on every layer but the first (planner/catalog/mimo_config.py). DeepSeek-V4 (DEEPSEEK_V4_TYPES):
 # one shared key/value head over a sliding window and compressed rows, four copies of the residual stream
 # (planner/catalog/deepseek_v4.py); its layers' kinds are its attention_kinds.
 _FLEXIBLE_EXPERTS = (*NEMOTRON_H_TYPES, *GEMMA4_TYPES)     # model_types with and without experts
+_BLOCK_TYPES = (*NEMOTRON_H_TYPES, *NEMOTRON_NAS_TYPES)     # blocks of one thing each, behind one norm
 KNOWN_TYPES = (*_GPT_LIKE, *_LLAMA_LIKE, *GEMMA_TYPES, *GEMMA4_TYPES, *MOE_TYPES, *LINEAR_ATTENTION_TYPES,
-               *NEMOTRON_H_TYPES, *MIMO_TYPES, *DEEPSEEK_V4_TYPES)
+               *NEMOTRON_H_TYPES, *NEMOTRON_NAS_TYPES, *MIMO_TYPES, *DEEPSEEK_V4_TYPES)
 _EXPERT_TYPES = (*MOE_TYPES, *LINEAR_ATTENTION_MOE_TYPES, *MIMO_TYPES, *DEEPSEEK_V4_TYPES)
 _OWN_FULL_LAYERS = (*GEMMA4_TYPES, *MIMO_TYPES)     # model_types whose full-attention layers have their own shape
 # The config fields `from_hf_config` computes other shapes from (head size = hidden / heads), per family.
@@ -64,7 +68,7 @@ _DIVISORS = {"gpt2": ("n_embd", "n_head"), "opt": ("hidden_size", "num_attention
              **dict.fromkeys(_LLAMA_LIKE, ("hidden_size", "num_attention_heads")),
              "moe": ("hidden_size", "num_attention_heads", "num_hidden_layers"),
              **dict.fromkeys(LINEAR_ATTENTION_TYPES, ("hidden_size", "num_attention_heads", "num_hidden_layers")),
-             **dict.fromkeys(NEMOTRON_H_TYPES, ("hidden_size", "num_attention_heads"))}
+             **dict.fromkeys(_BLOCK_TYPES, ("hidden_size", "num_attention_heads"))}
 
 
 # ModelSpec's integer fields: sizes every model has (> 0), and counts a dense model leaves at 0.
@@ -144,7 +148,12 @@ class ModelSpec:
     # 0: every layer holds both), and the latent width its routed experts work in (0: the hidden size)
     ffn_layers: int = 0
     moe_latent_size: int = 0
-    block_pattern: str = ""         # Nemotron-H's blocks in order: M (Mamba-2), * (attention), - (MLP), E (MoE)
+    # Nemotron-H's blocks in order: M (Mamba-2), * (attention), - (MLP), E (MoE); a DeciLM's, two characters
+    # a decoder layer ("." where it dropped one: planner/catalog/nemotron_nas.py)
+    block_pattern: str = ""
+    # a DeciLM's dense MLP blocks' widths in order, where they differ (intermediate_size is the widest);
+    # (): every dense MLP is intermediate_size wide
+    mlp_widths: tuple[int, ...] = ()
     # Gemma 4, MiMo-V2-Flash: the full-attention layers' head size and KV heads where they differ from the
     # sliding layers' (the fields above); None: every layer attends alike
     global_attention: GlobalAttention | None = None
@@ -184,15 +193,28 @@ class ModelSpec:
         if self.sliding_window is not None and (not _is_count(self.sliding_window) or self.sliding_window == 0):
             raise PlannerError(f"model {self.name!r}: sliding_window must be a positive integer or null, "
                                f"got {self.sliding_window!r}")
-        if self.block_pattern and sorted(self.block_pattern) != sorted(
+        if self.block_pattern and sorted(self.block_pattern.replace(DROPPED, "")) != sorted(
                 "M" * self.linear_attention_layers + "*" * self.attention_layers
                 + "-" * self.dense_mlp_layers + "E" * self.moe_layers):
             raise PlannerError(f"model {self.name!r}: block_pattern {self.block_pattern!r} does not hold its "
                                f"{self.linear_attention_layers} Mamba-2, {self.attention_layers} attention, "
                                f"{self.dense_mlp_layers} MLP and {self.moe_layers} MoE blocks")
-        if (self.ffn_layers or self.moe_latent_size or self.block_pattern) and self.model_type not in NEMOTRON_H_TYPES:
-            raise PlannerError(f"model {self.name!r}: separate MLP blocks and latent experts are Nemotron-H's "
-                               f"({', '.join(NEMOTRON_H_TYPES)})")
+        if (self.ffn_layers or self.block_pattern) and self.model_type not in _BLOCK_TYPES or (
+                self.moe_latent_size and self.model_type not in NEMOTRON_H_TYPES):
+            raise PlannerError(f"model {self.name!r}: separate MLP blocks are Nemotron-H's and DeciLM's "
+                               f"({', '.join(_BLOCK_TYPES)}), latent experts Nemotron-H's")
+        layers = {self.block_pattern[i:i + 2] for i in range(0, len(self.block_pattern), 2)}
+        if self.model_type in NEMOTRON_NAS_TYPES and (layers - {"*-", "*.", ".-", ".."} or self.is_moe):
+            raise PlannerError(f"model {self.name!r}: a DeciLM block_pattern spells each layer as its attention "
+                               f"(* or .) and its MLP (- or .), and the model has no experts")
+        if DROPPED in self.block_pattern and self.model_type not in NEMOTRON_NAS_TYPES:
+            raise PlannerError(f"model {self.name!r}: only a DeciLM block_pattern marks dropped blocks ({DROPPED})")
+        if self.mlp_widths and (self.model_type not in NEMOTRON_NAS_TYPES
+                                or len(self.mlp_widths) != self.dense_mlp_layers
+                                or not all(_is_count(w) and w for w in self.mlp_widths)
+                                or max(self.mlp_widths) != self.intermediate_size):
+            raise PlannerError(f"model {self.name!r}: mlp_widths must give each of its {self.dense_mlp_layers} "
+                               f"dense MLPs a positive width, the widest intermediate_size, in a DeciLM model")
         if self.dense_layers > self.mlp_layers:
             raise PlannerError(f"model {self.name!r}: {self.dense_layers} dense layers of {self.mlp_layers}")
         if self.kv_lora_rank and not (0 < self.qk_rope_head_dim < self.head_size and self.v_head_dim > 0):
@@ -441,6 +463,15 @@ class ModelSpec:
         return self._mlp_shapes(self.hidden_size, self.intermediate_size)
 
     @property
+    def dense_mlp_kinds(self) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+        """(layers, width, shapes) of the dense MLPs by width, widest first: one kind of intermediate_size, or
+        a DeciLM's (mlp_widths); () without dense MLPs."""
+        if not self.mlp_widths:
+            return ((self.dense_mlp_layers, self.intermediate_size, self.mlp_shapes),) if self.dense_mlp_layers else ()
+        widths = sorted(set(self.mlp_widths), reverse=True)
+        return tuple((self.mlp_widths.count(w), w, self._mlp_shapes(self.hidden_size, w)) for w in widths)
+
+    @property
     def qk_norm(self) -> str | None:
         """How the model RMS-normalizes q and k before rotary: "per head" (Qwen3: one head_size weight each),
         "across heads" (MiniMax-M2: over all heads at once, so under TP vLLM all-reduces each token's
@@ -525,7 +556,7 @@ class ModelSpec:
         and the MoE layers' shared experts (and Nemotron-H's latent projections)."""
         return (sum(layers * sum(n * k for n, k in spec.attention_shapes) for layers, spec in self.attention_kinds)
                 + self.linear_attention_layers * sum(n * k for n, k in self.linear_attention_shapes)
-                + self.dense_mlp_layers * sum(n * k for n, k in self.mlp_shapes)
+                + sum(layers * sum(n * k for n, k in shapes) for layers, _, shapes in self.dense_mlp_kinds)
                 + self.moe_layers * sum(n * k for n, k in self.shared_expert_shapes + self.latent_shapes)
                 + self.indexer_layers * sum(n * k for n, k in self.indexer_shapes))
 
@@ -615,8 +646,8 @@ class ModelSpec:
     @property
     def norms_per_layer(self) -> int:
         """RMSNorms of one block: before attention and before the MLP, and Gemma's two more after each;
-        Nemotron-H's block holds one thing behind one norm (its MLP blocks count theirs apart)."""
-        if self.model_type in NEMOTRON_H_TYPES:
+        Nemotron-H's and DeciLM's block holds one thing behind one norm (their MLP blocks count theirs apart)."""
+        if self.model_type in _BLOCK_TYPES:
             return 1
         if self.model_type in GEMMA4_TYPES:       # and a MoE layer's three: pre-feedforward 2, post-feedforward 1, 2
             return 7 if self.is_moe else 4
@@ -808,7 +839,7 @@ class ModelSpec:
                  + layers_of("indexer", self.indexer_shapes, self.indexer_layers))
         split = (sum(layers_of("attention", spec.attention_shapes[:split_of(spec)], layers) for layers, spec in kinds)
                  + layers_of("linear_attention", self.linear_attention_shapes, self.linear_attention_layers)
-                 + layers_of("mlp", self.mlp_shapes, self.dense_mlp_layers)
+                 + sum(layers_of("mlp", shapes, layers) for layers, _, shapes in self.dense_mlp_kinds)
                  + layers_of("shared_experts", self.shared_expert_shapes, self.moe_layers))
         return -(-split // tp) + whole
 
@@ -905,6 +936,8 @@ class ModelSpec:
             config.architectures = ["GPT2LMHeadModel"]
         elif self.model_type in NEMOTRON_H_TYPES:
             config = nemotron_h_hf_config(self)
+        elif self.model_type in NEMOTRON_NAS_TYPES:
+            config = nemotron_nas_hf_config(self)
         elif self.model_type in GEMMA4_TYPES:
             config = gemma4_hf_config(self)
         elif self.model_type in MIMO_TYPES:
@@ -994,6 +1027,8 @@ class ModelSpec:
             return cls(**linear_attention_fields(get, model_type, name))
         if model_type in NEMOTRON_H_TYPES:
             return cls(**nemotron_h_fields(get, model_type, name))
+        if model_type in NEMOTRON_NAS_TYPES:
+            return cls(**nemotron_nas_fields(get, model_type, name))
         if model_type in MOE_TYPES:
             return cls(**moe_fields(get, model_type, name))
         if model_type in GEMMA_CONFIG_TYPES:
@@ -1070,6 +1105,7 @@ def model_catalog() -> Catalog[ModelSpec]:
     for entry in json.loads(text)["models"]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
+        entry["mlp_widths"] = tuple(entry.get("mlp_widths", ()))
         mixer = entry.get("linear_attention")
         if mixer is not None:        # a Mamba-2 mixer names its state size, a Gated DeltaNet its key heads
             entry["linear_attention"] = (Mamba2 if "state_size" in mixer else LinearAttention)(**mixer)

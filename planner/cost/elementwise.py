@@ -122,7 +122,9 @@ def step_kernels(model: ModelSpec, tp: int, kv_bytes: int) -> tuple[Kernel, ...]
     if model.is_gpt_like:
         kernels.append(Kernel("activation", 2 * inter * ACT_BYTES))
     elif not model.is_moe:
-        kernels.append(_activation(model, "", inter, model.dense_mlp_layers))
+        mlps = model.dense_mlp_kinds                  # a DeciLM's MLPs by width
+        kernels += [_activation(model, f"{width}-wide " if len(mlps) > 1 else "", width // tp, layers)
+                    for layers, width, _ in mlps]
     if model.shared_expert_width:
         shared = model.shared_expert_width // tp
         what = "MLP " if gemma else "shared expert "          # Gemma 4's dense MLP beside its experts

@@ -307,10 +307,6 @@ class MeasuredCostModel:
         """The layers' GEMM shapes and the tables that price them: the format's own table where the
         system measured it, else the bf16 table read as a weight-only kernel (`_weight_only`)."""
         h = model.hidden_size
-        inter = model.intermediate_size // tp
-        mlp_up = 2 * inter if model.gated_mlp else inter
-        mlp_layers = model.dense_mlp_layers                           # a MoE's experts: MeasuredMoe
-        # (name, (n, k), layers): this GPU's share of each GEMM
         q_width = 2 * self._heads if model.attention_output_gate else self._heads   # Qwen3.5: q and its gate
         # (name, (n, k), layers, (role, indices)): this GPU's share of each GEMM, and the weights of the role's
         # shape tuple it multiplies (which the checkpoint may keep in 16 bits: planner/catalog/kept_layers.py).
@@ -333,8 +329,11 @@ class MeasuredCostModel:
         # an MLP's gate and up run as one GEMM (vLLM's merged column-parallel layer), its down projection last
         ups, down = ((0, 1), (2,)) if model.gated_mlp else ((0,), (1,))
         up = "gate+up" if model.gated_mlp else "fc1" if model.is_gpt_like else "up"
-        gemms += [(up, (mlp_up, h), mlp_layers, ("mlp", ups)),
-                  ("fc2" if model.is_gpt_like else "down", (h, inter), mlp_layers, ("mlp", down))]
+        mlps = model.dense_mlp_kinds                  # a MoE's experts: MeasuredMoe; a DeciLM's MLPs by width
+        for layers, width, _ in mlps:
+            label, inter = f" ({width} wide)" if len(mlps) > 1 else "", width // tp
+            gemms += [(f"{up}{label}", (len(ups) * inter, h), layers, ("mlp", ups)),
+                      (f"{'fc2' if model.is_gpt_like else 'down'}{label}", (h, inter), layers, ("mlp", down))]
         if model.shared_expert_width:
             shared = model.shared_expert_width // tp
             what = "MLP" if model.is_gemma else "shared expert"     # Gemma 4's dense MLP beside its experts

@@ -193,7 +193,8 @@ def proposer_model(deployment: Deployment, target: ModelSpec) -> tuple[ModelSpec
                    dense_layers=0, linear_attention=None,     # Qwen3.5's MTP layer attends
                    # Nemotron 3's: an attention block and a MoE block (its mtp_hybrid_override_pattern "*E")
                    ffn_layers=1 if target.block_pattern else 0,
-                   block_pattern=("*E" if target.is_moe else "*-") if target.block_pattern else "")
+                   block_pattern=("*E" if target.is_moe else "*-") if target.block_pattern else "",
+                   mlp_widths=())           # (a DeciLM's head: one MLP of its widest)
     if method == "eagle":                  # a Llama decoder layer, whatever the target
         head_size = target.head_size if not target.is_mla else target.hidden_size // target.num_heads
         head = replace(head, model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
