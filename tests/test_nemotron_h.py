@@ -52,7 +52,17 @@ def test_config_blocks_counted_as_transformers_builds_them():
     assert not d.is_moe and d.dense_mlp_layers == 2 and d.num_params == _transformers_count(dense)
 
 
+def test_the_shared_mlp_is_n_shared_experts_wide_as_vllm_builds_it():
+    """vLLM's NemotronHMoE makes the shared MLP n_shared_experts x moe_shared_expert_intermediate_size wide (1
+    in every NVIDIA config; transformers reads the size alone); none at 0."""
+    assert ModelSpec.from_hf_config(SMALL, "small").shared_expert_width == 256
+    assert ModelSpec.from_hf_config({**SMALL, "n_shared_experts": 1}, "small").shared_expert_width == 256
+    assert ModelSpec.from_hf_config({**SMALL, "n_shared_experts": 2}, "small").shared_expert_width == 512
+    assert ModelSpec.from_hf_config({**SMALL, "n_shared_experts": 0}, "small").shared_expert_width == 0
+
+
 @pytest.mark.parametrize("change, words", [
+    ({"n_shared_experts": "two"}, "n_shared_experts must be a count"),
     ({"hybrid_override_pattern": "M-X"}, "hybrid_override_pattern"),
     ({"hybrid_override_pattern": "M-M-"}, "without attention"),
     ({"mlp_hidden_act": "silu"}, "squared ReLU"),

@@ -78,11 +78,15 @@ def nemotron_h_fields(get: Callable[..., Any], model_type: str, name: str) -> di
         norm_eps=get("layer_norm_epsilon") or get("rms_norm_eps") or 1e-5, linear_attention=mixer)
     if moe:
         width = get("moe_intermediate_size")
+        # vLLM's NemotronHMoE: one shared MLP n_shared_experts x moe_shared_expert_intermediate_size wide
+        copies = 1 if get("n_shared_experts") is None else get("n_shared_experts")
+        if not isinstance(copies, int) or isinstance(copies, bool) or copies < 0:
+            raise PlannerError(f"model {name!r}: n_shared_experts must be a count, got {copies!r}")
+        shared = (get("moe_shared_expert_intermediate_size") or 0) * copies
         fields.update(num_experts=get("n_routed_experts") or get("num_local_experts"),
                       num_experts_per_tok=get("num_experts_per_tok"), moe_intermediate_size=width,
                       dense_layers=dense, moe_latent_size=get("moe_latent_size") or 0,
-                      shared_experts=shared_expert_count(width, get("moe_shared_expert_intermediate_size") or 0,
-                                                         name))
+                      shared_experts=shared_expert_count(width, shared, name))
     scheme = checkpoint_scheme(get("quantization_config"))
     if scheme is not None:
         fields["checkpoint_quantization"] = scheme
