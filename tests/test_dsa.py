@@ -49,6 +49,26 @@ def test_the_cache_holds_the_latent_and_the_indexer_key():
     assert memory.block_bytes_per_gpu == 61 * 1284 * 64
 
 
+@pytest.mark.parametrize("gpu, latent", [("h200", 656), ("b200", 576)])
+def test_an_fp8_cache_takes_the_layout_of_the_backend_vllm_picks_on_the_gpu(gpu, latent):
+    """With an FP8 cache vLLM runs FlashMLA's sparse backend on Hopper (fp8_ds_mla, 656 bytes) and FlashInfer's
+    on Blackwell (576 plain FP8 values); the plan, its blocks and the roofline's bytes per key follow it. A
+    bf16 cache is 1,152 bytes on both."""
+    plan = plan_deployment(Deployment(model="deepseek-v3.2", gpu=gpu, tp=8, kv_cache_dtype="fp8",
+                                      max_model_len=32768))
+    assert plan.memory.block_bytes_per_gpu == 61 * (latent + 132) * 64
+    assert plan.model.kv_cache_bytes(8, 1) == latent + 132 and plan.model.kv_cache_bytes(8, 2) == 1152 + 132
+    bf16 = plan_deployment(Deployment(model="deepseek-v3.2", gpu=gpu, tp=8, max_model_len=32768))
+    assert bf16.memory.block_bytes_per_gpu == 61 * (1152 + 132) * 64
+    assert plan_memory(V32, gpu, tp=8, weight_format=FP8_BLOCK, kv_dtype_bytes=1).block_bytes_per_gpu == (
+        plan.memory.block_bytes_per_gpu)
+    # a decode step's sparse attention reads index_topk latents: fewer bytes on B200 by the roofline
+    step = StepShape(decode_seqs=256, decode_context=256 * 8192)
+    as_planned, ds_mla = (RooflineCostModel(m, gpu, tp=8, weight_format=FP8_BLOCK, kv_cache_dtype="fp8")
+                          for m in (plan.model, V32))
+    assert (as_planned.step_time(step) < ds_mla.step_time(step)) == (gpu == "b200")
+
+
 def test_the_plan_takes_vllms_64_token_blocks_on_hopper_and_blackwell_only():
     plan = plan_deployment(Deployment(model="deepseek-v3.2", gpu="h200", tp=8, max_model_len=32768))
     assert plan.block_size == 64 and plan.memory.block_size == 64

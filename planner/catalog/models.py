@@ -345,8 +345,9 @@ class ModelSpec:
             return self.compressed_attention.row_bytes(self.head_size, self.rotary_dims)
         if self.sparse_indexer is None:
             return self.kv_cache_width(tp) * kv_dtype_bytes
-        return (latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes)
-                + self.sparse_indexer.key_bytes)
+        index = self.sparse_indexer
+        return latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes, index.fp8_ds_mla) + (
+            index.key_bytes)
 
     @property
     def attention_flops_per_key(self) -> int:

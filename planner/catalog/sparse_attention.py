@@ -15,7 +15,9 @@ query, however long the context, while the indexer still reads every key of its 
 
 The cache (vLLM's layout): per token and layer, the latent and rotary key as for MLA, bf16 (1,152 bytes)
 or, with an FP8 KV cache, vLLM's "fp8_ds_mla" (656 bytes: 512 FP8 latent values, four fp32 scales, the 64
-rotary values in bf16); beside it the indexer's key, always FP8 with one fp32 scale per 128 values (132
+rotary values in bf16) on Hopper, where FlashMLA's sparse backend runs; on Blackwell vLLM picks FlashInfer's
+sparse backend for an FP8 cache (platforms/cuda.py `_get_backend_priorities`), which keeps the 576 values
+in plain FP8 (576 bytes; `SparseIndexer.fp8_ds_mla` False, planner/cost/sparse.py `as_cached_on`); beside it the indexer's key, always FP8 with one fp32 scale per 128 values (132
 bytes). Both live in the same blocks of the same pool. vLLM holds the indexer's three projections whole
 on every tensor-parallel rank (like MLA's down-projections).
 
@@ -45,13 +47,16 @@ _FP8_SCALE_GROUP = 128
 class SparseIndexer:
     """The lightning indexer of a DSA model: its heads, their width and how many keys it keeps per query;
     and which layers run one (`every` and `offset`: the config's index_topk_freq and
-    index_skip_topk_offset, 1 and 2 where every layer runs its own)."""
+    index_skip_topk_offset, 1 and 2 where every layer runs its own). `fp8_ds_mla`: an FP8 cache keeps the
+    latent in vLLM's fp8_ds_mla rows (FlashMLA's sparse backend), or, False, in plain FP8 (FlashInfer's, which
+    vLLM runs on Blackwell): what the GPU decides, not the checkpoint."""
 
     heads: int
     head_dim: int
     topk: int
     every: int = 1
     offset: int = 2
+    fp8_ds_mla: bool = True
 
     def __post_init__(self) -> None:
         for field in ("heads", "head_dim", "topk", "every"):
@@ -86,9 +91,10 @@ class SparseIndexer:
         return 2 * self.heads * self.head_dim
 
 
-def latent_cache_bytes(kv_lora_rank: int, rope_dims: int, kv_dtype_bytes: int) -> int:
-    """One token's latent and rotary key in one layer: bf16, or vLLM's fp8_ds_mla with an FP8 cache."""
-    if kv_dtype_bytes == 1:
+def latent_cache_bytes(kv_lora_rank: int, rope_dims: int, kv_dtype_bytes: int, fp8_ds_mla: bool = True) -> int:
+    """One token's latent and rotary key in one layer: bf16, or with an FP8 cache vLLM's fp8_ds_mla rows, or
+    plain FP8 values (`fp8_ds_mla` False)."""
+    if kv_dtype_bytes == 1 and fp8_ds_mla:
         return kv_lora_rank + 4 * -(-kv_lora_rank // _FP8_SCALE_GROUP) + 2 * rope_dims
     return (kv_lora_rank + rope_dims) * kv_dtype_bytes
 

@@ -22,7 +22,7 @@ the indexer's small ones included, which the parts above leave out (bench/bench_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.catalog import GpuSpec, ModelSpec, mla, resolve_model
 from planner.catalog.quantization import WeightFormat
@@ -35,6 +35,7 @@ from planner.errors import PlannerError
 PREFILL_PADDED_HEADS = {"h100": 64, "h200": 64, "b200": 128}
 DECODE_PADDED_HEADS = 64          # the FP8 decode kernel's; 128 above 64 heads per GPU
 LOGIT_BYTES = 8                   # one fp32 logit per (query, key), written by the indexer, read by top-k
+_FLASHINFER_SPARSE_FAMILIES = ("b200",)     # compute capability 10: FlashInfer's sparse MLA for an FP8 cache
 
 
 def check_sparse_gpu(model: ModelSpec, gpu: GpuSpec) -> None:
@@ -45,6 +46,18 @@ def check_sparse_gpu(model: ModelSpec, gpu: GpuSpec) -> None:
         raise PlannerError(f"{model.name}'s sparse attention runs in vLLM on H100, H200 and B200 only (FlashMLA's "
                            f"sparse kernels and DeepGEMM's indexer logits need compute capability 9.0 or 10.0), "
                            f"not on {gpu.name}")
+
+
+def as_cached_on(model: ModelSpec, gpu: GpuSpec, kv_dtype_bytes: int) -> ModelSpec:
+    """`model` with the latent cache vLLM keeps on `gpu`: a DSA model's FP8 cache on Blackwell in plain FP8
+    (576 bytes a token and layer, not fp8_ds_mla's 656), as vLLM prefers FlashInfer's sparse backend there for
+    a quantized cache (platforms/cuda.py `_get_backend_priorities`, compute capability 10) and FlashMLA's on
+    Hopper; `model` itself otherwise."""
+    index = model.sparse_indexer
+    ds_mla = not (gpu.family in _FLASHINFER_SPARSE_FAMILIES and kv_dtype_bytes == 1)
+    if index is None or index.fp8_ds_mla == ds_mla:
+        return model
+    return replace(model, sparse_indexer=replace(index, fp8_ds_mla=ds_mla))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +80,7 @@ class SparsePrice:
         per_key = mla.decode_flops_per_key(model)
         decode_heads = DECODE_PADDED_HEADS if heads <= DECODE_PADDED_HEADS else 2 * DECODE_PADDED_HEADS
         prefill_heads = max(heads, PREFILL_PADDED_HEADS.get(gpu.family, DECODE_PADDED_HEADS))
-        latent = latent_cache_bytes(model.kv_lora_rank, model.qk_rope_head_dim, kv_dtype_bytes)
+        latent = latent_cache_bytes(model.kv_lora_rank, model.qk_rope_head_dim, kv_dtype_bytes, index.fp8_ds_mla)
         index_flops = index.flops_per_pair / (flops8 or flops16)
         return cls(
             topk=index.topk, indexed=model.indexer_layers / model.attention_layers,

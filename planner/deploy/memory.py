@@ -34,6 +34,7 @@ from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.catalog.quantization import WeightFormat
+from planner.cost.sparse import as_cached_on
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
@@ -264,6 +265,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     _check_args(gpu_memory_utilization, block_size, dtype_bytes, kv_dtype_bytes, max_num_batched_tokens,
                 max_num_seqs, swap_space_bytes)
     model.kv_heads_per_gpu(tp)                  # validates tp against the head counts first
+    model = as_cached_on(model, gpu, kv_dtype_bytes)       # a DSA model's FP8 latent in the GPU's layout
     block_size = cache_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)

@@ -32,7 +32,7 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkp
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
-from planner.cost.sparse import check_sparse_gpu
+from planner.cost.sparse import as_cached_on, check_sparse_gpu
 from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
 from planner.deploy.state_cache import cache_block_size, state_blocks
@@ -127,6 +127,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
     check_sparse_gpu(model, gpu)
+    model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
     layout = moe_layout(model, deployment)
     fmt = resolve_weight_format(deployment)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
