@@ -346,8 +346,8 @@ class ModelSpec:
         if self.sparse_indexer is None:
             return self.kv_cache_width(tp) * kv_dtype_bytes
         index = self.sparse_indexer
-        return latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes, index.fp8_ds_mla) + (
-            index.key_bytes)
+        latent = latent_cache_bytes(self.kv_lora_rank, self.qk_rope_head_dim, kv_dtype_bytes, index.fp8_ds_mla)
+        return latent + index.key_bytes
 
     @property
     def attention_flops_per_key(self) -> int:

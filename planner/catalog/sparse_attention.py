@@ -17,9 +17,10 @@ The cache (vLLM's layout): per token and layer, the latent and rotary key as for
 or, with an FP8 KV cache, vLLM's "fp8_ds_mla" (656 bytes: 512 FP8 latent values, four fp32 scales, the 64
 rotary values in bf16) on Hopper, where FlashMLA's sparse backend runs; on Blackwell vLLM picks FlashInfer's
 sparse backend for an FP8 cache (platforms/cuda.py `_get_backend_priorities`), which keeps the 576 values
-in plain FP8 (576 bytes; `SparseIndexer.fp8_ds_mla` False, planner/cost/sparse.py `as_cached_on`); beside it the indexer's key, always FP8 with one fp32 scale per 128 values (132
-bytes). Both live in the same blocks of the same pool. vLLM holds the indexer's three projections whole
-on every tensor-parallel rank (like MLA's down-projections).
+in plain FP8 (576 bytes; `SparseIndexer.fp8_ds_mla` False, planner/cost/sparse.py `as_cached_on`). Beside
+it, the indexer's key, always FP8 with one fp32 scale per 128 values (132 bytes). Both live in the same
+blocks of the same pool. vLLM holds the indexer's three projections whole on every tensor-parallel rank
+(like MLA's down-projections).
 
 GLM-5.2 and 5.3 share an indexer's picks ("IndexCache", arXiv 2603.12201): with index_topk_freq 4 and
 index_skip_topk_offset 3, only 21 of their 78 layers run an indexer (0, 1, 2, then every fourth from 6;
