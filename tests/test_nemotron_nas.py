@@ -71,6 +71,8 @@ def test_the_super_49b_is_the_shipped_config():
     (lambda b: b[0]["ffn"].update(hidden_act="relu"), "vLLM's Llama MLP runs silu only"),
     (lambda b: b[0]["ffn"].pop("ffn_mult"), "needs an ffn_mult or an intermediate_size"),
     (lambda b: b.pop(), "block_configs must list each of its 2 layers"),
+    (lambda b: b[0]["ffn"].update(ffn_mult=float("nan")), "needs an ffn_mult or an intermediate_size"),
+    (lambda b: [block["ffn"].update(no_op=True) for block in b], "without MLP layers"),
 ])
 def test_what_vllm_does_not_build_is_refused_in_one_line(tmp_path, change, message):
     blocks = [_block(), _block()]

@@ -15,6 +15,7 @@ decoder layer is its position over two; mlp_widths lists the MLPs' widths in ord
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -73,14 +74,16 @@ def nemotron_nas_fields(get: Callable[..., Any], model_type: str, name: str) -> 
         if ffn.get("hidden_act", get("hidden_act") or "silu") != "silu":
             raise PlannerError(f"model {name!r}: layer {index}'s MLP uses {ffn.get('hidden_act')!r}; vLLM's Llama "
                                f"MLP runs silu only")
-        width = ffn.get("intermediate_size") or (ffn_width(ffn["ffn_mult"], hidden)
-                                                 if isinstance(ffn.get("ffn_mult"), (int, float)) else None)
+        mult = ffn.get("ffn_mult")
+        width = ffn.get("intermediate_size") or (ffn_width(mult, hidden) if isinstance(mult, (int, float))
+                                                 and math.isfinite(mult) else None)
         if not isinstance(width, int) or width < 1:
             raise PlannerError(f"model {name!r}: layer {index}'s MLP needs an ffn_mult or an intermediate_size")
         widths.append(width)
         pattern.append("-")
-    if not groups:
-        raise PlannerError(f"model {name!r}: a DeciLM model without attention layers is not modelled")
+    if not groups or not widths:
+        raise PlannerError(f"model {name!r}: a DeciLM model without {'attention' if not groups else 'MLP'} layers "
+                           f"is not modelled")
     if len(groups) > 1:
         raise PlannerError(f"model {name!r}: its attention layers differ in n_heads_in_group "
                            f"({', '.join(sorted(map(str, groups)))}); the planner models one KV shape")
@@ -96,7 +99,7 @@ def nemotron_nas_fields(get: Callable[..., Any], model_type: str, name: str) -> 
         name=name, model_type=model_type, num_layers=pattern.count("*"), ffn_layers=len(widths),
         block_pattern="".join(pattern), mlp_widths=tuple(widths) if len(set(widths)) > 1 else (),
         hidden_size=hidden, num_heads=heads, num_kv_heads=heads // group,
-        head_size=get("head_dim") or hidden // heads, intermediate_size=max(widths) if widths else None,
+        head_size=get("head_dim") or hidden // heads, intermediate_size=max(widths),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings"),
         tie_word_embeddings=bool(get("tie_word_embeddings", False)), rope_theta=float(theta),
         norm_eps=get("rms_norm_eps") or 1e-5)
