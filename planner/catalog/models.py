@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -168,6 +169,11 @@ class ModelSpec:
             value = getattr(self, field)
             if not _is_count(value) or (value == 0 and field in _SIZES):
                 raise PlannerError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+        for field in ("norm_eps", "rope_theta"):
+            value = getattr(self, field)
+            if (value is not None or field == "norm_eps") and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+                raise PlannerError(f"model {self.name!r}: {field} must be a positive number, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise PlannerError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
                                f"num_kv_heads {self.num_kv_heads}")
@@ -985,9 +991,25 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: Any, name: str | None = None) -> "ModelSpec":
-        """Describe a model from its transformers config (or the dict of its config.json)."""
+        """Describe a model from its transformers config (or the dict of its config.json). A field of a type
+        or value the readers below do not check (a list where a count belongs, a word for a number) is named
+        by its value in one line, not a traceback."""
+        try:
+            return cls._read_hf_config(config, name)
+        except PlannerError:
+            raise
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+            label = f"model {name!r}" if name else "a model config"
+            raise PlannerError(f"{label}: a field holds a value of the wrong type or range "
+                               f"({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def _read_hf_config(cls, config: Any, name: str | None) -> "ModelSpec":
         get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
         model_type = get("model_type")
+        if not isinstance(model_type, str):
+            raise PlannerError(f"model {name or '(unnamed)'!r}: config field model_type must be a string, "
+                               f"got {model_type!r}")
         # Xiaomi's MiMo-7B is Qwen2's architecture with a multi-token-prediction layer vLLM loads only to draft
         # (vllm/model_executor/models/mimo.py: MiMoForCausalLM subclasses Qwen2ForCausalLM)
         model_type = "qwen2" if model_type == "mimo" else model_type
