@@ -71,9 +71,9 @@ def nemotron_nas_fields(get: Callable[..., Any], model_type: str, name: str) -> 
         if ffn.get("no_op"):
             pattern.append(DROPPED)
             continue
-        if ffn.get("hidden_act", get("hidden_act") or "silu") != "silu":
-            raise PlannerError(f"model {name!r}: layer {index}'s MLP uses {ffn.get('hidden_act')!r}; vLLM's Llama "
-                               f"MLP runs silu only")
+        act = ffn.get("hidden_act") or get("hidden_act") or "silu"
+        if act != "silu":
+            raise PlannerError(f"model {name!r}: layer {index}'s MLP uses {act!r}; vLLM's Llama MLP runs silu only")
         mult = ffn.get("ffn_mult")
         width = ffn.get("intermediate_size") or (ffn_width(mult, hidden) if isinstance(mult, (int, float))
                                                  and math.isfinite(mult) else None)
