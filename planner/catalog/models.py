@@ -209,8 +209,8 @@ class ModelSpec:
                 self.moe_latent_size and self.model_type not in NEMOTRON_H_TYPES):
             raise PlannerError(f"model {self.name!r}: separate MLP blocks are Nemotron-H's and DeciLM's "
                                f"({', '.join(_BLOCK_TYPES)}), latent experts Nemotron-H's")
-        layers = {self.block_pattern[i:i + 2] for i in range(0, len(self.block_pattern), 2)}
-        if self.model_type in NEMOTRON_NAS_TYPES and (layers - {"*-", "*.", ".-", ".."} or self.is_moe):
+        if self.model_type in NEMOTRON_NAS_TYPES and (self.is_moe or {
+                self.block_pattern[i:i + 2] for i in range(0, len(self.block_pattern), 2)} - {"*-", "*.", ".-", ".."}):
             raise PlannerError(f"model {self.name!r}: a DeciLM block_pattern spells each layer as its attention "
                                f"(* or .) and its MLP (- or .), and the model has no experts")
         if DROPPED in self.block_pattern and self.model_type not in NEMOTRON_NAS_TYPES:

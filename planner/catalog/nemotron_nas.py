@@ -26,13 +26,10 @@ NEMOTRON_NAS_TYPES = ("nemotron-nas",)
 DROPPED = "."          # a decoder layer's dropped attention or MLP in block_pattern
 
 
-def _find_multiple(n: int, k: int) -> int:
-    return n if n % k == 0 else n + k - n % k
-
-
 def ffn_width(ffn_mult: float, hidden: int) -> int:
-    """An MLP's width from its ffn_mult, as DeciLM's own code and vLLM's compute it."""
-    return _find_multiple(int(2 * ffn_mult * hidden / 3), 256)
+    """An MLP's width from its ffn_mult, as DeciLM's own code and vLLM's compute it: 2/3 of ffn_mult x hidden,
+    truncated, rounded up to a multiple of 256."""
+    return -(-int(2 * ffn_mult * hidden / 3) // 256) * 256
 
 
 def _as_dict(value: Any) -> dict | None:
