@@ -46,9 +46,10 @@ def test_json_ledger_is_the_models_step_time():
 
 
 def test_deployment_flags_reach_the_ledger():
-    small = run("--batch", "100", "--max-num-seqs", "32", "--json")           # graphs up to 64 tokens
+    default = run("--batch", "20", "--prefill-tokens", "61", "--json")       # graphs up to 512 tokens
+    small = run("--batch", "20", "--prefill-tokens", "61", "--max-num-seqs", "32", "--json")   # up to 64
     assert small.exit_code == 0, small.output
-    assert json.loads(small.output)["padded_tokens"] == 100
+    assert json.loads(default.output)["padded_tokens"] == 88 and json.loads(small.output)["padded_tokens"] == 81
     fp8 = run("--batch", "8", "--quantization", "fp8", "--json")
     assert "gemm_fp8" in " ".join(t["detail"] for t in json.loads(fp8.output)["terms"])
 
@@ -60,6 +61,13 @@ def test_deployment_flags_reach_the_ledger():
     (["explain", "--model", "opt-125m", "--gpu", "cpu", "--batch", "4"], "no measured vLLM data"),
     ([*QWEN, "--batch", "4", "--context", "9000"], "longer than the deployment's max_model_len 8192"),
     ([*QWEN, "--batch", "1", "--prefill-tokens", "8000", "--prefill-context", "1000"], "a sequence of 9000 tokens"),
+    # steps vLLM's scheduler never forms on this deployment, refused before a list of 1e11 contexts is built
+    ([*QWEN, "--batch", "99999999999"], "more than max_num_seqs 1024: vLLM never schedules more"),
+    ([*QWEN, "--batch", "40", "--max-num-seqs", "40", "--prefill-tokens", "100"], "41 sequences in one step"),
+    ([*QWEN, "--batch", "100", "--prefill-tokens", "8100"], "8200 new tokens in one step, more than the token "
+                                                            "budget 8192"),
+    ([*QWEN, "--batch", "1000", "--context", "8000"], "the step's 8,000,000 cached tokens are more than the"),
+    ([*QWEN, "--batch", "4", "--tp", "99999999999"], "tensor parallel size 99999999999 (--tp) does not split"),
 ])
 def test_bad_input_is_one_line(args, message):
     result = CliRunner().invoke(app, args)

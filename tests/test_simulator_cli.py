@@ -98,6 +98,10 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     (["--swap-space", "nan"], "swap_space must be a finite number of GiB >= 0, got nan"),
     (["--swap-space", "inf"], "swap_space must be a finite number of GiB >= 0, got inf"),
     (["--max-num-seqs", "nan"], "--max-num-seqs: 'nan' is not a valid int"),
+    # sizes that would exhaust the host (a MemoryError) or loop for hours (a tp of 1e11 checked by counting)
+    (["--tp", "99999999999"], "tensor parallel size 99999999999 (--tp) does not split"),
+    (["--num-gpu-blocks", "99999999999"], "--num-gpu-blocks 99,999,999,999 blocks, more than the simulator keeps"),
+    (["--policy", "paper", "--swap-space", "1e7"], "--swap-space 10000000.0 GiB gives 819,200,000 blocks"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = invoke("simulate", "--requests", 5, "--out", tmp_path, *args)
@@ -158,7 +162,7 @@ def test_block_size_sweep_runs_each_size(tmp_path):
 def test_slo_parsing():
     assert parse_slos(["0.2"]) == {"normalized_latency": 0.2}
     assert parse_slos(["ttft_p99=2", "tpot_p99=0.1"]) == {"ttft_p99": 2.0, "tpot_p99": 0.1}
-    for bad in (["latency=1"], ["ttft_p99=x"], ["-1"], []):
+    for bad in (["latency=1"], ["ttft_p99=x"], ["-1"], ["inf"], ["ttft_p99=1e400"], ["nan"], []):
         with pytest.raises(PlannerError):
             parse_slos(bad)
     assert not meets({"normalized_latency": 0.1, "num_rejected": 1}, {"normalized_latency": 0.2})

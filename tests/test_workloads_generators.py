@@ -1,5 +1,7 @@
 """Built-in workloads: distribution targets, filters, sharing structure, parameters."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -141,6 +143,21 @@ def test_unknown_workload_and_parameters():
         make_trace("alpaca")
     with pytest.raises(TraceError, match="arrival"):
         make_trace("alpaca", num_requests=5, arrival="trace")
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("fixed", {"prompt_len": 10**11}, "'fixed' with prompt_len=100000000000, output_len=128: a request's prompt_len "
+                                      "100,000,000,000 is over the cap of 10,000,000 tokens"),
+    ("random", {"output_len": 10**8}, "a request's output_len 100,000,000 is over the cap"),
+    ("prefix", {"prefix_len": 10**11}, "a request's prompt_len 100,000,000,0"),
+    ("parallel", {"n": 10**11}, "a request's n 100,000,000,000 is over the cap of 1,024 sequences"),
+    ("beam", {"beam_width": 2000}, "a request's beam_width 2,000 is over the cap of 1,024 sequences"),
+])
+def test_generated_requests_keep_a_trace_files_caps(name, params, message):
+    """A parameter's typo (1e11 tokens) is refused as a file's would be, not left to exhaust memory in a run."""
+    with pytest.raises(TraceError, match=re.escape(message)):
+        make_trace(name, num_requests=4, **params)
+    assert len(make_trace(name, num_requests=4)) == 4
 
 
 def test_every_workload_is_listed_and_builds():

@@ -13,6 +13,7 @@ from .errors import TraceError
 from .schema import TraceRequest
 from .tokens import stream
 from .trace import Trace
+from .trace_files import over_cap
 
 # name -> (generator, one-line description).  The generators' keyword
 # arguments are the workload's parameters (and their defaults).
@@ -126,11 +127,20 @@ def make_trace(
             TraceRequest(request_id=f"{name}-{i}", arrival_time=float(t), **f)
             for i, (t, f) in enumerate(zip(times, fields))
         ]
+    for req in requests:
+        over = over_cap(req)
+        if over is not None:
+            field, problem = over
+            raise TraceError(f"workload {name!r} with {_shown(used)}: a request's {field} {problem}")
     record = {
         "workload": name, "num_requests": num_requests, "duration": duration,
         "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **used,
     }
     return Trace(requests, name=name, params=record)
+
+
+def _shown(params: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in params.items()) or "its defaults"
 
 
 def _from_file(path, num_requests, duration, rate, arrival, cv, seed, params) -> Trace:

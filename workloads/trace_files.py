@@ -105,6 +105,15 @@ def build_request(fields: dict, path: Path | str, line: int) -> TraceRequest:
     except ValidationError as err:
         field, msg = validation_message(err)
         raise TraceError(f"{where(path, line, field)}: {msg}") from None
+    over = over_cap(req)
+    if over is not None:
+        field, problem = over
+        raise TraceError(f"{where(path, line, field)}: {problem}")
+    return req
+
+
+def over_cap(req: TraceRequest) -> tuple[str, str] | None:
+    """(field, '... is over the cap of ...') for the first of `req`'s fields past its cap, or None."""
     # one combined test on the hot path; the loop only runs to name the culprit
     if (req.arrival_time > MAX_ARRIVAL_TIME or req.prompt_len > MAX_TOKENS or req.output_len > MAX_TOKENS
             or req.n > MAX_SAMPLES or req.beam_width > MAX_SAMPLES):
@@ -112,8 +121,8 @@ def build_request(fields: dict, path: Path | str, line: int) -> TraceRequest:
             value = getattr(req, field)
             if value > cap:
                 shown = f"{value:g}" if isinstance(value, float) else f"{value:,}"
-                raise TraceError(f"{where(path, line, field)}: {shown} is over the cap of {cap:,.0f} {unit}")
-    return req
+                return field, f"{shown} is over the cap of {cap:,.0f} {unit}"
+    return None
 
 
 def check_no_requests(numbered: list, path: Path | str) -> None:

@@ -140,3 +140,6 @@ def main() -> None:
     except (PlannerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except MemoryError:   # whatever the size that slipped past the checks: one line, not a traceback
+        typer.echo("error: this run needs more memory than the machine has; ask for a smaller one", err=True)
+        sys.exit(1)

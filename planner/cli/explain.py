@@ -29,10 +29,7 @@ DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
 def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int = 0) -> StepShape:
     """The step explained: `batch` decodes at `context` tokens each, plus one prompt chunk if asked."""
-    if batch < 0 or prefill_tokens < 0 or prefill_context < 0 or (batch and context < 1):
-        raise PlannerError("--batch, --prefill-tokens and --prefill-context must be >= 0, --context >= 1")
-    if batch == 0 and prefill_tokens == 0:
-        raise PlannerError("nothing to explain: give --batch B (decodes) and/or --prefill-tokens P")
+    _check_shape(batch, context, prefill_tokens, prefill_context)
     contexts = [context] * batch
     chunk = 1 if prefill_tokens else 0
     return StepShape(prefill_seqs=chunk, prefill_tokens=prefill_tokens,
@@ -40,19 +37,52 @@ def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int
                      decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts))
 
 
-def explain_ledger(deployments: DeploymentChoices, shape: StepShape, longest: int = 0) -> Ledger:
-    """The measured model's ledger for `shape` on the deployment given (planned as `simulate` plans it);
-    `longest`: the step's longest sequence, which must fit the deployment's max_model_len."""
+def _check_shape(batch: int, context: int, prefill_tokens: int, prefill_context: int) -> None:
+    if batch < 0 or prefill_tokens < 0 or prefill_context < 0 or (batch and context < 1):
+        raise PlannerError("--batch, --prefill-tokens and --prefill-context must be >= 0, --context >= 1")
+    if batch == 0 and prefill_tokens == 0:
+        raise PlannerError("nothing to explain: give --batch B (decodes) and/or --prefill-tokens P")
+
+
+def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, prefill_tokens: int = 0,
+                   prefill_context: int = 0) -> Ledger:
+    """The measured model's ledger for the step `step()` describes, on the deployment given (planned as
+    `simulate` plans it). A step vLLM would never run there is refused, before anything is sized by it."""
+    _check_shape(batch, context, prefill_tokens, prefill_context)
     plan = plan_deployment(deployments.one("explain", **DEFAULTS))
-    if longest > plan.max_model_len:
-        raise PlannerError(f"a sequence of {longest} tokens is longer than the deployment's max_model_len "
-                           f"{plan.max_model_len}: vLLM never runs one past it (--max-model-len sets it)")
+    _check_runs(plan, batch, context, prefill_tokens, prefill_context)
     d = plan.deployment
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
                               async_scheduling=d.async_scheduling, moe=plan.moe_parallel)
-    return model.ledger(shape)
+    return model.ledger(step(batch, context, prefill_tokens, prefill_context))
+
+
+def _check_runs(plan, batch: int, context: int, prefill_tokens: int, prefill_context: int) -> None:
+    """What vLLM's scheduler never puts in one step on this deployment: a sequence past max_model_len, more
+    sequences than max_num_seqs, more new tokens than the token budget, more cached tokens than the KV cache."""
+    d, spec = plan.deployment, plan.model
+    longest = max(context if batch else 0, prefill_context + prefill_tokens)
+    if longest > plan.max_model_len:
+        raise PlannerError(f"a sequence of {longest} tokens is longer than the deployment's max_model_len "
+                           f"{plan.max_model_len}: vLLM never runs one past it (--max-model-len sets it)")
+    sequences = batch + (1 if prefill_tokens else 0)
+    if sequences > d.max_num_seqs:
+        raise PlannerError(f"{sequences} sequences in one step, more than max_num_seqs {d.max_num_seqs}: vLLM "
+                           f"never schedules more (--max-num-seqs sets it)")
+    if batch + prefill_tokens > plan.max_num_batched_tokens:
+        raise PlannerError(f"{batch + prefill_tokens} new tokens in one step, more than the token budget "
+                           f"{plan.max_num_batched_tokens}: vLLM never schedules more (--max-num-batched-tokens)")
+    # A cache of plain attention layers only: every cached token takes a slot of every block (sliding,
+    # linear and compressed layers keep less, which the simulator's allocator counts, not this check).
+    plain = (not spec.sliding_layers and spec.linear_attention is None and spec.compressed_attention is None)
+    cached = batch * context + prefill_context + prefill_tokens
+    slots = plan.num_gpu_blocks * plan.block_size
+    if plain and cached > slots:
+        raise PlannerError(f"the step's {cached:,} cached tokens are more than the {slots:,} the KV cache "
+                           f"holds: vLLM would preempt sequences first (--gpu-memory-utilization, "
+                           f"--kv-cache-dtype fp8 or a larger --tp hold more)")
 
 
 def ledger_table(ledger: Ledger, title: str) -> Table:
@@ -78,8 +108,7 @@ def explain(
 ) -> None:
     """One step's cost ledger on the measured model: every term, its seconds, share and source."""
     try:
-        longest = max(context if batch else 0, prefill_context + prefill_tokens)
-        ledger = explain_ledger(deployments, step(batch, context, prefill_tokens, prefill_context), longest)
+        ledger = explain_ledger(deployments, batch, context, prefill_tokens, prefill_context)
     except (PlannerError, ValueError) as exc:
         raise fail(exc) from None
     if as_json:

@@ -6,6 +6,8 @@ on every command.
 """
 from __future__ import annotations
 
+import math
+
 from engine.core.metrics import failed_requests
 from planner.errors import PlannerError
 
@@ -28,8 +30,8 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
             limit = float(value)
         except ValueError:
             raise PlannerError(f"--slo {text!r}: {value!r} is not a number of seconds") from None
-        if not limit > 0:
-            raise PlannerError(f"--slo {text!r}: the limit must be > 0")
+        if not 0 < limit < math.inf:
+            raise PlannerError(f"--slo {text!r}: the limit must be a finite number of seconds > 0")
         slos[name] = limit
     if not slos:
         raise PlannerError("give at least one --slo, e.g. --slo 0.2 or --slo ttft_p99=2")
