@@ -51,6 +51,16 @@ def test_a_fleet_whose_block_tables_cannot_fit_is_refused(one_gib, tmp_path):
     assert "give fewer --replicas" in result.stderr
 
 
+def test_one_deployments_block_tables_that_cannot_fit_are_refused(one_gib, tmp_path):
+    """A mistyped cache size (1e9 GiB of swap, 1e10 GPU blocks) is refused before a block table is built."""
+    for flags, blocks in ((["--policy", "paper", "--swap-space", "1e9"], "81,920,000,898"),
+                          (["--num-gpu-blocks", "10000000000"], "10,000,000,000")):
+        result = invoke("simulate", "--requests", 5, "--out", tmp_path, *flags)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1
+        assert result.stderr.startswith(f"error: a KV cache of {blocks} blocks (GPU and CPU swap) is more than")
+        assert "give a smaller --num-gpu-blocks, --num-cpu-blocks or --swap-space" in result.stderr
+
+
 def _shrinking_memory(monkeypatch, after: int):
     """Plenty of memory for the first `after` readings, then less than the minimum the guard keeps free."""
     readings = iter(range(10**9))
@@ -61,8 +71,9 @@ def _shrinking_memory(monkeypatch, after: int):
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_a_run_that_outgrows_memory_stops_at_a_request(monkeypatch, replicas):
-    # the trace's size, a fleet's block tables and each engine pass; then memory runs short
-    _shrinking_memory(monkeypatch, after=1 + (replicas > 1) + replicas)
+    # the trace's size, the block tables (a fleet's or one deployment's) and each engine pass; then memory
+    # runs short
+    _shrinking_memory(monkeypatch, after=2 + replicas)
     spec = run_spec(Deployment(model="llama-3.1-8b", gpu="h100-sxm"), workload="sharegpt", rate=50,
                     requests=CHECK_EVERY + 10).with_fleet(replicas=replicas)
     with pytest.raises(OutOfMemory, match=rf"the simulation stopped at request sharegpt-{CHECK_EVERY - 1}, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -535,11 +536,35 @@ def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
     (["--replicas", "2", "--probe-interval", "-1"], "error: --probe-interval must be positive, got -1.0"),
     (["--replicas", "2", "--probe-misses", "0"], "error: --probe-misses must be positive, got 0"),
     (["--probe-misses", "3"], "error: --probe-misses sets the fleet proxy's health checks: give --replicas K too"),
+    # a typo must not start replica processes until the machine gives out
+    (["--replicas", "99999999999"], "error: --replicas 99999999999: a live fleet runs 1 to 64 replicas on this "
+                                    "machine (planner simulate --replicas sizes a larger one)"),
+    (["--replicas", "0"], "error: --replicas 0: a live fleet runs 1 to 64 replicas on this machine (planner "
+                          "simulate --replicas sizes a larger one)"),
 ])
 def test_serve_refuses_bad_health_probe_settings_in_one_line(folder, flags, message):
     from planner.cli.app import app
     result = CliRunner().invoke(app, ["serve", "--model", folder, *flags])
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [message]
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(folder, monkeypatch):
+    """A mistyped host or a port in use: one line before the model loads (uvicorn would log it after)."""
+    from engine import llm_engine
+    from planner.cli.app import app
+    monkeypatch.setattr(llm_engine, "LLMEngine", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flags, message in ((["--host", "no-such-host.invalid"], "cannot listen on --host no-such-host.invalid "
+                                                                     "--port 8000: "),
+                               (["--port", str(port)], f"cannot listen on --host 127.0.0.1 --port {port}: Address "
+                                                       f"already in use"),
+                               (["--port", str(port), "--replicas", "2"], "Address already in use")):
+            result = CliRunner().invoke(app, ["serve", "--model", folder, *flags])
+            assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+            assert result.stderr.startswith(f"error: {message}") or message in result.stderr
 
 
 def test_serve_hands_the_health_probe_settings_to_the_fleet_proxy(folder, monkeypatch):

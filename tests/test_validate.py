@@ -94,6 +94,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
     (["--length-scale", "0"], "--length-scale must be a positive number"),
     (["--max-output-len", "0"], "--max-output-len must be at least 1"),
     (["--requests", "0"], "--requests must be at least 1"),
+    (["--replicas", "99999999999"], "--replicas 99999999999: a live fleet runs 1 to 64 replicas on this machine"),
 ])
 def test_cli_bad_lengths_are_refused_even_with_quick(args, message, tmp_path):
     from typer.testing import CliRunner

@@ -220,6 +220,17 @@ def workload_source(workload: str, trace: Optional[Path]) -> str:
     return str(trace) if trace else workload
 
 
+# A live fleet (serve, validate) runs every replica on this machine, each with its own engine and KV cache;
+# past this many, a typo would start processes until the machine gives out. A simulated fleet takes any count.
+MAX_LIVE_REPLICAS = 64
+
+
+def check_live_replicas(replicas: int) -> None:
+    if not 1 <= replicas <= MAX_LIVE_REPLICAS:
+        raise PlannerError(f"--replicas {replicas}: a live fleet runs 1 to {MAX_LIVE_REPLICAS} replicas on this "
+                           f"machine (planner simulate --replicas sizes a larger one)")
+
+
 def replica_counts(text: Optional[str]) -> tuple[int, ...]:
     """--replicas: one count or a comma list (1 when not given)."""
     if text is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-from planner.cli.options import DeploymentChoices, deployment_options
+from planner.cli.options import DeploymentChoices, check_live_replicas, deployment_options
 from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
@@ -90,6 +91,7 @@ def serve(
                                "validate); a server's clients are whoever connects to it")
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
         resolve_device(device)                   # one this machine has, before anything loads
+        check_listen(host, port)                 # an address this machine can listen on, before anything loads
         policy = fleet_policy(replicas, router, deployment)
         probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
         if replicas is not None:
@@ -116,14 +118,26 @@ def serve(
     make_server(engine, name, host, port, log_level, options, folder).run()
 
 
+def check_listen(host: str, port: int) -> None:
+    """Refuse, in one line, an address the server could not listen on (a host no resolver knows, a port in
+    use): uvicorn would say so only after the model has loaded, and in a log line of its own."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as uvicorn binds it
+            listener.bind(address)
+    except OSError as exc:
+        raise PlannerError(f"cannot listen on --host {host} --port {port}: {exc.strerror or exc}") from None
+
+
 def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
     """The proxy's routing policy, checked (None without --replicas)."""
     if replicas is None:
         if router is not None:
             raise PlannerError("--router routes between replicas: give --replicas K too")
         return None
-    if replicas < 1:
-        raise PlannerError(f"--replicas must be >= 1, got {replicas}")
+    check_live_replicas(replicas)
     policy = parse_router(router)
     if policy.uses_prefix and not deployment.prefix_caching_on:
         raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")

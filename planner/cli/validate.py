@@ -148,8 +148,7 @@ def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, route
     """--replicas K: the live fleet in process against the simulated fleet (planner/validation/fleet.py)."""
     if replicas is None:
         raise PlannerError("--router routes between replicas: give --replicas K too")
-    if replicas < 1:
-        raise PlannerError(f"--replicas must be >= 1, got {replicas}")
+    opt.check_live_replicas(replicas)
     if elsewhere is not None or trace["concurrency"] is not None:
         raise PlannerError("--replicas validates an open-loop trace on live engines here: drop --endpoint, "
                            "--measured and --concurrency")

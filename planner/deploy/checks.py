@@ -113,12 +113,6 @@ def fit_hint(spec: ModelSpec, device: GpuSpec, tp: int, **plan_args) -> str:
     return ("; " + " or ".join(hints)) if hints else "; no catalog GPU holds it with up to 8-way TP"
 
 
-# The simulator keeps a few list entries a block (engine/core/block_pool.py), so a count past this would
-# exhaust the host before the run starts. No catalog GPU comes near: B200's 178 GiB holds 5.1M blocks of
-# one token of opt-125m's cache (36 KiB a token), and 16-token blocks of any catalog model number far fewer.
-MAX_BLOCKS = 2**24
-
-
 def check_plan(plan) -> list[str]:
     """Raise on what vLLM refuses at start-up; return warnings for what it would run differently.
     `plan` is a planner.deploy.plan.DeploymentPlan, its model, GPU and cache already resolved."""
@@ -126,11 +120,6 @@ def check_plan(plan) -> list[str]:
     if plan.max_num_batched_tokens < dep.max_num_seqs:
         raise PlannerError(f"max_num_batched_tokens ({plan.max_num_batched_tokens}) must be >= max_num_seqs "
                            f"({dep.max_num_seqs}), as vLLM requires")
-    swap = f"--swap-space {dep.swap_space} GiB gives" if dep.num_cpu_blocks is None else "--num-cpu-blocks"
-    for given, blocks in (("--num-gpu-blocks", plan.num_gpu_blocks), (swap, plan.num_cpu_blocks)):
-        if blocks > MAX_BLOCKS:
-            raise PlannerError(f"{given} {blocks:,} blocks, more than the simulator keeps ({MAX_BLOCKS:,}; a "
-                               f"GPU's cache is at most a few million)")
     # one sequence's recurrent states (a Gated DeltaNet hybrid) take blocks its tokens cannot use
     slots = (plan.num_gpu_blocks - plan.state_blocks) * plan.block_size
     if spec.sliding_layers and plan.memory is not None and not plan.memory.sliding_window_bytes_per_gpu:

@@ -47,7 +47,7 @@ from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.sim.lazy_log import ShapeLog, StepLog
-from planner.sim.memory_guard import GUARD
+from planner.sim.memory_guard import GUARD, check_replicas
 from planner.deploy.speculation import speculation_of
 from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
                                      enable as enable_speculation)
@@ -836,6 +836,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     (planner.profile.speed.SpeedTimeline); it steps one at a time, since a
     window prices its steps before their start times are known."""
     wall_start = time.perf_counter()
+    check_replicas(1, plan.num_gpu_blocks + plan.num_cpu_blocks)
     env = simpy.Environment()
     engine = make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace), progress=progress,
                          fast_forward=fast_forward, watch=watch, device_speed=device_speed)

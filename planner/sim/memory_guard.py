@@ -112,14 +112,18 @@ def check_trace_size(requests: int | None, duration: float | None, rate: float) 
 
 
 def check_replicas(replicas: int, blocks_each: int) -> None:
-    """Refuse a fleet whose replicas' block tables alone exceed the memory available now."""
+    """Refuse a fleet (or one deployment) whose block tables, GPU and CPU, alone exceed the memory available
+    now: a mistyped --num-gpu-blocks or --swap-space as much as too many --replicas."""
     available = available_bytes()
     need = replicas * blocks_each * MIN_BLOCK_BYTES
     if available is None or need <= available:
         return
-    raise OutOfMemory(f"{replicas:,} replicas of {blocks_each:,} KV blocks each are more than this machine's memory "
-                      f"can simulate (at least {MIN_BLOCK_BYTES} bytes a block: {need / (1 << 30):,.0f} GiB against "
-                      f"{available / (1 << 30):.1f} GiB available); give fewer --replicas")
+    what, fix = ((f"{replicas:,} replicas of {blocks_each:,} KV blocks each are", "fewer --replicas")
+                 if replicas > 1 else (f"a KV cache of {blocks_each:,} blocks (GPU and CPU swap) is",
+                                       "a smaller --num-gpu-blocks, --num-cpu-blocks or --swap-space"))
+    raise OutOfMemory(f"{what} more than this machine's memory can simulate (at least {MIN_BLOCK_BYTES} bytes a "
+                      f"block: {need / (1 << 30):,.0f} GiB against {available / (1 << 30):.1f} GiB available); "
+                      f"give {fix}")
 
 
 class MemoryGuard:
