@@ -18,10 +18,12 @@ from __future__ import annotations
 import torch
 
 import cuda_ext
+from engine.host_memory import available_bytes
 
 # vLLM's --kv-cache-dtype values and the cache element type each means ("auto": the model's dtype).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 FP8 = torch.float8_e4m3fn
+GiB = 1 << 30
 
 
 def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -56,6 +58,24 @@ def _allocate(num_blocks, num_kv_heads, head_size, block_size, dtype, device, pi
     return key, value
 
 
+def _check_fits(block_bytes: int, num_gpu_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
+    """Refuse, in one line, pools the memory they go to cannot hold. An oversized request would otherwise end
+    in the allocator's error or, on a host that overcommits, in zero-filling pages until the process is
+    killed. The swap pool is host memory, and so is the device pool on the CPU."""
+    device_bytes, swap_bytes = num_gpu_blocks * block_bytes, num_cpu_blocks * block_bytes
+    if device.type == "cuda":
+        checks = [(device_bytes, torch.cuda.mem_get_info(device)[0], str(device)),
+                  (swap_bytes, available_bytes(), "the host")]
+    else:
+        checks = [(device_bytes + swap_bytes, available_bytes(), "the host")]
+    for need, free, where in checks:
+        if free is not None and need > free:
+            raise ValueError(f"a KV cache of {num_gpu_blocks:,} blocks and {num_cpu_blocks:,} swap blocks "
+                             f"({block_bytes:,} bytes each) needs {need / GiB:,.1f} GiB on {where}, more than its "
+                             f"{free / GiB:,.1f} GiB free: give fewer blocks (num_gpu_blocks, num_cpu_blocks or "
+                             f"swap_space)")
+
+
 def _mapping(pairs, device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.tensor(list(pairs), dtype=torch.int64, device=device).view(-1, 2)
 
@@ -77,6 +97,8 @@ class KVCache:
         self.num_layers, self.num_kv_heads, self.head_size = num_layers, num_kv_heads, head_size
         self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        _check_fits(bytes_per_block(num_layers, num_kv_heads, head_size, block_size, dtype), num_gpu_blocks,
+                    num_cpu_blocks, self.device)
         # Zero-filled rather than empty: a kernel bug that reads an unwritten
         # slot then yields zeros, not NaNs from stale memory, and tests see it.
         self.gpu = [_allocate(num_gpu_blocks, num_kv_heads, head_size, block_size, dtype, self.device)

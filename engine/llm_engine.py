@@ -127,6 +127,10 @@ class LLMEngine:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         check_runnable(dep, model)
         dep = dep.replace(async_scheduling=False)     # this engine schedules each step after the last one ends
+        positions = model_context_limit(model)
+        if dep.max_model_len is not None and dep.max_model_len > positions:     # vLLM's ModelConfig refuses it too
+            raise ValueError(f"max_model_len {dep.max_model_len} is greater than the model's {positions} positions "
+                             f"(max_position_embeddings)")
         dep = resolve_batch_limits(dep, batch_device(device), model_context_limit(model, dep.max_model_len))
         self.deployment = dep
         self.clock = clock
@@ -136,7 +140,8 @@ class LLMEngine:
         if dep.num_cpu_blocks is not None and not dep.enable_chunked_prefill:
             swap_bytes = None                # the pool's size in blocks is given
         self.runner = ModelRunner(model, block_size=dep.block_size, num_gpu_blocks=dep.num_gpu_blocks,
-                                  num_cpu_blocks=dep.num_cpu_blocks or 0, swap_space_bytes=swap_bytes, dtype=dep.dtype,
+                                  num_cpu_blocks=0 if dep.enable_chunked_prefill else dep.num_cpu_blocks or 0,
+                                  swap_space_bytes=swap_bytes, dtype=dep.dtype,
                                   device=device, enforce_eager=enforce_eager,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
                                   gpu_memory_utilization=dep.gpu_memory_utilization,

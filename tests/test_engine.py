@@ -156,6 +156,15 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
         LLM(model_dir, tensor_parallel_size=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'tensor_paralel_size'"):
         LLM(model_dir, tensor_paralel_size=1)
+    # vLLM refuses a context past the model's positions (this engine used to cut it down without a word)
+    positions = LLM(model_dir, num_gpu_blocks=64).engine.max_model_len
+    with pytest.raises(ValueError, match=f"^max_model_len {positions + 1} is greater than the model's {positions} "
+                                         r"positions \(max_position_embeddings\)$"):
+        LLM(model_dir, max_model_len=positions + 1)
+    # a cache no memory holds is refused before anything is allocated (zero-filling it would take hours)
+    with pytest.raises(ValueError, match=r"^a KV cache of 10,000,000,000,000 blocks and 0 swap blocks \([\d,]+ "
+                                         r"bytes each\) needs [\d,.]+ GiB on the host, more than its [\d,.]+ GiB free"):
+        LLM(model_dir, num_gpu_blocks=10**13)
 
 
 def test_string_prompts_use_the_model_folders_tokenizer(tmp_path):

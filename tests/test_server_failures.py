@@ -539,6 +539,8 @@ def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
     # a typo must not start replica processes until the machine gives out
     (["--replicas", "99999999999"], "error: --replicas 99999999999: a live fleet runs 1 to 64 replicas on this "
                                     "machine (planner simulate --replicas sizes a larger one)"),
+    (["--log-level", "loud"], "error: --log-level 'loud': choose one of critical, error, warning, info, debug, "
+                              "trace"),
     (["--replicas", "0"], "error: --replicas 0: a live fleet runs 1 to 64 replicas on this machine (planner "
                           "simulate --replicas sizes a larger one)"),
 ])

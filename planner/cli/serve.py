@@ -26,6 +26,7 @@ from planner.runs.slos import parse_slos
 from planner.sim.router import parse_router
 from workloads import TraceError, make_trace
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")     # uvicorn's (uvicorn.config.LOG_LEVELS)
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
                               help="a live fleet: K engine servers on loopback ports (each its own process and "
                                    "engine) behind a routing proxy on --port")
@@ -51,7 +52,7 @@ def serve(
                                                                "(default: the --model value)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     seed: int = typer.Option(0, help="seed of requests that bring none"),
-    log_level: str = typer.Option("warning", help="uvicorn's log level"),
+    log_level: str = typer.Option("warning", help=f"uvicorn's log level: {', '.join(LOG_LEVELS)}"),
     api_key: Optional[str] = typer.Option(None, help="require 'Authorization: Bearer KEY' on /v1/* "
                                                       "(default: $VLLM_API_KEY, as vLLM)"),
     max_request_body_size: int = typer.Option(16 << 20, help="largest request body in bytes (413 above)"),
@@ -92,6 +93,8 @@ def serve(
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
         resolve_device(device)                   # one this machine has, before anything loads
         check_listen(host, port)                 # an address this machine can listen on, before anything loads
+        if log_level not in LOG_LEVELS:
+            raise PlannerError(f"--log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
         policy = fleet_policy(replicas, router, deployment)
         probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
         if replicas is not None:

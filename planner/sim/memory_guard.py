@@ -24,6 +24,7 @@ import math
 import os
 from typing import Callable
 
+from engine.host_memory import available_bytes
 from planner.errors import PlannerError
 
 MIN_REQUEST_BYTES = 4 << 10   # a ShareGPT request's trace entry (1.4 KiB) and its smallest record, rounded up
@@ -35,49 +36,6 @@ _MIB = 1 << 20
 
 class OutOfMemory(PlannerError):
     """The run would outgrow this machine's memory."""
-
-
-# A container's memory limit: (limit, usage, stats, the stat of page cache the kernel can reclaim) for
-# cgroup v2 and v1. /proc/meminfo shows the host's memory, while the container is killed at its limit.
-CGROUPS = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
-            "inactive_file"),
-           ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-            "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"))
-
-
-def available_bytes() -> int | None:
-    """The memory the kernel could give without swapping (MemAvailable), less where a container's limit
-    leaves less; None where the system does not say."""
-    available = _read_stat("/proc/meminfo", "MemAvailable:")
-    available = None if available is None else available * 1024
-    for limit_path, usage_path, stat_path, reclaimable in CGROUPS:
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
-        if limit is None or usage is None or limit >= 1 << 60:     # no such cgroup, or no limit
-            continue
-        headroom = limit - usage + (_read_stat(stat_path, reclaimable + " ") or 0)
-        available = headroom if available is None else min(available, headroom)
-        break
-    return available
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read())
-    except (OSError, ValueError):      # absent, or "max" (no limit)
-        return None
-
-
-def _read_stat(path: str, key: str) -> int | None:
-    """The number after `key` on its line of `path` (a "key value" listing)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
-    return None
 
 
 def resident_bytes() -> int | None:
