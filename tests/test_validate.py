@@ -95,6 +95,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path):
     (["--max-output-len", "0"], "--max-output-len must be at least 1"),
     (["--requests", "0"], "--requests must be at least 1"),
     (["--replicas", "99999999999"], "--replicas 99999999999: a live fleet runs 1 to 64 replicas on this machine"),
+    (["--seeds", "1001"], "--seeds must be 0 (no intervals) to 1,000, got 1001"),
 ])
 def test_cli_bad_lengths_are_refused_even_with_quick(args, message, tmp_path):
     from typer.testing import CliRunner

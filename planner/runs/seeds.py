@@ -26,6 +26,9 @@ from planner.runs.sweep import document_of, run_many
 
 
 LEVEL = 0.9
+# Each seed is a whole simulation, and its run is prepared before any starts: a typo's 1e11 would fill the
+# machine's memory with prepared runs. A 90% interval's ends settle within a few hundred seeds.
+MAX_SEEDS = 1000
 METRICS = ("request_throughput", "output_token_throughput", "normalized_latency", "ttft_mean", "ttft_p99",
            "tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99",
            "mean_batch_size", "kv_utilization", "step_time_median", "simulated_time")
@@ -50,8 +53,8 @@ def intervals(docs: list[dict], level: float = LEVEL) -> dict[str, dict]:
 
 def seed_loads(load: Load, seeds: int) -> list[Load]:
     """`load` at seeds seed, seed+1, ..., seed+K-1."""
-    if seeds < 1:
-        raise PlannerError(f"--seeds must be >= 1, got {seeds}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise PlannerError(f"--seeds must be 1 to {MAX_SEEDS:,}, got {seeds}")
     return [replace(load, seed=load.seed + i) for i in range(seeds)]
 
 

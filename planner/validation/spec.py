@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.deployment import Deployment
 from planner.errors import PlannerError
+from planner.runs.seeds import MAX_SEEDS
 from workloads import Trace, TraceError, make_trace
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -33,8 +34,8 @@ class ValidationSpec:
     kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seeds, int) or self.seeds < 0:
-            raise PlannerError(f"--seeds must be 0 (no intervals) or a positive number, got {self.seeds}")
+        if not isinstance(self.seeds, int) or not 0 <= self.seeds <= MAX_SEEDS:
+            raise PlannerError(f"--seeds must be 0 (no intervals) to {MAX_SEEDS:,}, got {self.seeds}")
         if self.concurrency is not None and (not isinstance(self.concurrency, int) or self.concurrency < 1):
             raise PlannerError(f"--concurrency must be at least 1 client, got {self.concurrency}")
         if self.requests < 1:
