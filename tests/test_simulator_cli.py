@@ -193,3 +193,5 @@ def test_capacity_command(tmp_path):
     assert (tmp_path / "capacity.json").is_file()
     bad = invoke("capacity", "--slo", "speed=3", "--out", tmp_path)
     assert bad.exit_code == 2 and "unknown metric" in bad.stderr
+    burst = invoke("capacity", "--slo", "0.5", "--max-rate", "inf", "--out", tmp_path)   # was a TypeError
+    assert burst.exit_code == 2 and "<= max rate (inf), all finite" in burst.stderr

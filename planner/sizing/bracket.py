@@ -9,14 +9,16 @@ configuration's bracket and gallop away from it (planner/sizing/capacity.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator
 
 from planner.errors import PlannerError
 
 
 def check_rates(start: float, min_rate: float, max_rate: float, rel_tol: float) -> None:
-    if not 0 < min_rate <= start <= max_rate:
-        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate})")
+    if not 0 < min_rate <= start <= max_rate < math.inf:      # an infinite rate is a burst, not a rate to find
+        raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate}), all "
+                           f"finite")
     if not 0 < rel_tol < 1:
         raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
 
