@@ -109,3 +109,11 @@ def test_token_prompts_fail_every_request_and_bench_exits_non_zero(strict_server
 def test_chat_with_token_prompts_is_a_one_line_error(strict_server, tmp_path):
     result = bench(strict_server, tmp_path, "--endpoint-type", "chat", "--prompt-format", "tokens")
     assert result.exit_code == 2 and result.stderr.startswith("error: a chat endpoint takes text messages")
+
+
+@pytest.mark.parametrize("timeout", ["0", "nan", "-1", "inf"])
+def test_a_timeout_no_request_could_meet_is_a_one_line_error(strict_server, tmp_path, timeout):
+    """0, a negative or NaN failed every request one by one (httpx: 'deadline must not be NaN')."""
+    result = bench(strict_server, tmp_path, "--timeout", timeout)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: --timeout must be a positive, finite number of seconds, got ")

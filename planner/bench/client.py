@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -112,6 +113,8 @@ class BenchConfig:
                              "--endpoint-type chat")
         if self.api_key is None:
             self.api_key = os.environ.get("OPENAI_API_KEY") or None
+        if not 0 < self.timeout < math.inf:       # 0 or NaN failed every request; inf is no deadline to httpx
+            raise ValueError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
 
