@@ -18,7 +18,7 @@ from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import RequestRecord, StepRecord
 from engine.core.parallel_sampling import ParentRequest, Parents, fans_out, refusal
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model_runner import ModelRunner, SequenceInput, batch_device, model_context_limit
+from engine.model_runner import ModelRunner, SequenceInput, batch_device, model_positions
 from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from engine.sampler import Sampler
 from engine.core.sampling_params import SamplingParams
@@ -127,11 +127,11 @@ class LLMEngine:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         check_runnable(dep, model)
         dep = dep.replace(async_scheduling=False)     # this engine schedules each step after the last one ends
-        positions = model_context_limit(model)
+        positions = model_positions(model)
         if dep.max_model_len is not None and dep.max_model_len > positions:     # vLLM's ModelConfig refuses it too
             raise ValueError(f"max_model_len {dep.max_model_len} is greater than the model's {positions} positions "
                              f"(max_position_embeddings)")
-        dep = resolve_batch_limits(dep, batch_device(device), model_context_limit(model, dep.max_model_len))
+        dep = resolve_batch_limits(dep, batch_device(device), dep.max_model_len or positions)
         self.deployment = dep
         self.clock = clock
         self.step_observer = step_observer

@@ -73,10 +73,9 @@ def batch_device(device: str | torch.device = "auto") -> BatchDevice:
     return BatchDevice(memory_bytes=props.total_memory, name=props.name)
 
 
-def model_context_limit(model_path: str, max_model_len: int | None = None) -> int:
-    """The context the runner will serve: the checkpoint's positions, capped at ``max_model_len``."""
-    limit = read_config(model_path).max_position_embeddings
-    return min(max_model_len or limit, limit)
+def model_positions(model_path: str) -> int:
+    """The longest context the checkpoint was built for (its config's max_position_embeddings)."""
+    return read_config(model_path).max_position_embeddings
 
 
 class ModelRunner:

@@ -9,7 +9,7 @@ minutes later and with nothing said. Instead:
 
 - `check_trace_size` and `check_requests` refuse, before a trace is made, a request count that cannot fit
   at all (each request takes at least MIN_REQUEST_BYTES, its trace entry and its record), and
-  `check_replicas` a fleet whose block tables alone cannot;
+  `check_replicas` a fleet, or one deployment (a mistyped --num-gpu-blocks), whose block tables alone cannot;
 - `check` (called by the simulator every CHECK_EVERY requests it makes and at every engine it builds) stops
   the run once the machine's available memory falls below what the process has grown by since its first
   check: turning the run into results takes about as much again (the records are built from the requests
