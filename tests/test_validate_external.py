@@ -61,6 +61,10 @@ def test_measured_jsonl_gives_the_measured_metrics(folder, tmp_path):
     assert doc["deployment_sources"]["num_gpu_blocks"] == "64 (flag)"
 
 
+VLLM = {"input_lens": [10, 20], "output_lens": [3, 0], "ttfts": [0.2, 0.0], "itls": [[0.1, 0.1], []],
+        "start_times": [5.0, 5.5], "errors": ["", "Bad Request"]}
+
+
 def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
     csv_path = tmp_path / "requests.csv"
     csv_path.write_text("request_id,arrival,start,prompt_len,expected_output_len,output_len,first_token,finish,"
@@ -70,10 +74,8 @@ def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
     rows = read_measured(csv_path)
     assert [r.failed for r in rows] == [False, True] and rows[0].first_token == pytest.approx(0.1)
 
-    vllm = {"input_lens": [10, 20], "output_lens": [3, 0], "ttfts": [0.2, 0.0], "itls": [[0.1, 0.1], []],
-            "start_times": [5.0, 5.5], "errors": ["", "Bad Request"]}
     json_path = tmp_path / "vllm.json"
-    json_path.write_text(json.dumps(vllm))
+    json_path.write_text(json.dumps(VLLM))
     rows = read_measured(json_path)
     assert (rows[0].first_token, rows[0].finish) == (pytest.approx(0.2), pytest.approx(0.4))
     assert rows[1].failed and rows[1].error == "Bad Request"
@@ -86,6 +88,14 @@ def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
     ("broken.jsonl", '{"arrival_time": 1,\n', "broken.jsonl:1: invalid JSON"),
     ("old.json", json.dumps({"input_lens": [1], "output_lens": [1], "ttfts": [0.1], "itls": [[]]}),
      "old.json: field 'start_times' is missing"),
+    # were an OverflowError, a run that filled the memory, a TypeError and an IndexError
+    ("inf.jsonl", json.dumps({**RECORDED[0], "output_len": float("inf")}),
+     "inf.jsonl:1: field 'output_len' is out of range: inf"),
+    ("huge.jsonl", json.dumps({**RECORDED[0], "prompt_len": 1e308}),
+     "huge.jsonl:1: field 'prompt_len' is out of range: 1e+308 (0 to 10,000,000 tokens)"),
+    ("starts.json", json.dumps({**VLLM, "start_times": ["x", 1]}),
+     "starts.json: entry 0: field 'start_times' is not a number: 'x'"),
+    ("errors.json", json.dumps({**VLLM, "errors": [1]}), "errors.json: field 'errors' must be a list as long as"),
 ])
 def test_unreadable_recordings_name_file_line_and_field(folder, tmp_path, name, content, message):
     path = tmp_path / name

@@ -35,6 +35,7 @@ from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
 from workloads import Trace, TraceRequest
+from workloads.trace_files import MAX_TOKENS
 
 
 # The engine settings a flag or a server may tell: the deployment's, bar what it runs on, and vLLM's
@@ -190,16 +191,28 @@ ALIASES = {"arrival": ("arrival_time", "arrival", "queued_time", "queued", "star
            "finish": ("finish_time", "finish", "end_time")}
 
 
+def _number(value, where: str, key: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise MeasuredFileError(f"{where}: field {key!r} is not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise MeasuredFileError(f"{where}: field {key!r} is out of range: {value!r}")
+    return number
+
+
+def _tokens(value, where: str, key: str) -> int:
+    """A token count, held to a trace file's cap (a recording's 1e308 would be simulated token by token)."""
+    number = _number(value, where, key)
+    if not 0 <= number <= MAX_TOKENS:
+        raise MeasuredFileError(f"{where}: field {key!r} is out of range: {value!r} (0 to {MAX_TOKENS:,} tokens)")
+    return int(number)
+
+
 def _field(row: dict, name: str, where: str, *, required: bool = True, kind=float):
     for key in ALIASES[name]:
         if key in row and row[key] not in (None, ""):
-            try:
-                value = kind(float(row[key])) if kind is int else float(row[key])
-            except (TypeError, ValueError):
-                raise MeasuredFileError(f"{where}: field {key!r} is not a number: {row[key]!r}") from None
-            if not math.isfinite(value) or (kind is int and value < 0):
-                raise MeasuredFileError(f"{where}: field {key!r} is out of range: {row[key]!r}")
-            return value
+            return _tokens(row[key], where, key) if kind is int else _number(row[key], where, key)
     if required:
         raise MeasuredFileError(f"{where}: field {ALIASES[name][0]!r} is missing (also accepted: "
                                 f"{', '.join(ALIASES[name][1:])})")
@@ -263,17 +276,21 @@ def _read_vllm_detailed(path: Path, doc: dict) -> list[Measured]:
         if not isinstance(doc[key], list) or len(doc[key]) != len(doc["input_lens"]):
             raise MeasuredFileError(f"{path}: field {key!r} must be a list as long as 'input_lens'")
     errors = doc.get("errors") or [""] * len(doc["input_lens"])
-    origin = min(doc["start_times"]) if doc["start_times"] else 0.0
+    if not isinstance(errors, list) or len(errors) != len(doc["input_lens"]):
+        raise MeasuredFileError(f"{path}: field 'errors' must be a list as long as 'input_lens'")
+    starts = [_number(t, f"{path}: entry {i}", "start_times") for i, t in enumerate(doc["start_times"])]
+    origin = min(starts, default=0.0)
     out = []
-    for i, (p, o, ttft, itl, start) in enumerate(zip(*(doc[k] for k in need))):
+    for i, (p, o, ttft, itl, start) in enumerate(zip(*(doc[k] for k in need[:-1]), starts)):
         where = f"{path}: entry {i}"
         try:
-            arrival = float(start) - origin
+            arrival = start - origin
             failed = bool(errors[i]) or not o
-            first = None if failed else arrival + float(ttft)
-            finish = None if failed else first + sum(float(x) for x in itl)
-            out.append(Measured(str(i), arrival, int(p), int(o or 0), first, finish, failed, errors[i] or None))
-        except (TypeError, ValueError):
+            first = None if failed else arrival + _number(ttft, where, "ttfts")
+            finish = None if failed else first + sum(_number(x, where, "itls") for x in itl)
+            out.append(Measured(str(i), arrival, _tokens(p, where, "input_lens"), _tokens(o or 0, where, "output_lens"),
+                                first, finish, failed, errors[i] or None))
+        except TypeError:     # an itls entry that is not a list
             raise MeasuredFileError(f"{where}: a field among {', '.join(need)} is not a number") from None
     return out
 
