@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
+from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
 from planner.cli.options import DeploymentChoices, check_live_replicas, deployment_options
@@ -26,7 +27,7 @@ from planner.runs.slos import parse_slos
 from planner.sim.router import parse_router
 from workloads import TraceError, make_trace
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")     # uvicorn's (uvicorn.config.LOG_LEVELS)
+LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
                               help="a live fleet: K engine servers on loopback ports (each its own process and "
                                    "engine) behind a routing proxy on --port")

@@ -281,7 +281,8 @@ def _read_vllm_detailed(path: Path, doc: dict) -> list[Measured]:
     starts = [_number(t, f"{path}: entry {i}", "start_times") for i, t in enumerate(doc["start_times"])]
     origin = min(starts, default=0.0)
     out = []
-    for i, (p, o, ttft, itl, start) in enumerate(zip(*(doc[k] for k in need[:-1]), starts)):
+    for i, (p, o, ttft, itl, start) in enumerate(zip(doc["input_lens"], doc["output_lens"], doc["ttfts"],
+                                                      doc["itls"], starts)):
         where = f"{path}: entry {i}"
         try:
             arrival = start - origin
