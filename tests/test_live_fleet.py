@@ -287,6 +287,28 @@ def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_fi
     assert "| replica | live share |" in (tmp_path / "report.md").read_text()
 
 
+def test_a_fleet_profiled_along_its_run_times_replica_zeros_own_model(llama_dir, tmp_path, monkeypatch):
+    from engine.deployment import Deployment
+    from planner.profile import along
+    from planner.profile.run import ProfileOptions
+    from planner.validation.fleet import validate_fleet
+    from planner.validation.spec import ValidationSpec
+    grid = dict(prefill_tokens=[8, 32], prefill_seqs=[1], decode_batch=[1, 4], decode_context=[16, 64],
+                host_batch=[1, 8], block_counts=[1, 4], warmup=1)
+    fresh = along.ProfileAlong(ProfileOptions(Deployment(model=llama_dir, gpu="cpu"), quick=True, repeats=2,
+                                              grid_overrides=grid), tmp_path / "p.json", span_s=1e-3,
+                               say=lambda *_: None)
+    start, beside = fresh.before_steps, []
+    fresh.before_steps = lambda runner: beside.append(runner) or start(runner)
+    monkeypatch.setattr(along, "profile_for_live_run", lambda *args, **kwargs: fresh)
+    spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu"), workload="alpaca", rate=math.inf, requests=6,
+                          length_scale=0.2, max_prompt_len=32, max_output_len=4, seeds=0)
+    result = validate_fleet(spec, 2, parse_policy("round-robin"), reprofile=True)
+    assert len(beside) == 1 and beside[0].model_path == llama_dir          # one replica's runner, once
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 6
+    assert "between the live run's steps" in result.profile_note
+
+
 @pytest.mark.slow
 def test_serve_two_replicas_end_to_end(tmp_path):
     """`planner serve --replicas 2` with a tiny random model: bench through the proxy, the metrics add up,

@@ -277,6 +277,22 @@ def test_cache_sizing_from_budget(checkpoint):
     assert runner.eos_token_id == 2
 
 
+def test_a_runner_beside_another_runs_its_weights_on_a_cache_of_its_own(checkpoint):
+    """weights_of: the same parameters in the same memory (a profile times the live engine's own), while
+    each runner's KV cache holds its own sequences."""
+    folder = checkpoint("llama")
+    live = make_runner(folder, 8)
+    beside = ModelRunner(folder, block_size=8, num_gpu_blocks=NUM_BLOCKS // 2, device="cpu", weights_of=live)
+    assert beside.model is live.model and beside.model_path == live.model_path == folder
+    assert beside.kv_cache is not live.kv_cache and beside.num_gpu_blocks == NUM_BLOCKS // 2
+    a, b = prompts_for(live.vocab_size)[:2]
+    first = live.execute([SequenceInput(a, 0, [0, 1, 2])])
+    beside.execute([SequenceInput(b, 0, [0, 1, 2])])           # the same block ids, in its own cache
+    token = int(first[0].argmax())
+    logits = live.execute([SequenceInput([token], len(a), [0, 1, 2])])
+    torch.testing.assert_close(logits[0], hf_logits(hf_model(folder), a + [token])[-1], atol=ATOL, rtol=0)
+
+
 def test_sharded_checkpoint_loads(tmp_path):
     folder = build_checkpoint(tmp_path, LlamaForCausalLM, llama_config(), max_shard_size="40KB")
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())

@@ -29,7 +29,10 @@ def test_points_are_timed_before_between_and_after_the_run_until_the_grid_is_rep
     along = _along(tiny_model, tmp_path)
     with pytest.raises(RuntimeError):
         along.between_steps(0.01, 0.0)
-    first = load_profile(along.before_run())
+    along.before_run()                          # nothing timed before the live engine loads
+    with pytest.raises(RuntimeError):
+        along.between_steps(0.01, 0.0)
+    first = load_profile(along.before_steps())  # no live runner: on a copy of the model built for it
     # Before the run: the warm-up round and one measured round of every point, already a usable profile.
     assert first.grid.repeats == 1 and all(len(m.samples_s) == 1 for m in first.measurements)
     assert 0 < along.duty <= 4
@@ -83,7 +86,7 @@ def test_the_simulation_follows_the_device_speed():
 
 def test_a_run_far_longer_than_its_arrivals_stops_sampling_at_three_times_the_rounds(tiny_model, tmp_path):
     along = _along(tiny_model, tmp_path, span_s=1e-3, repeats=2)
-    along.before_run()
+    along.before_steps()
     for _ in range(100):
         along.between_steps(1.0, 0.0)             # each step "took" a second: the duty is never met
     timer = along.session.timer
@@ -122,9 +125,18 @@ def test_work_between_steps_takes_no_trace_time(tmp_path):
     # stays well inside the bound).
     spec = ValidationSpec(workload="alpaca", requests=4, rate=50, length_scale=0.1, max_output_len=8)
     trace = make_trace("alpaca", num_requests=4, rate=50, seed=0).scaled(length_scale=0.1, max_output_len=8)
-    calls = []
+    calls, runners = [], []
+
+    class Profiler:
+        def before_steps(self, runner):
+            runners.append(runner)
+
+        def between_steps(self, busy_s, now):
+            calls.append(busy_s)
+            time.sleep(0.2)
+
     folder = str(save_tiny_model("opt", tmp_path))
-    live = run_live(trace, folder, spec, device="cpu", dtype="auto",
-                    between_steps=lambda busy_s, now: calls.append(busy_s) or time.sleep(0.2))
+    live = run_live(trace, folder, spec, device="cpu", dtype="auto", profiler=Profiler())
+    assert len(runners) == 1 and runners[0].model_path == folder      # the live engine's runner, once
     assert len(calls) == len(live.steps) >= 4 and all(b > 0 for b in calls)
     assert max(r.finish for r in live.requests) < 0.2 * len(calls) / 2

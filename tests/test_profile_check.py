@@ -230,7 +230,13 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
 
         def before_run(self):
             calls.append("before")
-            return fresh
+
+        def live_device(self):
+            return "cpu", "float32"
+
+        def before_steps(self, runner):
+            assert runner.model_path == str(folder)     # the live engine's own
+            calls.append("beside")
 
         def between_steps(self, busy_s, now):
             assert busy_s > 0
@@ -250,9 +256,10 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
                                       "alpaca", "--requests", "4", "--rate", "50", "--length-scale", "0.1",
                                       "--max-output-len", "4", "--attribution", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    # re-profiled once, at the run's block size, before, between the steps of and after the live run
+    # re-profiled once, at the run's block size, before, beside the live engine, between the steps of and
+    # after the live run
     (block_size, span_s), *order = calls
-    assert block_size == 16 and 0 < span_s < 1 and order == ["before", "between", "after"]
+    assert block_size == 16 and 0 < span_s < 1 and order == ["before", "beside", "between", "after"]
     doc = json.loads((out / "comparison.json").read_text())
     assert doc["profile_check"]["status"] == "ok" and doc["error_attribution"]["e2e_mean"] is not None
     assert str(fresh) in doc["cost_model"]

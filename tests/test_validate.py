@@ -184,7 +184,10 @@ def test_a_profile_timed_along_the_run_reports_the_device_speed_and_follows_it_b
         fresh = ProfileAlong(ProfileOptions(Deployment(model=llama_dir, gpu="cpu"), quick=True, repeats=2, grid_overrides=grid),
                              tmp_path / f"{applied}.json", span_s=1e-3, say=lambda *_: None)
         fresh.slice_every_s, fresh.min_slice_points = 0.003, 1     # slices enough in this short run
+        start, beside = fresh.before_steps, []
+        fresh.before_steps = lambda runner: beside.append(runner.model_path) or start(runner)
         runs[applied] = v = validate(ValidationSpec(**cfg, speed_correction=correction), fresh=fresh)
+        assert beside == [llama_dir]        # its points timed on the live engine's own model
         assert v.speed_timeline is fresh.timeline and v.speed_timeline.applied is applied
         assert len(v.speed_timeline.times) >= 2 and v.speed_level is None      # no canary when profiled along
         assert "between the run's steps" in v.speed_timeline.headline()

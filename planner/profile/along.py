@@ -25,9 +25,13 @@ Each slice timed during the run also says how fast the device was at that
 moment of the trace: `timeline` (planner.profile.speed.SpeedTimeline), which
 validate reports and the simulation follows (unless --no-speed-correction).
 
-The profile runner is a second runner beside the live engine's, with its own
-KV cache: on a CPU both fit in memory, on a GPU the live engine's cache takes
-the memory a second runner would need, so GPUs are profiled around the run.
+The profile runner is a second runner beside the live engine's: it runs the
+engine's own loaded model, on a KV cache of its own. A random-weight copy of the
+model built for the profile timed its decode steps 4-8% slower than the live
+engine ran the same steps, interleaved step by step on the 2-core VM (the copy
+lies elsewhere in memory), and every validation priced the run that much slow.
+On a CPU both caches fit in memory; on a GPU the live engine's cache takes the
+memory a second one would need, so GPUs are profiled around the run.
 """
 from __future__ import annotations
 
@@ -37,9 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.deployment import Deployment
+from engine.model_runner import ModelRunner
 from planner.catalog import resolve_gpu
 from planner.profile.schema import Profile, save_profile
 from planner.profile.around import ProfileAround
+from planner.profile.device import engine_device
 from planner.profile.run import ProfileOptions, ProfileSession
 from planner.profile.speed import SpeedTimeline
 
@@ -56,7 +62,8 @@ FORWARD = ("prefill", "decode")
 
 
 class ProfileAlong:
-    """`before_run()`, `between_steps(busy_s, now)` after each live step, `after_run()`: one profile."""
+    """`before_run()`, `before_steps(runner)` once the live engine is loaded, `between_steps(busy_s, now)`
+    after each live step, `after_run()`: one profile."""
 
     def __init__(self, options: ProfileOptions, path: Path, span_s: float, say: Callable[[str], object] = print):
         self.options, self.path, self.span_s, self.say = options, path, span_s, say
@@ -77,10 +84,19 @@ class ProfileAlong:
         return cls(ProfileOptions(Deployment(model=model, gpu=gpu, block_size=block_size), quick=True, repeats=6),
                    path, span_s, say)
 
-    def before_run(self) -> Path:
+    def live_device(self) -> tuple[str, str]:
+        """(device, dtype) the live engine runs on: the profile's."""
+        return engine_device(self.options.deployment.gpu)
+
+    def before_run(self) -> None:
+        """Nothing is timed before the live engine loads: the profile runs its model (`before_steps`)."""
         self.say(f"validate: profiling {self.options.deployment.model} on {self.options.deployment.gpu} (--quick) before, between "
-                 "and after the live run's steps")
-        self.session = ProfileSession(self.options)
+                 "and after the live run's steps, on the live engine's own weights")
+
+    def before_steps(self, runner: ModelRunner | None = None) -> Path:
+        """The live engine is loaded, its run not started: the session beside its `runner` (None: on a copy
+        of the model built for it), its warm-up round and one measured round, the profile so far saved."""
+        self.session = ProfileSession(self.options, beside=runner)
         timer = self.session.timer
         timer.time_rounds(timer.warmup)
         start = time.perf_counter()
@@ -126,7 +142,7 @@ class ProfileAlong:
 
     def _started(self) -> ProfileSession:
         if self.session is None:
-            raise RuntimeError("before_run() first")
+            raise RuntimeError("before_steps() first")
         return self.session
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.profile.schema import Measurement, Profile, save_profile
 from planner.profile import pieces
+from planner.profile.device import engine_device
 from planner.profile.fit import fit_all
 from planner.profile.run import ProfileOptions, run_profile
 
@@ -94,6 +95,13 @@ class ProfileAround:
         return save_profile(self.before, self.path)
 
     timeline = None      # no points are timed during the run, so no speed timeline (ProfileAlong's)
+
+    def live_device(self) -> tuple[str, str]:
+        """(device, dtype) the live engine runs on: the profile's."""
+        return engine_device(self.options.deployment.gpu)
+
+    def before_steps(self, runner=None) -> None:
+        """Nothing: the first half was timed before the live engine loaded (ProfileAlong starts here)."""
 
     def between_steps(self, busy_s: float, now: float) -> None:
         """Nothing is timed during the run (ProfileAlong times points here)."""

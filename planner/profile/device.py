@@ -63,6 +63,12 @@ def resolve_target(gpu_name: str, *, force: bool = False) -> Target:
     return Target(detected, torch.device("cuda", 0), torch.float16, False)
 
 
+def engine_device(gpu_name: str) -> tuple[str, str]:
+    """(device, dtype) a profile of `gpu_name` times the engine on: where a live run compared with it runs."""
+    target = resolve_target(gpu_name)
+    return target.device.type, str(target.dtype).removeprefix("torch.")
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -91,7 +91,8 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
     return points, notes
 
 
-def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, grid) -> ModelRunner:
+def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, grid,
+            weights_of: ModelRunner | None = None) -> ModelRunner:
     """The engine's runner, sized as the engine sizes it for the largest step this grid runs.
 
     num_gpu_blocks=None: the engine's own KV sizing (1 GiB on CPU, profiled
@@ -102,7 +103,7 @@ def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, g
     try:
         return ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
                            dtype=target.dtype, device=target.device, max_num_batched_tokens=largest_step,
-                           max_num_seqs=max_num_seqs)
+                           max_num_seqs=max_num_seqs, weights_of=weights_of)
     except RuntimeError as exc:         # out of memory, no room for a KV cache, kernels unusable
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PlannerError(f"cannot load the model on {target.device}: {first}") from None
@@ -218,17 +219,27 @@ class ProfileSession:
     (planner/profile/along.py), so that the profile samples the same minutes
     of a drifting device as the run. Only a full-model profile can be timed this
     way: a per-layer scaled one times two models in turn.
+
+    `beside`: the live engine's runner, whose loaded model the session times (its
+    own KV cache apart), rather than a random-weight copy of the model built here:
+    the profile then times the very weights, in the very memory, that the run's
+    steps read.
     """
 
-    def __init__(self, opts: ProfileOptions):
+    def __init__(self, opts: ProfileOptions, beside: ModelRunner | None = None):
         self.setup = _Setup.of(opts)
         if self.setup.scaled:
             raise PlannerError(f"{opts.deployment.model} does not fit on {opts.deployment.gpu} whole: its profile times a 1- and a "
                                "2-layer model in turn, which cannot be interleaved with a live run")
-        self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")
         grid = self.setup.grid
-        folder = build_checkpoint(opts.deployment.model, self.setup.spec, f"{self._tmp.name}/full", None)
-        self.runner = _runner(folder, self.setup.target, opts.deployment.block_size, max(grid.block_counts), grid)
+        self._tmp = None
+        if beside is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")
+            folder = build_checkpoint(opts.deployment.model, self.setup.spec, f"{self._tmp.name}/full", None)
+        else:
+            folder = beside.model_path
+        self.runner = _runner(folder, self.setup.target, opts.deployment.block_size, max(grid.block_counts), grid,
+                              weights_of=beside)
         self.points = self.setup.plan(self.runner)
         self.samples: list[list[list[float]]] = [[[]] for _ in self.points]
         self.timer = RoundTimer(self.points, range(len(self.points)), self.runner, 0, grid.warmup, self.samples)
@@ -243,7 +254,8 @@ class ProfileSession:
     def close(self) -> None:
         del self.runner, self.timer
         _free(self.setup.target)
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
 
 def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: int, warmup: int,

@@ -113,14 +113,17 @@ def validate_fleets(spec: ValidationSpec, replicas: int, policies: list[RouterPo
             fresh = profile_for_live_run(spec.deployment.gpu, spec.deployment.model, spec.deployment.block_size,
                                          profile_out or Path("profile.json"), span_s=trace.stats()["duration"],
                                          say=say)
-            cost_model = load_cost_model(spec, model, fresh.before_run())
-    profile = getattr(cost_model, "profile", None)
-    device, dtype = pin_live_device(gpu, profile) if profile is not None else ("cpu", "auto")
-    # A profile timed along the run has the machine's speed in it; any other is set beside canaries.
-    probe = canary_probe(profile) if profile is not None and fresh is None else None
-    lives = run_live_fleets(trace, folder, spec, replicas, policies, device=device, dtype=dtype,
-                            between_steps=fresh.between_steps if fresh is not None else None, progress=progress,
-                            speed_probe=probe)
+    probe = None
+    if fresh is not None:
+        fresh.before_run()
+        device, dtype = fresh.live_device()
+    else:
+        profile = getattr(cost_model, "profile", None)
+        device, dtype = pin_live_device(gpu, profile) if profile is not None else ("cpu", "auto")
+        # A profile timed along the run has the machine's speed in it; any other is set beside canaries.
+        probe = canary_probe(profile) if profile is not None else None
+    lives = run_live_fleets(trace, folder, spec, replicas, policies, device=device, dtype=dtype, profiler=fresh,
+                            progress=progress, speed_probe=probe)
     speed, unscaled = "", None
     if fresh is not None:
         cost_model = load_cost_model(spec, model, fresh.after_run())

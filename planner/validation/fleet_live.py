@@ -221,18 +221,21 @@ class FleetReplay:
 
 
 def run_live_fleet(trace: Trace, folder: str, spec: ValidationSpec, count: int, policy: RouterPolicy, *,
-                   device: str, dtype: str, between_steps=None, progress=None, speed_probe=None) -> LiveFleet:
+                   device: str, dtype: str, profiler=None, progress=None, speed_probe=None) -> LiveFleet:
     """Replay `trace` (open loop) on `count` live engines behind `policy` (see the module). `speed_probe(runner)`
     times the device on replica 0's runner right before and right after the run (planner/profile/speed.py)."""
     return run_live_fleets(trace, folder, spec, count, [policy], device=device, dtype=dtype,
-                           between_steps=between_steps, progress=progress, speed_probe=speed_probe)[0]
+                           profiler=profiler, progress=progress, speed_probe=speed_probe)[0]
 
 
 def run_live_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int, policies: list[RouterPolicy], *,
-                    device: str, dtype: str, between_steps=None, progress=None, speed_probe=None) -> list[LiveFleet]:
+                    device: str, dtype: str, profiler=None, progress=None, speed_probe=None) -> list[LiveFleet]:
     """One live fleet per policy on the same trace, replayed together: the fleet furthest behind on the trace
     clock takes the next event, so all of them cross each stretch of the trace in the same minutes of wall
-    time and a machine whose speed drifts (a shared CPU) slows them alike, as comparing policies needs."""
+    time and a machine whose speed drifts (a shared CPU) slows them alike, as comparing policies needs.
+    `profiler`: a profile timed along the run (planner/validation/live.py's run_live), beside replica 0's
+    runner (each replica loads its own copy of the model)."""
+    between_steps = profiler.between_steps if profiler is not None else None
     replays = []
     for policy in policies:
         replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype,
@@ -240,6 +243,8 @@ def run_live_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int,
         replays.append(FleetReplay(trace, replicas, shapes, policy, spec, between_steps, progress))
     runner = replays[0].replicas[0].engine.runner
     before = speed_probe(runner) if speed_probe else None
+    if profiler is not None:
+        profiler.before_steps(runner)
     while True:
         due = [(t, i) for i, r in enumerate(replays) if (t := r.next_time()) is not None]
         if not due:

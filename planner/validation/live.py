@@ -46,12 +46,14 @@ class TraceClock:
 
 
 def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dtype: str, progress=None,
-             speed_probe=None, between_steps=None) -> LiveRun:
+             speed_probe=None, profiler=None) -> LiveRun:
     """Replay ``trace`` online on the engine over the model `folder`, deployed as `spec` says, on
     `device` in `dtype` (a profile's: planner/profile/check.py's pin_live_device).
 
-    ``between_steps(busy_s, now)``, if given, is called after each step with the step's wall time and the
-    trace time, with the trace clock paused (a profile timed along the run: planner/profile/along.py).
+    ``profiler``, if given, is a profile timed along the run (planner/profile/along.py, or around it:
+    around.py): ``profiler.before_steps(runner)`` is called once the engine is loaded and warmed up, with
+    its runner, and ``profiler.between_steps(busy_s, now)`` after each step with the step's wall time and
+    the trace time, with the trace clock paused.
 
     ``speed_probe(runner) -> ratio``, if given, times the device on the engine's own runner right
     before the run (its KV cache still empty) and right after it (planner/profile/speed.py).
@@ -68,7 +70,9 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, engine.runner.vocab_size)
     shapes.clear()
-    groups = _replay(engine, trace, clock, spec, progress, between_steps)
+    if profiler is not None:
+        profiler.before_steps(engine.runner)
+    groups = _replay(engine, trace, clock, spec, progress, profiler.between_steps if profiler is not None else None)
     after = speed_probe(engine.runner) if speed_probe else None
     requests = [RequestRecord.from_group(g) for g in groups]
     return LiveRun(requests, engine.steps, shapes, compute_metrics(requests, engine.steps, engine.scheduler.preemptions),

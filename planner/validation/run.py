@@ -108,14 +108,17 @@ def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_m
     """The live run (profiled along it with `fresh`), then the simulations of the same trace."""
     trace = spec.trace()
     gpu = resolve_gpu(spec.deployment.gpu)
+    probe = None
     if fresh is not None:
-        cost_model = load_cost_model(spec, model, fresh.before_run())
-    profile = getattr(cost_model, "profile", None)
-    device, dtype = pin_live_device(gpu, profile) if profile is not None else _default_device(gpu)
-    # A profile taken along or around the run measures the device's drift across it itself (fresh.drift).
-    probe = canary_probe(profile) if profile is not None and fresh is None else None
+        fresh.before_run()
+        device, dtype = fresh.live_device()
+    else:
+        profile = getattr(cost_model, "profile", None)
+        device, dtype = pin_live_device(gpu, profile) if profile is not None else _default_device(gpu)
+        # A profile taken along or around the run measures the device's drift across it itself (fresh.drift).
+        probe = canary_probe(profile) if profile is not None else None
     live = run_live(trace, folder, spec, device=device, dtype=dtype, progress=progress, speed_probe=probe,
-                    between_steps=fresh.between_steps if fresh is not None else None)
+                    profiler=fresh)
     timeline = None
     if fresh is not None:
         cost_model = load_cost_model(spec, model, fresh.after_run())
