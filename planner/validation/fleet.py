@@ -23,13 +23,12 @@ from planner.cost.shape import CostModel
 from planner.cost.wrappers import ScaledCostModel
 from planner.deploy.plan import plan_deployment
 from planner.documents import json_safe
-from planner.profile.check import pin_live_device
 from planner.profile.checkpoints import model_folder
-from planner.profile.speed import SpeedLevel, canary_probe
+from planner.profile.speed import SpeedLevel
 from planner.sim.engine import SimResult
 from planner.sim.fleet import simulate_fleet
 from planner.validation.fleet_live import LiveFleet, run_live_fleets
-from planner.validation.run import check_device, live_limits, load_cost_model, trusted_profile
+from planner.validation.run import check_device, live_limits, live_setup, load_cost_model, trusted_profile
 from planner.validation.spec import ValidationSpec
 
 # Relative error allowed per fleet metric (issue 25); None: reported, not judged.
@@ -113,15 +112,7 @@ def validate_fleets(spec: ValidationSpec, replicas: int, policies: list[RouterPo
             fresh = profile_for_live_run(spec.deployment.gpu, spec.deployment.model, spec.deployment.block_size,
                                          profile_out or Path("profile.json"), span_s=trace.stats()["duration"],
                                          say=say)
-    probe = None
-    if fresh is not None:
-        fresh.before_run()
-        device, dtype = fresh.live_device()
-    else:
-        profile = getattr(cost_model, "profile", None)
-        device, dtype = pin_live_device(gpu, profile) if profile is not None else ("cpu", "auto")
-        # A profile timed along the run has the machine's speed in it; any other is set beside canaries.
-        probe = canary_probe(profile) if profile is not None else None
+    device, dtype, probe = live_setup(gpu, cost_model, fresh)
     lives = run_live_fleets(trace, folder, spec, replicas, policies, device=device, dtype=dtype, profiler=fresh,
                             progress=progress, speed_probe=probe)
     speed, unscaled = "", None

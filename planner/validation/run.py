@@ -17,6 +17,7 @@ live step times, and the simulation without the speed correction).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
@@ -107,16 +108,7 @@ def _run_and_compare(spec: ValidationSpec, folder: str, model: ModelSpec, cost_m
                      progress) -> Validation:
     """The live run (profiled along it with `fresh`), then the simulations of the same trace."""
     trace = spec.trace()
-    gpu = resolve_gpu(spec.deployment.gpu)
-    probe = None
-    if fresh is not None:
-        fresh.before_run()
-        device, dtype = fresh.live_device()
-    else:
-        profile = getattr(cost_model, "profile", None)
-        device, dtype = pin_live_device(gpu, profile) if profile is not None else _default_device(gpu)
-        # A profile taken along or around the run measures the device's drift across it itself (fresh.drift).
-        probe = canary_probe(profile) if profile is not None else None
+    device, dtype, probe = live_setup(resolve_gpu(spec.deployment.gpu), cost_model, fresh)
     live = run_live(trace, folder, spec, device=device, dtype=dtype, progress=progress, speed_probe=probe,
                     profiler=fresh)
     timeline = None
@@ -177,6 +169,19 @@ def live_limits(max_num_seqs: int | None, enable_prefix_caching: bool | None) ->
     recorded run does not say are left to the plan)."""
     found = {"max_num_seqs": max_num_seqs, "enable_prefix_caching": enable_prefix_caching}
     return {name: value for name, value in found.items() if value is not None}
+
+
+def live_setup(gpu: GpuSpec, cost_model: CostModel | None, fresh) -> tuple[str, str, Callable | None]:
+    """The live engine's device and dtype, and the canary probe to time beside its run: a profile timed
+    along or around the run (`fresh`, started here) gives its own device and measures the device's drift
+    itself; any other profile pins the device and is set beside canaries."""
+    if fresh is not None:
+        fresh.before_run()
+        return (*fresh.live_device(), None)
+    profile = getattr(cost_model, "profile", None)
+    if profile is None:
+        return (*_default_device(gpu), None)
+    return (*pin_live_device(gpu, profile), canary_probe(profile))
 
 
 def _default_device(gpu: GpuSpec) -> tuple[str, str]:
