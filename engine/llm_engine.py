@@ -116,14 +116,16 @@ class LLMEngine:
     memory budget (CPU runs), a tokenizer folder, CUDA graphs off, the clock and a step observer.
     ``speculative_config`` (vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``) turns on
     speculative decoding (docs/speculative.md); None, the default, takes the deployment's ``speculative``
-    (off unless it says ``ngram:K``).
+    (off unless it says ``ngram:K``). ``weights_of``: another engine's runner whose loaded model this one
+    runs, on a KV cache of its own (ModelRunner's; the in-process replicas of a live fleet share one).
     """
 
     def __init__(self, model: str, deployment: Deployment | None = None, *, device: str = "auto", seed: int = 0,
                  kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
                  enforce_eager: bool = False, clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None,
-                 speculative_config: SpeculativeConfig | dict | None = None, **knobs) -> None:
+                 speculative_config: SpeculativeConfig | dict | None = None, weights_of: ModelRunner | None = None,
+                 **knobs) -> None:
         dep = Deployment.of(deployment, **({"model": str(model)} if deployment is None else {}), **knobs)
         check_runnable(dep, model)
         dep = dep.replace(async_scheduling=False)     # this engine schedules each step after the last one ends
@@ -147,7 +149,7 @@ class LLMEngine:
                                   gpu_memory_utilization=dep.gpu_memory_utilization,
                                   max_num_batched_tokens=dep.max_num_batched_tokens,
                                   max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs,
-                                  kv_cache_dtype=dep.kv_cache_dtype)
+                                  kv_cache_dtype=dep.kv_cache_dtype, weights_of=weights_of)
         self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         if dep.enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
             self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,

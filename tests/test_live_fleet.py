@@ -287,7 +287,7 @@ def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_fi
     assert "| replica | live share |" in (tmp_path / "report.md").read_text()
 
 
-def test_a_fleet_profiled_along_its_run_times_replica_zeros_own_model(llama_dir, tmp_path, monkeypatch):
+def test_a_fleet_profiled_along_its_run_times_the_model_its_replicas_share(llama_dir, tmp_path, monkeypatch):
     from engine.deployment import Deployment
     from planner.profile import along
     from planner.profile.run import ProfileOptions
@@ -305,6 +305,9 @@ def test_a_fleet_profiled_along_its_run_times_replica_zeros_own_model(llama_dir,
                           length_scale=0.2, max_prompt_len=32, max_output_len=4, seeds=0)
     result = validate_fleet(spec, 2, parse_policy("round-robin"), reprofile=True)
     assert len(beside) == 1 and beside[0].model_path == llama_dir          # one replica's runner, once
+    # The replicas are identical devices: they run one loaded model, each on a KV cache of its own.
+    runners = [r.engine.runner for r in result.live.replicas]
+    assert all(r.model is beside[0].model for r in runners) and runners[0].kv_cache is not runners[1].kv_cache
     assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 6
     assert "between the live run's steps" in result.profile_note
 

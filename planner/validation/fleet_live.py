@@ -149,8 +149,11 @@ class LiveFleet:
 
 
 def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str, dtype: str,
-                  log_events: bool) -> tuple[list[LiveReplica], list[list]]:
-    """`count` engines of the spec's deployment, warmed up, each with its own clock; their step shapes."""
+                  log_events: bool, weights_of=None) -> tuple[list[LiveReplica], list[list]]:
+    """`count` engines of the spec's deployment, warmed up, each with its own clock; their step shapes.
+    They run one loaded model (that of the runner `weights_of`, else the first replica's), each on a KV cache
+    of its own: the simulated replicas are identical devices, and copies of the model loaded one after
+    another ran the same steps up to 8% apart on the 2-core VM (bench/bench_profile_beside.py)."""
     from engine.llm_engine import LLMEngine  # torch: only a live run needs it
     replicas, shapes = [], []
     for _ in range(count):
@@ -163,7 +166,9 @@ def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str,
             if box:                                 # not during the warm-up
                 box[0].observe(out, shape.prefill_tokens)
         engine = LLMEngine(folder, spec.deployment.replace(dtype=dtype), device=device, seed=spec.seed,
-                           kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock, step_observer=observe)
+                           kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock, step_observer=observe,
+                           weights_of=weights_of)
+        weights_of = engine.runner
         _warm_up(engine, engine.runner.vocab_size)
         mine.clear()
         box.append(LiveReplica(engine, clock, log_events))
@@ -233,13 +238,13 @@ def run_live_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int,
     """One live fleet per policy on the same trace, replayed together: the fleet furthest behind on the trace
     clock takes the next event, so all of them cross each stretch of the trace in the same minutes of wall
     time and a machine whose speed drifts (a shared CPU) slows them alike, as comparing policies needs.
-    `profiler`: a profile timed along the run (planner/validation/live.py's run_live), beside replica 0's
-    runner (each replica loads its own copy of the model)."""
+    `profiler`: a profile timed along the run (planner/validation/live.py's run_live), on the model every
+    replica runs."""
     between_steps = profiler.between_steps if profiler is not None else None
-    replays = []
-    for policy in policies:
-        replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype,
-                                         log_events=policy.uses_prefix)
+    replays: list[FleetReplay] = []
+    for policy in policies:                              # every fleet's replicas run the first one's model
+        replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype, log_events=policy.uses_prefix,
+                                         weights_of=replays[0].replicas[0].engine.runner if replays else None)
         replays.append(FleetReplay(trace, replicas, shapes, policy, spec, between_steps, progress))
     runner = replays[0].replicas[0].engine.runner
     before = speed_probe(runner) if speed_probe else None
