@@ -10,6 +10,7 @@ caller's order.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from pathlib import Path
@@ -127,6 +128,8 @@ class ModelRunner:
             keep_host_buffers()
         if weights_of is None:
             self.model, self.config = load_model(model_path, dtype, self.device)
+        elif os.path.realpath(weights_of.model_path) != os.path.realpath(model_path):
+            raise ValueError(f"weights_of runs {weights_of.model_path}, not {model_path}")
         elif weights_of.device != self.device:
             raise ValueError(f"cannot run the weights of a model on {weights_of.device} on {self.device}")
         else:

@@ -291,6 +291,8 @@ def test_a_runner_beside_another_runs_its_weights_on_a_cache_of_its_own(checkpoi
     token = int(first[0].argmax())
     logits = live.execute([SequenceInput([token], len(a), [0, 1, 2])])
     torch.testing.assert_close(logits[0], hf_logits(hf_model(folder), a + [token])[-1], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="weights_of runs"):         # another checkpoint's weights: refused
+        ModelRunner(checkpoint("gpt2"), block_size=8, num_gpu_blocks=4, device="cpu", weights_of=live)
 
 
 def test_sharded_checkpoint_loads(tmp_path):
