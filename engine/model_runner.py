@@ -100,7 +100,7 @@ class ModelRunner:
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
         kv_cache_dtype: str = "auto",
-        weights_of: "ModelRunner | None" = None,
+        weights_of: ModelRunner | None = None,
     ):
         """Load the model and allocate the KV cache.
 

@@ -48,7 +48,8 @@ class TraceClock:
 def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dtype: str, progress=None,
              speed_probe=None, profiler=None) -> LiveRun:
     """Replay ``trace`` online on the engine over the model `folder`, deployed as `spec` says, on
-    `device` in `dtype` (a profile's: planner/profile/check.py's pin_live_device).
+    `device` in `dtype` (a profile's: planner/profile/check.py's pin_live_device, or the `live_device()`
+    of a profile timed along or around the run).
 
     ``profiler``, if given, is a profile timed along the run (planner/profile/along.py, or around it:
     around.py): ``profiler.before_steps(runner)`` is called once the engine is loaded and warmed up, with
