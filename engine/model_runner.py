@@ -119,7 +119,7 @@ class ModelRunner:
         model this one runs, beside a KV cache of its own, instead of loading a
         copy (``dtype`` is then that model's). A profile timed along a live run
         times the engine's own weights so: on the 2-core VM a second copy of
-        opt-125m, placed elsewhere in memory, ran its decode steps 3-8% slower.
+        opt-125m, placed elsewhere in memory, ran its decode steps 3-15% slower.
         """
         # Seeds torch's global RNG; sampling uses its own per-request generators.
         torch.manual_seed(seed)

@@ -27,7 +27,7 @@ validate reports and the simulation follows (unless --no-speed-correction).
 
 The profile runner is a second runner beside the live engine's: it runs the
 engine's own loaded model, on a KV cache of its own. A random-weight copy of the
-model built for the profile timed its decode steps 3-8% slower than the live
+model built for the profile timed its decode steps 3-15% slower than the live
 engine ran the same steps, interleaved step by step on the 2-core VM (the copy
 lies elsewhere in memory), and every validation priced the run that much slow.
 On a CPU both caches fit in memory; on a GPU the live engine's cache takes the

@@ -153,7 +153,7 @@ def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str,
     """`count` engines of the spec's deployment, warmed up, each with its own clock; their step shapes.
     They run one loaded model (that of the runner `weights_of`, else the first replica's), each on a KV cache
     of its own: the simulated replicas are identical devices, and copies of the model loaded one after
-    another ran the same steps up to 8% apart on the 2-core VM (bench/bench_profile_beside.py)."""
+    another ran the same steps up to 15% apart on the 2-core VM (bench/bench_profile_beside.py)."""
     from engine.llm_engine import LLMEngine  # torch: only a live run needs it
     replicas, shapes = [], []
     for _ in range(count):
