@@ -29,9 +29,9 @@ from engine.core.speculative import SpecDecodingStats, SpeculativeConfig
 from engine.core.step import begin_step, end_step
 from engine.deployment import Deployment, parse_speculative, resolve_batch_limits
 from engine.draft_model import DraftModelProposer
+from engine.kv_cache import GiB
 
 __all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
-GiB = 1 << 30
 
 Prompt = str | dict | list[int]
 
