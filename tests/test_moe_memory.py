@@ -1,6 +1,8 @@
 """The memory plan of MoE deployments: experts split by TP or EP over tp x dp GPUs, MXFP4 experts,
 sliding-window layers' KV, and the dp / expert-parallel settings vLLM refuses."""
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -78,6 +80,30 @@ def test_more_gpus_for_the_experts_leave_more_kv():
 def test_parallel_settings_vllm_refuses(knobs, match):
     with pytest.raises(PlannerError, match=match) as info:
         plan_deployment(Deployment(gpu="h100-sxm", max_model_len=4096, policy="vllm-v1", **knobs))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("knobs, refused", [
+    # Qwen's block-FP8 releases: an expert's 1536 (768) rows split 8 (4) ways leave 192 per GPU
+    (dict(model="Qwen/Qwen3-235B-A22B-FP8", tp=8), "weight = 192 is not divisible by weight quantization block_n"),
+    (dict(model="Qwen/Qwen3-235B-A22B-FP8", tp=8, enable_expert_parallel=True), None),     # whole experts
+    (dict(model="Qwen/Qwen3-235B-A22B-FP8", tp=4), None),                                   # 384 = 3 blocks
+    (dict(model="Qwen/Qwen3-30B-A3B-FP8", tp=2, dp=2), "split 4 ways (tp 2 x dp 2)"),
+    (dict(model="Qwen/Qwen3-30B-A3B-FP8", tp=2, dp=2, enable_expert_parallel=True), None),
+    (dict(model="MiniMaxAI/MiniMax-M2.5", tp=8), "add --enable-expert-parallel"),
+    # vLLM's online FP8 scales per tensor: no blocks to cut
+    (dict(model="Qwen/Qwen3-235B-A22B", tp=8, quantization="fp8"), None),
+    # a dense MLP's down projection split 16 ways: 25600 / 16 = 1600 rows, 12.5 blocks
+    (dict(model="Qwen/Qwen3-32B-FP8", tp=16), "input_size_per_partition = 1600 is not divisible"),
+    (dict(model="Qwen/Qwen3-32B-FP8", tp=8), None),
+])
+def test_block_fp8_checkpoints_load_only_in_whole_blocks(knobs, refused):
+    deployment = Deployment(gpu="b200", max_model_len=4096, policy="vllm-v1", **knobs)
+    if refused is None:
+        assert plan_deployment(deployment).weight_format.method == "fp8"
+        return
+    with pytest.raises(PlannerError, match=re.escape(refused)) as info:
+        plan_deployment(deployment)
     assert "\n" not in str(info.value)
 
 

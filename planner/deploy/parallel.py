@@ -15,6 +15,19 @@ Refused here, in one line each, as vLLM would refuse or could not load them:
   narrows each expert's gate/up rows and down columns into tp x dp equal shards).
 Uneven expert counts under EP (128 experts over 6 GPUs) are what vLLM runs (the first E % EP ranks get
 one more); the plan holds the most loaded GPU's experts and warns.
+
+A checkpoint stored in 128 x 128 FP8 blocks (DeepSeek's, Qwen's and MiniMax's FP8 releases) loads only
+where every shard holds whole blocks. vLLM checks it as it creates the weights: the experts' gate/up rows
+(and, split over more than one GPU, the down projection's columns) on each GPU must be a multiple of the
+block (vllm/model_executor/layers/quantization/fp8.py, Fp8MoEMethod.create_weights: "The output_size of
+gate's and up's weight = 192 is not divisible by weight quantization block_n = 128"), and likewise a
+dense MLP's or the shared experts' width per tensor-parallel rank, which their down projection splits
+(validate_fp8_block_shape in quantization/utils/fp8_utils.py; a merged gate/up projection's own
+partitions may miss the block since vLLM's MiMo-V2-Flash support, `_maybe_allow_fp8_block_shape_mismatch`
+in layers/linear.py, so one unsplit GPU is never refused). So Qwen3-235B-A22B-FP8 (expert width 1536)
+runs at TP 4, or at TP 8 only with --enable-expert-parallel (whole experts per GPU), and
+Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are whole heads of 128 (or MLA's) in every such release and
+are not checked. vLLM's online `--quantization fp8` scales per tensor and has no blocks.
 """
 from __future__ import annotations
 
@@ -22,6 +35,7 @@ from dataclasses import dataclass
 
 from engine.deployment import Deployment
 from planner.catalog import ModelSpec
+from planner.catalog.quantization import FP8_BLOCK, WeightFormat
 from planner.errors import PlannerError
 
 
@@ -69,6 +83,38 @@ def check_parallel(model: ModelSpec, deployment: Deployment) -> None:
         raise PlannerError(f"tp {deployment.tp} x dp {deployment.dp} = {gpus} GPUs do not split "
                            f"{model.name}'s expert width {model.moe_intermediate_size} evenly; "
                            f"add --enable-expert-parallel or change --tp/--dp")
+
+
+def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout | None,
+                    weight_format: WeightFormat | None) -> None:
+    """Raise a one-line PlannerError where a 128 x 128 block-FP8 checkpoint's shards would cut its blocks,
+    which vLLM refuses to load (module docstring)."""
+    if weight_format is None:
+        return
+    tp = deployment.tp
+    experts = weight_format.experts
+    if layout is not None and experts is not None and experts.scheme == "fp8-block" \
+            and layout.width_per_gpu % FP8_BLOCK:
+        fits = [n for n in range(1, 65) if model.moe_intermediate_size % n == 0
+                and (model.moe_intermediate_size // n) % FP8_BLOCK == 0]
+        raise PlannerError(
+            f"{model.name}'s experts are stored in {FP8_BLOCK}x{FP8_BLOCK} FP8 blocks, and split {layout.moe_tp} "
+            f"ways (tp {tp} x dp {deployment.dp}), each GPU would hold {layout.width_per_gpu} of an expert's "
+            f"{model.moe_intermediate_size} rows: vLLM refuses to load it (\"The output_size of gate's and up's "
+            f"weight = {layout.width_per_gpu} is not divisible by weight quantization block_n = {FP8_BLOCK}\"); "
+            f"add --enable-expert-parallel, or split the experts over tp x dp = {', '.join(map(str, fits))} GPUs")
+    if weight_format.scheme != "fp8-block" or tp == 1:
+        return
+    widths = [("dense MLP", width) for _, width, _ in model.dense_mlp_kinds]
+    if model.is_moe and model.shared_experts:
+        widths.append(("shared experts'", model.shared_experts * model.moe_intermediate_size))
+    for what, width in widths:
+        if width % tp == 0 and (width // tp) % FP8_BLOCK:      # (a width tp does not divide cannot load at all)
+            raise PlannerError(
+                f"{model.name}'s {what} width {width} over --tp {tp} is not a whole number of its "
+                f"{FP8_BLOCK}-wide FP8 blocks per GPU: vLLM refuses to load the {FP8_BLOCK}x{FP8_BLOCK} "
+                f"block-FP8 checkpoint (\"Weight input_size_per_partition = {width // tp} is not divisible by "
+                f"weight quantization block_k = {FP8_BLOCK}\"); use a --tp that leaves a multiple of {FP8_BLOCK}")
 
 
 def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:

@@ -33,7 +33,7 @@ from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
-from planner.deploy.parallel import MoeLayout, moe_layout, parallel_warnings
+from planner.deploy.parallel import MoeLayout, check_block_fp8, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
 from planner.deploy.state_cache import cache_block_size, state_blocks
 from planner.errors import PlannerError
@@ -130,6 +130,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
     layout = moe_layout(model, deployment)
     fmt = resolve_weight_format(deployment)
+    check_block_fp8(model, deployment, layout, fmt)
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
     deployment = resolve_batch_limits(deployment, batch_device(gpu), max_model_len)   # as resolved() does
