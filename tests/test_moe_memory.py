@@ -98,13 +98,24 @@ def test_parallel_settings_vllm_refuses(knobs, match):
     (dict(model="Qwen/Qwen3-32B-FP8", tp=8), None),
 ])
 def test_block_fp8_checkpoints_load_only_in_whole_blocks(knobs, refused):
-    deployment = Deployment(gpu="b200", max_model_len=4096, policy="vllm-v1", **knobs)
+    deployment = Deployment(gpu="h200", max_model_len=4096, policy="vllm-v1", **knobs)
     if refused is None:
         assert plan_deployment(deployment).weight_format.method == "fp8"
         return
     with pytest.raises(PlannerError, match=re.escape(refused)) as info:
         plan_deployment(deployment)
     assert "\n" not in str(info.value)
+
+
+def test_on_blackwell_vllm_pads_a_block_fp8_expert_share_and_the_plan_says_so():
+    # FlashInfer's TRTLLM MoE (SM100) loads 192-row shares padded to 256 (vllm#55867); a dense MLP cut past
+    # whole blocks is refused on every GPU
+    plan = plan_deployment(Deployment(model="Qwen/Qwen3-235B-A22B-FP8", gpu="b200", tp=8, max_model_len=4096,
+                                      policy="vllm-v1"))
+    assert any("padding each share to 256 rows" in w for w in plan.warnings)
+    with pytest.raises(PlannerError, match="dense MLP width 25600 over --tp 16"):
+        plan_deployment(Deployment(model="Qwen/Qwen3-32B-FP8", gpu="b200", tp=16, max_model_len=4096,
+                                   policy="vllm-v1"))
 
 
 def test_uneven_experts_are_planned_with_a_warning():

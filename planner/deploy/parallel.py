@@ -27,16 +27,22 @@ partitions may miss the block since vLLM's MiMo-V2-Flash support, `_maybe_allow_
 in layers/linear.py, so one unsplit GPU is never refused). So Qwen3-235B-A22B-FP8 (expert width 1536)
 runs at TP 4, or at TP 8 only with --enable-expert-parallel (whole experts per GPU), and
 Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are whole heads of 128 (or MLA's) in every such release and
-are not checked. vLLM's online `--quantization fp8` scales per tensor and has no blocks.
+are not checked. vLLM's online `--quantization fp8` scales per tensor and has no blocks. On Blackwell
+(B200), vLLM since September 2026 loads such expert shards with FlashInfer's TRTLLM MoE, padded to whole
+blocks (vllm#55867): there the plan warns instead, and prices the unpadded share.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.deployment import Deployment
-from planner.catalog import ModelSpec
+from planner.catalog import GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
 from planner.errors import PlannerError
+
+# GPUs where vLLM's FlashInfer TRTLLM MoE (Blackwell's SM100 kernels) pads a block-FP8 expert shard to whole
+# blocks instead of refusing it (vllm#55867, fp8.py: "FP8 TRTLLM TP loading uses complete checkpoint blocks")
+PADDED_FP8_MOE = ("b200",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,25 +92,34 @@ def check_parallel(model: ModelSpec, deployment: Deployment) -> None:
 
 
 def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout | None,
-                    weight_format: WeightFormat | None) -> None:
+                    weight_format: WeightFormat | None, gpu: GpuSpec) -> list[str]:
     """Raise a one-line PlannerError where a 128 x 128 block-FP8 checkpoint's shards would cut its blocks,
-    which vLLM refuses to load (module docstring)."""
+    which vLLM refuses to load (module docstring); the warning where vLLM pads them instead."""
     if weight_format is None:
-        return
+        return []
     tp = deployment.tp
     experts = weight_format.experts
+    warnings = []
     if layout is not None and experts is not None and experts.scheme == "fp8-block" \
             and layout.width_per_gpu % FP8_BLOCK:
-        fits = [n for n in range(1, 65) if model.moe_intermediate_size % n == 0
-                and (model.moe_intermediate_size // n) % FP8_BLOCK == 0]
-        raise PlannerError(
-            f"{model.name}'s experts are stored in {FP8_BLOCK}x{FP8_BLOCK} FP8 blocks, and split {layout.moe_tp} "
-            f"ways (tp {tp} x dp {deployment.dp}), each GPU would hold {layout.width_per_gpu} of an expert's "
-            f"{model.moe_intermediate_size} rows: vLLM refuses to load it (\"The output_size of gate's and up's "
-            f"weight = {layout.width_per_gpu} is not divisible by weight quantization block_n = {FP8_BLOCK}\"); "
-            f"add --enable-expert-parallel, or split the experts over tp x dp = {', '.join(map(str, fits))} GPUs")
+        if gpu.family not in PADDED_FP8_MOE:
+            fits = [n for n in range(1, 65) if model.moe_intermediate_size % n == 0
+                    and (model.moe_intermediate_size // n) % FP8_BLOCK == 0]
+            raise PlannerError(
+                f"{model.name}'s experts are stored in {FP8_BLOCK}x{FP8_BLOCK} FP8 blocks, and split {layout.moe_tp} "
+                f"ways (tp {tp} x dp {deployment.dp}), each GPU would hold {layout.width_per_gpu} of an expert's "
+                f"{model.moe_intermediate_size} rows: vLLM refuses to load it (\"The output_size of gate's and up's "
+                f"weight = {layout.width_per_gpu} is not divisible by weight quantization block_n = {FP8_BLOCK}\") "
+                f"on {gpu.name}; add --enable-expert-parallel, or split the experts over tp x dp = "
+                f"{', '.join(map(str, fits))} GPUs")
+        padded = -(-layout.width_per_gpu // FP8_BLOCK) * FP8_BLOCK
+        warnings.append(
+            f"{model.name}'s experts split {layout.moe_tp} ways leave {layout.width_per_gpu} of an expert's "
+            f"{model.moe_intermediate_size} rows per GPU, not whole {FP8_BLOCK}-row FP8 blocks: vLLM loads that "
+            f"on {gpu.name} only with FlashInfer's TRTLLM MoE since vllm#55867 (September 2026), padding each "
+            f"share to {padded} rows, and refuses it before; the plan prices the unpadded share")
     if weight_format.scheme != "fp8-block" or tp == 1:
-        return
+        return warnings
     widths = [("dense MLP", width) for _, width, _ in model.dense_mlp_kinds]
     if model.is_moe and model.shared_experts:
         widths.append(("shared experts'", model.shared_experts * model.moe_intermediate_size))
@@ -115,6 +130,7 @@ def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout 
                 f"{FP8_BLOCK}-wide FP8 blocks per GPU: vLLM refuses to load the {FP8_BLOCK}x{FP8_BLOCK} "
                 f"block-FP8 checkpoint (\"Weight input_size_per_partition = {width // tp} is not divisible by "
                 f"weight quantization block_k = {FP8_BLOCK}\"); use a --tp that leaves a multiple of {FP8_BLOCK}")
+    return warnings
 
 
 def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
