@@ -26,10 +26,11 @@ dense MLP's or the shared experts' width per tensor-parallel rank, which their d
 partitions may miss the block since vLLM's MiMo-V2-Flash support, `_maybe_allow_fp8_block_shape_mismatch`
 in layers/linear.py, so one unsplit GPU is never refused). So Qwen3-235B-A22B-FP8 (expert width 1536)
 runs at TP 4, or at TP 8 only with --enable-expert-parallel (whole experts per GPU), and
-Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are whole heads of 128 (or MLA's) in every such release and
-are not checked. vLLM's online `--quantization fp8` scales per tensor and has no blocks. On Blackwell
-(B200), vLLM since September 2026 loads such expert shards with FlashInfer's TRTLLM MoE, padded to whole
-blocks (vllm#55867): there the plan warns instead, and prices the unpadded share.
+Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are whole heads of 128 (or
+MLA's) in every such release and are not checked. vLLM's online `--quantization fp8` scales per tensor
+and has no blocks. On Blackwell (B200), vLLM since September 2026 loads such expert shards with
+FlashInfer's TRTLLM MoE, padded to whole blocks (vllm#55867): there the plan warns instead, and prices
+the unpadded share. A validation replaying a run that did load (`refuse=False`) is not checked.
 """
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
     layout = moe_layout(model, deployment)
     fmt = resolve_weight_format(deployment)
-    block_notes = check_block_fp8(model, deployment, layout, fmt, gpu)
+    block_notes = check_block_fp8(model, deployment, layout, fmt, gpu) if refuse else []
     gemm = gemm_path(fmt, gpu) if fmt is not None else None
     max_model_len = _max_model_len(deployment, model)
     deployment = resolve_batch_limits(deployment, batch_device(gpu), max_model_len)   # as resolved() does
