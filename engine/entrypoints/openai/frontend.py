@@ -22,8 +22,9 @@ DEFAULT_TOKEN_BYTES = 64      # when the tokenizer does not list its vocabulary
 TRACE_CHECK_EVERY = 256       # trace events between two looks at the clock
 
 
-class RenderTimeout(Exception):
-    """The chat template ran past its time limit."""
+class RenderTimeout(BaseException):
+    """The chat template ran past its time limit. A BaseException, as KeyboardInterrupt is, so that no
+    ``except Exception`` on the way out of the template can take it for a template error and go on."""
 
 
 def longest_token_bytes(tokenizer) -> int:
@@ -36,13 +37,24 @@ def longest_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8", "replace")) for t in [*vocab, *added]), default=DEFAULT_TOKEN_BYTES) or 1
 
 
-def run_with_deadline(fn, seconds: float):
-    """``fn()``, stopped with RenderTimeout once it has run ``seconds`` (Python code only)."""
+TEMPLATE_CODE = "<template>"    # the file name jinja2 gives a compiled template's code
+
+
+def run_with_deadline(fn, seconds: float, stops_in=lambda code: code.co_filename == TEMPLATE_CODE):
+    """``fn()``, stopped with RenderTimeout once it has run ``seconds`` (Python code only).
+
+    The trace function raises only in the frames of code ``stops_in`` accepts (a compiled jinja2 template's,
+    where a template that runs too long spends its time). Anywhere else it could land in a weakref callback
+    or a finalizer that a garbage collection runs in the middle of the template: Python prints and drops an
+    exception raised there, and a trace function that raised is switched off, so the template would then
+    run on without a limit."""
     deadline = time.monotonic() + seconds
     count = 0
 
     def tracer(frame, event, arg):
         nonlocal count
+        if not stops_in(frame.f_code):
+            return None          # no line events here; calls made from here still come through
         count += 1
         if count % TRACE_CHECK_EVERY == 0 and time.monotonic() > deadline:
             raise RenderTimeout
