@@ -113,6 +113,9 @@ def test_on_blackwell_vllm_pads_a_block_fp8_expert_share_and_the_plan_says_so():
     plan = plan_deployment(Deployment(model="Qwen/Qwen3-235B-A22B-FP8", gpu="b200", tp=8, max_model_len=4096,
                                       policy="vllm-v1"))
     assert any("padding each share to 256 rows" in w for w in plan.warnings)
+    with pytest.raises(PlannerError, match="split 8 ways"):      # only under pure TP: tp 4 x dp 2 is refused
+        plan_deployment(Deployment(model="Qwen/Qwen3-235B-A22B-FP8", gpu="b200", tp=4, dp=2, max_model_len=4096,
+                                   policy="vllm-v1"))
     with pytest.raises(PlannerError, match="dense MLP width 25600 over --tp 16"):
         plan_deployment(Deployment(model="Qwen/Qwen3-32B-FP8", gpu="b200", tp=16, max_model_len=4096,
                                    policy="vllm-v1"))

@@ -29,8 +29,8 @@ runs at TP 4, or at TP 8 only with --enable-expert-parallel (whole experts per G
 Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are whole heads of 128 (or
 MLA's) in every such release and are not checked. vLLM's online `--quantization fp8` scales per tensor
 and has no blocks. On Blackwell (B200), vLLM since September 2026 loads such expert shards with
-FlashInfer's TRTLLM MoE, padded to whole blocks (vllm#55867): there the plan warns instead, and prices
-the unpadded share. A validation replaying a run that did load (`refuse=False`) is not checked.
+FlashInfer's TRTLLM MoE, padded to whole blocks, under pure tensor parallelism (vllm#55867): there the
+plan warns instead, and prices the unpadded share. A validation replaying a run that did load (`refuse=False`) is not checked.
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ from planner.catalog.quantization import FP8_BLOCK, WeightFormat
 from planner.errors import PlannerError
 
 # GPUs where vLLM's FlashInfer TRTLLM MoE (Blackwell's SM100 kernels) pads a block-FP8 expert shard to whole
-# blocks instead of refusing it (vllm#55867, fp8.py: "FP8 TRTLLM TP loading uses complete checkpoint blocks")
+# blocks instead of refusing it, under pure tensor parallelism (vllm#55867, fp8.py: "FP8 TRTLLM TP loading uses
+# complete checkpoint blocks"; it refuses otherwise: "global expert dimensions, pure TP, and no LoRA or expert
+# bias")
 PADDED_FP8_MOE = ("b200",)
 
 
@@ -103,7 +105,7 @@ def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout 
     warnings = []
     if layout is not None and experts is not None and experts.scheme == "fp8-block" \
             and layout.width_per_gpu % FP8_BLOCK:
-        if gpu.family not in PADDED_FP8_MOE:
+        if gpu.family not in PADDED_FP8_MOE or deployment.dp > 1:     # (vLLM pads under pure TP only)
             fits = [n for n in range(1, 65) if model.moe_intermediate_size % n == 0
                     and (model.moe_intermediate_size // n) % FP8_BLOCK == 0]
             raise PlannerError(
