@@ -30,7 +30,8 @@ Qwen3-30B-A3B-FP8 (768) at TP 2, or TP 4 with EP. The attention projections are 
 MLA's) in every such release and are not checked. vLLM's online `--quantization fp8` scales per tensor
 and has no blocks. On Blackwell (B200), vLLM since September 2026 loads such expert shards with
 FlashInfer's TRTLLM MoE, padded to whole blocks, under pure tensor parallelism (vllm#55867): there the
-plan warns instead, and prices the unpadded share. A validation replaying a run that did load (`refuse=False`) is not checked.
+plan warns instead, and prices the unpadded share. A validation replaying a run that did load
+(`refuse=False`) is not checked.
 """
 from __future__ import annotations
 
