@@ -107,6 +107,7 @@ from planner.cost.measured_compressed import MODULE_KERNELS as COMPRESSED_MODULE
 from planner.cost.measured_compressed import CompressedModule, HyperConnections
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
+from planner.cost.nodes import NodeSpan
 from planner.cost.shape import StepShape, context_bucket
 from planner.cost.sparse import MODULE_GEMMS, MODULE_KERNELS, SparsePrice, module_trees
 from planner.cost.window import windowed_prefill_pairs
@@ -225,6 +226,7 @@ class MeasuredCostModel:
                               f"(planner/cost/measured_moe.py)")
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
+        self._span = NodeSpan.of(tp, tp)     # a TP group over more than one node (planner/cost/nodes.py)
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
         self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]
@@ -587,22 +589,24 @@ class MeasuredCostModel:
 
     def _allreduce_curves(self, tp: int) -> dict[str, tables.Curve]:
         """The all-reduce curves vLLM would use on `tp` of these GPUs (and the NCCL one, for the logits
-        all-gather, in `_nccl`)."""
+        all-gather, in `_nccl`); a group over several nodes reads one node's share of it (`_span`)."""
         rows = tables.load_rows(self.system, "allreduce")
+        local = tp if self._span is None else self._span.per_node
         by_backend: dict[str, dict] = {}
         for r in rows:
-            if r["num_gpus"] == tp:
+            if r["num_gpus"] == local:
                 by_backend.setdefault(r["backend"], {})[r["message_size"]] = r["latency"]
         by_backend = {name: tables.monotone(points, 1) for name, points in by_backend.items()}
         self._nccl = tables.Curve.of(by_backend["nccl"]) if "nccl" in by_backend else None
-        # vLLM's custom all-reduce needs NVLink beyond two GPUs; PCIe boxes fall back to NCCL.
-        custom_ok = self.gpu.interconnect.startswith("nvlink") or tp <= 2
+        # vLLM's custom all-reduce needs NVLink beyond two GPUs (PCIe boxes fall back to NCCL) and all of
+        # the group in one node
+        custom_ok = (self.gpu.interconnect.startswith("nvlink") or tp <= 2) and self._span is None
         if custom_ok and "custom_graph" in by_backend and "custom_eager" in by_backend:
             self.allreduce_backend = "vllm custom all-reduce"
             return {"graph": tables.Curve.of(by_backend["custom_graph"]),
                     "eager": tables.Curve.of(by_backend["custom_eager"])}
         if "nccl" in by_backend:
-            self.allreduce_backend = "nccl"
+            self.allreduce_backend = "nccl" if self._span is None else f"nccl over {self._span.nodes} nodes"
             curve = tables.Curve.of(by_backend["nccl"])
             return {"graph": curve, "eager": curve}
         counts = sorted({r["num_gpus"] for r in rows})
@@ -919,21 +923,24 @@ class MeasuredCostModel:
         if captured is None:
             captured = self.graphs.captured(tokens)
         curve = self._nccl if self._over_custom_buffer(tokens) else self._allreduce["graph" if captured else "eager"]
-        latency, ext = curve.at(tokens * self.model.hidden_size)
-        self._flag("allreduce", ext)
-        return latency
+        return self._spanned(curve, tokens * self.model.hidden_size)
 
     def qk_norm_allreduce(self, tokens: int, captured: bool) -> float:
         """A q/k RMSNorm across heads (MiniMax-M2) needs each token's two fp32 variances summed over the TP
         ranks: vLLM all-reduces them (MiniMaxText01RMSNormTP.forward_qk), a message at the latency floor."""
-        latency, ext = self._allreduce["graph" if captured else "eager"].at(tokens * QK_VARIANCE_VALUES)
+        return self._spanned(self._allreduce["graph" if captured else "eager"], tokens * QK_VARIANCE_VALUES)
+
+    def _spanned(self, curve: tables.Curve, values: int) -> float:
+        """An all-reduce of `values` 16-bit values: the curve's, or over nodes, its node's share with the
+        network's (planner/cost/nodes.py)."""
+        latency, ext = curve.at(values)
         self._flag("allreduce", ext)
-        return latency
+        return latency if self._span is None else self._span.allreduce(latency, 2 * values)
 
     def _over_custom_buffer(self, tokens: int) -> bool:
         """Whether vLLM hands this all-reduce (tokens x hidden bf16 values) to NCCL because it exceeds the
         custom all-reduce's registered buffer."""
-        return (self._nccl is not None and "allreduce_size" not in self.leave_out
+        return (self._nccl is not None and "allreduce_size" not in self.leave_out and self._span is None
                 and tokens * self.model.hidden_size * 2 > CUSTOM_ALLREDUCE_MAX_BYTES)
 
     def allreduce_backend_for(self, tokens: int) -> str:
@@ -950,6 +957,8 @@ class MeasuredCostModel:
         floor = self._nccl.ys[0]
         latency, ext = self._nccl.at(seqs * self.model.vocab_size)
         self._flag("allreduce", ext)
+        if self._span is not None:      # half an all-reduce's bytes cross the network too
+            return self._span.allreduce(max(floor, latency / 2), seqs * self.model.vocab_size)
         return max(floor, latency / 2)
 
     def elementwise(self, kernel_bytes: float, launches: int) -> float:
@@ -1009,7 +1018,8 @@ class MeasuredCostModel:
             terms.append(Term("all-reduce", "collective", count * self.allreduce(run, captured), "table",
                               f"{self.system} {self.allreduce_backend_for(run)} "
                               f"({'CUDA graph' if captured else 'eager'}), "
-                              f"{run} x {self.model.hidden_size} values, {per_layer} + the embedding's", count))
+                              f"{run} x {self.model.hidden_size} values, {per_layer} + the embedding's"
+                              + (f"; {self._span.describe()}" if self._span is not None else ""), count))
             if self.model.qk_norm == "across heads":
                 terms.append(Term("q/k-norm all-reduce", "collective", layers * self.qk_norm_allreduce(run, captured),
                                   "table", f"{self.system} {self.allreduce_backend} of {run} x 2 fp32 variances, "
@@ -1025,7 +1035,8 @@ class MeasuredCostModel:
                       f"{self.system} {read}, m={seqs} n={n} k={k}")]
         if self.tp > 1 and "logits_gather" not in self.leave_out and self._nccl is not None:
             terms.append(Term("logits all-gather", "collective", self.logits_gather(seqs), "table",
-                              f"{self.system} nccl all-reduce of {seqs} x {self.model.vocab_size} values, halved"))
+                              f"{self.system} nccl all-reduce of {seqs} x {self.model.vocab_size} values, halved"
+                              + (f", over {self._span.nodes} nodes" if self._span is not None else "")))
         terms.append(Term("sampler", "sampler", self.sampling(seqs), "roofline",
                           f"{SAMPLING_PASSES} passes over {seqs} x {self.model.vocab_size} fp32 logits + "
                           f"{SAMPLING_KERNELS} kernels"))

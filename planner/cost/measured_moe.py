@@ -26,6 +26,8 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   priced from the NCCL all-reduce table on dp GPUs: an all-gather or a reduce-scatter
                   of a buffer moves half the bytes an all-reduce of it does, so the pair costs one
                   all-reduce of the gathered tokens x hidden, never below the smallest message's time.
+                  Once tp x dp passes one 8-GPU node the dp ranks (one in every tp) span nodes: one
+                  node's share through its table, the rest through the NICs (planner/cost/nodes.py).
 
 The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
 Experts of a shape it never timed in their format and split (GLM-4.5's, a user's own config.json,
@@ -56,6 +58,7 @@ from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
 from planner.cost.ledger import Term
 from planner.cost.moe import MoeParallel, expert_roofline
+from planner.cost.nodes import NodeSpan
 from planner.errors import PlannerError
 
 # The skew (power-law exponent) of each routing distribution NVIDIA measured.
@@ -118,7 +121,10 @@ class MeasuredMoe:
         candidates = moe_dtypes(fmt)
         self.dtype = next((d for d in candidates if d in timed_dtypes), candidates[-1])
         self.extrapolated = False
-        self._nccl = self._dispatch_curve() if par.dp > 1 else None
+        # the dp ranks a dispatch gathers over, when they span nodes (one in every tp GPUs)
+        self._span = NodeSpan.of(par.dp, par.gpus) if par.dp > 1 else None
+        local = par.dp if self._span is None else self._span.per_node
+        self._nccl = self._dispatch_curve(local) if local > 1 else None
         shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
         split = (self.dtype, par.moe_tp, par.ep)
         self.efficiency = None
@@ -145,11 +151,11 @@ class MeasuredMoe:
                 self._curves[skew] = tables.Curve.of(tables.monotone(points, 1))
         self.skews = sorted(self._curves)
 
-    def _dispatch_curve(self) -> tables.Curve:
+    def _dispatch_curve(self, gpus: int) -> tables.Curve:
         points = {r["message_size"]: r["latency"] for r in tables.load_rows(self.system, "allreduce")
-                  if r["backend"] == "nccl" and r["num_gpus"] == self.par.dp}
+                  if r["backend"] == "nccl" and r["num_gpus"] == gpus}
         if not points:
-            raise PlannerError(f"{self.system} has no NCCL table on {self.par.dp} GPUs for the dp dispatch")
+            raise PlannerError(f"{self.system} has no NCCL table on {gpus} GPUs for the dp dispatch")
         return tables.Curve.of(tables.monotone(points, 1))
 
     def experts(self, tokens: int) -> float:
@@ -183,11 +189,15 @@ class MeasuredMoe:
 
     def dispatch(self, tokens: int) -> float:
         """The all-gather and reduce-scatter around one MoE layer when each replica runs `tokens` tokens."""
-        if self._nccl is None:
+        if self.par.dp == 1:
             return 0.0
-        latency, ext = self._nccl.at(tokens * self.par.dp * self.model.hidden_size)
-        self.extrapolated |= ext
-        return max(self._nccl.ys[0], latency)
+        values = tokens * self.par.dp * self.model.hidden_size
+        latency = None          # one rank in each node: no node-local part
+        if self._nccl is not None:
+            at, ext = self._nccl.at(values)
+            self.extrapolated |= ext
+            latency = max(self._nccl.ys[0], at)
+        return latency if self._span is None else self._span.allreduce(latency, 2 * values)
 
     def terms(self, run: int, router_gemm: float) -> list[Term]:
         """The MoE terms of a step whose replicas each run `run` tokens (CUDA-graph padded)."""
@@ -202,7 +212,8 @@ class MeasuredMoe:
         if par.dp > 1:
             terms.append(Term("MoE all-gather + reduce-scatter", "collective", layers * self.dispatch(run), "table",
                               f"{self.system} nccl on {par.dp} GPUs, {gathered} x {self.model.hidden_size} "
-                              f"values (half an all-reduce each), x{layers} layers", 2 * layers))
+                              f"values (half an all-reduce each), x{layers} layers"
+                              + (f"; {self._span.describe()}" if self._span is not None else ""), 2 * layers))
         return terms
 
     def _experts_term(self, gathered: int, split: str, skew: str) -> Term:

@@ -65,6 +65,7 @@ from planner.cost.block_size import decode_attention_factor
 from planner.cost.compressed import CompressedPrice
 from planner.cost.mamba import recurrent_price
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
+from planner.cost.nodes import NodeSpan
 from planner.cost.sparse import SparsePrice
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -192,9 +193,17 @@ class RooflineCostModel:
             ic = gpu.interconnect_bandwidth * efficiency.interconnect
             ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
             collectives = model.tp_allreduces                 # each block's output, and the embedding
-            self._allreduce_fixed = (collectives + 1) * gpu.interconnect_latency   # +1: logits gather
-            self._allreduce_per_token = collectives * ring * hidden * dtype_bytes / ic
-            self._gather_per_seq = (tp - 1) / tp * vocab * dtype_bytes / ic
+            # a group over several nodes: the slower of NVLink and the NICs, and NCCL's network latency
+            span = NodeSpan.of(tp, tp)
+            latency = gpu.interconnect_latency + (span.extra_latency() if span is not None else 0.0)
+            self._allreduce_fixed = (collectives + 1) * latency   # +1: logits gather
+            per_token = ring * hidden * dtype_bytes / ic
+            per_seq = (tp - 1) / tp * vocab * dtype_bytes / ic
+            if span is not None:
+                per_token = max(per_token, span.nic_seconds(hidden * dtype_bytes))
+                per_seq = max(per_seq, span.nic_seconds(vocab * dtype_bytes) / 2)   # an all-gather: half
+            self._allreduce_per_token = collectives * per_token
+            self._gather_per_seq = per_seq
         else:
             self._allreduce_fixed = self._allreduce_per_token = self._gather_per_seq = 0.0
 
@@ -255,6 +264,7 @@ class RooflineCostModel:
         self._expert_bytes = bytes_per_expert(model, weight_format, dtype_bytes)
         self._ic = gpu.interconnect_bandwidth * eff.interconnect
         self._dtype_bytes = dtype_bytes
+        self._dispatch_span = NodeSpan.of(par.dp, par.gpus) if par.dp > 1 else None
 
     def moe_parts(self, tokens: int) -> dict[str, float]:
         """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""
@@ -264,8 +274,12 @@ class RooflineCostModel:
         router = max(2.0 * tokens * router_weights / self._flops16, router_weights * self._dtype_bytes / self._bw)
         dispatch = 0.0
         if par.dp > 1:
-            dispatch = 2 * (self.gpu.interconnect_latency
-                            + dispatch_bytes(model, par, tokens, self._dtype_bytes) / self._ic)
+            one_way = self.gpu.interconnect_latency + dispatch_bytes(model, par, tokens, self._dtype_bytes) / self._ic
+            span = self._dispatch_span
+            if span is not None:        # an all-gather's ring moves half an all-reduce's bytes
+                gathered = par.dp * tokens * model.hidden_size * self._dtype_bytes
+                one_way = max(one_way, span.nic_seconds(gathered) / 2) + span.extra_latency()
+            dispatch = 2 * one_way
         layers = model.moe_layers
         return {"router": layers * router, "experts": layers * experts, "dispatch": layers * dispatch,
                 "experts_touched": work.touched}

@@ -18,12 +18,12 @@ import os
 
 from engine.core.config import SUPPORTED_BLOCK_SIZES as VLLM_BLOCK_SIZES   # vLLM's CUDA kernels' and ours
 from planner.catalog import GpuSpec, ModelSpec, list_gpus, list_models, model_ids, resolve_gpu, resolve_model
+from planner.cost.nodes import NODE_GPUS
 from planner.errors import PlannerError
 from planner.deploy.memory import plan_memory
 from workloads import WORKLOADS
 from workloads.make import is_trace_file
 
-MAX_TP_PER_NODE = 8                 # GPUs in one NVLink node
 
 
 def did_you_mean(name: str, choices: list[str]) -> str:
@@ -94,7 +94,7 @@ def fit_hint(spec: ModelSpec, device: GpuSpec, tp: int, **plan_args) -> str:
         return plan.kv_token_slots >= spec.max_position_embeddings
 
     hints = []
-    bigger = [t for t in valid_tp_sizes(spec, MAX_TP_PER_NODE) if t > tp and fits(device, t)]
+    bigger = [t for t in valid_tp_sizes(spec, NODE_GPUS) if t > tp and fits(device, t)]
     if bigger:
         hints.append(f"--tp {bigger[0]} fits on {device.name}")
     others = sorted((g for g in list_gpus() if g.family != "cpu" and g.name != device.name),
@@ -105,7 +105,7 @@ def fit_hint(spec: ModelSpec, device: GpuSpec, tp: int, **plan_args) -> str:
     else:
         # Fewest GPUs first, then the smallest GPU: the cheapest other setup that holds it.
         options = [(t, g.memory_bytes, g.name) for g in others
-                   for t in valid_tp_sizes(spec, MAX_TP_PER_NODE) if t > tp and fits(g, t)]
+                   for t in valid_tp_sizes(spec, NODE_GPUS) if t > tp and fits(g, t)]
         if options:
             t, _, name = min(options)
             if not bigger or t < bigger[0]:
@@ -153,9 +153,6 @@ def check_plan(plan) -> list[str]:
     if dep.block_size not in VLLM_BLOCK_SIZES:
         warnings.append(f"block size {dep.block_size}: vLLM's CUDA kernels take {VLLM_BLOCK_SIZES}; this run "
                         f"is a simulation of a kernel that does not exist")
-    if dep.tp > MAX_TP_PER_NODE:
-        warnings.append(f"--tp {dep.tp} spans more than one {MAX_TP_PER_NODE}-GPU node; the cost model prices "
-                        f"NVLink all-reduces, not the slower inter-node network")
     if dep.preemption_mode == "swap" and plan.num_cpu_blocks == 0:
         warnings.append("preemption by swap with no CPU swap blocks: every preemption will recompute")
     if dep.allocator != "paged":

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from engine.deployment import Deployment
 from planner.catalog import GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
+from planner.cost.nodes import NODE_GPUS, nodes_of
 from planner.errors import PlannerError
 
 # GPUs where vLLM's FlashInfer TRTLLM MoE (Blackwell's SM100 kernels) pads a block-FP8 expert shard to whole
@@ -138,10 +139,18 @@ def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout 
 
 
 def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
-    """What vLLM runs unevenly: experts that do not divide over the EP ranks."""
+    """What vLLM runs unevenly (experts that do not divide over the EP ranks), and collectives that cross
+    nodes, priced from NCCL's model rather than measured."""
     gpus = deployment.tp * deployment.dp
+    warnings = []
     if model.is_moe and deployment.enable_expert_parallel and model.num_experts % gpus:
-        return [f"{model.num_experts} experts over EP{gpus}: vLLM gives {model.num_experts % gpus} GPUs one "
-                f"expert more ({-(-model.num_experts // gpus)}); the plan sizes memory and prices time by "
-                f"the most loaded GPU"]
-    return []
+        warnings.append(f"{model.num_experts} experts over EP{gpus}: vLLM gives {model.num_experts % gpus} GPUs "
+                        f"one expert more ({-(-model.num_experts // gpus)}); the plan sizes memory and prices "
+                        f"time by the most loaded GPU")
+    crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
+        ["the MoE dispatch over the dp ranks"] if model.is_moe and deployment.dp > 1 and gpus > NODE_GPUS else [])
+    if crossing:
+        warnings.append(f"{gpus} GPUs take {nodes_of(gpus)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} run "
+                        f"NCCL over one 400 Gb/s InfiniBand NIC per GPU, priced from NCCL's latency model and the "
+                        f"NIC's rate, not measured (planner/cost/nodes.py)")
+    return warnings
