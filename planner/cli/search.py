@@ -155,6 +155,7 @@ def search(
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)
+        slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
         pools = pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp, kv_link)
         if pd is not None:
             return _search_pd(spec.with_fleet(router=router or "round-robin"), pools, pd, axes, slo, target,
@@ -163,7 +164,7 @@ def search(
         spec, fleet = _fleet_of(spec, replicas, router)
         spec, layouts = _layouts(deployments, spec, axes, fleet)
         grid = None if fleet is None else _fleet_grid(
-            spec, axes, parse_slos([",".join(slo)]), target if concurrency is None else concurrency,
+            spec, axes, slos, target if concurrency is None else concurrency,
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
             max_replicas=max_replicas)
         folder = out or default_out("search", load.workload)

@@ -25,7 +25,10 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
             name, value = "normalized_latency", text
         name = name.strip()
         if name not in SLO_METRICS:
-            raise PlannerError(f"--slo {text!r}: unknown metric {name!r}; choose one of {', '.join(SLO_METRICS)}")
+            statistics = [m for m in SLO_METRICS if m.startswith(name + "_")] if name else []
+            choose = (f"say which statistic: {', '.join(statistics)}" if statistics
+                      else f"choose one of {', '.join(SLO_METRICS)}")
+            raise PlannerError(f"--slo {text!r}: unknown metric {name!r}; {choose}")
         try:
             limit = float(value)
         except ValueError:
