@@ -8,6 +8,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   Face id or a model folder; a catalog GPU; the tensor-parallel size. The
   planner prices them; the live engine loads `model` from a folder and runs on
   the device it has.
+- `pp` is vLLM's `--pipeline-parallel-size`: the layers split into pp consecutive stages of tp GPUs
+  each, with pp batches in flight (planner/sim/pipeline.py). The planner prices it for the vllm-v1
+  policy with one engine (no dp, fleet, P/D or speculation); the engine runs pp = 1.
 - `dp` and `enable_expert_parallel` are vLLM's `--data-parallel-size` and `--enable-expert-parallel`:
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
@@ -93,6 +96,7 @@ class Deployment:
     model: str = "opt-13b"
     gpu: str = "a100-40g"
     tp: int = 1
+    pp: int = 1                              # pipeline-parallel size: stages of the layers, tp GPUs each
     dp: int = 1                              # data-parallel size: attention replicas inside the deployment
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
@@ -157,7 +161,7 @@ class Deployment:
             raise ValueError(f"block_size {self.block_size} is not supported; choose one of "
                              f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))} (the simulator also takes "
                              f"{', '.join(str(b) for b in SIM_BLOCK_SIZES if b not in SUPPORTED_BLOCK_SIZES)})")
-        for name in ("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
+        for name in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
         if not 0 <= self.swap_space < math.inf:
@@ -279,9 +283,11 @@ def vllm_async_default(dep: Deployment, device: BatchDevice) -> bool:
     on by default (vllm-project/vllm#27614; SchedulerConfig.async_scheduling None, resolved in
     vllm/config/vllm.py VllmConfig.__post_init__), on unless a feature it cannot overlap is on, of which
     the planner models speculative decoding other than EAGLE and MTP (n-gram lookup on the CPU, a draft
-    model). Off under the paper's policy (vLLM v0.2.0 had no such loop) and on the CPU, where the planner
-    simulates this engine, which schedules synchronously."""
-    if dep.policy != "vllm-v1" or device.is_cpu:
+    model). Off under the paper's policy (vLLM v0.2.0 had no such loop), on the CPU, where the planner
+    simulates this engine, which schedules synchronously, and with pipeline parallelism, whose engine core
+    keeps its pp batches in flight instead (vLLM 0.11's ParallelConfig refused both: "Async scheduling is
+    not supported with pipeline-parallel-size > 1")."""
+    if dep.policy != "vllm-v1" or device.is_cpu or dep.pp > 1:
         return False
     return dep.speculative is None or dep.speculative.partition(":")[0] in ("eagle", "mtp")
 
@@ -302,7 +308,7 @@ def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: in
         seqs = PAPER_MAX_NUM_SEQS if dep.max_num_seqs is None else dep.max_num_seqs
         budget = dep.max_num_batched_tokens or max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
         return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
-    default_budget, default_seqs = vllm_batch_defaults(device, dep.tp)
+    default_budget, default_seqs = vllm_batch_defaults(device, dep.tp * dep.pp)
     seqs = default_seqs if dep.max_num_seqs is None else dep.max_num_seqs
     budget = dep.max_num_batched_tokens
     if budget is None:

@@ -74,6 +74,9 @@ def check_runnable(dep: Deployment, model: str) -> None:
     if dep.tp != 1:
         raise ValueError(f"tensor parallel size {dep.tp}: this engine runs a model on one device "
                          "(the planner models parallelism: planner simulate --tp N)")
+    if dep.pp != 1:
+        raise ValueError(f"pipeline parallel size {dep.pp}: this engine runs every layer on one device "
+                         "(the planner models pipeline parallelism: planner simulate --pp N)")
     if dep.dp != 1:
         raise ValueError(f"data parallel size {dep.dp}: this engine runs one attention replica "
                          "(the planner models data parallelism: planner simulate --dp N)")

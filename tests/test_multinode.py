@@ -100,7 +100,9 @@ def test_roofline_adds_the_network_to_each_collective():
 @pytest.mark.parametrize("deployment, warned", [
     (dict(model="llama-3.1-405b", tp=16), "--tp 16's all-reduces"),
     (dict(model="qwen3-235b-a22b", dp=16, enable_expert_parallel=True), "the MoE dispatch over the dp ranks"),
+    (dict(model="llama-3.1-405b", tp=8, pp=2), "the hidden states between pipeline stages"),
     (dict(model="llama-3.1-70b", tp=4, dp=4), None),            # dense dp ranks share no collective
+    (dict(model="llama-3.1-70b", tp=4, pp=2), None),
     (dict(model="llama-3.1-405b", tp=8), None),
 ])
 def test_the_plan_says_which_collectives_cross_nodes(deployment, warned):

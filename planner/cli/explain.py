@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import typer
 from rich.table import Table
@@ -23,6 +24,7 @@ from planner.cost.measured import MeasuredCostModel
 from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
+from planner.sim.pipeline import Stages
 
 DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
@@ -55,8 +57,17 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-                              async_scheduling=d.async_scheduling, moe=plan.moe_parallel)
-    return model.ledger(step(batch, context, prefill_tokens, prefill_context))
+                              async_scheduling=d.async_scheduling or d.pp > 1, moe=plan.moe_parallel)
+    shape = step(batch, context, prefill_tokens, prefill_context)
+    ledger = model.ledger(shape)
+    if d.pp == 1:
+        return ledger
+    stages = Stages.of(plan.model, plan.gpu, d.tp, d.pp, plan.dtype_bytes)
+    note = (f"--pp {d.pp}: the largest stage holds {stages.share:.1%} of the layers and takes "
+            f"{stages.stage_seconds(ledger.total) * 1e3:.3f} ms of this step; a batch passes {d.pp} stages and "
+            f"{d.pp - 1} send{'s' if d.pp > 2 else ''} of {stages.send_seconds(shape) * 1e6:.1f} us ({stages.link}), pp batches in flight "
+            f"(planner/sim/pipeline.py)")
+    return replace(ledger, notes=(*ledger.notes, note))
 
 
 def _check_runs(plan, batch: int, context: int, prefill_tokens: int, prefill_context: int) -> None:

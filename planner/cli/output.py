@@ -73,26 +73,28 @@ def default_out(command: str, source: str) -> Path:
 def plan_table(plan: dict | None, metrics: dict) -> Table:
     """The memory plan: where each GPU's memory goes, and the totals over all tensor-parallel GPUs."""
     tp = plan["tp"] if plan else 1
-    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']})" if plan else ""))
+    gpus = tp * plan.get("pp", 1) if plan else 1          # pipeline stages hold their layers' share each
+    stages = f" x pp{plan['pp']}" if plan and plan.get("pp", 1) > 1 else ""
+    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']}{stages})" if plan else ""))
     table.add_column("item")
     table.add_column("per GPU", justify="right")
-    if tp > 1:
-        table.add_column(f"all {tp} GPUs", justify="right")
+    if gpus > 1:
+        table.add_column(f"all {gpus} GPUs", justify="right")
     if plan is None:
         table.add_row("KV blocks (given)", f"{metrics['num_gpu_blocks']:,}")
         return table
 
     def row(name: str, per_gpu: str, total: str = "") -> None:
-        table.add_row(name, per_gpu, *([total] if tp > 1 else []))
+        table.add_row(name, per_gpu, *([total] if gpus > 1 else []))
 
     gib = "{:.2f} GiB".format
     row("usable", f"{gib(plan['usable_gib_per_gpu'])} ({plan['gpu_memory_utilization']:.0%})",
-        gib(plan["usable_gib_per_gpu"] * tp))
-    row("weights", gib(plan["weights_gib_per_gpu"]), gib(plan["weights_gib_per_gpu"] * tp))
-    row("activations", gib(plan["activations_gib_per_gpu"]), gib(plan["activations_gib_per_gpu"] * tp))
+        gib(plan["usable_gib_per_gpu"] * gpus))
+    row("weights", gib(plan["weights_gib_per_gpu"]), gib(plan["weights_gib_per_gpu"] * gpus))
+    row("activations", gib(plan["activations_gib_per_gpu"]), gib(plan["activations_gib_per_gpu"] * gpus))
     if "non_torch_gib_per_gpu" in plan:
         row("non-torch (CUDA, cuBLAS, NCCL)", gib(plan["non_torch_gib_per_gpu"]),
-            gib(plan["non_torch_gib_per_gpu"] * tp))
+            gib(plan["non_torch_gib_per_gpu"] * gpus))
     row("KV cache", gib(plan["kv_gib_per_gpu"]), gib(plan["kv_gib_total"]))
     given = plan.get("num_gpu_blocks_given")
     if given is not None:
@@ -135,7 +137,7 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     v = doc.get("verdict") or {}
     policy = _policy_text(p, doc.get("deployment") or {})
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']} ({policy}, {p['allocator']}, block {p['block_size']}, "
+                        f"{p['tp']} x {p['gpu']}{' x pp' + str(p['pp']) if p.get('pp') else ''} ({policy}, {p['allocator']}, block {p['block_size']}, "
                         f"{m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")

@@ -152,6 +152,8 @@ def search(
             raise PlannerError(f"--trace {trace}: no such file")
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
+        if base.pp > 1:
+            raise PlannerError("search does not explore --pp yet: simulate or capacity a pipelined deployment")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)

@@ -35,6 +35,7 @@ from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.catalog.quantization import WeightFormat
 from planner.cost.sparse import as_cached_on
+from planner.deploy.parallel import stage_layers
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
@@ -129,6 +130,7 @@ class MemoryPlan:
     expert_bytes_per_gpu: int = 0   # the MoE experts' share of weight_bytes_per_gpu
     sliding_window_bytes_per_gpu: int = 0   # set aside for the sliding-window layers' blocks (gpt-oss)
     state_blocks_per_seq: int = 0   # blocks a running sequence holds for its recurrent states (Qwen3.5)
+    pp: int = 1                     # pipeline stages, tp GPUs each: this plan is the largest stage's
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -136,8 +138,8 @@ class MemoryPlan:
 
     @property
     def kv_bytes_total(self) -> int:
-        """KV cache across all tensor-parallel GPUs (the paper's Table 1 figure)."""
-        return self.kv_bytes_per_gpu * self.tp
+        """KV cache across all tensor-parallel GPUs (the paper's Table 1 figure), and its pipeline stages."""
+        return self.kv_bytes_per_gpu * self.tp * self.pp
 
     @property
     def kv_token_slots(self) -> int:
@@ -166,6 +168,7 @@ class MemoryPlan:
             "kv_token_slots": self.kv_token_slots,
             **({"quantization": self.quantization} if self.quantization is not None else {}),
             **({"dp": self.dp} if self.dp != 1 else {}),
+            **({"pp": self.pp} if self.pp != 1 else {}),
             **({"expert_parallel": self.expert_parallel, "experts_gib_per_gpu": self.expert_bytes_per_gpu / GIB}
                if self.expert_bytes_per_gpu else {}),
             **({"sliding_window_gib_per_gpu": self.sliding_window_bytes_per_gpu / GIB}
@@ -247,7 +250,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
-                draft_shares_vocab: bool = False) -> MemoryPlan:
+                draft_shares_vocab: bool = False, pp: int = 1) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -258,7 +261,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     (speculative decoding) holds its 16-bit weights beside the target's and its KV in the same blocks,
     as vLLM's draft model shares the target's block tables: a block holds both models' KV. An EAGLE or
     MTP head (`draft_shares_vocab`) reads the target's embedding, LM head and rotary table: only its
-    layer is added.
+    layer is added. With `pp` pipeline stages each GPU holds its stage's layers: the plan is the largest
+    stage's, its share of the layers' weights and KV per block (vLLM sizes one cache for every stage, by
+    the stage that fits the fewest blocks); the embedding and LM head count in that share too.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -274,10 +279,13 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                                            expert_parallel)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
+    share = max(stage_layers(model.num_layers, pp)) / model.num_layers
+    weights = int(weights * share)
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
     kv_room = usable - weights - activations - non_torch
     block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
+    block_bytes = -(-block_bytes * max(stage_layers(model.num_layers, pp)) // model.num_layers)
     if draft is not None:
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
@@ -299,7 +307,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
         quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
         dp=dp, expert_parallel=expert_parallel, sliding_window_bytes_per_gpu=sliding,
-        state_blocks_per_seq=state_blocks(model),
+        state_blocks_per_seq=state_blocks(model), pp=pp,
         expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format),
     )
 

@@ -96,6 +96,38 @@ def check_parallel(model: ModelSpec, deployment: Deployment) -> None:
                            f"add --enable-expert-parallel or change --tp/--dp")
 
 
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """The layers of each pipeline stage, as vLLM's `get_pp_indices` (vllm/distributed/utils.py) splits
+    them: num_layers // pp each, the remainder one more to each stage before the last."""
+    layers = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        layers[-i] += 1
+    return layers
+
+
+def check_pipeline(model: ModelSpec, deployment: Deployment) -> None:
+    """Raise a one-line PlannerError for a --pp setting the planner does not model (planner/sim/pipeline.py):
+    it prices pipeline parallelism for vLLM v1 with one engine over a model whose layers are alike."""
+    pp = deployment.pp
+    if pp == 1:
+        return
+    refusals = [
+        (deployment.policy != "vllm-v1", "the paper's vLLM v0.2.0 had no pipeline parallelism (--policy vllm-v1)"),
+        (deployment.dp > 1, "with --dp is not modelled (one engine per deployment)"),
+        (deployment.speculative is not None, "with --speculative is not modelled"),
+        (deployment.async_scheduling is True, "with --async-scheduling: vLLM 0.11 refused it (\"Async scheduling "
+                                              "is not supported with pipeline-parallel-size > 1\"); the engine core "
+                                              "keeps pp batches in flight instead"),
+        (pp > model.num_layers, f"leaves a stage without layers ({model.name} has {model.num_layers})"),
+        (bool(model.sliding_layers or model.linear_attention or model.compressed_attention or model.sparse_indexer
+              or model.ffn_layers),
+         f"over {model.name}'s layers of different kinds (sliding, linear or compressed attention) is not modelled"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise PlannerError(f"--pp {pp} {why}")
+
+
 def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout | None,
                     weight_format: WeightFormat | None, gpu: GpuSpec) -> list[str]:
     """Raise a one-line PlannerError where a 128 x 128 block-FP8 checkpoint's shards would cut its blocks,
@@ -148,9 +180,12 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
                         f"one expert more ({-(-model.num_experts // gpus)}); the plan sizes memory and prices "
                         f"time by the most loaded GPU")
     crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
-        ["the MoE dispatch over the dp ranks"] if model.is_moe and deployment.dp > 1 and gpus > NODE_GPUS else [])
+        ["the MoE dispatch over the dp ranks"] if model.is_moe and deployment.dp > 1 and gpus > NODE_GPUS else []) + (
+        ["the hidden states between pipeline stages"] if deployment.pp > 1 and gpus * deployment.pp > NODE_GPUS
+        else [])
     if crossing:
-        warnings.append(f"{gpus} GPUs take {nodes_of(gpus)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} run "
-                        f"NCCL over one 400 Gb/s InfiniBand NIC per GPU, priced from NCCL's latency model and the "
-                        f"NIC's rate, not measured (planner/cost/nodes.py)")
+        gpus *= deployment.pp
+        warnings.append(f"{gpus} GPUs take {nodes_of(gpus)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} cross "
+                        f"the network over one 400 Gb/s InfiniBand NIC per GPU, priced from NCCL's latency model "
+                        f"and the NIC's rate, not measured (planner/cost/nodes.py)")
     return warnings

@@ -33,7 +33,7 @@ from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
-from planner.deploy.parallel import MoeLayout, check_block_fp8, moe_layout, parallel_warnings
+from planner.deploy.parallel import MoeLayout, check_block_fp8, check_pipeline, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
 from planner.deploy.state_cache import cache_block_size, state_blocks
 from planner.errors import PlannerError
@@ -111,6 +111,7 @@ class DeploymentPlan:
                 "quantization": self.weight_format.method if self.weight_format else None,
                 "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes,
                 **({"dp": d.dp} if d.dp != 1 else {}),
+                **({"pp": d.pp} if d.pp != 1 else {}),
                 **({"moe_skew": d.moe_skew} if self.moe is not None else {}),
                 **({"enable_expert_parallel": d.enable_expert_parallel, "moe_layout": self.moe.describe()}
                    if self.moe is not None else {}),
@@ -126,6 +127,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     if refuse and deployment.speculative is not None:
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
+    check_pipeline(model, deployment)
     check_sparse_gpu(model, gpu)
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
     layout = moe_layout(model, deployment)
@@ -278,7 +280,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 dtype_bytes=dtype_bytes, max_num_batched_tokens=budget,
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
-                dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe)
+                dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
+                pp=deployment.pp)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])

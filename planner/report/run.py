@@ -22,7 +22,7 @@ def run_title(params: dict) -> str:
     """'opt-13b on 1 x a100-40g, chatbot at 1.0 req/s (paged, block 16)': what every plot title says."""
     rate = (params.get("trace_params") or {}).get("rate")
     at = f" at {rate:g} req/s" if isinstance(rate, (int, float)) and math.isfinite(rate) else ""
-    where = f"{params.get('tp')} x {params.get('gpu')}"
+    where = f"{params.get('tp')} x {params.get('gpu')}" + (f" x pp{params['pp']}" if params.get("pp") else "")
     if params.get("replicas"):
         where = f"{params['replicas']} replicas of {where} ({params.get('router')})"
     if params.get("pd"):

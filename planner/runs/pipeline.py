@@ -20,6 +20,7 @@ from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
 from planner.deploy.plan import DeploymentPlan, plan_deployment
+from planner.errors import PlannerError
 from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
@@ -41,7 +42,12 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
                              kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens,
-                             async_scheduling=d.async_scheduling)
+                             async_scheduling=d.async_scheduling or d.pp > 1)   # pp: the batch queue hides the host
+
+
+PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "
+                 "embedding, LM head and sampler spread with them), the host's scheduling hidden behind the "
+                 "batches in flight, the hidden states sent at the link's rate; stepped one batch at a time")
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ class Simulation:
     @classmethod
     def prepare(cls, spec: RunSpec) -> Simulation:
         spec.router()                             # a bad --replicas or --router fails before any planning
+        if spec.deployment.pp > 1 and (spec.pd is not None or spec.fleet.replicas > 1):
+            raise PlannerError(f"--pp {spec.deployment.pp} with {'--pd' if spec.pd is not None else '--replicas'} "
+                               f"is not modelled (one pipelined engine per deployment)")
         if spec.pd is not None:
             pools = prepare_pools(spec)
             return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)
@@ -128,6 +137,8 @@ class Simulation:
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
         if sim.fleet is not None:
             notes = [*notes, FLEET_NOTE]
+        if d.pp > 1:
+            notes = [*notes, PIPELINE_NOTE]
         verdict = analysis["verdict"]
         if "pd" in summary:
             notes = [*notes, PD_NOTE]

@@ -47,6 +47,7 @@ from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
 from planner.sim.lazy_log import ShapeLog, StepLog
+from planner.sim.pipeline import PipelinedScheduler, Stages, pipelined_run
 from planner.sim.memory_guard import GUARD, check_replicas
 from planner.deploy.speculation import speculation_of
 from planner.sim.speculative import (SpeculatingExecutor, SpecRuntime, draft_cost_model,
@@ -770,7 +771,12 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
         allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
                                    num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
                                    enable_prefix_caching=dep.enable_prefix_caching)
-    scheduler = make_scheduler(plan.scheduler_config(), allocator)
+    pipelined = dep.pp > 1
+    if pipelined:      # batches in flight: the scheduler counts their tokens computed (planner/sim/pipeline.py)
+        scheduler = PipelinedScheduler(plan.scheduler_config(), allocator)
+        fast_forward = False
+    else:
+        scheduler = make_scheduler(plan.scheduler_config(), allocator)
     if spec is None:
         executor = SyntheticExecutor(trace, vocab_size=plan.model.vocab_size, seed=seed,
                                      real_token_ids=dep.enable_prefix_caching,
@@ -787,7 +793,9 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     if spec is not None:
         engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
     if start:
-        engine.process = env.process(engine.run())
+        engine.process = env.process(pipelined_run(engine, Stages.of(plan.model, plan.gpu, dep.tp, dep.pp,
+                                                                     plan.dtype_bytes), cost_model.step_time)
+                                     if pipelined else engine.run())
     return engine
 
 
