@@ -63,9 +63,10 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
     if d.pp == 1:
         return ledger
     stages = Stages.of(plan.model, plan.gpu, d.tp, d.pp, plan.dtype_bytes)
+    sends = f"{d.pp - 1} send{'s' if d.pp > 2 else ''}"
     note = (f"--pp {d.pp}: the largest stage holds {stages.share:.1%} of the layers and takes "
             f"{stages.stage_seconds(ledger.total) * 1e3:.3f} ms of this step; a batch passes {d.pp} stages and "
-            f"{d.pp - 1} send{'s' if d.pp > 2 else ''} of {stages.send_seconds(shape) * 1e6:.1f} us ({stages.link}), pp batches in flight "
+            f"{sends} of {stages.send_seconds(shape) * 1e6:.1f} us ({stages.link}), pp batches in flight "
             f"(planner/sim/pipeline.py)")
     return replace(ledger, notes=(*ledger.notes, note))
 

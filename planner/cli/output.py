@@ -136,8 +136,9 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     st = doc.get("steady_state") or {}
     v = doc.get("verdict") or {}
     policy = _policy_text(p, doc.get("deployment") or {})
+    stages = f" x pp{p['pp']}" if p.get("pp") else ""
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']}{' x pp' + str(p['pp']) if p.get('pp') else ''} ({policy}, {p['allocator']}, block {p['block_size']}, "
+                        f"{p['tp']} x {p['gpu']}{stages} ({policy}, {p['allocator']}, block {p['block_size']}, "
                         f"{m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")

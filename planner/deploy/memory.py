@@ -279,13 +279,13 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                                            expert_parallel)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
-    share = max(stage_layers(model.num_layers, pp)) / model.num_layers
-    weights = int(weights * share)
+    stage = max(stage_layers(model.num_layers, pp))         # the largest stage's layers (all with pp = 1)
+    weights = weights * stage // model.num_layers
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
     kv_room = usable - weights - activations - non_torch
     block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
-    block_bytes = -(-block_bytes * max(stage_layers(model.num_layers, pp)) // model.num_layers)
+    block_bytes = -(-block_bytes * stage // model.num_layers)
     if draft is not None:
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
