@@ -104,11 +104,31 @@ def test_what_the_planner_does_not_model_is_refused(knobs, message):
         plan_deployment(dep)
 
 
-@pytest.mark.parametrize("extra", [["--replicas", "2"], ["--pd", "1:1"]])
-def test_cli_refuses_pp_with_fleets_in_one_line(extra):
+def test_cli_refuses_pp_with_pd_in_one_line():
     result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "2",
-                                      "--requests", "4", *extra])
+                                      "--requests", "4", "--pd", "1:1"])
     assert result.exit_code == 2 and "is not modelled" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-kv", "prefix-aware"])
+def test_a_fleet_of_pipelined_replicas_routes_and_ends_every_request(router):
+    from planner.api import run_spec
+    dep = Deployment(model="llama-3.1-8b", gpu="h100-sxm", pp=2, max_model_len=2048)
+    spec = run_spec(dep, workload="prefix", rate=20.0, requests=60).with_fleet(replicas=2, router=router)
+    doc = simulate(spec).document()
+    assert doc["num_completed"] == 60 and doc["fleet"]["replicas"] == 2
+    assert sum(r["num_completed"] for r in doc["fleet"]["per_replica"]) == 60
+    if router != "prefix-aware":         # (which may keep one prompt prefix on one replica)
+        assert all(r["num_requests"] > 0 for r in doc["fleet"]["per_replica"])
+
+
+def test_search_prices_each_configuration_at_tp_x_pp_gpus():
+    from planner import api
+    dep = Deployment(model="llama-3.1-8b", gpu="h100-sxm", pp=2, max_model_len=2048)
+    result = api.search(dep, slos="tpot_p99=0.05", gpus=["h100-sxm"], tps=[1, 2], rate=2.0, requests=40,
+                        prices={"h100-sxm": 2.0})
+    assert {(r["tp"], r["pp"], r["cost_per_hour"]) for r in result.configs} == {(1, 2, 4.0), (2, 2, 8.0)}
+    assert result.document()["best"]["pp"] == 2
 
 
 def test_a_pipelined_run_documents_its_fields():

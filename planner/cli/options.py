@@ -28,7 +28,8 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "gpu": (("--gpu", "--gpus"), "GPU from the catalog (planner list gpus), or cpu"),
     "tp": (("--tp", "--tensor-parallel-size"), "tensor parallel size"),
     "pp": (("--pp", "--pipeline-parallel-size"), "pipeline-parallel size: the layers in pp stages of tp GPUs "
-                                                 "each, pp batches in flight (vllm-v1, one engine) [default: 1]"),
+                                                 "each, pp batches in flight (vllm-v1; not with --dp, --pd or "
+                                                 "--speculative) [default: 1]"),
     "dp": (("--dp", "--data-parallel-size"), "data-parallel size: attention replicas inside one deployment, "
                                              "their MoE experts shared over tp x dp GPUs [default: 1]"),
     "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),

@@ -152,8 +152,6 @@ def search(
             raise PlannerError(f"--trace {trace}: no such file")
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
-        if base.pp > 1:
-            raise PlannerError("search does not explore --pp yet: simulate or capacity a pipelined deployment")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)
@@ -276,9 +274,10 @@ def _write(result, folder: Path, err: Console) -> None:
 
 
 def _parallel(row: dict) -> str:
-    """'2', or '2 x dp2 EP' for a MoE layout's row."""
+    """'2', '2 x pp2' with pipeline stages, or '2 x dp2 EP' for a MoE layout's row."""
+    pp = f" x pp{row['pp']}" if row.get("pp", 1) > 1 else ""
     dp = f" x dp{row['dp']}" if row.get("dp", 1) > 1 else ""
-    return f"{row['tp']}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
+    return f"{row['tp']}{pp}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
 
 
 def _print_summary(result) -> None:

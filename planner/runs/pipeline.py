@@ -88,9 +88,9 @@ class Simulation:
     @classmethod
     def prepare(cls, spec: RunSpec) -> Simulation:
         spec.router()                             # a bad --replicas or --router fails before any planning
-        if spec.deployment.pp > 1 and (spec.pd is not None or spec.fleet.replicas > 1):
-            raise PlannerError(f"--pp {spec.deployment.pp} with {'--pd' if spec.pd is not None else '--replicas'} "
-                               f"is not modelled (one pipelined engine per deployment)")
+        if spec.deployment.pp > 1 and spec.pd is not None:
+            raise PlannerError(f"--pp {spec.deployment.pp} with --pd is not modelled (a pool's engines step one "
+                               f"batch at a time)")
         if spec.pd is not None:
             pools = prepare_pools(spec)
             return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)

@@ -157,6 +157,8 @@ def _land(engine, flight: Flight, end: float) -> list[SequenceGroup]:
     if flight.sampling.groups:
         samples = engine.executor.samples(flight.sampling)
         finished += engine.scheduler.land(flight.sampling, flight.preemptions, samples, end)
+    if engine.kv_events is not None:          # a prefix-aware router reads the blocks cached by then
+        engine._tag_events(end)
     engine.steps.append(StepRecord.from_output(out, step.start, end, step.breakdown, step.blocks_used))
     engine.shapes.append(flight.shape)
     engine.num_running.append(flight.num_running)

@@ -419,7 +419,7 @@ class SearchResult:
                         "cost_per_hour", "slo_use")
             elif g.fleet:
                 keys = keys[:4] + ("replicas",) + keys[4:]
-            best = {k: self.best[k] for k in keys}
+            best = {k: self.best[k] for k in keys} | ({"pp": self.best["pp"]} if "pp" in self.best else {})
         fleet = {}
         if g.fleet:
             fleet = {"replicas": "auto" if g.auto else list(g.replicas),
@@ -534,11 +534,13 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
             for row in rows:
                 found[row_key(grid, row)] = row
     rows = [_resolved(found[config]) for config in grid.configs()]
+    if grid.base.deployment.pp > 1:           # every configuration's stages, for its label and price
+        rows = [{**row, "pp": grid.base.deployment.pp} for row in rows]
     if grid.auto:
         return _rank_fewest(grid, rows, table, executor, started)
     for row in rows:
-        # A fleet costs its replicas x TP GPUs.
-        gpus = row["tp"] * (row["replicas"] if grid.fleet else 1)
+        # A fleet costs its replicas x TP (x PP) GPUs.
+        gpus = row["tp"] * grid.base.deployment.pp * (row["replicas"] if grid.fleet else 1)
         row["cost_per_hour"] = round(table[row["gpu"]].usd_per_gpu_hour * gpus, 4)
         row["capacity_per_dollar"] = (row["capacity"] / row["cost_per_hour"]
                                       if row["capacity"] is not None and row["cost_per_hour"] > 0 else None)
@@ -563,11 +565,12 @@ def _speculation(grid: SearchGrid, best: dict | None) -> dict | None:
 
 def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], executor,
                  started: float) -> SearchResult:
-    """--replicas auto: each configuration's fewest replicas priced (replicas x TP x $/GPU-hour); the best
+    """--replicas auto: each configuration's fewest replicas priced (replicas x TP x PP x $/GPU-hour); the best
     is the cheapest fleet (ties: the one furthest within its SLOs), the front cost against SLO use."""
     for row in rows:
         k = row["replicas"]
-        row["cost_per_hour"] = None if k is None else round(table[row["gpu"]].usd_per_gpu_hour * row["tp"] * k, 4)
+        gpus = row["tp"] * grid.base.deployment.pp * (k or 0)
+        row["cost_per_hour"] = None if k is None else round(table[row["gpu"]].usd_per_gpu_hour * gpus, 4)
         row["meets_target"] = k is not None
         row["pareto"] = False
     for row in slo_front(rows):
@@ -579,8 +582,9 @@ def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], ex
 
 
 def fleet_label(row: dict) -> str:
-    """'h100-sxm x2' for one deployment, '4 x (h100-sxm x2)' for a fleet of 4 replicas."""
-    one = f"{row['gpu']} x{row['tp']}"
+    """'h100-sxm x2' for one deployment (with pipeline stages 'h100-sxm x2 pp2'), '4 x (h100-sxm x2)' for
+    a fleet of 4 replicas."""
+    one = f"{row['gpu']} x{row['tp']}" + (f" pp{row['pp']}" if row.get("pp", 1) > 1 else "")
     return one if row.get("replicas") is None else f"{row['replicas']} x ({one})"
 
 
