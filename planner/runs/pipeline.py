@@ -46,8 +46,9 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
 
 
 PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "
-                 "embedding, LM head and sampler spread with them), the host's scheduling hidden behind the "
-                 "batches in flight, the hidden states sent at the link's rate; stepped one batch at a time")
+                 "embedding, LM head and sampler spread with them; a roofline or profile price, which holds the "
+                 "host's time, split with them too, where the measured model hides it behind the batches in "
+                 "flight), the hidden states sent at the link's rate; stepped one batch at a time")
 
 
 @dataclass(frozen=True)
