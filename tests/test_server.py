@@ -233,6 +233,7 @@ def test_shutdown_drains_requests_in_flight(folder):
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "opt-125m", "--tp", "2"], "--tp 2 is not supported"),
+    (["--model", "opt-125m", "--pp", "2"], "--pp 2 is not supported"),
     (["--model", "no-such-model"], "no-such-model"),
     (["--model", "opt-125m", "--max-request-body-size", "0"], "--max-request-body-size must be at least 1"),
     (["--model", "opt-125m", "--chat-template-timeout", "0"], "--chat-template-timeout must be positive"),

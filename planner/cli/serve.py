@@ -85,9 +85,10 @@ def serve(
         if "model" not in deployments.given:
             raise PlannerError("give --model: a local model folder, or a catalog model")
         deployment = deployments.one("serve", model=deployments.values("model")[0])
-        if deployment.tp != 1:
-            raise PlannerError(f"--tp {deployment.tp} is not supported: this engine runs a model on one device "
-                               f"(use --tp 1; `planner simulate --tp {deployment.tp}` models tensor parallelism)")
+        for flag, size, what in (("--tp", deployment.tp, "tensor"), ("--pp", deployment.pp, "pipeline")):
+            if size != 1:
+                raise PlannerError(f"{flag} {size} is not supported: this engine runs a model on one device "
+                                   f"(use {flag} 1; `planner simulate {flag} {size}` models {what} parallelism)")
         if deployment.client_turnaround:
             raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
                                "validate); a server's clients are whoever connects to it")
