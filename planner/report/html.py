@@ -105,23 +105,25 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
     if plan is None:
         return table(["item", "value"], [["KV blocks (given)", fmt(metrics.get("num_gpu_blocks"))]])
     tp = plan["tp"]
-    rows = [["usable memory", f"{plan['usable_gib_per_gpu']:.2f} GiB", f"{plan['usable_gib_per_gpu'] * tp:.2f} GiB"],
-            ["weights", f"{plan['weights_gib_per_gpu']:.2f} GiB", f"{plan['weights_gib_per_gpu'] * tp:.2f} GiB"],
+    gpus = tp * plan.get("pp", 1)          # pipeline stages: each GPU holds its stage's share
+    rows = [["usable memory", f"{plan['usable_gib_per_gpu']:.2f} GiB", f"{plan['usable_gib_per_gpu'] * gpus:.2f} GiB"],
+            ["weights", f"{plan['weights_gib_per_gpu']:.2f} GiB", f"{plan['weights_gib_per_gpu'] * gpus:.2f} GiB"],
             ["activations (peak)", f"{plan['activations_gib_per_gpu']:.2f} GiB",
-             f"{plan['activations_gib_per_gpu'] * tp:.2f} GiB"],
+             f"{plan['activations_gib_per_gpu'] * gpus:.2f} GiB"],
             *([["non-torch (CUDA, cuBLAS, NCCL)", f"{plan['non_torch_gib_per_gpu']:.2f} GiB",
-                f"{plan['non_torch_gib_per_gpu'] * tp:.2f} GiB"]] if "non_torch_gib_per_gpu" in plan else []),
+                f"{plan['non_torch_gib_per_gpu'] * gpus:.2f} GiB"]] if "non_torch_gib_per_gpu" in plan else []),
             ["KV cache", f"{plan['kv_gib_per_gpu']:.2f} GiB", f"{plan['kv_gib_total']:.2f} GiB"],
             ["KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}",
              "same block ids on every GPU"],
             ["KV token slots", f"{plan['kv_token_slots']:,} (1/{tp} of the heads each)" if tp > 1
              else f"{plan['kv_token_slots']:,}", f"{plan['kv_token_slots']:,}"],
             ["CPU swap blocks", f"{plan['num_cpu_blocks']:,}", ""]]
-    caption = (f"<p>{esc(plan['model'])} on {tp} x {esc(plan['gpu'])}, gpu_memory_utilization "
+    stages = f" x pp{plan['pp']} (the largest stage's)" if plan.get("pp", 1) > 1 else ""
+    caption = (f"<p>{esc(plan['model'])} on {tp} x {esc(plan['gpu'])}{stages}, gpu_memory_utilization "
                f"{plan['gpu_memory_utilization']:.0%}</p>")
-    if tp == 1:
+    if gpus == 1:
         return caption + table(["item", "per GPU"], [r[:2] for r in rows])
-    return caption + table(["item", "per GPU", f"all {tp} GPUs"], rows)
+    return caption + table(["item", "per GPU", f"all {gpus} GPUs"], rows)
 
 
 def metrics_table(doc: dict) -> str:
