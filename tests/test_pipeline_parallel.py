@@ -93,7 +93,7 @@ def test_preempted_requests_in_flight_recompute():
 
 @pytest.mark.parametrize("knobs, message", [
     (dict(policy="paper"), "no pipeline parallelism"),
-    (dict(model="qwen3-30b-a3b", dp=2), "with --dp"),
+    (dict(model="qwen3-30b-a3b", dp=2), "not modelled with --dp"),
     (dict(async_scheduling=True), "Async scheduling is not supported"),
     (dict(model="gpt-oss-20b"), "layers of different kinds"),
     (dict(pp=64), "leaves a stage without layers"),
