@@ -70,7 +70,7 @@ class Stages:
 
 class PipelinedScheduler(ChunkedScheduler):
     """vLLM v1's scheduler with batches in flight: `launch` counts a scheduled batch's tokens computed;
-    `update` applies a batch that came back, less the requests preempted or ended since it left."""
+    `land` applies a batch that came back, less the requests preempted or ended since it left."""
 
     def launch(self, out: SchedulerOutput) -> tuple[SchedulerOutput, dict[int, int]]:
         """The batch `out` goes into the pipeline (call after its shape is read): the part that samples
