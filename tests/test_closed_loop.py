@@ -74,6 +74,16 @@ def test_capacity_in_clients_is_the_most_clients_within_the_slo():
     assert by_clients[n]["meets"] and not by_clients[n + 1]["meets"]      # bisected to one client
 
 
+def test_capacity_in_clients_stops_at_the_traces_requests():
+    # past 40 clients every request of a 40-request trace is in flight at once: more clients change nothing
+    found = capacity(H100, slos={"tpot_p99": 1.0}, workload="random", params={"input_len": 256, "output_len": 16},
+                     requests=40, clients=True)
+    assert found.rate == 40 and not found.found.bounded
+    assert max(p["concurrency"] for p in found.document["probes"]) == 40
+    assert found.document["verdict"]["lines"][0].startswith("Capacity: at least 40 clients")
+    assert "give more --requests" in found.document["verdict"]["lines"][0]
+
+
 @pytest.mark.parametrize("command", [["simulate", "--concurrency", "4"],
                                      ["capacity", "--concurrency", "max", "--slo", "tpot_p99=0.03"]])
 def test_a_duration_for_a_closed_loop_is_refused_in_one_line_before_anything_runs(command, tmp_path):

@@ -132,6 +132,8 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 
     if not ok(1):
         return Capacity(None, 1, probes, bounded=True)
+    # more clients than the trace has requests send them all at once, as that many do: no further to look
+    max_clients = min(max_clients, probes[0].doc["num_submitted"])
     good, bad = 1, None
     while bad is None and good < max_clients:
         clients = min(2 * good, max_clients)
@@ -204,8 +206,15 @@ def _capacity_lines(found: Capacity, at: dict, lowest: float, clients: bool) -> 
     if found.rate is None:
         return [f"The SLOs are not met even at {lowest:.3g} {unit} (the lowest tried)."]
     served = f" (serving {at.get('request_throughput', 0):.3g} req/s)" if clients else ""
-    return [f"Capacity: {found.rate:.3g} {unit}{served}"
-            + ("" if found.bounded else " (still within the SLOs at the most tried; raise the limit)") + ".",
+    capacity = f"Capacity: {found.rate:.3g} {unit}{served}"
+    if found.bounded:
+        first = capacity + "."
+    elif clients and found.rate >= at.get("num_submitted", float("inf")):
+        first = (f"Capacity: at least {found.rate:.0f} {unit}{served}: all the trace's {found.rate:.0f} requests in "
+                 f"flight at once still meet the SLOs; give more --requests to look further.")
+    else:
+        first = capacity + " (still within the SLOs at the most tried; raise the limit)."
+    return [first,
             f"At capacity: {at.get('output_token_throughput', 0):,.0f} output tok/s, "
             f"TTFT mean {at.get('ttft_mean', 0):.3g} s / p99 {at.get('ttft_p99', 0):.3g} s, "
             f"TPOT mean {at.get('tpot_mean', 0):.3g} s / p99 {at.get('tpot_p99', 0):.3g} s, "
