@@ -10,7 +10,7 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   the device it has.
 - `pp` is vLLM's `--pipeline-parallel-size`: the layers split into pp consecutive stages of tp GPUs
   each, with pp batches in flight (planner/sim/pipeline.py). The planner prices it for the vllm-v1
-  policy with one engine (no dp, fleet, P/D or speculation); the engine runs pp = 1.
+  policy (no dp, P/D or speculation); the engine runs pp = 1.
 - `dp` and `enable_expert_parallel` are vLLM's `--data-parallel-size` and `--enable-expert-parallel`:
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
@@ -283,11 +283,10 @@ def vllm_async_default(dep: Deployment, device: BatchDevice) -> bool:
     on by default (vllm-project/vllm#27614; SchedulerConfig.async_scheduling None, resolved in
     vllm/config/vllm.py VllmConfig.__post_init__), on unless a feature it cannot overlap is on, of which
     the planner models speculative decoding other than EAGLE and MTP (n-gram lookup on the CPU, a draft
-    model). Off under the paper's policy (vLLM v0.2.0 had no such loop), on the CPU, where the planner
-    simulates this engine, which schedules synchronously, and with pipeline parallelism, whose engine core
-    keeps its pp batches in flight instead (vLLM 0.11's ParallelConfig refused both: "Async scheduling is
-    not supported with pipeline-parallel-size > 1")."""
-    if dep.policy != "vllm-v1" or device.is_cpu or dep.pp > 1:
+    model). Off under the paper's policy (vLLM v0.2.0 had no such loop) and on the CPU, where the planner
+    simulates this engine, which schedules synchronously. With pipeline parallelism the engine core's pp
+    batches in flight are the overlap either way (planner/sim/pipeline.py)."""
+    if dep.policy != "vllm-v1" or device.is_cpu:
         return False
     return dep.speculative is None or dep.speculative.partition(":")[0] in ("eagle", "mtp")
 

@@ -94,7 +94,6 @@ def test_preempted_requests_in_flight_recompute():
 @pytest.mark.parametrize("knobs, message", [
     (dict(policy="paper"), "no pipeline parallelism"),
     (dict(model="qwen3-30b-a3b", dp=2), "not modelled with --dp"),
-    (dict(async_scheduling=True), "Async scheduling is not supported"),
     (dict(model="gpt-oss-20b"), "layers of different kinds"),
     (dict(pp=64), "leaves a stage without layers"),
 ])
@@ -138,9 +137,16 @@ def test_a_pipelined_run_documents_its_fields():
     assert any("pipeline parallelism" in note for note in doc["not_modelled"])
 
 
-def test_pp_defaults_to_synchronous_scheduling_and_the_engine_refuses_it():
-    plan = plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm", pp=2, max_model_len=4096))
-    assert plan.deployment.async_scheduling is False
+def test_async_scheduling_runs_the_same_batch_queue():
+    # vLLM runs async scheduling with PP on the condition that no request has two tokens in flight
+    dep = Deployment(model="llama-3.1-8b", gpu="h100-sxm", pp=2, max_model_len=2048)
+    assert plan_deployment(dep).deployment.async_scheduling is True          # vLLM's default, as without PP
+    load = dict(workload="sharegpt", rate=20.0, requests=80)
+    on, off = simulate(dep, **load), simulate(dep.replace(async_scheduling=False), **load)
+    assert [r.token_times for r in on.sim.requests] == [r.token_times for r in off.sim.requests]
+
+
+def test_the_engine_refuses_pp():
     from engine.llm_engine import check_runnable
     with pytest.raises(ValueError, match="pipeline parallel size 2"):
         check_runnable(Deployment(pp=2), "unused")

@@ -115,9 +115,6 @@ def check_pipeline(model: ModelSpec, deployment: Deployment) -> None:
         (deployment.policy != "vllm-v1", "the paper's vLLM v0.2.0 had no pipeline parallelism (--policy vllm-v1)"),
         (deployment.dp > 1, "not modelled with --dp (one engine per deployment)"),
         (deployment.speculative is not None, "not modelled with --speculative"),
-        (deployment.async_scheduling is True, "vLLM 0.11 refused it with --async-scheduling (\"Async scheduling "
-                                              "is not supported with pipeline-parallel-size > 1\"); the engine core "
-                                              "keeps pp batches in flight instead"),
         (pp > model.num_layers, f"leaves a stage without layers ({model.name} has {model.num_layers})"),
         (bool(model.sliding_layers or model.linear_attention or model.compressed_attention or model.sparse_indexer
               or model.ffn_layers),

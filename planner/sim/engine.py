@@ -789,7 +789,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     engine = SimulatedEngine(env, scheduler, cost_model, executor, total, progress,
                              fast_forward=fast_forward and device_speed is None, watch=watch,
                              device_speed=device_speed, due=due, routed=routed,
-                             async_scheduling=dep.async_scheduling)
+                             async_scheduling=dep.async_scheduling and not pipelined)   # pp: its batch queue
     if spec is not None:
         engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
     if start:

@@ -18,6 +18,11 @@ turn, a stage priced as the whole step times the largest stage's share of the la
 enters a stage once the stage is free and its hidden states have arrived from the one before. The
 host's scheduling overlaps the batches in flight, so a stage is priced at the GPU's time (the cost
 model's async-scheduling price).
+
+Async scheduling changes none of this. vLLM 0.11 refused it with PP ("Async scheduling is not supported
+with pipeline-parallel-size > 1"); since vllm-project/vllm#32359 (January 2026) it runs them together "with
+constraints": no request has two tokens scheduled at once, which is the accounting above, and its batch
+queue still holds pp batches (`VllmConfig.max_concurrent_batches`).
 """
 from __future__ import annotations
 
