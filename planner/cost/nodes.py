@@ -10,8 +10,8 @@ An all-reduce of S bytes over n ranks on N nodes (n / N on each) is priced as
 
   max(the node's own NCCL all-reduce of S,  the NICs' share)  +  NCCL's extra network latency
 
-- the node's part: the measured NCCL all-reduce on n / N GPUs (the roofline's NVLink ring on
-  the roofline); with one rank per node there is none, only NCCL's base latency;
+- the node's part: the measured NCCL all-reduce on n / N GPUs (on the roofline, its NVLink ring);
+  with one rank per node there is none, only NCCL's base latency;
 - the NICs' share: a ring all-reduce sends 2 (n - 1) / n x S over each edge; a node's edges to the
   next node carry that for every ring, split over its n / N NICs, at the link's bandwidth. The
   ring is pipelined, so the slower of NVLink and the NICs sets the pace, not their sum;
