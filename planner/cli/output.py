@@ -71,7 +71,7 @@ def default_out(command: str, source: str) -> Path:
 
 
 def plan_table(plan: dict | None, metrics: dict) -> Table:
-    """The memory plan: where each GPU's memory goes, and the totals over all tensor-parallel GPUs."""
+    """The memory plan: where each GPU's memory goes, and the totals over all tp (x pp) GPUs."""
     tp = plan["tp"] if plan else 1
     gpus = tp * plan.get("pp", 1) if plan else 1          # pipeline stages hold their layers' share each
     stages = f" x pp{plan['pp']}" if plan and plan.get("pp", 1) > 1 else ""
