@@ -149,7 +149,8 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
     limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
-    return (f"{d.model} on {d.tp} x {d.gpu}, {spec.load.workload} (block {d.block_size}, {d.allocator}), "
+    stages = f" x pp{d.pp}" if d.pp > 1 else ""
+    return (f"{d.model} on {d.tp} x {d.gpu}{stages}, {spec.load.workload} (block {d.block_size}, {d.allocator}), "
             f"SLO {limits}")
 
 
