@@ -291,7 +291,8 @@ def capacity(
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
-        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu} on {spec.load.workload} "
+        stages = f" x pp{d.pp}" if d.pp > 1 else ""
+        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages} on {spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
                            seeds=seeds, confidence=confidence, clients=concurrency == "max",
