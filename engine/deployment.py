@@ -11,6 +11,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `pp` is vLLM's `--pipeline-parallel-size`: the layers split into pp consecutive stages of tp GPUs
   each, with pp batches in flight (planner/sim/pipeline.py). The planner prices it for the vllm-v1
   policy (no dp, P/D or speculation); the engine runs pp = 1.
+- `node_link` is the network between 8-GPU nodes that a deployment's collectives and pipeline stages
+  cross once it takes more than one node: a link of the planner's catalog (planner/data/links.json:
+  infiniband, one 400 Gb/s NIC per GPU, or ethernet, 100 GbE). Hardware, not a vLLM setting.
 - `dp` and `enable_expert_parallel` are vLLM's `--data-parallel-size` and `--enable-expert-parallel`:
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
@@ -98,6 +101,7 @@ class Deployment:
     tp: int = 1
     pp: int = 1                              # pipeline-parallel size: stages of the layers, tp GPUs each
     dp: int = 1                              # data-parallel size: attention replicas inside the deployment
+    node_link: str = "infiniband"            # the network between nodes (the planner's links catalog)
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"

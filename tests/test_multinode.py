@@ -107,7 +107,7 @@ def test_roofline_adds_the_network_to_each_collective():
 ])
 def test_the_plan_says_which_collectives_cross_nodes(deployment, warned):
     plan = plan_deployment(Deployment(gpu="h200", max_model_len=4096, **deployment))
-    crossing = [w for w in plan.warnings if "NIC per GPU" in w]
+    crossing = [w for w in plan.warnings if "GB/s per GPU" in w]
     if warned is None:
         assert not crossing
     else:
@@ -119,3 +119,22 @@ def test_explain_prices_deepseek_over_two_nodes():
                                       "--enable-expert-parallel", "--batch", "32", "--context", "2000"])
     assert result.exit_code == 0, result.output
     assert "measured(" in result.output and "MoE all-gather + reduce-scatter" in result.output
+
+
+def test_ethernet_between_nodes_slows_what_crosses_them():
+    shape = decode(256, 2000)
+    ib = MeasuredCostModel("llama-3.1-405b", "h100-sxm", tp=16)
+    eth = MeasuredCostModel("llama-3.1-405b", "h100-sxm", tp=16, node_link="ethernet")
+    assert allreduce_term(eth, shape).seconds > allreduce_term(ib, shape).seconds
+    inside = MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=8, node_link="ethernet")
+    assert inside.step_time(shape) == MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=8).step_time(shape)
+    plan = plan_deployment(Deployment(model="llama-3.1-405b", gpu="h200", tp=16, node_link="ethernet",
+                                      max_model_len=4096))
+    assert any("(ethernet, 12.5 GB/s per GPU)" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("link, message", [("nvlink", "joins the gpus of one node"), ("carrier-pigeon", "unknown")])
+def test_a_node_link_that_does_not_join_nodes_is_one_line(link, message):
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--node-link", link,
+                                      "--requests", "4"])
+    assert result.exit_code == 2 and message in result.output.lower() and "Traceback" not in result.output

@@ -57,12 +57,13 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-                              async_scheduling=d.async_scheduling or d.pp > 1, moe=plan.moe_parallel)
+                              async_scheduling=d.async_scheduling or d.pp > 1, moe=plan.moe_parallel,
+                              node_link=d.node_link)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
     if d.pp == 1:
         return ledger
-    stages = Stages.of(plan.model, plan.gpu, d.tp, d.pp, plan.dtype_bytes)
+    stages = Stages.of(plan.model, plan.gpu, d.tp, d.pp, plan.dtype_bytes, d.node_link)
     sends = f"{d.pp - 1} send{'s' if d.pp > 2 else ''}"
     note = (f"--pp {d.pp}: the largest stage holds {stages.share:.1%} of the layers and takes "
             f"{stages.stage_seconds(ledger.total) * 1e3:.3f} ms of this step; a batch passes {d.pp} stages and "

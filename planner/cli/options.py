@@ -30,6 +30,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "pp": (("--pp", "--pipeline-parallel-size"), "pipeline-parallel size: the layers in pp stages of tp GPUs "
                                                  "each, pp batches in flight (vllm-v1; not with --dp, --pd or "
                                                  "--speculative) [default: 1]"),
+    "node_link": (("--node-link",), "the network between 8-GPU nodes, for a deployment over more than one: "
+                                    "infiniband (NDR 400 Gb/s per GPU) or ethernet (100 GbE per GPU) "
+                                    "[default: infiniband]"),
     "dp": (("--dp", "--data-parallel-size"), "data-parallel size: attention replicas inside one deployment, "
                                              "their MoE experts shared over tp x dp GPUs [default: 1]"),
     "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),

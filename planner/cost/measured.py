@@ -107,7 +107,7 @@ from planner.cost.measured_compressed import MODULE_KERNELS as COMPRESSED_MODULE
 from planner.cost.measured_compressed import CompressedModule, HyperConnections
 from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
-from planner.cost.nodes import NodeSpan
+from planner.cost.nodes import NODE_LINK, NodeSpan
 from planner.cost.shape import StepShape, context_bucket
 from planner.cost.sparse import MODULE_GEMMS, MODULE_KERNELS, SparsePrice, module_trees
 from planner.cost.window import windowed_prefill_pairs
@@ -195,7 +195,7 @@ class MeasuredCostModel:
                  kv_cache_dtype: str = "auto", *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, async_scheduling: bool = False,
                  leave_out: tuple[str, ...] = (), calibration: Calibration | None = None,
-                 moe: MoeParallel | None = None) -> None:
+                 moe: MoeParallel | None = None, node_link: str = NODE_LINK) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
@@ -218,7 +218,7 @@ class MeasuredCostModel:
         self._heads, self._kv, self._hd = heads, kv, hd
         self._set_up_gemms(model, tp, weight_format)
         self._moe = (MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format,
-                                 self._expert_roofline(model, weight_format)) if model.is_moe else None)
+                                 self._expert_roofline(model, weight_format), node_link) if model.is_moe else None)
         if self._moe is not None and self._moe.efficiency is not None:
             self.notes.append(f"{system}'s fused-MoE table has no {self._moe.dtype} rows for {model.name}'s experts: "
                               f"the roofline prices them at the efficiency the table shows for its "
@@ -226,7 +226,7 @@ class MeasuredCostModel:
                               f"(planner/cost/measured_moe.py)")
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
-        self._span = NodeSpan.of(tp, tp)     # a TP group over more than one node (planner/cost/nodes.py)
+        self._span = NodeSpan.of(tp, tp, node_link)     # a TP group over more than one node (planner/cost/nodes.py)
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
         self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]

@@ -58,7 +58,7 @@ from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
 from planner.cost.ledger import Term
 from planner.cost.moe import MoeParallel, expert_roofline
-from planner.cost.nodes import NodeSpan
+from planner.cost.nodes import NODE_LINK, NodeSpan
 from planner.errors import PlannerError
 
 # The skew (power-law exponent) of each routing distribution NVIDIA measured.
@@ -112,7 +112,7 @@ class MeasuredMoe:
     """The MoE terms of one model on one system: curves over tokens, looked up once per token count."""
 
     def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
-                 roofline: ExpertRoofline | None = None) -> None:
+                 roofline: ExpertRoofline | None = None, node_link: str = NODE_LINK) -> None:
         self.system, self.model, self.par = system, model, par
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
@@ -122,7 +122,7 @@ class MeasuredMoe:
         self.dtype = next((d for d in candidates if d in timed_dtypes), candidates[-1])
         self.extrapolated = False
         # the dp ranks a dispatch gathers over, when they span nodes (one in every tp GPUs)
-        self._span = NodeSpan.of(par.dp, par.gpus) if par.dp > 1 else None
+        self._span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
         local = par.dp if self._span is None else self._span.per_node
         self._nccl = self._dispatch_curve(local) if local > 1 else None
         shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)

@@ -4,7 +4,7 @@ vLLM lays a deployment's ranks out in order (global rank = dp rank x tp + tp ran
 eight NVLink-joined GPUs. Its custom all-reduce works inside one node only (custom_all_reduce.py
 refuses a group that spans nodes, and world sizes over 8), so a group that leaves the node runs
 NCCL, whose rings cross the network once per node boundary through one NIC per GPU (a DGX/HGX
-node's compute fabric: planner/data/links.json `infiniband`).
+node's compute fabric: planner/data/links.json `infiniband`; `--node-link ethernet` for 100 GbE).
 
 An all-reduce of S bytes over n ranks on N nodes (n / N on each) is priced as
 
@@ -30,15 +30,30 @@ import math
 from dataclasses import dataclass
 
 from planner.catalog.links import KvLink, resolve_link
+from planner.errors import PlannerError
 
 NODE_GPUS = 8                    # GPUs in one NVLink node (an HGX H100/H200/B200 or A100 board)
-NODE_LINK = "infiniband"         # the fabric between nodes: one 400 Gb/s NDR NIC per GPU
+NODE_LINK = "infiniband"         # the default fabric between nodes: one 400 Gb/s NDR NIC per GPU
 # NCCL src/graph/tuning.cc, tree all-reduce with the LL protocol (microseconds): the base latency of
 # a call, one NVLink hop, one network hop, and the factor an NVLink hop takes once the tree spans nodes
 NCCL_BASE_LATENCY = 6.8e-6
 NCCL_NVLINK_HOP = 0.6e-6
 NCCL_NET_HOP = 5.0e-6
 NCCL_MULTINODE_HOP_FACTOR = 1.8
+
+
+def node_link(name: str) -> KvLink:
+    """The catalog link `name` as the network between nodes (--node-link); one line for a link that joins
+    the GPUs of one node only."""
+    try:
+        link = resolve_link(name)
+    except PlannerError:
+        raise PlannerError(f"--node-link {name!r}: unknown link; between nodes give infiniband or ethernet "
+                           f"(planner/data/links.json)") from None
+    if link.bandwidth is None:
+        raise PlannerError(f"--node-link {name}: {link.name} joins the GPUs of one node; between nodes give "
+                           f"infiniband or ethernet")
+    return link
 
 
 def nodes_of(gpus: int) -> int:
@@ -55,13 +70,14 @@ class NodeSpan:
     link: KvLink
 
     @classmethod
-    def of(cls, ranks: int, gpus: int) -> NodeSpan | None:
+    def of(cls, ranks: int, gpus: int, link: str = NODE_LINK) -> NodeSpan | None:
         """The span of a group of `ranks` ranks among a deployment's `gpus` GPUs laid out in rank order
-        (a TP group: ranks = gpus; a dp group: one rank in every tp); None when the group is in one node."""
+        (a TP group: ranks = gpus; a dp group: one rank in every tp) over the `link` between nodes; None
+        when the group is in one node."""
         nodes = min(nodes_of(gpus), ranks)
         if nodes <= 1:
             return None
-        return cls(ranks, nodes, resolve_link(NODE_LINK))
+        return cls(ranks, nodes, node_link(link))
 
     @property
     def per_node(self) -> int:

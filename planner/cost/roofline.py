@@ -65,7 +65,7 @@ from planner.cost.block_size import decode_attention_factor
 from planner.cost.compressed import CompressedPrice
 from planner.cost.mamba import recurrent_price
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
-from planner.cost.nodes import NodeSpan
+from planner.cost.nodes import NODE_LINK, NodeSpan
 from planner.cost.sparse import SparsePrice
 from planner.cost.window import windowed_decode_keys, windowed_prefill_pairs
 from planner.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -149,7 +149,7 @@ class RooflineCostModel:
                  block_size: int = 16, efficiency: RooflineEfficiency = RooflineEfficiency(),
                  cpu_overhead_base: float = CPU_OVERHEAD_BASE_S,
                  cpu_overhead_per_seq: float = CPU_OVERHEAD_PER_SEQ_S, weight_format: WeightFormat | None = None,
-                 kv_cache_dtype: str = "auto", moe: MoeParallel | None = None) -> None:
+                 kv_cache_dtype: str = "auto", moe: MoeParallel | None = None, node_link: str = NODE_LINK) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         moe = moe if moe is not None else MoeParallel(tp=tp)
         _check_args(model, gpu, tp, moe, block_size, cpu_overhead_base, cpu_overhead_per_seq)
@@ -186,7 +186,7 @@ class RooflineCostModel:
         if model.compressed_attention is not None:
             self._compressed = CompressedPrice.of(model, gpu, tp, bw, flops, gpu.fp8_flops * efficiency.compute)
             self._decode_per_key = self._prefill_per_pair = self._prefill_kv_write = 0.0
-        self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format)
+        self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format, node_link)
         self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
         if tp > 1:
@@ -194,7 +194,7 @@ class RooflineCostModel:
             ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
             collectives = model.tp_allreduces                 # each block's output, and the embedding
             # a group over several nodes: the slower of NVLink and the NICs, and NCCL's network latency
-            span = NodeSpan.of(tp, tp)
+            span = NodeSpan.of(tp, tp, node_link)
             latency = gpu.interconnect_latency + (span.extra_latency() if span is not None else 0.0)
             self._allreduce_fixed = (collectives + 1) * latency   # +1: logits gather
             per_token = ring * hidden * dtype_bytes / ic
@@ -250,7 +250,7 @@ class RooflineCostModel:
         self._slide_per_key, self._slide_per_pair = prices(model.sliding_layers, model)
 
     def _set_up_moe(self, model: ModelSpec, gpu: GpuSpec, par: MoeParallel, dtype_bytes: int,
-                    weight_format: WeightFormat | None) -> None:
+                    weight_format: WeightFormat | None, node_link: str = NODE_LINK) -> None:
         """Constants of the MoE layers' price (planner/cost/moe.py); None for a dense model."""
         self._moe, self._par, self._moe_cache = None, par, {}
         if not model.is_moe:
@@ -264,7 +264,7 @@ class RooflineCostModel:
         self._expert_bytes = bytes_per_expert(model, weight_format, dtype_bytes)
         self._ic = gpu.interconnect_bandwidth * eff.interconnect
         self._dtype_bytes = dtype_bytes
-        self._dispatch_span = NodeSpan.of(par.dp, par.gpus) if par.dp > 1 else None
+        self._dispatch_span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
 
     def moe_parts(self, tokens: int) -> dict[str, float]:
         """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""

@@ -31,6 +31,7 @@ from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.linear import parse_linear
 from planner.cost.measured import MeasuredCostModel
 from planner.cost.moe import MoeParallel
+from planner.cost.nodes import NODE_LINK
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.shape import CostModel
 from planner.errors import PlannerError
@@ -103,7 +104,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       cost_model: str | None = None, weight_format: WeightFormat | None = None,
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
                       max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
-                      async_scheduling: bool = False) -> CostModel:
+                      async_scheduling: bool = False, node_link: str = NODE_LINK) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
@@ -111,17 +112,19 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     prices neither dp > 1 nor an assumed skew. `async_scheduling` (vLLM's --async-scheduling) hides the
     measured model's fitted host time behind the GPU; no other model separates vLLM's host time (the
     roofline has none, a profile times this engine's steps whole), so they price the same steps and
-    async scheduling moves only the step a request joins (planner/sim/engine.py)."""
+    async scheduling moves only the step a request joins (planner/sim/engine.py). `node_link` is the
+    network a collective crosses between nodes (planner/cost/nodes.py)."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                             "async_scheduling": async_scheduling}, moe=moe)
+                             "async_scheduling": async_scheduling}, moe=moe, node_link=node_link)
     return model_
 
 
 def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_size: int,
             profile: str | Path | None, cost_model: str | None, weight_format: WeightFormat | None,
-            kv_cache_dtype: str, graphs: dict, moe: MoeParallel | None) -> CostModel:
+            kv_cache_dtype: str, graphs: dict, moe: MoeParallel | None,
+            node_link: str = NODE_LINK) -> CostModel:
     """select_cost_model's choice; `graphs` are the measured model's CUDA-graph and scheduling settings."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
@@ -130,7 +133,7 @@ def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_
     choice = parse_cost_model(cost_model)
     if profile is not None and choice in ("measured", "roofline"):
         raise PlannerError(f"--profile belongs to the calibrated cost model, not --cost-model {choice}")
-    formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "moe": moe}
+    formats = {"weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "moe": moe, "node_link": node_link}
     if choice == "roofline":
         return RooflineCostModel(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, **formats)
     if choice in ("auto", "calibrated"):

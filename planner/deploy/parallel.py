@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from engine.deployment import Deployment
 from planner.catalog import GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
-from planner.cost.nodes import NODE_GPUS, nodes_of
+from planner.cost.nodes import NODE_GPUS, node_link, nodes_of
 from planner.errors import PlannerError
 
 # GPUs where vLLM's FlashInfer TRTLLM MoE (Blackwell's SM100 kernels) pads a block-FP8 expert shard to whole
@@ -182,7 +182,8 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
         else [])
     if crossing:
         gpus *= deployment.pp
+        link = node_link(deployment.node_link)
         warnings.append(f"{gpus} GPUs take {nodes_of(gpus)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} cross "
-                        f"the network over one 400 Gb/s InfiniBand NIC per GPU, priced from NCCL's latency model "
-                        f"and the NIC's rate, not measured (planner/cost/nodes.py)")
+                        f"the network ({link.name}, {link.bandwidth / 1e9:g} GB/s per GPU), priced from NCCL's "
+                        f"latency model and the link's rate, not measured (planner/cost/nodes.py)")
     return warnings

@@ -32,6 +32,7 @@ from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkp
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.moe import MoeParallel
+from planner.cost.nodes import node_link
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
 from planner.deploy.parallel import MoeLayout, check_block_fp8, check_pipeline, moe_layout, parallel_warnings
 from planner.deploy.speculation import proposer_model, speculation_of
@@ -128,6 +129,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
     check_pipeline(model, deployment)
+    node_link(deployment.node_link)             # an unknown, or one node's, --node-link fails here
     check_sparse_gpu(model, gpu)
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
     layout = moe_layout(model, deployment)

@@ -42,7 +42,8 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
                              kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens,
-                             async_scheduling=d.async_scheduling or d.pp > 1)   # pp: the batch queue hides the host
+                             async_scheduling=d.async_scheduling or d.pp > 1,   # pp: the batch queue hides the host
+                             node_link=d.node_link)
 
 
 PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "

@@ -793,9 +793,9 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     if spec is not None:
         engine.speculation = SpecRuntime(spec, cost_model, draft_cost_model(plan))
     if start:
-        engine.process = env.process(pipelined_run(engine, Stages.of(plan.model, plan.gpu, dep.tp, dep.pp,
-                                                                     plan.dtype_bytes), cost_model.step_time)
-                                     if pipelined else engine.run())
+        stages = Stages.of(plan.model, plan.gpu, dep.tp, dep.pp, plan.dtype_bytes, dep.node_link) if pipelined else None
+        engine.process = env.process(pipelined_run(engine, stages, cost_model.step_time) if pipelined
+                                     else engine.run())
     return engine
 
 

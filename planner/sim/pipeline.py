@@ -35,8 +35,7 @@ from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from engine.core.step import Step, begin_step
 from planner.catalog import GpuSpec, ModelSpec
-from planner.catalog.links import resolve_link
-from planner.cost.nodes import NODE_GPUS, NODE_LINK
+from planner.cost.nodes import NODE_GPUS, NODE_LINK, node_link
 from planner.cost.shape import StepShape, reads_context_histogram, step_shape
 from planner.deploy.parallel import stage_layers
 from planner.errors import PlannerError
@@ -54,16 +53,18 @@ class Stages:
     link: str
 
     @classmethod
-    def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, dtype_bytes: int = 2) -> Stages:
-        """Over the GPUs' NVLink (or PCIe) inside one node; over one NIC per GPU once tp x pp GPUs take more
-        than one node (planner/cost/nodes.py), as some stage boundary then crosses nodes."""
+    def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, dtype_bytes: int = 2,
+           link: str = NODE_LINK) -> Stages:
+        """Over the GPUs' NVLink (or PCIe) inside one node; over one NIC per GPU on the `link` between nodes
+        once tp x pp GPUs take more than one node (planner/cost/nodes.py), as some stage boundary then
+        crosses nodes."""
         share = max(stage_layers(model.num_layers, pp)) / model.num_layers
         per_gpu = 2 * model.hidden_size * dtype_bytes / tp      # hidden states and residual, a TP rank's slice
         if tp * pp <= NODE_GPUS:
             if gpu.interconnect_bandwidth <= 0:
                 raise PlannerError(f"--pp {pp}: {gpu.name} has no link to pass a stage's hidden states on")
             return cls(pp, share, gpu.interconnect_latency, per_gpu / gpu.interconnect_bandwidth, gpu.interconnect)
-        nic = resolve_link(NODE_LINK)
+        nic = node_link(link)
         return cls(pp, share, nic.latency, per_gpu / nic.bandwidth, nic.name)
 
     def stage_seconds(self, step_seconds: float) -> float:
