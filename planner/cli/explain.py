@@ -24,7 +24,7 @@ from planner.cost.measured import MeasuredCostModel
 from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
-from planner.sim.pipeline import Stages
+from planner.sim.pipeline import Stages, host_hidden
 
 DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
@@ -57,7 +57,7 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
     model = MeasuredCostModel(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-                              async_scheduling=d.async_scheduling or d.pp > 1, moe=plan.moe_parallel,
+                              async_scheduling=host_hidden(d), moe=plan.moe_parallel,
                               node_link=d.node_link)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)

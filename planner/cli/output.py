@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from planner.deploy.parallel import stages_label
 from planner.errors import PlannerError
 
 REPORTS_DIR = Path("reports")
@@ -74,8 +75,8 @@ def plan_table(plan: dict | None, metrics: dict) -> Table:
     """The memory plan: where each GPU's memory goes, and the totals over all tp (x pp) GPUs."""
     tp = plan["tp"] if plan else 1
     gpus = tp * plan.get("pp", 1) if plan else 1          # pipeline stages hold their layers' share each
-    stages = f" x pp{plan['pp']}" if plan and plan.get("pp", 1) > 1 else ""
-    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']}{stages})" if plan else ""))
+    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']}{stages_label(plan.get('pp'))})"
+                                         if plan else ""))
     table.add_column("item")
     table.add_column("per GPU", justify="right")
     if gpus > 1:
@@ -136,10 +137,9 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     st = doc.get("steady_state") or {}
     v = doc.get("verdict") or {}
     policy = _policy_text(p, doc.get("deployment") or {})
-    stages = f" x pp{p['pp']}" if p.get("pp") else ""
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']}{stages} ({policy}, {p['allocator']}, block {p['block_size']}, "
-                        f"{m['cost_model']})")
+                        f"{p['tp']} x {p['gpu']}{stages_label(p.get('pp'))} ({policy}, {p['allocator']}, "
+                        f"block {p['block_size']}, {m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")
     table.add_column("steady state", justify="right")

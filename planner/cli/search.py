@@ -24,6 +24,7 @@ from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import default_out, fail
 from planner.cli.simulate import load_of
+from planner.deploy.parallel import stages_label
 from planner.errors import PlannerError
 from planner.runs.pools import EXECUTORS
 from planner.runs.slos import parse_slos
@@ -275,9 +276,8 @@ def _write(result, folder: Path, err: Console) -> None:
 
 def _parallel(row: dict) -> str:
     """'2', '2 x pp2' with pipeline stages, or '2 x dp2 EP' for a MoE layout's row."""
-    pp = f" x pp{row['pp']}" if row.get("pp", 1) > 1 else ""
     dp = f" x dp{row['dp']}" if row.get("dp", 1) > 1 else ""
-    return f"{row['tp']}{pp}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
+    return f"{row['tp']}{stages_label(row.get('pp'))}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
 
 
 def _print_summary(result) -> None:

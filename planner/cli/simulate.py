@@ -26,6 +26,7 @@ from planner.cli import pd_options as pdo
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import (default_out, fail, fmt, interval_table, plan_table, print_verdict, split_values,
                                 stdout, summary_table, unit, warn)
+from planner.deploy.parallel import stages_label
 from planner.errors import PlannerError
 from planner.report.capacity import write_capacity
 from planner.report.run import write_run
@@ -291,8 +292,8 @@ def capacity(
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
-        stages = f" x pp{d.pp}" if d.pp > 1 else ""
-        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages} on {spec.load.workload} "
+        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages_label(d.pp)} on "
+                  f"{spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
                            seeds=seeds, confidence=confidence, clients=concurrency == "max",

@@ -35,7 +35,7 @@ from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.catalog.quantization import WeightFormat
 from planner.cost.sparse import as_cached_on
-from planner.deploy.parallel import stage_layers
+from planner.deploy.parallel import largest_stage
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
 from planner.errors import PlannerError
 
@@ -279,7 +279,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                                            expert_parallel)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
-    stage = max(stage_layers(model.num_layers, pp))         # the largest stage's layers (all with pp = 1)
+    stage = largest_stage(model.num_layers, pp)             # the largest stage's layers (all with pp = 1)
     weights = weights * stage // model.num_layers
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)

@@ -105,6 +105,16 @@ def stage_layers(num_layers: int, pp: int) -> list[int]:
     return layers
 
 
+def largest_stage(num_layers: int, pp: int) -> int:
+    """The layers of the pipeline's largest stage, which sets its memory plan and its pace."""
+    return max(stage_layers(num_layers, pp))
+
+
+def stages_label(pp: int | None) -> str:
+    """' x pp2' after '4 x h100-sxm' for a pipelined deployment; '' without stages."""
+    return f" x pp{pp}" if pp and pp > 1 else ""
+
+
 def check_pipeline(model: ModelSpec, deployment: Deployment) -> None:
     """Raise a one-line PlannerError for a --pp setting the planner does not model (planner/sim/pipeline.py):
     it prices pipeline parallelism for vLLM v1 with one engine over a model whose layers are alike."""
@@ -171,6 +181,7 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
     """What vLLM runs unevenly (experts that do not divide over the EP ranks), and collectives that cross
     nodes, priced from NCCL's model rather than measured."""
     gpus = deployment.tp * deployment.dp
+    total = gpus * deployment.pp
     warnings = []
     if model.is_moe and deployment.enable_expert_parallel and model.num_experts % gpus:
         warnings.append(f"{model.num_experts} experts over EP{gpus}: vLLM gives {model.num_experts % gpus} GPUs "
@@ -178,12 +189,10 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
                         f"time by the most loaded GPU")
     crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
         ["the MoE dispatch over the dp ranks"] if model.is_moe and deployment.dp > 1 and gpus > NODE_GPUS else []) + (
-        ["the hidden states between pipeline stages"] if deployment.pp > 1 and gpus * deployment.pp > NODE_GPUS
-        else [])
+        ["the hidden states between pipeline stages"] if deployment.pp > 1 and total > NODE_GPUS else [])
     if crossing:
-        gpus *= deployment.pp
         link = node_link(deployment.node_link)
-        warnings.append(f"{gpus} GPUs take {nodes_of(gpus)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} cross "
+        warnings.append(f"{total} GPUs take {nodes_of(total)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} cross "
                         f"the network ({link.name}, {link.bandwidth / 1e9:g} GB/s per GPU), priced from NCCL's "
                         f"latency model and the link's rate, not measured (planner/cost/nodes.py)")
     return warnings

@@ -12,6 +12,8 @@ import html
 import math
 from pathlib import Path
 
+from planner.deploy.parallel import stages_label
+
 # Metric definitions (DESIGN.md), shown beside the numbers.
 DEFINITIONS = {
     "request_throughput": "completed requests / (last finish - first arrival); steady: completions in the window / its length",
@@ -118,7 +120,7 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
             ["KV token slots", f"{plan['kv_token_slots']:,} (1/{tp} of the heads each)" if tp > 1
              else f"{plan['kv_token_slots']:,}", f"{plan['kv_token_slots']:,}"],
             ["CPU swap blocks", f"{plan['num_cpu_blocks']:,}", ""]]
-    stages = f" x pp{plan['pp']} (the largest stage's)" if plan.get("pp", 1) > 1 else ""
+    stages = stages_label(plan.get("pp")) + (" (the largest stage's)" if plan.get("pp", 1) > 1 else "")
     caption = (f"<p>{esc(plan['model'])} on {tp} x {esc(plan['gpu'])}{stages}, gpu_memory_utilization "
                f"{plan['gpu_memory_utilization']:.0%}</p>")
     if gpus == 1:

@@ -27,6 +27,7 @@ from planner.sim import SimResult, simulate
 from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
 from planner.sim.pd import KvPath, Pool, simulate_pd
+from planner.sim.pipeline import host_hidden
 from workloads import Trace
 
 
@@ -42,7 +43,7 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
                              kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens,
-                             async_scheduling=d.async_scheduling or d.pp > 1,   # pp: the batch queue hides the host
+                             async_scheduling=host_hidden(d),
                              node_link=d.node_link)
 
 

@@ -37,8 +37,14 @@ from engine.core.step import Step, begin_step
 from planner.catalog import GpuSpec, ModelSpec
 from planner.cost.nodes import NODE_GPUS, NODE_LINK, node_link
 from planner.cost.shape import StepShape, reads_context_histogram, step_shape
-from planner.deploy.parallel import stage_layers
+from planner.deploy.parallel import largest_stage
 from planner.errors import PlannerError
+
+
+def host_hidden(deployment) -> bool:
+    """Whether a step is priced with the host's time hidden behind the GPU's: under async scheduling, or
+    with pipeline stages, whose batch queue overlaps the host with the batches in flight."""
+    return bool(deployment.async_scheduling) or deployment.pp > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ class Stages:
         """Over the GPUs' NVLink (or PCIe) inside one node; over one NIC per GPU on the `link` between nodes
         once tp x pp GPUs take more than one node (planner/cost/nodes.py), as some stage boundary then
         crosses nodes."""
-        share = max(stage_layers(model.num_layers, pp)) / model.num_layers
+        share = largest_stage(model.num_layers, pp) / model.num_layers
         per_gpu = 2 * model.hidden_size * dtype_bytes / tp      # hidden states and residual, a TP rank's slice
         if tp * pp <= NODE_GPUS:
             if gpu.interconnect_bandwidth <= 0:
@@ -78,26 +84,25 @@ class PipelinedScheduler(ChunkedScheduler):
     """vLLM v1's scheduler with batches in flight: `launch` counts a scheduled batch's tokens computed;
     `land` applies a batch that came back, less the requests preempted or ended since it left."""
 
-    def launch(self, out: SchedulerOutput) -> tuple[SchedulerOutput, dict[int, int]]:
+    def launch(self, out: SchedulerOutput) -> tuple[SchedulerOutput, list[int]]:
         """The batch `out` goes into the pipeline (call after its shape is read): the part that samples
-        when it comes back, and each group's preemption count now."""
+        when it comes back, and its groups' preemption counts now."""
         sampling = out.sampling_part()
         for seq, n in zip(out.seqs, out.num_scheduled_tokens):
             seq.num_computed_tokens += n
-        return sampling, {id(g): g.num_preemptions for g in sampling.groups}
+        return sampling, [g.num_preemptions for g in sampling.groups]
 
-    def land(self, sampling: SchedulerOutput, preemptions: dict[int, int], samples: Samples,
+    def land(self, sampling: SchedulerOutput, preemptions: list[int], samples: Samples,
              now: float) -> list[SequenceGroup]:
         """A batch back from the last stage: its sampled tokens, for the requests still running as they
-        were when it left (a request preempted meanwhile recomputes; vLLM drops what comes back for it)."""
-        groups = [g for g in sampling.groups
-                  if g.num_preemptions == preemptions[id(g)] and g.seqs[0].status is SequenceStatus.RUNNING]
-        if not groups:
+        were when it left (a request preempted meanwhile recomputes; vLLM drops what comes back for it).
+        One sequence per group here (vLLM v1), so groups and sequences pair up."""
+        kept = [(g, s) for g, s, n in zip(sampling.groups, sampling.seqs, preemptions)
+                if g.num_preemptions == n and s.status is SequenceStatus.RUNNING]
+        if not kept:
             return []
-        if len(groups) < len(sampling.groups):
-            kept = {id(g) for g in groups}
-            seqs = [s for g, s in zip(sampling.groups, sampling.seqs) if id(g) in kept]
-            sampling = SchedulerOutput(sampling.is_prefill, groups, seqs, len(seqs))
+        if len(kept) < len(sampling.groups):
+            sampling = SchedulerOutput(sampling.is_prefill, [g for g, _ in kept], [s for _, s in kept], len(kept))
         return Scheduler.update(self, sampling, samples, now)
 
 
@@ -108,7 +113,7 @@ class Flight:
     step: Step
     shape: StepShape
     sampling: SchedulerOutput
-    preemptions: dict[int, int]
+    preemptions: list[int]
     num_running: int
     back: float
 

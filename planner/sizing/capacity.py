@@ -22,6 +22,7 @@ from itertools import repeat
 from typing import Callable, Iterator
 
 from planner.analysis.verdict import binding_slo
+from planner.deploy.parallel import stages_label
 from planner.deploy.plan import resolved
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.errors import PlannerError
@@ -149,9 +150,8 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
     limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
-    stages = f" x pp{d.pp}" if d.pp > 1 else ""
-    return (f"{d.model} on {d.tp} x {d.gpu}{stages}, {spec.load.workload} (block {d.block_size}, {d.allocator}), "
-            f"SLO {limits}")
+    return (f"{d.model} on {d.tp} x {d.gpu}{stages_label(d.pp)}, {spec.load.workload} (block {d.block_size}, "
+            f"{d.allocator}), SLO {limits}")
 
 
 def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, clients: bool = False) -> dict:
