@@ -18,6 +18,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
   expert parallelism whole experts (EP = tp x dp). The planner prices them; the engine runs dp = 1.
+- `all2all_backend` is vLLM's `--all2all-backend`: how expert parallelism with dp > 1 moves each MoE
+  layer's tokens to their experts and back: "allgather_reducescatter" (vLLM's default, NCCL),
+  "deepep_low_latency" or "deepep_high_throughput" (DeepEP's kernels, priced from DeepEP's
+  published rates: planner/cost/all2all.py). The engine runs dp = 1 and moves nothing.
 - `moe_skew` is the MoE router's skew the planner assumes: experts' popularity falls as a power law,
   p_e ~ (e + 1) ** -moe_skew (0: uniform routing; NVIDIA measured vLLM's MoE kernels at 1.01 and 1.2,
   docs/moe.md). It sets how many experts a batch touches and how unevenly EP ranks are loaded.
@@ -92,6 +96,8 @@ SPECULATIVE_METHODS = ("ngram", "eagle", "mtp", "draft")
 # vLLM's --kv-cache-dtype: "fp8" is E4M3 on CUDA, the same as "fp8_e4m3" (vllm/config/cache.py CacheDType).
 KV_CACHE_DTYPES = ("auto", "fp8")
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
+# vLLM's --all2all-backend choices the planner prices (planner/cost/all2all.py); the first is vLLM's default.
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class Deployment:
     dp: int = 1                              # data-parallel size: attention replicas inside the deployment
     node_link: str = "infiniband"            # the network between nodes (the planner's links catalog)
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
+    all2all_backend: str = ALL2ALL_BACKENDS[0]  # how EP moves tokens to their experts (vLLM's --all2all-backend)
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"
     block_size: int = 16
@@ -137,6 +144,7 @@ class Deployment:
             raise ValueError("kv_cache_dtype 'fp8_e5m2' is not supported here; use fp8 (E4M3, as vLLM on CUDA)")
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("policy", self.policy, POLICIES)
+        _one_of("all2all_backend", self.all2all_backend, ALL2ALL_BACKENDS)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)

@@ -38,6 +38,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),
                                "MoE: whole experts split over tp x dp GPUs (EP = TP x DP) instead of each "
                                "expert's width [default: off]"),
+    "all2all_backend": (("--all2all-backend",), "MoE with --enable-expert-parallel and --dp > 1: how tokens reach "
+                                                "their experts: allgather_reducescatter (vLLM's default, NCCL), "
+                                                "deepep_low_latency or deepep_high_throughput (DeepEP) "
+                                                "[default: allgather_reducescatter]"),
     "moe_skew": (("--moe-skew",), "MoE routing skew: expert popularity ~ (rank + 1)^-S (0: uniform; NVIDIA "
                                   "measured 1.01 and 1.2) [default: 0]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),

@@ -16,7 +16,9 @@ prints is what the simulator charges. Each term names its source:
 - `fitted`: a constant fitted to NVIDIA's measured end-to-end vLLM runs on
   H100 (aiconfigurator-core's systems/silicon_sample.csv), with its record in
   planner/data/measured_calibration.json (docs/calibration.md): vLLM's host
-  time per step and per scheduled sequence.
+  time per step and per scheduled sequence;
+- `published`: bytes over a rate a cited public benchmark measured outside
+  vLLM (DeepEP's README for its all-to-all kernels, planner/cost/all2all.py).
 
 CUDA graphs. vLLM replays a captured graph for a step of at most
 `max_cudagraph_capture_size` tokens, padded up to the next captured size, and
@@ -34,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-SOURCES = ("table", "scaled", "roofline", "fitted")
+SOURCES = ("table", "scaled", "roofline", "fitted", "published")
 # The groups a term belongs to, in the order a step runs them (breakdown() sums by group).
 GROUPS = ("embedding", "gemm", "moe", "attention", "elementwise", "collective", "lm_head", "sampler", "host",
           "memory")

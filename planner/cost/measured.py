@@ -99,6 +99,7 @@ from planner.catalog import GpuSpec, ModelSpec, list_gpus, mla, resolve_gpu, res
 from planner.catalog.kept_layers import format_share
 from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
+from planner.cost.all2all import DeepEp
 from planner.cost.calibration import Calibration, load_calibration
 from planner.cost.elementwise import step_kernels
 from planner.cost.mamba import recurrent_price
@@ -217,8 +218,14 @@ class MeasuredCostModel:
         heads, kv, hd = model.num_heads // tp, model.kv_heads_per_gpu(tp), model.head_size
         self._heads, self._kv, self._hd = heads, kv, hd
         self._set_up_gemms(model, tp, weight_format)
-        self._moe = (MeasuredMoe(system, model, moe or MoeParallel(tp=tp), weight_format,
-                                 self._expert_roofline(model, weight_format), node_link) if model.is_moe else None)
+        par = moe or MoeParallel(tp=tp)
+        if par.deepep and par.all2all == "deepep_high_throughput":
+            # vLLM runs DeepEP's normal kernels without CUDA graphs (CompilationConfig sets cudagraph_mode NONE
+            # for deepep_high_throughput with dp > 1): every step eager, none padded
+            self.graphs = CudaGraphs(())
+        self._moe = (MeasuredMoe(system, model, par, weight_format, self._expert_roofline(model, weight_format),
+                                 node_link, DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link))
+                     if model.is_moe else None)
         if self._moe is not None and self._moe.efficiency is not None:
             self.notes.append(f"{system}'s fused-MoE table has no {self._moe.dtype} rows for {model.name}'s experts: "
                               f"the roofline prices them at the efficiency the table shows for its "
@@ -301,6 +308,7 @@ class MeasuredCostModel:
         if self._moe is not None:
             par = self._moe.par
             formats += f", moe {self._moe.dtype} dp{par.dp} ep{par.ep}" + (f" skew {par.skew:g}" if par.skew else "")
+            formats += f", {par.all2all}" if self._moe.deepep is not None else ""
             formats += " (experts: roofline x the table's efficiency)" if self._moe.efficiency is not None else ""
         return (f"measured({where}: {self.system} vllm {versions}, "
                 f"aiconfigurator-core {tables.source()['package_version']}{scaled}{formats})")

@@ -28,6 +28,8 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   all-reduce of the gathered tokens x hidden, never below the smallest message's time.
                   Once tp x dp passes one 8-GPU node the dp ranks (one in every tp) span nodes: one
                   node's share through its table, the rest through the NICs (planner/cost/nodes.py).
+                  With --all2all-backend deepep_low_latency or deepep_high_throughput, DeepEP's
+                  dispatch and combine instead, at DeepEP's published rates (planner/cost/all2all.py).
 
 The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
 Experts of a shape it never timed in their format and split (GLM-4.5's, a user's own config.json,
@@ -56,6 +58,7 @@ from planner.catalog import ModelSpec, list_models
 from planner.catalog.routing import experts_touched
 from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
+from planner.cost.all2all import DeepEp
 from planner.cost.ledger import Term
 from planner.cost.moe import MoeParallel, expert_roofline
 from planner.cost.nodes import NODE_LINK, NodeSpan
@@ -112,8 +115,9 @@ class MeasuredMoe:
     """The MoE terms of one model on one system: curves over tokens, looked up once per token count."""
 
     def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
-                 roofline: ExpertRoofline | None = None, node_link: str = NODE_LINK) -> None:
-        self.system, self.model, self.par = system, model, par
+                 roofline: ExpertRoofline | None = None, node_link: str = NODE_LINK,
+                 deepep: DeepEp | None = None) -> None:
+        self.system, self.model, self.par, self.deepep = system, model, par, deepep
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
         table = tables.load_rows(system, "moe")
@@ -124,7 +128,7 @@ class MeasuredMoe:
         # the dp ranks a dispatch gathers over, when they span nodes (one in every tp GPUs)
         self._span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
         local = par.dp if self._span is None else self._span.per_node
-        self._nccl = self._dispatch_curve(local) if local > 1 else None
+        self._nccl = self._dispatch_curve(local) if local > 1 and deepep is None else None
         shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)
         split = (self.dtype, par.moe_tp, par.ep)
         self.efficiency = None
@@ -191,6 +195,8 @@ class MeasuredMoe:
         """The all-gather and reduce-scatter around one MoE layer when each replica runs `tokens` tokens."""
         if self.par.dp == 1:
             return 0.0
+        if self.deepep is not None:
+            return self.deepep.seconds(tokens)
         values = tokens * self.par.dp * self.model.hidden_size
         latency = None          # one rank in each node: no node-local part
         if self._nccl is not None:
@@ -209,7 +215,11 @@ class MeasuredMoe:
                       f"{self.system} gemm, m={run} n={self.model.num_experts} k={self.model.hidden_size}, "
                       f"x{layers} layers", layers),
                  self._experts_term(gathered, split, skew)]
-        if par.dp > 1:
+        if self.deepep is not None:
+            terms.append(Term("MoE dispatch + combine (DeepEP)", "collective", layers * self.dispatch(run),
+                              "published", f"{self.deepep.describe()}, {run} tokens per replica, x{layers} layers",
+                              2 * layers))
+        elif par.dp > 1:
             terms.append(Term("MoE all-gather + reduce-scatter", "collective", layers * self.dispatch(run), "table",
                               f"{self.system} nccl on {par.dp} GPUs, {gathered} x {self.model.hidden_size} "
                               f"values (half an all-reduce each), x{layers} layers"

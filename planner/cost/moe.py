@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.deployment import ALL2ALL_BACKENDS
 from planner.catalog import ModelSpec
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.routing import experts_touched, inclusion, pair_share, popularity, rank_experts
@@ -47,11 +48,14 @@ class MoeParallel:
     dp: int = 1
     expert_parallel: bool = False
     skew: float = 0.0
+    all2all: str = ALL2ALL_BACKENDS[0]     # vLLM's --all2all-backend (planner/cost/all2all.py)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.skew <= MAX_SKEW:
             raise PlannerError(f"--moe-skew must be in [0, {MAX_SKEW:g}] (a power-law exponent; 0 is uniform "
                                f"routing), got {self.skew}")
+        if self.all2all not in ALL2ALL_BACKENDS:
+            raise PlannerError(f"--all2all-backend {self.all2all!r}: choose one of {', '.join(ALL2ALL_BACKENDS)}")
 
     @property
     def gpus(self) -> int:
@@ -60,6 +64,12 @@ class MoeParallel:
     @property
     def ep(self) -> int:
         return self.gpus if self.expert_parallel else 1
+
+    @property
+    def deepep(self) -> bool:
+        """Whether the dispatch runs DeepEP: a DeepEP backend, and expert parallelism with dp > 1, the only case
+        in which vLLM dispatches through its all2all backend."""
+        return self.all2all != ALL2ALL_BACKENDS[0] and self.dp > 1 and self.expert_parallel
 
     @property
     def moe_tp(self) -> int:

@@ -36,6 +36,13 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
     if "priced as bf16 KV" in cost_model:
         notes.append("FP8 KV cache: no measured FP8-KV attention table for this GPU; attention priced as with a "
                      "16-bit cache (the memory plan still holds FP8 blocks)")
+    if "deepep_" in cost_model:
+        notes.append("DeepEP dispatch and combine: bytes at the rates DeepEP's README measured on H800 nodes (not "
+                     "vLLM end to end, nothing below 128 tokens per rank); the experts still priced as vLLM's "
+                     "fused MoE, not DeepEP's grouped or masked GEMMs")
+    if "deepep_high_throughput" in cost_model:
+        notes.append("deepep_high_throughput: vLLM runs every step without CUDA graphs (none padded); the CPU's "
+                     "kernel launches that graphs would hide are not priced, so small decode steps come out short")
     if enable_prefix_caching:
         notes.append("prefix caching: hashing and lookup cost on the host is not priced")
     if preemption_mode == "swap":

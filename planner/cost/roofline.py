@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.cost.all2all import DeepEp
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.compressed import CompressedPrice
 from planner.cost.mamba import recurrent_price
@@ -219,6 +220,7 @@ class RooflineCostModel:
                   (["fp8 KV"] if self.kv_cache_dtype == "fp8" else [])
         if self.model.is_moe:
             formats.append(f"dp{moe.dp} ep{moe.ep}" + (f", moe skew {moe.skew:g}" if moe.skew else ""))
+            formats += [moe.all2all] if moe.deepep else []
         where = gpu.name if tp == 1 else f"{tp}x{gpu.name}"
         return f"roofline({where}{''.join(', ' + f for f in formats)})"
 
@@ -265,6 +267,7 @@ class RooflineCostModel:
         self._ic = gpu.interconnect_bandwidth * eff.interconnect
         self._dtype_bytes = dtype_bytes
         self._dispatch_span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
+        self._deepep = DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link)
 
     def moe_parts(self, tokens: int) -> dict[str, float]:
         """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""
@@ -273,7 +276,9 @@ class RooflineCostModel:
         router_weights = model.hidden_size * model.num_experts
         router = max(2.0 * tokens * router_weights / self._flops16, router_weights * self._dtype_bytes / self._bw)
         dispatch = 0.0
-        if par.dp > 1:
+        if self._deepep is not None:
+            dispatch = self._deepep.seconds(tokens)
+        elif par.dp > 1:
             one_way = self.gpu.interconnect_latency + dispatch_bytes(model, par, tokens, self._dtype_bytes) / self._ic
             span = self._dispatch_span
             if span is not None:        # an all-gather's ring moves half an all-reduce's bytes

@@ -31,9 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from engine.deployment import ALL2ALL_BACKENDS
 from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.catalog.quantization import WeightFormat
+from planner.cost.all2all import LL_CHUNK_TOKENS
 from planner.cost.sparse import as_cached_on
 from planner.deploy.parallel import largest_stage
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
@@ -48,6 +50,8 @@ DEFAULT_SWAP_SPACE_BYTES = 4 * GIB     # vLLM's default CPU swap space per GPU
 # and the sorted probabilities of top-p/top-k (4 bytes each) plus the sort's
 # int64 indices are alive at once.
 _SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 8
+# vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default: the tokens its fused MoE runs at a time (vllm/envs.py)
+FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 
 # Memory outside torch's allocator that grows while vLLM starts: what its
 # profiler reports as non_torch_memory on one GPU, 0.16-0.20 GiB in its logs
@@ -61,7 +65,7 @@ NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
                              max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                              max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, dp: int = 1,
-                             expert_parallel: bool = False) -> int:
+                             expert_parallel: bool = False, all2all: str = ALL2ALL_BACKENDS[0]) -> int:
     """Peak activation memory per GPU of the largest step the scheduler may run.
 
     vLLM measures this by profiling a forward pass of max_num_batched_tokens
@@ -73,9 +77,15 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     another, so one layer's worth is the peak; allocator slack is covered by
     the utilization margin.
 
-    A MoE layer instead holds, for every token the dp replicas gather into it, the router's logits
-    and vLLM's fused-MoE caches: top-k rows of the gate/up output, of its activation and of the
-    experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism).
+    A MoE layer instead holds the hidden states and router logits of every token the dp replicas gather
+    into it, and vLLM's fused-MoE caches: top-k rows of the gate/up output, of its activation and of the
+    experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism). The
+    fused MoE runs at most VLLM_FUSED_MOE_CHUNK_SIZE (16,384) tokens at a time, so its caches hold that
+    many. DeepEP's backends (`all2all`, expert parallelism with dp > 1) gather nothing: a rank keeps its
+    own tokens, and its experts see the (token, expert) pairs routed to them: under the high-throughput
+    kernels as many as its own tokens send (top-k each, uniform routing), under the low-latency kernels
+    the masked buffer of its local experts x 256 tokens from each of the EP ranks (vLLM's
+    VLLM_MOE_DP_CHUNK_SIZE), allocated whole.
     """
     h, i = model.hidden_size, model.intermediate_size
     mlp = (3 * i // tp) if model.gated_mlp else (2 * i // tp)
@@ -87,8 +97,15 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     peak = tokens * per_token * dtype_bytes
     if model.is_moe:
         width = model.moe_intermediate_size // (1 if expert_parallel else tp * dp)
-        moe = model.num_experts + model.num_experts_per_tok * (3 * width + h)
-        peak = max(peak, tokens * dp * (2 * h + moe) * dtype_bytes)
+        k = model.num_experts_per_tok
+        gathered, pairs = tokens * dp, min(tokens * dp, FUSED_MOE_CHUNK_TOKENS) * k
+        if expert_parallel and dp > 1 and all2all == "deepep_high_throughput":
+            gathered, pairs = tokens, min(tokens, FUSED_MOE_CHUNK_TOKENS) * k
+        elif expert_parallel and dp > 1 and all2all == "deepep_low_latency":
+            local_experts = -(-model.num_experts // (tp * dp))
+            gathered, pairs = tokens, local_experts * LL_CHUNK_TOKENS * tp * dp
+        moe = gathered * (2 * h + model.num_experts) + pairs * (3 * width + h)
+        peak = max(peak, moe * dtype_bytes)
     return peak + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT
 
 
@@ -250,7 +267,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
-                draft_shares_vocab: bool = False, pp: int = 1) -> MemoryPlan:
+                draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0]) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -276,7 +293,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)
                + rotary_cache_bytes(model, dtype_bytes))
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs, dp,
-                                           expert_parallel)
+                                           expert_parallel, all2all)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
     non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
     stage = largest_stage(model.num_layers, pp)             # the largest stage's layers (all with pp = 1)

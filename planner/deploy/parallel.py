@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.deployment import Deployment
+from engine.deployment import ALL2ALL_BACKENDS, Deployment
 from planner.catalog import GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
 from planner.cost.nodes import NODE_GPUS, node_link, nodes_of
@@ -187,8 +187,11 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
         warnings.append(f"{model.num_experts} experts over EP{gpus}: vLLM gives {model.num_experts % gpus} GPUs "
                         f"one expert more ({-(-model.num_experts // gpus)}); the plan sizes memory and prices "
                         f"time by the most loaded GPU")
+    # DeepEP's dispatch is priced from DeepEP's own measurements across nodes (planner/cost/all2all.py)
+    nccl_dispatch = model.is_moe and deployment.dp > 1 and not (
+        deployment.enable_expert_parallel and deployment.all2all_backend != ALL2ALL_BACKENDS[0])
     crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
-        ["the MoE dispatch over the dp ranks"] if model.is_moe and deployment.dp > 1 and gpus > NODE_GPUS else []) + (
+        ["the MoE dispatch over the dp ranks"] if nccl_dispatch and gpus > NODE_GPUS else []) + (
         ["the hidden states between pipeline stages"] if deployment.pp > 1 and total > NODE_GPUS else [])
     if crossing:
         link = node_link(deployment.node_link)

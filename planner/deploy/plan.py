@@ -25,12 +25,13 @@ import os
 from dataclasses import dataclass, replace
 
 from engine.core.config import SchedulerConfig
-from engine.deployment import BatchDevice, Deployment, resolve_batch_limits
+from engine.deployment import ALL2ALL_BACKENDS, BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
                                           format_from_id, gemm_path, recorded_format, weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
+from planner.cost.all2all import check_backend
 from planner.cost.moe import MoeParallel
 from planner.cost.nodes import node_link
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
@@ -80,7 +81,8 @@ class DeploymentPlan:
         d = self.deployment
         if self.moe is None:
             return None
-        return MoeParallel(tp=d.tp, dp=d.dp, expert_parallel=d.enable_expert_parallel, skew=d.moe_skew)
+        return MoeParallel(tp=d.tp, dp=d.dp, expert_parallel=d.enable_expert_parallel, skew=d.moe_skew,
+                           all2all=d.all2all_backend)
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -116,6 +118,7 @@ class DeploymentPlan:
                 **({"moe_skew": d.moe_skew} if self.moe is not None else {}),
                 **({"enable_expert_parallel": d.enable_expert_parallel, "moe_layout": self.moe.describe()}
                    if self.moe is not None else {}),
+                **({"all2all_backend": d.all2all_backend} if d.all2all_backend != ALL2ALL_BACKENDS[0] else {}),
                 **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance,
                                                      "draft_rates": d.draft_rates,
                                                      "draft_persistence": d.draft_persistence})}
@@ -151,10 +154,11 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
                           weight_format=fmt, gemm=gemm, moe=layout,
                           cache_block_size=_cache_block_size(deployment, model, gpu))
+    all2all_note = check_backend(deployment.all2all_backend, plan.moe_parallel, gpu)
     if not refuse:
         return plan
     warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
-                + block_notes + hybrid_notes)
+                + block_notes + hybrid_notes + ([all2all_note] if all2all_note else []))
     return replace(plan, warnings=tuple(warnings))
 
 
@@ -283,7 +287,7 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
                 dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
-                pp=deployment.pp)
+                pp=deployment.pp, all2all=deployment.all2all_backend)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])
