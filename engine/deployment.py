@@ -222,6 +222,11 @@ class Deployment:
         return kind(text)
 
     @property
+    def gpus(self) -> int:
+        """The GPUs one such deployment takes: tp x pp for each of its dp replicas."""
+        return self.tp * self.pp * self.dp
+
+    @property
     def enable_chunked_prefill(self) -> bool:
         return self.policy == "vllm-v1"
 

@@ -29,10 +29,10 @@ def _row(tp, capacity, cost):
             "cost_per_hour": cost, "capacity_per_dollar": capacity / cost, "note": "", "pareto": False}
 
 
-def test_merge_prices_dp_and_picks_the_best_over_layouts():
+def test_merge_tags_the_layouts_and_picks_the_best_over_them():
     plain = _result([_row(1, 10.0, 5.0), _row(2, 12.0, 10.0)])
     ep = _result([_row(1, 10.0, 5.0), _row(2, 30.0, 10.0)])
-    dp2 = _result([_row(1, 25.0, 5.0)])
+    dp2 = _result([_row(1, 25.0, 10.0)])                 # each layout's search priced its tp x dp GPUs
     merged = merge([((1, False), plain), ((1, True), ep), ((2, True), dp2)])
     assert len(merged.configs) == 4                      # EP on one GPU is the plain row: dropped
     dp_row = next(r for r in merged.configs if r["dp"] == 2)
@@ -54,3 +54,18 @@ def test_cli_search_explores_the_layouts(tmp_path):
     assert {(x["dp"], x["enable_expert_parallel"]) for x in doc["layouts"]} == layouts   # EP on one GPU: not tried
     costs = {r["dp"]: r["cost_per_hour"] for r in doc["configs"]}
     assert costs[2] == 2 * costs[1]
+
+
+def test_one_data_parallel_layout_costs_its_tp_x_dp_gpus(tmp_path):
+    # a search of one dp 2 layout used to price its rows at tp GPUs, half the deployment
+    args = ["search", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--tp", "1", "--enable-expert-parallel",
+            "--max-model-len", "2048", "--workload", "fixed", "-p", "prompt_len=256", "-p", "output_len=32",
+            "--slo", "ttft_p99=1", "--requests", "40", "--max-rate", "32", "--workers", "1", "--json"]
+    costs = {}
+    for dp in (2, 4):
+        result = CliRunner().invoke(app, args + ["--dp", str(dp), "--out", str(tmp_path / str(dp))])
+        assert result.exit_code == 0, result.output
+        row, = json.loads(result.output.strip().splitlines()[-1])["configs"]
+        assert (row["dp"], row["enable_expert_parallel"]) == (dp, True)
+        costs[dp] = row["cost_per_hour"]
+    assert costs[2] == 2 * 6.88 and costs[4] == 4 * 6.88        # planner/data/prices.json: $6.88 per H100-hour

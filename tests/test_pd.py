@@ -318,3 +318,17 @@ def test_with_prefix_caching_the_decode_replica_reads_only_what_it_lacks():
     assert all(prompt - moved in (0, 512) for moved, prompt in tokens)   # 32 full blocks of 16 or none
     doc = sim.summary()["pd"]["kv_transfer"]
     assert doc["bytes_total"] == sum(moved for moved, _ in tokens) * doc["kv_bytes_per_token"]
+
+
+def test_a_data_parallel_pool_counts_every_gpu(tmp_path):
+    # a dp 2 x EP 2 replica takes two GPUs in either pool
+    moe = Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True)
+    pools = Disaggregation(1, 2, decode_tp=2)
+    assert pools.gpus(moe) == 1 * 2 + 2 * 4
+    assert pools.as_dict(moe)["gpus"] == 10
+    result = CliRunner().invoke(app, ["simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--dp", "2",
+                                      "--enable-expert-parallel", "--pd", "1:1", "--requests", "20", "--rate", "4",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert doc["pd"]["prefill"]["gpus"] == 2 and doc["pd"]["decode"]["gpus"] == 2

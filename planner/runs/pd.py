@@ -62,7 +62,7 @@ class Disaggregation:
 
     def gpus(self, base: Deployment) -> int:
         prefill, decode = self.pools(base)
-        return self.prefill * prefill.tp + self.decode * decode.tp
+        return self.prefill * prefill.gpus + self.decode * decode.gpus
 
     def check(self, base: Deployment, replicas: int = 1) -> None:
         """One line on a combination that makes no sense (see the module)."""

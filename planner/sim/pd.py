@@ -330,7 +330,7 @@ def _pool_block(sim: SimResult, span: float) -> dict:
     d = sim.plan.deployment
     replicas = fleet["replicas"]
     busy = sum(s.end - s.start for s in sim.steps)
-    return {"replicas": replicas, "gpu": d.gpu, "tp": d.tp, "gpus": replicas * d.tp, "cost_model": sim.cost_model,
+    return {"replicas": replicas, "gpu": d.gpu, "tp": d.tp, "gpus": replicas * d.gpus, "cost_model": sim.cost_model,
             "num_gpu_blocks": sim.plan.num_gpu_blocks, "max_num_seqs": d.max_num_seqs,
             "num_requests": len(sim.requests), **{k: metrics[k] for k in POOL_METRICS},
             "preemptions": metrics["preemptions"]["total"], "busy_time": busy,

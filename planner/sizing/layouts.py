@@ -3,8 +3,9 @@
 A MoE deployment of N = tp x dp GPUs can lay its experts out by width (vLLM's default) or whole
 (--enable-expert-parallel), and can replicate attention dp times instead of splitting it tp ways
 (planner/deploy/parallel.py). Each layout (dp, expert parallel) is searched as the usual grid of GPU,
-TP, block size and max_num_seqs (planner/sizing/search.py), then the grids are merged: a row costs
-tp x dp GPUs, and the best configuration and the Pareto front are chosen over all layouts together.
+TP, block size and max_num_seqs (planner/sizing/search.py), each row priced at its tp x dp GPUs; then the
+grids are merged, each row tagged with its layout, and the best configuration and the Pareto front are
+chosen over all layouts together.
 A layout vLLM would refuse for a configuration (EP beyond the experts, a width tp x dp does not divide)
 stays in the table with the reason, as any configuration that cannot run does. Expert parallelism is
 tried only where it differs from the default: on more than one GPU, for a model with experts.
@@ -58,12 +59,7 @@ def merge(results: list[tuple[Layout, SearchResult]]) -> LayoutSearchResult:
         for row in result.configs:
             if ep and row["tp"] * dp == 1:
                 continue            # one GPU holds every expert either way: the row without EP says it
-            row = {**row, "dp": dp, "enable_expert_parallel": ep}
-            if row.get("cost_per_hour") is not None:
-                row["cost_per_hour"] = round(row["cost_per_hour"] * dp, 4)
-                row["capacity_per_dollar"] = (row["capacity"] / row["cost_per_hour"]
-                                              if row["capacity"] is not None and row["cost_per_hour"] > 0 else None)
-            row["pareto"] = False
+            row = {**row, "dp": dp, "enable_expert_parallel": ep, "pareto": False}     # priced at tp x dp GPUs
             rows.append(row)
     for row in pareto_front(rows):
         row["pareto"] = True
@@ -75,8 +71,9 @@ def merge(results: list[tuple[Layout, SearchResult]]) -> LayoutSearchResult:
 
 
 def search_layouts(run_one, spec, layouts: list[Layout]) -> SearchResult:
-    """`run_one(spec)` (a SearchResult) for the spec of each layout, merged; one layout's result as it is."""
-    if len(layouts) == 1:
+    """`run_one(spec)` (a SearchResult) for the spec of each layout, merged; one layout without data parallelism
+    as it is."""
+    if layouts == [(1, False)] or layouts == [(1, True)]:
         (dp, ep), = layouts
         return run_one(replace(spec, deployment=spec.deployment.replace(dp=dp, enable_expert_parallel=ep)))
     results = []

@@ -61,12 +61,12 @@ class PdProbes:
 
     def cost(self, prefill: int, decode: int) -> float:
         pools = self.simulation.pools
-        return sum(n * pool.plan.deployment.tp * self.search.price(pool.plan.deployment.gpu)
+        return sum(n * pool.plan.deployment.gpus * self.search.price(pool.plan.deployment.gpu)
                    for n, pool in ((prefill, pools.prefill), (decode, pools.decode)))
 
     def gpus(self, prefill: int, decode: int) -> int:
         pools = self.simulation.pools
-        return prefill * pools.prefill.plan.deployment.tp + decode * pools.decode.plan.deployment.tp
+        return prefill * pools.prefill.plan.deployment.gpus + decode * pools.decode.plan.deployment.gpus
 
     def run(self, prefill: int, decode: int, full: bool = False) -> dict:
         """The probe of P:D at the rate (full: no early stop, so the verdict can say which pool binds)."""
@@ -135,9 +135,9 @@ def aggregated_row(grid: SearchGrid, gpu: str, tp: int, price: Callable[[str], f
     d = grid.base.deployment
     row = fewest_replicas(ConfigTask(grid, gpu, tp, d.block_size, d.max_num_seqs))
     count = row["replicas"]
+    gpus = None if count is None else count * d.replace(tp=tp).gpus
     return {"mode": "aggregated", "pd": None, "replicas": count, "missed_at_replicas": row["missed_at_replicas"],
-            "gpus": None if count is None else count * tp,
-            "cost_per_hour": None if count is None else count * tp * price(gpu), "meets": count is not None,
+            "gpus": gpus, "cost_per_hour": None if count is None else gpus * price(gpu), "meets": count is not None,
             "slo_use": row["slo_use"], "probes": row["probes"], **{n: row.get(n) for n in grid.slos},
             "note": row["note"]}
 

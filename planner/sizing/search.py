@@ -538,9 +538,10 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
         rows = [{**row, "pp": grid.base.deployment.pp} for row in rows]
     if grid.auto:
         return _rank_fewest(grid, rows, table, executor, started)
+    per_tp = grid.base.deployment.gpus // grid.base.deployment.tp      # pp x dp GPUs for each TP rank
     for row in rows:
-        # A fleet costs its replicas x TP (x PP) GPUs.
-        gpus = row["tp"] * grid.base.deployment.pp * (row["replicas"] if grid.fleet else 1)
+        # A fleet costs its replicas x TP x PP x DP GPUs.
+        gpus = row["tp"] * per_tp * (row["replicas"] if grid.fleet else 1)
         row["cost_per_hour"] = round(table[row["gpu"]].usd_per_gpu_hour * gpus, 4)
         row["capacity_per_dollar"] = (row["capacity"] / row["cost_per_hour"]
                                       if row["capacity"] is not None and row["cost_per_hour"] > 0 else None)
@@ -565,11 +566,12 @@ def _speculation(grid: SearchGrid, best: dict | None) -> dict | None:
 
 def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], executor,
                  started: float) -> SearchResult:
-    """--replicas auto: each configuration's fewest replicas priced (replicas x TP x PP x $/GPU-hour); the best
-    is the cheapest fleet (ties: the one furthest within its SLOs), the front cost against SLO use."""
+    """--replicas auto: each configuration's fewest replicas priced (replicas x TP x PP x DP x $/GPU-hour); the
+    best is the cheapest fleet (ties: the one furthest within its SLOs), the front cost against SLO use."""
+    per_tp = grid.base.deployment.gpus // grid.base.deployment.tp
     for row in rows:
         k = row["replicas"]
-        gpus = row["tp"] * grid.base.deployment.pp * (k or 0)
+        gpus = row["tp"] * per_tp * (k or 0)
         row["cost_per_hour"] = None if k is None else round(table[row["gpu"]].usd_per_gpu_hour * gpus, 4)
         row["meets_target"] = k is not None
         row["pareto"] = False
