@@ -15,7 +15,7 @@ from planner.analysis.pd import which_binds
 from planner.catalog.links import KvLink, resolve_link
 from planner.cli.app import app
 from planner.errors import PlannerError
-from planner.runs.pd import Disaggregation, parse_pd
+from planner.runs.pd import Disaggregation, parse_pd, parse_pool_set
 from planner.runs.pipeline import Simulation, prepare_pools
 from planner.runs.spec import Fleet, Load, RunSpec
 from planner.sim.pd import KvPath, simulate_pd
@@ -325,10 +325,56 @@ def test_a_data_parallel_pool_counts_every_gpu(tmp_path):
     moe = Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True)
     pools = Disaggregation(1, 2, decode_tp=2)
     assert pools.gpus(moe) == 1 * 2 + 2 * 4
-    assert pools.as_dict(moe)["gpus"] == 10
     result = CliRunner().invoke(app, ["simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--dp", "2",
                                       "--enable-expert-parallel", "--pd", "1:1", "--requests", "20", "--rate", "4",
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "result.json").read_text())
     assert doc["pd"]["prefill"]["gpus"] == 2 and doc["pd"]["decode"]["gpus"] == 2
+    assert doc["pd"]["decode"]["deployment"]["dp"] == 2
+
+
+def test_each_pool_takes_settings_of_its_own():
+    pools = Disaggregation(1, 2, prefill_set=parse_pool_set("prefill", ["max_num_batched_tokens=16384"]),
+                           decode_set=parse_pool_set("decode", ["max-num-seqs=64", "async_scheduling=false"]))
+    prefill, decode = pools.pools(V1)
+    assert prefill.max_num_batched_tokens == 16384 and prefill.max_num_seqs == V1.max_num_seqs
+    assert decode.max_num_seqs == 64 and decode.async_scheduling is False
+    assert decode.max_num_batched_tokens == V1.max_num_batched_tokens
+    assert pools.flags() == ["--pd", "1:2", "--prefill-set", "max_num_batched_tokens=16384",
+                             "--decode-set", "max_num_seqs=64", "--decode-set", "async_scheduling=false"]
+
+
+@pytest.mark.parametrize("item, message", [
+    ("model=opt-125m", "a pool sets apart only dp"),
+    ("gpu=h200", "--prefill-gpu and --prefill-tp set its GPU and TP"),
+    ("max_num_seqs", "give KEY=VALUE"),
+    ("max_num_seqs=lots", "give a whole number"),
+    ("max_num_seqs=0", "max_num_seqs must be >= 1"),
+    ("all2all_backend=deepep", "all2all_backend 'deepep' is not supported"),
+])
+def test_a_bad_pool_setting_is_one_line(item, message):
+    with pytest.raises(PlannerError, match=message):
+        parse_pool_set("prefill", [item])
+
+
+def test_pools_run_their_own_all2all_backends(tmp_path):
+    # vLLM's expert-parallel guide: prefill on DeepEP's normal kernels, decode on its low-latency ones
+    result = CliRunner().invoke(app, ["simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--dp", "2",
+                                      "--enable-expert-parallel", "--pd", "1:1",
+                                      "--prefill-set", "all2all_backend=deepep_high_throughput",
+                                      "--decode-set", "all2all_backend=deepep_low_latency",
+                                      "--decode-set", "max_num_seqs=32", "--requests", "20", "--rate", "4",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    pd = json.loads((tmp_path / "result.json").read_text())["pd"]
+    assert "deepep_high_throughput" in pd["prefill"]["cost_model"]
+    assert "deepep_low_latency" in pd["decode"]["cost_model"]
+    assert pd["decode"]["max_num_seqs"] == 32 and pd["prefill"]["max_num_seqs"] == 1024
+    assert "--decode-set max_num_seqs=32" in result.output             # the next command keeps them
+
+
+def test_a_pool_setting_needs_pd():
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                                      "--decode-set", "max_num_seqs=32", "--requests", "4"])
+    assert result.exit_code != 0 and "--decode-set sets a pool of disaggregated prefill" in result.output

@@ -1,13 +1,16 @@
-"""The options of prefill/decode disaggregation (`--pd P:D` and each pool's GPU, TP and link), declared once
-for simulate, capacity and search (docs/pd.md)."""
+"""The options of prefill/decode disaggregation (`--pd P:D`, and through `@pool_options` each pool's GPU, TP
+and settings and the KV link), declared once for simulate, capacity and search (docs/pd.md)."""
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import typer
 
+from planner.cli.output import fail
 from planner.errors import PlannerError
-from planner.runs.pd import PD_FLAGS, Disaggregation, parse_pd
+from planner.runs.pd import POOL_KEYS, Disaggregation, parse_pd, parse_pool_set
 
 PD = typer.Option(None, "--pd", metavar="P:D",
                   help="disaggregated prefill: a pool of P prefill replicas and a pool of D decode replicas "
@@ -20,13 +23,42 @@ DECODE_TP = typer.Option(None, "--decode-tp", help="with --pd: the decode pool's
 KV_LINK = typer.Option(None, "--kv-link", help="with --pd: the link the KV caches cross: nvlink (one node), "
                                                "infiniband (NDR 400 Gb/s per GPU) or ethernet (100 GbE) "
                                                "[default: infiniband]")
+PREFILL_SET = typer.Option(None, "--prefill-set", metavar="KEY=VALUE",
+                           help=f"with --pd: a deployment setting of the prefill pool alone ({', '.join(POOL_KEYS)}),"
+                                f" e.g. max_num_batched_tokens=16384 or all2all_backend=deepep_high_throughput; "
+                                f"repeatable")
+DECODE_SET = typer.Option(None, "--decode-set", metavar="KEY=VALUE",
+                          help="with --pd: a deployment setting of the decode pool alone, as --prefill-set, e.g. "
+                               "max_num_seqs=512 or all2all_backend=deepep_low_latency; repeatable")
+# Each pool option: its parameter's name, type and typer option.
+_POOL_OPTIONS = (("prefill_gpu", Optional[str], PREFILL_GPU), ("prefill_tp", Optional[int], PREFILL_TP),
+                 ("decode_gpu", Optional[str], DECODE_GPU), ("decode_tp", Optional[int], DECODE_TP),
+                 ("kv_link", Optional[str], KV_LINK), ("prefill_set", Optional[list[str]], PREFILL_SET),
+                 ("decode_set", Optional[list[str]], DECODE_SET))
 
 
-def pool_settings(prefill_gpu: Optional[str], prefill_tp: Optional[int], decode_gpu: Optional[str],
-                  decode_tp: Optional[int], kv_link: Optional[str]) -> dict:
-    """The pools' settings that were given (GPU, TP, link)."""
-    values = dict(zip(PD_FLAGS, (prefill_gpu, prefill_tp, decode_gpu, decode_tp, kv_link)))
-    return {k: v for k, v in values.items() if v is not None}
+def pool_options(command):
+    """Add the pools' options (each pool's GPU, TP and settings, the KV link) to a typer command, which receives
+    the ones given as `pools`, a dict of Disaggregation's fields (a bad --prefill-set fails in one line)."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "pools"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+             for name, kind, option in _POOL_OPTIONS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        given = {p.name: kwargs.pop(p.name) for p in added}
+        try:
+            for pool in ("prefill", "decode"):
+                given[f"{pool}_set"] = parse_pool_set(pool, given[f"{pool}_set"]) or None
+        except PlannerError as exc:
+            raise fail(exc) from None
+        return command(pools={k: v for k, v in given.items() if v is not None}, **kwargs)
+
+    parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+    wrapper.__signature__ = inspect.Signature(parameters)
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    del wrapper.__wrapped__                 # typer must read the new signature, not the command's own
+    return wrapper
 
 
 def refuse_without_pd(settings: dict) -> None:

@@ -124,6 +124,7 @@ def _what(axes: dict, fleet: tuple | str | None) -> str:
 
 
 @deployment_options
+@pdo.pool_options
 def search(
     deployments: DeploymentChoices,
     slo: list[str] = SLOS,
@@ -139,9 +140,7 @@ def search(
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
     max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
     replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
-    pd: Optional[str] = PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU, prefill_tp: Optional[int] = pdo.PREFILL_TP,
-    decode_gpu: Optional[str] = pdo.DECODE_GPU, decode_tp: Optional[int] = pdo.DECODE_TP,
-    kv_link: Optional[str] = pdo.KV_LINK,
+    pd: Optional[str] = PD, pools: Optional[dict] = None,
     plain: bool = PLAIN, executor: str = EXECUTOR, workers: Optional[int] = WORKERS,
     ray_address: Optional[str] = RAY_ADDRESS, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
@@ -157,7 +156,6 @@ def search(
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         target = None if concurrency is not None else _rate(rate)
         slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
-        pools = pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp, kv_link)
         if pd is not None:
             return _search_pd(spec.with_fleet(router=router or "round-robin"), pools, pd, axes, slo, target,
                               replicas, concurrency, price, out, err, max_replicas, as_json)

@@ -86,6 +86,7 @@ def _progress_bar(err: Console):
 
 
 @deployment_options
+@pdo.pool_options
 def simulate(
     deployments: DeploymentChoices, workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE,
     param: Optional[list[str]] = opt.PARAM,
@@ -93,9 +94,7 @@ def simulate(
                                                   "a trace file keeps its own times)"),
     concurrency: Optional[str] = opt.CONCURRENCY, replicas: Optional[str] = opt.REPLICAS,
     router: Optional[str] = opt.ROUTER,
-    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU,
-    prefill_tp: Optional[int] = pdo.PREFILL_TP, decode_gpu: Optional[str] = pdo.DECODE_GPU,
-    decode_tp: Optional[int] = pdo.DECODE_TP, kv_link: Optional[str] = pdo.KV_LINK,
+    pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
@@ -105,8 +104,7 @@ def simulate(
     pools (--pd) (or sweep rates, replica counts and any deployment setting)."""
     err = Console(stderr=True)
     try:
-        disaggregated = pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
-                                                                 kv_link))
+        disaggregated = pdo.disaggregation(pd, pools)
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
@@ -182,7 +180,9 @@ def pool_table(pd: dict) -> Table:
         mean = sum(w["mean"] or 0.0 for w in wait)
         p99 = max(w["p99"] or 0.0 for w in wait)
         batch = pool["mean_prefill_batch_size"] if name == "prefill" else pool["mean_batch_size"]
-        table.add_row(name, str(pool["replicas"]), f"{pool['gpu']} x{pool['tp']}", str(pool["num_requests"]),
+        dp = pool["deployment"]["dp"]
+        table.add_row(name, str(pool["replicas"]), f"{pool['gpu']} x{pool['tp']}" + (f" x dp{dp}" if dp > 1 else ""),
+                      str(pool["num_requests"]),
                       fmt(pool["utilization"], "", 3), fmt(mean, " s", 4), fmt(p99, " s", 4), fmt(batch, "", 3),
                       fmt(pool["kv_utilization"], "", 3), fmt(pool.get("tpot", {}).get("mean"), " s", 4),
                       str(pool["preemptions"]))
@@ -248,6 +248,7 @@ CONFIDENCE = typer.Option(0.9, help="with --seeds: the SLOs must hold in at leas
 
 
 @deployment_options
+@pdo.pool_options
 def capacity(
     deployments: DeploymentChoices,
     slo: list[str] = CAPACITY_SLOS,
@@ -261,9 +262,7 @@ def capacity(
     confidence: float = CONFIDENCE,
     concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS,
     router: Optional[str] = opt.ROUTER,
-    pd: Optional[str] = pdo.PD, prefill_gpu: Optional[str] = pdo.PREFILL_GPU,
-    prefill_tp: Optional[int] = pdo.PREFILL_TP, decode_gpu: Optional[str] = pdo.DECODE_GPU,
-    decode_tp: Optional[int] = pdo.DECODE_TP, kv_link: Optional[str] = pdo.KV_LINK,
+    pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Highest request rate (or, --concurrency max, the most concurrent clients) within the SLOs, of one
@@ -282,8 +281,7 @@ def capacity(
                        load=load_of(workload, trace, param, requests, duration, seed), cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
-                       pd=pdo.disaggregation(pd, pdo.pool_settings(prefill_gpu, prefill_tp, decode_gpu, decode_tp,
-                                                                   kv_link)))
+                       pd=pdo.disaggregation(pd, pools))
         pdo.check_spec(spec)
         if concurrency == "max":
             spec.load.check_closed_loop()          # before the search says it starts

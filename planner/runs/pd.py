@@ -1,8 +1,10 @@
 """Prefill/decode disaggregation as a run's topology: `--pd P:D` and the settings of each pool.
 
 A `Disaggregation` says how many replicas each pool has, on which GPU and TP
-(each defaults to the deployment's `--gpu` and `--tp`), and the link the KV
-caches cross (`--kv-link`, planner/data/links.json). `check` refuses, in one
+(each defaults to the deployment's `--gpu` and `--tp`), what else a pool sets
+apart from the deployment (`--prefill-set` / `--decode-set KEY=VALUE`: its batch
+limits, its data and expert parallelism, its MoE all2all backend), and the link
+the KV caches cross (`--kv-link`, planner/data/links.json). `check` refuses, in one
 line each, what would make no sense: a pool of zero, `--pd` beside `--replicas`,
 the paper's policy (vLLM's KV connector is a vLLM v1 feature: give `--policy
 vllm-v1`), speculative decoding (not modelled with pools yet), and NVLink for
@@ -17,6 +19,36 @@ from planner.catalog.links import resolve_link
 from planner.errors import PlannerError
 
 PD_FLAGS = ("prefill_gpu", "prefill_tp", "decode_gpu", "decode_tp", "kv_link")
+POOL_SETS = ("prefill_set", "decode_set")
+# The deployment settings one pool may set apart from the other (GPU and TP have flags of their own); the model,
+# its weights' and KV cache's formats and the block size are both pools', as the KV transfer needs them alike.
+POOL_KEYS = ("dp", "enable_expert_parallel", "all2all_backend", "moe_skew", "max_num_seqs", "max_num_batched_tokens",
+             "gpu_memory_utilization", "async_scheduling", "node_link")
+
+
+def parse_pool_set(pool: str, items) -> tuple[tuple[str, str], ...]:
+    """`--prefill-set KEY=VALUE ...` (pool "prefill") -> ((key, value), ...), each a setting of POOL_KEYS whose
+    value the deployment takes, or a one-line error."""
+    flag, pairs = f"--{pool}-set", {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        key, value = key.strip().removeprefix("--").replace("-", "_"), value.strip()
+        if not sep or not key or not value:
+            raise PlannerError(f"{flag} {item!r}: give KEY=VALUE, e.g. {flag} max_num_seqs=512")
+        if key not in POOL_KEYS:
+            raise PlannerError(f"{flag} {key}: a pool sets apart only {', '.join(POOL_KEYS)} (--{pool}-gpu and "
+                               f"--{pool}-tp set its GPU and TP; the rest is both pools')")
+        try:
+            parsed = Deployment.parse_value(key, value)
+        except ValueError:
+            wanted = {int: "a whole number", float: "a number", bool: "true or false"}[Deployment.field_type(key)]
+            raise PlannerError(f"{flag} {key}={value}: give {wanted}") from None
+        try:
+            Deployment.of(**{key: parsed})
+        except ValueError as exc:
+            raise PlannerError(f"{flag} {key}={value}: {exc}") from None
+        pairs[key] = value
+    return tuple(pairs.items())
 
 
 def parse_pd(text: str) -> tuple[int, int]:
@@ -49,16 +81,20 @@ class Disaggregation:
     decode_gpu: str | None = None
     decode_tp: int | None = None
     kv_link: str | None = None          # None: planner.catalog.links.DEFAULT_LINK
+    prefill_set: tuple[tuple[str, str], ...] = ()      # (POOL_KEYS setting, value): the prefill pool's own
+    decode_set: tuple[tuple[str, str], ...] = ()
 
     @property
     def ratio(self) -> str:
         return f"{self.prefill}:{self.decode}"
 
     def pools(self, base: Deployment) -> tuple[Deployment, Deployment]:
-        """The prefill pool's deployment and the decode pool's: the base with each pool's GPU and TP."""
-        prefill = base.replace(gpu=self.prefill_gpu or base.gpu, tp=self.prefill_tp or base.tp)
-        decode = base.replace(gpu=self.decode_gpu or base.gpu, tp=self.decode_tp or base.tp)
-        return prefill, decode
+        """The prefill pool's deployment and the decode pool's: the base with each pool's GPU, TP and settings."""
+        def pool(gpu: str | None, tp: int | None, settings: tuple[tuple[str, str], ...]) -> Deployment:
+            own = {key: Deployment.parse_value(key, value) for key, value in settings}
+            return base.replace(gpu=gpu or base.gpu, tp=tp or base.tp, **own)
+        return (pool(self.prefill_gpu, self.prefill_tp, self.prefill_set),
+                pool(self.decode_gpu, self.decode_tp, self.decode_set))
 
     def gpus(self, base: Deployment) -> int:
         prefill, decode = self.pools(base)
@@ -94,10 +130,7 @@ class Disaggregation:
             value = getattr(self, name)
             if value is not None:
                 words += ["--" + name.replace("_", "-"), str(value)]
+        for name in POOL_SETS:
+            for key, value in getattr(self, name):
+                words += ["--" + name.replace("_", "-"), f"{key}={value}"]
         return words
-
-    def as_dict(self, base: Deployment) -> dict:
-        prefill, decode = self.pools(base)
-        return {"pd": self.ratio, "prefill_replicas": self.prefill, "decode_replicas": self.decode,
-                "prefill_gpu": prefill.gpu, "prefill_tp": prefill.tp, "decode_gpu": decode.gpu,
-                "decode_tp": decode.tp, "kv_link": resolve_link(self.kv_link).name, "gpus": self.gpus(base)}

@@ -335,7 +335,8 @@ def _pool_block(sim: SimResult, span: float) -> dict:
             "num_requests": len(sim.requests), **{k: metrics[k] for k in POOL_METRICS},
             "preemptions": metrics["preemptions"]["total"], "busy_time": busy,
             "utilization": busy / (replicas * span) if span > 0 else None,
-            "per_replica": fleet["per_replica"], "load_imbalance": fleet["load_imbalance"]}
+            "per_replica": fleet["per_replica"], "load_imbalance": fleet["load_imbalance"],
+            "deployment": d.as_dict()}
 
 
 @dataclass
