@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
 from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestError, error_body, param_of
@@ -88,8 +89,9 @@ def build_app(engine, model_name: str, options: ServerOptions | None = None,
         await state.async_engine.close()   # in-flight requests finish first
         state.frontend.close()
 
+    # No redirect of /v1/completions/ to /v1/completions: an API client gets a JSON 404, not a 307.
     app = FastAPI(title="paged-planner OpenAI-compatible server", lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     app.state.server = state
     _add_error_handlers(app)
     _add_routes(app, state)
@@ -101,6 +103,11 @@ def build_app(engine, model_name: str, options: ServerOptions | None = None,
     return app
 
 
+def _said(path: str, most: int = 200) -> str:
+    """A client's path as it sent it, cut short (a 60 KB URL is not echoed back whole)."""
+    return path if len(path) <= most else path[:most] + "..."
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError):
@@ -110,8 +117,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         # The router's 404 and 405, as vLLM's http_exception_handler shapes them.
         # The route is the client's own words, never a path of this machine: said as sent.
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
-                   f"{request.url.path}"}.get(exc.status_code)
+        path = _said(request.url.path)
+        message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}.get(exc.status_code)
         body = error_body(message or str(exc.detail), ERROR_TYPES.get(exc.status_code, "APIError"), None,
                           exc.status_code, scrubbed=message is None)
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
@@ -171,15 +178,18 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _body(request: Request) -> bytes | None:
-    """The request's body, or None when the client left while sending it (not a server error)."""
+    """The request's body, or None when the client left while sending it (not a server error); 408 when it
+    has not all come within BODY_TIMEOUT seconds (a client trickling it would hold its connection forever)."""
     try:
-        return await request.body()
+        return await asyncio.wait_for(request.body(), BODY_TIMEOUT)
     except ClientDisconnect:
         return None
+    except asyncio.TimeoutError:
+        raise RequestError(f"the request body did not arrive within {BODY_TIMEOUT:g} s", status=408) from None
 
 
 async def _completion(state: ServerState, raw: bytes, arrival: float):
-    body = parse_body(raw, CompletionRequest)
+    body = await asyncio.to_thread(parse_body, raw, CompletionRequest)     # a 16 MiB body: not on the loop
     _check_served(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
@@ -191,7 +201,7 @@ async def _completion(state: ServerState, raw: bytes, arrival: float):
 
 
 async def _chat(state: ServerState, raw: bytes, arrival: float):
-    body = parse_body(raw, ChatCompletionRequest)
+    body = await asyncio.to_thread(parse_body, raw, ChatCompletionRequest)
     _check_served(state, body)
     text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt)
     token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=False)

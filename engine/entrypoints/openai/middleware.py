@@ -42,15 +42,18 @@ class ResponseCounter:
 
 
 class ApiKeyAuth:
-    """``Authorization: Bearer <key>`` required on /v1/* (vLLM's AuthenticationMiddleware); compared in
-    constant time, on digests, so neither timing nor length tells anything about the key."""
+    """``Authorization: Bearer <key>`` required on /v1/* (vLLM's AuthenticationMiddleware) and on /kv_events,
+    whose block hashes would tell anyone whether a given prompt was served; compared in constant time, on
+    digests, so neither timing nor length tells anything about the key."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
         self.expected = hashlib.sha256(b"Bearer " + api_key.encode()).digest()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope.get("path", "").startswith("/v1"):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and (path.startswith("/v1")
+                                                                               or path == "/kv_events"):
             given = dict(scope.get("headers", [])).get(b"authorization", b"")
             if not hmac.compare_digest(hashlib.sha256(given).digest(), self.expected):
                 return await send_error(send, 401, "Unauthorized: send the server's API key as "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -50,7 +51,9 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise RequestError(f"the request body is not valid JSON ({_short(exc)})") from None
     if not isinstance(doc, dict):
         raise RequestError("the request body must be a JSON object")
-    where = _surrogate_at(doc)
+    # a decoded UTF-8 body holds a lone surrogate only through a \uD800-\uDFFF escape: look for one
+    # before walking every value (a body of millions of token ids has none)
+    where = _surrogate_at(doc) if _SURROGATE_ESCAPE.search(raw) else None
     if where is not None:
         raise RequestError(f"{where}: the string holds a lone UTF-16 surrogate (not valid Unicode)",
                            param=where)
@@ -80,8 +83,12 @@ def _short(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200]
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _surrogate_at(doc: Any, path: str = "") -> str | None:
-    """The field holding a string with a lone surrogate (keys included), or None."""
+    """The field holding a string with a lone surrogate (keys included), or None. A list's items are named
+    only when one is a string at fault or a container to walk (a prompt of token ids costs one pass)."""
     stack = [(doc, path)]
     while stack:
         value, where = stack.pop()
@@ -95,7 +102,9 @@ def _surrogate_at(doc: Any, path: str = "") -> str | None:
                     return where or "body"
                 stack.append((item, name))
         elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+            for i, item in enumerate(value):
+                if isinstance(item, (str, dict, list)):
+                    stack.append((item, f"{where}[{i}]"))
     return None
 
 

@@ -7,11 +7,12 @@ fails mid-stream gets an error event with the status in ``code``, then
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from engine.entrypoints.openai.async_engine import Update
 from engine.entrypoints.openai.errors import ERROR_TYPES, RequestError, error_body
@@ -57,7 +58,11 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
             if update.error is not None:
                 raise refusal(update)
             final = update.final
-        return _whole(state, request_id, final, token_ids, params, chat)
+        # n = 1,024 answers with logprobs are tens of MB of JSON: built and rendered off the event loop
+        rendered = await asyncio.to_thread(lambda: json.dumps(
+            _whole(state, request_id, final, token_ids, params, chat), ensure_ascii=False, allow_nan=False,
+            separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
+        return Response(rendered, media_type="application/json")
     # Streaming: wait for the request to be accepted or refused before the 200 goes out.
     first: Update = await updates.__anext__()
     if first.error is not None:

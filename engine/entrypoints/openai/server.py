@@ -10,6 +10,7 @@ import time
 
 import uvicorn
 
+from engine.entrypoints.http_guard import GuardedH11Protocol
 from engine.entrypoints.openai.app import ServerOptions, build_app
 
 log = logging.getLogger("engine.entrypoints.openai")
@@ -50,7 +51,7 @@ def make_server(engine, model_name: str, host: str, port: int, log_level: str = 
     # lets every request in flight finish, then the engine loop stops.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             lifespan="on", timeout_keep_alive=options.timeout_keep_alive,
-                            limit_concurrency=options.limit_concurrency)
+                            limit_concurrency=options.limit_concurrency, http=GuardedH11Protocol)
     return uvicorn.Server(config)
 
 

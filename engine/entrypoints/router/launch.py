@@ -25,6 +25,7 @@ import httpx
 import uvicorn
 
 from engine.core.routing import RouterPolicy
+from engine.entrypoints.http_guard import GuardedH11Protocol
 from engine.entrypoints.openai.server import free_port
 from engine.entrypoints.router.proxy import MAX_BODY, Proxy, build_proxy_app
 
@@ -97,17 +98,22 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
                  tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY,
-                 probes: dict | None = None) -> uvicorn.Server:
-    """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own."""
-    proxy = Proxy(urls, policy, block_size, tokenizer, **(probes or {}))
+                 probes: dict | None = None, api_key: str | None = None) -> uvicorn.Server:
+    """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own;
+    `api_key`: the replicas' --api-key, which the proxy sends only on its own reads of their KV events."""
+    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, **(probes or {}))
     config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
-                            access_log=False, lifespan="on", timeout_keep_alive=30)
+                            access_log=False, lifespan="on", timeout_keep_alive=30, http=GuardedH11Protocol)
     return uvicorn.Server(config)
 
 
 def _max_body(configs: list[dict]) -> int:
     """The replicas' --max-request-body-size, which the proxy applies before it holds a body."""
     return configs[0].get("options", {}).get("max_request_body_size", MAX_BODY)
+
+
+def _api_key(configs: list[dict]) -> str | None:
+    return configs[0].get("options", {}).get("api_key")
 
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
@@ -123,7 +129,7 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                     _max_body(configs), probes).run()
+                     _max_body(configs), probes, _api_key(configs)).run()
     except (Stopped, KeyboardInterrupt):
         pass
     finally:
@@ -148,7 +154,7 @@ class BackgroundFleet:
         self.replicas = start_replicas(configs, log_dir)
         self.port = free_port()
         self.server = proxy_server([r.url for r in self.replicas], policy, block_size, "127.0.0.1", self.port,
-                                   tokenizer, max_body=_max_body(configs))
+                                   tokenizer, max_body=_max_body(configs), api_key=_api_key(configs))
         self.thread = threading.Thread(target=self.server.run, name="fleet-proxy", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

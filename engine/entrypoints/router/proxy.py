@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from engine.core.routing import RouterPolicy
+from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai.errors import CLIENT_LEFT
 from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
@@ -67,6 +68,9 @@ PROBE_TIMEOUT = 5.0       # seconds a probe waits for the answer
 PROBE_FAILURES = 2        # probes in a row without an answer that mark a replica down
 
 
+# A prompt's characters the router tokenizes to score prefix-cache hits (~64K tokens; a longer prompt's later
+# blocks do not count): tokenizing a 16 MiB prompt took 22 s of the router's time.
+PREFIX_CHARS = 1 << 18
 # Failures before the replica's answer's headers: it sent nothing, so the request may go to another replica.
 # A refused or timed-out connect never reached it; a reset or a close before the headers (a replica killed
 # mid-request: the kernel closes its sockets) or a write that fails means it died before answering. What it
@@ -90,9 +94,11 @@ class Proxy:
 
     def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None, *,
                  probe_period: float = PROBE_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
-                 probe_failures: int = PROBE_FAILURES) -> None:
+                 probe_failures: int = PROBE_FAILURES, api_key: str | None = None) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
-        self.router = LiveRouter(policy, self.replicas, block_size)
+        # the key goes only on the router's own reads of the replicas' KV events, never on a client's request
+        self.router = LiveRouter(policy, self.replicas, block_size,
+                                 {"authorization": f"Bearer {api_key}"} if api_key else None)
         self.tokenizer = tokenizer          # for prefix-aware picks of text prompts
         self.client: httpx.AsyncClient | None = None
         self.probe_period = probe_period
@@ -100,8 +106,19 @@ class Proxy:
         self.probe_failures = max(1, probe_failures)
         self.watchers: list[asyncio.Task] = []
 
+    def read(self, raw: bytes) -> tuple:
+        """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and its
+        prompt's token ids for the router."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None, []
+        return body, self.token_ids(body)
+
     def token_ids(self, body) -> list[int]:
-        """The prompt's token ids as the replica will see them (for prefix scoring only; [] if unknown)."""
+        """The prompt's leading token ids as the replica will see them (for prefix scoring only; [] if
+        unknown): a text's first PREFIX_CHARS characters, its last token dropped when cut there, as a longer
+        text may join that token to the next."""
         if not self.router.policy.uses_prefix or not isinstance(body, dict):
             return []
         prompt = body.get("prompt")
@@ -113,13 +130,18 @@ class Proxy:
             return []
         try:
             if isinstance(prompt, str):
-                return list(self.tokenizer(prompt)["input_ids"])
+                return self._leading_ids(prompt, add_special_tokens=True)
             if isinstance(body.get("messages"), list):
-                return list(self.tokenizer.apply_chat_template(body["messages"], tokenize=True,
-                                                               add_generation_prompt=True))
+                text = self.tokenizer.apply_chat_template(body["messages"], tokenize=False,
+                                                          add_generation_prompt=True)
+                return self._leading_ids(text, add_special_tokens=False)
         except Exception:   # noqa: BLE001 - the replica says what is wrong with the prompt; it just scores 0
             return []
         return []
+
+    def _leading_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
+        return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
     async def pick(self, token_ids: list[int], failed: list[Replica] | tuple = ()) -> Replica | None:
         """The policy's replica for a prompt among those up, but for the ones that `failed` it already (None
@@ -140,14 +162,13 @@ class Proxy:
         return replica
 
     async def forward(self, request: Request) -> Response:
-        raw = await request.body()
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            body = None                          # the replica answers it with its own 400
+            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
-        token_ids = self.token_ids(body)
+        body, token_ids = await asyncio.to_thread(self.read, raw)     # a 16 MiB body: not on the event loop
         replica = await self.pick(token_ids)
         if replica is None:
             return error("no replica is up: " + "; ".join(_stopped_answering(r) for r in self.replicas), 503,

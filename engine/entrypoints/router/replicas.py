@@ -78,9 +78,11 @@ class Replica:
 class LiveRouter(BaseRouter):
     """The shared pick rule over the proxy's readings of live replicas."""
 
-    def __init__(self, policy: RouterPolicy, replicas: list[Replica], block_size: int) -> None:
+    def __init__(self, policy: RouterPolicy, replicas: list[Replica], block_size: int,
+                 headers: dict | None = None) -> None:
         super().__init__(policy, len(replicas), block_size)
         self.replicas = replicas
+        self.headers = headers          # on reads of /kv_events: the replicas' API key, when they have one
 
     def in_flight(self, now: float) -> list[int]:
         return [r.in_flight for r in self.replicas]
@@ -130,8 +132,10 @@ class LiveRouter(BaseRouter):
                 usage = prometheus.gauge_value(page, KV_USAGE)
                 replica.kv_usage = replica.kv_usage if usage is None else usage
             if self.policy.uses_prefix:
-                doc = (await client.get(replica.url + "/kv_events",
-                                        params={"after": replica.next_event})).json()
+                answer = await client.get(replica.url + "/kv_events", params={"after": replica.next_event},
+                                          headers=self.headers)
+                answer.raise_for_status()
+                doc = answer.json()
                 replica.apply_events(doc)
         except (httpx.HTTPError, ValueError) as exc:
             replica.down = f"{type(exc).__name__}: {exc}"     # its last reading stays; the request says more
