@@ -381,6 +381,14 @@ ID_WORDS = {"fp8": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "mxfp4": "mxfp4", "a
             "w4a16": "gptq", "int4": "gptq"}
 
 
+# Publishers whose "-FP8" releases all store 128 x 128 block-scaled FP8 (as their configs' weight_block_size
+# says), so an id of theirs not on record (Qwen/Qwen3-235B-A22B-Instruct-2507-FP8) is that, not per-tensor FP8.
+BLOCK_FP8_PUBLISHERS = {
+    "qwen": "Qwen's FP8 model cards: fine-grained FP8 quantization with a block size of 128",
+    "deepseek-ai": "DeepSeek's FP8 releases: 128 x 128 block scales (weight_block_size)",
+}
+
+
 def format_from_id(model: str) -> WeightFormat | None:
     """The format a Hugging Face id's name says (nvidia/Llama-3.1-8B-Instruct-FP8 -> fp8), or None."""
     words = os.path.basename(str(model).rstrip("/")).lower().replace("_", "-").split("-")
@@ -388,6 +396,9 @@ def format_from_id(model: str) -> WeightFormat | None:
     if method is None:
         return None
     fmt = weight_format(method, source=f"the model id {model}")
+    publisher = str(model).split("/")[0].lower() if "/" in str(model) else ""
+    if method == "fp8" and publisher in BLOCK_FP8_PUBLISHERS:
+        return replace(fmt, scheme="fp8-block", source=f"the model id {model} ({BLOCK_FP8_PUBLISHERS[publisher]})")
     return replace(fmt, scheme="fp8-channel") if method == "fp8" and "dynamic" in words else fmt
 
 
