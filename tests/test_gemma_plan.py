@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.deployment import Deployment
+from planner import simulate
 from planner.catalog import GIB, resolve_model
 from planner.cost.elementwise import step_kernels
 from planner.deploy.memory import kv_block_layout, plan_memory
@@ -66,3 +67,23 @@ def test_a_bad_gemma3_config_is_named_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(PlannerError, match="sliding_window must be a positive integer"):
         ModelSpec.from_hf_config({"model_type": "gemma3_text", "sliding_window": -5}, name="bad")
+
+
+def test_vllm_v1_takes_each_running_sequences_windows_from_the_pool():
+    # gpt-oss's 128-token windows: 9 blocks a running sequence, not 9 x vLLM's 1,024 sequences set aside
+    v1 = plan_deployment(Deployment(model="openai/gpt-oss-120b", gpu="h100-sxm", max_model_len=8192))
+    assert v1.deployment.max_num_seqs == 1024
+    assert v1.memory.window_blocks_per_seq == 9 and v1.memory.sliding_window_bytes_per_gpu == 0
+    assert v1.state_blocks == 9 and v1.num_gpu_blocks * 16 > 150_000
+    paper = plan_deployment(Deployment(model="openai/gpt-oss-120b", gpu="h100-sxm", max_model_len=8192,
+                                       policy="paper"))
+    assert paper.memory.window_blocks_per_seq == 0 and paper.memory.sliding_window_bytes_per_gpu > 0
+    # as vLLM, which starts it at its own 131,072-token context on one H100
+    assert plan_deployment(Deployment(model="openai/gpt-oss-120b", gpu="h100-sxm")).max_model_len == 131072
+
+
+def test_a_full_batch_of_gpt_oss_clients_runs_without_preemption():
+    result = simulate(Deployment(model="openai/gpt-oss-120b", gpu="h100-sxm", max_model_len=8192),
+                      workload="sharegpt", concurrency=128, requests=256)
+    # (18,160 token slots before: 731 preemptions and a batch of 30 at 512 requests)
+    assert result.metrics.preemptions["total"] == 0 and result.metrics.mean_batch_size > 40

@@ -122,16 +122,19 @@ def check_plan(plan) -> list[str]:
                            f"({dep.max_num_seqs}), as vLLM requires")
     # one sequence's recurrent states (a Gated DeltaNet hybrid) take blocks its tokens cannot use
     slots = (plan.num_gpu_blocks - plan.state_blocks) * plan.block_size
-    if spec.sliding_layers and plan.memory is not None and not plan.memory.sliding_window_bytes_per_gpu:
-        # a block holds every layer (kv_block_layout), but vLLM's start-up check counts a sliding layer at a
-        # window plus one step's tokens (SlidingWindowSpec.max_memory_usage_bytes), so one sequence reaches
-        # further: its full layers may use what the sliding ones leave
+    if spec.sliding_layers and plan.memory is not None and not plan.memory.window_blocks_per_seq:
+        # vLLM's start-up check counts a sliding layer at a window plus one step's tokens
+        # (SlidingWindowSpec.max_memory_usage_bytes) against the whole KV cache, blocks and the reserve the plan
+        # sets aside for a full batch's windows alike (kv_block_layout): one sequence's full layers may use
+        # what its sliding ones leave (gpt-oss-120b on one H100 at 131,072 tokens starts in vLLM)
         window_tokens = min(spec.window - 1 + plan.max_num_batched_tokens, plan.max_model_len)
         window_blocks = -(-window_tokens // dep.block_size) + 1
         # in pages of one layer's block (Gemma 4's full layers' pages are `wide` times a sliding layer's)
         sliding_page = spec.kv_cache_bytes(dep.tp, plan.kv_dtype_bytes)
         wide = spec.full_layer_spec.kv_cache_bytes(dep.tp, plan.kv_dtype_bytes) / sliding_page
-        pages = plan.num_gpu_blocks * (spec.full_attention_layers * wide + spec.sliding_layers)
+        reserve = plan.memory.sliding_window_bytes_per_gpu
+        per_block = spec.full_attention_layers * wide + (0 if reserve else spec.sliding_layers)
+        pages = plan.num_gpu_blocks * per_block + reserve / (sliding_page * dep.block_size)
         pages -= spec.sliding_layers * window_blocks
         slots = max(slots, int(pages // (spec.full_attention_layers * wide)) * dep.block_size)
     if slots < plan.max_model_len:

@@ -147,6 +147,7 @@ class MemoryPlan:
     expert_bytes_per_gpu: int = 0   # the MoE experts' share of weight_bytes_per_gpu
     sliding_window_bytes_per_gpu: int = 0   # set aside for the sliding-window layers' blocks (gpt-oss)
     state_blocks_per_seq: int = 0   # blocks a running sequence holds for its recurrent states (Qwen3.5)
+    window_blocks_per_seq: int = 0  # blocks a running sequence holds for its sliding layers' windows (vLLM v1)
     pp: int = 1                     # pipeline stages, tp GPUs each: this plan is the largest stage's
 
     @property
@@ -190,6 +191,7 @@ class MemoryPlan:
                if self.expert_bytes_per_gpu else {}),
             **({"sliding_window_gib_per_gpu": self.sliding_window_bytes_per_gpu / GIB}
                if self.sliding_window_bytes_per_gpu else {}),
+            **({"window_blocks_per_seq": self.window_blocks_per_seq} if self.window_blocks_per_seq else {}),
             **({"state_blocks_per_seq": self.state_blocks_per_seq,
                 "state_mib_per_seq_per_gpu": self.state_blocks_per_seq * self.block_bytes_per_gpu / 2**20}
                if self.state_blocks_per_seq else {}),
@@ -267,7 +269,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES, count_non_torch: bool = True,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
-                draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0]) -> MemoryPlan:
+                draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0],
+                shared_windows: bool = False) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -281,6 +284,10 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     layer is added. With `pp` pipeline stages each GPU holds its stage's layers: the plan is the largest
     stage's, its share of the layers' weights and KV per block (vLLM sizes one cache for every stage, by
     the stage that fits the fewest blocks); the embedding and LM head count in that share too.
+    `shared_windows` (vLLM v1's hybrid KV cache manager): a running sequence takes its sliding layers' window
+    blocks from the same pool as it runs, so what kv_block_layout would set aside for a full batch's windows
+    is instead that many blocks per running sequence (`window_blocks_per_seq`): at vLLM's 1,024 sequences,
+    gpt-oss-120b on one H100 was left 18,160 tokens for its full layers where vLLM holds them as it goes.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -306,6 +313,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     if draft is not None:
         draft_block, draft_sliding = kv_block_layout(draft, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
         block_bytes, sliding = block_bytes + draft_block, sliding + draft_sliding
+    window_blocks = 0
+    if shared_windows and sliding:          # one sequence's windows, in blocks of the pool, taken as it runs
+        window_blocks, sliding = -(-sliding // (max_num_seqs * block_bytes)), 0
     num_blocks = (kv_room - sliding) // block_bytes
     if num_blocks < 1:
         need = (weights + activations + non_torch + block_bytes) / GIB
@@ -324,7 +334,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         num_gpu_blocks=num_blocks, num_cpu_blocks=swap_space_bytes // block_bytes,
         quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
         dp=dp, expert_parallel=expert_parallel, sliding_window_bytes_per_gpu=sliding,
-        state_blocks_per_seq=state_blocks(model), pp=pp,
+        state_blocks_per_seq=state_blocks(model), window_blocks_per_seq=window_blocks, pp=pp,
         expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format),
     )
 

@@ -66,8 +66,10 @@ class DeploymentPlan:
 
     @property
     def state_blocks(self) -> int:
-        """Blocks each running sequence holds for its recurrent states (0 without linear attention)."""
-        return state_blocks(self.model)
+        """Blocks each running sequence holds beside its tokens': its recurrent states (linear attention,
+        DeepSeek-V4), and under vLLM v1 its sliding layers' windows (the memory plan's)."""
+        windows = self.memory.window_blocks_per_seq if self.memory is not None else 0
+        return state_blocks(self.model) + windows
 
     @property
     def dtype_bytes(self) -> int:
@@ -287,7 +289,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 max_num_seqs=deployment.max_num_seqs, swap_space_bytes=int(deployment.swap_space * GIB),
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
                 dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
-                pp=deployment.pp, all2all=deployment.all2all_backend)
+                pp=deployment.pp, all2all=deployment.all2all_backend,
+                shared_windows=deployment.enable_chunked_prefill)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])

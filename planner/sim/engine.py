@@ -763,7 +763,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     spec = speculation_of(dep)
     private = dep.enable_chunked_prefill and dep.enable_prefix_caching and spec is None
     if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
-        allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks)
+        allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks, state_blocks=plan.state_blocks)
     elif dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(plan.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching,
                                      state_blocks=plan.state_blocks)

@@ -43,8 +43,8 @@ class PrivateBlockManager(VllmBlockManager):
     """vLLM v1's block manager whose sequences' blocks past their prompt's full blocks are private,
     unless `public` lists the sequence (a conversation turn whose answer the trace gives)."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int) -> None:
-        super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True)
+    def __init__(self, block_size: int, num_gpu_blocks: int, state_blocks: int = 0) -> None:
+        super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True, state_blocks=state_blocks)
         self.public: set[int] = set()          # sequence ids whose every block is keyed by its tokens
         self.own_prompts: set[int] = set()     # sequence ids whose prompt no other request holds
 
