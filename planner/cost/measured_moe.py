@@ -192,7 +192,8 @@ class MeasuredMoe:
         return latency - curve.at(balanced)[0] + curve.at(uniform)[0], ext
 
     def dispatch(self, tokens: int) -> float:
-        """The all-gather and reduce-scatter around one MoE layer when each replica runs `tokens` tokens."""
+        """The dispatch around one MoE layer (the all-gather and reduce-scatter, or DeepEP's dispatch and combine)
+        when each replica runs `tokens` tokens."""
         if self.par.dp == 1:
             return 0.0
         if self.deepep is not None:
