@@ -22,6 +22,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   layer's tokens to their experts and back: "allgather_reducescatter" (vLLM's default, NCCL),
   "deepep_low_latency" or "deepep_high_throughput" (DeepEP's kernels, priced from DeepEP's
   published rates: planner/cost/all2all.py). The engine runs dp = 1 and moves nothing.
+- `enable_eplb` and `num_redundant_experts` are vLLM's `--enable-eplb` and `--eplb-config`'s
+  `num_redundant_experts`: the expert-parallel load balancer, whose redundant copies of the busiest
+  experts each EP rank holds beside its own ((E + R) / EP experts a rank). The planner counts their
+  weights; its routing model already places the hottest experts one per rank, as EPLB aims to.
 - `moe_skew` is the MoE router's skew the planner assumes: experts' popularity falls as a power law,
   p_e ~ (e + 1) ** -moe_skew (0: uniform routing; NVIDIA measured vLLM's MoE kernels at 1.01 and 1.2,
   docs/moe.md). It sets how many experts a batch touches and how unevenly EP ranks are loaded.
@@ -110,6 +114,8 @@ class Deployment:
     node_link: str = "infiniband"            # the network between nodes (the planner's links catalog)
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
     all2all_backend: str = ALL2ALL_BACKENDS[0]  # how EP moves tokens to their experts (vLLM's --all2all-backend)
+    enable_eplb: bool = False                # vLLM's expert-parallel load balancer
+    num_redundant_experts: int = 0           # EPLB's extra expert copies (vLLM's eplb_config.num_redundant_experts)
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"
     block_size: int = 16
@@ -145,6 +151,7 @@ class Deployment:
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("policy", self.policy, POLICIES)
         _one_of("all2all_backend", self.all2all_backend, ALL2ALL_BACKENDS)
+        _check_eplb(self)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)
@@ -355,6 +362,22 @@ def parse_acceptance(text: str, flag: str = "--acceptance") -> tuple[float, ...]
         what = "drafting" if flag == "--draft-rates" else "acceptance"
         raise ValueError(f"{flag} {text!r}: give per-position {what} rates P1,P2,... each in [0, 1]")
     return rates
+
+
+def _check_eplb(dep: Deployment) -> None:
+    """vLLM's rules for its expert-parallel load balancer (vllm/config/parallel.py ParallelConfig)."""
+    _at_least("num_redundant_experts", dep.num_redundant_experts, 0)
+    if not dep.enable_eplb:
+        if dep.num_redundant_experts:
+            raise ValueError(f"num_redundant_experts is set to {dep.num_redundant_experts} but EPLB is not enabled: "
+                             f"give --enable-eplb or leave num_redundant_experts at 0")
+        return
+    if not dep.enable_expert_parallel:
+        raise ValueError("enable_expert_parallel must be True to use EPLB (--enable-eplb needs "
+                         "--enable-expert-parallel)")
+    if dep.tp * dep.dp <= 1:
+        raise ValueError(f"EPLB requires tensor_parallel_size or data_parallel_size to be greater than 1, but got "
+                         f"TP={dep.tp}, DP={dep.dp}")
 
 
 def _one_of(what: str, value, choices: tuple) -> None:

@@ -137,3 +137,28 @@ def test_cli_refuses_in_one_line_with_exit_2():
                                       "--enable-expert-parallel", "--requests", "4"])
     assert result.exit_code == 2
     assert "no experts" in result.output and "Traceback" not in result.output
+
+
+def test_eplb_redundant_experts_take_their_weights_on_every_rank():
+    # vLLM's expert-parallel guide: "For DeepSeekV3, this is approximately 2.4 GB for one redundant expert per
+    # EP rank" (NUM_MOE_LAYERS x BYTES_PER_EXPERT x (E + R) / EP)
+    base = dict(model="deepseek-r1", gpu="h200", dp=16, enable_expert_parallel=True)
+    plain = plan_deployment(Deployment(**base))
+    one_each = plan_deployment(Deployment(**base, enable_eplb=True, num_redundant_experts=16))
+    extra = (one_each.memory.weight_bytes_per_gpu - plain.memory.weight_bytes_per_gpu) / GIB
+    assert extra == pytest.approx(2.4, abs=0.05)
+    assert one_each.memory.redundant_experts == 16 and one_each.num_gpu_blocks < plain.num_gpu_blocks
+    # EPLB alone rebalances, and holds no more
+    balanced = plan_deployment(Deployment(**base, enable_eplb=True))
+    assert balanced.memory.weight_bytes_per_gpu == plain.memory.weight_bytes_per_gpu
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(enable_eplb=True), "enable_expert_parallel must be True to use EPLB"),
+    (dict(num_redundant_experts=4, enable_expert_parallel=True, dp=2), "but EPLB is not enabled"),
+    (dict(enable_eplb=True, enable_expert_parallel=True), "EPLB requires tensor_parallel_size or data_parallel_size"),
+    (dict(enable_eplb=True, enable_expert_parallel=True, dp=2, num_redundant_experts=-1), "must be >= 0"),
+])
+def test_eplb_is_refused_as_vllm_refuses_it(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", **knobs)

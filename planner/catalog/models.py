@@ -759,17 +759,17 @@ class ModelSpec:
         return self.moe_layers * self.num_experts * per_expert
 
     def expert_bytes_per_gpu(self, tp: int = 1, dp: int = 1, expert_parallel: bool = False, dtype_bytes: int = 2,
-                             weight_format: WeightFormat | None = None) -> int:
+                             weight_format: WeightFormat | None = None, redundant_experts: int = 0) -> int:
         """The experts' bytes on the most loaded of tp x dp GPUs: 1/(tp x dp) of each expert's width, or
-        with expert parallelism ceil(E / (tp x dp)) whole experts (vLLM gives the remainder to the first
-        ranks)."""
+        with expert parallelism ceil((E + R) / (tp x dp)) whole experts (vLLM gives the remainder to the first
+        ranks; R: EPLB's redundant copies of the busiest experts)."""
         experts = self.expert_bytes(dtype_bytes, weight_format)
         if expert_parallel and self.is_moe:
-            return experts * -(-self.num_experts // (tp * dp)) // self.num_experts
+            return experts * -(-(self.num_experts + redundant_experts) // (tp * dp)) // self.num_experts
         return -(-experts // (tp * dp))
 
     def weight_bytes_per_gpu(self, tp: int = 1, dtype_bytes: int = 2, weight_format: WeightFormat | None = None,
-                             dp: int = 1, expert_parallel: bool = False) -> int:
+                             dp: int = 1, expert_parallel: bool = False, redundant_experts: int = 0) -> int:
         """Weights one of `tp` tensor-parallel GPUs holds: its shard plus the replicated parts.
 
         With a `weight_format`, the blocks' linear layers are stored in it (scales included) and the
@@ -781,7 +781,7 @@ class ModelSpec:
         """
         if tp < 1 or dp < 1:
             raise PlannerError(f"tensor and data parallel sizes must be >= 1, got {tp} and {dp}")
-        experts_here = self.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format)
+        experts_here = self.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format, redundant_experts)
         dense = self._non_linear_params() + self.dense_linear_params
         sharded = dense - self.replicated_params + self.moe_layers * self.router_params
         if weight_format is None or not weight_format.quantizes_linear:

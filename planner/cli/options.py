@@ -42,6 +42,12 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                 "their experts: allgather_reducescatter (vLLM's default, NCCL), "
                                                 "deepep_low_latency or deepep_high_throughput (DeepEP) "
                                                 "[default: allgather_reducescatter]"),
+    "enable_eplb": (("--enable-eplb/--no-enable-eplb",), "MoE with --enable-expert-parallel: vLLM's expert-parallel "
+                                                          "load balancer [default: off]"),
+    "num_redundant_experts": (("--num-redundant-experts",), "with --enable-eplb: extra copies of the busiest experts "
+                                                            "over the EP ranks (vLLM's --eplb-config "
+                                                            "num_redundant_experts), each rank holding (E + R) / EP "
+                                                            "[default: 0]"),
     "moe_skew": (("--moe-skew",), "MoE routing skew: expert popularity ~ (rank + 1)^-S (0: uniform; NVIDIA "
                                   "measured 1.01 and 1.2) [default: 0]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),

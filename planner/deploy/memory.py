@@ -148,6 +148,7 @@ class MemoryPlan:
     sliding_window_bytes_per_gpu: int = 0   # set aside for the sliding-window layers' blocks (gpt-oss)
     state_blocks_per_seq: int = 0   # blocks a running sequence holds for its recurrent states (Qwen3.5)
     window_blocks_per_seq: int = 0  # blocks a running sequence holds for its sliding layers' windows (vLLM v1)
+    redundant_experts: int = 0      # EPLB's extra expert copies over the EP ranks (their weights are counted)
     pp: int = 1                     # pipeline stages, tp GPUs each: this plan is the largest stage's
 
     @property
@@ -192,6 +193,7 @@ class MemoryPlan:
             **({"sliding_window_gib_per_gpu": self.sliding_window_bytes_per_gpu / GIB}
                if self.sliding_window_bytes_per_gpu else {}),
             **({"window_blocks_per_seq": self.window_blocks_per_seq} if self.window_blocks_per_seq else {}),
+            **({"redundant_experts": self.redundant_experts} if self.redundant_experts else {}),
             **({"state_blocks_per_seq": self.state_blocks_per_seq,
                 "state_mib_per_seq_per_gpu": self.state_blocks_per_seq * self.block_bytes_per_gpu / 2**20}
                if self.state_blocks_per_seq else {}),
@@ -270,7 +272,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
                 draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0],
-                shared_windows: bool = False) -> MemoryPlan:
+                shared_windows: bool = False, redundant_experts: int = 0) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -297,7 +299,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     model = as_cached_on(model, gpu, kv_dtype_bytes)       # a DSA model's FP8 latent in the GPU's layout
     block_size = cache_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel)
+    weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel, redundant_experts)
                + rotary_cache_bytes(model, dtype_bytes))
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs, dp,
                                            expert_parallel, all2all)
@@ -335,6 +337,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         quantization=weight_format.describe() if weight_format is not None else None, kv_dtype_bytes=kv_dtype_bytes,
         dp=dp, expert_parallel=expert_parallel, sliding_window_bytes_per_gpu=sliding,
         state_blocks_per_seq=state_blocks(model), window_blocks_per_seq=window_blocks, pp=pp,
-        expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format),
+        expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format,
+                                                        redundant_experts),
+        redundant_experts=redundant_experts,
     )
 

@@ -290,7 +290,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
                 dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
                 pp=deployment.pp, all2all=deployment.all2all_backend,
-                shared_windows=deployment.enable_chunked_prefill)
+                shared_windows=deployment.enable_chunked_prefill,
+                redundant_experts=deployment.num_redundant_experts)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])
