@@ -350,12 +350,21 @@ def test_each_pool_takes_settings_of_its_own():
     ("gpu=h200", "--prefill-gpu and --prefill-tp set its GPU and TP"),
     ("max_num_seqs", "give KEY=VALUE"),
     ("max_num_seqs=lots", "give a whole number"),
-    ("max_num_seqs=0", "max_num_seqs must be >= 1"),
-    ("all2all_backend=deepep", "all2all_backend 'deepep' is not supported"),
+    ("max_num_seqs=0", "the prefill pool: max_num_seqs must be >= 1"),
+    ("all2all_backend=deepep", "the prefill pool: all2all_backend 'deepep' is not supported"),
+    ("enable_eplb=true", "the prefill pool: enable_expert_parallel must be True to use EPLB"),
 ])
 def test_a_bad_pool_setting_is_one_line(item, message):
     with pytest.raises(PlannerError, match=message):
-        parse_pool_set("prefill", [item])
+        Disaggregation(1, 1, prefill_set=parse_pool_set("prefill", [item])).pools(V1)
+
+
+def test_a_pool_may_balance_its_experts_alone():
+    moe = Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True)
+    pools = Disaggregation(1, 1, decode_set=parse_pool_set("decode", ["enable_eplb=true",
+                                                                      "num_redundant_experts=2"]))
+    prefill, decode = pools.pools(moe)
+    assert (prefill.enable_eplb, decode.enable_eplb, decode.num_redundant_experts) == (False, True, 2)
 
 
 def test_pools_run_their_own_all2all_backends(tmp_path):

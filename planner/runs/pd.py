@@ -22,8 +22,8 @@ PD_FLAGS = ("prefill_gpu", "prefill_tp", "decode_gpu", "decode_tp", "kv_link")
 POOL_SETS = ("prefill_set", "decode_set")
 # The deployment settings one pool may set apart from the other (GPU and TP have flags of their own); the model,
 # its weights' and KV cache's formats and the block size are both pools', as the KV transfer needs them alike.
-POOL_KEYS = ("dp", "enable_expert_parallel", "all2all_backend", "moe_skew", "max_num_seqs", "max_num_batched_tokens",
-             "gpu_memory_utilization", "async_scheduling", "node_link")
+POOL_KEYS = ("dp", "enable_expert_parallel", "all2all_backend", "enable_eplb", "num_redundant_experts", "moe_skew",
+             "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "async_scheduling", "node_link")
 
 
 def parse_pool_set(pool: str, items) -> tuple[tuple[str, str], ...]:
@@ -39,15 +39,11 @@ def parse_pool_set(pool: str, items) -> tuple[tuple[str, str], ...]:
             raise PlannerError(f"{flag} {key}: a pool sets apart only {', '.join(POOL_KEYS)} (--{pool}-gpu and "
                                f"--{pool}-tp set its GPU and TP; the rest is both pools')")
         try:
-            parsed = Deployment.parse_value(key, value)
+            Deployment.parse_value(key, value)
         except ValueError:
             wanted = {int: "a whole number", float: "a number", bool: "true or false"}[Deployment.field_type(key)]
             raise PlannerError(f"{flag} {key}={value}: give {wanted}") from None
-        try:
-            Deployment.of(**{key: parsed})
-        except ValueError as exc:
-            raise PlannerError(f"{flag} {key}={value}: {exc}") from None
-        pairs[key] = value
+        pairs[key] = value           # checked with the rest of the pool's deployment (Disaggregation.pools)
     return tuple(pairs.items())
 
 
@@ -90,11 +86,14 @@ class Disaggregation:
 
     def pools(self, base: Deployment) -> tuple[Deployment, Deployment]:
         """The prefill pool's deployment and the decode pool's: the base with each pool's GPU, TP and settings."""
-        def pool(gpu: str | None, tp: int | None, settings: tuple[tuple[str, str], ...]) -> Deployment:
+        def pool(name: str, gpu: str | None, tp: int | None, settings: tuple[tuple[str, str], ...]) -> Deployment:
             own = {key: Deployment.parse_value(key, value) for key, value in settings}
-            return base.replace(gpu=gpu or base.gpu, tp=tp or base.tp, **own)
-        return (pool(self.prefill_gpu, self.prefill_tp, self.prefill_set),
-                pool(self.decode_gpu, self.decode_tp, self.decode_set))
+            try:
+                return base.replace(gpu=gpu or base.gpu, tp=tp or base.tp, **own)
+            except ValueError as exc:           # a setting the pool's deployment refuses, said for the pool
+                raise PlannerError(f"the {name} pool: {exc}") from None
+        return (pool("prefill", self.prefill_gpu, self.prefill_tp, self.prefill_set),
+                pool("decode", self.decode_gpu, self.decode_tp, self.decode_set))
 
     def gpus(self, base: Deployment) -> int:
         prefill, decode = self.pools(base)
