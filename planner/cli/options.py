@@ -173,17 +173,23 @@ def choices_from(options: dict) -> DeploymentChoices:
 
 def deployment_options(command):
     """Add every deployment option to a typer command; the command receives them as `deployments`."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "deployments"]
-    added = [_option(name) for name in DEPLOYMENT_FLAGS] + [_CHUNKED]
+    return options_as(command, "deployments", [_option(name) for name in DEPLOYMENT_FLAGS] + [_CHUNKED],
+                      choices_from)
+
+
+def options_as(command, received: str, added: list[inspect.Parameter], collect):
+    """`command` with the `added` options in its signature, handed to it as one argument `received`:
+    `collect({option: value})`, whose PlannerError is a one-line failure."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != received]
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         options = {p.name: kwargs.pop(p.name) for p in added}
         try:
-            choices = choices_from(options)
+            value = collect(options)
         except PlannerError as exc:
             raise fail(exc) from None
-        return command(deployments=choices, **kwargs)
+        return command(**{received: value}, **kwargs)
 
     parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
     wrapper.__signature__ = inspect.Signature(parameters)

@@ -2,13 +2,12 @@
 and settings and the KV link), declared once for simulate, capacity and search (docs/pd.md)."""
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Optional
 
 import typer
 
-from planner.cli.output import fail
+from planner.cli.options import options_as
 from planner.errors import PlannerError
 from planner.runs.pd import POOL_KEYS, Disaggregation, parse_pd, parse_pool_set
 
@@ -40,25 +39,15 @@ _POOL_OPTIONS = (("prefill_gpu", Optional[str], PREFILL_GPU), ("prefill_tp", Opt
 def pool_options(command):
     """Add the pools' options (each pool's GPU, TP and settings, the KV link) to a typer command, which receives
     the ones given as `pools`, a dict of Disaggregation's fields (a bad --prefill-set fails in one line)."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "pools"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
              for name, kind, option in _POOL_OPTIONS]
+    return options_as(command, "pools", added, _pools_given)
 
-    @functools.wraps(command)
-    def wrapper(**kwargs):
-        given = {p.name: kwargs.pop(p.name) for p in added}
-        try:
-            for pool in ("prefill", "decode"):
-                given[f"{pool}_set"] = parse_pool_set(pool, given[f"{pool}_set"]) or None
-        except PlannerError as exc:
-            raise fail(exc) from None
-        return command(pools={k: v for k, v in given.items() if v is not None}, **kwargs)
 
-    parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
-    wrapper.__signature__ = inspect.Signature(parameters)
-    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
-    del wrapper.__wrapped__                 # typer must read the new signature, not the command's own
-    return wrapper
+def _pools_given(options: dict) -> dict:
+    for pool in ("prefill", "decode"):
+        options[f"{pool}_set"] = parse_pool_set(pool, options[f"{pool}_set"]) or None
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def refuse_without_pd(settings: dict) -> None:

@@ -36,6 +36,7 @@ from planner.catalog import GIB, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 from planner.catalog.quantization import WeightFormat
 from planner.cost.all2all import LL_CHUNK_TOKENS
+from planner.cost.moe import MoeParallel
 from planner.cost.sparse import as_cached_on
 from planner.deploy.parallel import largest_stage
 from planner.deploy.state_cache import block_layers, cache_block_size, state_blocks
@@ -99,11 +100,12 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
         width = model.moe_intermediate_size // (1 if expert_parallel else tp * dp)
         k = model.num_experts_per_tok
         gathered, pairs = tokens * dp, min(tokens * dp, FUSED_MOE_CHUNK_TOKENS) * k
-        if expert_parallel and dp > 1 and all2all == "deepep_high_throughput":
+        par = MoeParallel(tp=tp, dp=dp, expert_parallel=expert_parallel, all2all=all2all)
+        if par.deepep and all2all == "deepep_high_throughput":
             gathered, pairs = tokens, min(tokens, FUSED_MOE_CHUNK_TOKENS) * k
-        elif expert_parallel and dp > 1 and all2all == "deepep_low_latency":
-            local_experts = -(-model.num_experts // (tp * dp))
-            gathered, pairs = tokens, local_experts * LL_CHUNK_TOKENS * tp * dp
+        elif par.deepep:                    # the low-latency kernels' masked buffer, allocated whole
+            local_experts = -(-model.num_experts // par.gpus)
+            gathered, pairs = tokens, local_experts * LL_CHUNK_TOKENS * par.gpus
         moe = gathered * (2 * h + model.num_experts) + pairs * (3 * width + h)
         peak = max(peak, moe * dtype_bytes)
     return peak + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT

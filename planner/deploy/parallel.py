@@ -37,9 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.deployment import ALL2ALL_BACKENDS, Deployment
+from engine.deployment import Deployment
 from planner.catalog import GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
+from planner.cost.moe import MoeParallel
 from planner.cost.nodes import NODE_GPUS, node_link, nodes_of
 from planner.errors import PlannerError
 
@@ -188,8 +189,9 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
                         f"one expert more ({-(-model.num_experts // gpus)}); the plan sizes memory and prices "
                         f"time by the most loaded GPU")
     # DeepEP's dispatch is priced from DeepEP's own measurements across nodes (planner/cost/all2all.py)
-    nccl_dispatch = model.is_moe and deployment.dp > 1 and not (
-        deployment.enable_expert_parallel and deployment.all2all_backend != ALL2ALL_BACKENDS[0])
+    deepep = MoeParallel(tp=deployment.tp, dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel,
+                         all2all=deployment.all2all_backend).deepep
+    nccl_dispatch = model.is_moe and deployment.dp > 1 and not deepep
     crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
         ["the MoE dispatch over the dp ranks"] if nccl_dispatch and gpus > NODE_GPUS else []) + (
         ["the hidden states between pipeline stages"] if deployment.pp > 1 and total > NODE_GPUS else [])

@@ -538,7 +538,7 @@ def run_search(grid: SearchGrid, executor, *, prices: dict[str, float] | None = 
         rows = [{**row, "pp": grid.base.deployment.pp} for row in rows]
     if grid.auto:
         return _rank_fewest(grid, rows, table, executor, started)
-    per_tp = grid.base.deployment.gpus // grid.base.deployment.tp      # pp x dp GPUs for each TP rank
+    per_tp = grid.base.deployment.pp * grid.base.deployment.dp      # GPUs for each TP rank of a row
     for row in rows:
         # A fleet costs its replicas x TP x PP x DP GPUs.
         gpus = row["tp"] * per_tp * (row["replicas"] if grid.fleet else 1)
@@ -568,7 +568,7 @@ def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], ex
                  started: float) -> SearchResult:
     """--replicas auto: each configuration's fewest replicas priced (replicas x TP x PP x DP x $/GPU-hour); the
     best is the cheapest fleet (ties: the one furthest within its SLOs), the front cost against SLO use."""
-    per_tp = grid.base.deployment.gpus // grid.base.deployment.tp
+    per_tp = grid.base.deployment.pp * grid.base.deployment.dp
     for row in rows:
         k = row["replicas"]
         gpus = row["tp"] * per_tp * (k or 0)
