@@ -26,6 +26,14 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   `num_redundant_experts`: the expert-parallel load balancer, whose redundant copies of the busiest
   experts each EP rank holds beside its own ((E + R) / EP experts a rank). The planner counts their
   weights; its routing model already places the hottest experts one per rank, as EPLB aims to.
+- `moe_backend` is vLLM's `--moe-backend`, the kernel that runs a MoE's experts: "triton" (the fused-MoE
+  kernel NVIDIA's tables time), "deep_gemm" (DeepSeek's grouped FP8 GEMMs, priced at DeepGEMM's published
+  rates where they exist: planner/cost/deepgemm.py) or "auto" (vLLM's choice: DeepGEMM behind DeepEP's
+  all-to-all for block-FP8 experts, NVIDIA's timing of vLLM's own choice otherwise).
+- `enable_dbo`, `dbo_decode_token_threshold` and `dbo_prefill_token_threshold` are vLLM's dual-batch overlap
+  and its thresholds: a step of at least that many tokens (a uniform decode's, or any other's) runs as two
+  microbatches, one's DeepEP all-to-all hidden under the other's compute (planner/cost/dbo.py). vLLM refuses
+  it unless `all2all_backend` is one of DeepEP's. The planner prices it; the engine runs dp = 1.
 - `moe_skew` is the MoE router's skew the planner assumes: experts' popularity falls as a power law,
   p_e ~ (e + 1) ** -moe_skew (0: uniform routing; NVIDIA measured vLLM's MoE kernels at 1.01 and 1.2,
   docs/moe.md). It sets how many experts a batch touches and how unevenly EP ranks are loaded.
@@ -102,6 +110,8 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 # vLLM's --all2all-backend choices the planner prices (planner/cost/all2all.py); the first is vLLM's default.
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
+# vLLM's --moe-backend choices the planner prices (planner/cost/deepgemm.py); the first is vLLM's default.
+MOE_BACKENDS = ("auto", "triton", "deep_gemm")
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,10 @@ class Deployment:
     all2all_backend: str = ALL2ALL_BACKENDS[0]  # how EP moves tokens to their experts (vLLM's --all2all-backend)
     enable_eplb: bool = False                # vLLM's expert-parallel load balancer
     num_redundant_experts: int = 0           # EPLB's extra expert copies (vLLM's eplb_config.num_redundant_experts)
+    moe_backend: str = MOE_BACKENDS[0]       # the experts' kernel (vLLM's --moe-backend): auto, triton, deep_gemm
+    enable_dbo: bool = False                 # vLLM's dual-batch overlap (needs a DeepEP all2all backend)
+    dbo_decode_token_threshold: int = 32     # a uniform decode splits from this many tokens (vLLM's default)
+    dbo_prefill_token_threshold: int = 512   # any other step from this many (vLLM's default)
     moe_skew: float = 0.0                    # MoE routing skew: power-law exponent of expert popularity (0: uniform)
     dtype: str = "auto"
     block_size: int = 16
@@ -151,7 +165,9 @@ class Deployment:
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("policy", self.policy, POLICIES)
         _one_of("all2all_backend", self.all2all_backend, ALL2ALL_BACKENDS)
+        _one_of("moe_backend", self.moe_backend, MOE_BACKENDS)
         _check_eplb(self)
+        _check_dbo(self)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)
@@ -378,6 +394,17 @@ def _check_eplb(dep: Deployment) -> None:
     if dep.tp * dep.dp <= 1:
         raise ValueError(f"EPLB requires tensor_parallel_size or data_parallel_size to be greater than 1, but got "
                          f"TP={dep.tp}, DP={dep.dp}")
+
+
+def _check_dbo(dep: Deployment) -> None:
+    """vLLM's rule for dual-batch overlap (vllm/config/vllm.py VllmConfig.__post_init__), and thresholds a step
+    can reach."""
+    _at_least("dbo_decode_token_threshold", dep.dbo_decode_token_threshold, 1)
+    _at_least("dbo_prefill_token_threshold", dep.dbo_prefill_token_threshold, 1)
+    if dep.enable_dbo and dep.all2all_backend not in ALL2ALL_BACKENDS[1:]:
+        raise ValueError(f"Microbatching (--enable-dbo) currently only supports the deepep_low_latency and "
+                         f"deepep_high_throughput all2all backends, not {dep.all2all_backend}: give "
+                         f"--all2all-backend deepep_low_latency or deepep_high_throughput")
 
 
 def _one_of(what: str, value, choices: tuple) -> None:

@@ -48,6 +48,16 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                             "over the EP ranks (vLLM's --eplb-config "
                                                             "num_redundant_experts), each rank holding (E + R) / EP "
                                                             "[default: 0]"),
+    "moe_backend": (("--moe-backend",), "MoE: the experts' kernel: auto (vLLM's choice: DeepGEMM behind DeepEP for "
+                                        "block-FP8 experts), triton or deep_gemm [default: auto]"),
+    "enable_dbo": (("--enable-dbo/--no-enable-dbo",), "MoE with a DeepEP --all2all-backend: vLLM's dual-batch "
+                                                        "overlap, a large step run as two microbatches, one's "
+                                                        "all-to-all under the other's compute [default: off]"),
+    "dbo_decode_token_threshold": (("--dbo-decode-token-threshold",), "with --enable-dbo: the fewest tokens of a "
+                                                                      "decode step it splits [default: 32]"),
+    "dbo_prefill_token_threshold": (("--dbo-prefill-token-threshold",), "with --enable-dbo: the fewest tokens of "
+                                                                        "a step with prompts it splits "
+                                                                        "[default: 512]"),
     "moe_skew": (("--moe-skew",), "MoE routing skew: expert popularity ~ (rank + 1)^-S (0: uniform; NVIDIA "
                                   "measured 1.01 and 1.2) [default: 0]"),
     "dtype": (("--dtype",), "auto, float16, bfloat16 or float32"),

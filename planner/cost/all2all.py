@@ -63,8 +63,10 @@ def check_backend(backend: str, par: MoeParallel | None, gpu: GpuSpec) -> str | 
     if backend == ALL2ALL_BACKENDS[0]:
         return None
     if par is None or not par.deepep:
-        return (f"--all2all-backend {backend} changes nothing here: vLLM dispatches through it only for a MoE "
-                f"model with --enable-expert-parallel and --dp > 1")
+        what = f"--all2all-backend {backend}" + (" and --enable-dbo change" if par is not None and par.dbo
+                                                 else " changes")
+        return (f"{what} nothing here: vLLM dispatches through it only for a MoE model with "
+                f"--enable-expert-parallel and --dp > 1")
     if not gpu.interconnect.startswith("nvlink"):
         raise PlannerError(f"--all2all-backend {backend}: DeepEP needs NVLink between a node's GPUs; "
                            f"{gpu.name} has {gpu.interconnect}")

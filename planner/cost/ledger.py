@@ -18,7 +18,10 @@ prints is what the simulator charges. Each term names its source:
   planner/data/measured_calibration.json (docs/calibration.md): vLLM's host
   time per step and per scheduled sequence;
 - `published`: bytes over a rate a cited public benchmark measured outside
-  vLLM (DeepEP's README for its all-to-all kernels, planner/cost/all2all.py).
+  vLLM (DeepEP's README for its all-to-all kernels, planner/cost/all2all.py);
+- `schedule`: what a schedule vLLM runs takes off the other terms, priced from
+  them (dual-batch overlap's hidden all-to-all, planner/cost/dbo.py: a
+  negative term).
 
 CUDA graphs. vLLM replays a captured graph for a step of at most
 `max_cudagraph_capture_size` tokens, padded up to the next captured size, and
@@ -36,7 +39,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-SOURCES = ("table", "scaled", "roofline", "fitted", "published")
+SOURCES = ("table", "scaled", "roofline", "fitted", "published", "schedule")
 # The groups a term belongs to, in the order a step runs them (breakdown() sums by group).
 GROUPS = ("embedding", "gemm", "moe", "attention", "elementwise", "collective", "lm_head", "sampler", "host",
           "memory")

@@ -32,6 +32,12 @@ and the output processing, a fitted time per step plus one per scheduled
 sequence (planner/cost/calibration.py). Swap and copy-on-write traffic are
 priced from bandwidths, as in the roofline model.
 
+A MoE's layers add the router, the experts and the dp dispatch (planner/cost/measured_moe.py: NVIDIA's
+fused-MoE table, or DeepGEMM's published rates behind DeepEP, planner/cost/deepgemm.py). Under
+--enable-dbo a large step runs as two microbatches whose DeepEP all-to-all overlaps the other's compute
+(planner/cost/dbo.py): each half's token terms at its own tokens, then a negative `dual-batch overlap`
+term for what the overlap hides.
+
 CUDA graphs. vLLM pads a step of at most its largest capture size to the next
 captured size (planner/cost/ledger.py cites vLLM's sizes): the GEMMs,
 elementwise kernels and all-reduces run at the padded token count, attention
@@ -101,12 +107,15 @@ from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.all2all import DeepEp
 from planner.cost.calibration import Calibration, load_calibration
+from planner.cost.dbo import TERM as DBO_TERM
+from planner.cost.dbo import DualBatch
+from planner.cost.deepgemm import DeepGemm
 from planner.cost.elementwise import step_kernels
 from planner.cost.mamba import recurrent_price
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
 from planner.cost.measured_compressed import MODULE_KERNELS as COMPRESSED_MODULE_KERNELS
 from planner.cost.measured_compressed import CompressedModule, HyperConnections
-from planner.cost.measured_moe import ExpertRoofline, MeasuredMoe
+from planner.cost.measured_moe import DEEPEP_TERM, ExpertRoofline, MeasuredMoe
 from planner.cost.moe import MoeParallel, bytes_per_expert
 from planner.cost.nodes import NODE_LINK, NodeSpan
 from planner.cost.shape import StepShape, context_bucket
@@ -223,10 +232,15 @@ class MeasuredCostModel:
             # vLLM runs DeepEP's normal kernels without CUDA graphs (CompilationConfig sets cudagraph_mode NONE
             # for deepep_high_throughput with dp > 1): every step eager, none padded
             self.graphs = CudaGraphs(())
+        deepep = DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link) if model.is_moe else None
+        # the experts' kernel: DeepGEMM where --moe-backend runs it and its published rates price it
         self._moe = (MeasuredMoe(system, model, par, weight_format, self._expert_roofline(model, weight_format),
-                                 node_link, DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link))
+                                 node_link, deepep, DeepGemm.of(model, weight_format, gpu, par))
                      if model.is_moe else None)
-        if self._moe is not None and self._moe.efficiency is not None:
+        # vLLM's dual-batch overlap where DeepEP dispatches (planner/cost/dbo.py); tokens -> (compute, all-to-all)
+        self._dbo = par.dual_batch if model.is_moe else None
+        self._dbo_cache: dict[int, tuple[float, float]] = {}
+        if self._moe is not None and self._moe.efficiency is not None and self._moe.deepgemm is None:
             self.notes.append(f"{system}'s fused-MoE table has no {self._moe.dtype} rows for {model.name}'s experts: "
                               f"the roofline prices them at the efficiency the table shows for its "
                               f"{len(self._moe.efficiency.timed)} timed shapes in their format and split "
@@ -309,7 +323,11 @@ class MeasuredCostModel:
             par = self._moe.par
             formats += f", moe {self._moe.dtype} dp{par.dp} ep{par.ep}" + (f" skew {par.skew:g}" if par.skew else "")
             formats += f", {par.all2all}" if self._moe.deepep is not None else ""
-            formats += " (experts: roofline x the table's efficiency)" if self._moe.efficiency is not None else ""
+            formats += ", dual-batch overlap" if self._dbo is not None else ""
+            if self._moe.deepgemm is not None:
+                formats += " (experts: DeepGEMM)"
+            elif self._moe.efficiency is not None:
+                formats += " (experts: roofline x the table's efficiency)"
         return (f"measured({where}: {self.system} vllm {versions}, "
                 f"aiconfigurator-core {tables.source()['package_version']}{scaled}{formats})")
 
@@ -829,10 +847,19 @@ class MeasuredCostModel:
         one batch, so without building StepShapes. The same float: the terms that do not depend on the
         contexts summed as step_time sums them."""
         attention = self._attention_of.get(seqs) or self._attention_pricer(seqs)
-        fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
-        fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         host = self._host_base + self._host_per_seq * seqs
         recurrent = self._gdn.decode(seqs) if self._gdn is not None else 0.0   # as step_time adds it, last
+        if self._dbo is not None and self._dbo.splits(seqs, seqs, True):
+            compute, comm = self._dbo_cache.get(seqs) or self._dbo_price(seqs)
+            rest = (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+            layers, in_series = self.model.moe_layers, not self.async_scheduling
+
+            def split(triples) -> float:         # as _dual_batch_step
+                gpu = DualBatch.overlapped(compute + (attention(triples) + recurrent), comm, layers) + rest
+                return gpu + host if in_series else (gpu if gpu >= host else host)
+            return split
+        fixed = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
+        fixed += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         if self.async_scheduling:
             def price(triples) -> float:
                 gpu = fixed + attention(triples) + recurrent
@@ -853,16 +880,24 @@ class MeasuredCostModel:
         width = counts.shape[1]
         terms = counts * a[low:low + width] + slope[low:low + width] * sums
         total = np.cumsum(terms, axis=1)[:, -1]
-        gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
-        gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         attention = self.model.full_attention_layers * total / seqs
         if self.model.sliding_layers:
             attention = attention + self.model.sliding_layers * self._windowed_decode_rows(seqs, low, counts,
                                                                                           sums) / seqs
+        host = self._host_base + self._host_per_seq * seqs
+        if self._dbo is not None and self._dbo.splits(seqs, seqs, True):     # as _dual_batch_step, row by row
+            compute, comm = self._dbo_cache.get(seqs) or self._dbo_price(seqs)
+            if self._gdn is not None:
+                attention = attention + self._gdn.decode(seqs)
+            work = compute + attention
+            gpu = np.maximum(work, comm) + np.minimum(work, comm) / (2 * self.model.moe_layers)
+            gpu = gpu + (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
+            return gpu + host if not self.async_scheduling else np.where(gpu >= host, gpu, host)
+        gpu = (self._token_cache.get(seqs) or self._token_terms(seqs))[1]
+        gpu += (self._seq_cache.get(seqs) or self._seq_terms(seqs))[1]
         gpu = gpu + attention
         if self._gdn is not None:
             gpu = gpu + self._gdn.decode(seqs)
-        host = self._host_base + self._host_per_seq * seqs
         return gpu + host if not self.async_scheduling else np.where(gpu >= host, gpu, host)
 
     def _gen_array(self, seqs: int) -> tuple:
@@ -1136,6 +1171,72 @@ class MeasuredCostModel:
         return Term("host: schedule, inputs, outputs", "host", exposed, "fitted" if fitted else "roofline",
                     f"{how} = {host * 1e3:.2f} ms, overlapped with the GPU's {gpu * 1e3:.2f} ms (async scheduling)")
 
+    # ---- dual-batch overlap (planner/cost/dbo.py) --------------------------------
+
+    def _dbo_halves(self, tokens: int) -> list[tuple[int, tuple[Term, ...]]]:
+        """The two microbatches of a split step of `tokens` tokens: each one's tokens and token terms."""
+        captured = self.graphs.captured(tokens)
+        halves = []
+        for half in DualBatch.halves(self._padded(tokens)):
+            value = self._run_cache.get((half, captured))
+            if value is None:
+                value = self._run_cache[half, captured] = self._run_terms(half, captured)
+            halves.append((half, value[0]))
+        return halves
+
+    def _dbo_price(self, tokens: int) -> tuple[float, float]:
+        """(compute, all-to-all) seconds of both microbatches' token terms; cached by `tokens`."""
+        compute = comm = 0.0
+        for _, terms in self._dbo_halves(tokens):
+            for term in terms:
+                if term.name == DEEPEP_TERM:
+                    comm += term.seconds
+                else:
+                    compute += term.seconds
+        value = self._dbo_cache[tokens] = (compute, comm)
+        return value
+
+    def _attention_seconds(self, s: StepShape) -> float:
+        """The step's attention (prefill, decode, linear), whole: it divides between microbatches with its
+        sequences."""
+        seconds = 0.0
+        if s.prefill_tokens:
+            seconds += self._prefill_attention(s)
+        if s.decode_seqs:
+            seconds += self.decode_attention(s)
+        if self._gdn is not None:
+            seconds += self._linear_attention(s)
+        return seconds
+
+    def _dual_batch_step(self, s: StepShape, tokens: int, seqs: int) -> float:
+        """step_time of a step vLLM splits into two microbatches (swap and copy aside)."""
+        compute, comm = self._dbo_cache.get(tokens) or self._dbo_price(tokens)
+        gpu = DualBatch.overlapped(compute + self._attention_seconds(s), comm, self.model.moe_layers)
+        rows = seqs + s.draft_tokens
+        gpu += (self._seq_cache.get(rows) or self._seq_terms(rows))[1]
+        host = self._host_base + self._host_per_seq * seqs
+        return gpu + host if not self.async_scheduling else (gpu if gpu >= host else host)
+
+    def _dual_batch_terms(self, tokens: int) -> list[Term]:
+        """Both microbatches' token terms, each name's summed."""
+        (first, terms), (second, other) = self._dbo_halves(tokens)
+        merged = []
+        for one, two in zip(terms, other):
+            merged.append(Term(one.name, one.group, one.seconds + two.seconds, one.source,
+                               f"2 microbatches ({first} + {second} tokens), the first's: {one.detail}",
+                               one.count + two.count))
+        return merged
+
+    def _overlap_term(self, s: StepShape, tokens: int) -> Term:
+        """The (negative) term of the time the overlap hides: both streams' work less the overlapped layers."""
+        compute, comm = self._dbo_cache.get(tokens) or self._dbo_price(tokens)
+        work = compute + self._attention_seconds(s)
+        layers = self.model.moe_layers
+        hidden = work + comm - DualBatch.overlapped(work, comm, layers)
+        return Term(DBO_TERM, "collective", -hidden, "schedule",
+                    f"compute {work * 1e3:.3f} ms and DeepEP all-to-all {comm * 1e3:.3f} ms of both microbatches "
+                    f"on two streams over {layers} MoE layers: max + min / {2 * layers} (planner/cost/dbo.py)")
+
     # ---- the cost model -----------------------------------------------------
 
     def step_time(self, s: StepShape) -> float:
@@ -1144,7 +1245,9 @@ class MeasuredCostModel:
         seqs = s.prefill_seqs + s.decode_seqs
         tokens = s.prefill_tokens + s.decode_seqs + s.draft_tokens
         t = 0.0
-        if tokens:
+        if tokens and self._dbo is not None and self._dbo.splits(tokens, seqs, not s.prefill_tokens):
+            t = self._dual_batch_step(s, tokens, seqs)
+        elif tokens:
             rows = seqs + s.draft_tokens           # logit rows: one per sequence and per draft verified
             gpu = (self._token_cache.get(tokens) or self._token_terms(tokens))[1]
             gpu += (self._seq_cache.get(rows) or self._seq_terms(rows))[1]
@@ -1166,8 +1269,10 @@ class MeasuredCostModel:
         """Every term of the step `s`, each with its seconds and source; `ledger(s).total == step_time(s)`."""
         tokens, seqs = s.total_tokens, s.batch_size
         terms: list[Term] = []
+        split = bool(tokens) and self._dbo is not None and self._dbo.splits(tokens, seqs, not s.prefill_tokens)
         if tokens:
-            terms += (self._token_cache.get(tokens) or self._token_terms(tokens))[0]
+            terms += (self._dual_batch_terms(tokens) if split
+                      else (self._token_cache.get(tokens) or self._token_terms(tokens))[0])
             source = "table" if self._latent is None else "roofline"      # MLA: _set_up_latent_attention
             layers = self.model.attention_layers
             if s.prefill_tokens:
@@ -1181,6 +1286,8 @@ class MeasuredCostModel:
                                   f"{s.decode_context} context tokens in all, x{layers} layers", layers))
             if self._gdn is not None:
                 terms.append(self._linear_attention_term(s))
+            if split:
+                terms.append(self._overlap_term(s, tokens))
             terms += (self._seq_cache.get(s.logit_rows) or self._seq_terms(s.logit_rows))[0]
             terms.append(self._host_term(self.host(seqs), sum(t.seconds for t in terms)))
         if s.swap_blocks:
@@ -1196,7 +1303,8 @@ class MeasuredCostModel:
         host = "async scheduling: the fitted host time hidden behind the GPU's (an upper bound)" \
             if self.async_scheduling else "host time in series with the GPU, as calibrated (vLLM 0.12)"
         left = [f"left out: {', '.join(sorted(self.leave_out))}"] if self.leave_out else []
-        return (graphs, host, *left, *self.notes)
+        dbo = [self._dbo.describe()] if self._dbo is not None else []
+        return (graphs, host, *dbo, *left, *self.notes)
 
     def breakdown(self, s: StepShape) -> dict[str, float]:
         """step_time by group (seconds: gemm, attention, elementwise, collective, lm_head, sampler, host,

@@ -29,7 +29,9 @@ Per MoE layer, x its MoE layers (ledger terms, group "moe" and "collective"):
                   Once tp x dp passes one 8-GPU node the dp ranks (one in every tp) span nodes: one
                   node's share through its table, the rest through the NICs (planner/cost/nodes.py).
                   With --all2all-backend deepep_low_latency or deepep_high_throughput, DeepEP's
-                  dispatch and combine instead, at DeepEP's published rates (planner/cost/all2all.py).
+                  dispatch and combine instead, at DeepEP's published rates (planner/cost/all2all.py),
+                  and block-FP8 experts of DeepSeek-V3's shape on Hopper run DeepGEMM's grouped GEMMs,
+                  priced at DeepGEMM's published rates (planner/cost/deepgemm.py), not the table.
 
 The table holds only the shapes NVIDIA timed (scripts/extract_measured_tables.py keeps the catalog's).
 Experts of a shape it never timed in their format and split (GLM-4.5's, a user's own config.json,
@@ -59,11 +61,13 @@ from planner.catalog.routing import experts_touched
 from planner.catalog.quantization import WeightFormat
 from planner.cost import tables
 from planner.cost.all2all import DeepEp
+from planner.cost.deepgemm import DeepGemm
 from planner.cost.ledger import Term
-from planner.cost.moe import MoeParallel, expert_roofline
+from planner.cost.moe import MoeParallel, expert_roofline, moe_work
 from planner.cost.nodes import NODE_LINK, NodeSpan
 from planner.errors import PlannerError
 
+DEEPEP_TERM = "MoE dispatch + combine (DeepEP)"      # the ledger's DeepEP term (dual-batch overlap hides it)
 # The skew (power-law exponent) of each routing distribution NVIDIA measured.
 DISTRIBUTIONS = ((0.0, "balanced"), (1.01, "power_law_1.01"), (1.2, "power_law_1.2"))
 
@@ -116,8 +120,8 @@ class MeasuredMoe:
 
     def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
                  roofline: ExpertRoofline | None = None, node_link: str = NODE_LINK,
-                 deepep: DeepEp | None = None) -> None:
-        self.system, self.model, self.par, self.deepep = system, model, par, deepep
+                 deepep: DeepEp | None = None, deepgemm: DeepGemm | None = None) -> None:
+        self.system, self.model, self.par, self.deepep, self.deepgemm = system, model, par, deepep, deepgemm
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
         table = tables.load_rows(system, "moe")
@@ -164,6 +168,10 @@ class MeasuredMoe:
 
     def experts(self, tokens: int) -> float:
         """One layer's fused-MoE time when its experts see `tokens` tokens, at the routing skew."""
+        if self.deepgemm is not None:
+            work = moe_work(self.model, self.par, tokens // self.par.dp)
+            if self.deepgemm.runs(work):
+                return self.deepgemm.seconds(work)
         if self.efficiency is not None:
             price, extrapolated = self.efficiency.price(tokens // self.par.dp)
             self.extrapolated |= extrapolated
@@ -217,7 +225,7 @@ class MeasuredMoe:
                       f"x{layers} layers", layers),
                  self._experts_term(gathered, split, skew)]
         if self.deepep is not None:
-            terms.append(Term("MoE dispatch + combine (DeepEP)", "collective", layers * self.dispatch(run),
+            terms.append(Term(DEEPEP_TERM, "collective", layers * self.dispatch(run),
                               "published", f"{self.deepep.describe()}, {run} tokens per replica, x{layers} layers",
                               2 * layers))
         elif par.dp > 1:
@@ -231,6 +239,9 @@ class MeasuredMoe:
         layers, m = self.model.moe_layers, self.model
         what = f"{gathered} tokens, top-{m.num_experts_per_tok} of {m.num_experts}, {split}{skew}, x{layers} layers"
         seconds = layers * self.experts(gathered)
+        if self.deepgemm is not None and self.deepgemm.runs(moe_work(self.model, self.par, gathered // self.par.dp)):
+            return Term("experts (DeepGEMM)", "moe", seconds, "published", f"{self.deepgemm.describe()}, {what}",
+                        layers)
         if self.efficiency is None:
             return Term("experts (fused MoE)", "moe", seconds, "table", f"{self.system} moe {self.dtype}, {what}",
                         layers)

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.deployment import ALL2ALL_BACKENDS
+from engine.deployment import ALL2ALL_BACKENDS, MOE_BACKENDS
 from planner.catalog import ModelSpec
 from planner.catalog.quantization import WeightFormat
 from planner.catalog.routing import experts_touched, inclusion, pair_share, popularity, rank_experts
+from planner.cost.dbo import DualBatch
 from planner.errors import PlannerError
 
 __all__ = ["MoeParallel", "MoeWork", "moe_work", "expert_flops", "bytes_per_expert", "expert_roofline",
@@ -49,6 +50,8 @@ class MoeParallel:
     expert_parallel: bool = False
     skew: float = 0.0
     all2all: str = ALL2ALL_BACKENDS[0]     # vLLM's --all2all-backend (planner/cost/all2all.py)
+    dbo: DualBatch | None = None            # vLLM's --enable-dbo and its thresholds (planner/cost/dbo.py)
+    moe_backend: str = MOE_BACKENDS[0]      # the experts' kernel, vLLM's --moe-backend (planner/cost/deepgemm.py)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.skew <= MAX_SKEW:
@@ -70,6 +73,12 @@ class MoeParallel:
         """Whether the dispatch runs DeepEP: a DeepEP backend, and expert parallelism with dp > 1, the only case
         in which vLLM dispatches through its all2all backend."""
         return self.all2all != ALL2ALL_BACKENDS[0] and self.dp > 1 and self.expert_parallel
+
+    @property
+    def dual_batch(self) -> DualBatch | None:
+        """The dual-batch overlap a step may run: --enable-dbo where DeepEP dispatches (vLLM refuses it with any
+        other backend; without an all2all it has nothing to hide and is not priced)."""
+        return self.dbo if self.deepep else None
 
     @property
     def moe_tp(self) -> int:

@@ -37,9 +37,15 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
         notes.append("FP8 KV cache: no measured FP8-KV attention table for this GPU; attention priced as with a "
                      "16-bit cache (the memory plan still holds FP8 blocks)")
     if "deepep_" in cost_model:
+        experts = ("the experts' grouped GEMMs at DeepGEMM's published H800 rates, DeepSeek-V3's shape only"
+                   if "experts: DeepGEMM" in cost_model else
+                   "the experts still priced as vLLM's fused MoE: DeepGEMM published no rates for this shape or GPU")
         notes.append("DeepEP dispatch and combine: bytes at the rates DeepEP's README measured on H800 nodes (not "
-                     "vLLM end to end, nothing below 128 tokens per rank); the experts still priced as vLLM's "
-                     "fused MoE, not DeepEP's grouped or masked GEMMs")
+                     f"vLLM end to end, nothing below 128 tokens per rank); {experts}")
+    if "dual-batch overlap" in cost_model:
+        notes.append("dual-batch overlap: both microbatches' compute and all-to-all overlapped as two ideal "
+                     "streams; the SMs vLLM gives the communication kernels and the dp ranks' vote to split "
+                     "are not priced")
     if "deepep_high_throughput" in cost_model:
         notes.append("deepep_high_throughput: vLLM runs every step without CUDA graphs (none padded); the CPU's "
                      "kernel launches that graphs would hide are not priced, so small decode steps come out short")

@@ -254,7 +254,7 @@ class RooflineCostModel:
     def _set_up_moe(self, model: ModelSpec, gpu: GpuSpec, par: MoeParallel, dtype_bytes: int,
                     weight_format: WeightFormat | None, node_link: str = NODE_LINK) -> None:
         """Constants of the MoE layers' price (planner/cost/moe.py); None for a dense model."""
-        self._moe, self._par, self._moe_cache = None, par, {}
+        self._moe, self._par, self._moe_cache, self._dbo = None, par, {}, None
         if not model.is_moe:
             return
         self._moe = model
@@ -268,6 +268,7 @@ class RooflineCostModel:
         self._dtype_bytes = dtype_bytes
         self._dispatch_span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
         self._deepep = DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link)
+        self._dbo = par.dual_batch            # vLLM's dual-batch overlap (planner/cost/dbo.py)
 
     def moe_parts(self, tokens: int) -> dict[str, float]:
         """All MoE layers' router, experts and dispatch seconds when each dp replica runs `tokens` tokens."""
@@ -300,6 +301,10 @@ class RooflineCostModel:
         seqs = s.prefill_seqs + s.decode_seqs
         rows = seqs + s.draft_tokens                  # logit rows: a draft verified is one more
         tokens = s.prefill_tokens + s.decode_seqs + s.draft_tokens
+        if tokens and self._dbo is not None and self._dbo.splits(tokens, seqs, not s.prefill_tokens):
+            parts = self.breakdown(s)          # two microbatches: breakdown writes the split out
+            del parts["bound"]
+            return sum(parts.values())
         if tokens:
             t = tokens * self._linear_per_token
             if t < self._linear_weights:
@@ -341,7 +346,8 @@ class RooflineCostModel:
         inline; tests hold the two equal.
         """
         parts = {k: 0.0 for k in ("linear", "moe", "lm_head", "prefill_attention", "decode_attention",
-                                  "linear_attention", "compressors", "allreduce", "swap", "copy", "cpu")}
+                                  "linear_attention", "compressors", "allreduce", "dual_batch_overlap", "swap",
+                                  "copy", "cpu")}
         bound: dict[str, str] = {}
         if s.is_empty:
             return {**parts, "bound": bound}
@@ -372,10 +378,28 @@ class RooflineCostModel:
             if self.tp > 1:
                 parts["allreduce"] = (self._allreduce_fixed + tokens * self._allreduce_per_token
                                       + rows * self._gather_per_seq)
+            if self._dbo is not None and self._dbo.splits(tokens, seqs, not s.prefill_tokens):
+                self._split(parts, tokens, rows)
         parts["swap"] = s.swap_blocks * self._swap_per_block
         parts["copy"] = s.copy_blocks * self._copy_per_block
         parts["cpu"] = self._cpu_base + seqs * self._cpu_per_seq
         return {**parts, "bound": bound}
+
+    def _split(self, parts: dict[str, float], tokens: int, rows: int) -> None:
+        """`parts` of a step vLLM runs as two microbatches (planner/cost/dbo.py): the token-priced parts (linear
+        layers, MoE, all-reduces) at each half's tokens, and the overlap of compute and DeepEP all-to-all."""
+        halves = self._dbo.halves(tokens)
+        parts["linear"] = sum(max(h * self._linear_per_token, self._linear_weights) for h in halves)
+        moe = [self.moe_parts(h) for h in halves]
+        comm = sum(p["dispatch"] for p in moe)
+        parts["moe"] = sum(p["router"] + p["experts"] + p["dispatch"] for p in moe)
+        if self.tp > 1:
+            parts["allreduce"] = (sum(self._allreduce_fixed + h * self._allreduce_per_token for h in halves)
+                                  + rows * self._gather_per_seq)
+        gather = rows * self._gather_per_seq if self.tp > 1 else 0.0       # the logits', after the microbatches
+        work = sum(parts[k] for k in ("linear", "moe", "prefill_attention", "decode_attention", "linear_attention",
+                                      "compressors", "allreduce")) - comm - gather
+        parts["dual_batch_overlap"] = -(work + comm - self._dbo.overlapped(work, comm, self._moe.moe_layers))
 
     def describe(self) -> dict:
         """What this model assumed, for a result file's 'cost model' section."""

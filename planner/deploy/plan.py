@@ -25,13 +25,15 @@ import os
 from dataclasses import dataclass, replace
 
 from engine.core.config import SchedulerConfig
-from engine.deployment import ALL2ALL_BACKENDS, BatchDevice, Deployment, resolve_batch_limits
+from engine.deployment import ALL2ALL_BACKENDS, MOE_BACKENDS, BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
                                           format_from_id, gemm_path, recorded_format, weight_format)
 from planner.deploy import checks
 from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.all2all import check_backend
+from planner.cost.dbo import DualBatch
+from planner.cost.deepgemm import check_moe_backend
 from planner.cost.moe import MoeParallel
 from planner.cost.nodes import node_link
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
@@ -83,8 +85,9 @@ class DeploymentPlan:
         d = self.deployment
         if self.moe is None:
             return None
+        dbo = DualBatch(d.dbo_decode_token_threshold, d.dbo_prefill_token_threshold) if d.enable_dbo else None
         return MoeParallel(tp=d.tp, dp=d.dp, expert_parallel=d.enable_expert_parallel, skew=d.moe_skew,
-                           all2all=d.all2all_backend)
+                           all2all=d.all2all_backend, dbo=dbo, moe_backend=d.moe_backend)
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -121,6 +124,9 @@ class DeploymentPlan:
                 **({"enable_expert_parallel": d.enable_expert_parallel, "moe_layout": self.moe.describe()}
                    if self.moe is not None else {}),
                 **({"all2all_backend": d.all2all_backend} if d.all2all_backend != ALL2ALL_BACKENDS[0] else {}),
+                **({"moe_backend": d.moe_backend} if d.moe_backend != MOE_BACKENDS[0] else {}),
+                **({"enable_dbo": True, "dbo_decode_token_threshold": d.dbo_decode_token_threshold,
+                    "dbo_prefill_token_threshold": d.dbo_prefill_token_threshold} if d.enable_dbo else {}),
                 **({} if d.speculative is None else {"speculative": d.speculative, "acceptance": d.acceptance,
                                                      "draft_rates": d.draft_rates,
                                                      "draft_persistence": d.draft_persistence})}
@@ -157,10 +163,11 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
                           weight_format=fmt, gemm=gemm, moe=layout,
                           cache_block_size=_cache_block_size(deployment, model, gpu))
     all2all_note = check_backend(deployment.all2all_backend, plan.moe_parallel, gpu)
+    kernel_note = check_moe_backend(model, fmt, gpu, plan.moe_parallel)
     if not refuse:
         return plan
     warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment)
-                + block_notes + hybrid_notes + ([all2all_note] if all2all_note else []))
+                + block_notes + hybrid_notes + [note for note in (all2all_note, kernel_note) if note])
     return replace(plan, warnings=tuple(warnings))
 
 

@@ -22,8 +22,9 @@ PD_FLAGS = ("prefill_gpu", "prefill_tp", "decode_gpu", "decode_tp", "kv_link")
 POOL_SETS = ("prefill_set", "decode_set")
 # The deployment settings one pool may set apart from the other (GPU and TP have flags of their own); the model,
 # its weights' and KV cache's formats and the block size are both pools', as the KV transfer needs them alike.
-POOL_KEYS = ("dp", "enable_expert_parallel", "all2all_backend", "enable_eplb", "num_redundant_experts", "moe_skew",
-             "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "async_scheduling", "node_link")
+POOL_KEYS = ("dp", "enable_expert_parallel", "all2all_backend", "enable_eplb", "num_redundant_experts", "moe_backend",
+             "enable_dbo", "dbo_decode_token_threshold", "dbo_prefill_token_threshold", "moe_skew", "max_num_seqs",
+             "max_num_batched_tokens", "gpu_memory_utilization", "async_scheduling", "node_link")
 
 
 def parse_pool_set(pool: str, items) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,63 @@
+"""vLLM's dual-batch overlap (--enable-dbo): a step run as two microbatches, one's all-to-all under the other's compute.
+
+What vLLM does. With --enable-dbo (vllm/config/parallel.py ParallelConfig; VllmConfig refuses it unless the
+all2all backend is one of DeepEP's) the GPU model runner splits a step's tokens at the middle of its padded
+count (vllm/v1/worker/ubatch_utils.py maybe_create_ubatch_slices: split_point = num_tokens_padded // 2, a
+request may straddle it) and two threads run the model on the halves (gpu_ubatch_wrapper.py UBatchWrapper),
+handing the GPU to each other around every MoE layer's dispatch and combine, so that one microbatch's
+all-to-all runs on the communication stream while the other computes (vLLM's docs/design/dbo.md). A step is
+split when it schedules at least `dbo_decode_token_threshold` tokens (default 32) and is a uniform decode, or
+at least `dbo_prefill_token_threshold` (default 512) otherwise (check_ubatch_thresholds), and holds at least
+two requests. The logits and the sampler run once, on the joined output, outside the wrapper.
+
+The price. Each half's token terms (GEMMs, experts, norms, all-reduces, its own dispatch) at its own token
+count, so what a half reads whatever its size (the weights, at decode) is paid twice; that is why vLLM splits
+only large steps. Attention, whose work divides with its sequences, is priced whole. With C the compute and M
+the all-to-all of both halves over the step's L MoE layers, a layer runs each microbatch's compute c = C / 2L
+on the compute stream and its all-to-all m = M / 2L on the other, each waiting on the other's: 2 max(c, m)
+a layer, plus the step's first compute and last combine, which nothing overlaps. The step's layers take
+
+    2L max(c, m) + min(c, m) = max(C, M) + min(C, M) / 2L
+
+Left out, and said so: the SMs vLLM gives the communication kernels while they run (VLLM_DBO_COMM_SMS, 20
+of the GPU's; it caps only DeepGEMM at the rest), the dense layers' compute pooled with the MoE layers' (it
+has no all-to-all to hide: 3 of DeepSeek-V3's 61 layers), and the vote of the dp ranks (all split or none,
+should_ubatch_across_dp): each rank here splits on its own tokens, the ranks of a lockstep group being alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# vLLM's defaults (ParallelConfig.dbo_decode_token_threshold, dbo_prefill_token_threshold)
+DECODE_THRESHOLD = 32
+PREFILL_THRESHOLD = 512
+TERM = "dual-batch overlap"       # the ledger's term for the time the overlap saves (negative seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class DualBatch:
+    """When vLLM splits a step into two microbatches, and what the overlap leaves of their times."""
+
+    decode_threshold: int = DECODE_THRESHOLD
+    prefill_threshold: int = PREFILL_THRESHOLD
+
+    def splits(self, tokens: int, seqs: int, decode_only: bool) -> bool:
+        """Whether a step of `tokens` scheduled tokens over `seqs` requests runs as two microbatches."""
+        return seqs >= 2 and tokens >= (self.decode_threshold if decode_only else self.prefill_threshold)
+
+    @staticmethod
+    def halves(padded: int) -> tuple[int, int]:
+        """The two microbatches' tokens: the padded count split at its middle."""
+        return padded // 2, padded - padded // 2
+
+    @staticmethod
+    def overlapped(compute: float, comm: float, layers: int) -> float:
+        """The step's layers when both microbatches' compute (`compute`) and all-to-all (`comm`) over `layers`
+        MoE layers overlap: max + min / 2L."""
+        high = compute if compute >= comm else comm
+        low = comm if compute >= comm else compute
+        return high + low / (2 * layers)
+
+    def describe(self) -> str:
+        return (f"dual-batch overlap from {self.decode_threshold} decode / {self.prefill_threshold} other tokens "
+                f"(planner/cost/dbo.py)")
