@@ -74,6 +74,20 @@ def test_kv_bytes_follow_the_model_and_the_link():
     assert fp8.bytes_per_token == 2 * 32 * 8 * 128 * 1
 
 
+def test_a_speculating_decode_pool_drafts_from_the_prompts_draft_kv_the_prefill_pool_made():
+    load = random_load(requests=40, rate=4.0, params={"input_len": 1000, "output_len": 100})
+    plain = Simulation.prepare(pd_spec(1, 1, load)).run()
+    spec = Simulation.prepare(pd_spec(1, 1, load, V1.replace(speculative="eagle:3"))).run()
+    # the EAGLE head's one layer of KV crosses with the target's 32
+    path = prepare_pools(pd_spec(1, 1, load, V1.replace(speculative="eagle:3"))).path
+    assert path.bytes_per_token == 2 * 33 * 8 * 128 * 2
+    stats = spec.document()["spec_decoding_stats"]
+    assert stats["num_drafts"] > 0 and stats["mean_acceptance_length"] > 1.5
+    assert spec.metrics.tpot_mean < 0.7 * plain.metrics.tpot_mean
+    # the head's own pass over each prompt runs on the prefill replica
+    assert spec.sim.pd.prefill.metrics.step_time_mean > plain.sim.pd.prefill.metrics.step_time_mean
+
+
 def test_the_run_moves_each_prompts_kv():
     result = Simulation.prepare(pd_spec(1, 2, random_load(requests=20))).run()
     kv = result.document()["pd"]["kv_transfer"]
@@ -146,7 +160,6 @@ def test_bad_pd_values_are_refused(text):
 @pytest.mark.parametrize("spec,message", [
     (RunSpec(deployment=V1, fleet=Fleet(2), pd=Disaggregation(1, 1)), "replaces --replicas"),
     (RunSpec(deployment=V1.replace(policy="paper"), pd=Disaggregation(1, 1)), "--policy vllm-v1"),
-    (RunSpec(deployment=V1.replace(speculative="eagle:3"), pd=Disaggregation(1, 1)), "not modelled"),
     (RunSpec(deployment=V1, pd=Disaggregation(3, 6, kv_link="nvlink")), "one node"),
     (RunSpec(deployment=V1.replace(gpu="l40s"), pd=Disaggregation(1, 1, kv_link="nvlink")), "no NVLink"),
     (RunSpec(deployment=V1, pd=Disaggregation(1, 1, kv_link="carrier-pigeon")), "unknown KV link"),

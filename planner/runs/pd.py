@@ -7,8 +7,9 @@ limits, its data and expert parallelism, its MoE all2all backend), and the link
 the KV caches cross (`--kv-link`, planner/data/links.json). `check` refuses, in one
 line each, what would make no sense: a pool of zero, `--pd` beside `--replicas`,
 the paper's policy (vLLM's KV connector is a vLLM v1 feature: give `--policy
-vllm-v1`), speculative decoding (not modelled with pools yet), and NVLink for
-pools that do not fit in one node. The simulation itself is planner/sim/pd.py.
+vllm-v1`), and NVLink for pools that do not fit in one node. Speculative
+decoding applies to both pools (the decode pool drafts). The simulation itself
+is planner/sim/pd.py.
 """
 from __future__ import annotations
 
@@ -115,9 +116,6 @@ class Disaggregation:
         if base.policy != "vllm-v1":
             raise PlannerError(f"--pd {self.ratio} simulates vLLM v1's KV connector (disaggregated prefill is a "
                                f"vLLM v1 feature): give --policy vllm-v1, not {base.policy}")
-        if base.speculative is not None:
-            raise PlannerError(f"--pd {self.ratio} with --speculative {base.speculative}: speculative decoding "
-                               f"in a decode pool is not modelled yet")
         link = resolve_link(self.kv_link)
         if link.node_gpus is not None and self.gpus(base) > link.node_gpus:
             raise PlannerError(f"--kv-link {link.name} joins the GPUs of one node ({link.node_gpus}): --pd "

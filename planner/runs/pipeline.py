@@ -20,6 +20,7 @@ from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
 from planner.deploy.plan import DeploymentPlan, plan_deployment
+from planner.deploy.speculation import proposer_model
 from planner.errors import PlannerError
 from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
@@ -73,9 +74,16 @@ def prepare_pools(spec: RunSpec) -> Pools:
     prefill, decode = pools
     link = resolve_link(pd.kv_link)
     path = KvPath(link, link.stream_bandwidth(prefill.plan.gpu, decode.plan.gpu),
-                  min(prefill.plan.deployment.tp, decode.plan.deployment.tp),
-                  prefill.plan.model.kv_bytes_per_token(prefill.plan.kv_dtype_bytes))
+                  min(prefill.plan.deployment.tp, decode.plan.deployment.tp), transferred_kv_bytes(prefill.plan))
     return Pools(prefill, decode, path)
+
+
+def transferred_kv_bytes(plan: DeploymentPlan) -> int:
+    """The KV bytes of one token a prefill replica hands over: the target's, and a draft network's (an EAGLE or
+    MTP head, a draft model: planner/deploy/speculation.py) when speculating, which drafts from the prompt's."""
+    proposer = proposer_model(plan.deployment, plan.model)
+    draft = proposer[0].kv_bytes_per_token(plan.kv_dtype_bytes) if proposer is not None else 0
+    return plan.model.kv_bytes_per_token(plan.kv_dtype_bytes) + draft
 
 
 @dataclass

@@ -26,6 +26,13 @@ replicas step one at a time (the decode batch's proof does not cover remote
 admissions). The prefill replica holds a handed-off request's blocks until the
 decode replica has read its KV (vLLM's NIXL connector frees them then). Not
 modelled: the proxy's and the network's own latency, and transfers sharing a link.
+
+Speculative decoding (--speculative, both pools): the decode replicas speculate as
+one deployment does (planner/sim/speculative.py); a draft network (EAGLE or MTP
+head, draft model) runs its own first pass over each prompt on the prefill
+replica, beside the target's, and its KV crosses with the target's (the KV path's
+bytes per token count both), so the decode side drafts from its first step.
+`spec_decoding_stats` sums both pools' counters (only the decode pool drafts).
 """
 from __future__ import annotations
 
@@ -43,8 +50,8 @@ from planner.catalog.links import KvLink
 from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
-from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended, make_engine,
-                                run_quietly)
+from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
+                                fleet_spec_decoding, make_engine, run_quietly)
 from planner.sim.fleet import Fleet, merged_steps, pool_result
 from planner.sim.remote_kv import DecodeScheduler, Remote
 from planner.sim.router import Router, RouterPolicy
@@ -397,4 +404,5 @@ def _pd_result(pools: Disaggregated, clients: list[SequenceGroup], prefill: Pool
         sharing_saved=0.0, prefix_cache_hit_tokens=parts[0].prefix_cache_hit_tokens,
         prefix_cache_hit_rate=parts[0].prefix_cache_hit_rate,
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=pools.env.now,
-        wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed, pd=run)
+        wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed, pd=run,
+        spec_decoding=fleet_spec_decoding(engines))
