@@ -1,6 +1,10 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
-from engine.core.block_manager import BlockManager
+from engine.core.block_manager import ROOT_HASH, BlockManager, block_key, chained_hashes
 from engine.core.kv_allocator import AllocStatus
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
@@ -140,3 +144,22 @@ def test_bad_sizes_are_rejected():
         BlockManager(0, 4)
     with pytest.raises(ValueError):
         BlockManager(16, 0)
+
+
+def test_prefix_keys_are_a_digest_no_crafted_block_can_share():
+    # Python's hash() of a tuple of ints is arithmetic modulo 2**61 - 1: these two blocks would share a key
+    # and the second would be served the first's KV (vLLM's CVE-2025-25183); their digests differ
+    honest, crafted = [5] * 16, [2**61 + 4] + [5] * 15
+    assert hash((ROOT_HASH, tuple(honest))) == hash((ROOT_HASH, tuple(crafted)))
+    assert block_key(ROOT_HASH, honest) != block_key(ROOT_HASH, crafted)
+    # chained: the same block after different parents has different keys
+    a, b = list(chained_hashes([1] * 16 + [2] * 16, 16, 2)), list(chained_hashes([3] * 16 + [2] * 16, 16, 2))
+    assert a[1] != b[1]
+
+
+def test_prefix_keys_are_the_same_in_every_process():
+    # a live fleet's router computes the keys its replicas' caches hold, in another process
+    code = "from engine.core.block_manager import chained_hashes; print(list(chained_hashes(list(range(64)), 16, 4)))"
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert runs == {f"{list(chained_hashes(list(range(64)), 16, 4))}\n"}

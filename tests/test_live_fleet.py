@@ -128,6 +128,14 @@ def test_prefix_aware_follows_the_replicas_kv_events():
     assert held == len(hashes) - 1
 
 
+def test_a_token_id_no_vocabulary_holds_scores_nothing_and_goes_on_to_the_replica():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        return [(await post(client, prompt)).status_code for prompt in ([2**70] * 20, [-1] * 20, [7] * 20)]
+    assert run_proxy("prefix-aware", fake, calls) == [200, 200, 200]     # the replica judges the ids
+
+
 def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_is_passed_over():
     fake = FakeReplicas()
 

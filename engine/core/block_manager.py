@@ -3,8 +3,9 @@
 Integers only: physical block ids, per-sequence block tables, reference
 counts (two ``BlockPool`` objects, GPU cache and CPU swap space). The runner
 turns the returned copy pairs and swap maps into tensor operations. Prefix
-caching identifies a full block by a chained hash of (parent block's hash, the
-block's token ids), so equal prefixes map to equal hashes.
+caching identifies a full block by a chained key, a cryptographic digest of
+(parent block's key, the block's token ids), so equal prefixes map to equal
+keys and no prompt can be made to collide with another's (``block_key``).
 
 Admission checks follow vLLM v0.2.0's ``BlockSpaceManager`` (the version the
 paper evaluated), so the simulator preempts exactly where it would:
@@ -25,6 +26,9 @@ it is kept to measure how much vLLM's conservative heuristic costs.
 """
 from __future__ import annotations
 
+from array import array
+from hashlib import blake2b
+
 from engine.core.block_pool import BlockPool
 from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -39,19 +43,28 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-# The parent key of a prompt's first block. A constant, not None: before Python 3.12 hash(None) is the
-# object's address, so keys would differ between processes, and a router in another process (the live
-# fleet's proxy, engine/entrypoints/router) must compute the keys a replica's prefix cache holds (vLLM
-# fixes its NONE_HASH with PYTHONHASHSEED for llm-d's precise prefix-cache scorer for the same reason).
+# The parent key of a prompt's first block. A constant: a router in another process (the live fleet's
+# proxy, engine/entrypoints/router) must compute the keys a replica's prefix cache holds (vLLM fixes its
+# NONE_HASH for llm-d's precise prefix-cache scorer for the same reason).
 ROOT_HASH = 0
 
 
+def block_key(parent: int, tokens) -> int:
+    """A full block's prefix-cache key: a 64-bit BLAKE2b digest of its parent's key and its token ids.
+    Not Python's hash(): a tuple of ints hashes predictably, so a crafted prompt could take the key of
+    another user's prefix block and plant its own KV under it, to be served to them (vLLM's
+    CVE-2025-25183, fixed there with SHA-256); a second block with a given BLAKE2b key takes ~2**64
+    tries. Deterministic across processes, as the live fleet's router needs."""
+    data = parent.to_bytes(8, "little", signed=True) + array("q", tokens).tobytes()
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
 def chained_hashes(tokens: list[int], block_size: int, count: int):
-    """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each hashes its
+    """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each digests its
     parent's key with its own token ids, so equal prefixes have equal keys."""
     parent = ROOT_HASH
     for i in range(count):
-        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        parent = block_key(parent, tokens[i * block_size:(i + 1) * block_size])
         yield parent
 
 
@@ -168,7 +181,7 @@ class BlockManager:
             parent = ROOT_HASH
             tokens = seq.token_ids
             for i in range((n - 1) // bs):
-                h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+                h = block_key(parent, tokens[i * bs:(i + 1) * bs])
                 block = gpu.cached.get(h)
                 if block is None:
                     break
@@ -193,7 +206,7 @@ class BlockManager:
         tokens = seq.token_ids
         upto = seq.num_computed_tokens if num_tokens is None else num_tokens
         for i in range(len(hashes), upto // bs):
-            h = hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens[i * bs:(i + 1) * bs])))
+            h = block_key(hashes[-1] if hashes else ROOT_HASH, tokens[i * bs:(i + 1) * bs])
             hashes.append(h)
             self.gpu.register(table[i], h)
 

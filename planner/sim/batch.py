@@ -47,7 +47,7 @@ from itertools import chain, repeat
 from operator import add, attrgetter
 from typing import NamedTuple
 
-from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for
+from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for, block_key
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import StepRecord
@@ -466,7 +466,7 @@ class DecodeBatch:
                 self._write(member, step - 1)
                 keys, tokens = member.keys, member.group.seqs[0].token_ids
                 if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
-                    keys.append(hash((keys[-1] if keys else ROOT_HASH, tuple(tokens[len(tokens) - bs:]))))
+                    keys.append(block_key(keys[-1] if keys else ROOT_HASH, tokens[len(tokens) - bs:]))
                     register(member.table[len(keys) - 1], keys[-1])
                 else:                                                 # else the block manager's own way
                     self.allocator.mark_computed(member.group.seqs[0], member.base + step)

@@ -71,6 +71,10 @@ PROBE_FAILURES = 2        # probes in a row without an answer that mark a replic
 # A prompt's characters the router tokenizes to score prefix-cache hits (~64K tokens; a longer prompt's later
 # blocks do not count): tokenizing a 16 MiB prompt took 22 s of the router's time.
 PREFIX_CHARS = 1 << 18
+# A token-id prompt's leading ids it scores (as many as PREFIX_CHARS' text gives), and the ids a vocabulary can
+# hold: an id beyond them (a bad prompt, which the replica refuses) scores 0 rather than failing the pick.
+PREFIX_TOKENS = PREFIX_CHARS // 4
+TOKEN_ID_LIMIT = 1 << 31
 # Failures before the replica's answer's headers: it sent nothing, so the request may go to another replica.
 # A refused or timed-out connect never reached it; a reset or a close before the headers (a replica killed
 # mid-request: the kernel closes its sockets) or a write that fails means it died before answering. What it
@@ -125,7 +129,8 @@ class Proxy:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]                    # a batch: the replica serves them together
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return prompt
+            ids = prompt[:PREFIX_TOKENS]
+            return ids if all(0 <= t < TOKEN_ID_LIMIT for t in ids) else []
         if self.tokenizer is None:
             return []
         try:
