@@ -54,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm")
+SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm", "b300_sxm")
 # The attention backend vLLM selects by default per architecture, best first.
 # FlashAttention 3 has no 512-wide heads (Gemma 4's full layers): NVIDIA timed those with FlashAttention 4 on
 # Hopper; a kernel is chosen per head size.

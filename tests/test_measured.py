@@ -13,7 +13,7 @@ from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.measured import MeasuredCostModel, covered_gpus
 from planner.cost.roofline import RooflineCostModel
 from planner.cost.select import parse_cost_model, select_cost_model
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog import SM100_FAMILIES, resolve_gpu, resolve_model
 from planner.errors import PlannerError
 from planner.deploy.memory import plan_memory
 
@@ -226,7 +226,7 @@ def test_uncovered_gpu_and_op_are_one_line_errors_naming_what_is_covered():
     assert "\n" not in str(err.value)
     with pytest.raises(PlannerError, match="bf16"):
         MeasuredCostModel("llama-3.1-8b", "h100", dtype_bytes=4)
-    assert set(covered_gpus()) == {"a100-40g", "a100-80g", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200"}
+    assert set(covered_gpus()) == {"a100-40g", "a100-80g", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200", "b300"}
 
 
 def test_selection_order(tmp_path, monkeypatch):
@@ -320,3 +320,14 @@ def test_decode_contexts_past_the_grid_are_flagged():
     assert "generation_attention" not in m.describe()["extrapolated"]
     m.step_time(decode_at([100, 200000]))                         # past the 128K-token grid
     assert "generation_attention" in m.describe()["extrapolated"]
+
+
+def test_b300_reads_its_own_tables_and_runs_datacenter_blackwells_kernels():
+    # NVIDIA timed vLLM 0.24 on HGX B300 (aiconfigurator-core 0.12.0 b300_sxm): its own rows, not B200's
+    b300, b200 = MeasuredCostModel("llama-3.1-8b", "b300"), MeasuredCostModel("llama-3.1-8b", "b200")
+    assert b300.system == "b300_sxm" and "b300_sxm" in b300.name
+    shape = StepShape(decode_seqs=64, decode_context=64 * 2000)
+    assert b300.step_time(shape) != b200.step_time(shape)
+    assert b300.step_time(shape) == pytest.approx(b200.step_time(shape), rel=0.25)   # the same silicon family
+    gpu = resolve_gpu("b300")
+    assert gpu.family in SM100_FAMILIES and gpu.fp4_flops == 14e15 and gpu.memory_bytes > 280e9

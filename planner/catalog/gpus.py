@@ -16,6 +16,9 @@ from planner.catalog.base import Catalog
 from planner.errors import PlannerError
 
 GIB = 2**30
+# Datacenter Blackwell (compute capability 10.x: B200's sm100, B300's sm103), the family vLLM's kernel choices
+# test with current_platform.is_device_capability_family(100): FlashInfer's TRT-LLM-gen attention and MoE.
+SM100_FAMILIES = ("b200", "b300")
 
 
 @dataclass(frozen=True, slots=True)

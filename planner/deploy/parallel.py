@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.deployment import Deployment
-from planner.catalog import GpuSpec, ModelSpec
+from planner.catalog import SM100_FAMILIES, GpuSpec, ModelSpec
 from planner.catalog.quantization import FP8_BLOCK, WeightFormat
 from planner.cost.moe import MoeParallel
 from planner.cost.nodes import NODE_GPUS, node_link, nodes_of
@@ -48,7 +48,7 @@ from planner.errors import PlannerError
 # blocks instead of refusing it, under pure tensor parallelism (vllm#55867, fp8.py: "FP8 TRTLLM TP loading uses
 # complete checkpoint blocks"; it refuses otherwise: "global expert dimensions, pure TP, and no LoRA or expert
 # bias")
-PADDED_FP8_MOE = ("b200",)
+PADDED_FP8_MOE = SM100_FAMILIES
 
 
 @dataclass(frozen=True, slots=True)

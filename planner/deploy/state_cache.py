@@ -22,7 +22,7 @@ likewise counted as `state_blocks` of those blocks, rounded up, held from admiss
 """
 from __future__ import annotations
 
-from planner.catalog import GpuSpec, ModelSpec
+from planner.catalog import SM100_FAMILIES, GpuSpec, ModelSpec
 from planner.catalog.deepseek_v4 import COMPRESSED_BLOCK
 
 
@@ -37,8 +37,8 @@ SPARSE_MLA_BLOCK_SIZE = 64
 
 def kernel_alignment(model: ModelSpec, gpu: GpuSpec) -> int:
     """The attention kernel's block-size step: FlashInfer takes no 16-token blocks of 256-wide heads on
-    compute capability 10.0 (flashinfer issue 1993, as vLLM's config hook says)."""
-    return 32 if gpu.family == "b200" and model.head_size == 256 else 16
+    compute capability 10.x (flashinfer issue 1993, as vLLM's config hook says)."""
+    return 32 if gpu.family in SM100_FAMILIES and model.head_size == 256 else 16
 
 
 def cache_block_size(model: ModelSpec, gpu: GpuSpec, tp: int, dtype_bytes: int, kv_dtype_bytes: int,
