@@ -54,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm", "b300_sxm")
+SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm", "b300_sxm", "gb200", "gb300")
 # The attention backend vLLM selects by default per architecture, best first.
 # FlashAttention 3 has no 512-wide heads (Gemma 4's full layers): NVIDIA timed those with FlashAttention 4 on
 # Hopper; a kernel is chosen per head size.
@@ -212,6 +212,13 @@ def catalog_moe_shapes() -> set[tuple[int, int, int, int]]:
              m["num_experts"]) for m in models if m.get("num_experts")}
 
 
+def catalog_model_ids() -> set[str]:
+    """The Hugging Face ids and names of the catalog's models: a module table's rows of other models (a
+    system's newer timings, e.g. GB300's Kimi-K3) would name a model the planner cannot resolve."""
+    models = json.loads((OUT.parent / "models.json").read_text())["models"]
+    return {name for m in models for name in (m.get("hf_id"), m["name"], *m.get("aliases", ())) if name}
+
+
 def _splits(pairs: set[tuple[int, int]]) -> str:
     """The TP/EP splits a kernel was timed at, as `moe_tp 1-16` and `EP 2-256`."""
     tp = sorted(t for t, e in pairs if e == 1)
@@ -307,7 +314,7 @@ def extract_modules(data: Path, base: Path, system: str) -> dict:
             if path is None:
                 continue
             d = pd.read_parquet(path)
-            d = d[d.mla_dtype == "bfloat16"]
+            d = d[(d.mla_dtype == "bfloat16") & d.model.isin(catalog_model_ids())]
             if phase == "context":
                 d = d[d.step == 0]
             keys = ["model", "num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length]
@@ -320,7 +327,7 @@ def extract_modules(data: Path, base: Path, system: str) -> dict:
             found[f"{kind}_{phase}"] = source(
                 base, path, rows=len(table), kernel=named,
                 filter=("step=0 (no cached prefix); " if phase == "context" else "")
-                + "mla_dtype=bfloat16; num_heads are the heads on one GPU; median of repeats")
+                + "mla_dtype=bfloat16; the catalog's models; num_heads are the heads on one GPU; median of repeats")
     return found
 
 

@@ -226,7 +226,8 @@ def test_uncovered_gpu_and_op_are_one_line_errors_naming_what_is_covered():
     assert "\n" not in str(err.value)
     with pytest.raises(PlannerError, match="bf16"):
         MeasuredCostModel("llama-3.1-8b", "h100", dtype_bytes=4)
-    assert set(covered_gpus()) == {"a100-40g", "a100-80g", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200", "b300"}
+    assert set(covered_gpus()) == {"a100-40g", "a100-80g", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200", "b300",
+                                   "gb200", "gb300"}
 
 
 def test_selection_order(tmp_path, monkeypatch):
@@ -331,3 +332,20 @@ def test_b300_reads_its_own_tables_and_runs_datacenter_blackwells_kernels():
     assert b300.step_time(shape) == pytest.approx(b200.step_time(shape), rel=0.25)   # the same silicon family
     gpu = resolve_gpu("b300")
     assert gpu.family in SM100_FAMILIES and gpu.fp4_flops == 14e15 and gpu.memory_bytes > 280e9
+
+
+def test_an_nvl72_rack_is_one_node_its_collectives_on_nvlink():
+    # GB200 NVL72: 72 GPUs joined by NVLink switches, so wide expert parallelism stays off the NICs
+    from planner.cost.all2all import DeepEp
+    from planner.cost.moe import MoeParallel
+    from planner.cost.nodes import NodeSpan, nodes_of
+    gb200, b200 = resolve_gpu("gb200"), resolve_gpu("b200")
+    assert gb200.node_gpus == 72 and b200.node_gpus == 8
+    assert nodes_of(64, gb200.node_gpus) == 1 and nodes_of(64, b200.node_gpus) == 8
+    assert NodeSpan.of(16, 16, node_gpus=gb200.node_gpus) is None and NodeSpan.of(16, 16).nodes == 2
+    par = MoeParallel(dp=64, expert_parallel=True, all2all="deepep_low_latency")
+    model = resolve_model("deepseek-r1")
+    on_rack = DeepEp.of(model, par, gb200, None, 2, "infiniband")
+    over_nics = DeepEp.of(model, par, b200, None, 2, "infiniband")
+    assert on_rack.nodes == 1 and over_nics.nodes == 8
+    assert on_rack.seconds(128) < over_nics.seconds(128) / 3

@@ -18,7 +18,7 @@ from planner.errors import PlannerError
 GIB = 2**30
 # Datacenter Blackwell (compute capability 10.x: B200's sm100, B300's sm103), the family vLLM's kernel choices
 # test with current_platform.is_device_capability_family(100): FlashInfer's TRT-LLM-gen attention and MoE.
-SM100_FAMILIES = ("b200", "b300")
+SM100_FAMILIES = ("b200", "b300", "gb200", "gb300")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,8 @@ class GpuSpec:
     fp8_flops: float = 0.0          # FLOP/s, FP8 tensor cores, dense; 0: none (vLLM runs FP8 weight-only)
     fp4_flops: float = 0.0          # FLOP/s, FP4 tensor cores, dense; 0: none (vLLM runs NVFP4 weight-only)
     low_precision_source: str = ""
+    node_gpus: int = 8              # GPUs one node joins without the NICs: an 8-GPU server; an NVL72 rack's 72
+                                    # over its NVLink switches (planner/cost/nodes.py)
 
     def peak_flops(self, dtype_bytes: int = 2) -> float:
         """Peak FLOP/s for matmuls in a dtype of this many bytes (2: fp16/bf16, 4: fp32)."""
@@ -75,6 +77,7 @@ def _spec_from_entry(entry: dict) -> GpuSpec:
         fp8_flops=float(entry.get("fp8_flops", 0.0)),
         fp4_flops=float(entry.get("fp4_flops", 0.0)),
         low_precision_source=entry.get("low_precision_source", ""),
+        node_gpus=int(entry.get("node_gpus", 8)),
     )
 
 

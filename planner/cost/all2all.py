@@ -116,7 +116,7 @@ class DeepEp:
         if not par.deepep:
             return None
         mode = par.all2all.removeprefix("deepep_")
-        nodes = nodes_of(par.gpus)
+        nodes = nodes_of(par.gpus, gpu.node_gpus)
         scale = node_link(link).bandwidth / README_NIC
         rates = _at(LOW_LATENCY, par.ep) if mode == "low_latency" else _at(NORMAL_RDMA, par.ep)
         experts = fmt.experts if fmt is not None else None

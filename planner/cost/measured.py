@@ -235,7 +235,7 @@ class MeasuredCostModel:
         deepep = DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link) if model.is_moe else None
         # the experts' kernel: DeepGEMM where --moe-backend runs it and its published rates price it
         self._moe = (MeasuredMoe(system, model, par, weight_format, self._expert_roofline(model, weight_format),
-                                 node_link, deepep, DeepGemm.of(model, weight_format, gpu, par))
+                                 node_link, deepep, DeepGemm.of(model, weight_format, gpu, par), gpu.node_gpus)
                      if model.is_moe else None)
         # vLLM's dual-batch overlap where DeepEP dispatches (planner/cost/dbo.py); tokens -> (compute, all-to-all)
         self._dbo = par.dual_batch if model.is_moe else None
@@ -247,7 +247,7 @@ class MeasuredCostModel:
                               f"(planner/cost/measured_moe.py)")
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
-        self._span = NodeSpan.of(tp, tp, node_link)     # a TP group over more than one node (planner/cost/nodes.py)
+        self._span = NodeSpan.of(tp, tp, node_link, gpu.node_gpus)   # a TP group over nodes (planner/cost/nodes.py)
         self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
         # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
         self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]

@@ -64,7 +64,7 @@ from planner.cost.all2all import DeepEp
 from planner.cost.deepgemm import DeepGemm
 from planner.cost.ledger import Term
 from planner.cost.moe import MoeParallel, expert_roofline, moe_work
-from planner.cost.nodes import NODE_LINK, NodeSpan
+from planner.cost.nodes import NODE_GPUS, NODE_LINK, NodeSpan
 from planner.errors import PlannerError
 
 DEEPEP_TERM = "MoE dispatch + combine (DeepEP)"      # the ledger's DeepEP term (dual-batch overlap hides it)
@@ -120,7 +120,8 @@ class MeasuredMoe:
 
     def __init__(self, system: str, model: ModelSpec, par: MoeParallel, fmt: WeightFormat | None,
                  roofline: ExpertRoofline | None = None, node_link: str = NODE_LINK,
-                 deepep: DeepEp | None = None, deepgemm: DeepGemm | None = None) -> None:
+                 deepep: DeepEp | None = None, deepgemm: DeepGemm | None = None,
+                 node_gpus: int = NODE_GPUS) -> None:
         self.system, self.model, self.par, self.deepep, self.deepgemm = system, model, par, deepep, deepgemm
         if not tables.has_table(system, "moe"):
             raise PlannerError(f"{system} has no measured vLLM MoE table")
@@ -130,7 +131,7 @@ class MeasuredMoe:
         self.dtype = next((d for d in candidates if d in timed_dtypes), candidates[-1])
         self.extrapolated = False
         # the dp ranks a dispatch gathers over, when they span nodes (one in every tp GPUs)
-        self._span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
+        self._span = NodeSpan.of(par.dp, par.gpus, node_link, node_gpus) if par.dp > 1 else None
         local = par.dp if self._span is None else self._span.per_node
         self._nccl = self._dispatch_curve(local) if local > 1 and deepep is None else None
         shape = (model.expert_hidden, model.moe_intermediate_size, model.num_experts_per_tok, model.num_experts)

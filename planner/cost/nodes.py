@@ -1,7 +1,8 @@
 """Collectives whose ranks span nodes: a TP group over more than one 8-GPU node, a MoE's dp dispatch.
 
 vLLM lays a deployment's ranks out in order (global rank = dp rank x tp + tp rank) over nodes of
-eight NVLink-joined GPUs. Its custom all-reduce works inside one node only (custom_all_reduce.py
+eight NVLink-joined GPUs (the GPU's `node_gpus`: an NVL72 rack is one node of 72, its hosts joined
+by NVLink switches, not NICs). Its custom all-reduce works inside one node only (custom_all_reduce.py
 refuses a group that spans nodes, and world sizes over 8), so a group that leaves the node runs
 NCCL, whose rings cross the network once per node boundary through one NIC per GPU (a DGX/HGX
 node's compute fabric: planner/data/links.json `infiniband`; `--node-link ethernet` for 100 GbE).
@@ -56,9 +57,9 @@ def node_link(name: str) -> KvLink:
     return link
 
 
-def nodes_of(gpus: int) -> int:
-    """The 8-GPU nodes a deployment of `gpus` GPUs takes."""
-    return -(-gpus // NODE_GPUS)
+def nodes_of(gpus: int, node_gpus: int = NODE_GPUS) -> int:
+    """The nodes (of `node_gpus` GPUs each) a deployment of `gpus` GPUs takes."""
+    return -(-gpus // node_gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +71,11 @@ class NodeSpan:
     link: KvLink
 
     @classmethod
-    def of(cls, ranks: int, gpus: int, link: str = NODE_LINK) -> NodeSpan | None:
+    def of(cls, ranks: int, gpus: int, link: str = NODE_LINK, node_gpus: int = NODE_GPUS) -> NodeSpan | None:
         """The span of a group of `ranks` ranks among a deployment's `gpus` GPUs laid out in rank order
-        (a TP group: ranks = gpus; a dp group: one rank in every tp) over the `link` between nodes; None
-        when the group is in one node."""
-        nodes = min(nodes_of(gpus), ranks)
+        (a TP group: ranks = gpus; a dp group: one rank in every tp) over nodes of `node_gpus` and the
+        `link` between them; None when the group is in one node."""
+        nodes = min(nodes_of(gpus, node_gpus), ranks)
         if nodes <= 1:
             return None
         return cls(ranks, nodes, node_link(link))

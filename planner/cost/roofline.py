@@ -195,7 +195,7 @@ class RooflineCostModel:
             ring = 2 * (tp - 1) / tp                                       # ring all-reduce traffic factor
             collectives = model.tp_allreduces                 # each block's output, and the embedding
             # a group over several nodes: the slower of NVLink and the NICs, and NCCL's network latency
-            span = NodeSpan.of(tp, tp, node_link)
+            span = NodeSpan.of(tp, tp, node_link, gpu.node_gpus)
             latency = gpu.interconnect_latency + (span.extra_latency() if span is not None else 0.0)
             self._allreduce_fixed = (collectives + 1) * latency   # +1: logits gather
             per_token = ring * hidden * dtype_bytes / ic
@@ -266,7 +266,7 @@ class RooflineCostModel:
         self._expert_bytes = bytes_per_expert(model, weight_format, dtype_bytes)
         self._ic = gpu.interconnect_bandwidth * eff.interconnect
         self._dtype_bytes = dtype_bytes
-        self._dispatch_span = NodeSpan.of(par.dp, par.gpus, node_link) if par.dp > 1 else None
+        self._dispatch_span = NodeSpan.of(par.dp, par.gpus, node_link, gpu.node_gpus) if par.dp > 1 else None
         self._deepep = DeepEp.of(model, par, gpu, weight_format, dtype_bytes, node_link)
         self._dbo = par.dual_batch            # vLLM's dual-batch overlap (planner/cost/dbo.py)
 

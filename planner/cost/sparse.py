@@ -32,7 +32,7 @@ from planner.errors import PlannerError
 
 # the GPU families vLLM's sparse MLA kernels run on (compute capability 9.0 and 10.0) -> the heads its
 # prefill kernel computes per program (FlashMLASparseImpl's prefill_padding)
-PREFILL_PADDED_HEADS = {"h100": 64, "h200": 64, "b200": 128, "b300": 128}
+PREFILL_PADDED_HEADS = {"h100": 64, "h200": 64, **dict.fromkeys(SM100_FAMILIES, 128)}
 DECODE_PADDED_HEADS = 64          # the FP8 decode kernel's; 128 above 64 heads per GPU
 LOGIT_BYTES = 8                   # one fp32 logit per (query, key), written by the indexer, read by top-k
 _FLASHINFER_SPARSE_FAMILIES = SM100_FAMILIES     # compute capability 10: FlashInfer's sparse MLA for an FP8 cache

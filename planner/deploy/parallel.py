@@ -178,9 +178,9 @@ def check_block_fp8(model: ModelSpec, deployment: Deployment, layout: MoeLayout 
     return warnings
 
 
-def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
+def parallel_warnings(model: ModelSpec, deployment: Deployment, node_gpus: int = NODE_GPUS) -> list[str]:
     """What vLLM runs unevenly (experts that do not divide over the EP ranks), and collectives that cross
-    nodes, priced from NCCL's model rather than measured."""
+    nodes (of `node_gpus` GPUs), priced from NCCL's model rather than measured."""
     gpus = deployment.tp * deployment.dp
     total = gpus * deployment.pp
     warnings = []
@@ -192,12 +192,13 @@ def parallel_warnings(model: ModelSpec, deployment: Deployment) -> list[str]:
     deepep = MoeParallel(tp=deployment.tp, dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel,
                          all2all=deployment.all2all_backend).deepep
     nccl_dispatch = model.is_moe and deployment.dp > 1 and not deepep
-    crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > NODE_GPUS else []) + (
-        ["the MoE dispatch over the dp ranks"] if nccl_dispatch and gpus > NODE_GPUS else []) + (
-        ["the hidden states between pipeline stages"] if deployment.pp > 1 and total > NODE_GPUS else [])
+    crossing = ([f"--tp {deployment.tp}'s all-reduces"] if deployment.tp > node_gpus else []) + (
+        ["the MoE dispatch over the dp ranks"] if nccl_dispatch and gpus > node_gpus else []) + (
+        ["the hidden states between pipeline stages"] if deployment.pp > 1 and total > node_gpus else [])
     if crossing:
         link = node_link(deployment.node_link)
-        warnings.append(f"{total} GPUs take {nodes_of(total)} {NODE_GPUS}-GPU nodes: {' and '.join(crossing)} cross "
+        nodes = nodes_of(total, node_gpus)
+        warnings.append(f"{total} GPUs take {nodes} {node_gpus}-GPU nodes: {' and '.join(crossing)} cross "
                         f"the network ({link.name}, {link.bandwidth / 1e9:g} GB/s per GPU), priced from NCCL's "
                         f"latency model and the link's rate, not measured (planner/cost/nodes.py)")
     return warnings

@@ -35,7 +35,7 @@ from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
 from engine.core.sequence import SequenceGroup, SequenceStatus
 from engine.core.step import Step, begin_step
 from planner.catalog import GpuSpec, ModelSpec
-from planner.cost.nodes import NODE_GPUS, NODE_LINK, node_link
+from planner.cost.nodes import NODE_LINK, node_link
 from planner.cost.shape import StepShape, reads_context_histogram, step_shape
 from planner.deploy.parallel import largest_stage
 from planner.errors import PlannerError
@@ -66,7 +66,7 @@ class Stages:
         crosses nodes."""
         share = largest_stage(model.num_layers, pp) / model.num_layers
         per_gpu = 2 * model.hidden_size * dtype_bytes / tp      # hidden states and residual, a TP rank's slice
-        if tp * pp <= NODE_GPUS:
+        if tp * pp <= gpu.node_gpus:
             if gpu.interconnect_bandwidth <= 0:
                 raise PlannerError(f"--pp {pp}: {gpu.name} has no link to pass a stage's hidden states on")
             return cls(pp, share, gpu.interconnect_latency, per_gpu / gpu.interconnect_bandwidth, gpu.interconnect)
