@@ -110,6 +110,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 # vLLM's --all2all-backend choices the planner prices (planner/cost/all2all.py); the first is vLLM's default.
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
+MAX_SWAP_GIB = 1 << 20                   # GiB of swap space per GPU: a pebibyte, past any host's memory
 # vLLM's --moe-backend choices the planner prices (planner/cost/deepgemm.py); the first is vLLM's default.
 MOE_BACKENDS = ("auto", "triton", "deep_gemm")
 
@@ -199,8 +200,8 @@ class Deployment:
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
-        if not 0 <= self.swap_space < math.inf:
-            raise ValueError(f"swap_space must be a finite number of GiB >= 0, got {self.swap_space}")
+        if not 0 <= self.swap_space <= MAX_SWAP_GIB:
+            raise ValueError(f"swap_space must be a number of GiB from 0 to {MAX_SWAP_GIB:,}, got {self.swap_space}")
         if not 0 <= self.moe_skew <= 4:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")

@@ -52,8 +52,8 @@ def test_a_fleet_whose_block_tables_cannot_fit_is_refused(one_gib, tmp_path):
 
 
 def test_one_deployments_block_tables_that_cannot_fit_are_refused(one_gib, tmp_path):
-    """A mistyped cache size (1e9 GiB of swap, 1e10 GPU blocks) is refused before a block table is built."""
-    for flags, blocks in ((["--policy", "paper", "--swap-space", "1e9"], "81,920,000,898"),
+    """A mistyped cache size (1e6 GiB of swap, 1e10 GPU blocks) is refused before a block table is built."""
+    for flags, blocks in ((["--policy", "paper", "--swap-space", "1e6"], "81,920,898"),
                           (["--num-gpu-blocks", "10000000000"], "10,000,000,000")):
         result = invoke("simulate", "--requests", 5, "--out", tmp_path, *flags)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1
@@ -105,3 +105,15 @@ def test_workload_show_refuses_a_trace_that_cannot_fit(one_gib):
     result = invoke("workload", "show", "sharegpt", "--rate", 2, "--requests", 10**9)
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "1,000,000,000 requests are more than this machine's memory" in result.output
+
+
+def test_sizes_past_any_arithmetic_are_one_line_errors(tmp_path):
+    """Values that overflowed a float or a C long in the middle of a run (tracebacks before stop 68)."""
+    cases = ((["--requests", "4", "--swap-space", "1e308"], "swap_space must be a number of GiB from 0 to 1,048,576"),
+             (["--rate", "10", "--duration", "1e308"], "more requests than any machine can simulate"),
+             (["--requests", "4", "--workload", "prefix", "-p", f"prefix_len={10**20}"], "--param prefix_len"),
+             (["--requests", "4", "--workload", "chatbot", "-p", f"max_turns={10**20}"], "--param max_turns"))
+    for flags, message in cases:
+        result = invoke("simulate", "--out", tmp_path, *flags)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert message in result.stderr

@@ -194,3 +194,21 @@ def test_ray_executor_gives_the_local_results():
         ray_executor.close()
     assert on_ray.executor == "ray"
     assert on_ray.configs == local.configs and on_ray.best == local.best
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "1", "--concurrency", "4"], "give --rate or --concurrency, not both"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--price", "h100-sxm=inf"], "--price 'h100-sxm=inf'"),
+])
+def test_search_refuses_values_that_make_no_search(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--gpu", "h100-sxm", "--requests", "4",
+                                      "--slo", "ttft_p99=1", "--out", str(tmp_path / "s"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_linear_cost_model_needs_finite_prices():
+    from planner.cost.linear import parse_linear
+    for text in ("linear:nan,0", "linear:inf,0", "linear:0,inf"):
+        with pytest.raises(PlannerError, match="must be finite"):
+            parse_linear(text)

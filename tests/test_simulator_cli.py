@@ -195,3 +195,17 @@ def test_capacity_command(tmp_path):
     assert bad.exit_code == 2 and "unknown metric" in bad.stderr
     burst = invoke("capacity", "--slo", "0.5", "--max-rate", "inf", "--out", tmp_path)   # was a TypeError
     assert burst.exit_code == 2 and "<= max rate (inf), all finite" in burst.stderr
+
+
+def test_an_output_folder_that_cannot_take_the_run_is_refused_before_the_run(tmp_path):
+    """--out "" (the current folder) and --out naming a file: one line, before any work (stop 68: the run was
+    done first, then lost; search died with a traceback after its first configuration)."""
+    taken = tmp_path / "a-file"
+    taken.write_text("keep me")
+    for command in (["simulate", "--requests", "4"], ["capacity", "--requests", "4", "--slo", "ttft_p99=1"],
+                    ["search", "--requests", "4", "--slo", "ttft_p99=1", "--rate", "1"]):
+        for out, message in (("", "not the current one"), (str(taken), "is a file, not a folder")):
+            result = CliRunner().invoke(app, [*command, "--model", "opt-125m", "--gpu", "h100-sxm", "--out", out])
+            assert result.exit_code == 2 and message in result.output and "searching" not in result.output, \
+                (command, out, result.output)
+    assert taken.read_text() == "keep me"

@@ -303,3 +303,12 @@ def test_simulate_with_a_bad_trace_exits_2_with_one_line(tmp_path):
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"error: {path}:1: not UTF-8 text (a NUL byte: a binary file?)\n"
+
+
+@pytest.mark.parametrize("ids, pattern", [
+    ([1, 2, -3, 4], "prompt_token_ids: holds a negative token id"),
+    ([1, 2, 3, 10**20], r"prompt_token_ids: holds a token id of 100,000,000,000,000,000,000, past any vocabulary"),
+])
+def test_token_ids_no_vocabulary_holds_are_refused_by_line(tmp_path, ids, pattern):
+    # an id past 64 bits overflowed the simulator's arrays with a traceback before stop 68
+    check(tmp_path, "ids.jsonl", line(prompt_token_ids=ids), r":1: " + pattern)

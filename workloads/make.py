@@ -46,6 +46,11 @@ def workload_params(name: str) -> dict:
     }
 
 
+# The largest magnitude a workload parameter takes (a billion tokens, turns or prefixes): past it a generator's
+# arithmetic overflows or its trace could not be held, so it is refused here in one line.
+MAX_PARAM = 10**9
+
+
 def parse_workload_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict:
     """``KEY=VALUE`` strings (the CLI's ``-p/--param``) -> typed parameters of workload ``name``.
 
@@ -70,6 +75,9 @@ def parse_workload_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict
             out[key] = kind(text.strip())
         except ValueError:
             raise TraceError(f"--param {key}: expected {kind.__name__}, got {text!r}") from None
+        if not abs(out[key]) <= MAX_PARAM:      # (NaN too)
+            raise TraceError(f"--param {key}: {text.strip()} is beyond any workload; give a value of at most "
+                             f"{MAX_PARAM:,}")
     return out
 
 

@@ -6,6 +6,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 
 from engine.core.sampling_params import SamplingParams
 
+MAX_TOKEN_ID = 1 << 31      # ids are below it: every vocabulary is smaller, and the prefix keys pack ids in 64 bits
+
 
 class TraceRequest(BaseModel):
     """A request as a workload describes it (lengths in tokens, times in seconds).
@@ -52,6 +54,8 @@ class TraceRequest(BaseModel):
             raise ValueError(f"has {len(ids)} ids but {length} is {expected}")
         if any(t < 0 for t in ids):
             raise ValueError("holds a negative token id")
+        if any(t >= MAX_TOKEN_ID for t in ids):
+            raise ValueError(f"holds a token id of {max(ids):,}, past any vocabulary (ids are below {MAX_TOKEN_ID:,})")
         return ids
 
     def sampling_params(self, **overrides):

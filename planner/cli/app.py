@@ -143,3 +143,10 @@ def main() -> None:
     except MemoryError:   # whatever the size that slipped past the checks: one line, not a traceback
         typer.echo("error: this run needs more memory than the machine has; ask for a smaller one", err=True)
         sys.exit(1)
+    except OverflowError as exc:   # a number too large for the arithmetic that slipped past the checks
+        typer.echo(f"error: a value is too large to compute with ({exc}); ask for a smaller one", err=True)
+        sys.exit(2)
+    except OSError as exc:         # a path that cannot be read or written, said in one line
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(1)

@@ -71,6 +71,17 @@ def default_out(command: str, source: str) -> Path:
     return REPORTS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
 
 
+def run_folder(out: Path | None, command: str, source: str) -> Path:
+    """The folder a run's files go to: `--out`, checked before any work (a file, an unwritable place and the
+    current folder, which `--out ""` names too, are refused in one line), or a new one under reports/."""
+    if out is None:
+        return default_out(command, source)
+    if out == Path("."):
+        raise PlannerError(f"--out {str(out)!r}: give a folder for the run's files, not the current one")
+    check_writable(out, folder=True)
+    return out
+
+
 def plan_table(plan: dict | None, metrics: dict) -> Table:
     """The memory plan: where each GPU's memory goes, and the totals over all tp (x pp) GPUs."""
     tp = plan["tp"] if plan else 1

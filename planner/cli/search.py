@@ -22,7 +22,7 @@ from planner.cli import options as opt
 from planner.cli import pd_options as pdo
 from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import default_out, fail
+from planner.cli.output import fail, run_folder
 from planner.cli.simulate import load_of
 from planner.deploy.parallel import stages_label
 from planner.errors import PlannerError
@@ -154,11 +154,17 @@ def search(
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
+        if concurrency is not None and rate is not None and rate.strip().lower() != "max":
+            raise PlannerError(f"give --rate or --concurrency, not both: a concurrency's clients send each request "
+                               f"when their previous one ends (--rate {rate})")
+        if workers is not None and workers < 1:
+            raise PlannerError(f"--workers must be >= 1, got {workers}")
         target = None if concurrency is not None else _rate(rate)
         slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
+        folder = run_folder(out, "search", load.workload)
         if pd is not None:
             return _search_pd(spec.with_fleet(router=router or "round-robin"), pools, pd, axes, slo, target,
-                              replicas, concurrency, price, out, err, max_replicas, as_json)
+                              replicas, concurrency, price, folder, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
         spec, fleet = _fleet_of(spec, replicas, router)
         spec, layouts = _layouts(deployments, spec, axes, fleet)
@@ -166,7 +172,6 @@ def search(
             spec, axes, slos, target if concurrency is None else concurrency,
             clients=concurrency is not None, tolerance=tolerance, max_rate=max_rate, plain=plain, fleet=fleet,
             max_replicas=max_replicas)
-        folder = out or default_out("search", load.workload)
         progress = _announce(err, folder, axes, fleet, base.model, load.workload, executor, concurrency, len(layouts))
         run = dict(executor=executor, workers=workers, ray_address=ray_address,
                    prices=parse_price_overrides(price), on_done=progress)
@@ -177,7 +182,7 @@ def search(
                 max_rate=max_rate, plain=plain, **run), spec, layouts)
         else:
             result = api.run_grid(grid, run.pop("executor"), **run)
-    except (PlannerError, TraceError, ValueError) as exc:
+    except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(exc) from None
     _write(result, folder, err)
     if as_json:
@@ -208,12 +213,11 @@ def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workloa
 
 
 def _search_pd(spec: RunSpec, pools: dict, ratios: str, axes: dict, slo: list[str], target, replicas, concurrency,
-               price: list[str], out: Optional[Path], err: Console, max_replicas: int, as_json: bool) -> None:
+               price: list[str], folder: Path, err: Console, max_replicas: int, as_json: bool) -> None:
     """search --pd: P:D ratios against aggregated serving (planner/cli/pd_search.py)."""
     pd_search.check(spec, target, replicas, concurrency)
     ratios = pd_search.parse_ratios(ratios)
     slos = parse_slos([",".join(slo)])
-    folder = out or default_out("search", spec.load.workload)
     err.print(f"searching P/D ratios against aggregated serving for {spec.deployment.model} at {target:g} req/s "
               f"({len(axes['gpu']) * len(axes['tp'])} configurations, one at a time)", highlight=False)
     doc = pd_search.run_pd_search(spec, pools, ratios, axes, slos, target, parse_price_overrides(price), folder, err,

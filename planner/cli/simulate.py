@@ -24,7 +24,7 @@ from planner import api
 from planner.cli import options as opt
 from planner.cli import pd_options as pdo
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import (default_out, fail, fmt, interval_table, plan_table, print_verdict, split_values,
+from planner.cli.output import (fail, fmt, interval_table, plan_table, print_verdict, run_folder, split_values,
                                 stdout, summary_table, unit, warn)
 from planner.deploy.parallel import stages_label
 from planner.errors import PlannerError
@@ -112,7 +112,7 @@ def simulate(
                           concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
-        out_dir = out or default_out("sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
+        out_dir = run_folder(out, "sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
         if len(specs) > 1:
             return _sweep(specs, out_dir, as_json, err, slos)
         with _progress_bar(err) as progress:
@@ -283,6 +283,7 @@ def capacity(
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
                        pd=pdo.disaggregation(pd, pools))
         pdo.check_spec(spec)
+        out_dir = run_folder(out, "capacity", spec.load.workload)
         if concurrency == "max":
             spec.load.check_closed_loop()          # before the search says it starts
 
@@ -296,7 +297,6 @@ def capacity(
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
                            seeds=seeds, confidence=confidence, clients=concurrency == "max",
                            warn=lambda w: warn(err, w)).document
-        out_dir = out or default_out("capacity", spec.load.workload)
         paths = write_capacity(doc, out_dir, capacity_title(spec, slos))
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(exc) from None

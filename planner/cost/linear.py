@@ -7,6 +7,8 @@ policy behaves when only the token count sets the pace.
 """
 from __future__ import annotations
 
+import math
+
 from planner.cost.shape import StepShape
 from planner.errors import PlannerError
 
@@ -17,8 +19,9 @@ class LinearCostModel:
     prices_each_context = False   # a step's time depends on its token count alone
 
     def __init__(self, base: float, per_token: float) -> None:
-        if base < 0 or per_token < 0 or base + per_token <= 0:
-            raise PlannerError(f"linear cost model: A and B must be >= 0 and not both 0, got {base}, {per_token}")
+        if not (0 <= base < math.inf and 0 <= per_token < math.inf) or base + per_token <= 0:   # (NaN too)
+            raise PlannerError(f"linear cost model: A and B must be finite, >= 0 and not both 0, got {base}, "
+                               f"{per_token}")
         self.base, self.per_token = base, per_token
         self.name = f"linear({base:g},{per_token:g})"
 

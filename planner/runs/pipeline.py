@@ -27,6 +27,7 @@ from planner.runs.spec import Load, RunSpec
 from planner.sim import SimResult, simulate
 from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
+from planner.sim.memory_guard import check_replicas
 from planner.sim.pd import KvPath, Pool, simulate_pd
 from planner.sim.pipeline import host_hidden
 from workloads import Trace
@@ -72,6 +73,9 @@ def prepare_pools(spec: RunSpec) -> Pools:
         plan = plan_deployment(deployment)
         pools.append(Pool(replicas, plan, build_cost_model(plan, spec.cost_model, spec.profile)))
     prefill, decode = pools
+    # both pools' block tables, refused in one line before any engine is built if they cannot fit at all
+    check_replicas(pd.prefill + pd.decode, max(p.plan.num_gpu_blocks + p.plan.num_cpu_blocks for p in pools),
+                   f"a --pd ratio of fewer replicas than {pd.ratio}")
     link = resolve_link(pd.kv_link)
     path = KvPath(link, link.stream_bandwidth(prefill.plan.gpu, decode.plan.gpu),
                   min(prefill.plan.deployment.tp, decode.plan.deployment.tp), transferred_kv_bytes(prefill.plan))

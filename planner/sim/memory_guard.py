@@ -65,18 +65,21 @@ def check_trace_size(requests: int | None, duration: float | None, rate: float) 
     arrivals = math.inf if duration is None else rate * duration
     if requests is not None and requests <= arrivals:
         check_requests(requests)
-    elif math.isfinite(arrivals):      # (infinitely many are the trace maker's to refuse)
+    elif math.isfinite(arrivals):
         check_requests(arrivals, f"--duration {duration:g} s at {rate:g} req/s")
+    elif duration is not None and math.isfinite(duration) and math.isfinite(rate):   # the product overflowed
+        raise OutOfMemory(f"--duration {duration:g} s at {rate:g} req/s is more requests than any machine can "
+                          f"simulate; give a shorter --duration or --requests")
 
 
-def check_replicas(replicas: int, blocks_each: int) -> None:
+def check_replicas(replicas: int, blocks_each: int, fix: str = "fewer --replicas") -> None:
     """Refuse a fleet (or one deployment) whose block tables, GPU and CPU, alone exceed the memory available
-    now: a mistyped --num-gpu-blocks or --swap-space as much as too many --replicas."""
+    now: a mistyped --num-gpu-blocks or --swap-space as much as too many --replicas (`fix` says what to give)."""
     available = available_bytes()
     need = replicas * blocks_each * MIN_BLOCK_BYTES
     if available is None or need <= available:
         return
-    what, fix = ((f"{replicas:,} replicas of {blocks_each:,} KV blocks each are", "fewer --replicas")
+    what, fix = ((f"{replicas:,} replicas of {blocks_each:,} KV blocks each are", fix)
                  if replicas > 1 else (f"a KV cache of {blocks_each:,} blocks (GPU and CPU swap) is",
                                        "a smaller --num-gpu-blocks, --num-cpu-blocks or --swap-space"))
     raise OutOfMemory(f"{what} more than this machine's memory can simulate (at least {MIN_BLOCK_BYTES} bytes a "

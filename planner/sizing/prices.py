@@ -1,6 +1,8 @@
 """GPU prices: $/GPU-hour from planner/data/prices.json (each with its source and date), overridable."""
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -43,7 +45,7 @@ def parse_price_overrides(texts: list[str]) -> dict[str, float]:
                 price = float(value.strip().lstrip("$"))
             except ValueError:
                 price = float("nan")
-            if not sep or not gpu.strip() or not price >= 0:
+            if not sep or not gpu.strip() or not 0 <= price < math.inf:
                 raise PlannerError(f"--price {item!r}: expected GPU=DOLLARS_PER_GPU_HOUR, e.g. h100-sxm=2.49")
             prices[resolve_gpu(gpu.strip()).name] = price     # under the catalog's name, as --gpu's are
     return prices
