@@ -73,3 +73,12 @@ def test_bad_input_is_one_line(args, message):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_the_ledger_carries_the_warnings_simulate_gives():
+    result = CliRunner().invoke(app, ["explain", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--batch", "8",
+                                      "--all2all-backend", "deepep_low_latency", "--enable-dbo", "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.output)["notes"]
+    assert any(n.startswith("warning: --all2all-backend deepep_low_latency and --enable-dbo change nothing")
+               for n in notes)

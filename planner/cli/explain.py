@@ -61,6 +61,8 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
                               node_link=d.node_link)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
+    if plan.warnings:           # what `simulate` warns of the same deployment
+        ledger = replace(ledger, notes=(*ledger.notes, *(f"warning: {w}" for w in plan.warnings)))
     if d.pp == 1:
         return ledger
     stages = Stages.of(plan.model, plan.gpu, d.tp, d.pp, plan.dtype_bytes, d.node_link)
