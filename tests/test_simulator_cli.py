@@ -211,3 +211,21 @@ def test_an_output_folder_that_cannot_take_the_run_is_refused_before_the_run(tmp
             assert result.exit_code == 2 and message in result.output and "searching" not in result.output, \
                 (command, out, result.output)
     assert taken.read_text() == "keep me"
+
+
+def test_the_planner_command_says_a_bad_option_in_one_line():
+    """Through the `planner` entry point (main): click's usage block was four lines."""
+    import subprocess
+    import sys
+
+    def planner(*args):
+        return subprocess.run([sys.executable, "-c", "from planner.cli.app import main; main()", *args],
+                              capture_output=True, text=True, timeout=120)
+    for args, message in ((["simulate", "--requests", "abc"], "Invalid value for '--requests'"),
+                          (["simulate", "--bogus", "3"], "No such option: --bogus"),
+                          (["nosuchcommand"], "No such command 'nosuchcommand'")):
+        done = planner(*args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    alone = planner()
+    assert alone.returncode == 0 and "Capacity planner for LLM serving" in alone.stdout     # alone: its help
+    assert planner("simulate", "--help").returncode == 0

@@ -136,7 +136,17 @@ def main() -> None:
         typer.echo(f"error: {problem}", err=True)
         sys.exit(2)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:   # a bad option or value: said in one line, not click's usage block
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if type(exc).__name__ == "NoArgsIsHelpError":     # `planner` (or a group) alone: its help, as asked
+            typer.echo(message)
+            sys.exit(0)
+        typer.echo(f"error: {' '.join(message.split())}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:                 # ^C, or end of input at a prompt
+        typer.echo("error: aborted", err=True)
+        sys.exit(1)
     except (PlannerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -150,3 +160,5 @@ def main() -> None:
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
         sys.exit(1)
+    # a command's own exit status (typer.Exit), or 0 when it returned
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
