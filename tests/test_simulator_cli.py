@@ -101,6 +101,10 @@ def test_rtx4090_memory_plan_matches_vllm(tmp_path):
     # a tp of 1e11 was checked by counting to it
     (["--tp", "99999999999"], "tensor parallel size 99999999999 (--tp) does not split"),
     (["--seeds", "99999999999"], "--seeds must be 1 to 1,000, got 99999999999"),     # a list of 1e11 runs
+    # an empty value is a mistake, not the default (stop 68)
+    (["--replicas", "2", "--router", ""], "--router '': choose round-robin"),
+    (["--cost-model", ""], "--cost-model '': choose one of auto"),
+    (["--pd", "1:1", "--policy", "vllm-v1", "--kv-link", ""], "unknown KV link ''"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = invoke("simulate", "--requests", 5, "--out", tmp_path, *args)

@@ -52,7 +52,7 @@ class RouterPolicy:
 def parse_policy(text: str | None) -> RouterPolicy:
     """`round-robin`, `least-requests`, `least-kv`, `prefix-aware` or `weighted:SCORER=W,...`;
     ValueError (one line) for anything else."""
-    text = (text or DEFAULT_ROUTER).strip().lower()
+    text = (DEFAULT_ROUTER if text is None else text).strip().lower()     # (an empty value is a mistake)
     if text in POLICIES:
         return RouterPolicy(text, () if text == "round-robin" else ((text, 1.0),))
     if not text.startswith(WEIGHTED + ":"):

@@ -62,4 +62,4 @@ def link_catalog() -> Catalog[KvLink]:
 
 def resolve_link(name: str | None) -> KvLink:
     """`--kv-link NAME` (default infiniband), or a one-line error naming the known links."""
-    return link_catalog().get(name or DEFAULT_LINK)
+    return link_catalog().get(DEFAULT_LINK if name is None else name)      # (an empty name is a mistake)

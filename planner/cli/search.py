@@ -163,8 +163,8 @@ def search(
         slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
         folder = run_folder(out, "search", load.workload)
         if pd is not None:
-            return _search_pd(spec.with_fleet(router=router or "round-robin"), pools, pd, axes, slo, target,
-                              replicas, concurrency, price, folder, err, max_replicas, as_json)
+            return _search_pd(spec.with_fleet(router="round-robin" if router is None else router), pools, pd, axes,
+                              slo, target, replicas, concurrency, price, folder, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
         spec, fleet = _fleet_of(spec, replicas, router)
         spec, layouts = _layouts(deployments, spec, axes, fleet)

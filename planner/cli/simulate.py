@@ -47,7 +47,7 @@ def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), conc
         raise PlannerError("give --rate or --concurrency, not both: a concurrency's clients send each request "
                            "when their previous one ends")
     loads = [replace(load, rate=r, concurrency=c) for r in rates for c in concurrencies]
-    fleets = [Fleet(k, router or Fleet.router) for k in replicas]
+    fleets = [Fleet(k, Fleet.router if router is None else router) for k in replicas]
     specs = [RunSpec(deployment=d, load=one, fleet=fleet, pd=pd, **run)
              for d in deployments.product(**DEFAULTS) for fleet in fleets for one in loads]
     for spec in specs:

@@ -43,7 +43,7 @@ COST_MODELS = ("auto", "calibrated", "measured", "roofline")
 
 def parse_cost_model(text: str | None) -> str:
     """The --cost-model option: one of COST_MODELS (None means auto). Anything else is a one-line error."""
-    choice = (text or "auto").strip().lower()
+    choice = ("auto" if text is None else text).strip().lower()      # (an empty value is a mistake, not auto)
     if choice not in COST_MODELS:
         raise PlannerError(f"--cost-model {text!r}: choose one of {', '.join(COST_MODELS)}, or linear:A,B")
     return choice
