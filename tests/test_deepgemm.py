@@ -85,6 +85,8 @@ def test_deep_gemm_where_no_rates_exist_is_a_warning_and_the_table_prices_it():
                for w in plan.warnings)
     split = plan_deployment(Deployment(model="deepseek-r1", gpu="h200", tp=8, moe_backend="deep_gemm"))
     assert any("split by width" in w for w in split.warnings)
+    dense = plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm", moe_backend="deep_gemm"))
+    assert any("--moe-backend deep_gemm changes nothing here" in w for w in dense.warnings)
     with pytest.raises(ValueError, match="moe_backend 'cutlass' is not supported"):
         Deployment(moe_backend="cutlass")
 

@@ -122,8 +122,12 @@ def unpriced(model: ModelSpec, fmt: WeightFormat | None, gpu: GpuSpec, par: MoeP
     return None
 
 
-def check_moe_backend(model: ModelSpec, fmt: WeightFormat | None, gpu: GpuSpec, par: MoeParallel | None) -> str | None:
-    """A warning when --moe-backend deep_gemm cannot be priced as asked (the experts then keep NVIDIA's table)."""
+def check_moe_backend(model: ModelSpec, fmt: WeightFormat | None, gpu: GpuSpec, par: MoeParallel | None,
+                      backend: str) -> str | None:
+    """A warning when --moe-backend `backend` changes nothing (a dense model) or deep_gemm cannot be priced as
+    asked (the experts then keep NVIDIA's table)."""
+    if par is None and backend != "auto":
+        return f"--moe-backend {backend} changes nothing here: {model.name} has no experts"
     if par is None or par.moe_backend != "deep_gemm":
         return None
     why = unpriced(model, fmt, gpu, par)

@@ -163,7 +163,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
                           weight_format=fmt, gemm=gemm, moe=layout,
                           cache_block_size=_cache_block_size(deployment, model, gpu))
     all2all_note = check_backend(deployment.all2all_backend, plan.moe_parallel, gpu)
-    kernel_note = check_moe_backend(model, fmt, gpu, plan.moe_parallel)
+    kernel_note = check_moe_backend(model, fmt, gpu, plan.moe_parallel, deployment.moe_backend)
     if not refuse:
         return plan
     warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment, gpu.node_gpus)
