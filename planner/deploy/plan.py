@@ -166,7 +166,8 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     kernel_note = check_moe_backend(model, fmt, gpu, plan.moe_parallel, deployment.moe_backend)
     if not refuse:
         return plan
-    warnings = (checks.check_plan(plan) + _quantization_warnings(plan) + parallel_warnings(model, deployment, gpu.node_gpus)
+    warnings = (checks.check_plan(plan) + _quantization_warnings(plan)
+                + parallel_warnings(model, deployment, gpu.node_gpus)
                 + block_notes + hybrid_notes + [note for note in (all2all_note, kernel_note) if note])
     return replace(plan, warnings=tuple(warnings))
 
