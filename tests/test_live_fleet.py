@@ -173,8 +173,14 @@ def test_the_proxy_answers_what_it_cannot_forward_in_openais_shape():
         deep = await client.post("/v1/completions", content=b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
         missing = await client.get("/v1/embeddings")
         wrong_method = await client.get("/v1/completions")
-        return latin, deep, missing, wrong_method, [r.in_flight for r in proxy.replicas]
-    latin, deep, missing, wrong_method, in_flight = run_proxy("least-requests", fake, calls)
+        slash = await client.post("/v1/completions/", json={"prompt": [5]}, headers={"host": "evil.example.com"})
+        long = await client.get("/" + "a" * 60_000)
+        return latin, deep, missing, wrong_method, [r.in_flight for r in proxy.replicas], slash, long
+    latin, deep, missing, wrong_method, in_flight, slash, long = run_proxy("least-requests", fake, calls)
+    # a trailing slash is a 404 as the replicas answer it, no redirect built from the client's Host; a long
+    # path is not echoed back whole
+    assert slash.status_code == 404 and "location" not in slash.headers
+    assert long.status_code == 404 and len(long.content) < 1_000
     assert latin.status_code == 200               # a latin-1 header byte goes on as it came
     assert deep.status_code == 200                # the replica judges a body the proxy cannot parse
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"

@@ -152,3 +152,22 @@ def test_the_router_reads_kv_events_with_the_replicas_key(server, key, read_ok):
         assert replica.down is None and replica.next_event >= 0
     else:
         assert "401" in replica.down
+
+
+def test_a_request_http_cannot_parse_gets_a_json_400(server):
+    sock = connect(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
+    sock.settimeout(10)
+    answer = b""
+    while chunk := sock.recv(4096):
+        answer += chunk
+    sock.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(body)["error"]["type"] == "BadRequestError"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_health_probe_may_ask_with_head(server):
+    assert httpx.head(f"{server.url}/health", timeout=10).status_code == 200
+    assert httpx.head(f"{server.url}/v1/models", headers={"authorization": f"Bearer {KEY}"}).status_code == 200

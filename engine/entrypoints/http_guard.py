@@ -11,13 +11,17 @@ traceback for every failed accept (462,847 in 40 s). Here, as the API server's a
   engine, its logs and its own clients) a new connection is closed at once, so connections alone never
   exhaust the descriptors.
 
-A body that trickles in after a complete head is bounded by the handlers (BODY_TIMEOUT).
+A body that trickles in after a complete head is bounded by the handlers (BODY_TIMEOUT). A request uvicorn
+cannot parse (a bad request line, Content-Length or chunk size) is answered in OpenAI's error shape, as
+every other refusal, not uvicorn's plain text.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_TIMEOUT = 30.0              # s from a connection (or a next request's first byte) to its head's end
@@ -69,6 +73,18 @@ class GuardedH11Protocol(H11Protocol):
         if getattr(self, "_head_deadline", None) is not None:
             self._head_deadline.cancel()
             self._head_deadline = None
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, as JSON (engine/entrypoints/openai/errors.py's shape);
+        the connection then closes, as uvicorn closes it."""
+        body = json.dumps({"error": {"message": f"invalid HTTP request: {msg.rstrip('.')}", "type": "BadRequestError",
+                                     "param": None, "code": 400}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _head_overdue(self) -> None:
         self._head_deadline = None

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
-from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestError, error_body, param_of
+from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestError, error_body, param_of, said
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
@@ -103,11 +103,6 @@ def build_app(engine, model_name: str, options: ServerOptions | None = None,
     return app
 
 
-def _said(path: str, most: int = 200) -> str:
-    """A client's path as it sent it, cut short (a 60 KB URL is not echoed back whole)."""
-    return path if len(path) <= most else path[:most] + "..."
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError):
@@ -117,7 +112,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         # The router's 404 and 405, as vLLM's http_exception_handler shapes them.
         # The route is the client's own words, never a path of this machine: said as sent.
-        path = _said(request.url.path)
+        path = said(request.url.path)
         message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}.get(exc.status_code)
         body = error_body(message or str(exc.detail), ERROR_TYPES.get(exc.status_code, "APIError"), None,
                           exc.status_code, scrubbed=message is None)
@@ -135,26 +130,26 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     engine = state.engine
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if state.healthy:
             return Response(status_code=200)
         why = state.async_engine.why_not() if state.async_engine is not None else "starting"
         return JSONResponse(error_body(f"unhealthy: {why}", "ServiceUnavailableError", None, 503), status_code=503)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         # No folder of this machine: the served name is the model's id and root.
         return {"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": state.created, "owned_by": "paged-planner",
             "root": state.model_name, "parent": None, "max_model_len": engine.max_model_len}]}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return PlainTextResponse(metrics.render(engine, state.stats, state.model_name),
                                  media_type="text/plain; version=0.0.4")
 
-    @app.get("/kv_events")
+    @app.api_route("/kv_events", methods=["GET", "HEAD"])
     async def kv_events(after: int = 0):
         # For a prefix-aware router (engine/entrypoints/router): the prefix cache's BlockStored /
         # BlockRemoved events numbered `after` and later, or a snapshot (kv_events.py).

@@ -26,6 +26,11 @@ CLIENT_LEFT = 499      # nginx's "client closed request": the answer to a client
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 
 
+def said(path: str, most: int = 200) -> str:
+    """A client's path as it sent it, cut short (a 60 KB URL is not echoed back whole)."""
+    return path if len(path) <= most else path[:most] + "..."
+
+
 class RequestError(ValueError):
     """A request this server refuses: becomes an OpenAI-style error body with this status."""
 

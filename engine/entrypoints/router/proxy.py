@@ -43,13 +43,13 @@ from contextlib import asynccontextmanager
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.core.routing import RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
-from engine.entrypoints.openai.errors import CLIENT_LEFT
+from engine.entrypoints.openai.errors import CLIENT_LEFT, said
 from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
@@ -171,6 +171,8 @@ class Proxy:
             raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
         except asyncio.TimeoutError:
             return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
+        except ClientDisconnect:         # it left (or broke its chunked body) before the body ended: nobody to answer
+            return Response(status_code=CLIENT_LEFT)
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         body, token_ids = await asyncio.to_thread(self.read, raw)     # a 16 MiB body: not on the event loop
@@ -383,7 +385,7 @@ async def _disconnected(request: Request) -> None:
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Starlette's own 404 and 405 in OpenAI's error shape, as the replicas give them."""
     kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
-    return error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, kind)
+    return error(f"{request.method} {said(request.url.path)}: {exc.detail}", exc.status_code, kind)
 
 
 def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
@@ -402,6 +404,8 @@ def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
               Route("/health", proxy.health, methods=["GET"]),
               Route("/metrics", proxy.metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.router.redirect_slashes = False      # a trailing slash is a 404, as the replicas say: no redirect built
+    #                                          from the client's Host header
     app.add_middleware(BodyLimit, max_bytes=max_body)
     app.state.proxy = proxy
     return app
