@@ -212,3 +212,10 @@ def test_a_linear_cost_model_needs_finite_prices():
     for text in ("linear:nan,0", "linear:inf,0", "linear:0,inf"):
         with pytest.raises(PlannerError, match="must be finite"):
             parse_linear(text)
+
+
+def test_a_capacity_search_does_not_double_its_way_to_any_rate():
+    from planner.sizing.bracket import check_rates
+    with pytest.raises(PlannerError, match="give at most 1,000,000"):
+        check_rates(1.0, 0.1, 1e308, 0.02)
+    check_rates(1.0, 0.1, 1e6, 0.02)

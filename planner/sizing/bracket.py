@@ -15,10 +15,16 @@ from typing import Callable, Iterator
 from planner.errors import PlannerError
 
 
+MAX_RATE = 1e6                   # req/s: the highest rate a capacity search may try
+
+
 def check_rates(start: float, min_rate: float, max_rate: float, rel_tol: float) -> None:
     if not 0 < min_rate <= start <= max_rate < math.inf:      # an infinite rate is a burst, not a rate to find
         raise PlannerError(f"need 0 < min rate ({min_rate}) <= start ({start}) <= max rate ({max_rate}), all "
                            f"finite")
+    if max_rate > MAX_RATE:      # a search doubling its way up to 1e308 probes a thousand rates
+        raise PlannerError(f"max rate {max_rate:g} req/s: give at most {MAX_RATE:,.0f}, beyond any one deployment's "
+                           f"or fleet's load")
     if not 0 < rel_tol < 1:
         raise PlannerError(f"tolerance must be in (0, 1), got {rel_tol}")
 
