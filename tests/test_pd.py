@@ -181,6 +181,7 @@ BASE = ("--model", "llama-3.1-8b", "--gpu", "h100", "--requests", 20, "--workloa
     (("--prefill-tp", 2, "--policy", "vllm-v1"), "give --pd"),
     (("--pd", "1:1", "--replicas", 2, "--policy", "vllm-v1"), "replaces --replicas"),
     (("--pd", "4:8", "--kv-link", "nvlink", "--policy", "vllm-v1"), "one node"),
+    (("--pd", "1:1", "--policy", "vllm-v1", "--decode-tp", 3), "the decode pool: tensor parallel size 3 (--decode-tp)"),
 ])
 @pytest.mark.parametrize("command", ["simulate", "capacity"])
 def test_cli_refuses_bad_pd_in_one_line(tmp_path, command, args, message):

@@ -10,6 +10,7 @@ import typer
 from planner.cli.options import options_as
 from planner.errors import PlannerError
 from planner.runs.pd import POOL_KEYS, Disaggregation, parse_pd, parse_pool_set
+from planner.runs.pipeline import prepare_pools
 
 PD = typer.Option(None, "--pd", metavar="P:D",
                   help="disaggregated prefill: a pool of P prefill replicas and a pool of D decode replicas "
@@ -71,3 +72,4 @@ def check_spec(spec) -> None:
     spec.router()
     if spec.pd is not None:
         spec.pd.check(spec.deployment, spec.fleet.replicas)
+        prepare_pools(spec)             # each pool's plan: a TP or setting the pool refuses, said now

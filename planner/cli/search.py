@@ -157,6 +157,8 @@ def search(
         if concurrency is not None and rate is not None and rate.strip().lower() != "max":
             raise PlannerError(f"give --rate or --concurrency, not both: a concurrency's clients send each request "
                                f"when their previous one ends (--rate {rate})")
+        if concurrency is not None and concurrency < 1:
+            raise PlannerError(f"--concurrency must be >= 1 client, got {concurrency}")
         if workers is not None and workers < 1:
             raise PlannerError(f"--workers must be >= 1, got {workers}")
         target = None if concurrency is not None else _rate(rate)

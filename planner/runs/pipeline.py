@@ -69,8 +69,13 @@ def prepare_pools(spec: RunSpec) -> Pools:
     pd = spec.pd
     pd.check(spec.deployment, spec.fleet.replicas)
     pools = []
-    for replicas, deployment in zip((pd.prefill, pd.decode), pd.pools(spec.deployment)):
-        plan = plan_deployment(deployment)
+    for name, replicas, deployment in zip(("prefill", "decode"), (pd.prefill, pd.decode), pd.pools(spec.deployment)):
+        try:
+            plan = plan_deployment(deployment)
+        except PlannerError as exc:      # said for the pool, and with the pool's own flag where it set its TP
+            own_tp = getattr(pd, f"{name}_tp") is not None
+            raise PlannerError(f"the {name} pool: "
+                               + (str(exc).replace("(--tp)", f"(--{name}-tp)") if own_tp else str(exc))) from None
         pools.append(Pool(replicas, plan, build_cost_model(plan, spec.cost_model, spec.profile)))
     prefill, decode = pools
     # both pools' block tables, refused in one line before any engine is built if they cannot fit at all
