@@ -3,6 +3,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
@@ -25,6 +27,9 @@ def parallel(dp: int = 16, dbo: DualBatch | None = DualBatch(), backend: str = "
 def measured(dbo: DualBatch | None = DualBatch(), **kwargs) -> MeasuredCostModel:
     return MeasuredCostModel("deepseek-r1", "h200", moe=parallel(dbo=dbo), weight_format=R1_FP8, max_num_seqs=1024,
                              **kwargs)
+
+
+SPLIT = measured()
 
 
 def decode(seqs: int, context: int = 2000) -> StepShape:
@@ -164,3 +169,25 @@ def test_simulate_records_dbo_and_a_pool_may_set_it(tmp_path):
     pools = json.loads((tmp_path / "pd" / "result.json").read_text())["pd"]
     assert pools["decode"]["deployment"]["enable_dbo"] is True
     assert pools["prefill"]["deployment"]["enable_dbo"] is False
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 1.0), st.floats(0, 1.0), st.integers(1, 128))
+def test_the_overlap_never_beats_the_busier_stream_nor_loses_to_no_overlap(compute, comm, layers):
+    overlapped = DualBatch.overlapped(compute, comm, layers)
+    assert max(compute, comm) <= overlapped <= compute + comm + 1e-15
+    # more layers hide more: the ends that nothing overlaps are one layer's share
+    assert DualBatch.overlapped(compute, comm, layers + 1) <= overlapped
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 600), st.integers(200, 4000))
+def test_a_split_decode_step_costs_at_least_its_halves_compute_and_at_most_no_overlap(seqs, context):
+    split = SPLIT
+    shape = decode(seqs, context)
+    ledger = split.ledger(shape)
+    assert ledger.total == pytest.approx(split.step_time(shape), rel=1e-9)
+    hidden = sum(t.seconds for t in ledger.terms if t.name == "dual-batch overlap")
+    assert hidden <= 0.0
+    comm = sum(t.seconds for t in ledger.terms if t.name == "MoE dispatch + combine (DeepEP)")
+    assert -hidden <= comm + 1e-12                      # it hides no more than the all-to-all
