@@ -107,3 +107,14 @@ def test_deepep_runs_the_experts_on_deepgemm_and_the_default_backend_on_nvidias_
     # NVIDIA timed vLLM's Triton fused MoE for these experts: several times DeepGEMM's published time
     assert (gathered["experts (fused MoE)"].seconds
             > 3 * {t.name: t for t in model("deepep_low_latency").ledger(step).terms}["experts (DeepGEMM)"].seconds)
+
+
+def test_under_dual_batch_overlap_deepgemm_runs_on_the_sms_left_to_it():
+    # vLLM caps DeepGEMM at the SMs the communication kernels leave (132 - 20 on Hopper): FLOP-bound GEMMs slow
+    # by that share, a bandwidth-bound one does not
+    dg, share = DeepGemm(1.0), (132 - 20) / 132
+    compute_bound, memory_bound = work(4, 1024), work(16, 8)
+    assert dg.seconds(compute_bound, share) == pytest.approx(
+        (dg.seconds(compute_bound) - dg.seconds(compute_bound, 1e9)) / share + dg.seconds(compute_bound, 1e9))
+    assert dg._gemm(memory_bound, GATE_UP, "gate_up", 8, 4096, 7168, share) == \
+        dg._gemm(memory_bound, GATE_UP, "gate_up", 8, 4096, 7168)

@@ -19,8 +19,11 @@ a layer, plus the step's first compute and last combine, which nothing overlaps.
 
     2L max(c, m) + min(c, m) = max(C, M) + min(C, M) / 2L
 
-Left out, and said so: the SMs vLLM gives the communication kernels while they run (VLLM_DBO_COMM_SMS, 20
-of the GPU's; it caps only DeepGEMM at the rest), the dense layers' compute pooled with the MoE layers' (it
+The SMs: vLLM gives the communication kernels COMM_SMS of the GPU's while they run (VLLM_DBO_COMM_SMS) and
+caps DeepGEMM, the only kernel it caps, at the rest, so a split step's DeepGEMM experts run at that share of
+their FLOP rate (planner/cost/deepgemm.py); the other kernels share the SMs uncapped and are priced as alone.
+
+Left out, and said so: the dense layers' compute pooled with the MoE layers' (it
 has no all-to-all to hide: 3 of DeepSeek-V3's 61 layers), and the vote of the dp ranks (all split or none,
 should_ubatch_across_dp): each rank here splits on its own tokens, the ranks of a lockstep group being alike.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 # vLLM's defaults (ParallelConfig.dbo_decode_token_threshold, dbo_prefill_token_threshold)
 DECODE_THRESHOLD = 32
 PREFILL_THRESHOLD = 512
+COMM_SMS = 20                     # SMs vLLM gives the communication kernels while they run (VLLM_DBO_COMM_SMS)
 TERM = "dual-batch overlap"       # the ledger's term for the time the overlap saves (negative seconds)
 
 

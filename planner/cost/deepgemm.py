@@ -28,6 +28,11 @@ TritonOrDeepGemmExperts falls back to Triton (deep_gemm_moe.py _valid_deep_gemm)
 published rates for DeepSeek-V3's expert shape only (hidden 7168, width 2048: DeepSeek-V3/R1, Kimi-K2),
 whole (expert parallelism or one GPU), block FP8, on Hopper: other experts keep NVIDIA's table, and
 `--moe-backend deep_gemm` for them is a warning (`unpriced`).
+
+Under dual-batch overlap vLLM gives the communication kernels 20 of the GPU's 132 SMs while a microbatch's
+all-to-all runs and caps DeepGEMM at the rest (gpu_ubatch_wrapper.py SMControlContextManager,
+VLLM_DBO_COMM_SMS; DeepGEMM is the only kernel it caps): the FLOP rates scale by that share
+(`sm_share`), the bandwidth bound does not (112 SMs still draw the memory's rate).
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ DOWN = {256: 815, 512: 916, 1024: 925, 4096: 1214, 8192: 1214}
 SMALL_M_BANDWIDTH = {"gate_up": 2064e9, "down": 2047e9}   # B/s at m = 256 on the H800
 SCALE_GROUP = 128                        # block FP8: one float32 scale per 128 x 128 weights, 128 activations
 CONTIGUOUS_MIN_ROWS = 128                # vLLM's DeepGEMM alignment: fewer rows run Triton (_valid_deep_gemm)
+HOPPER_SMS = 132                         # SMs of an H100 / H200 SXM (and the README's H800)
 
 
 def _rate(table: dict[int, float], m: float) -> float:
@@ -80,24 +86,26 @@ class DeepGemm:
         rows (the tokens the experts see), below which it runs Triton."""
         return self.masked or work.tokens >= CONTIGUOUS_MIN_ROWS
 
-    def seconds(self, work: MoeWork) -> float:
-        """Both grouped GEMMs and the SiLU-and-mul between them, for the busiest GPU's `work`."""
+    def seconds(self, work: MoeWork, sm_share: float = 1.0) -> float:
+        """Both grouped GEMMs and the SiLU-and-mul between them, for the busiest GPU's `work`, on `sm_share` of
+        the GPU's SMs (dual-batch overlap's cap)."""
         if work.pairs <= 0 or work.touched <= 0:
             return 0.0
         m = work.pairs / work.touched
         width = work.width
-        gate_up = self._gemm(work, GATE_UP, "gate_up", m, 2 * width, HIDDEN)
-        down = self._gemm(work, DOWN, "down", m, HIDDEN, width)
+        gate_up = self._gemm(work, GATE_UP, "gate_up", m, 2 * width, HIDDEN, sm_share)
+        down = self._gemm(work, DOWN, "down", m, HIDDEN, width, sm_share)
         activation = work.pairs * (2 * width * 2 + width * (1 + 4 / SCALE_GROUP))
         return gate_up + activation / (SMALL_M_BANDWIDTH["down"] * self.bandwidth_scale) + down
 
-    def _gemm(self, work: MoeWork, table: dict[int, float], role: str, m: float, n: int, k: int) -> float:
+    def _gemm(self, work: MoeWork, table: dict[int, float], role: str, m: float, n: int, k: int,
+              sm_share: float = 1.0) -> float:
         flops = 2.0 * work.pairs * n * k
         if m >= min(table):
-            return flops / _rate(table, m)
+            return flops / (_rate(table, m) * sm_share)
         weights = work.touched * n * k * (1 + 4 / (SCALE_GROUP * SCALE_GROUP))
         nbytes = weights + work.pairs * (k * (1 + 4 / SCALE_GROUP) + 2 * n)
-        return max(flops / _rate(table, m), nbytes / (SMALL_M_BANDWIDTH[role] * self.bandwidth_scale))
+        return max(flops / (_rate(table, m) * sm_share), nbytes / (SMALL_M_BANDWIDTH[role] * self.bandwidth_scale))
 
     def describe(self) -> str:
         layout = "masked" if self.masked else "contiguous"

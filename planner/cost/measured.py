@@ -107,9 +107,9 @@ from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.all2all import DeepEp
 from planner.cost.calibration import Calibration, load_calibration
+from planner.cost.dbo import COMM_SMS, DualBatch
 from planner.cost.dbo import TERM as DBO_TERM
-from planner.cost.dbo import DualBatch
-from planner.cost.deepgemm import DeepGemm
+from planner.cost.deepgemm import HOPPER_SMS, DeepGemm
 from planner.cost.elementwise import step_kernels
 from planner.cost.mamba import recurrent_price
 from planner.cost.ledger import CudaGraphs, Ledger, Term, cudagraph_capture_sizes
@@ -240,6 +240,8 @@ class MeasuredCostModel:
         # vLLM's dual-batch overlap where DeepEP dispatches (planner/cost/dbo.py); tokens -> (compute, all-to-all)
         self._dbo = par.dual_batch if model.is_moe else None
         self._dbo_cache: dict[int, tuple[float, float]] = {}
+        self._dbo_run_cache: dict[tuple[int, bool], tuple[tuple[Term, ...], float]] = {}
+        self._dbo_sm_share = (HOPPER_SMS - COMM_SMS) / HOPPER_SMS     # DeepGEMM's cap, which runs on Hopper only
         if self._moe is not None and self._moe.efficiency is not None and self._moe.deepgemm is None:
             self.notes.append(f"{system}'s fused-MoE table has no {self._moe.dtype} rows for {model.name}'s experts: "
                               f"the roofline prices them at the efficiency the table shows for its "
@@ -1033,14 +1035,14 @@ class MeasuredCostModel:
         self._token_cache[tokens] = value
         return value
 
-    def _run_terms(self, run: int, captured: bool) -> tuple[tuple[Term, ...], float]:
+    def _run_terms(self, run: int, captured: bool, sm_share: float = 1.0) -> tuple[tuple[Term, ...], float]:
         """_token_terms' terms for `run` tokens (padded), run by a CUDA graph or not."""
         layers = self.model.num_layers
         terms = [Term(f"{name} GEMM", "gemm", count * self._shared_gemm(run, n, k, shares), "table",
                       f"{self.system} {self._tables_read(shares)}, m={run} n={n} k={k}, x{count} layers", count)
                  for name, (n, k), count, shares in self._gemms]
         if self._moe is not None:
-            terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size))
+            terms += self._moe.terms(run, self.gemm(run, self.model.num_experts, self.model.hidden_size), sm_share)
             self._flag("moe", self._moe.extrapolated)
         if "elementwise" not in self.leave_out:
             for kernel in self._kernels:
@@ -1178,9 +1180,9 @@ class MeasuredCostModel:
         captured = self.graphs.captured(tokens)
         halves = []
         for half in DualBatch.halves(self._padded(tokens)):
-            value = self._run_cache.get((half, captured))
-            if value is None:
-                value = self._run_cache[half, captured] = self._run_terms(half, captured)
+            value = self._dbo_run_cache.get((half, captured))
+            if value is None:       # DeepGEMM on the SMs the communication kernels leave it (planner/cost/dbo.py)
+                value = self._dbo_run_cache[half, captured] = self._run_terms(half, captured, self._dbo_sm_share)
             halves.append((half, value[0]))
         return halves
 

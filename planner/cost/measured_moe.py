@@ -167,12 +167,13 @@ class MeasuredMoe:
             raise PlannerError(f"{self.system} has no NCCL table on {gpus} GPUs for the dp dispatch")
         return tables.Curve.of(tables.monotone(points, 1))
 
-    def experts(self, tokens: int) -> float:
-        """One layer's fused-MoE time when its experts see `tokens` tokens, at the routing skew."""
+    def experts(self, tokens: int, sm_share: float = 1.0) -> float:
+        """One layer's fused-MoE time when its experts see `tokens` tokens, at the routing skew (DeepGEMM's on
+        `sm_share` of the SMs: dual-batch overlap's cap)."""
         if self.deepgemm is not None:
             work = moe_work(self.model, self.par, tokens // self.par.dp)
             if self.deepgemm.runs(work):
-                return self.deepgemm.seconds(work)
+                return self.deepgemm.seconds(work, sm_share)
         if self.efficiency is not None:
             price, extrapolated = self.efficiency.price(tokens // self.par.dp)
             self.extrapolated |= extrapolated
@@ -215,8 +216,9 @@ class MeasuredMoe:
             latency = max(self._nccl.ys[0], at)
         return latency if self._span is None else self._span.allreduce(latency, 2 * values)
 
-    def terms(self, run: int, router_gemm: float) -> list[Term]:
-        """The MoE terms of a step whose replicas each run `run` tokens (CUDA-graph padded)."""
+    def terms(self, run: int, router_gemm: float, sm_share: float = 1.0) -> list[Term]:
+        """The MoE terms of a step whose replicas each run `run` tokens (CUDA-graph padded); DeepGEMM's experts
+        on `sm_share` of the SMs (a microbatch of dual-batch overlap)."""
         layers, par = self.model.moe_layers, self.par
         gathered = run * par.dp
         split = f"EP{par.ep}" if par.ep > 1 else f"moe_tp {par.moe_tp}"
@@ -224,7 +226,7 @@ class MeasuredMoe:
         terms = [Term("router GEMM", "moe", layers * router_gemm, "table",
                       f"{self.system} gemm, m={run} n={self.model.num_experts} k={self.model.hidden_size}, "
                       f"x{layers} layers", layers),
-                 self._experts_term(gathered, split, skew)]
+                 self._experts_term(gathered, split, skew, sm_share)]
         if self.deepep is not None:
             terms.append(Term(DEEPEP_TERM, "collective", layers * self.dispatch(run),
                               "published", f"{self.deepep.describe()}, {run} tokens per replica, x{layers} layers",
@@ -236,13 +238,14 @@ class MeasuredMoe:
                               + (f"; {self._span.describe()}" if self._span is not None else ""), 2 * layers))
         return terms
 
-    def _experts_term(self, gathered: int, split: str, skew: str) -> Term:
+    def _experts_term(self, gathered: int, split: str, skew: str, sm_share: float = 1.0) -> Term:
         layers, m = self.model.moe_layers, self.model
         what = f"{gathered} tokens, top-{m.num_experts_per_tok} of {m.num_experts}, {split}{skew}, x{layers} layers"
-        seconds = layers * self.experts(gathered)
+        seconds = layers * self.experts(gathered, sm_share)
         if self.deepgemm is not None and self.deepgemm.runs(moe_work(self.model, self.par, gathered // self.par.dp)):
-            return Term("experts (DeepGEMM)", "moe", seconds, "published", f"{self.deepgemm.describe()}, {what}",
-                        layers)
+            share = f", on {sm_share:.0%} of the SMs (dual-batch overlap)" if sm_share < 1 else ""
+            return Term("experts (DeepGEMM)", "moe", seconds, "published",
+                        f"{self.deepgemm.describe()}{share}, {what}", layers)
         if self.efficiency is None:
             return Term("experts (fused MoE)", "moe", seconds, "table", f"{self.system} moe {self.dtype}, {what}",
                         layers)
