@@ -6,8 +6,13 @@ import socket
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from planner.cli.app import app
 from planner.cost import StepShape, prefill_attn_pairs, tables
+from planner.cost.all2all import DeepEp
+from planner.cost.moe import MoeParallel
+from planner.cost.nodes import NodeSpan, nodes_of
 from planner.cost.shape import context_histogram
 from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.measured import MeasuredCostModel, covered_gpus
@@ -336,9 +341,6 @@ def test_b300_reads_its_own_tables_and_runs_datacenter_blackwells_kernels():
 
 def test_an_nvl72_rack_is_one_node_its_collectives_on_nvlink():
     # GB200 NVL72: 72 GPUs joined by NVLink switches, so wide expert parallelism stays off the NICs
-    from planner.cost.all2all import DeepEp
-    from planner.cost.moe import MoeParallel
-    from planner.cost.nodes import NodeSpan, nodes_of
     gb200, b200 = resolve_gpu("gb200"), resolve_gpu("b200")
     assert gb200.node_gpus == 72 and b200.node_gpus == 8
     assert nodes_of(64, gb200.node_gpus) == 1 and nodes_of(64, b200.node_gpus) == 8
@@ -349,3 +351,9 @@ def test_an_nvl72_rack_is_one_node_its_collectives_on_nvlink():
     over_nics = DeepEp.of(model, par, b200, None, 2, "infiniband")
     assert on_rack.nodes == 1 and over_nics.nodes == 8
     assert on_rack.seconds(128) < over_nics.seconds(128) / 3
+
+
+def test_list_gpus_says_each_gpus_node():
+    rows = {g["name"]: g for g in json.loads(CliRunner().invoke(app, ["list", "gpus", "--json"]).output)}
+    assert rows["gb200"]["node_gpus"] == 72 and rows["h100-sxm"]["node_gpus"] == 8
+    assert "node" in CliRunner().invoke(app, ["list", "gpus"]).output

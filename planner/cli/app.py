@@ -50,21 +50,22 @@ def list_gpus_cmd(as_json: bool = AS_JSON) -> None:
     if as_json:
         _emit([{"name": g.name, "aliases": list(g.aliases), "family": g.family, "memory_gib": g.memory_bytes / 2**30,
                 "memory_bandwidth_tb_s": g.memory_bandwidth / 1e12, "fp16_tflops": g.fp16_flops / 1e12,
-                "interconnect_gb_s": g.interconnect_bandwidth / 1e9, "measured_system": g.measured_system,
-                "source": g.source} for g in gpus])
+                "interconnect_gb_s": g.interconnect_bandwidth / 1e9, "node_gpus": g.node_gpus,
+                "measured_system": g.measured_system, "source": g.source} for g in gpus])
         return
     # Five short columns fit 80; the long datasheet sources go below, one per line.
     table = Table(title="GPUs (per device)")
-    for col in ("name", "GiB", "TB/s", "fp16 TFLOP/s", "link GB/s", "measured"):
+    for col in ("name", "GiB", "TB/s", "fp16 TFLOP/s", "link GB/s", "node", "measured"):
         table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for g in gpus:
         table.add_row(g.name, f"{g.memory_bytes / 2**30:.1f}", f"{g.memory_bandwidth / 1e12:.2f}",
                       f"{g.fp16_flops / 1e12:.{0 if g.fp16_flops >= 1e13 else 1}f}",
-                      f"{g.interconnect_bandwidth / 1e9:.0f}", "yes" if g.measured_system else "-")
+                      f"{g.interconnect_bandwidth / 1e9:.0f}", str(g.node_gpus) if g.kind == "gpu" else "-",
+                      "yes" if g.measured_system else "-")
     console = Console()
     console.print(table)
-    console.print("measured: NVIDIA's vLLM op tables cover it (else the roofline prices it); GiB as torch "
-                  "reports it", highlight=False)
+    console.print("node: GPUs joined without NICs (a server's 8, an NVL72 rack's 72); measured: NVIDIA's vLLM op "
+                  "tables cover it (else the roofline prices it); GiB as torch reports it", highlight=False)
     console.print("sources (in full: planner list gpus --json):", highlight=False)
     for g in gpus:
         console.print(f"  {g.name}: {g.source.split(':')[0].split(';')[0]}", highlight=False, markup=False)
