@@ -10,7 +10,7 @@ import typer
 from planner.cli.options import options_as
 from planner.errors import PlannerError
 from planner.runs.pd import POOL_KEYS, Disaggregation, parse_pd, parse_pool_set
-from planner.runs.pipeline import prepare_pools
+from planner.runs.pipeline import plan_pools
 
 PD = typer.Option(None, "--pd", metavar="P:D",
                   help="disaggregated prefill: a pool of P prefill replicas and a pool of D decode replicas "
@@ -71,5 +71,4 @@ def check_spec(spec) -> None:
     """A run's router and, with --pd, its pools (one line on a bad value, before anything runs)."""
     spec.router()
     if spec.pd is not None:
-        spec.pd.check(spec.deployment, spec.fleet.replicas)
-        prepare_pools(spec)             # each pool's plan: a TP or setting the pool refuses, said now
+        plan_pools(spec)                # the pools' own checks, and a TP or setting a pool's plan refuses

@@ -64,19 +64,27 @@ class Pools:
     path: KvPath
 
 
-def prepare_pools(spec: RunSpec) -> Pools:
-    """Each pool's plan and cost model (its own GPU and TP), and the link's price of a KV transfer."""
+def plan_pools(spec: RunSpec) -> tuple[DeploymentPlan, DeploymentPlan]:
+    """The prefill pool's plan and the decode pool's (each its own GPU, TP and settings); a pool's refusal is
+    said for the pool, with its own flag where it set its TP."""
     pd = spec.pd
     pd.check(spec.deployment, spec.fleet.replicas)
-    pools = []
-    for name, replicas, deployment in zip(("prefill", "decode"), (pd.prefill, pd.decode), pd.pools(spec.deployment)):
+    plans = []
+    for name, deployment in zip(("prefill", "decode"), pd.pools(spec.deployment)):
         try:
-            plan = plan_deployment(deployment)
-        except PlannerError as exc:      # said for the pool, and with the pool's own flag where it set its TP
+            plans.append(plan_deployment(deployment))
+        except PlannerError as exc:
             own_tp = getattr(pd, f"{name}_tp") is not None
             raise PlannerError(f"the {name} pool: "
                                + (str(exc).replace("(--tp)", f"(--{name}-tp)") if own_tp else str(exc))) from None
-        pools.append(Pool(replicas, plan, build_cost_model(plan, spec.cost_model, spec.profile)))
+    return plans[0], plans[1]
+
+
+def prepare_pools(spec: RunSpec) -> Pools:
+    """Each pool's plan and cost model, and the link's price of a KV transfer."""
+    pd = spec.pd
+    pools = [Pool(replicas, plan, build_cost_model(plan, spec.cost_model, spec.profile))
+             for replicas, plan in zip((pd.prefill, pd.decode), plan_pools(spec))]
     prefill, decode = pools
     # both pools' block tables, refused in one line before any engine is built if they cannot fit at all
     check_replicas(pd.prefill + pd.decode, max(p.plan.num_gpu_blocks + p.plan.num_cpu_blocks for p in pools),
