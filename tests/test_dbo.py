@@ -151,6 +151,40 @@ def test_a_run_with_dbo_is_the_same_with_and_without_fast_forward():
     assert runs[0] == runs[1]
 
 
+def test_the_dp_ranks_split_together_or_not_at_all():
+    """vLLM's vote (dp_utils._post_process_ubatch): every busy rank past its threshold, no rank on a dummy
+    batch, and the fewest tokens past the middle of the largest padded count."""
+    dbo = DualBatch()
+    decode = [(64, 64, True, 64), (40, 40, True, 48)]
+    assert dbo.agreed(decode, idle=False)
+    assert not dbo.agreed(decode, idle=True)                              # a dummy batch's one token says no
+    assert not dbo.agreed(decode + [(31, 31, True, 32)], idle=False)       # below the decode threshold
+    assert not dbo.agreed([(40, 40, True, 40), (96, 96, True, 96)], idle=False)   # 40 <= 96 // 2: all padding
+    assert dbo.agreed([(600, 3, False, 608), (512, 2, False, 512)], idle=False)
+    assert not dbo.agreed([(600, 3, False, 608), (511, 2, False, 512)], idle=False)
+
+
+DP2 = dict(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True,
+           all2all_backend="deepep_low_latency")
+
+
+def run_dp2(concurrency: int, step_by_step: bool = False, **deployment):
+    return simulate(Deployment(**DP2, **deployment), workload="random", concurrency=concurrency, requests=24,
+                    params={"input_len": 64, "output_len": 40, "range_ratio": 0.5}, step_by_step=step_by_step).metrics
+
+
+def test_ranks_that_never_all_reach_the_threshold_run_as_without_dbo():
+    """Three clients over two ranks: one rank holds two sequences at most while the other holds one or none, so
+    the vote never passes, though the busier rank alone would split every decode step."""
+    split = dict(enable_dbo=True, dbo_decode_token_threshold=2, dbo_prefill_token_threshold=2)
+    assert DualBatch(2, 2).splits(2, 2, True)
+    assert run_dp2(3, **split) == run_dp2(3)
+    assert run_dp2(3, step_by_step=True, **split) == run_dp2(3)
+    # With four clients both ranks hold two at times: those steps split, and the run changes.
+    assert run_dp2(4, **split) != run_dp2(4)
+    assert run_dp2(4, **split) == run_dp2(4, step_by_step=True, **split)
+
+
 def test_simulate_records_dbo_and_a_pool_may_set_it(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--model", "deepseek-r1", "--gpu", "h200", "--dp", "16",
                                       "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency",

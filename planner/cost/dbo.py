@@ -23,12 +23,21 @@ The SMs: vLLM gives the communication kernels COMM_SMS of the GPU's while they r
 caps DeepGEMM, the only kernel it caps, at the rest, so a split step's DeepGEMM experts run at that share of
 their FLOP rate (planner/cost/deepgemm.py); the other kernels share the SMs uncapped and are priced as alone.
 
-Left out, and said so: the dense layers' compute pooled with the MoE layers' (it
-has no all-to-all to hide: 3 of DeepSeek-V3's 61 layers), and the vote of the dp ranks (all split or none,
-should_ubatch_across_dp): each rank here splits on its own tokens, the ranks of a lockstep group being alike.
+The dp ranks' vote. Every MoE layer's all-to-all joins all the dp ranks, so they split together or not at all:
+each rank says whether its own step would split, an idle rank's dummy batch (one token) says no, and they split
+only if all say yes and the rank with the fewest tokens still reaches past the middle of the largest padded
+count, so that no rank's second microbatch is all padding (vllm/v1/worker/dp_utils.py `_post_process_ubatch`,
+ubatch_utils.py `is_last_ubatch_empty`). A cost model prices each rank's step as that rank alone would run it;
+the ranks of a lockstep group take the vote (`agreed`) and, where it fails, the steps that would have split are
+priced whole (planner/sim/lockstep.py).
+
+Left out, and said so: the dense layers' compute pooled with the MoE layers' (it has no all-to-all to hide: 3
+of DeepSeek-V3's 61 layers), and the padding of a split step's ranks to the largest rank's tokens (a rank is
+priced at its own; the group's step is the longest rank's, which the largest rank's token terms lead).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 # vLLM's defaults (ParallelConfig.dbo_decode_token_threshold, dbo_prefill_token_threshold)
@@ -49,6 +58,13 @@ class DualBatch:
         """Whether a step of `tokens` scheduled tokens over `seqs` requests runs as two microbatches."""
         return seqs >= 2 and tokens >= (self.decode_threshold if decode_only else self.prefill_threshold)
 
+    def agreed(self, ranks: list[tuple[int, int, bool, int]], idle: bool) -> bool:
+        """The dp ranks' vote on one step: each busy rank's (tokens, sequences, decode only, padded tokens);
+        `idle` when some rank runs a dummy batch instead (its one token votes no)."""
+        if idle or not all(self.splits(tokens, seqs, decode) for tokens, seqs, decode, _ in ranks):
+            return False
+        return min(r[0] for r in ranks) > max(r[3] for r in ranks) // 2
+
     @staticmethod
     def halves(padded: int) -> tuple[int, int]:
         """The two microbatches' tokens: the padded count split at its middle."""
@@ -65,3 +81,25 @@ class DualBatch:
     def describe(self) -> str:
         return (f"dual-batch overlap from {self.decode_threshold} decode / {self.prefill_threshold} other tokens "
                 f"(planner/cost/dbo.py)")
+
+
+class SplitsSteps:
+    """What a cost model that prices dual-batch overlap (`_dbo`: its DualBatch, or None) offers the dp ranks'
+    vote (planner/sim/lockstep.py)."""
+
+    _dbo: DualBatch | None
+
+    @property
+    def dual_batch(self) -> DualBatch | None:
+        return self._dbo
+
+    def split_padding(self, tokens: int) -> int:
+        """The token count a split step of `tokens` halves (CUDA-graph padding, where the model prices it)."""
+        return tokens
+
+    def whole(self):
+        """This model pricing every step in one batch: what a step costs when the vote keeps it whole. It shares
+        this model's caches; the ones it reads hold no split step's terms."""
+        whole = copy.copy(self)
+        whole._dbo = None
+        return whole

@@ -107,7 +107,7 @@ from planner.catalog.quantization import WeightFormat, gemm_path, peak_flops
 from planner.cost import tables
 from planner.cost.all2all import DeepEp
 from planner.cost.calibration import Calibration, load_calibration
-from planner.cost.dbo import COMM_SMS, DualBatch
+from planner.cost.dbo import COMM_SMS, DualBatch, SplitsSteps
 from planner.cost.dbo import TERM as DBO_TERM
 from planner.cost.deepgemm import HOPPER_SMS, DeepGemm
 from planner.cost.elementwise import step_kernels
@@ -189,7 +189,7 @@ def covered_gpus() -> list[str]:
     return [g.name for g in list_gpus() if g.measured_system]
 
 
-class MeasuredCostModel:
+class MeasuredCostModel(SplitsSteps):
     """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies, as a ledger of priced terms.
 
     `max_num_seqs` and `max_num_batched_tokens` set vLLM's CUDA-graph capture sizes; `async_scheduling`
@@ -1023,6 +1023,9 @@ class MeasuredCostModel:
 
     def _padded(self, tokens: int) -> int:
         return tokens if "padding" in self.leave_out else self.graphs.padded(tokens)
+
+    def split_padding(self, tokens: int) -> int:
+        return self._padded(tokens)
 
     def _token_terms(self, tokens: int) -> tuple[tuple[Term, ...], float]:
         """The terms priced by the step's token count (GEMMs, elementwise kernels, all-reduces), at the

@@ -44,8 +44,9 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
                      f"vLLM end to end, nothing below 128 tokens per rank); {experts}")
     if "dual-batch overlap" in cost_model:
         notes.append("dual-batch overlap: both microbatches' compute and all-to-all overlapped as two ideal "
-                     "streams, DeepGEMM on the SMs the communication kernels leave; the other kernels' sharing "
-                     "of the SMs and the dp ranks' vote to split are not priced")
+                     "streams, DeepGEMM on the SMs the communication kernels leave, the dp ranks splitting together "
+                     "or not at all; the other kernels' sharing of the SMs and a split step's padding of every rank "
+                     "to the largest rank's tokens are not priced")
     if "deepep_high_throughput" in cost_model:
         notes.append("deepep_high_throughput: vLLM runs every step without CUDA graphs (none padded); the CPU's "
                      "kernel launches that graphs would hide are not priced, so small decode steps come out short")

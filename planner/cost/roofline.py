@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass
 from planner.cost.all2all import DeepEp
 from planner.cost.block_size import decode_attention_factor
 from planner.cost.compressed import CompressedPrice
+from planner.cost.dbo import SplitsSteps
 from planner.cost.mamba import recurrent_price
 from planner.cost.moe import MoeParallel, bytes_per_expert, dispatch_bytes, expert_roofline
 from planner.cost.nodes import NODE_LINK, NodeSpan
@@ -141,7 +142,7 @@ def _check_args(model: ModelSpec, gpu: GpuSpec, tp: int, moe: MoeParallel, block
         raise PlannerError("CPU overhead constants must be >= 0")
 
 
-class RooflineCostModel:
+class RooflineCostModel(SplitsSteps):
     """Step time for `model` on `tp` x `gpu` from peaks, efficiencies and a CPU overhead."""
 
     prices_each_context = False   # decode attention from the contexts' sum: StepShape.decode_histogram is not read

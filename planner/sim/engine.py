@@ -168,6 +168,8 @@ class Move:
     finish: Callable[[float], list] | None = None
     plan: Plan | Window | None = None
     out: object = None
+    shape: StepShape | None = None     # a step's shape, and its seconds beyond the shape's price (a draft
+    extra: float = 0.0                 # proposer's): what the dp ranks' vote re-prices (planner/sim/lockstep.py)
 
 
 class SimulatedEngine(Sleeper):
@@ -557,8 +559,9 @@ class SimulatedEngine(Sleeper):
         else:
             physical = allocator.token_slots_used()
         price = step_time(shape)
-        if self.speculation is not None:
-            price += self.speculation.proposer_seconds(out, shape)
+        extra = self.speculation.proposer_seconds(out, shape) if self.speculation is not None else 0.0
+        if extra:
+            price += extra
 
         def finish(end: float) -> list:
             # A partial prompt chunk samples nothing: only the sampling part gets tokens.
@@ -578,7 +581,8 @@ class SimulatedEngine(Sleeper):
                 self.drop_batch()
             return finished
 
-        return Move(STEP, price * self.device_speed(start) if self.device_speed is not None else price, finish)
+        return Move(STEP, price * self.device_speed(start) if self.device_speed is not None else price, finish,
+                    shape=shape, extra=extra)
 
     def _stepped(self, count: int, end: float, finished: list[SequenceGroup]):
         """After `count` steps ending at `end`: what `after_steps` does; and if a request is due at this
@@ -720,7 +724,7 @@ class SimulatedEngine(Sleeper):
                 self.drop_batch()
             return finished
 
-        return Move(STEP, step_time(step.shape), finish)
+        return Move(STEP, step_time(step.shape), finish, shape=step.shape)
 
 
 class WakeAt(simpy.events.Timeout):

@@ -18,6 +18,9 @@ sleeps through a segment of such steps at once, up to the first plan that runs o
 starting at or after the next arrival any rank knows of. Each end is summed one step at a time from
 the last, so a run is the same with and without `--step-by-step`. Fast-forward windows (the paper's
 policy) are not used in lockstep: such ranks step one at a time.
+
+With --enable-dbo the ranks vote on each group step (planner/sim/dp_vote.py): they split it into two
+microbatches together or not at all, and where the vote fails the steps that would have split are priced whole.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import simpy
 
 from planner.cost.shape import reads_context_histogram
 from planner.sim.batch import Plan
+from planner.sim.dp_vote import DpVote
 from planner.sim.engine import IDLE, PLAN, Move, SimulatedEngine, Sleeper, kept_before
 
 
@@ -57,6 +61,7 @@ class Lockstep(Sleeper):
         self.segment: tuple[float, list[float]] | None = None   # (start, ends) of the steps slept through
         self.wake_at = 0.0
         self.rank = {engine: i for i, engine in enumerate(engines)}
+        self.vote = DpVote.of(engines[0].cost_model)     # the ranks' vote on dual-batch overlap, if they split
         for engine in engines:
             engine.group = self
         self.process = env.process(self.run())
@@ -114,7 +119,10 @@ class Lockstep(Sleeper):
         """One group step: the ranks stepping one at a time and each plan's next step, as long as the longest."""
         flying = list(self.flying.values())
         start = self.env.now
-        yield self.env.timeout(max([move.price for _, move in single] + [f.next_price() for f in flying]))
+        prices = [move.price for _, move in single] + [f.next_price() for f in flying]
+        if self.vote is not None:
+            prices = self._voted_step(single, flying, prices)
+        yield self.env.timeout(max(prices))
         end = self.env.now
         self._took_steps(start, [end])
         for f in flying:
@@ -130,6 +138,8 @@ class Lockstep(Sleeper):
         steps = min([len(f.plan.prices) - len(f.ends) for f in flying])
         start = self.env.now
         prices = [f.plan.prices[len(f.ends):len(f.ends) + steps] for f in flying]
+        if self.vote is not None:
+            prices = self._voted_segment(flying, steps, prices)
         # Each end summed from the last, as stepping one group step at a time does (accumulate adds in order).
         ends = list(accumulate(prices[0] if len(prices) == 1 else map(max, *prices), initial=start))
         del ends[0]
@@ -143,6 +153,29 @@ class Lockstep(Sleeper):
             if ends:                                       # none when a request cut them all
                 self._took_steps(start, ends)
         yield from self._after(ends[-1] if ends else start, self._land())   # none left: cut at its start
+
+    def _voted_step(self, single: list[tuple[SimulatedEngine, Move]], flying: list[InFlight],
+                    prices: list[float]) -> list[float]:
+        """The prices of one group step after the ranks' vote: the steps that would split, whole if it fails."""
+        vote = self.vote
+        ballots = [vote.step_ballot(move.shape) for _, move in single] + [vote.plan_ballot(f.plan) for f in flying]
+        if vote.agreed(ballots, len(self.engines)):
+            return prices
+        whole = [vote.step_price(move.shape, move.extra) if vote.wants(ballot) else price
+                 for (_, move), ballot, price in zip(single, ballots, prices)]
+        n = len(single)
+        whole += [vote.plan_prices(f.plan, len(f.ends), 1)[0] if vote.wants(ballot) else price
+                  for f, ballot, price in zip(flying, ballots[n:], prices[n:])]
+        return whole
+
+    def _voted_segment(self, flying: list[InFlight], steps: int, prices: list[list[float]]) -> list[list[float]]:
+        """A segment's prices after the ranks' vote, the same for all its steps (each plan's members are fixed)."""
+        vote = self.vote
+        ballots = [vote.plan_ballot(f.plan) for f in flying]
+        if vote.agreed(ballots, len(self.engines)):
+            return prices
+        return [vote.plan_prices(f.plan, len(f.ends), steps) if vote.wants(ballot) else these
+                for f, ballot, these in zip(flying, ballots, prices)]
 
     def _took_steps(self, start: float, ends: list[float]) -> None:
         for engine in self.engines:
