@@ -15,6 +15,7 @@ from engine.core.routing import parse_policy
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.proxy import Proxy, build_proxy_app
+from serve_helpers import wait_until
 
 URLS = ["http://replica0", "http://replica1"]
 
@@ -79,6 +80,87 @@ def run_proxy(policy: str, fake: FakeReplicas, calls):
 
 def post(client, prompt=(5, 6, 7, 8, 9, 10, 11, 12, 13), **extra):
     return client.post("/v1/completions", json={"prompt": list(prompt), "max_tokens": 2, **extra})
+
+
+def test_the_models_list_comes_from_a_replica_that_answers():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        fake.down.add(0)
+        first_dead = await client.get("/v1/models")
+        fake.down.add(1)
+        none = await client.get("/v1/models")
+        return first_dead, none
+    first_dead, none = run_proxy("round-robin", fake, calls)
+    assert first_dead.status_code == 200 and first_dead.json() == {"replica": 1}
+    assert none.status_code == 503
+    assert none.json()["error"]["message"] == ("no replica answered: replica 0 (http://replica0) did not answer: "
+                                               "ConnectError; replica 1 (http://replica1) did not answer: ConnectError")
+
+
+def test_a_pick_does_not_wait_long_on_a_replica_whose_kv_reading_hangs(monkeypatch):
+    """A frozen replica (or one whose event loop is busy) answers no /metrics: each pick waits READ_DEADLINE at
+    most from the reading's start, then scores it by its last reading; the other replica serves meanwhile."""
+    from engine.entrypoints.router import replicas
+    monkeypatch.setattr(replicas, "READ_DEADLINE", 0.3)
+    fake = FakeReplicas()
+    fake.usage = [0.5, 0.1]
+    hang = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "replica1" and request.url.path == "/metrics" and hang.is_set():
+            await asyncio.sleep(30)
+        return fake.handler(request)
+
+    async def main():
+        proxy = Proxy(URLS, parse_policy("least-kv"), block_size=4)
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        app = build_proxy_app(proxy)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            first = (await post(client)).json()["replica"]          # replica 1 uses less of its cache
+            hang.set()
+            fake.usage = [0.0, 0.1]                                  # replica 0 is now the emptier
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            picks = [(await post(client)).json()["replica"] for _ in range(3)]
+            took = loop.time() - start
+            for replica in proxy.replicas:
+                if replica.reading is not None:
+                    replica.reading.cancel()
+            await proxy.client.aclose()
+            return first, picks, took
+    first, picks, took = asyncio.run(main())
+    assert first == 1
+    # replica 1 is scored by its last reading (0.1): replica 0's fresh 0.0 wins each pick
+    assert picks == [0, 0, 0]
+    assert took < 1.5                 # one wait of 0.3 s, not three, and nothing like the reading's 30 s
+
+
+def test_the_launcher_tells_of_a_replica_that_exits_and_stops_the_router_when_none_is_left(tmp_path):
+    import subprocess
+    import sys
+    import types
+
+    from engine.entrypoints.router.launch import ExitWatch, ReplicaProcess
+
+    def replica(i: int, code: str) -> ReplicaProcess:
+        log = tmp_path / f"replica-{i}.log"
+        log.write_text(f"serving\nreplica {i} failed: out of memory\n")
+        return ReplicaProcess(i, f"http://127.0.0.1:{9000 + i}", subprocess.Popen([sys.executable, "-c", code]), log)
+    dies = replica(0, "import sys; sys.exit(3)")
+    lives = replica(1, "import time; time.sleep(60)")
+    server = types.SimpleNamespace(should_exit=False)
+    said: list[str] = []
+    watch = ExitWatch([dies, lives], server, said.append, period=0.05)
+    watch.start()
+    dies.process.wait()
+    assert wait_until(lambda: said, 10)
+    assert said == [f"replica 0 exited (exit status 3): replica 0 failed: out of memory (log: {dies.log})"]
+    assert not server.should_exit                       # replica 1 still serves
+    lives.process.kill()
+    watch.join(10)
+    assert said[1].startswith("replica 1 exited (killed by signal 9)")
+    assert watch.all_exited and server.should_exit       # nothing left: the router stops
 
 
 def test_round_robin_takes_turns():
@@ -146,15 +228,23 @@ def test_a_bad_request_gets_the_replicas_error_and_a_dead_replica_is_passed_over
         fake.down.add(1)
         moved = [await post(client) for _ in range(3)]     # replica 1 refuses: each goes to replica 0
         health = await client.get("/health")
+        models = await client.get("/v1/models")
         fake.down.add(0)
         dead = await post(client)
-        return bad, moved, dead, health, [(r.in_flight, r.routed, r.failed) for r in proxy.replicas]
-    bad, moved, dead, health, counts = run_proxy("round-robin", fake, calls)
+        none_up = await client.get("/health")
+        counts = [(r.in_flight, r.routed, r.failed) for r in proxy.replicas]
+        return bad, moved, dead, (health, models, none_up), counts
+    bad, moved, dead, (health, models, none_up), counts = run_proxy("round-robin", fake, calls)
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "max_tokens: bad"
     assert [(m.status_code, m.json()["replica"]) for m in moved] == [(200, 0)] * 3
-    assert fake.got == [0, 0, 0, 0]               # nothing reached replica 1
-    assert health.status_code == 503
-    assert "replica 1 (http://replica1) is unreachable" in health.json()["error"]["message"]
+    assert fake.got == [0, 0, 0, 0, 0]            # nothing reached replica 1 (the last: the models list)
+    # One replica serves: the fleet is healthy but degraded, and lists its model.
+    assert health.status_code == 200
+    assert health.json() == {"status": "degraded", "unhealthy": ["replica 1 (http://replica1) is unreachable "
+                                                                 "(ConnectError)"]}
+    assert models.status_code == 200 and models.json() == {"replica": 0}
+    assert none_up.status_code == 503 and "replica 0 (http://replica0) is unreachable" in none_up.json()["error"][
+        "message"]
     assert dead.status_code == 502           # no replica to take it
     message = dead.json()["error"]["message"]
     assert "\n" not in message and "did not answer: ConnectError" in message

@@ -15,7 +15,9 @@ import pytest
 from engine.core.routing import parse_policy
 from engine.entrypoints import http_guard
 from engine.entrypoints.openai.app import ServerOptions
-from engine.entrypoints.openai.protocol import CompletionRequest, parse_body
+from engine.entrypoints.openai.errors import RequestError
+from engine.entrypoints.openai.protocol import (MAX_CONTENT_PARTS, ChatCompletionRequest, CompletionRequest,
+                                               parse_body)
 from engine.entrypoints.openai.server import BackgroundServer
 from engine.entrypoints.router.proxy import PREFIX_CHARS, Proxy
 from engine.llm_engine import LLMEngine
@@ -110,6 +112,23 @@ def test_a_body_of_millions_of_token_ids_parses_at_json_speed():
     assert len(body.single_prompt()) == 2_000_000
     # the lone-surrogate check walked every value building a path for each: 15x json.loads alone
     assert parse < 8 * decode + 0.5
+
+
+def test_a_body_that_would_be_slow_to_validate_is_refused_at_json_speed():
+    """Validated item by item, a batch of a million one-id prompts (or a message of a million parts) held the
+    server's GIL for seconds, to be refused anyway: the batch and the oversized list are refused first."""
+    batch = json.dumps({"prompt": [[1]] * 1_000_000}).encode()
+    started = time.perf_counter()
+    json.loads(batch)
+    decode = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RequestError, match=r"^prompt: send one prompt per request \(batched prompts are not"):
+        parse_body(batch, CompletionRequest)
+    assert time.perf_counter() - started < 3 * decode + 0.5
+    parts = [{"type": "text", "text": "a"}] * (MAX_CONTENT_PARTS + 1)
+    with pytest.raises(RequestError, match=r"^messages\[0\]\.content: List should have at most 65536 items"):
+        parse_body(json.dumps({"messages": [{"role": "user", "content": parts}]}).encode(), ChatCompletionRequest)
+    assert parse_body(b'{"prompt": [[1, 2]]}', CompletionRequest).single_prompt() == [1, 2]   # one is fine
 
 
 def test_a_lone_surrogate_is_still_found_after_the_escape_check():

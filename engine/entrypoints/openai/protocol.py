@@ -23,7 +23,8 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from engine.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.entrypoints.openai.errors import RequestError, param_of
@@ -35,6 +36,10 @@ MAX_N_SEQUENCES = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
 MIN_TEMPERATURE = 1e-2    # vLLM's _MAX_TEMP: a temperature in (0, 0.01) is raised to it
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 64
+# Chat messages a request may hold, and content parts a message may: far beyond any conversation, and what
+# a body of a million parts (16 MiB) would otherwise hold the GIL for while each becomes a model (seconds).
+MAX_MESSAGES = MAX_CONTENT_PARTS = 1 << 16
+BATCHED = "send one prompt per request (batched prompts are not supported)"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
@@ -61,8 +66,9 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         return model.model_validate(doc)
     except ValidationError as exc:
         # Of a union's errors the deepest is the member the value came closest to ([-1] as a prompt: a token
-        # id below 0, not "Input should be a valid string" from its first member, str).
-        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        # id below 0, not "Input should be a valid string" from its first member, str); at equal depth, one
+        # that is not a mere type mismatch (too many content parts, not "should be a valid string").
+        first = max(exc.errors(), key=lambda e: (len(e.get("loc", ())), not e.get("type", "").endswith("_type")))
         param = param_of(tuple(first.get("loc", ())))
         message = first.get("msg", "invalid value")
         raise RequestError(f"{param}: {message}" if param else message, param=param) from None
@@ -199,12 +205,20 @@ class CompletionRequest(_Common):
     echo: bool = False
     suffix: str | None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value):
+        """A batch of prompts is refused before its items are validated: the union's members would each fail
+        on every item of millions of one-id lists first (seconds holding the GIL), to be refused anyway."""
+        if isinstance(value, list) and len(value) > 1 and isinstance(value[0], (str, list)):
+            raise PydanticCustomError("batched_prompt", BATCHED)
+        return value
+
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
-                raise RequestError("send one prompt per request (batched prompts are not supported)",
-                                   param="prompt")
+                raise RequestError(BATCHED, param="prompt")
             p = p[0]
         if self.echo or self.suffix:
             raise RequestError("echo and suffix are not supported", param="echo" if self.echo else "suffix")
@@ -223,7 +237,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal[ROLES]
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
     def text(self, index: int) -> str:
@@ -239,7 +253,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

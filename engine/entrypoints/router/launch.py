@@ -6,7 +6,10 @@ port and engine (its log in `<log_dir>/replica-<i>.log`); the proxy
 request: the proxy drains first (uvicorn on SIGTERM/SIGINT: no new requests,
 those in flight finish on their replicas), then every replica gets SIGTERM
 and drains too. A replica that dies while starting stops the whole fleet
-with the last line of its log.
+with the last line of its log. One that dies later is told (its exit status
+and the last line of its log) while the others serve (the proxy's health
+watcher passes it over); when none is left the router stops and the command
+fails, for a supervisor to restart the fleet.
 """
 from __future__ import annotations
 
@@ -124,18 +127,52 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
     # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the signal again: this
     # handler turns that into an exception, so the replicas are stopped (drained) before the process ends.
     previous = signal.signal(signal.SIGTERM, _stopped)
+    watch = None
     try:
         say(f"{len(replicas)} replicas ready: " + ", ".join(r.url for r in replicas) +
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
-        proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                     _max_body(configs), probes, _api_key(configs)).run()
+        server = proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
+                              _max_body(configs), probes, _api_key(configs))
+        watch = ExitWatch(replicas, server, say)
+        watch.start()
+        server.run()
     except (Stopped, KeyboardInterrupt):
         pass
     finally:
         stop_replicas(replicas)
         signal.signal(signal.SIGTERM, previous)
-        say("fleet stopped: the router and every replica drained")
+        if watch is None or not watch.all_exited:
+            say("fleet stopped: the router and every replica drained")
+    if watch is not None and watch.all_exited:
+        raise RuntimeError(f"every replica exited, so the router stopped (logs in {replicas[0].log.parent})")
+
+
+class ExitWatch(threading.Thread):
+    """Tells when a replica process exits after the fleet started (its status and its log's last line);
+    when every one has, stops the proxy (nothing is left to serve)."""
+
+    def __init__(self, replicas: list[ReplicaProcess], server: uvicorn.Server, say, period: float = 1.0) -> None:
+        super().__init__(name="fleet-exits", daemon=True)
+        self.replicas, self.server, self.say, self.period = replicas, server, say, period
+        self.exited: set[int] = set()
+
+    @property
+    def all_exited(self) -> bool:
+        return len(self.exited) == len(self.replicas)
+
+    def run(self) -> None:
+        while not self.server.should_exit:        # set on SIGTERM: the replicas are then stopped on purpose
+            for r in self.replicas:
+                code = r.process.poll()
+                if code is not None and r.index not in self.exited:
+                    self.exited.add(r.index)
+                    how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                    self.say(f"replica {r.index} exited ({how}): {r.last_line()} (log: {r.log})")
+            if self.all_exited:
+                self.server.should_exit = True
+                return
+            time.sleep(self.period)
 
 
 class Stopped(Exception):

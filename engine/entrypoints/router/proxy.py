@@ -27,11 +27,12 @@ the requests waiting on its headers go to another replica (a 502 naming it
 when none is up), its streams end with an error event. One answered probe
 marks it up again.
 
-/health is 200 only when every replica's is; /metrics is the replicas'
-pages aggregated as Prometheus would (prometheus.py) plus the proxy's own
-routing counters; /v1/models is the first replica's. SIGTERM (uvicorn) stops
-taking requests and lets those in flight finish; the launcher then stops
-the replicas (launch.py).
+/health is 200 while any replica can serve (naming the ones that cannot, if
+any) and 503 when none can; /metrics is the replicas' pages aggregated as
+Prometheus would (prometheus.py) plus the proxy's own routing counters;
+/v1/models is the first replica up's. SIGTERM (uvicorn) stops taking
+requests and lets those in flight finish; the launcher then stops the
+replicas (launch.py).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ from starlette.routing import Route
 
 from engine.core.routing import RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
-from engine.entrypoints.openai.errors import CLIENT_LEFT, said
+from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
 from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
@@ -89,8 +90,7 @@ class ReplicaLost(Exception):
 
 def error(message: str, status: int, kind: str = "BadGatewayError") -> JSONResponse:
     """An OpenAI-style error body, as the replicas' own (engine/entrypoints/openai/errors.py)."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                        status_code=status)
+    return JSONResponse(error_body(message, kind, None, status, scrubbed=False), status_code=status)
 
 
 class Proxy:
@@ -290,10 +290,14 @@ class Proxy:
             replica.mark_up()
 
     async def health(self, request: Request) -> Response:
+        """200 while any replica can serve (the fleet serves, so a load balancer keeps it), with the replicas that
+        cannot named in a `degraded` body; 503 when none can."""
         answers = await asyncio.gather(*(self._health_of(r) for r in self.replicas))
         bad = [why for why in answers if why is not None]
         if not bad:
             return Response(status_code=200)
+        if len(bad) < len(answers):
+            return JSONResponse({"status": "degraded", "unhealthy": bad})
         return error(f"unhealthy: {'; '.join(bad)}", 503, "ServiceUnavailableError")
 
     async def _health_of(self, replica: Replica) -> str | None:
@@ -336,13 +340,22 @@ class Proxy:
                        "answering that the router sent to another replica.", [r.retried for r in self.replicas])]
 
     async def models(self, request: Request) -> Response:
-        replica = self.replicas[0]
-        try:
-            answer = await self.client.get(replica.url + "/v1/models", headers={
-                k: v for k, v in request.headers.items() if k.lower() == "authorization"})
-        except httpx.HTTPError as exc:
-            return error(f"{replica.name()} did not answer: {type(exc).__name__}", 502)
-        return Response(answer.content, status_code=answer.status_code, headers=_passed(answer.headers))
+        """The first replica up's list (every replica serves the same model), each asked in turn with the health
+        probe's timeout: a frozen or dead replica does not hold the list up."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        reasons = []
+        for replica in self.replicas:
+            if not replica.up:
+                reasons.append(_stopped_answering(replica))
+                continue
+            try:
+                answer = await self.client.get(replica.url + "/v1/models", headers=headers,
+                                               timeout=self.probe_timeout)
+            except httpx.HTTPError as exc:
+                reasons.append(f"{replica.name()} did not answer: {type(exc).__name__}")
+                continue
+            return Response(answer.content, status_code=answer.status_code, headers=_passed(answer.headers))
+        return error("no replica answered: " + "; ".join(reasons), 503, "ServiceUnavailableError")
 
 
 def _stopped_answering(replica: Replica) -> str:
@@ -350,8 +363,9 @@ def _stopped_answering(replica: Replica) -> str:
 
 
 def _error_event(message: str) -> str:
-    """The server-sent event that ends a stream the replica did not finish."""
-    return f"data: {json.dumps({'error': {'message': message, 'type': 'BadGatewayError', 'code': 502}})}\n\n"
+    """The server-sent events that end a stream the replica did not finish, as a replica ends one that fails."""
+    body = json.dumps(error_body(message, "BadGatewayError", None, 502, scrubbed=False))
+    return f"data: {body}\n\ndata: [DONE]\n\n"
 
 
 async def _unless_lost(replica: Replica, awaitable):

@@ -12,12 +12,17 @@ KV usage and KV events are read right before a pick that needs them (one
 loopback request per replica, shared by picks made meanwhile), so a pick sees
 each replica as it stood after its last finished step, as the simulated
 router does (planner/sim/router.py); polling on a timer would route on state
-up to a period old. The pick itself is engine/core/routing.py's, the same code
+up to a period old. A reading that has not come READ_DEADLINE after it began
+(a frozen replica, or one whose event loop is busy) is not waited for: the
+pick scores that replica by its last reading, and so do the picks after it
+until the reading ends (or the health watcher marks the replica down and
+drops it). The pick itself is engine/core/routing.py's, the same code
 the simulator runs, over the replicas the proxy's health watcher holds up.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,6 +31,8 @@ from engine.core.routing import BaseRouter, RouterPolicy, leading_held
 from engine.entrypoints.router import prometheus
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
+READ_DEADLINE = 2.0     # seconds a pick waits on a replica's reading (a loopback read takes milliseconds)
+READ_TIMEOUT = 5.0      # seconds a reading itself may take (the health probe's)
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Replica:
     held: set[int] = field(default_factory=set)
     next_event: int = 0
     reading: asyncio.Task | None = None
+    reading_since: float = 0.0             # when the reading under way began (time.monotonic)
     down: str | None = None                # why the last request to it failed, until one succeeds
     up: bool = True                        # the health watcher's verdict (proxy.py): False after missed probes
     misses: int = 0                        # health probes in a row it did not answer
@@ -122,18 +130,21 @@ class LiveRouter(BaseRouter):
         # Picks made while a reading is under way share it (one request per replica at a time).
         if replica.reading is None or replica.reading.done():
             replica.reading = asyncio.ensure_future(self._read(client, replica))
+            replica.reading_since = time.monotonic()
+        left = replica.reading_since + READ_DEADLINE - time.monotonic()
         # Not cancelled by a pick that is (shared), nor raising when mark_down drops a reading that hangs.
-        await asyncio.wait((replica.reading,))
+        if left > 0:
+            await asyncio.wait((replica.reading,), timeout=left)
 
     async def _read(self, client: httpx.AsyncClient, replica: Replica) -> None:
         try:
             if self.policy.uses("least-kv"):
-                page = prometheus.parse((await client.get(replica.url + "/metrics")).text)
+                page = prometheus.parse((await client.get(replica.url + "/metrics", timeout=READ_TIMEOUT)).text)
                 usage = prometheus.gauge_value(page, KV_USAGE)
                 replica.kv_usage = replica.kv_usage if usage is None else usage
             if self.policy.uses_prefix:
                 answer = await client.get(replica.url + "/kv_events", params={"after": replica.next_event},
-                                          headers=self.headers)
+                                          headers=self.headers, timeout=READ_TIMEOUT)
                 answer.raise_for_status()
                 doc = answer.json()
                 replica.apply_events(doc)
