@@ -91,6 +91,7 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.core.allocators import ALLOCATORS
@@ -156,6 +157,8 @@ class Deployment:
     draft_model: str | None = None           # --speculative draft:K: the draft model (a folder, or a catalog name)
 
     def __post_init__(self) -> None:
+        for name, (kind, optional) in _FIELD_KINDS.items():    # each setting's type first: see check_type
+            check_type(name, getattr(self, name), kind, optional)
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))   # vLLM's spellings too
         object.__setattr__(self, "kv_cache_dtype", KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype,
                                                                               self.kv_cache_dtype))
@@ -292,6 +295,10 @@ class Deployment:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
+# Each setting's kind and whether it takes None, from its annotation: "int | None" -> (int, True).
+_FIELD_KINDS = {f.name: (Deployment.field_type(f.name), "None" in f.type) for f in fields(Deployment)}
+
+
 @dataclass(frozen=True)
 class BatchDevice:
     """What vLLM's batch defaults depend on: the device's total memory, its name, and whether it is the
@@ -406,6 +413,24 @@ def _check_dbo(dep: Deployment) -> None:
         raise ValueError(f"Microbatching (--enable-dbo) currently only supports the deepep_low_latency and "
                          f"deepep_high_throughput all2all backends, not {dep.all2all_backend}: give "
                          f"--all2all-backend deepep_low_latency or deepep_high_throughput")
+
+
+# What a value of each kind must be, said and tested. A bool is an int to Python, so it is refused where a number
+# is meant (tp=True); an int setting refuses 16.0 and 1.5 as vLLM's argparse does.
+_KINDS = {bool: ("a bool (True or False)", lambda v: isinstance(v, bool)),
+          int: ("an integer", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+          float: ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+          str: ("a string", lambda v: isinstance(v, str))}
+
+
+def check_type(name: str, value, kind: type, optional: bool = False) -> None:
+    """A one-line ValueError naming `name` unless `value` is of `kind` (bool, int, float or str; or None where
+    `optional`): the Python API refuses '2' for an integer or 'no' for a bool here, not with a TypeError from
+    deep inside a run (or, for 'no', by taking it as true)."""
+    what, ok = _KINDS[kind]
+    if not (ok(value) or optional and value is None):
+        raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, got {value!r} "
+                         f"({type(value).__name__})")
 
 
 def _one_of(what: str, value, choices: tuple) -> None:

@@ -13,10 +13,11 @@ the JSON file the command writes.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.deployment import Deployment
+from engine.deployment import Deployment, check_type
 from planner.errors import PlannerError
 from planner.profile.check import check_cost_model
 from planner.runs.pipeline import Simulation
@@ -28,6 +29,7 @@ from planner.runs.spec import Load, RunSpec
 from planner.runs.sweep import run_sweep
 from planner.sizing.capacity import Capacity, capacity_document, find_capacity, find_concurrency
 from planner.sizing.search import SearchGrid, SearchResult, run_search
+from workloads.make import WORKLOADS, workload_params
 
 Warn = Callable[[list[str]], None]
 
@@ -36,22 +38,55 @@ def run_spec(target: Deployment | RunSpec | None = None, *, workload: str = "sha
              requests: int | None = None, duration: float | None = None, seed: int = 0, params: dict | None = None,
              concurrency: int | None = None, slos: dict[str, float] | str | None = None, **run) -> RunSpec:
     """A RunSpec from a deployment and the load's keywords (a RunSpec is returned as it is)."""
+    if not isinstance(target, (Deployment, RunSpec, type(None))):
+        raise ValueError(f"target must be a Deployment or a RunSpec, got {target!r} ({type(target).__name__})")
+    workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload     # a trace file's path
+    _check_load(workload, rate, requests, duration, seed, params, concurrency)
     if isinstance(target, RunSpec):
         return target
     load = Load(workload=workload, params=tuple(sorted((params or {}).items())), rate=rate, requests=requests,
                 duration=duration, seed=seed, concurrency=concurrency)
-    return RunSpec(deployment=target or Deployment(), load=load, slos=tuple(_slos(slos).items()), **run)
+    return RunSpec(deployment=Deployment() if target is None else target, load=load,
+                   slos=tuple(_slos(slos).items()), **run)
+
+
+# make_trace's arrival keywords a load's params may also set (a built-in workload's own come from its generator).
+_ARRIVAL_PARAMS = {"arrival": "poisson", "cv": 1.0}
+
+
+def _check_load(workload, rate, requests, duration, seed, params, concurrency) -> None:
+    """The load's keywords of the right type, each refused in one line naming it (their values are checked
+    with the trace). A built-in workload's params take its defaults' kinds, as -p KEY=VALUE does (None: int)."""
+    check_type("workload", workload, str)
+    for name, value in (("rate", rate), ("duration", duration)):
+        check_type(name, value, float, optional=True)
+    for name, value in (("requests", requests), ("concurrency", concurrency)):
+        check_type(name, value, int, optional=True)
+    check_type("seed", seed, int)
+    if params is None:
+        return
+    if not isinstance(params, dict) or not all(isinstance(key, str) for key in params):
+        raise ValueError(f"params must be a dict of workload parameter names to values, got {params!r}")
+    defaults = {**_ARRIVAL_PARAMS, **(workload_params(workload) if workload in WORKLOADS else {})}
+    for key, value in params.items():       # an unknown key is the trace's to refuse, naming what it takes
+        if key in defaults:
+            default = defaults[key]
+            check_type(f"params[{key!r}]", value, int if default is None else type(default), default is None)
 
 
 def _slos(slos: dict[str, float] | str | None) -> dict[str, float]:
     if slos is None:
         return {}
+    if not isinstance(slos, (dict, str)):
+        raise ValueError(f"slos must be a dict of SLO names to limits in seconds or a string like 'ttft_p99=2', "
+                         f"got {slos!r} ({type(slos).__name__})")
     return parse_slos([slos]) if isinstance(slos, str) else parse_slos([f"{k}={v}" for k, v in slos.items()])
 
 
 def simulate(target: Deployment | RunSpec | None = None, *, seeds: int = 1, progress=None,
              warn: Warn | None = None, **load) -> RunResult:
     """One simulated run (with `seeds` > 1, the first seed's result carrying every metric's interval)."""
+    check_type("seeds", seeds, int)
     simulation = Simulation.prepare(run_spec(target, **load))
     if warn is not None:
         warn(list(simulation.plan.warnings))
@@ -94,6 +129,7 @@ def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, floa
              **load) -> CapacityResult:
     """The highest request rate within the SLOs (`slos` here, or the RunSpec's own); with `clients`, the
     most concurrent clients (a closed loop: `planner capacity --concurrency max`)."""
+    check_type("seeds", seeds, int)
     spec = run_spec(target, slos=slos, **load)
     limits = dict(spec.slos)
     if not limits:

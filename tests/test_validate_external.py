@@ -96,10 +96,27 @@ def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
     ("starts.json", json.dumps({**VLLM, "start_times": ["x", 1]}),
      "starts.json: entry 0: field 'start_times' is not a number: 'x'"),
     ("errors.json", json.dumps({**VLLM, "errors": [1]}), "errors.json: field 'errors' must be a list as long as"),
+    # were a TypeError, and recordings read as nonsense: a negative TTFT, "123" summed digit by digit as 6 s,
+    # 10.7 tokens, true as 1, a request 1e300 s late, a whole run of failures judged as if it held up
+    ("errnum.json", json.dumps({**VLLM, "errors": [5, 0]}),
+     "errnum.json: entry 0: field 'errors' must hold a message or null, not 5"),
+    ("negative.json", json.dumps({**VLLM, "ttfts": [-5, 0.0]}), "negative.json: entry 0: 'ttfts' and 'itls' must not"),
+    ("itlstr.json", json.dumps({**VLLM, "itls": ["123", []]}), "itlstr.json: entry 0: field 'itls' must be a list"),
+    ("frac.jsonl", json.dumps({**RECORDED[0], "prompt_len": 10.7}),
+     "frac.jsonl:1: field 'prompt_len' is not a whole number of tokens: 10.7"),
+    ("bool.jsonl", json.dumps({**RECORDED[0], "arrival_time": True}), "bool.jsonl:1: field 'arrival_time' is not a"),
+    ("late.jsonl", json.dumps(RECORDED[0]) + "\n" + json.dumps({**RECORDED[0], "request_id": "z", "arrival_time": 1e300,
+                                                                "first_token_time": 1e300, "finish_time": 1e300}),
+     "late.jsonl: request z arrives 1e+300 s after the first, over the cap of 10,000,000 s"),
+    ("failed.jsonl", json.dumps({**RECORDED[0], "success": False}), "failed.jsonl: every request in it failed"),
+    ("binary.jsonl", None, "binary.jsonl: not UTF-8 text"),
 ])
 def test_unreadable_recordings_name_file_line_and_field(folder, tmp_path, name, content, message):
     path = tmp_path / name
-    path.write_text(content)
+    if content is None:
+        path.write_bytes(b"\x00\xb6\xff" * 10)
+    else:
+        path.write_text(content)
     result = invoke("--measured", path, "--model", folder, "--gpu", "cpu", "--out", tmp_path / "rep")
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1

@@ -26,6 +26,7 @@ PROCESSES = ("poisson", "gamma", "constant")
 # Times are stored to the microsecond: plenty for a serving trace, and it keeps
 # trace files short and identical across platforms.
 TIME_DECIMALS = 6
+MIN_CV, MAX_CV = 1e-6, 1e6      # a gamma process's coefficient of variation: near-constant to wildly bursty
 
 
 def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int | None, duration: float | None) -> None:
@@ -33,8 +34,8 @@ def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int |
         raise TraceError(f"arrival: unknown process {arrival!r}; expected one of {', '.join(PROCESSES)} or 'trace'")
     if math.isnan(rate) or rate <= 0:
         raise TraceError(f"rate: must be > 0 requests/s (inf for all at once), got {rate}")
-    if arrival == "gamma" and not (cv > 0 and math.isfinite(cv)):
-        raise TraceError(f"cv: must be a finite number > 0, got {cv}")
+    if arrival == "gamma" and not MIN_CV <= cv <= MAX_CV:     # (the gamma's shape 1 / cv^2 must stay a number)
+        raise TraceError(f"cv: must be a number from {MIN_CV:g} to {MAX_CV:g}, got {cv}")
     if num_requests is None and duration is None:
         raise TraceError("num_requests/duration: give a request count, a duration, or both")
     if num_requests is not None and num_requests < 0:

@@ -14,6 +14,8 @@ from .errors import TraceError
 from .schema import TraceRequest
 from .tokens import Streams, random_ids, stream
 
+MAX_LENGTH_SCALE = 1e4     # a --length-scale beyond it is a typo (every length 10,000 times over)
+
 
 # The columns of a production trace (Azure's LLM inference traces) that
 # ``Trace.load`` recognizes in a CSV header.
@@ -159,8 +161,8 @@ class Trace:
         truncated turn in the original does).  Stored token ids are cut to the
         new prompt length (a prompt cannot grow past the ids it has).
         """
-        if not (length_scale > 0 and math.isfinite(length_scale)):
-            raise TraceError(f"length_scale: must be a finite number > 0, got {length_scale}")
+        if not 0 < length_scale <= MAX_LENGTH_SCALE:
+            raise TraceError(f"length_scale: must be a number > 0 and at most {MAX_LENGTH_SCALE:g}, got {length_scale}")
         for label, cap in (("max_prompt_len", max_prompt_len), ("max_output_len", max_output_len)):
             if cap is not None and cap < 1:
                 raise TraceError(f"{label}: must be >= 1, got {cap}")

@@ -27,7 +27,7 @@ from engine.models.mixtral import MixtralForCausalLM
 from engine.models.opt import OPTForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
-from engine.models.weights import WeightLoader, iter_safetensors
+from engine.models.weights import WeightLoader, iter_safetensors, tensor_count
 from engine.models.errors import UnsupportedModelError
 
 # HF config.model_type -> our implementation.
@@ -121,6 +121,12 @@ def load_model(path: str, dtype: str | torch.dtype = "auto", device: str | torch
         raise UnsupportedModelError(
             f"model_type {config.model_type!r} is not supported ({', '.join(MODEL_CLASSES)} are)"
         )
+    # Every layer has weights of its own: a config with more layers than the checkpoint has tensors is not its
+    # config (a mistyped num_hidden_layers would build layers until memory runs out).
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > (tensors := tensor_count(path)):
+        raise ValueError(f"{os.path.join(path, 'config.json')}: num_hidden_layers is {layers:,} but the checkpoint "
+                         f"holds {tensors:,} tensors: not this checkpoint's config")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, config, device)
     window = getattr(config, "sliding_window", None)

@@ -29,12 +29,28 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return files
 
 
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:   # noqa: BLE001 - safetensors' own error type: a file that is not a checkpoint
+        raise ValueError(f"{path}: not a safetensors checkpoint ({exc})") from None
+
+
 def iter_safetensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor of the checkpoint, one file open at a time."""
     for path in safetensors_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with _open(path) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def tensor_count(folder: str | Path) -> int:
+    """How many tensors the checkpoint holds (its files' headers only)."""
+    total = 0
+    for path in safetensors_files(folder):
+        with _open(path) as f:
+            total += len(f.keys())
+    return total
 
 
 class WeightLoader:

@@ -26,6 +26,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics, latency_summary
 from workloads import Trace, TraceRequest
+from workloads.schema import MAX_TOKEN_ID
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
 
@@ -117,6 +118,9 @@ class BenchConfig:
             raise ValueError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
+            raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
+                             f"got {self.vocab_size}")
 
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -126,6 +130,10 @@ def api_base(endpoint: str) -> str:
     base = endpoint.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint {endpoint!r}: give a URL such as http://127.0.0.1:8000")
+    try:
+        httpx.URL(base)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"--endpoint {endpoint!r}: {exc}; give a URL such as http://127.0.0.1:8000") from None
     return base if base.endswith("/v1") else base + "/v1"
 
 
@@ -142,6 +150,8 @@ def served_model(endpoint: str, timeout: float = 30.0, headers: dict | None = No
         raise ValueError(f"cannot list the models at {url}: {exc}") from None
     if not data:
         raise ValueError(f"{url} lists no model")
+    if not (isinstance(data, list) and isinstance(data[0], dict) and isinstance(data[0].get("id"), str)):
+        raise ValueError(f"cannot list the models at {url}: its data is not a list of models with an id")
     return data[0]
 
 

@@ -6,6 +6,7 @@ user input) into one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import typer
@@ -15,6 +16,7 @@ from rich.table import Table
 from planner.cli import profile as cli_profile, search as cli_search, serve as cli_serve, simulate as cli_simulate
 from planner.cli import explain as cli_explain, validate as cli_validate, workload as cli_workload
 from planner.catalog import list_gpus, list_models, model_ids
+from planner.cli.output import one_line
 from planner.errors import PlannerError
 
 # Plain click help (rich_markup_mode=None): flags show as `--x / --no-x` with no type column
@@ -149,7 +151,7 @@ def main() -> None:
         typer.echo("error: aborted", err=True)
         sys.exit(1)
     except (PlannerError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
     except MemoryError:   # whatever the size that slipped past the checks: one line, not a traceback
         typer.echo("error: this run needs more memory than the machine has; ask for a smaller one", err=True)
@@ -160,6 +162,12 @@ def main() -> None:
     except OSError as exc:         # a path that cannot be read or written, said in one line
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(1)
+    except Exception as exc:       # a failure no check foresaw: one line that names it, the traceback on request
+        if os.environ.get("PLANNER_TRACEBACK"):
+            raise
+        typer.echo(f"error: {type(exc).__name__}: {' '.join(str(exc).split())} (unexpected; PLANNER_TRACEBACK=1 "
+                   f"shows where)", err=True)
         sys.exit(1)
     # a command's own exit status (typer.Exit), or 0 when it returned
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)

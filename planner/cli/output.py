@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -20,14 +21,23 @@ REPORTS_DIR = Path("reports")
 
 
 def fail(message: str | Exception) -> typer.Exit:
-    """Print ``error: message`` (first line only) on stderr; the caller raises the returned Exit. An
-    exception is said by its message; a file system error as "PATH: what went wrong", without its errno."""
+    """Print ``error: message`` (one line, `one_line`) on stderr; the caller raises the returned Exit."""
+    typer.echo(f"error: {one_line(message)}", err=True)
+    return typer.Exit(2)
+
+
+def one_line(message: str | Exception) -> str:
+    """A message's first line. An exception is said by its message; a file system error as "PATH: what went
+    wrong", without its errno; a pydantic validation error by its first error's field and words."""
     if isinstance(message, OSError) and message.strerror:
         message = message.strerror if message.filename is None else f"{message.filename}: {message.strerror}"
+    elif isinstance(message, ValidationError) and message.errors():
+        first = message.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        message = f"{message.title}: {where + ': ' if where else ''}{first.get('msg', 'invalid value')}"
     elif isinstance(message, Exception):
         message = str(message) or type(message).__name__
-    typer.echo(f"error: {message.splitlines()[0] if message else 'invalid input'}", err=True)
-    return typer.Exit(2)
+    return message.splitlines()[0] if message else "invalid input"
 
 
 def check_writable(path: Path, flag: str = "--out", folder: bool = False) -> None:
@@ -36,6 +46,8 @@ def check_writable(path: Path, flag: str = "--out", folder: bool = False) -> Non
     file (what is missing below it is made later)."""
     if path.is_dir() and not folder:
         raise PlannerError(f"{flag} {path}: a folder, not a file")
+    if folder and path == Path("."):                # also what an empty value ('') becomes
+        raise PlannerError(f"{flag} {str(path)!r}: give a folder for the run's files, not the current one")
     existing = path if folder else path.parent
     while not existing.exists():
         existing = existing.parent
@@ -76,8 +88,6 @@ def run_folder(out: Path | None, command: str, source: str) -> Path:
     current folder, which `--out ""` names too, are refused in one line), or a new one under reports/."""
     if out is None:
         return default_out(command, source)
-    if out == Path("."):
-        raise PlannerError(f"--out {str(out)!r}: give a folder for the run's files, not the current one")
     check_writable(out, folder=True)
     return out
 

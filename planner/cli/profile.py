@@ -17,6 +17,7 @@ from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import check_writable, fail
 from planner.errors import PlannerError
 from planner.profile.ngram import curve_flags, measure_ngram
+from planner.profile.grid import MAX_REPEATS
 from planner.profile.options import ProfileOptions
 from planner.profile.schema import profile_path, save_profile
 from workloads import Trace, TraceError
@@ -53,7 +54,8 @@ def profile(
     per_layer: Optional[bool] = typer.Option(None, "--per-layer/--full-model",
                                              help="time 1- and 2-layer models and scale by the layer count "
                                                   "(default: only when the full model does not fit)"),
-    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="timed repetitions per grid point"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, max=MAX_REPEATS,
+                                          help="timed repetitions per grid point"),
     out: Optional[Path] = typer.Option(None, "--out", help="output file (default: profiles/<gpu>/<model>.json, "
                                                            "under $PLANNER_PROFILE_DIR if set)"),
     as_json: bool = typer.Option(False, "--json", help="print the fit summary as one JSON document on stdout"),

@@ -24,6 +24,7 @@ from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
+from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
 from workloads import TraceError, make_trace
 
@@ -48,7 +49,7 @@ PROBE_MISSES = typer.Option(None, "--probe-misses", metavar="N",
 def serve(
     deployments: DeploymentChoices,
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(8000, min=0, max=65535, help="port to listen on"),
+    port: int = typer.Option(8000, min=1, max=65535, help="port to listen on"),
     served_model_name: Optional[str] = typer.Option(None, help="the name clients send as `model` "
                                                                "(default: the --model value)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
@@ -93,6 +94,7 @@ def serve(
             raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
                                "validate); a server's clients are whoever connects to it")
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
+        checks.gpu(deployment.gpu)               # and an unknown GPU (what /metrics and a profile name)
         resolve_device(device)                   # one this machine has, before anything loads
         check_listen(host, port)                 # an address this machine can listen on, before anything loads
         if log_level not in LOG_LEVELS:
@@ -290,17 +292,13 @@ def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_pr
         raise PlannerError(f"--requests must be at least 1, got {requests}")
     if rate is not None and not rate > 0:
         raise PlannerError(f"--rate must be positive, got {rate}")
+    check_trace_size(requests, None, 2.0 if rate is None else rate)
     if trace is not None:
         t = make_trace(trace, num_requests=requests, rate=rate if rate is not None else math.inf, seed=seed)
     else:
         t = make_trace(workload, num_requests=requests, rate=rate if rate is not None else 2.0, seed=seed)
-    if length_scale != 1.0 or max_prompt_len or max_output_len:
-        kwargs = {"length_scale": length_scale}
-        if max_prompt_len:
-            kwargs["max_prompt_len"] = max_prompt_len
-        if max_output_len:
-            kwargs["max_output_len"] = max_output_len
-        t = t.scaled(**kwargs)
+    if length_scale != 1.0 or max_prompt_len is not None or max_output_len is not None:
+        t = t.scaled(length_scale=length_scale, max_prompt_len=max_prompt_len, max_output_len=max_output_len)
     return t
 
 

@@ -102,6 +102,12 @@ def show(
     """Build (or load) a trace and print its statistics."""
     if requests is None and duration is None and not is_trace_file(name):
         requests = DEFAULT_REQUESTS
+    if requests is not None and requests < 1:
+        raise fail(f"--requests: must be >= 1, got {requests}")
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
+    if hist is not None and (hist.suffix.lower() != ".png" or hist.is_dir()):
+        raise fail(f"--hist {str(hist)!r}: give a .png file to write the histogram to")
     try:
         params = parse_workload_params(name, param)
         if not is_trace_file(name):
@@ -137,7 +143,7 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
     if not path.is_file():
-        raise TraceError(f"{path}: no such file")
+        raise TraceError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     if fmt == "azure":
         return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
     if fmt == "sharegpt":
@@ -170,6 +176,10 @@ def import_command(
     """Convert a real trace into this project's trace format (then use it with --trace)."""
     if requests is not None and requests < 1:
         raise fail(f"--requests: must be >= 1, got {requests}")
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
+    if output.resolve() == path.resolve():
+        raise fail(f"--output {output}: the file being imported; write the trace to another file")
     try:
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from planner.profile.schema import Grid
 
 MIN_PROMPT = 1
+MAX_REPEATS = 1000     # timed repetitions per point: beyond it a profile takes days, not a better fit
 
 _DEFAULT = dict(
     prefill_tokens=[1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], prefill_seqs=[1, 4, 16],
@@ -49,8 +50,8 @@ def make_grid(*, quick: bool, on_cpu: bool, max_model_len: int, kv_cache_blocks:
     axes.update(overrides)
     if repeats is not None:
         axes["repeats"] = repeats
-    if axes["repeats"] < 1 or axes["warmup"] < 0:
-        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    if not 1 <= axes["repeats"] <= MAX_REPEATS or axes["warmup"] < 0:
+        raise ValueError(f"repeats must be 1 to {MAX_REPEATS:,} and warmup >= 0")
     long = [c for c in axes["decode_context"] if c > max_model_len]
     if long:
         notes.append(f"decode contexts {long} exceed the model's {max_model_len} positions: skipped")

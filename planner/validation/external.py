@@ -35,7 +35,7 @@ from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
 from workloads import Trace, TraceRequest
-from workloads.trace_files import MAX_TOKENS
+from workloads.trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS
 
 
 # The engine settings a flag or a server may tell: the deployment's, bar what it runs on, and vLLM's
@@ -88,18 +88,19 @@ def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> EndpointRead
             if name in ("vllm:cache_config_info", "planner:scheduler_config_info"):
                 metrics.update(dict(_LABELS.findall(line)))
             elif name == "vllm:num_preemptions_total":
-                preemptions = (preemptions or 0.0) + float(line.rsplit(" ", 1)[-1])
+                count = float(line.rsplit(" ", 1)[-1])
+                preemptions = (preemptions or 0.0) + count if math.isfinite(count) else preemptions
             elif name == "planner:engine_threads":
                 threads = int(float(line.rsplit(" ", 1)[-1]))
-    except (httpx.HTTPError, ValueError):
-        pass   # not every server exposes /metrics
+    except (httpx.HTTPError, ValueError, OverflowError):
+        pass   # not every server exposes /metrics, nor a page that makes sense
     models: dict = {}
     try:
         entry = httpx.get(base + "/models", timeout=timeout).json()["data"][0]
         if entry.get("max_model_len"):
             models["max_model_len"] = entry["max_model_len"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
-        pass
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        pass   # a list not shaped as vLLM's: the settings it would give stay unknown
     return EndpointReading(metrics, models, preemptions, threads)
 
 
@@ -157,6 +158,9 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     if fresh is not None:
         with torch_threads(reading.threads):
             spec = replace(spec, profile=str(fresh.after_run()))
+    if not any(r.success for r in results):
+        first = next((r.error for r in results if r.error), "no answer")
+        raise PlannerError(f"every request to {endpoint} failed (the first: {first}): nothing measured to compare")
     measured = bench_metrics(results)
     after = read_endpoint_settings(endpoint).preemptions
     if reading.preemptions is not None and after is not None:
@@ -192,6 +196,8 @@ ALIASES = {"arrival": ("arrival_time", "arrival", "queued_time", "queued", "star
 
 
 def _number(value, where: str, key: str) -> float:
+    if isinstance(value, bool):          # JSON's true would read as 1
+        raise MeasuredFileError(f"{where}: field {key!r} is not a number: {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -206,6 +212,8 @@ def _tokens(value, where: str, key: str) -> int:
     number = _number(value, where, key)
     if not 0 <= number <= MAX_TOKENS:
         raise MeasuredFileError(f"{where}: field {key!r} is out of range: {value!r} (0 to {MAX_TOKENS:,} tokens)")
+    if number != int(number):
+        raise MeasuredFileError(f"{where}: field {key!r} is not a whole number of tokens: {value!r}")
     return int(number)
 
 
@@ -227,7 +235,7 @@ def _from_row(row: dict, i: int, where: str) -> Measured:
                    _field(row, "first_token", where, required=not failed),
                    _field(row, "finish", where, required=not failed), failed,
                    row.get("error") or row.get("reject_reason") or None)
-    if not failed and req.prompt_len < 1:
+    if req.prompt_len < 1:      # a failed request's too: the simulation replays it
         raise MeasuredFileError(f"{where}: prompt_len must be at least 1")
     if not failed and not req.arrival <= req.first_token <= req.finish:
         raise MeasuredFileError(f"{where}: times must satisfy arrival <= first_token <= finish")
@@ -278,21 +286,31 @@ def _read_vllm_detailed(path: Path, doc: dict) -> list[Measured]:
     errors = doc.get("errors") or [""] * len(doc["input_lens"])
     if not isinstance(errors, list) or len(errors) != len(doc["input_lens"]):
         raise MeasuredFileError(f"{path}: field 'errors' must be a list as long as 'input_lens'")
+    bad = next((i for i, e in enumerate(errors) if not (e is None or isinstance(e, str))), None)
+    if bad is not None:
+        raise MeasuredFileError(f"{path}: entry {bad}: field 'errors' must hold a message or null, not {errors[bad]!r}")
     starts = [_number(t, f"{path}: entry {i}", "start_times") for i, t in enumerate(doc["start_times"])]
     origin = min(starts, default=0.0)
     out = []
     for i, (p, o, ttft, itl, start) in enumerate(zip(doc["input_lens"], doc["output_lens"], doc["ttfts"],
                                                       doc["itls"], starts)):
         where = f"{path}: entry {i}"
-        try:
-            arrival = start - origin
-            failed = bool(errors[i]) or not o
-            first = None if failed else arrival + _number(ttft, where, "ttfts")
-            finish = None if failed else first + sum(_number(x, where, "itls") for x in itl)
-            out.append(Measured(str(i), arrival, _tokens(p, where, "input_lens"), _tokens(o or 0, where, "output_lens"),
-                                first, finish, failed, errors[i] or None))
-        except TypeError:     # an itls entry that is not a list
-            raise MeasuredFileError(f"{where}: a field among {', '.join(need)} is not a number") from None
+        arrival = start - origin
+        failed = bool(errors[i]) or not o
+        first = finish = None
+        if not failed:
+            if not isinstance(itl, list):
+                raise MeasuredFileError(f"{where}: field 'itls' must be a list of inter-token latencies")
+            gaps = [_number(x, where, "itls") for x in itl]
+            first = arrival + _number(ttft, where, "ttfts")
+            if first < arrival or any(g < 0 for g in gaps):
+                raise MeasuredFileError(f"{where}: 'ttfts' and 'itls' must not be negative")
+            finish = first + sum(gaps)
+        prompt_len = _tokens(p, where, "input_lens")
+        if prompt_len < 1:            # a failed request's too: the simulation replays it
+            raise MeasuredFileError(f"{where}: field 'input_lens' must be at least 1")
+        out.append(Measured(str(i), arrival, prompt_len, _tokens(o or 0, where, "output_lens"), first, finish,
+                            failed, errors[i] or None))
     return out
 
 
@@ -300,22 +318,29 @@ def read_measured(path: str | Path) -> list[Measured]:
     """Per-request measurements from a JSONL, a requests.csv, or a vLLM bench --save-detailed JSON."""
     path = Path(path)
     if not path.is_file():
-        raise MeasuredFileError(f"{path}: no such file")
-    if path.suffix == ".csv":
-        rows = _read_csv(path)
-    else:
-        text = path.read_text(encoding="utf-8")
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict) and "input_lens" in doc:
-            rows = _read_vllm_detailed(path, doc)
+        raise MeasuredFileError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
+    try:
+        if path.suffix == ".csv":
+            rows = _read_csv(path)
         else:
-            rows = _read_jsonl(path)
+            text = path.read_text(encoding="utf-8")
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError:
+                doc = None
+            if isinstance(doc, dict) and "input_lens" in doc:
+                rows = _read_vllm_detailed(path, doc)
+            else:
+                rows = _read_jsonl(path)
+    except UnicodeDecodeError as exc:
+        raise MeasuredFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not rows:
         raise MeasuredFileError(f"{path}: no requests in it")
     origin = min(r.arrival for r in rows)
+    late = max(rows, key=lambda r: r.arrival)
+    if late.arrival - origin > MAX_ARRIVAL_TIME:
+        raise MeasuredFileError(f"{path}: request {late.request_id} arrives {late.arrival - origin:g} s after the "
+                                f"first, over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
     for r in rows:   # time 0 = the first arrival
         r.arrival -= origin
         if r.first_token is not None:
@@ -344,6 +369,8 @@ def measured_records(rows: list[Measured]) -> list[RequestRecord]:
 def validate_measured(path: str | Path, spec: ValidationSpec, flags: dict) -> tuple[Validation, dict[str, str]]:
     """A recorded run turned into the trace it replayed and the records it measured, then simulated."""
     rows = read_measured(path)
+    if all(r.failed for r in rows):
+        raise MeasuredFileError(f"{path}: every request in it failed: nothing measured to compare")
     trace = Trace([TraceRequest(request_id=f"{i}-{r.request_id}", arrival_time=r.arrival, prompt_len=r.prompt_len,
                                 output_len=max(r.output_len, 1)) for i, r in enumerate(rows)], name=Path(path).name)
     records = measured_records(rows)

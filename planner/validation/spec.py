@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.runs.seeds import MAX_SEEDS
+from planner.sim.memory_guard import check_trace_size
 from workloads import Trace, TraceError, make_trace
+from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
 
@@ -40,8 +42,12 @@ class ValidationSpec:
             raise PlannerError(f"--concurrency must be at least 1 client, got {self.concurrency}")
         if self.requests < 1:
             raise PlannerError(f"--requests must be at least 1, got {self.requests}")
-        if not (math.isfinite(self.length_scale) and self.length_scale > 0):
-            raise PlannerError(f"--length-scale must be a positive number, got {self.length_scale}")
+        if self.concurrency is None and not self.rate > 0:      # (inf: every request at once)
+            raise PlannerError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        check_trace_size(self.requests, None, self.rate)
+        if not 0 < self.length_scale <= MAX_LENGTH_SCALE:
+            raise PlannerError(f"--length-scale must be a positive number up to {MAX_LENGTH_SCALE:g}, "
+                               f"got {self.length_scale}")
         for name in ("max_prompt_len", "max_output_len"):
             if getattr(self, name) < 1:
                 raise PlannerError(f"--{name.replace('_', '-')} must be at least 1 token, got {getattr(self, name)}")

@@ -1,0 +1,124 @@
+"""Bad input to validate, bench, profile, workload and serve: one line and a non-zero exit, before any work,
+and nothing lost (the cases of the second CLI audit; each was a traceback, a hang or a silent mistake)."""
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+from serve_helpers import save_byte_model
+
+
+def run(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def refused(result, message: str) -> None:
+    """Exit 2 with one error line (after any progress line, e.g. serve's "loading ..."), no traceback."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert lines and lines[-1].startswith("error: ") and sum(x.startswith("error: ") for x in lines) == 1, lines
+    assert "Traceback" not in result.stderr and message in lines[-1], lines
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_byte_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.mark.parametrize("cv", ["1e308", "1e-200"])
+def test_a_gamma_cv_whose_shape_is_no_number_is_refused(cv):
+    refused(run("workload", "show", "sharegpt", "-n", 4, "--arrival", "gamma", "--cv", cv, "--rate", 1),
+            "cv: must be a number from 1e-06 to 1e+06")
+
+
+@pytest.mark.parametrize("command", [["bench", "--workload", "sharegpt", "--requests", 4],
+                                     ["validate", "--gpu", "cpu", "--requests", 4, "--seeds", 0]])
+def test_an_endpoint_that_is_no_url_is_refused(command, tmp_path):
+    refused(run(*command, "--endpoint", "http://127.0.0.1:abc", "--out", tmp_path / "o"),
+            "--endpoint 'http://127.0.0.1:abc': Invalid port: 'abc'; give a URL such as")
+
+
+def test_more_requests_than_memory_holds_are_refused_by_bench_and_validate(tmp_path):
+    huge = 10 ** 20
+    refused(run("bench", "--endpoint", "http://127.0.0.1:1", "--model", "m", "--workload", "sharegpt",
+                "--requests", huge, "--out", tmp_path / "b"), "requests are more than this machine's memory")
+    refused(run("validate", "--gpu", "cpu", "--quick", "--seeds", 0, "--requests", huge, "--out", tmp_path / "v"),
+            "requests are more than this machine's memory")
+    refused(run("validate", "--gpu", "cpu", "--quick", "--seeds", 0, "--rate", "nan", "--out", tmp_path / "v"),
+            "--rate must be a positive number of requests/s, got nan")
+
+
+def test_run_folders_and_files_that_would_land_in_the_wrong_place_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused(run("bench", "--endpoint", "http://127.0.0.1:1", "--model", "m", "--workload", "sharegpt",
+                "--requests", 2, "--out", ""), "--out '.': give a folder for the run's files, not the current one")
+    (tmp_path / "d1").mkdir()
+    for hist in ("", "d1", "lengths"):
+        refused(run("workload", "show", "sharegpt", "-n", 4, "--hist", hist), "give a .png file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d1"]          # nothing written anywhere
+
+
+def test_an_import_never_writes_over_its_own_input(tmp_path):
+    src = tmp_path / "three.csv"
+    src.write_text("request_id,arrival_time,prompt_len,output_len\na,0,5,5\nb,1,5,5\nc,2,5,5\n")
+    before = src.read_text()
+    refused(run("workload", "import", src, "-f", "csv", "-n", 1, "-o", src), "the file being imported")
+    assert src.read_text() == before
+    refused(run("workload", "import", src, "-f", "csv", "--duration", -1, "-o", tmp_path / "x.jsonl"),
+            "--duration: must be a finite number of seconds > 0")
+
+
+def test_bench_bounds_its_prompt_caps_and_vocabulary(tmp_path):
+    base = ["bench", "--endpoint", "http://127.0.0.1:1", "--model", "m", "--workload", "sharegpt", "--requests", 2,
+            "--out", tmp_path / "b"]
+    refused(run(*base, "--max-prompt-len", 0), "max_prompt_len: must be >= 1, got 0")
+    refused(run(*base, "--vocab-size", 10 ** 20), "--vocab-size must be 1 to 2,147,483,648")
+
+
+def test_profile_repeats_are_bounded():
+    result = run("profile", "--gpu", "cpu", "--quick", "--repeats", 10 ** 20)
+    assert result.exit_code == 2 and "--repeats" in result.output
+
+
+def test_a_checkpoint_that_is_not_one_is_named(folder, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "model.safetensors").write_bytes(b"\xff" * 5000)
+    refused(run("serve", "--model", broken, "--device", "cpu", "--port", 18999),
+            f"{broken / 'model.safetensors'}: not a safetensors checkpoint")
+    huge = tmp_path / "huge"
+    shutil.copytree(folder, huge)
+    config = json.loads((huge / "config.json").read_text())
+    (huge / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10 ** 20}))
+    refused(run("serve", "--model", huge, "--device", "cpu", "--port", 18999),
+            "num_hidden_layers is 100,000,000,000,000,000,000 but the checkpoint holds")
+
+
+def test_serve_refuses_an_unknown_gpu_and_port_zero(folder):
+    refused(run("serve", "--model", folder, "--device", "cpu", "--port", 18999, "--gpu", "bogus"),
+            "unknown GPU 'bogus'")
+    result = run("serve", "--model", folder, "--device", "cpu", "--port", 0)
+    assert result.exit_code == 2 and "--port" in result.output
+
+
+def test_a_failure_no_check_foresaw_is_one_line_with_its_name(monkeypatch, capsys):
+    cli_app = importlib.import_module("planner.cli.app")
+    def broken(**kwargs):
+        raise ZeroDivisionError("float division by zero")
+    monkeypatch.setattr(cli_app, "app", broken)
+    monkeypatch.setattr("sys.argv", ["planner", "simulate"])
+    monkeypatch.delenv("PLANNER_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        cli_app.main()
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err == ("error: ZeroDivisionError: float division by zero (unexpected; PLANNER_TRACEBACK=1 shows "
+                   "where)\n")
+    monkeypatch.setenv("PLANNER_TRACEBACK", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli_app.main()
