@@ -96,6 +96,28 @@ def test_the_run_moves_each_prompts_kv():
     assert kv["seconds"]["mean"] == pytest.approx(1e-5 + 2000 * kv["kv_bytes_per_token"] / 50e9)
 
 
+def test_a_pool_replica_of_dp_ranks_has_each_ranks_seats_and_steps_them_together():
+    """A decode replica of --dp 2 is two engines, each with max_num_seqs seats and its own cache (a MoE model's
+    ranks in lockstep), as the aggregated deployment's ranks are: eight clients fit a pool replica of two ranks of
+    four seats. Until stop 69 each pool replica was one engine, whatever its dp: half the seats, and queueing."""
+    moe = Deployment.of(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True, max_num_seqs=4)
+    load = random_load(requests=32, rate=None, concurrency=8, params={"input_len": 200, "output_len": 100})
+    result = Simulation.prepare(pd_spec(1, 1, load, moe)).run()
+    doc = result.sim.summary()["pd"]
+    decode = doc["decode"]
+    assert doc["ratio"] == "1:1" and decode["replicas"] == 1 and decode["gpus"] == 2
+    assert len(decode["per_replica"]) == 2 and all(row["num_requests"] > 0 for row in decode["per_replica"])
+    # a seat for every client's request at once: no wait beyond the step under way (one engine of four seats,
+    # dp 1, waits about 0.7 s for one)
+    assert decode["admission_wait"]["max"] < 1.5 * decode["tpot"]["mean"]
+    one = Simulation.prepare(pd_spec(1, 1, load, moe.replace(dp=1, enable_expert_parallel=False))).run()
+    assert one.sim.summary()["pd"]["decode"]["admission_wait"]["mean"] > 20 * decode["tpot"]["mean"]
+    steps = [s for s, pool in zip(result.sim.steps, result.sim.pd.step_pools) if pool == 1]
+    ranks = [r for r, pool in zip(result.sim.pd.step_columns()["replica"], result.sim.pd.step_pools) if pool == 1]
+    ends = {rank: {round(s.end, 9) for s, r in zip(steps, ranks) if r == rank} for rank in (0, 1)}
+    assert ends[0] & ends[1]                           # lockstep: the ranks' steps end together
+
+
 def test_a_decode_pool_too_small_binds_decode():
     load = random_load(requests=80, rate=8.0, params={"input_len": 500, "output_len": 400})
     result = Simulation.prepare(pd_spec(2, 1, load, V1.replace(max_num_seqs=8))).run()

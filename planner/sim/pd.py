@@ -19,7 +19,10 @@ disaggregated serving is the same flow):
 
 So the client's TTFT is prefill queue + prefill + hand-off + decode admission +
 transfer + the first decode-side step, and TPOT is the decode pool's. Each
-replica is a `SimulatedEngine` with its own scheduler and block manager; the
+replica is a `SimulatedEngine` with its own scheduler and block manager (a pool
+replica of --dp ranks is dp of them, as an aggregated deployment's ranks are:
+each rank its own scheduler, cache and seats, a MoE model's ranks stepping in
+lockstep, planner/sim/lockstep.py; the pool's router picks among the ranks); the
 prefill pool is a `Fleet` of requests cut to one output token (its replicas know
 their next arrival where the router allows, as a fleet's do), the decode
 replicas step one at a time (the decode batch's proof does not cover remote
@@ -53,6 +56,7 @@ from planner.documents import json_safe
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, run_quietly)
 from planner.sim.fleet import Fleet, merged_steps, pool_result
+from planner.sim.lockstep import Lockstep
 from planner.sim.remote_kv import DecodeScheduler, Remote
 from planner.sim.router import Router, RouterPolicy
 from workloads import Trace, TraceRequest
@@ -126,9 +130,12 @@ class DecodePool:
                  progress: Progress | None, watch: Watch | None, on_loading) -> None:
         self.env, self.trace, self.policy = env, trace, policy
         self.engines: list[SimulatedEngine] = []
-        for i in range(pool.replicas):
+        dp = pool.plan.deployment.dp
+        lockstep = dp if pool.plan.model.is_moe else 1      # a MoE replica's ranks step together (as a Fleet's)
+        for i in range(pool.replicas * dp):
             engine = make_engine(env, trace, pool.plan, pool.cost_model, seed=seed, total=len(trace),
-                                 progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True)
+                                 progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True,
+                                 start=lockstep == 1)
             engine.scheduler = DecodeScheduler(engine.scheduler, lambda g, r, now, i=i: on_loading(i, g, r, now))
             engine.executor.rng = random.Random(f"{seed}/decode/{i}")
             if i:      # the first replica's executor makes every request handed to the pool
@@ -136,6 +143,8 @@ class DecodePool:
             if policy.uses_prefix:
                 engine.log_kv_events()
             self.engines.append(engine)
+        self.lockstep = ([Lockstep(env, self.engines[i:i + lockstep]) for i in range(0, len(self.engines), lockstep)]
+                         if lockstep > 1 else [])
         self.router = Router(policy, self.engines, pool.plan.block_size)
         self.groups: list[SequenceGroup] = []     # every request handed to the pool, in hand-off order
         self.routes: list[int] = []
@@ -154,9 +163,11 @@ class DecodePool:
 
 
 def wake(engine: SimulatedEngine) -> None:
-    """An engine asleep for want of work looks at its queues again (as a request's arrival wakes it)."""
+    """An engine asleep for want of work looks at its queues again (as a request's arrival wakes it). A lockstep
+    group's ranks sleep on one event, which another rank's request may have woken already."""
     if engine.idle is not None:
-        engine.idle.succeed()
+        if not engine.idle.triggered:
+            engine.idle.succeed()
         engine.idle = None
 
 
@@ -174,7 +185,8 @@ class Disaggregated:
         self.remotes: list[Remote] = []
         self.held: dict[str, tuple] = {}              # request id -> (prefill block pool, blocks it still holds)
         self.done = 0
-        self.prefill = PrefillPool(env, trace, prefill.plan, prefill.cost_model, prefill.replicas, policy, seed=seed,
+        ranks = prefill.replicas * prefill.plan.deployment.dp         # each rank an engine (the Fleet's lockstep)
+        self.prefill = PrefillPool(env, trace, prefill.plan, prefill.cost_model, ranks, policy, seed=seed,
                                    concurrency=concurrency, fast_forward=fast_forward, progress=None,
                                    watch=self._prefilled, on_sent=self._sent)
         self.decode = DecodePool(env, trace, decode, policy, seed=seed,
@@ -270,7 +282,7 @@ class PdRun:
 
     @property
     def ratio(self) -> str:
-        return f"{len(self.prefill.fleet.replicas)}:{len(self.decode.fleet.replicas)}"
+        return f"{_replicas(self.prefill)}:{_replicas(self.decode)}"
 
     def summary(self, span: float) -> dict:
         """result.json's `pd`: each pool's load and waits, the KV transfers, the client's TTFT in parts."""
@@ -330,18 +342,24 @@ POOL_METRICS = ("num_completed", "num_rejected", "request_throughput", "mean_bat
                 "kv_utilization", "num_steps", "tpot_mean", "tpot_p99")
 
 
+def _replicas(sim: SimResult) -> int:
+    """A pool's replicas (its engines are their dp ranks)."""
+    return len(sim.fleet.replicas) // sim.plan.deployment.dp
+
+
 def _pool_block(sim: SimResult, span: float) -> dict:
-    """One pool's figures: its replicas' shape, how busy they were, and each replica's own row."""
+    """One pool's figures: its replicas' shape, how busy they were, and each engine's own row (per dp rank)."""
     fleet = sim.fleet.summary()
     metrics = sim.metrics.to_dict()
     d = sim.plan.deployment
-    replicas = fleet["replicas"]
+    ranks = fleet["replicas"]
+    replicas = ranks // d.dp
     busy = sum(s.end - s.start for s in sim.steps)
     return {"replicas": replicas, "gpu": d.gpu, "tp": d.tp, "gpus": replicas * d.gpus, "cost_model": sim.cost_model,
             "num_gpu_blocks": sim.plan.num_gpu_blocks, "max_num_seqs": d.max_num_seqs,
             "num_requests": len(sim.requests), **{k: metrics[k] for k in POOL_METRICS},
             "preemptions": metrics["preemptions"]["total"], "busy_time": busy,
-            "utilization": busy / (replicas * span) if span > 0 else None,
+            "utilization": busy / (ranks * span) if span > 0 else None,
             "per_replica": fleet["per_replica"], "load_imbalance": fleet["load_imbalance"],
             "deployment": d.as_dict()}
 
