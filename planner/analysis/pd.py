@@ -41,11 +41,16 @@ def which_binds(pd: dict) -> dict:
             "pressure": pressure, "decode_batch_fill": batch}
 
 
+def _replica(pool: dict) -> str:
+    """`2 x (h200 x1 x dp16)`: the pool's replicas and each one's GPUs."""
+    dp = pool.get("deployment", {}).get("dp", 1)
+    return f"{pool['replicas']} x ({pool['gpu']} x{pool['tp']}{f' x dp{dp}' if dp > 1 else ''})"
+
+
 def pd_line(pd: dict, found: dict) -> str:
     """The verdict's line: the ratio, the binding pool and why, both pools' readings, the transfer."""
     prefill, decode, kv = pd["prefill"], pd["decode"], pd["kv_transfer"]
-    shape = (f"P/D {pd['ratio']} (prefill {prefill['replicas']} x ({prefill['gpu']} x{prefill['tp']}), decode "
-             f"{decode['replicas']} x ({decode['gpu']} x{decode['tp']}))")
+    shape = f"P/D {pd['ratio']} (prefill {_replica(prefill)}, decode {_replica(decode)})"
     if found["saturated"]:
         why = ("longer than their prefill takes" if found["binds"] == "prefill" else
                f"longer than {DECODE_QUEUE_STEPS} decode steps")
