@@ -122,3 +122,14 @@ def test_a_failure_no_check_foresaw_is_one_line_with_its_name(monkeypatch, capsy
     monkeypatch.setenv("PLANNER_TRACEBACK", "1")
     with pytest.raises(ZeroDivisionError):
         cli_app.main()
+
+
+def test_validate_refuses_flags_it_would_ignore(tmp_path):
+    recording = tmp_path / "run.jsonl"
+    recording.write_text('{"arrival_time": 0, "prompt_len": 8, "output_len": 4, "first_token_time": 0.1, '
+                         '"finish_time": 0.4}\n')
+    refused(run("validate", "--measured", recording, "--gpu", "cpu", "--workload", "alpaca", "--rate", 3,
+                "--attribution", "--out", tmp_path / "v"),
+            "--workload, --rate, --attribution: not used with --measured (the recording is the trace); drop them")
+    refused(run("validate", "--gpu", "cpu", "--quick", "--served-model-name", "m", "--out", tmp_path / "w"),
+            "--served-model-name: not used with the in-process engine")

@@ -62,7 +62,7 @@ ATTRIBUTION = typer.Option(False, "--attribution", help="also split the error by
 @deployment_options
 def validate_cmd(
     deployments: DeploymentChoices,
-    workload: str = typer.Option("sharegpt", help="built-in workload or trace file"),
+    workload: Optional[str] = typer.Option(None, help="built-in workload or trace file (default sharegpt)"),
     rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
                                               help="instead of a rate, a closed loop of N clients, live and "
@@ -105,6 +105,11 @@ def validate_cmd(
         if rate is not None and concurrency is not None:
             raise PlannerError("give --rate or --concurrency, not both: a closed loop's clients send each request "
                                "when their previous one ends")
+        _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, rate=rate,
+                       concurrency=concurrency, requests=requests, length_scale=length_scale,
+                       max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
+                       attribution=attribution)
+        workload = workload or "sharegpt"
         given = dict(rate=rate, requests=requests, length_scale=length_scale, max_output_len=max_output_len)
         # what the command line gives wins over --quick's values, which win over the defaults
         trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
@@ -123,6 +128,22 @@ def validate_cmd(
     except (PlannerError, TraceError, ValueError, OSError) as exc:
         raise fail(exc) from None
     _print_result(result, paths, doc, as_json_flag)
+
+
+def _refuse_unused(*, measured: bool, endpoint: bool, attribution: bool, quick: bool, **values) -> None:
+    """One line on a flag that would be silently ignored: a recording is its own trace, the model name is sent
+    only to a server, and only the in-process run replays its steps for --attribution."""
+    if measured:
+        unused = [name for name, value in values.items() if value is not None] + (["quick"] if quick else [])
+    else:
+        unused = ["served_model_name"] if not endpoint and values["served_model_name"] is not None else []
+    if attribution and (measured or endpoint):
+        unused.append("attribution")
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        where = ("--measured (the recording is the trace)" if measured else
+                 "--endpoint" if endpoint else "the in-process engine (it is --endpoint's)")
+        raise PlannerError(f"{flags}: not used with {where}; drop {'it' if len(unused) == 1 else 'them'}")
 
 
 def _validate_here(spec: ValidationSpec, folder: Path, reprofile: bool | None,
