@@ -133,3 +133,12 @@ def test_validate_refuses_flags_it_would_ignore(tmp_path):
             "--workload, --rate, --attribution: not used with --measured (the recording is the trace); drop them")
     refused(run("validate", "--gpu", "cpu", "--quick", "--served-model-name", "m", "--out", tmp_path / "w"),
             "--served-model-name: not used with the in-process engine")
+
+
+def test_profile_refuses_what_an_ngram_measurement_ignores_and_names_a_bad_gpu_in_one_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "arrival_time": 0, "prompt_len": 3, "output_len": 2, '
+                     '"prompt_token_ids": [1, 2, 3], "output_token_ids": [1, 2]}\n')
+    refused(run("profile", "--speculative", "ngram:3", "--trace", trace, "--gpu", "h100-sxm", "--quick"),
+            "--quick, --gpu: not used when measuring n-gram speculation on a trace")
+    refused(run("profile", "--gpu", "bogus", "--quick"), "unknown GPU 'bogus'")

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import check_writable, fail
+from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.profile.ngram import curve_flags, measure_ngram
 from planner.profile.grid import MAX_REPEATS
@@ -65,7 +66,9 @@ def profile(
     model. --gpu (required): a catalog GPU present here, or cpu; --model: the model (default opt-125m).
     --speculative ngram:K --trace FILE: n-gram speculation measured on a trace's text instead."""
     if "speculative" in deployments.given or trace is not None:
-        return _profile_ngram(deployments, trace, out, as_json)
+        timing = [flag for flag, value in (("--quick", quick), ("--force", force), ("--per-layer", per_layer),
+                                           ("--repeats", repeats)) if value]
+        return _profile_ngram(deployments, trace, out, as_json, timing)
     try:
         other = sorted(set(deployments.given) - set(PROFILED))
         if other:
@@ -74,6 +77,8 @@ def profile(
         if "gpu" not in deployments.given:
             raise PlannerError("give --gpu: the catalog GPU present here, or cpu")
         deployment = deployments.one("profile", model="opt-125m")
+        checks.gpu(deployment.gpu)     # named before the progress bar starts, which an error would leave a line of
+        checks.model(deployment.model)
         if out is not None:
             check_writable(out)        # before the minutes of timing it would hold
         from planner.profile.run import run_profile   # torch: only a profile that runs needs it
@@ -114,11 +119,17 @@ def profile(
     console.print(f"profile written to {path}")
 
 
-def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out: Path | None, as_json: bool) -> None:
+def _profile_ngram(deployments: DeploymentChoices, trace_path: Path | None, out: Path | None, as_json: bool,
+                   timing: list[str]) -> None:
     """`profile --speculative ngram:K --trace FILE`: the curves, the counts, and the flags to simulate with."""
     try:
         if trace_path is None or "speculative" not in deployments.given:
             raise PlannerError("measuring n-gram speculation takes both --speculative ngram:K and --trace FILE")
+        unused = timing + ["--" + name.replace("_", "-") for name in sorted(set(deployments.given) - {"speculative"})]
+        if unused:
+            them = "it" if len(unused) == 1 else "them"
+            raise PlannerError(f"{', '.join(unused)}: not used when measuring n-gram speculation on a trace (it "
+                               f"reads the trace's text, no device and no model); drop {them}")
         speculative = deployments.one("profile").speculative
         if out is not None:
             check_writable(out)
