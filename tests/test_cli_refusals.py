@@ -71,6 +71,8 @@ def test_an_import_never_writes_over_its_own_input(tmp_path):
     assert src.read_text() == before
     refused(run("workload", "import", src, "-f", "csv", "--duration", -1, "-o", tmp_path / "x.jsonl"),
             "--duration: must be a finite number of seconds > 0")
+    refused(run("workload", "import", src, "-f", "csv", "--rate", 5, "--drop-zero", "-o", tmp_path / "x.jsonl"),
+            "--rate, --drop-zero: not used with --format csv; drop them")
 
 
 def test_bench_bounds_its_prompt_caps_and_vocabulary(tmp_path):
@@ -142,3 +144,16 @@ def test_profile_refuses_what_an_ngram_measurement_ignores_and_names_a_bad_gpu_i
     refused(run("profile", "--speculative", "ngram:3", "--trace", trace, "--gpu", "h100-sxm", "--quick"),
             "--quick, --gpu: not used when measuring n-gram speculation on a trace")
     refused(run("profile", "--gpu", "bogus", "--quick"), "unknown GPU 'bogus'")
+
+
+def test_a_server_that_takes_connections_and_says_nothing_is_named_at_the_first_read():
+    import socket
+
+    from planner.errors import PlannerError
+    from planner.validation.external import read_endpoint_settings
+    with socket.socket() as listener:           # the kernel completes the handshake; nobody ever answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        with pytest.raises(PlannerError, match=rf"127.0.0.1:{port}/metrics: no answer within 0.3 s"):
+            read_endpoint_settings(f"http://127.0.0.1:{port}", timeout=0.3)

@@ -180,6 +180,13 @@ def import_command(
         raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
     if output.resolve() == path.resolve():
         raise fail(f"--output {output}: the file being imported; write the trace to another file")
+    # a ShareGPT dump is text without times: only it takes a tokenizer and generated arrivals
+    sharegpt_only = {"--tokenizer": tokenizer is not None, "--seed": seed != 0, "--rate": rate != math.inf,
+                     "--arrival": arrival != "poisson", "--cv": cv != 1.0}
+    unused = [flag for flag, given in sharegpt_only.items() if given and fmt != "sharegpt"]
+    unused += ["--drop-zero"] if drop_zero and fmt != "azure" else []
+    if unused:
+        raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
     try:
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero)

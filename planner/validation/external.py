@@ -76,8 +76,9 @@ class EndpointReading:
     threads: int | None = None
 
 
-def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> EndpointReading:
-    """The server's /metrics and /v1/models, read (what it does not expose stays empty)."""
+def read_endpoint_settings(endpoint: str, timeout: float = 10.0) -> EndpointReading:
+    """The server's /metrics and /v1/models, read (what it does not expose stays empty). A server that takes the
+    connection and then says nothing is refused at the first read, not after every read's timeout."""
     base = api_base(endpoint)
     metrics: dict = {}
     preemptions = threads = None
@@ -92,6 +93,9 @@ def read_endpoint_settings(endpoint: str, timeout: float = 30.0) -> EndpointRead
                 preemptions = (preemptions or 0.0) + count if math.isfinite(count) else preemptions
             elif name == "planner:engine_threads":
                 threads = int(float(line.rsplit(" ", 1)[-1]))
+    except httpx.TimeoutException:
+        raise PlannerError(f"{base[:-3]}/metrics: no answer within {timeout:g} s (the server takes connections "
+                           f"but does not answer)") from None
     except (httpx.HTTPError, ValueError, OverflowError):
         pass   # not every server exposes /metrics, nor a page that makes sense
     models: dict = {}
