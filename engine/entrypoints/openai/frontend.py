@@ -96,7 +96,10 @@ class Frontend:
             raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param=param)
         self.check_length(text, param)
         try:
-            ids = await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+            # (verbose=False: a prompt past the tokenizer's model_max_length is the context check's to refuse, not
+            # a warning in the server's log)
+            ids = await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens,
+                                                         verbose=False)["input_ids"])
         except Exception as exc:   # text the tokenizer cannot take: the request's fault, said in one line
             raise RequestError(f"the tokenizer cannot encode this {param}: {type(exc).__name__}: {exc}",
                                param=param) from None
