@@ -236,6 +236,23 @@ SEARCH = ("search", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", 1, "
           "--slo", "ttft_p99=1,tpot_p99=0.03")
 
 
+def test_search_pd_keeps_the_dp_layout_it_is_given(tmp_path):
+    """--dp and --enable-expert-parallel reach both the pools and the aggregated comparison (they were dropped
+    until stop 69: a --dp 2 search counted one GPU a replica)."""
+    out = tmp_path / "search"
+    result = runner.invoke(app, [str(a) for a in (
+        "search", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--tp", 1, "--dp", 2, "--enable-expert-parallel",
+        "--workload", "random", "-p", "input_len=500", "-p", "output_len=50", "--requests", 60, "--rate", 4,
+        "--slo", "ttft_p99=2,tpot_p99=0.1", "--pd", "1:1", "--out", out, "--json")])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "pd_search.json").read_text())["configs"][0]
+    assert config["aggregated"]["gpus"] == 2 * config["aggregated"]["replicas"]
+    assert config["best"]["gpus"] == 4
+    refused = runner.invoke(app, [str(a) for a in (*SEARCH, "--dp", "1,2", "--rate", 20, "--pd", "auto",
+                                                   "--out", tmp_path / "x")])
+    assert refused.exit_code == 2 and "take one value each in a P/D search (--pd)" in refused.output
+
+
 def test_search_pd_auto_finds_a_ratio_and_says_what_binds_one_replica_short(tmp_path):
     out = tmp_path / "search"
     result = runner.invoke(app, [str(a) for a in (*SEARCH, "--rate", 20, "--pd", "auto", "--out", out, "--json")])

@@ -165,6 +165,7 @@ def search(
         slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
         folder = run_folder(out, "search", load.workload)
         if pd is not None:
+            spec = _one_layout(deployments, spec, "a P/D search (--pd)")
             return _search_pd(spec.with_fleet(router="round-robin" if router is None else router), pools, pd, axes,
                               slo, target, replicas, concurrency, price, folder, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
@@ -196,13 +197,22 @@ def _layouts(deployments: DeploymentChoices, spec: RunSpec, axes: dict, fleet) -
     """The (dp, expert parallel) layouts searched: --dp's values and, for a MoE, EP on and off unless
     --enable-expert-parallel says which (planner/sizing/layouts.py); a fleet search keeps one, in its spec."""
     base = spec.deployment
+    if fleet is not None:
+        spec = _one_layout(deployments, spec, "a fleet search (--replicas)")
+        return spec, [(spec.deployment.dp, spec.deployment.enable_expert_parallel)]
     dps = deployments.values("dp") or (base.dp,)
     eps = deployments.values("enable_expert_parallel") or (False, True)
-    if fleet is not None:
-        if len(dps) > 1:
-            raise PlannerError("--dp takes one value in a fleet search (--replicas)")
-        return spec.with_deployment(dp=dps[0], enable_expert_parallel=eps[0]), [(dps[0], eps[0])]
     return spec, layouts_for(base.model, tuple(dps), tuple(axes["tp"]), tuple(eps))
+
+
+def _one_layout(deployments: DeploymentChoices, spec: RunSpec, search: str) -> RunSpec:
+    """The spec with the one --dp and --enable-expert-parallel `search` takes (the base deployment leaves
+    them out, as the layout search sets them)."""
+    dps = deployments.values("dp") or (spec.deployment.dp,)
+    eps = deployments.values("enable_expert_parallel") or (spec.deployment.enable_expert_parallel,)
+    if len(dps) > 1 or len(eps) > 1:
+        raise PlannerError(f"--dp and --enable-expert-parallel take one value each in {search}")
+    return spec.with_deployment(dp=dps[0], enable_expert_parallel=eps[0])
 
 
 def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workload: str, executor: str,
