@@ -168,9 +168,10 @@ DP2 = dict(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=T
            all2all_backend="deepep_low_latency")
 
 
-def run_dp2(concurrency: int, step_by_step: bool = False, **deployment):
+def run_dp2(concurrency: int, step_by_step: bool = False, cost_model: str | None = None, **deployment):
     return simulate(Deployment(**DP2, **deployment), workload="random", concurrency=concurrency, requests=24,
-                    params={"input_len": 64, "output_len": 40, "range_ratio": 0.5}, step_by_step=step_by_step).metrics
+                    params={"input_len": 64, "output_len": 40, "range_ratio": 0.5}, step_by_step=step_by_step,
+                    cost_model=cost_model).metrics
 
 
 def test_ranks_that_never_all_reach_the_threshold_run_as_without_dbo():
@@ -183,6 +184,9 @@ def test_ranks_that_never_all_reach_the_threshold_run_as_without_dbo():
     # With four clients both ranks hold two at times: those steps split, and the run changes.
     assert run_dp2(4, **split) != run_dp2(4)
     assert run_dp2(4, **split) == run_dp2(4, step_by_step=True, **split)
+    # The roofline model (no priced runs: its plans' steps are re-priced shape by shape) votes the same way.
+    assert run_dp2(3, cost_model="roofline", **split) == run_dp2(3, cost_model="roofline")
+    assert run_dp2(4, cost_model="roofline", **split) != run_dp2(4, cost_model="roofline")
 
 
 def test_simulate_records_dbo_and_a_pool_may_set_it(tmp_path):
