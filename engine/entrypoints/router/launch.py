@@ -41,9 +41,13 @@ class ReplicaProcess:
     log: Path
 
     def last_line(self) -> str:
+        return self.log_tail() or f"exit status {self.process.returncode}"
+
+    def log_tail(self) -> str | None:
+        """The log's last line that says something, if any."""
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()] \
             if self.log.exists() else []
-        return lines[-1] if lines else f"exit status {self.process.returncode}"
+        return lines[-1] if lines else None
 
 
 def start_replicas(configs: list[dict], log_dir: Path | None = None, timeout: float = 300.0) -> list[ReplicaProcess]:
@@ -168,7 +172,8 @@ class ExitWatch(threading.Thread):
                 if code is not None and r.index not in self.exited:
                     self.exited.add(r.index)
                     how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-                    self.say(f"replica {r.index} exited ({how}): {r.last_line()} (log: {r.log})")
+                    tail = r.log_tail()
+                    self.say(f"replica {r.index} exited ({how}){': ' + tail if tail else ''} (log: {r.log})")
             if self.all_exited:
                 self.server.should_exit = True
                 return
