@@ -159,6 +159,9 @@ def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float]
         raise PlannerError("give a target rate or a number of clients, not both")
     load.setdefault("duration", 600.0 if load.get("requests") is None else None)
     spec = run_spec(target, **load)
+    if spec.fleet.replicas > 1 or spec.pd is not None:     # the grid prices one deployment a row
+        raise PlannerError("search() sizes one deployment a configuration: a RunSpec with a fleet or P/D pools "
+                           "is searched by `planner search --replicas` or `planner search --pd`")
     d = spec.deployment
     grid = SearchGrid(base=spec, slos=_slos(slos), gpus=tuple(gpus or (d.gpu,)), tps=tuple(tps or (d.tp,)),
                       block_sizes=tuple(block_sizes or (d.block_size,)),

@@ -157,3 +157,10 @@ def test_a_server_that_takes_connections_and_says_nothing_is_named_at_the_first_
         port = listener.getsockname()[1]
         with pytest.raises(PlannerError, match=rf"127.0.0.1:{port}/metrics: no answer within 0.3 s"):
             read_endpoint_settings(f"http://127.0.0.1:{port}", timeout=0.3)
+
+
+def test_validate_refuses_a_layout_the_simulation_would_refuse_before_the_live_run(tmp_path):
+    result = run("validate", "--gpu", "cpu", "--model", "opt-125m", "--quick", "--enable-expert-parallel",
+                 "--out", tmp_path / "v")
+    refused(result, "--enable-expert-parallel: opt-125m has no experts to split")
+    assert "live:" not in result.stderr                  # refused before the live run, not after it

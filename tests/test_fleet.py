@@ -320,3 +320,17 @@ def test_cli_sweeps_replica_counts(tmp_path):
     assert any("replicas 2" in line for line in doc["verdict"]["lines"])
     with (out / "comparison.csv").open() as f:
         assert [row["replicas"] for row in csv.DictReader(f)] == ["1", "2"]
+
+
+def test_replicas_count_the_command_lines_replicas_not_their_dp_ranks():
+    """--dp 2 --replicas 2 is two replicas of two engines each: `params.replicas` is 2 (a sweep's row, the report's
+    title, a re-run's --replicas), `fleet.engines` 4, one row per engine."""
+    from planner import simulate
+    from planner.runs.spec import Fleet, Load, RunSpec
+    moe = Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True)
+    load = Load(workload="random", params=(("input_len", 100), ("output_len", 20)), requests=16, rate=4)
+    doc = simulate(RunSpec(deployment=moe, load=load, fleet=Fleet(2))).sim.summary()
+    assert doc["params"]["replicas"] == 2 and doc["fleet"]["replicas"] == 2 and doc["fleet"]["engines"] == 4
+    assert len(doc["fleet"]["per_replica"]) == 4
+    lone = simulate(RunSpec(deployment=moe, load=load)).sim.summary()
+    assert lone["params"]["replicas"] == 1 and lone["fleet"]["engines"] == 2

@@ -250,7 +250,11 @@ def test_search_pd_keeps_the_dp_layout_it_is_given(tmp_path):
     assert config["best"]["gpus"] == 4
     refused = runner.invoke(app, [str(a) for a in (*SEARCH, "--dp", "1,2", "--rate", 20, "--pd", "auto",
                                                    "--out", tmp_path / "x")])
-    assert refused.exit_code == 2 and "take one value each in a P/D search (--pd)" in refused.output
+    assert refused.exit_code == 2 and "--dp: one value in a P/D search (--pd)" in refused.output
+    # --block-size and --max-num-seqs reach the pools too (also dropped until stop 69): one value each
+    several = runner.invoke(app, [str(a) for a in (*SEARCH, "--max-num-seqs", "4,8", "--rate", 20, "--pd", "auto",
+                                                   "--out", tmp_path / "y")])
+    assert several.exit_code == 2 and "--max-num-seqs: one value in a P/D search (--pd)" in several.output
 
 
 def test_search_pd_auto_finds_a_ratio_and_says_what_binds_one_replica_short(tmp_path):

@@ -165,7 +165,7 @@ def search(
         slos = parse_slos([",".join(slo)])          # a bad SLO fails before the search starts
         folder = run_folder(out, "search", load.workload)
         if pd is not None:
-            spec = _one_layout(deployments, spec, "a P/D search (--pd)")
+            spec = _one_layout(deployments, spec, "a P/D search (--pd)", axes)
             return _search_pd(spec.with_fleet(router="round-robin" if router is None else router), pools, pd, axes,
                               slo, target, replicas, concurrency, price, folder, err, max_replicas, as_json)
         pdo.refuse_without_pd(pools)
@@ -205,14 +205,19 @@ def _layouts(deployments: DeploymentChoices, spec: RunSpec, axes: dict, fleet) -
     return spec, layouts_for(base.model, tuple(dps), tuple(axes["tp"]), tuple(eps))
 
 
-def _one_layout(deployments: DeploymentChoices, spec: RunSpec, search: str) -> RunSpec:
+def _one_layout(deployments: DeploymentChoices, spec: RunSpec, search: str, axes: dict | None = None) -> RunSpec:
     """The spec with the one --dp and --enable-expert-parallel `search` takes (the base deployment leaves
-    them out, as the layout search sets them)."""
-    dps = deployments.values("dp") or (spec.deployment.dp,)
-    eps = deployments.values("enable_expert_parallel") or (spec.deployment.enable_expert_parallel,)
-    if len(dps) > 1 or len(eps) > 1:
-        raise PlannerError(f"--dp and --enable-expert-parallel take one value each in {search}")
-    return spec.with_deployment(dp=dps[0], enable_expert_parallel=eps[0])
+    them out, as the layout search sets them); with `axes` (a P/D search, whose grid is GPU x TP), the one
+    --block-size and --max-num-seqs too."""
+    one = {"dp": deployments.values("dp") or (spec.deployment.dp,),
+           "enable_expert_parallel": deployments.values("enable_expert_parallel")
+           or (spec.deployment.enable_expert_parallel,)}
+    if axes is not None:
+        one.update(block_size=axes["block_size"], max_num_seqs=axes["max_num_seqs"])
+    many = [name for name, values in one.items() if len(values) > 1]
+    if many:
+        raise PlannerError(f"{', '.join('--' + n.replace('_', '-') for n in many)}: one value in {search}")
+    return spec.with_deployment(**{name: values[0] for name, values in one.items()})
 
 
 def _announce(err: Console, folder: Path, axes: dict, fleet, model: str, workload: str, executor: str,

@@ -95,7 +95,7 @@ class SimResult:
     @property
     def params(self) -> dict:
         """The run's settings, JSON-ready (result.json's "params")."""
-        fleet = {} if self.fleet is None else {"replicas": len(self.fleet.replicas), "router": self.fleet.router}
+        fleet = {} if self.fleet is None else {"replicas": self.fleet.replica_count, "router": self.fleet.router}
         return {**self.plan.params(), "seed": self.seed, "concurrency": self.concurrency,
                 "cost_model": self.cost_model, "trace": self.trace_name, "trace_params": self.trace_params,
                 "num_requests": len(self.requests), **fleet}

@@ -56,9 +56,15 @@ class FleetRun:
     """What only a fleet has: the router, each replica's own result, and where each request went."""
 
     router: str
-    replicas: list[SimResult]      # each replica's requests (in arrival order) and steps
-    routes: list[int]              # per request of the trace (in trace order): the replica that served it
-    step_replicas: list[int]       # per step of the fleet's merged steps: the replica that took it
+    replicas: list[SimResult]      # each engine's requests (in arrival order) and steps: a replica's dp ranks each
+    routes: list[int]              # per request of the trace (in trace order): the engine that served it
+    step_replicas: list[int]       # per step of the fleet's merged steps: the engine that took it
+    ranks: int = 1                 # engines per replica (its --dp ranks)
+
+    @property
+    def replica_count(self) -> int:
+        """The replicas as the command line counts them (--replicas), not their engines."""
+        return len(self.replicas) // self.ranks
 
     def summary(self) -> dict:
         """result.json's `fleet`: per replica, its share and metrics; the imbalance across them."""
@@ -77,7 +83,8 @@ class FleetRun:
         imbalance = {name: _max_over_mean([row[key] or 0.0 for row in rows]) for name, key in
                      (("requests", "num_requests"), ("output_tokens", "output_tokens"),
                       ("busy_time", "busy_time"), ("kv_utilization", "kv_utilization"))}
-        return {"replicas": len(self.replicas), "router": self.router, "per_replica": rows,
+        return {"replicas": self.replica_count, "engines": len(self.replicas), "router": self.router,
+                "per_replica": rows,
                 "load_imbalance": imbalance}
 
 
@@ -246,7 +253,8 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
         wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
-        spec_decoding=fleet_spec_decoding(fleet.engines), fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas))
+        spec_decoding=fleet_spec_decoding(fleet.engines),
+        fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas, plan.deployment.dp))
 
 
 def _merge_order(parts: list[SimResult], starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -344,7 +344,7 @@ POOL_METRICS = ("num_completed", "num_rejected", "request_throughput", "mean_bat
 
 def _replicas(sim: SimResult) -> int:
     """A pool's replicas (its engines are their dp ranks)."""
-    return len(sim.fleet.replicas) // sim.plan.deployment.dp
+    return sim.fleet.replica_count
 
 
 def _pool_block(sim: SimResult, span: float) -> dict:
@@ -352,8 +352,7 @@ def _pool_block(sim: SimResult, span: float) -> dict:
     fleet = sim.fleet.summary()
     metrics = sim.metrics.to_dict()
     d = sim.plan.deployment
-    ranks = fleet["replicas"]
-    replicas = ranks // d.dp
+    replicas, ranks = fleet["replicas"], fleet["engines"]
     busy = sum(s.end - s.start for s in sim.steps)
     return {"replicas": replicas, "gpu": d.gpu, "tp": d.tp, "gpus": replicas * d.gpus, "cost_model": sim.cost_model,
             "num_gpu_blocks": sim.plan.num_gpu_blocks, "max_num_seqs": d.max_num_seqs,

@@ -24,6 +24,7 @@ from planner.catalog import GpuSpec, ModelSpec, resolve_gpu
 from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import ScaledCostModel
+from planner.deploy.parallel import check_parallel
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.profile.check import (ProfileCheck, check_profile, check_settings, engine_dtype, find_profile,
@@ -86,6 +87,7 @@ def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out
     folder, model = model_folder(spec.deployment.model)
     from engine.llm_engine import check_runnable     # torch: imported only when a live run is on
     check_runnable(spec.deployment, folder)          # refuse what the engine cannot run before profiling
+    check_parallel(model, spec.deployment)           # and a layout the simulation would refuse after the run
     check = None
     if cost_model is None and fresh is None:
         if not reprofile:
