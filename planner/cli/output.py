@@ -93,15 +93,18 @@ def run_folder(out: Path | None, command: str, source: str) -> Path:
 
 
 def plan_table(plan: dict | None, metrics: dict) -> Table:
-    """The memory plan: where each GPU's memory goes, and the totals over all tp (x pp) GPUs."""
+    """The memory plan: where each GPU's memory goes, and the totals over all tp (x pp) GPUs (one dp rank's:
+    each rank holds the same, its own KV blocks)."""
     tp = plan["tp"] if plan else 1
     gpus = tp * plan.get("pp", 1) if plan else 1          # pipeline stages hold their layers' share each
-    table = Table(title="memory plan" + (f" ({plan['model']} on {tp} x {plan['gpu']}{stages_label(plan.get('pp'))})"
-                                         if plan else ""))
+    dp = plan.get("dp", 1) if plan else 1
+    title = f" ({plan['model']} on {tp} x {plan['gpu']}{stages_label(plan.get('pp'), dp)})" if plan else ""
+    table = Table(title="memory plan" + title)
     table.add_column("item")
     table.add_column("per GPU", justify="right")
     if gpus > 1:
-        table.add_column(f"all {gpus} GPUs", justify="right")
+        each = "each dp rank's" if dp > 1 else "all"
+        table.add_column(f"{each} {gpus} GPUs", justify="right")
     if plan is None:
         table.add_row("KV blocks (given)", f"{metrics['num_gpu_blocks']:,}")
         return table
@@ -124,7 +127,8 @@ def plan_table(plan: dict | None, metrics: dict) -> Table:
             f"{plan['num_gpu_blocks']:,})", "same blocks")
     else:
         row("KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}", "same blocks")
-    row("KV token slots", f"{plan['kv_token_slots']:,}" + (f" (1/{tp} of heads)" if tp > 1 else ""),
+    share = plan.get("kv_head_share", tp)
+    row("KV token slots", f"{plan['kv_token_slots']:,}" + (f" (1/{share} of heads)" if share > 1 else ""),
         f"{plan['kv_token_slots']:,}")
     row("CPU swap blocks", f"{plan['num_cpu_blocks']:,}", f"{plan['num_cpu_blocks']:,}")
     return table
@@ -159,7 +163,7 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     v = doc.get("verdict") or {}
     policy = _policy_text(p, doc.get("deployment") or {})
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']}{stages_label(p.get('pp'))} ({policy}, {p['allocator']}, "
+                        f"{p['tp']} x {p['gpu']}{stages_label(p.get('pp'), p.get('dp'))} ({policy}, {p['allocator']}, "
                         f"block {p['block_size']}, {m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")

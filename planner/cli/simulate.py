@@ -291,7 +291,7 @@ def capacity(
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
-        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages_label(d.pp)} on "
+        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages_label(d.pp, d.dp)} on "
                   f"{spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,

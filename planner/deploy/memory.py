@@ -166,6 +166,13 @@ class MemoryPlan:
     def kv_token_slots(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
+    @property
+    def kv_head_share(self) -> int:
+        """Over how many GPUs a token's KV is split: tp for heads split evenly, fewer when tp exceeds the KV
+        heads (each GPU holds one), 1 for MLA's latent (whole on every GPU). Read from the bytes themselves."""
+        whole = self.kv_bytes_per_token * self.block_size
+        return max(1, min(self.tp, round(whole / self.block_bytes_per_gpu))) if self.block_bytes_per_gpu else 1
+
     def summary(self) -> dict[str, float | int | str]:
         """Flat, JSON-ready view for reports and `planner capacity`; sizes also in GiB."""
         return {
@@ -187,6 +194,7 @@ class MemoryPlan:
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_cpu_blocks": self.num_cpu_blocks,
             "kv_token_slots": self.kv_token_slots,
+            "kv_head_share": self.kv_head_share,
             **({"quantization": self.quantization} if self.quantization is not None else {}),
             **({"dp": self.dp} if self.dp != 1 else {}),
             **({"pp": self.pp} if self.pp != 1 else {}),

@@ -107,6 +107,7 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
     if plan is None:
         return table(["item", "value"], [["KV blocks (given)", fmt(metrics.get("num_gpu_blocks"))]])
     tp = plan["tp"]
+    share = plan.get("kv_head_share", tp)  # a token's KV split over share GPUs (MLA's latent: whole on each)
     gpus = tp * plan.get("pp", 1)          # pipeline stages: each GPU holds its stage's share
     rows = [["usable memory", f"{plan['usable_gib_per_gpu']:.2f} GiB", f"{plan['usable_gib_per_gpu'] * gpus:.2f} GiB"],
             ["weights", f"{plan['weights_gib_per_gpu']:.2f} GiB", f"{plan['weights_gib_per_gpu'] * gpus:.2f} GiB"],
@@ -117,15 +118,17 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
             ["KV cache", f"{plan['kv_gib_per_gpu']:.2f} GiB", f"{plan['kv_gib_total']:.2f} GiB"],
             ["KV blocks x block size", f"{plan['num_gpu_blocks']:,} x {plan['block_size']}",
              "same block ids on every GPU"],
-            ["KV token slots", f"{plan['kv_token_slots']:,} (1/{tp} of the heads each)" if tp > 1
+            ["KV token slots", f"{plan['kv_token_slots']:,} (1/{share} of the heads each)" if share > 1
              else f"{plan['kv_token_slots']:,}", f"{plan['kv_token_slots']:,}"],
             ["CPU swap blocks", f"{plan['num_cpu_blocks']:,}", ""]]
-    stages = stages_label(plan.get("pp")) + (" (the largest stage's)" if plan.get("pp", 1) > 1 else "")
+    stages = stages_label(plan.get("pp"), plan.get("dp")) + (" (the largest stage's)" if plan.get("pp", 1) > 1
+                                                               else "")
     caption = (f"<p>{esc(plan['model'])} on {tp} x {esc(plan['gpu'])}{stages}, gpu_memory_utilization "
                f"{plan['gpu_memory_utilization']:.0%}</p>")
     if gpus == 1:
         return caption + table(["item", "per GPU"], [r[:2] for r in rows])
-    return caption + table(["item", "per GPU", f"all {gpus} GPUs"], rows)
+    each = "each dp rank's" if plan.get("dp", 1) > 1 else "all"
+    return caption + table(["item", "per GPU", f"{each} {gpus} GPUs"], rows)
 
 
 def metrics_table(doc: dict) -> str:

@@ -23,7 +23,7 @@ def run_title(params: dict) -> str:
     """'opt-13b on 1 x a100-40g, chatbot at 1.0 req/s (paged, block 16)': what every plot title says."""
     rate = (params.get("trace_params") or {}).get("rate")
     at = f" at {rate:g} req/s" if isinstance(rate, (int, float)) and math.isfinite(rate) else ""
-    where = f"{params.get('tp')} x {params.get('gpu')}{stages_label(params.get('pp'))}"
+    where = f"{params.get('tp')} x {params.get('gpu')}{stages_label(params.get('pp'), params.get('dp'))}"
     if params.get("replicas"):
         where = f"{params['replicas']} replicas of {where} ({params.get('router')})"
     if params.get("pd"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.deployment import Deployment
 from planner.analysis.verdict import sweep_verdict
+from planner.deploy.parallel import stages_label
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.report.html import sweep_report
 from planner.report.plots import plot_against, plot_memory_breakdown, pyplot
@@ -47,7 +48,8 @@ def sweep_title(runs: list[dict], swept: list[str]) -> str:
         fixed.append(f"block {p.get('block_size')}")
     if "allocator" not in swept:
         fixed.append(str(p.get("allocator")))
-    return (f"{p.get('model')} on {p.get('tp')} x {p.get('gpu')}, {p.get('trace')} {' '.join(fixed[:1])}"
+    return (f"{p.get('model')} on {p.get('tp')} x {p.get('gpu')}{stages_label(p.get('pp'), p.get('dp'))}, "
+            f"{p.get('trace')} {' '.join(fixed[:1])}"
             f"{' (' + ', '.join(fixed[1:]) + ')' if fixed[1:] else ''}: sweep of {', '.join(swept) or 'one run'}")
 
 

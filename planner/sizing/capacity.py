@@ -150,7 +150,7 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
     limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
-    return (f"{d.model} on {d.tp} x {d.gpu}{stages_label(d.pp)}, {spec.load.workload} (block {d.block_size}, "
+    return (f"{d.model} on {d.tp} x {d.gpu}{stages_label(d.pp, d.dp)}, {spec.load.workload} (block {d.block_size}, "
             f"{d.allocator}), SLO {limits}")
 
 
