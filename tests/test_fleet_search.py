@@ -158,3 +158,19 @@ def test_one_replica_is_the_search_without_fleets():
     assert "replicas" not in lone.configs[0] and "replicas" not in lone.document()
     assert [{k: v for k, v in r.items() if k != "replicas"} for r in fleet.configs] == lone.configs
     assert g.configs()[0] == ("a100-80g", 1, 16, 256, 1)
+
+
+def test_a_fleet_search_of_dp_ranks_says_its_layout_and_its_fleets_router(tmp_path):
+    """Each row and the best name the layout (their cost is 2 replicas x dp 2 GPUs), and the router is the
+    fleets' (round-robin), not the vllm-dp balancer a lone deployment of dp ranks runs (stop 69)."""
+    out = tmp_path / "s"
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "search", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--tp", 1, "--dp", 2, "--enable-expert-parallel",
+        "--replicas", 2, "--slo", "tpot_p99=0.05", "--rate", 20, "--duration", 20, "--out", out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "search.json").read_text())
+    assert doc["router"] == "round-robin"
+    assert doc["best"]["dp"] == 2 and doc["best"]["enable_expert_parallel"] is True and doc["best"]["replicas"] == 2
+    header = (out / "configs.csv").read_text().splitlines()[0].split(",")
+    assert header[:4] == ["gpu", "tp", "dp", "enable_expert_parallel"]
+    assert "2 x (h100-sxm x1 dp2 EP)" in result.output

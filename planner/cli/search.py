@@ -306,7 +306,7 @@ def _print_summary(result) -> None:
     unit = "clients" if result.grid.clients else "req/s"
     fleet = result.grid.fleet
     table = Table(title="configurations (Pareto front first, then by cost)" if not fleet else
-                  f"fleets, {result.grid.base.fleet.router_for(result.grid.base.deployment)} router "
+                  f"fleets, {result.grid.router} router "
                   f"(Pareto front first, then by cost)")
     for col in ("gpu", "tp", *(("replicas",) if fleet else ()), "block", "max seqs", f"capacity {unit}", "$/hour",
                 f"{unit} per $/h", "note"):
@@ -327,8 +327,7 @@ def _print_summary(result) -> None:
                       else "No configuration meets the SLOs at any load tried.")
         return
     why = f"cheapest reaching {target:g} {unit}" if target is not None else "most capacity per dollar"
-    layout = f" ({_parallel(b)})" if "dp" in b else ""
-    console.print(f"Best ({why}): {fleet_label(b)}{layout}, block size {b['block_size']}, max_num_seqs "
+    console.print(f"Best ({why}): {fleet_label(b)}, block size {b['block_size']}, max_num_seqs "
                   f"{b['max_num_seqs']}: {b['capacity']:.3g} {unit} at ${b['cost_per_hour']:.2f}/hour.",
                   highlight=False)
     if result.speculation is not None:
@@ -341,7 +340,7 @@ def _print_fewest(result) -> None:
     console = Console() if Console().is_terminal else Console(width=160)
     g = result.grid
     table = Table(title=f"fewest replicas for {g.target_rate:g} req/s, "
-                        f"{g.base.fleet.router_for(g.base.deployment)} router (cheapest first)")
+                        f"{g.router} router (cheapest first)")
     for col in ("gpu", "tp", "replicas", "misses at", "block", "max seqs", "$/hour", "SLO use", *g.slos, "note"):
         table.add_column(col)
     rows = sorted(result.configs, key=lambda r: (r["replicas"] is None, r["cost_per_hour"] or 0.0,

@@ -16,10 +16,9 @@ import itertools
 from dataclasses import dataclass, replace
 
 from planner.catalog import resolve_model
-from planner.sizing.search import CSV_COLUMNS, SearchResult, choose_best, pareto_front
+from planner.sizing.search import CSV_COLUMNS, LAYOUT_COLUMNS, SearchResult, choose_best, pareto_front
 
 Layout = tuple                  # (dp, enable_expert_parallel)
-LAYOUT_COLUMNS = ("dp", "enable_expert_parallel")
 
 
 def layouts_for(model: str, dps: tuple[int, ...], tps: tuple[int, ...],

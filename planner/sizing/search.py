@@ -51,6 +51,7 @@ Config = tuple                          # (gpu, tp, block_size, max_num_seqs), a
 # A fleet search's CSV: the replica count after max_num_seqs; with --replicas auto, no capacity (every fleet
 # serves the target) but the count that missed below it and how close the fleet runs to its SLOs.
 FLEET_CSV_COLUMNS = CSV_COLUMNS[:4] + ("replicas",) + CSV_COLUMNS[4:]
+LAYOUT_COLUMNS = ("dp", "enable_expert_parallel")     # a MoE layout's, after tp (planner/sizing/layouts.py)
 AUTO_CSV_COLUMNS = ("gpu", "tp", "block_size", "max_num_seqs", "replicas", "missed_at_replicas", "cost_per_hour",
                     "meets_target", "pareto", "probes", "slo_use", "ttft_p99", "tpot_p99", "normalized_latency",
                     "note")
@@ -100,6 +101,12 @@ class SearchGrid:
     def auto(self) -> bool:
         return self.replicas == "auto"
 
+    @property
+    def router(self) -> str:
+        """The router of the grid's fleets of two or more replicas (a lone deployment of dp ranks balances them
+        with vLLM's own, which is not the fleet's router)."""
+        return replace(self.base.fleet, replicas=2).router_for(self.base.deployment)
+
     def configs(self) -> list[Config]:
         if self.fleet and not self.auto:
             return list(itertools.product(self.gpus, self.tps, self.block_sizes, self.max_num_seqs, self.replicas))
@@ -148,6 +155,9 @@ def _row(task: ConfigTask) -> dict:
     row = {"gpu": task.gpu, "tp": task.tp, "block_size": task.block_size, "max_num_seqs": task.max_num_seqs}
     if task.grid.fleet:
         row["replicas"] = task.replicas
+        d = task.grid.base.deployment          # a fleet search's one layout, said on each row (as a layout row's)
+        if d.dp > 1 or d.enable_expert_parallel:
+            row.update(dp=d.dp, enable_expert_parallel=d.enable_expert_parallel)
     row.update({"capacity": None, "first_miss": None, "bounded": True, "probes": 0, "simulations": 0,
                 "early_stops": 0, "ttft_p99": None, "tpot_p99": None, "normalized_latency": None, "note": ""})
     return row
@@ -419,11 +429,13 @@ class SearchResult:
                         "cost_per_hour", "slo_use")
             elif g.fleet:
                 keys = keys[:4] + ("replicas",) + keys[4:]
-            best = {k: self.best[k] for k in keys} | ({"pp": self.best["pp"]} if "pp" in self.best else {})
+            # with the row's pipeline stages and layout where it has them (a layout search adds its own)
+            extra = [k for k in ("pp", *LAYOUT_COLUMNS) if k in self.best]
+            best = {k: self.best[k] for k in (*keys, *extra)}
         fleet = {}
         if g.fleet:
             fleet = {"replicas": "auto" if g.auto else list(g.replicas),
-                     "router": g.base.fleet.router_for(g.base.deployment)}
+                     "router": g.router}
             if g.auto:
                 fleet["max_replicas"] = g.max_replicas
         speculation = {} if self.speculation is None else {"speculation": self.speculation}
@@ -437,8 +449,12 @@ class SearchResult:
                 "executor": self.executor, "wall_time": self.wall_time}
 
     def columns(self) -> tuple[str, ...]:
-        """configs.csv's columns: a fleet search's add the replica count."""
-        return AUTO_CSV_COLUMNS if self.grid.auto else FLEET_CSV_COLUMNS if self.grid.fleet else CSV_COLUMNS
+        """configs.csv's columns: a fleet search's add the replica count, and its layout's dp and EP if any."""
+        columns = AUTO_CSV_COLUMNS if self.grid.auto else FLEET_CSV_COLUMNS if self.grid.fleet else CSV_COLUMNS
+        d = self.grid.base.deployment
+        if self.grid.fleet and (d.dp > 1 or d.enable_expert_parallel):
+            columns = columns[:2] + LAYOUT_COLUMNS + columns[2:]
+        return columns
 
     def csv_text(self) -> str:
         out = io.StringIO()
@@ -584,9 +600,10 @@ def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], ex
 
 
 def fleet_label(row: dict) -> str:
-    """'h100-sxm x2' for one deployment (with pipeline stages 'h100-sxm x2 pp2'), '4 x (h100-sxm x2)' for
-    a fleet of 4 replicas."""
-    one = f"{row['gpu']} x{row['tp']}" + (f" pp{row['pp']}" if row.get("pp", 1) > 1 else "")
+    """'h100-sxm x2' for one deployment (with pipeline stages 'h100-sxm x2 pp2', with dp ranks 'h100-sxm x2
+    dp2 EP'), '4 x (h100-sxm x2)' for a fleet of 4 replicas."""
+    one = (f"{row['gpu']} x{row['tp']}" + (f" pp{row['pp']}" if row.get("pp", 1) > 1 else "")
+           + (f" dp{row['dp']}" if row.get("dp", 1) > 1 else "") + (" EP" if row.get("enable_expert_parallel") else ""))
     return one if row.get("replicas") is None else f"{row['replicas']} x ({one})"
 
 
@@ -621,7 +638,7 @@ def plot_pareto(result: SearchResult, path) -> None:
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in result.grid.slos.items())
-    what = f"fleets ({result.grid.base.fleet.router_for(result.grid.base.deployment)} router)" if fleet else "capacity"
+    what = f"fleets ({result.grid.router} router)" if fleet else "capacity"
     ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: {what} under {slos}",
                  fontsize=10)
     ax.set_xlabel("cost ($/hour, on-demand list price)")
@@ -661,7 +678,7 @@ def _plot_fewest(result: SearchResult, path, plt) -> None:
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
     slos = ", ".join(f"{k} <= {v:g}" for k, v in g.slos.items())
-    router = g.base.fleet.router_for(g.base.deployment)
+    router = g.router
     ax.set_title(f"{g.base.deployment.model}, {g.base.load.workload}: fewest replicas ({router} "
                  f"router) for {g.target_rate:g} req/s under {slos}", fontsize=10)
     ax.set_xlabel("fleet cost ($/hour: replicas x TP x on-demand list price)")
