@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -56,12 +57,16 @@ def run_pd_search(base: RunSpec, pools: dict, ratios, axes: dict, slos: dict, ra
                 f"    P/D {r['pd']}: {'meets' if r['meets'] else 'misses'}" + (f" ({r['binds']} binds)" if r["binds"]
                                                                                 else f" ({r['note']})"),
                 highlight=False))
+            if found.get("best") is not None:      # the simulation that reproduces the configuration's best
+                best = found["best"]
+                found["best"]["command"] = replace(spec.with_load(rate=rate), pd=Disaggregation(
+                    best["prefill"], best["decode"], **pools)).command()
             configs.append({"gpu": gpu, "tp": tp, **found})
     named = ratios if ratios == "auto" else [f"{p}:{d}" for p, d in ratios]
     doc = {"target_rate": rate, "slos": slos, "ratios": named,
            "pools": pools, "router": base.fleet.router_for(base.deployment, pools=True), "configs": configs,
            "wall_time": time.perf_counter() - started,
-           "prices": {g: table[g].usd_per_gpu_hour for g in table}, "command_base": base.command()}
+           "prices": {g: table[g].usd_per_gpu_hour for g in table}}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pd_search.json").write_text(json.dumps(doc, indent=2))
     (folder / "configs.csv").write_text(_csv(configs))
@@ -118,6 +123,7 @@ def print_pd_search(doc: dict) -> None:
             "aggregated" if agg["cost_per_hour"] < best["cost_per_hour"] else "neither (same cost)"
         console.print(f"{config['gpu']} x{config['tp']}: P/D {best['pd']} ({best['gpus']} GPUs) against aggregated "
                       f"{agg['replicas']} replicas ({agg['gpus']} GPUs): cheaper: {cheaper}", highlight=False)
+        console.print(f"  simulate it: {best['command']}", highlight=False, soft_wrap=True)
 
 
 def _neighbour(row: dict | None) -> str:
