@@ -248,6 +248,9 @@ def test_search_pd_keeps_the_dp_layout_it_is_given(tmp_path):
     config = json.loads((out / "pd_search.json").read_text())["configs"][0]
     assert config["aggregated"]["gpus"] == 2 * config["aggregated"]["replicas"]
     assert config["best"]["gpus"] == 4
+    command = config["best"]["command"]      # reproduces the best: the layout, the GPU, the ratio and the rate
+    assert "--gpu h100-sxm --dp 2 --enable-expert-parallel" in command and "--pd 1:1" in command
+    assert "--rate 4" in command
     refused = runner.invoke(app, [str(a) for a in (*SEARCH, "--dp", "1,2", "--rate", 20, "--pd", "auto",
                                                    "--out", tmp_path / "x")])
     assert refused.exit_code == 2 and "--dp: one value in a P/D search (--pd)" in refused.output
