@@ -124,6 +124,12 @@ def test_a_decode_pool_too_small_binds_decode():
     found = result.verdict["pd"]
     assert found["binds"] == "decode" and found["decode_saturated"] and not found["prefill_saturated"]
     assert "the decode pool binds" in result.verdict["lines"][0]
+    # The next command adds a replica to the pool that binds, not a setting a pool's own could override
+    # (a doubled --max-num-seqs reached only the prefill pool under --decode-set max_num_seqs=8).
+    nxt = result.verdict["next_commands"][0]
+    assert "--pd 2:2" in nxt["command"] and nxt["why"] == "one more decode replica"
+    assert result.verdict["lines"][-1].startswith("Next: ") and "--pd 2:2" in result.verdict["lines"][-1]
+    assert not any("--max-num-seqs 16" in c["command"] for c in result.verdict["next_commands"])
 
 
 def test_a_prefill_pool_too_small_binds_prefill():

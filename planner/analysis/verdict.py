@@ -216,7 +216,8 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
     next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command)
-    if command is not None and "max_num_seqs" in load["bound_reason"]:
+    # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
+    if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
                                  "why": "let the batch grow past max_num_seqs"})
     short = bool(window is not None and doc.get("e2e_mean") and window.length < 5 * doc["e2e_mean"])
@@ -324,6 +325,8 @@ def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., 
                  "why": "the most concurrent clients within an SLO"}]
     if bound in ("memory", "compute"):
         tp = params.get("tp", 1)
+        if params.get("pd"):        # more GPUs for a P/D run: its binding pool's replicas (planner/runs/pipeline.py)
+            return [{"command": command(concurrency=counts(0.25, 0.5, 0.75)), "why": "client counts this setup serves"}]
         return [{"command": command(concurrency=counts(0.25, 0.5, 0.75)), "why": "client counts this setup serves"},
                 {"command": command(tp=tp * 2), "why": "twice the GPUs" + (", more than twice the KV cache"
                                                                          if bound == "memory" else "")}]
@@ -345,6 +348,8 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
         lower = ",".join(_round_rate(base * f) for f in (0.5, 0.75, 0.9))
         cmds = [{"command": command(rate=lower), "why": "rates this setup can sustain"}]
         tp = params.get("tp", 1)
+        if params.get("pd"):        # more GPUs for a P/D run: its binding pool's replicas (planner/runs/pipeline.py)
+            return cmds
         if bound == "memory":
             cmds.append({"command": command(tp=tp * 2), "why": "twice the GPUs, more than twice the KV cache"})
         else:

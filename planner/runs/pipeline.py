@@ -38,6 +38,20 @@ FLEET_NOTE = ("the router's own latency and the network between router and repli
               "each replica published at the end of its last step, never a step in progress")
 
 
+def with_pool_command(verdict: dict, spec: RunSpec) -> dict:
+    """A P/D run's next command: when a pool queues, one more replica of it (a deployment setting suggested for
+    the run as a whole could be a pool's own, which the pool's setting would override)."""
+    found = verdict["pd"]
+    if not found["saturated"]:
+        return verdict
+    pd = spec.pd
+    more = replace(pd, decode=pd.decode + 1) if found["binds"] == "decode" else replace(pd, prefill=pd.prefill + 1)
+    first = {"command": spec.command(pd=more), "why": f"one more {found['binds']} replica"}
+    lines = [line for line in verdict["lines"] if not line.startswith("Next:")]
+    return {**verdict, "next_commands": [first, *verdict["next_commands"]],
+            "lines": [*lines, f"Next: {first['command']}  ({first['why']})"]}
+
+
 def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profile: str | None = None) -> CostModel:
     """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses."""
     d = plan.deployment
@@ -172,7 +186,7 @@ class Simulation:
         verdict = analysis["verdict"]
         if "pd" in summary:
             notes = [*notes, PD_NOTE]
-            verdict = with_pd_verdict(verdict, summary["pd"])
+            verdict = with_pool_command(with_pd_verdict(verdict, summary["pd"]), spec)
         return RunResult(spec, sim, analysis["steady_state"], verdict, list(self.plan.warnings), notes)
 
     def run(self, load: Load | None = None, **options) -> RunResult:
