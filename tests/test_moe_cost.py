@@ -155,7 +155,8 @@ def test_simulate_dp_runs_one_replica_per_dp_rank():
     run = simulate(Deployment(model="qwen3-30b-a3b", gpu="h100-sxm", dp=2, enable_expert_parallel=True,
                               policy="vllm-v1", max_model_len=4096), workload="sharegpt", rate=8, requests=80)
     doc = run.document()
-    assert doc["fleet"]["replicas"] == 2 and doc["params"]["dp"] == 2
+    # one replica (as the command line counts it) of two engines, each dp rank its own
+    assert doc["fleet"]["replicas"] == 1 and doc["fleet"]["engines"] == 2 and doc["params"]["dp"] == 2
     assert doc["num_completed"] == 80 and not math.isnan(doc["tpot_mean"])
 
 
