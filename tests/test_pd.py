@@ -453,3 +453,14 @@ def test_a_pool_setting_needs_pd():
     result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
                                       "--decode-set", "max_num_seqs=32", "--requests", "4"])
     assert result.exit_code != 0 and "--decode-set sets a pool of disaggregated prefill" in result.output
+
+
+def test_capacity_of_pools_that_meet_nothing_suggests_a_replica_more_in_each_pool(tmp_path):
+    """Not a run-wide --tp, which a pool's own --prefill-tp / --decode-tp would override."""
+    result = runner.invoke(app, [str(a) for a in (
+        "capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "vllm-v1", "--pd", "1:1",
+        "--decode-tp", 2, "--slo", "ttft_p99=0.0001", "--workload", "random", "-p", "input_len=500", "-p",
+        "output_len=50", "--duration", 10, "--out", tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    nxt = next(line for line in result.output.splitlines() if "Next:" in line)
+    assert "--pd 2:2 --decode-tp 2" in nxt and "--tp 2" not in nxt.replace("--decode-tp 2", "")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from planner.documents import json_safe
 from planner.report.html import capacity_report
-from planner.report.plots import PANEL_LABELS, pyplot
+from planner.report.plots import PANEL_LABELS, legend, pyplot
 
 
 def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
@@ -34,7 +34,7 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
         ax.set_xlabel("request rate (requests/s)" if x == "rate" else "concurrent clients")
         ax.set_ylabel(PANEL_LABELS.get(key, key))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     fig.suptitle(f"capacity search (green: meets the SLOs, red: misses)\n{title}", fontsize=10)
     fig.tight_layout()
     paths["capacity_plot"] = out_dir / "capacity.png"

@@ -20,6 +20,13 @@ def pyplot():
     return plt
 
 
+def legend(ax, **kwargs) -> None:
+    """`ax`'s legend, if anything on it has a label (matplotlib warns on an empty one: a run with nothing to draw,
+    say no request finished, would print that warning)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def _cdf(ax, values: list[float], label: str, slos: dict[str, float], prefix: str) -> None:
     xs = sorted(values)
     if xs:
@@ -27,7 +34,7 @@ def _cdf(ax, values: list[float], label: str, slos: dict[str, float], prefix: st
     for name, limit in slos.items():
         if name.startswith(prefix):
             ax.axvline(limit, color="tab:red", linestyle="--", label=f"SLO {name} <= {limit:g}")
-            ax.legend(loc="lower right", fontsize=8)
+            legend(ax, loc="lower right", fontsize=8)
     ax.set_xlabel(label)
     ax.set_ylabel("fraction of requests")
     ax.grid(alpha=0.3)
@@ -71,7 +78,7 @@ def plot_timeline(plt, records: list[RequestRecord], steps: list[StepRecord], kv
         queue.plot(t, w, linewidth=0.8, label="waiting (not yet scheduled)")
         queue.plot(t, n, linewidth=0.8, label="in the system (not finished)")
     queue.set_ylabel("requests")
-    queue.legend(loc="upper left", fontsize=8)
+    legend(queue, loc="upper left", fontsize=8)
     sizes = [s.batch_size for s in steps]
     k = max(1, len(steps) // 200)
     rolling, acc = [], 0.0
@@ -85,7 +92,7 @@ def plot_timeline(plt, records: list[RequestRecord], steps: list[StepRecord], kv
     if preempt:
         batch.plot(preempt, [0] * len(preempt), "|", color="tab:red", label="preemption")
     batch.set_ylabel("batch size (requests)")
-    batch.legend(loc="upper left", fontsize=8)
+    legend(batch, loc="upper left", fontsize=8)
     total = kv_slots or 1
     t, used, tokens = _thin(times, [(s.token_states + s.reserved + s.internal_fragmentation) / total for s in steps],
                             [s.token_states / total for s in steps])
@@ -95,7 +102,7 @@ def plot_timeline(plt, records: list[RequestRecord], steps: list[StepRecord], kv
     kv.set_ylabel("fraction of KV slots")
     kv.set_xlabel("simulated time (s)")
     kv.set_ylim(0, 1.05)
-    kv.legend(loc="upper left", fontsize=8)
+    legend(kv, loc="upper left", fontsize=8)
     for ax in (queue, batch, kv):
         ax.grid(alpha=0.3)
         if window is not None:
@@ -119,7 +126,7 @@ def plot_memory_breakdown(plt, runs: list[tuple[str, dict | None]], path: Path, 
     ax.set_yticks(range(len(runs)), [label for label, _ in runs])
     ax.set_xlim(0, 1)
     ax.set_xlabel("fraction of KV-cache slots (time-averaged)")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    legend(ax, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -172,7 +179,7 @@ def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int 
         ax.set_ylabel(PANEL_LABELS.get(key, key))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            legend(ax, fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

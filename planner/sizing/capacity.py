@@ -197,6 +197,9 @@ def _unit(clients: bool) -> str:
 
 def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     if found.rate is None:
+        if spec.pd is not None:       # a pool's own --*-tp would override a run-wide --tp: more replicas instead
+            more = replace(spec.pd, prefill=spec.pd.prefill + 1, decode=spec.pd.decode + 1)
+            return f"Next: {spec.command(pd=more, capacity=True)}  (a replica more in each pool, or relax the SLOs)"
         return f"Next: {spec.command(tp=spec.deployment.tp * 2, capacity=True)}  (more GPUs, or relax the SLOs)"
     at = {"concurrency": found.rate, "rate": None} if clients else {"rate": round(found.rate, 3)}
     return f"Next: {spec.command(**at)}  (the full report at capacity: timeline, steady state)"

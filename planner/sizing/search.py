@@ -40,6 +40,7 @@ from planner.sizing.prices import Price, price_table
 from planner.sizing.probe import Probe, Prober, SharedRuns
 from planner.documents import SCHEMA_VERSION
 from planner.runs.pipeline import Simulation
+from planner.report.plots import legend
 from planner.runs.spec import RunSpec
 from planner.sizing.capacity import find_capacity, find_concurrency
 from planner.sizing.speculation import speculation_pays
@@ -645,7 +646,7 @@ def plot_pareto(result: SearchResult, path) -> None:
     ax.set_ylabel("capacity (requests/s within the SLOs)")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:      # none when no configuration ran (matplotlib would warn)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -685,7 +686,7 @@ def _plot_fewest(result: SearchResult, path, plt) -> None:
     ax.set_ylabel(f"{name} at {g.target_rate:g} req/s (s)" if name is not None else
                   f"SLO use at {g.target_rate:g} req/s (largest metric / limit; <= 1 meets)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from planner.analysis.verdict import analyse_run  # noqa: E402
 from planner.deploy.plan import resolved  # noqa: E402
 from planner.documents import SCHEMA_VERSION, json_safe  # noqa: E402
+from planner.report.plots import legend  # noqa: E402
 from planner.validation.compare import Validation  # noqa: E402
 from planner.validation.page import validation_page  # noqa: E402
 
@@ -203,7 +204,7 @@ def plot(v: Validation, out: Path) -> list[str]:
     axes[0].set_ylabel("batch size (requests)")
     axes[1].set_ylabel("KV blocks used")
     axes[1].set_xlabel("time (s)")
-    axes[0].legend()
+    legend(axes[0])
     fig.tight_layout()
     fig.savefig(out / "timeline.png", dpi=110)
     plt.close(fig)
@@ -218,7 +219,7 @@ def plot(v: Validation, out: Path) -> list[str]:
                 _cdf(ax, values, label)
         ax.set_xlabel(f"{metric} (s)")
         ax.set_ylabel("CDF")
-        ax.legend()
+        legend(ax)
     fig.tight_layout()
     fig.savefig(out / "latency_cdf.png", dpi=110)
     plt.close(fig)
