@@ -282,7 +282,7 @@ class PdRun:
 
     @property
     def ratio(self) -> str:
-        return f"{_replicas(self.prefill)}:{_replicas(self.decode)}"
+        return f"{self.prefill.fleet.replica_count}:{self.decode.fleet.replica_count}"
 
     def summary(self, span: float) -> dict:
         """result.json's `pd`: each pool's load and waits, the KV transfers, the client's TTFT in parts."""
@@ -340,11 +340,6 @@ def _stats(values: list[float]) -> dict:
 
 POOL_METRICS = ("num_completed", "num_rejected", "request_throughput", "mean_batch_size", "mean_prefill_batch_size",
                 "kv_utilization", "num_steps", "tpot_mean", "tpot_p99")
-
-
-def _replicas(sim: SimResult) -> int:
-    """A pool's replicas (its engines are their dp ranks)."""
-    return sim.fleet.replica_count
 
 
 def _pool_block(sim: SimResult, span: float) -> dict:
