@@ -163,6 +163,28 @@ def test_the_launcher_tells_of_a_replica_that_exits_and_stops_the_router_when_no
     assert watch.all_exited and server.should_exit       # nothing left: the router stops
 
 
+def test_the_launcher_starts_a_replica_that_exits_again_up_to_its_cap(tmp_path):
+    import sys
+    import types
+
+    from engine.entrypoints.router.launch import ExitWatch, ReplicaProcess
+
+    log = tmp_path / "replica-0.log"
+    log.write_text("")
+    crashing = ReplicaProcess(0, "http://127.0.0.1:9000", None, log,
+                              [sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"])
+    crashing.start()
+    server = types.SimpleNamespace(should_exit=False)
+    said: list[str] = []
+    watch = ExitWatch([crashing], server, said.append, period=0.05, restarts=2)
+    watch.start()
+    watch.join(20)
+    assert [line.split("; ")[-1] for line in said[:2]] == ["starting it again (1 of 2)", "starting it again (2 of 2)"]
+    assert said[2] == f"replica 0 exited (exit status 3): out of memory (log: {log})"       # the third time: gone
+    assert crashing.restarts == 2 and watch.all_exited and server.should_exit
+    assert log.read_text().count("out of memory") == 3          # every start's output, appended
+
+
 def test_round_robin_takes_turns():
     fake = FakeReplicas()
 

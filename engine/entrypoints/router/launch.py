@@ -7,8 +7,9 @@ request: the proxy drains first (uvicorn on SIGTERM/SIGINT: no new requests,
 those in flight finish on their replicas), then every replica gets SIGTERM
 and drains too. A replica that dies while starting stops the whole fleet
 with the last line of its log. One that dies later is told (its exit status
-and the last line of its log) while the others serve (the proxy's health
-watcher passes it over); when none is left the router stops and the command
+and the last line of its log) and started again on its port, up to
+MAX_RESTARTS times, while the others serve (the proxy's health watcher passes
+it over until it answers); when none is left the router stops and the command
 fails, for a supervisor to restart the fleet.
 """
 from __future__ import annotations
@@ -39,6 +40,14 @@ class ReplicaProcess:
     url: str
     process: subprocess.Popen
     log: Path
+    command: list[str] | None = None       # what started it (and restarts it, on its port)
+    restarts: int = 0
+
+    def start(self) -> None:
+        """Start (or start again) its process, the log appended to."""
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
 
     def last_line(self) -> str:
         return self.log_tail() or f"exit status {self.process.returncode}"
@@ -58,11 +67,12 @@ def start_replicas(configs: list[dict], log_dir: Path | None = None, timeout: fl
     for i, config in enumerate(configs):
         port = free_port()
         log = log_dir / f"replica-{i}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.openai.replica",
-                                        json.dumps({**config, "host": "127.0.0.1", "port": port})],
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        replicas.append(ReplicaProcess(i, f"http://127.0.0.1:{port}", process, log))
+        log.write_text("")
+        replica = ReplicaProcess(i, f"http://127.0.0.1:{port}", None, log, [
+            sys.executable, "-m", "engine.entrypoints.openai.replica",
+            json.dumps({**config, "host": "127.0.0.1", "port": port})])
+        replica.start()
+        replicas.append(replica)
     try:
         _wait_ready(replicas, timeout)
     except BaseException:
@@ -152,14 +162,19 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
         raise RuntimeError(f"every replica exited, so the router stopped (logs in {replicas[0].log.parent})")
 
 
-class ExitWatch(threading.Thread):
-    """Tells when a replica process exits after the fleet started (its status and its log's last line);
-    when every one has, stops the proxy (nothing is left to serve)."""
+MAX_RESTARTS = 3      # times a replica that exits is started again on its port (a crash loop stops there)
 
-    def __init__(self, replicas: list[ReplicaProcess], server: uvicorn.Server, say, period: float = 1.0) -> None:
+
+class ExitWatch(threading.Thread):
+    """Tells when a replica process exits after the fleet started (its status and its log's last line) and starts
+    it again on its port, up to `restarts` times (the proxy's health watcher marks it up once it answers); when
+    every replica has exited for good, stops the proxy (nothing is left to serve)."""
+
+    def __init__(self, replicas: list[ReplicaProcess], server: uvicorn.Server, say, period: float = 1.0,
+                 restarts: int = MAX_RESTARTS) -> None:
         super().__init__(name="fleet-exits", daemon=True)
-        self.replicas, self.server, self.say, self.period = replicas, server, say, period
-        self.exited: set[int] = set()
+        self.replicas, self.server, self.say, self.period, self.restarts = replicas, server, say, period, restarts
+        self.exited: set[int] = set()          # replicas gone for good
 
     @property
     def all_exited(self) -> bool:
@@ -169,11 +184,18 @@ class ExitWatch(threading.Thread):
         while not self.server.should_exit:        # set on SIGTERM: the replicas are then stopped on purpose
             for r in self.replicas:
                 code = r.process.poll()
-                if code is not None and r.index not in self.exited:
+                if code is None or r.index in self.exited:
+                    continue
+                how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                tail = r.log_tail()
+                said = f"replica {r.index} exited ({how}){': ' + tail if tail else ''} (log: {r.log})"
+                if r.command is not None and r.restarts < self.restarts:
+                    r.restarts += 1
+                    self.say(f"{said}; starting it again ({r.restarts} of {self.restarts})")
+                    r.start()
+                else:
                     self.exited.add(r.index)
-                    how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-                    tail = r.log_tail()
-                    self.say(f"replica {r.index} exited ({how}){': ' + tail if tail else ''} (log: {r.log})")
+                    self.say(said)
             if self.all_exited:
                 self.server.should_exit = True
                 return
