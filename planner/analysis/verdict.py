@@ -118,8 +118,10 @@ def _full(step: StepRecord) -> bool:
 
 
 def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window: Window,
-                   preemptions_in_window: int) -> dict:
-    """The DESIGN.md metrics restricted to the steady window (see the module docstring)."""
+                   preemptions_in_window: int, engines: int = 1) -> dict:
+    """The DESIGN.md metrics restricted to the steady window (see the module docstring). The busy and KV-full
+    shares are an engine's (a fleet's or P/D pools' steps are its `engines`' together), each step counted for
+    its part inside the window."""
     arrived = [r for r in records if r.arrival in window]
     in_steps = [s for s in steps if s.start in window]
     m = compute_metrics(arrived, in_steps)
@@ -127,14 +129,22 @@ def steady_metrics(records: list[RequestRecord], steps: list[StepRecord], window
     tokens_in = _tokens_in(records, window)
     m["request_throughput"] = done_in / window.length
     m["output_token_throughput"] = tokens_in / window.length
-    busy = sum(s.duration for s in in_steps)
-    full = sum(s.duration for s in in_steps if _full(s))
+    inside = [min(s.end, window.end) - s.start for s in in_steps]
+    busy = sum(inside)
+    full = sum(t for s, t in zip(in_steps, inside) if _full(s))
     out = {k: m.get(k) for k in STEADY_KEYS}
-    out["kv_full_share"] = full / window.length
-    out["busy_share"] = busy / window.length
+    out["kv_full_share"] = full / (window.length * engines)
+    out["busy_share"] = busy / (window.length * engines)
     out["preemptions"] = preemptions_in_window
     out["num_requests"] = len(arrived)
     return out
+
+
+def _engines(doc: dict) -> int:
+    """The engines whose steps a run's document holds: a fleet's (its replicas' dp ranks), both P/D pools', or one."""
+    if doc.get("pd"):
+        return sum(len(doc["pd"][pool]["per_replica"]) for pool in ("prefill", "decode"))
+    return len(doc["fleet"]["per_replica"]) if doc.get("fleet") else 1
 
 
 def _tokens_in(records: list[RequestRecord], window: Window) -> float:
@@ -205,7 +215,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     window = steady_window(records)
     steady = trend = None
     if window is not None:
-        steady = steady_metrics(records, steps, window, _preemptions_in(steps, window))
+        steady = steady_metrics(records, steps, window, _preemptions_in(steps, window), _engines(doc))
         steady["window"] = {"start": window.start, "end": window.end,
                             "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
                             "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
