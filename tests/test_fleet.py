@@ -347,3 +347,15 @@ def test_a_fleets_steady_busy_and_kv_full_shares_are_an_engines():
     steady = doc["steady_state"]
     assert 0 < steady["busy_share"] <= 1 and 0 < steady["kv_full_share"] <= 1
     assert doc["verdict"]["kv_full_share"] == steady["kv_full_share"]      # what the verdict judges (103% before)
+
+
+def test_replicas_throughputs_add_up_to_the_fleets():
+    """Each replica's rate over the fleet's span (a replica's own span is shorter, so the replica with fewer
+    requests could show the higher rate and the rows summed past the fleet's)."""
+    from planner import simulate
+    from planner.runs.spec import Fleet, Load, RunSpec
+    doc = simulate(RunSpec(deployment=Deployment(model="opt-125m", gpu="a100-80g"),
+                           load=Load(workload="sharegpt", rate=10, requests=200), fleet=Fleet(2))).document()
+    rows = doc["fleet"]["per_replica"]
+    for key in ("request_throughput", "output_token_throughput"):
+        assert sum(r[key] for r in rows) == pytest.approx(doc[key])

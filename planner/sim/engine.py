@@ -103,7 +103,7 @@ class SimResult:
     def summary(self) -> dict:
         """The metrics and the simulation's own figures as one flat, JSON-ready dict (result.json's top);
         a fleet's adds `fleet` (per replica, load imbalance). The KV-cache figures are one replica's."""
-        fleet = {} if self.fleet is None else {"fleet": self.fleet.summary()}
+        fleet = {} if self.fleet is None else {"fleet": self.fleet.summary(self.metrics.duration)}
         spec = {} if self.spec_decoding is None else {"spec_decoding_stats": self.spec_decoding}
         return {**self._summary(), **spec, **fleet}
 

@@ -66,20 +66,26 @@ class FleetRun:
         """The replicas as the command line counts them (--replicas), not their engines."""
         return len(self.replicas) // self.ranks
 
-    def summary(self) -> dict:
-        """result.json's `fleet`: per replica, its share and metrics; the imbalance across them."""
+    def summary(self, span: float | None = None) -> dict:
+        """result.json's `fleet`: per replica, its share and metrics; the imbalance across them. With the fleet's
+        `span`, each replica's throughputs are over it, so that they add up to the fleet's (a replica's own span,
+        first arrival to last finish, is shorter)."""
         total = len(self.routes)
         rows = []
         for i, sim in enumerate(self.replicas):
             metrics = sim.metrics
             busy = sum(s.end - s.start for s in sim.steps)
-            rows.append({"replica": i, "num_requests": len(sim.requests),
-                         "request_share": len(sim.requests) / total if total else 0.0,
-                         **{k: metrics[k] for k in REPLICA_METRICS},
-                         "output_tokens": sum(r.output_len for r in sim.requests if r.completed),
-                         "busy_time": busy, "preemptions": metrics.preemptions["total"],
-                         "prefix_cache_hit_tokens": sim.prefix_cache_hit_tokens,
-                         "prefix_cache_hit_rate": sim.prefix_cache_hit_rate})
+            output_tokens = sum(r.output_len for r in sim.requests if r.completed)
+            row = {"replica": i, "num_requests": len(sim.requests),
+                   "request_share": len(sim.requests) / total if total else 0.0,
+                   **{k: metrics[k] for k in REPLICA_METRICS}, "output_tokens": output_tokens,
+                   "busy_time": busy, "preemptions": metrics.preemptions["total"],
+                   "prefix_cache_hit_tokens": sim.prefix_cache_hit_tokens,
+                   "prefix_cache_hit_rate": sim.prefix_cache_hit_rate}
+            if span:
+                row.update(request_throughput=metrics.num_completed / span,
+                           output_token_throughput=output_tokens / span)
+            rows.append(row)
         imbalance = {name: _max_over_mean([row[key] or 0.0 for row in rows]) for name, key in
                      (("requests", "num_requests"), ("output_tokens", "output_tokens"),
                       ("busy_time", "busy_time"), ("kv_utilization", "kv_utilization"))}

@@ -344,7 +344,7 @@ POOL_METRICS = ("num_completed", "num_rejected", "request_throughput", "mean_bat
 
 def _pool_block(sim: SimResult, span: float) -> dict:
     """One pool's figures: its replicas' shape, how busy they were, and each engine's own row (per dp rank)."""
-    fleet = sim.fleet.summary()
+    fleet = sim.fleet.summary(sim.metrics.duration)
     metrics = sim.metrics.to_dict()
     d = sim.plan.deployment
     replicas, ranks = fleet["replicas"], fleet["engines"]
