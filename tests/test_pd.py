@@ -231,6 +231,8 @@ def test_cli_writes_the_pd_block(tmp_path):
     assert pd["ratio"] == "1:2" and pd["decode"]["tp"] == 2 and pd["prefill"]["tp"] == 1
     assert pd["kv_transfer"]["link"] == "ethernet" and pd["kv_transfer"]["streams"] == 1
     assert len(pd["decode"]["per_replica"]) == 2 and pd["decode"]["num_requests"] == 20
+    wait = pd["decode"]["wait"]        # each request's two waits together (the table's mean and p99 agree)
+    assert wait["p99"] >= wait["mean"] and wait["max"] >= wait["p99"]
     assert doc["verdict"]["pd"]["binds"] in ("prefill", "decode")
     assert "--pd 1:2 --decode-tp 2 --kv-link ethernet" in doc["command"]
     assert doc["num_completed"] == 20 and doc["params"]["pd"] == "1:2"

@@ -174,11 +174,9 @@ def pool_table(pd: dict) -> Table:
     for title in ("pool", "replicas", "GPU x TP", "requests", "busy", "wait mean", "wait p99", "batch",
                   "KV util", "TPOT mean", "preempted"):
         table.add_column(title, justify="right")
-    for name, waits in (("prefill", ("queue_wait",)), ("decode", ("admission_wait", "start_wait"))):
+    for name, wait in (("prefill", "queue_wait"), ("decode", "wait")):
         pool = pd[name]
-        wait = [pool[w] for w in waits]
-        mean = sum(w["mean"] or 0.0 for w in wait)
-        p99 = max(w["p99"] or 0.0 for w in wait)
+        mean, p99 = pool[wait]["mean"], pool[wait]["p99"]
         batch = pool["mean_prefill_batch_size"] if name == "prefill" else pool["mean_batch_size"]
         dp = pool["deployment"]["dp"]
         table.add_row(name, str(pool["replicas"]), f"{pool['gpu']} x{pool['tp']}" + (f" x dp{dp}" if dp > 1 else ""),

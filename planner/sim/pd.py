@@ -295,6 +295,8 @@ class PdRun:
         admitted = [r for r in self.remotes if r.admitted_at is not None]
         decode["admission_wait"] = _stats([r.allocated_at - r.handed_at for r in admitted])
         decode["start_wait"] = _stats([r.admitted_at - r.arrived_at for r in admitted])
+        # both waits of each request: its wait in the decode pool (the transfer between them is not one)
+        decode["wait"] = _stats([r.allocated_at - r.handed_at + r.admitted_at - r.arrived_at for r in admitted])
         decode["tpot"] = {"mean": decode.pop("tpot_mean"), "p99": decode.pop("tpot_p99")}
         decode["first_step"] = _stats([g.times.first_token - r.admitted_at for g, r in zip(self.handed, self.remotes)
                                        if r.admitted_at is not None and g.times.first_token is not None])
