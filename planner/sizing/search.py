@@ -445,7 +445,7 @@ class SearchResult:
                 "capacity_unit": "clients" if g.clients else "req/s",
                 "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
                 "duration": load.duration, "requests": load.requests, "seed": load.seed,
-                "deployment": resolved(g.base.deployment).as_dict(), "tolerance": g.tolerance,
+                "deployment": shared_settings(g.base.deployment), "tolerance": g.tolerance,
                 "prices": {gpu: asdict(p) for gpu, p in self.prices.items()},
                 "executor": self.executor, "wall_time": self.wall_time}
 
@@ -598,6 +598,18 @@ def _rank_fewest(grid: SearchGrid, rows: list[dict], table: dict[str, Price], ex
     best = min(feasible, key=lambda r: (r["cost_per_hour"], r["slo_use"] if r["slo_use"] is not None
                                         else float("inf")), default=None)
     return SearchResult(grid, rows, best, table, executor.name, time.perf_counter() - started)
+
+
+GRID_AXES = ("gpu", "tp", "block_size", "max_num_seqs")
+PER_GPU_DEFAULTS = ("max_num_batched_tokens",)     # vLLM's default depends on each row's GPU
+
+
+def shared_settings(deployment) -> dict:
+    """The settings every configuration of a search shares: the deployment without the grid's axes, vLLM's
+    defaults resolved but those that depend on each row's GPU (left as given: None for the default)."""
+    given = deployment.as_dict()
+    return {k: (given[k] if k in PER_GPU_DEFAULTS else v) for k, v in resolved(deployment).as_dict().items()
+            if k not in GRID_AXES}
 
 
 def fleet_label(row: dict) -> str:
