@@ -233,4 +233,13 @@ def _binding_line(binding: str, slos: dict[str, float], first_miss: str, miss: d
         return (f"Binding limit: throughput. At {first_miss} every SLO still held, but the waiting queue kept "
                 f"growing: the SLOs would fail on a longer run.")
     return (f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss} it reached "
-            f"{miss.get(binding, float('nan')):.3g}).")
+            f"{_beside(miss.get(binding, float('nan')), slos[binding])}).")
+
+
+def _beside(value: float, limit: float) -> str:
+    """`value` to 3 significant digits, or as many more as it takes not to read as the limit it passed."""
+    for digits in range(3, 10):
+        text = f"{value:.{digits}g}"
+        if text != f"{limit:g}" and float(text) != limit:
+            return text
+    return f"{value!r}"
