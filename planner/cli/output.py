@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.errors import PlannerError
 
 REPORTS_DIR = Path("reports")
@@ -98,7 +98,7 @@ def plan_table(plan: dict | None, metrics: dict) -> Table:
     tp = plan["tp"] if plan else 1
     gpus = tp * plan.get("pp", 1) if plan else 1          # pipeline stages hold their layers' share each
     dp = plan.get("dp", 1) if plan else 1
-    title = f" ({plan['model']} on {tp} x {plan['gpu']}{stages_label(plan.get('pp'), dp)})" if plan else ""
+    title = f" ({plan['model']} on {tp} x {plan['gpu']}{layout_suffix(plan.get('pp'), dp)})" if plan else ""
     table = Table(title="memory plan" + title)
     table.add_column("item")
     table.add_column("per GPU", justify="right")
@@ -163,7 +163,7 @@ def summary_table(doc: dict, wall_time: float) -> Table:
     v = doc.get("verdict") or {}
     policy = _policy_text(p, doc.get("deployment") or {})
     table = Table(title=f"simulated {p['num_requests']} requests of {p['trace']} on {p['model']} / "
-                        f"{p['tp']} x {p['gpu']}{stages_label(p.get('pp'), p.get('dp'))} ({policy}, {p['allocator']}, "
+                        f"{p['tp']} x {p['gpu']}{layout_suffix(p.get('pp'), p.get('dp'))} ({policy}, {p['allocator']}, "
                         f"block {p['block_size']}, {m['cost_model']})")
     table.add_column("metric")
     table.add_column("whole run", justify="right")

@@ -24,7 +24,7 @@ from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail, run_folder
 from planner.cli.simulate import load_of
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.errors import PlannerError
 from planner.runs.pools import EXECUTORS
 from planner.runs.slos import parse_slos
@@ -296,7 +296,7 @@ def _write(result, folder: Path, err: Console) -> None:
 def _parallel(row: dict) -> str:
     """'2', '2 x pp2' with pipeline stages, or '2 x dp2 EP' for a MoE layout's row."""
     dp = f" x dp{row['dp']}" if row.get("dp", 1) > 1 else ""
-    return f"{row['tp']}{stages_label(row.get('pp'))}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
+    return f"{row['tp']}{layout_suffix(row.get('pp'))}{dp}{' EP' if row.get('enable_expert_parallel') else ''}"
 
 
 def _print_summary(result) -> None:

@@ -26,7 +26,7 @@ from planner.cli import pd_options as pdo
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import (fail, fmt, interval_table, plan_table, print_verdict, run_folder, split_values,
                                 stdout, summary_table, unit, warn)
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.errors import PlannerError
 from planner.report.capacity import write_capacity
 from planner.report.run import write_run
@@ -289,7 +289,7 @@ def capacity(
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
-        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{stages_label(d.pp, d.dp)} on "
+        err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{layout_suffix(d.pp, d.dp)} on "
                   f"{spec.load.workload} "
                   f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,

@@ -111,7 +111,7 @@ def largest_stage(num_layers: int, pp: int) -> int:
     return max(stage_layers(num_layers, pp))
 
 
-def stages_label(pp: int | None, dp: int | None = None) -> str:
+def layout_suffix(pp: int | None, dp: int | None = None) -> str:
     """' x pp2' after '4 x h100-sxm' for a pipelined deployment, ' x dp4' for one of data-parallel ranks (each
     its own tp x pp GPUs); '' for neither."""
     return (f" x pp{pp}" if pp and pp > 1 else "") + (f" x dp{dp}" if dp and dp > 1 else "")

@@ -12,7 +12,7 @@ import html
 import math
 from pathlib import Path
 
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 
 # Metric definitions (DESIGN.md), shown beside the numbers.
 DEFINITIONS = {
@@ -121,7 +121,7 @@ def memory_plan_table(plan: dict | None, metrics: dict) -> str:
             ["KV token slots", f"{plan['kv_token_slots']:,} (1/{share} of the heads each)" if share > 1
              else f"{plan['kv_token_slots']:,}", f"{plan['kv_token_slots']:,}"],
             ["CPU swap blocks", f"{plan['num_cpu_blocks']:,}", ""]]
-    stages = stages_label(plan.get("pp"), plan.get("dp")) + (" (the largest stage's)" if plan.get("pp", 1) > 1
+    stages = layout_suffix(plan.get("pp"), plan.get("dp")) + (" (the largest stage's)" if plan.get("pp", 1) > 1
                                                                else "")
     caption = (f"<p>{esc(plan['model'])} on {tp} x {esc(plan['gpu'])}{stages}, gpu_memory_utilization "
                f"{plan['gpu_memory_utilization']:.0%}</p>")

@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.core.metrics import RequestRecord, StepRecord
 from planner.analysis.verdict import steady_window
 from planner.cost.shape import StepShape
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.report.html import run_report
 from planner.report.plots import plot_latency_cdfs, plot_memory_breakdown, plot_timeline, pyplot
 from planner.runs.result import RunResult
@@ -23,7 +23,7 @@ def run_title(params: dict) -> str:
     """'opt-13b on 1 x a100-40g, chatbot at 1.0 req/s (paged, block 16)': what every plot title says."""
     rate = (params.get("trace_params") or {}).get("rate")
     at = f" at {rate:g} req/s" if isinstance(rate, (int, float)) and math.isfinite(rate) else ""
-    where = f"{params.get('tp')} x {params.get('gpu')}{stages_label(params.get('pp'), params.get('dp'))}"
+    where = f"{params.get('tp')} x {params.get('gpu')}{layout_suffix(params.get('pp'), params.get('dp'))}"
     if params.get("replicas"):
         where = f"{params['replicas']} replicas of {where} ({params.get('router')})"
     if params.get("pd"):

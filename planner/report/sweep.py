@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.deployment import Deployment
 from planner.analysis.verdict import sweep_verdict
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.report.html import sweep_report
 from planner.report.plots import plot_against, plot_memory_breakdown, pyplot
@@ -48,7 +48,7 @@ def sweep_title(runs: list[dict], swept: list[str]) -> str:
         fixed.append(f"block {p.get('block_size')}")
     if "allocator" not in swept:
         fixed.append(str(p.get("allocator")))
-    return (f"{p.get('model')} on {p.get('tp')} x {p.get('gpu')}{stages_label(p.get('pp'), p.get('dp'))}, "
+    return (f"{p.get('model')} on {p.get('tp')} x {p.get('gpu')}{layout_suffix(p.get('pp'), p.get('dp'))}, "
             f"{p.get('trace')} {' '.join(fixed[:1])}"
             f"{' (' + ', '.join(fixed[1:]) + ')' if fixed[1:] else ''}: sweep of {', '.join(swept) or 'one run'}")
 

@@ -39,7 +39,7 @@ from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch
                                 fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
                                 simulate)
 from planner.sim.clients import ClosedLoop
-from planner.sim.lockstep import Lockstep
+from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
 from planner.sim.lazy_log import ShapeLog, StepLog
@@ -112,14 +112,14 @@ class Fleet:
         self.progress = progress
         self.watch = watch
         # A MoE deployment's dp ranks (consecutive replicas) step together; other replicas on their own.
-        dp = plan.deployment.dp if plan.model.is_moe and lockstep else 1
+        dp = lockstep_ranks(plan) if lockstep else 1
         self.engines: list[SimulatedEngine] = [
             make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace),
                         progress=None if progress is None else self._progress, fast_forward=fast_forward,
                         watch=None if watch is None else self._watch,
                         due=None if self.pre_routed else self.due, routed=not self.pre_routed, start=dp == 1)
             for _ in range(replicas)]
-        self.lockstep = [Lockstep(env, self.engines[i:i + dp]) for i in range(0, replicas, dp)] if dp > 1 else []
+        self.lockstep = lockstep_groups(env, self.engines, dp)
         for i, engine in enumerate(self.engines):
             if i:                                      # replica 0 samples as a lone deployment does
                 engine.executor.share_answers(self.engines[0].executor)   # wherever each turn goes

@@ -236,3 +236,14 @@ class Lockstep(Sleeper):
 
 
 IDLE_MOVE = Move(IDLE)
+
+
+def lockstep_ranks(plan) -> int:
+    """How many consecutive engines of `plan`'s deployment step together: a MoE model's dp ranks; else 1."""
+    return plan.deployment.dp if plan.model.is_moe else 1
+
+
+def lockstep_groups(env: simpy.Environment, engines: list[SimulatedEngine], ranks: int) -> list[Lockstep]:
+    """The groups of `ranks` consecutive engines, each stepped by one Lockstep (none when ranks is 1; the
+    engines were made with start=False)."""
+    return [Lockstep(env, engines[i:i + ranks]) for i in range(0, len(engines), ranks)] if ranks > 1 else []

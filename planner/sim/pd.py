@@ -56,7 +56,7 @@ from planner.documents import json_safe
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, run_quietly)
 from planner.sim.fleet import Fleet, merged_steps, pool_result
-from planner.sim.lockstep import Lockstep
+from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.remote_kv import DecodeScheduler, Remote
 from planner.sim.router import Router, RouterPolicy
 from workloads import Trace, TraceRequest
@@ -130,9 +130,8 @@ class DecodePool:
                  progress: Progress | None, watch: Watch | None, on_loading) -> None:
         self.env, self.trace, self.policy = env, trace, policy
         self.engines: list[SimulatedEngine] = []
-        dp = pool.plan.deployment.dp
-        lockstep = dp if pool.plan.model.is_moe else 1      # a MoE replica's ranks step together (as a Fleet's)
-        for i in range(pool.replicas * dp):
+        lockstep = lockstep_ranks(pool.plan)               # a MoE replica's ranks step together (as a Fleet's)
+        for i in range(pool.replicas * pool.plan.deployment.dp):
             engine = make_engine(env, trace, pool.plan, pool.cost_model, seed=seed, total=len(trace),
                                  progress=progress, fast_forward=False, watch=watch, due=Due(), routed=True,
                                  start=lockstep == 1)
@@ -143,8 +142,7 @@ class DecodePool:
             if policy.uses_prefix:
                 engine.log_kv_events()
             self.engines.append(engine)
-        self.lockstep = ([Lockstep(env, self.engines[i:i + lockstep]) for i in range(0, len(self.engines), lockstep)]
-                         if lockstep > 1 else [])
+        self.lockstep = lockstep_groups(env, self.engines, lockstep)
         self.router = Router(policy, self.engines, pool.plan.block_size)
         self.groups: list[SequenceGroup] = []     # every request handed to the pool, in hand-off order
         self.routes: list[int] = []

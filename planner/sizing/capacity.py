@@ -22,7 +22,7 @@ from itertools import repeat
 from typing import Callable, Iterator
 
 from planner.analysis.verdict import binding_slo
-from planner.deploy.parallel import stages_label
+from planner.deploy.parallel import layout_suffix
 from planner.deploy.plan import resolved
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.errors import PlannerError
@@ -150,7 +150,7 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
     limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
-    return (f"{d.model} on {d.tp} x {d.gpu}{stages_label(d.pp, d.dp)}, {spec.load.workload} (block {d.block_size}, "
+    return (f"{d.model} on {d.tp} x {d.gpu}{layout_suffix(d.pp, d.dp)}, {spec.load.workload} (block {d.block_size}, "
             f"{d.allocator}), SLO {limits}")
 
 

@@ -38,7 +38,7 @@ from engine.entrypoints.router.proxy import MAX_BODY, Proxy, build_proxy_app
 class ReplicaProcess:
     index: int
     url: str
-    process: subprocess.Popen
+    process: subprocess.Popen | None           # None until started
     log: Path
     command: list[str] | None = None       # what started it (and restarts it, on its port)
     restarts: int = 0
