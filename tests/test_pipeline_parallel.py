@@ -125,7 +125,7 @@ def test_search_prices_each_configuration_at_tp_x_pp_gpus():
     from planner import api
     dep = Deployment(model="llama-3.1-8b", gpu="h100-sxm", pp=2, max_model_len=2048)
     result = api.search(dep, slos="tpot_p99=0.05", gpus=["h100-sxm"], tps=[1, 2], rate=2.0, requests=40,
-                        prices={"h100-sxm": 2.0})
+                        prices={"h100-sxm": 2.0}, max_rate=4.0)
     assert {(r["tp"], r["pp"], r["cost_per_hour"]) for r in result.configs} == {(1, 2, 4.0), (2, 2, 8.0)}
     assert result.document()["best"]["pp"] == 2
 

@@ -11,18 +11,29 @@ Definitions (stated in every report):
 - Steady window: between the two. Steady-state figures count the requests that
   arrived in it (latencies), the tokens and completions that happened in it
   (throughput) and the steps that ran in it (batch size, KV cache).
-- Waiting queue: requests that have arrived and not yet been scheduled once.
-- The queue keeps growing when the least-squares slope of the waiting-queue
-  length over the steady window is at least GROWTH_SHARE of the arrival rate
-  and adds up to at least MIN_GROWTH requests over the window: a stable system
-  has a queue that fluctuates around a level, an overloaded one a queue that
-  grows at (arrival rate - service rate).
+- Waiting queue: requests that have arrived and not yet been scheduled once;
+  in the system: requests that have arrived and not yet finished.
+- A count keeps growing when its least-squares slope over the steady window is
+  at least GROWTH_SHARE of the arrival rate and adds up to at least MIN_GROWTH
+  requests over the window: a stable system has counts that fluctuate around a
+  level, an overloaded one a count in the system that grows at (arrival rate -
+  service rate). Where it grows depends on the scheduler: a capped batch (the
+  paper's max_num_seqs, a full KV cache) leaves the growth in the waiting
+  queue; vLLM v1's large max_num_seqs admits it into the running batch, whose
+  steps slow down as it grows. Both are overloads.
+- Too short to judge: a steady window shorter than STEADY_LATENCIES mean request
+  latencies. An engine that starts empty fills up for about one latency, and
+  that ramp looks like growth until the window is long beside it: on a window
+  too short, a growing count in the system with a waiting queue that does not
+  grow leaves the run undecided ("inconclusive").
 - KV cache full: fewer than FULL_FREE_SHARE of the KV slots are free; the share
   of time is weighted by step duration over the steady window.
-- State: "overloaded" when the queue keeps growing; "saturated" when it does
-  not, but requests queue up anyway (mean waiting queue >= SATURATED_QUEUE) or
-  the cache is full at least MEMORY_FULL_SHARE of the time: the engine is at
-  its limit and latency pays for it; else "keeps up".
+- State: "overloaded" when the waiting queue keeps growing, or the count in the
+  system does on a window long enough to judge; "unknown" when undecided (or
+  without a steady window); "saturated" when neither grows but requests queue
+  up anyway (mean waiting queue >= SATURATED_QUEUE) or the cache is full at
+  least MEMORY_FULL_SHARE of the time: the engine is at its limit and latency
+  pays for it; else "keeps up".
 - Bound: "arrival rate" when the engine keeps up (it waits for work);
   otherwise "memory" when the cache was full for at least TIGHT_FULL_SHARE of
   the window or requests were preempted, else "compute" (steps are long, or
@@ -46,6 +57,8 @@ GROWTH_SHARE = 0.10
 MIN_GROWTH = 5.0
 FULL_FREE_SHARE = 0.05
 QUEUE_SAMPLES = 200
+STEADY_LATENCIES = 8
+LENGTH_MARGIN = 1.25       # a longer run aims past the bare need: latencies grow as the engine fills up
 ENOUGH_REQUESTS = 1000     # what a run too short for a steady window is told to try (the simulator's default)
 MEMORY_FULL_SHARE = 0.5
 STEADY_KEYS = ("request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
@@ -98,17 +111,56 @@ def _slope(xs: list[float], ys: list[float]) -> float:
 
 
 def queue_trend(records: list[RequestRecord], window: Window) -> dict:
-    """Waiting-queue length over the steady window, its slope and whether it keeps growing."""
+    """The waiting queue and the requests in the system over the steady window: their slopes, and whether
+    either keeps growing."""
     times = [window.start + window.length * i / (QUEUE_SAMPLES - 1) for i in range(QUEUE_SAMPLES)]
     waiting, in_system = queue_series(records, times)
-    slope = _slope(times, waiting)
+    slope, in_system_slope = _slope(times, waiting), _slope(times, in_system)
     arrivals = sum(1 for r in records if r.arrival in window)
     rate = arrivals / window.length
-    growth = slope * window.length
-    return {"slope": slope, "growth": growth, "mean_waiting": sum(waiting) / len(waiting),
+
+    def grows(slope: float) -> bool:
+        return slope * window.length >= MIN_GROWTH and slope >= GROWTH_SHARE * rate
+    return {"slope": slope, "growth": slope * window.length, "mean_waiting": sum(waiting) / len(waiting),
             "max_waiting": max(waiting), "mean_in_system": sum(in_system) / len(in_system),
-            "growing": growth >= MIN_GROWTH and slope >= GROWTH_SHARE * rate,
-            "arrival_rate": rate}
+            "in_system_slope": in_system_slope, "in_system_growth": in_system_slope * window.length,
+            "waiting_growing": grows(slope), "in_system_growing": grows(in_system_slope),
+            "growing": grows(slope) or grows(in_system_slope), "arrival_rate": rate}
+
+
+def warmup_latency(records: list[RequestRecord], window: Window | None) -> float | None:
+    """The mean latency (E2E) of the completed requests that arrived before the steady window: about how long
+    the engine takes to fill up from empty. (Not the whole run's mean: under an overload that grows with the
+    trace, and no trace would be long enough beside it.)"""
+    if window is None:
+        return None
+    latencies = [r.e2e for r in records if r.arrival < window.start and r.completed]
+    return sum(latencies) / len(latencies) if latencies else None
+
+
+def too_short(window: Window | None, latency: float | None) -> bool:
+    """Whether a steady window is too short beside the warm-up's latency to tell the engine filling up from
+    an overload."""
+    return bool(window is not None and latency and window.length < STEADY_LATENCIES * latency)
+
+
+def steady_requests(submitted: int, window: Window | None, latency: float | None) -> int | None:
+    """How many requests of the same arrivals give a steady window of STEADY_LATENCIES warm-up latencies,
+    with LENGTH_MARGIN over; None when `submitted` already do."""
+    if not too_short(window, latency):
+        return None
+    return math.ceil(submitted * LENGTH_MARGIN * STEADY_LATENCIES * latency / window.length)
+
+
+def judge_growth(trend: dict | None, short: bool) -> tuple[bool, bool]:
+    """(overloaded, inconclusive). A waiting queue that keeps growing is an overload on any window; requests
+    piling up in the running batch are one only on a window long enough that the engine filling up from
+    empty cannot explain them, and leave a shorter one undecided."""
+    if trend is None or not trend["growing"]:
+        return False, False
+    if trend["waiting_growing"] or not short:
+        return True, False
+    return False, True
 
 
 def _full(step: StepRecord) -> bool:
@@ -220,20 +272,24 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                             "warmup": f"until {WARMUP_FRACTION:.0%} of the requests had arrived",
                             "drain": f"after {DRAIN_FRACTION:.0%} of the requests had arrived"}
         trend = queue_trend(records, window)
-    load = _load(trend, steady, steps, window, params.get("max_num_seqs"), params.get("concurrency"))
+    latency = warmup_latency(records, window)
+    short = too_short(window, latency) and not params.get("concurrency")
+    enough = steady_requests(len(records), window, latency) if short else None
+    load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"), params.get("concurrency"))
     slo_status = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
-    next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command)
+    next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
+                                   enough or ENOUGH_REQUESTS)
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
                                  "why": "let the batch grow past max_num_seqs"})
-    short = bool(window is not None and doc.get("e2e_mean") and window.length < 5 * doc["e2e_mean"])
     verdict = {"requested_rate": requested, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
                "concurrency": params.get("concurrency"), "mean_concurrency": doc.get("mean_concurrency"),
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
+               "warmup_latency": latency, "steady_requests": enough,
                **load, "queue": trend, "preemptions": doc.get("preemptions", {}).get("total", 0), "slos": slo_status,
                "rejected": summarize_reasons(records, params.get("max_model_len")),
                "num_rejected": doc.get("num_rejected", 0), "num_truncated": doc.get("num_truncated", 0),
@@ -242,16 +298,20 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     return {"steady_state": steady, "verdict": verdict}
 
 
-def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], window: Window | None,
+def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[StepRecord], window: Window | None,
           max_seqs: int | None, clients: int | None = None) -> dict:
-    """The run's state (keeps up, saturated, overloaded) and what bound it, with the reason."""
+    """The run's state (keeps up, saturated, overloaded, unknown) and what bound it, with the reason."""
     kv_full = steady["kv_full_share"] if steady else None
-    growing = bool(trend and trend["growing"])
-    saturated = bool(trend and not growing and (trend["mean_waiting"] >= SATURATED_QUEUE
-                                                 or (kv_full or 0) >= MEMORY_FULL_SHARE))
+    growing, inconclusive = judge_growth(trend, short)
+    saturated = bool(trend and not growing and not inconclusive
+                     and (trend["mean_waiting"] >= SATURATED_QUEUE or (kv_full or 0) >= MEMORY_FULL_SHARE))
     if trend is None:
         bound = "unknown"
         why = "too few requests or no arrival spread (e.g. all at once) to define a steady window"
+    elif inconclusive:
+        bound = "unknown"
+        why = ("requests piled up over a steady window too short to tell the engine filling up from an "
+               "overload")
     elif not growing and not saturated:
         bound = "arrival rate"
         why = (f"the engine keeps up with its {clients} clients, each waiting on its own request" if clients
@@ -267,9 +327,10 @@ def _load(trend: dict | None, steady: dict | None, steps: list[StepRecord], wind
     else:
         bound = "compute"
         why = "steps take too long for the arrival rate while memory is not full"
-    state = "overloaded" if growing else "saturated" if saturated else "keeps up" if trend else "unknown"
-    return {"state": state, "overloaded": growing, "saturated": saturated, "kv_full_share": kv_full,
-            "bound": bound, "bound_reason": why}
+    state = ("overloaded" if growing else "saturated" if saturated else "keeps up" if trend and not inconclusive
+             else "unknown")
+    return {"state": state, "overloaded": growing, "inconclusive": inconclusive, "saturated": saturated,
+            "kv_full_share": kv_full, "bound": bound, "bound_reason": why}
 
 
 def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
@@ -290,8 +351,9 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
     if trend is not None:
         lines.append(_queue_line(v, trend, doc))
     if v["window_too_short"]:
-        lines.append(f"Caution: the steady window ({window.length:.3g} s) is shorter than 5 mean request latencies "
-                     f"({doc['e2e_mean']:.3g} s each): too short to judge; give more --requests or a --duration.")
+        lines.append(f"Caution: the steady window ({window.length:.3g} s) is shorter than {STEADY_LATENCIES} "
+                     f"latencies of the warm-up's requests ({v['warmup_latency']:.3g} s each): too short to judge; "
+                     f"give --requests {v['steady_requests']} or more.")
     kv_full, preemptions = v["kv_full_share"], v["preemptions"]
     if kv_full is not None:
         tight = v["state"] == "keeps up" and (kv_full >= TIGHT_FULL_SHARE or preemptions > 0)
@@ -309,9 +371,17 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
 
 
 def _queue_line(v: dict, trend: dict, doc: dict) -> str:
-    if v["overloaded"]:
+    if v["inconclusive"]:
+        return (f"UNDECIDED: requests piled up in the system (+{trend['in_system_growth']:.0f} over the steady "
+                f"window, {trend['in_system_slope']:.3g} req/s), but the window is too short to tell the engine "
+                f"filling up from an overload.")
+    if v["overloaded"] and trend["waiting_growing"]:
         return (f"OVERLOADED: the waiting queue keeps growing (+{trend['growth']:.0f} requests over "
                 f"the steady window, {trend['slope']:.3g} req/s); latencies grow with the run's length.")
+    if v["overloaded"]:
+        return (f"OVERLOADED: requests pile up in the running batch (+{trend['in_system_growth']:.0f} in the system "
+                f"over the steady window, {trend['in_system_slope']:.3g} req/s): completions fall behind arrivals, "
+                f"and every step slows as the batch grows; latencies grow with the run's length.")
     if v["saturated"]:
         return (f"SATURATED: the waiting queue does not keep growing but requests queue up (mean "
                 f"{trend['mean_waiting']:.1f}, max {trend['max_waiting']} waiting; TTFT p99 "
@@ -344,7 +414,7 @@ def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., 
 
 
 def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
-                   command: Callable[..., str] | None) -> list[dict]:
+                   command: Callable[..., str] | None, enough: int = ENOUGH_REQUESTS) -> list[dict]:
     if command is None:
         return []
     if params.get("concurrency"):
@@ -368,8 +438,7 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
     if requested is not None:     # arrivals spread already: too few of them for a steady window
         if "--trace" in command().split():        # a trace file holds only the requests it has
             return []
-        return [{"command": command(requests=ENOUGH_REQUESTS, duration=None),
-                 "why": "enough requests for a steady window"}]
+        return [{"command": command(requests=enough, duration=None), "why": "enough requests for a steady window"}]
     return [{"command": command(rate=_round_rate(base)), "why": "give a rate so arrivals spread out"}]
 
 
@@ -378,14 +447,15 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
 def sweep_verdict(runs: list[dict], swept: list[str]) -> dict:
     """The best run of a sweep and one line per run.
 
-    Best: among the runs that keep up (queue short, nothing rejected; saturated runs only when
-    none keeps up), the highest served rate when the rate is swept, else the lowest steady
+    Best: among the runs that keep up (queue short, nothing rejected; saturated or undecided runs only
+    when none keeps up), the highest served rate when the rate is swept, else the lowest steady
     normalized latency.
     """
     def ok(run: dict, allow_saturated: bool) -> bool:
         v = run.get("verdict", {})
         closed_loop = bool(v.get("concurrency"))    # its clients wait on their own requests: queues are expected
-        return (not v.get("overloaded") and (allow_saturated or closed_loop or not v.get("saturated"))
+        at_limit = v.get("saturated") or v.get("inconclusive")      # (undecided: maybe overloaded)
+        return (not v.get("overloaded") and (allow_saturated or closed_loop or not at_limit)
                 and not run.get("num_rejected"))
 
     def latency(run: dict) -> float:

@@ -315,7 +315,9 @@ def _probe_printer(err: Console, slos: dict, seeds: int, *, clients: bool):
     def probed(probe) -> None:
         doc = probe.doc
         shown = ", ".join(f"{k} {fmt(doc.get(k), unit(k), 4)}" for k in slos)
-        grows = "; the queue keeps growing" if (doc.get("verdict") or {}).get("overloaded") else ""
+        grows = "; requests pile up" if (doc.get("verdict") or {}).get("overloaded") else ""
+        if probe.lengthened_to is not None:
+            grows += f"; on {probe.lengthened_to:,} requests for a steady window"
         if seeds > 1:
             grows += f"; met by {doc['slo_probability']:.0%} of {seeds} seeds"
         where = f"{probe.rate:8d} clients" if clients else f"{probe.rate:8.3f} req/s"

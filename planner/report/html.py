@@ -243,11 +243,13 @@ def capacity_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     clients = doc.get("capacity_concurrency") is not None or any("concurrency" in p for p in doc["probes"])
     x, label = ("concurrency", "clients") if clients else ("rate", "rate (req/s)")
     body = [verdict_box(doc.get("verdict", {}).get("lines", []), bad=doc.get(f"capacity_{x}") is None)]
-    body += ["<h2>Probes</h2>", "<p>A probe meets the SLOs when every limit holds, nothing is rejected and the "
-             "waiting queue does not keep growing (state not overloaded).</p>",
-             table([label, "meets", *doc["slos"], "rejected", "state"],
+    body += ["<h2>Probes</h2>", "<p>A probe meets the SLOs when every limit holds, nothing is rejected and "
+             "requests do not keep piling up (state not overloaded). A probe whose steady window was shorter than "
+             "8 latencies of its warm-up's requests ran again on a longer trace (its requests).</p>",
+             table([label, "meets", *doc["slos"], "rejected", "state", "requests"],
                    [[fmt(p[x]), fmt(p["meets"]), *[fmt(p.get(k)) for k in doc["slos"]],
-                     fmt(p.get("num_rejected")), fmt(p.get("state"))] for p in doc["probes"]])]
+                     fmt(p.get("num_rejected")), fmt(p.get("state")), fmt(p.get("requests"))]
+                    for p in doc["probes"]])]
     for key, path in plots.items():
         body += [f"<h2>{esc(key.replace('_', ' '))}</h2>", image(path, key)]
     if at:

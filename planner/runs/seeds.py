@@ -78,8 +78,8 @@ def _document_of_pickled(frozen: bytes, load: Load) -> dict:
     return document_of(pickle.loads(frozen), load)
 
 
-def slo_probability(simulation: Simulation, rate: float, slos: dict, seeds: int) -> tuple[float, list[dict]]:
-    """Fraction of `seeds` seeds meeting the SLOs at `rate`, and their documents (seed order)."""
-    loads = seed_loads(replace(simulation.spec.load, rate=rate), seeds)
+def slo_probability(simulation: Simulation, load: Load, slos: dict, seeds: int) -> tuple[float, list[dict]]:
+    """Fraction of `seeds` seeds of `load` meeting the SLOs, and their documents (seed order)."""
+    loads = seed_loads(load, seeds)
     docs = run_many([(simulation, load) for load in loads], workers=1 if seeds == 1 else None)
     return sum(meets(d, slos) for d in docs) / len(docs), docs

@@ -43,7 +43,9 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
 
 def meets(doc: dict, slos: dict[str, float]) -> bool:
     """Every SLO holds, nothing was left undone (a run that rejected or truncated requests fails),
-    and the engine keeps up: a queue that keeps growing means the SLOs hold only because the trace ends."""
-    if failed_requests(doc) or (doc.get("verdict") or {}).get("overloaded"):
+    and the engine keeps up: requests that keep piling up mean the SLOs hold only because the trace ends, and
+    so may requests piling up on a window too short to tell (planner/analysis/verdict.py, `judge_growth`)."""
+    verdict = doc.get("verdict") or {}
+    if failed_requests(doc) or verdict.get("overloaded") or verdict.get("inconclusive"):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())

@@ -32,7 +32,7 @@ from planner.runs.slos import meets
 from planner.runs.sweep import document_of
 from planner.runs.spec import RunSpec
 from planner.sizing.bracket import bracket, check_rates
-from planner.sizing.probe import Probe
+from planner.sizing.probe import LENGTHENINGS, Probe, slos_held, steady_load
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,29 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
         warn(list(simulation.plan.warnings))
 
     def probe(rate: float) -> Probe:
-        probability, docs = slo_probability(simulation, rate, slos, seeds)
-        found = Probe(rate, probability >= confidence, {**docs[0], "slo_probability": probability, "seeds": seeds})
+        found = full_probe(simulation, rate, slos, seeds, confidence)
         if on_probe is not None:
             on_probe(found)
         return found
 
     return search_capacity(probe, start=start, min_rate=min_rate, max_rate=max_rate, rel_tol=rel_tol)
+
+
+def full_probe(simulation: Simulation, rate: float, slos: dict[str, float], seeds: int = 1,
+               confidence: float = 1.0) -> Probe:
+    """`planner capacity`'s probe: full analysed runs of every seed at `rate`, on a longer trace while a seed
+    met its SLOs on a steady window too short to judge (planner/sizing/probe.py, `steady_load`)."""
+    given = load = replace(simulation.spec.load, rate=rate)
+    for _ in range(LENGTHENINGS + 1):
+        probability, docs = slo_probability(simulation, load, slos, seeds)
+        longer = [steady_load(load, d["num_submitted"], d["verdict"]["steady_requests"])
+                  for d in docs if slos_held(d, slos)]
+        longer = [x for x in longer if x is not None]
+        if not longer:
+            break
+        load = max(longer, key=lambda x: x.requests)
+    return Probe(rate, probability >= confidence, {**docs[0], "slo_probability": probability, "seeds": seeds},
+                 lengthened_to=None if load is given else load.requests)
 
 
 def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int = 4096,
@@ -186,7 +202,8 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
         "probes": [{key: r, "meets": ok, "slo_probability": d.get("slo_probability"),
                     **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
                     "num_truncated": d.get("num_truncated"), "request_throughput": d.get("request_throughput"),
-                    "state": (d.get("verdict") or {}).get("state")} for r, ok, d in probes],
+                    "state": (d.get("verdict") or {}).get("state"), "requests": d.get("num_submitted")}
+                   for r, ok, d in probes],
         "at_capacity": found.doc, "deployment": resolved(spec.deployment).as_dict(),
     })
 
@@ -202,6 +219,9 @@ def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
             return f"Next: {spec.command(pd=more, capacity=True)}  (a replica more in each pool, or relax the SLOs)"
         return f"Next: {spec.command(tp=spec.deployment.tp * 2, capacity=True)}  (more GPUs, or relax the SLOs)"
     at = {"concurrency": found.rate, "rate": None} if clients else {"rate": round(found.rate, 3)}
+    lengthened = next((p.lengthened_to for p in found.probes if p.ok and p.rate == found.rate), None)
+    if lengthened is not None:            # the run at capacity is the probe's: its trace was lengthened
+        at.update(requests=lengthened, duration=None)
     return f"Next: {spec.command(**at)}  (the full report at capacity: timeline, steady state)"
 
 
@@ -230,8 +250,8 @@ def _binding_line(binding: str, slos: dict[str, float], first_miss: str, miss: d
     if binding == "num_rejected":
         return f"Binding limit: requests are rejected at {first_miss}."
     if binding == "queue_growth":
-        return (f"Binding limit: throughput. At {first_miss} every SLO still held, but the waiting queue kept "
-                f"growing: the SLOs would fail on a longer run.")
+        return (f"Binding limit: throughput. At {first_miss} every SLO still held, but requests kept piling up "
+                f"(arrivals outpaced completions): the SLOs would fail on a longer run.")
     return (f"Binding limit: {binding} <= {slos[binding]:g} (at {first_miss} it reached "
             f"{_beside(miss.get(binding, float('nan')), slos[binding])}).")
 

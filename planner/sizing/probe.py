@@ -5,8 +5,8 @@ The verdict is `planner.runs.spec.meets` on the run's metrics, exactly as
 
 - The configuration, its cost model and the checks are built once per
   configuration, not once per probe, and only what the verdict reads is
-  computed afterwards (the metrics and whether the waiting queue keeps
-  growing), not the whole analysed report.
+  computed afterwards (the metrics and whether requests keep piling up), not
+  the whole analysed report.
 - A probe stops as soon as its verdict is certain (`SloWatch`): a rejected or
   truncated request fails it, and so do enough requests above a percentile
   SLO's limit. For a q-th percentile over n requests (linear interpolation, as
@@ -15,9 +15,20 @@ The verdict is `planner.runs.spec.meets` on the run's metrics, exactly as
   n - floor((n-1)q/100) requests are above it: 13 of 1,200 for a p99. A request
   counts as above a TTFT (or E2E) limit L as soon as it has waited L without a
   first token (or without finishing): whatever happens later, its value only
-  grows. TPOT counts at completion. An overloaded probe, whose queue grows
-  without bound, piles up TTFT violations early and stops after a fraction of
+  grows. TPOT counts at completion. An overloaded probe, whose requests pile
+  up without bound, piles up TTFT violations early and stops after a fraction of
   its trace; a probe that meets its SLOs always runs to the end.
+
+A probe judges a steady state, so its trace must be long enough to reach one.
+The engine starts empty and fills up for about one request latency; a steady
+window shorter than STEADY_LATENCIES latencies of the warm-up's requests cannot
+tell that ramp from an overload, and a burst that ends before the engine fills meets any SLO. A probe
+whose window was too short, and that met its SLOs on it, runs again on a longer
+trace of the same workload (`steady_load`), up to MAX_PROBE_REQUESTS requests;
+only the longest run is judged. Requests piling up on a window still too short
+leave it undecided, which fails it: its SLOs may hold only because its trace
+ended. (A trace file holds the requests it has, and a
+closed loop is in its steady state from its clients' first round: neither grows.)
 
 Configurations that differ only in their block size share runs (`SharedRuns`)
 when the KV cache provably never constrained the scheduler: every admission
@@ -44,10 +55,15 @@ from planner.cost.shape import StepShape
 from planner.documents import json_safe
 from planner.runs.slos import meets
 from planner.runs.pipeline import Simulation
-from planner.analysis.verdict import queue_trend, steady_window
+from planner.analysis.verdict import (judge_growth, queue_trend, steady_requests, steady_window, too_short,
+                                     warmup_latency)
+from planner.runs.spec import Load
 from workloads import Trace
+from workloads.make import is_trace_file
 
 WATERMARK = 0.01      # the block manager's default share of blocks admission leaves free
+MAX_PROBE_REQUESTS = 20_000    # the longest trace a probe grows to
+LENGTHENINGS = 3                # how many times a probe's trace may grow
 
 # SLO metric -> (per-request value, percentile). Means and pooled ITL get no early stop.
 PERCENTILE_SLOS = {"ttft_p99": ("ttft", 99), "ttft_median": ("ttft", 50), "e2e_p99": ("e2e", 99),
@@ -60,6 +76,20 @@ def violations_to_fail(n: int, q: float) -> int:
     Non-decreasing in n, so with n the trace's size it is safe for any subset
     (e.g. the requests that have a TPOT at all)."""
     return n - int((n - 1) * q / 100.0)
+
+
+def steady_load(load: Load, submitted: int, enough: int | None) -> Load | None:
+    """`load` with `enough` requests for a steady window (`steady_requests`; None: its run of `submitted` had
+    one), up to MAX_PROBE_REQUESTS; None when it needs no more or cannot grow."""
+    if (enough is None or load.concurrency is not None or is_trace_file(load.workload)
+            or submitted >= MAX_PROBE_REQUESTS):
+        return None
+    return replace(load, requests=min(MAX_PROBE_REQUESTS, enough), duration=None)
+
+
+def slos_held(doc: dict, slos: dict[str, float]) -> bool:
+    """Whether a run met its SLOs and finished every request, whatever its queues did."""
+    return meets({k: v for k, v in doc.items() if k != "verdict"}, slos)
 
 
 class VerdictCertain(Exception):
@@ -153,6 +183,7 @@ class Probe:
     doc: dict                  # the metrics the verdict read, or why and when the probe stopped early
     stopped_early: bool = False
     shared_from: int | None = None   # the block size whose run this one replays (SharedRuns)
+    lengthened_to: int | None = None  # the requests of the trace judged, when the given one was too short
 
 
 @dataclass
@@ -191,27 +222,51 @@ class Prober:
         return self.run(rate)[0]
 
     def run(self, rate: float) -> tuple[Probe, Trajectory | None]:
-        """The probe at `rate`, and its trajectory when another block size might replay it."""
-        load = replace(self.simulation.spec.load, rate=rate)
+        """The probe at `rate`, and its trajectory when another block size might replay it: the trajectories
+        of every run it made, since whether it lengthened its trace depended on the shorter runs too."""
+        given = load = replace(self.simulation.spec.load, rate=rate)
+        trajectories = []
+        for _ in range(LENGTHENINGS + 1):
+            probe, trajectory, longer = self._run_once(rate, load)
+            trajectories.append(trajectory)
+            if longer is None:
+                break
+            load = longer
+        if load is not given:
+            probe.lengthened_to = load.requests
+        if any(t is None for t in trajectories):
+            return probe, None
+        return probe, Trajectory([n for t in trajectories for n in t.token_slots],
+                                 [n for t in trajectories for n in t.num_seqs],
+                                 [shape for t in trajectories for shape in t.shapes],
+                                 max(t.max_prompt for t in trajectories))
+
+    def _run_once(self, rate: float, load: Load) -> tuple[Probe, Trajectory | None, Load | None]:
+        """The probe on one trace, its trajectory, and the longer load to run when its window was too short."""
         trace = load.trace()
         watch = SloWatch(self.slos, len(trace)) if self.early_stop else None
         try:
             result = self.simulation.simulate(load, trace=trace, watch=watch if not self.fleet else
                                               _FleetWatch(watch) if watch is not None else None)
         except VerdictCertain as stop:
-            probe = Probe(rate, False, {"stopped_at": stop.at, "stopped_because": stop.reason}, True)
+            probe = Probe(rate, False, {"stopped_at": stop.at, "stopped_because": stop.reason,
+                                        "num_submitted": len(trace)}, True)
             if not self.shareable:
-                return probe, None
+                return probe, None, None
             engine = watch.engine
-            return probe, self._trajectory(trace, engine.steps, engine.num_running, engine.shapes)
+            return probe, self._trajectory(trace, engine.steps, engine.num_running, engine.shapes), None
         doc = json_safe(result.summary())
         window = steady_window(result.requests)
-        growing = bool(window is not None and queue_trend(result.requests, window)["growing"])
-        doc["verdict"] = {"overloaded": growing}
+        trend = queue_trend(result.requests, window) if window is not None else None
+        latency = warmup_latency(result.requests, window)
+        growing, inconclusive = judge_growth(trend, too_short(window, latency))
+        doc["verdict"] = {"overloaded": growing, "inconclusive": inconclusive}
         probe = Probe(rate, meets(doc, self.slos), doc)
+        longer = (steady_load(load, len(trace), steady_requests(len(trace), window, latency))
+                  if slos_held(doc, self.slos) else None)
         if not self.shareable:
-            return probe, None
-        return probe, self._trajectory(trace, result.steps, result.num_running, result.shapes)
+            return probe, None, longer
+        return probe, self._trajectory(trace, result.steps, result.num_running, result.shapes), longer
 
     def _trajectory(self, trace: Trace, steps, num_running, shapes) -> Trajectory | None:
         if not self.shareable or any(r.n != 1 or r.beam_width > 1 for r in trace.requests):
