@@ -22,6 +22,8 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.deployment import Deployment  # noqa: E402
+from planner.runs.spec import Load, RunSpec  # noqa: E402
 from planner.sizing import SearchGrid, make_executor, run_search  # noqa: E402
 
 TARGET_S = 300.0
@@ -54,7 +56,8 @@ def run(grid: SearchGrid, workers: int, verbose: bool):
     early = sum(r.get("early_stops", 0) for r in result.configs)
     name = "plain (reference)" if grid.plain else "fast"
     print(f"{name}: {len(result.configs)} configurations, {probes} probes, {sims} simulated ({early} stopped "
-          f"early; the others replayed a run of another block size) of {grid.requests} ShareGPT requests, "
+          f"early; the others replayed a run of another block size) of {grid.base.load.requests} ShareGPT "
+          f"requests (more where a probe lengthened its trace), "
           f"{workers} workers")
     print(f"  wall {wall:.1f} s (target <= {TARGET_S:.0f} s: {'met' if wall <= TARGET_S else 'MISSED'}); "
           f"{probes / wall:.2f} probes/s")
@@ -86,10 +89,13 @@ def main() -> None:
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
 
-    grid = SearchGrid(model="opt-13b", workload="sharegpt", slos={"ttft_p99": 2.0, "tpot_p99": 0.1},
+    # The paper's scheduler, as when the target was set (vllm-v1 became the default later).
+    base = RunSpec(deployment=Deployment(model="opt-13b", policy="paper"),
+                   load=Load(workload="sharegpt", requests=args.requests))
+    grid = SearchGrid(base=base, slos={"ttft_p99": 2.0, "tpot_p99": 0.1},
                       gpus=tuple(args.gpus.split(",")), tps=ints(args.tps), block_sizes=ints(args.block_sizes),
-                      max_num_seqs=ints(args.max_num_seqs), target_rate=args.rate, duration=None,
-                      requests=args.requests, tolerance=args.tolerance, plain=args.plain)
+                      max_num_seqs=ints(args.max_num_seqs), target_rate=args.rate, tolerance=args.tolerance,
+                      plain=args.plain)
     fast, fast_wall = run(grid, args.workers, args.verbose)
     if not args.compare:
         return
