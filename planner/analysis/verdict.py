@@ -20,9 +20,12 @@ Definitions (stated in every report):
   service rate). Where it grows depends on the scheduler: a capped batch (the
   paper's max_num_seqs, a full KV cache) leaves the growth in the waiting
   queue; vLLM v1's large max_num_seqs admits it into the running batch, whose
-  steps slow down as it grows. Both are overloads.
-- Too short to judge: a steady window shorter than STEADY_LATENCIES mean request
-  latencies. An engine that starts empty fills up for about one latency, and
+  steps slow down as it grows. Both are overloads. (A test against the count's
+  own level would catch a batch creeping up near the knee sooner, but the
+  count in the system wanders by 10-30 % of its level over a few minutes even
+  when stable: such a test decides on noise.)
+- Too short to judge: a steady window shorter than STEADY_LATENCIES latencies of
+  the requests that arrived during warm-up. An engine that starts empty fills up for about one latency, and
   that ramp looks like growth until the window is long beside it: on a window
   too short, a growing count in the system with a waiting queue that does not
   grow leaves the run undecided ("inconclusive").
@@ -53,7 +56,7 @@ WARMUP_FRACTION = 0.10
 DRAIN_FRACTION = 0.90
 SATURATED_QUEUE = 1.0
 TIGHT_FULL_SHARE = 0.2
-GROWTH_SHARE = 0.10
+GROWTH_SHARE = 0.05
 MIN_GROWTH = 5.0
 FULL_FREE_SHARE = 0.05
 QUEUE_SAMPLES = 200
@@ -121,11 +124,12 @@ def queue_trend(records: list[RequestRecord], window: Window) -> dict:
 
     def grows(slope: float) -> bool:
         return slope * window.length >= MIN_GROWTH and slope >= GROWTH_SHARE * rate
+    waiting_growing, in_system_growing = grows(slope), grows(in_system_slope)
     return {"slope": slope, "growth": slope * window.length, "mean_waiting": sum(waiting) / len(waiting),
             "max_waiting": max(waiting), "mean_in_system": sum(in_system) / len(in_system),
             "in_system_slope": in_system_slope, "in_system_growth": in_system_slope * window.length,
-            "waiting_growing": grows(slope), "in_system_growing": grows(in_system_slope),
-            "growing": grows(slope) or grows(in_system_slope), "arrival_rate": rate}
+            "waiting_growing": waiting_growing, "in_system_growing": in_system_growing,
+            "growing": waiting_growing or in_system_growing, "arrival_rate": rate}
 
 
 def warmup_latency(records: list[RequestRecord], window: Window | None) -> float | None:
