@@ -7,7 +7,7 @@ import pytest
 from engine.core.metrics import RequestRecord
 from engine.deployment import Deployment
 from planner import capacity, simulate
-from planner.analysis.verdict import judge_growth, queue_trend, steady_window, too_short, warmup_latency
+from planner.analysis.verdict import binding_slo, judge_growth, queue_trend, steady_window, too_short, warmup_latency
 from planner.runs.slos import meets
 from planner.runs.spec import Load
 from planner.sizing.probe import MAX_PROBE_REQUESTS, steady_load
@@ -48,6 +48,9 @@ def test_growth_on_a_window_too_short_is_undecided_and_fails_the_slos():
     trend, (overloaded, inconclusive) = _verdict(records)
     assert trend["in_system_growing"] and not overloaded and inconclusive
     assert not meets({"ttft_p99": 0.2, "verdict": {"inconclusive": True}}, {"ttft_p99": 1.0})
+    # Above a capacity, a probe that failed only by being undecided is bound by throughput, not by an SLO it met.
+    assert binding_slo({"ttft_p99": 1.0}, [(2.0, False, {"ttft_p99": 0.2, "verdict": {"inconclusive": True}})],
+                       1.0) == "queue_growth"
 
 
 def test_a_load_grows_only_where_it_can():

@@ -25,10 +25,10 @@ Definitions (stated in every report):
   count in the system wanders by 10-30 % of its level over a few minutes even
   when stable: such a test decides on noise.)
 - Too short to judge: a steady window shorter than STEADY_LATENCIES latencies of
-  the requests that arrived during warm-up. An engine that starts empty fills up for about one latency, and
-  that ramp looks like growth until the window is long beside it: on a window
-  too short, a growing count in the system with a waiting queue that does not
-  grow leaves the run undecided ("inconclusive").
+  the requests that arrived during warm-up. An engine that starts empty fills
+  up for about one latency, and that ramp looks like growth until the window is
+  long beside it: on a window too short, a growing count in the system with a
+  waiting queue that does not grow leaves the run undecided ("inconclusive").
 - KV cache full: fewer than FULL_FREE_SHARE of the KV slots are free; the share
   of time is weighted by step duration over the steady window.
 - State: "overloaded" when the waiting queue keeps growing, or the count in the
@@ -524,7 +524,8 @@ def run_label(run: dict, swept: list[str]) -> str:
 
 def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None) -> str | None:
     """What fails first above the capacity: at the lowest failing rate, the SLO furthest over its limit,
-    'num_rejected' when requests were rejected, 'queue_growth' when every SLO held but the queue kept growing."""
+    'num_rejected' when requests were rejected, 'queue_growth' when every SLO held but requests kept piling up
+    (or piled up on a window too short to tell)."""
     above = sorted((r, d) for r, ok, d in probes if not ok and (capacity is None or r > capacity))
     if not above:
         return None
@@ -533,6 +534,7 @@ def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], 
         return "num_rejected"
     ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}
     worst = max(ratios, key=ratios.get)
-    if ratios[worst] <= 1 and (doc.get("verdict") or {}).get("overloaded"):
+    verdict = doc.get("verdict") or {}
+    if ratios[worst] <= 1 and (verdict.get("overloaded") or verdict.get("inconclusive")):
         return "queue_growth"
     return worst

@@ -16,19 +16,20 @@ The verdict is `planner.runs.spec.meets` on the run's metrics, exactly as
   counts as above a TTFT (or E2E) limit L as soon as it has waited L without a
   first token (or without finishing): whatever happens later, its value only
   grows. TPOT counts at completion. An overloaded probe, whose requests pile
-  up without bound, piles up TTFT violations early and stops after a fraction of
-  its trace; a probe that meets its SLOs always runs to the end.
+  up without bound, piles up TTFT violations early and stops after a fraction
+  of its trace; a probe that meets its SLOs always runs to the end.
 
 A probe judges a steady state, so its trace must be long enough to reach one.
 The engine starts empty and fills up for about one request latency; a steady
 window shorter than STEADY_LATENCIES latencies of the warm-up's requests cannot
-tell that ramp from an overload, and a burst that ends before the engine fills meets any SLO. A probe
-whose window was too short, and that met its SLOs on it, runs again on a longer
-trace of the same workload (`steady_load`), up to MAX_PROBE_REQUESTS requests;
-only the longest run is judged. Requests piling up on a window still too short
-leave it undecided, which fails it: its SLOs may hold only because its trace
-ended. (A trace file holds the requests it has, and a
-closed loop is in its steady state from its clients' first round: neither grows.)
+tell that ramp from an overload, and a burst that ends before the engine fills
+meets any SLO. A probe whose window was too short, and that met its SLOs on it,
+runs again on a longer trace of the same workload (`steady_load`), up to
+MAX_PROBE_REQUESTS requests; only the longest run is judged. Requests piling up
+on a window still too short leave it undecided, which fails it: its SLOs may
+hold only because its trace ended. (A trace file holds the requests it has, and
+a closed loop is in its steady state from its clients' first round: neither
+grows.)
 
 Configurations that differ only in their block size share runs (`SharedRuns`)
 when the KV cache provably never constrained the scheduler: every admission
@@ -259,7 +260,7 @@ class Prober:
         window = steady_window(result.requests)
         trend = queue_trend(result.requests, window) if window is not None else None
         latency = warmup_latency(result.requests, window)
-        growing, inconclusive = judge_growth(trend, too_short(window, latency))
+        growing, inconclusive = judge_growth(trend, too_short(window, latency) and load.concurrency is None)
         doc["verdict"] = {"overloaded": growing, "inconclusive": inconclusive}
         probe = Probe(rate, meets(doc, self.slos), doc)
         longer = (steady_load(load, len(trace), steady_requests(len(trace), window, latency))
