@@ -466,3 +466,20 @@ def test_capacity_of_pools_that_meet_nothing_suggests_a_replica_more_in_each_poo
     assert result.exit_code == 0, result.output
     nxt = next(line for line in result.output.splitlines() if "Next:" in line)
     assert "--pd 2:2 --decode-tp 2" in nxt and "--tp 2" not in nxt.replace("--decode-tp 2", "")
+
+
+def test_a_prefill_replica_waits_for_the_blocks_it_lent_instead_of_stalling():
+    """A prefill replica holds a handed-off request's blocks until the decode side reads them. With one
+    decode replica behind nine prefill ones, the reads lag, and at the end of the arrivals a prefill replica
+    had 27 prompts of 8,000 tokens waiting and 30,001 of its 30,354 blocks lent out: stop 70 found the run
+    stopping there ('the scheduler stalled'), as if those blocks were gone. They come back as the decode
+    replica reads them, and every request is served."""
+    spec = RunSpec(deployment=Deployment(model="llama-3.1-70b", gpu="h100-sxm", tp=4, policy="vllm-v1",
+                                         max_num_batched_tokens=2048, max_num_seqs=256,
+                                         enable_prefix_caching=False),
+                   load=Load(workload="random", params=(("input_len", 8000), ("output_len", 200)), rate=16.0,
+                             duration=120.0),
+                   pd=Disaggregation(9, 1))
+    doc = Simulation.prepare(spec).run().document()
+    assert doc["num_completed"] == doc["num_submitted"] > 1500
+    assert doc["verdict"]["overloaded"]          # one decode replica cannot keep up with 16 req/s

@@ -197,6 +197,9 @@ class SimulatedEngine(Sleeper):
         self.routed = routed
         self.arrivals_done = False
         self.idle: simpy.Event | None = None   # set while the engine sleeps, waiting for work
+        # Whether blocks this engine lent out will come back (a P/D prefill replica's, held until the
+        # decode side reads them: planner/sim/pd.py); requests that wait for them are not a stall.
+        self.blocks_lent: Callable[[], bool] | None = None
         self.on_ended: Callable[[int], None] | None = None   # a closed loop's (planner/sim/clients.py)
         self.process: simpy.Process | None = None
         self.pending = None                # the window or batch plan the engine sleeps through
@@ -526,6 +529,8 @@ class SimulatedEngine(Sleeper):
         if not self.arrivals_done:
             return False
         if self.scheduler.has_unfinished():
+            if self.blocks_lent is not None and self.blocks_lent():
+                return False                   # it sleeps until they come back (their release wakes it)
             raise PlannerError(f"the scheduler stalled with {self.scheduler.num_unfinished()} "
                                f"requests it can neither run nor reject")
         return True

@@ -181,7 +181,7 @@ class Disaggregated:
         self.groups: list[ClientRequest] = []         # every request sent, in sending order (a probe's watch)
         self.by_prefill: dict[int, ClientRequest] = {}
         self.remotes: list[Remote] = []
-        self.held: dict[str, tuple] = {}              # request id -> (prefill block pool, blocks it still holds)
+        self.held: dict[str, tuple] = {}              # request id -> (prefill engine, its blocks still held)
         self.done = 0
         ranks = prefill.replicas * prefill.plan.deployment.dp         # each rank an engine (the Fleet's lockstep)
         self.prefill = PrefillPool(env, trace, prefill.plan, prefill.cost_model, ranks, policy, seed=seed,
@@ -190,6 +190,8 @@ class Disaggregated:
         self.decode = DecodePool(env, trace, decode, policy, seed=seed,
                                  progress=None if progress is None else self._progress,
                                  watch=self._decoded, on_loading=self._loading)
+        for engine in self.prefill.engines:
+            engine.blocks_lent = lambda engine=engine: any(held is engine for held, _ in self.held.values())
 
     def start(self) -> None:
         self.prefill.start(self.concurrency)
@@ -232,12 +234,17 @@ class Disaggregated:
         pool, bs = engine.allocator.gpu, engine.allocator.block_size
         tokens = group.prompt_len
         count = min(-(-tokens // bs), pool.num_free())
-        self.held[group.request_id] = (pool, [pool.take(min(bs, tokens - k * bs)) for k in range(count)])
+        self.held[group.request_id] = (engine, [pool.take(min(bs, tokens - k * bs)) for k in range(count)])
 
     def _free_held(self, request_id: str) -> None:
-        pool, blocks = self.held.pop(request_id, (None, ()))
+        """The decode side is done with the request's KV: its prefill replica takes the blocks back, and
+        looks at its queue again (requests may be waiting for those blocks)."""
+        if request_id not in self.held:
+            return
+        engine, blocks = self.held.pop(request_id)
         for block in blocks:
-            pool.release(block)
+            engine.allocator.gpu.release(block)
+        wake(engine)
 
     def _loading(self, replica: int, group: SequenceGroup, remote: Remote, now: float) -> None:
         """A decode replica gave the request its blocks: the KV starts across the link."""
