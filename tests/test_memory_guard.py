@@ -53,7 +53,7 @@ def test_a_fleet_whose_block_tables_cannot_fit_is_refused(one_gib, tmp_path):
 
 def test_one_deployments_block_tables_that_cannot_fit_are_refused(one_gib, tmp_path):
     """A mistyped cache size (1e6 GiB of swap, 1e10 GPU blocks) is refused before a block table is built."""
-    for flags, blocks in ((["--policy", "paper", "--swap-space", "1e6"], "81,920,898"),
+    for flags, blocks in ((["--policy", "paper", "--swap-space", "1e6"], "81,920,914"),
                           (["--num-gpu-blocks", "10000000000"], "10,000,000,000")):
         result = invoke("simulate", "--requests", 5, "--out", tmp_path, *flags)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1

@@ -58,14 +58,16 @@ def test_table_output_names_the_cost_model_and_memory_plan(tmp_path):
     assert forced.exit_code == 0 and "roofline(a100-40g)" in forced.stdout
 
 
-def test_rtx4090_memory_plan_matches_vllm(tmp_path):
-    # vLLM 0.19 allocated 41,408 KV tokens for Llama-3.1-8B on one RTX 4090 at 2048 batched tokens
-    result = invoke("simulate", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--max-num-batched-tokens", 2048,
-                    "--max-model-len", 2048, "--requests", 5, "--workload", "alpaca", "--out", tmp_path, "--json")
+def test_h100_memory_plan_matches_vllm(tmp_path):
+    # vLLM 0.19.0 allocated 476,016 KV tokens for Llama-3.1-8B on one H100 80GB at utilization 0.95 and its API
+    # server's defaults there (8,192 batched tokens, 1,024 sequences; bench/data/vllm_memory_logs.json)
+    result = invoke("simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "vllm-v1",
+                    "--gpu-memory-utilization", 0.95, "--max-model-len", 8192, "--requests", 5, "--workload", "alpaca",
+                    "--out", tmp_path, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["memory_plan"]["kv_token_slots"] == pytest.approx(41_408, rel=0.03)
-    assert doc["cost_model"] == "roofline(rtx-4090)" and doc["params"]["max_model_len"] == 2048
+    assert doc["memory_plan"]["kv_token_slots"] == pytest.approx(476_016, rel=0.01)
+    assert doc["params"]["max_num_batched_tokens"] == 8192 and doc["params"]["max_num_seqs"] == 1024
 
 
 @pytest.mark.parametrize("args, message", [

@@ -121,7 +121,7 @@ def test_rejected_requests_are_summarized_with_reasons(tmp_path):
 
 
 def test_guardrails_refuse_what_vllm_refuses():
-    with pytest.raises(PlannerError, match=r"holds 880 tokens .* max_model_len is 2048: vLLM refuses to start"):
+    with pytest.raises(PlannerError, match=r"holds 1136 tokens .* max_model_len is 2048: vLLM refuses to start"):
         plan_deployment(Deployment(gpu_memory_utilization=0.64))
     assert any("vLLM's CUDA kernels take" in w for w in plan_deployment(Deployment(block_size=64)).warnings)
     assert guardrails.valid_tp_sizes(resolve_model("llama-2-70b"), 8) == [1, 2, 4, 8]

@@ -3,19 +3,25 @@
 This is the arithmetic vLLM does at start-up, done ahead of time. Of the
 memory torch reports for each GPU, `gpu_memory_utilization` may be used; out
 of that come the weights (this GPU's tensor-parallel shard, plus the rotary
-cos/sin cache vLLM keeps beside them), the peak activation of one forward pass
-of `max_num_batched_tokens` tokens with the sampler's warm-up over
-`max_num_seqs` rows, and non-torch memory (CUDA context growth, cuBLAS
-workspaces, kernel modules; NCCL buffers under TP). What is left is cut into
-KV blocks. Every GPU holds its share of the heads of the same block ids, so the
-number of blocks is a per-GPU figure and the token slots are blocks x block_size.
+cos/sin cache vLLM keeps beside them), the peak activation of vLLM's profile
+run (a forward pass of `max_num_batched_tokens` tokens, then the sampler's
+warm-up over `max_num_seqs` rows: the larger of the two), and non-torch memory
+(CUDA context growth, cuBLAS workspaces; the collectives' buffers under TP).
+What is left is cut into KV blocks. Every GPU holds its share of the heads of
+the same block ids, so the number of blocks is a per-GPU figure and the token
+slots are blocks x block_size.
 
-Checks (tests/test_memory.py): vLLM 0.19 on one RTX 4090 (torch reports
-25,250,627,584 bytes), Llama-3.1-8B bf16, utilization 0.9, 2048 batched tokens
-allocated 41,408 KV tokens; the plan lands within 3 %. The PagedAttention
-paper's Table 1 (its "GB" are GiB: 15.7K slots x 800 KiB = 12 GiB): OPT-13B on
+Checks: vLLM 0.19.0's start-up logs on an H100 80GB, 39 runs of 17 models (TP 1-4,
+PP 2 and 4, bf16/fp16/fp32, FP8 weights and KV; bench/bench_memory_vllm_logs.py):
+the KV cache within 0.4 % on average, 4.7 % at worst (Qwen2.5-72B at TP 2, whose
+3 GiB of KV cache make 0.14 GiB count); three constants come from those logs
+(the sampler's bytes per logit, non-torch memory with and without TP). vLLM 0.19
+on one RTX 4090 (torch reports 25,250,627,584 bytes), Llama-3.1-8B bf16,
+utilization 0.9, 2048 batched tokens allocated 41,408 KV tokens; the plan gives
+8 % more (0.40 GiB the H100 logs do not explain). The PagedAttention paper's
+Table 1 (its "GB" are GiB: 15.7K slots x 800 KiB = 12 GiB): OPT-13B on
 1xA100-40GB ~12 GiB, OPT-66B on 4xA100-40GB ~21 GiB, OPT-175B on 8xA100-80GB
-~264 GiB; the plan is within 10 %.
+~264 GiB; the plan is within 10 %. Tests: tests/test_memory.py, test_measured.py.
 
 Quantized deployments (`weight_format`, planner/catalog/quantization.py): the
 blocks' linear layers take the format's bytes with its scales, the embedding,
@@ -47,46 +53,54 @@ from planner.errors import PlannerError
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_SWAP_SPACE_BYTES = 4 * GIB     # vLLM's default CPU swap space per GPU
 
-# vLLM warms the sampler up over max_num_seqs rows: fp32 logits, probabilities
-# and the sorted probabilities of top-p/top-k (4 bytes each) plus the sort's
-# int64 indices are alive at once.
-_SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 8
+# vLLM warms the sampler up over max_num_seqs rows of the whole vocabulary (top-k and top-p on) after the
+# forward pass. Bytes alive per logit at its peak, measured: vLLM 0.19's "torch peak memory increase" on one
+# H100 over nine dense models whose sampler dominates (vocabularies of 100k-256k at 1,024 sequences; logs of
+# jgchn/llm-d-planner@56dc5b7, branch accuracy) less the forward's output held meanwhile comes to 14.7-15.1
+# bytes: the 16-bit logits, their fp32 copy, the probabilities and the sampling noise (14), and some scratch.
+_SAMPLER_BYTES_PER_LOGIT = 14.8
 # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default: the tokens its fused MoE runs at a time (vllm/envs.py)
 FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 
-# Memory outside torch's allocator that grows while vLLM starts: what its
-# profiler reports as non_torch_memory on one GPU, 0.16-0.20 GiB in its logs
-# (vllm-project/vllm#12126 on an H100, #14447 on a 24 GiB GPU).
-NON_TORCH_BYTES = int(0.2 * GIB)
-# NCCL's buffers per GPU under tensor parallelism: the figures NVIDIA's
-# aiconfigurator-core spec sheets use (systems/*.yaml, misc.nccl_mem).
-NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
+# Memory outside torch's allocator that grows while vLLM profiles (its "non-torch forward increase memory"):
+# on one GPU the CUDA context's growth and cuBLAS workspaces, 0.24-0.27 GiB in vLLM 0.19's logs on an H100
+# (the same 40 runs; 0.16-0.20 GiB in vllm-project/vllm#12126 and #14447 on older versions).
+NON_TORCH_BYTES = int(0.25 * GIB)
+# Under tensor parallelism the collectives' buffers join it, mostly NCCL's: a few MiB per channel per peer
+# and protocol, in each of the communicators vLLM opens, and NCCL opens many channels over NVLink. On H100s
+# (NVLink 4, NVSwitch) vLLM 0.19 logs 2.06-2.10 GiB of non-torch memory in all at TP 2 and 2.13-2.21 at TP 4
+# (13 runs, 7 models); GPUs joined by NVLink take those. Over PCIe NCCL opens a few channels; no public log
+# of vLLM there was found, so those keep the NCCL buffers NVIDIA's aiconfigurator-core spec sheets use
+# (systems/*.yaml, misc.nccl_mem). TP 8 as TP 4 (no log of it).
+NVLINK_COLLECTIVE_BYTES = {2: int(1.83 * GIB), 4: int(1.92 * GIB)}
+PCIE_COLLECTIVE_BYTES = {2: 358_612_992, 4: 411_041_792}
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
                              max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                              max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, dp: int = 1,
                              expert_parallel: bool = False, all2all: str = ALL2ALL_BACKENDS[0]) -> int:
-    """Peak activation memory per GPU of the largest step the scheduler may run.
+    """Peak activation memory per GPU of vLLM's profile run: a forward pass of max_num_batched_tokens tokens,
+    then the sampler's warm-up.
 
-    vLLM measures this by profiling a forward pass of max_num_batched_tokens
-    tokens; we estimate the same peak from what is alive inside one layer, per
-    token: the residual stream and the normed input (2*hidden, replicated), the
-    QKV projection and the attention output (this GPU's heads), and the MLP's
-    up-projection output plus its activated copy (gate and up for a gated MLP).
-    Add the sampler's fp32 [sequences, vocab] tensors. Layers run one after
-    another, so one layer's worth is the peak; allocator slack is covered by
-    the utilization margin.
+    The forward's peak is what is alive inside one layer, per token: the residual stream and the normed input
+    (2*hidden, replicated), the QKV projection and the attention output (this GPU's heads), and the MLP's
+    up-projection output plus its activated copy (gate and up for a gated MLP). Layers run one after another,
+    so one layer's worth is the peak. The layers' buffers are free when the sampler runs over min(max_num_seqs,
+    tokens) rows of the whole vocabulary (`_SAMPLER_BYTES_PER_LOGIT`) beside the forward's output: the peak is
+    the larger of the two phases, not their sum (vLLM 0.19's logs on an H100: 1.89 GiB for Llama-3.1-8B at TP
+    1, 2 and 4 alike, the sampler's). Allocator slack is covered by the utilization margin.
 
     A MoE layer instead holds the hidden states and router logits of every token the dp replicas gather
     into it, and vLLM's fused-MoE caches: top-k rows of the gate/up output, of its activation and of the
     experts' outputs, each expert's width split over tp x dp GPUs (whole under expert parallelism). The
     fused MoE runs at most VLLM_FUSED_MOE_CHUNK_SIZE (16,384) tokens at a time, so its caches hold that
-    many. DeepEP's backends (`all2all`, expert parallelism with dp > 1) gather nothing: a rank keeps its
-    own tokens, and its experts see the (token, expert) pairs routed to them: under the high-throughput
-    kernels as many as its own tokens send (top-k each, uniform routing), under the low-latency kernels
-    the masked buffer of its local experts x 256 tokens from each of the EP ranks (vLLM's
-    VLLM_MOE_DP_CHUNK_SIZE), allocated whole.
+    many. They stay allocated while the sampler runs (vLLM 0.19's logs on an H100: Qwen3-30B-A3B 2.68 GiB,
+    DeepSeek-V2-Lite 1.93, Mixtral-8x7B at TP 2 1.21, each 0.3-0.7 GiB above its sampler alone). DeepEP's
+    backends (`all2all`, expert parallelism with dp > 1) gather nothing: a rank keeps its own tokens, and its
+    experts see the (token, expert) pairs routed to them: under the high-throughput kernels as many as its
+    own tokens send (top-k each, uniform routing), under the low-latency kernels the masked buffer of its
+    local experts x 256 tokens from each of the EP ranks (vLLM's VLLM_MOE_DP_CHUNK_SIZE), allocated whole.
     """
     h, i = model.hidden_size, model.intermediate_size
     mlp = (3 * i // tp) if model.gated_mlp else (2 * i // tp)
@@ -95,26 +109,30 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     per_token = 2 * h + attention + mlp
     tokens = max_num_batched_tokens
     sampled_rows = min(max_num_seqs, tokens)
-    peak = tokens * per_token * dtype_bytes
-    if model.is_moe:
-        width = model.moe_intermediate_size // (1 if expert_parallel else tp * dp)
-        k = model.num_experts_per_tok
-        gathered, pairs = tokens * dp, min(tokens * dp, FUSED_MOE_CHUNK_TOKENS) * k
-        par = MoeParallel(tp=tp, dp=dp, expert_parallel=expert_parallel, all2all=all2all)
-        if par.deepep and all2all == "deepep_high_throughput":
-            gathered, pairs = tokens, min(tokens, FUSED_MOE_CHUNK_TOKENS) * k
-        elif par.deepep:                    # the low-latency kernels' masked buffer, allocated whole
-            local_experts = -(-model.num_experts // par.gpus)
-            gathered, pairs = tokens, local_experts * LL_CHUNK_TOKENS * par.gpus
-        moe = gathered * (2 * h + model.num_experts) + pairs * (3 * width + h)
-        peak = max(peak, moe * dtype_bytes)
-    return peak + sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+    forward = tokens * per_token * dtype_bytes
+    sampler = int(sampled_rows * model.vocab_size * _SAMPLER_BYTES_PER_LOGIT) + tokens * h * dtype_bytes
+    if not model.is_moe:
+        return max(forward, sampler)
+    width = model.moe_intermediate_size // (1 if expert_parallel else tp * dp)
+    k = model.num_experts_per_tok
+    gathered, pairs = tokens * dp, min(tokens * dp, FUSED_MOE_CHUNK_TOKENS) * k
+    par = MoeParallel(tp=tp, dp=dp, expert_parallel=expert_parallel, all2all=all2all)
+    if par.deepep and all2all == "deepep_high_throughput":
+        gathered, pairs = tokens, min(tokens, FUSED_MOE_CHUNK_TOKENS) * k
+    elif par.deepep:                    # the low-latency kernels' masked buffer, allocated whole
+        local_experts = -(-model.num_experts // par.gpus)
+        gathered, pairs = tokens, local_experts * LL_CHUNK_TOKENS * par.gpus
+    moe = (gathered * (2 * h + model.num_experts) + pairs * (3 * width + h)) * dtype_bytes
+    return max(forward, moe + sampler)
 
 
-def non_torch_bytes(tp: int = 1) -> int:
-    """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus NCCL's buffers under TP."""
-    nccl = NCCL_BYTES.get(tp, NCCL_BYTES[8]) if tp > 1 else 0
-    return NON_TORCH_BYTES + nccl
+def non_torch_bytes(tp: int = 1, interconnect: str = "nvlink") -> int:
+    """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus the collectives' buffers under TP,
+    larger over NVLink than over PCIe (`interconnect`, the catalog's: "nvlink4", "pcie4", ...)."""
+    if tp == 1:
+        return NON_TORCH_BYTES
+    table = NVLINK_COLLECTIVE_BYTES if interconnect.startswith("nvlink") else PCIE_COLLECTIVE_BYTES
+    return NON_TORCH_BYTES + table.get(tp, table[4])
 
 
 def rotary_cache_bytes(model: ModelSpec, dtype_bytes: int = 2) -> int:
@@ -314,7 +332,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs, dp,
                                            expert_parallel, all2all)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
-    non_torch = non_torch_bytes(group) if gpu.kind == "gpu" and count_non_torch else 0
+    non_torch = non_torch_bytes(group, gpu.interconnect) if gpu.kind == "gpu" and count_non_torch else 0
     stage = largest_stage(model.num_layers, pp)             # the largest stage's layers (all with pp = 1)
     weights = weights * stage // model.num_layers
     if draft is not None:
