@@ -67,13 +67,16 @@ FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 # (the same 40 runs; 0.16-0.20 GiB in vllm-project/vllm#12126 and #14447 on older versions).
 NON_TORCH_BYTES = int(0.25 * GIB)
 # Under tensor parallelism the collectives' buffers join it, mostly NCCL's: a few MiB per channel per peer
-# and protocol, in each of the communicators vLLM opens, and NCCL opens many channels over NVLink. On H100s
-# (NVLink 4, NVSwitch) vLLM 0.19 logs 2.06-2.10 GiB of non-torch memory in all at TP 2 and 2.13-2.21 at TP 4
-# (13 runs, 7 models); GPUs joined by NVLink take those. Over PCIe NCCL opens a few channels; no public log
-# of vLLM there was found, so those keep the NCCL buffers NVIDIA's aiconfigurator-core spec sheets use
-# (systems/*.yaml, misc.nccl_mem). TP 8 as TP 4 (no log of it).
-NVLINK_COLLECTIVE_BYTES = {2: int(1.83 * GIB), 4: int(1.92 * GIB)}
-PCIE_COLLECTIVE_BYTES = {2: 358_612_992, 4: 411_041_792}
+# and protocol, in each of the communicators vLLM opens, and more channels the richer the links. On H100s
+# (NVLink 4 through NVSwitch) vLLM 0.19 logs 2.06-2.10 GiB of non-torch memory in all at TP 2 and 2.13-2.21
+# at TP 4 (13 runs, 7 models; 3.58 GiB at TP 2 on vllm-project/vllm#10511's H100 in late 2024); NVLink 4 and
+# 5 GPUs take those. On A100s (NVLink 3) vLLM 0.10.1's logs leave about 0.1 GiB for activations' excess and
+# non-torch memory together at TP 2 (dennislee22/vLLM-benchmarking, Qwen2-7B), and over PCIe no public log
+# was found: those keep the NCCL buffers NVIDIA's aiconfigurator-core spec sheets use (systems/*.yaml,
+# misc.nccl_mem). TP 8 as TP 4 (no log of it).
+NVSWITCH_COLLECTIVE_BYTES = {2: int(1.83 * GIB), 4: int(1.92 * GIB)}
+NCCL_COLLECTIVE_BYTES = {2: 358_612_992, 4: 411_041_792}
+NVSWITCH_LINKS = ("nvlink4", "nvlink5")
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2,
@@ -126,12 +129,12 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
     return max(forward, moe + sampler)
 
 
-def non_torch_bytes(tp: int = 1, interconnect: str = "nvlink") -> int:
+def non_torch_bytes(tp: int = 1, interconnect: str = NVSWITCH_LINKS[0]) -> int:
     """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus the collectives' buffers under TP,
-    larger over NVLink than over PCIe (`interconnect`, the catalog's: "nvlink4", "pcie4", ...)."""
+    larger on Hopper's and Blackwell's NVLink (`interconnect`, the catalog's: "nvlink4", "pcie4", ...)."""
     if tp == 1:
         return NON_TORCH_BYTES
-    table = NVLINK_COLLECTIVE_BYTES if interconnect.startswith("nvlink") else PCIE_COLLECTIVE_BYTES
+    table = NVSWITCH_COLLECTIVE_BYTES if interconnect in NVSWITCH_LINKS else NCCL_COLLECTIVE_BYTES
     return NON_TORCH_BYTES + table.get(tp, table[4])
 
 
