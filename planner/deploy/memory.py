@@ -14,8 +14,8 @@ slots are blocks x block_size.
 Checks: vLLM 0.19.0's start-up logs on an H100 80GB, 39 runs of 17 models (TP 1-4,
 PP 2 and 4, bf16/fp16/fp32, FP8 weights and KV; bench/bench_memory_vllm_logs.py):
 the KV cache within 0.4 % on average, 4.7 % at worst (Qwen2.5-72B at TP 2, whose
-3 GiB of KV cache make 0.14 GiB count); three constants come from those logs
-(the sampler's bytes per logit, non-torch memory with and without TP). vLLM 0.19
+3 GiB of KV cache make 0.14 GiB count); the sampler's bytes per logit and the
+non-torch memory at TP 1, 2 and 4 come from those logs, the rest is not fitted. vLLM 0.19
 on one RTX 4090 (torch reports 25,250,627,584 bytes), Llama-3.1-8B bf16,
 utilization 0.9, 2048 batched tokens allocated 41,408 KV tokens; the plan gives
 8 % more (0.40 GiB the H100 logs do not explain). The PagedAttention paper's
@@ -64,7 +64,7 @@ FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 
 # Memory outside torch's allocator that grows while vLLM profiles (its "non-torch forward increase memory"):
 # on one GPU the CUDA context's growth and cuBLAS workspaces, 0.24-0.27 GiB in vLLM 0.19's logs on an H100
-# (the same 40 runs; 0.16-0.20 GiB in vllm-project/vllm#12126 and #14447 on older versions).
+# (the same 39 runs; 0.16-0.20 GiB in vllm-project/vllm#12126 and #14447 on older versions).
 NON_TORCH_BYTES = int(0.25 * GIB)
 # Under tensor parallelism the collectives' buffers join it, mostly NCCL's: a few MiB per channel per peer
 # and protocol, in each of the communicators vLLM opens, and more channels the richer the links. On H100s
