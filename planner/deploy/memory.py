@@ -69,11 +69,12 @@ NON_TORCH_BYTES = int(0.25 * GIB)
 # Under tensor parallelism the collectives' buffers join it, mostly NCCL's: a few MiB per channel per peer
 # and protocol, in each of the communicators vLLM opens, and more channels the richer the links. On H100s
 # (NVLink 4 through NVSwitch) vLLM 0.19 logs 2.06-2.10 GiB of non-torch memory in all at TP 2 and 2.13-2.21
-# at TP 4 (13 runs, 7 models; 3.58 GiB at TP 2 on vllm-project/vllm#10511's H100 in late 2024); NVLink 4 and
-# 5 GPUs take those. On A100s (NVLink 3) vLLM 0.10.1's logs leave about 0.1 GiB for activations' excess and
-# non-torch memory together at TP 2 (dennislee22/vLLM-benchmarking, Qwen2-7B), and over PCIe no public log
-# was found: those keep the NCCL buffers NVIDIA's aiconfigurator-core spec sheets use (systems/*.yaml,
-# misc.nccl_mem). TP 8 as TP 4 (no log of it).
+# at TP 4 (13 runs, 7 models; 3.58 GiB at TP 2 on vllm-project/vllm#10511's H100 in late 2024; other public
+# logs: 1.38 on an H200 at TP 2, 1.63 on a B300 at TP 4); NVLink 4 and 5 GPUs take those. Over PCIe the logs
+# show none beyond one GPU's: 0.17-0.36 GiB in all on 8 L40S, 0.25 on two RTX 4090s (#13061), 0.20 on 16
+# RTX 3090s (#14447), 0.09 on four A30s (#29070). On A100s (NVLink 3) they disagree (about 0.1 GiB at TP 2
+# with vLLM 0.10.1, dennislee22/vLLM-benchmarking; 2.1 at TP 8 with 0.7): those keep the NCCL buffers NVIDIA's
+# aiconfigurator-core spec sheets use (systems/*.yaml, misc.nccl_mem). TP 8 as TP 4 (no 0.19 log of it).
 NVSWITCH_COLLECTIVE_BYTES = {2: int(1.83 * GIB), 4: int(1.92 * GIB)}
 NCCL_COLLECTIVE_BYTES = {2: 358_612_992, 4: 411_041_792}
 NVSWITCH_LINKS = ("nvlink4", "nvlink5")
@@ -130,9 +131,9 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, dtype_bytes: int = 2
 
 
 def non_torch_bytes(tp: int = 1, interconnect: str = NVSWITCH_LINKS[0]) -> int:
-    """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus the collectives' buffers under TP,
-    larger on Hopper's and Blackwell's NVLink (`interconnect`, the catalog's: "nvlink4", "pcie4", ...)."""
-    if tp == 1:
+    """Per-GPU memory outside torch's allocator: CUDA/cuBLAS growth, plus the collectives' buffers under TP by
+    the GPUs' links (`interconnect`, the catalog's: "nvlink4", "nvlink3", "pcie4", ...)."""
+    if tp == 1 or interconnect.startswith("pcie"):
         return NON_TORCH_BYTES
     table = NVSWITCH_COLLECTIVE_BYTES if interconnect in NVSWITCH_LINKS else NCCL_COLLECTIVE_BYTES
     return NON_TORCH_BYTES + table.get(tp, table[4])
