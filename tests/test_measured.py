@@ -180,6 +180,8 @@ def test_slower_memory_stretches_only_the_memory_bound_part():
     # never more; the whole step by less, its host time being the same on both.
     assert 0.95 * bandwidth_ratio < weight_bound <= bandwidth_ratio
     whole_step = slow.step_time(decode(1, 512)) / fast.step_time(decode(1, 512))
+    host = [model.breakdown(decode(1, 512)).get("host", 0.0) for model in (slow, fast)]
+    assert host[0] == host[1] > 0        # the same host time on both: what keeps the whole step's stretch smaller
     assert 1.15 < whole_step < weight_bound
     # A 4096-token prefill is compute-bound, and both A100s have the same compute.
     assert compute_bound < 1.05 and compute_bound < weight_bound
