@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 
@@ -17,3 +18,14 @@ def _cpu_unless_gpu_test(request, monkeypatch):
     """
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setenv("PAGED_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def bench(request):
+    """The bench script a test module names in its BENCH, loaded as a module."""
+    path = request.module.BENCH
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module      # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -2,9 +2,7 @@
 the serving command's own TP, context limit, token budget and scheduling, vLLM bench's bursts sent at once and
 its ShareGPT runs at their concurrency through served clients, at the run's recorded mean lengths."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,15 +12,6 @@ from planner.errors import PlannerError
 from planner.sim.clients import SERVED_TURNAROUND
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_public_gpustack.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_public_gpustack", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module      # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_run_is_a_vllm_bench_block_with_its_source(bench):

@@ -2,8 +2,6 @@
 published recipe (FP8 KV cache, no prefix caching, --max-num-seqs CONC, lengths uniform on [int(0.8 L), L],
 10 x CONC prompts), the others with vLLM's API-server defaults and fixed lengths."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,15 +9,6 @@ import pytest
 from planner.api import run_spec
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_silicon_h100.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_silicon_h100", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module      # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def trace(bench, row, requests):
