@@ -40,6 +40,7 @@ sys.path.insert(0, ROOT)
 
 from engine.deployment import Deployment  # noqa: E402
 from planner.api import simulate  # noqa: E402
+from planner.catalog.models import resolve_model  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.sim.clients import SERVED_TURNAROUND  # noqa: E402
 
@@ -67,7 +68,7 @@ class Run:
 
     @property
     def moe(self) -> bool:
-        return "gpt-oss" in self.model or "-A22B" in self.model
+        return resolve_model(self.model).is_moe
 
     def deployment(self) -> Deployment:
         limits = {k: v for k, v in (("max_model_len", self.max_model_len),
