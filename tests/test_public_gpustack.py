@@ -1,4 +1,4 @@
-"""bench/bench_public_gpustack.py simulates each of GPUStack's published H100 runs as its page says it was made:
+"""bench/bench_public_gpustack.py simulates each of GPUStack's published runs as its page says it was made:
 the serving command's own TP, context limit, token budget and scheduling, vLLM bench's bursts sent at once and
 its ShareGPT runs at their concurrency through served clients, at the run's recorded mean lengths."""
 
@@ -16,7 +16,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_public_gpustac
 
 def test_every_run_is_a_vllm_bench_block_with_its_source(bench):
     doc = json.loads(Path(bench.DATA).read_text())
-    assert len(doc["runs"]) == len(bench.load_runs()) == 36
+    assert len(doc["runs"]) == len(bench.load_runs()) == 41
+    assert [r["gpu"] for r in doc["runs"]].count("h100-sxm") == 36    # and DeepSeek-R1's five on 8 x H200
     for row in doc["runs"]:
         assert row["page"].startswith("docs/performance-lab/") and len(row["commit"]) == 40
         assert row["serve"].startswith("vllm serve ") and row["model"] in row["serve"]
@@ -34,6 +35,8 @@ def test_runs_take_their_serving_commands_settings(bench):
     deployment = fp8.deployment()
     assert (deployment.tp, deployment.max_num_batched_tokens, deployment.async_scheduling) == (4, 16384, False)
     assert fp8.moe and not runs["Qwen3-14B tp1 1996/100 x500 at once"].moe
+    deepseek = runs["DeepSeek-R1-0528 h200 tp8 3995/200 x500 at once"].deployment()   # vllm serve ... -tp 8
+    assert (deepseek.gpu, deepseek.tp, deepseek.async_scheduling) == ("h200", 8, False)
 
 
 def test_bursts_arrive_at_once_and_sharegpt_clients_are_served(bench):
