@@ -59,10 +59,54 @@ def test_more_clients_more_throughput_and_longer_tpot_until_compute_binds():
     assert runs[0].tpot_mean < runs[1].tpot_mean < runs[2].tpot_mean
 
 
-def test_a_rate_and_a_concurrency_together_are_refused():
-    from planner.errors import PlannerError
-    with pytest.raises(PlannerError, match="not both"):
-        simulate(H100, workload="random", requests=10, rate=2.0, concurrency=4)
+def paced(rate: float, clients: int | None, **options):
+    """vllm bench serve's --request-rate with --max-concurrency: Poisson arrivals, at most `clients` in flight."""
+    trace = make_trace("random", num_requests=60, rate=rate, seed=0, input_len=200, output_len=30, range_ratio=0.5)
+    return trace, simulate_trace(trace, sim_plan("opt-125m", "a100-40g", policy="paper"),
+                                 LinearCostModel(0.01, 1e-4), concurrency=clients, paced=clients is not None,
+                                 **options)
+
+
+def test_a_rate_with_a_limit_never_reached_is_the_open_loop_at_that_rate():
+    _, open_loop = paced(2.0, None)
+    _, limited = paced(2.0, 60)
+    assert limited.requests == open_loop.requests and limited.steps == open_loop.steps
+
+
+def test_a_rate_with_a_limit_sends_each_request_when_due_or_when_a_slot_frees():
+    trace, result = paced(20.0, 3)
+    records = {r.request_id: r for r in result.requests}
+    sent = [records[req.request_id].arrival for req in trace]
+    due = [req.arrival_time for req in trace]
+    assert sent == sorted(sent)                                        # in the trace's order (vLLM bench's FIFO slots)
+    assert all(s >= d for s, d in zip(sent, due))                      # never before it is due
+    assert sum(s > d for s, d in zip(sent, due)) > len(trace) // 2    # at 20 req/s most wait for a slot
+    ends = sorted(r.finish for r in result.requests)
+    # the first three when due; each later one when due or, if three are out then, when the (k-3)th one ends
+    assert sent == [d if k < 3 else max(d, ends[k - 3]) for k, d in enumerate(due)]
+    events = sorted([(r.arrival, 1) for r in result.requests] + [(r.finish, -1) for r in result.requests],
+                    key=lambda e: (e[0], e[1]))
+    in_flight = most = 0
+    for _, change in events:
+        in_flight += change
+        most = max(most, in_flight)
+    assert most == 3
+
+
+def test_fast_forward_gives_the_step_by_step_result_with_a_rate_and_a_limit():
+    _, fast = paced(8.0, 4)
+    _, slow = paced(8.0, 4, fast_forward=False)
+    assert fast.fast_forwarded_steps > 0
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+
+
+def test_a_rate_and_a_concurrency_together_run_as_vllm_bench_runs_them():
+    m = simulate(H100, workload="random", params={"input_len": 512, "output_len": 64}, requests=80, rate=50.0,
+                 concurrency=4).metrics
+    alone = simulate(H100, workload="random", params={"input_len": 512, "output_len": 64}, requests=80,
+                     concurrency=4).metrics
+    assert m.mean_concurrency <= 4 and m.request_throughput < 50.0
+    assert m.request_throughput == pytest.approx(alone.request_throughput, rel=0.1)   # the limit binds, not the rate
 
 
 def test_capacity_in_clients_is_the_most_clients_within_the_slo():
@@ -92,7 +136,7 @@ def test_a_duration_for_a_closed_loop_is_refused_in_one_line_before_anything_run
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert result.stderr == ("error: --duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
-                             "request when the one before ends: give --requests N instead\n")
+                             "request when the one before ends: give --requests N instead (or a --rate)\n")
     assert not (tmp_path / "run").exists()
 
 
@@ -115,3 +159,19 @@ def test_search_in_clients_finds_the_cheapest_configuration_for_n_users():
     assert doc["capacity_unit"] == "clients" and doc["target_rate"] == 16
     assert found.best is not None and found.best["capacity"] >= 16
     assert all(isinstance(r["capacity"], int) for r in found.configs if r["capacity"] is not None)
+
+
+def test_a_fleet_keeps_the_limit_over_all_its_replicas():
+    from planner.runs.spec import Fleet, Load, RunSpec
+    load = Load(workload="random", params=(("input_len", 512), ("output_len", 64)), rate=50.0, requests=80,
+                concurrency=6)
+    result = simulate(RunSpec(deployment=H100, load=load, fleet=Fleet(2, "least-requests")))
+    records = result.sim.requests
+    events = sorted([(r.arrival, 1) for r in records] + [(r.finish, -1) for r in records], key=lambda e: (e[0], e[1]))
+    in_flight = most = 0
+    for _, change in events:
+        in_flight += change
+        most = max(most, in_flight)
+    assert most == 6 and result.sim.params["concurrency"] == 6
+    first = sorted(r.arrival for r in records)[:6]      # sent as they come due, not all six at time 0
+    assert first[0] == 0.0 and all(a < b for a, b in zip(first, first[1:]))

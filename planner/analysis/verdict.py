@@ -279,7 +279,11 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     latency = warmup_latency(records, window)
     short = too_short(window, latency) and not params.get("concurrency")
     enough = steady_requests(len(records), window, latency) if short else None
-    load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"), params.get("concurrency"))
+    clients = params.get("concurrency")
+    # with a rate too, the clients' limit on requests in flight holds arrivals back when it is mostly reached
+    gate = clients if clients and requested and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
+    load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"),
+                 clients if requested is None else None, gate)
     slo_status = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
@@ -303,8 +307,9 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
 
 
 def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[StepRecord], window: Window | None,
-          max_seqs: int | None, clients: int | None = None) -> dict:
-    """The run's state (keeps up, saturated, overloaded, unknown) and what bound it, with the reason."""
+          max_seqs: int | None, clients: int | None = None, gate: int | None = None) -> dict:
+    """The run's state (keeps up, saturated, overloaded, unknown) and what bound it, with the reason (`clients`:
+    a closed loop's; `gate`: the limit on requests in flight that held a rate's arrivals back)."""
     kv_full = steady["kv_full_share"] if steady else None
     growing, inconclusive = judge_growth(trend, short)
     saturated = bool(trend and not growing and not inconclusive
@@ -319,6 +324,7 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
     elif not growing and not saturated:
         bound = "arrival rate"
         why = (f"the engine keeps up with its {clients} clients, each waiting on its own request" if clients
+               else f"the engine keeps up; the limit of {gate} requests in flight holds the arrivals back" if gate
                else "the engine keeps up and waits for requests")
     elif (kv_full or 0) >= TIGHT_FULL_SHARE or (steady and steady["preemptions"] > 0):
         bound = "memory"
@@ -340,7 +346,10 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
 def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
     """The verdict in plain words, one line per finding."""
     trend, requested, offered = v["queue"], v["requested_rate"], v["offered_rate"]
-    if v["concurrency"]:
+    if v["concurrency"] and requested:
+        rate_line = (f"requested {_fmt_rate(requested)}, at most {v['concurrency']} requests in flight "
+                     f"({v['mean_concurrency'] or 0:.1f} on average)")
+    elif v["concurrency"]:
         rate_line = (f"closed loop of {v['concurrency']} clients ({v['mean_concurrency'] or 0:.1f} requests in flight "
                      f"on average)")
     else:

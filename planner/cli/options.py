@@ -219,7 +219,9 @@ DURATION = typer.Option(None, help="seconds of arrivals")
 CONCURRENCY = typer.Option(None, "--concurrency", metavar="N",
                            help="a closed loop of N clients, each sending its next request the moment its previous "
                                 "one ends (the trace gives lengths and order, not times; vLLM bench's "
-                                "--max-concurrency with an unlimited rate); a comma list sweeps in simulate")
+                                "--max-concurrency with an unlimited rate); with --rate, at most N requests in "
+                                "flight, each sent when it arrives or, if N are out, when one ends (vLLM bench's "
+                                "--request-rate with --max-concurrency); a comma list sweeps")
 REPLICAS = typer.Option(None, "--replicas", metavar="K",
                         help="K identical replicas of the deployment behind --router, simulated together (each its "
                              "own scheduler, KV cache and prefix cache); a comma list sweeps in simulate")

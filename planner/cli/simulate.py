@@ -42,10 +42,7 @@ DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
 
 def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), concurrencies=(None,),
               replicas=(1,), router: str | None = None, pd=None, **run) -> list[RunSpec]:
-    """One spec per deployment, rate (or concurrency) and replica count: the product of the comma lists given."""
-    if rates != (None,) and concurrencies != (None,):
-        raise PlannerError("give --rate or --concurrency, not both: a concurrency's clients send each request "
-                           "when their previous one ends")
+    """One spec per deployment, rate, concurrency and replica count: the product of the comma lists given."""
     loads = [replace(load, rate=r, concurrency=c) for r in rates for c in concurrencies]
     fleets = [Fleet(k, Fleet.router if router is None else router) for k in replicas]
     specs = [RunSpec(deployment=d, load=one, fleet=fleet, pd=pd, **run)
@@ -191,7 +188,9 @@ def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slo
     err.print(f"sweeping {len(specs)} runs in parallel processes ...", highlight=False)
 
     def done(spec: RunSpec, doc: dict) -> None:
-        load = f"concurrency {spec.load.concurrency}" if spec.load.concurrency else f"rate {spec.load.rate}"
+        load = ", ".join(f"{name} {value}" for name, value in (("rate", spec.load.rate),
+                                                              ("concurrency", spec.load.concurrency))
+                         if value is not None) or f"rate {spec.load.rate}"
         if spec.fleet.replicas > 1:
             load += f", {spec.fleet.replicas} replicas"
         err.print(f"  {', '.join(f'{k} {v}' for k, v in spec.deployment.changed().items())}, {load}: normalized "

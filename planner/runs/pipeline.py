@@ -157,9 +157,10 @@ class Simulation:
         if replicas > 1:
             return simulate_fleet(trace, self.plan, cost, replicas=replicas,
                                   router=self.spec.router(), seed=load.seed,
-                                  concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
+                                  concurrency=load.concurrency, paced=load.paced,
+                                  fast_forward=not self.spec.step_by_step,
                                   progress=progress, watch=watch)
-        return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency,
+        return simulate(trace, self.plan, cost, seed=load.seed, concurrency=load.concurrency, paced=load.paced,
                         fast_forward=not self.spec.step_by_step, progress=progress, watch=watch)
 
     def _simulate_pd(self, load: Load, trace: Trace, progress, watch) -> SimResult:
@@ -168,7 +169,8 @@ class Simulation:
             pools = replace(pools, **{name: replace(pool, cost_model=with_timing_noise(pool.cost_model, load.seed))
                                       for name, pool in (("prefill", pools.prefill), ("decode", pools.decode))})
         return simulate_pd(trace, pools.prefill, pools.decode, pools.path, self.spec.router(),
-                           seed=load.seed, concurrency=load.concurrency, fast_forward=not self.spec.step_by_step,
+                           seed=load.seed, concurrency=load.concurrency, paced=load.paced,
+                           fast_forward=not self.spec.step_by_step,
                            progress=progress, watch=watch)
 
     def analyse(self, sim: SimResult, spec: RunSpec | None = None) -> RunResult:

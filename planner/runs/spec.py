@@ -33,14 +33,21 @@ class Load:
     duration: float | None = None       # seconds of arrivals, instead of a request count
     seed: int = 0                       # of the trace and of the sampled tokens
     # A closed loop of this many clients, each sending its next request when its previous one ends (the
-    # trace gives lengths and order, not times); None: open loop, the trace's arrival times.
+    # trace gives lengths and order, not times); with a rate too, at most this many requests in flight, each
+    # sent at its arrival time or, if all are out then, when one ends (vllm bench serve's --request-rate with
+    # --max-concurrency); None: open loop, the trace's arrival times.
     concurrency: int | None = None
 
+    @property
+    def paced(self) -> bool:
+        """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
+        return self.concurrency is not None and self.rate is not None
+
     def check_closed_loop(self) -> None:
-        """A built-in workload's --duration times arrivals, which a closed loop does not have."""
-        if self.duration is not None and not is_trace_file(self.workload):
+        """A built-in workload's --duration times arrivals, which a closed loop alone does not have."""
+        if self.duration is not None and self.rate is None and not is_trace_file(self.workload):
             raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
-                               "request when the one before ends: give --requests N instead")
+                               "request when the one before ends: give --requests N instead (or a --rate)")
 
     def check_size(self) -> None:
         """Refuse, before making it, a generated trace too large for this machine's memory to simulate."""
@@ -51,9 +58,6 @@ class Load:
     def trace(self) -> Trace:
         if self.concurrency is not None and self.concurrency < 1:
             raise PlannerError(f"concurrency must be >= 1 clients, got {self.concurrency}")
-        if self.concurrency is not None and self.rate is not None:
-            raise PlannerError("give a request rate or a concurrency, not both: with a concurrency the clients "
-                               "send each request when their previous one ends")
         if self.rate is not None and not self.rate > 0:
             raise PlannerError(f"rate must be > 0 requests/s, got {self.rate}")
         if self.requests is not None and self.requests < 1:
@@ -68,7 +72,8 @@ class Load:
                                   rate=math.inf if self.rate is None else self.rate, seed=self.seed,
                                   **dict(self.params))
             requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
-            rate = math.inf if self.concurrency is not None else DEFAULT_RATE if self.rate is None else self.rate
+            rate = (self.rate if self.rate is not None else math.inf if self.concurrency is not None
+                    else DEFAULT_RATE)
             trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate,
                                seed=self.seed, **dict(self.params))
         except TraceError as exc:

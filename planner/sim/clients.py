@@ -8,9 +8,17 @@ engine's own process do (validate's live engine). A client of an API server
 and sends the next request through HTTP and the tokenizer while the engine
 has already scheduled its next step, so the request waits for that step to end
 and joins the one after: any turnaround shorter than a step gives that.
+
+A closed loop alone sends the trace's requests in order, their times aside.
+`paced` (a request rate too: `vllm bench serve --request-rate R
+--max-concurrency N`) sends none before its trace time and keeps at most N
+in flight: a request due while N are out waits for one of them to end. Its
+clock starts when it is sent, as vLLM's benchmark starts it once the request
+holds a slot.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from typing import TYPE_CHECKING, Callable
@@ -31,21 +39,26 @@ class ClosedLoop:
     """The clients of a closed loop and the requests they have still to send."""
 
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
-                 turnaround: float = 0.0, due: Due | None = None, all_sent: Callable[[], None]) -> None:
+                 turnaround: float = 0.0, due: Due | None = None, all_sent: Callable[[], None],
+                 paced: bool = False) -> None:
         self.env = env
+        self.paced = paced                # send no request before its trace time
         self.waiting = deque(requests)
+        self.unsent = len(self.waiting)
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
         self.turnaround = turnaround
-        self.due = due                    # told of each release on its way, so an engine's windows stop before it
+        self.due = due                    # told of each send on its way, so an engine's windows stop before it
         self.all_sent = all_sent
-        self.on_the_way: deque[float] = deque()   # when the releases on their way arrive (in order: one turnaround)
+        self.on_the_way: list[float] = []   # a heap: when the sends and releases waited for happen
 
     def release(self, count: int) -> None:
-        """`count` clients send their next requests now."""
+        """`count` clients send their next requests: now, or when each comes due."""
         for _ in range(min(count, len(self.waiting))):
-            self.send(self.waiting.popleft(), self.env.now)
-        if not self.waiting:
-            self.all_sent()
+            req = self.waiting.popleft()
+            if self.paced and req.arrival_time > self.env.now:
+                self._after(req.arrival_time - self.env.now, lambda req=req: self._send(req, req.arrival_time))
+            else:
+                self._send(req, self.env.now)
 
     def ended(self, count: int) -> None:
         """`count` requests ended now: their clients send their next ones after the turnaround."""
@@ -54,15 +67,24 @@ class ClosedLoop:
         if self.turnaround <= 0:
             self.release(count)
             return
-        at = self.env.now + self.turnaround         # the very float SimPy's timeout wakes at
-        self.on_the_way.append(at)
+        self._after(self.turnaround, lambda: self.release(count))
+
+    def _send(self, req: TraceRequest, at: float) -> None:
+        self.send(req, at)
+        self.unsent -= 1
+        if not self.unsent:
+            self.all_sent()
+
+    def _after(self, delay: float, action: Callable[[], None]) -> None:
+        at = self.env.now + delay                   # the very float SimPy's timeout wakes at
+        heapq.heappush(self.on_the_way, at)
         if self.due is not None:
             self.due.at = min(self.due.at, at)
-        self.env.process(self._release_later(count))
+        self.env.process(self._wait(delay, action))
 
-    def _release_later(self, count: int):
-        yield self.env.timeout(self.turnaround)
-        self.on_the_way.popleft()
+    def _wait(self, delay: float, action: Callable[[], None]):
+        yield self.env.timeout(delay)
+        heapq.heappop(self.on_the_way)              # the earliest: this one (or a tie)
         if self.due is not None:
             self.due.at = self.on_the_way[0] if self.on_the_way else math.inf
-        self.release(count)
+        action()

@@ -838,14 +838,16 @@ def run_quietly(env: simpy.Environment, until_done: Callable[[], object]):
 
 
 def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
-             concurrency: int | None = None, fast_forward: bool = True, progress: Progress | None = None,
-             watch: Watch | None = None, device_speed: Callable[[float], float] | None = None) -> SimResult:
+             concurrency: int | None = None, paced: bool = False, fast_forward: bool = True,
+             progress: Progress | None = None, watch: Watch | None = None,
+             device_speed: Callable[[float], float] | None = None) -> SimResult:
     """Run `trace` through the engine core, as `plan` deploys it, on a SimPy clock priced by `cost_model`.
 
     `concurrency` N: a closed loop of N clients, each sending the trace's next
     request when its previous one ends (the deployment's `client_turnaround`
-    after it; the trace's times do not count); None: every request at its
-    trace time. `fast_forward` (the default) takes
+    after it; the trace's times do not count unless `paced`: then each request
+    is sent at its trace time or, with N out, when one ends); None: every
+    request at its trace time. `fast_forward` (the default) takes
     provably uneventful decode steps in bulk; False steps one at a time. Both give the same results. `seed` draws
     the sampled tokens. `watch` sees every step and may end the run by
     raising (see `Watch`). `device_speed(t)` scales the price of a step that
@@ -863,7 +865,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
         loop = ClosedLoop(env, trace.requests,
                           lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
                           turnaround=plan.deployment.client_turnaround, due=engine.due,
-                          all_sent=lambda: setattr(engine, "arrivals_done", True))
+                          all_sent=lambda: setattr(engine, "arrivals_done", True), paced=paced)
         engine.on_ended = loop.ended
         loop.release(concurrency)
 

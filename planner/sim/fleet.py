@@ -175,14 +175,14 @@ class Fleet:
         for engine in self.engines:
             engine.arrivals_done = True
 
-    def start(self, concurrency: int | None) -> None:
+    def start(self, concurrency: int | None, paced: bool = False) -> None:
         if concurrency is None:
             count = len(self.engines)
             routes = [n % count for n in range(len(self.trace))] if self.pre_routed else None
             self.env.process(self.arrivals(routes))
             return
         self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
-                               turnaround=self.turnaround, due=self.due, all_sent=self._all_sent)
+                               turnaround=self.turnaround, due=self.due, all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
         self.loop.release(concurrency)
@@ -190,10 +190,11 @@ class Fleet:
 
 def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, replicas: int = 1,
                    router: str | RouterPolicy | None = None, seed: int = 0, concurrency: int | None = None,
-                   fast_forward: bool = True, progress: Progress | None = None,
+                   paced: bool = False, fast_forward: bool = True, progress: Progress | None = None,
                    watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """`replicas` copies of `plan` behind `router` (a policy name, see planner/sim/router.py), fed `trace`
-    (or, with `concurrency`, a closed loop of that many clients). One replica is `simulate` itself. A MoE
+    (or, with `concurrency`, a closed loop of that many clients; `paced`: at most that many requests in flight,
+    none sent before its trace time). One replica is `simulate` itself. A MoE
     plan's dp ranks (each `plan.deployment.dp` consecutive replicas) step in lockstep (planner/sim/lockstep.py);
     `lockstep=False` runs them on their own clocks (what that leaves out: bench/bench_dp_lockstep.py)."""
     policy = router if isinstance(router, RouterPolicy) else parse_router(router)
@@ -202,14 +203,14 @@ def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *,
     if policy.uses_prefix and not plan.deployment.enable_prefix_caching:
         raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
     if replicas == 1:
-        return simulate(trace, plan, cost_model, seed=seed, concurrency=concurrency, fast_forward=fast_forward,
-                        progress=progress, watch=watch)
-    return run_fleet(trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
+        return simulate(trace, plan, cost_model, seed=seed, concurrency=concurrency, paced=paced,
+                        fast_forward=fast_forward, progress=progress, watch=watch)
+    return run_fleet(trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency, paced=paced,
                      fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)
 
 
 def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replicas: int, policy: RouterPolicy,
-              *, seed: int = 0, concurrency: int | None = None, fast_forward: bool = True,
+              *, seed: int = 0, concurrency: int | None = None, paced: bool = False, fast_forward: bool = True,
               progress: Progress | None = None, watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """The fleet simulation for any number of replicas (one included: tests hold it to `simulate`)."""
     wall_start = time.perf_counter()
@@ -217,7 +218,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
     env = simpy.Environment()
     fleet = Fleet(env, trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
                   fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)
-    fleet.start(concurrency)
+    fleet.start(concurrency, paced)
 
     def records() -> SimResult:
         if progress is not None:

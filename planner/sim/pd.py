@@ -174,9 +174,9 @@ class Disaggregated:
 
     def __init__(self, env: simpy.Environment, trace: Trace, prefill: Pool, decode: Pool, path: KvPath,
                  policy: RouterPolicy, *, seed: int, concurrency: int | None, fast_forward: bool,
-                 progress: Progress | None, watch: Watch | None) -> None:
+                 progress: Progress | None, watch: Watch | None, paced: bool = False) -> None:
         self.env, self.trace, self.path, self.watch, self.progress = env, trace, path, watch, progress
-        self.concurrency = concurrency
+        self.concurrency, self.paced = concurrency, paced
         self.requests = {r.request_id: r for r in trace.requests}
         self.groups: list[ClientRequest] = []         # every request sent, in sending order (a probe's watch)
         self.by_prefill: dict[int, ClientRequest] = {}
@@ -194,7 +194,7 @@ class Disaggregated:
             engine.blocks_lent = lambda engine=engine: any(held is engine for held, _ in self.held.values())
 
     def start(self) -> None:
-        self.prefill.start(self.concurrency)
+        self.prefill.start(self.concurrency, self.paced)
         if self.concurrency is not None:      # a client's request ends at the decode pool, not at the prefill
             for engine in self.prefill.engines:
                 engine.on_ended = None
@@ -381,14 +381,15 @@ class PdResult(SimResult):
 
 
 def simulate_pd(trace: Trace, prefill: Pool, decode: Pool, path: KvPath, policy: RouterPolicy, *, seed: int = 0,
-                concurrency: int | None = None, fast_forward: bool = True, progress: Progress | None = None,
-                watch: Watch | None = None) -> PdResult:
-    """`trace` (or a closed loop of `concurrency` clients) through a prefill pool and a decode pool, each
-    behind a router of `policy`, the KV crossing `path` (see the module)."""
+                concurrency: int | None = None, paced: bool = False, fast_forward: bool = True,
+                progress: Progress | None = None, watch: Watch | None = None) -> PdResult:
+    """`trace` (or a closed loop of `concurrency` clients; `paced`: at most that many requests in flight, none
+    sent before its trace time) through a prefill pool and a decode pool, each behind a router of `policy`,
+    the KV crossing `path` (see the module)."""
     wall_start = time.perf_counter()
     env = simpy.Environment()
     pools = Disaggregated(env, trace, prefill, decode, path, policy, seed=seed, concurrency=concurrency,
-                          fast_forward=fast_forward, progress=progress, watch=watch)
+                          fast_forward=fast_forward, progress=progress, watch=watch, paced=paced)
     pools.start()
 
     def records() -> PdResult:
