@@ -54,7 +54,7 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
         notes.append("prefix caching: hashing and lookup cost on the host is not priced")
     if preemption_mode == "swap":
         notes.append("swap: transfers are priced on the step, not overlapped with compute")
-    notes.append("no network, tokenization or detokenization time: latencies are engine-side (GPUStack's Qwen3-8B "
-                 "runs through vLLM's chat endpoint on an H100 measured about 50 ms more TTFT than the engine's "
-                 "share: bench/bench_public_gpustack.py)")
+    notes.append("no network, tokenization or detokenization time: latencies are engine-side (Qwen3-8B on an H100 "
+                 "through vLLM's chat endpoint measured 5-10 ms more TTFT than the engine's share with vLLM 0.18, "
+                 "about 50 ms with vLLM 0.11: bench/bench_public_qwen3_8b.py, bench/bench_public_gpustack.py)")
     return notes
