@@ -182,7 +182,8 @@ def test_slower_memory_stretches_only_the_memory_bound_part():
     whole_step = slow.step_time(decode(1, 512)) / fast.step_time(decode(1, 512))
     host = [model.breakdown(decode(1, 512)).get("host", 0.0) for model in (slow, fast)]
     assert host[0] == host[1] > 0        # the same host time on both: what keeps the whole step's stretch smaller
-    assert 1.15 < whole_step < weight_bound
+    # the host's ~1 ms of an ~12 ms step holds the whole step's stretch at least 5 points under the bandwidth's
+    assert 1.15 < whole_step < bandwidth_ratio - 0.05
     # A 4096-token prefill is compute-bound, and both A100s have the same compute.
     assert compute_bound < 1.05 and compute_bound < weight_bound
 
