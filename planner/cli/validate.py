@@ -103,8 +103,9 @@ def validate_cmd(
         if out is not None:
             check_writable(out, folder=True)     # before the live run whose report it holds
         if rate is not None and concurrency is not None:
-            raise PlannerError("give --rate or --concurrency, not both: a closed loop's clients send each request "
-                               "when their previous one ends")
+            raise PlannerError("give --rate or --concurrency, not both: validate's live clients either follow the "
+                               "rate or close the loop (planner simulate and planner bench pace a rate with a limit "
+                               "in flight)")
         _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, rate=rate,
                        concurrency=concurrency, requests=requests, length_scale=length_scale,
                        max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
