@@ -68,12 +68,17 @@ class Run:
 
     @property
     def flags(self) -> str:
-        changed = [f"{k}={v}" for k, v in self.settings if k not in ("gpu_memory_utilization", "max_model_len")]
-        return ",".join(changed) or "defaults"
+        return flags_of(self.settings)
 
     def deployment(self) -> Deployment:
         return Deployment(model="Qwen/Qwen3-8B", gpu="h100-sxm", client_turnaround=SERVED_TURNAROUND,
                           **dict(self.settings))
+
+
+def flags_of(settings: tuple[tuple[str, object], ...]) -> str:
+    """The settings a variant changes from the sweep's base server, in a few words."""
+    changed = [f"{k}={v}" for k, v in settings if k not in ("gpu_memory_utilization", "max_model_len")]
+    return ",".join(changed) or "defaults"
 
 
 def serve_settings(command: str) -> dict[str, object] | None:
@@ -135,7 +140,7 @@ def main() -> None:
         plan = plan_deployment(Deployment(model="Qwen/Qwen3-8B", gpu="h100-sxm", **dict(settings)))
         planned = plan.num_gpu_blocks * plan.block_size
         cells = ", ".join(f"{n:,} ({planned / n - 1:+.2%})" for n in logged) or "not logged"
-        print(f"  {Run('', settings, 0, 0, 0, 0, 0, 0, 0, 0, 0, None).flags:40s} planned {planned:,}; logged {cells}")
+        print(f"  {flags_of(settings):40s} planned {planned:,}; logged {cells}")
     print("\nerror = simulated / measured - 1")
     print(f"{'run':44s} {'flags':26s} {'rate':>5s} {'C':>4s} {'TTFT ms':>20s} {'TPOT ms':>18s} {'E2E s':>16s} "
           f"{'duration s':>18s}")
