@@ -249,9 +249,54 @@ def test_served_clients_live_and_simulated_join_the_step_after_the_one_running(l
         assert turnaround <= gap < turnaround + step / 2
 
 
+def most_in_flight(records) -> int:
+    """The most requests between their arrival and their finish at any one time (a finish frees its slot
+    before an arrival stamped with the same time takes it)."""
+    events = sorted([(r.arrival, 1) for r in records] + [(r.finish, -1) for r in records])
+    in_flight = most = 0
+    for _, change in events:
+        in_flight += change
+        most = max(most, in_flight)
+    return most
+
+
+def test_a_rate_with_a_limit_in_flight_paces_the_live_clients_as_the_simulated_ones(llama_dir, tmp_path):
+    # vLLM bench's --request-rate with --max-concurrency: each request is sent when due or, with two out then,
+    # when one of them ends, and stamped with that time, live and simulated alike.
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80)
+    spec = ValidationSpec(deployment, workload="alpaca", rate=400.0, concurrency=2, requests=12, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=12)
+    trace = spec.trace()
+    assert trace.requests[-1].arrival_time > 0      # a trace with times, not every request due at once
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 12
+    due = [req.arrival_time for req in trace]
+    for records in (v.live.requests, v.sim_requests):
+        by_id = {r.request_id: r for r in records}
+        sent = [by_id[req.request_id].arrival for req in trace]
+        ends = sorted(r.finish for r in records)
+        assert most_in_flight(records) == 2
+        assert sent[:2] == due[:2]
+        for k in range(2, len(trace)):   # when due, or the moment the (k-2)th request to end ended
+            assert max(due[k], ends[k - 2]) <= sent[k] <= max(due[k], ends[k - 2]) + 0.005
+        assert sum(s > d for s, d in zip(sent, due)) > len(trace) // 2    # most wait for a slot
+    _, doc = write_report(v, tmp_path / "report")
+    assert doc["concurrency"] == 2 and doc["rate"] == 400.0
+    assert "at 400 req/s (Poisson), at most 2 in flight" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_limit_in_flight_never_reached_sends_each_request_at_its_arrival_time(llama_dir):
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80)
+    spec = ValidationSpec(deployment, workload="alpaca", rate=20.0, concurrency=6, requests=6, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=4, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    by_id = {r.request_id: r for r in v.live.requests}
+    assert [by_id[req.request_id].arrival for req in spec.trace()] == [req.arrival_time for req in spec.trace()]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "0"], "--concurrency must be at least 1"),
-    (["--concurrency", "4", "--rate", "2"], "give --rate or --concurrency, not both"),
+    (["--concurrency", "4", "--rate", "0"], "--rate must be a positive number"),
 ])
 def test_cli_rejects_a_bad_closed_loop_in_one_line(llama_dir, tmp_path, args, message):
     from typer.testing import CliRunner

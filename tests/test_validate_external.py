@@ -133,11 +133,28 @@ def test_endpoint_closed_loop_is_served_and_reprofile_times_this_device_around_t
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["deployment_sources"]["client_turnaround"] == "0.001 (a served client's)"
+    assert doc["rate"] is None and doc["concurrency"] == 2      # the clients alone: no default rate paces them
     assert doc["num_completed"] == {"measured": 6, "simulated": 6}
     assert (tmp_path / "run" / "profile.json").exists()
     assert str(tmp_path / "run" / "profile.json") in doc["cost_model"]
     assert "half right before and half right after" in doc["profile_check"]["reason"]
     assert "Profile check: **ok**" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_endpoint_paced_by_a_rate_with_a_limit_in_flight(folder, tmp_path):
+    # vLLM bench's --request-rate with --max-concurrency against a server, and the simulator run the same way.
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=96, max_num_seqs=12)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        result = invoke("--endpoint", srv.url, "--model", folder, "--gpu", "cpu", "--workload", "alpaca",
+                        "--requests", "8", "--rate", "200", "--concurrency", "2", "--length-scale", "0.1",
+                        "--max-output-len", "6", "--out", tmp_path / "run", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["rate"] == 200 and doc["concurrency"] == 2
+    assert doc["num_completed"] == {"measured": 8, "simulated": 8}
+    live = next(line for line in doc["verdict"]["lines"] if line.startswith("Live run:"))
+    assert "requested 200 req/s, at most 2 requests in flight" in live
+    assert "at 200 req/s (Poisson), at most 2 in flight" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_a_served_engine_is_profiled_at_its_own_torch_threads(folder, monkeypatch):

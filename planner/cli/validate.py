@@ -63,11 +63,13 @@ ATTRIBUTION = typer.Option(False, "--attribution", help="also split the error by
 def validate_cmd(
     deployments: DeploymentChoices,
     workload: Optional[str] = typer.Option(None, help="built-in workload or trace file (default sharegpt)"),
-    rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2)"),
+    rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2; "
+                                                    "none with --concurrency alone)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
-                                              help="instead of a rate, a closed loop of N clients, live and "
-                                                   "simulated: each sends its next request the moment its "
-                                                   "previous one ends (--endpoint: bench's --max-concurrency)"),
+                                              help="a closed loop of N clients, live and simulated: each sends "
+                                                   "its next request the moment its previous one ends; with "
+                                                   "--rate, at most N requests in flight (vLLM bench's "
+                                                   "--max-concurrency with --request-rate)"),
     requests: Optional[int] = typer.Option(None, help="number of requests (default 64, --quick 56)"),
     seed: int = opt.SEED,
     length_scale: Optional[float] = typer.Option(None, help="scale the workload's lengths (CPU runs must stay "
@@ -102,10 +104,6 @@ def validate_cmd(
             raise PlannerError("give one of --endpoint and --measured, not both")
         if out is not None:
             check_writable(out, folder=True)     # before the live run whose report it holds
-        if rate is not None and concurrency is not None:
-            raise PlannerError("give --rate or --concurrency, not both: validate's live clients either follow the "
-                               "rate or close the loop (planner simulate and planner bench pace a rate with a limit "
-                               "in flight)")
         _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, rate=rate,
                        concurrency=concurrency, requests=requests, length_scale=length_scale,
                        max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
@@ -115,6 +113,8 @@ def validate_cmd(
         # what the command line gives wins over --quick's values, which win over the defaults
         trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
                  "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency}
+        if concurrency is not None and rate is None:
+            trace["rate"] = None      # a closed loop alone: the trace's times do not count
         if replicas is not None or router is not None:
             return _validate_fleet(deployments, {**trace, "speed_correction": speed_correction}, replicas, router,
                                    endpoint or measured, profile, reprofile, out, as_json_flag, err)

@@ -69,13 +69,15 @@ def attribute(full: dict, replay: dict, replay_gaps: dict, live: dict,
 
 def run_attribution(trace, plan, cost_model: CostModel, live_steps: list[StepRecord],
                     live_requests: list[RequestRecord], live_metrics: dict, full: dict, *, seed: int = 0,
-                    concurrency: int | None = None) -> dict:
-    """Simulate the replays and split the error of `full` (the cost model's simulation) against live."""
+                    clients: dict | None = None) -> dict:
+    """Simulate the replays and split the error of `full` (the cost model's simulation) against live;
+    `clients`: how requests reach the engine, as `simulate` takes it (concurrency, paced)."""
+    clients = clients or {}
     durations = [s.duration for s in live_steps]
     gaps = between_step_gaps(live_steps, live_requests)
-    replay = simulate(trace, plan, ReplayCost(durations, cost_model), seed=seed, concurrency=concurrency).summary()
+    replay = simulate(trace, plan, ReplayCost(durations, cost_model), seed=seed, **clients).summary()
     replay_gaps = simulate(trace, plan, ReplayCost([d + g for d, g in zip(durations, gaps)], cost_model),
-                           seed=seed, concurrency=concurrency).summary()
+                           seed=seed, **clients).summary()
     doc = attribute(full, replay, replay_gaps, live_metrics)
     doc["between_step_time"] = {"total_s": sum(gaps), "mean_s": sum(gaps) / len(gaps) if gaps else 0.0,
                                 "share_of_busy_time": sum(gaps) / (sum(gaps) + sum(durations))

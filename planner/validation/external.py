@@ -115,12 +115,12 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
     spec = replace(spec, deployment=deployment)
     plan = plan_deployment(deployment, refuse=False)        # it ran: whatever vLLM refuses, it did not
     cost = build_cost_model(plan, None, spec.profile)
-    sim = simulate(trace, plan, cost, seed=spec.seed, concurrency=spec.concurrency)
+    sim = simulate(trace, plan, cost, seed=spec.seed, **spec.clients)
     live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
                    plan.max_num_batched_tokens, kernels)
     result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
     result.spread = simulate_spread(trace, plan, cost, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
-                                    metrics=COMPARED, concurrency=spec.concurrency)
+                                    metrics=COMPARED, clients=spec.clients)
     return result
 
 

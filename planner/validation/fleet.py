@@ -75,7 +75,8 @@ class FleetValidation:
     def document(self) -> dict:
         d = self.spec.deployment
         return json_safe({"model": d.model, "gpu": d.gpu, "replicas": len(self.live.replicas), "router": self.policy,
-                          "workload": self.spec.workload, "requests": self.spec.requests, "rate": self.spec.rate,
+                          "workload": self.spec.workload, "requests": self.spec.requests,
+                          "rate": self.spec.arrival_rate,
                           "length_scale": self.spec.length_scale, "max_output_len": self.spec.max_output_len,
                           "seed": self.spec.seed, "enable_prefix_caching": d.prefix_caching_on,
                           "cost_model": self.cost_model, "profile": self.profile_note, "speed": self.speed,

@@ -2,7 +2,8 @@
 
 Each request is released when the trace clock reaches its arrival time (or,
 in a closed loop of N clients, the moment one of the N requests in flight
-ends), and the engine steps as fast as it can. The engine (torch) is imported only when
+ends; paced by a rate too, whichever is later), and the engine steps as fast
+as it can. The engine (torch) is imported only when
 a live run starts: the rest of the planner never needs torch.
 """
 from __future__ import annotations
@@ -93,40 +94,59 @@ def speculation_curves(stats: dict | None) -> dict:
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and the
     next one as each ends (the deployment's client_turnaround later, stamped with the time it is sent, as
-    the simulator's clients do: planner/sim/clients.py), and step until all are done; the requests' groups."""
+    the simulator's clients do: planner/sim/clients.py); paced (a rate too), a released request is sent at
+    its arrival time if that is later, stamped with it. Step until all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
     pending = deque(trace.requests)
     closed_loop = spec.concurrency is not None
     turnaround = spec.deployment.client_turnaround
-    on_the_way: deque[tuple[float, int]] = deque()    # closed loop: (when, how many) next requests are due
+    on_the_way: deque[tuple[float, int]] = deque()    # closed loop: (when, how many) clients send their next
+    not_yet_due: deque = deque()      # paced: requests whose clients are free, each waiting for its arrival time
 
-    def send(count: int, at: float | None = None) -> None:
+    def send(req, at: float) -> None:
+        engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
+                           req.sampling_params(), arrival_time=at, output_len_hint=req.output_len)
+        groups.append(engine.groups[req.request_id])
+
+    def release(count: int, at: float) -> None:
+        """`count` clients take the next requests: sent now (stamped `at`), or paced, at their arrival times."""
         for _ in range(min(count, len(pending))):
             req = pending.popleft()
-            engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
-                               req.sampling_params(), arrival_time=req.arrival_time if at is None else at,
-                               output_len_hint=req.output_len)
-            groups.append(engine.groups[req.request_id])
+            if spec.paced and req.arrival_time > at:
+                not_yet_due.append(req)       # in trace order, so in arrival order
+            else:
+                send(req, at)
+
+    def next_due() -> float | None:
+        times = [on_the_way[0][0]] if on_the_way else []
+        times += [not_yet_due[0].arrival_time] if not_yet_due else []
+        return min(times) if times else None
 
     done = 0
     clock.start()   # trace time 0: the first arrival is due now
     if closed_loop:
-        send(spec.concurrency, 0.0)
-    while pending or engine.has_unfinished_requests():
+        release(spec.concurrency, 0.0)
+    while pending or not_yet_due or engine.has_unfinished_requests():
         if closed_loop:
             while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
                 sent, count = on_the_way.popleft()
-                send(count, sent)
+                release(count, sent)
+            while not_yet_due and not_yet_due[0].arrival_time <= clock():
+                req = not_yet_due.popleft()
+                send(req, req.arrival_time)
             if not engine.has_unfinished_requests():
-                if on_the_way:
-                    time.sleep(max(0.0, on_the_way[0][0] - clock()))
+                due = next_due()
+                if due is not None:
+                    time.sleep(max(0.0, due - clock()))
                 else:       # nothing in flight and nothing on its way: every client is free
-                    send(spec.concurrency, clock())
+                    release(spec.concurrency, clock())
                 continue
         else:
             now = engine.clock()
-            send(sum(1 for _ in takewhile(lambda r: r.arrival_time <= now, pending)))
+            for _ in range(sum(1 for _ in takewhile(lambda r: r.arrival_time <= now, pending))):
+                req = pending.popleft()
+                send(req, req.arrival_time)
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
                 continue

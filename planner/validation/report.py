@@ -31,7 +31,7 @@ def as_json(v: Validation) -> dict:
     s, d = v.spec, v.spec.deployment
     return {
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
-        "rate": None if s.concurrency else s.rate, "concurrency": s.concurrency, "requests": s.requests,
+        "rate": _request_rate(s), "concurrency": s.concurrency, "requests": s.requests,
         "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
@@ -62,9 +62,18 @@ def spec_comparison(v: Validation) -> dict:
 
 
 def load_text(spec) -> str:
-    """How the trace's requests were sent: "at R req/s (Poisson)" or "from N closed-loop clients"."""
-    return (f"from {spec.concurrency} closed-loop clients" if spec.concurrency is not None
-            else f"at {spec.rate:g} req/s (Poisson)")
+    """How the trace's requests were sent: "at R req/s (Poisson)", "from N closed-loop clients", or
+    "at R req/s (Poisson), at most N in flight"."""
+    if spec.concurrency is None:
+        return f"at {spec.arrival_rate:g} req/s (Poisson)"
+    if spec.paced:
+        return f"at {spec.arrival_rate:g} req/s (Poisson), at most {spec.concurrency} in flight"
+    return f"from {spec.concurrency} closed-loop clients"
+
+
+def _request_rate(spec) -> float | None:
+    """The trace's request rate; None for a closed loop alone, whose times do not count."""
+    return None if spec.concurrency is not None and not spec.paced else spec.arrival_rate
 
 
 def _fmt(x) -> str:
@@ -294,7 +303,7 @@ def validation_verdict(validation: Validation, targets: dict[str, float] = TARGE
     missed = [_judged_text(n, j, level) for n, j in judged.items() if not j["pass"]]
     spec = validation.spec
     live = dict(validation.live.metrics)
-    live["params"] = {"trace_params": {"rate": None if spec.concurrency else spec.rate},
+    live["params"] = {"trace_params": {"rate": _request_rate(spec)},
                       "concurrency": spec.concurrency,
                       "max_num_seqs": validation.live.max_num_seqs or spec.deployment.max_num_seqs, "tp": 1}
     load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]

@@ -131,20 +131,18 @@ def _compare(spec: ValidationSpec, trace, model: ModelSpec, live: LiveRun, cost_
     priced = ScaledCostModel(cost_model, factor) if factor is not None else cost_model
     speed = timeline if timeline is not None and timeline.applied else None
     plan = _plan_of(spec, live)
-    sim = simulate(trace, plan, priced, seed=spec.seed, concurrency=spec.concurrency, device_speed=speed)
+    sim = simulate(trace, plan, priced, seed=spec.seed, **spec.clients, device_speed=speed)
     step_errors = [priced.step_time(shape) * (speed(step.start) if speed else 1.0) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
     result = Validation(spec, model, live, sim.summary(), sim.steps, sim.requests, priced.name, step_errors,
                         speed_level=level, speed_timeline=timeline)
     result.spread = simulate_spread(trace, plan, cost_model, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
-                                    metrics=COMPARED, speed_factor=factor, timeline=speed,
-                                    concurrency=spec.concurrency)
+                                    metrics=COMPARED, speed_factor=factor, timeline=speed, clients=spec.clients)
     if spec.attribution:
         result.attribution = run_attribution(trace, plan, priced, live.steps, live.requests, live.metrics,
-                                             result.simulated, seed=spec.seed, concurrency=spec.concurrency)
+                                             result.simulated, seed=spec.seed, clients=spec.clients)
         if priced is not cost_model or speed is not None:
-            result.uncorrected = simulate(trace, plan, cost_model, seed=spec.seed,
-                                          concurrency=spec.concurrency).summary()
+            result.uncorrected = simulate(trace, plan, cost_model, seed=spec.seed, **spec.clients).summary()
     return result
 
 

@@ -12,15 +12,18 @@ from workloads import Trace, TraceError, make_trace
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
+DEFAULT_RATE = 4.0                     # requests/s of an open loop when no rate is given
 
 
 @dataclass(frozen=True)
 class ValidationSpec:
     deployment: Deployment = field(default_factory=lambda: Deployment(model="opt-125m", gpu="cpu"))
     workload: str = "sharegpt"         # a built-in workload or a trace file
-    rate: float = 4.0                  # requests/s (Poisson)
-    # A closed loop of this many clients instead of the rate: each sends its next request the moment its
-    # previous one ends, live and simulated alike (vLLM bench's --max-concurrency at an unlimited rate).
+    rate: float | None = None          # requests/s (Poisson); None: DEFAULT_RATE, or a closed loop's none
+    # A closed loop of this many clients: each sends its next request the moment its previous one ends, live
+    # and simulated alike (vLLM bench's --max-concurrency at an unlimited rate). With a rate too, at most this
+    # many requests in flight, each sent at its arrival time or, with all N out then, when one of them ends
+    # (vLLM bench's --request-rate with --max-concurrency).
     concurrency: int | None = None
     requests: int = 64
     seed: int = 0
@@ -42,9 +45,9 @@ class ValidationSpec:
             raise PlannerError(f"--concurrency must be at least 1 client, got {self.concurrency}")
         if self.requests < 1:
             raise PlannerError(f"--requests must be at least 1, got {self.requests}")
-        if self.concurrency is None and not self.rate > 0:      # (inf: every request at once)
+        if self.rate is not None and not self.rate > 0:      # (inf: every request at once)
             raise PlannerError(f"--rate must be a positive number of requests/s, got {self.rate}")
-        check_trace_size(self.requests, None, self.rate)
+        check_trace_size(self.requests, None, self.arrival_rate)
         if not 0 < self.length_scale <= MAX_LENGTH_SCALE:
             raise PlannerError(f"--length-scale must be a positive number up to {MAX_LENGTH_SCALE:g}, "
                                f"got {self.length_scale}")
@@ -52,12 +55,26 @@ class ValidationSpec:
             if getattr(self, name) < 1:
                 raise PlannerError(f"--{name.replace('_', '-')} must be at least 1 token, got {getattr(self, name)}")
 
+    @property
+    def paced(self) -> bool:
+        """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
+        return self.concurrency is not None and self.rate is not None
+
+    @property
+    def arrival_rate(self) -> float:
+        """The trace's request rate: inf for a closed loop alone (its times do not count)."""
+        if self.rate is not None:
+            return self.rate
+        return math.inf if self.concurrency is not None else DEFAULT_RATE
+
+    @property
+    def clients(self) -> dict:
+        """How requests reach the simulated engine, as `simulate` takes it: a closed loop, paced or not."""
+        return {"concurrency": self.concurrency, "paced": self.paced}
+
     def trace(self) -> Trace:
-        if self.concurrency is None and not self.rate > 0:
-            raise PlannerError(f"rate must be positive, got {self.rate}")
-        rate = math.inf if self.concurrency is not None else self.rate   # a closed loop's times do not count
         try:
-            trace = make_trace(self.workload, num_requests=self.requests, rate=rate, seed=self.seed)
+            trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,

@@ -22,7 +22,7 @@ in a process pool (planner/runs/pools.py LocalExecutor).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost.wrappers import NoisyCost, ScaledCostModel
 from planner.deploy.plan import DeploymentPlan
@@ -48,7 +48,7 @@ class NoisyRun:
     sim_seed: int
     speed_factor: float | None = None     # a canary speed level applied to the headline simulation
     timeline: object | None = None        # a SpeedTimeline the headline simulation followed
-    concurrency: int | None = None        # a closed loop of this many clients (None: the trace's times)
+    clients: dict = field(default_factory=dict)   # simulate's concurrency and paced ({}: the trace's times)
 
 
 def simulate_noisy(run: NoisyRun) -> dict:
@@ -56,7 +56,7 @@ def simulate_noisy(run: NoisyRun) -> dict:
     priced = NoisyCost(run.cost_model, run.seed)
     if run.speed_factor is not None:
         priced = ScaledCostModel(priced, run.speed_factor)
-    return simulate(run.trace, run.plan, priced, seed=run.sim_seed, concurrency=run.concurrency,
+    return simulate(run.trace, run.plan, priced, seed=run.sim_seed, **run.clients,
                     device_speed=run.timeline).summary()
 
 
@@ -81,15 +81,16 @@ def noise_capable(cost_model) -> bool:
 
 def simulate_spread(trace: Trace, plan: DeploymentPlan, cost_model, *, seeds: int, sim_seed: int,
                     metric_of, metrics: tuple[str, ...], speed_factor: float | None = None, timeline=None,
-                    concurrency: int | None = None, workers: int | None = None) -> Spread | None:
+                    clients: dict | None = None, workers: int | None = None) -> Spread | None:
     """K noisy simulations and the interval of each of `metrics` (`metric_of(summary, name)` reads one);
     None when `seeds` is 0 or the cost model has no noise to draw from. The first runs here; the rest run
     here too when they would take under IN_PROCESS_S, else in a process pool (`workers`: None decides,
-    1 runs all here, more forces the pool)."""
+    1 runs all here, more forces the pool). `clients`: how requests reach the engine, as `simulate` takes it
+    (concurrency, paced; None: the trace's times)."""
     if seeds < 1 or not noise_capable(cost_model):
         return None
     started = time.perf_counter()
-    runs = [NoisyRun(trace, plan, cost_model, seed, sim_seed, speed_factor, timeline, concurrency)
+    runs = [NoisyRun(trace, plan, cost_model, seed, sim_seed, speed_factor, timeline, clients or {})
             for seed in range(1, seeds + 1)]
     summaries = [simulate_noisy(runs[0])]
     rest = runs[1:]
