@@ -36,16 +36,18 @@ Warn = Callable[[list[str]], None]
 
 def run_spec(target: Deployment | RunSpec | None = None, *, workload: str = "sharegpt", rate: float | None = None,
              requests: int | None = None, duration: float | None = None, seed: int = 0, params: dict | None = None,
-             concurrency: int | None = None, slos: dict[str, float] | str | None = None, **run) -> RunSpec:
+             concurrency: int | None = None, burstiness: float = 1.0, slos: dict[str, float] | str | None = None,
+             **run) -> RunSpec:
     """A RunSpec from a deployment and the load's keywords (a RunSpec is returned as it is)."""
     if not isinstance(target, (Deployment, RunSpec, type(None))):
         raise ValueError(f"target must be a Deployment or a RunSpec, got {target!r} ({type(target).__name__})")
     workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload     # a trace file's path
     _check_load(workload, rate, requests, duration, seed, params, concurrency)
+    check_type("burstiness", burstiness, float)
     if isinstance(target, RunSpec):
         return target
     load = Load(workload=workload, params=tuple(sorted((params or {}).items())), rate=rate, requests=requests,
-                duration=duration, seed=seed, concurrency=concurrency)
+                duration=duration, seed=seed, concurrency=concurrency, burstiness=burstiness)
     return RunSpec(deployment=Deployment() if target is None else target, load=load,
                    slos=tuple(_slos(slos).items()), **run)
 

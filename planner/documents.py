@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 def json_safe(value):

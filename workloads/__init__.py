@@ -5,7 +5,7 @@
     trace.save("sharegpt.jsonl"); Trace.load("sharegpt.jsonl").stats()
 """
 
-from .arrivals import PROCESSES, arrival_times
+from .arrivals import PROCESSES, arrival_times, burstiness_arrival
 from .errors import TraceError
 from .importers import import_csv_trace, import_sharegpt
 from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
@@ -19,6 +19,7 @@ __all__ = [
     "TraceError",
     "TraceRequest",
     "arrival_times",
+    "burstiness_arrival",
     "import_csv_trace",
     "import_sharegpt",
     "make_trace",

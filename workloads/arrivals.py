@@ -9,6 +9,10 @@ before, as vLLM's benchmark client does (send, then sleep).  Gaps are:
   cv = 1 is Poisson again;
 - ``constant``: exactly 1/rate.
 
+vLLM's benchmark names the gamma process by its shape, ``--burstiness B``
+(gaps gamma with shape B and mean 1/rate: cv = 1/sqrt(B)); ``burstiness_arrival``
+turns B into these keywords.
+
 ``rate = inf`` puts every request at t = 0 (an offline batch).  A trace is
 bounded by a request count, a duration, or both (whichever ends it first).
 """
@@ -27,6 +31,25 @@ PROCESSES = ("poisson", "gamma", "constant")
 # trace files short and identical across platforms.
 TIME_DECIMALS = 6
 MIN_CV, MAX_CV = 1e-6, 1e6      # a gamma process's coefficient of variation: near-constant to wildly bursty
+MIN_BURSTINESS, MAX_BURSTINESS = 1 / MAX_CV**2, 1 / MIN_CV**2    # the gamma's shape 1 / cv^2 over that range
+
+
+def burstiness_arrival(burstiness: float, rate: float | None) -> dict:
+    """vllm bench serve's ``--burstiness B`` at ``rate`` as the arrival keywords of ``arrival_times`` and
+    ``make_trace``: gaps gamma-distributed with shape B and mean 1/rate (vLLM draws gamma(B, 1/(rate B))), so
+    1 is Poisson (no keywords: the default), below 1 burstier and above 1 more regular. Any B but 1 needs a
+    finite rate to shape."""
+    if (isinstance(burstiness, bool) or not isinstance(burstiness, (int, float))
+            or not MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
+        raise TraceError(f"burstiness: must be a number from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g} (the gamma "
+                         f"shape of the gaps between arrivals; 1 is Poisson), got {burstiness!r}")
+    if burstiness == 1:
+        return {}
+    if rate is None or not math.isfinite(rate):
+        raise TraceError(f"burstiness: {burstiness:g} shapes the gaps between arrivals at a finite request rate; "
+                         f"give one (a closed loop alone, every request at once and a trace file's own times "
+                         f"have none)")
+    return {"arrival": "gamma", "cv": 1.0 / math.sqrt(burstiness)}
 
 
 def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int | None, duration: float | None) -> None:

@@ -343,17 +343,27 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
             "kv_full_share": kv_full, "bound": bound, "bound_reason": why}
 
 
+def _process_text(trace_params: dict) -> str:
+    """" (gamma arrivals, burstiness B)" where the gaps between arrivals were not Poisson's, else ""."""
+    arrival, cv = trace_params.get("arrival"), trace_params.get("cv")
+    if arrival == "gamma" and isinstance(cv, (int, float)) and cv > 0:
+        return f" (gamma arrivals, burstiness {1 / cv ** 2:.3g})"
+    return f" ({arrival} arrivals)" if arrival == "constant" else ""
+
+
 def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
     """The verdict in plain words, one line per finding."""
     trend, requested, offered = v["queue"], v["requested_rate"], v["offered_rate"]
+    process = _process_text(doc.get("params", {}).get("trace_params", {})) if requested else ""
     if v["concurrency"] and requested:
-        rate_line = (f"requested {_fmt_rate(requested)}, at most {v['concurrency']} requests in flight "
+        rate_line = (f"requested {_fmt_rate(requested)}{process}, at most {v['concurrency']} requests in flight "
                      f"({v['mean_concurrency'] or 0:.1f} on average)")
     elif v["concurrency"]:
         rate_line = (f"closed loop of {v['concurrency']} clients ({v['mean_concurrency'] or 0:.1f} requests in flight "
                      f"on average)")
     else:
-        rate_line = f"requested {_fmt_rate(requested)}" if requested else "trace timestamps (no rate requested)"
+        rate_line = (f"requested {_fmt_rate(requested)}{process}" if requested
+                     else "trace timestamps (no rate requested)")
         rate_line += f"; the trace offers {_fmt_rate(offered)}"
         if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
             rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"

@@ -222,6 +222,10 @@ CONCURRENCY = typer.Option(None, "--concurrency", metavar="N",
                                 "--max-concurrency with an unlimited rate); with --rate, at most N requests in "
                                 "flight, each sent when it arrives or, if N are out, when one ends (vLLM bench's "
                                 "--request-rate with --max-concurrency); a comma list sweeps")
+BURSTINESS = typer.Option(1.0, "--burstiness", metavar="B",
+                          help="vLLM bench's burstiness of the arrivals at the rate: the gaps between them are "
+                               "gamma-distributed with shape B (1: Poisson; below 1 burstier, e.g. 0.25; above 1 "
+                               "more regular)")
 REPLICAS = typer.Option(None, "--replicas", metavar="K",
                         help="K identical replicas of the deployment behind --router, simulated together (each its "
                              "own scheduler, KV cache and prefix cache); a comma list sweeps in simulate")

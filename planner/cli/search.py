@@ -130,7 +130,7 @@ def search(
     slo: list[str] = SLOS,
     workload: str = opt.WORKLOAD, trace: Optional[Path] = opt.TRACE, param: Optional[list[str]] = opt.PARAM,
     rate: str = typer.Option("max", "--rate", help="target requests/s, or 'max' for the most capacity per dollar"),
-    concurrency: Optional[int] = TARGET_CLIENTS,
+    burstiness: float = opt.BURSTINESS, concurrency: Optional[int] = TARGET_CLIENTS,
     duration: Optional[float] = typer.Option(600.0, help="seconds of arrivals in each simulated probe"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", help="requests per probe instead of "
                                                                            "--duration"),
@@ -152,7 +152,8 @@ def search(
             raise PlannerError(f"--trace {trace}: no such file")
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
-        load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed)
+        load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed,
+                       burstiness)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
         if concurrency is not None and rate is not None and rate.strip().lower() != "max":
             raise PlannerError(f"give --rate or --concurrency, not both: a concurrency's clients send each request "

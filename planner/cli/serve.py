@@ -17,7 +17,7 @@ from tqdm import tqdm
 from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-from planner.cli.options import DeploymentChoices, check_live_replicas, deployment_options
+from planner.cli.options import BURSTINESS, DeploymentChoices, check_live_replicas, deployment_options
 from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
@@ -26,7 +26,7 @@ from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
-from workloads import TraceError, make_trace
+from workloads import TraceError, burstiness_arrival, make_trace
 
 LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
@@ -217,6 +217,7 @@ def bench(
     model: Optional[str] = typer.Option(None, help="model name to send (default: the first of /v1/models)"),
     rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson); default: the trace's own times, "
                                                     "2 req/s for a workload"),
+    burstiness: float = BURSTINESS,
     requests: int = typer.Option(100, help="number of requests (a trace file: at most this many)"),
     seed: int = typer.Option(0),
     length_scale: float = typer.Option(1.0, help="scale prompt and output lengths (CPU servers need short ones)"),
@@ -248,7 +249,7 @@ def bench(
         if out is not None:
             check_writable(out, folder=True)     # before the run whose results it holds
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
-                                       max_output_len)
+                                       max_output_len, burstiness)
         slos = parse_slos(slo) if slo else None
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency)
@@ -259,11 +260,11 @@ def bench(
         raise fail(exc) from None
     name = Path(trace).stem if trace else workload
     _report_bench(results, wall, cfg, slos, out, as_json, workload=name, rate=rate, max_concurrency=max_concurrency,
-                  seed=seed, length_scale=length_scale)
+                  seed=seed, length_scale=length_scale, burstiness=burstiness)
 
 
 def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Path], as_json: bool, *,
-                  workload: str, rate, max_concurrency, seed: int, length_scale: float) -> None:
+                  workload: str, rate, max_concurrency, seed: int, length_scale: float, burstiness: float) -> None:
     """Bench's metrics (goodput with SLOs), requests.csv and result.json, and the summary; exit 1 when every
     request failed."""
     metrics = bench_metrics(results, slos)
@@ -272,7 +273,8 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, "workload": workload, "rate": rate,
-                     "max_concurrency": max_concurrency, "seed": seed, "length_scale": length_scale,
+                     "burstiness": burstiness, "max_concurrency": max_concurrency, "seed": seed,
+                     "length_scale": length_scale,
                      "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
@@ -284,8 +286,10 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
         raise typer.Exit(1)
 
 
-def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len):
-    """The trace a bench (or validate --endpoint) replays: a built-in workload or a trace file."""
+def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len,
+                     burstiness: float = 1.0):
+    """The trace a bench replays: a built-in workload or a trace file, its arrivals at the rate gamma-distributed
+    with the burstiness's shape (1: Poisson)."""
     if (workload is None) == (trace is None):
         raise PlannerError("give exactly one of --workload and --trace")
     if requests < 1:
@@ -293,10 +297,9 @@ def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_pr
     if rate is not None and not rate > 0:
         raise PlannerError(f"--rate must be positive, got {rate}")
     check_trace_size(requests, None, 2.0 if rate is None else rate)
-    if trace is not None:
-        t = make_trace(trace, num_requests=requests, rate=rate if rate is not None else math.inf, seed=seed)
-    else:
-        t = make_trace(workload, num_requests=requests, rate=rate if rate is not None else 2.0, seed=seed)
+    rate = rate if rate is not None else math.inf if trace is not None else 2.0
+    t = make_trace(trace or workload, num_requests=requests, rate=rate, seed=seed,
+                   **burstiness_arrival(burstiness, rate))
     if length_scale != 1.0 or max_prompt_len is not None or max_output_len is not None:
         t = t.scaled(length_scale=length_scale, max_prompt_len=max_prompt_len, max_output_len=max_output_len)
     return t

@@ -54,10 +54,12 @@ def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), conc
     return specs
 
 
-def load_of(workload: str, trace: Optional[Path], param, requests, duration, seed: int) -> Load:
+def load_of(workload: str, trace: Optional[Path], param, requests, duration, seed: int,
+            burstiness: float = 1.0) -> Load:
     source = opt.workload_source(workload, trace)
     params = tuple(sorted(parse_workload_params(source, param).items())) if param else ()
-    return Load(workload=source, params=params, requests=requests, duration=duration, seed=seed)
+    return Load(workload=source, params=params, requests=requests, duration=duration, seed=seed,
+                burstiness=burstiness)
 
 
 @contextmanager
@@ -89,8 +91,8 @@ def simulate(
     param: Optional[list[str]] = opt.PARAM,
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
-    concurrency: Optional[str] = opt.CONCURRENCY, replicas: Optional[str] = opt.REPLICAS,
-    router: Optional[str] = opt.ROUTER,
+    burstiness: float = opt.BURSTINESS, concurrency: Optional[str] = opt.CONCURRENCY,
+    replicas: Optional[str] = opt.REPLICAS, router: Optional[str] = opt.ROUTER,
     pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
@@ -105,7 +107,8 @@ def simulate(
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
-        specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed), rates=rates,
+        load = load_of(workload, trace, param, requests, duration, seed, burstiness)
+        specs = run_specs(deployments, load, rates=rates,
                           concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
@@ -256,7 +259,7 @@ def capacity(
     start_rate: float = typer.Option(1.0, help="first rate tried (requests/s)"),
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
-    confidence: float = CONFIDENCE,
+    burstiness: float = opt.BURSTINESS, confidence: float = CONFIDENCE,
     concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS,
     router: Optional[str] = opt.ROUTER,
     pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
@@ -275,7 +278,8 @@ def capacity(
             raise PlannerError(f"--concurrency {concurrency}: capacity takes --concurrency max (the most clients "
                                f"within the SLOs); `planner simulate --concurrency N` runs N clients")
         spec = RunSpec(deployment=deployments.one("capacity", **DEFAULTS),
-                       load=load_of(workload, trace, param, requests, duration, seed), cost_model=cost_model,
+                       load=load_of(workload, trace, param, requests, duration, seed, burstiness),
+                       cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
                        pd=pdo.disaggregation(pd, pools))

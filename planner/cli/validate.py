@@ -65,6 +65,7 @@ def validate_cmd(
     workload: Optional[str] = typer.Option(None, help="built-in workload or trace file (default sharegpt)"),
     rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2; "
                                                     "none with --concurrency alone)"),
+    burstiness: float = opt.BURSTINESS,
     concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
                                               help="a closed loop of N clients, live and simulated: each sends "
                                                    "its next request the moment its previous one ends; with "
@@ -105,14 +106,16 @@ def validate_cmd(
         if out is not None:
             check_writable(out, folder=True)     # before the live run whose report it holds
         _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, rate=rate,
-                       concurrency=concurrency, requests=requests, length_scale=length_scale,
+                       burstiness=None if burstiness == 1 else burstiness, concurrency=concurrency,
+                       requests=requests, length_scale=length_scale,
                        max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
                        attribution=attribution)
         workload = workload or "sharegpt"
         given = dict(rate=rate, requests=requests, length_scale=length_scale, max_output_len=max_output_len)
         # what the command line gives wins over --quick's values, which win over the defaults
         trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
-                 "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency}
+                 "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency,
+                 "burstiness": burstiness}
         if concurrency is not None and rate is None:
             trace["rate"] = None      # a closed loop alone: the trace's times do not count
         if replicas is not None or router is not None:

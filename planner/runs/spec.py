@@ -15,7 +15,7 @@ from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER, RouterPolicy, parse_router
-from workloads import Trace, TraceError, make_trace
+from workloads import Trace, TraceError, burstiness_arrival, make_trace
 from workloads.make import is_trace_file
 
 DEFAULT_RATE = 1.0          # requests/s for a built-in workload when none is given
@@ -29,6 +29,9 @@ class Load:
     workload: str = "sharegpt"          # a built-in workload, or a .jsonl/.csv trace file
     params: tuple[tuple[str, object], ...] = ()   # -p KEY=VALUE, already typed
     rate: float | None = None           # None: DEFAULT_RATE, or a trace file's own timestamps
+    # vllm bench serve's --burstiness: the gaps between arrivals at the rate are gamma-distributed with this
+    # shape (1: Poisson; below 1 burstier, above more regular)
+    burstiness: float = 1.0
     requests: int | None = None
     duration: float | None = None       # seconds of arrivals, instead of a request count
     seed: int = 0                       # of the trace and of the sampled tokens
@@ -42,6 +45,15 @@ class Load:
     def paced(self) -> bool:
         """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
         return self.concurrency is not None and self.rate is not None
+
+    def _arrival(self, rate: float) -> dict:
+        """make_trace's keywords past the counts: the workload's params and the arrival process at `rate`."""
+        params = dict(self.params)
+        process = burstiness_arrival(self.burstiness, rate)
+        if process and {"arrival", "cv"} & set(params):
+            raise PlannerError("burstiness and the params arrival and cv set the same arrival process: "
+                               "give one of them")
+        return {**params, **process}
 
     def check_closed_loop(self) -> None:
         """A built-in workload's --duration times arrivals, which a closed loop alone does not have."""
@@ -68,14 +80,14 @@ class Load:
         self.check_size()
         try:
             if is_trace_file(self.workload):
-                return make_trace(self.workload, num_requests=self.requests, duration=self.duration,
-                                  rate=math.inf if self.rate is None else self.rate, seed=self.seed,
-                                  **dict(self.params))
+                rate = math.inf if self.rate is None else self.rate
+                return make_trace(self.workload, num_requests=self.requests, duration=self.duration, rate=rate,
+                                  seed=self.seed, **self._arrival(rate))
             requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
             rate = (self.rate if self.rate is not None else math.inf if self.concurrency is not None
                     else DEFAULT_RATE)
             trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate,
-                               seed=self.seed, **dict(self.params))
+                               seed=self.seed, **self._arrival(rate))
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         if not len(trace):
@@ -156,6 +168,8 @@ class RunSpec:
             words += ["-p", f"{key}={value}"]
         if rate is not None and not capacity:
             words += ["--rate", str(rate)]
+        if load.burstiness != 1:
+            words += ["--burstiness", str(load.burstiness)]
         if load.concurrency is not None:
             words += ["--concurrency", str(load.concurrency)]
         for name in ("requests", "duration"):

@@ -31,7 +31,7 @@ def as_json(v: Validation) -> dict:
     s, d = v.spec, v.spec.deployment
     return {
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
-        "rate": _request_rate(s), "concurrency": s.concurrency, "requests": s.requests,
+        "rate": _request_rate(s), "burstiness": s.burstiness, "concurrency": s.concurrency, "requests": s.requests,
         "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
@@ -62,13 +62,13 @@ def spec_comparison(v: Validation) -> dict:
 
 
 def load_text(spec) -> str:
-    """How the trace's requests were sent: "at R req/s (Poisson)", "from N closed-loop clients", or
-    "at R req/s (Poisson), at most N in flight"."""
-    if spec.concurrency is None:
-        return f"at {spec.arrival_rate:g} req/s (Poisson)"
-    if spec.paced:
-        return f"at {spec.arrival_rate:g} req/s (Poisson), at most {spec.concurrency} in flight"
-    return f"from {spec.concurrency} closed-loop clients"
+    """How the trace's requests were sent: "at R req/s (Poisson)" (or gamma with a burstiness), "from N
+    closed-loop clients", or "at R req/s (Poisson), at most N in flight"."""
+    if spec.concurrency is not None and not spec.paced:
+        return f"from {spec.concurrency} closed-loop clients"
+    process = "Poisson" if spec.burstiness == 1 else f"gamma, burstiness {spec.burstiness:g}"
+    limit = f", at most {spec.concurrency} in flight" if spec.paced else ""
+    return f"at {spec.arrival_rate:g} req/s ({process}){limit}"
 
 
 def _request_rate(spec) -> float | None:

@@ -8,7 +8,7 @@ from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.runs.seeds import MAX_SEEDS
 from planner.sim.memory_guard import check_trace_size
-from workloads import Trace, TraceError, make_trace
+from workloads import Trace, TraceError, burstiness_arrival, make_trace
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -20,6 +20,7 @@ class ValidationSpec:
     deployment: Deployment = field(default_factory=lambda: Deployment(model="opt-125m", gpu="cpu"))
     workload: str = "sharegpt"         # a built-in workload or a trace file
     rate: float | None = None          # requests/s (Poisson); None: DEFAULT_RATE, or a closed loop's none
+    burstiness: float = 1.0            # vLLM bench's: gamma-distributed gaps of this shape (1: Poisson)
     # A closed loop of this many clients: each sends its next request the moment its previous one ends, live
     # and simulated alike (vLLM bench's --max-concurrency at an unlimited rate). With a rate too, at most this
     # many requests in flight, each sent at its arrival time or, with all N out then, when one of them ends
@@ -48,6 +49,7 @@ class ValidationSpec:
         if self.rate is not None and not self.rate > 0:      # (inf: every request at once)
             raise PlannerError(f"--rate must be a positive number of requests/s, got {self.rate}")
         check_trace_size(self.requests, None, self.arrival_rate)
+        self._arrival()
         if not 0 < self.length_scale <= MAX_LENGTH_SCALE:
             raise PlannerError(f"--length-scale must be a positive number up to {MAX_LENGTH_SCALE:g}, "
                                f"got {self.length_scale}")
@@ -72,9 +74,18 @@ class ValidationSpec:
         """How requests reach the simulated engine, as `simulate` takes it: a closed loop, paced or not."""
         return {"concurrency": self.concurrency, "paced": self.paced}
 
-    def trace(self) -> Trace:
+    def _arrival(self) -> dict:
+        """make_trace's arrival keywords for the burstiness at the rate, checked in one line."""
         try:
-            trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed)
+            return burstiness_arrival(self.burstiness, self.arrival_rate)
+        except TraceError as exc:
+            raise PlannerError(str(exc)) from None
+
+    def trace(self) -> Trace:
+        arrival = self._arrival()
+        try:
+            trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed,
+                               **arrival)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
