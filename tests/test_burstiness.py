@@ -53,12 +53,16 @@ def test_a_burstiness_without_gaps_to_shape_is_refused_naming_it(burstiness, rat
     assert str(refused.value).startswith(message)
 
 
-def test_bursty_arrivals_at_the_same_rate_queue_longer():
-    # the same mean rate near the deployment's capacity: bursts pile requests up where Poisson spreads them
-    runs = {b: simulate(H100, workload="random", params={"input_len": 2048, "output_len": 128}, rate=30.0,
-                        requests=600, burstiness=b).metrics for b in (4.0, 1.0, 0.1)}
-    assert runs[4.0].ttft_p99 < runs[1.0].ttft_p99 < runs[0.1].ttft_p99
-    assert runs[4.0].ttft_mean < runs[1.0].ttft_mean < runs[0.1].ttft_mean
+def test_bursty_arrivals_at_the_same_rate_queue_longer_and_lower_the_goodput():
+    # the same mean rate at three quarters of the deployment's capacity (about 16 req/s of these requests):
+    # bursts pile requests up where Poisson spreads them, and fewer requests meet the SLOs
+    runs = {b: simulate(H100, workload="random", params={"input_len": 2048, "output_len": 128}, rate=12.0,
+                        requests=600, burstiness=b, slos="ttft_p99=0.5,tpot_p99=0.05").document()
+            for b in (4.0, 1.0, 0.1)}
+    assert runs[4.0]["ttft_p99"] < runs[1.0]["ttft_p99"] < runs[0.1]["ttft_p99"]
+    assert runs[4.0]["ttft_mean"] < runs[1.0]["ttft_mean"] < runs[0.1]["ttft_mean"]
+    assert runs[4.0]["num_good"] == 600 and runs[0.1]["num_good"] < 600 * 0.75
+    assert runs[0.1]["request_goodput"] < 0.75 * runs[0.1]["request_throughput"]
 
 
 def test_the_run_records_and_says_its_arrival_process_and_the_command_repeats_it():

@@ -14,6 +14,7 @@ Throughput counts every generated token.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from itertools import chain
 from operator import attrgetter, mul, sub
@@ -353,6 +354,34 @@ class Metrics:
 def failed_requests(doc: dict) -> int:
     """Rejected + truncated requests of a result document (a ``Metrics.to_dict()``)."""
     return int(doc.get("num_rejected") or 0) + int(doc.get("num_truncated") or 0)
+
+
+def slo_quantity(name: str) -> str:
+    """The per-request quantity an SLO on an aggregate bounds in each request (ttft_p99 -> ttft)."""
+    return "normalized_latency" if name == "normalized_latency" else name.split("_")[0]
+
+
+def request_quantity(record: RequestRecord, quantity: str) -> float:
+    """One served request's ttft, tpot, e2e, itl (its longest gap) or normalized_latency. A request of one
+    token has no TPOT; vLLM's benchmark counts it as 0 when it judges goodput, and so does this."""
+    if quantity == "ttft":
+        return record.ttft
+    if quantity == "tpot":
+        return record.tpot or 0.0
+    if quantity == "e2e":
+        return record.e2e
+    if quantity == "itl":
+        return max(record.itl, default=0.0)
+    return record.normalized_latency
+
+
+def goodput(served: list, slos: dict[str, float], span: float | None,
+            quantity: Callable[[object, str], float] = request_quantity) -> dict:
+    """`vllm bench serve --goodput`'s figure (DistServe's): the served requests whose every per-request
+    quantity is within its SLO's limit (`slo_quantity`), per second of `span` (the run's duration);
+    `quantity(request, name)` reads one (default: a RequestRecord's)."""
+    good = sum(all(quantity(r, slo_quantity(name)) <= limit for name, limit in slos.items()) for r in served)
+    return {"num_good": good, "request_goodput": good / span if span else 0.0}
 
 
 def compute_metrics(requests: list[RequestRecord], steps: list[StepRecord],

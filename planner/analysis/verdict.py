@@ -50,7 +50,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, token_time_arrays
+from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, goodput, token_time_arrays
 
 WARMUP_FRACTION = 0.10
 DRAIN_FRACTION = 0.90
@@ -284,10 +284,11 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     gate = clients if clients and requested and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
     load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"),
                  clients if requested is None else None, gate)
-    slo_status = None
+    slo_status = good = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
+        good = goodput([r for r in records if r.completed], slos, doc.get("duration"))
     next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
                                    enough or ENOUGH_REQUESTS)
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
@@ -299,6 +300,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
                "warmup_latency": latency, "steady_requests": enough,
                **load, "queue": trend, "preemptions": doc.get("preemptions", {}).get("total", 0), "slos": slo_status,
+               "goodput": good,
                "rejected": summarize_reasons(records, params.get("max_model_len")),
                "num_rejected": doc.get("num_rejected", 0), "num_truncated": doc.get("num_truncated", 0),
                "next_commands": next_commands}
@@ -385,7 +387,10 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
     lines.append(f"Bound by {v['bound']}: {v['bound_reason']}.")
     if v["slos"]:
         missed = [k for k, s in v["slos"].items() if not s["met"]]
-        lines.append("SLOs met." if not missed else f"SLOs missed: {', '.join(missed)}.")
+        good, submitted = v["goodput"], doc.get("num_submitted") or 0
+        share = f": {good['num_good'] / submitted:.0%} of the requests within every limit" if submitted else ""
+        lines.append(("SLOs met" if not missed else f"SLOs missed: {', '.join(missed)}")
+                     + f". Goodput {_fmt_rate(good['request_goodput'])}{share}.")
     if v["num_rejected"] or v["num_truncated"]:
         lines.append(f"{v['num_rejected']} requests rejected, {v['num_truncated']} truncated (reasons below).")
     if v["next_commands"]:

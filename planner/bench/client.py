@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.core.metrics import RequestRecord, compute_metrics, latency_summary
+from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency_summary
 from workloads import Trace, TraceRequest
 from workloads.schema import MAX_TOKEN_ID
 
@@ -268,14 +268,11 @@ def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[Bench
 
 
 # -- results ---------------------------------------------------------------------------
-PER_REQUEST = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2e": lambda r: r.latency,
+# A served request's quantities as the client measured them (TPOT over the server's own token count; a request
+# of one token has none, and counts as 0 for goodput, as in vLLM's benchmark).
+PER_REQUEST = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot or 0.0, "e2e": lambda r: r.latency,
                "itl": lambda r: max(r.itl) if r.itl else 0.0,
                "normalized_latency": lambda r: r.latency / max(r.output_len, 1)}
-
-
-def _per_request_limit(name: str) -> str:
-    """The per-request quantity an SLO on an aggregate bounds (ttft_p99 -> ttft)."""
-    return "normalized_latency" if name == "normalized_latency" else name.split("_")[0]
 
 
 def bench_metrics(results: list[BenchRequest], slos: dict[str, float] | None = None) -> dict:
@@ -286,12 +283,8 @@ def bench_metrics(results: list[BenchRequest], slos: dict[str, float] | None = N
     metrics.update(latency_summary("tpot", [t for r in done if (t := r.tpot) is not None]))
     metrics.pop("preemptions", None)    # the client cannot see them
     if slos:
-        good = [r for r in done if all((v := PER_REQUEST[_per_request_limit(k)](r)) is not None and v <= limit
-                                       for k, limit in slos.items())]
-        span = metrics.get("duration")
         metrics["slos"] = slos
-        metrics["num_good"] = len(good)
-        metrics["request_goodput"] = len(good) / span if span else 0.0
+        metrics.update(goodput(done, slos, metrics.get("duration"), lambda r, quantity: PER_REQUEST[quantity](r)))
     return metrics
 
 

@@ -178,6 +178,8 @@ def summary_table(doc: dict, wall_time: float) -> Table:
         ("completed / rejected / truncated", f"{m['num_completed']} / {m['num_rejected']} / {m['num_truncated']}",
          ""),
         ("request throughput (served)", *both("request_throughput", " req/s")),
+        *([("goodput (within every SLO)", fmt(m["request_goodput"], " req/s"), "")] if "request_goodput" in m
+          else []),
         ("output token throughput", *both("output_token_throughput", " tok/s", 1)),
         ("normalized latency", *both("normalized_latency", " s/token", 4)),
         ("TTFT mean", *both("ttft_mean", " s")), ("TTFT p99", *both("ttft_p99", " s")),

@@ -35,7 +35,8 @@ class RunResult:
     def document(self) -> dict:
         """result.json: JSON-ready (NaN and infinity as null)."""
         sim = self.sim
-        doc = {"schema_version": SCHEMA_VERSION, **sim.summary(), "memory_plan": sim.plan.memory_summary(),
+        good = self.verdict.get("goodput") or {}       # with SLOs: vLLM bench's request_goodput and num_good
+        doc = {"schema_version": SCHEMA_VERSION, **sim.summary(), **good, "memory_plan": sim.plan.memory_summary(),
                "wall_time": sim.wall_time,
                "simulated_seconds_per_wall_second": sim.simulated_time / sim.wall_time if sim.wall_time > 0 else None,
                "steady_state": self.steady_state, "verdict": self.verdict, "warnings": self.warnings,
