@@ -47,6 +47,12 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   max(max_model_len, 2048), no prefix caching). The planner resolves against
   the catalog GPU, the live engine against its device; what either runs and
   records is the resolved deployment. `max_model_len` None: the model's own.
+- `long_prefill_token_threshold` is vLLM's `--long-prefill-token-threshold`: the
+  most tokens one request takes in a step under the vllm-v1 policy, so a long
+  prompt is prefilled in chunks of at most that many and leaves the rest of
+  the budget to other prompts (vllm/v1/core/sched/scheduler.py applies it to
+  running and waiting requests alike, before the budget); 0, vLLM's default,
+  caps a chunk at the budget alone.
 - `allocator` is the simulator's KV policy; anything but "paged" is one of the
   paper's contiguous baselines, which only the simulator runs.
 - `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
@@ -137,6 +143,7 @@ class Deployment:
     block_size: int = 16
     max_num_seqs: int | None = None          # None: the policy's default on the device (resolve_batch_limits)
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = 0    # vLLM's: most tokens one request takes in a step (0: the budget)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0                  # GiB of CPU swap space per GPU
@@ -203,6 +210,10 @@ class Deployment:
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
+        _at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold caps the chunks of the vllm-v1 policy's prefill: "
+                             "the paper's policy prefills each prompt whole")
         if not 0 <= self.swap_space <= MAX_SWAP_GIB:
             raise ValueError(f"swap_space must be a number of GiB from 0 to {MAX_SWAP_GIB:,}, got {self.swap_space}")
         if not 0 <= self.moe_skew <= 4:
@@ -283,7 +294,8 @@ class Deployment:
                                max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, block_size=self.block_size,
                                enable_prefix_caching=self.enable_prefix_caching,
-                               enable_chunked_prefill=self.enable_chunked_prefill)
+                               enable_chunked_prefill=self.enable_chunked_prefill,
+                               long_prefill_token_threshold=self.long_prefill_token_threshold)
 
     def as_dict(self) -> dict:
         return asdict(self)

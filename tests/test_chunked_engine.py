@@ -40,6 +40,16 @@ def test_chunked_prefill_matches_transformers(model_dir, reference):
     assert _chunk_and_mix_happened(llm.steps_seen) == (True, True)
 
 
+def test_a_chunk_cap_matches_transformers(model_dir, reference):
+    # vLLM's --long-prefill-token-threshold 12 under the 32-token budget: every prompt goes 12 tokens at a time,
+    # and two or more prompts' chunks share a step
+    prompts = make_prompts(lens=(100, 37, 90, 5), seed=4)
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=128, long_prefill_token_threshold=12)
+    assert engine_greedy(llm, prompts, MAX_TOKENS) == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
+    assert max(n for step in llm.steps_seen for *_, n in step) == 12
+    assert any(sum(n == 12 for *_, n in step) >= 2 for step in llm.steps_seen)
+
+
 def test_chunked_prefill_matches_transformers_under_preemption(model_dir, reference):
     prompts = make_prompts(lens=(44, 36, 40), seed=5)
     max_tokens = 16

@@ -25,10 +25,11 @@ def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None):
     return SequenceGroup(str(rid), prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), arrival)
 
 
-def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, **kw):
+def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, threshold=0,
+         **kw):
     bm = VllmBlockManager(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                          enable_chunked_prefill=True)
+                          enable_chunked_prefill=True, long_prefill_token_threshold=threshold)
     return ChunkedScheduler(cfg, bm, **kw), bm
 
 
@@ -63,6 +64,22 @@ def test_prompt_is_computed_in_budget_sized_chunks_and_samples_once_done():
     assert a.times.first_token == 3.0
     assert a.times.token_times == [3.0, 4.0, 5.0]
     assert a.seqs[0].output_token_ids == [7, 7, 7]
+
+
+def test_long_prefill_token_threshold_caps_each_requests_tokens_in_a_step():
+    # vLLM's --long-prefill-token-threshold 6 under a 16-token budget: each prompt goes 6 tokens at a time, in
+    # the running pass and the waiting pass alike, and the budget left goes to the next request
+    sched, _ = make(64, budget=16, threshold=6)
+    a, b = request("a", 20, 2), request("b", 10, 2)
+    assert run(sched, [a, b]) == [
+        {"a": 6, "b": 6},       # both admitted with a capped first chunk (4 tokens of budget left over)
+        {"a": 6, "b": 4},       # b's prompt ends: its first token
+        {"a": 6, "b": 1},       # b's second token ends it
+        {"a": 2},               # a's prompt ends (6 + 6 + 6 + 2)
+        {"a": 1},
+    ]
+    uncapped, _ = make(64, budget=16)
+    assert run(uncapped, [request("a", 20, 2), request("b", 10, 2)])[0] == {"a": 16}
 
 
 def test_decodes_go_first_and_waiting_prompts_fill_the_rest_in_chunks():
@@ -171,10 +188,16 @@ def test_paper_policy_stays_the_default():
 @pytest.mark.parametrize("kwargs, message", [
     ({"preemption_mode": "swap"}, "recompute only"),
     ({"max_num_batched_tokens": 4, "max_num_seqs": 8}, "at least max_num_seqs"),
+    ({"long_prefill_token_threshold": -1}, "0 \\(off\\) or more tokens"),
 ])
 def test_bad_chunked_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(max_model_len=64, enable_chunked_prefill=True, **kwargs)
+
+
+def test_the_paper_policy_refuses_a_chunk_cap():
+    with pytest.raises(ValueError, match="the paper's policy prefills each prompt whole"):
+        SchedulerConfig(max_model_len=64, long_prefill_token_threshold=8)
 
 
 def test_parallel_sampling_is_rejected_on_its_own():
@@ -188,11 +211,12 @@ def test_parallel_sampling_is_rejected_on_its_own():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=10),
-       st.integers(6, 40), st.integers(4, 24), st.integers(1, 6), st.booleans(), st.booleans())
-def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl):
+       st.integers(6, 40), st.integers(4, 24), st.integers(1, 6), st.booleans(), st.booleans(),
+       st.sampled_from([0, 1, 3, 7]))
+def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl, threshold):
     budget = max(budget, max_num_seqs)
     sched, bm = make(num_blocks, block_size=4, budget=budget, max_num_seqs=max_num_seqs, caching=caching,
-                     reserve_full_isl=full_isl)
+                     reserve_full_isl=full_isl, threshold=threshold)
     rng = random.Random(0)
     groups = [request(i, p, o, arrival=float(t),
                       tokens=[rng.randrange(3) for _ in range(p)] if caching else None)
@@ -213,6 +237,7 @@ def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs
             continue
         counts = out.num_scheduled_tokens
         assert sum(counts) <= budget and all(n > 0 for n in counts)
+        assert not threshold or max(counts) <= threshold     # vLLM's long_prefill_token_threshold
         assert len(sched.running) <= max_num_seqs
         for seq, n in zip(out.seqs, counts):
             assert len(bm.tables[seq.seq_id]) * 4 >= seq.num_computed_tokens + n

@@ -66,6 +66,18 @@ def test_other_block_sizes_batch_limits_and_budgets(policy, block_size):
     assert fast.fast_forwarded_steps > len(fast.steps) // 3
 
 
+@pytest.mark.parametrize("blocks", [None, 150])
+def test_a_chunk_cap_keeps_the_batch_exact(blocks):
+    # vLLM's long_prefill_token_threshold: prompts go in chunks of at most 64 tokens, beside the batch's decodes
+    trace = make_trace("sharegpt", num_requests=80, rate=12.0, seed=3)
+    knobs = {"num_gpu_blocks": blocks} if blocks else {}
+    fast = both(trace, ROOFLINE, OPT_13B, A100, policy="vllm-v1", max_model_len=2048,
+                long_prefill_token_threshold=64, **knobs)
+    assert all(shape.prefill_tokens <= 64 * shape.prefill_seqs for shape in fast.shapes)
+    assert any(shape.prefill_seqs >= 2 for shape in fast.shapes)
+    assert fast.fast_forwarded_steps > len(fast.steps) // 4
+
+
 @pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
 def test_context_limit_one_token_outputs_and_same_time_arrivals(policy):
     reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.05 * (i // 3), prompt_len=30 + 7 * i,

@@ -20,6 +20,11 @@ tokens, and every step hands out at most ``max_num_batched_tokens`` of them:
    it is admitted only if its whole sequence fits in the free blocks, not just
    its first chunk; the first request that does not fit ends admission.
 
+In both passes a request's tokens are first capped at
+``long_prefill_token_threshold`` when it is set (vLLM's
+``--long-prefill-token-threshold``; 0, the default, leaves the budget alone):
+a long prompt then goes in chunks of at most that many tokens.
+
 Block 0 is vLLM's null block, never used, so N blocks hold N-1. Full blocks
 enter the prefix cache as soon as they are scheduled (a request admitted later
 in the same step can already hit them: the runner writes every new key and
@@ -217,13 +222,14 @@ class ChunkedScheduler(Scheduler):
         while i < len(running) and budget > 0:
             group = running[i]
             seq = group.seqs[0]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            cap = self.chunk_cap(budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, cap)
             if num_new <= 0:
                 i += 1
                 continue
             drafts = None
             if spec is not None and seq.num_tokens - seq.num_computed_tokens == 1 and seq.num_tokens > seq.prompt_len:
-                drafts = self.proposer.propose(group, seq)[:budget - 1]
+                drafts = self.proposer.propose(group, seq)[:cap - 1]
                 num_new += len(drafts)
             total = seq.num_computed_tokens + num_new
             while allocator.blocks_to_grow(seq, total) > allocator.num_free_blocks():
@@ -268,7 +274,7 @@ class ChunkedScheduler(Scheduler):
             seq = group.seqs[0]
             hit = allocator.cached_prefix(seq)
             computed = len(hit) * allocator.block_size
-            num_new = min(seq.num_tokens - computed, budget)
+            num_new = min(seq.num_tokens - computed, self.chunk_cap(budget))
             free = allocator.num_free_blocks()
             if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
                 break
@@ -280,6 +286,12 @@ class ChunkedScheduler(Scheduler):
             counts.append(num_new)
             budget -= num_new
         return budget
+
+    def chunk_cap(self, budget: int) -> int:
+        """The most tokens one request may take in this step: the budget left, or less under vLLM's
+        long_prefill_token_threshold (applied to a request's new tokens, drafts included, before the budget)."""
+        threshold = self.config.long_prefill_token_threshold
+        return min(threshold, budget) if threshold > 0 else budget
 
     def _admit_chunk(self, group: SequenceGroup, hit: list[tuple[int, int]], computed: int, num_new: int,
                      now: float) -> None:

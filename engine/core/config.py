@@ -37,6 +37,10 @@ class SchedulerConfig:
         (``engine/core/scheduler.py``); True is vLLM v1's chunked prefill
         (``engine/core/chunked_scheduler.py``, built by its ``make_scheduler``),
         whose token budget defaults to 2048 and may be below ``max_model_len``.
+    long_prefill_token_threshold: vLLM v1's cap on the tokens one request
+        takes in a step (a long prompt's chunk, drafts included), so a long
+        prompt leaves budget to others; 0: no cap but the budget (vLLM's
+        default). Chunked prefill only.
     """
 
     max_model_len: int
@@ -46,8 +50,15 @@ class SchedulerConfig:
     block_size: int = 16
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = False
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be 0 (off) or more tokens, "
+                             f"got {self.long_prefill_token_threshold}")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold caps the chunks of vLLM v1's chunked prefill: "
+                             "the paper's policy prefills each prompt whole")
         if self.enable_chunked_prefill:
             self._check_chunked()
             return

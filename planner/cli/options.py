@@ -69,6 +69,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                               "vllm-v1 as vLLM's API server sets it per device (8192 "
                                                               "on GPUs of 70 GiB or more but A100, else 2048); "
                                                               "max(max_model_len, 2048) for paper]"),
+    "long_prefill_token_threshold": (("--long-prefill-token-threshold",),
+                                     "vllm-v1: the most tokens one request takes in a step, so a long prompt is "
+                                     "prefilled in chunks of at most that many [default: 0, the budget's]"),
     "max_model_len": (("--max-model-len",), "longest sequence served [default: the model's own]"),
     "gpu_memory_utilization": (("--gpu-memory-utilization",), "fraction of GPU memory the engine may use "
                                                               "[default: 0.9]"),

@@ -317,7 +317,7 @@ class DecodeBatch:
         free -= self.allocator.state_blocks           # what a hybrid's sequence holds for its states
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
-        return _blocks_for(min(tokens, budget), self.bs) > free
+        return _blocks_for(min(tokens, scheduler.chunk_cap(budget)), self.bs) > free
 
     def plan(self, now: float, next_arrival: float, step_time, max_steps: int = MAX_WINDOW,
              ahead: int = 0) -> Plan | None:
