@@ -83,3 +83,16 @@ def test_max_concurrency_keeps_at_most_n_requests_in_flight_in_a_closed_loop(ser
     # no instant with more than 3 requests in flight, and the clients kept the loop busy
     assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 3
     assert 2 < doc["mean_concurrency"] <= 3
+
+
+def test_bench_takes_vllm_bench_spellings_a_burstiness_and_a_limit_in_flight(server, tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "alpaca", "--num-prompts", "8",
+                                      "--request-rate", "40", "--burstiness", "0.5", "--max-concurrency", "2",
+                                      "--length-scale", "0.1", "--max-prompt-len", "20", "--max-output-len", "5",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["num_completed"], doc["rate"], doc["burstiness"], doc["max_concurrency"]) == (8, 40.0, 0.5, 2)
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    spans = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows]
+    assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 2

@@ -215,10 +215,13 @@ def bench(
     workload: Optional[str] = typer.Option(None, help="built-in workload to generate"),
     trace: Optional[str] = typer.Option(None, help="trace file (.jsonl/.csv) to replay with its own arrival times"),
     model: Optional[str] = typer.Option(None, help="model name to send (default: the first of /v1/models)"),
-    rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson); default: the trace's own times, "
-                                                    "2 req/s for a workload"),
+    rate: Optional[float] = typer.Option(None, "--rate", "--request-rate",
+                                         help="request rate (req/s, Poisson; vLLM bench's --request-rate); default: "
+                                              "the trace's own times, 2 req/s for a workload"),
     burstiness: float = BURSTINESS,
-    requests: int = typer.Option(100, help="number of requests (a trace file: at most this many)"),
+    requests: int = typer.Option(100, "--requests", "--num-prompts",
+                                 help="number of requests (a trace file: at most this many; vLLM bench's "
+                                      "--num-prompts)"),
     seed: int = typer.Option(0),
     length_scale: float = typer.Option(1.0, help="scale prompt and output lengths (CPU servers need short ones)"),
     max_prompt_len: Optional[int] = typer.Option(None, help="cap prompt lengths (after scaling)"),
