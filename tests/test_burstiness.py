@@ -112,3 +112,12 @@ def test_validate_and_bench_shape_their_arrivals_the_same_way():
     bench = load_bench_trace("alpaca", None, 6.0, 30, 0, 1.0, None, None, burstiness=0.5)
     assert [r.arrival_time for r in bench] == [r.arrival_time for r in make_trace(
         "alpaca", num_requests=30, rate=6.0, seed=0, arrival="gamma", cv=1 / math.sqrt(0.5))]
+
+
+def test_capacity_at_bursty_arrivals_is_lower():
+    # the same SLOs hold at a lower mean rate when requests come in bursts
+    from planner import capacity
+    found = {b: capacity(H100, slos="ttft_p99=0.5,tpot_p99=0.05", workload="random",
+                         params={"input_len": 2048, "output_len": 128}, requests=300, burstiness=b).rate
+             for b in (1.0, 0.25)}
+    assert found[0.25] is not None and found[0.25] < 0.75 * found[1.0]
