@@ -156,6 +156,22 @@ def test_large_latency_lists_give_the_same_percentiles():
     assert _median_p99(values) == (percentile(values, 50), percentile(values, 99))
 
 
+def test_latencies_have_the_percentiles_vllm_bench_prints_and_slos_take_them():
+    # ten requests with TTFTs 1..10 s: p90 and p95 interpolate linearly between the 9th/10th values
+    done = [RequestRecord(request_id=f"r{i}", arrival=0.0, prompt_len=1, output_len=1, first_token=float(i),
+                          finish=float(i), token_times=[float(i)]) for i in range(1, 11)]
+    m = summarize(done, [])
+    assert (m.ttft_median, m.ttft_p90, m.ttft_p95, m.ttft_p99) == pytest.approx((5.5, 9.1, 9.55, 9.91))
+    assert (m.e2e_p90, m.e2e_p95) == pytest.approx((9.1, 9.55))
+    large = [float(i % 1000) for i in range(100_001)]      # past the partition threshold: the same values
+    small = summarize([RequestRecord(request_id="x", arrival=0.0, prompt_len=1, output_len=1, first_token=v,
+                                     finish=v, token_times=[v]) for v in large[:50_000]], [])
+    from engine.core.metrics import _latency_stats, percentile
+    assert _latency_stats(large)[2:] == tuple(percentile(large, q) for q in (90, 95, 99))
+    assert small.ttft_p95 == percentile(large[:50_000], 95)
+    assert meets(m.to_dict(), {"ttft_p90": 9.2}) and not meets(m.to_dict(), {"ttft_p95": 9.5})
+
+
 def test_many_token_times_give_the_same_gaps(monkeypatch):
     # TokenGaps (past LARGE token times) against the lists' way: the same pooled gaps in the same
     # order and the same per-request p99, requests of no, one and many token times among them; and

@@ -159,11 +159,13 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+LATENCY_STATISTICS = ("mean", "median", "p90", "p95", "p99")
+
+
 def latency_summary(name: str, values: list[float]) -> dict[str, float | None]:
-    """``{name_mean, name_median, name_p99}`` of values (None when empty), for callers that
-    add a metric of their own under the same naming."""
-    mean, median, p99 = _stats(values)
-    return {f"{name}_mean": mean, f"{name}_median": median, f"{name}_p99": p99}
+    """``{name_mean, name_median, name_p90, name_p95, name_p99}`` of values (None when empty), for callers
+    that add a metric of their own under the same naming."""
+    return {f"{name}_{statistic}": value for statistic, value in zip(LATENCY_STATISTICS, _latency_stats(values))}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -206,6 +208,14 @@ def _stats(values) -> tuple[float | None, float | None, float | None]:
     median, p99 = _median_p99(values)
     mean = _mean(values) if isinstance(values, list) else float(values.sum()) / len(values)
     return mean, median, p99
+
+
+def _latency_stats(values) -> tuple[float | None, ...]:
+    """(mean, median, p90, p95, p99) of a list (or, when large, a numpy array), or Nones when it is empty."""
+    if not len(values):
+        return (None,) * len(LATENCY_STATISTICS)
+    mean = _mean(values) if isinstance(values, list) else float(values.sum()) / len(values)
+    return (mean, *_percentiles(values, (50, 90, 95, 99)))
 
 
 def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
@@ -302,21 +312,30 @@ class Metrics:
     request_throughput: float | None = None        # completed requests / duration
     output_token_throughput: float | None = None   # generated tokens (all sequences) / duration
     total_token_throughput: float | None = None    # (generated + prompt tokens) / duration
+    # Each latency's mean, median and the percentiles vLLM bench reports (--metric-percentiles 90,95,99).
     ttft_mean: float | None = None
     ttft_median: float | None = None
+    ttft_p90: float | None = None
+    ttft_p95: float | None = None
     ttft_p99: float | None = None
     tpot_mean: float | None = None                 # over requests of (finish - first token) / (L - 1)
     tpot_median: float | None = None
+    tpot_p90: float | None = None
+    tpot_p95: float | None = None
     tpot_p99: float | None = None
     itl_mean: float | None = None                  # pooled: every gap of every completed request
     itl_median: float | None = None
     itl_p50: float | None = None                   # = itl_median, under the name vLLM's benchmarks use
+    itl_p90: float | None = None
+    itl_p95: float | None = None
     itl_p99: float | None = None
     request_itl_p99_mean: float | None = None      # over requests of each request's own p99 gap
     request_itl_p99_median: float | None = None
     request_itl_p99_p99: float | None = None
     e2e_mean: float | None = None
     e2e_median: float | None = None
+    e2e_p90: float | None = None
+    e2e_p95: float | None = None
     e2e_p99: float | None = None
     normalized_latency: float | None = None        # mean over requests of E2E / L (s/token)
     mean_concurrency: float | None = None          # requests in flight, time-averaged: sum of E2E / duration
@@ -409,13 +428,14 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.request_throughput = len(done) / span if span > 0 else float("inf")
         m.output_token_throughput = out_tokens / span if span > 0 else float("inf")
         m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")
-        m.ttft_mean, m.ttft_median, m.ttft_p99 = _stats([r.ttft for r in done])
-        m.tpot_mean, m.tpot_median, m.tpot_p99 = _stats([t for r in done if (t := r.tpot) is not None])
+        m.ttft_mean, m.ttft_median, m.ttft_p90, m.ttft_p95, m.ttft_p99 = _latency_stats([r.ttft for r in done])
+        m.tpot_mean, m.tpot_median, m.tpot_p90, m.tpot_p95, m.tpot_p99 = _latency_stats(
+            [t for r in done if (t := r.tpot) is not None])
         pooled, worst = _gaps(done) if gaps is None else gaps.of(done)   # every gap; each request's p99 gap
-        m.itl_mean, m.itl_median, m.itl_p99 = _stats(pooled)
+        m.itl_mean, m.itl_median, m.itl_p90, m.itl_p95, m.itl_p99 = _latency_stats(pooled)
         m.itl_p50 = m.itl_median
         m.request_itl_p99_mean, m.request_itl_p99_median, m.request_itl_p99_p99 = _stats(worst)
-        m.e2e_mean, m.e2e_median, m.e2e_p99 = _stats([r.e2e for r in done])
+        m.e2e_mean, m.e2e_median, m.e2e_p90, m.e2e_p95, m.e2e_p99 = _latency_stats([r.e2e for r in done])
         m.normalized_latency = _mean([r.normalized_latency for r in done])
         m.mean_concurrency = sum(r.e2e for r in done) / span if span > 0 else None
     if steps:

@@ -11,8 +11,9 @@ import math
 from engine.core.metrics import failed_requests
 from planner.errors import PlannerError
 
-SLO_METRICS = ("normalized_latency", "ttft_mean", "ttft_median", "ttft_p99", "tpot_mean", "tpot_median",
-               "tpot_p99", "itl_p99", "e2e_mean", "e2e_median", "e2e_p99")
+SLO_METRICS = ("normalized_latency", *(f"{latency}_{statistic}" for latency in ("ttft", "tpot", "e2e")
+                                       for statistic in ("mean", "median", "p90", "p95", "p99")),
+               "itl_p90", "itl_p95", "itl_p99")
 
 
 def parse_slos(texts: list[str]) -> dict[str, float]:
