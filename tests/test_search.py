@@ -147,7 +147,7 @@ def test_cli_searches_each_gpus_own_max_num_seqs_by_default(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--rate", "fast"], "--rate"), (["--tp", "one"], "--tp"), (["--gpus", "a100-80g", "--price", "l4=1"], "--gpus"),
     (["--executor", "spark"], "unknown executor"), (["--slo", "ttft_p42=1"], "unknown metric"),
-    (["--slo", "tpot=0.05"], "say which statistic: tpot_mean, tpot_median, tpot_p99"),
+    (["--slo", "tpot=0.05"], "say which statistic: tpot_mean, tpot_median, tpot_p90, tpot_p95, tpot_p99"),
     (["--ray-address", "auto"], "--executor ray"),
     (["--tp", "0"], "tp must be >= 1"), (["--block-size", "7"], "block_size 7"), (["--gpus", "z100"], "unknown GPU"),
     (["--gpus", "a100-80g", "--price", "z100=1"], "unknown GPU"),
