@@ -14,6 +14,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `node_link` is the network between 8-GPU nodes that a deployment's collectives and pipeline stages
   cross once it takes more than one node: a link of the planner's catalog (planner/data/links.json:
   infiniband, one 400 Gb/s NIC per GPU, or ethernet, 100 GbE). Hardware, not a vLLM setting.
+- `disable_custom_all_reduce` is vLLM's `--disable-custom-all-reduce`: TP's all-reduces go through NCCL
+  instead of vLLM's custom all-reduce kernel (which vLLM otherwise uses inside one node over NVLink, or
+  over PCIe between two GPUs, for messages up to its 8 MiB buffer). The measured model prices them from
+  NVIDIA's NCCL table then; the roofline prices every all-reduce alike; the engine runs tp = 1.
 - `dp` and `enable_expert_parallel` are vLLM's `--data-parallel-size` and `--enable-expert-parallel`:
   dp attention replicas inside one deployment (each with its own scheduler and KV cache, tp GPUs
   each), whose MoE layers run over all tp x dp GPUs: each expert's width split across them, or with
@@ -130,6 +134,7 @@ class Deployment:
     pp: int = 1                              # pipeline-parallel size: stages of the layers, tp GPUs each
     dp: int = 1                              # data-parallel size: attention replicas inside the deployment
     node_link: str = "infiniband"            # the network between nodes (the planner's links catalog)
+    disable_custom_all_reduce: bool = False  # vLLM's: every TP all-reduce through NCCL, not vLLM's own kernel
     enable_expert_parallel: bool = False     # MoE experts split whole over tp x dp GPUs (EP), not by width
     all2all_backend: str = ALL2ALL_BACKENDS[0]  # how EP moves tokens to their experts (vLLM's --all2all-backend)
     enable_eplb: bool = False                # vLLM's expert-parallel load balancer

@@ -153,6 +153,30 @@ def test_pcie_gpus_use_nccl_beyond_two():
     assert MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=8).describe()["allreduce"] == "vllm custom all-reduce"
 
 
+def test_disable_custom_all_reduce_prices_nccl_for_every_message():
+    # vLLM's --disable-custom-all-reduce: the small decode messages pay NCCL's latency, a large prefill's went
+    # to NCCL anyway (over the custom all-reduce's 8 MiB buffer)
+    custom = MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=4)
+    nccl = MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=4, custom_all_reduce=False)
+    assert nccl.describe()["allreduce"] == "nccl"
+    assert nccl.allreduce(16, True) > custom.allreduce(16, True)
+    assert nccl.step_time(decode(16, 1024)) > custom.step_time(decode(16, 1024))
+    assert nccl.step_time(prefill(8192)) == custom.step_time(prefill(8192))
+    assert MeasuredCostModel("llama-3.1-8b", "h100-sxm", custom_all_reduce=False).step_time(decode(16, 1024)) == \
+        LLAMA_H100.step_time(decode(16, 1024))                        # one GPU: no all-reduce to change
+
+
+def test_the_deployment_flag_reaches_the_measured_model():
+    args = ["explain", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4", "--batch", "16",
+            "--context", "1024", "--json"]
+    default, disabled = (json.loads(CliRunner().invoke(app, [*args, *extra]).stdout)
+                         for extra in ([], ["--disable-custom-all-reduce"]))
+    reduce = {name: next(t for t in doc["terms"] if t["term"] == "all-reduce") for name, doc in
+              (("custom", default), ("nccl", disabled))}
+    assert "custom all-reduce" in reduce["custom"]["detail"] and "nccl" in reduce["nccl"]["detail"]
+    assert disabled["total_seconds"] > default["total_seconds"]
+
+
 def test_mixed_step_has_both_attention_parts_and_shares_the_gemms():
     # a chunked-prefill step: one 256-token prompt chunk and three decodes (contexts 301, 501, 701)
     mixed = StepShape(prefill_seqs=1, prefill_tokens=256, prefill_attn_pairs=prefill_attn_pairs(256),

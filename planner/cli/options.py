@@ -33,6 +33,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "node_link": (("--node-link",), "the network between 8-GPU nodes, for a deployment over more than one: "
                                     "infiniband (NDR 400 Gb/s per GPU) or ethernet (100 GbE per GPU) "
                                     "[default: infiniband]"),
+    "disable_custom_all_reduce": (("--disable-custom-all-reduce/--no-disable-custom-all-reduce",),
+                                  "tensor parallelism: every all-reduce through NCCL, not vLLM's custom all-reduce "
+                                  "kernel (the measured model prices NCCL's table) [default: off]"),
     "dp": (("--dp", "--data-parallel-size"), "data-parallel size: attention replicas inside one deployment, "
                                              "their MoE experts shared over tp x dp GPUs [default: 1]"),
     "enable_expert_parallel": (("--enable-expert-parallel/--no-enable-expert-parallel",),

@@ -205,7 +205,7 @@ class MeasuredCostModel(SplitsSteps):
                  kv_cache_dtype: str = "auto", *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, async_scheduling: bool = False,
                  leave_out: tuple[str, ...] = (), calibration: Calibration | None = None,
-                 moe: MoeParallel | None = None, node_link: str = NODE_LINK) -> None:
+                 moe: MoeParallel | None = None, node_link: str = NODE_LINK, custom_all_reduce: bool = True) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
@@ -250,7 +250,7 @@ class MeasuredCostModel(SplitsSteps):
         self._set_up_attention(kv_cache_dtype)
         self._nccl = None
         self._span = NodeSpan.of(tp, tp, node_link, gpu.node_gpus)   # a TP group over nodes (planner/cost/nodes.py)
-        self._allreduce = self._allreduce_curves(tp) if tp > 1 else None
+        self._allreduce = self._allreduce_curves(tp, custom_all_reduce) if tp > 1 else None
         # a term an attention table already times (DeepSeek Sparse Attention's whole module) is not priced again
         self._gemms = [g for g in self._gemms if g[0] not in self._in_attention]
         self._kernels = tuple(k for k in step_kernels(model, tp, self._kv_bytes) if k.name not in self._in_attention)
@@ -615,9 +615,10 @@ class MeasuredCostModel(SplitsSteps):
         raise PlannerError(f"{self.system} {table} has no (heads/KV heads) pair for {heads}/{kv} per GPU "
                            f"(head_dim {hd}); covered: {shown}")
 
-    def _allreduce_curves(self, tp: int) -> dict[str, tables.Curve]:
+    def _allreduce_curves(self, tp: int, custom: bool = True) -> dict[str, tables.Curve]:
         """The all-reduce curves vLLM would use on `tp` of these GPUs (and the NCCL one, for the logits
-        all-gather, in `_nccl`); a group over several nodes reads one node's share of it (`_span`)."""
+        all-gather, in `_nccl`); a group over several nodes reads one node's share of it (`_span`). `custom`
+        False: vLLM's --disable-custom-all-reduce, NCCL for every message."""
         rows = tables.load_rows(self.system, "allreduce")
         local = tp if self._span is None else self._span.per_node
         by_backend: dict[str, dict] = {}
@@ -628,7 +629,7 @@ class MeasuredCostModel(SplitsSteps):
         self._nccl = tables.Curve.of(by_backend["nccl"]) if "nccl" in by_backend else None
         # vLLM's custom all-reduce needs NVLink beyond two GPUs (PCIe boxes fall back to NCCL) and all of
         # the group in one node
-        custom_ok = (self.gpu.interconnect.startswith("nvlink") or tp <= 2) and self._span is None
+        custom_ok = custom and (self.gpu.interconnect.startswith("nvlink") or tp <= 2) and self._span is None
         if custom_ok and "custom_graph" in by_backend and "custom_eager" in by_backend:
             self.allreduce_backend = "vllm custom all-reduce"
             return {"graph": tables.Curve.of(by_backend["custom_graph"]),

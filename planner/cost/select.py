@@ -104,7 +104,8 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       cost_model: str | None = None, weight_format: WeightFormat | None = None,
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
                       max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
-                      async_scheduling: bool = False, node_link: str = NODE_LINK) -> CostModel:
+                      async_scheduling: bool = False, node_link: str = NODE_LINK,
+                      custom_all_reduce: bool = True) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
@@ -113,11 +114,13 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     measured model's fitted host time behind the GPU; no other model separates vLLM's host time (the
     roofline has none, a profile times this engine's steps whole), so they price the same steps and
     async scheduling moves only the step a request joins (planner/sim/engine.py). `node_link` is the
-    network a collective crosses between nodes (planner/cost/nodes.py)."""
+    network a collective crosses between nodes (planner/cost/nodes.py); `custom_all_reduce` False is vLLM's
+    --disable-custom-all-reduce (the measured model prices NCCL's all-reduce)."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                             "async_scheduling": async_scheduling}, moe=moe, node_link=node_link)
+                             "async_scheduling": async_scheduling, "custom_all_reduce": custom_all_reduce},
+                     moe=moe, node_link=node_link)
     return model_
 
 
@@ -125,7 +128,8 @@ def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_
             profile: str | Path | None, cost_model: str | None, weight_format: WeightFormat | None,
             kv_cache_dtype: str, graphs: dict, moe: MoeParallel | None,
             node_link: str = NODE_LINK) -> CostModel:
-    """select_cost_model's choice; `graphs` are the measured model's CUDA-graph and scheduling settings."""
+    """select_cost_model's choice; `graphs` are the measured model's own settings (CUDA graphs, scheduling,
+    all-reduce)."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
         if profile is not None:
             raise PlannerError("--profile belongs to the calibrated cost model, not --cost-model linear")
