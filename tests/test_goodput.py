@@ -60,3 +60,4 @@ def test_cli_prints_the_goodput_beside_the_throughput(tmp_path):
     assert "goodput (within every SLO)" in shown.stdout
     doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
     assert doc["num_good"] == doc["num_completed"] == 40
+

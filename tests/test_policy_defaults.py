@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.deployment import BatchDevice, Deployment, resolve_batch_limits, vllm_batch_defaults
+from planner import simulate as simulate_run
 from planner.cli.app import app
 from planner.cost.linear import LinearCostModel
 from planner.deploy.plan import plan_deployment
@@ -22,6 +23,7 @@ from sim_helpers import sim_plan
 from workloads import make_trace
 
 GIB = 1 << 30
+H100 = Deployment(model="llama-3.1-8b", gpu="h100-sxm", max_model_len=4096)
 
 
 def _limits(gpu: str, **knobs) -> tuple[int, int, bool]:
@@ -105,3 +107,16 @@ def test_beam_search_under_vllm_v1_is_refused_in_one_line():
     assert result.output.strip().splitlines() == [
         "error: beam search is not supported by the vllm-v1 policy (vLLM v1 has no beam search in its scheduler); "
         "run it with --policy paper"]
+
+
+def test_a_random_prefix_is_served_from_the_prefix_cache():
+    # vllm bench serve --random-prefix-len 1024 before 512-token inputs: vLLM v1's prefix cache serves the
+    # prefix to every request but the first, so TTFT falls against prompts of the same length with none
+    params = {"input_len": 512, "output_len": 32}
+    shared = simulate_run(H100, workload="random", params={**params, "prefix_len": 1024}, rate=8.0,
+                          requests=60).document()
+    alone = simulate_run(H100, workload="random", params={**params, "input_len": 1536}, rate=8.0,
+                         requests=60).document()
+    assert shared["prefix_cache_hit_rate"] == pytest.approx(59 * 1024 / (60 * 1536), rel=0.01)
+    assert alone["prefix_cache_hit_rate"] == 0
+    assert shared["ttft_mean"] < 0.6 * alone["ttft_mean"]

@@ -188,6 +188,17 @@ def test_random_takes_vllm_bench_lengths_within_the_range_ratio():
         make_trace("random", num_requests=5, range_ratio=1.5)
 
 
+def test_random_prefix_len_puts_one_shared_prefix_before_every_prompt():
+    # vllm bench serve --random-prefix-len: prompt = the same prefix_len tokens + the request's own input
+    trace = make_trace("random", num_requests=20, input_len=300, output_len=40, range_ratio=0.5, prefix_len=128)
+    plain = make_trace("random", num_requests=20, input_len=300, output_len=40, range_ratio=0.5)
+    assert [r.prompt_len for r in trace] == [r.prompt_len + 128 for r in plain]     # the same draws, prefixed
+    ids = [trace.prompt_token_ids(r, 32000, 0) for r in trace]
+    assert all(i[:128] == ids[0][:128] for i in ids) and len({tuple(i[128:136]) for i in ids}) == 20
+    with pytest.raises(TraceError, match="prefix_len"):
+        make_trace("random", num_requests=5, prefix_len=-1)
+
+
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_a_window_without_arrivals_makes_an_empty_trace(name):
     # (the planner then says the trace is empty; sampling zero lengths once crashed in numpy)

@@ -155,16 +155,20 @@ def gen_random(
     input_len: int = 1024,
     output_len: int = 128,
     range_ratio: float = 0.0,
+    prefix_len: int = 0,
 ) -> list[dict]:
     """`vllm bench serve --dataset-name random`'s lengths: integers uniform on
-    [len x (1 - range_ratio), len x (1 + range_ratio)] (range_ratio 0: every request the same)."""
-    if input_len < 1 or output_len < 1 or not 0 <= range_ratio < 1:
-        raise TraceError(f"input_len/output_len/range_ratio: need lengths >= 1 and 0 <= range_ratio < 1, got "
-                         f"{input_len}, {output_len}, {range_ratio}")
+    [len x (1 - range_ratio), len x (1 + range_ratio)] (range_ratio 0: every request the same), each prompt
+    after one prefix of `prefix_len` tokens that every request shares (`--random-prefix-len`: the prompt is
+    prefix_len + its input length, and the prefix cache serves the prefix to all but the first)."""
+    if input_len < 1 or output_len < 1 or not 0 <= range_ratio < 1 or prefix_len < 0:
+        raise TraceError(f"input_len/output_len/range_ratio/prefix_len: need lengths >= 1, 0 <= range_ratio < 1 "
+                         f"and prefix_len >= 0, got {input_len}, {output_len}, {range_ratio}, {prefix_len}")
     prompt_rng, output_rng = rng.spawn(2)  # request i independent of the count
 
     def lengths(rng_: np.random.Generator, length: int) -> np.ndarray:
         low, high = max(1, int(length * (1 - range_ratio))), int(length * (1 + range_ratio))
         return rng_.integers(low, max(low, high), count, endpoint=True)
 
-    return _plain(lengths(prompt_rng, input_len), lengths(output_rng, output_len))
+    shared = {"prefix_id": "random-prefix", "prefix_len": int(prefix_len)} if prefix_len else {}
+    return _plain(prefix_len + lengths(prompt_rng, input_len), lengths(output_rng, output_len), **shared)

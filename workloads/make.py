@@ -27,7 +27,7 @@ _GENERATORS = {
     "fixed": (g.gen_fixed, "every request the same lengths (prompt_len=128, output_len=128)"),
     "uniform": (g.gen_uniform, "lengths uniform on [prompt_min, prompt_max] and [output_min, output_max]"),
     "random": (g.gen_random, "vllm bench serve's random dataset: input_len / output_len (1024 / 128), each "
-                             "uniform within +-range_ratio"),
+                             "uniform within +-range_ratio, after a prefix of prefix_len tokens all share (0)"),
 }
 
 WORKLOADS: dict[str, str] = {name: desc for name, (_, desc) in _GENERATORS.items()}
