@@ -58,6 +58,7 @@ def test_cli_prints_the_goodput_beside_the_throughput(tmp_path):
     shown = CliRunner().invoke(app, args)
     assert shown.exit_code == 0, shown.output
     assert "goodput (within every SLO)" in shown.stdout
+    assert "<td>request_goodput</td>" in (tmp_path / "report.html").read_text()
     doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
     assert doc["num_good"] == doc["num_completed"] == 40
 

@@ -17,6 +17,8 @@ from planner.deploy.parallel import layout_suffix
 # Metric definitions (DESIGN.md), shown beside the numbers.
 DEFINITIONS = {
     "request_throughput": "completed requests / (last finish - first arrival); steady: completions in the window / its length",
+    "request_goodput": "(with SLOs) requests within every SLO's per-request limit / the same span, as vLLM bench's "
+                       "--goodput counts them",
     "output_token_throughput": "generated tokens / the same span; steady: tokens generated in the window / its length",
     "normalized_latency": "mean over requests of end-to-end latency / output tokens of one sequence (s/token)",
     "ttft_mean": "time to first token: first token - arrival, mean", "ttft_p99": "time to first token, 99th percentile",
@@ -27,7 +29,7 @@ DEFINITIONS = {
     "kv_utilization": "KV slots holding a token / all KV slots, time-averaged",
     "kv_full_share": "share of the time with fewer than 5% of KV slots free",
 }
-UNITS = {"request_throughput": "req/s", "output_token_throughput": "tok/s", "normalized_latency": "s/token",
+UNITS = {"request_throughput": "req/s", "request_goodput": "req/s", "output_token_throughput": "tok/s", "normalized_latency": "s/token",
          "ttft_mean": "s", "ttft_p99": "s", "tpot_mean": "s", "tpot_p99": "s", "e2e_mean": "s", "e2e_p99": "s",
          "mean_batch_size": "", "kv_utilization": "", "kv_full_share": ""}
 
@@ -135,6 +137,8 @@ def metrics_table(doc: dict) -> str:
     steady = doc.get("steady_state") or {}
     rows = []
     for key, definition in DEFINITIONS.items():
+        if key == "request_goodput" and key not in doc:      # a run without SLOs has none
+            continue
         whole = doc.get(key) if key != "kv_full_share" else None
         unit = UNITS.get(key, "")
         rows.append([key, f"{fmt(whole)} {unit}".strip(), f"{fmt(steady.get(key))} {unit}".strip(),
