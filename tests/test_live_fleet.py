@@ -413,6 +413,27 @@ def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_fi
     assert "| replica | live share |" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.parametrize("router", ["round-robin", "least-requests"])
+def test_a_closed_loop_fleet_sends_each_request_as_one_ends_live_and_simulated(llama_dir, router):
+    # One client: each request is sent when the one before ends, stamped then, live and simulated alike. The
+    # replica that just ended one still counts it in flight at that instant (ended before now, strictly), so
+    # least-requests takes turns as round-robin does.
+    from engine.deployment import Deployment
+    from planner.validation.fleet import validate_fleet
+    from planner.validation.spec import ValidationSpec
+    spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu", block_size=16), workload="alpaca", concurrency=1,
+                          requests=6, length_scale=1.0, max_prompt_len=32, max_output_len=4, seeds=0,
+                          kv_cache_memory_bytes=1 << 22)
+    result = validate_fleet(spec, 2, parse_policy(router), cost_model=ConstantCost())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 6
+    assert result.live.routes == result.sim.fleet.routes == [0, 1, 0, 1, 0, 1]
+    for records, slack in ((result.live.requests, 0.002), (result.sim.requests, 0.0)):
+        assert records[0].arrival == 0.0
+        assert all(0 <= b.arrival - a.finish <= slack for a, b in zip(records, records[1:]))
+    doc = result.document()
+    assert doc["concurrency"] == 1 and doc["rate"] is None
+
+
 def test_a_fleet_profiled_along_its_run_times_the_model_its_replicas_share(llama_dir, tmp_path, monkeypatch):
     from engine.deployment import Deployment
     from planner.profile import along

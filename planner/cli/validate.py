@@ -174,9 +174,8 @@ def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, route
     if replicas is None:
         raise PlannerError("--router routes between replicas: give --replicas K too")
     opt.check_live_replicas(replicas)
-    if elsewhere is not None or trace["concurrency"] is not None:
-        raise PlannerError("--replicas validates an open-loop trace on live engines here: drop --endpoint, "
-                           "--measured and --concurrency")
+    if elsewhere is not None:
+        raise PlannerError("--replicas validates live engines here: drop --endpoint and --measured")
     policy = parse_router(router)
     spec = ValidationSpec(deployment=deployments.one("validate", **DEFAULTS), **trace,
                           profile=str(profile) if profile else None)

@@ -76,7 +76,8 @@ class FleetValidation:
         d = self.spec.deployment
         return json_safe({"model": d.model, "gpu": d.gpu, "replicas": len(self.live.replicas), "router": self.policy,
                           "workload": self.spec.workload, "requests": self.spec.requests,
-                          "rate": self.spec.arrival_rate,
+                          "rate": self.spec.request_rate,
+                          "burstiness": self.spec.burstiness, "concurrency": self.spec.concurrency,
                           "length_scale": self.spec.length_scale, "max_output_len": self.spec.max_output_len,
                           "seed": self.spec.seed, "enable_prefix_caching": d.prefix_caching_on,
                           "cost_model": self.cost_model, "profile": self.profile_note, "speed": self.speed,
@@ -142,10 +143,11 @@ def _simulated(spec: ValidationSpec, trace, live: LiveFleet, policy: RouterPolic
                                                    **live_limits(engine.deployment.max_num_seqs,
                                                                  engine.deployment.enable_prefix_caching)),
                            refuse=False)
-    sim = simulate_fleet(trace, plan, cost_model, replicas=replicas, router=policy, seed=spec.seed)
+    sim = simulate_fleet(trace, plan, cost_model, replicas=replicas, router=policy, seed=spec.seed, **spec.clients)
     uncorrected = None
     if unscaled is not None:
-        other = simulate_fleet(trace, plan, unscaled, replicas=replicas, router=policy, seed=spec.seed).summary()
+        other = simulate_fleet(trace, plan, unscaled, replicas=replicas, router=policy, seed=spec.seed,
+                               **spec.clients).summary()
         uncorrected = {name: other.get(name) for name in FLEET_TARGETS}
     return FleetValidation(spec, policy.name, live, sim, cost_model.name, note, speed, uncorrected)
 

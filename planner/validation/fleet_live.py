@@ -26,6 +26,8 @@ is compared are the trace-clock times, which are the replicas' own.
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -179,7 +181,10 @@ def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str,
 
 class FleetReplay:
     """One live fleet's replay, an event at a time (see the module): `next_time()` is when its next event
-    happens on the trace clock (None once every request ended), `advance()` takes it."""
+    happens on the trace clock (None once every request ended), `advance()` takes it. Requests are sent at
+    their arrival times, or by the spec's closed loop of clients (planner/sim/clients.py's rules: N sent at
+    once, the next one as each ends, the deployment's client_turnaround later; paced, never before its
+    arrival time), each stamped with the time it is sent."""
 
     def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
                  spec: ValidationSpec, between_steps=None, progress=None) -> None:
@@ -187,7 +192,21 @@ class FleetReplay:
         self.router = ReplayRouter(policy, replicas, spec.deployment.block_size)
         self.vocab = replicas[0].engine.runner.vocab_size
         self.between_steps, self.progress = between_steps, progress
-        self.pending, self.groups, self.routes, self.done = deque(trace.requests), [], [], 0
+        self.groups, self.routes, self.done = [], [], 0
+        self.clients, self.paced = spec.concurrency, spec.paced
+        self.turnaround = spec.deployment.client_turnaround
+        self.unsent = deque(trace.requests)
+        self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, trace order, request)
+        self.order = itertools.count()
+        self._release(len(self.unsent) if self.clients is None else self.clients, 0.0)
+
+    def _release(self, count: int, at: float) -> None:
+        """The trace's next `count` requests, in order, due at `at`: at their arrival times in an open loop,
+        never before them when paced."""
+        for _ in range(min(count, len(self.unsent))):
+            req = self.unsent.popleft()
+            when = req.arrival_time if self.clients is None or self.paced and req.arrival_time > at else at
+            heapq.heappush(self.due, (when, next(self.order), req))
 
     def _next_step(self) -> LiveReplica | None:
         busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
@@ -195,29 +214,34 @@ class FleetReplay:
 
     def next_time(self) -> float | None:
         nxt = self._next_step()
-        times = [t for t in (self.pending[0].arrival_time if self.pending else None,
+        if not self.due and nxt is None and self.unsent:    # nothing out, nothing on its way: every client free
+            self._release(self.clients, max(r.free_at for r in self.replicas))
+        times = [t for t in (self.due[0][0] if self.due else None,
                              nxt.free_at if nxt is not None else None) if t is not None]
         return min(times) if times else None
 
     def advance(self) -> None:
         nxt = self._next_step()
-        if self.pending and (nxt is None or self.pending[0].arrival_time <= nxt.free_at):
-            self._route(self.pending.popleft())
+        if self.due and (nxt is None or self.due[0][0] <= nxt.free_at):
+            when, _, req = heapq.heappop(self.due)
+            self._route(req, when)
             return
         ended = nxt.step(self.between_steps)
         self.done += ended
+        if self.clients is not None and ended:       # each ended request frees its client for the next
+            self._release(ended, nxt.free_at + self.turnaround)
         if self.progress is not None and ended:
             self.progress(self.done, len(self.trace))
 
-    def _route(self, req) -> None:
+    def _route(self, req, at: float) -> None:
         tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
-        chosen = self.router.pick(tokens, req.arrival_time)
+        chosen = self.router.pick(tokens, at)
         replica = self.replicas[chosen]
         if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
-            replica.free_at = replica.clock.base = max(replica.free_at, req.arrival_time)
+            replica.free_at = replica.clock.base = max(replica.free_at, at)
         replica.routed += 1
         replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
-                                   arrival_time=req.arrival_time, output_len_hint=req.output_len)
+                                   arrival_time=at, output_len_hint=req.output_len)
         self.groups.append(replica.engine.groups[req.request_id])
         self.routes.append(chosen)
 

@@ -31,7 +31,7 @@ def as_json(v: Validation) -> dict:
     s, d = v.spec, v.spec.deployment
     return {
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
-        "rate": _request_rate(s), "burstiness": s.burstiness, "concurrency": s.concurrency, "requests": s.requests,
+        "rate": s.request_rate, "burstiness": s.burstiness, "concurrency": s.concurrency, "requests": s.requests,
         "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
@@ -69,11 +69,6 @@ def load_text(spec) -> str:
     process = "Poisson" if spec.burstiness == 1 else f"gamma, burstiness {spec.burstiness:g}"
     limit = f", at most {spec.concurrency} in flight" if spec.paced else ""
     return f"at {spec.arrival_rate:g} req/s ({process}){limit}"
-
-
-def _request_rate(spec) -> float | None:
-    """The trace's request rate; None for a closed loop alone, whose times do not count."""
-    return None if spec.concurrency is not None and not spec.paced else spec.arrival_rate
 
 
 def _fmt(x) -> str:
@@ -303,7 +298,7 @@ def validation_verdict(validation: Validation, targets: dict[str, float] = TARGE
     missed = [_judged_text(n, j, level) for n, j in judged.items() if not j["pass"]]
     spec = validation.spec
     live = dict(validation.live.metrics)
-    live["params"] = {"trace_params": {"rate": _request_rate(spec)},
+    live["params"] = {"trace_params": {"rate": spec.request_rate},
                       "concurrency": spec.concurrency,
                       "max_num_seqs": validation.live.max_num_seqs or spec.deployment.max_num_seqs, "tp": 1}
     load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]

@@ -70,6 +70,11 @@ class ValidationSpec:
         return math.inf if self.concurrency is not None else DEFAULT_RATE
 
     @property
+    def request_rate(self) -> float | None:
+        """The rate the documents record: None for a closed loop alone, whose times do not count."""
+        return None if self.concurrency is not None and not self.paced else self.arrival_rate
+
+    @property
     def clients(self) -> dict:
         """How requests reach the simulated engine, as `simulate` takes it: a closed loop, paced or not."""
         return {"concurrency": self.concurrency, "paced": self.paced}
