@@ -346,7 +346,7 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
 
 
 def _process_text(trace_params: dict) -> str:
-    """" (gamma arrivals, burstiness B)" where the gaps between arrivals were not Poisson's, else ""."""
+    """The arrival process in words where it was not Poisson's: ' (gamma arrivals, burstiness B)'."""
     arrival, cv = trace_params.get("arrival"), trace_params.get("cv")
     if arrival == "gamma" and isinstance(cv, (int, float)) and cv > 0:
         return f" (gamma arrivals, burstiness {1 / cv ** 2:.3g})"

@@ -277,8 +277,7 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, "workload": workload, "rate": rate,
                      "burstiness": burstiness, "max_concurrency": max_concurrency, "seed": seed,
-                     "length_scale": length_scale,
-                     "wall_time": wall, "failures": failures, "folder": str(folder)})
+                     "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")

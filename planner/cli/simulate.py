@@ -107,9 +107,8 @@ def simulate(
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
-        load = load_of(workload, trace, param, requests, duration, seed, burstiness)
-        specs = run_specs(deployments, load, rates=rates,
-                          concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
+        specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed, burstiness),
+                          rates=rates, concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
         out_dir = run_folder(out, "sweep" if len(specs) > 1 else "sim", specs[0].load.workload)

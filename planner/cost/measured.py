@@ -196,7 +196,8 @@ class MeasuredCostModel(SplitsSteps):
     hides the fitted host time behind the GPU's (an upper bound; here in series unless told, as calibrated;
     a deployment says what vLLM does, engine.deployment.vllm_async_default);
     `leave_out` names TERM_FAMILIES to price as before they were modelled; `calibration` replaces the
-    shipped fitted constants (planner/data/measured_calibration.json), for the fit itself."""
+    shipped fitted constants (planner/data/measured_calibration.json), for the fit itself;
+    `custom_all_reduce` False is vLLM's --disable-custom-all-reduce (NCCL's table for every all-reduce)."""
 
     prices_each_context = True   # decode attention from each sequence's own context (StepShape.decode_histogram)
 

@@ -205,7 +205,7 @@ class FleetReplay:
         never before them when paced."""
         for _ in range(min(count, len(self.unsent))):
             req = self.unsent.popleft()
-            when = req.arrival_time if self.clients is None or self.paced and req.arrival_time > at else at
+            when = req.arrival_time if self.clients is None or (self.paced and req.arrival_time > at) else at
             heapq.heappush(self.due, (when, next(self.order), req))
 
     def _next_step(self) -> LiveReplica | None:
