@@ -96,3 +96,16 @@ def test_bench_takes_vllm_bench_spellings_a_burstiness_and_a_limit_in_flight(ser
     rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
     spans = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows]
     assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 2
+
+
+def test_bench_takes_a_workloads_parameters(server, tmp_path):
+    # vllm bench serve --dataset-name random --random-input-len 24 --random-output-len 3, as -p KEY=VALUE
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "random", "-p", "input_len=24",
+                                      "-p", "output_len=3", "--requests", "4", "--prompt-format", "tokens",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert [(int(r["prompt_len"]), int(r["output_len"])) for r in rows] == [(24, 3)] * 4
+    bad = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "random", "-p", "turns=2",
+                                   "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of input_len" in bad.stderr

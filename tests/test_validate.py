@@ -307,6 +307,18 @@ def test_a_limit_in_flight_never_reached_sends_each_request_at_its_arrival_time(
     assert [by_id[req.request_id].arrival for req in spec.trace()] == [req.arrival_time for req in spec.trace()]
 
 
+def test_a_workloads_parameters_shape_the_validated_trace(tmp_path):
+    spec = ValidationSpec(workload="random", params=(("input_len", 24), ("output_len", 3)), requests=5,
+                          length_scale=1.0)
+    assert {(r.prompt_len, r.output_len) for r in spec.trace()} == {(24, 3)}
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    refused = CliRunner().invoke(app, ["validate", "--measured", str(tmp_path / "run.jsonl"), "--model", "opt-125m",
+                                       "--gpu", "cpu", "-p", "input_len=24"])
+    assert refused.exit_code == 2 and "--param: not used with --measured" in refused.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "0"], "--concurrency must be at least 1"),
     (["--concurrency", "4", "--rate", "0"], "--rate must be a positive number"),

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-from planner.cli.options import BURSTINESS, DeploymentChoices, check_live_replicas, deployment_options
+from planner.cli.options import BURSTINESS, PARAM, DeploymentChoices, check_live_replicas, deployment_options
 from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
@@ -26,7 +26,7 @@ from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
-from workloads import TraceError, burstiness_arrival, make_trace
+from workloads import TraceError, burstiness_arrival, make_trace, parse_workload_params
 
 LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
@@ -214,6 +214,7 @@ def bench(
     endpoint: str = typer.Option(..., help="server base URL, e.g. http://127.0.0.1:8000"),
     workload: Optional[str] = typer.Option(None, help="built-in workload to generate"),
     trace: Optional[str] = typer.Option(None, help="trace file (.jsonl/.csv) to replay with its own arrival times"),
+    param: Optional[list[str]] = PARAM,
     model: Optional[str] = typer.Option(None, help="model name to send (default: the first of /v1/models)"),
     rate: Optional[float] = typer.Option(None, "--rate", "--request-rate",
                                          help="request rate (req/s, Poisson; vLLM bench's --request-rate); default: "
@@ -252,7 +253,7 @@ def bench(
         if out is not None:
             check_writable(out, folder=True)     # before the run whose results it holds
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
-                                       max_output_len, burstiness)
+                                       max_output_len, burstiness, param)
         slos = parse_slos(slo) if slo else None
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency)
@@ -289,9 +290,9 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
 
 
 def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len,
-                     burstiness: float = 1.0):
-    """The trace a bench replays: a built-in workload or a trace file, its arrivals at the rate gamma-distributed
-    with the burstiness's shape (1: Poisson)."""
+                     burstiness: float = 1.0, param: list[str] | None = None):
+    """The trace a bench replays: a built-in workload (its -p KEY=VALUE parameters) or a trace file, its
+    arrivals at the rate gamma-distributed with the burstiness's shape (1: Poisson)."""
     if (workload is None) == (trace is None):
         raise PlannerError("give exactly one of --workload and --trace")
     if requests < 1:
@@ -300,7 +301,8 @@ def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_pr
         raise PlannerError(f"--rate must be positive, got {rate}")
     check_trace_size(requests, None, 2.0 if rate is None else rate)
     rate = rate if rate is not None else math.inf if trace is not None else 2.0
-    t = make_trace(trace or workload, num_requests=requests, rate=rate, seed=seed,
+    params = parse_workload_params(trace or workload, param or [])
+    t = make_trace(trace or workload, num_requests=requests, rate=rate, seed=seed, **params,
                    **burstiness_arrival(burstiness, rate))
     if length_scale != 1.0 or max_prompt_len is not None or max_output_len is not None:
         t = t.scaled(length_scale=length_scale, max_prompt_len=max_prompt_len, max_output_len=max_output_len)

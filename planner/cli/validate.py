@@ -24,7 +24,7 @@ from planner.validation.report import TARGETS, inside_text, interval_text, load_
 from planner.validation.run import check_device, validate
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import DEFAULT_SEEDS
-from workloads import TraceError
+from workloads import TraceError, parse_workload_params
 
 # The in-process validation's device and model: this machine's CPU and a small model with random weights.
 DEFAULTS = {"model": "opt-125m", "gpu": "cpu"}
@@ -63,6 +63,7 @@ ATTRIBUTION = typer.Option(False, "--attribution", help="also split the error by
 def validate_cmd(
     deployments: DeploymentChoices,
     workload: Optional[str] = typer.Option(None, help="built-in workload or trace file (default sharegpt)"),
+    param: Optional[list[str]] = opt.PARAM,
     rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2; "
                                                     "none with --concurrency alone)"),
     burstiness: float = opt.BURSTINESS,
@@ -105,8 +106,8 @@ def validate_cmd(
             raise PlannerError("give one of --endpoint and --measured, not both")
         if out is not None:
             check_writable(out, folder=True)     # before the live run whose report it holds
-        _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, rate=rate,
-                       burstiness=None if burstiness == 1 else burstiness, concurrency=concurrency,
+        _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, param=param,
+                       rate=rate, burstiness=None if burstiness == 1 else burstiness, concurrency=concurrency,
                        requests=requests, length_scale=length_scale,
                        max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
                        attribution=attribution)
@@ -115,7 +116,8 @@ def validate_cmd(
         # what the command line gives wins over --quick's values, which win over the defaults
         trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
                  "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency,
-                 "burstiness": burstiness}
+                 "burstiness": burstiness,
+                 "params": tuple(sorted(parse_workload_params(workload, param).items())) if param else ()}
         if concurrency is not None and rate is None:
             trace["rate"] = None      # a closed loop alone: the trace's times do not count
         if replicas is not None or router is not None:

@@ -31,6 +31,7 @@ def as_json(v: Validation) -> dict:
     s, d = v.spec, v.spec.deployment
     return {
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
+        "workload_params": dict(s.params),
         "rate": s.request_rate, "burstiness": s.burstiness, "concurrency": s.concurrency, "requests": s.requests,
         "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),

@@ -19,6 +19,7 @@ DEFAULT_RATE = 4.0                     # requests/s of an open loop when no rate
 class ValidationSpec:
     deployment: Deployment = field(default_factory=lambda: Deployment(model="opt-125m", gpu="cpu"))
     workload: str = "sharegpt"         # a built-in workload or a trace file
+    params: tuple[tuple[str, object], ...] = ()   # the workload's -p KEY=VALUE, already typed
     rate: float | None = None          # requests/s (Poisson); None: DEFAULT_RATE, or a closed loop's none
     burstiness: float = 1.0            # vLLM bench's: gamma-distributed gaps of this shape (1: Poisson)
     # A closed loop of this many clients: each sends its next request the moment its previous one ends, live
@@ -90,7 +91,7 @@ class ValidationSpec:
         arrival = self._arrival()
         try:
             trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed,
-                               **arrival)
+                               **dict(self.params), **arrival)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
