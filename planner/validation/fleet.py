@@ -75,7 +75,8 @@ class FleetValidation:
     def document(self) -> dict:
         d = self.spec.deployment
         return json_safe({"model": d.model, "gpu": d.gpu, "replicas": len(self.live.replicas), "router": self.policy,
-                          "workload": self.spec.workload, "requests": self.spec.requests,
+                          "workload": self.spec.workload, "workload_params": dict(self.spec.params),
+                          "requests": self.spec.requests,
                           "rate": self.spec.request_rate,
                           "burstiness": self.spec.burstiness, "concurrency": self.spec.concurrency,
                           "length_scale": self.spec.length_scale, "max_output_len": self.spec.max_output_len,
