@@ -16,6 +16,7 @@ from rich.table import Table
 from tqdm import tqdm
 from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
+from engine.core.metrics import LATENCY_STATISTICS
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
 from planner.cli.options import BURSTINESS, PARAM, DeploymentChoices, check_live_replicas, deployment_options
 from planner.cli.output import check_writable, fail
@@ -317,9 +318,9 @@ def print_bench_summary(doc: dict, console) -> None:
             ("request throughput (req/s)", doc.get("request_throughput")),
             ("output token throughput (tok/s)", doc.get("output_token_throughput"))]
     for m in ("ttft", "tpot", "itl", "e2e"):
-        rows.append((f"{m.upper()} mean / median / p99 (s)",
+        rows.append((f"{m.upper()} mean / median / p90 / p95 / p99 (s)",
                      " / ".join("–" if doc.get(f"{m}_{s}") is None else f"{doc[f'{m}_{s}']:.4f}"
-                                for s in ("mean", "median", "p99"))))
+                                for s in LATENCY_STATISTICS)))
     if "request_goodput" in doc:
         rows.append(("goodput (req/s)", doc["request_goodput"]))
     for k, v in rows:
