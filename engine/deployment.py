@@ -57,6 +57,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   the budget to other prompts (vllm/v1/core/sched/scheduler.py applies it to
   running and waiting requests alike, before the budget); 0, vLLM's default,
   caps a chunk at the budget alone.
+- `performance_mode` is vLLM's `--performance-mode` (vllm/config/vllm.py, 0.17-0.19): "throughput"
+  doubles the default token budget and sequence limit (`resolve_batch_limits`; a value given stays as
+  given); "interactivity" captures a CUDA graph for every batch of 1 to 32 tokens, so small steps are
+  not padded (the measured model's graph sizes); "balanced" is vLLM's default. The kernels vLLM picks
+  per mode are not modelled.
 - `allocator` is the simulator's KV policy; anything but "paged" is one of the
   paper's contiguous baselines, which only the simulator runs.
 - `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
@@ -124,6 +129,8 @@ ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_hig
 MAX_SWAP_GIB = 1 << 20                   # GiB of swap space per GPU: a pebibyte, past any host's memory
 # vLLM's --moe-backend choices the planner prices (planner/cost/deepgemm.py); the first is vLLM's default.
 MOE_BACKENDS = ("auto", "triton", "deep_gemm")
+# vLLM's --performance-mode (vllm/config/vllm.py PerformanceMode, since 0.17); the first is vLLM's default.
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,7 @@ class Deployment:
     max_num_seqs: int | None = None          # None: the policy's default on the device (resolve_batch_limits)
     max_num_batched_tokens: int | None = None
     long_prefill_token_threshold: int = 0    # vLLM's: most tokens one request takes in a step (0: the budget)
+    performance_mode: str = PERFORMANCE_MODES[0]   # vLLM's --performance-mode: its batch and CUDA-graph defaults
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0                  # GiB of CPU swap space per GPU
@@ -182,6 +190,10 @@ class Deployment:
         _one_of("policy", self.policy, POLICIES)
         _one_of("all2all_backend", self.all2all_backend, ALL2ALL_BACKENDS)
         _one_of("moe_backend", self.moe_backend, MOE_BACKENDS)
+        _one_of("performance_mode", self.performance_mode, PERFORMANCE_MODES)
+        if self.performance_mode != PERFORMANCE_MODES[0] and self.policy != "vllm-v1":
+            raise ValueError(f"performance_mode {self.performance_mode!r} is a setting of vLLM v1 (0.17 and later): "
+                             f"give --policy vllm-v1")
         _check_eplb(self)
         _check_dbo(self)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
@@ -360,7 +372,8 @@ def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: in
     """`dep` with the policy's defaults filled in where it left them None: the one place both the planner
     (for the catalog GPU) and the live engine (for its device) resolve them. A value given always wins.
 
-    vllm-v1: prefix caching on, and the budget and sequence limit of `vllm_batch_defaults`, then, as
+    vllm-v1: prefix caching on, and the budget and sequence limit of `vllm_batch_defaults` (twice both under
+    performance_mode "throughput"), then, as
     vllm/engine/arg_utils.py's EngineArgs._set_default_max_num_seqs_and_batched_tokens_args does, a
     defaulted budget capped at max_num_seqs x max_model_len and a defaulted max_num_seqs at the budget.
     paper (vLLM v0.2.0): 256 sequences, a budget of max(max_model_len, 2048), no prefix caching. Async
@@ -373,6 +386,8 @@ def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: in
         budget = dep.max_num_batched_tokens or max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
         return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
     default_budget, default_seqs = vllm_batch_defaults(device, dep.tp * dep.pp)
+    if dep.performance_mode == "throughput":         # vLLM doubles both defaults (not a value given)
+        default_budget, default_seqs = 2 * default_budget, 2 * default_seqs
     seqs = default_seqs if dep.max_num_seqs is None else dep.max_num_seqs
     budget = dep.max_num_batched_tokens
     if budget is None:

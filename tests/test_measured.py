@@ -153,6 +153,18 @@ def test_pcie_gpus_use_nccl_beyond_two():
     assert MeasuredCostModel("llama-3.1-70b", "h100-sxm", tp=8).describe()["allreduce"] == "vllm custom all-reduce"
 
 
+def test_interactivity_mode_captures_every_small_batch_so_none_is_padded():
+    from planner.cost.ledger import cudagraph_capture_sizes
+    fine = cudagraph_capture_sizes(1024, 8192, interactivity=True)
+    assert fine[:32] == tuple(range(1, 33)) and fine[32:] == cudagraph_capture_sizes(1024, 8192)[7:]
+    balanced = MeasuredCostModel("llama-3.1-8b", "h100-sxm", max_num_seqs=1024, max_num_batched_tokens=8192)
+    interactive = MeasuredCostModel("llama-3.1-8b", "h100-sxm", max_num_seqs=1024, max_num_batched_tokens=8192,
+                                    performance_mode="interactivity")
+    assert interactive.graphs.padded(9) == 9 and balanced.graphs.padded(9) == 16
+    assert interactive.step_time(decode(9, 1024)) < balanced.step_time(decode(9, 1024))
+    assert interactive.step_time(decode(16, 1024)) == balanced.step_time(decode(16, 1024))
+
+
 def test_disable_custom_all_reduce_prices_nccl_for_every_message():
     # vLLM's --disable-custom-all-reduce: the small decode messages pay NCCL's latency, a large prefill's went
     # to NCCL anyway (over the custom all-reduce's 8 MiB buffer)

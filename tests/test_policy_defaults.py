@@ -61,6 +61,18 @@ def test_a_value_given_always_wins():
     assert _limits("h100-sxm", max_num_batched_tokens=512, max_num_seqs=128)[:2] == (512, 128)
 
 
+def test_throughput_mode_doubles_vllms_defaults_and_keeps_what_is_given():
+    # vLLM's --performance-mode throughput (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args)
+    assert _limits("h100-sxm", performance_mode="throughput") == (16384, 2048, True)
+    assert _limits("a100-80g", performance_mode="throughput") == (4096, 512, True)
+    assert _limits("h100-sxm", performance_mode="throughput", max_num_seqs=64)[:2] == (16384, 64)
+    assert _limits("h100-sxm", performance_mode="interactivity") == _limits("h100-sxm")
+    with pytest.raises(ValueError, match="a setting of vLLM v1"):
+        Deployment(policy="paper", performance_mode="throughput")
+    with pytest.raises(ValueError, match="performance_mode 'fast' is not supported"):
+        Deployment(performance_mode="fast")
+
+
 def test_a_defaulted_budget_is_capped_by_what_the_sequences_can_hold():
     h100 = BatchDevice(memory_bytes=80 * GIB, name="NVIDIA H100 80GB HBM3")
     d = resolve_batch_limits(Deployment(max_num_seqs=2), h100, max_model_len=1000)

@@ -58,7 +58,8 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
                               weight_format=plan.weight_format, kv_cache_dtype=d.kv_cache_dtype,
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
                               async_scheduling=host_hidden(d), moe=plan.moe_parallel,
-                              node_link=d.node_link, custom_all_reduce=not d.disable_custom_all_reduce)
+                              node_link=d.node_link, custom_all_reduce=not d.disable_custom_all_reduce,
+                              performance_mode=d.performance_mode)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
     if plan.warnings:           # what `simulate` warns of the same deployment

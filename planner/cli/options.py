@@ -75,6 +75,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "long_prefill_token_threshold": (("--long-prefill-token-threshold",),
                                      "vllm-v1: the most tokens one request takes in a step, so a long prompt is "
                                      "prefilled in chunks of at most that many [default: 0, the budget's]"),
+    "performance_mode": (("--performance-mode",), "vLLM's: balanced, interactivity (a CUDA graph for every "
+                                                   "step of 1-32 tokens) or throughput (twice the default token "
+                                                   "budget and --max-num-seqs) [default: balanced]"),
     "max_model_len": (("--max-model-len",), "longest sequence served [default: the model's own]"),
     "gpu_memory_utilization": (("--gpu-memory-utilization",), "fraction of GPU memory the engine may use "
                                                               "[default: 0.9]"),

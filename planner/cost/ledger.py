@@ -93,17 +93,19 @@ class Ledger:
 
 
 def cudagraph_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                            max_size: int | None = None) -> tuple[int, ...]:
-    """vLLM's default CUDA-graph capture sizes (vllm/config/vllm.py VllmConfig._set_cudagraph_sizes)."""
+                            max_size: int | None = None, interactivity: bool = False) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes (vllm/config/vllm.py VllmConfig._set_cudagraph_sizes, 0.17-0.19);
+    `interactivity` (--performance-mode interactivity): every size from 1 to 32, then as by default."""
     largest = max_size if max_size is not None else min(max_num_seqs * 2, CUDAGRAPH_MAX_SIZE)
     if max_num_batched_tokens is not None:
         largest = min(largest, max_num_batched_tokens)
-    sizes = [s for s in (1, 2, 4) if s <= largest]
+    small = range(1, min(largest, 32) + 1) if interactivity else (1, 2, 4)
+    sizes = [s for s in small if s <= largest]
     if largest >= 8:
         sizes += range(8, min(largest + 1, 256), 8)
     if largest >= 256:
         sizes += range(256, largest + 1, 16)
-    return tuple(sizes)
+    return tuple(sorted(set(sizes)))
 
 
 @dataclass(frozen=True)

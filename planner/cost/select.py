@@ -105,7 +105,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
                       max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
                       async_scheduling: bool = False, node_link: str = NODE_LINK,
-                      custom_all_reduce: bool = True) -> CostModel:
+                      custom_all_reduce: bool = True, performance_mode: str = "balanced") -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
@@ -115,11 +115,13 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     roofline has none, a profile times this engine's steps whole), so they price the same steps and
     async scheduling moves only the step a request joins (planner/sim/engine.py). `node_link` is the
     network a collective crosses between nodes (planner/cost/nodes.py); `custom_all_reduce` False is vLLM's
-    --disable-custom-all-reduce (the measured model prices NCCL's all-reduce)."""
+    --disable-custom-all-reduce (the measured model prices NCCL's all-reduce); `performance_mode` vLLM's
+    --performance-mode (its CUDA-graph sizes)."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                             "async_scheduling": async_scheduling, "custom_all_reduce": custom_all_reduce},
+                             "async_scheduling": async_scheduling, "custom_all_reduce": custom_all_reduce,
+                             "performance_mode": performance_mode},
                      moe=moe, node_link=node_link)
     return model_
 

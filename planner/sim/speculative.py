@@ -168,7 +168,7 @@ def draft_cost_model(plan):
     # host's share is the target step's).
     return select_cost_model(proposer[0], plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              kv_cache_dtype=d.kv_cache_dtype, async_scheduling=False, node_link=d.node_link,
-                             custom_all_reduce=not d.disable_custom_all_reduce)
+                             custom_all_reduce=not d.disable_custom_all_reduce, performance_mode=d.performance_mode)
 
 
 class SpecRuntime:
