@@ -347,7 +347,9 @@ def vllm_batch_defaults(device: BatchDevice, world_size: int) -> tuple[int, int]
     (UsageContext.OPENAI_API_SERVER, what `vllm serve` runs) on `device`, world_size = TP x PP GPUs.
     From vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults: 70 GiB or more of device memory and
     not an A100 (vLLM measured a larger budget losing throughput on A100, its PR #17885): 8192 tokens
-    and 1024 sequences; any other GPU 2048 and 256; the CPU 2048 and 128 per rank of the world."""
+    and 1024 sequences; any other GPU 2048 and 256; the CPU 2048 and 128 per rank of the world. These are
+    vLLM 0.19's (unchanged through 0.27); from 0.28 a GPU of 160 GiB or more (B200, B300, GB200, GB300)
+    gets 16384 tokens, which `--max-num-batched-tokens 16384` gives the planner."""
     if device.is_cpu:
         return 2048 * world_size, 128 * world_size
     if device.memory_bytes >= 70 * _GIB and "a100" not in device.name.lower():
