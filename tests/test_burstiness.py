@@ -78,13 +78,23 @@ def test_the_run_records_and_says_its_arrival_process_and_the_command_repeats_it
 def test_cli_refuses_a_burstiness_the_load_cannot_use_in_one_line(tmp_path):
     base = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", "random", "--requests", "20",
             "--out", str(tmp_path / "run")]
-    for extra, message in [(["--concurrency", "4", "--burstiness", "0.5"], "a finite request rate"),
+    for extra, message in [(["--concurrency", "4", "--burstiness", "0.5"], "a closed loop (--concurrency) sends"),
                            (["--burstiness", "0"], "burstiness: must be a number")]:
         result = CliRunner().invoke(app, [*base, *extra])
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
         assert message in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", [["capacity", "--concurrency", "max", "--slo", "tpot_p99=0.05"],
+                                     ["search", "--concurrency", "8", "--slo", "tpot_p99=0.05"]])
+def test_a_search_for_clients_refuses_a_burstiness_before_it_starts(command, tmp_path):
+    result = CliRunner().invoke(app, [*command, "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--burstiness", "0.5",
+                                      "--requests", "20", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --burstiness shapes the gaps") and result.stderr.count("\n") == 1
+    assert "searching" not in result.stderr and not (tmp_path / "run").exists()
 
 
 def test_the_api_refuses_a_burstiness_beside_its_own_arrival_params():

@@ -160,6 +160,8 @@ def search(
                                f"when their previous one ends (--rate {rate})")
         if concurrency is not None and concurrency < 1:
             raise PlannerError(f"--concurrency must be >= 1 client, got {concurrency}")
+        if concurrency is not None:
+            load.check_closed_loop()              # before the search says it starts
         if workers is not None and workers < 1:
             raise PlannerError(f"--workers must be >= 1, got {workers}")
         target = None if concurrency is not None else _rate(rate)

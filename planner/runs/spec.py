@@ -56,10 +56,15 @@ class Load:
         return {**params, **process}
 
     def check_closed_loop(self) -> None:
-        """A built-in workload's --duration times arrivals, which a closed loop alone does not have."""
+        """A built-in workload's --duration times arrivals, and --burstiness shapes them, which a closed loop
+        alone does not have."""
         if self.duration is not None and self.rate is None and not is_trace_file(self.workload):
             raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
                                "request when the one before ends: give --requests N instead (or a --rate)")
+        if self.burstiness != 1 and self.rate is None:
+            raise PlannerError("--burstiness shapes the gaps between arrivals at a rate, and a closed loop "
+                               "(--concurrency) sends each request when the one before ends: drop it (or give a "
+                               "--rate)")
 
     def check_size(self) -> None:
         """Refuse, before making it, a generated trace too large for this machine's memory to simulate."""
