@@ -282,6 +282,11 @@ class Deployment:
         return self.tp * self.pp * self.dp
 
     @property
+    def num_speculative_tokens(self) -> int:
+        """K of `speculative` "METHOD:K" (vLLM's num_speculative_tokens); 0 without speculation."""
+        return parse_speculative(self.speculative)[1] if self.speculative is not None else 0
+
+    @property
     def enable_chunked_prefill(self) -> bool:
         return self.policy == "vllm-v1"
 

@@ -165,6 +165,24 @@ def test_interactivity_mode_captures_every_small_batch_so_none_is_padded():
     assert interactive.step_time(decode(16, 1024)) == balanced.step_time(decode(16, 1024))
 
 
+def test_speculation_sizes_the_graphs_for_decode_steps_of_one_plus_k_tokens():
+    # vLLM 0.19: the largest graph is max_num_seqs x (1 + K) x 2 (at most 512), every size rounded up to a
+    # multiple of 1 + K (adjust_cudagraph_sizes_for_spec_decode), those past the largest dropped
+    from engine.deployment import Deployment
+    from planner.cost.ledger import cudagraph_capture_sizes
+    from planner.deploy.plan import plan_deployment
+    from planner.runs.pipeline import build_cost_model
+    assert cudagraph_capture_sizes(32, 8192)[-1] == 64
+    assert cudagraph_capture_sizes(32, 8192, decode_query_len=4)[-1] == 256
+    eagle2 = cudagraph_capture_sizes(1024, 8192, decode_query_len=3)
+    assert eagle2[:6] == (3, 6, 9, 18, 24, 33) and eagle2[-1] == 498 and all(s % 3 == 0 for s in eagle2)
+    plan = plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm", speculative="eagle:3", max_num_seqs=32))
+    cost = build_cost_model(plan, "measured")
+    assert plan.deployment.num_speculative_tokens == 3
+    assert cost.graphs.sizes[0] == 4 and cost.graphs.largest == 256
+    assert cost.graphs.padded(5 * 4) == 24 and not cost.graphs.captured(257)
+
+
 def test_disable_custom_all_reduce_prices_nccl_for_every_message():
     # vLLM's --disable-custom-all-reduce: the small decode messages pay NCCL's latency, a large prefill's went
     # to NCCL anyway (over the custom all-reduce's 8 MiB buffer)

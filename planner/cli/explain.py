@@ -59,7 +59,7 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
                               max_num_seqs=d.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
                               async_scheduling=host_hidden(d), moe=plan.moe_parallel,
                               node_link=d.node_link, custom_all_reduce=not d.disable_custom_all_reduce,
-                              performance_mode=d.performance_mode)
+                              performance_mode=d.performance_mode, speculative_tokens=d.num_speculative_tokens)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
     if plan.warnings:           # what `simulate` warns of the same deployment

@@ -93,10 +93,14 @@ class Ledger:
 
 
 def cudagraph_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                            max_size: int | None = None, interactivity: bool = False) -> tuple[int, ...]:
+                            max_size: int | None = None, interactivity: bool = False,
+                            decode_query_len: int = 1) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes (vllm/config/vllm.py VllmConfig._set_cudagraph_sizes, 0.17-0.19);
-    `interactivity` (--performance-mode interactivity): every size from 1 to 32, then as by default."""
-    largest = max_size if max_size is not None else min(max_num_seqs * 2, CUDAGRAPH_MAX_SIZE)
+    `interactivity` (--performance-mode interactivity): every size from 1 to 32, then as by default. With
+    speculation a decode step runs `decode_query_len` = 1 + K tokens a sequence: the largest size grows with
+    it, and each size is rounded up to a multiple of it (vllm/config/compilation.py
+    adjust_cudagraph_sizes_for_spec_decode, which vLLM's default FULL_AND_PIECEWISE graphs call)."""
+    largest = max_size if max_size is not None else min(max_num_seqs * decode_query_len * 2, CUDAGRAPH_MAX_SIZE)
     if max_num_batched_tokens is not None:
         largest = min(largest, max_num_batched_tokens)
     small = range(1, min(largest, 32) + 1) if interactivity else (1, 2, 4)
@@ -105,6 +109,10 @@ def cudagraph_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int
         sizes += range(8, min(largest + 1, 256), 8)
     if largest >= 256:
         sizes += range(256, largest + 1, 16)
+    if decode_query_len > 1 and sizes:
+        q = decode_query_len
+        rounded = [-(-s // q) * q for s in sizes if -(-s // q) * q <= largest]
+        sizes = rounded or ([q] if q <= largest else [])
     return tuple(sorted(set(sizes)))
 
 

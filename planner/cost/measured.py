@@ -198,7 +198,8 @@ class MeasuredCostModel(SplitsSteps):
     `leave_out` names TERM_FAMILIES to price as before they were modelled; `calibration` replaces the
     shipped fitted constants (planner/data/measured_calibration.json), for the fit itself;
     `custom_all_reduce` False is vLLM's --disable-custom-all-reduce (NCCL's table for every all-reduce);
-    `performance_mode` "interactivity" captures a graph for every step of up to 32 tokens (no padding there)."""
+    `performance_mode` "interactivity" captures a graph for every step of up to 32 tokens (no padding there);
+    `speculative_tokens` K sizes the graphs for decode steps of 1 + K tokens a sequence."""
 
     prices_each_context = True   # decode attention from each sequence's own context (StepShape.decode_histogram)
 
@@ -208,7 +209,7 @@ class MeasuredCostModel(SplitsSteps):
                  max_num_batched_tokens: int | None = None, async_scheduling: bool = False,
                  leave_out: tuple[str, ...] = (), calibration: Calibration | None = None,
                  moe: MoeParallel | None = None, node_link: str = NODE_LINK, custom_all_reduce: bool = True,
-                 performance_mode: str = "balanced") -> None:
+                 performance_mode: str = "balanced", speculative_tokens: int = 0) -> None:
         model, gpu = resolve_model(model), resolve_gpu(gpu)
         system = gpu.measured_system
         if system is None:
@@ -222,7 +223,8 @@ class MeasuredCostModel(SplitsSteps):
         self.weight_format, self.kv_cache_dtype = weight_format, kv_cache_dtype
         self.async_scheduling, self.leave_out = async_scheduling, frozenset(leave_out)
         self.graphs = CudaGraphs(cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens,
-                                                         interactivity=performance_mode == "interactivity"))
+                                                         interactivity=performance_mode == "interactivity",
+                                                         decode_query_len=1 + speculative_tokens))
         self.calibration = calibration if calibration is not None else load_calibration()
         self._set_up_system(tables.source()["systems"][system])
         self.extrapolated: set[str] = set()

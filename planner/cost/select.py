@@ -105,7 +105,8 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       kv_cache_dtype: str = "auto", max_num_seqs: int = 256,
                       max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
                       async_scheduling: bool = False, node_link: str = NODE_LINK,
-                      custom_all_reduce: bool = True, performance_mode: str = "balanced") -> CostModel:
+                      custom_all_reduce: bool = True, performance_mode: str = "balanced",
+                      speculative_tokens: int = 0) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
@@ -116,12 +117,12 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     async scheduling moves only the step a request joins (planner/sim/engine.py). `node_link` is the
     network a collective crosses between nodes (planner/cost/nodes.py); `custom_all_reduce` False is vLLM's
     --disable-custom-all-reduce (the measured model prices NCCL's all-reduce); `performance_mode` vLLM's
-    --performance-mode (its CUDA-graph sizes)."""
+    --performance-mode and `speculative_tokens` the K of speculative decoding (both set its CUDA-graph sizes)."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                              "async_scheduling": async_scheduling, "custom_all_reduce": custom_all_reduce,
-                             "performance_mode": performance_mode},
+                             "performance_mode": performance_mode, "speculative_tokens": speculative_tokens},
                      moe=moe, node_link=node_link)
     return model_
 

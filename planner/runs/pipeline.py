@@ -60,7 +60,8 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens,
                              async_scheduling=host_hidden(d), node_link=d.node_link,
-                             custom_all_reduce=not d.disable_custom_all_reduce, performance_mode=d.performance_mode)
+                             custom_all_reduce=not d.disable_custom_all_reduce, performance_mode=d.performance_mode,
+                             speculative_tokens=d.num_speculative_tokens)
 
 
 PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "
