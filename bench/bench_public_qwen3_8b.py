@@ -11,8 +11,8 @@ bench/data/runpod_qwen3_8b_h100.json with the file each came from.
 Each run is simulated as its command ran it (`Deployment` with the command's flags; vLLM 0.18's defaults
 otherwise: async scheduling, prefix caching, 8,192 batched tokens, 1,024 sequences on an H100), under the same
 load (`simulate(..., rate=R, concurrency=C)`, the clients served), priced by the measured model. Left out:
-`--enforce-eager` and `--no-enable-chunked-prefill` runs (the planner prices vLLM with CUDA graphs and, for
-vllm-v1, chunked prefill). The log's KV cache size is set beside the memory plan's for each server.
+`--enforce-eager` runs (the planner prices vLLM with CUDA graphs). The log's KV cache size is set beside the
+memory plan's for each server.
 
 Compared: mean TTFT, mean TPOT (vLLM bench's mean ITL: every request has the same number of tokens, so the
 two are the same mean), mean E2E and the run's duration. Nothing is fitted to these runs.
@@ -39,13 +39,14 @@ from planner.deploy.plan import plan_deployment  # noqa: E402
 from planner.sim.clients import SERVED_TURNAROUND  # noqa: E402
 
 DATA = os.path.join(ROOT, "bench", "data", "runpod_qwen3_8b_h100.json")
-NOT_MODELLED = ("--enforce-eager", "--no-enable-chunked-prefill")
+NOT_MODELLED = ("--enforce-eager",)
 # the serve flags the runs vary, as Deployment fields (a flag followed by its value, or a switch)
 VALUED = {"--max-num-batched-tokens": ("max_num_batched_tokens", int), "--max-num-seqs": ("max_num_seqs", int),
           "--kv-cache-dtype": ("kv_cache_dtype", str), "--quantization": ("quantization", str),
           "--gpu-memory-utilization": ("gpu_memory_utilization", float), "--max-model-len": ("max_model_len", int)}
 SWITCHES = {"--enable-prefix-caching": ("enable_prefix_caching", True),
-            "--no-enable-prefix-caching": ("enable_prefix_caching", False)}
+            "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+            "--no-enable-chunked-prefill": ("enable_chunked_prefill", False)}
 IGNORED = {"--host", "--port", "--dtype"}          # (--dtype auto: the checkpoint's bf16)
 
 
@@ -133,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     runs, left_out = load_runs()
     print("Qwen3-8B on one H100, vLLM 0.18.0 (github.com/adithyaJRunpod/vllm_bench at 9f6d09d), simulated")
-    print(f"{len(runs)} runs ({left_out} left out: --enforce-eager, --no-enable-chunked-prefill)\n")
+    print(f"{len(runs)} runs ({left_out} left out: --enforce-eager)\n")
     print("KV cache per server: logged by vLLM against the memory plan")
     for settings in sorted({r.settings for r in runs}, key=str):
         logged = sorted({r.kv_tokens_logged for r in runs if r.settings == settings and r.kv_tokens_logged})

@@ -155,6 +155,7 @@ class Deployment:
     block_size: int = 16
     max_num_seqs: int | None = None          # None: the policy's default on the device (resolve_batch_limits)
     max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None   # vLLM's; None: the policy's (on for vllm-v1; paper: none)
     long_prefill_token_threshold: int = 0    # vLLM's: most tokens one request takes in a step (0: the budget)
     performance_mode: str = PERFORMANCE_MODES[0]   # vLLM's --performance-mode: its batch and CUDA-graph defaults
     max_model_len: int | None = None
@@ -228,7 +229,10 @@ class Deployment:
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
         _at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
-        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+        if self.enable_chunked_prefill and not self.vllm_v1:
+            raise ValueError("chunked prefill is vLLM v1's (--policy vllm-v1): the paper's policy prefills each "
+                             "prompt whole")
+        if self.long_prefill_token_threshold and not self.vllm_v1:
             raise ValueError("long_prefill_token_threshold caps the chunks of the vllm-v1 policy's prefill: "
                              "the paper's policy prefills each prompt whole")
         if not 0 <= self.swap_space <= MAX_SWAP_GIB:
@@ -240,19 +244,18 @@ class Deployment:
             raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.enable_chunked_prefill and self.allocator != "paged":
+        if self.vllm_v1 and self.allocator != "paged":
             raise ValueError(f"the vllm-v1 policy needs the paged allocator, not {self.allocator}")
-        if self.enable_chunked_prefill and self.preemption_mode != "recompute":
+        if self.vllm_v1 and self.preemption_mode != "recompute":
             raise ValueError("the vllm-v1 policy preempts by recompute only (as vLLM v1 does), "
                              f"not {self.preemption_mode!r}")
 
     @classmethod
     def of(cls, base: Deployment | None = None, **knobs) -> Deployment:
-        """`base` (or the defaults) with `knobs` changed; vLLM's `enable_chunked_prefill=True` means the
-        vllm-v1 policy. An unknown knob is a TypeError, as a misspelled keyword is."""
-        chunked = knobs.pop("enable_chunked_prefill", None)
-        if chunked is not None:
-            knobs.setdefault("policy", "vllm-v1" if chunked else "paper")
+        """`base` (or the defaults) with `knobs` changed; `enable_chunked_prefill=True` asks for the vllm-v1
+        policy, whose alone it is. An unknown knob is a TypeError, as a misspelled keyword is."""
+        if knobs.get("enable_chunked_prefill"):
+            knobs.setdefault("policy", "vllm-v1")
         unknown = sorted(set(knobs) - {f.name for f in fields(cls)})
         if unknown:
             raise TypeError(f"unknown deployment setting {unknown[0]!r}")
@@ -287,8 +290,15 @@ class Deployment:
         return parse_speculative(self.speculative)[1] if self.speculative is not None else 0
 
     @property
-    def enable_chunked_prefill(self) -> bool:
+    def vllm_v1(self) -> bool:
+        """Whether the policy is vLLM v1's scheduler (chunked prefill or not), not the paper's."""
         return self.policy == "vllm-v1"
+
+    @property
+    def chunked_prefill_on(self) -> bool:
+        """enable_chunked_prefill, or where it is None the policy's default: on under vLLM v1 (vLLM's
+        default for a model that supports it), none in the paper's vLLM."""
+        return self.vllm_v1 if self.enable_chunked_prefill is None else self.enable_chunked_prefill
 
     def replace(self, **changes) -> Deployment:
         return replace(self, **changes)
@@ -303,7 +313,8 @@ class Deployment:
     @property
     def resolved(self) -> bool:
         """Whether the policy's defaults are filled in (`resolve_batch_limits`)."""
-        return self.max_num_seqs is not None and self.enable_prefix_caching is not None
+        return (self.max_num_seqs is not None and self.enable_prefix_caching is not None
+                and self.enable_chunked_prefill is not None)
 
     def scheduler_config(self, max_model_len: int, max_num_batched_tokens: int | None = None) -> SchedulerConfig:
         """The scheduler's limits once the model's context is known (the policy fills in the budget). A
@@ -315,7 +326,7 @@ class Deployment:
         return SchedulerConfig(max_model_len=max_model_len, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, block_size=self.block_size,
-                               enable_prefix_caching=self.enable_prefix_caching,
+                               enable_prefix_caching=self.enable_prefix_caching, vllm_v1=self.vllm_v1,
                                enable_chunked_prefill=self.enable_chunked_prefill,
                                long_prefill_token_threshold=self.long_prefill_token_threshold)
 
@@ -379,29 +390,32 @@ def resolve_batch_limits(dep: Deployment, device: BatchDevice, max_model_len: in
     """`dep` with the policy's defaults filled in where it left them None: the one place both the planner
     (for the catalog GPU) and the live engine (for its device) resolve them. A value given always wins.
 
-    vllm-v1: prefix caching on, and the budget and sequence limit of `vllm_batch_defaults` (twice both under
-    performance_mode "throughput"), then, as
-    vllm/engine/arg_utils.py's EngineArgs._set_default_max_num_seqs_and_batched_tokens_args does, a
-    defaulted budget capped at max_num_seqs x max_model_len and a defaulted max_num_seqs at the budget.
+    vllm-v1: prefix caching and chunked prefill on, and the budget and sequence limit of `vllm_batch_defaults`
+    (twice both under performance_mode "throughput"), then, as vllm/engine/arg_utils.py's
+    EngineArgs._set_default_max_num_seqs_and_batched_tokens_args does, a defaulted budget raised to
+    max_model_len without chunked prefill and capped at max_num_seqs x max_model_len, and a defaulted
+    max_num_seqs capped at the budget.
     paper (vLLM v0.2.0): 256 sequences, a budget of max(max_model_len, 2048), no prefix caching. Async
     scheduling: `vllm_async_default` where None."""
-    caching = dep.prefix_caching_on
+    dep = replace(dep, enable_prefix_caching=dep.prefix_caching_on, enable_chunked_prefill=dep.chunked_prefill_on)
     if dep.async_scheduling is None:
         dep = replace(dep, async_scheduling=vllm_async_default(dep, device))
     if dep.policy != "vllm-v1":
         seqs = PAPER_MAX_NUM_SEQS if dep.max_num_seqs is None else dep.max_num_seqs
         budget = dep.max_num_batched_tokens or max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
+        return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget)
     default_budget, default_seqs = vllm_batch_defaults(device, dep.tp * dep.pp)
     if dep.performance_mode == "throughput":         # vLLM doubles both defaults (not a value given)
         default_budget, default_seqs = 2 * default_budget, 2 * default_seqs
     seqs = default_seqs if dep.max_num_seqs is None else dep.max_num_seqs
     budget = dep.max_num_batched_tokens
     if budget is None:
+        if not dep.enable_chunked_prefill:          # a whole prompt must fit one step's budget
+            default_budget = max(max_model_len, default_budget)
         budget = min(seqs * max_model_len, default_budget)
     if dep.max_num_seqs is None:
         seqs = min(seqs, budget)
-    return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
+    return replace(dep, max_num_seqs=seqs, max_num_batched_tokens=budget)
 
 
 def parse_speculative(text: str) -> tuple[str, int]:

@@ -34,8 +34,8 @@ _COMPAT: dict[str, tuple[tuple | None, str]] = {
 }
 
 
-# Deployment settings by their keyword (vLLM's names), plus vLLM's enable_chunked_prefill (the vllm-v1 policy).
-DEPLOYMENT_KNOBS = {f.name for f in fields(Deployment)} - {"model"} | {"enable_chunked_prefill"}
+# Deployment settings by their keyword (vLLM's names).
+DEPLOYMENT_KNOBS = {f.name for f in fields(Deployment)} - {"model"}
 
 
 def _check_compat(kwargs: dict[str, Any]) -> None:

@@ -141,11 +141,11 @@ class LLMEngine:
         self.clock = clock
         self.step_observer = step_observer
         # The vllm-v1 policy preempts by recompute only: no swap pool.
-        swap_bytes = 0 if dep.enable_chunked_prefill else int(dep.swap_space * GiB)
-        if dep.num_cpu_blocks is not None and not dep.enable_chunked_prefill:
+        swap_bytes = 0 if dep.vllm_v1 else int(dep.swap_space * GiB)
+        if dep.num_cpu_blocks is not None and not dep.vllm_v1:
             swap_bytes = None                # the pool's size in blocks is given
         self.runner = ModelRunner(model, block_size=dep.block_size, num_gpu_blocks=dep.num_gpu_blocks,
-                                  num_cpu_blocks=0 if dep.enable_chunked_prefill else dep.num_cpu_blocks or 0,
+                                  num_cpu_blocks=0 if dep.vllm_v1 else dep.num_cpu_blocks or 0,
                                   swap_space_bytes=swap_bytes, dtype=dep.dtype,
                                   device=device, enforce_eager=enforce_eager,
                                   kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
@@ -154,7 +154,7 @@ class LLMEngine:
                                   max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs,
                                   kv_cache_dtype=dep.kv_cache_dtype, weights_of=weights_of)
         self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        if dep.enable_chunked_prefill:     # vLLM v1's block order, so prefix hits match vLLM's
+        if dep.vllm_v1:     # vLLM v1's block order, so prefix hits match vLLM's
             self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,
                                               enable_prefix_caching=dep.enable_prefix_caching)
         else:
@@ -219,14 +219,14 @@ class LLMEngine:
             warnings.warn(f"prompt + max_tokens exceeds the model's context (max_model_len "
                           f"{self.max_model_len}): such outputs stop at the limit with finish_reason "
                           f"'length'", stacklevel=2)
-        refused = refusal(params) if self.deployment.enable_chunked_prefill else None
+        refused = refusal(params) if self.deployment.vllm_v1 else None
         if refused is not None:
             raise ValueError(refused)
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
         self.prompts[request_id] = text
-        if self.deployment.enable_chunked_prefill and fans_out(params):   # vLLM v1: n child requests
+        if self.deployment.vllm_v1 and fans_out(params):   # vLLM v1: n child requests
             self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)
             return
         self.groups[request_id] = group
@@ -238,7 +238,7 @@ class LLMEngine:
         refuse it with a 400 instead of queueing it."""
         group = SequenceGroup("probe", prompt_token_ids, params, 0.0, eos_token_ids=self.runner.eos_token_ids)
         cfg = self.scheduler.config
-        if cfg.enable_chunked_prefill:   # n > 1 runs as n requests: each must fit on its own
+        if cfg.vllm_v1:   # n > 1 runs as n requests: each must fit on its own
             refused = refusal(params)
             if refused is not None:
                 return refused

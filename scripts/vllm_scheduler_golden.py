@@ -2,8 +2,8 @@
 
 Runs vLLM's synchronous ``vllm.v1.core.sched.scheduler.Scheduler`` on the CPU
 with a fake model runner (no model, no GPU): every case of
-tests/vllm_replay.py's ``make_cases`` is driven exactly as ``replay`` drives
-our chunked policy, and the cases with vLLM's step logs are written to
+tests/vllm_replay.py's ``all_cases`` (chunked prefill on and off) is driven
+exactly as ``replay`` drives our v1 policy, and the cases with vLLM's step logs are written to
 tests/data/vllm_0_19_scheduler_golden.json.
 
 Needs a scratch environment outside this repo, e.g.:
@@ -33,7 +33,9 @@ def make_scheduler(case):
     model_config = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, dtype="float32", seed=0,
                                max_model_len=cfg["max_model_len"])
     sched_config = SchedulerConfig(max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["budget"],
-                                   max_model_len=cfg["max_model_len"], enable_chunked_prefill=True,
+                                   max_model_len=cfg["max_model_len"],
+                                   enable_chunked_prefill=cfg.get("chunked", True),
+                                   long_prefill_token_threshold=cfg.get("threshold", 0),
                                    is_encoder_decoder=False, async_scheduling=False,
                                    scheduler_reserve_full_isl=cfg.get("reserve_full_isl", True))
     cache_config = CacheConfig(block_size=bs, gpu_memory_utilization=0.9, cache_dtype="auto",
@@ -106,9 +108,9 @@ if __name__ == "__main__":
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root), str(root / "tests")]
-    from vllm_replay import make_cases
+    from vllm_replay import all_cases
     MODEL_DIR = sys.argv[1]
-    cases = [dict(case, vllm_steps=run(case)) for case in make_cases()]
+    cases = [dict(case, vllm_steps=run(case)) for case in all_cases()]
     out = root / "tests" / "data" / "vllm_0_19_scheduler_golden.json"
     out.write_text(json.dumps({"vllm_version": "0.19.0", "cases": cases}, separators=(",", ":")))
     print(f"wrote {out}: {len(cases)} cases, {sum(len(c['vllm_steps']) for c in cases)} steps")

@@ -7,10 +7,10 @@ from planner.deploy.plan import DeploymentPlan, plan_deployment
 
 def sim_plan(model="opt-125m", gpu="a100-40g", **knobs) -> DeploymentPlan:
     """What `simulate` takes. No refusals: the tests' tiny caches are what vLLM would refuse. The simulator
-    tests were written for the paper's scheduler: it is theirs unless a test names a policy (by `policy` or
-    vLLM's `enable_chunked_prefill`), although vllm-v1 is the deployment's default; and for synchronous
-    scheduling (vLLM's default is async on a GPU) unless a test names `async_scheduling`."""
-    if "policy" not in knobs and "enable_chunked_prefill" not in knobs:
+    tests were written for the paper's scheduler: it is theirs unless a test names a policy (by `policy`, or
+    `enable_chunked_prefill=True`, vLLM v1's alone), although vllm-v1 is the deployment's default; and for
+    synchronous scheduling (vLLM's default is async on a GPU) unless a test names `async_scheduling`."""
+    if "policy" not in knobs and not knobs.get("enable_chunked_prefill"):
         knobs["policy"] = "paper"
     knobs.setdefault("async_scheduling", False)
     deployment = Deployment.of(model=getattr(model, "name", model), gpu=getattr(gpu, "name", gpu), **knobs)

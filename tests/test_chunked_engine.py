@@ -50,6 +50,38 @@ def test_a_chunk_cap_matches_transformers(model_dir, reference):
     assert any(sum(n == 12 for *_, n in step) >= 2 for step in llm.steps_seen)
 
 
+def unchunked_llm(model_dir, budget: int, **kwargs) -> LLM:
+    """vLLM v1 with --no-enable-chunked-prefill: the budget holds max_model_len, as vLLM requires."""
+    llm = LLM(model_dir, enable_chunked_prefill=False, max_num_batched_tokens=budget, max_model_len=budget,
+              max_num_seqs=8, block_size=8, **kwargs)
+    steps = []
+    llm.engine.step_observer = lambda out: steps.append(
+        [(s.num_computed_tokens, s.num_tokens, n) for s, n in zip(out.seqs, out.scheduled_tokens())])
+    llm.steps_seen = steps
+    return llm
+
+
+def test_without_chunked_prefill_matches_transformers(model_dir, reference):
+    # Each prompt runs whole, and one larger than the budget a step has left waits for a later step
+    prompts = make_prompts(lens=(100, 37, 90, 5), seed=4)
+    llm = unchunked_llm(model_dir, 128, num_gpu_blocks=128)
+    assert engine_greedy(llm, prompts, MAX_TOKENS) == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
+    steps = llm.steps_seen
+    assert all(n == total - computed for step in steps for computed, total, n in step)     # nothing chunked
+    assert [n for *_, n in steps[0]] == [100]         # the 37-token prompt would not fit the 28 left
+    assert _chunk_and_mix_happened(steps) == (False, True)
+
+
+def test_without_chunked_prefill_matches_transformers_under_preemption(model_dir, reference):
+    prompts = make_prompts(lens=(44, 36, 40), seed=5)
+    max_tokens = 16
+    # 13 blocks of 8 (12 usable past the null block) cannot hold the three ~56-token sequences.
+    llm = unchunked_llm(model_dir, 96, num_gpu_blocks=13)
+    assert engine_greedy(llm, prompts, max_tokens) == [hf_greedy(reference, p, max_tokens) for p in prompts]
+    assert llm.engine.scheduler.preemptions["recompute"] > 0
+    assert all(n == total - computed for step in llm.steps_seen for computed, total, n in step)
+
+
 def test_chunked_prefill_matches_transformers_under_preemption(model_dir, reference):
     prompts = make_prompts(lens=(44, 36, 40), seed=5)
     max_tokens = 16

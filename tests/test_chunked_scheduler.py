@@ -26,10 +26,10 @@ def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None):
 
 
 def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, threshold=0,
-         **kw):
+         chunked=True, **kw):
     bm = VllmBlockManager(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                          enable_chunked_prefill=True, long_prefill_token_threshold=threshold)
+                          vllm_v1=True, enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold)
     return ChunkedScheduler(cfg, bm, **kw), bm
 
 
@@ -93,6 +93,27 @@ def test_decodes_go_first_and_waiting_prompts_fill_the_rest_in_chunks():
         {"a": 1, "b": 1, "c": 1},       # a's 4th token, b's 2nd; c's prompt had 1 token left
         {"c": 1},
     ]
+
+
+def test_without_chunked_prefill_a_prompt_larger_than_the_budget_left_waits_whole():
+    # vLLM's --no-enable-chunked-prefill under a 16-token budget: b's 14 tokens fit the 15 that a's decode
+    # leaves, c's 3 do not fit the 1 left after b, so admission ends there (chunked prefill would give c 1)
+    a, b, c = request("a", 6, 4), request("b", 14, 2, arrival=1.0), request("c", 3, 2, arrival=1.0)
+    sched, _ = make(64, budget=16, max_model_len=16, chunked=False)
+    assert run(sched, [a, b, c]) == [{"a": 6}, {"a": 1, "b": 14}, {"a": 1, "b": 1, "c": 3}, {"a": 1, "c": 1}]
+    a, b, c = request("a", 6, 4), request("b", 14, 2, arrival=1.0), request("c", 3, 2, arrival=1.0)
+    chunked, _ = make(64, budget=16, max_model_len=16)
+    assert run(chunked, [a, b, c])[1] == {"a": 1, "b": 14, "c": 1}
+
+
+def test_without_chunked_prefill_the_budget_holds_max_model_len():
+    # vllm/config/scheduler.py: the budget defaults to max(max_model_len, 2048) and may not be below it
+    assert SchedulerConfig(max_model_len=64, vllm_v1=True, enable_chunked_prefill=False).max_num_batched_tokens \
+        == 2048
+    assert SchedulerConfig(max_model_len=4096, vllm_v1=True,
+                           enable_chunked_prefill=False).max_num_batched_tokens == 4096
+    with pytest.raises(ValueError, match="without chunked prefill a prompt that long could never run"):
+        SchedulerConfig(max_model_len=4096, vllm_v1=True, enable_chunked_prefill=False, max_num_batched_tokens=2048)
 
 
 def test_max_num_seqs_caps_the_running_requests():
@@ -212,11 +233,13 @@ def test_parallel_sampling_is_rejected_on_its_own():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=10),
        st.integers(6, 40), st.integers(4, 24), st.integers(1, 6), st.booleans(), st.booleans(),
-       st.sampled_from([0, 1, 3, 7]))
-def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl, threshold):
-    budget = max(budget, max_num_seqs)
+       st.sampled_from([0, 1, 3, 7]), st.booleans())
+def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl, threshold,
+                                          chunked):
+    budget = max(budget, max_num_seqs) if chunked else 52     # unchunked: the budget holds max_model_len
     sched, bm = make(num_blocks, block_size=4, budget=budget, max_num_seqs=max_num_seqs, caching=caching,
-                     reserve_full_isl=full_isl, threshold=threshold)
+                     reserve_full_isl=full_isl, threshold=threshold, chunked=chunked,
+                     max_model_len=256 if chunked else 52)
     rng = random.Random(0)
     groups = [request(i, p, o, arrival=float(t),
                       tokens=[rng.randrange(3) for _ in range(p)] if caching else None)
@@ -238,6 +261,8 @@ def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs
         counts = out.num_scheduled_tokens
         assert sum(counts) <= budget and all(n > 0 for n in counts)
         assert not threshold or max(counts) <= threshold     # vLLM's long_prefill_token_threshold
+        if not chunked and not threshold:                   # every request's tokens whole
+            assert all(n == seq.num_tokens - seq.num_computed_tokens for seq, n in zip(out.seqs, counts))
         assert len(sched.running) <= max_num_seqs
         for seq, n in zip(out.seqs, counts):
             assert len(bm.tables[seq.seq_id]) * 4 >= seq.num_computed_tokens + n

@@ -78,6 +78,19 @@ def test_a_chunk_cap_keeps_the_batch_exact(blocks):
     assert fast.fast_forwarded_steps > len(fast.steps) // 4
 
 
+@pytest.mark.parametrize("workload,budget,knobs", [
+    ("sharegpt", 1024, {}), ("sharegpt", 1024, {"num_gpu_blocks": 150}),
+    ("sharegpt", 1024, {"long_prefill_token_threshold": 64}), ("prefix", 256, {"enable_prefix_caching": True})])
+def test_without_chunked_prefill_the_batch_stays_exact(workload, budget, knobs):
+    # vLLM v1 with --no-enable-chunked-prefill: a prompt more than the budget the decodes leave waits, whole
+    trace = make_trace(workload, num_requests=80, rate=200.0, seed=5)      # bursts: prompts share a budget
+    base = dict(policy="vllm-v1", max_model_len=budget, max_num_batched_tokens=budget, **knobs)
+    fast = both(trace, ROOFLINE, OPT_13B, A100, enable_chunked_prefill=False, **base)
+    chunked = simulate(trace, sim_plan(OPT_13B, A100, **base), ROOFLINE)
+    assert fast.steps != chunked.steps                      # the rule binds
+    assert fast.fast_forwarded_steps > len(fast.steps) // 4
+
+
 @pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
 def test_context_limit_one_token_outputs_and_same_time_arrivals(policy):
     reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.05 * (i // 3), prompt_len=30 + 7 * i,

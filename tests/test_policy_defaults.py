@@ -73,6 +73,36 @@ def test_throughput_mode_doubles_vllms_defaults_and_keeps_what_is_given():
         Deployment(performance_mode="fast")
 
 
+def test_without_chunked_prefill_the_default_budget_holds_max_model_len():
+    # vLLM: without chunked prefill a defaulted budget is raised to max_model_len (then capped at
+    # max_num_seqs x max_model_len); a budget given below it is refused, as vLLM's SchedulerConfig refuses it
+    assert _limits("h100-sxm", enable_chunked_prefill=False) == (8192, 1024, True)        # 4096 <= 8192
+    d = plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm", enable_chunked_prefill=False))
+    assert (d.deployment.max_num_batched_tokens, d.max_model_len) == (131072, 131072)
+    # vLLM's profile run is a forward pass of the whole budget: its activations leave fewer KV blocks
+    assert d.num_gpu_blocks < plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm")).num_gpu_blocks
+    with pytest.raises(PlannerError, match="use --enable-chunked-prefill or --max-model-len 8192"):
+        plan_deployment(Deployment(model="llama-3.1-8b", gpu="h100-sxm", enable_chunked_prefill=False,
+                                   max_num_batched_tokens=8192))
+    with pytest.raises(ValueError, match="chunked prefill is vLLM v1's"):
+        Deployment(policy="paper", enable_chunked_prefill=True)
+    assert Deployment.of(enable_chunked_prefill=True).policy == "vllm-v1"
+    assert Deployment.of(Deployment(policy="paper"), enable_chunked_prefill=True).chunked_prefill_on
+
+
+def test_no_enable_chunked_prefill_is_vllms_flag(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-model-len",
+                                      "16384", "--requests", "20", "--rate", "4", "--no-enable-chunked-prefill",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "policy vllm-v1: 16384 tokens / 1024 seqs per step, no chunked prefill" in " ".join(result.output.split())
+    doc = (tmp_path / "run" / "result.json").read_text()
+    assert '"enable_chunked_prefill": false' in doc and '"max_num_batched_tokens": 16384' in doc
+    result = CliRunner().invoke(app, ["simulate", "--policy", "paper", "--chunked-prefill", "--requests", "2"])
+    assert result.exit_code != 0 and result.output.strip().splitlines() == [
+        "error: chunked prefill is vLLM v1's (--policy vllm-v1): the paper's policy prefills each prompt whole"]
+
+
 def test_a_defaulted_budget_is_capped_by_what_the_sequences_can_hold():
     h100 = BatchDevice(memory_bytes=80 * GIB, name="NVIDIA H100 80GB HBM3")
     d = resolve_batch_limits(Deployment(max_num_seqs=2), h100, max_model_len=1000)

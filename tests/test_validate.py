@@ -70,6 +70,19 @@ def test_the_simulator_caps_prompt_chunks_as_the_live_engine_does(llama_dir):
     assert max(prefill for _, prefill, _ in live) == 32 and v.live.metrics["num_completed"] == 8
 
 
+def test_the_simulator_runs_prompts_whole_without_chunked_prefill_as_the_live_engine_does(llama_dir):
+    # vLLM's --no-enable-chunked-prefill with an 80-token budget: every request at t=0, so the simulator must
+    # take the live engine's steps one for one, a prompt more than the budget left waiting for a later step
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            max_num_batched_tokens=80, enable_chunked_prefill=False)
+    spec = ValidationSpec(deployment, workload="alpaca", rate=math.inf, requests=8, length_scale=1.0,
+                          max_prompt_len=40, max_output_len=6, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    live = [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.live.steps]
+    assert live == [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.sim_steps]
+    assert v.live.metrics["num_completed"] == 8 and max(prefill for _, prefill, _ in live) <= 80
+
+
 def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
     from planner.errors import PlannerError
     spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu"), requests=2, profile=str(tmp_path / "none.json"))

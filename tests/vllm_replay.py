@@ -24,9 +24,11 @@ def sampled_token(request_id: str, num_tokens: int) -> int:
 def replay(case: dict) -> list[dict]:
     cfg = case["config"]
     bm = VllmBlockManager(cfg["block_size"], cfg["num_blocks"], enable_prefix_caching=cfg["caching"])
-    sched = ChunkedScheduler(SchedulerConfig(max_model_len=cfg["max_model_len"], max_num_seqs=cfg["max_num_seqs"],
-                                             max_num_batched_tokens=cfg["budget"], enable_chunked_prefill=True),
-                             bm, reserve_full_isl=cfg.get("reserve_full_isl", True))
+    config = SchedulerConfig(max_model_len=cfg["max_model_len"], max_num_seqs=cfg["max_num_seqs"],
+                             max_num_batched_tokens=cfg["budget"], vllm_v1=True,
+                             enable_chunked_prefill=cfg.get("chunked", True),
+                             long_prefill_token_threshold=cfg.get("threshold", 0))
+    sched = ChunkedScheduler(config, bm, reserve_full_isl=cfg.get("reserve_full_isl", True))
     pending = sorted(case["requests"], key=lambda r: r["arrival"])
     a, b = case["step_time"]
     now, steps = 0.0, []
@@ -80,3 +82,42 @@ def make_cases(seed: int = 0, count: int = 20) -> list[dict]:
             "caching": caching, "max_model_len": 256, "reserve_full_isl": i % 4 != 3},
             "step_time": [0.01, 0.001], "requests": requests})
     return cases
+
+
+def make_unchunked_cases(seed: int = 1, count: int = 16) -> list[dict]:
+    """Cases without chunked prefill (the first 12: a waiting prompt runs whole or waits, the budget holds
+    max_model_len) and with long_prefill_token_threshold (every third of those, and the last 4, chunked)."""
+    import random
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        block_size = rng.choice([4, 8, 16])
+        caching = i % 2 == 1
+        chunked = i >= 12
+        max_num_seqs = rng.choice([4, 8])
+        max_model_len = rng.choice([32, 48, 64])
+        budget = max_model_len if not chunked else max(max_num_seqs, rng.choice([8, 16, 32]))
+        threshold = rng.choice([4, 8, 12]) if i % 3 == 2 or chunked else 0
+        shared = [rng.randrange(10, 100) for _ in range(rng.choice([0, block_size, block_size + 1]))]
+        requests, t = [], 0.0
+        for j in range(rng.randint(6, 14)):
+            t += rng.expovariate(20.0)     # bursts, so prompts meet a budget the decodes have used
+            prefix = shared if caching and rng.random() < 0.6 else []
+            longest = max_model_len - 2 - len(prefix)
+            prompt = prefix + [rng.randrange(10, 100) for _ in range(rng.randint(longest // 3, longest))]
+            requests.append({"id": f"r{j}", "arrival": round(t, 3), "prompt": prompt,
+                             "max_tokens": rng.randint(1, min(30, max_model_len - len(prompt)))})
+        longest = max(len(r["prompt"]) + r["max_tokens"] for r in requests)
+        # From one request's worth and a little (preemptions) to several requests' (full budgets).
+        num_blocks = -(-longest // block_size) + 1 + rng.choice([1, 4, 16, 40]) * 16 // block_size
+        cases.append({"name": f"{'chunked' if chunked else 'unchunked'}{i}", "config": {
+            "block_size": block_size, "num_blocks": num_blocks, "budget": budget, "max_num_seqs": max_num_seqs,
+            "caching": caching, "max_model_len": max_model_len, "reserve_full_isl": i % 4 != 3,
+            "chunked": chunked, "threshold": threshold},
+            "step_time": [0.01, 0.001], "requests": requests})
+    return cases
+
+
+def all_cases() -> list[dict]:
+    """Every case of the golden file, in its order."""
+    return make_cases() + make_unchunked_cases()

@@ -25,6 +25,12 @@ In both passes a request's tokens are first capped at
 ``--long-prefill-token-threshold``; 0, the default, leaves the budget alone):
 a long prompt then goes in chunks of at most that many tokens.
 
+Without chunked prefill (vLLM's ``--no-enable-chunked-prefill``, still v1's
+scheduler) a waiting request whose tokens (after its prefix-cache hits and
+the threshold) exceed the budget left ends admission instead of taking a
+chunk, and waits for a step with budget enough; the budget holds at least
+``max_model_len`` tokens, so an emptier step always has room.
+
 Block 0 is vLLM's null block, never used, so N blocks hold N-1. Full blocks
 enter the prefix cache as soon as they are scheduled (a request admitted later
 in the same step can already hit them: the runner writes every new key and
@@ -157,7 +163,7 @@ class VllmBlockManager(BlockManager):
 
 def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
     """The scheduler of the policy the config names (the paper's by default)."""
-    if config.enable_chunked_prefill:
+    if config.vllm_v1:
         return ChunkedScheduler(config, allocator)
     return Scheduler(config, allocator)
 
@@ -167,8 +173,8 @@ class ChunkedScheduler(Scheduler):
 
     def __init__(self, config: SchedulerConfig, allocator: VllmBlockManager, *,
                  reserve_full_isl: bool = True) -> None:
-        if not config.enable_chunked_prefill:
-            raise ValueError("ChunkedScheduler needs a SchedulerConfig with enable_chunked_prefill=True")
+        if not config.vllm_v1:
+            raise ValueError("ChunkedScheduler needs a SchedulerConfig with vllm_v1=True")
         if not isinstance(allocator, VllmBlockManager):
             raise ValueError("chunked prefill needs the paged VllmBlockManager (vLLM v1's block order "
                              "and null block), not " + type(allocator).__name__)
@@ -274,7 +280,9 @@ class ChunkedScheduler(Scheduler):
             seq = group.seqs[0]
             hit = allocator.cached_prefix(seq)
             computed = len(hit) * allocator.block_size
-            num_new = min(seq.num_tokens - computed, self.chunk_cap(budget))
+            num_new = self.admitted_tokens(seq.num_tokens - computed, budget)
+            if num_new is None:
+                break
             free = allocator.num_free_blocks()
             if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
                 break
@@ -286,6 +294,16 @@ class ChunkedScheduler(Scheduler):
             counts.append(num_new)
             budget -= num_new
         return budget
+
+    def admitted_tokens(self, wanted: int, budget: int) -> int | None:
+        """The tokens a waiting request that wants `wanted` more takes with `budget` left, or None when
+        it must wait: without chunked prefill a request takes all it wants (threshold aside) or nothing
+        (vllm/v1/core/sched/scheduler.py, Scheduler.schedule: "If chunked_prefill is disabled, we can
+        stop the scheduling here")."""
+        threshold = self.config.long_prefill_token_threshold
+        if not self.config.enable_chunked_prefill and min(wanted, threshold or wanted) > budget:
+            return None
+        return min(wanted, self.chunk_cap(budget))
 
     def chunk_cap(self, budget: int) -> int:
         """The most tokens one request may take in this step: the budget left, or less under vLLM's

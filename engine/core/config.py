@@ -33,14 +33,19 @@ class SchedulerConfig:
     block_size: KV block size in tokens (validated against ``SIM_BLOCK_SIZES``;
         the live engine further requires ``SUPPORTED_BLOCK_SIZES``).
     enable_prefix_caching: reuse the KV blocks of equal prompt prefixes.
-    enable_chunked_prefill: the policy. False is the paper's
-        (``engine/core/scheduler.py``); True is vLLM v1's chunked prefill
-        (``engine/core/chunked_scheduler.py``, built by its ``make_scheduler``),
-        whose token budget defaults to 2048 and may be below ``max_model_len``.
+    vllm_v1: the policy. False is the paper's (``engine/core/scheduler.py``);
+        True is vLLM v1's (``engine/core/chunked_scheduler.py``, built by its
+        ``make_scheduler``).
+    enable_chunked_prefill: vLLM's knob, a setting of v1's scheduler only
+        (True asks for that scheduler; None: on exactly under it). On, the
+        token budget defaults to 2048 and may be below ``max_model_len``; off,
+        a waiting prompt larger than the budget left ends admission, as vLLM
+        0.19 without chunked prefill does, and the budget must hold
+        ``max_model_len`` (default ``max(max_model_len, 2048)``).
     long_prefill_token_threshold: vLLM v1's cap on the tokens one request
         takes in a step (a long prompt's chunk, drafts included), so a long
         prompt leaves budget to others; 0: no cap but the budget (vLLM's
-        default). Chunked prefill only.
+        default). vLLM v1 only.
     """
 
     max_model_len: int
@@ -49,18 +54,23 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     block_size: int = 16
     enable_prefix_caching: bool = False
-    enable_chunked_prefill: bool = False
+    vllm_v1: bool = False
+    enable_chunked_prefill: bool | None = None
     long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
+        if self.enable_chunked_prefill:     # chunked prefill is vLLM v1's scheduler
+            self.vllm_v1 = True
+        elif self.enable_chunked_prefill is None:
+            self.enable_chunked_prefill = self.vllm_v1
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be 0 (off) or more tokens, "
                              f"got {self.long_prefill_token_threshold}")
-        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+        if self.long_prefill_token_threshold and not self.vllm_v1:
             raise ValueError("long_prefill_token_threshold caps the chunks of vLLM v1's chunked prefill: "
                              "the paper's policy prefills each prompt whole")
-        if self.enable_chunked_prefill:
-            self._check_chunked()
+        if self.vllm_v1:
+            self._check_v1()
             return
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
@@ -76,12 +86,18 @@ class SchedulerConfig:
                              f"got {self.preemption_mode!r}")
         check_block_size(self.block_size, SIM_BLOCK_SIZES)
 
-    def _check_chunked(self) -> None:
-        """The chunked policy's checks: its budget only has to let every running request decode."""
+    def _check_v1(self) -> None:
+        """vLLM v1's checks: with chunked prefill the budget only has to let every running request
+        decode; without, it must hold a whole prompt (vllm/config/scheduler.py verify_max_model_len)."""
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS   # vLLM v1's default too
+        if self.max_num_batched_tokens is None:       # vLLM v1's default too
+            self.max_num_batched_tokens = (DEFAULT_MAX_NUM_BATCHED_TOKENS if self.enable_chunked_prefill
+                                           else max(self.max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                             f"({self.max_model_len}): without chunked prefill a prompt that long could never "
+                             f"run (vLLM refuses it too); raise the budget or lower max_model_len")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

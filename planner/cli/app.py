@@ -129,7 +129,8 @@ def _boolean_flag_error(argv: list[str]) -> str | None:
 BOOLEAN_FLAGS = {name: canonical for canonical, aliases in {
     "--enable-prefix-caching": ("--enable-prefix-caching", "--prefix-caching", "--no-enable-prefix-caching",
                                 "--no-prefix-caching"),
-    "--chunked-prefill": ("--chunked-prefill", "--no-chunked-prefill", "--enable-chunked-prefill"),
+    "--enable-chunked-prefill": ("--enable-chunked-prefill", "--chunked-prefill", "--no-enable-chunked-prefill",
+                                 "--no-chunked-prefill"),
 } .items() for name in aliases}
 
 

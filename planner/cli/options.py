@@ -72,6 +72,12 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                                               "vllm-v1 as vLLM's API server sets it per device (8192 "
                                                               "on GPUs of 70 GiB or more but A100, else 2048); "
                                                               "max(max_model_len, 2048) for paper]"),
+    "enable_chunked_prefill": (("--enable-chunked-prefill/--no-enable-chunked-prefill",
+                                "--chunked-prefill/--no-chunked-prefill"),
+                               "vllm-v1's chunked prefill: off, a waiting prompt larger than the budget left waits "
+                               "for a step with room, and the default budget is raised to max_model_len, as vLLM "
+                               "does [default: on for vllm-v1 (on alone it asks for that policy); the paper's "
+                               "policy has none]"),
     "long_prefill_token_threshold": (("--long-prefill-token-threshold",),
                                      "vllm-v1: the most tokens one request takes in a step, so a long prompt is "
                                      "prefilled in chunks of at most that many [default: 0, the budget's]"),
@@ -123,7 +129,6 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 LIST_HELP = " (a comma list sweeps)"
 ONE_VALUE = ("acceptance", "draft_rates")  # a comma list that is one value (a curve), not a sweep
-CHUNKED_FLAG = "chunked_prefill"          # --chunked-prefill: vLLM's name for the vllm-v1 policy
 
 
 def _option(name: str) -> inspect.Parameter:
@@ -134,11 +139,6 @@ def _option(name: str) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                              default=typer.Option(None, *flags, help=help_text + ("" if name in ONE_VALUE else LIST_HELP),
                                                   metavar=Deployment.field_type(name).__name__.upper()))
-
-
-_CHUNKED = inspect.Parameter(CHUNKED_FLAG, inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                             default=typer.Option(False, "--chunked-prefill", "--enable-chunked-prefill",
-                                                  help="the vllm-v1 policy (same as --policy vllm-v1)"))
 
 
 @dataclass(frozen=True)
@@ -180,19 +180,13 @@ def _parse(name: str, text) -> tuple:
 
 def choices_from(options: dict) -> DeploymentChoices:
     """The DeploymentChoices of the options as typer passed them (None: not given)."""
-    given = {name: _parse(name, value) for name, value in options.items()
-             if name in DEPLOYMENT_FLAGS and value is not None}
-    if options.get(CHUNKED_FLAG):
-        if given.get("policy", ("vllm-v1",)) != ("vllm-v1",):
-            raise PlannerError("--chunked-prefill is the vllm-v1 policy: it contradicts --policy "
-                               + ",".join(given["policy"]))
-        given["policy"] = ("vllm-v1",)
-    return DeploymentChoices(given)
+    return DeploymentChoices({name: _parse(name, value) for name, value in options.items()
+                              if name in DEPLOYMENT_FLAGS and value is not None})
 
 
 def deployment_options(command):
     """Add every deployment option to a typer command; the command receives them as `deployments`."""
-    return options_as(command, "deployments", [_option(name) for name in DEPLOYMENT_FLAGS] + [_CHUNKED],
+    return options_as(command, "deployments", [_option(name) for name in DEPLOYMENT_FLAGS],
                       choices_from)
 
 

@@ -153,8 +153,10 @@ def _policy_text(params: dict, deployment: dict) -> str:
     whether it scheduled ahead (vLLM's default on a GPU: it moves TPOT by the host's share of a step)."""
     caching = ", prefix caching" if params.get("enable_prefix_caching") else ""
     ahead = ", async scheduling" if deployment.get("async_scheduling") else ""
+    whole = ", no chunked prefill" if params.get("policy") == "vllm-v1" and not params.get("enable_chunked_prefill") \
+        else ""
     return (f"policy {params.get('policy')}: {params.get('max_num_batched_tokens')} tokens / "
-            f"{params.get('max_num_seqs')} seqs per step{caching}{ahead}")
+            f"{params.get('max_num_seqs')} seqs per step{whole}{caching}{ahead}")
 
 
 def summary_table(doc: dict, wall_time: float) -> Table:

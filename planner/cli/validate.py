@@ -231,8 +231,7 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
         result, sources = validate_measured(measured, spec, flags)
     paths, doc = write_report(result, folder)
     d = result.spec.deployment
-    shown = {k: f"{getattr(d, k, None) if k != 'enable_chunked_prefill' else d.enable_chunked_prefill} ({src})"
-             for k, src in sources.items()}
+    shown = {k: f"{getattr(d, k, None)} ({src})" for k, src in sources.items()}
     if not as_json_flag and shown:
         err.print("deployment settings: " + ", ".join(f"{k}={v}" for k, v in shown.items()), highlight=False)
     _print_result(result, paths, doc, as_json_flag, {"deployment_sources": shown,

@@ -114,7 +114,7 @@ class DeploymentPlan:
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "gpu_memory_utilization": d.gpu_memory_utilization,
                 "enable_prefix_caching": d.enable_prefix_caching, "policy": d.policy,
-                "enable_chunked_prefill": d.enable_chunked_prefill, "max_model_len": self.max_model_len,
+                "enable_chunked_prefill": d.chunked_prefill_on, "max_model_len": self.max_model_len,
                 "dtype_bytes": self.dtype_bytes,
                 "quantization": self.weight_format.method if self.weight_format else None,
                 "kv_cache_dtype": d.kv_cache_dtype, "kv_dtype_bytes": self.kv_dtype_bytes,
@@ -153,7 +153,7 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     budget = _token_budget(deployment, max_model_len)
     memory = None
     if deployment.num_gpu_blocks is None or (deployment.num_cpu_blocks is None
-                                             and not deployment.enable_chunked_prefill):
+                                             and not deployment.vllm_v1):
         memory = _plan_memory(deployment, model, gpu, budget, refuse, fmt)
     gpu_blocks = deployment.num_gpu_blocks if deployment.num_gpu_blocks is not None else memory.num_gpu_blocks
     cpu_blocks = deployment.num_cpu_blocks
@@ -190,7 +190,7 @@ def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment
         return _compressed_limits(deployment, model)
     if model.linear_attention is None:
         return deployment, []
-    if not deployment.enable_chunked_prefill:
+    if not deployment.vllm_v1:
         raise PlannerError(f"{model.name}'s Gated DeltaNet layers run only under vLLM v1 (--policy vllm-v1); "
                            f"the paper's policy has no recurrent-state cache")
     if not deployment.enable_prefix_caching:
@@ -203,7 +203,7 @@ def _hybrid_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment
 def _compressed_limits(deployment: Deployment, model: ModelSpec) -> tuple[Deployment, list[str]]:
     """DeepSeek-V4 runs under vLLM v1 only, and always on an FP8 cache (vLLM asserts an fp8 cache dtype and
     stores DeepSeek's fp8_ds_mla rows), which the plan prices whatever --kv-cache-dtype says."""
-    if not deployment.enable_chunked_prefill:
+    if not deployment.vllm_v1:
         raise PlannerError(f"{model.name} runs only under vLLM v1 (--policy vllm-v1); the paper's policy has no "
                            f"cache for its window and compressor states")
     if deployment.kv_cache_dtype == "fp8":
@@ -277,10 +277,11 @@ def _max_model_len(deployment: Deployment, model: ModelSpec) -> int:
 def _token_budget(deployment: Deployment, max_model_len: int) -> int:
     """The resolved deployment's token budget per step, checked as the scheduler checks it."""
     given = deployment.max_num_batched_tokens
-    if not deployment.enable_chunked_prefill and given < max_model_len:
+    if not deployment.chunked_prefill_on and given < max_model_len:
+        fix = "--enable-chunked-prefill" if deployment.vllm_v1 else "--policy vllm-v1"
         raise PlannerError(f"max_num_batched_tokens ({given}) is below max_model_len ({max_model_len}): a "
-                           f"prompt that long could never run under the paper's policy; use --policy vllm-v1 "
-                           f"or --max-model-len {given}")
+                           f"prompt that long could never run without chunked prefill (vLLM refuses it too); "
+                           f"use {fix} or --max-model-len {given}")
     try:
         return deployment.scheduler_config(max_model_len).max_num_batched_tokens
     except ValueError as exc:
@@ -298,7 +299,7 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 weight_format=fmt, kv_dtype_bytes=1 if deployment.kv_cache_dtype == "fp8" else dtype_bytes,
                 dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
                 pp=deployment.pp, all2all=deployment.all2all_backend,
-                shared_windows=deployment.enable_chunked_prefill,
+                shared_windows=deployment.vllm_v1,
                 redundant_experts=deployment.num_redundant_experts)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:

@@ -219,7 +219,7 @@ class DecodeBatch:
         self.allocator = self.scheduler.allocator
         self.pool = self.allocator.gpu
         self.bs = self.allocator.block_size
-        self.chunked = self.scheduler.config.enable_chunked_prefill
+        self.v1 = self.scheduler.config.vllm_v1
         self.by_residue: list[list[_Member]] = [[] for _ in range(self.bs)]
         self.caching = self.allocator.enable_prefix_caching    # answers' full blocks enter the prefix cache
         self.answers = self.executor.answers                     # request id -> the trace's answer
@@ -299,7 +299,7 @@ class DecodeBatch:
         """The next steps admit nothing: the waiting head stays where it is while the batch decodes
         (the running set is fixed and free blocks only shrink until the next finish)."""
         scheduler = self.scheduler
-        if not self.chunked:       # (the running requests are the members, one sequence each)
+        if not self.v1:       # (the running requests are the members, one sequence each)
             return _admission_blocked(scheduler, len(self.members))
         if not scheduler.waiting:
             return True
@@ -313,7 +313,10 @@ class DecodeBatch:
         tokens = head.seqs[0].num_tokens
         # A prefix-cache hit spares blocks, and the blocks the members fill meanwhile may lengthen it:
         # count the longest hit there could be (none without caching).
-        free = self.allocator.num_free_blocks() + ((tokens - 1) // self.bs if self.caching else 0)
+        longest_hit = (tokens - 1) // self.bs if self.caching else 0
+        if scheduler.admitted_tokens(tokens - longest_hit * self.bs, budget) is None:
+            return True                                    # without chunked prefill: more than the budget
+        free = self.allocator.num_free_blocks() + longest_hit
         free -= self.allocator.state_blocks           # what a hybrid's sequence holds for its states
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
@@ -328,13 +331,13 @@ class DecodeBatch:
         if not members or now >= next_arrival or self.scheduler.swapped or not self.waiting_blocked():
             return None
         num = len(members)
-        if self.chunked and num > self.scheduler.config.max_num_batched_tokens:
+        if self.v1 and num > self.scheduler.config.max_num_batched_tokens:
             return None
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
         # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
-        spare = self.allocator.num_free_blocks() - (0 if self.chunked else 1)
+        spare = self.allocator.num_free_blocks() - (0 if self.v1 else 1)
         pricer = run_pricer(self.cost_model)
         if pricer is not None and self._long(now, next_arrival, last):
             run = self._run()
@@ -564,7 +567,7 @@ class DecodeBatch:
         """Paper: the next step is a prefill step that admits the waiting head (so `schedule` reads
         nothing of the batch but statuses), which its own checks say it will."""
         scheduler = self.scheduler
-        if self.chunked or scheduler.swapped or not scheduler.waiting:
+        if self.v1 or scheduler.swapped or not scheduler.waiting:
             return False
         cfg, head = scheduler.config, scheduler.waiting[0]
         width = head.max_num_seqs()
@@ -589,7 +592,7 @@ class DecodeBatch:
         """vLLM v1: the next step decodes every member (budget and blocks allow) and then runs the
         admission pass, nothing swapped or waiting to be recomputed in a way the batch cannot see."""
         scheduler = self.scheduler
-        if not self.chunked or not scheduler.waiting or not self.members:
+        if not self.v1 or not scheduler.waiting or not self.members:
             return False
         num = len(self.members)
         if num >= scheduler.config.max_num_batched_tokens:

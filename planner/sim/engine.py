@@ -211,7 +211,7 @@ class SimulatedEngine(Sleeper):
         # vllm-v1 runs a request with n > 1 as n child requests (engine/core/parallel_sampling.py); `parents`
         # turns the children that end into the requests that end. A prefill pool sets `fan_out` off.
         self.parents = Parents()
-        self.fan_out = scheduler.config.enable_chunked_prefill
+        self.fan_out = scheduler.config.vllm_v1
         self.ended_at: list[float] = []    # when each ended request ended, in that order
         self.done = 0
         self.steps = StepLog(block_size=scheduler.allocator.block_size,   # a plan's records built when read
@@ -219,7 +219,7 @@ class SimulatedEngine(Sleeper):
         self.plans_taken: list[PlanTaken] = []   # the decode plans whose steps it took, in order
         self.shapes = ShapeLog()           # StepShapes, a priced plan's built only when read
         self.num_running: list[int] = []
-        self.chunked = scheduler.config.enable_chunked_prefill
+        self.v1 = scheduler.config.vllm_v1
         self.prefill_held_tokens = 0       # tokens of the sequences in prefill steps
         self.prefill_cached_tokens = 0     # of those, already in the KV cache (prefix hits)
         self.logical_token_time = 0.0      # sum over decode steps of (tokens of the batch) x duration
@@ -439,7 +439,7 @@ class SimulatedEngine(Sleeper):
                 if move.kind is PLAN:
                     self._run_begins()
                 return move
-            if windows and not self.chunked:   # windows assume the paper's policy
+            if windows and not self.v1:   # windows assume the paper's policy
                 window = plan_window(self.scheduler, step_time, self.env.now, horizon, histogram=histogram)
                 if window is not None:
                     self._run_begins()
@@ -553,7 +553,7 @@ class SimulatedEngine(Sleeper):
         env, scheduler, allocator, out = self.env, self.scheduler, self.allocator, step.out
         start = env.now
         num_running = len(scheduler.running)
-        if self.chunked:
+        if self.v1:
             physical = allocator.token_slots_used() if shape.prefill_tokens == 0 else 0
         elif out.is_prefill:
             physical = 0
@@ -766,14 +766,14 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     """One engine as `plan` deploys it: its KV allocator, scheduler and executor, its process started
     (unless not `start`: a lockstep group runs it)."""
     dep = plan.deployment
-    if dep.enable_chunked_prefill and any(r.beam_width > 1 for r in trace.requests):
+    if dep.vllm_v1 and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
     GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
-    private = dep.enable_chunked_prefill and dep.enable_prefix_caching and spec is None
+    private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None
     if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
         allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks, state_blocks=plan.state_blocks)
-    elif dep.enable_chunked_prefill:  # vLLM v1's block order, so prefix hits match vLLM's
+    elif dep.vllm_v1:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(plan.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching,
                                      state_blocks=plan.state_blocks)
     else:
@@ -894,7 +894,7 @@ def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int
 def prefix_counts(engine: SimulatedEngine) -> tuple[int, int]:
     """(prompt tokens found in the prefix cache, prompt tokens looked up) of an engine's run."""
     scheduler = engine.scheduler
-    if scheduler.config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+    if scheduler.config.vllm_v1:       # counted at admission, as vLLM counts them
         return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
     return engine.prefill_cached_tokens, engine.prefill_held_tokens
 

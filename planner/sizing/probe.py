@@ -217,7 +217,7 @@ class Prober:
         # deployment (a fleet's router may read KV use, which depends on the block size).
         self.fleet = simulation.spec.fleet.replicas > 1
         self.shareable = (d.allocator == "paged" and not d.prefix_caching_on
-                          and not d.enable_chunked_prefill and d.num_gpu_blocks is None and not self.fleet)
+                          and not d.vllm_v1 and d.num_gpu_blocks is None and not self.fleet)
 
     def __call__(self, rate: float) -> Probe:
         return self.run(rate)[0]

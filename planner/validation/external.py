@@ -38,9 +38,8 @@ from workloads import Trace, TraceRequest
 from workloads.trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS
 
 
-# The engine settings a flag or a server may tell: the deployment's, bar what it runs on, and vLLM's
-# enable_chunked_prefill (the vllm-v1 policy).
-SETTINGS = tuple(f.name for f in fields(Deployment) if f.name not in ("model", "gpu", "tp")) + ("enable_chunked_prefill",)
+# The engine settings a flag or a server may tell: the deployment's, bar what it runs on.
+SETTINGS = tuple(f.name for f in fields(Deployment) if f.name not in ("model", "gpu", "tp"))
 
 
 def merge_settings(layers: list[tuple[dict, str]]) -> tuple[dict, dict[str, str]]:
@@ -54,8 +53,7 @@ def merge_settings(layers: list[tuple[dict, str]]) -> tuple[dict, dict[str, str]
             if name in values or raw in (None, "", "None"):
                 continue
             try:
-                values[name] = (raw if isinstance(raw, bool) else str(raw).lower() == "true") \
-                    if name == "enable_chunked_prefill" else Deployment.parse_value(name, raw)
+                values[name] = raw if isinstance(raw, bool) else Deployment.parse_value(name, raw)
             except ValueError:
                 continue
             sources[name] = source

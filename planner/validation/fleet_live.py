@@ -75,14 +75,14 @@ class LiveReplica:
 
     def observe(self, out, prefill_tokens: int) -> None:
         """A step's scheduler output (before it runs): prompt tokens held vs computed, as the simulator counts."""
-        if out.is_prefill and not self.engine.scheduler.config.enable_chunked_prefill:
+        if out.is_prefill and not self.engine.scheduler.config.vllm_v1:
             held = sum(len(s.token_ids) for s in out.seqs)
             self.prefill_held += held
             self.prefill_cached += held - prefill_tokens
 
     def prefix_counts(self) -> tuple[int, int]:
         scheduler = self.engine.scheduler
-        if scheduler.config.enable_chunked_prefill:       # counted at admission, as vLLM counts them
+        if scheduler.config.vllm_v1:       # counted at admission, as vLLM counts them
             return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
         return self.prefill_cached, self.prefill_held
 

@@ -172,5 +172,5 @@ def _warm_up(engine, vocab: int) -> None:
         engine.step()
     engine.steps.clear()
     engine.scheduler.reset_spec_stats()
-    if engine.scheduler.config.enable_chunked_prefill:   # its prefix-cache counters count the run's own requests
+    if engine.scheduler.config.vllm_v1:   # its prefix-cache counters count the run's own requests
         engine.scheduler.prefix_hit_tokens = engine.scheduler.prefix_queried_tokens = 0

@@ -198,7 +198,8 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
     sched_labels = _label_text({"max_num_seqs": cfg.max_num_seqs,
                                 "max_num_batched_tokens": cfg.max_num_batched_tokens,
                                 "max_model_len": cfg.max_model_len, "preemption_mode": cfg.preemption_mode,
-                                "enable_chunked_prefill": getattr(cfg, "enable_chunked_prefill", False),
+                                "policy": "vllm-v1" if cfg.vllm_v1 else "paper",
+                                "enable_chunked_prefill": cfg.enable_chunked_prefill,
                                 "long_prefill_token_threshold": cfg.long_prefill_token_threshold})
     lines += _gauge("planner:scheduler_config_info", "Scheduler settings of this paged-planner server.",
                     sched_labels, 1)
