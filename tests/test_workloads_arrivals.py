@@ -33,6 +33,16 @@ def test_gamma_rate_and_burstiness(cv):
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.1)
 
 
+@pytest.mark.parametrize("arrival,cv", [("poisson", 1.0), ("gamma", 2.0)])
+def test_n_requests_span_what_vllm_bench_gives_them(arrival, cv):
+    # vllm bench serve scales its N gaps so the last request goes at N/rate: every seed's load has the rate
+    # asked for (an unscaled Poisson sum of 1,000 gaps strays by about sqrt(1000) = 32 gaps)
+    for seed in range(20):
+        times = arrival_times(rng(seed), arrival=arrival, rate=4.0, cv=cv, num_requests=1000)
+        assert times[0] == 0.0 and np.all(np.diff(times) >= 0)
+        assert 1000 / 4.0 - 10 / 4.0 < times[-1] < 1000 / 4.0     # N/rate less the first gap
+
+
 def test_constant_and_all_at_once():
     times = arrival_times(rng(), arrival="constant", rate=4.0, num_requests=9)
     assert times.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]

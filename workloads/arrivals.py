@@ -1,7 +1,7 @@
 """Arrival processes: when requests reach the server.
 
 The first request arrives at t = 0 and each later one a gap after the one
-before, as vLLM's benchmark client does (send, then sleep).  Gaps are:
+before.  Gaps are:
 
 - ``poisson``: exponential with mean 1/rate (the PagedAttention paper's set-up);
 - ``gamma``: gamma with mean 1/rate and coefficient of variation ``cv``
@@ -15,6 +15,14 @@ turns B into these keywords.
 
 ``rate = inf`` puts every request at t = 0 (an offline batch).  A trace is
 bounded by a request count, a duration, or both (whichever ends it first).
+
+A trace of N requests (no duration) is timed as ``vllm bench serve`` has timed
+its N prompts since vLLM 0.10 (vllm/benchmarks/serve.py, ``get_request``): N
+gaps drawn, their running sum scaled so that the last request goes at exactly
+N/rate ("to close the gap for stabilizing the throughput data from different
+random seeds"), here shifted by the first gap so the first goes at t = 0.  The
+load's mean rate is then the rate asked for, not a draw 1/sqrt(N) around it.
+A trace bounded by a duration is the process itself, cut at the duration.
 """
 
 from __future__ import annotations
@@ -89,11 +97,19 @@ def arrival_times(
 ) -> np.ndarray:
     """Sorted arrival times (s) starting at 0, bounded by num_requests and/or duration.
 
-    With a duration, only arrivals strictly before it are kept.
+    With a duration, only arrivals strictly before it are kept; without, the
+    count's gaps are scaled as vllm bench scales them (the module docstring).
     """
     check_arrival_args(arrival, rate, cv, num_requests, duration)
     if math.isinf(rate):
         return np.zeros(num_requests, dtype=float)
+    if duration is None:
+        if num_requests == 0:
+            return np.zeros(0)
+        sent = np.cumsum(_gaps(rng, arrival, rate, cv, num_requests))
+        if sent[-1] > 0:         # (a very bursty gamma's gaps can all underflow to 0: vLLM skips the scaling too)
+            sent *= (num_requests / rate) / sent[-1]
+        return np.round(sent - sent[0], TIME_DECIMALS)
     limit = num_requests if num_requests is not None else math.inf
     # draw in chunks: the whole count when it is known, else a bit more than
     # the expected count in the duration, so one chunk almost always suffices
