@@ -172,6 +172,21 @@ def test_latencies_have_the_percentiles_vllm_bench_prints_and_slos_take_them():
     assert meets(m.to_dict(), {"ttft_p90": 9.2}) and not meets(m.to_dict(), {"ttft_p95": 9.5})
 
 
+def test_peaks_per_second_as_vllm_bench_counts_them(monkeypatch):
+    # vllm bench serve's "Peak output token throughput" and "Peak concurrent requests": whole seconds from the
+    # first arrival (0.5 s). a runs 0.5-1.4 s (second 0), b 0.9-2.6 s (seconds 0-2), c 1.6-1.9 s (second 1):
+    # requests per second 2 / 2 / 1; token times per second 3 (a's) / 5 (b's 1.5 and 1.6, c's three) / 1
+    def rec(rid, arrival, times):
+        return RequestRecord(request_id=rid, arrival=arrival, prompt_len=1, output_len=len(times),
+                             first_token=times[0], finish=times[-1], token_times=times)
+    done = [rec("a", 0.5, [1.0, 1.2, 1.4]), rec("c", 1.6, [1.7, 1.8, 1.9]), rec("b", 0.9, [1.5, 1.6, 2.6])]
+    m = summarize(done, [])
+    assert (m.max_output_tokens_per_s, m.max_concurrent_requests) == (5.0, 2)
+    from engine.core import metrics
+    monkeypatch.setattr(metrics, "LARGE", 5)                 # numpy's count: the same
+    assert metrics.peak_per_second(done) == (5.0, 2)
+
+
 def test_many_token_times_give_the_same_gaps(monkeypatch):
     # TokenGaps (past LARGE token times) against the lists' way: the same pooled gaps in the same
     # order and the same per-request p99, requests of no, one and many token times among them; and

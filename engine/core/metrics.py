@@ -14,9 +14,11 @@ Throughput counts every generated token.
 """
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from itertools import chain
+from itertools import accumulate, chain
 from operator import attrgetter, mul, sub
 
 from engine.core.kv_allocator import MemoryBreakdown
@@ -232,6 +234,26 @@ def _gaps(done: list[RequestRecord]) -> tuple[list[float], list[float]]:
     return pooled, worst
 
 
+def peak_per_second(done: list[RequestRecord]) -> tuple[float, int]:
+    """vllm bench serve's peaks (vllm/benchmarks/serve.py, calculate_metrics): the run cut into whole seconds
+    from the first arrival, the most token times in one second (a time per streamed chunk: one token, or a
+    step's accepted drafts together), and the most requests in flight during one second (a request counts
+    in every second from the one it arrives in to the one it ends in)."""
+    start = min(r.arrival for r in done)
+    seconds = int(math.ceil(max(r.finish for r in done) - start)) + 1
+    in_flight = [0] * (seconds + 1)
+    for r in done:                          # +1 where a request's seconds begin, -1 past their end
+        in_flight[int(r.arrival - start)] += 1
+        in_flight[int(r.finish - start) + 1] -= 1
+    if sum(len(r.token_times) for r in done) >= LARGE:
+        import numpy as np
+        buckets = (token_time_arrays(done)[1] - start).astype(np.int64)
+        tokens = int(np.bincount(buckets).max())
+    else:
+        tokens = max(Counter(int(t - start) for r in done for t in r.token_times).values(), default=0)
+    return float(tokens), max(accumulate(in_flight))
+
+
 def token_time_arrays(records: list[RequestRecord]):
     """(each record's count of token times, every token time laid end to end), as numpy arrays: millions
     of times read in one pass."""
@@ -339,6 +361,9 @@ class Metrics:
     e2e_p99: float | None = None
     normalized_latency: float | None = None        # mean over requests of E2E / L (s/token)
     mean_concurrency: float | None = None          # requests in flight, time-averaged: sum of E2E / duration
+    # vllm bench serve's "Peak output token throughput" and "Peak concurrent requests" (`peak_per_second`)
+    max_output_tokens_per_s: float | None = None
+    max_concurrent_requests: int | None = None
     num_steps: int = 0
     num_prefill_steps: int = 0
     num_decode_steps: int = 0
@@ -438,6 +463,7 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         m.e2e_mean, m.e2e_median, m.e2e_p90, m.e2e_p95, m.e2e_p99 = _latency_stats([r.e2e for r in done])
         m.normalized_latency = _mean([r.normalized_latency for r in done])
         m.mean_concurrency = sum(r.e2e for r in done) / span if span > 0 else None
+        m.max_output_tokens_per_s, m.max_concurrent_requests = peak_per_second(done)
     if steps:
         if columns is None:
             _step_metrics(m, steps)

@@ -183,6 +183,8 @@ def summary_table(doc: dict, wall_time: float) -> Table:
         *([("goodput (within every SLO)", fmt(m["request_goodput"], " req/s"), "")] if "request_goodput" in m
           else []),
         ("output token throughput", *both("output_token_throughput", " tok/s", 1)),
+        ("peak output token throughput (1 s)", fmt(m.get("max_output_tokens_per_s"), " tok/s", 0), ""),
+        ("peak concurrent requests (1 s)", fmt(m.get("max_concurrent_requests")), ""),
         ("normalized latency", *both("normalized_latency", " s/token", 4)),
         ("TTFT mean", *both("ttft_mean", " s")), ("TTFT p99", *both("ttft_p99", " s")),
         ("TPOT mean", *both("tpot_mean", " s", 4)), ("TPOT p99", *both("tpot_p99", " s", 4)),

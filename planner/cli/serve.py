@@ -316,7 +316,9 @@ def print_bench_summary(doc: dict, console) -> None:
     table.add_column("value", justify="right")
     rows = [("completed / failed", f"{doc.get('num_completed')} / {doc.get('num_failed')}"),
             ("request throughput (req/s)", doc.get("request_throughput")),
-            ("output token throughput (tok/s)", doc.get("output_token_throughput"))]
+            ("output token throughput (tok/s)", doc.get("output_token_throughput")),
+            ("peak output token throughput (tok/s)", doc.get("max_output_tokens_per_s")),
+            ("peak concurrent requests", doc.get("max_concurrent_requests"))]
     for m in ("ttft", "tpot", "itl", "e2e"):
         rows.append((f"{m.upper()} mean / median / p90 / p95 / p99 (s)",
                      " / ".join("–" if doc.get(f"{m}_{s}") is None else f"{doc[f'{m}_{s}']:.4f}"
