@@ -182,6 +182,7 @@ def test_peaks_per_second_as_vllm_bench_counts_them(monkeypatch):
     done = [rec("a", 0.5, [1.0, 1.2, 1.4]), rec("c", 1.6, [1.7, 1.8, 1.9]), rec("b", 0.9, [1.5, 1.6, 2.6])]
     m = summarize(done, [])
     assert (m.max_output_tokens_per_s, m.max_concurrent_requests) == (5.0, 2)
+    assert (m.total_input_tokens, m.total_output_tokens) == (3, 9)      # vLLM bench's totals
     from engine.core import metrics
     monkeypatch.setattr(metrics, "LARGE", 5)                 # numpy's count: the same
     assert metrics.peak_per_second(done) == (5.0, 2)

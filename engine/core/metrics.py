@@ -331,6 +331,8 @@ class Metrics:
     num_rejected: int = 0
     num_truncated: int = 0
     duration: float | None = None                  # last completed finish - first arrival
+    total_input_tokens: int = 0                    # prompt tokens of the completed requests (vLLM bench's name)
+    total_output_tokens: int = 0                   # tokens they generated, all sequences (vLLM bench's name)
     request_throughput: float | None = None        # completed requests / duration
     output_token_throughput: float | None = None   # generated tokens (all sequences) / duration
     total_token_throughput: float | None = None    # (generated + prompt tokens) / duration
@@ -450,6 +452,7 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
         out_tokens = sum(r.output_len for r in done)
         prompt_tokens = sum(r.prompt_len for r in done)
         m.duration = span
+        m.total_input_tokens, m.total_output_tokens = prompt_tokens, out_tokens
         m.request_throughput = len(done) / span if span > 0 else float("inf")
         m.output_token_throughput = out_tokens / span if span > 0 else float("inf")
         m.total_token_throughput = (out_tokens + prompt_tokens) / span if span > 0 else float("inf")

@@ -315,6 +315,7 @@ def print_bench_summary(doc: dict, console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [("completed / failed", f"{doc.get('num_completed')} / {doc.get('num_failed')}"),
+            ("total input / generated tokens", f"{doc.get('total_input_tokens')} / {doc.get('total_output_tokens')}"),
             ("request throughput (req/s)", doc.get("request_throughput")),
             ("output token throughput (tok/s)", doc.get("output_token_throughput")),
             ("peak output token throughput (tok/s)", doc.get("max_output_tokens_per_s")),
