@@ -110,8 +110,8 @@ import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 from engine.core.allocators import ALLOCATORS
-from engine.core.config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, PREEMPTION_MODES, SIM_BLOCK_SIZES,
-                               SUPPORTED_BLOCK_SIZES, SchedulerConfig)
+from engine.core.config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, PREEMPTION_MODES, SCHEDULING_POLICIES,
+                               SIM_BLOCK_SIZES, SUPPORTED_BLOCK_SIZES, SchedulerConfig)
 
 POLICIES = ("paper", "vllm-v1")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
@@ -157,6 +157,7 @@ class Deployment:
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None   # vLLM's; None: the policy's (on for vllm-v1; paper: none)
     long_prefill_token_threshold: int = 0    # vLLM's: most tokens one request takes in a step (0: the budget)
+    scheduling_policy: str = SCHEDULING_POLICIES[0]   # vLLM's --scheduling-policy: fcfs, or priority (vllm-v1)
     performance_mode: str = PERFORMANCE_MODES[0]   # vLLM's --performance-mode: its batch and CUDA-graph defaults
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -192,6 +193,9 @@ class Deployment:
         _one_of("all2all_backend", self.all2all_backend, ALL2ALL_BACKENDS)
         _one_of("moe_backend", self.moe_backend, MOE_BACKENDS)
         _one_of("performance_mode", self.performance_mode, PERFORMANCE_MODES)
+        _one_of("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.scheduling_policy != SCHEDULING_POLICIES[0] and not self.vllm_v1:
+            raise ValueError("priority scheduling is vLLM v1's (--policy vllm-v1): the paper's policy is FCFS")
         if self.performance_mode != PERFORMANCE_MODES[0] and self.policy != "vllm-v1":
             raise ValueError(f"performance_mode {self.performance_mode!r} is a setting of vLLM v1 (0.17 and later): "
                              f"give --policy vllm-v1")
@@ -328,7 +332,8 @@ class Deployment:
                                preemption_mode=self.preemption_mode, block_size=self.block_size,
                                enable_prefix_caching=self.enable_prefix_caching, vllm_v1=self.vllm_v1,
                                enable_chunked_prefill=self.enable_chunked_prefill,
-                               long_prefill_token_threshold=self.long_prefill_token_threshold)
+                               long_prefill_token_threshold=self.long_prefill_token_threshold,
+                               scheduling_policy=self.scheduling_policy)
 
     def as_dict(self) -> dict:
         return asdict(self)

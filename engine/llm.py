@@ -67,8 +67,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order.
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. `priority`: one per prompt,
+        as vLLM's (read under scheduling_policy="priority": the lower value is served first).
 
         A prompt the model cannot serve (longer than its context or the whole
         KV cache) comes back with ``finish_reason == "rejected"`` and an
@@ -87,15 +88,18 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
         engine = self.engine
         ids = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, (prompt, p, rank) in enumerate(zip(prompts, params, priorities)):
                 request_id = str(self._next_id)
                 self._next_id += 1
                 try:
-                    engine.add_request(request_id, prompt, p)
+                    engine.add_request(request_id, prompt, p, priority=rank)
                 except ValueError as exc:
                     for added in ids:
                         engine.abort_request(added)

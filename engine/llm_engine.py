@@ -203,7 +203,9 @@ class LLMEngine:
         return None, list(prompt)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, *, output_len_hint: int | None = None) -> None:
+                    arrival_time: float | None = None, *, output_len_hint: int | None = None,
+                    priority: int = 0) -> None:
+        """`priority`: vLLM's request priority, read under --scheduling-policy priority (the lower first)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
@@ -224,7 +226,8 @@ class LLMEngine:
             raise ValueError(refused)
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
-                              eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint)
+                              eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint,
+                              priority=priority)
         self.prompts[request_id] = text
         if self.deployment.vllm_v1 and fans_out(params):   # vLLM v1: n child requests
             self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)

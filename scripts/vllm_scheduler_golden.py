@@ -36,6 +36,7 @@ def make_scheduler(case):
                                    max_model_len=cfg["max_model_len"],
                                    enable_chunked_prefill=cfg.get("chunked", True),
                                    long_prefill_token_threshold=cfg.get("threshold", 0),
+                                   policy=cfg.get("policy", "fcfs"),
                                    is_encoder_decoder=False, async_scheduling=False,
                                    scheduler_reserve_full_isl=cfg.get("reserve_full_isl", True))
     cache_config = CacheConfig(block_size=bs, gpu_memory_utilization=0.9, cache_dtype="auto",
@@ -81,7 +82,8 @@ def run(case):
         while pending and pending[0]["arrival"] <= now:
             r = pending.pop(0)
             sp = SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, temperature=0.0)
-            sched.add_request(Request(r["id"], r["prompt"], sp, None, arrival_time=r["arrival"], block_hasher=hasher))
+            sched.add_request(Request(r["id"], r["prompt"], sp, None, arrival_time=r["arrival"],
+                                      priority=r.get("priority", 0), block_hasher=hasher))
             unfinished.add(r["id"])
         out = sched.schedule()
         scheduled = dict(out.num_scheduled_tokens)

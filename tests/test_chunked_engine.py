@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM
+from engine import LLM, SamplingParams
 # The same tiny llama/opt/gpt2 models and transformers references as the engine's own tests.
 from test_engine import engine_greedy, hf_greedy, make_prompts, model_dir, reference  # noqa: F401
 
@@ -80,6 +80,21 @@ def test_without_chunked_prefill_matches_transformers_under_preemption(model_dir
     assert engine_greedy(llm, prompts, max_tokens) == [hf_greedy(reference, p, max_tokens) for p in prompts]
     assert llm.engine.scheduler.preemptions["recompute"] > 0
     assert all(n == total - computed for step in llm.steps_seen for computed, total, n in step)
+
+
+def test_priority_scheduling_matches_transformers_under_preemption(model_dir, reference):
+    # vLLM's --scheduling-policy priority: the priority-0 request runs first and keeps its blocks; the
+    # priority-2 one is preempted first when the 12 usable blocks run out
+    prompts = make_prompts(lens=(44, 36, 40), seed=5)
+    max_tokens = 16
+    llm = chunked_llm(model_dir, block_size=8, num_gpu_blocks=13, max_model_len=96, scheduling_policy="priority")
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, priority=[2, 0, 1])
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(reference, p, max_tokens) for p in prompts]
+    assert llm.engine.scheduler.preemptions["recompute"] > 0
+    assert llm.steps_seen[0][0][1] == 36              # the priority-0 prompt goes first
+    with pytest.raises(ValueError, match="got 2 priorities for 3 prompts"):
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, priority=[0, 1])
 
 
 def test_chunked_prefill_matches_transformers_under_preemption(model_dir, reference):

@@ -20,16 +20,18 @@ from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import FinishReason, SequenceGroup
 
 
-def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None):
+def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None, priority=0):
     prompt = tokens if tokens is not None else [(hash((rid, i)) % 90) + 10 for i in range(prompt_len)]
-    return SequenceGroup(str(rid), prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), arrival)
+    return SequenceGroup(str(rid), prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), arrival,
+                         priority=priority)
 
 
 def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, threshold=0,
-         chunked=True, **kw):
+         chunked=True, policy="fcfs", **kw):
     bm = VllmBlockManager(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                          vllm_v1=True, enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold)
+                          vllm_v1=True, enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
+                          scheduling_policy=policy)
     return ChunkedScheduler(cfg, bm, **kw), bm
 
 
@@ -114,6 +116,19 @@ def test_without_chunked_prefill_the_budget_holds_max_model_len():
                            enable_chunked_prefill=False).max_num_batched_tokens == 4096
     with pytest.raises(ValueError, match="without chunked prefill a prompt that long could never run"):
         SchedulerConfig(max_model_len=4096, vllm_v1=True, enable_chunked_prefill=False, max_num_batched_tokens=2048)
+
+
+def test_priority_policy_admits_the_lowest_priority_value_first_then_the_earliest():
+    # vLLM's --scheduling-policy priority, one request at a time: priority 0 first, then 1 by arrival
+    reqs = [request("a", 4, 1, priority=1), request("b", 4, 1, arrival=0.0, priority=0),
+            request("c", 4, 1, priority=2), request("d", 4, 1, arrival=0.0, priority=1)]
+    sched, _ = make(64, budget=16, max_num_seqs=1, policy="priority")
+    assert [list(step) for step in run(sched, reqs)] == [["b"], ["a"], ["d"], ["c"]]
+    fcfs, _ = make(64, budget=16, max_num_seqs=1)
+    reqs = [request(r.request_id, 4, 1, priority=r.priority) for r in reqs]
+    assert [list(step) for step in run(fcfs, reqs)] == [["a"], ["b"], ["c"], ["d"]]
+    with pytest.raises(ValueError, match="priority scheduling is vLLM v1's"):
+        SchedulerConfig(max_model_len=64, scheduling_policy="priority")
 
 
 def test_max_num_seqs_caps_the_running_requests():
@@ -233,16 +248,16 @@ def test_parallel_sampling_is_rejected_on_its_own():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=10),
        st.integers(6, 40), st.integers(4, 24), st.integers(1, 6), st.booleans(), st.booleans(),
-       st.sampled_from([0, 1, 3, 7]), st.booleans())
+       st.sampled_from([0, 1, 3, 7]), st.booleans(), st.sampled_from(["fcfs", "priority"]))
 def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl, threshold,
-                                          chunked):
+                                          chunked, policy):
     budget = max(budget, max_num_seqs) if chunked else 52     # unchunked: the budget holds max_model_len
     sched, bm = make(num_blocks, block_size=4, budget=budget, max_num_seqs=max_num_seqs, caching=caching,
                      reserve_full_isl=full_isl, threshold=threshold, chunked=chunked,
-                     max_model_len=256 if chunked else 52)
+                     max_model_len=256 if chunked else 52, policy=policy)
     rng = random.Random(0)
     groups = [request(i, p, o, arrival=float(t),
-                      tokens=[rng.randrange(3) for _ in range(p)] if caching else None)
+                      tokens=[rng.randrange(3) for _ in range(p)] if caching else None, priority=rng.randrange(3))
               for i, (p, o, t) in enumerate(reqs)]
     pending = sorted(groups, key=lambda g: g.arrival_time)
     now, steps, truncated = 0.0, 0, set()

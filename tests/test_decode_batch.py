@@ -91,6 +91,18 @@ def test_without_chunked_prefill_the_batch_stays_exact(workload, budget, knobs):
     assert fast.fast_forwarded_steps > len(fast.steps) // 4
 
 
+@pytest.mark.parametrize("blocks", [None, 150])
+def test_priority_scheduling_keeps_the_batch_exact(blocks):
+    # vLLM's --scheduling-policy priority with a third of the requests at priority 1: the waiting order and,
+    # in the small cache, the preemption victims are the scheduler's own; the batch must not reorder them
+    trace = make_trace("sharegpt", num_requests=80, rate=12.0, seed=3, low_priority_share=0.3)
+    knobs = {"num_gpu_blocks": blocks} if blocks else {}
+    fast = both(trace, ROOFLINE, OPT_13B, A100, policy="vllm-v1", max_model_len=2048, scheduling_policy="priority",
+                **knobs)
+    assert fast.metrics.preemptions["total"] > 0          # (the 40 GB A100 holds few blocks of OPT-13B)
+    assert fast.fast_forwarded_steps > len(fast.steps) // 4
+
+
 @pytest.mark.parametrize("policy", ["paper", "vllm-v1"])
 def test_context_limit_one_token_outputs_and_same_time_arrivals(policy):
     reqs = [TraceRequest(request_id=f"r{i}", arrival_time=0.05 * (i // 3), prompt_len=30 + 7 * i,

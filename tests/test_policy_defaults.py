@@ -162,3 +162,16 @@ def test_a_random_prefix_is_served_from_the_prefix_cache():
     assert shared["prefix_cache_hit_rate"] == pytest.approx(59 * 1024 / (60 * 1536), rel=0.01)
     assert alone["prefix_cache_hit_rate"] == 0
     assert shared["ttft_mean"] < 0.6 * alone["ttft_mean"]
+
+
+def test_priority_scheduling_serves_priority_0_first_and_reports_each_class():
+    # vLLM's --scheduling-policy priority under load: half the requests at priority 1 wait behind the others
+    run = dict(workload="sharegpt", params={"low_priority_share": 0.5}, requests=400, rate=30.0)
+    d = Deployment(model="llama-3.1-8b", gpu="h100-sxm", max_model_len=4096, num_gpu_blocks=3000)
+    doc = simulate_run(d.replace(scheduling_policy="priority"), **run).document()
+    classes = doc["by_priority"]
+    assert set(classes) == {"0", "1"} and classes["0"]["num_submitted"] + classes["1"]["num_submitted"] == 400
+    assert classes["0"]["ttft_mean"] < classes["1"]["ttft_mean"] / 5
+    fcfs = simulate_run(d, **run).document()["by_priority"]            # fcfs ignores priorities
+    assert fcfs["0"]["ttft_mean"] > classes["0"]["ttft_mean"] * 3
+    assert "by_priority" not in simulate_run(d, workload="sharegpt", requests=20, rate=4.0).document()

@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -250,3 +251,28 @@ def test_serve_cli_bad_input_is_one_line_and_exit_2(args, message):
     result = CliRunner().invoke(app, ["serve", *args])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_priority_scheduling_serves_vllms_priority_field(folder):
+    # --scheduling-policy priority and one request at a time: of two requests queued behind a long one, the
+    # priority-0 one sent second is served before the priority-1 one sent first (vLLM's `priority` field)
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=NUM_BLOCKS, max_num_seqs=1, scheduling_policy="priority")
+    engine.step_observer = lambda out: time.sleep(0.02)       # the long request takes over 2 s: time to queue
+    with BackgroundServer(engine, MODEL, folder) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=60)
+        done = []
+
+        def send(name, priority, tokens):
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=tokens, temperature=0,
+                                      extra_body={"ignore_eos": True, "priority": priority})
+            done.append(name)
+
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(send, "long", 0, 120)
+            assert wait_until(lambda: engine.has_unfinished_requests())
+            low = pool.submit(send, "low", 1, 4)
+            assert wait_until(lambda: len(engine.scheduler.waiting) == 1)
+            high = pool.submit(send, "high", 0, 4)
+            for f in (first, low, high):
+                f.result()
+        assert done == ["long", "high", "low"]

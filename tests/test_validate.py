@@ -83,6 +83,20 @@ def test_the_simulator_runs_prompts_whole_without_chunked_prefill_as_the_live_en
     assert v.live.metrics["num_completed"] == 8 and max(prefill for _, prefill, _ in live) <= 80
 
 
+def test_the_simulator_schedules_by_priority_as_the_live_engine_does(llama_dir):
+    # vLLM's --scheduling-policy priority, half the requests at priority 1, in a 12-block cache: every request
+    # at t=0, so the simulator must take the live engine's steps and preemptions one for one
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, num_gpu_blocks=12, max_num_seqs=8,
+                            max_model_len=80, scheduling_policy="priority")
+    spec = ValidationSpec(deployment, workload="alpaca", params=(("low_priority_share", 0.5),), rate=math.inf,
+                          requests=10, length_scale=1.0, max_prompt_len=40, max_output_len=30, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    live = [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.preempted) for s in v.live.steps]
+    assert live == [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.preempted) for s in v.sim_steps]
+    assert v.live.metrics["preemptions"] == v.simulated["preemptions"] and v.live.metrics["num_completed"] == 10
+    assert v.live.metrics["preemptions"]["recompute"] > 0
+
+
 def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
     from planner.errors import PlannerError
     spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu"), requests=2, profile=str(tmp_path / "none.json"))

@@ -27,7 +27,8 @@ def replay(case: dict) -> list[dict]:
     config = SchedulerConfig(max_model_len=cfg["max_model_len"], max_num_seqs=cfg["max_num_seqs"],
                              max_num_batched_tokens=cfg["budget"], vllm_v1=True,
                              enable_chunked_prefill=cfg.get("chunked", True),
-                             long_prefill_token_threshold=cfg.get("threshold", 0))
+                             long_prefill_token_threshold=cfg.get("threshold", 0),
+                             scheduling_policy=cfg.get("policy", "fcfs"))
     sched = ChunkedScheduler(config, bm, reserve_full_isl=cfg.get("reserve_full_isl", True))
     pending = sorted(case["requests"], key=lambda r: r["arrival"])
     a, b = case["step_time"]
@@ -36,7 +37,7 @@ def replay(case: dict) -> list[dict]:
         while pending and pending[0]["arrival"] <= now:
             r = pending.pop(0)
             sched.add(SequenceGroup(r["id"], r["prompt"], SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
-                                    r["arrival"]))
+                                    r["arrival"], priority=r.get("priority", 0)))
         out = sched.schedule(now)
         if out.is_empty:
             if out.preempted:
@@ -118,6 +119,39 @@ def make_unchunked_cases(seed: int = 1, count: int = 16) -> list[dict]:
     return cases
 
 
+def make_priority_cases(seed: int = 2, count: int = 12) -> list[dict]:
+    """Cases under --scheduling-policy priority: priorities 0-2 over bursts (the waiting order) and tight
+    caches (the preemption victim), chunked prefill on and (every third) off."""
+    import random
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        block_size = rng.choice([4, 8, 16])
+        caching = i % 2 == 1
+        chunked = i % 3 != 2
+        max_num_seqs = rng.choice([2, 4, 8])
+        max_model_len = 64
+        budget = max(max_num_seqs, rng.choice([8, 16, 32])) if chunked else max_model_len
+        shared = [rng.randrange(10, 100) for _ in range(rng.choice([0, block_size + 1]))]
+        requests, t = [], 0.0
+        for j in range(rng.randint(6, 14)):
+            t += rng.expovariate(10.0)
+            prefix = shared if caching and rng.random() < 0.6 else []
+            prompt = prefix + [rng.randrange(10, 100) for _ in range(rng.randint(1, 40 - len(prefix)))]
+            # (arrivals never tie: vLLM stamps them by the clock; SequenceGroup.priority_key)
+            requests.append({"id": f"r{j}", "arrival": round(t, 3) + j * 1e-6, "prompt": prompt,
+                             "max_tokens": rng.randint(1, min(20, max_model_len - len(prompt))),
+                             "priority": rng.choice([0, 1, 2])})
+        longest = max(len(r["prompt"]) + r["max_tokens"] for r in requests)
+        num_blocks = -(-longest // block_size) + 1 + rng.choice([0, 1, 2, 4, 40])
+        cases.append({"name": f"priority{i}", "config": {
+            "block_size": block_size, "num_blocks": num_blocks, "budget": budget, "max_num_seqs": max_num_seqs,
+            "caching": caching, "max_model_len": max_model_len, "reserve_full_isl": i % 4 != 3,
+            "chunked": chunked, "policy": "priority"},
+            "step_time": [0.01, 0.001], "requests": requests})
+    return cases
+
+
 def all_cases() -> list[dict]:
     """Every case of the golden file, in its order."""
-    return make_cases() + make_unchunked_cases()
+    return make_cases() + make_unchunked_cases() + make_priority_cases()

@@ -33,6 +33,10 @@ _GENERATORS = {
 WORKLOADS: dict[str, str] = {name: desc for name, (_, desc) in _GENERATORS.items()}
 
 _ARRIVAL_ARGS = {"num_requests", "duration", "rate", "arrival", "cv", "seed"}
+# Every built-in workload's own parameter: the share of its requests sent with priority 1 (the rest 0), drawn
+# per request from a stream of its own (lengths and arrivals stay as they are); vLLM serves priority 0 first
+# under --scheduling-policy priority and ignores priorities under fcfs.
+PRIORITY_PARAM = "low_priority_share"
 TRACE_SUFFIXES = (".jsonl", ".json", ".csv")
 
 
@@ -43,7 +47,7 @@ def workload_params(name: str) -> dict:
         p.name: p.default
         for p in inspect.signature(fn).parameters.values()
         if p.default is not inspect.Parameter.empty and p.name not in _ARRIVAL_ARGS
-    }
+    } | {PRIORITY_PARAM: 0.0}
 
 
 # The largest magnitude a workload parameter takes (a billion tokens, turns or prefixes): past it a generator's
@@ -122,15 +126,21 @@ def make_trace(
     if num_requests is None and duration is None:
         raise TraceError("num_requests/duration: give a request count, a duration, or both")
     check_arrival_args(arrival, rate, cv, num_requests, duration)
-    used = allowed | params
+    share = params.pop(PRIORITY_PARAM, 0.0)
+    if not 0.0 <= share <= 1.0:
+        raise TraceError(f"{PRIORITY_PARAM}: the share of requests sent with priority 1 must be from 0 to 1, "
+                         f"got {share}")
+    used = allowed | params | {PRIORITY_PARAM: share}
+    generated = {k: v for k, v in used.items() if k != PRIORITY_PARAM}     # the generator's own
     fn, _ = _GENERATORS[name]
     if name == "chatbot":
-        requests = fn(num_requests=num_requests, duration=duration, rate=rate, arrival=arrival, cv=cv, seed=seed, **used)
+        requests = fn(num_requests=num_requests, duration=duration, rate=rate, arrival=arrival, cv=cv, seed=seed,
+                      **generated)
     else:
         times = arrival_times(
             stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=num_requests, duration=duration
         )
-        fields = fn(stream(seed, "lengths", name), len(times), **used)
+        fields = fn(stream(seed, "lengths", name), len(times), **generated)
         requests = [
             TraceRequest(request_id=f"{name}-{i}", arrival_time=float(t), **f)
             for i, (t, f) in enumerate(zip(times, fields))
@@ -139,7 +149,10 @@ def make_trace(
         over = over_cap(req)
         if over is not None:
             field, problem = over
-            raise TraceError(f"workload {name!r} with {_shown(used)}: a request's {field} {problem}")
+            raise TraceError(f"workload {name!r} with {_shown(generated)}: a request's {field} {problem}")
+    if share:
+        low = stream(seed, "priorities").random(len(requests)) < share
+        requests = [r.model_copy(update={"priority": 1}) if flag else r for r, flag in zip(requests, low)]
     record = {
         "workload": name, "num_requests": num_requests, "duration": duration,
         "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **used,

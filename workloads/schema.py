@@ -40,6 +40,8 @@ class TraceRequest(BaseModel):
     prefix_len: int = Field(default=0, ge=0)
     conversation_id: str | None = None
     turn: int = Field(default=0, ge=0)
+    # vLLM's request priority (the lower value first under --scheduling-policy priority; fcfs ignores it)
+    priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31)
 
     # Field validators (not a model validator) so that an error names the
     # field; prompt_len is declared before both, so info.data holds it.

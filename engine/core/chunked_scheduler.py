@@ -31,6 +31,13 @@ the threshold) exceed the budget left ends admission instead of taking a
 chunk, and waits for a step with budget enough; the budget holds at least
 ``max_model_len`` tokens, so an emptier step always has room.
 
+Under ``--scheduling-policy priority`` the waiting queue is ordered by each
+request's priority (the lower value first), then arrival
+(``engine/core/request_queue.py``), and a request that cannot have its blocks
+preempts the running request of the lowest priority and latest arrival, not
+the last one; if that one was scheduled earlier in the same step it is taken
+out of the step again, its tokens returned to the budget.
+
 Block 0 is vLLM's null block, never used, so N blocks hold N-1. Full blocks
 enter the prefix cache as soon as they are scheduled (a request admitted later
 in the same step can already hit them: the runner writes every new key and
@@ -46,10 +53,12 @@ and has no beam search in its scheduler, so such requests are rejected here.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 
 from engine.core.block_manager import BlockManager, _blocks_for, blocks_at_most
 from engine.core.block_pool import BlockPool
 from engine.core.config import SchedulerConfig
+from engine.core.request_queue import PriorityQueue
 from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -179,6 +188,9 @@ class ChunkedScheduler(Scheduler):
             raise ValueError("chunked prefill needs the paged VllmBlockManager (vLLM v1's block order "
                              "and null block), not " + type(allocator).__name__)
         super().__init__(config, allocator)
+        self.by_priority = config.scheduling_policy == "priority"
+        if self.by_priority:
+            self.waiting = PriorityQueue()
         self.reserve_full_isl = reserve_full_isl
         self.null_block = NULL_BLOCK
         self.usable_blocks = allocator.num_gpu_blocks - 1 - allocator.state_blocks   # (a sequence's states aside)
@@ -239,7 +251,10 @@ class ChunkedScheduler(Scheduler):
                 num_new += len(drafts)
             total = seq.num_computed_tokens + num_new
             while allocator.blocks_to_grow(seq, total) > allocator.num_free_blocks():
-                victim = running.pop()       # the last request of the running list
+                if self.by_priority:
+                    victim, budget, i = self._take_victim(budget, i, groups, seqs, counts, spec)
+                else:
+                    victim = running.pop()       # the last request of the running list
                 self._preempt(victim, {})
                 preempted.append(victim)
                 if victim is group:
@@ -256,6 +271,25 @@ class ChunkedScheduler(Scheduler):
             budget -= num_new
             i += 1
         return budget
+
+    def _take_victim(self, budget: int, i: int, groups: list, seqs: list, counts: list,
+                     spec: dict | None) -> tuple[SequenceGroup, int, int]:
+        """Priority policy: the running request of the lowest priority, latest arrival (the last added of
+        simultaneous ones: `SequenceGroup.priority_key`), taken out of the running list, and out of this step if it was scheduled earlier in it, its tokens back in the budget
+        and the pass's index one back (vllm/v1/core/sched/scheduler.py: only then, as there). Returns it,
+        the budget and the index."""
+        running = self.running
+        victim = max(running, key=attrgetter("priority_key"))
+        running.remove(victim)
+        if victim in groups:
+            k = groups.index(victim)
+            budget += counts.pop(k)
+            del groups[k]
+            seq = seqs.pop(k)
+            if spec is not None:
+                spec.pop(seq.seq_id, None)
+            i -= 1
+        return victim, budget, i
 
     def schedule_waiting(self, now: float, budget: int, groups: list, seqs: list, counts: list,
                          rejected: list, truncated: list) -> int:

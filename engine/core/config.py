@@ -16,6 +16,7 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SIM_BLOCK_SIZES = (1, 2, 4, *SUPPORTED_BLOCK_SIZES, 64, 128, 256)
 
 PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")   # vLLM v1's --scheduling-policy; the first is its default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # vLLM v0's default floor for the token budget
 
 
@@ -46,6 +47,10 @@ class SchedulerConfig:
         takes in a step (a long prompt's chunk, drafts included), so a long
         prompt leaves budget to others; 0: no cap but the budget (vLLM's
         default). vLLM v1 only.
+    scheduling_policy: vLLM v1's ``--scheduling-policy``: ``fcfs`` (its
+        default) or ``priority`` (waiting requests by priority, then arrival;
+        the running request of the lowest priority, latest arrival, is
+        preempted first). vLLM v1 only.
     """
 
     max_model_len: int
@@ -57,6 +62,7 @@ class SchedulerConfig:
     vllm_v1: bool = False
     enable_chunked_prefill: bool | None = None
     long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.enable_chunked_prefill:     # chunked prefill is vLLM v1's scheduler
@@ -69,6 +75,11 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold and not self.vllm_v1:
             raise ValueError("long_prefill_token_threshold caps the chunks of vLLM v1's chunked prefill: "
                              "the paper's policy prefills each prompt whole")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
+        if self.scheduling_policy != "fcfs" and not self.vllm_v1:
+            raise ValueError("priority scheduling is vLLM v1's (--policy vllm-v1): the paper's policy is FCFS")
         if self.vllm_v1:
             self._check_v1()
             return

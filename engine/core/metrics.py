@@ -44,6 +44,7 @@ class RequestRecord:
     # Ended before max_tokens without a stop: its output was clipped at the
     # context limit, or the request outgrew the whole KV cache.
     truncated: bool = False
+    priority: int = 0                   # vLLM's request priority (read under --scheduling-policy priority)
 
     @classmethod
     def from_group(cls, group: SequenceGroup) -> "RequestRecord":
@@ -55,7 +56,7 @@ class RequestRecord:
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
                    t.finish, list(t.token_times), group.num_preemptions, rejected, group.reject_reason,
-                   longest, max(len(lengths), 1), truncated)
+                   longest, max(len(lengths), 1), truncated, group.priority)
 
     @property
     def completed(self) -> bool:

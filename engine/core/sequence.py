@@ -113,13 +113,14 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "params", "seqs", "times", "output_len_hint",
                  "eos_token_ids", "finish_reason", "reject_reason", "beams",
-                 "beam_improvable", "num_preemptions", "_order", "_prompt")
+                 "beam_improvable", "num_preemptions", "priority", "_order", "_prompt")
 
     _counter = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, *, eos_token_ids: Iterable[int] | int | None = None,
-                 eos_token_id: int | None = None, output_len_hint: int | None = None) -> None:
+                 eos_token_id: int | None = None, output_len_hint: int | None = None,
+                 priority: int = 0) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
         self.request_id = request_id
@@ -139,6 +140,8 @@ class SequenceGroup:
         self.beams: list[BeamHypothesis] = []   # finished beam hypotheses, best first
         self.beam_improvable = True
         self.num_preemptions = 0
+        # vLLM's request priority: under --scheduling-policy priority the lower value is served first
+        self.priority = priority
         self._order = next(SequenceGroup._counter)  # FCFS tie-break among equal arrival times
 
     # -- views -------------------------------------------------------------
@@ -157,6 +160,13 @@ class SequenceGroup:
     @property
     def fcfs_key(self) -> tuple[float, int]:
         return (self.times.arrival, self._order)
+
+    @property
+    def priority_key(self) -> tuple[int, float, int]:
+        """vLLM v1's order under its priority policy (vllm/v1/request.py, Request.__lt__): priority, then
+        arrival. vLLM stamps arrivals with the clock as requests come in, so two never tie there; here
+        simultaneous arrivals (a batch at t = 0) are told apart the same way, by the order they were added."""
+        return (self.priority, self.times.arrival, self._order)
 
     def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]

@@ -165,6 +165,8 @@ def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) 
         body |= {"prompt": ids if cfg.prompt_format == "tokens" else prompt_text(ids), "max_tokens": req.output_len}
     if req.n > 1:
         body["n"] = req.n
+    if req.priority:                    # vLLM's field, read by a server scheduling by priority
+        body["priority"] = req.priority
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     return ("/chat/completions" if cfg.endpoint_type == "chat" else "/completions"), body

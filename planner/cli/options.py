@@ -78,6 +78,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                "for a step with room, and the default budget is raised to max_model_len, as vLLM "
                                "does [default: on for vllm-v1 (on alone it asks for that policy); the paper's "
                                "policy has none]"),
+    "scheduling_policy": (("--scheduling-policy",), "vLLM's: fcfs, or priority (vllm-v1): waiting requests by their "
+                                                    "priority (the lower value first; a trace's `priority` field), "
+                                                    "then arrival, and the running request of the lowest priority "
+                                                    "preempted first [default: fcfs]"),
     "long_prefill_token_threshold": (("--long-prefill-token-threshold",),
                                      "vllm-v1: the most tokens one request takes in a step, so a long prompt is "
                                      "prefilled in chunks of at most that many [default: 0, the budget's]"),

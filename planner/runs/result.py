@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from engine.core.metrics import StepRecord
+from engine.core.metrics import StepRecord, compute_metrics
 from planner.documents import SCHEMA_VERSION, json_safe
 from planner.runs.spec import RunSpec
 from planner.sim import SimResult
 from planner.sim.pd import PdResult
+
+
+# What result.json's by_priority gives each priority class of the requests (vLLM's request priority).
+PRIORITY_METRICS = ("num_submitted", "num_completed", "request_throughput", "ttft_mean", "ttft_median", "ttft_p99",
+                    "tpot_mean", "tpot_p99", "e2e_mean", "e2e_p99")
+
+
+def by_priority(requests: list, priority: int) -> dict:
+    """The latencies of the requests of one priority (throughput over their own span)."""
+    m = compute_metrics([r for r in requests if r.priority == priority], [])
+    return {k: m[k] for k in PRIORITY_METRICS}
 
 
 @dataclass
@@ -42,6 +53,9 @@ class RunResult:
                "steady_state": self.steady_state, "verdict": self.verdict, "warnings": self.warnings,
                "not_modelled": self.not_modelled, "command": self.spec.command(),
                "deployment": sim.plan.deployment.as_dict()}      # the policy's defaults resolved for the GPU
+        classes = sorted({r.priority for r in sim.requests})
+        if len(classes) > 1:
+            doc["by_priority"] = {str(p): by_priority(sim.requests, p) for p in classes}
         if self.profile_check is not None:
             doc["profile_check"] = self.profile_check
         if self.intervals is not None:

@@ -241,7 +241,7 @@ class FleetReplay:
             replica.free_at = replica.clock.base = max(replica.free_at, at)
         replica.routed += 1
         replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
-                                   arrival_time=at, output_len_hint=req.output_len)
+                                   arrival_time=at, output_len_hint=req.output_len, priority=req.priority)
         self.groups.append(replica.engine.groups[req.request_id])
         self.routes.append(chosen)
 

@@ -106,7 +106,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
 
     def send(req, at: float) -> None:
         engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
-                           req.sampling_params(), arrival_time=at, output_len_hint=req.output_len)
+                           req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
+                           priority=req.priority)
         groups.append(engine.groups[req.request_id])
 
     def release(count: int, at: float) -> None:

@@ -97,13 +97,13 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------
     async def generate(self, request_id: str, prompt: dict, params: SamplingParams, arrival: float,
-                       stream: bool) -> AsyncIterator[Update]:
+                       stream: bool, priority: int = 0) -> AsyncIterator[Update]:
         """Updates for one request until its final one; leaving early aborts it."""
         if not self.serving:
             raise RequestError(f"the engine is not serving now ({self.why_not()})", status=503)
         s = _Stream(params, stream, sent_tokens=[0] * params.n, sent_chars=[0] * params.n)
         self._streams[request_id] = s
-        self._to_add.append((request_id, prompt, params, arrival))
+        self._to_add.append((request_id, prompt, params, arrival, priority))
         self._wake.set()
         finished = False
         try:
@@ -181,12 +181,12 @@ class AsyncEngine:
             if aborted is not None and self.stats is not None:
                 self.stats.observe(aborted.metrics, aborted)
         self._to_abort.clear()
-        for request_id, prompt, params, arrival in self._to_add:
+        for request_id, prompt, params, arrival, priority in self._to_add:
             s = self._streams.get(request_id)
             if s is None:          # gone before it was added
                 continue
             try:
-                engine.add_request(request_id, prompt, params, arrival_time=arrival)
+                engine.add_request(request_id, prompt, params, arrival_time=arrival, priority=priority)
             except ValueError as exc:
                 s.queue.put_nowait(Update([], error=str(exc)))
             except Exception as exc:   # a bug, not the request: a 500, and the loop goes on

@@ -145,6 +145,8 @@ class _Common(BaseModel):
     length_penalty: float = 1.0
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's request priority: the lower value is served first when the server runs --scheduling-policy priority
+    priority: int = Field(0, ge=-(1 << 31), lt=1 << 31)
     # Accepted only at their defaults (no penalties in this engine).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -51,7 +51,7 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
     """Submit the request and answer it: one JSON body, or an SSE stream once the engine accepted it."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     updates = state.async_engine.generate(request_id, {"prompt_token_ids": token_ids, "prompt": prompt_text},
-                                          params, arrival, stream=body.stream)
+                                          params, arrival, stream=body.stream, priority=body.priority)
     if not body.stream:
         final = None
         async for update in updates:
