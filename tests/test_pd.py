@@ -96,6 +96,14 @@ def test_the_run_moves_each_prompts_kv():
     assert kv["seconds"]["mean"] == pytest.approx(1e-5 + 2000 * kv["kv_bytes_per_token"] / 50e9)
 
 
+def test_the_decode_pool_schedules_by_priority():
+    # --scheduling-policy priority with --pd: the decode instances' waiting pass (remote prefills among the
+    # core's own requests) keeps the priority queue; each class gets its latencies
+    load = random_load(requests=40, rate=20.0, params={"low_priority_share": 0.5})
+    doc = Simulation.prepare(pd_spec(1, 1, load, V1.replace(scheduling_policy="priority"))).run().document()
+    assert doc["num_completed"] == 40 and set(doc["by_priority"]) == {"0", "1"}
+
+
 def test_a_pool_replica_of_dp_ranks_has_each_ranks_seats_and_steps_them_together():
     """A decode replica of --dp 2 is two engines, each with max_num_seqs seats and its own cache (a MoE model's
     ranks in lockstep), as the aggregated deployment's ranks are: eight clients fit a pool replica of two ranks of

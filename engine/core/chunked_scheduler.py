@@ -275,9 +275,9 @@ class ChunkedScheduler(Scheduler):
     def _take_victim(self, budget: int, i: int, groups: list, seqs: list, counts: list,
                      spec: dict | None) -> tuple[SequenceGroup, int, int]:
         """Priority policy: the running request of the lowest priority, latest arrival (the last added of
-        simultaneous ones: `SequenceGroup.priority_key`), taken out of the running list, and out of this step if it was scheduled earlier in it, its tokens back in the budget
-        and the pass's index one back (vllm/v1/core/sched/scheduler.py: only then, as there). Returns it,
-        the budget and the index."""
+        simultaneous ones: `SequenceGroup.priority_key`), taken out of the running list, and out of this
+        step if it was scheduled earlier in it, its tokens back in the budget and the pass's index one back
+        (vllm/v1/core/sched/scheduler.py: only then, as there). Returns it, the budget and the index."""
         running = self.running
         victim = max(running, key=attrgetter("priority_key"))
         running.remove(victim)

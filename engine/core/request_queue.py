@@ -2,8 +2,10 @@
 
 vLLM keeps priority-scheduled waiting requests in a heap ordered by ``Request.__lt__``
 (vllm/v1/core/sched/request_queue.py, ``PriorityRequestQueue``): the lower priority value
-first, then the earlier arrival, then the request id. A request "prepended" (preempted
-back to the queue) takes its place by that order too: there is no front to put it at.
+first, then the earlier arrival (then the request id, which its clock-stamped arrivals never
+need; here simultaneous arrivals go in the order added: ``SequenceGroup.priority_key``). A
+request "prepended" (preempted back to the queue) takes its place by that order too: there
+is no front to put it at.
 """
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ class PriorityQueue:
         heapq.heappush(self._heap, (group.priority_key, group))
 
     appendleft = append              # a preempted request goes back by its order, as vLLM's prepend_request
+
+    def extendleft(self, groups) -> None:
+        for group in groups:
+            self.append(group)
 
     def popleft(self) -> SequenceGroup:
         return heapq.heappop(self._heap)[1]

@@ -25,7 +25,6 @@ admission code.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -96,7 +95,9 @@ class DecodeScheduler(ChunkedScheduler):
     def _admit_local(self, now, budget, groups, seqs, counts, rejected, truncated) -> int | None:
         """The core's own waiting pass over the head alone (a request recomputed after preemption): the
         budget left, or None when it stays waiting (the pass stops there, as vLLM's does)."""
-        rest, self.waiting = self.waiting, deque([self.waiting[0]])
+        rest = self.waiting
+        self.waiting = type(rest)()             # the head alone, in a queue of the same kind (FCFS or priority)
+        self.waiting.append(rest[0])
         try:
             left = super().schedule_waiting(now, budget, groups, seqs, counts, rejected, truncated)
             handled = not self.waiting

@@ -200,6 +200,7 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
                                 "max_model_len": cfg.max_model_len, "preemption_mode": cfg.preemption_mode,
                                 "policy": "vllm-v1" if cfg.vllm_v1 else "paper",
                                 "enable_chunked_prefill": cfg.enable_chunked_prefill,
+                                "scheduling_policy": cfg.scheduling_policy,
                                 "long_prefill_token_threshold": cfg.long_prefill_token_threshold})
     lines += _gauge("planner:scheduler_config_info", "Scheduler settings of this paged-planner server.",
                     sched_labels, 1)
