@@ -204,3 +204,16 @@ def test_random_prefix_len_puts_one_shared_prefix_before_every_prompt():
 def test_a_window_without_arrivals_makes_an_empty_trace(name):
     # (the planner then says the trace is empty; sampling zero lengths once crashed in numpy)
     assert len(make_trace(name, duration=0.0, rate=1.0, seed=0)) == 0
+
+
+def test_low_priority_share_marks_requests_without_moving_lengths_or_arrivals():
+    # every workload's -p low_priority_share=S: that share at priority 1 (vLLM's request priority), drawn from a
+    # stream of its own, so the lengths and arrival times are those of the same trace without it
+    plain = make_trace("random", num_requests=2000, rate=4.0, seed=3)
+    marked = make_trace("random", num_requests=2000, rate=4.0, seed=3, low_priority_share=0.25)
+    assert [r.model_copy(update={"priority": 0}) for r in marked] == plain.requests
+    assert sum(r.priority for r in marked) / 2000 == pytest.approx(0.25, abs=0.03)
+    assert marked.stats()["priority_1_share"] == sum(r.priority for r in marked) / 2000
+    assert "priority_1_share" not in plain.stats() and {r.priority for r in plain} == {0}
+    with pytest.raises(TraceError, match="low_priority_share: the share of requests sent with priority 1"):
+        make_trace("alpaca", num_requests=5, rate=1.0, low_priority_share=1.5)
