@@ -313,10 +313,7 @@ class DecodeBatch:
         tokens = head.seqs[0].num_tokens
         # A prefix-cache hit spares blocks, and the blocks the members fill meanwhile may lengthen it:
         # count the longest hit there could be (none without caching).
-        longest_hit = (tokens - 1) // self.bs if self.caching else 0
-        if scheduler.admitted_tokens(tokens - longest_hit * self.bs, budget) is None:
-            return True                                    # without chunked prefill: more than the budget
-        free = self.allocator.num_free_blocks() + longest_hit
+        free = self.allocator.num_free_blocks() + ((tokens - 1) // self.bs if self.caching else 0)
         free -= self.allocator.state_blocks           # what a hybrid's sequence holds for its states
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
