@@ -29,6 +29,7 @@ from planner.runs.spec import Load, RunSpec
 from planner.runs.sweep import run_sweep
 from planner.sizing.capacity import Capacity, capacity_document, find_capacity, find_concurrency
 from planner.sizing.search import SearchGrid, SearchResult, run_search
+from workloads import RampUp
 from workloads.make import WORKLOADS, workload_params
 
 Warn = Callable[[list[str]], None]
@@ -36,18 +37,20 @@ Warn = Callable[[list[str]], None]
 
 def run_spec(target: Deployment | RunSpec | None = None, *, workload: str = "sharegpt", rate: float | None = None,
              requests: int | None = None, duration: float | None = None, seed: int = 0, params: dict | None = None,
-             concurrency: int | None = None, burstiness: float = 1.0, slos: dict[str, float] | str | None = None,
-             **run) -> RunSpec:
+             concurrency: int | None = None, burstiness: float = 1.0, ramp_up: RampUp | None = None,
+             slos: dict[str, float] | str | None = None, **run) -> RunSpec:
     """A RunSpec from a deployment and the load's keywords (a RunSpec is returned as it is)."""
     if not isinstance(target, (Deployment, RunSpec, type(None))):
         raise ValueError(f"target must be a Deployment or a RunSpec, got {target!r} ({type(target).__name__})")
     workload = os.fspath(workload) if isinstance(workload, os.PathLike) else workload     # a trace file's path
     _check_load(workload, rate, requests, duration, seed, params, concurrency)
     check_type("burstiness", burstiness, float)
+    if not isinstance(ramp_up, (RampUp, type(None))):
+        raise ValueError(f"ramp_up must be a workloads.RampUp or None, got {ramp_up!r} ({type(ramp_up).__name__})")
     if isinstance(target, RunSpec):
         return target
     load = Load(workload=workload, params=tuple(sorted((params or {}).items())), rate=rate, requests=requests,
-                duration=duration, seed=seed, concurrency=concurrency, burstiness=burstiness)
+                duration=duration, seed=seed, concurrency=concurrency, burstiness=burstiness, ramp_up=ramp_up)
     return RunSpec(deployment=Deployment() if target is None else target, load=load,
                    slos=tuple(_slos(slos).items()), **run)
 
@@ -133,6 +136,7 @@ def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, floa
     most concurrent clients (a closed loop: `planner capacity --concurrency max`)."""
     check_type("seeds", seeds, int)
     spec = run_spec(target, slos=slos, **load)
+    _no_ramp_up(spec, "capacity() searches the request rate")
     limits = dict(spec.slos)
     if not limits:
         raise PlannerError("give at least one SLO, e.g. slos={'ttft_p99': 2}")
@@ -161,6 +165,7 @@ def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float]
         raise PlannerError("give a target rate or a number of clients, not both")
     load.setdefault("duration", 600.0 if load.get("requests") is None else None)
     spec = run_spec(target, **load)
+    _no_ramp_up(spec, "search() sizes for a steady rate")
     if spec.fleet.replicas > 1 or spec.pd is not None:     # the grid prices one deployment a row
         raise PlannerError("search() sizes one deployment a configuration: a RunSpec with a fleet or P/D pools "
                            "is searched by `planner search --replicas` or `planner search --pd`")
@@ -171,6 +176,11 @@ def search(target: Deployment | RunSpec | None = None, *, slos: dict[str, float]
                       target_rate=rate if clients is None else clients, clients=clients is not None,
                       tolerance=tolerance, max_rate=max_rate, plain=plain)
     return run_grid(grid, executor, workers=workers, ray_address=ray_address, prices=prices, on_done=on_done)
+
+
+def _no_ramp_up(spec: RunSpec, what: str) -> None:
+    if spec.load.ramp_up is not None:
+        raise PlannerError(f"{what}; a ramp-up sets a rising one: run simulate() with it, or drop ramp_up")
 
 
 def run_grid(grid: SearchGrid, executor: str = "local", *, workers: int | None = None,

@@ -5,7 +5,7 @@
     trace.save("sharegpt.jsonl"); Trace.load("sharegpt.jsonl").stats()
 """
 
-from .arrivals import PROCESSES, arrival_times, burstiness_arrival
+from .arrivals import PROCESSES, RAMP_UP_STRATEGIES, RampUp, arrival_times, burstiness_arrival
 from .errors import TraceError
 from .importers import import_csv_trace, import_sharegpt
 from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
@@ -18,6 +18,8 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceRequest",
+    "RAMP_UP_STRATEGIES",
+    "RampUp",
     "arrival_times",
     "burstiness_arrival",
     "import_csv_trace",

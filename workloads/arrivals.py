@@ -23,11 +23,18 @@ N/rate ("to close the gap for stabilizing the throughput data from different
 random seeds"), here shifted by the first gap so the first goes at t = 0.  The
 load's mean rate is then the rate asked for, not a draw 1/sqrt(N) around it.
 A trace bounded by a duration is the process itself, cut at the duration.
+
+``vllm bench serve --ramp-up-strategy linear|exponential --ramp-up-start-rps A
+--ramp-up-end-rps B`` (``RampUp``) sends request i of N at a rate that grows
+with i / (N - 1) from A to B, straight or geometrically; each gap is drawn at
+its request's rate (with the burstiness's shape), and vLLM leaves these gaps
+unscaled.  It needs a request count and no rate of its own.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,6 +67,55 @@ def burstiness_arrival(burstiness: float, rate: float | None) -> dict:
     return {"arrival": "gamma", "cv": 1.0 / math.sqrt(burstiness)}
 
 
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+
+@dataclass(frozen=True)
+class RampUp:
+    """vllm bench serve's ramp-up (vllm/benchmarks/serve.py, ``_get_current_request_rate``): request i of N is
+    sent at ``start + (end - start) p`` (linear) or ``start (end / start)^p`` (exponential) req/s, p = i / (N - 1)."""
+
+    strategy: str
+    start_rps: float
+    end_rps: float
+
+    def check(self) -> None:
+        """vLLM bench's own refusals, in one line each (a rate of 0 it would divide by, so refused here too)."""
+        if self.strategy not in RAMP_UP_STRATEGIES:
+            raise TraceError(f"ramp-up strategy: expected one of {', '.join(RAMP_UP_STRATEGIES)}, got "
+                             f"{self.strategy!r}")
+        for name, rps in (("start", self.start_rps), ("end", self.end_rps)):
+            if isinstance(rps, bool) or not isinstance(rps, (int, float)) or not 0 < rps < math.inf:
+                raise TraceError(f"ramp-up {name} rps: must be a number > 0 requests/s, got {rps!r}")
+        if self.start_rps > self.end_rps:
+            raise TraceError(f"ramp-up: the start rate ({self.start_rps:g} req/s) must not be above the end rate "
+                             f"({self.end_rps:g} req/s)")
+
+    def rates(self, count: int) -> np.ndarray:
+        """The rate (req/s) each of `count` requests is sent at, in order."""
+        progress = np.arange(count) / max(count - 1, 1)
+        if self.strategy == "linear":
+            return self.start_rps + (self.end_rps - self.start_rps) * progress
+        return self.start_rps * (self.end_rps / self.start_rps) ** progress
+
+    def describe(self) -> str:
+        return f"{self.strategy} ramp-up from {self.start_rps:g} to {self.end_rps:g} req/s"
+
+    def record(self) -> dict:
+        """vllm bench's result keys for it."""
+        return {"ramp_up_strategy": self.strategy, "ramp_up_start_rps": self.start_rps,
+                "ramp_up_end_rps": self.end_rps}
+
+
+def check_ramp_up(ramp_up: RampUp, rate: float, num_requests: int | None, duration: float | None) -> None:
+    ramp_up.check()
+    if math.isfinite(rate):
+        raise TraceError(f"rate: a ramp-up sets the request rate; give no rate of its own (got {rate:g} req/s)")
+    if num_requests is None or duration is not None:
+        raise TraceError("ramp-up: it raises the rate request by request towards the last of N; give a request "
+                         "count and no duration")
+
+
 def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int | None, duration: float | None) -> None:
     if arrival not in PROCESSES:
         raise TraceError(f"arrival: unknown process {arrival!r}; expected one of {', '.join(PROCESSES)} or 'trace'")
@@ -77,13 +133,14 @@ def check_arrival_args(arrival: str, rate: float, cv: float, num_requests: int |
         raise TraceError("num_requests: rate=inf puts every request at t=0, so a duration cannot bound the trace")
 
 
-def _gaps(rng: np.random.Generator, arrival: str, rate: float, cv: float, size: int) -> np.ndarray:
+def _gaps(rng: np.random.Generator, arrival: str, rate: float | np.ndarray, cv: float, size: int) -> np.ndarray:
+    """`size` gaps at `rate` (one rate, or each gap's own)."""
     if arrival == "poisson":
         return rng.exponential(1.0 / rate, size)
     if arrival == "gamma":
         shape = 1.0 / (cv * cv)
         return rng.gamma(shape, 1.0 / (rate * shape), size)
-    return np.full(size, 1.0 / rate)
+    return np.broadcast_to(1.0 / rate, (size,)).astype(float)
 
 
 def arrival_times(
@@ -94,12 +151,19 @@ def arrival_times(
     cv: float = 1.0,
     num_requests: int | None = None,
     duration: float | None = None,
+    ramp_up: RampUp | None = None,
 ) -> np.ndarray:
     """Sorted arrival times (s) starting at 0, bounded by num_requests and/or duration.
 
     With a duration, only arrivals strictly before it are kept; without, the
     count's gaps are scaled as vllm bench scales them (the module docstring).
+    A ramp-up (no rate of its own) draws each gap at its request's rate, unscaled.
     """
+    if ramp_up is not None:
+        check_ramp_up(ramp_up, rate, num_requests, duration)
+        check_arrival_args(arrival, ramp_up.start_rps, cv, num_requests, duration)
+        sent = np.cumsum(_gaps(rng, arrival, ramp_up.rates(num_requests), cv, num_requests))
+        return np.round(sent - sent[0], TIME_DECIMALS) if num_requests else np.zeros(0)
     check_arrival_args(arrival, rate, cv, num_requests, duration)
     if math.isinf(rate):
         return np.zeros(num_requests, dtype=float)

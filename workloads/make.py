@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from . import generators as g
-from .arrivals import arrival_times, check_arrival_args
+from .arrivals import RampUp, arrival_times, check_arrival_args, check_ramp_up
 from .chatbot import make_chatbot
 from .errors import TraceError
 from .schema import TraceRequest
@@ -98,6 +98,7 @@ def make_trace(
     arrival: str = "poisson",
     cv: float = 1.0,
     seed: int = 0,
+    ramp_up: RampUp | None = None,
     **params,
 ) -> Trace:
     """Build workload ``name`` (see WORKLOADS) or load the trace file ``name``.
@@ -109,10 +110,11 @@ def make_trace(
     A trace file (.jsonl/.csv) keeps its own timestamps (``arrival="trace"``)
     unless a finite rate is given, which re-times it with the chosen process;
     num_requests/duration then cut it.  Generated workloads have no timestamps
-    of their own, so ``arrival="trace"`` is an error for them.
+    of their own, so ``arrival="trace"`` is an error for them.  A ramp-up
+    (vllm bench's, arrivals.RampUp) times either instead of a rate.
     """
     if is_trace_file(name):
-        return _from_file(name, num_requests, duration, rate, arrival, cv, seed, params)
+        return _from_file(name, num_requests, duration, rate, arrival, cv, seed, ramp_up, params)
     if name not in _GENERATORS:
         raise TraceError(f"workload: unknown name {name!r}; built-in: {', '.join(WORKLOADS)} (or a .jsonl/.csv file)")
     allowed = workload_params(name)
@@ -125,7 +127,13 @@ def make_trace(
         raise TraceError(f"arrival: workload {name!r} is generated and has no timestamps; use poisson, gamma or constant")
     if num_requests is None and duration is None:
         raise TraceError("num_requests/duration: give a request count, a duration, or both")
-    check_arrival_args(arrival, rate, cv, num_requests, duration)
+    if ramp_up is not None:
+        check_ramp_up(ramp_up, rate, num_requests, duration)
+        if name == "chatbot":
+            raise TraceError("ramp-up: a chatbot turn follows its conversation's previous turn, so the trace "
+                             "cannot be timed request by request; give another workload or a rate")
+    else:
+        check_arrival_args(arrival, rate, cv, num_requests, duration)
     share = params.pop(PRIORITY_PARAM, 0.0)
     if not 0.0 <= share <= 1.0:
         raise TraceError(f"{PRIORITY_PARAM}: the share of requests sent with priority 1 must be from 0 to 1, "
@@ -138,7 +146,8 @@ def make_trace(
                       **generated)
     else:
         times = arrival_times(
-            stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=num_requests, duration=duration
+            stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=num_requests, duration=duration,
+            ramp_up=ramp_up,
         )
         fields = fn(stream(seed, "lengths", name), len(times), **generated)
         requests = [
@@ -155,7 +164,7 @@ def make_trace(
         requests = [r.model_copy(update={"priority": 1}) if flag else r for r, flag in zip(requests, low)]
     record = {
         "workload": name, "num_requests": num_requests, "duration": duration,
-        "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **used,
+        "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **(ramp_up.record() if ramp_up else {}), **used,
     }
     return Trace(requests, name=name, params=record)
 
@@ -164,10 +173,13 @@ def _shown(params: dict) -> str:
     return ", ".join(f"{key}={value}" for key, value in params.items()) or "its defaults"
 
 
-def _from_file(path, num_requests, duration, rate, arrival, cv, seed, params) -> Trace:
+def _from_file(path, num_requests, duration, rate, arrival, cv, seed, ramp_up, params) -> Trace:
     if params:
         raise TraceError(f"{sorted(params)[0]}: a trace file takes no workload parameters")
     trace = Trace.load(path)
+    if ramp_up is not None:
+        check_ramp_up(ramp_up, rate, num_requests or len(trace), duration)
+        return trace.head(num_requests=num_requests).retimed(arrival=arrival, cv=cv, seed=seed, ramp_up=ramp_up)
     if arrival != "trace" and math.isfinite(rate):
         trace = trace.head(num_requests=num_requests).retimed(arrival=arrival, rate=rate, cv=cv, seed=seed)
     return trace.head(num_requests=num_requests, duration=duration)

@@ -10,7 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from . import trace_files
-from .arrivals import arrival_times
+from .arrivals import RampUp, arrival_times
 from .errors import TraceError
 from .schema import TraceRequest
 from .tokens import Streams, random_ids, stream
@@ -138,14 +138,17 @@ class Trace:
             reqs = reqs[:num_requests]
         return Trace(reqs, self.name, self.params)
 
-    def retimed(self, *, arrival: str = "poisson", rate: float = math.inf, cv: float = 1.0, seed: int = 0) -> "Trace":
-        """The same requests, in the same order, with new arrival times.
+    def retimed(self, *, arrival: str = "poisson", rate: float = math.inf, cv: float = 1.0, seed: int = 0,
+                ramp_up: RampUp | None = None) -> "Trace":
+        """The same requests, in the same order, with new arrival times (at `rate`, or by `ramp_up`).
 
         Chatbot turns keep their order but lose the answer + think-time spacing.
         """
-        times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(self))
+        times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(self),
+                              ramp_up=ramp_up)
         reqs = [r.model_copy(update={"arrival_time": float(t)}) for r, t in zip(self.requests, times)]
-        params = self.params | {"arrival": arrival, "rate": rate, "cv": cv, "arrival_seed": seed}
+        params = (self.params | {"arrival": arrival, "rate": rate, "cv": cv, "arrival_seed": seed}
+                  | (ramp_up.record() if ramp_up else {}))
         return Trace(reqs, self.name, params)
 
     def scaled(

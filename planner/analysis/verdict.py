@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, goodput, token_time_arrays
+from workloads import RampUp
 
 WARMUP_FRACTION = 0.10
 DRAIN_FRACTION = 0.90
@@ -265,6 +266,8 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     params = doc.get("params", {})
     requested = params.get("trace_params", {}).get("rate")
     requested = requested if isinstance(requested, (int, float)) and math.isfinite(requested) else None
+    ramp_up = _ramp_up_text(params.get("trace_params", {}))
+    timed = requested is not None or ramp_up is not None      # arrivals spread at a rate asked for
     arrivals = sorted(r.arrival for r in records)
     offered = ((len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
                if len(arrivals) > 1 and arrivals[-1] > arrivals[0] else None)
@@ -281,21 +284,21 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     enough = steady_requests(len(records), window, latency) if short else None
     clients = params.get("concurrency")
     # with a rate too, the clients' limit on requests in flight holds arrivals back when it is mostly reached
-    gate = clients if clients and requested and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
+    gate = clients if clients and timed and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
     load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"),
-                 clients if requested is None else None, gate)
+                 None if timed else clients, gate)
     slo_status = good = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
         good = goodput([r for r in records if r.completed], slos, doc.get("duration"))
     next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
-                                   enough or ENOUGH_REQUESTS)
+                                   enough or ENOUGH_REQUESTS, timed)
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
                                  "why": "let the batch grow past max_num_seqs"})
-    verdict = {"requested_rate": requested, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
+    verdict = {"requested_rate": requested, "ramp_up": ramp_up, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
                "concurrency": params.get("concurrency"), "mean_concurrency": doc.get("mean_concurrency"),
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
                "warmup_latency": latency, "steady_requests": enough,
@@ -345,6 +348,14 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
             "kv_full_share": kv_full, "bound": bound, "bound_reason": why}
 
 
+def _ramp_up_text(trace_params: dict) -> str | None:
+    """A ramp-up's rates in words ("linear ramp-up from A to B req/s"), None without one."""
+    strategy = trace_params.get("ramp_up_strategy")
+    if strategy is None:
+        return None
+    return RampUp(strategy, trace_params["ramp_up_start_rps"], trace_params["ramp_up_end_rps"]).describe()
+
+
 def _process_text(trace_params: dict) -> str:
     """The arrival process in words where it was not Poisson's: ' (gamma arrivals, burstiness B)'."""
     arrival, cv = trace_params.get("arrival"), trace_params.get("cv")
@@ -356,16 +367,16 @@ def _process_text(trace_params: dict) -> str:
 def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | None) -> list[str]:
     """The verdict in plain words, one line per finding."""
     trend, requested, offered = v["queue"], v["requested_rate"], v["offered_rate"]
-    process = _process_text(doc.get("params", {}).get("trace_params", {})) if requested else ""
-    if v["concurrency"] and requested:
-        rate_line = (f"requested {_fmt_rate(requested)}{process}, at most {v['concurrency']} requests in flight "
+    asked = f"requested {_fmt_rate(requested)}" if requested else v["ramp_up"]       # (None: no rate asked for)
+    process = _process_text(doc.get("params", {}).get("trace_params", {})) if asked else ""
+    if v["concurrency"] and asked:
+        rate_line = (f"{asked}{process}, at most {v['concurrency']} requests in flight "
                      f"({v['mean_concurrency'] or 0:.1f} on average)")
     elif v["concurrency"]:
         rate_line = (f"closed loop of {v['concurrency']} clients ({v['mean_concurrency'] or 0:.1f} requests in flight "
                      f"on average)")
     else:
-        rate_line = (f"requested {_fmt_rate(requested)}{process}" if requested
-                     else "trace timestamps (no rate requested)")
+        rate_line = f"{asked}{process}" if asked else "trace timestamps (no rate requested)"
         rate_line += f"; the trace offers {_fmt_rate(offered)}"
         if trend is not None and offered and abs(trend["arrival_rate"] / offered - 1) > 0.1:
             rate_line += f" ({_fmt_rate(trend['arrival_rate'])} in the steady window)"
@@ -442,7 +453,8 @@ def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., 
 
 
 def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
-                   command: Callable[..., str] | None, enough: int = ENOUGH_REQUESTS) -> list[dict]:
+                   command: Callable[..., str] | None, enough: int = ENOUGH_REQUESTS,
+                   timed: bool = False) -> list[dict]:
     if command is None:
         return []
     if params.get("concurrency"):
@@ -463,7 +475,7 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
         else:
             cmds.append({"command": command(tp=tp * 2), "why": "split the compute over more GPUs"})
         return cmds
-    if requested is not None:     # arrivals spread already: too few of them for a steady window
+    if timed:     # arrivals spread already: too few of them for a steady window
         if "--trace" in command().split():        # a trace file holds only the requests it has
             return []
         return [{"command": command(requests=enough, duration=None), "why": "enough requests for a steady window"}]

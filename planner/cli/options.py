@@ -20,6 +20,7 @@ import typer
 from engine.deployment import POLICIES, Deployment
 from planner.cli.output import fail, split_values
 from planner.errors import PlannerError
+from workloads import RampUp
 
 # Per field: the flags it answers to and its help (the value's type comes from the dataclass).
 DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -233,6 +234,12 @@ BURSTINESS = typer.Option(1.0, "--burstiness", metavar="B",
                           help="vLLM bench's burstiness of the arrivals at the rate: the gaps between them are "
                                "gamma-distributed with shape B (1: Poisson; below 1 burstier, e.g. 0.25; above 1 "
                                "more regular)")
+RAMP_UP_STRATEGY = typer.Option(None, "--ramp-up-strategy", metavar="linear|exponential",
+                                help="vLLM bench's ramp-up instead of --rate: request i of N is sent at a rate rising "
+                                     "from --ramp-up-start-rps to --ramp-up-end-rps with i/(N-1), straight "
+                                     "(linear) or geometrically (exponential); needs --requests")
+RAMP_UP_START = typer.Option(None, "--ramp-up-start-rps", metavar="RPS", help="the ramp-up's first rate (req/s)")
+RAMP_UP_END = typer.Option(None, "--ramp-up-end-rps", metavar="RPS", help="the ramp-up's last rate (req/s)")
 REPLICAS = typer.Option(None, "--replicas", metavar="K",
                         help="K identical replicas of the deployment behind --router, simulated together (each its "
                              "own scheduler, KV cache and prefix cache); a comma list sweeps in simulate")
@@ -259,6 +266,20 @@ TIMING_NOISE = typer.Option(False, "--timing-noise", help="scatter each step's t
                                                          "spread (seeded: reproducible)")
 OUT = typer.Option(None, "--out", help="output folder (default: a new folder under reports/)")
 AS_JSON = typer.Option(False, "--json", help="print one JSON document on stdout; progress on stderr")
+
+
+def ramp_up_of(strategy: Optional[str], start_rps: Optional[float], end_rps: Optional[float]) -> RampUp | None:
+    """The ramp-up the three flags give (None without them), checked in one line."""
+    if strategy is None:
+        if start_rps is not None or end_rps is not None:
+            raise PlannerError("--ramp-up-start-rps and --ramp-up-end-rps shape a ramp-up: give --ramp-up-strategy "
+                               "linear or exponential")
+        return None
+    if start_rps is None or end_rps is None:
+        raise PlannerError("--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps")
+    ramp_up = RampUp(strategy, start_rps, end_rps)
+    ramp_up.check()
+    return ramp_up
 
 
 def workload_source(workload: str, trace: Optional[Path]) -> str:

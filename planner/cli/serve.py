@@ -18,7 +18,8 @@ from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from engine.core.metrics import LATENCY_STATISTICS
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-from planner.cli.options import BURSTINESS, PARAM, DeploymentChoices, check_live_replicas, deployment_options
+from planner.cli.options import (BURSTINESS, PARAM, RAMP_UP_END, RAMP_UP_START, RAMP_UP_STRATEGY, DeploymentChoices,
+                                 check_live_replicas, deployment_options, ramp_up_of)
 from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
@@ -27,7 +28,7 @@ from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
-from workloads import TraceError, burstiness_arrival, make_trace, parse_workload_params
+from workloads import RampUp, TraceError, burstiness_arrival, make_trace, parse_workload_params
 
 LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
@@ -221,6 +222,8 @@ def bench(
                                          help="request rate (req/s, Poisson; vLLM bench's --request-rate); default: "
                                               "the trace's own times, 2 req/s for a workload"),
     burstiness: float = BURSTINESS,
+    ramp_up_strategy: Optional[str] = RAMP_UP_STRATEGY, ramp_up_start_rps: Optional[float] = RAMP_UP_START,
+    ramp_up_end_rps: Optional[float] = RAMP_UP_END,
     requests: int = typer.Option(100, "--requests", "--num-prompts",
                                  help="number of requests (a trace file: at most this many; vLLM bench's "
                                       "--num-prompts)"),
@@ -249,12 +252,15 @@ def bench(
     """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json.
     Exits 1 when every request failed."""
     try:
-        if max_concurrency is not None and rate is None:
+        ramp_up = ramp_up_of(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
+        if ramp_up is not None and rate is not None:
+            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
+        if max_concurrency is not None and rate is None and ramp_up is None:
             rate = math.inf                 # vllm bench serve's default rate: every request due at once
         if out is not None:
             check_writable(out, folder=True)     # before the run whose results it holds
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
-                                       max_output_len, burstiness, param)
+                                       max_output_len, burstiness, param, ramp_up)
         slos = parse_slos(slo) if slo else None
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency)
@@ -265,11 +271,12 @@ def bench(
         raise fail(exc) from None
     name = Path(trace).stem if trace else workload
     _report_bench(results, wall, cfg, slos, out, as_json, workload=name, rate=rate, max_concurrency=max_concurrency,
-                  seed=seed, length_scale=length_scale, burstiness=burstiness)
+                  seed=seed, length_scale=length_scale, burstiness=burstiness, ramp_up=ramp_up)
 
 
 def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Path], as_json: bool, *,
-                  workload: str, rate, max_concurrency, seed: int, length_scale: float, burstiness: float) -> None:
+                  workload: str, rate, max_concurrency, seed: int, length_scale: float, burstiness: float,
+                  ramp_up: RampUp | None = None) -> None:
     """Bench's metrics (goodput with SLOs), requests.csv and result.json, and the summary; exit 1 when every
     request failed."""
     metrics = bench_metrics(results, slos)
@@ -278,7 +285,8 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, "workload": workload, "rate": rate,
-                     "burstiness": burstiness, "max_concurrency": max_concurrency, "seed": seed,
+                     "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
+                     "max_concurrency": max_concurrency, "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:
@@ -291,9 +299,9 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
 
 
 def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len, max_output_len,
-                     burstiness: float = 1.0, param: list[str] | None = None):
+                     burstiness: float = 1.0, param: list[str] | None = None, ramp_up: RampUp | None = None):
     """The trace a bench replays: a built-in workload (its -p KEY=VALUE parameters) or a trace file, its
-    arrivals at the rate gamma-distributed with the burstiness's shape (1: Poisson)."""
+    arrivals at the rate (or by the ramp-up) gamma-distributed with the burstiness's shape (1: Poisson)."""
     if (workload is None) == (trace is None):
         raise PlannerError("give exactly one of --workload and --trace")
     if requests < 1:
@@ -301,10 +309,10 @@ def load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_pr
     if rate is not None and not rate > 0:
         raise PlannerError(f"--rate must be positive, got {rate}")
     check_trace_size(requests, None, 2.0 if rate is None else rate)
-    rate = rate if rate is not None else math.inf if trace is not None else 2.0
+    rate = rate if rate is not None else math.inf if trace is not None or ramp_up is not None else 2.0
     params = parse_workload_params(trace or workload, param or [])
-    t = make_trace(trace or workload, num_requests=requests, rate=rate, seed=seed, **params,
-                   **burstiness_arrival(burstiness, rate))
+    t = make_trace(trace or workload, num_requests=requests, rate=rate, seed=seed, ramp_up=ramp_up, **params,
+                   **burstiness_arrival(burstiness, ramp_up.start_rps if ramp_up else rate))
     if length_scale != 1.0 or max_prompt_len is not None or max_output_len is not None:
         t = t.scaled(length_scale=length_scale, max_prompt_len=max_prompt_len, max_output_len=max_output_len)
     return t

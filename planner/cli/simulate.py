@@ -34,7 +34,7 @@ from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Fleet, Load, RunSpec
 from planner.sizing.capacity import capacity_title
-from workloads import TraceError, parse_workload_params
+from workloads import RampUp, TraceError, parse_workload_params
 
 # The paper's setting: OPT-13B on one A100-40GB.
 DEFAULTS = {"model": "opt-13b", "gpu": "a100-40g"}
@@ -55,11 +55,11 @@ def run_specs(deployments: DeploymentChoices, load: Load, *, rates=(None,), conc
 
 
 def load_of(workload: str, trace: Optional[Path], param, requests, duration, seed: int,
-            burstiness: float = 1.0) -> Load:
+            burstiness: float = 1.0, ramp_up: RampUp | None = None) -> Load:
     source = opt.workload_source(workload, trace)
     params = tuple(sorted(parse_workload_params(source, param).items())) if param else ()
     return Load(workload=source, params=params, requests=requests, duration=duration, seed=seed,
-                burstiness=burstiness)
+                burstiness=burstiness, ramp_up=ramp_up)
 
 
 @contextmanager
@@ -92,6 +92,8 @@ def simulate(
     rate: Optional[str] = typer.Option(None, help="requests/s, or a comma list to sweep (default 1.0; "
                                                   "a trace file keeps its own times)"),
     burstiness: float = opt.BURSTINESS, concurrency: Optional[str] = opt.CONCURRENCY,
+    ramp_up_strategy: Optional[str] = opt.RAMP_UP_STRATEGY, ramp_up_start_rps: Optional[float] = opt.RAMP_UP_START,
+    ramp_up_end_rps: Optional[float] = opt.RAMP_UP_END,
     replicas: Optional[str] = opt.REPLICAS, router: Optional[str] = opt.ROUTER,
     pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
@@ -107,7 +109,9 @@ def simulate(
         slos = parse_slos(slo) if slo else {}
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
-        specs = run_specs(deployments, load_of(workload, trace, param, requests, duration, seed, burstiness),
+        ramp_up = opt.ramp_up_of(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
+        load = load_of(workload, trace, param, requests, duration, seed, burstiness, ramp_up)
+        specs = run_specs(deployments, load,
                           rates=rates, concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
                           timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)

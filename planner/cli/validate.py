@@ -67,6 +67,8 @@ def validate_cmd(
     rate: Optional[float] = typer.Option(None, help="request rate (req/s, Poisson; default 4, --quick 2; "
                                                     "none with --concurrency alone)"),
     burstiness: float = opt.BURSTINESS,
+    ramp_up_strategy: Optional[str] = opt.RAMP_UP_STRATEGY, ramp_up_start_rps: Optional[float] = opt.RAMP_UP_START,
+    ramp_up_end_rps: Optional[float] = opt.RAMP_UP_END,
     concurrency: Optional[int] = typer.Option(None, "--concurrency", metavar="N",
                                               help="a closed loop of N clients, live and simulated: each sends "
                                                    "its next request the moment its previous one ends; with "
@@ -108,7 +110,7 @@ def validate_cmd(
             check_writable(out, folder=True)     # before the live run whose report it holds
         _refuse_unused(measured=measured is not None, endpoint=endpoint is not None, workload=workload, param=param,
                        rate=rate, burstiness=None if burstiness == 1 else burstiness, concurrency=concurrency,
-                       requests=requests, length_scale=length_scale,
+                       ramp_up_strategy=ramp_up_strategy, requests=requests, length_scale=length_scale,
                        max_output_len=max_output_len, served_model_name=served_model_name, quick=quick,
                        attribution=attribution)
         workload = workload or "sharegpt"
@@ -116,10 +118,11 @@ def validate_cmd(
         # what the command line gives wins over --quick's values, which win over the defaults
         trace = {**TRACE_DEFAULTS, **(QUICK if quick else {}), **{k: v for k, v in given.items() if v is not None},
                  "workload": workload, "seed": seed, "seeds": seeds, "concurrency": concurrency,
-                 "burstiness": burstiness,
+                 "burstiness": burstiness, "ramp_up": opt.ramp_up_of(ramp_up_strategy, ramp_up_start_rps,
+                                                                     ramp_up_end_rps),
                  "params": tuple(sorted(parse_workload_params(workload, param).items())) if param else ()}
-        if concurrency is not None and rate is None:
-            trace["rate"] = None      # a closed loop alone: the trace's times do not count
+        if (concurrency is not None or trace["ramp_up"] is not None) and rate is None:
+            trace["rate"] = None      # a closed loop alone (its times do not count), or a ramp-up's times
         if replicas is not None or router is not None:
             return _validate_fleet(deployments, {**trace, "speed_correction": speed_correction}, replicas, router,
                                    endpoint or measured, profile, reprofile, out, as_json_flag, err)

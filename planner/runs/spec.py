@@ -15,7 +15,7 @@ from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER, RouterPolicy, parse_router
-from workloads import Trace, TraceError, burstiness_arrival, make_trace
+from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
 from workloads.make import is_trace_file
 
 DEFAULT_RATE = 1.0          # requests/s for a built-in workload when none is given
@@ -32,6 +32,9 @@ class Load:
     # vllm bench serve's --burstiness: the gaps between arrivals at the rate are gamma-distributed with this
     # shape (1: Poisson; below 1 burstier, above more regular)
     burstiness: float = 1.0
+    # vllm bench serve's --ramp-up-strategy/--ramp-up-start-rps/--ramp-up-end-rps: the rate rises request by
+    # request over the run (workloads/arrivals.py); instead of `rate`, with a request count
+    ramp_up: RampUp | None = None
     requests: int | None = None
     duration: float | None = None       # seconds of arrivals, instead of a request count
     seed: int = 0                       # of the trace and of the sampled tokens
@@ -42,35 +45,52 @@ class Load:
     concurrency: int | None = None
 
     @property
+    def timed(self) -> bool:
+        """Arrivals at a rate asked for: a --rate or a ramp-up."""
+        return self.rate is not None or self.ramp_up is not None
+
+    @property
     def paced(self) -> bool:
         """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
-        return self.concurrency is not None and self.rate is not None
+        return self.concurrency is not None and self.timed
 
     def _arrival(self, rate: float) -> dict:
-        """make_trace's keywords past the counts: the workload's params and the arrival process at `rate`."""
+        """make_trace's keywords past the counts: the workload's params and the arrival process at `rate`
+        (or by the ramp-up)."""
         params = dict(self.params)
-        process = burstiness_arrival(self.burstiness, rate)
+        process = burstiness_arrival(self.burstiness, self.ramp_up.start_rps if self.ramp_up else rate)
         if process and {"arrival", "cv"} & set(params):
             raise PlannerError("burstiness and the params arrival and cv set the same arrival process: "
                                "give one of them")
-        return {**params, **process}
+        return {**params, **process, "ramp_up": self.ramp_up}
 
     def check_closed_loop(self) -> None:
         """A built-in workload's --duration times arrivals, and --burstiness shapes them, which a closed loop
         alone does not have."""
-        if self.duration is not None and self.rate is None and not is_trace_file(self.workload):
+        if self.duration is not None and not self.timed and not is_trace_file(self.workload):
             raise PlannerError("--duration is seconds of arrivals, and a closed loop (--concurrency) sends each "
                                "request when the one before ends: give --requests N instead (or a --rate)")
-        if self.burstiness != 1 and self.rate is None:
+        if self.burstiness != 1 and not self.timed:
             raise PlannerError("--burstiness shapes the gaps between arrivals at a rate, and a closed loop "
                                "(--concurrency) sends each request when the one before ends: drop it (or give a "
                                "--rate)")
+
+    def check_ramp_up(self) -> None:
+        """vllm bench's rules for a ramp-up, in the planner's words."""
+        if self.ramp_up is None:
+            return
+        if self.rate is not None:
+            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
+        if self.duration is not None:
+            raise PlannerError("--ramp-up-strategy raises the rate request by request up to the last: give "
+                               "--requests N, not --duration")
 
     def check_size(self) -> None:
         """Refuse, before making it, a generated trace too large for this machine's memory to simulate."""
         if is_trace_file(self.workload) or self.requests is None and self.duration is None:
             return
-        check_trace_size(self.requests, self.duration, DEFAULT_RATE if self.rate is None else self.rate)
+        rate = self.ramp_up.end_rps if self.ramp_up else DEFAULT_RATE if self.rate is None else self.rate
+        check_trace_size(self.requests, self.duration, rate)
 
     def trace(self) -> Trace:
         if self.concurrency is not None and self.concurrency < 1:
@@ -80,6 +100,7 @@ class Load:
         if self.requests is not None and self.requests < 1:
             raise PlannerError(f"requests must be >= 1, got {self.requests}")
         checks.workload(self.workload)
+        self.check_ramp_up()
         if self.concurrency is not None:
             self.check_closed_loop()
         self.check_size()
@@ -89,7 +110,7 @@ class Load:
                 return make_trace(self.workload, num_requests=self.requests, duration=self.duration, rate=rate,
                                   seed=self.seed, **self._arrival(rate))
             requests = DEFAULT_REQUESTS if self.requests is None and self.duration is None else self.requests
-            rate = (self.rate if self.rate is not None else math.inf if self.concurrency is not None
+            rate = (self.rate if self.rate is not None else math.inf if self.concurrency is not None or self.ramp_up
                     else DEFAULT_RATE)
             trace = make_trace(self.workload, num_requests=requests, duration=self.duration, rate=rate,
                                seed=self.seed, **self._arrival(rate))
@@ -166,6 +187,8 @@ class RunSpec:
         spec = replace(self, deployment=self.deployment.replace(**changes), load=self.load, fleet=fleet, pd=pd)
         load = replace(spec.load, **{k: v for k, v in load_changes.items() if k != "rate"})
         rate = load_changes.get("rate", load.rate)
+        if capacity or rate is not None:        # (a rate, or capacity's search of one, replaces a ramp-up)
+            load = replace(load, ramp_up=None)
         words = ["planner", "capacity" if capacity else "simulate"]
         words += deployment_flags(spec.deployment)
         words += ["--trace" if is_trace_file(load.workload) else "--workload", load.workload]
@@ -173,6 +196,8 @@ class RunSpec:
             words += ["-p", f"{key}={value}"]
         if rate is not None and not capacity:
             words += ["--rate", str(rate)]
+        if load.ramp_up is not None:
+            words += ramp_up_flags(load.ramp_up)
         if load.burstiness != 1:
             words += ["--burstiness", str(load.burstiness)]
         if load.concurrency is not None:
@@ -200,6 +225,12 @@ class RunSpec:
 
 _LOAD_FIELDS = {f.name for f in fields(Load)}
 _FLEET_FIELDS = {f.name for f in fields(Fleet)}
+
+
+def ramp_up_flags(ramp_up: RampUp) -> list[str]:
+    """vllm bench serve's (and the planner's) flags for a ramp-up."""
+    return ["--ramp-up-strategy", ramp_up.strategy, "--ramp-up-start-rps", str(ramp_up.start_rps),
+            "--ramp-up-end-rps", str(ramp_up.end_rps)]
 
 
 def fleet_flags(fleet: Fleet, deployment: Deployment, pools: bool = False) -> list[str]:

@@ -79,6 +79,7 @@ class FleetValidation:
                           "requests": self.spec.requests,
                           "rate": self.spec.request_rate,
                           "burstiness": self.spec.burstiness, "concurrency": self.spec.concurrency,
+                          "ramp_up": self.spec.ramp_up.record() if self.spec.ramp_up else None,
                           "length_scale": self.spec.length_scale, "max_output_len": self.spec.max_output_len,
                           "seed": self.spec.seed, "enable_prefix_caching": d.prefix_caching_on,
                           "cost_model": self.cost_model, "profile": self.profile_note, "speed": self.speed,

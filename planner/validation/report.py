@@ -33,6 +33,7 @@ def as_json(v: Validation) -> dict:
         "schema_version": SCHEMA_VERSION, "model": v.model.name, "gpu": d.gpu, "workload": s.workload,
         "workload_params": dict(s.params),
         "rate": s.request_rate, "burstiness": s.burstiness, "concurrency": s.concurrency, "requests": s.requests,
+        "ramp_up": s.ramp_up.record() if s.ramp_up else None,
         "seed": s.seed, "length_scale": s.length_scale,
         "block_size": d.block_size, "preemption_mode": d.preemption_mode, "deployment": _deployment_run(v),
         "num_gpu_blocks": v.live.num_gpu_blocks, "kernels": v.live.kernels, "cost_model": v.cost_model,
@@ -69,7 +70,8 @@ def load_text(spec) -> str:
         return f"from {spec.concurrency} closed-loop clients"
     process = "Poisson" if spec.burstiness == 1 else f"gamma, burstiness {spec.burstiness:g}"
     limit = f", at most {spec.concurrency} in flight" if spec.paced else ""
-    return f"at {spec.arrival_rate:g} req/s ({process}){limit}"
+    rate = f"by a {spec.ramp_up.describe()}" if spec.ramp_up else f"at {spec.arrival_rate:g} req/s"
+    return f"{rate} ({process}){limit}"
 
 
 def _fmt(x) -> str:
@@ -299,7 +301,7 @@ def validation_verdict(validation: Validation, targets: dict[str, float] = TARGE
     missed = [_judged_text(n, j, level) for n, j in judged.items() if not j["pass"]]
     spec = validation.spec
     live = dict(validation.live.metrics)
-    live["params"] = {"trace_params": {"rate": spec.request_rate},
+    live["params"] = {"trace_params": {"rate": spec.request_rate, **(spec.ramp_up.record() if spec.ramp_up else {})},
                       "concurrency": spec.concurrency,
                       "max_num_seqs": validation.live.max_num_seqs or spec.deployment.max_num_seqs, "tp": 1}
     load = analyse_run(live, validation.live.requests, validation.live.steps)["verdict"]

@@ -8,7 +8,7 @@ from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.runs.seeds import MAX_SEEDS
 from planner.sim.memory_guard import check_trace_size
-from workloads import Trace, TraceError, burstiness_arrival, make_trace
+from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -22,6 +22,7 @@ class ValidationSpec:
     params: tuple[tuple[str, object], ...] = ()   # the workload's -p KEY=VALUE, already typed
     rate: float | None = None          # requests/s (Poisson); None: DEFAULT_RATE, or a closed loop's none
     burstiness: float = 1.0            # vLLM bench's: gamma-distributed gaps of this shape (1: Poisson)
+    ramp_up: RampUp | None = None      # vLLM bench's ramp-up instead of a rate (workloads/arrivals.py)
     # A closed loop of this many clients: each sends its next request the moment its previous one ends, live
     # and simulated alike (vLLM bench's --max-concurrency at an unlimited rate). With a rate too, at most this
     # many requests in flight, each sent at its arrival time or, with all N out then, when one of them ends
@@ -49,6 +50,8 @@ class ValidationSpec:
             raise PlannerError(f"--requests must be at least 1, got {self.requests}")
         if self.rate is not None and not self.rate > 0:      # (inf: every request at once)
             raise PlannerError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.ramp_up is not None and self.rate is not None:
+            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
         check_trace_size(self.requests, None, self.arrival_rate)
         self._arrival()
         if not 0 < self.length_scale <= MAX_LENGTH_SCALE:
@@ -61,19 +64,23 @@ class ValidationSpec:
     @property
     def paced(self) -> bool:
         """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
-        return self.concurrency is not None and self.rate is not None
+        return self.concurrency is not None and (self.rate is not None or self.ramp_up is not None)
 
     @property
     def arrival_rate(self) -> float:
-        """The trace's request rate: inf for a closed loop alone (its times do not count)."""
+        """The trace's request rate: inf for a closed loop alone (its times do not count) or a ramp-up's
+        (which times the trace itself)."""
         if self.rate is not None:
             return self.rate
-        return math.inf if self.concurrency is not None else DEFAULT_RATE
+        return math.inf if self.concurrency is not None or self.ramp_up is not None else DEFAULT_RATE
 
     @property
     def request_rate(self) -> float | None:
-        """The rate the documents record: None for a closed loop alone, whose times do not count."""
-        return None if self.concurrency is not None and not self.paced else self.arrival_rate
+        """The rate the documents record: None for a closed loop alone, whose times do not count, and for a
+        ramp-up, whose rate rises."""
+        if self.ramp_up is not None or self.concurrency is not None and not self.paced:
+            return None
+        return self.arrival_rate
 
     @property
     def clients(self) -> dict:
@@ -83,7 +90,7 @@ class ValidationSpec:
     def _arrival(self) -> dict:
         """make_trace's arrival keywords for the burstiness at the rate, checked in one line."""
         try:
-            return burstiness_arrival(self.burstiness, self.arrival_rate)
+            return burstiness_arrival(self.burstiness, self.ramp_up.start_rps if self.ramp_up else self.arrival_rate)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
 
@@ -91,7 +98,7 @@ class ValidationSpec:
         arrival = self._arrival()
         try:
             trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed,
-                               **dict(self.params), **arrival)
+                               ramp_up=self.ramp_up, **dict(self.params), **arrival)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
