@@ -182,6 +182,18 @@ def test_shared_prefix_hits_the_prefix_cache():
     assert sum(s.prefill_tokens for s in cached.shapes) < sum(s.prefill_tokens for s in plain.shapes)
 
 
+def test_vllm_benchs_prefix_repetition_hits_every_prefix_but_its_first_use():
+    # 200 requests over 10 prefixes of 256 tokens (+ 256 of their own), one a second into a roomy cache (none
+    # meets another of its prefix still in its prefill): each prefix misses once, so 190 x 256 of the
+    # 200 x 512 prompt tokens hit, as vLLM's prefix-cache counters would say
+    trace = make_trace("prefix_repetition", num_requests=200, rate=1.0, arrival="constant", seed=0)
+    opt_125m = resolve_model("opt-125m")          # (a cache of 63,649 blocks: no prefix is evicted)
+    cached = simulate(trace, sim_plan(opt_125m, A100, policy="vllm-v1", enable_prefix_caching=True),
+                      RooflineCostModel(opt_125m, A100)).summary()
+    assert cached["preemptions"]["total"] == 0       # (a preempted request would hit its own blocks too)
+    assert cached["prefix_cache_hit_rate"] == pytest.approx(190 * 256 / (200 * 512))
+
+
 def test_chatbot_turns_hit_the_cache_through_the_trace_answers():
     # Each turn's prompt holds the previous answer; the simulator must emit that
     # answer for the hit to be real. One conversation at a time, so turns follow

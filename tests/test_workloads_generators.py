@@ -1,6 +1,7 @@
 """Built-in workloads: distribution targets, filters, sharing structure, parameters."""
 
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -162,7 +163,7 @@ def test_generated_requests_keep_a_trace_files_caps(name, params, message):
 
 def test_every_workload_is_listed_and_builds():
     assert set(WORKLOADS) == {"sharegpt", "alpaca", "chatbot", "prefix", "parallel", "beam", "fixed", "uniform",
-                              "random"}
+                              "random", "prefix_repetition"}
     for name in WORKLOADS:
         trace = make_trace(name, num_requests=30, rate=1.0)
         assert len(trace) == 30 and trace.name == name
@@ -217,3 +218,24 @@ def test_low_priority_share_marks_requests_without_moving_lengths_or_arrivals():
     assert "priority_1_share" not in plain.stats() and {r.priority for r in plain} == {0}
     with pytest.raises(TraceError, match="low_priority_share: the share of requests sent with priority 1"):
         make_trace("alpaca", num_requests=5, rate=1.0, low_priority_share=1.5)
+
+
+def test_prefix_repetition_is_vllm_benchs_dataset():
+    # PrefixRepetitionRandomDataset: K prefixes of P tokens, each prompt one of them + S tokens of its own, O out;
+    # each prefix an equal share of the requests, shuffled
+    trace = make_trace("prefix_repetition", num_requests=40, prefix_len=64, suffix_len=32, num_prefixes=4,
+                       output_len=10, seed=3)
+    assert {(r.prompt_len, r.output_len, r.prefix_len) for r in trace} == {(96, 10, 64)}
+    by_prefix = {}
+    for r in trace:
+        by_prefix.setdefault(r.prefix_id, []).append(trace.prompt_token_ids(r, 32000, 3))
+    assert sorted(len(v) for v in by_prefix.values()) == [10, 10, 10, 10]
+    assert [r.prefix_id for r in trace][:4] != sorted(r.prefix_id for r in trace)[:4]      # shuffled
+    for ids in by_prefix.values():
+        assert all(i[:64] == ids[0][:64] for i in ids) and len({tuple(i[64:]) for i in ids}) == len(ids)
+    assert len({tuple(ids[0][:64]) for ids in by_prefix.values()}) == 4
+    defaults = make_trace("prefix_repetition", num_requests=13)
+    assert {(r.prompt_len, r.output_len, r.prefix_len) for r in defaults} == {(512, 128, 256)}
+    assert sorted(Counter(r.prefix_id for r in defaults).values()) == [1] * 7 + [2] * 3      # 13 over 10
+    with pytest.raises(TraceError, match="num_prefixes"):
+        make_trace("prefix_repetition", num_requests=5, num_prefixes=0)

@@ -172,3 +172,27 @@ def gen_random(
 
     shared = {"prefix_id": "random-prefix", "prefix_len": int(prefix_len)} if prefix_len else {}
     return _plain(prefix_len + lengths(prompt_rng, input_len), lengths(output_rng, output_len), **shared)
+
+
+def gen_prefix_repetition(
+    rng: np.random.Generator,
+    count: int,
+    prefix_len: int = 256,
+    suffix_len: int = 256,
+    num_prefixes: int = 10,
+    output_len: int = 128,
+) -> list[dict]:
+    """`vllm bench serve --dataset-name prefix_repetition`'s requests (vllm/benchmarks/datasets,
+    PrefixRepetitionRandomDataset, its defaults): `num_prefixes` prefixes of `prefix_len` tokens, each
+    request one of them + `suffix_len` tokens of its own, `output_len` tokens out; every prefix takes an
+    equal share of the requests, in shuffled order. vLLM drops the count's remainder past a multiple of
+    `num_prefixes`; here it goes to the first prefixes, one request each."""
+    if prefix_len < 0 or suffix_len < 0 or prefix_len + suffix_len < 1 or output_len < 1 or num_prefixes < 1:
+        raise TraceError(f"prefix_len/suffix_len/num_prefixes/output_len: need lengths >= 0 with a prompt of at "
+                         f"least 1 token, output_len >= 1 and num_prefixes >= 1, got {prefix_len}, {suffix_len}, "
+                         f"{num_prefixes}, {output_len}")
+    which = rng.permutation(np.arange(count) % num_prefixes)
+    shared = prefix_len > 0
+    return [{"prompt_len": prefix_len + suffix_len, "output_len": output_len,
+             **({"prefix_id": f"prefix_repetition-{prefix_len}-{k}", "prefix_len": prefix_len} if shared else {})}
+            for k in which.tolist()]

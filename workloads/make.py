@@ -28,6 +28,9 @@ _GENERATORS = {
     "uniform": (g.gen_uniform, "lengths uniform on [prompt_min, prompt_max] and [output_min, output_max]"),
     "random": (g.gen_random, "vllm bench serve's random dataset: input_len / output_len (1024 / 128), each "
                              "uniform within +-range_ratio, after a prefix of prefix_len tokens all share (0)"),
+    "prefix_repetition": (g.gen_prefix_repetition, "vllm bench serve's prefix_repetition dataset: num_prefixes "
+                                                   "(10) prefixes of prefix_len (256) tokens, each request one of "
+                                                   "them + suffix_len (256) of its own, output_len (128)"),
 }
 
 WORKLOADS: dict[str, str] = {name: desc for name, (_, desc) in _GENERATORS.items()}
