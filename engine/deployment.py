@@ -66,6 +66,12 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   paper's contiguous baselines, which only the simulator runs.
 - `num_gpu_blocks` / `num_cpu_blocks` set the KV cache directly instead of the
   memory plan (vLLM's `--num-gpu-blocks-override`).
+- `kv_cache_memory_bytes` is vLLM's `--kv-cache-memory-bytes` (`--kv-cache-memory`): each GPU's KV cache
+  in bytes, cut into blocks, instead of what `gpu_memory_utilization` leaves after the weights, the
+  profile run's peak and non-torch memory (vllm/v1/worker/gpu_worker.py `determine_available_memory`
+  skips its memory profiling when it is set; vLLM 0.11 and later print the value to give at every
+  start-up: "Replace gpu_memory_utilization config with `--kv-cache-memory=N`"). `num_gpu_blocks`
+  overrides it, as vLLM's override does.
 - `quantization` is vLLM's `--quantization` (the weights' format: fp8, nvfp4,
   mxfp4, awq, gptq; None: the checkpoint's own, 16-bit unless its config.json
   says otherwise); `kv_cache_dtype` is vLLM's `--kv-cache-dtype` ("auto": the
@@ -168,6 +174,7 @@ class Deployment:
     allocator: str = "paged"
     num_gpu_blocks: int | None = None
     num_cpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's: each GPU's KV cache in bytes (None: the memory plan's)
     quantization: str | None = None          # None: as the checkpoint is (16-bit unless its config says)
     kv_cache_dtype: str = "auto"
     async_scheduling: bool | None = None     # vLLM's --async-scheduling; None: vLLM's default (vllm_async_default)
@@ -229,7 +236,8 @@ class Deployment:
             raise ValueError(f"block_size {self.block_size} is not supported; choose one of "
                              f"{', '.join(map(str, SUPPORTED_BLOCK_SIZES))} (the simulator also takes "
                              f"{', '.join(str(b) for b in SIM_BLOCK_SIZES if b not in SUPPORTED_BLOCK_SIZES)})")
-        for name in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks"):
+        for name in ("tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks",
+                     "kv_cache_memory_bytes"):
             _at_least(name, getattr(self, name), 1)
         _at_least("num_cpu_blocks", self.num_cpu_blocks, 0)
         _at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)

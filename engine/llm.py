@@ -54,8 +54,8 @@ class LLM:
 
     def __init__(self, model: str, tokenizer: str | None = None, *, deployment: Deployment | None = None,
                  device: str = "auto", seed: int | None = 0, **kwargs) -> None:
-        runtime = {k: kwargs.pop(k) for k in ("kv_cache_memory_bytes", "clock", "step_observer", "enforce_eager",
-                                              "speculative_config") if k in kwargs}
+        runtime = {k: kwargs.pop(k) for k in ("clock", "step_observer", "enforce_eager", "speculative_config")
+                   if k in kwargs}
         knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPLOYMENT_KNOBS}
         _check_compat(kwargs)
         self.engine = LLMEngine(model, deployment, device=device, seed=0 if seed is None else seed,

@@ -115,8 +115,9 @@ class LLMEngine:
     """The engine over the model folder `model`, served as `deployment` says (or as the keyword
     arguments, vLLM's engine-argument names, say: ``LLMEngine(folder, block_size=16, max_num_seqs=64)``).
 
-    The rest are runtime options, not deployment settings: the device, the sampler's seed, a fixed KV
-    memory budget (CPU runs), a tokenizer folder, CUDA graphs off, the clock and a step observer.
+    The rest are runtime options, not deployment settings: the device, the sampler's seed, a tokenizer
+    folder, CUDA graphs off, the clock and a step observer. (A CPU run's KV cache is 1 GiB unless the
+    deployment's ``kv_cache_memory_bytes`` or ``num_gpu_blocks`` says otherwise.)
     ``speculative_config`` (vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``) turns on
     speculative decoding (docs/speculative.md); None, the default, takes the deployment's ``speculative``
     (off unless it says ``ngram:K``). ``weights_of``: another engine's runner whose loaded model this one
@@ -124,7 +125,7 @@ class LLMEngine:
     """
 
     def __init__(self, model: str, deployment: Deployment | None = None, *, device: str = "auto", seed: int = 0,
-                 kv_cache_memory_bytes: int | None = None, tokenizer: str | None = None,
+                 tokenizer: str | None = None,
                  enforce_eager: bool = False, clock: Callable[[], float] = time.perf_counter,
                  step_observer: Callable[[SchedulerOutput], None] | None = None,
                  speculative_config: SpeculativeConfig | dict | None = None, weights_of: ModelRunner | None = None,
@@ -148,7 +149,7 @@ class LLMEngine:
                                   num_cpu_blocks=0 if dep.vllm_v1 else dep.num_cpu_blocks or 0,
                                   swap_space_bytes=swap_bytes, dtype=dep.dtype,
                                   device=device, enforce_eager=enforce_eager,
-                                  kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
+                                  kv_cache_memory_bytes=dep.kv_cache_memory_bytes, seed=seed,
                                   gpu_memory_utilization=dep.gpu_memory_utilization,
                                   max_num_batched_tokens=dep.max_num_batched_tokens,
                                   max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs,

@@ -502,8 +502,8 @@ def test_a_frozen_replica_of_a_real_fleet_stops_getting_requests(tmp_path):
     """Two engine replicas behind the proxy with its production probe settings: one frozen while it
     generates; once it is marked down its request is served by the other, and so are new requests."""
     folder = save_byte_model(tmp_path / "model")
-    config = {"folder": folder, "deployment": {"block_size": 8}, "device": "cpu", "model_name": MODEL,
-              "threads": 1, "kv_cache_memory_bytes": 1 << 22}
+    config = {"folder": folder, "deployment": {"block_size": 8, "kv_cache_memory_bytes": 1 << 22}, "device": "cpu",
+              "model_name": MODEL, "threads": 1}
     with BackgroundFleet([config] * 2, parse_policy("round-robin"), 8, log_dir=tmp_path / "logs") as fleet:
         frozen = fleet.replicas[1].process
         url = f"{fleet.url}/v1/completions"

@@ -99,6 +99,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                     "(simulator only) [default: paged]"),
     "num_gpu_blocks": (("--num-gpu-blocks",), "KV-cache size in blocks, instead of the memory plan"),
     "num_cpu_blocks": (("--num-cpu-blocks",), "CPU swap space in blocks, instead of --swap-space"),
+    "kv_cache_memory_bytes": (("--kv-cache-memory-bytes", "--kv-cache-memory"),
+                              "vLLM's: each GPU's KV cache in bytes, instead of what --gpu-memory-utilization "
+                              "leaves (vLLM prints the value to give at start-up: \"--kv-cache-memory=N\")"),
     "quantization": (("--quantization", "-q"), "weight format, vLLM's names: fp8, nvfp4, mxfp4, awq or gptq "
                                                "[default: the checkpoint's quantization_config, else 16-bit]"),
     "kv_cache_dtype": (("--kv-cache-dtype",), "KV-cache element type: auto (the model's dtype) or fp8 (E4M3, "

@@ -138,16 +138,19 @@ def check_plan(plan) -> list[str]:
         pages -= spec.sliding_layers * window_blocks
         slots = max(slots, int(pages // (spec.full_attention_layers * wide)) * dep.block_size)
     if slots < plan.max_model_len:
-        hint = fit_hint(spec, device, dep.tp, gpu_memory_utilization=dep.gpu_memory_utilization,
-                        block_size=dep.block_size, dtype_bytes=plan.dtype_bytes,
-                        max_num_batched_tokens=plan.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
-                        weight_format=plan.weight_format, kv_dtype_bytes=plan.kv_dtype_bytes)
+        sized = dep.num_gpu_blocks is not None or dep.kv_cache_memory_bytes is not None    # given, not planned
+        hint = "" if sized else fit_hint(
+            spec, device, dep.tp, gpu_memory_utilization=dep.gpu_memory_utilization, block_size=dep.block_size,
+            dtype_bytes=plan.dtype_bytes, max_num_batched_tokens=plan.max_num_batched_tokens,
+            max_num_seqs=dep.max_num_seqs, weight_format=plan.weight_format, kv_dtype_bytes=plan.kv_dtype_bytes)
+        raise_what = (f"--num-gpu-blocks (now {dep.num_gpu_blocks})" if dep.num_gpu_blocks is not None else
+                      f"--kv-cache-memory-bytes (now {dep.kv_cache_memory_bytes})" if sized else
+                      f"--gpu-memory-utilization (now {dep.gpu_memory_utilization})")
         raise PlannerError(
             f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {plan.block_size}"
             f"{f', {plan.state_blocks} of them a sequence states' if plan.state_blocks else ''}) but max_model_len "
             f"is {plan.max_model_len}: vLLM refuses to start (one sequence at the context limit would not fit); "
-            f"raise --gpu-memory-utilization (now {dep.gpu_memory_utilization}), lower --max-model-len to "
-            f"{slots}{hint}")
+            f"raise {raise_what}, lower --max-model-len to {slots}{hint}")
     warnings: list[str] = []
     if plan.memory is not None and plan.num_gpu_blocks > plan.memory.num_gpu_blocks:
         warnings.append(f"--num-gpu-blocks {plan.num_gpu_blocks} is more than the {plan.memory.num_gpu_blocks:,} "

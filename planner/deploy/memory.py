@@ -247,6 +247,15 @@ def _check_args(gpu_memory_utilization: float, block_size: int, dtype_bytes: int
         raise PlannerError(f"swap_space_bytes must be >= 0, got {swap_space_bytes}")
 
 
+def _check_kv_memory(kv_bytes: int, gpu: GpuSpec, held: int) -> None:
+    """vLLM allocates the cache it is given without measuring what is free: a cache beside the weights and
+    non-torch memory larger than the GPU fails to allocate at start-up."""
+    if held + kv_bytes > gpu.memory_bytes:
+        raise PlannerError(f"--kv-cache-memory-bytes {kv_bytes:,} ({kv_bytes / GIB:.2f} GiB) does not fit on "
+                           f"{gpu.name} beside {held / GIB:.2f} GiB of weights and non-torch memory per GPU "
+                           f"({gpu.memory_bytes / GIB:.2f} GiB in all): vLLM would fail to allocate it")
+
+
 def kv_block_layout(model: ModelSpec, tp: int, kv_dtype_bytes: int, block_size: int,
                     max_num_seqs: int, kv_room: int | None = None) -> tuple[int, int]:
     """(bytes of one KV block on one GPU, bytes set aside for the sliding-window layers).
@@ -304,7 +313,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int | None = None,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
                 draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0],
-                shared_windows: bool = False, redundant_experts: int = 0) -> MemoryPlan:
+                shared_windows: bool = False, redundant_experts: int = 0,
+                kv_cache_memory_bytes: int | None = None) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -322,6 +332,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     blocks from the same pool as it runs, so what kv_block_layout would set aside for a full batch's windows
     is instead that many blocks per running sequence (`window_blocks_per_seq`): at vLLM's 1,024 sequences,
     gpt-oss-120b on one H100 was left 18,160 tokens for its full layers where vLLM holds them as it goes.
+    `kv_cache_memory_bytes` (vLLM's --kv-cache-memory-bytes) is the KV cache's room itself, whatever the
+    utilization leaves; the plan refuses it when the weights and non-torch memory leave less of the GPU.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -342,6 +354,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
     kv_room = usable - weights - activations - non_torch
+    if kv_cache_memory_bytes is not None:
+        _check_kv_memory(kv_cache_memory_bytes, gpu, weights + non_torch)
+        kv_room = kv_cache_memory_bytes
     block_bytes, sliding = kv_block_layout(model, tp, kv_dtype_bytes, block_size, max_num_seqs, kv_room)
     block_bytes = -(-block_bytes * stage // model.num_layers)
     if draft is not None:
@@ -351,6 +366,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     if shared_windows and sliding:          # one sequence's windows, in blocks of the pool, taken as it runs
         window_blocks, sliding = -(-sliding // (max_num_seqs * block_bytes)), 0
     num_blocks = (kv_room - sliding) // block_bytes
+    if num_blocks < 1 and kv_cache_memory_bytes is not None:
+        raise PlannerError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes:,} holds no KV block of {model.name} "
+                           f"on {tp} x {gpu.name}: one takes {(block_bytes + sliding) / 2**20:,.2f} MiB per GPU")
     if num_blocks < 1:
         need = (weights + activations + non_torch + block_bytes) / GIB
         raise PlannerError(f"model {model.name} does not fit on {tp} x {gpu.name} at utilization "

@@ -104,6 +104,8 @@ class DeploymentPlan:
         summary = self.memory.summary()
         if self.deployment.num_gpu_blocks is not None:
             summary["num_gpu_blocks_given"] = self.num_gpu_blocks
+        if self.deployment.kv_cache_memory_bytes is not None:
+            summary["kv_cache_memory_bytes_given"] = self.deployment.kv_cache_memory_bytes
         return summary
 
     def params(self) -> dict:
@@ -300,7 +302,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 dp=deployment.dp, expert_parallel=deployment.enable_expert_parallel and model.is_moe,
                 pp=deployment.pp, all2all=deployment.all2all_backend,
                 shared_windows=deployment.vllm_v1,
-                redundant_experts=deployment.num_redundant_experts)
+                redundant_experts=deployment.num_redundant_experts,
+                kv_cache_memory_bytes=deployment.kv_cache_memory_bytes)
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])

@@ -167,8 +167,8 @@ def make_replicas(folder: str, spec: ValidationSpec, count: int, *, device: str,
             mine.append(shape)
             if box:                                 # not during the warm-up
                 box[0].observe(out, shape.prefill_tokens)
-        engine = LLMEngine(folder, spec.deployment.replace(dtype=dtype), device=device, seed=spec.seed,
-                           kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock, step_observer=observe,
+        engine = LLMEngine(folder, spec.live_deployment.replace(dtype=dtype), device=device, seed=spec.seed,
+                           clock=clock, step_observer=observe,
                            weights_of=weights_of)
         weights_of = engine.runner
         _warm_up(engine, engine.runner.vocab_size)

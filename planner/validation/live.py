@@ -66,8 +66,8 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     shapes: list[StepShape] = []
     clock = TraceClock()
     # spec_step_shape is step_shape for a step without drafts (speculation off: the same shapes).
-    engine = LLMEngine(folder, spec.deployment.replace(dtype=dtype), device=device, seed=spec.seed,
-                       kv_cache_memory_bytes=spec.kv_cache_memory_bytes, clock=clock,
+    engine = LLMEngine(folder, spec.live_deployment.replace(dtype=dtype), device=device, seed=spec.seed,
+                       clock=clock,
                        step_observer=lambda out: shapes.append(spec_step_shape(out)))
     before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, engine.runner.vocab_size)

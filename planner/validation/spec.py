@@ -62,6 +62,14 @@ class ValidationSpec:
                 raise PlannerError(f"--{name.replace('_', '-')} must be at least 1 token, got {getattr(self, name)}")
 
     @property
+    def live_deployment(self) -> Deployment:
+        """The deployment the live engine runs: its KV cache `kv_cache_memory_bytes` unless the deployment
+        sizes it (--kv-cache-memory-bytes, --num-gpu-blocks)."""
+        d = self.deployment
+        return d if d.kv_cache_memory_bytes or d.num_gpu_blocks else d.replace(
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+
+    @property
     def paced(self) -> bool:
         """A limit on requests in flight over a rate's arrivals (not a closed loop alone)."""
         return self.concurrency is not None and (self.rate is not None or self.ramp_up is not None)

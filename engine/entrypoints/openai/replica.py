@@ -29,9 +29,7 @@ def main(config: dict) -> None:
         torch.set_num_threads(config["threads"])
     _exit_with_parent(os.getppid())
     deployment = Deployment.of(**config["deployment"])
-    engine = LLMEngine(config["folder"], deployment, device=config.get("device", "auto"),
-                       seed=config.get("seed", 0), **({"kv_cache_memory_bytes": config["kv_cache_memory_bytes"]}
-                                                      if config.get("kv_cache_memory_bytes") else {}))
+    engine = LLMEngine(config["folder"], deployment, device=config.get("device", "auto"), seed=config.get("seed", 0))
     options = ServerOptions(**config.get("options", {}))
     make_server(engine, config["model_name"], config.get("host", "127.0.0.1"), config["port"],
                 config.get("log_level", "warning"), options, config["folder"]).run()
