@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -16,7 +17,8 @@ from rich.table import Table
 from planner.cli import profile as cli_profile, search as cli_search, serve as cli_serve, simulate as cli_simulate
 from planner.cli import explain as cli_explain, validate as cli_validate, workload as cli_workload
 from planner.catalog import list_gpus, list_models, model_ids
-from planner.cli.output import one_line
+from planner.cli.from_vllm import translate
+from planner.cli.output import fail, one_line
 from planner.errors import PlannerError
 
 # Plain click help (rich_markup_mode=None): flags show as `--x / --no-x` with no type column
@@ -33,6 +35,33 @@ app.command("serve")(cli_serve.serve)
 app.command("bench")(cli_serve.bench)
 app.command("search")(cli_search.search)
 app.command("explain")(cli_explain.explain)
+
+@app.command("from-vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def from_vllm_cmd(
+    ctx: typer.Context,
+    serve: str = typer.Option(..., "--serve", metavar="'vllm serve MODEL ...'",
+                              help="the server's command line, as the operator ran it"),
+    bench: Optional[str] = typer.Option(None, "--bench", metavar="'vllm bench serve ...'",
+                                        help="the load's command line (vLLM bench's defaults where a flag is not "
+                                             "given: the random dataset, 1,000 prompts, every one at once)"),
+    gpu: str = typer.Option(..., "--gpu", help="the GPU the server runs on (planner list gpus)"),
+    run: bool = typer.Option(False, "--run", help="simulate it too; words after -- go to simulate (e.g. -- --json)"),
+) -> None:
+    """The `planner simulate` line of a `vllm serve` and a `vllm bench serve` command line (docs/vllm.md)."""
+    try:
+        translation = translate(serve, bench, gpu)
+    except PlannerError as exc:
+        raise fail(exc) from None
+    err = Console(stderr=True)
+    if translation.ignored:
+        err.print(f"left out (no effect on the numbers): {' '.join(translation.ignored)}", highlight=False)
+    for flag in translation.not_modelled:
+        err.print(f"warning: not modelled, left out: {flag}", highlight=False)
+    words = [*translation.words, *ctx.args]
+    typer.echo(" ".join([translation.command, *ctx.args]))
+    if run:
+        typer.main.get_command(app).main(args=["simulate", *words], prog_name="planner")
+
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(list_app, name="list")

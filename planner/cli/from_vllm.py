@@ -1,0 +1,262 @@
+"""An operator's `vllm serve` and `vllm bench serve` command lines as the planner's `simulate` line.
+
+The planner takes vLLM's own names for most settings (docs/vllm.md), so a command line mostly carries over
+word for word; this module does the rest: the flags named otherwise (`-tp`, `--num-gpu-blocks-override`,
+`--max-concurrency`, ...), the JSON configs (`--speculative-config`, `--eplb-config`), vLLM bench's
+datasets and defaults (vllm/benchmarks/datasets/arg_utils.py: the `random` dataset, 1,000 prompts, seed 0)
+and its `--goodput`. A flag with no effect on the numbers (a port, a log level) is left out and said so; a
+flag the planner does not model is left out with a warning; an unknown flag is refused in one line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+
+from planner.errors import PlannerError
+from planner.sim.clients import SERVED_TURNAROUND
+
+# `vllm serve` flags the planner spells the same, each taking a value
+SERVE_VALUED = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--long-prefill-token-threshold",
+                "--gpu-memory-utilization", "--swap-space", "--block-size", "--kv-cache-dtype", "--quantization",
+                "--dtype", "--scheduling-policy", "--performance-mode", "--all2all-backend", "--moe-backend",
+                "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--kv-cache-memory-bytes")
+SERVE_RENAMED = {"--tensor-parallel-size": "--tp", "-tp": "--tp", "--pipeline-parallel-size": "--pp", "-pp": "--pp",
+                 "--data-parallel-size": "--dp", "-dp": "--dp", "--num-gpu-blocks-override": "--num-gpu-blocks",
+                 "-q": "--quantization", "--kv-cache-memory": "--kv-cache-memory-bytes"}
+SERVE_SWITCHES = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+                  "--no-enable-chunked-prefill", "--async-scheduling", "--no-async-scheduling",
+                  "--enable-expert-parallel", "--enable-eplb", "--enable-dbo", "--disable-custom-all-reduce")
+# what serves requests but does not change how fast: left out, and said so
+SERVE_IGNORED_VALUED = ("--host", "--port", "--served-model-name", "--api-key", "--chat-template", "--tokenizer",
+                        "--tokenizer-mode", "--download-dir", "--seed", "--uvicorn-log-level", "--tool-call-parser",
+                        "--reasoning-parser", "--generation-config", "--revision", "--load-format", "--max-log-len",
+                        "--root-path", "--allowed-origins", "--response-role", "--config-format", "--hf-token",
+                        "--default-chat-template-kwargs", "--limit-mm-per-prompt")
+SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--enable-log-requests",
+                          "--disable-log-stats", "--enable-auto-tool-choice", "--disable-fastapi-docs",
+                          "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+                          "--enable-force-include-usage", "--language-model-only")
+# what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
+SERVE_NOT_MODELLED_VALUED = ("--cpu-offload-gb", "--kv-transfer-config", "--compilation-config", "-O",
+                             "--kv-offloading-size", "--max-loras", "--max-lora-rank", "--cuda-graph-sizes",
+                             "--max-cudagraph-capture-size", "--attention-backend")
+SERVE_NOT_MODELLED_SWITCHES = ("--enforce-eager", "--enable-lora")
+
+# `vllm bench serve`: the planner's load flags and -p parameters
+BENCH_DATASET_PARAMS = {
+    "random": {"--random-input-len": "input_len", "--random-output-len": "output_len",
+               "--random-range-ratio": "range_ratio", "--random-prefix-len": "prefix_len"},
+    "prefix_repetition": {"--prefix-repetition-prefix-len": "prefix_len", "--prefix-repetition-suffix-len":
+                          "suffix_len", "--prefix-repetition-num-prefixes": "num_prefixes",
+                          "--prefix-repetition-output-len": "output_len"},
+}
+BENCH_LOAD = {"--num-prompts": "--requests", "--request-rate": "--rate", "--burstiness": "--burstiness",
+              "--max-concurrency": "--concurrency", "--seed": "--seed", "--ramp-up-strategy": "--ramp-up-strategy",
+              "--ramp-up-start-rps": "--ramp-up-start-rps", "--ramp-up-end-rps": "--ramp-up-end-rps"}
+BENCH_IGNORED_VALUED = ("--model", "--tokenizer", "--backend", "--endpoint", "--endpoint-type", "--base-url",
+                        "--host", "--port", "--result-dir", "--result-filename", "--percentile-metrics",
+                        "--metric-percentiles", "--label", "--served-model-name", "--ready-check-timeout-sec",
+                        "--request-id-prefix", "--extra-body", "--metadata", "--tokenizer-mode",
+                        "--temperature", "--top-p", "--top-k")
+BENCH_IGNORED_SWITCHES = ("--save-result", "--save-detailed", "--ignore-eos", "--disable-tqdm", "--trust-remote-code",
+                          "--append-result", "--disable-shuffle", "--no-oversample")
+GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
+
+
+@dataclass
+class Translation:
+    """The planner's words for a pair of vLLM command lines, and what was left out on the way."""
+
+    words: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)        # no effect on the numbers
+    not_modelled: list[str] = field(default_factory=list)   # changes them; left out with a warning
+
+    @property
+    def command(self) -> str:
+        return shlex.join(["planner", "simulate", *self.words])
+
+
+def _flags(command: str, after: tuple[str, ...], what: str) -> list[str]:
+    """The words after the program and its subcommand ("vllm serve", "vllm bench serve", or an api_server module),
+    `--flag=value` split in two and underscores in flag names read as dashes, as vLLM's parser reads them."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise PlannerError(f"{what}: cannot split the command line: {exc}") from None
+    for i, word in enumerate(words):
+        if word in after or word.endswith("api_server"):
+            words = words[i + 1:]
+            break
+    out = []
+    for word in words:
+        if word.startswith("-") and not _is_number(word):
+            name, sep, value = word.partition("=")
+            out += [name.replace("_", "-")] + ([value] if sep else [])
+        else:
+            out.append(word)
+    return out
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _value(words: list[str], i: int, what: str) -> str:
+    if i + 1 >= len(words) or words[i + 1].startswith("--"):
+        raise PlannerError(f"{what}: {words[i]} needs a value")
+    return words[i + 1]
+
+
+def _speculative(text: str) -> list[str]:
+    """--speculative-config's JSON as --speculative METHOD:K (+ --draft-model)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlannerError(f"vllm serve: --speculative-config is not JSON: {exc.msg}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("num_speculative_tokens"), int):
+        raise PlannerError("vllm serve: --speculative-config needs a JSON object with num_speculative_tokens")
+    method = str(config.get("method") or ("draft_model" if config.get("model") else ""))
+    k = config["num_speculative_tokens"]
+    if method == "ngram":
+        return ["--speculative", f"ngram:{k}"]
+    if method.startswith("eagle"):
+        return ["--speculative", f"eagle:{k}"]
+    if method.endswith("mtp"):
+        return ["--speculative", f"mtp:{k}"]
+    if method == "draft_model" and config.get("model"):
+        return ["--speculative", f"draft:{k}", "--draft-model", str(config["model"])]
+    raise PlannerError(f"vllm serve: --speculative-config method {method!r} is not one the planner prices "
+                       f"(ngram, eagle, eagle3, mtp, a draft model)")
+
+
+def _eplb(text: str) -> list[str]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlannerError(f"vllm serve: --eplb-config is not JSON: {exc.msg}") from None
+    redundant = config.get("num_redundant_experts") if isinstance(config, dict) else None
+    return [] if redundant is None else ["--num-redundant-experts", str(redundant)]
+
+
+def translate_serve(command: str, out: Translation) -> None:
+    """`vllm serve MODEL ...`'s deployment flags, appended to `out`."""
+    words = _flags(command, ("serve",), "vllm serve")
+    i, model = 0, None
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("-"):
+            if model is not None:
+                raise PlannerError(f"vllm serve: a second model {word!r} (the model is {model!r})")
+            model, i = word, i + 1
+            continue
+        if word == "--model":
+            model, i = _value(words, i, "vllm serve"), i + 2
+            continue
+        if word in SERVE_VALUED or word in SERVE_RENAMED:
+            out.words += [SERVE_RENAMED.get(word, word), _value(words, i, "vllm serve")]
+            i += 2
+        elif word in SERVE_SWITCHES:
+            out.words.append(word)
+            i += 1
+        elif word in ("--speculative-config", "--eplb-config"):
+            out.words += (_speculative if word == "--speculative-config" else _eplb)(_value(words, i, "vllm serve"))
+            i += 2
+        elif word in SERVE_IGNORED_VALUED or word in SERVE_NOT_MODELLED_VALUED:
+            (out.ignored if word in SERVE_IGNORED_VALUED else out.not_modelled).append(word)
+            i += 2
+        elif word in SERVE_IGNORED_SWITCHES or word in SERVE_NOT_MODELLED_SWITCHES:
+            (out.ignored if word in SERVE_IGNORED_SWITCHES else out.not_modelled).append(word)
+            i += 1
+        else:
+            raise PlannerError(f"vllm serve: {word} is not a flag the planner knows (docs/vllm.md lists those it "
+                               f"models); drop it or check its spelling")
+    if model is None:
+        raise PlannerError("vllm serve: no model (vllm serve MODEL ...)")
+    out.words[:0] = ["--model", model]
+
+
+def translate_bench(command: str, out: Translation) -> None:
+    """`vllm bench serve ...`'s load, appended to `out` (vLLM bench's defaults where a flag is not given)."""
+    words = _flags(command, ("serve",), "vllm bench serve")
+    dataset, params, load, slos, ignore_eos = "random", {}, {"--requests": "1000"}, [], False
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in BENCH_IGNORED_SWITCHES:
+            ignore_eos |= word == "--ignore-eos"
+            out.ignored.append(word)
+            i += 1
+        elif word == "--goodput":
+            i += 1
+            while i < len(words) and not words[i].startswith("--"):
+                slos.append(_goodput(words[i]))
+                i += 1
+        elif word.startswith("-"):
+            given[word] = _value(words, i, "vllm bench serve")
+            i += 2
+        else:
+            raise PlannerError(f"vllm bench serve: unexpected word {word!r}")
+    for flag, value in given.items():
+        if flag == "--dataset-name":
+            dataset = value
+        elif flag in BENCH_LOAD:
+            load[BENCH_LOAD[flag]] = value
+        elif any(flag in names for names in BENCH_DATASET_PARAMS.values()):
+            params[flag] = value
+        elif flag in BENCH_IGNORED_VALUED:
+            out.ignored.append(flag)
+        elif flag == "--dataset-path":
+            raise PlannerError(f"vllm bench serve: --dataset-path {value}: import the file first (planner workload "
+                               f"import {value} --format sharegpt --tokenizer MODEL_DIR -o trace.jsonl) and simulate "
+                               f"--trace trace.jsonl")
+        else:
+            raise PlannerError(f"vllm bench serve: {flag} is not a flag the planner knows (docs/vllm.md lists those "
+                               f"it models); drop it or check its spelling")
+    if dataset not in BENCH_DATASET_PARAMS:
+        raise PlannerError(f"vllm bench serve: --dataset-name {dataset}: the planner generates "
+                           f"{' and '.join(BENCH_DATASET_PARAMS)}; for a dataset file, import it (planner workload "
+                           f"import) and simulate --trace")
+    names = BENCH_DATASET_PARAMS[dataset]
+    stray = sorted(set(params) - set(names))
+    if stray:
+        raise PlannerError(f"vllm bench serve: {stray[0]} is not a parameter of --dataset-name {dataset}")
+    out.words += ["--workload", dataset]
+    for flag, value in params.items():
+        out.words += ["-p", f"{names[flag]}={value}"]
+    rate = load.pop("--rate", "inf")
+    if not (math.isinf(float(rate)) and ("--concurrency" in load or "--ramp-up-strategy" in load)):
+        out.words += ["--rate", rate]         # (inf and no limit: every request at once, as vLLM sends them)
+    for flag, value in load.items():
+        out.words += [flag, value]
+    if "--concurrency" in load:               # vLLM bench's clients are an API server's
+        out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]
+    if slos:
+        out.words += ["--slo", ",".join(slos)]
+    if not ignore_eos:
+        out.not_modelled.append("no --ignore-eos (vLLM's outputs end at EOS; the planner generates each request's "
+                                "whole output length)")
+
+
+def _goodput(pair: str) -> str:
+    """vLLM bench's --goodput KEY:MS as the planner's SLO (per request, judged on p99 too)."""
+    key, sep, ms = pair.partition(":")
+    if not sep or key not in GOODPUT_METRICS or not _is_number(ms):
+        raise PlannerError(f"vllm bench serve: --goodput {pair!r}: expected ttft:MS, tpot:MS or e2el:MS")
+    return f"{GOODPUT_METRICS[key]}={float(ms) / 1000:g}"
+
+
+def translate(serve: str, bench: str | None, gpu: str) -> Translation:
+    """The `planner simulate` words for `vllm serve` (and `vllm bench serve`) on `gpu`."""
+    out = Translation()
+    translate_serve(serve, out)
+    out.words[2:2] = ["--gpu", gpu]
+    if bench is not None:
+        translate_bench(bench, out)
+    return out

@@ -1,0 +1,101 @@
+"""`planner from-vllm`: an operator's `vllm serve` and `vllm bench serve` command lines as the planner's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.cli.from_vllm import translate
+from planner.errors import PlannerError
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_public_qwen3_8b.py"
+SERVE = ("vllm serve Qwen/Qwen3-8B --host 0.0.0.0 --port 8000 --dtype auto --gpu-memory-utilization 0.95 "
+         "--max-model-len 8128")
+LOAD = ("vllm bench serve --backend openai-chat --model Qwen/Qwen3-8B --endpoint /v1/chat/completions "
+        "--dataset-name random --random-input-len 512 --random-output-len 256 --num-prompts 1024 "
+        "--request-rate 25 --max-concurrency 96 --ignore-eos")
+
+
+def test_a_public_runs_commands_become_one_simulate_line():
+    t = translate(SERVE, LOAD, "h100-sxm")
+    assert t.command == ("planner simulate --model Qwen/Qwen3-8B --gpu h100-sxm --dtype auto "
+                         "--gpu-memory-utilization 0.95 --max-model-len 8128 --workload random -p input_len=512 "
+                         "-p output_len=256 --rate 25 --requests 1024 --concurrency 96 --client-turnaround 0.001")
+    assert t.ignored == ["--host", "--port", "--ignore-eos", "--backend", "--model", "--endpoint"]
+    assert t.not_modelled == []
+
+
+def test_vllms_spellings_and_configs_map_to_the_planners_flags():
+    t = translate("python -m vllm.entrypoints.openai.api_server --model deepseek-ai/DeepSeek-R1 -tp=8 "
+                  "--data_parallel_size 2 --enable-expert-parallel --num-gpu-blocks-override 9000 "
+                  "--kv-cache-memory 123456789 --eplb-config '{\"num_redundant_experts\": 32}' --enable-eplb "
+                  "--speculative-config '{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 1}' "
+                  "--no-enable-prefix-caching --enforce-eager", None, "h200")
+    assert t.words == ["--model", "deepseek-ai/DeepSeek-R1", "--gpu", "h200", "--tp", "8", "--dp", "2",
+                       "--enable-expert-parallel", "--num-gpu-blocks", "9000", "--kv-cache-memory-bytes", "123456789",
+                       "--num-redundant-experts", "32", "--enable-eplb", "--speculative", "mtp:1",
+                       "--no-enable-prefix-caching"]
+    assert t.not_modelled == ["--enforce-eager"]
+    eagle = translate("vllm serve m --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3, "
+                      "\"model\": \"h\"}'", None, "h100-sxm")
+    assert eagle.words[-2:] == ["--speculative", "eagle:3"]
+    draft = translate("vllm serve m --speculative-config '{\"model\": \"small\", \"num_speculative_tokens\": 4}'",
+                      None, "h100-sxm")
+    assert draft.words[-4:] == ["--speculative", "draft:4", "--draft-model", "small"]
+
+
+def test_vllm_benchs_defaults_and_its_other_loads():
+    # the random dataset, 1,000 prompts, every one at once (vllm/benchmarks/datasets/arg_utils.py, serve.py)
+    t = translate("vllm serve m", "vllm bench serve --model m", "h100-sxm")
+    assert t.words[4:] == ["--workload", "random", "--rate", "inf", "--requests", "1000"]
+    assert t.not_modelled == ["no --ignore-eos (vLLM's outputs end at EOS; the planner generates each request's "
+                              "whole output length)"]
+    closed = translate("vllm serve m", "vllm bench serve --max-concurrency 32 --ignore-eos "
+                       "--goodput ttft:2000 tpot:50 e2el:30000 --seed 7", "h100-sxm")
+    assert closed.words[4:] == ["--workload", "random", "--requests", "1000", "--concurrency", "32", "--seed", "7",
+                                "--client-turnaround", "0.001", "--slo", "ttft_p99=2,tpot_p99=0.05,e2e_p99=30"]
+    ramp = translate("vllm serve m", "vllm bench serve --dataset-name prefix_repetition "
+                     "--prefix-repetition-num-prefixes 4 --ramp-up-strategy linear --ramp-up-start-rps 1 "
+                     "--ramp-up-end-rps 20 --num-prompts 400 --ignore-eos --burstiness 0.5", "h100-sxm")
+    assert ramp.words[4:] == ["--workload", "prefix_repetition", "-p", "num_prefixes=4", "--requests", "400",
+                              "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "20",
+                              "--burstiness", "0.5"]
+
+
+@pytest.mark.parametrize("serve, bench, message", [
+    ("vllm serve m --foo 1", None, "vllm serve: --foo is not a flag the planner knows"),
+    ("vllm serve --port 8000", None, "vllm serve: no model"),
+    ("vllm serve m --speculative-config '{\"method\": \"medusa\", \"num_speculative_tokens\": 2}'", None,
+     "method 'medusa' is not one the planner prices"),
+    ("vllm serve m", "vllm bench serve --dataset-name sharegpt --dataset-path sg.json",
+     "--dataset-path sg.json: import the file first (planner workload import sg.json"),
+    ("vllm serve m", "vllm bench serve --dataset-name sonnet", "--dataset-name sonnet: the planner generates"),
+    ("vllm serve m", "vllm bench serve --random-input-len 10 --dataset-name prefix_repetition",
+     "--random-input-len is not a parameter of --dataset-name prefix_repetition"),
+    ("vllm serve m", "vllm bench serve --goodput ttft=2", "--goodput 'ttft=2': expected ttft:MS"),
+    ("vllm serve m", "vllm bench serve --bar 2", "vllm bench serve: --bar is not a flag the planner knows"),
+])
+def test_what_cannot_be_translated_is_refused_in_one_line(serve, bench, message):
+    with pytest.raises(PlannerError, match=message.replace("(", r"\(").replace("'", "'")):
+        translate(serve, bench, "h100-sxm")
+    result = CliRunner().invoke(app, ["from-vllm", "--gpu", "h100-sxm", "--serve", serve,
+                                      *(["--bench", bench] if bench else [])])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
+def test_run_simulates_the_public_run_as_its_bench_does(bench, tmp_path):
+    # the translated line and bench/bench_public_qwen3_8b.py (which builds its Deployment and load itself)
+    # simulate the same run to the last digit
+    result = CliRunner().invoke(app, ["from-vllm", "--gpu", "h100-sxm", "--serve", SERVE, "--bench", LOAD, "--run",
+                                      "--", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("planner simulate --model Qwen/Qwen3-8B") and lines[0].endswith("--json --out "
+                                                                                                + str(tmp_path))
+    doc = json.loads(lines[-1])
+    runs, _ = bench.load_runs()
+    run = next(r for r in runs if (r.flags, r.rate, r.clients, r.input_len) == ("defaults", 25.0, 96, 512))
+    assert (doc["ttft_mean"], doc["tpot_mean"], doc["e2e_mean"], doc["duration"]) == bench.predict(run)
