@@ -99,3 +99,22 @@ def test_run_simulates_the_public_run_as_its_bench_does(bench, tmp_path):
     runs, _ = bench.load_runs()
     run = next(r for r in runs if (r.flags, r.rate, r.clients, r.input_len) == ("defaults", 25.0, 96, 512))
     assert (doc["ttft_mean"], doc["tpot_mean"], doc["e2e_mean"], doc["duration"]) == bench.predict(run)
+
+
+def test_a_recorded_bench_run_becomes_a_validate_line(tmp_path):
+    # vllm bench serve --save-result --save-detailed: its requests replayed at their send times
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"input_lens": [512] * 4, "output_lens": [64] * 4, "ttfts": [0.03] * 4,
+                                "itls": [[0.007] * 63] * 4, "start_times": [0.0, 0.5, 1.0, 1.5], "errors": [""] * 4}))
+    t = translate("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192", None, "h100-sxm", str(path))
+    assert t.command == (f"planner validate --model meta-llama/Llama-3.1-8B-Instruct --gpu h100-sxm "
+                         f"--max-model-len 8192 --measured {path}")
+    with pytest.raises(PlannerError, match="not both: a recording holds its own load"):
+        translate("vllm serve m", "vllm bench serve", "h100-sxm", str(path))
+    result = CliRunner().invoke(app, ["from-vllm", "--gpu", "h100-sxm", "--serve", "vllm serve "
+                                      "meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192", "--measured", str(path),
+                                      "--run", "--", "--json", "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert doc["comparison"]["ttft_mean"]["measured"] == pytest.approx(0.03)
+    assert doc["num_completed"] == {"measured": 4, "simulated": 4}

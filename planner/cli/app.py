@@ -44,12 +44,16 @@ def from_vllm_cmd(
     bench: Optional[str] = typer.Option(None, "--bench", metavar="'vllm bench serve ...'",
                                         help="the load's command line (vLLM bench's defaults where a flag is not "
                                              "given: the random dataset, 1,000 prompts, every one at once)"),
+    measured: Optional[str] = typer.Option(None, "--measured", metavar="RESULT.json",
+                                           help="instead of --bench: the result file of vllm bench serve "
+                                                "--save-result --save-detailed, validated against the simulation"),
     gpu: str = typer.Option(..., "--gpu", help="the GPU the server runs on (planner list gpus)"),
-    run: bool = typer.Option(False, "--run", help="simulate it too; words after -- go to simulate (e.g. -- --json)"),
+    run: bool = typer.Option(False, "--run", help="run it too; words after -- go to the command (e.g. -- --json)"),
 ) -> None:
-    """The `planner simulate` line of a `vllm serve` and a `vllm bench serve` command line (docs/vllm.md)."""
+    """The `planner simulate` line of a `vllm serve` and a `vllm bench serve` command line, or the `planner
+    validate` line of a recorded vllm bench run (docs/vllm.md)."""
     try:
-        translation = translate(serve, bench, gpu)
+        translation = translate(serve, bench, gpu, measured)
     except PlannerError as exc:
         raise fail(exc) from None
     err = Console(stderr=True)
@@ -60,7 +64,7 @@ def from_vllm_cmd(
     words = [*translation.words, *ctx.args]
     typer.echo(" ".join([translation.command, *ctx.args]))
     if run:
-        typer.main.get_command(app).main(args=["simulate", *words], prog_name="planner")
+        typer.main.get_command(app).main(args=[translation.verb, *words], prog_name="planner")
 
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)

@@ -72,10 +72,11 @@ class Translation:
     words: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)        # no effect on the numbers
     not_modelled: list[str] = field(default_factory=list)   # changes them; left out with a warning
+    verb: str = "simulate"                                  # or validate, against a recorded run
 
     @property
     def command(self) -> str:
-        return shlex.join(["planner", "simulate", *self.words])
+        return shlex.join(["planner", self.verb, *self.words])
 
 
 def _flags(command: str, after: tuple[str, ...], what: str) -> list[str]:
@@ -252,11 +253,19 @@ def _goodput(pair: str) -> str:
     return f"{GOODPUT_METRICS[key]}={float(ms) / 1000:g}"
 
 
-def translate(serve: str, bench: str | None, gpu: str) -> Translation:
-    """The `planner simulate` words for `vllm serve` (and `vllm bench serve`) on `gpu`."""
+def translate(serve: str, bench: str | None, gpu: str, measured: str | None = None) -> Translation:
+    """The `planner simulate` words for `vllm serve` (and `vllm bench serve`) on `gpu`; with `measured` (the
+    result file of `vllm bench serve --save-result --save-detailed`), `planner validate --measured` instead:
+    the recorded requests, replayed at their send times, against the server's simulation."""
+    if bench is not None and measured is not None:
+        raise PlannerError("give --bench (to simulate its load) or --measured (to validate against its "
+                           "recording), not both: a recording holds its own load")
     out = Translation()
     translate_serve(serve, out)
     out.words[2:2] = ["--gpu", gpu]
     if bench is not None:
         translate_bench(bench, out)
+    if measured is not None:
+        out.verb = "validate"
+        out.words += ["--measured", measured]
     return out
