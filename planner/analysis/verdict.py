@@ -298,7 +298,8 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
                                  "why": "let the batch grow past max_num_seqs"})
-    verdict = {"requested_rate": requested, "ramp_up": ramp_up, "offered_rate": offered, "served_rate": doc.get("request_throughput"),
+    verdict = {"requested_rate": requested, "ramp_up": ramp_up, "offered_rate": offered,
+               "served_rate": doc.get("request_throughput"),
                "concurrency": params.get("concurrency"), "mean_concurrency": doc.get("mean_concurrency"),
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
                "warmup_latency": latency, "steady_requests": enough,
