@@ -5,10 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.cli.from_vllm import translate
+from planner.cli.from_vllm import BENCH_LOAD, SERVE_RENAMED, SERVE_SWITCHES, SERVE_VALUED, translate
 from planner.errors import PlannerError
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_public_qwen3_8b.py"
@@ -77,6 +79,10 @@ def test_vllm_benchs_defaults_and_its_other_loads():
      "--random-input-len is not a parameter of --dataset-name prefix_repetition"),
     ("vllm serve m", "vllm bench serve --goodput ttft=2", "--goodput 'ttft=2': expected ttft:MS"),
     ("vllm serve m", "vllm bench serve --bar 2", "vllm bench serve: --bar is not a flag the planner knows"),
+    ("vllm serve m", "vllm bench serve --request-rate fast", "--request-rate 'fast' is not a number"),
+    ("vllm serve m --max-model-len", None, "vllm serve: --max-model-len needs a value"),
+    ("vllm serve m --speculative-config '{nope'", None, "--speculative-config is not JSON"),
+    ("vllm serve 'm", None, "cannot split the command line"),
 ])
 def test_what_cannot_be_translated_is_refused_in_one_line(serve, bench, message):
     with pytest.raises(PlannerError, match=message.replace("(", r"\(").replace("'", "'")):
@@ -118,3 +124,20 @@ def test_a_recorded_bench_run_becomes_a_validate_line(tmp_path):
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert doc["comparison"]["ttft_mean"]["measured"] == pytest.approx(0.03)
     assert doc["num_completed"] == {"measured": 4, "simulated": 4}
+
+
+WORDS = st.sampled_from([*SERVE_VALUED, *SERVE_RENAMED, *SERVE_SWITCHES, *BENCH_LOAD, "--goodput", "--dataset-name",
+                         "--speculative-config", "--eplb-config", "--random-input-len", "--dataset-path", "--port",
+                         "--enforce-eager", "8", "-1", "inf", "nan", "x", "ttft:5", "random", "{}", '{"method": 1}',
+                         "[1]", "=", "--", "'", '"', "--x=", "serve"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(serve=st.lists(WORDS, max_size=8), bench=st.none() | st.lists(WORDS, max_size=8))
+def test_any_command_line_is_translated_or_refused_in_words(serve, bench):
+    """Whatever the operator pastes, the translation ends in a line or a PlannerError, never a traceback."""
+    try:
+        translate(" ".join(["vllm", "serve", "m", *serve]), None if bench is None else
+                  " ".join(["vllm", "bench", "serve", *bench]), "h100-sxm")
+    except PlannerError:
+        pass
