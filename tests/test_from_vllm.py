@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,14 @@ def test_vllm_benchs_defaults_and_its_other_loads():
     ("vllm serve m --speculative-config '{\"method\": \"medusa\", \"num_speculative_tokens\": 2}'", None,
      "method 'medusa' is not one the planner prices"),
     ("vllm serve m", "vllm bench serve --dataset-name sharegpt --dataset-path sg.json",
-     "--dataset-path sg.json: import the file first (planner workload import sg.json"),
+     "--dataset-path sg.json: import the file first (planner workload import sg.json --format sharegpt "
+     "--tokenizer MODEL_DIR -n 1000 --seed 0 -o trace.jsonl) and simulate --trace trace.jsonl"),
+    ("vllm serve m", "vllm bench serve --custom-output-len 64 --dataset-name custom --skip-chat-template "
+     "--dataset-path p.jsonl --num-prompts 50",
+     "(planner workload import p.jsonl --format custom --tokenizer MODEL_DIR -n 50 --seed 0 --output-len 64 "
+     "--skip-chat-template -o trace.jsonl)"),
+    ("vllm serve m", "vllm bench serve --dataset-name burstgpt --dataset-path b.csv",
+     "--dataset-name burstgpt --dataset-path b.csv: the planner imports sharegpt and custom files"),
     ("vllm serve m", "vllm bench serve --dataset-name sonnet", "--dataset-name sonnet: the planner generates"),
     ("vllm serve m", "vllm bench serve --random-input-len 10 --dataset-name prefix_repetition",
      "--random-input-len is not a parameter of --dataset-name prefix_repetition"),
@@ -85,7 +93,7 @@ def test_vllm_benchs_defaults_and_its_other_loads():
     ("vllm serve 'm", None, "cannot split the command line"),
 ])
 def test_what_cannot_be_translated_is_refused_in_one_line(serve, bench, message):
-    with pytest.raises(PlannerError, match=message.replace("(", r"\(").replace("'", "'")):
+    with pytest.raises(PlannerError, match=re.escape(message)):
         translate(serve, bench, "h100-sxm")
     result = CliRunner().invoke(app, ["from-vllm", "--gpu", "h100-sxm", "--serve", serve,
                                       *(["--bench", bench] if bench else [])])

@@ -77,6 +77,24 @@ def test_import_sharegpt_needs_a_tokenizer_and_samples(tmp_path, tokenizer_dir):
     assert len(trace) == 4 and all(r.prompt_len >= 5 and r.output_len >= 7 for r in trace)
 
 
+def test_import_custom_prompts_as_vllm_bench_reads_them(tmp_path, tokenizer_dir):  # noqa: F811
+    src = tmp_path / "mine.jsonl"
+    src.write_text("".join(json.dumps({"prompt": text(4 + i)}) + "\n" for i in range(3)))
+    out = tmp_path / "custom.jsonl"
+    result = invoke("workload", "import", src, "--format", "custom", "--tokenizer", tokenizer_dir,
+                    "--skip-chat-template", "--output-len", 64, "-n", 5, "-o", out)
+    assert result.exit_code == 0, result.output
+    trace = Trace.load(out)
+    assert len(trace) == 5 and {r.output_len for r in trace} == {64} and {r.prompt_len for r in trace} <= {4, 5, 6}
+    result = invoke("workload", "import", src, "--format", "custom", "--tokenizer", tokenizer_dir,
+                    "--skip-chat-template", "--no-oversample", "-n", 5, "-o", out)
+    assert result.exit_code == 0 and len(Trace.load(out)) == 3
+    result = invoke("workload", "import", src, "--format", "custom", "--tokenizer", tokenizer_dir, "-o", out)
+    assert result.exit_code == 2 and "give --skip-chat-template" in result.output
+    result = invoke("workload", "import", src, "--format", "csv", "--skip-chat-template", "-o", out)
+    assert result.exit_code == 2 and "--skip-chat-template: not used with --format csv" in result.output
+
+
 def test_import_csv_and_unknown_format(tmp_path):
     src = tmp_path / "hand.csv"
     src.write_text("arrival_time,prompt_len,output_len\n0,10,5\n0.5,20,8\n")
@@ -84,7 +102,7 @@ def test_import_csv_and_unknown_format(tmp_path):
     assert invoke("workload", "import", src, "--format", "csv", "-o", out).exit_code == 0
     assert [(r.request_id, r.prompt_len) for r in Trace.load(out)] == [("hand-0", 10), ("hand-1", 20)]
     result = invoke("workload", "import", src, "--format", "parquet", "-o", out)
-    assert result.exit_code == 2 and "azure, sharegpt, csv" in result.output
+    assert result.exit_code == 2 and "azure, sharegpt, custom, csv" in result.output
 
 
 def test_hand_written_csv_and_jsonl_without_request_id(tmp_path):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from workloads import TraceError, import_csv_trace, import_sharegpt, make_trace
+from workloads import TraceError, import_csv_trace, import_custom, import_sharegpt, make_trace
 
 WORDS = ["[UNK]"] + [f"w{i}" for i in range(50)]
 
@@ -46,7 +46,7 @@ def test_sharegpt_follows_vllm_sampling(tmp_path, tokenizer_dir):
     single_turn = {"id": "x", "conversations": [{"from": "human", "value": text(10)}]}
     path = sharegpt_file(tmp_path, pairs, extra=[single_turn])
 
-    trace = import_sharegpt(path, tokenizer_dir, num_requests=100, seed=3)
+    trace = import_sharegpt(path, tokenizer_dir, num_requests=100, seed=3, oversample=False)
     assert trace.params["available"] == 4
     assert sorted((r.prompt_len, r.output_len) for r in trace) == sorted(good)
     # the order is the one vLLM's seeded shuffle gives
@@ -62,9 +62,56 @@ def test_sharegpt_follows_vllm_sampling(tmp_path, tokenizer_dir):
     few = import_sharegpt(path, tokenizer_dir, num_requests=2, seed=3, rate=2.0, keep_token_ids=False)
     assert [r.prompt_len for r in few] == [r.prompt_len for r in trace][:2]
     assert few[0].prompt_token_ids is None and few[1].arrival_time > 0
-    fixed = import_sharegpt(path, tokenizer_dir, num_requests=100, seed=3, fixed_output_len=16)
+    fixed = import_sharegpt(path, tokenizer_dir, num_requests=100, seed=3, fixed_output_len=16, oversample=False)
     assert {r.output_len for r in fixed} == {16} and len(fixed) == 6  # (10, 3) and (1000, 1049) now pass
     assert all(r.output_token_ids is None for r in fixed)      # the output is not the answer's
+
+
+def test_too_few_requests_are_oversampled_as_vllm_bench_does(tmp_path, tokenizer_dir):
+    # vLLM's maybe_oversample_requests: random.seed(seed), then random.choice of the kept requests for each one
+    # short; the copies are new requests with the same prompt (the prefix cache serves them again)
+    pairs = [(text(5 + i, i), text(6 + i)) for i in range(5)]
+    path = sharegpt_file(tmp_path, pairs)
+    kept = import_sharegpt(path, tokenizer_dir, num_requests=12, seed=4, oversample=False)
+    full = import_sharegpt(path, tokenizer_dir, num_requests=12, seed=4)
+    assert len(kept) == 5 and len(full) == 12 and full.params["available"] == 5
+    assert full.requests[:5] == kept.requests
+    draw = random.Random(4)
+    copies = [draw.choice(kept.requests) for _ in range(7)]
+    assert [r.prompt_token_ids for r in full.requests[5:]] == [r.prompt_token_ids for r in copies]
+    assert len({r.request_id for r in full}) == 12
+
+
+def custom_file(tmp_path, prompts, name="prompts.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def test_custom_follows_vllm_benchs_custom_dataset(tmp_path, tokenizer_dir):
+    # vllm/benchmarks/datasets/custom.py: shuffled by the seed, chat template unless skipped, --custom-output-len
+    prompts = [text(3 + i, i) for i in range(6)]
+    path = custom_file(tmp_path, prompts)
+    plain = import_custom(path, tokenizer_dir, num_requests=4, seed=2, skip_chat_template=True)
+    order = list(prompts)
+    random.Random(2).shuffle(order)
+    assert [r.prompt_len for r in plain] == [len(p.split()) for p in order[:4]]
+    assert {r.output_len for r in plain} == {256} and plain.params["available"] == 4
+    with pytest.raises(TraceError, match="has no chat template .* give --skip-chat-template"):
+        import_custom(path, tokenizer_dir, num_requests=4)
+    templated_dir = tmp_path / "templated"
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = "w49 {% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} w48{% endif %}"
+    tok.save_pretrained(templated_dir)
+    chat = import_custom(path, templated_dir, num_requests=4, seed=2, output_len=32)
+    assert [r.prompt_len for r in chat] == [r.prompt_len + 2 for r in plain]      # the template's two words
+    assert chat[0].prompt_token_ids[0] == WORDS.index("w49") and {r.output_len for r in chat} == {32}
+    assert len(import_custom(path, templated_dir, num_requests=9, seed=2)) == 9           # oversampled
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: field 'prompt' is missing or not a string"):
+        import_custom(bad, tokenizer_dir, num_requests=2, skip_chat_template=True)
 
 
 def test_sharegpt_errors(tmp_path, tokenizer_dir):

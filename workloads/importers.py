@@ -94,6 +94,16 @@ def _tokenized_pairs(pairs: list[tuple[str, str]], tokenizer, num_requests: int,
     return kept
 
 
+def _oversampled(kept: list, num_requests: int, seed: int, oversample: bool) -> list:
+    """vLLM bench's ``maybe_oversample_requests`` (vllm/benchmarks/datasets/abstractions.py): a dataset with
+    fewer usable requests than asked for is topped up with copies of random ones, drawn by ``random.seed(seed);
+    random.choice`` (the same draws here); ``oversample=False`` is its ``--no-oversample``."""
+    if not oversample or len(kept) >= num_requests or not kept:
+        return kept
+    draw = random.Random(seed)
+    return kept + [draw.choice(kept) for _ in range(num_requests - len(kept))]
+
+
 def import_sharegpt(
     path: str | Path,
     tokenizer_path: str | Path,
@@ -106,10 +116,11 @@ def import_sharegpt(
     rate: float = math.inf,
     cv: float = 1.0,
     lfilter: LengthFilter = VLLM_FILTER,
+    oversample: bool = True,
 ) -> Trace:
     """Sample requests from a local ShareGPT JSON file by vLLM's benchmark rules.
 
-    As vLLM's ``sample_sharegpt_requests``: keep conversations with at least two
+    As vLLM's ``ShareGPTDataset``: keep conversations with at least two
     turns, take the first turn as the prompt and the second as the reference
     answer, shuffle with Python's ``random`` seeded by ``seed`` (the same
     permutation as vLLM's ``random.seed(seed); random.shuffle``), tokenize with
@@ -119,7 +130,9 @@ def import_sharegpt(
     token count unless ``fixed_output_len`` is given (then only the prompt
     side of the minimum applies, as in vLLM).  Arrivals are generated with the
     given process (default: all at t = 0).  If the file has fewer usable
-    pairs, the trace is shorter; ``params["available"]`` says so.
+    pairs, copies of random ones fill the count, as vLLM bench oversamples
+    (``oversample=False``: the trace is shorter); ``params["available"]`` says
+    how many the file had.
     """
     path = Path(path)
     if num_requests < 1:
@@ -129,7 +142,8 @@ def import_sharegpt(
     pairs = _sharegpt_pairs(path)
     tokenizer = _load_tokenizer(tokenizer_path)
     random.Random(seed).shuffle(pairs)
-    kept = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
+    available = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
+    kept = _oversampled(available, num_requests, seed, oversample)
     times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(kept))
     requests = [
         TraceRequest(
@@ -144,10 +158,90 @@ def import_sharegpt(
     ]
     params = {
         "source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
-        "available": len(kept), "seed": seed, "fixed_output_len": fixed_output_len,
+        "available": len(available), "seed": seed, "fixed_output_len": fixed_output_len,
         "arrival": arrival, "rate": rate, "cv": cv,
     }
     return Trace(requests, name="sharegpt-import", params=params)
+
+
+# --- vLLM bench's custom dataset (JSONL of prompts) --------------------------------------
+
+DEFAULT_CUSTOM_OUTPUT_LEN = 256        # vLLM bench's --custom-output-len
+
+
+def _custom_prompts(path: Path) -> list[str]:
+    """The "prompt" of every line of a JSON Lines file, in order."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    prompts = []
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{where(path, number)}: invalid JSON: {err.msg} (column {err.colno})") from None
+        except (RecursionError, ValueError):
+            raise TraceError(f"{where(path, number)}: invalid JSON") from None
+        prompt = entry.get("prompt") if isinstance(entry, dict) else None
+        if not isinstance(prompt, str):
+            raise TraceError(f"{where(path, number)}: field 'prompt' is missing or not a string (vLLM bench's "
+                             f"custom dataset: one {{\"prompt\": ...}} object a line)")
+        prompts.append(prompt)
+    if not prompts:
+        raise TraceError(f"{path}: no requests in it (no line holds a prompt)")
+    return prompts
+
+
+def import_custom(
+    path: str | Path,
+    tokenizer_path: str | Path,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    output_len: int = DEFAULT_CUSTOM_OUTPUT_LEN,
+    skip_chat_template: bool = False,
+    keep_token_ids: bool = True,
+    arrival: str = "poisson",
+    rate: float = math.inf,
+    cv: float = 1.0,
+    oversample: bool = True,
+) -> Trace:
+    """Requests from a JSON Lines file of ``{"prompt": ...}`` by vLLM bench's custom dataset's rules
+    (vllm/benchmarks/datasets/custom.py, ``CustomDataset``): the lines shuffled by ``random.seed(seed);
+    random.shuffle``, the first ``num_requests`` taken, each prompt put in the tokenizer's chat template as
+    one user message with the generation prompt (unless ``skip_chat_template``, vLLM's --skip-chat-template)
+    and tokenized as vLLM counts it, every output ``output_len`` tokens (--custom-output-len); too few lines
+    are oversampled as vLLM bench does (``oversample=False``: its --no-oversample)."""
+    path = Path(path)
+    if num_requests < 1:
+        raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    if output_len < 1:
+        raise TraceError(f"output_len: must be >= 1, got {output_len}")
+    prompts = _custom_prompts(path)
+    tokenizer = _load_tokenizer(tokenizer_path)
+    if not skip_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template to put the prompts in; give "
+                         f"--skip-chat-template (vLLM bench's flag) to send them as they are")
+    random.Random(seed).shuffle(prompts)
+    available = []
+    for prompt in prompts[:num_requests]:
+        if not skip_chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                   add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(prompt).input_ids)
+        if not ids:
+            raise TraceError(f"{path}: a prompt tokenizes to no tokens: {prompt[:40]!r}")
+        available.append(ids)
+    kept = _oversampled(available, num_requests, seed, oversample)
+    times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(kept))
+    requests = [TraceRequest(request_id=f"custom-{i}", arrival_time=float(t), prompt_len=len(ids),
+                             output_len=output_len, prompt_token_ids=ids if keep_token_ids else None)
+                for i, (ids, t) in enumerate(zip(kept, times))]
+    params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
+              "available": len(available), "seed": seed, "output_len": output_len,
+              "skip_chat_template": skip_chat_template, "arrival": arrival, "rate": rate, "cv": cv}
+    return Trace(requests, name="custom-import", params=params)
 
 
 # --- production CSV (e.g. the Azure LLM inference traces) --------------------------------

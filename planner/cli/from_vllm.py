@@ -61,7 +61,9 @@ BENCH_IGNORED_VALUED = ("--model", "--tokenizer", "--backend", "--endpoint", "--
                         "--request-id-prefix", "--extra-body", "--metadata", "--tokenizer-mode",
                         "--temperature", "--top-p", "--top-k")
 BENCH_IGNORED_SWITCHES = ("--save-result", "--save-detailed", "--ignore-eos", "--disable-tqdm", "--trust-remote-code",
-                          "--append-result", "--disable-shuffle", "--no-oversample")
+                          "--append-result", "--disable-shuffle", "--no-oversample", "--skip-chat-template")
+# a dataset file's flags, as `planner workload import` takes them
+IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"--custom-output-len": "--output-len"}}
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
 
 
@@ -185,13 +187,13 @@ def translate_serve(command: str, out: Translation) -> None:
 def translate_bench(command: str, out: Translation) -> None:
     """`vllm bench serve ...`'s load, appended to `out` (vLLM bench's defaults where a flag is not given)."""
     words = _flags(command, ("serve",), "vllm bench serve")
-    dataset, params, load, slos, ignore_eos = "random", {}, {"--requests": "1000"}, [], False
+    dataset, params, load, slos, switches = "random", {}, {"--requests": "1000"}, [], set()
     given: dict[str, str] = {}
     i = 0
     while i < len(words):
         word = words[i]
         if word in BENCH_IGNORED_SWITCHES:
-            ignore_eos |= word == "--ignore-eos"
+            switches.add(word)
             out.ignored.append(word)
             i += 1
         elif word == "--goodput":
@@ -204,6 +206,8 @@ def translate_bench(command: str, out: Translation) -> None:
             i += 2
         else:
             raise PlannerError(f"vllm bench serve: unexpected word {word!r}")
+    if "--dataset-path" in given:
+        raise PlannerError(_import_hint(given, switches))
     for flag, value in given.items():
         if flag == "--dataset-name":
             dataset = value
@@ -213,10 +217,6 @@ def translate_bench(command: str, out: Translation) -> None:
             params[flag] = value
         elif flag in BENCH_IGNORED_VALUED:
             out.ignored.append(flag)
-        elif flag == "--dataset-path":
-            raise PlannerError(f"vllm bench serve: --dataset-path {value}: import the file first (planner workload "
-                               f"import {value} --format sharegpt --tokenizer MODEL_DIR -o trace.jsonl) and simulate "
-                               f"--trace trace.jsonl")
         else:
             raise PlannerError(f"vllm bench serve: {flag} is not a flag the planner knows (docs/vllm.md lists those "
                                f"it models); drop it or check its spelling")
@@ -242,9 +242,26 @@ def translate_bench(command: str, out: Translation) -> None:
         out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]
     if slos:
         out.words += ["--slo", ",".join(slos)]
-    if not ignore_eos:
+    if "--ignore-eos" not in switches:
         out.not_modelled.append("no --ignore-eos (vLLM's outputs end at EOS; the planner generates each request's "
                                 "whole output length)")
+
+
+def _import_hint(given: dict[str, str], switches: set[str]) -> str:
+    """A dataset file's refusal, with the `planner workload import` line that samples it as vLLM bench does."""
+    dataset, path = given.get("--dataset-name", "random"), given["--dataset-path"]
+    if dataset not in IMPORTED:
+        return (f"vllm bench serve: --dataset-name {dataset} --dataset-path {path}: the planner imports sharegpt "
+                f"and custom files (planner workload import), not {dataset}")
+    words = ["planner", "workload", "import", path, "--format", dataset, "--tokenizer", "MODEL_DIR",
+             "-n", given.get("--num-prompts", "1000"), "--seed", given.get("--seed", "0")]
+    for flag, value in given.items():
+        if flag in IMPORTED[dataset]:
+            words += [IMPORTED[dataset][flag], value]
+    words += [flag for flag in ("--skip-chat-template", "--no-oversample")
+              if flag in switches and (dataset == "custom" or flag == "--no-oversample")]
+    return (f"vllm bench serve: --dataset-path {path}: import the file first ({shlex.join(words)} -o trace.jsonl) "
+            f"and simulate --trace trace.jsonl")
 
 
 def _goodput(pair: str) -> str:

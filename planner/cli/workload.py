@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workloads import (WORKLOADS, Trace, TraceError, import_csv_trace, import_sharegpt, make_trace,
+from workloads import (WORKLOADS, Trace, TraceError, import_csv_trace, import_custom, import_sharegpt, make_trace,
                        parse_workload_params, workload_params)
 from workloads.make import is_trace_file
 
@@ -133,12 +133,14 @@ def show(
             console.print(f"{label} written to {path}")
 
 
-IMPORT_FORMATS = ("azure", "sharegpt", "csv")
+IMPORT_FORMATS = ("azure", "sharegpt", "custom", "csv")
+TEXT_FORMATS = ("sharegpt", "custom")      # prompts as text: a tokenizer counts them, arrivals are generated
 
 
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
                  duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
-                 cv: float = 1.0, drop_zero: bool = False) -> Trace:
+                 cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
+                 skip_chat_template: bool = False, oversample: bool = True) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -146,10 +148,18 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         raise TraceError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     if fmt == "azure":
         return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
-    if fmt == "sharegpt":
+    if fmt in TEXT_FORMATS:
         if tokenizer is None:
-            raise TraceError("--tokenizer: ShareGPT holds text; give a local tokenizer folder to count its tokens")
-        trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, arrival=arrival, rate=rate, cv=cv)
+            raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its "
+                             f"tokens")
+        timing = dict(arrival=arrival, rate=rate, cv=cv, oversample=oversample)
+        if fmt == "sharegpt":
+            trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, fixed_output_len=output_len,
+                                    **timing)
+        else:
+            trace = import_custom(path, tokenizer, requests or DEFAULT_REQUESTS, seed,
+                                  skip_chat_template=skip_chat_template,
+                                  **({"output_len": output_len} if output_len is not None else {}), **timing)
         return trace.head(duration=duration) if duration is not None else trace
     if path.suffix.lower() != ".csv":
         raise TraceError(f"{path}: --format csv reads a .csv file (columns as in the README)")
@@ -160,9 +170,21 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
 def import_command(
     path: Path = typer.Argument(..., help="the file to import"),
     fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
-                                                       "sharegpt (JSON dump, needs --tokenizer) or csv (our columns)"),
+                                                       "sharegpt (JSON dump, needs --tokenizer), custom (vLLM bench's "
+                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer) or csv (our "
+                                                       "columns)"),
     output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
-    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt: a local tokenizer folder"),
+    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, custom: a local tokenizer folder"),
+    output_len: Optional[int] = typer.Option(None, "--output-len",
+                                             help="sharegpt: every output this long instead of the answer's length "
+                                                  "(vLLM bench's --sharegpt-output-len); custom: every output's "
+                                                  "length (--custom-output-len) [default: 256]"),
+    skip_chat_template: bool = typer.Option(False, "--skip-chat-template",
+                                            help="custom: send the prompts as they are, not in the tokenizer's "
+                                                 "chat template (vLLM bench's flag)"),
+    oversample: bool = typer.Option(True, "--oversample/--no-oversample",
+                                    help="sharegpt, custom: fill the count with copies of random requests when the "
+                                         "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
                                            help=f"keep the first N requests (sharegpt: sample N, default {DEFAULT_REQUESTS})"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
@@ -180,16 +202,19 @@ def import_command(
         raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
     if output.resolve() == path.resolve():
         raise fail(f"--output {output}: the file being imported; write the trace to another file")
-    # a ShareGPT dump is text without times: only it takes a tokenizer and generated arrivals
-    sharegpt_only = {"--tokenizer": tokenizer is not None, "--seed": seed != 0, "--rate": rate != math.inf,
-                     "--arrival": arrival != "poisson", "--cv": cv != 1.0}
-    unused = [flag for flag, given in sharegpt_only.items() if given and fmt != "sharegpt"]
+    # a ShareGPT dump or a custom JSONL is text without times: only they take a tokenizer and generated arrivals
+    text_only = {"--tokenizer": tokenizer is not None, "--seed": seed != 0, "--rate": rate != math.inf,
+                 "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--output-len": output_len is not None,
+                 "--no-oversample": not oversample}
+    unused = [flag for flag, given in text_only.items() if given and fmt not in TEXT_FORMATS]
     unused += ["--drop-zero"] if drop_zero and fmt != "azure" else []
+    unused += ["--skip-chat-template"] if skip_chat_template and fmt != "custom" else []
     if unused:
         raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
     try:
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
-                             rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero)
+                             rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
+                             skip_chat_template=skip_chat_template, oversample=oversample)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
