@@ -33,15 +33,21 @@ SERVE_IGNORED_VALUED = ("--host", "--port", "--served-model-name", "--api-key", 
                         "--tokenizer-mode", "--download-dir", "--seed", "--uvicorn-log-level", "--tool-call-parser",
                         "--reasoning-parser", "--generation-config", "--revision", "--load-format", "--max-log-len",
                         "--root-path", "--allowed-origins", "--response-role", "--config-format", "--hf-token",
-                        "--default-chat-template-kwargs", "--limit-mm-per-prompt")
+                        "--default-chat-template-kwargs", "--limit-mm-per-prompt", "--distributed-executor-backend",
+                        "--max-parallel-loading-workers", "--otlp-traces-endpoint", "--override-generation-config",
+                        "--structured-outputs-config", "--guided-decoding-backend", "--data-parallel-address",
+                        "--data-parallel-rpc-port")
 SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--enable-log-requests",
                           "--disable-log-stats", "--enable-auto-tool-choice", "--disable-fastapi-docs",
                           "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-                          "--enable-force-include-usage", "--language-model-only")
+                          "--enable-force-include-usage", "--language-model-only", "--calculate-kv-scales",
+                          "--enable-sleep-mode", "--headless")
 # what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
 SERVE_NOT_MODELLED_VALUED = ("--cpu-offload-gb", "--kv-transfer-config", "--compilation-config", "-O",
                              "--kv-offloading-size", "--max-loras", "--max-lora-rank", "--cuda-graph-sizes",
-                             "--max-cudagraph-capture-size", "--attention-backend")
+                             "--max-cudagraph-capture-size", "--attention-backend", "--stream-interval",
+                             "--api-server-count", "--hf-overrides", "--rope-scaling", "--max-num-partial-prefills",
+                             "--max-long-partial-prefills")
 SERVE_NOT_MODELLED_SWITCHES = ("--enforce-eager", "--enable-lora")
 
 # `vllm bench serve`: the planner's load flags and -p parameters
@@ -59,9 +65,10 @@ BENCH_IGNORED_VALUED = ("--model", "--tokenizer", "--backend", "--endpoint", "--
                         "--host", "--port", "--result-dir", "--result-filename", "--percentile-metrics",
                         "--metric-percentiles", "--label", "--served-model-name", "--ready-check-timeout-sec",
                         "--request-id-prefix", "--extra-body", "--metadata", "--tokenizer-mode",
-                        "--temperature", "--top-p", "--top-k")
+                        "--temperature", "--top-p", "--top-k", "--num-warmups")
 BENCH_IGNORED_SWITCHES = ("--save-result", "--save-detailed", "--ignore-eos", "--disable-tqdm", "--trust-remote-code",
-                          "--append-result", "--disable-shuffle", "--no-oversample", "--skip-chat-template")
+                          "--append-result", "--disable-shuffle", "--no-oversample", "--skip-chat-template",
+                          "--profile")
 # a dataset file's flags, as `planner workload import` takes them
 IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"--custom-output-len": "--output-len"}}
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
