@@ -12,6 +12,7 @@ from engine.deployment import Deployment
 from planner import capacity, simulate
 from planner.cli import app
 from planner.cli.serve import load_bench_trace
+from planner.analysis.ramp import knee
 from planner.errors import PlannerError
 from planner.runs.spec import Load, RunSpec
 from planner.validation.report import load_text
@@ -160,3 +161,33 @@ def test_validate_and_bench_send_the_same_ramp():
                                       "--rate", "2", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1",
                                       "--ramp-up-end-rps", "8"])
     assert result.exit_code == 2 and result.stderr.startswith("error: --ramp-up-strategy sets the request rate")
+
+
+def part(offered, served):
+    return {"offered_rate": offered, "served_rate": served}
+
+
+def test_the_knee_is_where_completions_fall_behind_for_good():
+    assert knee([part(5, 5), part(10, 9.5), part(20, 19)]) is None
+    assert knee([part(5, 5), part(10, 8), part(20, 19), part(30, 22), part(40, 23)]) == 3     # (share 1: noise)
+    assert knee([part(5, 5), part(10, 10), part(20, 12)]) is None          # one share behind may be noise
+    assert knee([part(5, 4), part(10, 5), part(20, 6)]) == 0
+
+
+def test_a_ramp_run_reads_as_a_load_curve():
+    # ten shares of the requests in sending order: the ramp's rates over each, offered and served rates, latencies
+    past = simulate(H100, workload="sharegpt", requests=2000, ramp_up=LINEAR).document()["verdict"]
+    profile = past["ramp_up_profile"]
+    assert len(profile) == 10 and sum(p["requests"] for p in profile) == 2000
+    assert profile[0]["rate_from"] == 2.0 and profile[-1]["rate_to"] == 60.0
+    assert all(a["rate_to"] < b["rate_from"] for a, b in zip(profile, profile[1:]))
+    assert profile[-1]["tpot_mean"] > 1.5 * profile[0]["tpot_mean"]
+    # early on the engine keeps pace (served within 10% of offered); late it falls behind, and says from where
+    assert profile[0]["served_rate"] == pytest.approx(profile[0]["offered_rate"], rel=0.1)
+    assert profile[-1]["served_rate"] < 0.9 * profile[-1]["offered_rate"]
+    line = past["lines"][1]
+    assert line.startswith("Over the ramp (mean TTFT ") and "completions fell behind arrivals from about " in line
+    within = simulate(H100, workload="sharegpt", requests=1000, ramp_up=RampUp("linear", 2, 6)).document()["verdict"]
+    assert within["lines"][1].endswith("completions kept pace with arrivals to its end (6 req/s).")
+    steady = simulate(H100, workload="sharegpt", requests=200, rate=4.0).document()["verdict"]
+    assert steady["ramp_up_profile"] is None

@@ -102,7 +102,8 @@ def test_custom_follows_vllm_benchs_custom_dataset(tmp_path, tokenizer_dir):
     templated_dir = tmp_path / "templated"
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    tok.chat_template = "w49 {% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} w48{% endif %}"
+    tok.chat_template = ("w49 {% for m in messages %}{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %} w48{% endif %}")
     tok.save_pretrained(templated_dir)
     chat = import_custom(path, templated_dir, num_requests=4, seed=2, output_len=32)
     assert [r.prompt_len for r in chat] == [r.prompt_len + 2 for r in plain]      # the template's two words

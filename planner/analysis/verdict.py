@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, goodput, token_time_arrays
+from planner.analysis.ramp import ramp_line, ramp_profile
 from workloads import RampUp
 
 WARMUP_FRACTION = 0.10
@@ -266,7 +267,8 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     params = doc.get("params", {})
     requested = params.get("trace_params", {}).get("rate")
     requested = requested if isinstance(requested, (int, float)) and math.isfinite(requested) else None
-    ramp_up = _ramp_up_text(params.get("trace_params", {}))
+    ramp = _ramp_up_of(params.get("trace_params", {}))
+    ramp_up = ramp.describe() if ramp else None
     timed = requested is not None or ramp_up is not None      # arrivals spread at a rate asked for
     arrivals = sorted(r.arrival for r in records)
     offered = ((len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
@@ -298,7 +300,8 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
                                  "why": "let the batch grow past max_num_seqs"})
-    verdict = {"requested_rate": requested, "ramp_up": ramp_up, "offered_rate": offered,
+    verdict = {"requested_rate": requested, "ramp_up": ramp_up,
+               "ramp_up_profile": ramp_profile(records, ramp) if ramp else None, "offered_rate": offered,
                "served_rate": doc.get("request_throughput"),
                "concurrency": params.get("concurrency"), "mean_concurrency": doc.get("mean_concurrency"),
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
@@ -349,12 +352,12 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
             "kv_full_share": kv_full, "bound": bound, "bound_reason": why}
 
 
-def _ramp_up_text(trace_params: dict) -> str | None:
-    """A ramp-up's rates in words ("linear ramp-up from A to B req/s"), None without one."""
+def _ramp_up_of(trace_params: dict) -> RampUp | None:
+    """The ramp-up a trace was timed by, None without one."""
     strategy = trace_params.get("ramp_up_strategy")
     if strategy is None:
         return None
-    return RampUp(strategy, trace_params["ramp_up_start_rps"], trace_params["ramp_up_end_rps"]).describe()
+    return RampUp(strategy, trace_params["ramp_up_start_rps"], trace_params["ramp_up_end_rps"])
 
 
 def _process_text(trace_params: dict) -> str:
@@ -385,6 +388,9 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
     if steady:
         rate_line += f", {_fmt_rate(steady['request_throughput'])} in the steady window"
     lines = [rate_line + "."]
+    curve = ramp_line(v["ramp_up_profile"] or [])
+    if curve:
+        lines.append(curve)
     if trend is not None:
         lines.append(_queue_line(v, trend, doc))
     if v["window_too_short"]:

@@ -240,7 +240,8 @@ def translate_bench(command: str, out: Translation) -> None:
         out.words += ["-p", f"{names[flag]}={value}"]
     rate = load.pop("--rate", "inf")
     if not _is_number(rate):
-        raise PlannerError(f"vllm bench serve: --request-rate {rate!r} is not a number of requests/s (inf: all at once)")
+        raise PlannerError(f"vllm bench serve: --request-rate {rate!r} is not a number of requests/s "
+                           f"(inf: all at once)")
     if not (math.isinf(float(rate)) and ("--concurrency" in load or "--ramp-up-strategy" in load)):
         out.words += ["--rate", rate]         # (inf and no limit: every request at once, as vLLM sends them)
     for flag, value in load.items():
