@@ -59,6 +59,11 @@ def test_measured_jsonl_gives_the_measured_metrics(folder, tmp_path):
     assert doc["comparison"]["ttft_mean"]["measured"] == pytest.approx(0.3)
     assert doc["num_completed"] == {"measured": 2, "simulated": 2}
     assert doc["deployment_sources"]["num_gpu_blocks"] == "64 (flag)"
+    # the report describes the recording, not a generated trace's defaults
+    assert (doc["requests"], doc["rate"], doc["length_scale"]) == (2, None, 1.0)
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "- trace: the recorded run run.jsonl: 2 requests sent at their recorded times, lengths as recorded" in report
+    assert " max 8 seqs," in report
 
 
 VLLM = {"input_lens": [10, 20], "output_lens": [3, 0], "ttfts": [0.2, 0.0], "itls": [[0.1, 0.1], []],

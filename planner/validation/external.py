@@ -115,7 +115,7 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
     cost = build_cost_model(plan, None, spec.profile)
     sim = simulate(trace, plan, cost, seed=spec.seed, **spec.clients)
     live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
-                   plan.max_num_batched_tokens, kernels)
+                   plan.max_num_batched_tokens, kernels, max_num_seqs=plan.deployment.max_num_seqs)
     result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
     result.spread = simulate_spread(trace, plan, cost, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
                                     metrics=COMPARED, clients=spec.clients)
@@ -381,5 +381,5 @@ def validate_measured(path: str | Path, spec: ValidationSpec, flags: dict) -> tu
         measured.pop(key)      # not recorded: gaps between tokens are unknown
     measured.pop("preemptions", None)
     settings, sources = merge_settings([(flags, "flag")])
-    spec = replace(spec, workload=Path(path).name)
+    spec = replace(spec, workload=Path(path).name, recording=str(path), requests=len(rows), length_scale=1.0)
     return _compare(spec, trace, records, measured, f"recorded run {Path(path).name}", settings), sources

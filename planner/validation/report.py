@@ -88,9 +88,11 @@ def _deployment_run(v: Validation) -> dict:
 
 def as_markdown(v: Validation, plots: list[str]) -> str:
     c, d = v.spec, v.spec.deployment
-    lines = [f"# Validation: {v.model.name} on {d.gpu}, workload {c.workload}", "",
-             f"- trace: {c.requests} requests {load_text(c)}, seed {c.seed}, lengths x{c.length_scale} "
-             f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})",
+    trace = (f"the recorded run {c.workload}: {c.requests} requests sent at their recorded times, lengths as "
+             f"recorded" if c.recording else
+             f"{c.requests} requests {load_text(c)}, seed {c.seed}, lengths x{c.length_scale} "
+             f"(prompt <= {c.max_prompt_len}, output <= {c.max_output_len})")
+    lines = [f"# Validation: {v.model.name} on {d.gpu}, workload {c.workload}", "", f"- trace: {trace}",
              f"- engine: {d.policy} policy, block size {d.block_size}, {v.live.num_gpu_blocks} KV blocks, max "
              f"{v.live.max_num_seqs or d.max_num_seqs} seqs, preemption by {d.preemption_mode}, "
              f"kernels `{v.live.kernels}`",

@@ -40,6 +40,7 @@ class ValidationSpec:
     attribution: bool = False          # also split the error by source (replays: planner/validation/attribution.py)
     seeds: int = 5                     # simulations with timing noise for the intervals (planner/validation/spread.py)
     kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
+    recording: str | None = None       # validate --measured: the recorded run whose requests are the trace
 
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or not 0 <= self.seeds <= MAX_SEEDS:
@@ -84,9 +85,9 @@ class ValidationSpec:
 
     @property
     def request_rate(self) -> float | None:
-        """The rate the documents record: None for a closed loop alone, whose times do not count, and for a
-        ramp-up, whose rate rises."""
-        if self.ramp_up is not None or self.concurrency is not None and not self.paced:
+        """The rate the documents record: None for a closed loop alone, whose times do not count, for a
+        ramp-up, whose rate rises, and for a recorded run, which has its own times."""
+        if self.recording is not None or self.ramp_up is not None or self.concurrency is not None and not self.paced:
             return None
         return self.arrival_rate
 
