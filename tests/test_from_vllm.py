@@ -68,6 +68,25 @@ def test_vllm_benchs_defaults_and_its_other_loads():
                               "--burstiness", "0.5"]
 
 
+def test_capacity_searches_the_load_the_bench_fixed():
+    # clients with --max-concurrency: the most clients within the --goodput SLOs; else the highest rate
+    clients = translate(SERVE, LOAD + " --goodput ttft:500 tpot:20", "h100-sxm", capacity=True)
+    assert clients.command.startswith("planner capacity --model Qwen/Qwen3-8B --gpu h100-sxm")
+    assert clients.words[-8:] == ["--requests", "1024", "--concurrency", "max", "--client-turnaround", "0.001",
+                                  "--slo", "ttft_p99=0.5,tpot_p99=0.02"]
+    assert "--rate" not in clients.words
+    assert clients.searched == ["--request-rate 25", "--max-concurrency 96"]
+    rate = translate("vllm serve m", "vllm bench serve --request-rate 8 --burstiness 0.5 --ramp-up-strategy linear "
+                     "--ramp-up-start-rps 1 --ramp-up-end-rps 9 --goodput e2el:4000 --ignore-eos", "h100-sxm",
+                     capacity=True)
+    assert rate.words[4:] == ["--workload", "random", "--requests", "1000", "--burstiness", "0.5", "--slo",
+                              "e2e_p99=4"]
+    assert rate.searched == ["--request-rate 8", "--ramp-up-strategy linear", "--ramp-up-start-rps 1",
+                             "--ramp-up-end-rps 9"]
+    with pytest.raises(PlannerError, match="a recording .* holds the load it ran"):
+        translate("vllm serve m", None, "h100-sxm", measured="r.json", capacity=True)
+
+
 @pytest.mark.parametrize("serve, bench, message", [
     ("vllm serve m --foo 1", None, "vllm serve: --foo is not a flag the planner knows"),
     ("vllm serve --port 8000", None, "vllm serve: no model"),

@@ -48,12 +48,15 @@ def from_vllm_cmd(
                                            help="instead of --bench: the result file of vllm bench serve "
                                                 "--save-result --save-detailed, validated against the simulation"),
     gpu: str = typer.Option(..., "--gpu", help="the GPU the server runs on (planner list gpus)"),
+    capacity: bool = typer.Option(False, "--capacity", help="planner capacity instead: the most load of the bench's "
+                                                             "kind (its rate, or its clients with --max-concurrency) "
+                                                             "within its --goodput SLOs"),
     run: bool = typer.Option(False, "--run", help="run it too; words after -- go to the command (e.g. -- --json)"),
 ) -> None:
     """The `planner simulate` line of a `vllm serve` and a `vllm bench serve` command line, or the `planner
     validate` line of a recorded vllm bench run (docs/vllm.md)."""
     try:
-        translation = translate(serve, bench, gpu, measured)
+        translation = translate(serve, bench, gpu, measured, capacity)
     except PlannerError as exc:
         raise fail(exc) from None
     err = Console(stderr=True)
@@ -61,6 +64,8 @@ def from_vllm_cmd(
         err.print(f"left out (no effect on the numbers): {' '.join(translation.ignored)}", highlight=False)
     for flag in translation.not_modelled:
         err.print(f"warning: not modelled, left out: {flag}", highlight=False)
+    if translation.searched:
+        err.print(f"searched for instead of taken: {', '.join(translation.searched)}", highlight=False)
     words = [*translation.words, *ctx.args]
     typer.echo(" ".join([translation.command, *ctx.args]))
     if run:

@@ -81,7 +81,8 @@ class Translation:
     words: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)        # no effect on the numbers
     not_modelled: list[str] = field(default_factory=list)   # changes them; left out with a warning
-    verb: str = "simulate"                                  # or validate, against a recorded run
+    verb: str = "simulate"                                  # validate (a recorded run) or capacity
+    searched: list[str] = field(default_factory=list)       # the load a capacity search finds instead
 
     @property
     def command(self) -> str:
@@ -242,7 +243,9 @@ def translate_bench(command: str, out: Translation) -> None:
     if not _is_number(rate):
         raise PlannerError(f"vllm bench serve: --request-rate {rate!r} is not a number of requests/s "
                            f"(inf: all at once)")
-    if not (math.isinf(float(rate)) and ("--concurrency" in load or "--ramp-up-strategy" in load)):
+    if out.verb == "capacity":
+        _searched(load, rate, out)
+    elif not (math.isinf(float(rate)) and ("--concurrency" in load or "--ramp-up-strategy" in load)):
         out.words += ["--rate", rate]         # (inf and no limit: every request at once, as vLLM sends them)
     for flag, value in load.items():
         out.words += [flag, value]
@@ -253,6 +256,21 @@ def translate_bench(command: str, out: Translation) -> None:
     if "--ignore-eos" not in switches:
         out.not_modelled.append("no --ignore-eos (vLLM's outputs end at EOS; the planner generates each request's "
                                 "whole output length)")
+
+
+def _searched(load: dict[str, str], rate: str, out: Translation) -> None:
+    """`planner capacity` searches the load the bench line fixed: the most clients within the SLOs when it ran
+    clients (--max-concurrency), else the highest Poisson (or --burstiness) rate; what it fixed is left out."""
+    fixed = [f"--request-rate {rate}"] if not math.isinf(float(rate)) else []
+    for flag in ("--ramp-up-strategy", "--ramp-up-start-rps", "--ramp-up-end-rps"):
+        if flag in load:
+            fixed.append(f"{flag} {load.pop(flag)}")
+    if "--concurrency" in load:
+        fixed.append(f"--max-concurrency {load['--concurrency']}")
+        load["--concurrency"] = "max"
+        if "--burstiness" in load:
+            fixed.append(f"--burstiness {load.pop('--burstiness')}")
+    out.searched += fixed
 
 
 def _import_hint(given: dict[str, str], switches: set[str]) -> str:
@@ -280,14 +298,18 @@ def _goodput(pair: str) -> str:
     return f"{GOODPUT_METRICS[key]}={float(ms) / 1000:g}"
 
 
-def translate(serve: str, bench: str | None, gpu: str, measured: str | None = None) -> Translation:
+def translate(serve: str, bench: str | None, gpu: str, measured: str | None = None,
+              capacity: bool = False) -> Translation:
     """The `planner simulate` words for `vllm serve` (and `vllm bench serve`) on `gpu`; with `measured` (the
     result file of `vllm bench serve --save-result --save-detailed`), `planner validate --measured` instead:
-    the recorded requests, replayed at their send times, against the server's simulation."""
+    the recorded requests, replayed at their send times, against the server's simulation; with `capacity`,
+    `planner capacity`: the most load of the bench's kind within its --goodput SLOs."""
     if bench is not None and measured is not None:
         raise PlannerError("give --bench (to simulate its load) or --measured (to validate against its "
                            "recording), not both: a recording holds its own load")
-    out = Translation()
+    if capacity and measured is not None:
+        raise PlannerError("--capacity searches for the most load; a recording (--measured) holds the load it ran")
+    out = Translation(verb="capacity" if capacity else "simulate")
     translate_serve(serve, out)
     out.words[2:2] = ["--gpu", gpu]
     if bench is not None:
