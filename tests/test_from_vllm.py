@@ -96,9 +96,9 @@ def test_capacity_searches_the_load_the_bench_fixed():
      "--dataset-path sg.json: import the file first (planner workload import sg.json --format sharegpt "
      "--tokenizer MODEL_DIR -n 1000 --seed 0 -o trace.jsonl) and simulate --trace trace.jsonl"),
     ("vllm serve m", "vllm bench serve --custom-output-len 64 --dataset-name custom --skip-chat-template "
-     "--dataset-path p.jsonl --num-prompts 50",
+     "--dataset-path p.jsonl --num-prompts 50 --disable-shuffle",
      "(planner workload import p.jsonl --format custom --tokenizer MODEL_DIR -n 50 --seed 0 --output-len 64 "
-     "--skip-chat-template -o trace.jsonl)"),
+     "--skip-chat-template --disable-shuffle -o trace.jsonl)"),
     ("vllm serve m", "vllm bench serve --dataset-name burstgpt --dataset-path b.csv",
      "--dataset-name burstgpt --dataset-path b.csv: the planner imports sharegpt and custom files"),
     ("vllm serve m", "vllm bench serve --dataset-name sonnet", "--dataset-name sonnet: the planner generates"),

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
@@ -40,6 +42,18 @@ def test_each_gap_is_drawn_at_its_requests_rate_and_left_unscaled():
     drawn = np.random.default_rng(5).exponential(1.0 / ramp.rates(500))
     times = arrival_times(np.random.default_rng(5), num_requests=500, ramp_up=ramp)
     assert times == pytest.approx(np.cumsum(drawn) - drawn[0], abs=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategy=st.sampled_from(["linear", "exponential"]), start=st.floats(0.01, 1e4), factor=st.floats(1, 1e3),
+       count=st.integers(0, 300), arrival=st.sampled_from(["poisson", "gamma", "constant"]), seed=st.integers(0, 99))
+def test_any_ramp_gives_a_sorted_trace_from_zero_with_every_request(strategy, start, factor, count, arrival, seed):
+    ramp = RampUp(strategy, start, start * factor)
+    times = arrival_times(np.random.default_rng(seed), arrival=arrival, cv=2.0, num_requests=count, ramp_up=ramp)
+    assert len(times) == count and np.all(np.diff(times) >= 0) and np.all(np.isfinite(times))
+    assert count == 0 or times[0] == 0.0
+    rates = ramp.rates(count)
+    assert np.all(np.diff(rates) >= 0) and (count == 0 or rates[0] == pytest.approx(start))
 
 
 def test_the_trace_starts_at_the_start_rate_and_ends_at_the_end_rate():

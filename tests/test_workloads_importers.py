@@ -109,6 +109,8 @@ def test_custom_follows_vllm_benchs_custom_dataset(tmp_path, tokenizer_dir):
     assert [r.prompt_len for r in chat] == [r.prompt_len + 2 for r in plain]      # the template's two words
     assert chat[0].prompt_token_ids[0] == WORDS.index("w49") and {r.output_len for r in chat} == {32}
     assert len(import_custom(path, templated_dir, num_requests=9, seed=2)) == 9           # oversampled
+    in_order = import_custom(path, tokenizer_dir, num_requests=6, skip_chat_template=True, shuffle=False)
+    assert [r.prompt_len for r in in_order] == [len(p.split()) for p in prompts]          # --disable-shuffle
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
     with pytest.raises(TraceError, match=r"bad\.jsonl:2: field 'prompt' is missing or not a string"):

@@ -117,6 +117,7 @@ def import_sharegpt(
     cv: float = 1.0,
     lfilter: LengthFilter = VLLM_FILTER,
     oversample: bool = True,
+    shuffle: bool = True,
 ) -> Trace:
     """Sample requests from a local ShareGPT JSON file by vLLM's benchmark rules.
 
@@ -132,7 +133,8 @@ def import_sharegpt(
     given process (default: all at t = 0).  If the file has fewer usable
     pairs, copies of random ones fill the count, as vLLM bench oversamples
     (``oversample=False``: the trace is shorter); ``params["available"]`` says
-    how many the file had.
+    how many the file had.  ``shuffle=False`` keeps the file's order (vLLM
+    bench's ``--disable-shuffle``).
     """
     path = Path(path)
     if num_requests < 1:
@@ -141,7 +143,8 @@ def import_sharegpt(
         raise TraceError(f"fixed_output_len: must be >= 1, got {fixed_output_len}")
     pairs = _sharegpt_pairs(path)
     tokenizer = _load_tokenizer(tokenizer_path)
-    random.Random(seed).shuffle(pairs)
+    if shuffle:                   # (vLLM bench's --disable-shuffle: the file's order)
+        random.Random(seed).shuffle(pairs)
     available = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
     kept = _oversampled(available, num_requests, seed, oversample)
     times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(kept))
@@ -206,13 +209,15 @@ def import_custom(
     rate: float = math.inf,
     cv: float = 1.0,
     oversample: bool = True,
+    shuffle: bool = True,
 ) -> Trace:
     """Requests from a JSON Lines file of ``{"prompt": ...}`` by vLLM bench's custom dataset's rules
     (vllm/benchmarks/datasets/custom.py, ``CustomDataset``): the lines shuffled by ``random.seed(seed);
     random.shuffle``, the first ``num_requests`` taken, each prompt put in the tokenizer's chat template as
     one user message with the generation prompt (unless ``skip_chat_template``, vLLM's --skip-chat-template)
     and tokenized as vLLM counts it, every output ``output_len`` tokens (--custom-output-len); too few lines
-    are oversampled as vLLM bench does (``oversample=False``: its --no-oversample)."""
+    are oversampled as vLLM bench does (``oversample=False``: its --no-oversample; ``shuffle=False``: its
+    --disable-shuffle)."""
     path = Path(path)
     if num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
@@ -223,7 +228,8 @@ def import_custom(
     if not skip_chat_template and not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template to put the prompts in; give "
                          f"--skip-chat-template (vLLM bench's flag) to send them as they are")
-    random.Random(seed).shuffle(prompts)
+    if shuffle:
+        random.Random(seed).shuffle(prompts)
     available = []
     for prompt in prompts[:num_requests]:
         if not skip_chat_template:

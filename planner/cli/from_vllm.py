@@ -284,8 +284,8 @@ def _import_hint(given: dict[str, str], switches: set[str]) -> str:
     for flag, value in given.items():
         if flag in IMPORTED[dataset]:
             words += [IMPORTED[dataset][flag], value]
-    words += [flag for flag in ("--skip-chat-template", "--no-oversample")
-              if flag in switches and (dataset == "custom" or flag == "--no-oversample")]
+    words += [flag for flag in ("--skip-chat-template", "--no-oversample", "--disable-shuffle")
+              if flag in switches and (dataset == "custom" or flag != "--skip-chat-template")]
     return (f"vllm bench serve: --dataset-path {path}: import the file first ({shlex.join(words)} -o trace.jsonl) "
             f"and simulate --trace trace.jsonl")
 

@@ -140,7 +140,7 @@ TEXT_FORMATS = ("sharegpt", "custom")      # prompts as text: a tokenizer counts
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
                  duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
                  cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
-                 skip_chat_template: bool = False, oversample: bool = True) -> Trace:
+                 skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -152,7 +152,7 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         if tokenizer is None:
             raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its "
                              f"tokens")
-        timing = dict(arrival=arrival, rate=rate, cv=cv, oversample=oversample)
+        timing = dict(arrival=arrival, rate=rate, cv=cv, oversample=oversample, shuffle=shuffle)
         if fmt == "sharegpt":
             trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, fixed_output_len=output_len,
                                     **timing)
@@ -182,6 +182,9 @@ def import_command(
     skip_chat_template: bool = typer.Option(False, "--skip-chat-template",
                                             help="custom: send the prompts as they are, not in the tokenizer's "
                                                  "chat template (vLLM bench's flag)"),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle",
+                                         help="sharegpt, custom: take the file's requests in its order, not "
+                                              "shuffled by the seed (vLLM bench's flag)"),
     oversample: bool = typer.Option(True, "--oversample/--no-oversample",
                                     help="sharegpt, custom: fill the count with copies of random requests when the "
                                          "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
@@ -205,7 +208,7 @@ def import_command(
     # a ShareGPT dump or a custom JSONL is text without times: only they take a tokenizer and generated arrivals
     text_only = {"--tokenizer": tokenizer is not None, "--seed": seed != 0, "--rate": rate != math.inf,
                  "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--output-len": output_len is not None,
-                 "--no-oversample": not oversample}
+                 "--no-oversample": not oversample, "--disable-shuffle": disable_shuffle}
     unused = [flag for flag, given in text_only.items() if given and fmt not in TEXT_FORMATS]
     unused += ["--drop-zero"] if drop_zero and fmt != "azure" else []
     unused += ["--skip-chat-template"] if skip_chat_template and fmt != "custom" else []
@@ -214,7 +217,8 @@ def import_command(
     try:
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
-                             skip_chat_template=skip_chat_template, oversample=oversample)
+                             skip_chat_template=skip_chat_template, oversample=oversample,
+                             shuffle=not disable_shuffle)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
