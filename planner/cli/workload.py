@@ -189,7 +189,8 @@ def import_command(
                                     help="sharegpt, custom: fill the count with copies of random requests when the "
                                          "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
-                                           help=f"keep the first N requests (sharegpt: sample N, default {DEFAULT_REQUESTS})"),
+                                           help=f"keep the first N requests (sharegpt, custom: sample N, default "
+                                                f"{DEFAULT_REQUESTS})"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
     seed: int = typer.Option(0, help="sharegpt: sampling and arrival seed"),
     rate: float = typer.Option(math.inf, help="sharegpt: requests/s of the generated arrivals (inf: all at t=0)"),
