@@ -26,6 +26,7 @@ from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
+from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
 from workloads import RampUp, TraceError, burstiness_arrival, make_trace, parse_workload_params
@@ -253,8 +254,7 @@ def bench(
     Exits 1 when every request failed."""
     try:
         ramp_up = ramp_up_of(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
-        if ramp_up is not None and rate is not None:
-            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
+        check_ramp_up_rate(ramp_up, rate)
         if max_concurrency is not None and rate is None and ramp_up is None:
             rate = math.inf                 # vllm bench serve's default rate: every request due at once
         if out is not None:

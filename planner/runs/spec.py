@@ -22,6 +22,12 @@ DEFAULT_RATE = 1.0          # requests/s for a built-in workload when none is gi
 DEFAULT_REQUESTS = 1000     # requests for a built-in workload when neither a count nor a duration is given
 
 
+def check_ramp_up_rate(ramp_up: RampUp | None, rate: float | None) -> None:
+    """A ramp-up sets the rate: vllm bench serve refuses one beside it (simulate, validate and bench alike)."""
+    if ramp_up is not None and rate is not None:
+        raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
+
+
 @dataclass(frozen=True)
 class Load:
     """What arrives: a built-in workload or a trace file, how many requests and how fast."""
@@ -77,11 +83,8 @@ class Load:
 
     def check_ramp_up(self) -> None:
         """vllm bench's rules for a ramp-up, in the planner's words."""
-        if self.ramp_up is None:
-            return
-        if self.rate is not None:
-            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
-        if self.duration is not None:
+        check_ramp_up_rate(self.ramp_up, self.rate)
+        if self.ramp_up is not None and self.duration is not None:
             raise PlannerError("--ramp-up-strategy raises the rate request by request up to the last: give "
                                "--requests N, not --duration")
 

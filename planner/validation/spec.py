@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.deployment import Deployment
 from planner.errors import PlannerError
 from planner.runs.seeds import MAX_SEEDS
+from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
 from workloads.trace import MAX_LENGTH_SCALE
@@ -51,8 +52,7 @@ class ValidationSpec:
             raise PlannerError(f"--requests must be at least 1, got {self.requests}")
         if self.rate is not None and not self.rate > 0:      # (inf: every request at once)
             raise PlannerError(f"--rate must be a positive number of requests/s, got {self.rate}")
-        if self.ramp_up is not None and self.rate is not None:
-            raise PlannerError("--ramp-up-strategy sets the request rate, as in vllm bench serve: drop --rate")
+        check_ramp_up_rate(self.ramp_up, self.rate)
         check_trace_size(self.requests, None, self.arrival_rate)
         self._arrival()
         if not 0 < self.length_scale <= MAX_LENGTH_SCALE:
