@@ -99,8 +99,10 @@ def test_capacity_searches_the_load_the_bench_fixed():
      "--dataset-path p.jsonl --num-prompts 50 --disable-shuffle",
      "(planner workload import p.jsonl --format custom --tokenizer MODEL_DIR -n 50 --seed 0 --output-len 64 "
      "--skip-chat-template --disable-shuffle -o trace.jsonl)"),
-    ("vllm serve m", "vllm bench serve --dataset-name burstgpt --dataset-path b.csv",
-     "--dataset-name burstgpt --dataset-path b.csv: the planner imports sharegpt and custom files"),
+    ("vllm serve m", "vllm bench serve --dataset-name burstgpt --dataset-path b.csv --seed 3 --disable-shuffle",
+     "(planner workload import b.csv --format burstgpt -n 1000 --seed 3 -o trace.jsonl)"),
+    ("vllm serve m", "vllm bench serve --dataset-name sonnet --dataset-path s.txt",
+     "--dataset-name sonnet --dataset-path s.txt: the planner imports sharegpt, custom, burstgpt files"),
     ("vllm serve m", "vllm bench serve --dataset-name sonnet", "--dataset-name sonnet: the planner generates"),
     ("vllm serve m", "vllm bench serve --random-input-len 10 --dataset-name prefix_repetition",
      "--random-input-len is not a parameter of --dataset-name prefix_repetition"),

@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import numpy as np
+
 from .arrivals import TIME_DECIMALS, arrival_times
 from .errors import TraceError, where
 from .lengths import VLLM_FILTER, LengthFilter
@@ -308,12 +310,16 @@ def _cell(cell: str, col: str, parse, path: Path, line: int):
 
 
 def _csv_requests(path: Path, lines, header: list[str], columns: tuple[str, str, str], num_requests: int | None,
-                  drop_zero: bool) -> tuple[list[tuple[Decimal, int, int]], int]:
-    """(timestamp, prompt tokens, output tokens) of the first ``num_requests`` rows,
-    each checked as it is read (cell count, timestamps in order and within the cap,
-    lengths), and how many rows a zero length dropped."""
+                  drop_zero: bool, only: tuple[str, str] | None = None,
+                  duration: float | None = None) -> tuple[list[tuple[Decimal, int, int]], int]:
+    """(timestamp, prompt tokens, output tokens) of the first ``num_requests`` rows
+    (those whose ``only[0]`` cell is ``only[1]``, if given; read no further than
+    ``duration`` seconds past the first), each checked as it is read (cell count,
+    timestamps in order and within the cap, lengths), and how many rows a zero length
+    dropped."""
     timestamp_col = columns[0]
     cols = [(col, header.index(col), parse) for col, parse in zip(columns, (parse_timestamp, _length, _length))]
+    only_at = header.index(only[0]) if only else None
     rows: list[tuple[Decimal, int, int]] = []
     dropped = 0
     prev: Decimal | None = None
@@ -322,9 +328,13 @@ def _csv_requests(path: Path, lines, header: list[str], columns: tuple[str, str,
             break
         if len(cells) != len(header):
             raise TraceError(f"{where(path, line)}: row has {len(cells)} cells, header has {len(header)}")
+        if only and cells[only_at].strip() != only[1]:
+            continue
         t, p, o = (_cell(cells[i], col, parse, path, line) for col, i, parse in cols)
         if prev is not None and t < prev:
             raise TraceError(f"{where(path, line, timestamp_col)}: {cells[cols[0][1]].strip()} is before the previous row's timestamp (timestamps must not decrease)")
+        if duration is not None and rows and t - rows[0][0] >= Decimal(repr(duration)):
+            break                 # a long log's later rows are neither needed nor checked
         if rows and t - rows[0][0] > MAX_ARRIVAL_TIME:
             raise TraceError(f"{where(path, line, timestamp_col)}: {float(t - rows[0][0]):g} s after the first row, "
                              f"over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
@@ -350,6 +360,7 @@ def import_csv_trace(
     duration: float | None = None,
     drop_zero: bool = False,
     name: str | None = None,
+    only: tuple[str, str] | None = None,
 ) -> Trace:
     """A trace from a CSV with timestamp, prompt-token and output-token columns.
 
@@ -358,18 +369,21 @@ def import_csv_trace(
     decrease; arrival times are relative to the first row.  A negative length
     is an error; a zero length is an error too unless ``drop_zero`` (some
     production rows record requests that produced nothing), in which case the
-    row is skipped and counted in ``params["dropped_rows"]``.
+    row is skipped and counted in ``params["dropped_rows"]``.  ``only=(column,
+    value)`` keeps the rows whose cell in that column is the value.
     """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     lines = csv_rows(path)
+    columns = (timestamp_col, prompt_col, output_col)
     # other columns are the production log's own (and may be unnamed, e.g. a pandas index)
-    header, _ = csv_header(path, lines, (timestamp_col, prompt_col, output_col), all_named=False)
-    rows, dropped = _csv_requests(path, lines, header, (timestamp_col, prompt_col, output_col),
-                                  num_requests, drop_zero)
+    header, _ = csv_header(path, lines, columns + ((only[0],) if only else ()), all_named=False)
+    rows, dropped = _csv_requests(path, lines, header, columns, num_requests, drop_zero, only, duration)
     if not rows:
-        raise TraceError(f"{path}: no requests in it" + (f" ({dropped} rows with a zero length skipped)" if dropped else ""))
+        kept = f" with {only[0]} {only[1]}" if only else ""
+        raise TraceError(f"{path}: no requests{kept} in it"
+                         + (f" ({dropped} rows with a zero length skipped)" if dropped else ""))
     start = rows[0][0]
     stem = name or path.stem
     requests = [
@@ -378,7 +392,86 @@ def import_csv_trace(
     ]
     params = {
         "source": str(path), "timestamp_col": timestamp_col, "prompt_col": prompt_col,
-        "output_col": output_col, "dropped_rows": dropped,
+        "output_col": output_col, "dropped_rows": dropped, **({"only": list(only)} if only else {}),
     }
     trace = Trace(requests, name=stem, params=params)
+    return trace.head(duration=duration) if duration is not None else trace
+
+
+# --- BurstGPT (Wang et al., 2024: a real log of ChatGPT and GPT-4 requests) --------------
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+BURSTGPT_ONLY = ("Model", "GPT-4")      # vLLM bench's BurstGPTDataset uses these rows only
+
+
+def _burstgpt_population(path: Path) -> list[tuple[int, int]]:
+    """(request tokens, response tokens) of the rows vLLM bench's BurstGPT dataset samples from, in file order:
+    the GPT-4 rows with a response (a zero is a failed request)."""
+    lines = csv_rows(path)
+    header, _ = csv_header(path, lines, BURSTGPT_COLUMNS + BURSTGPT_ONLY[:1], all_named=False)
+    model_at = header.index(BURSTGPT_ONLY[0])
+    lengths = [(col, header.index(col)) for col in BURSTGPT_COLUMNS[1:]]
+    population = []
+    for line, cells in lines:
+        if len(cells) != len(header):
+            raise TraceError(f"{where(path, line)}: row has {len(cells)} cells, header has {len(header)}")
+        if cells[model_at].strip() != BURSTGPT_ONLY[1]:
+            continue
+        prompt, response = (_cell(cells[i], col, _length, path, line) for col, i in lengths)
+        for col, n in zip(BURSTGPT_COLUMNS[1:], (prompt, response)):
+            if n < 0:
+                raise TraceError(f"{where(path, line, col)}: length must be >= 0, got {n}")
+        if response > 0:
+            population.append((prompt, response))
+    if not population:
+        raise TraceError(f"{path}: no {BURSTGPT_ONLY[0]} {BURSTGPT_ONLY[1]} rows with a response in it (vLLM "
+                         f"bench's BurstGPT dataset samples only those)")
+    return population
+
+
+def import_burstgpt(
+    path: str | Path,
+    num_requests: int | None = None,
+    seed: int = 0,
+    *,
+    keep_times: bool = False,
+    duration: float | None = None,
+    arrival: str = "poisson",
+    rate: float = math.inf,
+    cv: float = 1.0,
+) -> Trace:
+    """Requests from a BurstGPT CSV (Timestamp, Model, Request tokens, Response tokens, ...).
+
+    By vLLM bench's rules (vllm/benchmarks/datasets, ``BurstGPTDataset``): the GPT-4 rows with a response, of
+    which ``num_requests`` are drawn as pandas' ``DataFrame.sample(n, random_state=seed)`` draws them (numpy's
+    ``RandomState(seed)``: a permutation's first n, or n with replacement when the file has fewer), each
+    request its row's token counts, arrivals generated by the given process.  vLLM sends a drawn row with no
+    request tokens as an empty prompt, which its server rejects: such requests are left out (their arrival
+    slot with them) and counted in ``params["empty_prompts"]``.
+
+    ``keep_times``: the log's own arrivals instead, BurstGPT's burstiness: the same rows in file order at their
+    timestamps (relative to the first), the first ``num_requests`` of them (all by default) or those in the
+    first ``duration`` seconds; rows with a zero count are skipped and counted in ``params["dropped_rows"]``.
+    """
+    path = Path(path)
+    if num_requests is not None and num_requests < 1:
+        raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    if keep_times:
+        return import_csv_trace(path, *BURSTGPT_COLUMNS, num_requests=num_requests, duration=duration,
+                                drop_zero=True, name="burstgpt", only=BURSTGPT_ONLY)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    population = _burstgpt_population(path)
+    n = num_requests or 1000
+    draw = np.random.RandomState(seed)
+    picks = draw.permutation(len(population))[:n] if n <= len(population) else draw.randint(0, len(population), n)
+    times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=n)
+    requests = [TraceRequest(request_id=f"burstgpt-{i}", arrival_time=float(t), prompt_len=population[k][0],
+                             output_len=population[k][1])
+                for i, (k, t) in enumerate(zip(picks.tolist(), times)) if population[k][0] > 0]
+    if not requests:
+        raise TraceError(f"{path}: every drawn row has no request tokens (vLLM's server rejects an empty prompt)")
+    params = {"source": str(path), "num_requests": n, "available": len(population), "seed": seed,
+              "empty_prompts": n - len(requests), "arrival": arrival, "rate": rate, "cv": cv}
+    trace = Trace(requests, name="burstgpt-import", params=params)
     return trace.head(duration=duration) if duration is not None else trace

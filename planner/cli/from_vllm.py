@@ -70,7 +70,9 @@ BENCH_IGNORED_SWITCHES = ("--save-result", "--save-detailed", "--ignore-eos", "-
                           "--append-result", "--disable-shuffle", "--no-oversample", "--skip-chat-template",
                           "--profile")
 # a dataset file's flags, as `planner workload import` takes them
-IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"--custom-output-len": "--output-len"}}
+IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"--custom-output-len": "--output-len"},
+            "burstgpt": {}}
+TEXT_DATASETS = ("sharegpt", "custom")   # prompts as text: counted by the model's tokenizer
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
 
 
@@ -277,15 +279,18 @@ def _import_hint(given: dict[str, str], switches: set[str]) -> str:
     """A dataset file's refusal, with the `planner workload import` line that samples it as vLLM bench does."""
     dataset, path = given.get("--dataset-name", "random"), given["--dataset-path"]
     if dataset not in IMPORTED:
-        return (f"vllm bench serve: --dataset-name {dataset} --dataset-path {path}: the planner imports sharegpt "
-                f"and custom files (planner workload import), not {dataset}")
-    words = ["planner", "workload", "import", path, "--format", dataset, "--tokenizer", "MODEL_DIR",
+        return (f"vllm bench serve: --dataset-name {dataset} --dataset-path {path}: the planner imports "
+                f"{', '.join(IMPORTED)} files (planner workload import), not {dataset}")
+    words = ["planner", "workload", "import", path, "--format", dataset,
+             *(["--tokenizer", "MODEL_DIR"] if dataset in TEXT_DATASETS else []),
              "-n", given.get("--num-prompts", "1000"), "--seed", given.get("--seed", "0")]
     for flag, value in given.items():
         if flag in IMPORTED[dataset]:
             words += [IMPORTED[dataset][flag], value]
-    words += [flag for flag in ("--skip-chat-template", "--no-oversample", "--disable-shuffle")
-              if flag in switches and (dataset == "custom" or flag != "--skip-chat-template")]
+    # vLLM's BurstGPT dataset always draws (with replacement past the file's rows): these switches do not apply
+    if dataset in TEXT_DATASETS:
+        words += [flag for flag in ("--skip-chat-template", "--no-oversample", "--disable-shuffle")
+                  if flag in switches and (dataset == "custom" or flag != "--skip-chat-template")]
     return (f"vllm bench serve: --dataset-path {path}: import the file first ({shlex.join(words)} -o trace.jsonl) "
             f"and simulate --trace trace.jsonl")
 

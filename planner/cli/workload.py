@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workloads import (WORKLOADS, Trace, TraceError, import_csv_trace, import_custom, import_sharegpt, make_trace,
-                       parse_workload_params, workload_params)
+from workloads import (WORKLOADS, Trace, TraceError, import_burstgpt, import_csv_trace, import_custom,
+                       import_sharegpt, make_trace, parse_workload_params, workload_params)
 from workloads.make import is_trace_file
 
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
@@ -133,14 +133,16 @@ def show(
             console.print(f"{label} written to {path}")
 
 
-IMPORT_FORMATS = ("azure", "sharegpt", "custom", "csv")
-TEXT_FORMATS = ("sharegpt", "custom")      # prompts as text: a tokenizer counts them, arrivals are generated
+IMPORT_FORMATS = ("azure", "sharegpt", "custom", "burstgpt", "csv")
+TEXT_FORMATS = ("sharegpt", "custom")      # prompts as text: a tokenizer counts them
+SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")  # requests drawn by a seed, arrivals generated (vLLM bench's way)
 
 
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
                  duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
                  cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
-                 skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True) -> Trace:
+                 skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True,
+                 keep_times: bool = False) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -148,6 +150,9 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         raise TraceError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     if fmt == "azure":
         return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
+    if fmt == "burstgpt":
+        return import_burstgpt(path, requests, seed, keep_times=keep_times, duration=duration, arrival=arrival,
+                               rate=rate, cv=cv)
     if fmt in TEXT_FORMATS:
         if tokenizer is None:
             raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its "
@@ -171,7 +176,8 @@ def import_command(
     path: Path = typer.Argument(..., help="the file to import"),
     fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
                                                        "sharegpt (JSON dump, needs --tokenizer), custom (vLLM bench's "
-                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer) or csv (our "
+                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer), burstgpt "
+                                                       "(BurstGPT's CSV, sampled as vLLM bench does) or csv (our "
                                                        "columns)"),
     output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
     tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, custom: a local tokenizer folder"),
@@ -189,13 +195,17 @@ def import_command(
                                     help="sharegpt, custom: fill the count with copies of random requests when the "
                                          "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
-                                           help=f"keep the first N requests (sharegpt, custom: sample N, default "
-                                                f"{DEFAULT_REQUESTS})"),
+                                           help=f"keep the first N requests (sharegpt, custom, burstgpt: sample N, "
+                                                f"default {DEFAULT_REQUESTS})"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
-    seed: int = typer.Option(0, help="sharegpt: sampling and arrival seed"),
-    rate: float = typer.Option(math.inf, help="sharegpt: requests/s of the generated arrivals (inf: all at t=0)"),
-    arrival: str = typer.Option("poisson", help="sharegpt: poisson, gamma or constant"),
-    cv: float = typer.Option(1.0, help="sharegpt: coefficient of variation of gamma gaps"),
+    seed: int = typer.Option(0, help="sharegpt, custom, burstgpt: sampling and arrival seed"),
+    rate: float = typer.Option(math.inf, help="sharegpt, custom, burstgpt: requests/s of the generated arrivals "
+                                              "(inf: all at t=0)"),
+    arrival: str = typer.Option("poisson", help="sharegpt, custom, burstgpt: poisson, gamma or constant"),
+    cv: float = typer.Option(1.0, help="sharegpt, custom, burstgpt: coefficient of variation of gamma gaps"),
+    keep_times: bool = typer.Option(False, "--keep-times",
+                                    help="burstgpt: the log's own arrivals (its GPT-4 rows in order at their "
+                                         "timestamps) instead of vLLM bench's sample at generated arrivals"),
     drop_zero: bool = typer.Option(False, "--drop-zero", help="azure: skip rows with a zero length"),
     as_json: bool = typer.Option(False, "--json", help="print the trace's statistics as JSON"),
 ) -> None:
@@ -206,20 +216,28 @@ def import_command(
         raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
     if output.resolve() == path.resolve():
         raise fail(f"--output {output}: the file being imported; write the trace to another file")
-    # a ShareGPT dump or a custom JSONL is text without times: only they take a tokenizer and generated arrivals
-    text_only = {"--tokenizer": tokenizer is not None, "--seed": seed != 0, "--rate": rate != math.inf,
-                 "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--output-len": output_len is not None,
+    # a ShareGPT dump or a custom JSONL is text: only they take a tokenizer; a file without times (or BurstGPT's,
+    # sampled as vLLM bench samples it) takes a seed and generated arrivals
+    text_only = {"--tokenizer": tokenizer is not None, "--output-len": output_len is not None,
                  "--no-oversample": not oversample, "--disable-shuffle": disable_shuffle}
+    sampled_only = {"--seed": seed != 0, "--rate": rate != math.inf, "--arrival": arrival != "poisson",
+                    "--cv": cv != 1.0}
     unused = [flag for flag, given in text_only.items() if given and fmt not in TEXT_FORMATS]
+    unused += [flag for flag, given in sampled_only.items() if given and fmt not in SAMPLED_FORMATS]
     unused += ["--drop-zero"] if drop_zero and fmt != "azure" else []
+    unused += ["--keep-times"] if keep_times and fmt != "burstgpt" else []
     unused += ["--skip-chat-template"] if skip_chat_template and fmt != "custom" else []
     if unused:
         raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
+    timed = [flag for flag, given in sampled_only.items() if given and keep_times]
+    if timed:
+        raise fail(f"{', '.join(timed)}: not used with --keep-times (the log's own arrivals); drop "
+                   f"{'it' if len(timed) == 1 else 'them'}")
     try:
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
                              skip_chat_template=skip_chat_template, oversample=oversample,
-                             shuffle=not disable_shuffle)
+                             shuffle=not disable_shuffle, keep_times=keep_times)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
@@ -231,9 +249,11 @@ def import_command(
         return
     console = Console()
     console.print(_table(stats))
-    dropped = trace.params.get("dropped_rows")
+    dropped, empty = trace.params.get("dropped_rows"), trace.params.get("empty_prompts")
     if dropped:
         console.print(f"skipped {dropped} rows with a zero length")
+    if empty:
+        console.print(f"left out {empty} drawn rows with no request tokens (vLLM's server rejects an empty prompt)")
     console.print(f"trace written to {output} (use it with: planner simulate --trace {output})", highlight=False)
 
 
