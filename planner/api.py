@@ -14,7 +14,7 @@ the JSON file the command writes.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from engine.deployment import Deployment, check_type
@@ -131,11 +131,16 @@ class CapacityResult:
 def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, float] | str | None = None,
              start_rate: float = 1.0, max_rate: float = 256.0, tolerance: float = 0.02, seeds: int = 1,
              confidence: float = 0.9, clients: bool = False, on_probe=None, warn: Warn | None = None,
-             **load) -> CapacityResult:
+             slo_attainment: float | None = None, **load) -> CapacityResult:
     """The highest request rate within the SLOs (`slos` here, or the RunSpec's own); with `clients`, the
-    most concurrent clients (a closed loop: `planner capacity --concurrency max`)."""
+    most concurrent clients (a closed loop: `planner capacity --concurrency max`). With `slo_attainment`
+    (or the RunSpec's), each SLO is a per-request limit and that share of the requests must meet them all
+    (DistServe's SLO attainment; vLLM bench's goodput counts the same requests)."""
     check_type("seeds", seeds, int)
+    check_type("slo_attainment", slo_attainment, float, optional=True)
     spec = run_spec(target, slos=slos, **load)
+    if slo_attainment is not None:
+        spec = replace(spec, slo_attainment=slo_attainment)
     _no_ramp_up(spec, "capacity() searches the request rate")
     limits = dict(spec.slos)
     if not limits:

@@ -1,7 +1,24 @@
 """The capacity report's lines (planner/sizing/capacity.py)."""
 from __future__ import annotations
 
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from planner import capacity
+from planner.cli.app import app
+from planner.errors import PlannerError
+from planner.runs.slos import meets
+from planner.runs.spec import RunSpec
 from planner.sizing.capacity import _binding_line
+
+
+@pytest.fixture(scope="module")
+def small_capacity():
+    def run(attainment):
+        return capacity(Deployment(model="opt-13b", gpu="a100-40g"), slos="ttft_p99=0.08,tpot_p99=0.05",
+                        slo_attainment=attainment, workload="alpaca", requests=200, tolerance=0.05)
+    return run
 
 
 def test_the_binding_line_does_not_round_a_miss_onto_its_limit():
@@ -9,3 +26,35 @@ def test_the_binding_line_does_not_round_a_miss_onto_its_limit():
     line = _binding_line("tpot_p99", {"tpot_p99": 0.0105}, "45.6 req/s", {"tpot_p99": 0.010509})
     assert line == "Binding limit: tpot_p99 <= 0.0105 (at 45.6 req/s it reached 0.01051)."
     assert _binding_line("ttft_p99", {"ttft_p99": 2}, "8 req/s", {"ttft_p99": 2.6789}).endswith("reached 2.68).")
+
+
+def test_slo_attainment_counts_requests_within_every_limit():
+    """Judged by attainment, a rejected request is a miss (not a failed run), and a run that piles up fails."""
+    doc = {"num_submitted": 100, "num_good": 91, "num_rejected": 2, "ttft_p99": 9.0, "verdict": {}}
+    assert meets(doc, {"ttft_p99": 0.5}, attainment=0.9)
+    assert not meets(doc, {"ttft_p99": 0.5}, attainment=0.92)
+    assert not meets(doc, {"ttft_p99": 0.5})                  # by the statistic (and a rejection fails it)
+    assert not meets({**doc, "verdict": {"overloaded": True}}, {"ttft_p99": 0.5}, attainment=0.5)
+    assert not meets({"num_submitted": 10, "verdict": {}}, {"ttft_p99": 0.5}, attainment=0.5)   # judged without SLOs
+
+
+def test_capacity_by_slo_attainment(small_capacity):
+    loose, strict = (small_capacity(attainment) for attainment in (0.5, 0.99))
+    for found, target in ((loose, 0.5), (strict, 0.99)):
+        doc = found.document
+        assert doc["slo_attainment"] == target and doc["binding_slo"] == "slo_attainment"
+        assert all(p["attainment"] >= target for p in doc["probes"] if p["meets"])
+        first_miss = min((p for p in doc["probes"] if not p["meets"]), key=lambda p: p["rate"])
+        assert first_miss["rate"] > found.rate and first_miss["attainment"] < target
+        assert any(line.startswith("Binding limit: SLO attainment >= ") for line in doc["verdict"]["lines"])
+    assert strict.rate < loose.rate         # the stricter share is met only at a lower rate
+    assert "--slo-attainment 0.99" in strict.spec.command(capacity=True)
+    assert "--slo-attainment" not in strict.spec.command(rate=1.0)     # `simulate` judges the statistics
+
+
+def test_slo_attainment_is_a_share():
+    with pytest.raises(PlannerError, match="--slo-attainment 1.5: give the share of requests"):
+        RunSpec(slo_attainment=1.5)
+    result = CliRunner().invoke(app, ["capacity", "--model", "opt-125m", "--gpu", "a100-40g", "--slo", "0.2",
+                                      "--slo-attainment", "0"])
+    assert result.exit_code == 2 and result.output.startswith("error: --slo-attainment 0: give the share")

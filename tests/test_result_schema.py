@@ -52,6 +52,7 @@ def test_sweep_capacity_and_search_json(small):
     specs = [run_spec(small, workload="alpaca", rate=r, requests=40) for r in (2, 4)]
     docs = sweep(specs)
     for doc in (sweep_document(docs), capacity(small, slos="ttft_p99=2", requests=40, tolerance=0.2).document,
+                capacity(small, slos="ttft_p99=2", slo_attainment=0.9, requests=40, tolerance=0.2).document,
                 search(small, slos="ttft_p99=2", requests=40, tolerance=0.2, rate=2, workers=1).document()):
         assert doc["schema_version"] == SCHEMA_VERSION
         assert not undocumented(doc)

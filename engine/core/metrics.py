@@ -403,6 +403,13 @@ def failed_requests(doc: dict) -> int:
     return int(doc.get("num_rejected") or 0) + int(doc.get("num_truncated") or 0)
 
 
+def slo_attainment(doc: dict) -> float | None:
+    """DistServe's SLO attainment of a result document judged with SLOs: the share of the submitted requests
+    served within every SLO's per-request limit (a rejected or truncated request is not); None without SLOs."""
+    good, submitted = doc.get("num_good"), doc.get("num_submitted")
+    return good / submitted if good is not None and submitted else None
+
+
 def slo_quantity(name: str) -> str:
     """The per-request quantity an SLO on an aggregate bounds in each request (ttft_p99 -> ttft)."""
     return "normalized_latency" if name == "normalized_latency" else name.split("_")[0]

@@ -50,7 +50,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.core.metrics import RequestRecord, StepRecord, compute_metrics, goodput, token_time_arrays
+from engine.core.metrics import (RequestRecord, StepRecord, compute_metrics, goodput, slo_attainment,
+                                 token_time_arrays)
 from planner.analysis.ramp import ramp_line, ramp_profile
 from workloads import RampUp
 
@@ -565,14 +566,19 @@ def run_label(run: dict, swept: list[str]) -> str:
     return ", ".join(parts)
 
 
-def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None) -> str | None:
+def binding_slo(slos: dict[str, float], probes: list[tuple[float, bool, dict]], capacity: float | None,
+                attainment: float | None = None) -> str | None:
     """What fails first above the capacity: at the lowest failing rate, the SLO furthest over its limit,
     'num_rejected' when requests were rejected, 'queue_growth' when every SLO held but requests kept piling up
-    (or piled up on a window too short to tell)."""
+    (or piled up on a window too short to tell); judged by an SLO `attainment`, 'slo_attainment' when too few
+    requests met every limit."""
     above = sorted((r, d) for r, ok, d in probes if not ok and (capacity is None or r > capacity))
     if not above:
         return None
     _, doc = above[0]
+    if attainment is not None:
+        share = slo_attainment(doc)
+        return "slo_attainment" if share is None or share < attainment else "queue_growth"
     if doc.get("num_rejected"):
         return "num_rejected"
     ratios = {k: (doc.get(k) or math.inf) / v for k, v in slos.items()}

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from engine.core.metrics import slo_attainment
 from planner import api
 from planner.cli import options as opt
 from planner.cli import pd_options as pdo
@@ -33,7 +34,7 @@ from planner.report.run import write_run
 from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Fleet, Load, RunSpec
-from planner.sizing.capacity import capacity_title
+from planner.sizing.capacity import capacity_limits, capacity_title, percent
 from workloads import RampUp, TraceError, parse_workload_params
 
 # The paper's setting: OPT-13B on one A100-40GB.
@@ -248,6 +249,11 @@ CAPACITY_SLOS = typer.Option(..., "--slo", metavar="LIMIT",
                              help="normalized latency limit in s/token (e.g. 0.2), or METRIC=SECONDS (e.g. "
                                   "ttft_p99=2,tpot_p99=0.1); comma-separated or repeated")
 CONFIDENCE = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction of the seeds")
+SLO_ATTAINMENT = typer.Option(None, "--slo-attainment", metavar="SHARE",
+                              help="judge by SLO attainment (DistServe's): each --slo is a limit on every request "
+                                   "(ttft_p99=0.5: each TTFT <= 0.5 s) and at least SHARE of the requests (e.g. "
+                                   "0.9) must meet them all, the engine keeping up; vLLM bench's --goodput counts "
+                                   "the same requests")
 
 
 @deployment_options
@@ -263,8 +269,8 @@ def capacity(
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
     burstiness: float = opt.BURSTINESS, confidence: float = CONFIDENCE,
-    concurrency: Optional[str] = MOST_CLIENTS, replicas: Optional[str] = opt.REPLICAS,
-    router: Optional[str] = opt.ROUTER,
+    slo_attainment: Optional[float] = SLO_ATTAINMENT, concurrency: Optional[str] = MOST_CLIENTS,
+    replicas: Optional[str] = opt.REPLICAS, router: Optional[str] = opt.ROUTER,
     pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
@@ -285,19 +291,19 @@ def capacity(
                        cost_model=cost_model,
                        profile=str(profile) if profile else None, timing_noise=timing_noise,
                        slos=tuple(slos.items()), step_by_step=step_by_step, fleet=Fleet(counts[0], router),
-                       pd=pdo.disaggregation(pd, pools))
+                       pd=pdo.disaggregation(pd, pools), slo_attainment=slo_attainment)
         pdo.check_spec(spec)
         out_dir = run_folder(out, "capacity", spec.load.workload)
         if concurrency == "max":
             spec.load.check_closed_loop()          # before the search says it starts
 
-        probed = _probe_printer(err, slos, seeds, clients=concurrency == "max")
+        probed = _probe_printer(err, slos, seeds, clients=concurrency == "max", attainment=slo_attainment)
         d = spec.deployment
         fleet = f"{spec.fleet.replicas} replicas of " if spec.fleet.replicas > 1 else ""
         fleet = f"P/D {spec.pd.ratio} of " if spec.pd is not None else fleet
         err.print(f"searching the capacity of {d.model} / {fleet}{d.tp} x {d.gpu}{layout_suffix(d.pp, d.dp)} on "
                   f"{spec.load.workload} "
-                  f"({', '.join(f'{k} <= {v}' for k, v in slos.items())}) ...", highlight=False)
+                  f"({capacity_limits(spec, slos)}) ...", highlight=False)
         doc = api.capacity(spec, start_rate=start_rate, max_rate=max_rate, tolerance=tolerance, on_probe=probed,
                            seeds=seeds, confidence=confidence, clients=concurrency == "max",
                            warn=lambda w: warn(err, w)).document
@@ -316,11 +322,14 @@ def capacity(
     console.print(f"written to {paths['capacity']}", highlight=False)
 
 
-def _probe_printer(err: Console, slos: dict, seeds: int, *, clients: bool):
-    """What capacity prints as each probe ends: the load tried, met or missed, the SLO metrics."""
+def _probe_printer(err: Console, slos: dict, seeds: int, *, clients: bool, attainment: float | None = None):
+    """What capacity prints as each probe ends: the load tried, met or missed, the SLO metrics (and the share
+    of requests within them all, judged by attainment)."""
     def probed(probe) -> None:
         doc = probe.doc
         shown = ", ".join(f"{k} {fmt(doc.get(k), unit(k), 4)}" for k in slos)
+        if attainment is not None:
+            shown = f"{percent(slo_attainment(doc))} of the requests within every limit; {shown}"
         grows = "; requests pile up" if (doc.get("verdict") or {}).get("overloaded") else ""
         if probe.lengthened_to is not None:
             grows += f"; on {probe.lengthened_to:,} requests for a steady window"

@@ -79,7 +79,9 @@ def _document_of_pickled(frozen: bytes, load: Load) -> dict:
 
 
 def slo_probability(simulation: Simulation, load: Load, slos: dict, seeds: int) -> tuple[float, list[dict]]:
-    """Fraction of `seeds` seeds of `load` meeting the SLOs, and their documents (seed order)."""
+    """Fraction of `seeds` seeds of `load` meeting the SLOs (at the spec's SLO attainment, if it sets one), and
+    their documents (seed order)."""
     loads = seed_loads(load, seeds)
     docs = run_many([(simulation, load) for load in loads], workers=1 if seeds == 1 else None)
-    return sum(meets(d, slos) for d in docs) / len(docs), docs
+    attainment = simulation.spec.slo_attainment
+    return sum(meets(d, slos, attainment) for d in docs) / len(docs), docs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from engine.core.metrics import failed_requests
+from engine.core.metrics import failed_requests, slo_attainment
 from planner.errors import PlannerError
 
 SLO_METRICS = ("normalized_latency", *(f"{latency}_{statistic}" for latency in ("ttft", "tpot", "e2e")
@@ -42,11 +42,26 @@ def parse_slos(texts: list[str]) -> dict[str, float]:
     return slos
 
 
-def meets(doc: dict, slos: dict[str, float]) -> bool:
+def check_attainment(share: float | None) -> None:
+    if share is not None and not 0 < share <= 1:
+        raise PlannerError(f"--slo-attainment {share:g}: give the share of requests that must meet every SLO, "
+                           f"in (0, 1], e.g. 0.9")
+
+
+def meets(doc: dict, slos: dict[str, float], attainment: float | None = None) -> bool:
     """Every SLO holds, nothing was left undone (a run that rejected or truncated requests fails),
     and the engine keeps up: requests that keep piling up mean the SLOs hold only because the trace ends, and
-    so may requests piling up on a window too short to tell (planner/analysis/verdict.py, `judge_growth`)."""
+    so may requests piling up on a window too short to tell (planner/analysis/verdict.py, `judge_growth`).
+
+    With `attainment` (DistServe's SLO attainment), each SLO is a limit on every request instead (its statistic
+    unused: ttft_p99=0.5 bounds each request's TTFT): at least that share of the submitted requests must be
+    within all of them (a rejected or truncated request is not), and the engine must keep up."""
     verdict = doc.get("verdict") or {}
-    if failed_requests(doc) or verdict.get("overloaded") or verdict.get("inconclusive"):
+    if verdict.get("overloaded") or verdict.get("inconclusive"):
+        return False
+    if attainment is not None:
+        share = slo_attainment(doc)
+        return share is not None and share >= attainment
+    if failed_requests(doc):
         return False
     return all(doc.get(name) is not None and doc[name] <= limit for name, limit in slos.items())

@@ -13,6 +13,7 @@ from engine.deployment import Deployment
 from planner.deploy import checks
 from planner.errors import PlannerError
 from planner.runs.pd import Disaggregation
+from planner.runs.slos import check_attainment
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import DEFAULT_ROUTER, DP_BALANCER, RouterPolicy, parse_router
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
@@ -167,6 +168,12 @@ class RunSpec:
     step_by_step: bool = False          # no decode fast-forward (same results, slower)
     fleet: Fleet = field(default_factory=Fleet)   # replicas and router (one replica: a lone deployment)
     pd: Disaggregation | None = None    # prefill and decode pools (planner/runs/pd.py); None: aggregated
+    # capacity's criterion: this share of the requests within every SLO's per-request limit (None: the SLOs'
+    # own statistics); planner/runs/slos.py, `meets`
+    slo_attainment: float | None = None
+
+    def __post_init__(self) -> None:
+        check_attainment(self.slo_attainment)
 
     def with_load(self, **changes) -> RunSpec:
         return replace(self, load=replace(self.load, **changes))
@@ -223,6 +230,8 @@ class RunSpec:
             words += spec.pd.flags()
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
         words += [w for name, limit in slos for w in ("--slo", f"{name}={limit:g}")]
+        if capacity and spec.slo_attainment is not None:
+            words += ["--slo-attainment", f"{spec.slo_attainment:g}"]
         return " ".join(words)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Callable, Iterator
 
+from engine.core.metrics import slo_attainment, slo_quantity
 from planner.analysis.verdict import binding_slo
 from planner.deploy.parallel import layout_suffix
 from planner.deploy.plan import resolved
@@ -121,7 +122,7 @@ def full_probe(simulation: Simulation, rate: float, slos: dict[str, float], seed
     for _ in range(LENGTHENINGS + 1):
         probability, docs = slo_probability(simulation, load, slos, seeds)
         longer = [steady_load(load, d["num_submitted"], d["verdict"]["steady_requests"])
-                  for d in docs if slos_held(d, slos)]
+                  for d in docs if slos_held(d, slos, simulation.spec.slo_attainment)]
         longer = [x for x in longer if x is not None]
         if not longer:
             break
@@ -142,7 +143,7 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 
     def ok(clients: int) -> bool:
         doc = document_of(simulation, replace(spec.load, rate=None, concurrency=clients))
-        probes.append(Probe(clients, meets(doc, slos), doc))
+        probes.append(Probe(clients, meets(doc, slos, spec.slo_attainment), doc))
         if on_probe is not None:
             on_probe(probes[-1])
         return probes[-1].ok
@@ -165,7 +166,7 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:
     d = spec.deployment
-    limits = ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
+    limits = capacity_limits(spec, slos)
     return (f"{d.model} on {d.tp} x {d.gpu}{layout_suffix(d.pp, d.dp)}, {spec.load.workload} (block {d.block_size}, "
             f"{d.allocator}), SLO {limits}")
 
@@ -175,12 +176,15 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
     probes, the verdict in words."""
     at = found.doc or {}
     probes = [(p.rate, p.ok, p.doc) for p in found.probes]
-    binding = binding_slo(slos, probes, found.rate)
+    attainment = spec.slo_attainment
+    binding = binding_slo(slos, probes, found.rate, attainment)
     cost_model = (at or probes[-1][2]).get("cost_model")
     lines = _capacity_lines(found, at, probes[-1][0], clients)
+    if attainment is not None:
+        lines.insert(1, f"Judged by SLO attainment: {capacity_limits(spec, slos)}, the engine keeping up.")
     if binding is not None:
         miss = next(d for r, ok, d in probes if r == found.bad)
-        lines.append(_binding_line(binding, slos, f"{found.bad:.3g} {_unit(clients)}", miss))
+        lines.append(_binding_line(binding, slos, f"{found.bad:.3g} {_unit(clients)}", miss, attainment))
     lines.append(f"Cost model: {cost_model}.")
     if at.get("verdict"):
         run_lines = [line for line in at["verdict"]["lines"] if not line.startswith("Next:")]
@@ -194,13 +198,15 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
     return json_safe({
         "schema_version": SCHEMA_VERSION, "capacity_rate": None if clients else found.rate,
         "capacity_concurrency": found.rate if clients else None, "bounded": found.bounded, "slos": slos,
+        "slo_attainment": attainment,
         "binding_slo": binding, "cost_model": cost_model,
         "at_capacity_summary": {k: at.get(k) for k in ("request_throughput", "request_goodput",
                                                        "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean",
                                                        "tpot_p99", "normalized_latency", "mean_concurrency")},
         "verdict": verdict,
         "probes": [{key: r, "meets": ok, "slo_probability": d.get("slo_probability"),
-                    **{k: d.get(k) for k in slos}, "num_rejected": d.get("num_rejected"),
+                    **{k: d.get(k) for k in slos}, "attainment": slo_attainment(d),
+                    "num_rejected": d.get("num_rejected"),
                     "num_truncated": d.get("num_truncated"), "request_throughput": d.get("request_throughput"),
                     "state": (d.get("verdict") or {}).get("state"), "requests": d.get("num_submitted")}
                    for r, ok, d in probes],
@@ -245,8 +251,25 @@ def _capacity_lines(found: Capacity, at: dict, lowest: float, clients: bool) -> 
             f"normalized latency {at.get('normalized_latency', 0):.3g} s/token."]
 
 
-def _binding_line(binding: str, slos: dict[str, float], first_miss: str, miss: dict) -> str:
+def percent(share: float) -> str:
+    return f"{100 * share:.4g}%"
+
+
+def capacity_limits(spec: RunSpec, slos: dict[str, float]) -> str:
+    """The SLOs in words: their statistics' limits, or with an SLO attainment, each request's."""
+    if spec.slo_attainment is None:
+        return ", ".join(f"{k} <= {v:g}" for k, v in slos.items())
+    per_request = ", ".join(f"{slo_quantity(k)} <= {v:g} {'s/token' if k == 'normalized_latency' else 's'}"
+                            for k, v in slos.items())
+    return f"{per_request} per request, for {percent(spec.slo_attainment)} of the requests"
+
+
+def _binding_line(binding: str, slos: dict[str, float], first_miss: str, miss: dict,
+                  attainment: float | None = None) -> str:
     """What failed first above the capacity (`first_miss`: where, with its unit)."""
+    if binding == "slo_attainment":
+        return (f"Binding limit: SLO attainment >= {percent(attainment)} (at {first_miss} "
+                f"{percent(slo_attainment(miss))} of the requests met every limit).")
     if binding == "num_rejected":
         return f"Binding limit: requests are rejected at {first_miss}."
     if binding == "queue_growth":

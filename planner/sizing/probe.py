@@ -88,9 +88,10 @@ def steady_load(load: Load, submitted: int, enough: int | None) -> Load | None:
     return replace(load, requests=min(MAX_PROBE_REQUESTS, enough), duration=None)
 
 
-def slos_held(doc: dict, slos: dict[str, float]) -> bool:
-    """Whether a run met its SLOs and finished every request, whatever its queues did."""
-    return meets({k: v for k, v in doc.items() if k != "verdict"}, slos)
+def slos_held(doc: dict, slos: dict[str, float], attainment: float | None = None) -> bool:
+    """Whether a run met its SLOs (at `attainment`, if given) and finished every request, whatever its
+    queues did."""
+    return meets({k: v for k, v in doc.items() if k != "verdict"}, slos, attainment)
 
 
 class VerdictCertain(Exception):
