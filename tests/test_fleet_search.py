@@ -139,7 +139,8 @@ def test_worker_processes_and_ray_give_the_same_fleets():
     serial = run_search(g, LocalExecutor(1), prices={"a100-80g": 3.0})
     parallel = run_search(g, LocalExecutor(2), prices={"a100-80g": 3.0})
     assert parallel.configs == serial.configs and parallel.best == serial.best
-    auto = SearchGrid(base=g.base, slos=SLOS, gpus=("a100-80g", "l40s"), target_rate=30.0, replicas="auto")
+    # (10 req/s: fleets of 2 and 3 replicas, each found past a fleet one smaller that misses)
+    auto = SearchGrid(base=g.base, slos=SLOS, gpus=("a100-80g", "l40s"), target_rate=10.0, replicas="auto")
     assert run_search(auto, LocalExecutor(2)).configs == run_search(auto, LocalExecutor(1)).configs
     pytest.importorskip("ray")
     from planner.runs.pools import make_executor
