@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.block_manager import BlockManager
-from engine.core.metrics import percentile
+from engine.core.metrics import percentile, slo_attainment
 from planner.sizing import SearchGrid, run_search
-from planner.sizing.capacity import Hint, full_probe, search_capacity
+from planner.sizing.capacity import Hint, full_probe, judged, search_capacity
 from planner.runs.pools import LocalExecutor
 from planner.sizing.probe import WATERMARK, Probe, Prober, SharedRuns, Trajectory, violations_to_fail
 from planner.sizing.search import ConfigTask
@@ -75,6 +75,29 @@ def test_an_early_stop_gives_the_full_runs_verdict():
     assert stopped >= 2
 
 
+def test_an_early_stop_by_slo_attainment_gives_the_full_runs_verdict():
+    """Judged by SLO attainment, a probe stops once too many requests have missed a limit: the same verdict as
+    the full run and as `planner capacity`'s probe, at rates where some requests miss and the share still holds,
+    where it does not hold without requests piling up, and where they pile up."""
+    slos = {"ttft_p99": 0.5, "tpot_p99": 0.035}
+    spec = replace(ConfigTask(grid(), "a100-80g", 1, 16, 32).spec(), slo_attainment=0.95)
+    simulation = Simulation.prepare(spec)
+    early, full = Prober(simulation, slos), Prober(simulation, slos, early_stop=False)
+    counted = Simulation.prepare(judged(spec, slos))       # its runs count the requests within the SLOs
+    shares, stopped = [], 0
+    for rate in (1.0, 2.0, 2.3, 2.6, 8.0):
+        fast, whole = early(rate), full(rate)
+        stopped += fast.stopped_early
+        reference = full_probe(counted, rate, slos)
+        assert fast.ok == whole.ok == reference.ok == (slo_attainment(whole.doc) >= 0.95
+                                                       and not whole.doc["verdict"]["overloaded"]), rate
+        assert slo_attainment(whole.doc) == slo_attainment(reference.doc), rate
+        shares.append((slo_attainment(whole.doc), whole.ok, whole.doc["verdict"]["overloaded"]))
+    assert any(ok and share < 1 for share, ok, _ in shares)             # misses within the share
+    assert any(not ok and not piling for _, ok, piling in shares)       # too many misses, the engine keeping up
+    assert stopped >= 1
+
+
 def test_a_block_size_replays_a_run_only_when_the_cache_never_constrained_it():
     g = grid(requests=300)
     probers = {}
@@ -126,3 +149,16 @@ def test_the_fast_search_agrees_with_the_plain_search():
     assert any(r["simulations"] < r["probes"] for r in fast.configs)
     # The executor does not change the answer (hints come from earlier waves only).
     assert run_search(g, LocalExecutor(2)).configs == fast.configs
+
+
+def test_the_fast_search_by_slo_attainment_agrees_with_the_plain_search():
+    g = grid(slos={"ttft_p99": 0.5, "tpot_p99": 0.035}, block_sizes=(16,), max_num_seqs=(8, 32))
+    g = replace(g, base=replace(g.base, slo_attainment=0.95))
+    fast, plain = run_search(g, LocalExecutor(1)), run_search(replace(g, plain=True), LocalExecutor(1))
+    assert fast.document()["slo_attainment"] == 0.95
+    for a, b in zip(fast.configs, plain.configs):
+        assert abs(a["capacity"] - b["capacity"]) <= g.tolerance * max(a["capacity"], b["capacity"]), (a, b)
+    # p99s within two limits leave at most about 2% of the requests outside one: 95% within both is looser
+    by_p99 = run_search(replace(g, base=replace(g.base, slo_attainment=None)), LocalExecutor(1))
+    assert all(a["capacity"] >= (1 - g.tolerance) * b["capacity"] for a, b in zip(fast.configs, by_p99.configs))
+    assert any(a["capacity"] > b["capacity"] for a, b in zip(fast.configs, by_p99.configs))

@@ -256,6 +256,11 @@ SEED = typer.Option(0, help="random seed (trace and sampled tokens)")
 SLO = typer.Option(None, "--slo", metavar="LIMIT",
                    help="SLO: s/token (normalized latency) or METRIC=SECONDS, comma-separated or repeated "
                         "(e.g. ttft_p99=2,tpot_p99=0.1)")
+SLO_ATTAINMENT = typer.Option(None, "--slo-attainment", metavar="SHARE",
+                              help="judge by SLO attainment (DistServe's): each --slo is a limit on every request "
+                                   "(ttft_p99=0.5: each TTFT <= 0.5 s) and at least SHARE of the requests (e.g. "
+                                   "0.9) must meet them all, the engine keeping up; vLLM bench's --goodput counts "
+                                   "the same requests")
 PROFILE = typer.Option(None, "--profile", help="profile JSON for the calibrated cost model (default: one under "
                                                "profiles/<gpu>/ matching the run, else measured or roofline)")
 COST_MODEL = typer.Option(None, "--cost-model", help="calibrated, measured or roofline (default: a calibrated "

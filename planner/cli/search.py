@@ -138,6 +138,7 @@ def search(
     price: list[str] = typer.Option([], "--price", help="GPU=DOLLARS per GPU-hour, overriding "
                                                        "planner/data/prices.json; repeatable"),
     tolerance: float = typer.Option(0.05, help="stop each capacity search when its bracket is this close"),
+    slo_attainment: Optional[float] = opt.SLO_ATTAINMENT,
     max_rate: float = typer.Option(256.0, help="highest rate tried (per replica in a fleet search)"),
     replicas: Optional[str] = REPLICAS, router: Optional[str] = ROUTER, max_replicas: int = MAX_REPLICAS_OPTION,
     pd: Optional[str] = PD, pools: Optional[dict] = None,
@@ -154,7 +155,8 @@ def search(
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed,
                        burstiness)
-        spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None)
+        spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None,
+                       slo_attainment=slo_attainment)
         if concurrency is not None and rate is not None and rate.strip().lower() != "max":
             raise PlannerError(f"give --rate or --concurrency, not both: a concurrency's clients send each request "
                                f"when their previous one ends (--rate {rate})")

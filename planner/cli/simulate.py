@@ -249,11 +249,6 @@ CAPACITY_SLOS = typer.Option(..., "--slo", metavar="LIMIT",
                              help="normalized latency limit in s/token (e.g. 0.2), or METRIC=SECONDS (e.g. "
                                   "ttft_p99=2,tpot_p99=0.1); comma-separated or repeated")
 CONFIDENCE = typer.Option(0.9, help="with --seeds: the SLOs must hold in at least this fraction of the seeds")
-SLO_ATTAINMENT = typer.Option(None, "--slo-attainment", metavar="SHARE",
-                              help="judge by SLO attainment (DistServe's): each --slo is a limit on every request "
-                                   "(ttft_p99=0.5: each TTFT <= 0.5 s) and at least SHARE of the requests (e.g. "
-                                   "0.9) must meet them all, the engine keeping up; vLLM bench's --goodput counts "
-                                   "the same requests")
 
 
 @deployment_options
@@ -269,7 +264,7 @@ def capacity(
     max_rate: float = typer.Option(256.0, help="highest rate tried"),
     tolerance: float = typer.Option(0.02, help="stop when the bracket is this close (relative)"),
     burstiness: float = opt.BURSTINESS, confidence: float = CONFIDENCE,
-    slo_attainment: Optional[float] = SLO_ATTAINMENT, concurrency: Optional[str] = MOST_CLIENTS,
+    slo_attainment: Optional[float] = opt.SLO_ATTAINMENT, concurrency: Optional[str] = MOST_CLIENTS,
     replicas: Optional[str] = opt.REPLICAS, router: Optional[str] = opt.ROUTER,
     pd: Optional[str] = pdo.PD, pools: Optional[dict] = None,
     out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,

@@ -101,7 +101,7 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
     seeds, and a rate meets the SLOs when at least a fraction `confidence` of them do."""
     if not 0 < confidence <= 1:
         raise PlannerError(f"confidence must be in (0, 1], got {confidence}")
-    simulation = Simulation.prepare(spec)
+    simulation = Simulation.prepare(judged(spec, slos))
     if warn is not None:
         warn(list(simulation.plan.warnings))
 
@@ -136,6 +136,7 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
     """`planner capacity --concurrency max`: the most concurrent clients (a closed loop) within the SLOs.
     Double from one client until the SLOs fail, then bisect over whole clients. The result's `rate`
     holds the number of clients."""
+    spec = judged(spec, slos)
     simulation = Simulation.prepare(spec)
     if warn is not None:
         warn(list(simulation.plan.warnings))
@@ -162,6 +163,12 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
         middle = (good + bad) // 2
         good, bad = (middle, bad) if ok(middle) else (good, middle)
     return Capacity(good, bad, probes, bounded=True)
+
+
+def judged(spec: RunSpec, slos: dict[str, float]) -> RunSpec:
+    """The spec whose runs count the requests within `slos` (their goodput), when an SLO attainment judges
+    them by that count (a search's configurations carry no SLOs of their own)."""
+    return spec if spec.slo_attainment is None else replace(spec, slos=tuple(slos.items()))
 
 
 def capacity_title(spec: RunSpec, slos: dict[str, float]) -> str:

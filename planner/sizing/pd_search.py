@@ -81,7 +81,8 @@ class PdProbes:
         row = {"mode": "pd", "pd": f"{prefill}:{decode}", "prefill": prefill, "decode": decode,
                "gpus": self.gpus(prefill, decode), "cost_per_hour": self.cost(prefill, decode), "meets": probe.ok,
                "stopped_early": probe.stopped_early, "binds": None, "saturated": None,
-               "slo_use": None if probe.stopped_early else slo_use(probe.doc, self.search.slos),
+               "slo_use": (None if probe.stopped_early
+                           else slo_use(probe.doc, self.search.slos, spec.slo_attainment)),
                **{name: probe.doc.get(name) for name in self.search.slos},
                "note": probe.doc.get("stopped_because", "")}
         if "pd" in probe.doc:

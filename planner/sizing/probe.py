@@ -17,7 +17,11 @@ The verdict is `planner.runs.spec.meets` on the run's metrics, exactly as
   first token (or without finishing): whatever happens later, its value only
   grows. TPOT counts at completion. An overloaded probe, whose requests pile
   up without bound, piles up TTFT violations early and stops after a fraction
-  of its trace; a probe that meets its SLOs always runs to the end.
+  of its trace; a probe that meets its SLOs always runs to the end. Judged by
+  an SLO attainment A instead (`AttainmentWatch`), a request misses once any of
+  its limits is certainly passed (the same deadlines, the rest at completion, a
+  rejection or truncation), and the probe fails once fewer than A n of the n
+  requests can still be within them all.
 
 A probe judges a steady state, so its trace must be long enough to reach one.
 The engine starts empty and fills up for about one request latency; a steady
@@ -50,7 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from engine.core.metrics import RequestRecord
+from engine.core.metrics import RequestRecord, goodput, request_quantity, slo_quantity
 from engine.core.sequence import FinishReason, SequenceGroup
 from planner.cost.shape import StepShape
 from planner.documents import json_safe
@@ -164,6 +168,53 @@ class SloWatch:
             deadline.advance(now, engine.groups)
 
 
+class AttainmentWatch:
+    """The simulator's `watch` for a probe judged by SLO attainment (planner/runs/slos.py, `meets`): raises
+    VerdictCertain once so many requests have missed a per-request limit that fewer than `attainment` of the
+    `num_requests` can still be within them all. A request misses when it is rejected or truncated, when it
+    has waited longer than a TTFT (or E2E) limit without its first token (or its end), or at its end when a
+    value there is over its limit."""
+
+    def __init__(self, slos: dict[str, float], num_requests: int, attainment: float) -> None:
+        self.engine = None
+        self.num_requests, self.attainment = num_requests, attainment
+        self.limits: dict[str, float] = {}          # per-request quantity -> its tightest limit
+        for name, limit in slos.items():
+            quantity = slo_quantity(name)
+            self.limits[quantity] = min(limit, self.limits.get(quantity, limit))
+        self.deadlines = {q: 0 for q in ("ttft", "e2e") if q in self.limits}   # -> first request not yet judged
+        self.missed: set[str] = set()
+
+    def _miss(self, request_id: str, now: float) -> None:
+        self.missed.add(request_id)
+        # (the arithmetic of `slo_attainment`: good / submitted, with every unjudged request counted good)
+        if (self.num_requests - len(self.missed)) / self.num_requests < self.attainment:
+            raise VerdictCertain(f"SLO attainment: {len(self.missed)} of {self.num_requests} requests missed a "
+                                 f"limit", now)
+
+    def __call__(self, engine, now: float, ended: list[SequenceGroup]) -> None:
+        self.engine = engine
+        for group in ended:
+            if group.finish_reason is FinishReason.REJECTED:
+                self._miss(group.request_id, now)
+                continue
+            record = RequestRecord.from_group(group)
+            if record.truncated or any(request_quantity(record, q) > limit for q, limit in self.limits.items()):
+                self._miss(group.request_id, now)
+        groups = engine.groups
+        for quantity, i in self.deadlines.items():
+            limit = self.limits[quantity]
+            while i < len(groups):
+                times = groups[i].times
+                if not now - times.arrival > limit:
+                    break
+                at = times.first_token if quantity == "ttft" else times.finish
+                if at is None or at - times.arrival > limit:
+                    self._miss(groups[i].request_id, now)
+                i += 1
+            self.deadlines[quantity] = i
+
+
 class _FleetWatch:
     """A probe's SloWatch over a fleet (planner/sim/fleet.py passes the fleet, whose `groups` are every
     request in arrival order). A replica that fast-forwards reports the end of its steps, which may lie
@@ -210,6 +261,7 @@ class Prober:
 
     def __init__(self, simulation: Simulation, slos: dict[str, float], early_stop: bool = True) -> None:
         self.simulation, self.slos, self.early_stop = simulation, slos, early_stop
+        self.attainment = simulation.spec.slo_attainment     # None: judged by the SLOs' statistics
         self.cost_model = simulation.cost_model
         self.num_gpu_blocks = simulation.plan.num_gpu_blocks
         d = simulation.spec.deployment
@@ -246,7 +298,10 @@ class Prober:
     def _run_once(self, rate: float, load: Load) -> tuple[Probe, Trajectory | None, Load | None]:
         """The probe on one trace, its trajectory, and the longer load to run when its window was too short."""
         trace = load.trace()
-        watch = SloWatch(self.slos, len(trace)) if self.early_stop else None
+        watch = None
+        if self.early_stop:
+            watch = (SloWatch(self.slos, len(trace)) if self.attainment is None
+                     else AttainmentWatch(self.slos, len(trace), self.attainment))
         try:
             result = self.simulation.simulate(load, trace=trace, watch=watch if not self.fleet else
                                               _FleetWatch(watch) if watch is not None else None)
@@ -263,9 +318,11 @@ class Prober:
         latency = warmup_latency(result.requests, window)
         growing, inconclusive = judge_growth(trend, too_short(window, latency) and load.concurrency is None)
         doc["verdict"] = {"overloaded": growing, "inconclusive": inconclusive}
-        probe = Probe(rate, meets(doc, self.slos), doc)
+        if self.attainment is not None:
+            doc.update(goodput([r for r in result.requests if r.completed], self.slos, doc.get("duration")))
+        probe = Probe(rate, meets(doc, self.slos, self.attainment), doc)
         longer = (steady_load(load, len(trace), steady_requests(len(trace), window, latency))
-                  if slos_held(doc, self.slos) else None)
+                  if slos_held(doc, self.slos, self.attainment) else None)
         if not self.shareable:
             return probe, None, longer
         return probe, self._trajectory(trace, result.steps, result.num_running, result.shapes), longer

@@ -28,14 +28,16 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from engine.core.metrics import slo_attainment
 from planner.deploy import checks
 from planner.deploy.plan import resolved
 from planner.errors import PlannerError
-from planner.sizing.capacity import Hint, search_capacity
+from planner.sizing.capacity import Hint, capacity_limits, search_capacity
 from planner.sizing.prices import Price, price_table
 from planner.sizing.probe import Probe, Prober, SharedRuns
 from planner.documents import SCHEMA_VERSION
@@ -317,12 +319,18 @@ def fewest_replicas(task: ConfigTask) -> dict:
     row.update(replicas=good, missed_at_replicas=bad or None)
     for name in ("ttft_p99", "tpot_p99", "normalized_latency"):
         row[name] = doc.get(name)
-    row["slo_use"] = slo_use(doc, g.slos)
+    row["slo_use"] = slo_use(doc, g.slos, g.base.slo_attainment)
     return row
 
 
-def slo_use(doc: dict, slos: dict[str, float]) -> float | None:
-    """How close a run came to its SLOs: the largest metric / limit (<= 1 meets them all)."""
+def slo_use(doc: dict, slos: dict[str, float], attainment: float | None = None) -> float | None:
+    """How close a run came to its SLOs: the largest metric / limit (<= 1 meets them all); judged by an SLO
+    attainment A, the share of requests that missed a limit over the 1 - A allowed."""
+    if attainment is not None:
+        share = slo_attainment(doc)
+        if share is None:
+            return None
+        return (1 - share) / (1 - attainment) if attainment < 1 else (0.0 if share == 1 else math.inf)
     uses = [doc[name] / limit for name, limit in slos.items() if doc.get(name) is not None and limit > 0]
     return max(uses, default=None)
 
@@ -443,7 +451,8 @@ class SearchResult:
         return {"schema_version": SCHEMA_VERSION, "best": best, **fleet, **speculation, "configs": self.configs,
                 "target_rate": g.target_rate if g.target_rate is not None else "max",
                 "capacity_unit": "clients" if g.clients else "req/s",
-                "slos": g.slos, "model": g.base.deployment.model, "workload": load.workload,
+                "slos": g.slos, "slo_attainment": g.base.slo_attainment, "model": g.base.deployment.model,
+                "workload": load.workload,
                 "duration": load.duration, "requests": load.requests, "seed": load.seed,
                 "deployment": shared_settings(g.base.deployment), "tolerance": g.tolerance,
                 "prices": {gpu: asdict(p) for gpu, p in self.prices.items()},
@@ -650,7 +659,7 @@ def plot_pareto(result: SearchResult, path) -> None:
         ax.scatter([b["cost_per_hour"]], [b["capacity"]], s=160, facecolors="none", edgecolors="red",
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
-    slos = ", ".join(f"{k} <= {v:g}" for k, v in result.grid.slos.items())
+    slos = capacity_limits(result.grid.base, result.grid.slos)
     what = f"fleets ({result.grid.router} router)" if fleet else "capacity"
     ax.set_title(f"{result.grid.base.deployment.model}, {result.grid.base.load.workload}: {what} under {slos}",
                  fontsize=10)
@@ -669,7 +678,8 @@ def _plot_fewest(result: SearchResult, path, plt) -> None:
     metric they reach (the one SLO's value; with several, the largest metric / limit), the front a line."""
     g = result.grid
     rows = [r for r in result.configs if r["replicas"] is not None and r["slo_use"] is not None]
-    (name, limit), = g.slos.items() if len(g.slos) == 1 else ((None, 1.0),)
+    one = len(g.slos) == 1 and g.base.slo_attainment is None
+    (name, limit), = g.slos.items() if one else ((None, 1.0),)
     scale = limit if name is not None else 1.0       # SLO use x limit: the metric itself, in seconds
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gpu in g.gpus:
@@ -690,13 +700,15 @@ def _plot_fewest(result: SearchResult, path, plt) -> None:
         ax.scatter([b["cost_per_hour"]], [b["slo_use"] * scale], s=160, facecolors="none", edgecolors="red",
                    linewidths=2, label=f"best: {fleet_label(b)}, block {b['block_size']}, "
                                         f"max seqs {b['max_num_seqs']}")
-    slos = ", ".join(f"{k} <= {v:g}" for k, v in g.slos.items())
+    slos = capacity_limits(g.base, g.slos)
     router = g.router
     ax.set_title(f"{g.base.deployment.model}, {g.base.load.workload}: fewest replicas ({router} "
                  f"router) for {g.target_rate:g} req/s under {slos}", fontsize=10)
     ax.set_xlabel("fleet cost ($/hour: replicas x TP x on-demand list price)")
+    use = ("share of requests missing a limit / the share allowed" if g.base.slo_attainment is not None
+           else "largest metric / limit")
     ax.set_ylabel(f"{name} at {g.target_rate:g} req/s (s)" if name is not None else
-                  f"SLO use at {g.target_rate:g} req/s (largest metric / limit; <= 1 meets)")
+                  f"SLO use at {g.target_rate:g} req/s ({use}; <= 1 meets)")
     ax.grid(True, alpha=0.3)
     legend(ax, fontsize=8)
     fig.tight_layout()
