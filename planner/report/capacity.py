@@ -19,7 +19,8 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
         else "concurrency"
     capacity, unit = doc.get(f"capacity_{x}"), "req/s" if x == "rate" else "clients"
     probes = sorted(doc["probes"], key=lambda p: p[x])
-    keys = list(doc["slos"]) + ["request_throughput"]
+    attainment = doc.get("slo_attainment")       # judged by the share of requests within every limit
+    keys = (["attainment"] if attainment is not None else []) + list(doc["slos"]) + ["request_throughput"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
     for ax, key in zip(axes[0], keys):
         pts = [(p[x], p.get(key), p["meets"]) for p in probes if p.get(key) is not None]
@@ -27,7 +28,11 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
         for r, v, ok in pts:
             ax.plot([r], [v], marker="o", color="tab:green" if ok else "tab:red", linestyle="none")
         if key in doc["slos"]:
-            ax.axhline(doc["slos"][key], color="tab:red", linestyle="--", label=f"SLO {doc['slos'][key]:g}")
+            limit = doc["slos"][key]
+            ax.axhline(limit, color="tab:red", linestyle="--",
+                       label=f"SLO {limit:g}" if attainment is None else f"each request's limit {limit:g}")
+        if key == "attainment":
+            ax.axhline(attainment, color="tab:red", linestyle="--", label=f"SLO attainment {100 * attainment:.4g}%")
         if capacity is not None:
             ax.axvline(capacity, color="black", linestyle=":", label=f"capacity {capacity:.3g} {unit}")
         ax.set_xscale("log", base=2)

@@ -139,7 +139,8 @@ AXIS_LABELS = {"rate": "request rate (requests/s)", "concurrency": "concurrent c
                "allocator": "KV allocator"}
 PANEL_LABELS = {"normalized_latency": "normalized latency (s/token)", "request_throughput": "throughput (req/s)",
                 "ttft_p99": "TTFT p99 (s)", "tpot_p99": "TPOT p99 (s)", "e2e_p99": "E2E p99 (s)",
-                "e2e_mean": "E2E mean (s)", "ttft_mean": "TTFT mean (s)", "tpot_mean": "TPOT mean (s)"}
+                "e2e_mean": "E2E mean (s)", "ttft_mean": "TTFT mean (s)", "tpot_mean": "TPOT mean (s)",
+                "attainment": "requests within every SLO (share)"}
 
 
 def plot_against(plt, rows: list[dict], x: str, series_by: list[str], best: int | None,
