@@ -101,8 +101,11 @@ def test_capacity_searches_the_load_the_bench_fixed():
      "--skip-chat-template --disable-shuffle -o trace.jsonl)"),
     ("vllm serve m", "vllm bench serve --dataset-name burstgpt --dataset-path b.csv --seed 3 --disable-shuffle",
      "(planner workload import b.csv --format burstgpt -n 1000 --seed 3 -o trace.jsonl)"),
-    ("vllm serve m", "vllm bench serve --dataset-name sonnet --dataset-path s.txt",
-     "--dataset-name sonnet --dataset-path s.txt: the planner imports sharegpt, custom, burstgpt files"),
+    ("vllm serve m", "vllm bench serve --dataset-name sonnet --dataset-path s.txt --sonnet-prefix-len 100 "
+     "--disable-shuffle", "(planner workload import s.txt --format sonnet --tokenizer MODEL_DIR -n 1000 --seed 0 "
+     "--prefix-len 100 -o trace.jsonl)"),
+    ("vllm serve m", "vllm bench serve --dataset-name hf --dataset-path x/y",
+     "--dataset-name hf --dataset-path x/y: the planner imports sharegpt, custom, sonnet, burstgpt files"),
     ("vllm serve m", "vllm bench serve --dataset-name sonnet", "--dataset-name sonnet: the planner generates"),
     ("vllm serve m", "vllm bench serve --random-input-len 10 --dataset-name prefix_repetition",
      "--random-input-len is not a parameter of --dataset-name prefix_repetition"),

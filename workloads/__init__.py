@@ -7,7 +7,7 @@
 
 from .arrivals import PROCESSES, RAMP_UP_STRATEGIES, RampUp, arrival_times, burstiness_arrival
 from .errors import TraceError
-from .importers import import_burstgpt, import_csv_trace, import_custom, import_sharegpt
+from .importers import import_burstgpt, import_csv_trace, import_custom, import_sharegpt, import_sonnet
 from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
 from .schema import TraceRequest
 from .trace import Trace
@@ -26,6 +26,7 @@ __all__ = [
     "import_burstgpt",
     "import_custom",
     "import_sharegpt",
+    "import_sonnet",
     "make_trace",
     "parse_workload_params",
     "workload_params",

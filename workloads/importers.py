@@ -252,6 +252,83 @@ def import_custom(
     return Trace(requests, name="custom-import", params=params)
 
 
+# --- vLLM bench's sonnet dataset (poem lines behind a shared prefix) ---------------------
+
+SONNET_DEFAULTS = {"input_len": 550, "output_len": 150, "prefix_len": 200}   # vLLM's SonnetDataset
+SONNET_BASE_PROMPT = "Pick as many lines as you can from these poem lines:\n"
+SONNET_DRAWS_PER_REQUEST = 1000        # vLLM redraws a prompt over input_len forever; here, up to this many times
+
+
+def _chat(tokenizer, text: str) -> list[int]:
+    """The tokens of `text` sent as one user message in the tokenizer's chat template, as vLLM counts them."""
+    formatted = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    return list(tokenizer(formatted).input_ids)
+
+
+def import_sonnet(
+    path: str | Path,
+    tokenizer_path: str | Path,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    input_len: int = SONNET_DEFAULTS["input_len"],
+    output_len: int = SONNET_DEFAULTS["output_len"],
+    prefix_len: int = SONNET_DEFAULTS["prefix_len"],
+    arrival: str = "poisson",
+    rate: float = math.inf,
+    cv: float = 1.0,
+) -> Trace:
+    """Requests from a text file of poem lines by vLLM bench's sonnet dataset's rules (vllm/benchmarks/datasets,
+    ``SonnetDataset``): every prompt is a base instruction, the file's first lines (as many as fit
+    ``prefix_len`` tokens at the lines' mean length: shared by every request, so the prefix cache serves them)
+    and lines drawn at random (``random.seed(seed)``, then ``random.choices``: the same draws) up to about
+    ``input_len`` tokens, in the tokenizer's chat template; a prompt over ``input_len`` tokens is drawn again,
+    as vLLM does. Every output is ``output_len`` tokens."""
+    path = Path(path)
+    for name, value in (("num_requests", num_requests), ("input_len", input_len), ("output_len", output_len)):
+        if value < 1:
+            raise TraceError(f"{name}: must be >= 1, got {value}")
+    if prefix_len < 0:
+        raise TraceError(f"prefix_len: must be >= 0, got {prefix_len}")
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    lines = read_text(path).splitlines(keepends=True)
+    if not any(line.strip() for line in lines):
+        raise TraceError(f"{path}: no lines in it")
+    tokenizer = _load_tokenizer(tokenizer_path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template; vLLM bench's sonnet dataset puts "
+                         f"every prompt in one")
+    mean_line = sum(len(tokenizer(line).input_ids) for line in lines) / len(lines)
+    base = len(_chat(tokenizer, SONNET_BASE_PROMPT))
+    if input_len <= base:
+        raise TraceError(f"input_len: {input_len} tokens leave no room after the base prompt's {base}")
+    num_lines = round((input_len - base) / mean_line)
+    num_prefix = max(round((prefix_len - base) / mean_line), 0)
+    prefix = "".join(lines[:num_prefix])
+    draw = random.Random(seed)
+    prompts: list[list[int]] = []
+    draws, most = 0, SONNET_DRAWS_PER_REQUEST * num_requests
+    while len(prompts) < num_requests:
+        if draws == most:
+            raise TraceError(f"{path}: {len(prompts)} of {num_requests} prompts fit in input_len {input_len} after "
+                             f"{most:,} draws (the file's first lines, the shared prefix, may be long): raise "
+                             f"input_len or lower prefix_len")
+        draws += 1
+        ids = _chat(tokenizer, SONNET_BASE_PROMPT + prefix + "".join(draw.choices(lines, k=num_lines - num_prefix)))
+        if len(ids) <= input_len:
+            prompts.append(ids)
+    times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=num_requests)
+    requests = [TraceRequest(request_id=f"sonnet-{i}", arrival_time=float(t), prompt_len=len(ids),
+                             output_len=output_len, prompt_token_ids=ids)
+                for i, (ids, t) in enumerate(zip(prompts, times))]
+    params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests, "seed": seed,
+              "input_len": input_len, "output_len": output_len, "prefix_len": prefix_len, "prefix_lines": num_prefix,
+              "lines_per_prompt": num_lines, "arrival": arrival, "rate": rate, "cv": cv}
+    return Trace(requests, name="sonnet-import", params=params)
+
+
 # --- production CSV (e.g. the Azure LLM inference traces) --------------------------------
 
 # "2023-11-16 18:15:46.6805900": Azure writes 7 fractional digits, more than

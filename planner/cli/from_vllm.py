@@ -71,8 +71,10 @@ BENCH_IGNORED_SWITCHES = ("--save-result", "--save-detailed", "--ignore-eos", "-
                           "--profile")
 # a dataset file's flags, as `planner workload import` takes them
 IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"--custom-output-len": "--output-len"},
+            "sonnet": {"--sonnet-input-len": "--input-len", "--sonnet-output-len": "--output-len",
+                       "--sonnet-prefix-len": "--prefix-len"},
             "burstgpt": {}}
-TEXT_DATASETS = ("sharegpt", "custom")   # prompts as text: counted by the model's tokenizer
+TEXT_DATASETS = ("sharegpt", "custom", "sonnet")   # prompts as text: counted by the model's tokenizer
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
 
 
@@ -287,8 +289,7 @@ def _import_hint(given: dict[str, str], switches: set[str]) -> str:
     for flag, value in given.items():
         if flag in IMPORTED[dataset]:
             words += [IMPORTED[dataset][flag], value]
-    # vLLM's BurstGPT dataset always draws (with replacement past the file's rows): these switches do not apply
-    if dataset in TEXT_DATASETS:
+    if dataset in ("sharegpt", "custom"):     # (vLLM's sonnet and BurstGPT datasets ignore these switches)
         words += [flag for flag in ("--skip-chat-template", "--no-oversample", "--disable-shuffle")
                   if flag in switches and (dataset == "custom" or flag != "--skip-chat-template")]
     return (f"vllm bench serve: --dataset-path {path}: import the file first ({shlex.join(words)} -o trace.jsonl) "

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from workloads import (WORKLOADS, Trace, TraceError, import_burstgpt, import_csv_trace, import_custom,
-                       import_sharegpt, make_trace, parse_workload_params, workload_params)
+                       import_sharegpt, import_sonnet, make_trace, parse_workload_params, workload_params)
 from workloads.make import is_trace_file
 
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
@@ -133,16 +133,22 @@ def show(
             console.print(f"{label} written to {path}")
 
 
-IMPORT_FORMATS = ("azure", "sharegpt", "custom", "burstgpt", "csv")
-TEXT_FORMATS = ("sharegpt", "custom")      # prompts as text: a tokenizer counts them
-SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")  # requests drawn by a seed, arrivals generated (vLLM bench's way)
+IMPORT_FORMATS = ("azure", "sharegpt", "custom", "sonnet", "burstgpt", "csv")
+TEXT_FORMATS = ("sharegpt", "custom", "sonnet")   # prompts as text: a tokenizer counts them
+SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")     # requests drawn by a seed, arrivals generated (vLLM bench's way)
+# the import flags that only some formats take (the others refuse them in one line)
+FLAG_FORMATS = {"--tokenizer": TEXT_FORMATS, "--output-len": TEXT_FORMATS, "--no-oversample": ("sharegpt", "custom"),
+                "--disable-shuffle": ("sharegpt", "custom"), "--skip-chat-template": ("custom",),
+                "--input-len": ("sonnet",), "--prefix-len": ("sonnet",), "--seed": SAMPLED_FORMATS,
+                "--rate": SAMPLED_FORMATS, "--arrival": SAMPLED_FORMATS, "--cv": SAMPLED_FORMATS,
+                "--keep-times": ("burstgpt",), "--drop-zero": ("azure",)}
 
 
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
                  duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
                  cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
                  skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True,
-                 keep_times: bool = False) -> Trace:
+                 keep_times: bool = False, input_len: int | None = None, prefix_len: int | None = None) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -157,7 +163,13 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         if tokenizer is None:
             raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its "
                              f"tokens")
-        timing = dict(arrival=arrival, rate=rate, cv=cv, oversample=oversample, shuffle=shuffle)
+        timing = dict(arrival=arrival, rate=rate, cv=cv)
+        if fmt == "sonnet":
+            lengths = {name: value for name, value in (("input_len", input_len), ("output_len", output_len),
+                                                       ("prefix_len", prefix_len)) if value is not None}
+            trace = import_sonnet(path, tokenizer, requests or DEFAULT_REQUESTS, seed, **lengths, **timing)
+            return trace.head(duration=duration) if duration is not None else trace
+        timing.update(oversample=oversample, shuffle=shuffle)
         if fmt == "sharegpt":
             trace = import_sharegpt(path, tokenizer, requests or DEFAULT_REQUESTS, seed, fixed_output_len=output_len,
                                     **timing)
@@ -176,15 +188,23 @@ def import_command(
     path: Path = typer.Argument(..., help="the file to import"),
     fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
                                                        "sharegpt (JSON dump, needs --tokenizer), custom (vLLM bench's "
-                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer), burstgpt "
+                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer), sonnet "
+                                                       "(vLLM bench's poem lines, needs --tokenizer), burstgpt "
                                                        "(BurstGPT's CSV, sampled as vLLM bench does) or csv (our "
                                                        "columns)"),
     output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
-    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, custom: a local tokenizer folder"),
+    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, custom, sonnet: a local tokenizer folder"),
     output_len: Optional[int] = typer.Option(None, "--output-len",
                                              help="sharegpt: every output this long instead of the answer's length "
                                                   "(vLLM bench's --sharegpt-output-len); custom: every output's "
-                                                  "length (--custom-output-len) [default: 256]"),
+                                                  "length (--custom-output-len) [default: 256]; sonnet: "
+                                                  "--sonnet-output-len [default: 150]"),
+    input_len: Optional[int] = typer.Option(None, "--input-len",
+                                            help="sonnet: the most prompt tokens (vLLM bench's --sonnet-input-len) "
+                                                 "[default: 550]"),
+    prefix_len: Optional[int] = typer.Option(None, "--prefix-len",
+                                             help="sonnet: the tokens every prompt shares (--sonnet-prefix-len) "
+                                                  "[default: 200]"),
     skip_chat_template: bool = typer.Option(False, "--skip-chat-template",
                                             help="custom: send the prompts as they are, not in the tokenizer's "
                                                  "chat template (vLLM bench's flag)"),
@@ -195,14 +215,15 @@ def import_command(
                                     help="sharegpt, custom: fill the count with copies of random requests when the "
                                          "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
-                                           help=f"keep the first N requests (sharegpt, custom, burstgpt: sample N, "
-                                                f"default {DEFAULT_REQUESTS})"),
+                                           help=f"keep the first N requests (sharegpt, custom, sonnet, burstgpt: "
+                                                f"sample N, default {DEFAULT_REQUESTS})"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
-    seed: int = typer.Option(0, help="sharegpt, custom, burstgpt: sampling and arrival seed"),
-    rate: float = typer.Option(math.inf, help="sharegpt, custom, burstgpt: requests/s of the generated arrivals "
-                                              "(inf: all at t=0)"),
-    arrival: str = typer.Option("poisson", help="sharegpt, custom, burstgpt: poisson, gamma or constant"),
-    cv: float = typer.Option(1.0, help="sharegpt, custom, burstgpt: coefficient of variation of gamma gaps"),
+    seed: int = typer.Option(0, help="sampled formats (sharegpt, custom, sonnet, burstgpt): sampling and arrival "
+                                     "seed"),
+    rate: float = typer.Option(math.inf, help="sampled formats: requests/s of the generated arrivals (inf: all at "
+                                              "t=0)"),
+    arrival: str = typer.Option("poisson", help="sampled formats: poisson, gamma or constant"),
+    cv: float = typer.Option(1.0, help="sampled formats: coefficient of variation of gamma gaps"),
     keep_times: bool = typer.Option(False, "--keep-times",
                                     help="burstgpt: the log's own arrivals (its GPT-4 rows in order at their "
                                          "timestamps) instead of vLLM bench's sample at generated arrivals"),
@@ -216,20 +237,15 @@ def import_command(
         raise fail(f"--duration: must be a finite number of seconds > 0, got {duration}")
     if output.resolve() == path.resolve():
         raise fail(f"--output {output}: the file being imported; write the trace to another file")
-    # a ShareGPT dump or a custom JSONL is text: only they take a tokenizer; a file without times (or BurstGPT's,
-    # sampled as vLLM bench samples it) takes a seed and generated arrivals
-    text_only = {"--tokenizer": tokenizer is not None, "--output-len": output_len is not None,
-                 "--no-oversample": not oversample, "--disable-shuffle": disable_shuffle}
-    sampled_only = {"--seed": seed != 0, "--rate": rate != math.inf, "--arrival": arrival != "poisson",
-                    "--cv": cv != 1.0}
-    unused = [flag for flag, given in text_only.items() if given and fmt not in TEXT_FORMATS]
-    unused += [flag for flag, given in sampled_only.items() if given and fmt not in SAMPLED_FORMATS]
-    unused += ["--drop-zero"] if drop_zero and fmt != "azure" else []
-    unused += ["--keep-times"] if keep_times and fmt != "burstgpt" else []
-    unused += ["--skip-chat-template"] if skip_chat_template and fmt != "custom" else []
+    given = {"--tokenizer": tokenizer is not None, "--output-len": output_len is not None,
+             "--no-oversample": not oversample, "--disable-shuffle": disable_shuffle,
+             "--skip-chat-template": skip_chat_template, "--input-len": input_len is not None,
+             "--prefix-len": prefix_len is not None, "--seed": seed != 0, "--rate": rate != math.inf,
+             "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--keep-times": keep_times, "--drop-zero": drop_zero}
+    unused = [flag for flag, formats in FLAG_FORMATS.items() if given[flag] and fmt not in formats]
     if unused:
         raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
-    timed = [flag for flag, given in sampled_only.items() if given and keep_times]
+    timed = [flag for flag in ("--seed", "--rate", "--arrival", "--cv") if given[flag] and keep_times]
     if timed:
         raise fail(f"{', '.join(timed)}: not used with --keep-times (the log's own arrivals); drop "
                    f"{'it' if len(timed) == 1 else 'them'}")
@@ -237,7 +253,8 @@ def import_command(
         trace = import_trace(path, fmt, tokenizer=tokenizer, requests=requests, duration=duration, seed=seed,
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
                              skip_chat_template=skip_chat_template, oversample=oversample,
-                             shuffle=not disable_shuffle, keep_times=keep_times)
+                             shuffle=not disable_shuffle, keep_times=keep_times, input_len=input_len,
+                             prefix_len=prefix_len)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
