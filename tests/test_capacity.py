@@ -5,7 +5,10 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.deployment import Deployment
-from planner import capacity
+from dataclasses import replace
+
+from engine.core.metrics import slo_attainment
+from planner import capacity, simulate
 from planner.cli.app import app
 from planner.errors import PlannerError
 from planner.runs.slos import meets
@@ -49,7 +52,13 @@ def test_capacity_by_slo_attainment(small_capacity):
         assert any(line.startswith("Binding limit: SLO attainment >= ") for line in doc["verdict"]["lines"])
     assert strict.rate < loose.rate         # the stricter share is met only at a lower rate
     assert "--slo-attainment 0.99" in strict.spec.command(capacity=True)
-    assert "--slo-attainment" not in strict.spec.command(rate=1.0)     # `simulate` judges the statistics
+    # the run at capacity, as its "Next:" line repeats it, meets the share it was found by
+    at = simulate(replace(strict.spec, load=replace(strict.spec.load, rate=strict.rate,
+                                                    requests=strict.document["at_capacity"]["num_submitted"])))
+    judged = at.verdict["slo_attainment"]
+    assert strict.document["verdict"]["next_command"].endswith("--slo-attainment 0.99")
+    assert judged["target"] == 0.99 and judged["met"] and judged["share"] == slo_attainment(at.document())
+    assert any(line.startswith("SLO attainment met: ") for line in at.verdict["lines"])
 
 
 def test_slo_attainment_is_a_share():
@@ -58,3 +67,6 @@ def test_slo_attainment_is_a_share():
     result = CliRunner().invoke(app, ["capacity", "--model", "opt-125m", "--gpu", "a100-40g", "--slo", "0.2",
                                       "--slo-attainment", "0"])
     assert result.exit_code == 2 and result.output.startswith("error: --slo-attainment 0: give the share")
+    result = CliRunner().invoke(app, ["simulate", "--model", "opt-125m", "--gpu", "a100-40g", "--slo-attainment", "0.9"])
+    assert result.exit_code == 2 and "--slo-attainment judges the share of requests within the --slo limits" in \
+        result.output

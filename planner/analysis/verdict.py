@@ -259,11 +259,13 @@ def _fmt_rate(x: float | None) -> str:
 
 
 def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord],
-                command: Callable[..., str] | None = None, slos: dict[str, float] | None = None) -> dict:
+                command: Callable[..., str] | None = None, slos: dict[str, float] | None = None,
+                attainment: float | None = None) -> dict:
     """The steady-state block and the verdict of one run, from its records and result document.
 
     `command(**changes)` renders the CLI line of this run with some options changed,
-    for the "next command to try"; `slos` adds whether each limit holds.
+    for the "next command to try"; `slos` adds whether each limit holds, and with an SLO
+    `attainment`, whether that share of the requests was within every limit.
     """
     params = doc.get("params", {})
     requested = params.get("trace_params", {}).get("rate")
@@ -295,6 +297,10 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
                           "steady_value": (steady or {}).get(k)} for k, v in slos.items()}
         good = goodput([r for r in records if r.completed], slos, doc.get("duration"))
+    judged = None
+    if slos and attainment is not None:
+        share = slo_attainment({**good, "num_submitted": doc.get("num_submitted")})
+        judged = {"target": attainment, "share": share, "met": share is not None and share >= attainment}
     next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
                                    enough or ENOUGH_REQUESTS, timed)
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
@@ -308,7 +314,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
                "served_rate_steady": steady["request_throughput"] if steady else None, "window_too_short": short,
                "warmup_latency": latency, "steady_requests": enough,
                **load, "queue": trend, "preemptions": doc.get("preemptions", {}).get("total", 0), "slos": slo_status,
-               "goodput": good,
+               "goodput": good, "slo_attainment": judged,
                "rejected": summarize_reasons(records, params.get("max_model_len")),
                "num_rejected": doc.get("num_rejected", 0), "num_truncated": doc.get("num_truncated", 0),
                "next_commands": next_commands}
@@ -404,7 +410,12 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
         lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
                      + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
     lines.append(f"Bound by {v['bound']}: {v['bound_reason']}.")
-    if v["slos"]:
+    judged = v["slo_attainment"]
+    if judged:
+        lines.append(f"SLO attainment {'met' if judged['met'] else 'missed'}: {100 * (judged['share'] or 0):.4g}% of "
+                     f"the requests within every limit (target {100 * judged['target']:.4g}%). Goodput "
+                     f"{_fmt_rate(v['goodput']['request_goodput'])}.")
+    elif v["slos"]:
         missed = [k for k, s in v["slos"].items() if not s["met"]]
         good, submitted = v["goodput"], doc.get("num_submitted") or 0
         share = f": {good['num_good'] / submitted:.0%} of the requests within every limit" if submitted else ""

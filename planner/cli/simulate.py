@@ -100,6 +100,7 @@ def simulate(
     requests: Optional[int] = opt.REQUESTS, duration: Optional[float] = opt.DURATION, seed: int = opt.SEED,
     profile: Optional[Path] = opt.PROFILE, cost_model: Optional[str] = opt.COST_MODEL,
     step_by_step: bool = opt.STEP_BY_STEP, slo: Optional[list[str]] = opt.SLO, seeds: int = opt.SEEDS,
+    slo_attainment: Optional[float] = opt.SLO_ATTAINMENT,
     timing_noise: bool = opt.TIMING_NOISE, out: Optional[Path] = opt.OUT, as_json: bool = opt.AS_JSON,
 ) -> None:
     """Simulate a workload on the paged engine, a fleet of replicas behind a router, or prefill and decode
@@ -108,6 +109,8 @@ def simulate(
     try:
         disaggregated = pdo.disaggregation(pd, pools)
         slos = parse_slos(slo) if slo else {}
+        if slo_attainment is not None and not slos:
+            raise PlannerError("--slo-attainment judges the share of requests within the --slo limits: give --slo")
         rates = tuple(split_values(rate, float, "rate")) if rate is not None else (None,)
         clients = tuple(split_values(concurrency, int, "concurrency")) if concurrency is not None else (None,)
         ramp_up = opt.ramp_up_of(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
@@ -115,7 +118,8 @@ def simulate(
         specs = run_specs(deployments, load,
                           rates=rates, concurrencies=clients, replicas=opt.replica_counts(replicas), router=router,
                           pd=disaggregated, cost_model=cost_model, profile=str(profile) if profile else None,
-                          timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step)
+                          timing_noise=timing_noise, slos=tuple(slos.items()), step_by_step=step_by_step,
+                          slo_attainment=slo_attainment)
         out_dir = run_folder(out, "sweep" if len(specs) > 1 else "sim", specs[0].load.workload)
         if len(specs) > 1:
             return _sweep(specs, out_dir, as_json, err, slos)

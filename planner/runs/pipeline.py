@@ -178,7 +178,8 @@ class Simulation:
         """The verdict, steady state, warnings and blind spots of `sim` (a run of `spec`, default this one)."""
         spec = spec or self.spec
         summary = sim.summary()
-        analysis = analyse_run(summary, sim.requests, sim.steps, spec.command, dict(spec.slos) or None)
+        analysis = analyse_run(summary, sim.requests, sim.steps, spec.command, dict(spec.slos) or None,
+                               spec.slo_attainment)
         d = spec.deployment
         notes = not_modelled(sim.cost_model, d.block_size, d.prefix_caching_on, d.preemption_mode, d.tp,
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))

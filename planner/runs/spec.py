@@ -230,7 +230,7 @@ class RunSpec:
             words += spec.pd.flags()
         slos = spec.slos or ((("normalized_latency", 0.1),) if capacity else ())
         words += [w for name, limit in slos for w in ("--slo", f"{name}={limit:g}")]
-        if capacity and spec.slo_attainment is not None:
+        if spec.slo_attainment is not None:
             words += ["--slo-attainment", f"{spec.slo_attainment:g}"]
         return " ".join(words)
 
