@@ -67,6 +67,7 @@ def test_slo_attainment_is_a_share():
     result = CliRunner().invoke(app, ["capacity", "--model", "opt-125m", "--gpu", "a100-40g", "--slo", "0.2",
                                       "--slo-attainment", "0"])
     assert result.exit_code == 2 and result.output.startswith("error: --slo-attainment 0: give the share")
-    result = CliRunner().invoke(app, ["simulate", "--model", "opt-125m", "--gpu", "a100-40g", "--slo-attainment", "0.9"])
+    result = CliRunner().invoke(app, ["simulate", "--model", "opt-125m", "--gpu", "a100-40g",
+                                      "--slo-attainment", "0.9"])
     assert result.exit_code == 2 and "--slo-attainment judges the share of requests within the --slo limits" in \
         result.output
