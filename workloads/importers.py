@@ -16,7 +16,7 @@ from .arrivals import TIME_DECIMALS, arrival_times
 from .errors import TraceError, where
 from .lengths import VLLM_FILTER, LengthFilter
 from .schema import TraceRequest
-from .text import read_text
+from .text import read_text, text_lines
 from .tokens import stream
 from .trace import Trace
 from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, csv_header, csv_rows
@@ -293,7 +293,7 @@ def import_sonnet(
         raise TraceError(f"prefix_len: must be >= 0, got {prefix_len}")
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
-    lines = read_text(path).splitlines(keepends=True)
+    lines = list(text_lines(path))       # as vLLM's readlines(): split at newlines only, each kept
     if not any(line.strip() for line in lines):
         raise TraceError(f"{path}: no lines in it")
     tokenizer = _load_tokenizer(tokenizer_path)
