@@ -129,6 +129,9 @@ def test_sharegpt_errors(tmp_path, tokenizer_dir):
     path = sharegpt_file(tmp_path, [(text(5), text(5))])
     with pytest.raises(TraceError, match="tokenizer folder not found"):
         import_sharegpt(path, tmp_path / "nowhere", num_requests=1)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceError, match=r"empty: no tokenizer in it \(none of tokenizer\.json, "):
+        import_sharegpt(path, tmp_path / "empty", num_requests=1)
 
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens

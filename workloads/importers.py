@@ -24,6 +24,9 @@ from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, csv_header, csv_rows
 # --- ShareGPT ------------------------------------------------------------------------
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def _load_tokenizer(tokenizer_path: str | Path):
     # local_files_only: a tokenizer is a folder the user has, never a download
     from transformers import AutoTokenizer
@@ -31,6 +34,9 @@ def _load_tokenizer(tokenizer_path: str | Path):
     folder = Path(tokenizer_path)
     if not folder.is_dir():
         raise TraceError(f"{folder}: tokenizer folder not found")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TraceError(f"{folder}: no tokenizer in it (none of {', '.join(TOKENIZER_FILES)}): give the model's "
+                         f"folder")
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
