@@ -194,8 +194,9 @@ class ChunkedScheduler(Scheduler):
         self.reserve_full_isl = reserve_full_isl
         self.null_block = NULL_BLOCK
         self.usable_blocks = allocator.num_gpu_blocks - 1 - allocator.state_blocks   # (a sequence's states aside)
-        # Prefix-cache statistics as vLLM keeps them: tokens of admitted
-        # sequences, and of those, tokens found in the cache.
+        # Prefix-cache statistics as vLLM keeps them (vllm/v1/metrics/stats.py, PrefixCacheStats): tokens of
+        # admitted sequences, and of those, tokens found in the cache; a preempted request's return is left
+        # out (vLLM records it apart, in preempted_queries and preempted_hits).
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -351,8 +352,9 @@ class ChunkedScheduler(Scheduler):
         its ``computed`` prefix-cache hits and the ``num_new`` tokens of its first chunk."""
         seq = group.seqs[0]
         self.waiting.popleft()
-        self.prefix_queried_tokens += seq.num_tokens
-        self.prefix_hit_tokens += computed
+        if not group.num_preemptions:   # vLLM's hit rate counts a preempted request's return apart (preempted_*)
+            self.prefix_queried_tokens += seq.num_tokens
+            self.prefix_hit_tokens += computed
         self.allocator.admit(seq, hit, computed + num_new)
         self._cache(seq, computed + num_new)
         seq.status = SequenceStatus.RUNNING

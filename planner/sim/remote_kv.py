@@ -117,8 +117,9 @@ class DecodeScheduler(ChunkedScheduler):
             return False
         self.allocator.admit(seq, hit, seq.num_tokens)
         cached = len(hit) * self.allocator.block_size
-        self.prefix_queried_tokens += seq.num_tokens
-        self.prefix_hit_tokens += cached
+        if not group.num_preemptions:   # (counted as vLLM counts them: ChunkedScheduler._admit_chunk)
+            self.prefix_queried_tokens += seq.num_tokens
+            self.prefix_hit_tokens += cached
         remote.allocated_at = now
         remote.tokens = seq.num_tokens - cached
         self.on_loading(group, remote, now)
