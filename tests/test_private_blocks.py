@@ -38,8 +38,10 @@ def drive(trace: Trace, blocks: int, private: bool, block_size: int = 16) -> lis
     while scheduler.has_unfinished():
         out = scheduler.schedule(now)
         log.append(([g.request_id for g in out.groups], list(out.num_scheduled_tokens),
-                    [g.request_id for g in out.preempted], scheduler.prefix_hit_tokens,
-                    scheduler.prefix_queried_tokens, allocator.num_free_blocks(), allocator.token_slots_used()))
+                    [g.request_id for g in out.preempted],
+                    scheduler.prefix_hit_tokens + scheduler.preempted_hit_tokens,        # (returns counted apart)
+                    scheduler.prefix_queried_tokens + scheduler.preempted_queried_tokens,
+                    allocator.num_free_blocks(), allocator.token_slots_used()))
         scheduler.update(out, executor.samples(out.sampling_part()), now)
         now += 1.0
     return log
@@ -87,7 +89,8 @@ def test_a_preempted_request_comes_back_to_its_own_sampled_blocks_and_a_finished
     while scheduler.has_unfinished():
         out = scheduler.schedule(float(step))
         scheduler.update(out, executor.samples(out.sampling_part()), float(step))
-    assert scheduler.prefix_hit_tokens == 16
+    assert scheduler.preempted_hit_tokens == 16 and scheduler.preempted_queried_tokens == 19   # 10 + 9 sampled
+    assert scheduler.prefix_hit_tokens == 0 and scheduler.prefix_queried_tokens == 10   # vLLM's hit rate: 0
     assert len(allocator.gpu.cached) == 4                   # finished: its later blocks never keyed
     assert not allocator.public and not allocator.own_prompts
 

@@ -195,10 +195,10 @@ class ChunkedScheduler(Scheduler):
         self.null_block = NULL_BLOCK
         self.usable_blocks = allocator.num_gpu_blocks - 1 - allocator.state_blocks   # (a sequence's states aside)
         # Prefix-cache statistics as vLLM keeps them (vllm/v1/metrics/stats.py, PrefixCacheStats): tokens of
-        # admitted sequences, and of those, tokens found in the cache; a preempted request's return is left
-        # out (vLLM records it apart, in preempted_queries and preempted_hits).
-        self.prefix_queried_tokens = 0
-        self.prefix_hit_tokens = 0
+        # admitted sequences, and of those, tokens found in the cache; a preempted request's return is counted
+        # apart, as vLLM's preempted_queries and preempted_hits, and is not in its hit rate.
+        self.prefix_queried_tokens = self.prefix_hit_tokens = 0
+        self.preempted_queried_tokens = self.preempted_hit_tokens = 0
 
     def schedule(self, now: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -352,9 +352,7 @@ class ChunkedScheduler(Scheduler):
         its ``computed`` prefix-cache hits and the ``num_new`` tokens of its first chunk."""
         seq = group.seqs[0]
         self.waiting.popleft()
-        if not group.num_preemptions:   # vLLM's hit rate counts a preempted request's return apart (preempted_*)
-            self.prefix_queried_tokens += seq.num_tokens
-            self.prefix_hit_tokens += computed
+        self.count_lookup(group, seq.num_tokens, computed)
         self.allocator.admit(seq, hit, computed + num_new)
         self._cache(seq, computed + num_new)
         seq.status = SequenceStatus.RUNNING
@@ -391,6 +389,15 @@ class ChunkedScheduler(Scheduler):
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(group)
         self.preemptions["recompute"] += 1
+
+    def count_lookup(self, group: SequenceGroup, queried: int, hit: int) -> None:
+        """One admission's prefix-cache lookup in vLLM's counters: a preempted request's return apart."""
+        if group.num_preemptions:
+            self.preempted_queried_tokens += queried
+            self.preempted_hit_tokens += hit
+        else:
+            self.prefix_queried_tokens += queried
+            self.prefix_hit_tokens += hit
 
     def _cache(self, seq, num_tokens: int) -> None:
         # vLLM caches full blocks when they are scheduled, capped at the sequence's tokens.

@@ -117,9 +117,7 @@ class DecodeScheduler(ChunkedScheduler):
             return False
         self.allocator.admit(seq, hit, seq.num_tokens)
         cached = len(hit) * self.allocator.block_size
-        if not group.num_preemptions:   # (counted as vLLM counts them: ChunkedScheduler._admit_chunk)
-            self.prefix_queried_tokens += seq.num_tokens
-            self.prefix_hit_tokens += cached
+        self.count_lookup(group, seq.num_tokens, cached)
         remote.allocated_at = now
         remote.tokens = seq.num_tokens - cached
         self.on_loading(group, remote, now)
