@@ -154,8 +154,8 @@ def test_worker_processes_and_ray_give_the_same_fleets():
 
 def test_one_replica_is_the_search_without_fleets():
     g = grid(tps=(1, 2))
-    lone = run_search(grid(tps=(1, 2), replicas=None), LocalExecutor(1), prices=PRICES)
-    fleet = run_search(grid(tps=(1, 2), replicas=(1,)), LocalExecutor(1), prices=PRICES)
+    lone = run_search(grid(replicas=None), LocalExecutor(1), prices=PRICES)
+    fleet = run_search(grid(replicas=(1,)), LocalExecutor(1), prices=PRICES)
     assert "replicas" not in lone.configs[0] and "replicas" not in lone.document()
     assert [{k: v for k, v in r.items() if k != "replicas"} for r in fleet.configs] == lone.configs
     assert g.configs()[0] == ("a100-80g", 1, 16, 256, 1)
