@@ -44,6 +44,13 @@ def _load_tokenizer(tokenizer_path: str | Path):
         raise TraceError(f"{folder}: cannot load a tokenizer: {first}") from None
 
 
+def _chat(tokenizer, text: str) -> list[int]:
+    """The tokens of `text` sent as one user message in the tokenizer's chat template, as vLLM counts them."""
+    formatted = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    return list(tokenizer(formatted).input_ids)
+
+
 def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     """(first human turn, first answer) of every conversation with at least two turns."""
     if not path.is_file():
@@ -240,10 +247,7 @@ def import_custom(
         random.Random(seed).shuffle(prompts)
     available = []
     for prompt in prompts[:num_requests]:
-        if not skip_chat_template:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                   add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer(prompt).input_ids)
+        ids = list(tokenizer(prompt).input_ids) if skip_chat_template else _chat(tokenizer, prompt)
         if not ids:
             raise TraceError(f"{path}: a prompt tokenizes to no tokens: {prompt[:40]!r}")
         available.append(ids)
@@ -263,13 +267,6 @@ def import_custom(
 SONNET_DEFAULTS = {"input_len": 550, "output_len": 150, "prefix_len": 200}   # vLLM's SonnetDataset
 SONNET_BASE_PROMPT = "Pick as many lines as you can from these poem lines:\n"
 SONNET_DRAWS_PER_REQUEST = 1000        # vLLM redraws a prompt over input_len forever; here, up to this many times
-
-
-def _chat(tokenizer, text: str) -> list[int]:
-    """The tokens of `text` sent as one user message in the tokenizer's chat template, as vLLM counts them."""
-    formatted = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=False)
-    return list(tokenizer(formatted).input_ids)
 
 
 def import_sonnet(

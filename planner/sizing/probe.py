@@ -111,13 +111,14 @@ class _Deadline:
     once `now - arrival > limit` a request's value is known to be above the limit,
     or it is already known exactly (its first token, or finish, is recorded)."""
 
-    def __init__(self, metric: str, name: str, limit: float, needed: int) -> None:
+    def __init__(self, metric: str, name: str, limit: float, needed: int = 0) -> None:
         self.metric, self.name, self.limit, self.needed = metric, name, limit, needed
         self.next = 0          # the first request not yet classified
         self.above = 0
 
-    def advance(self, now: float, groups: list[SequenceGroup]) -> None:
-        i, above = self.next, self.above
+    def passed(self, now: float, groups: list[SequenceGroup]) -> list[SequenceGroup]:
+        """The requests newly known to be above the limit (each judged once, in arrival order)."""
+        i, above = self.next, []
         limit, ttft = self.limit, self.metric == "ttft"
         while i < len(groups):
             times = groups[i].times
@@ -126,11 +127,16 @@ class _Deadline:
             at = times.first_token if ttft else times.finish
             # Unknown yet: it comes at or after now, more than `limit` after the arrival.
             if at is None or at - times.arrival > limit:
-                above += 1
+                above.append(groups[i])
             i += 1
-        self.next, self.above = i, above
-        if above >= self.needed:
-            raise VerdictCertain(f"{self.name}: {above} requests above {limit:g} s", now)
+        self.next = i
+        return above
+
+    def advance(self, now: float, groups: list[SequenceGroup]) -> None:
+        """SloWatch's count: raises once `needed` requests are above the limit."""
+        self.above += len(self.passed(now, groups))
+        if self.above >= self.needed:
+            raise VerdictCertain(f"{self.name}: {self.above} requests above {self.limit:g} s", now)
 
 
 class SloWatch:
@@ -182,7 +188,7 @@ class AttainmentWatch:
         for name, limit in slos.items():
             quantity = slo_quantity(name)
             self.limits[quantity] = min(limit, self.limits.get(quantity, limit))
-        self.deadlines = {q: 0 for q in ("ttft", "e2e") if q in self.limits}   # -> first request not yet judged
+        self.deadlines = [_Deadline(q, q, self.limits[q]) for q in ("ttft", "e2e") if q in self.limits]
         self.missed: set[str] = set()
 
     def _miss(self, request_id: str, now: float) -> None:
@@ -201,18 +207,9 @@ class AttainmentWatch:
             record = RequestRecord.from_group(group)
             if record.truncated or any(request_quantity(record, q) > limit for q, limit in self.limits.items()):
                 self._miss(group.request_id, now)
-        groups = engine.groups
-        for quantity, i in self.deadlines.items():
-            limit = self.limits[quantity]
-            while i < len(groups):
-                times = groups[i].times
-                if not now - times.arrival > limit:
-                    break
-                at = times.first_token if quantity == "ttft" else times.finish
-                if at is None or at - times.arrival > limit:
-                    self._miss(groups[i].request_id, now)
-                i += 1
-            self.deadlines[quantity] = i
+        for deadline in self.deadlines:
+            for group in deadline.passed(now, engine.groups):
+                self._miss(group.request_id, now)
 
 
 class _FleetWatch:
