@@ -108,6 +108,13 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   (`SpecDecodingStats.draft_rates`, `.draft_persistence`, `.acceptance_rates`). `draft_model` is
   the draft model of "draft:K": a folder the live engine loads, or a catalog model the simulator
   prices.
+- `enable_lora`, `max_loras` and `max_lora_rank` are vLLM's `--enable-lora`, `--max-loras` (the most
+  distinct adapters in one step, default 1) and `--max-lora-rank` (the largest adapter rank it serves,
+  one of vLLM's sizes, default 16): vLLM holds max_loras adapter slots of that rank on every LoRA-able
+  layer, the scheduler passes over a waiting request of another adapter while max_loras run, and each
+  step runs the adapters' shrink and expand kernels beside every such layer (docs/lora.md). Which
+  adapter each request uses comes with the workload (`loras`, as vLLM bench's `--lora-modules`).
+  vllm-v1 policy only (vLLM v0.2.0 had no LoRA).
 """
 from __future__ import annotations
 
@@ -137,6 +144,8 @@ MAX_SWAP_GIB = 1 << 20                   # GiB of swap space per GPU: a pebibyte
 MOE_BACKENDS = ("auto", "triton", "deep_gemm")
 # vLLM's --performance-mode (vllm/config/vllm.py PerformanceMode, since 0.17); the first is vLLM's default.
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
+# vLLM's --max-lora-rank choices (vllm/config/lora.py MaxLoRARanks); 16 is its default.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,9 @@ class Deployment:
     draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)
     draft_persistence: float | None = None   # P(a lookup drafts | the sequence's last lookup drafted); None: D1
     draft_model: str | None = None           # --speculative draft:K: the draft model (a folder, or a catalog name)
+    enable_lora: bool = False                # vLLM's --enable-lora: serve LoRA adapters beside the base model
+    max_loras: int = 1                       # vLLM's --max-loras: the most distinct adapters in one step
+    max_lora_rank: int = 16                  # vLLM's --max-lora-rank: the largest adapter rank it serves
 
     def __post_init__(self) -> None:
         for name, (kind, optional) in _FIELD_KINDS.items():    # each setting's type first: see check_type
@@ -208,6 +220,7 @@ class Deployment:
                              f"give --policy vllm-v1")
         _check_eplb(self)
         _check_dbo(self)
+        _check_lora(self)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)
@@ -341,7 +354,8 @@ class Deployment:
                                enable_prefix_caching=self.enable_prefix_caching, vllm_v1=self.vllm_v1,
                                enable_chunked_prefill=self.enable_chunked_prefill,
                                long_prefill_token_threshold=self.long_prefill_token_threshold,
-                               scheduling_policy=self.scheduling_policy)
+                               scheduling_policy=self.scheduling_policy,
+                               max_loras=self.max_loras if self.enable_lora else None)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -468,6 +482,21 @@ def _check_eplb(dep: Deployment) -> None:
     if dep.tp * dep.dp <= 1:
         raise ValueError(f"EPLB requires tensor_parallel_size or data_parallel_size to be greater than 1, but got "
                          f"TP={dep.tp}, DP={dep.dp}")
+
+
+def _check_lora(dep: Deployment) -> None:
+    """vLLM's LoRAConfig checks (vllm/config/lora.py: max_loras >= 1, the rank one of MaxLoRARanks), and the
+    settings that need --enable-lora (vLLM ignores them without it; here a typo'd line is told)."""
+    _at_least("max_loras", dep.max_loras, 1)
+    _one_of("max_lora_rank", dep.max_lora_rank, LORA_RANKS)
+    if not dep.enable_lora:
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(dep, name) != getattr(Deployment, name):
+                raise ValueError(f"{name} is a LoRA setting: give --enable-lora too")
+        return
+    if not dep.vllm_v1:
+        raise ValueError("LoRA adapters are served by vLLM v1's scheduler (--policy vllm-v1): the paper's vLLM "
+                         "v0.2.0 had no LoRA")
 
 
 def _check_dbo(dep: Deployment) -> None:

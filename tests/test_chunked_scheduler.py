@@ -20,18 +20,18 @@ from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.core.sequence import FinishReason, SequenceGroup
 
 
-def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None, priority=0):
+def request(rid, prompt_len, max_tokens, arrival=0.0, tokens=None, priority=0, lora=0):
     prompt = tokens if tokens is not None else [(hash((rid, i)) % 90) + 10 for i in range(prompt_len)]
     return SequenceGroup(str(rid), prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), arrival,
-                         priority=priority)
+                         priority=priority, lora_id=lora)
 
 
 def make(num_blocks, *, block_size=4, budget=8, max_num_seqs=8, caching=False, max_model_len=256, threshold=0,
-         chunked=True, policy="fcfs", **kw):
+         chunked=True, policy="fcfs", max_loras=None, **kw):
     bm = VllmBlockManager(block_size, num_blocks, enable_prefix_caching=caching)
     cfg = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                           vllm_v1=True, enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-                          scheduling_policy=policy)
+                          scheduling_policy=policy, max_loras=max_loras)
     return ChunkedScheduler(cfg, bm, **kw), bm
 
 
@@ -248,16 +248,18 @@ def test_parallel_sampling_is_rejected_on_its_own():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=10),
        st.integers(6, 40), st.integers(4, 24), st.integers(1, 6), st.booleans(), st.booleans(),
-       st.sampled_from([0, 1, 3, 7]), st.booleans(), st.sampled_from(["fcfs", "priority"]))
+       st.sampled_from([0, 1, 3, 7]), st.booleans(), st.sampled_from(["fcfs", "priority"]),
+       st.sampled_from([None, 1, 2]))
 def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs, caching, full_isl, threshold,
-                                          chunked, policy):
+                                          chunked, policy, max_loras):
     budget = max(budget, max_num_seqs) if chunked else 52     # unchunked: the budget holds max_model_len
     sched, bm = make(num_blocks, block_size=4, budget=budget, max_num_seqs=max_num_seqs, caching=caching,
                      reserve_full_isl=full_isl, threshold=threshold, chunked=chunked,
-                     max_model_len=256 if chunked else 52, policy=policy)
+                     max_model_len=256 if chunked else 52, policy=policy, max_loras=max_loras)
     rng = random.Random(0)
     groups = [request(i, p, o, arrival=float(t),
-                      tokens=[rng.randrange(3) for _ in range(p)] if caching else None, priority=rng.randrange(3))
+                      tokens=[rng.randrange(3) for _ in range(p)] if caching else None, priority=rng.randrange(3),
+                      lora=rng.randrange(4) if max_loras else 0)
               for i, (p, o, t) in enumerate(reqs)]
     pending = sorted(groups, key=lambda g: g.arrival_time)
     now, steps, truncated = 0.0, 0, set()
@@ -279,6 +281,8 @@ def test_invariants_hold_on_random_traces(reqs, num_blocks, budget, max_num_seqs
         if not chunked and not threshold:                   # every request's tokens whole
             assert all(n == seq.num_tokens - seq.num_computed_tokens for seq, n in zip(out.seqs, counts))
         assert len(sched.running) <= max_num_seqs
+        if max_loras:          # vLLM's --max-loras: never more distinct adapters in one step
+            assert len({g.lora_id for g in out.groups} - {0}) <= max_loras
         for seq, n in zip(out.seqs, counts):
             assert len(bm.tables[seq.seq_id]) * 4 >= seq.num_computed_tokens + n
         if out.preempted:      # a step that preempts admits nobody: everything in it was running

@@ -40,6 +40,13 @@ _ARRIVAL_ARGS = {"num_requests", "duration", "rate", "arrival", "cv", "seed"}
 # per request from a stream of its own (lengths and arrivals stay as they are); vLLM serves priority 0 first
 # under --scheduling-policy priority and ignores priorities under fcfs.
 PRIORITY_PARAM = "low_priority_share"
+# And the LoRA adapters its requests run with (a deployment with --enable-lora): `loras` adapters (0: none, every
+# request the base model), each request's chosen as vLLM bench's --lora-assignment does: "random" (its default:
+# each request one at random, here with popularity falling as a power law of exponent `lora_skew`, 0 uniform as
+# vLLM bench's random.choice; S-LoRA's evaluation draws adapters from a power law) or "round-robin" (in turn). A
+# chatbot conversation keeps one adapter through its turns.
+LORA_PARAMS = {"loras": 0, "lora_assignment": "random", "lora_skew": 0.0}
+LORA_ASSIGNMENTS = ("random", "round-robin")
 TRACE_SUFFIXES = (".jsonl", ".json", ".csv")
 
 
@@ -50,7 +57,7 @@ def workload_params(name: str) -> dict:
         p.name: p.default
         for p in inspect.signature(fn).parameters.values()
         if p.default is not inspect.Parameter.empty and p.name not in _ARRIVAL_ARGS
-    } | {PRIORITY_PARAM: 0.0}
+    } | {PRIORITY_PARAM: 0.0} | LORA_PARAMS
 
 
 # The largest magnitude a workload parameter takes (a billion tokens, turns or prefixes): past it a generator's
@@ -82,7 +89,7 @@ def parse_workload_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict
             out[key] = kind(text.strip())
         except ValueError:
             raise TraceError(f"--param {key}: expected {kind.__name__}, got {text!r}") from None
-        if not abs(out[key]) <= MAX_PARAM:      # (NaN too)
+        if not isinstance(out[key], str) and not abs(out[key]) <= MAX_PARAM:      # (NaN too)
             raise TraceError(f"--param {key}: {text.strip()} is beyond any workload; give a value of at most "
                              f"{MAX_PARAM:,}")
     return out
@@ -141,8 +148,10 @@ def make_trace(
     if not 0.0 <= share <= 1.0:
         raise TraceError(f"{PRIORITY_PARAM}: the share of requests sent with priority 1 must be from 0 to 1, "
                          f"got {share}")
-    used = allowed | params | {PRIORITY_PARAM: share}
-    generated = {k: v for k, v in used.items() if k != PRIORITY_PARAM}     # the generator's own
+    lora = {key: params.pop(key, default) for key, default in LORA_PARAMS.items()}
+    _check_lora_params(**lora)
+    used = allowed | params | {PRIORITY_PARAM: share} | lora
+    generated = {k: v for k, v in used.items() if k != PRIORITY_PARAM and k not in LORA_PARAMS}   # the generator's
     fn, _ = _GENERATORS[name]
     if name == "chatbot":
         requests = fn(num_requests=num_requests, duration=duration, rate=rate, arrival=arrival, cv=cv, seed=seed,
@@ -165,11 +174,40 @@ def make_trace(
     if share:
         low = stream(seed, "priorities").random(len(requests)) < share
         requests = [r.model_copy(update={"priority": 1}) if flag else r for r, flag in zip(requests, low)]
+    if lora["loras"]:
+        requests = with_loras(requests, stream(seed, "loras"), **lora)
     record = {
         "workload": name, "num_requests": num_requests, "duration": duration,
         "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **(ramp_up.record() if ramp_up else {}), **used,
     }
     return Trace(requests, name=name, params=record)
+
+
+def _check_lora_params(loras: int, lora_assignment: str, lora_skew: float) -> None:
+    if loras < 0:
+        raise TraceError(f"loras: the number of LoRA adapters must be 0 (none) or more, got {loras}")
+    if lora_assignment not in LORA_ASSIGNMENTS:
+        raise TraceError(f"lora_assignment: {lora_assignment!r} is not one of {', '.join(LORA_ASSIGNMENTS)} "
+                         f"(vLLM bench's --lora-assignment)")
+    if not 0.0 <= lora_skew <= 4.0:
+        raise TraceError(f"lora_skew: a power-law exponent from 0 (uniform) to 4, got {lora_skew}")
+    if lora_skew and lora_assignment != "random":
+        raise TraceError("lora_skew: only a random assignment is skewed; round-robin takes each adapter in turn")
+
+
+def with_loras(requests: list[TraceRequest], rng, loras: int, lora_assignment: str = "random",
+               lora_skew: float = 0.0) -> list[TraceRequest]:
+    """`requests` each with one of adapters 1..`loras`: drawn (adapter i with probability ~ i ** -lora_skew)
+    or in turn, one per conversation (a request without one is its own)."""
+    keys = [r.conversation_id if r.conversation_id is not None else f"\0{i}" for i, r in enumerate(requests)]
+    first_seen = list(dict.fromkeys(keys))
+    if lora_assignment == "round-robin":
+        chosen = {key: 1 + i % loras for i, key in enumerate(first_seen)}
+    else:
+        weights = [(i + 1.0) ** -lora_skew for i in range(loras)]
+        drawn = rng.choice(loras, size=len(first_seen), p=[w / sum(weights) for w in weights])
+        chosen = {key: 1 + int(d) for key, d in zip(first_seen, drawn)}
+    return [r.model_copy(update={"lora": chosen[key]}) for r, key in zip(requests, keys)]
 
 
 def _shown(params: dict) -> str:

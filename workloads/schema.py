@@ -42,6 +42,8 @@ class TraceRequest(BaseModel):
     turn: int = Field(default=0, ge=0)
     # vLLM's request priority (the lower value first under --scheduling-policy priority; fcfs ignores it)
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31)
+    # The LoRA adapter the request runs with (vLLM's lora_int_id: 1, 2, ...; 0: the base model alone)
+    lora: int = Field(default=0, ge=0, lt=1 << 31)
 
     # Field validators (not a model validator) so that an error names the
     # field; prompt_len is declared before both, so info.data holds it.

@@ -26,9 +26,8 @@ it is kept to measure how much vLLM's conservative heuristic costs.
 """
 from __future__ import annotations
 
-from array import array
-from hashlib import blake2b
 
+from engine.core.block_keys import ROOT_HASH, block_key, cache_root, chained_hashes, prompt_block_hashes  # noqa: F401
 from engine.core.block_pool import BlockPool
 from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -41,37 +40,6 @@ _SWAPPED = SequenceStatus.SWAPPED
 
 def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
-
-
-# The parent key of a prompt's first block. A constant: a router in another process (the live fleet's
-# proxy, engine/entrypoints/router) must compute the keys a replica's prefix cache holds (vLLM fixes its
-# NONE_HASH for llm-d's precise prefix-cache scorer for the same reason).
-ROOT_HASH = 0
-
-
-def block_key(parent: int, tokens) -> int:
-    """A full block's prefix-cache key: a 64-bit BLAKE2b digest of its parent's key and its token ids.
-    Not Python's hash(): a tuple of ints hashes predictably, so a crafted prompt could take the key of
-    another user's prefix block and plant its own KV under it, to be served to them (vLLM's
-    CVE-2025-25183, fixed there with SHA-256); a second block with a given BLAKE2b key takes ~2**64
-    tries. Deterministic across processes, as the live fleet's router needs."""
-    data = parent.to_bytes(8, "little", signed=True) + array("q", tokens).tobytes()
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
-
-
-def chained_hashes(tokens: list[int], block_size: int, count: int):
-    """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each digests its
-    parent's key with its own token ids, so equal prefixes have equal keys."""
-    parent = ROOT_HASH
-    for i in range(count):
-        parent = block_key(parent, tokens[i * block_size:(i + 1) * block_size])
-        yield parent
-
-
-def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
-    """The keys of the prompt blocks a prefix-cache hit may cover (never the last token's block:
-    the last token is always computed), as ``cached_prefix`` looks them up."""
-    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size))
 
 
 def blocks_at_most(prompt_len: int, max_tokens: int, width: int, block_size: int,
@@ -178,7 +146,7 @@ class BlockManager:
             # A hit never covers the whole prompt: the last token is always
             # computed, so there are logits to sample from.
             hashes: list[int] = []
-            parent = ROOT_HASH
+            parent = seq.cache_root
             tokens = seq.token_ids
             for i in range((n - 1) // bs):
                 h = block_key(parent, tokens[i * bs:(i + 1) * bs])
@@ -206,7 +174,7 @@ class BlockManager:
         tokens = seq.token_ids
         upto = seq.num_computed_tokens if num_tokens is None else num_tokens
         for i in range(len(hashes), upto // bs):
-            h = block_key(hashes[-1] if hashes else ROOT_HASH, tokens[i * bs:(i + 1) * bs])
+            h = block_key(hashes[-1] if hashes else seq.cache_root, tokens[i * bs:(i + 1) * bs])
             hashes.append(h)
             self.gpu.register(table[i], h)
 
@@ -222,7 +190,8 @@ class BlockManager:
             return []
         cached = self.gpu.cached
         hit: list[tuple[int, int]] = []
-        for h in chained_hashes(seq.token_ids, self.block_size, (seq.num_tokens - 1) // self.block_size):
+        for h in chained_hashes(seq.token_ids, self.block_size, (seq.num_tokens - 1) // self.block_size,
+                                seq.cache_root):
             block = cached.get(h)
             if block is None:
                 break

@@ -222,6 +222,8 @@ class ChunkedScheduler(Scheduler):
         out = SchedulerOutput(is_prefill, groups, seqs, num_tokens, preempted=preempted,
                               rejected=rejected, truncated=truncated, num_scheduled_tokens=counts,
                               spec_token_ids=spec or None)
+        if self.config.max_loras is not None:
+            out.lora_adapters = len({group.lora_id for group in groups if group.lora_id})
         out.token_split = split_tokens(out)      # before update moves the computed counts
         return out
 
@@ -302,6 +304,8 @@ class ChunkedScheduler(Scheduler):
         admits through this very pass.)"""
         allocator = self.allocator
         max_num_seqs = self.config.max_num_seqs
+        loras = self.running_loras()
+        passed_over: list[SequenceGroup] = []
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             group = self.waiting[0]
             problem = self.never_fits(group)
@@ -311,6 +315,9 @@ class ChunkedScheduler(Scheduler):
                     self._reject(group, problem, now, rejected)
                 else:   # preempted after it outgrew the whole cache: end it where it is
                     self._truncate(group, now, truncated)
+                continue
+            if self.lora_passes_over(group, loras):
+                passed_over.append(self.waiting.popleft())
                 continue
             seq = group.seqs[0]
             hit = allocator.cached_prefix(seq)
@@ -328,7 +335,24 @@ class ChunkedScheduler(Scheduler):
             seqs.append(seq)
             counts.append(num_new)
             budget -= num_new
+            if loras is not None and group.lora_id:
+                loras.add(group.lora_id)
+        if passed_over:                 # back at the head, in their order, as vLLM's skipped requests
+            self.waiting.extendleft(reversed(passed_over))
         return budget
+
+    def running_loras(self) -> set[int] | None:
+        """The adapters of the running requests (which all run in a step that reaches the waiting pass), or
+        None without LoRA."""
+        if self.config.max_loras is None:
+            return None
+        return {group.lora_id for group in self.running if group.lora_id}
+
+    def lora_passes_over(self, group: SequenceGroup, loras: set[int] | None) -> bool:
+        """vLLM's max_loras check: a waiting request of an adapter not yet in the step, when max_loras adapters
+        already are, is passed over (left waiting; the requests behind it may go first)."""
+        return (loras is not None and group.lora_id != 0 and group.lora_id not in loras
+                and len(loras) >= self.config.max_loras)
 
     def admitted_tokens(self, wanted: int, budget: int) -> int | None:
         """The tokens a waiting request that wants `wanted` more takes with `budget` left, or None when

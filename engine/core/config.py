@@ -51,6 +51,10 @@ class SchedulerConfig:
         default) or ``priority`` (waiting requests by priority, then arrival;
         the running request of the lowest priority, latest arrival, is
         preempted first). vLLM v1 only.
+    max_loras: vLLM's ``--max-loras`` with ``--enable-lora``: the most
+        distinct LoRA adapters in one step; a waiting request of another
+        adapter is passed over while that many run, and those behind it may
+        go first (vllm/v1/core/sched/scheduler.py). None: no LoRA. vLLM v1 only.
     """
 
     max_model_len: int
@@ -63,12 +67,15 @@ class SchedulerConfig:
     enable_chunked_prefill: bool | None = None
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.enable_chunked_prefill:     # chunked prefill is vLLM v1's scheduler
             self.vllm_v1 = True
         elif self.enable_chunked_prefill is None:
             self.enable_chunked_prefill = self.vllm_v1
+        if self.max_loras is not None and (self.max_loras < 1 or not self.vllm_v1):
+            raise ValueError(f"max_loras must be >= 1 and needs vLLM v1's scheduler, got {self.max_loras}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be 0 (off) or more tokens, "
                              f"got {self.long_prefill_token_threshold}")

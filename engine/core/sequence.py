@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from engine.core.block_keys import cache_root
 from engine.core.sampling_params import SamplingParams
 
 
@@ -42,6 +43,9 @@ class Sequence:
     # Speculative decoding: did the proposer's last lookup for this sequence draft? (Prompt-lookup
     # drafts come in runs: a sequence copying its context keeps matching; SpecDecodingStats counts it.)
     last_lookup_drafted: bool = False
+    # The parent key of its first prompt block in the prefix cache (engine/core/block_manager.py
+    # `cache_root`): 0 for the base model, one per LoRA adapter, so no adapter is served another's KV.
+    cache_root: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -75,7 +79,7 @@ class Sequence:
         """A child with the same tokens and state (used by fork)."""
         return Sequence(seq_id, list(self.token_ids), self.prompt_len, self.status,
                         self.num_computed_tokens, self.cumulative_logprob,
-                        list(self.output_logprobs))
+                        list(self.output_logprobs), cache_root=self.cache_root)
 
 
 @dataclass(slots=True)
@@ -113,20 +117,20 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "params", "seqs", "times", "output_len_hint",
                  "eos_token_ids", "finish_reason", "reject_reason", "beams",
-                 "beam_improvable", "num_preemptions", "priority", "_order", "_prompt")
+                 "beam_improvable", "num_preemptions", "priority", "lora_id", "_order", "_prompt")
 
     _counter = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, *, eos_token_ids: Iterable[int] | int | None = None,
                  eos_token_id: int | None = None, output_len_hint: int | None = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, lora_id: int = 0) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
         self.request_id = request_id
         self.params = params
         self._prompt = list(prompt_token_ids)
-        self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt))]
+        self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt), cache_root=cache_root(lora_id))]
         self.times = RequestTimes(arrival=arrival_time)
         # The true output length when it is known ahead (simulation); only the
         # contiguous ORCA baselines use it, to size their reservations.
@@ -142,6 +146,8 @@ class SequenceGroup:
         self.num_preemptions = 0
         # vLLM's request priority: under --scheduling-policy priority the lower value is served first
         self.priority = priority
+        # vLLM's LoRARequest.lora_int_id: the adapter the request runs with (0: the base model alone)
+        self.lora_id = lora_id
         self._order = next(SequenceGroup._counter)  # FCFS tie-break among equal arrival times
 
     # -- views -------------------------------------------------------------

@@ -20,6 +20,7 @@ from rich.table import Table
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail, stdout
 from planner.cost.ledger import GROUPS, Ledger
+from planner.cost.lora import LoraPricer, with_lora_term
 from planner.cost.measured import MeasuredCostModel
 from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
 from planner.deploy.plan import plan_deployment
@@ -62,6 +63,10 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
                               performance_mode=d.performance_mode, speculative_tokens=d.num_speculative_tokens)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
+    if d.enable_lora:          # the most adapters a step may run: --max-loras
+        pricer = LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, model.calibration.elementwise_floor_s,
+                            plan.dtype_bytes)
+        ledger = with_lora_term(ledger, pricer, shape.total_tokens, min(d.max_loras, shape.batch_size))
     if plan.warnings:           # what `simulate` warns of the same deployment
         ledger = replace(ledger, notes=(*ledger.notes, *(f"warning: {w}" for w in plan.warnings)))
     if d.pp == 1:

@@ -21,13 +21,15 @@ from planner.sim.clients import SERVED_TURNAROUND
 SERVE_VALUED = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--long-prefill-token-threshold",
                 "--gpu-memory-utilization", "--swap-space", "--block-size", "--kv-cache-dtype", "--quantization",
                 "--dtype", "--scheduling-policy", "--performance-mode", "--all2all-backend", "--moe-backend",
-                "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--kv-cache-memory-bytes")
+                "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--kv-cache-memory-bytes",
+                "--max-loras", "--max-lora-rank")
 SERVE_RENAMED = {"--tensor-parallel-size": "--tp", "-tp": "--tp", "--pipeline-parallel-size": "--pp", "-pp": "--pp",
                  "--data-parallel-size": "--dp", "-dp": "--dp", "--num-gpu-blocks-override": "--num-gpu-blocks",
                  "-q": "--quantization", "--kv-cache-memory": "--kv-cache-memory-bytes"}
 SERVE_SWITCHES = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
                   "--no-enable-chunked-prefill", "--async-scheduling", "--no-async-scheduling",
-                  "--enable-expert-parallel", "--enable-eplb", "--enable-dbo", "--disable-custom-all-reduce")
+                  "--enable-expert-parallel", "--enable-eplb", "--enable-dbo", "--disable-custom-all-reduce",
+                  "--enable-lora")
 # what serves requests but does not change how fast: left out, and said so
 SERVE_IGNORED_VALUED = ("--host", "--port", "--served-model-name", "--api-key", "--chat-template", "--tokenizer",
                         "--tokenizer-mode", "--download-dir", "--seed", "--uvicorn-log-level", "--tool-call-parser",
@@ -44,11 +46,14 @@ SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--en
                           "--enable-sleep-mode", "--headless")
 # what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
 SERVE_NOT_MODELLED_VALUED = ("--cpu-offload-gb", "--kv-transfer-config", "--compilation-config", "-O",
-                             "--kv-offloading-size", "--max-loras", "--max-lora-rank", "--cuda-graph-sizes",
+                             "--kv-offloading-size", "--max-cpu-loras", "--lora-dtype", "--cuda-graph-sizes",
                              "--max-cudagraph-capture-size", "--attention-backend", "--stream-interval",
                              "--api-server-count", "--hf-overrides", "--rope-scaling", "--max-num-partial-prefills",
                              "--max-long-partial-prefills")
-SERVE_NOT_MODELLED_SWITCHES = ("--enforce-eager", "--enable-lora")
+SERVE_NOT_MODELLED_SWITCHES = ("--enforce-eager", "--fully-sharded-loras")
+# flags that take one or more values (argparse's nargs="+"): `vllm serve --lora-modules NAME=PATH ...` (the
+# adapters served: which each request uses is the bench's), `vllm bench serve --lora-modules NAME ...`
+MANY_VALUED = ("--lora-modules",)
 
 # `vllm bench serve`: the planner's load flags and -p parameters
 BENCH_DATASET_PARAMS = {
@@ -76,6 +81,9 @@ IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"-
             "burstgpt": {}}
 TEXT_DATASETS = ("sharegpt", "custom", "sonnet")   # prompts as text: counted by the model's tokenizer
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
+# vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
+# the count of adapters it names
+BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
 
 
 @dataclass
@@ -112,6 +120,18 @@ def _flags(command: str, after: tuple[str, ...], what: str) -> list[str]:
         else:
             out.append(word)
     return out
+
+
+def _values(words: list[str], i: int, what: str) -> list[str]:
+    """The one or more values of the many-valued flag at `i`."""
+    values = []
+    for word in words[i + 1:]:
+        if word.startswith("--"):
+            break
+        values.append(word)
+    if not values:
+        raise PlannerError(f"{what}: {words[i]} needs at least one value")
+    return values
 
 
 def _is_number(word: str) -> bool:
@@ -179,6 +199,9 @@ def translate_serve(command: str, out: Translation) -> None:
         elif word in SERVE_SWITCHES:
             out.words.append(word)
             i += 1
+        elif word in MANY_VALUED:
+            out.ignored.append(word)
+            i += 1 + len(_values(words, i, "vllm serve"))
         elif word in ("--speculative-config", "--eplb-config"):
             out.words += (_speculative if word == "--speculative-config" else _eplb)(_value(words, i, "vllm serve"))
             i += 2
@@ -213,6 +236,10 @@ def translate_bench(command: str, out: Translation) -> None:
             while i < len(words) and not words[i].startswith("--"):
                 slos.append(_goodput(words[i]))
                 i += 1
+        elif word in MANY_VALUED:        # vLLM bench sends each request to one of these adapters
+            adapters = _values(words, i, "vllm bench serve")
+            params["--lora-modules"] = str(len(dict.fromkeys(adapters)))
+            i += 1 + len(adapters)
         elif word.startswith("-"):
             given[word] = _value(words, i, "vllm bench serve")
             i += 2
@@ -225,7 +252,7 @@ def translate_bench(command: str, out: Translation) -> None:
             dataset = value
         elif flag in BENCH_LOAD:
             load[BENCH_LOAD[flag]] = value
-        elif any(flag in names for names in BENCH_DATASET_PARAMS.values()):
+        elif any(flag in names for names in BENCH_DATASET_PARAMS.values()) or flag in BENCH_LORA_PARAMS:
             params[flag] = value
         elif flag in BENCH_IGNORED_VALUED:
             out.ignored.append(flag)
@@ -236,7 +263,7 @@ def translate_bench(command: str, out: Translation) -> None:
         raise PlannerError(f"vllm bench serve: --dataset-name {dataset}: the planner generates "
                            f"{' and '.join(BENCH_DATASET_PARAMS)}; for a dataset file, import it (planner workload "
                            f"import) and simulate --trace")
-    names = BENCH_DATASET_PARAMS[dataset]
+    names = BENCH_DATASET_PARAMS[dataset] | BENCH_LORA_PARAMS
     stray = sorted(set(params) - set(names))
     if stray:
         raise PlannerError(f"vllm bench serve: {stray[0]} is not a parameter of --dataset-name {dataset}")

@@ -134,6 +134,14 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "enable_prefix_caching": (("--enable-prefix-caching/--no-enable-prefix-caching",
                                "--prefix-caching/--no-prefix-caching"), "automatic prefix caching [default: the policy's: on for "
                                                          "vllm-v1, as vLLM v1; off for paper]"),
+    "enable_lora": (("--enable-lora/--no-enable-lora",),
+                    "serve LoRA adapters (vLLM's): slots for --max-loras adapters of --max-lora-rank on every "
+                    "LoRA-able layer, their kernels priced in each step that runs one; which adapter each request "
+                    "uses comes with the workload (-p loras=N) or the trace's `lora` [default: off]"),
+    "max_loras": (("--max-loras",), "with --enable-lora: the most distinct adapters in one step (vLLM's; a "
+                                    "request of another waits) [default: 1]"),
+    "max_lora_rank": (("--max-lora-rank",), "with --enable-lora: the largest adapter rank served, one of 1, 8, 16, "
+                                            "32, 64, 128, 256, 320, 512 (vLLM's) [default: 16]"),
 }
 LIST_HELP = " (a comma list sweeps)"
 ONE_VALUE = ("acceptance", "draft_rates")  # a comma list that is one value (a curve), not a sweep

@@ -39,6 +39,7 @@ class StepShape:
     # is how this project's engine runs them (engine/llm_engine.py, _execute_speculative).
     draft_tokens: int = 0
     draft_keys: int = 0
+    lora_adapters: int = 0         # LoRA adapters the step's requests run (planner/cost/lora.py prices them)
 
     @property
     def total_tokens(self) -> int:
@@ -106,7 +107,10 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
     copies = len(out.blocks_to_copy)
     if out.num_scheduled_tokens is not None:
-        return mixed_step_shape(out.seqs, out.num_scheduled_tokens, swap, copies, histogram)
+        shape = mixed_step_shape(out.seqs, out.num_scheduled_tokens, swap, copies, histogram)
+        if out.lora_adapters:
+            shape.lora_adapters = out.lora_adapters
+        return shape
     if out.is_prefill:
         tokens = pairs = 0
         for seq in out.seqs:

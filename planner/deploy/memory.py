@@ -174,6 +174,7 @@ class MemoryPlan:
     window_blocks_per_seq: int = 0  # blocks a running sequence holds for its sliding layers' windows (vLLM v1)
     redundant_experts: int = 0      # EPLB's extra expert copies over the EP ranks (their weights are counted)
     pp: int = 1                     # pipeline stages, tp GPUs each: this plan is the largest stage's
+    lora_bytes_per_gpu: int = 0     # --enable-lora's adapter slots (in weight_bytes_per_gpu)
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -226,6 +227,7 @@ class MemoryPlan:
                if self.sliding_window_bytes_per_gpu else {}),
             **({"window_blocks_per_seq": self.window_blocks_per_seq} if self.window_blocks_per_seq else {}),
             **({"redundant_experts": self.redundant_experts} if self.redundant_experts else {}),
+            **({"lora_gib_per_gpu": self.lora_bytes_per_gpu / GIB} if self.lora_bytes_per_gpu else {}),
             **({"state_blocks_per_seq": self.state_blocks_per_seq,
                 "state_mib_per_seq_per_gpu": self.state_blocks_per_seq * self.block_bytes_per_gpu / 2**20}
                if self.state_blocks_per_seq else {}),
@@ -314,7 +316,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
                 draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0],
                 shared_windows: bool = False, redundant_experts: int = 0,
-                kv_cache_memory_bytes: int | None = None) -> MemoryPlan:
+                kv_cache_memory_bytes: int | None = None, lora_bytes: int = 0) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -334,6 +336,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     gpt-oss-120b on one H100 was left 18,160 tokens for its full layers where vLLM holds them as it goes.
     `kv_cache_memory_bytes` (vLLM's --kv-cache-memory-bytes) is the KV cache's room itself, whatever the
     utilization leaves; the plan refuses it when the weights and non-torch memory leave less of the GPU.
+    `lora_bytes` is what --enable-lora's adapter slots hold on each GPU (planner/cost/lora.py), counted with
+    the weights: vLLM allocates them with the model, before it measures what is left for the cache.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -344,7 +348,7 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     block_size = cache_block_size(model, gpu, tp, dtype_bytes, kv_dtype_bytes, block_size)   # as vLLM raises it
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     weights = (model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel, redundant_experts)
-               + rotary_cache_bytes(model, dtype_bytes))
+               + rotary_cache_bytes(model, dtype_bytes) + lora_bytes)
     activations = activation_reserve_bytes(model, tp, dtype_bytes, max_num_batched_tokens, max_num_seqs, dp,
                                            expert_parallel, all2all)
     group = tp * dp if model.is_moe else tp      # a MoE's collectives span every GPU of the deployment
@@ -389,6 +393,6 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         state_blocks_per_seq=state_blocks(model), window_blocks_per_seq=window_blocks, pp=pp,
         expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format,
                                                         redundant_experts),
-        redundant_experts=redundant_experts,
+        redundant_experts=redundant_experts, lora_bytes_per_gpu=lora_bytes * stage // model.num_layers,
     )
 

@@ -34,6 +34,7 @@ from planner.deploy.memory import MemoryPlan, plan_memory
 from planner.cost.all2all import check_backend
 from planner.cost.dbo import DualBatch
 from planner.cost.deepgemm import check_moe_backend
+from planner.cost.lora import lora_refusal, lora_slot_bytes
 from planner.cost.moe import MoeParallel
 from planner.cost.nodes import node_link
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
@@ -142,6 +143,8 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
         speculation_of(deployment)
     checks.check_tp(model, deployment.tp)
     check_pipeline(model, deployment)
+    if deployment.enable_lora:
+        _check_lora(model, deployment)
     node_link(deployment.node_link)             # an unknown, or one node's, --node-link fails here
     check_sparse_gpu(model, gpu)
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
@@ -172,6 +175,15 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
                 + parallel_warnings(model, deployment, gpu.node_gpus)
                 + block_notes + hybrid_notes + [note for note in (all2all_note, kernel_note) if note])
     return replace(plan, warnings=tuple(warnings))
+
+
+def _check_lora(model: ModelSpec, deployment: Deployment) -> None:
+    """What --enable-lora is modelled with: a dense transformer, without speculative decoding."""
+    refusal = lora_refusal(model)
+    if refusal is not None:
+        raise PlannerError(refusal)
+    if deployment.speculative is not None:
+        raise PlannerError("--enable-lora with --speculative is not modelled (the drafts' adapters)")
 
 
 def _cache_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:
@@ -303,7 +315,9 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 pp=deployment.pp, all2all=deployment.all2all_backend,
                 shared_windows=deployment.vllm_v1,
                 redundant_experts=deployment.num_redundant_experts,
-                kv_cache_memory_bytes=deployment.kv_cache_memory_bytes)
+                kv_cache_memory_bytes=deployment.kv_cache_memory_bytes,
+                lora_bytes=(deployment.max_loras * lora_slot_bytes(model, deployment.tp, deployment.max_lora_rank,
+                                                                   dtype_bytes) if deployment.enable_lora else 0))
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])

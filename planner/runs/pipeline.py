@@ -15,6 +15,9 @@ from planner.analysis.pd import PD_NOTE, with_pd_verdict
 from planner.analysis.verdict import analyse_run
 from planner.catalog.links import resolve_link
 from planner.cost.block_size import factor_source
+from planner.cost.calibrated import CalibratedCostModel
+from planner.cost.calibration import load_calibration
+from planner.cost.lora import LoraCost, LoraPricer
 from planner.cost.not_modelled import not_modelled
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
@@ -53,7 +56,25 @@ def with_pool_command(verdict: dict, spec: RunSpec) -> dict:
 
 
 def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profile: str | None = None) -> CostModel:
-    """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses."""
+    """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses. With
+    --enable-lora, the adapters' kernels are added to it (planner/cost/lora.py)."""
+    base = _base_cost_model(plan, cost_model, profile)
+    d = plan.deployment
+    if not d.enable_lora:
+        return base
+    if isinstance(base, CalibratedCostModel):
+        if cost_model is not None or profile is not None:
+            raise PlannerError("a calibrated profile timed no LoRA adapter (the engine's profile runs the base "
+                               "model); with --enable-lora use --cost-model measured or roofline")
+        try:                  # auto: the next source in line, as for a format a profile cannot price
+            base = _base_cost_model(plan, "measured", None)
+        except PlannerError:
+            base = _base_cost_model(plan, "roofline", None)
+    floor = load_calibration().elementwise_floor_s          # a kernel's launch and ramp in a graph (fitted)
+    return LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
+
+
+def _base_cost_model(plan: DeploymentPlan, cost_model: str | None, profile: str | None) -> CostModel:
     d = plan.deployment
     return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
@@ -136,6 +157,9 @@ class Simulation:
         if spec.deployment.pp > 1 and spec.pd is not None:
             raise PlannerError(f"--pp {spec.deployment.pp} with --pd is not modelled (a pool's engines step one "
                                f"batch at a time)")
+        if spec.deployment.enable_lora and spec.pd is not None:
+            raise PlannerError("--enable-lora with --pd is not modelled (the decode pool's admission of "
+                               "transferred requests and their adapters)")
         if spec.pd is not None:
             pools = prepare_pools(spec)
             return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)

@@ -41,13 +41,14 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import chain, repeat
 from operator import add, attrgetter
 from typing import NamedTuple
 
-from engine.core.block_manager import ROOT_HASH, BlockManager, _blocks_for, block_key
+from engine.core.block_manager import BlockManager, _blocks_for, block_key
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import StepRecord
@@ -214,6 +215,7 @@ class DecodeBatch:
     counter: int = 0
     cost_model: object = None             # prices a plan as one run when it offers decode_step_times
     bases: list[int] | None = None        # the members' bases in running order (None: to list again)
+    loras: Counter | None = None          # with LoRA: the members' adapters and how many run each (None: off)
 
     def __post_init__(self) -> None:
         self.allocator = self.scheduler.allocator
@@ -228,6 +230,8 @@ class DecodeBatch:
         # == r and those sampling an answer that fill one then, in running order (`_grow`); made again
         # when a member joins or leaves.
         self.turns: list[list[_Member] | None] = [None] * self.bs
+        if self.scheduler.config.max_loras is not None:
+            self.loras = Counter()
 
     @classmethod
     def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None) -> DecodeBatch | None:
@@ -279,6 +283,8 @@ class DecodeBatch:
             self._turns_changed(member)
         self.members.append(member)
         self.bases = None
+        if self.loras is not None and group.lora_id:
+            self.loras[group.lora_id] += 1
         self.by_residue[member.residue].append(member)
         heapq.heappush(self.finishes, (member.finish, member.order, member))
         self.context += n
@@ -301,9 +307,9 @@ class DecodeBatch:
         scheduler = self.scheduler
         if not self.v1:       # (the running requests are the members, one sequence each)
             return _admission_blocked(scheduler, len(self.members))
-        if not scheduler.waiting:
+        head = self._admission_head()
+        if head is None:
             return True
-        head = scheduler.waiting[0]
         if scheduler.never_fits(head) is not None:
             return False                                   # the next step rejects or truncates it
         cfg = scheduler.config
@@ -318,6 +324,19 @@ class DecodeBatch:
         if scheduler.reserve_full_isl and _blocks_for(tokens, self.bs) > free:
             return True
         return _blocks_for(min(tokens, scheduler.chunk_cap(budget)), self.bs) > free
+
+    def _admission_head(self):
+        """The waiting request the next waiting pass tries first: the queue's head, or with LoRA the first
+        the max_loras check does not pass over (while the batch decodes, its adapters stay the same, so those
+        passed over stay so); a request that never fits stops the search (the pass rejects it). None: none."""
+        scheduler = self.scheduler
+        if not scheduler.waiting:
+            return None
+        loras = scheduler.running_loras()
+        if loras is None:
+            return scheduler.waiting[0]
+        return next((group for group in scheduler.waiting if scheduler.never_fits(group) is not None
+                     or not scheduler.lora_passes_over(group, loras)), None)
 
     def plan(self, now: float, next_arrival: float, step_time, max_steps: int = MAX_WINDOW,
              ahead: int = 0) -> Plan | None:
@@ -396,7 +415,8 @@ class DecodeBatch:
             if decode_time is not None:
                 price = decode_time(bins)
             else:
-                shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else ())
+                shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else (),
+                                  lora_adapters=len(self.loras) if self.loras else 0)
                 price = step_time(shape)
                 shapes.append(shape)
             end = end + price
@@ -466,7 +486,8 @@ class DecodeBatch:
                 self._write(member, step - 1)
                 keys, tokens = member.keys, member.group.seqs[0].token_ids
                 if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
-                    keys.append(block_key(keys[-1] if keys else ROOT_HASH, tokens[len(tokens) - bs:]))
+                    keys.append(block_key(keys[-1] if keys else member.group.seqs[0].cache_root,
+                                          tokens[len(tokens) - bs:]))
                     register(member.table[len(keys) - 1], keys[-1])
                 else:                                                 # else the block manager's own way
                     self.allocator.mark_computed(member.group.seqs[0], member.base + step)
@@ -515,6 +536,10 @@ class DecodeBatch:
             self._turns_changed(member)
         self.members.remove(member)
         self.bases = None
+        if self.loras is not None and member.group.lora_id:
+            self.loras[member.group.lora_id] -= 1
+            if not self.loras[member.group.lora_id]:
+                del self.loras[member.group.lora_id]
         self.by_residue[member.residue].remove(member)
         n = len(member.group.seqs[0].token_ids)         # its context in its last step
         self.context -= n + 1
@@ -612,6 +637,8 @@ class DecodeBatch:
                                         counts, ended, truncated)
         ended += truncated
         shape = self._mixed_shape(seqs, counts)
+        if self.loras is not None:       # the members' adapters and the admitted requests'
+            shape.lora_adapters = len(self.loras.keys() | {g.lora_id for g in groups if g.lora_id})
         memory = self.allocator.memory_breakdown()
         record = StepRecord(now, now, False, num + len(groups), num + len(seqs), shape.prefill_tokens,
                             shape.decode_seqs,

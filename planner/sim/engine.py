@@ -768,6 +768,9 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     dep = plan.deployment
     if dep.vllm_v1 and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
+    if not dep.enable_lora and any(r.lora for r in trace.requests):
+        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora (and "
+                           "--max-loras, --max-lora-rank as the server runs them)")
     GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
     private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None

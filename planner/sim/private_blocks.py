@@ -61,7 +61,7 @@ class PrivateBlockManager(VllmBlockManager):
             return super().cached_prefix(seq)
         cached, count = self.gpu.cached, (seq.num_tokens - 1) // self.block_size
         hit: list[tuple[int, int]] = []
-        for h in chained_hashes(seq.token_ids, self.block_size, min(first, count)):
+        for h in chained_hashes(seq.token_ids, self.block_size, min(first, count), seq.cache_root):
             block = cached.get(h)
             if block is None:
                 return hit

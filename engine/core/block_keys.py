@@ -1,0 +1,45 @@
+"""Prefix-cache block keys: pure functions, shared by the block managers, the simulator and the fleet's
+router (which computes in its own process the keys a replica holds)."""
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+
+# The parent key of a prompt's first block. A constant: a router in another process (the live fleet's
+# proxy, engine/entrypoints/router) must compute the keys a replica's prefix cache holds (vLLM fixes its
+# NONE_HASH for llm-d's precise prefix-cache scorer for the same reason).
+ROOT_HASH = 0
+
+
+def block_key(parent: int, tokens) -> int:
+    """A full block's prefix-cache key: a 64-bit BLAKE2b digest of its parent's key and its token ids.
+    Not Python's hash(): a tuple of ints hashes predictably, so a crafted prompt could take the key of
+    another user's prefix block and plant its own KV under it, to be served to them (vLLM's
+    CVE-2025-25183, fixed there with SHA-256); a second block with a given BLAKE2b key takes ~2**64
+    tries. Deterministic across processes, as the live fleet's router needs."""
+    data = parent.to_bytes(8, "little", signed=True) + array("q", tokens).tobytes()
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def cache_root(lora_id: int = 0) -> int:
+    """The parent key of a request's first block: ROOT_HASH for the base model, and for a LoRA adapter a
+    key of its own, so requests of different adapters share no block even with equal prompts (vLLM adds
+    the adapter's name to every block's hash, vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`;
+    chaining from a root per adapter gives the same sharing). A token id is never negative, so the
+    one-value "block" (-lora_id) is no prompt's."""
+    return ROOT_HASH if not lora_id else block_key(ROOT_HASH, (-lora_id,))
+
+
+def chained_hashes(tokens: list[int], block_size: int, count: int, root: int = ROOT_HASH):
+    """The prefix-cache keys of the first ``count`` full blocks of ``tokens``: each digests its
+    parent's key (``root`` for the first) with its own token ids, so equal prefixes have equal keys."""
+    parent = root
+    for i in range(count):
+        parent = block_key(parent, tokens[i * block_size:(i + 1) * block_size])
+        yield parent
+
+
+def prompt_block_hashes(token_ids: list[int], block_size: int, lora_id: int = 0) -> list[int]:
+    """The keys of the prompt blocks a prefix-cache hit may cover (never the last token's block:
+    the last token is always computed), as ``cached_prefix`` looks them up."""
+    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size, cache_root(lora_id)))
