@@ -10,6 +10,7 @@ from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.deployment import Deployment
+from engine.lora import LoRARequest
 
 # vLLM keywords this engine accepts although they change nothing here, with the
 # values it can honour (None: any value). Anything else is a clear error, not a
@@ -48,6 +49,16 @@ def _check_compat(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"{name}={value!r} is not supported: {why} ({name} must be {choices})")
 
 
+def _per_prompt_loras(lora_request, num_prompts: int) -> list[LoRARequest | None]:
+    """generate()'s ``lora_request``, one per prompt: one request (or None) for all, or a list."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(f"got {len(loras)} LoRA requests for {num_prompts} prompts")
+    return loras
+
+
 class LLM:
     """``LLM(model=folder, block_size=16, ...)``: the keywords are vLLM's engine arguments, and build a
     `Deployment`; or pass one built beforehand: ``LLM(folder, deployment=Deployment(block_size=32))``."""
@@ -67,9 +78,12 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. `priority`: one per prompt,
         as vLLM's (read under scheduling_policy="priority": the lower value is served first).
+        `lora_request`: vLLM's, the LoRA adapter every prompt runs with, or one per prompt (None: the
+        base model); needs ``LLM(..., enable_lora=True)``.
 
         A prompt the model cannot serve (longer than its context or the whole
         KV cache) comes back with ``finish_reason == "rejected"`` and an
@@ -91,15 +105,16 @@ class LLM:
         priorities = [0] * len(prompts) if priority is None else list(priority)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        loras = _per_prompt_loras(lora_request, len(prompts))
         engine = self.engine
         ids = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for i, (prompt, p, rank) in enumerate(zip(prompts, params, priorities)):
+            for i, (prompt, p, rank, lora) in enumerate(zip(prompts, params, priorities, loras)):
                 request_id = str(self._next_id)
                 self._next_id += 1
                 try:
-                    engine.add_request(request_id, prompt, p, priority=rank)
+                    engine.add_request(request_id, prompt, p, priority=rank, lora_request=lora)
                 except ValueError as exc:
                     for added in ids:
                         engine.abort_request(added)

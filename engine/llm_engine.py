@@ -30,6 +30,7 @@ from engine.core.step import begin_step, end_step
 from engine.deployment import Deployment, parse_speculative, resolve_batch_limits
 from engine.draft_model import DraftModelProposer
 from engine.kv_cache import GiB
+from engine.lora import LoRARequest
 
 __all__ = ["LLMEngine", "StepError", "SUPPORTED_BLOCK_SIZES"]
 
@@ -56,6 +57,13 @@ def _check_cache_holds_one_sequence(max_model_len: int, cache_tokens: int) -> No
         raise ValueError(f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
                          f"that can be stored in KV cache ({cache_tokens}): lower max_model_len to "
                          f"{cache_tokens} or give the KV cache more blocks")
+
+
+def _tag_loras(out: SchedulerOutput, inputs: list[SequenceInput]) -> None:
+    """Each scheduled sequence's input gets its request's adapter, which the runner applies."""
+    lora_of = {seq.seq_id: group.lora_id for group in out.groups for seq in group.seqs}
+    for seq, item in zip(out.seqs, inputs):
+        item.lora_id = lora_of[seq.seq_id]
 
 
 class StepError(RuntimeError):
@@ -153,7 +161,9 @@ class LLMEngine:
                                   gpu_memory_utilization=dep.gpu_memory_utilization,
                                   max_num_batched_tokens=dep.max_num_batched_tokens,
                                   max_model_len=dep.max_model_len, max_num_seqs=dep.max_num_seqs,
-                                  kv_cache_dtype=dep.kv_cache_dtype, weights_of=weights_of)
+                                  kv_cache_dtype=dep.kv_cache_dtype, weights_of=weights_of,
+                                  enable_lora=dep.enable_lora, max_loras=dep.max_loras,
+                                  max_lora_rank=dep.max_lora_rank)
         self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         if dep.vllm_v1:     # vLLM v1's block order, so prefix hits match vLLM's
             self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,
@@ -205,10 +215,16 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                     arrival_time: float | None = None, *, output_len_hint: int | None = None,
-                    priority: int = 0) -> None:
-        """`priority`: vLLM's request priority, read under --scheduling-policy priority (the lower first)."""
+                    priority: int = 0, lora_request: LoRARequest | None = None) -> None:
+        """`priority`: vLLM's request priority, read under --scheduling-policy priority (the lower first).
+        `lora_request`: the LoRA adapter the request runs with (vLLM's; needs enable_lora), loaded here the
+        first time its id is seen; None: the base model."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        lora_id = 0
+        if lora_request is not None:
+            self.add_lora(lora_request)
+            lora_id = lora_request.lora_int_id
         text, token_ids = self._tokenize(prompt)
         vocab = self.runner.vocab_size
         bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
@@ -228,13 +244,32 @@ class LLMEngine:
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint,
-                              priority=priority)
+                              priority=priority, lora_id=lora_id)
         self.prompts[request_id] = text
         if self.deployment.vllm_v1 and fans_out(params):   # vLLM v1: n child requests
             self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)
             return
         self.groups[request_id] = group
         self.scheduler.add(group)
+
+    # -- LoRA adapters (vLLM's LLMEngine.add_lora / remove_lora / list_loras) ----------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter ahead of its requests (add_request loads it too); True if it was not loaded
+        yet. A ValueError in one line for an adapter the engine cannot serve, or when LoRA is off."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be an engine.lora.LoRARequest, got {type(lora_request).__name__}")
+        return self.runner.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Drop a loaded adapter; False if it was not loaded. Refused while a request runs with it."""
+        if any(part.lora_id == lora_id for g in self.groups.values()
+               for part in (g.children if isinstance(g, ParentRequest) else (g,))):
+            raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests")
+        return self.runner.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded."""
+        return self.runner.list_loras()
 
     def unservable(self, prompt_token_ids: list[int], params: SamplingParams) -> str | None:
         """Why the scheduler would refuse this request as it arrives (too many sequences, more KV cache
@@ -344,6 +379,8 @@ class LLMEngine:
                 runner.swap_in(out.blocks_to_swap_in)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
+            if step.inputs and runner.lora is not None:
+                _tag_loras(out, step.inputs)
             if step.inputs and out.spec_token_ids:
                 samples, top = self._execute_speculative(out, step.inputs)
             elif step.inputs:
@@ -380,7 +417,7 @@ class LLMEngine:
         for seq, item in zip(out.seqs, inputs):
             starts.append(len(rows))
             if seq.seq_id in spec:
-                rows += [SequenceInput([tok], item.start_pos + j, item.block_table)
+                rows += [SequenceInput([tok], item.start_pos + j, item.block_table, item.lora_id)
                          for j, tok in enumerate(item.token_ids)]
             else:
                 rows.append(item)

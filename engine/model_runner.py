@@ -25,6 +25,7 @@ from engine.cuda_graphs import MAX_SEQ_LEN_TO_CAPTURE, DecodeGraphs
 from engine.deployment import BatchDevice
 from engine.host_memory import keep_host_buffers
 from engine.kv_cache import KVCache, bytes_per_block, cache_dtype, num_blocks_for_budget, profile_num_gpu_blocks
+from engine.lora import LoRAManager, LoRARequest
 from engine.models import load_model, resolve_device
 from engine.models.loader import read_config
 
@@ -44,6 +45,7 @@ class SequenceInput:
     token_ids: list[int]  # the NEW tokens to compute (uncached prompt tokens, or the last generated token)
     start_pos: int  # tokens of this sequence already in the KV cache
     block_table: list[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    lora_id: int = 0  # the LoRA adapter its tokens run with (engine.lora; 0: the base model alone)
 
     @property
     def is_prefill(self) -> bool:
@@ -62,6 +64,13 @@ def _eos_token_ids(config, model_path: str) -> tuple[int, ...]:
             if token is not None and token not in ids:
                 ids.append(int(token))
     return tuple(ids)
+
+
+def packed_order(seqs: list[SequenceInput]) -> tuple[list[int], int]:
+    """The order a step packs its sequences in (the indices: prefills first, then decodes, each as given),
+    and how many prefills lead."""
+    prefill = [i for i, s in enumerate(seqs) if s.is_prefill]
+    return prefill + [i for i, s in enumerate(seqs) if not s.is_prefill], len(prefill)
 
 
 def batch_device(device: str | torch.device = "auto") -> BatchDevice:
@@ -101,6 +110,9 @@ class ModelRunner:
         enforce_eager: bool = False,
         kv_cache_dtype: str = "auto",
         weights_of: ModelRunner | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
     ):
         """Load the model and allocate the KV cache.
 
@@ -120,6 +132,9 @@ class ModelRunner:
         copy (``dtype`` is then that model's). A profile timed along a live run
         times the engine's own weights so: on the 2-core VM a second copy of
         opt-125m, placed elsewhere in memory, ran its decode steps 3-15% slower.
+        ``enable_lora``: serve LoRA adapters (engine.lora), at most ``max_loras`` in a step, of rank at
+        most ``max_lora_rank``; a sequence's adapter is its ``SequenceInput.lora_id``. Off, the model
+        runs as loaded, with nothing added to any layer.
         """
         # Seeds torch's global RNG; sampling uses its own per-request generators.
         torch.manual_seed(seed)
@@ -153,6 +168,9 @@ class ModelRunner:
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.kv_cache = KVCache(*self.cache_shape, block_size, num_gpu_blocks, num_cpu_blocks, self.cache_dtype,
                                 self.device)
+        # Hooked before the graphs are captured: the hooks do nothing outside a step that runs an adapter.
+        self.lora = LoRAManager(self.model, self.device, self.dtype, max_loras, max_lora_rank) if enable_lora \
+            else None
         self.graphs = self._decode_graphs(layers, enforce_eager)
 
     def _load_kernels(self):
@@ -201,6 +219,30 @@ class ModelRunner:
                                 max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs)
         return None
 
+    # -- LoRA adapters --
+    def add_lora(self, request: LoRARequest) -> bool:
+        """Load an adapter (once per lora_int_id); True if it was not loaded yet. A ValueError in one line
+        for one this runner cannot serve (or when LoRA is off)."""
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {request.lora_name!r} given but LoRA is off: give enable_lora=True "
+                             f"(vLLM's --enable-lora)")
+        return self.lora.add(request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.lora is not None and self.lora.remove(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return set() if self.lora is None else set(self.lora.adapters)
+
+    def _forward(self, input_ids, positions, meta, lora_ids: list[int] | None,
+                 token_counts: list[int] | None = None):
+        """The model's forward pass over the packed batch, with the sequences' LoRA adapters applied when
+        any has one (``lora_ids``, ``token_counts``: per packed sequence; no counts: one token each)."""
+        if not lora_ids or not any(lora_ids):
+            return self.model(input_ids, positions, self.kv_cache.gpu, meta)
+        with self.lora.applied(lora_ids, token_counts):
+            return self.model(input_ids, positions, self.kv_cache.gpu, meta)
+
     # -- block moves (scheduler decisions, applied before the step runs) --
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.kv_cache.copy_blocks(pairs)
@@ -224,8 +266,7 @@ class ModelRunner:
         Tensors are built on the host with a few vectorized ops (no per-token
         Python loop) and moved to the device once.
         """
-        prefill = [i for i, s in enumerate(seqs) if s.is_prefill]
-        order = prefill + [i for i, s in enumerate(seqs) if not s.is_prefill]
+        order, num_prefills = packed_order(seqs)
         ordered = [seqs[i] for i in order]
         bs = self.block_size
         for s in ordered:
@@ -249,7 +290,6 @@ class ModelRunner:
         positions = torch.arange(cu[-1], dtype=torch.int64) + offsets[seq_of_token]
         slot_mapping = block_tables[seq_of_token, positions // bs].long() * bs + positions % bs
 
-        num_prefills = len(prefill)
         decode_lens = [start + 1 for start in starts[num_prefills:]]
         block_tables = self._to_device(block_tables)
         meta = AttentionMetadata(
@@ -275,9 +315,13 @@ class ModelRunner:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         if all(len(s.token_ids) == 1 and s.start_pos > 0 for s in seqs):
             return self._execute_decode(seqs)
+        lora_ids = token_counts = None
+        if self.lora is not None:   # each packed sequence's adapter, in prepare's order
+            ordered = [seqs[i] for i in packed_order(seqs)[0]]
+            lora_ids, token_counts = [s.lora_id for s in ordered], [len(s.token_ids) for s in ordered]
         with torch.inference_mode():
             input_ids, positions, meta, last_rows = self.prepare(seqs)
-            hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
+            hidden = self._forward(input_ids, positions, meta, lora_ids, token_counts)
             return self._logits(hidden[last_rows], len(seqs))
 
     def _execute_decode(self, seqs: list[SequenceInput]) -> torch.Tensor:
@@ -303,20 +347,24 @@ class ModelRunner:
         rows = [table + [0] * (width - len(table)) for table in tables]
         max_seq_len = max(starts) + 1
         graphs = self.graphs
+        # The graphs were captured without adapters: a step that runs one is eager.
+        lora_ids = [s.lora_id for s in seqs] if self.lora is not None and any(s.lora_id for s in seqs) else None
         with torch.inference_mode():
-            if graphs is not None and graphs.can_run(num_seqs, max_seq_len, width):
+            if graphs is not None and lora_ids is None and graphs.can_run(num_seqs, max_seq_len, width):
                 hidden = graphs.run(*self._decode_tensors(ids, starts, slots, rows))
                 return self.model.compute_logits(hidden).float()
             pad = self._row_pad(num_seqs)
             if pad:
                 ids, starts, slots, rows = ids + [0] * pad, starts + [0] * pad, slots + [-1] * pad, \
                     rows + [[0] * width] * pad
+                if lora_ids is not None:   # dummy rows run the base model
+                    lora_ids = lora_ids + [0] * pad
             input_ids, positions, slot_mapping, block_tables, seq_lens = self._decode_tensors(ids, starts, slots, rows)
             meta = AttentionMetadata(
                 slot_mapping=slot_mapping, num_prefill_tokens=0, prefill_cu_seqlens=[0], prefill_context_lens=[],
                 prefill_block_tables=None, decode_block_tables=block_tables, decode_seq_lens=seq_lens,
                 decode_max_seq_len=max_seq_len, checked=True)
-            hidden = self.model(input_ids, positions, self.kv_cache.gpu, meta)
+            hidden = self._forward(input_ids, positions, meta, lora_ids)
             return self._logits(hidden, num_seqs)
 
     def _row_pad(self, rows: int) -> int:

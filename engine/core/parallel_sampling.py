@@ -63,7 +63,8 @@ class ParentRequest:
     records and watchers (request id, params, times, finish reason, outputs), while the scheduler
     sees only the children."""
 
-    __slots__ = ("request_id", "params", "children", "arrival_time", "_prompt", "output_len_hint", "priority")
+    __slots__ = ("request_id", "params", "children", "arrival_time", "_prompt", "output_len_hint", "priority",
+                 "lora_id")
 
     def __init__(self, template: SequenceGroup) -> None:
         self.request_id = template.request_id
@@ -72,10 +73,12 @@ class ParentRequest:
         self._prompt = template.prompt_token_ids
         self.output_len_hint = template.output_len_hint
         self.priority = template.priority
+        self.lora_id = template.lora_id          # every child runs (and keys its prefix blocks) with its adapter
         self.children = [SequenceGroup(child_id(self.request_id, i), list(self._prompt),
                                        child_params(self.params, i), template.arrival_time,
                                        eos_token_ids=template.eos_token_ids,
-                                       output_len_hint=template.output_len_hint, priority=template.priority)
+                                       output_len_hint=template.output_len_hint, priority=template.priority,
+                                       lora_id=template.lora_id)
                          for i in range(self.params.n)]
 
     @property

@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.models.rotary import BASIC_ROPE_TYPES, RotaryEmbedding, rope_parameters
-from engine.models.weights import WeightLoader
+from engine.models.weights import WeightLoader, lora_slices
 from engine.models.errors import UnsupportedModelError
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]] | None
@@ -136,6 +136,28 @@ class LlamaForCausalLM(nn.Module):
     def decoder_layer(self, config, qkv_bias: bool, o_bias: bool, layer: int) -> nn.Module:
         """Layer number ``layer``: called once per layer while the model is built."""
         return DecoderLayer(LlamaAttention(config, qkv_bias, o_bias, layer), LlamaMLP(config), config)
+
+    def lora_modules(self) -> dict[str, tuple[str, int, int]]:
+        """The linear layers a LoRA adapter may target (engine.lora), by the module name PEFT's keys give
+        (HF's): where each runs here and which of that module's output rows it makes, as
+        ``(module, first row, rows)``. Q/K/V and gate/up are slices of the fused projections, or whole
+        where the checkpoint fuses them itself (Phi-3). Attention everywhere, the MLP where it is dense
+        (an MoE block's experts take no adapter)."""
+        modules = {}
+        for i, layer in enumerate(self.layers):
+            hf, own = f"model.layers.{i}.", f"layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            if isinstance(attn, LlamaAttention):
+                modules.update(lora_slices(hf + "self_attn.", own + "self_attn.", "qkv_proj",
+                                           {"q_proj": attn.q_size, "k_proj": attn.kv_size, "v_proj": attn.kv_size},
+                                           "self_attn.qkv_proj.weight" in self.whole_layer_weights))
+                modules[hf + "self_attn.o_proj"] = (own + "self_attn.o_proj", 0, attn.o_proj.out_features)
+            if isinstance(mlp, LlamaMLP):
+                modules.update(lora_slices(hf + "mlp.", own + "mlp.", "gate_up_proj",
+                                           {"gate_proj": mlp.intermediate, "up_proj": mlp.intermediate},
+                                           "mlp.gate_up_proj.weight" in self.whole_layer_weights))
+                modules[hf + "mlp.down_proj"] = (own + "mlp.down_proj", 0, mlp.down_proj.out_features)
+        return modules
 
     def forward(self, input_ids, positions, kv_caches: KVCaches, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

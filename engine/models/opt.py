@@ -16,7 +16,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.models.activation import activation
-from engine.models.weights import WeightLoader
+from engine.models.weights import WeightLoader, lora_slices
 
 POSITION_OFFSET = 2
 
@@ -92,6 +92,20 @@ class OPTForCausalLM(nn.Module):
         if self.project_out is not None:
             hidden = self.project_out(hidden)
         return hidden
+
+    def lora_modules(self) -> dict[str, tuple[str, int, int]]:
+        """The linear layers a LoRA adapter may target (engine.lora), by HF's module name: where each
+        runs here and which output rows it makes, ``(module, first row, rows)``; q/k/v are thirds of
+        the fused projection."""
+        hidden, modules = self.config.hidden_size, {}
+        for i, layer in enumerate(self.layers):
+            hf, own = f"model.decoder.layers.{i}.", f"layers.{i}."
+            modules.update(lora_slices(hf + "self_attn.", own + "self_attn.", "qkv_proj",
+                                       {"q_proj": hidden, "k_proj": hidden, "v_proj": hidden}, whole=False))
+            modules[hf + "self_attn.out_proj"] = (own + "self_attn.out_proj", 0, hidden)
+            modules[hf + "fc1"] = (own + "fc1", 0, layer.fc1.out_features)
+            modules[hf + "fc2"] = (own + "fc2", 0, hidden)
+        return modules
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -105,3 +106,13 @@ class WeightLoader:
 
     def missing(self) -> list[str]:
         return [name for name in self.params if not self.is_loaded(name)]
+
+
+def lora_slices(hf: str, own: str, fused: str, sizes: dict[str, int],
+                whole: bool) -> dict[str, tuple[str, int, int]]:
+    """LoRA targets of one fused projection ``own + fused``: HF's separate modules ``hf + name``, each its
+    rows in turn (``sizes``, in the fused order); or, ``whole``, the checkpoint's own fused module."""
+    if whole:
+        return {hf + fused: (own + fused, 0, sum(sizes.values()))}
+    starts = [0, *accumulate(sizes.values())]
+    return {hf + name: (own + fused, start, size) for (name, size), start in zip(sizes.items(), starts)}
