@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine.models.loader import MODEL_CLASSES
@@ -204,6 +204,27 @@ def load_adapter(request: LoRARequest, model: nn.Module, modules: dict[str, tupl
 # A step's adapters as the hooked layers read them: (the rows of the adapter's tokens in the packed batch,
 # or None for every row; the adapter's weights on the device, by engine module).
 StepLoRAs = list[tuple[torch.Tensor | None, dict[str, LayerLoRA]]]
+
+
+def write_random_adapter(model: nn.Module, folder: str | Path, rank: int, seed: int = 0) -> str:
+    """A PEFT adapter folder of `rank` on every module ``model.lora_modules()`` names, with random nonzero A
+    and B (a trained adapter's B is not zero, PEFT's initial one is): what a profile times and a validation
+    of a random-weight model serves, as the model's own weights are random."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for hf_name, (own, _, rows) in sorted(model.lora_modules().items()):
+        key = f"base_model.model.{hf_name}"
+        inputs = model.get_submodule(own).in_features
+        weights[f"{key}.lora_A.weight"] = torch.randn(rank, inputs, generator=gen) * 0.05
+        weights[f"{key}.lora_B.weight"] = torch.randn(rows, rank, generator=gen) * 0.05
+    save_file(weights, str(folder / WEIGHT_FILES[0]))
+    targets = sorted({name.rsplit(".", 1)[-1] for name in model.lora_modules()})
+    (folder / ADAPTER_CONFIG).write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "target_modules": targets,
+        "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False}))
+    return str(folder)
 
 
 class LoRAContext:

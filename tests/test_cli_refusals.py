@@ -164,3 +164,17 @@ def test_validate_refuses_a_layout_the_simulation_would_refuse_before_the_live_r
                  "--out", tmp_path / "v")
     refused(result, "--enable-expert-parallel: opt-125m has no experts to split")
     assert "live:" not in result.stderr                  # refused before the live run, not after it
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--cost-model", "abc", "--cost-model 'abc': choose one of"),
+    ("--cost-model", "linear:x", "expected linear:A,B with two numbers"),
+    ("--profile", "no-such-profile.json", "--profile no-such-profile.json: no such file"),
+    ("--duration", "nan", "--duration must be a finite number of seconds > 0"),
+    ("--node-link", "abc", "--node-link 'abc': unknown link"),
+    ("--max-replicas", "-1", "--max-replicas must be >= 1"),
+    ("--pd", "", "--pd: give P:D")])
+def test_search_refuses_a_setting_of_every_configuration_before_it_starts(flag, value, message, tmp_path):
+    # each was reported as every configuration's failure, and the search exited 0 as if it had run
+    refused(run("search", "--model", "opt-125m", "--gpu", "a100", "--rate", 2, "-n", 20, "--slo", "ttft_p99=1",
+                flag, value, "--out", tmp_path / "s"), message)

@@ -13,11 +13,11 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from torch import nn
+from safetensors.torch import load_file
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.lora import LoRARequest
+from lora_helpers import save_adapter
 from reference_helpers import hf_greedy, make_prompts
 from tiny_models import hf_model, save_tiny_model
 
@@ -35,28 +35,6 @@ TARGETS = {"llama": LLAMA_TARGETS, "qwen3": LLAMA_TARGETS, "gemma3_text": LLAMA_
 # and only some targets, named by a PEFT regex: q and v, slices of the fused projection, and down_proj.
 ADAPTERS = {1: {}, 2: {"r": 4, "alpha": 6, "use_rslora": True, "targets": ["q_proj", "v_proj", "down_proj"],
                        "target_modules": r".*\.(q_proj|v_proj|down_proj)"}}
-
-
-def save_adapter(folder, base, targets, *, r=8, alpha=16, seed=0, **config):
-    """A PEFT LoRA folder for the HF model ``base`` on the linear modules named ``targets``, with random
-    nonzero A [r, in] and B [out, r] (PEFT starts B at zero: a trained adapter's is not). ``config``
-    adds to or overrides adapter_config.json."""
-    folder.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(seed)
-    weights = {}
-    for name, module in base.named_modules():
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets:
-            key = f"base_model.model.{name}"
-            weights[f"{key}.lora_A.weight"] = torch.randn(r, module.in_features, generator=gen) * 0.1
-            weights[f"{key}.lora_B.weight"] = torch.randn(module.out_features, r, generator=gen) * 0.1
-    save_file(weights, str(folder / "adapter_model.safetensors"))
-    settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-                "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-                "use_rslora": False, "use_dora": False, "modules_to_save": None, "rank_pattern": {},
-                "alpha_pattern": {}}
-    settings.update(config)
-    (folder / "adapter_config.json").write_text(json.dumps(settings))
-    return str(folder)
 
 
 def merged_model(model_dir, adapter_dir, out_dir):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -20,9 +21,14 @@ from planner import simulate
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cli import app
 from planner.cli.from_vllm import translate
+from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.lora import LoraPricer, lora_slot_bytes
+from planner.cost.shape import StepShape
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
+from planner.profile.fit import fit_component
+from planner.profile.schema import Measurement, load_profile, save_profile
+from test_calibrated import make_profile, synthetic_measurements
 from workloads import Trace, make_trace
 from workloads.errors import TraceError
 
@@ -218,3 +224,47 @@ def test_from_vllm_carries_the_lora_flags():
     assert words[words.index("--max-loras") + 1] == "4" and words[words.index("--max-lora-rank") + 1] == "32"
     assert "loras=2" in words and "lora_assignment=round-robin" in words
     assert "--lora-modules" in out.ignored
+
+
+# -- the calibrated model: a profile taken with --enable-lora ---------------------------------------------
+
+def lora_measurements(noise: float, seed: int = 0):
+    """What adapters add to a pass, from a known formula (0.5 ms + 20 us a token + 1.5 ms an adapter), each
+    point's repetitions scattered by `noise` seconds: differences of two passes, some of them negative."""
+    rng = np.random.default_rng(seed)
+    points = []
+    for tokens in (1, 4, 16, 64, 256):
+        for adapters in (1, 2):
+            true = 5e-4 + 2e-5 * tokens + 1.5e-3 * adapters
+            samples = [float(true + noise * rng.standard_normal()) for _ in range(40)]
+            points.append(Measurement(component="lora", features={"tokens": tokens, "adapters": adapters},
+                                      median_s=float(np.median(samples)), spread=0.0, samples_s=samples))
+    return points
+
+
+def test_the_difference_fit_recovers_the_adapters_cost_through_negative_samples():
+    fit = fit_component(lora_measurements(noise=3e-3), "lora")
+    assert fit.chosen == "linear"
+    curve = fit.curve
+    assert curve.extras["adapters"] == pytest.approx(1.5e-3, rel=0.35)
+    slope = (curve.values[-1] - curve.values[0]) / (curve.knots[-1] - curve.knots[0])
+    assert slope == pytest.approx(2e-5, rel=0.35)
+
+
+def test_a_calibrated_profile_with_adapters_prices_them_and_one_without_is_refused(tmp_path):
+    profile = make_profile(synthetic_measurements() + lora_measurements(noise=0.0)).model_copy(
+        update={"lora_rank": 8})
+    path = save_profile(profile, tmp_path / "cpu" / "opt-125m.json")
+    cost = CalibratedCostModel.from_file(path)
+    step = StepShape(decode_seqs=16, decode_context=16 * 100)
+    extra = cost.step_time(StepShape(decode_seqs=16, decode_context=16 * 100, lora_adapters=2)) - cost.step_time(step)
+    assert extra == pytest.approx(5e-4 + 2e-5 * 16 + 1.5e-3 * 2, rel=0.02)
+    cpu = Deployment(model="opt-125m", gpu="cpu", enable_lora=True, max_lora_rank=8)
+    doc = simulate(cpu, workload="alpaca", rate=2, requests=30, params={"loras": 2}, profile=str(path)).document()
+    assert doc["cost_model"].startswith("calibrated")
+    with pytest.raises(PlannerError, match="timed adapters of rank 8, not of --max-lora-rank 16"):
+        simulate(cpu.replace(max_lora_rank=16), workload="alpaca", rate=2, requests=5, params={"loras": 1},
+                 profile=str(path))
+    damaged = profile.model_copy(update={"lora_rank": None})
+    with pytest.raises(PlannerError, match="a LoRA fit and lora_rank come together"):
+        load_profile(save_profile(damaged, tmp_path / "damaged.json"))

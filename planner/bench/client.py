@@ -10,6 +10,9 @@ to /v1/completions (the prompt as text, or as the trace's token ids) or
 - TPOT: (E2E - TTFT) / (output tokens - 1), output tokens from the server's usage.
 A request that fails (HTTP error, broken stream, no token) is kept as failed
 with its error, never dropped: completed + failed = submitted.
+
+Each request's ``model`` is the base model's name or a LoRA adapter's
+(``request_models``, vLLM bench's --lora-modules and --lora-assignment).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import csv
 import json
 import math
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +49,7 @@ class BenchRequest:
     success: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    model: str | None = None      # the `model` it was sent with: the base model's name or a LoRA adapter's
 
     @property
     def tpot(self) -> float | None:
@@ -68,6 +73,7 @@ class BenchRequest:
 
 PROMPT_FORMATS = ("text", "tokens")
 ENDPOINT_TYPES = ("completions", "chat")
+LORA_ASSIGNMENTS = ("random", "round-robin")    # vLLM bench's --lora-assignment (random its default)
 
 # Prompt words: one per trace token, so equal token ids (a shared prefix) give equal text. Common
 # English words are one token in most tokenizers; the prompt length kept is the server's own count.
@@ -103,6 +109,10 @@ class BenchConfig:
     # are busy waits for one to end, and its timing starts when it is sent. With every request due at once
     # this is a closed loop of that many clients.
     max_concurrency: int | None = None
+    # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
+    # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
+    lora_modules: tuple[str, ...] = ()
+    lora_assignment: str | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -121,6 +131,15 @@ class BenchConfig:
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
             raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
                              f"got {self.vocab_size}")
+        self.lora_modules = tuple(self.lora_modules or ())
+        if any(not name.strip() for name in self.lora_modules):
+            raise ValueError("--lora-modules: an adapter's name cannot be empty")
+        if self.lora_assignment is not None:
+            if self.lora_assignment not in LORA_ASSIGNMENTS:
+                raise ValueError(f"--lora-assignment {self.lora_assignment!r}: choose one of "
+                                 f"{', '.join(LORA_ASSIGNMENTS)}")
+            if not self.lora_modules:
+                raise ValueError("--lora-assignment picks among the adapters of --lora-modules: give them too")
 
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -153,6 +172,33 @@ def served_model(endpoint: str, timeout: float = 30.0, headers: dict | None = No
     if not (isinstance(data, list) and isinstance(data[0], dict) and isinstance(data[0].get("id"), str)):
         raise ValueError(f"cannot list the models at {url}: its data is not a list of models with an id")
     return data[0]
+
+
+def request_models(trace: Trace, cfg: BenchConfig) -> list[str | None]:
+    """Each request's adapter name, None for the base model. A trace whose requests carry adapters (`lora`,
+    as a workload's -p loras=N draws them) keeps them: adapter k is the k-th name of --lora-modules, 0 the
+    base model; --lora-assignment is then refused, the trace having chosen already. A trace without any gets
+    one of the names per request, as vLLM bench does: random.choice seeded by the bench's seed, or in turn."""
+    ids = [r.lora for r in trace]
+    names = cfg.lora_modules
+    top = max(ids, default=0)
+    if top:
+        if not names:
+            raise ValueError(f"the trace's requests run LoRA adapters (up to lora {top}): name them with "
+                             f"--lora-modules NAME ... (adapter k is the k-th name)")
+        if top > len(names):
+            raise ValueError(f"the trace's requests run LoRA adapter {top}, but --lora-modules names "
+                             f"{len(names)}: give one name per adapter (adapter k is the k-th name)")
+        if cfg.lora_assignment is not None:
+            raise ValueError("--lora-assignment picks adapters for a trace without them; this trace's requests "
+                             "carry their own (a workload draws them with -p lora_assignment=...)")
+        return [names[k - 1] if k else None for k in ids]
+    if not names:
+        return [None] * len(ids)
+    if cfg.lora_assignment == "round-robin":
+        return [names[i % len(names)] for i in range(len(ids))]
+    rng = random.Random(cfg.seed)
+    return [rng.choice(names) for _ in ids]
 
 
 def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) -> tuple[str, dict]:
@@ -234,8 +280,10 @@ async def _read_stream(response, out: BenchRequest, chat: bool) -> None:
 
 
 async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:
-    model = cfg.model or served_model(cfg.endpoint, headers=cfg.headers())["id"]
-    results = [BenchRequest(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in trace]
+    adapters = request_models(trace, cfg)       # checked before the server is asked anything
+    base = cfg.model or served_model(cfg.endpoint, headers=cfg.headers())["id"]
+    results = [BenchRequest(r.request_id, r.arrival_time, r.prompt_len, r.output_len, model=adapter or base)
+               for r, adapter in zip(trace, adapters)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=api_base(cfg.endpoint), limits=limits, headers=cfg.headers(),
                                  timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
@@ -246,7 +294,7 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(_gated(gate, _send(client, cfg, model, trace, req, out)))
+            task = asyncio.create_task(_gated(gate, _send(client, cfg, out.model, trace, req, out)))
             if progress is not None:
                 task.add_done_callback(lambda _: progress())
             tasks.append(task)
@@ -291,7 +339,8 @@ def bench_metrics(results: list[BenchRequest], slos: dict[str, float] | None = N
 
 
 REQUEST_COLUMNS = ["request_id", "arrival", "start", "prompt_len", "expected_output_len", "output_len",
-                   "first_token", "finish", "ttft", "tpot", "e2e", "itl_mean", "success", "finish_reason", "error"]
+                   "first_token", "finish", "ttft", "tpot", "e2e", "itl_mean", "success", "finish_reason", "error",
+                   "model"]
 
 
 def write_requests_csv(results: list[BenchRequest], path: Path) -> None:
@@ -303,4 +352,4 @@ def write_requests_csv(results: list[BenchRequest], path: Path) -> None:
             w.writerow([r.request_id, r.arrival, r.start, r.prompt_len, r.expected_output_len, r.output_len,
                         r.start + r.ttft if ok else None, r.start + r.latency if ok else None,
                         r.ttft if ok else None, r.tpot, r.latency if ok else None,
-                        sum(r.itl) / len(r.itl) if ok and r.itl else None, ok, r.finish_reason, r.error])
+                        sum(r.itl) / len(r.itl) if ok and r.itl else None, ok, r.finish_reason, r.error, r.model])

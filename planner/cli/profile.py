@@ -44,7 +44,7 @@ def _fit_table(profile) -> Table:
 NGRAM_TRACE = typer.Option(None, "--trace", help="with --speculative ngram:K: a trace file with its answers' "
                                                   "token ids to measure n-gram speculation on")
 # What a profile measures depends on these settings only; the others would change nothing in it.
-PROFILED = ("model", "gpu", "tp", "block_size")
+PROFILED = ("model", "gpu", "tp", "block_size", "enable_lora", "max_loras", "max_lora_rank")
 
 
 @deployment_options

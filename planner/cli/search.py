@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -24,6 +25,9 @@ from planner.cli import pd_search
 from planner.cli.options import DeploymentChoices, deployment_options
 from planner.cli.output import fail, run_folder
 from planner.cli.simulate import load_of
+from planner.cost.linear import parse_linear
+from planner.cost.nodes import node_link
+from planner.cost.select import parse_cost_model
 from planner.deploy.parallel import layout_suffix
 from planner.errors import PlannerError
 from planner.runs.pools import EXECUTORS
@@ -153,6 +157,7 @@ def search(
             raise PlannerError(f"--trace {trace}: no such file")
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
+        _refuse_run_wide(base, cost_model, profile, duration, max_replicas, pd)
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed,
                        burstiness)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None,
@@ -196,6 +201,26 @@ def search(
     if as_json:
         return typer.echo(json.dumps(result.document()))
     _print_summary(result)
+
+
+def _refuse_run_wide(base, cost_model: str | None, profile: Path | None, duration: float | None,
+                     max_replicas: int, pd: str | None) -> None:
+    """What applies to every configuration, refused in one line before the search starts (not reported as
+    each configuration's failure, with the search exiting as if it had run)."""
+    if cost_model is not None:
+        if cost_model.strip().lower().startswith("linear:"):
+            parse_linear(cost_model.strip().lower())
+        else:
+            parse_cost_model(cost_model)
+    if profile is not None and not profile.is_file():
+        raise PlannerError(f"--profile {profile}: no such file")
+    if duration is not None and not 0 < duration < math.inf:
+        raise PlannerError(f"--duration must be a finite number of seconds > 0, got {duration}")
+    if max_replicas < 1:
+        raise PlannerError(f"--max-replicas must be >= 1, got {max_replicas}")
+    if pd is not None and not pd.strip():
+        raise PlannerError("--pd: give P:D (prefill and decode replicas, e.g. 1:2) or auto")
+    node_link(base.node_link)
 
 
 def _layouts(deployments: DeploymentChoices, spec: RunSpec, axes: dict, fleet) -> tuple[RunSpec, list]:

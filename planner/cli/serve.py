@@ -46,6 +46,24 @@ PROBE_TIMEOUT = typer.Option(None, "--probe-timeout", metavar="SECONDS",
 PROBE_MISSES = typer.Option(None, "--probe-misses", metavar="N",
                             help="with --replicas: health probes in a row without an answer that mark a replica "
                                  "down (default 2)")
+# vLLM's --lora-modules takes one or more values (argparse's nargs="+"); a typer option takes one, so the values
+# after the first arrive as the command's words (MORE_VALUES), put back after it by many_valued().
+SERVE_LORA_MODULES = typer.Option(None, "--lora-modules", metavar="NAME=PATH ...",
+                                  help="with --enable-lora: the LoRA adapters served (vLLM's flag), each NAME=PATH (a "
+                                       "PEFT folder) or a JSON object {\"name\": ..., \"path\": ...}; adapter i of "
+                                       "the list gets lora_int_id i, a request whose `model` is NAME runs with it, "
+                                       "and /v1/models lists it with the base model as its parent")
+MORE_VALUES = typer.Argument(None, hidden=True, metavar="--lora-modules VALUE")
+BENCH_LORA_MODULES = typer.Option(None, "--lora-modules", metavar="NAME ...",
+                                  help="LoRA adapters to send as each request's `model` (vLLM bench's flag). A trace "
+                                       "whose requests carry adapters (their `lora`, e.g. a workload's -p loras=N) "
+                                       "sends adapter k under the k-th NAME and lora 0 under the base model; a trace "
+                                       "without any sends every request under one NAME, chosen by --lora-assignment")
+BENCH_LORA_ASSIGNMENT = typer.Option(None, "--lora-assignment", metavar="random|round-robin",
+                                     help="for a trace without adapters of its own: random (the default, as vLLM "
+                                          "bench: random.choice per request, seeded by --seed) or round-robin (in "
+                                          "turn). A trace whose requests carry adapters keeps them (a workload "
+                                          "draws them by -p lora_assignment=...)")
 
 
 @deployment_options
@@ -71,11 +89,14 @@ def serve(
     replicas: Optional[int] = FLEET_REPLICAS, router: Optional[str] = FLEET_ROUTER,
     probe_interval: Optional[float] = PROBE_INTERVAL, probe_timeout: Optional[float] = PROBE_TIMEOUT,
     probe_misses: Optional[int] = PROBE_MISSES,
+    lora_modules: Optional[list[str]] = SERVE_LORA_MODULES, more_values: Optional[list[str]] = MORE_VALUES,
 ) -> None:
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
     --model a local model folder, or a catalog model (random weights, byte-level tokenizer). With
-    --replicas K, K servers behind a router (docs/fleets.md, Live fleet)."""
+    --replicas K, K servers behind a router (docs/fleets.md, Live fleet). With --enable-lora and
+    --lora-modules, LoRA adapters beside the model (docs/lora.md)."""
     from engine.entrypoints.openai.app import ServerOptions       # torch: only a server needs it
+    from engine.entrypoints.openai.served_models import ServedModels, parse_lora_modules   # torch (engine.lora)
     from engine.entrypoints.openai.server import exposure_warning, make_server, resolve_api_key   # torch
     import torch
 
@@ -96,6 +117,11 @@ def serve(
         if deployment.client_turnaround:
             raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
                                "validate); a server's clients are whoever connects to it")
+        name = served_model_name or deployment.model
+        modules = parse_lora_modules(many_valued("--lora-modules", lora_modules, more_values))
+        if modules and not deployment.enable_lora:
+            raise PlannerError("--lora-modules serves LoRA adapters: give --enable-lora too (as vLLM requires)")
+        ServedModels(name, modules)             # the names checked (each once, none the model's) before any load
         checks.model(deployment.model)           # an unknown name fails here, before anything loads
         checks.gpu(deployment.gpu)               # and an unknown GPU (what /metrics and a profile name)
         resolve_device(device)                   # one this machine has, before anything loads
@@ -103,10 +129,15 @@ def serve(
         if log_level not in LOG_LEVELS:
             raise PlannerError(f"--log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
         policy = fleet_policy(replicas, router, deployment)
+        if modules and policy is not None and policy.uses_prefix:
+            # the proxy hashes a prompt's blocks as the base model's, while a replica keys an adapter's apart
+            raise PlannerError("the prefix-aware router does not know a request's LoRA adapter, so it would score "
+                               "the wrong cached blocks: with --lora-modules route by round-robin, "
+                               "least-requests or least-kv")
         probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
         if replicas is not None:
-            return _serve_fleet(deployment, replicas, policy, options, served_model_name, host, port, device,
-                                seed, log_level, probes)
+            return _serve_fleet(deployment, replicas, policy, options, name, host, port, device,
+                                seed, log_level, probes, modules)
         typer.echo(f"loading {deployment.model} ...", err=True)
         started = time.perf_counter()
         folder, _ = model_folder(deployment.model)
@@ -114,18 +145,33 @@ def serve(
         if threads is not None:
             torch.set_num_threads(threads)
         engine = LLMEngine(folder, deployment, device=device, seed=seed)
+        # loads the adapters: one the engine cannot serve is its ValueError, in one line
+        server = make_server(engine, name, host, port, log_level, options, folder, modules)
     except (PlannerError, ValueError, OSError) as exc:
         raise fail(exc) from None
-    name = served_model_name or deployment.model
     cores = (f"; torch on {torch.get_num_threads()} of {os.cpu_count()} cores"
              if engine.runner.device.type == "cpu" else "")
+    adapters = f"; LoRA adapters {', '.join(m.name for m in modules)}" if modules else ""
     typer.echo(f"serving {name} on http://{host}:{port}/v1 ({engine.runner.num_gpu_blocks} KV blocks of "
-               f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy{cores}; "
-               f"ready in {time.perf_counter() - started:.1f} s)", err=True)
+               f"{deployment.block_size}, max_model_len {engine.max_model_len}, {deployment.policy} policy{cores}"
+               f"{adapters}; ready in {time.perf_counter() - started:.1f} s)", err=True)
     warning = exposure_warning(host, options.api_key)
     if warning:
         typer.echo(warning, err=True)
-    make_server(engine, name, host, port, log_level, options, folder).run()
+    server.run()
+
+
+def many_valued(flag: str, given: Optional[list[str]], more: Optional[list[str]]) -> list[str]:
+    """The values of a flag vLLM takes with nargs="+" (`--lora-modules a b c`): typer gave the flag its first
+    value and left the rest as the command's words, which this command has none of otherwise. Repeating the
+    flag (`--lora-modules a --lora-modules b`) works too; both at once would lose the order, so it is refused."""
+    given, more = list(given or []), list(more or [])
+    if more and not given:
+        raise PlannerError(f"unexpected argument(s): {' '.join(more)}")
+    if more and len(given) > 1:
+        raise PlannerError(f"give every value after one {flag} (as vLLM takes them), or {flag} before each "
+                           f"value; not both")
+    return given + more
 
 
 def check_listen(host: str, port: int) -> None:
@@ -171,18 +217,20 @@ def fleet_probes(replicas: Optional[int], interval: Optional[float], timeout: Op
     return probes
 
 
-def _serve_fleet(deployment, replicas: int, policy, options, served_model_name, host, port, device, seed,
-                 log_level, probes: dict) -> None:
-    """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM."""
+def _serve_fleet(deployment, replicas: int, policy, options, name, host, port, device, seed,
+                 log_level, probes: dict, lora_modules: list) -> None:
+    """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM. Each
+    replica loads the same LoRA adapters (ids in the same order); one it cannot serve stops the fleet's start
+    with the replica's one-line reason."""
     from dataclasses import asdict
 
     from engine.entrypoints.openai.server import exposure_warning               # torch: only a server needs it
     from engine.entrypoints.router.launch import replica_threads, serve_fleet   # torch (the server module)
     folder, _ = model_folder(deployment.model)
-    name = served_model_name or deployment.model
     config = {"folder": str(folder), "deployment": deployment.changed(), "device": device, "seed": seed,
               "model_name": name, "options": asdict(options), "log_level": log_level,
-              "threads": replica_threads(replicas, device)}
+              "threads": replica_threads(replicas, device),
+              "lora_modules": [asdict(module) for module in lora_modules]}
     tokenizer = None
     if policy.uses_prefix:                     # prefix scoring of text prompts needs the replicas' tokenizer
         from engine.llm_engine import load_tokenizer    # torch
@@ -249,9 +297,13 @@ def bench(
                                                        "loop of N clients"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
+    lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
+    more_values: Optional[list[str]] = MORE_VALUES,
 ) -> None:
     """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json.
-    Exits 1 when every request failed."""
+    Exits 1 when every request failed. LoRA adapters (vLLM bench's --lora-modules): a trace whose requests
+    carry adapters (-p loras=N) sends adapter k under the k-th name given; one without any sends each request
+    under one of the names, chosen by --lora-assignment."""
     try:
         ramp_up = ramp_up_of(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
         check_ramp_up_rate(ramp_up, rate)
@@ -263,7 +315,9 @@ def bench(
                                        max_output_len, burstiness, param, ramp_up)
         slos = parse_slos(slo) if slo else None
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
-                          endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency)
+                          endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
+                          lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
+                          lora_assignment=lora_assignment)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))
@@ -284,8 +338,10 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     folder.mkdir(parents=True, exist_ok=True)
     write_requests_csv(results, folder / "requests.csv")
     failures = [{"request_id": r.request_id, "error": r.error} for r in results if not r.success]
-    doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, "workload": workload, "rate": rate,
-                     "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
+    loras = {"lora_modules": list(cfg.lora_modules), "lora_assignment": cfg.lora_assignment} \
+        if cfg.lora_modules else {}
+    doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, **loras, "workload": workload,
+                     "rate": rate, "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
                      "max_concurrency": max_concurrency, "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

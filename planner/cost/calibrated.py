@@ -81,6 +81,10 @@ class CalibratedCostModel:
         self._sample = _Curve(fit[f"sample_{sampling}"].curve)
         self._swap = _Curve(fit["swap"].curve)
         self._copy = _Curve(fit["copy"].curve)
+        # What LoRA adapters add to a step (a profile taken with --enable-lora): v(tokens) + c * adapters.
+        self.lora_rank = profile.lora_rank
+        self._lora = _Curve(fit["lora"].curve) if "lora" in fit else None
+        self._lora_per_adapter = fit["lora"].curve.extras.get("adapters", 0.0) if "lora" in fit else 0.0
         # Relative scatter of each component around its curve (`--timing-noise` samples it); a profile
         # written before it was kept falls back to the cross-validated error.
         self.noise_sd = {name: f.residual_sd if f.residual_sd is not None else (f.cv[f.chosen].mean_rel or 0.0)
@@ -130,7 +134,15 @@ class CalibratedCostModel:
             t += self._swap.at(s.swap_blocks)
         if s.copy_blocks:
             t += self._copy.at(s.copy_blocks)
+        if s.lora_adapters:
+            t += self.lora_time(s)
         return t
+
+    def lora_time(self, s: StepShape) -> float:
+        """What the step's LoRA adapters add to its forward pass (a profile taken with --enable-lora)."""
+        if self._lora is None:
+            raise PlannerError(f"{self.name} timed no LoRA adapter: profile with --enable-lora")
+        return self._lora.at(s.total_tokens) + s.lora_adapters * self._lora_per_adapter
 
     def _mixed_forward(self, s: StepShape) -> float:
         """The forward pass of a mixed (chunked-prefill) step: one pass over all its tokens.
@@ -169,6 +181,8 @@ class CalibratedCostModel:
             parts["swap"] = self._swap.at(s.swap_blocks)
         if s.copy_blocks:
             parts["copy"] = self._copy.at(s.copy_blocks)
+        if s.lora_adapters:
+            parts["forward"] += self.lora_time(s)
         return parts
 
     def describe(self) -> dict:

@@ -44,8 +44,9 @@ from engine.deployment import Deployment
 from engine.model_runner import ModelRunner
 from planner.catalog import resolve_gpu
 from planner.profile.schema import Profile, save_profile
-from planner.profile.around import ProfileAround
+from planner.profile.around import ProfileAround, profiled
 from planner.profile.device import engine_device
+from planner.profile.components import DIFFERENCE_COMPONENTS
 from planner.profile.run import ProfileOptions, ProfileSession
 from planner.profile.speed import SpeedTimeline
 
@@ -79,10 +80,11 @@ class ProfileAlong:
         self.timeline: SpeedTimeline | None = None
 
     @classmethod
-    def quick(cls, gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print) -> "ProfileAlong":
-        """The quick grid with 6 measured rounds, as many as two halves of ProfileAround time."""
-        return cls(ProfileOptions(Deployment(model=model, gpu=gpu, block_size=block_size), quick=True, repeats=6),
-                   path, span_s, say)
+    def quick(cls, gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print,
+              lora: Deployment | None = None) -> "ProfileAlong":
+        """The quick grid with 6 measured rounds, as many as two halves of ProfileAround time; with `lora` (a
+        deployment serving adapters) what its adapters add too."""
+        return cls(ProfileOptions(profiled(gpu, model, block_size, lora), quick=True, repeats=6), path, span_s, say)
 
     def live_device(self) -> tuple[str, str]:
         """(device, dtype) the live engine runs on: the profile's."""
@@ -169,6 +171,8 @@ def drift_across(profile: Profile) -> float:
     """The median over points of the later half of their repetitions' median over the earlier half's."""
     ratios = []
     for m in profile.measurements:
+        if m.component in DIFFERENCE_COMPONENTS:       # (a difference of two passes says nothing of drift)
+            continue
         half = len(m.samples_s) // 2
         if half:
             early, late = statistics.median(m.samples_s[:half]), statistics.median(m.samples_s[half:])
@@ -182,8 +186,10 @@ def _noted(profile: Profile, rounds_during: int) -> Profile:
     return profile.model_copy(update={"grid": profile.grid.model_copy(update={"notes": [*profile.grid.notes, note]})})
 
 
-def profile_for_live_run(gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print):
-    """How `planner validate` profiles the device it validates on: along the run on a CPU, around it on a GPU."""
+def profile_for_live_run(gpu: str, model: str, block_size: int, path: Path, span_s: float, say=print,
+                         lora: Deployment | None = None):
+    """How `planner validate` profiles the device it validates on: along the run on a CPU, around it on a GPU
+    (`lora`: the validated deployment, whose LoRA settings the profile times)."""
     if resolve_gpu(gpu).kind == "cpu":
-        return ProfileAlong.quick(gpu, model, block_size, path, span_s, say)
-    return ProfileAround.quick(gpu, model, block_size, path, say)
+        return ProfileAlong.quick(gpu, model, block_size, path, span_s, say, lora)
+    return ProfileAround.quick(gpu, model, block_size, path, say, lora)

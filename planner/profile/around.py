@@ -21,8 +21,17 @@ from planner.errors import PlannerError
 from planner.profile.schema import Measurement, Profile, save_profile
 from planner.profile import pieces
 from planner.profile.device import engine_device
+from planner.profile.components import DIFFERENCE_COMPONENTS
 from planner.profile.fit import fit_all
 from planner.profile.run import ProfileOptions, run_profile
+
+
+def profiled(gpu: str, model: str, block_size: int, lora: Deployment | None = None) -> Deployment:
+    """What a validation's profile times: the model on the GPU at the block size, with the LoRA settings of
+    `lora` when it serves adapters."""
+    served = {} if lora is None or not lora.enable_lora else \
+        {"enable_lora": True, "max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank}
+    return Deployment(model=model, gpu=gpu, block_size=block_size, **served)
 
 
 def _key(m: Measurement) -> tuple:
@@ -45,7 +54,8 @@ def pool_profiles(before: Profile, after: Profile) -> tuple[Profile, float]:
         other = later.get(_key(m))
         if other is None:           # a point only one half could time (the KV cache sized differently)
             continue
-        ratios.append(other.median_s / m.median_s if m.median_s > 0 else 1.0)
+        if m.component not in DIFFERENCE_COMPONENTS:      # (a difference of two passes says nothing of drift)
+            ratios.append(other.median_s / m.median_s if m.median_s > 0 else 1.0)
         pooled.append(_pool(m, other))
     if not pooled:
         raise PlannerError("the two halves of the profile share no grid point")
@@ -81,9 +91,10 @@ class ProfileAround:
     drift: float | None = None
 
     @classmethod
-    def quick(cls, gpu: str, model: str, block_size: int, path: Path, say=print) -> "ProfileAround":
+    def quick(cls, gpu: str, model: str, block_size: int, path: Path, say=print,
+              lora: Deployment | None = None) -> "ProfileAround":
         """Each half times 3 rounds of the quick grid after its warm-up round; the pooled profile has 6."""
-        return cls(ProfileOptions(Deployment(model=model, gpu=gpu, block_size=block_size), quick=True, repeats=3), path, say)
+        return cls(ProfileOptions(profiled(gpu, model, block_size, lora), quick=True, repeats=3), path, say)
 
     def _half(self, when: str) -> Profile:
         self.say(f"validate: profiling {self.options.deployment.model} on {self.options.deployment.gpu} (--quick), half of it "

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.profile.components import DIFFERENCE_COMPONENTS
 from planner.profile.schema import COMPONENT_FEATURES, ComponentFit, CurveFit, CvError, Measurement
 
 METHODS = ("linear", "piecewise")
@@ -43,6 +44,9 @@ MAX_FOLDS = 5
 # will: on the 2-core VM the prefill choice flipped between quick profiles of the same machine (5
 # of 12 took the line), and the line priced 2- and 3-token prompts 15-25% fast.
 FORWARD_COMPONENTS = ("prefill", "decode")
+# DIFFERENCE_COMPONENTS (a difference of two passes, maybe negative) are fitted to each point's median (robust to
+# the spells a mean takes in) by absolute, not relative, error, and always as the straight line of their
+# physical terms.
 
 
 def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -92,21 +96,30 @@ def _design(x: np.ndarray, extras: np.ndarray, knots: np.ndarray) -> np.ndarray:
     return np.concatenate([ramps(x, knots), extras], axis=1)
 
 
-def _solve(x, extras, y, knots) -> np.ndarray:
+def _weights(y: np.ndarray, component: str) -> np.ndarray:
+    """What each point's error is measured against: its own time (relative error), or for a difference the
+    points' mean size."""
+    if component in DIFFERENCE_COMPONENTS:
+        return np.full_like(y, max(float(np.mean(np.abs(y))), 1e-9))
+    return y
+
+
+def _solve(x, extras, y, knots, weights=None) -> np.ndarray:
     """The curve's coefficients: [value at the first knot, rise over each segment, extras]. Interior
     segments may slope down, but never below zero: a segment whose fall would take the curve below zero
     at its end (a noisy point priced by a large extra term) is held rising instead, and the fit solved
     again."""
     rising: set[int] = set()
+    weights = y if weights is None else weights
     while True:
-        coef = _solve_once(x, extras, y, knots, rising)
+        coef = _solve_once(x, extras, y, knots, rising, weights)
         below = np.flatnonzero(np.cumsum(coef[:len(knots)]) < 0)
         if not len(below):
             return coef
         rising.add(int(below[0]))       # the first knot below zero ends the segment that fell
 
 
-def _solve_once(x, extras, y, knots, rising: set[int]) -> np.ndarray:
+def _solve_once(x, extras, y, knots, rising: set[int], weights: np.ndarray) -> np.ndarray:
     a = _design(x, extras, knots)
     # Interior segments may slope down: a CPU's matmul can be slower at 3 rows
     # than at 4. A free coefficient is the difference of two non-negative ones.
@@ -118,7 +131,7 @@ def _solve_once(x, extras, y, knots, rising: set[int]) -> np.ndarray:
     a = np.concatenate([a, -a[:, free]], axis=1)
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0               # columns of very different size (pairs vs seqs): solve in unit scale
-    coef = nnls(a / scale / y[:, None], np.ones_like(y)) / scale
+    coef = nnls(a / scale / weights[:, None], y / weights) / scale
     n = len(free)
     coef[:n][free] -= coef[n:]
     return coef[:n]
@@ -128,14 +141,14 @@ def _arrays(points: list[Measurement], component: str):
     main, extra_names = COMPONENT_FEATURES[component]
     x = np.array([p.features[main] for p in points], dtype=float)
     extras = np.array([[p.features[e] for e in extra_names] for p in points], dtype=float).reshape(len(points), -1)
-    y = np.array([p.mean_s for p in points], dtype=float)
+    y = np.array([p.median_s if component in DIFFERENCE_COMPONENTS else p.mean_s for p in points], dtype=float)
     return x, extras, y, main, extra_names
 
 
 def fit_curve(points: list[Measurement], component: str, method: str) -> CurveFit:
     x, extras, y, main, extra_names = _arrays(points, component)
     knots = knots_for(method, x)
-    coef = _solve(x, extras, y, knots)
+    coef = _solve(x, extras, y, knots, _weights(y, component))
     k = len(knots)
     return CurveFit(method=method, main=main, knots=knots.tolist(), values=np.cumsum(coef[:k]).tolist(),
                     extras={name: float(c) for name, c in zip(extra_names, coef[k:])})
@@ -154,9 +167,9 @@ def cross_validate(points: list[Measurement], component: str, method: str, seed:
         test = order[fold::folds]
         train = np.setdiff1d(order, test)
         knots = knots_for(method, x[train])
-        coef = _solve(x[train], extras[train], y[train], knots)
+        coef = _solve(x[train], extras[train], y[train], knots, _weights(y[train], component))
         pred = np.maximum(_design(x[test], extras[test], knots) @ coef, 0.0)
-        errors[test] = np.abs(pred - y[test]) / y[test]
+        errors[test] = np.abs(pred - y[test]) / _weights(y, component)[test]
     return CvError(mean_rel=float(errors.mean()), median_rel=float(np.median(errors)),
                    max_rel=float(errors.max()), folds=folds)
 
@@ -171,8 +184,10 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
     # Ties (e.g. too few points to tell) go to the straight line: it extrapolates more safely.
     chosen = ("piecewise" if component in FORWARD_COMPONENTS or scores["piecewise"] < scores["linear"]
               else "linear")
-    return ComponentFit(chosen=chosen, candidates=candidates, cv=cv,
-                        residual_sd=residual_sd(points, component, candidates[chosen]))
+    if component in DIFFERENCE_COMPONENTS:
+        chosen = "linear"
+    residual = None if component in DIFFERENCE_COMPONENTS else residual_sd(points, component, candidates[chosen])
+    return ComponentFit(chosen=chosen, candidates=candidates, cv=cv, residual_sd=residual)
 
 
 def residual_sd(points: list[Measurement], component: str, curve: CurveFit) -> float:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from dataclasses import replace
 
 from engine.core.block_manager import BlockManager
 from engine.core.step import begin_step, end_step
@@ -84,6 +85,15 @@ def decode_inputs(runner: ModelRunner, batch: int, context: int, rng: random.Ran
 
 def time_forward(runner: ModelRunner, seqs: list[SequenceInput], sync, warmup: int, repeats: int) -> list[float]:
     return time_call(lambda _: runner.execute(seqs), warmup=warmup, repeats=repeats, sync=sync)
+
+
+def time_lora(runner: ModelRunner, seqs: list[SequenceInput], adapters: int, sync) -> list[float]:
+    """One repetition of what `adapters` LoRA adapters add to a forward pass over `seqs` (the sequences
+    take adapters 1..adapters in turn, loaded beforehand): the pass with them less the same pass without,
+    timed back to back so the device's drift cancels."""
+    tagged = [replace(s, lora_id=1 + i % adapters) for i, s in enumerate(seqs)]
+    base = time_forward(runner, seqs, sync, 0, 1)[0]
+    return [time_forward(runner, tagged, sync, 0, 1)[0] - base]
 
 
 def time_swap(runner: ModelRunner, blocks: int, sync, warmup: int, repeats: int) -> list[float]:

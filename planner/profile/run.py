@@ -22,6 +22,8 @@ import torch
 import cuda_ext
 
 from engine.core.config import SUPPORTED_BLOCK_SIZES   # what the engine's kernels are built for
+from engine.deployment import Deployment
+from engine.lora import LoRARequest, write_random_adapter
 from engine.model_runner import ModelRunner
 from planner.errors import PlannerError
 from planner.profile.check import make_fingerprint
@@ -31,6 +33,7 @@ from planner.profile import pieces
 from planner.profile.options import ProfileOptions
 from planner.profile.checkpoints import build_checkpoint, needs_per_layer
 from planner.profile.device import Target, device_info, resolve_target
+from planner.profile.components import DIFFERENCE_COMPONENTS
 from planner.profile.fit import fit_all
 from planner.profile.routing import measure_experts_touched
 from planner.profile.grid import decode_points, make_grid, prefill_points
@@ -82,6 +85,8 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
             points.append(_Point("sample_greedy" if greedy else "sample_random", {"seqs": batch},
                                  lambda _, b=batch, g=greedy: pieces.time_sampling(
                                      b, vocab_size, target.device, g, sync, w, r), False))
+    if runner.lora is not None:
+        points += _lora_points(grid, runner, sync, rng)
     for blocks in grid.block_counts:
         points.append(_Point("swap", {"blocks": blocks},
                              lambda run, n=blocks: pieces.time_swap(run, n, sync, w, r), True))
@@ -91,22 +96,62 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
     return points, notes
 
 
+def _lora_points(grid, runner: ModelRunner, sync, rng: random.Random) -> list[_Point]:
+    """What LoRA adapters add to a forward pass (pieces.time_lora): decode batches of the grid at its shortest
+    context, with one adapter and with as many as max_loras allows, and single prompts of the grid's
+    lengths with one; the fit is v(tokens) + c * adapters (the shrink and expand run over every token, and
+    each adapter in a step is one more pair of small matmuls a layer)."""
+    points, most = [], runner.lora.max_loras
+    context = min(grid.decode_context)
+    for batch in grid.decode_batch:
+        for adapters in sorted({1, min(most, batch)}):
+            points.append(_Point("lora", {"tokens": batch, "adapters": adapters},
+                                 lambda run, b=batch, n=adapters: pieces.time_lora(
+                                     run, pieces.decode_inputs(run, b, context, rng), n, sync), True))
+    for tokens in grid.prefill_tokens:
+        if tokens <= runner.max_model_len:
+            points.append(_Point("lora", {"tokens": tokens, "adapters": 1},
+                                 lambda run, t=tokens: pieces.time_lora(
+                                     run, pieces.prefill_inputs(run, t, 1, rng), 1, sync), True))
+    return points
+
+
+def _with_adapters(runner: ModelRunner, folder: str) -> ModelRunner:
+    """`runner` with max_loras random adapters of its max_lora_rank loaded (ids 1..max_loras), written under
+    `folder`: what the LoRA points time (the model's weights are random too)."""
+    lora = runner.lora
+    for lora_id in range(1, lora.max_loras + 1):
+        path = write_random_adapter(runner.model, f"{folder}/adapter-{lora_id}", lora.max_lora_rank, seed=lora_id)
+        runner.add_lora(LoRARequest(f"profile-{lora_id}", lora_id, path))
+    return runner
+
+
 def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, grid,
-            weights_of: ModelRunner | None = None) -> ModelRunner:
+            weights_of: ModelRunner | None = None, lora: Deployment | None = None,
+            adapters: str | None = None) -> ModelRunner:
     """The engine's runner, sized as the engine sizes it for the largest step this grid runs.
 
     num_gpu_blocks=None: the engine's own KV sizing (1 GiB on CPU, profiled
     free memory on CUDA, with the grid's largest prefill as the step budget).
+    `lora` (a deployment with enable_lora): the runner serves its max_loras random adapters of its
+    max_lora_rank, written under `adapters`, and every forward pass runs through the LoRA hooks, as the
+    engine's do then.
     """
     largest_step = max(max(grid.prefill_tokens), max(grid.decode_batch))
     max_num_seqs = max(max(grid.decode_batch), max(grid.prefill_seqs))
+    with_lora = lora is not None and lora.enable_lora
     try:
-        return ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
-                           dtype=target.dtype, device=target.device, max_num_batched_tokens=largest_step,
-                           max_num_seqs=max_num_seqs, weights_of=weights_of)
+        runner = ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,
+                             dtype=target.dtype, device=target.device, max_num_batched_tokens=largest_step,
+                             max_num_seqs=max_num_seqs, weights_of=weights_of, enable_lora=with_lora,
+                             max_loras=lora.max_loras if with_lora else 1,
+                             max_lora_rank=lora.max_lora_rank if with_lora else 16)
     except RuntimeError as exc:         # out of memory, no room for a KV cache, kernels unusable
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PlannerError(f"cannot load the model on {target.device}: {first}") from None
+    except ValueError as exc:           # a model the engine serves no adapter for
+        raise PlannerError(str(exc)) from None
+    return _with_adapters(runner, adapters) if with_lora else runner
 
 
 def _free(target: Target) -> None:
@@ -138,7 +183,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
         # The larger model first: it sizes the KV cache the decode grid must fit.
         layer_counts = [2, 1] if scaled else [None]
         folders = [build_checkpoint(opts.deployment.model, spec, f"{tmp}/{n or 'full'}", n) for n in layer_counts]
-        runner = _runner(folders[0], target, opts.deployment.block_size, max(grid.block_counts), grid)
+        runner = _runner(folders[0], target, opts.deployment.block_size, max(grid.block_counts), grid,
+                         lora=opts.deployment, adapters=f"{tmp}/adapters-0")
         points = setup.plan(runner)
         samples: list[list[list[float]]] = [[[] for _ in layer_counts] for _ in points]
         per_model = [i for i, p in enumerate(points) if p.per_model]
@@ -148,7 +194,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str, int], None] | Non
             if k > 0:
                 del runner
                 _free(target)
-                runner = _runner(folder, target, opts.deployment.block_size, max(grid.block_counts), grid)
+                runner = _runner(folder, target, opts.deployment.block_size, max(grid.block_counts), grid,
+                                 lora=opts.deployment, adapters=f"{tmp}/adapters-{k}")
             # The model-independent points are timed once, beside the first runner.
             _measure(points, range(len(points)) if k == 0 else per_model, runner, k, rounds, grid.warmup,
                      samples, progress, total)
@@ -208,6 +255,7 @@ class _Setup:
             device=self.info, model=ModelArch.of(self.spec), tp=self.opts.deployment.tp, block_size=self.opts.deployment.block_size,
             dtype=dtype, per_layer_scaling=self.scaled, grid=grid or self.grid,
             measurements=measurements, fit=fit_all(measurements),
+            lora_rank=self.opts.deployment.max_lora_rank if self.opts.deployment.enable_lora else None,
             fingerprint=make_fingerprint(self.info, dtype=dtype, block_size=self.opts.deployment.block_size, tp=self.opts.deployment.tp),
         )
 
@@ -232,14 +280,13 @@ class ProfileSession:
             raise PlannerError(f"{opts.deployment.model} does not fit on {opts.deployment.gpu} whole: its profile times a 1- and a "
                                "2-layer model in turn, which cannot be interleaved with a live run")
         grid = self.setup.grid
-        self._tmp = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")     # a checkpoint, the adapters
         if beside is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="planner-profile-")
             folder = build_checkpoint(opts.deployment.model, self.setup.spec, f"{self._tmp.name}/full", None)
         else:
             folder = beside.model_path
         self.runner = _runner(folder, self.setup.target, opts.deployment.block_size, max(grid.block_counts), grid,
-                              weights_of=beside)
+                              weights_of=beside, lora=opts.deployment, adapters=f"{self._tmp.name}/adapters")
         self.points = self.setup.plan(self.runner)
         self.samples: list[list[list[float]]] = [[[]] for _ in self.points]
         self.timer = RoundTimer(self.points, range(len(self.points)), self.runner, 0, grid.warmup, self.samples)
@@ -254,8 +301,7 @@ class ProfileSession:
     def close(self) -> None:
         del self.runner, self.timer
         _free(self.setup.target)
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        self._tmp.cleanup()
 
 
 def _measure(points: list[_Point], which, runner: ModelRunner, k: int, rounds: int, warmup: int,
@@ -320,7 +366,9 @@ class RoundTimer:
         # stall a multi-threaded matmul several-fold): time them again, up to `max_rounds` extra rounds,
         # so that their median rests on steady repetitions.
         for extra in range(max_rounds):
-            unsteady = [i for i in self.order if pieces.summarize(self.series(i))[1] > UNSTEADY_SPREAD]
+            # (a difference of two passes scatters about its small median by nature: not retimed)
+            unsteady = [i for i in self.order if self.points[i].component not in DIFFERENCE_COMPONENTS
+                        and pieces.summarize(self.series(i))[1] > UNSTEADY_SPREAD]
             if not unsteady:
                 break
             self.shuffle(unsteady)

@@ -41,6 +41,7 @@ COMPONENT_FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "sample_random": ("seqs", ()),
     "swap": ("blocks", ()),
     "copy": ("blocks", ()),
+    "lora": ("tokens", ("adapters",)),   # what LoRA adapters add to a forward pass (--enable-lora profiles only)
 }
 
 
@@ -202,6 +203,7 @@ class Profile(_Strict):
     fit: dict[str, ComponentFit]
     fingerprint: Fingerprint | None = None   # None: written before fingerprints ("unchecked")
     experts_touched: list[ExpertsTouched] = Field(default_factory=list)   # a MoE's routing, measured
+    lora_rank: int | None = None     # --enable-lora: the adapters' rank the "lora" component timed (None: none)
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
@@ -245,6 +247,8 @@ def load_profile(path: str | Path) -> Profile:
     missing = [c for c in COMPONENTS if c not in profile.fit]
     if missing:
         raise PlannerError(f"profile {path}: damaged (no fit for {', '.join(missing)})")
+    if ("lora" in profile.fit) != (profile.lora_rank is not None):
+        raise PlannerError(f"profile {path}: damaged (a LoRA fit and lora_rank come together)")
     for name, fit in profile.fit.items():
         curve = fit.candidates.get(fit.chosen)
         if curve is None:

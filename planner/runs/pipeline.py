@@ -63,9 +63,13 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
     if not d.enable_lora:
         return base
     if isinstance(base, CalibratedCostModel):
+        if base.lora_rank == d.max_lora_rank:       # a profile taken with --enable-lora at this rank
+            return base
+        timed = "timed no LoRA adapter" if base.lora_rank is None else f"timed adapters of rank {base.lora_rank}"
         if cost_model is not None or profile is not None:
-            raise PlannerError("a calibrated profile timed no LoRA adapter (the engine's profile runs the base "
-                               "model); with --enable-lora use --cost-model measured or roofline")
+            raise PlannerError(f"the calibrated profile {timed}, not of --max-lora-rank {d.max_lora_rank}: profile "
+                               f"with --enable-lora --max-lora-rank {d.max_lora_rank}, or use --cost-model measured "
+                               f"or roofline")
         try:                  # auto: the next source in line, as for a format a profile cannot price
             base = _base_cost_model(plan, "measured", None)
         except PlannerError:

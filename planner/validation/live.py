@@ -8,6 +8,7 @@ a live run starts: the rest of the planner never needs torch.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -72,9 +73,12 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     before = speed_probe(engine.runner) if speed_probe else None
     _warm_up(engine, engine.runner.vocab_size)
     shapes.clear()
-    if profiler is not None:
-        profiler.before_steps(engine.runner)
-    groups = _replay(engine, trace, clock, spec, progress, profiler.between_steps if profiler is not None else None)
+    with tempfile.TemporaryDirectory(prefix="planner-adapters-") as adapters:
+        loras = _random_adapters(engine, trace, adapters)
+        if profiler is not None:
+            profiler.before_steps(engine.runner)
+        groups = _replay(engine, trace, clock, spec, progress, profiler.between_steps if profiler is not None else None,
+                         loras)
     after = speed_probe(engine.runner) if speed_probe else None
     requests = [RequestRecord.from_group(g) for g in groups]
     return LiveRun(requests, engine.steps, shapes, compute_metrics(requests, engine.steps, engine.scheduler.preemptions),
@@ -85,13 +89,30 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    engine.deployment.max_num_seqs, engine.deployment.enable_prefix_caching)
 
 
+def _random_adapters(engine, trace: Trace, folder: str) -> dict:
+    """The LoRA adapters the trace's requests run (their `lora` ids), random ones of the deployment's
+    max_lora_rank written under `folder` and loaded, as the model's weights are random: {id: LoRARequest}."""
+    ids = sorted({r.lora for r in trace.requests} - {0})
+    if not ids:
+        return {}
+    from engine.lora import LoRARequest, write_random_adapter     # torch
+    rank = engine.deployment.max_lora_rank
+    requests = {}
+    for lora_id in ids:
+        path = write_random_adapter(engine.runner.model, f"{folder}/adapter-{lora_id}", rank, seed=lora_id)
+        requests[lora_id] = LoRARequest(f"adapter-{lora_id}", lora_id, path)
+        engine.add_lora(requests[lora_id])
+    return requests
+
+
 def speculation_curves(stats: dict | None) -> dict:
     """The curves a live run measured (its SpecDecodingStats document) as the deployment's `acceptance`,
     `draft_rates` and `draft_persistence` for the simulation; {} without speculation."""
     return SpecDecodingStats.from_dict(stats).curves() if stats else {}
 
 
-def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps) -> list:
+def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps,
+            loras: dict | None = None) -> list:
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and the
     next one as each ends (the deployment's client_turnaround later, stamped with the time it is sent, as
     the simulator's clients do: planner/sim/clients.py); paced (a rate too), a released request is sent at
@@ -107,7 +128,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     def send(req, at: float) -> None:
         engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
                            req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
-                           priority=req.priority)
+                           priority=req.priority, lora_request=(loras or {}).get(req.lora))
         groups.append(engine.groups[req.request_id])
 
     def release(count: int, at: float) -> None:

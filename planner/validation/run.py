@@ -78,12 +78,28 @@ def trusted_profile(spec: ValidationSpec, *, refuse_stale: bool, say=print) -> t
     return cost_model, check
 
 
+def lora_check(spec: ValidationSpec, cost_model: CalibratedCostModel, check: ProfileCheck, *,
+               refuse: bool) -> ProfileCheck:
+    """`check`, or a stale one when the deployment serves LoRA adapters and the profile did not time
+    adapters of its rank (refused when asked)."""
+    d = spec.deployment
+    if not d.enable_lora or cost_model.lora_rank == d.max_lora_rank:
+        return check
+    timed = "no LoRA adapter" if cost_model.lora_rank is None else f"adapters of rank {cost_model.lora_rank}"
+    reason = f"it timed {timed}, not of --max-lora-rank {d.max_lora_rank}"
+    if refuse:
+        raise PlannerError(f"profile {cost_model.source}: {reason}; drop --no-reprofile to profile them now")
+    return ProfileCheck("stale", reason)
+
+
 def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out: Path | None = None,
              cost_model: CostModel | None = None, fresh=None, progress=None, say=print) -> Validation:
     """Validate `spec`. `reprofile`: True profiles this device along the run; None does so when the
     profile is stale; False refuses a stale one. `cost_model` prices the run as given, and `fresh` is a
     profile to time along it (planner/profile/along.py), instead of the profile's (tests)."""
     check_device(spec.deployment.gpu)
+    if not spec.deployment.enable_lora and any(r.lora for r in spec.trace().requests):
+        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora")
     folder, model = model_folder(spec.deployment.model)
     from engine.llm_engine import check_runnable     # torch: imported only when a live run is on
     check_runnable(spec.deployment, folder)          # refuse what the engine cannot run before profiling
@@ -92,11 +108,12 @@ def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out
     if cost_model is None and fresh is None:
         if not reprofile:
             cost_model, check = trusted_profile(spec, refuse_stale=reprofile is False, say=say)
+            check = lora_check(spec, cost_model, check, refuse=reprofile is False)
         if reprofile or check.status == "stale":
             from planner.profile.along import profile_for_live_run     # torch: only a re-profiling run needs it
             fresh = profile_for_live_run(spec.deployment.gpu, spec.deployment.model, spec.deployment.block_size,
                                          profile_out or Path("profile.json"),
-                                         span_s=spec.trace().stats()["duration"], say=say)
+                                         span_s=spec.trace().stats()["duration"], say=say, lora=spec.deployment)
     result = _run_and_compare(spec, folder, model, cost_model, fresh, progress)
     if fresh is not None:
         replaced = f"; the profile it replaces was stale: {check.reason}" if check is not None else ""

@@ -2,7 +2,8 @@
 
 Endpoints: /v1/completions, /v1/chat/completions (both stream over SSE),
 /v1/models, /health, /metrics, /kv_events (the prefix cache's events, for a
-router). Every refusal has an OpenAI-style body
+router). A request's ``model`` is the served name or one of the LoRA adapters
+loaded at start (served_models.py, vLLM's --lora-modules). Every refusal has an OpenAI-style body
 ``{"error": {"message", "type", "param", "code"}}`` (errors.py) and the server
 keeps serving: bodies are parsed and bounded at the edge (protocol.py),
 tokenizing and chat templates run off the event loop (frontend.py), a failed
@@ -31,6 +32,7 @@ from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
 from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Common, parse_body
 from engine.entrypoints.openai.responses import serve_request
+from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels
 from engine.llm_engine import load_tokenizer
 
 HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events"}
@@ -51,11 +53,14 @@ class ServerOptions:
 
 
 class ServerState:
-    """What the handlers share: the engine loop, the frontend, the served name and the statistics."""
+    """What the handlers share: the engine loop, the frontend, the served models and the statistics."""
 
-    def __init__(self, engine, model_name: str, options: ServerOptions, tokenizer_folder: str | None) -> None:
+    def __init__(self, engine, model_name: str, options: ServerOptions, tokenizer_folder: str | None,
+                 lora_modules: list[LoRAModulePath] | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.models = ServedModels(model_name, lora_modules)
+        self.models.load(engine)        # before anything listens: a bad adapter stops the start
         self.options = options
         # The engine's tokenizer is used inside steps (another thread); the frontend has its own,
         # so encoding never races with decoding.
@@ -74,11 +79,12 @@ class ServerState:
 
 
 def build_app(engine, model_name: str, options: ServerOptions | None = None,
-              tokenizer_folder: str | None = None) -> FastAPI:
+              tokenizer_folder: str | None = None, lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
     """The ASGI app: routes, error handlers, and the middleware (outermost first: response counts,
-    the API key on /v1/*, the body-size limit, a last-resort 500)."""
+    the API key on /v1/*, the body-size limit, a last-resort 500). `lora_modules`: the adapters served
+    beside the base model (the engine needs enable_lora), loaded here; a ValueError for one it cannot serve."""
     options = options or ServerOptions()
-    state = ServerState(engine, model_name, options, tokenizer_folder)
+    state = ServerState(engine, model_name, options, tokenizer_folder, lora_modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,10 +145,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
-        # No folder of this machine: the served name is the model's id and root.
-        return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "paged-planner",
-            "root": state.model_name, "parent": None, "max_model_len": engine.max_model_len}]}
+        return {"object": "list", "data": state.models.cards(state.created, engine.max_model_len)}
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
@@ -185,23 +188,23 @@ async def _body(request: Request) -> bytes | None:
 
 async def _completion(state: ServerState, raw: bytes, arrival: float):
     body = await asyncio.to_thread(parse_body, raw, CompletionRequest)     # a 16 MiB body: not on the loop
-    _check_served(state, body)
+    lora = _check_served(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
         token_ids = await state.frontend.encode(prompt)
     else:
         token_ids, prompt = list(prompt), None
     params = _params(state, body, body.max_tokens, body.logprobs, token_ids)
-    return await serve_request(state, body, "cmpl", prompt, token_ids, params, arrival, chat=False)
+    return await serve_request(state, body, "cmpl", prompt, token_ids, params, arrival, chat=False, lora=lora)
 
 
 async def _chat(state: ServerState, raw: bytes, arrival: float):
     body = await asyncio.to_thread(parse_body, raw, ChatCompletionRequest)
-    _check_served(state, body)
+    lora = _check_served(state, body)
     text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt)
     token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=False)
     params = _params(state, body, body.wanted_max_tokens(), body.wanted_logprobs(), token_ids)
-    return await serve_request(state, body, "chatcmpl", text, token_ids, params, arrival, chat=True)
+    return await serve_request(state, body, "chatcmpl", text, token_ids, params, arrival, chat=True, lora=lora)
 
 
 async def _until_disconnect(request: Request, work):
@@ -224,14 +227,13 @@ async def _disconnected(request: Request) -> None:
 
 
 # -- request checks -------------------------------------------------------------------
-def _check_served(state: ServerState, body: _Common) -> None:
+def _check_served(state: ServerState, body: _Common):
+    """The LoRA adapter the request runs with (None: the base model); 503 while not serving, and vLLM's 404
+    NotFoundError for a model this server does not serve."""
     if state.async_engine is None or not state.async_engine.serving:
         why = state.async_engine.why_not() if state.async_engine is not None else "starting"
         raise RequestError(f"the engine is not serving now ({why})", status=503)
-    if body.model is not None and body.model != state.model_name:
-        # vLLM answers an unknown model with 404 NotFoundError, param "model".
-        raise RequestError(f"The model `{body.model}` does not exist (this server serves `{state.model_name}`).",
-                           param="model", status=404)
+    return state.models.lora_for(body.model)
 
 
 def _params(state: ServerState, body: _Common, max_tokens: int | None, logprobs: int | None,

@@ -22,6 +22,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.detokenizer import stream_holdback
 from engine.entrypoints.openai.errors import RequestError
 from engine.llm_engine import LLMEngine, StepError
+from engine.lora import LoRARequest
 from engine.outputs import RequestOutput
 
 log = logging.getLogger("engine.entrypoints.openai")
@@ -62,7 +63,8 @@ class AsyncEngine:
         engine.stream_text = True
         self.stats = stats                  # ServerStats, told about every finished request
         self._streams: dict[str, _Stream] = {}
-        self._to_add: list[tuple[str, dict, SamplingParams, float]] = []
+        # (request id, prompt, params, arrival, priority, LoRA adapter or None)
+        self._to_add: list[tuple[str, dict, SamplingParams, float, int, LoRARequest | None]] = []
         self._to_abort: list[str] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
@@ -97,13 +99,15 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------
     async def generate(self, request_id: str, prompt: dict, params: SamplingParams, arrival: float,
-                       stream: bool, priority: int = 0) -> AsyncIterator[Update]:
-        """Updates for one request until its final one; leaving early aborts it."""
+                       stream: bool, priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[Update]:
+        """Updates for one request until its final one; leaving early aborts it. `lora_request`: the
+        adapter it runs with (None: the base model)."""
         if not self.serving:
             raise RequestError(f"the engine is not serving now ({self.why_not()})", status=503)
         s = _Stream(params, stream, sent_tokens=[0] * params.n, sent_chars=[0] * params.n)
         self._streams[request_id] = s
-        self._to_add.append((request_id, prompt, params, arrival, priority))
+        self._to_add.append((request_id, prompt, params, arrival, priority, lora_request))
         self._wake.set()
         finished = False
         try:
@@ -181,12 +185,13 @@ class AsyncEngine:
             if aborted is not None and self.stats is not None:
                 self.stats.observe(aborted.metrics, aborted)
         self._to_abort.clear()
-        for request_id, prompt, params, arrival, priority in self._to_add:
+        for request_id, prompt, params, arrival, priority, lora in self._to_add:
             s = self._streams.get(request_id)
             if s is None:          # gone before it was added
                 continue
             try:
-                engine.add_request(request_id, prompt, params, arrival_time=arrival, priority=priority)
+                engine.add_request(request_id, prompt, params, arrival_time=arrival, priority=priority,
+                                   lora_request=lora)
             except ValueError as exc:
                 s.queue.put_nowait(Update([], error=str(exc)))
             except Exception as exc:   # a bug, not the request: a 500, and the loop goes on

@@ -19,6 +19,7 @@ import torch
 
 from engine.deployment import Deployment
 from engine.entrypoints.openai.app import ServerOptions
+from engine.entrypoints.openai.served_models import LoRAModulePath
 from engine.entrypoints.openai.server import make_server
 from engine.llm_engine import LLMEngine
 
@@ -31,8 +32,14 @@ def main(config: dict) -> None:
     deployment = Deployment.of(**config["deployment"])
     engine = LLMEngine(config["folder"], deployment, device=config.get("device", "auto"), seed=config.get("seed", 0))
     options = ServerOptions(**config.get("options", {}))
-    make_server(engine, config["model_name"], config.get("host", "127.0.0.1"), config["port"],
-                config.get("log_level", "warning"), options, config["folder"]).run()
+    lora_modules = [LoRAModulePath(**module) for module in config.get("lora_modules", [])]
+    try:
+        server = make_server(engine, config["model_name"], config.get("host", "127.0.0.1"), config["port"],
+                             config.get("log_level", "warning"), options, config["folder"], lora_modules)
+    except ValueError as exc:      # an adapter the engine cannot serve: the log's last line, which the launcher
+        print(' '.join(str(exc).split()), file=sys.stderr, flush=True)      # reports as the reason
+        sys.exit(1)
+    server.run()
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -47,11 +47,15 @@ def refusal(update: Update) -> RequestError:
     return RequestError(update.error, status=update.status)
 
 
-async def serve_request(state, body, prefix: str, prompt_text, token_ids, params, arrival: float, *, chat: bool):
-    """Submit the request and answer it: one JSON body, or an SSE stream once the engine accepted it."""
+async def serve_request(state, body, prefix: str, prompt_text, token_ids, params, arrival: float, *, chat: bool,
+                        lora=None):
+    """Submit the request and answer it: one JSON body, or an SSE stream once the engine accepted it.
+    `lora`: the LoRARequest it runs with (None: the base model), whose name the answer gives as its model."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
+    model_name = state.models.name_of(lora)
     updates = state.async_engine.generate(request_id, {"prompt_token_ids": token_ids, "prompt": prompt_text},
-                                          params, arrival, stream=body.stream, priority=body.priority)
+                                          params, arrival, stream=body.stream, priority=body.priority,
+                                          lora_request=lora)
     if not body.stream:
         final = None
         async for update in updates:
@@ -60,7 +64,7 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
             final = update.final
         # n = 1,024 answers with logprobs are tens of MB of JSON: built and rendered off the event loop
         rendered = await asyncio.to_thread(lambda: json.dumps(
-            _whole(state, request_id, final, token_ids, params, chat), ensure_ascii=False, allow_nan=False,
+            _whole(model_name, request_id, final, token_ids, params, chat), ensure_ascii=False, allow_nan=False,
             separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
         return Response(rendered, media_type="application/json")
     # Streaming: wait for the request to be accepted or refused before the 200 goes out.
@@ -69,11 +73,11 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
         await updates.aclose()
         raise refusal(first)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    stream = _Stream(state.model_name, request_id, chat, include_usage, params, len(token_ids))
+    stream = _Stream(model_name, request_id, chat, include_usage, params, len(token_ids))
     return StreamingResponse(stream.events(first, updates), media_type="text/event-stream")
 
 
-def _whole(state, request_id: str, final, token_ids, params, chat: bool) -> dict:
+def _whole(model_name: str, request_id: str, final, token_ids, params, chat: bool) -> dict:
     want_top = params.logprobs or 0
     choices = []
     for o in final.outputs:
@@ -86,7 +90,7 @@ def _whole(state, request_id: str, final, token_ids, params, chat: bool) -> dict
                             "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": state.model_name, "choices": choices,
+            "model": model_name, "choices": choices,
             "usage": {"prompt_tokens": len(token_ids), "completion_tokens": completion_tokens,
                       "total_tokens": len(token_ids) + completion_tokens}}
 

@@ -12,6 +12,7 @@ import uvicorn
 
 from engine.entrypoints.http_guard import GuardedH11Protocol
 from engine.entrypoints.openai.app import ServerOptions, build_app
+from engine.entrypoints.openai.served_models import LoRAModulePath
 
 log = logging.getLogger("engine.entrypoints.openai")
 
@@ -44,9 +45,11 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 
 
 def make_server(engine, model_name: str, host: str, port: int, log_level: str = "warning",
-                options: ServerOptions | None = None, tokenizer_folder: str | None = None) -> uvicorn.Server:
+                options: ServerOptions | None = None, tokenizer_folder: str | None = None,
+                lora_modules: list[LoRAModulePath] | None = None) -> uvicorn.Server:
+    """The uvicorn server of the app; `lora_modules` are loaded now (a ValueError for a bad one)."""
     options = options or ServerOptions()
-    app = build_app(engine, model_name, options, tokenizer_folder)
+    app = build_app(engine, model_name, options, tokenizer_folder, lora_modules)
     # No graceful-shutdown timeout: on SIGINT/SIGTERM uvicorn stops accepting,
     # lets every request in flight finish, then the engine loop stops.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
@@ -57,14 +60,17 @@ def make_server(engine, model_name: str, host: str, port: int, log_level: str = 
 
 class BackgroundServer:
     """A real server on a loopback port, run on a thread; ``stop()`` drains it. ``folder``: where the
-    server's tokenizer is loaded from (default: the engine's tokenizer's folder)."""
+    server's tokenizer is loaded from (default: the engine's tokenizer's folder); ``lora_modules``: the LoRA
+    adapters served beside the model (vLLM's --lora-modules)."""
 
     def __init__(self, engine, model_name: str = "model", folder: str | None = None, host: str = "127.0.0.1",
-                 port: int | None = None, startup_timeout: float = 60.0, options: ServerOptions | None = None) -> None:
+                 port: int | None = None, startup_timeout: float = 60.0, options: ServerOptions | None = None,
+                 lora_modules: list[LoRAModulePath] | None = None) -> None:
         self.engine = engine
         self.host = host
         self.port = port or free_port(host)
-        self.server = make_server(engine, model_name, host, self.port, options=options, tokenizer_folder=folder)
+        self.server = make_server(engine, model_name, host, self.port, options=options, tokenizer_folder=folder,
+                                  lora_modules=lora_modules)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + startup_timeout

@@ -1,0 +1,109 @@
+"""The models a server answers to: the base model under its served name, and the LoRA adapters of --lora-modules.
+
+As vLLM's ``OpenAIServingModels`` (vllm/entrypoints/openai/models/serving.py): each ``--lora-modules``
+entry is ``NAME=PATH`` or a JSON object ``{"name", "path", "base_model_name"}`` (vLLM's
+``LoRAModulePath``), its ``lora_int_id`` the next of 1, 2, ... in the order given, and every adapter is
+loaded when the server starts (one that the engine cannot serve stops the start, in the engine's words).
+A request's ``model`` picks what it runs with: the served name (or none) the base model, an adapter's
+name that adapter; any other name is vLLM's 404. ``/v1/models`` lists the base model, then each adapter
+with ``root`` its folder and ``parent`` the base model, as vLLM lists them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from engine.entrypoints.openai.errors import RequestError
+from engine.lora import LoRARequest
+
+MODULE_FIELDS = ("name", "path", "base_model_name")
+SYNTAX = 'NAME=PATH or a JSON object {"name": ..., "path": ...}'
+
+
+@dataclass(frozen=True)
+class LoRAModulePath:
+    """One adapter of --lora-modules (vLLM's fields). ``base_model_name``: the model it adapts; this server
+    serves one, which is every adapter's parent whatever is given (vLLM falls back to its first one too)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_module(item: str) -> LoRAModulePath:
+    """One --lora-modules value, or a ValueError in one line."""
+    text = item.strip()
+    if text.startswith("{"):
+        return _from_json(text)
+    name, sep, path = text.partition("=")
+    if not (sep and name.strip() and path.strip()):
+        raise ValueError(f"--lora-modules {item!r}: give {SYNTAX}")
+    return LoRAModulePath(name.strip(), path.strip())
+
+
+def _from_json(text: str) -> LoRAModulePath:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--lora-modules {text!r} is not valid JSON ({exc}): give {SYNTAX}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--lora-modules {text!r}: give {SYNTAX}")
+    unknown = sorted(set(doc) - set(MODULE_FIELDS))
+    if unknown:
+        raise ValueError(f"--lora-modules {text!r}: unknown field(s) {', '.join(unknown)} (it takes "
+                         f"{', '.join(MODULE_FIELDS)})")
+    for key in ("name", "path"):
+        if not (isinstance(doc.get(key), str) and doc[key].strip()):
+            raise ValueError(f"--lora-modules {text!r}: {key!r} must be a non-empty string")
+    base = doc.get("base_model_name")
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"--lora-modules {text!r}: 'base_model_name' must be a string")
+    return LoRAModulePath(doc["name"].strip(), doc["path"].strip(), base)
+
+
+def parse_lora_modules(items: list[str] | None) -> list[LoRAModulePath]:
+    """Every --lora-modules value, empty ones skipped as vLLM does (ServedModels refuses a name given twice)."""
+    return [parse_lora_module(item) for item in items or [] if item.strip()]
+
+
+class ServedModels:
+    """The served base model and the adapters by name (their LoRARequests, ids 1, 2, ... in order)."""
+
+    def __init__(self, base_name: str, modules: list[LoRAModulePath] | None = None) -> None:
+        self.base_name = base_name
+        self.adapters: dict[str, LoRARequest] = {}
+        for lora_int_id, module in enumerate(modules or [], start=1):
+            if module.name == base_name:
+                raise ValueError(f"--lora-modules: the adapter {module.name!r} has the served model's name; "
+                                 f"give it another (a request's `model` says which one it runs)")
+            if module.name in self.adapters:
+                raise ValueError(f"--lora-modules names the adapter {module.name!r} twice: give each its own name")
+            self.adapters[module.name] = LoRARequest(module.name, lora_int_id, module.path)
+
+    def load(self, engine) -> None:
+        """Load every adapter into the engine now, so a bad folder stops the start (the engine's ValueError,
+        one line) rather than failing the first request that names it."""
+        for lora in self.adapters.values():
+            engine.add_lora(lora)
+
+    def lora_for(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names, None for the base model; vLLM's 404 for any other name."""
+        if model is None or model == self.base_name:
+            return None
+        lora = self.adapters.get(model)
+        if lora is None:
+            raise RequestError(f"The model `{model}` does not exist.", param="model", status=404)
+        return lora
+
+    def name_of(self, lora: LoRARequest | None) -> str:
+        """The `model` a response names: the adapter's, else the served model's (vLLM's model_name())."""
+        return self.base_name if lora is None else lora.lora_name
+
+    def cards(self, created: int, max_model_len: int) -> list[dict]:
+        """/v1/models' entries. The base model's root is its served name (no folder of this machine); an
+        adapter's is the folder it was given as, as vLLM lists it, with no max_model_len of its own."""
+        base = {"id": self.base_name, "object": "model", "created": created, "owned_by": "paged-planner",
+                "root": self.base_name, "parent": None, "max_model_len": max_model_len}
+        return [base] + [{"id": name, "object": "model", "created": created, "owned_by": "paged-planner",
+                          "root": lora.lora_path, "parent": self.base_name, "max_model_len": None}
+                         for name, lora in self.adapters.items()]

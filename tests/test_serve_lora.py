@@ -1,0 +1,278 @@
+"""LoRA adapters over HTTP: `planner serve --enable-lora --lora-modules NAME=PATH ...` and `planner bench
+--lora-modules NAME ...`, as vLLM's server and bench take them.
+
+A request whose `model` is an adapter's name must answer what the in-process engine answers for that
+adapter (tests/test_engine_lora.py checks the engine itself against transformers).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from engine import LLM, LLMEngine, SamplingParams
+from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels, parse_lora_modules
+from engine.entrypoints.openai.server import BackgroundServer
+from engine.lora import LoRARequest
+from lora_helpers import save_adapter
+from planner.bench.client import BenchConfig, request_models
+from planner.cli.app import app
+from serve_helpers import engine_idle, save_byte_model, sse_events, wait_until
+from tiny_models import hf_model
+from workloads import Trace, TraceRequest
+
+MODEL = "tiny"
+LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
+PROMPTS = [[72, 101, 108, 108, 111, 32, 116], [87, 111, 114, 108, 100], [65, 98, 99, 100, 101, 102, 103, 104],
+           [49, 50, 51]]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The byte-level tiny llama and two adapters of another rank and other targets: "sql" (id 1), "chat" (2)."""
+    root = tmp_path_factory.mktemp("serve-lora")
+    folder = save_byte_model(root / "model")
+    base = hf_model(folder)
+    modules = [LoRAModulePath("sql", save_adapter(root / "sql", base, LLAMA_TARGETS, seed=1)),
+               LoRAModulePath("chat", save_adapter(root / "chat", base, ["q_proj", "v_proj", "down_proj"], r=4,
+                                                   alpha=8, seed=2))]
+    return folder, modules
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    folder, modules = setup
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16, **LORA)
+    with BackgroundServer(engine, MODEL, folder, lora_modules=modules) as srv:
+        yield srv
+
+
+def reference(setup) -> dict[str, list[str]]:
+    """Each model name's greedy texts for PROMPTS, from the in-process LLM with that adapter."""
+    folder, modules = setup
+    llm = LLM(folder, block_size=8, num_gpu_blocks=128, **LORA)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    loras = {MODEL: None} | {m.name: LoRARequest(m.name, i, m.path) for i, m in enumerate(modules, start=1)}
+    return {name: [o.outputs[0].text for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                           use_tqdm=False, lora_request=lora)]
+            for name, lora in loras.items()}
+
+
+def complete(server, model: str, prompt, **extra) -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    return httpx.post(f"{server.url}/v1/completions", json=body | extra, timeout=60)
+
+
+def test_each_model_name_runs_its_adapter_as_the_engine_does(server, setup):
+    expected = reference(setup)
+    # the adapters change what the model says, else the comparison proves nothing
+    assert expected["sql"] != expected[MODEL] and expected["chat"] != expected[MODEL]
+    asked = [(name, i) for i in range(len(PROMPTS)) for name in expected]
+    with ThreadPoolExecutor(len(asked)) as pool:     # at once: the steps mix adapters and the base model
+        answers = list(pool.map(lambda job: complete(server, job[0], PROMPTS[job[1]]), asked))
+    for (name, i), answer in zip(asked, answers):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == expected[name][i], (name, i)
+        assert answer.json()["model"] == name          # vLLM answers with the adapter's name
+    streamed = complete(server, "chat", PROMPTS[0], stream=True)
+    chunks = [json.loads(e) for e in sse_events(streamed) if e != "[DONE]"]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected["chat"][0]
+    assert {c["model"] for c in chunks} == {"chat"}
+    assert wait_until(lambda: engine_idle(server.engine))
+
+
+def test_models_lists_the_adapters_with_their_parent(server, setup):
+    _, modules = setup
+    data = httpx.get(f"{server.url}/v1/models").json()["data"]
+    assert [(d["id"], d["root"], d["parent"]) for d in data] == [
+        (MODEL, MODEL, None), ("sql", modules[0].path, MODEL), ("chat", modules[1].path, MODEL)]
+    # ids 1, 2, ... in the order given, every adapter loaded at start
+    assert [lora.lora_int_id for lora in server.state.models.adapters.values()] == [1, 2]
+    assert server.engine.list_loras() == {1, 2}
+
+
+def test_an_unknown_model_is_vllms_404(server):
+    answer = complete(server, "sql2", "hi")
+    assert answer.status_code == 404
+    assert answer.json()["error"] == {"message": "The model `sql2` does not exist.", "type": "NotFoundError",
+                                      "param": "model", "code": 404}
+    chat = httpx.post(f"{server.url}/v1/chat/completions",
+                      json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 404 and chat.json()["error"]["message"] == "The model `nope` does not exist."
+
+
+# -- --lora-modules and start-up refusals ---------------------------------------------------------------
+def test_lora_modules_are_vllms_name_path_pairs_or_json():
+    assert parse_lora_modules(["a=/x/a", "", '{"name": "b", "path": "/x/b", "base_model_name": "m"}']) == [
+        LoRAModulePath("a", "/x/a"), LoRAModulePath("b", "/x/b", "m")]
+    for bad, why in (("a", "give NAME=PATH"), ("=/x", "give NAME=PATH"), ('{"name": "a"', "not valid JSON"),
+                     ('{"name": "a", "path": "/x", "rank": 8}', "unknown field(s) rank"),
+                     ('{"name": "", "path": "/x"}', "'name' must be a non-empty string")):
+        with pytest.raises(ValueError) as caught:
+            parse_lora_modules([bad])
+        assert why in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="names the adapter 'a' twice"):
+        ServedModels(MODEL, [LoRAModulePath("a", "/x"), LoRAModulePath("a", "/y")])
+    with pytest.raises(ValueError, match="has the served model's name"):
+        ServedModels(MODEL, [LoRAModulePath(MODEL, "/x")])
+
+
+def serve(*args) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["serve", "--port", "1", *args])
+    return result.exit_code, result.stderr
+
+
+def test_serve_refuses_bad_lora_flags_in_one_line(setup):
+    folder, modules = setup
+    sql = f"sql={modules[0].path}"
+    code, err = serve("--model", folder, "--lora-modules", sql)
+    assert code == 2 and err == "error: --lora-modules serves LoRA adapters: give --enable-lora too (as vLLM " \
+                                "requires)\n"
+    code, err = serve("--model", folder, "--enable-lora", "--lora-modules", sql, "chat")
+    assert code == 2 and "--lora-modules 'chat': give NAME=PATH" in err and err.count("\n") == 1
+    code, err = serve("--model", folder, "--enable-lora", "--lora-modules", "a=/x", "--lora-modules", "b=/y", "c=/z")
+    assert code == 2 and "not both" in err and err.count("\n") == 1
+    code, err = serve("--model", folder, "stray")
+    assert code == 2 and err == "error: unexpected argument(s): stray\n"
+    # a fleet loads the adapters on every replica, but its prefix-aware proxy cannot score an adapter's blocks
+    code, err = serve("--model", folder, "--enable-lora", "--replicas", "2", "--router", "prefix-aware",
+                      "--port", str(_free_port()), "--lora-modules", sql)
+    assert code == 2 and "the prefix-aware router does not know a request's LoRA adapter" in err
+    assert err.count("\n") == 1
+
+
+def test_serve_refuses_an_adapter_the_engine_cannot_serve_at_start(setup, tmp_path):
+    """The model loads, then the second adapter of `--lora-modules a b` fails: the engine's words, one line."""
+    folder, modules = setup
+    wide = save_adapter(tmp_path / "wide", hf_model(folder), LLAMA_TARGETS, r=16)
+    code, err = serve("--model", folder, "--enable-lora", "--max-lora-rank", "8", "--device", "cpu",
+                      "--port", str(_free_port()), "--lora-modules", f"sql={modules[0].path}", f"wide={wide}")
+    # (after the "loading MODEL ..." line)
+    assert code == 2 and err.splitlines()[:-1] == [f"loading {folder} ..."] and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("error: LoRA adapter 'wide'") and "LoRA rank 16 is greater than max_lora_rank 8" in last
+    code, err = serve("--model", folder, "--enable-lora", "--device", "cpu", "--port", str(_free_port()),
+                      "--lora-modules", f"gone={tmp_path / 'gone'}")
+    last = err.splitlines()[-1]
+    assert code == 2 and last.startswith("error: LoRA adapter 'gone'") and "no such folder" in last
+
+
+def _free_port() -> int:
+    from engine.entrypoints.openai.server import free_port
+    return free_port()
+
+
+# -- bench ------------------------------------------------------------------------------------------------
+def trace_of(loras: list[int]) -> Trace:
+    return Trace([TraceRequest(request_id=f"r{i}", arrival_time=0.0, prompt_len=4, output_len=2, lora=k)
+                  for i, k in enumerate(loras)])
+
+
+def test_bench_picks_each_requests_name_as_vllm_bench_does():
+    names = ("a", "b", "c")
+    plain = trace_of([0] * 7)
+    config = BenchConfig("http://x", lora_modules=names, seed=5)
+    draw = random.Random(5)
+    assert request_models(plain, config) == [draw.choice(names) for _ in range(7)]     # vLLM's random.choice
+    robin = BenchConfig("http://x", lora_modules=names, lora_assignment="round-robin")
+    assert request_models(plain, robin) == ["a", "b", "c", "a", "b", "c", "a"]
+    assert request_models(plain, BenchConfig("http://x")) == [None] * 7                # the base model
+    # a trace's own adapters win: lora k is the k-th name, 0 the base model
+    assert request_models(trace_of([2, 0, 1, 3]), config) == ["b", None, "a", "c"]
+
+
+@pytest.mark.parametrize("loras, config, why", [
+    ([1, 3], {"lora_modules": ("a", "b")}, "run LoRA adapter 3, but --lora-modules names 2"),
+    ([1], {}, "name them with --lora-modules"),
+    ([1], {"lora_modules": ("a",), "lora_assignment": "random"}, "this trace's requests carry their own"),
+])
+def test_bench_refuses_adapters_it_cannot_name(loras, config, why):
+    with pytest.raises(ValueError) as caught:
+        request_models(trace_of(loras), BenchConfig("http://x", **config))
+    assert why in str(caught.value)
+    with pytest.raises(ValueError, match="give them too"):
+        BenchConfig("http://x", lora_assignment="round-robin")
+    with pytest.raises(ValueError, match="choose one of random, round-robin"):
+        BenchConfig("http://x", lora_modules=("a",), lora_assignment="zipf")
+
+
+def bench(server, out, *args):
+    return CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "random", "-p", "input_len=6",
+                                    "-p", "output_len=2", "--requests", "6", "--prompt-format", "tokens",
+                                    "--out", str(out), "--json", *args])
+
+
+def test_bench_sends_each_requests_adapter_to_the_server(server, tmp_path):
+    own = bench(server, tmp_path / "own", "-p", "loras=2", "-p", "lora_assignment=round-robin",
+                "--lora-modules", "sql", "chat")
+    assert own.exit_code == 0, own.output
+    assert json.loads(own.stdout)["num_completed"] == 6
+    rows = list(csv.DictReader((tmp_path / "own" / "requests.csv").open()))
+    assert [r["model"] for r in rows] == ["sql", "chat"] * 3
+    robin = bench(server, tmp_path / "robin", "--lora-modules", "chat", MODEL, "sql", "--lora-assignment",
+                  "round-robin")
+    assert robin.exit_code == 0, robin.output
+    doc = json.loads(robin.stdout)
+    assert doc["num_completed"] == 6 and doc["lora_modules"] == ["chat", MODEL, "sql"]
+    rows = list(csv.DictReader((tmp_path / "robin" / "requests.csv").open()))
+    assert [r["model"] for r in rows] == ["chat", MODEL, "sql"] * 2
+    short = bench(server, tmp_path / "short", "-p", "loras=3", "-p", "lora_assignment=round-robin",
+                  "--lora-modules", "sql", "chat")
+    assert short.exit_code == 2 and short.stderr.count("\n") == 1
+    assert "run LoRA adapter 3, but --lora-modules names 2" in short.stderr
+    assert wait_until(lambda: engine_idle(server.engine))
+
+
+@pytest.mark.slow
+def test_a_fleet_serves_the_adapters_on_every_replica(setup):
+    """`planner serve --replicas 2 --lora-modules ...`: each replica loads the adapters, the proxy forwards a
+    request's `model`, and an adapter that cannot be served stops the fleet's start in one line."""
+    import signal
+    import subprocess
+    import sys
+
+    folder, modules = setup
+    planner = [sys.executable, "-c", "from planner.cli.app import main; main()"]
+    port = _free_port()
+    fleet = subprocess.Popen([*planner, "serve", "--model", folder, "--replicas", "2", "--port", str(port),
+                              "--device", "cpu", "--enable-lora", "--max-lora-rank", "8", "--lora-modules",
+                              *(f"{m.name}={m.path}" for m in modules)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _answers(url + "/health"), timeout=180)
+        assert [d["id"] for d in httpx.get(url + "/v1/models").json()["data"]] == [folder, "sql", "chat"]
+        expected = reference(setup)
+        for name in ("sql", "chat", folder):       # round-robin: each name on both replicas over two prompts
+            for i in (0, 1):
+                body = {"model": name, "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS, "temperature": 0,
+                        "ignore_eos": True}
+                answer = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+                assert answer["choices"][0]["text"] == expected.get(name, expected[MODEL])[i]
+    finally:
+        fleet.send_signal(signal.SIGTERM)      # drains the proxy, then every replica
+        try:
+            fleet.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            fleet.kill()
+    bad = subprocess.run([*planner, "serve", "--model", folder, "--replicas", "2", "--port", str(_free_port()),
+                          "--device", "cpu", "--enable-lora", "--lora-modules", f"gone={folder}/gone"],
+                         capture_output=True, text=True, timeout=180)
+    assert bad.returncode == 2
+    assert re.match(r"error: replica \d exited while starting: LoRA adapter 'gone' .*: no such folder",
+                    bad.stderr.splitlines()[-1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
