@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from engine.core.block_manager import ROOT_HASH, BlockManager, block_key, chained_hashes
+from engine.core.block_keys import ROOT_HASH, block_key, chained_hashes
+from engine.core.block_manager import BlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id

@@ -11,7 +11,7 @@ import math
 import httpx
 import pytest
 
-from engine.core.block_manager import prompt_block_hashes
+from engine.core.block_keys import prompt_block_hashes
 from engine.core.routing import parse_policy
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.router import prometheus

@@ -27,7 +27,7 @@ it is kept to measure how much vLLM's conservative heuristic costs.
 from __future__ import annotations
 
 
-from engine.core.block_keys import ROOT_HASH, block_key, cache_root, chained_hashes, prompt_block_hashes  # noqa: F401
+from engine.core.block_keys import block_key, chained_hashes
 from engine.core.block_pool import BlockPool
 from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus

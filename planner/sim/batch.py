@@ -48,7 +48,8 @@ from itertools import chain, repeat
 from operator import add, attrgetter
 from typing import NamedTuple
 
-from engine.core.block_manager import BlockManager, _blocks_for, block_key
+from engine.core.block_keys import block_key
+from engine.core.block_manager import BlockManager, _blocks_for
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.kv_allocator import AllocStatus
 from engine.core.metrics import StepRecord

@@ -29,7 +29,7 @@ there a freed block with a key waits behind those without one, so registering ch
 """
 from __future__ import annotations
 
-from engine.core.block_manager import chained_hashes
+from engine.core.block_keys import chained_hashes
 from engine.core.chunked_scheduler import VllmBlockManager
 from engine.core.sequence import Sequence
 
