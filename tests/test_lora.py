@@ -268,3 +268,20 @@ def test_a_calibrated_profile_with_adapters_prices_them_and_one_without_is_refus
     damaged = profile.model_copy(update={"lora_rank": None})
     with pytest.raises(PlannerError, match="a LoRA fit and lora_rank come together"):
         load_profile(save_profile(damaged, tmp_path / "damaged.json"))
+
+
+def test_an_adapter_not_in_the_slots_is_loaded_evicting_the_least_recently_used():
+    sched = scheduler(max_loras=2)
+    loads = [sched.activate_loras([group("1", lora) for lora in step])[1]
+             for step in ([1], [1, 2], [2], [3, 2], [1], [0])]
+    # 1 and 2 loaded; 2 alone only touches it; 3 evicts 1, used least recently; 1 comes back and evicts 2 (the
+    # step of 3 used 2 first, in id order); the base model needs no slot
+    assert loads == [1, 1, 0, 1, 1, 0]
+    assert list(sched.lora_slots) == [3, 1]
+
+
+def test_a_load_is_priced_as_a_slot_copied_over_the_host_link():
+    model, gpu = resolve_model(LLAMA_8B), resolve_gpu("h100")
+    pricer = LoraPricer(model, gpu, tp=1, rank=16, floor_s=3e-6)
+    assert pricer.load_seconds(0) == 0.0
+    assert pricer.load_seconds(2) == pytest.approx(2 * 80 * 2**20 / gpu.host_link_bandwidth)

@@ -199,6 +199,8 @@ class ChunkedScheduler(Scheduler):
         # apart, as vLLM's preempted_queries and preempted_hits, and is not in its hit rate.
         self.prefix_queried_tokens = self.prefix_hit_tokens = 0
         self.preempted_queried_tokens = self.preempted_hit_tokens = 0
+        # LoRA: the adapters in the GPU's slots, least recently used first (activate_loras)
+        self.lora_slots: OrderedDict[int, None] = OrderedDict()
 
     def schedule(self, now: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -223,7 +225,7 @@ class ChunkedScheduler(Scheduler):
                               rejected=rejected, truncated=truncated, num_scheduled_tokens=counts,
                               spec_token_ids=spec or None)
         if self.config.max_loras is not None:
-            out.lora_adapters = len({group.lora_id for group in groups if group.lora_id})
+            out.lora_adapters, out.lora_loads = self.activate_loras(groups)
         out.token_split = split_tokens(out)      # before update moves the computed counts
         return out
 
@@ -347,6 +349,22 @@ class ChunkedScheduler(Scheduler):
         if self.config.max_loras is None:
             return None
         return {group.lora_id for group in self.running if group.lora_id}
+
+    def activate_loras(self, groups) -> tuple[int, int]:
+        """The step's adapters into the GPU's max_loras slots, as the engine holds them (vLLM's LRU of active
+        adapters; engine/lora.py LoRAManager): the step's adapters in id order, each one not in a slot loaded
+        into it, the least recently used evicted. (adapters in the step, adapters loaded for it)."""
+        ids = sorted({group.lora_id for group in groups if group.lora_id})
+        slots, loads = self.lora_slots, 0
+        for lora_id in ids:
+            if lora_id in slots:
+                slots.move_to_end(lora_id)
+                continue
+            if len(slots) >= self.config.max_loras:
+                slots.popitem(last=False)
+            slots[lora_id] = None
+            loads += 1
+        return len(ids), loads
 
     def lora_passes_over(self, group: SequenceGroup, loras: set[int] | None) -> bool:
         """vLLM's max_loras check: a waiting request of an adapter not yet in the step, when max_loras adapters

@@ -101,8 +101,10 @@ class SchedulerOutput:
     # its uncomputed tokens (and counted in ``num_scheduled_tokens`` and ``num_batched_tokens``);
     # None when nothing is speculated. Its sample is then the accepted drafts and one more token.
     spec_token_ids: dict[int, list[int]] | None = None
-    # LoRA: the distinct adapters the step's requests run (vLLM's active LoRAs; 0 without LoRA)
+    # LoRA: the distinct adapters the step's requests run (vLLM's active LoRAs; 0 without LoRA), and of those
+    # how many were not in the GPU's slots and are loaded into one for it
     lora_adapters: int = 0
+    lora_loads: int = 0
 
     def scheduled_tokens(self) -> list[int]:
         """Per sequence of ``seqs``, the tokens it computes this step."""

@@ -15,8 +15,11 @@ the layer's output) kernels (vllm/lora/ops/triton_ops: lora_shrink, lora_expand)
 every adapter in the step. Each is priced as a roofline kernel: the larger of its bytes over the memory
 bandwidth and its FLOPs over the 16-bit peak, plus a fixed time per kernel (the measured model's fitted
 elementwise floor, aiconfigurator's mem_empirical_constant_latency). No vLLM LoRA run was measured for
-this project: the terms are `roofline`, not fitted. Not priced: loading an adapter into a slot (a copy
-from the CPU cache when a step needs one not in the GPU's slots) and the per-step LoRA metadata on the host.
+this project: the terms are `roofline`, not fitted. A step that needs an adapter not in the GPU's slots
+first copies it into one (vLLM keeps its adapters in a CPU cache, pinned, and its max_loras slots as an LRU):
+a slot's bytes over the GPU's host link (`load_seconds`; the scheduler tracks the slots,
+ChunkedScheduler.activate_loras). Not priced: reading an adapter from disk the first time and the per-step
+LoRA metadata on the host.
 """
 from __future__ import annotations
 
@@ -80,6 +83,14 @@ class LoraPricer:
     floor_s: float
     dtype_bytes: int = 2
 
+    def load_seconds(self, loads: int) -> float:
+        """Copying `loads` adapters into GPU slots from the host (vLLM's CPU cache of adapters, pinned): a slot's
+        bytes at the max rank (an adapter's own rank may be lower) over the GPU's host link."""
+        if not loads:
+            return 0.0
+        slot = lora_slot_bytes(self.model, self.tp, self.rank, self.dtype_bytes)
+        return loads * slot / self.gpu.host_link_bandwidth
+
     def seconds(self, tokens: int, adapters: int) -> float:
         if not adapters or not tokens:
             return 0.0
@@ -118,7 +129,8 @@ class LoraCost:
         return getattr(self.inner, name)
 
     def step_time(self, shape) -> float:
-        return self.inner.step_time(shape) + self.pricer.seconds(shape.total_tokens, shape.lora_adapters)
+        return (self.inner.step_time(shape) + self.pricer.seconds(shape.total_tokens, shape.lora_adapters)
+                + self.pricer.load_seconds(shape.lora_loads))
 
     def ledger(self, shape) -> Ledger:
         return with_lora_term(self.inner.ledger(shape), self.pricer, shape.total_tokens, shape.lora_adapters)

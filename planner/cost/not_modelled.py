@@ -51,9 +51,9 @@ def not_modelled(cost_model: str, block_size: int, enable_prefix_caching: bool =
         notes.append("deepep_high_throughput: vLLM runs every step without CUDA graphs (none padded); the CPU's "
                      "kernel launches that graphs would hide are not priced, so small decode steps come out short")
     if "+ LoRA roofline" in cost_model:
-        notes.append("LoRA: the adapters' shrink and expand kernels priced from their bytes and FLOPs (no vLLM LoRA "
-                     "run was measured); loading an adapter into a GPU slot and the host's per-step LoRA metadata "
-                     "are not priced")
+        notes.append("LoRA: the adapters' shrink and expand kernels priced from their bytes and FLOPs, an adapter's "
+                     "load into a GPU slot from its bytes over the host link (no vLLM LoRA run was measured); "
+                     "reading an adapter from disk and the host's per-step LoRA metadata are not priced")
     if enable_prefix_caching:
         notes.append("prefix caching: hashing and lookup cost on the host is not priced")
     if preemption_mode == "swap":

@@ -40,6 +40,7 @@ class StepShape:
     draft_tokens: int = 0
     draft_keys: int = 0
     lora_adapters: int = 0         # LoRA adapters the step's requests run (planner/cost/lora.py prices them)
+    lora_loads: int = 0            # of those, the ones loaded into a GPU slot for this step
 
     @property
     def total_tokens(self) -> int:
@@ -109,7 +110,7 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
     if out.num_scheduled_tokens is not None:
         shape = mixed_step_shape(out.seqs, out.num_scheduled_tokens, swap, copies, histogram)
         if out.lora_adapters:
-            shape.lora_adapters = out.lora_adapters
+            shape.lora_adapters, shape.lora_loads = out.lora_adapters, out.lora_loads
         return shape
     if out.is_prefill:
         tokens = pairs = 0

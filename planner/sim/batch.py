@@ -444,6 +444,8 @@ class DecodeBatch:
         else:
             self._take(step + 1, plan.takes)
         num = len(self.members)
+        if self.loras:       # each step ran the members' adapters: in the slots, most recently used
+            self.scheduler.activate_loras([m.group for m in self.members])
         pool.num_token_states = plan.token_states + steps * num
         self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
@@ -639,7 +641,8 @@ class DecodeBatch:
         ended += truncated
         shape = self._mixed_shape(seqs, counts)
         if self.loras is not None:       # the members' adapters and the admitted requests'
-            shape.lora_adapters = len(self.loras.keys() | {g.lora_id for g in groups if g.lora_id})
+            shape.lora_adapters, shape.lora_loads = self.scheduler.activate_loras(
+                [m.group for m in self.members] + groups)
         memory = self.allocator.memory_breakdown()
         record = StepRecord(now, now, False, num + len(groups), num + len(seqs), shape.prefill_tokens,
                             shape.decode_seqs,
