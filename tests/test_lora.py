@@ -28,6 +28,7 @@ from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.profile.fit import fit_component
 from planner.profile.schema import Measurement, load_profile, save_profile
+from planner.validation.external import EndpointReading, _adapters_for
 from test_calibrated import make_profile, synthetic_measurements
 from workloads import Trace, make_trace
 from workloads.errors import TraceError
@@ -285,3 +286,14 @@ def test_a_load_is_priced_as_a_slot_copied_over_the_host_link():
     pricer = LoraPricer(model, gpu, tp=1, rank=16, floor_s=3e-6)
     assert pricer.load_seconds(0) == 0.0
     assert pricer.load_seconds(2) == pytest.approx(2 * 80 * 2**20 / gpu.host_link_bandwidth)
+
+
+def test_an_endpoint_validation_sends_the_traces_adapters_under_the_servers_names():
+    trace = make_trace("alpaca", num_requests=30, rate=1.0, loras=2)
+    server = EndpointReading({}, {}, adapters=("sql", "chat", "spare"))
+    assert _adapters_for(trace, server, {"enable_lora": True}) == ("sql", "chat")
+    assert _adapters_for(make_trace("alpaca", num_requests=5, rate=1.0), server, {}) == ()
+    with pytest.raises(PlannerError, match="give --enable-lora"):
+        _adapters_for(trace, server, {})
+    with pytest.raises(PlannerError, match="adapters 1 to 2, and the server lists 1"):
+        _adapters_for(trace, EndpointReading({}, {}, adapters=("sql",)), {"enable_lora": True})

@@ -17,8 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import LLM, LLMEngine, SamplingParams
+from engine.core.block_keys import prompt_block_hashes
+from engine.core.routing import parse_policy
 from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels, parse_lora_modules
 from engine.entrypoints.openai.server import BackgroundServer
+from engine.entrypoints.router.proxy import Proxy
 from engine.lora import LoRARequest
 from lora_helpers import save_adapter
 from planner.bench.client import BenchConfig, request_models
@@ -142,11 +145,6 @@ def test_serve_refuses_bad_lora_flags_in_one_line(setup):
     assert code == 2 and "not both" in err and err.count("\n") == 1
     code, err = serve("--model", folder, "stray")
     assert code == 2 and err == "error: unexpected argument(s): stray\n"
-    # a fleet loads the adapters on every replica, but its prefix-aware proxy cannot score an adapter's blocks
-    code, err = serve("--model", folder, "--enable-lora", "--replicas", "2", "--router", "prefix-aware",
-                      "--port", str(_free_port()), "--lora-modules", sql)
-    assert code == 2 and "the prefix-aware router does not know a request's LoRA adapter" in err
-    assert err.count("\n") == 1
 
 
 def test_serve_refuses_an_adapter_the_engine_cannot_serve_at_start(setup, tmp_path):
@@ -276,3 +274,18 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_fleets_prefix_aware_proxy_scores_a_prompt_under_its_adapters_block_keys():
+    """A replica keys an adapter's blocks apart from the base model's; the proxy maps a request's `model` to the
+    adapter's id (as the replicas number --lora-modules) and looks the prompt up under those keys."""
+    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, loras={"sql": 1, "chat": 2})
+    prompt = list(range(100, 164))
+    body = json.dumps({"model": "chat", "prompt": prompt}).encode()
+    assert proxy.read(body)[1] == (prompt, 2)
+    assert proxy.read(json.dumps({"model": "base", "prompt": prompt}).encode())[1] == (prompt, 0)
+    a, b = proxy.replicas
+    a.held = set(prompt_block_hashes(prompt, 16))                 # the base model's blocks of the prompt
+    b.held = set(prompt_block_hashes(prompt, 16, lora_id=2))      # adapter 2's
+    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=2) is b
+    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=0) is a

@@ -129,11 +129,6 @@ def serve(
         if log_level not in LOG_LEVELS:
             raise PlannerError(f"--log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
         policy = fleet_policy(replicas, router, deployment)
-        if modules and policy is not None and policy.uses_prefix:
-            # the proxy hashes a prompt's blocks as the base model's, while a replica keys an adapter's apart
-            raise PlannerError("the prefix-aware router does not know a request's LoRA adapter, so it would score "
-                               "the wrong cached blocks: with --lora-modules route by round-robin, "
-                               "least-requests or least-kv")
         probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
         if replicas is not None:
             return _serve_fleet(deployment, replicas, policy, options, name, host, port, device,

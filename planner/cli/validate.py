@@ -225,7 +225,7 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
         def profile_around(block_size: int):
             from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
             return ProfileAround.quick(base.gpu, base.model, block_size, folder / "profile.json",
-                                       say=lambda line: err.print(line, highlight=False, markup=False))
+                                       say=lambda line: err.print(line, highlight=False, markup=False), lora=given)
         err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
         result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name,

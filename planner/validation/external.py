@@ -72,6 +72,7 @@ class EndpointReading:
     models: dict
     preemptions: float | None = None
     threads: int | None = None
+    adapters: tuple[str, ...] = ()     # its LoRA adapters, as /v1/models lists them (entries with a parent)
 
 
 def read_endpoint_settings(endpoint: str, timeout: float = 10.0) -> EndpointReading:
@@ -97,13 +98,16 @@ def read_endpoint_settings(endpoint: str, timeout: float = 10.0) -> EndpointRead
     except (httpx.HTTPError, ValueError, OverflowError):
         pass   # not every server exposes /metrics, nor a page that makes sense
     models: dict = {}
+    adapters: tuple[str, ...] = ()
     try:
-        entry = httpx.get(base + "/models", timeout=timeout).json()["data"][0]
-        if entry.get("max_model_len"):
-            models["max_model_len"] = entry["max_model_len"]
+        data = httpx.get(base + "/models", timeout=timeout).json()["data"]
+        if data[0].get("max_model_len"):
+            models["max_model_len"] = data[0]["max_model_len"]
+        # vLLM lists the base model, then each LoRA adapter with its base model as `parent`, in id order
+        adapters = tuple(str(entry["id"]) for entry in data[1:] if entry.get("parent"))
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         pass   # a list not shaped as vLLM's: the settings it would give stay unknown
-    return EndpointReading(metrics, models, preemptions, threads)
+    return EndpointReading(metrics, models, preemptions, threads, adapters)
 
 
 def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], measured: dict, kernels: str,
@@ -138,6 +142,23 @@ def torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
+def _adapters_for(trace: Trace, reading: EndpointReading, settings: dict) -> tuple[str, ...]:
+    """The names to send a trace's LoRA adapters under: the server's, in its /v1/models order (adapter k the
+    k-th, as the server numbers them); () for a trace without adapters. Refused in one line when the server
+    lists too few, or the deployment was not said to serve them."""
+    top = max((r.lora for r in trace.requests), default=0)
+    if not top:
+        return ()
+    if not settings.get("enable_lora"):
+        raise PlannerError("the trace's requests run LoRA adapters: give --enable-lora, --max-loras and "
+                           "--max-lora-rank as the server runs them")
+    if len(reading.adapters) < top:
+        raise PlannerError(f"the trace's requests run LoRA adapters 1 to {top}, and the server lists "
+                           f"{len(reading.adapters)} (/v1/models entries with a parent): serve as many, or give "
+                           f"-p loras={len(reading.adapters)}")
+    return reading.adapters[:top]
+
+
 def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, served_model: str | None = None,
                       progress=None, profile_around=None) -> tuple[Validation, dict[str, str]]:
     """`planner bench` replays the spec's trace against the endpoint; the simulator runs it with the
@@ -156,7 +177,8 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
         with torch_threads(reading.threads):    # the profile times the engine as the server runs it
             fresh.before_run()
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
-                                              max_concurrency=spec.concurrency), progress)
+                                              max_concurrency=spec.concurrency,
+                                              lora_modules=_adapters_for(trace, reading, settings)), progress)
     if fresh is not None:
         with torch_threads(reading.threads):
             spec = replace(spec, profile=str(fresh.after_run()))

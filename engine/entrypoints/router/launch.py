@@ -115,10 +115,12 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
                  tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY,
-                 probes: dict | None = None, api_key: str | None = None) -> uvicorn.Server:
+                 probes: dict | None = None, api_key: str | None = None,
+                 loras: dict[str, int] | None = None) -> uvicorn.Server:
     """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own;
-    `api_key`: the replicas' --api-key, which the proxy sends only on its own reads of their KV events."""
-    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, **(probes or {}))
+    `api_key`: the replicas' --api-key, which the proxy sends only on its own reads of their KV events;
+    `loras`: the replicas' LoRA adapters, name -> lora_int_id."""
+    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, loras=loras, **(probes or {}))
     config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="on", timeout_keep_alive=30, http=GuardedH11Protocol)
     return uvicorn.Server(config)
@@ -131,6 +133,11 @@ def _max_body(configs: list[dict]) -> int:
 
 def _api_key(configs: list[dict]) -> str | None:
     return configs[0].get("options", {}).get("api_key")
+
+
+def _loras(configs: list[dict]) -> dict[str, int]:
+    """The replicas' adapters by name, numbered as each replica numbers them (1, 2, ... in the order given)."""
+    return {module["name"]: i for i, module in enumerate(configs[0].get("lora_modules", ()), 1)}
 
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
@@ -147,7 +154,7 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         server = proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                              _max_body(configs), probes, _api_key(configs))
+                              _max_body(configs), probes, _api_key(configs), _loras(configs))
         watch = ExitWatch(replicas, server, say)
         watch.start()
         server.run()

@@ -98,8 +98,11 @@ class Proxy:
 
     def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None, *,
                  probe_period: float = PROBE_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
-                 probe_failures: int = PROBE_FAILURES, api_key: str | None = None) -> None:
+                 probe_failures: int = PROBE_FAILURES, api_key: str | None = None,
+                 loras: dict[str, int] | None = None) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
+        # the replicas' LoRA adapters, name -> id: a request's `model` says whose prefix-cache keys its prompt has
+        self.loras = dict(loras or {})
         # the key goes only on the router's own reads of the replicas' KV events, never on a client's request
         self.router = LiveRouter(policy, self.replicas, block_size,
                                  {"authorization": f"Bearer {api_key}"} if api_key else None)
@@ -111,13 +114,14 @@ class Proxy:
         self.watchers: list[asyncio.Task] = []
 
     def read(self, raw: bytes) -> tuple:
-        """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and its
-        prompt's token ids for the router."""
+        """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and what
+        the router scores of it: its prompt's token ids and its LoRA adapter's id (0: the base model)."""
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            return None, []
-        return body, self.token_ids(body)
+            return None, ([], 0)
+        model = body.get("model") if isinstance(body, dict) else None
+        return body, (self.token_ids(body), self.loras.get(model, 0) if isinstance(model, str) else 0)
 
     def token_ids(self, body) -> list[int]:
         """The prompt's leading token ids as the replica will see them (for prefix scoring only; [] if
@@ -148,9 +152,9 @@ class Proxy:
         ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
-    async def pick(self, token_ids: list[int], failed: list[Replica] | tuple = ()) -> Replica | None:
-        """The policy's replica for a prompt among those up, but for the ones that `failed` it already (None
-        when none is left)."""
+    async def pick(self, prompt: tuple[list[int], int], failed: list[Replica] | tuple = ()) -> Replica | None:
+        """The policy's replica for a prompt (its token ids and adapter) among those up, but for the ones that
+        `failed` it already (None when none is left)."""
         others = [r for r in self.replicas if r not in failed]
         if not others:
             return None
@@ -159,7 +163,9 @@ class Proxy:
         up = [r for r in others if r.up]
         if not up:
             return None
-        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed)))
+        token_ids, lora_id = prompt
+        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed),
+                                                    lora_id=lora_id))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -175,13 +181,13 @@ class Proxy:
             return Response(status_code=CLIENT_LEFT)
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
-        body, token_ids = await asyncio.to_thread(self.read, raw)     # a 16 MiB body: not on the event loop
-        replica = await self.pick(token_ids)
+        body, prompt = await asyncio.to_thread(self.read, raw)     # a 16 MiB body: not on the event loop
+        replica = await self.pick(prompt)
         if replica is None:
             return error("no replica is up: " + "; ".join(_stopped_answering(r) for r in self.replicas), 503,
                          "ServiceUnavailableError")
         streamed = isinstance(body, dict) and bool(body.get("stream"))
-        exchange = asyncio.ensure_future(self._exchange(replica, token_ids, request.url.path, raw, headers,
+        exchange = asyncio.ensure_future(self._exchange(replica, prompt, request.url.path, raw, headers,
                                                         streamed))
         leaving = asyncio.ensure_future(_disconnected(request))
         try:
@@ -195,7 +201,7 @@ class Proxy:
         exchange.cancel()
         return Response(status_code=CLIENT_LEFT)
 
-    async def _exchange(self, replica: Replica, token_ids: list[int], path: str, raw: bytes, headers,
+    async def _exchange(self, replica: Replica, prompt: tuple[list[int], int], path: str, raw: bytes, headers,
                         streamed: bool) -> Response:
         """Send the request to `replica` (to another while they fail before answering) and relay the answer:
         a stream as it comes, a whole answer once read."""
@@ -217,7 +223,7 @@ class Proxy:
                     return error("; ".join(reasons + [self._failed(replica, exc)]), 502)
                 holding = None                   # released above: a client leaving during the pick owes none
                 failed.append(replica)
-                replica = await self.pick(token_ids, failed)
+                replica = await self.pick(prompt, failed)
                 if replica is None:
                     return error("; ".join(reasons), 502)    # every replica up failed it, each named
                 failed[-1].retried += 1
