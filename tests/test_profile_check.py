@@ -225,7 +225,7 @@ def test_validate_cli_reprofiles_a_stale_profile_by_itself(tiny, tmp_path, monke
     class Along:          # stands in for the quick profile timed along the live run
         timeline = None
 
-        def __init__(self, gpu, model, block_size, path, span_s, say):
+        def __init__(self, gpu, model, block_size, path, span_s, say, lora=None):
             calls.append((block_size, span_s))
 
         def before_run(self):
