@@ -523,3 +523,25 @@ def _ready_line(process) -> str:
         if "replicas ready" in line:
             return line.strip()
     raise AssertionError("serve never said its replicas were ready")
+
+
+def test_a_fleet_serving_lora_adapters_routes_each_prompt_by_its_adapters_blocks_live_and_simulated(
+        llama_dir, tmp_path):
+    # The prefix trace's requests over 2 adapters: a prompt's cached blocks are its adapter's, so prefix-aware
+    # routing follows (prefix, adapter) pairs, on the live replicas (random adapters loaded on each) as simulated.
+    from engine.deployment import Deployment
+    from planner.validation.fleet import validate_fleet
+    from planner.validation.spec import ValidationSpec
+    from workloads import make_trace
+    path = tmp_path / "prefix-lora.jsonl"
+    make_trace("prefix", num_requests=12, rate=math.inf, num_prefixes=2, prefix_len=32, seed=1, loras=2,
+               lora_assignment="round-robin").retimed(arrival="constant", rate=0.5, seed=1).save(path)
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=16, enable_prefix_caching=True,
+                            enable_lora=True, max_loras=2, max_lora_rank=8)
+    spec = ValidationSpec(deployment, workload=str(path), rate=math.inf, requests=12, length_scale=1.0,
+                          max_prompt_len=64, max_output_len=4, seeds=0, kv_cache_memory_bytes=1 << 22)
+    result = validate_fleet(spec, 2, parse_policy("prefix-aware"), cost_model=ConstantCost())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 12
+    assert result.live.routes == result.sim.fleet.routes
+    assert result.live.prefix_cache_hit_rate == pytest.approx(result.sim.prefix_cache_hit_rate)
+    assert result.live.prefix_cache_hit_rate > 0.3

@@ -28,7 +28,8 @@ from planner.profile.speed import SpeedLevel
 from planner.sim.engine import SimResult
 from planner.sim.fleet import simulate_fleet
 from planner.validation.fleet_live import LiveFleet, run_live_fleets
-from planner.validation.run import check_device, live_limits, live_setup, load_cost_model, trusted_profile
+from planner.validation.run import (check_adapters, check_device, live_limits, live_setup, load_cost_model,
+                                   lora_check, trusted_profile)
 from planner.validation.spec import ValidationSpec
 
 # Relative error allowed per fleet metric (issue 25); None: reported, not judged.
@@ -105,17 +106,19 @@ def validate_fleets(spec: ValidationSpec, replicas: int, policies: list[RouterPo
     folder, model = model_folder(spec.deployment.model)
     gpu = resolve_gpu(spec.deployment.gpu)
     trace = spec.trace()
+    check_adapters(spec, trace)
     fresh, note = None, "given"
     if cost_model is None:
         check = None
         if not reprofile:
             cost_model, check = trusted_profile(spec, refuse_stale=reprofile is False, say=say)
+            check = lora_check(spec, cost_model, check, refuse=reprofile is False)
             note = check.headline()
         if reprofile or check.status == "stale":
             from planner.profile.along import profile_for_live_run  # torch: only a re-profiling run needs it
             fresh = profile_for_live_run(spec.deployment.gpu, spec.deployment.model, spec.deployment.block_size,
                                          profile_out or Path("profile.json"), span_s=trace.stats()["duration"],
-                                         say=say)
+                                         say=say, lora=spec.deployment)
     device, dtype, probe = live_setup(gpu, cost_model, fresh)
     lives = run_live_fleets(trace, folder, spec, replicas, policies, device=device, dtype=dtype, profiler=fresh,
                             progress=progress, speed_probe=probe)

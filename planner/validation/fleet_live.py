@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.routing import BaseRouter, RouterPolicy, leading_held
 from planner.sim.speculative import spec_step_shape
-from planner.validation.live import _warm_up
+from planner.validation.live import _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
 
@@ -187,8 +188,9 @@ class FleetReplay:
     arrival time), each stamped with the time it is sent."""
 
     def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
-                 spec: ValidationSpec, between_steps=None, progress=None) -> None:
+                 spec: ValidationSpec, between_steps=None, progress=None, loras: dict | None = None) -> None:
         self.trace, self.replicas, self.shapes, self.seed = trace, replicas, shapes, spec.seed
+        self.loras = loras or {}               # the trace's LoRA adapters by id, loaded on every replica
         self.router = ReplayRouter(policy, replicas, spec.deployment.block_size)
         self.vocab = replicas[0].engine.runner.vocab_size
         self.between_steps, self.progress = between_steps, progress
@@ -235,13 +237,14 @@ class FleetReplay:
 
     def _route(self, req, at: float) -> None:
         tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
-        chosen = self.router.pick(tokens, at)
+        chosen = self.router.pick(tokens, at, req.lora)
         replica = self.replicas[chosen]
         if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
             replica.free_at = replica.clock.base = max(replica.free_at, at)
         replica.routed += 1
         replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
-                                   arrival_time=at, output_len_hint=req.output_len, priority=req.priority)
+                                   arrival_time=at, output_len_hint=req.output_len, priority=req.priority,
+                                   lora_request=self.loras.get(req.lora))
         self.groups.append(replica.engine.groups[req.request_id])
         self.routes.append(chosen)
 
@@ -264,12 +267,20 @@ def run_live_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int,
     time and a machine whose speed drifts (a shared CPU) slows them alike, as comparing policies needs.
     `profiler`: a profile timed along the run (planner/validation/live.py's run_live), on the model every
     replica runs."""
+    with tempfile.TemporaryDirectory(prefix="planner-adapters-") as adapters:
+        return _run_fleets(trace, folder, spec, count, policies, device, dtype, profiler, progress, speed_probe,
+                           adapters)
+
+
+def _run_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int, policies: list[RouterPolicy],
+                device: str, dtype: str, profiler, progress, speed_probe, adapters: str) -> list[LiveFleet]:
     between_steps = profiler.between_steps if profiler is not None else None
     replays: list[FleetReplay] = []
     for policy in policies:                              # every fleet's replicas run the first one's model
         replicas, shapes = make_replicas(folder, spec, count, device=device, dtype=dtype, log_events=policy.uses_prefix,
                                          weights_of=replays[0].replicas[0].engine.runner if replays else None)
-        replays.append(FleetReplay(trace, replicas, shapes, policy, spec, between_steps, progress))
+        loras = random_adapters([r.engine for r in replicas], trace, f"{adapters}/{len(replays)}")
+        replays.append(FleetReplay(trace, replicas, shapes, policy, spec, between_steps, progress, loras))
     runner = replays[0].replicas[0].engine.runner
     before = speed_probe(runner) if speed_probe else None
     if profiler is not None:

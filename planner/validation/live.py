@@ -74,7 +74,7 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
     _warm_up(engine, engine.runner.vocab_size)
     shapes.clear()
     with tempfile.TemporaryDirectory(prefix="planner-adapters-") as adapters:
-        loras = _random_adapters(engine, trace, adapters)
+        loras = random_adapters([engine], trace, adapters)
         if profiler is not None:
             profiler.before_steps(engine.runner)
         groups = _replay(engine, trace, clock, spec, progress, profiler.between_steps if profiler is not None else None,
@@ -89,19 +89,22 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    engine.deployment.max_num_seqs, engine.deployment.enable_prefix_caching)
 
 
-def _random_adapters(engine, trace: Trace, folder: str) -> dict:
-    """The LoRA adapters the trace's requests run (their `lora` ids), random ones of the deployment's
-    max_lora_rank written under `folder` and loaded, as the model's weights are random: {id: LoRARequest}."""
+def random_adapters(engines: list, trace: Trace, folder: str) -> dict:
+    """The LoRA adapters the trace's requests run (their `lora` ids): random ones of the deployment's
+    max_lora_rank (the model's weights are random too), written under `folder` and loaded by every engine (of
+    one model): {id: LoRARequest}."""
     ids = sorted({r.lora for r in trace.requests} - {0})
     if not ids:
         return {}
     from engine.lora import LoRARequest, write_random_adapter     # torch
-    rank = engine.deployment.max_lora_rank
+    first = engines[0]
     requests = {}
     for lora_id in ids:
-        path = write_random_adapter(engine.runner.model, f"{folder}/adapter-{lora_id}", rank, seed=lora_id)
+        path = write_random_adapter(first.runner.model, f"{folder}/adapter-{lora_id}",
+                                    first.deployment.max_lora_rank, seed=lora_id)
         requests[lora_id] = LoRARequest(f"adapter-{lora_id}", lora_id, path)
-        engine.add_lora(requests[lora_id])
+        for engine in engines:
+            engine.add_lora(requests[lora_id])
     return requests
 
 

@@ -78,6 +78,12 @@ def trusted_profile(spec: ValidationSpec, *, refuse_stale: bool, say=print) -> t
     return cost_model, check
 
 
+def check_adapters(spec: ValidationSpec, trace) -> None:
+    """A trace whose requests run LoRA adapters needs a deployment that serves them: refused before the run."""
+    if not spec.deployment.enable_lora and any(r.lora for r in trace.requests):
+        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora")
+
+
 def lora_check(spec: ValidationSpec, cost_model: CalibratedCostModel, check: ProfileCheck, *,
                refuse: bool) -> ProfileCheck:
     """`check`, or a stale one when the deployment serves LoRA adapters and the profile did not time
@@ -98,8 +104,7 @@ def validate(spec: ValidationSpec, *, reprofile: bool | None = None, profile_out
     profile is stale; False refuses a stale one. `cost_model` prices the run as given, and `fresh` is a
     profile to time along it (planner/profile/along.py), instead of the profile's (tests)."""
     check_device(spec.deployment.gpu)
-    if not spec.deployment.enable_lora and any(r.lora for r in spec.trace().requests):
-        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora")
+    check_adapters(spec, spec.trace())
     folder, model = model_folder(spec.deployment.model)
     from engine.llm_engine import check_runnable     # torch: imported only when a live run is on
     check_runnable(spec.deployment, folder)          # refuse what the engine cannot run before profiling
