@@ -92,6 +92,7 @@ class LoraPricer:
         return loads * slot / self.gpu.host_link_bandwidth
 
     def seconds(self, tokens: int, adapters: int) -> float:
+        """The shrink and expand kernels of a step of `tokens` tokens running `adapters` adapters."""
         if not adapters or not tokens:
             return 0.0
         bw, peak, r, b = self.gpu.memory_bandwidth, self.gpu.fp16_flops, self.rank, self.dtype_bytes
