@@ -97,6 +97,21 @@ def test_the_simulator_schedules_by_priority_as_the_live_engine_does(llama_dir):
     assert v.live.metrics["preemptions"]["recompute"] > 0
 
 
+def test_the_simulator_takes_the_live_engines_steps_with_lora_adapters_waiting_their_turn(llama_dir):
+    # 3 adapters over the requests in turn, 1 a step (vLLM's --max-loras 1), every request at t=0: the live
+    # engine (random adapters loaded for the run) and the simulator pass over the same requests, step for step
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            enable_lora=True, max_loras=1, max_lora_rank=8)
+    spec = ValidationSpec(deployment, workload="alpaca", params=(("loras", 3), ("lora_assignment", "round-robin")),
+                          rate=math.inf, requests=9, length_scale=1.0, max_prompt_len=40, max_output_len=6,
+                          seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    live = [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.live.steps]
+    assert live == [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.sim_steps]
+    assert v.live.metrics["num_completed"] == 9
+    assert max(s.batch_size for s in v.live.steps) == 3      # one adapter's 3 requests at a time
+
+
 def test_missing_profile_is_a_clear_error(llama_dir, tmp_path):
     from planner.errors import PlannerError
     spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu"), requests=2, profile=str(tmp_path / "none.json"))
