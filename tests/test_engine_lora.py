@@ -255,7 +255,10 @@ def test_request_level_lora_errors(setups, engine):
     assert "lora_int_id 1 is already adapter 'adapter1'" in refusal(
         lambda: engine.add_request("reused", prompt, lora_request=other))
     assert engine.add_lora(LoRARequest("same folder, another name", 1, one.lora_path)) is False
-    assert 1 in engine.list_loras() and engine.remove_lora(1) and 1 not in engine.list_loras()
+    assert 1 in engine.list_loras()
+    assert engine.remove_lora(1) is True
+    assert 1 not in engine.list_loras()
+    assert engine.remove_lora(1) is False           # nothing left to remove
     plain = LLM(setup.dir)
     assert "give enable_lora=True" in refusal(lambda: plain.generate([prompt], lora_request=one, use_tqdm=False))
     assert "got 2 LoRA requests for 1 prompts" in refusal(

@@ -62,6 +62,16 @@ def _format_refusal(weight_format: WeightFormat | None, kv_cache_dtype: str, pro
     return None
 
 
+def _lora_refusal(calibrated, lora_rank: int | None) -> str | None:
+    """Why a calibrated profile cannot price LoRA adapters of `lora_rank` (None: no adapters served), or None."""
+    if lora_rank is None or calibrated.lora_rank == lora_rank:
+        return None
+    rank = calibrated.lora_rank
+    timed = "timed no LoRA adapter" if rank is None else f"timed adapters of rank {rank}"
+    return (f"the calibrated profile {timed}, not of --max-lora-rank {lora_rank}: profile with --enable-lora "
+            f"--max-lora-rank {lora_rank}, or use --cost-model measured or roofline")
+
+
 def _moe_refusal(moe: MoeParallel | None) -> str | None:
     """Why a calibrated profile (one device, the engine's own routing) cannot price this MoE deployment."""
     if moe is not None and (moe.dp > 1 or moe.skew):
@@ -106,7 +116,7 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
                       max_num_batched_tokens: int | None = None, moe: MoeParallel | None = None,
                       async_scheduling: bool = False, node_link: str = NODE_LINK,
                       custom_all_reduce: bool = True, performance_mode: str = "balanced",
-                      speculative_tokens: int = 0) -> CostModel:
+                      speculative_tokens: int = 0, lora_rank: int | None = None) -> CostModel:
     """The cost model for `model` on `tp` x `gpu`; its `name` says which source was used.
     ``cost_model`` is the --cost-model option (None: auto). `max_num_seqs` and `max_num_batched_tokens`
     set vLLM's CUDA-graph capture sizes for the measured model. `moe` is a MoE's dp / expert parallelism
@@ -117,20 +127,22 @@ def select_cost_model(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, dtype_byte
     async scheduling moves only the step a request joins (planner/sim/engine.py). `node_link` is the
     network a collective crosses between nodes (planner/cost/nodes.py); `custom_all_reduce` False is vLLM's
     --disable-custom-all-reduce (the measured model prices NCCL's all-reduce); `performance_mode` vLLM's
-    --performance-mode and `speculative_tokens` the K of speculative decoding (both set its CUDA-graph sizes)."""
+    --performance-mode and `speculative_tokens` the K of speculative decoding (both set its CUDA-graph sizes).
+    `lora_rank` (--enable-lora's --max-lora-rank): a calibrated profile must have timed adapters of that rank,
+    else it is passed over (refused when asked for), as for a format it cannot price."""
     model_ = _select(model, gpu, tp=tp, dtype_bytes=dtype_bytes, block_size=block_size, profile=profile,
                      cost_model=cost_model, weight_format=weight_format, kv_cache_dtype=kv_cache_dtype,
                      graphs={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                              "async_scheduling": async_scheduling, "custom_all_reduce": custom_all_reduce,
                              "performance_mode": performance_mode, "speculative_tokens": speculative_tokens},
-                     moe=moe, node_link=node_link)
+                     moe=moe, node_link=node_link, lora_rank=lora_rank)
     return model_
 
 
 def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_size: int,
             profile: str | Path | None, cost_model: str | None, weight_format: WeightFormat | None,
             kv_cache_dtype: str, graphs: dict, moe: MoeParallel | None,
-            node_link: str = NODE_LINK) -> CostModel:
+            node_link: str = NODE_LINK, lora_rank: int | None = None) -> CostModel:
     """select_cost_model's choice; `graphs` are the measured model's own settings (CUDA graphs, scheduling,
     all-reduce)."""
     if cost_model is not None and cost_model.strip().lower().startswith("linear:"):
@@ -152,6 +164,11 @@ def _select(model: ModelSpec, gpu: GpuSpec, *, tp: int, dtype_bytes: int, block_
         else:
             calibrated, near_miss = _calibrated(model, gpu, tp, profile, block_size, engine_dtype(gpu, dtype_bytes),
                                                 kv_cache_dtype)
+            refusal = None if calibrated is None else _lora_refusal(calibrated, lora_rank)
+            if refusal is not None:
+                if choice == "calibrated" or profile is not None:
+                    raise PlannerError(refusal)
+                calibrated, near_miss = None, refusal
         if calibrated is not None:
             return _at_block_size(calibrated, block_size)
         if choice == "calibrated":

@@ -57,36 +57,21 @@ def with_pool_command(verdict: dict, spec: RunSpec) -> dict:
 
 def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profile: str | None = None) -> CostModel:
     """The cost model pricing `plan` (--cost-model, --profile); its `name` says which source it uses. With
-    --enable-lora, the adapters' kernels are added to it (planner/cost/lora.py)."""
-    base = _base_cost_model(plan, cost_model, profile)
+    --enable-lora, a calibrated profile prices the adapters it timed; the measured and roofline models get the
+    adapters' kernels added (planner/cost/lora.py)."""
     d = plan.deployment
-    if not d.enable_lora:
-        return base
-    if isinstance(base, CalibratedCostModel):
-        if base.lora_rank == d.max_lora_rank:       # a profile taken with --enable-lora at this rank
-            return base
-        timed = "timed no LoRA adapter" if base.lora_rank is None else f"timed adapters of rank {base.lora_rank}"
-        if cost_model is not None or profile is not None:
-            raise PlannerError(f"the calibrated profile {timed}, not of --max-lora-rank {d.max_lora_rank}: profile "
-                               f"with --enable-lora --max-lora-rank {d.max_lora_rank}, or use --cost-model measured "
-                               f"or roofline")
-        try:                  # auto: the next source in line, as for a format a profile cannot price
-            base = _base_cost_model(plan, "measured", None)
-        except PlannerError:
-            base = _base_cost_model(plan, "roofline", None)
-    floor = load_calibration().elementwise_floor_s          # a kernel's launch and ramp in a graph (fitted)
-    return LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
-
-
-def _base_cost_model(plan: DeploymentPlan, cost_model: str | None, profile: str | None) -> CostModel:
-    d = plan.deployment
-    return select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
+    base = select_cost_model(plan.model, plan.gpu, tp=d.tp, dtype_bytes=plan.dtype_bytes, block_size=d.block_size,
                              profile=profile, cost_model=cost_model, weight_format=plan.weight_format,
                              kv_cache_dtype=d.kv_cache_dtype, moe=plan.moe_parallel, max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens,
                              async_scheduling=host_hidden(d), node_link=d.node_link,
                              custom_all_reduce=not d.disable_custom_all_reduce, performance_mode=d.performance_mode,
-                             speculative_tokens=d.num_speculative_tokens)
+                             speculative_tokens=d.num_speculative_tokens,
+                             lora_rank=d.max_lora_rank if d.enable_lora else None)
+    if not d.enable_lora or isinstance(base, CalibratedCostModel):
+        return base
+    floor = load_calibration().elementwise_floor_s          # a kernel's launch and ramp in a graph (fitted)
+    return LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
 
 
 PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "

@@ -759,6 +759,14 @@ def arrivals(env: simpy.Environment, trace: Trace, engine: SimulatedEngine):
     engine.arrivals_done = True
 
 
+def check_adapters_served(dep, trace: Trace) -> None:
+    """A trace whose requests run LoRA adapters needs a deployment that serves them (vLLM's server would answer
+    them "model does not exist")."""
+    if not dep.enable_lora and any(r.lora for r in trace.requests):
+        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora (and "
+                           "--max-loras, --max-lora-rank as the server runs them)")
+
+
 def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int,
                 total: int, progress: Progress | None = None, fast_forward: bool = True, watch: Watch | None = None,
                 device_speed: Callable[[float], float] | None = None, due: Due | None = None,
@@ -768,9 +776,7 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     dep = plan.deployment
     if dep.vllm_v1 and any(r.beam_width > 1 for r in trace.requests):
         raise PlannerError(BEAM_SEARCH_REFUSAL)
-    if not dep.enable_lora and any(r.lora for r in trace.requests):
-        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora (and "
-                           "--max-loras, --max-lora-rank as the server runs them)")
+    check_adapters_served(dep, trace)
     GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
     private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None

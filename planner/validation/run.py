@@ -33,6 +33,7 @@ from planner.profile.checkpoints import model_folder
 from planner.profile.schema import profile_path
 from planner.profile.speed import SpeedLevel, canary_probe
 from planner.sim import simulate
+from planner.sim.engine import check_adapters_served
 from planner.validation.attribution import run_attribution
 from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.live import run_live, speculation_curves
@@ -79,9 +80,8 @@ def trusted_profile(spec: ValidationSpec, *, refuse_stale: bool, say=print) -> t
 
 
 def check_adapters(spec: ValidationSpec, trace) -> None:
-    """A trace whose requests run LoRA adapters needs a deployment that serves them: refused before the run."""
-    if not spec.deployment.enable_lora and any(r.lora for r in trace.requests):
-        raise PlannerError("the trace's requests run LoRA adapters (their `lora`): give --enable-lora")
+    """The simulation's refusal of adapters the deployment does not serve, said before the live run."""
+    check_adapters_served(spec.deployment, trace)
 
 
 def lora_check(spec: ValidationSpec, cost_model: CalibratedCostModel, check: ProfileCheck, *,
