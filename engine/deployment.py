@@ -115,6 +115,12 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   step runs the adapters' shrink and expand kernels beside every such layer (docs/lora.md). Which
   adapter each request uses comes with the workload (`loras`, as vLLM bench's `--lora-modules`).
   vllm-v1 policy only (vLLM v0.2.0 had no LoRA).
+- `kv_offloading_size` is vLLM's `--kv-offloading-size`: GiB of host memory (summed over the ranks) for
+  its native CPU offloading, a second prefix cache behind the GPU's: every full block is also stored
+  there, and a request whose prefix the GPU has lost loads it back instead of recomputing it
+  (engine/core/kv_offload.py). `kv_offloading_backend` is `--kv-offloading-backend`: `native` only
+  (LMCache keeps its cache in a server of its own, which is not modelled). vllm-v1 policy with prefix
+  caching only.
 """
 from __future__ import annotations
 
@@ -196,6 +202,8 @@ class Deployment:
     enable_lora: bool = False                # vLLM's --enable-lora: serve LoRA adapters beside the base model
     max_loras: int = 1                       # vLLM's --max-loras: the most distinct adapters in one step
     max_lora_rank: int = 16                  # vLLM's --max-lora-rank: the largest adapter rank it serves
+    kv_offloading_size: float | None = None  # vLLM's --kv-offloading-size: GiB of host memory for KV blocks
+    kv_offloading_backend: str = "native"    # vLLM's --kv-offloading-backend (native only)
 
     def __post_init__(self) -> None:
         for name, (kind, optional) in _FIELD_KINDS.items():    # each setting's type first: see check_type
@@ -221,6 +229,7 @@ class Deployment:
         _check_eplb(self)
         _check_dbo(self)
         _check_lora(self)
+        _check_offloading(self)
         if self.speculative is not None and str(self.speculative).lower() in ("none", "off"):     # off, as in a sweep "none,eagle:3"
             object.__setattr__(self, "speculative", None)
             object.__setattr__(self, "acceptance", None)
@@ -497,6 +506,25 @@ def _check_lora(dep: Deployment) -> None:
     if not dep.vllm_v1:
         raise ValueError("LoRA adapters are served by vLLM v1's scheduler (--policy vllm-v1): the paper's vLLM "
                          "v0.2.0 had no LoRA")
+
+
+def _check_offloading(dep: Deployment) -> None:
+    """vLLM's --kv-offloading-size and --kv-offloading-backend (vllm/config/cache.py), and what the CPU tier
+    here needs: vLLM v1's scheduler with its prefix cache."""
+    if dep.kv_offloading_backend != "native":
+        raise ValueError(f"kv_offloading_backend {dep.kv_offloading_backend!r} is not modelled: only vLLM's "
+                         f"native CPU offloading is (LMCache keeps its cache in a server of its own)")
+    size = dep.kv_offloading_size
+    if size is None:
+        return
+    if not 0 < size < math.inf:
+        raise ValueError(f"kv_offloading_size must be a positive number of GiB, got {size}")
+    if not dep.vllm_v1:
+        raise ValueError("KV offloading (--kv-offloading-size) is vLLM v1's (--policy vllm-v1): the paper's vLLM "
+                         "v0.2.0 had none")
+    if not dep.prefix_caching_on:
+        raise ValueError("KV offloading here stores prefix-cache blocks: it needs prefix caching on (drop "
+                         "--no-enable-prefix-caching)")
 
 
 def _check_dbo(dep: Deployment) -> None:

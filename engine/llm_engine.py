@@ -149,8 +149,8 @@ class LLMEngine:
         self.deployment = dep
         self.clock = clock
         self.step_observer = step_observer
-        # The vllm-v1 policy preempts by recompute only: no swap pool.
-        swap_bytes = 0 if dep.vllm_v1 else int(dep.swap_space * GiB)
+        # The vllm-v1 policy preempts by recompute only: no swap pool; its CPU pool is the offloading tier's.
+        swap_bytes = int((dep.kv_offloading_size or 0) * GiB) if dep.vllm_v1 else int(dep.swap_space * GiB)
         if dep.num_cpu_blocks is not None and not dep.vllm_v1:
             swap_bytes = None                # the pool's size in blocks is given
         self.runner = ModelRunner(model, block_size=dep.block_size, num_gpu_blocks=dep.num_gpu_blocks,
@@ -166,8 +166,12 @@ class LLMEngine:
                                   max_lora_rank=dep.max_lora_rank)
         self.max_model_len = min(dep.max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         if dep.vllm_v1:     # vLLM v1's block order, so prefix hits match vLLM's
+            if dep.kv_offloading_size and not self.runner.num_cpu_blocks:
+                raise ValueError(f"kv_offloading_size {dep.kv_offloading_size:g} GiB holds no KV block of this "
+                                 f"model (give more)")
             self.allocator = VllmBlockManager(dep.block_size, self.runner.num_gpu_blocks,
-                                              enable_prefix_caching=dep.enable_prefix_caching)
+                                              enable_prefix_caching=dep.enable_prefix_caching,
+                                              offload_blocks=self.runner.num_cpu_blocks)
         else:
             self.allocator = BlockManager(dep.block_size, self.runner.num_gpu_blocks, self.runner.num_cpu_blocks,
                                           enable_prefix_caching=dep.enable_prefix_caching,
@@ -377,6 +381,8 @@ class LLMEngine:
                 runner.swap_out(out.blocks_to_swap_out)
             if out.blocks_to_swap_in:
                 runner.swap_in(out.blocks_to_swap_in)
+            if out.kv_loads:                 # from the CPU tier, for requests that run from the next step
+                runner.swap_in(out.kv_loads)
             if out.blocks_to_copy:
                 runner.copy_blocks(out.blocks_to_copy)
             if step.inputs and runner.lora is not None:
@@ -392,6 +398,8 @@ class LLMEngine:
                 if sampling.seqs:
                     samples = self.sampler.sample(sampling, logits)
                     top = self._position_logprobs(sampling, logits, samples)
+            if out.kv_stores:                # blocks this step filled, to the CPU tier
+                runner.swap_out(out.kv_stores)
         end = self.clock()   # tokens are stamped when sampling returns
         finished, record = end_step(self.scheduler, step, samples, end)
         # The step ends after update, so its duration is what the profiler times and the simulator prices

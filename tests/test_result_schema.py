@@ -14,7 +14,7 @@ from planner.report.sweep import sweep_document
 
 DOCUMENTED = set(re.findall(r"`([a-z_0-9]+)`", (Path(__file__).parent.parent / "docs" / "results.md").read_text()))
 NESTED = ("params", "memory_plan", "steady_state", "verdict", "deployment", "profile_check", "window", "queue",
-          "at_capacity_summary", "best", "spec_decoding_stats", "fleet")
+          "at_capacity_summary", "best", "spec_decoding_stats", "fleet", "kv_offload")
 
 
 def undocumented(doc: dict, where: str = "") -> list[str]:
@@ -34,6 +34,12 @@ def small():
 def test_result_json(small):
     doc = simulate(small, workload="alpaca", rate=4, requests=60, slos={"ttft_p99": 1}).document()
     assert doc["schema_version"] == SCHEMA_VERSION
+    assert not undocumented(doc)
+
+
+def test_a_run_with_a_cpu_kv_tier_documents_its_fields(small):
+    doc = simulate(small.replace(kv_offloading_size=8.0), workload="chatbot", rate=4, requests=60).document()
+    assert doc["kv_offload"]["blocks_stored"] > 0
     assert not undocumented(doc)
 
 

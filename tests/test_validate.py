@@ -378,3 +378,20 @@ def test_cli_rejects_a_bad_closed_loop_in_one_line(llama_dir, tmp_path, args, me
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr
+
+
+def test_the_simulator_loads_from_the_cpu_tier_where_the_live_engine_does(llama_dir):
+    # vLLM's --kv-offloading-size: 3 shared prefixes taken in turn by 2 requests at a time in a 24-block cache,
+    # every request at t=0. A prefix's blocks leave the GPU while the others run and come back from the CPU
+    # tier: the live engine and the simulator load and store the same blocks, step for step
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, num_gpu_blocks=24, max_num_seqs=2,
+                            max_model_len=96, kv_offloading_size=0.01)
+    spec = ValidationSpec(deployment, workload="prefix", params=(("num_prefixes", 3),), rate=math.inf,
+                          requests=12, length_scale=1.0, max_prompt_len=90, max_output_len=6, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    live = [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.live.steps]
+    assert live == [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.sim_steps]
+    offload = v.simulated["kv_offload"]
+    assert sum(s.offload_blocks for s in v.live.shapes) == offload["blocks_loaded"] + offload["blocks_stored"]
+    assert offload["blocks_loaded"] > 0
+    assert v.live.metrics["num_completed"] == 12

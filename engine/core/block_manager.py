@@ -60,6 +60,7 @@ def blocks_at_most(prompt_len: int, max_tokens: int, width: int, block_size: int
 class BlockManager:
     supports_swap = True
     state_blocks = 0     # blocks a running sequence holds beside its tokens' (VllmBlockManager: recurrent states)
+    offload = None       # the CPU tier behind the prefix cache (VllmBlockManager, --kv-offloading-size)
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, *,
                  watermark: float = 0.01, enable_prefix_caching: bool = False,

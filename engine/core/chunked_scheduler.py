@@ -47,6 +47,13 @@ own blocks in the prefix cache when caching is on. A step samples only for
 requests whose computed tokens reach their length; a partial prompt chunk
 samples nothing.
 
+With a CPU tier behind the prefix cache (``--kv-offloading-size``, vLLM's
+native offloading: engine/core/kv_offload.py), a request starting from nothing
+also looks up its blocks after its GPU hits in the tier; with a hit it is
+parked for one step while they load (blocks held, no budget, not counted in
+``max_num_seqs``), then admitted with them computed. Every scheduled request's
+newly full blocks are stored to the tier after the step.
+
 One sequence per request: vLLM v1 turns ``n > 1`` into independent requests,
 and has no beam search in its scheduler, so such requests are rejected here.
 """
@@ -55,9 +62,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from operator import attrgetter
 
+from engine.core.block_keys import chained_hashes
 from engine.core.block_manager import BlockManager, _blocks_for, blocks_at_most
 from engine.core.block_pool import BlockPool
 from engine.core.config import SchedulerConfig
+from engine.core.kv_offload import CpuKvTier, Load
 from engine.core.request_queue import PriorityQueue
 from engine.core.scheduler import Samples, Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -147,13 +156,19 @@ class VllmBlockManager(BlockManager):
     supports_swap = False
 
     def __init__(self, block_size: int, num_gpu_blocks: int, *, enable_prefix_caching: bool = False,
-                 state_blocks: int = 0) -> None:
+                 state_blocks: int = 0, offload_blocks: int = 0) -> None:
         super().__init__(block_size, num_gpu_blocks, 0, watermark=0.0, enable_prefix_caching=enable_prefix_caching)
         self.gpu = VllmBlockPool(num_gpu_blocks)
         if state_blocks < 0:
             raise ValueError(f"state_blocks must be >= 0, got {state_blocks}")
         self.state_blocks = state_blocks
         self.states: dict[int, list[int]] = {}      # seq id -> its state blocks
+        # --kv-offloading-size: the CPU tier behind the prefix cache (engine/core/kv_offload.py)
+        if offload_blocks and not enable_prefix_caching:
+            raise ValueError("KV offloading stores prefix-cache blocks: it needs prefix caching on")
+        self.offload = CpuKvTier(offload_blocks) if offload_blocks else None
+        self.offered: dict[int, int] = {}           # seq id -> how many of its first blocks it offered the tier
+        self.loads: dict[int, Load] = {}            # seq id -> its load from the tier, until it runs
 
     def blocks_to_admit(self, hit: list[tuple[int, int]], num_tokens: int) -> int:
         return super().blocks_to_admit(hit, num_tokens) + self.state_blocks
@@ -168,6 +183,65 @@ class VllmBlockManager(BlockManager):
         state = self.states.pop(seq.seq_id, None)
         if state is not None:
             self.gpu.release_all(state)
+        if self.offload is not None:
+            self.offered.pop(seq.seq_id, None)
+            load = self.loads.pop(seq.seq_id, None)
+            if load is not None and not load.done:       # (an abort while parked)
+                self.offload.release(load.keys)
+
+    # -- the CPU tier (--kv-offloading-size) -------------------------------------
+    def offload_hit(self, seq: Sequence, local: int) -> list[int] | None:
+        """The keys of the sequence's full blocks after its `local` GPU-hit blocks that the CPU tier holds
+        ready, in order ([] for none; vLLM counts the prompt's last block too), or None when another request
+        is loading some of them (this one waits a step). Touches all its full blocks' keys."""
+        tier = self.offload
+        keys = list(chained_hashes(seq.token_ids, self.block_size, seq.num_tokens // self.block_size,
+                                   seq.cache_root))
+        tier.touch(keys)
+        hit = keys[local:local + tier.lookup(keys[local:])]
+        if any(key in tier.held for key in hit):
+            return None
+        return hit
+
+    def park(self, seq: Sequence, hit: list[tuple[int, int]], keys: list[int]) -> dict[int, int]:
+        """Blocks for the GPU `hit` and fresh ones for the `keys` loaded from the tier, the load recorded
+        (the sequence stays waiting); returns {tier slot: GPU block} to copy."""
+        local = len(hit)
+        self.admit(seq, hit, (local + len(keys)) * self.block_size)
+        table, tier = self.tables[seq.seq_id], self.offload
+        tier.hold(keys)
+        tier.stats.blocks_loaded += len(keys)
+        self.loads[seq.seq_id] = Load(keys, (local + len(keys)) * self.block_size)
+        self.offered[seq.seq_id] = local + len(keys)     # (vLLM stores from after the loaded blocks)
+        return {tier.slots[key]: table[local + i] for i, key in enumerate(keys)}
+
+    def loads_done(self) -> None:
+        """The loads issued in the last step have run: their keys are free to evict again."""
+        for load in self.loads.values():
+            if not load.done:
+                load.done = True
+                self.offload.release(load.keys)
+
+    def offload_stores(self, seqs) -> dict[int, int]:
+        """Offer the tier each scheduled sequence's blocks full since it last offered any; returns
+        {GPU block: tier slot} to copy after the step computes them."""
+        tier, copies = self.offload, {}
+        for seq in seqs:
+            hashes = self.seq_hashes.get(seq.seq_id)
+            start = self.offered.get(seq.seq_id, 0)
+            if not hashes or len(hashes) <= start:
+                continue
+            placed = tier.store(hashes[start:])
+            if placed is None:
+                continue                                  # offered again at its next step
+            self.offered[seq.seq_id] = len(hashes)
+            if placed:
+                tier.touch(hashes)
+                table = self.tables[seq.seq_id]
+                index = {key: i for i, key in enumerate(hashes[start:], start)}
+                for key, slot in placed:
+                    copies[table[index[key]]] = slot
+        return copies
 
 
 def make_scheduler(config: SchedulerConfig, allocator) -> Scheduler:
@@ -201,9 +275,15 @@ class ChunkedScheduler(Scheduler):
         self.preempted_queried_tokens = self.preempted_hit_tokens = 0
         # LoRA: the adapters in the GPU's slots, least recently used first (activate_loras)
         self.lora_slots: OrderedDict[int, None] = OrderedDict()
+        self.kv_loads: dict[int, int] = {}      # the step's loads from the CPU tier: {tier slot: GPU block}
 
     def schedule(self, now: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        offload = self.allocator.offload
+        if offload is not None:         # the last step's copies are done
+            offload.complete_stores()
+            self.allocator.loads_done()
+            self.kv_loads = {}
         groups: list[SequenceGroup] = []
         seqs = []
         counts: list[int] = []
@@ -226,6 +306,8 @@ class ChunkedScheduler(Scheduler):
                               spec_token_ids=spec or None)
         if self.config.max_loras is not None:
             out.lora_adapters, out.lora_loads = self.activate_loras(groups)
+        if offload is not None:
+            out.kv_loads, out.kv_stores = self.kv_loads, self.allocator.offload_stores(seqs)
         out.token_split = split_tokens(out)      # before update moves the computed counts
         return out
 
@@ -308,8 +390,20 @@ class ChunkedScheduler(Scheduler):
         max_num_seqs = self.config.max_num_seqs
         loras = self.running_loras()
         passed_over: list[SequenceGroup] = []
+        offload = allocator.offload
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             group = self.waiting[0]
+            load = allocator.loads.get(group.seqs[0].seq_id) if offload is not None else None
+            if load is not None:        # parked: its KV is loading from the CPU tier, or has just come in
+                if not load.done or self.lora_passes_over(group, loras):
+                    passed_over.append(self.waiting.popleft())
+                    continue
+                num_new = self._admit_loaded(group, load, budget, now)
+                if num_new is None:
+                    break
+                self._admitted(group, num_new, groups, seqs, counts, loras)
+                budget -= num_new
+                continue
             problem = self.never_fits(group)
             if problem is not None:
                 self.waiting.popleft()
@@ -323,6 +417,16 @@ class ChunkedScheduler(Scheduler):
                 continue
             seq = group.seqs[0]
             hit = allocator.cached_prefix(seq)
+            if offload is not None:
+                keys = allocator.offload_hit(seq, len(hit))
+                if keys is None:        # another request is loading its blocks: next step they are on the GPU
+                    passed_over.append(self.waiting.popleft())
+                    continue
+                if keys:
+                    if not self._park(group, hit, keys):
+                        break
+                    passed_over.append(self.waiting.popleft())
+                    continue
             computed = len(hit) * allocator.block_size
             num_new = self.admitted_tokens(seq.num_tokens - computed, budget)
             if num_new is None:
@@ -333,15 +437,65 @@ class ChunkedScheduler(Scheduler):
             if allocator.blocks_to_admit(hit, computed + num_new) > free:
                 break
             self._admit_chunk(group, hit, computed, num_new, now)
-            groups.append(group)
-            seqs.append(seq)
-            counts.append(num_new)
+            self._admitted(group, num_new, groups, seqs, counts, loras)
             budget -= num_new
-            if loras is not None and group.lora_id:
-                loras.add(group.lora_id)
         if passed_over:                 # back at the head, in their order, as vLLM's skipped requests
             self.waiting.extendleft(reversed(passed_over))
         return budget
+
+    @staticmethod
+    def _admitted(group: SequenceGroup, num_new: int, groups: list, seqs: list, counts: list,
+                  loras: set[int] | None) -> None:
+        """A request admitted from the waiting queue joins the step's entries."""
+        groups.append(group)
+        seqs.append(group.seqs[0])
+        counts.append(num_new)
+        if loras is not None and group.lora_id:
+            loras.add(group.lora_id)
+
+    def _park(self, group: SequenceGroup, hit: list[tuple[int, int]], keys: list[int]) -> bool:
+        """A request whose blocks after its GPU `hit` the CPU tier holds (`keys`): blocks for both, if its
+        whole sequence fits (as any admission), and their load issued in this step; it stays waiting, with no
+        budget spent (vLLM's WAITING_FOR_REMOTE_KVS). False when the blocks cannot be had."""
+        seq, allocator = group.seqs[0], self.allocator
+        loaded = (len(hit) + len(keys)) * allocator.block_size
+        free = allocator.num_free_blocks()
+        if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
+            return False
+        if allocator.blocks_to_admit(hit, loaded) > free:
+            return False
+        self.count_lookup(group, seq.num_tokens, len(hit) * allocator.block_size,
+                          len(keys) * allocator.block_size)
+        self.kv_loads.update(allocator.park(seq, hit, keys))
+        return True
+
+    def _admit_loaded(self, group: SequenceGroup, load: Load, budget: int, now: float) -> int | None:
+        """A request whose load from the CPU tier has run: its tokens computed (less one if that is all of
+        them), its loaded blocks in the prefix cache, and a chunk of the rest admitted as any waiting
+        request's. The chunk's tokens, or None when it must wait (it keeps its blocks)."""
+        seq, allocator = group.seqs[0], self.allocator
+        computed = min(load.tokens, seq.num_tokens)
+        if computed == seq.num_tokens:
+            computed -= 1               # the last token is computed again, to sample from
+        seq.num_computed_tokens = computed
+        self._cache(seq, computed)
+        num_new = self.admitted_tokens(seq.num_tokens - computed, budget)
+        if num_new is None:
+            return None
+        free = allocator.num_free_blocks()
+        if self.reserve_full_isl and allocator.blocks_to_grow(seq, seq.num_tokens) > free:
+            return None
+        if allocator.blocks_to_grow(seq, computed + num_new) > free:
+            return None
+        self.waiting.popleft()
+        del allocator.loads[seq.seq_id]
+        allocator.grow(seq, computed + num_new)
+        self._cache(seq, computed + num_new)
+        seq.status = SequenceStatus.RUNNING
+        if group.times.first_scheduled is None:
+            group.times.first_scheduled = now
+        self.running.append(group)
+        return num_new
 
     def running_loras(self) -> set[int] | None:
         """The adapters of the running requests (which all run in a step that reaches the waiting pass), or
@@ -432,14 +586,19 @@ class ChunkedScheduler(Scheduler):
         self.waiting.appendleft(group)
         self.preemptions["recompute"] += 1
 
-    def count_lookup(self, group: SequenceGroup, queried: int, hit: int) -> None:
-        """One admission's prefix-cache lookup in vLLM's counters: a preempted request's return apart."""
+    def count_lookup(self, group: SequenceGroup, queried: int, hit: int, loaded: int = 0) -> None:
+        """One admission's prefix-cache lookup in vLLM's counters: a preempted request's return apart; with a
+        CPU tier, also its lookups and the tokens `loaded` from it."""
         if group.num_preemptions:
             self.preempted_queried_tokens += queried
             self.preempted_hit_tokens += hit
         else:
             self.prefix_queried_tokens += queried
             self.prefix_hit_tokens += hit
+        offload = self.allocator.offload
+        if offload is not None:
+            offload.stats.queried_tokens += queried
+            offload.stats.hit_tokens += loaded
 
     def _cache(self, seq, num_tokens: int) -> None:
         # vLLM caches full blocks when they are scheduled, capped at the sequence's tokens.

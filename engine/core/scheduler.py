@@ -72,7 +72,8 @@ def stamp_step(group: SequenceGroup, now: float, finished: list[SequenceGroup]) 
 @dataclass(slots=True)
 class SchedulerOutput:
     """One engine step. The executor applies, in this order: swap out, swap in,
-    block copies, then computes ``seqs`` (the uncomputed tokens of each).
+    loads from the CPU tier, block copies, then computes ``seqs`` (the uncomputed
+    tokens of each), then stores to the CPU tier.
 
     A step may carry swaps or copies and no sequences (``is_empty`` but
     ``has_memory_ops``): the executor must still apply them, or the KV of a
@@ -105,6 +106,10 @@ class SchedulerOutput:
     # how many were not in the GPU's slots and are loaded into one for it
     lora_adapters: int = 0
     lora_loads: int = 0
+    # CPU KV offloading (--kv-offloading-size): blocks loaded from the CPU tier before the step computes
+    # ({tier slot: GPU block}) and stored to it after ({GPU block: tier slot})
+    kv_loads: dict[int, int] = field(default_factory=dict)
+    kv_stores: dict[int, int] = field(default_factory=dict)
 
     def scheduled_tokens(self) -> list[int]:
         """Per sequence of ``seqs``, the tokens it computes this step."""
@@ -145,8 +150,9 @@ class SchedulerOutput:
 
     @property
     def has_memory_ops(self) -> bool:
-        """Blocks to swap or copy, which the executor must apply even in an empty step."""
-        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in or self.blocks_to_copy)
+        """Blocks to swap, copy, load or store, which the executor must apply even in an empty step."""
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in or self.blocks_to_copy or self.kv_loads
+                    or self.kv_stores)
 
 
 def _fcfs(group: SequenceGroup) -> tuple[float, int]:

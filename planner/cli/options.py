@@ -142,6 +142,12 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                     "request of another waits) [default: 1]"),
     "max_lora_rank": (("--max-lora-rank",), "with --enable-lora: the largest adapter rank served, one of 1, 8, 16, "
                                             "32, 64, 128, 256, 320, 512 (vLLM's) [default: 16]"),
+    "kv_offloading_size": (("--kv-offloading-size",),
+                           "vLLM's native CPU KV offloading: GiB of host memory (summed over the GPUs) that keep "
+                           "every full KV block behind the prefix cache, so a prefix the GPU lost loads back over "
+                           "the host link instead of being recomputed (vllm-v1 with prefix caching) [default: off]"),
+    "kv_offloading_backend": (("--kv-offloading-backend",), "with --kv-offloading-size: native (vLLM's own; "
+                                                            "LMCache is not modelled) [default: native]"),
 }
 LIST_HELP = " (a comma list sweeps)"
 ONE_VALUE = ("acceptance", "draft_rates")  # a comma list that is one value (a curve), not a sweep

@@ -17,7 +17,8 @@ A decode sequence verifying d drafts is what the engine runs: d + 1 decode rows,
 each attending to its own context (the seqs and context above count rows and
 their keys: StepShape.draft_tokens and draft_keys added), sampled row by row; its
 host work is one sequence's.
-  swap      v(blocks) when blocks move between device and CPU, else 0
+  swap      v(blocks) when blocks move between device and CPU (swaps, and the CPU tier's loads and stores,
+            which the profiled engine copies in the step), else 0
   copy      v(blocks) for copy-on-write copies, else 0
 
 Each v is a monotone piecewise-linear curve over the profiled grid (see
@@ -130,8 +131,8 @@ class CalibratedCostModel:
                  + (s.decode_context + s.draft_keys) * self._decode_per_key)
         if seqs:
             t += self._sample.at(seqs + s.draft_tokens)
-        if s.swap_blocks:
-            t += self._swap.at(s.swap_blocks)
+        if s.swap_blocks or s.offload_blocks:   # the profiled engine copies CPU-tier blocks in the step, as swaps
+            t += self._swap.at(s.swap_blocks + s.offload_blocks)
         if s.copy_blocks:
             t += self._copy.at(s.copy_blocks)
         if s.lora_adapters:
@@ -177,8 +178,8 @@ class CalibratedCostModel:
                                 + (s.decode_context + s.draft_keys) * self._decode_per_key)
         if seqs:
             parts["sampling"] = self._sample.at(s.logit_rows)
-        if s.swap_blocks:
-            parts["swap"] = self._swap.at(s.swap_blocks)
+        if s.swap_blocks or s.offload_blocks:
+            parts["swap"] = self._swap.at(s.swap_blocks + s.offload_blocks)
         if s.copy_blocks:
             parts["copy"] = self._copy.at(s.copy_blocks)
         if s.lora_adapters:

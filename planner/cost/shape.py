@@ -41,6 +41,7 @@ class StepShape:
     draft_keys: int = 0
     lora_adapters: int = 0         # LoRA adapters the step's requests run (planner/cost/lora.py prices them)
     lora_loads: int = 0            # of those, the ones loaded into a GPU slot for this step
+    offload_blocks: int = 0        # KV blocks loaded from and stored to the CPU tier (--kv-offloading-size)
 
     @property
     def total_tokens(self) -> int:
@@ -60,7 +61,7 @@ class StepShape:
     @property
     def is_empty(self) -> bool:
         """Nothing computed and nothing moved: such a step costs nothing."""
-        return self.total_tokens == 0 and self.swap_blocks == 0 and self.copy_blocks == 0
+        return self.total_tokens == 0 and self.swap_blocks == 0 and self.copy_blocks == 0 and self.offload_blocks == 0
 
 
 def prefill_attn_pairs(new_tokens: int, cached_tokens: int = 0) -> int:
@@ -111,6 +112,8 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
         shape = mixed_step_shape(out.seqs, out.num_scheduled_tokens, swap, copies, histogram)
         if out.lora_adapters:
             shape.lora_adapters, shape.lora_loads = out.lora_adapters, out.lora_loads
+        if out.kv_loads or out.kv_stores:
+            shape.offload_blocks = len(out.kv_loads) + len(out.kv_stores)
         return shape
     if out.is_prefill:
         tokens = pairs = 0

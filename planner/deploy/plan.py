@@ -25,12 +25,13 @@ import os
 from dataclasses import dataclass, replace
 
 from engine.core.config import SchedulerConfig
+from engine.core.kv_offload import offload_blocks
 from engine.deployment import ALL2ALL_BACKENDS, MOE_BACKENDS, BatchDevice, Deployment, resolve_batch_limits
 from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
                                           format_from_id, gemm_path, recorded_format, weight_format)
 from planner.deploy import checks
-from planner.deploy.memory import MemoryPlan, plan_memory
+from planner.deploy.memory import MemoryPlan, kv_block_layout, plan_memory
 from planner.cost.all2all import check_backend
 from planner.cost.dbo import DualBatch
 from planner.cost.deepgemm import check_moe_backend
@@ -38,7 +39,8 @@ from planner.cost.lora import lora_refusal, lora_slot_bytes
 from planner.cost.moe import MoeParallel
 from planner.cost.nodes import node_link
 from planner.cost.sparse import as_cached_on, check_sparse_gpu
-from planner.deploy.parallel import MoeLayout, check_block_fp8, check_pipeline, moe_layout, parallel_warnings
+from planner.deploy.parallel import (MoeLayout, check_block_fp8, check_pipeline, largest_stage, moe_layout,
+                                     parallel_warnings)
 from planner.deploy.speculation import proposer_model, speculation_of
 from planner.deploy.state_cache import cache_block_size, state_blocks
 from planner.errors import PlannerError
@@ -73,6 +75,26 @@ class DeploymentPlan:
         DeepSeek-V4), and under vLLM v1 its sliding layers' windows (the memory plan's)."""
         windows = self.memory.window_blocks_per_seq if self.memory is not None else 0
         return state_blocks(self.model) + windows
+
+    @property
+    def block_bytes_per_gpu(self) -> int:
+        """One KV block's bytes on one GPU (its share of the heads and, with --pp, of the layers)."""
+        if self.memory is not None:
+            return self.memory.block_bytes_per_gpu
+        d = self.deployment
+        block, _ = kv_block_layout(self.model, d.tp, self.kv_dtype_bytes, self.block_size, 1)
+        return -(-block * largest_stage(self.model.num_layers, d.pp) // self.model.num_layers)
+
+    @property
+    def offload_blocks(self) -> int:
+        """The CPU tier's blocks (--kv-offloading-size; 0 without one), or --num-cpu-blocks when given with it
+        (a validation replays the live engine's tier)."""
+        d = self.deployment
+        if not d.kv_offloading_size:
+            return 0
+        if d.num_cpu_blocks is not None:
+            return d.num_cpu_blocks
+        return offload_blocks(d.kv_offloading_size, self.block_bytes_per_gpu, d.tp * d.pp)
 
     @property
     def dtype_bytes(self) -> int:
@@ -145,6 +167,8 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     check_pipeline(model, deployment)
     if deployment.enable_lora:
         _check_lora(model, deployment)
+    if deployment.kv_offloading_size:
+        _check_offloading(model)
     node_link(deployment.node_link)             # an unknown, or one node's, --node-link fails here
     check_sparse_gpu(model, gpu)
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
@@ -184,6 +208,15 @@ def _check_lora(model: ModelSpec, deployment: Deployment) -> None:
         raise PlannerError(refusal)
     if deployment.speculative is not None:
         raise PlannerError("--enable-lora with --speculative is not modelled (the drafts' adapters)")
+
+
+def _check_offloading(model: ModelSpec) -> None:
+    """What --kv-offloading-size is modelled with: a model whose every cached layer is full attention (a
+    block then holds the same tokens of every layer, as the CPU tier's blocks do)."""
+    if (model.sliding_layers or model.linear_attention is not None or model.compressed_attention is not None
+            or model.sparse_indexer is not None):
+        raise PlannerError(f"--kv-offloading-size on {model.name} is not modelled: its sliding-window, linear or "
+                           f"compressed layers keep other blocks than its full-attention ones")
 
 
 def _cache_block_size(deployment: Deployment, model: ModelSpec, gpu: GpuSpec) -> int | None:

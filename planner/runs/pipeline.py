@@ -19,6 +19,7 @@ from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.calibration import load_calibration
 from planner.cost.lora import LoraCost, LoraPricer
 from planner.cost.not_modelled import not_modelled
+from planner.cost.offload import OffloadCost
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
@@ -68,10 +69,12 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
                              custom_all_reduce=not d.disable_custom_all_reduce, performance_mode=d.performance_mode,
                              speculative_tokens=d.num_speculative_tokens,
                              lora_rank=d.max_lora_rank if d.enable_lora else None)
-    if not d.enable_lora or isinstance(base, CalibratedCostModel):
-        return base
-    floor = load_calibration().elementwise_floor_s          # a kernel's launch and ramp in a graph (fitted)
-    return LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
+    if d.enable_lora and not isinstance(base, CalibratedCostModel):
+        floor = load_calibration().elementwise_floor_s      # a kernel's launch and ramp in a graph (fitted)
+        base = LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
+    if plan.offload_blocks and not isinstance(base, CalibratedCostModel):    # (a profile prices them as swaps)
+        base = OffloadCost(base, plan.block_bytes_per_gpu / plan.gpu.host_link_bandwidth)
+    return base
 
 
 PIPELINE_NOTE = ("pipeline parallelism: each stage priced as the whole step x its share of the layers (the "
@@ -149,6 +152,9 @@ class Simulation:
         if spec.deployment.enable_lora and spec.pd is not None:
             raise PlannerError("--enable-lora with --pd is not modelled (the decode pool's admission of "
                                "transferred requests and their adapters)")
+        if spec.deployment.kv_offloading_size and spec.pd is not None:
+            raise PlannerError("--kv-offloading-size with --pd is not modelled (vLLM's disaggregated serving "
+                               "takes the KV connector that CPU offloading would use)")
         if spec.pd is not None:
             pools = prepare_pools(spec)
             return cls(spec, pools.decode.plan, pools.decode.cost_model, pools)

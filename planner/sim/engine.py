@@ -91,6 +91,7 @@ class SimResult:
     concurrency: int | None = None # a closed loop of this many clients (None: the trace's arrival times)
     fleet: FleetRun | None = None  # several replicas behind a router (planner/sim/fleet.py); None: one
     spec_decoding: dict | None = None  # speculative decoding's counters (vLLM's names); None: off
+    kv_offload: dict | None = None     # the CPU KV tier's figures (--kv-offloading-size); None: off
 
     @property
     def params(self) -> dict:
@@ -105,7 +106,8 @@ class SimResult:
         a fleet's adds `fleet` (per replica, load imbalance). The KV-cache figures are one replica's."""
         fleet = {} if self.fleet is None else {"fleet": self.fleet.summary(self.metrics.duration)}
         spec = {} if self.spec_decoding is None else {"spec_decoding_stats": self.spec_decoding}
-        return {**self._summary(), **spec, **fleet}
+        offload = {} if self.kv_offload is None else {"kv_offload": self.kv_offload}
+        return {**self._summary(), **spec, **offload, **fleet}
 
     def _summary(self) -> dict:
         plan = self.plan
@@ -779,12 +781,13 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     check_adapters_served(dep, trace)
     GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
-    private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None
+    # (a CPU tier stores every full block, sampled ones too: none is private)
+    private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None and not plan.offload_blocks
     if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
         allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks, state_blocks=plan.state_blocks)
     elif dep.vllm_v1:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(plan.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching,
-                                     state_blocks=plan.state_blocks)
+                                     state_blocks=plan.state_blocks, offload_blocks=plan.offload_blocks)
     else:
         allocator = make_allocator(dep.allocator, block_size=dep.block_size, num_gpu_blocks=plan.num_gpu_blocks,
                                    num_cpu_blocks=plan.num_cpu_blocks, max_model_len=plan.max_model_len,
@@ -927,7 +930,25 @@ def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, se
         prefix_cache_hit_tokens=hit, prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=scheduler.allocator.num_used_blocks(), simulated_time=engine.env.now,
         wall_time=0.0, fast_forwarded_steps=engine.fast_forwarded_steps, seed=seed,
-        spec_decoding=spec_decoding(engine))
+        spec_decoding=spec_decoding(engine), kv_offload=offload_summary(plan, [engine]))
+
+
+def offload_summary(plan: DeploymentPlan, engines: list[SimulatedEngine]) -> dict | None:
+    """result.json's `kv_offload`: the CPU tier's size, its hits, the blocks it loaded and stored (summed over
+    the engines), and the share of each GPU's host link their copies took over the run; None without a tier."""
+    tiers = [getattr(e.scheduler.allocator, "offload", None) for e in engines]   # (the paper's baselines have none)
+    if tiers[0] is None:
+        return None
+    queried = sum(t.stats.queried_tokens for t in tiers)
+    hits = sum(t.stats.hit_tokens for t in tiers)
+    moved = sum(t.stats.blocks_loaded + t.stats.blocks_stored for t in tiers) * plan.block_bytes_per_gpu
+    busy = max(e.env.now for e in engines) * len(engines) * plan.gpu.host_link_bandwidth
+    return {"cpu_blocks": tiers[0].num_blocks, "kv_offloading_size_gib": plan.deployment.kv_offloading_size,
+            "hit_tokens": hits, "hit_rate": hits / queried if queried else 0.0,
+            "blocks_loaded": sum(t.stats.blocks_loaded for t in tiers),
+            "blocks_stored": sum(t.stats.blocks_stored for t in tiers),
+            "stores_refused": sum(t.stats.stores_refused for t in tiers),
+            "host_link_utilization": moved / busy if busy else 0.0}
 
 
 def spec_decoding(engine: SimulatedEngine) -> dict | None:

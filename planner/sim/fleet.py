@@ -36,7 +36,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
-                                fleet_spec_decoding, make_engine, prefix_counts, replica_result, run_quietly,
+                                fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result, run_quietly,
                                 simulate)
 from planner.sim.clients import ClosedLoop
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
@@ -260,7 +260,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         prefix_cache_hit_rate=hit / held if held else 0.0,
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
         wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
-        spec_decoding=fleet_spec_decoding(fleet.engines),
+        spec_decoding=fleet_spec_decoding(fleet.engines), kv_offload=offload_summary(plan, fleet.engines),
         fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas, plan.deployment.dp))
 
 

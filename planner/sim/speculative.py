@@ -153,7 +153,9 @@ def spec_step_shape(out, histogram: bool = True) -> StepShape:
     if not spec:
         return step_shape(out, histogram)
     swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-    return mixed_step_shape(out.seqs, out.scheduled_tokens(), swap, len(out.blocks_to_copy), histogram, spec)
+    shape = mixed_step_shape(out.seqs, out.scheduled_tokens(), swap, len(out.blocks_to_copy), histogram, spec)
+    shape.offload_blocks = len(out.kv_loads) + len(out.kv_stores)
+    return shape
 
 
 def draft_cost_model(plan):

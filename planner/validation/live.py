@@ -14,6 +14,7 @@ from collections import deque
 from contextlib import contextmanager
 from itertools import takewhile
 
+from engine.core.kv_offload import CpuKvTier
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
 from engine.core.speculative import SpecDecodingStats
@@ -199,3 +200,6 @@ def _warm_up(engine, vocab: int) -> None:
     engine.scheduler.reset_spec_stats()
     if engine.scheduler.config.vllm_v1:   # its prefix-cache counters count the run's own requests
         engine.scheduler.prefix_hit_tokens = engine.scheduler.prefix_queried_tokens = 0
+    offload = engine.allocator.offload
+    if offload is not None:               # the CPU tier starts empty, as the simulation's
+        engine.allocator.offload = CpuKvTier(offload.num_blocks)

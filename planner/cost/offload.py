@@ -1,0 +1,44 @@
+"""The CPU tier's copies (--kv-offloading-size) on a GPU: on the copy engine, beside the step.
+
+vLLM's native offloading runs its loads and stores as asynchronous copies on a stream of their own
+(the CPU-GPU transfer handlers under vllm/v1/kv_offload/), so a step's compute does not wait for them; a request loading its
+prefix waits for its own copy, and the tier's blocks wait for their stores. What a step can move is bounded
+by the host link: each GPU copies its share of a block, all GPUs at once, at the catalog's
+`host_link_bandwidth` (pinned copies, effective). So a step that loads or stores lasts at least its copies'
+time: max(compute, blocks x a block's bytes per GPU / the link's rate). Only when the copies outlast the
+compute (prompts of many cached blocks arriving at once, or a busy link) do they show. A calibrated profile
+prices them otherwise: the profiled engine copies them in the step, as its swaps (calibrated.py).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.cost.ledger import Ledger, Term
+
+
+class OffloadCost:
+    """A cost model with each step's CPU-tier copies overlapped with its compute (StepShape.offload_blocks)."""
+
+    def __init__(self, inner, seconds_per_block: float) -> None:
+        self.inner, self.seconds_per_block = inner, seconds_per_block
+        self.name = f"{inner.name} + CPU KV offloading"
+
+    def __getattr__(self, name):         # profile, source, prices_each_context ... come from the inner model
+        if name == "inner":              # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def step_time(self, shape) -> float:
+        compute = self.inner.step_time(shape)
+        return max(compute, shape.offload_blocks * self.seconds_per_block) if shape.offload_blocks else compute
+
+    def ledger(self, shape) -> Ledger:
+        ledger = self.inner.ledger(shape)
+        if not shape.offload_blocks:
+            return ledger
+        copies = shape.offload_blocks * self.seconds_per_block
+        hidden = min(copies, ledger.total)
+        term = Term("CPU KV tier copies", "memory", copies - hidden, "roofline",
+                    f"{shape.offload_blocks} blocks to or from the CPU tier over the host link, "
+                    f"{copies * 1e3:.3f} ms, {hidden * 1e3:.3f} ms of them beside the compute")
+        return replace(ledger, terms=(*ledger.terms, term))
