@@ -50,6 +50,13 @@ def test_vllms_spellings_and_configs_map_to_the_planners_flags():
     assert draft.words[-4:] == ["--speculative", "draft:4", "--draft-model", "small"]
 
 
+def test_cpu_kv_offloading_carries_over():
+    # vLLM's --kv-offloading-size (underscores too, as its argparse takes them) and --kv-offloading-backend
+    t = translate("vllm serve m --kv_offloading_size 64 --kv-offloading-backend native", None, "h100-sxm")
+    assert t.words[-4:] == ["--kv-offloading-size", "64", "--kv-offloading-backend", "native"]
+    assert t.not_modelled == []
+
+
 def test_vllm_benchs_defaults_and_its_other_loads():
     # the random dataset, 1,000 prompts, every one at once (vllm/benchmarks/datasets/arg_utils.py, serve.py)
     t = translate("vllm serve m", "vllm bench serve --model m", "h100-sxm")

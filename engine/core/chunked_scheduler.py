@@ -52,7 +52,9 @@ native offloading: engine/core/kv_offload.py), a request starting from nothing
 also looks up its blocks after its GPU hits in the tier; with a hit it is
 parked for one step while they load (blocks held, no budget, not counted in
 ``max_num_seqs``), then admitted with them computed. Every scheduled request's
-newly full blocks are stored to the tier after the step.
+newly full blocks are stored to the tier after the step. Where nothing runs and
+the head of the queue cannot have its blocks because loaded requests behind it
+hold them, those give them back (vLLM 0.19 would wait forever there).
 
 One sequence per request: vLLM v1 turns ``n > 1`` into independent requests,
 and has no beam search in its scheduler, so such requests are rejected here.
@@ -400,6 +402,8 @@ class ChunkedScheduler(Scheduler):
                     continue
                 num_new = self._admit_loaded(group, load, budget, now)
                 if num_new is None:
+                    if self._unpark_behind(group, passed_over):
+                        continue
                     break
                 self._admitted(group, num_new, groups, seqs, counts, loras)
                 budget -= num_new
@@ -424,6 +428,8 @@ class ChunkedScheduler(Scheduler):
                     continue
                 if keys:
                     if not self._park(group, hit, keys):
+                        if self._unpark_behind(group, passed_over):
+                            continue
                         break
                     passed_over.append(self.waiting.popleft())
                     continue
@@ -432,9 +438,10 @@ class ChunkedScheduler(Scheduler):
             if num_new is None:
                 break
             free = allocator.num_free_blocks()
-            if self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free:
-                break
-            if allocator.blocks_to_admit(hit, computed + num_new) > free:
+            if ((self.reserve_full_isl and allocator.blocks_to_admit(hit, seq.num_tokens) > free)
+                    or allocator.blocks_to_admit(hit, computed + num_new) > free):
+                if offload is not None and self._unpark_behind(group, passed_over):
+                    continue
                 break
             self._admit_chunk(group, hit, computed, num_new, now)
             self._admitted(group, num_new, groups, seqs, counts, loras)
@@ -468,6 +475,23 @@ class ChunkedScheduler(Scheduler):
                           len(keys) * allocator.block_size)
         self.kv_loads.update(allocator.park(seq, hit, keys))
         return True
+
+    def _unpark_behind(self, head: SequenceGroup, passed_over: list[SequenceGroup]) -> bool:
+        """Nothing runs and the `head` of the queue cannot have its blocks: the other waiting requests whose
+        loads from the CPU tier are in give their blocks back (their loaded blocks stay in the prefix cache)
+        and look their prefix up again at their turn. Else the queue would wait forever, every block held by
+        requests behind its head (vLLM 0.19's scheduler would). True if any gave blocks back."""
+        if self.running:
+            return False
+        allocator, freed = self.allocator, False
+        for group in (*passed_over, *self.waiting):
+            seq = group.seqs[0]
+            load = allocator.loads.get(seq.seq_id)
+            if group is not head and load is not None and load.done:
+                allocator.free(seq)
+                seq.num_computed_tokens = 0
+                freed = True
+        return freed
 
     def _admit_loaded(self, group: SequenceGroup, load: Load, budget: int, now: float) -> int | None:
         """A request whose load from the CPU tier has run: its tokens computed (less one if that is all of
