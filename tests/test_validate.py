@@ -393,5 +393,6 @@ def test_the_simulator_loads_from_the_cpu_tier_where_the_live_engine_does(llama_
     assert live == [(s.batch_size, s.prefill_tokens, s.decode_tokens) for s in v.sim_steps]
     offload = v.simulated["kv_offload"]
     assert sum(s.offload_blocks for s in v.live.shapes) == offload["blocks_loaded"] + offload["blocks_stored"]
+    assert v.live.kv_offload == {key: offload[key] for key in v.live.kv_offload}
     assert offload["blocks_loaded"] > 0
     assert v.live.metrics["num_completed"] == 12

@@ -31,7 +31,7 @@ This module is the tier's bookkeeping: keys, slots and their LRU order, with no 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 GiB = 1 << 30
 
@@ -60,6 +60,18 @@ class OffloadStats:
     blocks_loaded: int = 0
     blocks_stored: int = 0
     stores_refused: int = 0       # offers of a request's new blocks the full tier could not take
+
+    @classmethod
+    def total(cls, many) -> OffloadStats:
+        """The counters of several tiers (a fleet's replicas) summed."""
+        return cls(*(sum(getattr(s, f.name) for s in many) for f in fields(cls)))
+
+    def as_dict(self) -> dict:
+        """The counters and the hit rate (of the prompt tokens looked up), for result files."""
+        return {"hit_tokens": self.hit_tokens,
+                "hit_rate": self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0,
+                "blocks_loaded": self.blocks_loaded, "blocks_stored": self.blocks_stored,
+                "stores_refused": self.stores_refused}
 
 
 class CpuKvTier:

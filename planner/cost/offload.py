@@ -1,9 +1,9 @@
 """The CPU tier's copies (--kv-offloading-size) on a GPU: on the copy engine, beside the step.
 
-vLLM's native offloading runs its loads and stores as asynchronous copies on a stream of their own
-(the CPU-GPU transfer handlers under vllm/v1/kv_offload/), so a step's compute does not wait for them; a request loading its
-prefix waits for its own copy, and the tier's blocks wait for their stores. What a step can move is bounded
-by the host link: each GPU copies its share of a block, all GPUs at once, at the catalog's
+vLLM's native offloading runs its loads and stores as asynchronous copies on a stream of their own (the
+CPU-GPU transfer handlers under vllm/v1/kv_offload/), so a step's compute does not wait for them; a request
+loading its prefix waits for its own copy, and the tier's blocks wait for their stores. What a step can move
+is bounded by the host link: each GPU copies its share of a block, all GPUs at once, at the catalog's
 `host_link_bandwidth` (pinned copies, effective). So a step that loads or stores lasts at least its copies'
 time: max(compute, blocks x a block's bytes per GPU / the link's rate). Only when the copies outlast the
 compute (prompts of many cached blocks arriving at once, or a busy link) do they show. A calibrated profile

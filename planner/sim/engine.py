@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import simpy
 
 from engine.core.allocators import make_allocator
+from engine.core.kv_offload import OffloadStats
 from engine.core.metrics import Metrics, RequestRecord, StepRecord, TokenGaps, step_columns, summarize
 from engine.core.parallel_sampling import BEAM_SEARCH_REFUSAL, ParentRequest, Parents, fans_out
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
@@ -939,16 +940,11 @@ def offload_summary(plan: DeploymentPlan, engines: list[SimulatedEngine]) -> dic
     tiers = [getattr(e.scheduler.allocator, "offload", None) for e in engines]   # (the paper's baselines have none)
     if tiers[0] is None:
         return None
-    queried = sum(t.stats.queried_tokens for t in tiers)
-    hits = sum(t.stats.hit_tokens for t in tiers)
-    moved = sum(t.stats.blocks_loaded + t.stats.blocks_stored for t in tiers) * plan.block_bytes_per_gpu
+    stats = OffloadStats.total([t.stats for t in tiers])
+    moved = (stats.blocks_loaded + stats.blocks_stored) * plan.block_bytes_per_gpu
     busy = max(e.env.now for e in engines) * len(engines) * plan.gpu.host_link_bandwidth
     return {"cpu_blocks": tiers[0].num_blocks, "kv_offloading_size_gib": plan.deployment.kv_offloading_size,
-            "hit_tokens": hits, "hit_rate": hits / queried if queried else 0.0,
-            "blocks_loaded": sum(t.stats.blocks_loaded for t in tiers),
-            "blocks_stored": sum(t.stats.blocks_stored for t in tiers),
-            "stores_refused": sum(t.stats.stores_refused for t in tiers),
-            "host_link_utilization": moved / busy if busy else 0.0}
+            **stats.as_dict(), "host_link_utilization": moved / busy if busy else 0.0}
 
 
 def spec_decoding(engine: SimulatedEngine) -> dict | None:

@@ -36,8 +36,8 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
-                                fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result, run_quietly,
-                                simulate)
+                                fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
+                                run_quietly, simulate)
 from planner.sim.clients import ClosedLoop
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas

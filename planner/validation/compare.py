@@ -32,6 +32,7 @@ class LiveRun:
     spec_decoding: dict | None = None    # the engine's SpecDecodingStats (vLLM's names) with --speculative ngram:K
     max_num_seqs: int | None = None      # the limits the engine resolved for its device (None: a recorded run's
     enable_prefix_caching: bool | None = None   # own deployment, resolved by the plan)
+    kv_offload: dict | None = None       # the CPU tier's counters (OffloadStats.as_dict) with --kv-offloading-size
 
 
 @dataclass

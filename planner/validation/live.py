@@ -87,7 +87,8 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
                    engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend,
                    (before, after),
                    None if engine.spec_decoding_stats is None else engine.spec_decoding_stats.as_dict(),
-                   engine.deployment.max_num_seqs, engine.deployment.enable_prefix_caching)
+                   engine.deployment.max_num_seqs, engine.deployment.enable_prefix_caching,
+                   None if engine.allocator.offload is None else engine.allocator.offload.stats.as_dict())
 
 
 def random_adapters(engines: list, trace: Trace, folder: str) -> dict:

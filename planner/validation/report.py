@@ -52,6 +52,8 @@ def as_json(v: Validation) -> dict:
         "simulated_spread": None if v.spread is None else v.spread.as_dict(),
         "verdict": validation_verdict(v),
         **({} if v.live.spec_decoding is None else {"spec_decoding": spec_comparison(v)}),
+        **({} if v.live.kv_offload is None else
+           {"kv_offload": {"measured": v.live.kv_offload, "simulated": v.simulated.get("kv_offload")}}),
     }
 
 
