@@ -31,3 +31,29 @@ def test_a_prefix_lost_on_the_gpu_is_loaded_from_the_cpu_tier(model_dir, referen
     assert sum(llm.loads) == 8                   # the shared prefix's 8 blocks came back from the CPU tier
     assert 64 in llm.starts                      # and the last prompt computed only what follows them
     assert sum(llm.stores) >= 4 * 8              # every prompt's full blocks went to the tier
+
+
+def test_the_server_answers_from_the_cpu_tier_as_it_did_from_the_gpu(tmp_path):
+    # `planner serve --kv-offloading-size`: a prompt asked again after three others pushed its blocks out of a
+    # 24-block GPU cache gets the same greedy text, its prefix loaded from the CPU tier
+    import openai
+    from engine.entrypoints.openai.server import BackgroundServer
+    from engine.llm_engine import LLMEngine
+    from serve_helpers import save_byte_model
+
+    folder = save_byte_model(tmp_path / "byte-llama")
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=24, max_num_seqs=4, max_model_len=96,
+                       kv_offloading_size=0.01)
+    prompts = ["".join(chr(97 + (i * 7 + k) % 26) for i in range(70)) for k in range(4)]
+    with BackgroundServer(engine, "tiny", folder) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+        def complete(prompt):
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                              extra_body={"ignore_eos": True}).choices[0].text
+        first = complete(prompts[0])
+        for other in prompts[1:]:
+            complete(other)
+        again = complete(prompts[0])
+    assert again == first
+    assert engine.allocator.offload.stats.blocks_loaded >= 8
