@@ -216,3 +216,33 @@ def test_invariants_hold_with_a_cpu_tier(reqs, num_blocks, offload, budget, max_
         assert g.finish_reason is FinishReason.LENGTH or g.finish_reason is FinishReason.REJECTED
     assert bm.num_free_blocks() == num_blocks - 1
     assert not tier.held
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "paper"], "is vLLM v1's"),
+    (["--no-enable-prefix-caching"], "needs prefix caching on"),
+    (["--kv-offloading-backend", "lmcache"], "'lmcache' is not modelled"),
+    (["--model", "gpt-oss-20b"], "on gpt-oss-20b is not modelled"),
+    (["--pd", "1:1"], "with --pd is not modelled"),
+])
+def test_what_the_tier_is_not_modelled_with_is_refused_in_one_line(flags, message):
+    from typer.testing import CliRunner
+    from planner.cli import app
+
+    args = ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100", "--requests", "20", "--kv-offloading-size", "8"]
+    result = CliRunner().invoke(app, args + flags)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize("size, message", [("-1", "must be a positive number of GiB"),
+                                           ("0.000001", "holds no KV block of llama-3.1-8b")])
+def test_a_tier_size_that_holds_nothing_is_refused_in_one_line(size, message):
+    from typer.testing import CliRunner
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100", "--requests", "20",
+                                      "--kv-offloading-size", size])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr, result.stderr

@@ -488,6 +488,7 @@ class ChunkedScheduler(Scheduler):
             seq = group.seqs[0]
             load = allocator.loads.get(seq.seq_id)
             if group is not head and load is not None and load.done:
+                self._cache(seq, load.tokens)       # (as loaded blocks enter it when their request goes on)
                 allocator.free(seq)
                 seq.num_computed_tokens = 0
                 freed = True

@@ -191,6 +191,10 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
     plan = DeploymentPlan(deployment, model, gpu, max_model_len, budget, gpu_blocks, cpu_blocks, memory,
                           weight_format=fmt, gemm=gemm, moe=layout,
                           cache_block_size=_cache_block_size(deployment, model, gpu))
+    if deployment.kv_offloading_size and not plan.offload_blocks:
+        raise PlannerError(f"--kv-offloading-size {deployment.kv_offloading_size:g} GiB holds no KV block of "
+                           f"{model.name} ({plan.block_bytes_per_gpu * deployment.tp * deployment.pp / 2**20:,.2f} "
+                           f"MiB over its GPUs): give more")
     all2all_note = check_backend(deployment.all2all_backend, plan.moe_parallel, gpu)
     kernel_note = check_moe_backend(model, fmt, gpu, plan.moe_parallel, deployment.moe_backend)
     if not refuse:
