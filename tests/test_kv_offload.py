@@ -91,13 +91,21 @@ def drive(sched, steps=20):
     return seen
 
 
-def test_a_prefix_lost_on_the_gpu_is_loaded_then_the_rest_computed():
-    sched, bm = make(9, 16)          # 8 usable blocks of 4
-    shared = list(range(10, 22))     # 3 full blocks
-    for rid, prompt in (("a", shared), ("b", list(range(30, 42))), ("c", list(range(50, 62)))):
+SHARED = list(range(10, 22))         # 3 full blocks of 4
+
+
+def evicted(num_blocks, offload, others=2):
+    """A scheduler whose GPU cache has lost SHARED's blocks to `others` prompts run after it, its tier not."""
+    sched, bm = make(num_blocks, offload)
+    for rid, prompt in [("a", SHARED)] + [(f"o{k}", list(range(30 + 20 * k, 42 + 20 * k))) for k in range(others)]:
         sched.add(request(rid, prompt))
         drive(sched)
-    sched.add(request("again", shared + [99]))
+    return sched, bm
+
+
+def test_a_prefix_lost_on_the_gpu_is_loaded_then_the_rest_computed():
+    sched, bm = evicted(9, 16)       # 8 usable blocks of 4
+    sched.add(request("again", SHARED + [99]))
     steps = drive(sched)
     # parked a step while its 3 blocks load (nothing computed), then its 13th token alone
     assert steps[0] == ({}, steps[0][1], {})
@@ -107,26 +115,17 @@ def test_a_prefix_lost_on_the_gpu_is_loaded_then_the_rest_computed():
 
 
 def test_a_whole_prompt_found_in_the_tier_recomputes_its_last_token():
-    sched, bm = make(9, 16)
-    shared = list(range(10, 22))
-    for rid, prompt in (("a", shared), ("b", list(range(30, 42))), ("c", list(range(50, 62)))):
-        sched.add(request(rid, prompt))
-        drive(sched)
-    sched.add(request("again", shared))
+    sched, bm = evicted(9, 16)
+    sched.add(request("again", SHARED))
     steps = drive(sched)
     assert len(steps[0][1]) == 3                 # all 3 blocks loaded (vLLM looks up the last one too)
     assert steps[1][0] == {"again": 1}           # and the last token computed again, to sample from
 
 
 def test_a_request_waits_while_another_loads_the_same_blocks():
-    sched, bm = make(13, 32)
-    shared = list(range(10, 22))
-    for rid, prompt in (("a", shared), ("b", list(range(30, 42))), ("c", list(range(50, 62))),
-                        ("d", list(range(70, 82)))):
-        sched.add(request(rid, prompt))
-        drive(sched)
-    sched.add(request("x", shared + [1]))
-    sched.add(request("y", shared + [2]))
+    sched, bm = evicted(13, 32, others=3)
+    sched.add(request("x", SHARED + [1]))
+    sched.add(request("y", SHARED + [2]))
     steps = drive(sched)
     assert len(steps[0][1]) == 3                 # x loads; y waits, then hits x's blocks on the GPU
     assert sum(len(loads) for _, loads, _ in steps) == 3
@@ -134,12 +133,8 @@ def test_a_request_waits_while_another_loads_the_same_blocks():
 
 
 def test_an_abort_while_parked_lets_go_of_its_blocks_and_keys():
-    sched, bm = make(9, 16)
-    shared = list(range(10, 22))
-    for rid, prompt in (("a", shared), ("b", list(range(30, 42))), ("c", list(range(50, 62)))):
-        sched.add(request(rid, prompt))
-        drive(sched)
-    group = request("again", shared + [99])
+    sched, bm = evicted(9, 16)
+    group = request("again", SHARED + [99])
     sched.add(group)
     out = sched.schedule(100.0)
     assert out.kv_loads and bm.offload.held

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from planner.catalog import GpuSpec, ModelSpec
 from planner.cost.ledger import Ledger, Term
+from planner.cost.wrappers import BuiltOn
 
 SHRINK_BYTES = 4     # the shrink kernel's output buffer is float32 (vllm/lora/punica_wrapper)
 
@@ -117,17 +118,13 @@ def with_lora_term(ledger: Ledger, pricer: LoraPricer, tokens: int, adapters: in
     return replace(ledger, terms=(*ledger.terms, term))
 
 
-class LoraCost:
+class LoraCost(BuiltOn):
     """A cost model with the LoRA kernels of each step added (StepShape.lora_adapters, the adapters it runs)."""
 
     def __init__(self, inner, pricer: LoraPricer) -> None:
-        self.inner, self.pricer = inner, pricer
+        super().__init__(inner)
+        self.pricer = pricer
         self.name = f"{inner.name} + LoRA roofline (rank {pricer.rank})"
-
-    def __getattr__(self, name):         # profile, source, prices_each_context ... come from the inner model
-        if name == "inner":              # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def step_time(self, shape) -> float:
         return (self.inner.step_time(shape) + self.pricer.seconds(shape.total_tokens, shape.lora_adapters)

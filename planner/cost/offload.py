@@ -14,19 +14,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost.ledger import Ledger, Term
+from planner.cost.wrappers import BuiltOn
 
 
-class OffloadCost:
+class OffloadCost(BuiltOn):
     """A cost model with each step's CPU-tier copies overlapped with its compute (StepShape.offload_blocks)."""
 
     def __init__(self, inner, seconds_per_block: float) -> None:
-        self.inner, self.seconds_per_block = inner, seconds_per_block
+        super().__init__(inner)
+        self.seconds_per_block = seconds_per_block
         self.name = f"{inner.name} + CPU KV offloading"
-
-    def __getattr__(self, name):         # profile, source, prices_each_context ... come from the inner model
-        if name == "inner":              # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def step_time(self, shape) -> float:
         compute = self.inner.step_time(shape)

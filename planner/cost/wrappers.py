@@ -1,5 +1,8 @@
 """Cost models built on another one: timing noise, a constant speed factor, replayed durations.
 
+- `BuiltOn`: the base of a model that adds terms to another's steps (LoRA's kernels, the CPU KV tier's
+  copies) and answers with it for all else.
+
 - `NoisyCost`: each part of a step scatters by the profile's residual spread
   (seeded, so a run is reproducible): `--timing-noise`, and the spread behind
   `--seeds` intervals.
@@ -14,6 +17,19 @@ import random
 
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram
 from planner.errors import PlannerError
+
+
+class BuiltOn:
+    """A cost model that adds to `inner`'s steps and answers with it for all else (its profile, source,
+    prices_each_context ...): LoraCost, OffloadCost."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        if name == "inner":              # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 class NoisyCost:
