@@ -121,6 +121,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   (engine/core/kv_offload.py). `kv_offloading_backend` is `--kv-offloading-backend`: `native` only
   (LMCache keeps its cache in a server of its own, which is not modelled). vllm-v1 policy with prefix
   caching only.
+- `cpu_offload_gb` is vLLM's `--cpu-offload-gb`: GiB of each GPU's weights (its first layers' parameters)
+  kept in host memory and read over the host link by every forward (vLLM's UVA offloader); the GPU's
+  memory they leave goes to the KV cache. Only the planner prices it (this engine's weights are where its
+  device reads them).
 """
 from __future__ import annotations
 
@@ -204,6 +208,7 @@ class Deployment:
     max_lora_rank: int = 16                  # vLLM's --max-lora-rank: the largest adapter rank it serves
     kv_offloading_size: float | None = None  # vLLM's --kv-offloading-size: GiB of host memory for KV blocks
     kv_offloading_backend: str = "native"    # vLLM's --kv-offloading-backend (native only)
+    cpu_offload_gb: float = 0.0              # vLLM's --cpu-offload-gb: GiB of each GPU's weights in host memory
 
     def __post_init__(self) -> None:
         for name, (kind, optional) in _FIELD_KINDS.items():    # each setting's type first: see check_type
@@ -509,11 +514,13 @@ def _check_lora(dep: Deployment) -> None:
 
 
 def _check_offloading(dep: Deployment) -> None:
-    """vLLM's --kv-offloading-size and --kv-offloading-backend (vllm/config/cache.py), and what the CPU tier
-    here needs: vLLM v1's scheduler with its prefix cache."""
+    """vLLM's --cpu-offload-gb, --kv-offloading-size and --kv-offloading-backend (vllm/config/cache.py), and
+    what the CPU KV tier here needs: vLLM v1's scheduler with its prefix cache."""
     if dep.kv_offloading_backend != "native":
         raise ValueError(f"kv_offloading_backend {dep.kv_offloading_backend!r} is not modelled: only vLLM's "
                          f"native CPU offloading is (LMCache keeps its cache in a server of its own)")
+    if not 0 <= dep.cpu_offload_gb < math.inf:
+        raise ValueError(f"cpu_offload_gb must be a number of GiB >= 0, got {dep.cpu_offload_gb}")
     size = dep.kv_offloading_size
     if size is None:
         return

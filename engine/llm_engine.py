@@ -97,6 +97,9 @@ def check_runnable(dep: Deployment, model: str) -> None:
     if dep.quantization is not None:
         raise ValueError(f"quantization {dep.quantization!r}: this engine runs 16/32-bit weights; the planner "
                          f"prices quantized deployments (planner simulate --quantization {dep.quantization})")
+    if dep.cpu_offload_gb:
+        raise ValueError(f"cpu_offload_gb {dep.cpu_offload_gb:g}: this engine keeps its weights where its device "
+                         f"reads them; the planner prices vLLM's --cpu-offload-gb (planner simulate --cpu-offload-gb)")
     if not Path(model, "config.json").exists():
         raise ValueError(f"{model}: not a model folder (no config.json); give a local Hugging Face "
                          f"checkpoint folder")

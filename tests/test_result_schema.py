@@ -37,9 +37,11 @@ def test_result_json(small):
     assert not undocumented(doc)
 
 
-def test_a_run_with_a_cpu_kv_tier_documents_its_fields(small):
-    doc = simulate(small.replace(kv_offloading_size=8.0), workload="chatbot", rate=4, requests=60).document()
+def test_a_run_with_a_cpu_kv_tier_and_offloaded_weights_documents_its_fields(small):
+    doc = simulate(small.replace(kv_offloading_size=8.0, cpu_offload_gb=1.0), workload="chatbot", rate=4,
+                   requests=60).document()
     assert doc["kv_offload"]["blocks_stored"] > 0
+    assert doc["memory_plan"]["cpu_offload_gib_per_gpu"] == 1.0
     assert not undocumented(doc)
 
 

@@ -22,7 +22,8 @@ SERVE_VALUED = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
                 "--gpu-memory-utilization", "--swap-space", "--block-size", "--kv-cache-dtype", "--quantization",
                 "--dtype", "--scheduling-policy", "--performance-mode", "--all2all-backend", "--moe-backend",
                 "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--kv-cache-memory-bytes",
-                "--max-loras", "--max-lora-rank", "--kv-offloading-size", "--kv-offloading-backend")
+                "--max-loras", "--max-lora-rank", "--kv-offloading-size", "--kv-offloading-backend",
+                "--cpu-offload-gb")
 SERVE_RENAMED = {"--tensor-parallel-size": "--tp", "-tp": "--tp", "--pipeline-parallel-size": "--pp", "-pp": "--pp",
                  "--data-parallel-size": "--dp", "-dp": "--dp", "--num-gpu-blocks-override": "--num-gpu-blocks",
                  "-q": "--quantization", "--kv-cache-memory": "--kv-cache-memory-bytes"}
@@ -45,7 +46,7 @@ SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--en
                           "--enable-force-include-usage", "--language-model-only", "--calculate-kv-scales",
                           "--enable-sleep-mode", "--headless")
 # what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
-SERVE_NOT_MODELLED_VALUED = ("--cpu-offload-gb", "--kv-transfer-config", "--compilation-config", "-O",
+SERVE_NOT_MODELLED_VALUED = ("--kv-transfer-config", "--compilation-config", "-O",
                              "--max-cpu-loras", "--lora-dtype", "--cuda-graph-sizes",
                              "--max-cudagraph-capture-size", "--attention-backend", "--stream-interval",
                              "--api-server-count", "--hf-overrides", "--rope-scaling", "--max-num-partial-prefills",

@@ -146,6 +146,9 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                            "vLLM's native CPU KV offloading: GiB of host memory (summed over the GPUs) that keep "
                            "every full KV block behind the prefix cache, so a prefix the GPU lost loads back over "
                            "the host link instead of being recomputed (vllm-v1 with prefix caching) [default: off]"),
+    "cpu_offload_gb": (("--cpu-offload-gb",), "vLLM's: GiB of each GPU's weights (its first layers') kept in host "
+                                             "memory, read over the host link by every step; the memory they leave "
+                                             "goes to the KV cache [default: 0]"),
     "kv_offloading_backend": (("--kv-offloading-backend",), "with --kv-offloading-size: native (vLLM's own; "
                                                             "LMCache is not modelled) [default: native]"),
 }

@@ -175,6 +175,7 @@ class MemoryPlan:
     redundant_experts: int = 0      # EPLB's extra expert copies over the EP ranks (their weights are counted)
     pp: int = 1                     # pipeline stages, tp GPUs each: this plan is the largest stage's
     lora_bytes_per_gpu: int = 0     # --enable-lora's adapter slots (in weight_bytes_per_gpu)
+    cpu_offload_bytes_per_gpu: int = 0   # --cpu-offload-gb: the weights kept in host memory (not in weight_bytes)
 
     @property
     def kv_bytes_per_gpu(self) -> int:
@@ -228,6 +229,8 @@ class MemoryPlan:
             **({"window_blocks_per_seq": self.window_blocks_per_seq} if self.window_blocks_per_seq else {}),
             **({"redundant_experts": self.redundant_experts} if self.redundant_experts else {}),
             **({"lora_gib_per_gpu": self.lora_bytes_per_gpu / GIB} if self.lora_bytes_per_gpu else {}),
+            **({"cpu_offload_gib_per_gpu": self.cpu_offload_bytes_per_gpu / GIB}
+               if self.cpu_offload_bytes_per_gpu else {}),
             **({"state_blocks_per_seq": self.state_blocks_per_seq,
                 "state_mib_per_seq_per_gpu": self.state_blocks_per_seq * self.block_bytes_per_gpu / 2**20}
                if self.state_blocks_per_seq else {}),
@@ -316,7 +319,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
                 dp: int = 1, expert_parallel: bool = False, draft: ModelSpec | None = None,
                 draft_shares_vocab: bool = False, pp: int = 1, all2all: str = ALL2ALL_BACKENDS[0],
                 shared_windows: bool = False, redundant_experts: int = 0,
-                kv_cache_memory_bytes: int | None = None, lora_bytes: int = 0) -> MemoryPlan:
+                kv_cache_memory_bytes: int | None = None, lora_bytes: int = 0,
+                cpu_offload_bytes: int = 0) -> MemoryPlan:
     """Split each of `tp` GPUs' memory into weights, activations and KV blocks.
 
     `count_non_torch=False` reproduces vLLM 0.1 (the paper's engine), whose
@@ -338,6 +342,8 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     utilization leaves; the plan refuses it when the weights and non-torch memory leave less of the GPU.
     `lora_bytes` is what --enable-lora's adapter slots hold on each GPU (planner/cost/lora.py), counted with
     the weights: vLLM allocates them with the model, before it measures what is left for the cache.
+    `cpu_offload_bytes` is vLLM's --cpu-offload-gb in bytes: that much of each GPU's layers stays in host
+    memory (`offloaded_weight_bytes`), and the GPU holds the rest.
     """
     model, gpu = resolve_model(model), resolve_gpu(gpu)
     kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -355,6 +361,9 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
     non_torch = non_torch_bytes(group, gpu.interconnect) if gpu.kind == "gpu" and count_non_torch else 0
     stage = largest_stage(model.num_layers, pp)             # the largest stage's layers (all with pp = 1)
     weights = weights * stage // model.num_layers
+    offloaded = offloaded_weight_bytes(model, tp, dtype_bytes, weight_format, dp, expert_parallel, redundant_experts,
+                                       pp, cpu_offload_bytes)
+    weights -= offloaded
     if draft is not None:
         weights += draft_weight_bytes(draft, tp, dtype_bytes, draft_shares_vocab)
     kv_room = usable - weights - activations - non_torch
@@ -394,5 +403,19 @@ def plan_memory(model: ModelSpec | str, gpu: GpuSpec | str, tp: int = 1,
         expert_bytes_per_gpu=model.expert_bytes_per_gpu(tp, dp, expert_parallel, dtype_bytes, weight_format,
                                                         redundant_experts),
         redundant_experts=redundant_experts, lora_bytes_per_gpu=lora_bytes * stage // model.num_layers,
+        cpu_offload_bytes_per_gpu=offloaded,
     )
+
+
+def offloaded_weight_bytes(model: ModelSpec, tp: int, dtype_bytes: int, weight_format: WeightFormat | None,
+                           dp: int, expert_parallel: bool, redundant_experts: int, pp: int, cap: int) -> int:
+    """What vLLM's --cpu-offload-gb keeps in host memory on each GPU: its decoder layers' parameters, the first
+    layer's first, up to `cap` bytes, never the embedding or the LM head (vLLM's UVA offloader wraps each layer
+    as it builds it and stops at the parameter that reaches the cap; that parameter's bytes past it, at most
+    one matrix, are not counted here)."""
+    if not cap:
+        return 0
+    whole = model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel, redundant_experts)
+    layers = whole - -(-(model.embedding_params + model.lm_head_params) // tp) * dtype_bytes
+    return min(cap, layers * largest_stage(model.num_layers, pp) // model.num_layers)
 

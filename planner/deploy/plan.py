@@ -31,7 +31,7 @@ from planner.catalog import GIB, GpuSpec, ModelSpec
 from planner.catalog.quantization import (GemmPath, WeightFormat, catalog_checkpoint_format, checkpoint_format,
                                           format_from_id, gemm_path, recorded_format, weight_format)
 from planner.deploy import checks
-from planner.deploy.memory import MemoryPlan, kv_block_layout, plan_memory
+from planner.deploy.memory import MemoryPlan, kv_block_layout, offloaded_weight_bytes, plan_memory
 from planner.cost.all2all import check_backend
 from planner.cost.dbo import DualBatch
 from planner.cost.deepgemm import check_moe_backend
@@ -95,6 +95,16 @@ class DeploymentPlan:
         if d.num_cpu_blocks is not None:
             return d.num_cpu_blocks
         return offload_blocks(d.kv_offloading_size, self.block_bytes_per_gpu, d.tp * d.pp)
+
+    @property
+    def cpu_offload_bytes_per_gpu(self) -> int:
+        """The weights --cpu-offload-gb keeps in host memory on each GPU, which every forward reads from there."""
+        if self.memory is not None:
+            return self.memory.cpu_offload_bytes_per_gpu
+        d = self.deployment
+        return offloaded_weight_bytes(self.model, d.tp, self.dtype_bytes, self.weight_format, d.dp,
+                                      d.enable_expert_parallel and self.model.is_moe, d.num_redundant_experts, d.pp,
+                                      int(d.cpu_offload_gb * GIB))
 
     @property
     def dtype_bytes(self) -> int:
@@ -169,6 +179,8 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
         _check_lora(model, deployment)
     if deployment.kv_offloading_size:
         _check_offloading(model)
+    if deployment.cpu_offload_gb and gpu.kind != "gpu":
+        raise PlannerError(f"--cpu-offload-gb on {gpu.name}: its weights are in host memory already")
     node_link(deployment.node_link)             # an unknown, or one node's, --node-link fails here
     check_sparse_gpu(model, gpu)
     model = as_cached_on(model, gpu, 1 if deployment.kv_cache_dtype == "fp8" else 2)   # what the cost models read
@@ -354,7 +366,8 @@ def _plan_memory(deployment: Deployment, model: ModelSpec, gpu: GpuSpec, budget:
                 redundant_experts=deployment.num_redundant_experts,
                 kv_cache_memory_bytes=deployment.kv_cache_memory_bytes,
                 lora_bytes=(deployment.max_loras * lora_slot_bytes(model, deployment.tp, deployment.max_lora_rank,
-                                                                   dtype_bytes) if deployment.enable_lora else 0))
+                                                                   dtype_bytes) if deployment.enable_lora else 0),
+                cpu_offload_bytes=int(deployment.cpu_offload_gb * GIB))
     proposer = proposer_model(deployment, model)      # a draft model or head: its weights and KV share the GPUs
     if proposer is not None:
         args.update(draft=proposer[0], draft_shares_vocab=proposer[1])

@@ -19,7 +19,7 @@ from planner.cost.calibrated import CalibratedCostModel
 from planner.cost.calibration import load_calibration
 from planner.cost.lora import LoraCost, LoraPricer
 from planner.cost.not_modelled import not_modelled
-from planner.cost.offload import OffloadCost
+from planner.cost.offload import OffloadCost, WeightStreamCost
 from planner.cost.select import select_cost_model
 from planner.cost.shape import CostModel
 from planner.cost.wrappers import with_timing_noise
@@ -74,6 +74,8 @@ def build_cost_model(plan: DeploymentPlan, cost_model: str | None = None, profil
         base = LoraCost(base, LoraPricer(plan.model, plan.gpu, d.tp, d.max_lora_rank, floor, plan.dtype_bytes))
     if plan.offload_blocks and not isinstance(base, CalibratedCostModel):    # (a profile prices them as swaps)
         base = OffloadCost(base, plan.block_bytes_per_gpu / plan.gpu.host_link_bandwidth)
+    if plan.cpu_offload_bytes_per_gpu:
+        base = WeightStreamCost(base, plan.cpu_offload_bytes_per_gpu, plan.gpu.host_link_bandwidth)
     return base
 
 
