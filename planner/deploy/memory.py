@@ -418,4 +418,3 @@ def offloaded_weight_bytes(model: ModelSpec, tp: int, dtype_bytes: int, weight_f
     whole = model.weight_bytes_per_gpu(tp, dtype_bytes, weight_format, dp, expert_parallel, redundant_experts)
     layers = whole - -(-(model.embedding_params + model.lm_head_params) // tp) * dtype_bytes
     return min(cap, layers * largest_stage(model.num_layers, pp) // model.num_layers)
-
