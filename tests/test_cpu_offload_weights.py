@@ -40,6 +40,10 @@ def test_every_step_that_computes_reads_them_over_the_host_link():
     assert offloaded.step_time(StepShape()) == plain.step_time(StepShape())
     measured = build_cost_model(plan_deployment(BASE.replace(gpu="h100", cpu_offload_gb=4.0)))   # has a ledger
     assert "weights from host memory" in [t.name for t in measured.ledger(decode).terms]
+    shown = CliRunner().invoke(app, ["explain", "--model", "llama-3.1-8b", "--gpu", "h100", "--batch", "8",
+                                     "--context", "1000", "--cpu-offload-gb", "4"])
+    assert shown.exit_code == 0
+    assert "weights from host memory" in shown.output
 
 
 def test_it_is_refused_where_weights_are_in_host_memory_already_and_by_the_live_engine(tmp_path):

@@ -22,6 +22,7 @@ from planner.cli.output import fail, stdout
 from planner.cost.ledger import GROUPS, Ledger
 from planner.cost.lora import LoraPricer, with_lora_term
 from planner.cost.measured import MeasuredCostModel
+from planner.cost.offload import WeightStreamCost
 from planner.cost.shape import StepShape, context_histogram, prefill_attn_pairs
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
@@ -61,6 +62,8 @@ def explain_ledger(deployments: DeploymentChoices, batch: int, context: int, pre
                               async_scheduling=host_hidden(d), moe=plan.moe_parallel,
                               node_link=d.node_link, custom_all_reduce=not d.disable_custom_all_reduce,
                               performance_mode=d.performance_mode, speculative_tokens=d.num_speculative_tokens)
+    if plan.cpu_offload_bytes_per_gpu:     # --cpu-offload-gb: every forward reads those weights over the host link
+        model = WeightStreamCost(model, plan.cpu_offload_bytes_per_gpu, plan.gpu.host_link_bandwidth)
     shape = step(batch, context, prefill_tokens, prefill_context)
     ledger = model.ledger(shape)
     if d.enable_lora:          # the most adapters a step may run: --max-loras
