@@ -57,6 +57,25 @@ def test_cpu_kv_offloading_carries_over():
     assert t.not_modelled == []
 
 
+def test_the_offloading_connectors_json_carries_over_and_other_connectors_are_left_out():
+    t = translate("vllm serve m --kv-transfer-config '{\"kv_connector\": \"OffloadingConnector\", "
+                  "\"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"cpu_bytes_to_use\": 34359738368}}'",
+                  None, "h100-sxm")
+    assert t.words[-2:] == ["--kv-offloading-size", "32"]
+    assert t.not_modelled == []
+    blocked = translate("vllm serve m --kv-transfer-config '{\"kv_connector\": \"OffloadingConnector\", "
+                        "\"kv_connector_extra_config\": {\"block_size\": 64, \"cpu_bytes_to_use\": 1073741824}}'",
+                        None, "h100-sxm")
+    assert blocked.words[-2:] == ["--kv-offloading-size", "1"]
+    assert blocked.not_modelled == ["--kv-transfer-config's block_size"]
+    lmcache = translate("vllm serve m --kv-transfer-config '{\"kv_connector\": \"LMCacheConnectorV1\"}'", None,
+                        "h100-sxm")
+    assert lmcache.not_modelled == ["--kv-transfer-config"]
+    with pytest.raises(PlannerError, match="cpu_bytes_to_use"):
+        translate("vllm serve m --kv-transfer-config '{\"kv_connector\": \"OffloadingConnector\", "
+                  "\"kv_connector_extra_config\": {\"num_cpu_blocks\": 1000}}'", None, "h100-sxm")
+
+
 def test_vllm_benchs_defaults_and_its_other_loads():
     # the random dataset, 1,000 prompts, every one at once (vllm/benchmarks/datasets/arg_utils.py, serve.py)
     t = translate("vllm serve m", "vllm bench serve --model m", "h100-sxm")

@@ -1,7 +1,7 @@
 """vLLM's native CPU KV-cache offloading (`vllm serve --kv-offloading-size GIB`): a second prefix cache in
 host memory behind the GPU's.
 
-vLLM 0.11 and later turn `--kv-offloading-size` into its OffloadingConnector with a CPU medium
+vLLM turns `--kv-offloading-size` into its OffloadingConnector (vLLM 0.11 and later) with a CPU medium
 (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py and its scheduler half;
 vllm/v1/kv_offload/cpu.py and lru_manager.py). What it does, and what this tier does the same way:
 

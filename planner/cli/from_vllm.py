@@ -46,7 +46,7 @@ SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--en
                           "--enable-force-include-usage", "--language-model-only", "--calculate-kv-scales",
                           "--enable-sleep-mode", "--headless")
 # what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
-SERVE_NOT_MODELLED_VALUED = ("--kv-transfer-config", "--compilation-config", "-O",
+SERVE_NOT_MODELLED_VALUED = ("--compilation-config", "-O",
                              "--max-cpu-loras", "--lora-dtype", "--cuda-graph-sizes",
                              "--max-cudagraph-capture-size", "--attention-backend", "--stream-interval",
                              "--api-server-count", "--hf-overrides", "--rope-scaling", "--max-num-partial-prefills",
@@ -180,6 +180,28 @@ def _eplb(text: str) -> list[str]:
     return [] if redundant is None else ["--num-redundant-experts", str(redundant)]
 
 
+def _kv_transfer(text: str, out: Translation) -> None:
+    """--kv-transfer-config's JSON: vLLM's OffloadingConnector with its CPU tier's size in bytes
+    (`cpu_bytes_to_use`, what --kv-offloading-size sets) as --kv-offloading-size; any other connector (LMCache,
+    disaggregated serving's), a tiered or differently blocked tier, is left out with a warning."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlannerError(f"vllm serve: --kv-transfer-config is not JSON: {exc.msg}") from None
+    if not isinstance(config, dict) or config.get("kv_connector") != "OffloadingConnector":
+        out.not_modelled.append("--kv-transfer-config")
+        return
+    extra = config.get("kv_connector_extra_config") or {}
+    size = extra.get("cpu_bytes_to_use") if isinstance(extra, dict) else None
+    if not isinstance(size, (int, float)) or isinstance(size, bool) or size <= 0:
+        raise PlannerError("vllm serve: --kv-transfer-config's OffloadingConnector: give the CPU tier's size as "
+                           "kv_connector_extra_config's cpu_bytes_to_use (or --kv-offloading-size GIB); a size in "
+                           "blocks (num_cpu_blocks) depends on the model's block bytes")
+    out.words += ["--kv-offloading-size", f"{size / 2**30:g}"]
+    if set(extra) - {"cpu_bytes_to_use"}:       # block_size, spec_name, store_threshold, ...
+        out.not_modelled.append("--kv-transfer-config's " + ", ".join(sorted(set(extra) - {"cpu_bytes_to_use"})))
+
+
 def translate_serve(command: str, out: Translation) -> None:
     """`vllm serve MODEL ...`'s deployment flags, appended to `out`."""
     words = _flags(command, ("serve",), "vllm serve")
@@ -205,6 +227,9 @@ def translate_serve(command: str, out: Translation) -> None:
             i += 1 + len(_values(words, i, "vllm serve"))
         elif word in ("--speculative-config", "--eplb-config"):
             out.words += (_speculative if word == "--speculative-config" else _eplb)(_value(words, i, "vllm serve"))
+            i += 2
+        elif word == "--kv-transfer-config":
+            _kv_transfer(_value(words, i, "vllm serve"), out)
             i += 2
         elif word in SERVE_IGNORED_VALUED or word in SERVE_NOT_MODELLED_VALUED:
             (out.ignored if word in SERVE_IGNORED_VALUED else out.not_modelled).append(word)
