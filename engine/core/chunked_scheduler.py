@@ -192,13 +192,14 @@ class VllmBlockManager(BlockManager):
                 self.offload.release(load.keys)
 
     # -- the CPU tier (--kv-offloading-size) -------------------------------------
-    def offload_hit(self, seq: Sequence, local: int) -> list[int] | None:
-        """The keys of the sequence's full blocks after its `local` GPU-hit blocks that the CPU tier holds
+    def offload_hit(self, seq: Sequence, hit: list[tuple[int, int]]) -> list[int] | None:
+        """The keys of the sequence's full blocks after its GPU `hit` (cached_prefix's) that the CPU tier holds
         ready, in order ([] for none; vLLM counts the prompt's last block too), or None when another request
         is loading some of them (this one waits a step). Touches all its full blocks' keys."""
-        tier = self.offload
-        keys = list(chained_hashes(seq.token_ids, self.block_size, seq.num_tokens // self.block_size,
-                                   seq.cache_root))
+        tier, bs, local = self.offload, self.block_size, len(hit)
+        keys = [h for _, h in hit]          # the chain goes on from the hit's last key
+        keys += chained_hashes(seq.token_ids[local * bs:], bs, seq.num_tokens // bs - local,
+                               keys[-1] if keys else seq.cache_root)
         tier.touch(keys)
         hit = keys[local:local + tier.lookup(keys[local:])]
         if any(key in tier.held for key in hit):
@@ -422,7 +423,7 @@ class ChunkedScheduler(Scheduler):
             seq = group.seqs[0]
             hit = allocator.cached_prefix(seq)
             if offload is not None:
-                keys = allocator.offload_hit(seq, len(hit))
+                keys = allocator.offload_hit(seq, hit)
                 if keys is None:        # another request is loading its blocks: next step they are on the GPU
                     passed_over.append(self.waiting.popleft())
                     continue
@@ -516,10 +517,7 @@ class ChunkedScheduler(Scheduler):
         del allocator.loads[seq.seq_id]
         allocator.grow(seq, computed + num_new)
         self._cache(seq, computed + num_new)
-        seq.status = SequenceStatus.RUNNING
-        if group.times.first_scheduled is None:
-            group.times.first_scheduled = now
-        self.running.append(group)
+        self._run(group, now)
         return num_new
 
     def running_loras(self) -> set[int] | None:
@@ -576,7 +574,11 @@ class ChunkedScheduler(Scheduler):
         self.count_lookup(group, seq.num_tokens, computed)
         self.allocator.admit(seq, hit, computed + num_new)
         self._cache(seq, computed + num_new)
-        seq.status = SequenceStatus.RUNNING
+        self._run(group, now)
+
+    def _run(self, group: SequenceGroup, now: float) -> None:
+        """An admitted request (its blocks had, its tokens marked) joins the running list."""
+        group.seqs[0].status = SequenceStatus.RUNNING
         if group.times.first_scheduled is None:
             group.times.first_scheduled = now
         self.running.append(group)

@@ -89,9 +89,6 @@ class CpuKvTier:
         self.held: Counter[int] = Counter()                    # keys being loaded, by how many loads
         self.stats = OffloadStats()
 
-    def __len__(self) -> int:
-        return len(self.slots)
-
     def lookup(self, keys) -> int:
         """How many of `keys`, from the first, are in the tier and ready."""
         slots, not_ready = self.slots, self.not_ready
