@@ -3,8 +3,8 @@ interval the profile's timing noise allows), and main.sh's run must be long enou
 
 Each case runs `planner validate --reprofile --json` as a user does, in its own
 process: a quick profile timed along the live run (points between its steps,
-the trace clock paused), then the simulation of the same trace. Slow (four quick profiles and
-live runs of opt-125m: about seven minutes on 2 cores) and meaningful only on a
+the trace clock paused), then the simulation of the same trace. Slow (five quick profiles and
+live runs of opt-125m: about ten minutes on 2 cores) and meaningful only on a
 quiet machine, so it is marked slow and left out of CI's default run:
 `pytest -m slow tests/test_accuracy_slow.py`.
 """
@@ -21,7 +21,13 @@ TARGETS = {"request_throughput": 0.05, "e2e_mean": 0.10, "step_time_median": 0.1
 # What `scripts/main.sh` runs (validate --quick), and validate's default settings for both workloads and
 # both scheduling policies.
 CASES = {"main.sh": ["--quick"], "sharegpt": [], "alpaca": ["--workload", "alpaca"],
-         "sharegpt, chunked prefill": ["--chunked-prefill"]}
+         "sharegpt, chunked prefill": ["--chunked-prefill"],
+         # Six 341-token prefixes that do not fit the 95 GPU blocks together, a CPU tier that holds them: prompts
+         # after a cached context and mixed steps make most of the run (docs/offload.md).
+         "prefix, CPU KV tier": ["--quick", "--workload", "prefix", "-p", "shots=5", "-p", "num_prefixes=6",
+                                 "--length-scale", "1", "--max-output-len", "32", "--num-gpu-blocks", "96",
+                                 "--max-model-len", "1024", "--requests", "80", "--rate", "1.0",
+                                 "--kv-offloading-size", "0.25"]}
 
 
 @pytest.mark.slow

@@ -28,8 +28,13 @@ def _m(component, y, **features):
     return Measurement(component=component, features=features, median_s=y, spread=0.0, samples_s=[y])
 
 
-def synthetic_measurements(noise: float = 0.0, seed: int = 0) -> list[Measurement]:
-    """Timings from fixed formulas: linear prefill, a decode that gets cheaper per sequence past batch 16."""
+def synthetic_measurements(noise: float = 0.0, seed: int = 0, cached: bool = True,
+                           mixed: bool = False) -> list[Measurement]:
+    """Timings from fixed formulas: linear prefill (3 us more per cached token a prompt continues from), a
+    decode that gets cheaper per sequence past batch 16. The fresh prompts carry no `context` feature, as
+    in a profile written before prompts after a cached context were timed; `cached=False` leaves those
+    out altogether. `mixed`: also what decode rows add to a pass over a prompt chunk (6 ms + 1.2 ms a row),
+    as a profile times it now."""
     rng = np.random.default_rng(seed)
 
     def jitter(y):
@@ -41,6 +46,10 @@ def synthetic_measurements(noise: float = 0.0, seed: int = 0) -> list[Measuremen
             pairs = seqs * length * (length + 1) // 2
             ms.append(_m("prefill", jitter(2e-3 + 1e-5 * tokens + 1e-8 * pairs + 1e-4 * seqs),
                          tokens=tokens, attn_pairs=pairs, seqs=seqs))
+        for context in (128, 512) if cached else ():
+            pairs = prefill_attn_pairs(tokens, context)
+            ms.append(_m("prefill", jitter(2e-3 + 1e-5 * tokens + 1e-8 * pairs + 1e-4 + 3e-6 * context),
+                         tokens=tokens, attn_pairs=pairs, seqs=1, context=context))
     for batch in (1, 4, 16, 64):
         for context in (32, 256, 1024):
             per_seq = 1e-3 * min(batch, 16) + 2e-4 * max(batch - 16, 0)     # concave: a kink at 16
@@ -50,6 +59,8 @@ def synthetic_measurements(noise: float = 0.0, seed: int = 0) -> list[Measuremen
         for name, base, slope in (("sched_prefill", 1e-4, 2e-5), ("sched_decode", 5e-5, 1e-5),
                                   ("sample_greedy", 2e-5, 1e-6), ("sample_random", 1e-4, 3e-4)):
             ms.append(_m(name, jitter(base + slope * batch), seqs=batch))
+    for rows in (1, 4, 16, 64) if mixed else ():
+        ms.append(_m("mixed_decode", jitter(6e-3 + 1.2e-3 * rows), seqs=rows))
     for blocks in (1, 8, 64):
         ms.append(_m("swap", jitter(1e-4 + 2e-5 * blocks), blocks=blocks))
         ms.append(_m("copy", jitter(5e-5 + 1e-6 * blocks), blocks=blocks))
@@ -94,6 +105,15 @@ def test_fit_recovers_exact_formulas():
     assert fits["decode"].chosen == "piecewise"
     assert fits["decode"].cv["linear"].mean_rel > 5 * fits["decode"].cv["piecewise"].mean_rel
     assert fits["prefill"].curve.extras["attn_pairs"] == pytest.approx(1e-8, rel=1e-3)
+    assert fits["prefill"].curve.extras["context"] == pytest.approx(3e-6, rel=1e-3)
+
+
+def test_a_profile_without_prompts_after_a_cached_context_prices_none():
+    # Measured before such prompts were timed: it still loads and fits, and a cached context costs
+    # what it did then (its pairs only).
+    fits = fit_all(synthetic_measurements(cached=False))
+    assert fits["prefill"].curve.extras["context"] == 0.0
+    assert fits["prefill"].cv["piecewise"].mean_rel < 0.02
 
 
 def test_cross_validation_reports_held_out_error_not_training_error():
@@ -168,6 +188,35 @@ def test_step_time_reproduces_the_formula_and_parts_add_up(profile_file):
     assert sum(parts.values()) == pytest.approx(model.step_time(decode))
     assert parts["swap"] == pytest.approx(1e-4 + 2e-5 * 8, rel=0.02)
     assert model.step_time(StepShape()) == 0.0
+
+
+def test_a_prompt_after_a_cached_context_pays_for_reading_it(profile_file):
+    model = CalibratedCostModel.from_file(profile_file)
+    fresh = StepShape(prefill_seqs=1, prefill_tokens=64, prefill_attn_pairs=prefill_attn_pairs(64, 400))
+    cached = StepShape(prefill_seqs=1, prefill_tokens=64, prefill_attn_pairs=prefill_attn_pairs(64, 400),
+                       prefill_context=400)
+    assert model.step_time(cached) - model.step_time(fresh) == pytest.approx(3e-6 * 400, rel=0.02)
+    # The same in a mixed step: the chunk's cached context is read while decodes run beside it.
+    mixed = dict(decode_seqs=8, decode_context=8 * 300)
+    assert (model.step_time(StepShape(**{**_fields(cached), **mixed}))
+            - model.step_time(StepShape(**{**_fields(fresh), **mixed}))) == pytest.approx(3e-6 * 400, rel=0.02)
+    assert model.breakdown(cached)["forward"] - model.breakdown(fresh)["forward"] == pytest.approx(3e-6 * 400,
+                                                                                                  rel=0.02)
+
+
+def test_a_mixed_step_is_the_chunks_pass_and_what_its_decode_rows_were_timed_to_add():
+    model = CalibratedCostModel(make_profile(synthetic_measurements(mixed=True)))
+    pairs = prefill_attn_pairs(64, 300)
+    chunk = StepShape(prefill_seqs=1, prefill_tokens=64, prefill_attn_pairs=pairs, prefill_context=300)
+    mixed = StepShape(prefill_seqs=1, prefill_tokens=64, prefill_attn_pairs=pairs, prefill_context=300,
+                      decode_seqs=10, decode_context=10 * 500)
+    # the rows' price (6 ms + 1.2 ms each), and their keys beyond the 32 a row had when it was timed
+    rows = 6e-3 + 1.2e-3 * 10 + 10 * (500 - 32) * 1e-7
+    assert model.breakdown(mixed)["forward"] - model.breakdown(chunk)["forward"] == pytest.approx(rows, rel=0.02)
+
+
+def _fields(shape: StepShape) -> dict:
+    return {name: getattr(shape, name) for name in StepShape.__dataclass_fields__}
 
 
 def test_sampling_mode_picks_the_sampler_curve(profile_file):
@@ -246,7 +295,7 @@ def test_same_architecture_under_another_name_is_accepted(profile_file):
 def test_a_mixed_step_costs_more_than_either_of_its_halves(chunk, decodes):
     """A chunked-prefill step runs its chunk and its decodes in one pass: cheaper than two steps, but
     never cheaper than the decode step of its decodes alone (each decode row still has its LM-head row
-    and paged attention), nor than the chunk alone."""
+    and paged attention), nor than the chunk alone (a profile that did not time what decode rows add)."""
     model = CalibratedCostModel(make_profile())
     pairs = prefill_attn_pairs(chunk, 64)
     prefill = StepShape(prefill_seqs=1, prefill_tokens=chunk, prefill_attn_pairs=pairs)

@@ -25,9 +25,10 @@ from planner.cost.shape import StepShape, prefill_attn_pairs
 from planner.errors import PlannerError
 from planner.profile.schema import COMPONENTS, load_profile, save_profile
 from planner.profile.device import resolve_target
+from planner.profile.grid import make_grid, prefill_context_points
 from planner.profile.run import ProfileOptions, run_profile
 
-TINY_GRID = dict(prefill_tokens=[16, 64, 128], prefill_seqs=[1, 4], decode_batch=[1, 4, 16],
+TINY_GRID = dict(prefill_tokens=[16, 64, 128], prefill_seqs=[1, 4], prefill_context=[64], decode_batch=[1, 4, 16],
                  decode_context=[16, 128], host_batch=[1, 8, 32], block_counts=[1, 4, 16], warmup=1)
 
 
@@ -50,7 +51,7 @@ def tiny_profile(tiny_model, tmp_path_factory):
 
 def test_profile_measures_every_component_and_records_its_setting(tiny_profile, tiny_model):
     profile, _, calls = tiny_profile
-    assert {m.component for m in profile.measurements} == set(COMPONENTS) == set(profile.fit)
+    assert {m.component for m in profile.measurements} == {*COMPONENTS, "mixed_decode"} == set(profile.fit)
     # The grid is timed in rounds (1 warm-up + 3 repeats), each point once per round, and points
     # whose repetitions scattered (a busy machine) once more per extra round.
     rounds = 1 + 3
@@ -59,8 +60,13 @@ def test_profile_measures_every_component_and_records_its_setting(tiny_profile, 
     assert profile.device.torch_version == torch.__version__
     assert profile.model.num_layers == 2 and profile.model.name == tiny_model.name
     assert not profile.per_layer_scaling
-    # Every (tokens, seqs) combination where the tokens split evenly into prompts: 6 prefill points
-    assert sum(m.component == "prefill" for m in profile.measurements) == 6
+    # Every (tokens, seqs) combination where the tokens split evenly into prompts: 6 fresh prefill points;
+    # and one prompt of each length after 64 cached tokens
+    prefills = [m.features for m in profile.measurements if m.component == "prefill"]
+    assert sorted((f["tokens"], f["seqs"]) for f in prefills if not f["context"]) == [
+        (16, 1), (16, 4), (64, 1), (64, 4), (128, 1), (128, 4)]
+    assert sorted((f["tokens"], f["context"], f["attn_pairs"]) for f in prefills if f["context"]) == [
+        (16, 64, 16 * 64 + 136), (64, 64, 64 * 64 + 2080), (128, 64, 128 * 64 + 8256)]
     for m in profile.measurements:
         assert len(m.samples_s) >= 3 and m.median_s == statistics.median(m.samples_s) > 0
 
@@ -74,7 +80,7 @@ def test_round_trip_and_calibrated_model_reproduces_the_grid(tiny_profile, tiny_
         f = m.features
         if m.component == "prefill":
             shape = StepShape(prefill_seqs=int(f["seqs"]), prefill_tokens=int(f["tokens"]),
-                              prefill_attn_pairs=int(f["attn_pairs"]))
+                              prefill_attn_pairs=int(f["attn_pairs"]), prefill_context=int(f["context"]))
             predicted = model.breakdown(shape)["forward"]
         elif m.component == "decode":
             predicted = model.breakdown(StepShape(decode_seqs=int(f["seqs"]),
@@ -121,12 +127,26 @@ def test_per_layer_scaling_combines_one_and_two_layer_models(tiny_model):
                                          grid_overrides=grid))
     assert profile.per_layer_scaling
     scaled = [m for m in profile.measurements if m.layer_medians_s]
-    assert {m.component for m in scaled} == {"prefill", "decode", "swap", "copy"}
+    assert {m.component for m in scaled} == {"prefill", "decode", "mixed_decode", "swap", "copy"}
     for m in scaled:
         t1, t2 = m.layer_medians_s["1"], m.layer_medians_s["2"]
         # the tiny model has 2 layers: t1 + 1 * (t2 - t1), or t1 if noise made t2 smaller
         assert m.median_s == pytest.approx(max(t2, t1))
     assert any("1- and 2-layer" in note for note in profile.grid.notes)
+
+
+def test_prompts_after_a_cached_context_are_part_of_every_grid():
+    # GPU: every length from 16 tokens after 128 to 2048 cached, within the model's positions
+    gpu = make_grid(quick=False, on_cpu=False, max_model_len=4096, kv_cache_blocks=10_000)
+    points = prefill_context_points(gpu, 4096)
+    assert (16, 128) in points and (2048, 2048) in points
+    assert min(t for t, _ in points) == 16
+    assert prefill_context_points(gpu, 2048) == [(t, c) for t, c in points if t + c <= 2048]
+    # CPU: the cached context is capped with the prompt, at 1024
+    cpu = make_grid(quick=False, on_cpu=True, max_model_len=4096, kv_cache_blocks=10_000)
+    assert cpu.prefill_context == [128, 512, 1024]
+    quick = make_grid(quick=True, on_cpu=True, max_model_len=4096, kv_cache_blocks=10_000)
+    assert quick.prefill_context == [128, 1024]
 
 
 # -- device checks and the command line --------------------------------------------

@@ -54,7 +54,7 @@ def test_the_shipped_profile_passes_every_check():
 @pytest.mark.parametrize("edit, words", [
     (_set("decode", "values", 3, math.nan), ("fit.decode", "nan", "finite")),
     (_set("prefill", "values", 0, math.inf), ("fit.prefill", "inf")),
-    (_set("sched_decode", "values", 2, -1e-5), ("fit.sched_decode", "negative")),
+    (_set("sched_decode", "values", 1, -1e-5), ("fit.sched_decode", "negative")),
     (lambda d: _chosen(d, "decode")["extras"].update(context=-1e-6), ("fit.decode", "negative context term")),
     (lambda d: d["fit"]["copy"]["candidates"]["piecewise"]["values"].__setitem__(0, math.nan),
      ("fit.copy (piecewise)", "nan")),     # an unused candidate is checked too
@@ -72,10 +72,18 @@ def _reversed(component):
     return edit
 
 
+def _piecewise_with_last(component, value):
+    """The component's piecewise candidate chosen (whichever the shipped fit chose), its last value set."""
+    def edit(doc):
+        doc["fit"][component]["chosen"] = "piecewise"
+        _chosen(doc, component)["values"][-1] = value
+    return edit
+
+
 @pytest.mark.parametrize("edit, words", [
     (_reversed("prefill"), ("fit.prefill decreases", "tokens")),            # time falls with tokens
     (_reversed("decode"), ("fit.decode decreases", "seqs")),                # ... with batch
-    (_set("swap", "values", -1, 1e-9), ("fit.swap decreases past its last grid values", "blocks")),
+    (_piecewise_with_last("swap", 1e-9), ("fit.swap decreases past its last grid values", "blocks")),
     (lambda d: _chosen(d, "copy").update(values=[0.0, 0.0]), ("fit.copy predicts no time",)),
 ])
 def test_curves_that_fall_where_time_must_grow_are_refused(tmp_path, edit, words):

@@ -214,7 +214,8 @@ def test_step_shape_is_read_before_update():
     # Same 8-token prefix (two full blocks) is cached: only 3 new tokens after 8 cached.
     sched.add(SequenceGroup("b", list(range(8)) + [7, 7, 7], params, 1.0))
     out = sched.schedule(1.0)
-    assert step_shape(out) == StepShape(prefill_seqs=1, prefill_tokens=3, prefill_attn_pairs=3 * 8 + 6)
+    assert step_shape(out) == StepShape(prefill_seqs=1, prefill_tokens=3, prefill_attn_pairs=3 * 8 + 6,
+                                        prefill_context=8)
     sched.update(out, {s.seq_id: [(1, 0.0)] for s in out.seqs}, 2.0)
     out = sched.schedule(2.0)   # decode: a holds 11 tokens, b 12
     assert step_shape(out) == StepShape(decode_seqs=2, decode_context=23,

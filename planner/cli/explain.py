@@ -38,7 +38,8 @@ def step(batch: int, context: int, prefill_tokens: int = 0, prefill_context: int
     chunk = 1 if prefill_tokens else 0
     return StepShape(prefill_seqs=chunk, prefill_tokens=prefill_tokens,
                      prefill_attn_pairs=prefill_attn_pairs(prefill_tokens, prefill_context) if chunk else 0,
-                     decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts))
+                     decode_seqs=batch, decode_context=batch * context, decode_histogram=context_histogram(contexts),
+                     prefill_context=prefill_context if chunk else 0)
 
 
 def _check_shape(batch: int, context: int, prefill_tokens: int, prefill_context: int) -> None:

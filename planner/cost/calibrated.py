@@ -2,10 +2,15 @@
 
 A step is priced the way the engine runs it (engine/llm_engine.py):
 
-  forward   prefill: v(tokens) + c_pairs * attn_pairs + c_seqs * seqs
+  forward   prefill: v(tokens) + c_pairs * attn_pairs + c_seqs * seqs + c_cached * context
+            (context: the tokens already cached that its prompts continue from, whose keys the
+            engine gathers back from the paged cache layer by layer; a fresh prompt has none)
             decode:  v(seqs) + c_ctx * context
-            mixed (chunked prefill): prefill's v at prefill tokens + decode seqs
-            (one pass over them all) + its attention terms + c_ctx * decode context
+            mixed (chunked prefill): the prompts' prefill terms + m(decode seqs), what
+            decode rows add to a pass over a prompt chunk, timed so (the profile's
+            mixed_decode) + c_ctx * their context beyond the keys m was timed at.
+            A profile without m: prefill's v at prefill tokens + decode seqs (one
+            pass over them all) + its attention terms + c_ctx * decode context
             + the decode rows' premium: what a decode step of those seqs costs
             beyond a one-sequence prefill of as many tokens (their LM-head rows
             and per-sequence attention set-up, which a token pass lacks)
@@ -75,8 +80,14 @@ class CalibratedCostModel:
         self._prefill = _Curve(prefill)
         self._prefill_per_pair = prefill.extras.get("attn_pairs", 0.0)
         self._prefill_per_seq = prefill.extras.get("seqs", 0.0)
+        # A profile measured before prompts with a cached context were timed has no such term (0 here).
+        self._prefill_per_cached = prefill.extras.get("context", 0.0)
         self._decode = _Curve(decode)
         self._decode_per_key = decode.extras.get("context", 0.0)
+        # What decode rows add to a pass over a prompt chunk, timed with each row at the grid's shortest
+        # context (profiles before it was timed have none: the premium is derived, _mixed_forward).
+        self._mixed = _Curve(fit["mixed_decode"].curve) if "mixed_decode" in fit else None
+        self._mixed_keys_per_row = min(profile.grid.decode_context)
         self._host_prefill = _Curve(fit["sched_prefill"].curve)
         self._host_decode = _Curve(fit["sched_decode"].curve)
         self._sample = _Curve(fit[f"sample_{sampling}"].curve)
@@ -125,7 +136,8 @@ class CalibratedCostModel:
             t = self._mixed_forward(s) + self._host_prefill.at(seqs)
         elif s.prefill_tokens:
             t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
-                 + s.prefill_seqs * self._prefill_per_seq + self._host_prefill.at(seqs))
+                 + s.prefill_seqs * self._prefill_per_seq + s.prefill_context * self._prefill_per_cached
+                 + self._host_prefill.at(seqs))
         elif s.decode_seqs:
             t = (self._host_decode.at(seqs) + self._decode.at(s.decode_seqs + s.draft_tokens)
                  + (s.decode_context + s.draft_keys) * self._decode_per_key)
@@ -148,18 +160,30 @@ class CalibratedCostModel:
     def _mixed_forward(self, s: StepShape) -> float:
         """The forward pass of a mixed (chunked-prefill) step: one pass over all its tokens.
 
-        The prefill curve at the total prices the pass as if every token were a
-        prompt token, with one LM-head row per prompt. Each decode row also gets
-        an LM-head row and paged attention over its context; the first is the
-        premium a decode batch of d costs over a one-sequence prefill of d
-        tokens (without it a mixed step would price below the decode step of
-        its decodes alone), the second the decode curve's per-key term.
+        With the profile's mixed_decode: the prompts' own pass, and what the
+        step's decode rows were timed to add to a pass over a chunk (their
+        matmul rows, LM-head rows, the decode attention's launch), their keys
+        beyond those timed at the decode curve's per-key price.
+
+        Without it (an older profile), the prefill curve at the total prices the
+        pass as if every token were a prompt token, with one LM-head row per
+        prompt. Each decode row also gets an LM-head row and paged attention
+        over its context; the first is the premium a decode batch of d costs
+        over a one-sequence prefill of d tokens (without it a mixed step would
+        price below the decode step of its decodes alone), the second the
+        decode curve's per-key term. On the 2-core VM this priced mixed steps
+        9-12% fast: it subtracts a prompt's attention set-up, which the chunk
+        still pays.
         """
         d = s.decode_seqs + s.draft_tokens          # decode rows
+        prompts = (s.prefill_attn_pairs * self._prefill_per_pair + s.prefill_seqs * self._prefill_per_seq
+                   + s.prefill_context * self._prefill_per_cached)
+        keys = s.decode_context + s.draft_keys
+        if self._mixed is not None:
+            return (self._prefill.at(s.prefill_tokens) + prompts + self._mixed.at(d)
+                    + (keys - d * self._mixed_keys_per_row) * self._decode_per_key)
         premium = self._decode.at(d) - self._prefill.at(d) - self._prefill_per_seq
-        return (self._prefill.at(s.prefill_tokens + d) + s.prefill_attn_pairs * self._prefill_per_pair
-                + s.prefill_seqs * self._prefill_per_seq + (s.decode_context + s.draft_keys) * self._decode_per_key
-                + max(premium, 0.0))
+        return self._prefill.at(s.prefill_tokens + d) + prompts + keys * self._decode_per_key + max(premium, 0.0)
 
     def breakdown(self, s: StepShape) -> dict[str, float]:
         """step_time by part (seconds), for reports and tests; the parts sum to step_time."""
@@ -170,7 +194,8 @@ class CalibratedCostModel:
             parts["host"] = self._host_prefill.at(seqs)
         elif s.prefill_tokens:
             parts["forward"] = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
-                                + s.prefill_seqs * self._prefill_per_seq)
+                                + s.prefill_seqs * self._prefill_per_seq
+                                + s.prefill_context * self._prefill_per_cached)
             parts["host"] = self._host_prefill.at(seqs)
         elif s.decode_seqs:
             parts["host"] = self._host_decode.at(seqs)

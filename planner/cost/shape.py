@@ -42,6 +42,11 @@ class StepShape:
     lora_adapters: int = 0         # LoRA adapters the step's requests run (planner/cost/lora.py prices them)
     lora_loads: int = 0            # of those, the ones loaded into a GPU slot for this step
     offload_blocks: int = 0        # KV blocks loaded from and stored to the CPU tier (--kv-offloading-size)
+    # Tokens already cached that prefill sequences continue from (the sum of their cached contexts: a
+    # prefix-cache hit, an earlier chunk). Their keys are read back from the paged cache, which a fresh
+    # prompt's are not: the engine gathers them per layer (engine/attention.py), vLLM's kernels read them
+    # block by block. Last, so positional construction elsewhere keeps its meaning.
+    prefill_context: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -116,14 +121,15 @@ def step_shape(out: "SchedulerOutput", histogram: bool = True) -> StepShape:
             shape.offload_blocks = len(out.kv_loads) + len(out.kv_stores)
         return shape
     if out.is_prefill:
-        tokens = pairs = 0
+        tokens = pairs = context = 0
         for seq in out.seqs:
             cached = seq.num_computed_tokens            # prefix-cache hit, or 0
             new = len(seq.token_ids) - cached
             tokens += new
+            context += cached
             pairs += new * cached + new * (new + 1) // 2   # prefill_attn_pairs, inlined: hot path
         return StepShape(prefill_seqs=len(out.seqs), prefill_tokens=tokens, prefill_attn_pairs=pairs,
-                         swap_blocks=swap, copy_blocks=copies)
+                         swap_blocks=swap, copy_blocks=copies, prefill_context=context)
     contexts = [len(seq.token_ids) for seq in out.seqs]
     return StepShape(decode_seqs=len(contexts), decode_context=sum(contexts),
                      decode_histogram=context_histogram(contexts) if histogram else (),
@@ -137,7 +143,7 @@ def mixed_step_shape(seqs, scheduled, swap: int, copies: int, histogram: bool,
     tokens already cached as its context) goes through prefill attention. A decode
     verifying d drafts (`drafts` by sequence id) is a decode sequence at the context
     of its last row, with d draft tokens (StepShape.draft_tokens, draft_keys)."""
-    prefill_seqs = tokens = pairs = draft_tokens = draft_keys = 0
+    prefill_seqs = tokens = pairs = draft_tokens = draft_keys = prefill_context = 0
     contexts = []
     for seq, new in zip(seqs, scheduled):
         d = len(drafts.get(seq.seq_id, ())) if drafts else 0
@@ -150,11 +156,13 @@ def mixed_step_shape(seqs, scheduled, swap: int, copies: int, histogram: bool,
         else:
             prefill_seqs += 1
             tokens += new
+            prefill_context += cached
             pairs += new * cached + new * (new + 1) // 2
     return StepShape(prefill_seqs=prefill_seqs, prefill_tokens=tokens, prefill_attn_pairs=pairs,
                      decode_seqs=len(contexts), decode_context=sum(contexts),
                      decode_histogram=context_histogram(contexts) if histogram else (),
-                     swap_blocks=swap, copy_blocks=copies, draft_tokens=draft_tokens, draft_keys=draft_keys)
+                     swap_blocks=swap, copy_blocks=copies, draft_tokens=draft_tokens, draft_keys=draft_keys,
+                     prefill_context=prefill_context)
 
 
 def reads_context_histogram(cost_model) -> bool:

@@ -294,8 +294,8 @@ def run_canary(profile: Profile, model_folder: str, *, budget_s: float = CANARY_
     bs = profile.block_size
     blocks = max([int(m.features["seqs"]) * -(-int(m.features["context"] // m.features["seqs"]) // bs)
                   for m in selected if m.component == "decode"] +
-                 [-(-int(m.features["tokens"]) // bs) * int(m.features["seqs"]) for m in selected
-                  if m.component == "prefill"] + [1])
+                 [-(-(int(m.features["tokens"]) + int(m.features.get("context", 0))) // bs) * int(m.features["seqs"])
+                  for m in selected if m.component == "prefill"] + [1])
     runner = ModelRunner(model_folder, block_size=bs, num_gpu_blocks=blocks + 1, num_cpu_blocks=0,
                          dtype=getattr(torch, profile.dtype), device=device)
     remaining = budget_s - (time.perf_counter() - started)
@@ -333,7 +333,8 @@ def time_canary(selected: list, runner, *, budget_s: float, measure=None) -> lis
         key = id(m)
         if key not in inputs:
             f = m.features
-            inputs[key] = (pieces.prefill_inputs(runner, int(f["tokens"]), int(f["seqs"]), rng)
+            inputs[key] = (pieces.prefill_inputs(runner, int(f["tokens"]), int(f["seqs"]), rng,
+                                                 int(f.get("context", 0)))
                            if m.component == "prefill" else
                            pieces.decode_inputs(runner, int(f["seqs"]), int(f["context"]) // int(f["seqs"]), rng))
         return pieces.time_forward(runner, inputs[key], sync, 0, 1)[0]

@@ -4,7 +4,7 @@ Every component is modelled as
 
     t = v(main) + sum_i c_i * extra_i,      v piecewise-linear, c_i >= 0
 
-(prefill: v(tokens) + c1 * attn_pairs + c2 * seqs; decode: v(seqs) + c * context;
+(prefill: v(tokens) + c1 * attn_pairs + c2 * seqs + c3 * context; decode: v(seqs) + c * context;
 the host-side and block-move components: v(batch) or v(blocks) alone), fitted
 to each point's mean time (Measurement.mean_s: steps add up). Two
 candidates differ only in v's knots:
@@ -140,7 +140,9 @@ def _solve_once(x, extras, y, knots, rising: set[int], weights: np.ndarray) -> n
 def _arrays(points: list[Measurement], component: str):
     main, extra_names = COMPONENT_FEATURES[component]
     x = np.array([p.features[main] for p in points], dtype=float)
-    extras = np.array([[p.features[e] for e in extra_names] for p in points], dtype=float).reshape(len(points), -1)
+    # A feature a point lacks is 0: an older profile's prompts were all fresh (no cached context).
+    extras = np.array([[p.features.get(e, 0.0) for e in extra_names] for p in points],
+                      dtype=float).reshape(len(points), -1)
     y = np.array([p.median_s if component in DIFFERENCE_COMPONENTS else p.mean_s for p in points], dtype=float)
     return x, extras, y, main, extra_names
 
@@ -193,9 +195,9 @@ def fit_component(points: list[Measurement], component: str) -> ComponentFit:
 def residual_sd(points: list[Measurement], component: str, curve: CurveFit) -> float:
     """RMS of (repetition / prediction - 1) over every raw repetition of every point: what a step's
     time scatters by around the curve (fit error and run-to-run noise together)."""
-    x, extras, _, _, _ = _arrays(points, component)
+    x, extras, _, _, names = _arrays(points, component)
     pred = np.maximum(_design(x, extras, np.array(curve.knots)) @ np.concatenate(
-        [np.diff(curve.values, prepend=0.0), list(curve.extras.values())]), 1e-12)
+        [np.diff(curve.values, prepend=0.0), [curve.extras.get(name, 0.0) for name in names]]), 1e-12)
     residuals = []
     for p, predicted in zip(points, pred):
         # Samples of a per-layer-scaled point are of the 1-layer model: rescale them to its median.

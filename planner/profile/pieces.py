@@ -66,11 +66,14 @@ def summarize(samples: list[float]) -> tuple[float, float]:
 
 # -- forward -------------------------------------------------------------------
 
-def prefill_inputs(runner: ModelRunner, tokens: int, seqs: int, rng: random.Random) -> list[SequenceInput]:
-    """`seqs` fresh prompts of tokens // seqs tokens, each in its own blocks (wrapping if the cache is small)."""
+def prefill_inputs(runner: ModelRunner, tokens: int, seqs: int, rng: random.Random,
+                   context: int = 0) -> list[SequenceInput]:
+    """`seqs` prompts of tokens // seqs new tokens, each after `context` cached ones (0: fresh prompts), each
+    in its own blocks (wrapping if the cache is small). The cached keys are whatever the blocks hold: what
+    is timed is reading them back, not their values."""
     length, bs = tokens // seqs, runner.block_size
-    per_seq = -(-length // bs)
-    return [SequenceInput([rng.randrange(runner.vocab_size) for _ in range(length)], 0,
+    per_seq = -(-(context + length) // bs)
+    return [SequenceInput([rng.randrange(runner.vocab_size) for _ in range(length)], context,
                           [(i * per_seq + j) % runner.num_gpu_blocks for j in range(per_seq)])
             for i in range(seqs)]
 
@@ -94,6 +97,15 @@ def time_lora(runner: ModelRunner, seqs: list[SequenceInput], adapters: int, syn
     tagged = [replace(s, lora_id=1 + i % adapters) for i, s in enumerate(seqs)]
     base = time_forward(runner, seqs, sync, 0, 1)[0]
     return [time_forward(runner, tagged, sync, 0, 1)[0] - base]
+
+
+def time_mixed_decode(runner: ModelRunner, chunk: list[SequenceInput], decodes: list[SequenceInput],
+                      sync) -> list[float]:
+    """One repetition of what `decodes` add to a forward pass over the prompt `chunk` (a chunked-prefill
+    step, the engine's mixed batch: the chunk's tokens packed first): the pass over both less the chunk's
+    pass alone, timed back to back so the device's drift cancels."""
+    base = time_forward(runner, chunk, sync, 0, 1)[0]
+    return [time_forward(runner, chunk + decodes, sync, 0, 1)[0] - base]
 
 
 def time_swap(runner: ModelRunner, blocks: int, sync, warmup: int, repeats: int) -> list[float]:

@@ -36,7 +36,7 @@ from planner.profile.device import Target, device_info, resolve_target
 from planner.profile.components import DIFFERENCE_COMPONENTS
 from planner.profile.fit import fit_all
 from planner.profile.routing import measure_experts_touched
-from planner.profile.grid import decode_points, make_grid, prefill_points
+from planner.profile.grid import decode_points, make_grid, prefill_context_points, prefill_points
 
 
 UNSTEADY_SPREAD = 0.3    # (p90 - p10) / median of a point's repetitions above this: time it again
@@ -68,9 +68,14 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
     points: list[_Point] = []
     for tokens, seqs in prefill_points(grid, runner.max_model_len):
         length = tokens // seqs
-        features = {"tokens": tokens, "attn_pairs": seqs * length * (length + 1) // 2, "seqs": seqs}
+        features = {"tokens": tokens, "attn_pairs": seqs * length * (length + 1) // 2, "seqs": seqs, "context": 0}
         points.append(_Point("prefill", features, lambda run, t=tokens, s=seqs: pieces.time_forward(
             run, pieces.prefill_inputs(run, t, s, rng), sync, w, r), True))
+    for tokens, context in prefill_context_points(grid, runner.max_model_len):
+        pairs = tokens * context + tokens * (tokens + 1) // 2      # each new token sees the cache and those before it
+        features = {"tokens": tokens, "attn_pairs": pairs, "seqs": 1, "context": context}
+        points.append(_Point("prefill", features, lambda run, t=tokens, c=context: pieces.time_forward(
+            run, pieces.prefill_inputs(run, t, 1, rng, c), sync, w, r), True))
     decode, notes = decode_points(grid, block_size)
     for batch, context in decode:
         points.append(_Point("decode", {"seqs": batch, "context": batch * context},
@@ -85,6 +90,7 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
             points.append(_Point("sample_greedy" if greedy else "sample_random", {"seqs": batch},
                                  lambda _, b=batch, g=greedy: pieces.time_sampling(
                                      b, vocab_size, target.device, g, sync, w, r), False))
+    points += _mixed_points(grid, sync, rng)
     if runner.lora is not None:
         points += _lora_points(grid, runner, sync, rng)
     for blocks in grid.block_counts:
@@ -94,6 +100,22 @@ def _plan(grid, runner: ModelRunner, target: Target, block_size: int) -> tuple[l
             points.append(_Point("copy", {"blocks": blocks},
                                  lambda run, n=blocks: pieces.time_copy(run, n, sync, w, r), True))
     return points, notes
+
+
+# The prompt chunk the mixed points add decode rows to: a chunk of vLLM's shape (a few dozen tokens of a
+# prompt beside running decodes). Its own cost cancels out of the difference.
+MIXED_CHUNK_TOKENS = 64
+
+
+def _mixed_points(grid, sync, rng: random.Random) -> list[_Point]:
+    """What decode rows add to a forward pass over a prompt chunk (pieces.time_mixed_decode), for each of the
+    grid's decode batches at its shortest context: the rows' share of the layers' matmuls, the LM head and
+    the decode attention's launch, which a mixed step pays beside the chunk's own (keys beyond that
+    context are priced by the decode curve's per-key term)."""
+    context = min(grid.decode_context)
+    return [_Point("mixed_decode", {"seqs": batch}, lambda run, b=batch: pieces.time_mixed_decode(
+        run, pieces.prefill_inputs(run, MIXED_CHUNK_TOKENS, 1, rng), pieces.decode_inputs(run, b, context, rng),
+        sync), True) for batch in grid.decode_batch]
 
 
 def _lora_points(grid, runner: ModelRunner, sync, rng: random.Random) -> list[_Point]:
@@ -138,7 +160,7 @@ def _runner(folder: str, target: Target, block_size: int, num_cpu_blocks: int, g
     engine's do then.
     """
     largest_step = max(max(grid.prefill_tokens), max(grid.decode_batch))
-    max_num_seqs = max(max(grid.decode_batch), max(grid.prefill_seqs))
+    max_num_seqs = max(max(grid.decode_batch) + 1, max(grid.prefill_seqs))   # + 1: a mixed point's chunk
     with_lora = lora is not None and lora.enable_lora
     try:
         runner = ModelRunner(folder, block_size=block_size, num_gpu_blocks=None, num_cpu_blocks=num_cpu_blocks,

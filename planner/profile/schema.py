@@ -33,7 +33,9 @@ COMPONENTS = ("prefill", "decode", "sched_prefill", "sched_decode", "sample_gree
 # Each component is a monotone piecewise-linear curve of its main variable plus
 # non-negative linear terms in its extra features; these are the variable names.
 COMPONENT_FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "prefill": ("tokens", ("attn_pairs", "seqs")),
+    # context: tokens already cached that the prompts continue from (0 for a fresh prompt; measurements
+    # written before such prompts were timed lack it and read as 0, which is what they timed).
+    "prefill": ("tokens", ("attn_pairs", "seqs", "context")),
     "decode": ("seqs", ("context",)),
     "sched_prefill": ("seqs", ()),
     "sched_decode": ("seqs", ()),
@@ -42,6 +44,9 @@ COMPONENT_FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "swap": ("blocks", ()),
     "copy": ("blocks", ()),
     "lora": ("tokens", ("adapters",)),   # what LoRA adapters add to a forward pass (--enable-lora profiles only)
+    # What decode rows add to a forward pass over a prompt chunk (a chunked-prefill step); profiles written
+    # before it was timed lack it, and the calibrated model then derives it from the prefill and decode curves.
+    "mixed_decode": ("seqs", ()),
 }
 
 
@@ -119,6 +124,9 @@ class Grid(_Strict):
     quick: bool
     prefill_tokens: list[int]
     prefill_seqs: list[int]
+    # Cached contexts one prompt of each prefill_tokens length (16 and up) is also timed after; a profile
+    # written before they were measured has none.
+    prefill_context: list[int] = Field(default_factory=list)
     decode_batch: list[int]
     decode_context: list[int]
     host_batch: list[int]

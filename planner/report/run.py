@@ -79,7 +79,7 @@ def _write_steps(steps: list[StepRecord], shapes: list[StepShape], path: Path,
     the pool)."""
     extra = extra or {}
     step_cols = [f.name for f in fields(StepRecord)]
-    shape_cols = ["prefill_attn_pairs", "decode_context", "copy_blocks"]
+    shape_cols = ["prefill_attn_pairs", "prefill_context", "decode_context", "copy_blocks"]
     running = num_running if num_running and len(num_running) == len(steps) else [None] * len(steps)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)

@@ -653,7 +653,7 @@ class DecodeBatch:
     def _mixed_shape(self, seqs: list, counts: list[int]) -> StepShape:
         """A mixed step's shape (mixed_step_shape's): the members' decodes, and the prompts admitted. A
         prompt left one token by a prefix-cache hit (a recomputed request's own blocks) is a decode."""
-        prefill = tokens = pairs = 0
+        prefill = tokens = pairs = prefill_context = 0
         num, context, bins = len(self.members), self.context, self.bins
         for seq, new in zip(seqs, counts):
             cached = seq.num_computed_tokens
@@ -668,9 +668,10 @@ class DecodeBatch:
                 continue
             prefill += 1
             tokens += new
+            prefill_context += cached
             pairs += new * cached + new * (new + 1) // 2
         return StepShape(prefill, tokens, pairs, num, context,
-                         decode_histogram=_histogram(bins) if self.histogram else ())
+                         decode_histogram=_histogram(bins) if self.histogram else (), prefill_context=prefill_context)
 
     def mixed(self, step: MixedStep, end: float) -> tuple[list[SequenceGroup], bool]:
         """The end of a mixed step: members decode, admitted prompts sample (or go on prefilling), the
