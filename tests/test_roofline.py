@@ -67,6 +67,22 @@ def test_decode_attention_reads_the_kv_cache():
     assert b - a == pytest.approx(kv_read, rel=1e-6)
 
 
+def test_a_short_chunk_after_a_long_context_reads_that_context_back():
+    # 16 tokens after 8,000 cached: their attention reads the cached K/V as one decode row at that context
+    # does (before, priced by its pairs' FLOPs alone, it cost a third of that row); a long chunk stays
+    # compute-bound.
+    m = RooflineCostModel("llama-3.1-8b", "h100-sxm")
+    chunk = StepShape(prefill_seqs=1, prefill_tokens=16, prefill_attn_pairs=prefill_attn_pairs(16, 8000),
+                      prefill_context=8000)
+    row = m.breakdown(StepShape(decode_seqs=1, decode_context=8000))["decode_attention"]
+    parts = m.breakdown(chunk)
+    assert parts["bound"]["prefill_attention"] == "memory"
+    assert parts["prefill_attention"] == pytest.approx(row, rel=0.01)
+    long = m.breakdown(StepShape(prefill_seqs=1, prefill_tokens=2048, prefill_attn_pairs=prefill_attn_pairs(2048, 8000),
+                                 prefill_context=8000))
+    assert long["bound"]["prefill_attention"] == "compute"
+
+
 def test_lm_head_counts_sequences_not_tokens():
     long = OPT13B_A100.breakdown(prefill(2000))["lm_head"]
     short = OPT13B_A100.breakdown(prefill(10))["lm_head"]
@@ -128,7 +144,7 @@ def test_bad_configurations():
 shapes = st.builds(
     lambda ps, pt, cached, ds, ctx, sw, cp: StepShape(
         prefill_seqs=ps, prefill_tokens=pt if ps else 0,
-        prefill_attn_pairs=prefill_attn_pairs(pt, cached) if ps else 0,
+        prefill_attn_pairs=prefill_attn_pairs(pt, cached) if ps else 0, prefill_context=cached if ps else 0,
         decode_seqs=ds, decode_context=ds * ctx, swap_blocks=sw, copy_blocks=cp),
     st.integers(0, 4), st.integers(1, 4096), st.integers(0, 2048), st.integers(0, 512),
     st.integers(1, 4096), st.integers(0, 64), st.integers(0, 8))

@@ -9,7 +9,9 @@ parts run one after another, so the step is their sum:
   lm_head     vocab projection of the last token of each sequence only
   prefill     causal attention over prefill (query, key) pairs, 2 (head_size + value head)
               FLOPs per pair per head (QK^T and PV; 4*head_size where V is as wide as K),
-              vs. writing the new tokens' K/V into the cache
+              vs. writing the new tokens' K/V into the cache and reading back the cached
+              context a prompt continues (a prefix-cache hit, an earlier chunk: a short
+              chunk after a long context reads as much as a decode row there)
   decode      attention of one query per sequence: reads the KV of its whole
               context, memory-bound in practice
   allreduce   tensor parallelism: 2 all-reduces per layer (after attention and
@@ -187,7 +189,7 @@ class RooflineCostModel(SplitsSteps):
         self._compressed = None           # DeepSeek-V4's attention, priced whole (planner/cost/compressed.py)
         if model.compressed_attention is not None:
             self._compressed = CompressedPrice.of(model, gpu, tp, bw, flops, gpu.fp8_flops * efficiency.compute)
-            self._decode_per_key = self._prefill_per_pair = self._prefill_kv_write = 0.0
+            self._decode_per_key = self._prefill_per_pair = self._prefill_kv_write = self._prefill_kv_read = 0.0
         self._set_up_moe(model, gpu, moe, dtype_bytes, weight_format, node_link)
         self._gdn = recurrent_price(model, gpu, tp, dtype_bytes, None, efficiency.compute, efficiency.memory)
 
@@ -251,6 +253,10 @@ class RooflineCostModel(SplitsSteps):
 
         self._decode_per_key, self._prefill_per_pair = prices(model.full_attention_layers, model.full_layer_spec)
         self._slide_per_key, self._slide_per_pair = prices(model.sliding_layers, model)
+        # A prompt continuing a cached context reads that context's keys and values back, as a decode row
+        # does: on the full-attention layers (a sliding layer's window is the lesser part), per cached token.
+        self._prefill_kv_read = model.full_attention_layers * model.full_layer_spec.kv_cache_bytes(
+            tp, kv_dtype_bytes) / bw
 
     def _set_up_moe(self, model: ModelSpec, gpu: GpuSpec, par: MoeParallel, dtype_bytes: int,
                     weight_format: WeightFormat | None, node_link: str = NODE_LINK) -> None:
@@ -316,8 +322,8 @@ class RooflineCostModel(SplitsSteps):
                 pairs = s.prefill_attn_pairs * self._prefill_per_pair
                 if self._window:
                     pairs += windowed_prefill_pairs(s, self._window) * self._slide_per_pair
-                write = s.prefill_tokens * self._prefill_kv_write
-                t += pairs if pairs > write else write
+                moved = s.prefill_tokens * self._prefill_kv_write + s.prefill_context * self._prefill_kv_read
+                t += pairs if pairs > moved else moved
                 if self._sparse_per_query:
                     t += s.prefill_tokens * self._prefill_per_query
             t += s.decode_context * self._decode_per_key + s.decode_seqs * self._sparse_per_query
@@ -359,7 +365,7 @@ class RooflineCostModel(SplitsSteps):
             if s.prefill_tokens:
                 slide = windowed_prefill_pairs(s, self._window) * self._slide_per_pair if self._window else 0.0
                 rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair + slide,
-                                  s.prefill_tokens * self._prefill_kv_write))
+                                  s.prefill_tokens * self._prefill_kv_write + s.prefill_context * self._prefill_kv_read))
             for name, compute, memory in rooflines:
                 parts[name] = max(compute, memory)
                 bound[name] = "compute" if compute > memory else "memory"
