@@ -364,8 +364,8 @@ class RooflineCostModel(SplitsSteps):
                          ("lm_head", rows * self._head_per_seq, self._head_weights)]
             if s.prefill_tokens:
                 slide = windowed_prefill_pairs(s, self._window) * self._slide_per_pair if self._window else 0.0
-                rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair + slide,
-                                  s.prefill_tokens * self._prefill_kv_write + s.prefill_context * self._prefill_kv_read))
+                moved = s.prefill_tokens * self._prefill_kv_write + s.prefill_context * self._prefill_kv_read
+                rooflines.append(("prefill_attention", s.prefill_attn_pairs * self._prefill_per_pair + slide, moved))
             for name, compute, memory in rooflines:
                 parts[name] = max(compute, memory)
                 bound[name] = "compute" if compute > memory else "memory"
