@@ -77,7 +77,8 @@ def main() -> None:
     for c in cases:
         measured = statistics.median(samples[c])
         priced = model.breakdown(shape(*c))["forward"]
-        print(f"| {c[0]} | {c[1]} | {c[2]} | {measured * 1e3:.1f} | {priced * 1e3:.1f} | {priced / measured - 1:+.1%} |")
+        error = priced / measured - 1
+        print(f"| {c[0]} | {c[1]} | {c[2]} | {measured * 1e3:.1f} | {priced * 1e3:.1f} | {error:+.1%} |")
 
 
 if __name__ == "__main__":
