@@ -21,13 +21,14 @@ from workloads import Trace, TraceRequest, make_trace
 LLAMA, H100 = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
 
 
-def drive(trace: Trace, blocks: int, private: bool, block_size: int = 16) -> list[tuple]:
+def drive(trace: Trace, blocks: int, private: bool, block_size: int = 16, offload: int = 0) -> list[tuple]:
     """Every step of vLLM v1's scheduler over `trace` (all requests waiting at once): what it ran,
-    preempted and hit, and what it left free."""
+    preempted and hit, and what it left free; with a CPU tier of `offload` blocks, also the blocks each
+    step loaded from and stored to it, and its counters."""
     plan = sim_plan(LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=1024,
                     max_num_batched_tokens=512, max_num_seqs=24, block_size=block_size)
-    allocator = (PrivateBlockManager(block_size, blocks) if private
-                 else VllmBlockManager(block_size, blocks, enable_prefix_caching=True))
+    allocator = (PrivateBlockManager(block_size, blocks, offload_blocks=offload) if private
+                 else VllmBlockManager(block_size, blocks, enable_prefix_caching=True, offload_blocks=offload))
     scheduler = ChunkedScheduler(plan.scheduler_config(), allocator)
     executor = SyntheticExecutor(trace, vocab_size=LLAMA.vocab_size, seed=3, real_token_ids=True,
                                  private_blocks=allocator if private else None)
@@ -41,7 +42,9 @@ def drive(trace: Trace, blocks: int, private: bool, block_size: int = 16) -> lis
                     [g.request_id for g in out.preempted],
                     scheduler.prefix_hit_tokens + scheduler.preempted_hit_tokens,        # (returns counted apart)
                     scheduler.prefix_queried_tokens + scheduler.preempted_queried_tokens,
-                    allocator.num_free_blocks(), allocator.token_slots_used()))
+                    allocator.num_free_blocks(), allocator.token_slots_used(),
+                    sorted(out.kv_loads.values()), sorted(out.kv_stores),
+                    allocator.offload.stats.as_dict() if offload else None))
         scheduler.update(out, executor.samples(out.sampling_part()), now)
         now += 1.0
     return log
@@ -62,6 +65,26 @@ def test_private_blocks_schedule_exactly_as_blocks_keyed_by_their_tokens(workloa
     assert private == keyed
     assert any(step[2] for step in keyed)           # preemptions happened
     assert keyed[-1][3] > 0                         # and the cache was hit
+
+
+@pytest.mark.parametrize("workload,blocks,block_size,offload", [
+    ("sharegpt", 90, 16, 40),     # preempted requests load their own sampled blocks back; a few stores refused
+    ("prefix", 80, 16, 30),
+    ("chatbot", 120, 16, 60),     # turns load their history, the trace's answers included
+    ("chatbot", 1400, 1, 600),
+])
+def test_with_a_cpu_tier_private_blocks_are_stored_and_loaded_as_blocks_keyed_by_their_tokens(
+        workload, blocks, block_size, offload):
+    # --kv-offloading-size: the tier stores every full block, sampled ones too, so a private block is keyed as
+    # it fills; its owner, preempted, finds it in the tier under the same key.
+    trace = make_trace(workload, num_requests=40, rate=10.0, seed=5)
+    trace = Trace([r.model_copy(update={"output_len": min(r.output_len, 300), "prompt_len": min(r.prompt_len, 600)})
+                   for r in trace.requests], name=workload)
+    keyed = drive(trace, blocks, private=False, block_size=block_size, offload=offload)
+    private = drive(trace, blocks, private=True, block_size=block_size, offload=offload)
+    assert private == keyed
+    assert any(step[2] for step in keyed)           # preemptions happened
+    assert keyed[-1][9]["blocks_loaded"] > 0        # and the tier was hit
 
 
 def test_a_preempted_request_comes_back_to_its_own_sampled_blocks_and_a_finished_one_keys_none():

@@ -196,15 +196,22 @@ class VllmBlockManager(BlockManager):
         """The keys of the sequence's full blocks after its GPU `hit` (cached_prefix's) that the CPU tier holds
         ready, in order ([] for none; vLLM counts the prompt's last block too), or None when another request
         is loading some of them (this one waits a step). Touches all its full blocks' keys."""
-        tier, bs, local = self.offload, self.block_size, len(hit)
-        keys = [h for _, h in hit]          # the chain goes on from the hit's last key
-        keys += chained_hashes(seq.token_ids[local * bs:], bs, seq.num_tokens // bs - local,
-                               keys[-1] if keys else seq.cache_root)
+        tier, local = self.offload, len(hit)
+        keys = self.tier_keys(seq, hit)
         tier.touch(keys)
         hit = keys[local:local + tier.lookup(keys[local:])]
         if any(key in tier.held for key in hit):
             return None
         return hit
+
+    def tier_keys(self, seq: Sequence, hit: list[tuple[int, int]]) -> list[int]:
+        """The keys of the sequence's full blocks (its whole tokens'), the GPU `hit`'s first: the chain goes on
+        from the hit's last key."""
+        bs, local = self.block_size, len(hit)
+        keys = [h for _, h in hit]
+        keys += chained_hashes(seq.token_ids[local * bs:], bs, seq.num_tokens // bs - local,
+                               keys[-1] if keys else seq.cache_root)
+        return keys
 
     def park(self, seq: Sequence, hit: list[tuple[int, int]], keys: list[int]) -> dict[int, int]:
         """Blocks for the GPU `hit` and fresh ones for the `keys` loaded from the tier, the load recorded

@@ -163,7 +163,7 @@ def covers(scheduler: Scheduler, executor) -> bool:
     allocator = scheduler.allocator
     if allocator.enable_prefix_caching:
         return (type(scheduler) is ChunkedScheduler and type(allocator) is PrivateBlockManager
-                and not executor.draws_samples and allocator.gpu.events is None)
+                and not executor.draws_samples and allocator.gpu.events is None and allocator.offload is None)
     if executor.draws_samples:
         return False
     chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager

@@ -782,10 +782,10 @@ def make_engine(env: simpy.Environment, trace: Trace, plan: DeploymentPlan, cost
     check_adapters_served(dep, trace)
     GUARD.check(lambda: "while building its engines (one per replica, each with its own block tables)")
     spec = speculation_of(dep)
-    # (a CPU tier stores every full block, sampled ones too: none is private)
-    private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None and not plan.offload_blocks
-    if private:     # vLLM v1's, its blocks of sampled tokens registered only if their request comes back
-        allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks, state_blocks=plan.state_blocks)
+    private = dep.vllm_v1 and dep.enable_prefix_caching and spec is None
+    if private:     # vLLM v1's, its sampled blocks keyed when their request comes back (or a tier stores them)
+        allocator = PrivateBlockManager(plan.block_size, plan.num_gpu_blocks, state_blocks=plan.state_blocks,
+                                        offload_blocks=plan.offload_blocks)
     elif dep.vllm_v1:  # vLLM v1's block order, so prefix hits match vLLM's
         allocator = VllmBlockManager(plan.block_size, plan.num_gpu_blocks, enable_prefix_caching=dep.enable_prefix_caching,
                                      state_blocks=plan.state_blocks, offload_blocks=plan.offload_blocks)

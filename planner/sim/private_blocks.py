@@ -43,8 +43,9 @@ class PrivateBlockManager(VllmBlockManager):
     """vLLM v1's block manager whose sequences' blocks past their prompt's full blocks are private,
     unless `public` lists the sequence (a conversation turn whose answer the trace gives)."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, state_blocks: int = 0) -> None:
-        super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True, state_blocks=state_blocks)
+    def __init__(self, block_size: int, num_gpu_blocks: int, state_blocks: int = 0, offload_blocks: int = 0) -> None:
+        super().__init__(block_size, num_gpu_blocks, enable_prefix_caching=True, state_blocks=state_blocks,
+                         offload_blocks=offload_blocks)
         self.public: set[int] = set()          # sequence ids whose every block is keyed by its tokens
         self.own_prompts: set[int] = set()     # sequence ids whose prompt no other request holds
 
@@ -66,8 +67,8 @@ class PrivateBlockManager(VllmBlockManager):
             if block is None:
                 return hit
             hit.append((block, h))
-        for i in range(first, count):     # its own blocks, registered when it was preempted
-            h = hash((_PRIVATE, seq.seq_id, i))
+        for i in range(first, count):     # its own blocks, registered when it was preempted (or as they filled)
+            h = private_key(seq.seq_id, i)
             block = cached.get(h)
             if block is None:
                 break
@@ -78,15 +79,34 @@ class PrivateBlockManager(VllmBlockManager):
         first = self._private_from(seq)
         if first is None:
             return super().mark_computed(seq, num_tokens)
+        upto = seq.num_computed_tokens if num_tokens is None else num_tokens
         if first:
-            upto = seq.num_computed_tokens if num_tokens is None else num_tokens
             super().mark_computed(seq, min(upto, first * self.block_size))
+        if self.offload is not None:     # the tier stores every full block: its private ones keyed as they fill
+            hashes = self.seq_hashes.setdefault(seq.seq_id, [])
+            if len(hashes) >= first:
+                table, register = self.tables[seq.seq_id], self.gpu.register
+                for i in range(len(hashes), upto // self.block_size):
+                    hashes.append(private_key(seq.seq_id, i))
+                    register(table[i], hashes[-1])
+
+    def tier_keys(self, seq: Sequence, hit: list[tuple[int, int]]) -> list[int]:
+        first = self._private_from(seq)
+        if first is None:
+            return super().tier_keys(seq, hit)
+        bs, local, full = self.block_size, len(hit), seq.num_tokens // self.block_size
+        keys = [h for _, h in hit]
+        if local < min(first, full):
+            keys += chained_hashes(seq.token_ids[local * bs:], bs, min(first, full) - local,
+                                   keys[-1] if keys else seq.cache_root)
+        keys += [private_key(seq.seq_id, i) for i in range(max(local, first), full)]
+        return keys
 
     def free(self, seq: Sequence) -> None:
         if seq.is_finished:
             self.public.discard(seq.seq_id)
             self.own_prompts.discard(seq.seq_id)
-        elif seq.seq_id in self.tables and seq.seq_id not in self.public:
+        elif seq.seq_id in self.tables and seq.seq_id not in self.public and self.offload is None:
             self._register_private(seq)
         super().free(seq)
 
@@ -95,4 +115,9 @@ class PrivateBlockManager(VllmBlockManager):
         which is what vLLM had registered by the step it was last scheduled in."""
         table, register = self.tables[seq.seq_id], self.gpu.register
         for i in range(self._private_from(seq), seq.num_computed_tokens // self.block_size):
-            register(table[i], hash((_PRIVATE, seq.seq_id, i)))
+            register(table[i], private_key(seq.seq_id, i))
+
+
+def private_key(seq_id: int, index: int) -> int:
+    """The key of a sequence's private block `index`."""
+    return hash((_PRIVATE, seq_id, index))
