@@ -7,7 +7,9 @@ Issue 25, item 3: the run of
                                    --no-async-scheduling)
 
 at 200x real time or better (<= 3 s of wall time for 600 s), with results identical to
---step-by-step. For both policies, side by side in one run: the wall time of the simulation
+--step-by-step; and beside them, not the issue's target, vllm-v1 with a 64 GiB CPU KV tier
+(--kv-offloading-size 64), whose every full block the simulation writes to the tier. For each,
+side by side in one run: the wall time of the simulation
 (the pipeline's `Simulation.simulate`: engine, records and metrics, as the command runs it),
 simulated seconds per wall second, the same for --step-by-step, and whether every request
 record, step record, step shape and summary number is equal. The machines here are shared
@@ -33,7 +35,9 @@ TARGET_SPEED = 200.0      # simulated seconds per wall second
 # on, vLLM's own default since stop 44: host time hidden, so shorter and more steps); and vllm-v1 with the host
 # in series, as this bench ran it before.
 POLICIES = {"paper": {"policy": "paper"}, "vllm-v1": {"policy": "vllm-v1", "max_model_len": 8192},
-            "v1 sync": {"policy": "vllm-v1", "max_model_len": 8192, "async_scheduling": False}}
+            "v1 sync": {"policy": "vllm-v1", "max_model_len": 8192, "async_scheduling": False},
+            "v1 tier": {"policy": "vllm-v1", "max_model_len": 8192, "kv_offloading_size": 64.0}}
+TARGETED = ("paper", "vllm-v1", "v1 sync")     # the issue's runs
 
 
 def timed(simulation: Simulation, step_by_step: bool):
@@ -78,8 +82,9 @@ def main() -> None:
         speed_range = (f"{sim_time / max(walls):.0f}-{sim_time / min(walls):.0f}" if len(walls) > 1
                        else f"{sim_time / walls[0]:.0f}")
         verdict = "met" if sim_time / max(walls) >= TARGET_SPEED else "MISSED"
+        target = f"target >= {TARGET_SPEED:.0f}x: {verdict}; " if policy in TARGETED else ""
         print(f"{policy:<9}{len(fast.steps):>8,}{wall_range:>16}{speed_range + 'x':>18}{slow_wall:>16.2f}"
-              f"{sim_time / slow_wall:>7.0f}x  {'yes' if same else 'NO'}  (target >= {TARGET_SPEED:.0f}x: {verdict}; "
+              f"{sim_time / slow_wall:>7.0f}x  {'yes' if same else 'NO'}  ({target}"
               f"{fast.fast_forwarded_steps:,} steps in bulk)")
 
 

@@ -224,3 +224,58 @@ def test_prefix_caching_fleets_equal_step_by_step(router):
     assert runs[0].summary() == runs[1].summary()
     # the prefix-aware router reads each step's KV events: its replicas step one at a time
     assert (runs[0].fast_forwarded_steps == 0) is (router == "prefix-aware")
+
+
+@pytest.mark.parametrize("workload,knobs,size", [
+    ("sharegpt", {"max_model_len": 8192}, 4.0),                       # production load: the tier only stores
+    ("sharegpt", {"max_model_len": 2048, "num_gpu_blocks": 300, "max_num_seqs": 40}, 0.25),  # loads back preempted
+    ("chatbot", {"max_model_len": 4096, "num_gpu_blocks": 600}, 1.0),  # turns load their history from it
+    ("chatbot", {"max_model_len": 4096, "num_gpu_blocks": 600}, 0.02),  # a tier of 10 blocks: stores refused
+    ("sharegpt", {"max_model_len": 8192}, 0.005),      # of 2 blocks: a decode's one block refused, then offered again
+    ("chatbot", {"max_model_len": 512, "num_gpu_blocks": 600, "block_size": 1, "async_scheduling": True}, 0.005),
+    ("prefix", {"max_model_len": 2048, "num_gpu_blocks": 400, "max_num_seqs": 32}, 0.05),
+])
+def test_a_cpu_kv_tier_keeps_the_batch_exact(workload, knobs, size, monkeypatch):
+    # --kv-offloading-size: the batch takes each step's blocks and writes the tier as it plans the step, so its
+    # stores price the step (here at 2 ms a block, so that each one shows) and every later lookup sees them.
+    # The tier itself is compared too: its slots in LRU order at the start of every step (a waiting request's
+    # lookups reorder them without changing any record for a while).
+    from engine.core.kv_offload import CpuKvTier
+    from planner.cost.offload import OffloadCost
+
+    states, complete = [], CpuKvTier.complete_stores
+
+    def logged(tier):
+        states.append(tuple(tier.slots.values()))
+        complete(tier)
+
+    monkeypatch.setattr(CpuKvTier, "complete_stores", logged)
+    trace = make_trace(workload, duration=30 if knobs.get("block_size", 16) > 1 else 5, rate=16.0, seed=4)
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", kv_offloading_size=size, **knobs)
+    cost = OffloadCost(MEASURED, 0.002)
+    fast, fast_tokens = token_records(lambda: simulate(trace, plan, cost))
+    fast_states, states[:] = states[:], []
+    slow, slow_tokens = token_records(lambda: simulate(trace, plan, cost, fast_forward=False))
+    assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes
+    assert fast.summary() == slow.summary()
+    assert fast_tokens == slow_tokens
+    assert fast_states == states
+    assert fast.fast_forwarded_steps > 0.9 * len(fast.steps)
+    assert fast.summary()["kv_offload"]["blocks_stored"] > 0
+    if size <= 0.02:
+        assert fast.summary()["kv_offload"]["stores_refused"] > 0
+
+
+def test_a_fleet_with_a_cpu_kv_tier_steps_its_replicas_one_at_a_time():
+    # A routed replica's plan is cut when a request reaches it mid-plan, and a tier's plan has written the tier
+    # already: such replicas step without the batch, and give the same results.
+    from planner.sim.fleet import simulate_fleet
+    from planner.sim.router import parse_router
+
+    trace = make_trace("chatbot", duration=10, rate=8.0, seed=6)
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=4096, kv_offloading_size=0.5)
+    runs = [simulate_fleet(trace, plan, MEASURED, replicas=2, router=parse_router("least-requests"), seed=0,
+                           fast_forward=fast) for fast in (True, False)]
+    assert runs[0].requests == runs[1].requests and runs[0].steps == runs[1].steps
+    assert runs[0].summary() == runs[1].summary()
+    assert runs[0].fast_forwarded_steps == 0

@@ -31,7 +31,12 @@ policy also with prefix caching (as vLLM deploys it), where a member's sampled
 tokens are the same constant in blocks only it can hit (private_blocks.py),
 or the answer the trace gives, whose every block enters the prefix cache at
 the step, and in the running order, step by step registers it (unless a
-prefix-aware router reads the cache's events per step).
+prefix-aware router reads the cache's events per step). With a CPU KV tier
+too, where no router or lockstep group can cut a plan short: every block a
+member fills is then keyed, and the batch takes each step's blocks and writes
+the tier as it plans the step, in the scheduler's own order (the last step's
+stores made ready, the members' blocks, the waiting head's lookup, which
+reorders the tier's LRU, then the stores, which price the step).
 Why each step is the one the scheduler would take is fast_forward.py's proof
 (decode, admission and memory), restated in `plan`. Tests hold runs that use
 it equal to step-by-step runs, record for record.
@@ -58,7 +63,7 @@ from engine.core.sequence import SequenceGroup, SequenceStatus
 from planner.cost.shape import StepShape
 from planner.sim.decode_run import DecodeRun, price_run, run_pricer
 from planner.sim.fast_forward import MAX_WINDOW, _admission_blocked
-from planner.sim.private_blocks import PrivateBlockManager
+from planner.sim.private_blocks import PrivateBlockManager, private_key
 from planner.sim.lazy_log import ShapeLog
 
 _RUNNING = SequenceStatus.RUNNING
@@ -96,6 +101,7 @@ class Plan:
     first_step: int             # the batch step of the first step
     bins_after: Bins | None = None   # the histogram of the step after the last (None once truncated)
     prices: list[float] = field(default_factory=list)   # each step's duration (ends: their running sum)
+    blocks_taken: bool = False  # its steps' blocks are taken and the CPU tier written already (never cut then)
 
     @property
     def last_step(self) -> int:
@@ -138,6 +144,8 @@ class Plan:
 
     def truncate(self, steps: int) -> None:
         """Keep the first `steps` steps (a request arrived; the rest is the next plan's business)."""
+        if self.blocks_taken and steps < len(self.ends):
+            raise AssertionError("decode batch: a plan whose blocks are taken was cut")
         if steps < len(self.ends):
             del self.ends[steps:], self.takes[steps:], self.prices[steps:]
             self.finishing = False
@@ -163,7 +171,7 @@ def covers(scheduler: Scheduler, executor) -> bool:
     allocator = scheduler.allocator
     if allocator.enable_prefix_caching:
         return (type(scheduler) is ChunkedScheduler and type(allocator) is PrivateBlockManager
-                and not executor.draws_samples and allocator.gpu.events is None and allocator.offload is None)
+                and not executor.draws_samples and allocator.gpu.events is None)
     if executor.draws_samples:
         return False
     chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager
@@ -231,14 +239,23 @@ class DecodeBatch:
         # == r and those sampling an answer that fill one then, in running order (`_grow`); made again
         # when a member joins or leaves.
         self.turns: list[list[_Member] | None] = [None] * self.bs
+        # With a CPU KV tier (--kv-offloading-size) every block a member fills is keyed and offered to it, so the
+        # blocks are taken and the tier written as each step is planned (`_tier_step`), and a plan is never cut
+        # (`build` makes no batch for an engine whose plans a router or a lockstep group may cut).
+        self.tier = getattr(self.allocator, "offload", None)
+        self.behind: list[_Member] = []       # members with full blocks the tier has not taken yet, in order
         if self.scheduler.config.max_loras is not None:
             self.loras = Counter()
 
     @classmethod
-    def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None) -> DecodeBatch | None:
+    def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None,
+              cuttable: bool = False) -> DecodeBatch | None:
         """The batch of the scheduler's running requests, or None when it is outside the proof.
-        `cost_model`: plans are priced as runs (decode_run.py) when it can and histograms are kept."""
+        `cost_model`: plans are priced as runs (decode_run.py) when it can and histograms are kept.
+        `cuttable`: a plan may be cut short after it was planned (a routed engine, a lockstep group's)."""
         if not scheduler.running or scheduler.swapped or not covers(scheduler, executor):
+            return None
+        if cuttable and getattr(scheduler.allocator, "offload", None) is not None:
             return None
         batch = cls(scheduler, executor, histogram, cost_model=cost_model if histogram else None)
         for group in scheduler.running:
@@ -283,6 +300,8 @@ class DecodeBatch:
             member.keys = self.allocator.seq_hashes.setdefault(seq.seq_id, [])
             self._turns_changed(member)
         self.members.append(member)
+        if self.tier is not None and self.allocator.offered.get(seq.seq_id, 0) < len(member.keys):
+            self.behind.append(member)
         self.bases = None
         if self.loras is not None and group.lora_id:
             self.loras[group.lora_id] += 1
@@ -350,12 +369,15 @@ class DecodeBatch:
         num = len(members)
         if self.v1 and num > self.scheduler.config.max_num_batched_tokens:
             return None
+        if self.tier is not None and self.allocator.loads:
+            return None            # a request parked while its blocks load joins the next waiting pass
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
         # step's blocks must leave one; vLLM v1 only needs the blocks it takes.
         spare = self.allocator.num_free_blocks() - (0 if self.v1 else 1)
-        pricer = run_pricer(self.cost_model)
+        # (a tier's stores price each step's shape: no run prices them)
+        pricer = run_pricer(self.cost_model) if self.tier is None else None
         if pricer is not None and self._long(now, next_arrival, last):
             run = self._run()
             crossings = [len(members) for members in self.by_residue]
@@ -369,8 +391,10 @@ class DecodeBatch:
                                                             ahead)
         if not ends:
             return None
-        return Plan(now, source, ends, takes, self.allocator.num_used_blocks(), self.pool.num_token_states,
-                    self.step + len(ends) == first_finish, self.step + 1, bins, prices)
+        taken = sum(takes) if self.tier is not None else 0      # (the tier's plans took their blocks already)
+        return Plan(now, source, ends, takes, self.allocator.num_used_blocks() - taken,
+                    self.pool.num_token_states - taken, self.step + len(ends) == first_finish, self.step + 1, bins,
+                    prices, self.tier is not None)
 
     def _run(self) -> DecodeRun:
         """The run of decode steps from the next one (its members' bases listed once per membership)."""
@@ -403,6 +427,7 @@ class DecodeBatch:
         bins = [entry[:] for entry in self.bins] if histogram else None
         moves = self.moves
         step, end, taken = self.step, now, 0
+        head_keys = self._head_keys() if self.tier is not None else None
         while step < last:
             if end >= next_arrival:
                 if not ahead:
@@ -413,11 +438,12 @@ class DecodeBatch:
                 break
             taken += crossing
             step += 1
+            stored = 0 if self.tier is None else self._tier_step(step, head_keys)
             if decode_time is not None:
                 price = decode_time(bins)
             else:
                 shape = StepShape(0, 0, 0, num, context, decode_histogram=_histogram(bins) if histogram else (),
-                                  lora_adapters=len(self.loras) if self.loras else 0)
+                                  lora_adapters=len(self.loras) if self.loras else 0, offload_blocks=stored)
                 price = step_time(shape)
                 shapes.append(shape)
             end = end + price
@@ -439,7 +465,9 @@ class DecodeBatch:
         if not steps:
             return []
         pool, step = self.pool, self.step
-        if self.caching and self.answering:
+        if plan.blocks_taken:        # (with a CPU tier, as the plan was made)
+            pass
+        elif self.caching and self.answering:
             self._grow(step + 1, step + steps)
         else:
             self._take(step + 1, plan.takes)
@@ -467,25 +495,34 @@ class DecodeBatch:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
         `_schedule_running` grows them: step by step, member by member in running order, a fresh block
         for one crossing a boundary, and the block one sampling an answer has just filled (its tokens up
-        to the step before) registered in the prefix cache (the others' blocks are private). The order
+        to the step before) registered in the prefix cache (the others' blocks are private; with a CPU
+        tier every member's block is registered, a private one under its private key). The order
         matters where a block taken drops a key that a block registered holds too. One call a plan,
         with everything it reads bound once."""
-        bs, turns = self.bs, self.turns
+        bs, turns, keyed = self.bs, self.turns, self.tier is not None
         take, fill, register = self.pool.take, self.pool.fill, self.pool.register
         for step in range(first, last + 1):
             r = step % bs
             turn = turns[r]
             if turn is None:
                 takers = self.by_residue[r]
-                fillers = [m for m in self.by_residue[(r + 1) % bs] if m.answer is not None]
+                fillers = [m for m in self.by_residue[(r + 1) % bs] if keyed or m.answer is not None]
                 turn = turns[r] = sorted(takers + fillers, key=_order) if bs > 1 else takers
             for member in turn:
                 if member.residue == r:
                     table = member.table
                     fill[table[-1]] = bs
                     table.append(take(1))
-                    if bs > 1 or member.answer is None:
+                    if bs > 1 or not (keyed or member.answer is not None):
                         continue
+                if member.answer is None:       # (a tier's) a private block: no token of it is read
+                    keys, seq_id = member.keys, member.group.seqs[0].seq_id
+                    if len(keys) == (member.base + step) // bs - 1:
+                        keys.append(private_key(seq_id, len(keys)))
+                        register(member.table[len(keys) - 1], keys[-1])
+                    else:
+                        self.allocator.mark_computed(member.group.seqs[0], member.base + step)
+                    continue
                 self._write(member, step - 1)
                 keys, tokens = member.keys, member.group.seqs[0].token_ids
                 if len(keys) == (member.base + step) // bs - 1:      # the one block it filled: its key
@@ -494,6 +531,49 @@ class DecodeBatch:
                     register(member.table[len(keys) - 1], keys[-1])
                 else:                                                 # else the block manager's own way
                     self.allocator.mark_computed(member.group.seqs[0], member.base + step)
+
+    # -- the CPU tier (--kv-offloading-size) ---------------------------------------------------------
+
+    def _head_keys(self) -> list[int] | None:
+        """The keys the next steps' waiting pass looks up in the tier, and so touches, each step: its head's
+        (the same whatever the GPU holds of them); None when no waiting pass runs (`waiting_blocked`: the head
+        has neither the blocks to start nor, so, to load its prefix)."""
+        scheduler = self.scheduler
+        if (len(self.members) >= scheduler.config.max_num_batched_tokens
+                or len(scheduler.running) >= scheduler.config.max_num_seqs):
+            return None
+        head = self._admission_head()
+        if head is None:
+            return None
+        seq = head.seqs[0]
+        return self.allocator.tier_keys(seq, self.allocator.cached_prefix(seq))
+
+    def _tier_step(self, step: int, head_keys: list[int] | None) -> int:
+        """Batch step `step` as the scheduler would schedule it, on the blocks and the CPU tier: last step's
+        stores ready, the members' blocks taken and filled ones registered (`_grow`), the waiting head's
+        lookup, and the members' full blocks offered to the tier (`offload_stores`: in running order, those
+        that filled one and those still behind). Returns the blocks stored, which the step copies."""
+        tier, allocator = self.tier, self.allocator
+        tier.complete_stores()
+        self.scheduler.kv_loads = {}
+        self._grow(step, step)
+        if head_keys is not None:
+            tier.touch(head_keys)
+        fillers = self.by_residue[(step + 1) % self.bs]
+        storers = sorted({*fillers, *self.behind}, key=_order) if self.behind else fillers
+        refused = tier.stats.stores_refused
+        stored = len(allocator.offload_stores([m.group.seqs[0] for m in storers]))
+        if self.behind or tier.stats.stores_refused != refused:      # a store refused leaves its member behind
+            self._find_behind(storers)
+        return stored
+
+    def _find_behind(self, members) -> None:
+        """Of `members` (in running order), those the tier has not taken every full block of are behind."""
+        offered, checked = self.allocator.offered, set(members)
+        behind = [m for m in self.behind if m not in checked]
+        behind += [m for m in members if offered.get(m.group.seqs[0].seq_id, 0) < len(m.keys)]
+        behind.sort(key=_order)
+        self.behind = behind
 
     def _turns_changed(self, member: _Member) -> None:
         """A member joined or left: the turns of the steps it takes or fills a block in change."""
@@ -544,6 +624,8 @@ class DecodeBatch:
             if not self.loras[member.group.lora_id]:
                 del self.loras[member.group.lora_id]
         self.by_residue[member.residue].remove(member)
+        if self.behind and member in self.behind:
+            self.behind.remove(member)
         n = len(member.group.seqs[0].token_ids)         # its context in its last step
         self.context -= n + 1
         if self.histogram:
@@ -627,9 +709,13 @@ class DecodeBatch:
     def mix(self, now: float) -> MixedStep:
         """The start of a vLLM v1 step: the batch's decodes take their blocks, then the scheduler's
         own admission pass; its shape and record (memory as it stands while the step runs)."""
-        step, pool = self.step + 1, self.pool
+        step, pool, tier = self.step + 1, self.pool, self.tier
         token_states = pool.num_token_states
-        if self.caching and self.answering:
+        if tier is not None:               # the last step's copies are done (ChunkedScheduler.schedule)
+            tier.complete_stores()
+            self.allocator.loads_done()
+            self.scheduler.kv_loads = {}
+        if self.caching and (self.answering or tier is not None):
             self._grow(step, step)
         else:
             self._take(step, (len(self.by_residue[step % self.bs]),))
@@ -640,6 +726,10 @@ class DecodeBatch:
                                         counts, ended, truncated)
         ended += truncated
         shape = self._mixed_shape(seqs, counts)
+        if tier is not None:               # the step's loads, and the stores of every sequence it schedules
+            stores = self.allocator.offload_stores([m.group.seqs[0] for m in self.members] + seqs)
+            shape.offload_blocks = len(self.scheduler.kv_loads) + len(stores)
+            self._find_behind(self.members)
         if self.loras is not None:       # the members' adapters and the admitted requests'
             shape.lora_adapters, shape.lora_loads = self.scheduler.activate_loras(
                 [m.group for m in self.members] + groups)

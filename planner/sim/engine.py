@@ -482,7 +482,8 @@ class SimulatedEngine(Sleeper):
             if self.backoff:
                 self.backoff -= 1
                 return None
-            batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram, self.cost_model)
+            batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram, self.cost_model,
+                                                   cuttable=self.routed or self.group is not None)
             if batch is None:
                 self._back_off()
                 return None

@@ -24,8 +24,13 @@ A prompt no other request shares (a plain request's own random ids, one sample) 
 way, from its first block: the simulated executor gives it one constant id of its own instead of
 drawing ids, and neither its blocks nor its keys are made until it is preempted. (A request fanned
 out into n samples is not: its children share its prompt's blocks.)
-Prefix-cache statistics come from the same lookups. The paper's block pool is left as it is:
-there a freed block with a key waits behind those without one, so registering changes the order.
+With a CPU KV tier (`--kv-offloading-size`, engine/core/kv_offload.py) a private block is keyed as it
+fills, under its private key, and registered at once: the tier stores every full block, sampled ones
+too, and an owner preempted by recompute may load its own back, asking for the same keys (`tier_keys`).
+Registering early changes nothing the argument above rests on: the pool's order is the same, and only
+the owner ever asks for the key. Prefix-cache statistics come from the same lookups. The paper's block
+pool is left as it is: there a freed block with a key waits behind those without one, so registering
+changes the order.
 """
 from __future__ import annotations
 
