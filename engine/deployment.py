@@ -95,6 +95,13 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   next step, so its request joins the step after that (`vllm bench serve
   --max-concurrency` against `vllm serve`): any turnaround shorter than a step
   gives that. Open-loop arrivals (a rate, a trace's times) do not read it.
+- `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
+  server sends a streamed answer's first token at once, then its tokens N at a
+  time, and the rest when it ends (vllm/v1/engine/output_processor.py,
+  RequestState.make_request_output). A client then times chunks of N tokens:
+  vLLM bench's ITL is the gap between chunks, about N decode steps; TTFT, E2E
+  and TPOT are the same. The records' token times are the chunks' times
+  (engine/core/metrics.py `streamed_times`), and `planner serve` streams so.
 - `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
@@ -198,6 +205,7 @@ class Deployment:
     kv_cache_dtype: str = "auto"
     async_scheduling: bool | None = None     # vLLM's --async-scheduling; None: vLLM's default (vllm_async_default)
     client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
+    stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
     draft_rates: str | None = None           # "D1,D2,...": per-position conditional drafting rates (None: always K)
@@ -279,6 +287,10 @@ class Deployment:
         if not 0 <= self.moe_skew <= 4:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")
+        _at_least("stream_interval", self.stream_interval, 1)
+        if self.stream_interval > 1 and self.speculative is not None:
+            raise ValueError("stream_interval > 1 with speculative decoding is not modelled: a step's accepted "
+                             "drafts are one time in the records, and vLLM counts the chunk's tokens")
         if not 0 <= self.client_turnaround < math.inf:
             raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:

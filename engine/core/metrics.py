@@ -47,7 +47,9 @@ class RequestRecord:
     priority: int = 0                   # vLLM's request priority (read under --scheduling-policy priority)
 
     @classmethod
-    def from_group(cls, group: SequenceGroup) -> "RequestRecord":
+    def from_group(cls, group: SequenceGroup, stream_interval: int = 1) -> "RequestRecord":
+        """The group's record; with `stream_interval` N > 1 its token times are those a streaming client
+        sees them at (`streamed_times`)."""
         t = group.times
         rejected = group.finish_reason is FinishReason.REJECTED
         lengths = [] if rejected else [len(tokens) for tokens, *_ in group.outputs()]
@@ -55,7 +57,8 @@ class RequestRecord:
         truncated = group.finish_reason is FinishReason.LENGTH and longest < group.params.max_tokens
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
-                   t.finish, list(t.token_times), group.num_preemptions, rejected, group.reject_reason,
+                   t.finish, streamed_times(t.token_times, stream_interval), group.num_preemptions, rejected,
+                   group.reject_reason,
                    longest, max(len(lengths), 1), truncated, group.priority)
 
     @property
@@ -112,6 +115,19 @@ class RequestRecord:
         d = asdict(self)
         d.pop("token_times")
         return d
+
+
+def streamed_times(token_times: list[float], interval: int) -> list[float]:
+    """The times a streaming client gets an answer's tokens at when the server sends them `interval` at a
+    time (vLLM's --stream-interval, vllm/v1/engine/output_processor.py RequestState.make_request_output):
+    the first at once, then each time `interval` more have come since the last sent, and the rest when the
+    answer ends. One token a time (a request of one sequence, no speculation)."""
+    if interval <= 1 or len(token_times) <= 1:
+        return list(token_times)
+    sent = token_times[::interval]
+    if (len(token_times) - 1) % interval:
+        sent.append(token_times[-1])
+    return sent
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ SERVE_VALUED = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
                 "--dtype", "--scheduling-policy", "--performance-mode", "--all2all-backend", "--moe-backend",
                 "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--kv-cache-memory-bytes",
                 "--max-loras", "--max-lora-rank", "--kv-offloading-size", "--kv-offloading-backend",
-                "--cpu-offload-gb")
+                "--cpu-offload-gb", "--stream-interval")
 SERVE_RENAMED = {"--tensor-parallel-size": "--tp", "-tp": "--tp", "--pipeline-parallel-size": "--pp", "-pp": "--pp",
                  "--data-parallel-size": "--dp", "-dp": "--dp", "--num-gpu-blocks-override": "--num-gpu-blocks",
                  "-q": "--quantization", "--kv-cache-memory": "--kv-cache-memory-bytes"}
@@ -48,7 +48,7 @@ SERVE_IGNORED_SWITCHES = ("--trust-remote-code", "--disable-log-requests", "--en
 # what changes the numbers in ways the planner does not model (docs/vllm.md): left out with a warning
 SERVE_NOT_MODELLED_VALUED = ("--compilation-config", "-O",
                              "--max-cpu-loras", "--lora-dtype", "--cuda-graph-sizes",
-                             "--max-cudagraph-capture-size", "--attention-backend", "--stream-interval",
+                             "--max-cudagraph-capture-size", "--attention-backend",
                              "--api-server-count", "--hf-overrides", "--rope-scaling", "--max-num-partial-prefills",
                              "--max-long-partial-prefills")
 SERVE_NOT_MODELLED_SWITCHES = ("--enforce-eager", "--fully-sharded-loras")

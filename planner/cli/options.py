@@ -117,6 +117,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                           "next request in the engine's queue; 0: at once, joining the next step, as in-process "
                           "clients; an API server's clients (vllm bench serve) take e.g. 0.001: the next request "
                           "joins the step after the one running [default: 0]"),
+    "stream_interval": (("--stream-interval",),
+                        "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
+                        "tokens N at a time and the rest at its end, so a client's ITL is the gap between "
+                        "chunks of N; TTFT, TPOT and E2E are the same (`serve` streams so) [default: 1]"),
     "speculative": (("--speculative",), "speculative decoding, METHOD:K: ngram, eagle, mtp or draft (with --draft-model) with K draft tokens "
                                         "per step [default: off]"),
     "acceptance": (("--acceptance",), "with --speculative: per-position conditional acceptance rates P1,P2,... "

@@ -920,7 +920,7 @@ def replica_result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, se
     the TokenGaps of its requests or more, when the caller made them)."""
     scheduler = engine.scheduler
     if records is None:
-        records = [RequestRecord.from_group(g) for g in engine.groups]
+        records = [RequestRecord.from_group(g, plan.deployment.stream_interval) for g in engine.groups]
     hit, held = prefix_counts(engine)
     return SimResult(
         plan, cost_model.name, trace.name, json_safe(trace.params),

@@ -235,7 +235,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
 def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
     """The fleet's result: every request and step together, each replica's own result beside."""
     trace = fleet.trace
-    records = [RequestRecord.from_group(g) for g in fleet.groups]
+    records = [RequestRecord.from_group(g, plan.deployment.stream_interval) for g in fleet.groups]
     mine: list[list[RequestRecord]] = [[] for _ in fleet.engines]
     for record, replica in zip(records, fleet.routes):
         mine[replica].append(record)

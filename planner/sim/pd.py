@@ -411,7 +411,8 @@ def _pd_result(pools: Disaggregated, clients: list[SequenceGroup], prefill: Pool
     parts = [pool_result(pools.prefill, prefill.plan, prefill.cost_model, seed),
              pool_result(pools.decode, decode.plan, decode.cost_model, seed)]
     steps, shapes, num_running, step_pools = merged_steps(parts)
-    records = [RequestRecord.from_group(g) for g in clients]
+    # (the clients stream from the decode pool's servers)
+    records = [RequestRecord.from_group(g, decode.plan.deployment.stream_interval) for g in clients]
     engines = pools.prefill.engines + pools.decode.engines
     preemptions = {key: sum(e.scheduler.preemptions[key] for e in engines) for key in ("recompute", "swap")}
     run = PdRun(parts[0], parts[1], pools.remotes, pools.decode.groups, pools.path, pools.prefill.policy.name,

@@ -181,9 +181,11 @@ class AttainmentWatch:
     has waited longer than a TTFT (or E2E) limit without its first token (or its end), or at its end when a
     value there is over its limit."""
 
-    def __init__(self, slos: dict[str, float], num_requests: int, attainment: float) -> None:
+    def __init__(self, slos: dict[str, float], num_requests: int, attainment: float,
+                 stream_interval: int = 1) -> None:
         self.engine = None
         self.num_requests, self.attainment = num_requests, attainment
+        self.stream_interval = stream_interval          # (an ITL limit judges the gaps a client sees)
         self.limits: dict[str, float] = {}          # per-request quantity -> its tightest limit
         for name, limit in slos.items():
             quantity = slo_quantity(name)
@@ -204,7 +206,7 @@ class AttainmentWatch:
             if group.finish_reason is FinishReason.REJECTED:
                 self._miss(group.request_id, now)
                 continue
-            record = RequestRecord.from_group(group)
+            record = RequestRecord.from_group(group, self.stream_interval)
             if record.truncated or any(request_quantity(record, q) > limit for q, limit in self.limits.items()):
                 self._miss(group.request_id, now)
         for deadline in self.deadlines:
@@ -298,7 +300,8 @@ class Prober:
         watch = None
         if self.early_stop:
             watch = (SloWatch(self.slos, len(trace)) if self.attainment is None
-                     else AttainmentWatch(self.slos, len(trace), self.attainment))
+                     else AttainmentWatch(self.slos, len(trace), self.attainment,
+                                          self.simulation.spec.deployment.stream_interval))
         try:
             result = self.simulation.simulate(load, trace=trace, watch=watch if not self.fleet else
                                               _FleetWatch(watch) if watch is not None else None)

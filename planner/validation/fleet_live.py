@@ -197,6 +197,7 @@ class FleetReplay:
         self.groups, self.routes, self.done = [], [], 0
         self.clients, self.paced = spec.concurrency, spec.paced
         self.turnaround = spec.deployment.client_turnaround
+        self.stream_interval = spec.deployment.stream_interval
         self.unsent = deque(trace.requests)
         self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, trace order, request)
         self.order = itertools.count()
@@ -249,7 +250,7 @@ class FleetReplay:
         self.routes.append(chosen)
 
     def result(self) -> LiveFleet:
-        return _fleet_result(self.groups, self.routes, self.replicas, self.shapes)
+        return _fleet_result(self.groups, self.routes, self.replicas, self.shapes, self.stream_interval)
 
 
 def run_live_fleet(trace: Trace, folder: str, spec: ValidationSpec, count: int, policy: RouterPolicy, *,
@@ -297,8 +298,9 @@ def _run_fleets(trace: Trace, folder: str, spec: ValidationSpec, count: int, pol
     return results
 
 
-def _fleet_result(groups, routes, replicas: list[LiveReplica], shapes: list[list]) -> LiveFleet:
-    records = [RequestRecord.from_group(g) for g in groups]
+def _fleet_result(groups, routes, replicas: list[LiveReplica], shapes: list[list],
+                  stream_interval: int = 1) -> LiveFleet:
+    records = [RequestRecord.from_group(g, stream_interval) for g in groups]
     tagged = sorted(((s.start, i, j) for i, r in enumerate(replicas) for j, s in enumerate(r.engine.steps)))
     steps = [replicas[i].engine.steps[j] for _, i, j in tagged]
     step_shapes = [shapes[i][j] for _, i, j in tagged]

@@ -81,7 +81,7 @@ def run_live(trace: Trace, folder: str, spec: ValidationSpec, *, device: str, dt
         groups = _replay(engine, trace, clock, spec, progress, profiler.between_steps if profiler is not None else None,
                          loras)
     after = speed_probe(engine.runner) if speed_probe else None
-    requests = [RequestRecord.from_group(g) for g in groups]
+    requests = [RequestRecord.from_group(g, spec.deployment.stream_interval) for g in groups]
     return LiveRun(requests, engine.steps, shapes, compute_metrics(requests, engine.steps, engine.scheduler.preemptions),
                    engine.runner.num_gpu_blocks, engine.runner.num_cpu_blocks, engine.max_model_len,
                    engine.scheduler.config.max_num_batched_tokens, ops_for(engine.runner.device).backend,

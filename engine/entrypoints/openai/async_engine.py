@@ -68,6 +68,9 @@ class AsyncEngine:
         self._to_abort: list[str] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        # vLLM's --stream-interval: after a sequence's first token, its tokens go out N at a time (the rest at
+        # its end; engine/core/metrics.py streamed_times, whose rule this is)
+        self.stream_interval = engine.deployment.stream_interval
         self._task: asyncio.Task | None = None
         self._closing = False
         self.failed_in_a_row = 0            # consecutive failed steps
@@ -234,6 +237,8 @@ class AsyncEngine:
         for i, seq in enumerate(group.seqs[:group.params.n]):
             tokens = seq.output_token_ids
             if len(tokens) <= s.sent_tokens[i]:
+                continue
+            if s.sent_tokens[i] and len(tokens) - s.sent_tokens[i] < self.stream_interval and not seq.is_finished:
                 continue
             text = engine.text_state(seq).text
             visible = len(text) - holdback if not seq.is_finished else len(text)
