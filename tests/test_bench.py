@@ -69,6 +69,8 @@ def test_tpot_follows_vllm_from_usage_tokens_not_chunks():
     assert m["tpot_mean"] == pytest.approx((0.5 - 0.1) / 4)
     assert m["itl_mean"] == pytest.approx(0.4)
     assert (m["num_completed"], m["num_failed"], m["num_good"]) == (1, 1, 1)
+    # and as the planner's record, which `validate --endpoint` compares with the simulation's
+    assert r.record().tpot == pytest.approx((0.5 - 0.1) / 4)
 
 
 def test_max_concurrency_keeps_at_most_n_requests_in_flight_in_a_closed_loop(server, tmp_path):

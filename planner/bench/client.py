@@ -67,8 +67,9 @@ class BenchRequest:
         times = [first]
         for gap in self.itl:
             times.append(times[-1] + gap)
+        # (its tokens, not its chunks: a chunk holds several under --stream-interval or speculation)
         return RequestRecord(self.request_id, start, self.prompt_len, self.output_len, first_token=first,
-                             finish=start + self.latency, token_times=times)
+                             finish=start + self.latency, token_times=times, seq_output_len=self.output_len)
 
 
 PROMPT_FORMATS = ("text", "tokens")
