@@ -58,8 +58,7 @@ class RequestRecord:
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
                    t.finish, streamed_times(t.token_times, stream_interval), group.num_preemptions, rejected,
-                   group.reject_reason,
-                   longest, max(len(lengths), 1), truncated, group.priority)
+                   group.reject_reason, longest, max(len(lengths), 1), truncated, group.priority)
 
     @property
     def completed(self) -> bool:
