@@ -1,5 +1,6 @@
-"""vLLM's --stream-interval: a streamed answer's tokens sent N at a time after the first, in the simulator's records,
-the live engine's and `planner serve`'s stream (vllm/v1/engine/output_processor.py, RequestState.make_request_output)."""
+"""vLLM's --stream-interval: a streamed answer's tokens sent N at a time after the first, in the simulator's
+records, the live engine's and `planner serve`'s stream (vllm/v1/engine/output_processor.py,
+RequestState.make_request_output)."""
 from __future__ import annotations
 
 import openai
