@@ -135,9 +135,7 @@ class CalibratedCostModel:
         if s.prefill_tokens and s.decode_seqs:
             t = self._mixed_forward(s) + self._host_prefill.at(seqs)
         elif s.prefill_tokens:
-            t = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
-                 + s.prefill_seqs * self._prefill_per_seq + s.prefill_context * self._prefill_per_cached
-                 + self._host_prefill.at(seqs))
+            t = self._prefill.at(s.prefill_tokens) + self._prompt_terms(s) + self._host_prefill.at(seqs)
         elif s.decode_seqs:
             t = (self._host_decode.at(seqs) + self._decode.at(s.decode_seqs + s.draft_tokens)
                  + (s.decode_context + s.draft_keys) * self._decode_per_key)
@@ -156,6 +154,12 @@ class CalibratedCostModel:
         if self._lora is None:
             raise PlannerError(f"{self.name} timed no LoRA adapter: profile with --enable-lora")
         return self._lora.at(s.total_tokens) + s.lora_adapters * self._lora_per_adapter
+
+    def _prompt_terms(self, s: StepShape) -> float:
+        """The prefill fit's linear terms for the step's prompts: their attention pairs, their count and the
+        cached context they continue from (its keys gathered back from the paged cache)."""
+        return (s.prefill_attn_pairs * self._prefill_per_pair + s.prefill_seqs * self._prefill_per_seq
+                + s.prefill_context * self._prefill_per_cached)
 
     def _mixed_forward(self, s: StepShape) -> float:
         """The forward pass of a mixed (chunked-prefill) step: one pass over all its tokens.
@@ -176,8 +180,7 @@ class CalibratedCostModel:
         still pays.
         """
         d = s.decode_seqs + s.draft_tokens          # decode rows
-        prompts = (s.prefill_attn_pairs * self._prefill_per_pair + s.prefill_seqs * self._prefill_per_seq
-                   + s.prefill_context * self._prefill_per_cached)
+        prompts = self._prompt_terms(s)
         keys = s.decode_context + s.draft_keys
         if self._mixed is not None:
             return (self._prefill.at(s.prefill_tokens) + prompts + self._mixed.at(d)
@@ -193,9 +196,7 @@ class CalibratedCostModel:
             parts["forward"] = self._mixed_forward(s)
             parts["host"] = self._host_prefill.at(seqs)
         elif s.prefill_tokens:
-            parts["forward"] = (self._prefill.at(s.prefill_tokens) + s.prefill_attn_pairs * self._prefill_per_pair
-                                + s.prefill_seqs * self._prefill_per_seq
-                                + s.prefill_context * self._prefill_per_cached)
+            parts["forward"] = self._prefill.at(s.prefill_tokens) + self._prompt_terms(s)
             parts["host"] = self._host_prefill.at(seqs)
         elif s.decode_seqs:
             parts["host"] = self._host_decode.at(seqs)

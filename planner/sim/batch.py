@@ -465,12 +465,11 @@ class DecodeBatch:
         if not steps:
             return []
         pool, step = self.pool, self.step
-        if plan.blocks_taken:        # (with a CPU tier, as the plan was made)
-            pass
-        elif self.caching and self.answering:
-            self._grow(step + 1, step + steps)
-        else:
-            self._take(step + 1, plan.takes)
+        if not plan.blocks_taken:    # (a CPU tier's plan took them as it was made)
+            if self.caching and self.answering:
+                self._grow(step + 1, step + steps)
+            else:
+                self._take(step + 1, plan.takes)
         num = len(self.members)
         if self.loras:       # each step ran the members' adapters: in the slots, most recently used
             self.scheduler.activate_loras([m.group for m in self.members])
