@@ -266,16 +266,49 @@ def test_a_cpu_kv_tier_keeps_the_batch_exact(workload, knobs, size, monkeypatch)
         assert fast.summary()["kv_offload"]["stores_refused"] > 0
 
 
-def test_a_fleet_with_a_cpu_kv_tier_steps_its_replicas_one_at_a_time():
-    # A routed replica's plan is cut when a request reaches it mid-plan, and a tier's plan has written the tier
-    # already: such replicas step without the batch, and give the same results.
+@pytest.mark.parametrize("workload,blocks,size,router,bulk", [
+    ("chatbot", 600, 0.5, "least-requests", 0.9),   # turns load their history, answers' blocks keyed by their tokens
+    ("sharegpt", None, 4.0, "least-kv", 0.9),       # production load: private blocks, the tier only stores
+    ("sharegpt", None, 0.1, "least-kv", 0.7),       # a tier of 51 blocks: full, stores evict, some refused
+    ("sharegpt", None, 0.0025, "least-kv", 0.03),   # of 1 block: a step's decodes fill more than it holds
+    ("chatbot", 300, 1.0, "least-requests", 0.9),   # the waiting head blocked on memory: its lookups reorder the tier
+])
+def test_a_fleet_with_a_cpu_kv_tier_takes_its_replicas_steps_in_bulk(workload, blocks, size, router, bulk,
+                                                                    monkeypatch):
+    # A routed replica's plan is cut when a request reaches it mid-plan: with a tier the plan foresees its
+    # stores and the tier is written as the steps are taken, in LRU order as step by step writes it. A plan
+    # stops where it cannot foresee them (a member's stores refused and offered again: the 1-block tier).
+    # (Round-robin routes ahead of time: its replicas' plans are never cut.)
+    from engine.core.kv_offload import CpuKvTier
+    from planner.cost.offload import OffloadCost
     from planner.sim.fleet import simulate_fleet
     from planner.sim.router import parse_router
 
-    trace = make_trace("chatbot", duration=10, rate=8.0, seed=6)
-    plan = sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=4096, kv_offloading_size=0.5)
-    runs = [simulate_fleet(trace, plan, MEASURED, replicas=2, router=parse_router("least-requests"), seed=0,
-                           fast_forward=fast) for fast in (True, False)]
-    assert runs[0].requests == runs[1].requests and runs[0].steps == runs[1].steps
-    assert runs[0].summary() == runs[1].summary()
-    assert runs[0].fast_forwarded_steps == 0
+    tiers, complete, make = [], CpuKvTier.complete_stores, CpuKvTier.__init__
+
+    def made(tier, *args):
+        make(tier, *args)
+        tiers.append((tier, []))            # a replica's tier, its slots at the start of each step
+
+    def logged(tier):
+        next(states for t, states in tiers if t is tier).append(tuple(tier.slots.values()))
+        complete(tier)
+
+    monkeypatch.setattr(CpuKvTier, "__init__", made)
+    monkeypatch.setattr(CpuKvTier, "complete_stores", logged)
+    trace = make_trace(workload, duration=40, rate=24.0, seed=6)
+    knobs = {"num_gpu_blocks": blocks} if blocks else {}
+    plan = sim_plan(LLAMA, H100, policy="vllm-v1", max_model_len=4096, kv_offloading_size=size, **knobs)
+    runs = []
+    for fast in (True, False):
+        tiers.clear()
+        runs.append((simulate_fleet(trace, plan, OffloadCost(MEASURED, 0.002), replicas=2,
+                                    router=parse_router(router), seed=0, fast_forward=fast),
+                     [states for _, states in tiers]))
+    (fast, fast_states), (slow, slow_states) = runs
+    assert fast.requests == slow.requests and fast.steps == slow.steps and fast.shapes == slow.shapes
+    assert fast.summary() == slow.summary()
+    assert len(fast_states) == 2 and fast_states == slow_states
+    assert fast.fast_forwarded_steps > bulk * len(fast.steps)
+    offload = fast.summary()["kv_offload"]
+    assert offload["blocks_stored"] > 2 * offload["cpu_blocks"] if size < 1 else offload["blocks_stored"] > 0

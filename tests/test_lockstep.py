@@ -49,8 +49,10 @@ def _same_run(a, b) -> None:
     dict(rate=12.0, duration=6.0, enable_prefix_caching=False, max_num_seqs=4),
     dict(enable_prefix_caching=False),
     dict(dp=4, rate=16.0),                               # four ranks
+    dict(kv_offloading_size=4.0),                        # a CPU KV tier per rank, written as the plans are taken
+    dict(kv_offloading_size=0.05, router="least-requests", num_gpu_blocks=400),   # a full one, loads
 ], ids=["vllm-dp", "round-robin", "least-requests", "least-kv", "closed-loop", "closed-loop-sync", "async",
-        "queued", "no-prefix-cache", "dp4"])
+        "queued", "no-prefix-cache", "dp4", "cpu-tier", "cpu-tier-small"])
 def test_fast_forward_gives_the_step_by_step_run(case):
     """Plans held in flight across the ranks' events give the very steps and requests of stepping one
     group step at a time."""

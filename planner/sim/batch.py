@@ -32,11 +32,12 @@ tokens are the same constant in blocks only it can hit (private_blocks.py),
 or the answer the trace gives, whose every block enters the prefix cache at
 the step, and in the running order, step by step registers it (unless a
 prefix-aware router reads the cache's events per step). With a CPU KV tier
-too, where no router or lockstep group can cut a plan short: every block a
-member fills is then keyed, and the batch takes each step's blocks and writes
-the tier as it plans the step, in the scheduler's own order (the last step's
+too: every block a member fills is then keyed, and the batch takes each step's
+blocks and writes the tier in the scheduler's own order (the last step's
 stores made ready, the members' blocks, the waiting head's lookup, which
-reorders the tier's LRU, then the stores, which price the step).
+reorders the tier's LRU, then the stores, which price the step): as it plans
+the step, or, where a router or a lockstep group may cut a plan short, as it
+takes it, the plan having foreseen the stores (`_StoresAhead`).
 Why each step is the one the scheduler would take is fast_forward.py's proof
 (decode, admission and memory), restated in `plan`. Tests hold runs that use
 it equal to step-by-step runs, record for record.
@@ -102,6 +103,7 @@ class Plan:
     bins_after: Bins | None = None   # the histogram of the step after the last (None once truncated)
     prices: list[float] = field(default_factory=list)   # each step's duration (ends: their running sum)
     blocks_taken: bool = False  # its steps' blocks are taken and the CPU tier written already (never cut then)
+    head_keys: list[int] | None = None   # a CPU tier's plan written when taken: the waiting head's lookup
 
     @property
     def last_step(self) -> int:
@@ -150,6 +152,42 @@ class Plan:
             del self.ends[steps:], self.takes[steps:], self.prices[steps:]
             self.finishing = False
             self.bins_after = None
+
+
+class _StoresAhead:
+    """The blocks a cuttable plan's steps store in the CPU tier, foreseen without writing it (the steps are
+    written when taken, `DecodeBatch._write_tier`): each member that fills a block offers that one block (none
+    is behind), and the tier takes it when the block's key is new to it, as it must while the step's blocks
+    fit beside the blocks being loaded (the last step's stores are ready by then, so every other block can
+    be evicted; the plan parks no load). `at` gives None from the first step it cannot foresee so."""
+
+    def __init__(self, batch: DecodeBatch) -> None:
+        tier = batch.tier
+        self.batch = batch
+        self.room = tier.num_blocks - len(tier.held)     # the blocks one step can store
+        self.keys: dict[_Member, list[int]] = {}     # member -> the keys the plan's steps give it so far
+        self.new: set[int] = set()
+
+    def at(self, step: int) -> int | None:
+        """The blocks batch step `step` stores (the steps before it foreseen already)."""
+        batch = self.batch
+        fillers, bs, slots = batch.by_residue[(step + 1) % batch.bs], batch.bs, batch.tier.slots
+        if len(fillers) > self.room:
+            return None
+        keys = []
+        for member in fillers:
+            ahead = self.keys.get(member)
+            index = len(member.keys) + (len(ahead) if ahead else 0)
+            if index != (member.base + step) // bs - 1:       # (`_grow` asks the block manager then)
+                return None
+            key = batch._filled_key(member, index, ahead[-1] if ahead else None)
+            if key in slots or key in self.new:
+                return None
+            keys.append(key)
+        for member, key in zip(fillers, keys):
+            self.keys.setdefault(member, []).append(key)
+            self.new.add(key)
+        return len(keys)
 
 
 @dataclass(slots=True)
@@ -240,10 +278,12 @@ class DecodeBatch:
         # when a member joins or leaves.
         self.turns: list[list[_Member] | None] = [None] * self.bs
         # With a CPU KV tier (--kv-offloading-size) every block a member fills is keyed and offered to it, so the
-        # blocks are taken and the tier written as each step is planned (`_tier_step`), and a plan is never cut
-        # (`build` makes no batch for an engine whose plans a router or a lockstep group may cut).
+        # blocks are taken and the tier written as each step is planned (`_tier_step`), and a plan is never cut;
+        # unless a router or a lockstep group may cut it (`cuttable`): then the plan foresees its stores and
+        # stops where it cannot, and the steps are written to the tier as they are taken (`_stores_ahead`).
         self.tier = getattr(self.allocator, "offload", None)
         self.behind: list[_Member] = []       # members with full blocks the tier has not taken yet, in order
+        self.cuttable = False
         if self.scheduler.config.max_loras is not None:
             self.loras = Counter()
 
@@ -255,9 +295,8 @@ class DecodeBatch:
         `cuttable`: a plan may be cut short after it was planned (a routed engine, a lockstep group's)."""
         if not scheduler.running or scheduler.swapped or not covers(scheduler, executor):
             return None
-        if cuttable and getattr(scheduler.allocator, "offload", None) is not None:
-            return None
         batch = cls(scheduler, executor, histogram, cost_model=cost_model if histogram else None)
+        batch.cuttable = cuttable
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
@@ -369,7 +408,7 @@ class DecodeBatch:
         num = len(members)
         if self.v1 and num > self.scheduler.config.max_num_batched_tokens:
             return None
-        if self.tier is not None and self.allocator.loads:
+        if self.tier is not None and (self.allocator.loads or self.cuttable and self.behind):
             return None            # a request parked while its blocks load joins the next waiting pass
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
@@ -378,6 +417,7 @@ class DecodeBatch:
         spare = self.allocator.num_free_blocks() - (0 if self.v1 else 1)
         # (a tier's stores price each step's shape: no run prices them)
         pricer = run_pricer(self.cost_model) if self.tier is None else None
+        head_keys = self._head_keys() if self.tier is not None else None
         if pricer is not None and self._long(now, next_arrival, last):
             run = self._run()
             crossings = [len(members) for members in self.by_residue]
@@ -388,13 +428,14 @@ class DecodeBatch:
             # A model that prices runs prices a step from the batch's own histogram too (no StepShape).
             decode_time = self.cost_model.decode_pricer(num) if pricer is not None and self.histogram else None
             source, ends, takes, prices, bins = self._price(now, next_arrival, step_time, last, spare, decode_time,
-                                                            ahead)
+                                                            ahead, head_keys)
         if not ends:
             return None
-        taken = sum(takes) if self.tier is not None else 0      # (the tier's plans took their blocks already)
+        written = self.tier is not None and not self.cuttable
+        taken = sum(takes) if written else 0      # (a tier's plan took its blocks already, unless cuttable)
         return Plan(now, source, ends, takes, self.allocator.num_used_blocks() - taken,
                     self.pool.num_token_states - taken, self.step + len(ends) == first_finish, self.step + 1, bins,
-                    prices, self.tier is not None)
+                    prices, written, head_keys if self.cuttable else None)
 
     def _run(self) -> DecodeRun:
         """The run of decode steps from the next one (its members' bases listed once per membership)."""
@@ -414,10 +455,11 @@ class DecodeBatch:
         return len(ends) > 1 and next_arrival - now > RUN_MIN_STEPS * (ends[-1] - ends[-2])
 
     def _price(self, now: float, next_arrival: float, step_time, last: int, spare: int, decode_time=None,
-               ahead: int = 0):
+               ahead: int = 0, head_keys: list[int] | None = None):
         """The steps' shapes (a list, or with `decode_time`, the model's price of a decode step of the
         batch from the histogram's triples, the run that builds them), ends, blocks taken and prices,
-        from the next step to `last` at most, none starting at or after `next_arrival` but `ahead`."""
+        from the next step to `last` at most, none starting at or after `next_arrival` but `ahead`.
+        With a CPU tier each step's stores are priced: written as it is planned, or foreseen (`cuttable`)."""
         shapes: list[StepShape] = []
         ends: list[float] = []
         takes: list[int] = []
@@ -426,8 +468,8 @@ class DecodeBatch:
         histogram = self.histogram
         bins = [entry[:] for entry in self.bins] if histogram else None
         moves = self.moves
-        step, end, taken = self.step, now, 0
-        head_keys = self._head_keys() if self.tier is not None else None
+        step, end, taken, stored = self.step, now, 0, 0
+        foreseen = _StoresAhead(self) if self.tier is not None and self.cuttable else None
         while step < last:
             if end >= next_arrival:
                 if not ahead:
@@ -436,9 +478,14 @@ class DecodeBatch:
             crossing = len(by_residue[(step + 1) % bs])
             if taken + crossing > spare:
                 break
+            if foreseen is not None:
+                stored = foreseen.at(step + 1)
+                if stored is None:
+                    break
             taken += crossing
             step += 1
-            stored = 0 if self.tier is None else self._tier_step(step, head_keys)
+            if self.tier is not None and foreseen is None:
+                stored = self._tier_step(step, head_keys)
             if decode_time is not None:
                 price = decode_time(bins)
             else:
@@ -465,8 +512,10 @@ class DecodeBatch:
         if not steps:
             return []
         pool, step = self.pool, self.step
-        if not plan.blocks_taken:    # (a CPU tier's plan took them as it was made)
-            if self.caching and self.answering:
+        if not plan.blocks_taken:    # (a CPU tier's plan took them as it was made, unless cuttable)
+            if self.tier is not None:
+                self._write_tier(step + 1, plan)
+            elif self.caching and self.answering:
                 self._grow(step + 1, step + steps)
             else:
                 self._take(step + 1, plan.takes)
@@ -565,6 +614,25 @@ class DecodeBatch:
         if self.behind or tier.stats.stores_refused != refused:      # a store refused leaves its member behind
             self._find_behind(storers)
         return stored
+
+    def _write_tier(self, first: int, plan: Plan) -> None:
+        """A cuttable plan's steps taken, from batch step `first`: each step's blocks and tier writes as
+        `_tier_step` makes them, which must store the blocks the plan foresaw and priced."""
+        for step, shape in zip(range(first, first + plan.steps), plan.source):
+            if self._tier_step(step, plan.head_keys) != shape.offload_blocks:
+                raise AssertionError("decode batch: a plan's step stored other blocks than it foresaw")
+
+    def _filled_key(self, member: _Member, index: int, parent: int | None) -> int:
+        """The key of the member's block `index` once full (`_grow`'s), its parent's key given when known:
+        private, or (a member sampling the trace's answer) hashed from the tokens it will hold."""
+        seq = member.group.seqs[0]
+        if member.answer is None:
+            return private_key(seq.seq_id, index)
+        if parent is None:
+            parent = member.keys[index - 1] if index else seq.cache_root
+        bs, tokens, prompt = self.bs, seq.token_ids, seq.prompt_len
+        low, high = index * bs, (index + 1) * bs
+        return block_key(parent, [*tokens[low:high], *member.answer[max(low, len(tokens)) - prompt:high - prompt]])
 
     def _find_behind(self, members) -> None:
         """Of `members` (in running order), those the tier has not taken every full block of are behind."""
