@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import chain, repeat
@@ -203,13 +203,14 @@ class MixedStep:
     num_running: int            # requests in the running list during the step
 
 
-def covers(scheduler: Scheduler, executor) -> bool:
+def covers(scheduler: Scheduler, executor, events: bool = True) -> bool:
     """The scheduler and block manager a batch is proven for: either policy with tokens nobody reads,
-    or vLLM v1's with prefix caching over private blocks, when nobody reads the cache's events step by step."""
+    or vLLM v1's with prefix caching over private blocks (`events`: also when a router reads the cache's
+    events, which the engine gives it from the batch's plans)."""
     allocator = scheduler.allocator
     if allocator.enable_prefix_caching:
         return (type(scheduler) is ChunkedScheduler and type(allocator) is PrivateBlockManager
-                and not executor.draws_samples and allocator.gpu.events is None)
+                and not executor.draws_samples and (events or allocator.gpu.events is None))
     if executor.draws_samples:
         return False
     chunked = type(scheduler) is ChunkedScheduler and type(allocator) is VllmBlockManager
@@ -284,19 +285,26 @@ class DecodeBatch:
         self.tier = getattr(self.allocator, "offload", None)
         self.behind: list[_Member] = []       # members with full blocks the tier has not taken yet, in order
         self.cuttable = False
+        # With a prefix-aware router reading the cache's KV events (the engine's, by step end): a plan's steps
+        # only take blocks (its members sample no answer and have no tier), each step's events tagged with its
+        # end when taken; the engine reads those of a plan in flight off the free queue (`_plan_removals`).
+        self.kv_events: deque | None = None
         if self.scheduler.config.max_loras is not None:
             self.loras = Counter()
 
     @classmethod
     def build(cls, scheduler: Scheduler, executor, histogram: bool, cost_model=None,
-              cuttable: bool = False) -> DecodeBatch | None:
+              cuttable: bool = False, kv_events: deque | None | bool = None) -> DecodeBatch | None:
         """The batch of the scheduler's running requests, or None when it is outside the proof.
         `cost_model`: plans are priced as runs (decode_run.py) when it can and histograms are kept.
-        `cuttable`: a plan may be cut short after it was planned (a routed engine, a lockstep group's)."""
-        if not scheduler.running or scheduler.swapped or not covers(scheduler, executor):
+        `cuttable`: a plan may be cut short after it was planned (a routed engine, a lockstep group's).
+        `kv_events`: the engine's KV events by step end, when a prefix-aware router reads them (False: it
+        does, and this engine cannot give them to it from plans in flight)."""
+        if not scheduler.running or scheduler.swapped or not covers(scheduler, executor, kv_events is not False):
             return None
         batch = cls(scheduler, executor, histogram, cost_model=cost_model if histogram else None)
         batch.cuttable = cuttable
+        batch.kv_events = kv_events or None
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
@@ -410,6 +418,8 @@ class DecodeBatch:
             return None
         if self.tier is not None and (self.allocator.loads or self.cuttable and self.behind):
             return None            # a request parked while its blocks load joins the next waiting pass
+        if self.kv_events is not None and (self.answering or self.tier is not None):
+            return None            # (registered blocks: their events would need the steps' own order)
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
@@ -515,6 +525,8 @@ class DecodeBatch:
         if not plan.blocks_taken:    # (a CPU tier's plan took them as it was made, unless cuttable)
             if self.tier is not None:
                 self._write_tier(step + 1, plan)
+            elif self.kv_events is not None:
+                self._take_published(step + 1, plan)
             elif self.caching and self.answering:
                 self._grow(step + 1, step + steps)
             else:
@@ -525,7 +537,11 @@ class DecodeBatch:
         pool.num_token_states = plan.token_states + steps * num
         self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
-        return self._finish(self.step, plan.ends[-1]) if plan.finishing else []
+        finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
+        if self.kv_events is not None and self.pool.events:     # (the finishing update's, at the last step's end)
+            self.kv_events.append((plan.ends[-1], self.pool.events[:]))
+            self.pool.events.clear()
+        return finished
 
     def _take(self, first: int, takes) -> None:
         """The blocks batch steps first, first + 1, ... take (takes[j] at step first + j): members
@@ -538,6 +554,16 @@ class DecodeBatch:
                     table = member.table
                     fill[table[-1]] = bs         # the old last block is full; a fresh one holds one token
                     table.append(next(fresh))
+
+    def _take_published(self, first: int, plan: Plan) -> None:
+        """`_take` step by step, each step's KV events (the cached blocks it took) tagged with its end."""
+        events, log = self.pool.events, self.kv_events
+        for step, count, end in zip(range(first, first + plan.steps), plan.takes, plan.ends):
+            if count:
+                self._take(step, (count,))
+                if events:
+                    log.append((end, events[:]))
+                    events.clear()
 
     def _grow(self, first: int, last: int) -> None:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Callable
 
 import simpy
@@ -370,12 +370,24 @@ class SimulatedEngine(Sleeper):
                     self.published.add(h)
                 else:
                     self.published.discard(h)
+        published, removed = self.published, self._plan_removals(t)
         held = 0
         for h in hashes:
-            if h not in self.published:
+            if h not in published or h in removed:
                 break
             held += 1
         return held
+
+    def _plan_removals(self, t: float) -> set[int]:
+        """The prefix hashes the steps of the decode plan slept through that ended before `t` dropped
+        from the cache, not yet taken: each step takes its blocks from the front of the free queue
+        (`DecodeBatch.apply`), dropping the hashes the cached ones held (the plan registers none)."""
+        plan = self.pending
+        if not isinstance(plan, Plan) or not plan.ends or plan.ends[0] >= t:
+            return set()
+        pool = self.allocator.gpu
+        hashes, taken = pool.block_hash, plan.taken(bisect.bisect_left(plan.ends, t))
+        return {hashes[block] for block in islice(pool.evictor, taken) if hashes[block] is not None}
 
     def log_kv_events(self) -> None:
         """Keep the block pool's KV events, tagged with the end of the step that made them."""
@@ -483,7 +495,8 @@ class SimulatedEngine(Sleeper):
                 self.backoff -= 1
                 return None
             batch = self.batch = DecodeBatch.build(self.scheduler, self.executor, histogram, self.cost_model,
-                                                   cuttable=self.routed or self.group is not None)
+                                                   cuttable=self.routed or self.group is not None,
+                                                   kv_events=self.kv_events if self.group is None else False)
             if batch is None:
                 self._back_off()
                 return None
@@ -721,6 +734,8 @@ class SimulatedEngine(Sleeper):
 
         def finish(end: float) -> list:
             finished, ok = batch.mixed(step, end)
+            if self.kv_events is not None:
+                self._tag_events(end)
             record, shape = step.record, step.shape
             self.steps.append(record)
             self.shapes.append(shape)
