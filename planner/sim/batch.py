@@ -30,8 +30,12 @@ and the simulated executor samples a constant, so nothing is drawn; vLLM v1's
 policy also with prefix caching (as vLLM deploys it), where a member's sampled
 tokens are the same constant in blocks only it can hit (private_blocks.py),
 or the answer the trace gives, whose every block enters the prefix cache at
-the step, and in the running order, step by step registers it (unless a
-prefix-aware router reads the cache's events per step). With a CPU KV tier
+the step, and in the running order, step by step registers it. Under a
+prefix-aware router, which reads the cache's KV events as each step published
+them, a plan's steps only take blocks (no member sampling an answer, no tier):
+each step's events (the cached blocks it took) are tagged with its end, and
+the engine gives the router those of a plan in flight from the free queue
+(`SimulatedEngine._plan_removals`). With a CPU KV tier
 too: every block a member fills is then keyed, and the batch takes each step's
 blocks and writes the tier in the scheduler's own order (the last step's
 stores made ready, the members' blocks, the waiting head's lookup, which
@@ -304,7 +308,7 @@ class DecodeBatch:
             return None
         batch = cls(scheduler, executor, histogram, cost_model=cost_model if histogram else None)
         batch.cuttable = cuttable
-        batch.kv_events = kv_events or None
+        batch.kv_events = None if kv_events is False else kv_events
         for group in scheduler.running:
             if not batch.decoding(group):
                 return None
