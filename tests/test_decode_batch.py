@@ -217,14 +217,15 @@ PREFIXES = {"num_prefixes": 60, "prefix_len": 1024, "suffix_len": 64, "output_le
 
 @pytest.mark.parametrize("workload,router,blocks,bulk", [
     ("chatbot", "round-robin", None, 0.5), ("chatbot", "least-requests", None, 0.5),
-    ("chatbot", "prefix-aware", None, 0.0),     # (members sampling the trace's answers: step by step)
+    ("chatbot", "prefix-aware", None, 0.9),     # members sampling the trace's answers: their blocks registered too
     ("prefix_repetition", "prefix-aware", 2000, 0.9),   # prefixes evicted mid-plan: the router reads plans in flight
     ("prefix_repetition", "weighted:least-kv=1,prefix-aware=3", 2000, 0.9),
     ("sharegpt", "prefix-aware", None, 0.9),
 ])
 def test_prefix_caching_fleets_equal_step_by_step(workload, router, blocks, bulk):
     # A prefix-aware router reads each replica's KV events as its steps published them: from a decode plan in
-    # flight, the cached blocks its steps before the arrival took off the free queue.
+    # flight, the cached blocks its steps before the arrival took off the free queue and the answers' blocks
+    # they registered.
     from planner.sim.fleet import simulate_fleet
     from planner.sim.router import parse_router
 

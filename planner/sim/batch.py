@@ -32,10 +32,10 @@ tokens are the same constant in blocks only it can hit (private_blocks.py),
 or the answer the trace gives, whose every block enters the prefix cache at
 the step, and in the running order, step by step registers it. Under a
 prefix-aware router, which reads the cache's KV events as each step published
-them, a plan's steps only take blocks (no member sampling an answer, no tier):
-each step's events (the cached blocks it took) are tagged with its end, and
-the engine gives the router those of a plan in flight from the free queue
-(`SimulatedEngine._plan_removals`). With a CPU KV tier
+them (no tier then): the plan's steps are taken one by one, each step's events
+(the cached blocks it took off the free queue, the answers' blocks it
+registered) tagged with its end, and the engine gives the router those of a
+plan in flight as the batch foresees them (`DecodeBatch.plan_events`). With a CPU KV tier
 too: every block a member fills is then keyed, and the batch takes each step's
 blocks and writes the tier in the scheduler's own order (the last step's
 stores made ready, the members' blocks, the waiting head's lookup, which
@@ -289,9 +289,8 @@ class DecodeBatch:
         self.tier = getattr(self.allocator, "offload", None)
         self.behind: list[_Member] = []       # members with full blocks the tier has not taken yet, in order
         self.cuttable = False
-        # With a prefix-aware router reading the cache's KV events (the engine's, by step end): a plan's steps
-        # only take blocks (its members sample no answer and have no tier), each step's events tagged with its
-        # end when taken; the engine reads those of a plan in flight off the free queue (`_plan_removals`).
+        # With a prefix-aware router reading the cache's KV events (the engine's, by step end): each step's events
+        # are tagged with its end when the plan is taken, and those of a plan in flight foreseen (`plan_events`).
         self.kv_events: deque | None = None
         if self.scheduler.config.max_loras is not None:
             self.loras = Counter()
@@ -422,8 +421,8 @@ class DecodeBatch:
             return None
         if self.tier is not None and (self.allocator.loads or self.cuttable and self.behind):
             return None            # a request parked while its blocks load joins the next waiting pass
-        if self.kv_events is not None and (self.answering or self.tier is not None):
-            return None            # (registered blocks: their events would need the steps' own order)
+        if self.kv_events is not None and (self.tier is not None or self.answering and not self._in_step()):
+            return None            # (an answer's block registered the block manager's way: events not foreseen)
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
         # Paper: a request appends only with a free block for it (vLLM v0.2.0's check), so a
@@ -560,14 +559,62 @@ class DecodeBatch:
                     table.append(next(fresh))
 
     def _take_published(self, first: int, plan: Plan) -> None:
-        """`_take` step by step, each step's KV events (the cached blocks it took) tagged with its end."""
-        events, log = self.pool.events, self.kv_events
+        """The plan's steps taken one by one (`_take`, or `_grow` with members sampling answers), each
+        step's KV events (the cached blocks it took, the answers' blocks it registered) tagged with its end."""
+        events, log, grow = self.pool.events, self.kv_events, self.caching and self.answering
         for step, count, end in zip(range(first, first + plan.steps), plan.takes, plan.ends):
-            if count:
+            if grow:
+                self._grow(step, step)
+            elif count:
                 self._take(step, (count,))
-                if events:
-                    log.append((end, events[:]))
-                    events.clear()
+            if events:
+                log.append((end, events[:]))
+                events.clear()
+
+    def plan_events(self, plan: Plan, steps: int) -> tuple[set[int], set[int]]:
+        """What the first `steps` steps of `plan`, not yet taken, will do to the prefix cache, as `_grow`
+        and `_take` will do it: the keys they drop (a cached block taken off the front of the free queue)
+        and those they add (an answer's block registered, unless its key is cached already), each as the
+        last event of its key leaves it."""
+        pool, bs, turns = self.pool, self.bs, self.turns
+        hashes, cached = pool.block_hash, pool.cached
+        queue = iter(pool.evictor)
+        dropped: set[int] = set()
+        added: set[int] = set()
+        keys: dict[_Member, int] = {}     # member -> its last key so far, registered in these steps
+
+        def take() -> None:
+            h = hashes[next(queue)]
+            if h is not None:
+                dropped.add(h)
+                added.discard(h)
+
+        for step in range(plan.first_step, plan.first_step + steps):
+            if not (self.caching and self.answering):
+                for _ in range(plan.takes[step - plan.first_step]):
+                    take()
+                continue
+            r = step % bs
+            turn = turns[r]
+            if turn is None:                           # (as `_grow` makes it)
+                takers = self.by_residue[r]
+                turn = sorted(takers + [m for m in self.by_residue[(r + 1) % bs] if m.answer is not None],
+                              key=_order) if bs > 1 else takers
+            for member in turn:
+                if member.residue == r:
+                    take()
+                    if bs > 1 or member.answer is None:
+                        continue
+                if member.answer is None:
+                    continue
+                index = (member.base + step) // bs - 1
+                key = self._filled_key(member, index, keys.get(member))
+                keys[member] = key
+                if key in added or key in cached and key not in dropped:
+                    continue                            # (`register` keeps the block it has)
+                added.add(key)
+                dropped.discard(key)
+        return dropped, added
 
     def _grow(self, first: int, last: int) -> None:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
@@ -651,6 +698,13 @@ class DecodeBatch:
         for step, shape in zip(range(first, first + plan.steps), plan.source):
             if self._tier_step(step, plan.head_keys) != shape.offload_blocks:
                 raise AssertionError("decode batch: a plan's step stored other blocks than it foresaw")
+
+    def _in_step(self) -> bool:
+        """Every member sampling an answer registers its next full block `_grow`'s own way (its keys so far
+        are those of its full blocks), so `plan_events` can foresee the key."""
+        bs, step = self.bs, self.step
+        return all(len(m.keys) == (m.base + step + ((m.residue - 1 - step) % bs or bs)) // bs - 1
+                   for m in self.members if m.answer is not None)
 
     def _filled_key(self, member: _Member, index: int, parent: int | None) -> int:
         """The key of the member's block `index` once full (`_grow`'s), its parent's key given when known:

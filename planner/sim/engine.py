@@ -25,7 +25,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import repeat
 from typing import TYPE_CHECKING, Callable
 
 import simpy
@@ -370,24 +370,21 @@ class SimulatedEngine(Sleeper):
                     self.published.add(h)
                 else:
                     self.published.discard(h)
-        published, removed = self.published, self._plan_removals(t)
+        published, (dropped, added) = self.published, self._plan_events(t)
         held = 0
         for h in hashes:
-            if h not in published or h in removed:
+            if h not in added and (h not in published or h in dropped):
                 break
             held += 1
         return held
 
-    def _plan_removals(self, t: float) -> set[int]:
-        """The prefix hashes the steps of the decode plan slept through that ended before `t` dropped
-        from the cache, not yet taken: each step takes its blocks from the front of the free queue
-        (`DecodeBatch.apply`), dropping the hashes the cached ones held (the plan registers none)."""
+    def _plan_events(self, t: float) -> tuple[set[int], set[int]]:
+        """The prefix hashes the steps of the decode plan slept through that ended before `t` drop from and
+        add to the cache, those steps not yet taken (`DecodeBatch.plan_events`)."""
         plan = self.pending
         if not isinstance(plan, Plan) or not plan.ends or plan.ends[0] >= t:
-            return set()
-        pool = self.allocator.gpu
-        hashes, taken = pool.block_hash, plan.taken(bisect.bisect_left(plan.ends, t))
-        return {hashes[block] for block in islice(pool.evictor, taken) if hashes[block] is not None}
+            return set(), set()
+        return self.batch.plan_events(plan, bisect.bisect_left(plan.ends, t))
 
     def log_kv_events(self) -> None:
         """Keep the block pool's KV events, tagged with the end of the step that made them."""
