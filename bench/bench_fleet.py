@@ -16,12 +16,15 @@ seconds per wall second and the peak memory. The machines here are shared by sev
 target is judged on CPU time (what an idle core would take). `--before` also runs the fleet with
 its decode plans priced one step at a time and their shapes built at once (the simulator before
 planner/sim/decode_run.py), checks it identical, and prints the CPU ratio: side by side in one
-process. `--check` also runs the fleet step by step and one replica through the fleet's own code
-(`run_fleet`, the router reading the engine) against the lone deployment, and says whether each is
-identical request by request.
+process. `--check` also runs the fleet step by step (timed: the CPU ratio of the two, side by side) and one
+replica through the fleet's own code (`run_fleet`, the router reading the engine) against the lone
+deployment, and says whether each is identical request by request. `--workload` and
+`--kv-offloading-size GIB` (a CPU KV tier per replica, vllm-v1) vary the fleet (stop 81: a tier, and
+the prefix-aware router, no longer step the replicas one at a time).
 
     .venv/bin/python bench/bench_fleet.py [--replicas 64] [--rate 200] [--duration 600]
-        [--router least-requests,round-robin] [--policy paper|vllm-v1] [--before] [--check]
+        [--router least-requests,round-robin,prefix-aware] [--policy paper|vllm-v1] [--workload sharegpt]
+        [--kv-offloading-size GIB] [--before] [--check]
 """
 from __future__ import annotations
 
@@ -104,12 +107,17 @@ def main() -> None:
     parser.add_argument("--policy", default="paper",
                         help="the replicas' scheduling policy: paper (as docs/fleets.md's figures were taken) or "
                              "vllm-v1 (today's default: prefix caching on, vLLM's H100 limits)")
+    parser.add_argument("--workload", default="sharegpt")
+    parser.add_argument("--kv-offloading-size", type=float, default=None, help="GiB of CPU KV tier per replica")
     args = parser.parse_args()
-    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy=args.policy)
-    load = Load(workload="sharegpt", rate=args.rate, duration=args.duration)
+    tier = {} if args.kv_offloading_size is None else {"kv_offloading_size": args.kv_offloading_size}
+    deployment = Deployment(model="llama-3.1-8b", gpu="h100-sxm", policy=args.policy, **tier)
+    load = Load(workload=args.workload, rate=args.rate, duration=args.duration)
     trace = load.trace()
-    print(f"sharegpt, {len(trace)} requests over {args.duration:.0f} s at {args.rate:g} req/s, llama-3.1-8b, "
-          f"{args.replicas} replicas of one h100-sxm, policy {args.policy}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{args.workload}, {len(trace)} requests over {args.duration:.0f} s at {args.rate:g} req/s, llama-3.1-8b, "
+          f"{args.replicas} replicas of one h100-sxm, policy {args.policy}"
+          + (f", a {args.kv_offloading_size:g} GiB CPU KV tier each" if tier else "")
+          + f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'router':<16}{'steps':>11}{'wall s':>9}{'CPU s':>8}{'of it result s':>16}{'us/step':>9}{'s/replica':>11}"
           f"{'x real':>8}{'peak GiB':>10}  imbalance (requests, busy)")
     target = (args.replicas, args.rate, args.duration) == (64, 200.0, 600.0)
@@ -125,9 +133,14 @@ def main() -> None:
             print(f"  runs priced at once take {cpu / old_cpu:.2f}x the CPU of plans priced step by step; "
                   f"identical: {'yes' if fingerprint(run) == mark else 'NO'}")
         if args.check:
-            slow = Simulation.prepare(RunSpec(deployment=deployment, load=load, step_by_step=True,
-                                              fleet=Fleet(args.replicas, router))).simulate(trace=trace)
-            print(f"  identical to --step-by-step: {'yes' if identical(run, slow) else 'NO'}")
+            stepped = Simulation.prepare(RunSpec(deployment=deployment, load=load, step_by_step=True,
+                                                 fleet=Fleet(args.replicas, router)))
+            slow_cpu = time.process_time()
+            slow = stepped.simulate(trace=trace)
+            slow_cpu = time.process_time() - slow_cpu
+            print(f"  step by step: {slow_cpu:.1f} CPU s, the fast path {cpu / slow_cpu:.2f}x that "
+                  f"({run.fast_forwarded_steps:,} of {len(run.steps):,} steps in bulk); "
+                  f"identical to --step-by-step: {'yes' if identical(run, slow) else 'NO'}")
     if args.check:
         plan, cost = simulation.plan, simulation.cost_model
         lone = simulate(trace, plan, cost)

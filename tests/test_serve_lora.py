@@ -232,7 +232,9 @@ def test_bench_sends_each_requests_adapter_to_the_server(server, tmp_path):
 @pytest.mark.slow
 def test_a_fleet_serves_the_adapters_on_every_replica(setup):
     """`planner serve --replicas 2 --lora-modules ...`: each replica loads the adapters, the proxy forwards a
-    request's `model`, and an adapter that cannot be served stops the fleet's start in one line."""
+    request's `model`, and an adapter that cannot be served stops the fleet's start in one line. An adapter
+    loaded through the proxy while the fleet runs ($VLLM_ALLOW_RUNTIME_LORA_UPDATING) is loaded on both."""
+    import os
     import signal
     import subprocess
     import sys
@@ -242,11 +244,17 @@ def test_a_fleet_serves_the_adapters_on_every_replica(setup):
     port = _free_port()
     fleet = subprocess.Popen([*planner, "serve", "--model", folder, "--replicas", "2", "--port", str(port),
                               "--device", "cpu", "--enable-lora", "--max-lora-rank", "8", "--lora-modules",
-                              *(f"{m.name}={m.path}" for m in modules)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              f"{modules[0].name}={modules[0].path}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _answers(url + "/health"), timeout=180)
+        chat = {"lora_name": "chat", "lora_path": modules[1].path}
+        loaded = httpx.post(url + "/v1/load_lora_adapter", json=chat, timeout=60)
+        assert (loaded.status_code, loaded.text) == (200, "Success: LoRA adapter 'chat' added successfully.")
+        again = httpx.post(url + "/v1/load_lora_adapter", json=chat, timeout=60)   # each replica's own 400
+        assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
         assert [d["id"] for d in httpx.get(url + "/v1/models").json()["data"]] == [folder, "sql", "chat"]
         expected = reference(setup)
         for name in ("sql", "chat", folder):       # round-robin: each name on both replicas over two prompts
@@ -289,3 +297,58 @@ def test_the_fleets_prefix_aware_proxy_scores_a_prompt_under_its_adapters_block_
     b.held = set(prompt_block_hashes(prompt, 16, lora_id=2))      # adapter 2's
     assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=2) is b
     assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=0) is a
+
+
+# -- adapters loaded and dropped while the server runs ($VLLM_ALLOW_RUNTIME_LORA_UPDATING) --------------------
+def test_adapters_load_and_unload_while_serving_as_vllm_does(setup):
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter: an adapter loaded while the server runs answers as the
+    engine does with it, one loaded in place takes its new weights, and vLLM's refusals come in its words."""
+    from engine.entrypoints.openai.app import ServerOptions
+
+    folder, modules = setup
+    sql, chat = modules
+    expected = reference(setup)
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16, **LORA)
+    with BackgroundServer(engine, MODEL, folder, options=ServerOptions(runtime_lora_updating=True)) as srv:
+        def load(name, path, **extra):
+            return httpx.post(f"{srv.url}/v1/load_lora_adapter",
+                              json={"lora_name": name, "lora_path": path} | extra, timeout=60)
+
+        def unload(name):
+            return httpx.post(f"{srv.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+        assert complete(srv, "sql", PROMPTS[0]).status_code == 404
+        answer = load("sql", sql.path)
+        assert (answer.status_code, answer.text) == (200, "Success: LoRA adapter 'sql' added successfully.")
+        assert [complete(srv, "sql", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["sql"]
+        assert [d["id"] for d in httpx.get(f"{srv.url}/v1/models").json()["data"]] == [MODEL, "sql"]
+        again = load("sql", chat.path)
+        assert again.status_code == 400 and again.json()["error"]["type"] == "InvalidUserInput"
+        assert "has already been loaded" in again.json()["error"]["message"]
+        # in place: the same name and id, the other adapter's weights
+        assert load("sql", chat.path, load_inplace=True).status_code == 200
+        assert [complete(srv, "sql", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["chat"]
+        assert engine.list_loras() == {1}
+        assert load("chat", "").json()["error"]["message"] == "Both 'lora_name' and 'lora_path' must be provided."
+        broken = load("broken", f"{folder}/gone")
+        assert broken.status_code == 400 and "\n" not in broken.json()["error"]["message"]
+        assert broken.json()["error"]["message"].startswith("Loading lora broken failed: ")
+        answer = unload("sql")
+        assert (answer.status_code, answer.text) == (200, "Success: LoRA adapter 'sql' removed successfully.")
+        assert complete(srv, "sql", PROMPTS[0]).status_code == 404 and engine.list_loras() == set()
+        gone = unload("sql")
+        assert gone.status_code == 404 and gone.json()["error"]["message"] == "The lora adapter 'sql' cannot be found."
+        assert load("chat", chat.path).status_code == 200           # a new name: the next id, never one given before
+        assert srv.state.models.adapters["chat"].lora_int_id == 2 and engine.list_loras() == {2}
+        assert [complete(srv, "chat", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["chat"]
+
+
+def test_runtime_lora_updates_are_off_unless_asked(server, monkeypatch):
+    # vLLM registers the routes only with $VLLM_ALLOW_RUNTIME_LORA_UPDATING at 1 or true
+    from engine.entrypoints.openai.app import ServerOptions
+
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        assert httpx.post(server.url + path, json={"lora_name": "sql", "lora_path": "x"}).status_code == 404
+    for value, allowed in (("1", True), ("True", True), ("0", False), ("", False)):
+        monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", value)
+        assert ServerOptions().runtime_lora_updating is allowed

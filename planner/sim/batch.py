@@ -35,7 +35,7 @@ prefix-aware router, which reads the cache's KV events as each step published
 them (no tier then): the plan's steps are taken one by one, each step's events
 (the cached blocks it took off the free queue, the answers' blocks it
 registered) tagged with its end, and the engine gives the router those of a
-plan in flight as the batch foresees them (`DecodeBatch.plan_events`). With a CPU KV tier
+plan in flight as the batch foresees them (`plan_events`). With a CPU KV tier
 too: every block a member fills is then keyed, and the batch takes each step's
 blocks and writes the tier in the scheduler's own order (the last step's
 stores made ready, the members' blocks, the waiting head's lookup, which
@@ -285,7 +285,7 @@ class DecodeBatch:
         # With a CPU KV tier (--kv-offloading-size) every block a member fills is keyed and offered to it, so the
         # blocks are taken and the tier written as each step is planned (`_tier_step`), and a plan is never cut;
         # unless a router or a lockstep group may cut it (`cuttable`): then the plan foresees its stores and
-        # stops where it cannot, and the steps are written to the tier as they are taken (`_stores_ahead`).
+        # stops where it cannot, and the steps are written to the tier as they are taken (`_StoresAhead`).
         self.tier = getattr(self.allocator, "offload", None)
         self.behind: list[_Member] = []       # members with full blocks the tier has not taken yet, in order
         self.cuttable = False

@@ -3,7 +3,10 @@
 Endpoints: /v1/completions, /v1/chat/completions (both stream over SSE),
 /v1/models, /health, /metrics, /kv_events (the prefix cache's events, for a
 router). A request's ``model`` is the served name or one of the LoRA adapters
-loaded at start (served_models.py, vLLM's --lora-modules). Every refusal has an OpenAI-style body
+loaded at start (served_models.py, vLLM's --lora-modules), or since, through
+/v1/load_lora_adapter and /v1/unload_lora_adapter when $VLLM_ALLOW_RUNTIME_LORA_UPDATING
+allows them as it does in vLLM (the engine loads or drops the adapter between
+steps). Every refusal has an OpenAI-style body
 ``{"error": {"message", "type", "param", "code"}}`` (errors.py) and the server
 keeps serving: bodies are parsed and bounded at the edge (protocol.py),
 tokenizing and chat templates run off the event loop (frontend.py), a failed
@@ -13,9 +16,10 @@ goes away has its request aborted, streaming or not.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,12 +34,15 @@ from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestEr
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _Common, parse_body
+from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoRAAdapterRequest,
+                                               UnloadLoRAAdapterRequest, _Common, parse_body)
 from engine.entrypoints.openai.responses import serve_request
 from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels
 from engine.llm_engine import load_tokenizer
 
-HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events"}
+HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events",
+            "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,10 @@ class ServerOptions:
     # (httpx 5 s, aiohttp 15 s), so a client does not reuse a connection the server is closing.
     timeout_keep_alive: float = 30.0
     limit_concurrency: int | None = None            # uvicorn: connections + tasks before it answers 503
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM serves them when $VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    # is 1 or true (its default: off, the routes a 404)
+    runtime_lora_updating: bool = field(default_factory=lambda: os.environ.get(
+        RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true"))
 
 
 class ServerState:
@@ -174,6 +185,49 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             return Response(status_code=CLIENT_LEFT)
         return await _until_disconnect(request, _chat(state, raw, arrival))
 
+    if state.options.runtime_lora_updating:
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request):
+            raw = await _body(request)
+            if raw is None:
+                return Response(status_code=CLIENT_LEFT)
+            body = parse_body(raw, LoadLoRAAdapterRequest)
+            _check_serving(state)
+            lora = state.models.to_load(body.lora_name, body.lora_path, body.load_inplace)
+            await state.async_engine.between_steps(lambda: _load(engine, lora, body.load_inplace))
+            state.models.add(lora)
+            return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request):
+            raw = await _body(request)
+            if raw is None:
+                return Response(status_code=CLIENT_LEFT)
+            body = parse_body(raw, UnloadLoRAAdapterRequest)
+            _check_serving(state)
+            lora = state.models.to_unload(body.lora_name)
+            await state.async_engine.between_steps(lambda: _unload(engine, lora))
+            state.models.remove(lora)
+            return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' removed successfully.")
+
+
+def _load(engine, lora, inplace: bool) -> None:
+    """Load `lora` into the engine (in place: its old weights dropped first); the engine's refusal as a 400."""
+    try:
+        if inplace:
+            engine.remove_lora(lora.lora_int_id)
+        engine.add_lora(lora)
+    except ValueError as exc:
+        raise RequestError(f"Loading lora {lora.lora_name} failed: {exc}", param="lora_path") from None
+
+
+def _unload(engine, lora) -> None:
+    try:
+        engine.remove_lora(lora.lora_int_id)
+    except ValueError as exc:   # requests still run with it
+        raise RequestError(f"Failed to remove lora adapter '{lora.lora_name}' from the engine: {exc}; unload "
+                           f"it once they have finished", param="lora_name", status=409) from None
+
 
 async def _body(request: Request) -> bytes | None:
     """The request's body, or None when the client left while sending it (not a server error); 408 when it
@@ -230,10 +284,14 @@ async def _disconnected(request: Request) -> None:
 def _check_served(state: ServerState, body: _Common):
     """The LoRA adapter the request runs with (None: the base model); 503 while not serving, and vLLM's 404
     NotFoundError for a model this server does not serve."""
+    _check_serving(state)
+    return state.models.lora_for(body.model)
+
+
+def _check_serving(state: ServerState) -> None:
     if state.async_engine is None or not state.async_engine.serving:
         why = state.async_engine.why_not() if state.async_engine is not None else "starting"
         raise RequestError(f"the engine is not serving now ({why})", status=503)
-    return state.models.lora_for(body.model)
 
 
 def _params(state: ServerState, body: _Common, max_tokens: int | None, logprobs: int | None,

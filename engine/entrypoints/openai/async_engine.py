@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -66,6 +66,7 @@ class AsyncEngine:
         # (request id, prompt, params, arrival, priority, LoRA adapter or None)
         self._to_add: list[tuple[str, dict, SamplingParams, float, int, LoRARequest | None]] = []
         self._to_abort: list[str] = []
+        self._calls: list[tuple[Callable[[], object], asyncio.Future]] = []   # engine calls between steps
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         # vLLM's --stream-interval: after a sequence's first token, its tokens go out N at a time (the rest at
@@ -87,6 +88,9 @@ class AsyncEngine:
         self._wake.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+        for _, done in self._calls:          # (asked for as the loop ended)
+            if not done.done():
+                done.set_exception(RequestError("the engine is not serving now (shutting down)", status=503))
         self._executor.shutdown(wait=True)
 
     @property
@@ -127,6 +131,16 @@ class AsyncEngine:
                 self._to_abort.append(request_id)
                 self._wake.set()
 
+    async def between_steps(self, call: Callable[[], object]):
+        """`call()`'s result (or its exception), called on the engine while no step runs, after the requests
+        sent before it are added (a LoRA adapter loaded or dropped while the server runs)."""
+        if not self.serving:
+            raise RequestError(f"the engine is not serving now ({self.why_not()})", status=503)
+        done = asyncio.get_running_loop().create_future()
+        self._calls.append((call, done))
+        self._wake.set()
+        return await done
+
     def why_not(self) -> str:
         if self._closing:
             return "shutting down"
@@ -144,7 +158,7 @@ class AsyncEngine:
                 if self._closing and not self._to_add:
                     return
                 self._wake.clear()
-                if not (self._to_add or self._to_abort or self._closing):
+                if not (self._to_add or self._to_abort or self._calls or self._closing):
                     await self._wake.wait()
                 continue
             try:
@@ -201,6 +215,14 @@ class AsyncEngine:
                 log.exception("adding request %s failed", request_id)
                 s.queue.put_nowait(Update([], error=f"internal error: {type(exc).__name__}: {exc}", status=500))
         self._to_add.clear()
+        calls, self._calls = self._calls, []
+        for call, done in calls:
+            if done.cancelled():
+                continue
+            try:
+                done.set_result(call())
+            except Exception as exc:
+                done.set_exception(exc)
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         done = {o.request_id for o in finished}

@@ -36,6 +36,7 @@ MAX_N_SEQUENCES = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
 MIN_TEMPERATURE = 1e-2    # vLLM's _MAX_TEMP: a temperature in (0, 0.01) is raised to it
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 64
+MAX_NAME, MAX_PATH = 1024, 4096      # a LoRA adapter's name (a request's `model`) and folder, in characters
 # Chat messages a request may hold, and content parts a message may: far beyond any conversation, and what
 # a body of a million parts (16 MiB) would otherwise hold the GIL for while each becomes a model (seconds).
 MAX_MESSAGES = MAX_CONTENT_PARTS = 1 << 16
@@ -291,3 +292,20 @@ class ChatCompletionRequest(_Common):
     def message_dicts(self) -> list[dict]:
         return [{"role": m.role, "content": m.text(i), **({"name": m.name} if m.name else {})}
                 for i, m in enumerate(self.messages)]
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    """/v1/load_lora_adapter's body (vLLM's LoadLoRAAdapterRequest; its other fields are taken and unused)."""
+    model_config = ConfigDict(extra="allow")
+
+    lora_name: str = Field("", max_length=MAX_NAME)
+    lora_path: str = Field("", max_length=MAX_PATH)
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """/v1/unload_lora_adapter's body (vLLM's; `lora_int_id` is taken and unused, the name says which)."""
+    model_config = ConfigDict(extra="allow")
+
+    lora_name: str = Field("", max_length=MAX_NAME)
+    lora_int_id: Int64 | None = None

@@ -7,6 +7,11 @@ loaded when the server starts (one that the engine cannot serve stops the start,
 A request's ``model`` picks what it runs with: the served name (or none) the base model, an adapter's
 name that adapter; any other name is vLLM's 404. ``/v1/models`` lists the base model, then each adapter
 with ``root`` its folder and ``parent`` the base model, as vLLM lists them.
+
+With ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` set (vLLM's switch, for development), ``/v1/load_lora_adapter``
+and ``/v1/unload_lora_adapter`` add and drop adapters while the server runs (``add``, ``remove``), with
+vLLM's checks and words (vllm/entrypoints/openai/models/serving.py): a new name takes the next id, one
+already served is refused unless ``load_inplace`` (then it keeps its id and its weights are read again).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from engine.entrypoints.openai.errors import RequestError
 from engine.lora import LoRARequest
 
 MODULE_FIELDS = ("name", "path", "base_model_name")
+INVALID = "InvalidUserInput"      # vLLM's error type for a load or unload request it refuses
 SYNTAX = 'NAME=PATH or a JSON object {"name": ..., "path": ...}'
 
 
@@ -79,6 +85,37 @@ class ServedModels:
             if module.name in self.adapters:
                 raise ValueError(f"--lora-modules names the adapter {module.name!r} twice: give each its own name")
             self.adapters[module.name] = LoRARequest(module.name, lora_int_id, module.path)
+        self.last_id = len(self.adapters)      # ids are never given twice, an unloaded adapter's included
+
+    def to_load(self, name: str, path: str, inplace: bool = False) -> LoRARequest:
+        """The adapter /v1/load_lora_adapter asks for (not served yet: `add` it once the engine has it), or
+        vLLM's 400 for a request it refuses."""
+        if not name or not path:
+            raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", kind=INVALID)
+        if name == self.base_name:
+            raise RequestError(f"The lora adapter '{name}' has the served model's name: give it another.",
+                               param="lora_name", kind=INVALID)
+        loaded = self.adapters.get(name)
+        if loaded is not None and not inplace:
+            raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                               f"adapter in place, set 'load_inplace' to True.", param="lora_name", kind=INVALID)
+        return LoRARequest(name, loaded.lora_int_id if loaded else self.last_id + 1, path)
+
+    def add(self, lora: LoRARequest) -> None:
+        self.adapters[lora.lora_name] = lora
+        self.last_id = max(self.last_id, lora.lora_int_id)
+
+    def to_unload(self, name: str) -> LoRARequest:
+        """The served adapter /v1/unload_lora_adapter names, or vLLM's 400 or 404."""
+        if not name:
+            raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", kind=INVALID)
+        lora = self.adapters.get(name)
+        if lora is None:
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", param="lora_name", status=404)
+        return lora
+
+    def remove(self, lora: LoRARequest) -> None:
+        del self.adapters[lora.lora_name]
 
     def load(self, engine) -> None:
         """Load every adapter into the engine now, so a bad folder stops the start (the engine's ValueError,

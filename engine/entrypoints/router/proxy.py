@@ -30,7 +30,8 @@ marks it up again.
 /health is 200 while any replica can serve (naming the ones that cannot, if
 any) and 503 when none can; /metrics is the replicas' pages aggregated as
 Prometheus would (prometheus.py) plus the proxy's own routing counters;
-/v1/models is the first replica up's. SIGTERM (uvicorn) stops taking
+/v1/models is the first replica up's; /v1/load_lora_adapter and
+/v1/unload_lora_adapter go to every replica (each serves every adapter). SIGTERM (uvicorn) stops taking
 requests and lets those in flight finish; the launcher then stops the
 replicas (launch.py).
 """
@@ -103,6 +104,7 @@ class Proxy:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
         # the replicas' LoRA adapters, name -> id: a request's `model` says whose prefix-cache keys its prompt has
         self.loras = dict(loras or {})
+        self.last_lora_id = max(self.loras.values(), default=0)   # the replicas give a new adapter the next id
         # the key goes only on the router's own reads of the replicas' KV events, never on a client's request
         self.router = LiveRouter(policy, self.replicas, block_size,
                                  {"authorization": f"Bearer {api_key}"} if api_key else None)
@@ -345,6 +347,50 @@ class Proxy:
                 family("planner:router_retries_total", "counter", "Requests the replica failed before "
                        "answering that the router sent to another replica.", [r.retried for r in self.replicas])]
 
+    async def update_loras(self, request: Request) -> Response:
+        """/v1/load_lora_adapter and /v1/unload_lora_adapter: sent to every replica (each serves every adapter).
+        All answering 200: the first answer, and the adapter's id kept for prefix-aware picks; else the first
+        replica's refusal as it gave it (each holds the same adapters, so each refuses alike), or a 502 naming
+        the replicas that did not take it when the others did."""
+        try:
+            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
+        except ClientDisconnect:
+            return Response(status_code=CLIENT_LEFT)
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
+        path = request.url.path
+        answers = await asyncio.gather(*(self._update(r, path, raw, headers) for r in self.replicas))
+        taken = [a for a in answers if isinstance(a, httpx.Response) and a.status_code == 200]
+        if len(taken) == len(answers):
+            self._track_lora(path, raw)
+            first = answers[0]
+            return Response(first.content, status_code=200, headers=_passed(first.headers))
+        refused = next((a for a in answers if isinstance(a, httpx.Response) and a.status_code != 200), None)
+        if refused is not None and not taken:
+            return Response(refused.content, status_code=refused.status_code, headers=_passed(refused.headers))
+        missed = [f"{r.name()}: {a if isinstance(a, str) else a.status_code}" for r, a in zip(self.replicas, answers)
+                  if not (isinstance(a, httpx.Response) and a.status_code == 200)]
+        return error(f"{len(taken)} of {len(answers)} replicas took it; not " + "; ".join(missed), 502)
+
+    async def _update(self, replica: Replica, path: str, raw: bytes, headers) -> httpx.Response | str:
+        if not replica.up:
+            return _stopped_answering(replica)
+        try:
+            return await self.client.post(replica.url + path, content=raw, headers=headers)
+        except httpx.HTTPError as exc:
+            return f"did not answer: {type(exc).__name__}"
+
+    def _track_lora(self, path: str, raw: bytes) -> None:
+        """The adapter's id as the replicas gave it (ServedModels.to_load's rule), for prefix-aware picks."""
+        body = json.loads(raw)
+        name = body.get("lora_name")
+        if path.endswith("/unload_lora_adapter"):
+            self.loras.pop(name, None)
+        elif name not in self.loras:
+            self.last_lora_id += 1
+            self.loras[name] = self.last_lora_id
+
     async def models(self, request: Request) -> Response:
         """The first replica up's list (every replica serves the same model), each asked in turn with the health
         probe's timeout: a frozen or dead replica does not hold the list up."""
@@ -421,6 +467,8 @@ def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
     routes = [Route("/v1/completions", proxy.forward, methods=["POST"]),
               Route("/v1/chat/completions", proxy.forward, methods=["POST"]),
               Route("/v1/models", proxy.models, methods=["GET"]),
+              Route("/v1/load_lora_adapter", proxy.update_loras, methods=["POST"]),
+              Route("/v1/unload_lora_adapter", proxy.update_loras, methods=["POST"]),
               Route("/health", proxy.health, methods=["GET"]),
               Route("/metrics", proxy.metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
