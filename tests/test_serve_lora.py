@@ -338,9 +338,19 @@ def test_adapters_load_and_unload_while_serving_as_vllm_does(setup):
         assert complete(srv, "sql", PROMPTS[0]).status_code == 404 and engine.list_loras() == set()
         gone = unload("sql")
         assert gone.status_code == 404 and gone.json()["error"]["message"] == "The lora adapter 'sql' cannot be found."
-        assert load("chat", chat.path).status_code == 200           # a new name: the next id, never one given before
-        assert srv.state.models.adapters["chat"].lora_int_id == 2 and engine.list_loras() == {2}
+        # a new name: the next id, never one given before (the broken load took 2, as vLLM's counter does)
+        assert load("chat", chat.path).status_code == 200
+        assert srv.state.models.adapters["chat"].lora_int_id == 3 and engine.list_loras() == {3}
         assert [complete(srv, "chat", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["chat"]
+        assert unload("chat").status_code == 200 and engine.list_loras() == set()
+        # at once: two new names take two ids; one name asked for twice is loaded once
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda job: load(*job), [("a", sql.path), ("b", chat.path), ("c", sql.path),
+                                                              ("c", sql.path)]))
+        assert [a.status_code for a in answers[:2]] == [200, 200]
+        assert sorted(a.status_code for a in answers[2:]) in ([200, 400], [200, 409])
+        assert sorted(lora.lora_int_id for lora in srv.state.models.adapters.values()) == [4, 5, 6]
+        assert engine.list_loras() == {4, 5, 6}
 
 
 def test_runtime_lora_updates_are_off_unless_asked(server, monkeypatch):

@@ -194,8 +194,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             body = parse_body(raw, LoadLoRAAdapterRequest)
             _check_serving(state)
             lora = state.models.to_load(body.lora_name, body.lora_path, body.load_inplace)
-            await state.async_engine.between_steps(lambda: _load(engine, lora, body.load_inplace))
-            state.models.add(lora)
+            try:
+                await state.async_engine.between_steps(lambda: _load(engine, lora, body.load_inplace))
+                state.models.add(lora)
+            finally:
+                state.models.done(lora.lora_name)
             return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' added successfully.")
 
         @app.post("/v1/unload_lora_adapter")
@@ -206,8 +209,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             body = parse_body(raw, UnloadLoRAAdapterRequest)
             _check_serving(state)
             lora = state.models.to_unload(body.lora_name)
-            await state.async_engine.between_steps(lambda: _unload(engine, lora))
-            state.models.remove(lora)
+            try:
+                await state.async_engine.between_steps(lambda: _unload(engine, lora))
+                state.models.remove(lora)
+            finally:
+                state.models.done(lora.lora_name)
             return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' removed successfully.")
 
 

@@ -85,32 +85,47 @@ class ServedModels:
             if module.name in self.adapters:
                 raise ValueError(f"--lora-modules names the adapter {module.name!r} twice: give each its own name")
             self.adapters[module.name] = LoRARequest(module.name, lora_int_id, module.path)
-        self.last_id = len(self.adapters)      # ids are never given twice, an unloaded adapter's included
+        self.last_id = len(self.adapters)      # ids are never given twice (vLLM's counter), a failed load's included
+        self.changing: set[str] = set()         # names being loaded or unloaded now (vLLM's lock per name)
 
     def to_load(self, name: str, path: str, inplace: bool = False) -> LoRARequest:
-        """The adapter /v1/load_lora_adapter asks for (not served yet: `add` it once the engine has it), or
-        vLLM's 400 for a request it refuses."""
+        """The adapter /v1/load_lora_adapter asks for, its name held until `done` (`add` it once the engine
+        has it), or vLLM's 400 for a request it refuses."""
         if not name or not path:
             raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", kind=INVALID)
         if name == self.base_name:
             raise RequestError(f"The lora adapter '{name}' has the served model's name: give it another.",
                                param="lora_name", kind=INVALID)
+        self._hold(name)
         loaded = self.adapters.get(name)
         if loaded is not None and not inplace:
+            self.done(name)
             raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want to load the "
                                f"adapter in place, set 'load_inplace' to True.", param="lora_name", kind=INVALID)
-        return LoRARequest(name, loaded.lora_int_id if loaded else self.last_id + 1, path)
+        if loaded is None:
+            self.last_id += 1
+        return LoRARequest(name, loaded.lora_int_id if loaded else self.last_id, path)
+
+    def _hold(self, name: str) -> None:
+        if name in self.changing:
+            raise RequestError(f"The lora adapter '{name}' is being loaded or unloaded by another request: try "
+                               f"again when it has finished.", param="lora_name", status=409)
+        self.changing.add(name)
+
+    def done(self, name: str) -> None:
+        self.changing.discard(name)
 
     def add(self, lora: LoRARequest) -> None:
         self.adapters[lora.lora_name] = lora
-        self.last_id = max(self.last_id, lora.lora_int_id)
 
     def to_unload(self, name: str) -> LoRARequest:
-        """The served adapter /v1/unload_lora_adapter names, or vLLM's 400 or 404."""
+        """The served adapter /v1/unload_lora_adapter names, its name held until `done`, or vLLM's 400 or 404."""
         if not name:
             raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", kind=INVALID)
+        self._hold(name)
         lora = self.adapters.get(name)
         if lora is None:
+            self.done(name)
             raise RequestError(f"The lora adapter '{name}' cannot be found.", param="lora_name", status=404)
         return lora
 
