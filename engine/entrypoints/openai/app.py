@@ -188,33 +188,34 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     if state.options.runtime_lora_updating:
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(request: Request):
-            raw = await _body(request)
-            if raw is None:
-                return Response(status_code=CLIENT_LEFT)
-            body = parse_body(raw, LoadLoRAAdapterRequest)
-            _check_serving(state)
-            lora = state.models.to_load(body.lora_name, body.lora_path, body.load_inplace)
-            try:
-                await state.async_engine.between_steps(lambda: _load(engine, lora, body.load_inplace))
-                state.models.add(lora)
-            finally:
-                state.models.done(lora.lora_name)
-            return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' added successfully.")
+            return await _update_lora(request, state, LoadLoRAAdapterRequest)
 
         @app.post("/v1/unload_lora_adapter")
         async def unload_lora_adapter(request: Request):
-            raw = await _body(request)
-            if raw is None:
-                return Response(status_code=CLIENT_LEFT)
-            body = parse_body(raw, UnloadLoRAAdapterRequest)
-            _check_serving(state)
-            lora = state.models.to_unload(body.lora_name)
-            try:
-                await state.async_engine.between_steps(lambda: _unload(engine, lora))
-                state.models.remove(lora)
-            finally:
-                state.models.done(lora.lora_name)
-            return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' removed successfully.")
+            return await _update_lora(request, state, UnloadLoRAAdapterRequest)
+
+
+async def _update_lora(request: Request, state: ServerState, kind: type) -> Response:
+    """A LoRA adapter loaded (`kind` LoadLoRAAdapterRequest) or dropped by the engine between two steps, then
+    served or not: vLLM's text answer, or its refusal."""
+    raw = await _body(request)
+    if raw is None:
+        return Response(status_code=CLIENT_LEFT)
+    body = parse_body(raw, kind)
+    _check_serving(state)
+    models, engine = state.models, state.engine
+    if kind is LoadLoRAAdapterRequest:
+        lora = models.to_load(body.lora_name, body.lora_path, body.load_inplace)
+        call, keep, said_done = (lambda: _load(engine, lora, body.load_inplace)), models.add, "added"
+    else:
+        lora = models.to_unload(body.lora_name)
+        call, keep, said_done = (lambda: _unload(engine, lora)), models.remove, "removed"
+    try:
+        await state.async_engine.between_steps(call)
+        keep(lora)
+    finally:
+        models.done(lora.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.")
 
 
 def _load(engine, lora, inplace: bool) -> None:
