@@ -320,6 +320,7 @@ def test_adapters_load_and_unload_while_serving_as_vllm_does(setup):
         assert complete(srv, "sql", PROMPTS[0]).status_code == 404
         answer = load("sql", sql.path)
         assert (answer.status_code, answer.text) == (200, "Success: LoRA adapter 'sql' added successfully.")
+        assert answer.headers["x-lora-int-id"] == "1"        # (for the fleet's proxy)
         assert [complete(srv, "sql", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["sql"]
         assert [d["id"] for d in httpx.get(f"{srv.url}/v1/models").json()["data"]] == [MODEL, "sql"]
         again = load("sql", chat.path)
@@ -362,3 +363,45 @@ def test_runtime_lora_updates_are_off_unless_asked(server, monkeypatch):
     for value, allowed in (("1", True), ("True", True), ("0", False), ("", False)):
         monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", value)
         assert ServerOptions().runtime_lora_updating is allowed
+
+
+@pytest.mark.parametrize("statuses,expected", [
+    ((200, 200), 200),      # both took it: the first answer, the adapter's id kept for prefix-aware picks
+    ((400, 400), 400),      # both refused (already loaded): the first refusal as the replica gave it
+    ((200, 400), 502),      # one took it: a 502 naming the other
+    ((200, None), 502),     # one is down: a 502 naming it
+])
+def test_the_fleets_proxy_sends_a_lora_update_to_every_replica(statuses, expected):
+    import asyncio
+
+    from starlette.requests import Request
+
+    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, loras={"sql": 1})
+    hosts = dict(zip("ab", statuses))
+    proxy.replicas[1].up = statuses[1] is not None
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        status = hosts[request.url.host]
+        if status == 200:
+            return httpx.Response(200, text="Success: LoRA adapter 'chat' added successfully.",
+                                  headers={"x-lora-int-id": "3"})
+        return httpx.Response(status, json={"error": {"message": "The lora adapter 'chat' has already been loaded."}})
+
+    async def update(path: str) -> httpx.Response:
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(replica))
+        body = json.dumps({"lora_name": "chat", "lora_path": "/adapters/chat"}).encode()
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+        return await proxy.update_loras(Request(scope, receive))
+
+    answer = asyncio.run(update("/v1/load_lora_adapter"))
+    assert answer.status_code == expected
+    assert proxy.loras == ({"sql": 1, "chat": 3} if expected == 200 else {"sql": 1})
+    if expected == 502:
+        assert "replica 1" in json.loads(answer.body)["error"]["message"]
+    if expected == 200:
+        asyncio.run(update("/v1/unload_lora_adapter"))
+        assert proxy.loras == {"sql": 1}

@@ -37,7 +37,7 @@ from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, Internal
 from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoRAAdapterRequest,
                                                UnloadLoRAAdapterRequest, _Common, parse_body)
 from engine.entrypoints.openai.responses import serve_request
-from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels
+from engine.entrypoints.openai.served_models import LORA_ID_HEADER, LoRAModulePath, ServedModels
 from engine.llm_engine import load_tokenizer
 
 HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events",
@@ -215,7 +215,10 @@ async def _update_lora(request: Request, state: ServerState, kind: type) -> Resp
         keep(lora)
     finally:
         models.done(lora.lora_name)
-    return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.")
+    # vLLM's text; the id in a header of its own, for the fleet's proxy (its prefix-aware picks key an adapter's
+    # blocks by it)
+    return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.",
+                             headers={LORA_ID_HEADER: str(lora.lora_int_id)})
 
 
 def _load(engine, lora, inplace: bool) -> None:

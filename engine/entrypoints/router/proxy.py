@@ -53,6 +53,7 @@ from engine.core.routing import RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
 from engine.entrypoints.openai.middleware import BodyLimit
+from engine.entrypoints.openai.served_models import LORA_ID_HEADER
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
 
@@ -104,7 +105,6 @@ class Proxy:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
         # the replicas' LoRA adapters, name -> id: a request's `model` says whose prefix-cache keys its prompt has
         self.loras = dict(loras or {})
-        self.last_lora_id = max(self.loras.values(), default=0)   # the replicas give a new adapter the next id
         # the key goes only on the router's own reads of the replicas' KV events, never on a client's request
         self.router = LiveRouter(policy, self.replicas, block_size,
                                  {"authorization": f"Bearer {api_key}"} if api_key else None)
@@ -363,7 +363,7 @@ class Proxy:
         answers = await asyncio.gather(*(self._update(r, path, raw, headers) for r in self.replicas))
         taken = [a for a in answers if isinstance(a, httpx.Response) and a.status_code == 200]
         if len(taken) == len(answers):
-            self._track_lora(path, raw)
+            self._track_lora(path, raw, answers[0])
             first = answers[0]
             return Response(first.content, status_code=200, headers=_passed(first.headers))
         refused = next((a for a in answers if isinstance(a, httpx.Response) and a.status_code != 200), None)
@@ -381,15 +381,13 @@ class Proxy:
         except httpx.HTTPError as exc:
             return f"did not answer: {type(exc).__name__}"
 
-    def _track_lora(self, path: str, raw: bytes) -> None:
-        """The adapter's id as the replicas gave it (ServedModels.to_load's rule), for prefix-aware picks."""
-        body = json.loads(raw)
-        name = body.get("lora_name")
+    def _track_lora(self, path: str, raw: bytes, answer: httpx.Response) -> None:
+        """The adapter's id as the replicas gave it (their answer's header), for prefix-aware picks."""
+        name = json.loads(raw).get("lora_name")
         if path.endswith("/unload_lora_adapter"):
             self.loras.pop(name, None)
-        elif name not in self.loras:
-            self.last_lora_id += 1
-            self.loras[name] = self.last_lora_id
+        elif answer.headers.get(LORA_ID_HEADER, "").isdigit():
+            self.loras[name] = int(answer.headers[LORA_ID_HEADER])
 
     async def models(self, request: Request) -> Response:
         """The first replica up's list (every replica serves the same model), each asked in turn with the health
