@@ -287,6 +287,8 @@ def test_a_cpu_kv_tier_keeps_the_batch_exact(workload, knobs, size, monkeypatch)
     ("sharegpt", None, 0.1, "least-kv", 0.7),       # a tier of 51 blocks: full, stores evict, some refused
     ("sharegpt", None, 0.0025, "least-kv", 0.03),   # of 1 block: a step's decodes fill more than it holds
     ("chatbot", 300, 1.0, "least-requests", 0.9),   # the waiting head blocked on memory: its lookups reorder the tier
+    ("chatbot", 600, 0.5, "prefix-aware", 0.9),     # the router reads the blocks a plan in flight registers
+    ("prefix_repetition", 600, 1.0, "prefix-aware", 0.9),
 ])
 def test_a_fleet_with_a_cpu_kv_tier_takes_its_replicas_steps_in_bulk(workload, blocks, size, router, bulk,
                                                                     monkeypatch):

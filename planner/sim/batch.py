@@ -32,9 +32,9 @@ tokens are the same constant in blocks only it can hit (private_blocks.py),
 or the answer the trace gives, whose every block enters the prefix cache at
 the step, and in the running order, step by step registers it. Under a
 prefix-aware router, which reads the cache's KV events as each step published
-them (no tier then): the plan's steps are taken one by one, each step's events
-(the cached blocks it took off the free queue, the answers' blocks it
-registered) tagged with its end, and the engine gives the router those of a
+them: the plan's steps are taken one by one, each step's events (the cached
+blocks it took off the free queue, the blocks it registered) tagged with its
+end, and the engine gives the router those of a
 plan in flight as the batch foresees them (`plan_events`). With a CPU KV tier
 too: every block a member fills is then keyed, and the batch takes each step's
 blocks and writes the tier in the scheduler's own order (the last step's
@@ -421,7 +421,7 @@ class DecodeBatch:
             return None
         if self.tier is not None and (self.allocator.loads or self.cuttable and self.behind):
             return None            # a request parked while its blocks load joins the next waiting pass
-        if self.kv_events is not None and (self.tier is not None or self.answering and not self._in_step()):
+        if self.kv_events is not None and self.answering and not self._in_step():
             return None            # (an answer's block registered the block manager's way: events not foreseen)
         first_finish = self.finishes[0][0]
         last = min(first_finish, self.step + max_steps)
@@ -574,9 +574,9 @@ class DecodeBatch:
     def plan_events(self, plan: Plan, steps: int) -> tuple[set[int], set[int]]:
         """What the first `steps` steps of `plan`, not yet taken, will do to the prefix cache, as `_grow`
         and `_take` will do it: the keys they drop (a cached block taken off the front of the free queue)
-        and those they add (an answer's block registered, unless its key is cached already), each as the
-        last event of its key leaves it."""
-        pool, bs, turns = self.pool, self.bs, self.turns
+        and those they add (an answer's block registered, or with a CPU tier every block filled, unless its
+        key is cached already), each as the last event of its key leaves it."""
+        pool, bs, turns, keyed = self.pool, self.bs, self.turns, self.tier is not None
         hashes, cached = pool.block_hash, pool.cached
         queue = iter(pool.evictor)
         dropped: set[int] = set()
@@ -590,22 +590,22 @@ class DecodeBatch:
                 added.discard(h)
 
         for step in range(plan.first_step, plan.first_step + steps):
-            if not (self.caching and self.answering):
+            if not (self.caching and (self.answering or keyed)):
                 for _ in range(plan.takes[step - plan.first_step]):
                     take()
                 continue
             r = step % bs
             turn = turns[r]
-            if turn is None:                           # (as `_grow` makes it)
+            if turn is None:                           # (as `_grow` makes it; with a tier every filler keyed)
                 takers = self.by_residue[r]
-                turn = sorted(takers + [m for m in self.by_residue[(r + 1) % bs] if m.answer is not None],
+                turn = sorted(takers + [m for m in self.by_residue[(r + 1) % bs] if keyed or m.answer is not None],
                               key=_order) if bs > 1 else takers
             for member in turn:
                 if member.residue == r:
                     take()
-                    if bs > 1 or member.answer is None:
+                    if bs > 1 or not (keyed or member.answer is not None):
                         continue
-                if member.answer is None:
+                if not keyed and member.answer is None:
                     continue
                 index = (member.base + step) // bs - 1
                 key = self._filled_key(member, index, keys.get(member))
@@ -694,10 +694,15 @@ class DecodeBatch:
 
     def _write_tier(self, first: int, plan: Plan) -> None:
         """A cuttable plan's steps taken, from batch step `first`: each step's blocks and tier writes as
-        `_tier_step` makes them, which must store the blocks the plan foresaw and priced."""
-        for step, shape in zip(range(first, first + plan.steps), plan.source):
+        `_tier_step` makes them, which must store the blocks the plan foresaw and priced (and its KV events
+        tagged with its end, under a prefix-aware router)."""
+        events, log = self.pool.events, self.kv_events
+        for step, shape, end in zip(range(first, first + plan.steps), plan.source, plan.ends):
             if self._tier_step(step, plan.head_keys) != shape.offload_blocks:
                 raise AssertionError("decode batch: a plan's step stored other blocks than it foresaw")
+            if log is not None and events:
+                log.append((end, events[:]))
+                events.clear()
 
     def _in_step(self) -> bool:
         """Every member sampling an answer registers its next full block `_grow`'s own way (its keys so far
