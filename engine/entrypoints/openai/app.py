@@ -6,7 +6,8 @@ router). A request's ``model`` is the served name or one of the LoRA adapters
 loaded at start (served_models.py, vLLM's --lora-modules), or since, through
 /v1/load_lora_adapter and /v1/unload_lora_adapter when $VLLM_ALLOW_RUNTIME_LORA_UPDATING
 allows them as it does in vLLM (the engine loads or drops the adapter between
-steps). Every refusal has an OpenAI-style body
+steps), or found by name in $VLLM_LORA_RESOLVER_CACHE_DIR (vLLM's filesystem
+resolver). Every refusal has an OpenAI-style body
 ``{"error": {"message", "type", "param", "code"}}`` (errors.py) and the server
 keeps serving: bodies are parsed and bounded at the edge (protocol.py),
 tokenizing and chat templates run off the event loop (frontend.py), a failed
@@ -37,12 +38,14 @@ from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, Internal
 from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoRAAdapterRequest,
                                                UnloadLoRAAdapterRequest, _Common, parse_body)
 from engine.entrypoints.openai.responses import serve_request
-from engine.entrypoints.openai.served_models import LORA_ID_HEADER, LoRAModulePath, ServedModels
+from engine.entrypoints.openai.served_models import (LORA_ID_HEADER, LoRAModulePath, ServedModels,
+                                                    resolve_adapter)
 from engine.llm_engine import load_tokenizer
 
 HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events",
             "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+RESOLVER_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class ServerOptions:
     # is 1 or true (its default: off, the routes a 404)
     runtime_lora_updating: bool = field(default_factory=lambda: os.environ.get(
         RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true"))
+    # vLLM's filesystem LoRA resolver ($VLLM_LORA_RESOLVER_CACHE_DIR, with runtime updates allowed): a request
+    # naming an adapter not served yet loads the folder of that name from here
+    lora_resolver_dir: str | None = field(default_factory=lambda: os.environ.get(RESOLVER_DIR_ENV) or None)
 
 
 class ServerState:
@@ -95,6 +101,9 @@ def build_app(engine, model_name: str, options: ServerOptions | None = None,
     the API key on /v1/*, the body-size limit, a last-resort 500). `lora_modules`: the adapters served
     beside the base model (the engine needs enable_lora), loaded here; a ValueError for one it cannot serve."""
     options = options or ServerOptions()
+    if options.lora_resolver_dir and not os.path.isdir(options.lora_resolver_dir):
+        raise ValueError(f"{RESOLVER_DIR_ENV} must name a folder of LoRA adapters (vLLM's filesystem resolver); "
+                         f"{options.lora_resolver_dir!r} is not one")
     state = ServerState(engine, model_name, options, tokenizer_folder, lora_modules)
 
     @asynccontextmanager
@@ -204,17 +213,18 @@ async def _update_lora(request: Request, state: ServerState, kind: type) -> Resp
     body = parse_body(raw, kind)
     _check_serving(state)
     models, engine = state.models, state.engine
-    if kind is LoadLoRAAdapterRequest:
-        lora = models.to_load(body.lora_name, body.lora_path, body.load_inplace)
-        call, keep, said_done = (lambda: _load(engine, lora, body.load_inplace)), models.add, "added"
-    else:
-        lora = models.to_unload(body.lora_name)
-        call, keep, said_done = (lambda: _unload(engine, lora)), models.remove, "removed"
+    await models.hold(body.lora_name)
     try:
+        if kind is LoadLoRAAdapterRequest:
+            lora = models.to_load(body.lora_name, body.lora_path, body.load_inplace)
+            call, keep, said_done = (lambda: _load(engine, lora, body.load_inplace)), models.add, "added"
+        else:
+            lora = models.to_unload(body.lora_name)
+            call, keep, said_done = (lambda: _unload(engine, lora)), models.remove, "removed"
         await state.async_engine.between_steps(call)
         keep(lora)
     finally:
-        models.done(lora.lora_name)
+        models.done(body.lora_name)
     # vLLM's text; the id in a header of its own, for the fleet's proxy (its prefix-aware picks key an adapter's
     # blocks by it)
     return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.",
@@ -252,7 +262,7 @@ async def _body(request: Request) -> bytes | None:
 
 async def _completion(state: ServerState, raw: bytes, arrival: float):
     body = await asyncio.to_thread(parse_body, raw, CompletionRequest)     # a 16 MiB body: not on the loop
-    lora = _check_served(state, body)
+    lora = await _check_served(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
         token_ids = await state.frontend.encode(prompt)
@@ -264,7 +274,7 @@ async def _completion(state: ServerState, raw: bytes, arrival: float):
 
 async def _chat(state: ServerState, raw: bytes, arrival: float):
     body = await asyncio.to_thread(parse_body, raw, ChatCompletionRequest)
-    lora = _check_served(state, body)
+    lora = await _check_served(state, body)
     text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt)
     token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=False)
     params = _params(state, body, body.wanted_max_tokens(), body.wanted_logprobs(), token_ids)
@@ -291,11 +301,44 @@ async def _disconnected(request: Request) -> None:
 
 
 # -- request checks -------------------------------------------------------------------
-def _check_served(state: ServerState, body: _Common):
+async def _check_served(state: ServerState, body: _Common):
     """The LoRA adapter the request runs with (None: the base model); 503 while not serving, and vLLM's 404
-    NotFoundError for a model this server does not serve."""
+    NotFoundError for a model this server does not serve (unless its resolver finds and loads it)."""
     _check_serving(state)
-    return state.models.lora_for(body.model)
+    try:
+        return state.models.lora_for(body.model)
+    except RequestError:
+        lora = await _resolved(state, body.model)
+        if lora is None:
+            raise
+        return lora
+
+
+async def _resolved(state: ServerState, name: str):
+    """An adapter not served yet that vLLM's filesystem resolver finds (runtime LoRA updates allowed and
+    $VLLM_LORA_RESOLVER_CACHE_DIR set, as vLLM asks), loaded now; None when it finds none; vLLM's 400 when it
+    finds one the engine cannot load."""
+    options = state.options
+    if not (options.runtime_lora_updating and options.lora_resolver_dir):
+        return None
+    path = await asyncio.to_thread(resolve_adapter, options.lora_resolver_dir, name, state.engine.deployment.model)
+    if path is None:
+        return None
+    models = state.models
+    await models.hold(name)
+    try:
+        lora = models.adapters.get(name)          # (another request's resolution may have loaded it meanwhile)
+        if lora is None:
+            lora = models.to_load(name, path)
+            try:
+                await state.async_engine.between_steps(lambda: state.engine.add_lora(lora))
+            except ValueError:
+                raise RequestError(f"LoRA adapter '{name}' was found but could not be loaded.", param="model",
+                                   kind="BadRequestError") from None
+            models.add(lora)
+        return lora
+    finally:
+        models.done(name)
 
 
 def _check_serving(state: ServerState) -> None:

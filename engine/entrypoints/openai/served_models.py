@@ -15,7 +15,9 @@ already served is refused unless ``load_inplace`` (then it keeps its id and its 
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from dataclasses import dataclass
 
 from engine.entrypoints.openai.errors import RequestError
@@ -87,46 +89,43 @@ class ServedModels:
                 raise ValueError(f"--lora-modules names the adapter {module.name!r} twice: give each its own name")
             self.adapters[module.name] = LoRARequest(module.name, lora_int_id, module.path)
         self.last_id = len(self.adapters)      # ids are never given twice (vLLM's counter), a failed load's included
-        self.changing: set[str] = set()         # names being loaded or unloaded now (vLLM's lock per name)
+        self.changing: dict[str, asyncio.Event] = {}    # names being loaded or unloaded now: set when done
+
+    async def hold(self, name: str) -> None:
+        """Wait until no other request loads or unloads `name`, then hold it until `done` (vLLM's lock per
+        adapter name: a second load of one name waits for the first, then finds it loaded)."""
+        while name in self.changing:
+            await self.changing[name].wait()
+        self.changing[name] = asyncio.Event()
+
+    def done(self, name: str) -> None:
+        self.changing.pop(name).set()
 
     def to_load(self, name: str, path: str, inplace: bool = False) -> LoRARequest:
-        """The adapter /v1/load_lora_adapter asks for, its name held until `done` (`add` it once the engine
-        has it), or vLLM's 400 for a request it refuses."""
+        """The adapter /v1/load_lora_adapter asks for (`add` it once the engine has it), or vLLM's 400 for a
+        request it refuses."""
         if not name or not path:
             raise RequestError("Both 'lora_name' and 'lora_path' must be provided.", kind=INVALID)
         if name == self.base_name:
             raise RequestError(f"The lora adapter '{name}' has the served model's name: give it another.",
                                param="lora_name", kind=INVALID)
-        self._hold(name)
         loaded = self.adapters.get(name)
         if loaded is not None and not inplace:
-            self.done(name)
             raise RequestError(f"The lora adapter '{name}' has already been loaded. If you want to load the "
                                f"adapter in place, set 'load_inplace' to True.", param="lora_name", kind=INVALID)
         if loaded is None:
             self.last_id += 1
         return LoRARequest(name, loaded.lora_int_id if loaded else self.last_id, path)
 
-    def _hold(self, name: str) -> None:
-        if name in self.changing:
-            raise RequestError(f"The lora adapter '{name}' is being loaded or unloaded by another request: try "
-                               f"again when it has finished.", param="lora_name", status=409)
-        self.changing.add(name)
-
-    def done(self, name: str) -> None:
-        self.changing.discard(name)
-
     def add(self, lora: LoRARequest) -> None:
         self.adapters[lora.lora_name] = lora
 
     def to_unload(self, name: str) -> LoRARequest:
-        """The served adapter /v1/unload_lora_adapter names, its name held until `done`, or vLLM's 400 or 404."""
+        """The served adapter /v1/unload_lora_adapter names, or vLLM's 400 or 404."""
         if not name:
             raise RequestError("'lora_name' needs to be provided to unload a LoRA adapter.", kind=INVALID)
-        self._hold(name)
         lora = self.adapters.get(name)
         if lora is None:
-            self.done(name)
             raise RequestError(f"The lora adapter '{name}' cannot be found.", param="lora_name", status=404)
         return lora
 
@@ -160,3 +159,22 @@ class ServedModels:
         return [base] + [{"id": name, "object": "model", "created": created, "owned_by": "paged-planner",
                           "root": lora.lora_path, "parent": self.base_name, "max_model_len": None}
                          for name, lora in self.adapters.items()]
+
+
+def resolve_adapter(folder: str, name: str, base_model: str) -> str | None:
+    """vLLM's filesystem LoRA resolver (vllm/plugins/lora_resolvers/filesystem_resolver.py, its folder
+    $VLLM_LORA_RESOLVER_CACHE_DIR): the adapter folder `folder`/`name` when it is inside `folder` and its
+    adapter_config.json says a LoRA of `base_model` (the model the server was started with), else None."""
+    try:
+        root = os.path.realpath(folder)
+        path = os.path.realpath(os.path.join(root, name))
+        if os.path.isabs(name) or os.path.commonpath([root, path]) != root:
+            return None
+        with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):        # no such adapter, an unreadable or broken config, a NUL in the name
+        return None
+    if isinstance(config, dict) and config.get("peft_type") == "LORA" and \
+            config.get("base_model_name_or_path") == base_model:
+        return path
+    return None
