@@ -94,7 +94,8 @@ def serve(
     """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics):
     --model a local model folder, or a catalog model (random weights, byte-level tokenizer). With
     --replicas K, K servers behind a router (docs/fleets.md, Live fleet). With --enable-lora and
-    --lora-modules, LoRA adapters beside the model (docs/lora.md)."""
+    --lora-modules, LoRA adapters beside the model; with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, vLLM's
+    /v1/load_lora_adapter and /v1/unload_lora_adapter and its VLLM_LORA_RESOLVER_CACHE_DIR (docs/lora.md)."""
     from engine.entrypoints.openai.app import ServerOptions       # torch: only a server needs it
     from engine.entrypoints.openai.served_models import ServedModels, parse_lora_modules   # torch (engine.lora)
     from engine.entrypoints.openai.server import exposure_warning, make_server, resolve_api_key   # torch
