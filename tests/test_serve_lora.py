@@ -472,3 +472,21 @@ def test_requests_naming_one_new_adapter_at_once_load_it_once(tmp_path):
     first, second, gone = asyncio.run(both())
     assert first is second and [lora.lora_name for lora in loaded] == ["sql"] and gone is None
     assert first.lora_int_id == 1 and first.lora_path == str((tmp_path / "sql").resolve())
+
+
+def test_metrics_say_which_adapters_run_and_wait_as_vllm_does(server):
+    # vllm:lora_requests_info (vLLM's, with --enable-lora): a LoRA-aware router reads its labels
+    import time
+    from types import SimpleNamespace
+
+    from engine.entrypoints.openai.metrics import _lora_info
+
+    page = httpx.get(f"{server.url}/metrics").text
+    line = next(line for line in page.splitlines() if line.startswith("vllm:lora_requests_info{"))
+    assert line.startswith('vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="",running_lora_adapters=""} ')
+    assert abs(float(line.rsplit(" ", 1)[1]) - time.time()) < 60
+    groups = [SimpleNamespace(lora_id=i) for i in (2, 0, 1, 2)]
+    sched = SimpleNamespace(running=groups, waiting=[SimpleNamespace(lora_id=3)])
+    labels = _lora_info(sched, 4, {1: "sql", 2: "chat"})[2]
+    assert labels.startswith('vllm:lora_requests_info{max_lora="4",waiting_lora_adapters="3",'
+                             'running_lora_adapters="chat,sql"} ')

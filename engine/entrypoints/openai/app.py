@@ -169,7 +169,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
-        return PlainTextResponse(metrics.render(engine, state.stats, state.model_name),
+        adapters = {lora.lora_int_id: name for name, lora in state.models.adapters.items()}
+        return PlainTextResponse(metrics.render(engine, state.stats, state.model_name, adapters),
                                  media_type="text/plain; version=0.0.4")
 
     @app.api_route("/kv_events", methods=["GET", "HEAD"])
