@@ -158,6 +158,14 @@ class Plan:
             self.bins_after = None
 
 
+def publish_events(log: deque, events: list, end: float) -> None:
+    """The block pool's KV events so far into `log`, tagged with `end`: the end of the step that made them, when a
+    prefix-aware router may read them."""
+    if events:
+        log.append((end, events[:]))
+        events.clear()
+
+
 class _StoresAhead:
     """The blocks a cuttable plan's steps store in the CPU tier, foreseen without writing it (the steps are
     written when taken, `DecodeBatch._write_tier`): each member that fills a block offers that one block (none
@@ -541,9 +549,8 @@ class DecodeBatch:
         self._advance_to(step + steps, *plan.after(num, self.moves, self.histogram))
         self.ends.extend(plan.ends)
         finished = self._finish(self.step, plan.ends[-1]) if plan.finishing else []
-        if self.kv_events is not None and self.pool.events:     # (the finishing update's, at the last step's end)
-            self.kv_events.append((plan.ends[-1], self.pool.events[:]))
-            self.pool.events.clear()
+        if self.kv_events is not None:         # (the finishing update's, at the last step's end)
+            publish_events(self.kv_events, self.pool.events, plan.ends[-1])
         return finished
 
     def _take(self, first: int, takes) -> None:
@@ -567,9 +574,7 @@ class DecodeBatch:
                 self._grow(step, step)
             elif count:
                 self._take(step, (count,))
-            if events:
-                log.append((end, events[:]))
-                events.clear()
+            publish_events(log, events, end)
 
     def plan_events(self, plan: Plan, steps: int) -> tuple[set[int], set[int]]:
         """What the first `steps` steps of `plan`, not yet taken, will do to the prefix cache, as `_grow`
@@ -596,10 +601,8 @@ class DecodeBatch:
                 continue
             r = step % bs
             turn = turns[r]
-            if turn is None:                           # (as `_grow` makes it; with a tier every filler keyed)
-                takers = self.by_residue[r]
-                turn = sorted(takers + [m for m in self.by_residue[(r + 1) % bs] if keyed or m.answer is not None],
-                              key=_order) if bs > 1 else takers
+            if turn is None:
+                turn = self._turn(r)
             for member in turn:
                 if member.residue == r:
                     take()
@@ -616,6 +619,14 @@ class DecodeBatch:
                 dropped.discard(key)
         return dropped, added
 
+    def _turn(self, r: int) -> list[_Member]:
+        """Who acts, in running order, in the steps s with s % block_size == r (`_grow`): the members that take
+        a block then, and those that fill one and register it (sampling an answer, or any with a CPU tier)."""
+        keyed, takers = self.tier is not None, self.by_residue[r]
+        fillers = [m for m in self.by_residue[(r + 1) % self.bs] if keyed or m.answer is not None]
+        turn = self.turns[r] = sorted(takers + fillers, key=_order) if self.bs > 1 else takers
+        return turn
+
     def _grow(self, first: int, last: int) -> None:
         """With prefix caching and members sampling an answer, batch steps first .. last's blocks as
         `_schedule_running` grows them: step by step, member by member in running order, a fresh block
@@ -630,9 +641,7 @@ class DecodeBatch:
             r = step % bs
             turn = turns[r]
             if turn is None:
-                takers = self.by_residue[r]
-                fillers = [m for m in self.by_residue[(r + 1) % bs] if keyed or m.answer is not None]
-                turn = turns[r] = sorted(takers + fillers, key=_order) if bs > 1 else takers
+                turn = self._turn(r)
             for member in turn:
                 if member.residue == r:
                     table = member.table
@@ -700,9 +709,8 @@ class DecodeBatch:
         for step, shape, end in zip(range(first, first + plan.steps), plan.source, plan.ends):
             if self._tier_step(step, plan.head_keys) != shape.offload_blocks:
                 raise AssertionError("decode batch: a plan's step stored other blocks than it foresaw")
-            if log is not None and events:
-                log.append((end, events[:]))
-                events.clear()
+            if log is not None:
+                publish_events(log, events, end)
 
     def _in_step(self) -> bool:
         """Every member sampling an answer registers its next full block `_grow`'s own way (its keys so far

@@ -42,7 +42,7 @@ from planner.cost.shape import CostModel, StepShape, reads_context_histogram, st
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
-from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns
+from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns, publish_events
 from planner.sim.clients import ClosedLoop
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
@@ -392,10 +392,7 @@ class SimulatedEngine(Sleeper):
         self.allocator.gpu.events = []
 
     def _tag_events(self, end: float) -> None:
-        events = self.allocator.gpu.events
-        if events:
-            self.kv_events.append((end, list(events)))
-            events.clear()
+        publish_events(self.kv_events, self.allocator.gpu.events, end)
 
     def _sync(self, t: float) -> None:
         """Take now the steps of a window slept through that ended before `t` (their KV events)."""
