@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import sampling
+from engine.core.block_keys import cache_root
 from engine.core.block_manager import BlockManager
 from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.kv_allocator import AllocStatus
@@ -228,10 +229,10 @@ class LLMEngine:
         first time its id is seen; None: the base model."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        lora_id = 0
+        lora_id, lora_name = 0, ""
         if lora_request is not None:
             self.add_lora(lora_request)
-            lora_id = lora_request.lora_int_id
+            lora_id, lora_name = lora_request.lora_int_id, lora_request.lora_name
         text, token_ids = self._tokenize(prompt)
         vocab = self.runner.vocab_size
         bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
@@ -251,7 +252,7 @@ class LLMEngine:
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint,
-                              priority=priority, lora_id=lora_id)
+                              priority=priority, lora_id=lora_id, lora_name=lora_name)
         self.prompts[request_id] = text
         if self.deployment.vllm_v1 and fans_out(params):   # vLLM v1: n child requests
             self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)
@@ -268,11 +269,19 @@ class LLMEngine:
         return self.runner.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        """Drop a loaded adapter; False if it was not loaded. Refused while a request runs with it."""
+        """Drop a loaded adapter; False if it was not loaded. Refused while a request runs with it. Its blocks
+        leave the prefix cache (and the CPU tier): they are keyed by its name, and an adapter loaded later
+        under that name (vLLM's load_inplace) must not be served KV the old weights computed (vLLM issue
+        #42125, where it is)."""
         if any(part.lora_id == lora_id for g in self.groups.values()
                for part in (g.children if isinstance(g, ParentRequest) else (g,))):
             raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests")
-        return self.runner.remove_lora(lora_id)
+        loaded = self.runner.lora_request(lora_id)
+        if loaded is None:
+            return False
+        self.runner.remove_lora(lora_id)
+        self.scheduler.allocator.forget_adapter(cache_root(loaded.lora_name))
+        return True
 
     def list_loras(self) -> set[int]:
         """The ids of the adapters loaded."""

@@ -298,6 +298,12 @@ class LoRAManager:
                                  f"already adapter {known.request.lora_name!r} ({known.request.lora_path}), not "
                                  f"{request.lora_path}: give each adapter its own id")
             return False
+        namesake = next((a.request for a in self.adapters.values() if a.request.lora_name == request.lora_name
+                         and os.path.realpath(a.request.lora_path) != os.path.realpath(request.lora_path)), None)
+        if namesake is not None:      # its blocks would be served this one's prompts (they are keyed by name)
+            raise ValueError(f"LoRA adapter {request.lora_name!r} is loaded already as lora_int_id "
+                             f"{namesake.lora_int_id} ({namesake.lora_path}), not {request.lora_path}: prefix-cache "
+                             f"blocks are keyed by an adapter's name, so give it another name, or remove that one")
         self.adapters[request.lora_int_id] = load_adapter(request, self.model, self.modules, self.max_lora_rank)
         return True
 

@@ -231,6 +231,11 @@ class ModelRunner:
     def remove_lora(self, lora_id: int) -> bool:
         return self.lora is not None and self.lora.remove(lora_id)
 
+    def lora_request(self, lora_id: int) -> LoRARequest | None:
+        """The loaded adapter of id `lora_id`, if any."""
+        loaded = None if self.lora is None else self.lora.adapters.get(lora_id)
+        return None if loaded is None else loaded.request
+
     def list_loras(self) -> set[int]:
         return set() if self.lora is None else set(self.lora.adapters)
 

@@ -163,6 +163,41 @@ def test_prefix_caching_keeps_each_adapters_kv_apart(setups):
     assert first_prefill == [20, 20, 20, 4]
 
 
+@pytest.mark.parametrize("tier", [False, True])
+def test_an_adapter_loaded_again_under_its_name_computes_its_own_kv(setups, tier):
+    """Blocks are keyed by the adapter's name, as vLLM keys them. When an adapter is unloaded and another
+    is loaded under its name (vLLM's load_inplace, or a new id), the new one computes its own KV: the old
+    one's blocks leave the prefix cache and the CPU tier (vLLM issue #42125: there they are served to the
+    new one). The base model's cached blocks stay."""
+    setup = setups("llama")
+    one, two = setup.adapter(1), setup.adapter(2)
+    prompt, base_prompt = make_prompts((20, 20), seed=8)
+    llm = LLM(setup.dir, enable_lora=True, max_loras=2, max_lora_rank=8, block_size=8, num_gpu_blocks=32,
+              max_model_len=64, enable_prefix_caching=True, **({"kv_offloading_size": 0.01} if tier else {}))
+    engine = llm.engine
+    computed = []
+    engine.step_observer = lambda out: computed.extend(
+        s.num_tokens - s.num_computed_tokens for s in out.seqs if s.num_computed_tokens < s.prompt_len)
+
+    def run(p, lora, reference):
+        computed.clear()
+        assert greedy(llm, [p], lora) == [setup.reference(p, reference)]
+        return computed[0]
+    assert run(prompt, LoRARequest("x", 1, one.lora_path), one) == 20
+    assert run(base_prompt, None, None) == 20
+    assert engine.remove_lora(1)
+    assert run(prompt, LoRARequest("x", 1, two.lora_path), two) == 20     # in place: the same name and id
+    assert run(base_prompt, None, None) == 4                                # 2 blocks of 8 still cached
+    assert run(prompt, LoRARequest("x", 1, two.lora_path), two) == 4
+    assert engine.remove_lora(1)
+    assert run(prompt, LoRARequest("x", 3, two.lora_path), two) == 20     # a new id under the name
+    if tier:
+        assert engine.allocator.offload.stats.blocks_loaded == 0
+    # one name is one adapter while it is loaded: another folder under it would be served its blocks
+    assert "is loaded already as lora_int_id 3" in refusal(lambda: engine.add_lora(LoRARequest("x", 4, one.lora_path)))
+    assert engine.add_lora(LoRARequest("x", 4, two.lora_path))             # (the same folder: the same KV)
+
+
 def test_parallel_samples_inherit_the_adapter(setups):
     setup = setups("llama")
     lora = setup.adapter(1)

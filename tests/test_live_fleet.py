@@ -177,9 +177,11 @@ def test_the_launcher_starts_a_replica_that_exits_again_up_to_its_cap(tmp_path):
     crashing.start()
     server = types.SimpleNamespace(should_exit=False)
     said: list[str] = []
-    watch = ExitWatch([crashing], server, said.append, period=0.05, restarts=2)
+    restarted: list[int] = []           # (the proxy marks it down then, and restores its adapters when it is up)
+    watch = ExitWatch([crashing], server, said.append, restarted.append, period=0.05, restarts=2)
     watch.start()
     watch.join(20)
+    assert restarted == [0, 0]
     assert [line.split("; ")[-1] for line in said[:2]] == ["starting it again (1 of 2)", "starting it again (2 of 2)"]
     assert said[2] == f"replica 0 exited (exit status 3): out of memory (log: {log})"       # the third time: gone
     assert crashing.restarts == 2 and watch.all_exited and server.should_exit

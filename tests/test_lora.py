@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from engine.core.block_keys import adapter_name, cache_root, chained_hashes
 from engine.core.chunked_scheduler import ChunkedScheduler, VllmBlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerConfig
@@ -90,6 +91,33 @@ def test_the_same_prompt_under_two_adapters_shares_no_block():
     assert again.seqs[0].num_computed_tokens == 16          # its own adapter's blocks: 4 full blocks hit
     assert other.seqs[0].num_computed_tokens == 0
     assert base.seqs[0].num_computed_tokens == 0
+
+
+def test_forgetting_an_adapter_drops_its_blocks_alone_and_the_kept_keys_stay_bounded():
+    """The block manager remembers the keys each adapter's blocks were cached under (the engine's remove_lora
+    drops them): only that adapter's leave the cache. Keys evicted since are pruned, so over a long run the
+    lists stay within twice what the cache holds."""
+    sched = scheduler(max_loras=2, caching=True, num_blocks=16)
+    manager, now, runs = sched.allocator, 0.0, {0: [], 1: [], 2: []}
+    for i in range(30):
+        g = group(str(i), i % 3, [i] * 17 + [1, 2, 3], max_tokens=6)
+        sched.add(g)
+        while g.finish_reason is None:
+            out = sched.schedule(now)
+            now += 1.0
+            sched.update(out, {s.seq_id: [(7, 0.0)] for s in out.sampling_part().seqs}, now)
+        runs[i % 3].append(g.seqs[0].token_ids)
+        assert manager.adapter_keys_count <= 2 * 16 + 6          # (one step's keys on top)
+
+    def cached(lora: int) -> set[int]:
+        keys = {k for tokens in runs[lora]
+                for k in chained_hashes(tokens, 4, len(tokens) // 4, cache_root(adapter_name(lora)))}
+        return keys & set(manager.gpu.cached)
+    before = {lora: cached(lora) for lora in runs}
+    assert all(before.values())
+    manager.forget_adapter(cache_root(adapter_name(1)))
+    assert {lora: cached(lora) for lora in runs} == before | {1: set()}
+    assert manager.gpu.num_free() == 15                          # (all free: the null block aside)
 
 
 def test_lora_settings_are_checked_as_vllm_checks_them():

@@ -26,7 +26,7 @@ from engine.lora import LoRARequest
 from lora_helpers import save_adapter
 from planner.bench.client import BenchConfig, request_models
 from planner.cli.app import app
-from serve_helpers import engine_idle, save_byte_model, sse_events, wait_until
+from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 from tiny_models import hf_model
 from workloads import Trace, TraceRequest
 
@@ -233,7 +233,8 @@ def test_bench_sends_each_requests_adapter_to_the_server(server, tmp_path):
 def test_a_fleet_serves_the_adapters_on_every_replica(setup):
     """`planner serve --replicas 2 --lora-modules ...`: each replica loads the adapters, the proxy forwards a
     request's `model`, and an adapter that cannot be served stops the fleet's start in one line. An adapter
-    loaded through the proxy while the fleet runs ($VLLM_ALLOW_RUNTIME_LORA_UPDATING) is loaded on both."""
+    loaded through the proxy while the fleet runs ($VLLM_ALLOW_RUNTIME_LORA_UPDATING) is loaded on both, and
+    on a replica that is killed and started again before it serves requests again."""
     import os
     import signal
     import subprocess
@@ -245,10 +246,12 @@ def test_a_fleet_serves_the_adapters_on_every_replica(setup):
     fleet = subprocess.Popen([*planner, "serve", "--model", folder, "--replicas", "2", "--port", str(port),
                               "--device", "cpu", "--enable-lora", "--max-lora-rank", "8", "--lora-modules",
                               f"{modules[0].name}={modules[0].path}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
+        ready = next(line for line in fleet.stderr if "replicas ready" in line)
+        second = ready.split(": ", 1)[1].split(" (")[0].split(", ")[1]
         assert wait_until(lambda: _answers(url + "/health"), timeout=180)
         chat = {"lora_name": "chat", "lora_path": modules[1].path}
         loaded = httpx.post(url + "/v1/load_lora_adapter", json=chat, timeout=60)
@@ -263,6 +266,17 @@ def test_a_fleet_serves_the_adapters_on_every_replica(setup):
                         "ignore_eos": True}
                 answer = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
                 assert answer["choices"][0]["text"] == expected.get(name, expected[MODEL])[i]
+        # replica 1 killed: the launcher starts it again, and the proxy loads "chat" on it before it is up
+        os.kill(_pid_listening_on(second), signal.SIGKILL)
+
+        def replica_1(name: str) -> float:
+            return metric(httpx.get(url + "/metrics", timeout=30).text, name, replica="1")
+        assert wait_until(lambda: replica_1("planner:router_replica_down_total") == 1, timeout=60)
+        assert wait_until(lambda: replica_1("planner:router_replica_up") == 1, timeout=180)
+        assert [d["id"] for d in httpx.get(second + "/v1/models").json()["data"]] == [folder, "sql", "chat"]
+        body = {"model": "chat", "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        answer = httpx.post(second + "/v1/completions", json=body, timeout=60).json()
+        assert answer["choices"][0]["text"] == expected["chat"][2]
     finally:
         fleet.send_signal(signal.SIGTERM)      # drains the proxy, then every replica
         try:
@@ -277,6 +291,21 @@ def test_a_fleet_serves_the_adapters_on_every_replica(setup):
                     bad.stderr.splitlines()[-1])
 
 
+def _pid_listening_on(url: str) -> int:
+    """The replica process serving `url` (its command line holds its config's port)."""
+    import pathlib
+
+    port = f'"port": {url.rsplit(":", 1)[1]}'
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "engine.entrypoints.openai.replica" in words and port in words:
+            return int(cmdline.parent.name)
+    raise AssertionError(f"no replica process serves {url}")
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2).status_code == 200
@@ -285,18 +314,20 @@ def _answers(url: str) -> bool:
 
 
 def test_the_fleets_prefix_aware_proxy_scores_a_prompt_under_its_adapters_block_keys():
-    """A replica keys an adapter's blocks apart from the base model's; the proxy maps a request's `model` to the
-    adapter's id (as the replicas number --lora-modules) and looks the prompt up under those keys."""
-    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, loras={"sql": 1, "chat": 2})
+    """A replica keys an adapter's blocks apart from the base model's, by the adapter's name (as vLLM does): the
+    proxy reads a request's `model` (any name but the base model's is an adapter's, whichever id each replica
+    gave it) and looks the prompt up under those keys."""
+    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, model_name="base")
     prompt = list(range(100, 164))
     body = json.dumps({"model": "chat", "prompt": prompt}).encode()
-    assert proxy.read(body)[1] == (prompt, 2)
-    assert proxy.read(json.dumps({"model": "base", "prompt": prompt}).encode())[1] == (prompt, 0)
+    assert proxy.read(body)[1] == (prompt, "chat")
+    assert proxy.read(json.dumps({"model": "base", "prompt": prompt}).encode())[1] == (prompt, "")
+    assert proxy.read(json.dumps({"prompt": prompt}).encode())[1] == (prompt, "")
     a, b = proxy.replicas
-    a.held = set(prompt_block_hashes(prompt, 16))                 # the base model's blocks of the prompt
-    b.held = set(prompt_block_hashes(prompt, 16, lora_id=2))      # adapter 2's
-    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=2) is b
-    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_id=0) is a
+    a.held = set(prompt_block_hashes(prompt, 16))                     # the base model's blocks of the prompt
+    b.held = set(prompt_block_hashes(prompt, 16, lora_name="chat"))   # the adapter's
+    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_name="chat") is b
+    assert proxy.router.pick_among([a, b], prompt, 0.0) is a
 
 
 # -- adapters loaded and dropped while the server runs ($VLLM_ALLOW_RUNTIME_LORA_UPDATING) --------------------
@@ -320,7 +351,6 @@ def test_adapters_load_and_unload_while_serving_as_vllm_does(setup):
         assert complete(srv, "sql", PROMPTS[0]).status_code == 404
         answer = load("sql", sql.path)
         assert (answer.status_code, answer.text) == (200, "Success: LoRA adapter 'sql' added successfully.")
-        assert answer.headers["x-lora-int-id"] == "1"        # (for the fleet's proxy)
         assert [complete(srv, "sql", p).json()["choices"][0]["text"] for p in PROMPTS] == expected["sql"]
         assert [d["id"] for d in httpx.get(f"{srv.url}/v1/models").json()["data"]] == [MODEL, "sql"]
         again = load("sql", chat.path)
@@ -366,7 +396,7 @@ def test_runtime_lora_updates_are_off_unless_asked(server, monkeypatch):
 
 
 @pytest.mark.parametrize("statuses,expected", [
-    ((200, 200), 200),      # both took it: the first answer, the adapter's id kept for prefix-aware picks
+    ((200, 200), 200),      # both took it: the first answer
     ((400, 400), 400),      # both refused (already loaded): the first refusal as the replica gave it
     ((200, 400), 502),      # one took it: a 502 naming the other
     ((200, None), 502),     # one is down: a 502 naming it
@@ -376,15 +406,14 @@ def test_the_fleets_proxy_sends_a_lora_update_to_every_replica(statuses, expecte
 
     from starlette.requests import Request
 
-    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, loras={"sql": 1})
+    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, model_name="base")
     hosts = dict(zip("ab", statuses))
     proxy.replicas[1].up = statuses[1] is not None
 
     def replica(request: httpx.Request) -> httpx.Response:
         status = hosts[request.url.host]
         if status == 200:
-            return httpx.Response(200, text="Success: LoRA adapter 'chat' added successfully.",
-                                  headers={"x-lora-int-id": "3"})
+            return httpx.Response(200, text="Success: LoRA adapter 'chat' added successfully.")
         return httpx.Response(status, json={"error": {"message": "The lora adapter 'chat' has already been loaded."}})
 
     async def update(path: str) -> httpx.Response:
@@ -399,12 +428,55 @@ def test_the_fleets_proxy_sends_a_lora_update_to_every_replica(statuses, expecte
 
     answer = asyncio.run(update("/v1/load_lora_adapter"))
     assert answer.status_code == expected
-    assert proxy.loras == ({"sql": 1, "chat": 3} if expected == 200 else {"sql": 1})
+    # the fleet serves it when any replica took it: a replica that missed it gets it when it comes back
+    loaded = {"chat": {"lora_name": "chat", "lora_path": "/adapters/chat"}} if 200 in statuses else {}
+    assert proxy.adapters == loaded
     if expected == 502:
         assert "replica 1" in json.loads(answer.body)["error"]["message"]
     if expected == 200:
         asyncio.run(update("/v1/unload_lora_adapter"))
-        assert proxy.loras == {"sql": 1}
+        assert proxy.adapters == {} and proxy.unloaded == {"chat"}
+
+
+def test_a_replica_coming_back_gets_the_fleets_adapters_before_any_request():
+    """A replica the launcher restarts serves only its --lora-modules. The proxy marks it down at once
+    (`restarted`, from the launcher's thread) and, when it answers again, loads the adapters loaded through the
+    proxy (in place where it serves the name from another folder: its start's version) and unloads those
+    unloaded through it, before it marks it up."""
+    import asyncio
+
+    proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, model_name="base", api_key="k")
+    chat = {"lora_name": "chat", "lora_path": "/adapters/chat"}
+    sql = {"lora_name": "sql", "lora_path": "/adapters/sql-v2"}
+    docs = {"lora_name": "docs", "lora_path": "/adapters/docs"}
+    proxy.adapters, proxy.unloaded = {"chat": chat, "sql": sql, "docs": docs}, {"old", "gone"}
+    seen = []
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, json.loads(request.content) if request.content else None,
+                     request.headers.get("authorization")))
+        if request.url.path == "/v1/models":
+            listed = [{"id": "base", "root": "/model"}, {"id": "docs", "root": "/adapters/docs"},   # as loaded
+                      {"id": "sql", "root": "/adapters/sql"}, {"id": "old", "root": "/adapters/old"}]
+            return httpx.Response(200, json={"data": listed})
+        return httpx.Response(200)
+    b = proxy.replicas[1]
+    b.held, b.next_event = {1, 2}, 40             # the old process's prefix cache
+
+    async def restart() -> bool:
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(replica))
+        proxy.loop = asyncio.get_running_loop()
+        await asyncio.to_thread(proxy.restarted, 1)
+        await asyncio.sleep(0)
+        down = not b.up
+        await proxy._probe(b)
+        return down
+    assert asyncio.run(restart())
+    assert b.up and b.down_marks == 1 and (b.held, b.next_event) == (set(), 0)
+    assert seen == [("GET", "/health", None, None), ("GET", "/v1/models", None, "Bearer k"),
+                    ("POST", "/v1/load_lora_adapter", chat, "Bearer k"),
+                    ("POST", "/v1/load_lora_adapter", sql | {"load_inplace": True}, "Bearer k"),
+                    ("POST", "/v1/unload_lora_adapter", {"lora_name": "old"}, "Bearer k")]
 
 
 def test_a_request_naming_an_adapter_in_the_resolver_folder_loads_it(setup, tmp_path):
@@ -485,8 +557,9 @@ def test_metrics_say_which_adapters_run_and_wait_as_vllm_does(server):
     line = next(line for line in page.splitlines() if line.startswith("vllm:lora_requests_info{"))
     assert line.startswith('vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="",running_lora_adapters=""} ')
     assert abs(float(line.rsplit(" ", 1)[1]) - time.time()) < 60
-    groups = [SimpleNamespace(lora_id=i) for i in (2, 0, 1, 2)]
-    sched = SimpleNamespace(running=groups, waiting=[SimpleNamespace(lora_id=3)])
-    labels = _lora_info(sched, 4, {1: "sql", 2: "chat"})[2]
-    assert labels.startswith('vllm:lora_requests_info{max_lora="4",waiting_lora_adapters="3",'
+    names = {0: "", 1: "sql", 2: "chat", 3: "adapter-3"}
+    groups = [SimpleNamespace(lora_id=i, lora_name=names[i]) for i in (2, 0, 1, 2)]
+    sched = SimpleNamespace(running=groups, waiting=[SimpleNamespace(lora_id=3, lora_name=names[3])])
+    labels = _lora_info(sched, 4)[2]
+    assert labels.startswith('vllm:lora_requests_info{max_lora="4",waiting_lora_adapters="adapter-3",'
                              'running_lora_adapters="chat,sql"} ')

@@ -21,13 +21,23 @@ def block_key(parent: int, tokens) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
-def cache_root(lora_id: int = 0) -> int:
+def cache_root(lora_name: str = "") -> int:
     """The parent key of a request's first block: ROOT_HASH for the base model, and for a LoRA adapter a
-    key of its own, so requests of different adapters share no block even with equal prompts (vLLM adds
-    the adapter's name to every block's hash, vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`;
-    chaining from a root per adapter gives the same sharing). A token id is never negative, so the
-    one-value "block" (-lora_id) is no prompt's."""
-    return ROOT_HASH if not lora_id else block_key(ROOT_HASH, (-lora_id,))
+    key of its own, so requests of different adapters share no block even with equal prompts. vLLM adds
+    the adapter's name to every block's hash (vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`;
+    its name, not its id, since vLLM PR #27211: ids follow the order adapters were loaded in, so replicas
+    would key one adapter apart, and a router could not compute them). Chaining from a root per adapter
+    gives the same sharing. A BLAKE2b digest of the name under its own personalization: no block's key."""
+    if not lora_name:
+        return ROOT_HASH
+    digest = blake2b(lora_name.encode(), digest_size=8, person=b"lora-adapter").digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def adapter_name(lora_id: int) -> str:
+    """The name of adapter `lora_id` where only its id is given (a trace's `lora`; "" for 0, the base model):
+    the planner's live runs load a trace's adapter k under this name, so the simulator keys its blocks alike."""
+    return f"adapter-{lora_id}" if lora_id else ""
 
 
 def chained_hashes(tokens: list[int], block_size: int, count: int, root: int = ROOT_HASH):
@@ -39,7 +49,7 @@ def chained_hashes(tokens: list[int], block_size: int, count: int, root: int = R
         yield parent
 
 
-def prompt_block_hashes(token_ids: list[int], block_size: int, lora_id: int = 0) -> list[int]:
+def prompt_block_hashes(token_ids: list[int], block_size: int, lora_name: str = "") -> list[int]:
     """The keys of the prompt blocks a prefix-cache hit may cover (never the last token's block:
     the last token is always computed), as ``cached_prefix`` looks them up."""
-    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size, cache_root(lora_id)))
+    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size, cache_root(lora_name)))

@@ -27,7 +27,7 @@ it is kept to measure how much vLLM's conservative heuristic costs.
 from __future__ import annotations
 
 
-from engine.core.block_keys import block_key, chained_hashes
+from engine.core.block_keys import ROOT_HASH, block_key, chained_hashes
 from engine.core.block_pool import BlockPool
 from engine.core.kv_allocator import AllocStatus, MemoryBreakdown
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -88,6 +88,10 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}       # seq id -> GPU blocks
         self.cpu_tables: dict[int, list[int]] = {}   # seq id -> CPU blocks (swapped out)
         self.seq_hashes: dict[int, list[int]] = {}   # hashes of a sequence's full computed blocks
+        # The keys LoRA adapters' blocks were registered under, by the adapter's root key (forget_adapter);
+        # keys since evicted are pruned once there are twice as many as the caches hold.
+        self.adapter_keys: dict[int, list[int]] = {}
+        self.adapter_keys_count = 0
 
     # -- pool ----------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -174,10 +178,36 @@ class BlockManager:
         table = self.tables[seq.seq_id]
         tokens = seq.token_ids
         upto = seq.num_computed_tokens if num_tokens is None else num_tokens
-        for i in range(len(hashes), upto // bs):
+        start = len(hashes)
+        for i in range(start, upto // bs):
             h = block_key(hashes[-1] if hashes else seq.cache_root, tokens[i * bs:(i + 1) * bs])
             hashes.append(h)
             self.gpu.register(table[i], h)
+        if seq.cache_root != ROOT_HASH and len(hashes) > start:
+            self._track_adapter(seq.cache_root, hashes[start:])
+
+    # -- LoRA adapters' blocks ---------------------------------------------------
+    def _track_adapter(self, root: int, keys: list[int]) -> None:
+        self.adapter_keys.setdefault(root, []).extend(keys)
+        self.adapter_keys_count += len(keys)
+        held = self.num_gpu_blocks + (self.offload.num_blocks if self.offload is not None else 0)
+        if self.adapter_keys_count > 2 * held:
+            cached, tier = self.gpu.cached, self.offload.slots if self.offload is not None else {}
+            self.adapter_keys = {r: kept for r, keys in self.adapter_keys.items()
+                                 if (kept := [k for k in dict.fromkeys(keys) if k in cached or k in tier])}
+            self.adapter_keys_count = sum(map(len, self.adapter_keys.values()))
+
+    def forget_adapter(self, root: int) -> None:
+        """Take the blocks of the adapter whose blocks chain from `root` out of the prefix cache and the CPU
+        tier (an unloaded adapter's: a later one of its name must compute its own)."""
+        keys = self.adapter_keys.pop(root, [])
+        self.adapter_keys_count -= len(keys)
+        for key in keys:
+            block = self.gpu.cached.get(key)
+            if block is not None:
+                self.gpu.uncache(block)
+        if self.offload is not None:
+            self.offload.drop(keys)
 
     # -- chunked prefill (engine/core/chunked_scheduler.py) ----------------------
     # vLLM v1 holds only the blocks of the tokens computed so far: a prompt's

@@ -113,6 +113,14 @@ class BlockPool:
                     free_list.append(block)
         self.num_token_states = tokens
 
+    def uncache(self, block: int) -> None:
+        """Take ``block`` out of the prefix cache (a KV event says so); a free one becomes a plain free block."""
+        self._forget(block, self.block_hash[block])
+        if self.ref_counts[block] == 0:
+            del self.evictor[block]
+            self.fill[block] = 0
+            self.free_list.append(block)
+
     def register(self, block: int, prefix_hash: int) -> None:
         """Record that ``block`` holds the full block whose chained prefix hash is given."""
         if self.block_hash[block] is None and prefix_hash not in self.cached:

@@ -132,6 +132,12 @@ class VllmBlockPool(BlockPool):
                 self.fill[block] = 0
             self.evictor[block] = None
 
+    def uncache(self, block: int) -> None:
+        """Take ``block`` out of the prefix cache; a free one keeps its place in the free queue (vLLM's)."""
+        self._forget(block, self.block_hash[block])
+        if self.ref_counts[block] == 0:
+            self.fill[block] = 0
+
     def release_all(self, blocks) -> None:
         """``release`` each of ``blocks`` in order (one call for a freed sequence's table)."""
         refs, fill, hashes, evictor = self.ref_counts, self.fill, self.block_hash, self.evictor

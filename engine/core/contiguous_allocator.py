@@ -136,6 +136,9 @@ class ContiguousAllocator:
     def mark_computed(self, seq: Sequence) -> None:
         pass
 
+    def forget_adapter(self, root: int) -> None:
+        pass                     # (no prefix cache)
+
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return False
 

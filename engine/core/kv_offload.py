@@ -140,6 +140,19 @@ class CpuKvTier:
             self.not_ready.difference_update(self.pending)
             self.pending.clear()
 
+    def drop(self, keys) -> None:
+        """Forget those of `keys` the tier holds (an unloaded adapter's blocks): their slots are free again.
+        None is being loaded (the adapter's requests have all finished)."""
+        slots, dropped = self.slots, set()
+        for key in keys:
+            slot = slots.pop(key, None)
+            if slot is not None:
+                self.free.append(slot)
+                dropped.add(key)
+        if dropped & self.not_ready:
+            self.not_ready -= dropped
+            self.pending = [key for key in self.pending if key not in dropped]
+
     def hold(self, keys) -> None:
         self.held.update(keys)
 

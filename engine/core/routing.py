@@ -91,34 +91,34 @@ class BaseRouter:
         self.block_size = block_size
         self.next = 0                      # the replica whose turn it is
 
-    def pick(self, token_ids: list[int], now: float, lora_id: int = 0) -> int:
-        """The replica for a prompt (of LoRA adapter `lora_id`: its blocks' keys are the adapter's)."""
+    def pick(self, token_ids: list[int], now: float, lora_name: str = "") -> int:
+        """The replica for a prompt (of the LoRA adapter named `lora_name`: its blocks' keys are the adapter's)."""
         count = self.count
         if self.policy.round_robin or count == 1:
             chosen = self.next
         else:
-            scores = self.scores(token_ids, now, lora_id)
+            scores = self.scores(token_ids, now, lora_name)
             best = max(scores)
             # Ties go to the first tied replica after the last one picked: equal replicas take turns.
             chosen = next(i % count for i in range(self.next, self.next + count) if scores[i % count] == best)
         self.next = (chosen + 1) % count
         return chosen
 
-    def scores(self, token_ids: list[int], now: float, lora_id: int = 0) -> list[float]:
+    def scores(self, token_ids: list[int], now: float, lora_name: str = "") -> list[float]:
         """Each replica's weighted score for a prompt arriving at `now`."""
         total = [0.0] * self.count
         for name, weight in self.policy.weights:
             if weight:
-                for i, score in enumerate(self._score(name, token_ids, now, lora_id)):
+                for i, score in enumerate(self._score(name, token_ids, now, lora_name)):
                     total[i] += weight * score
         return total
 
-    def _score(self, name: str, token_ids: list[int], now: float, lora_id: int = 0) -> list[float]:
+    def _score(self, name: str, token_ids: list[int], now: float, lora_name: str = "") -> list[float]:
         if name == "least-requests":
             return least_requests_scores(self.in_flight(now))
         if name == "least-kv":
             return [1.0 - usage for usage in self.kv_usage(now)]
-        hashes = prompt_block_hashes(token_ids, self.block_size, lora_id)
+        hashes = prompt_block_hashes(token_ids, self.block_size, lora_name)
         if not hashes:
             return [0.0] * self.count
         return [held / len(hashes) for held in self.cached_prefix(hashes, now)]

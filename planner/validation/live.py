@@ -14,6 +14,7 @@ from collections import deque
 from contextlib import contextmanager
 from itertools import takewhile
 
+from engine.core.block_keys import adapter_name
 from engine.core.kv_offload import CpuKvTier
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.sampling_params import SamplingParams
@@ -102,9 +103,10 @@ def random_adapters(engines: list, trace: Trace, folder: str) -> dict:
     first = engines[0]
     requests = {}
     for lora_id in ids:
-        path = write_random_adapter(first.runner.model, f"{folder}/adapter-{lora_id}",
-                                    first.deployment.max_lora_rank, seed=lora_id)
-        requests[lora_id] = LoRARequest(f"adapter-{lora_id}", lora_id, path)
+        name = adapter_name(lora_id)          # (the name the simulator keys its blocks by)
+        path = write_random_adapter(first.runner.model, f"{folder}/{name}", first.deployment.max_lora_rank,
+                                    seed=lora_id)
+        requests[lora_id] = LoRARequest(name, lora_id, path)
         for engine in engines:
             engine.add_lora(requests[lora_id])
     return requests

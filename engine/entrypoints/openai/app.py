@@ -38,8 +38,7 @@ from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, Internal
 from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoRAAdapterRequest,
                                                UnloadLoRAAdapterRequest, _Common, parse_body)
 from engine.entrypoints.openai.responses import serve_request
-from engine.entrypoints.openai.served_models import (LORA_ID_HEADER, LoRAModulePath, ServedModels,
-                                                    resolve_adapter)
+from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels, resolve_adapter
 from engine.llm_engine import load_tokenizer
 
 HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events",
@@ -169,8 +168,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
-        adapters = {lora.lora_int_id: name for name, lora in state.models.adapters.items()}
-        return PlainTextResponse(metrics.render(engine, state.stats, state.model_name, adapters),
+        return PlainTextResponse(metrics.render(engine, state.stats, state.model_name),
                                  media_type="text/plain; version=0.0.4")
 
     @app.api_route("/kv_events", methods=["GET", "HEAD"])
@@ -226,10 +224,7 @@ async def _update_lora(request: Request, state: ServerState, kind: type) -> Resp
         keep(lora)
     finally:
         models.done(body.lora_name)
-    # vLLM's text; the id in a header of its own, for the fleet's proxy (its prefix-aware picks key an adapter's
-    # blocks by it)
-    return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.",
-                             headers={LORA_ID_HEADER: str(lora.lora_int_id)})
+    return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' {said_done} successfully.")
 
 
 def _load(engine, lora, inplace: bool) -> None:

@@ -125,13 +125,12 @@ def _gauge(name: str, help_: str, labels: str, value: float, kind: str = "gauge"
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
 
 
-def _lora_info(sched, max_loras: int, adapters: dict[int, str]) -> list[str]:
+def _lora_info(sched, max_loras: int) -> list[str]:
     """vLLM's `vllm:lora_requests_info` (vllm/v1/metrics/loggers.py, with --enable-lora): the adapters the running
     and the waiting requests use, each comma-joined in the order the requests come, on a gauge set to the
     time (a LoRA-aware router, such as the Gateway API inference extension's, reads the labels)."""
     def names(groups) -> str:
-        ids = dict.fromkeys(g.lora_id for g in list(groups) if g.lora_id)
-        return ",".join(adapters.get(i, str(i)) for i in ids)
+        return ",".join(dict.fromkeys(g.lora_name for g in list(groups) if g.lora_id))
     labels = _label_text({"max_lora": max_loras, "waiting_lora_adapters": names(sched.waiting),
                           "running_lora_adapters": names(sched.running)})
     return _gauge("vllm:lora_requests_info", "Running stats on lora requests.", labels, time.time())
@@ -168,8 +167,8 @@ def _spec_decode_counters(spec, labels: str) -> list[str]:
     return lines
 
 
-def render(engine, stats: ServerStats, model_name: str, adapters: dict[int, str] | None = None) -> str:
-    """The whole /metrics page. `adapters`: the served LoRA adapters' names by id."""
+def render(engine, stats: ServerStats, model_name: str) -> str:
+    """The whole /metrics page."""
     sched = engine.scheduler
     alloc = engine.allocator
     cfg = sched.config
@@ -200,7 +199,7 @@ def render(engine, stats: ServerStats, model_name: str, adapters: dict[int, str]
         lines += hist.render(m)
     lines += _http_counts(stats.http)
     if cfg.max_loras is not None:
-        lines += _lora_info(sched, cfg.max_loras, adapters or {})
+        lines += _lora_info(sched, cfg.max_loras)
     spec = getattr(engine, "spec_decoding_stats", None)
     if spec is not None:   # vLLM's SpecDecodingProm counters (only when speculation is on, as there)
         lines += _spec_decode_counters(spec, m)

@@ -25,7 +25,6 @@ from engine.lora import LoRARequest
 
 MODULE_FIELDS = ("name", "path", "base_model_name")
 INVALID = "InvalidUserInput"      # vLLM's error type for a load or unload request it refuses
-LORA_ID_HEADER = "x-lora-int-id"  # a runtime load's answer: the adapter's id (the fleet's proxy keys its blocks by it)
 SYNTAX = 'NAME=PATH or a JSON object {"name": ..., "path": ...}'
 
 

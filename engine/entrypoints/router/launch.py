@@ -116,11 +116,11 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
                  tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY,
                  probes: dict | None = None, api_key: str | None = None,
-                 loras: dict[str, int] | None = None) -> uvicorn.Server:
+                 model_name: str | None = None) -> uvicorn.Server:
     """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own;
-    `api_key`: the replicas' --api-key, which the proxy sends only on its own reads of their KV events;
-    `loras`: the replicas' LoRA adapters, name -> lora_int_id."""
-    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, loras=loras, **(probes or {}))
+    `api_key`: the replicas' --api-key, which the proxy sends only on its own requests to them;
+    `model_name`: the base model's served name (any other `model` names an adapter)."""
+    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, model_name=model_name, **(probes or {}))
     config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="on", timeout_keep_alive=30, http=GuardedH11Protocol)
     return uvicorn.Server(config)
@@ -133,11 +133,6 @@ def _max_body(configs: list[dict]) -> int:
 
 def _api_key(configs: list[dict]) -> str | None:
     return configs[0].get("options", {}).get("api_key")
-
-
-def _loras(configs: list[dict]) -> dict[str, int]:
-    """The replicas' adapters by name, numbered as each replica numbers them (1, 2, ... in the order given)."""
-    return {module["name"]: i for i, module in enumerate(configs[0].get("lora_modules", ()), 1)}
 
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
@@ -154,8 +149,8 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         server = proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                              _max_body(configs), probes, _api_key(configs), _loras(configs))
-        watch = ExitWatch(replicas, server, say)
+                              _max_body(configs), probes, _api_key(configs), configs[0]["model_name"])
+        watch = ExitWatch(replicas, server, say, server.config.app.state.proxy.restarted)
         watch.start()
         server.run()
     except (Stopped, KeyboardInterrupt):
@@ -174,13 +169,15 @@ MAX_RESTARTS = 3      # times a replica that exits is started again on its port 
 
 class ExitWatch(threading.Thread):
     """Tells when a replica process exits after the fleet started (its status and its log's last line) and starts
-    it again on its port, up to `restarts` times (the proxy's health watcher marks it up once it answers); when
-    every replica has exited for good, stops the proxy (nothing is left to serve)."""
+    it again on its port, up to `restarts` times, calling `restarted(index)` (the proxy marks it down then, and
+    up once it answers, with the fleet's adapters restored); when every replica has exited for good, stops the
+    proxy (nothing is left to serve)."""
 
-    def __init__(self, replicas: list[ReplicaProcess], server: uvicorn.Server, say, period: float = 1.0,
-                 restarts: int = MAX_RESTARTS) -> None:
+    def __init__(self, replicas: list[ReplicaProcess], server: uvicorn.Server, say, restarted=None,
+                 period: float = 1.0, restarts: int = MAX_RESTARTS) -> None:
         super().__init__(name="fleet-exits", daemon=True)
         self.replicas, self.server, self.say, self.period, self.restarts = replicas, server, say, period, restarts
+        self.restarted = restarted or (lambda index: None)
         self.exited: set[int] = set()          # replicas gone for good
 
     @property
@@ -199,6 +196,7 @@ class ExitWatch(threading.Thread):
                 if r.command is not None and r.restarts < self.restarts:
                     r.restarts += 1
                     self.say(f"{said}; starting it again ({r.restarts} of {self.restarts})")
+                    self.restarted(r.index)
                     r.start()
                 else:
                     self.exited.add(r.index)
@@ -225,7 +223,8 @@ class BackgroundFleet:
         self.replicas = start_replicas(configs, log_dir)
         self.port = free_port()
         self.server = proxy_server([r.url for r in self.replicas], policy, block_size, "127.0.0.1", self.port,
-                                   tokenizer, max_body=_max_body(configs), api_key=_api_key(configs))
+                                   tokenizer, max_body=_max_body(configs), api_key=_api_key(configs),
+                                   model_name=configs[0].get("model_name"))
         self.thread = threading.Thread(target=self.server.run, name="fleet-proxy", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

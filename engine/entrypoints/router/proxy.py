@@ -31,8 +31,11 @@ marks it up again.
 any) and 503 when none can; /metrics is the replicas' pages aggregated as
 Prometheus would (prometheus.py) plus the proxy's own routing counters;
 /v1/models is the first replica up's; /v1/load_lora_adapter and
-/v1/unload_lora_adapter go to every replica (each serves every adapter). SIGTERM (uvicorn) stops taking
-requests and lets those in flight finish; the launcher then stops the
+/v1/unload_lora_adapter go to every replica (each serves every adapter). The
+proxy keeps the adapters loaded that way, and loads those a replica lacks when
+it comes back (restarted by the launcher, launch.py, it has only its
+--lora-modules) before it sends it requests again. SIGTERM (uvicorn) stops
+taking requests and lets those in flight finish; the launcher then stops the
 replicas (launch.py).
 """
 from __future__ import annotations
@@ -53,7 +56,6 @@ from engine.core.routing import RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
 from engine.entrypoints.openai.middleware import BodyLimit
-from engine.entrypoints.openai.served_models import LORA_ID_HEADER
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
 
@@ -101,11 +103,17 @@ class Proxy:
     def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None, *,
                  probe_period: float = PROBE_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
                  probe_failures: int = PROBE_FAILURES, api_key: str | None = None,
-                 loras: dict[str, int] | None = None) -> None:
+                 model_name: str | None = None) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
-        # the replicas' LoRA adapters, name -> id: a request's `model` says whose prefix-cache keys its prompt has
-        self.loras = dict(loras or {})
-        # the key goes only on the router's own reads of the replicas' KV events, never on a client's request
+        # the base model's served name: any other `model` is a LoRA adapter's, whose name keys its prompt's blocks
+        self.model_name = model_name
+        # The adapters loaded through the proxy (name -> the load's body) and those unloaded through it since: a
+        # replica that comes back may lack the ones and serve the others.
+        self.adapters: dict[str, dict] = {}
+        self.unloaded: set[str] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # the key goes only on the proxy's own requests (reads of the replicas' KV events, adapters restored),
+        # never on a client's
         self.router = LiveRouter(policy, self.replicas, block_size,
                                  {"authorization": f"Bearer {api_key}"} if api_key else None)
         self.tokenizer = tokenizer          # for prefix-aware picks of text prompts
@@ -117,13 +125,14 @@ class Proxy:
 
     def read(self, raw: bytes) -> tuple:
         """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and what
-        the router scores of it: its prompt's token ids and its LoRA adapter's id (0: the base model)."""
+        the router scores of it: its prompt's token ids and its LoRA adapter's name ("": the base model)."""
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            return None, ([], 0)
+            return None, ([], "")
         model = body.get("model") if isinstance(body, dict) else None
-        return body, (self.token_ids(body), self.loras.get(model, 0) if isinstance(model, str) else 0)
+        adapter = model if isinstance(model, str) and model != self.model_name else ""
+        return body, (self.token_ids(body), adapter)
 
     def token_ids(self, body) -> list[int]:
         """The prompt's leading token ids as the replica will see them (for prefix scoring only; [] if
@@ -154,7 +163,7 @@ class Proxy:
         ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
-    async def pick(self, prompt: tuple[list[int], int], failed: list[Replica] | tuple = ()) -> Replica | None:
+    async def pick(self, prompt: tuple[list[int], str], failed: list[Replica] | tuple = ()) -> Replica | None:
         """The policy's replica for a prompt (its token ids and adapter) among those up, but for the ones that
         `failed` it already (None when none is left)."""
         others = [r for r in self.replicas if r not in failed]
@@ -165,9 +174,9 @@ class Proxy:
         up = [r for r in others if r.up]
         if not up:
             return None
-        token_ids, lora_id = prompt
+        token_ids, lora_name = prompt
         return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed),
-                                                    lora_id=lora_id))
+                                                    lora_name=lora_name))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -203,7 +212,7 @@ class Proxy:
         exchange.cancel()
         return Response(status_code=CLIENT_LEFT)
 
-    async def _exchange(self, replica: Replica, prompt: tuple[list[int], int], path: str, raw: bytes, headers,
+    async def _exchange(self, replica: Replica, prompt: tuple[list[int], str], path: str, raw: bytes, headers,
                         streamed: bool) -> Response:
         """Send the request to `replica` (to another while they fail before answering) and relay the answer:
         a stream as it comes, a whole answer once read."""
@@ -269,7 +278,19 @@ class Proxy:
     # -- the health watcher ---------------------------------------------------------
     def watch(self) -> None:
         """Start probing every replica (the app's lifespan starts it once the client is open)."""
+        self.loop = asyncio.get_running_loop()
         self.watchers = [asyncio.ensure_future(self._watch(r)) for r in self.replicas]
+
+    def restarted(self, index: int) -> None:
+        """Replica `index`'s process exited and is being started again (the launcher's thread calls this): it is
+        down now, without waiting for missed probes, so it gets the fleet's adapters before any request."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._restarting, self.replicas[index])
+
+    @staticmethod
+    def _restarting(replica: Replica) -> None:
+        if replica.up:
+            replica.mark_down()
 
     async def unwatch(self) -> None:
         for task in self.watchers:
@@ -295,7 +316,31 @@ class Proxy:
             return
         replica.misses = 0
         if not replica.up:
+            await self._restore_adapters(replica)
             replica.mark_up()
+
+    async def _restore_adapters(self, replica: Replica) -> None:
+        """Bring a replica coming back up to the adapters the fleet serves: those loaded through the proxy (in
+        place where it serves the name from another folder: the version its start loaded, or one a load it
+        missed replaced) and none of those unloaded through it. Best effort: a change it refuses (a request of
+        the adapter still running there, a folder gone) leaves it as it was."""
+        if not (self.adapters or self.unloaded):
+            return
+        headers = self.router.headers
+        try:
+            listed = (await self.client.get(replica.url + "/v1/models", headers=headers,
+                                            timeout=self.probe_timeout)).json()["data"]
+            served = {model["id"]: model.get("root") for model in listed}      # (an adapter's root: its folder)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        for name, body in list(self.adapters.items()):
+            if name in served and served[name] == body.get("lora_path"):
+                continue
+            body = body | {"load_inplace": True} if name in served else body
+            await self._update(replica, "/v1/load_lora_adapter", json.dumps(body).encode(), headers)
+        for name in self.unloaded & served.keys():
+            await self._update(replica, "/v1/unload_lora_adapter", json.dumps({"lora_name": name}).encode(),
+                               headers)
 
     async def health(self, request: Request) -> Response:
         """200 while any replica can serve (the fleet serves, so a load balancer keeps it), with the replicas that
@@ -360,10 +405,12 @@ class Proxy:
             return Response(status_code=CLIENT_LEFT)
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         path = request.url.path
-        answers = await asyncio.gather(*(self._update(r, path, raw, headers) for r in self.replicas))
+        answers = await asyncio.gather(*(self._update(r, path, raw, headers) if r.up else _down(r)
+                                         for r in self.replicas))
         taken = [a for a in answers if isinstance(a, httpx.Response) and a.status_code == 200]
+        if taken:
+            self._track_lora(path, raw)
         if len(taken) == len(answers):
-            self._track_lora(path, raw, answers[0])
             first = answers[0]
             return Response(first.content, status_code=200, headers=_passed(first.headers))
         refused = next((a for a in answers if isinstance(a, httpx.Response) and a.status_code != 200), None)
@@ -374,20 +421,21 @@ class Proxy:
         return error(f"{len(taken)} of {len(answers)} replicas took it; not " + "; ".join(missed), 502)
 
     async def _update(self, replica: Replica, path: str, raw: bytes, headers) -> httpx.Response | str:
-        if not replica.up:
-            return _stopped_answering(replica)
         try:
             return await self.client.post(replica.url + path, content=raw, headers=headers)
         except httpx.HTTPError as exc:
             return f"did not answer: {type(exc).__name__}"
 
-    def _track_lora(self, path: str, raw: bytes, answer: httpx.Response) -> None:
-        """The adapter's id as the replicas gave it (their answer's header), for prefix-aware picks."""
-        name = json.loads(raw).get("lora_name")
+    def _track_lora(self, path: str, raw: bytes) -> None:
+        """A load or unload some replica took: the fleet's adapters, which a replica coming back gets."""
+        body = json.loads(raw)
+        name = body["lora_name"]
         if path.endswith("/unload_lora_adapter"):
-            self.loras.pop(name, None)
-        elif answer.headers.get(LORA_ID_HEADER, "").isdigit():
-            self.loras[name] = int(answer.headers[LORA_ID_HEADER])
+            self.adapters.pop(name, None)
+            self.unloaded.add(name)
+        else:
+            self.adapters[name] = body
+            self.unloaded.discard(name)
 
     async def models(self, request: Request) -> Response:
         """The first replica up's list (every replica serves the same model), each asked in turn with the health
@@ -410,6 +458,10 @@ class Proxy:
 
 def _stopped_answering(replica: Replica) -> str:
     return f"{replica.name()} stopped answering its health checks"
+
+
+async def _down(replica: Replica) -> str:
+    return _stopped_answering(replica)
 
 
 def _error_event(message: str) -> str:

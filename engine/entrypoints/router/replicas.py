@@ -60,12 +60,15 @@ class Replica:
 
     def mark_down(self) -> None:
         """No more picks, and the requests waiting on it stop waiting (a frozen replica keeps its port open,
-        so nothing else would end their wait); a reading under way, which may never end, is dropped."""
+        so nothing else would end their wait); a reading under way, which may never end, is dropped, and so
+        is its prefix-cache index: its next reading starts over (a restarted replica numbers its events
+        from 0 again)."""
         self.up = False
         self.down_marks += 1
         self.lost.set()
         if self.reading is not None:
             self.reading.cancel()
+        self.held, self.next_event = set(), 0
 
     def mark_up(self) -> None:
         self.up = True
@@ -102,19 +105,19 @@ class LiveRouter(BaseRouter):
         return [leading_held(hashes, r.held) for r in self.replicas]
 
     def pick_among(self, up: list[Replica], token_ids: list[int], now: float, *, retry: bool = False,
-                   lora_id: int = 0) -> Replica:
+                   lora_name: str = "") -> Replica:
         """The policy's pick among the replicas that are up: the others are not scored at all (a down
         replica's last readings, or its empty queue, would make it look the best). A retry (the request's
         replica failed before answering) leaves the turn where the request's first pick put it: the turn is
         a request's, so the failed replica's requests go to the next one, as when it is marked down."""
         turn = self.next
         if len(up) == len(self.replicas):
-            chosen = self.replicas[self.pick(token_ids, now, lora_id)]
+            chosen = self.replicas[self.pick(token_ids, now, lora_name)]
         else:
             view = LiveRouter(self.policy, up, self.block_size)
             # The turn passes to the first replica up at or after the one whose turn it was.
             view.next = next((i for i, r in enumerate(up) if r.index >= self.next), 0)
-            chosen = up[view.pick(token_ids, now, lora_id)]
+            chosen = up[view.pick(token_ids, now, lora_name)]
             self.next = (chosen.index + 1) % self.count
         if retry:
             self.next = turn
