@@ -1,14 +1,16 @@
 """Property tests: random sequences of block-manager operations keep every invariant.
 
-A shadow "physical memory" records which token each slot holds, so the test
-can check logical contents (after copy-on-write, swapping and prefix hits),
-not just counters.
+A shadow "physical memory" records which token each slot holds, and under
+which version of which LoRA adapter it was computed, so the test can check
+logical contents (after copy-on-write, swapping, prefix hits and adapters
+unloaded), not just counters.
 """
 from collections import Counter
 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from engine.core.block_keys import adapter_name, cache_root
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import SequenceGroup, SequenceStatus, next_seq_id
@@ -26,6 +28,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.cpu_mem: dict[int, list] = {b: [None] * BS for b in range(NUM_CPU)}
         self.seqs = []        # running sequences, each in a one-sequence group or forked
         self.swapped = []     # groups swapped out
+        self.versions = {1: 0, 2: 0}     # adapter -> times it was unloaded (then loaded again, other weights)
+        self.tags = {}        # seq id -> (adapter, its version): what its KV was computed with
+        self.prompts = []     # the prompts added so far
 
     # -- helpers -------------------------------------------------------------
     def _write(self, seq, start):
@@ -33,22 +38,37 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for pos in range(start, seq.num_tokens):
             block = table[pos // BS]
             assert self.bm.gpu.ref_counts[block] == 1, "wrote into a shared block"
-            self.gpu_mem[block][pos % BS] = seq.token_ids[pos]
+            self.gpu_mem[block][pos % BS] = (self.tags[seq.seq_id], seq.token_ids[pos])
         seq.num_computed_tokens = seq.num_tokens
         self.bm.mark_computed(seq)
 
     def _contents(self, seq):
+        """The tokens the sequence's slots hold; those computed, each with the sequence's own adapter version."""
         table = self.bm.block_table(seq)
-        return [self.gpu_mem[table[p // BS]][p % BS] for p in range(seq.num_tokens)]
+        cells = [self.gpu_mem[table[p // BS]][p % BS] for p in range(seq.num_tokens)]
+        tag = self.tags[seq.seq_id]
+        assert all(cell[0] == tag for cell in cells[:seq.num_computed_tokens]), "KV of another adapter or version"
+        return [cell and cell[1] for cell in cells]
 
     # -- rules ---------------------------------------------------------------
-    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14))
-    def add_prompt(self, tokens):
-        group = SequenceGroup("r", tokens, SamplingParams(), 0.0)
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14), lora=st.integers(0, 2))
+    def add_prompt(self, tokens, lora):
+        self.prompts.append(tokens)
+        self._add(tokens, lora)
+
+    @precondition(lambda self: self.prompts)
+    @rule(i=st.integers(0, 100), lora=st.integers(0, 2))
+    def add_prompt_again(self, i, lora):
+        # (prefix hits: a prompt seen before, under the same adapter or another)
+        self._add(self.prompts[i % len(self.prompts)], lora)
+
+    def _add(self, tokens, lora):
+        group = SequenceGroup("r", tokens, SamplingParams(), 0.0, lora_id=lora)
         if self.bm.num_free_blocks() < -(-len(tokens) // BS):
             return
-        self.bm.allocate(group)
         seq = group.seqs[0]
+        self.tags[seq.seq_id] = (lora, self.versions.get(lora, 0))
+        self.bm.allocate(group)
         seq.status = SequenceStatus.RUNNING
         cached = seq.num_computed_tokens
         assert cached % BS == 0 and cached < len(tokens)
@@ -81,6 +101,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def fork(self, i):
         parent = self.seqs[i % len(self.seqs)]
         child = parent.copy_as(next_seq_id())
+        self.tags[child.seq_id] = self.tags[parent.seq_id]
         self.bm.fork(parent, child)
         self.seqs.append(child)
         assert self._contents(child) == child.token_ids
@@ -122,6 +143,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         # Swap out then in restores the same logical contents.
         assert self._contents(seq) == expected
         self.seqs.append(seq)
+
+    @rule(lora=st.integers(1, 2))
+    def unload(self, lora):
+        # The engine unloads an adapter once none of its requests is left; one loaded again under its name
+        # (other weights: the next version) must never hit the old one's blocks.
+        if any(self.tags[s.seq_id][0] == lora for s in self.seqs + [g.seqs[0] for g, _ in self.swapped]):
+            return
+        self.bm.forget_adapter(cache_root(adapter_name(lora)))
+        self.versions[lora] += 1
 
     # -- invariants ----------------------------------------------------------
     @invariant()
