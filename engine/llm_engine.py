@@ -226,7 +226,8 @@ class LLMEngine:
                     priority: int = 0, lora_request: LoRARequest | None = None) -> None:
         """`priority`: vLLM's request priority, read under --scheduling-policy priority (the lower first).
         `lora_request`: the LoRA adapter the request runs with (vLLM's; needs enable_lora), loaded here the
-        first time its id is seen; None: the base model."""
+        first time its id is seen; None: the base model. A dict prompt's `cache_salt` (vLLM's) keeps its
+        prefix-cache blocks to the requests of the same salt."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         lora_id, lora_name = 0, ""
@@ -234,6 +235,9 @@ class LLMEngine:
             self.add_lora(lora_request)
             lora_id, lora_name = lora_request.lora_int_id, lora_request.lora_name
         text, token_ids = self._tokenize(prompt)
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if salt is not None and not (isinstance(salt, str) and salt):
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")   # vLLM's words
         vocab = self.runner.vocab_size
         bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
@@ -252,7 +256,7 @@ class LLMEngine:
         group = SequenceGroup(request_id, token_ids, params,
                               self.clock() if arrival_time is None else arrival_time,
                               eos_token_ids=self.runner.eos_token_ids, output_len_hint=output_len_hint,
-                              priority=priority, lora_id=lora_id, lora_name=lora_name)
+                              priority=priority, lora_id=lora_id, lora_name=lora_name, cache_salt=salt)
         self.prompts[request_id] = text
         if self.deployment.vllm_v1 and fans_out(params):   # vLLM v1: n child requests
             self.groups[request_id] = self.parents.fan_out(group, self.scheduler.add)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.core.block_keys import prompt_block_hashes
+from engine.core.block_keys import cache_root, prompt_block_hashes
 from engine.core.routing import parse_policy
 from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels, parse_lora_modules
 from engine.entrypoints.openai.server import BackgroundServer
@@ -314,19 +314,26 @@ def _answers(url: str) -> bool:
 
 
 def test_the_fleets_prefix_aware_proxy_scores_a_prompt_under_its_adapters_block_keys():
-    """A replica keys an adapter's blocks apart from the base model's, by the adapter's name (as vLLM does): the
-    proxy reads a request's `model` (any name but the base model's is an adapter's, whichever id each replica
-    gave it) and looks the prompt up under those keys."""
+    """A replica keys an adapter's blocks apart from the base model's, by the adapter's name (as vLLM does), and
+    a salted request's apart from other salts': the proxy reads a request's `model` (any name but the base
+    model's is an adapter's, whichever id each replica gave it) and `cache_salt`, and looks the prompt up under
+    those keys."""
     proxy = Proxy(["http://a", "http://b"], parse_policy("prefix-aware"), 16, model_name="base")
     prompt = list(range(100, 164))
-    body = json.dumps({"model": "chat", "prompt": prompt}).encode()
-    assert proxy.read(body)[1] == (prompt, "chat")
-    assert proxy.read(json.dumps({"model": "base", "prompt": prompt}).encode())[1] == (prompt, "")
-    assert proxy.read(json.dumps({"prompt": prompt}).encode())[1] == (prompt, "")
+
+    def root(**body) -> int:
+        ids, key = proxy.read(json.dumps({"prompt": prompt} | body).encode())[1]
+        assert ids == prompt
+        return key
+    assert root(model="chat") == cache_root("chat")
+    assert root(model="base") == root() == cache_root() == 0
+    assert root(model="chat", cache_salt="tenant-1") == cache_root("chat", "tenant-1") != cache_root("chat")
+    assert root(cache_salt="tenant-1") == cache_root("", "tenant-1") not in (0, cache_root("tenant-1"))
+    assert root(cache_salt=7) == 0          # (not a salt: the replica refuses it)
     a, b = proxy.replicas
-    a.held = set(prompt_block_hashes(prompt, 16))                     # the base model's blocks of the prompt
-    b.held = set(prompt_block_hashes(prompt, 16, lora_name="chat"))   # the adapter's
-    assert proxy.router.pick_among([a, b], prompt, 0.0, lora_name="chat") is b
+    a.held = set(prompt_block_hashes(prompt, 16))                                  # the base model's blocks
+    b.held = set(prompt_block_hashes(prompt, 16, cache_root("chat")))             # the adapter's
+    assert proxy.router.pick_among([a, b], prompt, 0.0, root=cache_root("chat")) is b
     assert proxy.router.pick_among([a, b], prompt, 0.0) is a
 
 

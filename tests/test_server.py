@@ -188,6 +188,38 @@ def test_models_health_and_metrics(server, client):
     assert int(threads.split()[-1]) == torch.get_num_threads()     # what validate --endpoint profiles at
 
 
+def test_a_cache_salt_keeps_a_prompts_cached_blocks_to_its_salt(server, client):
+    """vLLM's `cache_salt` on completions and chats: a prompt's cached blocks are a hit only for requests of the
+    same salt (vLLM's prefix-cache counters say how many prompt tokens hit); a salt that is not a non-empty
+    string is vLLM's 400."""
+    from serve_helpers import metric
+
+    def hits_after(salt, chat=False) -> float:
+        extra = {"cache_salt": salt} if salt else {}
+        if chat:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "salted " * 6}],
+                                           max_tokens=2, extra_body=extra)
+        else:
+            client.completions.create(model=MODEL, prompt="a prompt of forty bytes for the cache.. ", max_tokens=2,
+                                      extra_body=extra)
+        assert wait_until(lambda: idle(server))
+        return metric(httpx.get(f"{server.url}/metrics").text, "vllm:prefix_cache_hits_total")
+    def gains(*calls) -> list[float]:
+        hits = [hits_after(*call) for call in calls]
+        return [b - a for a, b in zip(hits, hits[1:])]
+    # 32: the prompt's full blocks of 8 tokens but the one with its last token
+    assert gains(("probe",), ("probe",), ("tenant-a",), ("tenant-a",), ("tenant-b",), (None,), (None,)) == \
+        [32, 0, 32, 0, 0, 32]
+    chats = gains(("tenant-c", True), ("tenant-c", True), ("tenant-d", True), ("tenant-c", True))
+    assert chats[0] > 0 and chats[1:] == [0, chats[0]]
+    queries = metric(httpx.get(f"{server.url}/metrics").text, "vllm:prefix_cache_queries_total")
+    assert queries >= 10 * 40
+    for bad in ("", 7, ["a"]):
+        answer = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "cache_salt": bad})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "cache_salt"
+        assert "Parameter 'cache_salt' must be a non-empty string if provided." in answer.json()["error"]["message"]
+
+
 def test_chat_without_a_template_is_a_clear_400(tmp_path):
     from tiny_models import save_word_tokenizer
     folder = save_tiny_model("llama", tmp_path / "no-template")

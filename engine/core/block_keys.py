@@ -21,16 +21,19 @@ def block_key(parent: int, tokens) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
-def cache_root(lora_name: str = "") -> int:
-    """The parent key of a request's first block: ROOT_HASH for the base model, and for a LoRA adapter a
-    key of its own, so requests of different adapters share no block even with equal prompts. vLLM adds
-    the adapter's name to every block's hash (vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`;
-    its name, not its id, since vLLM PR #27211: ids follow the order adapters were loaded in, so replicas
-    would key one adapter apart, and a router could not compute them). Chaining from a root per adapter
-    gives the same sharing. A BLAKE2b digest of the name under its own personalization: no block's key."""
-    if not lora_name:
+def cache_root(lora_name: str = "", cache_salt: str | None = None) -> int:
+    """The parent key of a request's first block: ROOT_HASH for the base model unsalted, else a key of its own.
+    - A LoRA adapter's requests share no block with another's, even with equal prompts. vLLM adds the
+      adapter's name to every block's hash (vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`); its
+      name, not its id, since vLLM PR #27211: ids follow the order adapters were loaded in, so replicas would
+      key one adapter apart, and a router could not compute them.
+    - A request's `cache_salt` (vLLM's) shares blocks only with requests of the same salt, so one tenant
+      cannot learn another's prompts by timing prefix hits. vLLM adds it to the first block's hash; every
+      later key chains from that one, so both give the same sharing.
+    A BLAKE2b digest of the pair under its own personalization: no block's key."""
+    if not lora_name and not cache_salt:
         return ROOT_HASH
-    digest = blake2b(lora_name.encode(), digest_size=8, person=b"lora-adapter").digest()
+    digest = blake2b(repr((lora_name, cache_salt or "")).encode(), digest_size=8, person=b"prefix-root").digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
@@ -49,7 +52,7 @@ def chained_hashes(tokens: list[int], block_size: int, count: int, root: int = R
         yield parent
 
 
-def prompt_block_hashes(token_ids: list[int], block_size: int, lora_name: str = "") -> list[int]:
+def prompt_block_hashes(token_ids: list[int], block_size: int, root: int = ROOT_HASH) -> list[int]:
     """The keys of the prompt blocks a prefix-cache hit may cover (never the last token's block:
-    the last token is always computed), as ``cached_prefix`` looks them up."""
-    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size, cache_root(lora_name)))
+    the last token is always computed), chained from `root` (cache_root's), as ``cached_prefix`` looks them up."""
+    return list(chained_hashes(token_ids, block_size, (len(token_ids) - 1) // block_size, root))

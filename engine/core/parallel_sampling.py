@@ -64,7 +64,7 @@ class ParentRequest:
     sees only the children."""
 
     __slots__ = ("request_id", "params", "children", "arrival_time", "_prompt", "output_len_hint", "priority",
-                 "lora_id", "lora_name")
+                 "lora_id", "lora_name", "cache_salt")
 
     def __init__(self, template: SequenceGroup) -> None:
         self.request_id = template.request_id
@@ -75,11 +75,13 @@ class ParentRequest:
         self.priority = template.priority
         self.lora_id = template.lora_id          # every child runs (and keys its prefix blocks) with its adapter
         self.lora_name = template.lora_name
+        self.cache_salt = template.cache_salt
         self.children = [SequenceGroup(child_id(self.request_id, i), list(self._prompt),
                                        child_params(self.params, i), template.arrival_time,
                                        eos_token_ids=template.eos_token_ids,
                                        output_len_hint=template.output_len_hint, priority=template.priority,
-                                       lora_id=template.lora_id, lora_name=template.lora_name)
+                                       lora_id=template.lora_id, lora_name=template.lora_name,
+                                       cache_salt=template.cache_salt)
                          for i in range(self.params.n)]
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.block_keys import prompt_block_hashes
+from engine.core.block_keys import ROOT_HASH, prompt_block_hashes
 
 SCORERS = ("least-requests", "least-kv", "prefix-aware")
 POLICIES = ("round-robin", *SCORERS)
@@ -91,34 +91,35 @@ class BaseRouter:
         self.block_size = block_size
         self.next = 0                      # the replica whose turn it is
 
-    def pick(self, token_ids: list[int], now: float, lora_name: str = "") -> int:
-        """The replica for a prompt (of the LoRA adapter named `lora_name`: its blocks' keys are the adapter's)."""
+    def pick(self, token_ids: list[int], now: float, root: int = ROOT_HASH) -> int:
+        """The replica for a prompt whose block keys chain from `root` (cache_root's: its LoRA adapter's and
+        cache salt's)."""
         count = self.count
         if self.policy.round_robin or count == 1:
             chosen = self.next
         else:
-            scores = self.scores(token_ids, now, lora_name)
+            scores = self.scores(token_ids, now, root)
             best = max(scores)
             # Ties go to the first tied replica after the last one picked: equal replicas take turns.
             chosen = next(i % count for i in range(self.next, self.next + count) if scores[i % count] == best)
         self.next = (chosen + 1) % count
         return chosen
 
-    def scores(self, token_ids: list[int], now: float, lora_name: str = "") -> list[float]:
+    def scores(self, token_ids: list[int], now: float, root: int = ROOT_HASH) -> list[float]:
         """Each replica's weighted score for a prompt arriving at `now`."""
         total = [0.0] * self.count
         for name, weight in self.policy.weights:
             if weight:
-                for i, score in enumerate(self._score(name, token_ids, now, lora_name)):
+                for i, score in enumerate(self._score(name, token_ids, now, root)):
                     total[i] += weight * score
         return total
 
-    def _score(self, name: str, token_ids: list[int], now: float, lora_name: str = "") -> list[float]:
+    def _score(self, name: str, token_ids: list[int], now: float, root: int = ROOT_HASH) -> list[float]:
         if name == "least-requests":
             return least_requests_scores(self.in_flight(now))
         if name == "least-kv":
             return [1.0 - usage for usage in self.kv_usage(now)]
-        hashes = prompt_block_hashes(token_ids, self.block_size, lora_name)
+        hashes = prompt_block_hashes(token_ids, self.block_size, root)
         if not hashes:
             return [0.0] * self.count
         return [held / len(hashes) for held in self.cached_prefix(hashes, now)]

@@ -44,7 +44,8 @@ class Sequence:
     # drafts come in runs: a sequence copying its context keeps matching; SpecDecodingStats counts it.)
     last_lookup_drafted: bool = False
     # The parent key of its first prompt block in the prefix cache (engine/core/block_manager.py
-    # `cache_root`): 0 for the base model, one per LoRA adapter's name, so no adapter is served another's KV.
+    # `cache_root`): 0 for the base model, one per LoRA adapter's name and cache salt, so no adapter or tenant
+    # is served another's KV.
     cache_root: int = 0
 
     @property
@@ -117,24 +118,27 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "params", "seqs", "times", "output_len_hint",
                  "eos_token_ids", "finish_reason", "reject_reason", "beams",
-                 "beam_improvable", "num_preemptions", "priority", "lora_id", "lora_name", "_order", "_prompt")
+                 "beam_improvable", "num_preemptions", "priority", "lora_id", "lora_name", "cache_salt", "_order",
+                 "_prompt")
 
     _counter = itertools.count()
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, *, eos_token_ids: Iterable[int] | int | None = None,
                  eos_token_id: int | None = None, output_len_hint: int | None = None,
-                 priority: int = 0, lora_id: int = 0, lora_name: str | None = None) -> None:
+                 priority: int = 0, lora_id: int = 0, lora_name: str | None = None,
+                 cache_salt: str | None = None) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
         self.request_id = request_id
         self.params = params
         self._prompt = list(prompt_token_ids)
         # vLLM's LoRARequest: the adapter the request runs with (id 0: the base model alone), and the name its
-        # prefix-cache blocks are keyed by (an adapter given by id alone: adapter_name's)
+        # prefix-cache blocks are keyed by (an adapter given by id alone: adapter_name's); vLLM's cache_salt
         self.lora_id = lora_id
         self.lora_name = adapter_name(lora_id) if lora_name is None else lora_name
-        root = cache_root(self.lora_name)
+        self.cache_salt = cache_salt
+        root = cache_root(self.lora_name, cache_salt)
         self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt), cache_root=root)]
         self.times = RequestTimes(arrival=arrival_time)
         # The true output length when it is known ahead (simulation); only the

@@ -93,7 +93,7 @@ class Router(BaseRouter):
         self.engines = engines
 
     def pick(self, group: SequenceGroup, now: float) -> int:
-        return super().pick(group.seqs[0].token_ids, now, group.lora_name)
+        return super().pick(group.seqs[0].token_ids, now, group.seqs[0].cache_root)
 
     def in_flight(self, now: float) -> list[int]:
         return [e.routed_count - _ended_before(e.ended_at, now) for e in self.engines]

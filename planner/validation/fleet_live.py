@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine.core.block_keys import adapter_name
+from engine.core.block_keys import adapter_name, cache_root
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.routing import BaseRouter, RouterPolicy, leading_held
 from planner.sim.speculative import spec_step_shape
@@ -239,7 +239,7 @@ class FleetReplay:
 
     def _route(self, req, at: float) -> None:
         tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
-        chosen = self.router.pick(tokens, at, adapter_name(req.lora))     # (random_adapters' names)
+        chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora)))     # (random_adapters' names)
         replica = self.replicas[chosen]
         if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
             replica.free_at = replica.clock.base = max(replica.free_at, at)

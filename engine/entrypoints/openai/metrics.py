@@ -125,6 +125,28 @@ def _gauge(name: str, help_: str, labels: str, value: float, kind: str = "gauge"
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
 
 
+def _prefix_cache_counters(sched, alloc, labels: str) -> list[str]:
+    """vLLM v1's prefix-cache counters (vllm/v1/metrics/loggers.py), in prompt tokens of the lookups of
+    requests scheduled from nothing (a preempted request's lookup again is not counted, as there); those of the
+    CPU tier are vLLM's KV connector's (`external`). Only under the vllm-v1 policy with prefix caching on,
+    which counts them."""
+    if getattr(sched, "prefix_queried_tokens", None) is None or not alloc.enable_prefix_caching:
+        return []
+    lines = _gauge("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+                   labels, sched.prefix_queried_tokens, "counter")
+    lines += _gauge("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+                    labels, sched.prefix_hit_tokens, "counter")
+    if alloc.offload is not None:
+        stats = alloc.offload.stats
+        lines += _gauge("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV "
+                        "connector cross-instance cache sharing, in terms of number of queried tokens.", labels,
+                        stats.queried_tokens, "counter")
+        lines += _gauge("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector "
+                        "cross-instance cache sharing, in terms of number of cached tokens.", labels,
+                        stats.hit_tokens, "counter")
+    return lines
+
+
 def _lora_info(sched, max_loras: int) -> list[str]:
     """vLLM's `vllm:lora_requests_info` (vllm/v1/metrics/loggers.py, with --enable-lora): the adapters the running
     and the waiting requests use, each comma-joined in the order the requests come, on a gauge set to the
@@ -184,6 +206,7 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
     lines += _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m, usage)
     lines += _gauge("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", m,
                     sum(sched.preemptions.values()), "counter")
+    lines += _prefix_cache_counters(sched, alloc, m)
     lines += _gauge("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m,
                     stats.prompt_tokens, "counter")
     lines += _gauge("vllm:generation_tokens_total", "Number of generation tokens processed.", m,

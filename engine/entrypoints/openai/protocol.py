@@ -148,6 +148,8 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     # vLLM's request priority: the lower value is served first when the server runs --scheduling-policy priority
     priority: int = Field(0, ge=-(1 << 31), lt=1 << 31)
+    # vLLM's: the request shares prefix-cache blocks only with requests of the same salt (engine/core/block_keys.py)
+    cache_salt: str | None = None
     # Accepted only at their defaults (no penalties in this engine).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -155,6 +157,13 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None
     min_tokens: int = 0
     min_p: float = 0.0
+
+    @field_validator("cache_salt", mode="before")
+    @classmethod
+    def _salt(cls, value):
+        if value is not None and not (isinstance(value, str) and value):
+            raise PydanticCustomError("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+        return value
 
     def stop_strings(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -53,9 +53,11 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
     `lora`: the LoRARequest it runs with (None: the base model), whose name the answer gives as its model."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     model_name = state.models.name_of(lora)
-    updates = state.async_engine.generate(request_id, {"prompt_token_ids": token_ids, "prompt": prompt_text},
-                                          params, arrival, stream=body.stream, priority=body.priority,
-                                          lora_request=lora)
+    prompt = {"prompt_token_ids": token_ids, "prompt": prompt_text}
+    if body.cache_salt is not None:
+        prompt["cache_salt"] = body.cache_salt
+    updates = state.async_engine.generate(request_id, prompt, params, arrival, stream=body.stream,
+                                          priority=body.priority, lora_request=lora)
     if not body.stream:
         final = None
         async for update in updates:

@@ -52,6 +52,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.core.block_keys import ROOT_HASH, cache_root
 from engine.core.routing import RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
@@ -125,14 +126,17 @@ class Proxy:
 
     def read(self, raw: bytes) -> tuple:
         """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and what
-        the router scores of it: its prompt's token ids and its LoRA adapter's name ("": the base model)."""
+        the router scores of it: its prompt's token ids and the root its block keys chain from (its LoRA
+        adapter's and cache salt's)."""
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            return None, ([], "")
-        model = body.get("model") if isinstance(body, dict) else None
+            return None, ([], ROOT_HASH)
+        if not isinstance(body, dict):
+            return body, ([], ROOT_HASH)
+        model, salt = body.get("model"), body.get("cache_salt")
         adapter = model if isinstance(model, str) and model != self.model_name else ""
-        return body, (self.token_ids(body), adapter)
+        return body, (self.token_ids(body), cache_root(adapter, salt if isinstance(salt, str) else None))
 
     def token_ids(self, body) -> list[int]:
         """The prompt's leading token ids as the replica will see them (for prefix scoring only; [] if
@@ -163,7 +167,7 @@ class Proxy:
         ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
-    async def pick(self, prompt: tuple[list[int], str], failed: list[Replica] | tuple = ()) -> Replica | None:
+    async def pick(self, prompt: tuple[list[int], int], failed: list[Replica] | tuple = ()) -> Replica | None:
         """The policy's replica for a prompt (its token ids and adapter) among those up, but for the ones that
         `failed` it already (None when none is left)."""
         others = [r for r in self.replicas if r not in failed]
@@ -174,9 +178,8 @@ class Proxy:
         up = [r for r in others if r.up]
         if not up:
             return None
-        token_ids, lora_name = prompt
-        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed),
-                                                    lora_name=lora_name))
+        token_ids, root = prompt
+        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed), root=root))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -212,7 +215,7 @@ class Proxy:
         exchange.cancel()
         return Response(status_code=CLIENT_LEFT)
 
-    async def _exchange(self, replica: Replica, prompt: tuple[list[int], str], path: str, raw: bytes, headers,
+    async def _exchange(self, replica: Replica, prompt: tuple[list[int], int], path: str, raw: bytes, headers,
                         streamed: bool) -> Response:
         """Send the request to `replica` (to another while they fail before answering) and relay the answer:
         a stream as it comes, a whole answer once read."""
