@@ -175,15 +175,16 @@ class BlockManager:
             return
         bs = self.block_size
         hashes = self.seq_hashes.setdefault(seq.seq_id, [])
+        start, end = len(hashes), (seq.num_computed_tokens if num_tokens is None else num_tokens) // bs
+        if end <= start:                  # (most calls: a decode step fills a block once in block_size)
+            return
         table = self.tables[seq.seq_id]
         tokens = seq.token_ids
-        upto = seq.num_computed_tokens if num_tokens is None else num_tokens
-        start = len(hashes)
-        for i in range(start, upto // bs):
+        for i in range(start, end):
             h = block_key(hashes[-1] if hashes else seq.cache_root, tokens[i * bs:(i + 1) * bs])
             hashes.append(h)
             self.gpu.register(table[i], h)
-        if seq.cache_root != ROOT_HASH and len(hashes) > start:
+        if seq.cache_root != ROOT_HASH:
             self._track_adapter(seq.cache_root, hashes[start:])
 
     # -- LoRA adapters' blocks ---------------------------------------------------
