@@ -606,8 +606,10 @@ class LLMEngine:
                 outputs.append(self._completion(i, seq, group))
         children = ([RequestRecord.from_group(c) for c in group.children]
                     if isinstance(group, ParentRequest) else None)
+        cached = group.num_cached_tokens
         return RequestOutput(group.request_id, prompt, group.prompt_token_ids, outputs, group.is_finished,
-                             RequestRecord.from_group(group), group.reject_reason, children)
+                             RequestRecord.from_group(group), group.reject_reason, children,
+                             cached if cached >= 0 else None)
 
     def _completion(self, index: int, seq: Sequence, group: SequenceGroup) -> CompletionOutput:
         tokens = seq.output_token_ids

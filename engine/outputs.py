@@ -43,3 +43,5 @@ class RequestOutput:
     # vllm-v1 with n > 1: each child request's own record, in child order (engine/core/parallel_sampling.py);
     # the server's metrics observe each one, as vLLM's do. None: the request ran as one.
     child_metrics: list[RequestRecord] | None = None
+    # vLLM's: the prompt tokens found computed when it was first scheduled (prefix cache, CPU tier); None before
+    num_cached_tokens: int | None = None

@@ -57,12 +57,14 @@ def test_prefix_caching_with_shared_prefixes_matches_transformers(model_dir, ref
     assert computed == [len(p) - 16 for p in prompts[1:]]
 
 
-def test_a_cache_salt_shares_prefix_blocks_only_with_requests_of_its_salt(model_dir, reference):
+@pytest.mark.parametrize("policy", ["vllm-v1", "paper"])
+def test_a_cache_salt_shares_prefix_blocks_only_with_requests_of_its_salt(model_dir, reference, policy):
     """vLLM's `cache_salt` (a dict prompt's, as vLLM's offline API takes it): a prompt's cached blocks are a hit
     only for requests of the same salt, so one tenant cannot time prefix hits on another's prompts; a request's
-    n children run with its salt."""
+    n children run with its salt. Each output says how many prompt tokens it found cached (vLLM's
+    RequestOutput.num_cached_tokens)."""
     prompt = make_prompts(lens=(20,), seed=11)[0]
-    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64)          # vllm-v1: prefix caching on
+    llm = LLM(model_dir, block_size=8, num_gpu_blocks=64, policy=policy, enable_prefix_caching=True)
     computed = []
     llm.engine.step_observer = lambda out: computed.extend(
         s.num_tokens - s.num_computed_tokens for s in out.seqs if s.num_computed_tokens < s.prompt_len)
@@ -73,10 +75,12 @@ def test_a_cache_salt_shares_prefix_blocks_only_with_requests_of_its_salt(model_
         out = llm.generate([{"prompt_token_ids": prompt} | ({"cache_salt": salt} if salt else {})], params,
                            use_tqdm=False)[0]
         assert [o.token_ids for o in out.outputs] == [hf_greedy(reference, prompt)] * n
+        assert out.num_cached_tokens == len(prompt) - computed[0]
         return list(computed)
     assert [run(salt)[0] for salt in (None, "tenant-a", "tenant-a", "tenant-b", None)] == [20, 20, 4, 20, 4]
-    assert run("tenant-a", n=2) == [4, 4]
-    assert run("tenant-c", n=2) == [20, 4]       # (the second child hits the first's blocks, cached at admission)
+    if policy == "vllm-v1":                      # n child requests
+        assert run("tenant-a", n=2) == [4, 4]
+        assert run("tenant-c", n=2) == [20, 4]   # (the second child hits the first's blocks, cached at admission)
     with pytest.raises(ValueError, match="^Parameter 'cache_salt' must be a non-empty string if provided.$"):
         llm.engine.add_request("x", {"prompt_token_ids": prompt, "cache_salt": ""})
 

@@ -220,6 +220,35 @@ def test_a_cache_salt_keeps_a_prompts_cached_blocks_to_its_salt(server, client):
         assert "Parameter 'cache_salt' must be a non-empty string if provided." in answer.json()["error"]["message"]
 
 
+def test_prompt_tokens_details_say_how_much_of_the_prompt_was_cached(folder):
+    """vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens, whole and streamed (only
+    when some prompt tokens were cached, as vLLM); without the flag, no details."""
+    from engine.entrypoints.openai.app import ServerOptions
+
+    prompt = "forty bytes of prompt for the cache hit!"
+    for details in (True, False):
+        engine = LLMEngine(folder, block_size=8, num_gpu_blocks=64)
+        options = ServerOptions(enable_prompt_tokens_details=details)
+        with BackgroundServer(engine, MODEL, folder, options=options) as srv:
+            client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=60)
+            first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage
+            again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage
+            stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
+                                               stream_options={"include_usage": True})
+            streamed = [chunk.usage for chunk in stream if chunk.usage is not None]
+            chat = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                   max_tokens=2).usage for _ in range(2)]
+        assert first.prompt_tokens_details is None                    # (nothing cached the first time)
+        if details:
+            full = (again.prompt_tokens - 1) // 8 * 8                  # its full blocks, but the last token's
+            assert again.prompt_tokens_details.cached_tokens == full > 0
+            assert [u.prompt_tokens_details.cached_tokens for u in streamed] == [full]
+            assert chat[0].prompt_tokens_details is None and chat[1].prompt_tokens_details.cached_tokens > 0
+        else:
+            assert again.prompt_tokens_details is None and streamed[0].prompt_tokens_details is None
+            assert chat[1].prompt_tokens_details is None
+
+
 def test_chat_without_a_template_is_a_clear_400(tmp_path):
     from tiny_models import save_word_tokenizer
     folder = save_tiny_model("llama", tmp_path / "no-template")

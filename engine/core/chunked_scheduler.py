@@ -629,6 +629,8 @@ class ChunkedScheduler(Scheduler):
     def count_lookup(self, group: SequenceGroup, queried: int, hit: int, loaded: int = 0) -> None:
         """One admission's prefix-cache lookup in vLLM's counters: a preempted request's return apart; with a
         CPU tier, also its lookups and the tokens `loaded` from it."""
+        if group.num_cached_tokens < 0:
+            group.num_cached_tokens = hit + loaded
         if group.num_preemptions:
             self.preempted_queried_tokens += queried
             self.preempted_hit_tokens += hit

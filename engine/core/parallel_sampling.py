@@ -85,6 +85,11 @@ class ParentRequest:
                          for i in range(self.params.n)]
 
     @property
+    def num_cached_tokens(self) -> int:
+        """The first child's (the others share its prompt blocks)."""
+        return self.children[0].num_cached_tokens
+
+    @property
     def prompt_token_ids(self) -> list[int]:
         return self._prompt
 

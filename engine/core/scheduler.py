@@ -277,6 +277,8 @@ class Scheduler:
         runs its live sequences (collected into ``seqs``); returns the tokens they compute."""
         self.waiting.popleft()
         self.allocator.allocate(group)
+        if group.num_cached_tokens < 0:
+            group.num_cached_tokens = group.seqs[0].num_computed_tokens
         num_tokens = 0
         for seq in live:
             seq.status = _RUNNING

@@ -118,8 +118,8 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "params", "seqs", "times", "output_len_hint",
                  "eos_token_ids", "finish_reason", "reject_reason", "beams",
-                 "beam_improvable", "num_preemptions", "priority", "lora_id", "lora_name", "cache_salt", "_order",
-                 "_prompt")
+                 "beam_improvable", "num_preemptions", "priority", "lora_id", "lora_name", "cache_salt",
+                 "num_cached_tokens", "_order", "_prompt")
 
     _counter = itertools.count()
 
@@ -153,6 +153,9 @@ class SequenceGroup:
         self.beams: list[BeamHypothesis] = []   # finished beam hypotheses, best first
         self.beam_improvable = True
         self.num_preemptions = 0
+        # vLLM's Request.num_cached_tokens: the prompt tokens its first admission found computed (prefix cache and
+        # CPU tier); -1 until then
+        self.num_cached_tokens = -1
         # vLLM's request priority: under --scheduling-policy priority the lower value is served first
         self.priority = priority
         self._order = next(SequenceGroup._counter)  # FCFS tie-break among equal arrival times

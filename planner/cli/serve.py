@@ -86,6 +86,9 @@ def serve(
                                                        "this many seconds"),
     limit_concurrency: Optional[int] = typer.Option(None, help="uvicorn: connections and tasks at once before "
                                                                "it answers 503 (default: no limit)"),
+    enable_prompt_tokens_details: bool = typer.Option(False, "--enable-prompt-tokens-details",
+                                                      help="answer usage.prompt_tokens_details.cached_tokens "
+                                                           "(vLLM's flag)"),
     replicas: Optional[int] = FLEET_REPLICAS, router: Optional[str] = FLEET_ROUTER,
     probe_interval: Optional[float] = PROBE_INTERVAL, probe_timeout: Optional[float] = PROBE_TIMEOUT,
     probe_misses: Optional[int] = PROBE_MISSES,
@@ -107,7 +110,7 @@ def serve(
     try:
         options = _server_options(ServerOptions, resolve_api_key(api_key), max_request_body_size,
                                   trust_request_chat_template, chat_template_timeout, timeout_keep_alive,
-                                  limit_concurrency)
+                                  limit_concurrency, enable_prompt_tokens_details)
         if "model" not in deployments.given:
             raise PlannerError("give --model: a local model folder, or a catalog model")
         deployment = deployments.one("serve", model=deployments.values("model")[0])
@@ -242,7 +245,8 @@ def _serve_fleet(deployment, replicas: int, policy, options, name, host, port, d
         raise fail(exc) from None
 
 
-def _server_options(options_type, api_key, max_body, trust_template, template_timeout, keep_alive, concurrency):
+def _server_options(options_type, api_key, max_body, trust_template, template_timeout, keep_alive, concurrency,
+                    prompt_tokens_details):
     """The server's own settings, checked: one line for a bad value."""
     if max_body < 1:
         raise PlannerError(f"--max-request-body-size must be at least 1 byte, got {max_body}")
@@ -254,7 +258,7 @@ def _server_options(options_type, api_key, max_body, trust_template, template_ti
         raise PlannerError(f"--limit-concurrency must be at least 1, got {concurrency}")
     return options_type(api_key=api_key, max_request_body_size=max_body, trust_request_chat_template=trust_template,
                         chat_template_timeout=template_timeout, timeout_keep_alive=keep_alive,
-                        limit_concurrency=concurrency)
+                        limit_concurrency=concurrency, enable_prompt_tokens_details=prompt_tokens_details)
 
 
 def bench(

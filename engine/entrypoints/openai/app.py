@@ -66,6 +66,8 @@ class ServerOptions:
     # vLLM's filesystem LoRA resolver ($VLLM_LORA_RESOLVER_CACHE_DIR, with runtime updates allowed): a request
     # naming an adapter not served yet loads the folder of that name from here
     lora_resolver_dir: str | None = field(default_factory=lambda: os.environ.get(RESOLVER_DIR_ENV) or None)
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens in answers
+    enable_prompt_tokens_details: bool = False
 
 
 class ServerState:

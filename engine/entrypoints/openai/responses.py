@@ -53,6 +53,7 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
     `lora`: the LoRARequest it runs with (None: the base model), whose name the answer gives as its model."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     model_name = state.models.name_of(lora)
+    details = state.options.enable_prompt_tokens_details
     prompt = {"prompt_token_ids": token_ids, "prompt": prompt_text}
     if body.cache_salt is not None:
         prompt["cache_salt"] = body.cache_salt
@@ -66,7 +67,8 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
             final = update.final
         # n = 1,024 answers with logprobs are tens of MB of JSON: built and rendered off the event loop
         rendered = await asyncio.to_thread(lambda: json.dumps(
-            _whole(model_name, request_id, final, token_ids, params, chat), ensure_ascii=False, allow_nan=False,
+            _whole(model_name, request_id, final, token_ids, params, chat, details), ensure_ascii=False,
+            allow_nan=False,
             separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
         return Response(rendered, media_type="application/json")
     # Streaming: wait for the request to be accepted or refused before the 200 goes out.
@@ -75,11 +77,21 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
         await updates.aclose()
         raise refusal(first)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    stream = _Stream(model_name, request_id, chat, include_usage, params, len(token_ids))
+    stream = _Stream(model_name, request_id, chat, include_usage, params, len(token_ids), details)
     return StreamingResponse(stream.events(first, updates), media_type="text/event-stream")
 
 
-def _whole(model_name: str, request_id: str, final, token_ids, params, chat: bool) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, final, details: bool) -> dict:
+    """OpenAI's usage; with vLLM's --enable-prompt-tokens-details, the prompt tokens found cached too (as vLLM,
+    only when some were)."""
+    doc = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if details and final.num_cached_tokens:
+        doc["prompt_tokens_details"] = {"cached_tokens": final.num_cached_tokens}
+    return doc
+
+
+def _whole(model_name: str, request_id: str, final, token_ids, params, chat: bool, details: bool) -> dict:
     want_top = params.logprobs or 0
     choices = []
     for o in final.outputs:
@@ -93,21 +105,21 @@ def _whole(model_name: str, request_id: str, final, token_ids, params, chat: boo
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model_name, "choices": choices,
-            "usage": {"prompt_tokens": len(token_ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(token_ids) + completion_tokens}}
+            "usage": usage(len(token_ids), completion_tokens, final, details)}
 
 
 class _Stream:
     """The SSE events of one streaming request."""
 
     def __init__(self, model_name: str, request_id: str, chat: bool, include_usage: bool, params,
-                 prompt_tokens: int) -> None:
+                 prompt_tokens: int, details: bool) -> None:
         self.model_name = model_name
         self.request_id = request_id
         self.chat = chat
         self.include_usage = include_usage
         self.params = params
         self.prompt_tokens = prompt_tokens
+        self.details = details
         self.created = int(time.time())
 
     def chunk(self, choices, usage=None) -> str:
@@ -145,9 +157,8 @@ class _Stream:
                     yield self.chunk(self.choices(update))
                 if update.final is not None:
                     if self.include_usage:
-                        yield self.chunk([], {"prompt_tokens": self.prompt_tokens,
-                                              "completion_tokens": completion_tokens,
-                                              "total_tokens": self.prompt_tokens + completion_tokens})
+                        yield self.chunk([], usage(self.prompt_tokens, completion_tokens, update.final,
+                                                   self.details))
                     break
                 update = await updates.__anext__()
             yield "data: [DONE]\n\n"
