@@ -41,7 +41,11 @@ def _refuse(field: str) -> JSONResponse:
                                    "param": field, "code": 400}}, status_code=400)
 
 
+SESSIONS: list[str | None] = []      # each completion's x-session-id header
+
+
 async def completions(request: Request):
+    SESSIONS.append(request.headers.get("x-session-id"))
     body = await request.json()
     if not isinstance(body.get("prompt"), str):
         return _refuse("prompt")
@@ -117,3 +121,21 @@ def test_a_timeout_no_request_could_meet_is_a_one_line_error(strict_server, tmp_
     result = bench(strict_server, tmp_path, "--timeout", timeout)
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: --timeout must be a positive, finite number of seconds, got ")
+
+
+def test_session_key_sends_each_requests_conversation_in_that_header(strict_server, tmp_path):
+    """For a fleet routing by `session` (serve --router session): each request's conversation id in the header."""
+    from workloads import make_trace
+    SESSIONS.clear()
+    quick = {"think_time": 0.01, "time_per_token": 0.0001}         # (turns a few ms apart)
+    args = ["bench", "--endpoint", strict_server, "--workload", "chatbot", "--requests", "8", "--rate", "50",
+            "--length-scale", "0.05", "--out", str(tmp_path), "--json", "--session-key", "X-Session-Id",
+            *(f"-p{k}={v}" for k, v in quick.items())]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    trace = make_trace("chatbot", num_requests=8, rate=50.0, seed=0, **quick)
+    assert sorted(SESSIONS) == sorted(r.conversation_id for r in trace.requests)
+    SESSIONS.clear()
+    assert bench(strict_server, tmp_path).exit_code == 0 and SESSIONS == [None] * 6     # (not asked: not sent)
+    bad = bench(strict_server, tmp_path, "--session-key", "x session")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --session-key 'x session' is not an HTTP header name")

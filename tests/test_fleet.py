@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from sim_helpers import sim_plan
 from typer.testing import CliRunner
 
+from engine.core.routing import BaseRouter, session_owner
 from engine.deployment import Deployment
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cli.app import app
@@ -131,9 +133,9 @@ def test_least_requests_never_picks_a_busier_replica_and_beats_round_robin(monke
     seen = []
     pick = Router.pick
 
-    def watched(self, group, now):
+    def watched(self, group, now, session=None):
         in_flight = [e.routed_count - e.ended_before(now) for e in self.engines]
-        chosen = pick(self, group, now)
+        chosen = pick(self, group, now, session)
         seen.append((in_flight, chosen))
         return chosen
 
@@ -153,9 +155,9 @@ def test_least_kv_picks_the_emptiest_cache(monkeypatch):
     seen = []
     pick = Router.pick
 
-    def watched(self, group, now):
+    def watched(self, group, now, session=None):
         used = [e.blocks_used_before(now) for e in self.engines]
-        chosen = pick(self, group, now)
+        chosen = pick(self, group, now, session)
         seen.append((used, chosen))
         return chosen
 
@@ -178,6 +180,41 @@ def test_prefix_aware_keeps_each_prefix_on_its_replica_and_hits_more_than_round_
     assert aware.metrics.ttft_mean < rr.metrics.ttft_mean
     per_replica = aware.fleet.summary()["per_replica"]
     assert all(0 <= r["prefix_cache_hit_rate"] <= 1 for r in per_replica)
+
+
+def test_session_keeps_each_conversation_on_its_replica_and_hits_more_than_round_robin():
+    """`session` (the vLLM production stack's): every turn of a conversation goes to the replica its id hashes to,
+    so its history's cached blocks are there; a request of no session goes to the least loaded replica."""
+    p = plan(enable_prefix_caching=True, max_model_len=8192)
+    trace = make_trace("chatbot", num_requests=200, rate=3.0, seed=7)
+    session = simulate_fleet(trace, p, MEASURED, replicas=4, router="session")
+    rr = simulate_fleet(trace, p, MEASURED, replicas=4, router="round-robin")
+    replica_of = {r.request_id: i for i, rep in enumerate(session.fleet.replicas) for r in rep.requests}
+    conversations = {r.request_id: r.conversation_id for r in trace.requests}
+    homes: dict[str, set[int]] = {}
+    for request_id, replica in replica_of.items():
+        homes.setdefault(conversations[request_id], set()).add(replica)
+    assert all(replicas == {session_owner(conv, [0, 1, 2, 3])} for conv, replicas in homes.items())
+    assert len({r for replicas in homes.values() for r in replicas}) == 4           # and conversations spread
+    assert session.prefix_cache_hit_rate > rr.prefix_cache_hit_rate + 0.05
+    same_run(session, simulate_fleet(trace, p, MEASURED, replicas=4, router="session", fast_forward=False))
+
+
+def test_a_session_keeps_its_replica_while_others_leave_and_no_session_is_least_requests():
+    sessions = [f"user-{i}" for i in range(400)]
+    owners = [session_owner(s, [0, 1, 2, 3]) for s in sessions]
+    assert sorted(Counter(owners).values())[0] > 400 / 4 * 0.75                 # spread about evenly
+    without_2 = [session_owner(s, [0, 1, 3]) for s in sessions]                   # (positions in [0, 1, 3])
+    assert all([0, 1, 3][w] == o for w, o in zip(without_2, owners) if o != 2)    # only replica 2's sessions move
+
+    class Counts(BaseRouter):
+        def in_flight(self, now):
+            return [3, 1, 2]
+    router = Counts(parse_router("session"), 3, 16)
+    assert router.pick([1, 2, 3], 0.0) == 1                                       # no session: the least loaded
+    assert router.pick([1, 2, 3], 0.0, session="user-7") == session_owner("user-7", [0, 1, 2]) == 2
+    mixed = Counts(parse_router("weighted:session=1,least-requests=2"), 3, 16)
+    assert mixed.pick([1, 2, 3], 0.0, session="user-7") == 1                      # load outweighs the session
 
 
 # -- the weighted mix and bad specs -------------------------------------------------------------------

@@ -79,8 +79,8 @@ def run_proxy(policy: str, fake: FakeReplicas, calls):
     return asyncio.run(main())
 
 
-def post(client, prompt=(5, 6, 7, 8, 9, 10, 11, 12, 13), **extra):
-    return client.post("/v1/completions", json={"prompt": list(prompt), "max_tokens": 2, **extra})
+def post(client, prompt=(5, 6, 7, 8, 9, 10, 11, 12, 13), headers=None, **extra):
+    return client.post("/v1/completions", json={"prompt": list(prompt), "max_tokens": 2, **extra}, headers=headers)
 
 
 def test_the_models_list_comes_from_a_replica_that_answers():
@@ -207,6 +207,21 @@ def test_least_requests_counts_the_proxys_own_requests_in_flight():
     first, after = run_proxy("least-requests", fake, calls)
     assert first == 1
     assert after == [3, 0]                       # the answered request is no longer in flight
+
+
+def test_session_routing_reads_the_session_header():
+    from engine.core.routing import session_owner
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        proxy.replicas[0].in_flight = 3
+        sessions = [(await post(client, headers={"X-Session-Id": f"user-{i}"})).json()["replica"] for i in range(8)]
+        again = [(await post(client, headers={"x-session-id": f"user-{i}"})).json()["replica"] for i in range(8)]
+        none = (await post(client)).json()["replica"]          # no session: the least loaded
+        return sessions, again, none
+    sessions, again, none = run_proxy("session", fake, calls)
+    assert sessions == again == [session_owner(f"user-{i}", [0, 1]) for i in range(8)]
+    assert set(sessions) == {0, 1} and none == 1
 
 
 def test_least_kv_reads_each_replicas_metrics():
@@ -414,6 +429,26 @@ def test_the_live_fleet_routes_as_the_simulated_fleet(llama_dir, prefix_trace_fi
     assert [row["difference_pp"] for row in doc["split"]] == [0, 0]
     assert doc["metrics"]["request_throughput"]["target"] == 0.05
     assert "| replica | live share |" in (tmp_path / "report.md").read_text()
+
+
+def test_the_live_fleet_routes_sessions_as_the_simulated_fleet(llama_dir, tmp_path):
+    # `session`: each conversation's turns on the replica its id hashes to, live as simulated
+    from engine.core.routing import session_owner
+    from engine.deployment import Deployment
+    from planner.validation.fleet import validate_fleet
+    from planner.validation.spec import ValidationSpec
+    from workloads import make_trace
+    trace = make_trace("chatbot", num_requests=8, rate=math.inf, seed=3)
+    trace.retimed(arrival="constant", rate=0.5, seed=1).save(tmp_path / "chat.jsonl")
+    spec = ValidationSpec(Deployment(model=llama_dir, gpu="cpu", block_size=16, enable_prefix_caching=True),
+                          workload=str(tmp_path / "chat.jsonl"), rate=math.inf, requests=8, length_scale=1.0,
+                          max_prompt_len=64, max_output_len=4, seeds=0, kv_cache_memory_bytes=1 << 22)
+    result = validate_fleet(spec, 2, parse_policy("session"), cost_model=ConstantCost())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 8
+    assert result.live.routes == result.sim.fleet.routes
+    owners = [session_owner(r.conversation_id, [0, 1]) for r in trace.requests]
+    assert result.live.routes == owners and len(set(owners)) == 2
+    assert len({r.conversation_id for r in trace.requests}) < 8          # (some conversations have turns)
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests"])

@@ -322,9 +322,9 @@ def test_the_fleets_prefix_aware_proxy_scores_a_prompt_under_its_adapters_block_
     prompt = list(range(100, 164))
 
     def root(**body) -> int:
-        ids, key = proxy.read(json.dumps({"prompt": prompt} | body).encode())[1]
-        assert ids == prompt
-        return key
+        scored = proxy.read(json.dumps({"prompt": prompt} | body).encode())[1]
+        assert scored.token_ids == prompt and scored.session is None
+        return scored.root
     assert root(model="chat") == cache_root("chat")
     assert root(model="base") == root() == cache_root() == 0
     assert root(model="chat", cache_salt="tenant-1") == cache_root("chat", "tenant-1") != cache_root("chat")

@@ -302,6 +302,11 @@ def test_shutdown_drains_requests_in_flight(folder):
     (["--model", "opt-125m", "--limit-concurrency", "0"], "--limit-concurrency must be at least 1"),
     (["--model", "opt-125m", "--client-turnaround", "0.001"], "--client-turnaround describes a closed loop's clients"),
     (["--model", "opt-125m", "--device", "gpu"], "device 'gpu': choose auto, cpu or cuda"),
+    (["--model", "opt-125m", "--session-key", "x-user"], "--session-key names the header session routing reads"),
+    (["--model", "opt-125m", "--replicas", "2", "--router", "least-requests", "--session-key", "x-user"],
+     "--session-key names the header session routing reads"),
+    (["--model", "opt-125m", "--replicas", "2", "--router", "session", "--session-key", "x:user"],
+     "--session-key 'x:user' is not an HTTP header name"),
     pytest.param(["--model", "opt-125m", "--device", "cuda"], "no CUDA device found",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
 ])

@@ -14,15 +14,19 @@ planner) runs the proxy and the planner's simulator imports the engine core.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import blake2b
 
 from engine.core.block_keys import ROOT_HASH, prompt_block_hashes
 
-SCORERS = ("least-requests", "least-kv", "prefix-aware")
+SCORERS = ("least-requests", "least-kv", "prefix-aware", "session")
 POLICIES = ("round-robin", *SCORERS)
 WEIGHTED = "weighted"
 DEFAULT_ROUTER = "round-robin"
 # vLLM's own balancer of one deployment's data-parallel ranks (the simulator's: planner/sim/router.py).
 DP_BALANCER = "vllm-dp"
+# The request header a live fleet's `session` routing reads its session from, unless `serve --session-key` names
+# another (the vLLM production stack's router takes it from --session-key too).
+SESSION_HEADER = "x-session-id"
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class RouterPolicy:
 
 
 def parse_policy(text: str | None) -> RouterPolicy:
-    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware` or `weighted:SCORER=W,...`;
+    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware`, `session` or `weighted:SCORER=W,...`;
     ValueError (one line) for anything else."""
     text = (DEFAULT_ROUTER if text is None else text).strip().lower()     # (an empty value is a mistake)
     if text in POLICIES:
@@ -91,38 +95,46 @@ class BaseRouter:
         self.block_size = block_size
         self.next = 0                      # the replica whose turn it is
 
-    def pick(self, token_ids: list[int], now: float, root: int = ROOT_HASH) -> int:
+    def pick(self, token_ids: list[int], now: float, root: int = ROOT_HASH, session: str | None = None) -> int:
         """The replica for a prompt whose block keys chain from `root` (cache_root's: its LoRA adapter's and
-        cache salt's)."""
+        cache salt's), of the `session` (a conversation's id) if it has one."""
         count = self.count
         if self.policy.round_robin or count == 1:
             chosen = self.next
         else:
-            scores = self.scores(token_ids, now, root)
+            scores = self.scores(token_ids, now, root, session)
             best = max(scores)
             # Ties go to the first tied replica after the last one picked: equal replicas take turns.
             chosen = next(i % count for i in range(self.next, self.next + count) if scores[i % count] == best)
         self.next = (chosen + 1) % count
         return chosen
 
-    def scores(self, token_ids: list[int], now: float, root: int = ROOT_HASH) -> list[float]:
+    def scores(self, token_ids: list[int], now: float, root: int = ROOT_HASH,
+               session: str | None = None) -> list[float]:
         """Each replica's weighted score for a prompt arriving at `now`."""
         total = [0.0] * self.count
         for name, weight in self.policy.weights:
             if weight:
-                for i, score in enumerate(self._score(name, token_ids, now, root)):
+                for i, score in enumerate(self._score(name, token_ids, now, root, session)):
                     total[i] += weight * score
         return total
 
-    def _score(self, name: str, token_ids: list[int], now: float, root: int = ROOT_HASH) -> list[float]:
-        if name == "least-requests":
+    def _score(self, name: str, token_ids: list[int], now: float, root: int, session: str | None) -> list[float]:
+        if name == "least-requests" or (name == "session" and session is None):
             return least_requests_scores(self.in_flight(now))
+        if name == "session":
+            owner = session_owner(session, self.replica_ids())
+            return [float(i == owner) for i in range(self.count)]
         if name == "least-kv":
             return [1.0 - usage for usage in self.kv_usage(now)]
         hashes = prompt_block_hashes(token_ids, self.block_size, root)
         if not hashes:
             return [0.0] * self.count
         return [held / len(hashes) for held in self.cached_prefix(hashes, now)]
+
+    def replica_ids(self) -> list[int]:
+        """Each replica's identity, which a session's owner is hashed with (its index in the whole fleet)."""
+        return list(range(self.count))
 
     def in_flight(self, now: float) -> list[int]:
         raise NotImplementedError
@@ -138,6 +150,15 @@ def least_requests_scores(counts: list[int]) -> list[float]:
     """llm-d's queue scorer: (max - n) / (max - min), 1 when all are equal."""
     low, high = min(counts), max(counts)
     return [1.0 if high == low else (high - n) / (high - low) for n in counts]
+
+
+def session_owner(session: str, replica_ids: list[int]) -> int:
+    """The position (in `replica_ids`) of the replica a session goes to: the highest of BLAKE2b(replica, session)
+    (rendezvous hashing, the same in every process). Like the vLLM production stack's hash ring it moves only the
+    sessions of a replica that leaves: the others keep theirs."""
+    def weight(replica: int) -> bytes:
+        return blake2b(f"{replica}\0{session}".encode(), digest_size=8).digest()
+    return max(range(len(replica_ids)), key=lambda i: weight(replica_ids[i]))
 
 
 def leading_held(hashes: list[int], held) -> int:

@@ -114,6 +114,9 @@ class BenchConfig:
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
     lora_assignment: str | None = None
+    # A header that carries each request's conversation id (a trace's `conversation_id`), which a fleet's
+    # `session` routing reads (the vLLM production stack's --session-key); None: not sent.
+    session_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -222,9 +225,10 @@ def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) 
 async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
                 out: BenchRequest) -> None:
     path, body = request_body(cfg, model, trace, req)
+    session = {cfg.session_key: req.conversation_id} if cfg.session_key and req.conversation_id else None
     out.start = time.perf_counter()
     try:
-        async with client.stream("POST", path, json=body) as response:
+        async with client.stream("POST", path, json=body, headers=session) as response:
             if response.status_code != 200:
                 out.error = await _http_error(response)
                 return

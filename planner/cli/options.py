@@ -270,7 +270,8 @@ REPLICAS = typer.Option(None, "--replicas", metavar="K",
 ROUTER = typer.Option(None, "--router", metavar="POLICY",
                       help="how the router picks a replica: round-robin (the default), least-requests (fewest in "
                            "flight), least-kv (lowest KV-cache use), prefix-aware (most prompt blocks cached; needs "
-                           "--enable-prefix-caching), or weighted:SCORER=W,... over the last three, as llm-d's "
+                           "--enable-prefix-caching), session (a conversation's turns on one replica, as the vLLM "
+                           "production stack's), or weighted:SCORER=W,... over the last four, as llm-d's "
                            "scorers (e.g. weighted:least-requests=1,prefix-aware=2); a deployment's --dp ranks are "
                            "spread by vllm-dp, vLLM's own balancer, unless --router names another")
 SEED = typer.Option(0, help="random seed (trace and sampled tokens)")

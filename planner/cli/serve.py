@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -17,6 +18,7 @@ from tqdm import tqdm
 from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from engine.core.metrics import LATENCY_STATISTICS
+from engine.core.routing import SESSION_HEADER
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
 from planner.cli.options import (BURSTINESS, PARAM, RAMP_UP_END, RAMP_UP_START, RAMP_UP_STRATEGY, DeploymentChoices,
                                  check_live_replicas, deployment_options, ramp_up_of)
@@ -32,12 +34,19 @@ from planner.sim.router import parse_router
 from workloads import RampUp, TraceError, burstiness_arrival, make_trace, parse_workload_params
 
 LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")     # RFC 9110's token
 FLEET_REPLICAS = typer.Option(None, "--replicas", metavar="K",
                               help="a live fleet: K engine servers on loopback ports (each its own process and "
                                    "engine) behind a routing proxy on --port")
 FLEET_ROUTER = typer.Option(None, "--router", metavar="POLICY",
                             help="with --replicas: the proxy's policy, as simulate's (round-robin, least-requests, "
-                                 "least-kv, prefix-aware, weighted:...)")
+                                 "least-kv, prefix-aware, session, weighted:...)")
+SESSION_KEY = typer.Option(None, "--session-key", metavar="HEADER",
+                           help=f"with --router session: the request header naming a request's session "
+                                f"(default {SESSION_HEADER}; the vLLM production stack's --session-key)")
+BENCH_SESSION_KEY = typer.Option(None, "--session-key", metavar="HEADER",
+                                 help="send each request's conversation id in this header (a fleet's session "
+                                      "routing reads it)")
 # The proxy's health watcher (docs/fleets.md, Live fleet): unset, the proxy's defaults.
 PROBE_INTERVAL = typer.Option(None, "--probe-interval", metavar="SECONDS",
                               help="with --replicas: seconds between health probes of a replica (default 2)")
@@ -90,6 +99,7 @@ def serve(
                                                       help="answer usage.prompt_tokens_details.cached_tokens "
                                                            "(vLLM's flag)"),
     replicas: Optional[int] = FLEET_REPLICAS, router: Optional[str] = FLEET_ROUTER,
+    session_key: Optional[str] = SESSION_KEY,
     probe_interval: Optional[float] = PROBE_INTERVAL, probe_timeout: Optional[float] = PROBE_TIMEOUT,
     probe_misses: Optional[int] = PROBE_MISSES,
     lora_modules: Optional[list[str]] = SERVE_LORA_MODULES, more_values: Optional[list[str]] = MORE_VALUES,
@@ -134,9 +144,10 @@ def serve(
             raise PlannerError(f"--log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
         policy = fleet_policy(replicas, router, deployment)
         probes = fleet_probes(replicas, probe_interval, probe_timeout, probe_misses)
+        session_key = fleet_session_key(policy, session_key)
         if replicas is not None:
             return _serve_fleet(deployment, replicas, policy, options, name, host, port, device,
-                                seed, log_level, probes, modules)
+                                seed, log_level, probes, modules, session_key)
         typer.echo(f"loading {deployment.model} ...", err=True)
         started = time.perf_counter()
         folder, _ = model_folder(deployment.model)
@@ -199,6 +210,23 @@ def fleet_policy(replicas: Optional[int], router: Optional[str], deployment):
     return policy
 
 
+def fleet_session_key(policy, header: Optional[str]) -> str:
+    """The header `session` routing reads, checked: given only to a fleet whose policy uses it, and a header
+    name HTTP allows."""
+    if header is None:
+        return SESSION_HEADER
+    if policy is None or not policy.uses("session"):
+        raise PlannerError("--session-key names the header session routing reads: give --replicas K and "
+                           "--router session (or a weighted mix with session)")
+    check_header_name("--session-key", header)
+    return header.lower()
+
+
+def check_header_name(flag: str, header: str) -> None:
+    if not HEADER_NAME.fullmatch(header):
+        raise PlannerError(f"{flag} {header!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+
+
 def fleet_probes(replicas: Optional[int], interval: Optional[float], timeout: Optional[float],
                  misses: Optional[int]) -> dict:
     """The health watcher's settings given (the proxy's keyword arguments), checked: one line for a bad one."""
@@ -217,7 +245,7 @@ def fleet_probes(replicas: Optional[int], interval: Optional[float], timeout: Op
 
 
 def _serve_fleet(deployment, replicas: int, policy, options, name, host, port, device, seed,
-                 log_level, probes: dict, lora_modules: list) -> None:
+                 log_level, probes: dict, lora_modules: list, session_key: str) -> None:
     """K replica processes of this deployment behind the routing proxy, in the foreground until SIGTERM. Each
     replica loads the same LoRA adapters (ids in the same order); one it cannot serve stops the fleet's start
     with the replica's one-line reason."""
@@ -240,7 +268,8 @@ def _serve_fleet(deployment, replicas: int, policy, options, name, host, port, d
     typer.echo(f"starting {replicas} replicas of {deployment.model} ...", err=True)
     try:
         serve_fleet([config] * replicas, policy, deployment.block_size, host, port, tokenizer=tokenizer,
-                    log_level=log_level, say=lambda text: typer.echo(text, err=True), probes=probes)
+                    log_level=log_level, say=lambda text: typer.echo(text, err=True), probes=probes,
+                    session_key=session_key)
     except RuntimeError as exc:
         raise fail(exc) from None
 
@@ -298,7 +327,7 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
-    more_values: Optional[list[str]] = MORE_VALUES,
+    session_key: Optional[str] = BENCH_SESSION_KEY, more_values: Optional[list[str]] = MORE_VALUES,
 ) -> None:
     """Replay a trace against an OpenAI-compatible server; writes requests.csv and result.json.
     Exits 1 when every request failed. LoRA adapters (vLLM bench's --lora-modules): a trace whose requests
@@ -314,10 +343,12 @@ def bench(
         bench_trace = load_bench_trace(workload, trace, rate, requests, seed, length_scale, max_prompt_len,
                                        max_output_len, burstiness, param, ramp_up)
         slos = parse_slos(slo) if slo else None
+        if session_key is not None:
+            check_header_name("--session-key", session_key)
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
-                          lora_assignment=lora_assignment)
+                          lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))

@@ -141,7 +141,7 @@ class Fleet:
     def send(self, req, arrival: float | None = None, replica: int | None = None) -> None:
         """One request, now: to the router's pick (or `replica`), which admits it at its next step."""
         group = self.engines[0].executor.make_group(req, arrival)
-        chosen = self.router.pick(group, self.env.now) if replica is None else replica
+        chosen = self.router.pick(group, self.env.now, req.conversation_id) if replica is None else replica
         self.routes.append(chosen)
         engine = self.engines[chosen]
         engine.routed_count += 1

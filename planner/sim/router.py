@@ -19,8 +19,15 @@ Policies (`--router`):
   from block 0 (llm-d-kv-cache-manager, `LongestPrefixScorer`) in an index it keeps from
   vLLM's KV events (BlockStored / BlockRemoved); scored as matched / prompt blocks, as
   the gateway's `prefix-cache-scorer` does. Needs prefix caching on the replicas.
+- `session`: the vLLM production stack's `session` routing logic (vllm_router/routers/
+  routing_logic.py, `SessionRouter`): every request of one session (a trace's
+  `conversation_id`; live, the request's session header, `serve --session-key`) goes to
+  the same replica, by a hash of the session over the replicas (rendezvous hashing here,
+  a hash ring there: either moves only a leaving replica's sessions); a request of no
+  session goes to the least loaded replica (there the lowest QPS, here `least-requests`).
+  It keeps a conversation's cached history on one replica without reading any replica.
 - `weighted:SCORER=W,...`: llm-d's scheduling profile, a weighted sum of the scorers
-  above (`least-requests`, `least-kv`, `prefix-aware`), the highest sum picked
+  above (`least-requests`, `least-kv`, `prefix-aware`, `session`), the highest sum picked
   (its `max-score-picker`); llm-d's sample profiles weigh `queue-scorer` 1,
   `kv-cache-scorer` 1 and `prefix-cache-scorer` 3 (e.g. `weighted:least-requests=1,
   least-kv=1,prefix-aware=3`).
@@ -69,7 +76,8 @@ WAITING_WEIGHT = 4         # vLLM's score: 4 x waiting + running
 
 
 def parse_router(text: str | None) -> RouterPolicy:
-    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware`, `weighted:SCORER=W,...` or `vllm-dp`."""
+    """`round-robin`, `least-requests`, `least-kv`, `prefix-aware`, `session`, `weighted:SCORER=W,...` or
+    `vllm-dp`."""
     name = (text or "").strip().lower()
     if name == DP_BALANCER:
         return RouterPolicy(DP_BALANCER)
@@ -92,8 +100,8 @@ class Router(BaseRouter):
         super().__init__(policy, len(engines), block_size)
         self.engines = engines
 
-    def pick(self, group: SequenceGroup, now: float) -> int:
-        return super().pick(group.seqs[0].token_ids, now, group.seqs[0].cache_root)
+    def pick(self, group: SequenceGroup, now: float, session: str | None = None) -> int:
+        return super().pick(group.seqs[0].token_ids, now, group.seqs[0].cache_root, session)
 
     def in_flight(self, now: float) -> list[int]:
         return [e.routed_count - _ended_before(e.ended_at, now) for e in self.engines]
@@ -114,7 +122,8 @@ class DpBalancer:
         self.publication = -1                 # the publication the counts hold (its multiple of the interval)
         self.counts: list[list[int]] = []     # [waiting, running] per rank, as the front end keeps them
 
-    def pick(self, group: SequenceGroup, now: float) -> int:
+    def pick(self, group: SequenceGroup, now: float, session: str | None = None) -> int:
+        # (vLLM's balancer reads no session)
         publication = math.floor(now / PUBLISH_INTERVAL)
         if publication != self.publication:
             self.publication = publication

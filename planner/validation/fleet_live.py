@@ -239,7 +239,8 @@ class FleetReplay:
 
     def _route(self, req, at: float) -> None:
         tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
-        chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora)))     # (random_adapters' names)
+        # (random_adapters' names)
+        chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora)), req.conversation_id)
         replica = self.replicas[chosen]
         if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
             replica.free_at = replica.clock.base = max(replica.free_at, at)

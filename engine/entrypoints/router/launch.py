@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from engine.core.routing import RouterPolicy
+from engine.core.routing import SESSION_HEADER, RouterPolicy
 from engine.entrypoints.http_guard import GuardedH11Protocol
 from engine.entrypoints.openai.server import free_port
 from engine.entrypoints.router.proxy import MAX_BODY, Proxy, build_proxy_app
@@ -116,11 +116,13 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout: float = 60.0) -> None
 def proxy_server(urls: list[str], policy: RouterPolicy, block_size: int, host: str, port: int,
                  tokenizer=None, log_level: str = "warning", max_body: int = MAX_BODY,
                  probes: dict | None = None, api_key: str | None = None,
-                 model_name: str | None = None) -> uvicorn.Server:
+                 model_name: str | None = None, session_key: str = SESSION_HEADER) -> uvicorn.Server:
     """The proxy's server; `probes`: its health watcher's settings (Proxy's probe_* arguments) if not its own;
     `api_key`: the replicas' --api-key, which the proxy sends only on its own requests to them;
-    `model_name`: the base model's served name (any other `model` names an adapter)."""
-    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, model_name=model_name, **(probes or {}))
+    `model_name`: the base model's served name (any other `model` names an adapter); `session_key`: the header
+    naming a request's session (`session` routing)."""
+    proxy = Proxy(urls, policy, block_size, tokenizer, api_key=api_key, model_name=model_name,
+                  session_key=session_key, **(probes or {}))
     config = uvicorn.Config(build_proxy_app(proxy, max_body), host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="on", timeout_keep_alive=30, http=GuardedH11Protocol)
     return uvicorn.Server(config)
@@ -137,7 +139,7 @@ def _api_key(configs: list[dict]) -> str | None:
 
 def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host: str, port: int, *,
                 tokenizer=None, log_dir: Path | None = None, log_level: str = "warning", say=print,
-                probes: dict | None = None) -> None:
+                probes: dict | None = None, session_key: str = SESSION_HEADER) -> None:
     """`planner serve --replicas K`: the replicas, then the proxy in the foreground until SIGTERM/SIGINT."""
     replicas = start_replicas(configs, log_dir)
     # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the signal again: this
@@ -149,7 +151,7 @@ def serve_fleet(configs: list[dict], policy: RouterPolicy, block_size: int, host
             f" (logs in {replicas[0].log.parent})")
         say(f"router ({policy.name}) on http://{host}:{port}/v1")
         server = proxy_server([r.url for r in replicas], policy, block_size, host, port, tokenizer, log_level,
-                              _max_body(configs), probes, _api_key(configs), configs[0]["model_name"])
+                              _max_body(configs), probes, _api_key(configs), configs[0]["model_name"], session_key)
         watch = ExitWatch(replicas, server, say, server.config.app.state.proxy.restarted)
         watch.start()
         server.run()

@@ -44,6 +44,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
+from typing import NamedTuple
 
 import httpx
 from starlette.applications import Starlette
@@ -53,7 +54,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from engine.core.block_keys import ROOT_HASH, cache_root
-from engine.core.routing import RouterPolicy
+from engine.core.routing import SESSION_HEADER, RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
 from engine.entrypoints.openai.middleware import BodyLimit
@@ -89,6 +90,14 @@ BEFORE_ANSWER = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, http
                  httpx.RemoteProtocolError)
 
 
+class Scored(NamedTuple):
+    """What the router scores of a request: its prompt's leading token ids, the root its block keys chain from
+    (its LoRA adapter's and cache salt's), and its session (the session header's value, if any)."""
+    token_ids: list[int]
+    root: int = ROOT_HASH
+    session: str | None = None
+
+
 class ReplicaLost(Exception):
     """The health watcher marked down the replica a request was waiting on."""
 
@@ -104,10 +113,11 @@ class Proxy:
     def __init__(self, urls: list[str], policy: RouterPolicy, block_size: int, tokenizer=None, *,
                  probe_period: float = PROBE_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
                  probe_failures: int = PROBE_FAILURES, api_key: str | None = None,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, session_key: str = SESSION_HEADER) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
         # the base model's served name: any other `model` is a LoRA adapter's, whose name keys its prompt's blocks
         self.model_name = model_name
+        self.session_key = session_key      # the request header that names its session (`session` routing)
         # The adapters loaded through the proxy (name -> the load's body) and those unloaded through it since: a
         # replica that comes back may lack the ones and serve the others.
         self.adapters: dict[str, dict] = {}
@@ -124,19 +134,19 @@ class Proxy:
         self.probe_failures = max(1, probe_failures)
         self.watchers: list[asyncio.Task] = []
 
-    def read(self, raw: bytes) -> tuple:
+    def read(self, raw: bytes, session: str | None = None) -> tuple:
         """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and what
-        the router scores of it: its prompt's token ids and the root its block keys chain from (its LoRA
-        adapter's and cache salt's)."""
+        the router scores of it (`session`: its session header's value)."""
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            return None, ([], ROOT_HASH)
+            return None, Scored([], session=session)
         if not isinstance(body, dict):
-            return body, ([], ROOT_HASH)
+            return body, Scored([], session=session)
         model, salt = body.get("model"), body.get("cache_salt")
         adapter = model if isinstance(model, str) and model != self.model_name else ""
-        return body, (self.token_ids(body), cache_root(adapter, salt if isinstance(salt, str) else None))
+        return body, Scored(self.token_ids(body), cache_root(adapter, salt if isinstance(salt, str) else None),
+                            session)
 
     def token_ids(self, body) -> list[int]:
         """The prompt's leading token ids as the replica will see them (for prefix scoring only; [] if
@@ -167,9 +177,9 @@ class Proxy:
         ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
-    async def pick(self, prompt: tuple[list[int], int], failed: list[Replica] | tuple = ()) -> Replica | None:
-        """The policy's replica for a prompt (its token ids and adapter) among those up, but for the ones that
-        `failed` it already (None when none is left)."""
+    async def pick(self, prompt: Scored, failed: list[Replica] | tuple = ()) -> Replica | None:
+        """The policy's replica for a request among those up, but for the ones that `failed` it already (None
+        when none is left)."""
         others = [r for r in self.replicas if r not in failed]
         if not others:
             return None
@@ -178,8 +188,8 @@ class Proxy:
         up = [r for r in others if r.up]
         if not up:
             return None
-        token_ids, root = prompt
-        return self._sent_to(self.router.pick_among(up, token_ids, time.monotonic(), retry=bool(failed), root=root))
+        return self._sent_to(self.router.pick_among(up, prompt.token_ids, time.monotonic(), retry=bool(failed),
+                                                    root=prompt.root, session=prompt.session))
 
     def _sent_to(self, replica: Replica) -> Replica:
         replica.routed += 1
@@ -195,7 +205,8 @@ class Proxy:
             return Response(status_code=CLIENT_LEFT)
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
-        body, prompt = await asyncio.to_thread(self.read, raw)     # a 16 MiB body: not on the event loop
+        # a 16 MiB body: not on the event loop
+        body, prompt = await asyncio.to_thread(self.read, raw, request.headers.get(self.session_key))
         replica = await self.pick(prompt)
         if replica is None:
             return error("no replica is up: " + "; ".join(_stopped_answering(r) for r in self.replicas), 503,
@@ -215,7 +226,7 @@ class Proxy:
         exchange.cancel()
         return Response(status_code=CLIENT_LEFT)
 
-    async def _exchange(self, replica: Replica, prompt: tuple[list[int], int], path: str, raw: bytes, headers,
+    async def _exchange(self, replica: Replica, prompt: Scored, path: str, raw: bytes, headers,
                         streamed: bool) -> Response:
         """Send the request to `replica` (to another while they fail before answering) and relay the answer:
         a stream as it comes, a whole answer once read."""

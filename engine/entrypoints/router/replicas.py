@@ -96,6 +96,9 @@ class LiveRouter(BaseRouter):
         self.replicas = replicas
         self.headers = headers          # on reads of /kv_events: the replicas' API key, when they have one
 
+    def replica_ids(self) -> list[int]:
+        return [r.index for r in self.replicas]      # (a view over the replicas up keeps their identities)
+
     def in_flight(self, now: float) -> list[int]:
         return [r.in_flight for r in self.replicas]
 
@@ -106,19 +109,19 @@ class LiveRouter(BaseRouter):
         return [leading_held(hashes, r.held) for r in self.replicas]
 
     def pick_among(self, up: list[Replica], token_ids: list[int], now: float, *, retry: bool = False,
-                   root: int = ROOT_HASH) -> Replica:
+                   root: int = ROOT_HASH, session: str | None = None) -> Replica:
         """The policy's pick among the replicas that are up: the others are not scored at all (a down
         replica's last readings, or its empty queue, would make it look the best). A retry (the request's
         replica failed before answering) leaves the turn where the request's first pick put it: the turn is
         a request's, so the failed replica's requests go to the next one, as when it is marked down."""
         turn = self.next
         if len(up) == len(self.replicas):
-            chosen = self.replicas[self.pick(token_ids, now, root)]
+            chosen = self.replicas[self.pick(token_ids, now, root, session)]
         else:
             view = LiveRouter(self.policy, up, self.block_size)
             # The turn passes to the first replica up at or after the one whose turn it was.
             view.next = next((i for i, r in enumerate(up) if r.index >= self.next), 0)
-            chosen = up[view.pick(token_ids, now, root)]
+            chosen = up[view.pick(token_ids, now, root, session)]
             self.next = (chosen.index + 1) % self.count
         if retry:
             self.next = turn
