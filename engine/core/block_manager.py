@@ -88,8 +88,9 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}       # seq id -> GPU blocks
         self.cpu_tables: dict[int, list[int]] = {}   # seq id -> CPU blocks (swapped out)
         self.seq_hashes: dict[int, list[int]] = {}   # hashes of a sequence's full computed blocks
-        # The keys LoRA adapters' blocks were registered under, by the adapter's root key (forget_adapter);
-        # keys since evicted are pruned once there are twice as many as the caches hold.
+        # The keys blocks chained from a root of their own were registered under, by root: a LoRA adapter's
+        # (forget_adapter drops them when the engine unloads it), or a cache salt's. Keys since evicted are
+        # pruned once there are twice as many as the caches hold.
         self.adapter_keys: dict[int, list[int]] = {}
         self.adapter_keys_count = 0
 

@@ -43,7 +43,7 @@ class Sequence:
     # Speculative decoding: did the proposer's last lookup for this sequence draft? (Prompt-lookup
     # drafts come in runs: a sequence copying its context keeps matching; SpecDecodingStats counts it.)
     last_lookup_drafted: bool = False
-    # The parent key of its first prompt block in the prefix cache (engine/core/block_manager.py
+    # The parent key of its first prompt block in the prefix cache (engine/core/block_keys.py
     # `cache_root`): 0 for the base model, one per LoRA adapter's name and cache salt, so no adapter or tenant
     # is served another's KV.
     cache_root: int = 0
