@@ -179,14 +179,19 @@ def test_an_adapter_loaded_again_under_its_name_computes_its_own_kv(setups, tier
     engine.step_observer = lambda out: computed.extend(
         s.num_tokens - s.num_computed_tokens for s in out.seqs if s.num_computed_tokens < s.prompt_len)
 
-    def run(p, lora, reference):
+    def run(p, lora, reference, salt=None):
         computed.clear()
-        assert greedy(llm, [p], lora) == [setup.reference(p, reference)]
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+        out = llm.generate([{"prompt_token_ids": p} | ({"cache_salt": salt} if salt else {})], params,
+                           use_tqdm=False, lora_request=lora)[0]
+        assert out.outputs[0].token_ids == setup.reference(p, reference)
         return computed[0]
     assert run(prompt, LoRARequest("x", 1, one.lora_path), one) == 20
+    assert run(prompt, LoRARequest("x", 1, one.lora_path), one, salt="tenant") == 20   # (salted: its own blocks)
     assert run(base_prompt, None, None) == 20
     assert engine.remove_lora(1)
     assert run(prompt, LoRARequest("x", 1, two.lora_path), two) == 20     # in place: the same name and id
+    assert run(prompt, LoRARequest("x", 1, two.lora_path), two, salt="tenant") == 20
     assert run(base_prompt, None, None) == 4                                # 2 blocks of 8 still cached
     assert run(prompt, LoRARequest("x", 1, two.lora_path), two) == 4
     assert engine.remove_lora(1)

@@ -88,9 +88,9 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}       # seq id -> GPU blocks
         self.cpu_tables: dict[int, list[int]] = {}   # seq id -> CPU blocks (swapped out)
         self.seq_hashes: dict[int, list[int]] = {}   # hashes of a sequence's full computed blocks
-        # The keys blocks chained from a root of their own were registered under, by root: a LoRA adapter's
-        # (forget_adapter drops them when the engine unloads it), or a cache salt's. Keys since evicted are
-        # pruned once there are twice as many as the caches hold.
+        # The keys LoRA adapters' blocks were registered under (salted or not), by the adapter's unsalted root
+        # (forget_adapter drops them when the engine unloads it). Keys since evicted are pruned once there are
+        # twice as many as the caches hold.
         self.adapter_keys: dict[int, list[int]] = {}
         self.adapter_keys_count = 0
 
@@ -185,8 +185,8 @@ class BlockManager:
             h = block_key(hashes[-1] if hashes else seq.cache_root, tokens[i * bs:(i + 1) * bs])
             hashes.append(h)
             self.gpu.register(table[i], h)
-        if seq.cache_root != ROOT_HASH:
-            self._track_adapter(seq.cache_root, hashes[start:])
+        if seq.lora_root != ROOT_HASH:
+            self._track_adapter(seq.lora_root, hashes[start:])
 
     # -- LoRA adapters' blocks ---------------------------------------------------
     def _track_adapter(self, root: int, keys: list[int]) -> None:
@@ -200,8 +200,8 @@ class BlockManager:
             self.adapter_keys_count = sum(map(len, self.adapter_keys.values()))
 
     def forget_adapter(self, root: int) -> None:
-        """Take the blocks of the adapter whose blocks chain from `root` out of the prefix cache and the CPU
-        tier (an unloaded adapter's: a later one of its name must compute its own)."""
+        """Take the blocks of the adapter whose unsalted root is `root` out of the prefix cache and the CPU tier,
+        its salted requests' too (an unloaded adapter's: a later one of its name must compute its own)."""
         keys = self.adapter_keys.pop(root, [])
         self.adapter_keys_count -= len(keys)
         for key in keys:

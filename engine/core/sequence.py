@@ -47,6 +47,9 @@ class Sequence:
     # `cache_root`): 0 for the base model, one per LoRA adapter's name and cache salt, so no adapter or tenant
     # is served another's KV.
     cache_root: int = 0
+    # Its LoRA adapter's root unsalted (0: none): the engine drops the adapter's blocks, salted or not, by it
+    # (BlockManager.forget_adapter) when it unloads the adapter.
+    lora_root: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -80,7 +83,7 @@ class Sequence:
         """A child with the same tokens and state (used by fork)."""
         return Sequence(seq_id, list(self.token_ids), self.prompt_len, self.status,
                         self.num_computed_tokens, self.cumulative_logprob,
-                        list(self.output_logprobs), cache_root=self.cache_root)
+                        list(self.output_logprobs), cache_root=self.cache_root, lora_root=self.lora_root)
 
 
 @dataclass(slots=True)
@@ -138,8 +141,9 @@ class SequenceGroup:
         self.lora_id = lora_id
         self.lora_name = adapter_name(lora_id) if lora_name is None else lora_name
         self.cache_salt = cache_salt
-        root = cache_root(self.lora_name, cache_salt)
-        self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt), cache_root=root)]
+        root, lora_root = cache_root(self.lora_name, cache_salt), cache_root(self.lora_name)
+        self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt), cache_root=root,
+                              lora_root=lora_root)]
         self.times = RequestTimes(arrival=arrival_time)
         # The true output length when it is known ahead (simulation); only the
         # contiguous ORCA baselines use it, to size their reservations.
