@@ -120,6 +120,37 @@ def test_forgetting_an_adapter_drops_its_blocks_alone_and_the_kept_keys_stay_bou
     assert manager.gpu.num_free() == 15                          # (all free: the null block aside)
 
 
+def test_an_adapters_blocks_only_the_cpu_tier_still_holds_are_forgotten_too():
+    """With a CPU tier, an adapter's blocks evicted from the GPU live on in the tier: pruning keeps their keys
+    (every key the caches hold stays known, request after request), and forgetting the adapter drops them there
+    too."""
+    cfg = SchedulerConfig(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, vllm_v1=True,
+                          enable_prefix_caching=True, max_loras=2)
+    sched = ChunkedScheduler(cfg, VllmBlockManager(4, 16, enable_prefix_caching=True, offload_blocks=64))
+    manager, tier, now, runs = sched.allocator, sched.allocator.offload, 0.0, {1: [], 2: []}
+
+    def keys(lora: int) -> set[int]:
+        return {k for tokens in runs[lora]
+                for k in chained_hashes(tokens, 4, len(tokens) // 4, cache_root(adapter_name(lora)))}
+    for i in range(90):
+        g = group(str(i), 1 + i % 2, [i] * 17 + [1, 2, 3], max_tokens=6)
+        sched.add(g)
+        while g.finish_reason is None:
+            out = sched.schedule(now)
+            now += 1.0
+            sched.update(out, {s.seq_id: [(7, 0.0)] for s in out.sampling_part().seqs}, now)
+        runs[1 + i % 2].append(g.seqs[0].token_ids)
+        held = (keys(1) | keys(2)) & (tier.slots.keys() | manager.gpu.cached.keys())
+        assert held <= {k for kept in manager.adapter_keys.values() for k in kept}
+        assert manager.adapter_keys_count <= 2 * (16 + 64) + 6
+    tier_only = (keys(1) & tier.slots.keys()) - manager.gpu.cached.keys()
+    assert tier_only                                      # (the GPU evicted them; the tier kept them)
+    others = keys(2) & tier.slots.keys()
+    manager.forget_adapter(cache_root(adapter_name(1)))
+    assert not keys(1) & (tier.slots.keys() | manager.gpu.cached.keys())
+    assert keys(2) & tier.slots.keys() == others
+
+
 def test_lora_settings_are_checked_as_vllm_checks_them():
     with pytest.raises(ValueError, match="give --enable-lora"):
         Deployment(max_loras=4)
