@@ -141,7 +141,8 @@ class SequenceGroup:
         self.lora_id = lora_id
         self.lora_name = adapter_name(lora_id) if lora_name is None else lora_name
         self.cache_salt = cache_salt
-        root, lora_root = cache_root(self.lora_name, cache_salt), cache_root(self.lora_name)
+        lora_root = cache_root(self.lora_name)
+        root = cache_root(self.lora_name, cache_salt) if cache_salt else lora_root
         self.seqs = [Sequence(next_seq_id(), list(self._prompt), len(self._prompt), cache_root=root,
                               lora_root=lora_root)]
         self.times = RequestTimes(arrival=arrival_time)

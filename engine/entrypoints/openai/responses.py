@@ -68,8 +68,7 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
         # n = 1,024 answers with logprobs are tens of MB of JSON: built and rendered off the event loop
         rendered = await asyncio.to_thread(lambda: json.dumps(
             _whole(model_name, request_id, final, token_ids, params, chat, details), ensure_ascii=False,
-            allow_nan=False,
-            separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
+            allow_nan=False, separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
         return Response(rendered, media_type="application/json")
     # Streaming: wait for the request to be accepted or refused before the 200 goes out.
     first: Update = await updates.__anext__()
