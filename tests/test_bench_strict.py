@@ -42,11 +42,13 @@ def _refuse(field: str) -> JSONResponse:
 
 
 SESSIONS: list[str | None] = []      # each completion's x-session-id header
+SALTS: list[str | None] = []         # and its body's cache_salt
 
 
 async def completions(request: Request):
     SESSIONS.append(request.headers.get("x-session-id"))
     body = await request.json()
+    SALTS.append(body.get("cache_salt"))
     if not isinstance(body.get("prompt"), str):
         return _refuse("prompt")
     return StreamingResponse(_chunks(False, len(body["prompt"].split())), media_type="text/event-stream")
@@ -139,3 +141,15 @@ def test_session_key_sends_each_requests_conversation_in_that_header(strict_serv
     assert bench(strict_server, tmp_path).exit_code == 0 and SESSIONS == [None] * 6     # (not asked: not sent)
     bad = bench(strict_server, tmp_path, "--session-key", "x session")
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --session-key 'x session' is not an HTTP header name")
+
+
+def test_a_traces_tenants_are_sent_as_vllms_cache_salt(strict_server, tmp_path):
+    """A workload's -p tenants=K salts each request (vLLM's cache_salt field); an unsalted one sends none."""
+    from workloads import make_trace
+    SALTS.clear()
+    assert bench(strict_server, tmp_path, "-p", "tenants=3").exit_code == 0
+    trace = make_trace("alpaca", num_requests=6, rate=50.0, seed=0, tenants=3)
+    assert sorted(SALTS) == sorted(r.cache_salt for r in trace) and set(SALTS) <= {"tenant-1", "tenant-2",
+                                                                                   "tenant-3"}
+    SALTS.clear()
+    assert bench(strict_server, tmp_path).exit_code == 0 and SALTS == [None] * 6

@@ -47,6 +47,10 @@ PRIORITY_PARAM = "low_priority_share"
 # chatbot conversation keeps one adapter through its turns.
 LORA_PARAMS = {"loras": 0, "lora_assignment": "random", "lora_skew": 0.0}
 LORA_ASSIGNMENTS = ("random", "round-robin")
+# And the tenants that send them (0: none): each conversation (or request) a tenant drawn uniformly from 1..K,
+# its requests salted with vLLM's cache_salt "tenant-K", so that no tenant's prompt hits another's cached blocks
+# (the isolation vLLM's cache_salt gives a multi-tenant server; docs/vllm.md).
+TENANTS_PARAM = "tenants"
 TRACE_SUFFIXES = (".jsonl", ".json", ".csv")
 
 
@@ -57,7 +61,7 @@ def workload_params(name: str) -> dict:
         p.name: p.default
         for p in inspect.signature(fn).parameters.values()
         if p.default is not inspect.Parameter.empty and p.name not in _ARRIVAL_ARGS
-    } | {PRIORITY_PARAM: 0.0} | LORA_PARAMS
+    } | {PRIORITY_PARAM: 0.0} | LORA_PARAMS | {TENANTS_PARAM: 0}
 
 
 # The largest magnitude a workload parameter takes (a billion tokens, turns or prefixes): past it a generator's
@@ -150,8 +154,13 @@ def make_trace(
                          f"got {share}")
     lora = {key: params.pop(key, default) for key, default in LORA_PARAMS.items()}
     _check_lora_params(**lora)
-    used = allowed | params | {PRIORITY_PARAM: share} | lora
-    generated = {k: v for k, v in used.items() if k != PRIORITY_PARAM and k not in LORA_PARAMS}   # the generator's
+    tenants = params.pop(TENANTS_PARAM, 0)
+    if tenants < 0:
+        raise TraceError(f"{TENANTS_PARAM}: the number of tenants must be 0 (none: no request salted) or more, "
+                         f"got {tenants}")
+    used = allowed | params | {PRIORITY_PARAM: share} | lora | {TENANTS_PARAM: tenants}
+    shared = {PRIORITY_PARAM, TENANTS_PARAM, *LORA_PARAMS}        # every workload's, not the generator's
+    generated = {k: v for k, v in used.items() if k not in shared}
     fn, _ = _GENERATORS[name]
     if name == "chatbot":
         requests = fn(num_requests=num_requests, duration=duration, rate=rate, arrival=arrival, cv=cv, seed=seed,
@@ -176,6 +185,8 @@ def make_trace(
         requests = [r.model_copy(update={"priority": 1}) if flag else r for r, flag in zip(requests, low)]
     if lora["loras"]:
         requests = with_loras(requests, stream(seed, "loras"), **lora)
+    if tenants:
+        requests = with_tenants(requests, stream(seed, "tenants"), tenants)
     record = {
         "workload": name, "num_requests": num_requests, "duration": duration,
         "rate": rate, "arrival": arrival, "cv": cv, "seed": seed, **(ramp_up.record() if ramp_up else {}), **used,
@@ -195,11 +206,25 @@ def _check_lora_params(loras: int, lora_assignment: str, lora_skew: float) -> No
         raise TraceError("lora_skew: only a random assignment is skewed; round-robin takes each adapter in turn")
 
 
+def _senders(requests: list[TraceRequest]) -> list[str]:
+    """Who sends each request: its conversation, or the request alone (a conversation keeps one adapter and
+    one tenant through its turns)."""
+    return [r.conversation_id if r.conversation_id is not None else f"\0{i}" for i, r in enumerate(requests)]
+
+
+def with_tenants(requests: list[TraceRequest], rng, tenants: int) -> list[TraceRequest]:
+    """`requests` each salted with the cache_salt of one of tenants 1..`tenants`, drawn uniformly per sender."""
+    keys = _senders(requests)
+    first_seen = list(dict.fromkeys(keys))
+    drawn = dict(zip(first_seen, rng.integers(1, tenants + 1, size=len(first_seen))))
+    return [r.model_copy(update={"cache_salt": f"tenant-{drawn[key]}"}) for r, key in zip(requests, keys)]
+
+
 def with_loras(requests: list[TraceRequest], rng, loras: int, lora_assignment: str = "random",
                lora_skew: float = 0.0) -> list[TraceRequest]:
     """`requests` each with one of adapters 1..`loras`: drawn (adapter i with probability ~ i ** -lora_skew)
     or in turn, one per conversation (a request without one is its own)."""
-    keys = [r.conversation_id if r.conversation_id is not None else f"\0{i}" for i, r in enumerate(requests)]
+    keys = _senders(requests)
     first_seen = list(dict.fromkeys(keys))
     if lora_assignment == "round-robin":
         chosen = {key: 1 + i % loras for i, key in enumerate(first_seen)}

@@ -44,6 +44,9 @@ class TraceRequest(BaseModel):
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31)
     # The LoRA adapter the request runs with (vLLM's lora_int_id: 1, 2, ...; 0: the base model alone)
     lora: int = Field(default=0, ge=0, lt=1 << 31)
+    # vLLM's cache_salt: the request's prefix-cache blocks are shared only with requests of the same salt (one
+    # tenant's prompts never hit another's cached blocks); None: unsalted, as vLLM's default
+    cache_salt: str | None = Field(default=None, min_length=1)
 
     # Field validators (not a model validator) so that an error names the
     # field; prompt_len is declared before both, so info.data holds it.
@@ -74,6 +77,13 @@ class TraceRequest(BaseModel):
         fields = {"n": self.n, "best_of": max(self.n, self.beam_width), "use_beam_search": self.beam_width > 1,
                   "max_tokens": self.output_len, "ignore_eos": True, "temperature": 0.0}
         return SamplingParams(**(fields | overrides))
+
+    def engine_prompt(self, token_ids: list[int]) -> dict:
+        """The engine's prompt for this request made of `token_ids` (the trace's ids for it), with its salt."""
+        prompt: dict = {"prompt_token_ids": token_ids}
+        if self.cache_salt is not None:
+            prompt["cache_salt"] = self.cache_salt
+        return prompt
 
     @field_validator("prefix_len")
     @classmethod

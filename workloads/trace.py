@@ -121,6 +121,9 @@ class Trace:
         out["total_output_tokens"] = int(sum(r.output_len for r in self.requests))
         out["num_prefixes"] = len({r.prefix_id for r in self.requests if r.prefix_id is not None})
         out["num_conversations"] = len({r.conversation_id for r in self.requests if r.conversation_id is not None})
+        salts = {r.cache_salt for r in self.requests if r.cache_salt is not None}
+        if salts:                            # vLLM's cache_salt: the tenants whose cached blocks are kept apart
+            out["num_cache_salts"] = len(salts)
         priorities = Counter(r.priority for r in self.requests)
         if len(priorities) > 1:              # vLLM's request priorities: each one's share of the requests
             out |= {f"priority_{p}_share": priorities[p] / len(self) for p in sorted(priorities)}

@@ -217,6 +217,8 @@ def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) 
         body["n"] = req.n
     if req.priority:                    # vLLM's field, read by a server scheduling by priority
         body["priority"] = req.priority
+    if req.cache_salt is not None:      # vLLM's field: the request's tenant, whose cached blocks are its own
+        body["cache_salt"] = req.cache_salt
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     return ("/chat/completions" if cfg.endpoint_type == "chat" else "/completions"), body

@@ -70,7 +70,8 @@ class SyntheticExecutor:
         if answered:
             self.answers[req.request_id] = self.trace.output_token_ids(req, self.vocab_size, self.seed)
         group = SequenceGroup(req.request_id, prompt, params, req.arrival_time if arrival is None else arrival,
-                              output_len_hint=req.output_len, priority=req.priority, lora_id=req.lora)
+                              output_len_hint=req.output_len, priority=req.priority, lora_id=req.lora,
+                              cache_salt=req.cache_salt)
         if answered and self.private_blocks is not None:   # the next turn's prompt holds its answer
             self.private_blocks.public.add(group.seqs[0].seq_id)
         if own is not None and params.n == 1:                # (n children would share its blocks)

@@ -240,12 +240,12 @@ class FleetReplay:
     def _route(self, req, at: float) -> None:
         tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
         # (random_adapters' names)
-        chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora)), req.conversation_id)
+        chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora), req.cache_salt), req.conversation_id)
         replica = self.replicas[chosen]
         if not replica.engine.has_unfinished_requests():     # idle: it wakes at the arrival
             replica.free_at = replica.clock.base = max(replica.free_at, at)
         replica.routed += 1
-        replica.engine.add_request(req.request_id, {"prompt_token_ids": tokens}, req.sampling_params(),
+        replica.engine.add_request(req.request_id, req.engine_prompt(tokens), req.sampling_params(),
                                    arrival_time=at, output_len_hint=req.output_len, priority=req.priority,
                                    lora_request=self.loras.get(req.lora))
         self.groups.append(replica.engine.groups[req.request_id])

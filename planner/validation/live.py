@@ -133,7 +133,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     not_yet_due: deque = deque()      # paced: requests whose clients are free, each waiting for its arrival time
 
     def send(req, at: float) -> None:
-        engine.add_request(req.request_id, {"prompt_token_ids": trace.prompt_token_ids(req, vocab, spec.seed)},
+        engine.add_request(req.request_id, req.engine_prompt(trace.prompt_token_ids(req, vocab, spec.seed)),
                            req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
                            priority=req.priority, lora_request=(loras or {}).get(req.lora))
         groups.append(engine.groups[req.request_id])
