@@ -189,6 +189,22 @@ def covered_gpus() -> list[str]:
     return [g.name for g in list_gpus() if g.measured_system]
 
 
+def windowed_decode(triples, curve, w: int) -> float:
+    """sum_i T(b, min(c_i, w)) for one sliding-window layer of window `w`, the contexts as (bucket, sequences,
+    total context) triples: a sequence past the window is priced at the window (the kernel reads only its
+    keys)."""
+    a_w, slope_w, _ = curve[context_bucket(w)]
+    at_window = a_w + slope_w * w
+    total = 0.0
+    for k, n, keys in triples:
+        if k > 0 and 1 << (k - 1) >= w:
+            total += n * at_window
+        else:
+            a, slope, _ = curve[k]
+            total += n * a + slope * min(keys, n * w)
+    return total
+
+
 class MeasuredCostModel(SplitsSteps):
     """Step time for `model` on `tp` x `gpu` from measured vLLM op latencies, as a ledger of priced terms.
 
@@ -820,7 +836,8 @@ class MeasuredCostModel(SplitsSteps):
         full = self.model.full_attention_layers * (a + slope * s.decode_context / b)
         if not self.model.sliding_layers:
             return full
-        return full + self.model.sliding_layers * self._windowed_decode(((k, b, s.decode_context),), curve) / b
+        return full + self.model.sliding_layers * windowed_decode(((k, b, s.decode_context),), curve,
+                                                                 self.model.window) / b
 
     def _bucket_attention(self, b: int, triples) -> float:
         """decode_attention of `b` sequences given as (bucket, sequences, total context) triples, buckets
@@ -832,7 +849,8 @@ class MeasuredCostModel(SplitsSteps):
         (a short plan prices each of its steps so: planner/sim/batch.py)."""
         curve = self._gen_curves.get(b) or self._gen_curve(b)
         full_curve = self._full_curve(b)        # the full-attention layers' (Gemma 4: their own head shape)
-        full_layers, sliding_layers = self.model.full_attention_layers, self.model.sliding_layers
+        full_layers, sliding_layers, window = self.model.full_attention_layers, self.model.sliding_layers, \
+            self.model.window
         extrapolated, table = self.extrapolated, self._tables["generation"]
 
         def attention(triples) -> float:
@@ -845,8 +863,8 @@ class MeasuredCostModel(SplitsSteps):
             full = full_layers * total / b
             if not sliding_layers:
                 return full
-            return full + sliding_layers * self._windowed_decode(triples, curve) / b
-        self._attention_of[b] = attention
+            return full + sliding_layers * windowed_decode(triples, curve, window) / b
+        self._attention_of[b] = attention       # (kept by self: so it must not hold self)
         return attention
 
     def decode_pricer(self, seqs: int) -> Callable:
@@ -937,24 +955,8 @@ class MeasuredCostModel(SplitsSteps):
                     curve[low + j][2] for j, used in enumerate(counts.any(axis=0).tolist()) if used):
                 self.extrapolated.add(self._tables["generation"])
 
-    def _windowed_decode(self, triples, curve) -> float:
-        """sum_i T(b, min(c_i, window)) for one sliding-window layer, the contexts as (bucket, sequences,
-        total context) triples: a sequence past the window is priced at the window (the kernel reads
-        only its keys)."""
-        w = self.model.window
-        a_w, slope_w, _ = curve[context_bucket(w)]
-        at_window = a_w + slope_w * w
-        total = 0.0
-        for k, n, keys in triples:
-            if k > 0 and 1 << (k - 1) >= w:
-                total += n * at_window
-            else:
-                a, slope, _ = curve[k]
-                total += n * a + slope * min(keys, n * w)
-        return total
-
     def _windowed_decode_rows(self, seqs: int, low: int, counts, sums):
-        """`_windowed_decode` of each row of a run laid out as for `decode_step_times`: the same floats
+        """`windowed_decode` of each row of a run laid out as for `decode_step_times`: the same floats
         (a bucket past the window at the window's price, the others' keys capped at the window's)."""
         w = self.model.window
         curve = self._gen_curves.get(seqs) or self._gen_curve(seqs)

@@ -252,6 +252,17 @@ class SimulatedEngine(Sleeper):
         # then runs this engine's steps, sleeps and cuts.
         self.group = None
 
+    def release(self) -> None:
+        """Let go of what a finished run coordinated through this engine: its scheduler (with the block pool
+        and caches), executor and cost model, and the callbacks of a closed loop, a lockstep group or a P/D
+        pool. Those hold the engine as it holds them, and the cycles would outlive the run in a process that
+        goes on (the collector, paused for runs, leaves them to a full collection that seldom comes):
+        hundreds of MiB a run for a large KV cache. Cut here, reference counting frees it all once the
+        caller lets the engine go. The run's records (steps, shapes, groups) stay the result's."""
+        self.scheduler = self.allocator = self.executor = self.cost_model = None
+        self.on_ended = self.blocks_lent = self.group = self.watch = self.progress = None
+        self.process = self.pending = self.batch = self.idle = None
+
     @property
     def horizon(self) -> float:
         """Windows stop before the step that starts at or after this (and `ahead` steps after it): the
@@ -840,8 +851,10 @@ def collector_paused():
     On the way out what was made meanwhile goes to the oldest generation unscanned (freeze, then
     unfreeze): turned on with millions of objects in the youngest, the collector would scan them all
     at the next allocation and again as they age (0.3 s at the end of the DP2 x EP2 hour of
-    bench/bench_moe_speed.py). A run leaves almost nothing cyclic (8 objects after that hour), so
-    reference counting frees it when it is let go."""
+    bench/bench_moe_speed.py). Unscanned, anything a run left in a reference cycle would stay for good, so
+    a run leaves none: its engines are released at its end (`SimulatedEngine.release`, run_quietly) and
+    the cost models keep no closure over themselves (tests/test_sim_releases_memory.py); reference
+    counting frees the rest when it is let go."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -853,11 +866,15 @@ def collector_paused():
             gc.enable()
 
 
-def run_quietly(env: simpy.Environment, until_done: Callable[[], object]):
-    """Run the simulation, then `until_done()` (the records), with the garbage collector paused."""
-    with collector_paused():
-        env.run()
-        return until_done()
+def run_quietly(env: simpy.Environment, until_done: Callable[[], object], release: Callable[[], None]):
+    """Run the simulation, then `until_done()` (the records), with the garbage collector paused; then
+    `release()` the engines and what coordinated them (`SimulatedEngine.release`)."""
+    try:
+        with collector_paused():
+            env.run()
+            return until_done()
+    finally:
+        release()
 
 
 def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed: int = 0,
@@ -898,7 +915,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
         check_all_ended(engine.groups, len(trace))
         return _result(plan, cost_model, trace, seed, engine)
 
-    result = run_quietly(env, records)
+    result = run_quietly(env, records, engine.release)
     result.concurrency = concurrency
     result.wall_time = time.perf_counter() - wall_start
     return result

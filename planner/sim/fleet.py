@@ -132,6 +132,13 @@ class Fleet:
         self.loop: ClosedLoop | None = None
         self.turnaround = plan.deployment.client_turnaround
 
+    def release(self) -> None:
+        """A finished run's engines released, and the callbacks that hold this fleet (its clients', a P/D
+        run's watch) cut (`SimulatedEngine.release`)."""
+        for engine in self.engines:
+            engine.release()
+        self.loop = self.watch = self.progress = None
+
     def _progress(self, now: float, done: int, total: int) -> None:
         self.progress(now, sum(e.done for e in self.engines), len(self.trace))
 
@@ -226,7 +233,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
         check_all_ended(fleet.groups, len(trace))
         return _fleet_result(fleet, plan, cost_model, seed)
 
-    result = run_quietly(env, records)
+    result = run_quietly(env, records, fleet.release)
     result.concurrency = concurrency
     result.wall_time = time.perf_counter() - wall_start
     return result

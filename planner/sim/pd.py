@@ -122,6 +122,10 @@ class PrefillPool(Fleet):
         super().send(req.model_copy(update={"output_len": 1}), arrival, replica)    # the proxy's max_tokens=1
         self.on_sent(self.groups[-1])
 
+    def release(self) -> None:
+        super().release()
+        self.on_sent = None
+
 
 class DecodePool:
     """The decode replicas behind their router (what planner.sim.fleet.pool_result reads)."""
@@ -192,6 +196,12 @@ class Disaggregated:
                                  watch=self._decoded, on_loading=self._loading)
         for engine in self.prefill.engines:
             engine.blocks_lent = lambda engine=engine: any(held is engine for held, _ in self.held.values())
+
+    def release(self) -> None:
+        """The pools' engines released and their callbacks into this object cut (`SimulatedEngine.release`)."""
+        self.prefill.release()
+        for engine in self.decode.engines:
+            engine.release()
 
     def start(self) -> None:
         self.prefill.start(self.concurrency, self.paced)
@@ -399,7 +409,7 @@ def simulate_pd(trace: Trace, prefill: Pool, decode: Pool, path: KvPath, policy:
         check_all_ended(clients, len(trace))
         return _pd_result(pools, clients, prefill, decode, seed)
 
-    result = run_quietly(env, records)
+    result = run_quietly(env, records, pools.release)
     result.concurrency = concurrency
     result.wall_time = time.perf_counter() - wall_start
     return result
