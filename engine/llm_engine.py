@@ -200,6 +200,9 @@ class LLMEngine:
         self.parents = Parents()
         self.prompts: dict[str, str | None] = {}
         self.steps: list[StepRecord] = []
+        # Whether each step's record is kept in `steps` (a run's, for validation and profiling). A server
+        # turns it off: it would grow by a record a step for as long as the server lives.
+        self.keep_steps = True
         # A server sets this: every sequence's text is kept current each step so
         # it can be streamed. Requests with stop strings are detokenized each
         # step regardless, since that is where stop strings are found.
@@ -425,7 +428,7 @@ class LLMEngine:
             self._record_logprobs(out, top)
         if out.groups:
             finished += self._update_texts(out.groups, end)
-        if step.has_work:
+        if step.has_work and self.keep_steps:
             self.steps.append(record)
         return [self._finish(g) for g in self.parents.ended(finished)]
 

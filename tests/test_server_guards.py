@@ -20,6 +20,7 @@ from engine.entrypoints.openai.protocol import (MAX_CONTENT_PARTS, ChatCompletio
                                                parse_body)
 from engine.entrypoints.openai.server import BackgroundServer
 from engine.entrypoints.router.proxy import PREFIX_CHARS, Proxy
+from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from serve_helpers import save_byte_model
 
@@ -190,3 +191,20 @@ def test_a_request_http_cannot_parse_gets_a_json_400(server):
 def test_a_health_probe_may_ask_with_head(server):
     assert httpx.head(f"{server.url}/health", timeout=10).status_code == 200
     assert httpx.head(f"{server.url}/v1/models", headers={"authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_a_server_keeps_no_record_per_step(folder):
+    """A run's step records are for validation and profiling; a server that kept them would grow by one a step
+    for as long as it lives. Its requests keep everything else about them (prefix cache, metrics)."""
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        for i in range(6):
+            answer = httpx.post(f"{srv.url}/v1/completions", timeout=60,
+                                json={"model": "tiny", "prompt": f"hello {i}", "max_tokens": 4})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    assert engine.steps == [] and not engine.groups
+    plain = LLMEngine(folder, block_size=8, num_gpu_blocks=128, max_num_seqs=16)      # (a run keeps them)
+    plain.add_request("r", "hello", SamplingParams(max_tokens=4, ignore_eos=True))
+    while plain.has_unfinished_requests():
+        plain.step()
+    assert len(plain.steps) == 4

@@ -61,6 +61,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, stats=None) -> None:
         self.engine = engine
         engine.stream_text = True
+        engine.keep_steps = False           # (a server's memory must not grow with the steps it has run)
         self.stats = stats                  # ServerStats, told about every finished request
         self._streams: dict[str, _Stream] = {}
         # (request id, prompt, params, arrival, priority, LoRA adapter or None)
