@@ -17,6 +17,15 @@ def sim_plan(model="opt-125m", gpu="a100-40g", **knobs) -> DeploymentPlan:
     return plan_deployment(deployment, refuse=False)
 
 
+class ConstantCost:
+    """10 ms a step, whatever the step: a live run and its simulation then differ only in their decisions."""
+
+    name = "constant(10ms)"
+
+    def step_time(self, shape) -> float:
+        return 0.01
+
+
 def search_grid(*, model: str, workload: str, duration=None, requests=None, seed: int = 0, **grid):
     """A SearchGrid over a base run of `model` on `workload` (the grid's own fields as keywords)."""
     from planner.runs.spec import Load, RunSpec

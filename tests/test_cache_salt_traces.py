@@ -10,14 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.deployment import Deployment
+from sim_helpers import ConstantCost
 from workloads import Trace, TraceError, TraceRequest, make_trace
-
-
-class ConstantCost:
-    name = "constant(10ms)"
-
-    def step_time(self, shape) -> float:
-        return 0.01
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.proxy import Proxy, build_proxy_app
 from serve_helpers import wait_until
+from sim_helpers import ConstantCost
 
 URLS = ["http://replica0", "http://replica1"]
 
@@ -383,13 +384,6 @@ def test_the_live_and_simulated_routers_are_one_pick_rule():
     assert issubclass(Router, BaseRouter) and issubclass(LiveRouter, BaseRouter)
     assert Router.pick is not BaseRouter.pick and LiveRouter.pick is BaseRouter.pick
     assert Router.scores is BaseRouter.scores and LiveRouter.scores is BaseRouter.scores
-
-
-class ConstantCost:
-    name = "constant(10ms)"
-
-    def step_time(self, shape) -> float:
-        return 0.01
 
 
 @pytest.fixture(scope="module")

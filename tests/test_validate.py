@@ -13,14 +13,8 @@ from planner.catalog import ModelSpec
 from planner.validation.run import load_cost_model, validate
 from planner.validation.spec import ValidationSpec
 from planner.validation.report import write_report
+from sim_helpers import ConstantCost
 from tiny_models import save_tiny_model
-
-
-class ConstantCost:
-    name = "constant(10ms)"
-
-    def step_time(self, shape) -> float:
-        return 0.01
 
 
 @pytest.fixture(scope="module")
