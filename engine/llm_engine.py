@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import sampling
-from engine.core.block_keys import cache_root
+from engine.core.block_keys import BAD_CACHE_SALT, bad_cache_salt, cache_root
 from engine.core.block_manager import BlockManager
 from engine.core.config import SUPPORTED_BLOCK_SIZES, check_block_size
 from engine.core.kv_allocator import AllocStatus
@@ -239,8 +239,8 @@ class LLMEngine:
             lora_id, lora_name = lora_request.lora_int_id, lora_request.lora_name
         text, token_ids = self._tokenize(prompt)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-        if salt is not None and not (isinstance(salt, str) and salt):
-            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")   # vLLM's words
+        if bad_cache_salt(salt):
+            raise ValueError(BAD_CACHE_SALT)
         vocab = self.runner.vocab_size
         bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:

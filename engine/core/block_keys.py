@@ -21,6 +21,15 @@ def block_key(parent: int, tokens) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
+# vLLM's words for a salt it refuses (vllm/entrypoints/openai/protocol.py): the engine's and the server's.
+BAD_CACHE_SALT = "Parameter 'cache_salt' must be a non-empty string if provided."
+
+
+def bad_cache_salt(value) -> bool:
+    """Whether `value` is a salt vLLM refuses: given (not None) but not a non-empty string."""
+    return value is not None and not (isinstance(value, str) and value)
+
+
 def cache_root(lora_name: str = "", cache_salt: str | None = None) -> int:
     """The parent key of a request's first block: ROOT_HASH for the base model unsalted, else a key of its own.
     - A LoRA adapter's requests share no block with another's, even with equal prompts. vLLM adds the

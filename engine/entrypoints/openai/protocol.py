@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine.core.block_keys import BAD_CACHE_SALT, bad_cache_salt
 from engine.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.entrypoints.openai.errors import RequestError, param_of
 
@@ -161,8 +162,8 @@ class _Common(BaseModel):
     @field_validator("cache_salt", mode="before")
     @classmethod
     def _salt(cls, value):
-        if value is not None and not (isinstance(value, str) and value):
-            raise PydanticCustomError("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+        if bad_cache_salt(value):
+            raise PydanticCustomError("cache_salt", BAD_CACHE_SALT)
         return value
 
     def stop_strings(self) -> list[str]:
