@@ -159,6 +159,17 @@ def test_neither_pool_saturated_names_the_busier():
     assert which_binds(pd)["binds"] == "decode"
 
 
+def test_a_run_whose_requests_are_all_refused_still_has_a_verdict():
+    # vllm-v1 refuses parallel sampling with chunked prefill (as vLLM does): the pools see no work and no time
+    # passes, so their utilization is undefined; the verdict still reads, naming the refusals.
+    load = Load(workload="parallel", requests=1, concurrency=4)
+    result = Simulation.prepare(pd_spec(2, 2, load)).run()
+    assert result.document()["pd"]["prefill"]["utilization"] is None
+    assert result.metrics.num_completed == 0
+    assert "prefill: 0% busy" in result.verdict["lines"][0]
+    assert "1 request rejected, 0 truncated (reasons below)." in result.verdict["lines"]
+
+
 def test_a_closed_loop_runs_through_both_pools():
     load = random_load(requests=30, rate=None, concurrency=4)
     result = Simulation.prepare(pd_spec(1, 1, load)).run()

@@ -59,7 +59,7 @@ def pd_line(pd: dict, found: dict) -> str:
     else:
         head = f"neither pool queues; the {found['binds']} pool is nearer its limit"
         hint = ""
-    readings = (f"prefill: {prefill['utilization']:.0%} busy, wait {found['prefill_wait'] * 1e3:.0f} ms for a "
+    readings = (f"prefill: {found['pressure']['prefill']:.0%} busy, wait {found['prefill_wait'] * 1e3:.0f} ms for a "
                 f"replica (mean) against {(prefill['prefill_time']['mean'] or 0) * 1e3:.0f} ms of prefill; decode: "
                 f"KV cache {decode['kv_utilization'] or 0:.0%} used, batch {decode['mean_batch_size'] or 0:.0f} of "
                 f"{decode['max_num_seqs']}, wait {found['decode_wait'] * 1e3:.0f} ms for blocks and a seat")

@@ -422,7 +422,9 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
         lines.append(("SLOs met" if not missed else f"SLOs missed: {', '.join(missed)}")
                      + f". Goodput {_fmt_rate(good['request_goodput'])}{share}.")
     if v["num_rejected"] or v["num_truncated"]:
-        lines.append(f"{v['num_rejected']} requests rejected, {v['num_truncated']} truncated (reasons below).")
+        rejected = v["num_rejected"]
+        lines.append(f"{rejected} request{'' if rejected == 1 else 's'} rejected, {v['num_truncated']} truncated "
+                     f"(reasons below).")
     if v["next_commands"]:
         lines.append(f"Next: {v['next_commands'][0]['command']}  ({v['next_commands'][0]['why']})")
     return lines
