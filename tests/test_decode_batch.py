@@ -211,6 +211,16 @@ def test_prefix_caching_long_plans_and_outputs():
     assert fast.fast_forwarded_steps > len(fast.steps) // 2
 
 
+def test_a_turn_hitting_the_block_a_decoding_answer_just_filled():
+    # A closed loop sends a conversation's next turn while the turn before still decodes: the new prompt
+    # hits every block the answer has filled, the last one full at this very step, and the batch writes a
+    # member's last fill lazily. Admission must not read that fill (it counted 15 token states twice).
+    trace = make_trace("chatbot", num_requests=40, seed=2)
+    fast = both(trace, MEASURED, LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=4096,
+                concurrency=8)
+    assert fast.prefix_cache_hit_rate > 0 and fast.fast_forwarded_steps > len(fast.steps) // 2
+
+
 # 60 prefixes of 1,024 tokens, 3,840 blocks of them, for 2,000-block caches: decode steps evict them
 PREFIXES = {"num_prefixes": 60, "prefix_len": 1024, "suffix_len": 64, "output_len": 256}
 

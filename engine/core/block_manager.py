@@ -248,7 +248,7 @@ class BlockManager:
             self.seq_hashes[seq.seq_id] = [h for _, h in hit]
         seq.num_computed_tokens = len(hit) * self.block_size
         self.tables[seq.seq_id] = table
-        self.grow(seq, num_tokens)
+        self._extend(table, num_tokens)      # a hit is of full blocks: nothing to fill, only blocks to take
 
     def blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
         return max(_blocks_for(num_tokens, self.block_size) - len(self.tables[seq.seq_id]), 0)
@@ -260,10 +260,17 @@ class BlockManager:
         table = self.tables[seq.seq_id]
         if table and gpu.fill[table[-1]] < bs:
             gpu.set_fill(table[-1], min(bs, num_tokens - (len(table) - 1) * bs))
+        self._extend(table, num_tokens)
+
+    def _extend(self, table: list[int], num_tokens: int) -> None:
+        """Fresh blocks after a table's full ones, to hold ``num_tokens`` tokens: full blocks, then the last
+        (full or not). A hit's blocks are never read for their fill here: a running request's last one may
+        be written lazily by the simulator's decode batch (planner/sim/batch.py)."""
+        bs = self.block_size
         new = _blocks_for(num_tokens, bs) - len(table)
-        if new > 0:                               # full blocks, then the last (full or not)
-            table += gpu.take_many(new - 1, bs)
-            table.append(gpu.take(num_tokens - len(table) * bs))
+        if new > 0:
+            table += self.gpu.take_many(new - 1, bs)
+            table.append(self.gpu.take(num_tokens - len(table) * bs))
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the slots of the sequence's first ``num_tokens`` tokens: blocks past them go
