@@ -212,12 +212,11 @@ def test_prefix_caching_long_plans_and_outputs():
 
 
 def test_a_turn_hitting_the_block_a_decoding_answer_just_filled():
-    # A closed loop sends a conversation's next turn while the turn before still decodes: the new prompt
-    # hits every block the answer has filled, the last one full at this very step, and the batch writes a
+    # Turns that arrive while the turn before still decodes (a trace's times say so): the new prompt hits
+    # every block the answer has filled, the last one full at this very step, and the batch writes a
     # member's last fill lazily. Admission must not read that fill (it counted 15 token states twice).
-    trace = make_trace("chatbot", num_requests=40, seed=2)
-    fast = both(trace, MEASURED, LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=4096,
-                concurrency=8)
+    trace = make_trace("chatbot", num_requests=60, rate=8.0, seed=2, time_per_token=0.002, think_time=0.05)
+    fast = both(trace, MEASURED, LLAMA, H100, policy="vllm-v1", enable_prefix_caching=True, max_model_len=4096)
     assert fast.prefix_cache_hit_rate > 0 and fast.fast_forwarded_steps > len(fast.steps) // 2
 
 

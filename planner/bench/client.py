@@ -30,6 +30,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency_summary
 from workloads import Trace, TraceRequest
+from workloads.clients import TurnQueue
 from workloads.schema import MAX_TOKEN_ID
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
@@ -106,9 +107,10 @@ class BenchConfig:
     prompt_format: str = "tokens"
     endpoint_type: str = "completions"     # or "chat" (/v1/chat/completions, the prompt as one user message)
     api_key: str | None = None    # sent as "Authorization: Bearer <key>" (default: $OPENAI_API_KEY)
-    # At most this many requests in flight (vllm bench serve's --max-concurrency): a request due while all
-    # are busy waits for one to end, and its timing starts when it is sent. With every request due at once
-    # this is a closed loop of that many clients.
+    # At most this many requests in flight (vllm bench serve's --max-concurrency): that many clients, each
+    # sending its next request when its last one ends, never before the request's time, and its timing starts
+    # when it is sent; a conversation's turns go one after another from one client (workloads/clients.py).
+    # With every request due at once this is a closed loop of that many clients.
     max_concurrency: int | None = None
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
@@ -295,29 +297,33 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
     async with httpx.AsyncClient(base_url=api_base(cfg.endpoint), limits=limits, headers=cfg.headers(),
                                  timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
         origin = time.perf_counter()
-        tasks = []
-        gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        for req, out in zip(trace, results):
+        outs = {req.request_id: out for req, out in zip(trace, results)}
+
+        async def send(req: TraceRequest) -> None:
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(_gated(gate, _send(client, cfg, out.model, trace, req, out)))
+            await _send(client, cfg, outs[req.request_id].model, trace, req, outs[req.request_id])
             if progress is not None:
-                task.add_done_callback(lambda _: progress())
-            tasks.append(task)
-        await asyncio.gather(*tasks)
+                progress()
+
+        if cfg.max_concurrency:
+            queue = TurnQueue(trace.requests)
+            await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
+        else:
+            await asyncio.gather(*(send(req) for req in trace))
     for out in results:   # times relative to the start of the run
         if out.start is not None:
             out.start -= origin
     return results, time.perf_counter() - origin
 
 
-async def _gated(gate: asyncio.Semaphore | None, sending):
-    """Send once a slot is free (no gate: at once); the request's clock starts inside `sending`."""
-    if gate is None:
-        return await sending
-    async with gate:
-        return await sending
+async def _client(queue: TurnQueue, send) -> None:
+    """One client of a closed loop: its requests one after another, each its last one's next (`queue.after`)."""
+    req = queue.first()
+    while req is not None:
+        await send(req)
+        req = queue.after(req)
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:

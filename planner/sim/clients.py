@@ -9,7 +9,8 @@ and sends the next request through HTTP and the tokenizer while the engine
 has already scheduled its next step, so the request waits for that step to end
 and joins the one after: any turnaround shorter than a step gives that.
 
-A closed loop alone sends the trace's requests in order, their times aside.
+A closed loop alone sends the trace's requests in order, their times aside, and a conversation's turns
+one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark).
 `paced` (a request rate too: `vllm bench serve --request-rate R
 --max-concurrency N`) sends none before its trace time and keeps at most N
 in flight: a request due while N are out waits for one of them to end. Its
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 import simpy
+
+from workloads.clients import TurnQueue
 
 # The turnaround `validate --endpoint` simulates its closed loop with when none is given: the order of
 # an HTTP round trip on loopback with a short prompt to tokenize. Any turnaround shorter than the
@@ -43,8 +45,9 @@ class ClosedLoop:
                  paced: bool = False) -> None:
         self.env = env
         self.paced = paced                # send no request before its trace time
-        self.waiting = deque(requests)
+        self.waiting = TurnQueue(requests)
         self.unsent = len(self.waiting)
+        self.in_flight: dict[str, TraceRequest] = {}   # request id -> the request, sent and not ended
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
         self.turnaround = turnaround
         self.due = due                    # told of each send on its way, so an engine's windows stop before it
@@ -52,24 +55,35 @@ class ClosedLoop:
         self.on_the_way: list[float] = []   # a heap: when the sends and releases waited for happen
 
     def release(self, count: int) -> None:
-        """`count` clients send their next requests: now, or when each comes due."""
-        for _ in range(min(count, len(self.waiting))):
-            req = self.waiting.popleft()
-            if self.paced and req.arrival_time > self.env.now:
-                self._after(req.arrival_time - self.env.now, lambda req=req: self._send(req, req.arrival_time))
-            else:
-                self._send(req, self.env.now)
+        """`count` new clients send their first requests."""
+        for _ in range(count):
+            self._next(self.waiting.first())
 
-    def ended(self, count: int) -> None:
-        """`count` requests ended now: their clients send their next ones after the turnaround."""
-        if not count or not self.waiting:
+    def ended(self, request_ids: list[str]) -> None:
+        """These requests ended now: their clients send their next ones after the turnaround."""
+        ended = [self.in_flight.pop(request_id) for request_id in request_ids]
+        if not ended or not self.waiting:
             return
         if self.turnaround <= 0:
-            self.release(count)
+            self._after_ended(ended)
             return
-        self._after(self.turnaround, lambda: self.release(count))
+        self._after(self.turnaround, lambda: self._after_ended(ended))
+
+    def _after_ended(self, ended: list[TraceRequest]) -> None:
+        for req in ended:
+            self._next(self.waiting.after(req))
+
+    def _next(self, req: TraceRequest | None) -> None:
+        """A client's next request sent now, or paced, when it comes due."""
+        if req is None:
+            return
+        if self.paced and req.arrival_time > self.env.now:
+            self._after(req.arrival_time - self.env.now, lambda: self._send(req, req.arrival_time))
+        else:
+            self._send(req, self.env.now)
 
     def _send(self, req: TraceRequest, at: float) -> None:
+        self.in_flight[req.request_id] = req
         self.send(req, at)
         self.unsent -= 1
         if not self.unsent:

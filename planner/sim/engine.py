@@ -203,7 +203,7 @@ class SimulatedEngine(Sleeper):
         # Whether blocks this engine lent out will come back (a P/D prefill replica's, held until the
         # decode side reads them: planner/sim/pd.py); requests that wait for them are not a stall.
         self.blocks_lent: Callable[[], bool] | None = None
-        self.on_ended: Callable[[int], None] | None = None   # a closed loop's (planner/sim/clients.py)
+        self.on_ended: Callable[[list[str]], None] | None = None   # a closed loop's (planner/sim/clients.py)
         self.process: simpy.Process | None = None
         self.pending = None                # the window or batch plan the engine sleeps through
         self.wake_at = 0.0
@@ -287,15 +287,15 @@ class SimulatedEngine(Sleeper):
         the next schedule)."""
         return 1 if self.async_scheduling and self.scheduler.has_unfinished() else 0
 
-    def ended(self, count: int) -> None:
-        """`count` requests ended now (finished, rejected or truncated); in a closed loop each one's client
-        sends its next request."""
-        if not count:
+    def ended(self, requests: list) -> None:
+        """These requests (groups or parents) ended now (finished, rejected or truncated); in a closed loop
+        each one's client sends its next request."""
+        if not requests:
             return
-        self.done += count
-        self.ended_at.extend(repeat(self.env.now, count))
+        self.done += len(requests)
+        self.ended_at.extend(repeat(self.env.now, len(requests)))
         if self.on_ended is not None:
-            self.on_ended(count)
+            self.on_ended([r.request_id for r in requests])
 
     def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
@@ -535,7 +535,7 @@ class SimulatedEngine(Sleeper):
     def settle(self, out) -> bool:
         """A step with nothing to compute: count what the scheduler ended itself; True to look again now."""
         ended = self.parents.ended(out.finished_now)
-        self.ended(len(ended))
+        self.ended(ended)
         if self.watch is not None and ended:
             self.watch(self, self.env.now, ended)
         if out.rejected or out.truncated or out.preempted:
@@ -628,7 +628,7 @@ class SimulatedEngine(Sleeper):
             late = len(self.queued_at) - bisect.bisect_right(self.queued_at, self.last_start)
             self.published_counts.append((end, len(self.scheduler.waiting) - late, len(self.scheduler.running)))
         finished = self.parents.ended(finished)
-        self.ended(len(finished))
+        self.ended(finished)
         taken = len(self.steps)
         if self.progress is not None and taken // PROGRESS_EVERY != (taken - count) // PROGRESS_EVERY:
             self.progress(end, self.done, self.total)

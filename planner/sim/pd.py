@@ -234,7 +234,7 @@ class Disaggregated:
         if lost:
             self._ended(now, lost)
             if self.concurrency is not None:
-                self.prefill.loop.ended(len(lost))
+                self.prefill.loop.ended([g.request_id for g in lost])
 
     def _hold(self, engine: SimulatedEngine, group: SequenceGroup) -> None:
         """The prefill replica keeps the request's KV until the decode replica has read it (vLLM's NIXL

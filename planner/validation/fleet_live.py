@@ -40,6 +40,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.live import _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
+from workloads.clients import TurnQueue
 
 
 class ReplicaClock:
@@ -88,8 +89,8 @@ class LiveReplica:
             return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
         return self.prefill_cached, self.prefill_held
 
-    def step(self, between_steps=None) -> int:
-        """One engine step on this replica's clock; the requests it ended."""
+    def step(self, between_steps=None) -> list[str]:
+        """One engine step on this replica's clock; the ids of the requests it ended."""
         self.clock.run(self.free_at)
         began = time.perf_counter()
         finished = self.engine.step()
@@ -102,7 +103,7 @@ class LiveReplica:
             self.engine.allocator.gpu.events.clear()
         if between_steps is not None:
             between_steps(busy, end)              # no replica's clock runs meanwhile
-        return len(finished)
+        return [out.request_id for out in finished]
 
     def blocks_used_before(self, t: float) -> int:
         i = bisect.bisect_left(self.used, (t, -1))
@@ -185,8 +186,8 @@ class FleetReplay:
     """One live fleet's replay, an event at a time (see the module): `next_time()` is when its next event
     happens on the trace clock (None once every request ended), `advance()` takes it. Requests are sent at
     their arrival times, or by the spec's closed loop of clients (planner/sim/clients.py's rules: N sent at
-    once, the next one as each ends, the deployment's client_turnaround later; paced, never before its
-    arrival time), each stamped with the time it is sent."""
+    once, each client's next one (workloads/clients.py) as its request ends, the deployment's
+    client_turnaround later; paced, never before its arrival time), each stamped with the time it is sent."""
 
     def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
                  spec: ValidationSpec, between_steps=None, progress=None, loras: dict | None = None) -> None:
@@ -199,18 +200,26 @@ class FleetReplay:
         self.clients, self.paced = spec.concurrency, spec.paced
         self.turnaround = spec.deployment.client_turnaround
         self.stream_interval = spec.deployment.stream_interval
-        self.unsent = deque(trace.requests)
-        self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, trace order, request)
+        self.unsent = TurnQueue(trace.requests if self.clients is not None else ())   # the closed loop's
+        self.in_flight: dict[str, object] = {}    # request id -> the request, sent and not ended
+        self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, order released, request)
         self.order = itertools.count()
-        self._release(len(self.unsent) if self.clients is None else self.clients, 0.0)
+        if self.clients is None:
+            for req in trace.requests:
+                self._due(req, 0.0)
+        else:
+            self._new_clients(0.0)
 
-    def _release(self, count: int, at: float) -> None:
-        """The trace's next `count` requests, in order, due at `at`: at their arrival times in an open loop,
-        never before them when paced."""
-        for _ in range(min(count, len(self.unsent))):
-            req = self.unsent.popleft()
-            when = req.arrival_time if self.clients is None or (self.paced and req.arrival_time > at) else at
-            heapq.heappush(self.due, (when, next(self.order), req))
+    def _new_clients(self, at: float) -> None:
+        for _ in range(self.clients):
+            self._due(self.unsent.first(), at)
+
+    def _due(self, req, at: float) -> None:
+        """A request due at `at`: at its arrival time in an open loop, never before it when paced."""
+        if req is None:
+            return
+        when = req.arrival_time if self.clients is None or (self.paced and req.arrival_time > at) else at
+        heapq.heappush(self.due, (when, next(self.order), req))
 
     def _next_step(self) -> LiveReplica | None:
         busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
@@ -219,7 +228,7 @@ class FleetReplay:
     def next_time(self) -> float | None:
         nxt = self._next_step()
         if not self.due and nxt is None and self.unsent:    # nothing out, nothing on its way: every client free
-            self._release(self.clients, max(r.free_at for r in self.replicas))
+            self._new_clients(max(r.free_at for r in self.replicas))
         times = [t for t in (self.due[0][0] if self.due else None,
                              nxt.free_at if nxt is not None else None) if t is not None]
         return min(times) if times else None
@@ -231,9 +240,11 @@ class FleetReplay:
             self._route(req, when)
             return
         ended = nxt.step(self.between_steps)
-        self.done += ended
-        if self.clients is not None and ended:       # each ended request frees its client for the next
-            self._release(ended, nxt.free_at + self.turnaround)
+        self.done += len(ended)
+        for request_id in ended:
+            req = self.in_flight.pop(request_id)
+            if self.clients is not None:       # each ended request frees its client for its next
+                self._due(self.unsent.after(req), nxt.free_at + self.turnaround)
         if self.progress is not None and ended:
             self.progress(self.done, len(self.trace))
 
@@ -250,6 +261,7 @@ class FleetReplay:
                                    lora_request=self.loras.get(req.lora))
         self.groups.append(replica.engine.groups[req.request_id])
         self.routes.append(chosen)
+        self.in_flight[req.request_id] = req
 
     def result(self) -> LiveFleet:
         return _fleet_result(self.groups, self.routes, self.replicas, self.shapes, self.stream_interval)

@@ -24,6 +24,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.compare import LiveRun
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
+from workloads.clients import TurnQueue
 
 
 class TraceClock:
@@ -120,56 +121,65 @@ def speculation_curves(stats: dict | None) -> dict:
 
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps,
             loras: dict | None = None) -> list:
-    """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and the
-    next one as each ends (the deployment's client_turnaround later, stamped with the time it is sent, as
-    the simulator's clients do: planner/sim/clients.py); paced (a rate too), a released request is sent at
-    its arrival time if that is later, stamped with it. Step until all are done; the requests' groups."""
+    """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and each
+    client's next one as its request ends (a conversation's next turn, workloads/clients.py), the deployment's
+    client_turnaround later, stamped with the time it is sent, as the simulator's clients do
+    (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if that is
+    later, stamped with it. Step until all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
-    pending = deque(trace.requests)
     closed_loop = spec.concurrency is not None
+    pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
+    clients = TurnQueue(trace.requests if closed_loop else ())
+    in_flight: dict[str, object] = {}     # closed loop: request id -> the request, sent and not ended
     turnaround = spec.deployment.client_turnaround
-    on_the_way: deque[tuple[float, int]] = deque()    # closed loop: (when, how many) clients send their next
-    not_yet_due: deque = deque()      # paced: requests whose clients are free, each waiting for its arrival time
+    on_the_way: deque[tuple[float, list]] = deque()   # closed loop: (when, the ended requests) clients send after
+    not_yet_due: list = []            # paced: requests whose clients are free, each waiting for its arrival time
 
     def send(req, at: float) -> None:
         engine.add_request(req.request_id, req.engine_prompt(trace.prompt_token_ids(req, vocab, spec.seed)),
                            req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
                            priority=req.priority, lora_request=(loras or {}).get(req.lora))
         groups.append(engine.groups[req.request_id])
+        in_flight[req.request_id] = req
 
-    def release(count: int, at: float) -> None:
-        """`count` clients take the next requests: sent now (stamped `at`), or paced, at their arrival times."""
-        for _ in range(min(count, len(pending))):
-            req = pending.popleft()
-            if spec.paced and req.arrival_time > at:
-                not_yet_due.append(req)       # in trace order, so in arrival order
-            else:
-                send(req, at)
+    def release(req, at: float) -> None:
+        """A client's next request sent now (stamped `at`), or paced, at its arrival time."""
+        if req is None:
+            return
+        if spec.paced and req.arrival_time > at:
+            not_yet_due.append(req)
+        else:
+            send(req, at)
 
     def next_due() -> float | None:
         times = [on_the_way[0][0]] if on_the_way else []
-        times += [not_yet_due[0].arrival_time] if not_yet_due else []
+        times += [min(r.arrival_time for r in not_yet_due)] if not_yet_due else []
         return min(times) if times else None
+
+    def new_clients(at: float) -> None:
+        for _ in range(spec.concurrency):
+            release(clients.first(), at)
 
     done = 0
     clock.start()   # trace time 0: the first arrival is due now
     if closed_loop:
-        release(spec.concurrency, 0.0)
-    while pending or not_yet_due or engine.has_unfinished_requests():
+        new_clients(0.0)
+    while pending or clients or not_yet_due or engine.has_unfinished_requests():
         if closed_loop:
             while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
-                sent, count = on_the_way.popleft()
-                release(count, sent)
-            while not_yet_due and not_yet_due[0].arrival_time <= clock():
-                req = not_yet_due.popleft()
+                sent, ended = on_the_way.popleft()
+                for req in ended:
+                    release(clients.after(req), sent)
+            for req in sorted((r for r in not_yet_due if r.arrival_time <= clock()), key=lambda r: r.arrival_time):
+                not_yet_due.remove(req)
                 send(req, req.arrival_time)
             if not engine.has_unfinished_requests():
                 due = next_due()
                 if due is not None:
                     time.sleep(max(0.0, due - clock()))
                 else:       # nothing in flight and nothing on its way: every client is free
-                    release(spec.concurrency, clock())
+                    new_clients(clock())
                 continue
         else:
             now = engine.clock()
@@ -187,7 +197,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
                 between_steps(busy_s, now)
         done += len(finished)
         if closed_loop and finished:   # each ended request (finished or refused) frees its client for the next
-            on_the_way.append((clock() + turnaround, len(finished)))
+            on_the_way.append((clock() + turnaround, [in_flight.pop(out.request_id) for out in finished]))
         if progress is not None and finished:
             progress(done, len(trace))
     return groups

@@ -1,0 +1,122 @@
+"""Closed loops over multi-turn conversations (workloads/clients.py): a client sends a conversation's next
+turn only when the answer to the one before has come, as vLLM's multi-turn benchmark does, in the simulator,
+the live engine's replay and `planner bench` alike. A trace without conversations keeps its order."""
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.deployment import Deployment
+from engine.llm_engine import LLMEngine
+from engine.entrypoints.openai.server import BackgroundServer
+from planner.cli.app import app
+from planner.cost.linear import LinearCostModel
+from planner.sim import simulate
+from planner.validation.run import validate
+from planner.validation.spec import ValidationSpec
+from serve_helpers import save_byte_model
+from sim_helpers import ConstantCost, sim_plan
+from tiny_models import save_tiny_model
+from workloads import TraceRequest, make_trace
+from workloads.clients import TurnQueue
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+def request(request_id: str, conversation: str | None = None, turn: int = 0) -> TraceRequest:
+    return TraceRequest(request_id=request_id, arrival_time=0.0, prompt_len=8, output_len=4,
+                        conversation_id=conversation, turn=turn)
+
+
+def test_a_client_keeps_its_conversation_and_others_take_the_next_ones():
+    a0, s, a1, b0, a2, b1 = (request("a0", "A"), request("s"), request("a1", "A", 1), request("b0", "B"),
+                             request("a2", "A", 2), request("b1", "B", 1))
+    queue = TurnQueue([a0, s, a1, b0, a2, b1])
+    assert (queue.first(), queue.first()) == (a0, s)      # two clients: A's first turn and the lone request
+    assert queue.after(s) == b0             # the lone request's client begins the next conversation, not A's turn
+    assert queue.after(a0) == a1 and queue.after(b0) == b1 and queue.after(a1) == a2
+    assert len(queue) == 0 and queue.after(a2) is None and queue.after(b1) is None and queue.first() is None
+
+
+def test_without_conversations_the_trace_goes_in_its_order():
+    reqs = [request(f"r{i}") for i in range(5)]
+    queue = TurnQueue(reqs)
+    sent = [queue.first(), queue.first()]
+    for client in (1, 0, 2):
+        sent.append(queue.after(sent[client]))
+    assert sent == reqs and queue.after(reqs[4]) is None
+
+
+def turns_in_order(records, trace, turnaround: float = 0.0) -> int:
+    """Assert every turn was sent no earlier than its conversation's turn before ended (plus the turnaround);
+    the most conversations under way at once."""
+    by_id = {r.request_id: r for r in records}
+    conversations = defaultdict(list)
+    for req in trace:
+        conversations[req.conversation_id].append(by_id[req.request_id])
+    for turns in conversations.values():
+        for before, after in zip(turns, turns[1:]):
+            assert after.arrival >= before.finish + turnaround - 1e-12
+    spans = [(turns[0].arrival, turns[-1].finish) for turns in conversations.values()]
+    return max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+
+
+@pytest.mark.parametrize("turnaround", [0.0, 0.001])
+def test_simulated_clients_send_a_conversations_turns_one_after_another(turnaround):
+    trace = make_trace("chatbot", num_requests=80, rate=50.0, seed=3)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096,
+                    client_turnaround=turnaround)
+    cost = LinearCostModel(0.01, 1e-4)
+    fast = simulate(trace, plan, cost, concurrency=4)
+    assert turns_in_order(fast.requests, trace, turnaround) <= 4     # no client holds two conversations
+    assert fast.metrics.num_completed == 80
+    slow = simulate(trace, plan, cost, concurrency=4, fast_forward=False)
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+
+
+def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir):
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=3, requests=10, length_scale=0.05,
+                          max_prompt_len=40, max_output_len=8)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 10
+    assert [s.batch_size for s in v.live.steps] == [s.batch_size for s in v.sim_steps]
+    trace = spec.trace()
+    assert len({r.conversation_id for r in trace}) < len(trace)     # conversations of several turns
+    turns_in_order(v.live.requests, trace)
+    turns_in_order(v.sim_requests, trace)
+    assert [r.request_id for r in v.live.requests] == [r.request_id for r in v.sim_requests]   # in sending order
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = save_byte_model(tmp_path_factory.mktemp("byte-llama"))
+    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=256, max_num_seqs=16)
+    with BackgroundServer(engine, "tiny", folder) as srv:
+        yield srv
+
+
+def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path):
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=40, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)     # every turn due at once: a closed loop
+    path = tmp_path / "chat.jsonl"
+    trace.save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
+                                      "--prompt-format", "tokens", "--max-concurrency", "3", "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_completed"] == 12
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    by_conversation = defaultdict(list)
+    for req in trace:
+        row = rows[req.request_id]
+        by_conversation[req.conversation_id].append((float(row["start"]), float(row["start"]) + float(row["e2e"])))
+    assert any(len(turns) > 1 for turns in by_conversation.values())
+    for turns in by_conversation.values():
+        assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))
