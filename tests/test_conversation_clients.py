@@ -81,18 +81,28 @@ def test_simulated_clients_send_a_conversations_turns_one_after_another(turnarou
     assert fast.requests == slow.requests and fast.steps == slow.steps
 
 
-def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir):
-    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80)
-    spec = ValidationSpec(deployment, workload="chatbot", concurrency=3, requests=10, length_scale=0.05,
-                          max_prompt_len=40, max_output_len=8)
+@pytest.mark.parametrize("policy", ["vllm-v1", "paper"])
+def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy):
+    # Each turn's history holds the answer the live model gave to the turn before (as a multi-turn client
+    # sends it back), so the live prefix cache hits the answer's blocks as the simulated one hits the trace's:
+    # the same batches, prefills and blocks step for step (with prefix caching, both policies).
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            policy=policy, enable_prefix_caching=True)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=10, length_scale=0.1,
+                          max_prompt_len=40, max_output_len=12, seed=2)
     v = validate(spec, cost_model=ConstantCost())
     assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 10
-    assert [s.batch_size for s in v.live.steps] == [s.batch_size for s in v.sim_steps]
+
+    def steps(records):
+        return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
+    assert steps(v.live.steps) == steps(v.sim_steps)
     trace = spec.trace()
     assert len({r.conversation_id for r in trace}) < len(trace)     # conversations of several turns
     turns_in_order(v.live.requests, trace)
     turns_in_order(v.sim_requests, trace)
     assert [r.request_id for r in v.live.requests] == [r.request_id for r in v.sim_requests]   # in sending order
+    computed = sum(s.prefill_tokens for s in v.live.steps)       # the same in both (above): the live cache hit
+    assert v.simulated["prefix_cache_hit_rate"] > 0 and computed < sum(r.prompt_len for r in v.live.requests)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +130,18 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     assert any(len(turns) > 1 for turns in by_conversation.values())
     for turns in by_conversation.values():
         assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))
+
+
+def test_a_live_fleet_hits_the_answers_sent_back_as_the_simulated_fleet(llama_dir):
+    # session routing keeps a conversation on one replica, whose cache holds its answers' blocks: live (the
+    # model's answers sent back) and simulated (the trace's) turns hit them alike
+    from planner.validation.fleet import validate_fleet
+    from planner.sim.router import parse_router
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_model_len=80, enable_prefix_caching=True)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=10, length_scale=0.1,
+                          max_prompt_len=40, max_output_len=12, seed=2, seeds=0, kv_cache_memory_bytes=1 << 22)
+    result = validate_fleet(spec, 2, parse_router("session"), cost_model=ConstantCost())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == 10
+    assert result.live.routes == result.sim.fleet.routes
+    assert result.live.prefix_cache_hit_rate == result.sim.prefix_cache_hit_rate > 0
+    turns_in_order(result.live.requests, spec.trace())

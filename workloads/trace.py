@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -231,7 +231,8 @@ class Trace:
             return list(request.output_token_ids)
         return random_ids(vocab_size, request.output_len, seed, "answer", request.request_id).tolist()
 
-    def prompt_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0) -> list[int]:
+    def prompt_token_ids(self, request: TraceRequest, vocab_size: int, seed: int = 0,
+                         answers: Mapping[str, list[int]] | None = None) -> list[int]:
         """Deterministic prompt ids (prompt_len of them) for ``request``.
 
         - Ids stored in the trace (imported real prompts) are returned as they are.
@@ -246,8 +247,12 @@ class Trace:
         - Otherwise the first ``prefix_len`` ids come from the ``prefix_id``
           stream (the same in every request of that prefix) and the rest from
           the request's own stream.
+
+        ``answers`` (request id -> ids) holds the answers a live model gave to earlier turns: a turn's
+        history then holds those, as a multi-turn client sends back the answer it got, instead of the
+        trace's (the same length, so the same lengths and blocks, and the same prefix-cache hits).
         """
-        return self._prompt_ids(request, vocab_size, seed).tolist()
+        return self._prompt_ids(request, vocab_size, seed, answers or {}).tolist()
 
     def _prompt_streams(self, seed: int) -> Streams:
         """The requests' own prompt streams (random_ids' "prompt" ones), seeded many at a time."""
@@ -255,14 +260,16 @@ class Trace:
             self._streams = Streams(seed, [("prompt", r.request_id) for r in self.requests])
         return self._streams
 
-    def _prompt_ids(self, req: TraceRequest, vocab_size: int, seed: int) -> np.ndarray:
+    def _prompt_ids(self, req: TraceRequest, vocab_size: int, seed: int,
+                    answers: Mapping[str, list[int]]) -> np.ndarray:
         if req.prompt_token_ids is not None:
             return np.asarray(req.prompt_token_ids, dtype=np.int64)
         own = self._prompt_streams(seed).random_ids(vocab_size, req.prompt_len, "prompt", req.request_id)
         prev = self._previous_turn(req)
         if prev is not None:
             history = np.concatenate(
-                [self._prompt_ids(prev, vocab_size, seed), self.output_token_ids(prev, vocab_size, seed)]
+                [self._prompt_ids(prev, vocab_size, seed, answers),
+                 answers.get(prev.request_id) or self.output_token_ids(prev, vocab_size, seed)]
             )
             if req.prefix_len == len(history) and req.prompt_len > len(history):
                 return np.concatenate([history, own[: req.prompt_len - len(history)]])

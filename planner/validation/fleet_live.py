@@ -37,7 +37,7 @@ from engine.core.block_keys import adapter_name, cache_root
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.core.routing import BaseRouter, RouterPolicy, leading_held
 from planner.sim.speculative import spec_step_shape
-from planner.validation.live import _warm_up, random_adapters
+from planner.validation.live import Answers, _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
 from workloads.clients import TurnQueue
@@ -89,8 +89,8 @@ class LiveReplica:
             return scheduler.prefix_hit_tokens, scheduler.prefix_queried_tokens
         return self.prefill_cached, self.prefill_held
 
-    def step(self, between_steps=None) -> list[str]:
-        """One engine step on this replica's clock; the ids of the requests it ended."""
+    def step(self, between_steps=None) -> list:
+        """One engine step on this replica's clock; the requests it ended (their outputs)."""
         self.clock.run(self.free_at)
         began = time.perf_counter()
         finished = self.engine.step()
@@ -103,7 +103,7 @@ class LiveReplica:
             self.engine.allocator.gpu.events.clear()
         if between_steps is not None:
             between_steps(busy, end)              # no replica's clock runs meanwhile
-        return [out.request_id for out in finished]
+        return finished
 
     def blocks_used_before(self, t: float) -> int:
         i = bisect.bisect_left(self.used, (t, -1))
@@ -202,6 +202,7 @@ class FleetReplay:
         self.stream_interval = spec.deployment.stream_interval
         self.unsent = TurnQueue(trace.requests if self.clients is not None else ())   # the closed loop's
         self.in_flight: dict[str, object] = {}    # request id -> the request, sent and not ended
+        self.answers = Answers(trace)
         self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, order released, request)
         self.order = itertools.count()
         if self.clients is None:
@@ -241,15 +242,16 @@ class FleetReplay:
             return
         ended = nxt.step(self.between_steps)
         self.done += len(ended)
-        for request_id in ended:
-            req = self.in_flight.pop(request_id)
+        self.answers.keep(ended)
+        for out in ended:
+            req = self.in_flight.pop(out.request_id)
             if self.clients is not None:       # each ended request frees its client for its next
                 self._due(self.unsent.after(req), nxt.free_at + self.turnaround)
         if self.progress is not None and ended:
             self.progress(self.done, len(self.trace))
 
     def _route(self, req, at: float) -> None:
-        tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed)
+        tokens = self.trace.prompt_token_ids(req, self.vocab, self.seed, self.answers)
         # (random_adapters' names)
         chosen = self.router.pick(tokens, at, cache_root(adapter_name(req.lora), req.cache_salt), req.conversation_id)
         replica = self.replicas[chosen]

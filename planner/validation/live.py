@@ -119,6 +119,20 @@ def speculation_curves(stats: dict | None) -> dict:
     return SpecDecodingStats.from_dict(stats).curves() if stats else {}
 
 
+class Answers(dict):
+    """The answers the live model gave to conversation turns (request id -> its ids), which the conversation's
+    later turns send back in their history (Trace.prompt_token_ids), as a multi-turn client does."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.turns = {r.request_id for r in trace if r.conversation_id is not None}
+
+    def keep(self, finished) -> None:
+        for out in finished:
+            if out.request_id in self.turns and out.outputs:
+                self[out.request_id] = list(out.outputs[0].token_ids)
+
+
 def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progress, between_steps,
             loras: dict | None = None) -> list:
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and each
@@ -135,9 +149,10 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     turnaround = spec.deployment.client_turnaround
     on_the_way: deque[tuple[float, list]] = deque()   # closed loop: (when, the ended requests) clients send after
     not_yet_due: list = []            # paced: requests whose clients are free, each waiting for its arrival time
+    answers = Answers(trace)
 
     def send(req, at: float) -> None:
-        engine.add_request(req.request_id, req.engine_prompt(trace.prompt_token_ids(req, vocab, spec.seed)),
+        engine.add_request(req.request_id, req.engine_prompt(trace.prompt_token_ids(req, vocab, spec.seed, answers)),
                            req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
                            priority=req.priority, lora_request=(loras or {}).get(req.lora))
         groups.append(engine.groups[req.request_id])
@@ -196,6 +211,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
             with clock.paused():
                 between_steps(busy_s, now)
         done += len(finished)
+        answers.keep(finished)
         if closed_loop and finished:   # each ended request (finished or refused) frees its client for the next
             on_the_way.append((clock() + turnaround, [in_flight.pop(out.request_id) for out in finished]))
         if progress is not None and finished:
