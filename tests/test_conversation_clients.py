@@ -119,7 +119,8 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     path = tmp_path / "chat.jsonl"
     trace.save(path)
     result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
-                                      "--prompt-format", "tokens", "--max-concurrency", "3", "--out", str(tmp_path / "run"), "--json"])
+                                      "--prompt-format", "tokens", "--max-concurrency", "3",
+                                      "--out", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_completed"] == 12
     rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}

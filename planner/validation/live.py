@@ -145,7 +145,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     closed_loop = spec.concurrency is not None
     pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
     clients = TurnQueue(trace.requests if closed_loop else ())
-    in_flight: dict[str, object] = {}     # closed loop: request id -> the request, sent and not ended
+    in_flight: dict[str, object] = {}     # request id -> the request, sent and not ended
     turnaround = spec.deployment.client_turnaround
     on_the_way: deque[tuple[float, list]] = deque()   # closed loop: (when, the ended requests) clients send after
     not_yet_due: list = []            # paced: requests whose clients are free, each waiting for its arrival time
@@ -212,8 +212,9 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
                 between_steps(busy_s, now)
         done += len(finished)
         answers.keep(finished)
-        if closed_loop and finished:   # each ended request (finished or refused) frees its client for the next
-            on_the_way.append((clock() + turnaround, [in_flight.pop(out.request_id) for out in finished]))
+        ended = [in_flight.pop(out.request_id) for out in finished]
+        if closed_loop and ended:   # each ended request (finished or refused) frees its client for its next
+            on_the_way.append((clock() + turnaround, ended))
         if progress is not None and finished:
             progress(done, len(trace))
     return groups
