@@ -146,3 +146,42 @@ def test_a_live_fleet_hits_the_answers_sent_back_as_the_simulated_fleet(llama_di
     assert result.live.routes == result.sim.fleet.routes
     assert result.live.prefix_cache_hit_rate == result.sim.prefix_cache_hit_rate > 0
     turns_in_order(result.live.requests, spec.trace())
+
+
+def test_bench_sends_back_the_answer_the_server_gave(monkeypatch):
+    # vLLM's multi-turn benchmark puts the server's answer into the next turn's history: asked with vLLM's
+    # return_token_ids, a turn's answer ids come with its chunks and the conversation's next prompt holds them
+    import httpx
+    import planner.bench.client as bench
+    from planner.bench.client import BenchConfig, run_bench
+
+    bodies = []
+
+    def answer_of(prompt: list[int], n: int) -> list[int]:       # a server's answer: not the trace's
+        return [(sum(prompt) + i) % 200 + 3 for i in range(n)]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        ids = answer_of(body["prompt"], body["max_tokens"])
+        chunks = [{"choices": [{"index": 0, "text": "x", "token_ids": [t] if body.get("return_token_ids") else None,
+                                "finish_reason": None}]} for t in ids]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}})
+        sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(bench.httpx, "AsyncClient",
+                        lambda **kw: real(**kw, transport=httpx.MockTransport(serve)))
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=10**6, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)
+    results, _ = run_bench(trace, BenchConfig(endpoint="http://mock", model="m", prompt_format="tokens",
+                                              max_concurrency=3, vocab_size=256))
+    assert all(r.success for r in results) and all(b.get("return_token_ids") for b in bodies)
+    answers, expected = {}, []
+    for req in sorted(trace, key=lambda r: (r.conversation_id, r.turn)):     # each turn after the one before
+        prompt = trace.prompt_token_ids(req, 256, 0, answers)
+        answers[req.request_id] = answer_of(prompt, req.output_len)
+        expected.append(prompt)
+    assert sorted(b["prompt"] for b in bodies) == sorted(expected)
+    assert any(trace.prompt_token_ids(r, 256, 0) not in expected for r in trace if r.turn > 0)   # not the trace's

@@ -77,6 +77,28 @@ def test_completions_match_the_offline_engine(client, folder):
     assert chunks[-1].usage.completion_tokens == 6
 
 
+def test_return_token_ids_gives_the_answers_ids_as_vllm_does(server):
+    # vLLM's return_token_ids: a completion choice carries the prompt's and the answer's ids (streamed: each
+    # chunk its own ids, the prompt's with the first); a chat answer carries the prompt's ids at its top
+    http = httpx.Client(base_url=f"{server.url}/v1", timeout=60)
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    whole = http.post("/completions", json=body).json()["choices"][0]
+    assert whole["prompt_token_ids"] == [5, 6, 7] and len(whole["token_ids"]) == 5
+    streamed, prompts = [], []
+    with http.stream("POST", "/completions", json=body | {"stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and "[DONE]" not in line:
+                choice = json.loads(line[5:])["choices"][0]
+                streamed += choice["token_ids"]
+                prompts.append(choice.get("prompt_token_ids"))
+    assert streamed == whole["token_ids"] and prompts[0] == [5, 6, 7] and not any(prompts[1:])
+    chat = http.post("/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 3, "ignore_eos": True, "return_token_ids": True}).json()
+    assert chat["prompt_token_ids"] and len(chat["choices"][0]["token_ids"]) == 3
+    assert "token_ids" not in http.post("/completions", json={**body, "return_token_ids": False}).json()["choices"][0]
+
+
 def test_chat_with_and_without_streaming_and_n_samples(client):
     messages = [{"role": "user", "content": "Say hi"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,

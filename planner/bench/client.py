@@ -207,9 +207,11 @@ def request_models(trace: Trace, cfg: BenchConfig) -> list[str | None]:
     return [rng.choice(names) for _ in ids]
 
 
-def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) -> tuple[str, dict]:
-    """The path and body of one request, in the configured endpoint type and prompt format."""
-    ids = trace.prompt_token_ids(req, cfg.vocab_size, cfg.seed)
+def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
+                 answers: dict[str, list[int]] | None = None) -> tuple[str, dict]:
+    """The path and body of one request, in the configured endpoint type and prompt format. `answers`: the
+    server's answers to earlier conversation turns (ids), which a turn's history sends back."""
+    ids = trace.prompt_token_ids(req, cfg.vocab_size, cfg.seed, answers)
     body = {"model": model, "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
     if cfg.endpoint_type == "chat":
         body |= {"messages": [{"role": "user", "content": prompt_text(ids)}], "max_completion_tokens": req.output_len}
@@ -223,12 +225,23 @@ def request_body(cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest) 
         body["cache_salt"] = req.cache_salt
     if cfg.ignore_eos:
         body["ignore_eos"] = True
+    if sends_back_answers(cfg, req):    # vLLM's field: the answer's ids come with its chunks
+        body["return_token_ids"] = True
     return ("/chat/completions" if cfg.endpoint_type == "chat" else "/completions"), body
 
 
+def sends_back_answers(cfg: BenchConfig, req: TraceRequest) -> bool:
+    """A conversation turn sent as token ids: its answer's ids go back in the next turn's history, as vLLM's
+    multi-turn benchmark sends each answer back (a text prompt sends the trace's, the text's ids being the
+    server's tokenizer's)."""
+    return req.conversation_id is not None and cfg.prompt_format == "tokens" and cfg.endpoint_type != "chat"
+
+
 async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: Trace, req: TraceRequest,
-                out: BenchRequest) -> None:
-    path, body = request_body(cfg, model, trace, req)
+                out: BenchRequest, answers: dict[str, list[int]] | None = None) -> None:
+    """Send one request and time its stream into `out`; a conversation turn's answer ids into `answers`."""
+    path, body = request_body(cfg, model, trace, req, answers)
+    answer = [] if answers is not None and body.get("return_token_ids") else None
     session = {cfg.session_key: req.conversation_id} if cfg.session_key and req.conversation_id else None
     out.start = time.perf_counter()
     try:
@@ -236,9 +249,11 @@ async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: 
             if response.status_code != 200:
                 out.error = await _http_error(response)
                 return
-            await _read_stream(response, out, chat=cfg.endpoint_type == "chat")
+            await _read_stream(response, out, chat=cfg.endpoint_type == "chat", answer=answer)
     except (httpx.HTTPError, ValueError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"[:500]
+    if answer and out.success:
+        answers[req.request_id] = answer
 
 
 async def _http_error(response) -> str:
@@ -250,8 +265,9 @@ async def _http_error(response) -> str:
     return f"HTTP {response.status_code}: {text}"[:500]
 
 
-async def _read_stream(response, out: BenchRequest, chat: bool) -> None:
-    """Time the chunks as vLLM's benchmark does; a chat chunk counts once it carries content."""
+async def _read_stream(response, out: BenchRequest, chat: bool, answer: list[int] | None = None) -> None:
+    """Time the chunks as vLLM's benchmark does; a chat chunk counts once it carries content. `answer` gathers
+    the chunks' generated ids (vLLM's return_token_ids)."""
     chunks = 0
     last = out.start
     async for line in response.aiter_lines():
@@ -276,6 +292,8 @@ async def _read_stream(response, out: BenchRequest, chat: bool) -> None:
             last = now
             chunks += 1
             out.finish_reason = choices[0].get("finish_reason") or out.finish_reason
+            if answer is not None:
+                answer.extend(choices[0].get("token_ids") or ())
         usage = doc.get("usage")
         if usage:
             out.output_len = usage.get("completion_tokens") or 0
@@ -298,12 +316,13 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
                                  timeout=httpx.Timeout(cfg.timeout, connect=30.0)) as client:
         origin = time.perf_counter()
         outs = {req.request_id: out for req, out in zip(trace, results)}
+        answers: dict[str, list[int]] = {}     # conversation turns' answers, sent back by the turns after
 
         async def send(req: TraceRequest) -> None:
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await _send(client, cfg, outs[req.request_id].model, trace, req, outs[req.request_id])
+            await _send(client, cfg, outs[req.request_id].model, trace, req, outs[req.request_id], answers)
             if progress is not None:
                 progress()
 

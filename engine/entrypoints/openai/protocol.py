@@ -151,6 +151,9 @@ class _Common(BaseModel):
     priority: int = Field(0, ge=-(1 << 31), lt=1 << 31)
     # vLLM's: the request shares prefix-cache blocks only with requests of the same salt (engine/core/block_keys.py)
     cache_salt: str | None = None
+    # vLLM's: each choice also carries its generated ids (`token_ids`; streamed, each chunk's) and the answer the
+    # prompt's ids (`prompt_token_ids`: a completion choice's, a chat answer's own; streamed, the first chunk's)
+    return_token_ids: bool | None = None
     # Accepted only at their defaults (no penalties in this engine).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

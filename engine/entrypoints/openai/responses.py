@@ -67,7 +67,8 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
             final = update.final
         # n = 1,024 answers with logprobs are tens of MB of JSON: built and rendered off the event loop
         rendered = await asyncio.to_thread(lambda: json.dumps(
-            _whole(model_name, request_id, final, token_ids, params, chat, details), ensure_ascii=False,
+            _whole(model_name, request_id, final, token_ids, params, chat, details, bool(body.return_token_ids)),
+            ensure_ascii=False,
             allow_nan=False, separators=(",", ":")).encode())          # as FastAPI's JSONResponse renders it
         return Response(rendered, media_type="application/json")
     # Streaming: wait for the request to be accepted or refused before the 200 goes out.
@@ -76,7 +77,8 @@ async def serve_request(state, body, prefix: str, prompt_text, token_ids, params
         await updates.aclose()
         raise refusal(first)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    stream = _Stream(model_name, request_id, chat, include_usage, params, len(token_ids), details)
+    stream = _Stream(model_name, request_id, chat, include_usage, params, token_ids, details,
+                     bool(body.return_token_ids))
     return StreamingResponse(stream.events(first, updates), media_type="text/event-stream")
 
 
@@ -90,42 +92,56 @@ def usage(prompt_tokens: int, completion_tokens: int, final, details: bool) -> d
     return doc
 
 
-def _whole(model_name: str, request_id: str, final, token_ids, params, chat: bool, details: bool) -> dict:
+def _whole(model_name: str, request_id: str, final, token_ids, params, chat: bool, details: bool,
+           return_ids: bool = False) -> dict:
     want_top = params.logprobs or 0
     choices = []
     for o in final.outputs:
         lp = logprobs_block(o.logprobs, o.token_ids, chat, want_top)
         if chat:
-            choices.append({"index": o.index, "message": {"role": "assistant", "content": o.text or ""},
-                            "logprobs": lp, "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+            choice = {"index": o.index, "message": {"role": "assistant", "content": o.text or ""},
+                      "logprobs": lp, "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
         else:
-            choices.append({"index": o.index, "text": o.text or "", "logprobs": lp,
-                            "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+            choice = {"index": o.index, "text": o.text or "", "logprobs": lp,
+                      "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+            if return_ids:
+                choice["prompt_token_ids"] = list(token_ids)
+        if return_ids:
+            choice["token_ids"] = list(o.token_ids)
+        choices.append(choice)
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-    return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model_name, "choices": choices,
-            "usage": usage(len(token_ids), completion_tokens, final, details)}
+    doc = {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+           "model": model_name, "choices": choices,
+           "usage": usage(len(token_ids), completion_tokens, final, details)}
+    if chat and return_ids:
+        doc["prompt_token_ids"] = list(token_ids)
+    return doc
 
 
 class _Stream:
     """The SSE events of one streaming request."""
 
     def __init__(self, model_name: str, request_id: str, chat: bool, include_usage: bool, params,
-                 prompt_tokens: int, details: bool) -> None:
+                 prompt_ids: list[int], details: bool, return_ids: bool = False) -> None:
         self.model_name = model_name
         self.request_id = request_id
         self.chat = chat
         self.include_usage = include_usage
         self.params = params
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens = len(prompt_ids)
         self.details = details
         self.created = int(time.time())
+        # vLLM's return_token_ids: the prompt's ids go with the first chunk that carries choices
+        self.prompt_ids = list(prompt_ids) if return_ids else None
+        self.return_ids = return_ids
 
     def chunk(self, choices, usage=None) -> str:
         doc = {"id": self.request_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                "created": self.created, "model": self.model_name, "choices": choices}
         if self.include_usage:
             doc["usage"] = usage
+        if self.chat and self.prompt_ids is not None and choices:
+            doc["prompt_token_ids"], self.prompt_ids = self.prompt_ids, None
         return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
 
     def choices(self, update: Update) -> list[dict]:
@@ -134,8 +150,15 @@ class _Stream:
         for d in update.seqs:
             lp = logprobs_block(d.logprobs, d.token_ids, self.chat, want_top)
             delta = {"delta": {"content": d.text}} if self.chat else {"text": d.text}
-            out.append({"index": d.index, **delta, "logprobs": lp, "finish_reason": d.finish_reason,
-                        "stop_reason": d.stop_reason})
+            choice = {"index": d.index, **delta, "logprobs": lp, "finish_reason": d.finish_reason,
+                      "stop_reason": d.stop_reason}
+            if self.return_ids:
+                choice["token_ids"] = list(d.token_ids)
+            out.append(choice)
+        if not self.chat and self.prompt_ids is not None and out:
+            for choice in out:
+                choice["prompt_token_ids"] = self.prompt_ids
+            self.prompt_ids = None
         return out
 
     async def events(self, first: Update, updates):
