@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import defaultdict
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from planner.cli.app import app
 from planner.bench.client import BenchRequest, bench_metrics
 from engine.entrypoints.openai.server import BackgroundServer
 from serve_helpers import save_byte_model
+from workloads import make_trace
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +113,23 @@ def test_bench_takes_a_workloads_parameters(server, tmp_path):
     bad = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--workload", "random", "-p", "turns=2",
                                    "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of input_len" in bad.stderr
+
+
+def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path):
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=40, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)     # every turn due at once: a closed loop
+    path = tmp_path / "chat.jsonl"
+    trace.save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
+                                      "--prompt-format", "tokens", "--max-concurrency", "3",
+                                      "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_completed"] == 12
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    by_conversation = defaultdict(list)
+    for req in trace:
+        row = rows[req.request_id]
+        by_conversation[req.conversation_id].append((float(row["start"]), float(row["start"]) + float(row["e2e"])))
+    assert any(len(turns) > 1 for turns in by_conversation.values())
+    for turns in by_conversation.values():
+        assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))

@@ -1,24 +1,19 @@
 """Closed loops over multi-turn conversations (workloads/clients.py): a client sends a conversation's next
 turn only when the answer to the one before has come, as vLLM's multi-turn benchmark does, in the simulator,
-the live engine's replay and `planner bench` alike. A trace without conversations keeps its order."""
+the live engine's replay and `planner bench` alike (against a server: tests/test_bench.py). A trace without
+conversations keeps its order."""
 from __future__ import annotations
 
-import csv
 import json
 from collections import defaultdict
 
 import pytest
-from typer.testing import CliRunner
 
 from engine.deployment import Deployment
-from engine.llm_engine import LLMEngine
-from engine.entrypoints.openai.server import BackgroundServer
-from planner.cli.app import app
 from planner.cost.linear import LinearCostModel
 from planner.sim import simulate
 from planner.validation.run import validate
 from planner.validation.spec import ValidationSpec
-from serve_helpers import save_byte_model
 from sim_helpers import ConstantCost, sim_plan
 from tiny_models import save_tiny_model
 from workloads import TraceRequest, make_trace
@@ -103,34 +98,6 @@ def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy
     assert [r.request_id for r in v.live.requests] == [r.request_id for r in v.sim_requests]   # in sending order
     computed = sum(s.prefill_tokens for s in v.live.steps)       # the same in both (above): the live cache hit
     assert v.simulated["prefix_cache_hit_rate"] > 0 and computed < sum(r.prompt_len for r in v.live.requests)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = save_byte_model(tmp_path_factory.mktemp("byte-llama"))
-    engine = LLMEngine(folder, block_size=8, num_gpu_blocks=256, max_num_seqs=16)
-    with BackgroundServer(engine, "tiny", folder) as srv:
-        yield srv
-
-
-def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path):
-    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=40, max_output_len=6,
-                       think_time=0.001, time_per_token=1e-4)     # every turn due at once: a closed loop
-    path = tmp_path / "chat.jsonl"
-    trace.save(path)
-    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
-                                      "--prompt-format", "tokens", "--max-concurrency", "3",
-                                      "--out", str(tmp_path / "run"), "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["num_completed"] == 12
-    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
-    by_conversation = defaultdict(list)
-    for req in trace:
-        row = rows[req.request_id]
-        by_conversation[req.conversation_id].append((float(row["start"]), float(row["start"]) + float(row["e2e"])))
-    assert any(len(turns) > 1 for turns in by_conversation.values())
-    for turns in by_conversation.values():
-        assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))
 
 
 def test_a_live_fleet_hits_the_answers_sent_back_as_the_simulated_fleet(llama_dir):
