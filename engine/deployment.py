@@ -101,7 +101,8 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   RequestState.make_request_output). A client then times chunks of N tokens:
   vLLM bench's ITL is the gap between chunks, about N decode steps; TTFT, E2E
   and TPOT are the same. The records' token times are the chunks' times
-  (engine/core/metrics.py `streamed_times`), and `planner serve` streams so.
+  (engine/core/metrics.py `streamed_times`; a speculative step's accepted tokens
+  count one each), and `planner serve` streams so.
 - `speculative` is speculative decoding as the simulator models it, "METHOD:K" (METHOD ngram,
   eagle, mtp or draft; K draft tokens per step; None: off), and `acceptance` the per-position
   conditional acceptance rates "P1,P2,..." (a user-given curve; eagle and mtp default to
@@ -288,9 +289,6 @@ class Deployment:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")
         _at_least("stream_interval", self.stream_interval, 1)
-        if self.stream_interval > 1 and self.speculative is not None:
-            raise ValueError("stream_interval > 1 with speculative decoding is not modelled: a step's accepted "
-                             "drafts are one time in the records, and vLLM counts the chunk's tokens")
         if not 0 <= self.client_turnaround < math.inf:
             raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:

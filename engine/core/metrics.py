@@ -57,7 +57,8 @@ class RequestRecord:
         truncated = group.finish_reason is FinishReason.LENGTH and longest < group.params.max_tokens
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
-                   t.finish, streamed_times(t.token_times, stream_interval), group.num_preemptions, rejected,
+                   t.finish, streamed_times(t.token_times, stream_interval, t.token_counts), group.num_preemptions,
+                   rejected,
                    group.reject_reason, longest, max(len(lengths), 1), truncated, group.priority)
 
     @property
@@ -116,15 +117,26 @@ class RequestRecord:
         return d
 
 
-def streamed_times(token_times: list[float], interval: int) -> list[float]:
+def streamed_times(token_times: list[float], interval: int, counts: list[int] | None = None) -> list[float]:
     """The times a streaming client gets an answer's tokens at when the server sends them `interval` at a
     time (vLLM's --stream-interval, vllm/v1/engine/output_processor.py RequestState.make_request_output):
-    the first at once, then each time `interval` more have come since the last sent, and the rest when the
-    answer ends. One token a time (a request of one sequence, no speculation)."""
+    the first step's at once, then each time `interval` more have come since the last sent, and the rest
+    when the answer ends. `counts`: the tokens each step gave (speculative steps give several; None: one
+    each)."""
     if interval <= 1 or len(token_times) <= 1:
         return list(token_times)
-    sent = token_times[::interval]
-    if (len(token_times) - 1) % interval:
+    if counts is None:
+        sent = token_times[::interval]
+        if (len(token_times) - 1) % interval:
+            sent.append(token_times[-1])
+        return sent
+    sent, unsent = [token_times[0]], 0
+    for t, count in zip(token_times[1:], counts[1:]):
+        unsent += count
+        if unsent >= interval:
+            sent.append(t)
+            unsent = 0
+    if unsent:
         sent.append(token_times[-1])
     return sent
 

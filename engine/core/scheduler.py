@@ -55,12 +55,16 @@ _STOP = FinishReason.STOP
 _LENGTH = FinishReason.LENGTH
 
 
-def stamp_step(group: SequenceGroup, now: float, finished: list[SequenceGroup]) -> bool:
-    """Record that a step ending at `now` gave `group` tokens; True, with `group` added to `finished`,
-    when that step finished it."""
+def stamp_step(group: SequenceGroup, now: float, finished: list[SequenceGroup], count: int = 1) -> bool:
+    """Record that a step ending at `now` gave `group` `count` tokens; True, with `group` added to
+    `finished`, when that step finished it."""
     times = group.times
     if times.first_token is None:
         times.first_token = now
+    if count != 1 or times.token_counts is not None:     # a speculative step's: streamed times count them
+        if times.token_counts is None:
+            times.token_counts = [1] * len(times.token_times)
+        times.token_counts.append(count)
     times.token_times.append(now)
     if group.finish_reason is None:
         return False
@@ -533,6 +537,7 @@ class Scheduler:
             tokens = samples[seq.seq_id]
             if stats is not None:
                 stats.observe_draft(len(drafts), len(tokens) - 1)
+            before = len(seq.token_ids)
             for token, logprob in tokens:
                 seq.append(token, logprob)
                 reason = stop_reason(group, token, len(seq.token_ids), len(seq.token_ids) - seq.prompt_len,
@@ -546,7 +551,7 @@ class Scheduler:
                 allocator.trim(seq, seq.num_computed_tokens)
                 if self._mark_computed:
                     allocator.mark_computed(seq)
-            done = stamp_step(group, now, finished) or done
+            done = stamp_step(group, now, finished, len(seq.token_ids) - before) or done
         if done:
             self.running = [g for g in self.running if g.finish_reason is None]
         return finished

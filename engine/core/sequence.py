@@ -95,6 +95,8 @@ class RequestTimes:
     first_token: float | None = None
     token_times: list[float] = field(default_factory=list)  # one per step that produced tokens
     finish: float | None = None
+    # Tokens each of those steps gave, once a speculative step gave other than one (None: one each)
+    token_counts: list[int] | None = None
 
 
 @dataclass(slots=True)
