@@ -57,9 +57,9 @@ class RequestRecord:
         truncated = group.finish_reason is FinishReason.LENGTH and longest < group.params.max_tokens
         return cls(group.request_id, t.arrival, group.prompt_len,
                    0 if rejected else group.num_output_tokens(), t.first_scheduled, t.first_token,
-                   t.finish, streamed_times(t.token_times, stream_interval, t.token_counts), group.num_preemptions,
-                   rejected,
-                   group.reject_reason, longest, max(len(lengths), 1), truncated, group.priority)
+                   t.finish, streamed_times(t.token_times, stream_interval, t.token_counts),
+                   group.num_preemptions, rejected, group.reject_reason, longest, max(len(lengths), 1), truncated,
+                   group.priority)
 
     @property
     def completed(self) -> bool:
