@@ -22,19 +22,17 @@ class TurnQueue:
     """The requests the clients have still to send (see the module)."""
 
     def __init__(self, requests: Iterable[TraceRequest]) -> None:
-        self.starts: deque[deque[TraceRequest]] = deque()   # conversations not begun, by their first request
-        self.rest: dict[str, deque[TraceRequest]] = {}      # a begun conversation's turns not sent yet
-        begun: dict[str, deque[TraceRequest]] = {}
-        self.unsent = 0
+        self.starts: deque[TraceRequest] = deque()      # each conversation's first turn (a lone request), in order
+        self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation's later turns, in order
         for req in requests:
-            self.unsent += 1
-            turns = begun.get(req.conversation_id) if req.conversation_id is not None else None
-            if turns is None:
-                turns = deque()
-                self.starts.append(turns)
-                if req.conversation_id is not None:
-                    begun[req.conversation_id] = turns
-            turns.append(req)
+            later = self.rest.get(req.conversation_id) if req.conversation_id is not None else None
+            if later is not None:
+                later.append(req)
+                continue
+            self.starts.append(req)
+            if req.conversation_id is not None:
+                self.rest[req.conversation_id] = deque()
+        self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
 
     def __len__(self) -> int:
         return self.unsent
@@ -43,20 +41,14 @@ class TurnQueue:
         """A free client's next request: the next conversation's first turn (None when none is left)."""
         if not self.starts:
             return None
-        return self._take(self.starts.popleft())
+        self.unsent -= 1
+        return self.starts.popleft()
 
     def after(self, ended: TraceRequest) -> TraceRequest | None:
         """The next request of the client whose request `ended` (finished or refused) has just ended: its
         conversation's next turn, else the next conversation's first."""
-        turns = self.rest.get(ended.conversation_id) if ended.conversation_id is not None else None
-        return self._take(turns) if turns else self.first()
-
-    def _take(self, turns: deque[TraceRequest]) -> TraceRequest:
-        req = turns.popleft()
+        later = self.rest.get(ended.conversation_id) if ended.conversation_id is not None else None
+        if not later:
+            return self.first()
         self.unsent -= 1
-        if req.conversation_id is not None:
-            if turns:
-                self.rest[req.conversation_id] = turns
-            else:
-                self.rest.pop(req.conversation_id, None)
-        return req
+        return later.popleft()
