@@ -95,6 +95,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   next step, so its request joins the step after that (`vllm bench serve
   --max-concurrency` against `vllm serve`): any turnaround shorter than a step
   gives that. Open-loop arrivals (a rate, a trace's times) do not read it.
+- `max_active_conversations` is the multi-turn benchmark's `--max-active-conversations`
+  (vLLM's benchmarks/multi_turn): how many conversations a closed loop's N clients keep
+  active in all, each client K // N, sending their turns in rotation one request at a
+  time (workloads/clients.py); None: one each. K < N, or no closed loop, is refused.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -206,6 +210,7 @@ class Deployment:
     kv_cache_dtype: str = "auto"
     async_scheduling: bool | None = None     # vLLM's --async-scheduling; None: vLLM's default (vllm_async_default)
     client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
+    max_active_conversations: int | None = None   # closed loop: conversations all clients keep active (None: 1 each)
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
@@ -289,6 +294,7 @@ class Deployment:
             raise ValueError(f"moe_skew must be in [0, 4] (a power-law exponent; 0 is uniform routing), "
                              f"got {self.moe_skew}")
         _at_least("stream_interval", self.stream_interval, 1)
+        _at_least("max_active_conversations", self.max_active_conversations, 1)
         if not 0 <= self.client_turnaround < math.inf:
             raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -115,13 +115,16 @@ def test_bench_takes_a_workloads_parameters(server, tmp_path):
     assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of input_len" in bad.stderr
 
 
-def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path):
-    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=40, max_output_len=6,
+@pytest.mark.parametrize("clients", [["--max-concurrency", "3"],
+                                     ["--max-concurrency", "2", "--max-active-conversations", "4"]])
+def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path, clients):
+    # 4 conversations of 2-4 turns; with --max-active-conversations 4, two clients of two conversations each
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
                        think_time=0.001, time_per_token=1e-4)     # every turn due at once: a closed loop
     path = tmp_path / "chat.jsonl"
     trace.save(path)
     result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
-                                      "--prompt-format", "tokens", "--max-concurrency", "3",
+                                      "--prompt-format", "tokens", *clients,
                                       "--out", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_completed"] == 12
@@ -133,3 +136,8 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     assert any(len(turns) > 1 for turns in by_conversation.values())
     for turns in by_conversation.values():
         assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))
+    if "--max-active-conversations" in clients:      # all four under way at once, two requests at a time
+        spans = [(turns[0][0], turns[-1][1]) for turns in by_conversation.values()]
+        assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) == 4
+        sent = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows.values()]
+        assert max(sum(s <= t < e for s, e in sent) for t, _ in sent) <= 2

@@ -11,6 +11,7 @@ import pytest
 
 from engine.deployment import Deployment
 from planner.cost.linear import LinearCostModel
+from planner.errors import PlannerError
 from planner.sim import simulate
 from planner.validation.run import validate
 from planner.validation.spec import ValidationSpec
@@ -49,6 +50,40 @@ def test_without_conversations_the_trace_goes_in_its_order():
     assert sent == reqs and queue.after(reqs[4]) is None
 
 
+def test_a_client_of_several_conversations_turns_to_them_in_rotation():
+    # vLLM's multi-turn client (round_robin sampling): it takes conversations up to its share, sends the turn of
+    # the one taken last and puts one with turns left behind the others; K // N each (5 // 2 = 2)
+    a0, a1, a2, b0, b1 = (request("a0", "A"), request("a1", "A", 1), request("a2", "A", 2),
+                          request("b0", "B"), request("b1", "B", 1))
+    c0, d0, e0 = request("c0", "C"), request("d0"), request("e0")
+    queue = TurnQueue([a0, b0, c0, d0, e0, a1, b1, a2], clients=2, max_active_conversations=5)
+    sent = [queue.first()]              # one client, from its first request to its last
+    while (nxt := queue.after(sent[-1])) is not None:
+        sent.append(nxt)
+    assert sent == [b0, a0, b1, c0, d0, e0, a1, a2] and queue.first() is None and len(queue) == 0
+
+
+def test_what_vllms_multi_turn_benchmark_refuses_is_refused(tmp_path):
+    reqs = [request("a0", "A"), request("b0", "B"), request("a1", "A", 1)]
+    with pytest.raises(ValueError, match="must be at least the 3 clients"):
+        TurnQueue(reqs, clients=3, max_active_conversations=2)
+    with pytest.raises(ValueError, match="more than the trace's 2 conversations"):
+        TurnQueue(reqs, clients=1, max_active_conversations=3)
+    with pytest.raises(PlannerError, match="give their number"):     # an open loop has no clients to share them
+        ValidationSpec(Deployment(model="opt-125m", gpu="cpu", max_active_conversations=4), workload="chatbot").trace()
+    with pytest.raises(PlannerError, match="more than the trace's 2 conversations"):    # before any live run
+        ValidationSpec(Deployment(model="opt-125m", gpu="cpu", max_active_conversations=4), workload="chatbot",
+                       requests=10, concurrency=2, seed=2).trace()
+    from typer.testing import CliRunner
+    from planner.cli import app
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload",
+                                      "chatbot", "--requests", "50", "--rate", "2", "--max-active-conversations", "4",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "give their number (--concurrency N" in result.stderr
+    served = CliRunner().invoke(app, ["serve", "--model", "opt-125m", "--max-active-conversations", "4"])
+    assert served.exit_code == 2 and "a server's clients are whoever connects" in served.stderr
+
+
 def turns_in_order(records, trace, turnaround: float = 0.0) -> int:
     """Assert every turn was sent no earlier than its conversation's turn before ended (plus the turnaround);
     the most conversations under way at once."""
@@ -63,38 +98,44 @@ def turns_in_order(records, trace, turnaround: float = 0.0) -> int:
     return max(sum(s <= t < e for s, e in spans) for t, _ in spans)
 
 
-@pytest.mark.parametrize("turnaround", [0.0, 0.001])
-def test_simulated_clients_send_a_conversations_turns_one_after_another(turnaround):
+@pytest.mark.parametrize("turnaround, active", [(0.0, None), (0.001, None), (0.0, 12)])
+def test_simulated_clients_send_a_conversations_turns_one_after_another(turnaround, active):
     trace = make_trace("chatbot", num_requests=80, rate=50.0, seed=3)
     plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096,
-                    client_turnaround=turnaround)
+                    client_turnaround=turnaround, max_active_conversations=active)
     cost = LinearCostModel(0.01, 1e-4)
     fast = simulate(trace, plan, cost, concurrency=4)
-    assert turns_in_order(fast.requests, trace, turnaround) <= 4     # no client holds two conversations
+    under_way = turns_in_order(fast.requests, trace, turnaround)
+    if active is None:
+        assert under_way <= 4           # no client holds two conversations
+    else:                               # three each, in rotation: more conversations under way than clients
+        assert 4 < under_way <= 12
+    in_flight = [(r.arrival, r.finish) for r in fast.requests]
+    assert max(sum(s <= t < e for s, e in in_flight) for t, _ in in_flight) == 4   # one request a client
     assert fast.metrics.num_completed == 80
     slow = simulate(trace, plan, cost, concurrency=4, fast_forward=False)
     assert fast.requests == slow.requests and fast.steps == slow.steps
 
 
-@pytest.mark.parametrize("policy", ["vllm-v1", "paper"])
-def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy):
+@pytest.mark.parametrize("policy, active", [("vllm-v1", None), ("paper", None), ("vllm-v1", 4)])
+def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy, active):
     # Each turn's history holds the answer the live model gave to the turn before (as a multi-turn client
     # sends it back), so the live prefix cache hits the answer's blocks as the simulated one hits the trace's:
-    # the same batches, prefills and blocks step for step (with prefix caching, both policies).
+    # the same batches, prefills and blocks step for step (with prefix caching, both policies; and with two
+    # conversations a client, 4 conversations in the 12 requests of seed 3).
     deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
-                            policy=policy, enable_prefix_caching=True)
-    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=10, length_scale=0.1,
-                          max_prompt_len=40, max_output_len=12, seed=2)
+                            policy=policy, enable_prefix_caching=True, max_active_conversations=active)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=12 if active else 10,
+                          length_scale=0.1, max_prompt_len=40, max_output_len=12, seed=3 if active else 2)
     v = validate(spec, cost_model=ConstantCost())
-    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 10
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == spec.requests
 
     def steps(records):
         return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
     assert steps(v.live.steps) == steps(v.sim_steps)
     trace = spec.trace()
     assert len({r.conversation_id for r in trace}) < len(trace)     # conversations of several turns
-    turns_in_order(v.live.requests, trace)
-    turns_in_order(v.sim_requests, trace)
+    assert turns_in_order(v.live.requests, trace) == turns_in_order(v.sim_requests, trace) > (2 if active else 1)
     assert [r.request_id for r in v.live.requests] == [r.request_id for r in v.sim_requests]   # in sending order
     computed = sum(s.prefill_tokens for s in v.live.steps)       # the same in both (above): the live cache hit
     assert v.simulated["prefix_cache_hit_rate"] > 0 and computed < sum(r.prompt_len for r in v.live.requests)

@@ -2,10 +2,13 @@
 
 A client of a multi-turn conversation sends its next turn only when the answer to the one before has come
 (the turn's prompt holds that answer), as vLLM's multi-turn benchmark does
-(benchmarks/multi_turn/benchmark_serving_multi_turn.py: each client keeps its active conversation, sends
-its turns one after another, and takes the next conversation when its own has none left). A request of no
-conversation is a conversation of one turn, so a trace without conversations is sent in its own order, as
-`vllm bench serve --max-concurrency` sends it.
+(benchmarks/multi_turn/benchmark_serving_multi_turn.py, `client_main`). Each client keeps its active
+conversations, one by default, and sends one request at a time: it takes new conversations while it has
+fewer than its share, sends the turn of the one it took last, and puts a conversation with turns left back
+behind the others, so a client of several turns to them in rotation (the benchmark's round_robin sampling).
+`--max-active-conversations K` over N clients gives each K // N (the benchmark's rule; K < N refused).
+A request of no conversation is a conversation of one turn, so a trace without conversations is sent in
+its own order, as `vllm bench serve --max-concurrency` sends it (with one conversation a client).
 
 The simulator's closed loop, the live engine's and the live fleet's replays, and `planner bench` all draw
 from a `TurnQueue`, so they send the same requests in the same order.
@@ -18,12 +21,38 @@ from typing import Iterable
 from .schema import TraceRequest
 
 
+def conversations_per_client(max_active_conversations: int | None, clients: int | None,
+                             conversations: int | None = None) -> int:
+    """How many conversations each of `clients` keeps active under vLLM's --max-active-conversations (None:
+    one each), over a trace of `conversations` (None: not checked); ValueError, in the planner's words,
+    where the benchmark refuses."""
+    if max_active_conversations is None:
+        return 1
+    if clients is None:
+        raise ValueError("--max-active-conversations shares conversations among a closed loop's clients: "
+                         "give their number (--concurrency N; bench: --max-concurrency N)")
+    if max_active_conversations < clients:
+        raise ValueError(f"--max-active-conversations {max_active_conversations} must be at least the "
+                         f"{clients} clients (each keeps K // N conversations, as in vLLM's multi-turn benchmark)")
+    if conversations is not None and max_active_conversations > conversations:
+        raise ValueError(f"--max-active-conversations {max_active_conversations} is more than the trace's "
+                         f"{conversations} conversations (vLLM's multi-turn benchmark refuses it too)")
+    return max_active_conversations // clients
+
+
+def conversations_in(requests: Iterable[TraceRequest]) -> int:
+    """A trace's conversations, a request of none counting as one of its own."""
+    ids = [req.conversation_id for req in requests]
+    return len(set(ids) - {None}) + ids.count(None)
+
+
 class TurnQueue:
     """The requests the clients have still to send (see the module)."""
 
-    def __init__(self, requests: Iterable[TraceRequest]) -> None:
+    def __init__(self, requests: Iterable[TraceRequest], clients: int | None = None,
+                 max_active_conversations: int | None = None) -> None:
         self.starts: deque[TraceRequest] = deque()      # each conversation's first turn (a lone request), in order
-        self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation's later turns, in order
+        self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation not yet begun: its later turns, in order
         for req in requests:
             later = self.rest.get(req.conversation_id) if req.conversation_id is not None else None
             if later is not None:
@@ -33,22 +62,36 @@ class TurnQueue:
             if req.conversation_id is not None:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
+        self.conversations_each = conversations_per_client(max_active_conversations, clients, len(self.starts))
+        # a sent request's id -> (its client's other active conversations, its own conversation's later turns)
+        self.sent: dict[str, tuple[deque[deque[TraceRequest]], deque[TraceRequest]]] = {}
 
     def __len__(self) -> int:
         return self.unsent
 
     def first(self) -> TraceRequest | None:
-        """A free client's next request: the next conversation's first turn (None when none is left)."""
-        if not self.starts:
-            return None
-        self.unsent -= 1
-        return self.starts.popleft()
+        """A new client's first request (None when no conversation is left to begin)."""
+        return self._turn(deque())
 
     def after(self, ended: TraceRequest) -> TraceRequest | None:
-        """The next request of the client whose request `ended` (finished or refused) has just ended: its
-        conversation's next turn, else the next conversation's first."""
-        later = self.rest.get(ended.conversation_id) if ended.conversation_id is not None else None
-        if not later:
-            return self.first()
+        """The next request of the client whose request `ended` (finished or refused) has just ended."""
+        active, later = self.sent.pop(ended.request_id)
+        if later:
+            active.appendleft(later)       # behind the client's other conversations
+        return self._turn(active)
+
+    def _turn(self, active: deque[deque[TraceRequest]]) -> TraceRequest | None:
+        """The next request of a client with these active conversations (each its turns still to send)."""
+        while len(active) < self.conversations_each and self.starts:
+            first = self.starts.popleft()
+            turns = self.rest.pop(first.conversation_id, None) if first.conversation_id is not None else None
+            turns = turns if turns is not None else deque()
+            turns.appendleft(first)
+            active.append(turns)
+        if not active:
+            return None
+        turns = active.pop()               # the conversation taken last, or the one whose turn is due
+        req = turns.popleft()
+        self.sent[req.request_id] = (active, turns)
         self.unsent -= 1
-        return later.popleft()
+        return req

@@ -30,7 +30,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency_summary
 from workloads import Trace, TraceRequest
-from workloads.clients import TurnQueue
+from workloads.clients import TurnQueue, conversations_per_client
 from workloads.schema import MAX_TOKEN_ID
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
@@ -112,6 +112,9 @@ class BenchConfig:
     # when it is sent; a conversation's turns go one after another from one client (workloads/clients.py).
     # With every request due at once this is a closed loop of that many clients.
     max_concurrency: int | None = None
+    # With max_concurrency over a trace of conversations: how many the clients keep active in all, each
+    # K // N (vLLM's multi-turn benchmark's --max-active-conversations; None: one each).
+    max_active_conversations: int | None = None
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -134,6 +137,9 @@ class BenchConfig:
             raise ValueError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_active_conversations is not None and not self.max_active_conversations >= 1:
+            raise ValueError(f"--max-active-conversations must be >= 1, got {self.max_active_conversations}")
+        conversations_per_client(self.max_active_conversations, self.max_concurrency)
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
             raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
                              f"got {self.vocab_size}")
@@ -327,7 +333,7 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
                 progress()
 
         if cfg.max_concurrency:
-            queue = TurnQueue(trace.requests)
+            queue = TurnQueue(trace.requests, cfg.max_concurrency, cfg.max_active_conversations)
             await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
         else:
             await asyncio.gather(*(send(req) for req in trace))

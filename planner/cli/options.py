@@ -117,6 +117,11 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                           "next request in the engine's queue; 0: at once, joining the next step, as in-process "
                           "clients; an API server's clients (vllm bench serve) take e.g. 0.001: the next request "
                           "joins the step after the one running [default: 0]"),
+    "max_active_conversations": (("--max-active-conversations",),
+                                 "closed loop (--concurrency N) over a trace of conversations: how many "
+                                 "conversations the clients keep active in all, each K // N, sending their turns "
+                                 "in rotation one at a time (vLLM's multi-turn benchmark; K >= N) [default: one "
+                                 "each]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

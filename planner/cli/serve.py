@@ -128,9 +128,10 @@ def serve(
             if size != 1:
                 raise PlannerError(f"{flag} {size} is not supported: this engine runs a model on one device "
                                    f"(use {flag} 1; `planner simulate {flag} {size}` models {what} parallelism)")
-        if deployment.client_turnaround:
-            raise PlannerError("--client-turnaround describes a closed loop's clients (simulate, capacity, search, "
-                               "validate); a server's clients are whoever connects to it")
+        if deployment.client_turnaround or deployment.max_active_conversations is not None:
+            flag = "--client-turnaround" if deployment.client_turnaround else "--max-active-conversations"
+            raise PlannerError(f"{flag} describes a closed loop's clients (simulate, capacity, search, validate, "
+                               f"bench); a server's clients are whoever connects to it")
         name = served_model_name or deployment.model
         modules = parse_lora_modules(many_valued("--lora-modules", lora_modules, more_values))
         if modules and not deployment.enable_lora:
@@ -324,6 +325,10 @@ def bench(
                                                   help="at most N requests in flight (vllm bench serve's flag); "
                                                        "without --rate every request is due at once: a closed "
                                                        "loop of N clients"),
+    max_active_conversations: Optional[int] = typer.Option(
+        None, "--max-active-conversations", metavar="K",
+        help="with --max-concurrency N over a trace of conversations: the clients keep K active in all, each "
+             "K // N, sending their turns in rotation (vLLM's multi-turn benchmark) [default: one each]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -347,6 +352,7 @@ def bench(
             check_header_name("--session-key", session_key)
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
+                          max_active_conversations=max_active_conversations,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
@@ -373,7 +379,8 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
         if cfg.lora_modules else {}
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, **loras, "workload": workload,
                      "rate": rate, "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
-                     "max_concurrency": max_concurrency, "seed": seed,
+                     "max_concurrency": max_concurrency, "max_active_conversations": cfg.max_active_conversations,
+                     "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
     if as_json:

@@ -35,6 +35,7 @@ from planner.sim.memory_guard import check_replicas
 from planner.sim.pd import KvPath, Pool, simulate_pd
 from planner.sim.pipeline import host_hidden
 from workloads import Trace
+from workloads.clients import conversations_per_client
 
 
 FLEET_NOTE = ("the router's own latency and the network between router and replicas (a request reaches its "
@@ -170,6 +171,8 @@ class Simulation:
             return self._simulate(load or self.spec.load, trace, progress, watch)
 
     def _simulate(self, load: Load, trace: Trace | None, progress, watch) -> SimResult:
+        # refused before the trace is made: active conversations without a closed loop, or fewer than its clients
+        conversations_per_client(self.spec.deployment.max_active_conversations, load.concurrency)
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet

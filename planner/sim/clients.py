@@ -10,7 +10,8 @@ has already scheduled its next step, so the request waits for that step to end
 and joins the one after: any turnaround shorter than a step gives that.
 
 A closed loop alone sends the trace's requests in order, their times aside, and a conversation's turns
-one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark).
+one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark,
+`max_active_conversations` of them active among the clients).
 `paced` (a request rate too: `vllm bench serve --request-rate R
 --max-concurrency N`) sends none before its trace time and keeps at most N
 in flight: a request due while N are out waits for one of them to end. Its
@@ -41,11 +42,12 @@ class ClosedLoop:
     """The clients of a closed loop and the requests they have still to send."""
 
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
-                 turnaround: float = 0.0, due: Due | None = None, all_sent: Callable[[], None],
-                 paced: bool = False) -> None:
+                 clients: int, max_active_conversations: int | None = None, turnaround: float = 0.0,
+                 due: Due | None = None, all_sent: Callable[[], None], paced: bool = False) -> None:
         self.env = env
         self.paced = paced                # send no request before its trace time
-        self.waiting = TurnQueue(requests)
+        self.clients = clients
+        self.waiting = TurnQueue(requests, clients, max_active_conversations)
         self.unsent = len(self.waiting)
         self.in_flight: dict[str, TraceRequest] = {}   # request id -> the request, sent and not ended
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
@@ -54,9 +56,9 @@ class ClosedLoop:
         self.all_sent = all_sent
         self.on_the_way: list[float] = []   # a heap: when the sends and releases waited for happen
 
-    def release(self, count: int) -> None:
-        """`count` new clients send their first requests."""
-        for _ in range(count):
+    def start(self) -> None:
+        """The clients send their first requests."""
+        for _ in range(self.clients):
             self._next(self.waiting.first())
 
     def ended(self, request_ids: list[str]) -> None:

@@ -131,6 +131,7 @@ class Fleet:
         self.routes: list[int] = []
         self.loop: ClosedLoop | None = None
         self.turnaround = plan.deployment.client_turnaround
+        self.max_active_conversations = plan.deployment.max_active_conversations
 
     def release(self) -> None:
         """A finished run's engines released, and the callbacks that hold this fleet (its clients', a P/D
@@ -189,10 +190,11 @@ class Fleet:
             self.env.process(self.arrivals(routes))
             return
         self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
+                               clients=concurrency, max_active_conversations=self.max_active_conversations,
                                turnaround=self.turnaround, due=self.due, all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
-        self.loop.release(concurrency)
+        self.loop.start()
 
 
 def simulate_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, replicas: int = 1,

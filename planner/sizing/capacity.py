@@ -151,8 +151,10 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
 
     if not ok(1):
         return Capacity(None, 1, probes, bounded=True)
-    # more clients than the trace has requests send them all at once, as that many do: no further to look
-    max_clients = min(max_clients, probes[0].doc["num_submitted"])
+    # more clients than the trace has requests send them all at once, as that many do: no further to look;
+    # nor past --max-active-conversations, which each client needs one of
+    most_active = spec.deployment.max_active_conversations or max_clients
+    max_clients = min(max_clients, probes[0].doc["num_submitted"], most_active)
     good, bad = 1, None
     while bad is None and good < max_clients:
         clients = min(2 * good, max_clients)

@@ -200,7 +200,8 @@ class FleetReplay:
         self.clients, self.paced = spec.concurrency, spec.paced
         self.turnaround = spec.deployment.client_turnaround
         self.stream_interval = spec.deployment.stream_interval
-        self.unsent = TurnQueue(trace.requests if self.clients is not None else ())   # the closed loop's
+        self.unsent = TurnQueue(trace.requests if self.clients is not None else (), self.clients,   # the closed
+                                spec.deployment.max_active_conversations)                              # loop's
         self.in_flight: dict[str, object] = {}    # request id -> the request, sent and not ended
         self.answers = Answers(trace)
         self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, order released, request)

@@ -144,7 +144,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     groups = []
     closed_loop = spec.concurrency is not None
     pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
-    clients = TurnQueue(trace.requests if closed_loop else ())
+    clients = TurnQueue(trace.requests if closed_loop else (), spec.concurrency,
+                        spec.deployment.max_active_conversations)
     in_flight: dict[str, object] = {}     # request id -> the request, sent and not ended
     turnaround = spec.deployment.client_turnaround
     on_the_way: deque[tuple[float, list]] = deque()   # closed loop: (when, the ended requests) clients send after

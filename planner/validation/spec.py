@@ -10,6 +10,7 @@ from planner.runs.seeds import MAX_SEEDS
 from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
+from workloads.clients import conversations_in, conversations_per_client
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -109,6 +110,11 @@ class ValidationSpec:
             trace = make_trace(self.workload, num_requests=self.requests, rate=self.arrival_rate, seed=self.seed,
                                ramp_up=self.ramp_up, **dict(self.params), **arrival)
         except TraceError as exc:
+            raise PlannerError(str(exc)) from None
+        try:       # (before the live run: what its clients would refuse)
+            conversations_per_client(self.deployment.max_active_conversations, self.concurrency,
+                                     conversations_in(trace))
+        except ValueError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
                             max_output_len=self.max_output_len)
