@@ -6,6 +6,7 @@
 """
 
 from .arrivals import PROCESSES, RAMP_UP_STRATEGIES, RampUp, arrival_times, burstiness_arrival
+from .conversations import import_conversations
 from .errors import TraceError
 from .importers import import_burstgpt, import_csv_trace, import_custom, import_sharegpt, import_sonnet
 from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
@@ -22,6 +23,7 @@ __all__ = [
     "RampUp",
     "arrival_times",
     "burstiness_arrival",
+    "import_conversations",
     "import_csv_trace",
     "import_burstgpt",
     "import_custom",

@@ -27,7 +27,7 @@ from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, csv_header, csv_rows
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def _load_tokenizer(tokenizer_path: str | Path):
+def load_tokenizer(tokenizer_path: str | Path):
     # local_files_only: a tokenizer is a folder the user has, never a download
     from transformers import AutoTokenizer
 
@@ -51,8 +51,9 @@ def _chat(tokenizer, text: str) -> list[int]:
     return list(tokenizer(formatted).input_ids)
 
 
-def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
-    """(first human turn, first answer) of every conversation with at least two turns."""
+def json_conversations(path: Path, dump: str) -> list:
+    """The JSON list of conversations in `path` (a `dump`, as the errors name it), or a TraceError that says
+    what is wrong with the file."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     text = read_text(path)
@@ -61,7 +62,7 @@ def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        hint = " (JSON Lines? a ShareGPT dump is one JSON list)" if err.msg == "Extra data" else ""
+        hint = f" (JSON Lines? a {dump} is one JSON list)" if err.msg == "Extra data" else ""
         raise TraceError(f"{where(path, err.lineno)}: invalid JSON: {err.msg} (column {err.colno}){hint}") from None
     except RecursionError:
         raise TraceError(f"{path}: invalid JSON: nested too deeply") from None
@@ -70,6 +71,12 @@ def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     if not isinstance(data, list):
         kind = "an object" if isinstance(data, dict) else type(data).__name__
         raise TraceError(f"{path}: expected a JSON list of conversations, got {kind}")
+    return data
+
+
+def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
+    """(first human turn, first answer) of every conversation with at least two turns."""
+    data = json_conversations(path, "ShareGPT dump")
     pairs = []
     for i, entry in enumerate(data):
         conv = entry.get("conversations") if isinstance(entry, dict) else None
@@ -157,7 +164,7 @@ def import_sharegpt(
     if fixed_output_len is not None and fixed_output_len < 1:
         raise TraceError(f"fixed_output_len: must be >= 1, got {fixed_output_len}")
     pairs = _sharegpt_pairs(path)
-    tokenizer = _load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
     if shuffle:                   # (vLLM bench's --disable-shuffle: the file's order)
         random.Random(seed).shuffle(pairs)
     available = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
@@ -239,7 +246,7 @@ def import_custom(
     if output_len < 1:
         raise TraceError(f"output_len: must be >= 1, got {output_len}")
     prompts = _custom_prompts(path)
-    tokenizer = _load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
     if not skip_chat_template and not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template to put the prompts in; give "
                          f"--skip-chat-template (vLLM bench's flag) to send them as they are")
@@ -299,7 +306,7 @@ def import_sonnet(
     lines = list(text_lines(path))       # as vLLM's readlines(): split at newlines only, each kept
     if not any(line.strip() for line in lines):
         raise TraceError(f"{path}: no lines in it")
-    tokenizer = _load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
     if not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template; vLLM bench's sonnet dataset puts "
                          f"every prompt in one")

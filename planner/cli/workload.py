@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workloads import (WORKLOADS, Trace, TraceError, import_burstgpt, import_csv_trace, import_custom,
-                       import_sharegpt, import_sonnet, make_trace, parse_workload_params, workload_params)
+from workloads import (WORKLOADS, Trace, TraceError, import_burstgpt, import_conversations, import_csv_trace,
+                       import_custom, import_sharegpt, import_sonnet, make_trace, parse_workload_params,
+                       workload_params)
 from workloads.make import is_trace_file
 
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
@@ -133,14 +134,16 @@ def show(
             console.print(f"{label} written to {path}")
 
 
-IMPORT_FORMATS = ("azure", "sharegpt", "custom", "sonnet", "burstgpt", "csv")
-TEXT_FORMATS = ("sharegpt", "custom", "sonnet")   # prompts as text: a tokenizer counts them
+IMPORT_FORMATS = ("azure", "sharegpt", "conversations", "custom", "sonnet", "burstgpt", "csv")
+TEXT_FORMATS = ("sharegpt", "custom", "sonnet")   # prompts as text, sampled by vLLM bench's rules
+TOKENIZED_FORMATS = (*TEXT_FORMATS, "conversations")   # text: a tokenizer counts it
 SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")     # requests drawn by a seed, arrivals generated (vLLM bench's way)
+TIMED_FORMATS = (*SAMPLED_FORMATS, "conversations")     # arrivals generated
 # the import flags that only some formats take (the others refuse them in one line)
-FLAG_FORMATS = {"--tokenizer": TEXT_FORMATS, "--output-len": TEXT_FORMATS, "--no-oversample": ("sharegpt", "custom"),
-                "--disable-shuffle": ("sharegpt", "custom"), "--skip-chat-template": ("custom",),
-                "--input-len": ("sonnet",), "--prefix-len": ("sonnet",), "--seed": SAMPLED_FORMATS,
-                "--rate": SAMPLED_FORMATS, "--arrival": SAMPLED_FORMATS, "--cv": SAMPLED_FORMATS,
+FLAG_FORMATS = {"--tokenizer": TOKENIZED_FORMATS, "--output-len": TEXT_FORMATS,
+                "--no-oversample": ("sharegpt", "custom"), "--disable-shuffle": ("sharegpt", "custom"),
+                "--skip-chat-template": ("custom",), "--input-len": ("sonnet",), "--prefix-len": ("sonnet",),
+                "--seed": TIMED_FORMATS, "--rate": TIMED_FORMATS, "--arrival": TIMED_FORMATS, "--cv": TIMED_FORMATS,
                 "--keep-times": ("burstgpt",), "--drop-zero": ("azure",)}
 
 
@@ -159,11 +162,13 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
     if fmt == "burstgpt":
         return import_burstgpt(path, requests, seed, keep_times=keep_times, duration=duration, arrival=arrival,
                                rate=rate, cv=cv)
+    if fmt in TOKENIZED_FORMATS and tokenizer is None:
+        raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its tokens")
+    timing = dict(arrival=arrival, rate=rate, cv=cv)
+    if fmt == "conversations":
+        trace = import_conversations(path, tokenizer, requests, seed, **timing)
+        return trace.head(duration=duration) if duration is not None else trace
     if fmt in TEXT_FORMATS:
-        if tokenizer is None:
-            raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its "
-                             f"tokens")
-        timing = dict(arrival=arrival, rate=rate, cv=cv)
         if fmt == "sonnet":
             lengths = {name: value for name, value in (("input_len", input_len), ("output_len", output_len),
                                                        ("prefix_len", prefix_len)) if value is not None}
@@ -187,13 +192,16 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
 def import_command(
     path: Path = typer.Argument(..., help="the file to import"),
     fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
-                                                       "sharegpt (JSON dump, needs --tokenizer), custom (vLLM bench's "
+                                                       "sharegpt (JSON dump, needs --tokenizer), conversations (vLLM's "
+                                                       "multi-turn benchmark's JSON, or a ShareGPT dump: every turn a "
+                                                       "request, needs a chat --tokenizer), custom (vLLM bench's "
                                                        "JSONL of {\"prompt\": ...}, needs --tokenizer), sonnet "
                                                        "(vLLM bench's poem lines, needs --tokenizer), burstgpt "
                                                        "(BurstGPT's CSV, sampled as vLLM bench does) or csv (our "
                                                        "columns)"),
     output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
-    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, custom, sonnet: a local tokenizer folder"),
+    tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, conversations, custom, sonnet: a local tokenizer "
+                                                                "folder"),
     output_len: Optional[int] = typer.Option(None, "--output-len",
                                              help="sharegpt: every output this long instead of the answer's length "
                                                   "(vLLM bench's --sharegpt-output-len); custom: every output's "
@@ -216,14 +224,17 @@ def import_command(
                                          "file has too few, as vLLM bench does (--no-oversample: a shorter trace)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
                                            help=f"keep the first N requests (sharegpt, custom, sonnet, burstgpt: "
-                                                f"sample N, default {DEFAULT_REQUESTS})"),
+                                                f"sample N, default {DEFAULT_REQUESTS}; conversations: the first "
+                                                f"conversations' turns, default all)"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
     seed: int = typer.Option(0, help="sampled formats (sharegpt, custom, sonnet, burstgpt): sampling and arrival "
-                                     "seed"),
-    rate: float = typer.Option(math.inf, help="sampled formats: requests/s of the generated arrivals (inf: all at "
-                                              "t=0)"),
-    arrival: str = typer.Option("poisson", help="sampled formats: poisson, gamma or constant"),
-    cv: float = typer.Option(1.0, help="sampled formats: coefficient of variation of gamma gaps"),
+                                     "seed; conversations: arrival seed"),
+    rate: float = typer.Option(math.inf, help="sampled formats and conversations: requests/s of the generated "
+                                              "arrivals (inf: all at t=0; a conversation's later turns wait for "
+                                              "their answers and a think time, as the chatbot workload's)"),
+    arrival: str = typer.Option("poisson", help="sampled formats and conversations: poisson, gamma or constant"),
+    cv: float = typer.Option(1.0, help="sampled formats and conversations: coefficient of variation of gamma "
+                                       "gaps"),
     keep_times: bool = typer.Option(False, "--keep-times",
                                     help="burstgpt: the log's own arrivals (its GPT-4 rows in order at their "
                                          "timestamps) instead of vLLM bench's sample at generated arrivals"),
