@@ -126,3 +126,30 @@ def test_planner_workload_import_reads_conversations(tmp_path, chat_tokenizer):
     untokenized = CliRunner().invoke(app, ["workload", "import", str(source), "--format", "conversations",
                                            "-o", str(out)])
     assert untokenized.exit_code != 0 and "--tokenizer: a conversations file holds text" in untokenized.output
+
+
+def test_live_turns_send_back_the_live_answers_as_the_simulated_ones_the_traces(tmp_path, chat_tokenizer):
+    # The live model's answer takes the trace's place in the next turn's history (as the benchmark sends the
+    # server's answer back), so the live prefix cache hits it as the simulated one hits the trace's: the same
+    # batches, prefill tokens and blocks step for step, with two clients of two conversations each.
+    from planner.validation.run import validate
+    from planner.validation.spec import ValidationSpec
+    from sim_helpers import ConstantCost
+    from tiny_models import save_tiny_model
+    entries = [openai(*(words(10 + 2 * k + c, c) for k in range(6))) for c in range(4)]
+    path = tmp_path / "trace.jsonl"
+    trace = import_conversations(write(tmp_path, entries), chat_tokenizer)
+    trace.save(path)
+    deployment = Deployment(model=save_tiny_model("llama", tmp_path / "llama"), gpu="cpu", block_size=8,
+                            max_num_seqs=8, max_model_len=128, enable_prefix_caching=True,
+                            max_active_conversations=4)
+    spec = ValidationSpec(deployment, workload=str(path), concurrency=2, requests=len(trace), seeds=0,
+                          length_scale=1.0)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 12
+
+    def steps(records):
+        return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
+    assert steps(v.live.steps) == steps(v.sim_steps)
+    computed = sum(s.prefill_tokens for s in v.live.steps)
+    assert computed < sum(r.prompt_len for r in trace) - sum(r.prefix_len for r in trace) // 2   # the history hit

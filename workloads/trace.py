@@ -235,7 +235,9 @@ class Trace:
                          answers: Mapping[str, list[int]] | None = None) -> list[int]:
         """Deterministic prompt ids (prompt_len of them) for ``request``.
 
-        - Ids stored in the trace (imported real prompts) are returned as they are.
+        - Ids stored in the trace (imported real prompts) are returned as they are, but for a conversation's
+          turn whose ``prefix_len`` is its previous turn's prompt + answer (an imported conversation): that
+          history as its previous turn was sent and answered (below; and as scaled), then its own ids.
         - A chatbot turn whose previous turn is in this trace continues it: if
           ``prefix_len`` equals the previous prompt + answer, the prompt is those
           ids followed by fresh ids for the new message (so prefix caching can
@@ -262,15 +264,19 @@ class Trace:
 
     def _prompt_ids(self, req: TraceRequest, vocab_size: int, seed: int,
                     answers: Mapping[str, list[int]]) -> np.ndarray:
-        if req.prompt_token_ids is not None:
-            return np.asarray(req.prompt_token_ids, dtype=np.int64)
-        own = self._prompt_streams(seed).random_ids(vocab_size, req.prompt_len, "prompt", req.request_id)
         prev = self._previous_turn(req)
+        if req.prompt_token_ids is not None:
+            stored = np.asarray(req.prompt_token_ids, dtype=np.int64)
+            if prev is None or not req.prefix_len:
+                return stored
+            history = self._history(prev, vocab_size, seed, answers)
+            # an imported turn that holds its predecessor's prompt and answer whole: the history as sent (a
+            # live answer in place of the trace's; scaled lengths), then the turn's own message
+            return np.concatenate([history, stored[len(history):]]) if req.prefix_len == len(history) < len(stored) \
+                else stored
+        own = self._prompt_streams(seed).random_ids(vocab_size, req.prompt_len, "prompt", req.request_id)
         if prev is not None:
-            history = np.concatenate(
-                [self._prompt_ids(prev, vocab_size, seed, answers),
-                 answers.get(prev.request_id) or self.output_token_ids(prev, vocab_size, seed)]
-            )
+            history = self._history(prev, vocab_size, seed, answers)
             if req.prefix_len == len(history) and req.prompt_len > len(history):
                 return np.concatenate([history, own[: req.prompt_len - len(history)]])
             message = own[: max(1, req.prompt_len - len(history) + 1)]
@@ -279,3 +285,10 @@ class Trace:
             shared = random_ids(vocab_size, req.prefix_len, seed, "prefix", req.prefix_id)
             return np.concatenate([shared, own[: req.prompt_len - req.prefix_len]])
         return own
+
+    def _history(self, prev: TraceRequest, vocab_size: int, seed: int,
+                 answers: Mapping[str, list[int]]) -> np.ndarray:
+        """A conversation's history after turn `prev`: its prompt, then the answer it got (the live one if
+        `answers` holds it, else the trace's)."""
+        return np.concatenate([self._prompt_ids(prev, vocab_size, seed, answers),
+                               answers.get(prev.request_id) or self.output_token_ids(prev, vocab_size, seed)])
