@@ -153,3 +153,23 @@ def test_live_turns_send_back_the_live_answers_as_the_simulated_ones_the_traces(
     assert steps(v.live.steps) == steps(v.sim_steps)
     computed = sum(s.prefill_tokens for s in v.live.steps)
     assert computed < sum(r.prompt_len for r in trace) - sum(r.prefix_len for r in trace) // 2   # the history hit
+
+
+def test_from_vllm_runs_the_multi_turn_benchmarks_line(tmp_path, chat_tokenizer, monkeypatch):
+    # `planner from-vllm --run` imports the benchmark's input (its --model the tokenizer), then simulates
+    from typer.testing import CliRunner
+    from planner.cli import app
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, [openai(*(words(8 + k + c, c) for k in range(6))) for c in range(4)])
+    bench = f"python benchmark_serving_multi_turn.py -m {chat_tokenizer} -i conversations.json -p 2 -k 4 " \
+            f"--no-early-stop"
+    run = CliRunner().invoke(app, ["from-vllm", "--serve", "vllm serve meta-llama/Llama-3.1-8B-Instruct", "--gpu",
+                                   "h100-sxm", "--bench", bench, "--run", "--", "--json", "--out", str(tmp_path / "r")])
+    assert run.exit_code == 0, run.output
+    assert "planner workload import conversations.json --format conversations" in run.stdout
+    doc = json.loads(run.stdout.splitlines()[-1])
+    assert doc["num_completed"] == 12 and (tmp_path / "conversations-turns.jsonl").is_file()
+    missing = CliRunner().invoke(app, ["from-vllm", "--serve", "vllm serve meta-llama/Llama-3.1-8B-Instruct",
+                                       "--gpu", "h100-sxm", "--bench", bench.replace("conversations.json", "no.json"),
+                                       "--run"])
+    assert missing.exit_code == 2 and "no.json: no such file" in missing.output

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.cli.from_vllm import BENCH_LOAD, SERVE_RENAMED, SERVE_SWITCHES, SERVE_VALUED, translate
 from planner.errors import PlannerError
+from planner.cli.from_vllm import BENCH_LOAD, SERVE_RENAMED, SERVE_SWITCHES, SERVE_VALUED, translate
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_public_qwen3_8b.py"
 SERVE = ("vllm serve Qwen/Qwen3-8B --host 0.0.0.0 --port 8000 --dtype auto --gpu-memory-utilization 0.95 "
@@ -92,6 +92,34 @@ def test_vllm_benchs_defaults_and_its_other_loads():
     assert ramp.words[4:] == ["--workload", "prefix_repetition", "-p", "num_prefixes=4", "--requests", "400",
                               "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "20",
                               "--burstiness", "0.5"]
+
+
+MULTI_TURN = "python benchmarks/multi_turn/benchmark_serving_multi_turn.py -m /models/llama -i conv.json"
+
+
+def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
+    # benchmarks/multi_turn: -p clients, -k active conversations, -n requests; its input imported turn by turn
+    t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 -u http://h:8000 --no-early-stop", "h100-sxm")
+    assert t.before == [["workload", "import", "conv.json", "--format", "conversations", "--tokenizer",
+                         "/models/llama", "-n", "500", "-o", "conv-turns.jsonl"]]
+    assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
+                           "--client-turnaround", "0.001"]
+    assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == []
+    # its defaults (a request rate of 0, the dataset's output lengths) are the planner's; other values are not
+    other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step --max-turns 6 "
+                      "--limit-max-tokens 0 --conversation-sampling random", "h100-sxm")
+    assert other.not_modelled == ["--warmup-step", "--max-turns 6", "--conversation-sampling random",
+                                  "no --no-early-stop (the benchmark stops every client when the first runs out of "
+                                  "conversations; the planner sends every turn: compare the steady window)"]
+    assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001"]
+    paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
+    assert paced.not_modelled == ["--request-rate 2"]
+    most = translate("vllm serve m", MULTI_TURN + " -p 4 -k 16", "h100-sxm", capacity=True)
+    assert "--concurrency max --max-active-conversations 16" in most.command and most.searched == ["--num-clients 4"]
+    for bench, message in ((MULTI_TURN.replace(" -i conv.json", ""), "--input-file is required"),
+                           (MULTI_TURN + " --bogus 1", "--bogus is not a flag the planner knows")):
+        with pytest.raises(PlannerError, match=message):
+            translate("vllm serve m", bench, "h100-sxm")
 
 
 def test_capacity_searches_the_load_the_bench_fixed():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import Optional
 
@@ -67,8 +68,14 @@ def from_vllm_cmd(
     if translation.searched:
         err.print(f"searched for instead of taken: {', '.join(translation.searched)}", highlight=False)
     words = [*translation.words, *ctx.args]
+    for first in translation.before:
+        typer.echo(shlex.join(["planner", *first]))
     typer.echo(" ".join([translation.command, *ctx.args]))
     if run:
+        for first in translation.before:     # (an import the run reads; a failure said, the run not made)
+            code = typer.main.get_command(app).main(args=first, prog_name="planner", standalone_mode=False)
+            if code:
+                raise typer.Exit(code)
         typer.main.get_command(app).main(args=[translation.verb, *words], prog_name="planner")
 
 

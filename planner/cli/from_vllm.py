@@ -13,6 +13,7 @@ import json
 import math
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from planner.errors import PlannerError
 from planner.sim.clients import SERVED_TURNAROUND
@@ -82,6 +83,19 @@ IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"-
             "burstgpt": {}}
 TEXT_DATASETS = ("sharegpt", "custom", "sonnet")   # prompts as text: counted by the model's tokenizer
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
+# vLLM's multi-turn benchmark (benchmarks/multi_turn/benchmark_serving_multi_turn.py): its short flags' long
+# names, what changes nothing here, and what the planner does not model (at other values than its defaults)
+MULTI_TURN_SCRIPT = "benchmark_serving_multi_turn.py"
+MULTI_TURN_SHORT = {"-i": "--input-file", "-o": "--output-file", "-m": "--model", "-u": "--url", "-p": "--num-clients",
+                    "-k": "--max-active-conversations", "-n": "--max-num-requests", "-e": "--excel-output",
+                    "-v": "--verbose"}
+MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", "--served-model-name", "--seed",
+                             "--max-retries", "--request-timeout-sec", "--stats-json-output", "--warmup-percentages")
+MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
+                               "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
+MULTI_TURN_DEFAULTS = {"--request-rate": "0", "--limit-max-tokens": "0", "--limit-min-tokens": "0",
+                       "--conversation-sampling": "round_robin"}
+MULTI_TURN_NOT_MODELLED = ("--warmup-step", "--max-turns")
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -96,6 +110,7 @@ class Translation:
     not_modelled: list[str] = field(default_factory=list)   # changes them; left out with a warning
     verb: str = "simulate"                                  # validate (a recorded run) or capacity
     searched: list[str] = field(default_factory=list)       # the load a capacity search finds instead
+    before: list[list[str]] = field(default_factory=list)   # planner commands to run first (an import)
 
     @property
     def command(self) -> str:
@@ -110,7 +125,7 @@ def _flags(command: str, after: tuple[str, ...], what: str) -> list[str]:
     except ValueError as exc:
         raise PlannerError(f"{what}: cannot split the command line: {exc}") from None
     for i, word in enumerate(words):
-        if word in after or word.endswith("api_server"):
+        if word in after or word.endswith(("api_server", MULTI_TURN_SCRIPT)):
             words = words[i + 1:]
             break
     out = []
@@ -141,6 +156,11 @@ def _is_number(word: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _same(a: str, b: str) -> bool:
+    """The same value, numbers compared as numbers ("0" and "0.0")."""
+    return float(a) == float(b) if _is_number(a) and _is_number(b) else a == b
 
 
 def _value(words: list[str], i: int, what: str) -> str:
@@ -315,6 +335,56 @@ def translate_bench(command: str, out: Translation) -> None:
                                 "whole output length)")
 
 
+def translate_multi_turn(command: str, out: Translation) -> None:
+    """vLLM's multi-turn benchmark line, appended to `out`: its input file imported turn by turn first (the
+    tokenizer its --model names), then its clients' closed loop over that trace."""
+    what = MULTI_TURN_SCRIPT
+    words = [MULTI_TURN_SHORT.get(w, w) for w in _flags(command, (), what)]
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in MULTI_TURN_IGNORED_SWITCHES:
+            out.ignored.append(word)
+            i += 1
+        elif word == "--warmup-step":
+            out.not_modelled.append(word)
+            i += 1
+        elif word.startswith("-"):
+            given[word] = _value(words, i, what)
+            i += 2
+        else:
+            raise PlannerError(f"{what}: unexpected word {word!r}")
+    for flag in ("--input-file", "--model"):
+        if flag not in given:
+            raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
+    known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
+             *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS, *MULTI_TURN_NOT_MODELLED}
+    for flag, value in given.items():
+        if flag not in known:
+            raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
+                               f"models); drop it or check its spelling")
+        if flag in MULTI_TURN_IGNORED_VALUED:
+            out.ignored.append(flag)
+        elif flag in MULTI_TURN_NOT_MODELLED or not _same(MULTI_TURN_DEFAULTS.get(flag, value), value):
+            out.not_modelled.append(f"{flag} {value}")
+    source = given["--input-file"]
+    trace = f"{Path(source).stem}-turns.jsonl"
+    count = ["-n", given["--max-num-requests"]] if "--max-num-requests" in given else []
+    out.before.append(["workload", "import", source, "--format", "conversations", "--tokenizer", given["--model"],
+                       *count, "-o", trace])
+    clients = given.get("--num-clients", "1")
+    out.words += ["--trace", trace, "--concurrency", "max" if out.verb == "capacity" else clients]
+    if out.verb == "capacity":
+        out.searched.append(f"--num-clients {clients}")
+    if "--max-active-conversations" in given:
+        out.words += ["--max-active-conversations", given["--max-active-conversations"]]
+    out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]    # the benchmark's clients are a server's
+    if "--no-early-stop" not in out.ignored:
+        out.not_modelled.append("no --no-early-stop (the benchmark stops every client when the first runs out of "
+                                "conversations; the planner sends every turn: compare the steady window)")
+
+
 def _searched(load: dict[str, str], rate: str, out: Translation) -> None:
     """`planner capacity` searches the load the bench line fixed: the most clients within the SLOs when it ran
     clients (--max-concurrency), else the highest Poisson (or --burstiness) rate; what it fixed is left out."""
@@ -371,7 +441,9 @@ def translate(serve: str, bench: str | None, gpu: str, measured: str | None = No
     out = Translation(verb="capacity" if capacity else "simulate")
     translate_serve(serve, out)
     out.words[2:2] = ["--gpu", gpu]
-    if bench is not None:
+    if bench is not None and MULTI_TURN_SCRIPT in bench:
+        translate_multi_turn(bench, out)
+    elif bench is not None:
         translate_bench(bench, out)
     if measured is not None:
         out.verb = "validate"
