@@ -215,15 +215,17 @@ def test_a_recorded_bench_run_becomes_a_validate_line(tmp_path):
 WORDS = st.sampled_from([*SERVE_VALUED, *SERVE_RENAMED, *SERVE_SWITCHES, *BENCH_LOAD, "--goodput", "--dataset-name",
                          "--speculative-config", "--eplb-config", "--random-input-len", "--dataset-path", "--port",
                          "--enforce-eager", "8", "-1", "inf", "nan", "x", "ttft:5", "random", "{}", '{"method": 1}',
-                         "[1]", "=", "--", "'", '"', "--x=", "serve"])
+                         "[1]", "=", "--", "'", '"', "--x=", "serve", "-i", "-m", "-p", "-k", "-n",
+                         "--max-turns", "--warmup-step", "--request-rate", "--no-early-stop", "--conversation-sampling"])
+BENCH_PROGRAMS = st.sampled_from(["vllm bench serve", "python benchmark_serving_multi_turn.py"])
 
 
 @settings(max_examples=300, deadline=None)
-@given(serve=st.lists(WORDS, max_size=8), bench=st.none() | st.lists(WORDS, max_size=8))
-def test_any_command_line_is_translated_or_refused_in_words(serve, bench):
+@given(serve=st.lists(WORDS, max_size=8), bench=st.none() | st.lists(WORDS, max_size=8), program=BENCH_PROGRAMS)
+def test_any_command_line_is_translated_or_refused_in_words(serve, bench, program):
     """Whatever the operator pastes, the translation ends in a line or a PlannerError, never a traceback."""
     try:
         translate(" ".join(["vllm", "serve", "m", *serve]), None if bench is None else
-                  " ".join(["vllm", "bench", "serve", *bench]), "h100-sxm")
+                  " ".join([program, *bench]), "h100-sxm")
     except PlannerError:
         pass
