@@ -68,6 +68,10 @@ def test_every_turn_is_a_request_of_the_conversation_so_far(tmp_path, chat_token
     assert second.arrival_time > first.arrival_time                        # after its answer and a think time
     cut = import_conversations(path, chat_tokenizer, num_requests=2)       # the file's order: conv-0 first
     assert sorted((r.conversation_id, r.turn) for r in cut) == [("conv-0", 0), ("conv-0", 1)]
+    # the benchmark's --max-turns counts messages: 1 or 2 send one question, 3 sends two
+    for max_turns, turns in ((1, 1), (2, 1), (3, 2)):
+        capped = import_conversations(path, chat_tokenizer, max_turns=max_turns)
+        assert max(r.turn for r in capped if r.conversation_id == "conv-0") == turns - 1
     saved = tmp_path / "trace.jsonl"
     trace.save(saved)
     assert [r.prompt_token_ids for r in Trace.load(saved)] == [r.prompt_token_ids for r in trace]

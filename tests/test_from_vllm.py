@@ -99,21 +99,24 @@ MULTI_TURN = "python benchmarks/multi_turn/benchmark_serving_multi_turn.py -m /m
 
 def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # benchmarks/multi_turn: -p clients, -k active conversations, -n requests; its input imported turn by turn
-    t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 -u http://h:8000 --no-early-stop", "h100-sxm")
+    t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 --max-turns 6 -u http://h:8000 --no-early-stop",
+                  "h100-sxm")
     assert t.before == [["workload", "import", "conv.json", "--format", "conversations", "--tokenizer",
-                         "/models/llama", "-n", "500", "-o", "conv-turns.jsonl"]]
+                         "/models/llama", "-n", "500", "--max-turns", "6", "-o", "conv-turns.jsonl"]]
     assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
                            "--client-turnaround", "0.001"]
-    assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == []
+    no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's length, and the "
+              "planner generates the whole length")
+    assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
     # its defaults (a request rate of 0, the dataset's output lengths) are the planner's; other values are not
-    other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step --max-turns 6 "
+    other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random", "h100-sxm")
-    assert other.not_modelled == ["--warmup-step", "--max-turns 6", "--conversation-sampling random",
+    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random",
                                   "no --no-early-stop (the benchmark stops every client when the first runs out of "
-                                  "conversations; the planner sends every turn: compare the steady window)"]
+                                  "conversations; the planner sends every turn: compare the steady window)", no_eos]
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001"]
     paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
-    assert paced.not_modelled == ["--request-rate 2"]
+    assert paced.not_modelled == ["--request-rate 2", no_eos]
     most = translate("vllm serve m", MULTI_TURN + " -p 4 -k 16", "h100-sxm", capacity=True)
     assert "--concurrency max --max-active-conversations 16" in most.command and most.searched == ["--num-clients 4"]
     for bench, message in ((MULTI_TURN.replace(" -i conv.json", ""), "--input-file is required"),
@@ -216,7 +219,8 @@ WORDS = st.sampled_from([*SERVE_VALUED, *SERVE_RENAMED, *SERVE_SWITCHES, *BENCH_
                          "--speculative-config", "--eplb-config", "--random-input-len", "--dataset-path", "--port",
                          "--enforce-eager", "8", "-1", "inf", "nan", "x", "ttft:5", "random", "{}", '{"method": 1}',
                          "[1]", "=", "--", "'", '"', "--x=", "serve", "-i", "-m", "-p", "-k", "-n",
-                         "--max-turns", "--warmup-step", "--request-rate", "--no-early-stop", "--conversation-sampling"])
+                         "--max-turns", "--warmup-step", "--request-rate", "--no-early-stop",
+                         "--conversation-sampling"])
 BENCH_PROGRAMS = st.sampled_from(["vllm bench serve", "python benchmark_serving_multi_turn.py"])
 
 

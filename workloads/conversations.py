@@ -23,7 +23,8 @@ A conversation whose messages do not alternate question, answer from the first (
 questions in a row) is skipped, as the converter drops it; a last question without an answer is left out
 (the benchmark takes the output length from it). Conversations are taken in the file's order, as the
 benchmark hands them out, until `num_requests` requests (its --max-num-requests; the last conversation
-may be cut short).
+may be cut short). `max_turns` is its --max-turns: messages, questions and answers both, a conversation
+ends once it has sent that many (so ceil(max_turns / 2) questions).
 """
 from __future__ import annotations
 
@@ -87,11 +88,14 @@ def import_conversations(
     arrival: str = "poisson",
     rate: float = math.inf,
     cv: float = 1.0,
+    max_turns: int | None = None,
 ) -> Trace:
     """The trace of a conversations file's turns (see the module)."""
     path = Path(path)
     if num_requests is not None and num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    if max_turns is not None and max_turns < 1:
+        raise TraceError(f"max_turns: must be >= 1 messages, got {max_turns}")
     data = json_conversations(path, "conversations file")
     tokenizer = load_tokenizer(tokenizer_path)
     if not getattr(tokenizer, "chat_template", None):
@@ -100,6 +104,8 @@ def import_conversations(
     conversations = []
     for i, entry in enumerate(data):
         messages = _messages(entry, i, path)
+        if messages and max_turns is not None:      # the benchmark counts a question and its answer as two
+            messages = messages[:(max_turns + 1) // 2 * 2]
         if messages:
             conversations.append((i, messages))
     if not conversations:
@@ -140,5 +146,5 @@ def import_conversations(
     params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
               "conversations": len(turns), "skipped": len(data) - len(conversations), "seed": seed,
               "arrival": arrival, "rate": rate, "cv": cv, "think_time": THINK_TIME,
-              "time_per_token": TIME_PER_TOKEN}
+              "time_per_token": TIME_PER_TOKEN, "max_turns": max_turns}
     return Trace(sorted(requests, key=lambda r: r.arrival_time), name="conversations-import", params=params)

@@ -84,7 +84,7 @@ IMPORTED = {"sharegpt": {"--sharegpt-output-len": "--output-len"}, "custom": {"-
 TEXT_DATASETS = ("sharegpt", "custom", "sonnet")   # prompts as text: counted by the model's tokenizer
 GOODPUT_METRICS = {"ttft": "ttft_p99", "tpot": "tpot_p99", "e2el": "e2e_p99"}
 # vLLM's multi-turn benchmark (benchmarks/multi_turn/benchmark_serving_multi_turn.py): its short flags' long
-# names, what changes nothing here, and what the planner does not model (at other values than its defaults)
+# names, what changes nothing here, and the defaults the planner models (other values are left out)
 MULTI_TURN_SCRIPT = "benchmark_serving_multi_turn.py"
 MULTI_TURN_SHORT = {"-i": "--input-file", "-o": "--output-file", "-m": "--model", "-u": "--url", "-p": "--num-clients",
                     "-k": "--max-active-conversations", "-n": "--max-num-requests", "-e": "--excel-output",
@@ -95,7 +95,6 @@ MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-strea
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
 MULTI_TURN_DEFAULTS = {"--request-rate": "0", "--limit-max-tokens": "0", "--limit-min-tokens": "0",
                        "--conversation-sampling": "round_robin"}
-MULTI_TURN_NOT_MODELLED = ("--warmup-step", "--max-turns")
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -359,20 +358,21 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         if flag not in given:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
-             *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS, *MULTI_TURN_NOT_MODELLED}
+             "--max-turns", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
                                f"models); drop it or check its spelling")
         if flag in MULTI_TURN_IGNORED_VALUED:
             out.ignored.append(flag)
-        elif flag in MULTI_TURN_NOT_MODELLED or not _same(MULTI_TURN_DEFAULTS.get(flag, value), value):
+        elif not _same(MULTI_TURN_DEFAULTS.get(flag, value), value):
             out.not_modelled.append(f"{flag} {value}")
     source = given["--input-file"]
     trace = f"{Path(source).stem}-turns.jsonl"
-    count = ["-n", given["--max-num-requests"]] if "--max-num-requests" in given else []
+    imported = [w for flag, into in (("--max-num-requests", "-n"), ("--max-turns", "--max-turns")) if flag in given
+                for w in (into, given[flag])]
     out.before.append(["workload", "import", source, "--format", "conversations", "--tokenizer", given["--model"],
-                       *count, "-o", trace])
+                       *imported, "-o", trace])
     clients = given.get("--num-clients", "1")
     out.words += ["--trace", trace, "--concurrency", "max" if out.verb == "capacity" else clients]
     if out.verb == "capacity":
@@ -383,6 +383,8 @@ def translate_multi_turn(command: str, out: Translation) -> None:
     if "--no-early-stop" not in out.ignored:
         out.not_modelled.append("no --no-early-stop (the benchmark stops every client when the first runs out of "
                                 "conversations; the planner sends every turn: compare the steady window)")
+    out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's "
+                            "length, and the planner generates the whole length")
 
 
 def _searched(load: dict[str, str], rate: str, out: Translation) -> None:

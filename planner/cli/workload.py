@@ -144,14 +144,15 @@ FLAG_FORMATS = {"--tokenizer": TOKENIZED_FORMATS, "--output-len": TEXT_FORMATS,
                 "--no-oversample": ("sharegpt", "custom"), "--disable-shuffle": ("sharegpt", "custom"),
                 "--skip-chat-template": ("custom",), "--input-len": ("sonnet",), "--prefix-len": ("sonnet",),
                 "--seed": TIMED_FORMATS, "--rate": TIMED_FORMATS, "--arrival": TIMED_FORMATS, "--cv": TIMED_FORMATS,
-                "--keep-times": ("burstgpt",), "--drop-zero": ("azure",)}
+                "--keep-times": ("burstgpt",), "--drop-zero": ("azure",), "--max-turns": ("conversations",)}
 
 
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
                  duration: float | None = None, seed: int = 0, rate: float = math.inf, arrival: str = "poisson",
                  cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
                  skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True,
-                 keep_times: bool = False, input_len: int | None = None, prefix_len: int | None = None) -> Trace:
+                 keep_times: bool = False, input_len: int | None = None, prefix_len: int | None = None,
+                 max_turns: int | None = None) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -166,7 +167,7 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its tokens")
     timing = dict(arrival=arrival, rate=rate, cv=cv)
     if fmt == "conversations":
-        trace = import_conversations(path, tokenizer, requests, seed, **timing)
+        trace = import_conversations(path, tokenizer, requests, seed, **timing, max_turns=max_turns)
         return trace.head(duration=duration) if duration is not None else trace
     if fmt in TEXT_FORMATS:
         if fmt == "sonnet":
@@ -239,6 +240,10 @@ def import_command(
                                     help="burstgpt: the log's own arrivals (its GPT-4 rows in order at their "
                                          "timestamps) instead of vLLM bench's sample at generated arrivals"),
     drop_zero: bool = typer.Option(False, "--drop-zero", help="azure: skip rows with a zero length"),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns",
+                                            help="conversations: the most messages of a conversation sent, "
+                                                 "questions and answers both (vLLM's multi-turn benchmark's "
+                                                 "--max-turns)"),
     as_json: bool = typer.Option(False, "--json", help="print the trace's statistics as JSON"),
 ) -> None:
     """Convert a real trace into this project's trace format (then use it with --trace)."""
@@ -252,7 +257,8 @@ def import_command(
              "--no-oversample": not oversample, "--disable-shuffle": disable_shuffle,
              "--skip-chat-template": skip_chat_template, "--input-len": input_len is not None,
              "--prefix-len": prefix_len is not None, "--seed": seed != 0, "--rate": rate != math.inf,
-             "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--keep-times": keep_times, "--drop-zero": drop_zero}
+             "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--keep-times": keep_times, "--drop-zero": drop_zero,
+             "--max-turns": max_turns is not None}
     unused = [flag for flag, formats in FLAG_FORMATS.items() if given[flag] and fmt not in formats]
     if unused:
         raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
@@ -265,7 +271,7 @@ def import_command(
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
                              skip_chat_template=skip_chat_template, oversample=oversample,
                              shuffle=not disable_shuffle, keep_times=keep_times, input_len=input_len,
-                             prefix_len=prefix_len)
+                             prefix_len=prefix_len, max_turns=max_turns)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)
