@@ -99,6 +99,10 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   (vLLM's benchmarks/multi_turn): how many conversations a closed loop's N clients keep
   active in all, each client K // N, sending their turns in rotation one request at a
   time (workloads/clients.py); None: one each. K < N, or no closed loop, is refused.
+- `client_request_rate` is that benchmark's `--request-rate R`, a rate per client: after each
+  request a client pauses an exponential time of mean 1/R minus the request's duration (none
+  when that is not positive), drawn per request (workloads/clients.py `pause`), before its
+  next (after `client_turnaround`); None: no pause. It needs a closed loop.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -211,6 +215,7 @@ class Deployment:
     async_scheduling: bool | None = None     # vLLM's --async-scheduling; None: vLLM's default (vllm_async_default)
     client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
     max_active_conversations: int | None = None   # closed loop: conversations all clients keep active (None: 1 each)
+    client_request_rate: float | None = None  # closed loop: each client's own rate, a pause after each request
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates
@@ -295,6 +300,9 @@ class Deployment:
                              f"got {self.moe_skew}")
         _at_least("stream_interval", self.stream_interval, 1)
         _at_least("max_active_conversations", self.max_active_conversations, 1)
+        if self.client_request_rate is not None and not 0 < self.client_request_rate < math.inf:
+            raise ValueError(f"client_request_rate must be a positive, finite number of requests/s, "
+                             f"got {self.client_request_rate}")
         if not 0 <= self.client_turnaround < math.inf:
             raise ValueError(f"client_turnaround must be a finite number of seconds >= 0, got {self.client_turnaround}")
         if not 0 < self.gpu_memory_utilization <= 1:

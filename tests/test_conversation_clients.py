@@ -193,3 +193,91 @@ def test_bench_sends_back_the_answer_the_server_gave(monkeypatch):
         expected.append(prompt)
     assert sorted(b["prompt"] for b in bodies) == sorted(expected)
     assert any(trace.prompt_token_ids(r, 256, 0) not in expected for r in trace if r.turn > 0)   # not the trace's
+
+
+def test_a_clients_pause_is_vllms_multi_turn_poisson_sleep():
+    # an exponential time of mean 1/R minus the request's duration, none when that is not positive; the same
+    # draw for a request wherever it is drawn
+    from workloads.clients import pause
+    assert pause(None, 0.1, "r") == 0.0 and pause(2.0, 0.5, "r") == 0.0 and pause(2.0, 0.7, "r") == 0.0
+    assert pause(2.0, 0.1, "r", seed=3) == pause(2.0, 0.1, "r", seed=3) != pause(2.0, 0.1, "r", seed=4)
+    draws = [pause(2.0, 0.1, f"r{i}") for i in range(4000)]
+    assert min(draws) > 0 and sum(draws) / len(draws) == pytest.approx(0.4, rel=0.05)
+
+
+def test_simulated_clients_pause_at_their_own_rate():
+    # one conversation a client: a turn is sent its predecessor's end + the turnaround + the predecessor's pause
+    from workloads.clients import pause
+    trace = make_trace("chatbot", num_requests=60, rate=50.0, seed=3)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096, client_turnaround=0.001,
+                    client_request_rate=0.5)
+    cost = LinearCostModel(0.01, 1e-4)
+    fast = simulate(trace, plan, cost, concurrency=4, seed=7)
+    by_id = {r.request_id: r for r in fast.requests}
+    gaps = 0
+    for req in trace:
+        if req.turn:
+            before, after = by_id[f"{req.request_id.rsplit('-', 1)[0]}-{req.turn - 1}"], by_id[req.request_id]
+            wait = 0.001 + pause(0.5, before.finish - before.arrival, before.request_id, 7)
+            assert after.arrival == pytest.approx(before.finish + wait, abs=1e-9)
+            gaps += wait > 0.5
+    assert gaps > 5                      # pauses of seconds, not the turnaround alone
+    slow = simulate(trace, plan, cost, concurrency=4, seed=7, fast_forward=False)
+    assert fast.requests == slow.requests and fast.steps == slow.steps
+
+
+def test_live_clients_pause_at_their_own_rate(llama_dir):
+    # the live replay pauses each client as the simulator does: a turn waits its predecessor's pause (drawn from
+    # the live duration, which the replay reads after the step that ended it: within a step of the record's)
+    # after its end, and no longer than a step more
+    from workloads.clients import pause
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            enable_prefix_caching=True, client_request_rate=4.0)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=10, length_scale=0.1,
+                          max_prompt_len=40, max_output_len=12, seed=2, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 10
+    by_id = {r.request_id: r for r in v.live.requests}
+    step = max(s.duration for s in v.live.steps)
+    waits = []
+    for req in spec.trace():
+        if req.turn:
+            before = by_id[f"{req.request_id.rsplit('-', 1)[0]}-{req.turn - 1}"]
+            wait = pause(4.0, before.finish - before.arrival, before.request_id, spec.seed)
+            gap = by_id[req.request_id].arrival - before.finish
+            assert wait - step <= gap <= wait + step + 0.05
+            waits.append(wait)
+    assert sum(w > 0 for w in waits) >= len(waits) // 2
+
+
+def test_bench_clients_pause_at_their_own_rate(monkeypatch):
+    # planner bench's clients pause as the simulator's: a turn goes out its predecessor's pause after its end
+    import httpx
+    import planner.bench.client as bench
+    from planner.bench.client import BenchConfig, run_bench
+    from workloads.clients import pause
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        chunks = [{"choices": [{"index": 0, "text": "x", "finish_reason": None}]}] * body["max_tokens"]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
+                                                "completion_tokens": body["max_tokens"]}})
+        sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(bench.httpx, "AsyncClient", lambda **kw: real(**kw, transport=httpx.MockTransport(serve)))
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)
+    results, _ = run_bench(trace, BenchConfig(endpoint="http://mock", model="m", prompt_format="tokens", seed=1,
+                                              max_concurrency=4, client_request_rate=8.0, vocab_size=256))
+    by_id = {r.request_id: r for r in results}
+    assert all(r.success for r in results)
+    paused = 0
+    for req in trace:
+        if req.turn:
+            before, after = by_id[f"{req.request_id.rsplit('-', 1)[0]}-{req.turn - 1}"], by_id[req.request_id]
+            wait = pause(8.0, before.latency, before.request_id, 1)
+            assert after.start - (before.start + before.latency) >= wait - 0.01
+            paused += wait > 0.05
+    assert paused >= 3

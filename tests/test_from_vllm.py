@@ -108,7 +108,7 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's length, and the "
               "planner generates the whole length")
     assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
-    # its defaults (a request rate of 0, the dataset's output lengths) are the planner's; other values are not
+    # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random", "h100-sxm")
     assert other.not_modelled == ["--warmup-step", "--conversation-sampling random",
@@ -116,7 +116,8 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
                                   "conversations; the planner sends every turn: compare the steady window)", no_eos]
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001"]
     paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
-    assert paced.not_modelled == ["--request-rate 2", no_eos]
+    assert paced.words[-4:] == ["--client-request-rate", "2", "--client-turnaround", "0.001"]
+    assert paced.not_modelled == [no_eos]
     most = translate("vllm serve m", MULTI_TURN + " -p 4 -k 16", "h100-sxm", capacity=True)
     assert "--concurrency max --max-active-conversations 16" in most.command and most.searched == ["--num-clients 4"]
     for bench, message in ((MULTI_TURN.replace(" -i conv.json", ""), "--input-file is required"),

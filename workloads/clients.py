@@ -15,29 +15,47 @@ from a `TurnQueue`, so they send the same requests in the same order.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Iterable
 
 from .schema import TraceRequest
+from .tokens import stream
 
 
-def conversations_per_client(max_active_conversations: int | None, clients: int | None,
-                             conversations: int | None = None) -> int:
-    """How many conversations each of `clients` keeps active under vLLM's --max-active-conversations (None:
-    one each), over a trace of `conversations` (None: not checked); ValueError, in the planner's words,
-    where the benchmark refuses."""
-    if max_active_conversations is None:
-        return 1
-    if clients is None:
-        raise ValueError("--max-active-conversations shares conversations among a closed loop's clients: "
-                         "give their number (--concurrency N; bench: --max-concurrency N)")
-    if max_active_conversations < clients:
+def check_clients(clients: int | None, max_active_conversations: int | None = None,
+                  client_request_rate: float | None = None, conversations: int | None = None) -> None:
+    """A ValueError, in the planner's words, for what vLLM's multi-turn benchmark refuses of `clients` (None:
+    an open loop) keeping `max_active_conversations` over a trace of `conversations` (None: not checked),
+    or for a client's own rate without clients."""
+    if clients is None and (max_active_conversations is not None or client_request_rate is not None):
+        flag = "--max-active-conversations shares conversations among" if max_active_conversations is not None \
+            else "--client-request-rate paces"
+        raise ValueError(f"{flag} a closed loop's clients: give their number (--concurrency N; bench: "
+                         f"--max-concurrency N)")
+    if max_active_conversations is not None and max_active_conversations < clients:
         raise ValueError(f"--max-active-conversations {max_active_conversations} must be at least the "
                          f"{clients} clients (each keeps K // N conversations, as in vLLM's multi-turn benchmark)")
-    if conversations is not None and max_active_conversations > conversations:
+    if max_active_conversations is not None and conversations is not None and max_active_conversations > conversations:
         raise ValueError(f"--max-active-conversations {max_active_conversations} is more than the trace's "
                          f"{conversations} conversations (vLLM's multi-turn benchmark refuses it too)")
-    return max_active_conversations // clients
+
+
+def conversations_per_client(max_active_conversations: int | None, clients: int) -> int:
+    """How many conversations each of `clients` keeps active under vLLM's --max-active-conversations K: K // N
+    (None: one each)."""
+    return 1 if max_active_conversations is None else max_active_conversations // clients
+
+
+def pause(client_request_rate: float | None, duration: float, request_id: str, seed: int = 0) -> float:
+    """How long a client waits after its request `request_id` ended, `duration` s after it was sent, before it
+    sends its next: vLLM's multi-turn benchmark's at its --request-rate R (per client; `poisson_sleep`), an
+    exponential time of mean 1/R minus the request's duration, none when that is not positive, or without R.
+    Drawn from the request's own stream, so every closed loop draws the same for it."""
+    mean = 1.0 / client_request_rate - duration if client_request_rate else 0.0
+    if mean <= 0:
+        return 0.0
+    return -mean * math.log1p(-float(stream(seed, "pause", request_id).random()))
 
 
 def conversations_in(requests: Iterable[TraceRequest]) -> int:
@@ -62,7 +80,8 @@ class TurnQueue:
             if req.conversation_id is not None:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
-        self.conversations_each = conversations_per_client(max_active_conversations, clients, len(self.starts))
+        check_clients(clients, max_active_conversations, conversations=len(self.starts))
+        self.conversations_each = conversations_per_client(max_active_conversations, clients)
         # a sent request's id -> (its client's other active conversations, its own conversation's later turns)
         self.sent: dict[str, tuple[deque[deque[TraceRequest]], deque[TraceRequest]]] = {}
 

@@ -30,7 +30,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency_summary
 from workloads import Trace, TraceRequest
-from workloads.clients import TurnQueue, conversations_per_client
+from workloads.clients import TurnQueue, check_clients, pause
 from workloads.schema import MAX_TOKEN_ID
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
@@ -115,6 +115,9 @@ class BenchConfig:
     # With max_concurrency over a trace of conversations: how many the clients keep active in all, each
     # K // N (vLLM's multi-turn benchmark's --max-active-conversations; None: one each).
     max_active_conversations: int | None = None
+    # With max_concurrency: each client's own rate, a pause after each request (vLLM's multi-turn benchmark's
+    # --request-rate; workloads/clients.py `pause`; None: none).
+    client_request_rate: float | None = None
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -139,7 +142,10 @@ class BenchConfig:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_active_conversations is not None and not self.max_active_conversations >= 1:
             raise ValueError(f"--max-active-conversations must be >= 1, got {self.max_active_conversations}")
-        conversations_per_client(self.max_active_conversations, self.max_concurrency)
+        if self.client_request_rate is not None and not 0 < self.client_request_rate < math.inf:
+            raise ValueError(f"--client-request-rate must be a positive number of requests/s, got "
+                             f"{self.client_request_rate}")
+        check_clients(self.max_concurrency, self.max_active_conversations, self.client_request_rate)
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
             raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
                              f"got {self.vocab_size}")
@@ -328,9 +334,13 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            began = time.perf_counter()
             await _send(client, cfg, outs[req.request_id].model, trace, req, outs[req.request_id], answers)
             if progress is not None:
                 progress()
+            wait = pause(cfg.client_request_rate, time.perf_counter() - began, req.request_id, cfg.seed)
+            if wait > 0:               # the client's own pace, before its next request
+                await asyncio.sleep(wait)
 
         if cfg.max_concurrency:
             queue = TurnQueue(trace.requests, cfg.max_concurrency, cfg.max_active_conversations)

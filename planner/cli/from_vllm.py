@@ -93,8 +93,7 @@ MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", 
                              "--max-retries", "--request-timeout-sec", "--stats-json-output", "--warmup-percentages")
 MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
-MULTI_TURN_DEFAULTS = {"--request-rate": "0", "--limit-max-tokens": "0", "--limit-min-tokens": "0",
-                       "--conversation-sampling": "round_robin"}
+MULTI_TURN_DEFAULTS = {"--limit-max-tokens": "0", "--limit-min-tokens": "0", "--conversation-sampling": "round_robin"}
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -358,7 +357,7 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         if flag not in given:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
-             "--max-turns", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
+             "--max-turns", "--request-rate", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
@@ -379,6 +378,11 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         out.searched.append(f"--num-clients {clients}")
     if "--max-active-conversations" in given:
         out.words += ["--max-active-conversations", given["--max-active-conversations"]]
+    rate = given.get("--request-rate", "0")       # its clients' own rate; 0: none
+    if not _is_number(rate) or float(rate) < 0:
+        raise PlannerError(f"{what}: --request-rate {rate!r} is not a number of requests/s per client")
+    if 0 < float(rate) < math.inf:               # (an infinite one pauses none, as 0)
+        out.words += ["--client-request-rate", rate]
     out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]    # the benchmark's clients are a server's
     if "--no-early-stop" not in out.ignored:
         out.not_modelled.append("no --no-early-stop (the benchmark stops every client when the first runs out of "

@@ -122,6 +122,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                                  "conversations the clients keep active in all, each K // N, sending their turns "
                                  "in rotation one at a time (vLLM's multi-turn benchmark; K >= N) [default: one "
                                  "each]"),
+    "client_request_rate": (("--client-request-rate",),
+                            "closed loop (--concurrency): each client's own request rate, as vLLM's multi-turn "
+                            "benchmark's --request-rate: after each request it pauses an exponential time of mean "
+                            "1/R minus the request's duration [default: no pause]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

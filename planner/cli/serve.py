@@ -128,8 +128,11 @@ def serve(
             if size != 1:
                 raise PlannerError(f"{flag} {size} is not supported: this engine runs a model on one device "
                                    f"(use {flag} 1; `planner simulate {flag} {size}` models {what} parallelism)")
-        if deployment.client_turnaround or deployment.max_active_conversations is not None:
-            flag = "--client-turnaround" if deployment.client_turnaround else "--max-active-conversations"
+        knobs = {"--client-turnaround": deployment.client_turnaround or None,
+                 "--max-active-conversations": deployment.max_active_conversations,
+                 "--client-request-rate": deployment.client_request_rate}
+        flag = next((flag for flag, value in knobs.items() if value is not None), None)
+        if flag is not None:
             raise PlannerError(f"{flag} describes a closed loop's clients (simulate, capacity, search, validate, "
                                f"bench); a server's clients are whoever connects to it")
         name = served_model_name or deployment.model
@@ -329,6 +332,11 @@ def bench(
         None, "--max-active-conversations", metavar="K",
         help="with --max-concurrency N over a trace of conversations: the clients keep K active in all, each "
              "K // N, sending their turns in rotation (vLLM's multi-turn benchmark) [default: one each]"),
+    client_request_rate: Optional[float] = typer.Option(
+        None, "--client-request-rate", metavar="R",
+        help="with --max-concurrency: each client's own rate, a pause after each request of an exponential time "
+             "of mean 1/R minus the request's duration (vLLM's multi-turn benchmark's --request-rate) [default: "
+             "no pause]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -352,7 +360,7 @@ def bench(
             check_header_name("--session-key", session_key)
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
-                          max_active_conversations=max_active_conversations,
+                          max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
@@ -380,6 +388,7 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, **loras, "workload": workload,
                      "rate": rate, "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
                      "max_concurrency": max_concurrency, "max_active_conversations": cfg.max_active_conversations,
+                     "client_request_rate": cfg.client_request_rate,
                      "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 import simpy
 
-from workloads.clients import TurnQueue
+from workloads.clients import TurnQueue, pause
 
 # The turnaround `validate --endpoint` simulates its closed loop with when none is given: the order of
 # an HTTP round trip on loopback with a short prompt to tokenize. Any turnaround shorter than the
@@ -43,13 +43,15 @@ class ClosedLoop:
 
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
                  clients: int, max_active_conversations: int | None = None, turnaround: float = 0.0,
-                 due: Due | None = None, all_sent: Callable[[], None], paced: bool = False) -> None:
+                 client_request_rate: float | None = None, seed: int = 0, due: Due | None = None,
+                 all_sent: Callable[[], None], paced: bool = False) -> None:
         self.env = env
         self.paced = paced                # send no request before its trace time
         self.clients = clients
         self.waiting = TurnQueue(requests, clients, max_active_conversations)
         self.unsent = len(self.waiting)
-        self.in_flight: dict[str, TraceRequest] = {}   # request id -> the request, sent and not ended
+        self.in_flight: dict[str, tuple[TraceRequest, float]] = {}   # request id -> (the request, when sent)
+        self.rate, self.seed = client_request_rate, seed   # a client's own pace (workloads/clients.py `pause`)
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
         self.turnaround = turnaround
         self.due = due                    # told of each send on its way, so an engine's windows stop before it
@@ -62,10 +64,20 @@ class ClosedLoop:
             self._next(self.waiting.first())
 
     def ended(self, request_ids: list[str]) -> None:
-        """These requests ended now: their clients send their next ones after the turnaround."""
+        """These requests ended now: their clients send their next ones after the turnaround (and the pause
+        of their own pace)."""
         ended = [self.in_flight.pop(request_id) for request_id in request_ids]
         if not ended or not self.waiting:
             return
+        if self.rate is not None:
+            for req, sent in ended:
+                wait = self.turnaround + pause(self.rate, self.env.now - sent, req.request_id, self.seed)
+                if wait > 0:
+                    self._after(wait, lambda req=req: self._after_ended([req]))
+                else:
+                    self._after_ended([req])
+            return
+        ended = [req for req, _ in ended]
         if self.turnaround <= 0:
             self._after_ended(ended)
             return
@@ -85,7 +97,7 @@ class ClosedLoop:
             self._send(req, self.env.now)
 
     def _send(self, req: TraceRequest, at: float) -> None:
-        self.in_flight[req.request_id] = req
+        self.in_flight[req.request_id] = (req, at)
         self.send(req, at)
         self.unsent -= 1
         if not self.unsent:

@@ -905,7 +905,8 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
         loop = ClosedLoop(env, trace.requests,
                           lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
                           clients=concurrency, max_active_conversations=plan.deployment.max_active_conversations,
-                          turnaround=plan.deployment.client_turnaround, due=engine.due,
+                          turnaround=plan.deployment.client_turnaround,
+                          client_request_rate=plan.deployment.client_request_rate, seed=seed, due=engine.due,
                           all_sent=lambda: setattr(engine, "arrivals_done", True), paced=paced)
         engine.on_ended = loop.ended
         loop.start()

@@ -130,8 +130,7 @@ class Fleet:
         self.groups: list = []                         # every request sent, in sending order
         self.routes: list[int] = []
         self.loop: ClosedLoop | None = None
-        self.turnaround = plan.deployment.client_turnaround
-        self.max_active_conversations = plan.deployment.max_active_conversations
+        self.deployment, self.seed = plan.deployment, seed     # (its clients' knobs)
 
     def release(self) -> None:
         """A finished run's engines released, and the callbacks that hold this fleet (its clients', a P/D
@@ -190,8 +189,10 @@ class Fleet:
             self.env.process(self.arrivals(routes))
             return
         self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
-                               clients=concurrency, max_active_conversations=self.max_active_conversations,
-                               turnaround=self.turnaround, due=self.due, all_sent=self._all_sent, paced=paced)
+                               clients=concurrency, max_active_conversations=self.deployment.max_active_conversations,
+                               turnaround=self.deployment.client_turnaround,
+                               client_request_rate=self.deployment.client_request_rate, seed=self.seed,
+                               due=self.due, all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
         self.loop.start()

@@ -179,6 +179,7 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
                                               max_concurrency=spec.concurrency,
                                               max_active_conversations=flags.get("max_active_conversations"),
+                                              client_request_rate=flags.get("client_request_rate"),
                                               lora_modules=_adapters_for(trace, reading, settings)), progress)
     if fresh is not None:
         with torch_threads(reading.threads):

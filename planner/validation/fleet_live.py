@@ -40,7 +40,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.live import Answers, _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
-from workloads.clients import TurnQueue
+from workloads.clients import TurnQueue, pause
 
 
 class ReplicaClock:
@@ -198,13 +198,15 @@ class FleetReplay:
         self.between_steps, self.progress = between_steps, progress
         self.groups, self.routes, self.done = [], [], 0
         self.clients, self.paced = spec.concurrency, spec.paced
-        self.turnaround = spec.deployment.client_turnaround
+        self.turnaround, self.rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
         self.stream_interval = spec.deployment.stream_interval
         self.unsent = TurnQueue(trace.requests if self.clients is not None else (), self.clients,   # the closed
                                 spec.deployment.max_active_conversations)                              # loop's
-        self.in_flight: dict[str, object] = {}    # request id -> the request, sent and not ended
+        self.in_flight: dict[str, tuple[object, float]] = {}    # request id -> (the request, when sent), not ended
         self.answers = Answers(trace)
-        self.due: list[tuple[float, int, object]] = []     # a heap: (when it is sent, order released, request)
+        # a heap: (when, order released, request, ended): a request to send then, or one that ended, whose client
+        # takes its next then (after the turnaround and its pause, as the simulator's clients do)
+        self.due: list[tuple[float, int, object, bool]] = []
         self.order = itertools.count()
         if self.clients is None:
             for req in trace.requests:
@@ -221,7 +223,7 @@ class FleetReplay:
         if req is None:
             return
         when = req.arrival_time if self.clients is None or (self.paced and req.arrival_time > at) else at
-        heapq.heappush(self.due, (when, next(self.order), req))
+        heapq.heappush(self.due, (when, next(self.order), req, False))
 
     def _next_step(self) -> LiveReplica | None:
         busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
@@ -238,16 +240,20 @@ class FleetReplay:
     def advance(self) -> None:
         nxt = self._next_step()
         if self.due and (nxt is None or self.due[0][0] <= nxt.free_at):
-            when, _, req = heapq.heappop(self.due)
-            self._route(req, when)
+            when, _, req, ended = heapq.heappop(self.due)
+            if ended:
+                self._due(self.unsent.after(req), when)
+            else:
+                self._route(req, when)
             return
         ended = nxt.step(self.between_steps)
         self.done += len(ended)
         self.answers.keep(ended)
         for out in ended:
-            req = self.in_flight.pop(out.request_id)
+            req, sent = self.in_flight.pop(out.request_id)
             if self.clients is not None:       # each ended request frees its client for its next
-                self._due(self.unsent.after(req), nxt.free_at + self.turnaround)
+                wait = self.turnaround + pause(self.rate, nxt.free_at - sent, req.request_id, self.seed)
+                heapq.heappush(self.due, (nxt.free_at + wait, next(self.order), req, True))
         if self.progress is not None and ended:
             self.progress(self.done, len(self.trace))
 
@@ -264,7 +270,7 @@ class FleetReplay:
                                    lora_request=self.loras.get(req.lora))
         self.groups.append(replica.engine.groups[req.request_id])
         self.routes.append(chosen)
-        self.in_flight[req.request_id] = req
+        self.in_flight[req.request_id] = (req, at)
 
     def result(self) -> LiveFleet:
         return _fleet_result(self.groups, self.routes, self.replicas, self.shapes, self.stream_interval)

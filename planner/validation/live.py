@@ -8,6 +8,8 @@ a live run starts: the rest of the planner never needs torch.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import tempfile
 import time
 from collections import deque
@@ -24,7 +26,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.compare import LiveRun
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
-from workloads.clients import TurnQueue
+from workloads.clients import TurnQueue, pause
 
 
 class TraceClock:
@@ -146,9 +148,10 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
     clients = TurnQueue(trace.requests if closed_loop else (), spec.concurrency,
                         spec.deployment.max_active_conversations)
-    in_flight: dict[str, object] = {}     # request id -> the request, sent and not ended
-    turnaround = spec.deployment.client_turnaround
-    on_the_way: deque[tuple[float, list]] = deque()   # closed loop: (when, the ended requests) clients send after
+    in_flight: dict[str, tuple[object, float]] = {}     # request id -> (the request, when sent), not ended
+    turnaround, rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
+    on_the_way: list[tuple[float, int, object]] = []   # closed loop, a heap: (when, order, the ended request)
+    order = itertools.count()
     not_yet_due: list = []            # paced: requests whose clients are free, each waiting for its arrival time
     answers = Answers(trace)
 
@@ -157,7 +160,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
                            req.sampling_params(), arrival_time=at, output_len_hint=req.output_len,
                            priority=req.priority, lora_request=(loras or {}).get(req.lora))
         groups.append(engine.groups[req.request_id])
-        in_flight[req.request_id] = req
+        in_flight[req.request_id] = (req, at)
 
     def release(req, at: float) -> None:
         """A client's next request sent now (stamped `at`), or paced, at its arrival time."""
@@ -184,9 +187,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     while pending or clients or not_yet_due or engine.has_unfinished_requests():
         if closed_loop:
             while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
-                sent, ended = on_the_way.popleft()
-                for req in ended:
-                    release(clients.after(req), sent)
+                sent, _, req = heapq.heappop(on_the_way)
+                release(clients.after(req), sent)
             for req in sorted((r for r in not_yet_due if r.arrival_time <= clock()), key=lambda r: r.arrival_time):
                 not_yet_due.remove(req)
                 send(req, req.arrival_time)
@@ -214,8 +216,10 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
         done += len(finished)
         answers.keep(finished)
         ended = [in_flight.pop(out.request_id) for out in finished]
-        if closed_loop and ended:   # each ended request (finished or refused) frees its client for its next
-            on_the_way.append((clock() + turnaround, ended))
+        now = clock()
+        for req, sent in ended if closed_loop else ():   # each ended request frees its client for its next
+            wait = turnaround + pause(rate, now - sent, req.request_id, spec.seed)
+            heapq.heappush(on_the_way, (now + wait, next(order), req))
         if progress is not None and finished:
             progress(done, len(trace))
     return groups

@@ -10,7 +10,7 @@ from planner.runs.seeds import MAX_SEEDS
 from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
-from workloads.clients import conversations_in, conversations_per_client
+from workloads.clients import check_clients, conversations_in
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -112,8 +112,8 @@ class ValidationSpec:
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         try:       # (before the live run: what its clients would refuse)
-            conversations_per_client(self.deployment.max_active_conversations, self.concurrency,
-                                     conversations_in(trace))
+            check_clients(self.concurrency, self.deployment.max_active_conversations,
+                          self.deployment.client_request_rate, conversations_in(trace))
         except ValueError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
