@@ -187,7 +187,8 @@ class FleetReplay:
     happens on the trace clock (None once every request ended), `advance()` takes it. Requests are sent at
     their arrival times, or by the spec's closed loop of clients (planner/sim/clients.py's rules: N sent at
     once, each client's next one (workloads/clients.py) as its request ends, the deployment's
-    client_turnaround later; paced, never before its arrival time), each stamped with the time it is sent."""
+    client_turnaround and its client's pause later; paced, never before its arrival time), each stamped with
+    the time it is sent."""
 
     def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
                  spec: ValidationSpec, between_steps=None, progress=None, loras: dict | None = None) -> None:

@@ -139,8 +139,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
             loras: dict | None = None) -> list:
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and each
     client's next one as its request ends (a conversation's next turn, workloads/clients.py), the deployment's
-    client_turnaround later, stamped with the time it is sent, as the simulator's clients do
-    (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if that is
+    client_turnaround (and its client's pause) later, stamped with the time it is sent, as the simulator's
+    clients do (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if that is
     later, stamped with it. Step until all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
