@@ -159,7 +159,7 @@ def _validate_here(spec: ValidationSpec, folder: Path, reprofile: bool | None,
                    err: Console) -> tuple[Validation, dict, dict]:
     """The in-process validation: the live engine on this machine, then the simulations; the report written."""
     check_device(spec.deployment.gpu)
-    err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} on "
+    err.print(f"validate: {len(spec.trace())} {spec.workload} requests {load_text(spec)} on "
               f"{spec.deployment.gpu} ({spec.deployment.model}); live run first, then the simulation"
               + (f" and {spec.seeds} more with timing noise" if spec.seeds else ""))
 
@@ -188,7 +188,7 @@ def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, route
         raise PlannerError("the prefix-aware router scores prefix-cache hits: give --enable-prefix-caching")
     check_device(spec.deployment.gpu)
     folder = out or _default_folder(spec.deployment.model, f"{spec.workload}-fleet")
-    err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} on {replicas} live "
+    err.print(f"validate: {len(spec.trace())} {spec.workload} requests {load_text(spec)} on {replicas} live "
               f"{spec.deployment.model} engines ({policy.name}), then the simulated fleet")
     result = validate_fleet(spec, replicas, policy, reprofile=reprofile, profile_out=folder / "profile.json",
                             progress=lambda done, total: done == total and err.print(f"  live: {total} finished"),
@@ -226,7 +226,7 @@ def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, 
             from planner.profile.around import ProfileAround     # torch: only a re-profiling run needs it
             return ProfileAround.quick(base.gpu, base.model, block_size, folder / "profile.json",
                                        say=lambda line: err.print(line, highlight=False, markup=False), lora=given)
-        err.print(f"validate: {spec.requests} {spec.workload} requests {load_text(spec)} against {endpoint}, "
+        err.print(f"validate: {len(spec.trace())} {spec.workload} requests {load_text(spec)} against {endpoint}, "
                   f"then the simulation ({base.model} on {base.gpu})")
         result, sources = validate_endpoint(endpoint, spec, flags, served_model=served_model_name,
                                             profile_around=profile_around if reprofile else None)
