@@ -120,7 +120,12 @@ class Trace:
         out["total_prompt_tokens"] = int(sum(r.prompt_len for r in self.requests))
         out["total_output_tokens"] = int(sum(r.output_len for r in self.requests))
         out["num_prefixes"] = len({r.prefix_id for r in self.requests if r.prefix_id is not None})
-        out["num_conversations"] = len({r.conversation_id for r in self.requests if r.conversation_id is not None})
+        turns = [r for r in self.requests if r.conversation_id is not None]
+        out["num_conversations"] = len({r.conversation_id for r in turns})
+        if turns:                            # how long the conversations run
+            out["turns_mean"] = len(turns) / out["num_conversations"]
+        # the prompt tokens a shared prefix or a conversation's history holds: what a prefix cache could reuse
+        out["prefix_token_share"] = sum(r.prefix_len for r in self.requests) / out["total_prompt_tokens"]
         salts = {r.cache_salt for r in self.requests if r.cache_salt is not None}
         if salts:                            # vLLM's cache_salt: the tenants whose cached blocks are kept apart
             out["num_cache_salts"] = len(salts)
