@@ -281,3 +281,72 @@ def test_bench_clients_pause_at_their_own_rate(monkeypatch):
             assert after.start - (before.start + before.latency) >= wait - 0.01
             paused += wait > 0.05
     assert paused >= 3
+
+
+def test_an_early_stop_ends_the_loop_when_a_client_finds_no_conversation_left():
+    # vLLM's multi-turn benchmark's default: the client that finds the queue empty exits and the others stop
+    # after their request under way; the trace's turns not yet sent are never sent
+    a0, a1, a2, a3 = (request(f"a{t}", "A", t) for t in range(4))
+    b0, c0 = request("b0", "B"), request("c0", "C")
+    for early_stop, sent_after in ((True, [None]), (False, [a1, a2, a3, None])):
+        queue = TurnQueue([a0, b0, c0, a1, a2, a3], clients=2, early_stop=early_stop)
+        assert (queue.first(), queue.first()) == (a0, b0)
+        assert queue.after(b0) == c0 and queue.after(c0) is None      # C done, nothing left to take
+        sent, last = [], a0
+        while (last := queue.after(last)) is not None:
+            sent.append(last)
+        assert sent + [None] == sent_after
+        assert (len(queue), queue.dropped) == ((0, 3) if early_stop else (0, 0))
+    with pytest.raises(ValueError, match="--client-early-stop stops a closed loop's clients"):
+        TurnQueue([a0], early_stop=True)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_simulated_clients_stop_early(replicas):
+    from planner.sim.fleet import simulate_fleet
+    trace = make_trace("chatbot", num_requests=120, rate=50.0, seed=3)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096, client_early_stop=True)
+    cost = LinearCostModel(0.01, 1e-4)
+    fast, slow = (simulate_fleet(trace, plan, cost, replicas=replicas, concurrency=4, fast_forward=ff)
+                  for ff in (True, False))
+    assert fast.requests == slow.requests and fast.metrics.num_completed == len(fast.requests) < len(trace)
+    whole = simulate_fleet(trace, sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096),
+                           cost, replicas=replicas, concurrency=4)
+    # the stop leaves out the tail where fewer than 4 clients remain: more of them in flight on average
+    assert whole.metrics.num_completed == len(trace)
+    assert fast.metrics.mean_concurrency > whole.metrics.mean_concurrency
+
+
+def test_live_clients_stop_early_as_the_simulated_ones(llama_dir):
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            enable_prefix_caching=True, client_early_stop=True)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=12, length_scale=0.1,
+                          max_prompt_len=40, max_output_len=12, seed=3, seeds=0)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] < 12
+
+    def steps(records):
+        return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
+    assert steps(v.live.steps) == steps(v.sim_steps)
+
+
+def test_bench_clients_stop_early(monkeypatch):
+    # planner bench stops as the benchmark does, and leaves the requests never sent out of its results
+    import httpx
+    import planner.bench.client as bench
+    from planner.bench.client import BenchConfig, bench_metrics, run_bench
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        chunks = [{"choices": [{"index": 0, "text": "x", "finish_reason": None}]}] * body["max_tokens"]
+        sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(bench.httpx, "AsyncClient", lambda **kw: real(**kw, transport=httpx.MockTransport(serve)))
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=5, max_history=40, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)       # conversations of 1, 1, 3 and 7 turns
+    results, _ = run_bench(trace, BenchConfig(endpoint="http://mock", model="m", prompt_format="tokens",
+                                              max_concurrency=2, client_early_stop=True, vocab_size=256))
+    metrics = bench_metrics(results)
+    assert 0 < len(results) < 12 and metrics["num_failed"] == 0 and metrics["num_completed"] == len(results)

@@ -111,10 +111,10 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random", "h100-sxm")
-    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random",
-                                  "no --no-early-stop (the benchmark stops every client when the first runs out of "
-                                  "conversations; the planner sends every turn: compare the steady window)", no_eos]
-    assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001"]
+    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random", no_eos]
+    # without --no-early-stop, its clients stop when the first runs out of conversations
+    assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
+                               "--client-early-stop"]
     paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
     assert paced.words[-4:] == ["--client-request-rate", "2", "--client-turnaround", "0.001"]
     assert paced.not_modelled == [no_eos]

@@ -9,6 +9,9 @@ behind the others, so a client of several turns to them in rotation (the benchma
 `--max-active-conversations K` over N clients gives each K // N (the benchmark's rule; K < N refused).
 A request of no conversation is a conversation of one turn, so a trace without conversations is sent in
 its own order, as `vllm bench serve --max-concurrency` sends it (with one conversation a client).
+With `early_stop` (the multi-turn benchmark's default; its --no-early-stop turns it off) the clients stop
+as soon as one finds no conversation left to take: that client leaves its other conversations, the others
+stop after their request under way, and the trace's turns not yet sent are never sent.
 
 The simulator's closed loop, the live engine's and the live fleet's replays, and `planner bench` all draw
 from a `TurnQueue`, so they send the same requests in the same order.
@@ -24,15 +27,18 @@ from .tokens import stream
 
 
 def check_clients(clients: int | None, max_active_conversations: int | None = None,
-                  client_request_rate: float | None = None, conversations: int | None = None) -> None:
+                  client_request_rate: float | None = None, conversations: int | None = None,
+                  early_stop: bool = False) -> None:
     """A ValueError, in the planner's words, for what vLLM's multi-turn benchmark refuses of `clients` (None:
     an open loop) keeping `max_active_conversations` over a trace of `conversations` (None: not checked),
-    or for a client's own rate without clients."""
-    if clients is None and (max_active_conversations is not None or client_request_rate is not None):
-        flag = "--max-active-conversations shares conversations among" if max_active_conversations is not None \
-            else "--client-request-rate paces"
-        raise ValueError(f"{flag} a closed loop's clients: give their number (--concurrency N; bench: "
-                         f"--max-concurrency N)")
+    or for a client's own rate or early stop without clients."""
+    if clients is None:
+        knob = ("--max-active-conversations shares conversations among" if max_active_conversations is not None
+                else "--client-request-rate paces" if client_request_rate is not None
+                else "--client-early-stop stops" if early_stop else None)
+        if knob is not None:
+            raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
+                             f"--max-concurrency N)")
     if max_active_conversations is not None and max_active_conversations < clients:
         raise ValueError(f"--max-active-conversations {max_active_conversations} must be at least the "
                          f"{clients} clients (each keeps K // N conversations, as in vLLM's multi-turn benchmark)")
@@ -68,7 +74,7 @@ class TurnQueue:
     """The requests the clients have still to send (see the module)."""
 
     def __init__(self, requests: Iterable[TraceRequest], clients: int | None = None,
-                 max_active_conversations: int | None = None) -> None:
+                 max_active_conversations: int | None = None, early_stop: bool = False) -> None:
         self.starts: deque[TraceRequest] = deque()      # each conversation's first turn (a lone request), in order
         self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation not yet begun: its later turns, in order
         for req in requests:
@@ -80,13 +86,20 @@ class TurnQueue:
             if req.conversation_id is not None:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
-        check_clients(clients, max_active_conversations, conversations=len(self.starts))
+        check_clients(clients, max_active_conversations, conversations=len(self.starts), early_stop=early_stop)
         self.conversations_each = conversations_per_client(max_active_conversations, clients)
         # a sent request's id -> (its client's other active conversations, its own conversation's later turns)
         self.sent: dict[str, tuple[deque[deque[TraceRequest]], deque[TraceRequest]]] = {}
+        self.early_stop, self.stopped = early_stop, False
 
     def __len__(self) -> int:
-        return self.unsent
+        """The requests the clients will still send."""
+        return 0 if self.stopped else self.unsent
+
+    @property
+    def dropped(self) -> int:
+        """The trace's requests an early stop left unsent."""
+        return self.unsent if self.stopped else 0
 
     def first(self) -> TraceRequest | None:
         """A new client's first request (None when no conversation is left to begin)."""
@@ -101,13 +114,16 @@ class TurnQueue:
 
     def _turn(self, active: deque[deque[TraceRequest]]) -> TraceRequest | None:
         """The next request of a client with these active conversations (each its turns still to send)."""
-        while len(active) < self.conversations_each and self.starts:
+        while len(active) < self.conversations_each and not self.stopped:
+            if not self.starts:            # none left to take: with early stop, every client stops
+                self.stopped = self.early_stop
+                break
             first = self.starts.popleft()
             turns = self.rest.pop(first.conversation_id, None) if first.conversation_id is not None else None
             turns = turns if turns is not None else deque()
             turns.appendleft(first)
             active.append(turns)
-        if not active:
+        if self.stopped or not active:
             return None
         turns = active.pop()               # the conversation taken last, or the one whose turn is due
         req = turns.popleft()

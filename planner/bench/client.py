@@ -118,6 +118,9 @@ class BenchConfig:
     # With max_concurrency: each client's own rate, a pause after each request (vLLM's multi-turn benchmark's
     # --request-rate; workloads/clients.py `pause`; None: none).
     client_request_rate: float | None = None
+    # With max_concurrency: stop once a client finds no conversation left to take (vLLM's multi-turn benchmark's
+    # default early stop); the requests never sent are left out of the results.
+    client_early_stop: bool = False
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -145,7 +148,8 @@ class BenchConfig:
         if self.client_request_rate is not None and not 0 < self.client_request_rate < math.inf:
             raise ValueError(f"--client-request-rate must be a positive number of requests/s, got "
                              f"{self.client_request_rate}")
-        check_clients(self.max_concurrency, self.max_active_conversations, self.client_request_rate)
+        check_clients(self.max_concurrency, self.max_active_conversations, self.client_request_rate,
+                      early_stop=self.client_early_stop)
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
             raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
                              f"got {self.vocab_size}")
@@ -343,8 +347,10 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
                 await asyncio.sleep(wait)
 
         if cfg.max_concurrency:
-            queue = TurnQueue(trace.requests, cfg.max_concurrency, cfg.max_active_conversations)
+            queue = TurnQueue(trace.requests, cfg.max_concurrency, cfg.max_active_conversations, cfg.client_early_stop)
             await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
+            if queue.dropped:          # an early stop's: never sent, so neither done nor failed
+                results = [out for out in results if out.start is not None]
         else:
             await asyncio.gather(*(send(req) for req in trace))
     for out in results:   # times relative to the start of the run

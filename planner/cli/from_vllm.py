@@ -384,9 +384,8 @@ def translate_multi_turn(command: str, out: Translation) -> None:
     if 0 < float(rate) < math.inf:               # (an infinite one pauses none, as 0)
         out.words += ["--client-request-rate", rate]
     out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]    # the benchmark's clients are a server's
-    if "--no-early-stop" not in out.ignored:
-        out.not_modelled.append("no --no-early-stop (the benchmark stops every client when the first runs out of "
-                                "conversations; the planner sends every turn: compare the steady window)")
+    if "--no-early-stop" not in out.ignored:    # its default: every client stops when the first runs dry
+        out.words.append("--client-early-stop")
     out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's "
                             "length, and the planner generates the whole length")
 

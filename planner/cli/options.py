@@ -126,6 +126,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                             "closed loop (--concurrency): each client's own request rate, as vLLM's multi-turn "
                             "benchmark's --request-rate: after each request it pauses an exponential time of mean "
                             "1/R minus the request's duration [default: no pause]"),
+    "client_early_stop": (("--client-early-stop/--no-client-early-stop",),
+                          "closed loop: the clients stop once one finds no conversation left to take, the trace's "
+                          "other turns never sent (vLLM's multi-turn benchmark's default, --no-early-stop there) "
+                          "[default: off, every request sent]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

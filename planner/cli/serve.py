@@ -130,7 +130,8 @@ def serve(
                                    f"(use {flag} 1; `planner simulate {flag} {size}` models {what} parallelism)")
         knobs = {"--client-turnaround": deployment.client_turnaround or None,
                  "--max-active-conversations": deployment.max_active_conversations,
-                 "--client-request-rate": deployment.client_request_rate}
+                 "--client-request-rate": deployment.client_request_rate,
+                 "--client-early-stop": deployment.client_early_stop or None}
         flag = next((flag for flag, value in knobs.items() if value is not None), None)
         if flag is not None:
             raise PlannerError(f"{flag} describes a closed loop's clients (simulate, capacity, search, validate, "
@@ -337,6 +338,10 @@ def bench(
         help="with --max-concurrency: each client's own rate, a pause after each request of an exponential time "
              "of mean 1/R minus the request's duration (vLLM's multi-turn benchmark's --request-rate) [default: "
              "no pause]"),
+    client_early_stop: bool = typer.Option(
+        False, "--client-early-stop/--no-client-early-stop",
+        help="with --max-concurrency: stop once a client finds no conversation left to take, the trace's other "
+             "turns never sent (vLLM's multi-turn benchmark's default) [default: off]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -361,6 +366,7 @@ def bench(
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
+                          client_early_stop=client_early_stop,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
@@ -388,7 +394,7 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, **loras, "workload": workload,
                      "rate": rate, "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
                      "max_concurrency": max_concurrency, "max_active_conversations": cfg.max_active_conversations,
-                     "client_request_rate": cfg.client_request_rate,
+                     "client_request_rate": cfg.client_request_rate, "client_early_stop": cfg.client_early_stop,
                      "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

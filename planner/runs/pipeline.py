@@ -172,7 +172,8 @@ class Simulation:
 
     def _simulate(self, load: Load, trace: Trace | None, progress, watch) -> SimResult:
         d = self.spec.deployment      # refused before the trace is made: client knobs without a closed loop
-        check_clients(load.concurrency, d.max_active_conversations, d.client_request_rate)
+        check_clients(load.concurrency, d.max_active_conversations, d.client_request_rate,
+                      early_stop=d.client_early_stop)
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet

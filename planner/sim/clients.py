@@ -11,7 +11,8 @@ and joins the one after: any turnaround shorter than a step gives that.
 
 A closed loop alone sends the trace's requests in order, their times aside, and a conversation's turns
 one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark,
-`max_active_conversations` of them active among the clients).
+`max_active_conversations` of them active among the clients; with `early_stop`, until the first client
+finds no conversation left to take: `unsent(loop)` says how many were never sent).
 `paced` (a request rate too: `vllm bench serve --request-rate R
 --max-concurrency N`) sends none before its trace time and keeps at most N
 in flight: a request due while N are out waits for one of them to end. Its
@@ -38,18 +39,24 @@ if TYPE_CHECKING:
     from workloads import TraceRequest
 
 
+def unsent(loop: ClosedLoop | None) -> int:
+    """The requests of a run's trace its closed loop never sent (an early stop's), 0 without one."""
+    return loop.waiting.dropped if loop is not None else 0
+
+
 class ClosedLoop:
     """The clients of a closed loop and the requests they have still to send."""
 
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
                  clients: int, max_active_conversations: int | None = None, turnaround: float = 0.0,
-                 client_request_rate: float | None = None, seed: int = 0, due: Due | None = None,
-                 all_sent: Callable[[], None], paced: bool = False) -> None:
+                 client_request_rate: float | None = None, early_stop: bool = False, seed: int = 0,
+                 due: Due | None = None, all_sent: Callable[[], None], paced: bool = False) -> None:
         self.env = env
         self.paced = paced                # send no request before its trace time
         self.clients = clients
-        self.waiting = TurnQueue(requests, clients, max_active_conversations)
-        self.unsent = len(self.waiting)
+        self.waiting = TurnQueue(requests, clients, max_active_conversations, early_stop)
+        self.unsent = len(self.waiting)   # not yet sent: those the clients hold, and those on their way
+        self.stop_counted = False
         self.in_flight: dict[str, tuple[TraceRequest, float]] = {}   # request id -> (the request, when sent)
         self.rate, self.seed = client_request_rate, seed   # a client's own pace (workloads/clients.py `pause`)
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
@@ -90,6 +97,11 @@ class ClosedLoop:
     def _next(self, req: TraceRequest | None) -> None:
         """A client's next request sent now, or paced, when it comes due."""
         if req is None:
+            if self.waiting.stopped and not self.stop_counted:    # an early stop: the rest is never sent
+                self.stop_counted = True
+                self.unsent -= self.waiting.dropped
+                if not self.unsent:
+                    self.all_sent()
             return
         if self.paced and req.arrival_time > self.env.now:
             self._after(req.arrival_time - self.env.now, lambda: self._send(req, req.arrival_time))

@@ -43,7 +43,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns, publish_events
-from planner.sim.clients import ClosedLoop
+from planner.sim.clients import ClosedLoop, unsent
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
@@ -899,6 +899,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     env = simpy.Environment()
     engine = make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace), progress=progress,
                          fast_forward=fast_forward, watch=watch, device_speed=device_speed)
+    loop = None
     if concurrency is None:
         env.process(arrivals(env, trace, engine))
     else:   # the trace's next request, sent when a client's previous one ends (its trace time does not count)
@@ -906,7 +907,8 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
                           lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
                           clients=concurrency, max_active_conversations=plan.deployment.max_active_conversations,
                           turnaround=plan.deployment.client_turnaround,
-                          client_request_rate=plan.deployment.client_request_rate, seed=seed, due=engine.due,
+                          client_request_rate=plan.deployment.client_request_rate,
+                          early_stop=plan.deployment.client_early_stop, seed=seed, due=engine.due,
                           all_sent=lambda: setattr(engine, "arrivals_done", True), paced=paced)
         engine.on_ended = loop.ended
         loop.start()
@@ -914,7 +916,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     def records() -> SimResult:
         if progress is not None:
             progress(env.now, engine.done, len(trace))
-        check_all_ended(engine.groups, len(trace))
+        check_all_ended(engine.groups, len(trace) - unsent(loop))
         return _result(plan, cost_model, trace, seed, engine)
 
     result = run_quietly(env, records, engine.release)

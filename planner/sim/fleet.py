@@ -38,7 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
                                 run_quietly, simulate)
-from planner.sim.clients import ClosedLoop
+from planner.sim.clients import ClosedLoop, unsent
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
@@ -191,7 +191,8 @@ class Fleet:
         self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
                                clients=concurrency, max_active_conversations=self.deployment.max_active_conversations,
                                turnaround=self.deployment.client_turnaround,
-                               client_request_rate=self.deployment.client_request_rate, seed=self.seed,
+                               client_request_rate=self.deployment.client_request_rate,
+                               early_stop=self.deployment.client_early_stop, seed=self.seed,
                                due=self.due, all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
@@ -233,7 +234,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
     def records() -> SimResult:
         if progress is not None:
             progress(env.now, sum(e.done for e in fleet.engines), len(trace))
-        check_all_ended(fleet.groups, len(trace))
+        check_all_ended(fleet.groups, len(trace) - unsent(fleet.loop))
         return _fleet_result(fleet, plan, cost_model, seed)
 
     result = run_quietly(env, records, fleet.release)

@@ -53,6 +53,7 @@ from planner.catalog.links import KvLink
 from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
+from planner.sim.clients import unsent
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, run_quietly)
 from planner.sim.fleet import Fleet, merged_steps, pool_result
@@ -406,7 +407,7 @@ def simulate_pd(trace: Trace, prefill: Pool, decode: Pool, path: KvPath, policy:
         if progress is not None:
             progress(env.now, pools.done, len(trace))
         clients = [c.group for c in pools.groups]
-        check_all_ended(clients, len(trace))
+        check_all_ended(clients, len(trace) - unsent(pools.prefill.loop))
         return _pd_result(pools, clients, prefill, decode, seed)
 
     result = run_quietly(env, records, pools.release)

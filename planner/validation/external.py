@@ -180,6 +180,7 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
                                               max_concurrency=spec.concurrency,
                                               max_active_conversations=flags.get("max_active_conversations"),
                                               client_request_rate=flags.get("client_request_rate"),
+                                              client_early_stop=flags.get("client_early_stop", False),
                                               lora_modules=_adapters_for(trace, reading, settings)), progress)
     if fresh is not None:
         with torch_threads(reading.threads):

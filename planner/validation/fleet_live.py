@@ -202,7 +202,8 @@ class FleetReplay:
         self.turnaround, self.rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
         self.stream_interval = spec.deployment.stream_interval
         self.unsent = TurnQueue(trace.requests if self.clients is not None else (), self.clients,   # the closed
-                                spec.deployment.max_active_conversations)                              # loop's
+                                spec.deployment.max_active_conversations,                              # loop's
+                                spec.deployment.client_early_stop)
         self.in_flight: dict[str, tuple[object, float]] = {}    # request id -> (the request, when sent), not ended
         self.answers = Answers(trace)
         # a heap: (when, order released, request, ended): a request to send then, or one that ended, whose client

@@ -113,7 +113,8 @@ class ValidationSpec:
             raise PlannerError(str(exc)) from None
         try:       # (before the live run: what its clients would refuse)
             check_clients(self.concurrency, self.deployment.max_active_conversations,
-                          self.deployment.client_request_rate, conversations_in(trace))
+                          self.deployment.client_request_rate, conversations_in(trace),
+                          self.deployment.client_early_stop)
         except ValueError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
