@@ -39,6 +39,9 @@ def check_clients(clients: int | None, max_active_conversations: int | None = No
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
+    if client_request_rate is not None and not 0 < client_request_rate < math.inf:
+        raise ValueError(f"--client-request-rate must be a positive, finite number of requests/s, "
+                         f"got {client_request_rate}")
     if max_active_conversations is not None and max_active_conversations < clients:
         raise ValueError(f"--max-active-conversations {max_active_conversations} must be at least the "
                          f"{clients} clients (each keeps K // N conversations, as in vLLM's multi-turn benchmark)")

@@ -143,11 +143,6 @@ class BenchConfig:
             raise ValueError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
-        if self.max_active_conversations is not None and not self.max_active_conversations >= 1:
-            raise ValueError(f"--max-active-conversations must be >= 1, got {self.max_active_conversations}")
-        if self.client_request_rate is not None and not 0 < self.client_request_rate < math.inf:
-            raise ValueError(f"--client-request-rate must be a positive number of requests/s, got "
-                             f"{self.client_request_rate}")
         check_clients(self.max_concurrency, self.max_active_conversations, self.client_request_rate,
                       early_stop=self.client_early_stop)
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:

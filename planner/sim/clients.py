@@ -35,6 +35,7 @@ from workloads.clients import TurnQueue, pause
 SERVED_TURNAROUND = 0.001
 
 if TYPE_CHECKING:
+    from engine.deployment import Deployment
     from planner.sim.engine import Due
     from workloads import TraceRequest
 
@@ -48,19 +49,21 @@ class ClosedLoop:
     """The clients of a closed loop and the requests they have still to send."""
 
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
-                 clients: int, max_active_conversations: int | None = None, turnaround: float = 0.0,
-                 client_request_rate: float | None = None, early_stop: bool = False, seed: int = 0,
-                 due: Due | None = None, all_sent: Callable[[], None], paced: bool = False) -> None:
+                 clients: int, deployment: Deployment, seed: int = 0, due: Due | None = None,
+                 all_sent: Callable[[], None], paced: bool = False) -> None:
+        """`clients` of `deployment`'s kind (its client_turnaround, max_active_conversations,
+        client_request_rate and client_early_stop)."""
         self.env = env
         self.paced = paced                # send no request before its trace time
         self.clients = clients
-        self.waiting = TurnQueue(requests, clients, max_active_conversations, early_stop)
+        self.waiting = TurnQueue(requests, clients, deployment.max_active_conversations,
+                                 deployment.client_early_stop)
         self.unsent = len(self.waiting)   # not yet sent: those the clients hold, and those on their way
         self.stop_counted = False
         self.in_flight: dict[str, tuple[TraceRequest, float]] = {}   # request id -> (the request, when sent)
-        self.rate, self.seed = client_request_rate, seed   # a client's own pace (workloads/clients.py `pause`)
+        self.rate, self.seed = deployment.client_request_rate, seed   # a client's own pace (`pause`)
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
-        self.turnaround = turnaround
+        self.turnaround = deployment.client_turnaround
         self.due = due                    # told of each send on its way, so an engine's windows stop before it
         self.all_sent = all_sent
         self.on_the_way: list[float] = []   # a heap: when the sends and releases waited for happen

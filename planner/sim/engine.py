@@ -905,10 +905,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     else:   # the trace's next request, sent when a client's previous one ends (its trace time does not count)
         loop = ClosedLoop(env, trace.requests,
                           lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
-                          clients=concurrency, max_active_conversations=plan.deployment.max_active_conversations,
-                          turnaround=plan.deployment.client_turnaround,
-                          client_request_rate=plan.deployment.client_request_rate,
-                          early_stop=plan.deployment.client_early_stop, seed=seed, due=engine.due,
+                          clients=concurrency, deployment=plan.deployment, seed=seed, due=engine.due,
                           all_sent=lambda: setattr(engine, "arrivals_done", True), paced=paced)
         engine.on_ended = loop.ended
         loop.start()

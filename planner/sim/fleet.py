@@ -189,11 +189,8 @@ class Fleet:
             self.env.process(self.arrivals(routes))
             return
         self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
-                               clients=concurrency, max_active_conversations=self.deployment.max_active_conversations,
-                               turnaround=self.deployment.client_turnaround,
-                               client_request_rate=self.deployment.client_request_rate,
-                               early_stop=self.deployment.client_early_stop, seed=self.seed,
-                               due=self.due, all_sent=self._all_sent, paced=paced)
+                               clients=concurrency, deployment=self.deployment, seed=self.seed, due=self.due,
+                               all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
         self.loop.start()

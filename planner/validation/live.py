@@ -140,8 +140,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     """Release each request at its arrival time, or with ``spec.concurrency`` N the first N at once and each
     client's next one as its request ends (a conversation's next turn, workloads/clients.py), the deployment's
     client_turnaround (and its client's pause) later, stamped with the time it is sent, as the simulator's
-    clients do (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if that is
-    later, stamped with it. Step until all are done; the requests' groups."""
+    clients do (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if
+    that is later, stamped with it. Step until all are done; the requests' groups."""
     vocab = engine.runner.vocab_size
     groups = []
     closed_loop = spec.concurrency is not None
@@ -216,10 +216,11 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
         done += len(finished)
         answers.keep(finished)
         ended = [in_flight.pop(out.request_id) for out in finished]
-        now = clock()
-        for req, sent in ended if closed_loop else ():   # each ended request frees its client for its next
-            wait = turnaround + pause(rate, now - sent, req.request_id, spec.seed)
-            heapq.heappush(on_the_way, (now + wait, next(order), req))
+        if closed_loop and ended:   # each ended request (finished or refused) frees its client for its next
+            now = clock()
+            for req, sent in ended:
+                wait = turnaround + pause(rate, now - sent, req.request_id, spec.seed)
+                heapq.heappush(on_the_way, (now + wait, next(order), req))
         if progress is not None and finished:
             progress(done, len(trace))
     return groups
