@@ -40,7 +40,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.live import Answers, _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
-from workloads.clients import TurnQueue, pause
+from workloads.clients import pause
 
 
 class ReplicaClock:
@@ -201,9 +201,7 @@ class FleetReplay:
         self.clients, self.paced = spec.concurrency, spec.paced
         self.turnaround, self.rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
         self.stream_interval = spec.deployment.stream_interval
-        self.unsent = TurnQueue(trace.requests if self.clients is not None else (), self.clients,   # the closed
-                                spec.deployment.max_active_conversations,                              # loop's
-                                spec.deployment.client_early_stop)
+        self.unsent = spec.turn_queue(trace)                 # the closed loop's
         self.in_flight: dict[str, tuple[object, float]] = {}    # request id -> (the request, when sent), not ended
         self.answers = Answers(trace)
         # a heap: (when, order released, request, ended): a request to send then, or one that ended, whose client

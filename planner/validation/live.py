@@ -26,7 +26,7 @@ from planner.sim.speculative import spec_step_shape
 from planner.validation.compare import LiveRun
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
-from workloads.clients import TurnQueue, pause
+from workloads.clients import pause
 
 
 class TraceClock:
@@ -146,8 +146,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     groups = []
     closed_loop = spec.concurrency is not None
     pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
-    clients = TurnQueue(trace.requests if closed_loop else (), spec.concurrency,
-                        spec.deployment.max_active_conversations, spec.deployment.client_early_stop)
+    clients = spec.turn_queue(trace)
     in_flight: dict[str, tuple[object, float]] = {}     # request id -> (the request, when sent), not ended
     turnaround, rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
     on_the_way: list[tuple[float, int, object]] = []   # closed loop, a heap: (when, order, the ended request)

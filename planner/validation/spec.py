@@ -10,7 +10,7 @@ from planner.runs.seeds import MAX_SEEDS
 from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
-from workloads.clients import check_clients, conversations_in
+from workloads.clients import TurnQueue, check_clients, conversations_in
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -103,6 +103,13 @@ class ValidationSpec:
             return burstiness_arrival(self.burstiness, self.ramp_up.start_rps if self.ramp_up else self.arrival_rate)
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
+
+    def turn_queue(self, trace: Trace) -> TurnQueue:
+        """What the spec's closed loop of clients will send of `trace` (nothing in an open loop), as the
+        deployment's client knobs have them send it."""
+        d = self.deployment
+        return TurnQueue(trace.requests if self.concurrency is not None else (), self.concurrency,
+                         d.max_active_conversations, d.client_early_stop)
 
     def trace(self) -> Trace:
         arrival = self._arrival()
