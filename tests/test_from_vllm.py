@@ -99,10 +99,11 @@ MULTI_TURN = "python benchmarks/multi_turn/benchmark_serving_multi_turn.py -m /m
 
 def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # benchmarks/multi_turn: -p clients, -k active conversations, -n requests; its input imported turn by turn
-    t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 --max-turns 6 -u http://h:8000 --no-early-stop",
-                  "h100-sxm")
+    t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 --max-turns 6 -u http://h:8000 --no-early-stop "
+                  "--seed 5 --warmup-percentages 0", "h100-sxm")
+    # (its --seed draws the conversations of a generation config)
     assert t.before == [["workload", "import", "conv.json", "--format", "conversations", "--tokenizer",
-                         "/models/llama", "-n", "500", "--max-turns", "6", "-o", "conv-turns.jsonl"]]
+                         "/models/llama", "-n", "500", "--max-turns", "6", "--seed", "5", "-o", "conv-turns.jsonl"]]
     assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
                            "--client-turnaround", "0.001"]
     no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's length, and the "
@@ -110,8 +111,9 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
-                      "--limit-max-tokens 0 --conversation-sampling random", "h100-sxm")
-    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random", no_eos]
+                      "--limit-max-tokens 0 --conversation-sampling random --warmup-percentages 0%,50%", "h100-sxm")
+    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random", "--warmup-percentages 0%,50%",
+                                  no_eos]
     # without --no-early-stop, its clients stop when the first runs out of conversations
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
                                "--client-early-stop"]

@@ -25,6 +25,10 @@ questions in a row) is skipped, as the converter drops it; a last question witho
 benchmark hands them out, until `num_requests` requests (its --max-num-requests; the last conversation
 may be cut short). `max_turns` is its --max-turns: messages, questions and answers both, a conversation
 ends once it has sent that many (so ceil(max_turns / 2) questions).
+
+The benchmark's generation config (its generate_multi_turn.json: {"filetype": "generate_conversations",
+...}) is read as well: its conversations are generated first, as the benchmark generates them with the
+same seed (workloads/synthetic_conversations.py), then imported as above.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from .errors import TraceError
 from .importers import json_conversations, load_tokenizer
 from .schema import TraceRequest
 from .tokens import stream
+from .synthetic_conversations import FILETYPE, generate_conversations
 from .trace import Trace
 
 ASKS = {"user", "human"}
@@ -96,11 +101,15 @@ def import_conversations(
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
     if max_turns is not None and max_turns < 1:
         raise TraceError(f"max_turns: must be >= 1 messages, got {max_turns}")
-    data = json_conversations(path, "conversations file")
+    data = json_conversations(path, "conversations file",
+                              also=f"the benchmark's generation config (an object with \"filetype\": \"{FILETYPE}\")")
     tokenizer = load_tokenizer(tokenizer_path)
     if not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template, and the multi-turn benchmark "
                          f"sends chat messages: give the chat model's tokenizer folder")
+    generated = isinstance(data, dict)
+    if generated:
+        data = generate_conversations(data, path, tokenizer, seed)
     conversations = []
     for i, entry in enumerate(data):
         messages = _messages(entry, i, path)
@@ -144,7 +153,8 @@ def import_conversations(
             before = prompt + answer
             at += output_len * TIME_PER_TOKEN + float(thinks[len(requests) - 1])
     params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
-              "conversations": len(turns), "skipped": len(data) - len(conversations), "seed": seed,
+              "conversations": len(turns), "skipped": len(data) - len(conversations), "generated": generated,
+              "seed": seed,
               "arrival": arrival, "rate": rate, "cv": cv, "think_time": THINK_TIME,
               "time_per_token": TIME_PER_TOKEN, "max_turns": max_turns}
     return Trace(sorted(requests, key=lambda r: r.arrival_time), name="conversations-import", params=params)

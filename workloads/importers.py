@@ -51,9 +51,9 @@ def _chat(tokenizer, text: str) -> list[int]:
     return list(tokenizer(formatted).input_ids)
 
 
-def json_conversations(path: Path, dump: str) -> list:
+def json_conversations(path: Path, dump: str, *, also: str = "") -> list | dict:
     """The JSON list of conversations in `path` (a `dump`, as the errors name it), or a TraceError that says
-    what is wrong with the file."""
+    what is wrong with the file; `also` names an object the caller takes instead of a list ("" for none)."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     text = read_text(path)
@@ -68,9 +68,11 @@ def json_conversations(path: Path, dump: str) -> list:
         raise TraceError(f"{path}: invalid JSON: nested too deeply") from None
     except ValueError as err:   # an integer of more than 4300 digits
         raise TraceError(f"{path}: invalid JSON: {str(err).splitlines()[0]}") from None
+    if isinstance(data, dict) and also:
+        return data
     if not isinstance(data, list):
         kind = "an object" if isinstance(data, dict) else type(data).__name__
-        raise TraceError(f"{path}: expected a JSON list of conversations, got {kind}")
+        raise TraceError(f"{path}: expected a JSON list of conversations{f' or {also}' if also else ''}, got {kind}")
     return data
 
 

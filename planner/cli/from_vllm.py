@@ -89,11 +89,12 @@ MULTI_TURN_SCRIPT = "benchmark_serving_multi_turn.py"
 MULTI_TURN_SHORT = {"-i": "--input-file", "-o": "--output-file", "-m": "--model", "-u": "--url", "-p": "--num-clients",
                     "-k": "--max-active-conversations", "-n": "--max-num-requests", "-e": "--excel-output",
                     "-v": "--verbose"}
-MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", "--served-model-name", "--seed",
-                             "--max-retries", "--request-timeout-sec", "--stats-json-output", "--warmup-percentages")
+MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", "--served-model-name",
+                             "--max-retries", "--request-timeout-sec", "--stats-json-output")
 MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
-MULTI_TURN_DEFAULTS = {"--limit-max-tokens": "0", "--limit-min-tokens": "0", "--conversation-sampling": "round_robin"}
+MULTI_TURN_DEFAULTS = {"--limit-max-tokens": "0", "--limit-min-tokens": "0", "--conversation-sampling": "round_robin",
+                       "--warmup-percentages": "0%"}     # (other values leave the first requests out of its figures)
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -357,19 +358,20 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         if flag not in given:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
-             "--max-turns", "--request-rate", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
+             "--max-turns", "--request-rate", "--seed", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
                                f"models); drop it or check its spelling")
         if flag in MULTI_TURN_IGNORED_VALUED:
             out.ignored.append(flag)
-        elif not _same(MULTI_TURN_DEFAULTS.get(flag, value), value):
+        elif not _same(MULTI_TURN_DEFAULTS.get(flag, value).rstrip("%"), value.rstrip("%")):  # (0% as 0)
             out.not_modelled.append(f"{flag} {value}")
     source = given["--input-file"]
     trace = f"{Path(source).stem}-turns.jsonl"
-    imported = [w for flag, into in (("--max-num-requests", "-n"), ("--max-turns", "--max-turns")) if flag in given
-                for w in (into, given[flag])]
+    # (its --seed draws a generation config's conversations: bench_dataset.py)
+    imported = [w for flag, into in (("--max-num-requests", "-n"), ("--max-turns", "--max-turns"), ("--seed", "--seed"))
+                if flag in given for w in (into, given[flag])]
     out.before.append(["workload", "import", source, "--format", "conversations", "--tokenizer", given["--model"],
                        *imported, "-o", trace])
     clients = given.get("--num-clients", "1")

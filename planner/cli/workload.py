@@ -194,9 +194,10 @@ def import_command(
     path: Path = typer.Argument(..., help="the file to import"),
     fmt: str = typer.Option(..., "--format", "-f", help="azure (TIMESTAMP, ContextTokens, GeneratedTokens CSV), "
                                                        "sharegpt (JSON dump, needs --tokenizer), conversations (vLLM's "
-                                                       "multi-turn benchmark's JSON, or a ShareGPT dump: every turn a "
-                                                       "request, needs a chat --tokenizer), custom (vLLM bench's "
-                                                       "JSONL of {\"prompt\": ...}, needs --tokenizer), sonnet "
+                                                       "multi-turn benchmark's JSON, its generation config or a "
+                                                       "ShareGPT dump: every turn a request, needs a chat "
+                                                       "--tokenizer), custom (vLLM bench's JSONL of "
+                                                       "{\"prompt\": ...}, needs --tokenizer), sonnet "
                                                        "(vLLM bench's poem lines, needs --tokenizer), burstgpt "
                                                        "(BurstGPT's CSV, sampled as vLLM bench does) or csv (our "
                                                        "columns)"),
@@ -229,7 +230,8 @@ def import_command(
                                                 f"conversations' turns, default all)"),
     duration: Optional[float] = typer.Option(None, help="keep requests arriving in the first SECONDS"),
     seed: int = typer.Option(0, help="sampled formats (sharegpt, custom, sonnet, burstgpt): sampling and arrival "
-                                     "seed; conversations: arrival seed"),
+                                     "seed; conversations: arrival seed, and a generation config's (the multi-turn "
+                                     "benchmark's --seed)"),
     rate: float = typer.Option(math.inf, help="sampled formats and conversations: requests/s of the generated "
                                               "arrivals (inf: all at t=0; a conversation's later turns wait for "
                                               "their answers and a think time, as the chatbot workload's)"),
