@@ -103,10 +103,14 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   request a client pauses an exponential time of mean 1/R minus the request's duration (none
   when that is not positive), drawn per request (workloads/clients.py `pause`), before its
   next (after `client_turnaround`); None: no pause. It needs a closed loop.
-- `client_early_stop` is that benchmark's early stop (its default; `--no-early-stop` there): the
-  clients stop once one finds no conversation left to take, and the trace's turns not yet sent
-  are never sent, so a run's figures leave out the tail where fewer clients remain. Off (the
-  default): every request of the trace is sent, as `vllm bench serve` sends its prompts.
+- A client stops, as that benchmark's do, when it finds no conversation left to take (leaving
+  the turns of its other active conversations unsent) or has sent `client_max_requests` (the
+  benchmark's `--max-num-requests M`, M // N a client; None: no limit).
+  `client_early_stop` is that benchmark's early stop (its default; `--no-early-stop` there): the
+  first client to stop stops them all, and the trace's turns not yet sent are never sent, so a
+  run's figures leave out the tail where fewer clients remain. Off (the default): the other
+  clients go on, and with one conversation each every request of the trace is sent, as `vllm
+  bench serve` sends its prompts.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -220,7 +224,8 @@ class Deployment:
     client_turnaround: float = 0.0           # closed loop: s from a request's end to its client's next request
     max_active_conversations: int | None = None   # closed loop: conversations all clients keep active (None: 1 each)
     client_request_rate: float | None = None  # closed loop: each client's own rate, a pause after each request
-    client_early_stop: bool = False          # closed loop: stop once a client finds no conversation left to take
+    client_early_stop: bool = False          # closed loop: stop all clients once one stops
+    client_max_requests: int | None = None   # closed loop: the most requests a client sends (None: no limit)
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates

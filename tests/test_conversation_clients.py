@@ -5,6 +5,7 @@ conversations keeps its order."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from collections import defaultdict
 
 import pytest
@@ -18,7 +19,7 @@ from planner.validation.spec import ValidationSpec
 from sim_helpers import ConstantCost, sim_plan
 from tiny_models import save_tiny_model
 from workloads import TraceRequest, make_trace
-from workloads.clients import TurnQueue
+from workloads.clients import ClientKnobs, TurnQueue
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +57,22 @@ def test_a_client_of_several_conversations_turns_to_them_in_rotation():
     a0, a1, a2, b0, b1 = (request("a0", "A"), request("a1", "A", 1), request("a2", "A", 2),
                           request("b0", "B"), request("b1", "B", 1))
     c0, d0, e0 = request("c0", "C"), request("d0"), request("e0")
-    queue = TurnQueue([a0, b0, c0, d0, e0, a1, b1, a2], clients=2, max_active_conversations=5)
+    queue = TurnQueue([a0, b0, c0, d0, e0, a1, b1, a2], clients=2, knobs=ClientKnobs(max_active_conversations=5))
     sent = [queue.first()]              # one client, from its first request to its last
     while (nxt := queue.after(sent[-1])) is not None:
         sent.append(nxt)
-    assert sent == [b0, a0, b1, c0, d0, e0, a1, a2] and queue.first() is None and len(queue) == 0
+    # it stops when it finds no conversation left to take, leaving A's last two turns unsent, as the
+    # benchmark's client exits then
+    assert sent == [b0, a0, b1, c0, d0, e0] and (len(queue), queue.dropped, queue.stopped) == (0, 2, False)
+    assert queue.first() is None and queue.stopped     # the other client finds none either: every client stopped
 
 
 def test_what_vllms_multi_turn_benchmark_refuses_is_refused(tmp_path):
     reqs = [request("a0", "A"), request("b0", "B"), request("a1", "A", 1)]
     with pytest.raises(ValueError, match="must be at least the 3 clients"):
-        TurnQueue(reqs, clients=3, max_active_conversations=2)
+        TurnQueue(reqs, clients=3, knobs=ClientKnobs(max_active_conversations=2))
     with pytest.raises(ValueError, match="more than the trace's 2 conversations"):
-        TurnQueue(reqs, clients=1, max_active_conversations=3)
+        TurnQueue(reqs, clients=1, knobs=ClientKnobs(max_active_conversations=3))
     with pytest.raises(PlannerError, match="give their number"):     # an open loop has no clients to share them
         ValidationSpec(Deployment(model="opt-125m", gpu="cpu", max_active_conversations=4), workload="chatbot").trace()
     with pytest.raises(PlannerError, match="more than the trace's 2 conversations"):    # before any live run
@@ -85,12 +89,14 @@ def test_what_vllms_multi_turn_benchmark_refuses_is_refused(tmp_path):
 
 
 def turns_in_order(records, trace, turnaround: float = 0.0) -> int:
-    """Assert every turn was sent no earlier than its conversation's turn before ended (plus the turnaround);
-    the most conversations under way at once."""
-    by_id = {r.request_id: r for r in records}
+    """Assert every turn was sent no earlier than its conversation's turn before ended (plus the turnaround),
+    and none after one left unsent; the most conversations under way at once."""
+    by_id = {r.request_id: r for r in records if r.finish is not None}
     conversations = defaultdict(list)
     for req in trace:
-        conversations[req.conversation_id].append(by_id[req.request_id])
+        if req.request_id in by_id:
+            assert len(conversations[req.conversation_id]) == req.turn
+            conversations[req.conversation_id].append(by_id[req.request_id])
     for turns in conversations.values():
         for before, after in zip(turns, turns[1:]):
             assert after.arrival >= before.finish + turnaround - 1e-12
@@ -112,7 +118,11 @@ def test_simulated_clients_send_a_conversations_turns_one_after_another(turnarou
         assert 4 < under_way <= 12
     in_flight = [(r.arrival, r.finish) for r in fast.requests]
     assert max(sum(s <= t < e for s, e in in_flight) for t, _ in in_flight) == 4   # one request a client
-    assert fast.metrics.num_completed == 80
+    # with three conversations a client, a client that finds none left to take stops, as the benchmark's
+    # does, leaving the turns of its other two unsent
+    sent = [r for r in fast.requests if r.finish is not None]
+    assert fast.metrics.num_completed == fast.metrics.num_submitted == len(sent)
+    assert len(sent) == 80 if active is None else len(sent) < 80
     slow = simulate(trace, plan, cost, concurrency=4, fast_forward=False)
     assert fast.requests == slow.requests and fast.steps == slow.steps
 
@@ -128,7 +138,8 @@ def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy
     spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=12 if active else 10,
                           length_scale=0.1, max_prompt_len=40, max_output_len=12, seed=3 if active else 2)
     v = validate(spec, cost_model=ConstantCost())
-    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == spec.requests
+    # (two conversations a client: a client that finds none left to take stops, leaving its other's turns)
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == (8 if active else spec.requests)
 
     def steps(records):
         return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
@@ -289,7 +300,7 @@ def test_an_early_stop_ends_the_loop_when_a_client_finds_no_conversation_left():
     a0, a1, a2, a3 = (request(f"a{t}", "A", t) for t in range(4))
     b0, c0 = request("b0", "B"), request("c0", "C")
     for early_stop, sent_after in ((True, [None]), (False, [a1, a2, a3, None])):
-        queue = TurnQueue([a0, b0, c0, a1, a2, a3], clients=2, early_stop=early_stop)
+        queue = TurnQueue([a0, b0, c0, a1, a2, a3], clients=2, knobs=ClientKnobs(client_early_stop=early_stop))
         assert (queue.first(), queue.first()) == (a0, b0)
         assert queue.after(b0) == c0 and queue.after(c0) is None      # C done, nothing left to take
         sent, last = [], a0
@@ -298,7 +309,45 @@ def test_an_early_stop_ends_the_loop_when_a_client_finds_no_conversation_left():
         assert sent + [None] == sent_after
         assert (len(queue), queue.dropped) == ((0, 3) if early_stop else (0, 0))
     with pytest.raises(ValueError, match="--client-early-stop stops a closed loop's clients"):
-        TurnQueue([a0], early_stop=True)
+        TurnQueue([a0], knobs=ClientKnobs(client_early_stop=True))
+
+
+def test_a_client_stops_once_it_has_sent_its_most_requests():
+    # vLLM's multi-turn benchmark's --max-num-requests M over N clients: each sends M // N, then stops,
+    # leaving its conversation's later turns; with the early stop the first to stop stops them all
+    a0, a1, a2, a3 = (request(f"a{t}", "A", t) for t in range(4))
+    b0, b1, c0 = request("b0", "B"), request("b1", "B", 1), request("c0", "C")
+    for early_stop in (False, True):
+        queue = TurnQueue([a0, b0, c0, a1, b1, a2, a3], clients=2,
+                          knobs=ClientKnobs(client_early_stop=early_stop, client_max_requests=2))
+        assert (queue.first(), queue.first()) == (a0, b0)
+        assert queue.after(a0) == a1 and queue.after(a1) is None       # the first client's two sent: it stops
+        assert (len(queue), queue.dropped) == ((0, 4) if early_stop else (2, 2))   # (a2, a3 left)
+        if early_stop:
+            assert queue.after(b0) is None
+            continue
+        assert queue.after(b0) == b1 and queue.after(b1) is None       # the other's two, then it stops too
+        assert queue.stopped and (len(queue), queue.dropped) == (0, 3)   # c0 never begun
+    with pytest.raises(ValueError, match="--client-max-requests must be at least 1"):
+        TurnQueue([a0], clients=1, knobs=ClientKnobs(client_max_requests=0))
+    with pytest.raises(ValueError, match="--client-max-requests limits a closed loop's clients"):
+        TurnQueue([a0], knobs=ClientKnobs(client_max_requests=2))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_simulated_clients_send_their_most_requests(replicas):
+    from planner.sim.fleet import simulate_fleet
+    trace = make_trace("chatbot", num_requests=120, rate=50.0, seed=3)
+    cost = LinearCostModel(0.01, 1e-4)
+    for early_stop in (False, True):
+        plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096, client_max_requests=5,
+                        client_early_stop=early_stop)
+        fast, slow = (simulate_fleet(trace, plan, cost, replicas=replicas, concurrency=4, fast_forward=ff)
+                      for ff in (True, False))
+        assert fast.requests == slow.requests and fast.metrics.num_completed == len(fast.requests)
+        # four clients of five requests each; with the early stop, the others stop after their request under way
+        # once the first has sent its five
+        assert len(fast.requests) == 20 if not early_stop else 5 + 3 <= len(fast.requests) < 20
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -327,6 +376,11 @@ def test_live_clients_stop_early_as_the_simulated_ones(llama_dir):
 
     def steps(records):
         return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
+    assert steps(v.live.steps) == steps(v.sim_steps)
+    # each client stopping after its three requests (the benchmark's --max-num-requests 6 over 2 clients)
+    limited = replace(spec, deployment=replace(deployment, client_early_stop=False, client_max_requests=3))
+    v = validate(limited, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 6
     assert steps(v.live.steps) == steps(v.sim_steps)
 
 

@@ -103,9 +103,10 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
                   "--seed 5 --warmup-percentages 0", "h100-sxm")
     # (its --seed draws the conversations of a generation config)
     assert t.before == [["workload", "import", "conv.json", "--format", "conversations", "--tokenizer",
-                         "/models/llama", "-n", "500", "--max-turns", "6", "--seed", "5", "-o", "conv-turns.jsonl"]]
+                         "/models/llama", "--max-turns", "6", "--seed", "5", "-o", "conv-turns.jsonl"]]
+    # its -n is a limit its clients share, 500 // 8 each
     assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
-                           "--client-turnaround", "0.001"]
+                           "--client-max-requests", "62", "--client-turnaround", "0.001"]
     no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's length, and the "
               "planner generates the whole length")
     assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
@@ -123,6 +124,7 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     most = translate("vllm serve m", MULTI_TURN + " -p 4 -k 16", "h100-sxm", capacity=True)
     assert "--concurrency max --max-active-conversations 16" in most.command and most.searched == ["--num-clients 4"]
     for bench, message in ((MULTI_TURN.replace(" -i conv.json", ""), "--input-file is required"),
+                           (MULTI_TURN + " -p 4 -n 3", "at least one request a client"),
                            (MULTI_TURN + " --bogus 1", "--bogus is not a flag the planner knows")):
         with pytest.raises(PlannerError, match=message):
             translate("vllm serve m", bench, "h100-sxm")

@@ -9,9 +9,12 @@ behind the others, so a client of several turns to them in rotation (the benchma
 `--max-active-conversations K` over N clients gives each K // N (the benchmark's rule; K < N refused).
 A request of no conversation is a conversation of one turn, so a trace without conversations is sent in
 its own order, as `vllm bench serve --max-concurrency` sends it (with one conversation a client).
-With `early_stop` (the multi-turn benchmark's default; its --no-early-stop turns it off) the clients stop
-as soon as one finds no conversation left to take: that client leaves its other conversations, the others
-stop after their request under way, and the trace's turns not yet sent are never sent.
+
+A client stops, as the benchmark's does, when it finds no conversation left to take (leaving the turns of
+its other active conversations unsent) or when it has sent its `client_max_requests` (the benchmark's
+--max-num-requests M, M // N a client). With `client_early_stop` (the benchmark's default; its
+--no-early-stop turns it off) the first client to stop stops them all, each after its request under way,
+and the trace's turns not yet sent are never sent.
 
 The simulator's closed loop, the live engine's and the live fleet's replays, and `planner bench` all draw
 from a `TurnQueue`, so they send the same requests in the same order.
@@ -20,33 +23,53 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, fields
 from typing import Iterable
 
 from .schema import TraceRequest
 from .tokens import stream
 
 
-def check_clients(clients: int | None, max_active_conversations: int | None = None,
-                  client_request_rate: float | None = None, conversations: int | None = None,
-                  early_stop: bool = False) -> None:
+@dataclass(frozen=True)
+class ClientKnobs:
+    """How a closed loop's clients behave (vLLM's multi-turn benchmark's settings; see the module), as a
+    Deployment and `planner bench`'s BenchConfig hold them, under the same names."""
+
+    max_active_conversations: int | None = None   # K in all, K // N each; None: one each
+    client_request_rate: float | None = None      # each client's own rate (`pause`); None: no pause
+    client_early_stop: bool = False               # the first client to stop stops them all
+    client_max_requests: int | None = None        # the most requests a client sends; None: no limit
+
+    @classmethod
+    def of(cls, holder) -> "ClientKnobs":
+        """The knobs of a Deployment or a BenchConfig (any object with these fields)."""
+        return cls(**{f.name: getattr(holder, f.name) for f in fields(cls)})
+
+
+def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | None = None) -> None:
     """A ValueError, in the planner's words, for what vLLM's multi-turn benchmark refuses of `clients` (None:
-    an open loop) keeping `max_active_conversations` over a trace of `conversations` (None: not checked),
-    or for a client's own rate or early stop without clients."""
+    an open loop) with `knobs` over a trace of `conversations` (None: not checked), or for a client's knob
+    without clients."""
+    k = knobs.max_active_conversations
     if clients is None:
-        knob = ("--max-active-conversations shares conversations among" if max_active_conversations is not None
-                else "--client-request-rate paces" if client_request_rate is not None
-                else "--client-early-stop stops" if early_stop else None)
+        knob = ("--max-active-conversations shares conversations among" if k is not None
+                else "--client-request-rate paces" if knobs.client_request_rate is not None
+                else "--client-early-stop stops" if knobs.client_early_stop
+                else "--client-max-requests limits" if knobs.client_max_requests is not None else None)
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
-    if client_request_rate is not None and not 0 < client_request_rate < math.inf:
+    if knobs.client_request_rate is not None and not 0 < knobs.client_request_rate < math.inf:
         raise ValueError(f"--client-request-rate must be a positive, finite number of requests/s, "
-                         f"got {client_request_rate}")
-    if max_active_conversations is not None and max_active_conversations < clients:
-        raise ValueError(f"--max-active-conversations {max_active_conversations} must be at least the "
+                         f"got {knobs.client_request_rate}")
+    if knobs.client_max_requests is not None and knobs.client_max_requests < 1:
+        raise ValueError(f"--client-max-requests must be at least 1 request a client, got "
+                         f"{knobs.client_max_requests}")
+    if k is not None and k < clients:
+        raise ValueError(f"--max-active-conversations {k} must be at least the "
                          f"{clients} clients (each keeps K // N conversations, as in vLLM's multi-turn benchmark)")
-    if max_active_conversations is not None and conversations is not None and max_active_conversations > conversations:
-        raise ValueError(f"--max-active-conversations {max_active_conversations} is more than the trace's "
+    if k is not None and conversations is not None and k > conversations:
+        raise ValueError(f"--max-active-conversations {k} is more than the trace's "
                          f"{conversations} conversations (vLLM's multi-turn benchmark refuses it too)")
 
 
@@ -73,11 +96,20 @@ def conversations_in(requests: Iterable[TraceRequest]) -> int:
     return len(set(ids) - {None}) + ids.count(None)
 
 
+class _Client:
+    """One client of a TurnQueue: its active conversations (each its turns still to send) and its count of
+    requests sent."""
+
+    def __init__(self) -> None:
+        self.active: deque[deque[TraceRequest]] = deque()
+        self.sent = 0
+
+
 class TurnQueue:
     """The requests the clients have still to send (see the module)."""
 
     def __init__(self, requests: Iterable[TraceRequest], clients: int | None = None,
-                 max_active_conversations: int | None = None, early_stop: bool = False) -> None:
+                 knobs: ClientKnobs = ClientKnobs()) -> None:
         self.starts: deque[TraceRequest] = deque()      # each conversation's first turn (a lone request), in order
         self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation not yet begun: its later turns, in order
         for req in requests:
@@ -89,47 +121,60 @@ class TurnQueue:
             if req.conversation_id is not None:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
-        check_clients(clients, max_active_conversations, conversations=len(self.starts), early_stop=early_stop)
-        self.conversations_each = conversations_per_client(max_active_conversations, clients)
-        # a sent request's id -> (its client's other active conversations, its own conversation's later turns)
-        self.sent: dict[str, tuple[deque[deque[TraceRequest]], deque[TraceRequest]]] = {}
-        self.early_stop, self.stopped = early_stop, False
+        check_clients(clients, knobs, conversations=len(self.starts))
+        self.conversations_each = conversations_per_client(knobs.max_active_conversations, clients)
+        self.max_requests = knobs.client_max_requests
+        self.clients_left = clients if clients is not None else math.inf    # (None: not counted)
+        self.sent: dict[str, tuple[_Client, deque[TraceRequest]]] = {}   # a sent request's client, conversation
+        self.early_stop, self.stopped = knobs.client_early_stop, False
+        self.left = 0                  # turns of the conversations stopped clients left active
 
     def __len__(self) -> int:
         """The requests the clients will still send."""
-        return 0 if self.stopped else self.unsent
+        return 0 if self.stopped else self.unsent - self.left
 
     @property
     def dropped(self) -> int:
-        """The trace's requests an early stop left unsent."""
-        return self.unsent if self.stopped else 0
+        """The trace's requests the clients will never send (those stopped clients left, or all of them once
+        every client has stopped)."""
+        return self.unsent if self.stopped else self.left
 
     def first(self) -> TraceRequest | None:
         """A new client's first request (None when no conversation is left to begin)."""
-        return self._turn(deque())
+        return self._turn(_Client())
 
     def after(self, ended: TraceRequest) -> TraceRequest | None:
         """The next request of the client whose request `ended` (finished or refused) has just ended."""
-        active, later = self.sent.pop(ended.request_id)
+        client, later = self.sent.pop(ended.request_id)
         if later:
-            active.appendleft(later)       # behind the client's other conversations
-        return self._turn(active)
+            client.active.appendleft(later)     # behind the client's other conversations
+        return self._turn(client)
 
-    def _turn(self, active: deque[deque[TraceRequest]]) -> TraceRequest | None:
-        """The next request of a client with these active conversations (each its turns still to send)."""
-        while len(active) < self.conversations_each and not self.stopped:
-            if not self.starts:            # none left to take: with early stop, every client stops
-                self.stopped = self.early_stop
-                break
+    def _turn(self, client: _Client) -> TraceRequest | None:
+        """The client's next request, or None when it stops."""
+        if self.stopped:
+            return None
+        if self.max_requests is not None and client.sent >= self.max_requests:
+            return self._stop(client)
+        while len(client.active) < self.conversations_each:
+            if not self.starts:            # none left to take: the client stops
+                return self._stop(client)
             first = self.starts.popleft()
             turns = self.rest.pop(first.conversation_id, None) if first.conversation_id is not None else None
             turns = turns if turns is not None else deque()
             turns.appendleft(first)
-            active.append(turns)
-        if self.stopped or not active:
-            return None
-        turns = active.pop()               # the conversation taken last, or the one whose turn is due
+            client.active.append(turns)
+        turns = client.active.pop()        # the conversation taken last, or the one whose turn is due
         req = turns.popleft()
-        self.sent[req.request_id] = (active, turns)
+        self.sent[req.request_id] = (client, turns)
         self.unsent -= 1
+        client.sent += 1
         return req
+
+    def _stop(self, client: _Client) -> None:
+        """The client stops, leaving its active conversations; with early stop, or as the last, all have."""
+        self.left += sum(map(len, client.active))
+        client.active.clear()
+        self.clients_left -= 1
+        self.stopped = self.early_stop or self.clients_left == 0
+        return None

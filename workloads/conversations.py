@@ -22,8 +22,9 @@ converter maps it: human and user ask; gpt, bing, chatgpt and bard answer; a lea
 A conversation whose messages do not alternate question, answer from the first (a system message, two
 questions in a row) is skipped, as the converter drops it; a last question without an answer is left out
 (the benchmark takes the output length from it). Conversations are taken in the file's order, as the
-benchmark hands them out, until `num_requests` requests (its --max-num-requests; the last conversation
-may be cut short). `max_turns` is its --max-turns: messages, questions and answers both, a conversation
+benchmark hands them out, until `num_requests` requests (the last conversation may be cut short; the
+benchmark's own --max-num-requests limits its clients instead: `client_max_requests`,
+workloads/clients.py). `max_turns` is its --max-turns: messages, questions and answers both, a conversation
 ends once it has sent that many (so ceil(max_turns / 2) questions).
 
 The benchmark's generation config (its generate_multi_turn.json: {"filetype": "generate_conversations",

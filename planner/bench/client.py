@@ -30,7 +30,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency_summary
 from workloads import Trace, TraceRequest
-from workloads.clients import TurnQueue, check_clients, pause
+from workloads.clients import ClientKnobs, TurnQueue, check_clients, pause
 from workloads.schema import MAX_TOKEN_ID
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
@@ -118,9 +118,12 @@ class BenchConfig:
     # With max_concurrency: each client's own rate, a pause after each request (vLLM's multi-turn benchmark's
     # --request-rate; workloads/clients.py `pause`; None: none).
     client_request_rate: float | None = None
-    # With max_concurrency: stop once a client finds no conversation left to take (vLLM's multi-turn benchmark's
-    # default early stop); the requests never sent are left out of the results.
+    # With max_concurrency: stop them all once one stops (vLLM's multi-turn benchmark's default early stop);
+    # the requests never sent are left out of the results.
     client_early_stop: bool = False
+    # With max_concurrency: the most requests each client sends (vLLM's multi-turn benchmark's
+    # --max-num-requests M, M // N a client); None: no limit.
+    client_max_requests: int | None = None
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -143,8 +146,7 @@ class BenchConfig:
             raise ValueError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
-        check_clients(self.max_concurrency, self.max_active_conversations, self.client_request_rate,
-                      early_stop=self.client_early_stop)
+        check_clients(self.max_concurrency, ClientKnobs.of(self))
         if not 1 <= self.vocab_size <= MAX_TOKEN_ID:
             raise ValueError(f"--vocab-size must be 1 to {MAX_TOKEN_ID:,} (every vocabulary is smaller), "
                              f"got {self.vocab_size}")
@@ -342,9 +344,9 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
                 await asyncio.sleep(wait)
 
         if cfg.max_concurrency:
-            queue = TurnQueue(trace.requests, cfg.max_concurrency, cfg.max_active_conversations, cfg.client_early_stop)
+            queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg))
             await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
-            if queue.dropped:          # an early stop's: never sent, so neither done nor failed
+            if queue.dropped:          # left by stopped clients: never sent, so neither done nor failed
                 results = [out for out in results if out.start is not None]
         else:
             await asyncio.gather(*(send(req) for req in trace))

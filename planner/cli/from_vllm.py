@@ -370,8 +370,7 @@ def translate_multi_turn(command: str, out: Translation) -> None:
     source = given["--input-file"]
     trace = f"{Path(source).stem}-turns.jsonl"
     # (its --seed draws a generation config's conversations: bench_dataset.py)
-    imported = [w for flag, into in (("--max-num-requests", "-n"), ("--max-turns", "--max-turns"), ("--seed", "--seed"))
-                if flag in given for w in (into, given[flag])]
+    imported = [w for flag in ("--max-turns", "--seed") if flag in given for w in (flag, given[flag])]
     out.before.append(["workload", "import", source, "--format", "conversations", "--tokenizer", given["--model"],
                        *imported, "-o", trace])
     clients = given.get("--num-clients", "1")
@@ -380,13 +379,19 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         out.searched.append(f"--num-clients {clients}")
     if "--max-active-conversations" in given:
         out.words += ["--max-active-conversations", given["--max-active-conversations"]]
+    if "--max-num-requests" in given:           # its limit in all, M // N a client (get_client_config)
+        most = given["--max-num-requests"]
+        if not most.isdigit() or not clients.isdigit() or int(clients) < 1 or int(most) // int(clients) < 1:
+            raise PlannerError(f"{what}: --max-num-requests {most} over --num-clients {clients}: the benchmark "
+                               f"needs at least one request a client")
+        out.words += ["--client-max-requests", str(int(most) // int(clients))]
     rate = given.get("--request-rate", "0")       # its clients' own rate; 0: none
     if not _is_number(rate) or float(rate) < 0:
         raise PlannerError(f"{what}: --request-rate {rate!r} is not a number of requests/s per client")
     if 0 < float(rate) < math.inf:               # (an infinite one pauses none, as 0)
         out.words += ["--client-request-rate", rate]
     out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]    # the benchmark's clients are a server's
-    if "--no-early-stop" not in out.ignored:    # its default: every client stops when the first runs dry
+    if "--no-early-stop" not in out.ignored:    # its default: every client stops when the first stops
         out.words.append("--client-early-stop")
     out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's "
                             "length, and the planner generates the whole length")

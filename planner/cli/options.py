@@ -127,9 +127,12 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                             "benchmark's --request-rate: after each request it pauses an exponential time of mean "
                             "1/R minus the request's duration [default: no pause]"),
     "client_early_stop": (("--client-early-stop/--no-client-early-stop",),
-                          "closed loop: the clients stop once one finds no conversation left to take, the trace's "
-                          "other turns never sent (vLLM's multi-turn benchmark's default, --no-early-stop there) "
-                          "[default: off, every request sent]"),
+                          "closed loop: the clients all stop once one stops (it found no conversation left to "
+                          "take, or sent --client-max-requests), the trace's other turns never sent (vLLM's "
+                          "multi-turn benchmark's default, --no-early-stop there) [default: off]"),
+    "client_max_requests": (("--client-max-requests",),
+                            "closed loop: the most requests each client sends before it stops (vLLM's multi-turn "
+                            "benchmark's --max-num-requests M over N clients: M // N) [default: no limit]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

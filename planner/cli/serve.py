@@ -8,6 +8,7 @@ import re
 import socket
 import sys
 import time
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Optional
 
@@ -19,9 +20,10 @@ from uvicorn.config import LOG_LEVELS as UVICORN_LOG_LEVELS
 
 from engine.core.metrics import LATENCY_STATISTICS
 from engine.core.routing import SESSION_HEADER
+from engine.deployment import Deployment
 from planner.bench.client import BenchConfig, bench_metrics, run_bench, write_requests_csv
-from planner.cli.options import (BURSTINESS, PARAM, RAMP_UP_END, RAMP_UP_START, RAMP_UP_STRATEGY, DeploymentChoices,
-                                 check_live_replicas, deployment_options, ramp_up_of)
+from planner.cli.options import (BURSTINESS, DEPLOYMENT_FLAGS, PARAM, RAMP_UP_END, RAMP_UP_START, RAMP_UP_STRATEGY,
+                                 DeploymentChoices, check_live_replicas, deployment_options, ramp_up_of)
 from planner.cli.output import check_writable, fail
 from planner.deploy import checks
 from planner.documents import json_safe
@@ -32,6 +34,7 @@ from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
 from workloads import RampUp, TraceError, burstiness_arrival, make_trace, parse_workload_params
+from workloads.clients import ClientKnobs
 
 LOG_LEVELS = tuple(UVICORN_LOG_LEVELS)
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")     # RFC 9110's token
@@ -128,11 +131,9 @@ def serve(
             if size != 1:
                 raise PlannerError(f"{flag} {size} is not supported: this engine runs a model on one device "
                                    f"(use {flag} 1; `planner simulate {flag} {size}` models {what} parallelism)")
-        knobs = {"--client-turnaround": deployment.client_turnaround or None,
-                 "--max-active-conversations": deployment.max_active_conversations,
-                 "--client-request-rate": deployment.client_request_rate,
-                 "--client-early-stop": deployment.client_early_stop or None}
-        flag = next((flag for flag, value in knobs.items() if value is not None), None)
+        knobs = ("client_turnaround", *(f.name for f in fields(ClientKnobs)))
+        flag = next((DEPLOYMENT_FLAGS[name][0][0].split("/")[0] for name in knobs
+                     if getattr(deployment, name) != getattr(Deployment, name)), None)
         if flag is not None:
             raise PlannerError(f"{flag} describes a closed loop's clients (simulate, capacity, search, validate, "
                                f"bench); a server's clients are whoever connects to it")
@@ -340,8 +341,13 @@ def bench(
              "no pause]"),
     client_early_stop: bool = typer.Option(
         False, "--client-early-stop/--no-client-early-stop",
-        help="with --max-concurrency: stop once a client finds no conversation left to take, the trace's other "
-             "turns never sent (vLLM's multi-turn benchmark's default) [default: off]"),
+        help="with --max-concurrency: stop all clients once one stops (it found no conversation left to take, or "
+             "sent --client-max-requests), the trace's other turns never sent (vLLM's multi-turn benchmark's "
+             "default) [default: off]"),
+    client_max_requests: Optional[int] = typer.Option(
+        None, "--client-max-requests", metavar="M",
+        help="with --max-concurrency: the most requests each client sends (vLLM's multi-turn benchmark's "
+             "--max-num-requests over its clients) [default: no limit]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -366,7 +372,7 @@ def bench(
         cfg = BenchConfig(endpoint, model, ignore_eos, vocab_size, seed, timeout, prompt_format=prompt_format,
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
-                          client_early_stop=client_early_stop,
+                          client_early_stop=client_early_stop, client_max_requests=client_max_requests,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
@@ -393,8 +399,7 @@ def _report_bench(results, wall: float, cfg: BenchConfig, slos, out: Optional[Pa
         if cfg.lora_modules else {}
     doc = json_safe({**metrics, "endpoint": cfg.endpoint, "model": cfg.model, **loras, "workload": workload,
                      "rate": rate, "burstiness": burstiness, **(ramp_up.record() if ramp_up else {}),
-                     "max_concurrency": max_concurrency, "max_active_conversations": cfg.max_active_conversations,
-                     "client_request_rate": cfg.client_request_rate, "client_early_stop": cfg.client_early_stop,
+                     "max_concurrency": max_concurrency, **asdict(ClientKnobs.of(cfg)),
                      "seed": seed,
                      "length_scale": length_scale, "wall_time": wall, "failures": failures, "folder": str(folder)})
     (folder / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

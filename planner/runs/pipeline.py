@@ -35,7 +35,7 @@ from planner.sim.memory_guard import check_replicas
 from planner.sim.pd import KvPath, Pool, simulate_pd
 from planner.sim.pipeline import host_hidden
 from workloads import Trace
-from workloads.clients import check_clients
+from workloads.clients import ClientKnobs, check_clients
 
 
 FLEET_NOTE = ("the router's own latency and the network between router and replicas (a request reaches its "
@@ -171,9 +171,8 @@ class Simulation:
             return self._simulate(load or self.spec.load, trace, progress, watch)
 
     def _simulate(self, load: Load, trace: Trace | None, progress, watch) -> SimResult:
-        d = self.spec.deployment      # refused before the trace is made: client knobs without a closed loop
-        check_clients(load.concurrency, d.max_active_conversations, d.client_request_rate,
-                      early_stop=d.client_early_stop)
+        # refused before the trace is made: client knobs without a closed loop
+        check_clients(load.concurrency, ClientKnobs.of(self.spec.deployment))
         trace = trace if trace is not None else load.trace()
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 import simpy
 
-from workloads.clients import TurnQueue, pause
+from workloads.clients import ClientKnobs, TurnQueue, pause
 
 # The turnaround `validate --endpoint` simulates its closed loop with when none is given: the order of
 # an HTTP round trip on loopback with a short prompt to tokenize. Any turnaround shorter than the
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 
 def unsent(loop: ClosedLoop | None) -> int:
-    """The requests of a run's trace its closed loop never sent (an early stop's), 0 without one."""
+    """The requests of a run's trace its closed loop never sent (those its stopped clients left), 0 without
+    one."""
     return loop.waiting.dropped if loop is not None else 0
 
 
@@ -51,15 +52,13 @@ class ClosedLoop:
     def __init__(self, env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
                  clients: int, deployment: Deployment, seed: int = 0, due: Due | None = None,
                  all_sent: Callable[[], None], paced: bool = False) -> None:
-        """`clients` of `deployment`'s kind (its client_turnaround, max_active_conversations,
-        client_request_rate and client_early_stop)."""
+        """`clients` of `deployment`'s kind (its client_turnaround and ClientKnobs)."""
         self.env = env
         self.paced = paced                # send no request before its trace time
         self.clients = clients
-        self.waiting = TurnQueue(requests, clients, deployment.max_active_conversations,
-                                 deployment.client_early_stop)
+        self.waiting = TurnQueue(requests, clients, ClientKnobs.of(deployment))
         self.unsent = len(self.waiting)   # not yet sent: those the clients hold, and those on their way
-        self.stop_counted = False
+        self.dropped = 0                  # of them, those the clients will never send (counted out of unsent)
         self.in_flight: dict[str, tuple[TraceRequest, float]] = {}   # request id -> (the request, when sent)
         self.rate, self.seed = deployment.client_request_rate, seed   # a client's own pace (`pause`)
         self.send = send                  # send(request, arrival time): into an engine's queue, or a router's
@@ -99,10 +98,11 @@ class ClosedLoop:
 
     def _next(self, req: TraceRequest | None) -> None:
         """A client's next request sent now, or paced, when it comes due."""
-        if req is None:
-            if self.waiting.stopped and not self.stop_counted:    # an early stop: the rest is never sent
-                self.stop_counted = True
-                self.unsent -= self.waiting.dropped
+        if req is None:          # the client stopped: what it left (or, the last or early, the rest) never sent
+            newly = self.waiting.dropped - self.dropped
+            if newly:
+                self.dropped += newly
+                self.unsent -= newly
                 if not self.unsent:
                     self.all_sent()
             return

@@ -35,6 +35,7 @@ from planner.validation.compare import COMPARED, LiveRun, Validation, metric
 from planner.validation.spec import ValidationSpec
 from planner.validation.spread import simulate_spread
 from workloads import Trace, TraceRequest
+from workloads.clients import ClientKnobs
 from workloads.trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS
 
 
@@ -176,11 +177,9 @@ def validate_endpoint(endpoint: str, spec: ValidationSpec, flags: dict, *, serve
         fresh = profile_around(settings.get("block_size", spec.deployment.block_size))
         with torch_threads(reading.threads):    # the profile times the engine as the server runs it
             fresh.before_run()
+    clients = {f.name: flags[f.name] for f in fields(ClientKnobs) if f.name in flags}
     results, _ = run_bench(trace, BenchConfig(endpoint, served_model, seed=spec.seed,
-                                              max_concurrency=spec.concurrency,
-                                              max_active_conversations=flags.get("max_active_conversations"),
-                                              client_request_rate=flags.get("client_request_rate"),
-                                              client_early_stop=flags.get("client_early_stop", False),
+                                              max_concurrency=spec.concurrency, **clients,
                                               lora_modules=_adapters_for(trace, reading, settings)), progress)
     if fresh is not None:
         with torch_threads(reading.threads):

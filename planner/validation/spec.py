@@ -10,7 +10,7 @@ from planner.runs.seeds import MAX_SEEDS
 from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
-from workloads.clients import TurnQueue, check_clients, conversations_in
+from workloads.clients import ClientKnobs, TurnQueue, check_clients, conversations_in
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -107,9 +107,8 @@ class ValidationSpec:
     def turn_queue(self, trace: Trace) -> TurnQueue:
         """What the spec's closed loop of clients will send of `trace` (nothing in an open loop), as the
         deployment's client knobs have them send it."""
-        d = self.deployment
         return TurnQueue(trace.requests if self.concurrency is not None else (), self.concurrency,
-                         d.max_active_conversations, d.client_early_stop)
+                         ClientKnobs.of(self.deployment))
 
     def trace(self) -> Trace:
         arrival = self._arrival()
@@ -119,9 +118,7 @@ class ValidationSpec:
         except TraceError as exc:
             raise PlannerError(str(exc)) from None
         try:       # (before the live run: what its clients would refuse)
-            check_clients(self.concurrency, self.deployment.max_active_conversations,
-                          self.deployment.client_request_rate, conversations_in(trace),
-                          self.deployment.client_early_stop)
+            check_clients(self.concurrency, ClientKnobs.of(self.deployment), conversations_in(trace))
         except ValueError as exc:
             raise PlannerError(str(exc)) from None
         return trace.scaled(length_scale=self.length_scale, max_prompt_len=self.max_prompt_len,
