@@ -130,6 +130,19 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
             translate("vllm serve m", bench, "h100-sxm")
 
 
+def test_vllm_bench_txt_slices_is_the_random_workloads_lengths():
+    # --dataset-name txt-slices: every prompt --random-input-len tokens of the text, every output
+    # --random-output-len; the text, the range ratio and the prefix length are not read by vLLM for it
+    t = translate("vllm serve m", "vllm bench serve --dataset-name txt-slices --dataset-path pg1184.txt "
+                  "--random-input-len 2000 --random-output-len 200 --random-range-ratio 0.5 --max-concurrency 8 "
+                  "--ignore-eos", "h100-sxm")
+    assert t.words[4:] == ["--workload", "random", "-p", "input_len=2000", "-p", "output_len=200", "--requests",
+                           "1000", "--concurrency", "8", "--client-turnaround", "0.001"]
+    assert t.ignored == ["--ignore-eos", "--dataset-path", "--random-range-ratio"] and t.not_modelled == []
+    with pytest.raises(PlannerError, match="import the file first"):     # another dataset's file is imported
+        translate("vllm serve m", "vllm bench serve --dataset-name sonnet --dataset-path p.txt", "h100-sxm")
+
+
 def test_capacity_searches_the_load_the_bench_fixed():
     # clients with --max-concurrency: the most clients within the --goodput SLOs; else the highest rate
     clients = translate(SERVE, LOAD + " --goodput ttft:500 tpot:20", "h100-sxm", capacity=True)

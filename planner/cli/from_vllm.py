@@ -64,7 +64,13 @@ BENCH_DATASET_PARAMS = {
     "prefix_repetition": {"--prefix-repetition-prefix-len": "prefix_len", "--prefix-repetition-suffix-len":
                           "suffix_len", "--prefix-repetition-num-prefixes": "num_prefixes",
                           "--prefix-repetition-output-len": "output_len"},
+    # vLLM's TxtSlicesDataset: each prompt random_input_len tokens sliced from a text at a random start, each
+    # output random_output_len: the random workload's lengths at range ratio 0 (slices of a text share no
+    # prefix, so its words change nothing here); it reads neither --random-range-ratio nor --random-prefix-len
+    "txt-slices": {"--random-input-len": "input_len", "--random-output-len": "output_len"},
 }
+BENCH_WORKLOADS = {"txt-slices": "random"}      # the planner's workload of a dataset of another name
+TXT_SLICES_UNREAD = ("--dataset-path", "--random-range-ratio", "--random-prefix-len")
 BENCH_LOAD = {"--num-prompts": "--requests", "--request-rate": "--rate", "--burstiness": "--burstiness",
               "--max-concurrency": "--concurrency", "--seed": "--seed", "--ramp-up-strategy": "--ramp-up-strategy",
               "--ramp-up-start-rps": "--ramp-up-start-rps", "--ramp-up-end-rps": "--ramp-up-end-rps"}
@@ -290,6 +296,10 @@ def translate_bench(command: str, out: Translation) -> None:
             i += 2
         else:
             raise PlannerError(f"vllm bench serve: unexpected word {word!r}")
+    if given.get("--dataset-name") == "txt-slices":
+        for flag in TXT_SLICES_UNREAD:
+            if given.pop(flag, None) is not None:
+                out.ignored.append(flag)
     if "--dataset-path" in given:
         raise PlannerError(_import_hint(given, switches))
     for flag, value in given.items():
@@ -312,7 +322,7 @@ def translate_bench(command: str, out: Translation) -> None:
     stray = sorted(set(params) - set(names))
     if stray:
         raise PlannerError(f"vllm bench serve: {stray[0]} is not a parameter of --dataset-name {dataset}")
-    out.words += ["--workload", dataset]
+    out.words += ["--workload", BENCH_WORKLOADS.get(dataset, dataset)]
     for flag, value in params.items():
         out.words += ["-p", f"{names[flag]}={value}"]
     rate = load.pop("--rate", "inf")
