@@ -111,6 +111,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   run's figures leave out the tail where fewer clients remain. Off (the default): the other
   clients go on, and with one conversation each every request of the trace is sent, as `vllm
   bench serve` sends its prompts.
+- `client_warmup_step` is that benchmark's `--warmup-step`: first the clients, one conversation
+  each, send every conversation's first turn; when all have ended new clients send the later
+  turns (conversations in the order their first turns ended) by the rules above, and the run's
+  request figures (latencies, throughput over their span) leave the warm-up's requests out, as
+  the benchmark does; the step figures and the prefix-cache hit rate cover the whole run.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -226,6 +231,7 @@ class Deployment:
     client_request_rate: float | None = None  # closed loop: each client's own rate, a pause after each request
     client_early_stop: bool = False          # closed loop: stop all clients once one stops
     client_max_requests: int | None = None   # closed loop: the most requests a client sends (None: no limit)
+    client_warmup_step: bool = False         # closed loop: first turns first, out of the figures
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates

@@ -117,7 +117,8 @@ def test_bench_takes_a_workloads_parameters(server, tmp_path):
 
 @pytest.mark.parametrize("clients, sent", [(["--max-concurrency", "3"], 12),
                                            (["--max-concurrency", "2", "--max-active-conversations", "4"], 9),
-                                           (["--max-concurrency", "3", "--client-max-requests", "2"], 6)])
+                                           (["--max-concurrency", "3", "--client-max-requests", "2"], 6),
+                                           (["--max-concurrency", "2", "--client-warmup-step"], 8)])
 def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path, clients, sent):
     # 4 conversations of 2-4 turns; with --max-active-conversations 4, two clients of two conversations each
     trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
@@ -130,13 +131,15 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     assert result.exit_code == 0, result.output
     rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
     # two conversations a client: a client that finds none left to take stops, as the benchmark's does, leaving
-    # its other conversation's turns unsent (and out of the results); or each stops after its two requests
+    # its other conversation's turns unsent (and out of the results); or each stops after its two requests; or
+    # a warm-up sends the four first turns, left out of the results
     assert json.loads(result.stdout)["num_completed"] == len(rows) == sent
     by_conversation = defaultdict(list)
     for req in trace:
         if req.request_id not in rows:
             continue
-        assert len(by_conversation[req.conversation_id]) == req.turn     # none sent after one left unsent
+        warmed = "--client-warmup-step" in clients
+        assert len(by_conversation[req.conversation_id]) == req.turn - warmed    # none sent after one left unsent
         row = rows[req.request_id]
         by_conversation[req.conversation_id].append((float(row["start"]), float(row["start"]) + float(row["e2e"])))
     assert any(len(turns) > 1 for turns in by_conversation.values())

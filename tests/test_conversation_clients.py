@@ -165,6 +165,12 @@ def test_a_live_fleet_hits_the_answers_sent_back_as_the_simulated_fleet(llama_di
     assert result.live.routes == result.sim.fleet.routes
     assert result.live.prefix_cache_hit_rate == result.sim.prefix_cache_hit_rate > 0
     turns_in_order(result.live.requests, spec.trace())
+    # with a warm-up first: its first turns out of both fleets' figures and routes
+    warmed = replace(spec, deployment=replace(deployment, client_warmup_step=True))
+    result = validate_fleet(warmed, 2, parse_router("session"), cost_model=ConstantCost())
+    later = sum(r.turn > 0 for r in warmed.trace())
+    assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == later > 0
+    assert result.live.routes == result.sim.fleet.routes and len(result.live.routes) == later
 
 
 def test_bench_sends_back_the_answer_the_server_gave(monkeypatch):
@@ -334,6 +340,72 @@ def test_a_client_stops_once_it_has_sent_its_most_requests():
         TurnQueue([a0], knobs=ClientKnobs(client_max_requests=2))
 
 
+def test_a_warm_up_sends_every_first_turn_before_the_benchmarks_phase():
+    # vLLM's multi-turn benchmark's --warmup-step: clients of one conversation each send every first turn; when
+    # all have ended, new clients send the later turns, the conversations in the order their first turns ended
+    a0, a1, a2 = (request(f"a{t}", "A", t) for t in range(3))
+    b0, c0, c1 = request("b0", "B"), request("c0", "C"), request("c1", "C", 1)
+    d0, d1 = request("d0", "D"), request("d1", "D", 1)
+    queue = TurnQueue([a0, b0, c0, d0, a1, c1, d1, a2], clients=2,
+                      knobs=ClientKnobs(max_active_conversations=2, client_warmup_step=True, client_early_stop=True))
+    assert (queue.first(), queue.first()) == (a0, b0)                # one conversation a client, not two
+    assert queue.after(b0) == c0 and queue.after(c0) == d0 and queue.after(d0) is None   # C, then D, warmed
+    assert not queue.stopped                   # (no early stop in the warm-up: the other client goes on)
+    assert not queue.take_new_phase()                                # A's first turn is still under way
+    assert queue.after(a0) is None and queue.take_new_phase() and not queue.take_new_phase()
+    assert queue.warmup_ids == {"a0", "b0", "c0", "d0"} and len(queue) == 4     # B had one turn: done
+    # the benchmark's phase (K = 2 over 2 clients: one each): C, D, A in the order their first turns ended
+    assert (queue.first(), queue.first()) == (c1, d1)
+    assert queue.after(c1) == a1 and queue.after(a1) == a2 and queue.after(a2) is None
+    records = [request(r) for r in ("a0", "c1", "a1")]
+    assert [r.request_id for r in queue.measured(records)] == ["c1", "a1"]
+    # its clients' limit counts each phase apart: one request each leaves D and A unwarmed, never sent after
+    limited = TurnQueue([a0, b0, c0, d0, a1, c1, d1, a2], clients=2,
+                        knobs=ClientKnobs(client_warmup_step=True, client_max_requests=1))
+    assert (limited.first(), limited.first()) == (a0, b0)
+    assert limited.after(b0) is None and limited.after(a0) is None and limited.take_new_phase()
+    assert limited.first() == a1 and limited.first() is None and limited.dropped == 4     # C and D never begun
+    assert limited.after(a1) is None and limited.stopped and limited.dropped == 5      # and A's last turn
+    with pytest.raises(ValueError, match="--client-warmup-step warms up a closed loop's clients"):
+        TurnQueue([a0], knobs=ClientKnobs(client_warmup_step=True))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_simulated_warm_up_is_left_out_of_the_figures(replicas):
+    from planner.sim.fleet import simulate_fleet
+    trace = make_trace("chatbot", num_requests=120, rate=50.0, seed=3)
+    firsts = {r.request_id for r in trace if r.turn == 0}
+    cost = LinearCostModel(0.01, 1e-4)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096, client_warmup_step=True)
+    fast, slow = (simulate_fleet(trace, plan, cost, replicas=replicas, concurrency=4, fast_forward=ff)
+                  for ff in (True, False))
+    assert fast.requests == slow.requests
+    measured = {r.request_id for r in fast.requests}
+    # every later turn measured, no first turn; their span begins after the warm-up's
+    assert measured == {r.request_id for r in trace} - firsts and fast.metrics.num_completed == len(measured)
+    assert fast.metrics.duration == max(r.finish for r in fast.requests) - min(r.arrival for r in fast.requests)
+    assert min(r.arrival for r in fast.requests) > 1.0 and fast.steps[0].start == 0.0
+    if replicas == 2:
+        assert sum(row["num_requests"] for row in fast.fleet.summary()["per_replica"]) == len(measured)
+        assert len(fast.fleet.routes) == len(measured)
+
+
+def test_a_disaggregated_fleets_warm_up_is_left_out_too(tmp_path):
+    from typer.testing import CliRunner
+    from planner.cli import app
+    runs = {}
+    for name, extra in (("plain", []), ("warm", ["--client-warmup-step"])):
+        result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--pd", "1:1",
+                                          "--workload", "chatbot", "--requests", "60", "--concurrency", "4", *extra,
+                                          "--json", "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(result.stdout)
+    import csv
+    rows = csv.DictReader((tmp_path / "plain" / "requests.csv").open())
+    firsts = sum(row["request_id"].endswith("-0") for row in rows)
+    assert runs["plain"]["num_completed"] == 60 and runs["warm"]["num_completed"] == 60 - firsts > 0
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_simulated_clients_send_their_most_requests(replicas):
     from planner.sim.fleet import simulate_fleet
@@ -381,6 +453,12 @@ def test_live_clients_stop_early_as_the_simulated_ones(llama_dir):
     limited = replace(spec, deployment=replace(deployment, client_early_stop=False, client_max_requests=3))
     v = validate(limited, cost_model=ConstantCost())
     assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 6
+    assert steps(v.live.steps) == steps(v.sim_steps)
+    # a warm-up first (the benchmark's --warmup-step): the same steps, its first turns out of both figures
+    warmed = replace(spec, deployment=replace(deployment, client_early_stop=False, client_warmup_step=True))
+    v = validate(warmed, cost_model=ConstantCost())
+    later = sum(r.turn > 0 for r in warmed.trace())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == later > 0
     assert steps(v.live.steps) == steps(v.sim_steps)
 
 

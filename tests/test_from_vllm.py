@@ -113,11 +113,10 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random --warmup-percentages 0%,50%", "h100-sxm")
-    assert other.not_modelled == ["--warmup-step", "--conversation-sampling random", "--warmup-percentages 0%,50%",
-                                  no_eos]
-    # without --no-early-stop, its clients stop when the first runs out of conversations
+    assert other.not_modelled == ["--conversation-sampling random", "--warmup-percentages 0%,50%", no_eos]
+    # without --no-early-stop, its clients stop when the first stops; its warm-up step is the planner's
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
-                               "--client-early-stop"]
+                               "--client-early-stop", "--client-warmup-step"]
     paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
     assert paced.words[-4:] == ["--client-request-rate", "2", "--client-turnaround", "0.001"]
     assert paced.not_modelled == [no_eos]

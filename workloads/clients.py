@@ -16,6 +16,13 @@ its other active conversations unsent) or when it has sent its `client_max_reque
 --no-early-stop turns it off) the first client to stop stops them all, each after its request under way,
 and the trace's turns not yet sent are never sent.
 
+With `client_warmup_step` (the benchmark's --warmup-step) a warm-up comes first: the clients, one
+conversation each and no early stop, send every conversation's first turn alone; when all have ended, N
+new clients run the benchmark on the conversations' later turns, in the order their first turns ended (the
+benchmark's conversations come back from its warm-up in that order), those of one turn done. The warm-up's
+requests (`warmup_ids`) are left out of a run's figures (`measured`), as the benchmark leaves them out; the
+clients' limit counts each phase's requests apart, as each phase's clients are new.
+
 The simulator's closed loop, the live engine's and the live fleet's replays, and `planner bench` all draw
 from a `TurnQueue`, so they send the same requests in the same order.
 """
@@ -39,6 +46,7 @@ class ClientKnobs:
     client_request_rate: float | None = None      # each client's own rate (`pause`); None: no pause
     client_early_stop: bool = False               # the first client to stop stops them all
     client_max_requests: int | None = None        # the most requests a client sends; None: no limit
+    client_warmup_step: bool = False              # first turns first, unmeasured
 
     @classmethod
     def of(cls, holder) -> "ClientKnobs":
@@ -55,7 +63,8 @@ def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | 
         knob = ("--max-active-conversations shares conversations among" if k is not None
                 else "--client-request-rate paces" if knobs.client_request_rate is not None
                 else "--client-early-stop stops" if knobs.client_early_stop
-                else "--client-max-requests limits" if knobs.client_max_requests is not None else None)
+                else "--client-max-requests limits" if knobs.client_max_requests is not None
+                else "--client-warmup-step warms up" if knobs.client_warmup_step else None)
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
@@ -122,12 +131,23 @@ class TurnQueue:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
         check_clients(clients, knobs, conversations=len(self.starts))
-        self.conversations_each = conversations_per_client(knobs.max_active_conversations, clients)
+        self.clients, self.knobs = clients, knobs
         self.max_requests = knobs.client_max_requests
-        self.clients_left = clients if clients is not None else math.inf    # (None: not counted)
         self.sent: dict[str, tuple[_Client, deque[TraceRequest]]] = {}   # a sent request's client, conversation
-        self.early_stop, self.stopped = knobs.client_early_stop, False
+        self.stopped = False
         self.left = 0                  # turns of the conversations stopped clients left active
+        self.warming = knobs.client_warmup_step
+        self.warmup_ids: set[str] = set()          # the warm-up's requests
+        self.warmed: list[deque[TraceRequest]] = []    # warmed conversations' later turns, as their first ended
+        self.new_phase = False         # set when the warm-up has ended: new clients are to start
+        self._phase()
+
+    def _phase(self) -> None:
+        """The current phase's clients: none stopped yet; one conversation each and no early stop in the warm-up."""
+        self.clients_left = self.clients if self.clients is not None else math.inf    # (None: not counted)
+        self.conversations_each = 1 if self.warming else \
+            conversations_per_client(self.knobs.max_active_conversations, self.clients)
+        self.early_stop = self.knobs.client_early_stop and not self.warming
 
     def __len__(self) -> int:
         """The requests the clients will still send."""
@@ -146,9 +166,20 @@ class TurnQueue:
     def after(self, ended: TraceRequest) -> TraceRequest | None:
         """The next request of the client whose request `ended` (finished or refused) has just ended."""
         client, later = self.sent.pop(ended.request_id)
-        if later:
+        if later and self.warming:
+            self.warmed.append(later)           # its first turn done: the rest waits for the benchmark
+        elif later:
             client.active.appendleft(later)     # behind the client's other conversations
         return self._turn(client)
+
+    def take_new_phase(self) -> bool:
+        """Whether the warm-up has just ended, so N new clients are to start now (asked once)."""
+        began, self.new_phase = self.new_phase, False
+        return began
+
+    def measured(self, records: list) -> list:
+        """The records (anything with a request_id) a run's figures count: the warm-up's left out."""
+        return [r for r in records if r.request_id not in self.warmup_ids] if self.warmup_ids else records
 
     def _turn(self, client: _Client) -> TraceRequest | None:
         """The client's next request, or None when it stops."""
@@ -169,12 +200,33 @@ class TurnQueue:
         self.sent[req.request_id] = (client, turns)
         self.unsent -= 1
         client.sent += 1
+        if self.warming:
+            self.warmup_ids.add(req.request_id)
         return req
 
     def _stop(self, client: _Client) -> None:
-        """The client stops, leaving its active conversations; with early stop, or as the last, all have."""
+        """The client stops, leaving its active conversations; with early stop, or as the last, all have (the
+        last of the warm-up's begins the benchmark's phase)."""
         self.left += sum(map(len, client.active))
         client.active.clear()
         self.clients_left -= 1
-        self.stopped = self.early_stop or self.clients_left == 0
+        if self.warming and self.clients_left == 0:
+            self._after_warmup()
+        else:
+            self.stopped = self.early_stop or self.clients_left == 0
         return None
+
+    def _after_warmup(self) -> None:
+        """The benchmark's phase: the warmed conversations' later turns, in the order their first turns ended;
+        the conversations the warm-up never began (its clients' limit) are never sent."""
+        self.left += len(self.starts) + sum(map(len, self.rest.values()))
+        self.starts, self.rest = deque(), {}
+        for turns in self.warmed:
+            first = turns.popleft()
+            self.starts.append(first)
+            self.rest[first.conversation_id] = turns
+        self.warmed.clear()
+        self.warming = False
+        self._phase()
+        self.new_phase = bool(self.starts)
+        self.stopped = not self.starts

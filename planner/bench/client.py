@@ -124,6 +124,9 @@ class BenchConfig:
     # With max_concurrency: the most requests each client sends (vLLM's multi-turn benchmark's
     # --max-num-requests M, M // N a client); None: no limit.
     client_max_requests: int | None = None
+    # With max_concurrency: every conversation's first turn first, left out of the results (vLLM's multi-turn
+    # benchmark's --warmup-step; workloads/clients.py).
+    client_warmup_step: bool = False
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -346,8 +349,11 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
         if cfg.max_concurrency:
             queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg))
             await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
+            while queue.take_new_phase():      # the warm-up has ended: the benchmark's clients begin
+                await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
             if queue.dropped:          # left by stopped clients: never sent, so neither done nor failed
                 results = [out for out in results if out.start is not None]
+            results = queue.measured(results)     # (a warm-up out of the figures)
         else:
             await asyncio.gather(*(send(req) for req in trace))
     for out in results:   # times relative to the start of the run

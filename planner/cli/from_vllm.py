@@ -357,7 +357,7 @@ def translate_multi_turn(command: str, out: Translation) -> None:
             out.ignored.append(word)
             i += 1
         elif word == "--warmup-step":
-            out.not_modelled.append(word)
+            given[word] = ""
             i += 1
         elif word.startswith("-"):
             given[word] = _value(words, i, what)
@@ -368,7 +368,8 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         if flag not in given:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
-             "--max-turns", "--request-rate", "--seed", *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
+             "--max-turns", "--request-rate", "--seed", "--warmup-step", *MULTI_TURN_IGNORED_VALUED,
+             *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
@@ -403,6 +404,8 @@ def translate_multi_turn(command: str, out: Translation) -> None:
     out.words += ["--client-turnaround", str(SERVED_TURNAROUND)]    # the benchmark's clients are a server's
     if "--no-early-stop" not in out.ignored:    # its default: every client stops when the first stops
         out.words.append("--client-early-stop")
+    if "--warmup-step" in given:
+        out.words.append("--client-warmup-step")
     out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's "
                             "length, and the planner generates the whole length")
 

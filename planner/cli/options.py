@@ -133,6 +133,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "client_max_requests": (("--client-max-requests",),
                             "closed loop: the most requests each client sends before it stops (vLLM's multi-turn "
                             "benchmark's --max-num-requests M over N clients: M // N) [default: no limit]"),
+    "client_warmup_step": (("--client-warmup-step/--no-client-warmup-step",),
+                           "closed loop over conversations: every conversation's first turn first (one "
+                           "conversation a client), left out of the figures; then the later turns (vLLM's "
+                           "multi-turn benchmark's --warmup-step) [default: off]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

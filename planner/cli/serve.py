@@ -348,6 +348,10 @@ def bench(
         None, "--client-max-requests", metavar="M",
         help="with --max-concurrency: the most requests each client sends (vLLM's multi-turn benchmark's "
              "--max-num-requests over its clients) [default: no limit]"),
+    client_warmup_step: bool = typer.Option(
+        False, "--client-warmup-step/--no-client-warmup-step",
+        help="with --max-concurrency: every conversation's first turn first, left out of the results, then the "
+             "later turns (vLLM's multi-turn benchmark's --warmup-step) [default: off]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -373,6 +377,7 @@ def bench(
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
                           client_early_stop=client_early_stop, client_max_requests=client_max_requests,
+                          client_warmup_step=client_warmup_step,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,

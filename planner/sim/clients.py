@@ -11,8 +11,9 @@ and joins the one after: any turnaround shorter than a step gives that.
 
 A closed loop alone sends the trace's requests in order, their times aside, and a conversation's turns
 one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark,
-`max_active_conversations` of them active among the clients; with `early_stop`, until the first client
-finds no conversation left to take: `unsent(loop)` says how many were never sent).
+`max_active_conversations` of them active among the clients, each client stopping as that benchmark's
+do: `unsent(loop)` says how many were never sent; after a warm-up, new clients start the benchmark's
+phase, and `warmup_ids(loop)` are the requests a run's figures leave out).
 `paced` (a request rate too: `vllm bench serve --request-rate R
 --max-concurrency N`) sends none before its trace time and keeps at most N
 in flight: a request due while N are out waits for one of them to end. Its
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from engine.deployment import Deployment
     from planner.sim.engine import Due
     from workloads import TraceRequest
+
+
+def warmup_ids(loop: ClosedLoop | None) -> set[str]:
+    """The requests of a closed loop's warm-up (--client-warmup-step), which a run's figures leave out."""
+    return loop.waiting.warmup_ids if loop is not None else set()
 
 
 def unsent(loop: ClosedLoop | None) -> int:
@@ -105,6 +111,8 @@ class ClosedLoop:
                 self.unsent -= newly
                 if not self.unsent:
                     self.all_sent()
+            if self.waiting.take_new_phase():     # the warm-up has ended: the benchmark's clients begin
+                self.start()
             return
         if self.paced and req.arrival_time > self.env.now:
             self._after(req.arrival_time - self.env.now, lambda: self._send(req, req.arrival_time))

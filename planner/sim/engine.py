@@ -43,7 +43,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns, publish_events
-from planner.sim.clients import ClosedLoop, unsent
+from planner.sim.clients import ClosedLoop, unsent, warmup_ids
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
@@ -914,7 +914,10 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
         if progress is not None:
             progress(env.now, engine.done, len(trace))
         check_all_ended(engine.groups, len(trace) - unsent(loop))
-        return _result(plan, cost_model, trace, seed, engine)
+        warm = warmup_ids(loop)          # (a warm-up's requests out of the figures)
+        return replica_result(plan, cost_model, trace, seed, engine,
+                              [RequestRecord.from_group(g, plan.deployment.stream_interval) for g in engine.groups
+                               if g.request_id not in warm])
 
     result = run_quietly(env, records, engine.release)
     result.concurrency = concurrency
@@ -925,11 +928,6 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
 def check_all_ended(groups: list[SequenceGroup], total: int) -> None:
     if len(groups) != total or any(g.finish_reason is None for g in groups):
         raise PlannerError("the simulation ended with requests neither completed nor rejected")
-
-
-def _result(plan: DeploymentPlan, cost_model: CostModel, trace: Trace, seed: int,
-            engine: SimulatedEngine) -> SimResult:
-    return replica_result(plan, cost_model, trace, seed, engine)
 
 
 def prefix_counts(engine: SimulatedEngine) -> tuple[int, int]:

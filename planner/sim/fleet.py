@@ -38,7 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
                                 run_quietly, simulate)
-from planner.sim.clients import ClosedLoop, unsent
+from planner.sim.clients import ClosedLoop, unsent, warmup_ids
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
@@ -232,7 +232,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
         if progress is not None:
             progress(env.now, sum(e.done for e in fleet.engines), len(trace))
         check_all_ended(fleet.groups, len(trace) - unsent(fleet.loop))
-        return _fleet_result(fleet, plan, cost_model, seed)
+        return _fleet_result(fleet, plan, cost_model, seed, warmup_ids(fleet.loop))
 
     result = run_quietly(env, records, fleet.release)
     result.concurrency = concurrency
@@ -240,13 +240,17 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
     return result
 
 
-def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, seed: int) -> SimResult:
-    """The fleet's result: every request and step together, each replica's own result beside."""
+def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, seed: int,
+                  warm: set[str] = frozenset()) -> SimResult:
+    """The fleet's result: every request and step together, each replica's own result beside; the `warm`
+    requests (a closed loop's warm-up) out of the figures."""
     trace = fleet.trace
-    records = [RequestRecord.from_group(g, plan.deployment.stream_interval) for g in fleet.groups]
-    mine: list[list[RequestRecord]] = [[] for _ in fleet.engines]
-    for record, replica in zip(records, fleet.routes):
-        mine[replica].append(record)
+    records, routes, mine = [], [], [[] for _ in fleet.engines]
+    for group, replica in zip(fleet.groups, fleet.routes):
+        if group.request_id not in warm:
+            records.append(RequestRecord.from_group(group, plan.deployment.stream_interval))
+            routes.append(replica)
+            mine[replica].append(records[-1])
     # Each replica's step fields and token times read once, for its own metrics and the fleet's.
     columns = [engine.step_columns() for engine in fleet.engines]
     gaps = TokenGaps([r for r in records if r.completed])
@@ -269,7 +273,7 @@ def _fleet_result(fleet: Fleet, plan: DeploymentPlan, cost_model: CostModel, see
         kv_blocks_used_at_end=sum(p.kv_blocks_used_at_end for p in parts), simulated_time=fleet.env.now,
         wall_time=0.0, fast_forwarded_steps=sum(p.fast_forwarded_steps for p in parts), seed=seed,
         spec_decoding=fleet_spec_decoding(fleet.engines), kv_offload=offload_summary(plan, fleet.engines),
-        fleet=FleetRun(fleet.policy.name, parts, fleet.routes, step_replicas, plan.deployment.dp))
+        fleet=FleetRun(fleet.policy.name, parts, routes, step_replicas, plan.deployment.dp))
 
 
 def _merge_order(parts: list[SimResult], starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
