@@ -340,6 +340,34 @@ def test_a_client_stops_once_it_has_sent_its_most_requests():
         TurnQueue([a0], knobs=ClientKnobs(client_max_requests=2))
 
 
+def test_a_refused_turn_ends_its_conversation():
+    # vLLM's multi-turn benchmark drops a conversation whose turn failed: its later turns are never sent
+    a0, a1, a2 = (request(f"a{t}", "A", t) for t in range(3))
+    b0, b1 = request("b0", "B"), request("b1", "B", 1)
+    queue = TurnQueue([a0, b0, a1, b1, a2], clients=1)
+    assert queue.first() == a0 and queue.after(a0) == a1
+    assert queue.after(a1, refused=True) == b0 and queue.dropped == 1      # a2 never sent
+    assert queue.after(b0) == b1 and queue.after(b1) is None and queue.dropped == 1
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_simulated_clients_send_no_turn_after_a_refused_one(replicas):
+    from planner.sim.fleet import simulate_fleet
+    trace = make_trace("chatbot", num_requests=200, rate=50.0, seed=3, max_history=6000)
+    cost = LinearCostModel(0.01, 1e-4)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=1024)
+    fast, slow = (simulate_fleet(trace, plan, cost, replicas=replicas, concurrency=4, fast_forward=ff)
+                  for ff in (True, False))
+    assert fast.requests == slow.requests
+    refused = {r.request_id for r in fast.requests if r.rejected}
+    sent = {r.request_id for r in fast.requests}
+    assert refused and len(sent) < len(trace)
+    for req in trace:            # each conversation: its turns up to its first refused one, none after
+        later_sent = [r.request_id for r in trace if r.conversation_id == req.conversation_id and r.turn > req.turn
+                      and r.request_id in sent]
+        assert req.request_id not in refused or not later_sent
+
+
 def test_a_warm_up_sends_every_first_turn_before_the_benchmarks_phase():
     # vLLM's multi-turn benchmark's --warmup-step: clients of one conversation each send every first turn; when
     # all have ended, new clients send the later turns, the conversations in the order their first turns ended
@@ -453,6 +481,12 @@ def test_live_clients_stop_early_as_the_simulated_ones(llama_dir):
     limited = replace(spec, deployment=replace(deployment, client_early_stop=False, client_max_requests=3))
     v = validate(limited, cost_model=ConstantCost())
     assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 6
+    assert steps(v.live.steps) == steps(v.sim_steps)
+    # a context too short for the later turns: a refused turn ends its conversation, live and simulated
+    short = replace(spec, deployment=replace(deployment, client_early_stop=False, max_model_len=24))
+    v = validate(short, cost_model=ConstantCost())
+    assert v.live.metrics["num_rejected"] == v.simulated["num_rejected"] > 0
+    assert v.live.metrics["num_submitted"] == v.simulated["num_submitted"] < 12
     assert steps(v.live.steps) == steps(v.sim_steps)
     # a warm-up first (the benchmark's --warmup-step): the same steps, its first turns out of both figures
     warmed = replace(spec, deployment=replace(deployment, client_early_stop=False, client_warmup_step=True))

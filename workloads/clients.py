@@ -12,7 +12,7 @@ its own order, as `vllm bench serve --max-concurrency` sends it (with one conver
 
 A client stops, as the benchmark's does, when it finds no conversation left to take (leaving the turns of
 its other active conversations unsent) or when it has sent its `client_max_requests` (the benchmark's
---max-num-requests M, M // N a client). With `client_early_stop` (the benchmark's default; its
+--max-num-requests M, M // N a client); a turn the server refused ends its conversation. With `client_early_stop` (the benchmark's default; its
 --no-early-stop turns it off) the first client to stop stops them all, each after its request under way,
 and the trace's turns not yet sent are never sent.
 
@@ -163,10 +163,13 @@ class TurnQueue:
         """A new client's first request (None when no conversation is left to begin)."""
         return self._turn(_Client())
 
-    def after(self, ended: TraceRequest) -> TraceRequest | None:
-        """The next request of the client whose request `ended` (finished or refused) has just ended."""
+    def after(self, ended: TraceRequest, refused: bool = False) -> TraceRequest | None:
+        """The next request of the client whose request `ended` (finished, or `refused`) has just ended. A
+        refused turn ends its conversation, as the benchmark drops it: its later turns are never sent."""
         client, later = self.sent.pop(ended.request_id)
-        if later and self.warming:
+        if later and refused:
+            self.left += len(later)
+        elif later and self.warming:
             self.warmed.append(later)           # its first turn done: the rest waits for the benchmark
         elif later:
             client.active.appendleft(later)     # behind the client's other conversations

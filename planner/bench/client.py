@@ -334,7 +334,8 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
         outs = {req.request_id: out for req, out in zip(trace, results)}
         answers: dict[str, list[int]] = {}     # conversation turns' answers, sent back by the turns after
 
-        async def send(req: TraceRequest) -> None:
+        async def send(req: TraceRequest) -> bool:
+            """Send `req` (at its time), then the client's pause; whether the server answered it."""
             delay = origin + req.arrival_time - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -345,6 +346,7 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
             wait = pause(cfg.client_request_rate, time.perf_counter() - began, req.request_id, cfg.seed)
             if wait > 0:               # the client's own pace, before its next request
                 await asyncio.sleep(wait)
+            return outs[req.request_id].success
 
         if cfg.max_concurrency:
             queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg))
@@ -366,8 +368,8 @@ async def _client(queue: TurnQueue, send) -> None:
     """One client of a closed loop: its requests one after another, each its last one's next (`queue.after`)."""
     req = queue.first()
     while req is not None:
-        await send(req)
-        req = queue.after(req)
+        answered = await send(req)
+        req = queue.after(req, refused=not answered)
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:

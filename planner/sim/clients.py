@@ -78,9 +78,9 @@ class ClosedLoop:
         for _ in range(self.clients):
             self._next(self.waiting.first())
 
-    def ended(self, request_ids: list[str]) -> None:
-        """These requests ended now: their clients send their next ones after the turnaround (and the pause
-        of their own pace)."""
+    def ended(self, request_ids: list[str], refused: set[str] = frozenset()) -> None:
+        """These requests ended now (those in `refused` refused): their clients send their next ones after
+        the turnaround (and the pause of their own pace)."""
         ended = [self.in_flight.pop(request_id) for request_id in request_ids]
         if not ended or not self.waiting:
             return
@@ -88,19 +88,19 @@ class ClosedLoop:
             for req, sent in ended:
                 wait = self.turnaround + pause(self.rate, self.env.now - sent, req.request_id, self.seed)
                 if wait > 0:
-                    self._after(wait, lambda req=req: self._after_ended([req]))
+                    self._after(wait, lambda req=req: self._after_ended([req], refused))
                 else:
-                    self._after_ended([req])
+                    self._after_ended([req], refused)
             return
         ended = [req for req, _ in ended]
         if self.turnaround <= 0:
-            self._after_ended(ended)
+            self._after_ended(ended, refused)
             return
-        self._after(self.turnaround, lambda: self._after_ended(ended))
+        self._after(self.turnaround, lambda: self._after_ended(ended, refused))
 
-    def _after_ended(self, ended: list[TraceRequest]) -> None:
+    def _after_ended(self, ended: list[TraceRequest], refused: set[str]) -> None:
         for req in ended:
-            self._next(self.waiting.after(req))
+            self._next(self.waiting.after(req, req.request_id in refused))
 
     def _next(self, req: TraceRequest | None) -> None:
         """A client's next request sent now, or paced, when it comes due."""

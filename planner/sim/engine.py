@@ -37,7 +37,7 @@ from engine.core.parallel_sampling import BEAM_SEARCH_REFUSAL, ParentRequest, Pa
 from engine.core.chunked_scheduler import VllmBlockManager, make_scheduler
 from engine.core.scheduler import Scheduler
 from engine.core.step import begin_step, end_step
-from engine.core.sequence import SequenceGroup
+from engine.core.sequence import FinishReason, SequenceGroup
 from planner.cost.shape import CostModel, StepShape, reads_context_histogram, step_shape
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
@@ -149,11 +149,13 @@ class Sleeper:
                 pass
 
 
-def kept_before(start: float, ends: list[float], t: float, ahead: int = 0) -> int:
+def kept_before(start: float, ends: list[float], t: float, ahead: int = 0, cut: bool = False) -> int:
     """Of steps from `start` ending at `ends`, how many start before `t` (a request arriving at `t`
     joins the step after them), and `ahead` more (under async scheduling the next step was scheduled
-    without it: it joins the one after that, so the next step runs as planned)."""
-    before = bisect.bisect_left(ends, t) + 1 if start < t else 0
+    without it: it joins the one after that, so the next step runs as planned). A `cut` is a request
+    that reached the engine after the steps were planned: at their very start, it came after the first
+    step's schedule, as it does step by step, and joins the step after it."""
+    before = bisect.bisect_left(ends, t) + 1 if start < t or (cut and start == t) else 0
     return min(len(ends), before + ahead)
 
 
@@ -203,7 +205,8 @@ class SimulatedEngine(Sleeper):
         # Whether blocks this engine lent out will come back (a P/D prefill replica's, held until the
         # decode side reads them: planner/sim/pd.py); requests that wait for them are not a stall.
         self.blocks_lent: Callable[[], bool] | None = None
-        self.on_ended: Callable[[list[str]], None] | None = None   # a closed loop's (planner/sim/clients.py)
+        # a closed loop's (planner/sim/clients.py): told the requests that ended, and which of them were refused
+        self.on_ended: Callable[[list[str], set[str]], None] | None = None
         self.process: simpy.Process | None = None
         self.pending = None                # the window or batch plan the engine sleeps through
         self.wake_at = 0.0
@@ -295,7 +298,8 @@ class SimulatedEngine(Sleeper):
         self.done += len(requests)
         self.ended_at.extend(repeat(self.env.now, len(requests)))
         if self.on_ended is not None:
-            self.on_ended([r.request_id for r in requests])
+            self.on_ended([r.request_id for r in requests],
+                          {r.request_id for r in requests if r.finish_reason is FinishReason.REJECTED})
 
     def submit(self, group: SequenceGroup) -> SequenceGroup | ParentRequest:
         """`group` joins the queue (under vllm-v1 with n > 1, as n child requests); returns the request
@@ -332,7 +336,7 @@ class SimulatedEngine(Sleeper):
         if pending is None:
             return
         ends = pending.ends
-        keep = kept_before(pending.start, ends, t, self.scheduled_ahead())
+        keep = kept_before(pending.start, ends, t, self.scheduled_ahead(), cut=True)
         if keep < len(ends):
             pending.truncate(keep)
             self.wake_at = ends[-1] if keep else pending.start

@@ -225,7 +225,7 @@ class Lockstep(Sleeper):
         if self.segment is None:
             return
         start, ends = self.segment
-        keep = kept_before(start, ends, t, ahead)
+        keep = kept_before(start, ends, t, ahead, cut=True)
         dropped = len(ends) - keep
         if dropped:
             for f in self.flying.values():

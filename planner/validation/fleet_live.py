@@ -204,9 +204,10 @@ class FleetReplay:
         self.unsent = spec.turn_queue(trace)                 # the closed loop's
         self.in_flight: dict[str, tuple[object, float]] = {}    # request id -> (the request, when sent), not ended
         self.answers = Answers(trace)
-        # a heap: (when, order released, request, ended): a request to send then, or one that ended, whose client
-        # takes its next then (after the turnaround and its pause, as the simulator's clients do)
-        self.due: list[tuple[float, int, object, bool]] = []
+        # a heap: (when, order released, request, ended, refused): a request to send then, or one that ended (or
+        # was refused), whose client takes its next then (after the turnaround and its pause, as the simulator's
+        # clients do)
+        self.due: list[tuple[float, int, object, bool, bool]] = []
         self.order = itertools.count()
         if self.clients is None:
             for req in trace.requests:
@@ -223,7 +224,7 @@ class FleetReplay:
         if req is None:
             return
         when = req.arrival_time if self.clients is None or (self.paced and req.arrival_time > at) else at
-        heapq.heappush(self.due, (when, next(self.order), req, False))
+        heapq.heappush(self.due, (when, next(self.order), req, False, False))
 
     def _next_step(self) -> LiveReplica | None:
         busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
@@ -240,9 +241,9 @@ class FleetReplay:
     def advance(self) -> None:
         nxt = self._next_step()
         if self.due and (nxt is None or self.due[0][0] <= nxt.free_at):
-            when, _, req, ended = heapq.heappop(self.due)
+            when, _, req, ended, refused = heapq.heappop(self.due)
             if ended:
-                self._due(self.unsent.after(req), when)
+                self._due(self.unsent.after(req, refused), when)
             else:
                 self._route(req, when)
             return
@@ -253,7 +254,7 @@ class FleetReplay:
             req, sent = self.in_flight.pop(out.request_id)
             if self.clients is not None:       # each ended request frees its client for its next
                 wait = self.turnaround + pause(self.rate, nxt.free_at - sent, req.request_id, self.seed)
-                heapq.heappush(self.due, (nxt.free_at + wait, next(self.order), req, True))
+                heapq.heappush(self.due, (nxt.free_at + wait, next(self.order), req, True, out.metrics.rejected))
         if self.progress is not None and ended:
             self.progress(self.done, len(self.trace))
 

@@ -186,8 +186,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     while pending or clients or not_yet_due or engine.has_unfinished_requests():
         if closed_loop:
             while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
-                sent, _, req = heapq.heappop(on_the_way)
-                release(clients.after(req), sent)
+                sent, _, req, refused = heapq.heappop(on_the_way)
+                release(clients.after(req, refused), sent)
             for req in sorted((r for r in not_yet_due if r.arrival_time <= clock()), key=lambda r: r.arrival_time):
                 not_yet_due.remove(req)
                 send(req, req.arrival_time)
@@ -214,12 +214,12 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
                 between_steps(busy_s, now)
         done += len(finished)
         answers.keep(finished)
-        ended = [in_flight.pop(out.request_id) for out in finished]
+        ended = [(*in_flight.pop(out.request_id), out.metrics.rejected) for out in finished]
         if closed_loop and ended:   # each ended request (finished or refused) frees its client for its next
             now = clock()
-            for req, sent in ended:
+            for req, sent, refused in ended:
                 wait = turnaround + pause(rate, now - sent, req.request_id, spec.seed)
-                heapq.heappush(on_the_way, (now + wait, next(order), req))
+                heapq.heappush(on_the_way, (now + wait, next(order), req, refused))
         if progress is not None and finished:
             progress(done, len(trace))
     return clients.measured(groups)      # (a closed loop's warm-up out of the figures)
