@@ -115,6 +115,23 @@ def test_bench_takes_a_workloads_parameters(server, tmp_path):
     assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of input_len" in bad.stderr
 
 
+def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_path):
+    # vLLM's multi-turn benchmark drops a conversation once a turn fails: A's second turn is longer than the
+    # server's 128-token context, so A's third is never sent, and B's turns follow
+    from workloads import Trace, TraceRequest
+
+    def turn(conversation: str, k: int, prompt_len: int) -> TraceRequest:
+        return TraceRequest(request_id=f"{conversation}{k}", arrival_time=0.0, prompt_len=prompt_len, output_len=4,
+                            conversation_id=conversation, turn=k)
+    path = tmp_path / "turns.jsonl"
+    Trace([turn("a", 0, 10), turn("b", 0, 10), turn("a", 1, 200), turn("b", 1, 20), turn("a", 2, 210)]).save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
+                                      "tokens", "--max-concurrency", "1", "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    assert sorted(rows) == ["a0", "a1", "b0", "b1"] and json.loads(result.stdout)["num_failed"] == 1
+
+
 @pytest.mark.parametrize("clients, sent", [(["--max-concurrency", "3"], 12),
                                            (["--max-concurrency", "2", "--max-active-conversations", "4"], 9),
                                            (["--max-concurrency", "3", "--client-max-requests", "2"], 6),

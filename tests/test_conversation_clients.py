@@ -171,6 +171,11 @@ def test_a_live_fleet_hits_the_answers_sent_back_as_the_simulated_fleet(llama_di
     later = sum(r.turn > 0 for r in warmed.trace())
     assert result.live.metrics["num_completed"] == result.sim.metrics["num_completed"] == later > 0
     assert result.live.routes == result.sim.fleet.routes and len(result.live.routes) == later
+    # a context too short for the later turns: a refused turn ends its conversation in both fleets
+    short = replace(spec, deployment=replace(deployment, max_model_len=24))
+    result = validate_fleet(short, 2, parse_router("session"), cost_model=ConstantCost())
+    assert result.live.metrics["num_rejected"] == result.sim.metrics["num_rejected"] > 0
+    assert result.live.routes == result.sim.fleet.routes and len(result.live.routes) < 10
 
 
 def test_bench_sends_back_the_answer_the_server_gave(monkeypatch):
