@@ -12,9 +12,9 @@ its own order, as `vllm bench serve --max-concurrency` sends it (with one conver
 
 A client stops, as the benchmark's does, when it finds no conversation left to take (leaving the turns of
 its other active conversations unsent) or when it has sent its `client_max_requests` (the benchmark's
---max-num-requests M, M // N a client); a turn the server refused ends its conversation. With `client_early_stop` (the benchmark's default; its
---no-early-stop turns it off) the first client to stop stops them all, each after its request under way,
-and the trace's turns not yet sent are never sent.
+--max-num-requests M, M // N a client); a turn the server refused ends its conversation. With
+`client_early_stop` (the benchmark's default; its --no-early-stop turns it off) the first client to stop
+stops them all, each after its request under way, and the trace's turns not yet sent are never sent.
 
 With `client_warmup_step` (the benchmark's --warmup-step) a warm-up comes first: the clients, one
 conversation each and no early stop, send every conversation's first turn alone; when all have ended, N
