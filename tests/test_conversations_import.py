@@ -125,8 +125,16 @@ def test_planner_workload_import_reads_conversations(tmp_path, chat_tokenizer):
     starts = sorted(r.arrival_time for r in trace if r.turn == 0)
     assert starts[0] == 0 < starts[1]                           # a rate: the conversations start apart
     refused = CliRunner().invoke(app, ["workload", "import", str(source), "--format", "conversations",
-                                       "--tokenizer", str(chat_tokenizer), "-o", str(out), "--output-len", "9"])
-    assert refused.exit_code != 0 and "--output-len: not used with --format conversations" in refused.output
+                                       "--tokenizer", str(chat_tokenizer), "-o", str(out), "--input-len", "9"])
+    assert refused.exit_code != 0 and "--input-len: not used with --format conversations" in refused.output
+    # the multi-turn benchmark's --limit-max-tokens: every answer 7 tokens, in its request and in the history
+    limited = CliRunner().invoke(app, ["workload", "import", str(source), "--format", "conversations",
+                                       "--tokenizer", str(chat_tokenizer), "-o", str(out), "--output-len", "7"])
+    assert limited.exit_code == 0, limited.output
+    first, second, _ = sorted(Trace.load(out), key=lambda r: (r.conversation_id, r.turn))
+    assert first.output_len == second.output_len == len(first.output_token_ids) == 7
+    # conversation 0: <u> 3 words </t> <a>, then that, 7 answer words (the answer's 5, cycled), </t> <u> 2 </t> <a>
+    assert second.prompt_len == 6 + 7 + 6 and second.prefix_len == first.prompt_len + 7
     untokenized = CliRunner().invoke(app, ["workload", "import", str(source), "--format", "conversations",
                                            "-o", str(out)])
     assert untokenized.exit_code != 0 and "--tokenizer: a conversations file holds text" in untokenized.output

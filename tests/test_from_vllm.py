@@ -107,8 +107,8 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # its -n is a limit its clients share, 500 // 8 each
     assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
                            "--client-max-requests", "62", "--client-turnaround", "0.001"]
-    no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's length, and the "
-              "planner generates the whole length")
+    no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at their max_tokens (the dataset "
+              "answer's length, or --limit-max-tokens), and the planner generates the whole length")
     assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
@@ -117,6 +117,13 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # without --no-early-stop, its clients stop when the first stops; its warm-up step is the planner's
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
                                "--client-early-stop", "--client-warmup-step"]
+    # its --limit-max-tokens is every request's max_tokens: the imported answers' length (the minimum is checked,
+    # then never sent); a negative limit sends none
+    limited = translate("vllm serve m", MULTI_TURN + " --limit-min-tokens 50 --limit-max-tokens 100", "h100-sxm")
+    assert limited.before[0][-4:] == ["--output-len", "100", "-o", "conv-turns.jsonl"]
+    assert limited.ignored == ["--limit-min-tokens"] and limited.not_modelled == [no_eos]
+    unlimited = translate("vllm serve m", MULTI_TURN + " --limit-max-tokens -1", "h100-sxm")
+    assert "--output-len" not in unlimited.before[0] and len(unlimited.not_modelled) == 2
     paced = translate("vllm serve m", MULTI_TURN + " --request-rate 2 --no-early-stop", "h100-sxm")
     assert paced.words[-4:] == ["--client-request-rate", "2", "--client-turnaround", "0.001"]
     assert paced.not_modelled == [no_eos]
@@ -124,6 +131,8 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     assert "--concurrency max --max-active-conversations 16" in most.command and most.searched == ["--num-clients 4"]
     for bench, message in ((MULTI_TURN.replace(" -i conv.json", ""), "--input-file is required"),
                            (MULTI_TURN + " -p 4 -n 3", "at least one request a client"),
+                           (MULTI_TURN + " --limit-max-tokens 100", "needs both, at least 1"),
+                           (MULTI_TURN + " --limit-min-tokens 9 --limit-max-tokens 5", "the minimum no larger"),
                            (MULTI_TURN + " --bogus 1", "--bogus is not a flag the planner knows")):
         with pytest.raises(PlannerError, match=message):
             translate("vllm serve m", bench, "h100-sxm")

@@ -25,7 +25,8 @@ questions in a row) is skipped, as the converter drops it; a last question witho
 benchmark hands them out, until `num_requests` requests (the last conversation may be cut short; the
 benchmark's own --max-num-requests limits its clients instead: `client_max_requests`,
 workloads/clients.py). `max_turns` is its --max-turns: messages, questions and answers both, a conversation
-ends once it has sent that many (so ceil(max_turns / 2) questions).
+ends once it has sent that many (so ceil(max_turns / 2) questions). `output_len` is its --limit-max-tokens:
+every request's max_tokens, so every answer that long, in its request and in the history after it.
 
 The benchmark's generation config (its generate_multi_turn.json: {"filetype": "generate_conversations",
 ...}) is read as well: its conversations are generated first, as the benchmark generates them with the
@@ -75,6 +76,21 @@ def _messages(entry, i: int, path: Path) -> list[tuple[str, str]] | None:
     return messages[:len(messages) // 2 * 2]
 
 
+def _answers_of(messages: list[tuple[str, str]], length: int, tokenizer) -> list[tuple[str, str]]:
+    """The messages with every answer `length` tokens long: with the multi-turn benchmark's
+    --limit-max-tokens every request's max_tokens is that limit, so the server's answer, which the next turn
+    sends back, has that length (without an early EOS). The answer's own tokens, repeated or cut to the
+    length (its question's if it has none), stand for the server's."""
+    resized = []
+    for k, (role, text) in enumerate(messages):
+        if role == "assistant":
+            ids = tokenizer(text, add_special_tokens=False).input_ids or \
+                tokenizer(messages[k - 1][1], add_special_tokens=False).input_ids or [0]
+            text = tokenizer.decode((ids * (length // len(ids) + 1))[:length])
+        resized.append((role, text))
+    return resized
+
+
 def _shared(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = 0
@@ -95,11 +111,15 @@ def import_conversations(
     rate: float = math.inf,
     cv: float = 1.0,
     max_turns: int | None = None,
+    output_len: int | None = None,
 ) -> Trace:
-    """The trace of a conversations file's turns (see the module)."""
+    """The trace of a conversations file's turns (see the module); with `output_len`, every answer that many
+    tokens (the benchmark's --limit-max-tokens: see `_answers_of`)."""
     path = Path(path)
     if num_requests is not None and num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    if output_len is not None and output_len < 1:
+        raise TraceError(f"output_len: must be >= 1 token, got {output_len}")
     if max_turns is not None and max_turns < 1:
         raise TraceError(f"max_turns: must be >= 1 messages, got {max_turns}")
     data = json_conversations(path, "conversations file",
@@ -116,6 +136,8 @@ def import_conversations(
         messages = _messages(entry, i, path)
         if messages and max_turns is not None:      # the benchmark counts a question and its answer as two
             messages = messages[:(max_turns + 1) // 2 * 2]
+        if messages and output_len is not None:
+            messages = _answers_of(messages, output_len, tokenizer)
         if messages:
             conversations.append((i, messages))
     if not conversations:
@@ -146,16 +168,18 @@ def import_conversations(
         for k, (prompt, answer) in enumerate(pairs):
             if not prompt:
                 raise TraceError(f"{path}: entry {i}: turn {k} tokenizes to no tokens")
-            output_len = max(1, len(answer))
+            if output_len is not None and answer:     # (the resized answer, its text re-tokenized: to length)
+                answer = (answer * (output_len // len(answer) + 1))[:output_len]
+            length = output_len or max(1, len(answer))
             requests.append(TraceRequest(
                 request_id=f"conv-{i}-{k}", arrival_time=round(at, TIME_DECIMALS), prompt_len=len(prompt),
-                output_len=output_len, prompt_token_ids=prompt, output_token_ids=answer or None,
+                output_len=length, prompt_token_ids=prompt, output_token_ids=answer or None,
                 conversation_id=f"conv-{i}", turn=k, prefix_len=_shared(prompt, before)))
             before = prompt + answer
-            at += output_len * TIME_PER_TOKEN + float(thinks[len(requests) - 1])
+            at += length * TIME_PER_TOKEN + float(thinks[len(requests) - 1])
     params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
               "conversations": len(turns), "skipped": len(data) - len(conversations), "generated": generated,
               "seed": seed,
               "arrival": arrival, "rate": rate, "cv": cv, "think_time": THINK_TIME,
-              "time_per_token": TIME_PER_TOKEN, "max_turns": max_turns}
+              "time_per_token": TIME_PER_TOKEN, "max_turns": max_turns, "output_len": output_len}
     return Trace(sorted(requests, key=lambda r: r.arrival_time), name="conversations-import", params=params)

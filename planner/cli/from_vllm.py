@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", 
                              "--max-retries", "--request-timeout-sec", "--stats-json-output")
 MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
-MULTI_TURN_DEFAULTS = {"--limit-max-tokens": "0", "--limit-min-tokens": "0", "--conversation-sampling": "round_robin",
+MULTI_TURN_DEFAULTS = {"--conversation-sampling": "round_robin",
                        "--warmup-percentages": "0%"}     # (other values leave the first requests out of its figures)
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
@@ -368,20 +369,23 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         if flag not in given:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
-             "--max-turns", "--request-rate", "--seed", "--warmup-step", *MULTI_TURN_IGNORED_VALUED,
-             *MULTI_TURN_DEFAULTS}
+             "--max-turns", "--request-rate", "--seed", "--warmup-step", "--limit-max-tokens", "--limit-min-tokens",
+             *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
                                f"models); drop it or check its spelling")
         if flag in MULTI_TURN_IGNORED_VALUED:
             out.ignored.append(flag)
+        elif flag.startswith("--limit-"):
+            continue
         elif not _same(MULTI_TURN_DEFAULTS.get(flag, value).rstrip("%"), value.rstrip("%")):  # (0% as 0)
             out.not_modelled.append(f"{flag} {value}")
     source = given["--input-file"]
     trace = f"{Path(source).stem}-turns.jsonl"
     # (its --seed draws a generation config's conversations: bench_dataset.py)
     imported = [w for flag in ("--max-turns", "--seed") if flag in given for w in (flag, given[flag])]
+    imported += _answer_limit(given, out, what)
     out.before.append(["workload", "import", source, "--format", "conversations", "--tokenizer", given["--model"],
                        *imported, "-o", trace])
     clients = given.get("--num-clients", "1")
@@ -406,8 +410,29 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         out.words.append("--client-early-stop")
     if "--warmup-step" in given:
         out.words.append("--client-warmup-step")
-    out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at the dataset answer's "
-                            "length, and the planner generates the whole length")
+    out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at their max_tokens (the "
+                            "dataset answer's length, or --limit-max-tokens), and the planner generates the whole "
+                            "length")
+
+
+def _answer_limit(given: dict[str, str], out: Translation, what: str) -> list[str]:
+    """The import's `--output-len` for the multi-turn benchmark's --limit-max-tokens (every request's
+    max_tokens; its --limit-min-tokens is checked as it checks it, then not sent: get_client_config,
+    send_request). 0 (its default) keeps the dataset's answer lengths; a negative value sends no limit."""
+    low, high = (given.get(f"--limit-{end}-tokens", "0") for end in ("min", "max"))
+    if not all(re.fullmatch(r"-?\d+", v) for v in (low, high)):
+        raise PlannerError(f"{what}: --limit-min-tokens {low} --limit-max-tokens {high}: expected whole numbers")
+    low, high = int(low), int(high)
+    if low > 0 or high > 0:
+        if low < 1 or high < 1 or low > high:
+            raise PlannerError(f"{what}: --limit-min-tokens {low} --limit-max-tokens {high}: the benchmark needs "
+                               f"both, at least 1, the minimum no larger")
+        if "--limit-min-tokens" in given:
+            out.ignored.append("--limit-min-tokens")    # (computed, never sent: its payload line is commented out)
+        return ["--output-len", str(high)]
+    if high < 0:
+        out.not_modelled.append(f"--limit-max-tokens {high} (no max_tokens: answers run to EOS or the context)")
+    return []
 
 
 def _searched(load: dict[str, str], rate: str, out: Translation) -> None:

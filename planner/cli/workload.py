@@ -140,7 +140,7 @@ TOKENIZED_FORMATS = (*TEXT_FORMATS, "conversations")   # text: a tokenizer count
 SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")     # requests drawn by a seed, arrivals generated (vLLM bench's way)
 TIMED_FORMATS = (*SAMPLED_FORMATS, "conversations")     # arrivals generated
 # the import flags that only some formats take (the others refuse them in one line)
-FLAG_FORMATS = {"--tokenizer": TOKENIZED_FORMATS, "--output-len": TEXT_FORMATS,
+FLAG_FORMATS = {"--tokenizer": TOKENIZED_FORMATS, "--output-len": TOKENIZED_FORMATS,
                 "--no-oversample": ("sharegpt", "custom"), "--disable-shuffle": ("sharegpt", "custom"),
                 "--skip-chat-template": ("custom",), "--input-len": ("sonnet",), "--prefix-len": ("sonnet",),
                 "--seed": TIMED_FORMATS, "--rate": TIMED_FORMATS, "--arrival": TIMED_FORMATS, "--cv": TIMED_FORMATS,
@@ -167,7 +167,8 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         raise TraceError(f"--tokenizer: a {fmt} file holds text; give a local tokenizer folder to count its tokens")
     timing = dict(arrival=arrival, rate=rate, cv=cv)
     if fmt == "conversations":
-        trace = import_conversations(path, tokenizer, requests, seed, **timing, max_turns=max_turns)
+        trace = import_conversations(path, tokenizer, requests, seed, **timing, max_turns=max_turns,
+                                     output_len=output_len)
         return trace.head(duration=duration) if duration is not None else trace
     if fmt in TEXT_FORMATS:
         if fmt == "sonnet":
@@ -208,7 +209,9 @@ def import_command(
                                              help="sharegpt: every output this long instead of the answer's length "
                                                   "(vLLM bench's --sharegpt-output-len); custom: every output's "
                                                   "length (--custom-output-len) [default: 256]; sonnet: "
-                                                  "--sonnet-output-len [default: 150]"),
+                                                  "--sonnet-output-len [default: 150]; conversations: every "
+                                                  "answer this long, in its request and in the history after it "
+                                                  "(the multi-turn benchmark's --limit-max-tokens)"),
     input_len: Optional[int] = typer.Option(None, "--input-len",
                                             help="sonnet: the most prompt tokens (vLLM bench's --sonnet-input-len) "
                                                  "[default: 550]"),
