@@ -141,7 +141,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     client's next one as its request ends (a conversation's next turn, workloads/clients.py), the deployment's
     client_turnaround (and its client's pause) later, stamped with the time it is sent, as the simulator's
     clients do (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if
-    that is later, stamped with it. Step until all are done; the requests' groups."""
+    that is later, stamped with it. Step until all are done; the requests' groups (a warm-up's left out)."""
     vocab = engine.runner.vocab_size
     groups = []
     closed_loop = spec.concurrency is not None
