@@ -214,3 +214,12 @@ def test_a_closed_loop_suggests_client_counts_not_rates():
     commands = [c["command"] for c in v["next_commands"]]
     assert "--concurrency 8,16,32,64" in commands[0] and "--rate" not in commands[0]
     assert commands[1].startswith("planner capacity") and "--concurrency max" in commands[1]
+
+
+def test_a_closed_loop_over_k_active_conversations_suggests_no_more_clients_than_k():
+    # vLLM's multi-turn benchmark refuses more clients than active conversations: the suggested counts stop at K,
+    # so the next command runs
+    doc = run_document(run_spec(Deployment(model="llama-3.1-8b", gpu="h100-sxm", max_active_conversations=16),
+                                workload="chatbot", concurrency=4, requests=200))
+    command = doc["verdict"]["next_commands"][0]["command"]
+    assert "--concurrency 4,8,16 " in command and "--max-active-conversations 16" in command

@@ -260,12 +260,12 @@ def _fmt_rate(x: float | None) -> str:
 
 def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord],
                 command: Callable[..., str] | None = None, slos: dict[str, float] | None = None,
-                attainment: float | None = None) -> dict:
+                attainment: float | None = None, most_clients: int | None = None) -> dict:
     """The steady-state block and the verdict of one run, from its records and result document.
 
     `command(**changes)` renders the CLI line of this run with some options changed,
-    for the "next command to try"; `slos` adds whether each limit holds, and with an SLO
-    `attainment`, whether that share of the requests was within every limit.
+    for the "next command to try" (a closed loop's, no more clients than `most_clients`); `slos` adds whether
+    each limit holds, and with an SLO `attainment`, whether that share of the requests was within every limit.
     """
     params = doc.get("params", {})
     requested = params.get("trace_params", {}).get("rate")
@@ -302,7 +302,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         share = slo_attainment({**good, "num_submitted": doc.get("num_submitted")})
         judged = {"target": attainment, "share": share, "met": share is not None and share >= attainment}
     next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
-                                   enough or ENOUGH_REQUESTS, timed)
+                                   enough or ENOUGH_REQUESTS, timed, most_clients)
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
@@ -453,12 +453,15 @@ def _round_rate(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., str]) -> list[dict]:
-    """What to run next after a closed loop: more or fewer clients (never a rate: the clients set it)."""
+def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., str],
+                               most: int | None = None) -> list[dict]:
+    """What to run next after a closed loop: more or fewer clients (never a rate: the clients set it), no more
+    than `most` (the conversations they keep active: vLLM's multi-turn benchmark refuses more clients)."""
     clients = params["concurrency"]
+    most = most or math.inf
 
     def counts(*factors: float) -> str:
-        return ",".join(str(n) for n in dict.fromkeys(max(1, round(clients * f)) for f in factors))
+        return ",".join(str(n) for n in dict.fromkeys(min(most, max(1, round(clients * f))) for f in factors))
     if bound == "arrival rate":
         return [{"command": command(concurrency=counts(1, 2, 4, 8)), "why": "find where more clients start to wait"},
                 {"command": command(capacity=True, concurrency="max"),
@@ -475,11 +478,11 @@ def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., 
 
 def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
                    command: Callable[..., str] | None, enough: int = ENOUGH_REQUESTS,
-                   timed: bool = False) -> list[dict]:
+                   timed: bool = False, most_clients: int | None = None) -> list[dict]:
     if command is None:
         return []
     if params.get("concurrency"):
-        return _next_closed_loop_commands(bound, params, command)
+        return _next_closed_loop_commands(bound, params, command, most_clients)
     base = requested or served or 1.0
     if bound == "arrival rate":
         rates = ",".join(_round_rate(base * f) for f in (1, 1.5, 2, 3))

@@ -203,7 +203,7 @@ class Simulation:
         spec = spec or self.spec
         summary = sim.summary()
         analysis = analyse_run(summary, sim.requests, sim.steps, spec.command, dict(spec.slos) or None,
-                               spec.slo_attainment)
+                               spec.slo_attainment, spec.deployment.max_active_conversations)
         d = spec.deployment
         notes = not_modelled(sim.cost_model, d.block_size, d.prefix_caching_on, d.preemption_mode, d.tp,
                              factor_source("cpu" if self.plan.gpu.kind == "cpu" else "cuda"))
