@@ -116,6 +116,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
   turns (conversations in the order their first turns ended) by the rules above, and the run's
   request figures (latencies, throughput over their span) leave the warm-up's requests out, as
   the benchmark does; the step figures and the prefix-cache hit rate cover the whole run.
+- `conversation_sampling` is that benchmark's `--conversation-sampling`: "round_robin" (its
+  default; a client turns to its conversations in rotation) or "random" (it picks one at random
+  for each request, with the benchmark's own generator: workloads/clients.py).
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -232,6 +235,7 @@ class Deployment:
     client_early_stop: bool = False          # closed loop: stop all clients once one stops
     client_max_requests: int | None = None   # closed loop: the most requests a client sends (None: no limit)
     client_warmup_step: bool = False         # closed loop: first turns first, out of the figures
+    conversation_sampling: str = "round_robin"   # closed loop: which active conversation a client turns to
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates

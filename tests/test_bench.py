@@ -14,6 +14,7 @@ from planner.bench.client import BenchRequest, bench_metrics
 from engine.entrypoints.openai.server import BackgroundServer
 from serve_helpers import save_byte_model
 from workloads import make_trace
+from workloads.clients import ClientKnobs, TurnQueue
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,9 @@ def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_pa
 @pytest.mark.parametrize("clients, sent", [(["--max-concurrency", "3"], 12),
                                            (["--max-concurrency", "2", "--max-active-conversations", "4"], 9),
                                            (["--max-concurrency", "3", "--client-max-requests", "2"], 6),
-                                           (["--max-concurrency", "2", "--client-warmup-step"], 8)])
+                                           (["--max-concurrency", "2", "--client-warmup-step"], 8),
+                                           (["--max-concurrency", "1", "--max-active-conversations", "4",
+                                             "--conversation-sampling", "random", "--seed", "9"], 7)])
 def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_path, clients, sent):
     # 4 conversations of 2-4 turns; with --max-active-conversations 4, two clients of two conversations each
     trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
@@ -162,7 +165,16 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     assert any(len(turns) > 1 for turns in by_conversation.values())
     for turns in by_conversation.values():
         assert all(after[0] >= before[1] for before, after in zip(turns, turns[1:]))
-    if "--max-active-conversations" in clients:      # all four under way at once, two requests at a time
+    if "--conversation-sampling" in clients:       # one client: its random picks, as the planner's queue draws them
+        queue = TurnQueue(trace.requests, 1, ClientKnobs(max_active_conversations=4, conversation_sampling="random"),
+                          seed=9)
+        order = [queue.first()]
+        while order[-1] is not None:
+            order.append(queue.after(order[-1]))
+        started = sorted(rows, key=lambda request_id: float(rows[request_id]["start"]))
+        assert started == [r.request_id for r in order[:-1]]
+    if "--max-active-conversations" in clients and "--conversation-sampling" not in clients:
+        # all four under way at once, two requests at a time
         spans = [(turns[0][0], turns[-1][1]) for turns in by_conversation.values()]
         assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) == 4
         sent = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows.values()]

@@ -5,6 +5,7 @@ conversations keeps its order."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from collections import defaultdict
 
@@ -67,6 +68,100 @@ def test_a_client_of_several_conversations_turns_to_them_in_rotation():
     assert queue.first() is None and queue.stopped     # the other client finds none either: every client stopped
 
 
+def benchmark_client(client_id: int, seed: int, share: int, tasks: list, sent: list):
+    """A transcription of vLLM's multi-turn benchmark's `client_main` under --conversation-sampling random
+    (benchmarks/multi_turn/benchmark_serving_multi_turn.py), its queue of conversations `tasks` shared: yields
+    each request it sends, and goes on when that request has ended."""
+    rng = random.Random(seed + client_id + 1)      # its process's random.seed(client_seed)
+    active: dict[str, list] = {}
+    turns_count: dict[str, int] = defaultdict(int)
+    task_queue_empty = False
+    while not task_queue_empty:
+        while len(active) < share and not task_queue_empty:
+            if not tasks:
+                task_queue_empty = True
+                break
+            conv_id, messages = tasks.pop(0)
+            active[conv_id] = messages
+        if len(active) == 0 or task_queue_empty:
+            break
+        conv_id = rng.choice(list(active.keys()))
+        messages = active[conv_id]
+        turns_count[conv_id] += 1                    # messages: its user's, then the answer
+        sent.append(messages[turns_count[conv_id] // 2])   # (a request a user message)
+        yield
+        turns_count[conv_id] += 1
+        if turns_count[conv_id] >= 2 * len(messages):
+            active.pop(conv_id)
+
+
+@pytest.mark.parametrize("clients, active, seed", [(1, 3, 0), (2, 6, 0), (3, 6, 5), (2, 2, 1)])
+def test_random_sampling_picks_as_vllms_multi_turn_client_picks(clients, active, seed):
+    # --conversation-sampling random: each client picks its next conversation with random.choice over its
+    # active ones in the order it took them, from its own generator (seed + client number + 1). Requests end
+    # in the order they were sent; the TurnQueue and the benchmark's client, transcribed, send the same turns.
+    turns = [1, 3, 4, 2, 5, 1, 3, 2, 4]
+    trace = [request(f"{c}{t}", str(c), t) for t in range(max(turns)) for c, n in enumerate(turns) if t < n]
+    by_conversation = defaultdict(list)
+    for req in trace:
+        by_conversation[req.conversation_id].append(req)
+    tasks = list(by_conversation.items())
+    expected: list = []
+    runners = [benchmark_client(i, seed, active // clients, tasks, expected) for i in range(clients)]
+    in_flight = []
+    for runner in runners:                       # each client's first request, in the order they start
+        if next(runner, "done") is None:
+            in_flight.append(runner)
+    while in_flight:                             # the oldest request ends; its client sends its next
+        runner = in_flight.pop(0)
+        if next(runner, "done") is None:
+            in_flight.append(runner)
+
+    knobs = ClientKnobs(max_active_conversations=active, conversation_sampling="random")
+    queue = TurnQueue(trace, clients=clients, knobs=knobs, seed=seed)
+    sent = [req for req in (queue.first() for _ in range(clients)) if req is not None]
+    pending = list(sent)
+    while pending:
+        nxt = queue.after(pending.pop(0))
+        if nxt is not None:
+            sent.append(nxt)
+            pending.append(nxt)
+    assert [r.request_id for r in sent] == [r.request_id for r in expected]
+    for conversation in by_conversation.values():     # a conversation's turns still in their order
+        ids = [r.request_id for r in sent if r.conversation_id == conversation[0].conversation_id]
+        assert ids == [r.request_id for r in conversation][:len(ids)]
+    rotation = TurnQueue(trace, clients=clients, knobs=replace(knobs, conversation_sampling="round_robin"))
+    rotated = [rotation.first() for _ in range(clients)]
+    pending = list(rotated)
+    while pending:
+        nxt = rotation.after(pending.pop(0))
+        if nxt is not None:
+            rotated.append(nxt)
+            pending.append(nxt)
+    if active > clients:                         # several conversations a client: another order than rotation
+        assert [r.request_id for r in sent] != [r.request_id for r in rotated]
+
+
+def test_random_sampling_after_a_warm_up_draws_as_new_clients():
+    # the benchmark's phase after its warm-up starts new client processes, numbered from 0 and seeded again:
+    # its turns are picked as a run without warm-up over the later turns picks them
+    turns = [3, 4, 2, 5, 3]
+    trace = [request(f"{c}{t}", str(c), t) for t in range(max(turns)) for c, n in enumerate(turns) if t < n]
+    knobs = ClientKnobs(max_active_conversations=3, conversation_sampling="random")
+
+    def one_client(queue):
+        sent = [queue.first()]
+        while sent[-1] is not None:
+            sent.append(queue.after(sent[-1]))
+        return [r.request_id for r in sent[:-1]]
+    warmed = TurnQueue(trace, clients=1, knobs=replace(knobs, client_warmup_step=True), seed=4)
+    assert one_client(warmed) == ["00", "10", "20", "30", "40"] and warmed.take_new_phase()
+    later = TurnQueue([r for r in trace if r.turn > 0], clients=1, knobs=knobs, seed=4)
+    assert one_client(warmed) == one_client(later)
+    assert one_client(TurnQueue([r for r in trace if r.turn > 0], clients=1, knobs=knobs, seed=5)) != \
+        one_client(TurnQueue([r for r in trace if r.turn > 0], clients=1, knobs=knobs, seed=4))
+
+
 def test_what_vllms_multi_turn_benchmark_refuses_is_refused(tmp_path):
     reqs = [request("a0", "A"), request("b0", "B"), request("a1", "A", 1)]
     with pytest.raises(ValueError, match="must be at least the 3 clients"):
@@ -104,11 +199,12 @@ def turns_in_order(records, trace, turnaround: float = 0.0) -> int:
     return max(sum(s <= t < e for s, e in spans) for t, _ in spans)
 
 
-@pytest.mark.parametrize("turnaround, active", [(0.0, None), (0.001, None), (0.0, 12)])
-def test_simulated_clients_send_a_conversations_turns_one_after_another(turnaround, active):
+@pytest.mark.parametrize("turnaround, active, sampling", [(0.0, None, "round_robin"), (0.001, None, "round_robin"),
+                                                         (0.0, 12, "round_robin"), (0.0, 12, "random")])
+def test_simulated_clients_send_a_conversations_turns_one_after_another(turnaround, active, sampling):
     trace = make_trace("chatbot", num_requests=80, rate=50.0, seed=3)
     plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096,
-                    client_turnaround=turnaround, max_active_conversations=active)
+                    client_turnaround=turnaround, max_active_conversations=active, conversation_sampling=sampling)
     cost = LinearCostModel(0.01, 1e-4)
     fast = simulate(trace, plan, cost, concurrency=4)
     under_way = turns_in_order(fast.requests, trace, turnaround)
@@ -127,19 +223,23 @@ def test_simulated_clients_send_a_conversations_turns_one_after_another(turnarou
     assert fast.requests == slow.requests and fast.steps == slow.steps
 
 
-@pytest.mark.parametrize("policy, active", [("vllm-v1", None), ("paper", None), ("vllm-v1", 4)])
-def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy, active):
+@pytest.mark.parametrize("policy, active, sampling, sent", [
+    ("vllm-v1", None, "round_robin", 10), ("paper", None, "round_robin", 10), ("vllm-v1", 4, "round_robin", 8),
+    ("vllm-v1", 4, "random", 9)])
+def test_the_live_engine_and_the_simulator_send_the_same_turns(llama_dir, policy, active, sampling, sent):
     # Each turn's history holds the answer the live model gave to the turn before (as a multi-turn client
     # sends it back), so the live prefix cache hits the answer's blocks as the simulated one hits the trace's:
     # the same batches, prefills and blocks step for step (with prefix caching, both policies; and with two
     # conversations a client, 4 conversations in the 12 requests of seed 3).
     deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
-                            policy=policy, enable_prefix_caching=True, max_active_conversations=active)
+                            policy=policy, enable_prefix_caching=True, max_active_conversations=active,
+                            conversation_sampling=sampling)
     spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=12 if active else 10,
                           length_scale=0.1, max_prompt_len=40, max_output_len=12, seed=3 if active else 2)
     v = validate(spec, cost_model=ConstantCost())
-    # (two conversations a client: a client that finds none left to take stops, leaving its other's turns)
-    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == (8 if active else spec.requests)
+    # (two conversations a client: a client that finds none left to take stops, leaving its other's turns,
+    # which its random picks leave fewer of)
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == sent
 
     def steps(records):
         return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]

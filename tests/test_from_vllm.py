@@ -101,22 +101,25 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # benchmarks/multi_turn: -p clients, -k active conversations, -n requests; its input imported turn by turn
     t = translate("vllm serve m", MULTI_TURN + " -p 8 -k 64 -n 500 --max-turns 6 -u http://h:8000 --no-early-stop "
                   "--seed 5 --warmup-percentages 0", "h100-sxm")
-    # (its --seed draws the conversations of a generation config)
+    # (its --seed draws the conversations of a generation config, and seeds its clients' generators)
     assert t.before == [["workload", "import", "conv.json", "--format", "conversations", "--tokenizer",
                          "/models/llama", "--max-turns", "6", "--seed", "5", "-o", "conv-turns.jsonl"]]
     # its -n is a limit its clients share, 500 // 8 each
     assert t.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "8", "--max-active-conversations", "64",
-                           "--client-max-requests", "62", "--client-turnaround", "0.001"]
+                           "--client-max-requests", "62", "--client-turnaround", "0.001", "--seed", "5"]
     no_eos = ("the benchmark sends no ignore_eos: its answers end at EOS or at their max_tokens (the dataset "
               "answer's length, or --limit-max-tokens), and the planner generates the whole length")
     assert t.ignored == ["--no-early-stop", "--url"] and t.not_modelled == [no_eos]
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random --warmup-percentages 0%,50%", "h100-sxm")
-    assert other.not_modelled == ["--conversation-sampling random", "--warmup-percentages 0%,50%", no_eos]
-    # without --no-early-stop, its clients stop when the first stops; its warm-up step is the planner's
+    assert other.not_modelled == ["--warmup-percentages 0%,50%", no_eos]
+    # without --no-early-stop, its clients stop when the first stops; its warm-up step and random sampling are
+    # the planner's
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
-                               "--client-early-stop", "--client-warmup-step"]
+                               "--client-early-stop", "--client-warmup-step", "--conversation-sampling", "random"]
+    with pytest.raises(PlannerError, match="--conversation-sampling 'rand': choose round_robin or random"):
+        translate("vllm serve m", MULTI_TURN + " --conversation-sampling rand", "h100-sxm")
     # its --limit-max-tokens is every request's max_tokens: the imported answers' length (the minimum is checked,
     # then never sent); a negative limit sends none
     limited = translate("vllm serve m", MULTI_TURN + " --limit-min-tokens 50 --limit-max-tokens 100", "h100-sxm")

@@ -6,6 +6,10 @@ A client of a multi-turn conversation sends its next turn only when the answer t
 conversations, one by default, and sends one request at a time: it takes new conversations while it has
 fewer than its share, sends the turn of the one it took last, and puts a conversation with turns left back
 behind the others, so a client of several turns to them in rotation (the benchmark's round_robin sampling).
+Under its random sampling (`conversation_sampling` "random") a client sends the turn of an active
+conversation picked as the benchmark's client picks it: Python's `random.choice` over its conversations in
+the order it took them, from a generator seeded with the run's seed plus the client's number plus one (each
+phase's clients numbered from 0 in the order they start).
 `--max-active-conversations K` over N clients gives each K // N (the benchmark's rule; K < N refused).
 A request of no conversation is a conversation of one turn, so a trace without conversations is sent in
 its own order, as `vllm bench serve --max-concurrency` sends it (with one conversation a client).
@@ -29,12 +33,16 @@ from a `TurnQueue`, so they send the same requests in the same order.
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Iterable
 
 from .schema import TraceRequest
 from .tokens import stream
+
+
+CONVERSATION_SAMPLING = ("round_robin", "random")    # vLLM's multi-turn benchmark's ConversationSampling
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class ClientKnobs:
     client_early_stop: bool = False               # the first client to stop stops them all
     client_max_requests: int | None = None        # the most requests a client sends; None: no limit
     client_warmup_step: bool = False              # first turns first, unmeasured
+    conversation_sampling: str = "round_robin"    # which active conversation a client turns to: or "random"
 
     @classmethod
     def of(cls, holder) -> "ClientKnobs":
@@ -64,13 +73,18 @@ def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | 
                 else "--client-request-rate paces" if knobs.client_request_rate is not None
                 else "--client-early-stop stops" if knobs.client_early_stop
                 else "--client-max-requests limits" if knobs.client_max_requests is not None
-                else "--client-warmup-step warms up" if knobs.client_warmup_step else None)
+                else "--client-warmup-step warms up" if knobs.client_warmup_step
+                else "--conversation-sampling random picks the conversations of"
+                if knobs.conversation_sampling == "random" else None)
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
     if knobs.client_request_rate is not None and not 0 < knobs.client_request_rate < math.inf:
         raise ValueError(f"--client-request-rate must be a positive, finite number of requests/s, "
                          f"got {knobs.client_request_rate}")
+    if knobs.conversation_sampling not in CONVERSATION_SAMPLING:
+        raise ValueError(f"--conversation-sampling must be one of {', '.join(CONVERSATION_SAMPLING)} (vLLM's "
+                         f"multi-turn benchmark's), got {knobs.conversation_sampling!r}")
     if knobs.client_max_requests is not None and knobs.client_max_requests < 1:
         raise ValueError(f"--client-max-requests must be at least 1 request a client, got "
                          f"{knobs.client_max_requests}")
@@ -106,19 +120,29 @@ def conversations_in(requests: Iterable[TraceRequest]) -> int:
 
 
 class _Client:
-    """One client of a TurnQueue: its active conversations (each its turns still to send) and its count of
-    requests sent."""
+    """One client of a TurnQueue: its active conversations (each its turns still to send), its count of
+    requests sent, and under random sampling its own generator (None: round robin)."""
 
-    def __init__(self) -> None:
+    def __init__(self, picker: random.Random | None = None) -> None:
         self.active: deque[deque[TraceRequest]] = deque()
         self.sent = 0
+        self.picker = picker
+
+    def pick(self) -> deque[TraceRequest]:
+        """The active conversation whose turn goes next: round robin takes the one taken last or due (out of
+        `active`, to go back behind the others); random sampling leaves it in its place."""
+        return self.active.pop() if self.picker is None else self.picker.choice(self.active)
+
+    def drop(self, turns: deque[TraceRequest]) -> None:
+        """A conversation picked at random is done with (its turns ended, refused, or warmed)."""
+        del self.active[next(i for i, active in enumerate(self.active) if active is turns)]
 
 
 class TurnQueue:
     """The requests the clients have still to send (see the module)."""
 
     def __init__(self, requests: Iterable[TraceRequest], clients: int | None = None,
-                 knobs: ClientKnobs = ClientKnobs()) -> None:
+                 knobs: ClientKnobs = ClientKnobs(), seed: int = 0) -> None:
         self.starts: deque[TraceRequest] = deque()      # each conversation's first turn (a lone request), in order
         self.rest: dict[str, deque[TraceRequest]] = {}  # a conversation not yet begun: its later turns, in order
         for req in requests:
@@ -131,7 +155,7 @@ class TurnQueue:
                 self.rest[req.conversation_id] = deque()
         self.unsent = len(self.starts) + sum(map(len, self.rest.values()))
         check_clients(clients, knobs, conversations=len(self.starts))
-        self.clients, self.knobs = clients, knobs
+        self.clients, self.knobs, self.seed = clients, knobs, seed
         self.max_requests = knobs.client_max_requests
         self.sent: dict[str, tuple[_Client, deque[TraceRequest]]] = {}   # a sent request's client, conversation
         self.stopped = False
@@ -145,6 +169,7 @@ class TurnQueue:
     def _phase(self) -> None:
         """The current phase's clients: none stopped yet; one conversation each and no early stop in the warm-up."""
         self.clients_left = self.clients if self.clients is not None else math.inf    # (None: not counted)
+        self.clients_begun = 0         # this phase's clients so far: the next one's number
         self.conversations_each = 1 if self.warming else \
             conversations_per_client(self.knobs.max_active_conversations, self.clients)
         self.early_stop = self.knobs.client_early_stop and not self.warming
@@ -161,17 +186,24 @@ class TurnQueue:
 
     def first(self) -> TraceRequest | None:
         """A new client's first request (None when no conversation is left to begin)."""
-        return self._turn(_Client())
+        picker = None
+        if self.knobs.conversation_sampling == "random":     # the benchmark's client_main seeds its own
+            picker = random.Random(self.seed + self.clients_begun + 1)
+        self.clients_begun += 1
+        return self._turn(_Client(picker))
 
     def after(self, ended: TraceRequest, refused: bool = False) -> TraceRequest | None:
         """The next request of the client whose request `ended` (finished, or `refused`) has just ended. A
         refused turn ends its conversation, as the benchmark drops it: its later turns are never sent."""
         client, later = self.sent.pop(ended.request_id)
+        goes_on = bool(later) and not refused and not self.warming     # the client's conversation still
+        if client.picker is not None and not goes_on:
+            client.drop(later)
         if later and refused:
             self.left += len(later)
         elif later and self.warming:
             self.warmed.append(later)           # its first turn done: the rest waits for the benchmark
-        elif later:
+        elif goes_on and client.picker is None:
             client.active.appendleft(later)     # behind the client's other conversations
         return self._turn(client)
 
@@ -198,7 +230,7 @@ class TurnQueue:
             turns = turns if turns is not None else deque()
             turns.appendleft(first)
             client.active.append(turns)
-        turns = client.active.pop()        # the conversation taken last, or the one whose turn is due
+        turns = client.pick()
         req = turns.popleft()
         self.sent[req.request_id] = (client, turns)
         self.unsent -= 1

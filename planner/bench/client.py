@@ -127,6 +127,9 @@ class BenchConfig:
     # With max_concurrency: every conversation's first turn first, left out of the results (vLLM's multi-turn
     # benchmark's --warmup-step; workloads/clients.py).
     client_warmup_step: bool = False
+    # With max_concurrency over conversations: round_robin, or random (vLLM's multi-turn benchmark's
+    # --conversation-sampling; workloads/clients.py).
+    conversation_sampling: str = "round_robin"
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -349,7 +352,7 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
             return outs[req.request_id].success
 
         if cfg.max_concurrency:
-            queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg))
+            queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg), cfg.seed)
             await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
             while queue.take_new_phase():      # the warm-up has ended: the benchmark's clients begin
                 await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))

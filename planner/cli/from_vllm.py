@@ -18,6 +18,7 @@ from pathlib import Path
 
 from planner.errors import PlannerError
 from planner.sim.clients import SERVED_TURNAROUND
+from workloads.clients import CONVERSATION_SAMPLING
 
 # `vllm serve` flags the planner spells the same, each taking a value
 SERVE_VALUED = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--long-prefill-token-threshold",
@@ -100,8 +101,7 @@ MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", 
                              "--max-retries", "--request-timeout-sec", "--stats-json-output")
 MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
-MULTI_TURN_DEFAULTS = {"--conversation-sampling": "round_robin",
-                       "--warmup-percentages": "0%"}     # (other values leave the first requests out of its figures)
+MULTI_TURN_DEFAULTS = {"--warmup-percentages": "0%"}     # (other values leave the first requests out of its figures)
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -370,6 +370,7 @@ def translate_multi_turn(command: str, out: Translation) -> None:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
              "--max-turns", "--request-rate", "--seed", "--warmup-step", "--limit-max-tokens", "--limit-min-tokens",
+             "--conversation-sampling",
              *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
     for flag, value in given.items():
         if flag not in known:
@@ -410,6 +411,13 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         out.words.append("--client-early-stop")
     if "--warmup-step" in given:
         out.words.append("--client-warmup-step")
+    sampling = given.get("--conversation-sampling", "round_robin")
+    if sampling not in CONVERSATION_SAMPLING:
+        raise PlannerError(f"{what}: --conversation-sampling {sampling!r}: choose {' or '.join(CONVERSATION_SAMPLING)}")
+    if sampling != "round_robin":
+        out.words += ["--conversation-sampling", sampling]
+    if "--seed" in given:                       # its clients' generators too (client_main)
+        out.words += ["--seed", given["--seed"]]
     out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at their max_tokens (the "
                             "dataset answer's length, or --limit-max-tokens), and the planner generates the whole "
                             "length")

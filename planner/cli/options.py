@@ -137,6 +137,11 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                            "closed loop over conversations: every conversation's first turn first (one "
                            "conversation a client), left out of the figures; then the later turns (vLLM's "
                            "multi-turn benchmark's --warmup-step) [default: off]"),
+    "conversation_sampling": (("--conversation-sampling",),
+                              "closed loop over conversations: which of its active conversations a client sends "
+                              "the next turn of: round_robin (in rotation) | random (picked at random, as vLLM's "
+                              "multi-turn benchmark's --conversation-sampling random picks it) [default: "
+                              "round_robin]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

@@ -352,6 +352,10 @@ def bench(
         False, "--client-warmup-step/--no-client-warmup-step",
         help="with --max-concurrency: every conversation's first turn first, left out of the results, then the "
              "later turns (vLLM's multi-turn benchmark's --warmup-step) [default: off]"),
+    conversation_sampling: str = typer.Option(
+        "round_robin", "--conversation-sampling",
+        help="with --max-concurrency over conversations: round_robin (each client's in rotation) | random (picked "
+             "at random, vLLM's multi-turn benchmark's --conversation-sampling random) [default: round_robin]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -377,7 +381,7 @@ def bench(
                           endpoint_type=endpoint_type, api_key=api_key, max_concurrency=max_concurrency,
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
                           client_early_stop=client_early_stop, client_max_requests=client_max_requests,
-                          client_warmup_step=client_warmup_step,
+                          client_warmup_step=client_warmup_step, conversation_sampling=conversation_sampling,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,

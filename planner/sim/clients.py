@@ -62,7 +62,7 @@ class ClosedLoop:
         self.env = env
         self.paced = paced                # send no request before its trace time
         self.clients = clients
-        self.waiting = TurnQueue(requests, clients, ClientKnobs.of(deployment))
+        self.waiting = TurnQueue(requests, clients, ClientKnobs.of(deployment), seed)
         self.unsent = len(self.waiting)   # not yet sent: those the clients hold, and those on their way
         self.dropped = 0                  # of them, those the clients will never send (counted out of unsent)
         self.in_flight: dict[str, tuple[TraceRequest, float]] = {}   # request id -> (the request, when sent)

@@ -108,7 +108,7 @@ class ValidationSpec:
         """What the spec's closed loop of clients will send of `trace` (nothing in an open loop), as the
         deployment's client knobs have them send it."""
         return TurnQueue(trace.requests if self.concurrency is not None else (), self.concurrency,
-                         ClientKnobs.of(self.deployment))
+                         ClientKnobs.of(self.deployment), self.seed)
 
     def trace(self) -> Trace:
         arrival = self._arrival()
