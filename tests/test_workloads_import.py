@@ -102,7 +102,8 @@ def test_import_csv_and_unknown_format(tmp_path):
     assert invoke("workload", "import", src, "--format", "csv", "-o", out).exit_code == 0
     assert [(r.request_id, r.prompt_len) for r in Trace.load(out)] == [("hand-0", 10), ("hand-1", 20)]
     result = invoke("workload", "import", src, "--format", "parquet", "-o", out)
-    assert result.exit_code == 2 and "azure, sharegpt, conversations, custom, sonnet, burstgpt, csv" in result.output
+    assert result.exit_code == 2
+    assert "azure, sharegpt, conversations, custom, sonnet, burstgpt, mooncake, csv" in result.output
 
 
 def test_hand_written_csv_and_jsonl_without_request_id(tmp_path):

@@ -10,10 +10,12 @@ from .conversations import import_conversations
 from .errors import TraceError
 from .importers import import_burstgpt, import_csv_trace, import_custom, import_sharegpt, import_sonnet
 from .make import WORKLOADS, make_trace, parse_workload_params, workload_params
+from .mooncake import MOONCAKE_BLOCK, import_mooncake
 from .schema import TraceRequest
 from .trace import Trace
 
 __all__ = [
+    "MOONCAKE_BLOCK",
     "PROCESSES",
     "WORKLOADS",
     "Trace",
@@ -27,6 +29,7 @@ __all__ = [
     "import_csv_trace",
     "import_burstgpt",
     "import_custom",
+    "import_mooncake",
     "import_sharegpt",
     "import_sonnet",
     "make_trace",

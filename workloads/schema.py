@@ -47,6 +47,12 @@ class TraceRequest(BaseModel):
     # vLLM's cache_salt: the request's prefix-cache blocks are shared only with requests of the same salt (one
     # tenant's prompts never hit another's cached blocks); None: unsalted, as vLLM's default
     cache_salt: str | None = Field(default=None, min_length=1)
+    # A Mooncake trace's block hashes (kvcache-ai/Mooncake's FAST'25 traces, which aiperf replays as its
+    # mooncake_trace): the prompt is made of blocks of `hash_block_size` tokens (the last one shorter), block i
+    # drawn from hash_ids[i]'s own stream, so requests whose hash ids begin alike share those blocks' tokens as
+    # the production requests shared them. None: the prompt as the fields above make it.
+    hash_block_size: int = Field(default=512, ge=1, le=1 << 20)
+    hash_ids: list[StrictInt] | None = None
 
     # Field validators (not a model validator) so that an error names the
     # field; prompt_len is declared before both, so info.data holds it.
@@ -63,6 +69,23 @@ class TraceRequest(BaseModel):
             raise ValueError("holds a negative token id")
         if any(t >= MAX_TOKEN_ID for t in ids):
             raise ValueError(f"holds a token id of {max(ids):,}, past any vocabulary (ids are below {MAX_TOKEN_ID:,})")
+        return ids
+
+    @field_validator("hash_ids")
+    @classmethod
+    def _hash_ids_cover_the_prompt(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if ids is None:
+            return ids
+        prompt_len, size = info.data.get("prompt_len"), info.data.get("hash_block_size")
+        if prompt_len is not None and size is not None and len(ids) != -(-prompt_len // size):
+            hashes = f"{len(ids)} block hash{'' if len(ids) == 1 else 'es'}"
+            raise ValueError(f"has {hashes} but a prompt of {prompt_len} tokens is {-(-prompt_len // size)} "
+                             f"blocks of {size}")
+        if any(not 0 <= h < 1 << 63 for h in ids):
+            raise ValueError("holds a hash id that is negative or not below 2**63")
+        for field in ("prompt_token_ids", "prefix_id", "conversation_id"):
+            if info.data.get(field) is not None:
+                raise ValueError(f"a prompt made of block hashes has no {field} (its hashes say what it shares)")
         return ids
 
     def sampling_params(self, **overrides):

@@ -7,6 +7,7 @@ share ids, so ids are drawn from seeded streams keyed by what is shared:
 - a stream per ``prefix_id`` for the shared few-shot prefix (position i of the
   prefix is the same id in every request that uses it);
 - a stream per request for its unique part and per request for its answer;
+- a stream per block hash of an imported Mooncake trace (``hash_block``);
 - a chatbot turn's prompt is the previous turn's prompt + answer followed by
   the new user message, or, when the history was truncated, the last
   ``prompt_len`` tokens of that (see ``Trace.prompt_token_ids``).
@@ -18,6 +19,7 @@ prompt never contains an end-of-sequence token.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -45,6 +47,15 @@ def random_ids(vocab_size: int, length: int, seed: int, *keys: object) -> np.nda
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     return _ids(stream(seed, *keys).random(length), vocab_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def hash_block(vocab_size: int, size: int, seed: int, hash_id: int) -> np.ndarray:
+    """The `size` ids of a Mooncake trace's block `hash_id` (TraceRequest.hash_ids), read-only: a block most
+    prompts share (a system prompt's) is drawn once, and requests holding one block hold the same ids."""
+    ids = random_ids(vocab_size, size, seed, "hash", hash_id)
+    ids.flags.writeable = False
+    return ids
 
 
 def _ids(u: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from . import trace_files
 from .arrivals import RampUp, arrival_times
 from .errors import TraceError
 from .schema import TraceRequest
-from .tokens import Streams, random_ids, stream
+from .tokens import Streams, hash_block, random_ids, stream
 
 MAX_LENGTH_SCALE = 1e4     # a --length-scale beyond it is a typo (every length 10,000 times over)
 
@@ -64,7 +64,8 @@ class Trace:
         """Read a .jsonl (or .json lines) or .csv trace written by ``save`` or by hand.
 
         A .csv whose header has TIMESTAMP, ContextTokens and GeneratedTokens is
-        a production trace (Azure's format) and is imported as such.
+        a production trace (Azure's format) and is imported as such, and so is a
+        .jsonl of Mooncake's (input_length, output_length, hash_ids: workloads/mooncake.py).
         """
         path = Path(path)
         suffix = path.suffix.lower()
@@ -78,6 +79,10 @@ class Trace:
 
                 return import_csv_trace(path)
             return cls(trace_files.parse_csv(path), name=path.stem)
+        if trace_files.is_mooncake(trace_files.first_object(path)):
+            from .mooncake import import_mooncake     # imports this module: import late
+
+            return import_mooncake(path)
         requests, name, params = trace_files.parse_jsonl(path)
         return cls(requests, name=name or path.stem, params=params)
 
@@ -125,7 +130,8 @@ class Trace:
         if turns:                            # how long the conversations run
             out["turns_mean"] = len(turns) / out["num_conversations"]
         # the prompt tokens a shared prefix or a conversation's history holds: what a prefix cache could reuse
-        out["prefix_token_share"] = sum(r.prefix_len for r in self.requests) / out["total_prompt_tokens"]
+        shared = sum(r.prefix_len for r in self.requests) + self._hashed_reuse()
+        out["prefix_token_share"] = shared / out["total_prompt_tokens"]
         salts = {r.cache_salt for r in self.requests if r.cache_salt is not None}
         if salts:                            # vLLM's cache_salt: the tenants whose cached blocks are kept apart
             out["num_cache_salts"] = len(salts)
@@ -133,6 +139,20 @@ class Trace:
         if len(priorities) > 1:              # vLLM's request priorities: each one's share of the requests
             out |= {f"priority_{p}_share": priorities[p] / len(self) for p in sorted(priorities)}
         return out
+
+    def _hashed_reuse(self) -> int:
+        """The prompt tokens of block-hash prompts that lie in blocks an earlier request held, block by block
+        from the start (what an unbounded prefix cache would reuse)."""
+        seen: set[int] = set()
+        reused = 0
+        for req in self.requests:
+            if req.hash_ids is None:
+                continue
+            size = req.hash_block_size
+            lead = next((i for i, h in enumerate(req.hash_ids) if h not in seen), len(req.hash_ids))
+            reused += min(req.prompt_len, lead * size)
+            seen.update(req.hash_ids)
+        return reused
 
     # --- derived traces -------------------------------------------------------------
 
@@ -169,7 +189,8 @@ class Trace:
         """Shrink lengths for a small-model or CPU validation run.
 
         Each length becomes max(1, round(len * length_scale)), then is capped.
-        Structure survives: a prefix stays a prefix (and at most the prompt), and
+        Structure survives: a prefix stays a prefix (and at most the prompt), block hashes keep their blocks
+        (each block scaled, as many kept as cover the scaled prompt), and
         a chatbot turn that extended its predecessor still does (its prompt is
         rebuilt as the scaled previous prompt + answer + the scaled new message;
         if that passes max_prompt_len it is truncated and shares nothing, as a
@@ -206,6 +227,11 @@ class Trace:
                 prompt = min(prompt, len(ids))
                 prefix = min(prefix, prompt)
                 ids = ids[:prompt]
+            blocks, block_size = req.hash_ids, req.hash_block_size
+            if blocks is not None:      # blocks scaled as the prompt is, as many as still cover it
+                block_size = scale(block_size)
+                prompt = min(prompt, len(blocks) * block_size)
+                blocks = blocks[:-(-prompt // block_size)]
             answer = req.output_token_ids
             if answer is not None:
                 output = min(output, len(answer))
@@ -214,7 +240,7 @@ class Trace:
             out.append(
                 req.model_copy(
                     update={"prompt_len": prompt, "output_len": output, "prefix_len": prefix, "prompt_token_ids": ids,
-                            "output_token_ids": answer}
+                            "output_token_ids": answer, "hash_ids": blocks, "hash_block_size": block_size}
                 )
             )
         scaling = {"length_scale": length_scale, "max_prompt_len": max_prompt_len, "max_output_len": max_output_len}
@@ -251,6 +277,8 @@ class Trace:
           message just long enough to make the window slide (the trace does not
           keep the message's length; any length gives a window that starts at a
           different token, which is all a cache can see).
+        - A prompt of block hashes (an imported Mooncake trace) is its blocks' ids, each block's drawn from
+          its hash id's stream (the same in every request that holds the block), the last block cut.
         - Otherwise the first ``prefix_len`` ids come from the ``prefix_id``
           stream (the same in every request of that prefix) and the rest from
           the request's own stream.
@@ -279,6 +307,9 @@ class Trace:
             # live answer in place of the trace's; scaled lengths), then the turn's own message
             return np.concatenate([history, stored[len(history):]]) if req.prefix_len == len(history) < len(stored) \
                 else stored
+        if req.hash_ids is not None:
+            blocks = [hash_block(vocab_size, req.hash_block_size, seed, h) for h in req.hash_ids]
+            return np.concatenate(blocks)[:req.prompt_len]
         own = self._prompt_streams(seed).random_ids(vocab_size, req.prompt_len, "prompt", req.request_id)
         if prev is not None:
             history = self._history(prev, vocab_size, seed, answers)

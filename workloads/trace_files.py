@@ -49,6 +49,9 @@ _CAPS = (("arrival_time", MAX_ARRIVAL_TIME, "s"), ("prompt_len", MAX_TOKENS, "to
          ("output_len", MAX_TOKENS, "tokens"), ("n", MAX_SAMPLES, "sequences"),
          ("beam_width", MAX_SAMPLES, "sequences"))
 
+# Fields that hold lists of integers: space-separated in a CSV cell.
+ID_LIST_FIELDS = ("prompt_token_ids", "output_token_ids", "hash_ids")
+
 # Fields for which pydantic's lax mode would take a JSON true/false as 1/0.
 _NUMBER_FIELDS = {"arrival_time": "a number"} | {
     name: "an integer" for name, info in TraceRequest.model_fields.items() if info.annotation is int
@@ -99,16 +102,19 @@ def validation_message(err: ValidationError) -> tuple[str, str]:
     return field, msg
 
 
-def build_request(fields: dict, path: Path | str, line: int) -> TraceRequest:
+def build_request(fields: dict, path: Path | str, line: int, names: dict[str, str] | None = None) -> TraceRequest:
+    """The request of a file's line, or a TraceError naming the line and the field (by the file's own name for
+    it: `names`, the schema's name -> the file's)."""
+    names = names or {}
     try:
         req = TraceRequest.model_validate(fields)
     except ValidationError as err:
         field, msg = validation_message(err)
-        raise TraceError(f"{where(path, line, field)}: {msg}") from None
+        raise TraceError(f"{where(path, line, names.get(field, field))}: {msg}") from None
     over = over_cap(req)
     if over is not None:
         field, problem = over
-        raise TraceError(f"{where(path, line, field)}: {problem}")
+        raise TraceError(f"{where(path, line, names.get(field, field))}: {problem}")
     return req
 
 
@@ -158,13 +164,32 @@ def dump_jsonl(requests: list[TraceRequest], name: str, params: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_object(path: Path) -> dict:
+    """The JSON object on a file's first line that is not blank; {} where there is none or it does not parse
+    (parse_jsonl then says what is wrong)."""
+    for raw in text_lines(path):
+        if raw.strip():
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):
+                return {}
+            return obj if isinstance(obj, dict) else {}
+    return {}
+
+
+def is_mooncake(first: dict) -> bool:
+    """Whether a JSON Lines file whose first object is `first` is a Mooncake trace (workloads/mooncake.py), not
+    one of ours."""
+    return "input_length" in first and "prompt_len" not in first
+
+
 def parse_jsonl(path: Path) -> tuple[list[TraceRequest], str | None, dict]:
     name, params = None, {}
     numbered: list[tuple[int, TraceRequest]] = []
     for line_no, raw in enumerate(text_lines(path), start=1):
         if not raw.strip():
             continue
-        obj = _json_object(raw, path, line_no)
+        obj = json_object(raw, path, line_no)
         if "trace" in obj:
             if numbered or name is not None:
                 raise TraceError(f"{where(path, line_no, 'trace')}: the metadata line must be the first line")
@@ -184,7 +209,7 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a num
                bool: "a boolean", type(None): "null"}
 
 
-def _json_object(raw: str, path: Path, line_no: int) -> dict:
+def json_object(raw: str, path: Path, line_no: int) -> dict:
     """The JSON object on one line."""
     try:
         obj = json.loads(raw)
@@ -248,7 +273,7 @@ def dump_csv(requests: list[TraceRequest]) -> str:
             value = getattr(req, field)
             if value is None:
                 row.append("")
-            elif field in ("prompt_token_ids", "output_token_ids"):
+            elif field in ID_LIST_FIELDS:
                 row.append(" ".join(map(str, value)))
             else:
                 row.append(repr(value) if isinstance(value, float) else str(value))
@@ -335,7 +360,7 @@ def parse_csv(path: Path) -> list[TraceRequest]:
             cell = cell.strip()
             if cell == "":
                 continue  # the default (or a missing required field, which pydantic names)
-            if col in ("prompt_token_ids", "output_token_ids"):
+            if col in ID_LIST_FIELDS:
                 try:
                     fields[col] = [int(tok) for tok in cell.split()]
                 except ValueError:

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workloads import (WORKLOADS, Trace, TraceError, import_burstgpt, import_conversations, import_csv_trace,
-                       import_custom, import_sharegpt, import_sonnet, make_trace, parse_workload_params,
-                       workload_params)
+from workloads import (MOONCAKE_BLOCK, WORKLOADS, Trace, TraceError, import_burstgpt, import_conversations,
+                       import_csv_trace, import_custom, import_mooncake, import_sharegpt, import_sonnet, make_trace,
+                       parse_workload_params, workload_params)
 from workloads.make import is_trace_file
 
 app = typer.Typer(help="Workloads: built-in request traces and trace files.", no_args_is_help=True)
@@ -134,7 +134,7 @@ def show(
             console.print(f"{label} written to {path}")
 
 
-IMPORT_FORMATS = ("azure", "sharegpt", "conversations", "custom", "sonnet", "burstgpt", "csv")
+IMPORT_FORMATS = ("azure", "sharegpt", "conversations", "custom", "sonnet", "burstgpt", "mooncake", "csv")
 TEXT_FORMATS = ("sharegpt", "custom", "sonnet")   # prompts as text, sampled by vLLM bench's rules
 TOKENIZED_FORMATS = (*TEXT_FORMATS, "conversations")   # text: a tokenizer counts it
 SAMPLED_FORMATS = (*TEXT_FORMATS, "burstgpt")     # requests drawn by a seed, arrivals generated (vLLM bench's way)
@@ -144,7 +144,8 @@ FLAG_FORMATS = {"--tokenizer": TOKENIZED_FORMATS, "--output-len": TOKENIZED_FORM
                 "--no-oversample": ("sharegpt", "custom"), "--disable-shuffle": ("sharegpt", "custom"),
                 "--skip-chat-template": ("custom",), "--input-len": ("sonnet",), "--prefix-len": ("sonnet",),
                 "--seed": TIMED_FORMATS, "--rate": TIMED_FORMATS, "--arrival": TIMED_FORMATS, "--cv": TIMED_FORMATS,
-                "--keep-times": ("burstgpt",), "--drop-zero": ("azure",), "--max-turns": ("conversations",)}
+                "--keep-times": ("burstgpt",), "--drop-zero": ("azure", "mooncake"), "--max-turns": ("conversations",),
+                "--hash-block-size": ("mooncake",)}
 
 
 def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, requests: int | None = None,
@@ -152,7 +153,7 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
                  cv: float = 1.0, drop_zero: bool = False, output_len: int | None = None,
                  skip_chat_template: bool = False, oversample: bool = True, shuffle: bool = True,
                  keep_times: bool = False, input_len: int | None = None, prefix_len: int | None = None,
-                 max_turns: int | None = None) -> Trace:
+                 max_turns: int | None = None, hash_block_size: int = MOONCAKE_BLOCK) -> Trace:
     """A trace from a file in one of IMPORT_FORMATS (what `planner workload import` runs)."""
     if fmt not in IMPORT_FORMATS:
         raise TraceError(f"--format: unknown format {fmt!r}; choose one of {', '.join(IMPORT_FORMATS)}")
@@ -160,6 +161,9 @@ def import_trace(path: Path, fmt: str, *, tokenizer: Path | None = None, request
         raise TraceError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     if fmt == "azure":
         return import_csv_trace(path, num_requests=requests, duration=duration, drop_zero=drop_zero)
+    if fmt == "mooncake":
+        return import_mooncake(path, num_requests=requests, duration=duration, drop_zero=drop_zero,
+                               block_size=hash_block_size)
     if fmt == "burstgpt":
         return import_burstgpt(path, requests, seed, keep_times=keep_times, duration=duration, arrival=arrival,
                                rate=rate, cv=cv)
@@ -200,8 +204,10 @@ def import_command(
                                                        "--tokenizer), custom (vLLM bench's JSONL of "
                                                        "{\"prompt\": ...}, needs --tokenizer), sonnet "
                                                        "(vLLM bench's poem lines, needs --tokenizer), burstgpt "
-                                                       "(BurstGPT's CSV, sampled as vLLM bench does) or csv (our "
-                                                       "columns)"),
+                                                       "(BurstGPT's CSV, sampled as vLLM bench does), mooncake "
+                                                       "(Mooncake's JSONL of timestamp, input_length, output_length "
+                                                       "and hash_ids, as aiperf's mooncake_trace replays it) or csv "
+                                                       "(our columns)"),
     output: Path = typer.Option(..., "--output", "-o", help="the trace to write (.jsonl or .csv)"),
     tokenizer: Optional[Path] = typer.Option(None, help="sharegpt, conversations, custom, sonnet: a local tokenizer "
                                                                 "folder"),
@@ -244,7 +250,10 @@ def import_command(
     keep_times: bool = typer.Option(False, "--keep-times",
                                     help="burstgpt: the log's own arrivals (its GPT-4 rows in order at their "
                                          "timestamps) instead of vLLM bench's sample at generated arrivals"),
-    drop_zero: bool = typer.Option(False, "--drop-zero", help="azure: skip rows with a zero length"),
+    drop_zero: bool = typer.Option(False, "--drop-zero", help="azure, mooncake: skip rows with a zero length"),
+    hash_block_size: int = typer.Option(MOONCAKE_BLOCK, "--hash-block-size",
+                                        help="mooncake: the tokens each of a line's hash_ids covers (its traces': "
+                                             "512)"),
     max_turns: Optional[int] = typer.Option(None, "--max-turns",
                                             help="conversations: the most messages of a conversation sent, "
                                                  "questions and answers both (vLLM's multi-turn benchmark's "
@@ -263,7 +272,7 @@ def import_command(
              "--skip-chat-template": skip_chat_template, "--input-len": input_len is not None,
              "--prefix-len": prefix_len is not None, "--seed": seed != 0, "--rate": rate != math.inf,
              "--arrival": arrival != "poisson", "--cv": cv != 1.0, "--keep-times": keep_times, "--drop-zero": drop_zero,
-             "--max-turns": max_turns is not None}
+             "--max-turns": max_turns is not None, "--hash-block-size": hash_block_size != MOONCAKE_BLOCK}
     unused = [flag for flag, formats in FLAG_FORMATS.items() if given[flag] and fmt not in formats]
     if unused:
         raise fail(f"{', '.join(unused)}: not used with --format {fmt}; drop {'it' if len(unused) == 1 else 'them'}")
@@ -276,7 +285,7 @@ def import_command(
                              rate=rate, arrival=arrival, cv=cv, drop_zero=drop_zero, output_len=output_len,
                              skip_chat_template=skip_chat_template, oversample=oversample,
                              shuffle=not disable_shuffle, keep_times=keep_times, input_len=input_len,
-                             prefix_len=prefix_len, max_turns=max_turns)
+                             prefix_len=prefix_len, max_turns=max_turns, hash_block_size=hash_block_size)
         if not len(trace):
             raise TraceError(f"{path}: no requests to import")
         trace.save(output)

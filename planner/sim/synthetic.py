@@ -58,7 +58,8 @@ class SyntheticExecutor:
     def make_group(self, req: TraceRequest, arrival: float | None = None) -> SequenceGroup:
         """The engine request for trace request `req`, arriving at its trace time (or at `arrival`)."""
         params = req.sampling_params()
-        shared = req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
+        shared = (req.prompt_token_ids is not None or req.prefix_id is not None or req.conversation_id is not None
+                  or req.hash_ids is not None)
         own = None if shared or self.private_blocks is None else self._own_id(req)
         if own is not None:
             prompt = [own] * req.prompt_len
