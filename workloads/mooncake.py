@@ -6,8 +6,8 @@ One JSON object a line (FAST25-release/README.md): `timestamp` (ms since the log
 out of every line, and its requests then all arrive at once, as aiperf replays such a file), `input_length`
 and `output_length` (tokens), and `hash_ids`, the prompt's blocks remapped to ids ("The block size is 512
 tokens"; the last block shorter): two requests whose hash ids agree up to block k shared their first k
-blocks' text. The trace keeps them (TraceRequest.hash_ids), so the prompts a run sends
-share exactly those blocks, and a prefix cache, a prefix-aware router or a KV tier sees the log's reuse.
+blocks' text. The trace keeps them (TraceRequest.hash_ids), so the prompts a run sends share exactly those
+blocks, and a prefix cache, a prefix-aware router or a KV tier meets the log's reuse.
 """
 from __future__ import annotations
 
@@ -52,17 +52,7 @@ def import_mooncake(path: str | Path, *, num_requests: int | None = None, durati
         if unknown is not None:
             raise TraceError(f"{where(path, line, unknown)}: not a Mooncake trace field (they are "
                              f"{', '.join(MOONCAKE_KEYS)})")
-        for key in ("input_length", "output_length"):
-            if key not in obj:
-                raise TraceError(f"{where(path, line, key)}: missing")
-            value = obj[key]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TraceError(f"{where(path, line, key)}: must be a whole number of tokens, got {json_text(value)}")
-            if value < 0 or (value == 0 and not drop_zero):
-                hint = " (planner workload import --format mooncake --drop-zero skips such lines)" if value == 0 else ""
-                raise TraceError(f"{where(path, line, key)}: must be >= 1, got {value}{hint}")
-            if value > MAX_TOKENS:
-                raise TraceError(f"{where(path, line, key)}: {value:,} is over the cap of {MAX_TOKENS:,} tokens")
+        _check_lengths(obj, path, line, drop_zero)
         stamp = _timestamp(obj, path, line, timed)
         timed = stamp is not None
         if timed:
@@ -94,6 +84,22 @@ def import_mooncake(path: str | Path, *, num_requests: int | None = None, durati
                                                          if dropped else ""))
     params = {"source": str(path), "format": "mooncake", "hash_block_size": block_size, "dropped_rows": dropped}
     return Trace(requests, name=stem, params=params)
+
+
+def _check_lengths(obj: dict, path: Path, line: int, drop_zero: bool) -> None:
+    """A TraceError naming the line's length that is missing, not a whole number, zero (unless `drop_zero`),
+    negative or over the cap."""
+    for key in ("input_length", "output_length"):
+        if key not in obj:
+            raise TraceError(f"{where(path, line, key)}: missing")
+        value = obj[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TraceError(f"{where(path, line, key)}: must be a whole number of tokens, got {json_text(value)}")
+        if value < 0 or (value == 0 and not drop_zero):
+            hint = " (planner workload import --format mooncake --drop-zero skips such lines)" if value == 0 else ""
+            raise TraceError(f"{where(path, line, key)}: must be >= 1, got {value}{hint}")
+        if value > MAX_TOKENS:
+            raise TraceError(f"{where(path, line, key)}: {value:,} is over the cap of {MAX_TOKENS:,} tokens")
 
 
 def _timestamp(obj: dict, path: Path, line: int, timed: bool | None) -> float | None:
