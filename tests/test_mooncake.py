@@ -17,8 +17,8 @@ from sim_helpers import ConstantCost, sim_plan
 from tiny_models import save_tiny_model
 from workloads import Trace, TraceError, import_mooncake
 
-# The two lines the Mooncake README shows (kvcache-ai/Mooncake, FAST25-release), then lines shaped like its
-# tool-agent trace's: a system prompt's block 0 in three requests, and two requests that share 12 blocks
+# The two lines the Mooncake README shows (kvcache-ai/Mooncake, FAST25-release: they share 12 blocks), then three
+# lines from the head of its conversation trace (later times), whose block 0 (a system prompt's) all three hold
 README = [{"timestamp": 27482, "input_length": 6955, "output_length": 52,
            "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 2353, 2354]},
           {"timestamp": 30535, "input_length": 6472, "output_length": 26,
