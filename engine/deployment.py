@@ -119,6 +119,9 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `conversation_sampling` is that benchmark's `--conversation-sampling`: "round_robin" (its
   default; a client turns to its conversations in rotation) or "random" (it picks one at random
   for each request, with the benchmark's own generator: workloads/clients.py).
+- `client_warmup_percent` is that benchmark's `--warmup-percentages X%` (one value): the run's
+  request figures leave out the first X% of its answered requests in the order they were sent,
+  as its statistics drop the first X% of its samples by start time; not with a warm-up step.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -236,6 +239,7 @@ class Deployment:
     client_max_requests: int | None = None   # closed loop: the most requests a client sends (None: no limit)
     client_warmup_step: bool = False         # closed loop: first turns first, out of the figures
     conversation_sampling: str = "round_robin"   # closed loop: which active conversation a client turns to
+    client_warmup_percent: float = 0.0       # closed loop: the first X% of the answered requests out of the figures
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates

@@ -179,3 +179,21 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
         assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) == 4
         sent = [(float(r["start"]), float(r["start"]) + float(r["e2e"])) for r in rows.values()]
         assert max(sum(s <= t < e for s, e in sent) for t, _ in sent) <= 2
+
+
+def test_bench_leaves_a_warmup_percentage_out(server, tmp_path):
+    # vLLM's multi-turn benchmark's --warmup-percentages 25%: 3 of the 12 answered requests out of the results,
+    # the first three sent (the three clients' first turns)
+    trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
+                       think_time=0.001, time_per_token=1e-4)
+    path = tmp_path / "chat.jsonl"
+    trace.save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
+                                      "tokens", "--max-concurrency", "3", "--client-warmup-percent", "25",
+                                      "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["request_id"] for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    queue = TurnQueue(trace.requests, 3)
+    firsts = {queue.first().request_id for _ in range(3)}
+    assert json.loads(result.stdout)["num_completed"] == len(rows) == 9
+    assert rows == {r.request_id for r in trace} - firsts

@@ -523,6 +523,53 @@ def test_a_simulated_warm_up_is_left_out_of_the_figures(replicas):
         assert len(fast.fleet.routes) == len(measured)
 
 
+def test_a_warmup_percentage_leaves_out_the_first_answered_requests_as_sent():
+    # vLLM's multi-turn benchmark's --warmup-percentages X%: its samples (answered requests) by start time, the
+    # first int(X% of them) dropped
+    reqs = [request(f"r{i}") for i in range(10)]
+    queue = TurnQueue(reqs, clients=1, knobs=ClientKnobs(client_warmup_percent=30))
+    sent = [queue.first()]
+    while sent[-1] is not None:
+        sent.append(queue.after(sent[-1], refused=sent[-1].request_id == "r1"))
+    # 9 answered (r1 refused): int(2.7) = 2 left out, r0 and r2
+    assert queue.unmeasured == {"r0", "r2"}
+    assert [r.request_id for r in queue.measured(reqs)] == ["r1", *(f"r{i}" for i in range(3, 10))]
+    for knobs, problem in ((ClientKnobs(client_warmup_percent=100), "must be at least 0 and below 100"),
+                           (ClientKnobs(client_warmup_percent=10, client_warmup_step=True), "give one")):
+        with pytest.raises(ValueError, match=problem):
+            TurnQueue(reqs, clients=1, knobs=knobs)
+    with pytest.raises(ValueError, match="--client-warmup-percent leaves out the first requests of a closed loop"):
+        TurnQueue(reqs, knobs=ClientKnobs(client_warmup_percent=10))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_simulated_warmup_percentage_is_left_out_of_the_figures(replicas):
+    from planner.sim.fleet import simulate_fleet
+    trace = make_trace("chatbot", num_requests=120, rate=50.0, seed=3)
+    cost = LinearCostModel(0.01, 1e-4)
+    plan = sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096, client_warmup_percent=25)
+    fast, slow = (simulate_fleet(trace, plan, cost, replicas=replicas, concurrency=4, fast_forward=ff)
+                  for ff in (True, False))
+    assert fast.requests == slow.requests
+    whole = simulate_fleet(trace, sim_plan("llama-3.1-8b", "h100-sxm", policy="vllm-v1", max_model_len=4096),
+                           cost, replicas=replicas, concurrency=4)
+    # the same run, its first 30 requests as sent (25% of 120) out of the figures, the span after them
+    by_arrival = sorted(whole.requests, key=lambda r: r.arrival)
+    assert {r.request_id for r in fast.requests} == {r.request_id for r in by_arrival[30:]}
+    assert fast.metrics.num_completed == 90 and fast.steps == whole.steps
+    assert fast.metrics.duration == max(r.finish for r in fast.requests) - by_arrival[30].arrival
+
+
+def test_a_live_warmup_percentage_leaves_out_what_the_simulated_one_does(llama_dir):
+    deployment = Deployment(model=llama_dir, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=80,
+                            client_warmup_percent=20)
+    spec = ValidationSpec(deployment, workload="chatbot", concurrency=2, requests=10, length_scale=0.1,
+                          max_prompt_len=40, max_output_len=12, seed=2)
+    v = validate(spec, cost_model=ConstantCost())
+    assert v.live.metrics["num_completed"] == v.simulated["num_completed"] == 8      # 2 of the 10 left out
+    assert [r.request_id for r in v.live.requests] == [r.request_id for r in v.sim_requests]
+
+
 def test_a_disaggregated_fleets_warm_up_is_left_out_too(tmp_path):
     from typer.testing import CliRunner
     from planner.cli import app

@@ -113,13 +113,24 @@ def test_vllms_multi_turn_benchmark_imports_its_input_then_runs_its_clients():
     # its defaults (no pause, the dataset's output lengths) are the planner's; other values are not modelled
     other = translate("vllm serve m", MULTI_TURN + " --request_rate=0.0 --warmup-step "
                       "--limit-max-tokens 0 --conversation-sampling random --warmup-percentages 0%,50%", "h100-sxm")
-    assert other.not_modelled == ["--warmup-percentages 0%,50%", no_eos]
+    assert other.not_modelled == [no_eos]
+    assert other.ignored == ["--warmup-percentages (the benchmark ignores it with --warmup-step)"]
     # without --no-early-stop, its clients stop when the first stops; its warm-up step and random sampling are
     # the planner's
     assert other.words[4:] == ["--trace", "conv-turns.jsonl", "--concurrency", "1", "--client-turnaround", "0.001",
                                "--client-early-stop", "--client-warmup-step", "--conversation-sampling", "random"]
     with pytest.raises(PlannerError, match="--conversation-sampling 'rand': choose round_robin or random"):
         translate("vllm serve m", MULTI_TURN + " --conversation-sampling rand", "h100-sxm")
+    # its --warmup-percentages X%: the figures over the answered requests after the first X% as sent; of several
+    # values (a table each) the first table's, with a warning
+    assert translate("vllm serve m", MULTI_TURN + " --warmup-percentages 25%", "h100-sxm").words[-2:] == \
+        ["--client-warmup-percent", "25"]
+    several = translate("vllm serve m", MULTI_TURN + " --warmup-percentages=50%,25%", "h100-sxm")
+    assert several.words[-2:] == ["--client-warmup-percent", "25"]
+    assert several.not_modelled[0].startswith("--warmup-percentages 50%,25%: one figure set a run")
+    for bad in ("abc", "100%", "-5%"):
+        with pytest.raises(PlannerError, match="--warmup-percentages .*expected percentages from 0 up to 100"):
+            translate("vllm serve m", MULTI_TURN + f" --warmup-percentages={bad}", "h100-sxm")
     # its --limit-max-tokens is every request's max_tokens: the imported answers' length (the minimum is checked,
     # then never sent); a negative limit sends none
     limited = translate("vllm serve m", MULTI_TURN + " --limit-min-tokens 50 --limit-max-tokens 100", "h100-sxm")

@@ -25,7 +25,9 @@ conversation each and no early stop, send every conversation's first turn alone;
 new clients run the benchmark on the conversations' later turns, in the order their first turns ended (the
 benchmark's conversations come back from its warm-up in that order), those of one turn done. The warm-up's
 requests (`warmup_ids`) are left out of a run's figures (`measured`), as the benchmark leaves them out; the
-clients' limit counts each phase's requests apart, as each phase's clients are new.
+clients' limit counts each phase's requests apart, as each phase's clients are new. Without a warm-up step,
+`client_warmup_percent` X (the benchmark's --warmup-percentages X%) leaves out instead the first X% of the
+answered requests in the order they were sent (its samples sorted by start time, int(X% of them) dropped).
 
 The simulator's closed loop, the live engine's and the live fleet's replays, and `planner bench` all draw
 from a `TurnQueue`, so they send the same requests in the same order.
@@ -56,6 +58,7 @@ class ClientKnobs:
     client_max_requests: int | None = None        # the most requests a client sends; None: no limit
     client_warmup_step: bool = False              # first turns first, unmeasured
     conversation_sampling: str = "round_robin"    # which active conversation a client turns to: or "random"
+    client_warmup_percent: float = 0.0            # the first X% of the answered requests left out of the figures
 
     @classmethod
     def of(cls, holder) -> "ClientKnobs":
@@ -75,7 +78,9 @@ def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | 
                 else "--client-max-requests limits" if knobs.client_max_requests is not None
                 else "--client-warmup-step warms up" if knobs.client_warmup_step
                 else "--conversation-sampling random picks the conversations of"
-                if knobs.conversation_sampling == "random" else None)
+                if knobs.conversation_sampling == "random"
+                else "--client-warmup-percent leaves out the first requests of" if knobs.client_warmup_percent
+                else None)
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
@@ -85,6 +90,12 @@ def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | 
     if knobs.conversation_sampling not in CONVERSATION_SAMPLING:
         raise ValueError(f"--conversation-sampling must be one of {', '.join(CONVERSATION_SAMPLING)} (vLLM's "
                          f"multi-turn benchmark's), got {knobs.conversation_sampling!r}")
+    if not 0 <= knobs.client_warmup_percent < 100:
+        raise ValueError(f"--client-warmup-percent must be at least 0 and below 100, got "
+                         f"{knobs.client_warmup_percent}")
+    if knobs.client_warmup_percent and knobs.client_warmup_step:
+        raise ValueError("--client-warmup-percent and --client-warmup-step: vLLM's multi-turn benchmark takes its "
+                         "--warmup-percentages only without its --warmup-step; give one")
     if knobs.client_max_requests is not None and knobs.client_max_requests < 1:
         raise ValueError(f"--client-max-requests must be at least 1 request a client, got "
                          f"{knobs.client_max_requests}")
@@ -162,6 +173,8 @@ class TurnQueue:
         self.left = 0                  # turns of the conversations stopped clients left active
         self.warming = knobs.client_warmup_step
         self.warmup_ids: set[str] = set()          # the warm-up's requests
+        self.sent_order: list[str] = []            # every request sent, in the order sent
+        self.refused: set[str] = set()             # the requests the server refused
         self.warmed: list[deque[TraceRequest]] = []    # warmed conversations' later turns, as their first ended
         self.new_phase = False         # set when the warm-up has ended: new clients are to start
         self._phase()
@@ -196,6 +209,8 @@ class TurnQueue:
         """The next request of the client whose request `ended` (finished, or `refused`) has just ended. A
         refused turn ends its conversation, as the benchmark drops it: its later turns are never sent."""
         client, later = self.sent.pop(ended.request_id)
+        if refused:
+            self.refused.add(ended.request_id)
         goes_on = bool(later) and not refused and not self.warming     # the client's conversation still
         if client.picker is not None and not goes_on:
             client.drop(later)
@@ -212,9 +227,19 @@ class TurnQueue:
         began, self.new_phase = self.new_phase, False
         return began
 
+    @property
+    def unmeasured(self) -> set[str]:
+        """The requests a run's figures leave out: the warm-up step's, or the first `client_warmup_percent` of
+        the answered ones as sent (the benchmark's samples are its answered requests)."""
+        if not self.knobs.client_warmup_percent:
+            return self.warmup_ids
+        answered = [request_id for request_id in self.sent_order if request_id not in self.refused]
+        return set(answered[:int(self.knobs.client_warmup_percent / 100 * len(answered))])
+
     def measured(self, records: list) -> list:
         """The records (anything with a request_id) a run's figures count: the warm-up's left out."""
-        return [r for r in records if r.request_id not in self.warmup_ids] if self.warmup_ids else records
+        left_out = self.unmeasured
+        return [r for r in records if r.request_id not in left_out] if left_out else records
 
     def _turn(self, client: _Client) -> TraceRequest | None:
         """The client's next request, or None when it stops."""
@@ -233,6 +258,7 @@ class TurnQueue:
         turns = client.pick()
         req = turns.popleft()
         self.sent[req.request_id] = (client, turns)
+        self.sent_order.append(req.request_id)
         self.unsent -= 1
         client.sent += 1
         if self.warming:

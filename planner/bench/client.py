@@ -130,6 +130,9 @@ class BenchConfig:
     # With max_concurrency over conversations: round_robin, or random (vLLM's multi-turn benchmark's
     # --conversation-sampling; workloads/clients.py).
     conversation_sampling: str = "round_robin"
+    # With max_concurrency: the first X% of the answered requests, as sent, left out of the results (vLLM's
+    # multi-turn benchmark's --warmup-percentages X%).
+    client_warmup_percent: float = 0.0
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()

@@ -101,7 +101,6 @@ MULTI_TURN_IGNORED_VALUED = ("--output-file", "--url", "--api-key", "--header", 
                              "--max-retries", "--request-timeout-sec", "--stats-json-output")
 MULTI_TURN_IGNORED_SWITCHES = ("--no-early-stop", "--verify-output", "--no-stream", "--send-conversation-id",
                                "--excel-output", "--verbose", "--print-content", "--trust-remote-code")
-MULTI_TURN_DEFAULTS = {"--warmup-percentages": "0%"}     # (other values leave the first requests out of its figures)
 # vLLM bench's LoRA flags, as every workload's parameters (workloads/make.py LORA_PARAMS); --lora-modules gives
 # the count of adapters it names
 BENCH_LORA_PARAMS = {"--lora-modules": "loras", "--lora-assignment": "lora_assignment"}
@@ -370,18 +369,13 @@ def translate_multi_turn(command: str, out: Translation) -> None:
             raise PlannerError(f"{what}: {flag} is required (as the benchmark requires it)")
     known = {"--input-file", "--model", "--num-clients", "--max-active-conversations", "--max-num-requests",
              "--max-turns", "--request-rate", "--seed", "--warmup-step", "--limit-max-tokens", "--limit-min-tokens",
-             "--conversation-sampling",
-             *MULTI_TURN_IGNORED_VALUED, *MULTI_TURN_DEFAULTS}
-    for flag, value in given.items():
+             "--conversation-sampling", "--warmup-percentages", *MULTI_TURN_IGNORED_VALUED}
+    for flag in given:
         if flag not in known:
             raise PlannerError(f"{what}: {flag} is not a flag the planner knows (docs/vllm.md lists those it "
                                f"models); drop it or check its spelling")
         if flag in MULTI_TURN_IGNORED_VALUED:
             out.ignored.append(flag)
-        elif flag.startswith("--limit-"):
-            continue
-        elif not _same(MULTI_TURN_DEFAULTS.get(flag, value).rstrip("%"), value.rstrip("%")):  # (0% as 0)
-            out.not_modelled.append(f"{flag} {value}")
     source = given["--input-file"]
     trace = f"{Path(source).stem}-turns.jsonl"
     # (its --seed draws a generation config's conversations: bench_dataset.py)
@@ -416,11 +410,35 @@ def translate_multi_turn(command: str, out: Translation) -> None:
         raise PlannerError(f"{what}: --conversation-sampling {sampling!r}: choose {' or '.join(CONVERSATION_SAMPLING)}")
     if sampling != "round_robin":
         out.words += ["--conversation-sampling", sampling]
+    out.words += _warmup_percent(given, out, what)
     if "--seed" in given:                       # its clients' generators too (client_main)
         out.words += ["--seed", given["--seed"]]
     out.not_modelled.append("the benchmark sends no ignore_eos: its answers end at EOS or at their max_tokens (the "
                             "dataset answer's length, or --limit-max-tokens), and the planner generates the whole "
                             "length")
+
+
+def _warmup_percent(given: dict[str, str], out: Translation, what: str) -> list[str]:
+    """`--client-warmup-percent X` for the multi-turn benchmark's --warmup-percentages X% (its statistics over
+    the samples after the first X%); several values print a table each, of which the planner gives the first and
+    warns; with its --warmup-step it ignores them, and so does the translation."""
+    text = given.get("--warmup-percentages", "0%")
+    try:
+        values = [float(v.strip().removesuffix("%")) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(0 <= v < 100 for v in values):
+        raise PlannerError(f"{what}: --warmup-percentages {text!r}: expected percentages from 0 up to 100, "
+                           f"comma separated (as the benchmark requires)")
+    if "--warmup-step" in given:
+        if any(values):
+            out.ignored.append("--warmup-percentages (the benchmark ignores it with --warmup-step)")
+        return []
+    values = sorted(values)                      # (the benchmark's tables go from the lowest)
+    if len(values) > 1:
+        out.not_modelled.append(f"--warmup-percentages {text}: one figure set a run; the planner's is the first "
+                                f"table's ({values[0]:g}%): run it again with --client-warmup-percent P for each")
+    return ["--client-warmup-percent", f"{values[0]:g}"] if values[0] else []
 
 
 def _answer_limit(given: dict[str, str], out: Translation, what: str) -> list[str]:

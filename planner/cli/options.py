@@ -142,6 +142,10 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                               "the next turn of: round_robin (in rotation) | random (picked at random, as vLLM's "
                               "multi-turn benchmark's --conversation-sampling random picks it) [default: "
                               "round_robin]"),
+    "client_warmup_percent": (("--client-warmup-percent",),
+                              "closed loop: leave the first X% of the answered requests, in the order sent, out of "
+                              "the request figures (vLLM's multi-turn benchmark's --warmup-percentages X%; not with "
+                              "--client-warmup-step) [default: 0]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

@@ -356,6 +356,10 @@ def bench(
         "round_robin", "--conversation-sampling",
         help="with --max-concurrency over conversations: round_robin (each client's in rotation) | random (picked "
              "at random, vLLM's multi-turn benchmark's --conversation-sampling random) [default: round_robin]"),
+    client_warmup_percent: float = typer.Option(
+        0.0, "--client-warmup-percent", metavar="X",
+        help="with --max-concurrency: leave the first X% of the answered requests, as sent, out of the results "
+             "(vLLM's multi-turn benchmark's --warmup-percentages X%) [default: 0]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -382,6 +386,7 @@ def bench(
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
                           client_early_stop=client_early_stop, client_max_requests=client_max_requests,
                           client_warmup_step=client_warmup_step, conversation_sampling=conversation_sampling,
+                          client_warmup_percent=client_warmup_percent,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,

@@ -13,7 +13,7 @@ A closed loop alone sends the trace's requests in order, their times aside, and 
 one after another by the client that began it (workloads/clients.py, as vLLM's multi-turn benchmark,
 `max_active_conversations` of them active among the clients, each client stopping as that benchmark's
 do: `unsent(loop)` says how many were never sent; after a warm-up, new clients start the benchmark's
-phase, and `warmup_ids(loop)` are the requests a run's figures leave out).
+phase, and `unmeasured(loop)` are the requests a run's figures leave out).
 `paced` (a request rate too: `vllm bench serve --request-rate R
 --max-concurrency N`) sends none before its trace time and keeps at most N
 in flight: a request due while N are out waits for one of them to end. Its
@@ -41,9 +41,10 @@ if TYPE_CHECKING:
     from workloads import TraceRequest
 
 
-def warmup_ids(loop: ClosedLoop | None) -> set[str]:
-    """The requests of a closed loop's warm-up (--client-warmup-step), which a run's figures leave out."""
-    return loop.waiting.warmup_ids if loop is not None else set()
+def unmeasured(loop: ClosedLoop | None) -> set[str]:
+    """The requests of a closed loop's warm-up (--client-warmup-step, or --client-warmup-percent), which a run's
+    figures leave out."""
+    return loop.waiting.unmeasured if loop is not None else set()
 
 
 def unsent(loop: ClosedLoop | None) -> int:

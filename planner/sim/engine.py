@@ -43,7 +43,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns, publish_events
-from planner.sim.clients import ClosedLoop, unsent, warmup_ids
+from planner.sim.clients import ClosedLoop, unmeasured, unsent
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
@@ -918,7 +918,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
         if progress is not None:
             progress(env.now, engine.done, len(trace))
         check_all_ended(engine.groups, len(trace) - unsent(loop))
-        warm = warmup_ids(loop)          # (a warm-up's requests out of the figures)
+        warm = unmeasured(loop)          # (a warm-up's requests out of the figures)
         return replica_result(plan, cost_model, trace, seed, engine,
                               [RequestRecord.from_group(g, plan.deployment.stream_interval) for g in engine.groups
                                if g.request_id not in warm])

@@ -38,7 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
                                 run_quietly, simulate)
-from planner.sim.clients import ClosedLoop, unsent, warmup_ids
+from planner.sim.clients import ClosedLoop, unmeasured, unsent
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
@@ -232,7 +232,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
         if progress is not None:
             progress(env.now, sum(e.done for e in fleet.engines), len(trace))
         check_all_ended(fleet.groups, len(trace) - unsent(fleet.loop))
-        return _fleet_result(fleet, plan, cost_model, seed, warmup_ids(fleet.loop))
+        return _fleet_result(fleet, plan, cost_model, seed, unmeasured(fleet.loop))
 
     result = run_quietly(env, records, fleet.release)
     result.concurrency = concurrency

@@ -53,7 +53,7 @@ from planner.catalog.links import KvLink
 from planner.cost.shape import CostModel
 from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
-from planner.sim.clients import unsent, warmup_ids
+from planner.sim.clients import unmeasured, unsent
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, run_quietly)
 from planner.sim.fleet import Fleet, merged_steps, pool_result
@@ -423,7 +423,7 @@ def _pd_result(pools: Disaggregated, clients: list[SequenceGroup], prefill: Pool
              pool_result(pools.decode, decode.plan, decode.cost_model, seed)]
     steps, shapes, num_running, step_pools = merged_steps(parts)
     # (the clients stream from the decode pool's servers)
-    warm = warmup_ids(pools.prefill.loop)      # (a warm-up's requests out of the figures)
+    warm = unmeasured(pools.prefill.loop)      # (a warm-up's requests out of the figures)
     records = [RequestRecord.from_group(g, decode.plan.deployment.stream_interval) for g in clients
                if g.request_id not in warm]
     engines = pools.prefill.engines + pools.decode.engines

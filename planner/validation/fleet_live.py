@@ -274,7 +274,7 @@ class FleetReplay:
         self.in_flight[req.request_id] = (req, at)
 
     def result(self) -> LiveFleet:
-        warm = self.unsent.warmup_ids        # (a closed loop's warm-up out of the figures)
+        warm = self.unsent.unmeasured        # (a closed loop's warm-up out of the figures)
         kept = [i for i, g in enumerate(self.groups) if g.request_id not in warm]
         return _fleet_result([self.groups[i] for i in kept], [self.routes[i] for i in kept], self.replicas,
                              self.shapes, self.stream_interval)
