@@ -95,6 +95,18 @@ def benchmark_client(client_id: int, seed: int, share: int, tasks: list, sent: l
             active.pop(conv_id)
 
 
+def sent_in_order(queue: TurnQueue, clients: int) -> list:
+    """What `clients` clients of `queue` send when every request ends in the order it was sent."""
+    sent = [req for req in (queue.first() for _ in range(clients)) if req is not None]
+    pending = list(sent)
+    while pending:
+        nxt = queue.after(pending.pop(0))
+        if nxt is not None:
+            sent.append(nxt)
+            pending.append(nxt)
+    return sent
+
+
 @pytest.mark.parametrize("clients, active, seed", [(1, 3, 0), (2, 6, 0), (3, 6, 5), (2, 2, 1)])
 def test_random_sampling_picks_as_vllms_multi_turn_client_picks(clients, active, seed):
     # --conversation-sampling random: each client picks its next conversation with random.choice over its
@@ -118,26 +130,13 @@ def test_random_sampling_picks_as_vllms_multi_turn_client_picks(clients, active,
             in_flight.append(runner)
 
     knobs = ClientKnobs(max_active_conversations=active, conversation_sampling="random")
-    queue = TurnQueue(trace, clients=clients, knobs=knobs, seed=seed)
-    sent = [req for req in (queue.first() for _ in range(clients)) if req is not None]
-    pending = list(sent)
-    while pending:
-        nxt = queue.after(pending.pop(0))
-        if nxt is not None:
-            sent.append(nxt)
-            pending.append(nxt)
+    sent = sent_in_order(TurnQueue(trace, clients=clients, knobs=knobs, seed=seed), clients)
     assert [r.request_id for r in sent] == [r.request_id for r in expected]
     for conversation in by_conversation.values():     # a conversation's turns still in their order
         ids = [r.request_id for r in sent if r.conversation_id == conversation[0].conversation_id]
         assert ids == [r.request_id for r in conversation][:len(ids)]
-    rotation = TurnQueue(trace, clients=clients, knobs=replace(knobs, conversation_sampling="round_robin"))
-    rotated = [rotation.first() for _ in range(clients)]
-    pending = list(rotated)
-    while pending:
-        nxt = rotation.after(pending.pop(0))
-        if nxt is not None:
-            rotated.append(nxt)
-            pending.append(nxt)
+    rotated = sent_in_order(TurnQueue(trace, clients=clients,
+                                      knobs=replace(knobs, conversation_sampling="round_robin")), clients)
     if active > clients:                         # several conversations a client: another order than rotation
         assert [r.request_id for r in sent] != [r.request_id for r in rotated]
 
