@@ -86,9 +86,14 @@ def _answers_of(messages: list[tuple[str, str]], length: int, tokenizer) -> list
         if role == "assistant":
             ids = tokenizer(text, add_special_tokens=False).input_ids or \
                 tokenizer(messages[k - 1][1], add_special_tokens=False).input_ids or [0]
-            text = tokenizer.decode((ids * (length // len(ids) + 1))[:length])
+            text = tokenizer.decode(_to_length(ids, length))
         resized.append((role, text))
     return resized
+
+
+def _to_length(ids: list[int], length: int) -> list[int]:
+    """`ids` repeated, or cut, to `length` of them."""
+    return (ids * (length // len(ids) + 1))[:length]
 
 
 def _shared(a: list[int], b: list[int]) -> int:
@@ -169,7 +174,7 @@ def import_conversations(
             if not prompt:
                 raise TraceError(f"{path}: entry {i}: turn {k} tokenizes to no tokens")
             if output_len is not None and answer:     # (the resized answer, its text re-tokenized: to length)
-                answer = (answer * (output_len // len(answer) + 1))[:output_len]
+                answer = _to_length(answer, output_len)
             length = output_len or max(1, len(answer))
             requests.append(TraceRequest(
                 request_id=f"conv-{i}-{k}", arrival_time=round(at, TIME_DECIMALS), prompt_len=len(prompt),
