@@ -122,6 +122,11 @@ and reaches them all. Pure Python (no torch): the simulator imports it.
 - `client_warmup_percent` is that benchmark's `--warmup-percentages X%` (one value): the run's
   request figures leave out the first X% of its answered requests in the order they were sent,
   as its statistics drop the first X% of its samples by start time; not with a warm-up step.
+- `turns_after_answers` times an open loop's conversations as their users would: each later turn is
+  sent once the turn before it has ended (its `think_time` after that end when the trace gives one, else
+  at its trace time but never before that end), not at its trace time, an estimate; a refused turn ends
+  its conversation (workloads/sessions.py). Off (the default): every request at its trace time. Not with
+  a closed loop, whose clients already wait for their answers.
 - `stream_interval` is vLLM's `--stream-interval` (0.11.1 and later): the API
   server sends a streamed answer's first token at once, then its tokens N at a
   time, and the rest when it ends (vllm/v1/engine/output_processor.py,
@@ -240,6 +245,7 @@ class Deployment:
     client_warmup_step: bool = False         # closed loop: first turns first, out of the figures
     conversation_sampling: str = "round_robin"   # closed loop: which active conversation a client turns to
     client_warmup_percent: float = 0.0       # closed loop: the first X% of the answered requests out of the figures
+    turns_after_answers: bool = False        # open loop: a conversation's later turn sent after its answer
     stream_interval: int = 1                 # vLLM's --stream-interval: a streamed answer's tokens sent N at a time
     speculative: str | None = None           # "METHOD:K", e.g. "eagle:3"; None: no speculative decoding
     acceptance: str | None = None            # "P1,P2,...": per-position conditional acceptance rates

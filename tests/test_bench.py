@@ -133,6 +133,44 @@ def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_pa
     assert sorted(rows) == ["a0", "a1", "b0", "b1"] and json.loads(result.stdout)["num_failed"] == 1
 
 
+def test_bench_sends_a_turn_its_think_time_after_the_answer_before_it(server, tmp_path):
+    # --turns-after-answers: first turns at their trace times, each later one its think time after the answer
+    # to the turn before ended (workloads/sessions.py); a refused turn ends its conversation
+    trace = make_trace("chatbot", num_requests=12, rate=50.0, seed=13, max_history=40, max_output_len=6,
+                       think_time=0.2, time_per_token=1e-4)
+    path = tmp_path / "chat.jsonl"
+    trace.save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
+                                      "tokens", "--turns-after-answers", "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    assert json.loads(result.stdout)["num_completed"] == len(rows) == 12
+    previous, later = {}, 0
+    for req in trace:
+        start = float(rows[req.request_id]["start"])
+        before = previous.get(req.conversation_id)
+        if before is None:
+            assert start == pytest.approx(req.arrival_time, abs=0.05)
+        else:
+            answered = float(before["start"]) + float(before["e2e"])
+            assert answered + req.think_time - 0.01 <= start <= answered + req.think_time + 0.1
+            later += 1
+        previous[req.conversation_id] = rows[req.request_id]
+    assert later >= 4
+    from workloads import Trace, TraceRequest
+
+    def turn(conversation: str, k: int, prompt_len: int) -> TraceRequest:
+        return TraceRequest(request_id=f"{conversation}{k}", arrival_time=0.01 * k, prompt_len=prompt_len,
+                            output_len=4, conversation_id=conversation, turn=k, think_time=0.01 if k else None)
+    refused = tmp_path / "turns.jsonl"
+    Trace([turn("a", 0, 10), turn("b", 0, 10), turn("a", 1, 200), turn("b", 1, 20), turn("a", 2, 210)]).save(refused)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(refused), "--prompt-format",
+                                      "tokens", "--turns-after-answers", "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "r" / "requests.csv").open())}
+    assert sorted(rows) == ["a0", "a1", "b0", "b1"] and json.loads(result.stdout)["num_failed"] == 1
+
+
 @pytest.mark.parametrize("clients, sent", [(["--max-concurrency", "3"], 12),
                                            (["--max-concurrency", "2", "--max-active-conversations", "4"], 9),
                                            (["--max-concurrency", "3", "--client-max-requests", "2"], 6),

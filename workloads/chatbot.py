@@ -17,6 +17,9 @@ count, think time and answer speed below are assumptions, all parameters):
   answer; it arrives at the previous turn's arrival + an estimated answer
   time (output_len * ``time_per_token``, default 0.05 s, a decode speed of 20
   tokens/s) + a think time, exponential with mean ``think_time`` (10 s).
+  The turn keeps its think time (``think_time``), so a run with
+  ``--turns-after-answers`` sends it that long after the real answer instead
+  (workloads/sessions.py).
 - ``prefix_len`` of a turn is its previous prompt + answer (what a prefix
   cache could reuse), or 0 when truncation slid the window.
 
@@ -100,6 +103,7 @@ def _conversation(c: int, start: float, messages, answers, thinks, max_history: 
     requests: list[TraceRequest] = []
     history = 0  # untruncated tokens so far
     t_arrive = start
+    think_before = None   # the user's think time after the previous turn's answer
     for t in range(len(messages)):
         message, answer, think = int(messages[t]), int(answers[t]), float(thinks[t])
         before = history
@@ -114,9 +118,11 @@ def _conversation(c: int, start: float, messages, answers, thinks, max_history: 
                     output_len=answer,
                     conversation_id=f"conv-{c}",
                     turn=t,
+                    think_time=think_before,
                     prefix_len=before if (t > 0 and not truncated) else 0,
                 )
             )
         history += answer
         t_arrive += answer * time_per_token + think
+        think_before = round(think, TIME_DECIMALS)
     return requests

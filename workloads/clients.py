@@ -49,8 +49,9 @@ CONVERSATION_SAMPLING = ("round_robin", "random")    # vLLM's multi-turn benchma
 
 @dataclass(frozen=True)
 class ClientKnobs:
-    """How a closed loop's clients behave (vLLM's multi-turn benchmark's settings; see the module), as a
-    Deployment and `planner bench`'s BenchConfig hold them, under the same names."""
+    """How a run's clients behave, as a Deployment and `planner bench`'s BenchConfig hold them, under the same
+    names: a closed loop's (vLLM's multi-turn benchmark's settings; see the module), and an open loop's
+    `turns_after_answers` (workloads/sessions.py)."""
 
     max_active_conversations: int | None = None   # K in all, K // N each; None: one each
     client_request_rate: float | None = None      # each client's own rate (`pause`); None: no pause
@@ -59,6 +60,7 @@ class ClientKnobs:
     client_warmup_step: bool = False              # first turns first, unmeasured
     conversation_sampling: str = "round_robin"    # which active conversation a client turns to: or "random"
     client_warmup_percent: float = 0.0            # the first X% of the answered requests left out of the figures
+    turns_after_answers: bool = False             # open loop: a conversation's later turn waits for its answer
 
     @classmethod
     def of(cls, holder) -> "ClientKnobs":
@@ -84,6 +86,10 @@ def check_clients(clients: int | None, knobs: ClientKnobs, conversations: int | 
         if knob is not None:
             raise ValueError(f"{knob} a closed loop's clients: give their number (--concurrency N; bench: "
                              f"--max-concurrency N)")
+    elif knobs.turns_after_answers:
+        raise ValueError("--turns-after-answers times an open loop's conversations: a closed loop's clients "
+                         "already send a conversation's next turn once its answer has ended (leave out "
+                         "--concurrency; bench: --max-concurrency)")
     if knobs.client_request_rate is not None and not 0 < knobs.client_request_rate < math.inf:
         raise ValueError(f"--client-request-rate must be a positive, finite number of requests/s, "
                          f"got {knobs.client_request_rate}")

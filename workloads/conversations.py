@@ -15,7 +15,8 @@ message becomes one request of the trace:
   server's would (`prefix_len`: the tokens a turn shares with the turn before and its answer);
 - its arrival, for an open loop: conversations start by the arrival process at rate / the mean turns, and
   a turn comes its predecessor's answer time (output_len x time_per_token) and a think time (exponential,
-  mean think_time) after it, as the chatbot workload times turns.
+  mean think_time) after it, as the chatbot workload times turns; the turn keeps its think time, which
+  `--turns-after-answers` waits after the real answer instead (workloads/sessions.py).
 
 A raw ShareGPT dump ({"conversations": [{"from": "human" | "gpt", "value": ...}]}) is read as the
 converter maps it: human and user ask; gpt, bing, chatgpt and bard answer; a leading answer is dropped.
@@ -169,7 +170,7 @@ def import_conversations(
     thinks = stream(seed, "think").exponential(THINK_TIME, count)
     requests: list[TraceRequest] = []
     for (i, pairs), start in zip(turns, starts):
-        at, before = float(start), []
+        at, before, think = float(start), [], None
         for k, (prompt, answer) in enumerate(pairs):
             if not prompt:
                 raise TraceError(f"{path}: entry {i}: turn {k} tokenizes to no tokens")
@@ -179,9 +180,11 @@ def import_conversations(
             requests.append(TraceRequest(
                 request_id=f"conv-{i}-{k}", arrival_time=round(at, TIME_DECIMALS), prompt_len=len(prompt),
                 output_len=length, prompt_token_ids=prompt, output_token_ids=answer or None,
-                conversation_id=f"conv-{i}", turn=k, prefix_len=_shared(prompt, before)))
+                conversation_id=f"conv-{i}", turn=k, think_time=think, prefix_len=_shared(prompt, before)))
             before = prompt + answer
-            at += length * TIME_PER_TOKEN + float(thinks[len(requests) - 1])
+            drawn = float(thinks[len(requests) - 1])
+            at += length * TIME_PER_TOKEN + drawn
+            think = round(drawn, TIME_DECIMALS)
     params = {"source": str(path), "tokenizer": str(tokenizer_path), "num_requests": num_requests,
               "conversations": len(turns), "skipped": len(data) - len(conversations), "generated": generated,
               "seed": seed,

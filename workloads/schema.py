@@ -40,6 +40,10 @@ class TraceRequest(BaseModel):
     prefix_len: int = Field(default=0, ge=0)
     conversation_id: str | None = None
     turn: int = Field(default=0, ge=0)
+    # A conversation's later turn: the seconds its user takes after the previous turn's answer has ended before
+    # sending it (reading, typing); read only with turns_after_answers (workloads/sessions.py), which then sends
+    # the turn that long after the answer, its arrival_time being an open loop's estimate. None: not known.
+    think_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     # vLLM's request priority (the lower value first under --scheduling-policy priority; fcfs ignores it)
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31)
     # The LoRA adapter the request runs with (vLLM's lora_int_id: 1, 2, ...; 0: the base model alone)
@@ -107,6 +111,14 @@ class TraceRequest(BaseModel):
         if self.cache_salt is not None:
             prompt["cache_salt"] = self.cache_salt
         return prompt
+
+    @field_validator("think_time")
+    @classmethod
+    def _think_time_of_a_turn(cls, think_time: float | None, info: ValidationInfo) -> float | None:
+        if think_time is not None and info.data.get("conversation_id") is None:
+            raise ValueError("is a conversation turn's (the time after the previous turn's answer): give its "
+                             "conversation_id")
+        return think_time
 
     @field_validator("prefix_len")
     @classmethod

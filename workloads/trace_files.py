@@ -53,7 +53,7 @@ _CAPS = (("arrival_time", MAX_ARRIVAL_TIME, "s"), ("prompt_len", MAX_TOKENS, "to
 ID_LIST_FIELDS = ("prompt_token_ids", "output_token_ids", "hash_ids")
 
 # Fields for which pydantic's lax mode would take a JSON true/false as 1/0.
-_NUMBER_FIELDS = {"arrival_time": "a number"} | {
+_NUMBER_FIELDS = {"arrival_time": "a number", "think_time": "a number"} | {
     name: "an integer" for name, info in TraceRequest.model_fields.items() if info.annotation is int
 }
 

@@ -32,6 +32,7 @@ from engine.core.metrics import RequestRecord, compute_metrics, goodput, latency
 from workloads import Trace, TraceRequest
 from workloads.clients import ClientKnobs, TurnQueue, check_clients, pause
 from workloads.schema import MAX_TOKEN_ID
+from workloads.sessions import TurnsAfterAnswers
 
 DEFAULT_VOCAB = 256   # prompt ids below this are valid for every real tokenizer
 
@@ -133,6 +134,10 @@ class BenchConfig:
     # With max_concurrency: the first X% of the answered requests, as sent, left out of the results (vLLM's
     # multi-turn benchmark's --warmup-percentages X%).
     client_warmup_percent: float = 0.0
+    # Without max_concurrency: a conversation's later turn sent once the answer to the turn before it has ended
+    # (its think time after), not at its trace time (workloads/sessions.py); the turns after a failed one are
+    # never sent, and left out of the results.
+    turns_after_answers: bool = False
     # LoRA adapters to send as `model` (vLLM bench's --lora-modules), and how a trace without adapters of its
     # own picks one per request (--lora-assignment; None: random, vLLM bench's default). See request_models.
     lora_modules: tuple[str, ...] = ()
@@ -340,9 +345,10 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
         outs = {req.request_id: out for req, out in zip(trace, results)}
         answers: dict[str, list[int]] = {}     # conversation turns' answers, sent back by the turns after
 
-        async def send(req: TraceRequest) -> bool:
-            """Send `req` (at its time), then the client's pause; whether the server answered it."""
-            delay = origin + req.arrival_time - time.perf_counter()
+        async def send(req: TraceRequest, at: float | None = None) -> bool:
+            """Send `req` at its time (or at `at`, s since the start), then the client's pause; whether the server
+            answered it."""
+            delay = origin + (req.arrival_time if at is None else at) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             began = time.perf_counter()
@@ -362,6 +368,11 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
             if queue.dropped:          # left by stopped clients: never sent, so neither done nor failed
                 results = [out for out in results if out.start is not None]
             results = queue.measured(results)     # (a warm-up out of the figures)
+        elif cfg.turns_after_answers:
+            sessions = TurnsAfterAnswers(trace.requests)
+            await asyncio.gather(*(_session(sessions, first, send, origin) for first in sessions.starts))
+            if sessions.dropped:       # the turns after a failed one: never sent, so neither done nor failed
+                results = [out for out in results if out.start is not None]
         else:
             await asyncio.gather(*(send(req) for req in trace))
     for out in results:   # times relative to the start of the run
@@ -376,6 +387,17 @@ async def _client(queue: TurnQueue, send) -> None:
     while req is not None:
         answered = await send(req)
         req = queue.after(req, refused=not answered)
+
+
+async def _session(sessions: TurnsAfterAnswers, first: TraceRequest, send, origin: float) -> None:
+    """One conversation's user (or a lone request's): its first turn at its trace time, each later one when the
+    answer before it has ended says (`TurnsAfterAnswers.due`)."""
+    req, at = first, None
+    while req is not None:
+        answered = await send(req, at)
+        ended_at = time.perf_counter() - origin
+        req = sessions.after(req, refused=not answered)
+        at = TurnsAfterAnswers.due(req, ended_at) if req is not None else None
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, progress=None) -> tuple[list[BenchRequest], float]:

@@ -146,6 +146,11 @@ DEPLOYMENT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
                               "closed loop: leave the first X% of the answered requests, in the order sent, out of "
                               "the request figures (vLLM's multi-turn benchmark's --warmup-percentages X%; not with "
                               "--client-warmup-step) [default: 0]"),
+    "turns_after_answers": (("--turns-after-answers/--no-turns-after-answers",),
+                            "open loop over conversations: send each later turn once the turn before it has "
+                            "ended, its think time after (the chatbot and conversation workloads draw one), not "
+                            "at its trace time (an estimate); a refused turn ends its conversation [default: "
+                            "off]"),
     "stream_interval": (("--stream-interval",),
                         "vLLM's --stream-interval: a streamed answer's first token goes out at once, then its "
                         "tokens N at a time and the rest at its end, so a client's ITL is the gap between "

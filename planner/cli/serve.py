@@ -135,7 +135,7 @@ def serve(
         flag = next((DEPLOYMENT_FLAGS[name][0][0].split("/")[0] for name in knobs
                      if getattr(deployment, name) != getattr(Deployment, name)), None)
         if flag is not None:
-            raise PlannerError(f"{flag} describes a closed loop's clients (simulate, capacity, search, validate, "
+            raise PlannerError(f"{flag} describes a run's clients (simulate, capacity, search, validate, "
                                f"bench); a server's clients are whoever connects to it")
         name = served_model_name or deployment.model
         modules = parse_lora_modules(many_valued("--lora-modules", lora_modules, more_values))
@@ -360,6 +360,11 @@ def bench(
         0.0, "--client-warmup-percent", metavar="X",
         help="with --max-concurrency: leave the first X% of the answered requests, as sent, out of the results "
              "(vLLM's multi-turn benchmark's --warmup-percentages X%) [default: 0]"),
+    turns_after_answers: bool = typer.Option(
+        False, "--turns-after-answers/--no-turns-after-answers",
+        help="without --max-concurrency, over conversations: send each later turn once the answer to the turn "
+             "before it has ended, its think time after, not at its trace time; the turns after a failed one "
+             "are never sent [default: off]"),
     out: Optional[Path] = typer.Option(None, help="run folder (default: reports/bench/<time>-<workload>)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as one JSON document"),
     lora_modules: Optional[list[str]] = BENCH_LORA_MODULES, lora_assignment: Optional[str] = BENCH_LORA_ASSIGNMENT,
@@ -386,7 +391,7 @@ def bench(
                           max_active_conversations=max_active_conversations, client_request_rate=client_request_rate,
                           client_early_stop=client_early_stop, client_max_requests=client_max_requests,
                           client_warmup_step=client_warmup_step, conversation_sampling=conversation_sampling,
-                          client_warmup_percent=client_warmup_percent,
+                          client_warmup_percent=client_warmup_percent, turns_after_answers=turns_after_answers,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,

@@ -38,7 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
                                 run_quietly, simulate)
-from planner.sim.clients import ClosedLoop, unmeasured, unsent
+from planner.sim.clients import ClosedLoop, Sessions, unmeasured, unsent
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
@@ -106,8 +106,10 @@ class Fleet:
                  replicas: int, policy: RouterPolicy, *, seed: int, concurrency: int | None, fast_forward: bool,
                  progress: Progress | None, watch: Watch | None, lockstep: bool = True) -> None:
         self.env, self.trace, self.policy = env, trace, policy
-        # Picks known in advance: every replica knows its own next arrival, as a lone deployment does.
-        self.pre_routed = not policy.reads_engines and concurrency is None
+        # Picks known in advance: every replica knows its own next arrival, as a lone deployment does (an open
+        # loop's, whose requests are sent in trace order: not when turns wait for their answers).
+        open_loop = concurrency is None and not plan.deployment.turns_after_answers
+        self.pre_routed = not policy.reads_engines and open_loop
         self.due = Due()
         self.progress = progress
         self.watch = watch
@@ -183,14 +185,18 @@ class Fleet:
             engine.arrivals_done = True
 
     def start(self, concurrency: int | None, paced: bool = False) -> None:
-        if concurrency is None:
+        send = lambda req, at: self.send(req, arrival=at)     # noqa: E731
+        if concurrency is not None:
+            self.loop = ClosedLoop(self.env, self.trace.requests, send, clients=concurrency,
+                                   deployment=self.deployment, seed=self.seed, due=self.due,
+                                   all_sent=self._all_sent, paced=paced)
+        elif self.deployment.turns_after_answers:
+            self.loop = Sessions(self.env, self.trace.requests, send, due=self.due, all_sent=self._all_sent)
+        else:
             count = len(self.engines)
             routes = [n % count for n in range(len(self.trace))] if self.pre_routed else None
             self.env.process(self.arrivals(routes))
             return
-        self.loop = ClosedLoop(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
-                               clients=concurrency, deployment=self.deployment, seed=self.seed, due=self.due,
-                               all_sent=self._all_sent, paced=paced)
         for engine in self.engines:
             engine.on_ended = self.loop.ended
         self.loop.start()

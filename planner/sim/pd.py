@@ -206,7 +206,7 @@ class Disaggregated:
 
     def start(self) -> None:
         self.prefill.start(self.concurrency, self.paced)
-        if self.concurrency is not None:      # a client's request ends at the decode pool, not at the prefill
+        if self.prefill.loop is not None:     # a client's request ends at the decode pool, not at the prefill
             for engine in self.prefill.engines:
                 engine.on_ended = None
             for engine in self.decode.engines:
@@ -234,8 +234,9 @@ class Disaggregated:
             self.decode.hand(client.decode, remote, now)
         if lost:
             self._ended(now, lost)
-            if self.concurrency is not None:
-                self.prefill.loop.ended([g.request_id for g in lost])
+            if self.prefill.loop is not None:
+                self.prefill.loop.ended([g.request_id for g in lost],
+                                        {g.request_id for g in lost if g.finish_reason is FinishReason.REJECTED})
 
     def _hold(self, engine: SimulatedEngine, group: SequenceGroup) -> None:
         """The prefill replica keeps the request's KV until the decode replica has read it (vLLM's NIXL

@@ -41,6 +41,7 @@ from planner.validation.live import Answers, _warm_up, random_adapters
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
 from workloads.clients import pause
+from workloads.sessions import TurnsAfterAnswers
 
 
 class ReplicaClock:
@@ -188,7 +189,8 @@ class FleetReplay:
     their arrival times, or by the spec's closed loop of clients (planner/sim/clients.py's rules: N sent at
     once, each client's next one (workloads/clients.py) as its request ends, the deployment's
     client_turnaround and its client's pause later; paced, never before its arrival time), each stamped with
-    the time it is sent."""
+    the time it is sent; with the deployment's turns_after_answers, a conversation's later turn when its previous
+    one's end says (workloads/sessions.py)."""
 
     def __init__(self, trace: Trace, replicas: list[LiveReplica], shapes: list[list], policy: RouterPolicy,
                  spec: ValidationSpec, between_steps=None, progress=None, loras: dict | None = None) -> None:
@@ -202,6 +204,7 @@ class FleetReplay:
         self.turnaround, self.rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
         self.stream_interval = spec.deployment.stream_interval
         self.unsent = spec.turn_queue(trace)                 # the closed loop's
+        self.sessions = spec.sessions(trace)                 # an open loop's turns that wait for their answers
         self.in_flight: dict[str, tuple[object, float]] = {}    # request id -> (the request, when sent), not ended
         self.answers = Answers(trace)
         # a heap: (when, order released, request, ended, refused): a request to send then, or one that ended (or
@@ -210,7 +213,7 @@ class FleetReplay:
         self.due: list[tuple[float, int, object, bool, bool]] = []
         self.order = itertools.count()
         if self.clients is None:
-            for req in trace.requests:
+            for req in trace.requests if self.sessions is None else self.sessions.starts:
                 self._due(req, 0.0)
         else:
             self._new_clients(0.0)
@@ -252,6 +255,9 @@ class FleetReplay:
         self.answers.keep(ended)
         for out in ended:
             req, sent = self.in_flight.pop(out.request_id)
+            if self.sessions is not None and (turn := self.sessions.after(req, out.metrics.rejected)) is not None:
+                due = TurnsAfterAnswers.due(turn, nxt.free_at)   # its next turn, sent then
+                heapq.heappush(self.due, (due, next(self.order), turn, False, False))
             if self.clients is not None:       # each ended request frees its client for its next
                 wait = self.turnaround + pause(self.rate, nxt.free_at - sent, req.request_id, self.seed)
                 heapq.heappush(self.due, (nxt.free_at + wait, next(self.order), req, True, out.metrics.rejected))

@@ -27,6 +27,7 @@ from planner.validation.compare import LiveRun
 from planner.validation.spec import ValidationSpec
 from workloads import Trace
 from workloads.clients import pause
+from workloads.sessions import TurnsAfterAnswers
 
 
 class TraceClock:
@@ -141,11 +142,16 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     client's next one as its request ends (a conversation's next turn, workloads/clients.py), the deployment's
     client_turnaround (and its client's pause) later, stamped with the time it is sent, as the simulator's
     clients do (planner/sim/clients.py); paced (a rate too), a released request is sent at its arrival time if
-    that is later, stamped with it. Step until all are done; the requests' groups (a warm-up's left out)."""
+    that is later, stamped with it. With the deployment's turns_after_answers (an open loop), a conversation's
+    later turn is sent when its previous turn's end says (workloads/sessions.py), stamped with that time, as the
+    simulator's Sessions send it. Step until all are done; the requests' groups (a warm-up's left out)."""
     vocab = engine.runner.vocab_size
     groups = []
     closed_loop = spec.concurrency is not None
-    pending = deque(() if closed_loop else trace.requests)     # an open loop's, in arrival order
+    sessions = spec.sessions(trace)       # an open loop whose turns wait for their answers, or None
+    # an open loop's requests sent at their arrival times, in arrival order (the first turns, with sessions)
+    pending = deque(() if closed_loop else sessions.starts if sessions is not None else trace.requests)
+    turns_due: list[tuple[float, int, object]] = []    # sessions, a heap: (when, order, a turn whose answer ended)
     clients = spec.turn_queue(trace)
     in_flight: dict[str, tuple[object, float]] = {}     # request id -> (the request, when sent), not ended
     turnaround, rate = spec.deployment.client_turnaround, spec.deployment.client_request_rate
@@ -183,7 +189,7 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
     clock.start()   # trace time 0: the first arrival is due now
     if closed_loop:
         new_clients(0.0)
-    while pending or clients or not_yet_due or engine.has_unfinished_requests():
+    while pending or clients or not_yet_due or turns_due or engine.has_unfinished_requests():
         if closed_loop:
             while on_the_way and on_the_way[0][0] <= clock():   # stamped when sent, as a server stamps it
                 sent, _, req, refused = heapq.heappop(on_the_way)
@@ -203,8 +209,12 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
             for _ in range(sum(1 for _ in takewhile(lambda r: r.arrival_time <= now, pending))):
                 req = pending.popleft()
                 send(req, req.arrival_time)
+            while turns_due and turns_due[0][0] <= now:      # stamped when due, as the simulator's sessions
+                when, _, req = heapq.heappop(turns_due)
+                send(req, when)
             if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, pending[0].arrival_time - engine.clock()))
+                times = ([pending[0].arrival_time] if pending else []) + ([turns_due[0][0]] if turns_due else [])
+                time.sleep(max(0.0, min(times) - engine.clock()))
                 continue
         began = time.perf_counter()
         finished = engine.step()
@@ -215,6 +225,11 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
         done += len(finished)
         answers.keep(finished)
         ended = [(*in_flight.pop(out.request_id), out.metrics.rejected) for out in finished]
+        if sessions is not None and ended:    # each ended turn's next one sent when due (after its think time)
+            now = clock()
+            for req, _, refused in ended:
+                if (turn := sessions.after(req, refused)) is not None:
+                    heapq.heappush(turns_due, (TurnsAfterAnswers.due(turn, now), next(order), turn))
         if closed_loop and ended:   # each ended request (finished or refused) frees its client for its next
             now = clock()
             for req, sent, refused in ended:

@@ -11,6 +11,7 @@ from planner.runs.spec import check_ramp_up_rate
 from planner.sim.memory_guard import check_trace_size
 from workloads import RampUp, Trace, TraceError, burstiness_arrival, make_trace
 from workloads.clients import ClientKnobs, TurnQueue, check_clients, conversations_in
+from workloads.sessions import TurnsAfterAnswers
 from workloads.trace import MAX_LENGTH_SCALE
 
 CPU_KV_CACHE_BYTES = 1 << 30           # the live engine's KV cache on a CPU (the profiler sizes it the same)
@@ -109,6 +110,13 @@ class ValidationSpec:
         deployment's client knobs have them send it."""
         return TurnQueue(trace.requests if self.concurrency is not None else (), self.concurrency,
                          ClientKnobs.of(self.deployment), self.seed)
+
+    def sessions(self, trace: Trace) -> TurnsAfterAnswers | None:
+        """An open loop's requests when its conversations' turns wait for their answers (the deployment's
+        turns_after_answers, workloads/sessions.py); None otherwise."""
+        if self.concurrency is None and self.deployment.turns_after_answers:
+            return TurnsAfterAnswers(trace.requests)
+        return None
 
     def trace(self) -> Trace:
         arrival = self._arrival()
