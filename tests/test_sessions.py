@@ -144,9 +144,9 @@ def test_fast_forward_gives_the_step_by_step_result_when_turns_wait():
 
 
 def test_a_refused_turn_ends_its_conversation_in_the_simulation():
-    trace = Trace([turn("a0", "A", think=None), turn("b0", "B", arrival=0.01),
-                   turn("a1", "A", 1, arrival=1.0, think=0.1, prompt_len=300), turn("b1", "B", 1, arrival=1.0, think=0.1),
-                   turn("a2", "A", 2, arrival=2.0, think=0.1)])
+    trace = Trace([turn("a0", "A"), turn("b0", "B", arrival=0.01),
+                   turn("a1", "A", 1, arrival=1.0, think=0.1, prompt_len=300),     # past the context: refused
+                   turn("b1", "B", 1, arrival=1.0, think=0.1), turn("a2", "A", 2, arrival=2.0, think=0.1)])
     result = simulate(trace, plan(turns_after_answers=True, max_model_len=128), COST)
     records = {r.request_id: r for r in result.requests}
     assert sorted(records) == ["a0", "a1", "b0", "b1"] and records["a1"].rejected     # a2 never sent
