@@ -170,7 +170,8 @@ class Trace:
                 ramp_up: RampUp | None = None) -> "Trace":
         """The same requests, in the same order, with new arrival times (at `rate`, or by `ramp_up`).
 
-        Chatbot turns keep their order but lose the answer + think-time spacing.
+        Chatbot turns keep their order but lose the answer + think-time spacing (their `think_time`, which
+        --turns-after-answers waits after each answer, stays).
         """
         times = arrival_times(stream(seed, "arrivals"), arrival=arrival, rate=rate, cv=cv, num_requests=len(self),
                               ramp_up=ramp_up)

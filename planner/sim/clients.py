@@ -59,6 +59,20 @@ def unsent(loop: Clients | None) -> int:
     return loop.waiting.dropped if loop is not None else 0
 
 
+def make_clients(env: simpy.Environment, requests, send: Callable[[TraceRequest, float], None], *,
+                 concurrency: int | None, deployment: Deployment, seed: int, due: Due | None,
+                 all_sent: Callable[[], None], paced: bool = False) -> Clients | None:
+    """The clients that send a run's requests through `send`: a closed loop of `concurrency` (`paced`: none
+    before its trace time), an open loop's `Sessions` under the deployment's turns_after_answers, or None: the
+    open loop's plain arrivals, which the caller sends."""
+    if concurrency is not None:
+        return ClosedLoop(env, requests, send, clients=concurrency, deployment=deployment, seed=seed, due=due,
+                          all_sent=all_sent, paced=paced)
+    if deployment.turns_after_answers:
+        return Sessions(env, requests, send, due=due, all_sent=all_sent)
+    return None
+
+
 class Clients:
     """What a run's clients send, and when: each request through `send`, some of them later (`_after`), which an
     engine's windows stop before (`due`); `all_sent` once the last has gone or will never go."""

@@ -43,7 +43,7 @@ from planner.deploy.plan import DeploymentPlan
 from planner.documents import json_safe
 from planner.errors import PlannerError
 from planner.sim.batch import DecodeBatch, Plan, PlanTaken, plan_columns, publish_events
-from planner.sim.clients import ClosedLoop, Sessions, unmeasured, unsent
+from planner.sim.clients import make_clients, unmeasured, unsent
 from planner.sim.synthetic import SyntheticExecutor
 from planner.sim.private_blocks import PrivateBlockManager
 from planner.sim.fast_forward import Window, apply_window, plan_window
@@ -903,17 +903,12 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     env = simpy.Environment()
     engine = make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace), progress=progress,
                          fast_forward=fast_forward, watch=watch, device_speed=device_speed)
-    loop = None
-    send = lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at))   # noqa: E731
-    all_sent = lambda: setattr(engine, "arrivals_done", True)                           # noqa: E731
-    if concurrency is not None:   # the trace's next request, sent when a client's previous one ends
-        loop = ClosedLoop(env, trace.requests, send, clients=concurrency, deployment=plan.deployment, seed=seed,
-                          due=engine.due, all_sent=all_sent, paced=paced)
-    elif plan.deployment.turns_after_answers:   # at their trace times, but turns after their answers
-        loop = Sessions(env, trace.requests, send, due=engine.due, all_sent=all_sent)
-    else:
+    loop = make_clients(env, trace.requests, lambda req, at: engine.submit(engine.executor.make_group(req, arrival=at)),
+                        concurrency=concurrency, deployment=plan.deployment, seed=seed, due=engine.due,
+                        all_sent=lambda: setattr(engine, "arrivals_done", True), paced=paced)
+    if loop is None:
         env.process(arrivals(env, trace, engine))
-    if loop is not None:
+    else:
         engine.on_ended = loop.ended
         loop.start()
 

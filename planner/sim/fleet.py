@@ -38,7 +38,7 @@ from planner.errors import PlannerError
 from planner.sim.engine import (Due, Progress, SimResult, SimulatedEngine, Watch, check_all_ended,
                                 fleet_spec_decoding, make_engine, offload_summary, prefix_counts, replica_result,
                                 run_quietly, simulate)
-from planner.sim.clients import ClosedLoop, Sessions, unmeasured, unsent
+from planner.sim.clients import Clients, make_clients, unmeasured, unsent
 from planner.sim.lockstep import lockstep_groups, lockstep_ranks
 from planner.sim.memory_guard import check_replicas
 from planner.sim.router import RouterPolicy, make_router, parse_router
@@ -131,7 +131,7 @@ class Fleet:
         self.router = make_router(policy, self.engines, plan.block_size)
         self.groups: list = []                         # every request sent, in sending order
         self.routes: list[int] = []
-        self.loop: ClosedLoop | None = None
+        self.loop: Clients | None = None
         self.deployment, self.seed = plan.deployment, seed     # (its clients' knobs)
 
     def release(self) -> None:
@@ -185,14 +185,10 @@ class Fleet:
             engine.arrivals_done = True
 
     def start(self, concurrency: int | None, paced: bool = False) -> None:
-        send = lambda req, at: self.send(req, arrival=at)     # noqa: E731
-        if concurrency is not None:
-            self.loop = ClosedLoop(self.env, self.trace.requests, send, clients=concurrency,
-                                   deployment=self.deployment, seed=self.seed, due=self.due,
-                                   all_sent=self._all_sent, paced=paced)
-        elif self.deployment.turns_after_answers:
-            self.loop = Sessions(self.env, self.trace.requests, send, due=self.due, all_sent=self._all_sent)
-        else:
+        self.loop = make_clients(self.env, self.trace.requests, lambda req, at: self.send(req, arrival=at),
+                                 concurrency=concurrency, deployment=self.deployment, seed=self.seed, due=self.due,
+                                 all_sent=self._all_sent, paced=paced)
+        if self.loop is None:
             count = len(self.engines)
             routes = [n % count for n in range(len(self.trace))] if self.pre_routed else None
             self.env.process(self.arrivals(routes))
