@@ -7,8 +7,8 @@ a turn can be sent before the answer its prompt continues has ended. A user cann
 trace time, and each later turn once the turn before it has ended:
 
 - its `think_time` after that end when the trace gives one (the chatbot and conversation workloads draw it:
-  the user reading the answer and typing the next message; aiperf's per-turn `delay`), its trace time then
-  only the estimate an open loop sends it at;
+  the user reading the answer and typing the next message; aiperf's multi-turn trace formats carry one per
+  turn as `delay`, in ms), its trace time then only the estimate an open loop sends it at;
 - otherwise at its trace time, or at that end if the answer comes later: never before the answer.
 
 A refused turn (rejected: too long for the model, or no room for it) ends its conversation, as vLLM's
