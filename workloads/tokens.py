@@ -70,14 +70,18 @@ def _ids(u: np.ndarray, vocab_size: int) -> np.ndarray:
 class Streams:
     """`random_ids` for many streams of one seed, named in advance (a trace's requests, in arrival
     order): seeding a PCG64 costs more than drawing a prompt's ids (numpy's SeedSequence, about 12 us),
-    so the streams are seeded `STREAMS_AT_ONCE` at a time (`pcg64_states`), the last two such blocks
-    kept, and one generator is set to each stream's state in turn. The same ids as `random_ids`; a
-    stream not named is drawn by `random_ids` itself."""
+    so the streams are seeded `STREAMS_AT_ONCE` at a time (`pcg64_states`), the two blocks used last
+    kept, and one generator is set to each stream's state in turn. A stream of a block already seeded
+    and since dropped is seeded alone: a turn sent long after its trace time (its users waited for
+    slow answers) reads its history's streams far behind the others, and seeding their whole blocks
+    again, turn after turn, cost 4,096 seeds each. The same ids as `random_ids`; a stream not named is
+    drawn by `random_ids` itself."""
 
     def __init__(self, seed: int, names: list[tuple]) -> None:
         self.seed, self.names = seed, names
         self.position = {name: i for i, name in enumerate(names)}
-        self.blocks: dict[int, list[tuple[int, int]]] = {}
+        self.blocks: dict[int, list[tuple[int, int]]] = {}   # the blocks kept, the one used last at the end
+        self.dropped: set[int] = set()
         self.bits = np.random.PCG64(0)
         self.generator = np.random.Generator(self.bits)
 
@@ -86,13 +90,17 @@ class Streams:
         if i is None or vocab_size < 1:
             return random_ids(vocab_size, length, self.seed, *keys)
         block, at = divmod(i, STREAMS_AT_ONCE)
-        states = self.blocks.get(block)
+        states = self.blocks.pop(block, None)
         if states is None:
+            if block in self.dropped:
+                return random_ids(vocab_size, length, self.seed, *keys)
             first = block * STREAMS_AT_ONCE
-            states = self.blocks[block] = pcg64_states(
-                [entropy(self.seed, *name) for name in self.names[first:first + STREAMS_AT_ONCE]])
-            if len(self.blocks) > 2:                  # (a turn's history mostly lies in one of the two)
-                del self.blocks[next(iter(self.blocks))]
+            states = pcg64_states([entropy(self.seed, *name) for name in self.names[first:first + STREAMS_AT_ONCE]])
+            if len(self.blocks) == 2:                 # (a turn's history mostly lies in one of the two)
+                oldest = next(iter(self.blocks))
+                del self.blocks[oldest]
+                self.dropped.add(oldest)
+        self.blocks[block] = states                   # (the one used last)
         state, inc = states[at]
         self.bits.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0,
                            "uinteger": 0}
