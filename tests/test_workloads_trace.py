@@ -252,3 +252,20 @@ def test_streams_seeded_at_once_equal_numpy_and_random_ids(monkeypatch):
         assert got.tolist() == tokens.random_ids(1000, 20 + i, 5, *names[i]).tolist()
     unnamed = streams.random_ids(50, 9, "answer", "r1")
     assert unnamed.tolist() == tokens.random_ids(50, 9, 5, "answer", "r1").tolist()
+
+
+def test_streams_seed_each_block_once_however_far_back_a_turn_reads(monkeypatch):
+    # a turn sent long after its trace time reads its history's streams far behind the newest ones: a block
+    # dropped from the two kept is not seeded again (its streams alone are), so reading back and forth costs
+    # one block's seeding each time no more
+    from workloads import tokens
+
+    monkeypatch.setattr(tokens, "STREAMS_AT_ONCE", 7)
+    seeded = []
+    monkeypatch.setattr(tokens, "pcg64_states", lambda entropies, real=tokens.pcg64_states:
+                        seeded.append(len(entropies)) or real(entropies))
+    names = [("prompt", f"r{i}") for i in range(70)]
+    streams = tokens.Streams(5, names)
+    for i in list(range(70)) + [0, 69, 1, 68, 2, 67] * 5:
+        assert streams.random_ids(1000, 5, *names[i]).tolist() == tokens.random_ids(1000, 5, 5, *names[i]).tolist()
+    assert seeded == [7] * 10
