@@ -116,6 +116,18 @@ def test_bench_takes_a_workloads_parameters(server, tmp_path):
     assert bad.exit_code == 2 and "expected KEY=VALUE with KEY one of input_len" in bad.stderr
 
 
+def bench_turns(server, tmp_path, trace, *flags: str) -> tuple[dict, dict]:
+    """`planner bench` of `trace` against `server`, its ids sent as tokens, with `flags`: the JSON document it
+    prints, and its requests.csv rows by request id."""
+    path = tmp_path / "trace.jsonl"
+    trace.save(path)
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
+                                      "tokens", *flags, "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    return json.loads(result.stdout), rows
+
+
 @pytest.mark.parametrize("clients", [["--max-concurrency", "1"], ["--turns-after-answers"]])
 def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_path, clients):
     # vLLM's multi-turn benchmark drops a conversation once a turn fails: A's second turn is longer than the
@@ -126,13 +138,9 @@ def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_pa
     def turn(conversation: str, k: int, prompt_len: int) -> TraceRequest:
         return TraceRequest(request_id=f"{conversation}{k}", arrival_time=0.0, prompt_len=prompt_len, output_len=4,
                             conversation_id=conversation, turn=k)
-    path = tmp_path / "turns.jsonl"
-    Trace([turn("a", 0, 10), turn("b", 0, 10), turn("a", 1, 200), turn("b", 1, 20), turn("a", 2, 210)]).save(path)
-    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
-                                      "tokens", *clients, "--out", str(tmp_path / "run"), "--json"])
-    assert result.exit_code == 0, result.output
-    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
-    assert sorted(rows) == ["a0", "a1", "b0", "b1"] and json.loads(result.stdout)["num_failed"] == 1
+    trace = Trace([turn("a", 0, 10), turn("b", 0, 10), turn("a", 1, 200), turn("b", 1, 20), turn("a", 2, 210)])
+    doc, rows = bench_turns(server, tmp_path, trace, *clients)
+    assert sorted(rows) == ["a0", "a1", "b0", "b1"] and doc["num_failed"] == 1
 
 
 def test_bench_sends_a_turn_its_think_time_after_the_answer_before_it(server, tmp_path):
@@ -140,13 +148,8 @@ def test_bench_sends_a_turn_its_think_time_after_the_answer_before_it(server, tm
     # to the turn before ended (workloads/sessions.py)
     trace = make_trace("chatbot", num_requests=12, rate=50.0, seed=13, max_history=40, max_output_len=6,
                        think_time=0.2, time_per_token=1e-4)
-    path = tmp_path / "chat.jsonl"
-    trace.save(path)
-    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
-                                      "tokens", "--turns-after-answers", "--out", str(tmp_path / "run"), "--json"])
-    assert result.exit_code == 0, result.output
-    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
-    assert json.loads(result.stdout)["num_completed"] == len(rows) == 12
+    doc, rows = bench_turns(server, tmp_path, trace, "--turns-after-answers")
+    assert doc["num_completed"] == len(rows) == 12
     previous, later = {}, 0
     for req in trace:
         start = float(rows[req.request_id]["start"])
@@ -171,17 +174,11 @@ def test_bench_clients_send_a_conversations_turns_one_after_another(server, tmp_
     # 4 conversations of 2-4 turns; with --max-active-conversations 4, two clients of two conversations each
     trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
                        think_time=0.001, time_per_token=1e-4)     # every turn due at once: a closed loop
-    path = tmp_path / "chat.jsonl"
-    trace.save(path)
-    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path),
-                                      "--prompt-format", "tokens", *clients,
-                                      "--out", str(tmp_path / "run"), "--json"])
-    assert result.exit_code == 0, result.output
-    rows = {r["request_id"]: r for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    doc, rows = bench_turns(server, tmp_path, trace, *clients)
     # two conversations a client: a client that finds none left to take stops, as the benchmark's does, leaving
     # its other conversation's turns unsent (and out of the results); or each stops after its two requests; or
     # a warm-up sends the four first turns, left out of the results
-    assert json.loads(result.stdout)["num_completed"] == len(rows) == sent
+    assert doc["num_completed"] == len(rows) == sent
     by_conversation = defaultdict(list)
     for req in trace:
         if req.request_id not in rows:
@@ -214,14 +211,8 @@ def test_bench_leaves_a_warmup_percentage_out(server, tmp_path):
     # the first three sent (the three clients' first turns)
     trace = make_trace("chatbot", num_requests=12, rate=1000.0, seed=13, max_history=40, max_output_len=6,
                        think_time=0.001, time_per_token=1e-4)
-    path = tmp_path / "chat.jsonl"
-    trace.save(path)
-    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
-                                      "tokens", "--max-concurrency", "3", "--client-warmup-percent", "25",
-                                      "--out", str(tmp_path / "run"), "--json"])
-    assert result.exit_code == 0, result.output
-    rows = {r["request_id"] for r in csv.DictReader((tmp_path / "run" / "requests.csv").open())}
+    doc, rows = bench_turns(server, tmp_path, trace, "--max-concurrency", "3", "--client-warmup-percent", "25")
     queue = TurnQueue(trace.requests, 3)
     firsts = {queue.first().request_id for _ in range(3)}
-    assert json.loads(result.stdout)["num_completed"] == len(rows) == 9
-    assert rows == {r.request_id for r in trace} - firsts
+    assert doc["num_completed"] == len(rows) == 9
+    assert set(rows) == {r.request_id for r in trace} - firsts
