@@ -165,7 +165,9 @@ def test_a_fleets_turns_wait_for_their_answers_too(router):
     assert one.requests == simulate(trace, plan(turns_after_answers=True), COST).requests
 
 
-def test_disaggregated_pools_send_a_turn_after_the_decode_pool_answered_the_one_before():
+def simulate_pools(deployment: Deployment, trace: Trace, concurrency: int | None = None):
+    """`trace` through a prefill pool and a decode pool of one `deployment` replica each, the KV crossing at
+    once."""
     import math
     from planner.catalog.links import KvLink
     from planner.runs.pd import Disaggregation
@@ -173,14 +175,32 @@ def test_disaggregated_pools_send_a_turn_after_the_decode_pool_answered_the_one_
     from planner.runs.spec import Load, RunSpec
     from planner.sim.pd import KvPath, simulate_pd
     from planner.sim.router import parse_router
-    load = Load(workload="chatbot", requests=40, rate=4.0, seed=3, params=(("think_time", 0.5),))
-    deployment = Deployment.of(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1", turns_after_answers=True)
-    pools = prepare_pools(RunSpec(deployment=deployment, load=load, pd=Disaggregation(1, 1)))
+    pools = prepare_pools(RunSpec(deployment=deployment, load=Load(workload="random", requests=4),
+                                  pd=Disaggregation(1, 1)))
     path = KvPath(KvLink("instant", math.inf, 0.0, "test", "test"), math.inf, 1, pools.path.bytes_per_token)
-    trace = load.trace()
-    sim = simulate_pd(trace, pools.prefill, pools.decode, path, parse_router("least-requests"))
+    return simulate_pd(trace, pools.prefill, pools.decode, path, parse_router("least-requests"),
+                       concurrency=concurrency)
+
+
+def test_disaggregated_pools_send_a_turn_after_the_decode_pool_answered_the_one_before():
+    trace = make_trace("chatbot", num_requests=40, rate=4.0, seed=3, think_time=0.5)
+    deployment = Deployment.of(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1", turns_after_answers=True)
+    sim = simulate_pools(deployment, trace)
     assert sim.metrics.num_completed == len(trace)
     assert turns_wait(sim.requests, trace) > 5
+
+
+@pytest.mark.parametrize("clients", [{"concurrency": 1}, {"turns_after_answers": True}])
+def test_a_turn_the_prefill_pool_refused_ends_its_conversation(clients):
+    # (a closed loop's clients drop the conversation too, as vLLM's multi-turn benchmark does)
+    deployment = Deployment.of(model="llama-3.1-8b", gpu="h100-sxm", policy="vllm-v1", max_model_len=128,
+                               turns_after_answers=clients.get("turns_after_answers", False))
+    trace = Trace([turn("a0", "A"), turn("b0", "B", arrival=0.01),
+                   turn("a1", "A", 1, arrival=1.0, think=0.1, prompt_len=300),     # past the context: refused
+                   turn("b1", "B", 1, arrival=1.0, think=0.1), turn("a2", "A", 2, arrival=2.0, think=0.1)])
+    sim = simulate_pools(deployment, trace, clients.get("concurrency"))
+    records = {r.request_id: r for r in sim.requests}
+    assert sorted(records) == ["a0", "a1", "b0", "b1"] and records["a1"].rejected     # a2 never sent
 
 
 def test_a_closed_loop_refuses_turns_after_answers_in_one_line(tmp_path):
