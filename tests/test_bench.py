@@ -16,6 +16,9 @@ from serve_helpers import save_byte_model
 from workloads import make_trace
 from workloads.clients import ClientKnobs, TurnQueue
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -66,6 +66,7 @@ def test_every_tenant_computes_the_shared_prefix_once_in_the_simulator():
     assert unsalted - four == (len(first) - 1) * prefix_blocks * 16    # each further tenant misses it once
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_the_live_engine_and_the_simulator_hit_the_same_salted_blocks(llama_dir):
     from planner.validation.run import validate
     from planner.validation.spec import ValidationSpec
@@ -89,6 +90,7 @@ def test_the_live_engine_and_the_simulator_hit_the_same_salted_blocks(llama_dir)
     assert hit(unsalted) == unsalted.simulated["prefix_cache_hit_tokens"] > hit(v)
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_a_live_fleet_routes_each_tenants_prompts_by_their_salted_blocks_as_simulated(llama_dir, tmp_path):
     from engine.core.routing import parse_policy
     from planner.validation.fleet import validate_fleet

@@ -146,6 +146,7 @@ def test_profile_refuses_what_an_ngram_measurement_ignores_and_names_a_bad_gpu_i
     refused(run("profile", "--gpu", "bogus", "--quick"), "unknown GPU 'bogus'")
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_a_server_that_takes_connections_and_says_nothing_is_named_at_the_first_read():
     import socket
 

@@ -22,6 +22,9 @@ from tiny_models import save_tiny_model
 from workloads import TraceRequest, make_trace
 from workloads.clients import ClientKnobs, TurnQueue
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):

@@ -140,6 +140,7 @@ def test_planner_workload_import_reads_conversations(tmp_path, chat_tokenizer):
     assert untokenized.exit_code != 0 and "--tokenizer: a conversations file holds text" in untokenized.output
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_live_turns_send_back_the_live_answers_as_the_simulated_ones_the_traces(tmp_path, chat_tokenizer):
     # The live model's answer takes the trace's place in the next turn's history (as the benchmark sends the
     # server's answer back), so the live prefix cache hits it as the simulated one hits the trace's: the same

@@ -31,6 +31,7 @@ def test_command_prints_the_numbers_it_printed_before(name, tmp_path, monkeypatc
     assert not differences, "\n".join(differences[:20])
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_live_validation_simulates_what_it_simulated_before(monkeypatch):
     from engine.deployment import Deployment
     from planner.catalog import resolve_gpu, resolve_model

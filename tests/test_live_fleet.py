@@ -19,6 +19,9 @@ from engine.entrypoints.router.proxy import Proxy, build_proxy_app
 from serve_helpers import wait_until
 from sim_helpers import ConstantCost
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 URLS = ["http://replica0", "http://replica1"]
 
 PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -137,6 +137,7 @@ def test_workload_import_of_a_mooncake_trace(tmp_path):
     assert wrong.exit_code == 2 and "--hash-block-size: not used with --format azure" in wrong.output
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_the_live_engine_hits_the_blocks_the_simulator_hits(tmp_path):
     # a log hashed at 16 tokens a block (the shapes above, lengths / 32): the live prefix cache hits what the
     # simulated one hits, step for step

@@ -19,6 +19,9 @@ from tests.test_profile import TINY_GRID, tiny_model  # noqa: F401  (the fixture
 from tiny_models import save_tiny_model
 from workloads import make_trace
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 def _along(model, tmp_path, span_s=1.0, repeats=3) -> ProfileAlong:
     options = ProfileOptions(Deployment(model=str(model), gpu="cpu"), quick=True, repeats=repeats, grid_overrides=TINY_GRID)

@@ -23,6 +23,9 @@ from planner.profile.schema import load_profile, save_profile
 from planner.profile.run import ProfileOptions, run_profile
 from tiny_models import save_tiny_model
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 SMALL_GRID = dict(prefill_tokens=[16, 64], prefill_seqs=[1], decode_batch=[1, 4], decode_context=[16, 64],
                   host_batch=[1, 8], block_counts=[1, 4], warmup=0)
 

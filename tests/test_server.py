@@ -20,6 +20,9 @@ from engine.entrypoints.openai.server import BackgroundServer
 from serve_helpers import save_byte_model
 from tiny_models import save_tiny_model
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 NUM_BLOCKS = 256
 MODEL = "tiny"
 

@@ -19,6 +19,9 @@ from engine.entrypoints.openai.server import BackgroundServer, exposure_warning,
 from engine.llm_engine import LLMEngine
 from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 MODEL = "tiny"
 
 

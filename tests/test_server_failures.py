@@ -34,6 +34,9 @@ from engine.entrypoints.router.proxy import Proxy, build_proxy_app
 from engine.llm_engine import LLMEngine
 from serve_helpers import engine_idle, metric, save_byte_model, sse_events, wait_until
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 MODEL = "tiny"
 POISON = [5, 300, 7, 300, 5]   # a prompt only the failing requests start with (300: no byte's token)
 

@@ -24,6 +24,9 @@ from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from serve_helpers import save_byte_model
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 KEY = "s3cret"
 
 

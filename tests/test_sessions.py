@@ -244,6 +244,7 @@ def live_spec(llama_dir, **knobs) -> ValidationSpec:
                           params=(("think_time", 0.05),))
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_the_live_engine_sends_a_turn_its_think_time_after_the_answer_as_the_simulator(llama_dir):
     spec = live_spec(llama_dir)
     trace = spec.trace()
@@ -252,6 +253,7 @@ def test_the_live_engine_sends_a_turn_its_think_time_after_the_answer_as_the_sim
     assert turns_wait(v.sim_requests, trace) == turns_wait(v.live.requests, trace, exact=False, slack=0.05) > 2
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_a_live_fleet_sends_a_turn_after_its_answer_as_the_simulated_fleet(llama_dir):
     from planner.sim.router import parse_router
     from planner.validation.fleet import validate_fleet

@@ -86,6 +86,7 @@ def test_answer_ids_must_match_the_output_length():
         TraceRequest(request_id="a", arrival_time=0, prompt_len=2, output_len=3, output_token_ids=[1, 2])
 
 
+@pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
 def test_validate_simulates_with_the_curves_the_live_run_measured():
     """validate --speculative ngram:K: the live counters become the deployment's three curves, which the
     simulator's proposer then draws from (those given on the command line win)."""

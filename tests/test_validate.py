@@ -16,6 +16,9 @@ from planner.validation.report import write_report
 from sim_helpers import ConstantCost
 from tiny_models import save_tiny_model
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):

@@ -12,6 +12,9 @@ from engine.entrypoints.openai.server import BackgroundServer
 from planner.validation.external import measured_records, read_measured
 from serve_helpers import save_byte_model
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):

@@ -16,6 +16,9 @@ from sim_helpers import sim_plan
 from tiny_models import save_tiny_model
 from workloads import make_trace
 
+# It reads the wall clock (a live engine, a server, a time limit): scripts/test.sh runs it alone.
+pytestmark = pytest.mark.serial
+
 
 class NoisyConstantCost:
     """A ConstantCost with the parts and residual spread NoisyCost draws from (a calibrated model's interface)."""
