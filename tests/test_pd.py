@@ -167,7 +167,7 @@ def test_a_run_whose_requests_are_all_refused_still_has_a_verdict():
     assert result.document()["pd"]["prefill"]["utilization"] is None
     assert result.metrics.num_completed == 0
     assert "prefill: 0% busy" in result.verdict["lines"][0]
-    assert "1 request rejected, 0 truncated (reasons below)." in result.verdict["lines"]
+    assert "NOTHING SERVED: its one request was rejected (reasons below)." in result.verdict["lines"]
 
 
 def test_a_closed_loop_runs_through_both_pools():

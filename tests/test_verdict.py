@@ -120,6 +120,41 @@ def test_rejected_requests_are_summarized_with_reasons(tmp_path):
     assert "exceeds the model" in html
 
 
+
+def test_a_rejected_request_waits_only_until_it_is_rejected_even_the_first_at_time_zero():
+    # Requests that keep up, all but the first rejected on arrival. A rejection at t = 0 once read as "never
+    # started", one request waiting all run long: with the others' queue that made a light load SATURATED.
+    records = _records(arrival_rate=1.0, service_rate=2.0, n=200)
+    records[0] = RequestRecord("0", 0.0, 3000, 10, finish=0.0, rejected=True, reject_reason="too long")
+    window = steady_window(records)
+    trend = queue_trend(records, window)
+    assert trend["max_waiting"] == 0 and not trend["growing"]
+
+
+def test_a_run_that_rejects_every_request_says_nothing_was_served_and_what_to_change(tmp_path):
+    doc = run_document(run_spec(Deployment(max_model_len=8), workload="sharegpt", rate=1.0, requests=60))
+    v = doc["verdict"]
+    assert v["num_rejected"] == 60 and v["bound"] == "rejections" and v["state"] == "unknown"
+    assert not v["saturated"] and not v["overloaded"]
+    assert "NOTHING SERVED: every one of the 60 requests was rejected" in v["lines"][1]
+    assert not any("Bound by" in line or "SATURATED" in line for line in v["lines"])
+    # the run's own context limit rejected them: the next run drops it (not a lower rate)
+    assert v["next_commands"][0]["command"] == doc["command"].replace(" --max-model-len 8", "")
+    # prompts past the whole KV cache: more GPUs
+    cache = run_document(run_spec(Deployment(num_gpu_blocks=2, max_model_len=32, policy="paper"), workload="parallel",
+                                  rate=1.0, requests=20))["verdict"]
+    assert cache["bound"] == "rejections" and "--tp 2" in cache["next_commands"][0]["command"]
+    # past the model's own context: nothing in the planner's flags helps
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(json.dumps({"request_id": f"r{i}", "arrival_time": i, "prompt_len": 3000,
+                                         "output_len": 8}) + "\n" for i in range(20)))
+    own = run_document(run_spec(workload=str(trace)))["verdict"]
+    assert own["bound"] == "rejections" and own["next_commands"] == []
+    # the console names one example of each reason, as an example
+    result = invoke("simulate", "--trace", trace, "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert "20 requests, e.g. r0: prompt of 3000 tokens exceeds the model's limit of 2048" in result.output
+
 def test_guardrails_refuse_what_vllm_refuses():
     with pytest.raises(PlannerError, match=r"holds 1136 tokens .* max_model_len is 2048: vLLM refuses to start"):
         plan_deployment(Deployment(gpu_memory_utilization=0.64))

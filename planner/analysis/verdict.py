@@ -40,7 +40,8 @@ Definitions (stated in every report):
 - Bound: "arrival rate" when the engine keeps up (it waits for work);
   otherwise "memory" when the cache was full for at least TIGHT_FULL_SHARE of
   the window or requests were preempted, else "compute" (steps are long, or
-  the batch is capped at max_num_seqs).
+  the batch is capped at max_num_seqs); "rejections" when every request was
+  rejected (nothing reached the engine: the state is "unknown").
 """
 from __future__ import annotations
 
@@ -96,10 +97,11 @@ def steady_window(records: list[RequestRecord]) -> Window | None:
 
 
 def queue_series(records: list[RequestRecord], times: list[float]) -> tuple[list[int], list[int]]:
-    """(waiting, in system) at each time: waiting = arrived, not yet scheduled once; in system = not finished."""
+    """(waiting, in system) at each time: waiting = arrived, not yet scheduled once (a rejected request
+    waits until it is rejected); in system = not finished."""
     arrived = sorted(r.arrival for r in records)
-    started = sorted(r.first_scheduled if r.first_scheduled is not None else (r.finish or math.inf)
-                     for r in records)
+    started = sorted(r.first_scheduled if r.first_scheduled is not None else
+                     r.finish if r.finish is not None else math.inf for r in records)
     finished = sorted(r.finish if r.finish is not None else math.inf for r in records)
     waiting, in_system = [], []
     for t in times:
@@ -290,8 +292,9 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     clients = params.get("concurrency")
     # with a rate too, the clients' limit on requests in flight holds arrivals back when it is mostly reached
     gate = clients if clients and timed and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
-    load = _load(trend, short, steady, steps, window, params.get("max_num_seqs"),
-                 None if timed else clients, gate)
+    nothing_served = bool(records) and all(r.rejected for r in records)
+    load = (_all_rejected() if nothing_served else
+            _load(trend, short, steady, steps, window, params.get("max_num_seqs"), None if timed else clients, gate))
     slo_status = good = None
     if slos:
         slo_status = {k: {"limit": v, "value": doc.get(k), "met": doc.get(k) is not None and doc[k] <= v,
@@ -301,8 +304,9 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     if slos and attainment is not None:
         share = slo_attainment({**good, "num_submitted": doc.get("num_submitted")})
         judged = {"target": attainment, "share": share, "met": share is not None and share >= attainment}
-    next_commands = _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
-                                   enough or ENOUGH_REQUESTS, timed, most_clients)
+    next_commands = (_next_after_rejections(records, params, command) if nothing_served else
+                     _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
+                                    enough or ENOUGH_REQUESTS, timed, most_clients))
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
@@ -359,6 +363,28 @@ def _load(trend: dict | None, short: bool, steady: dict | None, steps: list[Step
             "kv_full_share": kv_full, "bound": bound, "bound_reason": why}
 
 
+def _all_rejected() -> dict:
+    """The load of a run whose every request was rejected: nothing reached the engine to judge."""
+    return {"state": "unknown", "overloaded": False, "inconclusive": False, "saturated": False, "kv_full_share": None,
+            "bound": "rejections", "bound_reason": "every request was rejected before it reached the engine"}
+
+
+def _next_after_rejections(records: list[RequestRecord], params: dict,
+                           command: Callable[..., str] | None) -> list[dict]:
+    """What to change when every request was rejected, for the commonest reason (the scheduler's words,
+    engine/core/scheduler.py)."""
+    if command is None:
+        return []
+    reason = summarize_reasons(records)[0]["reason"]
+    if "exceeds the model's limit" in reason:
+        if "--max-model-len" in command().split():       # a limit of this run's own, below the model's
+            return [{"command": command(max_model_len=None), "why": "the model's own context length"}]
+        return []          # past the model's own context: shorter prompts or another model
+    if "more KV cache than the whole cache" in reason:
+        return [{"command": command(tp=params.get("tp", 1) * 2), "why": "twice the GPUs, more than twice the KV cache"}]
+    return []
+
+
 def _ramp_up_of(trace_params: dict) -> RampUp | None:
     """The ramp-up a trace was timed by, None without one."""
     strategy = trace_params.get("ramp_up_strategy")
@@ -398,6 +424,35 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
     curve = ramp_line(v["ramp_up_profile"] or [])
     if curve:
         lines.append(curve)
+    if v["bound"] == "rejections":
+        n = v["num_rejected"]
+        which = "its one request was" if n == 1 else f"every one of the {n} requests was"
+        lines.append(f"NOTHING SERVED: {which} rejected (reasons below).")
+    else:
+        lines += _load_lines(v, doc, window)
+    judged = v["slo_attainment"]
+    if judged:
+        lines.append(f"SLO attainment {'met' if judged['met'] else 'missed'}: {100 * (judged['share'] or 0):.4g}% of "
+                     f"the requests within every limit (target {100 * judged['target']:.4g}%). Goodput "
+                     f"{_fmt_rate(v['goodput']['request_goodput'])}.")
+    elif v["slos"]:
+        missed = [k for k, s in v["slos"].items() if not s["met"]]
+        good, submitted = v["goodput"], doc.get("num_submitted") or 0
+        share = f": {good['num_good'] / submitted:.0%} of the requests within every limit" if submitted else ""
+        lines.append(("SLOs met" if not missed else f"SLOs missed: {', '.join(missed)}")
+                     + f". Goodput {_fmt_rate(good['request_goodput'])}{share}.")
+    if (v["num_rejected"] or v["num_truncated"]) and v["bound"] != "rejections":
+        rejected = v["num_rejected"]
+        lines.append(f"{rejected} request{'' if rejected == 1 else 's'} rejected, {v['num_truncated']} truncated "
+                     f"(reasons below).")
+    if v["next_commands"]:
+        lines.append(f"Next: {v['next_commands'][0]['command']}  ({v['next_commands'][0]['why']})")
+    return lines
+
+
+def _load_lines(v: dict, doc: dict, window: Window | None) -> list[str]:
+    """The lines on the run's load: its queue, whether its window could judge it, its memory, what bound it."""
+    lines, trend = [], v["queue"]
     if trend is not None:
         lines.append(_queue_line(v, trend, doc))
     if v["window_too_short"]:
@@ -410,23 +465,6 @@ def _verdict_lines(v: dict, doc: dict, steady: dict | None, window: Window | Non
         lines.append(f"KV cache full {kv_full:.0%} of the steady window; {preemptions} preemptions in the run"
                      + (" (memory is tight: latency suffers before the queue grows)." if tight else "."))
     lines.append(f"Bound by {v['bound']}: {v['bound_reason']}.")
-    judged = v["slo_attainment"]
-    if judged:
-        lines.append(f"SLO attainment {'met' if judged['met'] else 'missed'}: {100 * (judged['share'] or 0):.4g}% of "
-                     f"the requests within every limit (target {100 * judged['target']:.4g}%). Goodput "
-                     f"{_fmt_rate(v['goodput']['request_goodput'])}.")
-    elif v["slos"]:
-        missed = [k for k, s in v["slos"].items() if not s["met"]]
-        good, submitted = v["goodput"], doc.get("num_submitted") or 0
-        share = f": {good['num_good'] / submitted:.0%} of the requests within every limit" if submitted else ""
-        lines.append(("SLOs met" if not missed else f"SLOs missed: {', '.join(missed)}")
-                     + f". Goodput {_fmt_rate(good['request_goodput'])}{share}.")
-    if v["num_rejected"] or v["num_truncated"]:
-        rejected = v["num_rejected"]
-        lines.append(f"{rejected} request{'' if rejected == 1 else 's'} rejected, {v['num_truncated']} truncated "
-                     f"(reasons below).")
-    if v["next_commands"]:
-        lines.append(f"Next: {v['next_commands'][0]['command']}  ({v['next_commands'][0]['why']})")
     return lines
 
 

@@ -224,7 +224,9 @@ def print_verdict(console: Console, verdict: dict, warnings: list[str] = (), not
     for line in verdict.get("lines", []):
         console.print(f"  {line}", highlight=False, markup=False)
     for entry in verdict.get("rejected") or []:
-        console.print(f"  {entry['count']} requests: {entry['reason']}", highlight=False, markup=False)
+        count, example = entry["count"], entry["example_request"]     # (the reason is the example's own words)
+        which = f"1 request ({example})" if count == 1 else f"{count} requests, e.g. {example}"
+        console.print(f"  {which}: {entry['reason']}", highlight=False, markup=False)
     for w in warnings:
         console.print(f"  warning: {w}", highlight=False, markup=False)
     if notes:

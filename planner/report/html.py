@@ -200,7 +200,8 @@ def spec_section(stats: dict) -> list[str]:
 def run_report(doc: dict, plots: dict[str, Path], title: str) -> str:
     """The HTML of one simulated run (its result document and its PNG plots)."""
     v = doc.get("verdict", {})
-    body = [verdict_box(v.get("lines", []), bad=v.get("state") in ("overloaded", "saturated"))]
+    bad = v.get("state") in ("overloaded", "saturated") or v.get("bound") == "rejections"
+    body = [verdict_box(v.get("lines", []), bad=bad)]
     if doc.get("warnings"):
         body += ["<h2>Warnings</h2>", bullet_list(doc["warnings"], "warn")]
     body += ["<h2>Memory plan</h2>", memory_plan_table(doc.get("memory_plan"), doc),
