@@ -1,6 +1,8 @@
 """The capacity report's lines (planner/sizing/capacity.py)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -71,3 +73,49 @@ def test_slo_attainment_is_a_share():
                                       "--slo-attainment", "0.9"])
     assert result.exit_code == 2 and "--slo-attainment judges the share of requests within the --slo limits" in \
         result.output
+
+
+def test_a_capacity_whose_requests_cannot_run_at_any_rate_says_so_after_one_probe(tmp_path):
+    # Every request needs more than the whole KV cache: its lengths, not its rate, reject it, so halving the
+    # rate down to the lowest would replay the same refusals; the one probe says so, and what to change.
+    result = CliRunner().invoke(app, ["capacity", "--model", "opt-125m", "--gpu", "a100-40g", "--policy", "paper",
+                                      "--num-gpu-blocks", "2", "--max-model-len", "32", "--workload", "parallel",
+                                      "--slo", "ttft_p99=2", "--out", str(tmp_path / "kv"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["capacity_rate"] is None and [p["rate"] for p in doc["probes"]] == [1.0]
+    lines = doc["verdict"]["lines"]
+    assert lines[0].startswith("No capacity: every request was rejected at 1 req/s, as it would be at any rate (")
+    assert "needs more KV cache than the whole cache holds" in lines[0]
+    assert doc["verdict"]["next_command"].startswith("planner capacity") and "--tp 2" in doc["verdict"]["next_command"]
+    assert (tmp_path / "kv" / "capacity.png").stat().st_size > 0      # panels with no value plot too
+    # some requests served (truncated at a context limit of the run's own), the rest rejected: the search
+    # goes on, and the remedy is the model's own context, not more GPUs
+    own = capacity(Deployment(model="opt-125m", gpu="a100-40g", max_model_len=8), slos="ttft_p99=2",
+                   workload="sharegpt", requests=100)
+    assert own.rate is None and len(own.document["probes"]) > 1
+    assert own.document["verdict"]["next_command"] == own.spec.command(capacity=True, max_model_len=None)
+
+
+def test_a_probe_that_serves_nothing_after_a_good_one_is_only_a_miss():
+    from planner.sizing.capacity import search_capacity
+    from planner.sizing.probe import Probe
+
+    def probe(rate):       # meets the SLOs up to 3 req/s, rejects everything above (not a real engine's way)
+        doc = {"num_submitted": 10, "num_rejected": 0 if rate <= 3 else 10}
+        return Probe(rate, rate <= 3, doc)
+    found = search_capacity(probe, start=1.0, min_rate=0.01, max_rate=64.0, rel_tol=0.05)
+    assert 2.85 <= found.rate <= 3 < found.bad and found.bounded
+    nothing = search_capacity(lambda rate: Probe(rate, False, {"num_submitted": 5, "num_rejected": 5}),
+                              start=1.0, min_rate=0.01, max_rate=64.0, rel_tol=0.05)
+    assert nothing.rate is None and len(nothing.probes) == 1
+
+
+def test_prompts_past_the_models_own_context_leave_no_command_to_run(tmp_path):
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(json.dumps({"request_id": f"r{i}", "arrival_time": i, "prompt_len": 3000,
+                                         "output_len": 8}) + "\n" for i in range(20)))
+    found = capacity(Deployment(model="opt-125m", gpu="a100-40g"), slos="ttft_p99=2", workload=str(trace))
+    assert found.rate is None and len(found.document["probes"]) == 1
+    assert found.document["verdict"]["next_command"] is None
+    assert found.document["verdict"]["lines"][-1].startswith("No setting of this run admits its requests")

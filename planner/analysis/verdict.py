@@ -369,20 +369,34 @@ def _all_rejected() -> dict:
             "bound": "rejections", "bound_reason": "every request was rejected before it reached the engine"}
 
 
+def served_nothing(doc: dict) -> bool:
+    """Whether a run (its result document) rejected every request it was sent."""
+    return bool(doc.get("num_submitted")) and doc.get("num_rejected") == doc["num_submitted"]
+
+
+def rejection_remedy(reasons: list[dict], tp: int, own_max_model_len: bool) -> tuple[dict, str] | None:
+    """The change of settings (and why) that would admit a run's rejected requests, by the commonest of its
+    `reasons` (summarize_reasons: the scheduler's words, engine/core/scheduler.py); None when no setting of
+    the run's helps. `own_max_model_len`: the run set a context limit of its own (--max-model-len)."""
+    reason = reasons[0]["reason"] if reasons else ""
+    if "exceeds the model's limit" in reason:
+        # past a limit of the run's own: the model's; past the model's own: shorter prompts or another model
+        return ({"max_model_len": None}, "the model's own context length") if own_max_model_len else None
+    if "more KV cache than the whole cache" in reason:
+        return {"tp": 2 * tp}, "twice the GPUs, more than twice the KV cache"
+    return None
+
+
 def _next_after_rejections(records: list[RequestRecord], params: dict,
                            command: Callable[..., str] | None) -> list[dict]:
-    """What to change when every request was rejected, for the commonest reason (the scheduler's words,
-    engine/core/scheduler.py)."""
+    """What to run next when every request was rejected."""
     if command is None:
         return []
-    reason = summarize_reasons(records)[0]["reason"]
-    if "exceeds the model's limit" in reason:
-        if "--max-model-len" in command().split():       # a limit of this run's own, below the model's
-            return [{"command": command(max_model_len=None), "why": "the model's own context length"}]
-        return []          # past the model's own context: shorter prompts or another model
-    if "more KV cache than the whole cache" in reason:
-        return [{"command": command(tp=params.get("tp", 1) * 2), "why": "twice the GPUs, more than twice the KV cache"}]
-    return []
+    remedy = rejection_remedy(summarize_reasons(records), params.get("tp", 1), "--max-model-len" in command().split())
+    if remedy is None:
+        return []
+    changes, why = remedy
+    return [{"command": command(**changes), "why": why}]
 
 
 def _ramp_up_of(trace_params: dict) -> RampUp | None:

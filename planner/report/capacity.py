@@ -19,11 +19,14 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
         else "concurrency"
     capacity, unit = doc.get(f"capacity_{x}"), "req/s" if x == "rate" else "clients"
     probes = sorted(doc["probes"], key=lambda p: p[x])
+    span = (probes[0][x] / 1.25, probes[-1][x] * 1.25)     # every panel's: one may have no point to plot
     attainment = doc.get("slo_attainment")       # judged by the share of requests within every limit
     keys = (["attainment"] if attainment is not None else []) + list(doc["slos"]) + ["request_throughput"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
     for ax, key in zip(axes[0], keys):
         pts = [(p[x], p.get(key), p["meets"]) for p in probes if p.get(key) is not None]
+        if not pts:           # e.g. a latency when no probe served a request
+            ax.text(0.5, 0.62, "no probe gave a value", transform=ax.transAxes, ha="center", color="gray")
         ax.plot([r for r, _, _ in pts], [v for _, v, _ in pts], color="tab:blue", linewidth=1)
         for r, v, ok in pts:
             ax.plot([r], [v], marker="o", color="tab:green" if ok else "tab:red", linestyle="none")
@@ -36,6 +39,7 @@ def write_capacity(doc: dict, out_dir: Path, title: str) -> dict[str, Path]:
         if capacity is not None:
             ax.axvline(capacity, color="black", linestyle=":", label=f"capacity {capacity:.3g} {unit}")
         ax.set_xscale("log", base=2)
+        ax.set_xlim(*span)
         ax.set_xlabel("request rate (requests/s)" if x == "rate" else "concurrent clients")
         ax.set_ylabel(PANEL_LABELS.get(key, key))
         ax.grid(alpha=0.3)

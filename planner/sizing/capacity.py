@@ -22,7 +22,7 @@ from itertools import repeat
 from typing import Callable, Iterator
 
 from engine.core.metrics import slo_attainment, slo_quantity
-from planner.analysis.verdict import binding_slo
+from planner.analysis.verdict import binding_slo, rejection_remedy, served_nothing
 from planner.deploy.parallel import layout_suffix
 from planner.deploy.plan import resolved
 from planner.documents import SCHEMA_VERSION, json_safe
@@ -58,18 +58,30 @@ class Capacity:
         return Hint(self.rate, self.bad)
 
 
+class _NothingServed(Exception):
+    """A probe rejected every request before any probe met the SLOs: so would every lower rate."""
+
+
 def search_capacity(probe: Callable[[float], Probe], *, start: float, min_rate: float, max_rate: float,
                     rel_tol: float, hint: Hint | None = None) -> Capacity:
+    """The bracket search. A probe that rejects every request (too long for the context or the whole KV
+    cache: its lengths, not its rate) ends a search that has found no good rate yet: a lower rate replays
+    the same requests, or with --duration fewer of them, and would reject them all too."""
     check_rates(start, min_rate, max_rate, rel_tol)
     probes: list[Probe] = []
 
     def ok(rate: float) -> bool:
         probes.append(probe(rate))
+        if served_nothing(probes[-1].doc) and not any(p.ok for p in probes):
+            raise _NothingServed
         return probes[-1].ok
 
     first, steps = _plan(start, min_rate, max_rate, rel_tol, hint)
-    good, bad, bounded = bracket(ok, first=first, steps=steps, min_rate=min_rate, max_rate=max_rate,
-                                 rel_tol=rel_tol)
+    try:
+        good, bad, bounded = bracket(ok, first=first, steps=steps, min_rate=min_rate, max_rate=max_rate,
+                                     rel_tol=rel_tol)
+    except _NothingServed:
+        return Capacity(None, probes[-1].rate, probes, bounded=True)
     return Capacity(good, bad, probes, bounded=bounded)
 
 
@@ -201,9 +213,10 @@ def capacity_document(spec: RunSpec, slos: dict[str, float], found: Capacity, cl
         lines += [f"At capacity: {line}" for line in run_lines[:pools] + run_lines[1 + pools:3 + pools]]
     nxt = _next_command(spec, found, clients)
     lines.append(nxt)
+    command = nxt.split("  (")[0].removeprefix("Next: ") if nxt.startswith("Next: ") else None
     key = "concurrency" if clients else "rate"
     verdict = {f"capacity_{key}": found.rate, "binding_slo": binding, f"first_missing_{key}": found.bad,
-               "cost_model": cost_model, "next_command": nxt.split("  (")[0].removeprefix("Next: "), "lines": lines}
+               "cost_model": cost_model, "next_command": command, "lines": lines}
     return json_safe({
         "schema_version": SCHEMA_VERSION, "capacity_rate": None if clients else found.rate,
         "capacity_concurrency": found.rate if clients else None, "bounded": found.bounded, "slos": slos,
@@ -229,6 +242,16 @@ def _unit(clients: bool) -> str:
 
 def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     if found.rate is None:
+        lowest = found.probes[-1].doc      # its rejections are its requests' lengths, not its rate: the remedy
+        if lowest.get("num_rejected") and spec.pd is None:
+            d = spec.deployment
+            remedy = rejection_remedy((lowest.get("verdict") or {}).get("rejected") or [], d.tp,
+                                      d.max_model_len is not None)
+            if remedy is not None:
+                changes, why = remedy
+                return f"Next: {spec.command(capacity=True, **changes)}  ({why})"
+            if served_nothing(lowest):
+                return "No setting of this run admits its requests: shorter prompts, or a model with a longer context."
         if spec.pd is not None:       # a pool's own --*-tp would override a run-wide --tp: more replicas instead
             more = replace(spec.pd, prefill=spec.pd.prefill + 1, decode=spec.pd.decode + 1)
             return f"Next: {spec.command(pd=more, capacity=True)}  (a replica more in each pool, or relax the SLOs)"
@@ -243,6 +266,12 @@ def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
 def _capacity_lines(found: Capacity, at: dict, lowest: float, clients: bool) -> list[str]:
     unit = _unit(clients)
     if found.rate is None:
+        last = found.probes[-1].doc
+        if served_nothing(last):
+            first = ((last.get("verdict") or {}).get("rejected") or [{}])[0]
+            example = f" ({first['example_request']}: {first['reason']})" if first else ""
+            return [f"No capacity: every request was rejected at {lowest:.3g} {unit}, as it would be at any "
+                    f"{'number' if clients else 'rate'}{example}."]
         return [f"The SLOs are not met even at {lowest:.3g} {unit} (the lowest tried)."]
     served = f" (serving {at.get('request_throughput', 0):.3g} req/s)" if clients else ""
     capacity = f"Capacity: {found.rate:.3g} {unit}{served}"
