@@ -99,6 +99,20 @@ def test_too_few_requests_for_a_steady_window_are_told_to_give_more(tmp_path):
     assert short_file["bound"] == "unknown" and short_file["next_commands"] == []
 
 
+
+def test_a_window_too_short_to_judge_asks_for_the_rates_next_with_enough_requests():
+    # It kept up over a window too short to judge: the rates to try next need a window that can judge them.
+    doc = run_document(run_spec(Deployment(model="opt-125m", gpu="a100-40g"), workload="prefix", rate=100.0,
+                                requests=20))
+    v = doc["verdict"]
+    assert v["window_too_short"] and v["bound"] == "arrival rate" and v["steady_requests"] > 20
+    assert v["next_commands"][0]["command"] == doc["command"].replace(
+        "--rate 100.0 --requests 20", f"--rate 100,150,200,300 --requests {v['steady_requests']}")
+    # long enough: the run's own count stays
+    long = run_document(run_spec(Deployment(model="opt-125m", gpu="a100-40g"), workload="prefix", rate=100.0,
+                                 requests=400))["verdict"]
+    assert not long["window_too_short"] and "--requests 400" in long["next_commands"][0]["command"]
+
 def test_chatbot_offered_rate_differs_from_requested():
     doc = run_document(run_spec(workload="chatbot", rate=1.0, requests=120))
     v = doc["verdict"]

@@ -306,7 +306,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
         judged = {"target": attainment, "share": share, "met": share is not None and share >= attainment}
     next_commands = (_next_after_rejections(records, params, command) if nothing_served else
                      _next_commands(load["bound"], params, requested, doc.get("request_throughput"), command,
-                                    enough or ENOUGH_REQUESTS, timed, most_clients))
+                                    enough, timed, most_clients))
     # (a P/D run's deployment settings may be a pool's own: the pools' remedy is said with their verdict)
     if command is not None and "max_num_seqs" in load["bound_reason"] and not params.get("pd"):
         next_commands.insert(0, {"command": command(max_num_seqs=2 * params["max_num_seqs"]),
@@ -529,20 +529,23 @@ def _next_closed_loop_commands(bound: str, params: dict, command: Callable[..., 
 
 
 def _next_commands(bound: str, params: dict, requested: float | None, served: float | None,
-                   command: Callable[..., str] | None, enough: int = ENOUGH_REQUESTS,
+                   command: Callable[..., str] | None, enough: int | None = None,
                    timed: bool = False, most_clients: int | None = None) -> list[dict]:
+    """`enough`: the requests a steady window long enough to judge needs, when the run's was too short."""
     if command is None:
         return []
     if params.get("concurrency"):
         return _next_closed_loop_commands(bound, params, command, most_clients)
     base = requested or served or 1.0
+    trace_file = "--trace" in command().split()          # a trace file holds only the requests it has
+    longer = {"requests": enough, "duration": None} if enough and not trace_file else {}
     if bound == "arrival rate":
         rates = ",".join(_round_rate(base * f) for f in (1, 1.5, 2, 3))
-        return [{"command": command(rate=rates), "why": "find where the queue starts to grow"},
+        return [{"command": command(rate=rates, **longer), "why": "find where the queue starts to grow"},
                 {"command": command(capacity=True), "why": "the highest rate within an SLO"}]
     if bound in ("memory", "compute"):
         lower = ",".join(_round_rate(base * f) for f in (0.5, 0.75, 0.9))
-        cmds = [{"command": command(rate=lower), "why": "rates this setup can sustain"}]
+        cmds = [{"command": command(rate=lower, **longer), "why": "rates this setup can sustain"}]
         tp = params.get("tp", 1)
         if params.get("pd"):        # more GPUs for a P/D run: its binding pool's replicas (planner/runs/pipeline.py)
             return cmds
@@ -552,9 +555,10 @@ def _next_commands(bound: str, params: dict, requested: float | None, served: fl
             cmds.append({"command": command(tp=tp * 2), "why": "split the compute over more GPUs"})
         return cmds
     if timed:     # arrivals spread already: too few of them for a steady window
-        if "--trace" in command().split():        # a trace file holds only the requests it has
+        if trace_file:
             return []
-        return [{"command": command(requests=enough, duration=None), "why": "enough requests for a steady window"}]
+        return [{"command": command(requests=enough or ENOUGH_REQUESTS, duration=None),
+                 "why": "enough requests for a steady window"}]
     return [{"command": command(rate=_round_rate(base)), "why": "give a rate so arrivals spread out"}]
 
 
