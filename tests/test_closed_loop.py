@@ -128,6 +128,15 @@ def test_capacity_in_clients_stops_at_the_traces_requests():
     assert "give more --requests" in found.document["verdict"]["lines"][0]
 
 
+
+def test_a_search_of_clients_that_finds_none_suggests_a_search_of_clients():
+    # not one client within the SLO: the next search is of clients again (it read as a rate search once)
+    found = capacity(H100, slos={"ttft_p99": 1e-6}, workload="random", params={"input_len": 256, "output_len": 16},
+                     requests=20, clients=True)
+    assert found.rate is None
+    assert found.document["verdict"]["next_command"].endswith("--slo ttft_p99=1e-06 --concurrency max")
+    assert "--tp 2" in found.document["verdict"]["next_command"]
+
 @pytest.mark.parametrize("command", [["simulate", "--concurrency", "4"],
                                      ["capacity", "--concurrency", "max", "--slo", "tpot_p99=0.03"]])
 def test_a_duration_for_a_closed_loop_is_refused_in_one_line_before_anything_runs(command, tmp_path):

@@ -242,6 +242,8 @@ def _unit(clients: bool) -> str:
 
 def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     if found.rate is None:
+        def search(**changes) -> str:     # this search again, some settings changed: of clients if it was
+            return spec.command(capacity=True, **changes) + (" --concurrency max" if clients else "")
         lowest = found.probes[-1].doc      # its rejections are its requests' lengths, not its rate: the remedy
         if lowest.get("num_rejected") and spec.pd is None:
             d = spec.deployment
@@ -249,13 +251,13 @@ def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
                                       d.max_model_len is not None)
             if remedy is not None:
                 changes, why = remedy
-                return f"Next: {spec.command(capacity=True, **changes)}  ({why})"
+                return f"Next: {search(**changes)}  ({why})"
             if served_nothing(lowest):
                 return "No setting of this run admits its requests: shorter prompts, or a model with a longer context."
         if spec.pd is not None:       # a pool's own --*-tp would override a run-wide --tp: more replicas instead
             more = replace(spec.pd, prefill=spec.pd.prefill + 1, decode=spec.pd.decode + 1)
-            return f"Next: {spec.command(pd=more, capacity=True)}  (a replica more in each pool, or relax the SLOs)"
-        return f"Next: {spec.command(tp=spec.deployment.tp * 2, capacity=True)}  (more GPUs, or relax the SLOs)"
+            return f"Next: {search(pd=more)}  (a replica more in each pool, or relax the SLOs)"
+        return f"Next: {search(tp=spec.deployment.tp * 2)}  (more GPUs, or relax the SLOs)"
     at = {"concurrency": found.rate, "rate": None} if clients else {"rate": round(found.rate, 3)}
     lengthened = next((p.lengthened_to for p in found.probes if p.ok and p.rate == found.rate), None)
     if lengthened is not None:            # the run at capacity is the probe's: its trace was lengthened
