@@ -292,7 +292,7 @@ def analyse_run(doc: dict, records: list[RequestRecord], steps: list[StepRecord]
     clients = params.get("concurrency")
     # with a rate too, the clients' limit on requests in flight holds arrivals back when it is mostly reached
     gate = clients if clients and timed and (doc.get("mean_concurrency") or 0) >= 0.9 * clients else None
-    nothing_served = bool(records) and all(r.rejected for r in records)
+    nothing_served = served_nothing(doc)
     load = (_all_rejected() if nothing_served else
             _load(trend, short, steady, steps, window, params.get("max_num_seqs"), None if timed else clients, gate))
     slo_status = good = None
