@@ -20,9 +20,11 @@ for arg in "$@"; do
 done
 # The default suite in two passes: the tests that read the wall clock (marked `serial`: a live engine
 # timed against the simulator, a server's time limits) alone, as on an idle machine; then the rest on
-# every core (pytest-xdist), one torch thread per worker so that the workers do not oversubscribe them.
+# every core (pytest-xdist; at most 8 workers), one torch thread per worker so that the workers do not
+# oversubscribe them.
 # A pass that selects nothing (a test path or -k of the other kind) exits 5: not a failure, unless both do.
 alone=0; python -m pytest -q -m "serial and not slow and not gpu" "$@" || alone=$?
-rest=0; OMP_NUM_THREADS=1 python -m pytest -q -m "not serial and not slow and not gpu" -n "$(nproc)" "$@" || rest=$?
+workers=$(( $(nproc) < 8 ? $(nproc) : 8 ))       # each worker holds torch and a model or two: ~1.5 GB
+rest=0; OMP_NUM_THREADS=1 python -m pytest -q -m "not serial and not slow and not gpu" -n "$workers" "$@" || rest=$?
 passed() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
 passed "$alone" && passed "$rest" && [ "$alone$rest" != 55 ]
