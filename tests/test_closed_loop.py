@@ -134,8 +134,9 @@ def test_a_search_of_clients_that_finds_none_suggests_a_search_of_clients():
     found = capacity(H100, slos={"ttft_p99": 1e-6}, workload="random", params={"input_len": 256, "output_len": 16},
                      requests=20, clients=True)
     assert found.rate is None
-    assert found.document["verdict"]["next_command"].endswith("--slo ttft_p99=1e-06 --concurrency max")
-    assert "--tp 2" in found.document["verdict"]["next_command"]
+    command = found.document["verdict"]["next_command"]
+    assert "--slo ttft_p99=1e-06" in command and "--concurrency max" in command and "--tp 2" in command
+    assert command == found.spec.command(capacity=True, concurrency="max", tp=2)
 
 @pytest.mark.parametrize("command", [["simulate", "--concurrency", "4"],
                                      ["capacity", "--concurrency", "max", "--slo", "tpot_p99=0.03"]])

@@ -243,12 +243,11 @@ def _unit(clients: bool) -> str:
 def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     if found.rate is None:
         def search(**changes) -> str:     # this search again, some settings changed: of clients if it was
-            return spec.command(capacity=True, **changes) + (" --concurrency max" if clients else "")
+            return spec.command(capacity=True, **({"concurrency": "max"} if clients else {}), **changes)
         lowest = found.probes[-1].doc      # its rejections are its requests' lengths, not its rate: the remedy
         if lowest.get("num_rejected") and spec.pd is None:
             d = spec.deployment
-            remedy = rejection_remedy((lowest.get("verdict") or {}).get("rejected") or [], d.tp,
-                                      d.max_model_len is not None)
+            remedy = rejection_remedy(_rejections(lowest), d.tp, d.max_model_len is not None)
             if remedy is not None:
                 changes, why = remedy
                 return f"Next: {search(**changes)}  ({why})"
@@ -265,12 +264,17 @@ def _next_command(spec: RunSpec, found: Capacity, clients: bool) -> str:
     return f"Next: {spec.command(**at)}  (the full report at capacity: timeline, steady state)"
 
 
+def _rejections(doc: dict) -> list[dict]:
+    """A probe's rejected requests grouped by reason, commonest first (planner/analysis/verdict.py)."""
+    return (doc.get("verdict") or {}).get("rejected") or []
+
+
 def _capacity_lines(found: Capacity, at: dict, lowest: float, clients: bool) -> list[str]:
     unit = _unit(clients)
     if found.rate is None:
         last = found.probes[-1].doc
         if served_nothing(last):
-            first = ((last.get("verdict") or {}).get("rejected") or [{}])[0]
+            first = (_rejections(last) or [None])[0]
             example = f" ({first['example_request']}: {first['reason']})" if first else ""
             return [f"No capacity: every request was rejected at {lowest:.3g} {unit}, as it would be at any "
                     f"{'number' if clients else 'rate'}{example}."]
