@@ -93,9 +93,9 @@ def simulate(target: Deployment | RunSpec | None = None, *, seeds: int = 1, prog
     """One simulated run (with `seeds` > 1, the first seed's result carrying every metric's interval)."""
     check_type("seeds", seeds, int)
     simulation = Simulation.prepare(run_spec(target, **load))
-    if warn is not None:
-        warn(list(simulation.plan.warnings))
     trace = simulation.spec.load.trace()
+    if warn is not None:
+        warn(simulation.warnings(trace))
     result, others = run_seeds(simulation, seeds, progress=progress, trace=trace)
     result.profile_check = check_cost_model(simulation.cost_model, simulation.spec.deployment.model).as_dict()
     if others:

@@ -146,6 +146,18 @@ def test_bench_drops_a_conversation_whose_turn_the_server_refused(server, tmp_pa
     assert sorted(rows) == ["a0", "a1", "b0", "b1"] and doc["num_failed"] == 1
 
 
+def test_bench_says_when_turns_after_answers_finds_no_conversation_to_time(server, tmp_path):
+    from workloads import Trace, TraceRequest
+    path = Trace([TraceRequest(request_id=f"r{i}", arrival_time=0.0, prompt_len=10, output_len=2)
+                  for i in range(2)]).save(tmp_path / "plain.jsonl")
+    result = CliRunner().invoke(app, ["bench", "--endpoint", server.url, "--trace", str(path), "--prompt-format",
+                                      "tokens", "--turns-after-answers", "--out", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_completed"] == 2
+    assert result.stderr.startswith("warning: --turns-after-answers: the trace has no conversation with a later "
+                                    "turn")
+
+
 def test_bench_sends_a_turn_its_think_time_after_the_answer_before_it(server, tmp_path):
     # --turns-after-answers: first turns at their trace times, each later one its think time after the answer
     # to the turn before ended (workloads/sessions.py)

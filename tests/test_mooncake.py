@@ -138,13 +138,18 @@ def test_workload_import_of_a_mooncake_trace(tmp_path):
 
 
 @pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)
-def test_the_live_engine_hits_the_blocks_the_simulator_hits(tmp_path):
-    # a log hashed at 16 tokens a block (the shapes above, lengths / 32): the live prefix cache hits what the
-    # simulated one hits, step for step
-    lines = [{"timestamp": 400 * i, "input_length": -(-line["input_length"] // 32),    # ceil(L / 32) tokens
+@pytest.mark.parametrize("hash_block, hits, warned", [
+    (16, 14 * 16, None),                 # whole KV blocks of 8: the 14 shared hash blocks are all hit
+    # 12 tokens: the README pair's 12 shared blocks are 144 tokens (18 KV blocks), block 0's 12 tokens one KV
+    # block each time it is met again: 144 + 2 x 8 of the 168 tokens shared, and the warning says so
+    (12, 144 + 2 * 8, "a prefix cache can hold 95% of the 168 prompt tokens they share")])
+def test_the_live_engine_hits_the_blocks_the_simulator_hits(tmp_path, hash_block, hits, warned):
+    # a log hashed at `hash_block` tokens a block (the shapes above, lengths x hash_block / 512): the live prefix
+    # cache hits what the simulated one hits, step for step
+    lines = [{"timestamp": 400 * i, "input_length": -(-line["input_length"] * hash_block // 512),
               "output_length": max(1, line["output_length"] // 32), "hash_ids": line["hash_ids"]}
-             for i, line in enumerate(README + AGENT)]                      # in ceil(L / 512) blocks of 16
-    trace = import_mooncake(write(tmp_path / "small.jsonl", lines), block_size=16)
+             for i, line in enumerate(README + AGENT)]                      # in ceil(L / 512) blocks
+    trace = import_mooncake(write(tmp_path / "small.jsonl", lines), block_size=hash_block)
     model = save_tiny_model("llama", tmp_path / "llama")
     deployment = Deployment(model=model, gpu="cpu", block_size=8, max_num_seqs=8, max_model_len=256,
                             enable_prefix_caching=True)
@@ -155,6 +160,33 @@ def test_the_live_engine_hits_the_blocks_the_simulator_hits(tmp_path):
     def steps(records):
         return [(s.batch_size, s.prefill_tokens, s.decode_tokens, s.kv_blocks_used) for s in records]
     assert steps(v.live.steps) == steps(v.sim_steps)
-    # the live engine computed the prompts' tokens but for the 14 blocks of 16 the log's requests shared
-    assert sum(s.prefill_tokens for s in v.live.steps) == sum(r.prompt_len for r in trace) - 14 * 16
-    assert v.simulated["prefix_cache_hit_tokens"] == 14 * 16
+    # the live engine computed the prompts' tokens but for the whole KV blocks the log's requests shared
+    assert sum(s.prefill_tokens for s in v.live.steps) == sum(r.prompt_len for r in trace) - hits
+    assert v.simulated["prefix_cache_hit_tokens"] == hits
+    assert [warned in w for w in v.warnings] == ([True] if warned else [])
+
+
+def test_a_run_warns_of_hash_blocks_that_are_not_whole_kv_blocks(tmp_path):
+    # requests 10 s apart, each done before the next (as above), the log's lengths / 40: blocks of 13 tokens.
+    # The README pair's 12 shared blocks are 156 tokens, 9 whole KV blocks of 16 (144); block 0's 13 tokens
+    # hold none: 144 of the 182 tokens shared can be hit, and the simulated cache hits just those
+    lines = [dict(line, timestamp=10_000 * i) for i, line in enumerate(README + AGENT)]
+    trace = Trace.load(write(tmp_path / "spaced.jsonl", lines)).scaled(length_scale=1 / 40)
+    assert {r.hash_block_size for r in trace} == {13}
+    saved = trace.save(tmp_path / "scaled.jsonl")
+    result = invoke("simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", saved, "--json",
+                    "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["prefix_cache_hit_tokens"] == 144
+    assert doc["warnings"] == ["the trace's prompts share blocks of 13 tokens (hash_block_size), not whole 16-token "
+                               "KV blocks: a prefix cache can hold 79% of the 182 prompt tokens they share (hash "
+                               "blocks of a multiple of 16 tokens would keep them all)"]
+    assert "a prefix cache can hold 79%" in result.stderr                     # said before the run, too
+    # hash blocks of whole KV blocks (lengths / 32: 16 tokens), or no prefix cache: nothing lost to warn of
+    whole = Trace.load(write(tmp_path / "spaced.jsonl", lines)).scaled(length_scale=1 / 32).save(tmp_path / "16.jsonl")
+    for workload, flags in ((whole, ()), (saved, ("--no-enable-prefix-caching",))):
+        quiet = invoke("simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", workload, "--json",
+                       *flags, "--out", tmp_path / "quiet")
+        assert quiet.exit_code == 0, quiet.output
+        assert json.loads(quiet.stdout)["warnings"] == []

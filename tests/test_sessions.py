@@ -229,6 +229,19 @@ def test_cli_simulate_times_turns_by_the_answers_and_says_so_in_its_command(tmp_
     assert waiting["num_completed"] == open_loop["num_completed"] == 80
     # opt-125m answers far faster than the trace's 50 ms a token: the users' turns come sooner
     assert waiting["duration"] < 0.8 * open_loop["duration"]
+    assert not [w for w in waiting["warnings"] if "--turns-after-answers" in w]
+
+
+def test_cli_says_when_turns_after_answers_finds_no_conversation_to_time(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "--model", "opt-125m", "--gpu", "a100-40g", "--workload",
+                                      "sharegpt", "--requests", "20", "--turns-after-answers", "--json",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    import json
+    said = ("--turns-after-answers: the trace has no conversation with a later turn, so every request is sent at "
+            "its arrival time, as without it")
+    assert json.loads(result.stdout)["warnings"] == [said]
+    assert f"warning: {said}" in " ".join(result.stderr.split())        # said before the run (wrapped to width)
 
 
 @pytest.fixture(scope="module")

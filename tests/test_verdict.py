@@ -169,6 +169,32 @@ def test_a_run_that_rejects_every_request_says_nothing_was_served_and_what_to_ch
     assert result.exit_code == 0, result.output
     assert "20 requests, e.g. r0: prompt of 3000 tokens exceeds the model's limit of 2048" in result.output
 
+def test_latency_cdfs_say_what_they_lack_instead_of_blank_axes(tmp_path):
+    from planner.report.plots import plot_latency_cdfs, pyplot
+    from planner.runs.pipeline import run
+    plt, figures = pyplot(), []
+
+    class Kept:      # pyplot, keeping the figure to read back
+        def subplots(self, *args, **kwargs):
+            figures.append(plt.subplots(*args, **kwargs))
+            return figures[-1]
+
+        def close(self, fig):
+            plt.close(fig)
+
+    def panels(records) -> list[tuple[int, list[str]]]:
+        plot_latency_cdfs(Kept(), records, tmp_path / "cdf.png")
+        return [(len(ax.lines), [t.get_text() for t in ax.texts]) for ax in figures[-1][1].flat]
+
+    rejected = run(run_spec(Deployment(max_model_len=8), workload="sharegpt", rate=1.0, requests=5)).sim.requests
+    assert panels(rejected) == [(0, ["no request completed"])] * 4
+    trace = tmp_path / "one_token.jsonl"          # answers of one token: a TTFT and an E2E each, no TPOT
+    trace.write_text("".join(json.dumps({"request_id": f"r{i}", "arrival_time": i, "prompt_len": 30,
+                                         "output_len": 1}) + "\n" for i in range(5)))
+    one_token = run(run_spec(workload=str(trace))).sim.requests
+    assert panels(one_token) == [(1, []), (0, ["no completed request had a second output token"]), (1, []), (1, [])]
+
+
 def test_guardrails_refuse_what_vllm_refuses():
     with pytest.raises(PlannerError, match=r"holds 1136 tokens .* max_model_len is 2048: vLLM refuses to start"):
         plan_deployment(Deployment(gpu_memory_utilization=0.64))

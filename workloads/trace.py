@@ -130,7 +130,7 @@ class Trace:
         if turns:                            # how long the conversations run
             out["turns_mean"] = len(turns) / out["num_conversations"]
         # the prompt tokens a shared prefix or a conversation's history holds: what a prefix cache could reuse
-        shared = sum(r.prefix_len for r in self.requests) + self._hashed_reuse()
+        shared = sum(r.prefix_len for r in self.requests) + self.hashed_reuse()
         out["prefix_token_share"] = shared / out["total_prompt_tokens"]
         salts = {r.cache_salt for r in self.requests if r.cache_salt is not None}
         if salts:                            # vLLM's cache_salt: the tenants whose cached blocks are kept apart
@@ -140,9 +140,10 @@ class Trace:
             out |= {f"priority_{p}_share": priorities[p] / len(self) for p in sorted(priorities)}
         return out
 
-    def _hashed_reuse(self) -> int:
+    def hashed_reuse(self, kv_block_size: int = 1) -> int:
         """The prompt tokens of block-hash prompts that lie in blocks an earlier request held, block by block
-        from the start (what an unbounded prefix cache would reuse)."""
+        from the start (what an unbounded prefix cache would reuse); of those, with `kv_block_size`, only the
+        whole KV blocks of that many tokens (what a paged prefix cache can hold)."""
         seen: set[int] = set()
         reused = 0
         for req in self.requests:
@@ -150,7 +151,8 @@ class Trace:
                 continue
             size = req.hash_block_size
             lead = next((i for i, h in enumerate(req.hash_ids) if h not in seen), len(req.hash_ids))
-            reused += min(req.prompt_len, lead * size)
+            tokens = min(req.prompt_len, lead * size)
+            reused += tokens - tokens % kv_block_size
             seen.update(req.hash_ids)
         return reused
 

@@ -31,6 +31,7 @@ from planner.errors import PlannerError
 from planner.profile.checkpoints import model_folder
 from planner.runs.slos import parse_slos
 from planner.runs.spec import check_ramp_up_rate
+from planner.runs.trace_warnings import turns_warnings
 from planner.sim.memory_guard import check_trace_size
 from planner.sim.router import parse_router
 from workloads import RampUp, TraceError, burstiness_arrival, make_trace, parse_workload_params
@@ -394,6 +395,8 @@ def bench(
                           client_warmup_percent=client_warmup_percent, turns_after_answers=turns_after_answers,
                           lora_modules=tuple(many_valued("--lora-modules", lora_modules, more_values)),
                           lora_assignment=lora_assignment, session_key=session_key)
+        for line in turns_warnings(bench_trace, turns_after_answers, cfg.max_concurrency):
+            typer.echo(f"warning: {line}", err=True)
         with tqdm(total=len(bench_trace), desc="requests", unit="req", file=sys.stderr,
                   disable=as_json or not sys.stderr.isatty()) as bar:
             results, wall = run_bench(bench_trace, cfg, progress=lambda: bar.update(1))

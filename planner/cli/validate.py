@@ -265,6 +265,8 @@ def _print_result(result: Validation, paths: dict, doc: dict, as_json_flag: bool
     console.print("[bold]verdict[/bold]")
     for line in doc["verdict"]["lines"]:
         console.print(f"  {line}", highlight=False, markup=False)
+    for w in result.warnings:
+        console.print(f"  warning: {w}", highlight=False, markup=False)
     console.print(f"report: {paths['markdown']} and {paths['html']}")
 
 

@@ -27,10 +27,13 @@ def legend(ax, **kwargs) -> None:
         ax.legend(**kwargs)
 
 
-def _cdf(ax, values: list[float], label: str, slos: dict[str, float], prefix: str) -> None:
+def _cdf(ax, values: list[float], label: str, slos: dict[str, float], prefix: str, missing: str) -> None:
+    """The CDF of `values` on `ax`, or where there are none, `missing` in their place (not blank axes)."""
     xs = sorted(values)
     if xs:
         ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+    else:
+        ax.text(0.5, 0.5, missing, ha="center", va="center", transform=ax.transAxes, color="gray")
     for name, limit in slos.items():
         if name.startswith(prefix):
             ax.axvline(limit, color="tab:red", linestyle="--", label=f"SLO {name} <= {limit:g}")
@@ -44,11 +47,13 @@ def plot_latency_cdfs(plt, records: list[RequestRecord], path: Path, title: str 
                        slos: dict[str, float] | None = None) -> Path:
     done = [r for r in records if r.completed]
     slos = slos or {}
+    none = "no request completed"
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    _cdf(axes[0][0], [r.ttft for r in done], "TTFT (s)", slos, "ttft")
-    _cdf(axes[0][1], [t for r in done if (t := r.tpot) is not None], "TPOT (s)", slos, "tpot")
-    _cdf(axes[1][0], [r.e2e for r in done], "end-to-end latency (s)", slos, "e2e")
-    _cdf(axes[1][1], [r.normalized_latency for r in done], "normalized latency (s/token)", slos, "normalized")
+    _cdf(axes[0][0], [r.ttft for r in done], "TTFT (s)", slos, "ttft", none)
+    _cdf(axes[0][1], [t for r in done if (t := r.tpot) is not None], "TPOT (s)", slos, "tpot",
+         "no completed request had a second output token" if done else none)
+    _cdf(axes[1][0], [r.e2e for r in done], "end-to-end latency (s)", slos, "e2e", none)
+    _cdf(axes[1][1], [r.normalized_latency for r in done], "normalized latency (s/token)", slos, "normalized", none)
     fig.suptitle(f"latency CDFs, {len(done)} completed requests\n{title}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

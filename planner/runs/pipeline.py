@@ -28,6 +28,7 @@ from planner.deploy.speculation import proposer_model
 from planner.errors import PlannerError
 from planner.runs.result import RunResult
 from planner.runs.spec import Load, RunSpec
+from planner.runs.trace_warnings import trace_warnings
 from planner.sim import SimResult, simulate
 from planner.sim.engine import collector_paused
 from planner.sim.fleet import simulate_fleet
@@ -164,16 +165,25 @@ class Simulation:
         plan = plan_deployment(spec.deployment)
         return cls(spec, plan, build_cost_model(plan, spec.cost_model, spec.profile))
 
+    def warnings(self, trace: Trace, load: Load | None = None) -> list[str]:
+        """The plan's warnings, and those of running `trace` (of `load`, default the spec's) on it."""
+        concurrency = (load or self.spec.load).concurrency
+        return [*self.plan.warnings, *trace_warnings(trace, self.spec.deployment, concurrency)]
+
     def simulate(self, load: Load | None = None, *, trace: Trace | None = None, progress=None,
                  watch: Callable | None = None) -> SimResult:
-        """Simulate `load` (default: the spec's) on this deployment; `trace` if the caller built it."""
-        with collector_paused():        # the trace's requests too
-            return self._simulate(load or self.spec.load, trace, progress, watch)
-
-    def _simulate(self, load: Load, trace: Trace | None, progress, watch) -> SimResult:
+        """Simulate `load` (default: the spec's) on this deployment; `trace` if the caller built it. The
+        result's `warnings` are those of its trace on this deployment (the plan's are the plan's)."""
+        load = load or self.spec.load
         # refused before the trace is made: client knobs without a closed loop
         check_clients(load.concurrency, ClientKnobs.of(self.spec.deployment))
-        trace = trace if trace is not None else load.trace()
+        with collector_paused():        # the trace's requests too
+            trace = trace if trace is not None else load.trace()
+            sim = self._simulate(load, trace, progress, watch)
+        sim.warnings = trace_warnings(trace, self.spec.deployment, load.concurrency)
+        return sim
+
+    def _simulate(self, load: Load, trace: Trace, progress, watch) -> SimResult:
         cost = with_timing_noise(self.cost_model, load.seed) if self.spec.timing_noise else self.cost_model
         fleet = self.spec.fleet
         if self.pools is not None:
@@ -215,7 +225,7 @@ class Simulation:
         if "pd" in summary:
             notes = [*notes, PD_NOTE]
             verdict = with_pool_command(with_pd_verdict(verdict, summary["pd"]), spec)
-        return RunResult(spec, sim, analysis["steady_state"], verdict, list(self.plan.warnings), notes)
+        return RunResult(spec, sim, analysis["steady_state"], verdict, [*self.plan.warnings, *sim.warnings], notes)
 
     def run(self, load: Load | None = None, **options) -> RunResult:
         sim = self.simulate(load, **options)

@@ -24,7 +24,7 @@ import math
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, Callable
 
@@ -93,6 +93,7 @@ class SimResult:
     fleet: FleetRun | None = None  # several replicas behind a router (planner/sim/fleet.py); None: one
     spec_decoding: dict | None = None  # speculative decoding's counters (vLLM's names); None: off
     kv_offload: dict | None = None     # the CPU KV tier's figures (--kv-offloading-size); None: off
+    warnings: list[str] = field(default_factory=list)   # its trace's on this deployment (runs/trace_warnings.py)
 
     @property
     def params(self) -> dict:

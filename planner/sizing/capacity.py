@@ -115,7 +115,7 @@ def find_capacity(spec: RunSpec, slos: dict[str, float], *, start: float = 1.0, 
         raise PlannerError(f"confidence must be in (0, 1], got {confidence}")
     simulation = Simulation.prepare(judged(spec, slos))
     if warn is not None:
-        warn(list(simulation.plan.warnings))
+        warn(simulation.warnings(simulation.spec.load.trace()))
 
     def probe(rate: float) -> Probe:
         found = full_probe(simulation, rate, slos, seeds, confidence)
@@ -151,7 +151,8 @@ def find_concurrency(spec: RunSpec, slos: dict[str, float], *, max_clients: int 
     spec = judged(spec, slos)
     simulation = Simulation.prepare(spec)
     if warn is not None:
-        warn(list(simulation.plan.warnings))
+        clients = replace(spec.load, rate=None, concurrency=1)     # (the trace is each probe's)
+        warn(simulation.warnings(clients.trace(), clients))
     probes: list[Probe] = []
 
     def ok(clients: int) -> bool:

@@ -51,6 +51,7 @@ class Validation:
     speed_timeline: SpeedTimeline | None = None   # the device's speed through the run (profiled along it)
     uncorrected: dict | None = None      # the simulated metrics without the speed level or timeline
     spread: Spread | None = None         # K simulations with timing noise (planner/validation/spread.py)
+    warnings: list[str] = field(default_factory=list)   # the trace's on the deployment (runs/trace_warnings.py)
 
     def comparison(self) -> dict[str, dict[str, float | bool | None]]:
         """Per metric: measured, simulated (noiseless), relative_error, and against the noisy simulations'

@@ -29,6 +29,7 @@ from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
 from planner.profile.check import ProfileCheck
 from planner.runs.pipeline import build_cost_model
+from planner.runs.trace_warnings import trace_warnings
 from planner.sim import simulate
 from planner.sim.clients import SERVED_TURNAROUND
 from planner.validation.compare import COMPARED, LiveRun, Validation, metric
@@ -121,7 +122,8 @@ def _compare(spec: ValidationSpec, trace: Trace, records: list[RequestRecord], m
     sim = simulate(trace, plan, cost, seed=spec.seed, **spec.clients)
     live = LiveRun(records, [], [], measured, plan.num_gpu_blocks, plan.num_cpu_blocks, plan.max_model_len,
                    plan.max_num_batched_tokens, kernels, max_num_seqs=plan.deployment.max_num_seqs)
-    result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name)
+    result = Validation(spec, plan.model, live, sim.summary(), sim.steps, sim.requests, cost.name,
+                        warnings=trace_warnings(trace, plan.deployment, spec.concurrency))
     result.spread = simulate_spread(trace, plan, cost, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
                                     metrics=COMPARED, clients=spec.clients)
     return result

@@ -25,11 +25,13 @@ from planner.deploy.plan import plan_deployment
 from planner.documents import json_safe
 from planner.profile.checkpoints import model_folder
 from planner.profile.speed import SpeedLevel
+from planner.runs.trace_warnings import trace_warnings
 from planner.sim.engine import SimResult
 from planner.sim.fleet import simulate_fleet
 from planner.validation.fleet_live import LiveFleet, run_live_fleets
 from planner.validation.run import (check_adapters, check_device, live_limits, live_setup, load_cost_model,
                                    lora_check, trusted_profile)
+from planner.validation.report import warning_lines
 from planner.validation.spec import ValidationSpec
 
 # Relative error allowed per fleet metric (issue 25); None: reported, not judged.
@@ -85,7 +87,7 @@ class FleetValidation:
                           "seed": self.spec.seed, "enable_prefix_caching": d.prefix_caching_on,
                           "cost_model": self.cost_model, "profile": self.profile_note, "speed": self.speed,
                           "live_kind": "in-process replicas stepping in turn (planner/validation/fleet_live.py)",
-                          "simulated_without_speed_level": self.uncorrected,
+                          "simulated_without_speed_level": self.uncorrected, "warnings": self.sim.warnings,
                           **self.comparison()})
 
 
@@ -149,6 +151,7 @@ def _simulated(spec: ValidationSpec, trace, live: LiveFleet, policy: RouterPolic
                                                                  engine.deployment.enable_prefix_caching)),
                            refuse=False)
     sim = simulate_fleet(trace, plan, cost_model, replicas=replicas, router=policy, seed=spec.seed, **spec.clients)
+    sim.warnings = trace_warnings(trace, plan.deployment, spec.concurrency)
     uncorrected = None
     if unscaled is not None:
         other = simulate_fleet(trace, plan, unscaled, replicas=replicas, router=policy, seed=spec.seed,
@@ -179,6 +182,7 @@ def fleet_markdown(doc: dict) -> str:
     for row in doc["split"]:
         lines.append(f"| {row['replica']} | {row['live_share']:.1%} | {row['simulated_share']:.1%} | "
                      f"{row['difference_pp']:+.1f} | {'yes' if row['within'] else 'NO'} |")
+    lines += warning_lines(doc["warnings"])
     return "\n".join(lines) + "\n"
 
 

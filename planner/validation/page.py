@@ -46,6 +46,8 @@ def validation_page(doc: dict, folder: Path, title: str) -> Path:
             _spread_note(doc),
             f"<p>Cost model: <code>{esc(doc.get('cost_model'))}</code>; kernels <code>{esc(doc.get('kernels'))}"
             f"</code>; {fmt(doc.get('num_gpu_blocks'))} KV blocks of {fmt(doc.get('block_size'))} tokens.</p>"]
+    if doc.get("warnings"):
+        body += ["<h2>Warnings</h2>", bullet_list(doc["warnings"], "warn")]
     for name in PLOTS:
         if (folder / name).is_file():
             body += [f"<h2>{esc(name[:-4].replace('_', ' '))}</h2>", image(folder / name, name)]

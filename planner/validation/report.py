@@ -50,6 +50,7 @@ def as_json(v: Validation) -> dict:
         "speed_timeline": None if v.speed_timeline is None else
         {**v.speed_timeline.as_dict(), "errors_without_correction": v.uncorrected_errors()},
         "simulated_spread": None if v.spread is None else v.spread.as_dict(),
+        "warnings": v.warnings,
         "verdict": validation_verdict(v),
         **({} if v.live.spec_decoding is None else {"spec_decoding": spec_comparison(v)}),
         **({} if v.live.kv_offload is None else
@@ -74,6 +75,11 @@ def load_text(spec) -> str:
     limit = f", at most {spec.concurrency} in flight" if spec.paced else ""
     rate = f"by a {spec.ramp_up.describe()}" if spec.ramp_up else f"at {spec.arrival_rate:g} req/s"
     return f"{rate} ({process}){limit}"
+
+
+def warning_lines(warnings: list[str]) -> list[str]:
+    """A report's warnings (what the trace does on the deployment), one bullet each; none: nothing."""
+    return ["", "Warnings:", *(f"- {w}" for w in warnings)] if warnings else []
 
 
 def _fmt(x) -> str:
@@ -114,6 +120,7 @@ def as_markdown(v: Validation, plots: list[str]) -> str:
                       f"{s['median_abs']:.1%}, p90 |error| {s['p90_abs']:.1%}, mean error {s['mean']:+.1%} "
                       f"over {s['num_steps']} steps."]
     lines += _speed_level_lines(v) + _attribution_lines(v.attribution) + _profile_check_lines(v.profile_check)
+    lines += warning_lines(v.warnings)
     lines += ["", *[f"![{p}]({p})" for p in plots], ""]
     return "\n".join(lines)
 

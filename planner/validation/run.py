@@ -32,6 +32,7 @@ from planner.profile.check import (ProfileCheck, check_profile, check_settings, 
 from planner.profile.checkpoints import model_folder
 from planner.profile.schema import profile_path
 from planner.profile.speed import SpeedLevel, canary_probe
+from planner.runs.trace_warnings import trace_warnings
 from planner.sim import simulate
 from planner.sim.engine import check_adapters_served
 from planner.validation.attribution import run_attribution
@@ -157,7 +158,8 @@ def _compare(spec: ValidationSpec, trace, model: ModelSpec, live: LiveRun, cost_
     step_errors = [priced.step_time(shape) * (speed(step.start) if speed else 1.0) / step.duration - 1
                    for shape, step in zip(live.shapes, live.steps) if step.duration > 0]
     result = Validation(spec, model, live, sim.summary(), sim.steps, sim.requests, priced.name, step_errors,
-                        speed_level=level, speed_timeline=timeline)
+                        speed_level=level, speed_timeline=timeline,
+                        warnings=trace_warnings(trace, plan.deployment, spec.concurrency))
     result.spread = simulate_spread(trace, plan, cost_model, seeds=spec.seeds, sim_seed=spec.seed, metric_of=metric,
                                     metrics=COMPARED, speed_factor=factor, timeline=speed, clients=spec.clients)
     if spec.attribution:
