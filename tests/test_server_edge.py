@@ -120,6 +120,26 @@ def test_every_bound_is_a_400_naming_its_field(server, fields, param):
                         status, param)
 
 
+def test_a_null_where_vllm_takes_one_is_the_default(server):
+    # vLLM declares these Optional (None: SamplingParams.from_optional's default); n and ignore_eos it does not
+    nulls = dict.fromkeys(("stream", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                           "min_p", "logprobs"))
+    answer = post(f"{server.url}/v1/completions", {"prompt": "hi", "max_tokens": 2, **nulls})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["logprobs"] is None and answer.json()["usage"]["completion_tokens"] == 2
+    chat = post(f"{server.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 2, "logprobs": None, "stream": None})
+    assert chat.status_code == 200, chat.text
+    for field in ("n", "ignore_eos"):
+        assert_openai_error(post(f"{server.url}/v1/completions", {"prompt": "hi", field: None}), 400, field)
+
+
+def test_an_unknown_model_name_is_not_echoed_whole(server):
+    error = assert_openai_error(post(f"{server.url}/v1/completions", {"prompt": "hi", "model": "m" * 100_000}),
+                                404, "model")
+    assert error["message"] == f"The model `{'m' * 200}...` does not exist."
+
+
 @pytest.mark.parametrize("prompt, param, words", [
     ([-1], "prompt[0]", "greater than or equal to 0"),        # not "Input should be a valid string"
     ([[1, -2]], "prompt[0][1]", "greater than or equal to 0"),

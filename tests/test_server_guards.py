@@ -130,8 +130,19 @@ def test_a_body_that_would_be_slow_to_validate_is_refused_at_json_speed():
         parse_body(batch, CompletionRequest)
     assert time.perf_counter() - started < 3 * decode + 0.5
     parts = [{"type": "text", "text": "a"}] * (MAX_CONTENT_PARTS + 1)
-    with pytest.raises(RequestError, match=r"^messages\[0\]\.content: List should have at most 65536 items"):
+    with pytest.raises(RequestError, match=r"^the messages hold 65,537 content parts in all; at most 65,536$"):
         parse_body(json.dumps({"messages": [{"role": "user", "content": parts}]}).encode(), ChatCompletionRequest)
+    # nor spread over many messages: 14 of 65,536 parts each (15 MB), refused at the speed of its JSON
+    spread = json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}] * MAX_CONTENT_PARTS}] * 14})
+    started = time.perf_counter()
+    json.loads(spread)
+    decode = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RequestError, match=r"^the messages hold 917,504 content parts in all"):
+        parse_body(spread.encode(), ChatCompletionRequest)
+    assert time.perf_counter() - started < 3 * decode + 0.5
+    two = {"messages": [{"role": "user", "content": parts[:MAX_CONTENT_PARTS // 2]}] * 2}    # at the cap: fine
+    assert parse_body(json.dumps(two).encode(), ChatCompletionRequest).message_dicts()[1]["content"] == "a" * 32768
     assert parse_body(b'{"prompt": [[1, 2]]}', CompletionRequest).single_prompt() == [1, 2]   # one is fine
 
 

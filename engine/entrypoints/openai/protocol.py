@@ -23,7 +23,7 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.core.block_keys import BAD_CACHE_SALT, bad_cache_salt
@@ -38,8 +38,8 @@ MIN_TEMPERATURE = 1e-2    # vLLM's _MAX_TEMP: a temperature in (0, 0.01) is rais
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 64
 MAX_NAME, MAX_PATH = 1024, 4096      # a LoRA adapter's name (a request's `model`) and folder, in characters
-# Chat messages a request may hold, and content parts a message may: far beyond any conversation, and what
-# a body of a million parts (16 MiB) would otherwise hold the GIL for while each becomes a model (seconds).
+# Chat messages a request may hold, and content parts its messages may in all: far beyond any conversation, and
+# what a body of a million parts (16 MiB) would otherwise hold the GIL for while each becomes a model (seconds).
 MAX_MESSAGES = MAX_CONTENT_PARTS = 1 << 16
 BATCHED = "send one prompt per request (batched prompts are not supported)"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
@@ -162,6 +162,14 @@ class _Common(BaseModel):
     min_tokens: int = 0
     min_p: float = 0.0
 
+    # vLLM declares these Optional (SamplingParams.from_optional gives None the default): a JSON null is the
+    # default here too; the classes below add echo (completions) and logprobs (chat)
+    @field_validator("stream", "echo", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "min_p", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_default(cls, value, info: ValidationInfo):
+        return cls.model_fields[info.field_name].default if value is None else value
+
     @field_validator("cache_salt", mode="before")
     @classmethod
     def _salt(cls, value):
@@ -253,7 +261,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal[ROLES]
-    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    content: str | list[ContentPart] | None = None      # (their parts capped in all: ChatCompletionRequest)
     name: str | None = None
 
     def text(self, index: int) -> str:
@@ -280,6 +288,20 @@ class ChatCompletionRequest(_Common):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts_in_all(cls, data):
+        """MAX_CONTENT_PARTS over all the messages together, counted before any part becomes a model: spread
+        over many messages, a body's million parts would hold the GIL as long as in one."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list):
+            parts = sum(len(m["content"]) for m in messages
+                        if isinstance(m, dict) and isinstance(m.get("content"), list))
+            if parts > MAX_CONTENT_PARTS:
+                raise PydanticCustomError("too_many_parts", f"the messages hold {parts:,} content parts in all; "
+                                                            f"at most {MAX_CONTENT_PARTS:,}")
+        return data
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
         if self.tool_choice not in (None, "none") and self.tools is None:      # vLLM's words

@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from engine.entrypoints.openai.errors import RequestError
+from engine.entrypoints.openai.errors import RequestError, said
 from engine.lora import LoRARequest
 
 MODULE_FIELDS = ("name", "path", "base_model_name")
@@ -143,7 +143,7 @@ class ServedModels:
             return None
         lora = self.adapters.get(model)
         if lora is None:
-            raise RequestError(f"The model `{model}` does not exist.", param="model", status=404)
+            raise RequestError(f"The model `{said(model)}` does not exist.", param="model", status=404)
         return lora
 
     def name_of(self, lora: LoRARequest | None) -> str:
