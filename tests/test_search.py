@@ -118,6 +118,25 @@ def test_a_configuration_that_cannot_run_is_listed_with_the_reason():
     assert row["capacity"] is None and row["note"]
 
 
+def test_a_search_whose_every_configuration_is_refused_says_so_and_exits_2(tmp_path):
+    # no GPU of the search holds the model: a refusal (exit 2, its reason), not "none reaches the rate"
+    args = ["search", "--model", "llama-3.1-405b", "--gpus", "l4,a10g", "--slo", "ttft_p99=1", "--requests", "10"]
+    for flags in ((), ("--json",), ("--replicas", "auto", "--rate", "5")):
+        result = CliRunner().invoke(app, [*args, *flags, "--out", str(tmp_path / "-".join(flags))])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines()[-1].startswith("error: no configuration could run: all 6 were refused "
+                                                         "(l4 x1: model llama-3.1-405b does not fit on 1 x l4")
+        assert "No configuration" not in result.stdout
+        assert (tmp_path / "-".join(flags) / "search.json").is_file()      # the rows, each with its reason
+    # one configuration that runs: the others' refusals are its rows' notes, the search answers as before
+    mixed = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--gpus", "a100-80g", "--tp", "1,5",
+                                     "--slo", "ttft_p99=2", "--requests", "20", "--max-rate", "4", "--json",
+                                     "--out", str(tmp_path / "mixed")])
+    assert mixed.exit_code == 0, mixed.output
+    notes = [c["note"] for c in json.loads(mixed.stdout)["configs"]]
+    assert len(notes) == 2 and any("tensor parallel size 5" in note for note in notes)
+
+
 def test_cli_json_and_files(tmp_path):
     result = CliRunner().invoke(app, ["search", "--model", "opt-125m", "--workload", "alpaca", "--requests", "40",
                                       "--slo", "ttft_p99=2,tpot_p99=0.1", "--gpus", "a100-80g,h100-sxm",

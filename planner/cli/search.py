@@ -36,7 +36,7 @@ from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
 from planner.sizing.layouts import layouts_for, search_layouts
 from planner.sizing.speculation import summary_lines as speculation_lines
-from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, fleet_label, plot_pareto
+from planner.sizing.search import MAX_REPLICAS, SearchGrid, check_fleet, every_refused, fleet_label, plot_pareto
 from workloads import TraceError
 
 
@@ -199,8 +199,15 @@ def search(
         raise fail(exc) from None
     _write(result, folder, err)
     if as_json:
-        return typer.echo(json.dumps(result.document()))
-    _print_summary(result)
+        typer.echo(json.dumps(result.document()))
+    else:
+        _print_summary(result)
+    refused = every_refused(result.configs)
+    if refused is not None:         # nothing ran: the settings admit no configuration, said as a refusal
+        count = len(result.configs)
+        which = "the one tried was" if count == 1 else f"all {count} were"
+        raise fail(PlannerError(f"no configuration could run: {which} refused ({fleet_label(refused)}: "
+                                f"{refused['note']})"))
 
 
 def _refuse_run_wide(base, cost_model: str | None, profile: Path | None, duration: float | None,
@@ -353,8 +360,9 @@ def _print_summary(result) -> None:
     target = result.grid.target_rate
     b = result.best
     if b is None:
-        console.print(f"No configuration reaches {target:g} {unit} within the SLOs." if target is not None
-                      else "No configuration meets the SLOs at any load tried.")
+        if every_refused(result.configs) is None:     # (else none ran, which the refusal after says)
+            console.print(f"No configuration reaches {target:g} {unit} within the SLOs." if target is not None
+                          else "No configuration meets the SLOs at any load tried.")
         return
     why = f"cheapest reaching {target:g} {unit}" if target is not None else "most capacity per dollar"
     console.print(f"Best ({why}): {fleet_label(b)}, block size {b['block_size']}, max_num_seqs "
@@ -385,8 +393,9 @@ def _print_fewest(result) -> None:
     console.print(table)
     b = result.best
     if b is None:
-        console.print(f"No configuration serves {g.target_rate:g} req/s within the SLOs with up to "
-                      f"{g.max_replicas} replicas.")
+        if every_refused(result.configs) is None:
+            console.print(f"No configuration serves {g.target_rate:g} req/s within the SLOs with up to "
+                          f"{g.max_replicas} replicas.")
         return
     below = (f"; {b['missed_at_replicas']} miss them" if b["missed_at_replicas"] else "")
     console.print(f"Best (cheapest fleet serving {g.target_rate:g} req/s): {fleet_label(b)}, block size "

@@ -621,6 +621,14 @@ def shared_settings(deployment) -> dict:
             if k not in GRID_AXES}
 
 
+def every_refused(rows: list[dict]) -> dict | None:
+    """The first row when every configuration was refused before it could run (no probe: a setting that none
+    of the search's GPUs and TPs admits, or a model none holds); None when any ran."""
+    if rows and all(row["probes"] == 0 for row in rows):
+        return rows[0]
+    return None
+
+
 def fleet_label(row: dict) -> str:
     """'h100-sxm x2' for one deployment (with pipeline stages 'h100-sxm x2 pp2', with dp ranks 'h100-sxm x2
     dp2 EP'), '4 x (h100-sxm x2)' for a fleet of 4 replicas."""
