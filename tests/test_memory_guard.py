@@ -52,13 +52,17 @@ def test_a_fleet_whose_block_tables_cannot_fit_is_refused(one_gib, tmp_path):
 
 
 def test_one_deployments_block_tables_that_cannot_fit_are_refused(one_gib, tmp_path):
-    """A mistyped cache size (1e6 GiB of swap, 1e10 GPU blocks) is refused before a block table is built."""
+    """A mistyped cache size (1e6 GiB of swap, 1e10 GPU blocks, 1e6 GiB of CPU offloading) is refused before a
+    block table is built."""
     for flags, blocks in ((["--policy", "paper", "--swap-space", "1e6"], "81,920,914"),
-                          (["--num-gpu-blocks", "10000000000"], "10,000,000,000")):
+                          (["--num-gpu-blocks", "10000000000"], "10,000,000,000"),
+                          (["--kv-offloading-size", "1e6"], "81,921,241")):       # 81,920,000 offloading
         result = invoke("simulate", "--requests", 5, "--out", tmp_path, *flags)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1
-        assert result.stderr.startswith(f"error: a KV cache of {blocks} blocks (GPU and CPU swap) is more than")
-        assert "give a smaller --num-gpu-blocks, --num-cpu-blocks or --swap-space" in result.stderr
+        assert result.stderr.startswith(f"error: a KV cache of {blocks} blocks (GPU, CPU swap and offloading) is "
+                                        f"more than")
+        assert ("give a smaller --num-gpu-blocks, --num-cpu-blocks, --swap-space or --kv-offloading-size"
+                in result.stderr)
 
 
 def _shrinking_memory(monkeypatch, after: int):

@@ -276,12 +276,31 @@ class TurnQueue:
         last of the warm-up's begins the benchmark's phase)."""
         self.left += sum(map(len, client.active))
         client.active.clear()
-        self.clients_left -= 1
+        self._clients_stopped(1)
+        return None
+
+    def begin(self, clients: int) -> list[TraceRequest]:
+        """The first requests of `clients` new clients, in order (`first`'s); those that find no conversation
+        left to begin stop at once, all together: a billion clients over a trace of eight requests send eight,
+        without a billion calls."""
+        firsts = []
+        for begun in range(clients):
+            if self.stopped or not self.starts:     # this client and every one after it would stop at `first`
+                self.clients_begun += clients - begun
+                if not self.stopped:                # (with early stop, the first of them stops all the others)
+                    self._clients_stopped(1 if self.early_stop else clients - begun)
+                break
+            req = self.first()
+            if req is not None:
+                firsts.append(req)
+        return firsts
+
+    def _clients_stopped(self, count: int) -> None:
+        self.clients_left -= count
         if self.warming and self.clients_left == 0:
             self._after_warmup()
         else:
             self.stopped = self.early_stop or self.clients_left == 0
-        return None
 
     def _after_warmup(self) -> None:
         """The benchmark's phase: the warmed conversations' later turns, in the order their first turns ended;

@@ -362,9 +362,10 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
 
         if cfg.max_concurrency:
             queue = TurnQueue(trace.requests, cfg.max_concurrency, ClientKnobs.of(cfg), cfg.seed)
-            await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
+            await asyncio.gather(*(_client(queue, send, first) for first in queue.begin(cfg.max_concurrency)))
             while queue.take_new_phase():      # the warm-up has ended: the benchmark's clients begin
-                await asyncio.gather(*(_client(queue, send) for _ in range(cfg.max_concurrency)))
+                await asyncio.gather(*(_client(queue, send, first)
+                                       for first in queue.begin(cfg.max_concurrency)))
             if queue.dropped:          # left by stopped clients: never sent, so neither done nor failed
                 results = [out for out in results if out.start is not None]
             results = queue.measured(results)     # (a warm-up out of the figures)
@@ -381,9 +382,9 @@ async def run_bench_async(trace: Trace, cfg: BenchConfig, progress=None) -> tupl
     return results, time.perf_counter() - origin
 
 
-async def _client(queue: TurnQueue, send) -> None:
-    """One client of a closed loop: its requests one after another, each its last one's next (`queue.after`)."""
-    req = queue.first()
+async def _client(queue: TurnQueue, send, req: TraceRequest) -> None:
+    """One client of a closed loop: its requests one after another from its first (`queue.begin`), each its
+    last one's next (`queue.after`)."""
     while req is not None:
         answered = await send(req)
         req = queue.after(req, refused=not answered)

@@ -97,6 +97,12 @@ class DeploymentPlan:
         return offload_blocks(d.kv_offloading_size, self.block_bytes_per_gpu, d.tp * d.pp)
 
     @property
+    def simulated_blocks(self) -> int:
+        """The KV blocks a simulated replica keeps tables for: the GPU's, CPU swap's and the offloading tier's
+        (what the memory guard counts before any engine is built: planner/sim/memory_guard.py)."""
+        return self.num_gpu_blocks + self.num_cpu_blocks + self.offload_blocks
+
+    @property
     def cpu_offload_bytes_per_gpu(self) -> int:
         """The weights --cpu-offload-gb keeps in host memory on each GPU, which every forward reads from there."""
         if self.memory is not None:

@@ -121,7 +121,7 @@ def prepare_pools(spec: RunSpec) -> Pools:
     # both pools' block tables, refused in one line before any engine is built if they cannot fit at all
     # (a replica of --dp ranks is dp engines, each with its own tables)
     check_replicas(sum(p.replicas * p.plan.deployment.dp for p in pools),
-                   max(p.plan.num_gpu_blocks + p.plan.num_cpu_blocks for p in pools),
+                   max(p.plan.simulated_blocks for p in pools),
                    f"a --pd ratio of fewer replicas than {pd.ratio}")
     link = resolve_link(pd.kv_link)
     path = KvPath(link, link.stream_bandwidth(prefill.plan.gpu, decode.plan.gpu),

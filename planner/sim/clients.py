@@ -135,9 +135,12 @@ class ClosedLoop(Clients):
         self.turnaround = deployment.client_turnaround
 
     def start(self) -> None:
-        """The clients send their first requests."""
-        for _ in range(self.clients):
-            self._next(self.waiting.first())
+        """The clients send their first requests (those that find no conversation to begin stop: `begin`)."""
+        firsts = self.waiting.begin(self.clients)
+        for req in firsts:
+            self._next(req)
+        if len(firsts) < self.clients:
+            self._next(None)                # the clients that stopped at once: what they leave, a new phase
 
     def ended(self, request_ids: list[str], refused: set[str] = frozenset()) -> None:
         """These requests ended now (those in `refused` refused): their clients send their next ones after

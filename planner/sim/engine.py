@@ -900,7 +900,7 @@ def simulate(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, *, seed:
     (planner.profile.speed.SpeedTimeline); it steps one at a time, since a
     window prices its steps before their start times are known."""
     wall_start = time.perf_counter()
-    check_replicas(1, plan.num_gpu_blocks + plan.num_cpu_blocks)
+    check_replicas(1, plan.simulated_blocks)
     env = simpy.Environment()
     engine = make_engine(env, trace, plan, cost_model, seed=seed, total=len(trace), progress=progress,
                          fast_forward=fast_forward, watch=watch, device_speed=device_speed)

@@ -224,7 +224,7 @@ def run_fleet(trace: Trace, plan: DeploymentPlan, cost_model: CostModel, replica
               progress: Progress | None = None, watch: Watch | None = None, lockstep: bool = True) -> SimResult:
     """The fleet simulation for any number of replicas (one included: tests hold it to `simulate`)."""
     wall_start = time.perf_counter()
-    check_replicas(replicas, plan.num_gpu_blocks + plan.num_cpu_blocks)
+    check_replicas(replicas, plan.simulated_blocks)
     env = simpy.Environment()
     fleet = Fleet(env, trace, plan, cost_model, replicas, policy, seed=seed, concurrency=concurrency,
                   fast_forward=fast_forward, progress=progress, watch=watch, lockstep=lockstep)

@@ -74,14 +74,16 @@ def check_trace_size(requests: int | None, duration: float | None, rate: float) 
 
 def check_replicas(replicas: int, blocks_each: int, fix: str = "fewer --replicas") -> None:
     """Refuse a fleet (or one deployment) whose block tables, GPU and CPU, alone exceed the memory available
-    now: a mistyped --num-gpu-blocks or --swap-space as much as too many --replicas (`fix` says what to give)."""
+    now: a mistyped --num-gpu-blocks, --swap-space or --kv-offloading-size as much as too many --replicas (`fix`
+    says what to give)."""
     available = available_bytes()
     need = replicas * blocks_each * MIN_BLOCK_BYTES
     if available is None or need <= available:
         return
     what, fix = ((f"{replicas:,} replicas of {blocks_each:,} KV blocks each are", fix)
-                 if replicas > 1 else (f"a KV cache of {blocks_each:,} blocks (GPU and CPU swap) is",
-                                       "a smaller --num-gpu-blocks, --num-cpu-blocks or --swap-space"))
+                 if replicas > 1 else (f"a KV cache of {blocks_each:,} blocks (GPU, CPU swap and offloading) is",
+                                       "a smaller --num-gpu-blocks, --num-cpu-blocks, --swap-space or "
+                                       "--kv-offloading-size"))
     raise OutOfMemory(f"{what} more than this machine's memory can simulate (at least {MIN_BLOCK_BYTES} bytes a "
                       f"block: {need / (1 << 30):,.0f} GiB against {available / (1 << 30):.1f} GiB available); "
                       f"give {fix}")

@@ -219,8 +219,8 @@ class FleetReplay:
             self._new_clients(0.0)
 
     def _new_clients(self, at: float) -> None:
-        for _ in range(self.clients):
-            self._due(self.unsent.first(), at)
+        for req in self.unsent.begin(self.clients):
+            self._due(req, at)
 
     def _due(self, req, at: float) -> None:
         """A request due at `at`: at its arrival time in an open loop, never before it when paced."""

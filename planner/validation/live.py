@@ -182,8 +182,8 @@ def _replay(engine, trace: Trace, clock: TraceClock, spec: ValidationSpec, progr
         return min(times) if times else None
 
     def new_clients(at: float) -> None:
-        for _ in range(spec.concurrency):
-            release(clients.first(), at)
+        for req in clients.begin(spec.concurrency):
+            release(req, at)
 
     done = 0
     clock.start()   # trace time 0: the first arrival is due now
