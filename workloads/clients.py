@@ -296,6 +296,8 @@ class TurnQueue:
         return firsts
 
     def _clients_stopped(self, count: int) -> None:
+        """`count` clients stopped: the warm-up's last begins the benchmark's phase; the last of all (or, with
+        early stop, any) stops them all."""
         self.clients_left -= count
         if self.warming and self.clients_left == 0:
             self._after_warmup()
