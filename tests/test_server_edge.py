@@ -340,9 +340,13 @@ def test_tools_off_and_a_text_response_format_are_served(server):
         plain = {"messages": body["messages"], "max_tokens": 2, "tool_choice": choice}
         message = assert_openai_error(post(f"{server.url}/v1/chat/completions", plain), 400, "tool_choice")["message"]
         assert message == "When using `tool_choice`, `tools` must be set."
-    for fine in ({"tool_choice": "none"}, {"stream_options": {}}):
+    for fine in ({"tool_choice": "none"}, {"stream_options": {}}, {"tools": []}, {"tools": [], "tool_choice": "none"}):
         r = post(f"{server.url}/v1/chat/completions", {"messages": body["messages"], "max_tokens": 2, **fine})
         assert r.status_code == 200, r.text
+    # tools, or an empty list of them, with a choice that calls one (vLLM's default with tools is "auto")
+    for calling in ({"tools": body["tools"]}, {"tools": [], "tool_choice": "auto"}):
+        r = post(f"{server.url}/v1/chat/completions", {"messages": body["messages"], "max_tokens": 2, **calling})
+        assert "tool calling is not supported" in assert_openai_error(r, 400, "tools")["message"]
 
 
 @pytest.mark.parametrize("extra, param, reason", [

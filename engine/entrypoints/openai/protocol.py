@@ -306,8 +306,10 @@ class ChatCompletionRequest(_Common):
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
         if self.tool_choice not in (None, "none") and self.tools is None:      # vLLM's words
             raise RequestError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
-        if self.tools and self.tool_choice != "none":
-            # vLLM refuses tool_choice "auto" without --enable-auto-tool-choice and a --tool-call-parser
+        # vLLM's default choice is "auto" with tools, "none" without; it refuses "auto" without
+        # --enable-auto-tool-choice and a --tool-call-parser, even over an empty list of tools
+        choice = self.tool_choice if self.tool_choice is not None else "auto" if self.tools else "none"
+        if choice != "none":
             raise RequestError("tool calling is not supported by this server (send tool_choice \"none\" or no "
                                "tools)", param="tools")
         kind = (self.response_format or {}).get("type", "text")
