@@ -3,8 +3,9 @@ a traceback, a MemoryError or a run that cannot end (stop 63's sweep found a tp 
 of 1e11 blocks built, a 1e11-token prompt drawn, a step of 1e11 sequences listed).
 
 The values are what a typo or a script's bad variable gives: a negative, NaN, infinity, a word, a huge
-number, an empty string. `explain` and `workload show` are swept in the default suite (about 6 s); the
-simulating commands, whose accepted values run simulations, in the slow one (about a minute).
+number, an empty string. Every command is swept in the default suite (about 80 s of one core in all): left
+to the slow suite, the simulating commands' sweep went unrun while a closed loop of 99999999999 clients came
+to count them one by one and a 1e11 GiB CPU KV tier to be built (stop 90).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ BASES = {
     "capacity": ["capacity", "--model", "opt-125m", "--gpu", "a100", "--requests", "8", "--slo", "0.5"],
     "search": ["search", "--model", "opt-125m", "--gpu", "a100", "--requests", "8", "--slo", "0.5"],
 }
-SLOW = {"simulate", "capacity", "search"}
 SKIPPED = {"--out", "--save", "--hist", "--help"}     # paths: a word is a valid one, and would be written to
 
 
@@ -38,9 +38,8 @@ def _options(name: str) -> list[str]:
 
 def _cases():
     for name in BASES:
-        marks = [pytest.mark.slow] if name in SLOW else []
         for flag in _options(name):
-            yield pytest.param(name, flag, marks=marks, id=f"{name}{flag}")
+            yield pytest.param(name, flag, id=f"{name}{flag}")
 
 
 @pytest.mark.parametrize("name, flag", list(_cases()))
