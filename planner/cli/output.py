@@ -243,5 +243,6 @@ def interval_table(found: dict, seeds: int, first_seed: int) -> Table:
 
 
 def warn(err: Console, warnings: list[str]) -> None:
+    """Each warning on one line of stderr, as an error is (the terminal wraps it; a log keeps it whole)."""
     for w in warnings:
-        err.print(f"warning: {w}", highlight=False, markup=False)
+        err.print(f"warning: {w}", highlight=False, markup=False, soft_wrap=True)
