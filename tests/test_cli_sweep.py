@@ -3,9 +3,11 @@ a traceback, a MemoryError or a run that cannot end (stop 63's sweep found a tp 
 of 1e11 blocks built, a 1e11-token prompt drawn, a step of 1e11 sequences listed).
 
 The values are what a typo or a script's bad variable gives: a negative, NaN, infinity, a word, a huge
-number, an empty string. Every command is swept in the default suite (about 80 s of one core in all): left
-to the slow suite, the simulating commands' sweep went unrun while a closed loop of 99999999999 clients came
-to count them one by one and a 1e11 GiB CPU KV tier to be built (stop 90).
+number, an empty string. `explain`, `workload show` and `simulate` are swept in the default suite (about 40 s
+of one core); `capacity` and `search`, which take most of simulate's options and run several simulations for
+each accepted value, in the slow one (about a minute more). Left to the slow suite, simulate's sweep went
+unrun while a closed loop of 99999999999 clients came to start them one by one and a 1e11 GiB CPU KV tier to
+be built (stop 90).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ BASES = {
     "capacity": ["capacity", "--model", "opt-125m", "--gpu", "a100", "--requests", "8", "--slo", "0.5"],
     "search": ["search", "--model", "opt-125m", "--gpu", "a100", "--requests", "8", "--slo", "0.5"],
 }
+SLOW = {"capacity", "search"}
 SKIPPED = {"--out", "--save", "--hist", "--help"}     # paths: a word is a valid one, and would be written to
 
 
@@ -38,8 +41,9 @@ def _options(name: str) -> list[str]:
 
 def _cases():
     for name in BASES:
+        marks = [pytest.mark.slow] if name in SLOW else []
         for flag in _options(name):
-            yield pytest.param(name, flag, id=f"{name}{flag}")
+            yield pytest.param(name, flag, marks=marks, id=f"{name}{flag}")
 
 
 @pytest.mark.parametrize("name, flag", list(_cases()))
