@@ -46,11 +46,16 @@ class DraftModelProposer:
         self.device = device
         self.k = k
         self.max_model_len = max_model_len
+        # The positions the draft model has (GPT-2's and OPT's are learned: none past them). A sequence that
+        # has reached them gets no more drafts; the target decodes it alone (as vLLM caps a draft model's
+        # max_model_len at its own).
+        self.draft_positions = getattr(config, "max_position_embeddings", None) or max_model_len
         self.stats = stats
         self._seen: dict[int, tuple[object, list[int]]] = {}   # seq id -> (its cache, the tokens it holds)
 
     def propose(self, group, seq) -> list[int]:
-        limit = draft_limit(group, seq, self.k, self.max_model_len)
+        # (the draft model sees the sequence and all but its last draft: positions up to num_tokens + limit - 2)
+        limit = min(draft_limit(group, seq, self.k, self.max_model_len), self.draft_positions + 1 - seq.num_tokens)
         if limit <= 0:
             return []
         drafts = self._draft(seq.seq_id, seq.token_ids, limit)

@@ -50,7 +50,9 @@ def num_blocks_for_budget(
 def _allocate(num_blocks, num_kv_heads, head_size, block_size, dtype, device, pin_memory=False):
     x = 16 // torch.empty((), dtype=dtype).element_size()
     if head_size % x:
-        raise ValueError(f"head_size {head_size} must be a multiple of x = {x} for {dtype}")
+        # (the key cache packs x elements, 16 bytes, per row: vLLM's layout and its kernels')
+        raise ValueError(f"a KV cache of {str(dtype).removeprefix('torch.')} needs a head size that is a multiple of "
+                         f"{x}; this model's is {head_size}")
     key = torch.zeros(num_blocks, num_kv_heads, head_size // x, block_size, x, dtype=dtype, device=device,
                       pin_memory=pin_memory)
     value = torch.zeros(num_blocks, num_kv_heads, head_size, block_size, dtype=dtype, device=device,

@@ -6,9 +6,11 @@ same per-request and per-step records come out as in the simulator.
 """
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine import sampling
@@ -242,13 +244,22 @@ class LLMEngine:
         if bad_cache_salt(salt):
             raise ValueError(BAD_CACHE_SALT)
         vocab = self.runner.vocab_size
-        bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        not_int = next((t for t in token_ids if isinstance(t, bool) or not hasattr(type(t), "__index__")), None)
+        if not_int is not None:
+            raise ValueError(f"token ids must be integers, got {not_int!r} ({type(not_int).__name__})")
+        token_ids = [operator.index(t) for t in token_ids]      # (numpy's and torch's integers as Python's)
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad!r} is out of range: the model's vocabulary has {vocab} tokens "
                              f"(ids 0..{vocab - 1})")
         if not token_ids:
             raise ValueError("the prompt is empty")
         params = params or SamplingParams()
+        if params.stop and self.tokenizer is None:     # (stop strings are matched in the detokenized text)
+            raise ValueError("stop strings need the model's tokenizer, and this model folder has none: give "
+                             "stop_token_ids instead")
+        if params.max_tokens is None:   # vLLM's: up to the context (a prompt too long is refused on its own below)
+            params = replace(params, max_tokens=max(self.max_model_len - len(token_ids), 1))
         if len(token_ids) <= self.max_model_len < len(token_ids) + params.max_tokens:
             warnings.warn(f"prompt + max_tokens exceeds the model's context (max_model_len "
                           f"{self.max_model_len}): such outputs stop at the limit with finish_reason "

@@ -231,3 +231,33 @@ def test_bench_leaves_a_warmup_percentage_out(server, tmp_path):
     firsts = {queue.first().request_id for _ in range(3)}
     assert doc["num_completed"] == len(rows) == 9
     assert set(rows) == {r.request_id for r in trace} - firsts
+
+
+def test_a_failed_request_ends_when_it_fails_and_the_run_lasts_until_then(monkeypatch):
+    """vLLM's benchmark divides by its whole run, failed requests included: a server that dies late must not
+    make the requests it served look faster (8 served in 1.45 s of a 6.25 s run read 5.5 req/s)."""
+    import asyncio
+    import httpx
+    from planner.bench.client import BenchConfig, run_bench_async
+    from workloads import Trace, TraceRequest
+
+    async def serve(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["max_tokens"] == 9:      # the late one: the server has gone
+            await asyncio.sleep(0.3)
+            raise httpx.ReadTimeout("")
+        chunks = [{"choices": [{"index": 0, "text": "w", "finish_reason": None}]},
+                  {"choices": [{"index": 0, "text": "w", "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(serve), **kw))
+    trace = Trace([TraceRequest(request_id=str(i), arrival_time=0.0, prompt_len=4, output_len=out)
+                   for i, out in enumerate((2, 2, 9))])
+    results, wall = asyncio.run(run_bench_async(trace, BenchConfig("http://mock", model="m")))
+    failed = results[-1]
+    assert not failed.success and failed.error == "ReadTimeout" and failed.latency >= 0.3
+    m = bench_metrics(results)
+    assert m["num_completed"] == 2 and 0.3 <= m["duration"] <= wall
+    assert m["request_throughput"] == pytest.approx(2 / m["duration"])

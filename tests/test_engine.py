@@ -175,11 +175,30 @@ def test_bad_arguments_give_clear_errors(model_dir, tmp_path):
     llm = LLM(model_dir, num_gpu_blocks=8, max_model_len=112)
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello", use_tqdm=False)
+    with pytest.raises(ValueError, match="stop strings need the model's tokenizer"):
+        llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(stop=["x"]), use_tqdm=False)
     with pytest.raises(ValueError, match=r"token id 100000 is out of range: the model's vocabulary has 200 tokens"):
         llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
     with pytest.raises(ValueError, match="prompt 1: token id -3"):
         llm.generate([[5, 6], [7, -3]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"token ids must be integers, got 4\.0 \(float\)"):
+        llm.generate({"prompt_token_ids": [5, 4.0]}, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"token ids must be integers, got True \(bool\)"):
+        llm.generate({"prompt_token_ids": [5, True]}, use_tqdm=False)
+    for params, words in (({"temperature": float("nan")}, "temperature must be a finite number"),
+                          ({"seed": 2 ** 70}, "seed must be a signed 64-bit integer"),
+                          ({"max_tokens": 3.5}, "max_tokens must be an integer")):
+        with pytest.raises(ValueError, match=words):     # (refused up front, not by the step that meets them)
+            SamplingParams(**params)
     assert not llm.engine.has_unfinished_requests()   # nothing of a refused batch is left queued
+    # numpy's and torch's integers are integers; max_tokens None runs to the context, as vLLM's
+    import numpy as np
+    same = [llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+            .outputs[0].token_ids for ids in ([5, 6, 7], list(np.array([5, 6, 7])), torch.tensor([5, 6, 7]))]
+    assert same[0] == same[1] == same[2]
+    to_the_end = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=None,
+                                                                              ignore_eos=True), use_tqdm=False)[0]
+    assert len(to_the_end.outputs[0].token_ids) == 112 - 3
     with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported.*must be 1"):
         LLM(model_dir, tensor_parallel_size=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'tensor_paralel_size'"):

@@ -317,8 +317,11 @@ def test_the_proxy_answers_what_it_cannot_forward_in_openais_shape():
     assert long.status_code == 404 and len(long.content) < 1_000
     assert latin.status_code == 200               # a latin-1 header byte goes on as it came
     assert deep.status_code == 200                # the replica judges a body the proxy cannot parse
-    assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
-    assert wrong_method.status_code == 405 and "GET /v1/completions" in wrong_method.json()["error"]["message"]
+    # in the replicas' own words (engine/entrypoints/openai/errors.py route_error), with the allowed methods
+    assert missing.status_code == 404 and missing.json()["error"] == {
+        "message": "no route /v1/embeddings", "type": "NotFoundError", "param": None, "code": 404}
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["message"] == "GET is not allowed on /v1/completions"
     assert in_flight == [0, 0]
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
+from engine.core.block_manager import BlockManager, blocks_at_most
 from engine.core.metrics import Metrics, RequestRecord, StepRecord, compute_metrics, summarize
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import StepShape
@@ -218,3 +220,35 @@ def test_many_token_times_give_the_same_gaps(monkeypatch):
         assert (sum(len(r.token_times) for r in subset) >= metrics.LARGE) == (count > 20)   # both ways taken
         assert list(pooled) == [g for r in subset for g in small[id(r)][0]]
         assert worst == [w for r in subset for w in small[id(r)][1]]
+
+
+def test_the_run_lasts_until_its_last_request_ends_a_failed_one_too():
+    # As vLLM's benchmark times its run: a request that fails after the others finished lengthens it.
+    ok = RequestRecord("ok", 0.0, 4, 3, first_token=0.5, finish=2.0, token_times=[0.5, 1.0, 2.0], seq_output_len=3)
+    failed = RequestRecord("failed", 1.0, 4, 0, finish=8.0, rejected=True, reject_reason="HTTP 502")
+    m = summarize([ok, failed], [])
+    assert m.duration == 8.0 and m.request_throughput == pytest.approx(1 / 8)
+    assert summarize([ok], []).duration == 2.0
+    unfinished = RequestRecord("cut", 0.0, 4, 1, first_token=0.5, finish=None, truncated=True)
+    assert summarize([ok, unfinished], []).duration == 2.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 12), st.integers(1, 4), st.sampled_from([1, 2, 4, 8]))
+def test_a_request_alone_needs_exactly_the_blocks_it_is_refused_without(prompt, out, n, block_size):
+    """The paper's scheduler refuses up front a request the whole cache could never hold (it would outgrow
+    it), counting its blocks with `blocks_at_most`. Run without that refusal, the request completes with that
+    many blocks and not with one fewer. (The count was too high once: n = 2 samples of a 2-token prompt on 3
+    blocks of 16 were refused, as vLLM v0 would not; its samples share the prompt's last block until their
+    first decode.)"""
+    need = blocks_at_most(prompt, out, n, block_size, 256, reserve_per_seq=1)
+
+    def alone(blocks: int) -> RequestRecord:
+        return record(run(("r", 0.0, prompt, out, {"n": n}), block_size=block_size, num_gpu_blocks=blocks,
+                          max_model_len=256), "r")
+    assert alone(need).completed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BlockManager, "max_blocks_alone", lambda self, group: 0)    # (never refused up front)
+        assert alone(need).completed
+        if need > 1:
+            assert not alone(need - 1).completed

@@ -220,6 +220,23 @@ def test_a_different_draft_model_keeps_greedy_and_seeded_outputs(llama_dir, tmp_
             num_gpu_blocks=64)
 
 
+def test_a_draft_model_drafts_only_within_its_own_positions(llama_dir, tmp_path):
+    """A GPT-2 draft of 24 learned positions beside a target of more: a sequence past them is decoded by the
+    target alone, the batch unharmed (it died with an IndexError), greedy outputs unchanged."""
+    from tiny_models import CONFIGS
+    model_cls, config = CONFIGS["gpt2"]
+    short = config()
+    short.n_positions = 24
+    torch.manual_seed(0)
+    model_cls(short).save_pretrained(tmp_path / "short")
+    prompts = prompts_of((12, 30), seed=3)
+    draft = {"method": "draft_model", "model": str(tmp_path / "short"), "num_speculative_tokens": 3}
+    base, spec = pair(llama_dir, draft, block_size=8, num_gpu_blocks=200)
+    params = SamplingParams(temperature=0, max_tokens=20)
+    assert run(spec, prompts, params) == run(base, prompts, params)
+    assert 0 < spec.engine.spec_decoding_stats.num_draft_tokens
+
+
 # -- greedy outputs are unchanged ----------------------------------------------------------------
 
 def test_greedy_identical_and_drafts_accepted(llama_dir):

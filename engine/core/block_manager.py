@@ -47,14 +47,22 @@ def blocks_at_most(prompt_len: int, max_tokens: int, width: int, block_size: int
     """KV blocks a request needs at its largest: its ``width`` sequences share the
     prompt's full blocks, and each holds its own up to its last computed token (the
     last sampled token is never computed); before its last decode, each also wants
-    ``reserve_per_seq`` free blocks (vLLM v0's rule) beside what it holds."""
+    ``reserve_per_seq`` free blocks (vLLM v0's rule) beside what it holds. Until the
+    first decode writes to it the samples share the prompt's last block too (copy on
+    write), so a request whose last decode is its first needs no copy of it."""
     total = prompt_len + max_tokens
     if max_model_len is not None:
         total = min(total, max_model_len)
+    computed = total - 1                       # tokens in the cache after the last decode
+    if computed <= prompt_len:                 # no decode: the prompt's blocks alone
+        return _blocks_for(prompt_len, block_size)
     shared = prompt_len // block_size if width > 1 else 0
-    last = _blocks_for(total - 1, block_size) - shared
-    before_last = _blocks_for(total - 2, block_size) - shared + reserve_per_seq
-    return shared + width * max(last, before_last)
+
+    def held(tokens: int) -> int:
+        if tokens == prompt_len:               # nothing written since the prompt: every block still shared
+            return _blocks_for(prompt_len, block_size)
+        return shared + width * (_blocks_for(tokens, block_size) - shared)
+    return max(held(computed), held(computed - 1) + width * reserve_per_seq)
 
 
 class BlockManager:

@@ -483,7 +483,9 @@ def summarize(requests: list[RequestRecord], steps: list[StepRecord],
                 num_rejected=sum(r.rejected for r in requests),
                 num_truncated=sum(r.truncated and not r.rejected for r in requests))
     if done:
-        span = max(r.finish for r in done) - min(r.arrival for r in requests)
+        # to the last end, a refused request's too (vLLM's benchmark times its whole run, failures included)
+        span = max(r.finish for r in requests if r.finish is not None and (r.completed or r.rejected)) \
+            - min(r.arrival for r in requests)
         out_tokens = sum(r.output_len for r in done)
         prompt_tokens = sum(r.prompt_len for r in done)
         m.duration = span

@@ -1,9 +1,11 @@
 """Sampling parameters of a request, with the names users of vLLM know."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20   # vLLM's default max_logprobs
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)     # a signed 64-bit integer, as vLLM's API bounds it
 
 
 @dataclass
@@ -25,7 +27,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = 16     # None: up to the model's context (vLLM's meaning), set when the request is added
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     # Text that ends a sequence, checked as the output is detokenized (in
@@ -45,10 +47,16 @@ class SamplingParams:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
-        if self.max_tokens < 1:
+        for name in ("n", "best_of", "max_tokens", "top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):     # (NaN compares False)
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be a signed 64-bit integer, got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:

@@ -46,7 +46,7 @@ class BenchRequest:
     start: float | None = None    # when it was sent
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
-    latency: float | None = None  # E2E
+    latency: float | None = None  # E2E; of a failed request, the time until it failed
     output_len: int = 0           # tokens the server generated (usage), else chunks counted
     success: bool = False
     finish_reason: str | None = None
@@ -62,9 +62,9 @@ class BenchRequest:
     def record(self) -> RequestRecord:
         """As the planner's per-request record (times in seconds since the start of the run)."""
         start = self.start if self.start is not None else self.arrival
-        if not self.success:
-            return RequestRecord(self.request_id, start, self.prompt_len, 0, finish=start, rejected=True,
-                                 reject_reason=self.error or "failed")
+        if not self.success:   # (it ends when it failed: the run's duration runs to it, as vLLM's benchmark's)
+            return RequestRecord(self.request_id, start, self.prompt_len, 0, finish=start + (self.latency or 0.0),
+                                 rejected=True, reject_reason=self.error or "failed")
         first = start + self.ttft
         times = [first]
         for gap in self.itl:
@@ -278,7 +278,9 @@ async def _send(client: httpx.AsyncClient, cfg: BenchConfig, model: str, trace: 
                 return
             await _read_stream(response, out, chat=cfg.endpoint_type == "chat", answer=answer)
     except (httpx.HTTPError, ValueError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"[:500]
+        out.error = f"{type(exc).__name__}: {exc}".rstrip(": ")[:500]    # (a timeout's own text is empty)
+    if not out.success:
+        out.latency = time.perf_counter() - out.start
     if answer and out.success:
         answers[req.request_id] = answer
 

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 from engine.entrypoints.http_guard import BODY_TIMEOUT
 from engine.entrypoints.openai import metrics
 from engine.entrypoints.openai.async_engine import AsyncEngine
-from engine.entrypoints.openai.errors import CLIENT_LEFT, ERROR_TYPES, RequestError, error_body, param_of, said
+from engine.entrypoints.openai.errors import CLIENT_LEFT, RequestError, error_body, param_of, route_error
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
@@ -137,12 +137,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        # The router's 404 and 405, as vLLM's http_exception_handler shapes them.
-        # The route is the client's own words, never a path of this machine: said as sent.
-        path = said(request.url.path)
-        message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}.get(exc.status_code)
-        body = error_body(message or str(exc.detail), ERROR_TYPES.get(exc.status_code, "APIError"), None,
-                          exc.status_code, scrubbed=message is None)
+        body = route_error(exc.status_code, request.method, request.url.path, str(exc.detail))
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -182,6 +177,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
         arrival = engine.clock()
+        _check_json(request)
         raw = await _body(request)      # read before the disconnect watch starts listening
         if raw is None:
             return Response(status_code=CLIENT_LEFT)
@@ -190,6 +186,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         arrival = engine.clock()
+        _check_json(request)
         raw = await _body(request)
         if raw is None:
             return Response(status_code=CLIENT_LEFT)
@@ -247,6 +244,13 @@ def _unload(engine, lora) -> None:
                            f"it once they have finished", param="lora_name", status=409) from None
 
 
+def _check_json(request: Request) -> None:
+    """vLLM's validate_json_request: a body that does not say it is JSON is refused before it is read."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed")
+
+
 async def _body(request: Request) -> bytes | None:
     """The request's body, or None when the client left while sending it (not a server error); 408 when it
     has not all come within BODY_TIMEOUT seconds (a client trickling it would hold its connection forever)."""
@@ -263,9 +267,10 @@ async def _completion(state: ServerState, raw: bytes, arrival: float):
     lora = await _check_served(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
-        token_ids = await state.frontend.encode(prompt)
+        token_ids = await state.frontend.encode(prompt, add_special_tokens=body.add_special_tokens)
     else:
         token_ids, prompt = list(prompt), None
+    token_ids, prompt = _truncated(state, body, token_ids, prompt)
     params = _params(state, body, body.max_tokens, body.logprobs, token_ids)
     return await serve_request(state, body, "cmpl", prompt, token_ids, params, arrival, chat=False, lora=lora)
 
@@ -273,10 +278,18 @@ async def _completion(state: ServerState, raw: bytes, arrival: float):
 async def _chat(state: ServerState, raw: bytes, arrival: float):
     body = await asyncio.to_thread(parse_body, raw, ChatCompletionRequest)
     lora = await _check_served(state, body)
-    text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt)
-    token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=False)
+    text = await state.frontend.render_chat(body.message_dicts(), body.chat_template, body.add_generation_prompt,
+                                            body.continue_final_message, body.chat_template_kwargs)
+    token_ids = await state.frontend.encode(text, param="messages", add_special_tokens=body.add_special_tokens)
+    token_ids, text = _truncated(state, body, token_ids, text)
     params = _params(state, body, body.wanted_max_tokens(), body.wanted_logprobs(), token_ids)
     return await serve_request(state, body, "chatcmpl", text, token_ids, params, arrival, chat=True, lora=lora)
+
+
+def _truncated(state: ServerState, body: _Common, token_ids: list[int], text: str | None):
+    """The prompt's ids and text, cut to the request's truncate_prompt_tokens (then the text is not the prompt's)."""
+    kept = body.truncated(token_ids, state.engine.max_model_len)
+    return kept, text if len(kept) == len(token_ids) else None
 
 
 async def _until_disconnect(request: Request, work):

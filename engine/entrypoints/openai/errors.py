@@ -31,6 +31,14 @@ def said(path: str, most: int = 200) -> str:
     return path if len(path) <= most else path[:most] + "..."
 
 
+def route_error(status: int, method: str, path: str, detail: str) -> dict:
+    """The body of the router's 404 and 405 (vLLM's http_exception_handler shapes them), on a replica and on
+    the fleet's proxy alike. The route is the client's own words, never a path of this machine: said as sent."""
+    message = {404: f"no route {said(path)}", 405: f"{method} is not allowed on {said(path)}"}.get(status)
+    return error_body(message or detail, ERROR_TYPES.get(status, "APIError"), None, status,
+                      scrubbed=message is None)
+
+
 class RequestError(ValueError):
     """A request this server refuses: becomes an OpenAI-style error body with this status."""
 

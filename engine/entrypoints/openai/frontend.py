@@ -37,6 +37,10 @@ def longest_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8", "replace")) for t in [*vocab, *added]), default=DEFAULT_TOKEN_BYTES) or 1
 
 
+# apply_chat_template's own arguments: a request's chat_template_kwargs may not set them behind its fields' back
+RENDER_ARGUMENTS = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 TEMPLATE_CODE = "<template>"    # the file name jinja2 gives a compiled template's code
 
 
@@ -107,10 +111,19 @@ class Frontend:
             raise RequestError(f"the {param} is empty once tokenized: there is nothing to complete", param=param)
         return ids
 
-    async def render_chat(self, messages: list[dict], request_template: str | None,
-                          add_generation_prompt: bool) -> str:
-        """The chat prompt, rendered by the model's template (or the request's, when the server trusts it)."""
+    async def render_chat(self, messages: list[dict], request_template: str | None, add_generation_prompt: bool,
+                          continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+        """The chat prompt, rendered by the model's template (or the request's, when the server trusts it);
+        `continue_final_message` leaves the last message open, `template_kwargs` are the template's variables
+        (vLLM's chat_template_kwargs: `enable_thinking`, say)."""
         tok = self.tokenizer
+        if continue_final_message and add_generation_prompt:      # vLLM's words
+            raise RequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                               param="continue_final_message")
+        taken = sorted(set(template_kwargs or {}) & RENDER_ARGUMENTS)
+        if taken:
+            raise RequestError(f"chat_template_kwargs: {taken[0]!r} is set by the request's own fields, not a "
+                               f"template variable", param="chat_template_kwargs")
         if request_template is not None and not self.trust_request_chat_template:
             # vLLM's rule: a request's own template runs only with --trust-request-chat-template.
             raise RequestError("chat_template in a request is refused: start the server with "
@@ -123,8 +136,8 @@ class Frontend:
 
         def render() -> str:
             return run_with_deadline(lambda: tok.apply_chat_template(
-                messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt),
-                self.render_timeout)
+                messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(template_kwargs or {})), self.render_timeout)
         try:
             return await self._run(render)
         except RenderTimeout:

@@ -196,7 +196,10 @@ def render(engine, stats: ServerStats, model_name: str) -> str:
     cfg = sched.config
     m = _label_text({"model_name": model_name})
     total_blocks = alloc.num_gpu_blocks
-    usage = alloc.num_used_blocks() / total_blocks if total_blocks else 0.0
+    # vLLM v1 counts neither its null block (held from the start) nor among the blocks to use (BlockPool.get_usage)
+    null = 1 if getattr(sched, "null_block", None) is not None else 0
+    usable = total_blocks - null
+    usage = (alloc.num_used_blocks() - null) / usable if usable > 0 else 0.0
     lines: list[str] = []
     lines += _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m,
                     len(sched.running))

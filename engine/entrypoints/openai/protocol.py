@@ -44,6 +44,15 @@ MAX_MESSAGES = MAX_CONTENT_PARTS = 1 << 16
 BATCHED = "send one prompt per request (batched prompts are not supported)"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
 
+# Fields of vLLM's requests that this engine does not honour, each with the values that ask nothing of it (vLLM's
+# defaults): any other value is refused with a 400 naming the field, not served as if it had not been sent.
+NOT_HONOURED = {"skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+                "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
+                "logits_processors": (None,), "return_tokens_as_token_ids": (None, False), "prompt_embeds": (None,),
+                "structured_outputs": (None,), "guided_json": (None,), "guided_regex": (None,),
+                "guided_choice": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,)}
+NOT_HONOURED_IN_CHAT = {"echo": (None, False), "documents": (None,)}
+
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
@@ -154,6 +163,10 @@ class _Common(BaseModel):
     # vLLM's: each choice also carries its generated ids (`token_ids`; streamed, each chunk's) and the answer the
     # prompt's ids (`prompt_token_ids`: a completion choice's, a chat answer's own; streamed, the first chunk's)
     return_token_ids: bool | None = None
+    # Refused unless plain text: this engine does not constrain output to a format.
+    response_format: dict[str, Any] | None = None
+    # vLLM's: the prompt cut to its last k tokens before it is served (-1: the model's length)
+    truncate_prompt_tokens: Int64 | None = Field(None, ge=-1)
     # Accepted only at their defaults (no penalties in this engine).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -177,6 +190,29 @@ class _Common(BaseModel):
             raise PydanticCustomError("cache_salt", BAD_CACHE_SALT)
         return value
 
+    def _refuse_not_honoured(self, fields: dict[str, tuple]) -> None:
+        extra = self.model_extra or {}
+        for name, defaults in fields.items():
+            value = extra.get(name, defaults[0])
+            if not any(value == d and type(value) is type(d) for d in defaults):    # (1 == True: not a default)
+                raise RequestError(f"{name} is not supported by this engine (leave it out or at its default, "
+                                   f"{json.dumps(defaults[-1])})", param=name)
+
+    def truncated(self, token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last `truncate_prompt_tokens` tokens, as vLLM keeps them (its bound and words)."""
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return token_ids
+        if keep == 0:
+            raise RequestError("truncate_prompt_tokens: 0 leaves an empty prompt (give -1 or at least 1)",
+                               param="truncate_prompt_tokens")
+        keep = max_model_len if keep == -1 else keep
+        if keep > max_model_len:
+            raise RequestError(f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
+                               f"({max_model_len}). Please, select a smaller truncation size.",
+                               param="truncate_prompt_tokens")
+        return token_ids[-keep:]
+
     def stop_strings(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > MAX_STOP_STRINGS:
@@ -193,6 +229,11 @@ class _Common(BaseModel):
             if getattr(self, name) not in (default, {}):
                 raise RequestError(f"{name} is not supported by this engine (leave it at its default)",
                                    param=name)
+        self._refuse_not_honoured(NOT_HONOURED)
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise RequestError(f"response_format {kind!r} (structured output) is not supported by this engine",
+                               param="response_format")
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise RequestError("Stream options can only be defined when `stream=True`.",   # vLLM's words
                                param="stream_options")
@@ -228,6 +269,7 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True     # vLLM's: the tokenizer's BOS (and the like) added to a text prompt
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -283,11 +325,14 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False    # vLLM's: the chat template writes them
     chat_template: str | None = None
-    # Refused unless off: this engine neither parses tool calls nor constrains output to a format.
+    # Refused unless off: this engine does not parse tool calls.
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    # vLLM's: the last message is continued, not answered; variables for the chat template
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -312,10 +357,7 @@ class ChatCompletionRequest(_Common):
         if choice != "none":
             raise RequestError("tool calling is not supported by this server (send tool_choice \"none\" or no "
                                "tools)", param="tools")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise RequestError(f"response_format {kind!r} (structured output) is not supported by this engine",
-                               param="response_format")
+        self._refuse_not_honoured(NOT_HONOURED_IN_CHAT)
         return super().sampling_params(max_tokens, logprobs, vocab_size)
 
     def wanted_max_tokens(self) -> int | None:

@@ -163,9 +163,10 @@ class _Stream:
 
     async def events(self, first: Update, updates):
         completion_tokens = 0
-        if self.chat:   # the role comes first, as OpenAI sends it
-            yield self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                               "finish_reason": None} for i in range(self.params.n)])
+        if self.chat:   # the role comes first, as OpenAI sends it: a chunk of its own for each choice (as vLLM)
+            for i in range(self.params.n):
+                yield self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None}])
         update = first
         try:
             while True:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 SUMMED = ("counter", "histogram", "summary")
+MONOTONE = ("counter", "histogram")       # what only ever grows on one replica (a summary's quantiles do not)
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -56,14 +57,50 @@ def parse(text: str) -> dict[str, Family]:
     return families
 
 
-def aggregate(pages: list[dict[str, Family] | None]) -> list[Family]:
+class Counts:
+    """What each replica's counters and histograms have counted, across scrapes: the sum over replicas must
+    never go down (Prometheus reads a fall as a reset, and a fleet's rate() would spike), yet a replica that
+    is down answers no scrape and one restarted counts again from zero. So a replica that does not answer
+    counts what it last said, and one whose count fell (restarted) adds to what it had counted before, as
+    Prometheus's rate() reads one instance's reset."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}          # (name, kind and help of each family seen)
+        self.counted: dict[tuple, list[float]] = {}    # (replica, family, sample, labels) -> [before reset, last]
+
+    def update(self, replica: int, page: dict[str, Family] | None) -> None:
+        for family in (page or {}).values():
+            if family.kind not in MONOTONE:
+                continue
+            self.families.setdefault(family.name, Family(family.name, family.kind, family.help))
+            for name, labels, value in family.samples:
+                count = self.counted.setdefault((replica, family.name, name, labels), [0.0, 0.0])
+                if value < count[1]:
+                    count[0] += count[1]
+                count[1] = value
+
+    def totals(self) -> dict[str, dict[tuple, float]]:
+        sums: dict[str, dict[tuple, float]] = {}
+        for (_, family, name, labels), (before, last) in self.counted.items():
+            totals = sums.setdefault(family, {})
+            totals[(name, labels)] = totals.get((name, labels), 0.0) + before + last
+        return sums
+
+
+def aggregate(pages: list[dict[str, Family] | None], counts: Counts | None = None) -> list[Family]:
     """One family per name over every replica's page (None: a replica that did not answer): counters,
-    histograms and summaries summed per (sample, labels), anything else kept per replica."""
+    histograms and summaries summed per (sample, labels), anything else kept per replica. With `counts` (kept
+    from one scrape to the next) counters and histograms never go down: a replica down counts what it last
+    said, a replica restarted what it had counted before too."""
+    counts = counts or Counts()
     merged: dict[str, Family] = {}
     sums: dict[str, dict] = {}
     for replica, page in enumerate(pages):
+        counts.update(replica, page)
         for family in (page or {}).values():
             out = merged.setdefault(family.name, Family(family.name, family.kind, family.help))
+            if family.kind in MONOTONE:
+                continue
             if family.kind in SUMMED:
                 totals = sums.setdefault(family.name, {})
                 for name, labels, value in family.samples:
@@ -72,6 +109,10 @@ def aggregate(pages: list[dict[str, Family] | None]) -> list[Family]:
             else:
                 out.samples += [(name, labels + (("replica", str(replica)),), value)
                                 for name, labels, value in family.samples]
+    for name, totals in counts.totals().items():
+        known = counts.families[name]
+        merged.setdefault(name, Family(name, known.kind, known.help))
+        sums[name] = totals
     for name, totals in sums.items():
         merged[name].samples = [(sample, labels, value) for (sample, labels), value in totals.items()]
     return list(merged.values())

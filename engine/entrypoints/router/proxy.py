@@ -56,7 +56,7 @@ from starlette.routing import Route
 from engine.core.block_keys import ROOT_HASH, cache_root
 from engine.core.routing import SESSION_HEADER, RouterPolicy
 from engine.entrypoints.http_guard import BODY_TIMEOUT
-from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, said
+from engine.entrypoints.openai.errors import CLIENT_LEFT, error_body, route_error
 from engine.entrypoints.openai.middleware import BodyLimit
 from engine.entrypoints.router import prometheus
 from engine.entrypoints.router.replicas import LiveRouter, Replica
@@ -133,6 +133,8 @@ class Proxy:
         self.probe_timeout = probe_timeout
         self.probe_failures = max(1, probe_failures)
         self.watchers: list[asyncio.Task] = []
+        self.counts = prometheus.Counts()    # the replicas' counters over scrapes: the fleet's never go down
+        self.scraping = asyncio.Lock()
 
     def read(self, raw: bytes, session: str | None = None) -> tuple:
         """The request's JSON body (None when it is not JSON: the replica answers it with its own 400) and what
@@ -160,21 +162,24 @@ class Proxy:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = prompt[:PREFIX_TOKENS]
             return ids if all(0 <= t < TOKEN_ID_LIMIT for t in ids) else []
-        if self.tokenizer is None:
-            return []
+        if self.tokenizer is None or body.get("truncate_prompt_tokens") is not None:
+            return []     # (a truncated prompt's first tokens are not its text's: the replica cuts from the front)
+        # (vLLM's add_special_tokens: on by default for a completion's prompt, off for a rendered chat)
+        special = body.get("add_special_tokens", "messages" not in body) is True
         try:
             if isinstance(prompt, str):
-                return self._leading_ids(prompt, add_special_tokens=True)
+                return self._leading_ids(prompt, add_special_tokens=special)
             if isinstance(body.get("messages"), list):
                 text = self.tokenizer.apply_chat_template(body["messages"], tokenize=False,
                                                           add_generation_prompt=True)
-                return self._leading_ids(text, add_special_tokens=False)
+                return self._leading_ids(text, add_special_tokens=special)
         except Exception:   # noqa: BLE001 - the replica says what is wrong with the prompt; it just scores 0
             return []
         return []
 
     def _leading_ids(self, text: str, add_special_tokens: bool) -> list[int]:
-        ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens)["input_ids"])
+        ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens,   # (no warning of
+                                  verbose=False)["input_ids"])                                 # its length)
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
     async def pick(self, prompt: Scored, failed: list[Replica] | tuple = ()) -> Replica | None:
@@ -377,8 +382,9 @@ class Proxy:
         return None if answer.status_code == 200 else f"{replica.name()} answers {answer.status_code}"
 
     async def metrics(self, request: Request) -> Response:
-        pages = await asyncio.gather(*(self._page_of(r) for r in self.replicas))
-        families = prometheus.aggregate(pages) + self._own_metrics(pages)
+        async with self.scraping:        # (scrapes taken in turn: an older page read after a newer one would fall)
+            pages = await asyncio.gather(*(self._page_of(r) for r in self.replicas))
+            families = prometheus.aggregate(pages, self.counts) + self._own_metrics(pages)
         return PlainTextResponse(prometheus.render(families), media_type="text/plain; version=0.0.4")
 
     async def _page_of(self, replica: Replica):
@@ -513,9 +519,9 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own 404 and 405 in OpenAI's error shape, as the replicas give them."""
-    kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "BadRequestError")
-    return error(f"{request.method} {said(request.url.path)}: {exc.detail}", exc.status_code, kind)
+    """Starlette's own 404 and 405 (with its Allow header), in the words the replicas give them."""
+    return JSONResponse(route_error(exc.status_code, request.method, request.url.path, str(exc.detail)),
+                        status_code=exc.status_code, headers=exc.headers)
 
 
 def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
