@@ -65,6 +65,9 @@ class FakeReplicas:
                                              "events": self.events[i][int(request.url.params["after"]):]})
         if path == "/health":
             return httpx.Response(503 if self.status != 200 else 200)
+        if path in ("/tokenize", "/detokenize"):     # (what a replica was asked, echoed back)
+            return httpx.Response(200, json={"replica": i, "path": path, "body": json.loads(request.content),
+                                             "content_type": request.headers.get("content-type")})
         self.got.append(i)
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "max_tokens: bad", "code": self.status}})
@@ -85,6 +88,22 @@ def run_proxy(policy: str, fake: FakeReplicas, calls):
 
 def post(client, prompt=(5, 6, 7, 8, 9, 10, 11, 12, 13), headers=None, **extra):
     return client.post("/v1/completions", json={"prompt": list(prompt), "max_tokens": 2, **extra}, headers=headers)
+
+
+def test_tokenize_and_detokenize_go_to_a_replica_up_as_sent():
+    fake = FakeReplicas()
+
+    async def calls(client, proxy):
+        fake.down.add(0)
+        tokenized = await client.post("/tokenize", json={"prompt": "hello"})
+        detokenized = await client.post("/detokenize", json={"tokens": [5, 6]})
+        ping = await client.post("/ping")
+        return tokenized, detokenized, ping, fake.got
+    tokenized, detokenized, ping, routed = run_proxy("round-robin", fake, calls)
+    assert tokenized.json() == {"replica": 1, "path": "/tokenize", "body": {"prompt": "hello"},
+                                "content_type": "application/json"}
+    assert detokenized.json()["path"] == "/detokenize" and detokenized.json()["body"] == {"tokens": [5, 6]}
+    assert ping.status_code == 200 and routed == []      # (no generation routed)
 
 
 def test_the_models_list_comes_from_a_replica_that_answers():

@@ -111,3 +111,26 @@ def test_an_idle_server_reports_no_kv_cache_in_use(url):
     completion(url)
     page = httpx.get(url + "/metrics").text
     assert metric(page, "vllm:kv_cache_usage_perc") == 0.0
+
+
+def test_tokenize_and_detokenize_as_vllm_answers_them(url):
+    tokenized = post(url, "/tokenize", {"prompt": "hello world", "return_token_strs": True}).json()
+    assert tokenized["count"] == len(tokenized["tokens"]) > 0 and tokenized["max_model_len"] == MAX_MODEL_LEN
+    assert "".join(tokenized["token_strs"]).replace("\u0120", " ") == "hello world"    # (byte-level: a space is Ġ)
+    served = completion(url, prompt="hello world", max_tokens=1).json()["usage"]["prompt_tokens"]
+    assert served == tokenized["count"]
+    assert post(url, "/detokenize", {"tokens": tokenized["tokens"]}).json() == {"prompt": "hello world"}
+    # a chat's ids are those a chat request sends; a text longer than the context is counted, not refused
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    chat_ids = post(url, "/tokenize", chat).json()
+    answered = post(url, "/v1/chat/completions", chat | {"max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    assert chat_ids["count"] == answered and chat_ids["token_strs"] is None
+    assert post(url, "/tokenize", {"prompt": "ab" * MAX_MODEL_LEN * 4}).json()["count"] > MAX_MODEL_LEN
+    for path, body, param in (("/tokenize", {}, None), ("/tokenize", {"prompt": "a", "messages": chat["messages"]},
+                                                        None),
+                              ("/detokenize", {"tokens": [10 ** 6]}, "tokens"), ("/detokenize", {"tokens": [-1]},
+                                                                                 "tokens[0]"),
+                              ("/tokenize", {"prompt": "a", "model": "other"}, "model")):
+        refused = post(url, path, body)
+        assert refused.status_code in (400, 404) and refused.json()["error"]["param"] == param, refused.text
+    assert httpx.get(url + "/version").json()["version"] and httpx.get(url + "/ping").status_code == 200

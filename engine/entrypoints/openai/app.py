@@ -17,6 +17,7 @@ goes away has its request aborted, streaming or not.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import time
 from contextlib import asynccontextmanager
@@ -35,14 +36,19 @@ from engine.entrypoints.openai.errors import CLIENT_LEFT, RequestError, error_bo
 from engine.entrypoints.openai.frontend import Frontend
 from engine.entrypoints.openai.kv_events import KvEventLog
 from engine.entrypoints.openai.middleware import ApiKeyAuth, BodyLimit, InternalErrors, ResponseCounter
-from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoRAAdapterRequest,
-                                               UnloadLoRAAdapterRequest, _Common, parse_body)
+from engine.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                               LoadLoRAAdapterRequest, TokenizeRequest, UnloadLoRAAdapterRequest,
+                                               _Common, message_dicts, parse_body)
 from engine.entrypoints.openai.responses import serve_request
 from engine.entrypoints.openai.served_models import LoRAModulePath, ServedModels, resolve_adapter
 from engine.llm_engine import load_tokenizer
 
 HANDLERS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/kv_events",
-            "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+            "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/ping", "/version"}
+try:
+    VERSION = importlib.metadata.version("paged-planner")     # /version's answer
+except importlib.metadata.PackageNotFoundError:              # (run from a checkout that was never installed)
+    VERSION = "unknown"
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 RESOLVER_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
 
@@ -192,6 +198,22 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             return Response(status_code=CLIENT_LEFT)
         return await _until_disconnect(request, _chat(state, raw, arrival))
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await _tokenizer_call(request, state, _tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await _tokenizer_call(request, state, _detokenize)
+
+    @app.api_route("/ping", methods=["GET", "POST"])     # vLLM's (SageMaker's) health probe
+    async def ping():
+        return await health()
+
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}
+
     if state.options.runtime_lora_updating:
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(request: Request):
@@ -290,6 +312,41 @@ def _truncated(state: ServerState, body: _Common, token_ids: list[int], text: st
     """The prompt's ids and text, cut to the request's truncate_prompt_tokens (then the text is not the prompt's)."""
     kept = body.truncated(token_ids, state.engine.max_model_len)
     return kept, text if len(kept) == len(token_ids) else None
+
+
+async def _tokenizer_call(request: Request, state: ServerState, handle):
+    _check_json(request)
+    raw = await _body(request)
+    if raw is None:
+        return Response(status_code=CLIENT_LEFT)
+    return await handle(state, raw)
+
+
+async def _tokenize(state: ServerState, raw: bytes) -> dict:
+    """vLLM's /tokenize: a prompt's or a chat's ids, as a completion or a chat request would send them."""
+    body = await asyncio.to_thread(parse_body, raw, TokenizeRequest)
+    await _check_served(state, body)
+    frontend = state.frontend
+    if body.messages is None:
+        ids = await frontend.tokenize(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+    else:
+        text = await frontend.render_chat(message_dicts(body.messages), body.chat_template,
+                                          body.add_generation_prompt, body.continue_final_message,
+                                          body.chat_template_kwargs)
+        ids = await frontend.tokenize(text, param="messages", add_special_tokens=body.add_special_tokens is True)
+    strs = await frontend.token_strs(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+async def _detokenize(state: ServerState, raw: bytes) -> dict:
+    body = await asyncio.to_thread(parse_body, raw, DetokenizeRequest)
+    await _check_served(state, body)
+    vocab = state.engine.runner.vocab_size
+    bad = next((t for t in body.tokens if t >= vocab), None)
+    if bad is not None:
+        raise RequestError(f"token id {bad} is out of range: the model's vocabulary has {vocab} tokens",
+                           param="tokens")
+    return {"prompt": await state.frontend.decode(body.tokens)}
 
 
 async def _until_disconnect(request: Request, work):

@@ -96,20 +96,36 @@ class Frontend:
                                param=param)
 
     async def encode(self, text: str, *, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param=param)
+        """A prompt's ids: one the context can hold, and not empty."""
         self.check_length(text, param)
-        try:
-            # (verbose=False: a prompt past the tokenizer's model_max_length is the context check's to refuse, not
-            # a warning in the server's log)
-            ids = await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens,
-                                                         verbose=False)["input_ids"])
-        except Exception as exc:   # text the tokenizer cannot take: the request's fault, said in one line
-            raise RequestError(f"the tokenizer cannot encode this {param}: {type(exc).__name__}: {exc}",
-                               param=param) from None
+        ids = await self.tokenize(text, param=param, add_special_tokens=add_special_tokens)
         if not ids:                # (e.g. a request's chat template that renders nothing)
             raise RequestError(f"the {param} is empty once tokenized: there is nothing to complete", param=param)
         return ids
+
+    async def tokenize(self, text: str, *, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
+        """All of a text's ids, however many (vLLM's /tokenize counts a text of any length)."""
+        self._check_tokenizer(param)
+        try:
+            # (verbose=False: a prompt past the tokenizer's model_max_length is the context check's to refuse, not
+            # a warning in the server's log)
+            return await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens,
+                                                          verbose=False)["input_ids"])
+        except Exception as exc:   # text the tokenizer cannot take: the request's fault, said in one line
+            raise RequestError(f"the tokenizer cannot encode this {param}: {type(exc).__name__}: {exc}",
+                               param=param) from None
+
+    async def decode(self, ids: list[int]) -> str:
+        self._check_tokenizer("tokens")
+        return await self._run(lambda: self.tokenizer.decode(ids))
+
+    async def token_strs(self, ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary writes it (vLLM's return_token_strs)."""
+        return await self._run(lambda: self.tokenizer.convert_ids_to_tokens(ids))
+
+    def _check_tokenizer(self, param: str) -> None:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param=param)
 
     async def render_chat(self, messages: list[dict], request_template: str | None, add_generation_prompt: bool,
                           continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:

@@ -318,6 +318,24 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+def _parts_in_all(data):
+    """MAX_CONTENT_PARTS over all the messages together, counted before any part becomes a model: spread over
+    many messages, a body's million parts would hold the GIL as long as in one."""
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if isinstance(messages, list):
+        parts = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list))
+        if parts > MAX_CONTENT_PARTS:
+            raise PydanticCustomError("too_many_parts", f"the messages hold {parts:,} content parts in all; "
+                                                        f"at most {MAX_CONTENT_PARTS:,}")
+    return data
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """The messages as a chat template takes them (only text content)."""
+    return [{"role": m.role, "content": m.text(i), **({"name": m.name} if m.name else {})}
+            for i, m in enumerate(messages)]
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1)
@@ -336,17 +354,8 @@ class ChatCompletionRequest(_Common):
 
     @model_validator(mode="before")
     @classmethod
-    def _parts_in_all(cls, data):
-        """MAX_CONTENT_PARTS over all the messages together, counted before any part becomes a model: spread
-        over many messages, a body's million parts would hold the GIL as long as in one."""
-        messages = data.get("messages") if isinstance(data, dict) else None
-        if isinstance(messages, list):
-            parts = sum(len(m["content"]) for m in messages
-                        if isinstance(m, dict) and isinstance(m.get("content"), list))
-            if parts > MAX_CONTENT_PARTS:
-                raise PydanticCustomError("too_many_parts", f"the messages hold {parts:,} content parts in all; "
-                                                            f"at most {MAX_CONTENT_PARTS:,}")
-        return data
+    def _parts(cls, data):
+        return _parts_in_all(data)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
         if self.tool_choice not in (None, "none") and self.tools is None:      # vLLM's words
@@ -369,8 +378,43 @@ class ChatCompletionRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text(i), **({"name": m.name} if m.name else {})}
-                for i, m in enumerate(self.messages)]
+        return message_dicts(self.messages)
+
+
+class TokenizeRequest(BaseModel):
+    """/tokenize's body: vLLM's TokenizeCompletionRequest (a `prompt`) or TokenizeChatRequest (`messages`)."""
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, max_length=MAX_MESSAGES)
+    add_special_tokens: bool | None = None     # vLLM's defaults: on for a prompt, off for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data):
+        return _parts_in_all(data)
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError("one_input", "give either prompt or messages")
+        if (self.model_extra or {}).get("tools"):
+            raise PydanticCustomError("tools", "tools are not supported by this server")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """/detokenize's body (vLLM's DetokenizeRequest)."""
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 class LoadLoRAAdapterRequest(BaseModel):

@@ -30,7 +30,8 @@ marks it up again.
 /health is 200 while any replica can serve (naming the ones that cannot, if
 any) and 503 when none can; /metrics is the replicas' pages aggregated as
 Prometheus would (prometheus.py) plus the proxy's own routing counters;
-/v1/models is the first replica up's; /v1/load_lora_adapter and
+/v1/models, /tokenize, /detokenize and /version are the first replica up's
+answers (each replica gives the same); /ping is /health; /v1/load_lora_adapter and
 /v1/unload_lora_adapter go to every replica (each serves every adapter). The
 proxy keeps the adapters loaded that way, and loads those a replica lacks when
 it comes back (restarted by the launcher, launch.py, it has only its
@@ -457,18 +458,26 @@ class Proxy:
             self.adapters[name] = body
             self.unloaded.discard(name)
 
-    async def models(self, request: Request) -> Response:
-        """The first replica up's list (every replica serves the same model), each asked in turn with the health
-        probe's timeout: a frozen or dead replica does not hold the list up."""
-        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+    async def any_replica(self, request: Request) -> Response:
+        """The first replica up's answer to what every replica answers alike (/v1/models, /tokenize,
+        /detokenize, /version), each asked in turn; a frozen or dead replica does not hold it up (a GET waits the
+        health probe's timeout, a tokenizer's work a minute)."""
+        try:
+            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
+        except ClientDisconnect:
+            return Response(status_code=CLIENT_LEFT)
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
+        timeout = self.probe_timeout if request.method == "GET" else 60.0
         reasons = []
         for replica in self.replicas:
             if not replica.up:
                 reasons.append(_stopped_answering(replica))
                 continue
             try:
-                answer = await self.client.get(replica.url + "/v1/models", headers=headers,
-                                               timeout=self.probe_timeout)
+                answer = await self.client.request(request.method, replica.url + request.url.path, content=raw,
+                                                   headers=headers, timeout=timeout)
             except httpx.HTTPError as exc:
                 reasons.append(f"{replica.name()} did not answer: {type(exc).__name__}")
                 continue
@@ -536,7 +545,11 @@ def build_proxy_app(proxy: Proxy, max_body: int = MAX_BODY) -> Starlette:
 
     routes = [Route("/v1/completions", proxy.forward, methods=["POST"]),
               Route("/v1/chat/completions", proxy.forward, methods=["POST"]),
-              Route("/v1/models", proxy.models, methods=["GET"]),
+              Route("/v1/models", proxy.any_replica, methods=["GET"]),
+              Route("/tokenize", proxy.any_replica, methods=["POST"]),
+              Route("/detokenize", proxy.any_replica, methods=["POST"]),
+              Route("/version", proxy.any_replica, methods=["GET"]),
+              Route("/ping", proxy.health, methods=["GET", "POST"]),
               Route("/v1/load_lora_adapter", proxy.update_loras, methods=["POST"]),
               Route("/v1/unload_lora_adapter", proxy.update_loras, methods=["POST"]),
               Route("/health", proxy.health, methods=["GET"]),
