@@ -339,6 +339,9 @@ class Deployment:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.vllm_v1 and self.allocator != "paged":
             raise ValueError(f"the vllm-v1 policy needs the paged allocator, not {self.allocator}")
+        if self.enable_prefix_caching and self.allocator != "paged":     # (a contiguous chunk is no one's to share)
+            raise ValueError(f"prefix caching shares KV blocks, which the {self.allocator} allocator has not: "
+                             f"give the paged allocator")
         if self.vllm_v1 and self.preemption_mode != "recompute":
             raise ValueError("the vllm-v1 policy preempts by recompute only (as vLLM v1 does), "
                              f"not {self.preemption_mode!r}")

@@ -87,6 +87,15 @@ def test_bad_chunked_sim_configs_are_refused():
             sim_config(case, **kw)
 
 
+def test_prefix_caching_needs_the_paged_allocator():
+    """The paper's contiguous baselines share no block: prefix caching on one is refused (with the prefix-aware
+    router it crashed the fleet, whose replicas had no block pool to log events of)."""
+    from engine.deployment import Deployment
+    with pytest.raises(ValueError, match="prefix caching shares KV blocks, which the orca-max allocator has not"):
+        Deployment(policy="paper", allocator="orca-max", enable_prefix_caching=True)
+    assert not Deployment(policy="paper", allocator="orca-max").prefix_caching_on
+
+
 def test_cli_chunked_prefill_writes_per_step_log(tmp_path):
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["simulate", "--model", "opt-125m", "--workload", "sharegpt", "-n", "40",

@@ -110,6 +110,13 @@ def test_plan_holds_mxfp4_experts_and_prices_the_cache_in_fp8():
     assert fp8.memory.expert_bytes_per_gpu * 4 > 1.8 * plan.memory.expert_bytes_per_gpu * 2
 
 
+def test_a_cache_its_states_fill_is_refused_without_a_context_of_zero_to_lower_to():
+    with pytest.raises(PlannerError, match=r"^the KV cache holds 0 tokens \(19 blocks x 256, 19 of them a "
+                                           r"sequence's states\) .* raise --num-gpu-blocks \(now 19\)$"):
+        plan_deployment(Deployment(model="deepseek-v4-flash", gpu="b200", tp=8, max_model_len=1024,
+                                   num_gpu_blocks=19))
+
+
 def test_a_model_folder_declares_its_mxfp4_experts_at_the_top_level(tmp_path):
     """DeepSeek's config.json keeps expert_dtype beside quantization_config, not in it."""
     (tmp_path / "config.json").write_text(json.dumps(SMALL))

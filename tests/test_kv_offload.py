@@ -231,13 +231,15 @@ def test_what_the_tier_is_not_modelled_with_is_refused_in_one_line(flags, messag
     assert len(lines) == 1 and message in lines[0], lines
 
 
-@pytest.mark.parametrize("size, message", [("-1", "must be a positive number of GiB"),
-                                           ("0.000001", "holds no KV block of llama-3.1-8b")])
-def test_a_tier_size_that_holds_nothing_is_refused_in_one_line(size, message):
+@pytest.mark.parametrize("args, message", [(["-1"], "must be a positive number of GiB"),
+                                           (["0.000001"], "holds no KV block of llama-3.1-8b"),
+                                           (["1", "--num-cpu-blocks", "0"], "--num-cpu-blocks 0 leaves "
+                                                                             "--kv-offloading-size 1 GiB no block")])
+def test_a_tier_that_holds_nothing_is_refused_in_one_line(args, message):
     from typer.testing import CliRunner
     from planner.cli import app
 
     result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--gpu", "h100", "--requests", "20",
-                                      "--kv-offloading-size", size])
+                                      "--kv-offloading-size", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr, result.stderr

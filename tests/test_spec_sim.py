@@ -190,6 +190,16 @@ def test_an_eagle_or_mtp_head_is_one_layer_sharing_the_targets_vocabulary():
     moe = resolve_model("qwen3-30b-a3b")
     assert not proposer_model(Deployment(model="qwen3-30b-a3b", speculative="eagle:2"), moe)[0].is_moe
     assert proposer_model(Deployment(model="qwen3-30b-a3b", speculative="mtp:1"), moe)[0].is_moe
+    # every catalog model takes an EAGLE head (a Llama layer, whatever the target's attention) and, but for
+    # DeepSeek-V4 (its MTP layer's compressed kind is not in the catalog: refused in a line), an MTP head
+    from planner.catalog import list_models
+    for target in list_models():
+        assert proposer_model(Deployment(model=target.name, speculative="eagle:1"), target)[0].model_type == "llama"
+        if target.compressed_attention is None:
+            assert proposer_model(Deployment(model=target.name, speculative="mtp:1"), target)[0].num_layers == 1
+        else:
+            with pytest.raises(PlannerError, match=f"--speculative mtp on {target.name}: its MTP layer's"):
+                proposer_model(Deployment(model=target.name, speculative="mtp:1"), target)
     trace = fixed_trace(4, 200, 300)
     plain = run(trace, concurrency=1)
     eagle = run(trace, concurrency=1, speculative="eagle:3", acceptance="0,0,0")

@@ -146,11 +146,12 @@ def check_plan(plan) -> list[str]:
         raise_what = (f"--num-gpu-blocks (now {dep.num_gpu_blocks})" if dep.num_gpu_blocks is not None else
                       f"--kv-cache-memory-bytes (now {dep.kv_cache_memory_bytes})" if sized else
                       f"--gpu-memory-utilization (now {dep.gpu_memory_utilization})")
+        states = f", {plan.state_blocks} of them a sequence's states" if plan.state_blocks else ""
+        lower = f", lower --max-model-len to {slots}" if slots > 0 else ""     # (states may leave no token)
         raise PlannerError(
-            f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {plan.block_size}"
-            f"{f', {plan.state_blocks} of them a sequence states' if plan.state_blocks else ''}) but max_model_len "
-            f"is {plan.max_model_len}: vLLM refuses to start (one sequence at the context limit would not fit); "
-            f"raise {raise_what}, lower --max-model-len to {slots}{hint}")
+            f"the KV cache holds {slots} tokens ({plan.num_gpu_blocks} blocks x {plan.block_size}{states}) but "
+            f"max_model_len is {plan.max_model_len}: vLLM refuses to start (one sequence at the context limit would "
+            f"not fit); raise {raise_what}{lower}{hint}")
     warnings: list[str] = []
     if plan.memory is not None and plan.num_gpu_blocks > plan.memory.num_gpu_blocks:
         warnings.append(f"--num-gpu-blocks {plan.num_gpu_blocks} is more than the {plan.memory.num_gpu_blocks:,} "

@@ -210,6 +210,10 @@ def plan_deployment(deployment: Deployment, *, refuse: bool = True) -> Deploymen
                           weight_format=fmt, gemm=gemm, moe=layout,
                           cache_block_size=_cache_block_size(deployment, model, gpu))
     if deployment.kv_offloading_size and not plan.offload_blocks:
+        if deployment.num_cpu_blocks is not None:     # (which sets the tier's blocks when given with it)
+            raise PlannerError(f"--num-cpu-blocks 0 leaves --kv-offloading-size "
+                               f"{deployment.kv_offloading_size:g} GiB no block: give the tier's blocks, or leave "
+                               f"--num-cpu-blocks out to take them from its size")
         raise PlannerError(f"--kv-offloading-size {deployment.kv_offloading_size:g} GiB holds no KV block of "
                            f"{model.name} ({plan.block_bytes_per_gpu * deployment.tp * deployment.pp / 2**20:,.2f} "
                            f"MiB over its GPUs): give more")

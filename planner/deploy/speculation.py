@@ -187,18 +187,24 @@ def proposer_model(deployment: Deployment, target: ModelSpec) -> tuple[ModelSpec
         return catalog_model(deployment.draft_model), False
     if method not in ("eagle", "mtp"):
         return None
+    if method == "mtp" and target.compressed_attention is not None:
+        raise PlannerError(f"--speculative mtp on {target.name}: its MTP layer's attention (which of DeepSeek-V4's "
+                           f"compressed kinds, config.json's last compress_ratios entry) is not modelled; give "
+                           f"eagle or ngram")
     # an MTP head is one of the target's MoE layers (DeepSeek's: latent attention, routed and shared experts)
-    head = replace(target, name=f"{target.name} {method} head", num_layers=1, hf_id=None, aliases=(),
-                   published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0,
-                   dense_layers=0, linear_attention=None,     # Qwen3.5's MTP layer attends
-                   # Nemotron 3's: an attention block and a MoE block (its mtp_hybrid_override_pattern "*E")
-                   ffn_layers=1 if target.block_pattern else 0,
-                   block_pattern=("*E" if target.is_moe else "*-") if target.block_pattern else "",
-                   mlp_widths=())           # (a DeciLM's head: one MLP of its widest)
+    head = dict(name=f"{target.name} {method} head", num_layers=1, hf_id=None, aliases=(),
+                published_params=None, published_active_params=None, sliding_window=None, sliding_layers=0,
+                dense_layers=0, linear_attention=None,     # Qwen3.5's MTP layer attends
+                # Nemotron 3's: an attention block and a MoE block (its mtp_hybrid_override_pattern "*E")
+                ffn_layers=1 if target.block_pattern else 0,
+                block_pattern=("*E" if target.is_moe else "*-") if target.block_pattern else "",
+                mlp_widths=())           # (a DeciLM's head: one MLP of its widest)
     if method == "eagle":                  # a Llama decoder layer, whatever the target
         head_size = target.head_size if not target.is_mla else target.hidden_size // target.num_heads
-        head = replace(head, model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
-                       shared_experts=0, kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0,
-                       head_size=head_size, attention_sinks=False, checkpoint_quantization=None, ffn_layers=0,
-                       block_pattern="", moe_latent_size=0)
+        head |= dict(model_type="llama", num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                     shared_experts=0, kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0,
+                     head_size=head_size, attention_sinks=False, checkpoint_quantization=None, ffn_layers=0,
+                     block_pattern="", moe_latent_size=0, global_attention=None, compressed_attention=None,
+                     sparse_indexer=None, partial_rotary_dims=0)
+    head = replace(target, **head)
     return head, True
