@@ -7,7 +7,9 @@ the minor one when fields are added.
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 SCHEMA_VERSION = "1.1"
 
@@ -21,3 +23,17 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def read_json(text: str):
+    """`text` as JSON, or a ValueError saying in one line why not (the decoder's words and line, a document
+    nested too deeply, an integer of more than 4,300 digits), for the caller to name its file."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
+    except ValueError:      # (the only other refusal of json.loads: Python's cap on an integer's digits)
+        raise ValueError(f"not valid JSON (an integer of more than {sys.get_int_max_str_digits():,} digits)") \
+            from None

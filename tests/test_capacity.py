@@ -76,11 +76,13 @@ def test_slo_attainment_is_a_share():
 
 
 def test_a_capacity_whose_requests_cannot_run_at_any_rate_says_so_after_one_probe(tmp_path):
-    # Every request needs more than the whole KV cache: its lengths, not its rate, reject it, so halving the
-    # rate down to the lowest would replay the same refusals; the one probe says so, and what to change.
+    # Every request needs more than the whole KV cache (20 + 8 tokens: two blocks of 16 when done, and a third
+    # free before its last decode): its lengths, not its rate, reject it, so halving the rate down to the lowest
+    # would replay the same refusals; the one probe says so, and what to change.
     result = CliRunner().invoke(app, ["capacity", "--model", "opt-125m", "--gpu", "a100-40g", "--policy", "paper",
-                                      "--num-gpu-blocks", "2", "--max-model-len", "32", "--workload", "parallel",
-                                      "--slo", "ttft_p99=2", "--out", str(tmp_path / "kv"), "--json"])
+                                      "--num-gpu-blocks", "2", "--max-model-len", "32", "--workload", "random",
+                                      "-p", "input_len=20", "-p", "output_len=8", "--slo", "ttft_p99=2",
+                                      "--out", str(tmp_path / "kv"), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["capacity_rate"] is None and [p["rate"] for p in doc["probes"]] == [1.0]

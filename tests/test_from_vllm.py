@@ -210,7 +210,7 @@ def test_capacity_searches_the_load_the_bench_fixed():
     ("vllm serve m", "vllm bench serve --bar 2", "vllm bench serve: --bar is not a flag the planner knows"),
     ("vllm serve m", "vllm bench serve --request-rate fast", "--request-rate 'fast' is not a number"),
     ("vllm serve m --max-model-len", None, "vllm serve: --max-model-len needs a value"),
-    ("vllm serve m --speculative-config '{nope'", None, "--speculative-config is not JSON"),
+    ("vllm serve m --speculative-config '{nope'", None, "--speculative-config is not valid JSON (line 1: Expecting property name"),
     ("vllm serve 'm", None, "cannot split the command line"),
 ])
 def test_what_cannot_be_translated_is_refused_in_one_line(serve, bench, message):

@@ -100,7 +100,7 @@ def test_scaled_blocks_keep_what_the_requests_share(tmp_path):
      r":1: hash_ids: has 1 block hash but a prompt of 600 tokens is 2 blocks of 512"),
     ({"input_length": 600, "output_length": 5, "hash_ids": "1 2"}, r":1: hash_ids: must be a list of block ids"),
     ({"input_length": 600, "output_length": 5, "hash_ids": [1, -2]}, r":1: hash_ids: holds a hash id that is negative"),
-    ({"timestamp": "now", "input_length": 600, "output_length": 5}, r":1: timestamp: must be milliseconds >= 0"),
+    ({"timestamp": "now", "input_length": 600, "output_length": 5}, r":1: timestamp: must be finite milliseconds >= 0"),
 ])
 def test_a_broken_line_is_named_by_its_line_and_field(tmp_path, line, problem):
     path = write(tmp_path / "bad.jsonl", [line])

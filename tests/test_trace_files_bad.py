@@ -229,7 +229,9 @@ AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
     ("utf16.csv", (AZURE_HEADER + "1,2,3\n").encode("utf-16"), r"utf16\.csv:1: not UTF-8 text \(UTF-16"),
     ("latin1.csv", (AZURE_HEADER + "1,2,3\n").encode() + "2,4,4,é\n".encode("latin-1"), r"latin1\.csv:3: not UTF-8 text"),
     ("long.csv", AZURE_HEADER + "1,2,3\n2,1e30,3\n", r"long\.csv:3: ContextTokens: 1e30 is over the cap of 10,000,000 tokens$"),
-    ("span.csv", AZURE_HEADER + "1,2,3\n1e300,2,3\n", r"span\.csv:3: TIMESTAMP: 1e\+300 s after the first row, over the cap"),
+    ("span.csv", AZURE_HEADER + "1,2,3\n1e9,2,3\n", r"span\.csv:3: TIMESTAMP: 1e\+09 s after the first row, over the cap"),
+    ("huge.csv", AZURE_HEADER + "1,2,3\n1e9999999,2,3\n", r"huge\.csv:3: TIMESTAMP: not a time in seconds: '1e9999999' is "
+                                                         r"10\^18 or more"),
     ("nan.csv", AZURE_HEADER + "nan,2,3\n", r"nan\.csv:2: TIMESTAMP: not a finite time"),
     ("bool.csv", AZURE_HEADER + "1,true,3\n", r"bool\.csv:2: ContextTokens: not a number of tokens: 'true'$"),
     ("wide.csv", AZURE_HEADER + "1,2,3,4\n", r"wide\.csv:2: row has 4 cells, header has 3$"),

@@ -93,7 +93,7 @@ def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
     ("bad.jsonl", json.dumps(RECORDED[0]) + "\n" + '{"arrival_time": 1, "prompt_len": 3, "output_len": 2}\n',
      "bad.jsonl:2: field 'first_token_time' is missing"),
     ("nan.jsonl", '{"arrival_time": "soon", "prompt_len": 3}\n', "nan.jsonl:1: field 'arrival_time' is not a number"),
-    ("broken.jsonl", '{"arrival_time": 1,\n', "broken.jsonl:1: invalid JSON"),
+    ("broken.jsonl", '{"arrival_time": 1,\n', "broken.jsonl:1: not valid JSON (line 1: Expecting property name"),
     ("old.json", json.dumps({"input_lens": [1], "output_lens": [1], "ttfts": [0.1], "itls": [[]]}),
      "old.json: field 'start_times' is missing"),
     # were an OverflowError, a run that filled the memory, a TypeError and an IndexError

@@ -81,7 +81,7 @@ def test_the_shared_prefix_is_served_from_the_prefix_cache(poem, tokenizer_dir, 
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(input_len=10), r"input_len: 10 tokens leave no room after the base prompt's 13"),
     (dict(input_len=40, prefix_len=400), r"0 of 3 prompts fit in input_len 40 after 3,000 draws"),
-    (dict(output_len=0), r"output_len: must be >= 1, got 0"),
+    (dict(output_len=0), r"output_len: must be 1 to 10,000,000 tokens, got 0"),
 ])
 def test_refusals(poem, tokenizer_dir, kwargs, pattern):
     with pytest.raises(TraceError, match=pattern):

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .arrivals import TIME_DECIMALS, arrival_times
 from .errors import TraceError
-from .importers import json_conversations, load_tokenizer
+from .importers import check_length_arg, json_conversations, load_tokenizer
 from .schema import TraceRequest
 from .tokens import stream
 from .synthetic_conversations import FILETYPE, generate_conversations
@@ -124,13 +124,13 @@ def import_conversations(
     path = Path(path)
     if num_requests is not None and num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
-    if output_len is not None and output_len < 1:
-        raise TraceError(f"output_len: must be >= 1 token, got {output_len}")
+    if output_len is not None:
+        check_length_arg("output_len", output_len)
     if max_turns is not None and max_turns < 1:
         raise TraceError(f"max_turns: must be >= 1 messages, got {max_turns}")
     data = json_conversations(path, "conversations file",
                               also=f"the benchmark's generation config (an object with \"filetype\": \"{FILETYPE}\")")
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, source=path)
     if not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template, and the multi-turn benchmark "
                          f"sends chat messages: give the chat model's tokenizer folder")

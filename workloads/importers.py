@@ -27,7 +27,34 @@ from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, csv_header, csv_rows
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def load_tokenizer(tokenizer_path: str | Path):
+def check_length_arg(name: str, tokens: int) -> None:
+    """A length asked of an import: 1 token to the trace's cap (checked before any work, not in the file)."""
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise TraceError(f"{name}: must be 1 to {MAX_TOKENS:,} tokens, got {tokens:,}")
+
+
+class SourceTexts:
+    """A tokenizer for one source file's texts: one no tokenizer can take (a lone UTF-16 surrogate, which a
+    JSON escape can hold) is refused in a line naming the file, and a text longer than the tokenizer's
+    model_max_length is tokenized without transformers' warning (the trace's caps judge lengths)."""
+
+    def __init__(self, tokenizer, source: Path) -> None:
+        self.tokenizer, self.source = tokenizer, source
+
+    def __call__(self, text: str, **kwargs):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TraceError(f"{self.source}: a text holds a lone UTF-16 surrogate, which is not Unicode: "
+                             f"{text[:40]!r}") from None
+        return self.tokenizer(text, verbose=False, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def load_tokenizer(tokenizer_path: str | Path, source: Path | None = None):
+    """The tokenizer in a folder; with `source`, the file whose texts it will read (SourceTexts)."""
     # local_files_only: a tokenizer is a folder the user has, never a download
     from transformers import AutoTokenizer
 
@@ -38,10 +65,11 @@ def load_tokenizer(tokenizer_path: str | Path):
         raise TraceError(f"{folder}: no tokenizer in it (none of {', '.join(TOKENIZER_FILES)}): give the model's "
                          f"folder")
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise TraceError(f"{folder}: cannot load a tokenizer: {first}") from None
+    return tokenizer if source is None else SourceTexts(tokenizer, source)
 
 
 def _chat(tokenizer, text: str) -> list[int]:
@@ -163,10 +191,10 @@ def import_sharegpt(
     path = Path(path)
     if num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
-    if fixed_output_len is not None and fixed_output_len < 1:
-        raise TraceError(f"fixed_output_len: must be >= 1, got {fixed_output_len}")
+    if fixed_output_len is not None:
+        check_length_arg("fixed_output_len", fixed_output_len)
     pairs = _sharegpt_pairs(path)
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, source=path)
     if shuffle:                   # (vLLM bench's --disable-shuffle: the file's order)
         random.Random(seed).shuffle(pairs)
     available = _tokenized_pairs(pairs, tokenizer, num_requests, fixed_output_len, lfilter)
@@ -245,10 +273,9 @@ def import_custom(
     path = Path(path)
     if num_requests < 1:
         raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
-    if output_len < 1:
-        raise TraceError(f"output_len: must be >= 1, got {output_len}")
+    check_length_arg("output_len", output_len)
     prompts = _custom_prompts(path)
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, source=path)
     if not skip_chat_template and not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template to put the prompts in; give "
                          f"--skip-chat-template (vLLM bench's flag) to send them as they are")
@@ -298,9 +325,10 @@ def import_sonnet(
     ``input_len`` tokens, in the tokenizer's chat template; a prompt over ``input_len`` tokens is drawn again,
     as vLLM does. Every output is ``output_len`` tokens."""
     path = Path(path)
-    for name, value in (("num_requests", num_requests), ("input_len", input_len), ("output_len", output_len)):
-        if value < 1:
-            raise TraceError(f"{name}: must be >= 1, got {value}")
+    if num_requests < 1:
+        raise TraceError(f"num_requests: must be >= 1, got {num_requests}")
+    for name, value in (("input_len", input_len), ("output_len", output_len)):
+        check_length_arg(name, value)
     if prefix_len < 0:
         raise TraceError(f"prefix_len: must be >= 0, got {prefix_len}")
     if not path.is_file():
@@ -308,7 +336,7 @@ def import_sonnet(
     lines = list(text_lines(path))       # as vLLM's readlines(): split at newlines only, each kept
     if not any(line.strip() for line in lines):
         raise TraceError(f"{path}: no lines in it")
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, source=path)
     if not getattr(tokenizer, "chat_template", None):
         raise TraceError(f"{tokenizer_path}: the tokenizer has no chat template; vLLM bench's sonnet dataset puts "
                          f"every prompt in one")
@@ -348,6 +376,9 @@ def import_sonnet(
 _DATETIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
+MAX_TIMESTAMP_DIGITS = 18     # a timestamp below 10^18 s (epoch nanoseconds would be); a larger one is no time
+
+
 def parse_timestamp(cell: str) -> Decimal:
     """Seconds from a number or a date-time (naive times are read as UTC).
 
@@ -362,6 +393,8 @@ def parse_timestamp(cell: str) -> Decimal:
     if value is not None:
         if not value.is_finite():
             raise ValueError(f"not a finite time: {cell!r}")
+        if value.adjusted() >= MAX_TIMESTAMP_DIGITS:   # (no arithmetic: one that large overflows it)
+            raise ValueError(f"not a time in seconds: {cell[:40]!r} is 10^{MAX_TIMESTAMP_DIGITS} or more")
         return value
     m = _DATETIME.match(cell)
     if not m:

@@ -113,6 +113,9 @@ def _timestamp(obj: dict, path: Path, line: int, timed: bool | None) -> float | 
         raise TraceError(f"{where(path, line, 'timestamp')}: the lines before have none (give every line one, "
                          f"or none)")
     value = obj["timestamp"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where(path, line, 'timestamp')}: must be milliseconds >= 0, got {json_text(value)}")
-    return float(value)
+    # (an integer of 400 digits is no float: as infinite, refused)
+    ms = value if isinstance(value, float) or isinstance(value, int) and value.bit_length() < 1000 else math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(ms) or ms < 0:
+        raise TraceError(f"{where(path, line, 'timestamp')}: must be finite milliseconds >= 0, got "
+                         f"{json_text(value)[:40]}")
+    return float(ms)

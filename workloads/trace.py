@@ -96,9 +96,16 @@ class Trace:
             text = trace_files.dump_csv(self.requests)
         else:
             raise TraceError(f"{path}: unknown trace format {suffix!r} (expected .jsonl or .csv)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        capped = next(((r, cap) for r in self.requests if (cap := trace_files.over_cap(r))), None)
+        if capped is not None:             # (an imported dataset's, say: a file no run would read back)
+            (req, (field, why)) = capped
+            raise TraceError(f"{path}: not written: request {req.request_id}'s {field} {why}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot be written ({exc.strerror or exc})") from None
         return path
 
     # --- statistics --------------------------------------------------------------

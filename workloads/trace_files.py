@@ -47,7 +47,7 @@ MAX_SAMPLES = 1024           # n, beam_width: sequences one request runs at once
 
 _CAPS = (("arrival_time", MAX_ARRIVAL_TIME, "s"), ("prompt_len", MAX_TOKENS, "tokens"),
          ("output_len", MAX_TOKENS, "tokens"), ("n", MAX_SAMPLES, "sequences"),
-         ("beam_width", MAX_SAMPLES, "sequences"))
+         ("beam_width", MAX_SAMPLES, "sequences"), ("think_time", MAX_ARRIVAL_TIME, "s"))
 
 # Fields that hold lists of integers: space-separated in a CSV cell.
 ID_LIST_FIELDS = ("prompt_token_ids", "output_token_ids", "hash_ids")
@@ -122,10 +122,10 @@ def over_cap(req: TraceRequest) -> tuple[str, str] | None:
     """(field, '... is over the cap of ...') for the first of `req`'s fields past its cap, or None."""
     # one combined test on the hot path; the loop only runs to name the culprit
     if (req.arrival_time > MAX_ARRIVAL_TIME or req.prompt_len > MAX_TOKENS or req.output_len > MAX_TOKENS
-            or req.n > MAX_SAMPLES or req.beam_width > MAX_SAMPLES):
+            or req.n > MAX_SAMPLES or req.beam_width > MAX_SAMPLES or (req.think_time or 0.0) > MAX_ARRIVAL_TIME):
         for field, cap, unit in _CAPS:
             value = getattr(req, field)
-            if value > cap:
+            if value is not None and value > cap:
                 shown = f"{value:g}" if isinstance(value, float) else f"{value:,}"
                 return field, f"{shown} is over the cap of {cap:,.0f} {unit}"
     return None

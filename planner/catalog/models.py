@@ -17,6 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from planner.documents import read_json
 from planner.catalog import mla
 from planner.catalog.base import Catalog
 from planner.catalog.deepseek_v4 import (COMPRESSED_BLOCK, CSA, DEEPSEEK_V4_TYPES, HCA, SLIDING, CompressedAttention,
@@ -1095,11 +1096,13 @@ class ModelSpec:
         """Describe a model from a config.json file; a damaged one is named with what is wrong."""
         try:
             with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise PlannerError(f"{config_path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+                text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise PlannerError(f"{config_path}: cannot be read ({exc})") from None
+        try:
+            config = read_json(text)
+        except ValueError as exc:
+            raise PlannerError(f"{config_path}: {exc}") from None
         if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
             raise PlannerError(f"{config_path}: not a model config (a JSON object with a model_type)")
         return cls.from_hf_config(config, name=name)

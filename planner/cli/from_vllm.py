@@ -9,13 +9,13 @@ flag the planner does not model is left out with a warning; an unknown flag is r
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner.documents import read_json
 from planner.errors import PlannerError
 from planner.sim.clients import SERVED_TURNAROUND
 from workloads.clients import CONVERSATION_SAMPLING
@@ -177,9 +177,9 @@ def _value(words: list[str], i: int, what: str) -> str:
 def _speculative(text: str) -> list[str]:
     """--speculative-config's JSON as --speculative METHOD:K (+ --draft-model)."""
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlannerError(f"vllm serve: --speculative-config is not JSON: {exc.msg}") from None
+        config = read_json(text)
+    except ValueError as exc:
+        raise PlannerError(f"vllm serve: --speculative-config is {exc}") from None
     if not isinstance(config, dict) or not isinstance(config.get("num_speculative_tokens"), int):
         raise PlannerError("vllm serve: --speculative-config needs a JSON object with num_speculative_tokens")
     method = str(config.get("method") or ("draft_model" if config.get("model") else ""))
@@ -198,9 +198,9 @@ def _speculative(text: str) -> list[str]:
 
 def _eplb(text: str) -> list[str]:
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlannerError(f"vllm serve: --eplb-config is not JSON: {exc.msg}") from None
+        config = read_json(text)
+    except ValueError as exc:
+        raise PlannerError(f"vllm serve: --eplb-config is {exc}") from None
     redundant = config.get("num_redundant_experts") if isinstance(config, dict) else None
     return [] if redundant is None else ["--num-redundant-experts", str(redundant)]
 
@@ -210,9 +210,9 @@ def _kv_transfer(text: str, out: Translation) -> None:
     (`cpu_bytes_to_use`, what --kv-offloading-size sets) as --kv-offloading-size; any other connector (LMCache,
     disaggregated serving's), a tiered or differently blocked tier, is left out with a warning."""
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlannerError(f"vllm serve: --kv-transfer-config is not JSON: {exc.msg}") from None
+        config = read_json(text)
+    except ValueError as exc:
+        raise PlannerError(f"vllm serve: --kv-transfer-config is {exc}") from None
     if not isinstance(config, dict) or config.get("kv_connector") != "OffloadingConnector":
         out.not_modelled.append("--kv-transfer-config")
         return

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 
-import json
 import statistics
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from planner.documents import read_json
 from planner.catalog import ModelSpec
 from planner.errors import PlannerError
 from planner.profile.validity import check_profile_labels, check_profile_values
@@ -238,10 +238,9 @@ def load_profile(path: str | Path) -> Profile:
     except (OSError, UnicodeDecodeError) as exc:
         raise PlannerError(f"profile {path}: cannot be read ({exc})") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlannerError(f"profile {path}: not valid JSON (line {exc.lineno}: {exc.msg}); "
-                           "the file is damaged, run `planner profile` again") from None
+        data = read_json(text)
+    except ValueError as exc:
+        raise PlannerError(f"profile {path}: {exc}; the file is damaged, run `planner profile` again") from None
     if not isinstance(data, dict):
         raise PlannerError(f"profile {path}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")

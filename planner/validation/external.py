@@ -13,9 +13,9 @@ its comparison table are the same.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -24,6 +24,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.deployment import Deployment
+from planner.documents import read_json
 from planner.bench.client import BenchConfig, api_base, bench_metrics, run_bench
 from planner.deploy.plan import plan_deployment
 from planner.errors import PlannerError
@@ -263,6 +264,8 @@ def _from_row(row: dict, i: int, where: str) -> Measured:
                    _field(row, "first_token", where, required=not failed),
                    _field(row, "finish", where, required=not failed), failed,
                    row.get("error") or row.get("reject_reason") or None)
+    if _has_surrogate(req.request_id):
+        raise MeasuredFileError(f"{where}: request_id holds a lone UTF-16 surrogate (not valid Unicode)")
     if req.prompt_len < 1:      # a failed request's too: the simulation replays it
         raise MeasuredFileError(f"{where}: prompt_len must be at least 1")
     if not failed and not req.arrival <= req.first_token <= req.finish:
@@ -272,15 +275,23 @@ def _from_row(row: dict, i: int, where: str) -> Measured:
     return req
 
 
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _read_jsonl(path: Path) -> list[Measured]:
     out = []
     for line_no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise MeasuredFileError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
+            row = read_json(raw)
+        except ValueError as exc:
+            raise MeasuredFileError(f"{path}:{line_no}: {exc}") from None
         if not isinstance(row, dict):
             raise MeasuredFileError(f"{path}:{line_no}: expected a JSON object per line")
         out.append(_from_row(row, len(out), f"{path}:{line_no}"))
@@ -290,7 +301,10 @@ def _read_jsonl(path: Path) -> list[Measured]:
 def _read_csv(path: Path) -> list[Measured]:
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        rows = list(reader)
+        try:
+            rows = list(reader)
+        except csv.Error as exc:     # (a cell past the csv module's limit, a NUL byte)
+            raise MeasuredFileError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
     out = []
     for i, row in enumerate(rows):
         if None in row:
@@ -330,6 +344,10 @@ def _read_vllm_detailed(path: Path, doc: dict) -> list[Measured]:
             if not isinstance(itl, list):
                 raise MeasuredFileError(f"{where}: field 'itls' must be a list of inter-token latencies")
             gaps = [_number(x, where, "itls") for x in itl]
+            tokens = _tokens(o, where, "output_lens")
+            if len(gaps) >= tokens:                  # (n tokens: at most n - 1 gaps)
+                raise MeasuredFileError(f"{where}: 'itls' holds {len(gaps)} gaps, more than its {tokens} output "
+                                        f"tokens allow")
             first = arrival + _number(ttft, where, "ttfts")
             if first < arrival or any(g < 0 for g in gaps):
                 raise MeasuredFileError(f"{where}: 'ttfts' and 'itls' must not be negative")
@@ -353,8 +371,8 @@ def read_measured(path: str | Path) -> list[Measured]:
         else:
             text = path.read_text(encoding="utf-8")
             try:
-                doc = json.loads(text)
-            except json.JSONDecodeError:
+                doc = read_json(text)
+            except ValueError:      # (JSON Lines, or damaged: read line by line, which names the line)
                 doc = None
             if isinstance(doc, dict) and "input_lens" in doc:
                 rows = _read_vllm_detailed(path, doc)
@@ -369,6 +387,14 @@ def read_measured(path: str | Path) -> list[Measured]:
     if late.arrival - origin > MAX_ARRIVAL_TIME:
         raise MeasuredFileError(f"{path}: request {late.request_id} arrives {late.arrival - origin:g} s after the "
                                 f"first, over the cap of {MAX_ARRIVAL_TIME:,.0f} s")
+    ids = Counter(r.request_id for r in rows)
+    twice = next((i for i, n in ids.items() if n > 1), None)
+    if twice is not None:
+        raise MeasuredFileError(f"{path}: request_id {twice!r} appears {ids[twice]} times (each request once)")
+    slow = next((r for r in rows if not r.failed and r.finish - origin > 2 * MAX_ARRIVAL_TIME), None)
+    if slow is not None:
+        raise MeasuredFileError(f"{path}: request {slow.request_id} ends {slow.finish - origin:g} s after the first "
+                                f"arrival, over the cap of {2 * MAX_ARRIVAL_TIME:,.0f} s")
     for r in rows:   # time 0 = the first arrival
         r.arrival -= origin
         if r.first_token is not None:
