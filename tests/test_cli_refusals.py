@@ -179,3 +179,79 @@ def test_search_refuses_a_setting_of_every_configuration_before_it_starts(flag, 
     # each was reported as every configuration's failure, and the search exited 0 as if it had run
     refused(run("search", "--model", "opt-125m", "--gpu", "a100", "--rate", 2, "-n", 20, "--slo", "ttft_p99=1",
                 flag, value, "--out", tmp_path / "s"), message)
+
+
+# --- the third audit (stop 91): each was an unexpected error, a message naming no file, or a silent mistake ---
+
+def alone(result, message: str) -> None:
+    """Refused with one line on stderr and nothing before it (no "searching ..." line first)."""
+    refused(result, message)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_model_config_no_parser_can_take_is_named(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    refused(run("simulate", "--model", tmp_path / "m", "--gpu", "h100", "-n", 5), "config.json: not valid JSON "
+                                                                                  "(nested too deeply)")
+
+
+def test_a_trace_path_that_is_no_file_says_what_it_is(tmp_path):
+    (tmp_path / "dir.jsonl").mkdir()
+    (tmp_path / "loop.jsonl").symlink_to(tmp_path / "loop.jsonl")
+    refused(run("simulate", "--trace", tmp_path / "dir.jsonl"), "dir.jsonl: a folder, not a file")
+    refused(run("simulate", "--trace", tmp_path / "loop.jsonl"), "loop.jsonl: a symbolic link to no file")
+
+
+@pytest.mark.parametrize("duration", ["nan", "-1", "0"])
+def test_a_trace_files_duration_is_checked_as_a_workloads_is(tmp_path, duration):
+    # (it ran an empty simulation and exited 0)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival_time": 0, "prompt_len": 4, "output_len": 2}) + "\n")
+    refused(run("simulate", "--trace", trace, "--duration", duration), "duration: must be a positive number")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["capacity", "--tolerance", "0"], "tolerance must be in (0, 1)"),
+    (["capacity", "--start-rate", "nan"], "<= start (nan) <="),
+    (["search", "--rate", "1", "--price", "h100-sxm=nan"], "--price 'h100-sxm=nan'"),
+    (["search", "--rate", "1", "--executor", "bogus"], "unknown executor 'bogus'"),
+])
+def test_a_search_refuses_its_own_settings_before_it_says_it_starts(tmp_path, args, message):
+    alone(run(*args, "--model", "opt-125m", "--slo", "ttft_p99=1", "--requests", 10, "--out", tmp_path / "o"),
+          message)
+
+
+def test_from_vllm_runs_with_one_json_document_on_stdout_and_one_line_for_a_bad_option(tmp_path):
+    serve, bench = "vllm serve facebook/opt-125m", "vllm bench serve --random-input-len 64 --num-prompts 5"
+    ran = run("from-vllm", "--gpu", "h100", "--serve", serve, "--bench", bench, "--run", "--", "--json",
+              "--out", tmp_path / "o")
+    assert ran.exit_code == 0 and json.loads(ran.stdout)["num_submitted"] == 5, ran.output
+    # (through main(), as the command line runs it: click's usage block was printed)
+    import subprocess
+    import sys
+    bad = subprocess.run([sys.executable, "-c", "from planner.cli.app import main; main()", "from-vllm", "--gpu",
+                          "h100", "--serve", serve, "--bench", bench, "--run", "--", "--bogus"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1].startswith("error: No such option: --bogus")
+    assert "Usage" not in bad.stderr, bad.stderr
+
+
+def test_two_runs_in_one_second_keep_their_own_folders(tmp_path, monkeypatch):
+    from planner.cli.output import default_out
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261208-000000")
+    first, second = default_out("sim", "sharegpt"), default_out("sim", "sharegpt")
+    assert (first.name, second.name) == ("sim-20261208-000000-sharegpt", "sim-20261208-000000-sharegpt-2")
+    assert first.is_dir() and second.is_dir()
+
+
+def test_an_import_refuses_lengths_over_the_cap_before_any_work_and_writes_no_trace_it_would_refuse(tmp_path):
+    from workloads import Trace, TraceError, TraceRequest
+    (tmp_path / "any.json").write_text("[]")
+    refused(run("workload", "import", tmp_path / "any.json", "--format", "conversations", "--tokenizer", tmp_path,
+                "--output-len", 20_000_000, "-o", tmp_path / "t.jsonl"), "output_len: must be 1 to 10,000,000")
+    late = Trace([TraceRequest(request_id="r", arrival_time=4e8, prompt_len=4, output_len=2)])
+    with pytest.raises(TraceError, match=r"t\.jsonl: not written: request r's arrival_time 4e\+08 is over the cap"):
+        late.save(tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()

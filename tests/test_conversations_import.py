@@ -181,8 +181,8 @@ def test_from_vllm_runs_the_multi_turn_benchmarks_line(tmp_path, chat_tokenizer,
     run = CliRunner().invoke(app, ["from-vllm", "--serve", "vllm serve meta-llama/Llama-3.1-8B-Instruct", "--gpu",
                                    "h100-sxm", "--bench", bench, "--run", "--", "--json", "--out", str(tmp_path / "r")])
     assert run.exit_code == 0, run.output
-    assert "planner workload import conversations.json --format conversations" in run.stdout
-    doc = json.loads(run.stdout.splitlines()[-1])
+    assert "planner workload import conversations.json --format conversations" in run.stderr
+    doc = json.loads(run.stdout)
     assert doc["num_completed"] == 10 and (tmp_path / "conversations-turns.jsonl").is_file()   # as above
     missing = CliRunner().invoke(app, ["from-vllm", "--serve", "vllm serve meta-llama/Llama-3.1-8B-Instruct",
                                        "--gpu", "h100-sxm", "--bench", bench.replace("conversations.json", "no.json"),

@@ -210,7 +210,8 @@ def test_capacity_searches_the_load_the_bench_fixed():
     ("vllm serve m", "vllm bench serve --bar 2", "vllm bench serve: --bar is not a flag the planner knows"),
     ("vllm serve m", "vllm bench serve --request-rate fast", "--request-rate 'fast' is not a number"),
     ("vllm serve m --max-model-len", None, "vllm serve: --max-model-len needs a value"),
-    ("vllm serve m --speculative-config '{nope'", None, "--speculative-config is not valid JSON (line 1: Expecting property name"),
+    ("vllm serve m --speculative-config '{nope'", None,
+     "--speculative-config is not valid JSON (line 1: Expecting property name"),
     ("vllm serve 'm", None, "cannot split the command line"),
 ])
 def test_what_cannot_be_translated_is_refused_in_one_line(serve, bench, message):
@@ -227,10 +228,10 @@ def test_run_simulates_the_public_run_as_its_bench_does(bench, tmp_path):
     result = CliRunner().invoke(app, ["from-vllm", "--gpu", "h100-sxm", "--serve", SERVE, "--bench", LOAD, "--run",
                                       "--", "--json", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("planner simulate --model Qwen/Qwen3-8B") and lines[0].endswith("--json --out "
-                                                                                                + str(tmp_path))
-    doc = json.loads(lines[-1])
+    # the command line on stderr, the run's one JSON document alone on stdout
+    line = next(line for line in result.stderr.splitlines() if line.startswith("planner "))
+    assert line.startswith("planner simulate --model Qwen/Qwen3-8B") and line.endswith("--json --out " + str(tmp_path))
+    doc = json.loads(result.stdout)
     runs, _ = bench.load_runs()
     run = next(r for r in runs if (r.flags, r.rate, r.clients, r.input_len) == ("defaults", 25.0, 96, 512))
     assert (doc["ttft_mean"], doc["tpot_mean"], doc["e2e_mean"], doc["duration"]) == bench.predict(run)

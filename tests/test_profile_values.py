@@ -60,9 +60,26 @@ def test_the_shipped_profile_passes_every_check():
      ("fit.copy (piecewise)", "nan")),     # an unused candidate is checked too
     (lambda d: d["fit"]["decode"].update(residual_sd=math.nan), ("fit.decode.residual_sd",)),
     (lambda d: d["measurements"][0].update(median_s=-0.5), ("measurement 0", "-0.5")),
+    # finite, yet past what prices them (1e308 s overflowed the step's sum), or names no planner reads
+    (_set("decode", "values", 3, 1e308), ("fit.decode", "1e+308", "over 1e+09")),
+    (lambda d: _chosen(d, "decode")["extras"].update(context=1e308), ("fit.decode", "1e+308")),
+    (lambda d: _chosen(d, "decode").update(extras={"bogus": 1.0}), ("fit.decode", "over seqs, bogus",
+                                                                    "variables are seqs, context")),
+    (lambda d: _chosen(d, "decode").update(main="tokens"), ("fit.decode", "over tokens")),
+    (lambda d: d["fit"].update(bogus=d["fit"]["copy"]), ("fit.bogus is no component",)),
+    (lambda d: d.update(schema_version=True), ("schema version True",)),
+    (lambda d: d.update(lora_rank=-5), ("lora_rank",)),
 ])
 def test_non_finite_or_negative_fits_are_refused_naming_the_component(tmp_path, edit, words):
     _refused(_edited(tmp_path, edit), *words)
+
+
+@pytest.mark.parametrize("text, words", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                         ('{"schema_version": 1' + "1" * 5000 + "}", "more than 4,300 digits")])
+def test_json_no_parser_can_take_is_refused_in_one_line(tmp_path, text, words):
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    _refused(path, "not valid JSON", words)
 
 
 def _reversed(component):

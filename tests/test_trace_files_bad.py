@@ -172,6 +172,12 @@ def test_sizes_over_the_caps_are_refused(tmp_path, field, value, pattern):
     check(tmp_path, "big.csv", ",".join(cells) + "\n" + ",".join(cells.values()) + "\n", rf"big\.csv:2: {field}: " + pattern)
 
 
+def test_a_think_time_over_the_cap_is_refused(tmp_path):
+    # (a conversation of two turns 1e15 s apart filled the memory of a run's per-second counts)
+    turns = line(conversation_id="c", turn=0) + line(conversation_id="c", turn=1, think_time=1e15)
+    check(tmp_path, "think.jsonl", turns, r"think\.jsonl:2: think_time: 1e\+15 is over the cap of 10,000,000 s$")
+
+
 # --- 6. what else careless users do -------------------------------------------------------------------
 
 
@@ -229,9 +235,10 @@ AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
     ("utf16.csv", (AZURE_HEADER + "1,2,3\n").encode("utf-16"), r"utf16\.csv:1: not UTF-8 text \(UTF-16"),
     ("latin1.csv", (AZURE_HEADER + "1,2,3\n").encode() + "2,4,4,é\n".encode("latin-1"), r"latin1\.csv:3: not UTF-8 text"),
     ("long.csv", AZURE_HEADER + "1,2,3\n2,1e30,3\n", r"long\.csv:3: ContextTokens: 1e30 is over the cap of 10,000,000 tokens$"),
-    ("span.csv", AZURE_HEADER + "1,2,3\n1e9,2,3\n", r"span\.csv:3: TIMESTAMP: 1e\+09 s after the first row, over the cap"),
-    ("huge.csv", AZURE_HEADER + "1,2,3\n1e9999999,2,3\n", r"huge\.csv:3: TIMESTAMP: not a time in seconds: '1e9999999' is "
-                                                         r"10\^18 or more"),
+    ("span.csv", AZURE_HEADER + "1,2,3\n1e9,2,3\n",
+     r"span\.csv:3: TIMESTAMP: 1e\+09 s after the first row, over the cap"),
+    ("huge.csv", AZURE_HEADER + "1,2,3\n1e9999999,2,3\n",
+     r"huge\.csv:3: TIMESTAMP: not a time in seconds: '1e9999999' is 10\^18 or more"),
     ("nan.csv", AZURE_HEADER + "nan,2,3\n", r"nan\.csv:2: TIMESTAMP: not a finite time"),
     ("bool.csv", AZURE_HEADER + "1,true,3\n", r"bool\.csv:2: ContextTokens: not a number of tokens: 'true'$"),
     ("wide.csv", AZURE_HEADER + "1,2,3,4\n", r"wide\.csv:2: row has 4 cells, header has 3$"),

@@ -118,6 +118,17 @@ def test_measured_reads_bench_csv_and_vllm_detailed_json(tmp_path):
      "late.jsonl: request z arrives 1e+300 s after the first, over the cap of 10,000,000 s"),
     ("failed.jsonl", json.dumps({**RECORDED[0], "success": False}), "failed.jsonl: every request in it failed"),
     ("binary.jsonl", None, "binary.jsonl: not UTF-8 text"),
+    # were a RecursionError, a ValueError naming no file, a csv.Error and a TypeError; and, taken, two requests
+    # of one id, more gaps than tokens, and a finish too late to compute with
+    ("deep.jsonl", "[" * 100_000 + "]" * 100_000, "deep.jsonl:1: not valid JSON (nested too deeply)"),
+    ("digits.jsonl", '{"prompt_len": ' + "1" * 5000 + "}", "digits.jsonl:1: not valid JSON (an integer of more"),
+    ("cell.csv", "request_id,arrival\na," + "x" * 200_000 + "\n", "cell.csv:2: not a CSV row (field larger"),
+    ("surrogate.jsonl", json.dumps({**RECORDED[0], "request_id": "\ud800"}),     # (json writes it as \ud800)
+     "surrogate.jsonl:1: request_id holds a lone UTF-16 surrogate"),
+    ("twice.jsonl", json.dumps(RECORDED[0]) + "\n" + json.dumps(RECORDED[0]), "twice.jsonl: request_id 'a' appears 2"),
+    ("gaps.json", json.dumps({**VLLM, "itls": [[0.1] * 5, []]}), "gaps.json: entry 0: 'itls' holds 5 gaps, more than "
+                                                                 "its 3 output tokens"),
+    ("slow.jsonl", json.dumps({**RECORDED[0], "finish_time": 1e300}), "slow.jsonl: request a ends 1e+300 s after"),
 ])
 def test_unreadable_recordings_name_file_line_and_field(folder, tmp_path, name, content, message):
     path = tmp_path / name

@@ -242,6 +242,8 @@ def _shown(params: dict) -> str:
 def _from_file(path, num_requests, duration, rate, arrival, cv, seed, ramp_up, params) -> Trace:
     if params:
         raise TraceError(f"{sorted(params)[0]}: a trace file takes no workload parameters")
+    if duration is not None and not 0 < duration < math.inf:     # (NaN too: it compares False)
+        raise TraceError(f"duration: must be a positive number of seconds of the trace to keep, got {duration}")
     trace = Trace.load(path)
     if ramp_up is not None:
         check_ramp_up(ramp_up, rate, num_requests or len(trace), duration)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .errors import TraceError
 from .text import read_text
+from .trace_files import MAX_TOKENS
 
 FILETYPE = "generate_conversations"
 QUESTION = "Please rewrite the following text and add more content: "
@@ -54,10 +55,13 @@ class _Counts:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not test(value):
                 raise TraceError(f"{where}: {key}: must be {rule}, got {value!r}")
+            if abs(value) > MAX_TOKENS:        # (a count, or a parameter of one: none is past the trace's cap)
+                raise TraceError(f"{where}: {key}: {value:g} is over the cap of {MAX_TOKENS:,}")
             return value
 
         if not isinstance(conf, dict):
             raise TraceError(f"{where}: expected an object with a 'distribution', got {conf!r}")
+        self.where = where
         self.kind = conf.get("distribution")
         if self.kind not in DISTRIBUTIONS:
             raise TraceError(f"{where}: distribution: expected one of {', '.join(DISTRIBUTIONS)}, "
@@ -101,6 +105,11 @@ class _Counts:
             values = rng.zipf(self.alpha, size=n) if self.kind == "zipf" else rng.poisson(self.alpha, size=n)
         if self.cap:
             values = np.minimum(values, self.cap)
+        with np.errstate(invalid="ignore", over="ignore"):
+            largest = float(np.max(values, initial=0))
+        if not largest <= MAX_TOKENS:           # (a lognormal of a large mean or sigma draws infinities)
+            raise TraceError(f"{self.where}: a {self.kind} draw of {largest:g}, over the cap of {MAX_TOKENS:,}: "
+                             f"give smaller parameters or a 'max'")
         return np.round(values).astype(int)
 
 

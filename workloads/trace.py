@@ -28,6 +28,15 @@ def is_production_csv(header: list[str]) -> bool:
     return any(c in header for c in PRODUCTION_COLUMNS) and not any(c in header for c in trace_files.REQUIRED)
 
 
+def not_a_file(path: Path) -> str:
+    """Why `path` is no file to read: a folder, a link that leads nowhere, or nothing there."""
+    if path.is_dir():
+        return "a folder, not a file"
+    if path.is_symlink():
+        return "a symbolic link to no file"
+    return "no such file"
+
+
 class Trace:
     """Requests sorted by arrival time (stable, so ties keep their given order)."""
 
@@ -72,7 +81,7 @@ class Trace:
         if suffix not in (".jsonl", ".json", ".csv"):
             raise TraceError(f"{path}: unknown trace format {suffix!r} (expected .jsonl or .csv)")
         if not path.is_file():
-            raise TraceError(f"{path}: no such file")
+            raise TraceError(f"{path}: {not_a_file(path)}")
         if suffix == ".csv":
             if is_production_csv(trace_files.read_csv_header(path)):
                 from .importers import import_csv_trace   # imports this module: import late

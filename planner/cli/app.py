@@ -5,6 +5,7 @@ user input) into one line on stderr and exit code 2, never a traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -68,15 +69,22 @@ def from_vllm_cmd(
     if translation.searched:
         err.print(f"searched for instead of taken: {', '.join(translation.searched)}", highlight=False)
     words = [*translation.words, *ctx.args]
+    # the command lines are the output; with --run they go to stderr, the run's own output (--json's one
+    # document) to stdout
     for first in translation.before:
-        typer.echo(shlex.join(["planner", *first]))
-    typer.echo(" ".join([translation.command, *ctx.args]))
+        typer.echo(shlex.join(["planner", *first]), err=run)
+    typer.echo(" ".join([translation.command, *ctx.args]), err=run)
     if run:
-        for first in translation.before:     # (an import the run reads; a failure said, the run not made)
-            code = typer.main.get_command(app).main(args=first, prog_name="planner", standalone_mode=False)
+        # (not standalone: a bad option after -- is main()'s one line, not click's usage block)
+        command = typer.main.get_command(app)
+        for args in translation.before:       # an import the run reads: what it says, on stderr too
+            with contextlib.redirect_stdout(sys.stderr):
+                code = command.main(args=args, prog_name="planner", standalone_mode=False)
             if code:
                 raise typer.Exit(code)
-        typer.main.get_command(app).main(args=[translation.verb, *words], prog_name="planner")
+        code = command.main(args=[translation.verb, *words], prog_name="planner", standalone_mode=False)
+        if code:
+            raise typer.Exit(code)
 
 
 list_app = typer.Typer(help="List the catalogs.", no_args_is_help=True, rich_markup_mode=None)

@@ -5,6 +5,8 @@ code 2, never a traceback; tables go to stdout, progress to stderr.
 """
 from __future__ import annotations
 
+import atexit
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -80,7 +82,22 @@ def split_values(text: str, kind, name: str) -> list:
 
 
 def default_out(command: str, source: str) -> Path:
-    return REPORTS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}"
+    return new_folder(REPORTS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{Path(source).stem}")
+
+
+def new_folder(path: Path) -> Path:
+    """`path`, or `path`-2, -3, ...: a folder made now, so that two runs started in the same second do not
+    write their files into one."""
+    for suffix in itertools.count(1):
+        folder = path if suffix == 1 else path.with_name(f"{path.name}-{suffix}")
+        try:
+            folder.mkdir(parents=True)
+            atexit.register(_remove_if_empty, folder)      # (a run refused after this leaves no empty folder)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise PlannerError(f"{folder}: cannot make the run's folder ({exc.strerror or exc})") from None
 
 
 def run_folder(out: Path | None, command: str, source: str) -> Path:
@@ -90,6 +107,13 @@ def run_folder(out: Path | None, command: str, source: str) -> Path:
         return default_out(command, source)
     check_writable(out, folder=True)
     return out
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()           # (only an empty one goes)
+    except OSError:
+        pass
 
 
 def plan_table(plan: dict | None, metrics: dict) -> Table:

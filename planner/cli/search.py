@@ -30,7 +30,7 @@ from planner.cost.nodes import node_link
 from planner.cost.select import parse_cost_model
 from planner.deploy.parallel import layout_suffix
 from planner.errors import PlannerError
-from planner.runs.pools import EXECUTORS
+from planner.runs.pools import EXECUTORS, check_executor
 from planner.runs.slos import parse_slos
 from planner.runs.spec import RunSpec
 from planner.sizing.prices import parse_price_overrides
@@ -158,6 +158,8 @@ def search(
         axes = {name: deployments.values(name) or default for name, default in AXES.items()}
         base = deployments.without(*AXES, *LAYOUT_AXES).one("search", model="opt-13b")
         _refuse_run_wide(base, cost_model, profile, duration, max_replicas, pd)
+        parse_price_overrides(price)               # (each refused before the search says it starts)
+        check_executor(executor)
         load = load_of(workload, trace, param, requests, None if requests is not None else duration, seed,
                        burstiness)
         spec = RunSpec(deployment=base, load=load, cost_model=cost_model, profile=str(profile) if profile else None,

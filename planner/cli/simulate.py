@@ -34,6 +34,7 @@ from planner.report.run import write_run
 from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Fleet, Load, RunSpec
+from planner.sizing.bracket import check_rates
 from planner.sizing.capacity import capacity_limits, capacity_title, percent
 from workloads import RampUp, TraceError, parse_workload_params
 
@@ -295,6 +296,8 @@ def capacity(
         out_dir = run_folder(out, "capacity", spec.load.workload)
         if concurrency == "max":
             spec.load.check_closed_loop()          # before the search says it starts
+        else:
+            check_rates(start_rate, min(0.01, start_rate), max_rate, tolerance)    # (as api.capacity will)
 
         probed = _probe_printer(err, slos, seeds, clients=concurrency == "max", attainment=slo_attainment)
         d = spec.deployment

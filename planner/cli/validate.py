@@ -14,7 +14,7 @@ from rich.table import Table
 from engine.deployment import Deployment
 from planner.cli import options as opt
 from planner.cli.options import DeploymentChoices, deployment_options
-from planner.cli.output import REPORTS_DIR, check_writable, fail
+from planner.cli.output import REPORTS_DIR, check_writable, fail, new_folder
 from planner.errors import PlannerError
 from planner.validation.compare import Validation
 from planner.sim.router import parse_router
@@ -202,7 +202,8 @@ def _validate_fleet(deployments: DeploymentChoices, trace: dict, replicas, route
 
 
 def _default_folder(model: str, name: str) -> Path:
-    return REPORTS_DIR / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model).name}-{Path(name).stem}"
+    return new_folder(REPORTS_DIR / "validate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model).name}-"
+                                                  f"{Path(name).stem}")
 
 
 def _validate_deployment(deployments: DeploymentChoices, trace: dict, endpoint, measured, served_model_name,

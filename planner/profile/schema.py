@@ -211,7 +211,7 @@ class Profile(_Strict):
     fit: dict[str, ComponentFit]
     fingerprint: Fingerprint | None = None   # None: written before fingerprints ("unchecked")
     experts_touched: list[ExpertsTouched] = Field(default_factory=list)   # a MoE's routing, measured
-    lora_rank: int | None = None     # --enable-lora: the adapters' rank the "lora" component timed (None: none)
+    lora_rank: int | None = Field(None, ge=1)   # --enable-lora: the adapters' rank the "lora" component timed
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
@@ -244,7 +244,7 @@ def load_profile(path: str | Path) -> Profile:
     if not isinstance(data, dict):
         raise PlannerError(f"profile {path}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")
-    if version != PROFILE_SCHEMA_VERSION:
+    if version != PROFILE_SCHEMA_VERSION or type(version) is not int:      # (true == 1)
         raise PlannerError(f"profile {path}: schema version {version!r}, this planner reads version "
                            f"{PROFILE_SCHEMA_VERSION}; run `planner profile` again")
     try:
@@ -254,6 +254,16 @@ def load_profile(path: str | Path) -> Profile:
     missing = [c for c in COMPONENTS if c not in profile.fit]
     if missing:
         raise PlannerError(f"profile {path}: damaged (no fit for {', '.join(missing)})")
+    for name, fit in profile.fit.items():     # each fit a component's, over its own variables
+        if name not in COMPONENT_FEATURES:
+            raise PlannerError(f"profile {path}: damaged (fit.{name} is no component this planner prices)")
+        main, extras = COMPONENT_FEATURES[name]
+        for method, curve in fit.candidates.items():
+            unknown = sorted(set(curve.extras) - set(extras))
+            if curve.main != main or unknown:
+                raise PlannerError(f"profile {path}: damaged (fit.{name} ({method}) is over "
+                                   f"{', '.join([curve.main, *unknown])}; {name}'s variables are "
+                                   f"{', '.join([main, *extras])})")
     if ("lora" in profile.fit) != (profile.lora_rank is not None):
         raise PlannerError(f"profile {path}: damaged (a LoRA fit and lora_rank come together)")
     for name, fit in profile.fit.items():

@@ -60,6 +60,7 @@ def check_profile_values(profile, path) -> None:
                                f"must be finite{'' if difference else ' and >= 0'}; {_AGAIN}")
 
 
+MAX_PROFILE_NUMBER = 1e9     # seconds, tokens, sequences or blocks: far past any step a machine measures
 _AGAIN = "the file is damaged or was edited, run `planner profile` again"
 
 
@@ -69,6 +70,11 @@ def _finite_curve(path, where: str, curve) -> None:
     if bad is not None:
         raise PlannerError(f"profile {path}: {where} holds {bad}: every knot, value and term must be a finite "
                            f"number; {_AGAIN}")
+    # finite is not enough: a step of 1e308 s, or a curve out to 1e308 tokens, overflows what prices it
+    huge = next((x for x in numbers if abs(x) > MAX_PROFILE_NUMBER), None)
+    if huge is not None:
+        raise PlannerError(f"profile {path}: {where} holds {huge:g}: no measured knot, time or term is over "
+                           f"{MAX_PROFILE_NUMBER:g}; {_AGAIN}")
     negative = next(((k, v) for k, v in zip(curve.knots, curve.values) if v < 0), None)
     if negative is not None:
         raise PlannerError(f"profile {path}: {where} is negative ({negative[1]:.4g} s at {curve.main} "

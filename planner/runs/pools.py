@@ -103,6 +103,10 @@ def make_executor(name: str, *, workers: int | None = None, ray_address: str | N
         if ray_address is not None:
             raise PlannerError("--ray-address needs --executor ray")
         return LocalExecutor(workers)
-    if name == "ray":
-        return RayExecutor(ray_address, num_cpus=workers)
-    raise PlannerError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    check_executor(name)
+    return RayExecutor(ray_address, num_cpus=workers)
+
+
+def check_executor(name: str) -> None:
+    if name not in EXECUTORS:
+        raise PlannerError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

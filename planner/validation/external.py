@@ -304,7 +304,8 @@ def _read_csv(path: Path) -> list[Measured]:
         try:
             rows = list(reader)
         except csv.Error as exc:     # (a cell past the csv module's limit, a NUL byte)
-            raise MeasuredFileError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
+            # (line_num: the last line read whole; the row at fault is the next)
+            raise MeasuredFileError(f"{path}:{reader.line_num + 1}: not a CSV row ({exc})") from None
     out = []
     for i, row in enumerate(rows):
         if None in row:
