@@ -135,6 +135,8 @@ def test_workload_import_of_a_mooncake_trace(tmp_path):
                   "-o", out).exit_code == 2                          # 14 hashes do not cover 6,955 tokens at 1,024
     wrong = invoke("workload", "import", src, "--format", "azure", "--hash-block-size", "16", "-o", out)
     assert wrong.exit_code == 2 and "--hash-block-size: not used with --format azure" in wrong.output
+    huge = invoke("workload", "import", src, "--format", "mooncake", "--hash-block-size", 10 ** 11, "-o", out)
+    assert huge.exit_code == 2 and "--hash-block-size: must be 1 to 1,048,576 tokens" in huge.output   # (not the file)
 
 
 @pytest.mark.serial     # a live engine on the wall clock: run alone (scripts/test.sh)

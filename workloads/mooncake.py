@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .arrivals import TIME_DECIMALS
 from .errors import TraceError, where
+from .schema import MAX_HASH_BLOCK
 from .text import text_lines
 from .trace import Trace
 from .trace_files import MAX_ARRIVAL_TIME, MAX_TOKENS, build_request, json_object, json_text
@@ -35,8 +36,8 @@ def import_mooncake(path: str | Path, *, num_requests: int | None = None, durati
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
-    if block_size < 1:
-        raise TraceError(f"--hash-block-size: must be at least 1 token, got {block_size}")
+    if not 1 <= block_size <= MAX_HASH_BLOCK:      # (the trace's own field's bounds: TraceRequest.hash_block_size)
+        raise TraceError(f"--hash-block-size: must be 1 to {MAX_HASH_BLOCK:,} tokens, got {block_size:,}")
     stem = name or path.stem
     requests = []
     dropped = 0

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 from engine.core.sampling_params import SamplingParams
 
 MAX_TOKEN_ID = 1 << 31      # ids are below it: every vocabulary is smaller, and the prefix keys pack ids in 64 bits
+MAX_HASH_BLOCK = 1 << 20    # tokens a hash id covers, at most
 
 
 class TraceRequest(BaseModel):
@@ -55,7 +56,7 @@ class TraceRequest(BaseModel):
     # mooncake_trace): the prompt is made of blocks of `hash_block_size` tokens (the last one shorter), block i
     # drawn from hash_ids[i]'s own stream, so requests whose hash ids begin alike share those blocks' tokens as
     # the production requests shared them. None: the prompt as the fields above make it.
-    hash_block_size: int = Field(default=512, ge=1, le=1 << 20)
+    hash_block_size: int = Field(default=512, ge=1, le=MAX_HASH_BLOCK)
     hash_ids: list[StrictInt] | None = None
 
     # Field validators (not a model validator) so that an error names the
