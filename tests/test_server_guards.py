@@ -158,7 +158,7 @@ class _Tokenizer:
     def __init__(self):
         self.seen = []
 
-    def __call__(self, text, add_special_tokens=True):
+    def __call__(self, text, add_special_tokens=True, verbose=True):
         self.seen.append(len(text))
         return {"input_ids": [ord(c) for c in text]}
 
