@@ -154,9 +154,10 @@ def test_a_run_that_rejects_every_request_says_nothing_was_served_and_what_to_ch
     assert not any("Bound by" in line or "SATURATED" in line for line in v["lines"])
     # the run's own context limit rejected them: the next run drops it (not a lower rate)
     assert v["next_commands"][0]["command"] == doc["command"].replace(" --max-model-len 8", "")
-    # prompts past the whole KV cache: more GPUs
-    cache = run_document(run_spec(Deployment(num_gpu_blocks=2, max_model_len=32, policy="paper"), workload="parallel",
-                                  rate=1.0, requests=20))["verdict"]
+    # requests past the whole KV cache (20 + 8 tokens: two blocks of 16, and a third free before the last
+    # decode): more GPUs
+    cache = run_document(run_spec(Deployment(num_gpu_blocks=2, max_model_len=32, policy="paper"), workload="random",
+                                  params={"input_len": 20, "output_len": 8}, rate=1.0, requests=20))["verdict"]
     assert cache["bound"] == "rejections" and "--tp 2" in cache["next_commands"][0]["command"]
     # past the model's own context: nothing in the planner's flags helps
     trace = tmp_path / "long.jsonl"
