@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.unicode_text import has_lone_surrogate
+
 from .arrivals import TIME_DECIMALS, arrival_times
 from .errors import TraceError, where
 from .lengths import VLLM_FILTER, LengthFilter
@@ -42,11 +44,9 @@ class SourceTexts:
         self.tokenizer, self.source = tokenizer, source
 
     def __call__(self, text: str, **kwargs):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+        if has_lone_surrogate(text):
             raise TraceError(f"{self.source}: a text holds a lone UTF-16 surrogate, which is not Unicode: "
-                             f"{text[:40]!r}") from None
+                             f"{text[:40]!r}")
         return self.tokenizer(text, verbose=False, **kwargs)
 
     def __getattr__(self, name: str):

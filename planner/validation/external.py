@@ -24,6 +24,7 @@ import httpx
 
 from engine.core.metrics import RequestRecord, compute_metrics
 from engine.deployment import Deployment
+from engine.unicode_text import has_lone_surrogate
 from planner.documents import read_json
 from planner.bench.client import BenchConfig, api_base, bench_metrics, run_bench
 from planner.deploy.plan import plan_deployment
@@ -264,7 +265,7 @@ def _from_row(row: dict, i: int, where: str) -> Measured:
                    _field(row, "first_token", where, required=not failed),
                    _field(row, "finish", where, required=not failed), failed,
                    row.get("error") or row.get("reject_reason") or None)
-    if _has_surrogate(req.request_id):
+    if has_lone_surrogate(req.request_id):
         raise MeasuredFileError(f"{where}: request_id holds a lone UTF-16 surrogate (not valid Unicode)")
     if req.prompt_len < 1:      # a failed request's too: the simulation replays it
         raise MeasuredFileError(f"{where}: prompt_len must be at least 1")
@@ -273,14 +274,6 @@ def _from_row(row: dict, i: int, where: str) -> Measured:
     if not failed and req.output_len < 1:
         raise MeasuredFileError(f"{where}: output_len must be at least 1")
     return req
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _read_jsonl(path: Path) -> list[Measured]:

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from engine.core.block_keys import BAD_CACHE_SALT, bad_cache_salt
 from engine.core.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.entrypoints.openai.errors import RequestError, param_of
+from engine.unicode_text import has_lone_surrogate
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # vLLM's cap on n (and best_of), against a request fanning out into more sequences than a server can hold
@@ -110,12 +111,12 @@ def _surrogate_at(doc: Any, path: str = "") -> str | None:
     while stack:
         value, where = stack.pop()
         if isinstance(value, str):
-            if _has_surrogate(value):
+            if has_lone_surrogate(value):
                 return where or "body"
         elif isinstance(value, dict):
             for key, item in value.items():
                 name = f"{where}.{key}" if where else str(key)
-                if _has_surrogate(str(key)):
+                if has_lone_surrogate(str(key)):
                     return where or "body"
                 stack.append((item, name))
         elif isinstance(value, list):
@@ -123,14 +124,6 @@ def _surrogate_at(doc: Any, path: str = "") -> str | None:
                 if isinstance(item, (str, dict, list)):
                     stack.append((item, f"{where}[{i}]"))
     return None
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class StreamOptions(BaseModel):

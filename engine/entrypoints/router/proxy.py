@@ -203,12 +203,9 @@ class Proxy:
         return replica
 
     async def forward(self, request: Request) -> Response:
-        try:
-            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
-        except asyncio.TimeoutError:
-            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
-        except ClientDisconnect:         # it left (or broke its chunked body) before the body ended: nobody to answer
-            return Response(status_code=CLIENT_LEFT)
+        raw = await _body(request)
+        if isinstance(raw, Response):
+            return raw
         # The client's bytes as they came (a header may hold any latin-1 byte; the replica judges it).
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         # a 16 MiB body: not on the event loop
@@ -418,12 +415,9 @@ class Proxy:
         All answering 200: the first answer, and the adapter's id kept for prefix-aware picks; else the first
         replica's refusal as it gave it (each holds the same adapters, so each refuses alike), or a 502 naming
         the replicas that did not take it when the others did."""
-        try:
-            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
-        except asyncio.TimeoutError:
-            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
-        except ClientDisconnect:
-            return Response(status_code=CLIENT_LEFT)
+        raw = await _body(request)
+        if isinstance(raw, Response):
+            return raw
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         path = request.url.path
         answers = await asyncio.gather(*(self._update(r, path, raw, headers) if r.up else _down(r)
@@ -462,12 +456,9 @@ class Proxy:
         """The first replica up's answer to what every replica answers alike (/v1/models, /tokenize,
         /detokenize, /version), each asked in turn; a frozen or dead replica does not hold it up (a GET waits the
         health probe's timeout, a tokenizer's work a minute)."""
-        try:
-            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
-        except asyncio.TimeoutError:
-            return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
-        except ClientDisconnect:
-            return Response(status_code=CLIENT_LEFT)
+        raw = await _body(request)
+        if isinstance(raw, Response):
+            return raw
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
         timeout = self.probe_timeout if request.method == "GET" else 60.0
         reasons = []
@@ -483,6 +474,17 @@ class Proxy:
                 continue
             return Response(answer.content, status_code=answer.status_code, headers=_passed(answer.headers))
         return error("no replica answered: " + "; ".join(reasons), 503, "ServiceUnavailableError")
+
+
+async def _body(request: Request) -> bytes | Response:
+    """The request's body, or the answer to a client that did not send it within BODY_TIMEOUT (408), or that
+    left (or broke its chunked body) before it ended: nobody to answer."""
+    try:
+        return await asyncio.wait_for(request.body(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        return error(f"the request body did not arrive within {BODY_TIMEOUT:g} s", 408, "RequestTimeoutError")
+    except ClientDisconnect:
+        return Response(status_code=CLIENT_LEFT)
 
 
 def _stopped_answering(replica: Replica) -> str:
