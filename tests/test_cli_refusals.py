@@ -216,6 +216,7 @@ def test_a_trace_files_duration_is_checked_as_a_workloads_is(tmp_path, duration)
     (["capacity", "--start-rate", "nan"], "<= start (nan) <="),
     (["search", "--rate", "1", "--price", "h100-sxm=nan"], "--price 'h100-sxm=nan'"),
     (["search", "--rate", "1", "--executor", "bogus"], "unknown executor 'bogus'"),
+    (["simulate", "--concurrency", "1,0", "--gpu", "a100-80g"], "concurrency must be >= 1 clients, got 0"),
 ])
 def test_a_search_refuses_its_own_settings_before_it_says_it_starts(tmp_path, args, message):
     alone(run(*args, "--model", "opt-125m", "--slo", "ttft_p99=1", "--requests", 10, "--out", tmp_path / "o"),

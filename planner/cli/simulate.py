@@ -197,6 +197,8 @@ def pool_table(pd: dict) -> Table:
 
 
 def _sweep(specs: list[RunSpec], out_dir: Path, as_json: bool, err: Console, slos: dict[str, float]) -> None:
+    for spec in specs:           # (a bad value of a swept list refused before the sweep says it starts)
+        spec.load.check()
     err.print(f"sweeping {len(specs)} runs in parallel processes ...", highlight=False)
 
     def done(spec: RunSpec, doc: dict) -> None:

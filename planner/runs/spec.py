@@ -96,7 +96,8 @@ class Load:
         rate = self.ramp_up.end_rps if self.ramp_up else DEFAULT_RATE if self.rate is None else self.rate
         check_trace_size(self.requests, self.duration, rate)
 
-    def trace(self) -> Trace:
+    def check(self) -> None:
+        """Refuse in one line, before any work, a load no trace can be made of."""
         if self.concurrency is not None and self.concurrency < 1:
             raise PlannerError(f"concurrency must be >= 1 clients, got {self.concurrency}")
         if self.rate is not None and not self.rate > 0:
@@ -108,6 +109,9 @@ class Load:
         if self.concurrency is not None:
             self.check_closed_loop()
         self.check_size()
+
+    def trace(self) -> Trace:
+        self.check()
         try:
             if is_trace_file(self.workload):
                 rate = math.inf if self.rate is None else self.rate
