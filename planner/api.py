@@ -27,6 +27,7 @@ from planner.runs.seeds import intervals, run_seeds
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Load, RunSpec
 from planner.runs.sweep import run_sweep
+from planner.sizing.bracket import lowest_rate
 from planner.sizing.capacity import Capacity, capacity_document, find_capacity, find_concurrency
 from planner.sizing.search import SearchGrid, SearchResult, run_search
 from workloads import RampUp
@@ -151,7 +152,7 @@ def capacity(target: Deployment | RunSpec | None = None, *, slos: dict[str, floa
         found = find_concurrency(spec, limits, on_probe=on_probe, warn=warn)
     else:
         found = find_capacity(spec, limits, start=start_rate, max_rate=max_rate, rel_tol=tolerance,
-                              min_rate=min(0.01, start_rate), on_probe=on_probe, seeds=seeds,
+                              min_rate=lowest_rate(start_rate), on_probe=on_probe, seeds=seeds,
                               confidence=confidence, warn=warn)
     doc = capacity_document(spec, limits, found, clients)
     doc.update(seeds=seeds, confidence=confidence)

@@ -34,7 +34,7 @@ from planner.report.run import write_run
 from planner.report.sweep import comparison_row, sweep_document, write_sweep
 from planner.runs.slos import parse_slos
 from planner.runs.spec import Fleet, Load, RunSpec
-from planner.sizing.bracket import check_rates
+from planner.sizing.bracket import check_rates, lowest_rate
 from planner.sizing.capacity import capacity_limits, capacity_title, percent
 from workloads import RampUp, TraceError, parse_workload_params
 
@@ -299,7 +299,7 @@ def capacity(
         if concurrency == "max":
             spec.load.check_closed_loop()          # before the search says it starts
         else:
-            check_rates(start_rate, min(0.01, start_rate), max_rate, tolerance)    # (as api.capacity will)
+            check_rates(start_rate, lowest_rate(start_rate), max_rate, tolerance)    # (as api.capacity will)
 
         probed = _probe_printer(err, slos, seeds, clients=concurrency == "max", attainment=slo_attainment)
         d = spec.deployment

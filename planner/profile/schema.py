@@ -254,19 +254,18 @@ def load_profile(path: str | Path) -> Profile:
     missing = [c for c in COMPONENTS if c not in profile.fit]
     if missing:
         raise PlannerError(f"profile {path}: damaged (no fit for {', '.join(missing)})")
-    for name, fit in profile.fit.items():     # each fit a component's, over its own variables
-        if name not in COMPONENT_FEATURES:
-            raise PlannerError(f"profile {path}: damaged (fit.{name} is no component this planner prices)")
-        main, extras = COMPONENT_FEATURES[name]
-        for method, curve in fit.candidates.items():
-            unknown = sorted(set(curve.extras) - set(extras))
-            if curve.main != main or unknown:
-                raise PlannerError(f"profile {path}: damaged (fit.{name} ({method}) is over "
-                                   f"{', '.join([curve.main, *unknown])}; {name}'s variables are "
-                                   f"{', '.join([main, *extras])})")
     if ("lora" in profile.fit) != (profile.lora_rank is not None):
         raise PlannerError(f"profile {path}: damaged (a LoRA fit and lora_rank come together)")
     for name, fit in profile.fit.items():
+        if name not in COMPONENT_FEATURES:      # each fit a component's, over its own variables
+            raise PlannerError(f"profile {path}: damaged (fit.{name} is no component this planner prices)")
+        main, extras = COMPONENT_FEATURES[name]
+        for method, candidate in fit.candidates.items():
+            unknown = sorted(set(candidate.extras) - set(extras))
+            if candidate.main != main or unknown:
+                raise PlannerError(f"profile {path}: damaged (fit.{name} ({method}) is over "
+                                   f"{', '.join([candidate.main, *unknown])}; {name}'s variables are "
+                                   f"{', '.join([main, *extras])})")
         curve = fit.candidates.get(fit.chosen)
         if curve is None:
             raise PlannerError(f"profile {path}: damaged (fit.{name} chose {fit.chosen!r} but has no such candidate)")

@@ -16,6 +16,11 @@ from planner.errors import PlannerError
 
 
 MAX_RATE = 1e6                   # req/s: the highest rate a capacity search may try
+MIN_RATE = 0.01                  # req/s: the lowest (or the start, if lower)
+
+
+def lowest_rate(start: float) -> float:
+    return min(MIN_RATE, start)
 
 
 def check_rates(start: float, min_rate: float, max_rate: float, rel_tol: float) -> None:

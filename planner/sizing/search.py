@@ -37,6 +37,7 @@ from engine.core.metrics import slo_attainment
 from planner.deploy import checks
 from planner.deploy.plan import resolved
 from planner.errors import PlannerError
+from planner.sizing.bracket import lowest_rate
 from planner.sizing.capacity import Hint, capacity_limits, search_capacity
 from planner.sizing.prices import Price, price_table
 from planner.sizing.probe import Probe, Prober, SharedRuns
@@ -180,7 +181,7 @@ def _max_rate(g: SearchGrid, replicas: int | None = None) -> float:
 def _limits(g: SearchGrid, replicas: int | None = None) -> dict:
     top = _max_rate(g, replicas)
     start = min(max(g.target_rate or float(replicas or 1), 0.01), top)
-    return dict(start=start, min_rate=min(0.01, start), max_rate=top, rel_tol=g.tolerance)
+    return dict(start=start, min_rate=lowest_rate(start), max_rate=top, rel_tol=g.tolerance)
 
 
 def _fill(row: dict, g: SearchGrid, rate: float | None, doc: dict | None, bounded: bool,

@@ -46,8 +46,11 @@ BATCHED = "send one prompt per request (batched prompts are not supported)"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
 
 # Fields of vLLM's requests that this engine does not honour, each with the values that ask nothing of it (vLLM's
-# defaults): any other value is refused with a 400 naming the field, not served as if it had not been sent.
-NOT_HONOURED = {"skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+# defaults): any other value is refused with a 400 naming the field, not served as if it had not been sent. (The
+# penalties are declared fields, whose null is their default: `_Common`.)
+NOT_HONOURED = {"presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
+                "logit_bias": (None, {}), "min_tokens": (0,), "min_p": (0.0,),
+                "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
                 "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
                 "logits_processors": (None,), "return_tokens_as_token_ids": (None, False), "prompt_embeds": (None,),
                 "structured_outputs": (None,), "guided_json": (None,), "guided_regex": (None,),
@@ -160,7 +163,7 @@ class _Common(BaseModel):
     response_format: dict[str, Any] | None = None
     # vLLM's: the prompt cut to its last k tokens before it is served (-1: the model's length)
     truncate_prompt_tokens: Int64 | None = Field(None, ge=-1)
-    # Accepted only at their defaults (no penalties in this engine).
+    # Accepted only at their defaults (no penalties in this engine: NOT_HONOURED).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -184,9 +187,9 @@ class _Common(BaseModel):
         return value
 
     def _refuse_not_honoured(self, fields: dict[str, tuple]) -> None:
-        extra = self.model_extra or {}
+        declared, extra = type(self).model_fields, self.model_extra or {}
         for name, defaults in fields.items():
-            value = extra.get(name, defaults[0])
+            value = getattr(self, name) if name in declared else extra.get(name, defaults[0])
             if not any(value == d and type(value) is type(d) for d in defaults):    # (1 == True: not a default)
                 raise RequestError(f"{name} is not supported by this engine (leave it out or at its default, "
                                    f"{json.dumps(defaults[-1])})", param=name)
@@ -216,12 +219,6 @@ class _Common(BaseModel):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
         """The engine's parameters; every refusal names its field."""
-        for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("repetition_penalty", 1.0), ("logit_bias", None), ("min_tokens", 0),
-                              ("min_p", 0.0)):
-            if getattr(self, name) not in (default, {}):
-                raise RequestError(f"{name} is not supported by this engine (leave it at its default)",
-                                   param=name)
         self._refuse_not_honoured(NOT_HONOURED)
         kind = (self.response_format or {}).get("type", "text")
         if kind != "text":

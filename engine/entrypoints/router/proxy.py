@@ -179,8 +179,9 @@ class Proxy:
         return []
 
     def _leading_ids(self, text: str, add_special_tokens: bool) -> list[int]:
-        ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens,   # (no warning of
-                                  verbose=False)["input_ids"])                                 # its length)
+        # (verbose=False: a head past the tokenizer's model_max_length is no warning for the fleet's log)
+        ids = list(self.tokenizer(text[:PREFIX_CHARS], add_special_tokens=add_special_tokens,
+                                  verbose=False)["input_ids"])
         return ids[:-1] if len(text) > PREFIX_CHARS else ids
 
     async def pick(self, prompt: Scored, failed: list[Replica] | tuple = ()) -> Replica | None:
